@@ -1,0 +1,45 @@
+# Two set-up commands on a fresh machine: `make serve` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# The CPU wheel of torch where no GPU is present (pip takes it from this machine's disk); the default
+# CUDA build where nvidia-smi finds a GPU.
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS ?= serve,onnx,extract,train,dev
+STAMP := $(VENV)/.installed-$(EXTRAS)
+HOST ?= 0.0.0.0
+PORT ?= 8000
+CORPUS ?= ../shared/corpus
+
+.PHONY: install test lint typecheck pytest serve clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PIP) install --quiet "$(TORCH_SPEC)"
+	$(PIP) install --quiet -e ".[$(EXTRAS)]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+pytest: install
+	$(VENV)/bin/pytest -q
+
+test: lint typecheck pytest
+
+serve: install
+	@echo "htmllm: the HTTP service is not built yet (see issue 5); nothing is served." >&2; exit 1
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

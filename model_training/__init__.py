@@ -1,0 +1,1 @@
+"""Training stack: tokenizer, data, teachers, objectives, pretraining, evaluation, export."""

@@ -1,0 +1,15 @@
+"""Training subcommands of `htmllm`, registered through the `htmllm.commands` entry point."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+# Each module exposes `register(subparsers)`, which adds its parser and sets `func`.
+TRAINING_COMMANDS: tuple[str, ...] = ()
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    for name in TRAINING_COMMANDS:
+        importlib.import_module(name).register(subparsers)

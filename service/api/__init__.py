@@ -1,0 +1,1 @@
+"""The HTTP layer: FastAPI routers, schemas, errors, auth and metrics."""

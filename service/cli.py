@@ -1,0 +1,47 @@
+"""The `htmllm` console script.
+
+Service subcommands live in `service.commands` and are listed here; training subcommands are
+contributed through the `htmllm.commands` entry-point group (by `model_training.cli`), so the
+service never imports the training stack and the service image works without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from importlib.metadata import entry_points
+
+from service import __version__
+
+# Each module exposes `register(subparsers)`, which adds its parser and sets `func`.
+SERVICE_COMMANDS: tuple[str, ...] = ("service.commands.prune",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="htmllm", description="Embed raw HTML pages; train and evaluate the models behind them."
+    )
+    parser.add_argument("--version", action="version", version=f"htmllm {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SERVICE_COMMANDS:
+        importlib.import_module(name).register(subparsers)
+    for ep in entry_points(group="htmllm.commands"):
+        ep.load()(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help(sys.stderr)
+        return 2
+    result = func(args)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

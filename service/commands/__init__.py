@@ -1,0 +1,1 @@
+"""Console subcommands that ship with the service image."""

@@ -1,0 +1,1 @@
+"""The shared contract: framework-free pruning, tokenization, modeling and checkpoints."""

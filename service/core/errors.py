@@ -1,0 +1,47 @@
+"""The closed error taxonomy shared by every layer.
+
+Every error the service can report is an `HtmllmError` carrying one `ErrorCode`. The HTTP layer maps
+codes to status codes in one table (`service.api.errors`); the core and engine never know about HTTP.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    """Machine-readable error codes; the `code` field of every error body."""
+
+    VALIDATION = "validation_error"  # malformed request or options (422)
+    EMPTY = "empty_input"  # nothing to embed (400)
+    PAYLOAD_TOO_LARGE = "payload_too_large"  # body or document over the byte cap (413)
+    TOO_MANY_DOCUMENTS = "too_many_documents"  # more documents than allowed per request (422)
+    TOO_MANY_TOKENS = "too_many_tokens"  # document longer than max length with truncate=false (422)
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # (415)
+    UNKNOWN_HEAD = "unknown_head"  # a task head the model does not have (422)
+    UNAUTHORIZED = "unauthorized"  # missing or wrong API key (401)
+    NOT_FOUND = "not_found"  # (404)
+    OVERLOADED = "overloaded"  # queue full (429)
+    TIMEOUT = "timeout"  # request deadline passed (504)
+    SHUTTING_DOWN = "shutting_down"  # server draining, not accepting (503)
+    NOT_READY = "not_ready"  # model not loaded / warmed (503)
+    PREPROCESS_FAILED = "preprocess_failed"  # the page could not be pruned/decoded (422)
+    EXTRACTION_FAILED = "extraction_failed"  # a text extractor failed or timed out (422)
+    CHECKPOINT_INVALID = "checkpoint_invalid"  # a checkpoint failed strict loading (500 at startup)
+    BACKEND_FAILED = "backend_failed"  # the model runner raised (500)
+    INTERNAL = "internal_error"  # an invariant broke (500)
+
+
+class HtmllmError(Exception):
+    """Base of every typed error; `code` says which kind, the message says why."""
+
+    code: ErrorCode = ErrorCode.INTERNAL
+
+    def __init__(self, message: str, *, code: ErrorCode | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self)

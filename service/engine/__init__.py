@@ -1,0 +1,1 @@
+"""The inference engine: batching and model runners, usable without HTTP."""

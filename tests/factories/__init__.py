@@ -1,0 +1,1 @@
+"""In-process builders of tiny tokenizers, models and checkpoints for hermetic tests."""
