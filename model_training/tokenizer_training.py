@@ -1,0 +1,183 @@
+"""Training the HTML-aware WordPiece tokenizer on pruned pages (the paper's recipe, section 2.3).
+
+The pipeline every tokenizer we train shares:
+- normalizer: Unicode NFC, then each whitespace run to one space. No lowercasing: casing is kept.
+- pre-tokenizer: Metaspace (a space becomes a `▁` glued to the next word, nothing is dropped), then
+  punctuation isolated, so `<`, `/`, `>` of tags that have no token of their own stay separate pieces.
+- model: WordPiece with `##` continuation pieces; decoder: strip `##`, `▁` back to a space, concatenate,
+  so `decode(encode(x)) == x` for pruned HTML (whose whitespace is already collapsed).
+- tag tokens: `<t>` and `</t>` for each of the N most frequent tags (only `<t>` for void elements), added
+  as non-special added tokens *after* training. Added before training they would be fed to the trainer
+  as words and corrupt the merges; as special tokens `decode` would drop them.
+
+The trainer must see the text the finished tokenizer will see: at encode time the added tag tokens are cut
+out of the raw text first, so `<p>Hello` leaves the word `Hello` with no space marker. We therefore feed
+the trainer each document split at the top-N tags, and the vocabulary is not spent on the pieces of tags
+that get their own tokens anyway.
+
+The final vocabulary size is rounded up to a multiple of 64 (tensor-core friendly embedding and output
+matrices); room for the tag tokens is reserved out of it, and when a small corpus cannot fill it, unused
+`[unusedN]` special tokens pad it, as BERT's vocabulary does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import string
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers.trainers import WordPieceTrainer
+
+from service.core.errors import ErrorCode, HtmllmError
+from service.core.tokenizer import SPECIAL_TOKENS, HtmlTokenizer
+
+VOCAB_MULTIPLE = 64
+
+# HTML void elements: they never have a closing tag, so only `<t>` gets a token.
+VOID_TAGS: frozenset[str] = frozenset(
+    {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source", "track",
+     "wbr", "keygen"}
+)  # fmt: skip
+
+# Opening tags (optionally self-closed, as some serializers write void elements) and closing tags.
+_TAG = re.compile(r"<(/?)([A-Za-z][A-Za-z0-9-]*)\s*/?>")
+
+# Characters always in the alphabet, so that a rare symbol missing from a small training sample does not
+# turn its whole word into [UNK].
+_BASE_ALPHABET: list[str] = sorted(set(string.ascii_letters + string.digits + string.punctuation))
+
+
+class TokenizerTrainingError(HtmllmError):
+    """Impossible training options (a vocabulary too small for its special and tag tokens, no text)."""
+
+    code = ErrorCode.VALIDATION
+
+
+def round_up(value: int, multiple: int = VOCAB_MULTIPLE) -> int:
+    """`value` rounded up to a multiple of `multiple`."""
+    return -(-value // multiple) * multiple
+
+
+def count_tags(texts: Iterable[str]) -> Counter[str]:
+    """Occurrences of each tag name (opening forms, plus closing forms of tags never seen opened)."""
+    opened: Counter[str] = Counter()
+    closed: Counter[str] = Counter()
+    for text in texts:
+        for match in _TAG.finditer(text):
+            (closed if match.group(1) else opened)[match.group(2)] += 1
+    for name, count in closed.items():
+        if name not in opened:
+            opened[name] = count
+    return opened
+
+
+def tag_tokens(tags: Sequence[str]) -> list[str]:
+    """The token strings for `tags`: `<t>` and `</t>`, or only `<t>` for a void element."""
+    tokens: list[str] = []
+    for name in tags:
+        tokens.append(f"<{name}>")
+        if name.lower() not in VOID_TAGS:
+            tokens.append(f"</{name}>")
+    return tokens
+
+
+def top_tags(counts: Counter[str], n: int) -> list[str]:
+    """The `n` most frequent tag names, ties broken by name so the choice is deterministic."""
+    return [name for name, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]]
+
+
+def new_tokenizer() -> Tokenizer:
+    """An untrained tokenizer with our normalizer, pre-tokenizer, decoder and [CLS]/[SEP] template."""
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
+    tok.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.Replace(Regex(r"\s+"), " ")])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never", split=True),
+            pre_tokenizers.Punctuation(behavior="isolated"),
+        ]
+    )
+    # `##` is only ever a continuation prefix: `#` is punctuation, so it is always a piece of its own.
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace(Regex("^##"), ""), decoders.Replace("▁", " "), decoders.Fuse()]
+    )
+    return tok
+
+
+def _with_template(tok: Tokenizer) -> None:
+    # The [CLS] ... [SEP] template makes the file usable as-is by transformers' fast tokenizers;
+    # HtmlTokenizer adds the two itself so that truncation never cuts them.
+    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls_id),
+                                                                                    ("[SEP]", sep_id)]
+    )  # fmt: skip
+
+
+def _segments(texts: Sequence[str], tokens: Sequence[str]) -> Iterator[str]:
+    """Each text cut at the tag tokens, as the finished tokenizer cuts it before pre-tokenizing."""
+    if not tokens:
+        yield from texts
+        return
+    splitter = re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True)))
+    for text in texts:
+        for piece in splitter.split(text):
+            if piece:
+                yield piece
+
+
+def train_tokenizer(
+    texts: Iterable[str],
+    *,
+    vocab_size: int,
+    min_frequency: int = 2,
+    tags: int = 100,
+    show_progress: bool = False,
+) -> HtmlTokenizer:
+    """Train a WordPiece tokenizer on pruned `texts` with tokens for the `tags` most frequent tags.
+
+    The result has exactly `round_up(vocab_size, 64)` ids unless the alphabet alone overflows that, in
+    which case it is the next multiple of 64.
+    """
+    docs = [t for t in texts if t]
+    if not docs:
+        raise TokenizerTrainingError("no text to train a tokenizer on")
+    if tags < 0:
+        raise TokenizerTrainingError(f"tags must be >= 0, got {tags}")
+    target = round_up(vocab_size)
+    chosen = top_tags(count_tags(docs), tags)
+    added = tag_tokens(chosen)
+    budget = target - len(added)
+    floor = len(SPECIAL_TOKENS) + len(_BASE_ALPHABET)
+    if budget < floor:
+        raise TokenizerTrainingError(
+            f"vocab_size {vocab_size} (rounded to {target}) leaves {budget} ids after {len(added)} tag "
+            f"tokens; the special tokens and base alphabet alone need {floor}"
+        )
+
+    tok = new_tokenizer()
+    trainer = WordPieceTrainer(
+        vocab_size=budget,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=_BASE_ALPHABET,
+        continuing_subword_prefix="##",
+        show_progress=show_progress,
+    )
+    tok.train_from_iterator(_segments(docs, added), trainer=trainer)
+    # After training: as added tokens they are matched in the raw text, before the pre-tokenizer.
+    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in added])
+    size = tok.get_vocab_size(with_added_tokens=True)
+    padded = round_up(size)
+    if padded > size:
+        tok.add_special_tokens([f"[unused{i}]" for i in range(padded - size)])
+    _with_template(tok)
+    return HtmlTokenizer.from_tokenizers(tok)
+
+
+def split_of(page_id: str, *, heldout_percent: int = 20) -> str:
+    """`"train"` or `"heldout"` for a page, from a hash of its id: deterministic and order-independent."""
+    bucket = int.from_bytes(hashlib.sha256(page_id.encode("utf-8")).digest()[:8], "big") % 100
+    return "heldout" if bucket < heldout_percent else "train"

@@ -1,0 +1,189 @@
+"""The HTML-aware WordPiece tokenizer that the service and training both use.
+
+A thin, typed wrapper over a Hugging Face `tokenizers.Tokenizer` (one `tokenizer.json`):
+- the five BERT special tokens `[PAD] [UNK] [CLS] [SEP] [MASK]` must exist; their ids are exposed so the
+  model config can be set from them (the ModernBERT defaults silently break a custom vocabulary);
+- the opening and closing forms of the most frequent HTML tags (`<p>`, `</p>`, ...) are *non-special*
+  added tokens: the tokenizer extracts them from the raw text before normalization and pre-tokenization,
+  so a tag is one token even when glued to text (`<p>Hello</p>`), and decoding keeps them (special tokens
+  would be dropped by `decode`);
+- every `Encoding` starts with `[CLS]` and ends with `[SEP]`; truncation cuts the content, never those
+  two, and reports the full length so callers can tell how much was lost.
+
+Our own tokenizers (see `model_training.tokenizer_training`) mark spaces with `▁` (Metaspace) instead of
+dropping them, so `decode(encode(x))` gives back `x` up to Unicode NFC and whitespace collapsing. Foreign
+tokenizers (e.g. the BERT baseline) load too, with their own normalization and decoding.
+
+`sha256` hashes the canonical serialization (keys sorted, no whitespace) of the tokenizer with padding and
+truncation disabled, so the same tokenizer always hashes the same, whatever file formatting it came from;
+checkpoints record it to detect a tokenizer swapped under a model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from service.core.errors import ErrorCode, HtmllmError
+
+SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+TOKENIZER_FILE = "tokenizer.json"
+
+# A tag token is an attribute-free opening or closing tag, as the pruner writes them.
+_TAG_TOKEN = re.compile(r"</?[A-Za-z][A-Za-z0-9-]*>")
+
+
+class TokenizerError(HtmllmError):
+    """A tokenizer that cannot be loaded or used: missing/invalid file, missing special tokens, bad ids."""
+
+    code = ErrorCode.VALIDATION
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    pad: int
+    unk: int
+    cls: int
+    sep: int
+    mask: int
+
+
+@dataclass(frozen=True)
+class Encoding:
+    ids: list[int]  # with [CLS] first and [SEP] last, truncated to max_length
+    truncated: bool
+    full_length: int  # tokens before truncation (with [CLS]/[SEP])
+
+
+def canonical_json(tok: Tokenizer) -> str:
+    """The tokenizer's JSON with sorted keys and no insignificant whitespace: the input of `sha256`."""
+    return json.dumps(json.loads(tok.to_str()), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+class HtmlTokenizer:
+    """A loaded tokenizer with the special and tag token ids resolved once, at construction."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        # Work on a private copy: padding or truncation configured in the file (BERT's tokenizer.json
+        # ships both) would silently change lengths, and the caller's object must stay untouched.
+        try:
+            own = Tokenizer.from_str(tok.to_str())
+        except Exception as exc:  # the Rust side raises plain Exception subclasses
+            raise TokenizerError(f"tokenizer cannot be serialized: {exc}") from exc
+        own.no_padding()
+        own.no_truncation()
+        self._tok = own
+        vocab = own.get_vocab(with_added_tokens=True)
+        missing = [t for t in SPECIAL_TOKENS if t not in vocab]
+        if missing:
+            raise TokenizerError(f"tokenizer lacks the special tokens {', '.join(missing)}")
+        self.special_ids = SpecialIds(*(vocab[t] for t in SPECIAL_TOKENS))
+        self.vocab_size: int = own.get_vocab_size(with_added_tokens=True)
+        self.tag_token_ids: dict[str, int] = {
+            added.content: token_id
+            for token_id, added in sorted(own.get_added_tokens_decoder().items())
+            if not added.special and _TAG_TOKEN.fullmatch(added.content)
+        }
+        self._canonical = canonical_json(own)
+        self.sha256: str = hashlib.sha256(self._canonical.encode("utf-8")).hexdigest()
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> HtmlTokenizer:
+        """Load a `tokenizer.json`, or the `tokenizer.json` inside a directory."""
+        file = Path(path)
+        if file.is_dir():
+            file = file / TOKENIZER_FILE
+        if not file.is_file():
+            raise TokenizerError(f"tokenizer file {file} does not exist")
+        try:
+            tok = Tokenizer.from_file(str(file))
+        except Exception as exc:
+            raise TokenizerError(f"{file} is not a valid tokenizer.json: {exc}") from exc
+        return cls(tok)
+
+    @classmethod
+    def from_tokenizers(cls, tok: Tokenizer) -> HtmlTokenizer:
+        """Wrap an in-memory `tokenizers.Tokenizer` (it is copied, not modified)."""
+        return cls(tok)
+
+    @property
+    def backend(self) -> Tokenizer:
+        """The underlying `tokenizers.Tokenizer` (a private copy; do not enable padding or truncation)."""
+        return self._tok
+
+    def _finish(self, content: list[int], max_length: int | None) -> Encoding:
+        full_length = len(content) + 2
+        truncated = max_length is not None and full_length > max_length
+        if truncated:
+            assert max_length is not None
+            content = content[: max_length - 2]
+        return Encoding(
+            ids=[self.special_ids.cls, *content, self.special_ids.sep],
+            truncated=truncated,
+            full_length=full_length,
+        )
+
+    @staticmethod
+    def _check_max_length(max_length: int | None) -> None:
+        if max_length is not None and max_length < 2:
+            raise TokenizerError(f"max_length must be at least 2 ([CLS] and [SEP]), got {max_length}")
+
+    def encode(self, text: str, *, max_length: int | None = None) -> Encoding:
+        """Token ids of `text` framed by [CLS] ... [SEP], the content cut to fit `max_length`."""
+        self._check_max_length(max_length)
+        if not isinstance(text, str):
+            raise TokenizerError(f"encode takes text (str), got {type(text).__name__}")
+        content = self._tok.encode(text, add_special_tokens=False).ids
+        return self._finish(content, max_length)
+
+    def encode_batch(self, texts: Sequence[str], *, max_length: int | None = None) -> list[Encoding]:
+        """`encode` for many texts at once (the Rust side runs them in parallel)."""
+        self._check_max_length(max_length)
+        bad = [type(t).__name__ for t in texts if not isinstance(t, str)]
+        if bad:
+            raise TokenizerError(f"encode_batch takes texts (str), got {bad[0]}")
+        if not texts:
+            return []
+        encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        return [self._finish(e.ids, max_length) for e in encodings]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of `ids`, special tokens left out, tag tokens kept."""
+        bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < self.vocab_size]
+        if bad:
+            raise TokenizerError(f"token id {bad[0]!r} is outside the vocabulary of {self.vocab_size}")
+        return self._tok.decode(list(ids), skip_special_tokens=True)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """The token string of one id (None outside the vocabulary); for debugging and reports."""
+        return self._tok.id_to_token(token_id)
+
+    def tokens(self, text: str) -> list[str]:
+        """The token strings of `text` without [CLS]/[SEP]; for debugging and reports."""
+        return list(self._tok.encode(text, add_special_tokens=False).tokens)
+
+    def to_json(self) -> str:
+        """The canonical JSON that `sha256` hashes (what `save` writes, up to indentation)."""
+        return self._canonical
+
+    def save(self, path: str | Path) -> None:
+        """Write `tokenizer.json` to `path` (a `.json` file, or a directory that gets `tokenizer.json`)."""
+        target = Path(path)
+        if target.suffix != ".json":
+            target = target / TOKENIZER_FILE
+        target.parent.mkdir(parents=True, exist_ok=True)
+        data: Any = json.loads(self._canonical)
+        target.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+    def __repr__(self) -> str:
+        return (
+            f"HtmlTokenizer(vocab_size={self.vocab_size}, tags={len(self.tag_token_ids)}, "
+            f"sha256={self.sha256[:12]})"
+        )
