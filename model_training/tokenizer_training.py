@@ -17,14 +17,16 @@ that get their own tokens anyway.
 
 The final vocabulary size is rounded up to a multiple of 64 (tensor-core friendly embedding and output
 matrices); room for the tag tokens is reserved out of it, and when a small corpus cannot fill it, unused
-`[unusedN]` special tokens pad it, as BERT's vocabulary does.
+`[unusedN]` special tokens pad it to the next multiple of 64, as BERT's vocabulary does.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import string
+import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -116,6 +118,52 @@ def _with_template(tok: Tokenizer) -> None:
     )  # fmt: skip
 
 
+def _is_punctuation(char: str) -> bool:
+    # The definition of the `Punctuation` pre-tokenizer: ASCII punctuation or a Unicode P* category.
+    return char in string.punctuation or unicodedata.category(char).startswith("P")
+
+
+def _complete_alphabet(tok: Tokenizer, budget: int) -> Tokenizer:
+    """Make every alphabet character encodable at the start and inside a word, within `budget` ids.
+
+    WordPiece turns a whole word into [UNK] when one of its characters has no piece in the position it
+    occurs in. The trainer only creates `c` for characters it saw word-initially and `##c` for those it saw
+    inside words, so on a small sample `Weather` after a space (`▁` + `##W` ...) can be [UNK] although `W`
+    is known. We add the missing forms and, to stay within the budget, drop as many of the last-learned
+    merges (the highest ids, the least useful) as were added: the same as training a slightly smaller
+    vocabulary.
+    """
+    data = json.loads(tok.to_str())
+    vocab: dict[str, int] = data["model"]["vocab"]
+    ordered = [token for token, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    known = set(ordered)
+    chars = set(_BASE_ALPHABET)
+    for token in ordered:
+        if token.startswith("##") and len(token) == 3:
+            chars.add(token[2])
+        elif len(token) == 1:
+            chars.add(token)
+    missing: list[str] = []
+    for char in sorted(chars):
+        if char not in known:
+            missing.append(char)
+        # Punctuation and the space marker are always pieces of their own: never inside a word.
+        if char != "▁" and not _is_punctuation(char) and "##" + char not in known:
+            missing.append("##" + char)
+    excess = len(ordered) + len(missing) - budget
+    if excess > 0:
+        protected = set(SPECIAL_TOKENS)
+        removable = [
+            i for i, t in enumerate(ordered) if t not in protected and len(t) > 1 and not (
+                t.startswith("##") and len(t) == 3)
+        ]  # fmt: skip
+        dropped = set(removable[-excess:])
+        ordered = [t for i, t in enumerate(ordered) if i not in dropped]
+    ordered.extend(missing)
+    data["model"]["vocab"] = {token: i for i, token in enumerate(ordered)}
+    return Tokenizer.from_str(json.dumps(data, ensure_ascii=False))
+
+
 def _segments(texts: Sequence[str], tokens: Sequence[str]) -> Iterator[str]:
     """Each text cut at the tag tokens, as the finished tokenizer cuts it before pre-tokenizing."""
     if not tokens:
@@ -138,8 +186,8 @@ def train_tokenizer(
 ) -> HtmlTokenizer:
     """Train a WordPiece tokenizer on pruned `texts` with tokens for the `tags` most frequent tags.
 
-    The result has exactly `round_up(vocab_size, 64)` ids unless the alphabet alone overflows that, in
-    which case it is the next multiple of 64.
+    The result has `round_up(vocab_size, 64)` ids, or fewer (still a multiple of 64) when the corpus has
+    fewer distinct pieces of at least `min_frequency` occurrences than that.
     """
     docs = [t for t in texts if t]
     if not docs:
@@ -167,6 +215,7 @@ def train_tokenizer(
         show_progress=show_progress,
     )
     tok.train_from_iterator(_segments(docs, added), trainer=trainer)
+    tok = _complete_alphabet(tok, budget)
     # After training: as added tokens they are matched in the raw text, before the pre-tokenizer.
     tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in added])
     size = tok.get_vocab_size(with_added_tokens=True)

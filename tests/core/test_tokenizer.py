@@ -1,0 +1,171 @@
+"""HtmlTokenizer: round trips, tag tokens, truncation, special ids, loading errors and the stable hash."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from service.core.tokenizer import SPECIAL_TOKENS, HtmlTokenizer, TokenizerError
+from tests.factories.tokenizer import build_tiny_tokenizer, generate_pruned_pages
+
+
+@pytest.fixture(scope="module")
+def tok() -> HtmlTokenizer:
+    return build_tiny_tokenizer()
+
+
+def test_special_ids_are_the_ids_of_the_special_tokens(tok: HtmlTokenizer) -> None:
+    ids = tok.special_ids
+    assert [ids.pad, ids.unk, ids.cls, ids.sep, ids.mask] == [
+        tok.backend.token_to_id(t) for t in SPECIAL_TOKENS
+    ]
+    assert len({ids.pad, ids.unk, ids.cls, ids.sep, ids.mask}) == 5
+    encoding = tok.encode("<p>Hello</p>")
+    assert encoding.ids[0] == ids.cls and encoding.ids[-1] == ids.sep
+    assert ids.pad not in encoding.ids and ids.mask not in encoding.ids
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_decode_encode_round_trips_unseen_pages(tok: HtmlTokenizer, seed: int) -> None:
+    for page in generate_pruned_pages(5, seed=seed):
+        assert tok.decode(tok.encode(page).ids) == page
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<p>Hello</p>",
+        "<div>Prague <b>news</b>: weather today.</div><br><p>Praha, úterý</p>",
+        "<li>price 3.5 &amp; 50%</li> <li>(new)</li>",
+        "<p>text with <unknowntag>inside</unknowntag> it</p>",
+        "plain text without any tags",
+    ],
+)
+def test_decode_keeps_tags_and_text(tok: HtmlTokenizer, text: str) -> None:
+    assert tok.decode(tok.encode(text).ids) == text
+
+
+def test_each_top_tag_is_one_token_even_glued_to_text(tok: HtmlTokenizer) -> None:
+    assert tok.tag_token_ids, "the tiny tokenizer should have tag tokens"
+    for tag, token_id in tok.tag_token_ids.items():
+        tokens = tok.tokens(f"word{tag}Text")
+        assert tag in tokens, (tag, tokens)
+        assert tok.encode(f"x{tag}y").ids.count(token_id) == 1
+    tokens = tok.tokens("<p>Hello</p>")
+    assert tokens[0] == "<p>" and tokens[-1] == "</p>"
+    assert not {"<", "/", ">", "p"} & set(tokens)
+
+
+def test_tag_tokens_cover_the_frequent_tags_and_void_tags_only_open(tok: HtmlTokenizer) -> None:
+    for tag in ("div", "p", "a", "li"):
+        assert f"<{tag}>" in tok.tag_token_ids and f"</{tag}>" in tok.tag_token_ids
+    assert "<br>" in tok.tag_token_ids
+    assert "</br>" not in tok.tag_token_ids
+
+
+def test_tags_are_not_special_so_decode_keeps_them(tok: HtmlTokenizer) -> None:
+    added = tok.backend.get_added_tokens_decoder()
+    assert all(not added[i].special for i in tok.tag_token_ids.values())
+    assert tok.decode([tok.tag_token_ids["<p>"], tok.special_ids.cls]) == "<p>"
+
+
+def test_casing_is_kept(tok: HtmlTokenizer) -> None:
+    assert tok.decode(tok.encode("Prague PRAGUE prague").ids) == "Prague PRAGUE prague"
+    assert tok.encode("Home").ids != tok.encode("home").ids
+
+
+def test_truncation_keeps_cls_and_sep(tok: HtmlTokenizer) -> None:
+    page = generate_pruned_pages(1, seed=9)[0]
+    full = tok.encode(page)
+    assert not full.truncated and full.full_length == len(full.ids) > 40
+    cut = tok.encode(page, max_length=32)
+    assert len(cut.ids) == 32 and cut.truncated and cut.full_length == full.full_length
+    assert cut.ids[0] == tok.special_ids.cls and cut.ids[-1] == tok.special_ids.sep
+    assert cut.ids[1:-1] == full.ids[1:31]
+    exact = tok.encode(page, max_length=full.full_length)
+    assert exact.ids == full.ids and not exact.truncated
+    assert tok.encode(page, max_length=2).ids == [tok.special_ids.cls, tok.special_ids.sep]
+    with pytest.raises(TokenizerError):
+        tok.encode(page, max_length=1)
+
+
+def test_empty_text_is_cls_sep(tok: HtmlTokenizer) -> None:
+    encoding = tok.encode("")
+    assert encoding.ids == [tok.special_ids.cls, tok.special_ids.sep] and encoding.full_length == 2
+
+
+def test_encode_batch_equals_encode(tok: HtmlTokenizer) -> None:
+    pages = generate_pruned_pages(6, seed=4)
+    assert tok.encode_batch(pages, max_length=64) == [tok.encode(p, max_length=64) for p in pages]
+    assert tok.encode_batch([]) == []
+    with pytest.raises(TokenizerError):
+        tok.encode_batch(["ok", b"bytes"])  # type: ignore[list-item]
+
+
+def test_unknown_script_becomes_unk_not_an_error(tok: HtmlTokenizer) -> None:
+    encoding = tok.encode("<p>東京の天気</p>")
+    assert tok.special_ids.unk in encoding.ids
+    assert tok.decode(encoding.ids) == "<p></p>"
+
+
+def test_decode_rejects_ids_outside_the_vocabulary(tok: HtmlTokenizer) -> None:
+    with pytest.raises(TokenizerError):
+        tok.decode([tok.vocab_size])
+    with pytest.raises(TokenizerError):
+        tok.decode([-1])
+
+
+def test_save_load_keeps_the_tokenizer_and_its_hash(tok: HtmlTokenizer, tmp_path: Path) -> None:
+    tok.save(tmp_path)
+    loaded = HtmlTokenizer.from_file(tmp_path)
+    assert loaded.sha256 == tok.sha256 and loaded.vocab_size == tok.vocab_size
+    assert loaded.tag_token_ids == tok.tag_token_ids and loaded.special_ids == tok.special_ids
+    page = generate_pruned_pages(1, seed=11)[0]
+    assert loaded.encode(page) == tok.encode(page)
+    # The hash does not depend on how the file is formatted.
+    compact = tmp_path / "compact.json"
+    compact.write_text(json.dumps(json.loads((tmp_path / "tokenizer.json").read_text())), encoding="utf-8")
+    assert HtmlTokenizer.from_file(compact).sha256 == tok.sha256
+
+
+def test_hash_changes_with_the_vocabulary(tok: HtmlTokenizer) -> None:
+    other = build_tiny_tokenizer(vocab_size=576)
+    assert other.sha256 != tok.sha256 and len(tok.sha256) == 64
+
+
+def test_from_tokenizers_copies_and_disables_padding_and_truncation(tok: HtmlTokenizer) -> None:
+    raw = Tokenizer.from_str(tok.to_json())
+    raw.enable_truncation(max_length=8)
+    raw.enable_padding(length=300, pad_id=tok.special_ids.pad)
+    wrapped = HtmlTokenizer.from_tokenizers(raw)
+    page = generate_pruned_pages(1, seed=12)[0]
+    assert wrapped.encode(page) == tok.encode(page)
+    assert wrapped.sha256 == tok.sha256
+    assert raw.truncation is not None and raw.padding is not None
+
+
+def test_missing_file_is_a_tokenizer_error(tmp_path: Path) -> None:
+    with pytest.raises(TokenizerError, match="does not exist"):
+        HtmlTokenizer.from_file(tmp_path / "nope.json")
+    with pytest.raises(TokenizerError, match="does not exist"):
+        HtmlTokenizer.from_file(tmp_path)
+
+
+def test_invalid_file_is_a_tokenizer_error(tmp_path: Path) -> None:
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text("{not json", encoding="utf-8")
+    with pytest.raises(TokenizerError, match="not a valid"):
+        HtmlTokenizer.from_file(bad)
+    bad.write_text('{"model": {"type": "Nonsense"}}', encoding="utf-8")
+    with pytest.raises(TokenizerError, match="not a valid"):
+        HtmlTokenizer.from_file(tmp_path)
+
+
+def test_missing_special_tokens_are_a_tokenizer_error() -> None:
+    raw = Tokenizer(models.WordLevel({"[PAD]": 0, "[UNK]": 1, "hello": 2}, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    with pytest.raises(TokenizerError, match=r"\[CLS\], \[SEP\], \[MASK\]"):
+        HtmlTokenizer.from_tokenizers(raw)
