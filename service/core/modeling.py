@@ -1,0 +1,282 @@
+"""The encoder, its pooling and the task heads: transformers' ModernBERT plus what we add on top.
+
+The encoder is `transformers.ModernBertModel` unchanged, so a checkpoint's encoder loads with
+`AutoModel.from_pretrained`. We add pooling (CLS by default, mean optionally), small MLP task heads
+(classification with softmax over named classes, or regression) and a padding-free packed forward for
+FlashAttention-2, where documents are concatenated into one row and separated by `cu_seq_lens`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+from torch import Tensor, nn
+from transformers import ModernBertConfig, ModernBertModel
+
+if TYPE_CHECKING:
+    from service.core.tokenizer import HtmlTokenizer
+
+# ModernBertConfig kwargs per named size. `base` is the paper's encoder (22 layers, 12 heads, hidden 768,
+# 8192-token context); `mini` is the CPU-friendly bundled default; `tiny` keeps tests fast while still
+# exercising both global and sliding-window layers (local_attention is small enough to matter).
+PRESETS: dict[str, dict[str, int]] = {
+    "base": {
+        "hidden_size": 768,
+        "intermediate_size": 1152,
+        "num_hidden_layers": 22,
+        "num_attention_heads": 12,
+        "local_attention": 128,
+        "global_attn_every_n_layers": 3,
+        "max_position_embeddings": 8192,
+    },
+    "small": {
+        "hidden_size": 512,
+        "intermediate_size": 768,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 8,
+        "local_attention": 128,
+        "global_attn_every_n_layers": 3,
+        "max_position_embeddings": 8192,
+    },
+    "mini": {
+        "hidden_size": 384,
+        "intermediate_size": 576,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 6,
+        "local_attention": 128,
+        "global_attn_every_n_layers": 3,
+        "max_position_embeddings": 8192,
+    },
+    "tiny": {
+        "hidden_size": 32,
+        "intermediate_size": 48,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 2,
+        "local_attention": 8,
+        "global_attn_every_n_layers": 3,
+        "max_position_embeddings": 512,
+    },
+}
+
+POOLINGS = ("cls", "mean")
+HEAD_KINDS = ("classification", "regression")
+
+
+def build_config(
+    preset: str, tokenizer: HtmlTokenizer, *, max_length: int, **overrides: Any
+) -> ModernBertConfig:
+    """A ModernBertConfig for `preset` whose vocabulary and five special ids come from `tokenizer`.
+
+    ModernBertConfig's defaults name ids of the original 50K vocabulary; with a custom vocabulary they
+    point at arbitrary tokens (or past the end), so every special id is set from the tokenizer.
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; expected one of {sorted(PRESETS)}")
+    if max_length < 2:
+        raise ValueError(f"max_length must be at least 2 ([CLS] and [SEP]), got {max_length}")
+    special = tokenizer.special_ids
+    kwargs: dict[str, Any] = dict(PRESETS[preset])
+    kwargs.update(
+        vocab_size=tokenizer.vocab_size,
+        max_position_embeddings=max_length,
+        pad_token_id=special.pad,
+        unk_token_id=special.unk,
+        cls_token_id=special.cls,
+        sep_token_id=special.sep,
+        mask_token_id=special.mask,
+        bos_token_id=special.cls,
+        eos_token_id=special.sep,
+    )
+    kwargs.update(overrides)
+    if kwargs["hidden_size"] % kwargs["num_attention_heads"]:
+        raise ValueError(
+            f"hidden_size {kwargs['hidden_size']} is not a multiple of "
+            f"num_attention_heads {kwargs['num_attention_heads']}"
+        )
+    return ModernBertConfig(**kwargs)
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """What a task head predicts; recorded in htmllm.json beside the head's weights."""
+
+    name: str
+    kind: str  # "classification" | "regression"
+    labels: list[str] = field(default_factory=list)  # class names; [] for regression
+    hidden: int = 256
+    metrics: dict[str, float] = field(default_factory=dict)  # evaluation figures recorded when trained
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name or self.name.startswith("."):
+            raise ValueError(f"head name {self.name!r} must be a plain non-empty file-name-safe string")
+        if self.kind not in HEAD_KINDS:
+            raise ValueError(f"head {self.name!r}: kind {self.kind!r} is not one of {HEAD_KINDS}")
+        if self.kind == "classification" and len(self.labels) < 2:
+            raise ValueError(f"classification head {self.name!r} needs at least two labels")
+        if self.kind == "regression" and self.labels:
+            raise ValueError(f"regression head {self.name!r} takes no labels")
+        if len(set(self.labels)) != len(self.labels):
+            raise ValueError(f"head {self.name!r} has duplicate labels")
+        if self.hidden < 1:
+            raise ValueError(f"head {self.name!r}: hidden must be positive")
+
+    @property
+    def outputs(self) -> int:
+        return len(self.labels) if self.kind == "classification" else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "labels": list(self.labels),
+            "hidden": self.hidden,
+            "metrics": dict(self.metrics),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HeadSpec:
+        return cls(
+            name=str(data["name"]),
+            kind=str(data["kind"]),
+            labels=[str(label) for label in data.get("labels", [])],
+            hidden=int(data["hidden"]),
+            metrics={str(k): float(v) for k, v in dict(data.get("metrics", {})).items()},
+        )
+
+
+class TaskHead(nn.Module):
+    """LayerNorm -> Linear -> GELU -> Dropout -> Linear on the pooled embedding."""
+
+    def __init__(self, spec: HeadSpec, embedding_dim: int, *, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.spec = spec
+        self.norm = nn.LayerNorm(embedding_dim)
+        self.dense = nn.Linear(embedding_dim, spec.hidden)
+        self.act = nn.GELU()
+        self.drop = nn.Dropout(dropout)
+        self.out = nn.Linear(spec.hidden, spec.outputs)
+
+    def logits(self, pooled: Tensor) -> Tensor:
+        """Raw outputs, (B, C) for classification or (B,) for regression; what training losses take."""
+        x: Tensor = self.out(self.drop(self.act(self.dense(self.norm(pooled)))))  # (B, C)
+        return x.squeeze(-1) if self.spec.kind == "regression" else x
+
+    def forward(self, pooled: Tensor) -> Tensor:
+        """(B, C) class probabilities or (B,) regression values."""
+        logits = self.logits(pooled)
+        return logits.softmax(dim=-1) if self.spec.kind == "classification" else logits
+
+
+class HtmlEncoderModel(nn.Module):
+    """A ModernBERT encoder, a pooling rule and named task heads."""
+
+    def __init__(
+        self,
+        encoder: ModernBertModel,
+        *,
+        pooling: str = "cls",
+        heads: Mapping[str, TaskHead] | None = None,
+    ) -> None:
+        super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling {pooling!r} is not one of {POOLINGS}")
+        self.encoder = encoder
+        self.pooling = pooling
+        self.heads = nn.ModuleDict()
+        for name, head in (heads or {}).items():
+            self.add_head(head, name=name)
+
+    @classmethod
+    def from_config(
+        cls, config: ModernBertConfig, *, pooling: str = "cls", attn_implementation: str | None = None
+    ) -> HtmlEncoderModel:
+        """A randomly initialised model (the start of pre-training, or speed benchmarks)."""
+        encoder = ModernBertModel(config)
+        if attn_implementation is not None:
+            encoder.set_attn_implementation(attn_implementation)
+        return cls(encoder, pooling=pooling)
+
+    @property
+    def config(self) -> ModernBertConfig:
+        config: ModernBertConfig = self.encoder.config
+        return config
+
+    @property
+    def embedding_dim(self) -> int:
+        return int(self.config.hidden_size)
+
+    @property
+    def head_specs(self) -> dict[str, HeadSpec]:
+        return {name: cast(TaskHead, head).spec for name, head in self.heads.items()}
+
+    def add_head(self, head: TaskHead, *, name: str | None = None) -> None:
+        """Attach (or replace) a head; its input width must be the embedding width."""
+        name = name or head.spec.name
+        if name != head.spec.name:
+            raise ValueError(f"head registered as {name!r} but its spec is named {head.spec.name!r}")
+        if head.norm.normalized_shape != (self.embedding_dim,):
+            raise ValueError(
+                f"head {name!r} takes {head.norm.normalized_shape[0]}-d input; the encoder gives "
+                f"{self.embedding_dim}"
+            )
+        self.heads[name] = head
+
+    def pool(self, hidden: Tensor, attention_mask: Tensor) -> Tensor:
+        """(B, L, D) hidden states to (B, D) by the model's pooling rule."""
+        if self.pooling == "cls":
+            return hidden[:, 0]  # (B, D)
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, L, 1)
+        return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # (B, D)
+
+    def embed(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """(B, L) right-padded ids and mask to (B, D) unnormalised embeddings."""
+        hidden = self.encoder(
+            input_ids=input_ids, attention_mask=attention_mask
+        ).last_hidden_state  # (B, L, D)
+        return self.pool(hidden, attention_mask)
+
+    def embed_packed(self, input_ids: Tensor, cu_seq_lens: Tensor, max_length: int) -> Tensor:
+        """Padding-free forward: (T,) concatenated ids, (N+1,) int32 offsets, to (N, D) embeddings.
+
+        Only valid under FlashAttention-2, whose varlen kernel keeps each document to itself; under SDPA or
+        eager attention the packed row would attend across documents, so this refuses them.
+        """
+        implementation = self.config._attn_implementation
+        if implementation != "flash_attention_2":
+            raise ValueError(f"packed batches need flash_attention_2, not {implementation!r}")
+        lengths = cu_seq_lens[1:] - cu_seq_lens[:-1]  # (N,)
+        starts = cu_seq_lens[:-1].long()  # (N,)
+        # Each document's positions restart at 0 so RoPE sees what it would see alone.
+        doc_index = torch.repeat_interleave(
+            torch.arange(len(lengths), device=input_ids.device), lengths.long()
+        )
+        position_ids = torch.arange(input_ids.shape[0], device=input_ids.device) - starts[doc_index]  # (T,)
+        hidden: Tensor = self.encoder(
+            input_ids=input_ids.unsqueeze(0),  # (1, T)
+            position_ids=position_ids.unsqueeze(0),  # (1, T)
+            cu_seq_lens_q=cu_seq_lens,
+            cu_seq_lens_k=cu_seq_lens,
+            max_length_q=max_length,
+            max_length_k=max_length,
+        ).last_hidden_state[0]  # (T, D)
+        if self.pooling == "cls":
+            return hidden[starts]  # (N, D)
+        sums = torch.zeros(len(lengths), hidden.shape[-1], device=hidden.device, dtype=torch.float32)
+        sums.index_add_(0, doc_index, hidden.float())  # (N, D)
+        return (sums / lengths.unsqueeze(-1).float()).to(hidden.dtype)
+
+    def score(self, embedding: Tensor) -> dict[str, Tensor]:
+        """Every head's output on (B, D) pooled embeddings, in each head's own dtype."""
+        out: dict[str, Tensor] = {}
+        for name, module in self.heads.items():
+            head = cast(TaskHead, module)
+            out[name] = head(embedding.to(head.dense.weight.dtype))
+        return out
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """(B, D) embedding; per head (B, C) probabilities or (B,) regression values."""
+        embedding = self.embed(input_ids, attention_mask)
+        return embedding, self.score(embedding)

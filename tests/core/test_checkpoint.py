@@ -1,0 +1,128 @@
+"""The checkpoint directory: round trip, strict loading, AutoModel compatibility, adding heads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModel
+
+from service.core.checkpoint import (
+    FORMAT_VERSION,
+    CheckpointError,
+    load_checkpoint,
+    read_meta,
+    save_heads,
+)
+from service.core.errors import ErrorCode
+from service.core.modeling import HeadSpec, TaskHead
+from tests.factories.checkpoint import build_tiny_checkpoint, build_tiny_model
+from tests.factories.tokenizer import build_tiny_tokenizer
+
+
+@pytest.fixture
+def ckpt(tmp_path: Path) -> Path:
+    return build_tiny_checkpoint(tmp_path / "ckpt")
+
+
+def _batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(5, vocab, (2, 16), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, 9:] = 0
+    return ids, mask
+
+
+def test_round_trip_gives_identical_outputs(ckpt: Path) -> None:
+    original = build_tiny_model()
+    loaded = load_checkpoint(ckpt)
+    assert loaded.meta.format_version == FORMAT_VERSION
+    assert [h.name for h in loaded.meta.heads] == ["page_type", "quality"]
+    assert loaded.meta.heads[0].labels == ["article", "listing", "other"]
+    assert loaded.meta.tokenizer_sha256 == build_tiny_tokenizer().sha256
+    assert loaded.meta.embedding_dim == original.embedding_dim
+    ids, mask = _batch(original.config.vocab_size)
+    with torch.inference_mode():
+        emb_a, scores_a = original(ids, mask)
+        emb_b, scores_b = loaded.model(ids, mask)
+    torch.testing.assert_close(emb_a, emb_b, rtol=0, atol=0)
+    for name in scores_a:
+        torch.testing.assert_close(scores_a[name], scores_b[name], rtol=0, atol=0)
+
+
+def test_automodel_loads_the_encoder(ckpt: Path) -> None:
+    encoder = AutoModel.from_pretrained(ckpt)
+    assert type(encoder).__name__ == "ModernBertModel"
+    ours = load_checkpoint(ckpt).model
+    ids, mask = _batch(ours.config.vocab_size)
+    with torch.inference_mode():
+        theirs = encoder(input_ids=ids, attention_mask=mask).last_hidden_state[:, 0]
+        torch.testing.assert_close(theirs, ours.embed(ids, mask), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "tokenizer.json", "htmllm.json"])
+def test_missing_file_is_a_clear_error(ckpt: Path, name: str) -> None:
+    (ckpt / name).unlink()
+    with pytest.raises(CheckpointError, match=name) as info:
+        load_checkpoint(ckpt)
+    assert info.value.code is ErrorCode.CHECKPOINT_INVALID
+
+
+def test_missing_head_file_is_a_clear_error(ckpt: Path) -> None:
+    (ckpt / "heads" / "quality.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"quality\.safetensors"):
+        load_checkpoint(ckpt)
+
+
+def test_vocab_mismatch_is_a_clear_error(ckpt: Path) -> None:
+    build_tiny_tokenizer(vocab_size=400).save(ckpt / "tokenizer.json")
+    with pytest.raises(CheckpointError, match="vocab mismatch"):
+        load_checkpoint(ckpt)
+
+
+def test_swapped_tokenizer_of_the_same_size_is_caught_by_its_hash(ckpt: Path) -> None:
+    data = json.loads((ckpt / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = data["model"]["vocab"]
+    # Swap two ordinary tokens: same size, same special ids, different vocabulary.
+    keys = [k for k in vocab if not k.startswith("[")][:2]
+    vocab[keys[0]], vocab[keys[1]] = vocab[keys[1]], vocab[keys[0]]
+    (ckpt / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(CheckpointError, match="sha256"):
+        load_checkpoint(ckpt)
+
+
+def test_unknown_format_version_is_refused(ckpt: Path) -> None:
+    meta = json.loads((ckpt / "htmllm.json").read_text(encoding="utf-8"))
+    meta["format_version"] = FORMAT_VERSION + 1
+    (ckpt / "htmllm.json").write_text(json.dumps(meta), encoding="utf-8")
+    with pytest.raises(CheckpointError, match="format version"):
+        load_checkpoint(ckpt)
+
+
+def test_wrong_tensor_shapes_are_refused(ckpt: Path) -> None:
+    config = json.loads((ckpt / "config.json").read_text(encoding="utf-8"))
+    config["intermediate_size"] += 8
+    (ckpt / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    with pytest.raises(CheckpointError, match="shape"):
+        load_checkpoint(ckpt)
+
+
+def test_save_heads_adds_and_replaces_without_touching_the_encoder(ckpt: Path) -> None:
+    weights_before = (ckpt / "model.safetensors").read_bytes()
+    dim = read_meta(ckpt).embedding_dim
+    topic = HeadSpec(name="topic", kind="classification", labels=["a", "b"], hidden=8, metrics={"f1": 0.5})
+    quality = HeadSpec(name="quality", kind="regression", hidden=4, metrics={"mae": 0.1})
+    save_heads(ckpt, {"topic": (topic, TaskHead(topic, dim)), "quality": (quality, TaskHead(quality, dim))})
+    loaded = load_checkpoint(ckpt)
+    specs = {h.name: h for h in loaded.meta.heads}
+    assert set(specs) == {"page_type", "quality", "topic"}
+    assert specs["quality"].hidden == 4 and specs["quality"].metrics == {"mae": 0.1}
+    assert specs["topic"].metrics == {"f1": 0.5}
+    assert (ckpt / "model.safetensors").read_bytes() == weights_before
+
+
+def test_mean_pooling_survives_the_round_trip(tmp_path: Path) -> None:
+    path = build_tiny_checkpoint(tmp_path / "mean", pooling="mean", heads=False)
+    loaded = load_checkpoint(path)
+    assert loaded.model.pooling == "mean" and loaded.meta.heads == []

@@ -1,0 +1,100 @@
+"""The encoder wrapper: presets, special ids, pooling and heads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from service.core.modeling import PRESETS, HeadSpec, HtmlEncoderModel, TaskHead, build_config
+from tests.factories.checkpoint import build_tiny_model
+from tests.factories.tokenizer import build_tiny_tokenizer
+
+
+def test_base_preset_is_the_papers_encoder() -> None:
+    base = PRESETS["base"]
+    assert (base["num_hidden_layers"], base["num_attention_heads"], base["hidden_size"]) == (22, 12, 768)
+    assert base["max_position_embeddings"] == 8192
+    assert set(PRESETS) == {"base", "small", "mini", "tiny"}
+
+
+def test_config_takes_all_five_special_ids_from_the_tokenizer() -> None:
+    tok = build_tiny_tokenizer()
+    config = build_config("mini", tok, max_length=256)
+    special = tok.special_ids
+    assert config.vocab_size == tok.vocab_size
+    assert (config.pad_token_id, config.unk_token_id, config.cls_token_id) == (
+        special.pad,
+        special.unk,
+        special.cls,
+    )
+    assert (config.sep_token_id, config.mask_token_id) == (special.sep, special.mask)
+    assert (config.bos_token_id, config.eos_token_id) == (special.cls, special.sep)
+    assert config.max_position_embeddings == 256
+
+
+@pytest.mark.parametrize(
+    ("preset", "kwargs"),
+    [("huge", {}), ("tiny", {"num_attention_heads": 5}), ("tiny", {"max_length": 1})],
+)
+def test_impossible_configs_are_refused(preset: str, kwargs: dict[str, int]) -> None:
+    max_length = kwargs.pop("max_length", 64)
+    with pytest.raises(ValueError):
+        build_config(preset, build_tiny_tokenizer(), max_length=max_length, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"name": "x", "kind": "ranking"},
+        {"name": "x", "kind": "classification", "labels": ["only"]},
+        {"name": "x", "kind": "regression", "labels": ["a", "b"]},
+        {"name": "a/b", "kind": "regression"},
+        {"name": "x", "kind": "classification", "labels": ["a", "a"]},
+    ],
+)
+def test_head_spec_validation(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        HeadSpec(**bad)  # type: ignore[arg-type]
+
+
+def test_forward_shapes_and_head_outputs() -> None:
+    model = build_tiny_model()
+    ids = torch.randint(5, model.config.vocab_size, (3, 20))
+    mask = torch.ones_like(ids)
+    mask[1, 12:] = 0
+    with torch.inference_mode():
+        emb, scores = model(ids, mask)
+    assert emb.shape == (3, model.embedding_dim)
+    probs = scores["page_type"]
+    assert probs.shape == (3, 3)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(3))
+    assert scores["quality"].shape == (3,)
+
+
+def test_cls_pooling_is_the_first_position_and_mean_ignores_padding() -> None:
+    cls_model = build_tiny_model(heads=False)
+    mean_model = build_tiny_model(heads=False, pooling="mean")
+    mean_model.load_state_dict(cls_model.state_dict())
+    ids = torch.randint(5, cls_model.config.vocab_size, (1, 10))
+    with torch.inference_mode():
+        hidden = cls_model.encoder(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+        torch.testing.assert_close(cls_model.embed(ids, torch.ones_like(ids)), hidden[:, 0])
+        torch.testing.assert_close(mean_model.embed(ids, torch.ones_like(ids)), hidden.mean(dim=1))
+        padded = torch.cat([ids, torch.zeros(1, 6, dtype=ids.dtype)], dim=1)
+        mask = torch.cat([torch.ones_like(ids), torch.zeros(1, 6, dtype=ids.dtype)], dim=1)
+        torch.testing.assert_close(mean_model.embed(padded, mask), hidden.mean(dim=1), atol=1e-5, rtol=1e-5)
+
+
+def test_head_input_width_must_match_the_encoder() -> None:
+    model = build_tiny_model(heads=False)
+    with pytest.raises(ValueError):
+        model.add_head(TaskHead(HeadSpec(name="q", kind="regression"), model.embedding_dim + 1))
+    with pytest.raises(ValueError):
+        HtmlEncoderModel(model.encoder, pooling="max")
+
+
+def test_packed_forward_refuses_attention_that_would_mix_documents() -> None:
+    model = build_tiny_model(heads=False)
+    ids = torch.randint(5, model.config.vocab_size, (12,))
+    with pytest.raises(ValueError, match="flash_attention_2"):
+        model.embed_packed(ids, torch.tensor([0, 5, 12], dtype=torch.int32), 7)
