@@ -1,0 +1,228 @@
+"""Raw page bytes to text: the one decoder the pruner, the extractors and the training stack share.
+
+The order follows what a browser does (the WHATWG "encoding sniffing" steps), with a statistical
+detector where a browser would guess from the user's locale:
+
+1. a byte-order mark (UTF-8, UTF-16 LE/BE, UTF-32 LE/BE) wins over everything;
+2. the `encoding` argument, as an HTTP `Content-Type` charset would declare it;
+3. a `<meta charset>` / `<meta http-equiv="Content-Type" content="...; charset=...">` or an XML
+   declaration in the first `PRESCAN_BYTES` bytes (browsers stop at 1024; real pages put long scripts
+   before the meta tag, so we look further);
+4. bytes that are valid UTF-8 are UTF-8 (cheap, exact, and what most of the web is);
+5. otherwise `charset-normalizer`, with one correction: it cannot tell `iso-8859-2` from
+   `windows-1250` (Czech, Slovak, Polish, Hungarian...) and picks `windows-1250` for both, so the two
+   candidates are compared on how many of their non-ASCII characters are letters (see
+   `_central_european`);
+6. nothing to go on: windows-1252, the web's legacy default.
+
+Encoding labels are mapped the way browsers map them (`iso-8859-1` and `ascii` mean windows-1252,
+`shift_jis` means windows-31j, ...), and a declaration naming no text codec (`base64`, `rot13`, an
+unknown label) is ignored. Undecodable bytes become U+FFFD; decoding never raises.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+PRESCAN_BYTES = 16384  # how far into the page a <meta> charset declaration is looked for
+DETECT_SAMPLE_BYTES = 524288  # charset-normalizer sees at most this much; the whole page is decoded
+
+_BOMS: tuple[tuple[bytes, str], ...] = (
+    # UTF-32 LE before UTF-16 LE: its BOM starts with the UTF-16 LE one.
+    (codecs.BOM_UTF8, "utf-8"),
+    (codecs.BOM_UTF32_LE, "utf-32-le"),
+    (codecs.BOM_UTF32_BE, "utf-32-be"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
+    (codecs.BOM_UTF16_BE, "utf-16-be"),
+)
+
+# WHATWG label aliases that differ from Python's reading of the same label.
+_WHATWG_ALIASES: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "ascii",
+            "us-ascii",
+            "ansi_x3.4-1968",
+            "iso-8859-1",
+            "iso8859-1",
+            "iso_8859-1",
+            "iso88591",
+            "latin1",
+            "latin-1",
+            "l1",
+            "cp819",
+            "ibm819",
+            "iso-ir-100",
+            "x-cp1252",
+        ),
+        "cp1252",
+    ),
+    **dict.fromkeys(("iso-8859-9", "iso8859-9", "iso_8859-9", "latin5", "l5"), "cp1254"),
+    **dict.fromkeys(("iso-8859-11", "iso8859-11", "tis-620", "dos-874"), "cp874"),
+    **dict.fromkeys(("gb2312", "gbk", "x-gbk", "chinese", "csgb2312", "gb_2312-80"), "gbk"),
+    **dict.fromkeys(("shift_jis", "shift-jis", "sjis", "x-sjis", "ms_kanji", "windows-31j"), "cp932"),
+    **dict.fromkeys(("euc-kr", "ks_c_5601-1987", "windows-949", "cseuckr"), "cp949"),
+    **dict.fromkeys(("big5", "big5-hkscs", "x-x-big5", "cn-big5"), "big5hkscs"),
+    "unicode-1-1-utf-8": "utf-8",
+    "utf8": "utf-8",
+    "x-mac-cyrillic": "mac-cyrillic",
+}
+
+_META_CHARSET = re.compile(rb"<meta\b[^>]*?charset\s*=\s*[\"']?\s*([A-Za-z0-9_:.+-]+)", re.IGNORECASE)
+_XML_DECL = re.compile(rb"^\s*<\?xml[^>]*?encoding\s*=\s*[\"']([A-Za-z0-9_:.+-]+)", re.IGNORECASE)
+# Latin-script single-byte codecs the detector picks between (Python names); see _best_latin_reading.
+_LATIN_SINGLE_BYTE = frozenset(
+    {
+        "cp1252",
+        "iso8859-1",
+        "iso8859-15",
+        "cp1250",
+        "iso8859-2",
+        "cp1258",
+        "cp775",
+        "cp850",
+        "cp852",
+        "cp858",
+        "mac-latin2",
+        "mac-roman",
+        "cp1257",
+        "cp1254",
+        "iso8859-3",
+        "iso8859-4",
+        "iso8859-9",
+        "iso8859-10",
+        "iso8859-13",
+        "iso8859-16",
+        "cp437",
+        "mac-iceland",
+        "mac-turkish",
+    }
+)
+_LATIN_CANDIDATES = ("cp1252", "cp1250", "iso8859-2")
+_ASCII_RUN = re.compile(rb"[\x00-\x7f]+")
+# Non-ASCII letters of the languages iso-8859-2 and windows-1250 were made for (lowercase).
+_ALPHABETS: tuple[str, ...] = (
+    "áčďéěíňóřšťúůýž",  # Czech
+    "áäčďéíĺľňóôŕšťúýž",  # Slovak
+    "ąćęłńóśźż",  # Polish
+    "áéíóöőúüű",  # Hungarian
+    "čćđšž",  # Slovenian, Croatian, Bosnian
+    "ăâîşșţț",  # Romanian
+    "äöüß",  # German
+    "àâæçéèêëîïôœùûüÿ",  # French
+    "áéíñóúü",  # Spanish
+    "àáâãçéêíóôõú",  # Portuguese
+    "àèéìíîòóù",  # Italian
+    "åäæöø",  # Nordic
+)
+
+
+@dataclass(frozen=True)
+class DecodedHtml:
+    """Decoded page text and how the encoding was chosen."""
+
+    text: str
+    encoding: str  # Python codec name actually used ("utf-8" for str input)
+    source: str  # "bom" | "declared" | "meta" | "detected" | "default" | "str"
+
+
+def normalize_encoding(label: str | None) -> str | None:
+    """The Python codec name a browser would use for `label`, or None if it names no text codec."""
+    if not label:
+        return None
+    key = label.strip().strip("\"'").lower()
+    key = _WHATWG_ALIASES.get(key, key)
+    try:
+        info = codecs.lookup(key)
+    except (LookupError, ValueError):
+        return None
+    # bytes-to-bytes and str-to-str codecs (base64, rot13, ...) cannot decode a page.
+    if not getattr(info, "_is_text_encoding", True):
+        return None
+    return info.name
+
+
+def sniff_meta_charset(data: bytes) -> str | None:
+    """The codec a `<meta>` charset or XML declaration near the top of the page names, if any."""
+    head = data[:PRESCAN_BYTES]
+    for pattern in (_XML_DECL, _META_CHARSET):
+        match = pattern.search(head)
+        if match is None:
+            continue
+        name = normalize_encoding(match.group(1).decode("ascii", "replace"))
+        if name is None:
+            continue
+        # A document that says "utf-16" in ASCII bytes cannot be UTF-16 (the spec reads it as UTF-8).
+        if name.startswith(("utf-16", "utf-32")):
+            return "utf-8"
+        return name
+    return None
+
+
+def decode_html(data: bytes | str, *, encoding: str | None = None) -> DecodedHtml:
+    """Decode a page's raw bytes (BOM, declared, meta, detected, default); never raises on bad bytes."""
+    if isinstance(data, str):
+        return DecodedHtml(text=data, encoding="utf-8", source="str")
+    for bom, name in _BOMS:
+        if data.startswith(bom):
+            return DecodedHtml(data[len(bom) :].decode(name, errors="replace"), name, "bom")
+    declared = normalize_encoding(encoding)
+    if declared is not None:
+        return DecodedHtml(data.decode(declared, errors="replace"), declared, "declared")
+    meta = sniff_meta_charset(data)
+    if meta is not None:
+        return DecodedHtml(data.decode(meta, errors="replace"), meta, "meta")
+    try:
+        return DecodedHtml(data.decode("utf-8"), "utf-8", "detected" if data else "default")
+    except UnicodeDecodeError:
+        pass
+    detected = _detect(data)
+    return DecodedHtml(data.decode(detected, errors="replace"), detected, "detected")
+
+
+def _detect(data: bytes) -> str:
+    """charset-normalizer's guess for non-UTF-8 bytes, Central European pairs disambiguated."""
+    from charset_normalizer import from_bytes  # imported lazily: it is slow to import, rarely needed
+
+    sample = data[:DETECT_SAMPLE_BYTES]
+    best = from_bytes(sample).best()
+    name = None if best is None else normalize_encoding(best.encoding)
+    if name in (None, "ascii", "utf-8"):
+        # No usable guess (or the sample looked UTF-8 but the page is not): rank the Latin readings.
+        return _best_latin_reading(sample, "cp1252")
+    if name in _LATIN_SINGLE_BYTE:
+        return _best_latin_reading(sample, name)
+    return name
+
+
+def _best_latin_reading(sample: bytes, guess: str) -> str:
+    """Re-rank the Latin-script single-byte readings, which charset-normalizer confuses on short text.
+
+    It cannot tell iso-8859-2 from windows-1250 (Czech, Slovak, Polish, Hungarian...) and, with a few
+    dozen words, often says windows-1258 or cp775 for either. The readings differ only in the bytes
+    0x80-0xBF and a few letters: a Czech "š" in iso-8859-2 is a Polish "ą" in windows-1250, a "ť" is a
+    "»", and windows-1250's "š" (0x9A) is a C1 control code in iso-8859-2. Each candidate reading is
+    scored by how well its non-ASCII letters fit the alphabet of one language (letters of that alphabet
+    count for it; other letters, control codes and U+FFFD against; punctuation is neutral). The best
+    fit wins; a tie keeps the detector's guess.
+    """
+    high = _ASCII_RUN.sub(b"", sample)
+    best, best_score = guess, _fit(high.decode(guess, errors="replace"))
+    for name in _LATIN_CANDIDATES:
+        if name == guess:
+            continue
+        score = _fit(high.decode(name, errors="replace"))
+        if score > best_score:
+            best, best_score = name, score
+    return best
+
+
+def _fit(text: str) -> int:
+    """How well `text` (non-ASCII characters only) fits the best-fitting alphabet of `_ALPHABETS`."""
+    counts = Counter(text.lower())
+    scored = {ch: n for ch, n in counts.items() if ch.isalpha() or ch == "\ufffd" or ord(ch) < 0xA0}
+    total = sum(scored.values())
+    return max(2 * sum(scored.get(ch, 0) for ch in alphabet) - total for alphabet in _ALPHABETS)
