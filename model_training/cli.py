@@ -7,7 +7,7 @@ import importlib
 from typing import Any
 
 # Each module exposes `register(subparsers)`, which adds its parser and sets `func`.
-TRAINING_COMMANDS: tuple[str, ...] = ()
+TRAINING_COMMANDS: tuple[str, ...] = ("model_training.commands.tokenizer",)
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:

@@ -25,15 +25,21 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import statistics
 import string
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers.trainers import WordPieceTrainer
+from tqdm import tqdm
 
 from service.core.errors import ErrorCode, HtmllmError
+from service.core.pages import iter_pages
 from service.core.tokenizer import SPECIAL_TOKENS, HtmlTokenizer
 
 VOCAB_MULTIPLE = 64
@@ -230,3 +236,134 @@ def split_of(page_id: str, *, heldout_percent: int = 20) -> str:
     """`"train"` or `"heldout"` for a page, from a hash of its id: deterministic and order-independent."""
     bucket = int.from_bytes(hashlib.sha256(page_id.encode("utf-8")).digest()[:8], "big") % 100
     return "heldout" if bucket < heldout_percent else "train"
+
+
+SPLITS = ("train", "heldout", "all")
+
+
+@dataclass
+class PrunedCorpus:
+    """The pruned text of the pages of one split, and what was skipped on the way."""
+
+    ids: list[str]
+    texts: list[str]
+    raw_bytes: int
+    failed: dict[str, str]  # page id -> error code of a page the pruner rejected
+
+
+def pruned_pages(
+    source: str | Path,
+    *,
+    split: str = "all",
+    heldout_percent: int = 20,
+    sample: int | None = None,
+    progress: bool = False,
+) -> PrunedCorpus:
+    """Read pages with `iter_pages`, keep those of `split`, prune the first `sample` of them.
+
+    A page the pruner rejects (a typed `PruneError`) is recorded and skipped, never fatal: one bad page
+    must not stop a training run.
+    """
+    from service.core.prune import PruneError, prune_html
+
+    if split not in SPLITS:
+        raise TokenizerTrainingError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    if not 0 <= heldout_percent <= 100:
+        raise TokenizerTrainingError(f"heldout_percent must be within 0..100, got {heldout_percent}")
+    corpus = PrunedCorpus(ids=[], texts=[], raw_bytes=0, failed={})
+    bar = tqdm(total=sample, unit="page", desc="prune", disable=not progress, leave=False)
+    with bar:
+        for page in iter_pages(source):
+            if sample is not None and len(corpus.ids) + len(corpus.failed) >= sample:
+                break
+            if split != "all" and split_of(page.id, heldout_percent=heldout_percent) != split:
+                continue
+            bar.update(1)
+            try:
+                text = prune_html(page.html)
+            except PruneError as exc:
+                corpus.failed[page.id] = str(exc.code)
+                continue
+            corpus.ids.append(page.id)
+            corpus.texts.append(text)
+            corpus.raw_bytes += len(page.html)
+    return corpus
+
+
+DEFAULT_WINDOWS: tuple[int, ...] = (512, 2048, 4096, 8192)
+
+
+@dataclass
+class TokenizerStats:
+    """The paper's Table 1 figures for one tokenizer on one set of pruned documents."""
+
+    name: str
+    vocab_size: int
+    tag_tokens: int
+    documents: int
+    within: dict[int, float]  # window -> % of documents whose full encoding fits it
+    mean_tokens: float
+    median_tokens: float
+    vocab_used: float  # % of the vocabulary's ids that occur at least once
+    unk_rate: float  # % of content tokens that are [UNK]
+    chars_per_token: float
+    sha256: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def evaluate_tokenizer(
+    name: str,
+    tok: HtmlTokenizer,
+    texts: Sequence[str],
+    *,
+    windows: Sequence[int] = DEFAULT_WINDOWS,
+    batch_size: int = 64,
+    progress: bool = False,
+) -> TokenizerStats:
+    """Encode every text whole (no truncation) and summarize lengths and vocabulary use."""
+    if not texts:
+        raise TokenizerTrainingError("no documents to evaluate on")
+    lengths: list[int] = []
+    used: set[int] = set()
+    unk = content = 0
+    for start in tqdm(range(0, len(texts), batch_size), desc=name, disable=not progress, leave=False):
+        for encoding in tok.encode_batch(texts[start : start + batch_size]):
+            lengths.append(encoding.full_length)
+            used.update(encoding.ids)
+            body = encoding.ids[1:-1]
+            content += len(body)
+            unk += body.count(tok.special_ids.unk)
+    n = len(lengths)
+    chars = sum(len(t) for t in texts)
+    return TokenizerStats(
+        name=name,
+        vocab_size=tok.vocab_size,
+        tag_tokens=len(tok.tag_token_ids),
+        documents=n,
+        within={w: 100.0 * sum(1 for x in lengths if x <= w) / n for w in windows},
+        mean_tokens=statistics.fmean(lengths),
+        median_tokens=float(statistics.median(lengths)),
+        vocab_used=100.0 * len(used) / tok.vocab_size,
+        unk_rate=100.0 * unk / max(content, 1),
+        chars_per_token=chars / max(content, 1),
+        sha256=tok.sha256,
+    )
+
+
+def markdown_table(stats: Sequence[TokenizerStats]) -> str:
+    """Table 1 as Markdown: one row per tokenizer, windows as columns."""
+    windows = sorted({w for s in stats for w in s.within})
+    head = ["Tokenizer", "Vocab", *(f"≤ {w}" for w in windows), "Mean", "Median", "Vocab used", "[UNK]"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    for s in stats:
+        cells = [
+            s.name,
+            f"{s.vocab_size:,}",
+            *(f"{s.within.get(w, float('nan')):.1f}%" for w in windows),
+            f"{s.mean_tokens:,.0f}",
+            f"{s.median_tokens:,.0f}",
+            f"{s.vocab_used:.1f}%",
+            f"{s.unk_rate:.2f}%",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

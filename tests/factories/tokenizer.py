@@ -1,7 +1,9 @@
 """Tiny tokenizers for tests: trained in-process on generated pruned-HTML-like pages, cached per process.
 
 `build_tiny_tokenizer()` is what other tests call when they need a real `HtmlTokenizer` (models, engine,
-API); it takes a fraction of a second and never touches the shared corpus.
+API); it takes a fraction of a second and never touches the shared corpus. Its vocabulary size, special
+ids and tag ids are the same in every process; the ids of ordinary word pieces may differ between
+processes (the `tokenizers` trainer breaks ties in hash-map order), so tests must not hard-code them.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Training subcommands of `htmllm` (each module exposes `register(subparsers)`)."""

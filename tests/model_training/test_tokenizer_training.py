@@ -1,0 +1,183 @@
+"""Tokenizer training: tag counting, vocabulary arithmetic, tag tokens after training, splits, Table 1."""
+
+from __future__ import annotations
+
+import json
+import string
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from model_training.tokenizer_training import (
+    TokenizerTrainingError,
+    count_tags,
+    evaluate_tokenizer,
+    markdown_table,
+    round_up,
+    split_of,
+    tag_tokens,
+    top_tags,
+    train_tokenizer,
+)
+from tests.factories.tokenizer import build_tiny_tokenizer, generate_pruned_pages
+
+
+def test_round_up_to_multiples_of_64() -> None:
+    assert [round_up(v) for v in (1, 64, 65, 16000, 57000)] == [64, 64, 128, 16000, 57024]
+
+
+def test_count_tags_counts_openings_and_lone_closings() -> None:
+    counts = count_tags(["<div><p>a</p><p>b<br>c<br/></p></div>", "</span><p>x</p>"])
+    assert counts == Counter({"p": 3, "br": 2, "div": 1, "span": 1})
+
+
+def test_top_tags_breaks_ties_by_name() -> None:
+    assert top_tags(Counter({"p": 5, "b": 2, "a": 2, "i": 1}), 3) == ["p", "a", "b"]
+    assert top_tags(Counter({"p": 5}), 0) == []
+
+
+def test_void_tags_get_only_the_opening_form() -> None:
+    assert tag_tokens(["p", "br", "img", "a"]) == ["<p>", "</p>", "<br>", "<img>", "<a>", "</a>"]
+
+
+def test_vocabulary_is_the_requested_multiple_of_64() -> None:
+    pages = generate_pruned_pages(48)
+    tok = train_tokenizer(pages, vocab_size=500, min_frequency=2, tags=10)
+    assert tok.vocab_size == 512
+    tok = train_tokenizer(pages, vocab_size=384, min_frequency=2, tags=0)
+    assert tok.vocab_size == 384 and tok.tag_token_ids == {}
+
+
+def test_a_small_corpus_pads_to_the_next_multiple_of_64() -> None:
+    tok = train_tokenizer(generate_pruned_pages(5), vocab_size=20000, min_frequency=2, tags=5)
+    assert tok.vocab_size % 64 == 0 and tok.vocab_size < 20000
+    assert tok.backend.token_to_id("[unused0]") is not None
+
+
+def test_tag_tokens_are_added_after_training_not_learned() -> None:
+    tok = build_tiny_tokenizer()
+    model_vocab = tok.backend.get_vocab(with_added_tokens=False)
+    assert not any(t.startswith("<") and len(t) > 1 for t in model_vocab)
+    # The tag tokens follow the trained vocabulary, in frequency order: <div>/<a> before rarer tags.
+    ids = sorted(tok.tag_token_ids.values())
+    assert ids == list(range(ids[0], ids[0] + len(ids)))
+    assert ids[0] > max(model_vocab.values())
+    assert tok.tag_token_ids["<div>"] < tok.tag_token_ids["<h2>"]
+
+
+def test_tags_zero_ablation_splits_tags_into_pieces() -> None:
+    tok = build_tiny_tokenizer(tags=0)
+    assert tok.tag_token_ids == {}
+    assert tok.tokens("<p>Prague</p>")[:3] == ["<", "p", ">"]
+    assert tok.decode(tok.encode("<p>Prague</p>").ids) == "<p>Prague</p>"
+
+
+def test_every_alphabet_character_is_known_in_both_positions() -> None:
+    tok = build_tiny_tokenizer()
+    unk = tok.special_ids.unk
+    # Words never seen in training, built from the base alphabet, after a space and glued to a tag.
+    for word in ("Zyx", "QWERTY", "jump9", "kvz"):
+        for text in (f"<p>{word}</p>", f"<p>a {word}</p>"):
+            assert unk not in tok.encode(text).ids, text
+            assert tok.decode(tok.encode(text).ids) == text
+    assert unk not in tok.encode(string.punctuation).ids
+
+
+def test_retraining_keeps_sizes_special_and_tag_ids() -> None:
+    # The `tokenizers` trainer breaks ties between equally frequent pairs in hash-map order, so two runs
+    # may differ in a few rare pieces; what the model depends on must not.
+    pages = generate_pruned_pages(30, seed=3)
+    first = train_tokenizer(pages, vocab_size=448, min_frequency=2, tags=8)
+    second = train_tokenizer(list(pages), vocab_size=448, min_frequency=2, tags=8)
+    assert first.vocab_size == second.vocab_size == 448
+    assert first.special_ids == second.special_ids
+    assert first.tag_token_ids == second.tag_token_ids and len(first.tag_token_ids) == 16
+
+
+def test_impossible_options_are_typed_errors() -> None:
+    with pytest.raises(TokenizerTrainingError, match="no text"):
+        train_tokenizer(["", ""], vocab_size=512, tags=0)
+    with pytest.raises(TokenizerTrainingError, match="tags"):
+        train_tokenizer(["<p>a</p>"], vocab_size=512, tags=-1)
+    with pytest.raises(TokenizerTrainingError, match="base alphabet"):
+        train_tokenizer(generate_pruned_pages(5), vocab_size=64, tags=10)
+
+
+def test_split_is_deterministic_and_near_the_requested_share() -> None:
+    ids = [f"p{i:05d}" for i in range(2000)]
+    splits = [split_of(i) for i in ids]
+    assert splits == [split_of(i) for i in ids]
+    assert 0.17 < splits.count("heldout") / len(ids) < 0.23
+    assert {split_of(i, heldout_percent=0) for i in ids} == {"train"}
+    assert {split_of(i, heldout_percent=100) for i in ids} == {"heldout"}
+
+
+def test_evaluate_counts_windows_vocab_use_and_unk() -> None:
+    tok = build_tiny_tokenizer()
+    texts = [*generate_pruned_pages(4, seed=21), "<p>東京</p>"]
+    lengths = [tok.encode(t).full_length for t in texts]
+    window = sorted(lengths)[2]
+    stats = evaluate_tokenizer("tiny", tok, texts, windows=(window, 10**6))
+    assert stats.documents == 5 and stats.vocab_size == tok.vocab_size
+    assert stats.within[window] == pytest.approx(100.0 * sum(x <= window for x in lengths) / 5)
+    assert stats.within[10**6] == 100.0
+    assert stats.mean_tokens == pytest.approx(sum(lengths) / 5)
+    assert stats.median_tokens == sorted(lengths)[2]
+    used = {i for t in texts for i in tok.encode(t).ids}
+    assert stats.vocab_used == pytest.approx(100.0 * len(used) / tok.vocab_size)
+    assert stats.unk_rate > 0
+    table = markdown_table([stats])
+    assert table.splitlines()[2].startswith("| tiny | 512 |")
+    with pytest.raises(TokenizerTrainingError):
+        evaluate_tokenizer("tiny", tok, [])
+
+
+def _raw_page(body: str, i: int) -> str:
+    # What a crawler hands us: attributes, scripts, styles and comments that the pruner removes.
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>Page {i}</title>'
+        f"<style>body {{color: red}}</style><script>var x = {i};</script></head>"
+        f'<body class="main" id="b{i}"><!-- comment -->{body}</body></html>'
+    )
+
+
+@pytest.fixture()
+def raw_corpus(tmp_path: Path) -> Path:
+    pages = generate_pruned_pages(60, seed=5)
+    path = tmp_path / "pages.jsonl"
+    with path.open("w", encoding="utf-8") as handle:
+        for i, page in enumerate(pages):
+            body = page.split("<body>", 1)[1].rsplit("</body>", 1)[0].replace("<div>", '<div class="x">')
+            handle.write(json.dumps({"id": f"page-{i}", "html": _raw_page(body, i)}) + "\n")
+    return path
+
+
+def test_cli_trains_and_evaluates_on_a_held_out_split(raw_corpus: Path, tmp_path: Path) -> None:
+    pytest.importorskip("service.core.prune")
+    from service.cli import main
+
+    ours, ablation = tmp_path / "ours", tmp_path / "ablation"
+    common = ["--corpus", str(raw_corpus), "--vocab-size", "512", "--min-frequency", "2", "--no-progress"]
+    assert main(["tokenizer", "train", *common, "--tags", "20", "--out", str(ours)]) == 0
+    assert main(["tokenizer", "train", *common, "--tags", "0", "--out", str(ablation)]) == 0
+    report = json.loads((ours / "training.json").read_text(encoding="utf-8"))
+    heldout = {f"page-{i}" for i in range(60) if split_of(f"page-{i}") == "heldout"}
+    assert report["pages"] == 60 - len(heldout) and report["vocab_size"] == 512
+    assert "<div>" in report["tag_tokens"] and report["top_tags"][0][1] > 0
+
+    out = tmp_path / "table.json"
+    args = ["--corpus", str(raw_corpus), "--tokenizer", str(ours), "--baseline", f"no-tags={ablation}"]
+    assert main(["tokenizer", "eval", *args, "--windows", "64,512", "--json", str(out), "--no-progress"]) == 0
+    figures = json.loads(out.read_text(encoding="utf-8"))
+    assert figures["documents"] == len(heldout) and figures["windows"] == [64, 512]
+    with_tags, without = figures["tokenizers"]
+    assert (with_tags["name"], without["name"]) == ("ours", "no-tags")
+    assert with_tags["tag_tokens"] > 0 and without["tag_tokens"] == 0
+    assert with_tags["mean_tokens"] < without["mean_tokens"]
+
+
+def test_cli_reports_a_missing_tokenizer(raw_corpus: Path, tmp_path: Path) -> None:
+    from service.cli import main
+
+    assert main(["tokenizer", "eval", "--corpus", str(raw_corpus), "--tokenizer", str(tmp_path / "x")]) == 1
