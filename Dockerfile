@@ -1,0 +1,132 @@
+# syntax=docker/dockerfile:1.7
+#
+# The htmllm service image. Two final targets from one file:
+#
+#   docker build --target cpu  -t htmllm:cpu  .   # torch (CPU wheel) + onnxruntime (the default target)
+#   docker build --target cuda -t htmllm:cuda .   # torch (CUDA wheel) + flash-attn + onnxruntime-gpu
+#
+# BuildKit builds only the stages a target needs, so the CPU build never pulls the CUDA images; the CPU
+# stages come last so that a plain `docker build .` gives the CPU image.
+# Both install the package from pyproject.toml extras in a builder stage, so the runtime image holds a
+# virtualenv with `service/` (and its bundled default model under service/assets/) and nothing else from
+# the repository: model_training, tests and benchmarks never enter the build context (.dockerignore) nor
+# the image. The server runs as an unprivileged user, as PID 1 in exec form, so SIGTERM from
+# `docker stop` or the kubelet reaches uvicorn and the service drains its queue before exiting.
+# tests/deploy/test_dockerfile.py parses this file and checks these rules.
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG CUDA_VERSION=12.8.1
+ARG CUDA_UBUNTU=ubuntu24.04
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+ARG TORCH_CUDA_INDEX=https://download.pytorch.org/whl/cu128
+
+# ---------------------------------------------------------------------------------------------------
+# CUDA builder: the devel image has nvcc, which flash-attn needs when no prebuilt wheel matches.
+FROM nvidia/cuda:${CUDA_VERSION}-cudnn-devel-${CUDA_UBUNTU} AS cuda-builder
+ARG TORCH_VERSION
+ARG TORCH_CUDA_INDEX
+# Ampere and Hopper: the GPUs flash-attn 2 supports; fewer archs keep the compile bounded.
+ARG FLASH_ATTN_CUDA_ARCHS=80;90
+ARG MAX_JOBS=4
+ENV DEBIAN_FRONTEND=noninteractive \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/htmllm \
+    PATH=/opt/htmllm/bin:$PATH \
+    FLASH_ATTN_CUDA_ARCHS=${FLASH_ATTN_CUDA_ARCHS} \
+    MAX_JOBS=${MAX_JOBS}
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3.12 python3.12-venv python3.12-dev build-essential git \
+    && rm -rf /var/lib/apt/lists/*
+# flash-attn builds against the installed torch, so torch and the build tools go in first and the
+# extras install without build isolation.
+RUN python3.12 -m venv /opt/htmllm \
+    && pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url "${TORCH_CUDA_INDEX}" \
+    && pip install --no-cache-dir "setuptools>=68" "wheel>=0.43" "packaging>=24" "ninja>=1.11" "psutil>=5.9" "einops>=0.8"
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY service ./service
+# The project itself, from the copied source; its dependencies are pinned by pyproject.toml ranges.
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir --no-build-isolation ".[serve,gpu]" \
+    && python -c "import service.api, service.engine, onnxruntime" \
+    && python -c "import pathlib, service; d = pathlib.Path(service.__file__).parent / 'assets' / 'default-model'; assert (d / 'config.json').is_file(), f'no bundled default model at {d}'"
+
+# ---------------------------------------------------------------------------------------------------
+# CUDA runtime: the runtime image carries the CUDA and cuDNN libraries torch and onnxruntime-gpu load.
+FROM nvidia/cuda:${CUDA_VERSION}-cudnn-runtime-${CUDA_UBUNTU} AS cuda
+LABEL org.opencontainers.image.title="htmllm" \
+      org.opencontainers.image.description="Real-time embeddings and task-head scores for raw HTML pages (CUDA)" \
+      org.opencontainers.image.licenses="Apache-2.0"
+ENV DEBIAN_FRONTEND=noninteractive \
+    VIRTUAL_ENV=/opt/htmllm \
+    PATH=/opt/htmllm/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    HF_HUB_OFFLINE=1 \
+    TRANSFORMERS_OFFLINE=1 \
+    HTMLLM_DEVICE=cuda
+# The virtualenv's interpreter is a symlink to the system python3.12, the same one the builder used.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3.12 \
+    && rm -rf /var/lib/apt/lists/* \
+    && groupadd --system --gid 10001 htmllm \
+    && useradd --system --uid 10001 --gid htmllm --create-home --home-dir /home/htmllm --shell /usr/sbin/nologin htmllm
+COPY --from=cuda-builder /opt/htmllm /opt/htmllm
+WORKDIR /home/htmllm
+USER 10001:10001
+EXPOSE 8000
+STOPSIGNAL SIGTERM
+HEALTHCHECK --interval=30s --timeout=5s --start-period=180s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/ready', timeout=4)"]
+CMD ["python", "-m", "service.api", "--host", "0.0.0.0", "--port", "8000"]
+
+# ---------------------------------------------------------------------------------------------------
+# CPU builder: a virtualenv with the CPU torch wheel (the default PyPI wheel bundles CUDA, ~3 GB more)
+# and the `serve` + `onnx` extras.
+FROM ${PYTHON_IMAGE} AS cpu-builder
+ARG TORCH_VERSION
+ARG TORCH_CPU_INDEX
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/htmllm \
+    PATH=/opt/htmllm/bin:$PATH
+RUN python -m venv /opt/htmllm \
+    && pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url "${TORCH_CPU_INDEX}"
+WORKDIR /src
+# README.md is read by the build backend (pyproject `readme`); it does not reach the runtime image.
+COPY pyproject.toml README.md ./
+COPY service ./service
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir ".[serve,onnx]" \
+    && python -c "import service.api, service.engine, onnxruntime" \
+    && python -c "import pathlib, service; d = pathlib.Path(service.__file__).parent / 'assets' / 'default-model'; assert (d / 'config.json').is_file(), f'no bundled default model at {d}'"
+
+# ---------------------------------------------------------------------------------------------------
+# CPU runtime.
+FROM ${PYTHON_IMAGE} AS cpu
+LABEL org.opencontainers.image.title="htmllm" \
+      org.opencontainers.image.description="Real-time embeddings and task-head scores for raw HTML pages (CPU)" \
+      org.opencontainers.image.licenses="Apache-2.0"
+ENV VIRTUAL_ENV=/opt/htmllm \
+    PATH=/opt/htmllm/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    HF_HUB_OFFLINE=1 \
+    TRANSFORMERS_OFFLINE=1 \
+    HTMLLM_DEVICE=cpu
+RUN groupadd --system --gid 10001 htmllm \
+    && useradd --system --uid 10001 --gid htmllm --create-home --home-dir /home/htmllm --shell /usr/sbin/nologin htmllm
+COPY --from=cpu-builder /opt/htmllm /opt/htmllm
+WORKDIR /home/htmllm
+USER 10001:10001
+EXPOSE 8000
+STOPSIGNAL SIGTERM
+# /ready: the model is loaded and warmed, so `healthy` means "can serve" (compose `service_healthy`).
+HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/ready', timeout=4)"]
+CMD ["python", "-m", "service.api", "--host", "0.0.0.0", "--port", "8000"]
+

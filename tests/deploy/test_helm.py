@@ -1,0 +1,426 @@
+"""The Helm chart: rendered offline by helm-python-sdk (Helm's own Go engine, no helm binary), linted, and
+every manifest validated against the pinned Kubernetes version's OpenAPI schemas by kubernetes-validate.
+
+Each value set under helm/htmllm/ci/ is rendered: default (CPU), GPU, everything optional switched on, and
+an init-container checkpoint. The chart's own rules (probes, grace period, security context, GPU request,
+API key from a Secret) are checked on the rendered objects, not on template text.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.deploy.dockerfile_rules import final_stage_user
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "htmllm"
+# The oldest Kubernetes minor still widely run by managed offerings when this chart was written; the chart
+# uses only APIs stable there (apps/v1, autoscaling/v2, policy/v1).
+KUBE_VERSION = "1.30.0"
+RELEASE = "crawl"
+NAMESPACE = "crawlers"
+
+VALUE_SETS = ["default", "gpu", "full", "init"]
+Manifest = dict[str, Any]
+
+
+def values_for(name: str) -> dict[str, Any]:
+    if name == "default":
+        return {}
+    loaded = yaml.safe_load((CHART / "ci" / f"{name}-values.yaml").read_text(encoding="utf-8"))
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def render(values: dict[str, Any]) -> list[Manifest]:
+    """Every object the chart renders with `values`, NOTES.txt excluded."""
+    with helm.Chart.load(CHART) as chart:
+        rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    objects: list[Manifest] = []
+    for path, text in sorted(rendered.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        objects.extend(doc for doc in yaml.safe_load_all(text) if doc)
+    return objects
+
+
+@pytest.fixture(scope="module", params=VALUE_SETS)
+def value_set(request: pytest.FixtureRequest) -> tuple[str, list[Manifest]]:
+    return request.param, render(values_for(request.param))
+
+
+def one(objects: list[Manifest], kind: str) -> Manifest:
+    found = [o for o in objects if o["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def kinds(objects: list[Manifest]) -> set[str]:
+    return {o["kind"] for o in objects}
+
+
+def server_container(objects: list[Manifest]) -> Manifest:
+    containers = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    (server,) = [c for c in containers if c["name"] == "server"]
+    assert isinstance(server, dict)
+    return server
+
+
+def env_of(container: Manifest) -> dict[str, Manifest]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def configmap_data(objects: list[Manifest]) -> dict[str, str]:
+    data = one(objects, "ConfigMap")["data"]
+    assert isinstance(data, dict)
+    return data
+
+
+# A structural schema for the prometheus-operator ServiceMonitor fields the chart sets. It is a CRD, so
+# kubernetes-validate has no schema for it; this subset follows monitoring.coreos.com/v1's OpenAPI schema.
+SERVICE_MONITOR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "ServiceMonitor"},
+        "metadata": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
+                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
+        },
+        "spec": {
+            "type": "object",
+            "required": ["selector", "endpoints"],
+            "additionalProperties": False,
+            "properties": {
+                "selector": {
+                    "type": "object",
+                    "properties": {
+                        "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}
+                    },
+                },
+                "namespaceSelector": {
+                    "type": "object",
+                    "properties": {
+                        "any": {"type": "boolean"},
+                        "matchNames": {"type": "array", "items": {"type": "string"}},
+                    },
+                },
+                "endpoints": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "port": {"type": "string"},
+                            "path": {"type": "string", "pattern": "^/"},
+                            "interval": {"type": "string", "pattern": "^(0|(([0-9]+)(ms|s|m|h))+)$"},
+                            "scrapeTimeout": {"type": "string", "pattern": "^(0|(([0-9]+)(ms|s|m|h))+)$"},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+CRD_SCHEMAS = {("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICE_MONITOR_SCHEMA}
+
+
+def validate_manifest(obj: Manifest) -> None:
+    """Kubernetes' own schema (strict: unknown fields fail) or, for the CRDs we emit, our structural one."""
+    key = (obj["apiVersion"], obj["kind"])
+    if key in CRD_SCHEMAS:
+        jsonschema.validate(obj, CRD_SCHEMAS[key])
+        return
+    kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_lint_is_clean(name: str) -> None:
+    report = helm.lint(CHART, values_for(name), strict=True, kube_version=f"v{KUBE_VERSION}")
+    assert report["errors"] == []
+    # Severity 1 is informational ("icon is recommended"); warnings and errors fail.
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def test_every_manifest_validates(value_set: tuple[str, list[Manifest]]) -> None:
+    _, objects = value_set
+    assert objects
+    for obj in objects:
+        try:
+            validate_manifest(obj)
+        except (kubernetes_validate.ValidationError, jsonschema.ValidationError) as exc:
+            path = ".".join(str(p) for p in exc.path)
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {path}: {exc.message}")
+        except kubernetes_validate.SchemaNotFoundError as exc:
+            pytest.fail(exc.message)
+
+
+def test_the_validator_rejects_a_broken_manifest() -> None:
+    """The validation above can fail: a typo'd field and a wrong type are both caught."""
+    deployment = one(render({}), "Deployment")
+    deployment["spec"]["template"]["spec"]["containers"][0]["readinessprobe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate_manifest(deployment)
+    deployment = one(render({}), "Deployment")
+    deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = "fifty"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate_manifest(deployment)
+
+
+def test_default_release_objects() -> None:
+    objects = render({})
+    assert kinds(objects) == {
+        "ConfigMap",
+        "Deployment",
+        "HorizontalPodAutoscaler",
+        "PodDisruptionBudget",
+        "Pod",  # the `helm test` hook
+        "Service",
+        "ServiceAccount",
+    }
+    assert all(o["metadata"]["name"].startswith(f"{RELEASE}-htmllm") for o in objects)
+
+
+def test_full_release_objects() -> None:
+    objects = render(values_for("full"))
+    assert {"ServiceMonitor", "PersistentVolumeClaim"} <= kinds(objects)
+    assert "Secret" not in kinds(objects)  # the key comes from the existing Secret
+
+
+def test_selectors_match_the_pods(value_set: tuple[str, list[Manifest]]) -> None:
+    _, objects = value_set
+    pod_labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    selectors = [one(objects, "Service")["spec"]["selector"]]
+    selectors.append(one(objects, "Deployment")["spec"]["selector"]["matchLabels"])
+    if "PodDisruptionBudget" in kinds(objects):
+        selectors.append(one(objects, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"])
+    if "ServiceMonitor" in kinds(objects):
+        monitor = one(objects, "ServiceMonitor")
+        service = one(objects, "Service")
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+        port_names = {p["name"] for p in service["spec"]["ports"]}
+        assert {e["port"] for e in monitor["spec"]["endpoints"]} <= port_names
+    for selector in selectors:
+        assert selector and selector.items() <= pod_labels.items()
+
+
+def test_probes_hit_health_and_ready(value_set: tuple[str, list[Manifest]]) -> None:
+    _, objects = value_set
+    server = server_container(objects)
+    assert server["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert server["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert server["startupProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert server["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    assert set(server["resources"]) == {"requests", "limits"}
+
+
+def test_grace_period_outlasts_the_drain(value_set: tuple[str, list[Manifest]]) -> None:
+    name, objects = value_set
+    merged = helm.Chart.load(CHART).merge_values(values_for(name))
+    drain = int(configmap_data(objects)["HTMLLM_DRAIN_TIMEOUT_S"])
+    assert drain == merged["server"]["drainTimeoutSeconds"]
+    pre_stop = server_container(objects)["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    grace = one(objects, "Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace > drain + int(pre_stop[1])
+
+
+def test_a_grace_period_shorter_than_the_drain_is_refused() -> None:
+    with pytest.raises(helm.HelmRenderError, match="terminationGracePeriodSeconds"):
+        render({"terminationGracePeriodSeconds": 30, "server": {"drainTimeoutSeconds": 30}})
+
+
+def test_pod_runs_unprivileged_with_a_read_only_root(value_set: tuple[str, list[Manifest]]) -> None:
+    _, objects = value_set
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    # The chart's uid is the image's USER, so files the image owns stay readable.
+    uid, gid = final_stage_user("cpu")
+    assert (pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]) == (uid, gid)
+    assert pod["automountServiceAccountToken"] is False
+    for container in pod["containers"] + pod.get("initContainers", []):
+        context = container["securityContext"]
+        assert context["readOnlyRootFilesystem"] is True
+        assert context["allowPrivilegeEscalation"] is False
+        assert context["capabilities"]["drop"] == ["ALL"]
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        assert mounts["/tmp"] == "tmp"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes["tmp"]
+    assert env_of(server_container(objects))["HOME"]["value"] == "/tmp"
+
+
+def test_gpu_values_request_a_gpu() -> None:
+    objects = render(values_for("gpu"))
+    server = server_container(objects)
+    assert server["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert server["resources"]["requests"]["nvidia.com/gpu"] == 1
+    assert server["image"].endswith("-cuda")
+    assert configmap_data(objects)["HTMLLM_DEVICE"] == "cuda"
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+
+
+def test_cpu_values_request_no_gpu() -> None:
+    objects = render({})
+    server = server_container(objects)
+    for section in server["resources"].values():
+        assert not any("gpu" in key for key in section)
+    assert not server["image"].endswith("-cuda")
+    assert configmap_data(objects)["HTMLLM_DEVICE"] == "cpu"
+    assert "tolerations" not in one(objects, "Deployment")["spec"]["template"]["spec"]
+
+
+def test_configmap_carries_only_htmllm_settings(value_set: tuple[str, list[Manifest]]) -> None:
+    name, objects = value_set
+    data = configmap_data(objects)
+    assert all(key.startswith("HTMLLM_") for key in data)
+    assert "HTMLLM_API_KEY" not in data
+    merged = helm.Chart.load(CHART).merge_values(values_for(name))
+    assert data["HTMLLM_MAX_BATCH_TOKENS"] == str(merged["server"]["maxBatchTokens"])
+    assert data["HTMLLM_MAX_QUEUE_DOCUMENTS"] == str(merged["server"]["maxQueueDocuments"])
+    server = server_container(objects)
+    assert {"configMapRef": {"name": one(objects, "ConfigMap")["metadata"]["name"]}} in server["envFrom"]
+
+
+def test_config_changes_roll_the_pods() -> None:
+    def checksum(values: dict[str, Any]) -> str:
+        annotations = one(render(values), "Deployment")["spec"]["template"]["metadata"]["annotations"]
+        return str(annotations["checksum/config"])
+
+    assert checksum({}) != checksum({"server": {"maxBatchTokens": 8192}})
+
+
+def test_api_key_comes_from_an_existing_secret() -> None:
+    objects = render(values_for("full"))
+    env = env_of(server_container(objects))
+    assert env["HTMLLM_API_KEY"] == {
+        "name": "HTMLLM_API_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "htmllm-api-key", "key": "token"}},
+    }
+
+
+def test_api_key_secret_created_from_a_value() -> None:
+    objects = render(values_for("init"))
+    secret = one(objects, "Secret")
+    ref = env_of(server_container(objects))["HTMLLM_API_KEY"]["valueFrom"]["secretKeyRef"]
+    assert ref["name"] == secret["metadata"]["name"]
+    assert base64.b64decode(secret["data"][ref["key"]]).decode() == "not-a-real-key"
+
+
+def test_auth_without_a_key_is_refused() -> None:
+    with pytest.raises(helm.HelmRenderError, match=r"auth\.enabled"):
+        render({"auth": {"enabled": True}})
+
+
+def test_no_auth_no_key_env() -> None:
+    assert "HTMLLM_API_KEY" not in env_of(server_container(render({})))
+
+
+def test_hpa_scales_on_cpu_and_optionally_queue_size() -> None:
+    default = one(render({}), "HorizontalPodAutoscaler")["spec"]
+    assert [m["type"] for m in default["metrics"]] == ["Resource"]
+    assert default["metrics"][0]["resource"]["name"] == "cpu"
+    gpu = one(render(values_for("gpu")), "HorizontalPodAutoscaler")["spec"]
+    (queue,) = [m for m in gpu["metrics"] if m["type"] == "Pods"]
+    assert queue["pods"]["metric"]["name"] == "htmllm_queue_size"
+    assert queue["pods"]["target"] == {"type": "AverageValue", "averageValue": "256"}
+    fixed = render(values_for("init"))
+    assert "HorizontalPodAutoscaler" not in kinds(fixed)
+    assert one(fixed, "Deployment")["spec"]["replicas"] == 3
+    assert "replicas" not in one(render({}), "Deployment")["spec"]  # the HPA owns it
+
+
+def test_custom_checkpoint_on_a_pvc() -> None:
+    objects = render(values_for("full"))
+    claim = one(objects, "PersistentVolumeClaim")
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["model"]["persistentVolumeClaim"] == {
+        "claimName": claim["metadata"]["name"],
+        "readOnly": True,
+    }
+    mounts = {m["name"]: m for m in server_container(objects)["volumeMounts"]}
+    assert mounts["model"] == {"name": "model", "mountPath": "/models", "readOnly": True}
+    assert configmap_data(objects)["HTMLLM_MODEL_PATH"] == "/models/checkpoints/html-base"
+
+
+def test_custom_checkpoint_from_an_init_container() -> None:
+    objects = render(values_for("init"))
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["image"] == "registry.example.com/tools/checkpoint-fetcher:1.4"
+    assert env_of(init)["HTMLLM_MODEL_PATH"]["value"] == "/models/html-small"
+    assert {"name": "model", "mountPath": "/models"} in init["volumeMounts"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes["model"]
+    assert configmap_data(objects)["HTMLLM_MODEL_PATH"] == "/models/html-small"
+
+
+def test_bundled_model_mounts_nothing() -> None:
+    objects = render({})
+    assert "HTMLLM_MODEL_PATH" not in configmap_data(objects)
+    assert "model" not in {m["name"] for m in server_container(objects)["volumeMounts"]}
+
+
+def test_schema_rejects_misspelt_values() -> None:
+    with helm.Chart.load(CHART) as chart:
+        chart.validate_schema(values_for("full"))
+        with pytest.raises(helm.HelmValuesError, match="maxBatchTokenz"):
+            chart.validate_schema({"server": {"maxBatchTokenz": 1}})
+        with pytest.raises(helm.HelmValuesError):
+            chart.validate_schema({"model": {"source": "s3"}})
+
+
+def test_values_are_documented() -> None:
+    """Every top-level key of values.yaml is typed in values.schema.json and has a comment above it."""
+    text = (CHART / "values.yaml").read_text(encoding="utf-8")
+    values = yaml.safe_load(text)
+    with helm.Chart.load(CHART) as chart:
+        schema = chart.schema
+    assert schema is not None
+    assert set(values) <= set(schema["properties"])
+    undocumented = [key for key in values if not _commented(text, key)]
+    assert undocumented == []
+
+
+def _commented(text: str, key: str) -> bool:
+    """Whether the top-level `key:` line is preceded by a comment (directly or through sibling keys)."""
+    lines = text.splitlines()
+    index = next(i for i, line in enumerate(lines) if line.startswith(f"{key}:"))
+    for line in reversed(lines[:index]):
+        if line.startswith("#"):
+            return True
+        if not line.strip():
+            return False
+        if not _is_top_level_key(line):
+            return False
+    return False
+
+
+def _is_top_level_key(line: str) -> bool:
+    return bool(line) and not line[0].isspace() and ":" in line
+
+
+def iter_value_files() -> Iterator[Path]:
+    yield from sorted((CHART / "ci").glob("*-values.yaml"))
+
+
+def test_every_ci_value_file_is_rendered() -> None:
+    assert {p.name.removesuffix("-values.yaml") for p in iter_value_files()} == set(VALUE_SETS) - {"default"}
