@@ -10,7 +10,8 @@
 # Both install the package from pyproject.toml extras in a builder stage, so the runtime image holds a
 # virtualenv with `service/` (and its bundled default model under service/assets/) and nothing else from
 # the repository: model_training, tests and benchmarks never enter the build context (.dockerignore) nor
-# the image. The server runs as an unprivileged user, as PID 1 in exec form, so SIGTERM from
+# the image. The server (`python -m service.api`, configured by HTMLLM_* variables) runs as an
+# unprivileged user, as PID 1 in exec form, so SIGTERM from
 # `docker stop` or the kubelet reaches uvicorn and the service drains its queue before exiting.
 # tests/deploy/test_dockerfile.py parses this file and checks these rules.
 
@@ -67,7 +68,9 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONDONTWRITEBYTECODE=1 \
     HF_HUB_OFFLINE=1 \
     TRANSFORMERS_OFFLINE=1 \
-    HTMLLM_DEVICE=cuda
+    HTMLLM_DEVICE=cuda \
+    HTMLLM_HOST=0.0.0.0 \
+    HTMLLM_PORT=8000
 # The virtualenv's interpreter is a symlink to the system python3.12, the same one the builder used.
 # hadolint ignore=DL3008
 RUN apt-get update \
@@ -81,8 +84,9 @@ USER 10001:10001
 EXPOSE 8000
 STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=30s --timeout=5s --start-period=180s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/ready', timeout=4)"]
-CMD ["python", "-m", "service.api", "--host", "0.0.0.0", "--port", "8000"]
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/ready' % os.environ.get('HTMLLM_PORT', '8000'), timeout=4)"]
+# `python -m service.api` reads every setting, host and port included, from HTMLLM_* variables.
+CMD ["python", "-m", "service.api"]
 
 # ---------------------------------------------------------------------------------------------------
 # CPU builder: a virtualenv with the CPU torch wheel (the default PyPI wheel bundles CUDA, ~3 GB more)
@@ -117,7 +121,9 @@ ENV VIRTUAL_ENV=/opt/htmllm \
     PYTHONDONTWRITEBYTECODE=1 \
     HF_HUB_OFFLINE=1 \
     TRANSFORMERS_OFFLINE=1 \
-    HTMLLM_DEVICE=cpu
+    HTMLLM_DEVICE=cpu \
+    HTMLLM_HOST=0.0.0.0 \
+    HTMLLM_PORT=8000
 RUN groupadd --system --gid 10001 htmllm \
     && useradd --system --uid 10001 --gid htmllm --create-home --home-dir /home/htmllm --shell /usr/sbin/nologin htmllm
 COPY --from=cpu-builder /opt/htmllm /opt/htmllm
@@ -127,6 +133,7 @@ EXPOSE 8000
 STOPSIGNAL SIGTERM
 # /ready: the model is loaded and warmed, so `healthy` means "can serve" (compose `service_healthy`).
 HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/ready', timeout=4)"]
-CMD ["python", "-m", "service.api", "--host", "0.0.0.0", "--port", "8000"]
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/ready' % os.environ.get('HTMLLM_PORT', '8000'), timeout=4)"]
+# `python -m service.api` reads every setting, host and port included, from HTMLLM_* variables.
+CMD ["python", "-m", "service.api"]
 

@@ -57,6 +57,14 @@ def installed_extras(stage: Stage) -> set[str]:
     return found
 
 
+def stage_env(stage: Stage) -> dict[str, str]:
+    """The stage's ENV variables (the parse gives them as a flat name, value, name, value... tuple)."""
+    env: dict[str, str] = {}
+    for command in stage.of("ENV"):
+        env.update(zip(command.value[::2], command.value[1::2], strict=True))
+    return env
+
+
 def run_text(stage: Stage) -> str:
     return " ".join(" ".join(run.value) for run in stage.of("RUN"))
 
@@ -150,8 +158,11 @@ def test_runtime_starts_the_server_in_exec_form(target: str) -> None:
     assert not stage.of("ENTRYPOINT")
     (cmd,) = stage.of("CMD")
     assert cmd.json, "shell-form CMD runs under /bin/sh, which does not forward SIGTERM"
-    assert list(cmd.value) == ["python", "-m", "service.api", "--host", "0.0.0.0", "--port", PORT]
+    assert list(cmd.value) == ["python", "-m", "service.api"]
     assert (ROOT / "service" / "api" / "__main__.py").is_file(), "CMD runs `python -m service.api`"
+    # `python -m service.api` takes its bind address from the environment, not from arguments.
+    env = stage_env(stage)
+    assert env["HTMLLM_HOST"] == "0.0.0.0" and env["HTMLLM_PORT"] == PORT
     (expose,) = stage.of("EXPOSE")
     assert list(expose.value) == [PORT]
     stop = stage.of("STOPSIGNAL")
@@ -166,14 +177,26 @@ def test_runtime_has_a_healthcheck(target: str) -> None:
     probe = json.loads(check.original.split("CMD", 1)[1].strip())
     # The slim images have no curl: the probe uses the interpreter the image already has.
     assert probe[0] == "python"
-    assert f"http://127.0.0.1:{PORT}/ready" in probe[-1] or f"http://127.0.0.1:{PORT}/health" in probe[-1]
+    assert "http://127.0.0.1:%s/ready" in probe[-1] and "HTMLLM_PORT" in probe[-1]
     assert any(flag.startswith("--start-period=") for flag in check.flags)
 
 
 def test_runtime_is_offline_and_writes_no_bytecode() -> None:
     for target in FINAL:
-        env = " ".join(" ".join(c.value) for c in stages()[target].of("ENV"))
-        assert "HF_HUB_OFFLINE 1" in env and "PYTHONDONTWRITEBYTECODE 1" in env
+        env = stage_env(stages()[target])
+        assert env["HF_HUB_OFFLINE"] == "1" and env["PYTHONDONTWRITEBYTECODE"] == "1"
+    assert stage_env(stages()["cuda"])["HTMLLM_DEVICE"] == "cuda"
+    assert stage_env(stages()["cpu"])["HTMLLM_DEVICE"] == "cpu"
+
+
+def test_image_settings_are_service_settings() -> None:
+    """Every HTMLLM_* variable the images set is a field of the service's Settings."""
+    from service.api.settings import Settings
+
+    for target in FINAL:
+        for name in stage_env(stages()[target]):
+            if name.startswith("HTMLLM_"):
+                assert name.removeprefix("HTMLLM_").lower() in Settings.model_fields, name
 
 
 def test_hadolint_is_clean() -> None:

@@ -19,6 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from service.api.settings import Settings
 from tests.deploy.dockerfile_rules import final_stage_user
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -292,6 +293,10 @@ def test_configmap_carries_only_htmllm_settings(value_set: tuple[str, list[Manif
     data = configmap_data(objects)
     assert all(key.startswith("HTMLLM_") for key in data)
     assert "HTMLLM_API_KEY" not in data
+    # Each variable is a field of the service's Settings (a misspelt one would be silently ignored).
+    fields = set(Settings.model_fields)
+    assert [key for key in data if key.removeprefix("HTMLLM_").lower() not in fields] == []
+    assert data["HTMLLM_PORT"] == str(server_container(objects)["ports"][0]["containerPort"])
     merged = helm.Chart.load(CHART).merge_values(values_for(name))
     assert data["HTMLLM_MAX_BATCH_TOKENS"] == str(merged["server"]["maxBatchTokens"])
     assert data["HTMLLM_MAX_QUEUE_DOCUMENTS"] == str(merged["server"]["maxQueueDocuments"])
