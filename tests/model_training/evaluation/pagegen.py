@@ -84,7 +84,8 @@ def write_corpus(path: Path, *, sites: int = 12, pages_per_site: int = 4, seed: 
         for p in range(pages_per_site):
             kind = "article" if (p + s) % 2 == 0 else "website"
             extra = "BlogPosting" if kind == "article" and s % 4 == 0 else None
-            host = f"www.site{s}.example.com" if s % 3 else f"blog.site{s}.example.co.uk"
+            # Hosts of one site differ (www., blog.); the site is the registrable domain.
+            host = f"{'www' if p % 2 else 'blog'}.site{s}.{'com' if s % 3 else 'co.uk'}"
             rows.append(
                 {
                     "id": f"s{s}p{p}",

@@ -1,0 +1,248 @@
+"""Evaluation tasks derived from page metadata that pruning removes, for users without labels.
+
+The pruned HTML the encoder sees has no `<meta>`, no `<script>` and no `lang` attribute, so these labels
+are not copied from its input; the encoder must infer them from the page's content and structure:
+- `page_kind`: the Open Graph `og:type` (article, website, ...);
+- `schema_type`: the main schema.org `@type` declared in JSON-LD (NewsArticle, Article, BlogPosting,
+  WebPage, ...);
+- `language`: the primary subtag of `<html lang>`.
+Classes with too few pages or sites are merged into `other`, or dropped when `other` is too small too.
+Folds are assigned by site so no site is in both the training and the test folds.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from selectolax.lexbor import LexborHTMLParser
+
+from model_training.evaluation.cache import content_key
+from model_training.evaluation.tasks import TaskSpec, assign_folds, site_of, write_task
+from service.core.decoding import decode_html
+from service.core.pages import Page, iter_pages
+
+OTHER = "other"
+PAGES_DIR = "pages"
+
+# The schema.org types that say what a page is, most specific first; a page declaring several (an
+# Article inside a WebPage, with a BreadcrumbList) is labelled by the first of these it declares.
+_SCHEMA_PRIORITY = (
+    "NewsArticle",
+    "BlogPosting",
+    "Article",
+    "Recipe",
+    "Product",
+    "Event",
+    "VideoObject",
+    "Review",
+    "JobPosting",
+    "FAQPage",
+    "QAPage",
+    "ProfilePage",
+    "CollectionPage",
+    "ItemPage",
+    "AboutPage",
+    "ContactPage",
+    "SearchResultsPage",
+    "WebPage",
+    "WebSite",
+    "Organization",
+)
+_LANG = re.compile(r"^([a-z]{2,3})(?:[-_].*)?$")
+
+
+@dataclass(frozen=True)
+class PageMetadata:
+    og_type: str | None
+    schema_types: frozenset[str]
+    lang: str | None
+    canonical_url: str | None
+
+
+@dataclass
+class DerivedTask:
+    """What `derive_tasks` wrote for one task, or why it wrote nothing."""
+
+    name: str
+    description: str
+    labels: list[str] = field(default_factory=list)  # most frequent first
+    counts: dict[str, int] = field(default_factory=dict)
+    merged: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    unlabelled: int = 0
+    sites: int = 0
+    path: Path | None = None
+    skipped: str | None = None
+
+
+def _schema_type_names(value: Any) -> Iterator[str]:
+    """Every `@type` in a JSON-LD document, through `@graph`, nested lists and nested objects."""
+    if isinstance(value, list):
+        for item in value:
+            yield from _schema_type_names(item)
+    elif isinstance(value, dict):
+        declared = value.get("@type")
+        for name in declared if isinstance(declared, list) else [declared]:
+            if isinstance(name, str) and name.strip():
+                # "schema:NewsArticle", "https://schema.org/NewsArticle" -> "NewsArticle"
+                yield re.split(r"[/:#]", name.strip())[-1]
+        for key, item in value.items():
+            if key != "@type" and isinstance(item, list | dict):
+                yield from _schema_type_names(item)
+
+
+def page_metadata(html: bytes | str) -> PageMetadata:
+    """The metadata the derived tasks are labelled with; malformed metadata reads as absent."""
+    tree = LexborHTMLParser(decode_html(html).text)
+    og = tree.css_first('meta[property="og:type"], meta[name="og:type"]')
+    og_type = (og.attributes.get("content") or "").strip().lower() if og is not None else ""
+    types: set[str] = set()
+    for script in tree.css('script[type="application/ld+json"]'):
+        try:
+            types.update(_schema_type_names(json.loads(script.text(deep=True) or "null", strict=False)))
+        except (json.JSONDecodeError, RecursionError):
+            continue
+    root = tree.css_first("html")
+    match = _LANG.match((root.attributes.get("lang") or "").strip().lower()) if root is not None else None
+    canonical = tree.css_first('link[rel="canonical"]') or tree.css_first('meta[property="og:url"]')
+    canonical_url = None
+    if canonical is not None:
+        canonical_url = canonical.attributes.get("href") or canonical.attributes.get("content")
+    return PageMetadata(og_type or None, frozenset(types), match[1] if match else None, canonical_url)
+
+
+def schema_label(types: frozenset[str]) -> str | None:
+    """The page's main schema.org type; article subtypes fold into their parent (TechArticle -> Article)."""
+    for name in _SCHEMA_PRIORITY:
+        if name in types:
+            return name
+    if any(t.endswith("NewsArticle") for t in types):
+        return "NewsArticle"
+    if any(t.endswith("Article") for t in types):
+        return "Article"
+    return None
+
+
+LABELLERS: dict[str, tuple[str, Callable[[PageMetadata], str | None]]] = {
+    "page_kind": ("page kind from the Open Graph og:type meta tag", lambda m: m.og_type),
+    "schema_type": ("main schema.org @type declared in JSON-LD", lambda m: schema_label(m.schema_types)),
+    "language": ("page language from the primary subtag of <html lang>", lambda m: m.lang),
+}
+
+
+def merge_rare(
+    labels: list[str | None], sites: list[str], *, min_pages: int, min_sites: int
+) -> tuple[list[str | None], list[str], list[str]]:
+    """Merge classes with fewer than `min_pages` pages or `min_sites` sites into `other`, or drop them."""
+    pages_per: Counter[str] = Counter(label for label in labels if label is not None)
+    sites_per: dict[str, set[str]] = {}
+    for label, site in zip(labels, sites, strict=True):
+        if label is not None:
+            sites_per.setdefault(label, set()).add(site)
+    rare = sorted(c for c in pages_per if pages_per[c] < min_pages or len(sites_per[c]) < min_sites)
+    other_pages = sum(pages_per[c] for c in rare)
+    other_sites = set().union(*(sites_per[c] for c in rare)) if rare else set()
+    keep_other = other_pages >= min_pages and len(other_sites) >= min_sites and len(rare) > 1
+    merged, dropped = (rare, []) if keep_other else ([], rare)
+    out = [(OTHER if label in merged else None if label in dropped else label) for label in labels]
+    return out, merged, dropped
+
+
+def _store_page(out: Path, page: Page) -> str:
+    """Write the page's raw bytes once, content-addressed, and return its path relative to a task dir."""
+    digest = content_key(page.html)
+    path = out / PAGES_DIR / f"{digest}.html.gz"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(gzip.compress(page.html, compresslevel=6, mtime=0))
+    return f"../{PAGES_DIR}/{path.name}"
+
+
+def derive_tasks(
+    corpus: str | Path,
+    out: str | Path,
+    *,
+    min_pages: int = 10,
+    min_sites: int = 5,
+    folds: int = 5,
+    seed: int = 0,
+    limit: int | None = None,
+) -> list[DerivedTask]:
+    """Label every page of `corpus` by each labeller and write one task directory per labeller."""
+    out = Path(out)
+    files: list[str] = []
+    urls: list[str | None] = []
+    ids: list[str] = []
+    sites: list[str] = []
+    metas: list[PageMetadata] = []
+    for page in iter_pages(corpus, limit=limit):
+        meta = page_metadata(page.html)
+        ids.append(page.id)
+        urls.append(page.url)
+        files.append(_store_page(out, page))
+        sites.append(site_of(page.url) or site_of(meta.canonical_url) or f"page:{page.id}")
+        metas.append(meta)
+    results: list[DerivedTask] = []
+    for name, (description, labeller) in LABELLERS.items():
+        raw = [labeller(m) for m in metas]
+        labels, merged, dropped = merge_rare(raw, sites, min_pages=min_pages, min_sites=min_sites)
+        counts = Counter(label for label in labels if label is not None)
+        classes = sorted(counts, key=lambda c: (-counts[c], c))
+        result = DerivedTask(
+            name=name,
+            description=description,
+            labels=classes,
+            counts=dict(counts),
+            merged=merged,
+            dropped=dropped,
+            unlabelled=sum(label is None for label in raw),
+        )
+        results.append(result)
+        index = [i for i, label in enumerate(labels) if label is not None]
+        task_sites = {sites[i] for i in index}
+        result.sites = len(task_sites)
+        if len(classes) < 2:
+            result.skipped = f"fewer than two classes with {min_pages} pages from {min_sites} sites"
+            continue
+        if len(task_sites) < folds:
+            result.skipped = f"fewer than {folds} sites"
+            continue
+        spec = TaskSpec(name, "classification", "f1_macro", classes, description)
+        targets = np.asarray([classes.index(str(labels[i])) for i in index], dtype=np.int64)
+        fold_of = assign_folds(targets, [sites[i] for i in index], kind="classification", k=folds, seed=seed)
+        rows = [
+            {
+                "id": ids[i],
+                "file": files[i],
+                "url": urls[i],
+                "label": labels[i],
+                "group": sites[i],
+                "fold": int(fold),
+            }
+            for i, fold in zip(index, fold_of.tolist(), strict=True)
+        ]
+        result.path = write_task(out / name, spec, rows)
+    summary = [
+        {
+            "task": r.name,
+            "description": r.description,
+            "counts": r.counts,
+            "merged_into_other": r.merged,
+            "dropped": r.dropped,
+            "unlabelled": r.unlabelled,
+            "sites": r.sites,
+            "skipped": r.skipped,
+        }
+        for r in results
+    ]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "derive.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return results

@@ -1,0 +1,77 @@
+"""Derived tasks: labels come from the metadata, rare classes merge, and no site spans two folds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from model_training.evaluation.derive import derive_tasks, merge_rare, page_metadata, schema_label
+from model_training.evaluation.tasks import load_tasks
+from tests.model_training.evaluation.pagegen import write_corpus
+
+
+def test_page_metadata_reads_og_jsonld_and_lang() -> None:
+    html = (
+        '<html lang="de-AT"><head><meta property="og:type" content=" Article ">'
+        '<link rel="canonical" href="https://www.example.at/x">'
+        '<script type="application/ld+json">{"@graph": [{"@type": ["schema:NewsArticle"]}, '
+        '{"@type": "BreadcrumbList", "itemListElement": [{"@type": "ListItem"}]}]}</script>'
+        '<script type="application/ld+json">{not json</script></head><body><p>x</p></body></html>'
+    )
+    meta = page_metadata(html.encode())
+    assert meta.og_type == "article"
+    assert meta.lang == "de"
+    assert meta.schema_types == {"NewsArticle", "BreadcrumbList", "ListItem"}
+    assert meta.canonical_url == "https://www.example.at/x"
+    assert schema_label(meta.schema_types) == "NewsArticle"
+
+
+def test_missing_metadata_reads_as_absent() -> None:
+    meta = page_metadata(b"<p>no head at all")
+    assert (meta.og_type, meta.lang, meta.schema_types) == (None, None, frozenset())
+    assert schema_label(frozenset({"TechArticle", "Person"})) == "Article"
+    assert schema_label(frozenset({"ListItem"})) is None
+
+
+def test_merge_rare_merges_then_drops() -> None:
+    labels: list[str | None] = ["a"] * 6 + ["b"] * 2 + ["c"] * 2 + [None]
+    sites = [f"s{i}" for i in range(11)]
+    merged, into_other, dropped = merge_rare(labels, sites, min_pages=4, min_sites=3)
+    assert into_other == ["b", "c"] and not dropped
+    assert merged == ["a"] * 6 + ["other"] * 4 + [None]
+    merged, into_other, dropped = merge_rare(labels, sites, min_pages=5, min_sites=3)
+    assert dropped == ["b", "c"] and not into_other
+    assert merged == ["a"] * 6 + [None] * 5
+
+
+def test_derived_tasks_never_share_a_site_across_folds(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "corpus.jsonl", sites=15, pages_per_site=4)
+    results = derive_tasks(corpus, tmp_path / "tasks", min_pages=6, min_sites=3, folds=3)
+    written = {r.name: r for r in results if r.path is not None}
+    assert set(written) == {"page_kind", "schema_type", "language"}
+    assert written["language"].labels == ["de", "en", "es"]
+    assert set(written["schema_type"].labels) == {"NewsArticle", "WebPage", "BlogPosting"}
+    tasks = load_tasks(tmp_path / "tasks")
+    assert [t.spec.name for t in tasks] == ["language", "page_kind", "schema_type"]
+    for task in tasks:
+        assert len(task.ids) == 60 and task.num_folds == 3
+        folds_of_site: dict[str, set[int]] = {}
+        for group, fold in zip(task.groups, task.folds.tolist(), strict=True):
+            folds_of_site.setdefault(group, set()).add(fold)
+        assert all(len(f) == 1 for f in folds_of_site.values()), folds_of_site
+        # Sites are registrable domains, not hosts: www.site3.com and blog.site3.com are one site.
+        assert len(folds_of_site) == 15
+    summary = json.loads((tmp_path / "tasks" / "derive.json").read_text())
+    assert {row["task"] for row in summary} == set(written)
+    # Pages are stored once, content-addressed, and byte-identical to the source.
+    assert len(list((tmp_path / "tasks" / "pages").iterdir())) == 60
+
+
+def test_tasks_without_enough_classes_are_skipped(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "corpus.jsonl", sites=6, pages_per_site=2)
+    results = derive_tasks(corpus, tmp_path / "tasks", min_pages=100, min_sites=3, folds=3)
+    assert all(r.path is None and r.skipped for r in results)
+    with pytest.raises(Exception, match="no task directories"):
+        load_tasks(tmp_path / "tasks")
