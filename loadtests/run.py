@@ -1,0 +1,303 @@
+"""`make loadtest`: a bounded, headless locust run against a server this script starts on 127.0.0.1.
+
+The server (`python -m service.api`) is bound to 127.0.0.1 on a free port and serves `--model` (default:
+HTMLLM_MODEL_PATH, else the bundled default model); there is no option to target another host. Locust
+runs headless for `--run-time` with `--users` users and writes, under `--out` (default `out/loadtest/`,
+git-ignored): locust's `locust_stats.csv` (and its other CSVs), `report.html`, and `summary.csv` (the
+exact final totals and percentiles). The server then gets SIGTERM and drains. `summary.json` and a
+Markdown table of the figures follow; the exit status is 1 when any request failed.
+
+    python -m loadtests.run --users 8 --run-time 60s
+    python -m loadtests.run --users 8 --run-time 10m --corpus ../shared/corpus   # the soak test
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+HOST = "127.0.0.1"  # the only host this script serves on or sends load to
+MAX_USERS = 256
+MAX_RUN_SECONDS = 2 * 3600
+STAGES = ("x-prune-time", "x-tokenize-time", "x-queue-time", "x-inference-time", "x-total-time")
+
+
+def parse_duration(text: str) -> int:
+    """Seconds in a locust-style duration ("90", "60s", "10m", "1h30m")."""
+    if text.isdigit():
+        return int(text)
+    parts = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text.strip())
+    if not parts or not any(parts.groups()):
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 60s, 10m, 1h30m)")
+    hours, minutes, seconds = (int(g or 0) for g in parts.groups())
+    return hours * 3600 + minutes * 60 + seconds
+
+
+def bounded_duration(text: str) -> int:
+    seconds = parse_duration(text)
+    if not 1 <= seconds <= MAX_RUN_SECONDS:
+        raise argparse.ArgumentTypeError(f"run time must be between 1 s and {MAX_RUN_SECONDS} s")
+    return seconds
+
+
+def bounded_users(text: str) -> int:
+    users = int(text)
+    if not 1 <= users <= MAX_USERS:
+        raise argparse.ArgumentTypeError(f"users must be between 1 and {MAX_USERS}")
+    return users
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtests.run", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--users", type=bounded_users, default=8, help=f"concurrent users (1..{MAX_USERS})")
+    parser.add_argument("--spawn-rate", type=float, default=4.0, help="users started per second")
+    parser.add_argument(
+        "--run-time", type=bounded_duration, default=60, help="how long to load the server (60s, 10m; ≤ 2h)"
+    )
+    parser.add_argument(
+        "--model", type=Path, default=None, help="checkpoint to serve (default: the server's)"
+    )
+    parser.add_argument("--corpus", default="", help="pages to post (default: synthetic, loadtests.pagegen)")
+    parser.add_argument("--page-pool", type=int, default=200, help="pages held in memory by the users")
+    parser.add_argument("--docs-per-request", type=int, default=1, help="documents per JSON request")
+    parser.add_argument("--raw-share", type=float, default=0.1, help="share of raw text/html requests")
+    parser.add_argument("--out", type=Path, default=ROOT / "out" / "loadtest", help="reports folder")
+    parser.add_argument("--port", type=int, default=0, help="server port on 127.0.0.1 (0: a free one)")
+    parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for /ready")
+    parser.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an extra HTMLLM_* setting for the server (repeatable), e.g. HTMLLM_MAX_BATCH_TOKENS=8192",
+    )
+    return parser
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def server_environment(args: argparse.Namespace, port: int) -> dict[str, str]:
+    env = dict(os.environ)
+    for item in args.server_env:
+        name, sep, value = item.partition("=")
+        if not sep or not name.startswith("HTMLLM_"):
+            raise SystemExit(f"--server-env takes HTMLLM_NAME=VALUE, not {item!r}")
+        if name in ("HTMLLM_HOST", "HTMLLM_PORT"):
+            raise SystemExit(f"{name} is chosen by this script (127.0.0.1 only)")
+        env[name] = value
+    env["HTMLLM_HOST"] = HOST
+    env["HTMLLM_PORT"] = str(port)
+    if args.model is not None:
+        env["HTMLLM_MODEL_PATH"] = str(args.model.resolve())
+    return env
+
+
+def get_json(url: str, timeout: float = 5.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+def wait_ready(base: str, server: subprocess.Popen[bytes], timeout: float) -> None:
+    """Until /ready answers 200; fail as soon as the server process exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"the server exited with status {server.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(f"{base}/ready", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.5)  # the server is loading and warming its model; nothing to wait on but the port
+    raise SystemExit(f"the server was not ready after {timeout:.0f} s")
+
+
+def stop_server(server: subprocess.Popen[bytes], grace: float) -> int:
+    """SIGTERM (the server drains its queue), then SIGKILL if it outlives `grace` seconds."""
+    if server.poll() is None:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    return server.returncode
+
+
+def read_stats(path: Path) -> list[dict[str, str]]:
+    with path.open(encoding="utf-8", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def summarize(rows: list[dict[str, str]], docs_per_request: int, run_seconds: float) -> dict[str, Any]:
+    """Request totals and latency percentiles of the POST entries, and each stage header's percentiles.
+
+    `rows` are the locustfile's final CSV (`--final-csv`): one row per locust entry.
+    """
+    posts = [r for r in rows if r["type"] == "POST"]
+    requests = sum(int(r["requests"]) for r in posts)
+    failures = sum(int(r["failures"]) for r in posts)
+    documents = sum(int(r["requests"]) * (docs_per_request if "json" in r["name"] else 1) for r in posts)
+
+    def latency(row: dict[str, str]) -> dict[str, float]:
+        return {key: float(row[key]) for key in ("p50_ms", "p95_ms", "p99_ms", "max_ms")}
+
+    return {
+        "requests": requests,
+        "failures": failures,
+        "error_rate": failures / requests if requests else None,
+        "requests_per_s": requests / run_seconds if run_seconds else None,
+        "documents_per_s": documents / run_seconds if run_seconds else None,
+        "endpoints": {
+            r["name"]: {"requests": int(r["requests"]), "failures": int(r["failures"]), **latency(r)}
+            for r in posts
+        },
+        "stages": {r["name"]: latency(r) for r in rows if r["type"] == "stage"},
+    }
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    lines = [
+        f"model `{summary['model']}` ({summary['backend']}, max length {summary['model_max_length']}), "
+        f"{summary['users']} users, {summary['run_seconds']} s, "
+        f"pages: {summary['pages']}, machine: {summary['machine']}",
+        "",
+        "| entry | requests | failures | p50 ms | p95 ms | p99 ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, e in summary["endpoints"].items():
+        lines.append(
+            f"| POST {name} | {e['requests']} | {e['failures']} | {e['p50_ms']:.0f} | {e['p95_ms']:.0f} "
+            f"| {e['p99_ms']:.0f} |"
+        )
+    for name, s in summary["stages"].items():
+        lines.append(f"| {name} | | | {s['p50_ms']:.0f} | {s['p95_ms']:.0f} | {s['p99_ms']:.0f} |")
+    rate = summary["error_rate"]
+    lines += [
+        "",
+        f"{summary['requests']} requests, {summary['failures']} failed (error rate "
+        f"{'n/a' if rate is None else f'{rate:.4f}'}), {summary['requests_per_s']:.2f} requests/s, "
+        f"{summary['documents_per_s']:.2f} documents/s",
+    ]
+    return "\n".join(lines)
+
+
+def locust_command(args: argparse.Namespace, base: str, out: Path) -> list[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(ROOT / "loadtests" / "locustfile.py"),
+        "--headless",
+        "--users",
+        str(args.users),
+        "--spawn-rate",
+        str(args.spawn_rate),
+        "--run-time",
+        f"{args.run_time}s",
+        "--host",
+        base,
+        "--csv",
+        str(out / "locust"),
+        "--html",
+        str(out / "report.html"),
+        "--only-summary",
+        "--stop-timeout",
+        "30",
+        "--loglevel",
+        "WARNING",
+        "--page-pool",
+        str(args.page_pool),
+        "--docs-per-request",
+        str(args.docs_per_request),
+        "--raw-share",
+        str(args.raw_share),
+        "--final-csv",
+        str(out / "summary.csv"),
+    ]
+    if args.corpus:
+        command += ["--corpus", str(Path(args.corpus).resolve())]
+    return command
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out: Path = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    port = args.port or free_port()
+    base = f"http://{HOST}:{port}"
+    env = server_environment(args, port)
+    drain = float(env.get("HTMLLM_DRAIN_TIMEOUT_S", "30"))
+    with (out / "server.log").open("wb") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "service.api"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            print(f"loadtest: server on {base} (log: {out / 'server.log'}); waiting for /ready", flush=True)
+            wait_ready(base, server, args.ready_timeout)
+            info = get_json(f"{base}/info")
+            locust_env = {
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            }
+            print(f"loadtest: {args.users} users for {args.run_time} s", flush=True)
+            started = time.monotonic()
+            locust = subprocess.run(locust_command(args, base, out), cwd=ROOT, env=locust_env, check=False)
+            elapsed = time.monotonic() - started
+        finally:
+            status = stop_server(server, grace=drain + 15)
+    stats = out / "summary.csv"
+    if not stats.is_file():
+        print(f"loadtest: locust wrote no statistics (exit status {locust.returncode})", file=sys.stderr)
+        return 1
+    summary = summarize(read_stats(stats), args.docs_per_request, float(args.run_time))
+    summary.update(
+        model=str(info.get("model")),
+        model_max_length=info.get("max_length"),
+        backend=f"{info.get('backend')} on {info.get('device')}",
+        users=args.users,
+        run_seconds=args.run_time,
+        wall_seconds=round(elapsed, 1),
+        pages=args.corpus or "synthetic (loadtests.pagegen)",
+        docs_per_request=args.docs_per_request,
+        machine=f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()}",
+        server_exit_status=status,
+        locust_exit_status=locust.returncode,
+        reports={
+            "summary_csv": str(stats),
+            "locust_csv": str(out / "locust_stats.csv"),
+            "html": str(out / "report.html"),
+        },
+    )
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    print(markdown(summary))
+    print(f"loadtest: reports in {out}")
+    return 0 if summary["failures"] == 0 and summary["requests"] > 0 and locust.returncode == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
