@@ -13,7 +13,7 @@ HOST ?= 0.0.0.0
 PORT ?= 8000
 CORPUS ?= ../shared/corpus
 
-.PHONY: install test lint typecheck pytest serve clean
+.PHONY: install test lint typecheck pytest serve loadtest clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,14 @@ test: lint typecheck pytest
 
 serve: install
 	@echo "htmllm: the HTTP service is not built yet (see issue 5); nothing is served." >&2; exit 1
+
+# A bounded, headless locust run against a server started on 127.0.0.1 (reports in out/loadtest/);
+# the soak test: make loadtest LOADTEST_TIME=10m. See docs/deployment.md.
+LOADTEST_USERS ?= 8
+LOADTEST_TIME ?= 60s
+LOADTEST_ARGS ?=
+loadtest: install
+	$(PY) -m loadtests.run --users $(LOADTEST_USERS) --run-time $(LOADTEST_TIME) $(LOADTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
