@@ -1,0 +1,75 @@
+"""`htmllm train --config FILE.toml`: pretrain an encoder (single process, or DDP under torchrun)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="pretrain with MLM + bag-of-words + teacher distillation (torchrun --nproc-per-node N for DDP)",
+    )
+    parser.add_argument("--config", type=Path, default=None, help="TOML config (see configs/*.toml)")
+    parser.add_argument("--shards", default=None, help="shards directory (overrides the config)")
+    parser.add_argument("--teacher", default=None, help="teacher vectors directory (overrides the config)")
+    parser.add_argument("--out", default=None, help="run directory: checkpoints, logs, model/ (overrides)")
+    parser.add_argument("--preset", default=None, help="model size: tiny, mini, small, base (overrides)")
+    parser.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help="peak learning rate (the paper used 2.5e-5, ModernBERT's pretraining 8e-4; default 8e-4)",
+    )
+    parser.add_argument("--max-steps", type=int, default=None, help="optimizer steps (0: from --epochs)")
+    parser.add_argument("--epochs", type=float, default=None, help="passes over the training split")
+    parser.add_argument("--batch-size", type=int, default=None, help="documents per micro-batch per process")
+    parser.add_argument("--grad-accum", type=int, default=None, help="micro-batches per optimizer step")
+    parser.add_argument("--max-length", type=int, default=None, help="tokens per document (default 4096)")
+    parser.add_argument("--device", default=None, help="auto, cpu or cuda")
+    parser.add_argument("--seed", type=int, default=None, help="seed of initialisation, data order, masking")
+    parser.add_argument(
+        "--stop-at-step", type=int, default=None, help="stop at this step with a checkpoint (time-boxed runs)"
+    )
+    parser.add_argument("--no-resume", action="store_true", help="start over even if checkpoints exist")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    from model_training.pretrain import train
+    from model_training.train_config import load_config
+    from service.core.errors import HtmllmError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    overrides = {
+        "shards": args.shards,
+        "teacher": args.teacher,
+        "out": args.out,
+        "preset": args.preset,
+        "lr": args.lr,
+        "max_steps": args.max_steps,
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "grad_accum": args.grad_accum,
+        "max_length": args.max_length,
+        "device": args.device,
+        "seed": args.seed,
+        "progress": False if args.no_progress else None,
+    }
+    try:
+        config = load_config(args.config, overrides)
+        result = train(config, stop_at_step=args.stop_at_step, resume=not args.no_resume)
+    except HtmllmError as exc:
+        print(f"htmllm train: {exc.code}: {exc}", file=sys.stderr)
+        return 1
+    report = {"steps": result.steps, "model": str(result.model_dir) if result.model_dir else None}
+    report.update(result.summary)
+    print(json.dumps(report, indent=2))
+    return 0

@@ -1,0 +1,474 @@
+"""Pretraining shards: pages pruned, tokenized, sampled and written as parquet (paper section 2.2).
+
+`prepare_shards` reads a page collection with `service.core.pages.iter_pages`, and for each page
+- prunes it (`service.core.prune.prune_html`) and tokenizes the pruned HTML (`HtmlTokenizer`) in a
+  process pool, since both are CPU-bound and independent per page;
+- extracts the page's plain text (`service.core.extract.extract`, union by default) in the main
+  process through the isolated extractor pool, so a pathological page is killed at its time limit
+  rather than hanging a worker; this text is what the teacher will read.
+
+Then it samples, as the paper does: at most K documents per domain (so a few huge sites do not dominate)
+and, under a global cap, uniformly over text length (round-robin over log-length bins, so short and long
+pages are equally represented); when rows carry a `cluster` field, documents from high-entropy clusters
+(clusters whose pages spread over many domains) are taken first within each length bin. A deterministic
+held-out split by domain (no site on both sides, so templates do not leak) is marked in the `split`
+column; it is where the distillation cosine is reported.
+
+Layout of the output directory:
+
+    manifest.json       tokenizer hash, prune version, max length, sampling options, counts, shard list
+    tokenizer.json      the tokenizer the ids were made with (training reads it from here)
+    shard-00000.parquet  id, url, domain, split, cluster, input_ids, length, full_length, truncated,
+                         text_length, text, extractor, pruned
+
+Everything is held in memory between processing and writing, which is fine up to ~10^5 pages; a full
+crawl goes through Ray Data or Spark instead (docs/training.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from service.core.errors import ErrorCode, HtmllmError
+from service.core.pages import Page, iter_pages
+from service.core.tokenizer import HtmlTokenizer
+
+MANIFEST_FILE = "manifest.json"
+TOKENIZER_FILE = "tokenizer.json"
+SHARD_FORMAT_VERSION = 1
+TRAIN, HELDOUT = "train", "heldout"
+NO_EXTRACTION = "none"
+
+SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("url", pa.string()),
+        ("domain", pa.string()),
+        ("split", pa.string()),
+        ("cluster", pa.string()),
+        ("input_ids", pa.list_(pa.int32())),
+        ("length", pa.int32()),
+        ("full_length", pa.int32()),
+        ("truncated", pa.bool_()),
+        ("text_length", pa.int32()),
+        ("text", pa.string()),
+        ("extractor", pa.string()),
+        ("pruned", pa.string()),
+    ]
+)
+
+
+class DataError(HtmllmError):
+    """Unusable data options or shards (missing manifest, tokenizer mismatch, empty result)."""
+
+    code = ErrorCode.VALIDATION
+
+
+@dataclass
+class Document:
+    """One processed page, a row of a shard."""
+
+    id: str
+    url: str | None
+    domain: str
+    cluster: str | None
+    input_ids: list[int]
+    length: int
+    full_length: int
+    truncated: bool
+    text_length: int  # text (non-tag, non-special) tokens: the length the sampler is uniform over
+    text: str = ""
+    extractor: str = NO_EXTRACTION
+    pruned: str = ""
+    split: str = TRAIN
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    per_domain: int = 1000  # K: at most this many documents per domain
+    max_documents: int | None = None  # global cap, sampled uniformly over text length
+    length_bins: int = 16
+    prioritise_clusters: bool = False  # high-entropy clusters first within a length bin
+    holdout_fraction: float = 0.05
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.per_domain < 1:
+            raise DataError(f"per_domain must be at least 1, got {self.per_domain}")
+        if self.max_documents is not None and self.max_documents < 1:
+            raise DataError(f"max_documents must be at least 1, got {self.max_documents}")
+        if self.length_bins < 1:
+            raise DataError(f"length_bins must be at least 1, got {self.length_bins}")
+        if not 0.0 <= self.holdout_fraction < 1.0:
+            raise DataError(f"holdout_fraction must be in [0, 1), got {self.holdout_fraction}")
+
+
+@dataclass
+class PrepareStats:
+    pages: int = 0
+    processed: int = 0
+    written: int = 0
+    train: int = 0
+    heldout: int = 0
+    shards: int = 0
+    tokens: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> pages
+
+
+def domain_of(url: str | None) -> str:
+    """The host of `url` without a leading `www.`, lower-cased; "" when there is none."""
+    if not url:
+        return ""
+    try:
+        host = urlsplit(url).hostname or ""
+    except ValueError:
+        return ""
+    return host.removeprefix("www.")
+
+
+def holdout_split(domain: str, doc_id: str, fraction: float) -> str:
+    """TRAIN or HELDOUT from a hash of the domain (of the id when the domain is unknown): stable."""
+    key = domain or f"id:{doc_id}"
+    bucket = int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big") / 2**64
+    return HELDOUT if bucket < fraction else TRAIN
+
+
+# --- sampling ---------------------------------------------------------------------------------------
+
+
+def cluster_entropy(docs: Sequence[Document]) -> dict[str, float]:
+    """Shannon entropy (nats) of the domain distribution inside each cluster.
+
+    A cluster whose pages all come from one site is a template family (low entropy, little to learn
+    after the first few); one that spans many sites is a topic (high entropy).
+    """
+    by_cluster: dict[str, Counter[str]] = defaultdict(Counter)
+    for doc in docs:
+        if doc.cluster is not None:
+            by_cluster[doc.cluster][doc.domain or f"id:{doc.id}"] += 1
+    entropy: dict[str, float] = {}
+    for cluster, counts in by_cluster.items():
+        total = sum(counts.values())
+        entropy[cluster] = -sum(c / total * math.log(c / total) for c in counts.values())
+    return entropy
+
+
+def length_uniform_sample(
+    indices: Sequence[int],
+    lengths: Sequence[int],
+    n: int,
+    rng: random.Random,
+    *,
+    bins: int,
+    priority: Mapping[int, float] | None = None,
+) -> list[int]:
+    """`n` of `indices`, as uniform over log text length as the data allows (sorted).
+
+    Indices are put in `bins` equal-width bins of log(1 + length) and taken round-robin, one bin at a
+    time, so every length range contributes equally until it runs out. Within a bin the order is
+    random, or by descending `priority` (random among ties).
+    """
+    if n >= len(indices):
+        return sorted(indices)
+    logs = {i: math.log1p(max(lengths[i], 0)) for i in indices}
+    lo, hi = min(logs.values()), max(logs.values())
+    width = (hi - lo) / bins or 1.0
+    buckets: list[list[int]] = [[] for _ in range(bins)]
+    for i in indices:
+        buckets[min(int((logs[i] - lo) / width), bins - 1)].append(i)
+    for bucket in buckets:
+        rng.shuffle(bucket)
+        if priority is not None:
+            bucket.sort(key=lambda i: -priority.get(i, 0.0))  # stable: ties keep the random order
+    chosen: list[int] = []
+    position = 0
+    while len(chosen) < n:
+        for bucket in buckets:
+            if position < len(bucket) and len(chosen) < n:
+                chosen.append(bucket[position])
+        position += 1
+    return sorted(chosen)
+
+
+def sample_documents(docs: Sequence[Document], config: SamplingConfig) -> list[int]:
+    """Indices of the documents to keep: per-domain cap, then the global length-uniform cap."""
+    rng = random.Random(config.seed)
+    lengths = [d.text_length for d in docs]
+    priority: dict[int, float] | None = None
+    if config.prioritise_clusters and any(d.cluster is not None for d in docs):
+        entropy = cluster_entropy(docs)
+        priority = {i: entropy.get(d.cluster, 0.0) for i, d in enumerate(docs) if d.cluster is not None}
+
+    by_domain: dict[str, list[int]] = defaultdict(list)
+    for i, doc in enumerate(docs):
+        by_domain[doc.domain].append(i)
+    kept: list[int] = []
+    for domain in sorted(by_domain):
+        members = by_domain[domain]
+        if not domain:  # pages without a URL are not one site: no cap among them
+            kept.extend(members)
+            continue
+        kept.extend(
+            length_uniform_sample(
+                members, lengths, config.per_domain, rng, bins=config.length_bins, priority=priority
+            )
+        )
+    if config.max_documents is not None:
+        kept = length_uniform_sample(
+            kept, lengths, config.max_documents, rng, bins=config.length_bins, priority=priority
+        )
+    return sorted(kept)
+
+
+# --- processing -------------------------------------------------------------------------------------
+
+_worker_tokenizer: HtmlTokenizer | None = None
+_worker_max_length: int = 0
+
+
+def _init_worker(tokenizer_json: str, max_length: int) -> None:
+    """Pool initializer: each worker builds its tokenizer once (tokenizers objects do not pickle)."""
+    from tokenizers import Tokenizer
+
+    global _worker_tokenizer, _worker_max_length
+    _worker_tokenizer = HtmlTokenizer.from_tokenizers(Tokenizer.from_str(tokenizer_json))
+    _worker_max_length = max_length
+
+
+def _prune_and_tokenize(item: tuple[str, bytes]) -> tuple[str, str, list[int], int, bool, int] | str:
+    """(id, raw html) -> (id, pruned, ids, full_length, truncated, text tokens), or an error reason."""
+    from service.core.prune import PruneError, prune_html
+
+    page_id, html = item
+    assert _worker_tokenizer is not None
+    try:
+        pruned = prune_html(html)
+    except PruneError as exc:
+        return f"prune:{exc.code}"
+    encoding = _worker_tokenizer.encode(pruned, max_length=_worker_max_length)
+    special = set(vars(_worker_tokenizer.special_ids).values())
+    tags = set(_worker_tokenizer.tag_token_ids.values())
+    text_tokens = sum(1 for t in encoding.ids if t not in special and t not in tags)
+    return page_id, pruned, encoding.ids, encoding.full_length, encoding.truncated, text_tokens
+
+
+def _extract_text(html: bytes, extractor: str) -> tuple[str, str]:
+    """The teacher's plain text of a page and the extractor that produced it ("" when all failed)."""
+    from service.core.extract import ExtractionError, extract
+
+    try:
+        result = extract(html, extractor)
+    except ExtractionError:
+        return "", NO_EXTRACTION
+    return result.text, result.extractor
+
+
+def _chunks(pages: Iterator[Page], size: int) -> Iterator[list[Page]]:
+    chunk: list[Page] = []
+    for page in pages:
+        chunk.append(page)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def process_pages(
+    source: str | Path,
+    tokenizer: HtmlTokenizer,
+    *,
+    max_length: int = 4096,
+    extractor: str = "union",
+    workers: int = 2,
+    limit: int | None = None,
+    stats: PrepareStats | None = None,
+    progress: bool = True,
+) -> list[Document]:
+    """Prune, tokenize and extract every page of `source`; pages that fail are counted, not raised."""
+    stats = stats if stats is not None else PrepareStats()
+    # fork where there is one: workers start in milliseconds and inherit the imported modules.
+    context = get_context("fork") if hasattr(os, "fork") else get_context("spawn")
+    docs: list[Document] = []
+    bar = tqdm(desc="prepare", unit="page", disable=not progress)
+    with (
+        context.Pool(workers, initializer=_init_worker, initargs=(tokenizer.to_json(), max_length)) as pool,
+        ThreadPoolExecutor(max_workers=max(1, workers)) as threads,
+    ):
+        for chunk in _chunks(iter_pages(source, limit=limit), 64):
+            pending = pool.map_async(_prune_and_tokenize, [(p.id, p.html) for p in chunk], chunksize=4)
+            if extractor == NO_EXTRACTION:
+                texts = [("", NO_EXTRACTION)] * len(chunk)
+            else:  # overlaps with the pool: the extractor workers are separate processes
+                texts = list(threads.map(lambda p: _extract_text(p.html, extractor), chunk))
+            for page, result, (text, used) in zip(chunk, pending.get(), texts, strict=True):
+                stats.pages += 1
+                if isinstance(result, str):
+                    stats.skipped[result] = stats.skipped.get(result, 0) + 1
+                    continue
+                _, pruned, ids, full_length, truncated, text_tokens = result
+                cluster = page.meta.get("cluster")
+                docs.append(
+                    Document(
+                        id=page.id,
+                        url=page.url,
+                        domain=domain_of(page.url) or str(page.meta.get("domain") or ""),
+                        cluster=None if cluster is None else str(cluster),
+                        input_ids=ids,
+                        length=len(ids),
+                        full_length=full_length,
+                        truncated=truncated,
+                        text_length=text_tokens,
+                        text=text,
+                        extractor=used,
+                        pruned=pruned,
+                    )
+                )
+                stats.processed += 1
+            bar.update(len(chunk))
+    bar.close()
+    return docs
+
+
+# --- writing and reading ----------------------------------------------------------------------------
+
+
+def ids_digest(ids: Sequence[str]) -> str:
+    """A hash of a shard's row ids: teacher files record it, so a stale teacher cannot be misaligned."""
+    return hashlib.sha256("\n".join(ids).encode("utf-8")).hexdigest()
+
+
+def write_shards(docs: Sequence[Document], out: Path, *, shard_size: int = 10_000) -> list[dict[str, Any]]:
+    """Write `docs` as parquet shards of `shard_size` rows; returns the manifest's shard entries."""
+    out.mkdir(parents=True, exist_ok=True)
+    entries: list[dict[str, Any]] = []
+    for number, start in enumerate(range(0, len(docs), shard_size)):
+        rows = docs[start : start + shard_size]
+        columns = {name: [getattr(d, name) for d in rows] for name in SCHEMA.names}
+        table = pa.Table.from_pydict(columns, schema=SCHEMA)
+        name = f"shard-{number:05d}.parquet"
+        pq.write_table(table, out / name, compression="zstd")
+        entries.append({"file": name, "rows": len(rows), "ids_sha256": ids_digest([d.id for d in rows])})
+    return entries
+
+
+def prepare_shards(
+    source: str | Path,
+    out: str | Path,
+    tokenizer_path: str | Path,
+    *,
+    max_length: int = 4096,
+    sampling: SamplingConfig = SamplingConfig(),
+    extractor: str = "union",
+    workers: int = 2,
+    shard_size: int = 10_000,
+    limit: int | None = None,
+    progress: bool = True,
+) -> PrepareStats:
+    """The whole `htmllm data prepare`: process, sample, split, write shards and the manifest."""
+    from service.core.prune import PRUNE_VERSION
+
+    if max_length < 8:
+        raise DataError(f"max_length must be at least 8, got {max_length}")
+    tokenizer = HtmlTokenizer.from_file(tokenizer_path)
+    stats = PrepareStats()
+    docs = process_pages(
+        source,
+        tokenizer,
+        max_length=max_length,
+        extractor=extractor,
+        workers=workers,
+        limit=limit,
+        stats=stats,
+        progress=progress,
+    )
+    if not docs:
+        raise DataError(f"no page of {source} could be prepared (skipped: {stats.skipped})")
+    keep = sample_documents(docs, sampling)
+    chosen = [docs[i] for i in keep]
+    for doc in chosen:
+        doc.split = holdout_split(doc.domain, doc.id, sampling.holdout_fraction)
+    out_dir = Path(out)
+    entries = write_shards(chosen, out_dir, shard_size=shard_size)
+    stats.written = len(chosen)
+    stats.train = sum(d.split == TRAIN for d in chosen)
+    stats.heldout = stats.written - stats.train
+    stats.shards = len(entries)
+    stats.tokens = sum(d.length for d in chosen)
+    write_manifest(
+        out_dir,
+        tokenizer,
+        entries,
+        prune_version=PRUNE_VERSION,
+        max_length=max_length,
+        extra={
+            "source": str(source),
+            "extractor": extractor,
+            "sampling": asdict(sampling),
+            "stats": asdict(stats),
+        },
+    )
+    return stats
+
+
+def write_manifest(
+    out: Path,
+    tokenizer: HtmlTokenizer,
+    entries: Sequence[Mapping[str, Any]],
+    *,
+    prune_version: str,
+    max_length: int,
+    extra: Mapping[str, Any] | None = None,
+) -> None:
+    """manifest.json and tokenizer.json of a shards directory whose shards `write_shards` wrote."""
+    tokenizer.save(out / TOKENIZER_FILE)
+    manifest = {
+        "format_version": SHARD_FORMAT_VERSION,
+        "tokenizer_sha256": tokenizer.sha256,
+        "prune_version": prune_version,
+        "max_length": max_length,
+        "stats": {},
+        **(extra or {}),
+        "shards": list(entries),
+    }
+    (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+
+
+def read_manifest(shards: str | Path) -> dict[str, Any]:
+    """The shards directory's manifest.json, checked for the format version."""
+    file = Path(shards) / MANIFEST_FILE
+    if not file.is_file():
+        raise DataError(f"{file} is missing: {shards} is not a shards directory (run `htmllm data prepare`)")
+    manifest: dict[str, Any] = json.loads(file.read_text(encoding="utf-8"))
+    if manifest.get("format_version") != SHARD_FORMAT_VERSION:
+        raise DataError(f"{file}: unknown shard format version {manifest.get('format_version')!r}")
+    return manifest
+
+
+def read_shard(
+    shards: str | Path, entry: Mapping[str, Any], columns: Sequence[str] | None = None
+) -> pa.Table:
+    """One shard as an Arrow table (only `columns` when given)."""
+    path = Path(shards) / str(entry["file"])
+    if not path.is_file():
+        raise DataError(f"shard {path} listed in the manifest is missing")
+    table = pq.read_table(path, columns=list(columns) if columns is not None else None)
+    if table.num_rows != entry["rows"]:
+        raise DataError(f"shard {path} has {table.num_rows} rows, the manifest says {entry['rows']}")
+    return table

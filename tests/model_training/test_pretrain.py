@@ -1,0 +1,243 @@
+"""Pretraining end to end on CPU with the tiny preset: checkpoints, exact resume, schedule, config."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from model_training.data import HELDOUT, TRAIN, Document, domain_of, write_manifest, write_shards
+from model_training.pretrain import (
+    STATE_FILE,
+    BatchOrder,
+    collate,
+    latest_checkpoint,
+    read_metrics,
+    train,
+    trapezoid_lr,
+)
+from model_training.teacher import TeacherMeta, write_teacher
+from model_training.train_config import TrainConfig, load_config
+from service.core.checkpoint import load_checkpoint
+from service.core.errors import HtmllmError
+from tests.factories.tokenizer import build_tiny_tokenizer, generate_pruned_pages
+
+TEACHER_DIM = 12
+
+
+def _build_run_inputs(root: Path, *, documents: int = 40) -> tuple[Path, Path]:
+    """Shards of generated pruned pages and teacher vectors that depend on each page's words.
+
+    The teacher is a fixed random projection of the page's bag of tokens: pages sharing vocabulary get
+    similar vectors, so distillation has something learnable, without loading an embedding model.
+    """
+    tokenizer = build_tiny_tokenizer()
+    pages = generate_pruned_pages(documents, seed=11)
+    docs: list[Document] = []
+    for i, page in enumerate(pages):
+        encoding = tokenizer.encode(page, max_length=96)
+        url = f"https://site{i % 10}.example/page/{i}"
+        docs.append(
+            Document(
+                id=f"doc{i}",
+                url=url,
+                domain=domain_of(url),
+                cluster=None,
+                input_ids=encoding.ids,
+                length=len(encoding.ids),
+                full_length=encoding.full_length,
+                truncated=encoding.truncated,
+                text_length=len(encoding.ids) - 2,
+                pruned=page,
+                split=HELDOUT if i % 10 == 0 else TRAIN,
+            )
+        )
+    shards = root / "shards"
+    entries = write_shards(docs, shards, shard_size=16)
+    write_manifest(shards, tokenizer, entries, prune_version="test-prune", max_length=96)
+
+    projection = np.random.default_rng(0).standard_normal((tokenizer.vocab_size, TEACHER_DIM))
+    arrays = []
+    for start in range(0, len(docs), 16):
+        rows = docs[start : start + 16]
+        counts = np.zeros((len(rows), tokenizer.vocab_size))
+        for r, doc in enumerate(rows):
+            np.add.at(counts[r], doc.input_ids[1:-1], 1.0)
+        vectors = counts @ projection
+        arrays.append((vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32))
+    teacher = root / "teacher"
+    meta = TeacherMeta(
+        model="bag-of-tokens projection",
+        model_path="",
+        dim=TEACHER_DIM,
+        view="pruned",
+        max_seq_length=96,
+        normalized=True,
+        shards_tokenizer_sha256=tokenizer.sha256,
+    )
+    write_teacher(teacher, shards, arrays, meta)
+    return shards, teacher
+
+
+def _config(root: Path, out: str, **overrides: object) -> TrainConfig:
+    values: dict[str, object] = {
+        "shards": str(root / "shards"),
+        "teacher": str(root / "teacher"),
+        "out": str(root / out),
+        "name": "htmllm-test",
+        "preset": "tiny",
+        "max_length": 64,
+        "batch_size": 4,
+        "grad_accum": 2,
+        "max_steps": 6,
+        "lr": 3e-3,
+        "distil_rank": 8,
+        "log_every": 1,
+        "eval_every": 3,
+        "checkpoint_every": 0,
+        "device": "cpu",
+        "progress": False,
+        "tensorboard": False,
+        "seed": 5,
+    }
+    values.update(overrides)
+    return TrainConfig.from_dict(values)
+
+
+@pytest.fixture(scope="module")
+def run_inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("pretrain")
+    _build_run_inputs(root)
+    return root
+
+
+def _train_losses(out: Path) -> list[tuple[int, float, float, float]]:
+    return [
+        (r["step"], r["mlm"], r["bow"], r["distil"])
+        for r in read_metrics(out / "metrics.jsonl")
+        if r["split"] == "train"
+    ]
+
+
+@pytest.mark.slow
+def test_three_step_tiny_run_writes_a_checkpoint_the_service_loads(run_inputs: Path) -> None:
+    config = _config(run_inputs, "three", max_steps=3, tensorboard=True, checkpoint_every=2)
+    result = train(config)
+    assert result.steps == 3
+    assert result.model_dir is not None
+    checkpoint = load_checkpoint(result.model_dir)
+    assert checkpoint.meta.name == "htmllm-test"
+    assert checkpoint.meta.training["config"]["preset"] == "tiny"
+    assert checkpoint.meta.training["steps"] == 3
+    assert checkpoint.meta.prune_version == "test-prune"  # the shards' provenance, not a guess
+    heldout = checkpoint.meta.training["heldout"]
+    assert -1.0 <= heldout["cosine"] <= 1.0 and 0.0 <= heldout["top1"] <= 1.0
+
+    # The served model embeds a page (the pretraining-only heads are gone from the checkpoint).
+    page = generate_pruned_pages(1, seed=99)[0]
+    ids = torch.tensor([checkpoint.tokenizer.encode(page, max_length=64).ids])
+    with torch.no_grad():
+        embedding = checkpoint.model.embed(ids, torch.ones_like(ids))
+    assert embedding.shape == (1, 32)
+    assert torch.isfinite(embedding).all()
+
+    losses = _train_losses(Path(config.out))
+    assert [step for step, *_ in losses] == [1, 2, 3]
+    assert all(np.isfinite(v) for _, *values in losses for v in values)
+    assert latest_checkpoint(config.out) is not None
+    assert (Path(config.out) / "checkpoints" / "step-00000002" / STATE_FILE).is_file()
+    assert any((Path(config.out) / "tensorboard").iterdir())
+    assert (Path(config.out) / "training_curve.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_resume_continues_the_same_steps_and_loss_curve(run_inputs: Path) -> None:
+    whole = train(_config(run_inputs, "whole"))
+    first = train(_config(run_inputs, "split"), stop_at_step=3)  # the "interruption"
+    assert first.steps == 3 and first.model_dir is None  # interrupted: no served model yet
+    resumed = train(_config(run_inputs, "split"))
+    assert whole.steps == resumed.steps == 6
+
+    uninterrupted = _train_losses(run_inputs / "whole")
+    interrupted = _train_losses(run_inputs / "split")
+    assert [s for s, *_ in interrupted] == [1, 2, 3, 4, 5, 6]
+    for a, b in zip(uninterrupted, interrupted, strict=True):
+        assert a == pytest.approx(b, rel=1e-6, abs=1e-7)
+    assert whole.model_dir is not None and resumed.model_dir is not None
+    a = load_checkpoint(whole.model_dir).model.encoder.state_dict()
+    b = load_checkpoint(resumed.model_dir).model.encoder.state_dict()
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+@pytest.mark.slow
+def test_losses_fall_on_a_small_corpus(run_inputs: Path) -> None:
+    config = _config(
+        run_inputs, "falling", max_steps=24, grad_accum=1, eval_every=0, random_coefficients=False, lr=5e-3
+    )
+    train(config)
+    losses = np.array([values for _, *values in _train_losses(Path(config.out))])  # (24, 3)
+    start, end = losses[:5].mean(axis=0), losses[-5:].mean(axis=0)
+    for name, before, after in zip(("mlm", "bow", "distil"), start, end, strict=True):
+        assert after < before * 0.95, f"{name} did not fall: {before:.3f} -> {after:.3f}"
+
+
+def test_trapezoid_schedule_warms_up_holds_and_cools_down() -> None:
+    lrs = [trapezoid_lr(s, 100, peak=1.0, warmup_frac=0.1, cooldown_frac=0.2) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.1)
+    assert lrs[9] == pytest.approx(1.0)
+    assert all(lr == 1.0 for lr in lrs[10:80])
+    assert all(a > b for a, b in itertools.pairwise(lrs[80:]))
+    assert 0 < lrs[-1] < 0.1
+
+
+def test_batch_order_is_deterministic_and_splits_ranks() -> None:
+    a = BatchOrder(20, 3, seed=1, rank=0, world=2)
+    b = BatchOrder(20, 3, seed=1, rank=1, world=2)
+    assert a.per_epoch == 3
+    assert np.array_equal(a.indices(4), BatchOrder(20, 3, seed=1, rank=0, world=2).indices(4))
+    epoch0 = np.concatenate([a.indices(k) for k in range(3)] + [b.indices(k) for k in range(3)])
+    assert len(set(epoch0.tolist())) == 18  # no document twice within an epoch across ranks
+    assert not np.array_equal(a.indices(0), a.indices(3))  # the next epoch is reshuffled
+    with pytest.raises(HtmllmError):
+        BatchOrder(3, 4, seed=0)
+
+
+def test_collate_pads_and_cuts_keeping_sep_last() -> None:
+    ids, mask = collate([np.array([2, 7, 8, 9, 3]), np.array([2, 7, 3])], max_length=4, pad_id=0, sep_id=3)
+    assert ids.tolist() == [[2, 7, 8, 3], [2, 7, 3, 0]]
+    assert mask.tolist() == [[1, 1, 1, 1], [1, 1, 1, 0]]
+
+
+def test_config_from_toml_with_tables_and_overrides(tmp_path: Path) -> None:
+    file = tmp_path / "run.toml"
+    file.write_text(
+        '[data]\nshards = "s"\nteacher = "t"\n[optim]\nlr = 2.5e-5\nbatch_size = 8\n'
+        "[loss_weights]\nmlm = 0.5\n",
+        encoding="utf-8",
+    )
+    config = load_config(file, {"batch_size": 2, "epochs": None})
+    assert (config.shards, config.lr, config.batch_size, config.epochs) == ("s", 2.5e-5, 2, 1.0)
+    assert config.loss_weights == {"mlm": 0.5, "bow": 1.0, "distil": 1.0}
+    file.write_text("[optim]\nlearning_rate = 1\n", encoding="utf-8")
+    with pytest.raises(HtmllmError, match="unknown keys"):
+        load_config(file)
+    with pytest.raises(HtmllmError):
+        load_config(None, {"warmup_frac": 0.9, "cooldown_frac": 0.2})
+
+
+def test_the_bundled_configs_parse() -> None:
+    configs = sorted(Path(__file__).resolve().parents[2].joinpath("configs").glob("*.toml"))
+    assert configs, "configs/*.toml are missing"
+    for file in configs:
+        config = load_config(file)
+        assert config.preset in ("tiny", "mini", "small", "base"), file
+
+
+def test_training_refuses_missing_teacher(tmp_path: Path) -> None:
+    _build_run_inputs(tmp_path, documents=12)
+    (tmp_path / "teacher" / "teacher.json").unlink()
+    with pytest.raises(HtmllmError, match="teacher"):
+        train(_config(tmp_path, "missing"))
