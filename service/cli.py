@@ -16,7 +16,7 @@ from importlib.metadata import entry_points
 from service import __version__
 
 # Each module exposes `register(subparsers)`, which adds its parser and sets `func`.
-SERVICE_COMMANDS: tuple[str, ...] = ("service.commands.prune",)
+SERVICE_COMMANDS: tuple[str, ...] = ("service.commands.prune", "service.commands.extract")
 
 
 def build_parser() -> argparse.ArgumentParser:

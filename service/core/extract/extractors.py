@@ -1,0 +1,185 @@
+"""The three HTML-to-text extractors, as plain in-process functions.
+
+Each takes decoded HTML (a `str`) and returns the extracted text and, for jusText, the language whose
+stoplist was used. They run inside the isolated worker processes of `service.core.extract.pool` (and,
+for benchmarks and tests, in-process through `InlineRunner`); nothing here knows about time limits.
+
+Settings, chosen to match how the paper "Beyond a Single Extractor" and DCLM ran them:
+- resiliparse in main-content mode as DCLM extracted its pool: `main_content=True, alt_texts=False`,
+  every other option at resiliparse's default (block formatting preserved, list bullets on, links,
+  form fields and `<noscript>` off).
+- trafilatura with its defaults (which include comments and tables), tables kept explicitly.
+- jusText with the stoplist of the page's language, detected offline by resiliparse's `detect_fast`
+  on the page's visible text; English when the language is unknown or has no jusText stoplist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+RESILIPARSE: Final = "resiliparse"
+TRAFILATURA: Final = "trafilatura"
+JUSTEXT: Final = "justext"
+EXTRACTORS: Final[tuple[str, ...]] = (RESILIPARSE, TRAFILATURA, JUSTEXT)
+
+FALLBACK_STOPLIST: Final = "English"
+# The visible text fed to the language detector is capped: detection is linear and a few thousand
+# characters decide the language as well as the whole page does.
+_LANGUAGE_SAMPLE_CHARS: Final = 4000
+
+# ISO 639-1 codes resiliparse's detector returns -> jusText stoplist names. Only languages both sides
+# support are listed; the rest (e.g. ja, zh, th, which jusText has no stoplists for) fall back to
+# English. tests/core/test_extract.py checks every name here is a stoplist jusText ships.
+JUSTEXT_STOPLISTS: Final[dict[str, str]] = {
+    "af": "Afrikaans",
+    "ar": "Arabic",
+    "az": "Azerbaijani",
+    "be": "Belarusian",
+    "bg": "Bulgarian",
+    "bn": "Bengali",
+    "br": "Breton",
+    "ca": "Catalan",
+    "cs": "Czech",
+    "cv": "Chuvash",
+    "cy": "Welsh",
+    "da": "Danish",
+    "de": "German",
+    "el": "Greek",
+    "en": "English",
+    "eo": "Esperanto",
+    "es": "Spanish",
+    "et": "Estonian",
+    "eu": "Basque",
+    "fa": "Persian",
+    "fi": "Finnish",
+    "fr": "French",
+    "fy": "West_Frisian",
+    "ga": "Irish",
+    "gl": "Galician",
+    "gu": "Gujarati",
+    "he": "Hebrew",
+    "hi": "Hindi",
+    "hr": "Croatian",
+    "hu": "Hungarian",
+    "hy": "Armenian",
+    "id": "Indonesian",
+    "io": "Ido",
+    "is": "Icelandic",
+    "it": "Italian",
+    "jv": "Javanese",
+    "ka": "Georgian",
+    "kk": "Kazakh",
+    "kn": "Kannada",
+    "ko": "Korean",
+    "ku": "Kurdish",
+    "ky": "Kyrgyz",
+    "la": "Latin",
+    "lb": "Luxembourgish",
+    "lt": "Lithuanian",
+    "lv": "Latvian",
+    "mk": "Macedonian",
+    "ml": "Malayalam",
+    "mr": "Marathi",
+    "mt": "Maltese",
+    "ne": "Nepali",
+    "nl": "Dutch",
+    "no": "Norwegian_Bokmal",
+    "pl": "Polish",
+    "pt": "Portuguese",
+    "ro": "Romanian",
+    "ru": "Russian",
+    "sk": "Slovak",
+    "sl": "Slovenian",
+    "sq": "Albanian",
+    "sr": "Serbian",
+    "sv": "Swedish",
+    "sw": "Swahili",
+    "ta": "Tamil",
+    "te": "Telugu",
+    "tk": "Turkmen",
+    "tl": "Tagalog",
+    "tr": "Turkish",
+    "uk": "Ukrainian",
+    "ur": "Urdu",
+    "uz": "Uzbek",
+    "vi": "Vietnamese",
+    "vo": "Volapuk",
+}
+
+
+@dataclass(frozen=True)
+class RawOutput:
+    """What one extractor produced: its text and, for jusText, the language it assumed."""
+
+    text: str
+    language: str | None = None
+
+
+def visible_text(html: str) -> str:
+    """All visible text of a page (no main-content heuristics), as the language detector's input."""
+    from resiliparse.extract.html2text import extract_plain_text
+
+    return str(extract_plain_text(html, main_content=False, alt_texts=False))
+
+
+def detect_language(text: str) -> str | None:
+    """The ISO 639-1 code of `text`'s language, or None when the detector is not confident."""
+    from resiliparse.parse.lang import detect_fast
+
+    if not text.strip():
+        return None
+    lang, _rank = detect_fast(text[:_LANGUAGE_SAMPLE_CHARS])
+    return None if lang == "unknown" else str(lang)
+
+
+def stoplist_name(language: str | None) -> str:
+    """The jusText stoplist for an ISO 639-1 code, English when there is none."""
+    if language is None:
+        return FALLBACK_STOPLIST
+    return JUSTEXT_STOPLISTS.get(language.lower(), FALLBACK_STOPLIST)
+
+
+def run_resiliparse(html: str, language: str | None = None) -> RawOutput:
+    """resiliparse main-content extraction with DCLM's options."""
+    from resiliparse.extract.html2text import extract_plain_text
+
+    return RawOutput(str(extract_plain_text(html, main_content=True, alt_texts=False)).strip())
+
+
+def run_trafilatura(html: str, language: str | None = None) -> RawOutput:
+    """trafilatura with its defaults, tables kept."""
+    import trafilatura
+
+    if not html.strip():
+        return RawOutput("")
+    text = trafilatura.extract(html, include_tables=True)
+    return RawOutput((text or "").strip())
+
+
+def run_justext(html: str, language: str | None = None) -> RawOutput:
+    """jusText with the stoplist of `language`, detected from the visible text when not given."""
+    import justext
+
+    if not html.strip():
+        # lxml refuses an empty document ("Document is empty"); an empty page simply has no text.
+        return RawOutput("", language)
+    if language is None:
+        language = detect_language(visible_text(html))
+    stoplist = justext.get_stoplist(stoplist_name(language))
+    paragraphs = justext.justext(html, stoplist)
+    text = "\n".join(p.text for p in paragraphs if not p.is_boilerplate)
+    return RawOutput(text.strip(), language)
+
+
+EXTRACTOR_FUNCTIONS: Final[dict[str, Callable[[str, str | None], RawOutput]]] = {
+    RESILIPARSE: run_resiliparse,
+    TRAFILATURA: run_trafilatura,
+    JUSTEXT: run_justext,
+}
+
+
+def run_extractor(name: str, html: str, language: str | None = None) -> RawOutput:
+    """Run the extractor called `name` in this process (the worker's entry and `InlineRunner`'s)."""
+    return EXTRACTOR_FUNCTIONS[name](html, language)
