@@ -1,0 +1,283 @@
+"""The token-budget dynamic batcher: the single owner of the queue of tokenized documents.
+
+`submit` only appends to an inbox; one *former* task owns the waiting window. It takes every queued
+document (after waiting up to `max_wait_ms` for company when the queue is short), sorts the window by
+length so batches carry little padding, and slices it into batches of at most `max_batch_requests`
+documents and `max_batch_tokens` tokens (as the runner counts them: padded, or packed under flash-attn).
+Documents whose caller went away (future cancelled) or whose deadline passed are dropped when a batch is
+built. The former prepares batch n+1 on a worker thread while an *executor* task runs batch n on the
+inference thread; a one-slot hand-off between them is what bounds the overlap to one batch.
+
+A window is drained completely before the next one is taken, so a long document is never starved by a
+stream of short ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from service.core.errors import HtmllmError
+from service.engine.runners import PreparedBatch, Runner, RunnerOutput
+from service.engine.types import BackendError, BatchStats, DeadlineExceededError, ShuttingDownError
+
+logger = logging.getLogger(__name__)
+
+# How many batches' worth of documents one window may hold; bounds the latency a window adds.
+WINDOW_BATCHES = 8
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    """One document's share of a forward pass."""
+
+    embedding: np.ndarray  # float32 (D,)
+    scores: dict[str, np.ndarray]  # head -> (C,) probabilities or () value
+    queue_s: float
+    inference_s: float
+
+
+@dataclass(eq=False)
+class QueuedDocument:
+    ids: list[int]
+    future: asyncio.Future[BatchRow]
+    deadline: float | None  # time.monotonic() seconds
+    enqueued: float = field(default_factory=time.monotonic)
+
+    def is_live(self, now: float) -> bool:
+        """False when nobody waits for this document any more, failing it if its deadline passed."""
+        if self.future.done():
+            return False
+        if self.deadline is not None and now >= self.deadline:
+            self.future.set_exception(
+                DeadlineExceededError("the deadline passed while the document was queued")
+            )
+            return False
+        return True
+
+
+@dataclass
+class _Ready:
+    documents: list[QueuedDocument]
+    prepared: PreparedBatch
+    prepare_s: float
+
+
+def form_batches(
+    lengths: Sequence[int], cost: Callable[[Sequence[int]], int], *, max_tokens: int, max_requests: int
+) -> list[list[int]]:
+    """Indices of `lengths`, sorted by length and sliced greedily within both budgets.
+
+    A document alone over the token budget still gets a batch of its own (the engine caps lengths).
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for index in order:
+        candidate = [*current, index]
+        if current and (len(candidate) > max_requests or cost([lengths[i] for i in candidate]) > max_tokens):
+            batches.append(current)
+            candidate = [index]
+        current = candidate
+    if current:
+        batches.append(current)
+    return batches
+
+
+class Batcher:
+    """Owns the queue; forms, prepares and runs batches on `runner`."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        *,
+        max_batch_tokens: int,
+        max_batch_requests: int,
+        max_wait_ms: float,
+        on_batch: Callable[[BatchStats], None] | None = None,
+    ) -> None:
+        self._runner = runner
+        self._max_tokens = max_batch_tokens
+        self._max_requests = max_batch_requests
+        self._max_wait_s = max_wait_ms / 1000.0
+        self._on_batch = on_batch
+        self._inbox: deque[QueuedDocument] = deque()
+        self._wakeup = asyncio.Event()
+        self._ready: asyncio.Queue[_Ready] = asyncio.Queue(maxsize=1)
+        self._in_hand: list[_Ready] = []  # taken from the hand-off, not yet answered
+        self._prepare_pool = ThreadPoolExecutor(1, thread_name_prefix="htmllm-collate")
+        self._infer_pool = ThreadPoolExecutor(1, thread_name_prefix="htmllm-infer")
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+        self._skipped_unreported = 0  # documents dropped since the last reported batch
+
+    @property
+    def waiting(self) -> int:
+        """Documents queued and not yet handed to a forward pass."""
+        return len(self._inbox)
+
+    def start(self) -> None:
+        if self._tasks:
+            return
+        self._tasks = [
+            asyncio.create_task(self._form_loop(), name="htmllm-batch-former"),
+            asyncio.create_task(self._run_loop(), name="htmllm-batch-executor"),
+        ]
+
+    def submit(self, ids: list[int], *, deadline: float | None) -> asyncio.Future[BatchRow]:
+        """Queue one tokenized document; the future resolves to its row of a batch."""
+        if self._closed:
+            raise ShuttingDownError("the engine is shutting down")
+        future: asyncio.Future[BatchRow] = asyncio.get_running_loop().create_future()
+        self._inbox.append(QueuedDocument(ids=ids, future=future, deadline=deadline))
+        self._wakeup.set()
+        return future
+
+    async def run_direct(self, batch: Sequence[Sequence[int]]) -> RunnerOutput:
+        """One forward pass outside the queue, on the inference thread (warm-up)."""
+        loop = asyncio.get_running_loop()
+        prepared = await loop.run_in_executor(self._prepare_pool, self._runner.prepare, batch)
+        return await loop.run_in_executor(self._infer_pool, self._runner.run, prepared)
+
+    async def close(self, error: HtmllmError | None = None) -> None:
+        """Stop both tasks; whatever is still queued or in hand fails with `error` (or ShuttingDown)."""
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        failure = error or ShuttingDownError("the engine stopped before this document ran")
+        pending = list(self._inbox)
+        self._inbox.clear()
+        while not self._ready.empty():
+            self._in_hand.append(self._ready.get_nowait())
+        for ready in self._in_hand:
+            pending.extend(ready.documents)
+        self._in_hand.clear()
+        for doc in pending:
+            if not doc.future.done():
+                doc.future.set_exception(failure)
+        self._prepare_pool.shutdown(wait=True)
+        self._infer_pool.shutdown(wait=True)
+
+    async def _next_window(self) -> list[QueuedDocument]:
+        while not self._inbox:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        # A short queue waits (up to max_wait_ms) for company; a full batch's worth goes at once.
+        give_up = time.monotonic() + self._max_wait_s
+        while (
+            len(self._inbox) < self._max_requests and sum(len(d.ids) for d in self._inbox) < self._max_tokens
+        ):
+            remaining = give_up - time.monotonic()
+            if remaining <= 0:
+                break
+            self._wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), remaining)
+        take = min(len(self._inbox), self._max_requests * WINDOW_BATCHES)
+        return [self._inbox.popleft() for _ in range(take)]
+
+    async def _form_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            window = await self._next_window()
+            now = time.monotonic()
+            live = [doc for doc in window if doc.is_live(now)]
+            self._skipped_unreported += len(window) - len(live)
+            plan = form_batches(
+                [len(doc.ids) for doc in live],
+                self._runner.cost,
+                max_tokens=self._max_tokens,
+                max_requests=self._max_requests,
+            )
+            for indices in plan:
+                # Re-check just before collating: a caller may have gone while earlier batches ran.
+                now = time.monotonic()
+                docs = [live[i] for i in indices if live[i].is_live(now)]
+                self._skipped_unreported += len(indices) - len(docs)
+                if not docs:
+                    continue
+                started = time.perf_counter()
+                try:
+                    prepared = await loop.run_in_executor(
+                        self._prepare_pool, self._runner.prepare, [doc.ids for doc in docs]
+                    )
+                except Exception as exc:  # a collation bug must fail these documents, not the batcher
+                    logger.exception("collating a batch failed")
+                    _fail(docs, BackendError(f"collating a batch failed: {type(exc).__name__}: {exc}"))
+                    continue
+                await self._ready.put(_Ready(docs, prepared, time.perf_counter() - started))
+
+    async def _run_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            ready = await self._ready.get()
+            self._in_hand.append(ready)
+            try:
+                await self._run_one(loop, ready)
+            finally:
+                self._in_hand.remove(ready)
+
+    async def _run_one(self, loop: asyncio.AbstractEventLoop, ready: _Ready) -> None:
+        now = time.monotonic()
+        if not any(doc.is_live(now) for doc in ready.documents):
+            # Every caller left while the batch waited for the model: skip the pass entirely.
+            self._skipped_unreported += len(ready.documents)
+            return
+        start = time.monotonic()
+        try:
+            output = await loop.run_in_executor(self._infer_pool, self._runner.run, ready.prepared)
+        except Exception as exc:
+            logger.exception("a forward pass failed")
+            _fail(ready.documents, BackendError(f"the {self._runner.backend} backend failed: {exc}"))
+            return
+        inference_s = time.monotonic() - start
+        if output.embeddings.shape[0] != len(ready.documents):
+            _fail(ready.documents, BackendError("the backend returned the wrong number of rows"))
+            return
+        for row, doc in enumerate(ready.documents):
+            if doc.future.done():  # the caller left while the batch ran; its row is dropped
+                continue
+            doc.future.set_result(
+                BatchRow(
+                    embedding=output.embeddings[row],
+                    scores={name: values[row] for name, values in output.scores.items()},
+                    queue_s=start - doc.enqueued,
+                    inference_s=inference_s,
+                )
+            )
+        self._report(ready, inference_s)
+
+    def _report(self, ready: _Ready, inference_s: float) -> None:
+        skipped, self._skipped_unreported = self._skipped_unreported, 0
+        if self._on_batch is None:
+            return
+        stats = BatchStats(
+            documents=ready.prepared.documents,
+            tokens=ready.prepared.tokens,
+            padded_tokens=ready.prepared.padded_tokens,
+            prepare_s=ready.prepare_s,
+            inference_s=inference_s,
+            skipped=skipped,
+        )
+        try:
+            self._on_batch(stats)
+        except Exception:
+            logger.exception("the batch observer raised")
+
+
+def _fail(docs: Sequence[QueuedDocument], error: HtmllmError) -> None:
+    for doc in docs:
+        if not doc.future.done():
+            doc.future.set_exception(error)

@@ -1,0 +1,441 @@
+"""The Engine: raw HTML in, embeddings and head scores out, with no HTTP in sight.
+
+`await engine.embed(docs)` prunes and tokenizes each document on a worker pool (never on the event
+loop), hands the token ids to the batcher (the one owner of the queue) and awaits each document's row
+of a batch. The HTTP service, the bulk `htmllm embed` command and evaluation all use this class.
+
+Lifecycle: `start()` inside a running event loop (or `async with engine`), `stop(drain=True)` refuses new
+work with `ShuttingDownError` and returns once every accepted document has been answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import numpy as np
+
+from service.core.checkpoint import (
+    TOKENIZER_FILE,
+    CheckpointError,
+    CheckpointMeta,
+    load_checkpoint,
+    read_meta,
+)
+from service.core.errors import ErrorCode, HtmllmError
+from service.core.modeling import HeadSpec
+from service.core.prune import PRUNE_VERSION, prune_html
+from service.core.tokenizer import HtmlTokenizer
+from service.engine.batcher import Batcher, BatchRow
+from service.engine.runners import Runner
+from service.engine.types import (
+    BatchStats,
+    DeadlineExceededError,
+    Document,
+    DocumentResult,
+    EngineConfig,
+    EngineObserver,
+    ModelInfo,
+    NotReadyError,
+    OverloadedError,
+    ShuttingDownError,
+    StageTimings,
+    TooManyDocumentsError,
+    TooManyTokensError,
+    UnknownHeadError,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class InvalidDocumentError(HtmllmError):
+    code = ErrorCode.VALIDATION
+
+
+class PreprocessError(HtmllmError):
+    """The pruner failed on a page in a way it does not type itself; the cause is chained."""
+
+    code = ErrorCode.PREPROCESS_FAILED
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    ids: list[int]
+    truncated: bool
+    prune_s: float
+    tokenize_s: float
+
+
+def as_document(doc: Document | str | bytes) -> Document:
+    if isinstance(doc, Document):
+        return doc
+    if isinstance(doc, str | bytes):
+        return Document(html=doc)
+    raise InvalidDocumentError(f"a document is HTML as str or bytes, not {type(doc).__name__}")
+
+
+def build_runner(path: Path, config: EngineConfig) -> tuple[Runner, CheckpointMeta, HtmlTokenizer]:
+    """Load the checkpoint and wrap it in the configured backend's runner."""
+    if config.backend == "onnx":
+        from service.engine.onnx_export import ensure_onnx
+        from service.engine.runners.onnx import OnnxRunner
+
+        meta = read_meta(path)
+        tokenizer = HtmlTokenizer.from_file(path / TOKENIZER_FILE)
+        if tokenizer.sha256 != meta.tokenizer_sha256:
+            raise CheckpointError(
+                f"vocab mismatch: {path / TOKENIZER_FILE} is not the tokenizer the model used"
+            )
+        onnx_runner = OnnxRunner(
+            ensure_onnx(path, config.onnx_path),
+            pad_id=tokenizer.special_ids.pad,
+            head_names=[spec.name for spec in meta.heads],
+            device=config.device,
+            intra_op_threads=config.intra_op_threads,
+        )
+        return onnx_runner, meta, tokenizer
+    from service.engine.runners.torch import TorchRunner
+
+    checkpoint = load_checkpoint(path)
+    torch_runner = TorchRunner(
+        checkpoint.model,
+        device=config.device,
+        dtype=config.dtype,
+        attn_implementation=config.attn_implementation,
+        intra_op_threads=config.intra_op_threads,
+    )
+    return torch_runner, checkpoint.meta, checkpoint.tokenizer
+
+
+class Engine:
+    """Batched inference over one checkpoint; safe to share between any number of concurrent callers."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        tokenizer: HtmlTokenizer,
+        meta: CheckpointMeta,
+        config: EngineConfig | None = None,
+        *,
+        observer: EngineObserver | None = None,
+    ) -> None:
+        config = config or EngineConfig()
+        self.config = config
+        self.observer = observer or EngineObserver()
+        self._runner = runner
+        self._tokenizer = tokenizer
+        self._meta = meta
+        self._heads: dict[str, HeadSpec] = {spec.name: spec for spec in meta.heads}
+        max_length = config.max_length or meta.max_length
+        if max_length > meta.max_length:
+            raise ValueError(f"max_length {max_length} exceeds the checkpoint's {meta.max_length}")
+        self._max_length = max_length
+        if meta.prune_version != PRUNE_VERSION:
+            logger.warning(
+                "checkpoint %s was trained on prune version %s, this build prunes with %s",
+                meta.name,
+                meta.prune_version,
+                PRUNE_VERSION,
+            )
+        self._pool: ThreadPoolExecutor | None = None
+        self._batcher: Batcher | None = None
+        self._accepting = False
+        self._in_flight = 0
+        self._idle: asyncio.Event | None = None
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        path: str | Path,
+        config: EngineConfig | None = None,
+        *,
+        observer: EngineObserver | None = None,
+    ) -> Engine:
+        """Load a checkpoint for `config.backend` (the onnx backend exports model.onnx when missing)."""
+        config = config or EngineConfig()
+        runner, meta, tokenizer = build_runner(Path(path), config)
+        return cls(runner, tokenizer, meta, config, observer=observer)
+
+    @property
+    def info(self) -> ModelInfo:
+        return ModelInfo(
+            name=self._meta.name,
+            embedding_dim=self._meta.embedding_dim,
+            max_length=self._max_length,
+            pooling=self._meta.pooling,
+            heads=list(self._heads.values()),
+            backend=self._runner.backend,
+            device=self._runner.device,
+            dtype=self._runner.dtype,
+            prune_version=self._meta.prune_version,
+            tokenizer_sha256=self._meta.tokenizer_sha256,
+        )
+
+    @property
+    def tokenizer(self) -> HtmlTokenizer:
+        return self._tokenizer
+
+    @property
+    def queue_size(self) -> int:
+        """Documents accepted and not yet answered (preprocessing, queued or in a forward pass)."""
+        return self._in_flight
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
+    async def start(self) -> None:
+        """Start the worker pool and the batcher on the running loop (idempotent)."""
+        if self._batcher is not None:
+            return
+        self._pool = ThreadPoolExecutor(
+            self.config.preprocess_workers, thread_name_prefix="htmllm-preprocess"
+        )
+        self._batcher = Batcher(
+            self._runner,
+            max_batch_tokens=self.config.max_batch_tokens,
+            max_batch_requests=self.config.max_batch_requests,
+            max_wait_ms=self.config.max_wait_ms,
+            on_batch=self._on_batch,
+        )
+        self._batcher.start()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._accepting = True
+
+    async def stop(self, *, drain: bool = True) -> None:
+        """Stop accepting; with `drain`, answer every accepted document first, else fail them."""
+        self._accepting = False
+        if self._batcher is None:
+            return
+        if drain and self._idle is not None:
+            await self._idle.wait()
+        await self._batcher.close(ShuttingDownError("the engine stopped before this document ran"))
+        self._batcher = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def close(self) -> None:
+        """Release the backend (after `stop`)."""
+        self._runner.close()
+
+    async def __aenter__(self) -> Engine:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop(drain=exc_type is None)
+
+    def resolve_heads(self, heads: Sequence[str] | None) -> list[str]:
+        """The heads to report: all when None; an unknown name raises UnknownHeadError."""
+        if heads is None:
+            return list(self._heads)
+        unknown = [h for h in heads if h not in self._heads]
+        if unknown:
+            raise UnknownHeadError(f"unknown head(s) {unknown}; this model has {sorted(self._heads)}")
+        return list(dict.fromkeys(heads))
+
+    def _prepare(self, doc: Document, truncate: bool) -> _Prepared:
+        started = time.perf_counter()
+        pruned = _prune(doc)
+        pruned_at = time.perf_counter()
+        encoding = self._tokenizer.encode(pruned, max_length=self._max_length)
+        tokenized_at = time.perf_counter()
+        if encoding.truncated and not truncate:
+            name = f"document {doc.id!r}" if doc.id is not None else "a document"
+            raise TooManyTokensError(
+                f"{name} has {encoding.full_length} tokens, over the model's {self._max_length} "
+                "(allow truncation to cut it)"
+            )
+        return _Prepared(encoding.ids, encoding.truncated, pruned_at - started, tokenized_at - pruned_at)
+
+    async def preprocess(self, doc: Document | str | bytes) -> tuple[str, int]:
+        """The pruned HTML and its token count (with [CLS]/[SEP], before truncation), for debugging."""
+        document = as_document(doc)
+        pool = self._require_started()
+
+        def work() -> tuple[str, int]:
+            pruned = _prune(document)
+            return pruned, self._tokenizer.encode(pruned).full_length
+
+        return await asyncio.get_running_loop().run_in_executor(pool, work)
+
+    def _require_started(self) -> ThreadPoolExecutor:
+        if self._pool is None or self._batcher is None:
+            if self._idle is not None:  # it ran once: it has been stopped
+                raise ShuttingDownError("the engine has stopped")
+            raise NotReadyError("the engine has not been started")
+        return self._pool
+
+    async def embed(
+        self,
+        docs: Sequence[Document | str | bytes],
+        *,
+        heads: Sequence[str] | None = None,
+        normalize: bool = True,
+        truncate: bool | None = None,
+        deadline: float | None = None,
+    ) -> list[DocumentResult]:
+        """Embed documents; results in input order. `deadline` is an absolute `time.monotonic()`.
+
+        All or nothing: the first failing document (prune error, too many tokens, deadline, backend)
+        raises and the others are dropped from the queue.
+        """
+        called = time.monotonic()
+        if not self._accepting:
+            self._require_started()
+            raise ShuttingDownError("the engine is shutting down and accepts no new documents")
+        pool = self._require_started()
+        head_names = self.resolve_heads(heads)
+        documents = [as_document(d) for d in docs]
+        if not documents:
+            return []
+        count = len(documents)
+        if count > self.config.max_queue_documents:
+            raise TooManyDocumentsError(
+                f"{count} documents in one call exceed the queue's {self.config.max_queue_documents}"
+            )
+        if self._in_flight + count > self.config.max_queue_documents:
+            raise OverloadedError(
+                f"the queue is full ({self._in_flight} of {self.config.max_queue_documents} documents)"
+            )
+        if deadline is not None and deadline <= called:
+            raise DeadlineExceededError("the deadline passed before the documents were queued")
+        self._admit(count)
+        truncate = self.config.truncate if truncate is None else truncate
+        tasks = [
+            asyncio.ensure_future(
+                self._embed_one(pool, doc, head_names, normalize, truncate, deadline, called)
+            )
+            for doc in documents
+        ]
+        try:
+            timeout = None if deadline is None else deadline - time.monotonic()
+            async with asyncio.timeout(timeout):
+                results = await asyncio.gather(*tasks)
+        except TimeoutError as exc:
+            self._failed(ErrorCode.TIMEOUT, count)
+            raise DeadlineExceededError("the deadline passed before the documents were embedded") from exc
+        except HtmllmError as exc:
+            self._failed(exc.code, count)
+            raise
+        finally:
+            for task in tasks:
+                task.cancel()
+            self._release(count)
+        self._notify(self.observer.documents_done, count, sum(r.tokens for r in results))
+        return results
+
+    async def _embed_one(
+        self,
+        pool: ThreadPoolExecutor,
+        doc: Document,
+        head_names: list[str],
+        normalize: bool,
+        truncate: bool,
+        deadline: float | None,
+        called: float,
+    ) -> DocumentResult:
+        loop = asyncio.get_running_loop()
+        prepared = await loop.run_in_executor(pool, self._prepare, doc, truncate)
+        batcher = self._batcher
+        if batcher is None:
+            raise ShuttingDownError("the engine stopped before this document was queued")
+        row = await batcher.submit(prepared.ids, deadline=deadline)
+        result = self._result(doc, prepared, row, head_names, normalize, called)
+        self._notify(self._report_stages, result.timings)
+        return result
+
+    def _report_stages(self, timings: StageTimings) -> None:
+        self.observer.stage("prune", timings.prune_s)
+        self.observer.stage("tokenize", timings.tokenize_s)
+        self.observer.stage("queue", timings.queue_s)
+        self.observer.stage("inference", timings.inference_s)
+        self.observer.stage("total", timings.total_s)
+
+    def _result(
+        self,
+        doc: Document,
+        prepared: _Prepared,
+        row: BatchRow,
+        head_names: list[str],
+        normalize: bool,
+        called: float,
+    ) -> DocumentResult:
+        embedding = np.array(row.embedding, dtype=np.float32)  # (D,), a copy: rows share the batch's buffer
+        if normalize:
+            embedding /= max(float(np.linalg.norm(embedding)), 1e-12)
+        scores: dict[str, dict[str, float] | float] = {}
+        for name in head_names:
+            spec, value = self._heads[name], row.scores[name]
+            if spec.kind == "classification":
+                scores[name] = {label: float(p) for label, p in zip(spec.labels, value.tolist(), strict=True)}
+            else:
+                scores[name] = float(value)
+        return DocumentResult(
+            id=doc.id,
+            embedding=embedding,
+            scores=scores,
+            tokens=len(prepared.ids),
+            truncated=prepared.truncated,
+            timings=StageTimings(
+                prune_s=prepared.prune_s,
+                tokenize_s=prepared.tokenize_s,
+                queue_s=row.queue_s,
+                inference_s=row.inference_s,
+                total_s=time.monotonic() - called,
+            ),
+        )
+
+    async def warmup(self) -> None:
+        """One full-size batch of full-length documents, outside the queue (allocations, kernel choice)."""
+        self._require_started()
+        assert self._batcher is not None
+        length = self._max_length
+        count = max(1, min(self.config.max_batch_requests, self.config.max_batch_tokens // length))
+        special = self._tokenizer.special_ids
+        ids = [special.cls, *([special.unk] * (length - 2)), special.sep]
+        await self._batcher.run_direct([ids] * count)
+
+    def _admit(self, count: int) -> None:
+        self._in_flight += count
+        if self._idle is not None:
+            self._idle.clear()
+        self._notify(self.observer.queue_size, self._in_flight)
+
+    def _release(self, count: int) -> None:
+        self._in_flight -= count
+        if self._in_flight == 0 and self._idle is not None:
+            self._idle.set()
+        self._notify(self.observer.queue_size, self._in_flight)
+
+    def _failed(self, code: ErrorCode, count: int) -> None:
+        self._notify(self.observer.documents_failed, code, count)
+
+    def _on_batch(self, stats: BatchStats) -> None:
+        self._notify(self.observer.batch_done, stats)
+
+    def _notify(self, hook: Callable[..., object], *args: object) -> None:
+        """Call an observer hook; a metrics bug must never fail a request."""
+        try:
+            hook(*args)
+        except Exception:
+            logger.exception("engine observer hook %s raised", getattr(hook, "__name__", hook))
+
+
+def _prune(doc: Document) -> str:
+    try:
+        return prune_html(doc.html, encoding=doc.encoding)
+    except HtmllmError:
+        raise
+    except Exception as exc:  # a pruner bug on odd input must still be a typed, per-request error
+        raise PreprocessError(f"pruning failed: {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,87 @@
+"""The ONNX Runtime runner: the exported graph on CPU or CUDA execution providers, padded batches."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+
+from service.engine.onnx_export import EMBEDDING_OUTPUT, HEAD_OUTPUT_PREFIX, INPUT_NAMES
+from service.engine.runners import PreparedBatch, RunnerOutput, pad_batch
+from service.engine.types import BackendError
+
+PROVIDERS: dict[str, list[str]] = {
+    "cpu": ["CPUExecutionProvider"],
+    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+}
+
+
+class OnnxRunner:
+    """Runs `model.onnx` with onnxruntime; one instance is used from one thread at a time."""
+
+    backend = "onnx"
+    dtype = "float32"
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        pad_id: int,
+        head_names: Sequence[str],
+        device: str = "cpu",
+        intra_op_threads: int | None = None,
+    ) -> None:
+        import onnxruntime as ort
+
+        if device not in PROVIDERS:
+            raise ValueError(f"device {device!r} is not one of {sorted(PROVIDERS)}")
+        wanted = PROVIDERS[device]
+        if wanted[0] not in ort.get_available_providers():
+            raise BackendError(
+                f"onnxruntime has no {wanted[0]} here (install onnxruntime-gpu for CUDA); available: "
+                f"{ort.get_available_providers()}"
+            )
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if intra_op_threads is not None:
+            options.intra_op_num_threads = intra_op_threads
+        try:
+            self._session = ort.InferenceSession(str(path), sess_options=options, providers=wanted)
+        except Exception as exc:  # onnxruntime raises its own untyped errors
+            raise BackendError(f"onnxruntime cannot load {path}: {exc}") from exc
+        inputs = [i.name for i in self._session.get_inputs()]
+        outputs = [o.name for o in self._session.get_outputs()]
+        expected = [EMBEDDING_OUTPUT, *(HEAD_OUTPUT_PREFIX + name for name in head_names)]
+        if inputs != list(INPUT_NAMES) or sorted(outputs) != sorted(expected):
+            raise BackendError(f"{path} has inputs {inputs} and outputs {outputs}; expected {expected}")
+        self._outputs = expected
+        self.device = device
+        self.pad_id = pad_id
+
+    def cost(self, lengths: Sequence[int]) -> int:
+        return len(lengths) * max(lengths) if lengths else 0
+
+    def prepare(self, batch: Sequence[Sequence[int]], *, pad_to: int | None = None) -> PreparedBatch:
+        ids, mask = pad_batch(batch, self.pad_id, pad_to=pad_to)
+        return PreparedBatch(
+            payload={INPUT_NAMES[0]: ids, INPUT_NAMES[1]: mask},
+            documents=len(batch),
+            tokens=sum(len(seq) for seq in batch),
+            padded_tokens=int(ids.size),
+        )
+
+    def run(self, prepared: PreparedBatch) -> RunnerOutput:
+        feeds = cast(dict[str, Any], prepared.payload)
+        values = self._session.run(self._outputs, feeds)
+        return RunnerOutput(
+            embeddings=np.asarray(values[0], dtype=np.float32),
+            scores={
+                name[len(HEAD_OUTPUT_PREFIX) :]: np.asarray(value, dtype=np.float32)
+                for name, value in zip(self._outputs[1:], values[1:], strict=True)
+            },
+        )
+
+    def close(self) -> None:
+        self.__dict__.pop("_session", None)

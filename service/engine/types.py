@@ -1,0 +1,169 @@
+"""The Engine's public value types, configuration, errors and observer hook."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.core.errors import ErrorCode, HtmllmError
+from service.core.modeling import HeadSpec
+
+BACKENDS = ("torch", "onnx")
+DEVICES = ("cpu", "cuda")
+DTYPES = ("float32", "bfloat16", "float16")
+STAGES = ("prune", "tokenize", "queue", "inference", "total")
+
+
+@dataclass(frozen=True)
+class Document:
+    html: str | bytes
+    id: str | None = None
+    url: str | None = None
+    encoding: str | None = None  # declared charset (e.g. from Content-Type), for bytes
+
+
+@dataclass(frozen=True)
+class StageTimings:
+    prune_s: float
+    tokenize_s: float
+    queue_s: float  # from entering the batcher's queue to the start of its forward pass
+    inference_s: float  # the forward pass of the batch it ran in
+    total_s: float  # from `embed` being called to the result being ready
+
+
+@dataclass(frozen=True)
+class DocumentResult:
+    id: str | None
+    embedding: np.ndarray  # float32 (D,), L2-normalised when asked
+    scores: dict[str, dict[str, float] | float]  # head -> {label: p} or value
+    tokens: int  # tokens the model saw (with [CLS]/[SEP], after truncation)
+    truncated: bool
+    timings: StageTimings
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    embedding_dim: int
+    max_length: int
+    pooling: str
+    heads: list[HeadSpec]
+    backend: str
+    device: str
+    dtype: str
+    prune_version: str
+    tokenizer_sha256: str
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    backend: str = "torch"  # "torch" | "onnx"
+    device: str = "cpu"  # "cpu" | "cuda"
+    dtype: str = "float32"  # "bfloat16" | "float16" on CUDA
+    max_length: int | None = None  # default: the checkpoint's
+    max_batch_tokens: int = 16384  # padded tokens (or packed tokens under flash-attn) per forward pass
+    max_batch_requests: int = 64  # documents per forward pass
+    max_wait_ms: float = 2.0  # how long a lone document waits for company before its batch runs
+    max_queue_documents: int = 1024  # bounded queue: beyond it, OverloadedError
+    preprocess_workers: int = 2
+    truncate: bool = True  # False: a too-long document raises TooManyTokensError
+    attn_implementation: str | None = None  # torch: None picks flash_attention_2 on CUDA when installed
+    onnx_path: str | None = None  # onnx: default <checkpoint>/model.onnx, exported at start-up if missing
+    intra_op_threads: int | None = None  # CPU threads per forward pass (None: the backend's default)
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend {self.backend!r} is not one of {BACKENDS}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device {self.device!r} is not one of {DEVICES}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not one of {DTYPES}")
+        if self.device == "cpu" and self.dtype != "float32":
+            raise ValueError("reduced precision is for CUDA; use float32 on CPU")
+        for name in ("max_batch_tokens", "max_batch_requests", "max_queue_documents", "preprocess_workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive")
+        if self.max_wait_ms < 0:
+            raise ValueError("max_wait_ms must not be negative")
+        if self.max_length is not None and self.max_length < 2:
+            raise ValueError("max_length must be at least 2")
+
+
+class EngineError(HtmllmError):
+    """Base of the errors the engine itself raises."""
+
+
+class OverloadedError(EngineError):
+    """The queue is full; retry later (HTTP 429 with Retry-After)."""
+
+    code = ErrorCode.OVERLOADED
+
+
+class TooManyDocumentsError(EngineError):
+    """One call carries more documents than the queue can ever hold."""
+
+    code = ErrorCode.TOO_MANY_DOCUMENTS
+
+
+class DeadlineExceededError(EngineError):
+    code = ErrorCode.TIMEOUT
+
+
+class ShuttingDownError(EngineError):
+    """The engine has stopped accepting documents (draining or stopped)."""
+
+    code = ErrorCode.SHUTTING_DOWN
+
+
+class NotReadyError(EngineError):
+    """`embed` before `start`."""
+
+    code = ErrorCode.NOT_READY
+
+
+class TooManyTokensError(EngineError):
+    code = ErrorCode.TOO_MANY_TOKENS
+
+
+class UnknownHeadError(EngineError):
+    code = ErrorCode.UNKNOWN_HEAD
+
+
+class BackendError(EngineError):
+    """The model runner raised; the message carries the cause."""
+
+    code = ErrorCode.BACKEND_FAILED
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    documents: int
+    tokens: int  # real tokens in the batch
+    padded_tokens: int  # tokens the forward pass computed (== tokens when packed)
+    prepare_s: float  # collation and host-side tensor building (overlapped with the previous batch)
+    inference_s: float
+    skipped: int = 0  # documents dropped (caller gone, deadline passed) since the previous batch
+
+
+class EngineObserver:
+    """Hooks the HTTP layer turns into metrics. The default does nothing; override what you need.
+
+    Every hook runs on the event loop and must be cheap; an exception from a hook is logged and dropped,
+    never allowed to fail a request.
+    """
+
+    def batch_done(self, stats: BatchStats) -> None:
+        """A forward pass finished (batch size, batch tokens, inference time)."""
+
+    def stage(self, name: str, seconds: float) -> None:
+        """One document's time in a stage of STAGES."""
+
+    def queue_size(self, documents: int) -> None:
+        """Documents accepted and not yet answered, after every change."""
+
+    def documents_done(self, documents: int, tokens: int) -> None:
+        """Documents answered with a result, and their tokens."""
+
+    def documents_failed(self, code: ErrorCode, documents: int) -> None:
+        """Documents answered with an error of `code` (skipped, timed out, backend failure...)."""

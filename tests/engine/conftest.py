@@ -1,0 +1,62 @@
+"""Shared engine fixtures: one tiny checkpoint per session and documents of many lengths."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from service.core.checkpoint import load_checkpoint
+from service.engine.runners import PreparedBatch, RunnerOutput
+from service.engine.runners.torch import TorchRunner
+from tests.factories.checkpoint import build_tiny_checkpoint
+from tests.factories.tokenizer import WORDS
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("engine") / "tiny")
+
+
+def make_pages(n: int, *, seed: int = 0, min_words: int = 1, max_words: int = 60) -> list[str]:
+    """Raw HTML pages whose lengths vary a lot, so batches carry real padding."""
+    rng = random.Random(seed)
+    pages = []
+    for i in range(n):
+        words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(min_words, max_words)))
+        head = f"<head><title>Page {i}</title><script>x()</script></head>"
+        pages.append(f"<html>{head}<body><p>{words}</p></body></html>")
+    return pages
+
+
+@pytest.fixture
+def pages() -> list[str]:
+    return make_pages(24)
+
+
+class SlowTorchRunner(TorchRunner):
+    """The real torch runner, slowed and instrumented, to observe queueing and overlap."""
+
+    def __init__(self, *args: object, delay_s: float = 0.2, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.delay_s = delay_s
+        self.events: list[tuple[str, float, int]] = []  # (what, monotonic time, batch size)
+
+    def prepare(self, batch: Sequence[Sequence[int]], *, pad_to: int | None = None) -> PreparedBatch:
+        self.events.append(("prepare", time.monotonic(), len(batch)))
+        return super().prepare(batch, pad_to=pad_to)
+
+    def run(self, prepared: PreparedBatch) -> RunnerOutput:
+        self.events.append(("run_start", time.monotonic(), prepared.documents))
+        time.sleep(self.delay_s)
+        out = super().run(prepared)
+        self.events.append(("run_end", time.monotonic(), prepared.documents))
+        return out
+
+
+def slow_runner(checkpoint: Path, delay_s: float = 0.2) -> tuple[SlowTorchRunner, object]:
+    ckpt = load_checkpoint(checkpoint)
+    return SlowTorchRunner(ckpt.model, delay_s=delay_s), ckpt

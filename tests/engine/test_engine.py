@@ -1,0 +1,273 @@
+"""The Engine end to end: raw HTML in, the same results however documents are batched; load behaviour."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.core.errors import ErrorCode, HtmllmError
+from service.engine.engine import Engine
+from service.engine.types import (
+    BatchStats,
+    DeadlineExceededError,
+    Document,
+    EngineConfig,
+    EngineObserver,
+    NotReadyError,
+    OverloadedError,
+    ShuttingDownError,
+    TooManyDocumentsError,
+    TooManyTokensError,
+    UnknownHeadError,
+)
+from tests.engine.conftest import SlowTorchRunner, make_pages, slow_runner
+
+
+class RecordingObserver(EngineObserver):
+    def __init__(self) -> None:
+        self.batches: list[BatchStats] = []
+        self.stages: dict[str, int] = {}
+        self.queue_sizes: list[int] = []
+        self.done: list[tuple[int, int]] = []
+        self.failed: list[tuple[ErrorCode, int]] = []
+
+    def batch_done(self, stats: BatchStats) -> None:
+        self.batches.append(stats)
+
+    def stage(self, name: str, seconds: float) -> None:
+        assert seconds >= 0
+        self.stages[name] = self.stages.get(name, 0) + 1
+
+    def queue_size(self, documents: int) -> None:
+        self.queue_sizes.append(documents)
+
+    def documents_done(self, documents: int, tokens: int) -> None:
+        self.done.append((documents, tokens))
+
+    def documents_failed(self, code: ErrorCode, documents: int) -> None:
+        self.failed.append((code, documents))
+
+
+def slow_engine(checkpoint: Path, delay_s: float = 0.2, **config: object) -> tuple[Engine, SlowTorchRunner]:
+    runner, ckpt = slow_runner(checkpoint, delay_s)
+    engine = Engine(runner, ckpt.tokenizer, ckpt.meta, EngineConfig(**config))  # type: ignore[attr-defined,arg-type]
+    return engine, runner
+
+
+async def test_batch_of_n_equals_n_concurrent_single_calls(tiny_checkpoint: Path, pages: list[str]) -> None:
+    async with Engine.from_checkpoint(tiny_checkpoint, EngineConfig(max_batch_requests=8)) as engine:
+        batched = await engine.embed(pages)
+        singles = await asyncio.gather(*(engine.embed([p]) for p in pages))
+        one_by_one = [(await engine.embed([p]))[0] for p in pages[:4]]
+    assert len({r.tokens for r in batched}) > 5  # lengths really vary
+    for a, (b,) in zip(batched, singles, strict=True):
+        np.testing.assert_allclose(a.embedding, b.embedding, atol=1e-5, rtol=0)
+        assert a.tokens == b.tokens
+        assert a.scores["quality"] == pytest.approx(b.scores["quality"], abs=1e-5)
+    for a, c in zip(batched, one_by_one, strict=False):
+        np.testing.assert_allclose(a.embedding, c.embedding, atol=1e-5, rtol=0)
+
+
+async def test_results_come_back_in_input_order_with_ids_and_scores(tiny_checkpoint: Path) -> None:
+    long_first = make_pages(6, seed=2, min_words=50, max_words=60)[:3] + make_pages(3, seed=3, max_words=2)
+    docs = [Document(html=p, id=f"d{i}") for i, p in enumerate(long_first)]
+    async with Engine.from_checkpoint(tiny_checkpoint) as engine:
+        results = await engine.embed(docs)
+        alone = [(await engine.embed([d]))[0] for d in docs]
+    assert [r.id for r in results] == [f"d{i}" for i in range(6)]
+    for r, a in zip(results, alone, strict=True):
+        np.testing.assert_allclose(r.embedding, a.embedding, atol=1e-5, rtol=0)
+        assert np.linalg.norm(r.embedding) == pytest.approx(1.0, abs=1e-5)
+        assert set(r.scores["page_type"]) == {"article", "listing", "other"}
+        assert sum(r.scores["page_type"].values()) == pytest.approx(1.0, abs=1e-5)  # type: ignore[union-attr]
+        assert isinstance(r.scores["quality"], float)
+        assert r.timings.total_s >= r.timings.inference_s > 0
+
+
+async def test_bytes_in_a_declared_encoding_embed_like_the_text(tiny_checkpoint: Path) -> None:
+    html = "<html><body><p>Praha město počasí úterý řeka</p></body></html>"
+    async with Engine.from_checkpoint(tiny_checkpoint) as engine:
+        from_text, from_bytes = await engine.embed(
+            [html, Document(html=html.encode("windows-1250"), encoding="windows-1250")]
+        )
+        pruned, tokens = await engine.preprocess(html)
+    np.testing.assert_allclose(from_text.embedding, from_bytes.embedding, atol=1e-6)
+    assert "<script>" not in pruned and "Praha" in pruned and tokens == from_text.tokens
+
+
+async def test_head_selection_and_unnormalised_output(tiny_checkpoint: Path, pages: list[str]) -> None:
+    async with Engine.from_checkpoint(tiny_checkpoint) as engine:
+        (only,) = await engine.embed(pages[:1], heads=["quality"], normalize=False)
+        (none,) = await engine.embed(pages[:1], heads=[])
+        with pytest.raises(UnknownHeadError) as info:
+            await engine.embed(pages[:1], heads=["sentiment"])
+    assert set(only.scores) == {"quality"} and none.scores == {}
+    assert info.value.code is ErrorCode.UNKNOWN_HEAD
+    np.testing.assert_allclose(only.embedding / np.linalg.norm(only.embedding), none.embedding, atol=1e-6)
+
+
+async def test_truncation_policy(tiny_checkpoint: Path) -> None:
+    long_page = make_pages(1, min_words=400, max_words=400)[0]
+    async with Engine.from_checkpoint(tiny_checkpoint, EngineConfig(max_length=64)) as engine:
+        (cut,) = await engine.embed([long_page])
+        with pytest.raises(TooManyTokensError):
+            await engine.embed([long_page], truncate=False)
+        assert engine.queue_size == 0
+    assert cut.truncated and cut.tokens == 64
+
+
+async def test_bad_input_is_a_typed_error_not_a_crash(tiny_checkpoint: Path) -> None:
+    async with Engine.from_checkpoint(tiny_checkpoint) as engine:
+        with pytest.raises(HtmllmError) as info:
+            await engine.embed([12345])  # type: ignore[list-item]
+        assert info.value.code is ErrorCode.VALIDATION
+        garbage = await engine.embed([bytes(range(256)) * 20, b"", "<"])
+        assert len(garbage) == 3 and all(r.tokens >= 2 for r in garbage)
+        assert await engine.embed([]) == []
+
+
+async def test_lifecycle_errors(tiny_checkpoint: Path) -> None:
+    engine = Engine.from_checkpoint(tiny_checkpoint)
+    with pytest.raises(NotReadyError):
+        await engine.embed(["<p>x</p>"])
+    await engine.start()
+    await engine.warmup()
+    await engine.stop()
+    with pytest.raises(ShuttingDownError):
+        await engine.embed(["<p>x</p>"])
+
+
+async def test_full_queue_is_refused_immediately(tiny_checkpoint: Path, pages: list[str]) -> None:
+    engine, _ = slow_engine(tiny_checkpoint, delay_s=0.3, max_queue_documents=6, max_batch_requests=2)
+    async with engine:
+        first = asyncio.create_task(engine.embed(pages[:6]))
+        await asyncio.sleep(0.05)
+        assert engine.queue_size == 6
+        started = time.monotonic()
+        with pytest.raises(OverloadedError):
+            await engine.embed(pages[6:7])
+        assert time.monotonic() - started < 0.05
+        with pytest.raises(TooManyDocumentsError):
+            await engine.embed(pages[:7])
+        assert len(await first) == 6
+        assert len(await engine.embed(pages[6:7])) == 1
+
+
+async def test_stop_with_drain_answers_every_accepted_document(
+    tiny_checkpoint: Path, pages: list[str]
+) -> None:
+    engine, _ = slow_engine(tiny_checkpoint, delay_s=0.1, max_batch_requests=3)
+    await engine.start()
+    calls = [asyncio.create_task(engine.embed(pages[i : i + 2])) for i in range(0, 12, 2)]
+    await asyncio.sleep(0.02)
+    stopping = asyncio.create_task(engine.stop(drain=True))
+    await asyncio.sleep(0)
+    with pytest.raises(ShuttingDownError):
+        await engine.embed(pages[:1])
+    await stopping
+    results = [await c for c in calls]
+    assert all(len(r) == 2 for r in results)
+
+
+async def test_stop_without_drain_fails_the_queue_with_a_typed_error(
+    tiny_checkpoint: Path, pages: list[str]
+) -> None:
+    engine, _ = slow_engine(tiny_checkpoint, delay_s=0.2, max_batch_requests=2)
+    await engine.start()
+    call = asyncio.create_task(engine.embed(pages[:8]))
+    await asyncio.sleep(0.05)
+    await engine.stop(drain=False)
+    with pytest.raises(ShuttingDownError):
+        await call
+
+
+async def test_cancelled_callers_are_skipped(tiny_checkpoint: Path, pages: list[str]) -> None:
+    observer = RecordingObserver()
+    engine, _ = slow_engine(tiny_checkpoint, delay_s=0.2, max_batch_requests=2, max_wait_ms=0)
+    engine.observer = observer
+    async with engine:
+        blocker = asyncio.create_task(engine.embed(pages[:2]))  # occupies the model
+        await asyncio.sleep(0.05)
+        doomed = asyncio.create_task(engine.embed(pages[2:14]))
+        await asyncio.sleep(0.1)  # all 12 are tokenized and queued behind the running batch
+        doomed.cancel()
+        await blocker
+        kept = await engine.embed(pages[14:16])
+    assert len(kept) == 2
+    ran = sum(b.documents for b in observer.batches) - 4  # less the blocker's and the kept call's
+    skipped = sum(b.skipped for b in observer.batches)
+    # Of the 12 cancelled documents none reached the model: every prepared batch was dropped.
+    assert ran == 0 and skipped == 12
+    assert engine.queue_size == 0
+
+
+async def test_deadlines(tiny_checkpoint: Path, pages: list[str]) -> None:
+    engine, _ = slow_engine(tiny_checkpoint, delay_s=0.3, max_batch_requests=2)
+    async with engine:
+        with pytest.raises(DeadlineExceededError):
+            await engine.embed(pages[:1], deadline=time.monotonic() - 1)
+        with pytest.raises(DeadlineExceededError) as info:
+            await engine.embed(pages[:6], deadline=time.monotonic() + 0.1)
+        assert info.value.code is ErrorCode.TIMEOUT
+        assert engine.queue_size == 0
+
+
+async def test_batch_n_plus_one_is_prepared_while_n_runs(tiny_checkpoint: Path, pages: list[str]) -> None:
+    engine, runner = slow_engine(tiny_checkpoint, delay_s=0.2, max_batch_requests=4)
+    async with engine:
+        await engine.embed(pages[:12])
+    runs = [(t, n) for what, t, n in runner.events if what == "run_start"]
+    ends = [t for what, t, _ in runner.events if what == "run_end"]
+    prepares = [t for what, t, _ in runner.events if what == "prepare"]
+    assert len(runs) == 3 and all(n == 4 for _, n in runs)
+    # The second batch was collated before the first forward pass ended.
+    assert prepares[1] < ends[0]
+
+
+async def test_preprocessing_never_runs_on_the_event_loop(tiny_checkpoint: Path, pages: list[str]) -> None:
+    seen: set[str] = set()
+    engine = Engine.from_checkpoint(tiny_checkpoint)
+    original = engine._tokenizer.encode
+
+    def spy(text: str, *, max_length: int | None = None):  # type: ignore[no-untyped-def]
+        seen.add(threading.current_thread().name)
+        return original(text, max_length=max_length)
+
+    engine._tokenizer.encode = spy  # type: ignore[method-assign]
+    async with engine:
+        await engine.embed(pages[:6])
+    assert seen and all(name.startswith("htmllm-preprocess") for name in seen)
+
+
+async def test_observer_sees_batches_stages_queue_and_documents(
+    tiny_checkpoint: Path, pages: list[str]
+) -> None:
+    observer = RecordingObserver()
+    config = EngineConfig(max_batch_requests=5, max_batch_tokens=100_000)
+    async with Engine.from_checkpoint(tiny_checkpoint, config, observer=observer) as engine:
+        results = await engine.embed(pages[:10])
+        with pytest.raises(UnknownHeadError):
+            await engine.embed(pages[:1], heads=["nope"])
+        with pytest.raises(TooManyTokensError):
+            await engine.embed([make_pages(1, min_words=400, max_words=400)[0]], truncate=False)
+    assert sum(b.documents for b in observer.batches) == 10
+    assert all(b.documents <= 5 and b.padded_tokens >= b.tokens for b in observer.batches)
+    assert sum(b.tokens for b in observer.batches) == sum(r.tokens for r in results)
+    assert observer.stages == {name: 10 for name in ("prune", "tokenize", "queue", "inference", "total")}
+    assert max(observer.queue_sizes) == 10 and observer.queue_sizes[-1] == 0
+    assert observer.done == [(10, sum(r.tokens for r in results))]
+    assert observer.failed == [(ErrorCode.TOO_MANY_TOKENS, 1)]
+
+
+async def test_token_budget_caps_each_forward_pass(tiny_checkpoint: Path, pages: list[str]) -> None:
+    observer = RecordingObserver()
+    config = EngineConfig(max_batch_tokens=256, max_batch_requests=64)
+    async with Engine.from_checkpoint(tiny_checkpoint, config, observer=observer) as engine:
+        await engine.embed(pages)
+    assert len(observer.batches) > 1
+    assert all(b.padded_tokens <= 256 or b.documents == 1 for b in observer.batches)

@@ -1,0 +1,69 @@
+"""ONNX export and the onnxruntime runner: one graph, dynamic shapes, the torch runner's outputs."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.core.checkpoint import load_checkpoint, save_heads
+from service.core.modeling import HeadSpec, TaskHead
+from service.engine.onnx_export import (
+    FINGERPRINT_KEY,
+    checkpoint_fingerprint,
+    ensure_onnx,
+    read_onnx_metadata,
+)
+from service.engine.runners.onnx import OnnxRunner
+from service.engine.runners.torch import TorchRunner
+
+pytestmark = pytest.mark.slow  # one export takes ~10 s on a busy 2-core box
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("onnx") / "ckpt"
+    shutil.copytree(tiny_checkpoint, root)
+    ensure_onnx(root)
+    return root
+
+
+def test_onnx_matches_torch_for_any_batch_shape(exported: Path) -> None:
+    ckpt = load_checkpoint(exported)
+    torch_runner = TorchRunner(ckpt.model)
+    onnx_runner = OnnxRunner(
+        exported / "model.onnx", pad_id=torch_runner.pad_id, head_names=["page_type", "quality"]
+    )
+    rng = random.Random(0)
+    vocab = ckpt.model.config.vocab_size
+    for lengths in ([5], [3, 17, 40], [128, 2, 9, 64, 31]):
+        docs = [[2, *(rng.randrange(5, vocab) for _ in range(n - 2)), 3] for n in lengths]
+        a = torch_runner.run(torch_runner.prepare(docs))
+        b = onnx_runner.run(onnx_runner.prepare(docs))
+        np.testing.assert_allclose(b.embeddings, a.embeddings, atol=1e-4, rtol=0)
+        assert set(b.scores) == set(a.scores)
+        for head in a.scores:
+            np.testing.assert_allclose(b.scores[head], a.scores[head], atol=1e-4, rtol=0)
+
+
+def test_export_is_reused_while_fresh_and_redone_when_heads_change(exported: Path) -> None:
+    graph = exported / "model.onnx"
+    assert read_onnx_metadata(graph)[FINGERPRINT_KEY] == checkpoint_fingerprint(exported)
+    stamp = graph.stat().st_mtime_ns
+    assert ensure_onnx(exported) == graph and graph.stat().st_mtime_ns == stamp
+    spec = HeadSpec(name="spam", kind="classification", labels=["no", "yes"], hidden=8)
+    save_heads(exported, {"spam": (spec, TaskHead(spec, 32))})
+    ensure_onnx(exported)
+    assert read_onnx_metadata(graph)[FINGERPRINT_KEY] == checkpoint_fingerprint(exported)
+    runner = OnnxRunner(graph, pad_id=0, head_names=["page_type", "quality", "spam"])
+    assert runner.run(runner.prepare([[2, 9, 3]])).scores["spam"].shape == (1, 2)
+
+
+def test_a_graph_without_the_expected_heads_is_refused(exported: Path) -> None:
+    from service.engine.types import BackendError
+
+    with pytest.raises(BackendError, match="outputs"):
+        OnnxRunner(exported / "model.onnx", pad_id=0, head_names=["page_type"])

@@ -1,0 +1,91 @@
+"""Runners and batch formation: a batch gives each document what it gets alone, whatever the company."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.core.checkpoint import load_checkpoint
+from service.engine.batcher import form_batches
+from service.engine.runners import pad_batch
+from service.engine.runners.torch import TorchRunner, choose_attention
+
+
+def _docs(vocab: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[2, *(rng.randrange(5, vocab) for _ in range(n - 2)), 3] for n in lengths]
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_checkpoint: Path) -> TorchRunner:
+    return TorchRunner(load_checkpoint(tiny_checkpoint).model)
+
+
+def test_batch_equals_each_document_alone_in_any_order_and_padding(runner: TorchRunner) -> None:
+    # Lengths straddle the tiny preset's 8-token sliding window so local layers see padding too.
+    docs = _docs(runner.model.config.vocab_size, [3, 7, 9, 16, 33, 64, 128, 5])
+    alone = [runner.run(runner.prepare([d])) for d in docs]
+    rng = random.Random(1)
+    for extra in (0, 5, 40):
+        order = list(range(len(docs)))
+        rng.shuffle(order)
+        longest = max(len(d) for d in docs)
+        out = runner.run(runner.prepare([docs[i] for i in order], pad_to=longest + extra))
+        for row, i in enumerate(order):
+            np.testing.assert_allclose(out.embeddings[row], alone[i].embeddings[0], atol=1e-5, rtol=0)
+            for head, values in out.scores.items():
+                np.testing.assert_allclose(values[row], alone[i].scores[head][0], atol=1e-5, rtol=0)
+
+
+def test_padding_is_masked_not_attended(runner: TorchRunner) -> None:
+    """Sanity check of the check above: the same ids without the mask give a different embedding."""
+    doc = _docs(runner.model.config.vocab_size, [10])[0]
+    masked = runner.run(runner.prepare([doc], pad_to=30)).embeddings[0]
+    ids, _ = pad_batch([doc], runner.pad_id, pad_to=30)
+    unmasked = runner.run(runner.prepare([ids[0].tolist()])).embeddings[0]
+    assert np.abs(masked - unmasked).max() > 1e-3
+
+
+def test_runner_reports_scores_per_head(runner: TorchRunner) -> None:
+    out = runner.run(runner.prepare(_docs(runner.model.config.vocab_size, [4, 12])))
+    assert out.embeddings.shape == (2, 32) and out.embeddings.dtype == np.float32
+    assert out.scores["page_type"].shape == (2, 3) and out.scores["quality"].shape == (2,)
+    np.testing.assert_allclose(out.scores["page_type"].sum(axis=1), 1.0, atol=1e-6)
+
+
+def test_cpu_uses_sdpa_with_padding_and_never_packs(runner: TorchRunner) -> None:
+    assert runner.attention == "sdpa" and not runner.packed
+    assert runner.cost([3, 10, 4]) == 30  # padded: every row costs the longest
+    assert choose_attention("cpu", "float32", None) == "sdpa"
+    with pytest.raises(ValueError):
+        choose_attention("cpu", "float32", "flash_attention_2")
+
+
+def test_pad_batch_refuses_to_cut() -> None:
+    with pytest.raises(ValueError):
+        pad_batch([[1, 2, 3]], 0, pad_to=2)
+
+
+def padded(lengths: list[int]) -> int:
+    return len(lengths) * max(lengths) if lengths else 0
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_form_batches_respects_both_budgets_and_sorts(seed: int) -> None:
+    rng = random.Random(seed)
+    lengths = [rng.randint(2, 100) for _ in range(rng.randint(1, 60))]
+    batches = form_batches(lengths, padded, max_tokens=256, max_requests=8)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for batch in batches:
+        assert len(batch) <= 8
+        assert padded([lengths[i] for i in batch]) <= 256
+    flat = [lengths[i] for b in batches for i in b]
+    assert flat == sorted(flat)
+
+
+def test_form_batches_gives_an_oversized_document_its_own_batch() -> None:
+    assert form_batches([500, 3, 4], padded, max_tokens=100, max_requests=8) == [[1, 2], [0]]
+    assert form_batches([5, 5, 5], sum, max_tokens=10, max_requests=8) == [[0, 1], [2]]
