@@ -17,31 +17,23 @@ and bounds the run; to run locust by hand against a server you started yourself:
 
 from __future__ import annotations
 
-import csv
-import itertools
-import json
 import os
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 from locust import FastHttpUser, between, events, task
 
-from loadtests.pagegen import synthetic_pages
-from service.core.decoding import decode_html
-from service.core.pages import iter_pages
-
-STAGE_HEADERS = ("x-prune-time", "x-tokenize-time", "x-queue-time", "x-inference-time", "x-total-time")
-STAGE_REQUEST_TYPE = "stage"
-
-
-@dataclass(frozen=True)
-class LoadPage:
-    id: str
-    html: bytes  # raw, as crawled: what a raw-body request sends
-    text: str  # decoded once up front: what a JSON body carries
+from loadtests.client import (
+    STAGE_REQUEST_TYPE,
+    LoadPage,
+    check_embed_response,
+    embed_body,
+    load_pool,
+    stage_times,
+    write_final_csv,
+)
 
 
 def add_arguments(parser: Any) -> None:
@@ -70,95 +62,17 @@ def add_arguments(parser: Any) -> None:
     )
 
 
-# Locust loads this file to run it; registering the flags is what loading it is for. (The event hook is
-# untyped in locust, hence the Any.)
-_parser_hook: Any = events.init_command_line_parser
-_parser_hook.add_listener(add_arguments)
-
-
-def load_pool(corpus: str, size: int, seed: int) -> list[LoadPage]:
-    """The pages the users post: decoded once here, so the load generator spends its CPU on requests."""
-    source = iter_pages(corpus, limit=size) if corpus else itertools.islice(synthetic_pages(seed), size)
-    pool = [LoadPage(id=p.id, html=p.html, text=decode_html(p.html).text) for p in source]
-    if not pool:
-        raise SystemExit(f"no pages in {corpus or 'the synthetic generator'}")
-    return pool
-
-
-def stage_times(headers: Any) -> dict[str, float]:
-    """The x-*-time headers present on a response, as milliseconds; malformed ones are skipped."""
-    found: dict[str, float] = {}
-    for name in STAGE_HEADERS:
-        value = headers.get(name)
-        if value is None:
-            continue
-        try:
-            found[name] = float(value)
-        except ValueError:
-            continue
-    return found
-
-
-def check_embed_response(body: bytes, expected_ids: Sequence[str]) -> str | None:
-    """Why a 200 response is wrong (ids, embeddings), or None when it is a complete answer."""
-    try:
-        payload = json.loads(body)
-        data = payload["data"]
-    except (ValueError, KeyError, TypeError):
-        return "response is not an embed result"
-    if [item.get("id") for item in data] != list(expected_ids):
-        return f"expected ids {list(expected_ids)}, got {[item.get('id') for item in data]}"
-    if not all(item.get("embedding") for item in data):
-        return "empty embedding"
-    return None
-
-
-FINAL_COLUMNS = (
-    "type",
-    "name",
-    "requests",
-    "failures",
-    "requests_per_s",
-    "p50_ms",
-    "p95_ms",
-    "p99_ms",
-    "max_ms",
-)
-
-
-def final_rows(stats: Any) -> list[dict[str, str]]:
-    """Per entry (and the POST total): counts, throughput and latency percentiles, from locust's stats."""
-    rows: list[dict[str, str]] = []
-    entries = sorted(stats.entries.values(), key=lambda e: (e.method, e.name))
-    for entry in entries:
-        rows.append(
-            {
-                "type": str(entry.method),
-                "name": str(entry.name),
-                "requests": str(entry.num_requests),
-                "failures": str(entry.num_failures),
-                "requests_per_s": f"{entry.total_rps:.3f}",
-                "p50_ms": str(entry.get_response_time_percentile(0.50)),
-                "p95_ms": str(entry.get_response_time_percentile(0.95)),
-                "p99_ms": str(entry.get_response_time_percentile(0.99)),
-                "max_ms": f"{entry.max_response_time:.0f}",
-            }
-        )
-    return rows
-
-
-def write_final_csv(environment: Any, **_: Any) -> None:
+def on_quitting(environment: Any, **_: Any) -> None:
     path = str(getattr(environment.parsed_options, "final_csv", "") or "")
-    if not path:
-        return
-    with open(path, "w", encoding="utf-8", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=FINAL_COLUMNS)
-        writer.writeheader()
-        writer.writerows(final_rows(environment.stats))
+    if path:
+        write_final_csv(path, environment.stats.entries.values())
 
 
-_quitting_hook: Any = events.quitting
-_quitting_hook.add_listener(write_final_csv)
+# Locust loads this file to run it; registering these hooks is what loading it is for. (The event hooks
+# are untyped in locust, hence the Any.)
+_hooks: Any = events
+_hooks.init_command_line_parser.add_listener(add_arguments)
+_hooks.quitting.add_listener(on_quitting)
 
 # One pool per load-generator process, filled by the first user to start (the others find it filled).
 _pool: list[LoadPage] = []
@@ -199,30 +113,23 @@ class CrawlerUser(FastHttpUser):
     @task
     def embed(self) -> None:
         if self.rng.random() < self.raw_share:
-            self.embed_raw()
-        else:
-            self.embed_json()
-
-    def embed_json(self) -> None:
+            page = self.rng.choice(_pool)
+            self.post(
+                f"/v1/embed?id={quote(page.id, safe='')}",
+                name="/v1/embed raw text/html",
+                data=page.html,
+                content_type="text/html",
+                ids=[page.id],
+            )
+            return
         pages = [self.rng.choice(_pool) for _ in range(self.docs_per_request)]
         ids = [f"{p.id}#{i}" for i, p in enumerate(pages)]
-        body = {"documents": [{"id": i, "html": p.text} for i, p in zip(ids, pages, strict=True)]}
         self.post(
             "/v1/embed",
             name=f"/v1/embed json x{len(pages)}",
-            data=json.dumps(body).encode("utf-8"),
+            data=embed_body(pages, ids),
             content_type="application/json",
             ids=ids,
-        )
-
-    def embed_raw(self) -> None:
-        page = self.rng.choice(_pool)
-        self.post(
-            f"/v1/embed?id={quote(page.id, safe='')}",
-            name="/v1/embed raw text/html",
-            data=page.html,
-            content_type="text/html",
-            ids=[page.id],
         )
 
     def post(self, path: str, *, name: str, data: bytes, content_type: str, ids: Sequence[str]) -> None:

@@ -1,0 +1,152 @@
+"""The load test: the page generator's size distribution, the users' payloads and checks, the driver's
+bounds, and one short real run (a uvicorn server on 127.0.0.1 with a tiny checkpoint, locust headless).
+
+Nothing here imports locust in the test process: locust monkey-patches the standard library with gevent
+on import, so the real run goes through `python -m loadtests.run` in a subprocess, as `make loadtest`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import random
+import signal
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from selectolax.lexbor import LexborHTMLParser
+
+from loadtests import pagegen
+from loadtests.client import (
+    STAGE_HEADERS,
+    LoadPage,
+    check_embed_response,
+    embed_body,
+    load_pool,
+    stage_times,
+)
+from loadtests.run import (
+    HOST,
+    bounded_duration,
+    bounded_users,
+    build_parser,
+    parse_duration,
+    server_environment,
+)
+from service.core.prune import prune_html
+from tests.factories.checkpoint import build_tiny_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_sizes_follow_the_fitted_log_normal() -> None:
+    rng = random.Random(7)
+    sizes = [pagegen.draw_size(rng) for _ in range(4000)]
+    assert min(sizes) >= pagegen.SIZE_MIN_BYTES and max(sizes) <= pagegen.SIZE_MAX_BYTES
+    median = statistics.median(sizes)
+    assert abs(median / pagegen.SIZE_MEDIAN_BYTES - 1) < 0.1
+    logs = [math.log(s) for s in sizes]
+    assert abs(statistics.pstdev(logs) - pagegen.SIZE_LOG_SIGMA) < 0.08
+    # A long tail: a tenth of the pages are three times the median or more, as in crawled HTML.
+    assert 0.05 < sum(s > 3 * median for s in sizes) / len(sizes) < 0.15
+
+
+@pytest.mark.parametrize("size", [2_000, 60_000, 400_000])
+def test_pages_reach_their_size_and_look_like_pages(size: int) -> None:
+    page = pagegen.generate_page(random.Random(size), size)
+    # At least the target, overshooting by at most one block.
+    assert size <= len(page) <= size + 30_000
+    text = page.decode("utf-8")
+    assert text.startswith("<!DOCTYPE html>") and text.rstrip().endswith("</html>")
+    tree = LexborHTMLParser(text)
+    assert tree.css_first("article h1") is not None and tree.css("article p")
+    script_bytes = sum(len(node.html or "") for node in tree.css("script, style"))
+    if size >= 60_000:
+        # Most of a big page is boilerplate that pruning removes.
+        assert script_bytes > 0.3 * len(page)
+    pruned = prune_html(page)
+    assert 0 < len(pruned) < len(page)
+
+
+def test_generation_is_deterministic() -> None:
+    first = [p.html for _, p in zip(range(3), pagegen.synthetic_pages(3), strict=False)]
+    again = [p.html for _, p in zip(range(3), pagegen.synthetic_pages(3), strict=False)]
+    other = [p.html for _, p in zip(range(3), pagegen.synthetic_pages(4), strict=False)]
+    assert first == again and first != other
+
+
+def test_pool_from_a_corpus_directory(tmp_path: Path) -> None:
+    (tmp_path / "a.html").write_bytes("<html><body><p>Grüße aus Köln</p></body></html>".encode("cp1252"))
+    (tmp_path / "b.html").write_bytes(b"<html><body><p>plain</p></body></html>")
+    pool = load_pool(tmp_path, 10, seed=0)
+    assert len(pool) == 2
+    assert pool[0].html.startswith(b"<html>") and "Grüße" in pool[0].text  # decoded, bytes kept raw
+    assert len(load_pool("", 3, seed=1)) == 3
+    with pytest.raises(ValueError, match="no pages"):
+        load_pool(tmp_path, 0, seed=0)
+
+
+def test_embed_body_and_response_check() -> None:
+    pages = [LoadPage(id="p", html=b"<p>x</p>", text="<p>x</p>")] * 2
+    body = json.loads(embed_body(pages, ["p#0", "p#1"]))
+    assert body == {"documents": [{"id": "p#0", "html": "<p>x</p>"}, {"id": "p#1", "html": "<p>x</p>"}]}
+    good = json.dumps({"data": [{"id": "p#0", "embedding": [0.1]}, {"id": "p#1", "embedding": "AAAA"}]})
+    assert check_embed_response(good.encode(), ["p#0", "p#1"]) is None
+    assert "expected ids" in str(check_embed_response(good.encode(), ["p#1", "p#0"]))
+    empty = json.dumps({"data": [{"id": "p#0", "embedding": []}]})
+    assert check_embed_response(empty.encode(), ["p#0"]) == "empty embedding"
+    assert check_embed_response(b"<html>", ["p#0"]) == "response is not an embed result"
+    assert check_embed_response(b'{"data": 3}', ["p#0"]) == "response is not an embed result"
+
+
+def test_stage_headers_are_read_as_milliseconds() -> None:
+    headers = {"x-prune-time": "1.250", "x-queue-time": "n/a", "x-total-time": "9", "server": "uvicorn"}
+    assert stage_times(headers) == {"x-prune-time": 1.25, "x-total-time": 9.0}
+    assert set(STAGE_HEADERS) >= {"x-prune-time", "x-queue-time", "x-inference-time", "x-total-time"}
+
+
+def test_runs_are_bounded_and_local() -> None:
+    assert parse_duration("90") == 90 and parse_duration("1h30m") == 5400 and parse_duration("10m") == 600
+    with pytest.raises(argparse.ArgumentTypeError):
+        bounded_duration("3h")
+    with pytest.raises(argparse.ArgumentTypeError):
+        bounded_duration("soon")
+    with pytest.raises(argparse.ArgumentTypeError):
+        bounded_users("1000")
+    args = build_parser().parse_args(["--server-env", "HTMLLM_MAX_WAIT_MS=5"])
+    env = server_environment(args, 12345)
+    assert (env["HTMLLM_HOST"], env["HTMLLM_PORT"], env["HTMLLM_MAX_WAIT_MS"]) == (HOST, "12345", "5")
+    assert HOST == "127.0.0.1"
+    for bad in ("HTMLLM_HOST=0.0.0.0", "PATH=/tmp", "HTMLLM_X"):
+        with pytest.raises(SystemExit):
+            server_environment(build_parser().parse_args(["--server-env", bad]), 1)
+
+
+@pytest.mark.slow
+def test_a_short_real_run_has_no_failures(tmp_path: Path) -> None:
+    """`make loadtest` in miniature: server on 127.0.0.1, locust headless, reports written, 0 failures."""
+    checkpoint = build_tiny_checkpoint(tmp_path / "tiny")
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "loadtests.run", "--users", "2", "--spawn-rate", "2", "--run-time", "4s"]
+    command += ["--model", str(checkpoint), "--out", str(out), "--page-pool", "8", "--raw-share", "0.5"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+    assert result.returncode == 0, (
+        result.stdout[-3000:] + result.stderr[-3000:] + (out / "server.log").read_text()
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["requests"] > 0 and summary["failures"] == 0 and summary["error_rate"] == 0
+    assert summary["model"] == "tiny-test"
+    assert summary["stages"]["x-total-time"]["p50_ms"] > 0
+    with (out / "summary.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert {r["name"] for r in rows if r["type"] == "stage"} == set(STAGE_HEADERS)
+    assert (out / "locust_stats.csv").read_text().startswith("Type,Name,Request Count")
+    assert "<html" in (out / "report.html").read_text()[:2000].lower()
+    # SIGTERM drained the server and it exited by itself (uvicorn re-raises the signal once it is done).
+    assert summary["server_exit_status"] in (0, -signal.SIGTERM)
+    assert "Application shutdown complete" in (out / "server.log").read_text()
