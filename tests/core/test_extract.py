@@ -1,0 +1,459 @@
+"""Pin each extractor's behaviour on generated pages, the union's fall-through, and the time limit."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import justext
+import pytest
+
+from service.cli import main
+from service.core.decoding import decode_html
+from service.core.errors import ErrorCode
+from service.core.extract import (
+    EXTRACTORS,
+    Extraction,
+    ExtractionError,
+    ExtractionOptionsError,
+    ExtractionTimeoutError,
+    ExtractorPool,
+    InlineRunner,
+    detect_language,
+    extract,
+    extract_all,
+    resolve_order,
+    stoplist_name,
+)
+from service.core.extract.extractors import JUSTEXT_STOPLISTS
+
+# ---------------------------------------------------------------------------------------------------
+# Generated pages
+
+SENTENCES = [
+    "The harbour town was rebuilt after the storm of 1953, and most of its houses still face the sea.",
+    "Fishermen there have sold their catch on the same stone quay for more than three hundred years.",
+    "In the early morning the market is busy with buyers from the restaurants of the nearby city.",
+    "A small museum near the church tells the story of the families who lived from the water.",
+    "Visitors who walk along the dunes in the evening can often watch seals resting on the sandbanks.",
+    "The local council has protected the old lighthouse, which was switched off in the nineteen sixties.",
+    "Children from the village school learn to sail in the sheltered bay during the summer months.",
+    "When the tide is low, it is possible to walk across the mudflats to the island with a guide.",
+    "The bakery on the main street is known for a dark rye bread that is made with sea salt.",
+    "Most of the visitors come in July and August, but the town is at its most beautiful in autumn.",
+    "An old ferry still connects the harbour with the islands twice a day, even in the winter.",
+    "The writer who lived in the house by the canal described the light of the coast in her letters.",
+]
+GERMAN = [
+    "Die kleine Stadt am Fluss wurde nach dem großen Hochwasser vollständig wieder aufgebaut.",
+    "Viele Häuser in der Altstadt sind älter als dreihundert Jahre und stehen heute unter Denkmalschutz.",
+    "Auf dem Marktplatz verkaufen die Bauern aus der Umgebung jeden Samstag ihr Obst und Gemüse.",
+    "Im Sommer fahren die Schiffe zweimal täglich flussabwärts bis zur nächsten größeren Stadt.",
+    "Das Museum neben der Kirche erzählt die Geschichte der Familien, die vom Fluss gelebt haben.",
+    "Für Besucher gibt es außerdem einen schönen Wanderweg durch die Weinberge oberhalb der Stadt.",
+]
+RUSSIAN = [
+    "Маленький город на берегу реки был полностью восстановлен после большого наводнения.",
+    "Многие дома в старом городе построены более трёхсот лет назад и сегодня охраняются государством.",
+    "По субботам на рыночной площади крестьяне из окрестных деревень продают овощи и фрукты.",
+    "Летом корабли два раза в день ходят вниз по реке до следующего большого города.",
+]
+TABLE_ROWS = [("Lindholm", "1432", "ferry"), ("Oster Bay", "877", "bridge"), ("Skarvik", "2210", "ferry")]
+CODE_LINE = "return 1.8 * math.sin(hour / 12.42 * 2 * math.pi)"
+NAV = ["Home", "News", "Travel", "Weather", "Sports", "Culture", "Shop", "Contact", "Login", "Newsletter"]
+
+
+def article(n: int, start: int = 0, sentences: list[str] = SENTENCES) -> str:
+    """n distinct paragraphs of three sentences each (trafilatura drops repeated paragraphs)."""
+    paragraphs = []
+    for i in range(n):
+        k = start + 3 * i
+        paragraphs.append(" ".join(sentences[(k + j) % len(sentences)] for j in range(3)))
+    return "".join(f"<p>{p}</p>" for p in paragraphs)
+
+
+def page(body: str, title: str = "The harbour town") -> str:
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{title}</title></head>'
+        f"<body>{body}</body></html>"
+    )
+
+
+def table_page() -> str:
+    rows = "".join(f"<tr><td>{a}</td><td>{b}</td><td>{c}</td></tr>" for a, b, c in TABLE_ROWS)
+    table = (
+        "<table><thead><tr><th>Island</th><th>Inhabitants</th><th>Access</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table>"
+    )
+    return page(
+        f"<main><article><h1>Islands of the coast</h1>{article(3)}{table}{article(2, 5)}</article></main>"
+    )
+
+
+def code_page() -> str:
+    code = f"def tide_height(hour):\n    {CODE_LINE}\n"
+    return page(
+        f"<main><article><h1>Computing the tide</h1>{article(3)}<pre><code>{code}</code></pre>"
+        f"{article(2, 4)}</article></main>"
+    )
+
+
+def boilerplate_page() -> str:
+    nav = "<nav><ul>" + "".join(f'<li><a href="/{w.lower()}">{w}</a></li>' for w in NAV) + "</ul></nav>"
+    links = "".join(f'<li><a href="/s{i}">Story number {i} you might also like</a></li>' for i in range(15))
+    side = f'<aside class="sidebar"><h3>Related stories</h3><ul>{links}</ul></aside>'
+    foot = (
+        "<footer><p>Copyright 2024 Coastal Media Group. All rights reserved.</p>"
+        "<p>We use cookies to improve your experience. By continuing to browse you accept our cookie "
+        'policy.</p><a href="/imprint">Imprint</a> <a href="/privacy">Privacy</a></footer>'
+    )
+    return page(
+        f'<header><div class="logo">Coastal News</div>{nav}</header>'
+        f'<div class="content"><article><h1>The harbour town</h1>{article(5)}</article>{side}</div>{foot}'
+    )
+
+
+def german_cp1252_page() -> bytes:
+    """A windows-1252 page that says so only in its <meta http-equiv>."""
+    html = (
+        '<html><head><meta http-equiv="Content-Type" content="text/html; charset=windows-1252">'
+        "<title>Die Stadt am Fluss</title></head><body><article><h1>Die Stadt am Fluss</h1>"
+        f"{article(5, sentences=GERMAN)}</article></body></html>"
+    )
+    return html.encode("cp1252")
+
+
+def russian_cp1251_page() -> bytes:
+    """A windows-1251 page with no declaration in the page: the charset comes from HTTP."""
+    html = f"<html><body><article><h1>Город</h1>{article(4, sentences=RUSSIAN)}</article></body></html>"
+    return html.encode("cp1251")
+
+
+def pathological_page(paragraphs: int = 5000) -> str:
+    """Thousands of tiny paragraphs: jusText's paragraph classification is quadratic in them."""
+    return "<html><body>" + "<div><p>alpha beta gamma delta epsilon</p></div>" * paragraphs + "</body></html>"
+
+
+INLINE = InlineRunner()
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[ExtractorPool]:
+    with ExtractorPool(2) as shared:
+        yield shared
+
+
+def outputs(html: str | bytes, **kwargs: object) -> dict[str, Extraction]:
+    results = extract_all(html, runner=INLINE, **kwargs)  # type: ignore[arg-type]
+    assert all(isinstance(r, Extraction) for r in results.values()), results
+    return {name: r for name, r in results.items() if isinstance(r, Extraction)}
+
+
+def squash(text: str) -> str:
+    return " ".join(text.split())
+
+
+# ---------------------------------------------------------------------------------------------------
+# Each extractor on each page
+
+
+def test_table_page_every_extractor_keeps_the_cells_each_in_its_own_layout() -> None:
+    out = outputs(table_page())
+    for name in EXTRACTORS:
+        assert "Islands of the coast" in out[name].text
+        assert all(cell in out[name].text for row in TABLE_ROWS for cell in row), name
+    # resiliparse: one line per row, cells tab-separated.
+    assert any(line.split() == ["Lindholm", "1432", "ferry"] for line in out["resiliparse"].text.splitlines())
+    assert "\t" in out["resiliparse"].text
+    # trafilatura: tables kept as markdown rows.
+    assert "| Lindholm | 1432 | ferry |" in out["trafilatura"].text
+    # jusText: every cell becomes a paragraph of its own; the row structure is lost.
+    lines = out["justext"].text.splitlines()
+    assert "Lindholm" in lines and "1432" in lines and "ferry" in lines
+
+
+def test_code_page_justext_drops_the_code_the_others_keep_it_indented() -> None:
+    out = outputs(code_page())
+    for name in ("resiliparse", "trafilatura"):
+        assert f"    {CODE_LINE}" in out[name].text, name
+        assert "def tide_height(hour):" in out[name].text
+    assert "tide_height" not in out["justext"].text
+    assert "Computing the tide" in out["justext"].text
+    assert out["justext"].words < out["resiliparse"].words
+
+
+def test_boilerplate_page_every_extractor_keeps_the_article_and_drops_the_chrome() -> None:
+    out = outputs(boilerplate_page())
+    for name in EXTRACTORS:
+        text = out[name].text
+        assert SENTENCES[0] in text and SENTENCES[11] in text, name
+        for chrome in ("Newsletter", "Story number", "Copyright 2024", "cookie policy", "Coastal News"):
+            assert chrome not in text, (name, chrome)
+        assert out[name].passed
+
+
+@pytest.mark.parametrize("empty", ["", "   \n ", "<html><body></body></html>", b"", b"<html></html>"])
+def test_empty_page_yields_empty_text_not_an_error(empty: str | bytes) -> None:
+    out = outputs(empty)
+    for name in EXTRACTORS:
+        assert out[name].text == "" and out[name].words == 0 and not out[name].passed
+    union = extract(empty, runner=INLINE)
+    # Nothing passes, every output is equally empty: the first in the order is returned, unpassed.
+    assert union.extractor == "resiliparse" and not union.passed and union.text == ""
+    assert [a.extractor for a in union.attempts] == list(EXTRACTORS)
+
+
+def test_non_utf8_page_is_decoded_by_its_meta_charset_and_justext_uses_german() -> None:
+    data = german_cp1252_page()
+    out = outputs(data)
+    assert decode_html(data).encoding == "cp1252"
+    for name in EXTRACTORS:
+        assert out[name].encoding == "cp1252"
+        assert "Häuser in der Altstadt sind älter" in out[name].text, name
+        assert "\ufffd" not in out[name].text
+    assert out["justext"].language == "de"
+    assert out["resiliparse"].language is None
+
+
+def test_http_declared_charset_is_used_and_justext_picks_the_russian_stoplist() -> None:
+    data = russian_cp1251_page()
+    out = outputs(data, encoding="windows-1251")
+    for name in EXTRACTORS:
+        assert out[name].encoding == "cp1251"
+        assert "Маленький город на берегу реки" in out[name].text, name
+    assert out["justext"].language == "ru"
+    assert out["justext"].passed
+
+
+def test_language_detection_and_stoplist_choice() -> None:
+    assert detect_language(" ".join(GERMAN)) == "de"
+    assert detect_language(" ".join(SENTENCES)) == "en"
+    assert detect_language("   ") is None
+    assert stoplist_name("de") == "German"
+    assert stoplist_name(None) == "English"
+    assert stoplist_name("ja") == "English"  # jusText has no Japanese stoplist
+    shipped = set(justext.get_stoplists())
+    assert set(JUSTEXT_STOPLISTS.values()) <= shipped
+
+
+def test_language_hint_overrides_detection() -> None:
+    out = outputs(german_cp1252_page(), language="en")
+    # An English stoplist on German text: jusText sees too few stopwords and keeps less.
+    assert out["justext"].language == "en"
+    assert out["justext"].words < outputs(german_cp1252_page())["justext"].words
+
+
+# ---------------------------------------------------------------------------------------------------
+# The union
+
+
+def test_union_takes_resiliparse_first_when_it_passes() -> None:
+    result = extract(table_page(), runner=INLINE)
+    assert result.extractor == "resiliparse" and result.passed
+    assert [a.extractor for a in result.attempts] == ["resiliparse"]
+    assert result.text == outputs(table_page())["resiliparse"].text
+
+
+def test_union_falls_through_a_short_output_in_the_given_order() -> None:
+    html = code_page()
+    out = outputs(html)
+    min_words = out["justext"].words + 1  # jusText dropped the code, so it falls just short
+    assert out["trafilatura"].words >= min_words
+    result = extract(
+        html, order=["justext", "trafilatura", "resiliparse"], min_words=min_words, runner=INLINE
+    )
+    assert result.extractor == "trafilatura" and result.passed
+    assert [(a.extractor, a.passed) for a in result.attempts] == [("justext", False), ("trafilatura", True)]
+    assert result.attempts[0].words == out["justext"].words
+
+
+def test_union_quality_scorer_hook_decides_what_passes() -> None:
+    def no_code(text: str) -> float:
+        return 0.0 if "tide_height" in text else 1.0
+
+    result = extract(code_page(), scorer=no_code, min_score=0.5, runner=INLINE)
+    assert result.extractor == "justext" and result.passed and result.score == 1.0
+    assert [(a.extractor, a.score) for a in result.attempts] == [
+        ("resiliparse", 0.0),
+        ("trafilatura", 0.0),
+        ("justext", 1.0),
+    ]
+
+
+def test_union_when_nothing_passes_returns_the_longest_output_unpassed() -> None:
+    html = table_page()
+    out = outputs(html)
+    longest = max(EXTRACTORS, key=lambda n: out[n].words)
+    result = extract(html, min_words=10**6, runner=INLINE)
+    assert not result.passed and result.extractor == longest
+    assert result.words == out[longest].words
+    assert len(result.attempts) == len(EXTRACTORS)
+
+
+def test_random_order_is_a_seeded_permutation_per_page() -> None:
+    html = boilerplate_page()
+    orders = {resolve_order("random", seed=seed, text=html) for seed in range(30)}
+    assert all(sorted(o) == sorted(EXTRACTORS) for o in orders)
+    assert len(orders) >= 3
+    assert resolve_order("random", seed=7, text=html) == resolve_order("random", seed=7, text=html)
+    for seed in range(6):
+        result = extract(html, order="random", seed=seed, min_words=0, runner=INLINE)
+        assert result.extractor == resolve_order("random", seed=seed, text=html)[0]
+        assert len(result.attempts) == 1
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: extract("<p>x</p>", "boilerpipe", runner=INLINE), "unknown extractor"),
+        (lambda: extract("<p>x</p>", "all", runner=INLINE), "extract_all"),
+        (lambda: extract("<p>x</p>", order=["resiliparse", "resiliparse"], runner=INLINE), "repeats"),
+        (lambda: extract("<p>x</p>", order=[], runner=INLINE), "no extractor"),
+        (lambda: extract("<p>x</p>", order="alphabetical", runner=INLINE), "random"),
+        (lambda: extract("<p>x</p>", timeout_s=0, runner=INLINE), "positive"),
+        (lambda: extract("<p>x</p>", timeout_s={"tika": 1.0}, runner=INLINE), "unknown extractor"),
+        (lambda: extract("<p>x</p>", min_words=-1, runner=INLINE), "min_words"),
+        (lambda: extract(12345, runner=INLINE), "str or bytes"),  # type: ignore[arg-type]
+        (lambda: extract_all("<p>x</p>", extractors=["justext", "tika"], runner=INLINE), "unknown"),
+    ],
+)
+def test_bad_options_are_validation_errors(call: object, message: str) -> None:
+    with pytest.raises(ExtractionOptionsError, match=message) as info:
+        call()  # type: ignore[operator]
+    assert info.value.code == ErrorCode.VALIDATION
+    assert isinstance(info.value, ExtractionError)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Isolation and time limits (real worker processes)
+
+
+def test_isolated_workers_give_the_inline_results(pool: ExtractorPool) -> None:
+    for html in (table_page(), german_cp1252_page()):
+        isolated = extract_all(html, runner=pool)
+        inline = outputs(html)
+        for name in EXTRACTORS:
+            got = isolated[name]
+            assert isinstance(got, Extraction)
+            assert (got.text, got.language, got.words) == (
+                inline[name].text,
+                inline[name].language,
+                inline[name].words,
+            )
+
+
+def test_time_limit_kills_a_pathological_extraction_and_the_pool_recovers(pool: ExtractorPool) -> None:
+    html = pathological_page()
+    started = time.perf_counter()
+    with pytest.raises(ExtractionTimeoutError) as info:
+        extract(html, "justext", timeout_s=0.5, runner=pool)
+    elapsed = time.perf_counter() - started
+    assert elapsed < 3.0, elapsed  # unbounded, this page takes jusText many seconds
+    assert info.value.code == ErrorCode.EXTRACTION_FAILED
+    assert extract(table_page(), "justext", runner=pool).passed
+
+
+def test_union_falls_through_a_timed_out_extractor(pool: ExtractorPool) -> None:
+    html = pathological_page() + "<article>" + article(4) + "</article>"
+    started = time.perf_counter()
+    result = extract(html, order=["justext", "resiliparse"], timeout_s={"justext": 0.5}, runner=pool)
+    assert time.perf_counter() - started < 3.0
+    assert result.extractor == "resiliparse" and result.passed
+    assert result.attempts[0].extractor == "justext" and result.attempts[0].timed_out
+    assert result.attempts[0].error is not None and "limit" in result.attempts[0].error
+    with pytest.raises(ExtractionTimeoutError, match="every extractor timed out"):
+        extract(html, order=["justext"], timeout_s=0.5, runner=pool)
+
+
+def test_a_crashed_worker_is_an_extraction_error_not_a_timeout() -> None:
+    before = set(multiprocessing.active_children())
+    with ExtractorPool(1) as solo:
+        assert extract(table_page(), "resiliparse", runner=solo).passed  # starts the one worker
+        (worker,) = [p for p in multiprocessing.active_children() if p not in before]
+        caught: list[BaseException] = []
+
+        def long_job() -> None:
+            try:
+                extract(pathological_page(), "justext", timeout_s=60, runner=solo)
+            except BaseException as exc:
+                caught.append(exc)
+
+        thread = threading.Thread(target=long_job)
+        thread.start()
+        time.sleep(0.5)
+        assert worker.pid is not None
+        os.kill(worker.pid, signal.SIGKILL)  # what a segfault in the extractor looks like
+        thread.join(30)
+        assert len(caught) == 1
+        assert isinstance(caught[0], ExtractionError)
+        assert not isinstance(caught[0], ExtractionTimeoutError)
+        assert "crashed" in str(caught[0])
+        assert extract(table_page(), "justext", runner=solo).passed  # replaced by a fresh worker
+        assert solo.live_workers == 1
+
+
+def test_importing_starts_no_worker() -> None:
+    code = (
+        "import multiprocessing, service.core.extract as e, service.core.extract.pool as p\n"
+        "assert p._default_pool is None and not multiprocessing.active_children()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# ---------------------------------------------------------------------------------------------------
+# htmllm extract
+
+
+def write_jsonl(path: Path) -> Path:
+    rows = [
+        {"id": "table", "html": table_page(), "url": "https://example.org/t"},
+        {"id": "empty", "html": ""},
+        {"id": "code", "html": code_page()},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_cli_extract_union_writes_one_row_per_page_in_order(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "pages.jsonl")
+    out = tmp_path / "out.jsonl"
+    args = ["extract", "--input", str(source), "--output", str(out), "--workers", "1", "--no-progress"]
+    assert main(args) == 0
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert [r["id"] for r in rows] == ["table", "empty", "code"]
+    assert rows[0]["extractor"] == "resiliparse" and rows[0]["passed"] and rows[0]["url"].endswith("/t")
+    assert rows[1]["words"] == 0 and not rows[1]["passed"]
+    assert rows[2]["attempts"][0]["extractor"] == "resiliparse"
+
+
+def test_cli_extract_all_and_order(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "pages.jsonl")
+    out = tmp_path / "all.jsonl"
+    common = ["--input", str(source), "--workers", "1", "--no-progress"]
+    assert main(["extract", "--extractor", "all", "--output", str(out), *common]) == 0
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert set(rows[0]["extractions"]) == set(EXTRACTORS)
+    assert "tide_height" not in rows[2]["extractions"]["justext"]["text"]
+    assert "tide_height" in rows[2]["extractions"]["trafilatura"]["text"]
+    ordered = tmp_path / "ordered.jsonl"
+    order = ["--order", "justext,trafilatura", "--min-words", "100000"]
+    assert main(["extract", "--output", str(ordered), *order, *common]) == 0
+    first = json.loads(ordered.read_text(encoding="utf-8").splitlines()[0])
+    assert [a["extractor"] for a in first["attempts"]] == ["justext", "trafilatura"]
+
+
+def test_cli_extract_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = str(tmp_path / "o.jsonl")
+    assert main(["extract", "--input", str(tmp_path / "missing"), "--output", out, "--no-progress"]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    source = str(write_jsonl(tmp_path / "p.jsonl"))
+    assert main(["extract", "--input", source, "--output", out, "--order", "resiliparse,tika"]) == 2
+    assert "unknown extractor" in capsys.readouterr().err
