@@ -180,8 +180,8 @@ def length_uniform_sample(
 ) -> list[int]:
     """`n` of `indices`, as uniform over log text length as the data allows (sorted).
 
-    Indices are put in `bins` equal-width bins of log(1 + length) and taken round-robin, one bin at a
-    time, so every length range contributes equally until it runs out. Within a bin the order is
+    Indices are put in `bins` equal-width bins of log(1 + length) and taken round-robin, one per bin
+    per round, so every length range contributes equally until it runs out. Within a bin the order is
     random, or by descending `priority` (random among ties).
     """
     if n >= len(indices):
@@ -199,9 +199,12 @@ def length_uniform_sample(
     chosen: list[int] = []
     position = 0
     while len(chosen) < n:
-        for bucket in buckets:
-            if position < len(bucket) and len(chosen) < n:
-                chosen.append(bucket[position])
+        # Each round visits the bins in a fresh random order, so when fewer documents than bins
+        # remain to be taken, the short bins are not favoured over the long ones.
+        live = [bucket for bucket in buckets if position < len(bucket)]
+        rng.shuffle(live)
+        for bucket in live[: n - len(chosen)]:
+            chosen.append(bucket[position])
         position += 1
     return sorted(chosen)
 

@@ -1,0 +1,220 @@
+"""Shards: domains, held-out split, the samplers, and `prepare_shards` end to end on generated pages."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from model_training.data import (
+    HELDOUT,
+    MANIFEST_FILE,
+    NO_EXTRACTION,
+    TOKENIZER_FILE,
+    TRAIN,
+    DataError,
+    Document,
+    SamplingConfig,
+    cluster_entropy,
+    domain_of,
+    holdout_split,
+    length_uniform_sample,
+    prepare_shards,
+    read_manifest,
+    read_shard,
+    sample_documents,
+)
+from service.core.prune import prune_html
+from service.core.tokenizer import HtmlTokenizer
+from tests.factories.tokenizer import build_tiny_tokenizer
+
+WORDS = ("market", "weather", "Praha", "report", "music", "price", "today", "city", "model", "data")
+
+
+def _doc(i: int, *, domain: str, length: int, cluster: str | None = None) -> Document:
+    return Document(
+        id=f"d{i}",
+        url=f"https://{domain}/{i}" if domain else None,
+        domain=domain,
+        cluster=cluster,
+        input_ids=[2, 3],
+        length=2,
+        full_length=2,
+        truncated=False,
+        text_length=length,
+    )
+
+
+def _raw_page(rng: random.Random, i: int) -> str:
+    paragraphs = "".join(
+        f'<p class="c{k}">{" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 60)))}</p>'
+        for k in range(rng.randint(1, 8))
+    )
+    return (
+        f"<!doctype html><html><head><title>Page {i}</title><script>var x = {i};</script>"
+        f'<style>p {{ color: red }}</style></head><body><nav><a href="/">Home</a></nav>'
+        f"<article><h1>Story {i}</h1>{paragraphs}</article><footer>(c) site</footer></body></html>"
+    )
+
+
+def _write_corpus(root: Path, n: int, *, bad: int = 0) -> Path:
+    rng = random.Random(3)
+    corpus = root / "corpus.jsonl"
+    with corpus.open("w", encoding="utf-8") as handle:
+        for i in range(n):
+            row = {"id": f"p{i}", "url": f"https://www.site{i % 4}.example/{i}", "html": _raw_page(rng, i)}
+            handle.write(json.dumps(row) + "\n")
+        for j in range(bad):  # nesting far past the pruner's cap: refused, must be skipped
+            handle.write(json.dumps({"id": f"bad{j}", "html": "<div>" * 10_000}) + "\n")
+    return corpus
+
+
+def _tokenizer_file(root: Path) -> Path:
+    path = root / "tok.json"
+    build_tiny_tokenizer().save(path)
+    return path
+
+
+def test_domain_of_strips_www_and_handles_missing_urls() -> None:
+    assert domain_of("https://www.Example.com/a?b=1") == "example.com"
+    assert domain_of("http://news.site.cz:8080/x") == "news.site.cz"
+    assert domain_of(None) == ""
+    assert domain_of("not a url") == ""
+
+
+def test_holdout_split_is_stable_and_close_to_the_fraction() -> None:
+    splits = [holdout_split(f"site{i}.example", f"id{i}", 0.2) for i in range(2000)]
+    assert splits == [holdout_split(f"site{i}.example", f"id{i}", 0.2) for i in range(2000)]
+    assert splits.count(HELDOUT) / len(splits) == pytest.approx(0.2, abs=0.03)
+    # One domain is never split across both sides.
+    assert len({holdout_split("same.example", f"id{i}", 0.5) for i in range(50)}) == 1
+
+
+def test_length_uniform_sample_balances_short_and_long_documents() -> None:
+    lengths = [10] * 90 + [1000] * 10
+    chosen = length_uniform_sample(list(range(100)), lengths, 20, random.Random(0), bins=4)
+    assert len(chosen) == 20
+    assert sum(lengths[i] == 1000 for i in chosen) == 10  # every long page: there are only ten
+    assert chosen == sorted(set(chosen))
+    # A plain random sample of 20 would keep about two long pages.
+
+
+def test_per_domain_cap_and_pages_without_domain() -> None:
+    docs = [_doc(i, domain="big.example", length=10 + i) for i in range(50)]
+    docs += [_doc(50 + i, domain="small.example", length=5) for i in range(3)]
+    docs += [_doc(60 + i, domain="", length=5) for i in range(7)]
+    kept = sample_documents(docs, SamplingConfig(per_domain=5))
+    domains = [docs[i].domain for i in kept]
+    assert domains.count("big.example") == 5
+    assert domains.count("small.example") == 3
+    assert domains.count("") == 7  # no URL: not one site, so no cap among them
+    kept_lengths = sorted(docs[i].text_length for i in kept if docs[i].domain == "big.example")
+    assert kept_lengths[-1] - kept_lengths[0] > 25  # spread over the length range, not the first five
+
+
+def test_global_cap_is_uniform_over_length() -> None:
+    docs = [_doc(i, domain=f"s{i}.example", length=20) for i in range(80)]
+    docs += [_doc(80 + i, domain=f"t{i}.example", length=5000) for i in range(20)]
+    kept = sample_documents(docs, SamplingConfig(max_documents=30, length_bins=2))
+    assert len(kept) == 30
+    assert sum(docs[i].text_length == 5000 for i in kept) == 15
+
+
+def test_cluster_entropy_and_prioritisation() -> None:
+    diverse = [_doc(i, domain=f"site{i}.example", length=10, cluster="topic") for i in range(8)]
+    template = [_doc(10 + i, domain="one.example", length=10, cluster="template") for i in range(8)]
+    docs = template + diverse
+    entropy = cluster_entropy(docs)
+    assert entropy["template"] == 0.0
+    assert entropy["topic"] == pytest.approx(math.log(8))
+    kept = sample_documents(docs, SamplingConfig(max_documents=8, prioritise_clusters=True))
+    assert {docs[i].cluster for i in kept} == {"topic"}
+    unprioritised = sample_documents(docs, SamplingConfig(max_documents=8, seed=1))
+    assert {docs[i].cluster for i in unprioritised} == {"topic", "template"}
+
+
+def test_sampling_config_rejects_bad_values() -> None:
+    with pytest.raises(DataError):
+        SamplingConfig(per_domain=0)
+    with pytest.raises(DataError):
+        SamplingConfig(holdout_fraction=1.0)
+
+
+def test_prepare_shards_writes_pruned_tokenized_rows(tmp_path: Path) -> None:
+    corpus = _write_corpus(tmp_path, 24, bad=1)
+    out = tmp_path / "shards"
+    stats = prepare_shards(
+        corpus,
+        out,
+        _tokenizer_file(tmp_path),
+        max_length=64,
+        sampling=SamplingConfig(per_domain=5, holdout_fraction=0.3),
+        extractor=NO_EXTRACTION,
+        workers=2,
+        shard_size=7,
+        progress=False,
+    )
+    assert stats.pages == 25 and stats.processed == 24
+    assert stats.skipped == {"prune:preprocess_failed": 1}
+    assert stats.written == 20  # four domains, at most five each
+    assert stats.train + stats.heldout == 20 and stats.shards == 3
+
+    manifest = read_manifest(out)
+    tokenizer = HtmlTokenizer.from_file(out / TOKENIZER_FILE)
+    assert manifest["tokenizer_sha256"] == tokenizer.sha256 == build_tiny_tokenizer().sha256
+    assert (out / MANIFEST_FILE).is_file()
+    rows = [row for entry in manifest["shards"] for row in read_shard(out, entry).to_pylist()]
+    assert len(rows) == 20
+    pages = {json.loads(line)["id"]: json.loads(line)["html"] for line in corpus.read_text().splitlines()}
+    for row in rows:
+        pruned = prune_html(pages[row["id"]])
+        assert row["pruned"] == pruned
+        assert "<script" not in pruned and "class=" not in pruned
+        encoding = tokenizer.encode(pruned, max_length=64)
+        assert row["input_ids"] == encoding.ids
+        assert row["length"] == len(encoding.ids) <= 64
+        assert row["truncated"] == encoding.truncated
+        assert row["domain"].startswith("site") and row["split"] in (TRAIN, HELDOUT)
+        assert row["extractor"] == NO_EXTRACTION and row["text"] == ""
+    # Domains never straddle the split.
+    by_domain: dict[str, set[str]] = {}
+    for row in rows:
+        by_domain.setdefault(row["domain"], set()).add(row["split"])
+    assert all(len(splits) == 1 for splits in by_domain.values())
+    assert (
+        pq.read_schema(out / manifest["shards"][0]["file"]).field("input_ids").type.value_type.bit_width == 32
+    )
+
+
+@pytest.mark.slow
+def test_prepare_shards_extracts_the_teachers_text(tmp_path: Path) -> None:
+    corpus = _write_corpus(tmp_path, 4)
+    out = tmp_path / "shards"
+    prepare_shards(
+        corpus,
+        out,
+        _tokenizer_file(tmp_path),
+        max_length=64,
+        extractor="resiliparse",
+        workers=1,
+        progress=False,
+    )
+    manifest = read_manifest(out)
+    rows = read_shard(out, manifest["shards"][0]).to_pylist()
+    assert all(row["extractor"] == "resiliparse" for row in rows)
+    assert all("Story" in row["text"] and "var x" not in row["text"] for row in rows)
+
+
+def test_prepare_shards_fails_cleanly_when_nothing_survives(tmp_path: Path) -> None:
+    corpus = tmp_path / "bad.jsonl"
+    corpus.write_text(json.dumps({"id": "x", "html": "<div>" * 10_000}) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match="no page"):
+        prepare_shards(
+            corpus, tmp_path / "out", _tokenizer_file(tmp_path), extractor=NO_EXTRACTION, progress=False
+        )
+    with pytest.raises(DataError, match="manifest"):
+        read_manifest(tmp_path / "nowhere")
