@@ -38,8 +38,10 @@ pytest: install
 
 test: lint typecheck pytest
 
+# Serves the bundled default model (service/assets/default-model); without it, says what is missing
+# and fails rather than serve anything else. HTMLLM_* variables configure the rest (docs/service.md).
 serve: install
-	@echo "htmllm: the HTTP service is not built yet (see issue 5); nothing is served." >&2; exit 1
+	$(VENV)/bin/htmllm serve --host $(HOST) --port $(PORT)
 
 # A bounded, headless locust run against a server started on 127.0.0.1 (reports in out/loadtest/);
 # the soak test: make loadtest LOADTEST_TIME=10m. See docs/deployment.md.

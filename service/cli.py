@@ -16,7 +16,13 @@ from importlib.metadata import entry_points
 from service import __version__
 
 # Each module exposes `register(subparsers)`, which adds its parser and sets `func`.
-SERVICE_COMMANDS: tuple[str, ...] = ("service.commands.prune", "service.commands.extract")
+SERVICE_COMMANDS: tuple[str, ...] = (
+    "service.commands.prune",
+    "service.commands.extract",
+    "service.commands.serve",
+    "service.commands.embed",
+    "service.commands.export_onnx",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

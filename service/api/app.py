@@ -1,0 +1,106 @@
+"""`create_app(settings, engine=None)`: the FastAPI app, its middleware, routers and lifespan.
+
+The lifespan owns the engine's life: it loads the checkpoint when no engine was given, starts the
+batcher, warms the model in the background (`/ready` turns 200 after a full-size batch) and, on
+shutdown, drains the queue within `drain_timeout_s` so every accepted request is answered. A given
+engine is handed over: the app starts and stops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+
+from service import __version__
+from service.api.errors import install_error_handlers
+from service.api.limits import BodyLimitMiddleware
+from service.api.metrics import EngineMetricsObserver, RequestMetricsMiddleware, ServiceMetrics
+from service.api.openapi import install_openapi
+from service.api.routers import embed, extract, health, openai, preprocess, tei
+from service.api.runtime import Runtime
+from service.api.schemas import EmbedRequest, ExtractRequest, PreprocessRequest
+from service.api.settings import Settings
+from service.engine.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+DESCRIPTION = (
+    "Embeddings and task-head scores for raw HTML pages from one forward pass. Errors are "
+    '`{"error": {"code", "message"}}`; a full queue answers 429 with `Retry-After`. Response headers '
+    "`x-prune-time`, `x-tokenize-time`, `x-queue-time`, `x-inference-time`, `x-total-time` are in "
+    "milliseconds."
+)
+
+
+def load_engine(settings: Settings) -> Engine:
+    """The engine for `settings.model_path` (strict checkpoint loading: a bad checkpoint raises)."""
+    return Engine.from_checkpoint(settings.model_path, settings.engine_config())
+
+
+async def _warm_up(runtime: Runtime, engine: Engine) -> None:
+    if runtime.settings.warmup:
+        try:
+            await engine.warmup()
+        except Exception as exc:  # a failed warm-up leaves the server live but never ready
+            runtime.warmup_error = f"{type(exc).__name__}: {exc}"
+            logger.exception("warm-up failed; /ready stays 503")
+            return
+    runtime.ready = True
+    runtime.metrics.ready.set(1)
+    logger.info("model %s ready", engine.info.name)
+
+
+async def _stop(engine: Engine, drain_timeout_s: float) -> None:
+    try:
+        async with asyncio.timeout(drain_timeout_s):
+            await engine.stop(drain=True)
+    except TimeoutError:
+        logger.error("the queue did not drain within %.1f s; failing what is left", drain_timeout_s)
+        await engine.stop(drain=False)
+
+
+def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
+    """The app for `settings`; `engine` (not started) is used instead of loading `settings.model_path`."""
+    metrics = ServiceMetrics()
+    runtime = Runtime(settings=settings, metrics=metrics, engine=engine)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if runtime.engine is None:
+            runtime.engine = await asyncio.to_thread(load_engine, settings)
+        running = runtime.engine
+        running.observer = EngineMetricsObserver(metrics)
+        await running.start()
+        runtime.started = True
+        warm = asyncio.create_task(_warm_up(runtime, running))
+        try:
+            yield
+        finally:
+            runtime.stopping = True
+            runtime.ready = False
+            metrics.ready.set(0)
+            warm.cancel()
+            await asyncio.gather(warm, return_exceptions=True)
+            await _stop(running, settings.drain_timeout_s)
+            running.close()
+            runtime.close_extraction()
+
+    app = FastAPI(title="htmllm", version=__version__, lifespan=lifespan, docs_url="/docs")
+    app.state.runtime = runtime
+    install_error_handlers(app)
+    # Added innermost first: metrics see every request, including those the body limit refuses.
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes, metrics=metrics)
+    routers = (health.router, embed.router, openai.router, tei.router, preprocess.router, extract.router)
+    paths = {route.path for router in routers for route in router.routes if isinstance(route, APIRoute)}
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics, routes=paths)
+    for router in routers:
+        app.include_router(router)
+    install_openapi(
+        app, description=DESCRIPTION, raw_body_models=(EmbedRequest, PreprocessRequest, ExtractRequest)
+    )
+    return app

@@ -1,0 +1,126 @@
+"""Request bodies in, Engine documents out; Engine results in, response pieces out.
+
+A model route's body is either JSON (`application/json`, or no Content-Type) or one raw page
+(`text/html; charset=...` or `application/octet-stream`), whose bytes go to the decoder untouched with
+the declared charset; raw-body options come from the query string.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Sequence
+from email.message import Message
+from typing import Any, TypeVar
+
+import numpy as np
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from service.api.schemas import DocumentIn, EncodingFormat
+from service.core.errors import ErrorCode, HtmllmError
+from service.engine.types import Document, DocumentResult
+
+M = TypeVar("M", bound=BaseModel)
+
+RAW_MEDIA_TYPES = ("text/html", "application/octet-stream")
+
+
+def parse_content_type(value: str | None) -> tuple[str, str | None]:
+    """(media type, charset) of a Content-Type header; no header reads as JSON."""
+    if not value:
+        return "application/json", None
+    message = Message()
+    message["content-type"] = value
+    charset = message.get_param("charset")
+    return message.get_content_type(), charset if isinstance(charset, str) and charset else None
+
+
+def is_json(media_type: str) -> bool:
+    return media_type == "application/json" or (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    )
+
+
+def validation_error(exc: ValidationError) -> HtmllmError:
+    """A pydantic error as our 422, naming the first few fields at fault."""
+    parts = []
+    for error in exc.errors()[:5]:
+        location = ".".join(str(p) for p in error.get("loc", ()))
+        parts.append(f"{location}: {error['msg']}" if location else error["msg"])
+    return HtmllmError("; ".join(parts) or "invalid request", code=ErrorCode.VALIDATION)
+
+
+def parse_json(model: type[M], body: bytes) -> M:
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        raise validation_error(exc) from exc
+
+
+async def read_body(
+    request: Request, model: type[M], *, raw_options: dict[str, Any]
+) -> tuple[M | None, Document | None]:
+    """The JSON body as `model`, or one raw page as a Document; exactly one of the two is set.
+
+    `raw_options` are the query-string options, which only a raw body may use: on a JSON request any
+    set option is an error rather than silently ignored.
+    """
+    media_type, charset = parse_content_type(request.headers.get("content-type"))
+    body = await request.body()
+    if is_json(media_type):
+        given = sorted(name for name, value in raw_options.items() if value is not None)
+        if given:
+            raise HtmllmError(
+                f"query options {given} apply to raw bodies only; put them in the JSON body",
+                code=ErrorCode.VALIDATION,
+            )
+        return parse_json(model, body), None
+    if media_type in RAW_MEDIA_TYPES:
+        if not body:
+            raise HtmllmError("the request body is empty", code=ErrorCode.EMPTY)
+        doc_id = raw_options.get("id")
+        url = raw_options.get("url")
+        return None, Document(html=body, id=doc_id, url=url, encoding=charset)
+    raise HtmllmError(
+        f"unsupported Content-Type {media_type!r}: send application/json, or one page as "
+        "text/html; charset=... or application/octet-stream",
+        code=ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+    )
+
+
+def to_documents(documents: Sequence[DocumentIn]) -> list[Document]:
+    return [Document(html=d.html, id=d.id, url=d.url) for d in documents]
+
+
+def encode_embedding(vector: np.ndarray, encoding_format: EncodingFormat) -> list[float] | str:
+    """A float list, or OpenAI's base64 of little-endian float32 bytes."""
+    if encoding_format == "base64":
+        return base64.b64encode(np.ascontiguousarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    values: list[float] = vector.astype(np.float32).tolist()
+    return values
+
+
+def check_dimensions(dimensions: int | None, embedding_dim: int) -> None:
+    """The compatible APIs' `dimensions`: only the model's own size (no Matryoshka training)."""
+    if dimensions is not None and dimensions != embedding_dim:
+        raise HtmllmError(
+            f"dimensions={dimensions} is not supported: the model's embeddings have {embedding_dim}",
+            code=ErrorCode.VALIDATION,
+        )
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000.0:.3f}"
+
+
+def timing_headers(results: Sequence[DocumentResult], started: float) -> dict[str, str]:
+    """`x-*-time` headers in milliseconds: per stage the slowest document (they run concurrently, so
+    the slowest is the request's critical path), and the request's wall time from arrival."""
+    headers = {"x-total-time": _ms(time.perf_counter() - started)}
+    if results:
+        headers["x-prune-time"] = _ms(max(r.timings.prune_s for r in results))
+        headers["x-tokenize-time"] = _ms(max(r.timings.tokenize_s for r in results))
+        headers["x-queue-time"] = _ms(max(r.timings.queue_s for r in results))
+        headers["x-inference-time"] = _ms(max(r.timings.inference_s for r in results))
+    return headers

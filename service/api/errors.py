@@ -1,0 +1,145 @@
+"""Errors over HTTP: one table from `ErrorCode` to status, one handler, one JSON body shape.
+
+Every failure a client sees is `{"error": {"code": ..., "message": ...}}` with the status from `STATUS`,
+and every one increments `htmllm_request_failures_total{code=...}`. The core and engine raise
+`HtmllmError`s and never know about HTTP; FastAPI's own validation and routing errors are folded into
+the same codes here.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service.core.errors import ErrorCode, HtmllmError
+
+if TYPE_CHECKING:
+    from service.api.metrics import ServiceMetrics
+
+logger = logging.getLogger(__name__)
+
+# The one mapping of error codes to HTTP statuses (after text-embeddings-inference's ErrorType).
+STATUS: dict[ErrorCode, int] = {
+    ErrorCode.VALIDATION: 422,
+    ErrorCode.EMPTY: 400,
+    ErrorCode.PAYLOAD_TOO_LARGE: 413,
+    ErrorCode.TOO_MANY_DOCUMENTS: 422,
+    ErrorCode.TOO_MANY_TOKENS: 422,
+    ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
+    ErrorCode.UNKNOWN_HEAD: 422,
+    ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.OVERLOADED: 429,
+    ErrorCode.TIMEOUT: 504,
+    ErrorCode.SHUTTING_DOWN: 503,
+    ErrorCode.NOT_READY: 503,
+    ErrorCode.PREPROCESS_FAILED: 422,
+    ErrorCode.EXTRACTION_FAILED: 422,
+    ErrorCode.CHECKPOINT_INVALID: 500,
+    ErrorCode.BACKEND_FAILED: 500,
+    ErrorCode.INTERNAL: 500,
+}
+
+# Codes a client may retry after waiting; they get a Retry-After header.
+RETRYABLE = frozenset({ErrorCode.OVERLOADED, ErrorCode.SHUTTING_DOWN, ErrorCode.NOT_READY})
+
+# Starlette's routing errors (unknown path, wrong method, unparsable body) carry only a status.
+_CODE_FOR_HTTP_STATUS: dict[int, ErrorCode] = {
+    401: ErrorCode.UNAUTHORIZED,
+    404: ErrorCode.NOT_FOUND,
+    413: ErrorCode.PAYLOAD_TOO_LARGE,
+    415: ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+    429: ErrorCode.OVERLOADED,
+    503: ErrorCode.NOT_READY,
+}
+
+# Failures that are the server's fault and worth a traceback in the log (not 503 / 504: load, not bugs).
+_SERVER_FAULTS = frozenset({ErrorCode.CHECKPOINT_INVALID, ErrorCode.BACKEND_FAILED, ErrorCode.INTERNAL})
+
+# nginx's "client closed request": never seen by the client, but visible in request metrics.
+CLIENT_CLOSED_STATUS = 499
+
+
+class ClientDisconnectedError(Exception):
+    """The client went away before its answer was ready; its queued documents were cancelled."""
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for error in exc.errors()[:5]:
+        location = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
+        parts.append(f"{location}: {error.get('msg', 'invalid')}" if location else str(error.get("msg")))
+    return "; ".join(parts) or "invalid request"
+
+
+def classify(exc: BaseException) -> tuple[ErrorCode, str, int]:
+    """The code, message and HTTP status a failure is reported with."""
+    if isinstance(exc, HtmllmError):
+        return exc.code, exc.message, STATUS[exc.code]
+    if isinstance(exc, RequestValidationError):
+        return ErrorCode.VALIDATION, _validation_message(exc), STATUS[ErrorCode.VALIDATION]
+    if isinstance(exc, StarletteHTTPException):
+        code = _CODE_FOR_HTTP_STATUS.get(exc.status_code)
+        if code is None:
+            # 405, 400 and friends: a client error without a code of its own keeps its status.
+            code = ErrorCode.VALIDATION if exc.status_code < 500 else ErrorCode.INTERNAL
+            return code, str(exc.detail), exc.status_code
+        return code, str(exc.detail), STATUS[code]
+    return ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}", STATUS[ErrorCode.INTERNAL]
+
+
+def error_response(
+    code: ErrorCode,
+    message: str,
+    status: int,
+    *,
+    metrics: ServiceMetrics | None,
+    retry_after_s: int | None = None,
+) -> JSONResponse:
+    """The JSON error response, with the failure counted and retry/auth headers set."""
+    if metrics is not None:
+        metrics.failures.labels(code=code.value).inc()
+    headers: dict[str, str] = {}
+    if code in RETRYABLE and retry_after_s is not None:
+        headers["Retry-After"] = str(retry_after_s)
+    if code is ErrorCode.UNAUTHORIZED:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(
+        {"error": {"code": code.value, "message": message}}, status_code=status, headers=headers
+    )
+
+
+def _app_context(app: Any) -> tuple[ServiceMetrics | None, int | None]:
+    runtime = getattr(app.state, "runtime", None)
+    if runtime is None:
+        return None, None
+    return runtime.metrics, runtime.settings.retry_after_s
+
+
+async def handle_error(request: Request, exc: Exception) -> Response:
+    """The one exception handler: every error type the app can raise ends here."""
+    if isinstance(exc, ClientDisconnectedError):
+        return Response(status_code=CLIENT_CLOSED_STATUS)
+    code, message, status = classify(exc)
+    if isinstance(exc, HtmllmError) and code in _SERVER_FAULTS:
+        # Untyped exceptions are re-raised by Starlette after this response and logged by the server.
+        logger.error("%s %s failed: %s", request.method, request.url.path, message, exc_info=exc)
+    metrics, retry_after_s = _app_context(request.app)
+    return error_response(code, message, status, metrics=metrics, retry_after_s=retry_after_s)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route typed errors, FastAPI's validation errors, routing errors and bugs to `handle_error`."""
+    for exc_type in (
+        HtmllmError,
+        RequestValidationError,
+        StarletteHTTPException,
+        ClientDisconnectedError,
+        Exception,
+    ):
+        app.add_exception_handler(exc_type, handle_error)

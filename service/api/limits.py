@@ -1,0 +1,98 @@
+"""Cheap checks before expensive work: the body size cap (before any parsing) and the document cap.
+
+`BodyLimitMiddleware` reads the body itself, so the cap holds for a declared `Content-Length` (refused
+before a byte is read) and for chunked bodies alike (refused as soon as the running total passes it);
+the app then sees the body replayed and, after it, the connection's real messages, so a disconnect is
+still noticed while the request waits in the batcher.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sized
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.api.errors import STATUS, error_response
+from service.api.metrics import ServiceMetrics
+from service.api.runtime import START_KEY
+from service.core.errors import ErrorCode, HtmllmError
+
+
+class BodyLimitMiddleware:
+    """Refuses bodies over `max_body_bytes` with 413 and the usual error body."""
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, metrics: ServiceMetrics) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.metrics = metrics
+
+    async def _refuse(
+        self, scope: Scope, receive: Receive, send: Send, code: ErrorCode, message: str
+    ) -> None:
+        response = error_response(code, message, STATUS[code], metrics=self.metrics)
+        await response(scope, receive, send)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        scope[START_KEY] = time.perf_counter()
+        limit = self.max_body_bytes
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None:
+            try:
+                length = int(declared)
+            except ValueError:
+                await self._refuse(scope, receive, send, ErrorCode.VALIDATION, "invalid Content-Length")
+                return
+            if length > limit:
+                await self._refuse(
+                    scope, receive, send, ErrorCode.PAYLOAD_TOO_LARGE, _too_large(f"{length} bytes", limit)
+                )
+                return
+
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the client left before sending its body: there is no one to answer
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                await self._refuse(
+                    scope, receive, send, ErrorCode.PAYLOAD_TOO_LARGE, _too_large(f"over {size} bytes", limit)
+                )
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _too_large(size: str, limit: int) -> str:
+    return f"the request body is {size}; the limit is {limit} bytes (HTMLLM_MAX_BODY_BYTES)"
+
+
+def check_document_count(documents: Sized, max_documents: int) -> None:
+    """400 for no documents, 422 for more than a request may carry."""
+    count = len(documents)
+    if count == 0:
+        raise HtmllmError("the request has no documents", code=ErrorCode.EMPTY)
+    if count > max_documents:
+        raise HtmllmError(
+            f"the request has {count} documents; the limit is {max_documents} (HTMLLM_MAX_DOCUMENTS)",
+            code=ErrorCode.TOO_MANY_DOCUMENTS,
+        )

@@ -1,0 +1,185 @@
+"""Serving from the command line: settings from the environment and flags, the model checked, uvicorn run.
+
+`python -m service.api [flags]` and `htmllm serve [flags]` take the same flags (`add_serve_arguments`)
+and both end in `serve(settings)`. The checkpoint is loaded before the port is bound, so a missing or
+broken model fails fast with a message saying what is missing, and the server never starts with
+something that is not a model. Heavy imports (uvicorn, pydantic) wait until a server is really started,
+so the `htmllm` CLI stays usable without the serve extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from service.core.errors import ErrorCode, HtmllmError
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from service.api.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+# Flag dest -> Settings field; every flag defaults to None so only flags given override the environment.
+_FLAG_FIELDS = (
+    "host",
+    "port",
+    "model_path",
+    "backend",
+    "device",
+    "max_batch_tokens",
+    "max_batch_requests",
+    "max_wait_ms",
+    "max_queue_documents",
+    "max_documents",
+    "request_timeout_s",
+    "log_level",
+)
+
+
+class ModelMissingError(HtmllmError):
+    """No checkpoint where the settings point."""
+
+    code = ErrorCode.CHECKPOINT_INVALID
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """The server's flags; each overrides its `HTMLLM_*` variable."""
+    parser.add_argument("--host", default=None, help="address to bind (HTMLLM_HOST, default 0.0.0.0)")
+    parser.add_argument("--port", type=int, default=None, help="port to bind (HTMLLM_PORT, default 8000)")
+    parser.add_argument(
+        "--model-path",
+        type=Path,
+        default=None,
+        help="checkpoint directory (HTMLLM_MODEL_PATH, default the bundled service/assets/default-model)",
+    )
+    parser.add_argument(
+        "--backend", choices=("torch", "onnx"), default=None, help="model runner (HTMLLM_BACKEND)"
+    )
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default=None, help="where the model runs (HTMLLM_DEVICE)"
+    )
+    parser.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=None,
+        help="padded tokens per forward pass (HTMLLM_MAX_BATCH_TOKENS)",
+    )
+    parser.add_argument(
+        "--max-batch-requests",
+        type=int,
+        default=None,
+        help="documents per forward pass; 1 disables batching (HTMLLM_MAX_BATCH_REQUESTS)",
+    )
+    parser.add_argument(
+        "--max-wait-ms", type=float, default=None, help="how long a batch waits to fill (HTMLLM_MAX_WAIT_MS)"
+    )
+    parser.add_argument(
+        "--max-queue-documents",
+        type=int,
+        default=None,
+        help="queued documents before requests get 429 (HTMLLM_MAX_QUEUE_DOCUMENTS)",
+    )
+    parser.add_argument(
+        "--max-documents", type=int, default=None, help="documents per request (HTMLLM_MAX_DOCUMENTS)"
+    )
+    parser.add_argument(
+        "--request-timeout-s", type=float, default=None, help="per-request timeout (HTMLLM_REQUEST_TIMEOUT_S)"
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=("critical", "error", "warning", "info", "debug"),
+        default=None,
+        help="log level (HTMLLM_LOG_LEVEL)",
+    )
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Settings from the environment with the given flags on top (raises pydantic's ValidationError)."""
+    from service.api.settings import Settings
+
+    overrides: dict[str, Any] = {
+        name: getattr(args, name) for name in _FLAG_FIELDS if getattr(args, name, None) is not None
+    }
+    return Settings(**overrides)
+
+
+def check_model_path(settings: Settings) -> None:
+    """Raise, with what to do about it, when `settings.model_path` holds no checkpoint."""
+    from service.api.settings import default_model_path
+    from service.core.checkpoint import read_meta
+
+    path = settings.model_path
+    if path.is_dir() and any(path.iterdir()):
+        read_meta(path)  # raises CheckpointError naming the missing or unreadable file
+        return
+    if path.resolve() == default_model_path().resolve():
+        hint = (
+            "the bundled default model has not been built yet: run `make default-model` "
+            "(or point HTMLLM_MODEL_PATH / --model-path at a checkpoint directory)"
+        )
+    else:
+        hint = "point HTMLLM_MODEL_PATH / --model-path at a checkpoint directory"
+    raise ModelMissingError(f"no model at {path}: {hint}")
+
+
+def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
+    """uvicorn's settings: SIGTERM stops accepting, waits for in-flight requests, then the lifespan drains."""
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        lifespan="on",
+        timeout_graceful_shutdown=max(1, math.ceil(settings.drain_timeout_s)),
+        access_log=settings.log_level == "debug",
+    )
+
+
+def serve(settings: Settings) -> int:
+    """Run the server until SIGTERM/SIGINT; 1 when the model is missing or does not load."""
+    import uvicorn
+
+    from service.api.app import create_app, load_engine
+
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        check_model_path(settings)
+        engine = load_engine(settings)
+    except HtmllmError as exc:
+        sys.stderr.write(f"htmllm serve: {exc.code}: {exc}\n")
+        return 1
+    server = uvicorn.Server(uvicorn_config(create_app(settings, engine), settings))
+    server.run()
+    return 0 if server.started else 1
+
+
+def run_args(args: argparse.Namespace) -> int:
+    """Parsed flags to a running server; 2 for invalid settings."""
+    from pydantic import ValidationError
+
+    try:
+        settings = settings_from_args(args)
+    except ValidationError as exc:
+        sys.stderr.write(f"htmllm serve: invalid settings:\n{exc}\n")
+        return 2
+    return serve(settings)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m service.api [flags]`."""
+    parser = argparse.ArgumentParser(
+        prog="python -m service.api", description="Serve the htmllm embedding API."
+    )
+    add_serve_arguments(parser)
+    return run_args(parser.parse_args(argv))

@@ -1,0 +1,152 @@
+"""Prometheus metrics, in a registry owned by one app (no global registry, nothing at import).
+
+Request counts and durations per route come from `RequestMetricsMiddleware`; queue size, batch sizes,
+batch tokens, per-stage durations and documents and tokens processed from the Engine's observer hooks
+(`EngineMetricsObserver`); failures by code from the error handler.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.core.errors import ErrorCode
+from service.engine.types import BatchStats, EngineObserver
+
+# Seconds: from sub-millisecond pruning to a long CPU batch.
+_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_BATCH_TOKEN_BUCKETS = (64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+UNMATCHED_ROUTE = "<unmatched>"
+
+
+class ServiceMetrics:
+    """Every metric the service exports, registered in `registry`."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "htmllm_requests", "HTTP requests answered", ["route", "method", "status"], registry=r
+        )
+        self.request_duration = Histogram(
+            "htmllm_request_duration_seconds",
+            "HTTP request duration, body read to response sent",
+            ["route", "method"],
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.requests_in_progress = Gauge(
+            "htmllm_requests_in_progress", "HTTP requests being handled", ["route"], registry=r
+        )
+        self.failures = Counter(
+            "htmllm_request_failures", "Requests answered with an error, by error code", ["code"], registry=r
+        )
+        self.queue_size = Gauge("htmllm_queue_size", "Documents waiting in the batcher queue", registry=r)
+        self.batch_size = Histogram(
+            "htmllm_batch_size", "Documents per forward pass", buckets=_BATCH_SIZE_BUCKETS, registry=r
+        )
+        self.batch_tokens = Histogram(
+            "htmllm_batch_tokens", "Real tokens per forward pass", buckets=_BATCH_TOKEN_BUCKETS, registry=r
+        )
+        self.batch_padded_tokens = Histogram(
+            "htmllm_batch_padded_tokens",
+            "Tokens a forward pass computed, padding included",
+            buckets=_BATCH_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.batch_inference = Histogram(
+            "htmllm_batch_inference_seconds",
+            "Forward-pass duration",
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.stage_duration = Histogram(
+            "htmllm_stage_duration_seconds",
+            "Per-document time spent in each stage (prune, tokenize, queue, inference, total)",
+            ["stage"],
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.documents = Counter("htmllm_documents_processed", "Documents answered with a result", registry=r)
+        self.tokens = Counter("htmllm_tokens_processed", "Tokens of the documents answered", registry=r)
+        self.documents_failed = Counter(
+            "htmllm_documents_failed", "Documents answered with an error, by code", ["code"], registry=r
+        )
+        self.documents_skipped = Counter(
+            "htmllm_documents_skipped",
+            "Documents dropped before their forward pass (client gone or deadline passed)",
+            registry=r,
+        )
+        self.ready = Gauge("htmllm_ready", "1 once the model is loaded and warmed", registry=r)
+
+
+class EngineMetricsObserver(EngineObserver):
+    """The Engine's hooks, turned into this app's metrics."""
+
+    def __init__(self, metrics: ServiceMetrics) -> None:
+        self.metrics = metrics
+
+    def batch_done(self, stats: BatchStats) -> None:
+        m = self.metrics
+        m.batch_size.observe(stats.documents)
+        m.batch_tokens.observe(stats.tokens)
+        m.batch_padded_tokens.observe(stats.padded_tokens)
+        m.batch_inference.observe(stats.inference_s)
+        if stats.skipped:
+            m.documents_skipped.inc(stats.skipped)
+
+    def stage(self, name: str, seconds: float) -> None:
+        self.metrics.stage_duration.labels(stage=name).observe(seconds)
+
+    def queue_size(self, documents: int) -> None:
+        self.metrics.queue_size.set(documents)
+
+    def documents_done(self, documents: int, tokens: int) -> None:
+        self.metrics.documents.inc(documents)
+        self.metrics.tokens.inc(tokens)
+
+    def documents_failed(self, code: ErrorCode, documents: int) -> None:
+        self.metrics.documents_failed.labels(code=code.value).inc(documents)
+
+
+class RequestMetricsMiddleware:
+    """Counts and times every HTTP request by route, method and status (pure ASGI, streams untouched)."""
+
+    def __init__(self, app: ASGIApp, *, metrics: ServiceMetrics, routes: Iterable[str]) -> None:
+        self.app = app
+        self.metrics = metrics
+        # Every route path is static, so the label is the path when it is a route's and a constant
+        # otherwise: label cardinality stays bounded whatever paths scanners try, and requests answered
+        # before routing (413 from the body limit) still count against their route.
+        self.routes = frozenset(routes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+        path = str(scope.get("path", ""))
+        route = path if path in self.routes else UNMATCHED_ROUTE
+        method = str(scope.get("method", ""))
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        in_progress = self.metrics.requests_in_progress.labels(route=route)
+        in_progress.inc()
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            in_progress.dec()
+            self.metrics.requests.labels(route=route, method=method, status=str(status)).inc()
+            self.metrics.request_duration.labels(route=route, method=method).observe(
+                time.perf_counter() - start
+            )

@@ -1,0 +1,81 @@
+"""`POST /v1/embed`: the native API, embedding and task-head scores from one forward pass."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+
+from service.api import inference
+from service.api.auth import require_api_key
+from service.api.documents import encode_embedding, read_body, timing_headers, to_documents
+from service.api.openapi import ERROR_RESPONSES, raw_body_openapi
+from service.api.runtime import EngineDep, RuntimeDep, request_started
+from service.api.schemas import EmbedRequest, EmbedResponse, EmbedResult, EmbedUsage, EncodingFormat
+
+router = APIRouter(tags=["embed"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
+
+
+@router.post(
+    "/v1/embed",
+    response_model=EmbedResponse,
+    summary="Embed pages and score them with the task heads",
+    openapi_extra=raw_body_openapi(EmbedRequest),
+)
+async def embed(
+    request: Request,
+    response: Response,
+    runtime: RuntimeDep,
+    engine: EngineDep,
+    id: Annotated[str | None, Query(description="raw body only: the page's id")] = None,
+    url: Annotated[str | None, Query(description="raw body only: the page's URL")] = None,
+    heads: Annotated[list[str] | None, Query(description="raw body only: heads to score")] = None,
+    normalize: Annotated[bool | None, Query(description="raw body only (default true)")] = None,
+    truncate: Annotated[bool | None, Query(description="raw body only (default: server policy)")] = None,
+    encoding_format: Annotated[EncodingFormat | None, Query(description="raw body only")] = None,
+) -> EmbedResponse:
+    """A JSON body of documents, or one raw page (`text/html; charset=...`, `application/octet-stream`)
+    with its options in the query string."""
+    started = request_started(request)
+    options = {
+        "id": id,
+        "url": url,
+        "heads": heads,
+        "normalize": normalize,
+        "truncate": truncate,
+        "encoding_format": encoding_format,
+    }
+    parsed, raw = await read_body(request, EmbedRequest, raw_options=options)
+    if parsed is None:
+        parsed = EmbedRequest(
+            documents=[],
+            heads=heads,
+            normalize=True if normalize is None else normalize,
+            truncate=truncate,
+            encoding_format=encoding_format or "float",
+        )
+    documents = [raw] if raw is not None else to_documents(parsed.documents)
+    results = await inference.embed(
+        request,
+        runtime,
+        engine,
+        documents,
+        heads=parsed.heads,
+        normalize=parsed.normalize,
+        truncate=parsed.truncate,
+    )
+    response.headers.update(timing_headers(results, started))
+    return EmbedResponse(
+        model=engine.info.name,
+        data=[
+            EmbedResult(
+                id=r.id,
+                embedding=encode_embedding(r.embedding, parsed.encoding_format),
+                scores=r.scores,
+                tokens=r.tokens,
+                truncated=r.truncated,
+            )
+            for r in results
+        ],
+        usage=EmbedUsage(documents=len(results), tokens=sum(r.tokens for r in results)),
+    )

@@ -1,0 +1,115 @@
+"""`POST /v1/extract`: plain text per extractor (resiliparse, trafilatura, jusText, or their union).
+
+Extraction is CPU-bound and runs in the runtime's own threads and extractor processes
+(`service.core.extract`), never on the event loop; the request limits and errors are /v1/embed's. One
+extractor failing on one page is reported in that entry, so the rest of the request still counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request
+
+from service.api.auth import require_api_key
+from service.api.documents import read_body, to_documents
+from service.api.limits import check_document_count
+from service.api.openapi import ERROR_RESPONSES, raw_body_openapi
+from service.api.runtime import RuntimeDep, answer_or_cancel
+from service.api.schemas import (
+    ErrorDetail,
+    ExtractionOut,
+    ExtractorName,
+    ExtractRequest,
+    ExtractResponse,
+    ExtractResult,
+)
+from service.core.errors import ErrorCode, HtmllmError
+from service.core.extract import DEFAULT_TIMEOUT_S, ExtractionError, ExtractorPool, extract
+from service.engine.types import Document
+
+router = APIRouter(tags=["extract"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
+
+
+def _extract_one(
+    doc: Document, extractor: str, *, min_words: int, timeout_s: float, pool: ExtractorPool
+) -> ExtractionOut:
+    try:
+        result = extract(
+            doc.html,
+            extractor,
+            encoding=doc.encoding,
+            timeout_s=timeout_s,
+            min_words=min_words,
+            runner=pool,
+        )
+    except ExtractionError as exc:
+        return ExtractionOut(
+            extractor=extractor,
+            chosen=None,
+            text=None,
+            words=0,
+            passed=False,
+            language=None,
+            encoding=None,
+            error=ErrorDetail(code=exc.code, message=exc.message),
+        )
+    return ExtractionOut(
+        extractor=extractor,
+        chosen=result.extractor,
+        text=result.text,
+        words=result.words,
+        passed=result.passed,
+        language=result.language,
+        encoding=result.encoding,
+    )
+
+
+@router.post(
+    "/v1/extract",
+    response_model=ExtractResponse,
+    summary="Extract the plain text of pages",
+    openapi_extra=raw_body_openapi(ExtractRequest),
+)
+async def extract_text(
+    request: Request,
+    runtime: RuntimeDep,
+    id: Annotated[str | None, Query(description="raw body only: the page's id")] = None,
+    extractors: Annotated[list[ExtractorName] | None, Query(description="raw body only")] = None,
+    min_words: Annotated[int | None, Query(ge=0, description="raw body only (default 50)")] = None,
+) -> ExtractResponse:
+    """A JSON body of documents, or one raw page with its options in the query string."""
+    if runtime.stopping:
+        raise HtmllmError("the server is shutting down", code=ErrorCode.SHUTTING_DOWN)
+    options = {"id": id, "extractors": extractors, "min_words": min_words}
+    parsed, raw = await read_body(request, ExtractRequest, raw_options=options)
+    if parsed is None:
+        parsed = ExtractRequest(documents=[], extractors=extractors or ["union"], min_words=min_words or 50)
+    documents = [raw] if raw is not None else to_documents(parsed.documents)
+    check_document_count(documents, runtime.settings.max_documents)
+    pool, threads = await runtime.extraction()
+    loop = asyncio.get_running_loop()
+    # Each extractor's own limit is within the request's, so a stuck page cannot outlive its request.
+    timeout_s = min(DEFAULT_TIMEOUT_S, runtime.settings.request_timeout_s)
+    jobs = [
+        loop.run_in_executor(
+            threads,
+            functools.partial(
+                _extract_one, doc, name, min_words=parsed.min_words, timeout_s=timeout_s, pool=pool
+            ),
+        )
+        for doc in documents
+        for name in parsed.extractors
+    ]
+    outputs = await answer_or_cancel(
+        request, asyncio.gather(*jobs), timeout_s=runtime.settings.request_timeout_s
+    )
+    per_doc = len(parsed.extractors)
+    return ExtractResponse(
+        data=[
+            ExtractResult(id=doc.id, extractions=outputs[i * per_doc : (i + 1) * per_doc])
+            for i, doc in enumerate(documents)
+        ]
+    )

@@ -1,0 +1,74 @@
+"""Probes, model information and the Prometheus scrape: `/health`, `/ready`, `/info`, `/metrics`.
+
+None needs an API key: probes and scrapers carry no secrets, and `/info` says nothing a client of the
+model routes could not learn from their answers.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from service import __version__
+from service.api.openapi import ERROR_RESPONSES
+from service.api.runtime import EngineDep, RuntimeDep
+from service.api.schemas import HeadInfo, HealthResponse, InfoResponse, Limits, ReadyResponse
+from service.core.errors import ErrorCode, HtmllmError
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/health", summary="Liveness: the process answers")
+async def health() -> HealthResponse:
+    return HealthResponse()
+
+
+@router.get("/ready", summary="Readiness: model loaded and warmed", responses={503: ERROR_RESPONSES[503]})
+async def ready(runtime: RuntimeDep) -> ReadyResponse:
+    """200 once the model has run one full-size batch; 503 before, and once shutdown began."""
+    if runtime.stopping:
+        raise HtmllmError("the server is shutting down", code=ErrorCode.SHUTTING_DOWN)
+    if runtime.engine is None or not runtime.ready:
+        detail = f": warm-up failed: {runtime.warmup_error}" if runtime.warmup_error else ""
+        raise HtmllmError(f"the model is not ready{detail}", code=ErrorCode.NOT_READY)
+    return ReadyResponse(model=runtime.engine.info.name)
+
+
+@router.get("/info", summary="The model, its heads and the server's limits", responses=ERROR_RESPONSES)
+async def info(runtime: RuntimeDep, engine: EngineDep) -> InfoResponse:
+    model = engine.info
+    settings = runtime.settings
+    return InfoResponse(
+        model=model.name,
+        version=__version__,
+        embedding_dim=model.embedding_dim,
+        max_length=model.max_length,
+        backend=model.backend,
+        device=model.device,
+        heads=[
+            HeadInfo(name=h.name, kind=h.kind, labels=list(h.labels), metrics=dict(h.metrics))
+            for h in model.heads
+        ],
+        limits=Limits(
+            max_body_bytes=settings.max_body_bytes,
+            max_documents=settings.max_documents,
+            request_timeout_s=settings.request_timeout_s,
+            max_length=model.max_length,
+            truncate=settings.truncate,
+            max_batch_tokens=settings.max_batch_tokens,
+            max_batch_requests=settings.max_batch_requests,
+            max_wait_ms=settings.max_wait_ms,
+            max_queue_documents=settings.max_queue_documents,
+        ),
+        auth=settings.api_key is not None,
+    )
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "the text exposition format"}},
+)
+async def metrics(runtime: RuntimeDep) -> Response:
+    return Response(generate_latest(runtime.metrics.registry), media_type=CONTENT_TYPE_LATEST)

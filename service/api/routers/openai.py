@@ -1,0 +1,53 @@
+"""`POST /v1/embeddings`: OpenAI's embeddings API, with HTML pages as `input`."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request, Response
+
+from service.api import inference
+from service.api.auth import require_api_key
+from service.api.documents import check_dimensions, encode_embedding, timing_headers
+from service.api.openapi import ERROR_RESPONSES
+from service.api.runtime import EngineDep, RuntimeDep, request_started
+from service.api.schemas import (
+    OpenAIEmbedding,
+    OpenAIEmbeddingsRequest,
+    OpenAIEmbeddingsResponse,
+    OpenAIUsage,
+)
+from service.engine.types import Document
+
+router = APIRouter(tags=["compatible"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
+
+
+@router.post("/v1/embeddings", summary="OpenAI-compatible embeddings")
+async def embeddings(
+    body: OpenAIEmbeddingsRequest,
+    request: Request,
+    response: Response,
+    runtime: RuntimeDep,
+    engine: EngineDep,
+) -> OpenAIEmbeddingsResponse:
+    """`model` is accepted and ignored (one model per server); no task heads are run."""
+    started = request_started(request)
+    check_dimensions(body.dimensions, engine.info.embedding_dim)
+    pages = [body.input] if isinstance(body.input, str) else body.input
+    results = await inference.embed(
+        request,
+        runtime,
+        engine,
+        [Document(html=page) for page in pages],
+        heads=[],
+        normalize=True,
+        truncate=None,
+    )
+    response.headers.update(timing_headers(results, started))
+    tokens = sum(r.tokens for r in results)
+    return OpenAIEmbeddingsResponse(
+        data=[
+            OpenAIEmbedding(embedding=encode_embedding(r.embedding, body.encoding_format), index=i)
+            for i, r in enumerate(results)
+        ],
+        model=engine.info.name,
+        usage=OpenAIUsage(prompt_tokens=tokens, total_tokens=tokens),
+    )

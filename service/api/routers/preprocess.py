@@ -1,0 +1,46 @@
+"""`POST /v1/preprocess`: the pruned HTML the model would see and its token count, for debugging."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request
+
+from service.api.auth import require_api_key
+from service.api.documents import read_body, to_documents
+from service.api.limits import check_document_count
+from service.api.openapi import ERROR_RESPONSES, raw_body_openapi
+from service.api.runtime import EngineDep, RuntimeDep, answer_or_cancel
+from service.api.schemas import PreprocessRequest, PreprocessResponse, PreprocessResult
+
+router = APIRouter(tags=["debug"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
+
+
+@router.post(
+    "/v1/preprocess",
+    response_model=PreprocessResponse,
+    summary="Prune and tokenize pages without running the model",
+    openapi_extra=raw_body_openapi(PreprocessRequest),
+)
+async def preprocess(
+    request: Request,
+    runtime: RuntimeDep,
+    engine: EngineDep,
+    id: Annotated[str | None, Query(description="raw body only: the page's id")] = None,
+) -> PreprocessResponse:
+    """A JSON body of documents, or one raw page (`text/html; charset=...`, `application/octet-stream`)."""
+    parsed, raw = await read_body(request, PreprocessRequest, raw_options={"id": id})
+    documents = [raw] if raw is not None else to_documents(parsed.documents if parsed else [])
+    check_document_count(documents, runtime.settings.max_documents)
+    outputs = await answer_or_cancel(
+        request,
+        asyncio.gather(*(engine.preprocess(doc) for doc in documents)),
+        timeout_s=runtime.settings.request_timeout_s,
+    )
+    return PreprocessResponse(
+        data=[
+            PreprocessResult(id=doc.id, html=html, tokens=tokens)
+            for doc, (html, tokens) in zip(documents, outputs, strict=True)
+        ]
+    )

@@ -1,0 +1,36 @@
+"""`POST /embed`: text-embeddings-inference's embed API, with HTML pages as `inputs`."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request, Response
+
+from service.api import inference
+from service.api.auth import require_api_key
+from service.api.documents import check_dimensions, timing_headers
+from service.api.openapi import ERROR_RESPONSES
+from service.api.runtime import EngineDep, RuntimeDep, request_started
+from service.api.schemas import TeiEmbedRequest
+from service.engine.types import Document
+
+router = APIRouter(tags=["compatible"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
+
+
+@router.post("/embed", summary="text-embeddings-inference-compatible embed")
+async def embed(
+    body: TeiEmbedRequest, request: Request, response: Response, runtime: RuntimeDep, engine: EngineDep
+) -> list[list[float]]:
+    """One embedding per input, in order; truncation defaults to the server's policy."""
+    started = request_started(request)
+    check_dimensions(body.dimensions, engine.info.embedding_dim)
+    pages = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    results = await inference.embed(
+        request,
+        runtime,
+        engine,
+        [Document(html=page) for page in pages],
+        heads=[],
+        normalize=body.normalize,
+        truncate=body.truncate,
+    )
+    response.headers.update(timing_headers(results, started))
+    return [r.embedding.astype("float32").tolist() for r in results]

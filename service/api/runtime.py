@@ -1,0 +1,121 @@
+"""What one app holds while it runs (settings, metrics, engine, extraction pools) and how routes reach it.
+
+Routes take `RuntimeDep` / `EngineDep` (FastAPI `Annotated` dependencies) instead of module globals, so
+several apps (tests, the benchmark's two servers) live side by side in one process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, TypeVar
+
+from fastapi import Depends, Request
+from starlette.types import Receive
+
+from service.api.errors import ClientDisconnectedError
+from service.api.metrics import ServiceMetrics
+from service.api.settings import Settings
+from service.core.errors import ErrorCode, HtmllmError
+from service.engine.engine import Engine
+
+if TYPE_CHECKING:
+    from service.core.extract import ExtractorPool
+
+T = TypeVar("T")
+
+# Where BodyLimitMiddleware stamps the time the request arrived, for x-total-time.
+START_KEY = "htmllm.start"
+
+
+@dataclass
+class Runtime:
+    """The state of one running app; `app.state.runtime`."""
+
+    settings: Settings
+    metrics: ServiceMetrics
+    engine: Engine | None = None
+    started: bool = False  # engine started: model routes answer
+    ready: bool = False  # warmed with a full-size batch: /ready says so
+    stopping: bool = False  # shutdown began: new model requests get 503
+    warmup_error: str | None = None
+    extractor_pool: ExtractorPool | None = None
+    extract_threads: ThreadPoolExecutor | None = None
+    _extract_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def extraction(self) -> tuple[ExtractorPool, ThreadPoolExecutor]:
+        """The extractor process pool and the threads that wait on it, started on first use."""
+        async with self._extract_lock:
+            if self.extractor_pool is None or self.extract_threads is None:
+                from service.core.extract import ExtractorPool
+
+                workers = self.settings.extract_workers
+                self.extractor_pool = ExtractorPool(workers)
+                self.extract_threads = ThreadPoolExecutor(workers, thread_name_prefix="htmllm-extract")
+            return self.extractor_pool, self.extract_threads
+
+    def close_extraction(self) -> None:
+        if self.extract_threads is not None:
+            self.extract_threads.shutdown(wait=False, cancel_futures=True)
+        if self.extractor_pool is not None:
+            self.extractor_pool.close()
+
+
+def get_runtime(request: Request) -> Runtime:
+    runtime: Runtime = request.app.state.runtime
+    return runtime
+
+
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+
+
+def get_engine(runtime: RuntimeDep) -> Engine:
+    """The engine, for routes that need the model; 503 before it started or once shutdown began."""
+    if runtime.stopping:
+        raise HtmllmError("the server is shutting down", code=ErrorCode.SHUTTING_DOWN)
+    if runtime.engine is None or not runtime.started:
+        raise HtmllmError("the model is not loaded yet", code=ErrorCode.NOT_READY)
+    return runtime.engine
+
+
+EngineDep = Annotated[Engine, Depends(get_engine)]
+
+
+def request_started(request: Request) -> float:
+    """When the request arrived (before its body was read), as `time.perf_counter()`."""
+    started = request.scope.get(START_KEY)
+    return float(started) if started is not None else time.perf_counter()
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def answer_or_cancel(request: Request, work: Awaitable[T], *, timeout_s: float) -> T:
+    """Await `work` unless the client disconnects (cancel it: its queued documents are skipped) or
+    `timeout_s` passes (cancel it and answer 504).
+
+    The body has been read by then, so the only message left on `receive` is the disconnect.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request.receive))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if task in done:
+        return task.result()
+    # The engine may be mid-way through our documents; wait for the cancellation to settle so nothing
+    # of this request outlives it.
+    await asyncio.gather(task, return_exceptions=True)
+    if watcher in done:
+        raise ClientDisconnectedError("client disconnected")
+    raise HtmllmError(f"the request took longer than {timeout_s:g} s", code=ErrorCode.TIMEOUT)

@@ -1,0 +1,206 @@
+"""Request and response bodies of every route, in one place (and so in the OpenAPI document).
+
+Our own routes reject unknown fields, so a misspelt option fails loudly; the OpenAI- and
+text-embeddings-inference-compatible bodies ignore them, so existing clients work unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.core.errors import ErrorCode
+
+EncodingFormat = Literal["float", "base64"]
+Scores = dict[str, dict[str, float] | float]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorDetail(BaseModel):
+    code: ErrorCode
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every error response: `{"error": {"code", "message"}}`."""
+
+    error: ErrorDetail
+
+
+class DocumentIn(_Strict):
+    """One page: its raw HTML (already text; raw bytes go in a `text/html` body instead)."""
+
+    html: str
+    id: str | None = Field(None, description="echoed back with the result")
+    url: str | None = Field(None, description="where the page was crawled from (not fetched)")
+
+
+class EmbedRequest(_Strict):
+    documents: list[DocumentIn] = Field(description="the pages, at most the server's `max_documents`")
+    heads: list[str] | None = Field(None, description="task heads to score; null: all, []: none")
+    normalize: bool = Field(True, description="L2-normalise the embeddings")
+    truncate: bool | None = Field(
+        None, description="cut documents past the model's length (null: the server's policy)"
+    )
+    encoding_format: EncodingFormat = Field(
+        "float", description="base64: little-endian float32 bytes, base64-encoded"
+    )
+
+
+class EmbedResult(BaseModel):
+    id: str | None
+    embedding: list[float] | str
+    scores: Scores = Field(description="per head: {label: probability} or a regression value")
+    tokens: int = Field(description="tokens fed to the model, [CLS] and [SEP] included")
+    truncated: bool
+
+
+class EmbedUsage(BaseModel):
+    documents: int
+    tokens: int
+
+
+class EmbedResponse(BaseModel):
+    model: str
+    data: list[EmbedResult]
+    usage: EmbedUsage
+
+
+class OpenAIEmbeddingsRequest(BaseModel):
+    """OpenAI's `POST /v1/embeddings` body; `input` holds HTML pages."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    input: str | list[str]
+    model: str | None = None
+    encoding_format: EncodingFormat = "float"
+    dimensions: int | None = Field(None, description="must equal the model's embedding size when given")
+    user: str | None = None
+
+
+class OpenAIEmbedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    embedding: list[float] | str
+    index: int
+
+
+class OpenAIUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class OpenAIEmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[OpenAIEmbedding]
+    model: str
+    usage: OpenAIUsage
+
+
+class TeiEmbedRequest(BaseModel):
+    """text-embeddings-inference's `POST /embed` body; `inputs` holds HTML pages."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    inputs: str | list[str]
+    normalize: bool = True
+    truncate: bool | None = None
+    truncation_direction: Literal["Right", "right"] = "Right"
+    dimensions: int | None = None
+
+
+class PreprocessRequest(_Strict):
+    documents: list[DocumentIn]
+
+
+class PreprocessResult(BaseModel):
+    id: str | None
+    html: str = Field(description="the pruned HTML the tokenizer sees")
+    tokens: int = Field(description="tokens of the pruned HTML, [CLS] and [SEP] included, before truncation")
+
+
+class PreprocessResponse(BaseModel):
+    data: list[PreprocessResult]
+
+
+ExtractorName = Literal["union", "resiliparse", "trafilatura", "justext"]
+
+
+def _default_extractors() -> list[ExtractorName]:
+    return ["union"]
+
+
+class ExtractRequest(_Strict):
+    documents: list[DocumentIn]
+    extractors: list[ExtractorName] = Field(
+        default_factory=_default_extractors,
+        min_length=1,
+        max_length=4,
+        description="union: the first extractor whose output passes the quality filter",
+    )
+    min_words: int = Field(50, ge=0, description="the filter: an output passes with at least this many words")
+
+
+class ExtractionOut(BaseModel):
+    """One extractor's output for one page, or why it failed (the other outputs still count)."""
+
+    extractor: str = Field(description="the extractor asked for (union: see `chosen`)")
+    chosen: str | None = Field(description="the extractor whose text this is")
+    text: str | None
+    words: int
+    passed: bool
+    language: str | None
+    encoding: str | None
+    error: ErrorDetail | None = None
+
+
+class ExtractResult(BaseModel):
+    id: str | None
+    extractions: list[ExtractionOut]
+
+
+class ExtractResponse(BaseModel):
+    data: list[ExtractResult]
+
+
+class HeadInfo(BaseModel):
+    name: str
+    kind: str
+    labels: list[str]
+    metrics: dict[str, float]
+
+
+class Limits(BaseModel):
+    max_body_bytes: int
+    max_documents: int
+    request_timeout_s: float
+    max_length: int
+    truncate: bool
+    max_batch_tokens: int
+    max_batch_requests: int
+    max_wait_ms: float
+    max_queue_documents: int
+
+
+class InfoResponse(BaseModel):
+    model: str
+    version: str = Field(description="the service's version")
+    embedding_dim: int
+    max_length: int
+    backend: str
+    device: str
+    heads: list[HeadInfo]
+    limits: Limits
+    auth: bool = Field(description="whether model routes need an API key")
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class ReadyResponse(BaseModel):
+    status: Literal["ready"] = "ready"
+    model: str

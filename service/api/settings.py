@@ -1,0 +1,76 @@
+"""Service settings: one pydantic-settings class read from `HTMLLM_*` environment variables.
+
+Built in `service.api.main` (or by a caller of `create_app`), never at import, so importing the package
+reads no environment and tests construct settings explicitly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from service.engine.types import EngineConfig
+
+
+def default_model_path() -> Path:
+    """The bundled default model, `service/assets/default-model` inside the installed package."""
+    return Path(__file__).resolve().parents[1] / "assets" / "default-model"
+
+
+class Settings(BaseSettings):
+    """Everything the HTTP service is configured by; every field is `HTMLLM_<FIELD>` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="HTMLLM_", extra="ignore", frozen=True)
+
+    # The model and how it runs.
+    model_path: Path = Field(default_factory=default_model_path, description="checkpoint directory")
+    backend: Literal["torch", "onnx"] = "torch"
+    device: Literal["cpu", "cuda"] = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    max_length: int | None = Field(None, ge=2, description="tokens per document; default the model's")
+
+    # The dynamic batcher (see service.engine).
+    max_batch_tokens: int = Field(16384, gt=0)
+    max_batch_requests: int = Field(64, gt=0, description="documents per forward pass")
+    max_wait_ms: float = Field(2.0, ge=0)
+    max_queue_documents: int = Field(1024, gt=0, description="beyond it a request gets 429")
+    preprocess_workers: int = Field(2, gt=0)
+    warmup: bool = Field(True, description="run one full-size batch before /ready says ready")
+
+    # Per-request limits.
+    max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="413 beyond it, before parsing")
+    max_documents: int = Field(64, gt=0, description="documents per request; 422 beyond it")
+    request_timeout_s: float = Field(30.0, gt=0, description="504 beyond it")
+    truncate: bool = Field(True, description="default policy: truncate long documents, or reject (422)")
+    retry_after_s: int = Field(1, ge=0, description="Retry-After on 429 and 503")
+
+    # Text extraction (/v1/extract) runs in its own thread pool, off the event loop.
+    extract_workers: int = Field(2, gt=0)
+
+    # Access and serving.
+    api_key: SecretStr | None = Field(None, description="when set, model routes need `Bearer <key>`")
+    host: str = "0.0.0.0"
+    port: int = Field(8000, ge=0, le=65535)
+    drain_timeout_s: float = Field(30.0, ge=0, description="graceful shutdown: time to drain the queue")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+
+    def engine_config(self) -> EngineConfig:
+        """The Engine's configuration; the settings are the one place both are read from."""
+        from service.engine.types import EngineConfig
+
+        return EngineConfig(
+            backend=self.backend,
+            device=self.device,
+            dtype=self.dtype,
+            max_length=self.max_length,
+            max_batch_tokens=self.max_batch_tokens,
+            max_batch_requests=self.max_batch_requests,
+            max_wait_ms=self.max_wait_ms,
+            max_queue_documents=self.max_queue_documents,
+            preprocess_workers=self.preprocess_workers,
+            truncate=self.truncate,
+        )

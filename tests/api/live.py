@@ -1,0 +1,123 @@
+"""Real servers for the API tests: uvicorn in a thread on 127.0.0.1, or `python -m service.api` as a child.
+
+The thread server binds its socket before uvicorn starts (port 0, so the kernel picks a free port and
+no other test can race for it); the child process gets a port found the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import httpx
+import uvicorn
+
+from service.api.app import create_app
+from service.api.main import uvicorn_config
+from service.api.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class LiveServer:
+    url: str
+    server: uvicorn.Server
+
+
+@dataclass
+class ServerProcess:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: IO[bytes]
+
+    def output(self) -> str:
+        """Everything the child wrote so far."""
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
+
+def _bound_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+def free_port() -> int:
+    with _bound_socket() as sock:
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_ready(url: str, *, timeout_s: float = 60.0, path: str = "/ready") -> None:
+    deadline = time.monotonic() + timeout_s
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + path, timeout=2.0).status_code == 200:
+                return
+        except httpx.TransportError as exc:
+            last = exc
+        time.sleep(0.05)
+    raise TimeoutError(f"{url}{path} not ready after {timeout_s} s (last: {last})")
+
+
+@contextmanager
+def live_server(settings: Settings) -> Iterator[LiveServer]:
+    """uvicorn serving `create_app(settings)` in a thread, ready (model warmed) when entered."""
+    sock = _bound_socket()
+    port = sock.getsockname()[1]
+    config = uvicorn_config(create_app(settings), settings.model_copy(update={"log_level": "warning"}))
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url)
+        yield LiveServer(url=url, server=server)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+@contextmanager
+def server_process(env: Mapping[str, str]) -> Iterator[ServerProcess]:
+    """`python -m service.api` with `env` (HTMLLM_* settings) on a free port, ready when entered."""
+    port = free_port()
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("HTMLLM_")}
+    child_env.update({"HTMLLM_HOST": "127.0.0.1", "HTMLLM_PORT": str(port), "HTMLLM_LOG_LEVEL": "warning"})
+    child_env.update(env)
+    child_env["PYTHONPATH"] = str(ROOT)
+    # A file, not a pipe: a chatty server must never block on a full pipe nobody reads.
+    log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in the finally below, after the child)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service.api"], cwd=ROOT, env=child_env, stdout=log, stderr=subprocess.STDOUT
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        try:
+            wait_ready(url, timeout_s=120)
+        except TimeoutError:
+            proc.kill()
+            proc.wait(timeout=30)
+            log.seek(0)
+            output = log.read().decode(errors="replace")
+            raise TimeoutError(f"the server did not become ready; its output:\n{output}") from None
+        yield ServerProcess(url=url, proc=proc, log=log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+        log.close()

@@ -1,0 +1,236 @@
+"""Every route in-process (httpx over ASGI), with the tiny checkpoint: shapes, options, limits, errors."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.api.conftest import SettingsFactory, app_client
+from tests.api.pages import CZECH_TEXT, WINDOWS_1250_PAGE, long_page, page
+from tests.factories.checkpoint import CLASSIFICATION_HEAD, REGRESSION_HEAD, TINY_MAX_LENGTH
+
+
+def embedding(item: dict[str, object]) -> np.ndarray:
+    return np.asarray(item["embedding"], dtype=np.float32)
+
+
+async def embed_one(client: httpx.AsyncClient, html: str, **options: object) -> dict[str, object]:
+    response = await client.post("/v1/embed", json={"documents": [{"html": html}], **options})
+    assert response.status_code == 200, response.text
+    item: dict[str, object] = response.json()["data"][0]
+    return item
+
+
+async def test_embed_returns_embeddings_scores_and_usage(client: httpx.AsyncClient) -> None:
+    docs = [{"id": "a", "html": page(1), "url": "https://example.com/a"}, {"id": "b", "html": page(2)}]
+    response = await client.post("/v1/embed", json={"documents": docs})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model"] == "tiny-test"
+    assert [d["id"] for d in body["data"]] == ["a", "b"]
+    info = (await client.get("/info")).json()
+    for item in body["data"]:
+        vector = embedding(item)
+        assert vector.shape == (info["embedding_dim"],)
+        assert np.linalg.norm(vector) == pytest.approx(1.0, abs=1e-4)
+        probabilities = item["scores"][CLASSIFICATION_HEAD.name]
+        assert set(probabilities) == set(CLASSIFICATION_HEAD.labels)
+        assert sum(probabilities.values()) == pytest.approx(1.0, abs=1e-4)
+        assert isinstance(item["scores"][REGRESSION_HEAD.name], float)
+        assert 2 < item["tokens"] <= TINY_MAX_LENGTH
+    assert body["usage"] == {"documents": 2, "tokens": sum(d["tokens"] for d in body["data"])}
+    for header in ("x-prune-time", "x-tokenize-time", "x-queue-time", "x-inference-time", "x-total-time"):
+        assert float(response.headers[header]) >= 0.0
+    assert float(response.headers["x-total-time"]) >= float(response.headers["x-inference-time"])
+
+
+async def test_embed_options(client: httpx.AsyncClient) -> None:
+    html = page(3)
+    raw = embedding(await embed_one(client, html, normalize=False))
+    normalized = embedding(await embed_one(client, html))
+    np.testing.assert_allclose(raw / np.linalg.norm(raw), normalized, atol=1e-5)
+    assert abs(float(np.linalg.norm(raw)) - 1.0) > 1e-3
+
+    only = await embed_one(client, html, heads=[REGRESSION_HEAD.name])
+    assert set(only["scores"]) == {REGRESSION_HEAD.name}
+    assert (await embed_one(client, html, heads=[]))["scores"] == {}
+
+    encoded = await embed_one(client, html, encoding_format="base64")
+    assert isinstance(encoded["embedding"], str)
+    decoded = np.frombuffer(base64.b64decode(encoded["embedding"]), dtype="<f4")
+    np.testing.assert_array_equal(decoded, normalized)
+
+
+async def test_unknown_head_is_422(client: httpx.AsyncClient) -> None:
+    response = await client.post("/v1/embed", json={"documents": [{"html": page(1)}], "heads": ["nope"]})
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "unknown_head"
+
+
+async def test_raw_body_uses_the_declared_charset(client: httpx.AsyncClient) -> None:
+    """A windows-1250 page as bytes with its charset gives what its decoded text gives as JSON."""
+    headers = {"content-type": "text/html; charset=windows-1250"}
+    pruned = await client.post("/v1/preprocess", content=WINDOWS_1250_PAGE, headers=headers)
+    assert pruned.status_code == 200, pruned.text
+    assert CZECH_TEXT in pruned.json()["data"][0]["html"]
+
+    raw = await client.post("/v1/embed?id=cz&heads=quality", content=WINDOWS_1250_PAGE, headers=headers)
+    assert raw.status_code == 200, raw.text
+    item = raw.json()["data"][0]
+    assert item["id"] == "cz" and set(item["scores"]) == {"quality"}
+    as_text = await embed_one(client, WINDOWS_1250_PAGE.decode("windows-1250"), heads=["quality"])
+    np.testing.assert_allclose(embedding(item), embedding(as_text), atol=1e-6)
+    assert item["tokens"] == as_text["tokens"]
+
+
+async def test_octet_stream_body(client: httpx.AsyncClient) -> None:
+    html = page(4)
+    response = await client.post(
+        "/v1/embed", content=html.encode(), headers={"content-type": "application/octet-stream"}
+    )
+    assert response.status_code == 200, response.text
+    np.testing.assert_allclose(
+        embedding(response.json()["data"][0]), embedding(await embed_one(client, html)), atol=1e-6
+    )
+
+
+@pytest.mark.parametrize(
+    ("request_kwargs", "status", "code"),
+    [
+        ({"json": {"documents": []}}, 400, "empty_input"),
+        ({"content": b"", "headers": {"content-type": "text/html"}}, 400, "empty_input"),
+        ({"json": {"documents": [{"html": "x"}] * 9}}, 422, "too_many_documents"),
+        ({"json": {"documents": [{"html": "x", "typo": 1}]}}, 422, "validation_error"),
+        ({"json": {"documents": [{"html": 5}]}}, 422, "validation_error"),
+        ({"content": b"{not json", "headers": {"content-type": "application/json"}}, 422, "validation_error"),
+        ({"content": b"hello", "headers": {"content-type": "text/plain"}}, 415, "unsupported_media_type"),
+        ({"json": {"documents": [{"html": "x"}]}, "params": {"heads": "quality"}}, 422, "validation_error"),
+    ],
+)
+async def test_embed_errors(
+    settings_for: SettingsFactory, request_kwargs: dict[str, object], status: int, code: str
+) -> None:
+    async with app_client(settings_for(max_documents=8)) as client:
+        response = await client.post("/v1/embed", **request_kwargs)  # type: ignore[arg-type]
+        assert response.status_code == status, response.text
+        assert response.json() == {"error": {"code": code, "message": response.json()["error"]["message"]}}
+        assert response.json()["error"]["message"]
+        metrics = (await client.get("/metrics")).text
+        assert f'htmllm_request_failures_total{{code="{code}"}} 1.0' in metrics
+
+
+async def test_truncation_policy(settings_for: SettingsFactory) -> None:
+    async with app_client(settings_for(truncate=False)) as client:
+        rejected = await client.post("/v1/embed", json={"documents": [{"html": long_page()}]})
+        assert rejected.status_code == 422
+        assert rejected.json()["error"]["code"] == "too_many_tokens"
+        # The request's own option wins over the server's policy.
+        cut = await embed_one(client, long_page(), truncate=True)
+        assert cut["truncated"] is True and cut["tokens"] == TINY_MAX_LENGTH
+        short = await embed_one(client, page(1))
+        assert short["truncated"] is False
+
+
+async def test_openai_embeddings(client: httpx.AsyncClient) -> None:
+    pages = [page(5), page(6)]
+    response = await client.post("/v1/embeddings", json={"input": pages, "model": "anything"})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["object"] == "list" and body["model"] == "tiny-test"
+    assert [d["index"] for d in body["data"]] == [0, 1]
+    native = (await client.post("/v1/embed", json={"documents": [{"html": p} for p in pages]})).json()
+    for ours, theirs in zip(native["data"], body["data"], strict=True):
+        np.testing.assert_allclose(embedding(ours), embedding(theirs), atol=1e-6)
+    assert body["usage"]["prompt_tokens"] == native["usage"]["tokens"] == body["usage"]["total_tokens"]
+
+    single = await client.post("/v1/embeddings", json={"input": pages[0], "encoding_format": "base64"})
+    vector = np.frombuffer(base64.b64decode(single.json()["data"][0]["embedding"]), dtype="<f4")
+    np.testing.assert_allclose(vector, embedding(native["data"][0]), atol=1e-6)
+
+    wrong = await client.post("/v1/embeddings", json={"input": pages[0], "dimensions": 3})
+    assert wrong.status_code == 422 and wrong.json()["error"]["code"] == "validation_error"
+    tokens = await client.post("/v1/embeddings", json={"input": [[1, 2, 3]]})
+    assert tokens.status_code == 422
+
+
+async def test_tei_embed(client: httpx.AsyncClient) -> None:
+    response = await client.post("/embed", json={"inputs": [page(7), page(8)], "normalize": False})
+    assert response.status_code == 200, response.text
+    vectors = np.asarray(response.json(), dtype=np.float32)
+    expected = embedding(await embed_one(client, page(7), normalize=False))
+    np.testing.assert_allclose(vectors[0], expected, atol=1e-6)
+    single = await client.post("/embed", json={"inputs": page(7)})
+    assert len(single.json()) == 1
+
+
+async def test_preprocess(client: httpx.AsyncClient) -> None:
+    response = await client.post("/v1/preprocess", json={"documents": [{"id": "p", "html": page(9)}]})
+    assert response.status_code == 200, response.text
+    item = response.json()["data"][0]
+    assert item["id"] == "p"
+    assert "<script" not in item["html"] and "class=" not in item["html"] and "<p>" in item["html"]
+    assert item["tokens"] > 2
+
+
+async def test_info_health_ready_metrics(client: httpx.AsyncClient) -> None:
+    info = (await client.get("/info")).json()
+    assert info["model"] == "tiny-test" and info["max_length"] == TINY_MAX_LENGTH
+    assert {h["name"] for h in info["heads"]} == {CLASSIFICATION_HEAD.name, REGRESSION_HEAD.name}
+    assert info["limits"]["max_documents"] == 64 and info["auth"] is False
+    assert (await client.get("/health")).json() == {"status": "ok"}
+    assert (await client.get("/ready")).json() == {"status": "ready", "model": "tiny-test"}
+    metrics = await client.get("/metrics")
+    assert metrics.status_code == 200 and "htmllm_ready 1.0" in metrics.text
+    assert "htmllm_queue_size" in metrics.text
+
+
+async def test_unknown_route_and_method(client: httpx.AsyncClient) -> None:
+    missing = await client.get("/v2/nothing")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    wrong_method = await client.get("/v1/embed")
+    assert wrong_method.status_code == 405 and "error" in wrong_method.json()
+
+
+async def test_body_limit_before_parsing(settings_for: SettingsFactory) -> None:
+    async with app_client(settings_for(max_body_bytes=1000)) as client:
+        declared = await client.post("/v1/embed", content=b"x" * 1001, headers={"content-type": "text/html"})
+        assert declared.status_code == 413 and declared.json()["error"]["code"] == "payload_too_large"
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for _ in range(20):
+                yield b"y" * 100
+
+        chunked = await client.post("/v1/embed", content=chunks(), headers={"content-type": "text/html"})
+        assert chunked.status_code == 413
+        fits = await client.post("/v1/embed", json={"documents": [{"html": "<p>short</p>"}]})
+        assert fits.status_code == 200
+        metrics = (await client.get("/metrics")).text
+        assert 'htmllm_requests_total{method="POST",route="/v1/embed",status="413"} 2.0' in metrics
+
+
+async def test_api_key(settings_for: SettingsFactory) -> None:
+    async with app_client(settings_for(api_key="s3cret")) as client:
+        body = {"documents": [{"html": page(1)}]}
+        missing = await client.post("/v1/embed", json=body)
+        assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
+        assert missing.json()["error"]["code"] == "unauthorized"
+        wrong = await client.post("/v1/embed", json=body, headers={"authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        right = await client.post("/v1/embed", json=body, headers={"authorization": "Bearer s3cret"})
+        assert right.status_code == 200
+        for route in ("/v1/embeddings", "/embed", "/v1/preprocess", "/v1/extract"):
+            assert (await client.post(route, json={})).status_code == 401, route
+        for route in ("/health", "/ready", "/metrics", "/info", "/openapi.json"):
+            assert (await client.get(route)).status_code == 200, route
+
+
+async def test_timeout_is_504(settings_for: SettingsFactory) -> None:
+    # A lone document waits max_wait_ms for company, far past the request's timeout.
+    async with app_client(settings_for(request_timeout_s=0.05, max_wait_ms=500)) as client:
+        response = await client.post("/v1/embed", json={"documents": [{"html": page(1)}]})
+        assert response.status_code == 504
+        assert response.json()["error"]["code"] == "timeout"
