@@ -3,12 +3,14 @@
 The pipeline every tokenizer we train shares:
 - normalizer: Unicode NFC, then each whitespace run to one space. No lowercasing: casing is kept.
 - pre-tokenizer: Metaspace (a space becomes a `▁` glued to the next word, nothing is dropped), then
-  punctuation isolated, so `<`, `/`, `>` of tags that have no token of their own stay separate pieces.
+  each Han/kana character isolated (as BERT does), then punctuation isolated, so `<`, `/`, `>` of tags
+  that have no token of their own stay separate pieces.
 - model: WordPiece with `##` continuation pieces; decoder: strip `##`, `▁` back to a space, concatenate,
   so `decode(encode(x)) == x` for pruned HTML (whose whitespace is already collapsed).
-- tag tokens: `<t>` and `</t>` for each of the N most frequent tags (only `<t>` for void elements), added
-  as non-special added tokens *after* training. Added before training they would be fed to the trainer
-  as words and corrupt the merges; as special tokens `decode` would drop them.
+- tag tokens: `<t>` and `</t>` for each of the N most frequent tags (only `<t>` for void elements), and
+  the same with the preceding space (` <t>`, ` </t>`), added as non-special added tokens *after*
+  training. Added before training they would be fed to the trainer as words and corrupt the merges; as
+  special tokens `decode` would drop them.
 
 The trainer must see the text the finished tokenizer will see: at encode time the added tag tokens are cut
 out of the raw text first, so `<p>Hello` leaves the word `Hello` with no space marker. We therefore feed
@@ -53,6 +55,12 @@ VOID_TAGS: frozenset[str] = frozenset(
 # Opening tags (optionally self-closed, as some serializers write void elements) and closing tags.
 _TAG = re.compile(r"<(/?)([A-Za-z][A-Za-z0-9-]*)\s*/?>")
 
+# Han ideographs and kana, each a piece of its own as in BERT: these scripts put no spaces between words,
+# so without this a whole sentence would be one word, and [UNK] as soon as one character is unknown.
+_CJK_RANGES = ((0x3040, 0x30FF), (0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF), (0x20000, 0x2FA1F))
+_CJK_CLASS = "[" + "".join(f"{chr(a)}-{chr(b)}" for a, b in _CJK_RANGES) + "]"
+_CJK = re.compile(_CJK_CLASS)
+
 # Characters always in the alphabet, so that a rare symbol missing from a small training sample does not
 # turn its whole word into [UNK].
 _BASE_ALPHABET: list[str] = sorted(set(string.ascii_letters + string.digits + string.punctuation))
@@ -82,13 +90,19 @@ def count_tags(texts: Iterable[str]) -> Counter[str]:
     return opened
 
 
-def tag_tokens(tags: Sequence[str]) -> list[str]:
-    """The token strings for `tags`: `<t>` and `</t>`, or only `<t>` for a void element."""
+def tag_tokens(tags: Sequence[str], *, spaced: bool = False) -> list[str]:
+    """The token strings for `tags`: `<t>` and `</t>`, or only `<t>` for a void element.
+
+    With `spaced`, each also gets a form with the space before it (` <t>`, ` </t>`): pruned HTML has a
+    space at about half of all tag boundaries (`</a> <a>`, `Home </a>`), and without these forms each
+    such space is a `▁` token of its own, about a tenth of all tokens.
+    """
     tokens: list[str] = []
     for name in tags:
-        tokens.append(f"<{name}>")
-        if name.lower() not in VOID_TAGS:
-            tokens.append(f"</{name}>")
+        forms = [f"<{name}>"] if name.lower() in VOID_TAGS else [f"<{name}>", f"</{name}>"]
+        tokens.extend(forms)
+        if spaced:
+            tokens.extend(" " + form for form in forms)
     return tokens
 
 
@@ -104,6 +118,7 @@ def new_tokenizer() -> Tokenizer:
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
             pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never", split=True),
+            pre_tokenizers.Split(Regex(_CJK_CLASS), behavior="isolated"),
             pre_tokenizers.Punctuation(behavior="isolated"),
         ]
     )
@@ -153,8 +168,9 @@ def _complete_alphabet(tok: Tokenizer, budget: int) -> Tokenizer:
     for char in sorted(chars):
         if char not in known:
             missing.append(char)
-        # Punctuation and the space marker are always pieces of their own: never inside a word.
-        if char != "▁" and not _is_punctuation(char) and "##" + char not in known:
+        # Punctuation, CJK and the space marker are always pieces of their own: never inside a word.
+        inside = char != "▁" and not _is_punctuation(char) and not _CJK.fullmatch(char)
+        if inside and "##" + char not in known:
             missing.append("##" + char)
     excess = len(ordered) + len(missing) - budget
     if excess > 0:
@@ -188,6 +204,7 @@ def train_tokenizer(
     vocab_size: int,
     min_frequency: int = 2,
     tags: int = 100,
+    spaced_tags: bool = True,
     show_progress: bool = False,
 ) -> HtmlTokenizer:
     """Train a WordPiece tokenizer on pruned `texts` with tokens for the `tags` most frequent tags.
@@ -202,7 +219,7 @@ def train_tokenizer(
         raise TokenizerTrainingError(f"tags must be >= 0, got {tags}")
     target = round_up(vocab_size)
     chosen = top_tags(count_tags(docs), tags)
-    added = tag_tokens(chosen)
+    added = tag_tokens(chosen, spaced=spaced_tags)
     budget = target - len(added)
     floor = len(SPECIAL_TOKENS) + len(_BASE_ALPHABET)
     if budget < floor:

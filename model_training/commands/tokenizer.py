@@ -45,6 +45,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="one token each for <t> and </t> of the N most frequent tags (0: none, the ablation)",
     )
     train.add_argument(
+        "--no-spaced-tags",
+        action="store_true",
+        help="no tag forms with the space before them (` <t>`, ` </t>`): the second ablation",
+    )
+    train.add_argument(
         "--out", required=True, type=Path, help="output directory (tokenizer.json, training.json)"
     )
     train.set_defaults(func=run_train)
@@ -126,6 +131,7 @@ def run_train(args: argparse.Namespace) -> int:
             vocab_size=args.vocab_size,
             min_frequency=args.min_frequency,
             tags=args.tags,
+            spaced_tags=not args.no_spaced_tags,
             show_progress=not args.no_progress,
         )
     except HtmllmError as exc:

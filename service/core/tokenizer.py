@@ -3,10 +3,10 @@
 A thin, typed wrapper over a Hugging Face `tokenizers.Tokenizer` (one `tokenizer.json`):
 - the five BERT special tokens `[PAD] [UNK] [CLS] [SEP] [MASK]` must exist; their ids are exposed so the
   model config can be set from them (the ModernBERT defaults silently break a custom vocabulary);
-- the opening and closing forms of the most frequent HTML tags (`<p>`, `</p>`, ...) are *non-special*
-  added tokens: the tokenizer extracts them from the raw text before normalization and pre-tokenization,
-  so a tag is one token even when glued to text (`<p>Hello</p>`), and decoding keeps them (special tokens
-  would be dropped by `decode`);
+- the opening and closing forms of the most frequent HTML tags (`<p>`, `</p>`, and ` <p>`, ` </p>` with
+  the space before them) are *non-special* added tokens: the tokenizer extracts them from the raw text
+  before normalization and pre-tokenization, so a tag is one token even when glued to text
+  (`<p>Hello</p>`), and decoding keeps them (special tokens would be dropped by `decode`);
 - every `Encoding` starts with `[CLS]` and ends with `[SEP]`; truncation cuts the content, never those
   two, and reports the full length so callers can tell how much was lost.
 
@@ -36,8 +36,9 @@ from service.core.errors import ErrorCode, HtmllmError
 SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 TOKENIZER_FILE = "tokenizer.json"
 
-# A tag token is an attribute-free opening or closing tag, as the pruner writes them.
-_TAG_TOKEN = re.compile(r"</?[A-Za-z][A-Za-z0-9-]*>")
+# A tag token is an attribute-free opening or closing tag, as the pruner writes them, optionally with the
+# space before it (pruned HTML has one at about half of all tag boundaries).
+_TAG_TOKEN = re.compile(r" ?</?[A-Za-z][A-Za-z0-9-]*>")
 
 
 class TokenizerError(HtmllmError):

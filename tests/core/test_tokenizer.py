@@ -62,8 +62,8 @@ def test_each_top_tag_is_one_token_even_glued_to_text(tok: HtmlTokenizer) -> Non
 def test_tag_tokens_cover_the_frequent_tags_and_void_tags_only_open(tok: HtmlTokenizer) -> None:
     for tag in ("div", "p", "a", "li"):
         assert f"<{tag}>" in tok.tag_token_ids and f"</{tag}>" in tok.tag_token_ids
-    assert "<br>" in tok.tag_token_ids
-    assert "</br>" not in tok.tag_token_ids
+    assert "<br>" in tok.tag_token_ids and " <br>" in tok.tag_token_ids
+    assert "</br>" not in tok.tag_token_ids and " </br>" not in tok.tag_token_ids
 
 
 def test_tags_are_not_special_so_decode_keeps_them(tok: HtmlTokenizer) -> None:

@@ -39,6 +39,20 @@ def test_top_tags_breaks_ties_by_name() -> None:
 
 def test_void_tags_get_only_the_opening_form() -> None:
     assert tag_tokens(["p", "br", "img", "a"]) == ["<p>", "</p>", "<br>", "<img>", "<a>", "</a>"]
+    assert tag_tokens(["p", "br"], spaced=True) == ["<p>", "</p>", " <p>", " </p>", "<br>", " <br>"]
+
+
+def test_spaced_tag_forms_absorb_the_space_and_keep_it() -> None:
+    tok = build_tiny_tokenizer()
+    text = "<li>Home </li> <li>Prague</li>"
+    tokens = tok.tokens(text)
+    assert tokens[0] == "<li>" and tokens[-1] == "</li>" and "▁" not in tokens
+    assert tokens[tokens.index(" </li>") + 1] == " <li>"
+    assert tok.decode(tok.encode(text).ids) == text
+    unspaced = train_tokenizer(generate_pruned_pages(48), vocab_size=512, tags=24, spaced_tags=False)
+    assert " <li>" not in unspaced.tag_token_ids and "<li>" in unspaced.tag_token_ids
+    assert unspaced.tokens(text).count("▁") == 2
+    assert unspaced.decode(unspaced.encode(text).ids) == text
 
 
 def test_vocabulary_is_the_requested_multiple_of_64() -> None:
@@ -84,6 +98,18 @@ def test_every_alphabet_character_is_known_in_both_positions() -> None:
     assert unk not in tok.encode(string.punctuation).ids
 
 
+def test_cjk_characters_are_pieces_of_their_own() -> None:
+    pages = [*generate_pruned_pages(20, seed=8), *(["<p>東京の天気は晴れです</p><p>天気 東京</p>"] * 3)]
+    tok = train_tokenizer(pages, vocab_size=512, min_frequency=2, tags=10)
+    unk = tok.special_ids.unk
+    # A new sentence of known characters has no [UNK]; an unknown one costs one [UNK], not the run.
+    assert unk not in tok.encode("<p>晴れの東京</p>").ids
+    encoding = tok.encode("<p>東京雪天気</p>")
+    assert encoding.ids.count(unk) == 1
+    assert tok.decode(encoding.ids) == "<p>東京天気</p>"
+    assert tok.decode(tok.encode("<p>天気は晴れ</p>").ids) == "<p>天気は晴れ</p>"
+
+
 def test_retraining_keeps_sizes_special_and_tag_ids() -> None:
     # The `tokenizers` trainer breaks ties between equally frequent pairs in hash-map order, so two runs
     # may differ in a few rare pieces; what the model depends on must not.
@@ -92,7 +118,7 @@ def test_retraining_keeps_sizes_special_and_tag_ids() -> None:
     second = train_tokenizer(list(pages), vocab_size=448, min_frequency=2, tags=8)
     assert first.vocab_size == second.vocab_size == 448
     assert first.special_ids == second.special_ids
-    assert first.tag_token_ids == second.tag_token_ids and len(first.tag_token_ids) == 16
+    assert first.tag_token_ids == second.tag_token_ids and len(first.tag_token_ids) == 32
 
 
 def test_impossible_options_are_typed_errors() -> None:
