@@ -51,8 +51,8 @@ COPY pyproject.toml README.md ./
 COPY service ./service
 # The project itself, from the copied source; its dependencies are pinned by pyproject.toml ranges.
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir --no-build-isolation ".[serve,gpu]" \
-    && python -c "import service.api, service.engine, onnxruntime" \
+RUN pip install --no-cache-dir --no-build-isolation ".[serve,extract,gpu]" \
+    && python -c "import service.api, service.engine, onnxruntime, resiliparse, trafilatura, justext" \
     && python -c "import pathlib, service; d = pathlib.Path(service.__file__).parent / 'assets' / 'default-model'; assert (d / 'config.json').is_file(), f'no bundled default model at {d}'"
 
 # ---------------------------------------------------------------------------------------------------
@@ -90,7 +90,7 @@ CMD ["python", "-m", "service.api"]
 
 # ---------------------------------------------------------------------------------------------------
 # CPU builder: a virtualenv with the CPU torch wheel (the default PyPI wheel bundles CUDA, ~3 GB more)
-# and the `serve` + `onnx` extras.
+# and the `serve`, `extract` (the /v1/extract route's extractors) and `onnx` extras.
 FROM ${PYTHON_IMAGE} AS cpu-builder
 ARG TORCH_VERSION
 ARG TORCH_CPU_INDEX
@@ -105,8 +105,8 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY service ./service
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir ".[serve,onnx]" \
-    && python -c "import service.api, service.engine, onnxruntime" \
+RUN pip install --no-cache-dir ".[serve,extract,onnx]" \
+    && python -c "import service.api, service.engine, onnxruntime, resiliparse, trafilatura, justext" \
     && python -c "import pathlib, service; d = pathlib.Path(service.__file__).parent / 'assets' / 'default-model'; assert (d / 'config.json').is_file(), f'no bundled default model at {d}'"
 
 # ---------------------------------------------------------------------------------------------------

@@ -121,7 +121,8 @@ def test_builders_take_only_service_from_the_context(builder: str) -> None:
 def test_cpu_image_installs_onnxruntime_and_cpu_torch() -> None:
     stage = stages()["cpu-builder"]
     chosen = installed_extras(stage)
-    assert {"serve", "onnx"} <= chosen and "gpu" not in chosen and "train" not in chosen
+    # extract: the /v1/extract route's extractors (resiliparse, trafilatura, jusText).
+    assert chosen == {"serve", "extract", "onnx"}
     names = set().union(*(requirement_names(extras()[e]) for e in chosen))
     assert "onnxruntime" in names and "flash-attn" not in names
     assert "TORCH_CPU_INDEX" in run_text(stage)
@@ -131,7 +132,7 @@ def test_cpu_image_installs_onnxruntime_and_cpu_torch() -> None:
 def test_cuda_image_installs_flash_attn_and_onnxruntime_gpu() -> None:
     stage = stages()["cuda-builder"]
     chosen = installed_extras(stage)
-    assert {"serve", "gpu"} <= chosen and "train" not in chosen and "onnx" not in chosen
+    assert chosen == {"serve", "extract", "gpu"}
     names = set().union(*(requirement_names(extras()[e]) for e in chosen))
     assert {"flash-attn", "onnxruntime-gpu"} <= names
     # onnxruntime and onnxruntime-gpu install the same module; only the GPU build may be present.
