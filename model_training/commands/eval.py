@@ -1,0 +1,144 @@
+"""`htmllm eval run`: frozen-encoder evaluation with MLP heads, baselines, NMM and the two studies.
+
+Every page is embedded by the same Engine the service runs (cached by content hash under `--cache`),
+an MLP head is trained per task with 5-fold cross-validation by site, and the report (Markdown, JSON and
+a plot of metric vs context length) compares the checkpoints with random embeddings, TF-IDF and MiniLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from model_training.evaluation.runner import EvalConfig
+
+
+def int_list(value: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {value!r}") from None
+
+
+def name_list(value: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def add_head_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags shared by `eval run` and `heads train`: the head, its training, the cache, the device."""
+    parser.add_argument("--tasks", required=True, type=Path, help="a task directory, or a directory of them")
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=Path("runs/eval-cache"),
+        help="embedding cache directory (content-hash keyed); '' for none",
+    )
+    parser.add_argument("--hidden", type=int, default=512, help="hidden units of the MLP head")
+    parser.add_argument("--max-epochs", type=int, default=200, help="upper bound on head training epochs")
+    parser.add_argument(
+        "--patience", type=int, default=15, help="epochs without validation gain before stopping"
+    )
+    parser.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate of the head")
+    parser.add_argument("--folds", type=int, default=5, help="folds for tasks whose rows carry none")
+    parser.add_argument("--seed", type=int, default=0, help="seed of head initialisation and data order")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device of the encoder")
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16", "float16"),
+        help="encoder precision (reduced precision on CUDA only)",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="CPU threads for the encoder (default: torch's)"
+    )
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    parser = subparsers.add_parser("eval", help="evaluate frozen encoders with MLP heads (NMM, studies)")
+    parser.set_defaults(func=lambda _args: _usage(parser))
+    commands = parser.add_subparsers(dest="eval_command", metavar="ACTION")
+    run_parser = commands.add_parser("run", help="embed, train heads with 5-fold CV, write the report")
+    run_parser.add_argument(
+        "--checkpoint",
+        action="append",
+        type=Path,
+        default=[],
+        help="checkpoint directory; repeat to compare several",
+    )
+    run_parser.add_argument(
+        "--truncate",
+        type=int_list,
+        default=(),
+        help="comma-separated max token lengths (the truncation study), e.g. 512,2048,4096,8192; "
+        "default: each checkpoint's max_length",
+    )
+    run_parser.add_argument(
+        "--input",
+        type=name_list,
+        default=("html",),
+        help="html (pruned HTML), text (union-extracted text) or html,text (the input study)",
+    )
+    run_parser.add_argument(
+        "--baselines",
+        type=name_list,
+        default=("random", "tfidf", "minilm"),
+        help="comma-separated baselines: random, tfidf, minilm ('' for none)",
+    )
+    run_parser.add_argument("--out", type=Path, default=Path("runs/eval"), help="report directory")
+    run_parser.add_argument("--title", default="Evaluation report", help="the report's heading")
+    add_head_flags(run_parser)
+    run_parser.set_defaults(func=run)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def eval_config(args: argparse.Namespace, **overrides: Any) -> EvalConfig:
+    from model_training.evaluation.heads import HeadConfig
+    from model_training.evaluation.runner import EvalConfig
+
+    head = HeadConfig(
+        hidden=args.hidden, max_epochs=args.max_epochs, patience=args.patience, lr=args.lr, seed=args.seed
+    )
+    cache = args.cache if args.cache and str(args.cache) else None
+    return EvalConfig(
+        head=head,
+        cache_dir=cache,
+        device=args.device,
+        dtype=args.dtype,
+        seed=args.seed,
+        threads=args.threads,
+        **overrides,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from model_training.evaluation.report import write_report
+    from model_training.evaluation.runner import run_evaluation
+    from model_training.evaluation.tasks import load_tasks
+    from service.core.errors import HtmllmError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    try:
+        config = eval_config(
+            args,
+            checkpoints=tuple(args.checkpoint),
+            truncate=args.truncate,
+            inputs=args.input,
+            baselines=args.baselines,
+        )
+        tasks = load_tasks(args.tasks, k=args.folds, seed=args.seed)
+        result = run_evaluation(tasks, config)
+    except (HtmllmError, ValueError) as exc:
+        code = getattr(exc, "code", "validation_error")
+        print(f"htmllm eval run: {code}: {exc}", file=sys.stderr)
+        return 1
+    for path in write_report(result, args.out, title=args.title):
+        print(path)
+    return 0

@@ -1,0 +1,66 @@
+"""`htmllm heads train`: train a task head per task on a checkpoint's embeddings and save it into it.
+
+The heads are `TaskHead`s written by `service.core.checkpoint.save_heads` with their labels and their
+cross-validated metrics, so the service serves them; the encoder's weights are never touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from model_training.commands.eval import add_head_flags, eval_config
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    parser = subparsers.add_parser(
+        "heads", help="train task heads into a checkpoint, for the service to serve"
+    )
+    parser.set_defaults(func=lambda _args: _usage(parser))
+    commands = parser.add_subparsers(dest="heads_command", metavar="ACTION")
+    train = commands.add_parser("train", help="train one MLP head per task and write it into the checkpoint")
+    train.add_argument(
+        "--checkpoint", required=True, type=Path, help="checkpoint directory to add the heads to"
+    )
+    train.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help="max tokens per page, as the service will run (default: the checkpoint's)",
+    )
+    add_head_flags(train)
+    train.set_defaults(func=run)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    from model_training.evaluation.runner import train_heads
+    from model_training.evaluation.tasks import load_tasks
+    from service.core.checkpoint import save_heads
+    from service.core.errors import HtmllmError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    try:
+        tasks = load_tasks(args.tasks, k=args.folds, seed=args.seed)
+        heads = train_heads(
+            args.checkpoint,
+            tasks,
+            eval_config(args, checkpoints=(args.checkpoint,), baselines=()),
+            max_length=args.max_length,
+        )
+        save_heads(args.checkpoint, heads)
+    except (HtmllmError, ValueError) as exc:
+        code = getattr(exc, "code", "validation_error")
+        print(f"htmllm heads train: {code}: {exc}", file=sys.stderr)
+        return 1
+    for name, (spec, _) in heads.items():
+        figures = ", ".join(f"{k} {v:.4f}" for k, v in spec.metrics.items())
+        print(f"{name}: {len(spec.labels)} labels; {figures}")
+    return 0

@@ -1,0 +1,64 @@
+"""`htmllm tasks derive`: evaluation tasks from page metadata that pruning removes (no labels needed)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    parser = subparsers.add_parser("tasks", help="build evaluation task files")
+    parser.set_defaults(func=lambda _args: _usage(parser))
+    commands = parser.add_subparsers(dest="tasks_command", metavar="ACTION")
+    derive = commands.add_parser(
+        "derive",
+        help="derive page_kind (og:type), schema_type (JSON-LD @type) and language (<html lang>) tasks",
+    )
+    derive.add_argument(
+        "--corpus", required=True, type=Path, help="page source (a corpus directory, JSONL, HTML dir)"
+    )
+    derive.add_argument(
+        "--out", required=True, type=Path, help="output directory: one task directory per task"
+    )
+    derive.add_argument(
+        "--min-pages", type=int, default=10, help="a class needs this many pages, else it merges"
+    )
+    derive.add_argument("--min-sites", type=int, default=5, help="a class needs pages from this many sites")
+    derive.add_argument("--folds", type=int, default=5, help="cross-validation folds, assigned by site")
+    derive.add_argument("--seed", type=int, default=0, help="seed of the fold assignment")
+    derive.add_argument("--limit", type=int, default=None, help="read at most this many pages")
+    derive.set_defaults(func=run_derive)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def run_derive(args: argparse.Namespace) -> int:
+    from model_training.evaluation.derive import derive_tasks
+    from service.core.errors import HtmllmError
+
+    try:
+        results = derive_tasks(
+            args.corpus,
+            args.out,
+            min_pages=args.min_pages,
+            min_sites=args.min_sites,
+            folds=args.folds,
+            seed=args.seed,
+            limit=args.limit,
+        )
+    except HtmllmError as exc:
+        print(f"htmllm tasks derive: {exc.code}: {exc}")
+        return 1
+    for r in results:
+        if r.path is None:
+            print(f"{r.name}: skipped ({r.skipped})")
+            continue
+        counts = ", ".join(f"{label} {r.counts[label]}" for label in r.labels)
+        extra = f"; merged into other: {', '.join(r.merged)}" if r.merged else ""
+        extra += f"; dropped: {', '.join(r.dropped)}" if r.dropped else ""
+        print(f"{r.name}: {sum(r.counts.values())} pages from {r.sites} sites ({counts}){extra} -> {r.path}")
+    return 0

