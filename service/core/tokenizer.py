@@ -63,6 +63,11 @@ class Encoding:
     full_length: int  # tokens before truncation (with [CLS]/[SEP])
 
 
+def _scrub(text: str) -> str:
+    """`text` with lone surrogates (unencodable in UTF-8) replaced by U+FFFD."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
 def canonical_json(tok: Tokenizer) -> str:
     """The tokenizer's JSON with sorted keys and no insignificant whitespace: the input of `sha256`."""
     return json.dumps(json.loads(tok.to_str()), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -141,7 +146,10 @@ class HtmlTokenizer:
         self._check_max_length(max_length)
         if not isinstance(text, str):
             raise TokenizerError(f"encode takes text (str), got {type(text).__name__}")
-        content = self._tok.encode(text, add_special_tokens=False).ids
+        try:
+            content = self._tok.encode(text, add_special_tokens=False).ids
+        except TypeError:  # lone surrogates cannot cross into Rust; bad input must not crash
+            content = self._tok.encode(_scrub(text), add_special_tokens=False).ids
         return self._finish(content, max_length)
 
     def encode_batch(self, texts: Sequence[str], *, max_length: int | None = None) -> list[Encoding]:
@@ -152,7 +160,10 @@ class HtmlTokenizer:
             raise TokenizerError(f"encode_batch takes texts (str), got {bad[0]}")
         if not texts:
             return []
-        encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        try:
+            encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        except TypeError:
+            encodings = self._tok.encode_batch([_scrub(t) for t in texts], add_special_tokens=False)
         return [self._finish(e.ids, max_length) for e in encodings]
 
     def decode(self, ids: Sequence[int]) -> str:

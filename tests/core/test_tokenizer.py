@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,20 @@ def test_unknown_script_becomes_unk_not_an_error(tok: HtmlTokenizer) -> None:
     encoding = tok.encode("<p>東京の天気</p>")
     assert tok.special_ids.unk in encoding.ids
     assert tok.decode(encoding.ids) == "<p></p>"
+
+
+def test_lone_surrogates_and_control_characters_do_not_crash(tok: HtmlTokenizer) -> None:
+    text = "<p>a\ud800b</p>"
+    encoding = tok.encode(text)
+    assert encoding.ids[0] == tok.special_ids.cls and tok.decode(encoding.ids).startswith("<p>")
+    assert tok.encode_batch([text, "<p>ok</p>"])[0] == encoding
+    assert tok.decode(tok.encode("<p>\x00\x01</p>").ids).startswith("<p>")
+
+
+def test_encoder_is_picklable_for_worker_processes(tok: HtmlTokenizer) -> None:
+    clone = pickle.loads(pickle.dumps(tok))
+    page = generate_pruned_pages(1, seed=13)[0]
+    assert clone.sha256 == tok.sha256 and clone.encode(page) == tok.encode(page)
 
 
 def test_decode_rejects_ids_outside_the_vocabulary(tok: HtmlTokenizer) -> None:
