@@ -13,7 +13,7 @@ HOST ?= 0.0.0.0
 PORT ?= 8000
 CORPUS ?= ../shared/corpus
 
-.PHONY: install test lint typecheck pytest serve loadtest clean
+.PHONY: install test lint typecheck pytest serve loadtest default-model clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,28 @@ LOADTEST_TIME ?= 60s
 LOADTEST_ARGS ?=
 loadtest: install
 	$(PY) -m loadtests.run --users $(LOADTEST_USERS) --run-time $(LOADTEST_TIME) $(LOADTEST_ARGS)
+
+# The bundled default model (service/assets/default-model/, with MODEL_CARD.md) and docs/training_curve.png:
+# tokenizer -> shards -> MiniLM teacher -> pretraining of `mini` -> heads -> evaluation -> bundle, on
+# $(CORPUS), under an hour on a 2-core CPU. Intermediate data stays in $(DEFAULT_RUN) (git-ignored).
+DEFAULT_RUN ?= runs/default-model
+HTMLLM := $(VENV)/bin/htmllm
+default-model: install
+	mkdir -p $(DEFAULT_RUN)/logs
+	$(HTMLLM) tokenizer train --corpus $(CORPUS) --vocab-size 16384 --out $(DEFAULT_RUN)/tokenizer --no-progress
+	$(HTMLLM) data prepare --corpus $(CORPUS) --tokenizer $(DEFAULT_RUN)/tokenizer/tokenizer.json \
+		--out $(DEFAULT_RUN)/shards --no-progress > $(DEFAULT_RUN)/logs/data.json
+	$(HTMLLM) teacher embed --input $(DEFAULT_RUN)/shards --out $(DEFAULT_RUN)/teacher --no-progress
+	$(HTMLLM) train --config configs/default-model.toml --shards $(DEFAULT_RUN)/shards \
+		--teacher $(DEFAULT_RUN)/teacher --out $(DEFAULT_RUN)/pretrain --no-resume --no-progress
+	$(HTMLLM) tasks derive --corpus $(CORPUS) --out $(DEFAULT_RUN)/tasks
+	$(HTMLLM) heads train --checkpoint $(DEFAULT_RUN)/pretrain/model --tasks $(DEFAULT_RUN)/tasks \
+		--cache $(DEFAULT_RUN)/eval-cache
+	$(HTMLLM) eval run --checkpoint $(DEFAULT_RUN)/pretrain/model --tasks $(DEFAULT_RUN)/tasks \
+		--baselines random,tfidf,minilm --cache $(DEFAULT_RUN)/eval-cache --out $(DEFAULT_RUN)/eval \
+		--title "Default model: frozen-encoder evaluation"
+	$(PY) -m model_training.default_model --run $(DEFAULT_RUN) --out service/assets/default-model \
+		--curve docs/training_curve.png --eval $(DEFAULT_RUN)/eval
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,196 @@
+"""The last step of `make default-model`: bundle a finished run into `service/assets/default-model/`.
+
+    python -m model_training.default_model --run runs/default-model --out service/assets/default-model
+
+copies the run's served checkpoint (with the heads `htmllm heads train` added), checks that it loads
+strictly and fits the size budget, copies the training curve into docs/, and writes MODEL_CARD.md from
+the figures the pipeline recorded: tokenizer, shards, teacher, pretraining summary, heads' metrics and
+the evaluation report. Nothing in the card is typed by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from model_training.data import read_manifest
+from model_training.pretrain import CURVE_FILE, SUMMARY_FILE
+from model_training.teacher import read_teacher_meta
+from service.core.checkpoint import load_checkpoint
+
+MAX_BUNDLE_BYTES = 40 * 1024 * 1024
+CARD_FILE = "MODEL_CARD.md"
+CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "htmllm.json")
+
+
+def _load_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _directory_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _results_section(report_md: Path) -> str:
+    """The "## Results" section of the evaluation report (the table of systems), if there is one."""
+    if not report_md.is_file():
+        return ""
+    text = report_md.read_text(encoding="utf-8")
+    start = text.find("## Results")
+    if start < 0:
+        return ""
+    end = text.find("\n## ", start + 1)
+    section = text[start : end if end > 0 else len(text)].strip()
+    return section.replace("## Results", "### Frozen-encoder evaluation (`htmllm eval run`)", 1)
+
+
+def render_card(run: Path, bundle: Path, *, eval_dir: Path | None) -> str:
+    """MODEL_CARD.md from the run's recorded figures."""
+    checkpoint = load_checkpoint(bundle)
+    meta = checkpoint.meta
+    training = meta.training
+    config = training.get("config", {})
+    summary = _load_json(run / "pretrain" / SUMMARY_FILE) or training
+    heldout = summary.get("heldout", {})
+    final = summary.get("final_train", {})
+    tokenizer_report = _load_json(run / "tokenizer" / "training.json")
+    shards = read_manifest(run / "shards")
+    stats = shards.get("stats", {})
+    teacher = read_teacher_meta(run / "teacher")
+    params = sum(p.numel() for p in checkpoint.model.encoder.parameters())
+    seconds = {
+        "tokenizer": tokenizer_report.get("seconds"),
+        "shards": _load_json(run / "logs" / "data.json").get("seconds"),
+        "teacher": teacher.seconds,
+        "pretraining": summary.get("seconds_this_session"),
+    }
+    lines = [
+        f"# {meta.name}: the bundled default model",
+        "",
+        "A **small, demo-quality** HTML encoder so that `make serve` works out of the box. It is the `mini`",
+        "preset of our ModernBERT encoder, pretrained for a few minutes of CPU time on the ~1,000 pages of",
+        "the shared test corpus (trafilatura's evaluation pages). The paper's models were trained on",
+        "millions of pages on 8xH100; do not expect this one to be good at anything beyond demonstrating",
+        "the pipeline end to end. Retrain with `make default-model` (or `htmllm train` on your own shards).",
+        "",
+        "## What it is",
+        "",
+        f"- Encoder: ModernBERT `{config.get('preset')}` preset, {meta.embedding_dim}-d embeddings, "
+        f"{params / 1e6:.1f}M parameters, stored as {config.get('export_dtype')}; pooling `{meta.pooling}`.",
+        f"- Input: pruned HTML (prune version {meta.prune_version}), at most {meta.max_length} tokens.",
+        f"- Tokenizer: HTML-aware WordPiece, {checkpoint.tokenizer.vocab_size} ids with "
+        f"{len(checkpoint.tokenizer.tag_token_ids)} tag tokens, trained on "
+        f"{tokenizer_report.get('pages', '?')} pruned pages (sha256 {meta.tokenizer_sha256[:16]}).",
+        f"- Heads: {', '.join(s.name for s in meta.heads) or 'none'}.",
+        "",
+        "## How it was trained",
+        "",
+        f"- Data: `htmllm data prepare` on {stats.get('pages', '?')} pages: {stats.get('written', '?')} kept "
+        f"({stats.get('train', '?')} train, {stats.get('heldout', '?')} held out by domain), "
+        f"{stats.get('tokens', 0):,} tokens; at most {shards.get('sampling', {}).get('per_domain', '?')} "
+        f"pages per domain; skipped: {stats.get('skipped') or 'none'}.",
+        f"- Teacher: `{teacher.model}` ({teacher.dim}-d) on the page's {teacher.view} "
+        f"(union extraction; {teacher.fallbacks} pages with no extracted text used pruned HTML), "
+        f"truncated to {teacher.max_seq_length} of its tokens.",
+        f"- Objectives: MLM ({config.get('mask_prob')} masking, 80/10/10, tied decoder), bag-of-words from "
+        f"[CLS], teacher-weighted contrastive distillation (rank-{config.get('distil_rank')} head, "
+        f"temperature {config.get('temperature')}); weights {config.get('loss_weights')}, each divided by "
+        "its first-batch value and multiplied by a fresh U(0,1) per step.",
+        f"- Optimisation: AdamW, peak lr {config.get('lr')}, trapezoidal schedule "
+        f"({config.get('warmup_frac')} warm-up, {config.get('cooldown_frac')} cool-down), "
+        f"{summary.get('steps')} steps of {config.get('batch_size')} x {config.get('grad_accum')} pages, "
+        f"{config.get('max_length')} tokens, on {config.get('device')}.",
+        "- Time (seconds, on the shared 2-core build machine): "
+        + ", ".join(f"{k} {v}" for k, v in seconds.items() if v is not None)
+        + ".",
+        "",
+        "## Figures",
+        "",
+        "Held-out pages (domains never seen in training), clean input:",
+        "",
+        "| Figure | Value |",
+        "|---|---|",
+        f"| Distillation cosine to the teacher (projected student) | {heldout.get('cosine', 0):.3f} |",
+        f"| Same, constant mean-teacher prediction (the floor) | {heldout.get('centroid_cosine', 0):.3f} |",
+        f"| Teacher retrieval top-1 among held-out pages | {heldout.get('top1', 0):.3f} |",
+        f"| Held-out pages | {int(heldout.get('documents', 0))} |",
+        f"| MLM / BOW / distillation loss, held out | {heldout.get('mlm_loss', 0):.3f} / "
+        f"{heldout.get('bow_loss', 0):.3f} / {heldout.get('distil_loss', 0):.3f} |",
+        f"| MLM / BOW / distillation loss, last training step | {final.get('mlm', 0):.3f} / "
+        f"{final.get('bow', 0):.3f} / {final.get('distil', 0):.3f} |",
+        "",
+        "The training curve is `docs/training_curve.png`.",
+        "",
+    ]
+    if meta.heads:
+        lines += ["### Task heads (`htmllm heads train`, cross-validated by site)", ""]
+        lines += ["| Head | Kind | Classes | Metrics |", "|---|---|---|---|"]
+        for spec in meta.heads:
+            metrics = ", ".join(f"{k} {v:.3f}" for k, v in sorted(spec.metrics.items()))
+            lines.append(f"| {spec.name} | {spec.kind} | {len(spec.labels) or '-'} | {metrics or '-'} |")
+        lines.append("")
+    results = _results_section(eval_dir / "report.md") if eval_dir is not None else ""
+    if results:
+        lines += [results, ""]
+    lines += [
+        "## Limits",
+        "",
+        "- Trained on about a thousand pages, mostly German and English news, blogs and company sites.",
+        f"- Pages longer than {meta.max_length} tokens of pruned HTML are truncated.",
+        "- Embeddings are for demos and tests of the service; use a properly pretrained checkpoint for",
+        "  anything that matters.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def bundle(run: Path, out: Path, *, curve: Path | None, eval_dir: Path | None) -> Path:
+    """Copy the run's checkpoint to `out`, verify it, write the card; returns the card's path."""
+    source = run / "pretrain" / "model"
+    for name in CHECKPOINT_FILES:
+        if not (source / name).is_file():
+            raise SystemExit(f"{source} has no {name}: run the pretraining step first")
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for name in CHECKPOINT_FILES:
+        shutil.copy2(source / name, out / name)
+    if (source / "heads").is_dir():
+        shutil.copytree(source / "heads", out / "heads")
+    size = _directory_bytes(out)
+    if size > MAX_BUNDLE_BYTES:
+        raise SystemExit(
+            f"{out} is {size / 2**20:.1f} MiB, over the {MAX_BUNDLE_BYTES / 2**20:.0f} MiB budget"
+        )
+    card = out / CARD_FILE
+    card.write_text(render_card(run, out, eval_dir=eval_dir), encoding="utf-8")
+    if curve is not None and (run / "pretrain" / CURVE_FILE).is_file():
+        curve.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(run / "pretrain" / CURVE_FILE, curve)
+    return card
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="bundle a default-model run into the service's assets")
+    parser.add_argument(
+        "--run", type=Path, default=Path("runs/default-model"), help="the pipeline's run directory"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("service/assets/default-model"), help="bundle directory (replaced)"
+    )
+    parser.add_argument(
+        "--curve", type=Path, default=Path("docs/training_curve.png"), help="copy the curve here"
+    )
+    parser.add_argument("--eval", type=Path, default=None, help="an `htmllm eval run` report directory")
+    args = parser.parse_args(argv)
+    card = bundle(args.run, args.out, curve=args.curve, eval_dir=args.eval)
+    print(f"wrote {args.out} ({_directory_bytes(args.out) / 2**20:.1f} MiB) and {card}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
