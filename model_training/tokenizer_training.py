@@ -32,9 +32,8 @@ import string
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers.trainers import WordPieceTrainer
@@ -324,8 +323,8 @@ class TokenizerStats:
     vocab_used: float  # % of the vocabulary's ids that occur at least once
     unk_rate: float  # % of content tokens that are [UNK]
     chars_per_token: float
+    percentiles: dict[str, float]  # "min", "p10", "p25", "p75", "p90", "max" of tokens per document
     sha256: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def evaluate_tokenizer(
@@ -363,8 +362,19 @@ def evaluate_tokenizer(
         vocab_used=100.0 * len(used) / tok.vocab_size,
         unk_rate=100.0 * unk / max(content, 1),
         chars_per_token=chars / max(content, 1),
+        percentiles=_percentiles(lengths),
         sha256=tok.sha256,
     )
+
+
+def _percentiles(values: Sequence[int]) -> dict[str, float]:
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        # Nearest rank: an actual document's length, not an interpolation between two.
+        return float(ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))])
+
+    return {"min": at(0), "p10": at(0.1), "p25": at(0.25), "p75": at(0.75), "p90": at(0.9), "max": at(1)}
 
 
 def markdown_table(stats: Sequence[TokenizerStats]) -> str:
