@@ -35,8 +35,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     train.add_argument(
         "--min-frequency",
         type=int,
-        default=2,
-        help="minimum count of a piece to enter the vocabulary (paper: 10)",
+        default=10,
+        help="minimum count of a pair to be merged into a piece (default and paper: 10)",
     )
     train.add_argument(
         "--tags",
