@@ -1,0 +1,370 @@
+"""The HTML-LM preprocessor: raw page in, pruned HTML out (the paper's section 2.2, on selectolax/Lexbor).
+
+The algorithm, as the paper gives it:
+
+1. Parse the document into a DOM (Lexbor, an HTML5 tree builder: the tree a browser builds).
+2. Depth first, remove `<script>`, `<style>`, comments, and every subtree without plain-text content.
+3. Keep all text and the tags around it; keep the tags of `KEEP_TAGS` even when they contain no text.
+4. Strip every attribute.
+5. Replace every element that has exactly one child element and no text of its own by that child.
+6. Collapse each run of whitespace to one space.
+
+Decisions where the paper is silent (each has a test in `tests/core/test_prune.py`; the reasoning is in
+`docs/preprocessing.md`):
+
+- "Text" is a text node with a non-whitespace character (Python's `str.isspace`, so U+00A0 and the
+  other Unicode spaces are whitespace, as the whitespace tokenizer sees them). Whitespace-only text
+  neither keeps an element (rule 2) nor counts as "text of its own" (rule 5), but it stays where it was,
+  as one space, so words in neighbouring elements never run together.
+- A subtree survives rule 2 when it holds text *or a kept tag*: `<div><img></div>` keeps the `<img>`,
+  so it keeps the `<div>` around it, which rule 5 then replaces by the `<img>`.
+- `<head>` is processed like any element: the `<title>` is text and survives; `<meta>`, `<link>`,
+  `<base>` hold no text and go. A page with a title prints as `<html><title>...</title>...</html>`.
+- `<noscript>` is removed with its content, like `<script>`: its content is what a browser that runs
+  scripts never shows (mostly "enable JavaScript" notices and tracking pixels).
+- `<template>` is removed with its content: it is inert until a script clones it.
+- `<iframe>` is kept (it is in the keep list) as an empty element: its text content is fallback markup
+  for browsers without frames, never shown. `<noembed>` and `<noframes>` go for the same reason.
+- `<svg>` is kept as an empty element; its inner drawing (paths, `<text>` labels) is not page text.
+  MathML is processed like HTML (its `<mi>x</mi>` is text).
+- `<input type="hidden">` is removed: it is never rendered, and kept without its attribute it would
+  become a visible input (and a table's hidden input would move out of the table on re-parsing).
+- `<xmp>` and `<plaintext>` (obsolete raw-text elements) become `<pre>`, their text escaped, so the
+  output re-parses to the same text.
+- Entities are decoded once, by the parser; the output escapes exactly `&`, `<` and `>` in text, so it
+  is valid HTML that decodes back to the page's text. Attributes are gone, so nothing else needs it.
+- Tag names are lowercase (the parser lowercases HTML and MathML names; SVG content is dropped).
+- Rule 5 is not applied where the result would re-parse into a different tree, which would make the
+  pruner's output depend on whether it had been pruned before: a table-structure element (`table`,
+  `tbody`, `tr`, `td`, ...) is never replaced and never replaces its parent (`<td>` outside a `<tr>` is
+  dropped by every HTML parser); nor are `li`, `dt`, `dd`, `option`, `optgroup`, ruby annotations and
+  `frame` moved up (an `<li>` directly in an `<li>` closes it); a `button`, `object`, `applet`,
+  `marquee` or `select` (scope boundaries of the HTML parser) is never replaced; a heading never
+  replaces an element whose parent is a heading.
+- The output has no leading or trailing space; an empty page (or one without text or kept tags) gives "".
+
+Robustness: input over `max_bytes` raises `InputTooLargeError` before any parsing (cheap checks first);
+a page nesting deeper than `max_depth` raises `NestingTooDeepError` (Lexbor's tree builder is
+quadratic in nesting depth: 100,000 nested `<div>`s take half a minute); everything else returns a
+result. There is no Python recursion anywhere: the pruning runs as one loop over the tokens of
+Lexbor's serialisation of the cleaned tree, with an explicit stack.
+
+How it is fast: Lexbor does the parsing, removes scripts, styles, templates and noscripts, and
+serialises the tree (all C); comments and raw-text content go with two C-level regex passes; one
+`re.split` turns the serialisation into (end-slash, tag name, following text) triples; and one Python
+loop over those triples applies rules 2-5 to a flat output list, deciding each element when its end tag
+arrives (dropping it truncates the list, collapsing it blanks its start tag). The serialiser's output is
+well-formed (every non-void element has an end tag, `<` in text is always `&lt;`), which is what makes a
+regex tokenizer exact here.
+"""
+
+from __future__ import annotations
+
+import html as _html
+import re
+from itertools import accumulate
+
+from selectolax.lexbor import LexborHTMLParser, SelectolaxError
+
+from service.core.decoding import decode_html
+from service.core.errors import ErrorCode, HtmllmError
+
+PRUNE_VERSION = "1"  # recorded in checkpoints; bump whenever the output for some input changes
+
+DEFAULT_MAX_BYTES = 16 * 1024 * 1024  # larger pages are refused before parsing
+DEFAULT_MAX_DEPTH = 8192  # deeper nesting is refused before parsing (see the module docstring)
+
+# Rule 3: tags kept even without text.
+KEEP_TAGS = frozenset(
+    {
+        "a", "address", "audio", "br", "button", "col", "embed", "figure", "footer", "form", "frame",
+        "header", "hr", "iframe", "img", "input", "label", "menu", "meter", "nav", "option", "output",
+        "picture", "progress", "search", "select", "td", "th", "tr", "textarea", "video", "i", "svg",
+    }
+)  # fmt: skip
+# Rule 2: removed with their content (scripts and styles by the paper; the rest by our decisions).
+REMOVED_TAGS = ("script", "style", "noscript", "template", "noembed", "noframes")
+
+# Rule 5 exceptions (see the module docstring): never replaced by their only child ...
+_NEVER_REPLACED = frozenset(
+    {
+        "table", "caption", "colgroup", "thead", "tbody", "tfoot", "tr", "td", "th",
+        "button", "object", "applet", "marquee", "select", "h1", "h2", "h3", "h4", "h5", "h6",
+    }
+)  # fmt: skip
+# ... never moved up to take their parent's place ...
+_NEVER_MOVED_UP = frozenset(
+    {
+        "caption", "col", "colgroup", "thead", "tbody", "tfoot", "tr", "td", "th",
+        "li", "dt", "dd", "option", "optgroup", "rb", "rt", "rp", "rtc", "frame", "frameset",
+    }
+)  # fmt: skip
+# ... and a heading never becomes the child of a heading.
+_HEADINGS = frozenset({"h1", "h2", "h3", "h4", "h5", "h6"})
+
+# Elements the serialiser writes without an end tag (HTML void elements).
+_VOID = frozenset(
+    {
+        "area", "base", "basefont", "bgsound", "br", "col", "embed", "frame", "hr", "img", "input",
+        "keygen", "link", "meta", "param", "source", "track", "wbr",
+    }
+)  # fmt: skip
+
+# One tag of the serialisation: group 1 is "/" for an end tag, group 2 the name (attributes follow).
+_TAG_SPLIT = re.compile(r"<(/?)([a-zA-Z][^\s/>]*)[^>]*>")
+# Removed or rewritten before tokenizing: comments, processing instructions, the raw-text elements
+# removed with their content (with scripting on, the serialiser writes their content literally, and
+# it cannot contain their end tag), hidden inputs, and the raw-text elements we rewrite.
+_CLEANUP = re.compile(
+    r"<!--.*?-->"
+    r"|<\?[^>]*>"
+    r"|<(script|style|noscript|noembed|noframes)\b[^>]*>.*?</\1>"
+    r"|<input\b[^>]*\btype=\"(?i:\s*hidden\s*)\"[^>]*>"
+    r"|<(iframe|xmp)\b[^>]*>(.*?)</\2>",
+    re.DOTALL,
+)
+_PLAINTEXT = re.compile(r"<plaintext\b[^>]*>(.*)</plaintext>", re.DOTALL)
+_TEMPLATE = re.compile(r"<template", re.IGNORECASE)
+# For the nesting pre-check: start and end tags of elements that can nest without bound (void
+# elements and elements the parser closes implicitly, such as <p> and <li>, cannot).
+_NESTING_TAG = re.compile(
+    r"<(/?)(?!(?:area|base|basefont|bgsound|br|col|embed|frame|hr|img|input|keygen|link|meta|param"
+    r"|source|track|wbr|p|li|dt|dd|td|th|tr|option|optgroup|tbody|thead|tfoot|colgroup|caption"
+    r"|rb|rt|rp|rtc|html|head|body)[\s/>])[a-zA-Z]",
+    re.IGNORECASE,
+)
+
+
+class PruneError(HtmllmError):
+    """A page that cannot be pruned."""
+
+    code = ErrorCode.PREPROCESS_FAILED
+
+
+class InputTooLargeError(PruneError):
+    """The page is larger than the configured byte cap."""
+
+    code = ErrorCode.PAYLOAD_TOO_LARGE
+
+
+class NestingTooDeepError(PruneError):
+    """The page nests elements deeper than the configured cap."""
+
+
+class InvalidInputError(PruneError):
+    """The input is neither text nor bytes."""
+
+    code = ErrorCode.VALIDATION
+
+
+class ParseFailedError(PruneError):
+    """The HTML parser gave up on the page (it reported an error or ran out of memory)."""
+
+
+def prune_html(
+    html: str | bytes,
+    *,
+    encoding: str | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+) -> str:
+    """The pruned HTML of one page (deterministic, pure); raises only `PruneError` subclasses."""
+    if isinstance(html, (bytearray, memoryview)):
+        html = bytes(html)
+    if not isinstance(html, (str, bytes)):
+        raise InvalidInputError(f"a page is str or bytes, not {type(html).__name__}")
+    size = _byte_size(html, max_bytes)
+    if size > max_bytes:
+        raise InputTooLargeError(f"page of {size} bytes exceeds the cap of {max_bytes} bytes")
+    text = decode_html(html, encoding=encoding).text
+    return prune_text(text, max_depth=max_depth)
+
+
+def prune_text(text: str, *, max_depth: int = DEFAULT_MAX_DEPTH) -> str:
+    """Prune already-decoded page text (`prune_html` after decoding and the size check)."""
+    depth = estimate_depth(text, limit=max_depth)
+    if depth > max_depth:
+        raise NestingTooDeepError(f"page nests about {depth} elements deep; the cap is {max_depth}")
+    try:
+        tree = LexborHTMLParser(text, scripting=True)
+        if _TEMPLATE.search(text):
+            # Template content is markup, not raw text: removed in the tree (templates nest).
+            tree.strip_tags(["template"], recursive=True)
+        root = tree.root
+        serialized = (root.html or "") if root is not None else ""
+    except (SelectolaxError, MemoryError) as exc:
+        raise ParseFailedError(f"the HTML parser failed: {exc}") from exc
+    return _prune_serialization(serialized)
+
+
+def estimate_depth(text: str, *, limit: int = DEFAULT_MAX_DEPTH) -> int:
+    """An upper estimate of the page's nesting depth (exact enough to refuse pathological pages).
+
+    Counts start tags minus end tags of elements that can nest without bound, in document order, and
+    returns the running maximum. A page with fewer `<` than `limit` cannot exceed it, so ordinary pages
+    cost one `str.count`.
+    """
+    if text.count("<") <= limit:
+        return 0
+    steps = (-1 if slash else 1 for slash in _NESTING_TAG.findall(text))
+    return max(accumulate(steps, initial=0))
+
+
+def _byte_size(html: str | bytes, max_bytes: int) -> int:
+    """The page's size in bytes (UTF-8 for text), computed only as far as the cap needs."""
+    if isinstance(html, bytes):
+        return len(html)
+    if len(html) > max_bytes or len(html) * 4 <= max_bytes:
+        return len(html)
+    return len(html.encode("utf-8", errors="surrogatepass"))
+
+
+def _rewrite_raw(match: re.Match[str]) -> str:
+    """Removed elements, comments and hidden inputs vanish; an iframe loses its fallback text; xmp
+    becomes pre with its text escaped."""
+    tag = match.group(2)
+    if tag is None:
+        return ""
+    if tag == "iframe":
+        return "<iframe></iframe>"
+    return "<pre>" + _html.escape(match.group(3), quote=False) + "</pre>"
+
+
+def _rewrite_plaintext(match: re.Match[str]) -> str:
+    return "<pre>" + _html.escape(match.group(1), quote=False) + "</pre>"
+
+
+def _prune_serialization(serialized: str) -> str:
+    """Rules 2-6 over Lexbor's serialisation of the tree (templates already removed)."""
+    if "<plaintext" in serialized:  # first: its literal content may hold anything
+        serialized = _PLAINTEXT.sub(_rewrite_plaintext, serialized)
+    cleaned = _CLEANUP.sub(_rewrite_raw, serialized)
+    # The serialiser writes U+00A0 as &nbsp;; it is whitespace like any other (rule 6).
+    cleaned = cleaned.replace("&nbsp;", " ")
+    parts = _TAG_SPLIT.split(cleaned)
+    # Rule 6: str.split() splits on exactly the whitespace str.isspace() (and the rules) see.
+    return " ".join("".join(_apply_rules(parts)).split())
+
+
+def _apply_rules(parts: list[str]) -> list[str]:
+    """One pass over [text, slash, name, text, slash, name, text, ...]: rules 2-5, iteratively.
+
+    The output is a flat list of pieces. Each open element is a frame (tag, index of its start tag in
+    `out`, kept element children, has own text, the tag its last kept child ended up as); the current
+    frame lives in locals, its ancestors on `stack`. When an element ends, it is dropped (truncate
+    `out` to its start), replaced by its only child (blank its start tag, write no end tag) or kept.
+    """
+    out: list[str] = []
+    append = out.append
+    stack: list[tuple[str, int, int, bool, str]] = []
+    push, pop = stack.append, stack.pop
+    keep, void, never_replaced, never_moved_up, headings = (
+        KEEP_TAGS,
+        _VOID,
+        _NEVER_REPLACED,
+        _NEVER_MOVED_UP,
+        _HEADINGS,
+    )
+    tag, start, kids, has_text, last = "", 0, 0, False, ""
+    svg_depth = 0  # > 0 while inside an <svg>, whose content is dropped
+
+    first = parts[0]
+    if first:
+        if first.isspace():
+            append(" ")
+        else:
+            append(first)
+            has_text = True
+
+    for i in range(1, len(parts), 3):
+        name = parts[i + 1]
+        if svg_depth:
+            if name == "svg":
+                svg_depth += -1 if parts[i] else 1
+            if svg_depth:
+                continue
+        elif parts[i]:  # an end tag
+            if name != tag:
+                # The serialiser writes balanced tags, but never trust it blindly: close the frames
+                # up to the matching element, or ignore an end tag without one.
+                if all(frame[0] != name for frame in stack):
+                    continue
+                while tag != name:
+                    tag, start, kids, has_text, last = _close(out, stack, tag, start, kids, has_text, last)
+            ptag, pstart, pkids, ptext, plast = pop()
+            if has_text or (kids == 0 and tag in keep):
+                append("</" + tag + ">")
+                tag, start, kids, has_text, last = ptag, pstart, pkids + 1, ptext, tag
+            elif kids == 0:
+                del out[start:]
+                tag, start, kids, has_text, last = ptag, pstart, pkids, ptext, plast
+            elif (
+                kids == 1
+                and tag not in never_replaced
+                and last not in never_moved_up
+                and not (last in headings and ptag in headings)
+            ):
+                out[start] = ""
+                tag, start, kids, has_text, last = ptag, pstart, pkids + 1, ptext, last
+            else:
+                append("</" + tag + ">")
+                tag, start, kids, has_text, last = ptag, pstart, pkids + 1, ptext, tag
+        elif name in void:
+            if name in keep:
+                append("<" + name + ">")
+                kids += 1
+                last = name
+        elif name == "svg":
+            append("<svg></svg>")
+            kids += 1
+            last = "svg"
+            svg_depth = 1
+            continue  # the text after <svg> is inside it
+        else:
+            push((tag, start, kids, has_text, last))
+            tag, start, kids, has_text, last = name, len(out), 0, False, ""
+            append("<" + name + ">")
+
+        text = parts[i + 2]
+        if text:
+            if text.isspace():
+                append(" ")
+            else:
+                append(text)
+                has_text = True
+
+    while stack:
+        tag, start, kids, has_text, last = _close(out, stack, tag, start, kids, has_text, last)
+    return out
+
+
+def _close(
+    out: list[str],
+    stack: list[tuple[str, int, int, bool, str]],
+    tag: str,
+    start: int,
+    kids: int,
+    has_text: bool,
+    last: str,
+) -> tuple[str, int, int, bool, str]:
+    """End the current element (the rare path: an unclosed element); return the parent's frame.
+
+    The same decision as the inline one in `_apply_rules`.
+    """
+    parent, pstart, pkids, ptext, plast = stack.pop()
+    if has_text or (kids == 0 and tag in KEEP_TAGS):
+        out.append("</" + tag + ">")
+        return parent, pstart, pkids + 1, ptext, tag
+    if kids == 0:
+        del out[start:]
+        return parent, pstart, pkids, ptext, plast
+    if (
+        kids == 1
+        and tag not in _NEVER_REPLACED
+        and last not in _NEVER_MOVED_UP
+        and not (last in _HEADINGS and parent in _HEADINGS)
+    ):
+        out[start] = ""
+        return parent, pstart, pkids + 1, ptext, last
+    out.append("</" + tag + ">")
+    return parent, pstart, pkids + 1, ptext, tag
