@@ -25,7 +25,7 @@ from service.api.routers import embed, extract, health, openai, preprocess, tei
 from service.api.runtime import Runtime
 from service.api.schemas import EmbedRequest, ExtractRequest, PreprocessRequest
 from service.api.settings import Settings
-from service.engine.engine import Engine
+from service.engine import Engine
 
 logger = logging.getLogger(__name__)
 

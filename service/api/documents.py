@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from service.api.schemas import DocumentIn, EncodingFormat
 from service.core.errors import ErrorCode, HtmllmError
-from service.engine.types import Document, DocumentResult
+from service.engine import Document, DocumentResult
 
 M = TypeVar("M", bound=BaseModel)
 

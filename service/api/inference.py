@@ -13,8 +13,7 @@ from fastapi import Request
 
 from service.api.limits import check_document_count
 from service.api.runtime import Runtime, answer_or_cancel
-from service.engine.engine import Engine
-from service.engine.types import Document, DocumentResult
+from service.engine import Document, DocumentResult, Engine
 
 
 async def embed(

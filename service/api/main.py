@@ -113,10 +113,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 def check_model_path(settings: Settings) -> None:
     """Raise, with what to do about it, when `settings.model_path` holds no checkpoint."""
     from service.api.settings import default_model_path
-    from service.core.checkpoint import read_meta
 
     path = settings.model_path
     if path.is_dir() and any(path.iterdir()):
+        from service.core.checkpoint import read_meta  # imports torch: only when there is a model to read
+
         read_meta(path)  # raises CheckpointError naming the missing or unreadable file
         return
     if path.resolve() == default_model_path().resolve():

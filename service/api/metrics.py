@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.core.errors import ErrorCode
-from service.engine.types import BatchStats, EngineObserver
+from service.engine import BatchStats, EngineObserver
 
 # Seconds: from sub-millisecond pruning to a long CPU batch.
 _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

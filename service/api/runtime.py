@@ -20,7 +20,7 @@ from service.api.errors import ClientDisconnectedError
 from service.api.metrics import ServiceMetrics
 from service.api.settings import Settings
 from service.core.errors import ErrorCode, HtmllmError
-from service.engine.engine import Engine
+from service.engine import Engine
 
 if TYPE_CHECKING:
     from service.core.extract import ExtractorPool

@@ -13,7 +13,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
-    from service.engine.types import EngineConfig
+    from service.engine import EngineConfig
 
 
 def default_model_path() -> Path:
@@ -60,7 +60,7 @@ class Settings(BaseSettings):
 
     def engine_config(self) -> EngineConfig:
         """The Engine's configuration; the settings are the one place both are read from."""
-        from service.engine.types import EngineConfig
+        from service.engine import EngineConfig
 
         return EngineConfig(
             backend=self.backend,

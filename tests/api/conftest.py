@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+import pytest_asyncio
 
 from service.api.app import create_app
 from service.api.settings import Settings
@@ -75,7 +76,8 @@ async def app_client(settings: Settings, *, wait_ready: bool = True) -> AsyncIte
             yield client
 
 
-@pytest.fixture
-async def client(settings_for: SettingsFactory) -> AsyncIterator[httpx.AsyncClient]:
-    async with app_client(settings_for()) as c:
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def client(tiny_checkpoint: Path) -> AsyncIterator[httpx.AsyncClient]:
+    """One app per module with the default limits (tests that need other settings make their own)."""
+    async with app_client(tiny_settings(tiny_checkpoint)) as c:
         yield c

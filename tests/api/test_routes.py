@@ -13,6 +13,9 @@ from tests.api.conftest import SettingsFactory, app_client
 from tests.api.pages import CZECH_TEXT, WINDOWS_1250_PAGE, long_page, page
 from tests.factories.checkpoint import CLASSIFICATION_HEAD, REGRESSION_HEAD, TINY_MAX_LENGTH
 
+# One event loop for the module, so the shared `client` app (and its engine) lives across tests.
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
 
 def embedding(item: dict[str, object]) -> np.ndarray:
     return np.asarray(item["embedding"], dtype=np.float32)

@@ -28,7 +28,7 @@ from service.api.schemas import (
 )
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.extract import DEFAULT_TIMEOUT_S, ExtractionError, ExtractorPool, extract
-from service.engine.types import Document
+from service.engine import Document
 
 router = APIRouter(tags=["extract"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
 

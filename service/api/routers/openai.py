@@ -15,7 +15,7 @@ from service.api.schemas import (
     OpenAIEmbeddingsResponse,
     OpenAIUsage,
 )
-from service.engine.types import Document
+from service.engine import Document
 
 router = APIRouter(tags=["compatible"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
 

@@ -10,7 +10,7 @@ from service.api.documents import check_dimensions, timing_headers
 from service.api.openapi import ERROR_RESPONSES
 from service.api.runtime import EngineDep, RuntimeDep, request_started
 from service.api.schemas import TeiEmbedRequest
-from service.engine.types import Document
+from service.engine import Document
 
 router = APIRouter(tags=["compatible"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
 

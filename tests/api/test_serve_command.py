@@ -1,0 +1,64 @@
+"""`htmllm serve` / `python -m service.api`: flags, and a clear failure when there is no model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from service.api import main as api_main
+from service.api.settings import Settings
+from service.cli import build_parser
+from service.core.checkpoint import CheckpointError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HTMLLM_PORT", "9000")
+    monkeypatch.setenv("HTMLLM_MAX_WAIT_MS", "3")
+    args = build_parser().parse_args(
+        ["serve", "--host", "127.0.0.1", "--model-path", str(tmp_path), "--max-batch-requests", "1"]
+    )
+    settings = api_main.settings_from_args(args)
+    assert (settings.host, settings.port, settings.model_path) == ("127.0.0.1", 9000, tmp_path)
+    assert (settings.max_batch_requests, settings.max_wait_ms) == (1, 3.0)
+
+
+def test_missing_default_model_says_how_to_build_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "default-model"
+    monkeypatch.setattr("service.api.settings.default_model_path", lambda: missing)
+    with pytest.raises(api_main.ModelMissingError, match="make default-model"):
+        api_main.check_model_path(Settings(model_path=missing))
+    assert api_main.serve(Settings(model_path=missing)) == 1
+    assert "make default-model" in capsys.readouterr().err
+
+
+def test_a_directory_that_is_not_a_checkpoint(tmp_path: Path) -> None:
+    (tmp_path / "weights.bin").write_bytes(b"\0")
+    with pytest.raises(CheckpointError, match=r"htmllm\.json"):
+        api_main.check_model_path(Settings(model_path=tmp_path))
+    with pytest.raises(api_main.ModelMissingError, match="HTMLLM_MODEL_PATH"):
+        api_main.check_model_path(Settings(model_path=tmp_path / "nothing"))
+
+
+def test_python_m_service_api_exits_nonzero_without_a_model(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "service.api", "--model-path", str(tmp_path / "none"), "--port", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+    )
+    assert result.returncode == 1
+    assert "no model at" in result.stderr
+
+
+def test_invalid_settings_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert api_main.main(["--port", "70000"]) == 2
+    assert "invalid settings" in capsys.readouterr().err

@@ -1,0 +1,66 @@
+"""Settings from HTMLLM_* variables, and their mapping onto the Engine's configuration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from service.api.settings import Settings, default_model_path
+
+
+def test_defaults_point_at_the_bundled_model() -> None:
+    settings = Settings()
+    assert settings.model_path == default_model_path()
+    assert default_model_path().parts[-3:] == ("service", "assets", "default-model")
+    assert settings.api_key is None and settings.truncate is True
+    assert (settings.host, settings.port) == ("0.0.0.0", 8000)
+
+
+def test_environment_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    env = {
+        "HTMLLM_MODEL_PATH": str(tmp_path),
+        "HTMLLM_API_KEY": "secret",
+        "HTMLLM_MAX_BATCH_TOKENS": "4096",
+        "HTMLLM_MAX_BATCH_REQUESTS": "8",
+        "HTMLLM_MAX_WAIT_MS": "5.5",
+        "HTMLLM_MAX_QUEUE_DOCUMENTS": "32",
+        "HTMLLM_MAX_BODY_BYTES": "1000",
+        "HTMLLM_MAX_DOCUMENTS": "4",
+        "HTMLLM_REQUEST_TIMEOUT_S": "2.5",
+        "HTMLLM_BACKEND": "onnx",
+        "HTMLLM_DEVICE": "cpu",
+        "HTMLLM_DRAIN_TIMEOUT_S": "7",
+        "HTMLLM_TRUNCATE": "false",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings()
+    assert settings.model_path == tmp_path
+    assert settings.api_key is not None and settings.api_key.get_secret_value() == "secret"
+    assert "secret" not in repr(settings)
+    assert (settings.max_body_bytes, settings.max_documents, settings.request_timeout_s) == (1000, 4, 2.5)
+    assert (settings.drain_timeout_s, settings.truncate) == (7.0, False)
+    config = settings.engine_config()
+    assert (config.backend, config.device, config.truncate) == ("onnx", "cpu", False)
+    assert (config.max_batch_tokens, config.max_batch_requests, config.max_wait_ms) == (4096, 8, 5.5)
+    assert config.max_queue_documents == 32
+    # Explicit values (command-line flags) win over the environment.
+    assert Settings(max_documents=9).max_documents == 9
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("HTMLLM_BACKEND", "tensorflow"),
+        ("HTMLLM_DEVICE", "tpu"),
+        ("HTMLLM_MAX_DOCUMENTS", "0"),
+        ("HTMLLM_MAX_BODY_BYTES", "-1"),
+        ("HTMLLM_REQUEST_TIMEOUT_S", "0"),
+    ],
+)
+def test_invalid_values_are_refused(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValidationError):
+        Settings()
