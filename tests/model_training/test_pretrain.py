@@ -23,6 +23,7 @@ from model_training.teacher import TeacherMeta, write_teacher
 from model_training.train_config import TrainConfig, load_config
 from service.core.checkpoint import load_checkpoint
 from service.core.errors import HtmllmError
+from service.engine import Engine, EngineConfig
 from tests.factories.tokenizer import build_tiny_tokenizer, generate_pruned_pages
 
 TEACHER_DIM = 12
@@ -123,7 +124,7 @@ def _train_losses(out: Path) -> list[tuple[int, float, float, float]]:
 
 
 @pytest.mark.slow
-def test_three_step_tiny_run_writes_a_checkpoint_the_service_loads(run_inputs: Path) -> None:
+async def test_three_step_tiny_run_writes_a_checkpoint_the_service_loads(run_inputs: Path) -> None:
     config = _config(run_inputs, "three", max_steps=3, tensorboard=True, checkpoint_every=2)
     result = train(config)
     assert result.steps == 3
@@ -143,6 +144,14 @@ def test_three_step_tiny_run_writes_a_checkpoint_the_service_loads(run_inputs: P
         embedding = checkpoint.model.embed(ids, torch.ones_like(ids))
     assert embedding.shape == (1, 32)
     assert torch.isfinite(embedding).all()
+
+    # And the service's Engine serves it: raw HTML in, a normalised embedding out.
+    raw = "<html><head><title>Weather</title></head><body><p>Rain in <b>Prague</b> today.</p></body></html>"
+    async with Engine.from_checkpoint(result.model_dir, EngineConfig(preprocess_workers=1)) as engine:
+        (served,) = await engine.embed([raw])
+    assert served.embedding.shape == (32,)
+    assert np.linalg.norm(served.embedding) == pytest.approx(1.0, abs=1e-4)
+    assert served.tokens > 5
 
     losses = _train_losses(Path(config.out))
     assert [step for step, *_ in losses] == [1, 2, 3]
