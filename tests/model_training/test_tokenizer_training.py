@@ -181,7 +181,6 @@ def raw_corpus(tmp_path: Path) -> Path:
 
 
 def test_cli_trains_and_evaluates_on_a_held_out_split(raw_corpus: Path, tmp_path: Path) -> None:
-    pytest.importorskip("service.core.prune")
     from service.cli import main
 
     ours, ablation = tmp_path / "ours", tmp_path / "ablation"
