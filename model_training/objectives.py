@@ -145,7 +145,14 @@ def linear_cross_entropy(
         raise RuntimeError("use_cce=True needs CUDA tensors and the cut-cross-entropy package")
     if cce is not None:
         # Keyword arguments only: the positional order of this API has changed between releases.
-        return cce(e=hidden, c=weight.to(hidden.dtype), targets=targets, bias=bias, reduction="mean")
+        # The kernel wants one dtype for embeddings, classifier and bias (bf16 under autocast).
+        return cce(
+            e=hidden.contiguous(),
+            c=weight.to(hidden.dtype),
+            targets=targets,
+            bias=None if bias is None else bias.to(hidden.dtype),
+            reduction="mean",
+        )
     logits = hidden.float() @ weight.float().t()  # (M, V)
     if bias is not None:
         logits = logits + bias.float()

@@ -20,6 +20,7 @@ from model_training.objectives import (
     MlmHead,
     bow_counts,
     bow_loss,
+    linear_cross_entropy,
     mask_tokens,
     mlm_loss,
     weighted_contrastive_distillation,
@@ -284,3 +285,23 @@ def test_aggregator_rejects_bad_weights_and_missing_losses() -> None:
     agg = LossAggregator()
     with pytest.raises(KeyError):
         agg.combine({"mlm": torch.tensor(1.0)}, agg.draw())
+
+
+@pytest.mark.gpu
+def test_cut_cross_entropy_matches_plain_cross_entropy_on_cuda() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    pytest.importorskip("cut_cross_entropy")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    hidden = torch.randn(64, 32, device="cuda", generator=gen).to(torch.bfloat16)
+    weight = torch.randn(500, 32, device="cuda", generator=gen).to(torch.bfloat16)
+    bias = torch.randn(500, device="cuda", generator=gen).to(torch.bfloat16)
+    targets = torch.randint(0, 500, (64,), device="cuda", generator=gen)
+    fused = linear_cross_entropy(hidden, weight, targets, bias=bias, use_cce=True)
+    plain = linear_cross_entropy(hidden, weight, targets, bias=bias, use_cce=False)
+    assert fused.item() == pytest.approx(plain.item(), rel=2e-2)
+
+
+def test_requesting_cut_cross_entropy_without_cuda_is_an_error() -> None:
+    with pytest.raises(RuntimeError, match="cut-cross-entropy"):
+        linear_cross_entropy(torch.randn(2, 4), torch.randn(5, 4), torch.tensor([0, 1]), use_cce=True)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import itertools
+import os
+import socket
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
+import torch.multiprocessing as mp
 
 from model_training.data import HELDOUT, TRAIN, Document, domain_of, write_manifest, write_shards
 from model_training.pretrain import (
@@ -125,10 +129,16 @@ def _train_losses(out: Path) -> list[tuple[int, float, float, float]]:
 
 @pytest.mark.slow
 async def test_three_step_tiny_run_writes_a_checkpoint_the_service_loads(run_inputs: Path) -> None:
-    config = _config(run_inputs, "three", max_steps=3, tensorboard=True, checkpoint_every=2)
+    config = _config(
+        run_inputs, "three", max_steps=3, tensorboard=True, checkpoint_every=2, export_dtype="float16"
+    )
     result = train(config)
     assert result.steps == 3
     assert result.model_dir is not None
+    from safetensors import safe_open
+
+    with safe_open(str(result.model_dir / "model.safetensors"), "pt") as weights:
+        assert all(weights.get_tensor(k).dtype == torch.float16 for k in weights.keys())  # noqa: SIM118
     checkpoint = load_checkpoint(result.model_dir)
     assert checkpoint.meta.name == "htmllm-test"
     assert checkpoint.meta.training["config"]["preset"] == "tiny"
@@ -191,6 +201,32 @@ def test_losses_fall_on_a_small_corpus(run_inputs: Path) -> None:
     start, end = losses[:5].mean(axis=0), losses[-5:].mean(axis=0)
     for name, before, after in zip(("mlm", "bow", "distil"), start, end, strict=True):
         assert after < before * 0.95, f"{name} did not fall: {before:.3f} -> {after:.3f}"
+
+
+def _ddp_train(rank: int, world: int, port: int, root: str, out: Any) -> None:
+    # What torchrun sets for each process.
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+    )
+    result = train(_config(Path(root), "ddp", max_steps=2, grad_accum=1, eval_every=0, threads=1))
+    out[rank] = result.steps
+
+
+@pytest.mark.slow
+def test_ddp_training_on_two_cpu_processes(run_inputs: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    out = mp.Manager().dict()
+    mp.spawn(_ddp_train, args=(2, port, str(run_inputs), out), nprocs=2, join=True)
+    assert dict(out) == {0: 2, 1: 2}
+    checkpoint = load_checkpoint(run_inputs / "ddp" / "model")
+    assert checkpoint.meta.training["world_size"] == 2
+    assert [s for s, *_ in _train_losses(run_inputs / "ddp")] == [1, 2]  # rank 0 alone logs
 
 
 def test_trapezoid_schedule_warms_up_holds_and_cools_down() -> None:
