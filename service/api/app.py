@@ -56,6 +56,7 @@ async def _warm_up(runtime: Runtime, engine: Engine) -> None:
 
 
 async def _stop(engine: Engine, drain_timeout_s: float) -> None:
+    """Drain within the time left; what cannot be answered in time fails with ShuttingDownError."""
     try:
         async with asyncio.timeout(drain_timeout_s):
             await engine.stop(drain=True)
@@ -86,20 +87,21 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             metrics.ready.set(0)
             warm.cancel()
             await asyncio.gather(warm, return_exceptions=True)
-            await _stop(running, settings.drain_timeout_s)
+            await _stop(running, runtime.drain_time_left())
             running.close()
             runtime.close_extraction()
 
     app = FastAPI(title="htmllm", version=__version__, lifespan=lifespan, docs_url="/docs")
     app.state.runtime = runtime
     install_error_handlers(app)
-    # Added innermost first: metrics see every request, including those the body limit refuses.
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes, metrics=metrics)
     routers = (health.router, embed.router, openai.router, tei.router, preprocess.router, extract.router)
-    paths = {route.path for router in routers for route in router.routes if isinstance(route, APIRoute)}
-    app.add_middleware(RequestMetricsMiddleware, metrics=metrics, routes=paths)
     for router in routers:
         app.include_router(router)
+    paths = {route.path for router in routers for route in router.routes if isinstance(route, APIRoute)}
+    paths |= {path for path in (app.openapi_url, app.docs_url, app.redoc_url) if path}
+    # Added innermost first: metrics see every request, including those the body limit refuses.
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes, metrics=metrics)
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics, routes=paths)
     install_openapi(
         app, description=DESCRIPTION, raw_body_models=(EmbedRequest, PreprocessRequest, ExtractRequest)
     )

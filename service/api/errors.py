@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service.api.metrics import CLIENT_CLOSED_STATUS
 from service.core.errors import ErrorCode, HtmllmError
 
 if TYPE_CHECKING:
@@ -60,9 +61,6 @@ _CODE_FOR_HTTP_STATUS: dict[int, ErrorCode] = {
 
 # Failures that are the server's fault and worth a traceback in the log (not 503 / 504: load, not bugs).
 _SERVER_FAULTS = frozenset({ErrorCode.CHECKPOINT_INVALID, ErrorCode.BACKEND_FAILED, ErrorCode.INTERNAL})
-
-# nginx's "client closed request": never seen by the client, but visible in request metrics.
-CLIENT_CLOSED_STATUS = 499
 
 
 class ClientDisconnectedError(Exception):

@@ -15,6 +15,7 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from service.core.errors import ErrorCode, HtmllmError
@@ -160,7 +161,18 @@ def serve(settings: Settings) -> int:
     except HtmllmError as exc:
         sys.stderr.write(f"htmllm serve: {exc.code}: {exc}\n")
         return 1
-    server = uvicorn.Server(uvicorn_config(create_app(settings, engine), settings))
+    app = create_app(settings, engine)
+    server = uvicorn.Server(uvicorn_config(app, settings))
+    uvicorn_handle_exit = server.handle_exit
+    runtime = app.state.runtime
+
+    def handle_exit(sig: int, frame: FrameType | None) -> None:
+        # uvicorn's graceful wait and the engine's drain share one budget, counted from the signal, so
+        # a pod's terminationGracePeriodSeconds (preStop + HTMLLM_DRAIN_TIMEOUT_S) covers both.
+        runtime.begin_shutdown()
+        uvicorn_handle_exit(sig, frame)
+
+    server.handle_exit = handle_exit  # type: ignore[method-assign]
     server.run()
     return 0 if server.started else 1
 

@@ -21,6 +21,8 @@ _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.
 _BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _BATCH_TOKEN_BUCKETS = (64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 UNMATCHED_ROUTE = "<unmatched>"
+# nginx's "client closed request": never seen by the client, but visible in the request metrics.
+CLIENT_CLOSED_STATUS = 499
 
 
 class ServiceMetrics:
@@ -129,7 +131,8 @@ class RequestMetricsMiddleware:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
-        status = 500
+        # No response at all means the client left first (nginx's 499); an exception means a 500.
+        status = CLIENT_CLOSED_STATUS
         path = str(scope.get("path", ""))
         route = path if path in self.routes else UNMATCHED_ROUTE
         method = str(scope.get("method", ""))
@@ -144,6 +147,9 @@ class RequestMetricsMiddleware:
         in_progress.inc()
         try:
             await self.app(scope, receive, send_wrapper)
+        except Exception:
+            status = 500
+            raise
         finally:
             in_progress.dec()
             self.metrics.requests.labels(route=route, method=method, status=str(status)).inc()

@@ -42,9 +42,21 @@ class Runtime:
     ready: bool = False  # warmed with a full-size batch: /ready says so
     stopping: bool = False  # shutdown began: new model requests get 503
     warmup_error: str | None = None
+    drain_deadline: float | None = None  # time.monotonic() by which shutdown must be done
     extractor_pool: ExtractorPool | None = None
     extract_threads: ThreadPoolExecutor | None = None
     _extract_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def begin_shutdown(self) -> None:
+        """Start the drain clock (on the first SIGTERM), so the whole shutdown fits in one drain timeout."""
+        if self.drain_deadline is None:
+            self.drain_deadline = time.monotonic() + self.settings.drain_timeout_s
+
+    def drain_time_left(self) -> float:
+        """Seconds left to drain the engine: what the signal's clock leaves, or the full timeout."""
+        if self.drain_deadline is None:
+            return self.settings.drain_timeout_s
+        return max(0.0, self.drain_deadline - time.monotonic())
 
     async def extraction(self) -> tuple[ExtractorPool, ThreadPoolExecutor]:
         """The extractor process pool and the threads that wait on it, started on first use."""

@@ -1,0 +1,292 @@
+"""Benchmark the HTTP service: dynamic batching vs one document per forward pass, in one run.
+
+    .venv/bin/python benchmarks/service.py --corpus ../shared/corpus
+
+The same server (`python -m service.api`, a real uvicorn process on 127.0.0.1) is started twice on the
+same checkpoint: once with dynamic batching (`--batch-requests`, default 32) and once with
+`HTMLLM_MAX_BATCH_REQUESTS=1`. Each time, `--clients` concurrent clients (default 32) post shared-corpus
+pages (raw bytes, `application/octet-stream`, one page per request, cycling through the pages) for
+`--duration` seconds after a `--warmup`; answers received inside the window count. Reported per mode:
+docs/s, p50/p99 latency, errors, mean batch size (from the server's own /metrics); then the docs/s
+ratio and the p99 ratio.
+
+The model is the bundled default (`service/assets/default-model`) when it exists, else `--model`, else
+the `mini` preset with random weights built here (speed does not depend on the weights) and a tokenizer
+trained on the corpus, exactly as `benchmarks/engine.py` builds it. The clients run in this process, so
+on a small machine they compete with the server for the same cores (as they would with a co-located
+crawler); that cost is the same in both modes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import os
+import platform
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from service.api.settings import default_model_path  # noqa: E402
+from service.core.pages import iter_pages  # noqa: E402
+
+
+@dataclass
+class ModeResult:
+    name: str
+    docs: int
+    errors: int
+    seconds: float
+    latencies: list[float]
+    server: dict[str, float]
+
+    @property
+    def docs_per_s(self) -> float:
+        return self.docs / self.seconds
+
+    def percentile(self, q: float) -> float:
+        if not self.latencies:
+            return float("nan")
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _engine_benchmark() -> ModuleType:
+    """benchmarks/engine.py, for its random-weight checkpoint builder (one implementation of it)."""
+    spec = importlib.util.spec_from_file_location(
+        "htmllm_engine_benchmark", ROOT / "benchmarks" / "engine.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def random_checkpoint(
+    path: Path, pages: list[bytes], *, preset: str, max_length: int, vocab_size: int
+) -> Path:
+    from model_training.tokenizer_training import train_tokenizer
+    from service.core.prune import PruneError, prune_html
+
+    pruned = []
+    for html in pages:
+        try:
+            pruned.append(prune_html(html))
+        except PruneError:
+            continue
+    tokenizer = train_tokenizer(pruned, vocab_size=vocab_size, min_frequency=2)
+    built: Path = _engine_benchmark().build_checkpoint(path, tokenizer, preset=preset, max_length=max_length)
+    return built
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def start_server(
+    model: Path, env_overrides: dict[str, str], log: Path
+) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HTMLLM_")}
+    env.update(
+        {
+            "HTMLLM_MODEL_PATH": str(model),
+            "HTMLLM_HOST": "127.0.0.1",
+            "HTMLLM_PORT": str(port),
+            "HTMLLM_LOG_LEVEL": "warning",
+            "HTMLLM_MAX_QUEUE_DOCUMENTS": "4096",  # measure throughput, not backpressure
+            "HTMLLM_REQUEST_TIMEOUT_S": "300",
+            "PYTHONPATH": str(ROOT),
+        }
+    )
+    env.update(env_overrides)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service.api"], cwd=ROOT, env=env, stdout=out, stderr=out
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited ({proc.returncode}):\n{log.read_text(errors='replace')}")
+        try:
+            if httpx.get(f"{url}/ready", timeout=5).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("the server did not become ready in 600 s")
+
+
+def server_breakdown(metrics: str) -> dict[str, float]:
+    """Means from the server's own /metrics: batch size and tokens, and per-document stage times."""
+
+    def value(name: str, labels: str = "") -> float:
+        match = re.search(rf"^{re.escape(name + labels)} (\S+)$", metrics, re.MULTILINE)
+        return float(match.group(1)) if match else 0.0
+
+    def mean(name: str, labels: str = "") -> float:
+        count = value(f"{name}_count", labels)
+        return value(f"{name}_sum", labels) / count if count else float("nan")
+
+    out = {
+        "batch": mean("htmllm_batch_size"),
+        "batch_tokens": mean("htmllm_batch_tokens"),
+        "padded_tokens": mean("htmllm_batch_padded_tokens"),
+        "pass_ms": mean("htmllm_batch_inference_seconds") * 1000,
+    }
+    for stage in ("prune", "tokenize", "queue"):
+        out[f"{stage}_ms"] = mean("htmllm_stage_duration_seconds", f'{{stage="{stage}"}}') * 1000
+    return out
+
+
+async def load(
+    url: str, pages: list[bytes], *, clients: int, warmup_s: float, duration_s: float
+) -> tuple[int, int, list[float]]:
+    """Closed-loop clients: each posts one page, waits for the answer, posts the next."""
+    next_page = 0
+    docs = errors = 0
+    latencies: list[float] = []
+    start = time.perf_counter()
+    measure_from = start + warmup_s
+    stop_at = measure_from + duration_s
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    headers = {"content-type": "application/octet-stream"}
+    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
+
+        async def one_client() -> None:
+            nonlocal next_page, docs, errors
+            while True:
+                sent = time.perf_counter()
+                if sent >= stop_at:
+                    return
+                html = pages[next_page % len(pages)]
+                next_page += 1
+                response = await client.post("/v1/embed", content=html, headers=headers)
+                done = time.perf_counter()
+                if not measure_from <= done <= stop_at:
+                    continue  # only answers inside the measured window count
+                if response.status_code == 200:
+                    docs += 1
+                    latencies.append(done - sent)
+                else:
+                    errors += 1
+
+        await asyncio.gather(*(one_client() for _ in range(clients)))
+    return docs, errors, latencies
+
+
+def run_mode(
+    name: str, model: Path, env: dict[str, str], pages: list[bytes], args: argparse.Namespace, logs: Path
+) -> ModeResult:
+    proc, url = start_server(model, env, logs / f"{name}.log")
+    try:
+        docs, errors, latencies = asyncio.run(
+            load(url, pages, clients=args.clients, warmup_s=args.warmup, duration_s=args.duration)
+        )
+        server = server_breakdown(httpx.get(f"{url}/metrics", timeout=30).text)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return ModeResult(name, docs, errors, args.duration, latencies, server)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--corpus", type=Path, default=ROOT.parent / "shared" / "corpus", help="page corpus")
+    parser.add_argument("--limit", type=int, default=512, help="pages to cycle through")
+    parser.add_argument(
+        "--model", type=Path, default=None, help="checkpoint (default: bundled, else random mini)"
+    )
+    parser.add_argument("--preset", default="mini", help="preset of the random-weight model")
+    parser.add_argument("--max-length", type=int, default=512, help="tokens per document of the random model")
+    parser.add_argument("--vocab-size", type=int, default=16384, help="vocabulary of the trained tokenizer")
+    parser.add_argument("--clients", type=int, default=32, help="concurrent clients")
+    parser.add_argument("--duration", type=float, default=30.0, help="measured seconds per mode")
+    parser.add_argument("--warmup", type=float, default=5.0, help="unmeasured seconds before each window")
+    parser.add_argument("--batch-requests", type=int, default=32, help="documents per batch when batching")
+    parser.add_argument("--batch-tokens", type=int, default=16384, help="token budget per batch")
+    parser.add_argument("--max-wait-ms", type=float, default=2.0, help="batcher wait for company")
+    args = parser.parse_args()
+
+    pages = [p.html for p in iter_pages(args.corpus, limit=args.limit)]
+    print(f"{len(pages)} pages from {args.corpus}; {args.clients} clients; {args.duration:g} s per mode")
+    machine = f"{platform.machine()} {platform.processor() or ''}".strip()
+    print(f"machine: {machine}, {os.cpu_count()} cores, python {platform.python_version()}")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = args.model
+        if model is None and (default_model_path() / "htmllm.json").is_file():
+            model = default_model_path()
+        if model is None:
+            started = time.perf_counter()
+            model = random_checkpoint(
+                Path(tmp) / "ckpt",
+                pages,
+                preset=args.preset,
+                max_length=args.max_length,
+                vocab_size=args.vocab_size,
+            )
+            built_s = time.perf_counter() - started
+            print(
+                f"model: {args.preset} preset, RANDOM weights (no default model yet), built in {built_s:.0f}s"
+            )
+        else:
+            print(f"model: {model}")
+        common = {
+            "HTMLLM_MAX_BATCH_TOKENS": str(args.batch_tokens),
+            "HTMLLM_MAX_WAIT_MS": str(args.max_wait_ms),
+        }
+        modes = [
+            ("dynamic", {**common, "HTMLLM_MAX_BATCH_REQUESTS": str(args.batch_requests)}),
+            ("single", {**common, "HTMLLM_MAX_BATCH_REQUESTS": "1"}),
+        ]
+        results = [run_mode(name, model, env, pages, args, Path(tmp)) for name, env in modes]
+
+    print(f"\n{'mode':<30} {'docs/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6}")
+    for r in results:
+        label = f"{r.name} (max_batch_requests={args.batch_requests if r.name == 'dynamic' else 1})"
+        p50, p99 = r.percentile(0.5) * 1000, r.percentile(0.99) * 1000
+        print(f"{label:<30} {r.docs_per_s:>7.2f} {p50:>7.0f} {p99:>7.0f} {r.errors:>6}")
+    print("\nserver side (means, whole run incl. warm-up, from /metrics):")
+    header = ("mode", "batch", "tokens", "padded", "pass ms", "prune ms", "queue ms")
+    print(" ".join(f"{h:<10}" if i == 0 else f"{h:>9}" for i, h in enumerate(header)))
+    for r in results:
+        m = r.server
+        print(
+            f"{r.name:<10} {m['batch']:>9.1f} {m['batch_tokens']:>9.0f} {m['padded_tokens']:>9.0f} "
+            f"{m['pass_ms']:>9.0f} {m['prune_ms']:>9.1f} {m['queue_ms']:>9.0f}"
+        )
+    dynamic, single = results
+    print(
+        f"\ndynamic / single: {dynamic.docs_per_s / single.docs_per_s:.2f}x docs/s, "
+        f"p99 {dynamic.percentile(0.99) / single.percentile(0.99):.2f}x (below 1 is better), "
+        f"p50 {dynamic.percentile(0.5) / single.percentile(0.5):.2f}x"
+    )
+    return 0 if dynamic.errors == 0 and single.errors == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
