@@ -87,7 +87,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             metrics.ready.set(0)
             warm.cancel()
             await asyncio.gather(warm, return_exceptions=True)
-            await _stop(running, runtime.drain_time_left())
+            # At least a second, so a stop with nothing queued is never cut short mid-way.
+            await _stop(running, max(1.0, runtime.drain_time_left()))
             running.close()
             runtime.close_extraction()
 

@@ -7,6 +7,7 @@ the declared charset; raw-body options come from the query string.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 from collections.abc import Sequence
@@ -24,6 +25,8 @@ from service.engine import Document, DocumentResult
 M = TypeVar("M", bound=BaseModel)
 
 RAW_MEDIA_TYPES = ("text/html", "application/octet-stream")
+# JSON bodies above this are parsed on a worker thread, off the event loop.
+INLINE_PARSE_BYTES = 256 * 1024
 
 
 def parse_content_type(value: str | None) -> tuple[str, str | None]:
@@ -75,6 +78,9 @@ async def read_body(
                 f"query options {given} apply to raw bodies only; put them in the JSON body",
                 code=ErrorCode.VALIDATION,
             )
+        if len(body) > INLINE_PARSE_BYTES:
+            # Parsing megabytes of JSON takes milliseconds the other requests should not wait for.
+            return await asyncio.to_thread(parse_json, model, body), None
         return parse_json(model, body), None
     if media_type in RAW_MEDIA_TYPES:
         if not body:

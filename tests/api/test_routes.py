@@ -237,3 +237,11 @@ async def test_timeout_is_504(settings_for: SettingsFactory) -> None:
         response = await client.post("/v1/embed", json={"documents": [{"html": page(1)}]})
         assert response.status_code == 504
         assert response.json()["error"]["code"] == "timeout"
+
+
+async def test_large_json_body(client: httpx.AsyncClient) -> None:
+    """A body big enough to be parsed off the event loop still answers like a small one."""
+    html = long_page(words=20000)
+    assert len(html) > 256 * 1024
+    item = await embed_one(client, html, truncate=True)
+    assert item["truncated"] is True and item["tokens"] == TINY_MAX_LENGTH
