@@ -135,6 +135,22 @@ def wait_ready(base: str, server: subprocess.Popen[bytes], timeout: float) -> No
     raise SystemExit(f"the server was not ready after {timeout:.0f} s")
 
 
+def server_memory_mb(pid: int) -> dict[str, float] | None:
+    """The server's resident and peak resident memory (Linux /proc), to see growth over a soak run."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text(encoding="ascii")
+    except OSError:
+        return None
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    try:
+        return {
+            "rss_mb": round(int(fields["VmRSS"].split()[0]) / 1024, 1),
+            "peak_rss_mb": round(int(fields["VmHWM"].split()[0]) / 1024, 1),
+        }
+    except (KeyError, ValueError, IndexError):
+        return None
+
+
 def stop_server(server: subprocess.Popen[bytes], grace: float) -> int:
     """SIGTERM (the server drains its queue), then SIGKILL if it outlives `grace` seconds."""
     if server.poll() is None:
@@ -202,6 +218,12 @@ def markdown(summary: dict[str, Any]) -> str:
         f"{'n/a' if rate is None else f'{rate:.4f}'}), {summary['requests_per_s']:.2f} requests/s, "
         f"{summary['documents_per_s']:.2f} documents/s",
     ]
+    memory = summary.get("server_memory") or {}
+    if memory.get("ready") and memory.get("end"):
+        lines.append(
+            f"server RSS {memory['ready']['rss_mb']:.0f} MB when ready, {memory['end']['rss_mb']:.0f} MB at "
+            f"the end (peak {memory['end']['peak_rss_mb']:.0f} MB)"
+        )
     return "\n".join(lines)
 
 
@@ -265,9 +287,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
             }
             print(f"loadtest: {args.users} users for {args.run_time} s", flush=True)
+            memory_ready = server_memory_mb(server.pid)
             started = time.monotonic()
             locust = subprocess.run(locust_command(args, base, out), cwd=ROOT, env=locust_env, check=False)
             elapsed = time.monotonic() - started
+            memory_end = server_memory_mb(server.pid)
         finally:
             status = stop_server(server, grace=drain + 15)
     stats = out / "summary.csv"
@@ -285,6 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pages=args.corpus or "synthetic (loadtests.pagegen)",
         docs_per_request=args.docs_per_request,
         machine=f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()}",
+        server_memory={"ready": memory_ready, "end": memory_end},
         server_exit_status=status,
         locust_exit_status=locust.returncode,
         reports={

@@ -148,6 +148,7 @@ def test_a_short_real_run_has_no_failures(tmp_path: Path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     assert summary["requests"] > 0 and summary["failures"] == 0 and summary["error_rate"] == 0
     assert summary["model"] == "tiny-test"
+    assert summary["server_memory"]["end"]["rss_mb"] > 0
     assert summary["stages"]["x-total-time"]["p50_ms"] > 0
     with (out / "summary.csv").open() as handle:
         rows = list(csv.DictReader(handle))
