@@ -8,12 +8,14 @@ the server with an exec-form CMD so SIGTERM reaches it. hadolint lints the file.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import shutil
 import subprocess
 import sys
 import tomllib
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -140,6 +142,58 @@ def test_cuda_image_installs_flash_attn_and_onnxruntime_gpu() -> None:
     # flash-attn compiles against the installed torch, so the project installs without build isolation.
     assert "--no-build-isolation" in run_text(stage)
     assert "TORCH_CUDA_INDEX" in run_text(stage)
+
+
+def third_party_imports(packages: list[str]) -> set[str]:
+    """Top-level third-party modules imported anywhere (lazily too) in the given source folders."""
+    found: set[str] = set()
+    for package in packages:
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Import):
+                    found.update(alias.name.split(".")[0] for alias in node.names)
+                elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                    found.add(node.module.split(".")[0])
+    return found - set(sys.stdlib_module_names) - {"service", "__future__"}
+
+
+def normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def installed_closure(requirements: set[str]) -> set[str]:
+    """The distributions pip installs for `requirements`, following each one's own requirements as
+    installed here (extras of dependencies and environment markers are not followed)."""
+    seen: set[str] = set()
+    todo = [normalized(r) for r in requirements]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        todo += [normalized(r) for r in requirement_names([q for q in requires if "extra ==" not in q])]
+    return seen
+
+
+def test_cpu_image_has_every_module_the_server_imports() -> None:
+    """Every third-party module the server's packages import (the CLI's optional extras aside) comes
+    with the CPU image's requirements, so the image does not fail at import or on a route."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    requirements = requirement_names(project["dependencies"])
+    for extra in installed_extras(stages()["cpu-builder"]):
+        requirements |= requirement_names(extras()[extra])
+    closure = installed_closure(requirements)
+    owners = metadata.packages_distributions()
+    missing = {
+        module
+        for module in third_party_imports(["service/api", "service/engine", "service/core"])
+        if not any(normalized(d) in closure for d in owners.get(module, [module]))
+    }
+    assert missing == set()
 
 
 @pytest.mark.parametrize("target", sorted(FINAL))
