@@ -323,6 +323,7 @@ class TokenizerStats:
     vocab_used: float  # % of the vocabulary's ids that occur at least once
     unk_rate: float  # % of content tokens that are [UNK]
     chars_per_token: float
+    round_trip: float  # % of documents with decode(encode(text)) == text exactly
     percentiles: dict[str, float]  # "min", "p10", "p25", "p75", "p90", "max" of tokens per document
     sha256: str = ""
 
@@ -336,14 +337,16 @@ def evaluate_tokenizer(
     batch_size: int = 64,
     progress: bool = False,
 ) -> TokenizerStats:
-    """Encode every text whole (no truncation) and summarize lengths and vocabulary use."""
+    """Encode every text whole (no truncation) and summarize lengths, vocabulary use and round trips."""
     if not texts:
         raise TokenizerTrainingError("no documents to evaluate on")
     lengths: list[int] = []
     used: set[int] = set()
-    unk = content = 0
+    unk = content = exact = 0
     for start in tqdm(range(0, len(texts), batch_size), desc=name, disable=not progress, leave=False):
-        for encoding in tok.encode_batch(texts[start : start + batch_size]):
+        batch = texts[start : start + batch_size]
+        for text, encoding in zip(batch, tok.encode_batch(batch), strict=True):
+            exact += tok.decode(encoding.ids) == text
             lengths.append(encoding.full_length)
             used.update(encoding.ids)
             body = encoding.ids[1:-1]
@@ -362,6 +365,7 @@ def evaluate_tokenizer(
         vocab_used=100.0 * len(used) / tok.vocab_size,
         unk_rate=100.0 * unk / max(content, 1),
         chars_per_token=chars / max(content, 1),
+        round_trip=100.0 * exact / n,
         percentiles=_percentiles(lengths),
         sha256=tok.sha256,
     )
@@ -381,6 +385,7 @@ def markdown_table(stats: Sequence[TokenizerStats]) -> str:
     """Table 1 as Markdown: one row per tokenizer, windows as columns."""
     windows = sorted({w for s in stats for w in s.within})
     head = ["Tokenizer", "Vocab", *(f"≤ {w}" for w in windows), "Mean", "Median", "Vocab used", "[UNK]"]
+    head.append("Round trip")
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     for s in stats:
         cells = [
@@ -391,6 +396,7 @@ def markdown_table(stats: Sequence[TokenizerStats]) -> str:
             f"{s.median_tokens:,.0f}",
             f"{s.vocab_used:.1f}%",
             f"{s.unk_rate:.2f}%",
+            f"{s.round_trip:.1f}%",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

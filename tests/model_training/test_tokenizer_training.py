@@ -153,6 +153,7 @@ def test_evaluate_counts_windows_vocab_use_and_unk() -> None:
     used = {i for t in texts for i in tok.encode(t).ids}
     assert stats.vocab_used == pytest.approx(100.0 * len(used) / tok.vocab_size)
     assert stats.unk_rate > 0
+    assert stats.round_trip == pytest.approx(80.0)  # all but the page with unknown characters
     assert stats.percentiles["min"] == min(lengths) and stats.percentiles["max"] == max(lengths)
     table = markdown_table([stats])
     assert table.splitlines()[2].startswith("| tiny | 512 |")
