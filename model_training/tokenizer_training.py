@@ -133,9 +133,10 @@ def _with_template(tok: Tokenizer) -> None:
     # HtmlTokenizer adds the two itself so that truncation never cuts them.
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls_id),
-                                                                                    ("[SEP]", sep_id)]
-    )  # fmt: skip
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+    )
 
 
 def _is_punctuation(char: str) -> bool:
@@ -173,11 +174,12 @@ def _complete_alphabet(tok: Tokenizer, budget: int) -> Tokenizer:
             missing.append("##" + char)
     excess = len(ordered) + len(missing) - budget
     if excess > 0:
-        protected = set(SPECIAL_TOKENS)
+        # Merges only: never a special token or a one-character piece (`c`, `##c`).
         removable = [
-            i for i, t in enumerate(ordered) if t not in protected and len(t) > 1 and not (
-                t.startswith("##") and len(t) == 3)
-        ]  # fmt: skip
+            i
+            for i, t in enumerate(ordered)
+            if t not in SPECIAL_TOKENS and len(t) > 1 and not (t.startswith("##") and len(t) == 3)
+        ]
         dropped = set(removable[-excess:])
         ordered = [t for i, t in enumerate(ordered) if i not in dropped]
     ordered.extend(missing)
