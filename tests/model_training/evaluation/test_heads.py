@@ -17,6 +17,7 @@ from model_training.evaluation.heads import (
     train_head,
     validation_split,
 )
+from model_training.evaluation.metrics import f1_macro
 from model_training.evaluation.tasks import Task, TaskSpec
 from service.core.modeling import PRESETS, TaskHead
 
@@ -66,6 +67,14 @@ def test_early_stopping_on_noise_keeps_the_best_epoch() -> None:
     assert trained.epochs - trained.best_epoch == 5
 
 
+def test_metric_stopping_keeps_the_epoch_it_reports() -> None:
+    x, y = clustered(300, 16, 3, seed=6, noise=2.0)
+    spec = head_spec(TaskSpec("t", "classification", "f1_macro", ["a", "b", "c"]), FAST)
+    trained = train_head(spec, x[:200], y[:200], x[200:], y[200:], FAST, metric="f1_macro")
+    assert trained.val_metric is not None and trained.best_epoch >= 1
+    assert f1_macro(y[200:], predict(trained.head, x[200:])) == pytest.approx(trained.val_metric)
+
+
 def test_regression_head_predicts_in_task_units() -> None:
     rng = np.random.default_rng(2)
     x = rng.standard_normal((300, 32)).astype(np.float32)
@@ -78,6 +87,7 @@ def test_regression_head_predicts_in_task_units() -> None:
     assert abs(np.mean(predicted) - 1000.0) < 10.0
 
 
+@pytest.mark.slow
 def test_cross_validation_reports_every_fold() -> None:
     x, y = clustered(200, 16, 2, seed=3)
     task = make_task(y, TaskSpec("t", "classification", "f1_macro", ["a", "b"]))
