@@ -76,6 +76,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             runtime.engine = await asyncio.to_thread(load_engine, settings)
         running = runtime.engine
         running.observer = EngineMetricsObserver(metrics)
+        runtime.loop = asyncio.get_running_loop()
         await running.start()
         runtime.started = True
         warm = asyncio.create_task(_warm_up(runtime, running))
@@ -87,6 +88,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             metrics.ready.set(0)
             warm.cancel()
             await asyncio.gather(warm, return_exceptions=True)
+            await runtime.cancel_cutoff()
             # At least a second, so a stop with nothing queued is never cut short mid-way.
             await _stop(running, max(1.0, runtime.drain_time_left()))
             running.close()

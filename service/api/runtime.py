@@ -7,6 +7,7 @@ several apps (tests, the benchmark's two servers) live side by side in one proce
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from service.core.extract import ExtractorPool
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 # Where BodyLimitMiddleware stamps the time the request arrived, for x-total-time.
 START_KEY = "htmllm.start"
@@ -47,10 +50,37 @@ class Runtime:
     extract_threads: ThreadPoolExecutor | None = None
     _extract_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
+    loop: asyncio.AbstractEventLoop | None = None  # the app's loop, set by the lifespan
+    _cutoff: asyncio.Task[None] | None = None
+
     def begin_shutdown(self) -> None:
-        """Start the drain clock (on the first SIGTERM), so the whole shutdown fits in one drain timeout."""
-        if self.drain_deadline is None:
-            self.drain_deadline = time.monotonic() + self.settings.drain_timeout_s
+        """Start the drain clock (on the first SIGTERM), so the whole shutdown fits in one drain timeout.
+
+        Called from a signal handler: it only records the deadline and hands the rest to the loop.
+        """
+        if self.drain_deadline is not None:
+            return
+        self.drain_deadline = time.monotonic() + self.settings.drain_timeout_s
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self._arm_cutoff)
+
+    def _arm_cutoff(self) -> None:
+        self._cutoff = asyncio.ensure_future(self._cut_off())
+
+    async def _cut_off(self) -> None:
+        """Shortly before the drain budget ends, fail what is still queued with a typed 503, so every
+        accepted request is answered before the server has to drop connections."""
+        margin = min(1.0, 0.1 * self.settings.drain_timeout_s)
+        await asyncio.sleep(max(0.0, self.drain_time_left() - margin))
+        if self.engine is not None and self.engine.queue_size:
+            logger.warning("drain budget spent: failing %d queued documents", self.engine.queue_size)
+            self.stopping = True
+            await self.engine.stop(drain=False)
+
+    async def cancel_cutoff(self) -> None:
+        if self._cutoff is not None:
+            self._cutoff.cancel()
+            await asyncio.gather(self._cutoff, return_exceptions=True)
 
     def drain_time_left(self) -> float:
         """Seconds left to drain the engine: what the signal's clock leaves, or the full timeout."""
@@ -124,6 +154,10 @@ async def answer_or_cancel(request: Request, work: Awaitable[T], *, timeout_s: f
         if not task.done():
             task.cancel()
     if task in done:
+        if task.cancelled():  # not by us: the engine shut down under it
+            raise HtmllmError(
+                "the server shut down before the request was answered", code=ErrorCode.SHUTTING_DOWN
+            )
         return task.result()
     # The engine may be mid-way through our documents; wait for the cancellation to settle so nothing
     # of this request outlives it.
