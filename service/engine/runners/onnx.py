@@ -47,6 +47,9 @@ class OnnxRunner:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if intra_op_threads is not None:
             options.intra_op_num_threads = intra_op_threads
+        # Idle intra-op threads would spin between batches, taking the cores the pruning and
+        # tokenization pool needs; they sleep instead.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
             self._session = ort.InferenceSession(str(path), sess_options=options, providers=wanted)
         except Exception as exc:  # onnxruntime raises its own untyped errors

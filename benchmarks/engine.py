@@ -1,0 +1,268 @@
+"""Benchmark the Engine on CPU: torch vs onnxruntime vs a naive one-document-at-a-time loop, in one run.
+
+    .venv/bin/python benchmarks/engine.py --corpus ../shared/corpus
+
+The model is the `mini` preset with random weights (speed does not depend on the weights) and a WordPiece
+tokenizer trained here on the pruned corpus (or `--tokenizer`). All three paths do the same work per page
+(prune, tokenize to at most `--max-length` tokens, encoder forward, pooling, heads):
+- naive: a loop that prunes, tokenizes and runs the torch model on one page at a time;
+- engine/torch and engine/onnx: every page submitted at once as its own `embed` call (as concurrent
+  HTTP clients would), so the dynamic batcher forms the batches.
+A model-only section times the two runners on the same pre-tokenized, length-sorted batches, which
+isolates the backend from pruning and tokenization. Each figure is docs/s and tokens/s (tokens the model
+saw), with ratios against the baselines measured in this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from service.core.checkpoint import CheckpointMeta, save_checkpoint  # noqa: E402
+from service.core.modeling import HeadSpec, HtmlEncoderModel, TaskHead, build_config  # noqa: E402
+from service.core.pages import iter_pages  # noqa: E402
+from service.core.prune import PRUNE_VERSION, PruneError, prune_html  # noqa: E402
+from service.core.tokenizer import HtmlTokenizer  # noqa: E402
+from service.engine import BatchStats, Engine, EngineConfig, EngineObserver  # noqa: E402
+from service.engine.batcher import form_batches  # noqa: E402
+from service.engine.onnx_export import ensure_onnx  # noqa: E402
+from service.engine.runners.onnx import OnnxRunner  # noqa: E402
+from service.engine.runners.torch import TorchRunner  # noqa: E402
+
+
+def build_checkpoint(path: Path, tokenizer: HtmlTokenizer, *, preset: str, max_length: int) -> Path:
+    torch.manual_seed(0)
+    config = build_config(preset, tokenizer, max_length=max_length)
+    model = HtmlEncoderModel.from_config(config, attn_implementation="sdpa")
+    for spec in (
+        HeadSpec(name="page_type", kind="classification", labels=[f"c{i}" for i in range(8)], hidden=256),
+        HeadSpec(name="quality", kind="regression", hidden=256),
+    ):
+        model.add_head(TaskHead(spec, model.embedding_dim))
+    meta = CheckpointMeta(
+        name=f"{preset}-random",
+        pooling="cls",
+        prune_version=PRUNE_VERSION,
+        tokenizer_sha256=tokenizer.sha256,
+        max_length=max_length,
+        embedding_dim=model.embedding_dim,
+        training={"note": "random weights, for speed benchmarks only"},
+    )
+    save_checkpoint(path, model.eval(), tokenizer, meta)
+    return path
+
+
+def naive_loop(pages: list[bytes], runner: TorchRunner, tokenizer: HtmlTokenizer, max_length: int) -> int:
+    tokens = 0
+    for html in pages:
+        try:
+            pruned = prune_html(html)
+        except PruneError:
+            continue
+        ids = tokenizer.encode(pruned, max_length=max_length).ids
+        runner.run(runner.prepare([ids]))
+        tokens += len(ids)
+    return tokens
+
+
+async def engine_run(engine: Engine, pages: list[bytes]) -> int:
+    async def one(html: bytes) -> int:
+        try:
+            (result,) = await engine.embed([html])
+        except PruneError:
+            return 0
+        return result.tokens
+
+    counts = await asyncio.gather(*(one(p) for p in pages))
+    return sum(counts)
+
+
+class BatchCounter(EngineObserver):
+    def __init__(self) -> None:
+        self.batches = 0
+
+    def batch_done(self, stats: BatchStats) -> None:
+        self.batches += 1
+
+
+async def measure(
+    checkpoint: Path,
+    config: EngineConfig,
+    pages: list[bytes],
+    tokenizer: HtmlTokenizer,
+    torch_runner: TorchRunner,
+    onnx_runner: OnnxRunner,
+    batches: list[list[list[int]]],
+    args: argparse.Namespace,
+) -> dict[str, tuple[float, int]]:
+    """Best seconds and tokens per path over `args.repeats` interleaved rounds."""
+    engines = {
+        backend: Engine.from_checkpoint(checkpoint, replace(config, backend=backend), observer=BatchCounter())
+        for backend in ("torch", "onnx")
+    }
+    for engine in engines.values():
+        await engine.start()
+        await engine.warmup()
+        await engine_run(engine, pages[:8])
+    naive_loop(pages[:4], torch_runner, tokenizer, args.max_length)
+    best: dict[str, tuple[float, int]] = {}
+
+    def keep(name: str, seconds: float, tokens: int) -> None:
+        if name not in best or seconds < best[name][0]:
+            best[name] = (seconds, tokens)
+
+    for _ in range(args.repeats):
+        started = time.perf_counter()
+        tokens = naive_loop(pages, torch_runner, tokenizer, args.max_length)
+        keep("naive loop", time.perf_counter() - started, tokens)
+        for backend, engine in engines.items():
+            started = time.perf_counter()
+            tokens = await engine_run(engine, pages)
+            keep(f"engine/{backend}", time.perf_counter() - started, tokens)
+        for name, runner in (("model: torch runner", torch_runner), ("model: onnx runner", onnx_runner)):
+            prepared = [runner.prepare(b) for b in batches]
+            started = time.perf_counter()
+            for batch in prepared:
+                runner.run(batch)
+            keep(name, time.perf_counter() - started, sum(p.tokens for p in prepared))
+        started = time.perf_counter()
+        for batch in batches:
+            for ids in batch:
+                torch_runner.run(torch_runner.prepare([ids]))
+        keep(
+            "model: torch runner, 1 doc per pass",
+            time.perf_counter() - started,
+            sum(p.tokens for p in prepared),
+        )
+    for engine in engines.values():
+        await engine.stop()
+        engine.close()
+    return best
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--corpus", type=Path, default=ROOT.parent / "shared" / "corpus", help="page corpus")
+    parser.add_argument("--limit", type=int, default=256, help="pages to embed")
+    parser.add_argument("--preset", default="mini", help="model preset (random weights)")
+    parser.add_argument("--max-length", type=int, default=512, help="tokens per document (truncation)")
+    parser.add_argument("--batch-tokens", type=int, default=16384, help="engine token budget per batch")
+    parser.add_argument("--batch-size", type=int, default=32, help="engine documents per batch")
+    parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
+    parser.add_argument("--repeats", type=int, default=2, help="timed passes per path (best is reported)")
+    parser.add_argument("--tokenizer", type=Path, default=None, help="tokenizer.json (default: train one)")
+    parser.add_argument("--vocab-size", type=int, default=16384, help="vocabulary of the trained tokenizer")
+    args = parser.parse_args()
+
+    threads = args.threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    pages = [p.html for p in iter_pages(args.corpus, limit=args.limit)]
+    print(f"{len(pages)} pages from {args.corpus}; preset {args.preset}; max length {args.max_length}")
+    machine = f"{platform.machine()} {platform.processor()}".strip()
+    print(f"machine: {machine}, {threads} threads, torch {torch.__version__}")
+
+    if args.tokenizer is not None:
+        tokenizer = HtmlTokenizer.from_file(args.tokenizer)
+    else:
+        from model_training.tokenizer_training import train_tokenizer
+
+        pruned = []
+        for html in pages:
+            try:
+                pruned.append(prune_html(html))
+            except PruneError:
+                continue
+        started = time.perf_counter()
+        tokenizer = train_tokenizer(pruned, vocab_size=args.vocab_size, min_frequency=2)
+        print(f"trained a {tokenizer.vocab_size}-token tokenizer in {time.perf_counter() - started:.1f}s")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = build_checkpoint(
+            Path(tmp) / "ckpt", tokenizer, preset=args.preset, max_length=args.max_length
+        )
+        started = time.perf_counter()
+        graph = ensure_onnx(checkpoint)
+        print(f"exported ONNX in {time.perf_counter() - started:.1f}s")
+
+        from service.core.checkpoint import load_checkpoint
+
+        ckpt = load_checkpoint(checkpoint)
+        torch_runner = TorchRunner(ckpt.model, intra_op_threads=threads)
+        encoded = [
+            tokenizer.encode(prune_html(h), max_length=args.max_length).ids for h in pages if _prunes(h)
+        ]
+        total_tokens = sum(len(ids) for ids in encoded)
+        mean = total_tokens / len(encoded)
+        print(f"{len(encoded)} pages prune cleanly; {mean:.0f} tokens per page on average")
+
+        onnx_runner = OnnxRunner(
+            graph,
+            pad_id=tokenizer.special_ids.pad,
+            head_names=list(ckpt.model.heads.keys()),
+            intra_op_threads=threads,
+        )
+        plan = form_batches(
+            [len(ids) for ids in encoded],
+            torch_runner.cost,
+            max_tokens=args.batch_tokens,
+            max_requests=args.batch_size,
+        )
+        batches_ids = [[encoded[i] for i in batch] for batch in plan]
+        config = EngineConfig(
+            max_length=args.max_length,
+            max_batch_tokens=args.batch_tokens,
+            max_batch_requests=args.batch_size,
+            max_queue_documents=max(1024, len(pages)),
+            intra_op_threads=threads,
+        )
+        # Rounds interleave the paths so load drifting on a shared machine hits them all alike.
+        results = asyncio.run(
+            measure(checkpoint, config, pages, tokenizer, torch_runner, onnx_runner, batches_ids, args)
+        )
+
+        n = len(encoded)
+        end_to_end = [(name, s, n, t) for name, (s, t) in results.items() if not name.startswith("model")]
+        model_only = [(name, s, n, t) for name, (s, t) in results.items() if name.startswith("model")]
+        print(f"\nend to end (prune + tokenize + model), best of {args.repeats} interleaved rounds")
+        _table(end_to_end, baseline=0)
+        rate = {name: n / s for name, (s, _) in results.items()}
+        print(f"  engine/torch vs naive: {rate['engine/torch'] / rate['naive loop']:.2f}x  (target >= 2x)")
+        onnx_vs_torch = rate["engine/onnx"] / rate["engine/torch"]
+        print(f"  engine/onnx vs engine/torch: {onnx_vs_torch:.2f}x  (target >= 1.3x)")
+        print(f"\nmodel only (pre-tokenized; {len(plan)} length-sorted batches)")
+        _table(model_only, baseline=0)
+    return 0
+
+
+def _prunes(html: bytes) -> bool:
+    try:
+        prune_html(html)
+    except PruneError:
+        return False
+    return True
+
+
+def _table(rows: list[tuple[str, float, int, int]], *, baseline: int) -> None:
+    base = rows[baseline][2] / rows[baseline][1]
+    ratio = f"vs {rows[baseline][0].removeprefix('model: ')}"
+    print(f"  {'path':38} {'seconds':>8} {'docs/s':>8} {'tokens/s':>9}  {ratio}")
+    for name, seconds, docs, tokens in rows:
+        rate = docs / seconds
+        print(f"  {name:38} {seconds:8.2f} {rate:8.1f} {tokens / seconds:9.0f}  {rate / base:.2f}x")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""`htmllm export-onnx --checkpoint DIR --out model.onnx`: one graph with the embedding and every head."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    parser = subparsers.add_parser(
+        "export-onnx",
+        help="export a checkpoint to ONNX (dynamic batch and length; embedding and head outputs)",
+    )
+    parser.add_argument("--checkpoint", required=True, type=Path, help="checkpoint directory to export")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where to write the graph (default: model.onnx inside the checkpoint, where the service looks)",
+    )
+    parser.add_argument("--opset", type=int, default=18, help="ONNX opset version")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from service.core.checkpoint import load_checkpoint
+    from service.core.errors import HtmllmError
+    from service.engine.onnx_export import ONNX_FILE, export_onnx
+
+    out = args.out if args.out is not None else args.checkpoint / ONNX_FILE
+    started = time.perf_counter()
+    try:
+        path = export_onnx(load_checkpoint(args.checkpoint), out, opset=args.opset)
+    except HtmllmError as exc:
+        print(f"htmllm export-onnx: {exc.code}: {exc}", file=sys.stderr)
+        return 1
+    size_mb = path.stat().st_size / 1e6
+    print(f"wrote {path} ({size_mb:.1f} MB) in {time.perf_counter() - started:.1f}s", file=sys.stderr)
+    return 0
