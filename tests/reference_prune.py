@@ -45,8 +45,16 @@ NEVER_MOVED_UP = _names(
     "caption col colgroup thead tbody tfoot tr td th li dt dd option optgroup rb rt rp rtc frame frameset"
 )
 HEADINGS = _names("h1 h2 h3 h4 h5 h6")
+BLOCK_TAGS = _names(
+    "address article aside blockquote body br caption center dd details dialog dir div dl dt fieldset "
+    "figcaption figure footer form frameset h1 h2 h3 h4 h5 h6 head header hgroup hr html legend li "
+    "listing main menu nav ol optgroup option p pre search section select summary table tbody td tfoot "
+    "th thead title tr ul"
+)
+HIDDEN_STYLES = ("display:none", "display: none", "visibility:hidden", "visibility: hidden")
 _NOT_TEXT = (Comment, Doctype, ProcessingInstruction, Declaration, CData)
 _WHITESPACE_RUN = re.compile(r"\s+")
+_SPACE_BY_BLOCK = re.compile(r" ?(</?(?:" + "|".join(sorted(BLOCK_TAGS)) + r")>) ?")
 VOID_TAGS = _names(
     "area base basefont bgsound br col embed frame hr img input keygen link meta param source track wbr"
 )
@@ -139,6 +147,12 @@ def prune_soup(soup: BeautifulSoup) -> str:
     for tag in soup.find_all("input"):
         if str(tag.get("type", "")).strip().lower() == "hidden":
             tag.decompose()
+    for tag in soup.find_all(True):
+        if tag.decomposed:  # inside an element removed just before
+            continue
+        style = str(tag.get("style", "")).lower()
+        if tag.has_attr("hidden") or any(hidden in style for hidden in HIDDEN_STYLES):
+            tag.decompose()
     for tag in soup.find_all(["svg", "iframe"]):
         tag.clear()
     for tag in soup.find_all(["xmp", "plaintext"]):
@@ -159,8 +173,10 @@ def prune_soup(soup: BeautifulSoup) -> str:
             continue
         if len(children) == 1 and _may_replace(tag, children[0]):
             tag.unwrap()
-    # Rule 6 (and entities: the formatter escapes exactly &, < and >).
-    return _WHITESPACE_RUN.sub(" ", soup.decode(formatter=_FORMATTER)).strip()
+    # Rule 6 (and entities: the formatter escapes exactly &, < and >), then the spaces next to
+    # block-level tags, which are not rendered.
+    collapsed = _WHITESPACE_RUN.sub(" ", soup.decode(formatter=_FORMATTER)).strip()
+    return _SPACE_BY_BLOCK.sub(r"\1", collapsed)
 
 
 def _may_replace(tag: Tag, child: Tag) -> bool:

@@ -183,6 +183,25 @@ def decode_html(data: bytes | str, *, encoding: str | None = None) -> DecodedHtm
     return DecodedHtml(data.decode(detected, errors="replace"), detected, "detected")
 
 
+def utf8_payload(data: bytes, *, encoding: str | None = None) -> bytes | None:
+    """The page's bytes as UTF-8, when `decode_html` would read them as UTF-8 without looking at them.
+
+    That is: a UTF-8 BOM (the rest of the page is returned), a UTF-8 declaration (argument or meta),
+    or pure ASCII. A UTF-8 consumer (Lexbor) can then take the bytes as they are and skip a decode and
+    a re-encode; undecodable bytes become U+FFFD there exactly as in `decode_html` (both follow the
+    WHATWG decoder). Everything else returns None: decode with `decode_html`.
+    """
+    for bom, name in _BOMS:
+        if data.startswith(bom):
+            return data[len(bom) :] if name == "utf-8" else None
+    declared = normalize_encoding(encoding)
+    if declared is None:
+        declared = sniff_meta_charset(data)
+    if declared is not None:
+        return data if declared == "utf-8" else None
+    return data if data.isascii() else None
+
+
 def _detect(data: bytes) -> str:
     """charset-normalizer's guess for non-UTF-8 bytes, Central European pairs disambiguated."""
     from charset_normalizer import from_bytes  # imported lazily: it is slow to import, rarely needed

@@ -66,7 +66,7 @@ from itertools import accumulate
 
 from selectolax.lexbor import LexborHTMLParser, SelectolaxError
 
-from service.core.decoding import decode_html
+from service.core.decoding import decode_html, utf8_payload
 from service.core.errors import ErrorCode, HtmllmError
 
 PRUNE_VERSION = "1"  # recorded in checkpoints; bump whenever the output for some input changes
@@ -84,6 +84,27 @@ KEEP_TAGS = frozenset(
 )  # fmt: skip
 # Rule 2: removed with their content (scripts and styles by the paper; the rest by our decisions).
 REMOVED_TAGS = ("script", "style", "noscript", "template", "noembed", "noframes")
+_REMOVED_LIST = list(REMOVED_TAGS)
+# Removed with their content too: what the user agent style sheet or an inline style hides.
+HIDDEN_SELECTOR = (
+    '[hidden], [style*="display:none" i], [style*="display: none" i], '
+    '[style*="visibility:hidden" i], [style*="visibility: hidden" i]'
+)
+# Block-level elements (their boundaries break the line, so whitespace next to them is not rendered).
+BLOCK_TAGS = frozenset(
+    {
+        "address", "article", "aside", "blockquote", "body", "br", "caption", "center", "dd",
+        "details", "dialog", "dir", "div", "dl", "dt", "fieldset", "figcaption", "figure", "footer",
+        "form", "frameset", "h1", "h2", "h3", "h4", "h5", "h6", "head", "header", "hgroup", "hr", "html",
+        "legend", "li", "listing", "main", "menu", "nav", "ol", "optgroup", "option", "p", "pre",
+        "search", "section", "select", "summary", "table", "tbody", "td", "tfoot", "th", "thead",
+        "title", "tr", "ul",
+    }
+)  # fmt: skip
+# Tags as written to the output; block-level ones fenced by NUL (no text holds one: the parser drops
+# them), so that the final pass can remove the spaces next to them in three str.replace calls.
+_START_TAG = {name: f"\x00<{name}>\x00" for name in BLOCK_TAGS}
+_END_TAG = {name: f"\x00</{name}>\x00" for name in BLOCK_TAGS}
 
 # Rule 5 exceptions (see the module docstring): never replaced by their only child ...
 _NEVER_REPLACED = frozenset(
@@ -112,27 +133,26 @@ _VOID = frozenset(
 
 # One tag of the serialisation: group 1 is "/" for an end tag, group 2 the name (attributes follow).
 _TAG_SPLIT = re.compile(r"<(/?)([a-zA-Z][^\s/>]*)[^>]*>")
-# Removed or rewritten before tokenizing: comments, processing instructions, the raw-text elements
-# removed with their content (with scripting on, the serialiser writes their content literally, and
-# it cannot contain their end tag), hidden inputs, and the raw-text elements we rewrite.
+# Removed or rewritten before tokenizing: comments, processing instructions, hidden inputs, and the
+# raw-text elements we rewrite (the serialiser writes their content literally; it cannot contain
+# their end tag).
 _CLEANUP = re.compile(
-    r"<!--.*?-->"
-    r"|<\?[^>]*>"
-    r"|<(script|style|noscript|noembed|noframes)\b[^>]*>.*?</\1>"
-    r"|<input\b[^>]*\btype=\"(?i:\s*hidden\s*)\"[^>]*>"
-    r"|<(iframe|xmp)\b[^>]*>(.*?)</\2>",
+    r"<(?:!--.*?-->"
+    r"|\?[^>]*>"
+    r"|input\b[^>]*\btype=\"(?i:\s*hidden\s*)\"[^>]*>"
+    r"|(iframe|xmp)\b[^>]*>(.*?)</\1>)",
     re.DOTALL,
 )
 _PLAINTEXT = re.compile(r"<plaintext\b[^>]*>(.*)</plaintext>", re.DOTALL)
-_TEMPLATE = re.compile(r"<template", re.IGNORECASE)
 # For the nesting pre-check: start and end tags of elements that can nest without bound (void
 # elements and elements the parser closes implicitly, such as <p> and <li>, cannot).
-_NESTING_TAG = re.compile(
+_NESTING_TAG_PATTERN = (
     r"<(/?)(?!(?:area|base|basefont|bgsound|br|col|embed|frame|hr|img|input|keygen|link|meta|param"
     r"|source|track|wbr|p|li|dt|dd|td|th|tr|option|optgroup|tbody|thead|tfoot|colgroup|caption"
-    r"|rb|rt|rp|rtc|html|head|body)[\s/>])[a-zA-Z]",
-    re.IGNORECASE,
+    r"|rb|rt|rp|rtc|html|head|body)[\s/>])[a-zA-Z]"
 )
+_NESTING_TAG = re.compile(_NESTING_TAG_PATTERN, re.IGNORECASE)
+_NESTING_TAG_BYTES = re.compile(_NESTING_TAG_PATTERN.encode("ascii"), re.IGNORECASE)
 
 
 class PruneError(HtmllmError):
@@ -176,20 +196,27 @@ def prune_html(
     size = _byte_size(html, max_bytes)
     if size > max_bytes:
         raise InputTooLargeError(f"page of {size} bytes exceeds the cap of {max_bytes} bytes")
-    text = decode_html(html, encoding=encoding).text
-    return prune_text(text, max_depth=max_depth)
+    payload: str | bytes | None = utf8_payload(html, encoding=encoding) if isinstance(html, bytes) else None
+    if payload is None:
+        payload = decode_html(html, encoding=encoding).text
+    return _prune_document(payload, max_depth)
 
 
 def prune_text(text: str, *, max_depth: int = DEFAULT_MAX_DEPTH) -> str:
     """Prune already-decoded page text (`prune_html` after decoding and the size check)."""
-    depth = estimate_depth(text, limit=max_depth)
+    return _prune_document(text, max_depth)
+
+
+def _prune_document(document: str | bytes, max_depth: int) -> str:
+    """Parse (text, or bytes known to be UTF-8) and prune."""
+    depth = estimate_depth(document, limit=max_depth)
     if depth > max_depth:
         raise NestingTooDeepError(f"page nests about {depth} elements deep; the cap is {max_depth}")
     try:
-        tree = LexborHTMLParser(text, scripting=True)
-        if _TEMPLATE.search(text):
-            # Template content is markup, not raw text: removed in the tree (templates nest).
-            tree.strip_tags(["template"], recursive=True)
+        tree = LexborHTMLParser(document, scripting=True)
+        tree.strip_tags(_REMOVED_LIST, recursive=True)
+        for node in tree.css(HIDDEN_SELECTOR):
+            node.decompose()
         root = tree.root
         serialized = (root.html or "") if root is not None else ""
     except (SelectolaxError, MemoryError) as exc:
@@ -197,16 +224,21 @@ def prune_text(text: str, *, max_depth: int = DEFAULT_MAX_DEPTH) -> str:
     return _prune_serialization(serialized)
 
 
-def estimate_depth(text: str, *, limit: int = DEFAULT_MAX_DEPTH) -> int:
+def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> int:
     """An upper estimate of the page's nesting depth (exact enough to refuse pathological pages).
 
     Counts start tags minus end tags of elements that can nest without bound, in document order, and
     returns the running maximum. A page with fewer `<` than `limit` cannot exceed it, so ordinary pages
     cost one `str.count`.
     """
-    if text.count("<") <= limit:
-        return 0
-    steps = (-1 if slash else 1 for slash in _NESTING_TAG.findall(text))
+    if isinstance(document, bytes):
+        if document.count(b"<") <= limit:
+            return 0
+        steps = (-1 if slash else 1 for slash in _NESTING_TAG_BYTES.findall(document))
+    else:
+        if document.count("<") <= limit:
+            return 0
+        steps = (-1 if slash else 1 for slash in _NESTING_TAG.findall(document))
     return max(accumulate(steps, initial=0))
 
 
@@ -222,12 +254,12 @@ def _byte_size(html: str | bytes, max_bytes: int) -> int:
 def _rewrite_raw(match: re.Match[str]) -> str:
     """Removed elements, comments and hidden inputs vanish; an iframe loses its fallback text; xmp
     becomes pre with its text escaped."""
-    tag = match.group(2)
+    tag = match.group(1)
     if tag is None:
         return ""
     if tag == "iframe":
         return "<iframe></iframe>"
-    return "<pre>" + _html.escape(match.group(3), quote=False) + "</pre>"
+    return "<pre>" + _html.escape(match.group(2), quote=False) + "</pre>"
 
 
 def _rewrite_plaintext(match: re.Match[str]) -> str:
@@ -235,15 +267,15 @@ def _rewrite_plaintext(match: re.Match[str]) -> str:
 
 
 def _prune_serialization(serialized: str) -> str:
-    """Rules 2-6 over Lexbor's serialisation of the tree (templates already removed)."""
+    """Rules 2-6 over Lexbor's serialisation of the tree (`REMOVED_TAGS` already removed)."""
     if "<plaintext" in serialized:  # first: its literal content may hold anything
         serialized = _PLAINTEXT.sub(_rewrite_plaintext, serialized)
-    cleaned = _CLEANUP.sub(_rewrite_raw, serialized)
-    # The serialiser writes U+00A0 as &nbsp;; it is whitespace like any other (rule 6).
-    cleaned = cleaned.replace("&nbsp;", " ")
-    parts = _TAG_SPLIT.split(cleaned)
-    # Rule 6: str.split() splits on exactly the whitespace str.isspace() (and the rules) see.
-    return " ".join("".join(_apply_rules(parts)).split())
+    parts = _TAG_SPLIT.split(_CLEANUP.sub(_rewrite_raw, serialized))
+    # Rule 6. The serialiser writes U+00A0 as &nbsp; (the rules treat it as the whitespace it is);
+    # str.split() splits on exactly the whitespace str.isspace() sees.
+    pruned = " ".join("".join(_apply_rules(parts)).replace("&nbsp;", " ").split())
+    # Whitespace next to a block-level tag is not rendered: drop it (and the fences).
+    return pruned.replace(" \x00", "\x00").replace("\x00 ", "\x00").replace("\x00", "")
 
 
 def _apply_rules(parts: list[str]) -> list[str]:
@@ -258,6 +290,7 @@ def _apply_rules(parts: list[str]) -> list[str]:
     append = out.append
     stack: list[tuple[str, int, int, bool, str]] = []
     push, pop = stack.append, stack.pop
+    start_tag, end_tag = _START_TAG.get, _END_TAG.get
     keep, void, never_replaced, never_moved_up, headings = (
         KEEP_TAGS,
         _VOID,
@@ -270,20 +303,19 @@ def _apply_rules(parts: list[str]) -> list[str]:
 
     first = parts[0]
     if first:
-        if first.isspace():
+        if first.isspace() or ("&nbsp;" in first and first.replace("&nbsp;", " ").isspace()):
             append(" ")
         else:
             append(first)
             has_text = True
 
-    for i in range(1, len(parts), 3):
-        name = parts[i + 1]
+    for slash, name, text in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
         if svg_depth:
             if name == "svg":
-                svg_depth += -1 if parts[i] else 1
+                svg_depth += -1 if slash else 1
             if svg_depth:
                 continue
-        elif parts[i]:  # an end tag
+        elif slash:
             if name != tag:
                 # The serialiser writes balanced tags, but never trust it blindly: close the frames
                 # up to the matching element, or ignore an end tag without one.
@@ -293,7 +325,7 @@ def _apply_rules(parts: list[str]) -> list[str]:
                     tag, start, kids, has_text, last = _close(out, stack, tag, start, kids, has_text, last)
             ptag, pstart, pkids, ptext, plast = pop()
             if has_text or (kids == 0 and tag in keep):
-                append("</" + tag + ">")
+                append(end_tag(tag) or "</" + tag + ">")
                 tag, start, kids, has_text, last = ptag, pstart, pkids + 1, ptext, tag
             elif kids == 0:
                 del out[start:]
@@ -307,11 +339,11 @@ def _apply_rules(parts: list[str]) -> list[str]:
                 out[start] = ""
                 tag, start, kids, has_text, last = ptag, pstart, pkids + 1, ptext, last
             else:
-                append("</" + tag + ">")
+                append(end_tag(tag) or "</" + tag + ">")
                 tag, start, kids, has_text, last = ptag, pstart, pkids + 1, ptext, tag
         elif name in void:
             if name in keep:
-                append("<" + name + ">")
+                append(start_tag(name) or "<" + name + ">")
                 kids += 1
                 last = name
         elif name == "svg":
@@ -323,11 +355,10 @@ def _apply_rules(parts: list[str]) -> list[str]:
         else:
             push((tag, start, kids, has_text, last))
             tag, start, kids, has_text, last = name, len(out), 0, False, ""
-            append("<" + name + ">")
+            append(start_tag(name) or "<" + name + ">")
 
-        text = parts[i + 2]
         if text:
-            if text.isspace():
+            if text.isspace() or ("&nbsp;" in text and text.replace("&nbsp;", " ").isspace()):
                 append(" ")
             else:
                 append(text)
@@ -353,7 +384,7 @@ def _close(
     """
     parent, pstart, pkids, ptext, plast = stack.pop()
     if has_text or (kids == 0 and tag in KEEP_TAGS):
-        out.append("</" + tag + ">")
+        out.append(_END_TAG.get(tag) or "</" + tag + ">")
         return parent, pstart, pkids + 1, ptext, tag
     if kids == 0:
         del out[start:]
@@ -366,5 +397,5 @@ def _close(
     ):
         out[start] = ""
         return parent, pstart, pkids + 1, ptext, last
-    out.append("</" + tag + ">")
+    out.append(_END_TAG.get(tag) or "</" + tag + ">")
     return parent, pstart, pkids + 1, ptext, tag
