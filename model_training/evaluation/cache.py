@@ -14,10 +14,14 @@ import json
 import os
 import re
 import tempfile
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import numpy as np
+
+V = TypeVar("V")
 
 
 def content_key(data: bytes) -> str:
@@ -43,17 +47,25 @@ def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
             os.unlink(tmp)
 
 
-class ArrayCache:
-    """Content key -> float32 vector, for one namespace; `root=None` keeps it in memory only."""
+class _Cache(ABC, Generic[V]):
+    """Content key -> value for one namespace, loaded whole and saved atomically; `root=None`: memory only."""
+
+    suffix = ""
 
     def __init__(self, root: Path | None, namespace: str) -> None:
-        self.path = root / f"{namespace}.npz" if root is not None else None
-        self._data: dict[str, np.ndarray] = {}
+        self.path = root / f"{namespace}{self.suffix}" if root is not None else None
+        self._data: dict[str, V] = (
+            self._load(self.path) if self.path is not None and self.path.is_file() else {}
+        )
         self._dirty = False
-        if self.path is not None and self.path.is_file():
-            with np.load(self.path, allow_pickle=False) as stored:
-                keys, vectors = stored["keys"], stored["vectors"]
-                self._data = {str(k): v for k, v in zip(keys, vectors, strict=True)}
+
+    @abstractmethod
+    def _load(self, path: Path) -> dict[str, V]:
+        """Every entry stored at `path`."""
+
+    @abstractmethod
+    def _dump(self, tmp: Path) -> None:
+        """Write every entry to `tmp` (renamed over the cache file afterwards)."""
 
     def __contains__(self, key: str) -> bool:
         return key in self._data
@@ -65,58 +77,48 @@ class ArrayCache:
         """The keys not cached yet, once each, in first-seen order."""
         return [k for k in dict.fromkeys(keys) if k not in self._data]
 
-    def put(self, key: str, vector: np.ndarray) -> None:
-        self._data[key] = np.asarray(vector, dtype=np.float32)
+    def put(self, key: str, value: V) -> None:
+        self._data[key] = value
         self._dirty = True
+
+    def get(self, key: str) -> V:
+        return self._data[key]
+
+    def save(self) -> None:
+        if self.path is not None and self._dirty:
+            _atomic_write(self.path, self._dump)
+            self._dirty = False
+
+
+class ArrayCache(_Cache[np.ndarray]):
+    """Content key -> float32 vector, stored as `<namespace>.npz`."""
+
+    suffix = ".npz"
+
+    def _load(self, path: Path) -> dict[str, np.ndarray]:
+        with np.load(path, allow_pickle=False) as stored:
+            return {str(k): v for k, v in zip(stored["keys"], stored["vectors"], strict=True)}
+
+    def _dump(self, tmp: Path) -> None:
+        with tmp.open("wb") as handle:
+            keys = np.asarray(list(self._data), dtype=np.str_)
+            np.savez(handle, keys=keys, vectors=np.stack(list(self._data.values())))
+
+    def put(self, key: str, value: np.ndarray) -> None:
+        super().put(key, np.asarray(value, dtype=np.float32))
 
     def get_matrix(self, keys: Sequence[str]) -> np.ndarray:
         """(N, D) float32 rows for `keys`, all of which must be cached."""
         return np.stack([self._data[k] for k in keys]).astype(np.float32, copy=False)
 
-    def save(self) -> None:
-        if self.path is None or not self._dirty:
-            return
-        keys = np.asarray(list(self._data), dtype=np.str_)
-        vectors = np.stack(list(self._data.values()))
 
-        def write(tmp: Path) -> None:
-            with tmp.open("wb") as handle:
-                np.savez(handle, keys=keys, vectors=vectors)
+class TextCache(_Cache[str]):
+    """Content key -> text (pruned HTML, extracted text), stored as `<namespace>.json`."""
 
-        _atomic_write(self.path, write)
-        self._dirty = False
+    suffix = ".json"
 
+    def _load(self, path: Path) -> dict[str, str]:
+        return {str(k): str(v) for k, v in json.loads(path.read_text(encoding="utf-8")).items()}
 
-class TextCache:
-    """Content key -> text (pruned HTML, extracted text), for one namespace."""
-
-    def __init__(self, root: Path | None, namespace: str) -> None:
-        self.path = root / f"{namespace}.json" if root is not None else None
-        self._data: dict[str, str] = {}
-        self._dirty = False
-        if self.path is not None and self.path.is_file():
-            self._data = dict(json.loads(self.path.read_text(encoding="utf-8")))
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._data
-
-    def missing(self, keys: Iterable[str]) -> list[str]:
-        return [k for k in dict.fromkeys(keys) if k not in self._data]
-
-    def put(self, key: str, text: str) -> None:
-        self._data[key] = text
-        self._dirty = True
-
-    def get(self, key: str) -> str:
-        return self._data[key]
-
-    def save(self) -> None:
-        if self.path is None or not self._dirty:
-            return
-        text = json.dumps(self._data, ensure_ascii=False)
-
-        def write(tmp: Path) -> None:
-            tmp.write_text(text, encoding="utf-8")
-
-        _atomic_write(self.path, write)
-        self._dirty = False
+    def _dump(self, tmp: Path) -> None:
+        tmp.write_text(json.dumps(self._data, ensure_ascii=False), encoding="utf-8")

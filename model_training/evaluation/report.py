@@ -66,7 +66,7 @@ def render_markdown(result: EvalResult, *, title: str = "Evaluation report") -> 
         "",
     ]
     lines += _table(
-        ["System", *task_header, "NMM", "Head params"],
+        ["System", *task_header, "NMM", f"Head params ({tasks[0]})"],
         [[s.name, *(_cell(s, t) for t in tasks), _nmm(s), f"{s.head_parameters:,}"] for s in result.systems],
     )
     checkpoints = [s for s in result.systems if s.kind == "checkpoint"]

