@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -285,8 +285,7 @@ def load_checkpoint(
     model = HtmlEncoderModel(encoder, pooling=meta.pooling, heads=heads)
     _check_model_matches(model, tokenizer, meta)
     model.eval()
-    cast(torch.nn.Module, model.encoder).to(device=device, dtype=dtype)
-    model.heads.to(device=device)
+    model.place(device, dtype)
     return Checkpoint(model=model, tokenizer=tokenizer, meta=meta, path=root)
 
 

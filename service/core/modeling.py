@@ -224,6 +224,20 @@ class HtmlEncoderModel(nn.Module):
             )
         self.heads[name] = head
 
+    def place(self, device: str | torch.device, dtype: torch.dtype | None = None) -> HtmlEncoderModel:
+        """Move the encoder to `device`/`dtype` and the heads to `device` in float32.
+
+        RoPE's inverse frequencies stay float32: rounded to bfloat16 they would shift the angles of
+        distant positions (the rotary module casts them back up, but the lost bits are gone).
+        """
+        rotary = self.encoder.rotary_emb
+        saved = {name: buffer.detach().clone() for name, buffer in rotary.named_buffers(recurse=False)}
+        cast(nn.Module, self.encoder).to(device=device, dtype=dtype)
+        for name, buffer in saved.items():
+            setattr(rotary, name, buffer.to(device=device))
+        self.heads.to(device=device, dtype=torch.float32)
+        return self
+
     def pool(self, hidden: Tensor, attention_mask: Tensor) -> Tensor:
         """(B, L, D) hidden states to (B, D) by the model's pooling rule."""
         if self.pooling == "cls":

@@ -40,9 +40,7 @@ def _cli(*args: str) -> list[str]:
 
 
 @pytest.mark.slow  # two CLI processes, each importing torch
-def test_kill_minus_nine_then_resume_writes_each_document_once(
-    tiny_checkpoint: Path, tmp_path: Path
-) -> None:
+def test_kill_minus_nine_then_resume_writes_each_document_once(tiny_checkpoint: Path, tmp_path: Path) -> None:
     n = 160
     pages = _write_pages(tmp_path / "pages.jsonl", n)
     out = tmp_path / "out.parquet"

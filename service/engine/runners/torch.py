@@ -72,8 +72,7 @@ class TorchRunner:
         if intra_op_threads is not None:
             torch.set_num_threads(intra_op_threads)
         model.encoder.set_attn_implementation(self.attention)
-        cast(torch.nn.Module, model.encoder).to(device=device, dtype=TORCH_DTYPES[dtype])
-        model.heads.to(device=device, dtype=torch.float32)  # heads are tiny; float32 keeps scores exact
+        model.place(device, TORCH_DTYPES[dtype])  # heads stay float32: tiny, and scores stay exact
         self.model = model.eval()
         pad_id = model.config.pad_token_id
         if pad_id is None:

@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# GPU benchmark of the torch runner: the `base` preset (22 layers, hidden 768, random weights) in bfloat16
+# on documents of exactly 512, 2048 and 8192 tokens; docs/s, tokens/s and model FLOP utilisation (MFU),
+# SDPA with padded batches vs FlashAttention-2 packed batches (when flash-attn is installed).
+#
+#   bash benchmarks/gpu_engine.sh            # from the repository root, on a CUDA machine
+#
+# Budget: well under 5 minutes (about 6 s of timed work per configuration). Also runs the GPU tests
+# first (tests/engine/test_gpu.py), so a wrong packed path fails loudly before any figure is printed.
+# Environment: PYTHON (default .venv/bin/python, else python3), PEAK_TFLOPS to override the bf16 dense
+# peak used for MFU (default from the device name: H100/H200 989, A100 312, L4 121, A10 125),
+# SECONDS_PER_CONFIG (default 6), OUT (a directory for gpu_engine.json, optional). DRY_RUN=1 checks the
+# script itself on a CPU (tiny preset, short documents, float32; the figures mean nothing).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
+export PYTHONPATH="${PWD}${PYTHONPATH:+:$PYTHONPATH}"
+
+if [ -z "${DRY_RUN:-}" ]; then
+"$PYTHON" - <<'EOF'
+import torch
+assert torch.cuda.is_available(), "no CUDA device: this benchmark needs a GPU"
+print("device:", torch.cuda.get_device_name(0), "| torch", torch.__version__, "| CUDA", torch.version.cuda)
+EOF
+"$PYTHON" -m pytest -q -p no:cacheprovider tests/engine/test_gpu.py
+fi
+
+"$PYTHON" - <<'EOF'
+import json
+import os
+import time
+
+import torch
+from transformers import ModernBertConfig
+
+from service.core.modeling import PRESETS, HeadSpec, HtmlEncoderModel, TaskHead
+from service.engine.runners.torch import TorchRunner, flash_attention_available
+
+DRY = bool(os.environ.get("DRY_RUN"))
+LENGTHS = (64, 256) if DRY else (512, 2048, 8192)
+TOKENS_PER_BATCH = 1024 if DRY else 65536  # 128 x 512, 32 x 2048, 8 x 8192
+MIXED = (16, 200) if DRY else (64, 2048)  # a batch of documents of uniformly drawn lengths in this range
+SECONDS = 0.5 if DRY else float(os.environ.get("SECONDS_PER_CONFIG", "6"))
+PRESET = "tiny" if DRY else "base"
+DEVICE, DTYPE = ("cpu", "float32") if DRY else ("cuda", "bfloat16")
+VOCAB = 50368
+
+
+def peak_tflops() -> float:
+    if DRY:
+        return 1.0
+    if "PEAK_TFLOPS" in os.environ:
+        return float(os.environ["PEAK_TFLOPS"])
+    name = torch.cuda.get_device_name(0)
+    for key, value in (("H200", 989.0), ("H100", 989.0), ("A100", 312.0), ("L40", 181.0), ("L4", 121.0), ("A10", 125.0)):
+        if key in name:
+            return value
+    raise SystemExit(f"unknown GPU {name!r}: set PEAK_TFLOPS (bf16 dense) for the MFU column")
+
+
+def build(attention: str) -> TorchRunner:
+    torch.manual_seed(0)
+    config = ModernBertConfig(
+        **{**PRESETS[PRESET], "max_position_embeddings": max(LENGTHS)},
+        vocab_size=VOCAB, pad_token_id=0, unk_token_id=1, cls_token_id=2, sep_token_id=3, mask_token_id=4,
+        bos_token_id=2, eos_token_id=3,
+    )
+    model = HtmlEncoderModel.from_config(config)
+    spec = HeadSpec(name="page_type", kind="classification", labels=[f"c{i}" for i in range(8)], hidden=512)
+    model.add_head(TaskHead(spec, model.embedding_dim))
+    return TorchRunner(model.eval(), device=DEVICE, dtype=DTYPE, attn_implementation=attention)
+
+
+def synchronize() -> None:
+    if not DRY:
+        torch.cuda.synchronize()
+
+
+def flops_per_token(config: ModernBertConfig, length: int) -> float:
+    """Forward FLOPs per token: 2 x (non-embedding weights) + attention scores and values per layer."""
+    d, inner, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    per_layer = 3 * d * d + d * d + d * 2 * inner + inner * d  # Wqkv, Wo, Wi (GLU: 2x), Wo
+    dense = 2 * layers * per_layer
+    attention = 0.0
+    for kind in config.layer_types:
+        span = length if kind == "full_attention" else min(length, config.local_attention + 1)
+        attention += 4 * span * d  # QK^T and AV, 2 FLOPs per multiply-add each
+    return dense + attention
+
+
+def docs(lengths: list[int]) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(len(lengths))
+    return [[2, *torch.randint(5, VOCAB, (n - 2,), generator=gen).tolist(), 3] for n in lengths]
+
+
+def workloads() -> list[tuple[str, list[int]]]:
+    fixed = [(str(n), [n] * (TOKENS_PER_BATCH // n)) for n in LENGTHS]
+    gen = torch.Generator().manual_seed(0)
+    mixed: list[int] = []
+    while sum(mixed) < TOKENS_PER_BATCH // 2:
+        mixed.append(int(torch.randint(MIXED[0], MIXED[1] + 1, (1,), generator=gen)))
+    return [*fixed, (f"mixed {MIXED[0]}-{MIXED[1]}", sorted(mixed))]
+
+
+peak = peak_tflops() * 1e12
+modes = ["sdpa"] + (["flash_attention_2"] if not DRY and flash_attention_available() else [])
+if len(modes) == 1:
+    print("flash-attn is not installed: SDPA (padded) only")
+rows = []
+for attention in modes:
+    runner = build(attention)
+    config = runner.model.config
+    for label, lengths in workloads():
+        batch = docs(lengths)
+        prepared = runner.prepare(batch)
+        for _ in range(3):
+            runner.run(prepared)
+        synchronize()
+        passes, started = 0, time.perf_counter()
+        while time.perf_counter() - started < SECONDS:
+            runner.run(prepared)  # includes host-to-device copy, pooling, heads and the copy back
+            passes += 1
+        synchronize()
+        seconds = time.perf_counter() - started
+        work = sum(n * flops_per_token(config, n) for n in lengths)  # real tokens only, not padding
+        row = {
+            "attention": attention, "layout": "packed" if runner.packed else "padded", "length": label,
+            "batch": len(batch), "docs_per_s": passes * len(batch) / seconds,
+            "tokens_per_s": passes * sum(lengths) / seconds, "mfu": passes * work / seconds / peak,
+            "padded_tokens": prepared.padded_tokens, "tokens": prepared.tokens,
+            "peak_memory_gb": torch.cuda.max_memory_allocated() / 1e9 if not DRY else 0.0,
+        }
+        rows.append(row)
+        print(
+            f"{attention:18} {row['layout']:6} L={label:>12} B={len(batch):4}  {row['docs_per_s']:9.1f} docs/s  "
+            f"{row['tokens_per_s']:10.0f} tokens/s  MFU {100 * row['mfu']:5.1f}%  peak {row['peak_memory_gb']:.1f} GB",
+            flush=True,
+        )
+        if not DRY:
+            torch.cuda.reset_peak_memory_stats()
+    del runner
+    if not DRY:
+        torch.cuda.empty_cache()
+
+by = {(r["attention"], r["length"]): r for r in rows}
+if "flash_attention_2" in modes:
+    for label, _ in workloads():
+        ratio = by[("flash_attention_2", label)]["tokens_per_s"] / by[("sdpa", label)]["tokens_per_s"]
+        print(f"flash-attn packed vs SDPA padded at {label}: {ratio:.2f}x")
+if not DRY:
+    best = max(by[(m, "2048")]["mfu"] for m in modes)
+    print(f"best MFU at 2048 tokens: {100 * best:.1f}% (target >= 40% on H100/H200)")
+out = os.environ.get("OUT")
+if out:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "gpu_engine.json"), "w") as handle:
+        device = "cpu (dry run)" if DRY else torch.cuda.get_device_name(0)
+        json.dump({"device": device, "peak_tflops": peak / 1e12, "rows": rows}, handle, indent=2)
+EOF

@@ -1,0 +1,76 @@
+"""CUDA paths: bf16 SDPA with padding, FlashAttention-2 packed batches (skipped without CUDA/flash-attn)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from service.core.checkpoint import load_checkpoint
+from service.engine import Engine, EngineConfig
+from service.engine.runners.torch import TorchRunner, flash_attention_available
+from tests.engine.conftest import make_pages
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+LENGTHS = [3, 9, 17, 40, 128, 64, 5, 100]
+
+
+def _docs(vocab: int) -> list[list[int]]:
+    rng = random.Random(0)
+    return [[2, *(rng.randrange(5, vocab) for _ in range(n - 2)), 3] for n in LENGTHS]
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+def test_bf16_sdpa_batch_matches_single_and_float32(tiny_checkpoint: Path) -> None:
+    reference = TorchRunner(load_checkpoint(tiny_checkpoint).model)
+    runner = TorchRunner(
+        load_checkpoint(tiny_checkpoint).model, device="cuda", dtype="bfloat16", attn_implementation="sdpa"
+    )
+    assert not runner.packed
+    docs = _docs(runner.model.config.vocab_size)
+    batched = runner.run(runner.prepare(docs, pad_to=160)).embeddings
+    alone = np.concatenate([runner.run(runner.prepare([d])).embeddings for d in docs])
+    exact = reference.run(reference.prepare(docs)).embeddings
+    assert _cosine(batched, alone).min() > 0.999
+    assert _cosine(batched, exact).min() > 0.99
+
+
+@pytest.mark.skipif(not flash_attention_available(), reason="needs flash-attn")
+def test_flash_packed_batches_match_padded_sdpa(tiny_checkpoint: Path) -> None:
+    packed = TorchRunner(load_checkpoint(tiny_checkpoint).model, device="cuda", dtype="bfloat16")
+    padded = TorchRunner(
+        load_checkpoint(tiny_checkpoint).model, device="cuda", dtype="bfloat16", attn_implementation="sdpa"
+    )
+    assert packed.attention == "flash_attention_2" and packed.packed
+    docs = _docs(packed.model.config.vocab_size)
+    prepared = packed.prepare(docs)
+    assert prepared.padded_tokens == prepared.tokens == sum(LENGTHS)
+    a = packed.run(prepared)
+    b = padded.run(padded.prepare(docs))
+    alone = np.concatenate([packed.run(packed.prepare([d])).embeddings for d in docs])
+    # Packed documents must not see each other: each equals itself alone and the padded SDPA result.
+    assert _cosine(a.embeddings, alone).min() > 0.999
+    assert _cosine(a.embeddings, b.embeddings).min() > 0.99
+    np.testing.assert_allclose(a.scores["page_type"], b.scores["page_type"], atol=2e-2)
+
+
+async def test_engine_on_cuda_end_to_end(tiny_checkpoint: Path) -> None:
+    pages = make_pages(16)
+    config = EngineConfig(device="cuda", dtype="bfloat16", max_batch_requests=4)
+    async with Engine.from_checkpoint(tiny_checkpoint, config) as engine:
+        await engine.warmup()
+        batched = await engine.embed(pages)
+        single = [(await engine.embed([p]))[0] for p in pages[:4]]
+    assert engine.info.device == "cuda" and engine.info.dtype == "bfloat16"
+    for a, b in zip(batched, single, strict=False):
+        assert float(a.embedding @ b.embedding) > 0.999
