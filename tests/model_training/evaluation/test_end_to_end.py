@@ -130,3 +130,60 @@ def test_heads_train_writes_served_heads_and_leaves_the_encoder(workdir: Path) -
     scores = asyncio.run(serve())
     assert set(scores) == {"de", "en", "es"}
     assert np.isclose(sum(scores.values()), 1.0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_cli_derive_and_eval_run(workdir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(
+            [
+                "tasks",
+                "derive",
+                "--corpus",
+                str(workdir / "corpus.jsonl"),
+                "--out",
+                str(tmp_path / "t"),
+                "--min-pages",
+                "4",
+                "--min-sites",
+                "3",
+                "--folds",
+                "3",
+            ]
+        )
+        == 0
+    )
+    assert "language: 36 pages from 9 sites" in capsys.readouterr().out
+    argv = [
+        "eval",
+        "run",
+        "--checkpoint",
+        str(workdir / "ckpt-b"),
+        "--tasks",
+        str(tmp_path / "t" / "language"),
+        "--baselines",
+        "random",
+        "--cache",
+        "",
+        "--out",
+        str(tmp_path / "report"),
+        "--hidden",
+        "16",
+        "--max-epochs",
+        "10",
+        "--patience",
+        "3",
+    ]
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert [s["kind"] for s in report["systems"]] == ["random", "checkpoint"]
+    assert report["tasks"][0]["name"] == "language"
+
+
+def test_cli_reports_bad_input_without_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["eval", "run", "--tasks", str(tmp_path / "missing"), "--baselines", "random"]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["eval", "run", "--tasks", str(tmp_path), "--baselines", "bogus"]) == 1
+    assert "baselines must be some of" in capsys.readouterr().err
