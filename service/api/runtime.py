@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Awaitable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
 from starlette.types import Receive
@@ -49,6 +50,8 @@ class Runtime:
     extractor_pool: ExtractorPool | None = None
     extract_threads: ThreadPoolExecutor | None = None
     _extract_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _extract_jobs: int = 0  # extractions submitted and not finished (cancelled ones included)
+    _extract_jobs_lock: threading.Lock = field(default_factory=threading.Lock)
 
     loop: asyncio.AbstractEventLoop | None = None  # the app's loop, set by the lifespan
     _cutoff: asyncio.Task[None] | None = None
@@ -98,6 +101,27 @@ class Runtime:
                 self.extractor_pool = ExtractorPool(workers)
                 self.extract_threads = ThreadPoolExecutor(workers, thread_name_prefix="htmllm-extract")
             return self.extractor_pool, self.extract_threads
+
+    def admit_extraction(self, jobs: int) -> None:
+        """Bound the extraction backlog as the engine bounds its queue: 429 beyond it, at once."""
+        limit = self.settings.max_queue_documents
+        with self._extract_jobs_lock:
+            if self._extract_jobs + jobs > limit:
+                raise HtmllmError(
+                    f"the extraction queue is full ({self._extract_jobs} of {limit} jobs)",
+                    code=ErrorCode.OVERLOADED,
+                )
+            self._extract_jobs += jobs
+
+    def extraction_done(self, _: Future[Any]) -> None:
+        """A job ended (done, failed or cancelled before it ran); runs on whichever thread ended it."""
+        with self._extract_jobs_lock:
+            self._extract_jobs -= 1
+
+    @property
+    def extraction_backlog(self) -> int:
+        with self._extract_jobs_lock:
+            return self._extract_jobs
 
     def close_extraction(self) -> None:
         if self.extract_threads is not None:

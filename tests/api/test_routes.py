@@ -245,3 +245,13 @@ async def test_large_json_body(client: httpx.AsyncClient) -> None:
     assert len(html) > 256 * 1024
     item = await embed_one(client, html, truncate=True)
     assert item["truncated"] is True and item["tokens"] == TINY_MAX_LENGTH
+
+
+async def test_extract_backlog_is_bounded(settings_for: SettingsFactory) -> None:
+    async with app_client(settings_for(max_queue_documents=1)) as client:
+        body = {"documents": [{"html": page(1)}, {"html": page(2)}]}
+        response = await client.post("/v1/extract", json=body)
+        assert response.status_code == 429 and response.headers["retry-after"] == "1"
+        assert response.json()["error"]["code"] == "overloaded"
+        empty = await client.post("/v1/extract", json={"documents": []})
+        assert empty.status_code == 400

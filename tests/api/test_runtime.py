@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 from pathlib import Path
+
+import pytest
 
 from service.api.metrics import ServiceMetrics
 from service.api.runtime import Runtime
+from service.core.errors import ErrorCode, HtmllmError
 from tests.api.conftest import tiny_settings
 
 
@@ -21,3 +25,19 @@ def test_drain_budget_counts_from_the_first_signal(tiny_checkpoint: Path) -> Non
     assert 9.0 < runtime.drain_time_left() < 9.96
     runtime.drain_deadline = time.monotonic() - 1
     assert runtime.drain_time_left() == 0.0
+
+
+def test_extraction_backlog_counts_jobs_until_they_end(tiny_checkpoint: Path) -> None:
+    runtime = Runtime(
+        settings=tiny_settings(tiny_checkpoint, max_queue_documents=3), metrics=ServiceMetrics()
+    )
+    runtime.admit_extraction(2)
+    with pytest.raises(HtmllmError) as refused:
+        runtime.admit_extraction(2)
+    assert refused.value.code is ErrorCode.OVERLOADED
+    job: Future[object] = Future()
+    job.add_done_callback(runtime.extraction_done)
+    job.cancel()  # a job cancelled before it ran frees its slot too
+    assert runtime.extraction_backlog == 1
+    runtime.admit_extraction(2)
+    assert runtime.extraction_backlog == 3

@@ -90,19 +90,19 @@ async def extract_text(
     documents = [raw] if raw is not None else to_documents(parsed.documents)
     check_document_count(documents, runtime.settings.max_documents)
     pool, threads = await runtime.extraction()
-    loop = asyncio.get_running_loop()
     # Each extractor's own limit is within the request's, so a stuck page cannot outlive its request.
     timeout_s = min(DEFAULT_TIMEOUT_S, runtime.settings.request_timeout_s)
-    jobs = [
-        loop.run_in_executor(
-            threads,
-            functools.partial(
-                _extract_one, doc, name, min_words=parsed.min_words, timeout_s=timeout_s, pool=pool
-            ),
-        )
+    calls = [
+        functools.partial(_extract_one, doc, name, min_words=parsed.min_words, timeout_s=timeout_s, pool=pool)
         for doc in documents
         for name in parsed.extractors
     ]
+    runtime.admit_extraction(len(calls))  # 429 beyond the bound, like the engine's queue
+    jobs = []
+    for call in calls:
+        future = threads.submit(call)
+        future.add_done_callback(runtime.extraction_done)  # counts down when the job really ends
+        jobs.append(asyncio.wrap_future(future))
     outputs = await answer_or_cancel(
         request, asyncio.gather(*jobs), timeout_s=runtime.settings.request_timeout_s
     )
