@@ -73,6 +73,13 @@ PRUNE_VERSION = "1"  # recorded in checkpoints; bump whenever the output for som
 
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024  # larger pages are refused before parsing
 DEFAULT_MAX_DEPTH = 8192  # deeper nesting is refused before parsing (see the module docstring)
+# Peak memory is bounded by 10x the input plus 200 MiB: Lexbor's tree and the pruning lists take at
+# most about _MEMORY_PER_TAG bytes per "<" (measured on pages made of nothing but "<p>x"), so a page
+# with more tags than its budget allows is refused before parsing (the interpreter keeps the rest).
+_MEMORY_PER_TAG = 400
+_MEMORY_HEADROOM = 150 * 1024 * 1024
+MAX_ATTRIBUTES = 4096  # an element with more is refused before parsing (see max_attributes)
+_LONG_TAG_CHARS = 2 * MAX_ATTRIBUTES  # a tag with that many attributes is at least this long
 
 # Rule 3: tags kept even without text.
 KEEP_TAGS = frozenset(
@@ -152,6 +159,10 @@ _NESTING_TAG_PATTERN = (
     r"|rb|rt|rp|rtc|html|head|body)[\s/>])[a-zA-Z]"
 )
 _NESTING_TAG = re.compile(_NESTING_TAG_PATTERN, re.IGNORECASE)
+_LONG_TAG = re.compile(rf"<[a-zA-Z][^>]{{{_LONG_TAG_CHARS}}}")
+_LONG_TAG_BYTES = re.compile(_LONG_TAG.pattern.encode("ascii"))
+_ATTRIBUTE = re.compile(r"""\s[^\s"'>/=]+(?:\s*=\s*(?:"[^"]*"|'[^']*'|[^\s>]*))?""")
+_ATTRIBUTE_BYTES = re.compile(_ATTRIBUTE.pattern.encode("ascii"))
 _NESTING_TAG_BYTES = re.compile(_NESTING_TAG_PATTERN.encode("ascii"), re.IGNORECASE)
 
 
@@ -169,6 +180,10 @@ class InputTooLargeError(PruneError):
 
 class NestingTooDeepError(PruneError):
     """The page nests elements deeper than the configured cap."""
+
+
+class TooManyAttributesError(PruneError):
+    """An element of the page has more attributes than the configured cap."""
 
 
 class InvalidInputError(PruneError):
@@ -208,20 +223,55 @@ def prune_text(text: str, *, max_depth: int = DEFAULT_MAX_DEPTH) -> str:
 
 
 def _prune_document(document: str | bytes, max_depth: int) -> str:
-    """Parse (text, or bytes known to be UTF-8) and prune."""
-    depth = estimate_depth(document, limit=max_depth)
+    """Check, parse (text, or bytes known to be UTF-8) and prune."""
+    tags = document.count(b"<" if isinstance(document, bytes) else "<")  # type: ignore[arg-type]
+    need = tags * _MEMORY_PER_TAG
+    budget = 10 * len(document) + _MEMORY_HEADROOM
+    if need > budget:
+        raise InputTooLargeError(
+            f"page has {tags} tags; pruning it would take about {need >> 20} MiB "
+            f"(the budget for {len(document)} bytes is {budget >> 20} MiB)"
+        )
+    depth = 0 if tags <= max_depth else estimate_depth(document, limit=max_depth)
     if depth > max_depth:
         raise NestingTooDeepError(f"page nests about {depth} elements deep; the cap is {max_depth}")
+    attributes = max_attributes(document)
+    if attributes > MAX_ATTRIBUTES:
+        raise TooManyAttributesError(f"an element has {attributes} attributes; the cap is {MAX_ATTRIBUTES}")
+    # The tree is gone (freed) before the pruning loop builds its lists: peak memory is the larger
+    # of the two, not their sum.
+    return _prune_serialization(_clean_serialization(document))
+
+
+def _clean_serialization(document: str | bytes) -> str:
+    """Lexbor's serialisation of the page, `REMOVED_TAGS` and hidden elements removed."""
     try:
         tree = LexborHTMLParser(document, scripting=True)
         tree.strip_tags(_REMOVED_LIST, recursive=True)
         for node in tree.css(HIDDEN_SELECTOR):
             node.decompose()
         root = tree.root
-        serialized = (root.html or "") if root is not None else ""
+        return (root.html or "") if root is not None else ""
     except (SelectolaxError, MemoryError) as exc:
         raise ParseFailedError(f"the HTML parser failed: {exc}") from exc
-    return _prune_serialization(serialized)
+
+
+def max_attributes(document: str | bytes) -> int:
+    """The most attributes any one element of the page has, counted only for very long tags.
+
+    Lexbor's tokenizer is quadratic in the attributes of one element (10,000 take half a second, a
+    million would take an hour). An element with more than `MAX_ATTRIBUTES` needs a tag of more than
+    `_LONG_TAG_CHARS` characters, so only such tags are counted; ordinary pages cost one regex scan.
+    """
+    is_bytes = isinstance(document, bytes)
+    long_tag = _LONG_TAG_BYTES if is_bytes else _LONG_TAG
+    attribute = _ATTRIBUTE_BYTES if is_bytes else _ATTRIBUTE
+    most = 0
+    for match in long_tag.finditer(document):  # type: ignore[arg-type]
+        end = document.find(b">" if is_bytes else ">", match.start())  # type: ignore[arg-type]
+        tag = document[match.start() : end if end >= 0 else len(document)]
+        most = max(most, len(attribute.findall(tag)))  # type: ignore[arg-type]
+    return most
 
 
 def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> int:
