@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import base64
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
-from tests.api.conftest import SettingsFactory, app_client
+from tests.api.conftest import SettingsFactory, app_client, tiny_settings
 from tests.api.pages import CZECH_TEXT, WINDOWS_1250_PAGE, long_page, page
-from tests.factories.checkpoint import CLASSIFICATION_HEAD, REGRESSION_HEAD, TINY_MAX_LENGTH
+from tests.factories.checkpoint import (
+    CLASSIFICATION_HEAD,
+    REGRESSION_HEAD,
+    TINY_MAX_LENGTH,
+    build_tiny_checkpoint,
+)
 
 # One event loop for the module, so the shared `client` app (and its engine) lives across tests.
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -255,3 +261,17 @@ async def test_extract_backlog_is_bounded(settings_for: SettingsFactory) -> None
         assert response.json()["error"]["code"] == "overloaded"
         empty = await client.post("/v1/extract", json={"documents": []})
         assert empty.status_code == 400
+
+
+@pytest.mark.slow
+async def test_onnx_backend_serves_the_same_embeddings(client: httpx.AsyncClient, tmp_path: Path) -> None:
+    """HTMLLM_BACKEND=onnx (the graph exported at start-up) answers like the torch backend."""
+    checkpoint = build_tiny_checkpoint(tmp_path / "tiny")  # its own copy: the export writes model.onnx
+    html = page(11)
+    expected = await embed_one(client, html)
+    async with app_client(tiny_settings(checkpoint, backend="onnx")) as onnx_client:
+        assert (await onnx_client.get("/info")).json()["backend"] == "onnx"
+        got = await embed_one(onnx_client, html)
+    np.testing.assert_allclose(embedding(got), embedding(expected), atol=1e-4)
+    assert got["tokens"] == expected["tokens"]
+    assert got["scores"]["quality"] == pytest.approx(expected["scores"]["quality"], abs=1e-4)
