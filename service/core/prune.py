@@ -150,6 +150,7 @@ _CLEANUP = re.compile(
     r"|(iframe|xmp)\b[^>]*>(.*?)</\1>)",
     re.DOTALL,
 )
+_COLLAPSE_CHUNK = 1 << 20  # larger outputs are whitespace-collapsed chunk by chunk
 _PLAINTEXT = re.compile(r"<plaintext\b[^>]*>(.*)</plaintext>", re.DOTALL)
 # For the nesting pre-check: start and end tags of elements that can nest without bound (void
 # elements and elements the parser closes implicitly, such as <p> and <li>, cannot).
@@ -238,9 +239,12 @@ def _prune_document(document: str | bytes, max_depth: int) -> str:
     attributes = max_attributes(document)
     if attributes > MAX_ATTRIBUTES:
         raise TooManyAttributesError(f"an element has {attributes} attributes; the cap is {MAX_ATTRIBUTES}")
-    # The tree is gone (freed) before the pruning loop builds its lists: peak memory is the larger
-    # of the two, not their sum.
-    return _prune_serialization(_clean_serialization(document))
+    # Each stage's input is released before the next one peaks: the tree before tokenizing ends,
+    # the token list before the output is joined.
+    parts = _tokenize(_clean_serialization(document))
+    out = _apply_rules(parts)
+    del parts
+    return _finish(out)
 
 
 def _clean_serialization(document: str | bytes) -> str:
@@ -318,14 +322,42 @@ def _rewrite_plaintext(match: re.Match[str]) -> str:
 
 def _prune_serialization(serialized: str) -> str:
     """Rules 2-6 over Lexbor's serialisation of the tree (`REMOVED_TAGS` already removed)."""
+    return _finish(_apply_rules(_tokenize(serialized)))
+
+
+def _tokenize(serialized: str) -> list[str]:
+    """[text, slash, name, text, ...] of the serialisation, comments and raw text dealt with."""
     if "<plaintext" in serialized:  # first: its literal content may hold anything
         serialized = _PLAINTEXT.sub(_rewrite_plaintext, serialized)
-    parts = _TAG_SPLIT.split(_CLEANUP.sub(_rewrite_raw, serialized))
-    # Rule 6. The serialiser writes U+00A0 as &nbsp; (the rules treat it as the whitespace it is);
+    return _TAG_SPLIT.split(_CLEANUP.sub(_rewrite_raw, serialized))
+
+
+def _finish(out: list[str]) -> str:
+    """Rule 6 over the joined pieces (which it empties, to free them early)."""
+    text = "".join(out)
+    out.clear()
+    # The serialiser writes U+00A0 as &nbsp; (the rules treat it as the whitespace it is).
+    text = text.replace("&nbsp;", " ")
     # str.split() splits on exactly the whitespace str.isspace() sees.
-    pruned = " ".join("".join(_apply_rules(parts)).replace("&nbsp;", " ").split())
+    text = " ".join(text.split()) if len(text) < _COLLAPSE_CHUNK else _collapse_in_chunks(text)
     # Whitespace next to a block-level tag is not rendered: drop it (and the fences).
-    return pruned.replace(" \x00", "\x00").replace("\x00 ", "\x00").replace("\x00", "")
+    return text.replace(" \x00", "\x00").replace("\x00 ", "\x00").replace("\x00", "")
+
+
+def _collapse_in_chunks(text: str) -> str:
+    """`" ".join(text.split())` without a list of every word of a huge page at once."""
+    pieces = []
+    for i in range(0, len(text), _COLLAPSE_CHUNK):
+        chunk = text[i : i + _COLLAPSE_CHUNK]
+        words = " ".join(chunk.split())
+        lead = " " if chunk[0].isspace() else ""
+        trail = " " if chunk[-1].isspace() and words else ""
+        pieces.append(lead + words + trail)
+    text = "".join(pieces)
+    del pieces
+    while "  " in text:  # runs that straddled a chunk boundary
+        text = text.replace("  ", " ")
+    return text.strip()
 
 
 def _apply_rules(parts: list[str]) -> list[str]:

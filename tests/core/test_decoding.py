@@ -1,0 +1,205 @@
+"""service.core.decoding: BOM, declared, meta, detected, default — and Central European pages."""
+
+from __future__ import annotations
+
+import codecs
+import random
+
+import pytest
+
+from service.core.decoding import decode_html, normalize_encoding, sniff_meta_charset, utf8_payload
+
+CZECH_WORDS = [
+    "příliš",
+    "žluťoučký",
+    "kůň",
+    "úpěl",
+    "ďábelské",
+    "ódy",
+    "šťastný",
+    "čech",
+    "šel",
+    "přes",
+    "řeku",
+    "kde",
+    "žil",
+    "ježek",
+    "všechny",
+    "děti",
+    "se",
+    "učí",
+    "ve",
+    "škole",
+    "číst",
+    "psát",
+    "ťukání",
+    "na",
+    "dveře",
+    "žádost",
+    "o",
+    "změnu",
+    "Šárka",
+    "Žofie",
+    "Ťapka",
+    "náměstí",
+    "město",
+    "obec",
+    "stát",
+    "vláda",
+    "zpráva",
+    "počasí",
+    "sport",
+    "kultura",
+    "ekonomika",
+    "Česká",
+    "republika",
+    "Brno",
+    "Ostrava",
+    "Plzeň",
+    "úřad",
+]
+SLOVAK_WORDS = [
+    "ľudia",
+    "sú",
+    "slobodní",
+    "a",
+    "rovní",
+    "v",
+    "dôstojnosti",
+    "aj",
+    "právach",
+    "ďaleko",
+    "kôň",
+    "päť",
+    "šťastie",
+    "žiť",
+]
+POLISH_WORDS = [
+    "zażółć",
+    "gęślą",
+    "jaźń",
+    "łódź",
+    "świat",
+    "książka",
+    "pięć",
+    "mąż",
+    "wieś",
+    "żona",
+    "miłość",
+    "dzień",
+    "ręka",
+]
+
+
+def _czech_page(rng: random.Random, words: int, *, meta: str | None = None) -> str:
+    text = " ".join(rng.choice(CZECH_WORDS) for _ in range(words))
+    head = f'<meta charset="{meta}">' if meta else ""
+    return f"<html><head>{head}<title>Zprávy</title></head><body><p>{text}</p></body></html>"
+
+
+@pytest.mark.parametrize("encoding", ["windows-1250", "iso-8859-2"])
+@pytest.mark.parametrize("seed", range(12))
+def test_czech_without_meta(encoding: str, seed: int) -> None:
+    rng = random.Random(seed)
+    page = _czech_page(rng, 8 + seed * 5)
+    decoded = decode_html(page.encode(encoding))
+    assert decoded.text == page
+    assert decoded.source == "detected"
+    assert decoded.encoding == codecs.lookup(encoding).name
+
+
+@pytest.mark.parametrize("encoding", ["windows-1250", "iso-8859-2"])
+def test_czech_with_meta_charset(encoding: str) -> None:
+    page = _czech_page(random.Random(1), 20, meta=encoding)
+    decoded = decode_html(page.encode(encoding))
+    assert (decoded.text, decoded.source) == (page, "meta")
+
+
+@pytest.mark.parametrize("encoding", ["windows-1250", "iso-8859-2"])
+def test_czech_with_http_equiv(encoding: str) -> None:
+    text = " ".join(CZECH_WORDS[:12])
+    page = (
+        f'<html><head><meta http-equiv="Content-Type" content="text/html; charset={encoding}">'
+        f"</head><body>{text}</body></html>"
+    )
+    decoded = decode_html(page.encode(encoding))
+    assert (decoded.text, decoded.source) == (page, "meta")
+
+
+@pytest.mark.parametrize(("words", "encoding"), [(SLOVAK_WORDS, "iso-8859-2"), (POLISH_WORDS, "cp1250")])
+def test_other_central_european_languages(words: list[str], encoding: str) -> None:
+    page = "<p>" + " ".join(words * 2) + "</p>"
+    assert decode_html(page.encode(encoding)).text == page
+
+
+def test_bom_wins_over_everything() -> None:
+    page = '<meta charset="iso-8859-2"><p>Žluťoučký</p>'
+    for codec, bom in (
+        ("utf-8", codecs.BOM_UTF8),
+        ("utf-16-le", codecs.BOM_UTF16_LE),
+        ("utf-16-be", codecs.BOM_UTF16_BE),
+        ("utf-32-le", codecs.BOM_UTF32_LE),
+    ):
+        decoded = decode_html(bom + page.encode(codec), encoding="windows-1252")
+        assert (decoded.text, decoded.source, decoded.encoding) == (page, "bom", codec)
+
+
+def test_declared_encoding_wins_over_meta() -> None:
+    page = '<meta charset="utf-8"><p>Škoda</p>'
+    decoded = decode_html(page.encode("cp1250"), encoding="windows-1250")
+    assert (decoded.text, decoded.source, decoded.encoding) == (page, "declared", "cp1250")
+
+
+def test_unknown_and_non_text_labels_are_ignored() -> None:
+    page = b"<p>plain</p>"
+    assert decode_html(page, encoding="no-such-charset").source == "detected"
+    assert decode_html(page, encoding="base64").source == "detected"
+    assert normalize_encoding("rot13") is None
+    assert sniff_meta_charset(b'<meta charset="base64">') is None
+
+
+def test_browser_label_aliases() -> None:
+    # Browsers read iso-8859-1 and ascii as windows-1252: 0x80 is the euro sign.
+    assert decode_html(b'<meta charset="iso-8859-1"><p>\x80</p>').text.endswith("€</p>")
+    assert normalize_encoding("US-ASCII") == "cp1252"
+    assert normalize_encoding("shift_jis") == "cp932"
+    # A page that says utf-16 in ASCII bytes is not UTF-16.
+    assert sniff_meta_charset(b'<meta charset="utf-16">') == "utf-8"
+
+
+def test_utf8_without_declaration_and_empty_input() -> None:
+    page = "<p>Grüße, Здравствуйте, 你好</p>"
+    assert decode_html(page.encode()).text == page
+    assert decode_html(page.encode()).source == "detected"
+    empty = decode_html(b"")
+    assert (empty.text, empty.source) == ("", "default")
+
+
+def test_undecodable_bytes_are_replaced_never_raised() -> None:
+    decoded = decode_html(b'<meta charset="utf-8"><p>a\xff\xfeb</p>')
+    assert "\ufffd" in decoded.text and decoded.text.endswith("b</p>")
+    garbage = bytes(random.Random(3).getrandbits(8) for _ in range(5000))
+    assert isinstance(decode_html(garbage).text, str)
+
+
+def test_str_input_passes_through() -> None:
+    decoded = decode_html("<p>já</p>")
+    assert (decoded.text, decoded.source) == ("<p>já</p>", "str")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"<p>ascii only</p>",
+        codecs.BOM_UTF8 + "<p>č</p>".encode(),
+        b'<meta charset="utf-8"><p>\xc4\x8d and a bad byte \xff</p>',
+        "<p>č</p>".encode("cp1250"),
+        b'<meta charset="koi8-r"><p>\xf0\xd2\xc9</p>',
+    ],
+)
+def test_utf8_payload_agrees_with_decode_html(data: bytes) -> None:
+    payload = utf8_payload(data)
+    if payload is not None:
+        assert payload.decode("utf-8", errors="replace") == decode_html(data).text
+    else:
+        assert decode_html(data).encoding != "utf-8" or decode_html(data).source == "detected"

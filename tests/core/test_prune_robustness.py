@@ -1,0 +1,100 @@
+"""Hostile pages: each gives a result or one typed PruneError, fast, within the memory bound.
+
+Every case runs in a fresh interpreter, so that its peak RSS (`ru_maxrss`) is its own and a crash
+(a segfault in the parser, a RecursionError) shows as a failed child rather than a dead test run.
+The bound is the issue's: peak RSS under 10x the input size plus 200 MB.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+CHILD = """
+import json, random, resource, sys, time
+from service.core.prune import PruneError, prune_html
+random.seed(0)
+data = {build}
+start = time.perf_counter()
+try:
+    out = prune_html(data{kwargs})
+    outcome = {{"ok": True, "chars": len(out), "text": out[:200]}}
+except PruneError as exc:
+    outcome = {{"ok": False, "error": type(exc).__name__, "code": str(exc.code)}}
+outcome["seconds"] = time.perf_counter() - start
+outcome["input_bytes"] = len(data)
+outcome["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps(outcome))
+"""
+
+
+def run_child(build: str, kwargs: str = "") -> dict[str, object]:
+    code = CHILD.format(build=build, kwargs=kwargs)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=240, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    outcome: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    bound = 10 * int(outcome["input_bytes"]) + 200 * 1024 * 1024  # type: ignore[call-overload]
+    assert int(outcome["peak_rss_bytes"]) < bound, outcome  # type: ignore[call-overload]
+    return outcome
+
+
+def test_empty_input() -> None:
+    outcome = run_child('b""')
+    assert (outcome["ok"], outcome["chars"]) == (True, 0)
+
+
+def test_a_text_file() -> None:
+    outcome = run_child('b"line one\\nline two < three & four\\n" * 1000')
+    assert outcome["ok"] is True
+    assert str(outcome["text"]).startswith("<body>line one line two &lt; three &amp; four")
+
+
+def test_binary_garbage() -> None:
+    outcome = run_child("bytes(random.getrandbits(8) for _ in range(1_000_000))")
+    assert outcome["ok"] is True
+
+
+def test_deep_nesting_is_refused_quickly() -> None:
+    for tag in ("div", "b", "span"):
+        outcome = run_child(f'("<{tag}>" * 100_000 + "x" + "</{tag}>" * 100_000).encode()')
+        assert outcome["error"] == "NestingTooDeepError"
+        assert float(outcome["seconds"]) < 5  # type: ignore[arg-type]
+
+
+def test_deep_nesting_under_the_cap_is_pruned_without_recursion() -> None:
+    outcome = run_child('("<span>" * 5_000 + "x" + "</span>" * 5_000).encode()')
+    assert outcome == {**outcome, "ok": True, "text": "<span>x</span>"}
+
+
+def test_a_million_attributes_is_refused() -> None:
+    outcome = run_child('("<div " + " ".join(f"a{i}=v" for i in range(1_000_000)) + ">t</div>").encode()')
+    assert outcome["error"] == "TooManyAttributesError"
+    assert float(outcome["seconds"]) < 30  # type: ignore[arg-type]
+
+
+def test_a_50_mb_page_is_refused_by_the_default_cap() -> None:
+    outcome = run_child('b"<p>" + b"word " * 10_000_000')
+    assert outcome == {**outcome, "ok": False, "error": "InputTooLargeError", "code": "payload_too_large"}
+    assert float(outcome["seconds"]) < 1  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_a_50_mb_page_is_pruned_when_the_cap_allows_it() -> None:
+    build = '(("<div><p>" + "word " * 2000 + "<b>bold</b></p></div>\\n") * 5_000).encode()'
+    outcome = run_child(build, kwargs=", max_bytes=64 * 1024 * 1024")
+    assert outcome["ok"] is True
+    assert str(outcome["text"]).startswith("<body><p>word word")
+
+
+@pytest.mark.slow
+def test_a_dense_50_mb_page_is_refused_by_the_memory_budget() -> None:
+    outcome = run_child('b"<p>x" * 12_500_000', kwargs=", max_bytes=64 * 1024 * 1024")
+    assert outcome["error"] == "InputTooLargeError"
