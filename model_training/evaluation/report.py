@@ -129,6 +129,7 @@ def render_plot(result: EvalResult, path: Path) -> bool:
             return s.nmm
         return s.scores[panel].mean if panel in s.scores else None
 
+    lengths = sorted({s.truncate for s in checkpoints if s.truncate is not None})
     for ax, (panel, metric) in zip(axes[0], panels, strict=True):
         for (name, input_mode), rows in series.items():
             rows = sorted(rows, key=lambda s: s.truncate or 0)
@@ -148,6 +149,8 @@ def render_plot(result: EvalResult, path: Path) -> bool:
                     va="bottom",
                 )
         ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths, [str(n) for n in lengths])
+        ax.minorticks_off()
         ax.set_xlabel("max tokens")
         ax.set_ylabel(metric)
         ax.set_title(panel)
