@@ -258,3 +258,29 @@ def test_chunked_whitespace_collapse_equals_split_join(monkeypatch: pytest.Monke
             rng.choice(["a", "b", " ", "\n", "\u3000", "cc", "  "]) for _ in range(rng.randint(1, 40))
         )
         assert prune._collapse_in_chunks(text) == " ".join(text.split())
+
+
+def test_attribute_count_check_finds_every_long_tag() -> None:
+    import random
+    import re
+
+    from service.core import prune
+
+    def brute_force(doc: str) -> int:
+        most = 0
+        for match in re.finditer(rf"<[a-zA-Z][^>]{{{prune._LONG_TAG_CHARS}}}", doc):
+            end = doc.find(">", match.start())
+            most = max(most, len(prune._ATTRIBUTE.findall(doc[match.start() : end if end >= 0 else None])))
+        return most
+
+    rng = random.Random(0)
+    for _ in range(100):
+        doc = "".join(
+            "x" * rng.randint(0, 9000)
+            + "<div "
+            + " ".join(f"a{i}" for i in range(rng.choice([0, 10, 3000, 4500])))
+            + ">"
+            + "t" * rng.randint(0, 5000)
+            for _ in range(rng.randint(1, 5))
+        )
+        assert prune.max_attributes(doc) == brute_force(doc) == prune.max_attributes(doc.encode())
