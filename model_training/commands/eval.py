@@ -59,7 +59,7 @@ def add_head_flags(parser: argparse.ArgumentParser) -> None:
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser = subparsers.add_parser("eval", help="evaluate frozen encoders with MLP heads (NMM, studies)")
-    parser.set_defaults(func=lambda _args: _usage(parser))
+    parser.set_defaults(func=lambda _args: usage(parser))
     commands = parser.add_subparsers(dest="eval_command", metavar="ACTION")
     run_parser = commands.add_parser("run", help="embed, train heads with 5-fold CV, write the report")
     run_parser.add_argument(
@@ -94,7 +94,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     run_parser.set_defaults(func=run)
 
 
-def _usage(parser: argparse.ArgumentParser) -> int:
+def usage(parser: argparse.ArgumentParser) -> int:
+    """What a command group does without its ACTION: print its help, exit status 2."""
     parser.print_help()
     return 2
 

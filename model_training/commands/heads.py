@@ -12,14 +12,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from model_training.commands.eval import add_head_flags, eval_config
+from model_training.commands.eval import add_head_flags, eval_config, usage
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser = subparsers.add_parser(
         "heads", help="train task heads into a checkpoint, for the service to serve"
     )
-    parser.set_defaults(func=lambda _args: _usage(parser))
+    parser.set_defaults(func=lambda _args: usage(parser))
     commands = parser.add_subparsers(dest="heads_command", metavar="ACTION")
     train = commands.add_parser("train", help="train one MLP head per task and write it into the checkpoint")
     train.add_argument(
@@ -33,11 +33,6 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     add_head_flags(train)
     train.set_defaults(func=run)
-
-
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return 2
 
 
 def run(args: argparse.Namespace) -> int:

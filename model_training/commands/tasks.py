@@ -6,10 +6,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from model_training.commands.eval import usage
+
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser = subparsers.add_parser("tasks", help="build evaluation task files")
-    parser.set_defaults(func=lambda _args: _usage(parser))
+    parser.set_defaults(func=lambda _args: usage(parser))
     commands = parser.add_subparsers(dest="tasks_command", metavar="ACTION")
     derive = commands.add_parser(
         "derive",
@@ -29,11 +31,6 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     derive.add_argument("--seed", type=int, default=0, help="seed of the fold assignment")
     derive.add_argument("--limit", type=int, default=None, help="read at most this many pages")
     derive.set_defaults(func=run_derive)
-
-
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return 2
 
 
 def run_derive(args: argparse.Namespace) -> int:
