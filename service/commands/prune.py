@@ -20,7 +20,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     from service.core.prune import PruneError, prune_html
 
-    data = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+    try:
+        data = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+    except OSError as exc:
+        print(f"htmllm prune: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     try:
         pruned = prune_html(data, encoding=args.encoding)
     except PruneError as exc:

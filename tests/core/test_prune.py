@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from service.core.errors import ErrorCode
@@ -284,3 +286,14 @@ def test_attribute_count_check_finds_every_long_tag() -> None:
             for _ in range(rng.randint(1, 5))
         )
         assert prune.max_attributes(doc) == brute_force(doc) == prune.max_attributes(doc.encode())
+
+
+def test_cli_prints_the_pruned_page(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from service.cli import main
+
+    page = tmp_path / "page.html"
+    page.write_bytes('<meta charset="windows-1250"><div class=x><p>Žluťoučký kůň</p></div>'.encode("cp1250"))
+    assert main(["prune", str(page)]) == 0
+    assert capsys.readouterr().out == "<p>Žluťoučký kůň</p>\n"
+    assert main(["prune", str(tmp_path / "missing.html")]) == 1
+    assert "cannot read" in capsys.readouterr().err
