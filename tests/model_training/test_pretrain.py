@@ -14,6 +14,7 @@ import torch
 import torch.multiprocessing as mp
 
 from model_training.data import HELDOUT, TRAIN, Document, domain_of, write_manifest, write_shards
+from model_training.default_model import bundle
 from model_training.pretrain import (
     STATE_FILE,
     BatchOrder,
@@ -130,7 +131,7 @@ def _train_losses(out: Path) -> list[tuple[int, float, float, float]]:
 @pytest.mark.slow
 async def test_three_step_tiny_run_writes_a_checkpoint_the_service_loads(run_inputs: Path) -> None:
     config = _config(
-        run_inputs, "three", max_steps=3, tensorboard=True, checkpoint_every=2, export_dtype="float16"
+        run_inputs, "pretrain", max_steps=3, tensorboard=True, checkpoint_every=2, export_dtype="float16"
     )
     result = train(config)
     assert result.steps == 3
@@ -170,6 +171,13 @@ async def test_three_step_tiny_run_writes_a_checkpoint_the_service_loads(run_inp
     assert (Path(config.out) / "checkpoints" / "step-00000002" / STATE_FILE).is_file()
     assert any((Path(config.out) / "tensorboard").iterdir())
     assert (Path(config.out) / "training_curve.png").stat().st_size > 1000
+
+    # The default-model bundler turns the run into a served asset with a model card.
+    card = bundle(run_inputs, run_inputs / "bundle", curve=run_inputs / "curve.png", eval_dir=None)
+    text = card.read_text(encoding="utf-8")
+    assert f"{heldout['cosine']:.3f}" in text and "htmllm-test" in text and "demo-quality" in text
+    assert load_checkpoint(run_inputs / "bundle").meta.training["steps"] == 3
+    assert (run_inputs / "curve.png").is_file()
 
 
 @pytest.mark.slow
