@@ -119,7 +119,7 @@ BLOCK_TAGS = frozenset(
     }
 )  # fmt: skip
 # Tags as written to the output; block-level ones fenced by NUL (no text holds one: the parser drops
-# them), so that the final pass can remove the spaces next to them in three str.replace calls.
+# them), so that the final pass can find the spaces next to them without parsing again.
 _START_TAG = {name: f"\x00<{name}>\x00" for name in BLOCK_TAGS}
 _END_TAG = {name: f"\x00</{name}>\x00" for name in BLOCK_TAGS}
 
@@ -362,8 +362,10 @@ def _finish(out: list[str]) -> str:
     text = text.replace("&nbsp;", " ")
     # str.split() splits on exactly the whitespace str.isspace() sees.
     text = " ".join(text.split()) if len(text) < _COLLAPSE_CHUNK else _collapse_in_chunks(text)
-    # Whitespace next to a block-level tag is not rendered: drop it (and the fences).
-    return text.replace(" \x00", "\x00").replace("\x00 ", "\x00").replace("\x00", "")
+    # Whitespace next to a block-level tag is not rendered: every piece between two fences touches a
+    # block-level tag at both ends (or the page's start or end), so stripping each piece drops exactly
+    # those spaces, and joining drops the fences.
+    return "".join(map(str.strip, text.split("\x00")))
 
 
 def _collapse_in_chunks(text: str) -> str:
