@@ -167,8 +167,9 @@ class Batcher:
         for doc in pending:
             if not doc.future.done():
                 doc.future.set_exception(failure)
-        self._prepare_pool.shutdown(wait=True)
-        self._infer_pool.shutdown(wait=True)
+        # A forward pass may still be running on its thread: wait for it off the event loop.
+        await asyncio.to_thread(self._prepare_pool.shutdown, wait=True)
+        await asyncio.to_thread(self._infer_pool.shutdown, wait=True)
 
     async def _next_window(self) -> list[QueuedDocument]:
         while not self._inbox:
@@ -185,8 +186,17 @@ class Batcher:
             self._wakeup.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), remaining)
-        take = min(len(self._inbox), self._max_requests * WINDOW_BATCHES)
-        return [self._inbox.popleft() for _ in range(take)]
+        # The window is bounded in documents and in tokens, so the batches it holds run in bounded time
+        # and documents arriving meanwhile wait for at most one window.
+        window: list[QueuedDocument] = []
+        tokens = 0
+        while self._inbox and len(window) < self._max_requests * WINDOW_BATCHES:
+            if window and tokens + len(self._inbox[0].ids) > self._max_tokens * WINDOW_BATCHES:
+                break
+            doc = self._inbox.popleft()
+            window.append(doc)
+            tokens += len(doc.ids)
+        return window
 
     async def _form_loop(self) -> None:
         loop = asyncio.get_running_loop()

@@ -219,8 +219,8 @@ class Engine:
         await self._batcher.close(ShuttingDownError("the engine stopped before this document ran"))
         self._batcher = None
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+            pool, self._pool = self._pool, None
+            await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=True)
 
     def close(self) -> None:
         """Release the backend (after `stop`)."""
