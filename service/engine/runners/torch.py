@@ -71,8 +71,9 @@ class TorchRunner:
         self.packed = ATTENTION_MODES[self.attention] == "packed"
         if intra_op_threads is not None:
             torch.set_num_threads(intra_op_threads)
-        model.encoder.set_attn_implementation(self.attention)
+        # Place first: transformers checks flash-attn against the weights' device and dtype.
         model.place(device, TORCH_DTYPES[dtype])  # heads stay float32: tiny, and scores stay exact
+        model.encoder.set_attn_implementation(self.attention)
         self.model = model.eval()
         pad_id = model.config.pad_token_id
         if pad_id is None:
