@@ -25,7 +25,7 @@ from bs4 import BeautifulSoup, NavigableString, Tag, XMLParsedAsHTMLWarning
 from bs4.dammit import EntitySubstitution
 from bs4.element import CData, Comment, Declaration, Doctype, ProcessingInstruction
 from bs4.formatter import HTMLFormatter
-from selectolax.lexbor import LexborHTMLParser
+from selectolax.lexbor import LexborDocumentOptions, LexborHTMLParser
 
 from service.core.decoding import decode_html
 
@@ -74,9 +74,9 @@ _FORMATTER = HTMLFormatter(
 
 
 def html5_serialization(html: str | bytes, *, encoding: str | None = None) -> str:
-    """The page decoded and parsed as a browser would (Lexbor, scripting on), serialised back."""
+    """The page decoded and parsed as the pruner parses it (Lexbor, scripting on), serialised back."""
     text = decode_html(html, encoding=encoding).text
-    root = LexborHTMLParser(text, scripting=True).root
+    root = LexborHTMLParser(text, scripting=True, options=LexborDocumentOptions.WO_EVENTS).root
     return (root.html or "") if root is not None else ""
 
 

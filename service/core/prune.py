@@ -74,7 +74,7 @@ import html as _html
 import re
 from itertools import accumulate
 
-from selectolax.lexbor import LexborHTMLParser, SelectolaxError
+from selectolax.lexbor import LexborDocumentOptions, LexborHTMLParser, SelectolaxError
 
 from service.core.decoding import decode_html, utf8_payload
 from service.core.errors import ErrorCode, HtmllmError
@@ -102,6 +102,10 @@ KEEP_TAGS = frozenset(
 # Rule 2: removed with their content (scripts and styles by the paper; the rest by our decisions).
 REMOVED_TAGS = ("script", "style", "noscript", "template", "noembed", "noframes")
 _REMOVED_LIST = list(REMOVED_TAGS)
+# Without DOM mutation events: with them, every <option> added to a <select> re-runs the select's
+# option bookkeeping (quadratic: 20,000 options take 3 s); they only mirror the selected option
+# into the rare <selectedcontent>, and change no corpus page.
+_PARSER_OPTIONS = LexborDocumentOptions.WO_EVENTS
 # Removed with their content too: what the user agent style sheet or an inline style hides.
 HIDDEN_SELECTOR = (
     '[hidden], [style*="display:none" i], [style*="display: none" i], '
@@ -163,11 +167,11 @@ _CLEANUP = re.compile(
 _COLLAPSE_CHUNK = 1 << 20  # larger outputs are whitespace-collapsed chunk by chunk
 _PLAINTEXT = re.compile(r"<plaintext\b[^>]*>(.*)</plaintext>", re.DOTALL)
 # For the nesting pre-check: start and end tags of elements that can nest without bound (void
-# elements and elements the parser closes implicitly, such as <p> and <li>, cannot).
+# elements, and elements the parser closes when another one opens, such as <p>, <li> or <a>, cannot).
 _NESTING_TAG_PATTERN = (
     r"<(/?)(?!(?:area|base|basefont|bgsound|br|col|embed|frame|hr|img|input|keygen|link|meta|param"
     r"|source|track|wbr|p|li|dt|dd|td|th|tr|option|optgroup|tbody|thead|tfoot|colgroup|caption"
-    r"|rb|rt|rp|rtc|html|head|body)[\s/>])[a-zA-Z]"
+    r"|rb|rt|rp|rtc|html|head|body|a|nobr|button|form|select)[\s/>])[a-zA-Z]"
 )
 _NESTING_TAG = re.compile(_NESTING_TAG_PATTERN, re.IGNORECASE)
 _LONG_TAG = re.compile(rf"<[a-zA-Z][^>]{{{_LONG_TAG_CHARS}}}")
@@ -260,7 +264,7 @@ def _prune_document(document: str | bytes, max_depth: int) -> str:
 def _clean_serialization(document: str | bytes) -> str:
     """Lexbor's serialisation of the page, `REMOVED_TAGS` and hidden elements removed."""
     try:
-        tree = LexborHTMLParser(document, scripting=True)
+        tree = LexborHTMLParser(document, scripting=True, options=_PARSER_OPTIONS)
         tree.strip_tags(_REMOVED_LIST, recursive=True)
         for node in tree.css(HIDDEN_SELECTOR):
             node.decompose()

@@ -74,6 +74,14 @@ def test_deep_nesting_under_the_cap_is_pruned_without_recursion() -> None:
     assert outcome == {**outcome, "ok": True, "text": "<span>x</span>"}
 
 
+def test_unclosed_links_and_huge_selects_are_pruned() -> None:
+    outcome = run_child('b"<a>x" * 50_000')
+    assert outcome["ok"] is True
+    outcome = run_child('b"<select>" + b"<option>x" * 50_000')
+    assert outcome["ok"] is True
+    assert float(outcome["seconds"]) < 10  # type: ignore[arg-type]
+
+
 def test_a_million_attributes_is_refused() -> None:
     outcome = run_child('("<div " + " ".join(f"a{i}=v" for i in range(1_000_000)) + ">t</div>").encode()')
     assert outcome["error"] == "TooManyAttributesError"
