@@ -9,8 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from service.cli import main
 from service.core.checkpoint import load_checkpoint, save_heads
 from service.core.modeling import HeadSpec, TaskHead
+from service.engine import Engine, EngineConfig
 from service.engine.onnx_export import (
     FINGERPRINT_KEY,
     checkpoint_fingerprint,
@@ -19,6 +21,7 @@ from service.engine.onnx_export import (
 )
 from service.engine.runners.onnx import OnnxRunner
 from service.engine.runners.torch import TorchRunner
+from tests.engine.conftest import make_pages
 
 pytestmark = pytest.mark.slow  # one export takes ~10 s on a busy 2-core box
 
@@ -27,7 +30,7 @@ pytestmark = pytest.mark.slow  # one export takes ~10 s on a busy 2-core box
 def exported(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("onnx") / "ckpt"
     shutil.copytree(tiny_checkpoint, root)
-    ensure_onnx(root)
+    assert main(["export-onnx", "--checkpoint", str(root)]) == 0  # the CLI, into <checkpoint>/model.onnx
     return root
 
 
@@ -47,6 +50,19 @@ def test_onnx_matches_torch_for_any_batch_shape(exported: Path) -> None:
         assert set(b.scores) == set(a.scores)
         for head in a.scores:
             np.testing.assert_allclose(b.scores[head], a.scores[head], atol=1e-4, rtol=0)
+
+
+async def test_engine_on_onnx_matches_engine_on_torch(exported: Path) -> None:
+    pages = make_pages(10, seed=4)
+    async with Engine.from_checkpoint(exported, EngineConfig(backend="onnx")) as onnx_engine:
+        assert onnx_engine.info.backend == "onnx"
+        via_onnx = await onnx_engine.embed(pages, normalize=False)
+    async with Engine.from_checkpoint(exported) as torch_engine:
+        via_torch = await torch_engine.embed(pages, normalize=False)
+    for a, b in zip(via_onnx, via_torch, strict=True):
+        np.testing.assert_allclose(a.embedding, b.embedding, atol=1e-4, rtol=0)
+        assert a.tokens == b.tokens
+        assert a.scores["quality"] == pytest.approx(b.scores["quality"], abs=1e-4)
 
 
 def test_export_is_reused_while_fresh_and_redone_when_heads_change(exported: Path) -> None:
