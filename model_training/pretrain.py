@@ -46,6 +46,14 @@ from model_training.objectives import (
 )
 from model_training.teacher import load_teacher_embeddings
 from model_training.train_config import TrainConfig
+from model_training.train_logs import (
+    METRICS_FILE,
+    last_train_record,
+    log_record,
+    open_tensorboard,
+    plot_curves,
+    truncate_metrics,
+)
 from service.core.checkpoint import CheckpointMeta, load_checkpoint, save_checkpoint
 from service.core.modeling import HtmlEncoderModel, build_config
 from service.core.tokenizer import HtmlTokenizer, SpecialIds
@@ -54,7 +62,6 @@ logger = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.pt"
 LATEST_FILE = "latest"
-METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 CURVE_FILE = "training_curve.png"
 EVAL_MASK_SEED = 12345  # held-out MLM masks are the same at every evaluation
@@ -467,8 +474,8 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
     prune_version = str(provenance["shards"]["prune_version"])
     metrics_file = out / METRICS_FILE
     if master:
-        _truncate_metrics(metrics_file, step)
-    writer = _tensorboard(out, config) if master else None
+        truncate_metrics(metrics_file, step)
+    writer = open_tensorboard(out, config) if master else None
     training_meta = {
         "config": config.to_dict(),
         "teacher": provenance["teacher"],
@@ -541,7 +548,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
         if master and (step % config.log_every == 0 or step == last_step or step == 1):
             record = {"step": step, "split": "train", "lr": lr, "total": total_value, **raw}
             record.update({f"u_{k}": v for k, v in coefficients.items()})
-            _log(metrics_file, writer, record)
+            log_record(metrics_file, writer, record)
             bar.set_postfix(mlm=f"{raw['mlm']:.3f}", bow=f"{raw['bow']:.3f}", distil=f"{raw['distil']:.3f}")
         bar.update(1)
         if (config.eval_every and step % config.eval_every == 0) or step == total_steps:
@@ -550,7 +557,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
                     pretraining, heldout, config=config, device=device, train_centroid=centroid
                 )
                 if evaluation:
-                    _log(metrics_file, writer, {"step": step, "split": "heldout", **evaluation})
+                    log_record(metrics_file, writer, {"step": step, "split": "heldout", **evaluation})
             if distributed:
                 dist.barrier()
         periodic = config.checkpoint_every and step % config.checkpoint_every == 0
@@ -588,7 +595,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
             "tokens_seen_this_session": tokens_seen,
             "seconds_this_session": round(time.perf_counter() - started, 1),
             "heldout": evaluation,
-            "final_train": _last_train_record(metrics_file),
+            "final_train": last_train_record(metrics_file),
         }
         model_dir = out / "model"
         export = _export_copy(pretraining.model, config.export_dtype)
@@ -622,92 +629,3 @@ def _export_copy(model: HtmlEncoderModel, dtype_name: str) -> HtmlEncoderModel:
     export = copy.deepcopy(model).cpu()
     export.encoder.to(dtype)
     return export
-
-
-# --- logs -------------------------------------------------------------------------------------------
-
-
-def _tensorboard(out: Path, config: TrainConfig) -> Any:
-    if not config.tensorboard:
-        return None
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        logger.warning("tensorboard is not installed; logging to %s only", out / METRICS_FILE)
-        return None
-    return SummaryWriter(log_dir=str(out / "tensorboard"))
-
-
-def _log(metrics_file: Path, writer: Any, record: dict[str, Any]) -> None:
-    with metrics_file.open("a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record) + "\n")
-    if writer is not None:
-        for key, value in record.items():
-            if key not in ("step", "split") and isinstance(value, float | int):
-                writer.add_scalar(f"{record['split']}/{key}", value, record["step"])
-
-
-def _truncate_metrics(metrics_file: Path, step: int) -> None:
-    """Drop records past `step` (a resumed run re-logs them), or start a fresh file at step 0."""
-    if not metrics_file.is_file():
-        return
-    kept = [line for line in metrics_file.read_text(encoding="utf-8").splitlines() if line.strip()]
-    kept = [line for line in kept if json.loads(line)["step"] <= step] if step else []
-    metrics_file.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-
-
-def read_metrics(metrics_file: str | Path) -> list[dict[str, Any]]:
-    path = Path(metrics_file)
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-def _last_train_record(metrics_file: Path) -> dict[str, Any]:
-    train_records = [r for r in read_metrics(metrics_file) if r["split"] == "train"]
-    return train_records[-1] if train_records else {}
-
-
-def plot_curves(metrics_file: str | Path, png: str | Path) -> None:
-    """The three training losses (raw and smoothed) and the held-out cosine, one PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    records = read_metrics(metrics_file)
-    train_records = [r for r in records if r["split"] == "train"]
-    heldout = [r for r in records if r["split"] == "heldout"]
-    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
-    for ax, name in zip(axes[:3], ("mlm", "bow", "distil"), strict=True):
-        steps = [r["step"] for r in train_records]
-        values = [r[name] for r in train_records]
-        ax.plot(steps, values, alpha=0.35, label="train (per step)")
-        if len(values) >= 5:
-            window = max(2, len(values) // 20)
-            smooth = np.convolve(values, np.ones(window) / window, mode="valid")
-            ax.plot(steps[window - 1 :], smooth, label=f"train ({window}-point mean)")
-        held = [(r["step"], r[f"{name}_loss"]) for r in heldout if f"{name}_loss" in r]
-        if held:
-            ax.plot(*zip(*held, strict=True), "o-", label="held-out")
-        ax.set_title(f"{name} loss")
-        ax.set_xlabel("step")
-        ax.legend(fontsize=7)
-    ax = axes[3]
-    if heldout:
-        ax.plot(
-            [r["step"] for r in heldout], [r["cosine"] for r in heldout], "o-", label="student vs teacher"
-        )
-        ax.plot(
-            [r["step"] for r in heldout],
-            [r["centroid_cosine"] for r in heldout],
-            "--",
-            label="mean-teacher floor",
-        )
-        ax.legend(fontsize=7)
-    ax.set_title("held-out cosine to the teacher")
-    ax.set_xlabel("step")
-    fig.tight_layout()
-    Path(png).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=110)
-    plt.close(fig)

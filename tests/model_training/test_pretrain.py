@@ -20,12 +20,12 @@ from model_training.pretrain import (
     BatchOrder,
     collate,
     latest_checkpoint,
-    read_metrics,
     train,
     trapezoid_lr,
 )
 from model_training.teacher import TeacherMeta, write_teacher
 from model_training.train_config import TrainConfig, load_config
+from model_training.train_logs import read_metrics
 from service.core.checkpoint import load_checkpoint
 from service.core.errors import HtmllmError
 from service.engine import Engine, EngineConfig

@@ -1,0 +1,106 @@
+"""Run logs of `htmllm train`: metrics.jsonl, TensorBoard scalars and the training-curve PNG."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from model_training.train_config import TrainConfig
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def open_tensorboard(out: Path, config: TrainConfig) -> Any:
+    """A SummaryWriter under OUT/tensorboard; None when disabled or not installed (jsonl still logs)."""
+    if not config.tensorboard:
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        logger.warning("tensorboard is not installed; logging to %s only", out / METRICS_FILE)
+        return None
+    return SummaryWriter(log_dir=str(out / "tensorboard"))
+
+
+def log_record(metrics_file: Path, writer: Any, record: dict[str, Any]) -> None:
+    """Append one record to metrics.jsonl (the source of the curve and the card) and to TensorBoard."""
+    with metrics_file.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record) + "\n")
+    if writer is not None:
+        for key, value in record.items():
+            if key not in ("step", "split") and isinstance(value, float | int):
+                writer.add_scalar(f"{record['split']}/{key}", value, record["step"])
+
+
+def truncate_metrics(metrics_file: Path, step: int) -> None:
+    """Drop records past `step` (a resumed run re-logs them), or start a fresh file at step 0."""
+    if not metrics_file.is_file():
+        return
+    kept = [line for line in metrics_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    kept = [line for line in kept if json.loads(line)["step"] <= step] if step else []
+    metrics_file.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+
+
+def read_metrics(metrics_file: str | Path) -> list[dict[str, Any]]:
+    """Every record of a metrics.jsonl ([] when there is none yet)."""
+    path = Path(metrics_file)
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def last_train_record(metrics_file: Path) -> dict[str, Any]:
+    """The last training-step record (the final losses reported in the summary)."""
+    train_records = [r for r in read_metrics(metrics_file) if r["split"] == "train"]
+    return train_records[-1] if train_records else {}
+
+
+def plot_curves(metrics_file: str | Path, png: str | Path) -> None:
+    """The three training losses (raw and smoothed) and the held-out cosine, one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(metrics_file)
+    train_records = [r for r in records if r["split"] == "train"]
+    heldout = [r for r in records if r["split"] == "heldout"]
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
+    for ax, name in zip(axes[:3], ("mlm", "bow", "distil"), strict=True):
+        steps = [r["step"] for r in train_records]
+        values = [r[name] for r in train_records]
+        ax.plot(steps, values, alpha=0.35, label="train (per step)")
+        if len(values) >= 5:
+            window = max(2, len(values) // 20)
+            smooth = np.convolve(values, np.ones(window) / window, mode="valid")
+            ax.plot(steps[window - 1 :], smooth, label=f"train ({window}-point mean)")
+        held = [(r["step"], r[f"{name}_loss"]) for r in heldout if f"{name}_loss" in r]
+        if held:
+            ax.plot(*zip(*held, strict=True), "o-", label="held-out")
+        ax.set_title(f"{name} loss")
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7)
+    ax = axes[3]
+    if heldout:
+        ax.plot(
+            [r["step"] for r in heldout], [r["cosine"] for r in heldout], "o-", label="student vs teacher"
+        )
+        ax.plot(
+            [r["step"] for r in heldout],
+            [r["centroid_cosine"] for r in heldout],
+            "--",
+            label="mean-teacher floor",
+        )
+        ax.legend(fontsize=7)
+    ax.set_title("held-out cosine to the teacher")
+    ax.set_xlabel("step")
+    fig.tight_layout()
+    Path(png).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
