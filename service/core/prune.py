@@ -188,7 +188,7 @@ class PruneError(HtmllmError):
 
 
 class InputTooLargeError(PruneError):
-    """The page is larger than the configured byte cap."""
+    """The page is larger than the byte cap, or has more tags than its memory budget allows."""
 
     code = ErrorCode.PAYLOAD_TOO_LARGE
 
