@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -108,6 +109,22 @@ def _loss_fn(spec: HeadSpec, y_fit: np.ndarray, config: HeadConfig) -> nn.Module
     return nn.CrossEntropyLoss(weight=torch.as_tensor(weights, dtype=torch.float32))
 
 
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Run torch on one CPU thread, then restore the caller's setting.
+
+    A head is too small to split across threads: on a busy machine extra threads only wait on each other
+    (tens of times slower). One thread also fixes the float summation order, so a head's training and
+    predictions do not depend on what set the process-wide thread count before (the Engine does).
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def train_head(
     spec: HeadSpec,
     x_fit: np.ndarray,
@@ -135,15 +152,9 @@ def train_head(
             f"head training needs non-empty fit and validation sets, got x {x_fit.shape} / y {y_fit.shape}, "
             f"x_val {x_val.shape} / y_val {y_val.shape}"
         )
-    # A head is too small to split across threads; on a busy machine extra threads only wait on each other
-    # (tens of times slower), so train on one and restore the caller's setting.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        scorer = get_metric(metric) if metric is not None and config.stop_on == "metric" else None
+    scorer = get_metric(metric) if metric is not None and config.stop_on == "metric" else None
+    with one_thread():
         return _train_head(spec, x_fit, y_fit, x_val, y_val, config, scorer)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _train_head(
@@ -205,7 +216,7 @@ def _train_head(
 
 def predict(head: TaskHead, x: np.ndarray) -> np.ndarray:
     """Class indices (argmax) or regression values for the rows of `x`."""
-    with torch.no_grad():
+    with one_thread(), torch.no_grad():
         out = head(torch.as_tensor(x, dtype=torch.float32))
     if head.spec.kind == "classification":
         return np.asarray(out.argmax(dim=-1).numpy(), dtype=np.int64)
