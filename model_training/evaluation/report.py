@@ -70,9 +70,10 @@ def render_markdown(result: EvalResult, *, title: str = "Evaluation report") -> 
         [[s.name, *(_cell(s, t) for t in tasks), _nmm(s), f"{s.head_parameters:,}"] for s in result.systems],
     )
     checkpoints = [s for s in result.systems if s.kind == "checkpoint"]
+    order = {c: i for i, c in enumerate(dict.fromkeys(s.checkpoint for s in checkpoints))}  # as given
     if len({s.truncate for s in checkpoints}) > 1:
         lines += ["", "## Context length (truncation study)", ""]
-        rows = sorted(checkpoints, key=lambda s: (s.checkpoint or "", s.input or "", s.truncate or 0))
+        rows = sorted(checkpoints, key=lambda s: (order[s.checkpoint], s.input or "", s.truncate or 0))
         lines += _table(
             ["Checkpoint", "Input", "Max tokens", "Pages truncated", *task_header, "NMM"],
             [
@@ -89,7 +90,7 @@ def render_markdown(result: EvalResult, *, title: str = "Evaluation report") -> 
         )
     if len({s.input for s in checkpoints}) > 1:
         lines += ["", "## Pruned HTML vs extracted text (input study)", ""]
-        rows = sorted(checkpoints, key=lambda s: (s.checkpoint or "", s.truncate or 0, s.input or ""))
+        rows = sorted(checkpoints, key=lambda s: (order[s.checkpoint], s.truncate or 0, s.input or ""))
         lines += _table(
             ["Checkpoint", "Max tokens", "Input", *task_header, "NMM"],
             [
