@@ -163,6 +163,8 @@ def checkpoint_embeddings(
     config: EvalConfig,
 ) -> tuple[np.ndarray, float]:
     """(N, D) Engine embeddings of the pages `keys` (cached) and the fraction of them truncated."""
+    from service.core.prune import PRUNE_VERSION
+
     meta = read_meta(checkpoint)
     effective = max_length or meta.max_length
     namespace = namespace_key(
@@ -170,6 +172,7 @@ def checkpoint_embeddings(
         file_sha256(checkpoint / WEIGHTS_FILE),
         meta.tokenizer_sha256,
         meta.prune_version,
+        PRUNE_VERSION,  # the pruner the Engine runs now, which may be newer than the checkpoint's
         meta.pooling,
         config.dtype,
     )
