@@ -55,6 +55,8 @@ loadtest: install
 # tokenizer -> shards -> MiniLM teacher -> pretraining of `mini` -> heads -> evaluation -> bundle, on
 # $(CORPUS), under an hour on a 2-core CPU. Intermediate data stays in $(DEFAULT_RUN) (git-ignored).
 DEFAULT_RUN ?= runs/default-model
+DEFAULT_OUT ?= service/assets/default-model
+DEFAULT_CURVE ?= docs/training_curve.png
 HTMLLM := $(VENV)/bin/htmllm
 default-model: install
 	mkdir -p $(DEFAULT_RUN)/logs
@@ -70,8 +72,8 @@ default-model: install
 	$(HTMLLM) eval run --checkpoint $(DEFAULT_RUN)/pretrain/model --tasks $(DEFAULT_RUN)/tasks \
 		--baselines random,tfidf,minilm --cache $(DEFAULT_RUN)/eval-cache --out $(DEFAULT_RUN)/eval \
 		--title "Default model: frozen-encoder evaluation"
-	$(PY) -m model_training.default_model --run $(DEFAULT_RUN) --out service/assets/default-model \
-		--curve docs/training_curve.png --eval $(DEFAULT_RUN)/eval
+	$(PY) -m model_training.default_model --run $(DEFAULT_RUN) --out $(DEFAULT_OUT) \
+		--curve $(DEFAULT_CURVE) --eval $(DEFAULT_RUN)/eval
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
