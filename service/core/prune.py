@@ -73,6 +73,7 @@ from __future__ import annotations
 import html as _html
 import re
 from itertools import accumulate
+from typing import AnyStr
 
 from selectolax.lexbor import LexborDocumentOptions, LexborHTMLParser, SelectolaxError
 
@@ -174,6 +175,10 @@ _NESTING_TAG_PATTERN = (
     r"|rb|rt|rp|rtc|html|head|body|a|nobr|button|form|select)[\s/>])[a-zA-Z]"
 )
 _NESTING_TAG = re.compile(_NESTING_TAG_PATTERN, re.IGNORECASE)
+# Text in which the tokenizer sees no tags: raw-text and RCDATA elements and comments. Inline scripts
+# such as `if(i<n.length)` would otherwise count as start tags.
+_RAW_TEXT_OPEN = re.compile(r"<(?:(script|style|textarea|title|xmp|noembed|noframes)[\s/>]|!--)")
+_RAW_TEXT_OPEN_BYTES = re.compile(_RAW_TEXT_OPEN.pattern.encode("ascii"))
 _LONG_TAG = re.compile(rf"<[a-zA-Z][^>]{{{_LONG_TAG_CHARS}}}")
 _LONG_TAG_BYTES = re.compile(_LONG_TAG.pattern.encode("ascii"))
 _ATTRIBUTE = re.compile(r"""\s[^\s"'>/=]+(?:\s*=\s*(?:"[^"]*"|'[^']*'|[^\s>]*))?""")
@@ -314,12 +319,38 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
     if isinstance(document, bytes):
         if document.count(b"<") <= limit:
             return 0
-        steps = (-1 if slash else 1 for slash in _NESTING_TAG_BYTES.findall(document))
+        markup_bytes = _without_raw_text(document, _RAW_TEXT_OPEN_BYTES, b"</", b"-->")
+        steps = (-1 if slash else 1 for slash in _NESTING_TAG_BYTES.findall(markup_bytes))
     else:
         if document.count("<") <= limit:
             return 0
-        steps = (-1 if slash else 1 for slash in _NESTING_TAG.findall(document))
+        markup = _without_raw_text(document, _RAW_TEXT_OPEN, "</", "-->")
+        steps = (-1 if slash else 1 for slash in _NESTING_TAG.findall(markup))
     return max(accumulate(steps, initial=0))
+
+
+def _without_raw_text(
+    document: AnyStr, opener: re.Pattern[AnyStr], end_tag: AnyStr, comment_end: AnyStr
+) -> AnyStr:
+    """The page without the contents of raw-text elements and comments, in linear time.
+
+    Each raw-text element is skipped with one `find` of its closing tag (an unclosed one runs to the
+    end, as the parser reads it), so the loop runs once per such element, not once per `<`. The
+    arguments after `document` give the patterns in its type (str or bytes).
+    """
+    lowered = document.lower()
+    pieces: list[AnyStr] = []
+    position = 0
+    while (found := opener.search(lowered, position)) is not None:
+        pieces.append(document[position : found.start()])
+        name = found.group(1)
+        closer = comment_end if name is None else end_tag + name
+        end = lowered.find(closer, found.end())
+        if end < 0:
+            return document[:0].join(pieces)
+        position = end + len(closer)
+    pieces.append(document[position:])
+    return document[:0].join(pieces)
 
 
 def _byte_size(html: str | bytes, max_bytes: int) -> int:

@@ -232,6 +232,19 @@ def test_nesting_too_deep() -> None:
     assert prune_html("<div>" * 150 + "x", max_depth=200) == "<div>x</div>"
 
 
+@pytest.mark.parametrize("as_bytes", [False, True])
+def test_nesting_estimate_ignores_raw_text_and_comments(as_bytes: bool) -> None:
+    """`i<n` in an inline script or a `<div` in a comment is no start tag: such pages are not refused."""
+    script = "<script>" + "if(i<n.length){x[i]=a<b}" * 200 + "</script>"
+    page = "<div>" * 20 + script + "<!--" + "<div>" * 300 + "--><style>a<b{}</style>" + "<p>text</p>"
+    data: str | bytes = page.encode() if as_bytes else page
+    assert prune_html(data, max_depth=100) == "<p>text</p>"
+    with pytest.raises(NestingTooDeepError):  # real nesting still counts, also after raw text
+        prune_html(page + "<div>" * 300 + "x", max_depth=100)
+    # An unclosed script runs to the end of the page, as the parser reads it.
+    assert prune_html("<div>" * 20 + "<script>" + "<b" * 500, max_depth=100) == ""
+
+
 def test_too_many_attributes() -> None:
     tag = "<div " + " ".join(f"a{i}" for i in range(5000)) + ">x</div>"
     with pytest.raises(TooManyAttributesError):
