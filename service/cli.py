@@ -34,7 +34,15 @@ def build_parser() -> argparse.ArgumentParser:
     for name in SERVICE_COMMANDS:
         importlib.import_module(name).register(subparsers)
     for ep in entry_points(group="htmllm.commands"):
-        ep.load()(subparsers)
+        try:
+            register = ep.load()
+        except ModuleNotFoundError as exc:
+            # The service image installs the distribution's metadata but ships only `service/`: a
+            # plug-in whose top-level package is absent is skipped; any other import error is a bug.
+            if exc.name != ep.module.split(".")[0]:
+                raise
+            continue
+        register(subparsers)
     return parser
 
 

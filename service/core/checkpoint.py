@@ -106,12 +106,17 @@ class Checkpoint:
     path: Path
 
 
+# mkstemp creates files 0600; a checkpoint is read by other users (a container's uid mounting it).
+_FILE_MODE = 0o644
+
+
 def _atomic_write_text(path: Path, text: str) -> None:
     """Write via a temporary file and rename, so a killed writer never leaves a half file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
+        os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -123,6 +128,7 @@ def _atomic_save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata:
     os.close(fd)
     try:
         save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp, metadata=metadata)
+        os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -183,6 +189,8 @@ def save_checkpoint(
     # ModernBertModel.save_pretrained writes config.json and model.safetensors under the names
     # AutoModel expects; we keep only those two files from it.
     model.encoder.save_pretrained(root, safe_serialization=True)
+    for written in (root / "config.json", root / "model.safetensors"):
+        written.chmod(_FILE_MODE)  # save_pretrained may write through a 0600 temporary file
     tokenizer.save(root / TOKENIZER_FILE)
     heads_dir = root / HEADS_DIR
     heads_dir.mkdir(exist_ok=True)

@@ -114,6 +114,7 @@ def export_onnx(checkpoint: Checkpoint, out: str | Path, *, opset: int = OPSET) 
             prop = graph.metadata_props.add()
             prop.key, prop.value = key, value
         onnx.save(graph, str(tmp))
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the graph from other users of the checkpoint
         os.replace(tmp, target)
     except HtmllmError:
         raise

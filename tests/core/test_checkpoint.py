@@ -51,6 +51,14 @@ def test_round_trip_gives_identical_outputs(ckpt: Path) -> None:
         torch.testing.assert_close(scores_a[name], scores_b[name], rtol=0, atol=0)
 
 
+def test_every_file_is_readable_by_other_users(ckpt: Path) -> None:
+    """A checkpoint mounted into a container is read by another uid."""
+    files = [p for p in ckpt.rglob("*") if p.is_file()]
+    assert files and all(p.stat().st_mode & 0o044 == 0o044 for p in files), [
+        (str(p.relative_to(ckpt)), oct(p.stat().st_mode)) for p in files
+    ]
+
+
 def test_automodel_loads_the_encoder(ckpt: Path) -> None:
     encoder = AutoModel.from_pretrained(ckpt)
     assert type(encoder).__name__ == "ModernBertModel"
