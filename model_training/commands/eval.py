@@ -33,8 +33,7 @@ def add_head_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", required=True, type=Path, help="a task directory, or a directory of them")
     parser.add_argument(
         "--cache",
-        type=Path,
-        default=Path("runs/eval-cache"),
+        default="runs/eval-cache",  # a str: Path("") would become "." and cache into the working directory
         help="embedding cache directory (content-hash keyed); '' for none",
     )
     parser.add_argument("--hidden", type=int, default=512, help="hidden units of the MLP head")
@@ -107,7 +106,7 @@ def eval_config(args: argparse.Namespace, **overrides: Any) -> EvalConfig:
     head = HeadConfig(
         hidden=args.hidden, max_epochs=args.max_epochs, patience=args.patience, lr=args.lr, seed=args.seed
     )
-    cache = args.cache if args.cache and str(args.cache) else None
+    cache = Path(args.cache) if args.cache else None
     return EvalConfig(
         head=head,
         cache_dir=cache,

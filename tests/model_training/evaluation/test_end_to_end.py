@@ -88,7 +88,12 @@ def encoder_state(path: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_heads_train_writes_served_heads_and_leaves_the_encoder(workdir: Path) -> None:
+def test_heads_train_writes_served_heads_and_leaves_the_encoder(
+    workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)  # `--cache ''` means no cache: nothing may land in the working directory
     ckpt = workdir / "ckpt"
     weights_before = hashlib.sha256((ckpt / WEIGHTS_FILE).read_bytes()).hexdigest()
     state_before = encoder_state(ckpt)
@@ -111,6 +116,7 @@ def test_heads_train_writes_served_heads_and_leaves_the_encoder(workdir: Path) -
         "3",
     ]
     assert main(argv) == 0
+    assert list(cwd.iterdir()) == []
     assert hashlib.sha256((ckpt / WEIGHTS_FILE).read_bytes()).hexdigest() == weights_before
     loaded = load_checkpoint(ckpt)
     for name, tensor in loaded.model.encoder.state_dict().items():
