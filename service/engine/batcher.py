@@ -201,6 +201,10 @@ class Batcher:
     async def _form_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            # Take the next window only once the runner has taken the last prepared batch: the window
+            # then holds everything that arrived while that batch waited, and is collated while it runs.
+            # Taken earlier, it would hold only what came in the first max_wait_ms after the last one.
+            await self._ready.join()
             window = await self._next_window()
             now = time.monotonic()
             live = [doc for doc in window if doc.is_live(now)]
@@ -233,6 +237,7 @@ class Batcher:
         loop = asyncio.get_running_loop()
         while True:
             ready = await self._ready.get()
+            self._ready.task_done()  # "taken": releases the batch former's join()
             self._in_hand.append(ready)
             try:
                 await self._run_one(loop, ready)
