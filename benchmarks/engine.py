@@ -41,6 +41,19 @@ from service.engine.runners.onnx import OnnxRunner  # noqa: E402
 from service.engine.runners.torch import TorchRunner  # noqa: E402
 
 
+def corpus_tokenizer(pages: list[bytes], *, vocab_size: int) -> HtmlTokenizer:
+    """A tokenizer trained in the run on the pages the pruner accepts (speed does not need a better one)."""
+    from model_training.tokenizer_training import train_tokenizer
+
+    pruned = []
+    for html in pages:
+        try:
+            pruned.append(prune_html(html))
+        except PruneError:
+            continue
+    return train_tokenizer(pruned, vocab_size=vocab_size, min_frequency=2)
+
+
 def build_checkpoint(path: Path, tokenizer: HtmlTokenizer, *, preset: str, max_length: int) -> Path:
     torch.manual_seed(0)
     config = build_config(preset, tokenizer, max_length=max_length)
@@ -177,16 +190,8 @@ def main() -> int:
     if args.tokenizer is not None:
         tokenizer = HtmlTokenizer.from_file(args.tokenizer)
     else:
-        from model_training.tokenizer_training import train_tokenizer
-
-        pruned = []
-        for html in pages:
-            try:
-                pruned.append(prune_html(html))
-            except PruneError:
-                continue
         started = time.perf_counter()
-        tokenizer = train_tokenizer(pruned, vocab_size=args.vocab_size, min_frequency=2)
+        tokenizer = corpus_tokenizer(pages, vocab_size=args.vocab_size)
         print(f"trained a {tokenizer.vocab_size}-token tokenizer in {time.perf_counter() - started:.1f}s")
 
     with tempfile.TemporaryDirectory() as tmp:

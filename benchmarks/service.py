@@ -78,17 +78,9 @@ def _engine_benchmark() -> ModuleType:
 def random_checkpoint(
     path: Path, pages: list[bytes], *, preset: str, max_length: int, vocab_size: int
 ) -> Path:
-    from model_training.tokenizer_training import train_tokenizer
-    from service.core.prune import PruneError, prune_html
-
-    pruned = []
-    for html in pages:
-        try:
-            pruned.append(prune_html(html))
-        except PruneError:
-            continue
-    tokenizer = train_tokenizer(pruned, vocab_size=vocab_size, min_frequency=2)
-    built: Path = _engine_benchmark().build_checkpoint(path, tokenizer, preset=preset, max_length=max_length)
+    engine_benchmark = _engine_benchmark()
+    tokenizer = engine_benchmark.corpus_tokenizer(pages, vocab_size=vocab_size)
+    built: Path = engine_benchmark.build_checkpoint(path, tokenizer, preset=preset, max_length=max_length)
     return built
 
 
