@@ -98,8 +98,9 @@ class EngineMetricsObserver(EngineObserver):
         m.batch_tokens.observe(stats.tokens)
         m.batch_padded_tokens.observe(stats.padded_tokens)
         m.batch_inference.observe(stats.inference_s)
-        if stats.skipped:
-            m.documents_skipped.inc(stats.skipped)
+
+    def documents_skipped(self, documents: int) -> None:
+        self.metrics.documents_skipped.inc(documents)
 
     def stage(self, name: str, seconds: float) -> None:
         self.metrics.stage_duration.labels(stage=name).observe(seconds)

@@ -103,12 +103,14 @@ class Batcher:
         max_batch_requests: int,
         max_wait_ms: float,
         on_batch: Callable[[BatchStats], None] | None = None,
+        on_skipped: Callable[[int], None] | None = None,
     ) -> None:
         self._runner = runner
         self._max_tokens = max_batch_tokens
         self._max_requests = max_batch_requests
         self._max_wait_s = max_wait_ms / 1000.0
         self._on_batch = on_batch
+        self._on_skipped = on_skipped
         self._inbox: deque[QueuedDocument] = deque()
         self._wakeup = asyncio.Event()
         self._ready: asyncio.Queue[_Ready] = asyncio.Queue(maxsize=1)
@@ -117,7 +119,6 @@ class Batcher:
         self._infer_pool = ThreadPoolExecutor(1, thread_name_prefix="htmllm-infer")
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
-        self._skipped_unreported = 0  # documents dropped since the last reported batch
 
     @property
     def waiting(self) -> int:
@@ -208,7 +209,7 @@ class Batcher:
             window = await self._next_window()
             now = time.monotonic()
             live = [doc for doc in window if doc.is_live(now)]
-            self._skipped_unreported += len(window) - len(live)
+            self._skipped(len(window) - len(live))
             plan = form_batches(
                 [len(doc.ids) for doc in live],
                 self._runner.cost,
@@ -219,7 +220,7 @@ class Batcher:
                 # Re-check just before collating: a caller may have gone while earlier batches ran.
                 now = time.monotonic()
                 docs = [live[i] for i in indices if live[i].is_live(now)]
-                self._skipped_unreported += len(indices) - len(docs)
+                self._skipped(len(indices) - len(docs))
                 if not docs:
                     continue
                 started = time.perf_counter()
@@ -248,7 +249,7 @@ class Batcher:
         now = time.monotonic()
         if not any(doc.is_live(now) for doc in ready.documents):
             # Every caller left while the batch waited for the model: skip the pass entirely.
-            self._skipped_unreported += len(ready.documents)
+            self._skipped(len(ready.documents))
             return
         start = time.monotonic()
         try:
@@ -274,8 +275,16 @@ class Batcher:
             )
         self._report(ready, inference_s)
 
+    def _skipped(self, count: int) -> None:
+        """Report dropped documents at once: a window whose documents all left runs no batch to carry it."""
+        if count <= 0 or self._on_skipped is None:
+            return
+        try:
+            self._on_skipped(count)
+        except Exception:
+            logger.exception("the skipped-documents observer raised")
+
     def _report(self, ready: _Ready, inference_s: float) -> None:
-        skipped, self._skipped_unreported = self._skipped_unreported, 0
         if self._on_batch is None:
             return
         stats = BatchStats(
@@ -284,7 +293,6 @@ class Batcher:
             padded_tokens=ready.prepared.padded_tokens,
             prepare_s=ready.prepare_s,
             inference_s=inference_s,
-            skipped=skipped,
         )
         try:
             self._on_batch(stats)

@@ -203,6 +203,7 @@ class Engine:
             max_batch_requests=self.config.max_batch_requests,
             max_wait_ms=self.config.max_wait_ms,
             on_batch=self._on_batch,
+            on_skipped=self._on_skipped,
         )
         self._batcher.start()
         self._idle = asyncio.Event()
@@ -423,6 +424,9 @@ class Engine:
 
     def _on_batch(self, stats: BatchStats) -> None:
         self._notify(self.observer.batch_done, stats)
+
+    def _on_skipped(self, documents: int) -> None:
+        self._notify(self.observer.documents_skipped, documents)
 
     def _notify(self, hook: Callable[..., object], *args: object) -> None:
         """Call an observer hook; a metrics bug must never fail a request."""

@@ -143,7 +143,6 @@ class BatchStats:
     padded_tokens: int  # tokens the forward pass computed (== tokens when packed)
     prepare_s: float  # collation and host-side tensor building (overlapped with the previous batch)
     inference_s: float
-    skipped: int = 0  # documents dropped (caller gone, deadline passed) since the previous batch
 
 
 class EngineObserver:
@@ -155,6 +154,9 @@ class EngineObserver:
 
     def batch_done(self, stats: BatchStats) -> None:
         """A forward pass finished (batch size, batch tokens, inference time)."""
+
+    def documents_skipped(self, documents: int) -> None:
+        """Documents dropped before their forward pass (caller gone, deadline passed), when dropped."""
 
     def stage(self, name: str, seconds: float) -> None:
         """One document's time in a stage of STAGES."""

@@ -35,6 +35,11 @@ class RecordingObserver(EngineObserver):
         self.queue_sizes: list[int] = []
         self.done: list[tuple[int, int]] = []
         self.failed: list[tuple[ErrorCode, int]] = []
+        self.skipped = 0
+
+    def documents_skipped(self, documents: int) -> None:
+        assert documents > 0
+        self.skipped += documents
 
     def batch_done(self, stats: BatchStats) -> None:
         self.batches.append(stats)
@@ -200,11 +205,34 @@ async def test_cancelled_callers_are_skipped(tiny_checkpoint: Path, pages: list[
         kept = await engine.embed(pages[14:16])
     assert len(kept) == 2
     ran = sum(b.documents for b in observer.batches) - 4  # less the blocker's and the kept call's
-    skipped = sum(b.skipped for b in observer.batches)
+    skipped = observer.skipped
     # None of the 12 cancelled documents reached the model: those queued were dropped when their batch
     # was formed or was about to run (any still being tokenized never entered the queue).
     assert ran == 0 and 1 <= skipped <= 12
     assert engine.queue_size == 0
+
+
+async def test_skipped_documents_are_reported_when_no_batch_follows(
+    tiny_checkpoint: Path, pages: list[str]
+) -> None:
+    # Every queued document leaves and nothing arrives after them: no later batch could carry the count.
+    observer = RecordingObserver()
+    engine, _ = slow_engine(tiny_checkpoint, delay_s=0.3, max_batch_requests=2, max_wait_ms=0)
+    engine.observer = observer
+    async with engine:
+        blocker = asyncio.create_task(engine.embed(pages[:2]))
+        await asyncio.sleep(0.05)
+        doomed = asyncio.create_task(engine.embed(pages[2:8]))
+        await asyncio.sleep(0.1)  # queued behind the running batch
+        doomed.cancel()
+        await blocker
+        for _ in range(100):  # the former drops them as it takes its next window
+            if observer.skipped:
+                break
+            await asyncio.sleep(0.01)
+        assert sum(b.documents for b in observer.batches) == 2  # only the blocker's documents ran
+        assert 1 <= observer.skipped <= 6
+        assert engine.queue_size == 0
 
 
 async def test_deadlines(tiny_checkpoint: Path, pages: list[str]) -> None:
