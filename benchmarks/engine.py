@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -27,9 +28,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from service.core.checkpoint import CheckpointMeta, save_checkpoint  # noqa: E402
+from service.core.checkpoint import CheckpointMeta, read_meta, save_checkpoint  # noqa: E402
 from service.core.modeling import HeadSpec, HtmlEncoderModel, TaskHead, build_config  # noqa: E402
 from service.core.pages import iter_pages  # noqa: E402
 from service.core.prune import PRUNE_VERSION, PruneError, prune_html  # noqa: E402
@@ -38,7 +40,7 @@ from service.engine import BatchStats, Engine, EngineConfig, EngineObserver  # n
 from service.engine.batcher import form_batches  # noqa: E402
 from service.engine.onnx_export import ensure_onnx  # noqa: E402
 from service.engine.runners.onnx import OnnxRunner  # noqa: E402
-from service.engine.runners.torch import TorchRunner  # noqa: E402
+from service.engine.runners.torch import TorchRunner, cpu_has_fast_bfloat16  # noqa: E402
 
 
 def corpus_tokenizer(pages: list[bytes], *, vocab_size: int) -> HtmlTokenizer:
@@ -101,6 +103,19 @@ async def engine_run(engine: Engine, pages: list[bytes]) -> int:
     return sum(counts)
 
 
+async def engine_outputs(engine: Engine, pages: list[bytes]) -> list[tuple[np.ndarray, dict[str, int]]]:
+    """Normalised embedding and each classification head's top label, per page that prunes."""
+    out = []
+    for html in pages:
+        try:
+            (result,) = await engine.embed([html])
+        except PruneError:
+            continue
+        top = {h: max(v, key=v.__getitem__) for h, v in result.scores.items() if isinstance(v, dict)}
+        out.append((result.embedding, top))
+    return out
+
+
 class BatchCounter(EngineObserver):
     def __init__(self) -> None:
         self.batches = 0
@@ -109,26 +124,51 @@ class BatchCounter(EngineObserver):
         self.batches += 1
 
 
+# name -> (backend, dtype, onnx_quantize); the first is the reference the others are compared with.
+VARIANTS: dict[str, tuple[str, str, str | None]] = {
+    "torch": ("torch", "float32", None),
+    "onnx": ("onnx", "float32", None),
+    "onnx-int8": ("onnx", "float32", "int8"),
+    "torch-bf16": ("torch", "bfloat16", None),
+}
+
+
 async def measure(
     checkpoint: Path,
     config: EngineConfig,
     pages: list[bytes],
     tokenizer: HtmlTokenizer,
-    torch_runner: TorchRunner,
-    onnx_runner: OnnxRunner,
+    naive: dict[str, TorchRunner],
+    runners: dict[str, TorchRunner | OnnxRunner],
     batches: list[list[list[int]]],
     args: argparse.Namespace,
-) -> dict[str, tuple[float, int]]:
-    """Best seconds and tokens per path over `args.repeats` interleaved rounds."""
+) -> tuple[dict[str, tuple[float, int]], dict[str, tuple[float, float, float]]]:
+    """Best seconds and tokens per path over `args.repeats` interleaved rounds, and each variant's
+    agreement with float32 torch: (min cosine, mean cosine, share of equal top labels)."""
     engines = {
-        backend: Engine.from_checkpoint(checkpoint, replace(config, backend=backend), observer=BatchCounter())
-        for backend in ("torch", "onnx")
+        name: Engine.from_checkpoint(
+            checkpoint,
+            replace(config, backend=backend, dtype=dtype, onnx_quantize=quantize),
+            observer=BatchCounter(),
+        )
+        for name, (backend, dtype, quantize) in VARIANTS.items()
+        if name in args.variants
     }
     for engine in engines.values():
         await engine.start()
         await engine.warmup()
         await engine_run(engine, pages[:8])
-    naive_loop(pages[:4], torch_runner, tokenizer, args.max_length)
+    for runner in naive.values():
+        naive_loop(pages[:4], runner, tokenizer, args.max_length)
+
+    outputs = {name: await engine_outputs(engine, pages) for name, engine in engines.items()}
+    reference = outputs["torch"]
+    agreement: dict[str, tuple[float, float, float]] = {}
+    for name, rows in outputs.items():
+        cosines = [float(np.dot(a, b)) for (a, _), (b, _) in zip(rows, reference, strict=True)]
+        labels = [ta == tb for (_, ta), (_, tb) in zip(rows, reference, strict=True)]
+        agreement[name] = (min(cosines), sum(cosines) / len(cosines), sum(labels) / len(labels))
+
     best: dict[str, tuple[float, int]] = {}
 
     def keep(name: str, seconds: float, tokens: int) -> None:
@@ -136,32 +176,34 @@ async def measure(
             best[name] = (seconds, tokens)
 
     for _ in range(args.repeats):
-        started = time.perf_counter()
-        tokens = naive_loop(pages, torch_runner, tokenizer, args.max_length)
-        keep("naive loop", time.perf_counter() - started, tokens)
-        for backend, engine in engines.items():
+        for label, runner in naive.items():
+            started = time.perf_counter()
+            tokens = naive_loop(pages, runner, tokenizer, args.max_length)
+            keep(label, time.perf_counter() - started, tokens)
+        for name, engine in engines.items():
             started = time.perf_counter()
             tokens = await engine_run(engine, pages)
-            keep(f"engine/{backend}", time.perf_counter() - started, tokens)
-        for name, runner in (("model: torch runner", torch_runner), ("model: onnx runner", onnx_runner)):
+            keep(f"engine/{name}", time.perf_counter() - started, tokens)
+        for name, runner in runners.items():
             prepared = [runner.prepare(b) for b in batches]
             started = time.perf_counter()
             for batch in prepared:
                 runner.run(batch)
-            keep(name, time.perf_counter() - started, sum(p.tokens for p in prepared))
+            keep(f"model: {name} runner", time.perf_counter() - started, sum(p.tokens for p in prepared))
+        one = naive["naive loop"]
         started = time.perf_counter()
         for batch in batches:
             for ids in batch:
-                torch_runner.run(torch_runner.prepare([ids]))
+                one.run(one.prepare([ids]))
         keep(
             "model: torch runner, 1 doc per pass",
             time.perf_counter() - started,
-            sum(p.tokens for p in prepared),
+            sum(len(ids) for batch in batches for ids in batch),
         )
     for engine in engines.values():
         await engine.stop()
         engine.close()
-    return best
+    return best, agreement
 
 
 def main() -> int:
@@ -171,6 +213,9 @@ def main() -> int:
     parser.add_argument("--corpus", type=Path, default=ROOT.parent / "shared" / "corpus", help="page corpus")
     parser.add_argument("--limit", type=int, default=256, help="pages to embed")
     parser.add_argument("--preset", default="mini", help="model preset (random weights)")
+    parser.add_argument(
+        "--checkpoint", type=Path, default=None, help="a trained checkpoint instead of random weights"
+    )
     parser.add_argument("--max-length", type=int, default=512, help="tokens per document (truncation)")
     parser.add_argument("--batch-tokens", type=int, default=16384, help="engine token budget per batch")
     parser.add_argument("--batch-size", type=int, default=32, help="engine documents per batch")
@@ -178,34 +223,66 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2, help="timed passes per path (best is reported)")
     parser.add_argument("--tokenizer", type=Path, default=None, help="tokenizer.json (default: train one)")
     parser.add_argument("--vocab-size", type=int, default=16384, help="vocabulary of the trained tokenizer")
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"engine variants to run, of {','.join(VARIANTS)} (torch-bf16 also adds a bf16 naive loop)",
+    )
     args = parser.parse_args()
+    args.variants = [v for v in args.variants.split(",") if v]
+    unknown = set(args.variants) - set(VARIANTS)
+    if unknown or "torch" not in args.variants:
+        parser.error(f"--variants must include torch and name only {list(VARIANTS)}")
 
     threads = args.threads or torch.get_num_threads()
     torch.set_num_threads(threads)
     pages = [p.html for p in iter_pages(args.corpus, limit=args.limit)]
-    print(f"{len(pages)} pages from {args.corpus}; preset {args.preset}; max length {args.max_length}")
     machine = f"{platform.machine()} {platform.processor()}".strip()
     print(f"machine: {machine}, {threads} threads, torch {torch.__version__}")
-
-    if args.tokenizer is not None:
-        tokenizer = HtmlTokenizer.from_file(args.tokenizer)
-    else:
-        started = time.perf_counter()
-        tokenizer = corpus_tokenizer(pages, vocab_size=args.vocab_size)
-        print(f"trained a {tokenizer.vocab_size}-token tokenizer in {time.perf_counter() - started:.1f}s")
+    print(f"CPU multiplies bfloat16 natively (AMX/AVX512-BF16): {cpu_has_fast_bfloat16()}")
 
     with tempfile.TemporaryDirectory() as tmp:
-        checkpoint = build_checkpoint(
-            Path(tmp) / "ckpt", tokenizer, preset=args.preset, max_length=args.max_length
-        )
+        if args.checkpoint is not None:
+            checkpoint = Path(tmp) / "ckpt"
+            shutil.copytree(args.checkpoint, checkpoint, ignore=shutil.ignore_patterns("*.onnx"))
+            tokenizer = HtmlTokenizer.from_file(checkpoint / "tokenizer.json")
+            args.max_length = min(args.max_length, read_meta(checkpoint).max_length)
+            print(f"checkpoint {args.checkpoint} (trained weights)")
+        else:
+            if args.tokenizer is not None:
+                tokenizer = HtmlTokenizer.from_file(args.tokenizer)
+            else:
+                started = time.perf_counter()
+                tokenizer = corpus_tokenizer(pages, vocab_size=args.vocab_size)
+                seconds = time.perf_counter() - started
+                print(f"trained a {tokenizer.vocab_size}-token tokenizer in {seconds:.1f}s")
+            checkpoint = build_checkpoint(
+                Path(tmp) / "ckpt", tokenizer, preset=args.preset, max_length=args.max_length
+            )
+            print(f"preset {args.preset}, random weights")
+        print(f"{len(pages)} pages from {args.corpus}; max length {args.max_length}")
         started = time.perf_counter()
         graph = ensure_onnx(checkpoint)
+        graphs = {"onnx": graph}
+        if "onnx-int8" in args.variants:
+            graphs["onnx-int8"] = ensure_onnx(checkpoint, quantize="int8")
         print(f"exported ONNX in {time.perf_counter() - started:.1f}s")
 
         from service.core.checkpoint import load_checkpoint
 
         ckpt = load_checkpoint(checkpoint)
+        heads = list(ckpt.model.heads.keys())
         torch_runner = TorchRunner(ckpt.model, intra_op_threads=threads)
+        naive: dict[str, TorchRunner] = {"naive loop": torch_runner}
+        runners: dict[str, TorchRunner | OnnxRunner] = {"torch": torch_runner}
+        for name, path in graphs.items():
+            runners[name] = OnnxRunner(
+                path, pad_id=tokenizer.special_ids.pad, head_names=heads, intra_op_threads=threads
+            )
+        if "torch-bf16" in args.variants:
+            half = TorchRunner(load_checkpoint(checkpoint).model, dtype="bfloat16", intra_op_threads=threads)
+            naive["naive loop, bf16"] = half
+            runners["torch-bf16"] = half
         encoded = [
             tokenizer.encode(prune_html(h), max_length=args.max_length).ids for h in pages if _prunes(h)
         ]
@@ -213,12 +290,6 @@ def main() -> int:
         mean = total_tokens / len(encoded)
         print(f"{len(encoded)} pages prune cleanly; {mean:.0f} tokens per page on average")
 
-        onnx_runner = OnnxRunner(
-            graph,
-            pad_id=tokenizer.special_ids.pad,
-            head_names=list(ckpt.model.heads.keys()),
-            intra_op_threads=threads,
-        )
         plan = form_batches(
             [len(ids) for ids in encoded],
             torch_runner.cost,
@@ -234,8 +305,8 @@ def main() -> int:
             intra_op_threads=threads,
         )
         # Rounds interleave the paths so load drifting on a shared machine hits them all alike.
-        results = asyncio.run(
-            measure(checkpoint, config, pages, tokenizer, torch_runner, onnx_runner, batches_ids, args)
+        results, agreement = asyncio.run(
+            measure(checkpoint, config, pages, tokenizer, naive, runners, batches_ids, args)
         )
 
         n = len(encoded)
@@ -245,10 +316,23 @@ def main() -> int:
         _table(end_to_end, baseline=0)
         rate = {name: n / s for name, (s, _) in results.items()}
         print(f"  engine/torch vs naive: {rate['engine/torch'] / rate['naive loop']:.2f}x  (target >= 2x)")
-        onnx_vs_torch = rate["engine/onnx"] / rate["engine/torch"]
-        print(f"  engine/onnx vs engine/torch: {onnx_vs_torch:.2f}x  (target >= 1.3x)")
+        if "naive loop, bf16" in rate:
+            same = rate["engine/torch-bf16"] / rate["naive loop, bf16"]
+            print(
+                f"  engine/torch-bf16 vs naive bf16: {same:.2f}x;  vs naive float32: "
+                f"{rate['engine/torch-bf16'] / rate['naive loop']:.2f}x"
+            )
+        for name in ("onnx", "onnx-int8", "torch-bf16"):
+            if f"engine/{name}" in rate:
+                print(
+                    f"  engine/{name} vs engine/torch: {rate[f'engine/{name}'] / rate['engine/torch']:.2f}x"
+                    + ("  (target >= 1.3x)" if name.startswith("onnx") else "")
+                )
         print(f"\nmodel only (pre-tokenized; {len(plan)} length-sorted batches)")
         _table(model_only, baseline=0)
+        print(f"\nagreement with engine/torch (float32), {n} pages: min cosine, mean cosine, same top label")
+        for name, (low, avg, same_top) in agreement.items():
+            print(f"  {name:12} {low:.5f}  {avg:.5f}  {same_top:.1%}")
     return 0
 
 

@@ -30,7 +30,12 @@ class Settings(BaseSettings):
     model_path: Path = Field(default_factory=default_model_path, description="checkpoint directory")
     backend: Literal["torch", "onnx"] = "torch"
     device: Literal["cpu", "cuda"] = "cpu"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="bfloat16 on CUDA or on a CPU with AMX/AVX512-BF16; float16 on CUDA"
+    )
+    onnx_quantize: Literal["none", "int8"] = Field(
+        "none", description="onnx backend on CPU: int8 runs the dynamically quantised graph"
+    )
     max_length: int | None = Field(None, ge=2, description="tokens per document; default the model's")
 
     # The dynamic batcher (see service.engine).
@@ -66,6 +71,7 @@ class Settings(BaseSettings):
             backend=self.backend,
             device=self.device,
             dtype=self.dtype,
+            onnx_quantize=None if self.onnx_quantize == "none" else self.onnx_quantize,
             max_length=self.max_length,
             max_batch_tokens=self.max_batch_tokens,
             max_batch_requests=self.max_batch_requests,

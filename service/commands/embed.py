@@ -52,7 +52,13 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--dtype",
         choices=("float32", "bfloat16", "float16"),
         default="float32",
-        help="model precision (CUDA)",
+        help="model precision (bfloat16 also on CPUs with AMX/AVX512-BF16; float16 on CUDA)",
+    )
+    parser.add_argument(
+        "--onnx-quantize",
+        choices=("none", "int8"),
+        default="none",
+        help="onnx backend on CPU: run the int8 graph (model.int8.onnx, exported when missing)",
     )
     parser.add_argument("--max-length", type=int, default=None, help="truncate documents to this many tokens")
     parser.add_argument("--batch-tokens", type=int, default=16384, help="token budget per forward pass")
@@ -216,6 +222,7 @@ async def _run(args: argparse.Namespace) -> int:
         backend=args.backend,
         device=args.device,
         dtype=args.dtype,
+        onnx_quantize=None if args.onnx_quantize == "none" else args.onnx_quantize,
         max_length=args.max_length,
         max_batch_tokens=args.batch_tokens,
         max_batch_requests=args.batch_size,

@@ -21,19 +21,30 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         default=None,
         help="where to write the graph (default: model.onnx inside the checkpoint, where the service looks)",
     )
-    parser.add_argument("--opset", type=int, default=18, help="ONNX opset version")
+    parser.add_argument(
+        "--opset", type=int, default=None, help="ONNX opset version (default 23: fused Attention and RoPE)"
+    )
+    parser.add_argument(
+        "--quantize",
+        choices=("none", "int8"),
+        default="none",
+        help="int8: dynamic int8 weights for CPUs with VNNI/AMX (default out: model.int8.onnx)",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from service.core.checkpoint import load_checkpoint
     from service.core.errors import HtmllmError
-    from service.engine.onnx_export import ONNX_FILE, export_onnx
+    from service.engine.onnx_export import OPSET, default_onnx_path, export_onnx
 
-    out = args.out if args.out is not None else args.checkpoint / ONNX_FILE
+    quantize = None if args.quantize == "none" else args.quantize
+    out = args.out if args.out is not None else default_onnx_path(args.checkpoint, quantize)
     started = time.perf_counter()
     try:
-        path = export_onnx(load_checkpoint(args.checkpoint), out, opset=args.opset)
+        path = export_onnx(
+            load_checkpoint(args.checkpoint), out, opset=args.opset or OPSET, quantize=quantize
+        )
     except HtmllmError as exc:
         print(f"htmllm export-onnx: {exc.code}: {exc}", file=sys.stderr)
         return 1

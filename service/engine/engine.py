@@ -93,7 +93,7 @@ def build_runner(path: Path, config: EngineConfig) -> tuple[Runner, CheckpointMe
                 f"vocab mismatch: {path / TOKENIZER_FILE} is not the tokenizer the model used"
             )
         onnx_runner = OnnxRunner(
-            ensure_onnx(path, config.onnx_path),
+            ensure_onnx(path, config.onnx_path, quantize=config.onnx_quantize),
             pad_id=tokenizer.special_ids.pad,
             head_names=[spec.name for spec in meta.heads],
             device=config.device,
@@ -249,12 +249,14 @@ class Engine:
         started = time.perf_counter()
         pruned = _prune(doc)
         pruned_at = time.perf_counter()
-        encoding = self._tokenizer.encode(pruned, max_length=self._max_length)
+        # Only the prefix that fills max_length is tokenized: ids and the truncated flag are exact.
+        encoding = self._tokenizer.encode(pruned, max_length=self._max_length, count_all=False)
         tokenized_at = time.perf_counter()
         if encoding.truncated and not truncate:
             name = f"document {doc.id!r}" if doc.id is not None else "a document"
+            full_length = self._tokenizer.encode(pruned).full_length  # exact, for the message
             raise TooManyTokensError(
-                f"{name} has {encoding.full_length} tokens, over the model's {self._max_length} "
+                f"{name} has {full_length} tokens, over the model's {self._max_length} "
                 "(allow truncation to cut it)"
             )
         return _Prepared(encoding.ids, encoding.truncated, pruned_at - started, tokenized_at - pruned_at)

@@ -60,7 +60,7 @@ class ModelInfo:
 class EngineConfig:
     backend: str = "torch"  # "torch" | "onnx"
     device: str = "cpu"  # "cpu" | "cuda"
-    dtype: str = "float32"  # "bfloat16" | "float16" on CUDA
+    dtype: str = "float32"  # "bfloat16" (CUDA, or a CPU with AMX/AVX512-BF16) | "float16" (CUDA)
     max_length: int | None = None  # default: the checkpoint's
     max_batch_tokens: int = 16384  # padded tokens (or packed tokens under flash-attn) per forward pass
     max_batch_requests: int = 64  # documents per forward pass
@@ -70,6 +70,7 @@ class EngineConfig:
     truncate: bool = True  # False: a too-long document raises TooManyTokensError
     attn_implementation: str | None = None  # torch: None picks flash_attention_2 on CUDA when installed
     onnx_path: str | None = None  # onnx: default <checkpoint>/model.onnx, exported at start-up if missing
+    onnx_quantize: str | None = None  # onnx on CPU: "int8" runs <checkpoint>/model.int8.onnx
     intra_op_threads: int | None = None  # CPU threads per forward pass (None: the backend's default)
 
     def __post_init__(self) -> None:
@@ -79,8 +80,17 @@ class EngineConfig:
             raise ValueError(f"device {self.device!r} is not one of {DEVICES}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is not one of {DTYPES}")
-        if self.device == "cpu" and self.dtype != "float32":
-            raise ValueError("reduced precision is for CUDA; use float32 on CPU")
+        if self.device == "cpu" and self.dtype == "float16":
+            raise ValueError(
+                "float16 is for CUDA; on CPU use float32, or bfloat16 where AMX/AVX512-BF16 exist"
+            )
+        if self.backend == "onnx" and self.dtype != "float32":
+            raise ValueError("the onnx backend runs the float32 graph (or onnx_quantize='int8' on CPU)")
+        if self.onnx_quantize is not None:
+            if self.onnx_quantize != "int8":
+                raise ValueError(f"onnx_quantize {self.onnx_quantize!r} is not 'int8' (or None)")
+            if self.backend != "onnx" or self.device != "cpu":
+                raise ValueError("onnx_quantize='int8' needs the onnx backend on CPU")
         for name in ("max_batch_tokens", "max_batch_requests", "max_queue_documents", "preprocess_workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")

@@ -93,6 +93,52 @@ def test_truncation_keeps_cls_and_sep(tok: HtmlTokenizer) -> None:
         tok.encode(page, max_length=1)
 
 
+def _awkward_page(seed: int) -> str:
+    """A long generated page with what a prefix cut could break: whitespace runs, tags glued to text
+    and after spaces, decomposed accents, CJK without spaces, surrogates, a long unbroken token."""
+    import random
+
+    rng = random.Random(seed)
+    parts = generate_pruned_pages(6, seed=seed)
+    extras = [
+        "  \n\t <p>",
+        "e\u0301t\u00e9 ",
+        "\u6f22\u5b57\u6587\u5b57\u5217" * 20,
+        " </div>",
+        "\ud800 ",
+        "x" * 700,
+        " <br>",
+        "caf\u00e9\u0301 ",
+        "\u00a0\u00a0",
+        "<li>a</li>",
+        ". , ; ",
+        "\u3000",
+    ]
+    out = []
+    for part in parts:
+        words = part.split(" ")
+        for word in words:
+            out.append(word)
+            out.append(rng.choice([" ", " ", "  ", "\n", rng.choice(extras)]))
+    return "".join(out)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bounded_encoding_equals_the_full_encoding_cut(tok: HtmlTokenizer, seed: int) -> None:
+    page = _awkward_page(seed)
+    full = tok.encode(page)
+    assert full.full_length > 2000  # long enough that the bounded path cuts it
+    for max_length in (2, 3, 17, 64, 129, 512, 1000, full.full_length - 1, full.full_length, 10**6):
+        exact = tok.encode(page, max_length=max_length)
+        bounded = tok.encode(page, max_length=max_length, count_all=False)
+        assert bounded.ids == exact.ids, max_length
+        assert bounded.truncated == exact.truncated, max_length
+        if bounded.truncated:
+            assert max_length < bounded.full_length <= exact.full_length  # a lower bound
+        else:
+            assert bounded.full_length == exact.full_length
+
+
 def test_empty_text_is_cls_sep(tok: HtmlTokenizer) -> None:
     encoding = tok.encode("")
     assert encoding.ids == [tok.special_ids.cls, tok.special_ids.sep] and encoding.full_length == 2

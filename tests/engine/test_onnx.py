@@ -15,6 +15,7 @@ from service.core.modeling import HeadSpec, TaskHead
 from service.engine import Engine, EngineConfig
 from service.engine.onnx_export import (
     FINGERPRINT_KEY,
+    QUANTIZATION_KEY,
     checkpoint_fingerprint,
     ensure_onnx,
     read_onnx_metadata,
@@ -83,3 +84,74 @@ def test_a_graph_without_the_expected_heads_is_refused(exported: Path) -> None:
 
     with pytest.raises(BackendError, match="outputs"):
         OnnxRunner(exported / "model.onnx", pad_id=0, head_names=["page_type"])
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return np.asarray((a * b).sum(axis=1))
+
+
+def test_default_graph_uses_the_fused_attention_and_rotary_operators(exported: Path) -> None:
+    import onnx
+
+    graph = onnx.load(str(exported / "model.onnx"))
+    ops = [node.op_type for node in graph.graph.node]
+    layers = load_checkpoint(exported).model.config.num_hidden_layers
+    # opset 23: one Attention node per layer, not a dozen unfused nodes each
+    assert ops.count("Attention") == layers and ops.count("RotaryEmbedding") == 2 * layers
+
+
+def test_int8_graph_is_a_separate_file_close_to_float32(exported: Path) -> None:
+    assert main(["export-onnx", "--checkpoint", str(exported), "--quantize", "int8"]) == 0
+    quantized = exported / "model.int8.onnx"
+    meta = read_onnx_metadata(quantized)
+    assert (
+        meta[QUANTIZATION_KEY] == "int8"
+        and read_onnx_metadata(exported / "model.onnx")[QUANTIZATION_KEY] == "none"
+    )
+    import onnx
+
+    ops = [node.op_type for node in onnx.load(str(quantized)).graph.node]
+    layers = load_checkpoint(exported).model.config.num_hidden_layers
+    assert ops.count("DynamicQuantizeMatMul") + ops.count("MatMulInteger") >= 4 * layers  # Wqkv, Wo, Wi, Wo
+    assert ops.count("Attention") == layers  # quantisation keeps the fused operators
+    stamp = quantized.stat().st_mtime_ns
+    assert ensure_onnx(exported, quantize="int8") == quantized and quantized.stat().st_mtime_ns == stamp
+    with pytest.raises(ValueError):
+        ensure_onnx(exported, quantize="int4")
+
+    ckpt = load_checkpoint(exported)
+    torch_runner = TorchRunner(ckpt.model)
+    heads = list(ckpt.model.heads)  # an earlier test may have added one
+    runner = OnnxRunner(quantized, pad_id=torch_runner.pad_id, head_names=heads)
+    assert runner.dtype == "int8"
+    docs = [[2, *(random.Random(n).randrange(5, 300) for _ in range(n)), 3] for n in (5, 40, 120)]
+    a = torch_runner.run(torch_runner.prepare(docs))
+    b = runner.run(runner.prepare(docs))
+    cos = _cosines(a.embeddings, b.embeddings)
+    assert cos.min() > 0.99, cos  # int8 weights: close, not equal
+    assert np.abs(a.embeddings - b.embeddings).max() > 1e-6  # and really quantised
+
+
+async def test_engine_runs_the_int8_graph_when_asked(exported: Path) -> None:
+    pages = make_pages(6, seed=9)
+    config = EngineConfig(backend="onnx", onnx_quantize="int8")
+    async with Engine.from_checkpoint(exported, config) as engine:
+        assert engine.info.dtype == "int8"
+        via_int8 = await engine.embed(pages)
+    async with Engine.from_checkpoint(exported) as torch_engine:
+        via_torch = await torch_engine.embed(pages)
+    cos = [float(np.dot(a.embedding, b.embedding)) for a, b in zip(via_int8, via_torch, strict=True)]
+    assert min(cos) > 0.99
+
+
+def test_quantization_is_only_for_the_onnx_backend_on_cpu() -> None:
+    with pytest.raises(ValueError):
+        EngineConfig(backend="torch", onnx_quantize="int8")
+    with pytest.raises(ValueError):
+        EngineConfig(backend="onnx", device="cuda", onnx_quantize="int8")
+    with pytest.raises(ValueError):
+        EngineConfig(backend="onnx", onnx_quantize="int4")
+    with pytest.raises(ValueError):
+        EngineConfig(backend="onnx", dtype="bfloat16")

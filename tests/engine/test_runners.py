@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from service.core.checkpoint import load_checkpoint
 from service.engine.batcher import form_batches
@@ -89,3 +90,18 @@ def test_form_batches_respects_both_budgets_and_sorts(seed: int) -> None:
 def test_form_batches_gives_an_oversized_document_its_own_batch() -> None:
     assert form_batches([500, 3, 4], padded, max_tokens=100, max_requests=8) == [[1, 2], [0]]
     assert form_batches([5, 5, 5], sum, max_tokens=10, max_requests=8) == [[0, 1], [2]]
+
+
+def test_bfloat16_on_cpu_stays_close_to_float32(tiny_checkpoint: Path) -> None:
+    # bfloat16 is a CPU option where AMX/AVX512-BF16 exist; float16 stays CUDA-only.
+    full = TorchRunner(load_checkpoint(tiny_checkpoint).model)
+    half = TorchRunner(load_checkpoint(tiny_checkpoint).model, dtype="bfloat16")
+    assert next(half.model.encoder.parameters()).dtype == torch.bfloat16
+    docs = _docs(full.model.config.vocab_size, [5, 60, 128])
+    a = full.run(full.prepare(docs)).embeddings
+    b = half.run(half.prepare(docs)).embeddings
+    assert b.dtype == np.float32
+    cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    assert cos.min() > 0.99 and np.abs(a - b).max() > 1e-6
+    with pytest.raises(ValueError):
+        TorchRunner(load_checkpoint(tiny_checkpoint).model, dtype="float16")

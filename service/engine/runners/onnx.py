@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from service.engine.onnx_export import EMBEDDING_OUTPUT, HEAD_OUTPUT_PREFIX, INPUT_NAMES
+from service.engine.onnx_export import EMBEDDING_OUTPUT, HEAD_OUTPUT_PREFIX, INPUT_NAMES, QUANTIZATION_KEY
 from service.engine.runners import PreparedBatch, RunnerOutput, pad_batch
 from service.engine.types import BackendError
 
@@ -22,7 +22,6 @@ class OnnxRunner:
     """Runs `model.onnx` with onnxruntime; one instance is used from one thread at a time."""
 
     backend = "onnx"
-    dtype = "float32"
 
     def __init__(
         self,
@@ -60,6 +59,8 @@ class OnnxRunner:
         if inputs != list(INPUT_NAMES) or sorted(outputs) != sorted(expected):
             raise BackendError(f"{path} has inputs {inputs} and outputs {outputs}; expected {expected}")
         self._outputs = expected
+        quantization = self._session.get_modelmeta().custom_metadata_map.get(QUANTIZATION_KEY, "none")
+        self.dtype = "float32" if quantization == "none" else quantization  # what /info reports
         self.device = device
         self.pad_id = pad_id
 

@@ -9,6 +9,7 @@ padding and the token budget counts real tokens.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import cast
 
@@ -17,6 +18,8 @@ import torch
 
 from service.core.modeling import HtmlEncoderModel
 from service.engine.runners import PreparedBatch, RunnerOutput, pad_batch
+
+logger = logging.getLogger(__name__)
 
 # attention implementation -> batch layout
 ATTENTION_MODES: dict[str, str] = {"sdpa": "padded", "eager": "padded", "flash_attention_2": "packed"}
@@ -32,6 +35,16 @@ def flash_attention_available() -> bool:
     from transformers.utils.import_utils import is_flash_attn_2_available
 
     return bool(is_flash_attn_2_available())
+
+
+def cpu_has_fast_bfloat16() -> bool:
+    """True when this CPU multiplies bfloat16 natively (AMX tiles or AVX512-BF16), as oneDNN needs.
+
+    Elsewhere bfloat16 on CPU is emulated and slower than float32. torch exposes the check only
+    privately, so a torch without it reads as "no".
+    """
+    checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in checks)
 
 
 def choose_attention(device: str, dtype: str, requested: str | None) -> str:
@@ -65,6 +78,10 @@ class TorchRunner:
             raise ValueError(f"dtype {dtype!r} is not one of {sorted(TORCH_DTYPES)}")
         if device == "cuda" and not torch.cuda.is_available():
             raise ValueError("device 'cuda' was asked for but CUDA is not available")
+        if device == "cpu" and dtype == "float16":
+            raise ValueError("float16 is for CUDA; on CPU use float32 or bfloat16")
+        if device == "cpu" and dtype == "bfloat16" and not cpu_has_fast_bfloat16():
+            logger.warning("bfloat16 on a CPU without AMX or AVX512-BF16 runs slower than float32")
         self.device = device
         self.dtype = dtype
         self.attention = choose_attention(device, dtype, attn_implementation)
