@@ -221,6 +221,11 @@ def main() -> int:
     parser.add_argument("--batch-requests", type=int, default=32, help="documents per batch when batching")
     parser.add_argument("--batch-tokens", type=int, default=16384, help="token budget per batch")
     parser.add_argument("--max-wait-ms", type=float, default=2.0, help="batcher wait for company")
+    parser.add_argument("--backend", choices=("torch", "onnx"), default="torch", help="both modes' backend")
+    parser.add_argument(
+        "--dtype", choices=("float32", "bfloat16"), default="float32", help="both modes' precision"
+    )
+    parser.add_argument("--onnx-quantize", choices=("none", "int8"), default="none", help="onnx on CPU")
     args = parser.parse_args()
 
     pages = [p.html for p in iter_pages(args.corpus, limit=args.limit)]
@@ -250,7 +255,11 @@ def main() -> int:
         common = {
             "HTMLLM_MAX_BATCH_TOKENS": str(args.batch_tokens),
             "HTMLLM_MAX_WAIT_MS": str(args.max_wait_ms),
+            "HTMLLM_BACKEND": args.backend,
+            "HTMLLM_DTYPE": args.dtype,
+            "HTMLLM_ONNX_QUANTIZE": args.onnx_quantize,
         }
+        print(f"backend {args.backend}, dtype {args.dtype}, onnx quantisation {args.onnx_quantize}")
         modes = [
             ("dynamic", {**common, "HTMLLM_MAX_BATCH_REQUESTS": str(args.batch_requests)}),
             ("single", {**common, "HTMLLM_MAX_BATCH_REQUESTS": "1"}),
