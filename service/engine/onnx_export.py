@@ -6,11 +6,11 @@ The graph takes `input_ids` and `attention_mask` ((B, L) int64, right-padded) an
 service re-exports at start-up when a checkpoint gained or changed heads after the export.
 
 The default opset is 23, whose `Attention` and `RotaryEmbedding` operators onnxruntime runs as fused
-kernels: on CPU that is 1.2-1.4x the opset-18 graph, where attention was a dozen unfused nodes
-materialising every (B, heads, L, L) intermediate. `quantize="int8"` adds dynamic int8 quantisation of
-every MatMul/Gemm weight (activations quantised per batch at run time), for CPUs with VNNI or AMX: about
-1.5-1.9x the float32 torch runner on such a CPU, at an embedding cosine of about 0.9999 to float32
-(`docs/benchmarks.md` measures both). The quantised graph is a separate file, `model.int8.onnx`.
+kernels: on CPU that is 1.1-1.3x the opset-18 graph (a probe at 256 tokens), where attention was a
+dozen unfused nodes materialising every (B, heads, L, L) intermediate. `quantize="int8"` adds dynamic
+int8 quantisation of every MatMul/Gemm weight (activations quantised per batch at run time), for CPUs
+with VNNI or AMX: 1.5-2.0x the float32 torch runner model-only on such a CPU, at an embedding cosine
+above 0.99999 to float32 (`docs/benchmarks.md`). The quantised graph is a separate file, `model.int8.onnx`.
 
 This lives in the service (not in training) so the service can export at start-up when the onnx backend
 is chosen and the checkpoint ships no `model.onnx`.
