@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # GPU benchmark of the torch runner: the `base` preset (22 layers, hidden 768, random weights) in bfloat16
 # on documents of exactly 512, 2048 and 8192 tokens; docs/s, tokens/s and model FLOP utilisation (MFU),
-# SDPA with padded batches vs FlashAttention-2 packed batches (when flash-attn is installed).
+# SDPA with padded batches through the runner's own encoder forward (banded local attention) and through
+# transformers' forward, and FlashAttention-2 packed batches (when flash-attn is installed).
 #
 #   bash benchmarks/gpu_engine.sh            # from the repository root, on a CUDA machine
 #
-# Budget: well under 5 minutes (about 6 s of timed work per configuration). Also runs the GPU tests
+# On a bare GPU machine without this repository's pins, carry the wheels of benchmarks/gpu_wheels.sh
+# (its header has the one command). flash-attn has no binary wheel on PyPI, so there it is SDPA only.
+# Budget: well under 5 minutes (about 6 s of timed work per configuration, 12 in all). Also runs the GPU tests
 # first (tests/engine/test_gpu.py), so a wrong packed path fails loudly before any figure is printed.
 # Environment: PYTHON (default .venv/bin/python, else python3), PEAK_TFLOPS to override the bf16 dense
 # peak used for MFU (default from the device name: H100/H200 989, A100 312, L4 121, A10 125),
@@ -58,7 +61,7 @@ def peak_tflops() -> float:
     raise SystemExit(f"unknown GPU {name!r}: set PEAK_TFLOPS (bf16 dense) for the MFU column")
 
 
-def build(attention: str) -> TorchRunner:
+def build(attention: str, *, fast_forward: bool = True) -> TorchRunner:
     torch.manual_seed(0)
     config = ModernBertConfig(
         **{**PRESETS[PRESET], "max_position_embeddings": max(LENGTHS)},
@@ -68,7 +71,9 @@ def build(attention: str) -> TorchRunner:
     model = HtmlEncoderModel.from_config(config)
     spec = HeadSpec(name="page_type", kind="classification", labels=[f"c{i}" for i in range(8)], hidden=512)
     model.add_head(TaskHead(spec, model.embedding_dim))
-    return TorchRunner(model.eval(), device=DEVICE, dtype=DTYPE, attn_implementation=attention)
+    return TorchRunner(
+        model.eval(), device=DEVICE, dtype=DTYPE, attn_implementation=attention, fast_forward=fast_forward
+    )
 
 
 def synchronize() -> None:
@@ -103,12 +108,17 @@ def workloads() -> list[tuple[str, list[int]]]:
 
 
 peak = peak_tflops() * 1e12
-modes = ["sdpa"] + (["flash_attention_2"] if not DRY and flash_attention_available() else [])
-if len(modes) == 1:
+# (label, attention implementation, our encoder forward?): "sdpa" is what the runner does by default
+# (service/core/encoder_forward.py: banded local attention), "sdpa-hf" transformers' own forward with its
+# full (B, 1, L, L) masks, for the gain of the former.
+modes = [("sdpa", "sdpa", True), ("sdpa-hf", "sdpa", False)]
+if not DRY and flash_attention_available():
+    modes.append(("flash_attention_2", "flash_attention_2", False))
+else:
     print("flash-attn is not installed: SDPA (padded) only")
 rows = []
-for attention in modes:
-    runner = build(attention)
+for mode, attention, fast_forward in modes:
+    runner = build(attention, fast_forward=fast_forward)
     config = runner.model.config
     for label, lengths in workloads():
         batch = docs(lengths)
@@ -124,7 +134,7 @@ for attention in modes:
         seconds = time.perf_counter() - started
         work = sum(n * flops_per_token(config, n) for n in lengths)  # real tokens only, not padding
         row = {
-            "attention": attention, "layout": "packed" if runner.packed else "padded", "length": label,
+            "attention": mode, "layout": "packed" if runner.packed else "padded", "length": label,
             "batch": len(batch), "docs_per_s": passes * len(batch) / seconds,
             "tokens_per_s": passes * sum(lengths) / seconds, "mfu": passes * work / seconds / peak,
             "padded_tokens": prepared.padded_tokens, "tokens": prepared.tokens,
@@ -132,7 +142,7 @@ for attention in modes:
         }
         rows.append(row)
         print(
-            f"{attention:18} {row['layout']:6} L={label:>12} B={len(batch):4}  {row['docs_per_s']:9.1f} docs/s  "
+            f"{mode:18} {row['layout']:6} L={label:>12} B={len(batch):4}  {row['docs_per_s']:9.1f} docs/s  "
             f"{row['tokens_per_s']:10.0f} tokens/s  MFU {100 * row['mfu']:5.1f}%  peak {row['peak_memory_gb']:.1f} GB",
             flush=True,
         )
@@ -143,12 +153,16 @@ for attention in modes:
         torch.cuda.empty_cache()
 
 by = {(r["attention"], r["length"]): r for r in rows}
-if "flash_attention_2" in modes:
+names = [mode for mode, _, _ in modes]
+for label, _ in workloads():
+    ratio = by[("sdpa", label)]["tokens_per_s"] / by[("sdpa-hf", label)]["tokens_per_s"]
+    print(f"encoder_forward vs transformers' forward (SDPA) at {label}: {ratio:.2f}x")
+if "flash_attention_2" in names:
     for label, _ in workloads():
         ratio = by[("flash_attention_2", label)]["tokens_per_s"] / by[("sdpa", label)]["tokens_per_s"]
         print(f"flash-attn packed vs SDPA padded at {label}: {ratio:.2f}x")
 if not DRY:
-    best = max(by[(m, "2048")]["mfu"] for m in modes)
+    best = max(by[(m, "2048")]["mfu"] for m in names)
     print(f"best MFU at 2048 tokens: {100 * best:.1f}% (target >= 40% on H100/H200)")
 out = os.environ.get("OUT")
 if out:

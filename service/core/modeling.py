@@ -16,6 +16,8 @@ import torch
 from torch import Tensor, nn
 from transformers import ModernBertConfig, ModernBertModel
 
+from service.core.encoder_forward import encoder_hidden_states, supports_fast_forward
+
 if TYPE_CHECKING:
     from service.core.tokenizer import HtmlTokenizer
 
@@ -245,11 +247,16 @@ class HtmlEncoderModel(nn.Module):
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, L, 1)
         return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # (B, D)
 
-    def embed(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """(B, L) right-padded ids and mask to (B, D) unnormalised embeddings."""
-        hidden = self.encoder(
-            input_ids=input_ids, attention_mask=attention_mask
-        ).last_hidden_state  # (B, L, D)
+    def embed(self, input_ids: Tensor, attention_mask: Tensor, *, fast: bool = True) -> Tensor:
+        """(B, L) right-padded ids and mask to (B, D) unnormalised embeddings.
+
+        In eval mode under SDPA this runs `encoder_forward` (banded local attention); `fast=False` forces
+        transformers' own forward, which the ONNX export traces (its control flow is shape-free).
+        """
+        if fast and supports_fast_forward(self.encoder):
+            hidden = encoder_hidden_states(self.encoder, input_ids, attention_mask)  # (B, L, D)
+        else:
+            hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         return self.pool(hidden, attention_mask)
 
     def embed_packed(self, input_ids: Tensor, cu_seq_lens: Tensor, max_length: int) -> Tensor:
@@ -290,7 +297,9 @@ class HtmlEncoderModel(nn.Module):
             out[name] = head(embedding.to(head.dense.weight.dtype))
         return out
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, *, fast: bool = True
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         """(B, D) embedding; per head (B, C) probabilities or (B,) regression values."""
-        embedding = self.embed(input_ids, attention_mask)
+        embedding = self.embed(input_ids, attention_mask, fast=fast)
         return embedding, self.score(embedding)

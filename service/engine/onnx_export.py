@@ -60,7 +60,9 @@ class _ExportWrapper(nn.Module):
         self.head_names = head_names
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, ...]:
-        embedding, scores = self.model(input_ids, attention_mask)
+        # transformers' forward, not service/core/encoder_forward.py's: a branch-free banded graph made
+        # onnxruntime 0.8x slower at 256 tokens and no faster at 512 (docs/benchmarks.md).
+        embedding, scores = self.model(input_ids, attention_mask, fast=False)
         return (embedding, *(scores[name] for name in self.head_names))
 
 

@@ -41,6 +41,20 @@ def test_batch_equals_each_document_alone_in_any_order_and_padding(runner: Torch
                 np.testing.assert_allclose(values[row], alone[i].scores[head][0], atol=1e-5, rtol=0)
 
 
+def test_the_inference_forward_gives_what_transformers_forward_gives(tiny_checkpoint: Path) -> None:
+    """The default runner (service/core/encoder_forward.py) against `fast_forward=False`, padded far
+    enough that the local layers take the banded path."""
+    reference = TorchRunner(load_checkpoint(tiny_checkpoint).model, fast_forward=False)
+    runner = TorchRunner(load_checkpoint(tiny_checkpoint).model)
+    docs = _docs(runner.model.config.vocab_size, [128, 90, 12, 3], seed=4)
+    for pad_to in (128, 200):
+        ours = runner.run(runner.prepare(docs, pad_to=pad_to))
+        theirs = reference.run(reference.prepare(docs, pad_to=pad_to))
+        np.testing.assert_allclose(ours.embeddings, theirs.embeddings, atol=1e-5, rtol=0)
+        for head, values in ours.scores.items():
+            np.testing.assert_allclose(values, theirs.scores[head], atol=1e-5, rtol=0)
+
+
 def test_padding_is_masked_not_attended(runner: TorchRunner) -> None:
     """Sanity check of the check above: the same ids without the mask give a different embedding."""
     doc = _docs(runner.model.config.vocab_size, [10])[0]

@@ -73,7 +73,10 @@ class TorchRunner:
         dtype: str = "float32",
         attn_implementation: str | None = None,
         intra_op_threads: int | None = None,
+        fast_forward: bool = True,
     ) -> None:
+        """`fast_forward=False` runs transformers' own encoder forward instead of `encoder_forward`'s
+        (which SDPA batches take by default); benchmarks compare the two."""
         if dtype not in TORCH_DTYPES:
             raise ValueError(f"dtype {dtype!r} is not one of {sorted(TORCH_DTYPES)}")
         if device == "cuda" and not torch.cuda.is_available():
@@ -97,6 +100,7 @@ class TorchRunner:
             raise ValueError("the model config has no pad_token_id")
         self.pad_id = int(pad_id)
         self._pin = device == "cuda"
+        self.fast_forward = fast_forward
 
     def cost(self, lengths: Sequence[int]) -> int:
         if not lengths:
@@ -130,7 +134,7 @@ class TorchRunner:
                 embedding = self.model.embed_packed(ids, offsets, int(payload["max_length"]))  # (N, D)
             else:
                 mask = cast(torch.Tensor, payload["mask"]).to(self.device, non_blocking=True)
-                embedding = self.model.embed(ids, mask)  # (B, D)
+                embedding = self.model.embed(ids, mask, fast=self.fast_forward)  # (B, D)
             embedding = embedding.float()
             scores = self.model.score(embedding)
             return RunnerOutput(

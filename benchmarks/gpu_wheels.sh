@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Fetch, on this (networked) machine, the wheels that benchmarks/gpu_engine.sh needs on a bare GPU machine
+# whose image has torch, tokenizers, safetensors and pytest but not htmllm's own pins. They go to .whl/
+# (ignored), which travels with the working tree; the GPU machine cannot reach PyPI itself.
+#
+#   bash benchmarks/gpu_wheels.sh          # here, once: about 16 MB
+#   # then, on the GPU machine, from the repository root (with .whl carried along):
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+#     .whl/*.whl && PYTHONPATH=/tmp/site PYTHON=python3 bash benchmarks/gpu_engine.sh
+#
+# What and why: transformers at the version this repository is tested with (ModernBERT's config and
+# attention code move between releases; the image's may be older), selectolax (the pruner, imported by
+# the Engine that the GPU tests drive), regex at transformers' minimum, and pytest-asyncio (the GPU tests
+# include async Engine tests). Versions are read from .venv when it exists, so the GPU runs what CI tests.
+# PYTHON_VERSION (default 3.12) is the GPU image's interpreter.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
+PYTHON_VERSION="${PYTHON_VERSION:-3.12}"
+
+version() {  # the installed version of $1 in this checkout's environment, or $2
+  "$PY" -c "import importlib.metadata as m, sys
+try: print(m.version(sys.argv[1]))
+except m.PackageNotFoundError: print(sys.argv[2])" "$1" "$2"
+}
+
+pins=(
+  "transformers==$(version transformers 5.24.0)"
+  "selectolax==$(version selectolax 1.0.2)"
+  "regex==$(version regex 2026.11.19)"
+  "pytest-asyncio==$(version pytest-asyncio 1.5.0)"
+)
+rm -rf .whl && mkdir -p .whl
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYTHON_VERSION" --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  -d .whl "${pins[@]}"
+ls -l .whl
+du -sh .whl

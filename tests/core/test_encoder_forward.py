@@ -1,0 +1,107 @@
+"""The inference forward pass: the same hidden states as transformers' forward, banded or not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from service.core.encoder_forward import (
+    BANDED_FROM,
+    banded_attention,
+    encoder_hidden_states,
+    supports_fast_forward,
+)
+from service.core.modeling import HtmlEncoderModel
+from tests.factories.checkpoint import build_tiny_model
+
+# The tiny preset's window is 4 (local_attention 8): the banded path starts at 24 tokens.
+BANDED = BANDED_FROM * 4
+
+
+def padded_batch(lengths: list[int], vocab: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        ids[row, :n] = torch.randint(5, vocab, (n,), generator=generator)
+        mask[row, :n] = 1
+    return ids, mask
+
+
+def reference(model: HtmlEncoderModel, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [
+        [3],  # one short document, no padding
+        [BANDED - 4, 13, 2],  # padded, below the band
+        [BANDED, BANDED - 1, 5],  # at the band's threshold, one row just under
+        [400, 397, 131, 5],  # banded, a tail chunk, rows whose last chunks are all padding
+        [256, 256],  # banded, a whole number of chunks, no padding
+    ],
+)
+def test_matches_transformers_forward_on_every_real_position(lengths: list[int]) -> None:
+    model = build_tiny_model(heads=False, max_length=512)
+    ids, mask = padded_batch(lengths, model.config.vocab_size)
+    expected = reference(model, ids, mask)
+    with torch.inference_mode():
+        got = encoder_hidden_states(model.encoder, ids, mask)
+    assert got.shape == expected.shape
+    assert torch.isfinite(got).all()  # padded rows too: NaN there would leak into real rows
+    real = mask.bool()
+    torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=1e-5)
+
+
+def test_banded_attention_equals_a_masked_full_attention() -> None:
+    generator = torch.Generator().manual_seed(1)
+    batch, heads, length, dim, window = 3, 2, 147, 8, 5
+    q, k, v = (torch.randn(batch, length, heads, dim, generator=generator) for _ in range(3))
+    valid = torch.ones(batch, length, dtype=torch.bool)
+    valid[1, 100:] = False
+    valid[2, 3:] = False  # whole chunks of padded queries: their rows must not be fully masked
+    positions = torch.arange(length)
+    near = (positions[:, None] - positions[None]).abs() <= window
+    heads_first = (x.transpose(1, 2) for x in (q, k, v))
+    expected = F.scaled_dot_product_attention(*heads_first, attn_mask=near & valid[:, None, None, :])
+    expected = expected.transpose(1, 2)  # (B, L, H, Dh)
+    got = banded_attention(q, k, v, valid, window)
+    assert torch.isfinite(got).all()
+    keep = valid[:, :, None, None].expand_as(got)
+    torch.testing.assert_close(got[keep], expected[keep], atol=1e-6, rtol=1e-5)
+
+
+def test_embed_takes_the_fast_path_only_for_inference() -> None:
+    model = build_tiny_model(heads=False, max_length=512)
+    ids, mask = padded_batch([300, 180], model.config.vocab_size, seed=2)
+    with torch.inference_mode():
+        assert supports_fast_forward(model.encoder)
+        fast = model.embed(ids, mask)
+        slow = model.embed(ids, mask, fast=False)
+    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+    assert not supports_fast_forward(model.encoder)  # autograd on: transformers' forward
+    model.train()
+    with torch.inference_mode():
+        assert not supports_fast_forward(model.encoder)
+    model.eval()
+    model.encoder.set_attn_implementation("eager")
+    with torch.inference_mode():
+        assert not supports_fast_forward(model.encoder)
+
+
+def test_bfloat16_stays_as_close_to_float32_as_transformers_bfloat16() -> None:
+    model = build_tiny_model(heads=False, max_length=512)
+    ids, mask = padded_batch([400, 250], model.config.vocab_size, seed=3)
+    exact = reference(model, ids, mask)[:, 0]
+    model.place("cpu", torch.bfloat16)
+    theirs = reference(model, ids, mask)[:, 0].float()
+    with torch.inference_mode():
+        ours = encoder_hidden_states(model.encoder, ids, mask)[:, 0].float()
+    their_cos = F.cosine_similarity(theirs, exact).min()
+    our_cos = F.cosine_similarity(ours, exact).min()
+    assert our_cos > 0.999
+    assert our_cos >= their_cos - 1e-3
