@@ -14,9 +14,9 @@ forward, pooling, heads):
 The lower-precision variants are compared with float32 torch on every page: min and mean cosine of the
 normalised embeddings, and the share of pages whose classification heads pick the same top label.
 A model-only section times the runners on the same pre-tokenized, length-sorted batches, which
-isolates the backend from pruning and tokenization; it also times the torch runner on transformers' own
-encoder forward instead of service/core/encoder_forward.py's (banded local attention). Each figure is
-docs/s and tokens/s (tokens the model saw), with ratios against the baselines measured in this run.
+isolates the backend from pruning and tokenization; `torch-hf` there is the torch runner on transformers'
+own encoder forward instead of service/core/encoder_forward.py's (banded local attention). Each figure
+is docs/s and tokens/s (tokens the model saw), with ratios against the baselines measured in this run.
 """
 
 from __future__ import annotations
@@ -282,8 +282,8 @@ def main() -> int:
         torch_runner = TorchRunner(ckpt.model, intra_op_threads=threads)
         naive: dict[str, TorchRunner] = {"naive loop": torch_runner}
         runners: dict[str, TorchRunner | OnnxRunner] = {"torch": torch_runner}
-        # transformers' own encoder forward, for the gain of service/core/encoder_forward.py's
-        runners["torch (transformers forward)"] = TorchRunner(
+        # torch-hf: transformers' own encoder forward, for the gain of service/core/encoder_forward.py's
+        runners["torch-hf"] = TorchRunner(
             load_checkpoint(checkpoint).model, intra_op_threads=threads, fast_forward=False
         )
         for name, path in graphs.items():

@@ -6,8 +6,8 @@
 #
 #   bash benchmarks/gpu_engine.sh            # from the repository root, on a CUDA machine
 #
-# On a bare GPU machine without this repository's pins, carry the wheels of benchmarks/gpu_wheels.sh
-# (its header has the one command). flash-attn has no binary wheel on PyPI, so there it is SDPA only.
+# On a bare GPU machine without this repository's pins, fetch wheels here with benchmarks/gpu_wheels.sh,
+# carry .whl/ and run benchmarks/gpu_device_run.sh there (it installs them and runs this script). flash-attn has no binary wheel on PyPI, so there it is SDPA only.
 # Budget: well under 5 minutes (about 6 s of timed work per configuration, 12 in all). Also runs the GPU tests
 # first (tests/engine/test_gpu.py), so a wrong packed path fails loudly before any figure is printed.
 # Environment: PYTHON (default .venv/bin/python, else python3), PEAK_TFLOPS to override the bf16 dense

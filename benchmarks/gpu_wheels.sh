@@ -4,9 +4,8 @@
 # (ignored), which travels with the working tree; the GPU machine cannot reach PyPI itself.
 #
 #   bash benchmarks/gpu_wheels.sh          # here, once: about 16 MB
-#   # then, on the GPU machine, from the repository root (with .whl carried along):
-#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-#     .whl/*.whl && PYTHONPATH=/tmp/site PYTHON=python3 bash benchmarks/gpu_engine.sh
+#   bash benchmarks/gpu_device_run.sh      # then on the GPU machine, from the repository root, .whl carried:
+#                                          # installs them into /tmp/site and runs gpu_engine.sh
 #
 # What and why: transformers at the version this repository is tested with (ModernBERT's config and
 # attention code move between releases; the image's may be older), selectolax (the pruner, imported by
