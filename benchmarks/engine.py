@@ -110,7 +110,7 @@ async def engine_run(engine: Engine, pages: list[bytes]) -> int:
     return sum(counts)
 
 
-async def engine_outputs(engine: Engine, pages: list[bytes]) -> list[tuple[np.ndarray, dict[str, int]]]:
+async def engine_outputs(engine: Engine, pages: list[bytes]) -> list[tuple[np.ndarray, dict[str, str]]]:
     """Normalised embedding and each classification head's top label, per page that prunes."""
     out = []
     for html in pages:
@@ -191,11 +191,11 @@ async def measure(
             started = time.perf_counter()
             tokens = await engine_run(engine, pages)
             keep(f"engine/{name}", time.perf_counter() - started, tokens)
-        for name, runner in runners.items():
-            prepared = [runner.prepare(b) for b in batches]
+        for name, model_runner in runners.items():
+            prepared = [model_runner.prepare(b) for b in batches]
             started = time.perf_counter()
-            for batch in prepared:
-                runner.run(batch)
+            for ready in prepared:
+                model_runner.run(ready)
             keep(f"model: {name} runner", time.perf_counter() - started, sum(p.tokens for p in prepared))
         one = naive["naive loop"]
         started = time.perf_counter()
