@@ -131,8 +131,8 @@ def local_attention(q: Tensor, k: Tensor, v: Tensor, key_valid: Tensor, window: 
     """|i - j| <= window attention on (B, L, H, Dh): banded on long inputs, one masked SDPA call on short.
 
     The band costs copies of K and V (each key sits in three chunks' spans) and a chunked mask, which
-    pay for themselves from about twice the span (BANDED_FROM windows): measured on CPU, equal at 256
-    tokens, 1.15x at 512 and 1.7x at 2048 for the `mini` preset, whole forward pass.
+    pay for themselves from about twice the span (BANDED_FROM windows): measured on CPU for the `mini`
+    preset, whole forward pass, equal at 256 tokens, 1.06-1.15x at 512 and 1.5-1.8x at 2048.
     """
     length = q.shape[1]
     if length >= BANDED_FROM * window:
