@@ -282,10 +282,8 @@ def main() -> int:
         torch_runner = TorchRunner(ckpt.model, intra_op_threads=threads)
         naive: dict[str, TorchRunner] = {"naive loop": torch_runner}
         runners: dict[str, TorchRunner | OnnxRunner] = {"torch": torch_runner}
-        # torch-hf: transformers' own encoder forward, for the gain of service/core/encoder_forward.py's
-        runners["torch-hf"] = TorchRunner(
-            load_checkpoint(checkpoint).model, intra_op_threads=threads, fast_forward=False
-        )
+        # torch-hf: the same model on transformers' own encoder forward, for the gain of encoder_forward.py's
+        runners["torch-hf"] = TorchRunner(ckpt.model, intra_op_threads=threads, fast_forward=False)
         for name, path in graphs.items():
             runners[name] = OnnxRunner(
                 path, pad_id=tokenizer.special_ids.pad, head_names=heads, intra_op_threads=threads

@@ -7,9 +7,10 @@
 #   bash benchmarks/gpu_engine.sh            # from the repository root, on a CUDA machine
 #
 # On a bare GPU machine without this repository's pins, fetch wheels here with benchmarks/gpu_wheels.sh,
-# carry .whl/ and run benchmarks/gpu_device_run.sh there (it installs them and runs this script). flash-attn has no binary wheel on PyPI, so there it is SDPA only.
-# Budget: well under 5 minutes (about 6 s of timed work per configuration, 12 in all). Also runs the GPU tests
-# first (tests/engine/test_gpu.py), so a wrong packed path fails loudly before any figure is printed.
+# carry .whl/ and run benchmarks/gpu_device_run.sh there (it installs them and runs this script).
+# flash-attn has no binary wheel on PyPI, so there it is SDPA only.
+# Budget: well under 5 minutes (about 6 s of timed work per configuration, 12 in all). Also runs the GPU
+# tests first (tests/engine/test_gpu.py), so a wrong packed path fails loudly before any figure is printed.
 # Environment: PYTHON (default .venv/bin/python, else python3), PEAK_TFLOPS to override the bf16 dense
 # peak used for MFU (default from the device name: H100/H200 989, A100 312, L4 121, A10 125),
 # SECONDS_PER_CONFIG (default 6), OUT (a directory for gpu_engine.json, optional). DRY_RUN=1 checks the

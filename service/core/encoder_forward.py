@@ -11,7 +11,7 @@ code for the same reason):
 - global layers get a (B, 1, 1, L) key-padding mask that SDPA broadcasts, or none when nothing is padded
   (which lets CUDA pick its flash kernel), instead of a materialised (B, 1, L, L) one;
 - rotary embeddings go on queries and keys in one pass (three elementwise operators instead of about
-  sixteen), with the same float32 tables transformers computes.
+  sixteen), with the tables of transformers' own rotary module.
 
 Outputs match transformers' forward to float32 rounding (tests/core/test_encoder_forward.py). Only the
 configurations that code reproduces take this path (`supports_fast_forward`): SDPA attention, default
@@ -34,11 +34,15 @@ from transformers.models.modernbert.modeling_modernbert import ModernBertEncoder
 BANDED_FROM = 6
 
 
-def reproduces_encoder(encoder: ModernBertModel) -> bool:
-    """True when `encoder_hidden_states` computes what this encoder's own forward computes: SDPA
-    attention and default RoPE on every layer type (other RoPE variants rescale per length)."""
+def supports_fast_forward(encoder: ModernBertModel) -> bool:
+    """True when `encoder_hidden_states` may replace `encoder(...)` here: SDPA attention and default RoPE
+    on every layer type (other RoPE variants rescale per length), eval mode, and no gradient wanted.
+
+    Under autograd (training, or a frozen encoder inside a graph) transformers' forward stays in charge:
+    this one is written for inference and is not checked against it for gradients.
+    """
     config = encoder.config
-    if config._attn_implementation != "sdpa":
+    if encoder.training or torch.is_grad_enabled() or config._attn_implementation != "sdpa":
         return False
     rope = cast(dict[str, Any], config.rope_parameters or {})
     return all(
@@ -47,35 +51,17 @@ def reproduces_encoder(encoder: ModernBertModel) -> bool:
     )
 
 
-def supports_fast_forward(encoder: ModernBertModel) -> bool:
-    """True when `encoder_hidden_states` may replace `encoder(...)` here: it reproduces the encoder, the
-    encoder is in eval mode and no gradient is wanted.
+def rotary_tables(encoder: ModernBertModel, layer_type: str, hidden: Tensor) -> tuple[Tensor, Tensor]:
+    """(L, 1, 1, Dh) cos and sign-folded sin for `apply_rotary` on (B, L, 2, H, Dh) inputs.
 
-    Under autograd (training, or a frozen encoder inside a graph) transformers' forward stays in charge:
-    this one is written for inference and is not checked against it for gradients.
+    The tables are transformers' own (its rotary module, in `hidden`'s dtype, as its forward gets them);
+    the sin table carries rotate-half's sign, so the rotation is x * cos + roll(x, Dh / 2) * sin.
     """
-    return not encoder.training and not torch.is_grad_enabled() and reproduces_encoder(encoder)
-
-
-def rotary_tables(
-    encoder: ModernBertModel, layer_type: str, length: int, device: torch.device
-) -> tuple[Tensor, Tensor]:
-    """float32 (L, 1, 1, Dh) cos and sign-folded sin for `apply_rotary` on (B, L, 2, H, Dh) inputs.
-
-    The angles are transformers' (float32 positions times float32 inverse frequencies); the sin table
-    carries rotate-half's sign, so the rotation is x * cos + roll(x, Dh / 2) * sin.
-    """
-    rotary = encoder.rotary_emb
-    inv_freq = getattr(rotary, f"{layer_type}_inv_freq").to(device=device, dtype=torch.float32)  # (Dh/2,)
-    scaling = float(getattr(rotary, f"{layer_type}_attention_scaling"))
-    positions = torch.arange(length, device=device, dtype=torch.float32)
-    freqs = positions[:, None] * inv_freq[None]  # (L, Dh/2)
-    angles = torch.cat((freqs, freqs), dim=-1)  # (L, Dh)
-    cos = angles.cos() * scaling
-    sin = angles.sin() * scaling
+    positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)  # (1, L)
+    cos, sin = encoder.rotary_emb(hidden, positions, layer_type)  # (1, L, Dh) each
     half = sin.shape[-1] // 2
-    signed_sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
-    return cos[:, None, None], signed_sin[:, None, None]
+    signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+    return cos[0, :, None, None], signed_sin[0, :, None, None]
 
 
 def apply_rotary(qk: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
@@ -85,64 +71,71 @@ def apply_rotary(qk: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
     return torch.addcmul(x * cos, rolled, signed_sin).to(qk.dtype)
 
 
-def banded_attention(q: Tensor, k: Tensor, v: Tensor, key_valid: Tensor, window: int) -> Tensor:
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """SDPA on (B, L, H, Dh) queries, keys and values; (B, L, H, Dh) out."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask
+    )
+    return out.transpose(1, 2)
+
+
+def _framed(x: Tensor, window: int, before: int, after: int) -> Tensor:
+    """(B, L, ...) padded along L by `before`/`after` and cut into windows: (B, L' / window, window, ...)."""
+    padded = F.pad(x, (0, 0) * (x.dim() - 2) + (before, after))
+    return padded.view(x.shape[0], -1, window, *x.shape[2:])
+
+
+def _neighbours(x: Tensor) -> Tensor:
+    """(B, chunks + 2, window, ...) to (B, chunks, 3 window, ...): each chunk with the one on either side."""
+    return torch.cat((x[:, :-2], x[:, 1:-1], x[:, 2:]), dim=2)
+
+
+def window_mask(key_valid: Tensor, window: int) -> Tensor:
+    """(B, 1, L, L) boolean mask of |i - j| <= window over real keys, for one SDPA call on short inputs."""
+    positions = torch.arange(key_valid.shape[1], device=key_valid.device)
+    near = (positions[:, None] - positions[None]).abs() <= window  # (L, L)
+    return near & key_valid[:, None, None, :]
+
+
+def band_mask(key_valid: Tensor, window: int) -> Tensor:
+    """(B * chunks, 1, window, 3 window) boolean mask for `banded_attention`; chunks = ceil(L / window).
+
+    Query i of a chunk may see key j of its 3-chunk span when |j - i - window| <= window and the key is
+    real. Padded query rows keep their band unfiltered so that no row is fully masked: torch's CPU
+    kernels return zeros for such a row, but not every SDPA kernel promises to, and a NaN there would
+    reach real rows in the next layer (a zero attention weight times NaN). Their outputs are never read.
+    """
+    length = key_valid.shape[1]
+    tail = -length % window
+    valid = _neighbours(_framed(key_valid, window, window, tail + window))  # (B, chunks, 3 window)
+    query_valid = _framed(key_valid, window, 0, tail)  # (B, chunks, window)
+    i = torch.arange(window, device=key_valid.device)[:, None]
+    j = torch.arange(3 * window, device=key_valid.device)[None]
+    band = (j - i - window).abs() <= window  # (window, 3 window)
+    keep = band & (valid[:, :, None, :] | ~query_valid[..., None])  # (B, chunks, window, 3 window)
+    return keep.reshape(-1, 1, window, 3 * window)
+
+
+def banded_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, window: int) -> Tensor:
     """Bidirectional local attention, |i - j| <= window, on (B, L, H, Dh) inputs; (B, L, H, Dh) out.
 
     Queries go in chunks of `window`; chunk c sees its own keys and its two neighbour chunks' (3 x window
-    keys, built by slicing), a band mask keeps each query to its own window
-    and `key_valid` (B, L) drops padding. Padded query rows keep their band unfiltered so that no row is
-    fully masked: torch's CPU kernels return zeros for such a row, but not every SDPA kernel promises
-    to, and a NaN there would reach real rows in the next layer (a zero attention weight times NaN).
-    Their outputs are never read.
+    keys, built by slicing); `mask` is `band_mask(key_valid, window)`, which keeps each query to its own
+    window and drops padding.
     """
     batch, length, heads, dim = q.shape
-    chunks = (length + window - 1) // window
-    tail = chunks * window - length
+    tail = -length % window
+    chunks = (length + tail) // window
 
-    def framed(x: Tensor, before: int, after: int) -> Tensor:  # (B, L, ...) -> (B, L', window, ...)
-        pads = (0, 0) * (x.dim() - 2) + (before, after)
-        padded = F.pad(x, pads)
-        return padded.view(batch, -1, window, *x.shape[2:])
+    def spans(x: Tensor) -> Tensor:  # (B, L, H, Dh) -> (B * chunks, H, 3 window, Dh)
+        framed = _neighbours(_framed(x, window, window, tail + window))  # (B, chunks, 3 window, H, Dh)
+        return framed.reshape(batch * chunks, 3 * window, heads, dim).transpose(1, 2)
 
-    def neighbours(x: Tensor) -> Tensor:  # (B, chunks + 2, window, ...) -> (B, chunks, 3 window, ...)
-        return torch.cat((x[:, :-2], x[:, 1:-1], x[:, 2:]), dim=2)
-
-    def keys(x: Tensor) -> Tensor:  # (B, L, H, Dh) -> (B * chunks, H, 3 window, Dh)
-        return (
-            neighbours(framed(x, window, tail + window))
-            .reshape(batch * chunks, 3 * window, heads, dim)
-            .transpose(1, 2)
-        )
-
-    queries = framed(q, 0, tail).reshape(batch * chunks, window, heads, dim).transpose(1, 2)
-    valid = neighbours(framed(key_valid, window, tail + window))  # (B, chunks, 3 window)
-    query_valid = framed(key_valid, 0, tail)  # (B, chunks, window)
-    i = torch.arange(window, device=q.device)[:, None]
-    j = torch.arange(3 * window, device=q.device)[None]
-    band = (j - i - window).abs() <= window  # (window, 3 window): key j of the span is query i's neighbour
-    keep = band & (valid[:, :, None, :] | ~query_valid[..., None])  # (B, chunks, window, 3 window)
+    queries = _framed(q, window, 0, tail).reshape(batch * chunks, window, heads, dim).transpose(1, 2)
     out = F.scaled_dot_product_attention(
-        queries, keys(k), keys(v), attn_mask=keep.reshape(batch * chunks, 1, window, 3 * window)
+        queries, spans(k), spans(v), attn_mask=mask
     )  # (B * chunks, H, window, Dh)
     return out.transpose(1, 2).reshape(batch, chunks * window, heads, dim)[:, :length]
-
-
-def local_attention(q: Tensor, k: Tensor, v: Tensor, key_valid: Tensor, window: int) -> Tensor:
-    """|i - j| <= window attention on (B, L, H, Dh): banded on long inputs, one masked SDPA call on short.
-
-    The band costs copies of K and V (each key sits in three chunks' spans) and a chunked mask, which
-    pay for themselves from about twice the span (BANDED_FROM windows): measured on CPU for the `mini`
-    preset, whole forward pass, equal at 256 tokens, 1.06-1.15x at 512 and 1.5-1.8x at 2048.
-    """
-    length = q.shape[1]
-    if length >= BANDED_FROM * window:
-        return banded_attention(q, k, v, key_valid, window)
-    positions = torch.arange(length, device=q.device)
-    near = (positions[:, None] - positions[None]).abs() <= window  # (L, L)
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=near & key_valid[:, None, None, :]
-    )  # (B, H, L, Dh)
-    return out.transpose(1, 2)
 
 
 def encoder_hidden_states(encoder: ModernBertModel, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
@@ -156,21 +149,26 @@ def encoder_hidden_states(encoder: ModernBertModel, input_ids: Tensor, attention
     window = int(config.sliding_window)
     key_valid = attention_mask.bool()  # (B, L)
     global_mask = None if bool(key_valid.all()) else key_valid[:, None, None, :]  # (B, 1, 1, L)
-    tables = {t: rotary_tables(encoder, t, length, input_ids.device) for t in set(config.layer_types or ())}
+    # The band costs copies of K and V (each key sits in three chunks' spans) and a chunked mask, which pay
+    # for themselves from about twice the span: measured on CPU for the `mini` preset, whole forward pass,
+    # equal at 256 tokens, 1.06-1.15x at 512 and 1.5-1.8x at 2048. Below, one masked SDPA call.
+    banded = length >= BANDED_FROM * window
+    local_mask = band_mask(key_valid, window) if banded else window_mask(key_valid, window)
 
     hidden = encoder.embeddings(input_ids=input_ids)  # (B, L, D)
+    tables = {t: rotary_tables(encoder, t, hidden) for t in set(config.layer_types or ())}
     for module in encoder.layers:
         layer = cast(ModernBertEncoderLayer, module)
         attention = layer.attn
         qkv = attention.Wqkv(layer.attn_norm(hidden)).view(batch, length, 3, heads, attention.head_dim)
         qk = apply_rotary(qkv[:, :, :2], *tables[layer.attention_type])  # (B, L, 2, H, Dh)
         q, k, v = qk[:, :, 0], qk[:, :, 1], qkv[:, :, 2]  # (B, L, H, Dh)
-        if layer.attention_type == "sliding_attention":
-            context = local_attention(q, k, v, key_valid, window)
+        if layer.attention_type != "sliding_attention":
+            context = attend(q, k, v, global_mask)
+        elif banded:
+            context = banded_attention(q, k, v, local_mask, window)
         else:
-            context = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=global_mask
-            ).transpose(1, 2)
+            context = attend(q, k, v, local_mask)
         hidden = hidden + attention.Wo(context.reshape(batch, length, -1))  # context (B, L, H, Dh)
         hidden = hidden + layer.mlp(layer.mlp_norm(hidden))
     normed: Tensor = encoder.final_norm(hidden)

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from service.core.encoder_forward import (
     BANDED_FROM,
+    band_mask,
     banded_attention,
     encoder_hidden_states,
     supports_fast_forward,
@@ -69,7 +70,7 @@ def test_banded_attention_equals_a_masked_full_attention() -> None:
     heads_first = (x.transpose(1, 2) for x in (q, k, v))
     expected = F.scaled_dot_product_attention(*heads_first, attn_mask=near & valid[:, None, None, :])
     expected = expected.transpose(1, 2)  # (B, L, H, Dh)
-    got = banded_attention(q, k, v, valid, window)
+    got = banded_attention(q, k, v, band_mask(valid, window), window)
     assert torch.isfinite(got).all()
     keep = valid[:, :, None, None].expand_as(got)
     torch.testing.assert_close(got[keep], expected[keep], atol=1e-6, rtol=1e-5)
