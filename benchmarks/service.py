@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from service.api.settings import default_model_path  # noqa: E402
 from service.core.pages import iter_pages  # noqa: E402
+from service.core.quantization import NO_QUANTIZATION, QUANTIZATION_CHOICES  # noqa: E402
 
 
 @dataclass
@@ -225,7 +226,9 @@ def main() -> int:
     parser.add_argument(
         "--dtype", choices=("float32", "bfloat16"), default="float32", help="both modes' precision"
     )
-    parser.add_argument("--onnx-quantize", choices=("none", "int8"), default="none", help="onnx on CPU")
+    parser.add_argument(
+        "--onnx-quantize", choices=QUANTIZATION_CHOICES, default=NO_QUANTIZATION, help="onnx on CPU"
+    )
     args = parser.parse_args()
 
     pages = [p.html for p in iter_pages(args.corpus, limit=args.limit)]

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.core.quantization import NO_QUANTIZATION, Quantization, quantization_option
+
 if TYPE_CHECKING:
     from service.engine import EngineConfig
 
@@ -33,8 +35,8 @@ class Settings(BaseSettings):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="bfloat16 on CUDA or on a CPU with AMX/AVX512-BF16; float16 on CUDA"
     )
-    onnx_quantize: Literal["none", "int8"] = Field(
-        "none", description="onnx backend on CPU: int8 runs the dynamically quantised graph"
+    onnx_quantize: Quantization = Field(
+        NO_QUANTIZATION, description="onnx backend on CPU: int8 runs the dynamically quantised graph"
     )
     max_length: int | None = Field(None, ge=2, description="tokens per document; default the model's")
 
@@ -71,7 +73,7 @@ class Settings(BaseSettings):
             backend=self.backend,
             device=self.device,
             dtype=self.dtype,
-            onnx_quantize=None if self.onnx_quantize == "none" else self.onnx_quantize,
+            onnx_quantize=quantization_option(self.onnx_quantize),
             max_length=self.max_length,
             max_batch_tokens=self.max_batch_tokens,
             max_batch_requests=self.max_batch_requests,

@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from service.core.quantization import NO_QUANTIZATION, QUANTIZATION_CHOICES, quantization_option
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -56,8 +58,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     parser.add_argument(
         "--onnx-quantize",
-        choices=("none", "int8"),
-        default="none",
+        choices=QUANTIZATION_CHOICES,
+        default=NO_QUANTIZATION,
         help="onnx backend on CPU: run the int8 graph (model.int8.onnx, exported when missing)",
     )
     parser.add_argument("--max-length", type=int, default=None, help="truncate documents to this many tokens")
@@ -222,7 +224,7 @@ async def _run(args: argparse.Namespace) -> int:
         backend=args.backend,
         device=args.device,
         dtype=args.dtype,
-        onnx_quantize=None if args.onnx_quantize == "none" else args.onnx_quantize,
+        onnx_quantize=quantization_option(args.onnx_quantize),
         max_length=args.max_length,
         max_batch_tokens=args.batch_tokens,
         max_batch_requests=args.batch_size,

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from service.core.quantization import NO_QUANTIZATION, QUANTIZATION_CHOICES, quantization_option
+
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser = subparsers.add_parser(
@@ -26,8 +28,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     parser.add_argument(
         "--quantize",
-        choices=("none", "int8"),
-        default="none",
+        choices=QUANTIZATION_CHOICES,
+        default=NO_QUANTIZATION,
         help="int8: dynamic int8 weights for CPUs with VNNI/AMX (default out: model.int8.onnx)",
     )
     parser.set_defaults(func=run)
@@ -38,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from service.core.errors import HtmllmError
     from service.engine.onnx_export import OPSET, default_onnx_path, export_onnx
 
-    quantize = None if args.quantize == "none" else args.quantize
+    quantize = quantization_option(args.quantize)
     out = args.out if args.out is not None else default_onnx_path(args.checkpoint, quantize)
     started = time.perf_counter()
     try:

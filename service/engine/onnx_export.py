@@ -32,11 +32,11 @@ from torch import Tensor, nn
 from service.core.checkpoint import HEADS_DIR, META_FILE, WEIGHTS_FILE, Checkpoint, load_checkpoint
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.modeling import HtmlEncoderModel
+from service.core.quantization import NO_QUANTIZATION, QUANTIZED_ONNX_FILES
 
 logger = logging.getLogger(__name__)
 
 ONNX_FILE = "model.onnx"
-QUANTIZED_ONNX_FILES = {"int8": "model.int8.onnx"}
 QUANTIZATIONS = tuple(QUANTIZED_ONNX_FILES)
 INPUT_NAMES = ("input_ids", "attention_mask")
 EMBEDDING_OUTPUT = "sentence_embedding"
@@ -178,7 +178,7 @@ def export_onnx(
         for key, value in (
             (FINGERPRINT_KEY, checkpoint_fingerprint(checkpoint.path)),
             (HEAD_NAMES_KEY, ",".join(head_names)),
-            (QUANTIZATION_KEY, quantize or "none"),
+            (QUANTIZATION_KEY, quantize or NO_QUANTIZATION),
         ):
             prop = graph.metadata_props.add()
             prop.key, prop.value = key, value
@@ -229,8 +229,8 @@ def ensure_onnx(
     if target.is_file():
         try:
             meta = read_onnx_metadata(target)
-            if meta.get(FINGERPRINT_KEY) == fingerprint and meta.get(QUANTIZATION_KEY, "none") == (
-                quantize or "none"
+            if meta.get(FINGERPRINT_KEY) == fingerprint and meta.get(QUANTIZATION_KEY, NO_QUANTIZATION) == (
+                quantize or NO_QUANTIZATION
             ):
                 return target
         except Exception as exc:  # an unreadable graph is as good as none: re-export it

@@ -8,6 +8,7 @@ import numpy as np
 
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.modeling import HeadSpec
+from service.core.quantization import QUANTIZED_ONNX_FILES
 
 BACKENDS = ("torch", "onnx")
 DEVICES = ("cpu", "cuda")
@@ -87,8 +88,9 @@ class EngineConfig:
         if self.backend == "onnx" and self.dtype != "float32":
             raise ValueError("the onnx backend runs the float32 graph (or onnx_quantize='int8' on CPU)")
         if self.onnx_quantize is not None:
-            if self.onnx_quantize != "int8":
-                raise ValueError(f"onnx_quantize {self.onnx_quantize!r} is not 'int8' (or None)")
+            if self.onnx_quantize not in QUANTIZED_ONNX_FILES:
+                choices = tuple(QUANTIZED_ONNX_FILES)
+                raise ValueError(f"onnx_quantize {self.onnx_quantize!r} is not one of {choices} (or None)")
             if self.backend != "onnx" or self.device != "cpu":
                 raise ValueError("onnx_quantize='int8' needs the onnx backend on CPU")
         for name in ("max_batch_tokens", "max_batch_requests", "max_queue_documents", "preprocess_workers"):

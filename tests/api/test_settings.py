@@ -46,6 +46,9 @@ def test_environment_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert (config.backend, config.device, config.truncate) == ("onnx", "cpu", False)
     assert (config.max_batch_tokens, config.max_batch_requests, config.max_wait_ms) == (4096, 8, 5.5)
     assert config.max_queue_documents == 32
+    assert config.onnx_quantize is None  # "none", the default, is the float32 graph
+    monkeypatch.setenv("HTMLLM_ONNX_QUANTIZE", "int8")
+    assert Settings().engine_config().onnx_quantize == "int8"
     # Explicit values (command-line flags) win over the environment.
     assert Settings(max_documents=9).max_documents == 9
 
@@ -58,6 +61,7 @@ def test_environment_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
         ("HTMLLM_MAX_DOCUMENTS", "0"),
         ("HTMLLM_MAX_BODY_BYTES", "-1"),
         ("HTMLLM_REQUEST_TIMEOUT_S", "0"),
+        ("HTMLLM_ONNX_QUANTIZE", "int4"),
     ],
 )
 def test_invalid_values_are_refused(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:

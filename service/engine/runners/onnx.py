@@ -8,6 +8,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from service.core.quantization import NO_QUANTIZATION
 from service.engine.onnx_export import EMBEDDING_OUTPUT, HEAD_OUTPUT_PREFIX, INPUT_NAMES, QUANTIZATION_KEY
 from service.engine.runners import PreparedBatch, RunnerOutput, pad_batch
 from service.engine.types import BackendError
@@ -59,8 +60,10 @@ class OnnxRunner:
         if inputs != list(INPUT_NAMES) or sorted(outputs) != sorted(expected):
             raise BackendError(f"{path} has inputs {inputs} and outputs {outputs}; expected {expected}")
         self._outputs = expected
-        quantization = self._session.get_modelmeta().custom_metadata_map.get(QUANTIZATION_KEY, "none")
-        self.dtype = "float32" if quantization == "none" else quantization  # what /info reports
+        quantization = self._session.get_modelmeta().custom_metadata_map.get(
+            QUANTIZATION_KEY, NO_QUANTIZATION
+        )
+        self.dtype = "float32" if quantization == NO_QUANTIZATION else quantization  # what /info reports
         self.device = device
         self.pad_id = pad_id
 
