@@ -5,7 +5,9 @@ HTMLLM_MODEL_PATH, else the bundled default model); there is no option to target
 runs headless for `--run-time` with `--users` users and writes, under `--out` (default `out/loadtest/`,
 git-ignored): locust's `locust_stats.csv` (and its other CSVs), `report.html`, and `summary.csv` (the
 exact final totals and percentiles). The server then gets SIGTERM and drains. `summary.json` and a
-Markdown table of the figures follow; the exit status is 1 when any request failed.
+Markdown table of the figures follow; the exit status is 1 when any request failed. The server's resident
+memory is sampled every `--memory-interval` seconds into `memory.csv`, and the summary gives its trend over
+the second half of the run (MB per minute), where a slow leak shows and warm-up growth does not.
 
     python -m loadtests.run --users 8 --run-time 60s
     python -m loadtests.run --users 8 --run-time 10m --corpus ../shared/corpus   # the soak test
@@ -21,8 +23,10 @@ import platform
 import re
 import signal
 import socket
+import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -81,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "loadtest", help="reports folder")
     parser.add_argument("--port", type=int, default=0, help="server port on 127.0.0.1 (0: a free one)")
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for /ready")
+    parser.add_argument(
+        "--memory-interval", type=float, default=10.0, help="seconds between samples of the server's RSS"
+    )
     parser.add_argument(
         "--server-env",
         action="append",
@@ -149,6 +156,59 @@ def server_memory_mb(pid: int) -> dict[str, float] | None:
         }
     except (KeyError, ValueError, IndexError):
         return None
+
+
+class MemorySampler(threading.Thread):
+    """Samples the server's RSS every `interval` seconds while the load runs, from the moment it starts.
+
+    Two readings (ready, end) cannot tell allocator growth during warm-up from a slow leak; a series can.
+    """
+
+    def __init__(self, pid: int, interval: float) -> None:
+        super().__init__(name="memory-sampler", daemon=True)
+        self.pid, self.interval = pid, max(interval, 0.1)
+        self.samples: list[tuple[float, float]] = []  # (seconds since start, RSS MB)
+        self._stop_event = threading.Event()
+        self._origin = time.monotonic()
+
+    def run(self) -> None:
+        self._origin = time.monotonic()
+        while True:
+            self.sample()
+            if self._stop_event.wait(self.interval):
+                return
+
+    def sample(self) -> None:
+        memory = server_memory_mb(self.pid)
+        if memory is not None:
+            self.samples.append((round(time.monotonic() - self._origin, 1), memory["rss_mb"]))
+
+    def stop(self) -> list[tuple[float, float]]:
+        """Stops sampling after one last sample; the series so far."""
+        self._stop_event.set()
+        self.join(timeout=5)
+        self.sample()
+        return self.samples
+
+
+def memory_trend(samples: Sequence[tuple[float, float]]) -> dict[str, float | int | None] | None:
+    """RSS growth over the second half of a run: the least-squares slope in MB per minute, and the medians
+    of both halves. None with fewer than 3 samples in the second half (a run too short to say)."""
+    if not samples:
+        return None
+    half = samples[-1][0] / 2
+    late = [(t, mb) for t, mb in samples if t >= half]
+    early = [mb for t, mb in samples if t < half]
+    if len(late) < 3 or late[-1][0] == late[0][0]:
+        return None
+    slope = statistics.linear_regression([t for t, _ in late], [mb for _, mb in late]).slope
+    return {
+        "samples": len(samples),
+        "second_half_mb_per_min": round(60 * slope, 3),
+        "first_half_median_mb": round(statistics.median(early), 1) if early else None,
+        "second_half_median_mb": round(statistics.median(mb for _, mb in late), 1),
+        "max_mb": max(mb for _, mb in samples),
+    }
 
 
 def stop_server(server: subprocess.Popen[bytes], grace: float) -> int:
@@ -224,6 +284,13 @@ def markdown(summary: dict[str, Any]) -> str:
             f"server RSS {memory['ready']['rss_mb']:.0f} MB when ready, {memory['end']['rss_mb']:.0f} MB at "
             f"the end (peak {memory['end']['peak_rss_mb']:.0f} MB)"
         )
+    trend = summary.get("memory_trend")
+    if trend:
+        lines.append(
+            f"server RSS, {trend['samples']} samples: median {trend['first_half_median_mb']} MB in the first "
+            f"half of the run, {trend['second_half_median_mb']} MB in the second; second-half slope "
+            f"{trend['second_half_mb_per_min']:+.2f} MB/min; max {trend['max_mb']} MB"
+        )
     return "\n".join(lines)
 
 
@@ -288,12 +355,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             }
             print(f"loadtest: {args.users} users for {args.run_time} s", flush=True)
             memory_ready = server_memory_mb(server.pid)
+            sampler = MemorySampler(server.pid, args.memory_interval)
+            sampler.start()
             started = time.monotonic()
-            locust = subprocess.run(locust_command(args, base, out), cwd=ROOT, env=locust_env, check=False)
+            try:
+                locust = subprocess.run(
+                    locust_command(args, base, out), cwd=ROOT, env=locust_env, check=False
+                )
+            finally:
+                samples = sampler.stop()
             elapsed = time.monotonic() - started
             memory_end = server_memory_mb(server.pid)
         finally:
             status = stop_server(server, grace=drain + 15)
+    with (out / "memory.csv").open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["seconds", "rss_mb"])
+        writer.writerows(samples)
     stats = out / "summary.csv"
     if not stats.is_file():
         print(f"loadtest: locust wrote no statistics (exit status {locust.returncode})", file=sys.stderr)
@@ -310,12 +388,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         docs_per_request=args.docs_per_request,
         machine=f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()}",
         server_memory={"ready": memory_ready, "end": memory_end},
+        memory_trend=memory_trend(samples),
         server_exit_status=status,
         locust_exit_status=locust.returncode,
         reports={
             "summary_csv": str(stats),
             "locust_csv": str(out / "locust_stats.csv"),
             "html": str(out / "report.html"),
+            "memory_csv": str(out / "memory.csv"),
         },
     )
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")

@@ -11,12 +11,14 @@ import argparse
 import csv
 import json
 import math
+import os
 import random
 import re
 import signal
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -33,9 +35,11 @@ from loadtests.client import (
 )
 from loadtests.run import (
     HOST,
+    MemorySampler,
     bounded_duration,
     bounded_users,
     build_parser,
+    memory_trend,
     parse_duration,
     server_environment,
 )
@@ -133,6 +137,30 @@ def test_runs_are_bounded_and_local() -> None:
 
 
 @pytest.mark.slow
+def test_memory_trend_sees_growth_in_the_second_half_only() -> None:
+    # Warm-up growth in the first half, flat after it: no slope.
+    warm = [(float(t), 500.0 + min(t, 50) * 4) for t in range(0, 200, 10)]
+    trend = memory_trend(warm)
+    assert trend is not None and trend["second_half_mb_per_min"] == 0 and trend["samples"] == 20
+    assert trend["first_half_median_mb"] == 680 and trend["second_half_median_mb"] == 700
+    # A leak of 1 MB every 10 s is 6 MB/min.
+    leak = [(float(t), 500.0 + t / 10) for t in range(0, 200, 10)]
+    trend = memory_trend(leak)
+    assert trend is not None and math.isclose(float(trend["second_half_mb_per_min"] or 0), 6.0)
+    assert trend["max_mb"] == 519
+    assert memory_trend([]) is None and memory_trend([(0.0, 1.0), (10.0, 1.0), (20.0, 1.0)]) is None
+
+
+def test_the_memory_sampler_reads_a_live_process() -> None:
+    sampler = MemorySampler(os.getpid(), interval=0.05)
+    sampler.start()
+    time.sleep(0.3)
+    samples = sampler.stop()
+    assert len(samples) >= 3 and all(mb > 0 for _, mb in samples)
+    assert [t for t, _ in samples] == sorted(t for t, _ in samples)
+    assert not sampler.is_alive()
+
+
 def test_a_short_real_run_has_no_failures(tmp_path: Path) -> None:
     """`make loadtest` in miniature: server on 127.0.0.1, locust headless, reports written, 0 failures."""
     from tests.factories.checkpoint import build_tiny_checkpoint  # imports torch: only this test needs it
@@ -149,6 +177,9 @@ def test_a_short_real_run_has_no_failures(tmp_path: Path) -> None:
     assert summary["requests"] > 0 and summary["failures"] == 0 and summary["error_rate"] == 0
     assert summary["model"] == "tiny-test"
     assert summary["server_memory"]["end"]["rss_mb"] > 0
+    with (out / "memory.csv").open() as handle:
+        memory = list(csv.DictReader(handle))
+    assert len(memory) >= 2 and all(float(row["rss_mb"]) > 0 for row in memory)
     assert summary["stages"]["x-total-time"]["p50_ms"] > 0
     with (out / "summary.csv").open() as handle:
         rows = list(csv.DictReader(handle))
