@@ -312,6 +312,7 @@ def locust_command(args: argparse.Namespace, base: str, out: Path) -> list[str]:
         base,
         "--csv",
         str(out / "locust"),
+        "--csv-full-history",  # per-entry rows in locust_stats_history.csv, not only "Aggregated"
         "--html",
         str(out / "report.html"),
         "--only-summary",
