@@ -5,9 +5,11 @@ HTMLLM_MODEL_PATH, else the bundled default model); there is no option to target
 runs headless for `--run-time` with `--users` users and writes, under `--out` (default `out/loadtest/`,
 git-ignored): locust's `locust_stats.csv` (and its other CSVs), `report.html`, and `summary.csv` (the
 exact final totals and percentiles). The server then gets SIGTERM and drains. `summary.json` and a
-Markdown table of the figures follow; the exit status is 1 when any request failed. The server's resident
-memory is sampled every `--memory-interval` seconds into `memory.csv`, and the summary gives its trend over
-the second half of the run (MB per minute), where a slow leak shows and warm-up growth does not.
+Markdown table of the figures follow; the exit status is 1 when any request failed. Every
+`--sample-interval` seconds `server.csv` gets the server's resident memory, the CPU cores it used since the
+last sample, and the host's busy and steal shares. The summary gives the RSS trend over the second half of
+the run (MB per minute), where a slow leak shows and warm-up growth does not, and the CPU the server got:
+latency that moves with the server's CPU share (a busy or stolen host) is not the server slowing down.
 
     python -m loadtests.run --users 8 --run-time 60s
     python -m loadtests.run --users 8 --run-time 10m --corpus ../shared/corpus   # the soak test
@@ -32,7 +34,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"  # the only host this script serves on or sends load to
@@ -86,7 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=0, help="server port on 127.0.0.1 (0: a free one)")
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for /ready")
     parser.add_argument(
-        "--memory-interval", type=float, default=10.0, help="seconds between samples of the server's RSS"
+        "--sample-interval",
+        type=float,
+        default=10.0,
+        help="seconds between samples of the server's RSS and CPU and the host's CPU (server.csv)",
     )
     parser.add_argument(
         "--server-env",
@@ -158,18 +163,70 @@ def server_memory_mb(pid: int) -> dict[str, float] | None:
         return None
 
 
-class MemorySampler(threading.Thread):
-    """Samples the server's RSS every `interval` seconds while the load runs, from the moment it starts.
+def process_cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU seconds of all of `pid`'s threads so far (Linux /proc); None once it is gone.
+
+    The server prunes, tokenizes and runs the model in threads of one process, so this is all its work.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
+    except OSError:
+        return None
+    # Field 2 (the command) is in parentheses and may hold spaces: split after its closing one.
+    fields = stat.rsplit(")", 1)[-1].split()
+    try:
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    except (IndexError, ValueError):
+        return None
+
+
+class HostCpu(NamedTuple):
+    total: float  # seconds of all CPUs
+    busy: float  # running anything (this server, locust, the rest of the machine)
+    steal: float  # the hypervisor ran someone else while this guest wanted the CPU
+
+
+def host_cpu_seconds() -> HostCpu | None:
+    """The whole machine's CPU time so far, summed over its CPUs (Linux /proc/stat's first line)."""
+    try:
+        first = Path("/proc/stat").read_text(encoding="ascii").splitlines()[0].split()
+        user, nice, system, idle, iowait, irq, softirq, steal = (int(v) for v in first[1:9])
+    except (OSError, IndexError, ValueError):
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = user + nice + system + idle + iowait + irq + softirq + steal  # guest time is inside user
+    return HostCpu(total / ticks, (total - idle - iowait - steal) / ticks, steal / ticks)
+
+
+class ServerSample(NamedTuple):
+    """One reading. The CPU figures are over the interval since the previous reading (None on the first).
+
+    `server_cpu` is in cores (1.0: one CPU busy the whole interval); `host_busy` and `host_steal` are shares
+    of the whole machine. A server that gets well under `os.cpu_count()` cores while the host is not busy
+    either is waiting (on its batcher, on locust); with the host busy or stolen, it is being starved.
+    """
+
+    seconds: float
+    rss_mb: float
+    server_cpu: float | None
+    host_busy: float | None
+    host_steal: float | None
+
+
+class ServerSampler(threading.Thread):
+    """Samples the server's RSS and CPU, and the host's CPU, every `interval` seconds while the load runs.
 
     Two readings (ready, end) cannot tell allocator growth during warm-up from a slow leak; a series can.
+    The CPU columns say whether latency that moved during a run followed the CPU the server got.
     """
 
     def __init__(self, pid: int, interval: float) -> None:
-        super().__init__(name="memory-sampler", daemon=True)
+        super().__init__(name="server-sampler", daemon=True)
         self.pid, self.interval = pid, max(interval, 0.1)
-        self.samples: list[tuple[float, float]] = []  # (seconds since start, RSS MB)
+        self.samples: list[ServerSample] = []
         self._stop_event = threading.Event()
         self._origin = time.monotonic()
+        self._last: tuple[float, float | None, HostCpu | None] | None = None
 
     def run(self) -> None:
         self._origin = time.monotonic()
@@ -179,16 +236,53 @@ class MemorySampler(threading.Thread):
                 return
 
     def sample(self) -> None:
-        memory = server_memory_mb(self.pid)
-        if memory is not None:
-            self.samples.append((round(time.monotonic() - self._origin, 1), memory["rss_mb"]))
+        now, memory = time.monotonic(), server_memory_mb(self.pid)
+        cpu, host = process_cpu_seconds(self.pid), host_cpu_seconds()
+        if memory is None:
+            return
+        server_cpu = host_busy = host_steal = None
+        if self._last is not None:
+            last_time, last_cpu, last_host = self._last
+            if cpu is not None and last_cpu is not None and now > last_time:
+                server_cpu = round((cpu - last_cpu) / (now - last_time), 3)
+            if host is not None and last_host is not None and host.total > last_host.total:
+                span = host.total - last_host.total
+                host_busy = round((host.busy - last_host.busy) / span, 3)
+                host_steal = round((host.steal - last_host.steal) / span, 3)
+        self._last = (now, cpu, host)
+        seconds = round(now - self._origin, 1)
+        self.samples.append(ServerSample(seconds, memory["rss_mb"], server_cpu, host_busy, host_steal))
 
-    def stop(self) -> list[tuple[float, float]]:
+    def stop(self) -> list[ServerSample]:
         """Stops sampling after one last sample; the series so far."""
         self._stop_event.set()
         self.join(timeout=5)
         self.sample()
         return self.samples
+
+
+def cpu_summary(samples: Sequence[ServerSample]) -> dict[str, float | int] | None:
+    """The CPU the server got over the run (cores: mean, 10th and 90th percentile of the intervals) and
+    the host's mean busy and steal shares; None with fewer than 2 intervals."""
+    server = [s.server_cpu for s in samples if s.server_cpu is not None]
+    busy = [s.host_busy for s in samples if s.host_busy is not None]
+    steal = [s.host_steal for s in samples if s.host_steal is not None]
+    if len(server) < 2:
+        return None
+    deciles = statistics.quantiles(server, n=10, method="inclusive")
+    summary: dict[str, float | int] = {
+        "intervals": len(server),
+        "cpus": os.cpu_count() or 1,
+        "server_cores_mean": round(statistics.fmean(server), 3),
+        "server_cores_p10": round(deciles[0], 3),
+        "server_cores_p90": round(deciles[-1], 3),
+    }
+    if busy and steal:
+        summary |= {
+            "host_busy_mean": round(statistics.fmean(busy), 3),
+            "host_steal_mean": round(statistics.fmean(steal), 3),
+        }
+    return summary
 
 
 def memory_trend(samples: Sequence[tuple[float, float]]) -> dict[str, float | int | None] | None:
@@ -284,6 +378,18 @@ def markdown(summary: dict[str, Any]) -> str:
             f"server RSS {memory['ready']['rss_mb']:.0f} MB when ready, {memory['end']['rss_mb']:.0f} MB at "
             f"the end (peak {memory['end']['peak_rss_mb']:.0f} MB)"
         )
+    cpu = summary.get("server_cpu")
+    if cpu:
+        line = (
+            f"server CPU: mean {cpu['server_cores_mean']:.2f} of {cpu['cpus']} cores over {cpu['intervals']} "
+            f"intervals (10th-90th percentile {cpu['server_cores_p10']:.2f}-{cpu['server_cores_p90']:.2f})"
+        )
+        if "host_busy_mean" in cpu:
+            line += (
+                f"; host busy {cpu['host_busy_mean']:.0%} (server, locust and the rest), "
+                f"steal {cpu['host_steal_mean']:.1%}"
+            )
+        lines.append(line)
     trend = summary.get("memory_trend")
     if trend:
         lines.append(
@@ -356,7 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             }
             print(f"loadtest: {args.users} users for {args.run_time} s", flush=True)
             memory_ready = server_memory_mb(server.pid)
-            sampler = MemorySampler(server.pid, args.memory_interval)
+            sampler = ServerSampler(server.pid, args.sample_interval)
             sampler.start()
             started = time.monotonic()
             try:
@@ -369,10 +475,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             memory_end = server_memory_mb(server.pid)
         finally:
             status = stop_server(server, grace=drain + 15)
-    with (out / "memory.csv").open("w", encoding="utf-8", newline="") as handle:
+    with (out / "server.csv").open("w", encoding="utf-8", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["seconds", "rss_mb"])
-        writer.writerows(samples)
+        writer.writerow(ServerSample._fields)
+        writer.writerows(["" if value is None else value for value in sample] for sample in samples)
     stats = out / "summary.csv"
     if not stats.is_file():
         print(f"loadtest: locust wrote no statistics (exit status {locust.returncode})", file=sys.stderr)
@@ -389,14 +495,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         docs_per_request=args.docs_per_request,
         machine=f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()}",
         server_memory={"ready": memory_ready, "end": memory_end},
-        memory_trend=memory_trend(samples),
+        memory_trend=memory_trend([(sample.seconds, sample.rss_mb) for sample in samples]),
+        server_cpu=cpu_summary(samples),
         server_exit_status=status,
         locust_exit_status=locust.returncode,
         reports={
             "summary_csv": str(stats),
             "locust_csv": str(out / "locust_stats.csv"),
             "html": str(out / "report.html"),
-            "memory_csv": str(out / "memory.csv"),
+            "server_csv": str(out / "server.csv"),
         },
     )
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")

@@ -35,12 +35,16 @@ from loadtests.client import (
 )
 from loadtests.run import (
     HOST,
-    MemorySampler,
+    ServerSample,
+    ServerSampler,
     bounded_duration,
     bounded_users,
     build_parser,
+    cpu_summary,
+    host_cpu_seconds,
     memory_trend,
     parse_duration,
+    process_cpu_seconds,
     server_environment,
 )
 from service.core.prune import DEFAULT_MAX_DEPTH, estimate_depth, prune_html
@@ -151,14 +155,46 @@ def test_memory_trend_sees_growth_in_the_second_half_only() -> None:
     assert memory_trend([]) is None and memory_trend([(0.0, 1.0), (10.0, 1.0), (20.0, 1.0)]) is None
 
 
-def test_the_memory_sampler_reads_a_live_process() -> None:
-    sampler = MemorySampler(os.getpid(), interval=0.05)
+def test_the_sampler_reads_a_live_process_and_sees_it_burn_cpu() -> None:
+    sampler = ServerSampler(os.getpid(), interval=0.1)
     sampler.start()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 0.6
+    while time.monotonic() < deadline:  # this thread keeps one core busy while the sampler reads
+        sum(i * i for i in range(1000))
     samples = sampler.stop()
-    assert len(samples) >= 3 and all(mb > 0 for _, mb in samples)
-    assert [t for t, _ in samples] == sorted(t for t, _ in samples)
+    assert len(samples) >= 4 and all(s.rss_mb > 0 for s in samples)
+    assert [s.seconds for s in samples] == sorted(s.seconds for s in samples)
+    assert samples[0].server_cpu is None and samples[0].host_busy is None
+    cpu = [s.server_cpu for s in samples[1:-1] if s.server_cpu is not None]
+    # Busy-looping for the whole interval is about one core; clock ticks make a short interval coarse.
+    assert cpu and statistics.fmean(cpu) > 0.5 and max(cpu) < (os.cpu_count() or 1) + 0.5
+    assert all(0 <= (s.host_busy or 0) <= 1 and 0 <= (s.host_steal or 0) <= 1 for s in samples)
     assert not sampler.is_alive()
+
+
+def test_cpu_readings_are_monotonic_and_gone_with_the_process() -> None:
+    first, host_first = process_cpu_seconds(os.getpid()), host_cpu_seconds()
+    sum(i * i for i in range(200_000))
+    second, host_second = process_cpu_seconds(os.getpid()), host_cpu_seconds()
+    assert first is not None and second is not None and second >= first
+    assert host_first is not None and host_second is not None
+    assert host_second.total >= host_first.total and 0 <= host_second.busy <= host_second.total
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert process_cpu_seconds(child.pid) is None  # reaped: no /proc entry left
+
+
+def test_cpu_summary_reports_the_cores_the_server_got() -> None:
+    samples = [ServerSample(0.0, 500.0, None, None, None)]
+    samples += [
+        ServerSample(10.0 * i, 500.0, cores, 0.9, 0.05) for i, cores in enumerate([1.0] * 9 + [0.2], 1)
+    ]
+    summary = cpu_summary(samples)
+    assert summary is not None and summary["intervals"] == 10
+    assert math.isclose(float(summary["server_cores_mean"]), 0.92)
+    assert summary["server_cores_p10"] < 1.0 and summary["server_cores_p90"] == 1.0
+    assert summary["host_busy_mean"] == 0.9 and summary["host_steal_mean"] == 0.05
+    assert cpu_summary(samples[:2]) is None  # one interval says nothing about a trend
 
 
 def test_a_short_real_run_has_no_failures(tmp_path: Path) -> None:
@@ -169,6 +205,7 @@ def test_a_short_real_run_has_no_failures(tmp_path: Path) -> None:
     out = tmp_path / "out"
     command = [sys.executable, "-m", "loadtests.run", "--users", "2", "--spawn-rate", "2", "--run-time", "4s"]
     command += ["--model", str(checkpoint), "--out", str(out), "--page-pool", "8", "--raw-share", "0.5"]
+    command += ["--sample-interval", "1"]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
     assert result.returncode == 0, (
         result.stdout[-3000:] + result.stderr[-3000:] + (out / "server.log").read_text()
@@ -177,9 +214,11 @@ def test_a_short_real_run_has_no_failures(tmp_path: Path) -> None:
     assert summary["requests"] > 0 and summary["failures"] == 0 and summary["error_rate"] == 0
     assert summary["model"] == "tiny-test"
     assert summary["server_memory"]["end"]["rss_mb"] > 0
-    with (out / "memory.csv").open() as handle:
-        memory = list(csv.DictReader(handle))
-    assert len(memory) >= 2 and all(float(row["rss_mb"]) > 0 for row in memory)
+    with (out / "server.csv").open() as handle:
+        series = list(csv.DictReader(handle))
+    assert len(series) >= 2 and all(float(row["rss_mb"]) > 0 for row in series)
+    assert series[0]["server_cpu"] == "" and all(float(row["server_cpu"]) >= 0 for row in series[1:])
+    assert summary["server_cpu"]["intervals"] >= 2 and summary["server_cpu"]["server_cores_mean"] > 0
     assert summary["stages"]["x-total-time"]["p50_ms"] > 0
     with (out / "summary.csv").open() as handle:
         rows = list(csv.DictReader(handle))
