@@ -69,7 +69,8 @@ async def read_body(
     `raw_options` are the query-string options, which only a raw body may use: on a JSON request any
     set option is an error rather than silently ignored.
     """
-    media_type, charset = parse_content_type(request.headers.get("content-type"))
+    header = request.headers.get("content-type")
+    media_type, charset = parse_content_type(header)
     body = await request.body()
     if is_json(media_type):
         given = sorted(name for name, value in raw_options.items() if value is not None)
@@ -88,8 +89,9 @@ async def read_body(
         doc_id = raw_options.get("id")
         url = raw_options.get("url")
         return None, Document(html=body, id=doc_id, url=url, encoding=charset)
+    # Quote the header as sent: the email parser reads one it cannot parse as text/plain.
     raise HtmllmError(
-        f"unsupported Content-Type {media_type!r}: send application/json, or one page as "
+        f"unsupported Content-Type {(header or '')[:100]!r}: send application/json, or one page as "
         "text/html; charset=... or application/octet-stream",
         code=ErrorCode.UNSUPPORTED_MEDIA_TYPE,
     )

@@ -35,6 +35,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.UNKNOWN_HEAD: 422,
     ErrorCode.UNAUTHORIZED: 401,
     ErrorCode.NOT_FOUND: 404,
+    ErrorCode.METHOD_NOT_ALLOWED: 405,
     ErrorCode.OVERLOADED: 429,
     ErrorCode.TIMEOUT: 504,
     ErrorCode.SHUTTING_DOWN: 503,
@@ -53,6 +54,7 @@ RETRYABLE = frozenset({ErrorCode.OVERLOADED, ErrorCode.SHUTTING_DOWN, ErrorCode.
 _CODE_FOR_HTTP_STATUS: dict[int, ErrorCode] = {
     401: ErrorCode.UNAUTHORIZED,
     404: ErrorCode.NOT_FOUND,
+    405: ErrorCode.METHOD_NOT_ALLOWED,
     413: ErrorCode.PAYLOAD_TOO_LARGE,
     415: ErrorCode.UNSUPPORTED_MEDIA_TYPE,
     429: ErrorCode.OVERLOADED,
@@ -84,7 +86,7 @@ def classify(exc: BaseException) -> tuple[ErrorCode, str, int]:
     if isinstance(exc, StarletteHTTPException):
         code = _CODE_FOR_HTTP_STATUS.get(exc.status_code)
         if code is None:
-            # 405, 400 and friends: a client error without a code of its own keeps its status.
+            # 400 and friends: a client error without a code of its own keeps its status.
             code = ErrorCode.VALIDATION if exc.status_code < 500 else ErrorCode.INTERNAL
             return code, str(exc.detail), exc.status_code
         return code, str(exc.detail), STATUS[code]
@@ -98,11 +100,12 @@ def error_response(
     *,
     metrics: ServiceMetrics | None,
     retry_after_s: int | None = None,
+    headers: dict[str, str] | None = None,
 ) -> JSONResponse:
     """The JSON error response, with the failure counted and retry/auth headers set."""
     if metrics is not None:
         metrics.failures.labels(code=code.value).inc()
-    headers: dict[str, str] = {}
+    headers = dict(headers or {})
     if code in RETRYABLE and retry_after_s is not None:
         headers["Retry-After"] = str(retry_after_s)
     if code is ErrorCode.UNAUTHORIZED:
@@ -128,7 +131,9 @@ async def handle_error(request: Request, exc: Exception) -> Response:
         # Untyped exceptions are re-raised by Starlette after this response and logged by the server.
         logger.error("%s %s failed: %s", request.method, request.url.path, message, exc_info=exc)
     metrics, retry_after_s = _app_context(request.app)
-    return error_response(code, message, status, metrics=metrics, retry_after_s=retry_after_s)
+    # Routing errors carry headers a client needs (a 405's `Allow`); keep them.
+    passed = dict(exc.headers or {}) if isinstance(exc, StarletteHTTPException) else None
+    return error_response(code, message, status, metrics=metrics, retry_after_s=retry_after_s, headers=passed)
 
 
 def install_error_handlers(app: FastAPI) -> None:

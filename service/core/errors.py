@@ -21,6 +21,7 @@ class ErrorCode(StrEnum):
     UNKNOWN_HEAD = "unknown_head"  # a task head the model does not have (422)
     UNAUTHORIZED = "unauthorized"  # missing or wrong API key (401)
     NOT_FOUND = "not_found"  # (404)
+    METHOD_NOT_ALLOWED = "method_not_allowed"  # a route called with the wrong HTTP method (405)
     OVERLOADED = "overloaded"  # queue full (429)
     TIMEOUT = "timeout"  # request deadline passed (504)
     SHUTTING_DOWN = "shutting_down"  # server draining, not accepting (503)

@@ -38,5 +38,6 @@ def test_classify() -> None:
     code, message, status = classify(RequestValidationError([{"loc": ("body", "input"), "msg": "bad"}]))
     assert (code, status) == (ErrorCode.VALIDATION, 422) and "input: bad" in message
     assert classify(HTTPException(404, "gone"))[::2] == (ErrorCode.NOT_FOUND, 404)
-    assert classify(HTTPException(405, "no"))[::2] == (ErrorCode.VALIDATION, 405)
+    assert classify(HTTPException(405, "no"))[::2] == (ErrorCode.METHOD_NOT_ALLOWED, 405)
+    assert classify(HTTPException(400, "bad"))[::2] == (ErrorCode.VALIDATION, 400)
     assert classify(RuntimeError("boom"))[::2] == (ErrorCode.INTERNAL, 500)

@@ -132,6 +132,17 @@ async def test_embed_errors(
         assert f'htmllm_request_failures_total{{code="{code}"}} 1.0' in metrics
 
 
+@pytest.mark.parametrize("header", ["text/plain", ";;;", "image/png; charset=utf-8"])
+async def test_an_unsupported_content_type_is_quoted_as_sent(
+    settings_for: SettingsFactory, header: str
+) -> None:
+    async with app_client(settings_for()) as client:
+        response = await client.post("/v1/embed", content=b"<p>x</p>", headers={"content-type": header})
+        assert response.status_code == 415, response.text
+        message = response.json()["error"]["message"]
+        assert message.startswith(f"unsupported Content-Type {header!r}"), message
+
+
 async def test_truncation_policy(settings_for: SettingsFactory) -> None:
     async with app_client(settings_for(truncate=False)) as client:
         rejected = await client.post("/v1/embed", json={"documents": [{"html": long_page()}]})
@@ -201,7 +212,9 @@ async def test_unknown_route_and_method(client: httpx.AsyncClient) -> None:
     missing = await client.get("/v2/nothing")
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
     wrong_method = await client.get("/v1/embed")
-    assert wrong_method.status_code == 405 and "error" in wrong_method.json()
+    assert wrong_method.status_code == 405, wrong_method.text
+    assert wrong_method.json()["error"]["code"] == "method_not_allowed"
+    assert wrong_method.headers["allow"] == "POST"
 
 
 async def test_body_limit_before_parsing(settings_for: SettingsFactory) -> None:
