@@ -9,8 +9,13 @@ a crash during the merge just merges again. `run.json` in the parts directory pi
 options, so a resumed run cannot mix embeddings from two models.
 
 Rows: `index`, `id`, `url`, `embedding` (float32 list, null on error), `tokens`, `truncated`, `error`
-(an ErrorCode, null on success), then per classification head `<head>` (top label) and `<head>.probs`
-(float32 list in label order), per regression head `<head>` (float).
+(an ErrorCode, null on success), `error_message` (why, null on success), then per classification head
+`<head>` (top label) and `<head>.probs` (float32 list in label order), per regression head `<head>` (float).
+
+A document that fails (an input row that is not JSON or names a missing file, a page nested too deep, a
+page over the token limit with truncation off) gets its row with the error and the run goes on: one bad
+line in a crawl dump must not stop a run of millions. Only an input source that does not exist, an
+unusable checkpoint or unwritable output stops it.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ if TYPE_CHECKING:
     from service.core.modeling import HeadSpec
 
 PART_GLOB = "part-*.parquet"
+# Bumped when the rows change; run.json pins it, so parts of an older layout are never merged with new.
+ROW_FORMAT = 2
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -104,6 +111,7 @@ def _schema(dim: int, heads: list[HeadSpec]) -> pa.Schema:
         pa.field("tokens", pa.int32()),
         pa.field("truncated", pa.bool_()),
         pa.field("error", pa.string()),
+        pa.field("error_message", pa.string()),
     ]
     for spec in heads:
         if spec.kind == "classification":
@@ -216,7 +224,7 @@ async def _run(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from service.core.errors import HtmllmError
+    from service.core.errors import ErrorCode, HtmllmError
     from service.core.pages import Page, iter_pages
     from service.engine import Document, Engine, EngineConfig
 
@@ -240,6 +248,7 @@ async def _run(args: argparse.Namespace) -> int:
     _check_run(
         parts,
         {
+            "row_format": ROW_FORMAT,
             "input": str(args.input.resolve()),
             "limit": args.limit,
             "model": info.name,
@@ -260,6 +269,8 @@ async def _run(args: argparse.Namespace) -> int:
         nonlocal failures
         row: dict[str, Any] = {"index": index, "id": page.id, "url": page.url}
         try:
+            if page.error is not None:
+                raise HtmllmError(page.error, code=ErrorCode.VALIDATION)
             (result,) = await engine.embed(
                 [Document(html=page.html, id=page.id, url=page.url)],
                 heads=heads,
@@ -267,13 +278,16 @@ async def _run(args: argparse.Namespace) -> int:
             )
         except HtmllmError as exc:
             failures += 1
-            row.update(embedding=None, tokens=None, truncated=None, error=str(exc.code))
+            row.update(
+                embedding=None, tokens=None, truncated=None, error=str(exc.code), error_message=exc.message
+            )
         else:
             row.update(
                 embedding=result.embedding.tolist(),
                 tokens=result.tokens,
                 truncated=result.truncated,
                 error=None,
+                error_message=None,
             )
             for spec in specs:
                 score = result.scores[spec.name]
@@ -288,7 +302,7 @@ async def _run(args: argparse.Namespace) -> int:
         progress.update(1)
 
     def todo() -> Iterator[tuple[int, Page]]:
-        for index, page in enumerate(iter_pages(args.input, limit=args.limit)):
+        for index, page in enumerate(iter_pages(args.input, limit=args.limit, bad_rows="report")):
             if index in done:
                 if done[index] != page.id:
                     raise HtmllmError(

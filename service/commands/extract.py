@@ -1,7 +1,8 @@
 """`htmllm extract`: bulk plain-text extraction of a page collection into JSONL, with a progress bar.
 
-One output row per input page, in input order. A page an extractor fails on gets an `error` object in
-its row rather than stopping the run; only an unreadable input source or output path fails the command.
+One output row per input page, in input order. A page an extractor fails on, and an input row that cannot
+be read (not JSON, a missing file), gets an `error` object in its row rather than stopping the run; only an
+input source that does not exist or an unwritable output path fails the command.
 """
 
 from __future__ import annotations
@@ -73,9 +74,13 @@ def _extraction_json(result: Extraction) -> dict[str, Any]:
 
 
 def _process(page: Page, args: argparse.Namespace, pool: ExtractorPool) -> dict[str, Any]:
+    from service.core.errors import ErrorCode
     from service.core.extract import ExtractionError, extract, extract_all
 
     row: dict[str, Any] = {"id": page.id, "url": page.url}
+    if page.error is not None:
+        row["error"] = {"code": str(ErrorCode.VALIDATION), "message": page.error}
+        return row
     order: str | list[str] = "random" if args.order == "random" else args.order.split(",")
     try:
         if args.extractor == "all":
@@ -133,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
 
     counts = {"pages": 0, "errors": 0, "passed": 0}
     try:
-        pages = iter_pages(args.input, limit=args.limit)
+        pages = iter_pages(args.input, limit=args.limit, bad_rows="report")
         with (
             _open_output(args.output) as out,
             ExtractorPool(workers) as pool,

@@ -450,6 +450,24 @@ def test_cli_extract_all_and_order(tmp_path: Path) -> None:
     assert [a["extractor"] for a in first["attempts"]] == ["justext", "trafilatura"]
 
 
+def test_cli_extract_reports_an_unreadable_row_and_goes_on(tmp_path: Path) -> None:
+    source = tmp_path / "pages.jsonl"
+    rows = [
+        json.dumps({"id": "table", "html": table_page()}),
+        "{broken",
+        json.dumps({"id": "code", "html": code_page()}),
+    ]
+    source.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    args = ["extract", "--input", str(source), "--output", str(out), "--workers", "1", "--no-progress"]
+    assert main(args) == 0
+    result = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert [r["id"] for r in result] == ["table", "1", "code"]
+    assert "error" not in result[0] and "error" not in result[2] and result[2]["text"]
+    assert result[1]["error"]["code"] == "validation_error"
+    assert "line 2 is not JSON" in result[1]["error"]["message"]
+
+
 def test_cli_extract_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = str(tmp_path / "o.jsonl")
     assert main(["extract", "--input", str(tmp_path / "missing"), "--output", out, "--no-progress"]) == 1

@@ -98,3 +98,68 @@ def test_resume_with_another_model_is_refused(
     assert main(args[3:]) == 1
     assert "other settings" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_bad_rows_become_error_rows_and_the_run_goes_on(
+    tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A crawl dump with a broken line, a row without html and a page nested too deep: every position gets
+    its row, the good pages their embeddings, the others an error code and message."""
+    good = make_pages(2, seed=3, min_words=20, max_words=40)
+    lines = [
+        json.dumps({"id": "a", "html": good[0]}),
+        '{"id": "broken", "html": "<p>cut',
+        json.dumps({"id": "no-html"}),
+        json.dumps({"id": "deep", "html": "<div>" * 20_000}),
+        json.dumps({"id": "b", "html": good[1]}),
+    ]
+    source = tmp_path / "pages.jsonl"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out.parquet"
+    args = ["embed", "--checkpoint", str(tiny_checkpoint), "--input", str(source), "--output", str(out)]
+    assert main([*args, "--no-progress"]) == 0
+    assert "(3 failed this run)" in capsys.readouterr().err
+    table = pq.read_table(out)
+    assert table["id"].to_pylist() == ["a", "1", "no-html", "deep", "b"]
+    assert table["error"].to_pylist() == [
+        None,
+        "validation_error",
+        "validation_error",
+        "preprocess_failed",
+        None,
+    ]
+    messages = table["error_message"].to_pylist()
+    assert messages[0] is None and messages[4] is None
+    assert "line 2 is not JSON" in messages[1] and "neither 'html' nor 'file'" in messages[2]
+    assert "nests about 20000 elements deep" in messages[3]
+    assert table["embedding"][1].as_py() is None and table["tokens"][3].as_py() is None
+    expected = asyncio.run(_embed(tiny_checkpoint, good))
+    for row, result in zip((0, 4), expected, strict=True):
+        np.testing.assert_allclose(np.array(table["embedding"][row].as_py()), result.embedding, atol=1e-5)
+
+
+def test_parts_of_an_older_row_format_are_not_resumed(
+    tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from service.commands import embed as command
+
+    _write_pages(tmp_path / "pages.jsonl", 2)
+    out = tmp_path / "out.parquet"
+    pin = tmp_path / "out.parquet.parts" / "run.json"
+    args = ["embed", "--checkpoint", str(tiny_checkpoint), "--input", str(tmp_path / "pages.jsonl")]
+    args += ["--output", str(out), "--no-progress"]
+
+    def crash(*_: object) -> int:
+        raise KeyboardInterrupt  # killed after its parts were written, before the merge
+
+    monkeypatch.setattr(command, "_merge", crash)
+    with pytest.raises(KeyboardInterrupt):
+        main(args)
+    monkeypatch.undo()
+    # The same run as written by a version whose rows had no error_message: no row_format in run.json.
+    settings = json.loads(pin.read_text(encoding="utf-8"))
+    assert settings.pop("row_format") == command.ROW_FORMAT
+    pin.write_text(json.dumps(settings), encoding="utf-8")
+    assert main(args) == 1
+    assert "other settings (row_format)" in capsys.readouterr().err
+    assert not out.exists()
