@@ -95,14 +95,27 @@ _LATIN_SINGLE_BYTE = frozenset(
         "iso8859-9",
         "iso8859-10",
         "iso8859-13",
+        "iso8859-14",
         "iso8859-16",
         "cp437",
         "mac-iceland",
         "mac-turkish",
     }
 )
-_LATIN_CANDIDATES = ("cp1252", "cp1250", "iso8859-2")
-_ASCII_RUN = re.compile(rb"[\x00-\x7f]+")
+# The encodings the detector chooses among, as charset-normalizer names them: those a browser can decode
+# (the WHATWG Encoding Standard; a page no browser could read in cp775 or hp-roman8 is not in cp775 or
+# hp-roman8, however its bytes look), less the ones next to no page uses, which the detector otherwise
+# picks for ordinary text: mac-roman for an English page's curly quotes, iso-8859-14 or ibm866 for a
+# German page. Declared, all of them still decode. UTF-16 and UTF-32 need a BOM (step 1).
+_DETECTED_ENCODINGS = [
+    "iso8859_2", "iso8859_5", "iso8859_6", "iso8859_7", "iso8859_8", "iso8859_13", "iso8859_15",
+    "iso8859_16", "koi8_r", "koi8_u", "cp874", "cp1250", "cp1251", "cp1252", "cp1253", "cp1254", "cp1255",
+    "cp1256", "cp1257", "cp1258", "gb18030", "big5", "euc_jp", "iso2022_jp", "cp932", "cp949", "utf_8",
+]  # fmt: skip
+# The Latin-script readings re-ranked by _best_latin_reading, most common on the web first; the detector's
+# own guess joins them when it is another Latin one.
+_LATIN_CANDIDATES = ("cp1252", "iso8859-15", "cp1250", "iso8859-2")
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
 # Non-ASCII letters of the languages iso-8859-2 and windows-1250 were made for (lowercase).
 _ALPHABETS: tuple[str, ...] = (
     "áčďéěíňóřšťúůýž",  # Czech
@@ -117,7 +130,16 @@ _ALPHABETS: tuple[str, ...] = (
     "àáâãçéêíóôõú",  # Portuguese
     "àèéìíîòóù",  # Italian
     "åäæöø",  # Nordic
+    "áðéíóúýþæö",  # Icelandic
+    "çğıöşü",  # Turkish
+    "ąčęėįšųūž",  # Lithuanian
+    "āčēģīķļņšūž",  # Latvian
+    "äõöüšž",  # Estonian
 )
+# Non-letters that sit inside words in real text: the soft hyphen, apostrophes, the middle dot (Catalan).
+_IN_WORD = frozenset("\xad\u2019\u2018\u02bc\xb7\u2010\u2011")
+# Characters no reading of real text should produce: the C1 controls, U+FFFD, the currency sign.
+_ODD = frozenset([*map(chr, range(0x80, 0xA0)), "\ufffd", "\xa4"])
 
 
 @dataclass(frozen=True)
@@ -203,11 +225,11 @@ def utf8_payload(data: bytes, *, encoding: str | None = None) -> bytes | None:
 
 
 def _detect(data: bytes) -> str:
-    """charset-normalizer's guess for non-UTF-8 bytes, Central European pairs disambiguated."""
+    """charset-normalizer's guess among the web's encodings for non-UTF-8 bytes, Latin readings re-ranked."""
     from charset_normalizer import from_bytes  # imported lazily: it is slow to import, rarely needed
 
     sample = data[:DETECT_SAMPLE_BYTES]
-    best = from_bytes(sample).best()
+    best = from_bytes(sample, cp_isolation=_DETECTED_ENCODINGS).best()
     name = None if best is None else normalize_encoding(best.encoding)
     if name in (None, "ascii", "utf-8"):
         # No usable guess (or the sample looked UTF-8 but the page is not): rank the Latin readings.
@@ -220,28 +242,44 @@ def _detect(data: bytes) -> str:
 def _best_latin_reading(sample: bytes, guess: str) -> str:
     """Re-rank the Latin-script single-byte readings, which charset-normalizer confuses on short text.
 
-    It cannot tell iso-8859-2 from windows-1250 (Czech, Slovak, Polish, Hungarian...) and, with a few
-    dozen words, often says windows-1258 or cp775 for either. The readings differ only in the bytes
-    0x80-0xBF and a few letters: a Czech "š" in iso-8859-2 is a Polish "ą" in windows-1250, a "ť" is a
-    "»", and windows-1250's "š" (0x9A) is a C1 control code in iso-8859-2. Each candidate reading is
-    scored by how well its non-ASCII letters fit the alphabet of one language (letters of that alphabet
-    count for it; other letters, control codes and U+FFFD against; punctuation is neutral). The best
-    fit wins; a tie keeps the detector's guess.
+    It cannot tell iso-8859-2 from windows-1250 (Czech, Slovak, Polish, Hungarian...), nor windows-1252
+    from iso-8859-15, and with a few dozen words, or a German page full of soft hyphens, it says
+    windows-1250 or mac-roman for either. The readings differ only in the bytes 0x80-0xBF and a few
+    letters: a Czech "š" in iso-8859-2 is a Polish "ą" in windows-1250, a "ť" is a "»", windows-1250's
+    "š" (0x9A) is a C1 control code in iso-8859-2, and a German soft hyphen (0xAD) is a "Ł" mid-word in
+    some. Each candidate reading is scored by `_plausibility`; the best wins. A tie goes to the more
+    common encoding (the order of `_LATIN_CANDIDATES`, windows-1252 first, then the detector's guess):
+    with a German page's one "ø", windows-1252 and windows-1250 ("ř") fit German equally well, and
+    windows-1252 is what such a page is in far more often.
     """
-    high = _ASCII_RUN.sub(b"", sample)
-    best, best_score = guess, _fit(high.decode(guess, errors="replace"))
-    for name in _LATIN_CANDIDATES:
-        if name == guess:
-            continue
-        score = _fit(high.decode(name, errors="replace"))
-        if score > best_score:
+    best, best_score = guess, None
+    for name in dict.fromkeys((*_LATIN_CANDIDATES, guess)):
+        score = _plausibility(sample.decode(name, errors="replace"))
+        if best_score is None or score > best_score:
             best, best_score = name, score
     return best
 
 
-def _fit(text: str) -> int:
-    """How well `text` (non-ASCII characters only) fits the best-fitting alphabet of `_ALPHABETS`."""
-    counts = Counter(text.lower())
-    scored = {ch: n for ch, n in counts.items() if ch.isalpha() or ch == "\ufffd" or ord(ch) < 0xA0}
-    total = sum(scored.values())
-    return max(2 * sum(scored.get(ch, 0) for ch in alphabet) - total for alphabet in _ALPHABETS)
+def _plausibility(text: str) -> int:
+    """How much a reading's non-ASCII characters look like text: their letters' fit to the best-fitting
+    alphabet of `_ALPHABETS` (letters of it count for the reading, other letters against), less twice
+    each thing real text does not do: a capital letter right after a lowercase one, a symbol between two
+    letters (bar the few that live inside words), the currency sign "¤" (iso-8859-15 has "€" there), a
+    C1 control code or U+FFFD. A letter with no letter on either side ("Copyright Š 2023" is "©" in
+    windows-1252) says nothing about the language and counts neither way."""
+    letters: Counter[str] = Counter()
+    odd = 0
+    for match in _NON_ASCII.finditer(text):
+        i, ch = match.start(), match.group()
+        before = text[i - 1] if i else " "
+        after = text[i + 1] if i + 1 < len(text) else " "
+        if ch.isalpha():
+            if ch.isupper() and before.islower():
+                odd += 1
+            elif before.isalpha() or after.isalpha():
+                letters[ch.lower()] += 1
+        elif ch in _ODD or (before.isalpha() and after.isalpha() and ch not in _IN_WORD):
+            odd += 1
+    total = sum(letters.values())
+    fit = max(2 * sum(letters[ch] for ch in alphabet) - total for alphabet in _ALPHABETS) if total else 0
+    return fit - 2 * odd

@@ -132,6 +132,54 @@ def test_other_central_european_languages(words: list[str], encoding: str) -> No
     assert decode_html(page.encode(encoding)).text == page
 
 
+GERMAN_WORDS = [
+    "Grüße",
+    "aus",
+    "München",
+    "für",
+    "Straße",
+    "Änderung",
+    "Öffnungszeiten",
+    "Übersicht",
+    "schön",
+]
+WEST_ENCODED_PAGES = {
+    # German with soft hyphens inside its words (on real pages the detector alone said cp775 or hp-roman8).
+    "soft hyphens": " ".join(["Kinder\xadsitz\xadtest", "Sicher\xadheit", *GERMAN_WORDS] * 6),
+    # English whose only non-ASCII characters are curly quotes: mac-roman would make "don’t" "donít".
+    "curly quotes": "It\u2019s \u201cthe\u201d best \u2013 don\u2019t miss it. " * 5,
+    # German with one Danish name: windows-1250 reads the "ø" as "ř" and fits German no worse.
+    "stray letter": " ".join([*GERMAN_WORDS * 4, "Søren", "Kierkegaard"]),
+    # An English page's only non-ASCII character, alone between spaces: "©", never iso-8859-2's "Š".
+    "lone symbol": "Copyright \xa9 2023 KTRK-TV. All rights reserved. " * 3,
+}
+
+
+@pytest.mark.parametrize("text", WEST_ENCODED_PAGES.values(), ids=WEST_ENCODED_PAGES.keys())
+def test_western_pages_without_meta(text: str) -> None:
+    page = f"<html><body><p>{text}</p></body></html>"
+    decoded = decode_html(page.encode("windows-1252"))
+    assert decoded.text == page, decoded.encoding
+    assert decoded.source == "detected"
+
+
+def test_iso_8859_15_euro_is_not_the_currency_sign() -> None:
+    page = "<p>" + " ".join(["Preis", "12,50 €", *GERMAN_WORDS] * 4) + "</p>"
+    decoded = decode_html(page.encode("iso-8859-15"))
+    assert decoded.text == page and "¤" not in decoded.text
+
+
+@pytest.mark.parametrize(
+    "data", [b"\xed\xa0\x80 lone", b"<p>caf\xe9</p>", b"ab\x80cd", b"<p>Hello w\xf6rld, and more text</p>"]
+)
+def test_short_pages_get_a_web_encoding(data: bytes) -> None:
+    """No browser decodes cp1006, hp-roman8 or BOM-less UTF-16 from bytes like these; neither do we."""
+    decoded = decode_html(data)
+    assert decoded.encoding in {"cp1252", "iso8859-15", "cp1250", "iso8859-2"}, decoded.encoding
+    assert decode_html(b"<p>caf\xe9</p>").text == "<p>café</p>"
+    assert decode_html(b"<p>Hello w\xf6rld, and more text</p>").text == "<p>Hello wörld, and more text</p>"
+
+
 def test_bom_wins_over_everything() -> None:
     page = '<meta charset="iso-8859-2"><p>Žluťoučký</p>'
     for codec, bom in (
