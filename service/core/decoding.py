@@ -112,9 +112,14 @@ _DETECTED_ENCODINGS = [
     "iso8859_16", "koi8_r", "koi8_u", "cp874", "cp1250", "cp1251", "cp1252", "cp1253", "cp1254", "cp1255",
     "cp1256", "cp1257", "cp1258", "gb18030", "big5", "euc_jp", "iso2022_jp", "cp932", "cp949", "utf_8",
 ]  # fmt: skip
+# Single-byte codecs of other scripts: a guess of one is checked against the best Latin reading.
+_NON_LATIN_SINGLE_BYTE = frozenset(
+    {"cp1251", "koi8-r", "koi8-u", "iso8859-5", "mac-cyrillic", "cp1253", "iso8859-7", "cp1255", "iso8859-8",
+     "cp1256", "iso8859-6", "cp874"}
+)  # fmt: skip
 # The Latin-script readings re-ranked by _best_latin_reading, most common on the web first; the detector's
 # own guess joins them when it is another Latin one.
-_LATIN_CANDIDATES = ("cp1252", "iso8859-15", "cp1250", "iso8859-2")
+_LATIN_CANDIDATES = ("cp1252", "iso8859-15", "cp1250", "iso8859-2", "cp1254", "cp1257")
 _NON_ASCII = re.compile(r"[^\x00-\x7f]")
 # Non-ASCII letters of the languages iso-8859-2 and windows-1250 were made for (lowercase).
 _ALPHABETS: tuple[str, ...] = (
@@ -236,6 +241,14 @@ def _detect(data: bytes) -> str:
         return _best_latin_reading(sample, "cp1252")
     if name in _LATIN_SINGLE_BYTE:
         return _best_latin_reading(sample, name)
+    if name in _NON_LATIN_SINGLE_BYTE:
+        # A German page's "ä" and soft hyphens read as KOI8-R are "Д" and "╜" inside Latin words: when
+        # the best Latin reading has well under half the misfits of the guess, the page is Latin.
+        latin = _best_latin_reading(sample, "cp1252")
+        _, guessed = _score(sample.decode(name, errors="replace"))
+        _, latin_misfits = _score(sample.decode(latin, errors="replace"))
+        if 2 * latin_misfits < guessed:
+            return latin
     return name
 
 
@@ -263,23 +276,41 @@ def _best_latin_reading(sample: bytes, guess: str) -> str:
 def _plausibility(text: str) -> int:
     """How much a reading's non-ASCII characters look like text: their letters' fit to the best-fitting
     alphabet of `_ALPHABETS` (letters of it count for the reading, other letters against), less twice
-    each thing real text does not do: a capital letter right after a lowercase one, a symbol between two
-    letters (bar the few that live inside words), the currency sign "¤" (iso-8859-15 has "€" there), a
-    C1 control code or U+FFFD. A letter with no letter on either side ("Copyright Š 2023" is "©" in
-    windows-1252) says nothing about the language and counts neither way."""
+    each misfit (see `_score`)."""
+    fit, misfits = _score(text)
+    return fit - 2 * misfits
+
+
+def _score(text: str) -> tuple[int, int]:
+    """(alphabet fit, misfits) of a reading's non-ASCII characters.
+
+    Misfits are what real text does not do: a capital letter right after a lowercase one, a letter next
+    to a letter of another script ("MДrz"), a symbol between two letters (bar the few that live inside
+    words), the currency sign "¤" (iso-8859-15 has "€" there), a C1 control code or U+FFFD. A letter
+    with no letter on either side ("Copyright Š 2023" is "©" in windows-1252) says nothing about the
+    language and counts neither way.
+    """
     letters: Counter[str] = Counter()
-    odd = 0
+    misfits = 0
     for match in _NON_ASCII.finditer(text):
         i, ch = match.start(), match.group()
         before = text[i - 1] if i else " "
         after = text[i + 1] if i + 1 < len(text) else " "
         if ch.isalpha():
-            if ch.isupper() and before.islower():
-                odd += 1
+            latin = _is_latin(ch)
+            if (ch.isupper() and before.islower()) or any(
+                c.isalpha() and _is_latin(c) != latin for c in (before, after)
+            ):
+                misfits += 1
             elif before.isalpha() or after.isalpha():
                 letters[ch.lower()] += 1
         elif ch in _ODD or (before.isalpha() and after.isalpha() and ch not in _IN_WORD):
-            odd += 1
+            misfits += 1
     total = sum(letters.values())
     fit = max(2 * sum(letters[ch] for ch in alphabet) - total for alphabet in _ALPHABETS) if total else 0
-    return fit - 2 * odd
+    return fit, misfits
+
+
+def _is_latin(ch: str) -> bool:
+    """Latin script: ASCII, Latin-1, Latin Extended-A/B and IPA (below U+02B0), Latin Extended Additional."""
+    return ch < "\u02b0" or "\u1e00" <= ch <= "\u1eff"

@@ -180,6 +180,52 @@ def test_short_pages_get_a_web_encoding(data: bytes) -> None:
     assert decode_html(b"<p>Hello w\xf6rld, and more text</p>").text == "<p>Hello wörld, and more text</p>"
 
 
+OTHER_SCRIPTS = {
+    "cp1251": "Привет, как дела? Это тест новой системы. Ещё один абзац о погоде в Москве, iPhone-версия.",
+    "koi8-r": "Съешь же ещё этих мягких французских булок, да выпей чаю. Москва - столица России.",
+    "cp1253": "Η Ελλάδα είναι χώρα της νοτιοανατολικής Ευρώπης. Η Αθήνα είναι η πρωτεύουσα.",
+    "cp1255": "שלום עולם, זהו מבחן של מערכת חדשה לקידוד טקסט בעברית.",
+    "cp1256": "مرحبا بالعالم، هذا اختبار لنظام جديد لترميز النصوص العربية.",
+    "cp874": "สวัสดีชาวโลก นี่คือการทดสอบระบบใหม่สำหรับการเข้ารหัสข้อความภาษาไทย",
+    "cp1254": "Türkiye Cumhuriyeti'nin başkenti Ankara'dır. İstanbul en kalabalık şehridir. Güzel ağaçlar.",
+    "cp1257": "Lietuvos Respublika yra valstybė Baltijos jūros rytinėje pakrantėje. Ąžuolas, šaltinis.",
+}
+
+
+@pytest.mark.parametrize("encoding", OTHER_SCRIPTS)
+@pytest.mark.parametrize("repeat", [1, 5, 30])
+def test_other_scripts_without_meta(encoding: str, repeat: int) -> None:
+    page = "<html><body><p>" + " ".join([OTHER_SCRIPTS[encoding]] * repeat) + "</p></body></html>"
+    decoded = decode_html(page.encode(encoding))
+    assert (decoded.text, decoded.encoding) == (page, codecs.lookup(encoding).name)
+
+
+class _Guess:
+    def __init__(self, encoding: str) -> None:
+        self.encoding = encoding
+
+
+class _Matches:
+    def __init__(self, encoding: str) -> None:
+        self._guess = _Guess(encoding)
+
+    def best(self) -> _Guess:
+        return self._guess
+
+
+def test_a_cyrillic_guess_for_a_latin_page_is_overruled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On real German pages full of soft hyphens charset-normalizer said KOI8-R ("fДhrt", "Sicher╜heit");
+    the Latin reading wins when it has well under half the misfits. A Russian page keeps its guess."""
+    import charset_normalizer
+
+    monkeypatch.setattr(charset_normalizer, "from_bytes", lambda *_a, **_k: _Matches("koi8_r"))
+    german = "<p>" + " ".join(["Sicher\xadheit", "fährt", "Größe", "Übersicht", "schön"] * 20) + "</p>"
+    decoded = decode_html(german.encode("cp1252"))
+    assert (decoded.text, decoded.encoding) == (german, "cp1252")
+    russian = "<p>" + OTHER_SCRIPTS["koi8-r"] + "</p>"
+    assert decode_html(russian.encode("koi8-r")).text == russian
+
+
 def test_bom_wins_over_everything() -> None:
     page = '<meta charset="iso-8859-2"><p>Žluťoučký</p>'
     for codec, bom in (
