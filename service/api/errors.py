@@ -9,6 +9,7 @@ the same codes here.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
@@ -100,7 +101,7 @@ def error_response(
     *,
     metrics: ServiceMetrics | None,
     retry_after_s: int | None = None,
-    headers: dict[str, str] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     """The JSON error response, with the failure counted and retry/auth headers set."""
     if metrics is not None:
@@ -132,7 +133,7 @@ async def handle_error(request: Request, exc: Exception) -> Response:
         logger.error("%s %s failed: %s", request.method, request.url.path, message, exc_info=exc)
     metrics, retry_after_s = _app_context(request.app)
     # Routing errors carry headers a client needs (a 405's `Allow`); keep them.
-    passed = dict(exc.headers or {}) if isinstance(exc, StarletteHTTPException) else None
+    passed = exc.headers if isinstance(exc, StarletteHTTPException) else None
     return error_response(code, message, status, metrics=metrics, retry_after_s=retry_after_s, headers=passed)
 
 

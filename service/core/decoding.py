@@ -73,35 +73,6 @@ _WHATWG_ALIASES: dict[str, str] = {
 
 _META_CHARSET = re.compile(rb"<meta\b[^>]*?charset\s*=\s*[\"']?\s*([A-Za-z0-9_:.+-]+)", re.IGNORECASE)
 _XML_DECL = re.compile(rb"^\s*<\?xml[^>]*?encoding\s*=\s*[\"']([A-Za-z0-9_:.+-]+)", re.IGNORECASE)
-# Latin-script single-byte codecs the detector picks between (Python names); see _best_latin_reading.
-_LATIN_SINGLE_BYTE = frozenset(
-    {
-        "cp1252",
-        "iso8859-1",
-        "iso8859-15",
-        "cp1250",
-        "iso8859-2",
-        "cp1258",
-        "cp775",
-        "cp850",
-        "cp852",
-        "cp858",
-        "mac-latin2",
-        "mac-roman",
-        "cp1257",
-        "cp1254",
-        "iso8859-3",
-        "iso8859-4",
-        "iso8859-9",
-        "iso8859-10",
-        "iso8859-13",
-        "iso8859-14",
-        "iso8859-16",
-        "cp437",
-        "mac-iceland",
-        "mac-turkish",
-    }
-)
 # The encodings the detector chooses among, as charset-normalizer names them: those a browser can decode
 # (the WHATWG Encoding Standard; a page no browser could read in cp775 or hp-roman8 is not in cp775 or
 # hp-roman8, however its bytes look), less the ones next to no page uses, which the detector otherwise
@@ -112,10 +83,15 @@ _DETECTED_ENCODINGS = [
     "iso8859_16", "koi8_r", "koi8_u", "cp874", "cp1250", "cp1251", "cp1252", "cp1253", "cp1254", "cp1255",
     "cp1256", "cp1257", "cp1258", "gb18030", "big5", "euc_jp", "iso2022_jp", "cp932", "cp949", "utf_8",
 ]  # fmt: skip
-# Single-byte codecs of other scripts: a guess of one is checked against the best Latin reading.
+# The single-byte codecs of `_DETECTED_ENCODINGS` (Python names) by script. A Latin guess is re-ranked
+# among the Latin readings (see _best_latin_reading); a guess of another script is checked against the
+# best Latin reading.
+_LATIN_SINGLE_BYTE = frozenset(
+    {"cp1250", "cp1252", "cp1254", "cp1257", "cp1258", "iso8859-2", "iso8859-13", "iso8859-15", "iso8859-16"}
+)
 _NON_LATIN_SINGLE_BYTE = frozenset(
-    {"cp1251", "koi8-r", "koi8-u", "iso8859-5", "mac-cyrillic", "cp1253", "iso8859-7", "cp1255", "iso8859-8",
-     "cp1256", "iso8859-6", "cp874"}
+    {"cp1251", "koi8-r", "koi8-u", "iso8859-5", "cp1253", "iso8859-7", "cp1255", "iso8859-8", "cp1256",
+     "iso8859-6", "cp874"}
 )  # fmt: skip
 # The Latin-script readings re-ranked by _best_latin_reading, most common on the web first; the detector's
 # own guess joins them when it is another Latin one.
@@ -238,21 +214,20 @@ def _detect(data: bytes) -> str:
     name = None if best is None else normalize_encoding(best.encoding)
     if name in (None, "ascii", "utf-8"):
         # No usable guess (or the sample looked UTF-8 but the page is not): rank the Latin readings.
-        return _best_latin_reading(sample, "cp1252")
+        return _best_latin_reading(sample, "cp1252")[0]
     if name in _LATIN_SINGLE_BYTE:
-        return _best_latin_reading(sample, name)
+        return _best_latin_reading(sample, name)[0]
     if name in _NON_LATIN_SINGLE_BYTE:
         # A German page's "ä" and soft hyphens read as KOI8-R are "Д" and "╜" inside Latin words: when
         # the best Latin reading has well under half the misfits of the guess, the page is Latin.
-        latin = _best_latin_reading(sample, "cp1252")
+        latin, latin_misfits = _best_latin_reading(sample, "cp1252")
         _, guessed = _score(sample.decode(name, errors="replace"))
-        _, latin_misfits = _score(sample.decode(latin, errors="replace"))
         if 2 * latin_misfits < guessed:
             return latin
     return name
 
 
-def _best_latin_reading(sample: bytes, guess: str) -> str:
+def _best_latin_reading(sample: bytes, guess: str) -> tuple[str, int]:
     """Re-rank the Latin-script single-byte readings, which charset-normalizer confuses on short text.
 
     It cannot tell iso-8859-2 from windows-1250 (Czech, Slovak, Polish, Hungarian...), nor windows-1252
@@ -260,35 +235,29 @@ def _best_latin_reading(sample: bytes, guess: str) -> str:
     windows-1250 or mac-roman for either. The readings differ only in the bytes 0x80-0xBF and a few
     letters: a Czech "š" in iso-8859-2 is a Polish "ą" in windows-1250, a "ť" is a "»", windows-1250's
     "š" (0x9A) is a C1 control code in iso-8859-2, and a German soft hyphen (0xAD) is a "Ł" mid-word in
-    some. Each candidate reading is scored by `_plausibility`; the best wins. A tie goes to the more
-    common encoding (the order of `_LATIN_CANDIDATES`, windows-1252 first, then the detector's guess):
-    with a German page's one "ø", windows-1252 and windows-1250 ("ř") fit German equally well, and
-    windows-1252 is what such a page is in far more often.
+    some. Each candidate reading is scored by its alphabet fit less twice its misfits (`_score`); the
+    best wins and is returned with its misfits. A tie goes to the more common encoding (the order of
+    `_LATIN_CANDIDATES`, windows-1252 first, then the detector's guess): with a German page's one "ø",
+    windows-1252 and windows-1250 ("ř") fit German equally well, and windows-1252 is what such a page is
+    in far more often.
     """
-    best, best_score = guess, None
+    best, best_score, best_misfits = guess, None, 0
     for name in dict.fromkeys((*_LATIN_CANDIDATES, guess)):
-        score = _plausibility(sample.decode(name, errors="replace"))
-        if best_score is None or score > best_score:
-            best, best_score = name, score
-    return best
-
-
-def _plausibility(text: str) -> int:
-    """How much a reading's non-ASCII characters look like text: their letters' fit to the best-fitting
-    alphabet of `_ALPHABETS` (letters of it count for the reading, other letters against), less twice
-    each misfit (see `_score`)."""
-    fit, misfits = _score(text)
-    return fit - 2 * misfits
+        fit, misfits = _score(sample.decode(name, errors="replace"))
+        if best_score is None or fit - 2 * misfits > best_score:
+            best, best_score, best_misfits = name, fit - 2 * misfits, misfits
+    return best, best_misfits
 
 
 def _score(text: str) -> tuple[int, int]:
-    """(alphabet fit, misfits) of a reading's non-ASCII characters.
+    """(alphabet fit, misfits) of a reading's non-ASCII characters: how much they look like text.
 
-    Misfits are what real text does not do: a capital letter right after a lowercase one, a letter next
-    to a letter of another script ("MДrz"), a symbol between two letters (bar the few that live inside
-    words), the currency sign "¤" (iso-8859-15 has "€" there), a C1 control code or U+FFFD. A letter
-    with no letter on either side ("Copyright Š 2023" is "©" in windows-1252) says nothing about the
-    language and counts neither way.
+    The fit is their letters' fit to the best-fitting alphabet of `_ALPHABETS`: letters of it count for
+    the reading, other letters against. Misfits are what real text does not do: a capital letter right
+    after a lowercase one, a letter next to a letter of another script ("MДrz"), a symbol between two
+    letters (bar the few that live inside words), the currency sign "¤" (iso-8859-15 has "€" there), a
+    C1 control code or U+FFFD. A letter with no letter on either side ("Copyright Š 2023" is "©" in
+    windows-1252) says nothing about the language and counts neither way.
     """
     letters: Counter[str] = Counter()
     misfits = 0

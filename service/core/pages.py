@@ -88,8 +88,9 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
     return Page(id=page_id, html=html, url=url if isinstance(url, str) else None, meta=meta)
 
 
-def _iter_jsonl(path: Path, bad_rows: BadRows) -> Iterator[Page]:
-    """Rows in file order; `index` counts rows (blank lines are not rows), messages name the line."""
+def _iter_jsonl(path: Path) -> Iterator[Page]:
+    """Rows in file order; `index` counts rows (blank lines are not rows), messages name the line. A bad
+    row comes back as a Page with `error` set; `iter_pages` decides whether that raises."""
     with path.open("rb") as handle:
         index = 0
         for line_number, line in enumerate(handle, 1):
@@ -104,21 +105,17 @@ def _iter_jsonl(path: Path, bad_rows: BadRows) -> Iterator[Page]:
                     raise PageSourceError(f"{where} is not JSON: {exc}") from exc
                 page = _row_page(row, path.parent, index, where)
             except PageSourceError as exc:
-                if bad_rows == "raise":
-                    raise
                 page = Page(id=_row_id(row, index), html=b"", error=str(exc))
             yield page
             index += 1
 
 
-def _iter_html_dir(path: Path, bad_rows: BadRows) -> Iterator[Page]:
+def _iter_html_dir(path: Path) -> Iterator[Page]:
     for file in sorted(p for p in path.rglob("*") if p.is_file() and p.name.lower().endswith(_HTML_SUFFIXES)):
         page_id = str(file.relative_to(path))
         try:
             page = Page(id=page_id, html=_read_file(file, str(path)))
         except PageSourceError as exc:
-            if bad_rows == "raise":
-                raise
             page = Page(id=page_id, html=b"", error=str(exc))
         yield page
 
@@ -134,10 +131,10 @@ def iter_pages(
     path = Path(source)
     if path.is_dir():
         manifest = path / "manifest.jsonl"
-        pages = _iter_jsonl(manifest, bad_rows) if manifest.is_file() else _iter_html_dir(path, bad_rows)
+        pages = _iter_jsonl(manifest) if manifest.is_file() else _iter_html_dir(path)
     elif path.is_file():
         if path.suffix == ".jsonl":
-            pages = _iter_jsonl(path, bad_rows)
+            pages = _iter_jsonl(path)
         else:
             pages = iter([Page(id=path.name, html=_read_file(path, str(path)))])
     else:
@@ -145,4 +142,6 @@ def iter_pages(
     for count, page in enumerate(pages):
         if limit is not None and count >= limit:
             return
+        if page.error is not None and bad_rows == "raise":
+            raise PageSourceError(page.error)
         yield page

@@ -297,3 +297,12 @@ def test_utf8_payload_agrees_with_decode_html(data: bytes) -> None:
         assert payload.decode("utf-8", errors="replace") == decode_html(data).text
     else:
         assert decode_html(data).encoding != "utf-8" or decode_html(data).source == "detected"
+
+
+def test_the_re_ranked_codecs_are_ones_the_detector_can_name() -> None:
+    from service.core import decoding
+
+    detected = {decoding.normalize_encoding(name) for name in decoding._DETECTED_ENCODINGS}
+    assert detected >= decoding._LATIN_SINGLE_BYTE | decoding._NON_LATIN_SINGLE_BYTE
+    assert not decoding._LATIN_SINGLE_BYTE & decoding._NON_LATIN_SINGLE_BYTE
+    assert set(decoding._LATIN_CANDIDATES) <= decoding._LATIN_SINGLE_BYTE
