@@ -11,7 +11,6 @@ import asyncio
 import base64
 import time
 from collections.abc import Sequence
-from email.message import Message
 from typing import Any, TypeVar
 
 import numpy as np
@@ -19,6 +18,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from service.api.schemas import DocumentIn, EncodingFormat
+from service.core.decoding import parse_content_type
 from service.core.errors import ErrorCode, HtmllmError
 from service.engine import Document, DocumentResult
 
@@ -29,14 +29,11 @@ RAW_MEDIA_TYPES = ("text/html", "application/octet-stream")
 INLINE_PARSE_BYTES = 256 * 1024
 
 
-def parse_content_type(value: str | None) -> tuple[str, str | None]:
-    """(media type, charset) of a Content-Type header; no header reads as JSON."""
+def request_content_type(value: str | None) -> tuple[str, str | None]:
+    """(media type, charset) of a request's Content-Type header; no header reads as JSON."""
     if not value:
         return "application/json", None
-    message = Message()
-    message["content-type"] = value
-    charset = message.get_param("charset")
-    return message.get_content_type(), charset if isinstance(charset, str) and charset else None
+    return parse_content_type(value)
 
 
 def is_json(media_type: str) -> bool:
@@ -70,7 +67,7 @@ async def read_body(
     set option is an error rather than silently ignored.
     """
     header = request.headers.get("content-type")
-    media_type, charset = parse_content_type(header)
+    media_type, charset = request_content_type(header)
     body = await request.body()
     if is_json(media_type):
         given = sorted(name for name, value in raw_options.items() if value is not None)

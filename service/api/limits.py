@@ -4,10 +4,15 @@
 before a byte is read) and for chunked bodies alike (refused as soon as the running total passes it);
 the app then sees the body replayed and, after it, the connection's real messages, so a disconnect is
 still noticed while the request waits in the batcher.
+
+It also undoes a request's `Content-Encoding` (gzip, deflate, br, zstd), so every route reads plain
+bytes. The cap holds for the decoded body too, checked while decoding: a small gzip bomb is refused
+with 413 after at most `max_body_bytes` of output, never inflated in full.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sized
 
@@ -16,7 +21,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.api.errors import STATUS, error_response
 from service.api.metrics import ServiceMetrics
 from service.api.runtime import START_KEY
+from service.core.content_coding import ContentCodingError, decode_content
 from service.core.errors import ErrorCode, HtmllmError
+
+# Compressed bodies above this are decoded on a worker thread, off the event loop.
+INLINE_DECODE_BYTES = 64 * 1024
 
 
 class BodyLimitMiddleware:
@@ -70,6 +79,15 @@ class BodyLimitMiddleware:
                 break
 
         body = b"".join(chunks)
+        # Repeated Content-Encoding headers are one list, in order (RFC 9110 §5.3).
+        codings = [v.decode("latin-1") for k, v in scope["headers"] if k == b"content-encoding"]
+        if codings:
+            try:
+                body = await _decode(body, ", ".join(codings), limit)
+            except ContentCodingError as exc:
+                await self._refuse(scope, receive, send, exc.code, exc.message)
+                return
+            scope = _plain_scope(scope, len(body))
         replayed = False
 
         async def replay() -> Message:
@@ -82,8 +100,24 @@ class BodyLimitMiddleware:
         await self.app(scope, replay, send)
 
 
+async def _decode(body: bytes, coding: str, limit: int) -> bytes:
+    if len(body) > INLINE_DECODE_BYTES:
+        return await asyncio.to_thread(decode_content, body, coding, limit=limit, limit_name=_LIMIT_NAME)
+    return decode_content(body, coding, limit=limit, limit_name=_LIMIT_NAME)
+
+
+def _plain_scope(scope: Scope, length: int) -> Scope:
+    """The scope as if the decoded body had been sent: no Content-Encoding, its real Content-Length."""
+    headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-encoding", b"content-length")]
+    headers.append((b"content-length", str(length).encode("ascii")))
+    return {**scope, "headers": headers}
+
+
+_LIMIT_NAME = "HTMLLM_MAX_BODY_BYTES"
+
+
 def _too_large(size: str, limit: int) -> str:
-    return f"the request body is {size}; the limit is {limit} bytes (HTMLLM_MAX_BODY_BYTES)"
+    return f"the request body is {size}; the limit is {limit} bytes ({_LIMIT_NAME})"
 
 
 def check_document_count(documents: Sized, max_documents: int) -> None:

@@ -26,6 +26,7 @@ import codecs
 import re
 from collections import Counter
 from dataclasses import dataclass
+from email.message import Message
 
 PRESCAN_BYTES = 16384  # how far into the page a <meta> charset declaration is looked for
 DETECT_SAMPLE_BYTES = 524288  # charset-normalizer sees at most this much; the whole page is decoded
@@ -146,6 +147,18 @@ def normalize_encoding(label: str | None) -> str | None:
     if not getattr(info, "_is_text_encoding", True):
         return None
     return info.name
+
+
+def parse_content_type(value: str) -> tuple[str, str | None]:
+    """(lower-case media type, charset label or None) of a `Content-Type` value, as HTTP sends it.
+
+    The email parser does the RFC 2045 work (quoted parameters, case); one it cannot parse reads as
+    `text/plain`, which callers that must quote the header back keep in mind.
+    """
+    message = Message()
+    message["content-type"] = value
+    charset = message.get_param("charset")
+    return message.get_content_type(), charset if isinstance(charset, str) and charset else None
 
 
 def sniff_meta_charset(data: bytes) -> str | None:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import base64
+import gzip
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
+import brotli
 import numpy as np
 import pytest
+import zstandard
 
 from tests.api.conftest import SettingsFactory, app_client, tiny_settings
 from tests.api.pages import CZECH_TEXT, WINDOWS_1250_PAGE, long_page, page
@@ -232,6 +236,46 @@ async def test_body_limit_before_parsing(settings_for: SettingsFactory) -> None:
         assert fits.status_code == 200
         metrics = (await client.get("/metrics")).text
         assert 'htmllm_requests_total{method="POST",route="/v1/embed",status="413"} 2.0' in metrics
+
+
+async def test_compressed_request_bodies(settings_for: SettingsFactory) -> None:
+    """Every content coding gives what the plain body gives; the body cap holds for decoded bytes."""
+    body = json.dumps({"documents": [{"html": page(7)}, {"html": long_page(3)}]}).encode()
+    encoders = {"gzip": gzip.compress, "br": brotli.compress, "zstd": zstandard.ZstdCompressor().compress}
+    async with app_client(settings_for(max_body_bytes=len(body) + 100)) as client:
+        plain = await client.post("/v1/embed", content=body, headers={"content-type": "application/json"})
+        assert plain.status_code == 200, plain.text
+        for coding, encode in encoders.items():
+            response = await client.post(
+                "/v1/embed",
+                content=encode(body),
+                headers={"content-type": "application/json", "content-encoding": coding},
+            )
+            assert response.status_code == 200, (coding, response.text)
+            for got, want in zip(response.json()["data"], plain.json()["data"], strict=True):
+                np.testing.assert_allclose(embedding(got), embedding(want), atol=1e-6)
+        # A raw page: the charset still comes from Content-Type, the bytes from the gzip stream.
+        raw = await client.post(
+            "/v1/preprocess",
+            content=gzip.compress(WINDOWS_1250_PAGE),
+            headers={"content-type": "text/html; charset=windows-1250", "content-encoding": "gzip"},
+        )
+        assert raw.status_code == 200 and CZECH_TEXT in raw.json()["data"][0]["html"]
+
+        bomb = gzip.compress(b" " * (len(body) + 101))
+        too_big = await client.post("/v1/embed", content=bomb, headers={"content-encoding": "gzip"})
+        assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "payload_too_large"
+        assert "HTMLLM_MAX_BODY_BYTES" in too_big.json()["error"]["message"]
+        corrupt = await client.post(
+            "/v1/embed", content=gzip.compress(body)[:-20], headers={"content-encoding": "gzip"}
+        )
+        assert corrupt.status_code == 422 and corrupt.json()["error"]["code"] == "validation_error"
+        assert "gzip body is corrupt" in corrupt.json()["error"]["message"]
+        unknown = await client.post("/v1/embed", content=body, headers={"content-encoding": "compress"})
+        assert unknown.status_code == 415 and unknown.json()["error"]["code"] == "unsupported_media_type"
+        metrics = (await client.get("/metrics")).text
+        assert 'htmllm_request_failures_total{code="payload_too_large"} 1.0' in metrics
+        assert (await client.post("/v1/embed", content=body)).status_code == 200
 
 
 async def test_api_key(settings_for: SettingsFactory) -> None:

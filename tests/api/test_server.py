@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import re
 import time
 from collections.abc import Iterator
@@ -94,6 +95,13 @@ def test_raw_windows_1250_page(server: LiveServer) -> None:
         np.testing.assert_allclose(
             raw.json()["data"][0]["embedding"], as_json.json()["data"][0]["embedding"], atol=1e-6
         )
+        gzipped = client.post(
+            "/v1/embed?id=cz",
+            content=gzip.compress(WINDOWS_1250_PAGE),
+            headers={**headers, "content-encoding": "gzip"},
+        )
+        assert gzipped.status_code == 200, gzipped.text
+        assert gzipped.json()["data"][0]["embedding"] == raw.json()["data"][0]["embedding"]
         extracted = client.post("/v1/extract", content=WINDOWS_1250_PAGE, headers=headers)
         assert extracted.status_code == 200, extracted.text
         assert extracted.json()["data"][0]["extractions"][0]["encoding"] in ("cp1250", "windows-1250")

@@ -1,0 +1,150 @@
+"""HTTP content codings (`Content-Encoding: gzip`, `deflate`, `br`, `zstd`) undone under a size cap.
+
+Two callers have the same problem: the API's request bodies (crawlers gzip their POSTs; HTML shrinks
+five- to tenfold) and WARC response payloads, which a crawler stores exactly as the server sent them.
+Both must stop decoding at a byte limit, not after it: a few KiB of gzip or brotli can expand to
+gigabytes, so every decoder here is driven in bounded steps and refuses as soon as its output passes
+`limit`.
+
+Codings are undone in reverse order of the header (`Content-Encoding: gzip, br` was gzipped first).
+An unknown coding is `unsupported_media_type` (RFC 9110 §8.4.1 answers it with 415), a corrupt stream
+`validation_error`, too much output `payload_too_large`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import zlib
+from collections.abc import Callable
+
+import brotli
+import zstandard
+
+from service.core.errors import ErrorCode, HtmllmError
+
+CODINGS = ("gzip", "deflate", "br", "zstd")
+_ALIASES = {"x-gzip": "gzip"}
+_STEP = 64 * 1024
+
+
+class ContentCodingError(HtmllmError):
+    """A body whose content coding is unknown, corrupt or decodes past the size limit."""
+
+    code = ErrorCode.VALIDATION
+
+
+def parse_codings(header: str | None) -> list[str]:
+    """The codings a `Content-Encoding` value lists, in the order applied; `identity` dropped."""
+    codings = []
+    for part in (header or "").split(","):
+        name = part.strip().lower()
+        name = _ALIASES.get(name, name)
+        if not name or name == "identity":
+            continue
+        if name not in CODINGS:
+            raise ContentCodingError(
+                f"unsupported Content-Encoding {part.strip()[:40]!r}: use one of {', '.join(CODINGS)}",
+                code=ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+            )
+        codings.append(name)
+    return codings
+
+
+def decode_content(data: bytes, header: str | None, *, limit: int, limit_name: str = "") -> bytes:
+    """`data` with the codings of `header` undone; raises `ContentCodingError` on any failure.
+
+    `limit` caps every intermediate and the final output; `limit_name` (a setting's name) goes into
+    the too-large message so the reader knows what to raise.
+    """
+    for coding in reversed(parse_codings(header)):
+        if not data:
+            break  # an empty body is empty under any coding
+        try:
+            data = _DECODERS[coding](data, limit)
+        except _TooLarge:
+            hint = f" ({limit_name})" if limit_name else ""
+            raise ContentCodingError(
+                f"the {coding} body decodes to more than {limit} bytes; the limit is {limit} bytes{hint}",
+                code=ErrorCode.PAYLOAD_TOO_LARGE,
+            ) from None
+        except (OSError, EOFError, zlib.error, brotli.error, zstandard.ZstdError) as exc:
+            raise ContentCodingError(f"the {coding} body is corrupt: {exc}") from exc
+    return data
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _check(size: int, limit: int) -> None:
+    if size > limit:
+        raise _TooLarge
+
+
+def _read_bounded(stream: io.BufferedIOBase | gzip.GzipFile, limit: int) -> bytes:
+    out = bytearray()
+    while chunk := stream.read(_STEP):
+        out += chunk
+        _check(len(out), limit)
+    return bytes(out)
+
+
+def _gzip(data: bytes, limit: int) -> bytes:
+    # GzipFile reads concatenated members, as `gzip -c a b` writes them, and raises on a cut-off one.
+    with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
+        return _read_bounded(stream, limit)
+
+
+def _deflate(data: bytes, limit: int) -> bytes:
+    # HTTP's "deflate" is the zlib format, but servers have long sent raw deflate; browsers take both.
+    wbits = 15 if len(data) >= 2 and (data[0] * 256 + data[1]) % 31 == 0 and data[0] & 0x0F == 8 else -15
+    decompressor = zlib.decompressobj(wbits)
+    out = bytearray()
+    pending = data
+    while pending:
+        out += decompressor.decompress(pending, _STEP)
+        _check(len(out), limit)
+        pending = decompressor.unconsumed_tail
+    out += decompressor.flush()
+    _check(len(out), limit)
+    if not decompressor.eof:
+        raise zlib.error("the stream is cut off")
+    return bytes(out)
+
+
+def _brotli(data: bytes, limit: int) -> bytes:
+    decompressor = brotli.Decompressor()
+    out = bytearray(decompressor.process(data, output_buffer_limit=_STEP))
+    while not decompressor.is_finished():
+        _check(len(out), limit)
+        chunk = decompressor.process(b"", output_buffer_limit=_STEP)
+        if not chunk and decompressor.can_accept_more_data():
+            raise brotli.error("the stream is cut off")  # it wants input there is no more of
+        out += chunk
+    _check(len(out), limit)
+    return bytes(out)
+
+
+def _zstd(data: bytes, limit: int) -> bytes:
+    reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True)
+    with reader:
+        out = _read_bounded(reader, limit)
+    # The stream reader returns a cut-off frame's output without complaint. Its size is now known to be
+    # under the limit, so walking the frames again to see each one end is bounded too.
+    pending = data
+    while pending:
+        frame = zstandard.ZstdDecompressor().decompressobj()
+        frame.decompress(pending)
+        if not frame.eof:
+            raise zstandard.ZstdError("the stream is cut off")
+        pending = frame.unused_data
+    return out
+
+
+_DECODERS: dict[str, Callable[[bytes, int], bytes]] = {
+    "gzip": _gzip,
+    "deflate": _deflate,
+    "br": _brotli,
+    "zstd": _zstd,
+}

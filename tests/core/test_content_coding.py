@@ -1,0 +1,86 @@
+"""Content codings: each one round-trips, corrupt and cut-off streams fail typed, bombs stop at the cap."""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from collections.abc import Callable
+
+import brotli
+import pytest
+import zstandard
+
+from service.core.content_coding import ContentCodingError, decode_content, parse_codings
+from service.core.errors import ErrorCode
+
+PAGE = ("<html><body>" + "<p>Příliš žluťoučký kůň úpěl ďábelské ódy.</p>" * 400 + "</body></html>").encode()
+
+
+def _raw_deflate(data: bytes) -> bytes:
+    compressor = zlib.compressobj(wbits=-15)
+    return compressor.compress(data) + compressor.flush()
+
+
+ENCODERS: dict[str, Callable[[bytes], bytes]] = {
+    "gzip": gzip.compress,
+    "x-gzip": gzip.compress,
+    "deflate": zlib.compress,
+    "br": brotli.compress,
+    "zstd": lambda data: zstandard.ZstdCompressor().compress(data),
+}
+
+
+@pytest.mark.parametrize("coding", sorted(ENCODERS))
+def test_round_trip(coding: str) -> None:
+    encoded = ENCODERS[coding](PAGE)
+    assert len(encoded) < len(PAGE) // 5
+    assert decode_content(encoded, coding.upper(), limit=len(PAGE)) == PAGE
+
+
+def test_raw_deflate_and_stacked_codings() -> None:
+    assert decode_content(_raw_deflate(PAGE), "deflate", limit=len(PAGE)) == PAGE
+    # Applied gzip first, then br: undone in reverse.
+    stacked = brotli.compress(gzip.compress(PAGE))
+    assert decode_content(stacked, "gzip, br", limit=len(PAGE)) == PAGE
+    assert decode_content(PAGE, "identity", limit=len(PAGE)) == PAGE
+    assert decode_content(b"", "br", limit=10) == b""
+
+
+def test_concatenated_members_and_frames() -> None:
+    halves = PAGE[:1000], PAGE[1000:]
+    assert decode_content(b"".join(gzip.compress(h) for h in halves), "gzip", limit=len(PAGE)) == PAGE
+    frames = b"".join(zstandard.ZstdCompressor().compress(h) for h in halves)
+    assert decode_content(frames, "zstd", limit=len(PAGE)) == PAGE
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "br", "zstd"])
+@pytest.mark.parametrize("damage", ["cut", "junk"])
+def test_corrupt_streams_are_validation_errors(coding: str, damage: str) -> None:
+    encoded = ENCODERS[coding](PAGE)
+    broken = encoded[: len(encoded) // 2] if damage == "cut" else b"junk" + encoded
+    with pytest.raises(ContentCodingError) as caught:
+        decode_content(broken, coding, limit=10 * len(PAGE))
+    assert caught.value.code is ErrorCode.VALIDATION
+    assert f"the {coding} body is corrupt" in caught.value.message
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "br", "zstd"])
+def test_bombs_stop_at_the_limit(coding: str) -> None:
+    bomb = ENCODERS[coding](b"\0" * 50_000_000)
+    assert len(bomb) < 100_000
+    with pytest.raises(ContentCodingError) as caught:
+        decode_content(bomb, coding, limit=1_000_000, limit_name="HTMLLM_MAX_BODY_BYTES")
+    assert caught.value.code is ErrorCode.PAYLOAD_TOO_LARGE
+    assert "1000000 bytes (HTMLLM_MAX_BODY_BYTES)" in caught.value.message
+    # Exactly at the limit still decodes.
+    assert len(decode_content(ENCODERS[coding](b"\0" * 1000), coding, limit=1000)) == 1000
+
+
+def test_unknown_codings_are_unsupported_media_type() -> None:
+    assert parse_codings(" GZIP ,identity, br") == ["gzip", "br"]
+    assert parse_codings(None) == [] and parse_codings("") == []
+    for header in ("compress", "gzip, lzma", "exi"):
+        with pytest.raises(ContentCodingError) as caught:
+            decode_content(b"x", header, limit=10)
+        assert caught.value.code is ErrorCode.UNSUPPORTED_MEDIA_TYPE
+        assert "unsupported Content-Encoding" in caught.value.message
