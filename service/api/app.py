@@ -31,7 +31,8 @@ logger = logging.getLogger(__name__)
 
 DESCRIPTION = (
     "Embeddings and task-head scores for raw HTML pages from one forward pass. Errors are "
-    '`{"error": {"code", "message"}}`; a full queue answers 429 with `Retry-After`. Response headers '
+    '`{"error": {"code", "message"}}`; a full queue answers 429 with `Retry-After`. Request bodies may '
+    "be compressed (`Content-Encoding: gzip`, `deflate`, `br` or `zstd`). Response headers "
     "`x-prune-time`, `x-tokenize-time`, `x-queue-time`, `x-inference-time`, `x-total-time` are in "
     "milliseconds."
 )

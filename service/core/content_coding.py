@@ -17,6 +17,7 @@ import gzip
 import io
 import zlib
 from collections.abc import Callable
+from typing import Protocol
 
 import brotli
 import zstandard
@@ -82,7 +83,11 @@ def _check(size: int, limit: int) -> None:
         raise _TooLarge
 
 
-def _read_bounded(stream: io.BufferedIOBase | gzip.GzipFile, limit: int) -> bytes:
+class _Readable(Protocol):
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
+def _read_bounded(stream: _Readable, limit: int) -> bytes:
     out = bytearray()
     while chunk := stream.read(_STEP):
         out += chunk

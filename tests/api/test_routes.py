@@ -8,8 +8,8 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import httpx
 import brotli
+import httpx
 import numpy as np
 import pytest
 import zstandard
