@@ -199,6 +199,38 @@ def decode_html(data: bytes | str, *, encoding: str | None = None) -> DecodedHtm
     return DecodedHtml(data.decode(detected, errors="replace"), detected, "detected")
 
 
+def with_declared_encoding(data: bytes, encoding: str | None) -> bytes:
+    """`data` as bytes `decode_html` reads, without being told, the way `encoding` says to read them.
+
+    For page collections, where the declaration (an HTTP charset kept in a WARC record, a JSONL row's
+    `encoding`, or "utf-8" for a row that carries text) would otherwise be lost between the reader and
+    the many consumers that only take bytes. The bytes come back unchanged when the declaration changes
+    nothing (no codec named, a BOM, a `<meta>` that agrees, UTF-8 declared for valid UTF-8 without a
+    contrary `<meta>`); otherwise the declared reading comes back as UTF-8 behind a BOM, which wins
+    over everything else in `decode_html`.
+    """
+    declared = normalize_encoding(encoding)
+    if declared is None or any(data.startswith(bom) for bom, _ in _BOMS):
+        return data
+    meta = sniff_meta_charset(data)
+    if meta == declared:
+        return data
+    if meta is None and declared == "utf-8" and _is_utf8(data):
+        return data
+    reading = data.decode(declared, errors="replace")
+    if decode_html(data).text == reading:
+        return data
+    return codecs.BOM_UTF8 + reading.encode("utf-8")
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def utf8_payload(data: bytes, *, encoding: str | None = None) -> bytes | None:
     """The page's bytes as UTF-8, when `decode_html` would read them as UTF-8 without looking at them.
 

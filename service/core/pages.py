@@ -3,33 +3,60 @@
 A page source is one of:
 - a directory with `manifest.jsonl` (rows with `id`, `file`, optional `url` and metadata), as the
   shared corpus is laid out;
-- a JSONL file whose rows carry `html` (a string) or `file` (a path relative to the JSONL file), plus
-  optional `id`, `url` and any other fields (kept in `Page.meta`);
-- a directory of `*.html`, `*.htm` (optionally `.gz`) files, read recursively in sorted order;
+- a JSONL file (`.jsonl`, or gzipped `.jsonl.gz`) whose rows carry `html` (a string) or `file` (a path
+  relative to the JSONL file), plus optional `id`, `url`, `encoding` (the charset a `file`'s bytes were
+  served with, as an HTTP Content-Type would declare it) and any other fields (kept in `Page.meta`);
+- a WARC file (`.warc`, `.warc.gz`, `.warc.zst`, `.warc.lz4`), as crawlers write them: every
+  `response` record with an HTML payload (and every HTML `resource` record) is a page, with the
+  WARC-Record-ID as its id, WARC-Target-URI as its url, the HTTP body with its chunked transfer and
+  Content-Encoding undone, and the HTTP charset honoured; other records (requests, images, revisits,
+  DNS, metadata) are skipped. `meta` has `warc_file`, `warc_date`, `http_status`, `content_type` and,
+  for a record the crawler cut short, `warc_truncated`;
+- a directory of `*.html`, `*.htm` (optionally `.gz`) and WARC files, read recursively in sorted order;
 - a single HTML file.
 Gzip is recognised by its magic bytes, so raw bytes reach the decoder exactly as crawled.
 
-A row that cannot be read (not JSON, not UTF-8, no `html` or `file`, a missing or corrupt file) raises
-`PageSourceError` naming its line, unless the caller asks for `bad_rows="report"`: then it is yielded as
-a `Page` with `error` set and no bytes, at its position. The bulk commands report it in that page's output
-row and go on, since one truncated line at the end of a crawler's JSONL must not sink a million-page run;
-training and the benchmarks keep the default and stop.
+A declared charset must survive the trip to consumers that take bytes only (the Engine, the pruner,
+the evaluation's content keys), so a page's bytes are made self-describing with
+`with_declared_encoding`: unchanged when the declaration changes nothing (the common case), UTF-8
+behind a BOM when it does (an HTTP charset that a `<meta>` contradicts; a row's `html` text, which is
+UTF-8 whatever its `<meta charset>` says).
+
+A row that cannot be read (not JSON, not UTF-8, no `html` or `file`, a missing or corrupt file; a WARC
+record cut off or with a corrupt body) raises `PageSourceError` naming its line or record, unless the
+caller asks for `bad_rows="report"`: then it is yielded as a `Page` with `error` set and no bytes, at its
+position. The bulk commands report it in that page's output row and go on, since one truncated line at
+the end of a crawler's JSONL must not sink a million-page run; training and the benchmarks keep the
+default and stop. A WARC or gzipped JSONL file that cannot be read past some point ends with one such
+row; a directory goes on with its next file.
 """
 
 from __future__ import annotations
 
 import gzip
+import io
 import json
+import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
+from service.core.content_coding import ContentCodingError, decode_content
+from service.core.decoding import parse_content_type, with_declared_encoding
 from service.core.errors import ErrorCode, HtmllmError
 
+if TYPE_CHECKING:
+    from fastwarc.warc import WarcRecord
+
 _HTML_SUFFIXES = (".html", ".htm", ".html.gz", ".htm.gz")
+_JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
+_WARC_SUFFIXES = (".warc", ".warc.gz", ".warc.zst", ".warc.lz4")
 _GZIP_MAGIC = b"\x1f\x8b"
+_HTML_MEDIA_TYPES = frozenset({"text/html", "application/xhtml+xml"})
+# A WARC payload's decoded size cap: far above any page worth embedding, far below a bomb's output.
+MAX_WARC_PAYLOAD_BYTES = 64 * 1024 * 1024
 
 BadRows = Literal["raise", "report"]
 
@@ -71,29 +98,60 @@ def _row_id(row: Any, index: int) -> str:
 def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
     if not isinstance(row, dict):
         raise PageSourceError(f"{where} is not a JSON object")
-    meta = {k: v for k, v in row.items() if k not in ("id", "html", "file", "url")}
+    meta = {k: v for k, v in row.items() if k not in ("id", "html", "file", "url", "encoding")}
     page_id = _row_id(row, index)
     url = row.get("url")
     if isinstance(row.get("html"), str):
         # A lone surrogate ("\ud800" is valid JSON) cannot be UTF-8: pass it on as the invalid bytes
         # it is, which the page decoder replaces like any other bad byte.
-        html = row["html"].encode("utf-8", errors="surrogatepass")
+        # The text is UTF-8 now, whatever charset its <meta> names.
+        html = with_declared_encoding(row["html"].encode("utf-8", errors="surrogatepass"), "utf-8")
     elif isinstance(row.get("file"), str):
         path = base / row["file"]
         if not path.is_file():
             raise PageSourceError(f"{where} names a missing file {path}")
-        html = _read_file(path, where)
+        encoding = row.get("encoding")
+        if encoding is not None and not isinstance(encoding, str):
+            raise PageSourceError(f"{where}: 'encoding' must be a charset name, not {encoding!r}")
+        html = with_declared_encoding(_read_file(path, where), encoding)
     else:
         raise PageSourceError(f"{where} has neither 'html' nor 'file'")
     return Page(id=page_id, html=html, url=url if isinstance(url, str) else None, meta=meta)
 
 
+def _open_jsonl(path: Path) -> IO[bytes]:
+    handle = path.open("rb")
+    if handle.read(2) == _GZIP_MAGIC:
+        handle.seek(0)
+        return gzip.GzipFile(fileobj=handle)  # type: ignore[return-value]
+    handle.seek(0)
+    return handle
+
+
+def _lines(handle: IO[bytes], path: Path) -> Iterator[tuple[int, bytes | PageSourceError]]:
+    """(line number, line) in order; a gzip stream that breaks off ends with the error instead."""
+    line_number = 0
+    while True:
+        try:
+            line = handle.readline()
+        except (OSError, EOFError, zlib.error) as exc:
+            yield line_number + 1, PageSourceError(f"{path}: cannot read past line {line_number}: {exc}")
+            return
+        if not line:
+            return
+        line_number += 1
+        yield line_number, line
+
+
 def _iter_jsonl(path: Path) -> Iterator[Page]:
     """Rows in file order; `index` counts rows (blank lines are not rows), messages name the line. A bad
     row comes back as a Page with `error` set; `iter_pages` decides whether that raises."""
-    with path.open("rb") as handle:
+    with _open_jsonl(path) as handle:
         index = 0
-        for line_number, line in enumerate(handle, 1):
+        for line_number, line in _lines(handle, path):
+            if isinstance(line, PageSourceError):
+                yield Page(id=str(index), html=b"", error=str(line))
+                return
             if not line.strip():
                 continue
             where = f"{path}: line {line_number}"
@@ -111,7 +169,11 @@ def _iter_jsonl(path: Path) -> Iterator[Page]:
 
 
 def _iter_html_dir(path: Path) -> Iterator[Page]:
-    for file in sorted(p for p in path.rglob("*") if p.is_file() and p.name.lower().endswith(_HTML_SUFFIXES)):
+    suffixes = _HTML_SUFFIXES + _WARC_SUFFIXES
+    for file in sorted(p for p in path.rglob("*") if p.is_file() and p.name.lower().endswith(suffixes)):
+        if file.name.lower().endswith(_WARC_SUFFIXES):
+            yield from _iter_warc(file)
+            continue
         page_id = str(file.relative_to(path))
         try:
             page = Page(id=page_id, html=_read_file(file, str(path)))
@@ -133,8 +195,11 @@ def iter_pages(
         manifest = path / "manifest.jsonl"
         pages = _iter_jsonl(manifest) if manifest.is_file() else _iter_html_dir(path)
     elif path.is_file():
-        if path.suffix == ".jsonl":
+        name = path.name.lower()
+        if name.endswith(_JSONL_SUFFIXES):
             pages = _iter_jsonl(path)
+        elif name.endswith(_WARC_SUFFIXES):
+            pages = _iter_warc(path)
         else:
             pages = iter([Page(id=path.name, html=_read_file(path, str(path)))])
     else:
@@ -145,3 +210,170 @@ def iter_pages(
         if page.error is not None and bad_rows == "raise":
             raise PageSourceError(page.error)
         yield page
+
+
+def _iter_warc(path: Path) -> Iterator[Page]:
+    """The HTML pages of a WARC file in record order; a record that cannot be read is an error row, and
+    a file that cannot be read past some record ends with one (the framing after it is lost)."""
+    try:
+        from fastwarc.warc import ArchiveIterator, WarcRecordType
+    except ImportError as exc:  # a dependency, but an environment may have been pruned by hand
+        raise PageSourceError(f"reading {path} needs FastWARC: pip install fastwarc") from exc
+    try:
+        # Every record type, so the last record seen is the last one FastWARC could frame.
+        iterator = iter(ArchiveIterator(str(path), parse_http=False, fsspec_args=False))
+    except (OSError, ValueError) as exc:
+        raise PageSourceError(f"cannot read {path}: {exc}") from exc
+    offset = 0
+    reported = False  # whether the last record was reported cut off already
+    while True:
+        try:
+            record = next(iterator)
+            offset, reported = record.stream_pos, False
+            if record.record_type not in (WarcRecordType.response, WarcRecordType.resource):
+                continue
+            block = record.reader.read()
+        except StopIteration:
+            break
+        except (OSError, ValueError) as exc:
+            yield _warc_error(path, offset, f"cannot read the records after byte {offset}: {exc}")
+            return
+        page_id = record.record_id or f"{path.name}@{offset}"
+        where = f"{path}: record {page_id} at byte {offset}"
+        url = record.headers.get("WARC-Target-URI")
+        meta: dict[str, Any] = {"warc_file": path.name, "warc_date": record.headers.get("WARC-Date")}
+        reported = len(block) < record.content_length
+        try:
+            page = _warc_page(record, block, page_id, url, meta, where)
+        except PageSourceError as exc:
+            page = Page(id=page_id, html=b"", url=url, meta=meta, error=str(exc))
+        if page is not None:
+            yield page
+    # FastWARC ends quietly (or hands back an empty record) where a killed writer cut the file inside a
+    # record's header; check the end of the file from the last record it framed, and say so.
+    problem = None if reported else _tail_problem(path, offset)
+    if problem is not None:
+        yield _warc_error(path, offset, problem)
+
+
+def _warc_error(path: Path, offset: int, message: str) -> Page:
+    return Page(
+        id=f"{path.name}@{offset}", html=b"", error=f"{path}: {message}", meta={"warc_file": path.name}
+    )
+
+
+_CONTENT_LENGTH = re.compile(rb"(?im)^content-length:[ \t]*(\d+)[ \t]*\r?$")
+
+
+def _tail_problem(path: Path, offset: int) -> str | None:
+    """Why the file does not end with complete records from the one at `offset` on, or None.
+
+    Reads from that record to the end (gunzipping a .warc.gz as far as it goes) and walks the records
+    by their Content-Length. zstd and lz4 files are not checked.
+    """
+    with path.open("rb") as handle:
+        handle.seek(offset)
+        data = handle.read()
+    if data[:2] == _GZIP_MAGIC:
+        data, complete = _gunzip_leniently(data)
+        if not complete:
+            return f"the file is cut off or corrupt after byte {offset}: a gzip member does not decode"
+    elif data[:4] in (b"\x28\xb5\x2f\xfd", b"\x04\x22\x4d\x18"):
+        return None
+    position = 0
+    while data[position:].strip():
+        while data[position : position + 1] in (b"\r", b"\n"):
+            position += 1  # the CRLF CRLF after each record
+        header_end = data.find(b"\r\n\r\n", position)
+        match = _CONTENT_LENGTH.search(data, position, header_end) if header_end >= 0 else None
+        if match is None:
+            return f"the file ends inside the record header at byte {offset + position}"
+        end = header_end + 4 + int(match.group(1))
+        if end > len(data):
+            return f"the file ends inside the record at byte {offset + position}: it was cut off"
+        position = end
+    return None
+
+
+def _gunzip_leniently(data: bytes) -> tuple[bytes, bool]:
+    """What the gzip members in `data` decode to, and whether all of them decoded whole (only
+    whitespace after the last): a member cut off or corrupt still gives what it decoded to."""
+    out = bytearray()
+    while data.strip():
+        decompressor = zlib.decompressobj(31)
+        try:
+            out += decompressor.decompress(data)
+        except zlib.error:
+            return bytes(out), False
+        if not decompressor.eof:
+            out += decompressor.flush()
+            return bytes(out), False
+        data = decompressor.unused_data
+    return bytes(out), True
+
+
+def _warc_page(
+    record: WarcRecord, block: bytes, page_id: str, url: str | None, meta: dict[str, Any], where: str
+) -> Page | None:
+    """The page a record holds, None for a record that holds no HTML page."""
+    from fastwarc.warc import HeaderMap, WarcRecordType
+
+    if len(block) < record.content_length:
+        # Only the file's last record can be short, and what it was cannot be trusted: report it.
+        raise PageSourceError(f"{where} is cut off: {len(block)} of its {record.content_length} bytes")
+    content_type = record.headers.get("Content-Type") or ""
+    coding: str | None = None
+    if record.record_type == WarcRecordType.response:
+        if not content_type.lower().startswith("application/http"):
+            return None  # e.g. a DNS response
+        http = HeaderMap()
+        try:
+            head = http.parse(io.BytesIO(block))
+        except OSError as exc:
+            raise PageSourceError(f"{where}: the HTTP response head is malformed: {exc}") from exc
+        body = block[head:]
+        content_type = http.get("Content-Type") or ""
+        coding = http.get("Content-Encoding")
+        meta["http_status"] = http.status_code
+        if "chunked" in (http.get("Transfer-Encoding") or "").lower():
+            body = _dechunk(body)
+    else:
+        body = block
+    media_type, charset = parse_content_type(content_type) if content_type else (None, None)
+    if media_type not in _HTML_MEDIA_TYPES and not (media_type is None and body.lstrip()[:1] == b"<"):
+        return None
+    meta["content_type"] = content_type or None
+    truncated = record.headers.get("WARC-Truncated")
+    if truncated:
+        meta["warc_truncated"] = truncated
+    try:
+        body = decode_content(body, coding, limit=MAX_WARC_PAYLOAD_BYTES)
+    except ContentCodingError as exc:
+        raise PageSourceError(f"{where}: {exc.message}") from exc
+    return Page(id=page_id, html=with_declared_encoding(body, charset), url=url, meta=meta)
+
+
+def _dechunk(body: bytes) -> bytes:
+    """A chunked HTTP body's data. Lenient as crawl data needs: a body that only claims to be chunked
+    (its first line is no chunk size) is returned as it is, one that breaks off keeps what came."""
+    out = bytearray()
+    position = 0
+    while True:
+        end = body.find(b"\n", position)
+        try:
+            size = int(body[position:end].split(b";", 1)[0].strip(), 16) if end >= 0 else -1
+        except ValueError:
+            size = -1
+        if size < 0:
+            return body if position == 0 else bytes(out)
+        if size == 0:
+            return bytes(out)
+        start = end + 1
+        out += body[start : start + size]
+        if start + size > len(body):
+            return bytes(out)
+        position = start + size
+        if body[position : position + 2] == b"\r\n":
+            position += 2
+        elif body[position : position + 1] == b"\n":
+            position += 1

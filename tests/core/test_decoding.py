@@ -7,7 +7,13 @@ import random
 
 import pytest
 
-from service.core.decoding import decode_html, normalize_encoding, sniff_meta_charset, utf8_payload
+from service.core.decoding import (
+    decode_html,
+    normalize_encoding,
+    sniff_meta_charset,
+    utf8_payload,
+    with_declared_encoding,
+)
 
 CZECH_WORDS = [
     "příliš",
@@ -306,3 +312,21 @@ def test_the_re_ranked_codecs_are_ones_the_detector_can_name() -> None:
     assert detected >= decoding._LATIN_SINGLE_BYTE | decoding._NON_LATIN_SINGLE_BYTE
     assert not decoding._LATIN_SINGLE_BYTE & decoding._NON_LATIN_SINGLE_BYTE
     assert set(decoding._LATIN_CANDIDATES) <= decoding._LATIN_SINGLE_BYTE
+
+
+def test_with_declared_encoding_changes_bytes_only_when_the_reading_changes() -> None:
+    text = "<html><body><p>Příliš žluťoučký kůň</p></body></html>"
+    cp1250 = text.encode("cp1250")
+    meta = '<html><head><meta charset="windows-1250"></head><body><p>Příliš žluťoučký kůň</p></body></html>'
+    # Nothing to change: no codec named, a BOM, a <meta> that agrees, UTF-8 declared for UTF-8.
+    assert with_declared_encoding(cp1250, None) is cp1250
+    assert with_declared_encoding(cp1250, "no-such-charset") is cp1250
+    bom = codecs.BOM_UTF8 + text.encode()
+    assert with_declared_encoding(bom, "windows-1250") is bom
+    assert with_declared_encoding(meta.encode("cp1250"), "cp1250") == meta.encode("cp1250")
+    assert with_declared_encoding(text.encode(), "utf-8") == text.encode()
+    # A declaration the bytes alone would not give: the declared reading, as UTF-8 behind a BOM.
+    latin2 = text.encode("iso-8859-2")
+    fixed = with_declared_encoding(meta.encode(), "utf-8")  # UTF-8 text whose <meta> says windows-1250
+    assert fixed.startswith(codecs.BOM_UTF8) and decode_html(fixed).text == meta
+    assert decode_html(with_declared_encoding(latin2, "iso-8859-2")).text == text

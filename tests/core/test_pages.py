@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import json
 from pathlib import Path
 
+import brotli
 import pytest
 
+from service.core.decoding import decode_html
 from service.core.pages import PageSourceError, iter_pages
+from service.core.prune import prune_html
+from tests.factories.warc import HttpResponse, response, warc_gz, warc_record
 
 
 def test_manifest_directory_with_gzip(tmp_path: Path) -> None:
@@ -82,7 +87,9 @@ def test_reported_bad_rows_keep_their_position(tmp_path: Path) -> None:
     assert [p.id for p in pages] == ["good", "1", "2", "no-html", "4", "gz", "lone", "7", "8"]
     errors = [p.error for p in pages]
     assert errors[0] is None and pages[0].html == b"<p>ok</p>"
-    assert errors[6] is None and pages[6].html == b"<p>\xed\xa0\x80 x</p>"  # passed on as bad bytes
+    # Passed on as the bad UTF-8 bytes it is, which read as U+FFFD like any other bad byte.
+    lone = b"<p>\xed\xa0\x80 x</p>".decode("utf-8", errors="replace")
+    assert errors[6] is None and decode_html(pages[6].html).text == lone
     expected = {
         1: "line 3 is not JSON",
         2: "line 4 is not JSON",
@@ -111,3 +118,188 @@ def test_a_corrupt_file_in_an_html_directory(tmp_path: Path) -> None:
 def test_missing_source(tmp_path: Path) -> None:
     with pytest.raises(PageSourceError):
         list(iter_pages(tmp_path / "nope"))
+
+
+CZECH = "Příliš žluťoučký kůň úpěl ďábelské ódy"
+
+
+def _warc_records() -> list[bytes]:
+    czech = f"<html><body><p>{CZECH}</p></body></html>".encode("cp1250")
+    plain = b"<html><body><p>plain page</p></body></html>"
+    return [
+        warc_record(
+            "info",
+            b"software: test\r\n",
+            record_type="warcinfo",
+            uri=None,
+            content_type="application/warc-fields",
+        ),
+        warc_record(
+            "req",
+            b"GET / HTTP/1.1\r\nHost: example.com\r\n\r\n",
+            record_type="request",
+            content_type="application/http; msgtype=request",
+        ),
+        response("cz", HttpResponse(czech, "text/html; charset=windows-1250"), "https://cz.example/"),
+        response("gz", HttpResponse(gzip.compress(plain), "text/html", headers={"Content-Encoding": "gzip"})),
+        response(
+            "br",
+            HttpResponse(brotli.compress(plain), "application/xhtml+xml", headers={"Content-Encoding": "br"}),
+        ),
+        response(
+            "chunked",
+            HttpResponse(
+                gzip.compress(plain), "text/html", headers={"Content-Encoding": "gzip"}, chunked=True
+            ),
+        ),
+        response("png", HttpResponse(b"\x89PNG\r\n\x1a\n....", "image/png")),
+        response(
+            "missing",
+            HttpResponse(
+                b"<html><p>not found</p></html>", "text/html; charset=utf-8", status="404 Not Found"
+            ),
+        ),
+        response("untyped", HttpResponse(b"  <!doctype html><p>sniffed</p>", None)),
+        warc_record("revisit", b"HTTP/1.1 200 OK\r\n\r\n", record_type="revisit"),
+        warc_record("dns", b"20261130120000\nexample.com. 300 IN A 1.2.3.4\n", content_type="text/dns"),
+        warc_record(
+            "res",
+            b"<html><p>a resource</p></html>",
+            record_type="resource",
+            content_type="text/html",
+            uri="file:///local.html",
+            extra={"WARC-Truncated": "length"},
+        ),
+    ]
+
+
+WARC_PAGES = ["cz", "gz", "br", "chunked", "missing", "untyped", "res"]
+
+
+@pytest.mark.parametrize("suffix", [".warc", ".warc.gz"])
+def test_warc_pages(tmp_path: Path, suffix: str) -> None:
+    records = _warc_records()
+    path = tmp_path / f"crawl{suffix}"
+    path.write_bytes(warc_gz(records) if suffix.endswith(".gz") else b"".join(records))
+    pages = list(iter_pages(path))
+    assert [p.id for p in pages] == [f"<urn:uuid:{name}>" for name in WARC_PAGES]
+    assert all(p.error is None for p in pages)
+    texts = {p.id[10:-1]: decode_html(p.html).text for p in pages}
+    assert CZECH in texts["cz"]  # the HTTP charset read the windows-1250 bytes
+    for name in ("gz", "br", "chunked"):
+        assert texts[name] == "<html><body><p>plain page</p></body></html>", name
+    assert "sniffed" in texts["untyped"] and "a resource" in texts["res"]
+    by_id = {p.id[10:-1]: p for p in pages}
+    assert by_id["cz"].url == "https://cz.example/" and by_id["res"].url == "file:///local.html"
+    assert by_id["cz"].meta == {
+        "warc_file": path.name,
+        "warc_date": "2026-11-30T12:00:00Z",
+        "http_status": 200,
+        "content_type": "text/html; charset=windows-1250",
+    }
+    assert by_id["missing"].meta["http_status"] == 404
+    assert by_id["res"].meta["warc_truncated"] == "length"
+    assert len(list(iter_pages(path, limit=2))) == 2
+
+
+def test_http_charset_wins_over_a_contrary_meta(tmp_path: Path) -> None:
+    """Browsers read the HTTP charset first; the bytes then carry it as UTF-8 behind a BOM."""
+    html = f'<html><head><meta charset="iso-8859-1"></head><body>{CZECH}</body></html>'.encode("cp1250")
+    agreeing = f'<html><head><meta charset="windows-1250"></head><body>{CZECH}</body></html>'.encode("cp1250")
+    path = tmp_path / "a.warc"
+    path.write_bytes(
+        response("contrary", HttpResponse(html, "text/html; charset=windows-1250"))
+        + response("agreeing", HttpResponse(agreeing, 'text/html; charset="Windows-1250"'))
+    )
+    contrary, same = iter_pages(path)
+    assert contrary.html.startswith(codecs.BOM_UTF8) and CZECH in decode_html(contrary.html).text
+    assert same.html == agreeing  # nothing to change: the raw bytes as crawled
+
+
+def test_inline_html_text_is_utf8_whatever_its_meta_says(tmp_path: Path) -> None:
+    source = tmp_path / "rows.jsonl"
+    html = f'<html><head><meta charset="windows-1250"></head><body><p>{CZECH}</p></body></html>'
+    source.write_text(json.dumps({"id": "t", "html": html}) + "\n", encoding="utf-8")
+    (page,) = iter_pages(source)
+    assert decode_html(page.html).text.endswith(f"<p>{CZECH}</p></body></html>")
+    assert prune_html(page.html) == f"<p>{CZECH}</p>"
+
+
+def test_jsonl_gz_and_declared_file_encoding(tmp_path: Path) -> None:
+    (tmp_path / "cz.html").write_bytes(f"<p>{CZECH}</p>".encode("iso-8859-2"))
+    rows = [{"id": "cz", "file": "cz.html", "encoding": "iso-8859-2"}, {"id": "x", "html": "<p>x</p>"}]
+    source = tmp_path / "rows.jsonl.gz"
+    source.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
+    cz, x = iter_pages(source)
+    assert decode_html(cz.html).text == f"<p>{CZECH}</p>" and cz.meta == {}
+    assert x.html == b"<p>x</p>"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"file": "cz.html", "encoding": 1250}) + "\n")
+    with pytest.raises(PageSourceError, match="'encoding' must be a charset name"):
+        list(iter_pages(bad))
+
+
+def test_a_cut_off_jsonl_gz_ends_with_an_error_row(tmp_path: Path) -> None:
+    data = gzip.compress(
+        b"".join(json.dumps({"id": str(i), "html": "<p>x</p>" * 50}).encode() + b"\n" for i in range(50))
+    )
+    source = tmp_path / "cut.jsonl.gz"
+    source.write_bytes(data[: len(data) // 2])
+    pages = list(iter_pages(source, bad_rows="report"))
+    assert pages[-1].error is not None and "cannot read past line" in pages[-1].error
+    assert all(p.error is None for p in pages[:-1]) and len(pages) > 1
+
+
+def test_bad_warc_records_are_error_rows(tmp_path: Path) -> None:
+    records = [
+        response("good", HttpResponse(b"<p>good</p>")),
+        response("corrupt", HttpResponse(b"not gzip at all", headers={"Content-Encoding": "gzip"})),
+        response("unknown", HttpResponse(b"<p>?</p>", headers={"Content-Encoding": "compress"})),
+        response("after", HttpResponse(b"<p>after</p>")),
+    ]
+    path = tmp_path / "bad.warc.gz"
+    path.write_bytes(warc_gz(records))
+    with pytest.raises(PageSourceError, match="the gzip body is corrupt"):
+        list(iter_pages(path))
+    pages = list(iter_pages(path, bad_rows="report"))
+    assert [p.id for p in pages] == [
+        "<urn:uuid:good>",
+        "<urn:uuid:corrupt>",
+        "<urn:uuid:unknown>",
+        "<urn:uuid:after>",
+    ]
+    assert [p.error is None for p in pages] == [True, False, False, True]
+    assert "unsupported Content-Encoding" in (pages[2].error or "")
+
+
+@pytest.mark.parametrize("gzipped", [False, True])
+def test_a_warc_cut_anywhere_never_loses_a_page_quietly(tmp_path: Path, gzipped: bool) -> None:
+    """A killed writer leaves a partial last record: every cut either keeps the page whole or ends the
+    file's pages with an error row; none drops it without a word."""
+    first = response("first", HttpResponse(b"<p>first</p>"))
+    last = response("last", HttpResponse(b"<p>last page</p>"))
+    tail = gzip.compress(last, mtime=0) if gzipped else last
+    data = (gzip.compress(first, mtime=0) if gzipped else first) + tail
+    path = tmp_path / ("cut.warc.gz" if gzipped else "cut.warc")
+    for cut in range(1, len(tail), 3):
+        path.write_bytes(data[: len(data) - cut])
+        pages = list(iter_pages(path, bad_rows="report"))
+        assert pages[0].id == "<urn:uuid:first>" and pages[0].error is None, cut
+        whole = [p for p in pages[1:] if p.error is None]
+        errors = [p for p in pages[1:] if p.error is not None]
+        assert errors or [decode_html(p.html).text for p in whole] == ["<p>last page</p>"], cut
+        assert all(decode_html(p.html).text == "<p>last page</p>" for p in whole), cut
+
+
+def test_a_directory_of_warcs_and_html_files(tmp_path: Path) -> None:
+    (tmp_path / "a.html").write_bytes(b"<p>a</p>")
+    (tmp_path / "b.warc.gz").write_bytes(warc_gz([response("b1", HttpResponse(b"<p>b1</p>"))]))
+    (tmp_path / "c.warc").write_bytes(b"WARC/1.1\r\nWARC-Type: resp")  # cut inside its first header
+    (tmp_path / "d.warc").write_bytes(response("d1", HttpResponse(b"<p>d1</p>")))
+    pages = list(iter_pages(tmp_path, bad_rows="report"))
+    assert [(p.id, p.error is None) for p in pages] == [
+        ("a.html", True),
+        ("<urn:uuid:b1>", True),
+        ("c.warc@0", False),
+        ("<urn:uuid:d1>", True),
+    ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ import pytest
 from service.cli import main
 from service.engine import Document, DocumentResult, Engine
 from tests.engine.conftest import make_pages
+from tests.factories.warc import HttpResponse, response, warc_gz
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -163,3 +165,40 @@ def test_parts_of_an_older_row_format_are_not_resumed(
     assert main(args) == 1
     assert "other settings (row_format)" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_warc_file_is_embedded_like_the_pages_it_holds(
+    tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A crawler's .warc.gz in, one row per HTML response out: record ids, target URIs, the HTTP charset
+    and Content-Encoding honoured, non-HTML records skipped, a cut-off last record an error row."""
+    good = make_pages(2, seed=11, min_words=20, max_words=40)
+    records = [
+        response(
+            "one",
+            HttpResponse(good[0].encode("cp1250", errors="replace"), "text/html; charset=windows-1250"),
+            "https://a.example/",
+        ),
+        response("png", HttpResponse(b"\x89PNG\r\n\x1a\n", "image/png")),
+        response(
+            "two",
+            HttpResponse(gzip.compress(good[1].encode()), "text/html", headers={"Content-Encoding": "gzip"}),
+            "https://b.example/",
+        ),
+    ]
+    cut = warc_gz([response("cut", HttpResponse(b"<p>" + b"lost " * 200 + b"</p>"))])
+    source = tmp_path / "crawl.warc.gz"
+    source.write_bytes(warc_gz(records) + cut[: len(cut) // 2])
+    out = tmp_path / "out.parquet"
+    args = ["embed", "--checkpoint", str(tiny_checkpoint), "--input", str(source), "--output", str(out)]
+    assert main([*args, "--no-progress"]) == 0
+    assert "(1 failed this run)" in capsys.readouterr().err
+    table = pq.read_table(out)
+    assert table["id"].to_pylist()[:2] == ["<urn:uuid:one>", "<urn:uuid:two>"] and table.num_rows == 3
+    assert table["url"].to_pylist()[:2] == ["https://a.example/", "https://b.example/"]
+    assert table["error"].to_pylist() == [None, None, "validation_error"]
+    expected = asyncio.run(
+        _embed(tiny_checkpoint, [good[0].encode("cp1250", errors="replace").decode("cp1250"), good[1]])
+    )
+    for row, result in enumerate(expected):
+        np.testing.assert_allclose(np.array(table["embedding"][row].as_py()), result.embedding, atol=1e-5)

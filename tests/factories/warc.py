@@ -1,0 +1,61 @@
+"""WARC files written byte by byte (not with the reader's library), so the reader is checked against
+the format rather than against itself."""
+
+from __future__ import annotations
+
+import gzip
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class HttpResponse:
+    body: bytes
+    content_type: str | None = "text/html"
+    status: str = "200 OK"
+    headers: dict[str, str] = field(default_factory=dict)
+    chunked: bool = False
+
+    def block(self) -> bytes:
+        lines = [f"HTTP/1.1 {self.status}"]
+        if self.content_type is not None:
+            lines.append(f"Content-Type: {self.content_type}")
+        lines += [f"{k}: {v}" for k, v in self.headers.items()]
+        body = self.body
+        if self.chunked:
+            lines.append("Transfer-Encoding: chunked")
+            body = b"".join(f"{len(c):x}\r\n".encode() + c + b"\r\n" for c in _chunks(body, 7)) + b"0\r\n\r\n"
+        else:
+            lines.append(f"Content-Length: {len(body)}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def _chunks(data: bytes, size: int) -> list[bytes]:
+    return [data[i : i + size] for i in range(0, len(data), size)]
+
+
+def warc_record(
+    record_id: str,
+    block: bytes,
+    *,
+    record_type: str = "response",
+    uri: str | None = "https://example.com/",
+    content_type: str = "application/http; msgtype=response",
+    extra: dict[str, str] | None = None,
+) -> bytes:
+    """One WARC/1.1 record: header, block, and the CRLF CRLF that ends it."""
+    lines = ["WARC/1.1", f"WARC-Type: {record_type}", f"WARC-Record-ID: <urn:uuid:{record_id}>"]
+    lines.append("WARC-Date: 2026-11-30T12:00:00Z")
+    if uri is not None:
+        lines.append(f"WARC-Target-URI: {uri}")
+    lines += [f"{k}: {v}" for k, v in (extra or {}).items()]
+    lines += [f"Content-Type: {content_type}", f"Content-Length: {len(block)}"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + block + b"\r\n\r\n"
+
+
+def response(record_id: str, http: HttpResponse, uri: str = "https://example.com/") -> bytes:
+    return warc_record(record_id, http.block(), uri=uri)
+
+
+def warc_gz(records: list[bytes]) -> bytes:
+    """A .warc.gz as crawlers write it: one gzip member per record."""
+    return b"".join(gzip.compress(r, mtime=0) for r in records)
