@@ -52,7 +52,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--input",
         required=True,
         type=Path,
-        help="pages: a JSONL(.gz) file, a WARC file (.warc, .warc.gz), a corpus directory with manifest.jsonl, or a directory of HTML and WARC files",
+        help=(
+            "pages: a JSONL(.gz) file, a WARC file (.warc, .warc.gz), a corpus directory with "
+            "manifest.jsonl, or a directory of HTML and WARC files"
+        ),
     )
     parser.add_argument("--output", required=True, type=Path, help="Parquet file to write")
     parser.add_argument("--backend", choices=("torch", "onnx"), default="torch", help="inference backend")

@@ -40,7 +40,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument(
         "--input",
         required=True,
-        help="page source: a corpus directory with manifest.jsonl, a JSONL(.gz) file, a WARC file, an HTML or WARC directory, an HTML file",
+        help=(
+            "page source: a corpus directory with manifest.jsonl, a JSONL(.gz) file, a WARC file, "
+            "an HTML or WARC directory, an HTML file"
+        ),
     )
     parser.add_argument("--output", required=True, help="JSONL file to write, or - for standard output")
     parser.add_argument("--limit", type=int, default=None, help="extract at most this many pages")
