@@ -15,12 +15,14 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
+from starlette.middleware.gzip import GZipMiddleware
 
 from service import __version__
 from service.api.errors import install_error_handlers
 from service.api.limits import BodyLimitMiddleware
 from service.api.metrics import EngineMetricsObserver, RequestMetricsMiddleware, ServiceMetrics
 from service.api.openapi import install_openapi
+from service.api.request_id import RequestIdMiddleware
 from service.api.routers import embed, extract, health, openai, preprocess, tei
 from service.api.runtime import Runtime
 from service.api.schemas import EmbedRequest, ExtractRequest, PreprocessRequest
@@ -32,8 +34,9 @@ logger = logging.getLogger(__name__)
 DESCRIPTION = (
     "Embeddings and task-head scores for raw HTML pages from one forward pass. Errors are "
     '`{"error": {"code", "message"}}`; a full queue answers 429 with `Retry-After`. Request bodies may '
-    "be compressed (`Content-Encoding: gzip`, `deflate`, `br` or `zstd`). Response headers "
-    "`x-prune-time`, `x-tokenize-time`, `x-queue-time`, `x-inference-time`, `x-total-time` are in "
+    "be compressed (`Content-Encoding: gzip`, `deflate`, `br` or `zstd`); responses are gzipped for "
+    "clients that accept it. Every response carries `x-request-id` (the client's, if usable). Response "
+    "headers `x-prune-time`, `x-tokenize-time`, `x-queue-time`, `x-inference-time`, `x-total-time` are in "
     "milliseconds."
 )
 
@@ -103,9 +106,14 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         app.include_router(router)
     paths = {route.path for router in routers for route in router.routes if isinstance(route, APIRoute)}
     paths |= {path for path in (app.openapi_url, app.docs_url, app.redoc_url) if path}
-    # Added innermost first: metrics see every request, including those the body limit refuses.
+    # Added innermost first: metrics see every request, including those the body limit refuses, and
+    # every response, compressed or not, carries its request id.
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes, metrics=metrics)
+    if settings.gzip_min_bytes > 0:
+        # Level 1: most of gzip's gain on float JSON for a fraction of level 9's CPU, which the model needs.
+        app.add_middleware(GZipMiddleware, minimum_size=settings.gzip_min_bytes, compresslevel=1)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics, routes=paths)
+    app.add_middleware(RequestIdMiddleware)
     install_openapi(
         app, description=DESCRIPTION, raw_body_models=(EmbedRequest, PreprocessRequest, ExtractRequest)
     )

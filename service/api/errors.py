@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.api.metrics import CLIENT_CLOSED_STATUS
+from service.api.request_id import request_id
 from service.core.errors import ErrorCode, HtmllmError
 
 if TYPE_CHECKING:
@@ -130,7 +131,14 @@ async def handle_error(request: Request, exc: Exception) -> Response:
     code, message, status = classify(exc)
     if isinstance(exc, HtmllmError) and code in _SERVER_FAULTS:
         # Untyped exceptions are re-raised by Starlette after this response and logged by the server.
-        logger.error("%s %s failed: %s", request.method, request.url.path, message, exc_info=exc)
+        logger.error(
+            "%s %s failed (request %s): %s",
+            request.method,
+            request.url.path,
+            request_id(request.scope),
+            message,
+            exc_info=exc,
+        )
     metrics, retry_after_s = _app_context(request.app)
     # Routing errors carry headers a client needs (a 405's `Allow`); keep them.
     passed = exc.headers if isinstance(exc, StarletteHTTPException) else None

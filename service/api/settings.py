@@ -64,6 +64,11 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     drain_timeout_s: float = Field(30.0, ge=0, description="graceful shutdown: time to drain the queue")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    gzip_min_bytes: int = Field(
+        1024,
+        ge=0,
+        description="responses this large are gzipped for clients that send Accept-Encoding: gzip; 0: never",
+    )
 
     def engine_config(self) -> EngineConfig:
         """The Engine's configuration; the settings are the one place both are read from."""

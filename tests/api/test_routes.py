@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -276,6 +277,43 @@ async def test_compressed_request_bodies(settings_for: SettingsFactory) -> None:
         metrics = (await client.get("/metrics")).text
         assert 'htmllm_request_failures_total{code="payload_too_large"} 1.0' in metrics
         assert (await client.post("/v1/embed", content=body)).status_code == 200
+
+
+async def test_request_ids(client: httpx.AsyncClient) -> None:
+    """Every response names its request: the client's id when it is usable, a fresh uuid4 otherwise."""
+    made = await client.post("/v1/embed", json={"documents": [{"html": page(1)}]})
+    assert re.fullmatch(r"[0-9a-f]{32}", made.headers["x-request-id"])
+    again = await client.post("/v1/embed", json={"documents": [{"html": page(1)}]})
+    assert again.headers["x-request-id"] != made.headers["x-request-id"]
+    kept = await client.get("/health", headers={"x-request-id": "crawler-7:batch/42"})
+    assert kept.headers["x-request-id"] == "crawler-7:batch/42"
+    for unusable in ("has space", "x" * 129, "semi;colon", ""):
+        replaced = await client.get("/health", headers={"x-request-id": unusable})
+        assert re.fullmatch(r"[0-9a-f]{32}", replaced.headers["x-request-id"]), unusable
+    # Errors too, including those answered before routing.
+    missing = await client.get("/nowhere", headers={"x-request-id": "r-404"})
+    assert missing.status_code == 404 and missing.headers["x-request-id"] == "r-404"
+    unknown = await client.post(
+        "/v1/embed", content=b"{}", headers={"content-encoding": "lzma", "x-request-id": "r-415"}
+    )
+    assert unknown.status_code == 415 and unknown.headers["x-request-id"] == "r-415"
+    assert len(missing.headers.get_list("x-request-id")) == 1
+
+
+async def test_responses_are_gzipped_for_clients_that_accept_it(settings_for: SettingsFactory) -> None:
+    body = {"documents": [{"html": page(i)} for i in range(4)]}
+    async with app_client(settings_for()) as client:
+        plain = await client.post("/v1/embed", json=body, headers={"accept-encoding": "identity"})
+        assert plain.status_code == 200 and "content-encoding" not in plain.headers
+        zipped = await client.post("/v1/embed", json=body, headers={"accept-encoding": "gzip"})
+        assert zipped.headers["content-encoding"] == "gzip" and zipped.headers["vary"] == "Accept-Encoding"
+        assert zipped.json() == plain.json()  # httpx undoes the coding
+        assert int(zipped.headers["content-length"]) < len(plain.content) // 2
+        small = await client.get("/health", headers={"accept-encoding": "gzip"})
+        assert "content-encoding" not in small.headers  # under gzip_min_bytes: not worth it
+    async with app_client(settings_for(gzip_min_bytes=0)) as client:
+        never = await client.post("/v1/embed", json=body, headers={"accept-encoding": "gzip"})
+        assert never.status_code == 200 and "content-encoding" not in never.headers
 
 
 async def test_api_key(settings_for: SettingsFactory) -> None:
