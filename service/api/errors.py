@@ -129,20 +129,28 @@ async def handle_error(request: Request, exc: Exception) -> Response:
     if isinstance(exc, ClientDisconnectedError):
         return Response(status_code=CLIENT_CLOSED_STATUS)
     code, message, status = classify(exc)
-    if isinstance(exc, HtmllmError) and code in _SERVER_FAULTS:
-        # Untyped exceptions are re-raised by Starlette after this response and logged by the server.
+    rid = request_id(request.scope)
+    if code in _SERVER_FAULTS:
+        # A bug is re-raised by Starlette after this response and its traceback logged by the server;
+        # this line ties that traceback to the request id the client saw.
+        typed = isinstance(exc, HtmllmError)
         logger.error(
             "%s %s failed (request %s): %s",
             request.method,
             request.url.path,
-            request_id(request.scope),
+            rid,
             message,
-            exc_info=exc,
+            exc_info=exc if typed else None,
         )
     metrics, retry_after_s = _app_context(request.app)
     # Routing errors carry headers a client needs (a 405's `Allow`); keep them.
-    passed = exc.headers if isinstance(exc, StarletteHTTPException) else None
-    return error_response(code, message, status, metrics=metrics, retry_after_s=retry_after_s, headers=passed)
+    headers = dict(exc.headers or {}) if isinstance(exc, StarletteHTTPException) else {}
+    if rid is not None:
+        # A bug's 500 is sent from outside the middleware stack, past the request-id middleware.
+        headers["x-request-id"] = rid
+    return error_response(
+        code, message, status, metrics=metrics, retry_after_s=retry_after_s, headers=headers
+    )
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -262,6 +262,7 @@ def _warc_error(path: Path, offset: int, message: str) -> Page:
     )
 
 
+_MAX_TAIL_BYTES = 4 * MAX_WARC_PAYLOAD_BYTES
 _CONTENT_LENGTH = re.compile(rb"(?im)^content-length:[ \t]*(\d+)[ \t]*\r?$")
 
 
@@ -273,7 +274,9 @@ def _tail_problem(path: Path, offset: int) -> str | None:
     """
     with path.open("rb") as handle:
         handle.seek(offset)
-        data = handle.read()
+        data = handle.read(_MAX_TAIL_BYTES + 1)
+    if len(data) > _MAX_TAIL_BYTES:
+        return None  # no record is this large: FastWARC's offsets are not member starts here
     if data[:2] == _GZIP_MAGIC:
         data, complete = _gunzip_leniently(data)
         if not complete:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import logging
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,6 +16,8 @@ import numpy as np
 import pytest
 import zstandard
 
+from service.api.app import create_app
+from service.api.routers import embed as embed_router
 from tests.api.conftest import SettingsFactory, app_client, tiny_settings
 from tests.api.pages import CZECH_TEXT, WINDOWS_1250_PAGE, long_page, page
 from tests.factories.checkpoint import (
@@ -298,6 +301,29 @@ async def test_request_ids(client: httpx.AsyncClient) -> None:
     )
     assert unknown.status_code == 415 and unknown.headers["x-request-id"] == "r-415"
     assert len(missing.headers.get_list("x-request-id")) == 1
+
+
+async def test_a_bug_is_a_500_with_the_request_id_logged(
+    settings_for: SettingsFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An untyped exception's 500 leaves from outside the middleware stack: it still names the request."""
+    app = create_app(settings_for())
+
+    def broken(documents: object) -> object:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(embed_router, "to_documents", broken)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+            with caplog.at_level(logging.ERROR, logger="service.api.errors"):
+                failed = await client.post(
+                    "/v1/embed", json={"documents": [{"html": page(1)}]}, headers={"x-request-id": "bug-1"}
+                )
+            assert failed.status_code == 500 and failed.json()["error"]["code"] == "internal_error"
+            assert failed.headers["x-request-id"] == "bug-1"
+            assert any("(request bug-1)" in record.getMessage() for record in caplog.records)
+            assert (await client.get("/health")).status_code == 200  # and it keeps serving
 
 
 async def test_responses_are_gzipped_for_clients_that_accept_it(settings_for: SettingsFactory) -> None:
