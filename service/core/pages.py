@@ -76,10 +76,14 @@ class Page:
     error: str | None = None  # why the row could not be read (only with bad_rows="report"); html is b""
 
 
+def gunzip_page(data: bytes) -> bytes:
+    """A page's raw bytes, gunzipped when they are gzip (recognised by the magic bytes)."""
+    return gzip.decompress(data) if data[:2] == _GZIP_MAGIC else data
+
+
 def read_page_bytes(path: Path) -> bytes:
     """The raw bytes of one page file, gunzipped when the file is gzip."""
-    data = path.read_bytes()
-    return gzip.decompress(data) if data[:2] == _GZIP_MAGIC else data
+    return gunzip_page(path.read_bytes())
 
 
 def _read_file(path: Path, where: str) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import pytest
@@ -308,5 +309,12 @@ def test_cli_prints_the_pruned_page(tmp_path: Path, capsys: pytest.CaptureFixtur
     page.write_bytes('<meta charset="windows-1250"><div class=x><p>Žluťoučký kůň</p></div>'.encode("cp1250"))
     assert main(["prune", str(page)]) == 0
     assert capsys.readouterr().out == "<p>Žluťoučký kůň</p>\n"
+    zipped = tmp_path / "page.html.gz"
+    zipped.write_bytes(gzip.compress(page.read_bytes()))
+    assert main(["prune", str(zipped)]) == 0
+    assert capsys.readouterr().out == "<p>Žluťoučký kůň</p>\n"
     assert main(["prune", str(tmp_path / "missing.html")]) == 1
+    assert "cannot read" in capsys.readouterr().err
+    (tmp_path / "cut.html.gz").write_bytes(gzip.compress(page.read_bytes())[:-6])
+    assert main(["prune", str(tmp_path / "cut.html.gz")]) == 1
     assert "cannot read" in capsys.readouterr().err
