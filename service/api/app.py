@@ -25,7 +25,13 @@ from service.api.openapi import install_openapi
 from service.api.request_id import RequestIdMiddleware
 from service.api.routers import embed, extract, health, openai, preprocess, tei
 from service.api.runtime import Runtime
-from service.api.schemas import EmbedRequest, ExtractRequest, PreprocessRequest
+from service.api.schemas import (
+    EmbedRequest,
+    ExtractRequest,
+    OpenAIEmbeddingsRequest,
+    PreprocessRequest,
+    TeiEmbedRequest,
+)
 from service.api.settings import Settings
 from service.engine import Engine
 
@@ -115,6 +121,14 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics, routes=paths)
     app.add_middleware(RequestIdMiddleware)
     install_openapi(
-        app, description=DESCRIPTION, raw_body_models=(EmbedRequest, PreprocessRequest, ExtractRequest)
+        app,
+        description=DESCRIPTION,
+        body_models=(
+            EmbedRequest,
+            PreprocessRequest,
+            ExtractRequest,
+            OpenAIEmbeddingsRequest,
+            TeiEmbedRequest,
+        ),
     )
     return app

@@ -81,7 +81,7 @@ class BodyLimitMiddleware:
         body = b"".join(chunks)
         # Repeated Content-Encoding headers are one list, in order (RFC 9110 §5.3).
         codings = [v.decode("latin-1") for k, v in scope["headers"] if k == b"content-encoding"]
-        if codings:
+        if codings and body:  # nothing to decode in an empty body (a GET), whatever it claims
             try:
                 body = await _decode(body, ", ".join(codings), limit)
             except ContentCodingError as exc:

@@ -1,8 +1,8 @@
 """The OpenAPI document: error responses on every route, and the raw-body alternatives FastAPI cannot infer.
 
-Routes that take either JSON or one raw page read their body themselves, so FastAPI does not see a
-body parameter; `raw_body_openapi` declares the three content types and `install_openapi` adds the JSON
-schemas they reference to the components.
+Routes read their bodies themselves (JSON or one raw page; JSON with or without a Content-Type), so
+FastAPI does not see a body parameter; `raw_body_openapi` and `json_body_openapi` declare the content
+types and `install_openapi` adds the JSON schemas they reference to the components.
 """
 
 from __future__ import annotations
@@ -45,7 +45,17 @@ def raw_body_openapi(model: type[BaseModel]) -> dict[str, Any]:
     }
 
 
-def install_openapi(app: FastAPI, *, description: str, raw_body_models: Sequence[type[BaseModel]]) -> None:
+def json_body_openapi(model: type[BaseModel]) -> dict[str, Any]:
+    """`openapi_extra` for a route that reads its JSON body `model` itself."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
+        }
+    }
+
+
+def install_openapi(app: FastAPI, *, description: str, body_models: Sequence[type[BaseModel]]) -> None:
     """Build the document once, on first request, with the raw-body routes' models in the components."""
 
     def openapi() -> dict[str, Any]:
@@ -53,7 +63,7 @@ def install_openapi(app: FastAPI, *, description: str, raw_body_models: Sequence
             return app.openapi_schema
         schema = get_openapi(title=app.title, version=app.version, description=description, routes=app.routes)
         components = schema.setdefault("components", {}).setdefault("schemas", {})
-        for model in raw_body_models:
+        for model in body_models:
             model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             components.update(model_schema.pop("$defs", {}))
             components[model.__name__] = model_schema

@@ -282,6 +282,34 @@ async def test_compressed_request_bodies(settings_for: SettingsFactory) -> None:
         assert (await client.post("/v1/embed", content=body)).status_code == 200
 
 
+async def test_compatible_routes_take_json_with_or_without_a_content_type(client: httpx.AsyncClient) -> None:
+    """As /v1/embed does: no Content-Type reads as JSON; a form type (curl -d) is a clear 415."""
+    for route, body in (("/v1/embeddings", {"input": page(1)}), ("/embed", {"inputs": page(1)})):
+        payload = json.dumps(body).encode()
+        typed = await client.post(route, content=payload, headers={"content-type": "application/json"})
+        untyped = await client.post(route, content=payload)
+        assert typed.status_code == untyped.status_code == 200, (route, untyped.text)
+        assert typed.json() == untyped.json()
+        zipped = await client.post(
+            route, content=gzip.compress(payload), headers={"content-encoding": "gzip"}
+        )
+        assert zipped.status_code == 200 and zipped.json() == typed.json()
+        form = await client.post(
+            route, content=payload, headers={"content-type": "application/x-www-form-urlencoded"}
+        )
+        assert form.status_code == 415 and form.json()["error"]["code"] == "unsupported_media_type"
+        assert "send application/json" in form.json()["error"]["message"]
+        broken = await client.post(route, content=b"{not json")
+        assert broken.status_code == 422 and broken.json()["error"]["code"] == "validation_error"
+    # A body-less GET that claims a coding has nothing to decode.
+    assert (await client.get("/health", headers={"content-encoding": "lzma"})).status_code == 200
+    schema = (await client.get("/openapi.json")).json()
+    for route, model in (("/v1/embeddings", "OpenAIEmbeddingsRequest"), ("/embed", "TeiEmbedRequest")):
+        content = schema["paths"][route]["post"]["requestBody"]["content"]
+        assert content["application/json"]["schema"]["$ref"] == f"#/components/schemas/{model}"
+        assert model in schema["components"]["schemas"]
+
+
 async def test_request_ids(client: httpx.AsyncClient) -> None:
     """Every response names its request: the client's id when it is usable, a fresh uuid4 otherwise."""
     made = await client.post("/v1/embed", json={"documents": [{"html": page(1)}]})

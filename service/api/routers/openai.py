@@ -6,8 +6,8 @@ from fastapi import APIRouter, Depends, Request, Response
 
 from service.api import inference
 from service.api.auth import require_api_key
-from service.api.documents import check_dimensions, encode_embedding, timing_headers
-from service.api.openapi import ERROR_RESPONSES
+from service.api.documents import check_dimensions, encode_embedding, read_json_body, timing_headers
+from service.api.openapi import ERROR_RESPONSES, json_body_openapi
 from service.api.runtime import EngineDep, RuntimeDep, request_started
 from service.api.schemas import (
     OpenAIEmbedding,
@@ -20,9 +20,13 @@ from service.engine import Document
 router = APIRouter(tags=["compatible"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
 
 
-@router.post("/v1/embeddings", summary="OpenAI-compatible embeddings")
+@router.post(
+    "/v1/embeddings",
+    response_model=OpenAIEmbeddingsResponse,
+    summary="OpenAI-compatible embeddings",
+    openapi_extra=json_body_openapi(OpenAIEmbeddingsRequest),
+)
 async def embeddings(
-    body: OpenAIEmbeddingsRequest,
     request: Request,
     response: Response,
     runtime: RuntimeDep,
@@ -30,6 +34,7 @@ async def embeddings(
 ) -> OpenAIEmbeddingsResponse:
     """`model` is accepted and ignored (one model per server); no task heads are run."""
     started = request_started(request)
+    body = await read_json_body(request, OpenAIEmbeddingsRequest)
     check_dimensions(body.dimensions, engine.info.embedding_dim)
     pages = [body.input] if isinstance(body.input, str) else body.input
     results = await inference.embed(

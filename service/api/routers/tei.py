@@ -6,8 +6,8 @@ from fastapi import APIRouter, Depends, Request, Response
 
 from service.api import inference
 from service.api.auth import require_api_key
-from service.api.documents import check_dimensions, timing_headers
-from service.api.openapi import ERROR_RESPONSES
+from service.api.documents import check_dimensions, read_json_body, timing_headers
+from service.api.openapi import ERROR_RESPONSES, json_body_openapi
 from service.api.runtime import EngineDep, RuntimeDep, request_started
 from service.api.schemas import TeiEmbedRequest
 from service.engine import Document
@@ -15,12 +15,17 @@ from service.engine import Document
 router = APIRouter(tags=["compatible"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
 
 
-@router.post("/embed", summary="text-embeddings-inference-compatible embed")
+@router.post(
+    "/embed",
+    summary="text-embeddings-inference-compatible embed",
+    openapi_extra=json_body_openapi(TeiEmbedRequest),
+)
 async def embed(
-    body: TeiEmbedRequest, request: Request, response: Response, runtime: RuntimeDep, engine: EngineDep
+    request: Request, response: Response, runtime: RuntimeDep, engine: EngineDep
 ) -> list[list[float]]:
     """One embedding per input, in order; truncation defaults to the server's policy."""
     started = request_started(request)
+    body = await read_json_body(request, TeiEmbedRequest)
     check_dimensions(body.dimensions, engine.info.embedding_dim)
     pages = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     results = await inference.embed(
