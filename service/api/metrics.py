@@ -78,6 +78,11 @@ class ServiceMetrics:
         self.documents_failed = Counter(
             "htmllm_documents_failed", "Documents answered with an error, by code", ["code"], registry=r
         )
+        self.cache_hits = Counter(
+            "htmllm_result_cache_hits",
+            "Documents answered from the result cache, without the model",
+            registry=r,
+        )
         self.documents_skipped = Counter(
             "htmllm_documents_skipped",
             "Documents dropped before their forward pass (client gone or deadline passed)",
@@ -114,6 +119,9 @@ class EngineMetricsObserver(EngineObserver):
 
     def documents_failed(self, code: ErrorCode, documents: int) -> None:
         self.metrics.documents_failed.labels(code=code.value).inc(documents)
+
+    def cache_hit(self) -> None:
+        self.metrics.cache_hits.inc()
 
 
 class RequestMetricsMiddleware:

@@ -47,6 +47,9 @@ class Settings(BaseSettings):
     max_queue_documents: int = Field(1024, gt=0, description="beyond it a request gets 429")
     preprocess_workers: int = Field(2, gt=0)
     warmup: bool = Field(True, description="run one full-size batch before /ready says ready")
+    result_cache_documents: int = Field(
+        0, ge=0, description="an LRU of this many finished documents, reused for byte-identical pages; 0: off"
+    )
 
     # Per-request limits.
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="413 beyond it, before parsing")
@@ -86,4 +89,5 @@ class Settings(BaseSettings):
             max_queue_documents=self.max_queue_documents,
             preprocess_workers=self.preprocess_workers,
             truncate=self.truncate,
+            result_cache_documents=self.result_cache_documents,
         )

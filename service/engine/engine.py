@@ -32,7 +32,8 @@ from service.core.errors import ErrorCode, HtmllmError
 from service.core.modeling import HeadSpec
 from service.core.prune import PRUNE_VERSION, prune_html
 from service.core.tokenizer import HtmlTokenizer
-from service.engine.batcher import Batcher, BatchRow
+from service.engine.batcher import Batcher
+from service.engine.result_cache import CachedRow, ResultCache, cache_key
 from service.engine.runners import Runner
 from service.engine.types import (
     BatchStats,
@@ -148,6 +149,8 @@ class Engine:
         self._accepting = False
         self._in_flight = 0
         self._idle: asyncio.Event | None = None
+        cached = config.result_cache_documents
+        self._cache: ResultCache | None = ResultCache(cached) if cached > 0 else None
 
     @classmethod
     def from_checkpoint(
@@ -349,12 +352,64 @@ class Engine:
         called: float,
     ) -> DocumentResult:
         loop = asyncio.get_running_loop()
+        cache = self._cache
+        if cache is None:
+            return await self._embed_fresh(pool, doc, head_names, normalize, truncate, deadline, called)
+        key = await loop.run_in_executor(pool, cache_key, doc, truncate)  # hashing a page: off the loop
+        while True:
+            hit = cache.get(key)
+            waiting = cache.in_flight(key) if hit is None else None
+            if hit is None and waiting is not None:
+                # The same page is being embedded for another caller: share its answer. Shielded, so
+                # this caller's deadline or disconnect does not cancel the other's.
+                hit = await asyncio.shield(waiting)
+                if hit is None:
+                    continue  # that attempt failed; try again (and maybe embed it here)
+            if hit is not None:
+                self._notify(self.observer.cache_hit)
+                timings = StageTimings(0.0, 0.0, 0.0, 0.0, time.monotonic() - called)
+                return self._result(doc, hit, head_names, normalize, timings)
+            break
+        cache.claim(key)
+        try:
+            return await self._embed_fresh(pool, doc, head_names, normalize, truncate, deadline, called, key)
+        finally:
+            cache.release(key)
+
+    async def _embed_fresh(
+        self,
+        pool: ThreadPoolExecutor,
+        doc: Document,
+        head_names: list[str],
+        normalize: bool,
+        truncate: bool,
+        deadline: float | None,
+        called: float,
+        key: bytes | None = None,
+    ) -> DocumentResult:
+        """Prune, tokenize, queue, forward pass; the row goes to the cache under `key` when given."""
+        loop = asyncio.get_running_loop()
+        cache = self._cache
         prepared = await loop.run_in_executor(pool, self._prepare, doc, truncate)
         batcher = self._batcher
         if batcher is None:
             raise ShuttingDownError("the engine stopped before this document was queued")
         row = await batcher.submit(prepared.ids, deadline=deadline)
-        result = self._result(doc, prepared, row, head_names, normalize, called)
+        finished = CachedRow(row.embedding, row.scores, len(prepared.ids), prepared.truncated)
+        if cache is not None and key is not None:
+            # Its own copy: a batch's rows are views of one buffer, which the cache must not pin.
+            embedding = np.array(row.embedding, dtype=np.float32)
+            scores = {name: np.array(value) for name, value in row.scores.items()}
+            finished = CachedRow(embedding, scores, finished.tokens, finished.truncated)
+            cache.put(key, finished)
+        timings = StageTimings(
+            prune_s=prepared.prune_s,
+            tokenize_s=prepared.tokenize_s,
+            queue_s=row.queue_s,
+            inference_s=row.inference_s,
+            total_s=time.monotonic() - called,
+        )
+        result = self._result(doc, finished, head_names, normalize, timings)
         self._notify(self._report_stages, result.timings)
         return result
 
@@ -368,13 +423,12 @@ class Engine:
     def _result(
         self,
         doc: Document,
-        prepared: _Prepared,
-        row: BatchRow,
+        row: CachedRow,
         head_names: list[str],
         normalize: bool,
-        called: float,
+        timings: StageTimings,
     ) -> DocumentResult:
-        embedding = np.array(row.embedding, dtype=np.float32)  # (D,), a copy: rows share the batch's buffer
+        embedding = np.array(row.embedding, dtype=np.float32)  # the caller's own copy (rows are shared)
         if normalize:
             embedding /= max(float(np.linalg.norm(embedding)), 1e-12)
         scores: dict[str, dict[str, float] | float] = {}
@@ -388,15 +442,9 @@ class Engine:
             id=doc.id,
             embedding=embedding,
             scores=scores,
-            tokens=len(prepared.ids),
-            truncated=prepared.truncated,
-            timings=StageTimings(
-                prune_s=prepared.prune_s,
-                tokenize_s=prepared.tokenize_s,
-                queue_s=row.queue_s,
-                inference_s=row.inference_s,
-                total_s=time.monotonic() - called,
-            ),
+            tokens=row.tokens,
+            truncated=row.truncated,
+            timings=timings,
         )
 
     async def warmup(self) -> None:

@@ -73,6 +73,7 @@ class EngineConfig:
     onnx_path: str | None = None  # onnx: default <checkpoint>/model.onnx, exported at start-up if missing
     onnx_quantize: str | None = None  # onnx on CPU: "int8" runs <checkpoint>/model.int8.onnx
     intra_op_threads: int | None = None  # CPU threads per forward pass (None: the backend's default)
+    result_cache_documents: int = 0  # an LRU of this many finished documents, reused for identical input
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -93,6 +94,8 @@ class EngineConfig:
                 raise ValueError(f"onnx_quantize {self.onnx_quantize!r} is not one of {choices} (or None)")
             if self.backend != "onnx" or self.device != "cpu":
                 raise ValueError("onnx_quantize='int8' needs the onnx backend on CPU")
+        if self.result_cache_documents < 0:
+            raise ValueError("result_cache_documents must not be negative (0 turns the cache off)")
         for name in ("max_batch_tokens", "max_batch_requests", "max_queue_documents", "preprocess_workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
@@ -181,3 +184,6 @@ class EngineObserver:
 
     def documents_failed(self, code: ErrorCode, documents: int) -> None:
         """Documents answered with an error of `code` (skipped, timed out, backend failure...)."""
+
+    def cache_hit(self) -> None:
+        """A document answered from the result cache (no prune, tokenize or forward pass)."""

@@ -310,6 +310,17 @@ async def test_compatible_routes_take_json_with_or_without_a_content_type(client
         assert model in schema["components"]["schemas"]
 
 
+async def test_result_cache_over_http(settings_for: SettingsFactory) -> None:
+    body = {"documents": [{"html": page(3)}]}
+    async with app_client(settings_for(result_cache_documents=16)) as client:
+        first = await client.post("/v1/embed", json=body)
+        second = await client.post("/v1/embed", json=body)
+        assert first.status_code == second.status_code == 200
+        assert first.json()["data"] == second.json()["data"]
+        assert second.headers["x-inference-time"] == "0.000"  # answered without the model
+        assert "htmllm_result_cache_hits_total 1.0" in (await client.get("/metrics")).text
+
+
 async def test_request_ids(client: httpx.AsyncClient) -> None:
     """Every response names its request: the client's id when it is usable, a fresh uuid4 otherwise."""
     made = await client.post("/v1/embed", json={"documents": [{"html": page(1)}]})

@@ -1,0 +1,93 @@
+"""An LRU of finished documents keyed by their exact input, so a page seen again skips the model.
+
+Crawls fetch the same bytes over and over: error and parked-domain pages, mirrors, unchanged pages on
+a re-crawl. With the same bytes, the same declared encoding and the same truncation policy, pruning and
+tokenization give the same ids, and the model gives the same row (to the 1e-5 that batching already
+allows), so the row is reused: no prune, no tokenize, no queue, no forward pass. An entry holds the raw
+(unnormalised) embedding, every head's output and the token count, about 4 bytes per dimension and
+class plus 100 bytes of bookkeeping; only documents that succeeded are kept. The key is a 128-bit
+BLAKE2b digest of the input, so the cache keeps no page text.
+
+A page that arrives while the same page is still being embedded waits for that answer instead of
+running a second time (`in_flight`, `claim`, `release`): a crawler's retries and fan-out send copies
+within milliseconds of each other. The Engine reads and writes the cache on the event loop only, so it
+needs no lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.engine.types import Document
+
+
+@dataclass(frozen=True)
+class CachedRow:
+    embedding: np.ndarray  # float32 (D,), before normalisation
+    scores: dict[str, np.ndarray]  # every head's output
+    tokens: int
+    truncated: bool
+
+
+def cache_key(doc: Document, truncate: bool) -> bytes:
+    """The digest of everything a document's result depends on within one Engine."""
+    digest = hashlib.blake2b(digest_size=16)
+    if isinstance(doc.html, str):
+        # Text is taken as it is, bytes go through the decoder: the same characters may differ.
+        digest.update(b"s" + doc.html.encode("utf-8", errors="surrogatepass"))
+    else:
+        digest.update(b"b" + doc.html)
+    digest.update(b"\0" + (doc.encoding or "").encode("utf-8", errors="surrogatepass"))
+    digest.update(b"\0t" if truncate else b"\0f")
+    return digest.digest()
+
+
+class ResultCache:
+    """At most `capacity` rows, least recently used evicted first."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError("a result cache needs a capacity of at least 1")
+        self.capacity = capacity
+        self._rows: OrderedDict[bytes, CachedRow] = OrderedDict()
+        # Keys being embedded now; the future ends with the row, or None when that attempt failed.
+        self._pending: dict[bytes, asyncio.Future[CachedRow | None]] = {}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def get(self, key: bytes) -> CachedRow | None:
+        row = self._rows.get(key)
+        if row is not None:
+            self._rows.move_to_end(key)
+        return row
+
+    def put(self, key: bytes, row: CachedRow) -> None:
+        """Keep `row`, and hand it to whoever waits for `key`."""
+        self._rows[key] = row
+        self._rows.move_to_end(key)
+        while len(self._rows) > self.capacity:
+            self._rows.popitem(last=False)
+        self._finish(key, row)
+
+    def in_flight(self, key: bytes) -> asyncio.Future[CachedRow | None] | None:
+        return self._pending.get(key)
+
+    def claim(self, key: bytes) -> None:
+        """The caller embeds `key` now; others who find it in flight wait for its answer."""
+        if key not in self._pending:
+            self._pending[key] = asyncio.get_running_loop().create_future()
+
+    def release(self, key: bytes) -> None:
+        """The claim ends; if no row was put, the waiters get None and embed the page themselves."""
+        self._finish(key, None)
+
+    def _finish(self, key: bytes, row: CachedRow | None) -> None:
+        future = self._pending.pop(key, None)
+        if future is not None and not future.done():
+            future.set_result(row)

@@ -1,0 +1,147 @@
+"""The result cache: a page seen again is answered without the model, exactly as it was the first time."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.engine import engine as engine_module
+from service.engine.engine import Engine
+from service.engine.result_cache import CachedRow, ResultCache, cache_key
+from service.engine.types import (
+    DeadlineExceededError,
+    Document,
+    EngineConfig,
+    EngineObserver,
+    TooManyTokensError,
+)
+from tests.engine.conftest import make_pages, slow_runner
+
+
+class Hits(EngineObserver):
+    def __init__(self) -> None:
+        self.hits = 0
+        self.batched = 0
+
+    def cache_hit(self) -> None:
+        self.hits += 1
+
+    def batch_done(self, stats: object) -> None:
+        self.batched += getattr(stats, "documents", 0)
+
+
+def _counting_prune(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls = [0]
+    real = engine_module._prune
+
+    def counted(doc: Document) -> str:
+        calls[0] += 1
+        return real(doc)
+
+    monkeypatch.setattr(engine_module, "_prune", counted)
+    return calls
+
+
+async def test_a_repeated_page_skips_the_model_and_gets_the_same_answer(
+    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pages = make_pages(6, seed=21, max_words=80)
+    calls = _counting_prune(monkeypatch)
+    observer = Hits()
+    config = EngineConfig(result_cache_documents=100)
+    async with (
+        Engine.from_checkpoint(tiny_checkpoint, config) as cached,
+        Engine.from_checkpoint(tiny_checkpoint) as plain,
+    ):
+        cached.observer = observer
+        fresh = await plain.embed(pages, normalize=False)
+        first = await cached.embed(pages, normalize=False)
+        pruned_once = calls[0]
+        again = await cached.embed([*reversed(pages), pages[0]], normalize=True, heads=["quality"])
+    assert pruned_once == 2 * len(pages)  # each engine pruned each page once
+    assert calls[0] == pruned_once and observer.hits == len(pages) + 1
+    assert observer.batched == len(pages)  # only the first call reached the model
+    for a, b in zip(fresh, first, strict=True):
+        np.testing.assert_allclose(a.embedding, b.embedding, atol=1e-5)
+        assert a.tokens == b.tokens and a.truncated == b.truncated
+    for a, b in zip(reversed(first), again[:-1], strict=True):
+        np.testing.assert_allclose(a.embedding / np.linalg.norm(a.embedding), b.embedding, atol=1e-6)
+        assert b.scores == {"quality": a.scores["quality"]} and b.tokens == a.tokens
+        assert b.timings.inference_s == 0.0 and b.timings.prune_s == 0.0
+
+
+async def test_answers_do_not_share_memory_with_the_cache(tiny_checkpoint: Path) -> None:
+    page = make_pages(1, seed=3)[0]
+    async with Engine.from_checkpoint(tiny_checkpoint, EngineConfig(result_cache_documents=4)) as engine:
+        (first,) = await engine.embed([page], normalize=False)
+        kept = first.embedding.copy()
+        first.embedding[:] = 0.0
+        (second,) = await engine.embed([page], normalize=False)
+        second.embedding[:] *= 2
+        (third,) = await engine.embed([page], normalize=False)
+    np.testing.assert_array_equal(third.embedding, kept)
+
+
+async def test_the_key_is_the_exact_input_and_policy(tiny_checkpoint: Path) -> None:
+    long_page = make_pages(1, min_words=400, max_words=400, seed=4)[0]
+    config = EngineConfig(max_length=64, result_cache_documents=10)
+    async with Engine.from_checkpoint(tiny_checkpoint, config) as engine:
+        (cut,) = await engine.embed([long_page])
+        assert cut.truncated
+        # A truncated answer is not an answer for a caller who refuses truncation.
+        with pytest.raises(TooManyTokensError):
+            await engine.embed([long_page], truncate=False)
+    text = "<p>Žluťoučký kůň</p>"
+    assert cache_key(Document(html=text), True) != cache_key(Document(html=text.encode()), True)
+    assert cache_key(Document(html=text.encode("cp1250"), encoding="windows-1250"), True) != cache_key(
+        Document(html=text.encode("cp1250")), True
+    )
+    assert cache_key(Document(html=text), True) != cache_key(Document(html=text), False)
+    assert cache_key(Document(html=text, id="a"), True) == cache_key(Document(html=text, id="b"), True)
+
+
+def test_least_recently_used_rows_go_first() -> None:
+    cache = ResultCache(2)
+    rows = {k: CachedRow(np.zeros(2, np.float32), {}, 1, False) for k in (b"a", b"b", b"c")}
+    cache.put(b"a", rows[b"a"])
+    cache.put(b"b", rows[b"b"])
+    assert cache.get(b"a") is rows[b"a"]  # a is now the most recent
+    cache.put(b"c", rows[b"c"])
+    assert cache.get(b"b") is None and cache.get(b"a") is rows[b"a"] and len(cache) == 2
+    with pytest.raises(ValueError):
+        ResultCache(0)
+    with pytest.raises(ValueError):
+        EngineConfig(result_cache_documents=-1)
+
+
+async def test_copies_in_flight_share_one_forward_pass(tiny_checkpoint: Path) -> None:
+    page = make_pages(1, seed=8)[0]
+    observer = Hits()
+    async with Engine.from_checkpoint(tiny_checkpoint, EngineConfig(result_cache_documents=8)) as engine:
+        engine.observer = observer
+        results = await asyncio.gather(*(engine.embed([page]) for _ in range(8)))
+    assert observer.batched == 1 and observer.hits == 7
+    for (result,) in results[1:]:
+        np.testing.assert_array_equal(result.embedding, results[0][0].embedding)
+
+
+async def test_a_failed_first_copy_leaves_the_others_to_embed_it(tiny_checkpoint: Path) -> None:
+    """The caller whose copy runs gives up (its deadline passes): the ones waiting on it still get
+    their answer, from a forward pass of their own."""
+    runner, ckpt = slow_runner(tiny_checkpoint, delay_s=0.3)
+    config = EngineConfig(result_cache_documents=8, max_batch_requests=1)
+    engine = Engine(runner, ckpt.tokenizer, ckpt.meta, config)  # type: ignore[attr-defined]
+    page = make_pages(1, seed=9)[0]
+    async with engine:
+        impatient = asyncio.ensure_future(engine.embed([page], deadline=time.monotonic() + 0.1))
+        await asyncio.sleep(0.05)  # the impatient copy has claimed the page
+        patient = asyncio.ensure_future(engine.embed([page]))
+        with pytest.raises(DeadlineExceededError):
+            await impatient
+        (result,) = await patient
+        assert engine.queue_size == 0
+    assert result.tokens > 0 and result.embedding.shape == (ckpt.meta.embedding_dim,)  # type: ignore[attr-defined]
