@@ -6,12 +6,12 @@ A page source is one of:
 - a JSONL file (`.jsonl`, or gzipped `.jsonl.gz`) whose rows carry `html` (a string) or `file` (a path
   relative to the JSONL file), plus optional `id`, `url`, `encoding` (the charset a `file`'s bytes were
   served with, as an HTTP Content-Type would declare it) and any other fields (kept in `Page.meta`);
-- a WARC file (`.warc`, `.warc.gz`, `.warc.zst`, `.warc.lz4`), as crawlers write them: every
-  `response` record with an HTML payload (and every HTML `resource` record) is a page, with the
-  WARC-Record-ID as its id, WARC-Target-URI as its url, the HTTP body with its chunked transfer and
-  Content-Encoding undone, and the HTTP charset honoured; other records (requests, images, revisits,
-  DNS, metadata) are skipped. `meta` has `warc_file`, `warc_date`, `http_status`, `content_type` and,
-  for a record the crawler cut short, `warc_truncated`;
+- a WARC file (`.warc`, `.warc.gz`, `.warc.zst`; `.warc.lz4` is left to FastWARC, untested here), as
+  crawlers write them: every `response` record with an HTML payload (and every HTML `resource` record)
+  is a page, with the WARC-Record-ID as its id, WARC-Target-URI as its url, the HTTP body with its
+  chunked transfer and Content-Encoding undone, and the HTTP charset honoured; other records
+  (requests, images, revisits, DNS, metadata) are skipped. `meta` has `warc_file`, `warc_date`,
+  `http_status`, `content_type` and, for a record the crawler cut short, `warc_truncated`;
 - a directory of `*.html`, `*.htm` (optionally `.gz`) and WARC files, read recursively in sorted order;
 - a single HTML file.
 Gzip is recognised by its magic bytes, so raw bytes reach the decoder exactly as crawled.

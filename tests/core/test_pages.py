@@ -9,6 +9,7 @@ from pathlib import Path
 
 import brotli
 import pytest
+import zstandard
 
 from service.core.decoding import decode_html
 from service.core.pages import PageSourceError, iter_pages
@@ -176,11 +177,14 @@ def _warc_records() -> list[bytes]:
 WARC_PAGES = ["cz", "gz", "br", "chunked", "missing", "untyped", "res"]
 
 
-@pytest.mark.parametrize("suffix", [".warc", ".warc.gz"])
+@pytest.mark.parametrize("suffix", [".warc", ".warc.gz", ".warc.zst"])
 def test_warc_pages(tmp_path: Path, suffix: str) -> None:
     records = _warc_records()
     path = tmp_path / f"crawl{suffix}"
-    path.write_bytes(warc_gz(records) if suffix.endswith(".gz") else b"".join(records))
+    if suffix == ".warc.zst":
+        path.write_bytes(b"".join(zstandard.ZstdCompressor().compress(r) for r in records))
+    else:
+        path.write_bytes(warc_gz(records) if suffix.endswith(".gz") else b"".join(records))
     pages = list(iter_pages(path))
     assert [p.id for p in pages] == [f"<urn:uuid:{name}>" for name in WARC_PAGES]
     assert all(p.error is None for p in pages)
