@@ -352,56 +352,27 @@ class Engine:
         called: float,
     ) -> DocumentResult:
         loop = asyncio.get_running_loop()
-        cache = self._cache
-        if cache is None:
-            return await self._embed_fresh(pool, doc, head_names, normalize, truncate, deadline, called)
-        key = await loop.run_in_executor(pool, cache_key, doc, truncate)  # hashing a page: off the loop
-        while True:
-            hit = cache.get(key)
-            waiting = cache.in_flight(key) if hit is None else None
-            if hit is None and waiting is not None:
-                # The same page is being embedded for another caller: share its answer. Shielded, so
-                # this caller's deadline or disconnect does not cancel the other's.
-                hit = await asyncio.shield(waiting)
-                if hit is None:
-                    continue  # that attempt failed; try again (and maybe embed it here)
+        cache, key = self._cache, b""
+        if cache is not None:
+            key = await loop.run_in_executor(pool, cache_key, doc, truncate)  # hashing a page: off the loop
+            hit = await cache.settled(key)
             if hit is not None:
                 self._notify(self.observer.cache_hit)
                 timings = StageTimings(0.0, 0.0, 0.0, 0.0, time.monotonic() - called)
                 return self._result(doc, hit, head_names, normalize, timings)
-            break
-        cache.claim(key)
+            cache.claim(key)
         try:
-            return await self._embed_fresh(pool, doc, head_names, normalize, truncate, deadline, called, key)
+            prepared = await loop.run_in_executor(pool, self._prepare, doc, truncate)
+            batcher = self._batcher
+            if batcher is None:
+                raise ShuttingDownError("the engine stopped before this document was queued")
+            row = await batcher.submit(prepared.ids, deadline=deadline)
+            finished = CachedRow(row.embedding, row.scores, len(prepared.ids), prepared.truncated)
+            if cache is not None:
+                cache.put(key, finished.copy())
         finally:
-            cache.release(key)
-
-    async def _embed_fresh(
-        self,
-        pool: ThreadPoolExecutor,
-        doc: Document,
-        head_names: list[str],
-        normalize: bool,
-        truncate: bool,
-        deadline: float | None,
-        called: float,
-        key: bytes | None = None,
-    ) -> DocumentResult:
-        """Prune, tokenize, queue, forward pass; the row goes to the cache under `key` when given."""
-        loop = asyncio.get_running_loop()
-        cache = self._cache
-        prepared = await loop.run_in_executor(pool, self._prepare, doc, truncate)
-        batcher = self._batcher
-        if batcher is None:
-            raise ShuttingDownError("the engine stopped before this document was queued")
-        row = await batcher.submit(prepared.ids, deadline=deadline)
-        finished = CachedRow(row.embedding, row.scores, len(prepared.ids), prepared.truncated)
-        if cache is not None and key is not None:
-            # Its own copy: a batch's rows are views of one buffer, which the cache must not pin.
-            embedding = np.array(row.embedding, dtype=np.float32)
-            scores = {name: np.array(value) for name, value in row.scores.items()}
-            finished = CachedRow(embedding, scores, finished.tokens, finished.truncated)
-            cache.put(key, finished)
+            if cache is not None:
+                cache.release(key)  # after a failure, whoever waits embeds the page itself
         timings = StageTimings(
             prune_s=prepared.prune_s,
             tokenize_s=prepared.tokenize_s,

@@ -9,7 +9,7 @@ class plus 100 bytes of bookkeeping; only documents that succeeded are kept. The
 BLAKE2b digest of the input, so the cache keeps no page text.
 
 A page that arrives while the same page is still being embedded waits for that answer instead of
-running a second time (`in_flight`, `claim`, `release`): a crawler's retries and fan-out send copies
+running a second time (`settled`, `claim`, `release`): a crawler's retries and fan-out send copies
 within milliseconds of each other. The Engine reads and writes the cache on the event loop only, so it
 needs no lock.
 """
@@ -32,6 +32,12 @@ class CachedRow:
     scores: dict[str, np.ndarray]  # every head's output
     tokens: int
     truncated: bool
+
+    def copy(self) -> CachedRow:
+        """A row with arrays of its own: a batch's rows are views of one buffer, which the cache must
+        not pin (nor share with the callers it answers)."""
+        scores = {name: np.array(value) for name, value in self.scores.items()}
+        return CachedRow(np.array(self.embedding, dtype=np.float32), scores, self.tokens, self.truncated)
 
 
 def cache_key(doc: Document, truncate: bool) -> bytes:
@@ -75,8 +81,20 @@ class ResultCache:
             self._rows.popitem(last=False)
         self._finish(key, row)
 
-    def in_flight(self, key: bytes) -> asyncio.Future[CachedRow | None] | None:
-        return self._pending.get(key)
+    async def settled(self, key: bytes) -> CachedRow | None:
+        """The row for `key`: kept, or awaited from the caller embedding it now; None when nobody
+        has it and this caller should embed it (and `claim` it first).
+
+        The wait is shielded, so this caller's deadline or disconnect does not cancel the other's
+        attempt; if that attempt fails, the row is looked for again.
+        """
+        while (row := self.get(key)) is None:
+            waiting = self._pending.get(key)
+            if waiting is None:
+                return None
+            if (row := await asyncio.shield(waiting)) is not None:
+                return row
+        return row
 
     def claim(self, key: bytes) -> None:
         """The caller embeds `key` now; others who find it in flight wait for its answer."""

@@ -145,3 +145,15 @@ async def test_a_failed_first_copy_leaves_the_others_to_embed_it(tiny_checkpoint
         (result,) = await patient
         assert engine.queue_size == 0
     assert result.tokens > 0 and result.embedding.shape == (ckpt.meta.embedding_dim,)  # type: ignore[attr-defined]
+
+
+def test_a_kept_row_owns_its_arrays() -> None:
+    """A batch's rows are views of one buffer: the kept copy must not pin (or share) it."""
+    batch = np.arange(12, dtype=np.float32).reshape(3, 4)
+    probs = np.ones((3, 2), dtype=np.float32)
+    view = CachedRow(batch[1], {"kind": probs[1]}, tokens=5, truncated=False)
+    kept = view.copy()
+    assert kept.embedding.base is None and kept.scores["kind"].base is None
+    assert not np.shares_memory(kept.embedding, batch) and not np.shares_memory(kept.scores["kind"], probs)
+    np.testing.assert_array_equal(kept.embedding, batch[1])
+    assert (kept.tokens, kept.truncated) == (5, False)
