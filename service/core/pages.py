@@ -248,6 +248,11 @@ def _iter_warc(path: Path) -> Iterator[Page]:
         meta: dict[str, Any] = {"warc_file": path.name, "warc_date": record.headers.get("WARC-Date")}
         reported = len(block) < record.content_length
         try:
+            if reported:
+                # Only the file's last record can be short, and what it was cannot be trusted: report it.
+                raise PageSourceError(
+                    f"{where} is cut off: {len(block)} of its {record.content_length} bytes"
+                )
             page = _warc_page(record, block, page_id, url, meta, where)
         except PageSourceError as exc:
             page = Page(id=page_id, html=b"", url=url, meta=meta, error=str(exc))
@@ -282,7 +287,10 @@ def _tail_problem(path: Path, offset: int) -> str | None:
     if len(data) > _MAX_TAIL_BYTES:
         return None  # no record is this large: FastWARC's offsets are not member starts here
     if data[:2] == _GZIP_MAGIC:
-        data, complete = _gunzip_leniently(data)
+        unzipped = _gunzip_leniently(data, _MAX_TAIL_BYTES)
+        if unzipped is None:
+            return None  # decodes to more than any record: not a tail worth reading into memory
+        data, complete = unzipped
         if not complete:
             return f"the file is cut off or corrupt after byte {offset}: a gzip member does not decode"
     elif data[:4] in (b"\x28\xb5\x2f\xfd", b"\x04\x22\x4d\x18"):
@@ -302,19 +310,25 @@ def _tail_problem(path: Path, offset: int) -> str | None:
     return None
 
 
-def _gunzip_leniently(data: bytes) -> tuple[bytes, bool]:
+def _gunzip_leniently(data: bytes, limit: int) -> tuple[bytes, bool] | None:
     """What the gzip members in `data` decode to, and whether all of them decoded whole (only
-    whitespace after the last): a member cut off or corrupt still gives what it decoded to."""
+    whitespace after the last): a member cut off or corrupt still gives what it decoded to. None when
+    the output passes `limit` bytes (checked while decoding)."""
     out = bytearray()
     while data.strip():
         decompressor = zlib.decompressobj(31)
+        pending = data
         try:
-            out += decompressor.decompress(data)
+            while pending and not decompressor.eof:
+                out += decompressor.decompress(pending, limit + 1 - len(out))
+                if len(out) > limit:
+                    return None
+                pending = decompressor.unconsumed_tail
         except zlib.error:
             return bytes(out), False
         if not decompressor.eof:
             out += decompressor.flush()
-            return bytes(out), False
+            return (bytes(out), False) if len(out) <= limit else None
         data = decompressor.unused_data
     return bytes(out), True
 
@@ -325,9 +339,6 @@ def _warc_page(
     """The page a record holds, None for a record that holds no HTML page."""
     from fastwarc.warc import HeaderMap, WarcRecordType
 
-    if len(block) < record.content_length:
-        # Only the file's last record can be short, and what it was cannot be trusted: report it.
-        raise PageSourceError(f"{where} is cut off: {len(block)} of its {record.content_length} bytes")
     content_type = record.headers.get("Content-Type") or ""
     coding: str | None = None
     if record.record_type == WarcRecordType.response:

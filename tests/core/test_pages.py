@@ -307,3 +307,13 @@ def test_a_directory_of_warcs_and_html_files(tmp_path: Path) -> None:
         ("c.warc@0", False),
         ("<urn:uuid:d1>", True),
     ]
+
+
+def test_the_tail_check_never_inflates_past_its_bound() -> None:
+    from service.core.pages import _gunzip_leniently
+
+    member = gzip.compress(b"\0" * 5_000_000)
+    assert _gunzip_leniently(member, 1_000_000) is None  # refused while decoding
+    assert _gunzip_leniently(member + member, 20_000_000) == (b"\0" * 10_000_000, True)
+    assert _gunzip_leniently(member[:-20], 20_000_000) is not None
+    assert _gunzip_leniently(member[:-20], 20_000_000)[1] is False  # type: ignore[index]
