@@ -26,6 +26,7 @@ from service.core.errors import ErrorCode, HtmllmError
 
 # Compressed bodies above this are decoded on a worker thread, off the event loop.
 INLINE_DECODE_BYTES = 64 * 1024
+_LIMIT_NAME = "HTMLLM_MAX_BODY_BYTES"  # the setting a too-large message tells the reader to raise
 
 
 class BodyLimitMiddleware:
@@ -111,9 +112,6 @@ def _plain_scope(scope: Scope, length: int) -> Scope:
     headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-encoding", b"content-length")]
     headers.append((b"content-length", str(length).encode("ascii")))
     return {**scope, "headers": headers}
-
-
-_LIMIT_NAME = "HTMLLM_MAX_BODY_BYTES"
 
 
 def _too_large(size: str, limit: int) -> str:
