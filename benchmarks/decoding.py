@@ -13,6 +13,10 @@ first `--prefix` bytes (a short page). A case counts as recovered when the decod
 read with the true encoding, character for character. The baseline decodes with charset-normalizer's
 best guess alone (what a service that hands the bytes to the detector gets). Pages whose text is pure
 ASCII are skipped: any reading recovers them.
+
+A second table takes the case the corpus has too few of: an English page with a few words of another
+script in it (`FEW_WORDS`: a Russian place name, a Chinese shop's "contact us", a Japanese product),
+each word in the legacy encodings of its language, counted the same way.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from service.core.decoding import DETECT_SAMPLE_BYTES, decode_html
+from service.core.charset_detection import DETECT_SAMPLE_BYTES
+from service.core.decoding import decode_html
 from service.core.pages import iter_pages
 
 # Legacy encodings of the web, by the script (and languages) they were made for, in the order a page's
@@ -51,6 +56,33 @@ FAMILIES: tuple[tuple[str, ...], ...] = (
 )
 ENCODINGS = tuple(e for family in FAMILIES for e in family)
 MIN_COVERAGE = 0.95  # of the page's non-ASCII characters its family must hold (the rest become "?")
+# Words an English page may carry in another script, by the legacy encoding they are written in.
+FEW_WORDS: dict[str, tuple[str, ...]] = {
+    "windows-1251": (
+        "Москва", "Москву", "Россия", "привет", "Иван Петров", "ООО Ромашка", "Санкт-Петербург", "мир",
+        "Киев", "книга", "Привет мир", "на русском языке", "Контакты", "Главная страница", "нет",
+        "Добро пожаловать",
+    ),
+    "gbk": (
+        "中国", "北京", "你好", "上海市", "中文", "欢迎", "网站首页", "联系我们", "关于我们", "产品中心",
+        "新闻", "公司简介", "下载", "登录", "注册", "帮助", "价格", "地址", "电话", "深圳",
+    ),
+    "big5": (
+        "台灣", "台北", "你好", "繁體中文", "首頁", "聯絡我們", "關於我們", "新聞", "公司", "香港", "登入",
+        "價格",
+    ),
+    "shift_jis": (
+        "日本", "東京", "こんにちは", "ありがとう", "日本語", "お問い合わせ", "カタカナ", "大阪", "会社概要",
+        "ニュース",
+    ),
+    "euc-jp": (
+        "日本", "東京", "こんにちは", "日本語", "お問い合わせ", "大阪", "会社概要", "ニュース", "ありがとう",
+    ),
+    "euc-kr": ("한국", "서울", "안녕하세요", "한국어", "문의하기", "회사소개", "뉴스", "부산", "로그인"),
+}  # fmt: skip
+_ENGLISH = "<html><body>" + (
+    "<p>We spent the week walking around the old town and the river banks, looking at markets.</p>" * 8
+)
 _DECLARATION = re.compile(r"<meta\b[^>]*charset[^>]*>|<\?xml[^>]*>", re.IGNORECASE)
 
 
@@ -85,6 +117,25 @@ def detector_only(data: bytes) -> str:
 
 def ours(data: bytes) -> str:
     return decode_html(data).text
+
+
+def few_words(decoders: dict[str, Callable[[bytes], str]]) -> None:
+    """Print the second table: per encoding, how many `FEW_WORDS` pages each decoder recovers."""
+    names = list(decoders)
+    print("\n| encoding | words | " + " | ".join(names) + " |")
+    print("| --- | ---: | " + " | ".join("---:" for _ in names) + " |")
+    totals = dict.fromkeys(names, 0)
+    for encoding, words in FEW_WORDS.items():
+        pages = [f"{_ENGLISH}<p>See {word} here.</p></body></html>" for word in words]
+        counts = {
+            name: sum(decode(page.encode(encoding)) == page for page in pages)
+            for name, decode in decoders.items()
+        }
+        for name in names:
+            totals[name] += counts[name]
+        print(f"| {encoding} | {len(words)} | " + " | ".join(str(counts[n]) for n in names) + " |")
+    total = sum(map(len, FEW_WORDS.values()))
+    print(f"| all | {total} | " + " | ".join(f"**{totals[n]}**" for n in names) + " |")
 
 
 def main() -> int:
@@ -152,6 +203,7 @@ def main() -> int:
         f"{failed_new / failed_base if failed_base else 0:.2f}x the detector's"
     )
     print("seconds: " + ", ".join(f"{n} {seconds[n]:.1f}" for n in names))
+    few_words(decoders)
     if args.json:
         figures = {
             "pages": pages,

@@ -305,15 +305,6 @@ def test_utf8_payload_agrees_with_decode_html(data: bytes) -> None:
         assert decode_html(data).encoding != "utf-8" or decode_html(data).source == "detected"
 
 
-def test_the_re_ranked_codecs_are_ones_the_detector_can_name() -> None:
-    from service.core import decoding
-
-    detected = {decoding.normalize_encoding(name) for name in decoding._DETECTED_ENCODINGS}
-    assert detected >= decoding._LATIN_SINGLE_BYTE | decoding._NON_LATIN_SINGLE_BYTE
-    assert not decoding._LATIN_SINGLE_BYTE & decoding._NON_LATIN_SINGLE_BYTE
-    assert set(decoding._LATIN_CANDIDATES) <= decoding._LATIN_SINGLE_BYTE
-
-
 def test_with_declared_encoding_changes_bytes_only_when_the_reading_changes() -> None:
     text = "<html><body><p>Příliš žluťoučký kůň</p></body></html>"
     cp1250 = text.encode("cp1250")

@@ -1,0 +1,295 @@
+"""Which encoding undeclared, non-UTF-8 page bytes are in: step 5 of `decoding.decode_html`.
+
+charset-normalizer makes the first guess among the encodings a browser can decode. Two corrections
+follow, both from pages it misread:
+
+- Latin-script single-byte readings are re-ranked by how their non-ASCII letters fit the alphabets of
+  the languages those encodings serve (`_best_latin_reading`): it cannot tell iso-8859-2 from
+  windows-1250, nor windows-1252 from iso-8859-15, and calls a German page full of soft hyphens KOI8-R.
+- A page whose non-ASCII bytes are few (at most `FEW_FOREIGN_BYTES`: an English page with a Russian
+  place name or a Chinese shop name in it) gives the detector too little to go on; it called "Москва"
+  Big5 and "Контакты" windows-1252. There the plausible readings compete on how many of their
+  characters real text would not contain (`_few_foreign_words`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from service.core.encoding_labels import normalize_encoding
+
+DETECT_SAMPLE_BYTES = 524288  # charset-normalizer sees at most this much; the whole page is decoded
+FEW_FOREIGN_BYTES = 256  # pages with at most this many non-ASCII bytes: the readings compete
+
+# The encodings the detector chooses among, as charset-normalizer names them: those a browser can decode
+# (the WHATWG Encoding Standard; a page no browser could read in cp775 or hp-roman8 is not in cp775 or
+# hp-roman8, however its bytes look), less the ones next to no page uses, which the detector otherwise
+# picks for ordinary text: mac-roman for an English page's curly quotes, iso-8859-14 or ibm866 for a
+# German page. Declared, all of them still decode. UTF-16 and UTF-32 need a BOM (step 1).
+_DETECTED_ENCODINGS = [
+    "iso8859_2", "iso8859_5", "iso8859_6", "iso8859_7", "iso8859_8", "iso8859_13", "iso8859_15",
+    "iso8859_16", "koi8_r", "koi8_u", "cp874", "cp1250", "cp1251", "cp1252", "cp1253", "cp1254", "cp1255",
+    "cp1256", "cp1257", "cp1258", "gb18030", "big5", "euc_jp", "iso2022_jp", "cp932", "cp949", "utf_8",
+]  # fmt: skip
+# The single-byte codecs of `_DETECTED_ENCODINGS` (Python names) by script. A Latin guess is re-ranked
+# among the Latin readings (see _best_latin_reading); a guess of another script is checked against the
+# best Latin reading.
+_LATIN_SINGLE_BYTE = frozenset(
+    {"cp1250", "cp1252", "cp1254", "cp1257", "cp1258", "iso8859-2", "iso8859-13", "iso8859-15", "iso8859-16"}
+)
+_NON_LATIN_SINGLE_BYTE = frozenset(
+    {"cp1251", "koi8-r", "koi8-u", "iso8859-5", "cp1253", "iso8859-7", "cp1255", "iso8859-8", "cp1256",
+     "iso8859-6", "cp874"}
+)  # fmt: skip
+# The Latin-script readings re-ranked by _best_latin_reading, most common on the web first; the detector's
+# own guess joins them when it is another Latin one.
+_LATIN_CANDIDATES = ("cp1252", "iso8859-15", "cp1250", "iso8859-2", "cp1254", "cp1257")
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+# Non-ASCII letters of the languages iso-8859-2 and windows-1250 were made for (lowercase).
+_ALPHABETS: tuple[str, ...] = (
+    "áčďéěíňóřšťúůýž",  # Czech
+    "áäčďéíĺľňóôŕšťúýž",  # Slovak
+    "ąćęłńóśźż",  # Polish
+    "áéíóöőúüű",  # Hungarian
+    "čćđšž",  # Slovenian, Croatian, Bosnian
+    "ăâîşșţț",  # Romanian
+    "äöüß",  # German
+    "àâæçéèêëîïôœùûüÿ",  # French
+    "áéíñóúü",  # Spanish
+    "àáâãçéêíóôõú",  # Portuguese
+    "àèéìíîòóù",  # Italian
+    "åäæöø",  # Nordic
+    "áðéíóúýþæö",  # Icelandic
+    "çğıöşü",  # Turkish
+    "ąčęėįšųūž",  # Lithuanian
+    "āčēģīķļņšūž",  # Latvian
+    "äõöüšž",  # Estonian
+)
+# Non-letters that sit inside words in real text: the soft hyphen, apostrophes, the middle dot (Catalan),
+# hyphens and the dashes English sets without spaces ("coercion—which", "1990–2000").
+_IN_WORD = frozenset("\xad\u2019\u2018\u02bc\xb7\u2010\u2011\u2013\u2014")
+# Characters no reading of real text should produce: the C1 controls, U+FFFD, the currency sign.
+_ODD = frozenset([*map(chr, range(0x80, 0xA0)), "\ufffd", "\xa4"])
+
+# The guesses `_few_foreign_words` re-examines on pages with few non-ASCII bytes, and the East Asian
+# double-byte encodings it lets compete, most common on the web first; with the rows (first and last
+# two-byte code, inclusive) of each where text of its language mostly lies: punctuation and symbols,
+# then its common characters (see `_east_asian_cost`).
+_EAST_ASIAN_ROWS: dict[str, tuple[tuple[int, int], ...]] = {
+    "gb18030": ((0xA1A1, 0xA3FE), (0xB0A1, 0xD7FE)),
+    "cp932": ((0x8140, 0x81FC), (0x824F, 0x82F1), (0x8340, 0x8396), (0x889F, 0x9872)),
+    "euc_jp": ((0xA1A1, 0xA3FE), (0xA4A1, 0xA4F3), (0xA5A1, 0xA5F6), (0xB0A1, 0xCFD3)),
+    "big5hkscs": ((0xA140, 0xA3BF), (0xA440, 0xC67E)),
+    "cp949": ((0xA1A1, 0xA3FE), (0xB0A1, 0xC8FE)),
+}
+_EAST_ASIAN = tuple(_EAST_ASIAN_ROWS)
+_FEW_WORDS_GUESSES = frozenset({*_LATIN_SINGLE_BYTE, "cp1251", *_EAST_ASIAN})
+_ASCII = bytes(range(128))
+_NON_ASCII_BYTES = re.compile(rb"[\x80-\xff]+")
+_CONTEXT = 8  # ASCII bytes kept either side of non-ASCII ones (see _neighbourhoods)
+# Non-ASCII punctuation of ordinary text, which sits next to letters and to itself ("«Été»", "…”").
+_PUNCTUATION = frozenset("«»‘’‚“”„–—…•·‹›¡¿\xa0")
+# Symbols that live beside letters and digits: "m²", "20°C", "Brand™", "©2023", "5µm".
+_BESIDE_LETTERS = frozenset("°²³¹™®©µ")
+# Three or more non-ASCII characters with no ASCII letter on either side.
+_FOREIGN_RUN = re.compile(r"(?<![A-Za-z])[^\x00-\x7f]{3,}(?![A-Za-z])")
+
+
+def detect_encoding(data: bytes) -> str:
+    """The codec undeclared, non-UTF-8 `data` is most likely in (a Python codec name)."""
+    from charset_normalizer import from_bytes  # imported lazily: it is slow to import, rarely needed
+
+    sample = data[:DETECT_SAMPLE_BYTES]
+    best = from_bytes(sample, cp_isolation=_DETECTED_ENCODINGS).best()
+    guess = _corrected_guess(sample, None if best is None else normalize_encoding(best.encoding))
+    if guess in _FEW_WORDS_GUESSES and len(sample.translate(None, _ASCII)) <= FEW_FOREIGN_BYTES:
+        return _few_foreign_words(sample, guess)
+    return guess
+
+
+def _corrected_guess(sample: bytes, name: str | None) -> str:
+    """charset-normalizer's guess `name` with the Latin readings re-ranked."""
+    if name in (None, "ascii", "utf-8"):
+        # No usable guess (or the sample looked UTF-8 but the page is not): rank the Latin readings.
+        return _best_latin_reading(sample, "cp1252")[0]
+    assert name is not None
+    if name in _LATIN_SINGLE_BYTE:
+        return _best_latin_reading(sample, name)[0]
+    if name in _NON_LATIN_SINGLE_BYTE:
+        # A German page's "ä" and soft hyphens read as KOI8-R are "Д" and "╜" inside Latin words: when
+        # the best Latin reading has well under half the misfits of the guess, the page is Latin.
+        latin, latin_misfits = _best_latin_reading(sample, "cp1252")
+        _, guessed = _score(sample.decode(name, errors="replace"))
+        if 2 * latin_misfits < guessed:
+            return latin
+    return name
+
+
+def _few_foreign_words(sample: bytes, guess: str) -> str:
+    """The reading of a page with few non-ASCII bytes that has the fewest implausible characters.
+
+    The contenders are the best Latin reading, windows-1251 (the web's Cyrillic) and the East Asian
+    double-byte encodings; their costs (`_reading_cost`) count, in bytes, what real text does not do.
+    A tie goes to the first in that order, the detector's own guess first among the East Asian ones:
+    a few CJK characters can be valid common characters in several of them at once ("北京" in GBK is
+    two common hangul syllables in EUC-KR), and only more text tells those apart. Guesses of other
+    scripts (Greek, Hebrew, Arabic, Thai) do not come here: the detector gets those right from a
+    sentence, and a few such words cannot be told from Cyrillic by their shapes alone.
+    """
+    sample = _neighbourhoods(sample)
+    latin = _best_latin_reading(sample, guess if guess in _LATIN_SINGLE_BYTE else "cp1252")[0]
+    east_asian = (guess, *_EAST_ASIAN) if guess in _EAST_ASIAN else _EAST_ASIAN
+    best, best_cost = latin, None
+    for name in dict.fromkeys((latin, "cp1251", *east_asian)):
+        cost = _reading_cost(sample, name)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = name, cost
+        if cost == 0:
+            break  # nothing later can beat it: ties go to the earlier
+    return best
+
+
+def _neighbourhoods(sample: bytes) -> bytes:
+    """The non-ASCII bytes of `sample` with `_CONTEXT` bytes either side, the pieces joined by spaces.
+
+    Every cost looks at a character and its neighbours only, so scoring these few hundred bytes
+    instead of a page of 500 KiB gives the same answer, seven readings over, in a fraction of the time.
+    A piece starts and ends on ASCII bytes, which every contender decodes alone and the same way.
+    """
+    pieces: list[bytes] = []
+    end = 0
+    for match in _NON_ASCII_BYTES.finditer(sample):
+        start = max(match.start() - _CONTEXT, 0)
+        if pieces and start <= end:
+            pieces[-1] += sample[end : match.end() + _CONTEXT]
+        else:
+            pieces.append(sample[start : match.end() + _CONTEXT])
+        end = min(match.end() + _CONTEXT, len(sample))
+    return b" ".join(pieces)
+
+
+def _reading_cost(sample: bytes, name: str) -> int:
+    """How many bytes of `sample` read as `name` make characters real text would not have there."""
+    text = sample.decode(name, errors="replace")
+    if name in _EAST_ASIAN:
+        return sum(_east_asian_cost(text, match.start(), name) for match in _NON_ASCII.finditer(text))
+    cost = _score(text)[1] + _mojibake_marks(text)
+    if name in _LATIN_SINGLE_BYTE:
+        # Latin languages put their few non-ASCII letters inside ASCII words ("café", "Straße"); a word
+        # of three or more characters with no ASCII letter at all ("Ìîñêâà") is another script misread.
+        cost += sum(len(run) for run in _FOREIGN_RUN.findall(text) if sum(map(str.isalpha, run)) >= 2)
+    return cost
+
+
+def _mojibake_marks(text: str) -> int:
+    """Marks of double-byte text read one byte at a time, which `_score` does not count.
+
+    A symbol touching a letter ("±±ѕ©", "¥x¥_", "§AŠn"; the few that
+    live next to letters, "m²", "20°C", "Brand™", are exempt), an ASCII capital right after a
+    non-ASCII small letter ("ƒJƒ^"), and a lone non-ASCII letter wedged between non-ASCII
+    punctuation ("“ú–{").
+    """
+    marks = 0
+    for match in _NON_ASCII.finditer(text):
+        i, ch = match.start(), match.group()
+        before = text[i - 1] if i else " "
+        after = text[i + 1] if i + 1 < len(text) else " "
+        wedged = all(c > "\x7f" and not c.isalpha() and not c.isspace() for c in (before, after))
+        if ch.isalpha() and ch not in "ªº":
+            marks += (ch.islower() and "A" <= after <= "Z") or wedged
+        elif _is_non_ascii_mark(ch) and ch not in _BESIDE_LETTERS and not (before + after).isalpha():
+            # (between two letters `_score` counts it already)
+            marks += before.isalpha() or after.isalpha()
+    return marks
+
+
+def _is_non_ascii_mark(ch: str) -> bool:
+    """A non-ASCII character that is neither a letter nor white space (ª and º count: they follow digits)."""
+    return ch > "\x7f" and (not ch.isalpha() or ch in "ªº") and not ch.isspace() and ch not in _PUNCTUATION
+
+
+def _east_asian_cost(text: str, i: int, name: str) -> int:
+    """What the character `text[i]` of the East Asian encoding `name`'s reading costs: 0 in its common
+    or punctuation rows, else its bytes; one more where it stands alone against ASCII letters.
+
+    Each encoding orders its characters so the common ones sit in known rows: GB2312's level 1 (3,755
+    hanzi), Big5's frequent characters, JIS X 0208's kana and level-1 kanji, KS X 1001's 2,350 hangul
+    syllables. Mojibake of other bytes lands in the rare rows as often as not (GBK's extensions,
+    level-2 kanji, hanja, half-width katakana); text of the language mostly does not. A double byte
+    can also take an ASCII letter for its second byte: an English "magazine’s" in Shift_JIS is
+    "magazine抯", a character with no other East Asian one beside it, glued to a Latin word, which
+    text of those languages has only now and then ("A股").
+    """
+    ch = text[i]
+    before = text[i - 1] if i else " "
+    after = text[i + 1] if i + 1 < len(text) else " "
+    glued = 0 if before > "\x7f" or after > "\x7f" else before.isalpha() + after.isalpha()
+    if ch == "\ufffd" or ch < "\xa0":
+        return 2 + glued
+    code = ch.encode(name)
+    if len(code) == 4:
+        return glued  # GB18030's four-byte form: a pattern mojibake seldom makes, so no sign against it
+    if len(code) != 2:
+        return len(code) + glued  # half-width katakana, JIS X 0212
+    value = int.from_bytes(code, "big")
+    common = any(low <= value <= high for low, high in _EAST_ASIAN_ROWS[name])
+    return (0 if common else 2) + glued
+
+
+def _best_latin_reading(sample: bytes, guess: str) -> tuple[str, int]:
+    """Re-rank the Latin-script single-byte readings, which charset-normalizer confuses on short text.
+
+    It cannot tell iso-8859-2 from windows-1250 (Czech, Slovak, Polish, Hungarian...), nor windows-1252
+    from iso-8859-15, and with a few dozen words, or a German page full of soft hyphens, it says
+    windows-1250 or mac-roman for either. The readings differ only in the bytes 0x80-0xBF and a few
+    letters: a Czech "š" in iso-8859-2 is a Polish "ą" in windows-1250, a "ť" is a "»", windows-1250's
+    "š" (0x9A) is a C1 control code in iso-8859-2, and a German soft hyphen (0xAD) is a "Ł" mid-word in
+    some. Each candidate reading is scored by its alphabet fit less twice its misfits (`_score`); the
+    best wins and is returned with its misfits. A tie goes to the more common encoding (the order of
+    `_LATIN_CANDIDATES`, windows-1252 first, then the detector's guess): with a German page's one "ø",
+    windows-1252 and windows-1250 ("ř") fit German equally well, and windows-1252 is what such a page is
+    in far more often.
+    """
+    best, best_score, best_misfits = guess, None, 0
+    for name in dict.fromkeys((*_LATIN_CANDIDATES, guess)):
+        fit, misfits = _score(sample.decode(name, errors="replace"))
+        if best_score is None or fit - 2 * misfits > best_score:
+            best, best_score, best_misfits = name, fit - 2 * misfits, misfits
+    return best, best_misfits
+
+
+def _score(text: str) -> tuple[int, int]:
+    """(alphabet fit, misfits) of a reading's non-ASCII characters: how much they look like text.
+
+    The fit is their letters' fit to the best-fitting alphabet of `_ALPHABETS`: letters of it count for
+    the reading, other letters against. Misfits are what real text does not do: a capital letter right
+    after a lowercase one, a letter next to a letter of another script ("MДrz"), a symbol between two
+    letters (bar the few that live inside words), the currency sign "¤" (iso-8859-15 has "€" there), a
+    C1 control code or U+FFFD. A letter with no letter on either side ("Copyright Š 2023" is "©" in
+    windows-1252) says nothing about the language and counts neither way.
+    """
+    letters: Counter[str] = Counter()
+    misfits = 0
+    for match in _NON_ASCII.finditer(text):
+        i, ch = match.start(), match.group()
+        before = text[i - 1] if i else " "
+        after = text[i + 1] if i + 1 < len(text) else " "
+        if ch.isalpha():
+            latin = _is_latin(ch)
+            if (ch.isupper() and before.islower()) or any(
+                c.isalpha() and _is_latin(c) != latin for c in (before, after)
+            ):
+                misfits += 1
+            elif before.isalpha() or after.isalpha():
+                letters[ch.lower()] += 1
+        elif ch in _ODD or (before.isalpha() and after.isalpha() and ch not in _IN_WORD):
+            misfits += 1
+    total = sum(letters.values())
+    fit = max(2 * sum(letters[ch] for ch in alphabet) - total for alphabet in _ALPHABETS) if total else 0
+    return fit, misfits
+
+
+def _is_latin(ch: str) -> bool:
+    """Latin script: ASCII, Latin-1, Latin Extended-A/B and IPA (below U+02B0), Latin Extended Additional."""
+    return ch < "\u02b0" or "\u1e00" <= ch <= "\u1eff"

@@ -1,0 +1,98 @@
+"""service.core.charset_detection: pages with few non-ASCII bytes, and the tables the detector uses."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.core import charset_detection
+from service.core.charset_detection import FEW_FOREIGN_BYTES, detect_encoding
+from service.core.decoding import decode_html, normalize_encoding
+
+ENGLISH = "<html><body>" + (
+    "<p>We spent the week walking around the old town and the river banks, looking at churches.</p>" * 8
+)
+
+CYRILLIC_WORDS = [
+    "Москва", "Москву", "Россия", "привет", "Иван Петров", "ООО Ромашка", "Санкт-Петербург", "мир", "Киев",
+    "книга", "Привет мир", "на русском языке", "Контакты", "Главная страница", "нет", "Добро пожаловать",
+]  # fmt: skip
+# Words whose other readings land in rare rows or show mojibake marks; see the ambiguous ones below.
+EAST_ASIAN_WORDS = {
+    "gb18030": ["中国", "你好", "上海市", "欢迎", "网站首页", "联系我们", "关于我们", "公司简介", "登录"],
+    "big5hkscs": ["台灣", "台北", "你好", "繁體中文", "首頁", "聯絡我們"],
+    "cp932": ["日本", "東京", "こんにちは", "ありがとう", "日本語", "お問い合わせ", "カタカナ", "ニュース"],
+}  # fmt: skip
+# Latin pages with one accented word: they stay Latin however few their non-ASCII bytes.
+LATIN_WORDS = {
+    "cp1252": [
+        "café", "naïve", "résumé", "Müller", "Zürich", "España", "año", "Ça va", "Øresund", "Århus", "Þór",
+        "São Paulo", "Köln", "Curaçao", "Señor Muñoz", "Noël", "Straße", "© 2024 Acme", "10 °C", "50 m²",
+        "“quoted” — dash…", "Brand™ ®", "€ 20", "£5", "1º lugar",
+    ],
+    "cp1250": ["Dvořák", "Łódź", "žluťoučký kůň", "Kraków", "Székesfehérvár"],
+    "cp1254": ["Türkiye"],
+}  # fmt: skip
+
+
+def _page(word: str) -> str:
+    return f"{ENGLISH}<p>See {word} here.</p></body></html>"
+
+
+@pytest.mark.parametrize("word", CYRILLIC_WORDS)
+def test_a_few_cyrillic_words_in_an_english_page(word: str) -> None:
+    """The detector alone said Big5 for "Москва", windows-1257 for "привет", windows-1252 for "книга"."""
+    data = _page(word).encode("cp1251")
+    assert len(data.translate(None, bytes(range(128)))) <= FEW_FOREIGN_BYTES
+    decoded = decode_html(data)
+    assert (decoded.text, decoded.encoding) == (_page(word), "cp1251")
+
+
+@pytest.mark.parametrize(
+    ("encoding", "word"), [(encoding, word) for encoding, words in EAST_ASIAN_WORDS.items() for word in words]
+)
+def test_a_few_east_asian_words_in_an_english_page(encoding: str, word: str) -> None:
+    decoded = decode_html(_page(word).encode(encoding))
+    assert decoded.text == _page(word), decoded.encoding
+
+
+@pytest.mark.parametrize(
+    ("encoding", "word"), [(encoding, word) for encoding, words in LATIN_WORDS.items() for word in words]
+)
+def test_a_few_latin_words_stay_latin(encoding: str, word: str) -> None:
+    decoded = decode_html(_page(word).encode(encoding))
+    assert decoded.text == _page(word), decoded.encoding
+
+
+def test_ambiguous_east_asian_bytes_go_to_the_more_common_encoding() -> None:
+    """In EUC-JP "日本" is two common hanzi in GBK ("泣塑"): with nothing else to go on, GBK, first in
+    `_EAST_ASIAN`'s order, wins; a Japanese sentence with kana (rare rows in GBK) is EUC-JP."""
+    assert detect_encoding(_page("日本").encode("euc_jp")) == "gb18030"
+    sentence = "日本語のページです。お問い合わせはこちら。"
+    assert decode_html(_page(sentence).encode("euc_jp")).text == _page(sentence)
+
+
+@pytest.mark.parametrize(
+    ("encoding", "text"),
+    [
+        ("gb18030", "的一是不了在人有我他这个们中来上大为和国地到以说时要就出会可也你对生能而子那得"),
+        ("big5hkscs", "的一是不了在人有我他這個們中來上大為和國地到以說時要就出會可也你對生能而子那得"),
+        ("cp932", "日一人年大十二本中長出三時行見月分後前生五間上東四今金あいうえおアイウエオー、。"),
+        ("euc_jp", "日一人年大十二本中長出三時行見月分後前生五間上東四今金あいうえおアイウエオー、。"),
+        ("cp949", "이다에의는로하을가고지서한은기으년대사시를리도인스일"),
+    ],
+)
+def test_the_common_rows_hold_each_languages_common_characters(encoding: str, text: str) -> None:
+    """The most frequent characters of each language (charset-normalizer's frequency tables) cost nothing."""
+    assert [ch for i, ch in enumerate(text) if charset_detection._east_asian_cost(text, i, encoding)] == []
+
+
+def test_the_re_ranked_codecs_are_ones_the_detector_can_name() -> None:
+    detected = {normalize_encoding(name) for name in charset_detection._DETECTED_ENCODINGS}
+    latin, non_latin = charset_detection._LATIN_SINGLE_BYTE, charset_detection._NON_LATIN_SINGLE_BYTE
+    assert detected >= latin | non_latin
+    assert not latin & non_latin
+    assert set(charset_detection._LATIN_CANDIDATES) <= latin
+    # The East Asian contenders are codec names as normalize_encoding gives them, and the detector's.
+    east_asian = set(charset_detection._EAST_ASIAN)
+    assert {normalize_encoding(name) for name in east_asian} == east_asian
+    assert east_asian - {"big5hkscs"} <= detected and normalize_encoding("big5") == "big5hkscs"
