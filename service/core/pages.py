@@ -6,7 +6,7 @@ A page source is one of:
 - a JSONL file (`.jsonl`, or gzipped `.jsonl.gz`) whose rows carry `html` (a string) or `file` (a path
   relative to the JSONL file), plus optional `id`, `url`, `encoding` (the charset a `file`'s bytes were
   served with, as an HTTP Content-Type would declare it) and any other fields (kept in `Page.meta`);
-- a WARC file (`.warc`, `.warc.gz`, `.warc.zst`; `.warc.lz4` is left to FastWARC, untested here), as
+- a WARC file (`.warc`, `.warc.gz`, `.warc.zst`, `.warc.lz4`), as
   crawlers write them: every `response` record with an HTML payload (and every HTML `resource` record)
   is a page, with the WARC-Record-ID as its id, WARC-Target-URI as its url, the HTTP body with its
   chunked transfer and Content-Encoding undone, and the HTTP charset honoured; other records
@@ -36,7 +36,6 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 from service.core.content_coding import ContentCodingError, decode_content
 from service.core.decoding import parse_content_type, with_declared_encoding
 from service.core.errors import ErrorCode, HtmllmError
+from service.core.warc_tail import GZIP_MAGIC, tail_problem
 
 if TYPE_CHECKING:
     from fastwarc.warc import WarcRecord
@@ -53,7 +53,6 @@ if TYPE_CHECKING:
 _HTML_SUFFIXES = (".html", ".htm", ".html.gz", ".htm.gz")
 _JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
 _WARC_SUFFIXES = (".warc", ".warc.gz", ".warc.zst", ".warc.lz4")
-_GZIP_MAGIC = b"\x1f\x8b"
 _HTML_MEDIA_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 # A WARC payload's decoded size cap: far above any page worth embedding, far below a bomb's output.
 MAX_WARC_PAYLOAD_BYTES = 64 * 1024 * 1024
@@ -78,7 +77,7 @@ class Page:
 
 def gunzip_page(data: bytes) -> bytes:
     """A page's raw bytes, gunzipped when they are gzip (recognised by the magic bytes)."""
-    return gzip.decompress(data) if data[:2] == _GZIP_MAGIC else data
+    return gzip.decompress(data) if data[:2] == GZIP_MAGIC else data
 
 
 def read_page_bytes(path: Path) -> bytes:
@@ -125,7 +124,7 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
 
 def _open_jsonl(path: Path) -> IO[bytes]:
     handle = path.open("rb")
-    if handle.read(2) == _GZIP_MAGIC:
+    if handle.read(2) == GZIP_MAGIC:
         handle.seek(0)
         return gzip.GzipFile(fileobj=handle)  # type: ignore[return-value]
     handle.seek(0)
@@ -260,7 +259,7 @@ def _iter_warc(path: Path) -> Iterator[Page]:
             yield page
     # FastWARC ends quietly (or hands back an empty record) where a killed writer cut the file inside a
     # record's header; check the end of the file from the last record it framed, and say so.
-    problem = None if reported else _tail_problem(path, offset)
+    problem = None if reported else tail_problem(path, offset)
     if problem is not None:
         yield _warc_error(path, offset, problem)
 
@@ -269,68 +268,6 @@ def _warc_error(path: Path, offset: int, message: str) -> Page:
     return Page(
         id=f"{path.name}@{offset}", html=b"", error=f"{path}: {message}", meta={"warc_file": path.name}
     )
-
-
-_MAX_TAIL_BYTES = 4 * MAX_WARC_PAYLOAD_BYTES
-_CONTENT_LENGTH = re.compile(rb"(?im)^content-length:[ \t]*(\d+)[ \t]*\r?$")
-
-
-def _tail_problem(path: Path, offset: int) -> str | None:
-    """Why the file does not end with complete records from the one at `offset` on, or None.
-
-    Reads from that record to the end (gunzipping a .warc.gz as far as it goes) and walks the records
-    by their Content-Length. zstd and lz4 files are not checked.
-    """
-    with path.open("rb") as handle:
-        handle.seek(offset)
-        data = handle.read(_MAX_TAIL_BYTES + 1)
-    if len(data) > _MAX_TAIL_BYTES:
-        return None  # no record is this large: FastWARC's offsets are not member starts here
-    if data[:2] == _GZIP_MAGIC:
-        unzipped = _gunzip_leniently(data, _MAX_TAIL_BYTES)
-        if unzipped is None:
-            return None  # decodes to more than any record: not a tail worth reading into memory
-        data, complete = unzipped
-        if not complete:
-            return f"the file is cut off or corrupt after byte {offset}: a gzip member does not decode"
-    elif data[:4] in (b"\x28\xb5\x2f\xfd", b"\x04\x22\x4d\x18"):
-        return None
-    position = 0
-    while data[position:].strip():
-        while data[position : position + 1] in (b"\r", b"\n"):
-            position += 1  # the CRLF CRLF after each record
-        header_end = data.find(b"\r\n\r\n", position)
-        match = _CONTENT_LENGTH.search(data, position, header_end) if header_end >= 0 else None
-        if match is None:
-            return f"the file ends inside the record header at byte {offset + position}"
-        end = header_end + 4 + int(match.group(1))
-        if end > len(data):
-            return f"the file ends inside the record at byte {offset + position}: it was cut off"
-        position = end
-    return None
-
-
-def _gunzip_leniently(data: bytes, limit: int) -> tuple[bytes, bool] | None:
-    """What the gzip members in `data` decode to, and whether all of them decoded whole (only
-    whitespace after the last): a member cut off or corrupt still gives what it decoded to. None when
-    the output passes `limit` bytes (checked while decoding)."""
-    out = bytearray()
-    while data.strip():
-        decompressor = zlib.decompressobj(31)
-        pending = data
-        try:
-            while pending and not decompressor.eof:
-                out += decompressor.decompress(pending, limit + 1 - len(out))
-                if len(out) > limit:
-                    return None
-                pending = decompressor.unconsumed_tail
-        except zlib.error:
-            return bytes(out), False
-        if not decompressor.eof:
-            out += decompressor.flush()
-            return (bytes(out), False) if len(out) <= limit else None
-        data = decompressor.unused_data
-    return bytes(out), True
 
 
 def _warc_page(

@@ -1,0 +1,187 @@
+"""Whether a WARC file ends with whole records: the check `pages` makes where FastWARC stopped.
+
+FastWARC ends quietly (or hands back an empty record) where a killed writer cut a file inside a
+record's header, and stops without a word where an LZ4 frame or a single-member gzip stream is cut; a
+page lost that way would be lost without a trace. So after the last record FastWARC framed, the rest
+of the file is walked by the records' Content-Length, decompressed as it goes (one chunk in memory):
+
+- a plain file, and a gzip file with one member per record, from that record's offset;
+- a gzip file compressed as one stream, and any LZ4 file, from the start: FastWARC's offsets inside
+  such a stream are positions of its read buffer, not of records (decompression is the cost: one
+  more pass, at hundreds of MB/s for gzip and GB/s for LZ4); an LZ4 file's frames are checked first,
+  since its decoder reads a cut frame header as a clean end;
+- zstd files are not walked: FastWARC reports a cut zstd frame itself.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import zlib
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+GZIP_MAGIC = b"\x1f\x8b"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_LZ4_MAGIC = b"\x04\x22\x4d\x18"
+_CHUNK = 1 << 20
+_MAX_HEADER_BYTES = 1 << 20  # a WARC header longer than this is not one
+_CONTENT_LENGTH = re.compile(rb"(?im)^content-length:[ \t]*(\d+)[ \t]*\r?$")
+
+
+class _Undecodable(Exception):
+    """The compressed stream stops decoding before the file ends."""
+
+
+def tail_problem(path: Path, offset: int) -> str | None:
+    """Why `path` does not end with complete records from the one at byte `offset` on, or None."""
+    with path.open("rb") as handle:
+        magic = handle.read(4)
+        if magic == _ZSTD_MAGIC:
+            return None
+        if magic == _LZ4_MAGIC:
+            return _lz4_problem(path, handle)
+        handle.seek(offset)
+        if magic[:2] == GZIP_MAGIC:
+            if handle.read(2) != GZIP_MAGIC:
+                offset = 0  # one gzip stream: FastWARC's offset is no member start
+            handle.seek(offset)
+            return _walk_problem(_gunzipped(handle), offset, "gzip")
+        return _walk_problem(iter(lambda: handle.read(_CHUNK), b""), offset, None)
+
+
+def _lz4_problem(path: Path, handle: BinaryIO) -> str | None:
+    from fastwarc.stream_io import Lz4Reader
+
+    framing = _lz4_frames_problem(handle)
+    if framing is not None:
+        return framing
+    reader = Lz4Reader(str(path), fsspec_args=False)
+    try:
+        return _walk_problem(iter(lambda: reader.read(_CHUNK), b""), 0, "LZ4")
+    finally:
+        reader.close()
+
+
+def _walk_problem(chunks: Iterable[bytes], offset: int, compression: str | None) -> str | None:
+    """`walk_records` over `chunks`, its finding as a message (None: the stream ends between records)."""
+    try:
+        problem = walk_records(chunks)
+    except (_Undecodable, OSError) as exc:
+        where = f"the file is cut off or corrupt after byte {offset}"
+        return f"{where}: its {compression} stream does not decode ({exc})"
+    if problem is None:
+        return None
+    what, at, why = problem
+    if compression is None or offset:
+        return f"{what} at byte {offset + at}{why}"
+    return f"{what} at byte {at} of the decompressed stream{why}"
+
+
+def _gunzipped(handle: BinaryIO) -> Iterator[bytes]:
+    """The decompressed bytes of the gzip members from `handle`'s position on, in bounded chunks."""
+    decompressor: zlib._Decompress | None = None
+    for data in iter(lambda: handle.read(_CHUNK), b""):
+        while data:
+            if decompressor is None:
+                if not data.strip(b"\0\r\n\t "):
+                    break  # padding after the last member
+                decompressor = zlib.decompressobj(31)
+            try:
+                out = decompressor.decompress(data, _CHUNK)
+            except zlib.error as exc:
+                raise _Undecodable(str(exc)) from exc
+            if out:
+                yield out
+            if decompressor.eof:  # the next member, if any, starts in what this one left
+                data, decompressor = decompressor.unused_data, None
+            else:  # input held back by the output bound, else none left: read on
+                data = decompressor.unconsumed_tail
+    if decompressor is not None:
+        raise _Undecodable("a gzip member is cut off")
+
+
+def _lz4_frames_problem(handle: BinaryIO) -> str | None:
+    """Why the LZ4 file is not a sequence of whole frames (the LZ4 frame format), or None.
+
+    Only headers and block sizes are read; the blocks are skipped by their sizes.
+    """
+    size = handle.seek(0, io.SEEK_END)
+    position = handle.seek(0)
+    while position < size:
+        frame = position
+        magic = handle.read(4)
+        if len(magic) < 4:
+            return f"the file is cut off inside the LZ4 frame header at byte {frame}"
+        if magic[1:] == b"\x2a\x4d\x18" and magic[0] & 0xF0 == 0x50:  # a skippable frame
+            skippable = handle.read(4)
+            end = position + 8 + int.from_bytes(skippable, "little")
+            if len(skippable) < 4 or end > size:
+                return f"the file is cut off inside the LZ4 skippable frame at byte {frame}"
+            position = handle.seek(end)
+            continue
+        if magic != _LZ4_MAGIC:
+            return f"the file holds no LZ4 frame at byte {frame}"
+        descriptor = handle.read(2)
+        if len(descriptor) < 2:
+            return f"the file is cut off inside the LZ4 frame header at byte {frame}"
+        flags = descriptor[0]
+        extra = 8 * bool(flags & 0x08) + 4 * bool(flags & 0x01) + 1  # content size, dictionary id, checksum
+        if len(handle.read(extra)) < extra:
+            return f"the file is cut off inside the LZ4 frame header at byte {frame}"
+        block_checksum = 4 * bool(flags & 0x10)
+        while True:
+            block_size = handle.read(4)
+            if len(block_size) < 4:
+                return f"the file is cut off inside the LZ4 frame at byte {frame}: no end mark"
+            length = int.from_bytes(block_size, "little") & 0x7FFFFFFF
+            if length == 0:
+                break
+            position = handle.tell() + length + block_checksum
+            if position > size:
+                return f"the file is cut off inside the LZ4 frame at byte {frame}: a block is cut"
+            handle.seek(position)
+        checksum = 4 * bool(flags & 0x04)
+        if len(handle.read(checksum)) < checksum:
+            return f"the file is cut off inside the LZ4 frame at byte {frame}: no content checksum"
+        position = handle.tell()
+    return None
+
+
+def walk_records(chunks: Iterable[bytes]) -> tuple[str, int, str] | None:
+    """Walk WARC records by their Content-Length through the byte stream `chunks` make up.
+
+    None when the stream ends between records; else (what is wrong, the stream position where the
+    record starts, a suffix for the message). Holds at most one header and one chunk in memory.
+    """
+    chunks = iter(chunks)
+    buffer = b""
+    start = 0  # stream position of buffer[0]
+    eof = False
+    while True:
+        stripped = buffer.lstrip(b"\r\n")  # the CRLF CRLF after each record
+        start += len(buffer) - len(stripped)
+        buffer = stripped
+        header_end = buffer.find(b"\r\n\r\n")
+        if header_end < 0:
+            if eof:
+                return None if not buffer.strip() else ("the file ends inside the record header", start, "")
+            if len(buffer) > _MAX_HEADER_BYTES:
+                return ("the file holds no WARC record header", start, "")
+            chunk = next(chunks, b"")
+            buffer += chunk
+            eof = not chunk
+            continue
+        match = _CONTENT_LENGTH.search(buffer, 0, header_end)
+        if match is None:
+            return ("the file ends inside the record header", start, ": no Content-Length")
+        record_start, to_skip = start, header_end + 4 + int(match.group(1))
+        while len(buffer) < to_skip:
+            to_skip -= len(buffer)
+            start += len(buffer)
+            buffer = next(chunks, b"")
+            if not buffer:
+                return ("the file ends inside the record", record_start, ": it was cut off")
+        start += to_skip
+        buffer = buffer[to_skip:]

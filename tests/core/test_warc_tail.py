@@ -1,0 +1,90 @@
+"""service.core.warc_tail: the record walk, the streaming gunzip and the LZ4 frame check."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import random
+
+import pytest
+
+from service.core import warc_tail
+from service.core.warc_tail import walk_records
+from tests.factories.warc import HttpResponse, response
+
+RECORDS = [
+    response("a", HttpResponse(b"<p>a</p>")),
+    response("b", HttpResponse(b"<p>" + b"b" * 3000 + b"</p>")),
+]
+DATA = b"".join(RECORDS)
+
+
+def _chunked(data: bytes, rng: random.Random) -> list[bytes]:
+    cuts = sorted(rng.sample(range(1, len(data)), 12))
+    return [data[i:j] for i, j in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_walk_does_not_depend_on_chunk_boundaries(seed: int) -> None:
+    rng = random.Random(seed)
+    assert walk_records(_chunked(DATA, rng)) is None
+    second = len(RECORDS[0])
+    in_body = DATA[: second + 1000]
+    assert walk_records([bytes([b]) for b in in_body]) == (
+        "the file ends inside the record",
+        second,
+        ": it was cut off",
+    )
+    in_header = DATA[: second + 40]
+    assert walk_records(_chunked(in_header, rng)) == ("the file ends inside the record header", second, "")
+
+
+def test_the_walk_refuses_what_is_no_warc() -> None:
+    assert walk_records([b"\n" * 10]) is None  # separators only
+    assert walk_records([b"WARC/1.1\r\nWARC-Type: response\r\n\r\nbody"])[0].startswith(
+        "the file ends inside"
+    )  # type: ignore[index]
+    assert walk_records([b"x" * (2 << 20)]) == ("the file holds no WARC record header", 0, "")
+
+
+def test_gunzip_streams_members_in_bounded_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(warc_tail, "_CHUNK", 4096)
+    payload = bytes(random.Random(0).randrange(256) for _ in range(50_000))
+    members = gzip.compress(payload) + gzip.compress(payload) + b"\0" * 7  # padding after the last
+    chunks = list(warc_tail._gunzipped(io.BytesIO(members)))
+    assert b"".join(chunks) == payload * 2 and max(map(len, chunks)) <= 4096
+    with pytest.raises(warc_tail._Undecodable):
+        list(warc_tail._gunzipped(io.BytesIO(members[:-40])))  # the second member cut off
+    with pytest.raises(warc_tail._Undecodable):
+        list(warc_tail._gunzipped(io.BytesIO(gzip.compress(payload) + b"not gzip")))
+
+
+def _lz4_frame(
+    blocks: list[bytes], *, content_size: bool, block_checksum: bool, content_checksum: bool
+) -> bytes:
+    """An LZ4 frame of uncompressed blocks (the frame format's high bit), checksums as placeholders."""
+    flags = 0x60 | 0x08 * content_size | 0x10 * block_checksum | 0x04 * content_checksum
+    out = warc_tail._LZ4_MAGIC + bytes([flags, 0x40])
+    out += (sum(map(len, blocks))).to_bytes(8, "little") if content_size else b""
+    out += b"\x99"  # header checksum
+    for block in blocks:
+        out += (len(block) | 0x80000000).to_bytes(4, "little") + block + b"\0" * 4 * block_checksum
+    return out + b"\0\0\0\0" + b"\0" * 4 * content_checksum
+
+
+@pytest.mark.parametrize("flags", [(False, False, False), (True, True, True), (True, False, True)])
+def test_the_lz4_frame_check_finds_every_cut(flags: tuple[bool, bool, bool]) -> None:
+    content_size, block_checksum, content_checksum = flags
+    frames = [
+        _lz4_frame([b"x" * 100, b"y" * 50], content_size=content_size, block_checksum=block_checksum,
+                   content_checksum=content_checksum),
+        b"\x52\x2a\x4d\x18" + (5).to_bytes(4, "little") + b"skip!",  # a skippable frame
+        _lz4_frame([b"z" * 30], content_size=content_size, block_checksum=block_checksum,
+                   content_checksum=content_checksum),
+    ]  # fmt: skip
+    data = b"".join(frames)
+    boundaries = {0, len(frames[0]), len(frames[0]) + len(frames[1]), len(data)}
+    for end in range(1, len(data) + 1):
+        problem = warc_tail._lz4_frames_problem(io.BytesIO(data[:end]))
+        assert (problem is None) == (end in boundaries), (end, problem)
+    assert "no LZ4 frame" in (warc_tail._lz4_frames_problem(io.BytesIO(data + b"junk")) or "")
