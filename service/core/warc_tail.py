@@ -97,7 +97,10 @@ def _gunzipped(handle: BinaryIO) -> Iterator[bytes]:
             if decompressor.eof:  # the next member, if any, starts in what this one left
                 data, decompressor = decompressor.unused_data, None
             else:  # input held back by the output bound, else none left: read on
-                data = decompressor.unconsumed_tail
+                held = decompressor.unconsumed_tail
+                if held and not out and len(held) == len(data):
+                    raise _Undecodable("the gzip stream makes no progress")  # never seen; never spin
+                data = held
     if decompressor is not None:
         raise _Undecodable("a gzip member is cut off")
 
