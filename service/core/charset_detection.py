@@ -227,7 +227,10 @@ def _east_asian_cost(text: str, i: int, name: str) -> int:
     glued = 0 if before > "\x7f" or after > "\x7f" else before.isalpha() + after.isalpha()
     if ch == "\ufffd" or ch < "\xa0":
         return 2 + glued
-    code = ch.encode(name)
+    try:
+        code = ch.encode(name)
+    except UnicodeEncodeError:  # half of a pair Big5-HKSCS decodes one code to ("Ê̄" is 0x8862)
+        return 2 + glued
     if len(code) == 4:
         return glued  # GB18030's four-byte form: a pattern mojibake seldom makes, so no sign against it
     if len(code) != 2:

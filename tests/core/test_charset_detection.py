@@ -96,3 +96,13 @@ def test_the_re_ranked_codecs_are_ones_the_detector_can_name() -> None:
     east_asian = set(charset_detection._EAST_ASIAN)
     assert {normalize_encoding(name) for name in east_asian} == east_asian
     assert east_asian - {"big5hkscs"} <= detected and normalize_encoding("big5") == "big5hkscs"
+
+
+def test_every_double_byte_code_of_every_contender_is_scored_without_raising() -> None:
+    """Big5-HKSCS decodes some codes to two characters ("Ê̄"), whose halves do not encode alone."""
+    pairs = [bytes([lead, trail]) for lead in range(0x80, 0x100) for trail in range(0x40, 0x100)]
+    for name in charset_detection._EAST_ASIAN:
+        for pair in pairs:
+            charset_detection._reading_cost(pair, name)
+    data = _page("x").encode() + b"\x88\x62\x88\x64"
+    assert decode_html(data).text.startswith(ENGLISH)
