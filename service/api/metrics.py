@@ -21,6 +21,8 @@ _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.
 _BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _BATCH_TOKEN_BUCKETS = (64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 UNMATCHED_ROUTE = "<unmatched>"
+OTHER_METHOD = "<other>"
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "TRACE", "CONNECT"})
 # nginx's "client closed request": never seen by the client, but visible in the request metrics.
 CLIENT_CLOSED_STATUS = 499
 
@@ -145,6 +147,8 @@ class RequestMetricsMiddleware:
         path = str(scope.get("path", ""))
         route = path if path in self.routes else UNMATCHED_ROUTE
         method = str(scope.get("method", ""))
+        if method not in _METHODS:
+            method = OTHER_METHOD  # HTTP lets a client invent methods; each would be a new series
 
         async def send_wrapper(message: Message) -> None:
             nonlocal status

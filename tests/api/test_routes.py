@@ -225,6 +225,17 @@ async def test_unknown_route_and_method(client: httpx.AsyncClient) -> None:
     assert wrong_method.headers["allow"] == "POST"
 
 
+async def test_request_metrics_keep_their_label_sets_bounded(client: httpx.AsyncClient) -> None:
+    """Scanners try paths and methods by the thousand; the labels stay the routes and HTTP's methods."""
+    for i in range(20):
+        await client.get(f"/scan/{i}")
+        await client.request(f"PROBE{i}", "/health")
+    text = (await client.get("/metrics")).text
+    assert "/scan/" not in text and "PROBE" not in text
+    assert 'route="<unmatched>",status="404"' in text
+    assert 'method="<other>",route="/health"' in text
+
+
 async def test_body_limit_before_parsing(settings_for: SettingsFactory) -> None:
     async with app_client(settings_for(max_body_bytes=1000)) as client:
         declared = await client.post("/v1/embed", content=b"x" * 1001, headers={"content-type": "text/html"})
