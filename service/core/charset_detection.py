@@ -138,7 +138,8 @@ def _few_foreign_words(sample: bytes, guess: str) -> str:
     sentence, and a few such words cannot be told from Cyrillic by their shapes alone.
     """
     sample = _neighbourhoods(sample)
-    latin = _best_latin_reading(sample, guess if guess in _LATIN_SINGLE_BYTE else "cp1252")[0]
+    # A Latin guess has been re-ranked among the Latin readings already (`_corrected_guess`).
+    latin = guess if guess in _LATIN_SINGLE_BYTE else _best_latin_reading(sample, "cp1252")[0]
     east_asian = (guess, *_EAST_ASIAN) if guess in _EAST_ASIAN else _EAST_ASIAN
     best, best_cost = latin, None
     for name in dict.fromkeys((latin, "cp1251", *east_asian)):
@@ -193,8 +194,7 @@ def _mojibake_marks(text: str) -> int:
     marks = 0
     for match in _NON_ASCII.finditer(text):
         i, ch = match.start(), match.group()
-        before = text[i - 1] if i else " "
-        after = text[i + 1] if i + 1 < len(text) else " "
+        before, after = _neighbours(text, i)
         wedged = all(c > "\x7f" and not c.isalpha() and not c.isspace() for c in (before, after))
         if ch.isalpha() and ch not in "ªº":
             marks += (ch.islower() and "A" <= after <= "Z") or wedged
@@ -222,8 +222,7 @@ def _east_asian_cost(text: str, i: int, name: str) -> int:
     text of those languages has only now and then ("A股").
     """
     ch = text[i]
-    before = text[i - 1] if i else " "
-    after = text[i + 1] if i + 1 < len(text) else " "
+    before, after = _neighbours(text, i)
     glued = 0 if before > "\x7f" or after > "\x7f" else before.isalpha() + after.isalpha()
     if ch == "\ufffd" or ch < "\xa0":
         return 2 + glued
@@ -276,8 +275,7 @@ def _score(text: str) -> tuple[int, int]:
     misfits = 0
     for match in _NON_ASCII.finditer(text):
         i, ch = match.start(), match.group()
-        before = text[i - 1] if i else " "
-        after = text[i + 1] if i + 1 < len(text) else " "
+        before, after = _neighbours(text, i)
         if ch.isalpha():
             latin = _is_latin(ch)
             if (ch.isupper() and before.islower()) or any(
@@ -291,6 +289,11 @@ def _score(text: str) -> tuple[int, int]:
     total = sum(letters.values())
     fit = max(2 * sum(letters[ch] for ch in alphabet) - total for alphabet in _ALPHABETS) if total else 0
     return fit, misfits
+
+
+def _neighbours(text: str, i: int) -> tuple[str, str]:
+    """The characters either side of `text[i]`, a space beyond either end."""
+    return (text[i - 1] if i else " "), (text[i + 1] if i + 1 < len(text) else " ")
 
 
 def _is_latin(ch: str) -> bool:

@@ -70,6 +70,8 @@ def _walk_problem(chunks: Iterable[bytes], offset: int, compression: str | None)
         problem = walk_records(chunks)
     except (_Undecodable, OSError) as exc:
         where = f"the file is cut off or corrupt after byte {offset}"
+        if compression is None:
+            return f"{where}: it cannot be read ({exc})"
         return f"{where}: its {compression} stream does not decode ({exc})"
     if problem is None:
         return None
