@@ -34,6 +34,7 @@ _FLAG_FIELDS = (
     "model_path",
     "backend",
     "device",
+    "intra_op_threads",
     "max_batch_tokens",
     "max_batch_requests",
     "max_wait_ms",
@@ -65,6 +66,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--device", choices=("cpu", "cuda"), default=None, help="where the model runs (HTMLLM_DEVICE)"
+    )
+    parser.add_argument(
+        "--intra-op-threads",
+        type=int,
+        default=None,
+        help="CPU threads per forward pass (HTMLLM_INTRA_OP_THREADS; default OMP_NUM_THREADS, else the "
+        "container's CPU limit or the CPUs in the affinity mask)",
     )
     parser.add_argument(
         "--max-batch-tokens",

@@ -192,6 +192,8 @@ class InfoResponse(BaseModel):
     max_length: int
     backend: str
     device: str
+    dtype: str = Field(description="the weights' precision (or the ONNX graph's quantisation)")
+    threads: int = Field(description="CPU threads one forward pass runs on (HTMLLM_INTRA_OP_THREADS)")
     heads: list[HeadInfo]
     limits: Limits
     auth: bool = Field(description="whether model routes need an API key")

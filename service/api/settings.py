@@ -39,6 +39,12 @@ class Settings(BaseSettings):
         NO_QUANTIZATION, description="onnx backend on CPU: int8 runs the dynamically quantised graph"
     )
     max_length: int | None = Field(None, ge=2, description="tokens per document; default the model's")
+    intra_op_threads: int | None = Field(
+        None,
+        gt=0,
+        description="CPU threads per forward pass; default OMP_NUM_THREADS, else the container's CPU limit "
+        "or affinity (service.core.cpus)",
+    )
 
     # The dynamic batcher (see service.engine).
     max_batch_tokens: int = Field(16384, gt=0)
@@ -83,6 +89,7 @@ class Settings(BaseSettings):
             dtype=self.dtype,
             onnx_quantize=quantization_option(self.onnx_quantize),
             max_length=self.max_length,
+            intra_op_threads=self.intra_op_threads,
             max_batch_tokens=self.max_batch_tokens,
             max_batch_requests=self.max_batch_requests,
             max_wait_ms=self.max_wait_ms,

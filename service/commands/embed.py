@@ -76,6 +76,13 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--batch-tokens", type=int, default=16384, help="token budget per forward pass")
     parser.add_argument("--batch-size", type=int, default=64, help="documents per forward pass")
     parser.add_argument("--workers", type=int, default=2, help="pruning and tokenization threads")
+    parser.add_argument(
+        "--intra-op-threads",
+        type=int,
+        default=None,
+        help="CPU threads per forward pass (default OMP_NUM_THREADS, else the container's CPU limit or the "
+        "CPUs in the affinity mask)",
+    )
     parser.add_argument("--heads", default=None, help="comma-separated heads to score (default: all)")
     parser.add_argument("--no-normalize", action="store_true", help="write unnormalised embeddings")
     parser.add_argument("--limit", type=int, default=None, help="embed only the first N pages")
@@ -241,6 +248,7 @@ async def _run(args: argparse.Namespace) -> int:
         max_batch_requests=args.batch_size,
         max_queue_documents=max(4 * args.batch_size, 256),
         preprocess_workers=args.workers,
+        intra_op_threads=args.intra_op_threads,
         max_wait_ms=5.0,
     )
     engine = Engine.from_checkpoint(args.checkpoint, config)

@@ -60,7 +60,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--timeout-s", type=float, default=5.0, help="time limit per extractor and page, in seconds"
     )
     parser.add_argument(
-        "--workers", type=int, default=None, help="extractor processes run in parallel (default: up to 4)"
+        "--workers",
+        type=int,
+        default=None,
+        help="extractor processes run in parallel (default: one per usable CPU, up to 4)",
     )
     parser.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
     parser.set_defaults(func=run)
@@ -121,14 +124,14 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from service.core.extract import (
-        DEFAULT_WORKERS,
         ExtractionOptionsError,
         ExtractorPool,
+        default_workers,
         resolve_order,
     )
     from service.core.pages import PageSourceError, iter_pages
 
-    workers = args.workers or DEFAULT_WORKERS
+    workers = default_workers() if args.workers is None else args.workers
     if workers < 1 or (args.limit is not None and args.limit < 0):
         print("htmllm extract: --workers must be >= 1 and --limit >= 0", file=sys.stderr)
         return 2

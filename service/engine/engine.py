@@ -176,6 +176,7 @@ class Engine:
             backend=self._runner.backend,
             device=self._runner.device,
             dtype=self._runner.dtype,
+            threads=self._runner.threads,
             prune_version=self._meta.prune_version,
             tokenizer_sha256=self._meta.tokenizer_sha256,
         )

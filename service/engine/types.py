@@ -53,6 +53,7 @@ class ModelInfo:
     backend: str
     device: str
     dtype: str
+    threads: int  # the backend's CPU threads per forward pass
     prune_version: str
     tokenizer_sha256: str
 
@@ -72,7 +73,7 @@ class EngineConfig:
     attn_implementation: str | None = None  # torch: None picks flash_attention_2 on CUDA when installed
     onnx_path: str | None = None  # onnx: default <checkpoint>/model.onnx, exported at start-up if missing
     onnx_quantize: str | None = None  # onnx on CPU: "int8" runs <checkpoint>/model.int8.onnx
-    intra_op_threads: int | None = None  # CPU threads per forward pass (None: the backend's default)
+    intra_op_threads: int | None = None  # CPU threads per pass (None: OMP_NUM_THREADS or CPU budget)
     result_cache_documents: int = 0  # an LRU of this many finished documents, reused for identical input
 
     def __post_init__(self) -> None:
@@ -103,6 +104,8 @@ class EngineConfig:
             raise ValueError("max_wait_ms must not be negative")
         if self.max_length is not None and self.max_length < 2:
             raise ValueError("max_length must be at least 2")
+        if self.intra_op_threads is not None and self.intra_op_threads < 1:
+            raise ValueError("intra_op_threads must be at least 1 (None sizes it from the CPU budget)")
 
 
 class EngineError(HtmllmError):

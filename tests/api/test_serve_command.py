@@ -19,12 +19,12 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HTMLLM_PORT", "9000")
     monkeypatch.setenv("HTMLLM_MAX_WAIT_MS", "3")
-    args = build_parser().parse_args(
-        ["serve", "--host", "127.0.0.1", "--model-path", str(tmp_path), "--max-batch-requests", "1"]
-    )
+    flags = ["--host", "127.0.0.1", "--model-path", str(tmp_path), "--max-batch-requests", "1"]
+    args = build_parser().parse_args(["serve", *flags, "--intra-op-threads", "3"])
     settings = api_main.settings_from_args(args)
     assert (settings.host, settings.port, settings.model_path) == ("127.0.0.1", 9000, tmp_path)
     assert (settings.max_batch_requests, settings.max_wait_ms) == (1, 3.0)
+    assert settings.engine_config().intra_op_threads == 3
 
 
 def test_missing_default_model_says_how_to_build_it(

@@ -33,6 +33,7 @@ def test_environment_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
         "HTMLLM_DEVICE": "cpu",
         "HTMLLM_DRAIN_TIMEOUT_S": "7",
         "HTMLLM_TRUNCATE": "false",
+        "HTMLLM_INTRA_OP_THREADS": "3",
     }
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -46,6 +47,9 @@ def test_environment_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert (config.backend, config.device, config.truncate) == ("onnx", "cpu", False)
     assert (config.max_batch_tokens, config.max_batch_requests, config.max_wait_ms) == (4096, 8, 5.5)
     assert config.max_queue_documents == 32
+    assert config.intra_op_threads == 3
+    monkeypatch.delenv("HTMLLM_INTRA_OP_THREADS")
+    assert Settings().engine_config().intra_op_threads is None  # sized from the CPU budget at load
     assert config.onnx_quantize is None  # "none", the default, is the float32 graph
     monkeypatch.setenv("HTMLLM_ONNX_QUANTIZE", "int8")
     assert Settings().engine_config().onnx_quantize == "int8"
@@ -62,6 +66,7 @@ def test_environment_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
         ("HTMLLM_MAX_BODY_BYTES", "-1"),
         ("HTMLLM_REQUEST_TIMEOUT_S", "0"),
         ("HTMLLM_ONNX_QUANTIZE", "int4"),
+        ("HTMLLM_INTRA_OP_THREADS", "0"),
     ],
 )
 def test_invalid_values_are_refused(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:

@@ -53,6 +53,17 @@ def test_onnx_matches_torch_for_any_batch_shape(exported: Path) -> None:
             np.testing.assert_allclose(b.scores[head], a.scores[head], atol=1e-4, rtol=0)
 
 
+def test_onnx_threads_are_chosen_like_torch_threads(exported: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # onnxruntime reads no OMP_NUM_THREADS and no cgroup limit itself: the runner passes the choice on.
+    heads = ["page_type", "quality"]
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    runner = OnnxRunner(exported / "model.onnx", pad_id=0, head_names=heads)
+    assert runner.threads == 1
+    assert runner._session.get_session_options().intra_op_num_threads == 1
+    set_here = OnnxRunner(exported / "model.onnx", pad_id=0, head_names=heads, intra_op_threads=2)
+    assert set_here._session.get_session_options().intra_op_num_threads == 2
+
+
 async def test_engine_on_onnx_matches_engine_on_torch(exported: Path) -> None:
     pages = make_pages(10, seed=4)
     async with Engine.from_checkpoint(exported, EngineConfig(backend="onnx")) as onnx_engine:

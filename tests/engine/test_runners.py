@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from service.core.checkpoint import load_checkpoint
+from service.core.cpus import cpu_budget
 from service.engine.batcher import form_batches
 from service.engine.runners import pad_batch
 from service.engine.runners.torch import TorchRunner, choose_attention
@@ -104,6 +105,23 @@ def test_form_batches_respects_both_budgets_and_sorts(seed: int) -> None:
 def test_form_batches_gives_an_oversized_document_its_own_batch() -> None:
     assert form_batches([500, 3, 4], padded, max_tokens=100, max_requests=8) == [[1, 2], [0]]
     assert form_batches([5, 5, 5], sum, max_tokens=10, max_requests=8) == [[0, 1], [2]]
+
+
+def test_cpu_threads_follow_the_setting_then_omp_num_threads(
+    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")
+        set_here = TorchRunner(load_checkpoint(tiny_checkpoint).model, intra_op_threads=1)
+        assert set_here.threads == torch.get_num_threads() == 1
+        from_env = TorchRunner(load_checkpoint(tiny_checkpoint).model)
+        assert from_env.threads == torch.get_num_threads() == 3
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        budget = TorchRunner(load_checkpoint(tiny_checkpoint).model)
+        assert budget.threads == torch.get_num_threads() == cpu_budget().threads
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_bfloat16_on_cpu_stays_close_to_float32(tiny_checkpoint: Path) -> None:

@@ -45,6 +45,8 @@ async def info(runtime: RuntimeDep, engine: EngineDep) -> InfoResponse:
         max_length=model.max_length,
         backend=model.backend,
         device=model.device,
+        dtype=model.dtype,
+        threads=model.threads,
         heads=[
             HeadInfo(name=h.name, kind=h.kind, labels=list(h.labels), metrics=dict(h.metrics))
             for h in model.heads

@@ -35,13 +35,13 @@ from service.core.extract.extractors import (
     stoplist_name,
 )
 from service.core.extract.pool import (
-    DEFAULT_WORKERS,
     ExtractionError,
     ExtractionTimeoutError,
     ExtractorPool,
     InlineRunner,
     Runner,
     default_pool,
+    default_workers,
 )
 
 __all__ = [
@@ -49,7 +49,6 @@ __all__ = [
     "DEFAULT_MIN_WORDS",
     "DEFAULT_ORDER",
     "DEFAULT_TIMEOUT_S",
-    "DEFAULT_WORKERS",
     "EXTRACTORS",
     "JUSTEXT",
     "RANDOM",
@@ -68,6 +67,7 @@ __all__ = [
     "Timeouts",
     "count_words",
     "default_pool",
+    "default_workers",
     "detect_language",
     "extract",
     "extract_all",

@@ -16,7 +16,6 @@ against an extraction.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import signal
 import sys
 import threading
@@ -26,10 +25,10 @@ from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any, Final, Protocol
 
+from service.core.cpus import cpu_budget
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.extract.extractors import RawOutput, run_extractor
 
-DEFAULT_WORKERS: Final = max(1, min(4, os.cpu_count() or 1))
 STARTUP_TIMEOUT_S: Final = 120.0
 _PRELOAD: Final = (
     "service.core.extract.extractors",
@@ -38,6 +37,11 @@ _PRELOAD: Final = (
     "justext",
     "trafilatura",
 )
+
+
+def default_workers() -> int:
+    """One extractor process per CPU this process may use (its container's CPU limit counts), up to 4."""
+    return max(1, min(4, cpu_budget().threads))
 
 
 class ExtractionError(HtmllmError):
@@ -139,7 +143,8 @@ class ExtractorPool:
     `timeout_s`. A worker that timed out or crashed is killed and not reused.
     """
 
-    def __init__(self, workers: int = DEFAULT_WORKERS, *, context: BaseContext | None = None) -> None:
+    def __init__(self, workers: int | None = None, *, context: BaseContext | None = None) -> None:
+        workers = default_workers() if workers is None else workers
         if workers < 1:
             raise ValueError(f"an extractor pool needs at least one worker, got {workers}")
         self.workers = workers

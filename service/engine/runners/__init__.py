@@ -33,6 +33,7 @@ class Runner(Protocol):
     backend: str
     device: str
     dtype: str
+    threads: int  # CPU threads one forward pass runs on
 
     def cost(self, lengths: Sequence[int]) -> int:
         """Tokens a batch of these lengths costs against `max_batch_tokens` (padded or packed)."""

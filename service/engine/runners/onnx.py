@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 
+from service.core.cpus import intra_op_threads as choose_threads
 from service.core.quantization import NO_QUANTIZATION
 from service.engine.onnx_export import EMBEDDING_OUTPUT, HEAD_OUTPUT_PREFIX, INPUT_NAMES, QUANTIZATION_KEY
 from service.engine.runners import PreparedBatch, RunnerOutput, pad_batch
 from service.engine.types import BackendError
+
+logger = logging.getLogger(__name__)
 
 PROVIDERS: dict[str, list[str]] = {
     "cpu": ["CPUExecutionProvider"],
@@ -45,8 +49,12 @@ class OnnxRunner:
             )
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if intra_op_threads is not None:
-            options.intra_op_num_threads = intra_op_threads
+        # onnxruntime's default is one thread per physical core of the machine, whatever the container's
+        # CPU limit (service.core.cpus); OMP_NUM_THREADS, which torch honours, it ignores.
+        choice = choose_threads(intra_op_threads)
+        options.intra_op_num_threads = choice.threads
+        self.threads = choice.threads
+        logger.info("onnxruntime runs %d intra-op threads (%s)", choice.threads, choice.reason)
         # Idle intra-op threads would spin between batches, taking the cores the pruning and
         # tokenization pool needs; they sleep instead.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")

@@ -16,6 +16,7 @@ from typing import cast
 import numpy as np
 import torch
 
+from service.core.cpus import intra_op_threads as choose_threads
 from service.core.modeling import HtmlEncoderModel
 from service.engine.runners import PreparedBatch, RunnerOutput, pad_batch
 
@@ -76,7 +77,8 @@ class TorchRunner:
         fast_forward: bool = True,
     ) -> None:
         """`fast_forward=False` runs transformers' own encoder forward instead of `encoder_forward`'s
-        (which SDPA batches take by default); benchmarks compare the two."""
+        (which SDPA batches take by default); benchmarks compare the two. `intra_op_threads=None` sizes
+        the CPU thread pool from OMP_NUM_THREADS or the CPU budget (`service.core.cpus`)."""
         if dtype not in TORCH_DTYPES:
             raise ValueError(f"dtype {dtype!r} is not one of {sorted(TORCH_DTYPES)}")
         if device == "cuda" and not torch.cuda.is_available():
@@ -89,8 +91,12 @@ class TorchRunner:
         self.dtype = dtype
         self.attention = choose_attention(device, dtype, attn_implementation)
         self.packed = ATTENTION_MODES[self.attention] == "packed"
-        if intra_op_threads is not None:
-            torch.set_num_threads(intra_op_threads)
+        # torch's default is one thread per CPU in the affinity mask, which a container's CPU limit
+        # turns into throttling (service.core.cpus); the choice is process-wide, as torch's pool is.
+        choice = choose_threads(intra_op_threads)
+        torch.set_num_threads(choice.threads)
+        self.threads = choice.threads
+        logger.info("torch runs %d intra-op threads (%s)", choice.threads, choice.reason)
         # Place first: transformers checks flash-attn against the weights' device and dtype.
         model.place(device, TORCH_DTYPES[dtype])  # heads stay float32: tiny, and scores stay exact
         model.encoder.set_attn_implementation(self.attention)
