@@ -429,3 +429,43 @@ def iter_value_files() -> Iterator[Path]:
 
 def test_every_ci_value_file_is_rendered() -> None:
     assert {p.name.removesuffix("-values.yaml") for p in iter_value_files()} == set(VALUE_SETS) - {"default"}
+
+
+REQUEST_THREADS = {
+    "name": "HTMLLM_INTRA_OP_THREADS",
+    "valueFrom": {
+        "resourceFieldRef": {"containerName": "server", "resource": "requests.cpu", "divisor": "1"}
+    },
+}
+
+
+def test_threads_follow_the_cpu_request_when_no_limit_bounds_them() -> None:
+    # Default values: a CPU request and no CPU limit; the cgroup says nothing, so the request does.
+    server = server_container(render({}))
+    assert env_of(server)["HTMLLM_INTRA_OP_THREADS"] == REQUEST_THREADS
+    assert server["resources"]["requests"]["cpu"] == "2" and "cpu" not in server["resources"]["limits"]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {
+            "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "3"}}
+        },  # the server reads the limit itself
+        {"resources": {"requests": {"cpu": None}}},  # no request (null removes the default): nothing to go by
+        {"extraEnv": [{"name": "OMP_NUM_THREADS", "value": "2"}]},
+        {"extraSettings": {"HTMLLM_INTRA_OP_THREADS": "4"}},
+    ],
+)
+def test_threads_are_not_injected_where_the_values_already_decide(values: dict[str, Any]) -> None:
+    objects = render(values)
+    assert "HTMLLM_INTRA_OP_THREADS" not in env_of(server_container(objects))
+    for manifest in objects:
+        validate_manifest(manifest)
+
+
+def test_threads_set_in_the_values_go_to_the_configmap() -> None:
+    objects = render({"server": {"intraOpThreads": 6}})
+    assert configmap_data(objects)["HTMLLM_INTRA_OP_THREADS"] == "6"
+    assert "HTMLLM_INTRA_OP_THREADS" not in env_of(server_container(objects))
+    assert "HTMLLM_INTRA_OP_THREADS" not in configmap_data(render({}))

@@ -87,6 +87,22 @@ kills the server (SIGKILL) with accepted requests still queued.
 {{- end }}
 {{- end }}
 
+{{/*
+"true" when the server's CPU threads per forward pass come from the container's CPU request. The server
+reads a CPU limit from its cgroup itself; with a request and no limit the cgroup says nothing, and
+torch and onnxruntime would run one thread per node core against a share of a few. Anything the values
+already say about threads (server.intraOpThreads, HTMLLM_INTRA_OP_THREADS or OMP_NUM_THREADS) wins.
+*/}}
+{{- define "htmllm.threadsFromRequest" -}}
+{{- $named := false }}
+{{- range .Values.extraEnv }}
+{{- if has .name (list "OMP_NUM_THREADS" "HTMLLM_INTRA_OP_THREADS") }}{{ $named = true }}{{ end }}
+{{- end }}
+{{- $limits := .Values.resources.limits | default dict }}
+{{- $requests := .Values.resources.requests | default dict }}
+{{- if and (not .Values.server.intraOpThreads) (not (hasKey .Values.extraSettings "HTMLLM_INTRA_OP_THREADS")) (not $named) (not $limits.cpu) $requests.cpu }}true{{ end }}
+{{- end }}
+
 {{/* Fail early on combinations that would render a pod that cannot start. */}}
 {{- define "htmllm.validate" -}}
 {{- if and .Values.auth.enabled (not .Values.auth.existingSecret) (not .Values.auth.apiKey) }}
