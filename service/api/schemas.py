@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from service.core.errors import ErrorCode
 
 EncodingFormat = Literal["float", "base64"]
+OnError = Literal["fail", "report"]
 Scores = dict[str, dict[str, float] | float]
 
 
@@ -49,18 +50,26 @@ class EmbedRequest(_Strict):
     encoding_format: EncodingFormat = Field(
         "float", description="base64: little-endian float32 bytes, base64-encoded"
     )
+    on_error: OnError = Field(
+        "fail",
+        description="fail: a failing document fails the request with its error; report: it gets its own "
+        "`error` in `data` and the others keep their results (at the request timeout, those done by then)",
+    )
 
 
 class EmbedResult(BaseModel):
     id: str | None
-    embedding: list[float] | str
+    embedding: list[float] | str | None = Field(description="null when the document failed")
     scores: Scores = Field(description="per head: {label: probability} or a regression value")
-    tokens: int = Field(description="tokens fed to the model, [CLS] and [SEP] included")
-    truncated: bool
+    tokens: int | None = Field(description="tokens fed to the model, [CLS] and [SEP] included")
+    truncated: bool | None
+    error: ErrorDetail | None = Field(
+        None, description="`on_error: report` only: why this document has no embedding"
+    )
 
 
 class EmbedUsage(BaseModel):
-    documents: int
+    documents: int = Field(description="documents embedded (failed ones not counted)")
     tokens: int
 
 

@@ -69,6 +69,7 @@ class _Ready:
     documents: list[QueuedDocument]
     prepared: PreparedBatch
     prepare_s: float
+    started: float | None = None  # time.monotonic() when its forward pass began
 
 
 def form_batches(
@@ -124,6 +125,14 @@ class Batcher:
     def waiting(self) -> int:
         """Documents queued and not yet handed to a forward pass."""
         return len(self._inbox)
+
+    def pass_started(self, future: asyncio.Future[BatchRow]) -> float | None:
+        """When the forward pass holding the document behind `future` began, or None if it is not in
+        one: what a passed deadline reports (queued vs a slow pass). A scan, for the rare late call."""
+        for ready in self._in_hand:
+            if ready.started is not None and any(doc.future is future for doc in ready.documents):
+                return ready.started
+        return None
 
     def start(self) -> None:
         if self._tasks:
@@ -251,7 +260,7 @@ class Batcher:
             # Every caller left while the batch waited for the model: skip the pass entirely.
             self._skipped(len(ready.documents))
             return
-        start = time.monotonic()
+        start = ready.started = time.monotonic()
         try:
             output = await loop.run_in_executor(self._infer_pool, self._runner.run, ready.prepared)
         except Exception as exc:

@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
@@ -32,7 +33,7 @@ from service.core.errors import ErrorCode, HtmllmError
 from service.core.modeling import HeadSpec
 from service.core.prune import PRUNE_VERSION, prune_html
 from service.core.tokenizer import HtmlTokenizer
-from service.engine.batcher import Batcher
+from service.engine.batcher import Batcher, BatchRow
 from service.engine.result_cache import CachedRow, ResultCache, cache_key
 from service.engine.runners import Runner
 from service.engine.types import (
@@ -71,6 +72,26 @@ class _Prepared:
     truncated: bool
     prune_s: float
     tokenize_s: float
+
+
+# Where a document of a call can be (besides done); `_Progress` says which, for a passed deadline.
+PREPROCESSING = "preprocessing"  # waiting for a worker thread, pruning or tokenizing
+AWAITING_COPY = "waiting for an identical page in flight"  # the result cache
+QUEUED = "queued"  # in the batcher, not yet in a forward pass
+IN_PASS = "in a forward pass"
+DONE = "done"
+
+
+@dataclass
+class _Progress:
+    """Where one document of a call is, so that a passed deadline can say what the time went on."""
+
+    stage: str = PREPROCESSING
+    since: float = field(default_factory=time.monotonic)
+    future: asyncio.Future[BatchRow] | None = None  # its row of a batch, once queued
+
+    def enter(self, stage: str) -> None:
+        self.stage, self.since = stage, time.monotonic()
 
 
 def as_document(doc: Document | str | bytes) -> Document:
@@ -295,8 +316,39 @@ class Engine:
         """Embed documents; results in input order. `deadline` is an absolute `time.monotonic()`.
 
         All or nothing: the first failing document (prune error, too many tokens, deadline, backend)
-        raises and the others are dropped from the queue.
+        raises and the others are dropped from the queue. `embed_settled` answers each one instead.
         """
+        outcomes = await self._embed_all(docs, heads, normalize, truncate, deadline, settle=False)
+        return [outcome for outcome in outcomes if isinstance(outcome, DocumentResult)]
+
+    async def embed_settled(
+        self,
+        docs: Sequence[Document | str | bytes],
+        *,
+        heads: Sequence[str] | None = None,
+        normalize: bool = True,
+        truncate: bool | None = None,
+        deadline: float | None = None,
+    ) -> list[DocumentResult | HtmllmError]:
+        """Each document's result or its own typed error, in input order.
+
+        A crawler's batch of pages should not be lost to one of them: a page over the token limit with
+        truncation off, one the pruner fails on, or one still queued when the deadline passes fails
+        alone, and the others keep their results (at the deadline, those already embedded). What is
+        wrong with the call itself (an unknown head, a full queue, shutting down) still raises.
+        """
+        return await self._embed_all(docs, heads, normalize, truncate, deadline, settle=True)
+
+    async def _embed_all(
+        self,
+        docs: Sequence[Document | str | bytes],
+        heads: Sequence[str] | None,
+        normalize: bool,
+        truncate: bool | None,
+        deadline: float | None,
+        *,
+        settle: bool,
+    ) -> list[DocumentResult | HtmllmError]:
         called = time.monotonic()
         if not self._accepting:
             self._require_started()
@@ -319,19 +371,29 @@ class Engine:
             raise DeadlineExceededError("the deadline passed before the documents were queued")
         self._admit(count)
         truncate = self.config.truncate if truncate is None else truncate
+        progress = [_Progress() for _ in documents]
         tasks = [
             asyncio.ensure_future(
-                self._embed_one(pool, doc, head_names, normalize, truncate, deadline, called)
+                self._embed_one(pool, doc, head_names, normalize, truncate, deadline, called, track)
             )
-            for doc in documents
+            for doc, track in zip(documents, progress, strict=True)
         ]
+        outcomes: list[DocumentResult | HtmllmError]
         try:
             timeout = None if deadline is None else deadline - time.monotonic()
-            async with asyncio.timeout(timeout):
-                results = await asyncio.gather(*tasks)
+            if settle:
+                outcomes = await self._settle(tasks, progress, timeout)
+            else:
+                async with asyncio.timeout(timeout):
+                    outcomes = list(await asyncio.gather(*tasks))
         except TimeoutError as exc:
             self._failed(ErrorCode.TIMEOUT, count)
-            raise DeadlineExceededError("the deadline passed before the documents were embedded") from exc
+            where = self._whereabouts(progress)
+            self._log_late(where)
+            after = f"{time.monotonic() - called:.1f} s after the call"
+            raise DeadlineExceededError(
+                f"the deadline passed {after}, before the documents were embedded: {where}"
+            ) from exc
         except HtmllmError as exc:
             self._failed(exc.code, count)
             raise
@@ -339,8 +401,77 @@ class Engine:
             for task in tasks:
                 task.cancel()
             self._release(count)
-        self._notify(self.observer.documents_done, count, sum(r.tokens for r in results))
-        return results
+        results = [outcome for outcome in outcomes if isinstance(outcome, DocumentResult)]
+        self._notify(self.observer.documents_done, len(results), sum(r.tokens for r in results))
+        failures = Counter(outcome.code for outcome in outcomes if isinstance(outcome, HtmllmError))
+        for code, failed in failures.items():
+            self._failed(code, failed)
+        return outcomes
+
+    async def _settle(
+        self,
+        tasks: Sequence[asyncio.Future[DocumentResult]],
+        progress: list[_Progress],
+        timeout: float | None,
+    ) -> list[DocumentResult | HtmllmError]:
+        """Wait for every document until the deadline; each one's result or error, late ones timed out."""
+        done, pending = await asyncio.wait(tasks, timeout=timeout)
+        if pending:
+            self._log_late(self._whereabouts(progress))
+        now = time.monotonic()
+        outcomes: list[DocumentResult | HtmllmError] = []
+        for task, track in zip(tasks, progress, strict=True):
+            if task not in done:
+                where = self._describe(track, now)
+                outcomes.append(DeadlineExceededError(f"the deadline passed while the document was {where}"))
+            elif task.cancelled():  # nothing here cancels a document's task before the deadline
+                outcomes.append(HtmllmError("the document's work was cancelled", code=ErrorCode.INTERNAL))
+            elif isinstance(error := task.exception(), HtmllmError):
+                outcomes.append(error)
+            elif error is not None:
+                logger.error("embedding a document failed", exc_info=error)
+                outcomes.append(
+                    HtmllmError(f"embedding failed: {type(error).__name__}: {error}", code=ErrorCode.INTERNAL)
+                )
+            else:
+                outcomes.append(task.result())
+        return outcomes
+
+    def _describe(self, track: _Progress, now: float) -> str:
+        """One document's stage and how long it has been in it, e.g. "queued (29.7 s)"."""
+        stage, seconds = self._stage_of(track, now)
+        return f"{stage} ({seconds:.1f} s)"
+
+    def _stage_of(self, track: _Progress, now: float) -> tuple[str, float]:
+        if track.stage == QUEUED and track.future is not None and self._batcher is not None:
+            started = self._batcher.pass_started(track.future)
+            if started is not None:
+                return IN_PASS, now - started
+        return track.stage, now - track.since
+
+    def _whereabouts(self, progress: Sequence[_Progress]) -> str:
+        """Where a call's documents were when its deadline passed, e.g. "2 queued (longest 29.7 s),
+        1 in a forward pass (longest 12.0 s), 1 done": the first thing to read about a 504."""
+        now = time.monotonic()
+        counts: Counter[str] = Counter()
+        longest: dict[str, float] = {}
+        for track in progress:
+            stage, seconds = self._stage_of(track, now)
+            counts[stage] += 1
+            longest[stage] = max(longest.get(stage, 0.0), seconds)
+        return ", ".join(
+            f"{n} {stage}" if stage == DONE else f"{n} {stage} (longest {longest[stage]:.1f} s)"
+            for stage, n in counts.items()
+        )
+
+    def _log_late(self, where: str) -> None:
+        waiting = self._batcher.waiting if self._batcher is not None else 0
+        logger.warning(
+            "a call's deadline passed: %s; documents in flight: %d, waiting for a batch: %d",
+            where,
+            self._in_flight,
+            waiting,
+        )
 
     async def _embed_one(
         self,
@@ -351,23 +482,29 @@ class Engine:
         truncate: bool,
         deadline: float | None,
         called: float,
+        track: _Progress,
     ) -> DocumentResult:
         loop = asyncio.get_running_loop()
         cache, key = self._cache, b""
         if cache is not None:
             key = await loop.run_in_executor(pool, cache_key, doc, truncate)  # hashing a page: off the loop
+            track.enter(AWAITING_COPY)
             hit = await cache.settled(key)
             if hit is not None:
                 self._notify(self.observer.cache_hit)
                 timings = StageTimings(0.0, 0.0, 0.0, 0.0, time.monotonic() - called)
+                track.enter(DONE)
                 return self._result(doc, hit, head_names, normalize, timings)
             cache.claim(key)
+            track.enter(PREPROCESSING)
         try:
             prepared = await loop.run_in_executor(pool, self._prepare, doc, truncate)
             batcher = self._batcher
             if batcher is None:
                 raise ShuttingDownError("the engine stopped before this document was queued")
-            row = await batcher.submit(prepared.ids, deadline=deadline)
+            track.enter(QUEUED)
+            track.future = batcher.submit(prepared.ids, deadline=deadline)
+            row = await track.future
             finished = CachedRow(row.embedding, row.scores, len(prepared.ids), prepared.truncated)
             if cache is not None:
                 cache.put(key, finished.copy())
@@ -382,6 +519,7 @@ class Engine:
             total_s=time.monotonic() - called,
         )
         result = self._result(doc, finished, head_names, normalize, timings)
+        track.enter(DONE)
         self._notify(self._report_stages, result.timings)
         return result
 

@@ -163,6 +163,58 @@ async def test_truncation_policy(settings_for: SettingsFactory) -> None:
         assert short["truncated"] is False
 
 
+async def test_on_error_report_answers_each_document(settings_for: SettingsFactory) -> None:
+    """A page over the limit fails alone: its entry carries the error, the others their results."""
+    docs = [{"id": "a", "html": page(1)}, {"id": "long", "html": long_page()}, {"id": "c", "html": page(2)}]
+    async with app_client(settings_for(truncate=False)) as client:
+        failing = await client.post("/v1/embed", json={"documents": docs})
+        assert failing.status_code == 422 and failing.json()["error"]["code"] == "too_many_tokens"
+
+        response = await client.post("/v1/embed", json={"documents": docs, "on_error": "report"})
+        assert response.status_code == 200, response.text
+        body = response.json()
+        first, long, last = body["data"]
+        assert [first["id"], long["id"], last["id"]] == ["a", "long", "c"]
+        assert long["embedding"] is None and long["tokens"] is None and long["scores"] == {}
+        assert long["error"]["code"] == "too_many_tokens" and "'long'" in long["error"]["message"]
+        alone = await client.post("/v1/embed", json={"documents": [docs[0], docs[2]]})
+        for got, want in zip((first, last), alone.json()["data"], strict=True):
+            assert got["error"] is None and got["tokens"] == want["tokens"]
+            np.testing.assert_allclose(embedding(got), embedding(want), atol=1e-5)
+        assert body["usage"] == {"documents": 2, "tokens": first["tokens"] + last["tokens"]}
+        assert float(response.headers["x-inference-time"]) >= 0.0
+
+        # One raw page takes the option in its query string; a JSON body must not.
+        raw = await client.post(
+            "/v1/embed?id=r&on_error=report",
+            content=long_page().encode(),
+            headers={"content-type": "text/html"},
+        )
+        assert raw.status_code == 200 and raw.json()["data"][0]["error"]["code"] == "too_many_tokens"
+        assert raw.json()["usage"] == {"documents": 0, "tokens": 0}
+        misplaced = await client.post("/v1/embed?on_error=report", json={"documents": docs})
+        assert misplaced.status_code == 422
+        unknown = await client.post("/v1/embed", json={"documents": docs, "on_error": "ignore"})
+        assert unknown.status_code == 422
+
+        metrics = (await client.get("/metrics")).text
+        # The failing request's three documents, then one of the report request's, then the raw page.
+        assert 'htmllm_documents_failed_total{code="too_many_tokens"} 5.0' in metrics
+
+
+async def test_on_error_report_at_the_deadline(settings_for: SettingsFactory) -> None:
+    # A lone document waits max_wait_ms for company, past the request's timeout: its entry says so.
+    async with app_client(settings_for(request_timeout_s=0.1, max_wait_ms=1000)) as client:
+        body = {"documents": [{"id": "late", "html": page(1)}], "on_error": "report"}
+        response = await client.post("/v1/embed", json=body)
+        assert response.status_code == 200, response.text
+        (item,) = response.json()["data"]
+        assert item["error"]["code"] == "timeout" and item["embedding"] is None
+        assert re.fullmatch(
+            r"the deadline passed while the document was queued \(\d+\.\d s\)", item["error"]["message"]
+        )
+
+
 async def test_openai_embeddings(client: httpx.AsyncClient) -> None:
     pages = [page(5), page(6)]
     response = await client.post("/v1/embeddings", json={"input": pages, "model": "anything"})
@@ -428,7 +480,10 @@ async def test_timeout_is_504(settings_for: SettingsFactory) -> None:
     async with app_client(settings_for(request_timeout_s=0.05, max_wait_ms=500)) as client:
         response = await client.post("/v1/embed", json={"documents": [{"html": page(1)}]})
         assert response.status_code == 504
-        assert response.json()["error"]["code"] == "timeout"
+        error = response.json()["error"]
+        assert error["code"] == "timeout"
+        # The engine's deadline answers, saying where the documents were (the HTTP timer is a backstop).
+        assert error["message"].startswith("the deadline passed") and "queued" in error["message"], error
 
 
 async def test_large_json_body(client: httpx.AsyncClient) -> None:

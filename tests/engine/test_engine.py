@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import threading
 import time
 from pathlib import Path
@@ -16,6 +18,7 @@ from service.engine.types import (
     BatchStats,
     DeadlineExceededError,
     Document,
+    DocumentResult,
     EngineConfig,
     EngineObserver,
     NotReadyError,
@@ -300,3 +303,85 @@ async def test_token_budget_caps_each_forward_pass(tiny_checkpoint: Path, pages:
         await engine.embed(pages)
     assert len(observer.batches) > 1
     assert all(b.padded_tokens <= 256 or b.documents == 1 for b in observer.batches)
+
+
+async def test_settled_answers_each_document_alone(tiny_checkpoint: Path) -> None:
+    """One page over the limit with truncation off fails alone; the others keep their results."""
+    observer = RecordingObserver()
+    short, too_long = make_pages(2, max_words=8), make_pages(1, min_words=400, max_words=400)[0]
+    docs = [Document(html=short[0], id="a"), Document(html=too_long, id="b"), Document(html=short[1], id="c")]
+    config = EngineConfig(max_length=64)
+    async with Engine.from_checkpoint(tiny_checkpoint, config, observer=observer) as engine:
+        first, failed, last = await engine.embed_settled(docs, truncate=False)
+        alone = await engine.embed([docs[0], docs[2]])
+        assert engine.queue_size == 0
+    assert isinstance(failed, TooManyTokensError) and "'b'" in failed.message
+    assert isinstance(first, DocumentResult) and isinstance(last, DocumentResult)
+    assert (first.id, last.id) == ("a", "c")
+    for got, want in zip((first, last), alone, strict=True):
+        np.testing.assert_allclose(got.embedding, want.embedding, atol=1e-5, rtol=0)
+        assert got.tokens == want.tokens
+    assert observer.done[0] == (2, first.tokens + last.tokens)
+    assert observer.failed == [(ErrorCode.TOO_MANY_TOKENS, 1)]
+
+
+async def test_settled_keeps_what_was_embedded_when_the_deadline_passes(
+    tiny_checkpoint: Path, pages: list[str]
+) -> None:
+    # Passes of at most 2 documents, 0.5 s each: at 0.75 s the first pass is done, the second running.
+    engine, _ = slow_engine(tiny_checkpoint, delay_s=0.5, max_batch_requests=2, max_wait_ms=0)
+    async with engine:
+        outcomes = await engine.embed_settled(pages[:6], deadline=time.monotonic() + 0.75)
+        assert engine.queue_size == 0
+        late = [o for o in outcomes if isinstance(o, HtmllmError)]
+        done = [o for o in outcomes if isinstance(o, DocumentResult)]
+        assert done and late, outcomes
+        for error in late:
+            assert error.code is ErrorCode.TIMEOUT
+            assert re.fullmatch(
+                r"the deadline passed while the document was (queued|in a forward pass) \(\d+\.\d s\)",
+                error.message,
+            ), error.message
+        assert any("in a forward pass" in error.message for error in late)
+        index = next(i for i, o in enumerate(outcomes) if o is done[0])
+        (again,) = await engine.embed([pages[index]])  # the engine goes on serving
+    np.testing.assert_allclose(again.embedding, done[0].embedding, atol=1e-5)
+
+
+async def test_a_passed_deadline_says_where_the_documents_were(
+    tiny_checkpoint: Path, pages: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    engine, _ = slow_engine(tiny_checkpoint, delay_s=0.5, max_batch_requests=2, max_wait_ms=0)
+    async with engine:
+        with (
+            caplog.at_level(logging.WARNING, logger="service.engine.engine"),
+            pytest.raises(DeadlineExceededError) as info,
+        ):
+            await engine.embed(pages[:6], deadline=time.monotonic() + 0.75)
+    message = info.value.message
+    assert re.match(
+        r"the deadline passed \d+\.\d s after the call, before the documents were embedded: ", message
+    )
+    assert re.search(r"\b[1-9] done\b", message), message
+    assert re.search(r"in a forward pass \(longest \d+\.\d s\)", message), message
+    assert any("deadline passed" in record.message for record in caplog.records)
+
+
+async def test_settled_turns_an_unexpected_failure_into_an_internal_error(
+    tiny_checkpoint: Path, pages: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with Engine.from_checkpoint(tiny_checkpoint) as engine:
+        prepare = engine._prepare
+
+        def broken(doc: Document, truncate: bool) -> object:
+            if doc.id == "bad":
+                raise RuntimeError("an invariant broke")
+            return prepare(doc, truncate)
+
+        monkeypatch.setattr(engine, "_prepare", broken)
+        good, bad = await engine.embed_settled([Document(pages[0], id="ok"), Document(pages[1], id="bad")])
+        with pytest.raises(UnknownHeadError):  # what is wrong with the call still raises
+            await engine.embed_settled(pages[:1], heads=["nope"])
+    assert isinstance(good, DocumentResult) and good.id == "ok"
+    assert isinstance(bad, HtmllmError) and bad.code is ErrorCode.INTERNAL
+    assert "RuntimeError: an invariant broke" in bad.message

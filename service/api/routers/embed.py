@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -11,7 +12,17 @@ from service.api.auth import require_api_key
 from service.api.documents import encode_embedding, read_body, timing_headers, to_documents
 from service.api.openapi import ERROR_RESPONSES, raw_body_openapi
 from service.api.runtime import EngineDep, RuntimeDep, request_started
-from service.api.schemas import EmbedRequest, EmbedResponse, EmbedResult, EmbedUsage, EncodingFormat
+from service.api.schemas import (
+    EmbedRequest,
+    EmbedResponse,
+    EmbedResult,
+    EmbedUsage,
+    EncodingFormat,
+    ErrorDetail,
+    OnError,
+)
+from service.core.errors import HtmllmError
+from service.engine import DocumentResult
 
 router = APIRouter(tags=["embed"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
 
@@ -33,6 +44,7 @@ async def embed(
     normalize: Annotated[bool | None, Query(description="raw body only (default true)")] = None,
     truncate: Annotated[bool | None, Query(description="raw body only (default: server policy)")] = None,
     encoding_format: Annotated[EncodingFormat | None, Query(description="raw body only")] = None,
+    on_error: Annotated[OnError | None, Query(description="raw body only (default fail)")] = None,
 ) -> EmbedResponse:
     """A JSON body of documents, or one raw page (`text/html; charset=...`, `application/octet-stream`)
     with its options in the query string."""
@@ -44,6 +56,7 @@ async def embed(
         "normalize": normalize,
         "truncate": truncate,
         "encoding_format": encoding_format,
+        "on_error": on_error,
     }
     parsed, raw = await read_body(request, EmbedRequest, raw_options=options)
     if parsed is None:
@@ -53,9 +66,11 @@ async def embed(
             normalize=True if normalize is None else normalize,
             truncate=truncate,
             encoding_format=encoding_format or "float",
+            on_error=on_error or "fail",
         )
     documents = [raw] if raw is not None else to_documents(parsed.documents)
-    results = await inference.embed(
+    call = inference.embed_settled if parsed.on_error == "report" else inference.embed
+    outcomes: Sequence[DocumentResult | HtmllmError] = await call(
         request,
         runtime,
         engine,
@@ -64,18 +79,35 @@ async def embed(
         normalize=parsed.normalize,
         truncate=parsed.truncate,
     )
+    results = [o for o in outcomes if isinstance(o, DocumentResult)]
     response.headers.update(timing_headers(results, started))
     return EmbedResponse(
         model=engine.info.name,
         data=[
-            EmbedResult(
-                id=r.id,
-                embedding=encode_embedding(r.embedding, parsed.encoding_format),
-                scores=r.scores,
-                tokens=r.tokens,
-                truncated=r.truncated,
-            )
-            for r in results
+            _failed(doc.id, o) if isinstance(o, HtmllmError) else _embedded(o, parsed.encoding_format)
+            for doc, o in zip(documents, outcomes, strict=True)
         ],
         usage=EmbedUsage(documents=len(results), tokens=sum(r.tokens for r in results)),
+    )
+
+
+def _embedded(result: DocumentResult, encoding_format: EncodingFormat) -> EmbedResult:
+    return EmbedResult(
+        id=result.id,
+        embedding=encode_embedding(result.embedding, encoding_format),
+        scores=result.scores,
+        tokens=result.tokens,
+        truncated=result.truncated,
+        error=None,
+    )
+
+
+def _failed(doc_id: str | None, error: HtmllmError) -> EmbedResult:
+    return EmbedResult(
+        id=doc_id,
+        embedding=None,
+        scores={},
+        tokens=None,
+        truncated=None,
+        error=ErrorDetail(code=error.code, message=error.message),
     )
