@@ -424,8 +424,8 @@ class Engine:
             if task not in done:
                 where = self._describe(track, now)
                 outcomes.append(DeadlineExceededError(f"the deadline passed while the document was {where}"))
-            elif task.cancelled():  # nothing here cancels a document's task before the deadline
-                outcomes.append(HtmllmError("the document's work was cancelled", code=ErrorCode.INTERNAL))
+            elif task.cancelled():  # stop(drain=False) cancelled its turn in the preprocessing pool
+                outcomes.append(ShuttingDownError("the engine stopped before this document was embedded"))
             elif isinstance(error := task.exception(), HtmllmError):
                 outcomes.append(error)
             elif error is not None:

@@ -385,3 +385,24 @@ async def test_settled_turns_an_unexpected_failure_into_an_internal_error(
     assert isinstance(good, DocumentResult) and good.id == "ok"
     assert isinstance(bad, HtmllmError) and bad.code is ErrorCode.INTERNAL
     assert "RuntimeError: an invariant broke" in bad.message
+
+
+async def test_settled_documents_get_shutting_down_when_the_engine_stops_under_them(
+    tiny_checkpoint: Path, pages: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = Engine.from_checkpoint(tiny_checkpoint, EngineConfig(preprocess_workers=1))
+    await engine.start()
+    prepare = engine._prepare
+
+    def slow(doc: Document, truncate: bool) -> object:
+        time.sleep(0.3)
+        return prepare(doc, truncate)
+
+    monkeypatch.setattr(engine, "_prepare", slow)
+    # One document is being preprocessed, the other waits for the pool when the engine stops.
+    call = asyncio.create_task(engine.embed_settled(pages[:2]))
+    await asyncio.sleep(0.1)
+    await engine.stop(drain=False)
+    outcomes = await call
+    assert [type(o) for o in outcomes] == [ShuttingDownError, ShuttingDownError], outcomes
+    assert engine.queue_size == 0
