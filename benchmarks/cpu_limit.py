@@ -87,7 +87,13 @@ def child(args: argparse.Namespace) -> int:
         pages.append(html)
         if len(pages) >= args.pages:
             break
-    config = EngineConfig(backend=args.backend, intra_op_threads=args.threads or None)
+    # The graph goes under out/ (ignored), never into the checkpoint: that is the bundled model's folder.
+    onnx_path = ROOT / "out" / "cpu_limit" / f"{args.checkpoint.resolve().name}.onnx"
+    config = EngineConfig(
+        backend=args.backend,
+        intra_op_threads=args.threads or None,
+        onnx_path=str(onnx_path) if args.backend == "onnx" else None,
+    )
     engine = Engine.from_checkpoint(args.checkpoint, config)
     latencies: list[float] = []
 

@@ -38,6 +38,11 @@ class Settings(BaseSettings):
     onnx_quantize: Quantization = Field(
         NO_QUANTIZATION, description="onnx backend on CPU: int8 runs the dynamically quantised graph"
     )
+    onnx_path: Path | None = Field(
+        None,
+        description="onnx backend: the graph file, used when up to date with the checkpoint, else written "
+        "there; default <checkpoint>/model.onnx, or the temporary directory when the checkpoint is read-only",
+    )
     max_length: int | None = Field(None, ge=2, description="tokens per document; default the model's")
     intra_op_threads: int | None = Field(
         None,
@@ -88,6 +93,7 @@ class Settings(BaseSettings):
             device=self.device,
             dtype=self.dtype,
             onnx_quantize=quantization_option(self.onnx_quantize),
+            onnx_path=None if self.onnx_path is None else str(self.onnx_path),
             max_length=self.max_length,
             intra_op_threads=self.intra_op_threads,
             max_batch_tokens=self.max_batch_tokens,

@@ -18,6 +18,7 @@ is chosen and the checkpoint ships no `model.onnx`.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -214,28 +215,54 @@ def _quantize(graph: Any, scratch: Path) -> Any:
         source.unlink(missing_ok=True)
 
 
+def onnx_cache_path(fingerprint: str, quantize: str | None = None) -> Path:
+    """Where a graph goes when its checkpoint's directory is read-only: the temporary directory (TMPDIR;
+    in the Helm chart the pod's /tmp emptyDir), one folder per checkpoint fingerprint."""
+    name = ONNX_FILE if quantize is None else QUANTIZED_ONNX_FILES[quantize]
+    return Path(tempfile.gettempdir()) / "htmllm-onnx" / fingerprint[:32] / name
+
+
+def _up_to_date(graph: Path, fingerprint: str, quantize: str | None) -> bool:
+    if not graph.is_file():
+        return False
+    try:
+        meta = read_onnx_metadata(graph)
+    except Exception as exc:  # an unreadable graph is as good as none: re-export it
+        logger.warning("ignoring unreadable ONNX graph %s: %s", graph, exc)
+        return False
+    current = meta.get(FINGERPRINT_KEY) == fingerprint
+    return current and meta.get(QUANTIZATION_KEY, NO_QUANTIZATION) == (quantize or NO_QUANTIZATION)
+
+
+# What a read-only checkpoint directory answers a write with (a read-only mount, another owner).
+_NOT_WRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+
+
 def ensure_onnx(
     checkpoint_dir: str | Path, onnx_path: str | Path | None = None, *, quantize: str | None = None
 ) -> Path:
     """An ONNX graph up to date with the checkpoint: the existing one, or a fresh export.
 
-    The default place is `<checkpoint>/model.onnx` (`model.int8.onnx` quantised); a stale graph (weights
-    or heads changed since it was exported, another quantisation) is replaced.
+    With `onnx_path` that file is used or (re)written. Otherwise the place is `<checkpoint>/model.onnx`
+    (`model.int8.onnx` quantised); when the checkpoint's directory cannot be written (a read-only volume
+    or image, as Kubernetes mounts models), the graph is exported to `onnx_cache_path` instead, so the
+    onnx backend starts wherever the torch one does. A stale graph (weights or heads changed since it
+    was exported, another quantisation) is replaced.
     """
     _check_quantize(quantize)
     root = Path(checkpoint_dir)
-    target = Path(onnx_path) if onnx_path is not None else default_onnx_path(root, quantize)
     fingerprint = checkpoint_fingerprint(root)
-    if target.is_file():
-        try:
-            meta = read_onnx_metadata(target)
-            if meta.get(FINGERPRINT_KEY) == fingerprint and meta.get(QUANTIZATION_KEY, NO_QUANTIZATION) == (
-                quantize or NO_QUANTIZATION
-            ):
-                return target
-        except Exception as exc:  # an unreadable graph is as good as none: re-export it
-            logger.warning("ignoring unreadable ONNX graph %s: %s", target, exc)
-        logger.info("ONNX graph %s is out of date with %s; re-exporting", target, root)
-    else:
-        logger.info("exporting %s to ONNX at %s", root, target)
-    return export_onnx(load_checkpoint(root), target, quantize=quantize)
+    beside = Path(onnx_path) if onnx_path is not None else default_onnx_path(root, quantize)
+    cached = onnx_cache_path(fingerprint, quantize)
+    for graph in (beside,) if onnx_path is not None else (beside, cached):
+        if _up_to_date(graph, fingerprint, quantize):
+            return graph
+    logger.info("exporting %s to ONNX at %s", root, beside)
+    checkpoint = load_checkpoint(root)
+    try:
+        return export_onnx(checkpoint, beside, quantize=quantize)
+    except OSError as exc:
+        if onnx_path is not None or exc.errno not in _NOT_WRITABLE:
+            raise
+        logger.info("%s cannot be written (%s); exporting the ONNX graph to %s", beside.parent, exc, cached)
+    return export_onnx(checkpoint, cached, quantize=quantize)

@@ -53,6 +53,9 @@ def test_environment_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert config.onnx_quantize is None  # "none", the default, is the float32 graph
     monkeypatch.setenv("HTMLLM_ONNX_QUANTIZE", "int8")
     assert Settings().engine_config().onnx_quantize == "int8"
+    assert config.onnx_path is None  # <checkpoint>/model.onnx, or the temporary directory if read-only
+    monkeypatch.setenv("HTMLLM_ONNX_PATH", str(tmp_path / "graphs" / "model.onnx"))
+    assert Settings().engine_config().onnx_path == str(tmp_path / "graphs" / "model.onnx")
     # Explicit values (command-line flags) win over the environment.
     assert Settings(max_documents=9).max_documents == 9
 

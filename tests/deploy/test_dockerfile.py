@@ -270,6 +270,7 @@ def test_build_context_is_only_the_package() -> None:
     for path in sent:
         assert path in CONTEXT_SOURCES or path.split("/", 1)[0] in CONTEXT_SOURCES, path
         assert "__pycache__" not in path and not path.endswith(".pyc"), path
+        assert not path.endswith(".onnx"), path  # derived from the checkpoint, never shipped stale
 
 
 def test_dockerignore_matching_follows_docker(tmp_path: Path) -> None:
@@ -280,6 +281,7 @@ def test_dockerignore_matching_follows_docker(tmp_path: Path) -> None:
         "service/a.py",
         "service/__pycache__/a.cpython-311.pyc",
         "service/assets/default-model/model.safetensors",
+        "service/assets/default-model/model.onnx",
         "model_training/x.py",
         "tests/t.py",
         ".venv/bin/python",

@@ -166,3 +166,44 @@ def test_quantization_is_only_for_the_onnx_backend_on_cpu() -> None:
         EngineConfig(backend="onnx", onnx_quantize="int4")
     with pytest.raises(ValueError):
         EngineConfig(backend="onnx", dtype="bfloat16")
+
+
+def test_a_read_only_checkpoint_exports_its_graph_to_the_temporary_directory(
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kubernetes mounts models read-only: the onnx backend must start there as the torch one does."""
+    import errno
+    import tempfile
+
+    from service.engine import onnx_export
+
+    root = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, root)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    mkstemp = tempfile.mkstemp
+
+    def read_only(*args: object, dir: str | None = None, **kwargs: object) -> tuple[int, str]:
+        if dir is not None and Path(dir) == root:
+            raise OSError(errno.EROFS, "Read-only file system", dir)
+        return mkstemp(*args, dir=dir, **kwargs)  # type: ignore[call-overload,no-any-return]
+
+    monkeypatch.setattr(onnx_export.tempfile, "mkstemp", read_only)
+    graph = ensure_onnx(root)
+    expected = tmp_path / "tmp" / "htmllm-onnx" / checkpoint_fingerprint(root)[:32] / "model.onnx"
+    assert graph == expected and not (root / "model.onnx").exists()
+    assert read_onnx_metadata(graph)[FINGERPRINT_KEY] == checkpoint_fingerprint(root)
+    stamp = graph.stat().st_mtime_ns
+    assert ensure_onnx(root) == graph and graph.stat().st_mtime_ns == stamp  # found again, not redone
+    runner = OnnxRunner(graph, pad_id=0, head_names=["page_type", "quality"])
+    assert runner.run(runner.prepare([[2, 9, 3]])).embeddings.shape[0] == 1
+
+    # Another failure to write is not papered over, and neither is an explicit path that fails.
+    def full(*args: object, **kwargs: object) -> tuple[int, str]:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(onnx_export.tempfile, "mkstemp", full)
+    with pytest.raises(OSError, match="No space"):
+        ensure_onnx(root, quantize="int8")
+    with pytest.raises(OSError, match="No space"):
+        ensure_onnx(root, tmp_path / "elsewhere.onnx")
