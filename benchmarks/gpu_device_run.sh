@@ -7,8 +7,14 @@
 #   bash benchmarks/gpu_wheels.sh                      # here, with network, once
 #   bash benchmarks/gpu_device_run.sh                  # there, from the repository root, .whl carried
 #
-# Expected duration: 3-4 minutes on an H100/H200 (the model-only benchmark is 12 timed configurations
-# of 6 s; the base preset is built twice). SECONDS_PER_CONFIG shortens it.
+# Then the HTTP service (issue #5's ratio) on the GPU: benchmarks/service.py, dynamic batching vs one
+# document per forward pass, 32 clients posting corpus-shaped synthetic pages (the corpus does not
+# travel), for the bundled default model and for the base preset at 512 tokens; figures to
+# $OUT/gpu_service_default.json and $OUT/gpu_service_base.json. SERVICE=0 skips it.
+#
+# Expected duration: 3-4 minutes on an H100/H200 for the engine (the model-only benchmark is 12 timed
+# configurations of 6 s; the base preset is built twice), about 3 more for the service (4 servers, each
+# loaded and warmed, then 5 + 15 s of load). SECONDS_PER_CONFIG shortens the first part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -24,5 +30,16 @@ log="${log:-/dev/null}"
   fi
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-  PYTHON=python3 bash benchmarks/gpu_engine.sh
+  # Each part runs whatever the one before it did; the exit status says whether any failed.
+  failed=0
+  PYTHON=python3 bash benchmarks/gpu_engine.sh || { echo "gpu_engine.sh failed"; failed=1; }
+  if [ "${SERVICE:-1}" != 0 ]; then
+    service=(python3 benchmarks/service.py --synthetic 512 --device cuda --dtype bfloat16
+             --preprocess-workers 8 --clients 32 --warmup 5 --duration 15)
+    "${service[@]}" ${OUT:+--json "$OUT/gpu_service_default.json"} \
+      || { echo "service benchmark (default model) failed"; failed=1; }
+    "${service[@]}" --no-bundled --preset base --max-length 512 ${OUT:+--json "$OUT/gpu_service_base.json"} \
+      || { echo "service benchmark (base preset) failed"; failed=1; }
+  fi
+  exit "$failed"
 } 2>&1 | tee "$log"

@@ -10,7 +10,11 @@
 # What and why: transformers at the version this repository is tested with (ModernBERT's config and
 # attention code move between releases; the image's may be older), selectolax (the pruner, imported by
 # the Engine that the GPU tests drive), regex at transformers' minimum, and pytest-asyncio (the GPU tests
-# include async Engine tests). Versions are read from .venv when it exists, so the GPU runs what CI tests.
+# include async Engine tests); then the HTTP service's own needs that the image lacks (FastAPI,
+# Starlette, uvicorn, pydantic and pydantic-settings with their small helpers, brotli and zstandard for
+# request bodies, charset-normalizer and typing-extensions at the tested versions), for
+# benchmarks/service.py on the GPU. Versions are read from .venv when it exists, so the GPU runs what CI
+# tests. Together with the tracked tree they must stay under the device's 64 MiB.
 # PYTHON_VERSION (default 3.12) is the GPU image's interpreter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +32,20 @@ pins=(
   "selectolax==$(version selectolax 1.0.2)"
   "regex==$(version regex 2026.11.19)"
   "pytest-asyncio==$(version pytest-asyncio 1.5.0)"
+  "fastapi==$(version fastapi 0.165.0)"
+  "starlette==$(version starlette 1.10.0)"
+  "uvicorn==$(version uvicorn 0.55.0)"
+  "pydantic==$(version pydantic 2.14.4)"
+  "pydantic-core==$(version pydantic-core 2.50.5)"
+  "pydantic-settings==$(version pydantic-settings 2.16.3)"
+  "python-dotenv==$(version python-dotenv 1.2.4)"
+  "annotated-types==$(version annotated-types 0.8.0)"
+  "typing-inspection==$(version typing-inspection 0.4.5)"
+  "annotated-doc==$(version annotated-doc 0.0.7)"
+  "typing-extensions==$(version typing-extensions 4.16.0)"
+  "brotli==$(version brotli 1.2.1)"
+  "zstandard==$(version zstandard 0.25.0)"
+  "charset-normalizer==$(version charset-normalizer 3.5.3)"
 )
 rm -rf .whl && mkdir -p .whl
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYTHON_VERSION" --implementation cp \

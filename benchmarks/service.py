@@ -10,6 +10,10 @@ pages (raw bytes, `application/octet-stream`, one page per request, cycling thro
 docs/s, p50/p99 latency, errors, mean batch size (from the server's own /metrics); then the docs/s
 ratio and the p99 ratio.
 
+`--synthetic N` posts N generated pages instead (`loadtests.pagegen`: sizes and markup shares fitted to
+the corpus), for a machine without the corpus (the GPU machine: benchmarks/gpu_device_run.sh);
+`--device cuda --dtype bfloat16` runs both servers on the GPU, and `--json` writes the figures.
+
 The model is the bundled default (`service/assets/default-model`) when it exists, else `--model`, else
 the `mini` preset with random weights built here (speed does not depend on the weights) and a tokenizer
 trained on the corpus, exactly as `benchmarks/engine.py` builds it. The clients run in this process, so
@@ -22,6 +26,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import itertools
+import json
 import os
 import platform
 import re
@@ -105,7 +111,8 @@ def start_server(
             "HTMLLM_LOG_LEVEL": "warning",
             "HTMLLM_MAX_QUEUE_DOCUMENTS": "4096",  # measure throughput, not backpressure
             "HTMLLM_REQUEST_TIMEOUT_S": "300",
-            "PYTHONPATH": str(ROOT),
+            # Keep what PYTHONPATH already holds: on the GPU machine the service's wheels live there.
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         }
     )
     env.update(env_overrides)
@@ -224,21 +231,45 @@ def main() -> int:
     parser.add_argument("--max-wait-ms", type=float, default=2.0, help="batcher wait for company")
     parser.add_argument("--backend", choices=("torch", "onnx"), default="torch", help="both modes' backend")
     parser.add_argument(
-        "--dtype", choices=("float32", "bfloat16"), default="float32", help="both modes' precision"
+        "--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="both modes' precision"
     )
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="both modes' device")
+    parser.add_argument(
+        "--preprocess-workers", type=int, default=None, help="prune/tokenize threads (default: the server's)"
+    )
+    parser.add_argument(
+        "--synthetic", type=int, default=0, help="post N generated pages instead of the corpus"
+    )
+    parser.add_argument(
+        "--bundled",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="serve the bundled default model when there is one (--no-bundled: the random --preset model)",
+    )
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     parser.add_argument(
         "--onnx-quantize", choices=QUANTIZATION_CHOICES, default=NO_QUANTIZATION, help="onnx on CPU"
     )
     args = parser.parse_args()
 
-    pages = [p.html for p in iter_pages(args.corpus, limit=args.limit)]
-    print(f"{len(pages)} pages from {args.corpus}; {args.clients} clients; {args.duration:g} s per mode")
+    if args.synthetic > 0:
+        from loadtests.pagegen import synthetic_pages
+
+        pages = [page.html for page in itertools.islice(synthetic_pages(seed=0), args.synthetic)]
+        source = "loadtests.pagegen (synthetic, corpus-shaped)"
+    else:
+        pages = [
+            p.html if isinstance(p.html, bytes) else p.html.encode()
+            for p in iter_pages(args.corpus, limit=args.limit)
+        ]
+        source = str(args.corpus)
+    print(f"{len(pages)} pages from {source}; {args.clients} clients; {args.duration:g} s per mode")
     machine = f"{platform.machine()} {platform.processor() or ''}".strip()
     print(f"machine: {machine}, {os.cpu_count()} cores, python {platform.python_version()}")
 
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
-        if model is None and (default_model_path() / "htmllm.json").is_file():
+        if model is None and args.bundled and (default_model_path() / "htmllm.json").is_file():
             model = default_model_path()
         if model is None:
             started = time.perf_counter()
@@ -250,10 +281,10 @@ def main() -> int:
                 vocab_size=args.vocab_size,
             )
             built_s = time.perf_counter() - started
-            print(
-                f"model: {args.preset} preset, RANDOM weights (no default model yet), built in {built_s:.0f}s"
-            )
+            model_label = f"{args.preset} preset, random weights, {args.max_length} tokens"
+            print(f"model: {model_label} (speed does not depend on the weights), built in {built_s:.0f}s")
         else:
+            model_label = str(model)
             print(f"model: {model}")
         common = {
             "HTMLLM_MAX_BATCH_TOKENS": str(args.batch_tokens),
@@ -261,8 +292,14 @@ def main() -> int:
             "HTMLLM_BACKEND": args.backend,
             "HTMLLM_DTYPE": args.dtype,
             "HTMLLM_ONNX_QUANTIZE": args.onnx_quantize,
+            "HTMLLM_DEVICE": args.device,
         }
-        print(f"backend {args.backend}, dtype {args.dtype}, onnx quantisation {args.onnx_quantize}")
+        if args.preprocess_workers is not None:
+            common["HTMLLM_PREPROCESS_WORKERS"] = str(args.preprocess_workers)
+        print(
+            f"backend {args.backend} on {args.device}, dtype {args.dtype}, "
+            f"onnx quantisation {args.onnx_quantize}"
+        )
         modes = [
             ("dynamic", {**common, "HTMLLM_MAX_BATCH_REQUESTS": str(args.batch_requests)}),
             ("single", {**common, "HTMLLM_MAX_BATCH_REQUESTS": "1"}),
@@ -284,11 +321,38 @@ def main() -> int:
             f"{m['pass_ms']:>9.0f} {m['prune_ms']:>9.1f} {m['queue_ms']:>9.0f}"
         )
     dynamic, single = results
+    ratios = {
+        "docs_per_s": dynamic.docs_per_s / single.docs_per_s,
+        "p99": dynamic.percentile(0.99) / single.percentile(0.99),
+        "p50": dynamic.percentile(0.5) / single.percentile(0.5),
+    }
     print(
-        f"\ndynamic / single: {dynamic.docs_per_s / single.docs_per_s:.2f}x docs/s, "
-        f"p99 {dynamic.percentile(0.99) / single.percentile(0.99):.2f}x (below 1 is better), "
-        f"p50 {dynamic.percentile(0.5) / single.percentile(0.5):.2f}x"
+        f"\ndynamic / single: {ratios['docs_per_s']:.2f}x docs/s, "
+        f"p99 {ratios['p99']:.2f}x (below 1 is better), p50 {ratios['p50']:.2f}x"
     )
+    if args.json is not None:
+        figures = {
+            "model": str(model_label),
+            "device": args.device,
+            "dtype": args.dtype,
+            "backend": args.backend,
+            "pages": source,
+            "clients": args.clients,
+            "duration_s": args.duration,
+            "modes": {
+                r.name: {
+                    "docs_per_s": r.docs_per_s,
+                    "p50_ms": r.percentile(0.5) * 1000,
+                    "p99_ms": r.percentile(0.99) * 1000,
+                    "errors": r.errors,
+                    "server": r.server,
+                }
+                for r in results
+            },
+            "ratios": ratios,
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(figures, indent=2))
     return 0 if dynamic.errors == 0 and single.errors == 0 else 1
 
 
