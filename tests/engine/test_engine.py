@@ -328,10 +328,10 @@ async def test_settled_answers_each_document_alone(tiny_checkpoint: Path) -> Non
 async def test_settled_keeps_what_was_embedded_when_the_deadline_passes(
     tiny_checkpoint: Path, pages: list[str]
 ) -> None:
-    # Passes of at most 2 documents, 0.5 s each: at 0.75 s the first pass is done, the second running.
-    engine, _ = slow_engine(tiny_checkpoint, delay_s=0.5, max_batch_requests=2, max_wait_ms=0)
+    # Passes of at most 2 documents, 1 s each: at 1.5 s the first pass is done, the second running.
+    engine, _ = slow_engine(tiny_checkpoint, delay_s=1.0, max_batch_requests=2, max_wait_ms=0)
     async with engine:
-        outcomes = await engine.embed_settled(pages[:6], deadline=time.monotonic() + 0.75)
+        outcomes = await engine.embed_settled(pages[:6], deadline=time.monotonic() + 1.5)
         assert engine.queue_size == 0
         late = [o for o in outcomes if isinstance(o, HtmllmError)]
         done = [o for o in outcomes if isinstance(o, DocumentResult)]
@@ -351,13 +351,13 @@ async def test_settled_keeps_what_was_embedded_when_the_deadline_passes(
 async def test_a_passed_deadline_says_where_the_documents_were(
     tiny_checkpoint: Path, pages: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    engine, _ = slow_engine(tiny_checkpoint, delay_s=0.5, max_batch_requests=2, max_wait_ms=0)
+    engine, _ = slow_engine(tiny_checkpoint, delay_s=1.0, max_batch_requests=2, max_wait_ms=0)
     async with engine:
         with (
             caplog.at_level(logging.WARNING, logger="service.engine.engine"),
             pytest.raises(DeadlineExceededError) as info,
         ):
-            await engine.embed(pages[:6], deadline=time.monotonic() + 0.75)
+            await engine.embed(pages[:6], deadline=time.monotonic() + 1.5)
     message = info.value.message
     assert re.match(
         r"the deadline passed \d+\.\d s after the call, before the documents were embedded: ", message
