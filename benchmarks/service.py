@@ -238,6 +238,9 @@ def main() -> int:
         "--preprocess-workers", type=int, default=None, help="prune/tokenize threads (default: the server's)"
     )
     parser.add_argument(
+        "--preprocess-pool", choices=("thread", "process"), default=None, help="(default: the server's)"
+    )
+    parser.add_argument(
         "--synthetic", type=int, default=0, help="post N generated pages instead of the corpus"
     )
     parser.add_argument(
@@ -296,6 +299,8 @@ def main() -> int:
         }
         if args.preprocess_workers is not None:
             common["HTMLLM_PREPROCESS_WORKERS"] = str(args.preprocess_workers)
+        if args.preprocess_pool is not None:
+            common["HTMLLM_PREPROCESS_POOL"] = args.preprocess_pool
         print(
             f"backend {args.backend} on {args.device}, dtype {args.dtype}, "
             f"onnx quantisation {args.onnx_quantize}"

@@ -57,6 +57,11 @@ class Settings(BaseSettings):
     max_wait_ms: float = Field(2.0, ge=0)
     max_queue_documents: int = Field(1024, gt=0, description="beyond it a request gets 429")
     preprocess_workers: int = Field(2, gt=0)
+    preprocess_pool: Literal["thread", "process"] = Field(
+        "thread",
+        description="process: the preprocess workers are processes; pruning holds the GIL, so a GPU that "
+        "needs hundreds of pages a second is fed by processes (about one per core left to the server)",
+    )
     warmup: bool = Field(True, description="run one full-size batch before /ready says ready")
     result_cache_documents: int = Field(
         0, ge=0, description="an LRU of this many finished documents, reused for byte-identical pages; 0: off"
@@ -101,6 +106,7 @@ class Settings(BaseSettings):
             max_wait_ms=self.max_wait_ms,
             max_queue_documents=self.max_queue_documents,
             preprocess_workers=self.preprocess_workers,
+            preprocess_pool=self.preprocess_pool,
             truncate=self.truncate,
             result_cache_documents=self.result_cache_documents,
         )

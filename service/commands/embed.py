@@ -75,7 +75,13 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--max-length", type=int, default=None, help="truncate documents to this many tokens")
     parser.add_argument("--batch-tokens", type=int, default=16384, help="token budget per forward pass")
     parser.add_argument("--batch-size", type=int, default=64, help="documents per forward pass")
-    parser.add_argument("--workers", type=int, default=2, help="pruning and tokenization threads")
+    parser.add_argument("--workers", type=int, default=2, help="pruning and tokenization workers")
+    parser.add_argument(
+        "--preprocess-pool",
+        choices=("thread", "process"),
+        default="thread",
+        help="process: the workers are processes (pruning holds the GIL; use it on a GPU)",
+    )
     parser.add_argument(
         "--intra-op-threads",
         type=int,
@@ -248,6 +254,7 @@ async def _run(args: argparse.Namespace) -> int:
         max_batch_requests=args.batch_size,
         max_queue_documents=max(4 * args.batch_size, 256),
         preprocess_workers=args.workers,
+        preprocess_pool=args.preprocess_pool,
         intra_op_threads=args.intra_op_threads,
         max_wait_ms=5.0,
     )

@@ -126,6 +126,15 @@ class HtmlTokenizer:
         return cls(tok)
 
     @classmethod
+    def from_json(cls, text: str) -> HtmlTokenizer:
+        """A tokenizer from `to_json`'s text (how a preprocessing process receives its copy)."""
+        try:
+            tok = Tokenizer.from_str(text)
+        except Exception as exc:
+            raise TokenizerError(f"not a valid tokenizer.json: {exc}") from exc
+        return cls(tok)
+
+    @classmethod
     def from_tokenizers(cls, tok: Tokenizer) -> HtmlTokenizer:
         """Wrap an in-memory `tokenizers.Tokenizer` (it is copied, not modified)."""
         return cls(tok)

@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import TypeVar
 
 import numpy as np
 
@@ -31,7 +35,17 @@ from service.core.checkpoint import (
 )
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.modeling import HeadSpec
-from service.core.prune import PRUNE_VERSION, prune_html
+from service.core.preparation import (
+    Prepared,
+    PreprocessError,
+    init_worker,
+    prepare,
+    prepare_in_worker,
+    preprocess,
+    preprocess_in_worker,
+    worker_ready,
+)
+from service.core.prune import PRUNE_VERSION
 from service.core.tokenizer import HtmlTokenizer
 from service.engine.batcher import Batcher, BatchRow
 from service.engine.result_cache import CachedRow, ResultCache, cache_key
@@ -55,23 +69,11 @@ from service.engine.types import (
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 
 class InvalidDocumentError(HtmllmError):
     code = ErrorCode.VALIDATION
-
-
-class PreprocessError(HtmllmError):
-    """The pruner failed on a page in a way it does not type itself; the cause is chained."""
-
-    code = ErrorCode.PREPROCESS_FAILED
-
-
-@dataclass(frozen=True)
-class _Prepared:
-    ids: list[int]
-    truncated: bool
-    prune_s: float
-    tokenize_s: float
 
 
 # Where a document of a call can be (besides done); `_Progress` says which, for a passed deadline.
@@ -166,6 +168,7 @@ class Engine:
                 PRUNE_VERSION,
             )
         self._pool: ThreadPoolExecutor | None = None
+        self._processes: ProcessPoolExecutor | None = None  # preprocess_pool="process"
         self._batcher: Batcher | None = None
         self._accepting = False
         self._in_flight = 0
@@ -222,6 +225,13 @@ class Engine:
         self._pool = ThreadPoolExecutor(
             self.config.preprocess_workers, thread_name_prefix="htmllm-preprocess"
         )
+        if self.config.preprocess_pool == "process":
+            self._processes = self._new_processes()
+            # Start every worker now, so the first pages do not wait for a process to come up.
+            loop = asyncio.get_running_loop()
+            workers = self.config.preprocess_workers
+            ready = [loop.run_in_executor(self._processes, worker_ready) for _ in range(workers)]
+            await asyncio.gather(*ready)
         self._batcher = Batcher(
             self._runner,
             max_batch_tokens=self.config.max_batch_tokens,
@@ -247,6 +257,9 @@ class Engine:
         if self._pool is not None:
             pool, self._pool = self._pool, None
             await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=True)
+        if self._processes is not None:
+            processes, self._processes = self._processes, None
+            await asyncio.to_thread(processes.shutdown, wait=True, cancel_futures=True)
 
     def close(self) -> None:
         """Release the backend (after `stop`)."""
@@ -270,32 +283,68 @@ class Engine:
             raise UnknownHeadError(f"unknown head(s) {unknown}; this model has {sorted(self._heads)}")
         return list(dict.fromkeys(heads))
 
-    def _prepare(self, doc: Document, truncate: bool) -> _Prepared:
-        started = time.perf_counter()
-        pruned = _prune(doc)
-        pruned_at = time.perf_counter()
-        # Only the prefix that fills max_length is tokenized: ids and the truncated flag are exact.
-        encoding = self._tokenizer.encode(pruned, max_length=self._max_length, count_all=False)
-        tokenized_at = time.perf_counter()
-        if encoding.truncated and not truncate:
+    def _prepare(self, doc: Document, truncate: bool) -> Prepared:
+        """Prune and tokenize on this thread (the thread pool's job)."""
+        max_length = self._max_length
+        return prepare(self._tokenizer, doc.html, doc.encoding, max_length=max_length, truncate=truncate)
+
+    async def _prepare_off_loop(self, doc: Document, truncate: bool) -> Prepared:
+        """The token ids of `doc`, from the preprocessing threads or processes; never on the event loop."""
+        loop = asyncio.get_running_loop()
+        if self._processes is None:
+            prepared = await loop.run_in_executor(self._require_started(), self._prepare, doc, truncate)
+        else:
+            args = (doc.html, doc.encoding, self._max_length, truncate)
+            prepared = await self._in_process(prepare_in_worker, *args)
+        if prepared.over_limit is not None:
             name = f"document {doc.id!r}" if doc.id is not None else "a document"
-            full_length = self._tokenizer.encode(pruned).full_length  # exact, for the message
             raise TooManyTokensError(
-                f"{name} has {full_length} tokens, over the model's {self._max_length} "
+                f"{name} has {prepared.over_limit} tokens, over the model's {self._max_length} "
                 "(allow truncation to cut it)"
             )
-        return _Prepared(encoding.ids, encoding.truncated, pruned_at - started, tokenized_at - pruned_at)
+        return prepared
+
+    async def _in_process(self, job: Callable[..., T], *args: object) -> T:
+        """Run `job` on the process pool; a pool a dead worker broke is replaced and the job retried once
+        (it may have died of another page); a second break is this page's failure."""
+        loop = asyncio.get_running_loop()
+        for attempt in (1, 2):
+            processes = self._processes
+            if processes is None:
+                raise ShuttingDownError("the engine stopped before this document was preprocessed")
+            try:
+                return await loop.run_in_executor(processes, job, *args)
+            except BrokenProcessPool as exc:
+                self._replace_processes(processes)
+                if attempt == 2:
+                    raise PreprocessError(
+                        "a preprocessing process died on this page twice (it crashes the pruner)"
+                    ) from exc
+                logger.warning("a preprocessing process died; the pool was replaced and the page retried")
+        raise AssertionError("unreachable")
+
+    def _new_processes(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(
+            self.config.preprocess_workers,
+            mp_context=_process_context(),
+            initializer=init_worker,
+            initargs=(self._tokenizer.to_json(),),
+        )
+
+    def _replace_processes(self, broken: ProcessPoolExecutor) -> None:
+        if self._processes is broken:  # the first caller to see the break replaces the pool
+            self._processes = self._new_processes()
+            broken.shutdown(wait=False, cancel_futures=True)
 
     async def preprocess(self, doc: Document | str | bytes) -> tuple[str, int]:
         """The pruned HTML and its token count (with [CLS]/[SEP], before truncation), for debugging."""
         document = as_document(doc)
         pool = self._require_started()
-
-        def work() -> tuple[str, int]:
-            pruned = _prune(document)
-            return pruned, self._tokenizer.encode(pruned).full_length
-
-        return await asyncio.get_running_loop().run_in_executor(pool, work)
+        if self._processes is not None:
+            return await self._in_process(preprocess_in_worker, document.html, document.encoding)
+        return await asyncio.get_running_loop().run_in_executor(
+            pool, preprocess, self._tokenizer, document.html, document.encoding
+        )
 
     def _require_started(self) -> ThreadPoolExecutor:
         if self._pool is None or self._batcher is None:
@@ -498,7 +547,7 @@ class Engine:
             cache.claim(key)
             track.enter(PREPROCESSING)
         try:
-            prepared = await loop.run_in_executor(pool, self._prepare, doc, truncate)
+            prepared = await self._prepare_off_loop(doc, truncate)
             batcher = self._batcher
             if batcher is None:
                 raise ShuttingDownError("the engine stopped before this document was queued")
@@ -596,10 +645,11 @@ class Engine:
             logger.exception("engine observer hook %s raised", getattr(hook, "__name__", hook))
 
 
-def _prune(doc: Document) -> str:
-    try:
-        return prune_html(doc.html, encoding=doc.encoding)
-    except HtmllmError:
-        raise
-    except Exception as exc:  # a pruner bug on odd input must still be a typed, per-request error
-        raise PreprocessError(f"pruning failed: {type(exc).__name__}: {exc}") from exc
+def _process_context() -> multiprocessing.context.BaseContext:
+    """forkserver on Linux: a preprocessing process never forks the server, whose torch threads a fork
+    would copy mid-flight, and starts without importing it (only `service.core.preparation`)."""
+    if sys.platform.startswith("linux"):
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["service.core.preparation"])  # a hint, if no forkserver runs yet
+        return ctx
+    return multiprocessing.get_context("spawn")

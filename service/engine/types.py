@@ -13,6 +13,7 @@ from service.core.quantization import QUANTIZED_ONNX_FILES
 BACKENDS = ("torch", "onnx")
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")
+PREPROCESS_POOLS = ("thread", "process")
 STAGES = ("prune", "tokenize", "queue", "inference", "total")
 
 
@@ -69,6 +70,7 @@ class EngineConfig:
     max_wait_ms: float = 2.0  # how long a lone document waits for company before its batch runs
     max_queue_documents: int = 1024  # bounded queue: beyond it, OverloadedError
     preprocess_workers: int = 2
+    preprocess_pool: str = "thread"  # "process": the workers are processes (no GIL between pages)
     truncate: bool = True  # False: a too-long document raises TooManyTokensError
     attn_implementation: str | None = None  # torch: None picks flash_attention_2 on CUDA when installed
     onnx_path: str | None = None  # onnx: default <checkpoint>/model.onnx, exported at start-up if missing
@@ -95,6 +97,8 @@ class EngineConfig:
                 raise ValueError(f"onnx_quantize {self.onnx_quantize!r} is not one of {choices} (or None)")
             if self.backend != "onnx" or self.device != "cpu":
                 raise ValueError("onnx_quantize='int8' needs the onnx backend on CPU")
+        if self.preprocess_pool not in PREPROCESS_POOLS:
+            raise ValueError(f"preprocess_pool {self.preprocess_pool!r} is not one of {PREPROCESS_POOLS}")
         if self.result_cache_documents < 0:
             raise ValueError("result_cache_documents must not be negative (0 turns the cache off)")
         for name in ("max_batch_tokens", "max_batch_requests", "max_queue_documents", "preprocess_workers"):

@@ -516,3 +516,23 @@ async def test_onnx_backend_serves_the_same_embeddings(client: httpx.AsyncClient
     np.testing.assert_allclose(embedding(got), embedding(expected), atol=1e-4)
     assert got["tokens"] == expected["tokens"]
     assert got["scores"]["quality"] == pytest.approx(expected["scores"]["quality"], abs=1e-4)
+
+
+async def test_preprocessing_processes_serve_the_same_answers(
+    client: httpx.AsyncClient, settings_for: SettingsFactory
+) -> None:
+    """HTMLLM_PREPROCESS_POOL=process: a windows-1250 raw page, JSON pages and /v1/preprocess as before."""
+    headers = {"content-type": "text/html; charset=windows-1250"}
+    body = {"documents": [{"id": "a", "html": page(12)}, {"id": "b", "html": page(13)}]}
+    expected_raw = (await client.post("/v1/embed", content=WINDOWS_1250_PAGE, headers=headers)).json()
+    expected = (await client.post("/v1/embed", json=body)).json()
+    pruned = (await client.post("/v1/preprocess", json=body)).json()
+    async with app_client(settings_for(preprocess_pool="process", preprocess_workers=2)) as processes:
+        got_raw = (await processes.post("/v1/embed", content=WINDOWS_1250_PAGE, headers=headers)).json()
+        got = (await processes.post("/v1/embed", json=body)).json()
+        assert (await processes.post("/v1/preprocess", json=body)).json() == pruned
+    for a, b in zip(
+        [*got_raw["data"], *got["data"]], [*expected_raw["data"], *expected["data"]], strict=True
+    ):
+        np.testing.assert_allclose(embedding(a), embedding(b), atol=1e-6)
+        assert a["tokens"] == b["tokens"]

@@ -56,6 +56,9 @@ def test_environment_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert config.onnx_path is None  # <checkpoint>/model.onnx, or the temporary directory if read-only
     monkeypatch.setenv("HTMLLM_ONNX_PATH", str(tmp_path / "graphs" / "model.onnx"))
     assert Settings().engine_config().onnx_path == str(tmp_path / "graphs" / "model.onnx")
+    assert config.preprocess_pool == "thread"
+    monkeypatch.setenv("HTMLLM_PREPROCESS_POOL", "process")
+    assert Settings().engine_config().preprocess_pool == "process"
     # Explicit values (command-line flags) win over the environment.
     assert Settings(max_documents=9).max_documents == 9
 

@@ -102,8 +102,9 @@ def test_resume_with_another_model_is_refused(
     assert not out.exists()
 
 
+@pytest.mark.parametrize("pool", ["thread", "process"])
 def test_bad_rows_become_error_rows_and_the_run_goes_on(
-    tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], pool: str
 ) -> None:
     """A crawl dump with a broken line, a row without html and a page nested too deep: every position gets
     its row, the good pages their embeddings, the others an error code and message."""
@@ -119,7 +120,7 @@ def test_bad_rows_become_error_rows_and_the_run_goes_on(
     source.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "out.parquet"
     args = ["embed", "--checkpoint", str(tiny_checkpoint), "--input", str(source), "--output", str(out)]
-    assert main([*args, "--no-progress"]) == 0
+    assert main([*args, "--no-progress", "--preprocess-pool", pool]) == 0
     assert "(3 failed this run)" in capsys.readouterr().err
     table = pq.read_table(out)
     assert table["id"].to_pylist() == ["a", "1", "no-html", "deep", "b"]

@@ -406,3 +406,52 @@ async def test_settled_documents_get_shutting_down_when_the_engine_stops_under_t
     outcomes = await call
     assert [type(o) for o in outcomes] == [ShuttingDownError, ShuttingDownError], outcomes
     assert engine.queue_size == 0
+
+
+async def test_process_pool_prepares_what_the_threads_prepare(
+    tiny_checkpoint: Path, pages: list[str]
+) -> None:
+    """Pruning holds the GIL, so a GPU is fed by processes: same ids, same embeddings, same errors."""
+    from service.core.prune import NestingTooDeepError
+
+    too_long = make_pages(1, min_words=400, max_words=400)[0]
+    czech = "<p>Příliš žluťoučký kůň úpěl ďábelské ódy</p>".encode("windows-1250")
+    docs = [*pages[:6], Document(html=czech, encoding="windows-1250")]
+    config = EngineConfig(preprocess_pool="process", preprocess_workers=2, max_length=64)
+    async with (
+        Engine.from_checkpoint(tiny_checkpoint, EngineConfig(max_length=64)) as threads,
+        Engine.from_checkpoint(tiny_checkpoint, config) as processes,
+    ):
+        assert processes._processes is not None
+        want = await threads.embed(docs)
+        got = await processes.embed(docs)
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_allclose(a.embedding, b.embedding, atol=1e-6, rtol=0)
+            assert (a.tokens, a.truncated) == (b.tokens, b.truncated)
+            assert a.timings.prune_s > 0 and a.timings.tokenize_s > 0
+        assert await processes.preprocess(czech.decode("windows-1250")) == await threads.preprocess(docs[-1])
+        refused, deep, fine = await processes.embed_settled(
+            [Document(too_long, id="long"), "<div>" * 10_000 + "x", make_pages(1, max_words=5)[0]],
+            truncate=False,
+        )
+        assert isinstance(refused, TooManyTokensError) and "'long'" in refused.message
+        assert isinstance(deep, NestingTooDeepError) and deep.code is ErrorCode.PREPROCESS_FAILED
+        assert isinstance(fine, DocumentResult)
+
+
+async def test_a_dead_preprocessing_process_is_replaced(
+    tiny_checkpoint: Path, pages: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    config = EngineConfig(preprocess_pool="process", preprocess_workers=1)
+    async with Engine.from_checkpoint(tiny_checkpoint, config) as engine:
+        (before,) = await engine.embed(pages[:1])
+        broken = engine._processes
+        assert broken is not None
+        for process in list(broken._processes.values()):  # type: ignore[union-attr]
+            process.kill()
+            process.join()
+        with caplog.at_level(logging.WARNING, logger="service.engine.engine"):
+            (after,) = await engine.embed(pages[:1])  # retried on a fresh pool
+        assert engine._processes is not broken
+        assert any("preprocessing process died" in r.message for r in caplog.records)
+    np.testing.assert_allclose(after.embedding, before.embedding, atol=1e-6)

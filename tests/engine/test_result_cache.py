@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.engine import engine as engine_module
+from service.core import preparation
 from service.engine.engine import Engine
 from service.engine.result_cache import CachedRow, ResultCache, cache_key
 from service.engine.types import (
@@ -36,13 +36,13 @@ class Hits(EngineObserver):
 
 def _counting_prune(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls = [0]
-    real = engine_module._prune
+    real = preparation.prune_document
 
-    def counted(doc: Document) -> str:
+    def counted(html: str | bytes, encoding: str | None) -> str:
         calls[0] += 1
-        return real(doc)
+        return real(html, encoding)
 
-    monkeypatch.setattr(engine_module, "_prune", counted)
+    monkeypatch.setattr(preparation, "prune_document", counted)
     return calls
 
 

@@ -1,0 +1,93 @@
+"""One document's way to token ids: decode and prune the raw HTML, then tokenize a bounded prefix.
+
+The Engine runs `prepare` on its worker threads, or, with `preprocess_pool="process"`, runs
+`prepare_in_worker` in processes started with `init_worker`: pruning holds the GIL for most of its
+time (two threads prune about 1.1x as many pages as one), so on a GPU, which needs hundreds of pages a
+second, threads cannot feed the model and processes can. This module imports no torch, so a worker
+process starts in a fraction of a second and stays small.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from service.core.errors import ErrorCode, HtmllmError
+from service.core.prune import prune_html
+from service.core.tokenizer import HtmlTokenizer
+
+
+class PreprocessError(HtmllmError):
+    """The pruner failed on a page in a way it does not type itself; the cause is chained."""
+
+    code = ErrorCode.PREPROCESS_FAILED
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Token ids for the model, or (`over_limit`) the full length of a page refused for its length."""
+
+    ids: list[int]
+    truncated: bool
+    prune_s: float
+    tokenize_s: float
+    over_limit: int | None = None  # tokens of the whole page when it is too long and may not be cut
+
+
+def prune_document(html: str | bytes, encoding: str | None) -> str:
+    """`prune_html`, with any untyped failure on odd input turned into a typed, per-document error."""
+    try:
+        return prune_html(html, encoding=encoding)
+    except HtmllmError:
+        raise
+    except Exception as exc:
+        raise PreprocessError(f"pruning failed: {type(exc).__name__}: {exc}") from exc
+
+
+def prepare(
+    tokenizer: HtmlTokenizer, html: str | bytes, encoding: str | None, *, max_length: int, truncate: bool
+) -> Prepared:
+    """Prune, then tokenize only the prefix that fills `max_length` (ids and truncated flag exact)."""
+    started = time.perf_counter()
+    pruned = prune_document(html, encoding)
+    pruned_at = time.perf_counter()
+    encoded = tokenizer.encode(pruned, max_length=max_length, count_all=False)
+    tokenized_at = time.perf_counter()
+    over_limit = None
+    if encoded.truncated and not truncate:
+        over_limit = tokenizer.encode(pruned).full_length  # exact, for the error message
+    return Prepared(encoded.ids, encoded.truncated, pruned_at - started, tokenized_at - pruned_at, over_limit)
+
+
+def preprocess(tokenizer: HtmlTokenizer, html: str | bytes, encoding: str | None) -> tuple[str, int]:
+    """The pruned HTML and its token count (with [CLS]/[SEP], before truncation), for debugging."""
+    pruned = prune_document(html, encoding)
+    return pruned, tokenizer.encode(pruned).full_length
+
+
+# The tokenizer of a worker process, set once by `init_worker` (the pool's initializer).
+_worker_tokenizer: HtmlTokenizer | None = None
+
+
+def init_worker(tokenizer_json: str) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = HtmlTokenizer.from_json(tokenizer_json)
+
+
+def _tokenizer_of_worker() -> HtmlTokenizer:
+    if _worker_tokenizer is None:
+        raise HtmllmError("a preprocessing process ran before init_worker", code=ErrorCode.INTERNAL)
+    return _worker_tokenizer
+
+
+def prepare_in_worker(html: str | bytes, encoding: str | None, max_length: int, truncate: bool) -> Prepared:
+    return prepare(_tokenizer_of_worker(), html, encoding, max_length=max_length, truncate=truncate)
+
+
+def preprocess_in_worker(html: str | bytes, encoding: str | None) -> tuple[str, int]:
+    return preprocess(_tokenizer_of_worker(), html, encoding)
+
+
+def worker_ready() -> bool:
+    """A no-op job: submitted once per worker at start-up, so the first pages do not wait for a spawn."""
+    return _worker_tokenizer is not None
