@@ -227,6 +227,10 @@ def main() -> int:
     parser.add_argument("--batch-tokens", type=int, default=16384, help="engine token budget per batch")
     parser.add_argument("--batch-size", type=int, default=32, help="engine documents per batch")
     parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
+    parser.add_argument(
+        "--preprocess-pool", choices=("thread", "process"), default="thread", help="the engine's workers"
+    )
+    parser.add_argument("--preprocess-workers", type=int, default=2, help="prune/tokenize workers")
     parser.add_argument("--repeats", type=int, default=2, help="timed passes per path (best is reported)")
     parser.add_argument("--tokenizer", type=Path, default=None, help="tokenizer.json (default: train one)")
     parser.add_argument("--vocab-size", type=int, default=16384, help="vocabulary of the trained tokenizer")
@@ -312,6 +316,8 @@ def main() -> int:
             max_batch_requests=args.batch_size,
             max_queue_documents=max(1024, len(pages)),
             intra_op_threads=threads,
+            preprocess_pool=args.preprocess_pool,
+            preprocess_workers=args.preprocess_workers,
         )
         # Rounds interleave the paths so load drifting on a shared machine hits them all alike.
         results, agreement = asyncio.run(
