@@ -337,14 +337,38 @@ class Engine:
             broken.shutdown(wait=False, cancel_futures=True)
 
     async def preprocess(self, doc: Document | str | bytes) -> tuple[str, int]:
-        """The pruned HTML and its token count (with [CLS]/[SEP], before truncation), for debugging."""
+        """The pruned HTML and its token count (with [CLS]/[SEP], before truncation), for debugging.
+
+        Admitted against the same bounded queue as `embed` (a flood of debugging calls must not pile
+        pages up in the workers' queue without limit) and drained by `stop(drain=True)` like it.
+        """
         document = as_document(doc)
-        pool = self._require_started()
-        if self._processes is not None:
-            return await self._in_process(preprocess_in_worker, document.html, document.encoding)
-        return await asyncio.get_running_loop().run_in_executor(
-            pool, preprocess, self._tokenizer, document.html, document.encoding
-        )
+        pool = self._require_accepting()
+        self._check_room(1)
+        self._admit(1)
+        try:
+            if self._processes is not None:
+                return await self._in_process(preprocess_in_worker, document.html, document.encoding)
+            return await asyncio.get_running_loop().run_in_executor(
+                pool, preprocess, self._tokenizer, document.html, document.encoding
+            )
+        finally:
+            self._release(1)
+
+    def _require_accepting(self) -> ThreadPoolExecutor:
+        """The thread pool, while the engine takes new documents (NotReady before start, ShuttingDown
+        once `stop` began)."""
+        if not self._accepting:
+            self._require_started()
+            raise ShuttingDownError("the engine is shutting down and accepts no new documents")
+        return self._require_started()
+
+    def _check_room(self, count: int) -> None:
+        """OverloadedError unless `count` more documents fit the bounded queue."""
+        if self._in_flight + count > self.config.max_queue_documents:
+            raise OverloadedError(
+                f"the queue is full ({self._in_flight} of {self.config.max_queue_documents} documents)"
+            )
 
     def _require_started(self) -> ThreadPoolExecutor:
         if self._pool is None or self._batcher is None:
@@ -399,10 +423,7 @@ class Engine:
         settle: bool,
     ) -> list[DocumentResult | HtmllmError]:
         called = time.monotonic()
-        if not self._accepting:
-            self._require_started()
-            raise ShuttingDownError("the engine is shutting down and accepts no new documents")
-        pool = self._require_started()
+        pool = self._require_accepting()
         head_names = self.resolve_heads(heads)
         documents = [as_document(d) for d in docs]
         if not documents:
@@ -412,10 +433,7 @@ class Engine:
             raise TooManyDocumentsError(
                 f"{count} documents in one call exceed the queue's {self.config.max_queue_documents}"
             )
-        if self._in_flight + count > self.config.max_queue_documents:
-            raise OverloadedError(
-                f"the queue is full ({self._in_flight} of {self.config.max_queue_documents} documents)"
-            )
+        self._check_room(count)
         if deadline is not None and deadline <= called:
             raise DeadlineExceededError("the deadline passed before the documents were queued")
         self._admit(count)

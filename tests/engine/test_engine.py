@@ -455,3 +455,28 @@ async def test_a_dead_preprocessing_process_is_replaced(
         assert engine._processes is not broken
         assert any("preprocessing process died" in r.message for r in caplog.records)
     np.testing.assert_allclose(after.embedding, before.embedding, atol=1e-6)
+
+
+async def test_preprocess_calls_are_bounded_by_the_queue(
+    tiny_checkpoint: Path, pages: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The debugging route must not let a flood pile pages up in the workers' queue."""
+    from service.engine import engine as engine_module
+
+    real = engine_module.preprocess
+
+    def slow(*args: object) -> tuple[str, int]:
+        time.sleep(0.3)
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine_module, "preprocess", slow)
+    async with Engine.from_checkpoint(tiny_checkpoint, EngineConfig(max_queue_documents=2)) as engine:
+        first = asyncio.gather(engine.preprocess(pages[0]), engine.preprocess(pages[1]))
+        await asyncio.sleep(0.05)
+        assert engine.queue_size == 2
+        with pytest.raises(OverloadedError):
+            await engine.preprocess(pages[2])
+        with pytest.raises(OverloadedError):
+            await engine.embed(pages[2:3])
+        assert [tokens for _, tokens in await first] == [r.tokens for r in await engine.embed(pages[:2])]
+        assert engine.queue_size == 0
