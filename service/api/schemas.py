@@ -203,6 +203,10 @@ class InfoResponse(BaseModel):
     device: str
     dtype: str = Field(description="the weights' precision (or the ONNX graph's quantisation)")
     threads: int = Field(description="CPU threads one forward pass runs on (HTMLLM_INTRA_OP_THREADS)")
+    preprocess_pool: Literal["thread", "process"] = Field(
+        description="what prunes and tokenizes: threads or processes (HTMLLM_PREPROCESS_POOL)"
+    )
+    preprocess_workers: int = Field(description="how many of them (HTMLLM_PREPROCESS_WORKERS)")
     heads: list[HeadInfo]
     limits: Limits
     auth: bool = Field(description="whether model routes need an API key")

@@ -262,6 +262,7 @@ async def test_info_health_ready_metrics(client: httpx.AsyncClient) -> None:
     assert {h["name"] for h in info["heads"]} == {CLASSIFICATION_HEAD.name, REGRESSION_HEAD.name}
     assert info["limits"]["max_documents"] == 64 and info["auth"] is False
     assert info["dtype"] == "float32" and info["threads"] >= 1
+    assert (info["preprocess_pool"], info["preprocess_workers"]) == ("thread", 1)
     assert (await client.get("/health")).json() == {"status": "ok"}
     assert (await client.get("/ready")).json() == {"status": "ready", "model": "tiny-test"}
     metrics = await client.get("/metrics")
@@ -528,6 +529,8 @@ async def test_preprocessing_processes_serve_the_same_answers(
     expected = (await client.post("/v1/embed", json=body)).json()
     pruned = (await client.post("/v1/preprocess", json=body)).json()
     async with app_client(settings_for(preprocess_pool="process", preprocess_workers=2)) as processes:
+        info = (await processes.get("/info")).json()
+        assert (info["preprocess_pool"], info["preprocess_workers"]) == ("process", 2)
         got_raw = (await processes.post("/v1/embed", content=WINDOWS_1250_PAGE, headers=headers)).json()
         got = (await processes.post("/v1/embed", json=body)).json()
         assert (await processes.post("/v1/preprocess", json=body)).json() == pruned

@@ -47,6 +47,8 @@ async def info(runtime: RuntimeDep, engine: EngineDep) -> InfoResponse:
         device=model.device,
         dtype=model.dtype,
         threads=model.threads,
+        preprocess_pool=settings.preprocess_pool,
+        preprocess_workers=settings.preprocess_workers,
         heads=[
             HeadInfo(name=h.name, kind=h.kind, labels=list(h.labels), metrics=dict(h.metrics))
             for h in model.heads
