@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -45,6 +43,7 @@ from service.core.preparation import (
     preprocess_in_worker,
     worker_ready,
 )
+from service.core.processes import worker_context
 from service.core.prune import PRUNE_VERSION
 from service.core.tokenizer import HtmlTokenizer
 from service.engine.batcher import Batcher, BatchRow
@@ -326,7 +325,7 @@ class Engine:
     def _new_processes(self) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(
             self.config.preprocess_workers,
-            mp_context=_process_context(),
+            mp_context=worker_context(["service.core.preparation"]),
             initializer=init_worker,
             initargs=(self._tokenizer.to_json(),),
         )
@@ -661,13 +660,3 @@ class Engine:
             hook(*args)
         except Exception:
             logger.exception("engine observer hook %s raised", getattr(hook, "__name__", hook))
-
-
-def _process_context() -> multiprocessing.context.BaseContext:
-    """forkserver on Linux: a preprocessing process never forks the server, whose torch threads a fork
-    would copy mid-flight, and starts without importing it (only `service.core.preparation`)."""
-    if sys.platform.startswith("linux"):
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["service.core.preparation"])  # a hint, if no forkserver runs yet
-        return ctx
-    return multiprocessing.get_context("spawn")

@@ -15,9 +15,7 @@ against an extraction.
 
 from __future__ import annotations
 
-import multiprocessing
 import signal
-import sys
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -28,6 +26,7 @@ from typing import Any, Final, Protocol
 from service.core.cpus import cpu_budget
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.extract.extractors import RawOutput, run_extractor
+from service.core.processes import worker_context
 
 STARTUP_TIMEOUT_S: Final = 120.0
 _PRELOAD: Final = (
@@ -127,15 +126,6 @@ class _Worker:
         return self.process.exitcode
 
 
-def _default_context() -> BaseContext:
-    if sys.platform.startswith("linux"):
-        ctx = multiprocessing.get_context("forkserver")
-        # Only a hint: it applies if the forkserver is not running yet, and a missing module is skipped.
-        ctx.set_forkserver_preload(list(_PRELOAD))
-        return ctx
-    return multiprocessing.get_context("spawn")
-
-
 class ExtractorPool:
     """Up to `workers` extractor processes shared by any number of calling threads.
 
@@ -148,7 +138,7 @@ class ExtractorPool:
         if workers < 1:
             raise ValueError(f"an extractor pool needs at least one worker, got {workers}")
         self.workers = workers
-        self._ctx = context or _default_context()
+        self._ctx = context or worker_context(_PRELOAD)
         self._cond = threading.Condition()
         self._idle: list[_Worker] = []
         self._live = 0
