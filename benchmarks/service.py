@@ -235,7 +235,7 @@ def main() -> int:
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="both modes' device")
     parser.add_argument(
-        "--preprocess-workers", type=int, default=None, help="prune/tokenize threads (default: the server's)"
+        "--preprocess-workers", type=int, default=None, help="prune/tokenize workers (default: the server's)"
     )
     parser.add_argument(
         "--preprocess-pool", choices=("thread", "process"), default=None, help="(default: the server's)"
@@ -337,7 +337,7 @@ def main() -> int:
     )
     if args.json is not None:
         figures = {
-            "model": str(model_label),
+            "model": model_label,
             "device": args.device,
             "dtype": args.dtype,
             "backend": args.backend,
