@@ -3,7 +3,7 @@
 # whose image has torch, tokenizers, safetensors and pytest but not htmllm's own pins. They go to .whl/
 # (ignored), which travels with the working tree; the GPU machine cannot reach PyPI itself.
 #
-#   bash benchmarks/gpu_wheels.sh          # here, once: about 16 MB
+#   bash benchmarks/gpu_wheels.sh          # here, once: about 28 MB
 #   bash benchmarks/gpu_device_run.sh      # then on the GPU machine, from the repository root, .whl carried:
 #                                          # installs them into /tmp/site and runs gpu_engine.sh
 #
@@ -13,7 +13,10 @@
 # include async Engine tests); then the HTTP service's own needs that the image lacks (FastAPI,
 # Starlette, uvicorn, pydantic and pydantic-settings with their small helpers, brotli and zstandard for
 # request bodies, charset-normalizer and typing-extensions at the tested versions), for
-# benchmarks/service.py on the GPU. Versions are read from .venv when it exists, so the GPU runs what CI
+# benchmarks/service.py on the GPU. Learned on the first device run (2026-12-04): the image's
+# huggingface-hub (1.33) is too old for transformers 5.25 (which refuses to import below 2.4), so the hub
+# travels with what it needs beyond the image (httpx2, httpcore2, truststore, click, idna at their tested
+# versions), and FastAPI 0.165 imports opentelemetry-api, which the image lacks. Versions are read from .venv when it exists, so the GPU runs what CI
 # tests. Together with the tracked tree they must stay under the device's 64 MiB.
 # PYTHON_VERSION (default 3.12) is the GPU image's interpreter.
 set -euo pipefail
@@ -46,6 +49,13 @@ pins=(
   "brotli==$(version brotli 1.2.1)"
   "zstandard==$(version zstandard 0.25.0)"
   "charset-normalizer==$(version charset-normalizer 3.5.3)"
+  "huggingface-hub==$(version huggingface-hub 2.4.0)"
+  "httpx2==$(version httpx2 2.16.2)"
+  "httpcore2==$(version httpcore2 2.16.2)"
+  "truststore==$(version truststore 0.10.5)"
+  "click==$(version click 8.5.1)"
+  "idna==$(version idna 3.20)"
+  "opentelemetry-api==$(version opentelemetry-api 1.45.2)"
 )
 rm -rf .whl && mkdir -p .whl
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYTHON_VERSION" --implementation cp \
