@@ -12,9 +12,10 @@
 # travel), for the bundled default model and for the base preset at 512 tokens; figures to
 # $OUT/gpu_service_default.json and $OUT/gpu_service_base.json. SERVICE=0 skips it.
 #
-# Expected duration: 3-4 minutes on an H100/H200 for the engine (the model-only benchmark is 12 timed
-# configurations of 6 s; the base preset is built twice), about 3 more for the service (4 servers, each
-# loaded and warmed, then 5 + 15 s of load). SECONDS_PER_CONFIG shortens the first part.
+# Duration, measured on an H200 (2026-12-04) with SECONDS_PER_CONFIG=4: 10 s to install, 100 s for the
+# GPU tests and the engine (then 8 configurations; 12 now with torch's varlen, so about 2 minutes), 165 s
+# for the service (4 servers, each loaded and warmed, then 5 + 15 s of load): about 5 minutes, plus the
+# machine's start. SECONDS_PER_CONFIG (default 6) shortens the first part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1

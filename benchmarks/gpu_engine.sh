@@ -2,14 +2,16 @@
 # GPU benchmark of the torch runner: the `base` preset (22 layers, hidden 768, random weights) in bfloat16
 # on documents of exactly 512, 2048 and 8192 tokens; docs/s, tokens/s and model FLOP utilisation (MFU),
 # SDPA with padded batches through the runner's own encoder forward (banded local attention) and through
-# transformers' forward, and FlashAttention-2 packed batches (when flash-attn is installed).
+# transformers' forward, packed batches through torch's own FlashAttention-2 varlen kernel (`varlen`,
+# torch >= 2.10), and through the flash-attn package (when installed). Then a profile of one pass at
+# 2048 tokens per mode (the 15 costliest GPU kernels; PROFILE=0 skips it), to $OUT/gpu_profile.txt.
 #
 #   bash benchmarks/gpu_engine.sh            # from the repository root, on a CUDA machine
 #
 # On a bare GPU machine without this repository's pins, fetch wheels here with benchmarks/gpu_wheels.sh,
 # carry .whl/ and run benchmarks/gpu_device_run.sh there (it installs them and runs this script).
 # flash-attn has no binary wheel on PyPI, so there it is SDPA only.
-# Budget: well under 5 minutes (about 6 s of timed work per configuration, 12 in all). Also runs the GPU
+# Budget: well under 5 minutes (about 6 s of timed work per configuration, 12 to 16 in all). Also runs the GPU
 # tests first (tests/engine/test_gpu.py), so a wrong packed path fails loudly before any figure is printed.
 # Environment: PYTHON (default .venv/bin/python, else python3), PEAK_TFLOPS to override the bf16 dense
 # peak used for MFU (default from the device name: H100/H200 989, A100 312, L4 121, A10 125),
@@ -37,6 +39,7 @@ import time
 import torch
 from transformers import ModernBertConfig
 
+from service.core.encoder_forward import torch_varlen_attention
 from service.core.modeling import PRESETS, HeadSpec, HtmlEncoderModel, TaskHead
 from service.engine.runners.torch import TorchRunner, flash_attention_available
 
@@ -113,13 +116,22 @@ peak = peak_tflops() * 1e12
 # (service/core/encoder_forward.py: banded local attention), "sdpa-hf" transformers' own forward with its
 # full (B, 1, L, L) masks, for the gain of the former.
 modes = [("sdpa", "sdpa", True), ("sdpa-hf", "sdpa", False)]
+if DRY or torch_varlen_attention() is not None:  # the dry run checks the layout with the CPU reference kernel
+    modes.append(("varlen", "varlen", True))
+else:
+    print(f"torch {torch.__version__} has no varlen kernel with window_size: no torch packed mode")
 if not DRY and flash_attention_available():
     modes.append(("flash_attention_2", "flash_attention_2", False))
 else:
-    print("flash-attn is not installed: SDPA (padded) only")
+    print("flash-attn is not installed: no flash-attn packed mode")
 rows = []
+profiles = []
 for mode, attention, fast_forward in modes:
-    runner = build(attention, fast_forward=fast_forward)
+    try:
+        runner = build(attention, fast_forward=fast_forward)
+    except ValueError as error:  # e.g. varlen failing its probe on this GPU: say so, measure the rest
+        print(f"{mode}: not measured: {error}")
+        continue
     config = runner.model.config
     for label, lengths in workloads():
         batch = docs(lengths)
@@ -149,26 +161,43 @@ for mode, attention, fast_forward in modes:
         )
         if not DRY:
             torch.cuda.reset_peak_memory_stats()
+        if label == str(LENGTHS[1]) and os.environ.get("PROFILE", "1") != "0":
+            # Where one pass's time goes: the costliest kernels (or CPU operators in the dry run).
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU] + ([] if DRY else [ProfilerActivity.CUDA])
+            with profile(activities=activities) as trace:
+                runner.run(prepared)
+                synchronize()
+            key = "self_cpu_time_total" if DRY else "self_cuda_time_total"
+            table = trace.key_averages().table(sort_by=key, row_limit=15, max_name_column_width=60)
+            profiles.append(f"== {mode}, {len(batch)} x {label} tokens, one pass ==\n{table}")
     del runner
     if not DRY:
         torch.cuda.empty_cache()
 
 by = {(r["attention"], r["length"]): r for r in rows}
-names = [mode for mode, _, _ in modes]
+names = sorted({r["attention"] for r in rows}, key=[mode for mode, _, _ in modes].index)
 for label, _ in workloads():
     ratio = by[("sdpa", label)]["tokens_per_s"] / by[("sdpa-hf", label)]["tokens_per_s"]
     print(f"encoder_forward vs transformers' forward (SDPA) at {label}: {ratio:.2f}x")
-if "flash_attention_2" in names:
-    for label, _ in workloads():
-        ratio = by[("flash_attention_2", label)]["tokens_per_s"] / by[("sdpa", label)]["tokens_per_s"]
-        print(f"flash-attn packed vs SDPA padded at {label}: {ratio:.2f}x")
+for packed, name in (("varlen", "torch varlen"), ("flash_attention_2", "flash-attn")):
+    if packed in names:
+        for label, _ in workloads():
+            ratio = by[(packed, label)]["tokens_per_s"] / by[("sdpa", label)]["tokens_per_s"]
+            print(f"{name} packed vs SDPA padded at {label}: {ratio:.2f}x")
 if not DRY:
-    best = max(by[(m, "2048")]["mfu"] for m in names)
-    print(f"best MFU at 2048 tokens: {100 * best:.1f}% (target >= 40% on H100/H200)")
+    best = max(names, key=lambda m: by[(m, "2048")]["mfu"])
+    print(f"best MFU at 2048 tokens: {100 * by[(best, '2048')]['mfu']:.1f}% ({best}; target >= 40% on H100/H200)")
+for text in profiles:
+    print(text)
 out = os.environ.get("OUT")
 if out:
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "gpu_engine.json"), "w") as handle:
         device = "cpu (dry run)" if DRY else torch.cuda.get_device_name(0)
         json.dump({"device": device, "peak_tflops": peak / 1e12, "rows": rows}, handle, indent=2)
+    if profiles:
+        with open(os.path.join(out, "gpu_profile.txt"), "w") as handle:
+            handle.write("\n".join(profiles))
 EOF

@@ -203,6 +203,10 @@ class InfoResponse(BaseModel):
     device: str
     dtype: str = Field(description="the weights' precision (or the ONNX graph's quantisation)")
     threads: int = Field(description="CPU threads one forward pass runs on (HTMLLM_INTRA_OP_THREADS)")
+    attention: str = Field(
+        description="the attention implementation the model runs (HTMLLM_ATTENTION): sdpa (padded batches), "
+        "varlen or flash_attention_2 (packed, CUDA), eager, or graph (onnx)"
+    )
     preprocess_pool: Literal["thread", "process"] = Field(
         description="what prunes and tokenizes: threads or processes (HTMLLM_PREPROCESS_POOL)"
     )

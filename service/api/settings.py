@@ -43,6 +43,12 @@ class Settings(BaseSettings):
         description="onnx backend: the graph file, used when up to date with the checkpoint, else written "
         "there; default <checkpoint>/model.onnx, or the temporary directory when the checkpoint is read-only",
     )
+    attention: Literal["auto", "sdpa", "eager", "varlen", "flash_attention_2"] = Field(
+        "auto",
+        description="torch backend: auto takes, on CUDA in half precision, the flash-attn package when "
+        "installed, else torch's own varlen kernel (packed batches, no padding computed) when it passes a "
+        "probe on the GPU, else SDPA with padded batches (always on CPU)",
+    )
     max_length: int | None = Field(None, ge=2, description="tokens per document; default the model's")
     intra_op_threads: int | None = Field(
         None,
@@ -99,6 +105,7 @@ class Settings(BaseSettings):
             dtype=self.dtype,
             onnx_quantize=quantization_option(self.onnx_quantize),
             onnx_path=None if self.onnx_path is None else str(self.onnx_path),
+            attn_implementation=None if self.attention == "auto" else self.attention,
             max_length=self.max_length,
             intra_op_threads=self.intra_op_threads,
             max_batch_tokens=self.max_batch_tokens,

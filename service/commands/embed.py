@@ -72,6 +72,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         default=NO_QUANTIZATION,
         help="onnx backend on CPU: run the int8 graph (model.int8.onnx, exported when missing)",
     )
+    parser.add_argument(
+        "--attention",
+        choices=("auto", "sdpa", "eager", "varlen", "flash_attention_2"),
+        default="auto",
+        help="torch backend: auto picks packed varlen batches on CUDA in half precision, padded SDPA on CPU",
+    )
     parser.add_argument("--max-length", type=int, default=None, help="truncate documents to this many tokens")
     parser.add_argument("--batch-tokens", type=int, default=16384, help="token budget per forward pass")
     parser.add_argument("--batch-size", type=int, default=64, help="documents per forward pass")
@@ -249,6 +255,7 @@ async def _run(args: argparse.Namespace) -> int:
         device=args.device,
         dtype=args.dtype,
         onnx_quantize=quantization_option(args.onnx_quantize),
+        attn_implementation=None if args.attention == "auto" else args.attention,
         max_length=args.max_length,
         max_batch_tokens=args.batch_tokens,
         max_batch_requests=args.batch_size,

@@ -17,10 +17,19 @@ Outputs match transformers' forward to float32 rounding (tests/core/test_encoder
 configurations that code reproduces take this path (`supports_fast_forward`): SDPA attention, default
 RoPE, eval mode, no autograd. Training, other attention implementations and the ONNX export use
 transformers' forward.
+
+`packed_hidden_states` is the same layer loop over a padding-free batch: documents concatenated into one
+(T,) row, `cu_seq_lens` offsets, positions restarting per document, and a varlen attention kernel that
+keeps each document to itself (`window_size` for local layers). The kernel is torch's own FlashAttention-2
+varlen (`torch.nn.attention.varlen`, torch >= 2.10; no flash-attn package, which has no binary wheel) on
+CUDA, or `reference_varlen_attention` (per-document SDPA, any device) to check the layout against.
 """
 
 from __future__ import annotations
 
+import inspect
+import itertools
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
@@ -51,13 +60,17 @@ def supports_fast_forward(encoder: ModernBertModel) -> bool:
     )
 
 
-def rotary_tables(encoder: ModernBertModel, layer_type: str, hidden: Tensor) -> tuple[Tensor, Tensor]:
+def rotary_tables(
+    encoder: ModernBertModel, layer_type: str, hidden: Tensor, positions: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """(L, 1, 1, Dh) cos and sign-folded sin for `apply_rotary` on (B, L, 2, H, Dh) inputs.
 
     The tables are transformers' own (its rotary module, in `hidden`'s dtype, as its forward gets them);
     the sin table carries rotate-half's sign, so the rotation is x * cos + roll(x, Dh / 2) * sin.
+    `positions` (1, L) default to 0..L-1; a packed row passes each token's position in its document.
     """
-    positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)  # (1, L)
+    if positions is None:
+        positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)  # (1, L)
     cos, sin = encoder.rotary_emb(hidden, positions, layer_type)  # (1, L, Dh) each
     half = sin.shape[-1] // 2
     signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
@@ -170,6 +183,99 @@ def encoder_hidden_states(encoder: ModernBertModel, input_ids: Tensor, attention
         else:
             context = attend(q, k, v, local_mask)
         hidden = hidden + attention.Wo(context.reshape(batch, length, -1))  # context (B, L, H, Dh)
+        hidden = hidden + layer.mlp(layer.mlp_norm(hidden))
+    normed: Tensor = encoder.final_norm(hidden)
+    return normed
+
+
+# (T, H, Dh) queries, keys and values of a packed row; (N+1,) int32 document offsets; the longest
+# document's length; the half-window of a local layer (keys with |i - j| <= window) or -1 for a global
+# one. Returns (T, H, Dh). No document may see another's keys.
+VarlenAttention = Callable[[Tensor, Tensor, Tensor, Tensor, int, int], Tensor]
+
+
+def torch_varlen_attention() -> VarlenAttention | None:
+    """torch's FlashAttention-2 varlen kernel as a `VarlenAttention`, or None when this torch lacks it.
+
+    It needs `window_size` (torch 2.10 on) for ModernBERT's local layers, CUDA on an Ampere or newer GPU,
+    and float16 or bfloat16; the runner probes it once on its device before trusting it.
+    """
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    if "window_size" not in inspect.signature(varlen_attn).parameters:
+        return None
+
+    def attend(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, longest: int, window: int) -> Tensor:
+        out = varlen_attn(q, k, v, offsets, offsets, longest, longest, window_size=(window, window))
+        return cast(Tensor, out)
+
+    return attend
+
+
+def reference_varlen_attention(
+    q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, longest: int, window: int
+) -> Tensor:
+    """`VarlenAttention` by one SDPA call per document (with the window mask on local layers).
+
+    What the kernel computes, on any device and dtype: the packed path's CPU form and its test oracle.
+    One call per document makes it slow for many short documents; it is not the CPU's default path.
+    """
+    out = torch.empty_like(q)
+    bounds = offsets.tolist()
+    for start, end in itertools.pairwise(bounds):
+        if end == start:
+            continue
+        mask = None
+        if 0 <= window < end - start - 1:
+            positions = torch.arange(end - start, device=q.device)
+            mask = (positions[:, None] - positions[None]).abs() <= window  # (n, n)
+        doc = attend(q[None, start:end], k[None, start:end], v[None, start:end], mask)  # (1, n, H, Dh)
+        out[start:end] = doc[0]
+    return out
+
+
+def packed_positions(cu_seq_lens: Tensor) -> tuple[Tensor, Tensor]:
+    """(N+1,) offsets to (T,) each token's document index and (T,) its position within that document."""
+    lengths = (cu_seq_lens[1:] - cu_seq_lens[:-1]).long()  # (N,)
+    document = torch.repeat_interleave(torch.arange(len(lengths), device=cu_seq_lens.device), lengths)
+    starts = cu_seq_lens[:-1].long()[document]  # (T,)
+    return document, torch.arange(int(cu_seq_lens[-1]), device=cu_seq_lens.device) - starts
+
+
+def packed_hidden_states(
+    encoder: ModernBertModel,
+    input_ids: Tensor,
+    cu_seq_lens: Tensor,
+    max_length: int,
+    attention: VarlenAttention,
+) -> Tensor:
+    """(T,) concatenated ids and (N+1,) int32 offsets to (T, D) final hidden states, padding-free.
+
+    Each document sees what it would see alone: positions restart at its start (RoPE), and `attention`
+    keeps its queries to its own keys. No row of padding is computed anywhere, so a batch costs its real
+    tokens (the runner's token budget counts them).
+    """
+    config = encoder.config
+    total = input_ids.shape[0]
+    heads = int(config.num_attention_heads)
+    window = int(config.sliding_window)
+    _, positions = packed_positions(cu_seq_lens)  # (T,)
+
+    hidden = encoder.embeddings(input_ids=input_ids.unsqueeze(0))  # (1, T, D)
+    tables = {
+        t: rotary_tables(encoder, t, hidden, positions.unsqueeze(0)) for t in set(config.layer_types or ())
+    }
+    hidden = hidden[0]  # (T, D)
+    for module in encoder.layers:
+        layer = cast(ModernBertEncoderLayer, module)
+        block = layer.attn
+        qkv = block.Wqkv(layer.attn_norm(hidden)).view(total, 3, heads, block.head_dim)
+        qk = apply_rotary(qkv[:, :2], *tables[layer.attention_type])  # (T, 2, H, Dh)
+        span = window if layer.attention_type == "sliding_attention" else -1
+        context = attention(qk[:, 0], qk[:, 1], qkv[:, 2], cu_seq_lens, max_length, span)  # (T, H, Dh)
+        hidden = hidden + block.Wo(context.reshape(total, -1))
         hidden = hidden + layer.mlp(layer.mlp_norm(hidden))
     normed: Tensor = encoder.final_norm(hidden)
     return normed

@@ -16,7 +16,13 @@ import torch
 from torch import Tensor, nn
 from transformers import ModernBertConfig, ModernBertModel
 
-from service.core.encoder_forward import encoder_hidden_states, supports_fast_forward
+from service.core.encoder_forward import (
+    VarlenAttention,
+    encoder_hidden_states,
+    packed_hidden_states,
+    packed_positions,
+    supports_fast_forward,
+)
 
 if TYPE_CHECKING:
     from service.core.tokenizer import HtmlTokenizer
@@ -259,35 +265,47 @@ class HtmlEncoderModel(nn.Module):
             hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         return self.pool(hidden, attention_mask)
 
-    def embed_packed(self, input_ids: Tensor, cu_seq_lens: Tensor, max_length: int) -> Tensor:
+    def embed_packed(
+        self,
+        input_ids: Tensor,
+        cu_seq_lens: Tensor,
+        max_length: int,
+        *,
+        attention: VarlenAttention | None = None,
+    ) -> Tensor:
         """Padding-free forward: (T,) concatenated ids, (N+1,) int32 offsets, to (N, D) embeddings.
 
-        Only valid under FlashAttention-2, whose varlen kernel keeps each document to itself; under SDPA or
-        eager attention the packed row would attend across documents, so this refuses them.
+        With `attention` (a varlen kernel: torch's FlashAttention-2, or the per-document reference) this
+        runs `packed_hidden_states`, which needs what `encoder_forward` needs (SDPA configured, eval mode,
+        no autograd). Without it, transformers' forward under the flash-attn package's FlashAttention-2.
+        Any other attention would let packed documents attend to each other, so both refuse it.
         """
-        implementation = self.config._attn_implementation
-        if implementation != "flash_attention_2":
-            raise ValueError(f"packed batches need flash_attention_2, not {implementation!r}")
-        lengths = cu_seq_lens[1:] - cu_seq_lens[:-1]  # (N,)
+        document, positions = packed_positions(cu_seq_lens)  # (T,) each
+        if attention is not None:
+            if not supports_fast_forward(self.encoder):
+                raise ValueError("packed batches with a varlen kernel need SDPA, eval mode and no autograd")
+            hidden = packed_hidden_states(self.encoder, input_ids, cu_seq_lens, max_length, attention)
+        else:
+            implementation = self.config._attn_implementation
+            if implementation != "flash_attention_2":
+                raise ValueError(
+                    f"packed batches need flash_attention_2 or a varlen kernel, not {implementation!r}"
+                )
+            hidden = self.encoder(
+                input_ids=input_ids.unsqueeze(0),  # (1, T)
+                position_ids=positions.unsqueeze(0),  # (1, T): each document's restart at 0, as alone
+                cu_seq_lens_q=cu_seq_lens,
+                cu_seq_lens_k=cu_seq_lens,
+                max_length_q=max_length,
+                max_length_k=max_length,
+            ).last_hidden_state[0]  # (T, D)
         starts = cu_seq_lens[:-1].long()  # (N,)
-        # Each document's positions restart at 0 so RoPE sees what it would see alone.
-        doc_index = torch.repeat_interleave(
-            torch.arange(len(lengths), device=input_ids.device), lengths.long()
-        )
-        position_ids = torch.arange(input_ids.shape[0], device=input_ids.device) - starts[doc_index]  # (T,)
-        hidden: Tensor = self.encoder(
-            input_ids=input_ids.unsqueeze(0),  # (1, T)
-            position_ids=position_ids.unsqueeze(0),  # (1, T)
-            cu_seq_lens_q=cu_seq_lens,
-            cu_seq_lens_k=cu_seq_lens,
-            max_length_q=max_length,
-            max_length_k=max_length,
-        ).last_hidden_state[0]  # (T, D)
         if self.pooling == "cls":
             return hidden[starts]  # (N, D)
-        sums = torch.zeros(len(lengths), hidden.shape[-1], device=hidden.device, dtype=torch.float32)
-        sums.index_add_(0, doc_index, hidden.float())  # (N, D)
-        return (sums / lengths.unsqueeze(-1).float()).to(hidden.dtype)
+        lengths = (cu_seq_lens[1:] - cu_seq_lens[:-1]).float()  # (N,)
+        sums = torch.zeros(len(starts), hidden.shape[-1], device=hidden.device, dtype=torch.float32)
+        sums.index_add_(0, document, hidden.float())  # (N, D)
+        return (sums / lengths.unsqueeze(-1)).to(hidden.dtype)
 
     def score(self, embedding: Tensor) -> dict[str, Tensor]:
         """Every head's output on (B, D) pooled embeddings, in each head's own dtype."""

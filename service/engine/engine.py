@@ -200,6 +200,7 @@ class Engine:
             device=self._runner.device,
             dtype=self._runner.dtype,
             threads=self._runner.threads,
+            attention=self._runner.attention,
             prune_version=self._meta.prune_version,
             tokenizer_sha256=self._meta.tokenizer_sha256,
         )

@@ -55,6 +55,7 @@ class ModelInfo:
     device: str
     dtype: str
     threads: int  # the backend's CPU threads per forward pass
+    attention: str  # sdpa | eager | varlen | flash_attention_2 (torch), graph (onnx)
     prune_version: str
     tokenizer_sha256: str
 
@@ -72,7 +73,7 @@ class EngineConfig:
     preprocess_workers: int = 2
     preprocess_pool: str = "thread"  # "process": the workers are processes (no GIL between pages)
     truncate: bool = True  # False: a too-long document raises TooManyTokensError
-    attn_implementation: str | None = None  # torch: None picks flash_attention_2 on CUDA when installed
+    attn_implementation: str | None = None  # torch: None picks the fastest (runners/torch.choose_attention)
     onnx_path: str | None = None  # onnx: default <checkpoint>/model.onnx, exported at start-up if missing
     onnx_quantize: str | None = None  # onnx on CPU: "int8" runs <checkpoint>/model.int8.onnx
     intra_op_threads: int | None = None  # CPU threads per pass (None: OMP_NUM_THREADS or CPU budget)

@@ -59,6 +59,9 @@ def test_environment_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert config.preprocess_pool == "thread"
     monkeypatch.setenv("HTMLLM_PREPROCESS_POOL", "process")
     assert Settings().engine_config().preprocess_pool == "process"
+    assert config.attn_implementation is None  # auto: the runner picks for its device
+    monkeypatch.setenv("HTMLLM_ATTENTION", "varlen")
+    assert Settings().engine_config().attn_implementation == "varlen"
     # Explicit values (command-line flags) win over the environment.
     assert Settings(max_documents=9).max_documents == 9
 
@@ -72,6 +75,7 @@ def test_environment_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
         ("HTMLLM_MAX_BODY_BYTES", "-1"),
         ("HTMLLM_REQUEST_TIMEOUT_S", "0"),
         ("HTMLLM_ONNX_QUANTIZE", "int4"),
+        ("HTMLLM_ATTENTION", "flash"),
         ("HTMLLM_INTRA_OP_THREADS", "0"),
     ],
 )

@@ -8,10 +8,16 @@ import torch.nn.functional as F
 
 from service.core.encoder_forward import (
     BANDED_FROM,
+    VarlenAttention,
+    attend,
     band_mask,
     banded_attention,
     encoder_hidden_states,
+    packed_hidden_states,
+    packed_positions,
+    reference_varlen_attention,
     supports_fast_forward,
+    torch_varlen_attention,
 )
 from service.core.modeling import HtmlEncoderModel
 from tests.factories.checkpoint import build_tiny_model
@@ -106,3 +112,64 @@ def test_bfloat16_stays_as_close_to_float32_as_transformers_bfloat16() -> None:
     our_cos = F.cosine_similarity(ours, exact).min()
     assert our_cos > 0.999
     assert our_cos >= their_cos - 1e-3
+
+
+def offsets_of(lengths: list[int]) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+
+
+def test_packed_positions_restart_at_each_document() -> None:
+    document, positions = packed_positions(offsets_of([3, 1, 2]))
+    assert document.tolist() == [0, 0, 0, 1, 2, 2]
+    assert positions.tolist() == [0, 1, 2, 0, 0, 1]
+
+
+@pytest.mark.parametrize("window", [-1, 0, 4])
+def test_reference_varlen_attention_is_one_block_diagonal_banded_attention(window: int) -> None:
+    """The oracle against an independent one: the whole packed row in one SDPA call whose mask allows
+    only same-document keys within the window."""
+    lengths = [1, 9, 30, 4]
+    offsets = offsets_of(lengths)
+    generator = torch.Generator().manual_seed(window + 2)
+    q, k, v = (torch.randn(sum(lengths), 3, 8, generator=generator) for _ in range(3))  # (T, H, Dh)
+    document, positions = packed_positions(offsets)
+    allowed = document[:, None] == document[None]  # (T, T)
+    if window >= 0:
+        allowed &= (positions[:, None] - positions[None]).abs() <= window
+    expected = attend(q[None], k[None], v[None], allowed)[0]
+    got = reference_varlen_attention(q, k, v, offsets, max(lengths), window)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+
+
+def test_torch_varlen_attention_is_none_or_takes_a_window() -> None:
+    """torch >= 2.10 has the kernel (CUDA only); an older torch gives None, and the runner pads."""
+    kernel = torch_varlen_attention()
+    assert kernel is None or callable(kernel)
+
+
+@pytest.mark.parametrize("lengths", [[3], [BANDED + 9, 2, 17], [130, 1, 64, 64, 5]])
+def test_packed_forward_gives_each_document_its_padded_hidden_states(lengths: list[int]) -> None:
+    """Packing changes nothing a document sees: the packed row's hidden states equal the padded batch's
+    at every real position (and so transformers' forward's), under the per-document kernel."""
+    model = build_tiny_model(heads=False, max_length=512)
+    ids, mask = padded_batch(lengths, model.config.vocab_size)
+    flat = ids[mask.bool()]  # (T,): row-major, so documents in order
+    kernel: VarlenAttention = reference_varlen_attention
+    with torch.inference_mode():
+        packed = packed_hidden_states(model.encoder, flat, offsets_of(lengths), max(lengths), kernel)
+    expected = reference(model, ids, mask)[mask.bool()]  # (T, D)
+    torch.testing.assert_close(packed, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_kernel_that_lets_documents_mix_is_caught() -> None:
+    """The check above has teeth: a kernel that ignores the document offsets changes the output."""
+    model = build_tiny_model(heads=False, max_length=512)
+    lengths = [20, 20]
+    ids, mask = padded_batch(lengths, model.config.vocab_size)
+
+    def mixing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *_: object) -> torch.Tensor:
+        return attend(q[None], k[None], v[None], None)[0]
+
+    with torch.inference_mode():
+        packed = packed_hidden_states(model.encoder, ids[mask.bool()], offsets_of(lengths), 20, mixing)
+    assert (packed - reference(model, ids, mask)[mask.bool()]).abs().max() > 1e-3

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from service.core.encoder_forward import reference_varlen_attention
 from service.core.modeling import PRESETS, HeadSpec, HtmlEncoderModel, TaskHead, build_config
 from tests.factories.checkpoint import build_tiny_model
 from tests.factories.tokenizer import build_tiny_tokenizer
@@ -98,3 +99,29 @@ def test_packed_forward_refuses_attention_that_would_mix_documents() -> None:
     ids = torch.randint(5, model.config.vocab_size, (12,))
     with pytest.raises(ValueError, match="flash_attention_2"):
         model.embed_packed(ids, torch.tensor([0, 5, 12], dtype=torch.int32), 7)
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_packed_embeddings_with_a_varlen_kernel_equal_padded_ones(pooling: str) -> None:
+    model = build_tiny_model(heads=False, pooling=pooling)
+    lengths = [12, 3, 30]
+    generator = torch.Generator().manual_seed(1)
+    docs = [torch.randint(5, model.config.vocab_size, (n,), generator=generator) for n in lengths]
+    ids = torch.zeros(3, 30, dtype=torch.long)
+    mask = torch.zeros(3, 30, dtype=torch.long)
+    for row, doc in enumerate(docs):
+        ids[row, : len(doc)], mask[row, : len(doc)] = doc, 1
+    offsets = torch.tensor([0, 12, 15, 45], dtype=torch.int32)
+    with torch.inference_mode():
+        packed = model.embed_packed(torch.cat(docs), offsets, 30, attention=reference_varlen_attention)
+        padded = model.embed(ids, mask)
+    torch.testing.assert_close(packed, padded, atol=1e-5, rtol=1e-5)
+
+
+def test_packed_forward_with_a_kernel_refuses_training_mode() -> None:
+    model = build_tiny_model(heads=False).train()
+    ids = torch.randint(5, model.config.vocab_size, (12,))
+    with pytest.raises(ValueError, match="eval mode"):
+        model.embed_packed(
+            ids, torch.tensor([0, 5, 12], dtype=torch.int32), 7, attention=reference_varlen_attention
+        )

@@ -1,4 +1,5 @@
-"""CUDA paths: bf16 SDPA with padding, FlashAttention-2 packed batches (skipped without CUDA/flash-attn)."""
+"""CUDA paths: bf16 SDPA with padding, packed batches under torch's varlen kernel and under flash-attn
+(each skipped without CUDA, or without its kernel)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from service.core.checkpoint import load_checkpoint
+from service.core.encoder_forward import torch_varlen_attention
 from service.engine import Engine, EngineConfig
 from service.engine.runners.torch import TorchRunner, flash_attention_available
 from tests.engine.conftest import make_pages
@@ -62,6 +64,30 @@ def test_flash_packed_batches_match_padded_sdpa(tiny_checkpoint: Path) -> None:
     assert _cosine(a.embeddings, alone).min() > 0.999
     assert _cosine(a.embeddings, b.embeddings).min() > 0.99
     np.testing.assert_allclose(a.scores["page_type"], b.scores["page_type"], atol=2e-2)
+
+
+@pytest.mark.skipif(torch_varlen_attention() is None, reason="needs torch.nn.attention.varlen")
+def test_torch_varlen_packed_batches_match_padded_sdpa(tiny_checkpoint: Path) -> None:
+    # Asked for explicitly, the runner raises when the kernel fails its probe on this GPU.
+    packed = TorchRunner(
+        load_checkpoint(tiny_checkpoint).model, device="cuda", dtype="bfloat16", attn_implementation="varlen"
+    )
+    padded = TorchRunner(
+        load_checkpoint(tiny_checkpoint).model, device="cuda", dtype="bfloat16", attn_implementation="sdpa"
+    )
+    assert packed.packed and packed.kernel is not None
+    docs = _docs(packed.model.config.vocab_size)
+    prepared = packed.prepare(docs)
+    assert prepared.padded_tokens == prepared.tokens == sum(LENGTHS)
+    a = packed.run(prepared)
+    b = padded.run(padded.prepare(docs))
+    alone = np.concatenate([packed.run(packed.prepare([d])).embeddings for d in docs])
+    assert _cosine(a.embeddings, alone).min() > 0.999
+    assert _cosine(a.embeddings, b.embeddings).min() > 0.99
+    np.testing.assert_allclose(a.scores["page_type"], b.scores["page_type"], atol=2e-2)
+    if not flash_attention_available():  # what a CUDA runner picks by default here
+        default = TorchRunner(load_checkpoint(tiny_checkpoint).model, device="cuda", dtype="bfloat16")
+        assert default.attention == "varlen"
 
 
 async def test_engine_on_cuda_end_to_end(tiny_checkpoint: Path) -> None:

@@ -11,9 +11,11 @@ import torch
 
 from service.core.checkpoint import load_checkpoint
 from service.core.cpus import cpu_budget
+from service.core.encoder_forward import VarlenAttention, attend, reference_varlen_attention
 from service.engine.batcher import form_batches
 from service.engine.runners import pad_batch
-from service.engine.runners.torch import TorchRunner, choose_attention
+from service.engine.runners import torch as torch_runner
+from service.engine.runners.torch import TorchRunner, choose_attention, varlen_probe_error
 
 
 def _docs(vocab: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
@@ -78,6 +80,64 @@ def test_cpu_uses_sdpa_with_padding_and_never_packs(runner: TorchRunner) -> None
     assert choose_attention("cpu", "float32", None) == "sdpa"
     with pytest.raises(ValueError):
         choose_attention("cpu", "float32", "flash_attention_2")
+
+
+def test_varlen_packs_and_gives_each_document_what_padded_sdpa_gives(
+    runner: TorchRunner, tiny_checkpoint: Path
+) -> None:
+    """`varlen` on a CPU: the packed layout through the per-document reference kernel; what the CUDA
+    kernel gets, checked against the default padded runner (tests/engine/test_gpu.py does the kernel)."""
+    packed = TorchRunner(load_checkpoint(tiny_checkpoint).model, attn_implementation="varlen")
+    assert packed.attention == "varlen" and packed.packed
+    assert packed.kernel is reference_varlen_attention
+    assert packed.cost([3, 10, 4]) == 17  # packed: real tokens only
+    docs = _docs(packed.model.config.vocab_size, [3, 70, 9, 33, 128, 5])
+    prepared = packed.prepare(docs)
+    assert prepared.padded_tokens == prepared.tokens == sum(len(d) for d in docs)
+    ours, theirs = packed.run(prepared), runner.run(runner.prepare(docs))
+    np.testing.assert_allclose(ours.embeddings, theirs.embeddings, atol=1e-5, rtol=0)
+    for head, values in ours.scores.items():
+        np.testing.assert_allclose(values, theirs.scores[head], atol=1e-5, rtol=0)
+
+
+def test_cuda_in_half_precision_prefers_a_varlen_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch_runner, "flash_attention_available", lambda: False)
+    monkeypatch.setattr(torch_runner, "torch_varlen_attention", lambda: reference_varlen_attention)
+    assert choose_attention("cuda", "bfloat16", None) == "varlen"
+    assert choose_attention("cuda", "float32", None) == "sdpa"
+    with pytest.raises(ValueError, match="bfloat16"):
+        choose_attention("cuda", "float32", "varlen")
+    monkeypatch.setattr(torch_runner, "flash_attention_available", lambda: True)
+    assert choose_attention("cuda", "float16", None) == "flash_attention_2"
+    monkeypatch.setattr(torch_runner, "flash_attention_available", lambda: False)
+    monkeypatch.setattr(torch_runner, "torch_varlen_attention", lambda: None)
+    assert choose_attention("cuda", "bfloat16", None) == "sdpa"  # an older torch: padded
+    with pytest.raises(ValueError, match=r"torch\.nn\.attention\.varlen"):
+        choose_attention("cuda", "bfloat16", "varlen")
+
+
+def test_the_varlen_probe_passes_a_right_kernel_and_names_a_wrong_one(tiny_checkpoint: Path) -> None:
+    """What decides, on a GPU, whether torch's kernel is trusted (a failing one falls back to SDPA)."""
+    config = load_checkpoint(tiny_checkpoint).model.config
+    window = int(config.sliding_window)
+
+    def probe(kernel: VarlenAttention, dtype: torch.dtype = torch.float32) -> str:
+        return varlen_probe_error(kernel, config, "cpu", dtype) or ""
+
+    def mixing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *_: object) -> torch.Tensor:
+        return attend(q[None], k[None], v[None], None)[0]  # ignores the offsets: documents see each other
+
+    def wider(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor, n: int, span: int):
+        return reference_varlen_attention(q, k, v, offsets, n, span + 1 if span >= 0 else span)
+
+    def unsupported(*_: object) -> torch.Tensor:
+        raise RuntimeError("FlashAttention only supports Ampere GPUs or newer.")
+
+    assert probe(reference_varlen_attention) == ""
+    assert probe(reference_varlen_attention, torch.bfloat16) == ""  # rounding is not an error
+    assert "differs" in probe(mixing) and "window -1" in probe(mixing)
+    assert f"window {window}" in probe(wider)  # an off-by-one window convention is caught
+    assert "Ampere" in probe(unsupported)
 
 
 def test_pad_batch_refuses_to_cut() -> None:

@@ -47,6 +47,7 @@ async def info(runtime: RuntimeDep, engine: EngineDep) -> InfoResponse:
         device=model.device,
         dtype=model.dtype,
         threads=model.threads,
+        attention=model.attention,
         preprocess_pool=settings.preprocess_pool,
         preprocess_workers=settings.preprocess_workers,
         heads=[

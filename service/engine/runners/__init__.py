@@ -34,6 +34,7 @@ class Runner(Protocol):
     device: str
     dtype: str
     threads: int  # CPU threads one forward pass runs on
+    attention: str  # the attention implementation (torch), or "graph" (onnx: the exported graph's)
 
     def cost(self, lengths: Sequence[int]) -> int:
         """Tokens a batch of these lengths costs against `max_batch_tokens` (padded or packed)."""

@@ -27,6 +27,7 @@ class OnnxRunner:
     """Runs `model.onnx` with onnxruntime; one instance is used from one thread at a time."""
 
     backend = "onnx"
+    attention = "graph"  # the exported graph's own attention (transformers' SDPA form, opset 23)
 
     def __init__(
         self,

@@ -1,29 +1,44 @@
-"""The PyTorch runner: padded SDPA batches on CPU (and CUDA without flash-attn), packed varlen on CUDA.
+"""The PyTorch runner: padded SDPA batches on CPU, packed varlen batches on CUDA.
 
 Attention backends (`ATTENTION_MODES`): under SDPA or eager attention every document keeps its own row
 and padding is masked; documents are never packed into one row there, because SDPA with a padding mask
-lets packed documents attend to each other. Under FlashAttention-2 the batch is packed padding-free into
-one row and `cu_seq_lens` tells the varlen kernel where each document starts, so no compute is spent on
-padding and the token budget counts real tokens.
+lets packed documents attend to each other. Under a varlen kernel the batch is packed padding-free into
+one row and `cu_seq_lens` tells the kernel where each document starts, so no compute is spent on padding
+and the token budget counts real tokens. Two such kernels: `flash_attention_2` (the flash-attn package,
+through transformers' forward) and `varlen` (torch's own FlashAttention-2 varlen kernel, through
+`service.core.encoder_forward.packed_hidden_states`; no extra package). On CUDA in half precision the
+runner picks the first available, `varlen` only after a probe on the device agrees with padded SDPA.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Sequence
 from typing import cast
 
 import numpy as np
 import torch
+from transformers import ModernBertConfig
 
 from service.core.cpus import intra_op_threads as choose_threads
+from service.core.encoder_forward import (
+    VarlenAttention,
+    reference_varlen_attention,
+    torch_varlen_attention,
+)
 from service.core.modeling import HtmlEncoderModel
 from service.engine.runners import PreparedBatch, RunnerOutput, pad_batch
 
 logger = logging.getLogger(__name__)
 
 # attention implementation -> batch layout
-ATTENTION_MODES: dict[str, str] = {"sdpa": "padded", "eager": "padded", "flash_attention_2": "packed"}
+ATTENTION_MODES: dict[str, str] = {
+    "sdpa": "padded",
+    "eager": "padded",
+    "flash_attention_2": "packed",
+    "varlen": "packed",
+}
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
@@ -49,16 +64,66 @@ def cpu_has_fast_bfloat16() -> bool:
 
 
 def choose_attention(device: str, dtype: str, requested: str | None) -> str:
-    """The attention implementation for this device: flash-attn on CUDA in half precision when present."""
+    """The attention implementation for this device.
+
+    Asked for: checked against the device. Not asked for: on CUDA in half precision the flash-attn
+    package when installed, else torch's own varlen kernel when this torch has it (the runner still
+    probes it), else padded SDPA; on CPU padded SDPA. `varlen` on a CPU runs the per-document reference
+    kernel: correct, for checking, and slower than SDPA there.
+    """
+    half = dtype != "float32"
     if requested is not None:
         if requested not in ATTENTION_MODES:
             raise ValueError(f"attention {requested!r} is not one of {sorted(ATTENTION_MODES)}")
-        if requested == "flash_attention_2" and (device != "cuda" or dtype == "float32"):
+        if requested == "flash_attention_2" and (device != "cuda" or not half):
             raise ValueError("flash_attention_2 needs CUDA and bfloat16 or float16")
+        if requested == "varlen" and device == "cuda":
+            if not half:
+                raise ValueError("varlen on CUDA needs bfloat16 or float16 (FlashAttention-2)")
+            if torch_varlen_attention() is None:
+                raise ValueError(
+                    f"varlen needs torch.nn.attention.varlen: torch {torch.__version__} lacks it"
+                )
         return requested
-    if device == "cuda" and dtype != "float32" and flash_attention_available():
-        return "flash_attention_2"
+    if device == "cuda" and half:
+        if flash_attention_available():
+            return "flash_attention_2"
+        if torch_varlen_attention() is not None:
+            return "varlen"
     return "sdpa"
+
+
+def varlen_probe_error(
+    attention: VarlenAttention, config: ModernBertConfig, device: str, dtype: torch.dtype
+) -> str | None:
+    """None when `attention` computes on this device what `reference_varlen_attention` computes, else why.
+
+    Random queries, keys and values for a packed row of four documents (one token, a short one, ones
+    spanning several local windows), global and local, in the runner's dtype, against the reference in
+    float32. A kernel this GPU cannot run (FlashAttention-2 wants Ampere or newer) raises; one that lets
+    documents see each other or reads the window differently is off by the size of the values (the
+    threshold is 30x bfloat16's rounding). Whole-model embeddings would not tell: with random weights
+    they barely move when documents mix.
+    """
+    window = int(config.sliding_window)
+    heads = int(config.num_attention_heads)
+    head_dim = int(config.hidden_size) // heads
+    lengths = [1, 7, 4 * window + 9, 2 * window]
+    offsets = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)  # (N+1,)
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(sum(lengths), heads, head_dim, generator=generator) for _ in range(3))
+    for span in (-1, window):
+        expected = reference_varlen_attention(q, k, v, offsets, max(lengths), span)  # float32 on the CPU
+        try:
+            with torch.inference_mode():
+                qd, kd, vd = (x.to(device=device, dtype=dtype) for x in (q, k, v))
+                got = attention(qd, kd, vd, offsets.to(device), max(lengths), span).float().cpu()
+        except (RuntimeError, ValueError, NotImplementedError) as failure:
+            return f"{type(failure).__name__}: {failure}"
+        drift = float((got - expected).norm() / expected.norm())
+        if not drift < 0.1:
+            return f"its output differs from per-document attention by {drift:.3f} (window {span})"
+    return None
 
 
 class TorchRunner:
@@ -90,7 +155,6 @@ class TorchRunner:
         self.device = device
         self.dtype = dtype
         self.attention = choose_attention(device, dtype, attn_implementation)
-        self.packed = ATTENTION_MODES[self.attention] == "packed"
         # torch's default is one thread per CPU in the affinity mask, which a container's CPU limit
         # turns into throttling (service.core.cpus); the choice is process-wide, as torch's pool is.
         choice = choose_threads(intra_op_threads)
@@ -99,14 +163,37 @@ class TorchRunner:
         logger.info("torch runs %d intra-op threads (%s)", choice.threads, choice.reason)
         # Place first: transformers checks flash-attn against the weights' device and dtype.
         model.place(device, TORCH_DTYPES[dtype])  # heads stay float32: tiny, and scores stay exact
-        model.encoder.set_attn_implementation(self.attention)
         self.model = model.eval()
+        self.kernel: VarlenAttention | None = None  # the varlen kernel of a `varlen` runner
+        if self.attention == "varlen":
+            model.encoder.set_attn_implementation("sdpa")  # the packed forward reads SDPA's configuration
+            self.kernel = self._varlen_kernel(explicit=attn_implementation is not None)
+        if self.attention != "varlen":
+            model.encoder.set_attn_implementation(self.attention)
+        self.packed = ATTENTION_MODES[self.attention] == "packed"
         pad_id = model.config.pad_token_id
         if pad_id is None:
             raise ValueError("the model config has no pad_token_id")
         self.pad_id = int(pad_id)
         self._pin = device == "cuda"
         self.fast_forward = fast_forward
+
+    def _varlen_kernel(self, *, explicit: bool) -> VarlenAttention | None:
+        """The kernel for `varlen`, probed on CUDA; a chosen-by-default one that fails the probe falls
+        back to padded SDPA (with a warning), an asked-for one raises."""
+        if self.device != "cuda":
+            return reference_varlen_attention
+        kernel = torch_varlen_attention()
+        error = "this torch has no varlen kernel" if kernel is None else None
+        if kernel is not None:
+            error = varlen_probe_error(kernel, self.model.config, self.device, TORCH_DTYPES[self.dtype])
+        if error is None:
+            return kernel
+        if explicit:
+            raise ValueError(f"attention 'varlen' does not work on this device: {error}")
+        logger.warning("torch's varlen attention failed its probe (%s); padded SDPA instead", error)
+        self.attention = "sdpa"
+        return None
 
     def cost(self, lengths: Sequence[int]) -> int:
         if not lengths:
@@ -137,7 +224,8 @@ class TorchRunner:
             ids = cast(torch.Tensor, payload["ids"]).to(self.device, non_blocking=True)
             if self.packed:
                 offsets = cast(torch.Tensor, payload["cu_seq_lens"]).to(self.device, non_blocking=True)
-                embedding = self.model.embed_packed(ids, offsets, int(payload["max_length"]))  # (N, D)
+                longest = int(payload["max_length"])
+                embedding = self.model.embed_packed(ids, offsets, longest, attention=self.kernel)  # (N, D)
             else:
                 mask = cast(torch.Tensor, payload["mask"]).to(self.device, non_blocking=True)
                 embedding = self.model.embed(ids, mask, fast=self.fast_forward)  # (B, D)
