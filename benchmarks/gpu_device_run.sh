@@ -13,9 +13,10 @@
 # $OUT/gpu_service_default.json and $OUT/gpu_service_base.json. SERVICE=0 skips it.
 #
 # Duration, measured on an H200 (2026-12-04) with SECONDS_PER_CONFIG=4: 10 s to install, 100 s for the
-# GPU tests and the engine (then 8 configurations; 12 now with torch's varlen, so about 2 minutes), 165 s
-# for the service (4 servers, each loaded and warmed, then 5 + 15 s of load): about 5 minutes, plus the
-# machine's start. SECONDS_PER_CONFIG (default 6) shortens the first part.
+# GPU tests and the engine's 8 configurations, 165 s for the service (4 servers, each loaded and warmed,
+# then 5 + 15 s of load). The engine now measures 20 configurations (torch's varlen, and varlen through
+# torch.compile, whose compile time adds perhaps a minute) plus a profile per mode: expect about 7
+# minutes in all at SECONDS_PER_CONFIG=4, plus the machine's start. COMPILE=0 and PROFILE=0 shorten it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1

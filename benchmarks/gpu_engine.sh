@@ -15,7 +15,8 @@
 # tests first (tests/engine/test_gpu.py), so a wrong packed path fails loudly before any figure is printed.
 # Environment: PYTHON (default .venv/bin/python, else python3), PEAK_TFLOPS to override the bf16 dense
 # peak used for MFU (default from the device name: H100/H200 989, A100 312, L4 121, A10 125),
-# SECONDS_PER_CONFIG (default 6), OUT (a directory for gpu_engine.json, optional). DRY_RUN=1 checks the
+# SECONDS_PER_CONFIG (default 6), COMPILE=0 (skips the compiled mode), PROFILE=0 (skips the profiles),
+# OUT (a directory for gpu_engine.json and gpu_profile.txt, optional). DRY_RUN=1 checks the
 # script itself on a CPU (tiny preset, short documents, float32; the figures mean nothing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,7 +66,7 @@ def peak_tflops() -> float:
     raise SystemExit(f"unknown GPU {name!r}: set PEAK_TFLOPS (bf16 dense) for the MFU column")
 
 
-def build(attention: str, *, fast_forward: bool = True) -> TorchRunner:
+def build(attention: str, *, fast_forward: bool = True, compile_backend: str | None = None) -> TorchRunner:
     torch.manual_seed(0)
     config = ModernBertConfig(
         **{**PRESETS[PRESET], "max_position_embeddings": max(LENGTHS)},
@@ -76,7 +77,8 @@ def build(attention: str, *, fast_forward: bool = True) -> TorchRunner:
     spec = HeadSpec(name="page_type", kind="classification", labels=[f"c{i}" for i in range(8)], hidden=512)
     model.add_head(TaskHead(spec, model.embedding_dim))
     return TorchRunner(
-        model.eval(), device=DEVICE, dtype=DTYPE, attn_implementation=attention, fast_forward=fast_forward
+        model.eval(), device=DEVICE, dtype=DTYPE, attn_implementation=attention, fast_forward=fast_forward,
+        compile_backend=compile_backend,
     )
 
 
@@ -115,23 +117,25 @@ peak = peak_tflops() * 1e12
 # (label, attention implementation, our encoder forward?): "sdpa" is what the runner does by default
 # (service/core/encoder_forward.py: banded local attention), "sdpa-hf" transformers' own forward with its
 # full (B, 1, L, L) masks, for the gain of the former.
-modes = [("sdpa", "sdpa", True), ("sdpa-hf", "sdpa", False)]
+# "varlen-compiled": the varlen forward through torch.compile (inductor, dynamic shapes), which fuses
+# each layer's elementwise work (rotary, norms, GELU gate, residuals); its compile time is in the warm-up.
+modes = [("sdpa", "sdpa", True, None), ("sdpa-hf", "sdpa", False, None)]
 if DRY or torch_varlen_attention() is not None:  # the dry run checks the layout with the CPU reference kernel
-    modes.append(("varlen", "varlen", True))
+    modes.append(("varlen", "varlen", True, None))
+    if not DRY and os.environ.get("COMPILE", "1") != "0":
+        modes.append(("varlen-compiled", "varlen", True, "inductor"))
 else:
     print(f"torch {torch.__version__} has no varlen kernel with window_size: no torch packed mode")
 if not DRY and flash_attention_available():
-    modes.append(("flash_attention_2", "flash_attention_2", False))
+    modes.append(("flash_attention_2", "flash_attention_2", False, None))
 else:
     print("flash-attn is not installed: no flash-attn packed mode")
 rows = []
 profiles = []
-for mode, attention, fast_forward in modes:
-    try:
-        runner = build(attention, fast_forward=fast_forward)
-    except ValueError as error:  # e.g. varlen failing its probe on this GPU: say so, measure the rest
-        print(f"{mode}: not measured: {error}")
-        continue
+
+
+def measure(mode: str, runner: TorchRunner, compile_backend: str | None, started: float) -> None:
+    """Every workload through `runner`: a row each, and a profile of one pass at the middle length."""
     config = runner.model.config
     for label, lengths in workloads():
         batch = docs(lengths)
@@ -139,6 +143,8 @@ for mode, attention, fast_forward in modes:
         for _ in range(3):
             runner.run(prepared)
         synchronize()
+        if compile_backend is not None and label == str(LENGTHS[0]):
+            print(f"{mode}: built and compiled in {time.perf_counter() - started:.0f} s", flush=True)
         passes, started = 0, time.perf_counter()
         while time.perf_counter() - started < SECONDS:
             runner.run(prepared)  # includes host-to-device copy, pooling, heads and the copy back
@@ -172,22 +178,34 @@ for mode, attention, fast_forward in modes:
             key = "self_cpu_time_total" if DRY else "self_cuda_time_total"
             table = trace.key_averages().table(sort_by=key, row_limit=15, max_name_column_width=60)
             profiles.append(f"== {mode}, {len(batch)} x {label} tokens, one pass ==\n{table}")
-    del runner
+
+
+for mode, attention, fast_forward, compile_backend in modes:
+    started = time.perf_counter()
+    try:
+        runner = build(attention, fast_forward=fast_forward, compile_backend=compile_backend)
+        measure(mode, runner, compile_backend, started)
+    except Exception as error:  # e.g. varlen failing its probe, inductor failing: say so, measure the rest
+        print(f"{mode}: stopped: {type(error).__name__}: {str(error)[:2000]}", flush=True)
+    runner = None
     if not DRY:
         torch.cuda.empty_cache()
 
 by = {(r["attention"], r["length"]): r for r in rows}
-names = sorted({r["attention"] for r in rows}, key=[mode for mode, _, _ in modes].index)
+names = sorted({r["attention"] for r in rows}, key=[mode[0] for mode in modes].index)
 for label, _ in workloads():
-    ratio = by[("sdpa", label)]["tokens_per_s"] / by[("sdpa-hf", label)]["tokens_per_s"]
-    print(f"encoder_forward vs transformers' forward (SDPA) at {label}: {ratio:.2f}x")
-for packed, name in (("varlen", "torch varlen"), ("flash_attention_2", "flash-attn")):
+    if ("sdpa", label) in by and ("sdpa-hf", label) in by:
+        ratio = by[("sdpa", label)]["tokens_per_s"] / by[("sdpa-hf", label)]["tokens_per_s"]
+        print(f"encoder_forward vs transformers' forward (SDPA) at {label}: {ratio:.2f}x")
+for packed, name in (("varlen", "torch varlen"), ("varlen-compiled", "compiled torch varlen"), ("flash_attention_2", "flash-attn")):
     if packed in names:
         for label, _ in workloads():
+            if (packed, label) not in by or ("sdpa", label) not in by:
+                continue
             ratio = by[(packed, label)]["tokens_per_s"] / by[("sdpa", label)]["tokens_per_s"]
             print(f"{name} packed vs SDPA padded at {label}: {ratio:.2f}x")
 if not DRY:
-    best = max(names, key=lambda m: by[(m, "2048")]["mfu"])
+    best = max((m for m in names if (m, "2048") in by), key=lambda m: by[(m, "2048")]["mfu"])
     print(f"best MFU at 2048 tokens: {100 * by[(best, '2048')]['mfu']:.1f}% ({best}; target >= 40% on H100/H200)")
 for text in profiles:
     print(text)

@@ -247,21 +247,22 @@ def packed_positions(cu_seq_lens: Tensor) -> tuple[Tensor, Tensor]:
 def packed_hidden_states(
     encoder: ModernBertModel,
     input_ids: Tensor,
+    positions: Tensor,
     cu_seq_lens: Tensor,
     max_length: int,
     attention: VarlenAttention,
 ) -> Tensor:
-    """(T,) concatenated ids and (N+1,) int32 offsets to (T, D) final hidden states, padding-free.
+    """(T,) concatenated ids, (T,) positions and (N+1,) int32 offsets to (T, D) final hidden states.
 
-    Each document sees what it would see alone: positions restart at its start (RoPE), and `attention`
-    keeps its queries to its own keys. No row of padding is computed anywhere, so a batch costs its real
-    tokens (the runner's token budget counts them).
+    Each document sees what it would see alone: its positions restart at 0 (RoPE; `packed_positions`),
+    and `attention` keeps its queries to its own keys. No row of padding is computed anywhere, so a
+    batch costs its real tokens (the runner's token budget counts them). Nothing here reads a device
+    value back to the host: the runner builds positions and offsets on the CPU with the ids.
     """
     config = encoder.config
     total = input_ids.shape[0]
     heads = int(config.num_attention_heads)
     window = int(config.sliding_window)
-    _, positions = packed_positions(cu_seq_lens)  # (T,)
 
     hidden = encoder.embeddings(input_ids=input_ids.unsqueeze(0))  # (1, T, D)
     tables = {

@@ -272,6 +272,7 @@ class HtmlEncoderModel(nn.Module):
         max_length: int,
         *,
         attention: VarlenAttention | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
         """Padding-free forward: (T,) concatenated ids, (N+1,) int32 offsets, to (N, D) embeddings.
 
@@ -279,12 +280,17 @@ class HtmlEncoderModel(nn.Module):
         runs `packed_hidden_states`, which needs what `encoder_forward` needs (SDPA configured, eval mode,
         no autograd). Without it, transformers' forward under the flash-attn package's FlashAttention-2.
         Any other attention would let packed documents attend to each other, so both refuse it.
+        `positions` (T,), each token's position in its document, are derived from the offsets when not
+        given (which reads them back from the device: the runner passes them).
         """
-        document, positions = packed_positions(cu_seq_lens)  # (T,) each
+        if positions is None:
+            _, positions = packed_positions(cu_seq_lens)  # (T,)
         if attention is not None:
             if not supports_fast_forward(self.encoder):
                 raise ValueError("packed batches with a varlen kernel need SDPA, eval mode and no autograd")
-            hidden = packed_hidden_states(self.encoder, input_ids, cu_seq_lens, max_length, attention)
+            hidden = packed_hidden_states(
+                self.encoder, input_ids, positions, cu_seq_lens, max_length, attention
+            )
         else:
             implementation = self.config._attn_implementation
             if implementation != "flash_attention_2":
@@ -299,10 +305,15 @@ class HtmlEncoderModel(nn.Module):
                 max_length_q=max_length,
                 max_length_k=max_length,
             ).last_hidden_state[0]  # (T, D)
+        return self.pool_packed(hidden, cu_seq_lens, positions)
+
+    def pool_packed(self, hidden: Tensor, cu_seq_lens: Tensor, positions: Tensor) -> Tensor:
+        """(T, D) packed hidden states to (N, D) by the model's pooling rule."""
         starts = cu_seq_lens[:-1].long()  # (N,)
         if self.pooling == "cls":
             return hidden[starts]  # (N, D)
         lengths = (cu_seq_lens[1:] - cu_seq_lens[:-1]).float()  # (N,)
+        document = torch.cumsum(positions == 0, dim=0) - 1  # (T,): every document starts at position 0
         sums = torch.zeros(len(starts), hidden.shape[-1], device=hidden.device, dtype=torch.float32)
         sums.index_add_(0, document, hidden.float())  # (N, D)
         return (sums / lengths.unsqueeze(-1)).to(hidden.dtype)

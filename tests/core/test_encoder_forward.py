@@ -155,8 +155,10 @@ def test_packed_forward_gives_each_document_its_padded_hidden_states(lengths: li
     ids, mask = padded_batch(lengths, model.config.vocab_size)
     flat = ids[mask.bool()]  # (T,): row-major, so documents in order
     kernel: VarlenAttention = reference_varlen_attention
+    offsets = offsets_of(lengths)
+    _, positions = packed_positions(offsets)
     with torch.inference_mode():
-        packed = packed_hidden_states(model.encoder, flat, offsets_of(lengths), max(lengths), kernel)
+        packed = packed_hidden_states(model.encoder, flat, positions, offsets, max(lengths), kernel)
     expected = reference(model, ids, mask)[mask.bool()]  # (T, D)
     torch.testing.assert_close(packed, expected, atol=1e-5, rtol=1e-5)
 
@@ -170,6 +172,8 @@ def test_a_kernel_that_lets_documents_mix_is_caught() -> None:
     def mixing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *_: object) -> torch.Tensor:
         return attend(q[None], k[None], v[None], None)[0]
 
+    offsets = offsets_of(lengths)
+    _, positions = packed_positions(offsets)
     with torch.inference_mode():
-        packed = packed_hidden_states(model.encoder, ids[mask.bool()], offsets_of(lengths), 20, mixing)
+        packed = packed_hidden_states(model.encoder, ids[mask.bool()], positions, offsets, 20, mixing)
     assert (packed - reference(model, ids, mask)[mask.bool()]).abs().max() > 1e-3

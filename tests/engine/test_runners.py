@@ -100,6 +100,23 @@ def test_varlen_packs_and_gives_each_document_what_padded_sdpa_gives(
         np.testing.assert_allclose(values, theirs.scores[head], atol=1e-5, rtol=0)
 
 
+def test_a_compiled_varlen_forward_gives_what_the_eager_one_gives(
+    runner: TorchRunner, tiny_checkpoint: Path
+) -> None:
+    """`compile_backend` with dynamic shapes: batches of other sizes and lengths reuse the capture and
+    give the padded runner's results (aot_eager here: the capture, without inductor's compile time)."""
+    compiled = TorchRunner(
+        load_checkpoint(tiny_checkpoint).model, attn_implementation="varlen", compile_backend="aot_eager"
+    )
+    vocab = compiled.model.config.vocab_size
+    for lengths in ([3, 70, 9], [33, 128, 5, 12]):
+        docs = _docs(vocab, lengths)
+        ours, theirs = compiled.run(compiled.prepare(docs)), runner.run(runner.prepare(docs))
+        np.testing.assert_allclose(ours.embeddings, theirs.embeddings, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="varlen"):
+        TorchRunner(load_checkpoint(tiny_checkpoint).model, compile_backend="aot_eager")
+
+
 def test_cuda_in_half_precision_prefers_a_varlen_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch_runner, "flash_attention_available", lambda: False)
     monkeypatch.setattr(torch_runner, "torch_varlen_attention", lambda: reference_varlen_attention)

@@ -12,9 +12,10 @@ runner picks the first available, `varlen` only after a probe on the device agre
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import cast
 
 import numpy as np
@@ -24,6 +25,7 @@ from transformers import ModernBertConfig
 from service.core.cpus import intra_op_threads as choose_threads
 from service.core.encoder_forward import (
     VarlenAttention,
+    packed_hidden_states,
     reference_varlen_attention,
     torch_varlen_attention,
 )
@@ -140,10 +142,14 @@ class TorchRunner:
         attn_implementation: str | None = None,
         intra_op_threads: int | None = None,
         fast_forward: bool = True,
+        compile_backend: str | None = None,
     ) -> None:
         """`fast_forward=False` runs transformers' own encoder forward instead of `encoder_forward`'s
         (which SDPA batches take by default); benchmarks compare the two. `intra_op_threads=None` sizes
-        the CPU thread pool from OMP_NUM_THREADS or the CPU budget (`service.core.cpus`)."""
+        the CPU thread pool from OMP_NUM_THREADS or the CPU budget (`service.core.cpus`).
+        `compile_backend` ("inductor") runs the `varlen` forward through `torch.compile` with dynamic
+        shapes (one graph for every batch: the kernel is a custom op, positions and offsets are inputs);
+        for benchmarks/gpu_engine.sh to measure what fusing the layers' elementwise work buys on a GPU."""
         if dtype not in TORCH_DTYPES:
             raise ValueError(f"dtype {dtype!r} is not one of {sorted(TORCH_DTYPES)}")
         if device == "cuda" and not torch.cuda.is_available():
@@ -171,6 +177,12 @@ class TorchRunner:
         if self.attention != "varlen":
             model.encoder.set_attn_implementation(self.attention)
         self.packed = ATTENTION_MODES[self.attention] == "packed"
+        self._compiled: Callable[..., torch.Tensor] | None = None
+        if compile_backend is not None:
+            if self.kernel is None:
+                raise ValueError(f"compile_backend is for the varlen attention, not {self.attention!r}")
+            forward = functools.partial(packed_hidden_states, model.encoder, attention=self.kernel)
+            self._compiled = torch.compile(forward, backend=compile_backend, dynamic=True)
         pad_id = model.config.pad_token_id
         if pad_id is None:
             raise ValueError("the model config has no pad_token_id")
@@ -208,7 +220,13 @@ class TorchRunner:
             lengths = torch.tensor([len(ids) for ids in batch], dtype=torch.int32)  # (N,)
             offsets = torch.zeros(len(batch) + 1, dtype=torch.int32)  # (N+1,)
             offsets[1:] = torch.cumsum(lengths, 0)
-            payload = {"ids": flat, "cu_seq_lens": offsets, "max_length": int(lengths.max())}
+            positions = torch.from_numpy(np.concatenate([np.arange(len(ids)) for ids in batch]))  # (T,)
+            payload = {
+                "ids": flat,
+                "positions": positions,
+                "cu_seq_lens": offsets,
+                "max_length": int(lengths.max()),
+            }
             padded = tokens
         else:
             ids_np, mask_np = pad_batch(batch, self.pad_id, pad_to=pad_to)
@@ -224,8 +242,15 @@ class TorchRunner:
             ids = cast(torch.Tensor, payload["ids"]).to(self.device, non_blocking=True)
             if self.packed:
                 offsets = cast(torch.Tensor, payload["cu_seq_lens"]).to(self.device, non_blocking=True)
+                positions = cast(torch.Tensor, payload["positions"]).to(self.device, non_blocking=True)
                 longest = int(payload["max_length"])
-                embedding = self.model.embed_packed(ids, offsets, longest, attention=self.kernel)  # (N, D)
+                if self._compiled is not None:
+                    hidden = self._compiled(ids, positions, offsets, longest)  # (T, D)
+                    embedding = self.model.pool_packed(hidden, offsets, positions)  # (N, D)
+                else:
+                    embedding = self.model.embed_packed(
+                        ids, offsets, longest, attention=self.kernel, positions=positions
+                    )  # (N, D)
             else:
                 mask = cast(torch.Tensor, payload["mask"]).to(self.device, non_blocking=True)
                 embedding = self.model.embed(ids, mask, fast=self.fast_forward)  # (B, D)
