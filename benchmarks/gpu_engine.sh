@@ -145,9 +145,10 @@ def measure(mode: str, runner: TorchRunner, compile_backend: str | None, started
         synchronize()
         if compile_backend is not None and label == str(LENGTHS[0]):
             print(f"{mode}: built and compiled in {time.perf_counter() - started:.0f} s", flush=True)
-        passes, started = 0, time.perf_counter()
+        passes, host, started = 0, 0.0, time.perf_counter()
         while time.perf_counter() - started < SECONDS:
-            runner.run(prepared)  # includes host-to-device copy, pooling, heads and the copy back
+            out = runner.run(prepared)  # includes host-to-device copy, pooling, heads and the copy back
+            host += out.host_s or 0.0  # issuing it, before waiting for the device
             passes += 1
         synchronize()
         seconds = time.perf_counter() - started
@@ -158,11 +159,13 @@ def measure(mode: str, runner: TorchRunner, compile_backend: str | None, started
             "tokens_per_s": passes * sum(lengths) / seconds, "mfu": passes * work / seconds / peak,
             "padded_tokens": prepared.padded_tokens, "tokens": prepared.tokens,
             "peak_memory_gb": torch.cuda.max_memory_allocated() / 1e9 if not DRY else 0.0,
+            "pass_ms": 1000 * seconds / passes, "host_ms": 1000 * host / passes,
         }
         rows.append(row)
         print(
             f"{mode:18} {row['layout']:6} L={label:>12} B={len(batch):4}  {row['docs_per_s']:9.1f} docs/s  "
-            f"{row['tokens_per_s']:10.0f} tokens/s  MFU {100 * row['mfu']:5.1f}%  peak {row['peak_memory_gb']:.1f} GB",
+            f"{row['tokens_per_s']:10.0f} tokens/s  MFU {100 * row['mfu']:5.1f}%  peak {row['peak_memory_gb']:.1f} GB  "
+            f"pass {row['pass_ms']:.1f} ms (host {row['host_ms']:.1f})",
             flush=True,
         )
         if not DRY:

@@ -151,6 +151,7 @@ def server_breakdown(metrics: str) -> dict[str, float]:
         "batch_tokens": mean("htmllm_batch_tokens"),
         "padded_tokens": mean("htmllm_batch_padded_tokens"),
         "pass_ms": mean("htmllm_batch_inference_seconds") * 1000,
+        "host_ms": mean("htmllm_batch_host_seconds") * 1000,  # CUDA only (nan elsewhere)
     }
     for stage in ("prune", "tokenize", "queue"):
         out[f"{stage}_ms"] = mean("htmllm_stage_duration_seconds", f'{{stage="{stage}"}}') * 1000
@@ -317,13 +318,13 @@ def main() -> int:
         p50, p99 = r.percentile(0.5) * 1000, r.percentile(0.99) * 1000
         print(f"{label:<30} {r.docs_per_s:>7.2f} {p50:>7.0f} {p99:>7.0f} {r.errors:>6}")
     print("\nserver side (means, whole run incl. warm-up, from /metrics):")
-    header = ("mode", "batch", "tokens", "padded", "pass ms", "prune ms", "queue ms")
+    header = ("mode", "batch", "tokens", "padded", "pass ms", "host ms", "prune ms", "queue ms")
     print(" ".join(f"{h:<10}" if i == 0 else f"{h:>9}" for i, h in enumerate(header)))
     for r in results:
         m = r.server
         print(
             f"{r.name:<10} {m['batch']:>9.1f} {m['batch_tokens']:>9.0f} {m['padded_tokens']:>9.0f} "
-            f"{m['pass_ms']:>9.0f} {m['prune_ms']:>9.1f} {m['queue_ms']:>9.0f}"
+            f"{m['pass_ms']:>9.0f} {m['host_ms']:>9.1f} {m['prune_ms']:>9.1f} {m['queue_ms']:>9.0f}"
         )
     dynamic, single = results
     ratios = {

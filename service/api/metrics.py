@@ -68,6 +68,13 @@ class ServiceMetrics:
             buckets=_DURATION_BUCKETS,
             registry=r,
         )
+        self.batch_host = Histogram(
+            "htmllm_batch_host_seconds",
+            "CUDA: the part of a forward pass the host spent issuing it, before waiting for the device "
+            "(near the pass's duration: launches or the GIL bound it, not the GPU)",
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
         self.stage_duration = Histogram(
             "htmllm_stage_duration_seconds",
             "Per-document time spent in each stage (prune, tokenize, queue, inference, total)",
@@ -105,6 +112,8 @@ class EngineMetricsObserver(EngineObserver):
         m.batch_tokens.observe(stats.tokens)
         m.batch_padded_tokens.observe(stats.padded_tokens)
         m.batch_inference.observe(stats.inference_s)
+        if stats.host_s is not None:
+            m.batch_host.observe(stats.host_s)
 
     def documents_skipped(self, documents: int) -> None:
         self.metrics.documents_skipped.inc(documents)

@@ -282,7 +282,7 @@ class Batcher:
                     inference_s=inference_s,
                 )
             )
-        self._report(ready, inference_s)
+        self._report(ready, inference_s, output.host_s)
 
     def _skipped(self, count: int) -> None:
         """Report dropped documents at once: a window whose documents all left runs no batch to carry it."""
@@ -293,7 +293,7 @@ class Batcher:
         except Exception:
             logger.exception("the skipped-documents observer raised")
 
-    def _report(self, ready: _Ready, inference_s: float) -> None:
+    def _report(self, ready: _Ready, inference_s: float, host_s: float | None) -> None:
         if self._on_batch is None:
             return
         stats = BatchStats(
@@ -302,6 +302,7 @@ class Batcher:
             padded_tokens=ready.prepared.padded_tokens,
             prepare_s=ready.prepare_s,
             inference_s=inference_s,
+            host_s=host_s,
         )
         try:
             self._on_batch(stats)

@@ -166,6 +166,7 @@ class BatchStats:
     padded_tokens: int  # tokens the forward pass computed (== tokens when packed)
     prepare_s: float  # collation and host-side tensor building (overlapped with the previous batch)
     inference_s: float
+    host_s: float | None = None  # CUDA: the part of inference_s the host spent issuing the pass
 
 
 class EngineObserver:

@@ -40,7 +40,9 @@ def test_bf16_sdpa_batch_matches_single_and_float32(tiny_checkpoint: Path) -> No
     )
     assert not runner.packed
     docs = _docs(runner.model.config.vocab_size)
-    batched = runner.run(runner.prepare(docs, pad_to=160)).embeddings
+    out = runner.run(runner.prepare(docs, pad_to=160))
+    assert out.host_s is not None and out.host_s > 0  # the time to issue the pass, measured on CUDA
+    batched = out.embeddings
     alone = np.concatenate([runner.run(runner.prepare([d])).embeddings for d in docs])
     exact = reference.run(reference.prepare(docs)).embeddings
     assert _cosine(batched, alone).min() > 0.999

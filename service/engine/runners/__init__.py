@@ -17,6 +17,10 @@ import numpy as np
 class RunnerOutput:
     embeddings: np.ndarray  # float32 (B, D), unnormalised, rows in the order of the prepared batch
     scores: dict[str, np.ndarray]  # head -> float32 (B, C) probabilities or (B,) values
+    # On an asynchronous device (CUDA): seconds the host took to issue the pass, up to waiting for the
+    # device's results. Near the whole pass, the host is the bottleneck (kernel launches, the GIL shared
+    # with the event loop); far below it, the device is. None where the host computes (CPU, onnx).
+    host_s: float | None = None
 
 
 @dataclass

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import cast
 
@@ -238,6 +239,7 @@ class TorchRunner:
 
     def run(self, prepared: PreparedBatch) -> RunnerOutput:
         payload = cast(dict[str, torch.Tensor | int], prepared.payload)
+        started = time.perf_counter()
         with torch.inference_mode():
             ids = cast(torch.Tensor, payload["ids"]).to(self.device, non_blocking=True)
             if self.packed:
@@ -255,10 +257,12 @@ class TorchRunner:
                 mask = cast(torch.Tensor, payload["mask"]).to(self.device, non_blocking=True)
                 embedding = self.model.embed(ids, mask, fast=self.fast_forward)  # (B, D)
             embedding = embedding.float()
-            scores = self.model.score(embedding)
+            scores = {name: value.float() for name, value in self.model.score(embedding).items()}
+            issued = time.perf_counter() - started  # on CUDA, nothing above waited for the device
             return RunnerOutput(
-                embeddings=embedding.cpu().numpy().astype(np.float32, copy=False),
-                scores={name: value.float().cpu().numpy() for name, value in scores.items()},
+                embeddings=embedding.cpu().numpy().astype(np.float32, copy=False),  # waits for it
+                scores={name: value.cpu().numpy() for name, value in scores.items()},
+                host_s=issued if self.device == "cuda" else None,
             )
 
     def close(self) -> None:

@@ -1,0 +1,28 @@
+"""The engine's batch reports as Prometheus series."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+
+from service.api.metrics import EngineMetricsObserver, ServiceMetrics
+from service.engine.types import BatchStats
+
+
+def _series(metrics: ServiceMetrics) -> str:
+    return generate_latest(metrics.registry).decode()
+
+
+def test_a_batch_moves_its_histograms_and_the_host_share_only_where_measured() -> None:
+    metrics = ServiceMetrics()
+    observer = EngineMetricsObserver(metrics)
+    stats = BatchStats(documents=3, tokens=40, padded_tokens=60, prepare_s=0.001, inference_s=0.2)
+    observer.batch_done(stats)
+    text = _series(metrics)
+    assert "htmllm_batch_size_sum 3.0" in text and "htmllm_batch_padded_tokens_sum 60.0" in text
+    assert "htmllm_batch_inference_seconds_count 1.0" in text
+    assert "htmllm_batch_host_seconds_count 0.0" in text  # a CPU pass: the host is the device
+    observer.batch_done(
+        BatchStats(documents=1, tokens=9, padded_tokens=9, prepare_s=0.0, inference_s=0.05, host_s=0.04)
+    )
+    text = _series(metrics)
+    assert "htmllm_batch_host_seconds_count 1.0" in text and "htmllm_batch_host_seconds_sum 0.04" in text
