@@ -37,7 +37,8 @@ log="${log:-/dev/null}"
   PYTHON=python3 bash benchmarks/gpu_engine.sh || { echo "gpu_engine.sh failed"; failed=1; }
   if [ "${SERVICE:-1}" != 0 ]; then
     service=(python3 benchmarks/service.py --synthetic 512 --device cuda --dtype bfloat16
-             --preprocess-pool process --preprocess-workers 8 --clients 32 --warmup 5 --duration 15)
+             --preprocess-pool process --preprocess-workers 8 --clients 32 --client-processes 4
+             --warmup 5 --duration 15)
     "${service[@]}" ${OUT:+--json "$OUT/gpu_service_default.json"} \
       || { echo "service benchmark (default model) failed"; failed=1; }
     "${service[@]}" --no-bundled --preset base --max-length 512 ${OUT:+--json "$OUT/gpu_service_base.json"} \
