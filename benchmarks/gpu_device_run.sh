@@ -15,8 +15,11 @@
 # Duration, measured on an H200 (2026-12-04) with SECONDS_PER_CONFIG=4: 10 s to install, 100 s for the
 # GPU tests and the engine's 8 configurations, 165 s for the service (4 servers, each loaded and warmed,
 # then 5 + 15 s of load). The engine now measures 20 configurations (torch's varlen, and varlen through
-# torch.compile, whose compile time adds perhaps a minute) plus a profile per mode: expect about 7
-# minutes in all at SECONDS_PER_CONFIG=4, plus the machine's start. COMPILE=0 and PROFILE=0 shorten it.
+# torch.compile, whose compile time adds perhaps a minute) plus a profile per mode, and the service runs
+# twice more (the model in a child process), 4 + 12 s of load each: expect about 3.5 minutes for the
+# engine part at SECONDS_PER_CONFIG=4 and 5 for the service part, plus the machine's start. Under the
+# device's 10 minutes a call, both fit one call with little to spare; PARTS=engine and PARTS=service
+# run one part each (two calls, one warm machine). COMPILE=0, PROFILE=0, SERVICE_PROCESS=0 shorten it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -34,15 +37,25 @@ log="${log:-/dev/null}"
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   # Each part runs whatever the one before it did; the exit status says whether any failed.
   failed=0
-  PYTHON=python3 bash benchmarks/gpu_engine.sh || { echo "gpu_engine.sh failed"; failed=1; }
-  if [ "${SERVICE:-1}" != 0 ]; then
+  parts="${PARTS:-engine service}"
+  if [[ " $parts " == *" engine "* ]]; then
+    PYTHON=python3 bash benchmarks/gpu_engine.sh || { echo "gpu_engine.sh failed"; failed=1; }
+  fi
+  if [[ " $parts " == *" service "* ]] && [ "${SERVICE:-1}" != 0 ]; then
     service=(python3 benchmarks/service.py --synthetic 512 --device cuda --dtype bfloat16
              --preprocess-pool process --preprocess-workers 8 --clients 32 --client-processes 4
-             --warmup 5 --duration 15)
+             --warmup 4 --duration 12)
     "${service[@]}" ${OUT:+--json "$OUT/gpu_service_default.json"} \
       || { echo "service benchmark (default model) failed"; failed=1; }
     "${service[@]}" --no-bundled --preset base --max-length 512 ${OUT:+--json "$OUT/gpu_service_base.json"} \
       || { echo "service benchmark (base preset) failed"; failed=1; }
+    # The same two with the model in a child process (HTMLLM_INFERENCE_PROCESS): does a GIL of its own
+    # shorten the server's passes (compare host ms and pass ms with the runs above)?
+    [ "${SERVICE_PROCESS:-1}" = 0 ] || "${service[@]}" --inference-process ${OUT:+--json "$OUT/gpu_service_default_process.json"} \
+      || { echo "service benchmark (default model, inference process) failed"; failed=1; }
+    [ "${SERVICE_PROCESS:-1}" = 0 ] || "${service[@]}" --inference-process --no-bundled --preset base --max-length 512 \
+      ${OUT:+--json "$OUT/gpu_service_base_process.json"} \
+      || { echo "service benchmark (base preset, inference process) failed"; failed=1; }
   fi
   exit "$failed"
 } 2>&1 | tee "$log"

@@ -313,6 +313,11 @@ def main() -> int:
         default=True,
         help="serve the bundled default model when there is one (--no-bundled: the random --preset model)",
     )
+    parser.add_argument(
+        "--inference-process",
+        action="store_true",
+        help="both servers run the model in a child process (HTMLLM_INFERENCE_PROCESS)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     parser.add_argument(
         "--onnx-quantize", choices=QUANTIZATION_CHOICES, default=NO_QUANTIZATION, help="onnx on CPU"
@@ -360,6 +365,7 @@ def main() -> int:
             "HTMLLM_DTYPE": args.dtype,
             "HTMLLM_ONNX_QUANTIZE": args.onnx_quantize,
             "HTMLLM_DEVICE": args.device,
+            "HTMLLM_INFERENCE_PROCESS": "true" if args.inference_process else "false",
         }
         if args.preprocess_workers is not None:
             common["HTMLLM_PREPROCESS_WORKERS"] = str(args.preprocess_workers)
@@ -368,6 +374,7 @@ def main() -> int:
         print(
             f"backend {args.backend} on {args.device}, dtype {args.dtype}, "
             f"onnx quantisation {args.onnx_quantize}"
+            + (", model in a child process" if args.inference_process else "")
         )
         modes = [
             ("dynamic", {**common, "HTMLLM_MAX_BATCH_REQUESTS": str(args.batch_requests)}),
@@ -407,6 +414,8 @@ def main() -> int:
             "backend": args.backend,
             "pages": source,
             "clients": args.clients,
+            "client_processes": args.client_processes,
+            "inference_process": args.inference_process,
             "duration_s": args.duration,
             "modes": {
                 r.name: {

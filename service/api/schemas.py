@@ -211,6 +211,9 @@ class InfoResponse(BaseModel):
         description="what prunes and tokenizes: threads or processes (HTMLLM_PREPROCESS_POOL)"
     )
     preprocess_workers: int = Field(description="how many of them (HTMLLM_PREPROCESS_WORKERS)")
+    inference_process: bool = Field(
+        description="whether the model runs in a child process (HTMLLM_INFERENCE_PROCESS)"
+    )
     heads: list[HeadInfo]
     limits: Limits
     auth: bool = Field(description="whether model routes need an API key")

@@ -68,6 +68,12 @@ class Settings(BaseSettings):
         description="process: the preprocess workers are processes; pruning holds the GIL, so a GPU that "
         "needs hundreds of pages a second is fed by processes (about one per core left to the server)",
     )
+    inference_process: bool = Field(
+        False,
+        description="run the model in a child process with a GIL of its own, so that the event loop's "
+        "work never delays a forward pass (on a GPU, whose kernels take microseconds, it can dominate); "
+        "a child that dies fails its batch and is started again",
+    )
     warmup: bool = Field(True, description="run one full-size batch before /ready says ready")
     result_cache_documents: int = Field(
         0, ge=0, description="an LRU of this many finished documents, reused for byte-identical pages; 0: off"
@@ -116,4 +122,5 @@ class Settings(BaseSettings):
             preprocess_pool=self.preprocess_pool,
             truncate=self.truncate,
             result_cache_documents=self.result_cache_documents,
+            inference_process=self.inference_process,
         )

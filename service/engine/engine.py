@@ -103,18 +103,28 @@ def as_document(doc: Document | str | bytes) -> Document:
     raise InvalidDocumentError(f"a document is HTML as str or bytes, not {type(doc).__name__}")
 
 
+def _meta_and_tokenizer(path: Path) -> tuple[CheckpointMeta, HtmlTokenizer]:
+    """The checkpoint's metadata and tokenizer, checked against each other, without its weights."""
+    meta = read_meta(path)
+    tokenizer = HtmlTokenizer.from_file(path / TOKENIZER_FILE)
+    if tokenizer.sha256 != meta.tokenizer_sha256:
+        raise CheckpointError(f"vocab mismatch: {path / TOKENIZER_FILE} is not the tokenizer the model used")
+    return meta, tokenizer
+
+
 def build_runner(path: Path, config: EngineConfig) -> tuple[Runner, CheckpointMeta, HtmlTokenizer]:
-    """Load the checkpoint and wrap it in the configured backend's runner."""
+    """Load the checkpoint and wrap it in the configured backend's runner (in a child process when
+    `config.inference_process`: this process then holds only the metadata and the tokenizer)."""
+    if config.inference_process:
+        from service.engine.runners.process import ProcessRunner
+
+        meta, tokenizer = _meta_and_tokenizer(path)
+        return ProcessRunner(path, config), meta, tokenizer
     if config.backend == "onnx":
         from service.engine.onnx_export import ensure_onnx
         from service.engine.runners.onnx import OnnxRunner
 
-        meta = read_meta(path)
-        tokenizer = HtmlTokenizer.from_file(path / TOKENIZER_FILE)
-        if tokenizer.sha256 != meta.tokenizer_sha256:
-            raise CheckpointError(
-                f"vocab mismatch: {path / TOKENIZER_FILE} is not the tokenizer the model used"
-            )
+        meta, tokenizer = _meta_and_tokenizer(path)
         onnx_runner = OnnxRunner(
             ensure_onnx(path, config.onnx_path, quantize=config.onnx_quantize),
             pad_id=tokenizer.special_ids.pad,

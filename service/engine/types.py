@@ -78,6 +78,7 @@ class EngineConfig:
     onnx_quantize: str | None = None  # onnx on CPU: "int8" runs <checkpoint>/model.int8.onnx
     intra_op_threads: int | None = None  # CPU threads per pass (None: OMP_NUM_THREADS or CPU budget)
     result_cache_documents: int = 0  # an LRU of this many finished documents, reused for identical input
+    inference_process: bool = False  # the runner in a child process, with a GIL of its own (runners/process)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

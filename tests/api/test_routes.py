@@ -263,6 +263,7 @@ async def test_info_health_ready_metrics(client: httpx.AsyncClient) -> None:
     assert info["limits"]["max_documents"] == 64 and info["auth"] is False
     assert info["dtype"] == "float32" and info["threads"] >= 1 and info["attention"] == "sdpa"
     assert (info["preprocess_pool"], info["preprocess_workers"]) == ("thread", 1)
+    assert info["inference_process"] is False
     assert (await client.get("/health")).json() == {"status": "ok"}
     assert (await client.get("/ready")).json() == {"status": "ready", "model": "tiny-test"}
     metrics = await client.get("/metrics")

@@ -60,6 +60,9 @@ def test_environment_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     monkeypatch.setenv("HTMLLM_PREPROCESS_POOL", "process")
     assert Settings().engine_config().preprocess_pool == "process"
     assert config.attn_implementation is None  # auto: the runner picks for its device
+    assert config.inference_process is False
+    monkeypatch.setenv("HTMLLM_INFERENCE_PROCESS", "true")
+    assert Settings().engine_config().inference_process is True
     monkeypatch.setenv("HTMLLM_ATTENTION", "varlen")
     assert Settings().engine_config().attn_implementation == "varlen"
     # Explicit values (command-line flags) win over the environment.

@@ -57,10 +57,15 @@ async def load_then_sigterm(server: ServerProcess, requests: int) -> tuple[list[
     return bodies, responses
 
 
-async def test_sigterm_drains_accepted_requests(tiny_checkpoint: Path) -> None:
+@pytest.mark.parametrize("inference_process", ["false", "true"])
+async def test_sigterm_drains_accepted_requests(tiny_checkpoint: Path, inference_process: str) -> None:
     # The in-flight documents (48) never fill a batch (64), so the batcher holds them for max_wait_ms:
-    # SIGTERM lands while every request is certainly still waiting for its answer.
-    with server_process(server_env(tiny_checkpoint, max_wait_ms="2000", drain_timeout_s="30")) as server:
+    # SIGTERM lands while every request is certainly still waiting for its answer. With the model in a
+    # child process, the child must outlive the signal until the drain has used it.
+    env = server_env(
+        tiny_checkpoint, max_wait_ms="2000", drain_timeout_s="30", inference_process=inference_process
+    )
+    with server_process(env) as server:
         bodies, responses = await load_then_sigterm(server, 24)
         exit_code = server.proc.wait(timeout=60)
     for body, response in zip(bodies, responses, strict=True):

@@ -50,6 +50,7 @@ async def info(runtime: RuntimeDep, engine: EngineDep) -> InfoResponse:
         attention=model.attention,
         preprocess_pool=settings.preprocess_pool,
         preprocess_workers=settings.preprocess_workers,
+        inference_process=settings.inference_process,
         heads=[
             HeadInfo(name=h.name, kind=h.kind, labels=list(h.labels), metrics=dict(h.metrics))
             for h in model.heads

@@ -44,7 +44,7 @@ class Runner(Protocol):
         """Tokens a batch of these lengths costs against `max_batch_tokens` (padded or packed)."""
         ...
 
-    def prepare(self, batch: Sequence[Sequence[int]]) -> PreparedBatch:
+    def prepare(self, batch: Sequence[Sequence[int]], *, pad_to: int | None = None) -> PreparedBatch:
         """Collate token-id lists (each framed by [CLS]/[SEP]) into backend inputs."""
         ...
 

@@ -1,0 +1,197 @@
+"""A runner in a process of its own, so that the forward pass never waits for the server's GIL.
+
+Why: an eager forward pass issues hundreds of small operators from Python, and between two of them the
+thread must take the GIL back. Beside a busy event loop (HTTP parsing, JSON, hand-offs to the
+preprocessing processes) each take can wait up to the interpreter's switch interval (5 ms): measured
+here, a pass of the bundled model over one short document takes 8.6 ms alone and 980 ms beside one
+thread looping over `json.loads`. On a GPU, whose kernels take microseconds, that wait is the pass (the
+first H200 run: 45 ms per batch in the server against about 8 ms in the engine benchmark). A process
+of its own has a GIL of its own; text-embeddings-inference gets the same by keeping Python out of its
+router.
+
+The child (spawned: CUDA cannot be forked) loads the checkpoint and builds the configured runner
+(`service.engine.engine.build_runner`); the parent keeps only the tokenizer and the checkpoint's
+metadata. Batches go over a pipe as one flat id array with lengths (a few hundred KB at most) and come
+back as `RunnerOutput`'s arrays. A child that dies (out of memory, a driver fault) fails the batch it
+held with an error and is started again for the next one; its signals are ignored, so a Ctrl-C or a
+SIGTERM to the process group leaves it to the parent's drain, which closes it last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import signal
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+
+from service.engine.runners import PreparedBatch, RunnerOutput
+from service.engine.types import EngineConfig
+
+logger = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 900.0  # loading a large checkpoint onto a GPU, compiling, probing
+CLOSE_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class _Description:
+    """What the child's runner is, for the parent's `Runner` attributes."""
+
+    backend: str
+    device: str
+    dtype: str
+    threads: int
+    attention: str
+    packed: bool
+
+
+def _serve(conn: Connection, path: str, config: EngineConfig) -> None:
+    """The child: build the runner, answer ("run", ids, lengths, pad_to) until ("close",) or EOF."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    from service.engine.engine import build_runner
+
+    try:
+        runner, _, _ = build_runner(Path(path), replace(config, inference_process=False))
+    except BaseException as error:  # every failure goes back to the parent, as text
+        conn.send(("error", f"{type(error).__name__}: {error}"))
+        return
+    packed = bool(getattr(runner, "packed", False))
+    attention = str(getattr(runner, "attention", "graph"))
+    conn.send(
+        ("ok", _Description(runner.backend, runner.device, runner.dtype, runner.threads, attention, packed))
+    )
+    try:
+        while True:
+            try:
+                message = conn.recv()
+            except EOFError:  # the parent is gone
+                return
+            if message[0] == "close":
+                return
+            _, ids, lengths, pad_to = message
+            try:
+                bounds = np.cumsum(lengths)[:-1]
+                batch = [part.tolist() for part in np.split(ids, bounds)]
+                conn.send(("ok", runner.run(runner.prepare(batch, pad_to=pad_to))))
+            except Exception as error:  # a failed batch is the parent's to report
+                conn.send(("error", f"{type(error).__name__}: {error}"))
+    finally:
+        runner.close()
+
+
+class InferenceProcessError(RuntimeError):
+    """The inference process did not start, or died holding a batch."""
+
+
+class ProcessRunner:
+    """The configured runner (`EngineConfig.backend`), run in a child process; the `Runner` protocol."""
+
+    def __init__(self, path: Path, config: EngineConfig) -> None:
+        self._path = path
+        self._config = config
+        self._context = multiprocessing.get_context("spawn")
+        self._lock = threading.Lock()  # one batch over the pipe at a time (the batcher runs one anyway)
+        self._process: Any = None
+        self._conn: Connection | None = None
+        description = self._start()
+        self.backend = description.backend
+        self.device = description.device
+        self.dtype = description.dtype
+        self.threads = description.threads
+        self.attention = description.attention
+        self.packed = description.packed
+        self.restarts = 0
+
+    def _start(self) -> _Description:
+        parent, child = self._context.Pipe()
+        process = self._context.Process(
+            target=_serve, args=(child, str(self._path), self._config), name="htmllm-inference", daemon=True
+        )
+        process.start()
+        child.close()
+        try:
+            if not parent.poll(START_TIMEOUT_S):
+                raise InferenceProcessError(f"the inference process did not start in {START_TIMEOUT_S:.0f} s")
+            status, value = parent.recv()
+        except (EOFError, OSError) as error:
+            raise InferenceProcessError(
+                f"the inference process exited while loading the model (exit code {process.exitcode})"
+            ) from error
+        except InferenceProcessError:
+            process.kill()
+            raise
+        if status != "ok":
+            process.join(CLOSE_TIMEOUT_S)
+            raise InferenceProcessError(f"the inference process could not load the model: {value}")
+        self._process, self._conn = process, parent
+        logger.info("inference process %d serves %s on %s", process.pid, self._path, value.device)
+        return value  # type: ignore[no-any-return]
+
+    def cost(self, lengths: Sequence[int]) -> int:
+        if not lengths:
+            return 0
+        return sum(lengths) if self.packed else len(lengths) * max(lengths)
+
+    def prepare(self, batch: Sequence[Sequence[int]], *, pad_to: int | None = None) -> PreparedBatch:
+        lengths = np.fromiter((len(ids) for ids in batch), dtype=np.int64, count=len(batch))
+        flat = np.fromiter((t for ids in batch for t in ids), dtype=np.int64, count=int(lengths.sum()))
+        tokens = int(lengths.sum())
+        width = max(int(lengths.max(initial=0)), pad_to or 0)
+        padded = tokens if self.packed else len(batch) * width
+        return PreparedBatch(
+            payload=(flat, lengths, pad_to), documents=len(batch), tokens=tokens, padded_tokens=padded
+        )
+
+    def run(self, prepared: PreparedBatch) -> RunnerOutput:
+        flat, lengths, pad_to = cast(tuple[np.ndarray, np.ndarray, int | None], prepared.payload)
+        with self._lock:
+            if self._conn is None:
+                self._restart()
+            conn = self._conn
+            assert conn is not None
+            try:
+                conn.send(("run", flat, lengths, pad_to))
+                status, value = conn.recv()
+            except (EOFError, OSError) as error:
+                code = self._process.exitcode if self._process is not None else None
+                self._discard()
+                raise InferenceProcessError(
+                    f"the inference process died during a forward pass (exit code {code}); "
+                    "it is started again for the next batch"
+                ) from error
+        if status != "ok":
+            raise InferenceProcessError(value)
+        output: RunnerOutput = value
+        return output
+
+    def _restart(self) -> None:
+        self.restarts += 1
+        logger.warning("starting the inference process again (restart %d)", self.restarts)
+        self._start()
+
+    def _discard(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        if self._process is not None:
+            self._process.join(1.0)
+            if self._process.is_alive():
+                self._process.kill()
+        self._conn, self._process = None, None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                with contextlib.suppress(OSError):
+                    self._conn.send(("close",))
+            if self._process is not None:
+                self._process.join(CLOSE_TIMEOUT_S)
+            self._discard()

@@ -1,0 +1,125 @@
+"""The runner in a child process: what the in-process runner gives, and it outlives its child."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.core.checkpoint import load_checkpoint
+from service.core.errors import ErrorCode, HtmllmError
+from service.engine.engine import Engine, build_runner
+from service.engine.runners.process import InferenceProcessError, ProcessRunner
+from service.engine.runners.torch import TorchRunner
+from service.engine.types import EngineConfig
+from tests.engine.conftest import make_pages
+
+
+def _docs(vocab: int, lengths: list[int]) -> list[list[int]]:
+    rng = random.Random(0)
+    return [[2, *(rng.randrange(5, vocab) for _ in range(n - 2)), 3] for n in lengths]
+
+
+@pytest.fixture(scope="module")
+def process_runner(tiny_checkpoint: Path) -> Iterator[ProcessRunner]:
+    runner = ProcessRunner(tiny_checkpoint, EngineConfig(intra_op_threads=1))
+    yield runner
+    runner.close()
+
+
+def test_it_gives_what_the_runner_in_this_process_gives(
+    process_runner: ProcessRunner, tiny_checkpoint: Path
+) -> None:
+    local = TorchRunner(load_checkpoint(tiny_checkpoint).model, intra_op_threads=1)
+    described = (process_runner.backend, process_runner.attention, process_runner.packed)
+    assert described == ("torch", "sdpa", False)
+    assert (process_runner.device, process_runner.dtype, process_runner.threads) == ("cpu", "float32", 1)
+    docs = _docs(local.model.config.vocab_size, [3, 40, 17, 9])
+    prepared = process_runner.prepare(docs, pad_to=48)
+    assert (prepared.documents, prepared.tokens, prepared.padded_tokens) == (4, 69, 4 * 48)
+    assert process_runner.cost([3, 10, 4]) == local.cost([3, 10, 4]) == 30
+    ours, theirs = process_runner.run(prepared), local.run(local.prepare(docs, pad_to=48))
+    np.testing.assert_allclose(ours.embeddings, theirs.embeddings, atol=1e-6, rtol=0)
+    for head, values in theirs.scores.items():
+        np.testing.assert_allclose(ours.scores[head], values, atol=1e-6, rtol=0)
+
+
+def test_a_dead_child_fails_its_batch_and_the_next_batch_gets_a_new_one(
+    process_runner: ProcessRunner,
+) -> None:
+    docs = _docs(100, [5, 8])
+    before = process_runner.run(process_runner.prepare(docs)).embeddings
+    restarts = process_runner.restarts
+    process = process_runner._process
+    assert process is not None
+    os.kill(process.pid, signal.SIGKILL)
+    process.join(10)
+    with pytest.raises(InferenceProcessError, match="died"):
+        process_runner.run(process_runner.prepare(docs))
+    after = process_runner.run(process_runner.prepare(docs)).embeddings
+    assert process_runner.restarts == restarts + 1
+    np.testing.assert_allclose(after, before, atol=1e-6, rtol=0)
+
+
+def test_signals_to_the_process_group_leave_the_child_to_the_parent(process_runner: ProcessRunner) -> None:
+    """Ctrl-C (SIGINT) or a SIGTERM to the group must not kill the model before the drain closes it."""
+    process = process_runner._process
+    assert process is not None
+    os.kill(process.pid, signal.SIGINT)
+    os.kill(process.pid, signal.SIGTERM)
+    assert process_runner.run(process_runner.prepare(_docs(100, [6]))).embeddings.shape[0] == 1
+    assert process.is_alive()
+
+
+def test_a_checkpoint_the_child_cannot_load_is_a_clear_error(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_checkpoint, broken)
+    (broken / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(InferenceProcessError, match="could not load the model"):
+        ProcessRunner(broken, EngineConfig())
+
+
+async def test_the_engine_serves_through_it_as_it_does_in_process(tiny_checkpoint: Path) -> None:
+    pages = make_pages(12)
+    config = EngineConfig(inference_process=True, max_batch_requests=4, intra_op_threads=1)
+    runner, _, _ = build_runner(tiny_checkpoint, config)
+    assert isinstance(runner, ProcessRunner)
+    runner.close()
+    async with Engine.from_checkpoint(tiny_checkpoint, config) as engine:
+        await engine.warmup()
+        separate = await engine.embed(pages)
+        assert engine.info.attention == "sdpa" and engine.info.backend == "torch"
+        child = engine._runner
+        assert isinstance(child, ProcessRunner) and child._process is not None
+        process = child._process
+    engine.close()  # what the server does after its drain
+    assert child._process is None and process.exitcode == 0  # asked to stop, not killed
+    async with Engine.from_checkpoint(tiny_checkpoint, EngineConfig(max_batch_requests=4)) as engine:
+        await engine.warmup()
+        here = await engine.embed(pages)
+    for a, b in zip(separate, here, strict=True):
+        np.testing.assert_allclose(a.embedding, b.embedding, atol=1e-6, rtol=0)
+        assert a.tokens == b.tokens and a.scores.keys() == b.scores.keys()
+
+
+async def test_a_batch_lost_with_the_child_is_a_backend_error_and_the_engine_keeps_serving(
+    tiny_checkpoint: Path,
+) -> None:
+    config = EngineConfig(inference_process=True, intra_op_threads=1)
+    async with Engine.from_checkpoint(tiny_checkpoint, config) as engine:
+        await engine.warmup()
+        runner = engine._runner
+        assert isinstance(runner, ProcessRunner) and runner._process is not None
+        os.kill(runner._process.pid, signal.SIGKILL)
+        runner._process.join(10)
+        with pytest.raises(HtmllmError) as failure:
+            await engine.embed(make_pages(2))
+        assert failure.value.code == ErrorCode.BACKEND_FAILED
+        results = await engine.embed(make_pages(3))
+        assert len(results) == 3 and runner.restarts == 1
