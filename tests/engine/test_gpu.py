@@ -49,23 +49,28 @@ def test_bf16_sdpa_batch_matches_single_and_float32(tiny_checkpoint: Path) -> No
     assert _cosine(batched, exact).min() > 0.99
 
 
-@pytest.mark.skipif(not flash_attention_available(), reason="needs flash-attn")
-def test_flash_packed_batches_match_padded_sdpa(tiny_checkpoint: Path) -> None:
-    packed = TorchRunner(load_checkpoint(tiny_checkpoint).model, device="cuda", dtype="bfloat16")
+def _packed_matches_padded(packed: TorchRunner, tiny_checkpoint: Path) -> None:
+    """Packed documents must not see each other: each equals itself alone and the padded SDPA result."""
     padded = TorchRunner(
         load_checkpoint(tiny_checkpoint).model, device="cuda", dtype="bfloat16", attn_implementation="sdpa"
     )
-    assert packed.attention == "flash_attention_2" and packed.packed
+    assert packed.packed
     docs = _docs(packed.model.config.vocab_size)
     prepared = packed.prepare(docs)
     assert prepared.padded_tokens == prepared.tokens == sum(LENGTHS)
     a = packed.run(prepared)
     b = padded.run(padded.prepare(docs))
     alone = np.concatenate([packed.run(packed.prepare([d])).embeddings for d in docs])
-    # Packed documents must not see each other: each equals itself alone and the padded SDPA result.
     assert _cosine(a.embeddings, alone).min() > 0.999
     assert _cosine(a.embeddings, b.embeddings).min() > 0.99
     np.testing.assert_allclose(a.scores["page_type"], b.scores["page_type"], atol=2e-2)
+
+
+@pytest.mark.skipif(not flash_attention_available(), reason="needs flash-attn")
+def test_flash_packed_batches_match_padded_sdpa(tiny_checkpoint: Path) -> None:
+    packed = TorchRunner(load_checkpoint(tiny_checkpoint).model, device="cuda", dtype="bfloat16")
+    assert packed.attention == "flash_attention_2"
+    _packed_matches_padded(packed, tiny_checkpoint)
 
 
 @pytest.mark.skipif(torch_varlen_attention() is None, reason="needs torch.nn.attention.varlen")
@@ -74,19 +79,8 @@ def test_torch_varlen_packed_batches_match_padded_sdpa(tiny_checkpoint: Path) ->
     packed = TorchRunner(
         load_checkpoint(tiny_checkpoint).model, device="cuda", dtype="bfloat16", attn_implementation="varlen"
     )
-    padded = TorchRunner(
-        load_checkpoint(tiny_checkpoint).model, device="cuda", dtype="bfloat16", attn_implementation="sdpa"
-    )
-    assert packed.packed and packed.kernel is not None
-    docs = _docs(packed.model.config.vocab_size)
-    prepared = packed.prepare(docs)
-    assert prepared.padded_tokens == prepared.tokens == sum(LENGTHS)
-    a = packed.run(prepared)
-    b = padded.run(padded.prepare(docs))
-    alone = np.concatenate([packed.run(packed.prepare([d])).embeddings for d in docs])
-    assert _cosine(a.embeddings, alone).min() > 0.999
-    assert _cosine(a.embeddings, b.embeddings).min() > 0.99
-    np.testing.assert_allclose(a.scores["page_type"], b.scores["page_type"], atol=2e-2)
+    assert packed.kernel is not None
+    _packed_matches_padded(packed, tiny_checkpoint)
     if not flash_attention_available():  # what a CUDA runner picks by default here
         default = TorchRunner(load_checkpoint(tiny_checkpoint).model, device="cuda", dtype="bfloat16")
         assert default.attention == "varlen"

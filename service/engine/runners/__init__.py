@@ -57,6 +57,14 @@ class Runner(Protocol):
         ...
 
 
+def batch_cost(lengths: Sequence[int], *, packed: bool) -> int:
+    """Tokens a forward pass computes for documents of these lengths: their sum when packed
+    padding-free, else every row padded to the longest."""
+    if not lengths:
+        return 0
+    return sum(lengths) if packed else len(lengths) * max(lengths)
+
+
 def pad_batch(
     batch: Sequence[Sequence[int]], pad_id: int, *, pad_to: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -12,7 +12,7 @@ import numpy as np
 from service.core.cpus import intra_op_threads as choose_threads
 from service.core.quantization import NO_QUANTIZATION
 from service.engine.onnx_export import EMBEDDING_OUTPUT, HEAD_OUTPUT_PREFIX, INPUT_NAMES, QUANTIZATION_KEY
-from service.engine.runners import PreparedBatch, RunnerOutput, pad_batch
+from service.engine.runners import PreparedBatch, RunnerOutput, batch_cost, pad_batch
 from service.engine.types import BackendError
 
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class OnnxRunner:
         self.pad_id = pad_id
 
     def cost(self, lengths: Sequence[int]) -> int:
-        return len(lengths) * max(lengths) if lengths else 0
+        return batch_cost(lengths, packed=False)
 
     def prepare(self, batch: Sequence[Sequence[int]], *, pad_to: int | None = None) -> PreparedBatch:
         ids, mask = pad_batch(batch, self.pad_id, pad_to=pad_to)

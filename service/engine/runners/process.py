@@ -32,7 +32,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from service.engine.runners import PreparedBatch, RunnerOutput
+from service.engine.runners import PreparedBatch, RunnerOutput, batch_cost
 from service.engine.types import EngineConfig
 
 logger = logging.getLogger(__name__)
@@ -137,9 +137,7 @@ class ProcessRunner:
         return value  # type: ignore[no-any-return]
 
     def cost(self, lengths: Sequence[int]) -> int:
-        if not lengths:
-            return 0
-        return sum(lengths) if self.packed else len(lengths) * max(lengths)
+        return batch_cost(lengths, packed=self.packed)
 
     def prepare(self, batch: Sequence[Sequence[int]], *, pad_to: int | None = None) -> PreparedBatch:
         lengths = np.fromiter((len(ids) for ids in batch), dtype=np.int64, count=len(batch))

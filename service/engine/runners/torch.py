@@ -31,7 +31,7 @@ from service.core.encoder_forward import (
     torch_varlen_attention,
 )
 from service.core.modeling import HtmlEncoderModel
-from service.engine.runners import PreparedBatch, RunnerOutput, pad_batch
+from service.engine.runners import PreparedBatch, RunnerOutput, batch_cost, pad_batch
 
 logger = logging.getLogger(__name__)
 
@@ -209,9 +209,7 @@ class TorchRunner:
         return None
 
     def cost(self, lengths: Sequence[int]) -> int:
-        if not lengths:
-            return 0
-        return sum(lengths) if self.packed else len(lengths) * max(lengths)
+        return batch_cost(lengths, packed=self.packed)
 
     def prepare(self, batch: Sequence[Sequence[int]], *, pad_to: int | None = None) -> PreparedBatch:
         tokens = sum(len(ids) for ids in batch)
