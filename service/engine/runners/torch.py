@@ -105,8 +105,8 @@ def varlen_probe_error(
     spanning several local windows), global and local, in the runner's dtype, against the reference in
     float32. A kernel this GPU cannot run (FlashAttention-2 wants Ampere or newer) raises; one that lets
     documents see each other or reads the window differently is off by the size of the values (the
-    threshold is 30x bfloat16's rounding). Whole-model embeddings would not tell: with random weights
-    they barely move when documents mix.
+    threshold, a tenth of their norm, is over ten times bfloat16's rounding). Whole-model embeddings
+    would not tell: with random weights they barely move when documents mix.
     """
     window = int(config.sliding_window)
     heads = int(config.num_attention_heads)
