@@ -89,6 +89,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="process: the workers are processes (pruning holds the GIL; use it on a GPU)",
     )
     parser.add_argument(
+        "--inference-process",
+        action="store_true",
+        help="run the model in a child process with a GIL of its own (HTMLLM_INFERENCE_PROCESS)",
+    )
+    parser.add_argument(
         "--intra-op-threads",
         type=int,
         default=None,
@@ -262,6 +267,7 @@ async def _run(args: argparse.Namespace) -> int:
         max_queue_documents=max(4 * args.batch_size, 256),
         preprocess_workers=args.workers,
         preprocess_pool=args.preprocess_pool,
+        inference_process=args.inference_process,
         intra_op_threads=args.intra_op_threads,
         max_wait_ms=5.0,
     )

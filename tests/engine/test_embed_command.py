@@ -203,3 +203,18 @@ def test_a_warc_file_is_embedded_like_the_pages_it_holds(
     )
     for row, result in enumerate(expected):
         np.testing.assert_allclose(np.array(table["embedding"][row].as_py()), result.embedding, atol=1e-5)
+
+
+@pytest.mark.slow  # spawns the inference process, which imports torch
+def test_the_model_in_a_child_process_writes_what_the_engine_gives(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    pages = _write_pages(tmp_path / "pages.jsonl", 12)
+    out = tmp_path / "out.parquet"
+    args = ["embed", "--checkpoint", str(tiny_checkpoint), "--input", str(tmp_path / "pages.jsonl")]
+    assert main([*args, "--output", str(out), "--inference-process", "--no-progress"]) == 0
+    table = pq.read_table(out)
+    assert table["id"].to_pylist() == [f"p{i}" for i in range(12)] and table["error"].null_count == 12
+    expected = asyncio.run(_embed(tiny_checkpoint, pages))
+    embeddings = np.array(table["embedding"].to_pylist(), dtype=np.float32)
+    np.testing.assert_allclose(embeddings, np.stack([r.embedding for r in expected]), atol=1e-5)
