@@ -147,37 +147,93 @@ def wait_ready(base: str, server: subprocess.Popen[bytes], timeout: float) -> No
     raise SystemExit(f"the server was not ready after {timeout:.0f} s")
 
 
-def server_memory_mb(pid: int) -> dict[str, float] | None:
-    """The server's resident and peak resident memory (Linux /proc), to see growth over a soak run."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text(encoding="ascii")
-    except OSError:
-        return None
-    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    try:
-        return {
-            "rss_mb": round(int(fields["VmRSS"].split()[0]) / 1024, 1),
-            "peak_rss_mb": round(int(fields["VmHWM"].split()[0]) / 1024, 1),
-        }
-    except (KeyError, ValueError, IndexError):
-        return None
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process descended from it (Linux /proc), `pid` first.
 
-
-def process_cpu_seconds(pid: int) -> float | None:
-    """User plus system CPU seconds of all of `pid`'s threads so far (Linux /proc); None once it is gone.
-
-    The server prunes, tokenizes and runs the model in threads of one process, so this is all its work.
+    The server's work is not all in its own process: with `HTMLLM_INFERENCE_PROCESS` the model runs in a
+    child, with `HTMLLM_PREPROCESS_POOL=process` pages are pruned in a forkserver's children, and text
+    extraction has its own processes. Reading only the server's pid would miss them. Each thread's
+    `children` file names the processes it started (a few reads); without it, every /proc/*/stat.
     """
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
-    except OSError:
-        return None
-    # Field 2 (the command) is in parentheses and may hold spaces: split after its closing one.
-    fields = stat.rsplit(")", 1)[-1].split()
-    try:
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
-    except (IndexError, ValueError):
-        return None
+    if not Path(f"/proc/{pid}/task/{pid}/children").exists():
+        return _process_tree_by_scan(pid)
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        for listing in Path(f"/proc/{current}/task").glob("*/children"):
+            try:
+                todo.extend(int(child) for child in listing.read_text(encoding="ascii").split())
+            except (OSError, ValueError):
+                continue  # the thread or process ended meanwhile
+    return tree
+
+
+def _process_tree_by_scan(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text(encoding="ascii")
+            parent = int(stat.rsplit(")", 1)[-1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile, or unreadable
+        children.setdefault(parent, []).append(int(entry.name))
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        todo.extend(children.get(current, []))
+    return tree
+
+
+def server_memory_mb(pid: int, tree: list[int] | None = None) -> dict[str, float] | None:
+    """Resident and peak resident memory of the server and its processes, summed (Linux /proc), to see
+    growth over a soak run; None once the server is gone. Pages the processes share are counted in each
+    (the forkserver's children share its imports): an upper bound, as a container's limit would not be."""
+    rss = peak = 0
+    for member in tree if tree is not None else process_tree(pid):
+        try:
+            status = Path(f"/proc/{member}/status").read_text(encoding="ascii")
+        except OSError:
+            if member == pid:
+                return None
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        try:
+            rss += int(fields["VmRSS"].split()[0])
+            peak += int(fields["VmHWM"].split()[0])
+        except (KeyError, ValueError, IndexError):
+            if member == pid:
+                return None
+    return {"rss_mb": round(rss / 1024, 1), "peak_rss_mb": round(peak / 1024, 1)}
+
+
+def process_cpu_seconds(pid: int, tree: list[int] | None = None) -> float | None:
+    """User plus system CPU seconds so far of `pid`'s threads, its live descendants' and the children it
+    has reaped (Linux /proc); None once it is gone. The server's model and preprocessing may run in
+    processes of their own (`process_tree`); their work is the server's."""
+    total = 0.0
+    for member in tree if tree is not None else process_tree(pid):
+        try:
+            stat = Path(f"/proc/{member}/stat").read_text(encoding="ascii")
+        except OSError:
+            if member == pid:
+                return None
+            continue
+        # Field 2 (the command) is in parentheses and may hold spaces: split after its closing one.
+        fields = stat.rsplit(")", 1)[-1].split()
+        try:
+            ticks = int(fields[11]) + int(fields[12])  # utime, stime
+            if member == pid:
+                ticks += int(fields[13]) + int(fields[14])  # cutime, cstime: children already reaped
+        except (IndexError, ValueError):
+            if member == pid:
+                return None
+            continue
+        total += ticks / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 class HostCpu(NamedTuple):
@@ -236,8 +292,9 @@ class ServerSampler(threading.Thread):
                 return
 
     def sample(self) -> None:
-        now, memory = time.monotonic(), server_memory_mb(self.pid)
-        cpu, host = process_cpu_seconds(self.pid), host_cpu_seconds()
+        tree = process_tree(self.pid)
+        now, memory = time.monotonic(), server_memory_mb(self.pid, tree)
+        cpu, host = process_cpu_seconds(self.pid, tree), host_cpu_seconds()
         if memory is None:
             return
         server_cpu = host_busy = host_steal = None
@@ -375,13 +432,15 @@ def markdown(summary: dict[str, Any]) -> str:
     memory = summary.get("server_memory") or {}
     if memory.get("ready") and memory.get("end"):
         lines.append(
-            f"server RSS {memory['ready']['rss_mb']:.0f} MB when ready, {memory['end']['rss_mb']:.0f} MB at "
+            f"server RSS (with its processes) {memory['ready']['rss_mb']:.0f} MB when ready, "
+            f"{memory['end']['rss_mb']:.0f} MB at "
             f"the end (peak {memory['end']['peak_rss_mb']:.0f} MB)"
         )
     cpu = summary.get("server_cpu")
     if cpu:
         line = (
-            f"server CPU: mean {cpu['server_cores_mean']:.2f} of {cpu['cpus']} cores over {cpu['intervals']} "
+            f"server CPU (with its processes): mean {cpu['server_cores_mean']:.2f} of {cpu['cpus']} cores "
+            f"over {cpu['intervals']} "
             f"intervals (10th-90th percentile {cpu['server_cores_p10']:.2f}-{cpu['server_cores_p90']:.2f})"
         )
         if "host_busy_mean" in cpu:

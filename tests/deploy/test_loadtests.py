@@ -37,6 +37,7 @@ from loadtests.run import (
     HOST,
     ServerSample,
     ServerSampler,
+    _process_tree_by_scan,
     bounded_duration,
     bounded_users,
     build_parser,
@@ -45,7 +46,9 @@ from loadtests.run import (
     memory_trend,
     parse_duration,
     process_cpu_seconds,
+    process_tree,
     server_environment,
+    server_memory_mb,
 )
 from service.core.prune import DEFAULT_MAX_DEPTH, estimate_depth, prune_html
 
@@ -182,6 +185,31 @@ def test_cpu_readings_are_monotonic_and_gone_with_the_process() -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     assert process_cpu_seconds(child.pid) is None  # reaped: no /proc entry left
+
+
+def test_the_server_includes_its_child_processes() -> None:
+    """The model (HTMLLM_INFERENCE_PROCESS) and the preprocessing may run in children: their memory and
+    CPU are the server's."""
+    burn = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 1.5: sum(range(1000))"
+    holder = "import subprocess, sys\nsubprocess.run([sys.executable, '-c', sys.argv[1]])"
+    parent = subprocess.Popen([sys.executable, "-c", holder, burn])  # idle; its child burns a core
+    try:
+        deadline = time.monotonic() + 10
+        while len(process_tree(parent.pid)) < 2:
+            assert time.monotonic() < deadline, "the child never started"
+            time.sleep(0.01)
+        assert sorted(_process_tree_by_scan(parent.pid)) == sorted(process_tree(parent.pid))
+        alone = server_memory_mb(parent.pid)
+        first = process_cpu_seconds(parent.pid)
+        time.sleep(0.8)
+        second = process_cpu_seconds(parent.pid)
+        assert first is not None and second is not None and second - first > 0.4  # the child's work
+        own = Path(f"/proc/{parent.pid}/status").read_text()
+        own_rss_kb = int(next(line for line in own.splitlines() if line.startswith("VmRSS")).split()[1])
+        assert alone is not None and alone["rss_mb"] > own_rss_kb / 1024  # the child's memory too
+    finally:
+        parent.wait(timeout=30)
+    assert process_tree(os.getpid())[0] == os.getpid()
 
 
 def test_cpu_summary_reports_the_cores_the_server_got() -> None:
