@@ -159,12 +159,17 @@ def test_memory_trend_sees_growth_in_the_second_half_only() -> None:
 
 
 def test_the_sampler_reads_a_live_process_and_sees_it_burn_cpu() -> None:
-    sampler = ServerSampler(os.getpid(), interval=0.1)
+    # Another process keeps one core busy, as the server would: sampling a busy thread of this process
+    # would make the sampler wait for the GIL instead.
+    burn = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 3: sum(range(1000))"
+    busy = subprocess.Popen([sys.executable, "-c", burn])
+    time.sleep(0.2)  # past the interpreter's start
+    sampler = ServerSampler(busy.pid, interval=0.1)
     sampler.start()
-    deadline = time.monotonic() + 0.6
-    while time.monotonic() < deadline:  # this thread keeps one core busy while the sampler reads
-        sum(i * i for i in range(1000))
+    time.sleep(0.6)
     samples = sampler.stop()
+    busy.kill()
+    busy.wait()
     assert len(samples) >= 4 and all(s.rss_mb > 0 for s in samples)
     assert [s.seconds for s in samples] == sorted(s.seconds for s in samples)
     assert samples[0].server_cpu is None and samples[0].host_busy is None
