@@ -32,7 +32,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -155,21 +155,28 @@ def process_tree(pid: int) -> list[int]:
     extraction has its own processes. Reading only the server's pid would miss them. Each thread's
     `children` file names the processes it started (a few reads); without it, every /proc/*/stat.
     """
-    if not Path(f"/proc/{pid}/task/{pid}/children").exists():
-        return _process_tree_by_scan(pid)
+    children_of = _started_by if Path(f"/proc/{pid}/task/{pid}/children").exists() else _children_by_scan()
     tree, todo = [], [pid]
     while todo:
         current = todo.pop()
         tree.append(current)
-        for listing in Path(f"/proc/{current}/task").glob("*/children"):
-            try:
-                todo.extend(int(child) for child in listing.read_text(encoding="ascii").split())
-            except (OSError, ValueError):
-                continue  # the thread or process ended meanwhile
+        todo.extend(children_of(current))
     return tree
 
 
-def _process_tree_by_scan(pid: int) -> list[int]:
+def _started_by(pid: int) -> list[int]:
+    """The processes `pid`'s threads started, from their `children` files."""
+    children: list[int] = []
+    for listing in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            children.extend(int(child) for child in listing.read_text(encoding="ascii").split())
+        except (OSError, ValueError):
+            continue  # the thread or process ended meanwhile
+    return children
+
+
+def _children_by_scan() -> Callable[[int], list[int]]:
+    """Every process's children, from every /proc/*/stat's parent field (kernels without `children`)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -180,12 +187,7 @@ def _process_tree_by_scan(pid: int) -> list[int]:
         except (OSError, IndexError, ValueError):
             continue  # gone meanwhile, or unreadable
         children.setdefault(parent, []).append(int(entry.name))
-    tree, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        tree.append(current)
-        todo.extend(children.get(current, []))
-    return tree
+    return lambda pid: children.get(pid, [])
 
 
 def server_memory_mb(pid: int, tree: list[int] | None = None) -> dict[str, float] | None:
