@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.core.attention import AUTO_ATTENTION, Attention, attention_option
 from service.core.quantization import NO_QUANTIZATION, Quantization, quantization_option
 
 if TYPE_CHECKING:
@@ -43,8 +44,8 @@ class Settings(BaseSettings):
         description="onnx backend: the graph file, used when up to date with the checkpoint, else written "
         "there; default <checkpoint>/model.onnx, or the temporary directory when the checkpoint is read-only",
     )
-    attention: Literal["auto", "sdpa", "eager", "varlen", "flash_attention_2"] = Field(
-        "auto",
+    attention: Attention = Field(
+        AUTO_ATTENTION,
         description="torch backend: auto takes, on CUDA in half precision, the flash-attn package when "
         "installed, else torch's own varlen kernel (packed batches, no padding computed) when it passes a "
         "probe on the GPU, else SDPA with padded batches (always on CPU)",
@@ -111,7 +112,7 @@ class Settings(BaseSettings):
             dtype=self.dtype,
             onnx_quantize=quantization_option(self.onnx_quantize),
             onnx_path=None if self.onnx_path is None else str(self.onnx_path),
-            attn_implementation=None if self.attention == "auto" else self.attention,
+            attn_implementation=attention_option(self.attention),
             max_length=self.max_length,
             intra_op_threads=self.intra_op_threads,
             max_batch_tokens=self.max_batch_tokens,

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from service.core.attention import ATTENTION_CHOICES, AUTO_ATTENTION, attention_option
 from service.core.quantization import NO_QUANTIZATION, QUANTIZATION_CHOICES, quantization_option
 
 if TYPE_CHECKING:
@@ -74,8 +75,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     parser.add_argument(
         "--attention",
-        choices=("auto", "sdpa", "eager", "varlen", "flash_attention_2"),
-        default="auto",
+        choices=ATTENTION_CHOICES,
+        default=AUTO_ATTENTION,
         help="torch backend: auto picks packed varlen batches on CUDA in half precision, padded SDPA on CPU",
     )
     parser.add_argument("--max-length", type=int, default=None, help="truncate documents to this many tokens")
@@ -260,7 +261,7 @@ async def _run(args: argparse.Namespace) -> int:
         device=args.device,
         dtype=args.dtype,
         onnx_quantize=quantization_option(args.onnx_quantize),
-        attn_implementation=None if args.attention == "auto" else args.attention,
+        attn_implementation=attention_option(args.attention),
         max_length=args.max_length,
         max_batch_tokens=args.batch_tokens,
         max_batch_requests=args.batch_size,

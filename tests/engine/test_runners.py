@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from service.core.attention import ATTENTION_CHOICES, AUTO_ATTENTION, attention_option
 from service.core.checkpoint import load_checkpoint
 from service.core.cpus import cpu_budget
 from service.core.encoder_forward import VarlenAttention, attend, reference_varlen_attention
@@ -116,6 +117,13 @@ def test_a_compiled_varlen_forward_gives_what_the_eager_one_gives(
         np.testing.assert_allclose(ours.embeddings, theirs.embeddings, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="varlen"):
         TorchRunner(load_checkpoint(tiny_checkpoint).model, compile_backend="aot_eager")
+
+
+def test_every_attention_the_settings_accept_is_one_the_runner_knows() -> None:
+    assert set(ATTENTION_CHOICES) - {AUTO_ATTENTION} == set(torch_runner.ATTENTION_MODES)
+    assert attention_option(AUTO_ATTENTION) is None and attention_option("varlen") == "varlen"
+    with pytest.raises(ValueError):
+        attention_option("flash")
 
 
 def test_cuda_in_half_precision_prefers_a_varlen_kernel(monkeypatch: pytest.MonkeyPatch) -> None:

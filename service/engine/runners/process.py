@@ -64,11 +64,11 @@ def _serve(conn: Connection, path: str, config: EngineConfig) -> None:
     except BaseException as error:  # every failure goes back to the parent, as text
         conn.send(("error", f"{type(error).__name__}: {error}"))
         return
-    packed = bool(getattr(runner, "packed", False))
-    attention = str(getattr(runner, "attention", "graph"))
-    conn.send(
-        ("ok", _Description(runner.backend, runner.device, runner.dtype, runner.threads, attention, packed))
+    packed = bool(getattr(runner, "packed", False))  # only the torch runner packs
+    description = _Description(
+        runner.backend, runner.device, runner.dtype, runner.threads, runner.attention, packed
     )
+    conn.send(("ok", description))
     try:
         while True:
             try:
