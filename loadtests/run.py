@@ -190,18 +190,28 @@ def _children_by_scan() -> Callable[[int], list[int]]:
     return lambda pid: children.get(pid, [])
 
 
+def _read_tree(pid: int, tree: list[int] | None, name: str) -> list[tuple[int, str]] | None:
+    """`/proc/<member>/<name>` of `pid` and its descendants; None once `pid` itself is gone (a descendant
+    that ended meanwhile is left out)."""
+    texts: list[tuple[int, str]] = []
+    for member in tree if tree is not None else process_tree(pid):
+        try:
+            texts.append((member, Path(f"/proc/{member}/{name}").read_text(encoding="ascii")))
+        except OSError:
+            if member == pid:
+                return None
+    return texts
+
+
 def server_memory_mb(pid: int, tree: list[int] | None = None) -> dict[str, float] | None:
     """Resident and peak resident memory of the server and its processes, summed (Linux /proc), to see
     growth over a soak run; None once the server is gone. Pages the processes share are counted in each
     (the forkserver's children share its imports): an upper bound, as a container's limit would not be."""
+    statuses = _read_tree(pid, tree, "status")
+    if statuses is None:
+        return None
     rss = peak = 0
-    for member in tree if tree is not None else process_tree(pid):
-        try:
-            status = Path(f"/proc/{member}/status").read_text(encoding="ascii")
-        except OSError:
-            if member == pid:
-                return None
-            continue
+    for member, status in statuses:
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
         try:
             rss += int(fields["VmRSS"].split()[0])
@@ -216,14 +226,11 @@ def process_cpu_seconds(pid: int, tree: list[int] | None = None) -> float | None
     """User plus system CPU seconds so far of `pid`'s threads, its live descendants' and the children it
     has reaped (Linux /proc); None once it is gone. The server's model and preprocessing may run in
     processes of their own (`process_tree`); their work is the server's."""
+    stats = _read_tree(pid, tree, "stat")
+    if stats is None:
+        return None
     total = 0.0
-    for member in tree if tree is not None else process_tree(pid):
-        try:
-            stat = Path(f"/proc/{member}/stat").read_text(encoding="ascii")
-        except OSError:
-            if member == pid:
-                return None
-            continue
+    for member, stat in stats:
         # Field 2 (the command) is in parentheses and may hold spaces: split after its closing one.
         fields = stat.rsplit(")", 1)[-1].split()
         try:
