@@ -5,11 +5,12 @@
 # $OUT/gpu_run.log, and the figures to $OUT/gpu_engine.json, when OUT is set.
 #
 #   bash benchmarks/gpu_wheels.sh                      # here, with network, once
-#   bash benchmarks/gpu_device_run.sh                  # there, from the repository root, .whl carried
+#   bash benchmarks/gpu_device_run.sh                  # there, from the repository root, .whl and .corpus carried
 #
 # Then the HTTP service (issue #5's ratio) on the GPU: benchmarks/service.py, dynamic batching vs one
-# document per forward pass, 32 clients posting corpus-shaped synthetic pages (the corpus does not
-# travel), for the bundled default model and for the base preset at 512 tokens; figures to
+# document per forward pass, 32 clients posting 512 real shared-corpus pages (sampled into .corpus/ by
+# gpu_wheels.sh and carried; corpus-shaped synthetic pages when it is absent), for the bundled default
+# model and for the base preset at 512 tokens; figures to
 # $OUT/gpu_service_default.json and $OUT/gpu_service_base.json. SERVICE=0 skips it.
 #
 # Duration, measured on an H200 (2026-12-04) with SECONDS_PER_CONFIG=4: 10 s to install, 100 s for the
@@ -42,7 +43,10 @@ log="${log:-/dev/null}"
     PYTHON=python3 bash benchmarks/gpu_engine.sh || { echo "gpu_engine.sh failed"; failed=1; }
   fi
   if [[ " $parts " == *" service "* ]] && [ "${SERVICE:-1}" != 0 ]; then
-    service=(python3 benchmarks/service.py --synthetic 512 --device cuda --dtype bfloat16
+    # Real corpus pages when gpu_wheels.sh could sample them into .corpus/ (carried), else synthetic ones.
+    if [ -f .corpus/manifest.jsonl ]; then pages=(--corpus .corpus --limit 512); else pages=(--synthetic 512); fi
+    echo "service benchmark pages: ${pages[*]}"
+    service=(python3 benchmarks/service.py "${pages[@]}" --device cuda --dtype bfloat16
              --preprocess-pool process --preprocess-workers 8 --clients 32 --client-processes 4
              --warmup 4 --duration 12)
     "${service[@]}" ${OUT:+--json "$OUT/gpu_service_default.json"} \

@@ -9,7 +9,7 @@
 #   bash benchmarks/gpu_engine.sh            # from the repository root, on a CUDA machine
 #
 # On a bare GPU machine without this repository's pins, fetch wheels here with benchmarks/gpu_wheels.sh,
-# carry .whl/ and run benchmarks/gpu_device_run.sh there (it installs them and runs this script).
+# carry .whl/ (and .corpus/) and run benchmarks/gpu_device_run.sh there (it installs them and runs this script).
 # flash-attn has no binary wheel on PyPI, so there it is SDPA only.
 # Budget: well under 5 minutes (about 6 s of timed work per configuration, 12 to 16 in all). Also runs the GPU
 # tests first (tests/engine/test_gpu.py), so a wrong packed path fails loudly before any figure is printed.

@@ -3,9 +3,10 @@
 # whose image has torch, tokenizers, safetensors and pytest but not htmllm's own pins. They go to .whl/
 # (ignored), which travels with the working tree; the GPU machine cannot reach PyPI itself.
 #
-#   bash benchmarks/gpu_wheels.sh          # here, once: about 28 MB
-#   bash benchmarks/gpu_device_run.sh      # then on the GPU machine, from the repository root, .whl carried:
-#                                          # installs them into /tmp/site and runs gpu_engine.sh
+#   bash benchmarks/gpu_wheels.sh          # here, once: about 16 MB of wheels, then ~17 MB of corpus pages
+#   bash benchmarks/gpu_device_run.sh      # then on the GPU machine, from the repository root, with .whl
+#                                          # and .corpus carried: installs the wheels into /tmp/site and
+#                                          # runs gpu_engine.sh, then the service on the corpus pages
 #
 # What and why: transformers at the version this repository is tested with (ModernBERT's config and
 # attention code move between releases; the image's may be older), selectolax (the pruner, imported by
@@ -17,7 +18,11 @@
 # huggingface-hub (1.33) is too old for transformers 5.25 (which refuses to import below 2.4), so the hub
 # travels with what it needs beyond the image (httpx2, httpcore2, truststore, click, idna at their tested
 # versions), and FastAPI 0.165 imports opentelemetry-api, which the image lacks. Versions are read from .venv when it exists, so the GPU runs what CI
-# tests. Together with the tracked tree they must stay under the device's 64 MiB.
+# tests. Together with the tracked tree they must stay under the device's 64 MiB: so the transformers wheel
+# travels without the model families the GPU run never imports (benchmarks/device_payload.py trim-wheel:
+# 13.8 MB -> 2.2 MB), and what room is left goes to real pages of the shared corpus, spread evenly over
+# it, in .corpus/ (ignored; device_payload.py corpus), for benchmarks/service.py there. No corpus beside
+# the checkout: no .corpus/, and the service part posts synthetic pages instead.
 # PYTHON_VERSION (default 3.12) is the GPU image's interpreter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -61,5 +66,10 @@ rm -rf .whl && mkdir -p .whl
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYTHON_VERSION" --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d .whl "${pins[@]}"
+"$PY" benchmarks/device_payload.py trim-wheel .whl/transformers-*.whl
 ls -l .whl
 du -sh .whl
+rm -rf .corpus
+if [ -f ../shared/corpus/manifest.jsonl ]; then
+  "$PY" benchmarks/device_payload.py corpus --corpus ../shared/corpus --out .corpus
+fi

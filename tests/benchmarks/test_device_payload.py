@@ -1,0 +1,89 @@
+"""benchmarks/device_payload.py: what a GPU call takes along must install and must fit.
+
+A wrong trim costs a device run (the GPU machine cannot fetch a missing module), so it is checked here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import zipfile
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def payload() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("device_payload", ROOT / "benchmarks" / "device_payload.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["device_payload"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _wheel(path: Path) -> Path:
+    files = {
+        "transformers/__init__.py": "x = 1\n",
+        "transformers/models/__init__.py": "",
+        "transformers/models/auto/modeling_auto.py": "auto = 1\n",
+        "transformers/models/modernbert/modeling_modernbert.py": "modern = 1\n",
+        "transformers/models/bert/modeling_bert.py": "bert = 1\n" * 1000,
+        "transformers/models/llama/__init__.py": "",
+    }
+    record = "".join(f"{name},sha256=x,1\n" for name in files) + "transformers-1.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as wheel:
+        for name, text in files.items():
+            wheel.writestr(name, text)
+        wheel.writestr("transformers-1.0.dist-info/RECORD", record)
+    return path
+
+
+def test_the_trimmed_wheel_keeps_auto_and_modernbert_and_its_record_matches(
+    payload: ModuleType, tmp_path: Path
+) -> None:
+    wheel = _wheel(tmp_path / "transformers-1.0-py3-none-any.whl")
+    before, after = payload.trim_wheel(wheel)
+    assert after < before
+    with zipfile.ZipFile(wheel) as trimmed:
+        names = set(trimmed.namelist())
+        record = trimmed.read("transformers-1.0.dist-info/RECORD").decode()
+    assert names == {
+        "transformers/__init__.py",
+        "transformers/models/__init__.py",
+        "transformers/models/auto/modeling_auto.py",
+        "transformers/models/modernbert/modeling_modernbert.py",
+        "transformers-1.0.dist-info/RECORD",
+    }
+    assert {row.split(",")[0] for row in record.splitlines()} == names
+    assert payload.trim_wheel(wheel)[1] == after  # a second trim changes nothing
+
+
+def test_the_corpus_sample_fits_its_budget_and_spreads_over_the_manifest(
+    payload: ModuleType, tmp_path: Path
+) -> None:
+    corpus = tmp_path / "corpus"
+    (corpus / "pages").mkdir(parents=True)
+    rows = []
+    for index in range(40):
+        name = f"pages/p{index:04d}.html.gz"
+        (corpus / name).write_bytes(b"x" * (100 + index))
+        rows.append({"id": f"p{index:04d}", "file": name, "url": None})
+    (corpus / "manifest.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "sample"
+    (out / "stale").mkdir(parents=True)  # replaced as a whole
+
+    pages, used = payload.sample_corpus(corpus, out, budget=1200)
+
+    kept = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    assert len(kept) == pages and 0 < pages <= 10 and used <= 1200
+    assert sum((out / row["file"]).stat().st_size for row in kept) == used
+    indices = [int(row["id"][1:]) for row in kept]
+    assert indices[0] == 0 and indices[-1] >= 30  # spread over the corpus, not its first pages
+    assert not (out / "stale").exists()
+    assert sorted(p.name for p in (out / "pages").iterdir()) == [Path(row["file"]).name for row in kept]
