@@ -12,13 +12,14 @@
 # attention code move between releases; the image's may be older), selectolax (the pruner, imported by
 # the Engine that the GPU tests drive), regex at transformers' minimum, and pytest-asyncio (the GPU tests
 # include async Engine tests); then the HTTP service's own needs that the image lacks (FastAPI,
-# Starlette, uvicorn, pydantic and pydantic-settings with their small helpers, brotli and zstandard for
-# request bodies, charset-normalizer and typing-extensions at the tested versions), for
-# benchmarks/service.py on the GPU. Learned on the first device run (2026-12-04): the image's
-# huggingface-hub (1.33) is too old for transformers 5.25 (which refuses to import below 2.4), so the hub
-# travels with what it needs beyond the image (httpx2, httpcore2, truststore, click, idna at their tested
-# versions), and FastAPI 0.165 imports opentelemetry-api, which the image lacks. Versions are read from .venv when it exists, so the GPU runs what CI
-# tests. Together with the tracked tree they must stay under the device's 64 MiB: so the transformers wheel
+# Starlette, uvicorn and httptools (the image has uvloop), pydantic and pydantic-settings with their
+# small helpers, brotli and zstandard for request bodies, charset-normalizer and typing-extensions at
+# the tested versions), for benchmarks/service.py on the GPU. Learned on the first device run
+# (2026-12-04): the image's huggingface-hub (1.33) is too old for transformers 5.25 (which refuses to
+# import below 2.4), so the hub travels with what it needs beyond the image (httpx2, httpcore2,
+# truststore, click, idna at their tested versions), and FastAPI 0.165 imports opentelemetry-api, which
+# the image lacks. Versions are read from .venv when it exists, so the GPU runs what CI tests.
+# Together with the tracked tree they must stay under the device's 64 MiB: so the transformers wheel
 # travels without the model families the GPU run never imports (benchmarks/device_payload.py trim-wheel:
 # 13.8 MB -> 2.2 MB), and what room is left goes to real pages of the shared corpus, spread evenly over
 # it, in .corpus/ (ignored; device_payload.py corpus), for benchmarks/service.py there. No corpus beside
@@ -43,6 +44,7 @@ pins=(
   "fastapi==$(version fastapi 0.165.0)"
   "starlette==$(version starlette 1.10.0)"
   "uvicorn==$(version uvicorn 0.55.0)"
+  "httptools==$(version httptools 0.9.0)"
   "pydantic==$(version pydantic 2.14.4)"
   "pydantic-core==$(version pydantic-core 2.50.5)"
   "pydantic-settings==$(version pydantic-settings 2.16.3)"
