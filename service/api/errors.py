@@ -31,6 +31,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.VALIDATION: 422,
     ErrorCode.EMPTY: 400,
     ErrorCode.PAYLOAD_TOO_LARGE: 413,
+    ErrorCode.HEADERS_TOO_LARGE: 431,
     ErrorCode.TOO_MANY_DOCUMENTS: 422,
     ErrorCode.TOO_MANY_TOKENS: 422,
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,

@@ -143,10 +143,13 @@ def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
     """uvicorn's settings: SIGTERM stops accepting, waits for in-flight requests, then the lifespan drains."""
     import uvicorn
 
+    from service.api.http_protocol import protocol_class
+
     return uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
+        http=protocol_class(),
         log_level=settings.log_level,
         lifespan="on",
         timeout_graceful_shutdown=max(1, math.ceil(settings.drain_timeout_s)),

@@ -15,6 +15,7 @@ class ErrorCode(StrEnum):
     VALIDATION = "validation_error"  # malformed request or options (422)
     EMPTY = "empty_input"  # nothing to embed (400)
     PAYLOAD_TOO_LARGE = "payload_too_large"  # body or document over the byte cap (413)
+    HEADERS_TOO_LARGE = "headers_too_large"  # request line and headers over the parser's cap (431)
     TOO_MANY_DOCUMENTS = "too_many_documents"  # more documents than allowed per request (422)
     TOO_MANY_TOKENS = "too_many_tokens"  # document longer than max length with truncate=false (422)
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # (415)

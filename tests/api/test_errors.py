@@ -20,6 +20,7 @@ def test_the_statuses_clients_rely_on() -> None:
         ErrorCode.VALIDATION: 422,
         ErrorCode.EMPTY: 400,
         ErrorCode.PAYLOAD_TOO_LARGE: 413,
+        ErrorCode.HEADERS_TOO_LARGE: 431,
         ErrorCode.TOO_MANY_DOCUMENTS: 422,
         ErrorCode.UNAUTHORIZED: 401,
         ErrorCode.OVERLOADED: 429,
