@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers.models.modernbert.modeling_modernbert import apply_rotary_pos_emb
 
 from service.core.encoder_forward import (
     BANDED_FROM,
     VarlenAttention,
+    apply_rotary,
     attend,
     band_mask,
     banded_attention,
@@ -16,6 +18,7 @@ from service.core.encoder_forward import (
     packed_hidden_states,
     packed_positions,
     reference_varlen_attention,
+    rotary_tables,
     supports_fast_forward,
     torch_varlen_attention,
 )
@@ -112,6 +115,28 @@ def test_bfloat16_stays_as_close_to_float32_as_transformers_bfloat16() -> None:
     our_cos = F.cosine_similarity(ours, exact).min()
     assert our_cos > 0.999
     assert our_cos >= their_cos - 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_gives_transformers_values(dtype: torch.dtype) -> None:
+    """The same values as transformers' RoPE on strided queries and keys: bit for bit in bfloat16 (both
+    compute in float32 and round once), to float32 rounding otherwise (a fused multiply-add)."""
+    model = build_tiny_model(heads=False, max_length=512)
+    model.place("cpu", dtype)
+    encoder = model.encoder
+    torch.manual_seed(5)
+    qkv = torch.randn(3, 70, 3, 2, 16).to(dtype)  # (B, L, 3, H, Dh): queries and keys as strided views
+    positions = torch.arange(70).unsqueeze(0)
+    for layer_type in sorted(set(encoder.config.layer_types)):
+        cos, sin = encoder.rotary_emb(qkv, positions, layer_type)  # (1, L, Dh), as transformers' forward
+        q, k = apply_rotary_pos_emb(qkv[:, :, 0], qkv[:, :, 1], cos, sin, unsqueeze_dim=2)
+        ours = apply_rotary(qkv[:, :, :2], *rotary_tables(encoder, layer_type, qkv[:, :, 0, 0]))
+        assert ours.dtype == dtype and ours.shape == (3, 70, 2, 2, 16)
+        if dtype == torch.bfloat16:
+            assert torch.equal(ours[:, :, 0], q) and torch.equal(ours[:, :, 1], k)
+        else:
+            torch.testing.assert_close(ours[:, :, 0], q, rtol=0, atol=1e-6)
+            torch.testing.assert_close(ours[:, :, 1], k, rtol=0, atol=1e-6)
 
 
 def offsets_of(lengths: list[int]) -> torch.Tensor:
