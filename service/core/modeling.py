@@ -260,7 +260,8 @@ class HtmlEncoderModel(nn.Module):
         transformers' own forward, which the ONNX export traces (its control flow is shape-free).
         """
         if fast and supports_fast_forward(self.encoder):
-            hidden = encoder_hidden_states(self.encoder, input_ids, attention_mask)  # (B, L, D)
+            first_only = self.pooling == "cls"  # then only position 0 is computed through the last layers
+            hidden = encoder_hidden_states(self.encoder, input_ids, attention_mask, first_only=first_only)
         else:
             hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         return self.pool(hidden, attention_mask)

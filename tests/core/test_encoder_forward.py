@@ -15,6 +15,7 @@ from service.core.encoder_forward import (
     band_mask,
     banded_attention,
     encoder_hidden_states,
+    first_position_prefixes,
     packed_hidden_states,
     packed_positions,
     reference_varlen_attention,
@@ -65,6 +66,30 @@ def test_matches_transformers_forward_on_every_real_position(lengths: list[int])
     assert torch.isfinite(got).all()  # padded rows too: NaN there would leak into real rows
     real = mask.bool()
     torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("lengths", [[3], [BANDED - 4, 13, 2], [400, 397, 131, 5], [256, 256], [9, 8]])
+@pytest.mark.parametrize("window", [4, 40])
+def test_first_only_gives_transformers_first_position(lengths: list[int], window: int) -> None:
+    """CLS pooling's shortcut: the trailing local layers on prefixes, position 0 still exact (a window
+    of 40 makes the prefixes long enough for the banded path)."""
+    model = build_tiny_model(heads=False, max_length=512, local_attention=2 * window)
+    assert model.config.layer_types[-2:] == ["sliding_attention", "sliding_attention"]
+    ids, mask = padded_batch(lengths, model.config.vocab_size)
+    expected = reference(model, ids, mask)[:, 0]
+    with torch.inference_mode():
+        got = encoder_hidden_states(model.encoder, ids, mask, first_only=True)
+    assert got.shape[1] == min(max(lengths), 1 + 1 * window)  # the last layer's prefix
+    torch.testing.assert_close(got[:, 0], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_first_position_prefixes() -> None:
+    mini = ["full_attention", "sliding_attention", "sliding_attention"] * 2
+    assert first_position_prefixes(mini, 64, 256) == [256, 256, 256, 256, 129, 65]
+    assert first_position_prefixes(mini, 64, 100) == [100, 100, 100, 100, 100, 65]
+    assert first_position_prefixes(mini, 64, 40) == [40] * 6
+    assert first_position_prefixes(mini[:4], 64, 256) == [256] * 4  # ends with a global layer
+    assert first_position_prefixes(["sliding_attention"] * 3, 4, 50) == [13, 9, 5]
 
 
 def test_banded_attention_equals_a_masked_full_attention() -> None:

@@ -7,6 +7,7 @@ loadable checkpoint directory; it takes well under a second and never touches th
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -23,11 +24,17 @@ REGRESSION_HEAD = HeadSpec(name="quality", kind="regression", hidden=16)
 
 
 def build_tiny_model(
-    *, heads: bool = True, pooling: str = "cls", max_length: int = TINY_MAX_LENGTH, seed: int = 0
+    *,
+    heads: bool = True,
+    pooling: str = "cls",
+    max_length: int = TINY_MAX_LENGTH,
+    seed: int = 0,
+    **config_overrides: Any,
 ) -> HtmlEncoderModel:
-    """A randomly initialised `tiny` model (deterministic for a given seed), in eval mode."""
+    """A randomly initialised `tiny` model (deterministic for a given seed), in eval mode; keyword
+    arguments beyond these override the preset's config (e.g. `local_attention`)."""
     torch.manual_seed(seed)
-    config = build_config("tiny", build_tiny_tokenizer(), max_length=max_length)
+    config = build_config("tiny", build_tiny_tokenizer(), max_length=max_length, **config_overrides)
     model = HtmlEncoderModel.from_config(config, pooling=pooling, attn_implementation="sdpa")
     if heads:
         for spec in (CLASSIFICATION_HEAD, REGRESSION_HEAD):
