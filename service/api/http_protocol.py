@@ -53,18 +53,22 @@ def protocol_class() -> type[asyncio.Protocol] | str:
     class BoundedHttpToolsProtocol(HttpToolsProtocol):
         """httptools' protocol that refuses a head longer than `MAX_HEAD_BYTES` (431, then closes).
 
-        Counts, after each parse, the bytes of a message whose headers are not complete yet, so one
-        chunk that holds a whole small head and the start of a large body is never counted.
+        httptools reports no offsets, so the head is counted in whole chunks: after each parse, a chunk
+        counts when the head still open began in an earlier one. The chunk a message begins in is not
+        counted (it may hold a pipelined request's body before it), so a head is refused after at most
+        `MAX_HEAD_BYTES` plus one read (asyncio reads up to 256 KiB at a time): bounded either way.
         """
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._in_head = False
+            self._began_in_chunk = False
             self._head_bytes = 0
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._in_head = True
+            self._began_in_chunk = True
             self._head_bytes = 0
 
         def on_headers_complete(self) -> None:
@@ -72,8 +76,9 @@ def protocol_class() -> type[asyncio.Protocol] | str:
             super().on_headers_complete()
 
         def data_received(self, data: bytes) -> None:
+            self._began_in_chunk = False
             super().data_received(data)
-            if not self._in_head or self.transport.is_closing():
+            if not self._in_head or self._began_in_chunk or self.transport.is_closing():
                 return
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
+import uvicorn
+from uvicorn.server import ServerState
 
 from service.api.http_protocol import MAX_HEAD_BYTES, protocol_class
 from tests.api.conftest import tiny_settings
@@ -74,3 +79,77 @@ def test_large_heads_under_the_cap_and_large_bodies_pass(server: LiveServer) -> 
     )
     assert response.status_code == 200, response.text
     assert response.json()["usage"]["documents"] == 1
+
+
+def test_a_pipelined_head_after_a_large_body_is_not_counted_with_the_body(server: LiveServer) -> None:
+    """Two requests in one write (a crawler pipelining): a 200 KB page, then the start of a second head
+    that the next write completes. Both are answered; the body before the head is not head bytes."""
+    html = page(2).encode() + b"<!-- " + b"z" * (200 * 1024) + b" -->"
+    first = (
+        b"POST /v1/embed HTTP/1.1\r\nHost: x\r\ncontent-type: application/octet-stream\r\n"
+        + f"content-length: {len(html)}\r\n\r\n".encode()
+        + html
+    )
+    parts = urlsplit(server.url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=60) as sock:
+        sock.sendall(first + b"GET /health HTTP/1.1\r\nHost: x\r\nX-Half: ")
+        sock.sendall(b"done\r\nConnection: close\r\n\r\n")
+        answer = b""
+        while data := sock.recv(65536):
+            answer += data
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answer) == [b"200", b"200"], answer[-300:]
+
+
+class _Transport(asyncio.Transport):
+    """What the protocol writes, and whether it closed, without a socket."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = b""
+        self.closed = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written += bytes(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+async def _ok(scope: Any, receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def test_only_the_bytes_after_a_heads_first_chunk_count() -> None:
+    """One read holding a request with a large body and the start of the next head (pipelining) is not
+    counted against that head; the reads after it are, and the head is refused once over the cap."""
+    protocol_type = protocol_class()
+    assert not isinstance(protocol_type, str)
+    config = uvicorn.Config(app=_ok, http=protocol_type, log_level="warning", lifespan="off")
+    protocol: Any = protocol_type(  # type: ignore[call-arg]
+        config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop()
+    )
+    transport = _Transport()
+    protocol.connection_made(transport)
+    body = b"y" * (3 * MAX_HEAD_BYTES)
+    first = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    protocol.data_received(first + b"GET / HTTP/1.1\r\nHost: x\r\nX-Half: ")
+    await asyncio.sleep(0.05)  # the first request is answered
+    assert not transport.closed and b" 431 " not in transport.written
+    assert transport.written.startswith(b"HTTP/1.1 200 ")
+    protocol.data_received(b"a" * (MAX_HEAD_BYTES // 2))
+    assert not transport.closed
+    protocol.data_received(b"a" * (MAX_HEAD_BYTES // 2 + 1))
+    assert transport.closed and b"HTTP/1.1 431 " in transport.written
