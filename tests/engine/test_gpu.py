@@ -9,12 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from transformers.models.modernbert.modeling_modernbert import apply_rotary_pos_emb
 
 from service.core.checkpoint import load_checkpoint
-from service.core.encoder_forward import torch_varlen_attention
+from service.core.encoder_forward import apply_rotary, rotary_tables, torch_varlen_attention
 from service.engine import Engine, EngineConfig
 from service.engine.runners.torch import TorchRunner, flash_attention_available
 from tests.engine.conftest import make_pages
+from tests.factories.checkpoint import build_tiny_model
 
 pytestmark = [
     pytest.mark.gpu,
@@ -96,3 +98,18 @@ async def test_engine_on_cuda_end_to_end(tiny_checkpoint: Path) -> None:
     assert engine.info.device == "cuda" and engine.info.dtype == "bfloat16"
     for a, b in zip(batched, single, strict=False):
         assert float(a.embedding @ b.embedding) > 0.999
+
+
+def test_rotary_on_cuda_gives_transformers_bfloat16_values() -> None:
+    """The per-half RoPE (mixed bfloat16 x float32 kernels on CUDA) rounds to transformers' values."""
+    model = build_tiny_model(heads=False, max_length=512).place("cuda", torch.bfloat16)
+    generator = torch.Generator(device="cuda").manual_seed(7)
+    qkv = torch.randn(4, 300, 3, 2, 16, device="cuda", generator=generator).to(torch.bfloat16)
+    positions = torch.arange(300, device="cuda").unsqueeze(0)
+    for layer_type in sorted(set(model.encoder.config.layer_types)):
+        cos, sin = model.encoder.rotary_emb(qkv, positions, layer_type)
+        q, k = apply_rotary_pos_emb(qkv[:, :, 0], qkv[:, :, 1], cos, sin, unsqueeze_dim=2)
+        ours = apply_rotary(qkv[:, :, :2], *rotary_tables(model.encoder, layer_type, qkv[:, :, 0, 0]))
+        # Both compute in float32 and round once; a fused multiply-add may move a value by one ulp.
+        torch.testing.assert_close(ours[:, :, 0], q, atol=0, rtol=2**-7)
+        torch.testing.assert_close(ours[:, :, 1], k, atol=0, rtol=2**-7)
