@@ -92,6 +92,8 @@ def apply_rotary(qk: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """
     half = qk.shape[-1] // 2
     x1, x2 = qk[..., :half], qk[..., half:]
+    if torch.compiler.is_compiling():  # inductor fuses this form into one kernel; `out=` views break graphs
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(qk.dtype)
     out = torch.empty(qk.shape, dtype=qk.dtype, device=qk.device)
     torch.addcmul(x1 * cos, x2, sin, value=-1, out=out[..., :half])
     torch.addcmul(x2 * cos, x1, sin, out=out[..., half:])

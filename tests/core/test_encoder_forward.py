@@ -164,6 +164,17 @@ def test_rotary_gives_transformers_values(dtype: torch.dtype) -> None:
             torch.testing.assert_close(ours[:, :, 1], k, rtol=0, atol=1e-6)
 
 
+def test_rotary_compiles_into_one_graph() -> None:
+    """The runner's compiled varlen forward must capture the rotary whole (`out=` into views, the eager
+    form, is a graph break for torch.compile, so traced code takes a fused form): same values."""
+    model = build_tiny_model(heads=False)
+    torch.manual_seed(6)
+    qkv = torch.randn(2, 30, 3, 2, 16)
+    tables = rotary_tables(model.encoder, "full_attention", qkv[:, :, 0, 0])
+    compiled = torch.compile(apply_rotary, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(qkv[:, :, :2], *tables), apply_rotary(qkv[:, :, :2], *tables))
+
+
 def offsets_of(lengths: list[int]) -> torch.Tensor:
     return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
 
