@@ -15,7 +15,8 @@
 # tests first (tests/engine/test_gpu.py), so a wrong packed path fails loudly before any figure is printed.
 # Environment: PYTHON (default .venv/bin/python, else python3), PEAK_TFLOPS to override the bf16 dense
 # peak used for MFU (default from the device name: H100/H200 989, A100 312, L4 121, A10 125),
-# SECONDS_PER_CONFIG (default 6), COMPILE=0 (skips the compiled mode), PROFILE=0 (skips the profiles),
+# SECONDS_PER_CONFIG (default 6), COMPILE=0 (skips the compiled mode; with DRY_RUN=1, COMPILE=1 checks its
+# capture with aot_eager and prints dynamo's graph count and breaks), PROFILE=0 (skips the profiles),
 # OUT (a directory for gpu_engine.json and gpu_profile.txt, optional). DRY_RUN=1 checks the
 # script itself on a CPU (tiny preset, short documents, float32; the figures mean nothing).
 set -euo pipefail
@@ -122,8 +123,8 @@ peak = peak_tflops() * 1e12
 modes = [("sdpa", "sdpa", True, None), ("sdpa-hf", "sdpa", False, None)]
 if DRY or torch_varlen_attention() is not None:  # the dry run checks the layout with the CPU reference kernel
     modes.append(("varlen", "varlen", True, None))
-    if not DRY and os.environ.get("COMPILE", "1") != "0":
-        modes.append(("varlen-compiled", "varlen", True, "inductor"))
+    if os.environ.get("COMPILE", "0" if DRY else "1") != "0":  # DRY_RUN=1 COMPILE=1: the capture, no inductor
+        modes.append(("varlen-compiled", "varlen", True, "aot_eager" if DRY else "inductor"))
 else:
     print(f"torch {torch.__version__} has no varlen kernel with window_size: no torch packed mode")
 if not DRY and flash_attention_available():
@@ -190,6 +191,12 @@ for mode, attention, fast_forward, compile_backend in modes:
         measure(mode, runner, compile_backend, started)
     except Exception as error:  # e.g. varlen failing its probe, inductor failing: say so, measure the rest
         print(f"{mode}: stopped: {type(error).__name__}: {str(error)[:2000]}", flush=True)
+    if compile_backend is not None:
+        # One graph per distinct capture is the aim; a break splits the forward and spoils the fusion.
+        from torch._dynamo.utils import counters
+
+        breaks = {reason.split("\n")[0][:160]: n for reason, n in counters["graph_break"].items()}
+        print(f"{mode}: dynamo graphs {counters['stats']['unique_graphs']}, graph breaks {breaks or 'none'}")
     runner = None
     if not DRY:
         torch.cuda.empty_cache()
