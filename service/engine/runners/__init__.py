@@ -57,12 +57,12 @@ class Runner(Protocol):
         ...
 
 
-def batch_cost(lengths: Sequence[int], *, packed: bool) -> int:
+def batch_cost(lengths: Sequence[int], *, packed: bool, pad_to: int | None = None) -> int:
     """Tokens a forward pass computes for documents of these lengths: their sum when packed
-    padding-free, else every row padded to the longest."""
+    padding-free, else every row padded to the longest (or to `pad_to`, when longer)."""
     if not lengths:
         return 0
-    return sum(lengths) if packed else len(lengths) * max(lengths)
+    return sum(lengths) if packed else len(lengths) * max(*lengths, pad_to or 0)
 
 
 def pad_batch(

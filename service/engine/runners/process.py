@@ -141,10 +141,9 @@ class ProcessRunner:
 
     def prepare(self, batch: Sequence[Sequence[int]], *, pad_to: int | None = None) -> PreparedBatch:
         lengths = np.fromiter((len(ids) for ids in batch), dtype=np.int64, count=len(batch))
-        flat = np.fromiter((t for ids in batch for t in ids), dtype=np.int64, count=int(lengths.sum()))
         tokens = int(lengths.sum())
-        width = max(int(lengths.max(initial=0)), pad_to or 0)
-        padded = tokens if self.packed else len(batch) * width
+        flat = np.fromiter((t for ids in batch for t in ids), dtype=np.int64, count=tokens)
+        padded = batch_cost(lengths.tolist(), packed=self.packed, pad_to=pad_to)
         return PreparedBatch(
             payload=(flat, lengths, pad_to), documents=len(batch), tokens=tokens, padded_tokens=padded
         )
