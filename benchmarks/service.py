@@ -50,6 +50,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from loadtests.run import own_cpu_seconds  # noqa: E402
 from service.api.settings import default_model_path  # noqa: E402
 from service.core.pages import iter_pages  # noqa: E402
 from service.core.quantization import NO_QUANTIZATION, QUANTIZATION_CHOICES  # noqa: E402
@@ -253,14 +254,10 @@ def drive(url: str, pages: list[bytes], args: argparse.Namespace) -> tuple[int, 
     )
 
 
-def cpu_seconds(pid: int, thread: int | None = None) -> float:
-    """CPU time (user + system) of process `pid`, or of its thread `thread`, from /proc; nan elsewhere."""
-    path = Path(f"/proc/{pid}/task/{thread}/stat" if thread is not None else f"/proc/{pid}/stat")
-    try:
-        fields = path.read_text(encoding="ascii").rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+def cpu_seconds(stat_path: str) -> float:
+    """CPU time (user + system) of the process or thread whose /proc stat file this is; nan elsewhere."""
+    seconds = own_cpu_seconds(stat_path)
+    return float("nan") if seconds is None else seconds
 
 
 def embed_requests(metrics: str) -> float:
@@ -283,9 +280,10 @@ def run_mode(
     proc, url = start_server(model, env, logs / f"{name}.log")
     try:
         requests_before = embed_requests(httpx.get(f"{url}/metrics", timeout=30).text)
-        loop_before, cpu_before = cpu_seconds(proc.pid, proc.pid), cpu_seconds(proc.pid)
+        loop_stat, process_stat = f"/proc/{proc.pid}/task/{proc.pid}/stat", f"/proc/{proc.pid}/stat"
+        loop_before, cpu_before = cpu_seconds(loop_stat), cpu_seconds(process_stat)
         docs, errors, latencies = drive(url, pages, args)
-        loop_after, cpu_after = cpu_seconds(proc.pid, proc.pid), cpu_seconds(proc.pid)
+        loop_after, cpu_after = cpu_seconds(loop_stat), cpu_seconds(process_stat)
         metrics = httpx.get(f"{url}/metrics", timeout=30).text
         server = server_breakdown(metrics)
         requests = max(embed_requests(metrics) - requests_before, 1.0)

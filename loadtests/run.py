@@ -231,18 +231,32 @@ def process_cpu_seconds(pid: int, tree: list[int] | None = None) -> float | None
         return None
     total = 0.0
     for member, stat in stats:
-        # Field 2 (the command) is in parentheses and may hold spaces: split after its closing one.
-        fields = stat.rsplit(")", 1)[-1].split()
         try:
-            ticks = int(fields[11]) + int(fields[12])  # utime, stime
-            if member == pid:
-                ticks += int(fields[13]) + int(fields[14])  # cutime, cstime: children already reaped
+            own, reaped = _cpu_ticks(stat)
         except (IndexError, ValueError):
             if member == pid:
                 return None
             continue
+        ticks = own + reaped if member == pid else own  # the children it reaped count once, with it
         total += ticks / os.sysconf("SC_CLK_TCK")
     return total
+
+
+def own_cpu_seconds(stat_path: str | Path) -> float | None:
+    """User plus system CPU seconds of the one process or thread whose /proc stat file this is
+    (`/proc/<pid>/stat`, `/proc/<pid>/task/<tid>/stat`), not its children's; None once it is gone."""
+    try:
+        own, _ = _cpu_ticks(Path(stat_path).read_text(encoding="ascii"))
+    except (OSError, IndexError, ValueError):
+        return None
+    return own / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_ticks(stat: str) -> tuple[int, int]:
+    """(utime + stime, cutime + cstime) in clock ticks, from a /proc stat file's text."""
+    # Field 2 (the command) is in parentheses and may hold spaces: split after its closing one.
+    fields = stat.rsplit(")", 1)[-1].split()
+    return int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
 
 
 class HostCpu(NamedTuple):
