@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -96,9 +97,7 @@ def sample_corpus(corpus: Path, out: Path, budget: int) -> tuple[int, int]:
         if used + sizes[index] <= budget:
             chosen.append(index)
             used += sizes[index]
-    if out.exists():
-        for path in sorted(out.rglob("*"), reverse=True):
-            path.unlink() if path.is_file() else path.rmdir()
+    shutil.rmtree(out, ignore_errors=True)
     (out / "pages").mkdir(parents=True)
     lines = []
     for index in chosen:
