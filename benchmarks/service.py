@@ -163,6 +163,38 @@ def server_breakdown(metrics: str) -> dict[str, float]:
     return out
 
 
+def _gc_series(metrics: str) -> tuple[dict[str, float], float]:
+    """Full collections' histogram buckets (upper bound -> cumulative count) and all collections' seconds."""
+    buckets = {
+        bound: float(count)
+        for bound, count in re.findall(
+            r'^htmllm_gc_pause_seconds_bucket\{generation="2",le="([^"]+)"\} (\S+)$', metrics, re.MULTILINE
+        )
+    }
+    seconds = re.findall(r'^htmllm_gc_pause_seconds_sum\{generation="\d"\} (\S+)$', metrics, re.MULTILINE)
+    return buckets, sum(float(value) for value in seconds)
+
+
+def gc_over_load(before: str, after: str) -> dict[str, float]:
+    """From two /metrics scrapes: the full collections between them (each stalls every thread of the
+    server: service.engine.collector), the longest to its histogram bucket's bound, and the time spent
+    in all collections."""
+    (buckets_before, seconds_before), (buckets_after, seconds_after) = _gc_series(before), _gc_series(after)
+    deltas = {bound: count - buckets_before.get(bound, 0.0) for bound, count in buckets_after.items()}
+    full = deltas.get("+Inf", 0.0)
+    longest = next((float(bound) for bound, count in deltas.items() if full and count >= full), 0.0)
+    return {
+        "gc_full_collections": full,
+        "gc_full_max_ms": 1000 * longest,
+        "gc_ms": 1000 * (seconds_after - seconds_before),
+    }
+
+
+def _full_gc(m: dict[str, float]) -> str:
+    count = int(m["gc_full_collections"])
+    return f"{count}, <{m['gc_full_max_ms']:.4g}" if count else "0"
+
+
 async def load(
     url: str,
     pages: list[bytes],
@@ -279,7 +311,8 @@ def run_mode(
     """
     proc, url = start_server(model, env, logs / f"{name}.log")
     try:
-        requests_before = embed_requests(httpx.get(f"{url}/metrics", timeout=30).text)
+        metrics_before = httpx.get(f"{url}/metrics", timeout=30).text
+        requests_before = embed_requests(metrics_before)
         loop_stat, process_stat = f"/proc/{proc.pid}/task/{proc.pid}/stat", f"/proc/{proc.pid}/stat"
         loop_before, cpu_before = cpu_seconds(loop_stat), cpu_seconds(process_stat)
         docs, errors, latencies = drive(url, pages, args)
@@ -289,6 +322,7 @@ def run_mode(
         requests = max(embed_requests(metrics) - requests_before, 1.0)
         server["loop_ms_per_request"] = (loop_after - loop_before) * 1000 / requests
         server["cpu_ms_per_request"] = (cpu_after - cpu_before) * 1000 / requests
+        server.update(gc_over_load(metrics_before, metrics))
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -418,16 +452,19 @@ def main() -> int:
         print(f"{label:<30} {r.docs_per_s:>7.2f} {p50:>7.0f} {p99:>7.0f} {r.errors:>6}")
     print("\nserver side (means, whole run incl. warm-up, from /metrics):")
     header = ("mode", "batch", "tokens", "padded", "pass ms", "host ms", "prune ms", "queue ms")
-    header += ("loop/req", "cpu/req")
+    header += ("loop/req", "cpu/req", "full gc", "gc ms")
     print(" ".join(f"{h:<10}" if i == 0 else f"{h:>9}" for i, h in enumerate(header)))
     for r in results:
         m = r.server
         print(
             f"{r.name:<10} {m['batch']:>9.1f} {m['batch_tokens']:>9.0f} {m['padded_tokens']:>9.0f} "
             f"{m['pass_ms']:>9.0f} {m['host_ms']:>9.1f} {m['prune_ms']:>9.1f} {m['queue_ms']:>9.0f} "
-            f"{m['loop_ms_per_request']:>9.2f} {m['cpu_ms_per_request']:>9.2f}"
+            f"{m['loop_ms_per_request']:>9.2f} {m['cpu_ms_per_request']:>9.2f} "
+            f"{_full_gc(m):>9} {m['gc_ms']:>9.0f}"
         )
-    print("(loop/req, cpu/req: CPU ms per request of the server's event-loop thread and of its process)")
+    print("(loop/req, cpu/req: CPU ms per request of the server's event-loop thread and of its process;")
+    print(" full gc, gc ms: over the load, full collections and the longest, to its histogram bucket's")
+    print(" bound; milliseconds in all collections)")
     dynamic, single = results
     ratios = {
         "docs_per_s": dynamic.docs_per_s / single.docs_per_s,

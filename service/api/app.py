@@ -20,7 +20,12 @@ from starlette.middleware.gzip import GZipMiddleware
 from service import __version__
 from service.api.errors import install_error_handlers
 from service.api.limits import BodyLimitMiddleware
-from service.api.metrics import EngineMetricsObserver, RequestMetricsMiddleware, ServiceMetrics
+from service.api.metrics import (
+    EngineMetricsObserver,
+    GcPauseObserver,
+    RequestMetricsMiddleware,
+    ServiceMetrics,
+)
 from service.api.openapi import install_openapi
 from service.api.request_id import RequestIdMiddleware
 from service.api.routers import embed, extract, health, openai, preprocess, tei
@@ -34,6 +39,7 @@ from service.api.schemas import (
 )
 from service.api.settings import Settings
 from service.engine import Engine
+from service.engine.collector import freeze_loaded_state, thaw_loaded_state
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +66,8 @@ async def _warm_up(runtime: Runtime, engine: Engine) -> None:
             runtime.warmup_error = f"{type(exc).__name__}: {exc}"
             logger.exception("warm-up failed; /ready stays 503")
             return
+    # Everything loaded is in place: keep it out of full collections (service.engine.collector).
+    runtime.frozen_objects = freeze_loaded_state()
     runtime.ready = True
     runtime.metrics.ready.set(1)
     logger.info("model %s ready", engine.info.name)
@@ -89,10 +97,15 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         runtime.loop = asyncio.get_running_loop()
         await running.start()
         runtime.started = True
+        gc_pauses = GcPauseObserver(metrics)
+        gc_pauses.install()
         warm = asyncio.create_task(_warm_up(runtime, running))
         try:
             yield
         finally:
+            gc_pauses.remove()
+            if runtime.frozen_objects:  # an app in a longer-lived process (tests, an embedding host)
+                thaw_loaded_state()
             runtime.stopping = True
             runtime.ready = False
             metrics.ready.set(0)

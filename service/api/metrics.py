@@ -7,6 +7,7 @@ batch tokens, per-stage durations and documents and tokens processed from the En
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Iterable
 
@@ -18,6 +19,9 @@ from service.engine import BatchStats, EngineObserver
 
 # Seconds: from sub-millisecond pruning to a long CPU batch.
 _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Seconds: a young collection takes tens of microseconds, a full one over a loaded model's objects
+# hundreds of milliseconds unless they are frozen (service.engine.collector).
+_GC_PAUSE_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 _BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _BATCH_TOKEN_BUCKETS = (64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 UNMATCHED_ROUTE = "<unmatched>"
@@ -98,6 +102,41 @@ class ServiceMetrics:
             registry=r,
         )
         self.ready = Gauge("htmllm_ready", "1 once the model is loaded and warmed", registry=r)
+        self.gc_pause = Histogram(
+            "htmllm_gc_pause_seconds",
+            "CPython garbage collections by generation; each holds the GIL, so the event loop and the "
+            "forward pass both wait it out",
+            ["generation"],
+            buckets=_GC_PAUSE_BUCKETS,
+            registry=r,
+        )
+
+
+class GcPauseObserver:
+    """A `gc.callbacks` hook that times every collection into `htmllm_gc_pause_seconds`.
+
+    A full collection over unfrozen start-up objects stalls the whole server for a quarter of a second
+    (service.engine.collector); this is how an operator sees whether that happens. Collections never
+    overlap (CPython runs one at a time, under the GIL), so one start time suffices.
+    """
+
+    def __init__(self, metrics: ServiceMetrics) -> None:
+        self._generations = [metrics.gc_pause.labels(generation=str(g)) for g in range(3)]
+        self._started: float | None = None
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            self._generations[info["generation"]].observe(time.perf_counter() - self._started)
+            self._started = None
+
+    def install(self) -> None:
+        gc.callbacks.append(self)
+
+    def remove(self) -> None:
+        if self in gc.callbacks:
+            gc.callbacks.remove(self)
 
 
 class EngineMetricsObserver(EngineObserver):

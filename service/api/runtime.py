@@ -46,6 +46,7 @@ class Runtime:
     ready: bool = False  # warmed with a full-size batch: /ready says so
     stopping: bool = False  # shutdown began: new model requests get 503
     warmup_error: str | None = None
+    frozen_objects: int = 0  # start-up objects frozen out of full collections after the warm-up
     drain_deadline: float | None = None  # time.monotonic() by which shutdown must be done
     extractor_pool: ExtractorPool | None = None
     extract_threads: ThreadPoolExecutor | None = None

@@ -255,6 +255,7 @@ async def _run(args: argparse.Namespace) -> int:
     from service.core.errors import ErrorCode, HtmllmError
     from service.core.pages import Page, iter_pages
     from service.engine import Document, Engine, EngineConfig
+    from service.engine.collector import freeze_loaded_state
 
     config = EngineConfig(
         backend=args.backend,
@@ -345,6 +346,7 @@ async def _run(args: argparse.Namespace) -> int:
             yield index, page
 
     async with engine:
+        freeze_loaded_state()  # the model is loaded: keep it out of full collections
         tasks: set[asyncio.Task[None]] = set()
         for index, page in todo():
             await in_flight.acquire()

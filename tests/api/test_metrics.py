@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
+
 from prometheus_client import generate_latest
 
-from service.api.metrics import EngineMetricsObserver, ServiceMetrics
+from service.api.metrics import EngineMetricsObserver, GcPauseObserver, ServiceMetrics
 from service.engine.types import BatchStats
 
 
@@ -26,3 +28,20 @@ def test_a_batch_moves_its_histograms_and_the_host_share_only_where_measured() -
     )
     text = _series(metrics)
     assert "htmllm_batch_host_seconds_count 1.0" in text and "htmllm_batch_host_seconds_sum 0.04" in text
+
+
+def test_collections_are_timed_by_generation_while_installed() -> None:
+    metrics = ServiceMetrics()
+    observer = GcPauseObserver(metrics)
+    observer.install()
+    try:
+        gc.collect(0)
+        gc.collect(2)
+    finally:
+        observer.remove()
+    gc.collect(2)  # not observed: removed
+    text = _series(metrics)
+    assert 'htmllm_gc_pause_seconds_count{generation="2"} 1.0' in text
+    assert 'htmllm_gc_pause_seconds_count{generation="0"} 0.0' not in text  # at least the one asked for
+    assert observer not in gc.callbacks
+    observer.remove()  # twice is harmless

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import gc
 import gzip
 import json
 import logging
@@ -15,6 +17,7 @@ import httpx
 import numpy as np
 import pytest
 import zstandard
+from prometheus_client import generate_latest
 
 from service.api.app import create_app
 from service.api.routers import embed as embed_router
@@ -269,6 +272,24 @@ async def test_info_health_ready_metrics(client: httpx.AsyncClient) -> None:
     metrics = await client.get("/metrics")
     assert metrics.status_code == 200 and "htmllm_ready 1.0" in metrics.text
     assert "htmllm_queue_size" in metrics.text
+
+
+async def test_start_up_state_is_frozen_once_ready_and_thawed_at_shutdown(
+    settings_for: SettingsFactory,
+) -> None:
+    app = create_app(settings_for())
+    async with app.router.lifespan_context(app):
+        runtime = app.state.runtime
+        for _ in range(600):
+            if runtime.ready:
+                break
+            await asyncio.sleep(0.01)
+        assert runtime.ready and runtime.frozen_objects > 0 and gc.get_freeze_count() > 0
+        gc.collect()  # a full collection, which the app times
+        text = generate_latest(runtime.metrics.registry).decode()
+        full = re.search(r'^htmllm_gc_pause_seconds_count\{generation="2"\} (\S+)$', text, re.MULTILINE)
+        assert full is not None and float(full.group(1)) >= 1
+    assert gc.get_freeze_count() == 0  # handed back: this process outlives the app
 
 
 async def test_unknown_route_and_method(client: httpx.AsyncClient) -> None:
