@@ -38,8 +38,7 @@ from service.api.schemas import (
     TeiEmbedRequest,
 )
 from service.api.settings import Settings
-from service.engine import Engine
-from service.engine.collector import freeze_loaded_state, thaw_loaded_state
+from service.engine import Engine, collector
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +65,8 @@ async def _warm_up(runtime: Runtime, engine: Engine) -> None:
             runtime.warmup_error = f"{type(exc).__name__}: {exc}"
             logger.exception("warm-up failed; /ready stays 503")
             return
-    # Everything loaded is in place: keep it out of full collections (service.engine.collector).
-    runtime.frozen_objects = freeze_loaded_state()
+    # Everything loaded is in place: freeze it out of full collections (service.engine.collector).
+    runtime.collector = collector.prepare_for_serving()
     runtime.ready = True
     runtime.metrics.ready.set(1)
     logger.info("model %s ready", engine.info.name)
@@ -104,8 +103,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             yield
         finally:
             gc_pauses.remove()
-            if runtime.frozen_objects:  # an app in a longer-lived process (tests, an embedding host)
-                thaw_loaded_state()
+            if runtime.collector is not None:  # for a process that outlives the app (tests, a host)
+                collector.restore(runtime.collector)
             runtime.stopping = True
             runtime.ready = False
             metrics.ready.set(0)

@@ -23,6 +23,7 @@ from service.api.metrics import ServiceMetrics
 from service.api.settings import Settings
 from service.core.errors import ErrorCode, HtmllmError
 from service.engine import Engine
+from service.engine.collector import CollectorState
 
 if TYPE_CHECKING:
     from service.core.extract import ExtractorPool
@@ -46,7 +47,7 @@ class Runtime:
     ready: bool = False  # warmed with a full-size batch: /ready says so
     stopping: bool = False  # shutdown began: new model requests get 503
     warmup_error: str | None = None
-    frozen_objects: int = 0  # start-up objects frozen out of full collections after the warm-up
+    collector: CollectorState | None = None  # the garbage collector set for serving, after the warm-up
     drain_deadline: float | None = None  # time.monotonic() by which shutdown must be done
     extractor_pool: ExtractorPool | None = None
     extract_threads: ThreadPoolExecutor | None = None

@@ -255,7 +255,7 @@ async def _run(args: argparse.Namespace) -> int:
     from service.core.errors import ErrorCode, HtmllmError
     from service.core.pages import Page, iter_pages
     from service.engine import Document, Engine, EngineConfig
-    from service.engine.collector import freeze_loaded_state
+    from service.engine.collector import prepare_for_serving
 
     config = EngineConfig(
         backend=args.backend,
@@ -346,7 +346,7 @@ async def _run(args: argparse.Namespace) -> int:
             yield index, page
 
     async with engine:
-        freeze_loaded_state()  # the model is loaded: keep it out of full collections
+        prepare_for_serving()  # the model is loaded: set the garbage collector for serving
         tasks: set[asyncio.Task[None]] = set()
         for index, page in todo():
             await in_flight.acquire()

@@ -284,7 +284,8 @@ async def test_start_up_state_is_frozen_once_ready_and_thawed_at_shutdown(
             if runtime.ready:
                 break
             await asyncio.sleep(0.01)
-        assert runtime.ready and runtime.frozen_objects > 0 and gc.get_freeze_count() > 0
+        assert runtime.ready and runtime.collector is not None
+        assert runtime.collector.frozen > 0 and gc.get_freeze_count() > 0
         gc.collect()  # a full collection, which the app times
         text = generate_latest(runtime.metrics.registry).decode()
         full = re.search(r'^htmllm_gc_pause_seconds_count\{generation="2"\} (\S+)$', text, re.MULTILINE)

@@ -1,4 +1,4 @@
-"""Freezing start-up state out of the garbage collector's scans, and handing it back."""
+"""The garbage collector set for serving: start-up state frozen, young collections rarer; and undone."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from service.engine.collector import freeze_loaded_state, thaw_loaded_state
+from service.engine.collector import SERVING_YOUNG_THRESHOLD, prepare_for_serving, restore
 
 
 class _Node:
@@ -17,30 +17,50 @@ class _Node:
 
 
 @pytest.fixture(autouse=True)
-def _thawed() -> Iterator[None]:
+def _restored() -> Iterator[None]:
+    thresholds = gc.get_threshold()
     yield
     gc.unfreeze()  # whatever a failing test left frozen goes back to the collector
+    gc.set_threshold(*thresholds)
 
 
 def _tracked(obj: object) -> bool:
     return any(o is obj for o in gc.get_objects())
 
 
-def test_what_is_alive_is_frozen_out_of_collections_until_thawed() -> None:
+def test_what_is_alive_is_frozen_out_of_collections_until_restored() -> None:
     kept = [_Node() for _ in range(3)]
     assert _tracked(kept)
 
-    frozen = freeze_loaded_state()
+    state = prepare_for_serving()
 
-    assert frozen == gc.get_freeze_count() > 0
+    assert state.frozen == gc.get_freeze_count() > 0
     assert not _tracked(kept), "a frozen object is still scanned by every collection"
     made_after = [_Node()]
     assert _tracked(made_after), "only what existed at the freeze is frozen"
 
-    thaw_loaded_state()
+    restore(state)
 
     assert gc.get_freeze_count() == 0
     assert _tracked(kept)
+
+
+def test_young_collections_wait_for_more_allocations_until_restored() -> None:
+    gc.set_threshold(700, 10, 10)
+
+    state = prepare_for_serving()
+
+    assert gc.get_threshold() == (SERVING_YOUNG_THRESHOLD, 10, 10)
+    restore(state)
+    assert gc.get_threshold() == (700, 10, 10)
+
+
+def test_a_higher_threshold_set_by_the_host_is_kept() -> None:
+    gc.set_threshold(50_000, 20, 30)
+
+    prepare_for_serving()
+
+    assert gc.get_threshold() == (50_000, 20, 30)
 
 
 def test_start_up_garbage_is_collected_first_not_kept_forever() -> None:
@@ -49,7 +69,7 @@ def test_start_up_garbage_is_collected_first_not_kept_forever() -> None:
     gone = weakref.ref(a)
     del a, b
 
-    freeze_loaded_state()
+    prepare_for_serving()
 
     assert gone() is None
 
@@ -57,7 +77,7 @@ def test_start_up_garbage_is_collected_first_not_kept_forever() -> None:
 def test_frozen_objects_are_still_freed_by_reference_counting() -> None:
     node = _Node()
     gone = weakref.ref(node)
-    freeze_loaded_state()
+    prepare_for_serving()
 
     del node
 

@@ -32,7 +32,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from service.engine.collector import freeze_loaded_state
+from service.engine.collector import prepare_for_serving
 from service.engine.runners import PreparedBatch, RunnerOutput, batch_cost
 from service.engine.types import EngineConfig
 
@@ -69,7 +69,7 @@ def _serve(conn: Connection, path: str, config: EngineConfig) -> None:
     description = _Description(
         runner.backend, runner.device, runner.dtype, runner.threads, runner.attention, packed
     )
-    freeze_loaded_state()  # the model is loaded: keep it out of full collections
+    prepare_for_serving()  # the model is loaded: set the garbage collector for serving
     conn.send(("ok", description))
     try:
         while True:
