@@ -5,26 +5,19 @@ A wrong trim costs a device run (the GPU machine cannot fetch a missing module),
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import zipfile
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def payload() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("device_payload", ROOT / "benchmarks" / "device_payload.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["device_payload"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("device_payload")
 
 
 def _wheel(path: Path) -> Path:

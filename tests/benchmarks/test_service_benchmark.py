@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 from prometheus_client import generate_latest
 
 from service.api.metrics import ServiceMetrics
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("service_benchmark", ROOT / "benchmarks" / "service.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["service_benchmark"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("service")
 
 
 def _scrape(metrics: ServiceMetrics) -> str:
