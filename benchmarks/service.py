@@ -54,6 +54,7 @@ from loadtests.run import own_cpu_seconds  # noqa: E402
 from service.api.settings import default_model_path  # noqa: E402
 from service.core.pages import iter_pages  # noqa: E402
 from service.core.quantization import NO_QUANTIZATION, QUANTIZATION_CHOICES  # noqa: E402
+from service.engine.collector import prepare_for_serving  # noqa: E402
 
 
 @dataclass
@@ -207,8 +208,12 @@ async def load(
 ) -> tuple[int, int, list[float]]:
     """Closed-loop clients: each posts one page, waits for the answer, posts the next.
 
-    `start` (a `time.time()`) lets client processes share one measured window.
+    `start` (a `time.time()`) lets client processes share one measured window. The clients' own
+    process gets the server's garbage-collector setting first: a full collection here (a quarter of a
+    second where this process built a model with torch) would stall every client at once and show up in
+    both modes' tails as if the server had been slow.
     """
+    prepare_for_serving()
     next_page = first_page
     docs = errors = 0
     latencies: list[float] = []
