@@ -61,7 +61,7 @@ def prepare_for_serving() -> CollectorState:
         frozen,
         1000 * (time.perf_counter() - started),
     )
-    return CollectorState(frozen=frozen, thresholds=(thresholds[0], thresholds[1], thresholds[2]))
+    return CollectorState(frozen=frozen, thresholds=thresholds)
 
 
 def restore(state: CollectorState) -> None:
