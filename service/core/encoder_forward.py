@@ -31,8 +31,9 @@ from __future__ import annotations
 import inspect
 import itertools
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -297,6 +298,53 @@ def packed_positions(cu_seq_lens: Tensor) -> tuple[Tensor, Tensor]:
     return document, torch.arange(int(cu_seq_lens[-1]), device=cu_seq_lens.device) - starts
 
 
+class PackedCut(NamedTuple):
+    """A packed row shortened before one of the trailing local layers, for CLS pooling's position 0.
+
+    The packed form of `first_position_prefixes`: each document keeps its first min(length, prefix)
+    tokens. Built on the host (`packed_first_position_cuts`) so the forward pass never reads sizes
+    back from the device.
+    """
+
+    keep: Tensor  # (T',) int64 rows of the previous layer's row that this layer computes
+    cu_seq_lens: Tensor  # (N+1,) int32 document offsets in the shorter row
+    max_length: int  # its longest document
+
+
+def packed_first_position_cuts(
+    lengths: Sequence[int], layer_types: Sequence[str], window: int
+) -> list[PackedCut]:
+    """One `PackedCut` per local layer after the last global one (oldest first), for documents of these
+    lengths packed in this order; none when the model ends on a global layer (the `base` preset does).
+
+    Every trailing layer gets its cut even where nothing is dropped (all documents shorter than its
+    prefix), so a compiled forward sees the same structure for every batch.
+    """
+    trailing = len(layer_types)
+    while trailing and layer_types[trailing - 1] == "sliding_attention":
+        trailing -= 1
+    if trailing == 0 or not lengths:  # local layers only: no global layer bounds what position 0 needs
+        return []
+    prefixes = first_position_prefixes(layer_types, window, max(lengths))[trailing:]
+    current = np.asarray(lengths, dtype=np.int64)  # (N,)
+    cuts = []
+    for prefix in prefixes:
+        kept = np.minimum(current, prefix)  # (N,)
+        starts = np.cumsum(current) - current  # (N,): each document's first row in the previous row
+        offsets = np.concatenate(([0], np.cumsum(kept)))  # (N+1,)
+        within = np.arange(offsets[-1]) - np.repeat(offsets[:-1], kept)  # (T',): position in its document
+        keep = np.repeat(starts, kept) + within  # (T',)
+        cuts.append(
+            PackedCut(
+                torch.from_numpy(keep),
+                torch.from_numpy(offsets.astype(np.int32)),
+                int(kept.max()) if len(kept) else 0,
+            )
+        )
+        current = kept
+    return cuts
+
+
 def packed_hidden_states(
     encoder: ModernBertModel,
     input_ids: Tensor,
@@ -304,6 +352,7 @@ def packed_hidden_states(
     cu_seq_lens: Tensor,
     max_length: int,
     attention: VarlenAttention,
+    cuts: Sequence[PackedCut] = (),
 ) -> Tensor:
     """(T,) concatenated ids, (T,) positions and (N+1,) int32 offsets to (T, D) final hidden states.
 
@@ -311,19 +360,29 @@ def packed_hidden_states(
     and `attention` keeps its queries to its own keys. No row of padding is computed anywhere, so a
     batch costs its real tokens (the runner's token budget counts them). Nothing here reads a device
     value back to the host: the runner builds positions and offsets on the CPU with the ids.
+
+    With `cuts` (`packed_first_position_cuts`, on this device; CLS pooling) the last len(cuts) layers
+    run on each document's leading tokens only, as `encoder_hidden_states(first_only=True)` does, and
+    the result is (T', D) rows at the last cut's offsets of which only each document's first is exact.
     """
     config = encoder.config
     total = input_ids.shape[0]
     heads = int(config.num_attention_heads)
     window = int(config.sliding_window)
+    first_cut = len(encoder.layers) - len(cuts)
 
     hidden = encoder.embeddings(input_ids=input_ids.unsqueeze(0))  # (1, T, D)
     tables = {
         t: rotary_tables(encoder, t, hidden, positions.unsqueeze(0)) for t in set(config.layer_types or ())
     }
     hidden = hidden[0]  # (T, D)
-    for module in encoder.layers:
+    for index, module in enumerate(encoder.layers):
         layer = cast(ModernBertEncoderLayer, module)
+        if index >= first_cut:  # a trailing local layer: each document's leading tokens only
+            cut = cuts[index - first_cut]
+            hidden, total = hidden[cut.keep], cut.keep.shape[0]
+            tables = {t: (cos[cut.keep], sin[cut.keep]) for t, (cos, sin) in tables.items()}
+            cu_seq_lens, max_length = cut.cu_seq_lens, cut.max_length
         block = layer.attn
         qkv = block.Wqkv(layer.attn_norm(hidden)).view(total, 3, heads, block.head_dim)
         qk = apply_rotary(qkv[:, :2], *tables[layer.attention_type])  # (T, 2, H, Dh)

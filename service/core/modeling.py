@@ -8,7 +8,7 @@ FlashAttention-2, where documents are concatenated into one row and separated by
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from transformers import ModernBertConfig, ModernBertModel
 
 from service.core.encoder_forward import (
+    PackedCut,
     VarlenAttention,
     encoder_hidden_states,
     packed_hidden_states,
@@ -274,6 +275,7 @@ class HtmlEncoderModel(nn.Module):
         *,
         attention: VarlenAttention | None = None,
         positions: Tensor | None = None,
+        cuts: Sequence[PackedCut] = (),
     ) -> Tensor:
         """Padding-free forward: (T,) concatenated ids, (N+1,) int32 offsets, to (N, D) embeddings.
 
@@ -282,16 +284,22 @@ class HtmlEncoderModel(nn.Module):
         no autograd). Without it, transformers' forward under the flash-attn package's FlashAttention-2.
         Any other attention would let packed documents attend to each other, so both refuse it.
         `positions` (T,), each token's position in its document, are derived from the offsets when not
-        given (which reads them back from the device: the runner passes them).
+        given (which reads them back from the device: the runner passes them). `cuts`
+        (`packed_first_position_cuts`, with a varlen kernel and CLS pooling) run the trailing local
+        layers on each document's leading tokens only.
         """
+        if cuts and (attention is None or self.pooling != "cls"):
+            raise ValueError("cuts are for CLS pooling with a varlen kernel: they keep position 0 only")
         if positions is None:
             _, positions = packed_positions(cu_seq_lens)  # (T,)
         if attention is not None:
             if not supports_fast_forward(self.encoder):
                 raise ValueError("packed batches with a varlen kernel need SDPA, eval mode and no autograd")
             hidden = packed_hidden_states(
-                self.encoder, input_ids, positions, cu_seq_lens, max_length, attention
+                self.encoder, input_ids, positions, cu_seq_lens, max_length, attention, cuts
             )
+            if cuts:
+                cu_seq_lens = cuts[-1].cu_seq_lens  # where each document's first row now is
         else:
             implementation = self.config._attn_implementation
             if implementation != "flash_attention_2":

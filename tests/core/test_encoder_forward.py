@@ -16,6 +16,7 @@ from service.core.encoder_forward import (
     banded_attention,
     encoder_hidden_states,
     first_position_prefixes,
+    packed_first_position_cuts,
     packed_hidden_states,
     packed_positions,
     reference_varlen_attention,
@@ -224,6 +225,47 @@ def test_packed_forward_gives_each_document_its_padded_hidden_states(lengths: li
     torch.testing.assert_close(packed, expected, atol=1e-5, rtol=1e-5)
 
 
+def test_packed_cuts_keep_each_documents_leading_tokens() -> None:
+    mini = ["full_attention", "sliding_attention", "sliding_attention"] * 2
+    cuts = packed_first_position_cuts([3, 200, 70], mini, 64)
+    assert [c.cu_seq_lens.tolist() for c in cuts] == [[0, 3, 132, 202], [0, 3, 68, 133]]
+    assert [c.max_length for c in cuts] == [129, 65]
+    assert cuts[0].keep.tolist() == [0, 1, 2, *range(3, 132), *range(203, 273)]
+    # The second cut indexes the first's row: document 1 now starts at row 3, document 2 at row 132.
+    assert cuts[1].keep.tolist() == [0, 1, 2, *range(3, 68), *range(132, 197)]
+    short = packed_first_position_cuts([5, 9], mini, 64)  # nothing to drop: identity cuts, same structure
+    assert [c.keep.tolist() for c in short] == [list(range(14))] * 2
+    assert packed_first_position_cuts([300], mini[:4], 64) == []  # ends on a global layer
+    assert packed_first_position_cuts([300], ["sliding_attention"] * 2, 64) == []  # no global layer
+
+
+@pytest.mark.parametrize("lengths", [[3], [BANDED + 9, 2, 17], [130, 1, 64, 64, 5], [9, 8]])
+@pytest.mark.parametrize("window", [4, 40])
+def test_packed_cuts_keep_each_documents_first_position_exact(lengths: list[int], window: int) -> None:
+    """CLS pooling's shortcut on a packed row: position 0 of every document as transformers gives it,
+    at the last cut's offsets (the same shortcut as `first_only` on padded batches)."""
+    model = build_tiny_model(heads=False, max_length=512, local_attention=2 * window)
+    layer_types = list(model.config.layer_types)
+    assert layer_types[-2:] == ["sliding_attention", "sliding_attention"]
+    ids, mask = padded_batch(lengths, model.config.vocab_size)
+    offsets = offsets_of(lengths)
+    _, positions = packed_positions(offsets)
+    cuts = packed_first_position_cuts(lengths, layer_types, window)
+    with torch.inference_mode():
+        got = packed_hidden_states(
+            model.encoder,
+            ids[mask.bool()],
+            positions,
+            offsets,
+            max(lengths),
+            reference_varlen_attention,
+            cuts,
+        )
+    assert got.shape[0] == sum(min(n, 1 + window) for n in lengths)  # the last layer's prefixes
+    starts = cuts[-1].cu_seq_lens[:-1].long()
+    torch.testing.assert_close(got[starts], reference(model, ids, mask)[:, 0], atol=1e-5, rtol=1e-5)
+
+
 def test_a_kernel_that_lets_documents_mix_is_caught() -> None:
     """The check above has teeth: a kernel that ignores the document offsets changes the output."""
     model = build_tiny_model(heads=False, max_length=512)
@@ -238,3 +280,36 @@ def test_a_kernel_that_lets_documents_mix_is_caught() -> None:
     with torch.inference_mode():
         packed = packed_hidden_states(model.encoder, ids[mask.bool()], positions, offsets, 20, mixing)
     assert (packed - reference(model, ids, mask)[mask.bool()]).abs().max() > 1e-3
+
+
+def test_the_packed_forward_compiles_to_one_graph_for_every_batch() -> None:
+    """What the GPU's compiled mode (`TorchRunner(compile_backend=...)`) relies on: with the varlen
+    kernel an opaque custom op (torch's is one on CUDA; here the reference kernel wrapped as one), the
+    packed forward with its first-position cuts is captured once, without graph breaks, and batches of
+    other sizes and lengths reuse that graph and give the eager forward's states."""
+    from torch._dynamo.utils import counters
+
+    @torch.library.custom_op("htmllm_test::varlen", mutates_args=())
+    def kernel(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor, longest: int, window: int
+    ) -> torch.Tensor:
+        return reference_varlen_attention(q, k, v, offsets, longest, window)
+
+    @kernel.register_fake
+    def _(q: torch.Tensor, *_: object) -> torch.Tensor:
+        return torch.empty_like(q)
+
+    model = build_tiny_model(heads=False, max_length=512)
+    layer_types, window = list(model.config.layer_types), int(model.config.sliding_window)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(packed_hidden_states, backend="aot_eager", dynamic=True)
+    for lengths in ([3, 70, 9], [33, 128, 5, 12], [200, 17], [6, 7, 8, 9, 10]):
+        ids, mask = padded_batch(lengths, model.config.vocab_size)
+        offsets = offsets_of(lengths)
+        _, positions = packed_positions(offsets)
+        cuts = packed_first_position_cuts(lengths, layer_types, window)
+        args = (model.encoder, ids[mask.bool()], positions, offsets, max(lengths), kernel, cuts)
+        with torch.inference_mode():
+            torch.testing.assert_close(compiled(*args), packed_hidden_states(*args), atol=1e-5, rtol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from service.core.encoder_forward import reference_varlen_attention
+from service.core.encoder_forward import packed_first_position_cuts, reference_varlen_attention
 from service.core.modeling import PRESETS, HeadSpec, HtmlEncoderModel, TaskHead, build_config
 from tests.factories.checkpoint import build_tiny_model
 from tests.factories.tokenizer import build_tiny_tokenizer
@@ -116,6 +116,18 @@ def test_packed_embeddings_with_a_varlen_kernel_equal_padded_ones(pooling: str) 
         packed = model.embed_packed(torch.cat(docs), offsets, 30, attention=reference_varlen_attention)
         padded = model.embed(ids, mask)
     torch.testing.assert_close(packed, padded, atol=1e-5, rtol=1e-5)
+    cuts = packed_first_position_cuts(lengths, model.config.layer_types, int(model.config.sliding_window))
+    with torch.inference_mode():
+        if pooling == "mean":  # every position counts: a cut row would change the mean
+            with pytest.raises(ValueError, match="CLS"):
+                model.embed_packed(
+                    torch.cat(docs), offsets, 30, attention=reference_varlen_attention, cuts=cuts
+                )
+            return
+        shortcut = model.embed_packed(
+            torch.cat(docs), offsets, 30, attention=reference_varlen_attention, cuts=cuts
+        )
+    torch.testing.assert_close(shortcut, padded, atol=1e-5, rtol=1e-5)
 
 
 def test_packed_forward_with_a_kernel_refuses_training_mode() -> None:

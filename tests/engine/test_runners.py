@@ -17,6 +17,7 @@ from service.engine.batcher import form_batches
 from service.engine.runners import pad_batch
 from service.engine.runners import torch as torch_runner
 from service.engine.runners.torch import TorchRunner, choose_attention, varlen_probe_error
+from tests.factories.checkpoint import build_tiny_checkpoint
 
 
 def _docs(vocab: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
@@ -96,6 +97,8 @@ def test_varlen_packs_and_gives_each_document_what_padded_sdpa_gives(
     docs = _docs(packed.model.config.vocab_size, [3, 70, 9, 33, 128, 5])
     prepared = packed.prepare(docs)
     assert prepared.padded_tokens == prepared.tokens == sum(len(d) for d in docs)
+    # CLS pooling: the tiny preset's two trailing local layers run on each document's leading tokens.
+    assert packed.first_only and len(prepared.payload[1]) == 2  # type: ignore[index]
     ours, theirs = packed.run(prepared), runner.run(runner.prepare(docs))
     np.testing.assert_allclose(ours.embeddings, theirs.embeddings, atol=1e-5, rtol=0)
     for head, values in ours.scores.items():
@@ -117,6 +120,18 @@ def test_a_compiled_varlen_forward_gives_what_the_eager_one_gives(
         np.testing.assert_allclose(ours.embeddings, theirs.embeddings, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="varlen"):
         TorchRunner(load_checkpoint(tiny_checkpoint).model, compile_backend="aot_eager")
+
+
+def test_a_mean_pooling_varlen_runner_computes_every_position(tmp_path: Path) -> None:
+    """The first-position shortcut is CLS pooling's: under mean pooling every token counts."""
+    checkpoint = build_tiny_checkpoint(tmp_path / "mean", pooling="mean")
+    packed = TorchRunner(load_checkpoint(checkpoint).model, attn_implementation="varlen")
+    padded = TorchRunner(load_checkpoint(checkpoint).model)
+    assert not packed.first_only
+    docs = _docs(packed.model.config.vocab_size, [3, 70, 9, 33])
+    np.testing.assert_allclose(
+        packed.run(packed.prepare(docs)).embeddings, padded.run(padded.prepare(docs)).embeddings, atol=1e-5
+    )
 
 
 def test_every_attention_the_settings_accept_is_one_the_runner_knows() -> None:

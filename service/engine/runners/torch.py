@@ -25,7 +25,9 @@ from transformers import ModernBertConfig
 
 from service.core.cpus import intra_op_threads as choose_threads
 from service.core.encoder_forward import (
+    PackedCut,
     VarlenAttention,
+    packed_first_position_cuts,
     packed_hidden_states,
     reference_varlen_attention,
     torch_varlen_attention,
@@ -190,6 +192,9 @@ class TorchRunner:
         self.pad_id = int(pad_id)
         self._pin = device == "cuda"
         self.fast_forward = fast_forward
+        # With CLS pooling a varlen pass runs the local layers after the last global one on each
+        # document's leading tokens only (encoder_forward.PackedCut), as padded SDPA batches do.
+        self.first_only = self.kernel is not None and model.pooling == "cls"
 
     def _varlen_kernel(self, *, explicit: bool) -> VarlenAttention | None:
         """The kernel for `varlen`, probed on CUDA; a chosen-by-default one that fails the probe falls
@@ -214,6 +219,7 @@ class TorchRunner:
     def prepare(self, batch: Sequence[Sequence[int]], *, pad_to: int | None = None) -> PreparedBatch:
         tokens = sum(len(ids) for ids in batch)
         payload: dict[str, torch.Tensor | int]
+        cuts: list[PackedCut] = []
         if self.packed:
             flat = torch.tensor([t for ids in batch for t in ids], dtype=torch.long)  # (T,)
             lengths = torch.tensor([len(ids) for ids in batch], dtype=torch.int32)  # (N,)
@@ -226,6 +232,12 @@ class TorchRunner:
                 "cu_seq_lens": offsets,
                 "max_length": int(lengths.max()),
             }
+            if self.first_only:
+                config = self.model.config
+                layer_types = list(config.layer_types or ())
+                cuts = packed_first_position_cuts(
+                    [len(ids) for ids in batch], layer_types, int(config.sliding_window)
+                )
             padded = tokens
         else:
             ids_np, mask_np = pad_batch(batch, self.pad_id, pad_to=pad_to)
@@ -233,10 +245,15 @@ class TorchRunner:
             padded = int(ids_np.size)
         if self._pin:
             payload = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in payload.items()}
-        return PreparedBatch(payload=payload, documents=len(batch), tokens=tokens, padded_tokens=padded)
+            cuts = [PackedCut(c.keep.pin_memory(), c.cu_seq_lens.pin_memory(), c.max_length) for c in cuts]
+        return PreparedBatch(
+            payload=(payload, cuts), documents=len(batch), tokens=tokens, padded_tokens=padded
+        )
 
     def run(self, prepared: PreparedBatch) -> RunnerOutput:
-        payload = cast(dict[str, torch.Tensor | int], prepared.payload)
+        payload, host_cuts = cast(
+            tuple[dict[str, torch.Tensor | int], list[PackedCut]], prepared.payload
+        )
         started = time.perf_counter()
         with torch.inference_mode():
             ids = cast(torch.Tensor, payload["ids"]).to(self.device, non_blocking=True)
@@ -244,12 +261,21 @@ class TorchRunner:
                 offsets = cast(torch.Tensor, payload["cu_seq_lens"]).to(self.device, non_blocking=True)
                 positions = cast(torch.Tensor, payload["positions"]).to(self.device, non_blocking=True)
                 longest = int(payload["max_length"])
+                cuts = [
+                    PackedCut(
+                        c.keep.to(self.device, non_blocking=True),
+                        c.cu_seq_lens.to(self.device, non_blocking=True),
+                        c.max_length,
+                    )
+                    for c in host_cuts
+                ]
                 if self._compiled is not None:
-                    hidden = self._compiled(ids, positions, offsets, longest)  # (T, D)
-                    embedding = self.model.pool_packed(hidden, offsets, positions)  # (N, D)
+                    hidden = self._compiled(ids, positions, offsets, longest, cuts=cuts)  # (T', D)
+                    pooled_at = cuts[-1].cu_seq_lens if cuts else offsets
+                    embedding = self.model.pool_packed(hidden, pooled_at, positions)  # (N, D)
                 else:
                     embedding = self.model.embed_packed(
-                        ids, offsets, longest, attention=self.kernel, positions=positions
+                        ids, offsets, longest, attention=self.kernel, positions=positions, cuts=cuts
                     )  # (N, D)
             else:
                 mask = cast(torch.Tensor, payload["mask"]).to(self.device, non_blocking=True)
