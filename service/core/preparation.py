@@ -32,6 +32,12 @@ class Prepared:
     prune_s: float
     tokenize_s: float
     over_limit: int | None = None  # tokens of the whole page when it is too long and may not be cut
+    over_limit_exact: bool = True  # False: the page has more than `over_limit` tokens (counting stopped)
+
+
+# A page refused for its length is counted for the error message up to this many times the limit; past
+# it the message says "more than". Counting a 15 MB page in full took seconds of a preprocessing worker.
+COUNT_LIMIT_FACTOR = 16
 
 
 def prune_document(html: str | bytes, encoding: str | None) -> str:
@@ -53,10 +59,19 @@ def prepare(
     pruned_at = time.perf_counter()
     encoded = tokenizer.encode(pruned, max_length=max_length, count_all=False)
     tokenized_at = time.perf_counter()
-    over_limit = None
-    if encoded.truncated and not truncate:
-        over_limit = tokenizer.encode(pruned).full_length  # exact, for the error message
-    return Prepared(encoded.ids, encoded.truncated, pruned_at - started, tokenized_at - pruned_at, over_limit)
+    if not encoded.truncated or truncate:
+        return Prepared(encoded.ids, encoded.truncated, pruned_at - started, tokenized_at - pruned_at)
+    limit = COUNT_LIMIT_FACTOR * max_length  # for the error message, bounded
+    counted = tokenizer.encode(pruned, max_length=limit, count_all=False)
+    over_limit = limit if counted.truncated else counted.full_length
+    return Prepared(
+        encoded.ids,
+        encoded.truncated,
+        pruned_at - started,
+        tokenized_at - pruned_at,
+        over_limit=over_limit,
+        over_limit_exact=not counted.truncated,
+    )
 
 
 def preprocess(tokenizer: HtmlTokenizer, html: str | bytes, encoding: str | None) -> tuple[str, int]:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Encoding as TokenizersEncoding
 from tokenizers import Tokenizer
 
 from service.core.errors import ErrorCode, HtmllmError
@@ -40,11 +41,14 @@ TOKENIZER_FILE = "tokenizer.json"
 # space before it (pruned HTML has one at about half of all tag boundaries).
 _TAG_TOKEN = re.compile(r" ?</?[A-Za-z][A-Za-z0-9-]*>")
 
-# Where a bounded encode may cut the text: a whitespace character right after a non-whitespace one. Every
-# tokenizer we load splits words there (Metaspace, whitespace and byte-level pre-tokenizers), added tokens
-# hold whitespace only at their start, and NFC never composes across a space, so the tokens of the
-# prefix are exactly the first tokens of the whole text.
-_CUT = re.compile(r"(?<=\S)\s")
+# A bounded encode tokenizes a prefix of the text and keeps the tokens of the words (pre-tokens) that end
+# at least this many characters before its cut. Every step before the model is local: a tag token (added
+# tokens are at most a few dozen characters) can only match across the cut near it, whitespace collapsing
+# and the Metaspace, CJK and punctuation splits look one character around, and NFC composes a letter with
+# the marks right after it; so those words, and their WordPiece tokens, are the whole text's first ones.
+# A cut at any character, not only at whitespace: a page of CJK text or punctuation has no whitespace for
+# megabytes, and cutting there only after the next space had tokenized all of it (seconds, per page).
+_MARGIN = 128
 # First guess of the characters that hold a token budget (pruned HTML averages 3-4 per token); the
 # window grows fourfold while it holds too few.
 _CHARS_PER_TOKEN = 8
@@ -174,22 +178,35 @@ class HtmlTokenizer:
             raise TokenizerError(f"encode takes text (str), got {type(text).__name__}")
         if max_length is not None and not count_all:
             budget = max_length - 2
-            window = max(64, budget * _CHARS_PER_TOKEN)
+            window = max(2 * _MARGIN, budget * _CHARS_PER_TOKEN)
             while window < len(text):
-                cut = _CUT.search(text, window)
-                if cut is None:
-                    break
-                content = self._content_ids(text[: cut.start()])
+                content = self._leading_ids(text, window)
                 if len(content) > budget:  # more than fits: the whole text is truncated too
                     return self._finish(content, max_length)
-                window = 4 * cut.start()
-        return self._finish(self._content_ids(text), max_length)
+                window *= 4
+        return self._finish(self._encode_one(text).ids, max_length)
 
-    def _content_ids(self, text: str) -> list[int]:
+    def _leading_ids(self, text: str, end: int) -> list[int]:
+        """The first tokens of `text`'s whole encoding, from `text[:end]`: those of the words that end
+        `_MARGIN` characters or more before `end` (a word that reaches closer may change past the cut)."""
+        encoding = self._encode_one(text[:end])
+        ids, words, offsets = encoding.ids, encoding.word_ids, encoding.offsets
+        keep = len(ids)
+        while keep and offsets[keep - 1][1] > end - _MARGIN:  # tokens are in text order
+            keep -= 1
+        if keep < len(ids):  # the word of the first token dropped goes whole
+            while keep and words[keep - 1] is not None and words[keep - 1] == words[keep]:
+                keep -= 1
+        return list(ids[:keep])
+
+    def _encode_one(self, text: str) -> TokenizersEncoding:
+        """One text's encoding, without [CLS]/[SEP]. Through `encode_batch`, which releases the GIL while
+        Rust works (`Tokenizer.encode` holds it: a megabyte page stalled every other thread, the
+        server's event loop included, for seconds)."""
         try:
-            return list(self._tok.encode(text, add_special_tokens=False).ids)
+            return self._tok.encode_batch([text], add_special_tokens=False)[0]
         except TypeError:  # lone surrogates cannot cross into Rust; bad input must not crash
-            return list(self._tok.encode(_scrub(text), add_special_tokens=False).ids)
+            return self._tok.encode_batch([_scrub(text)], add_special_tokens=False)[0]
 
     def encode_batch(self, texts: Sequence[str], *, max_length: int | None = None) -> list[Encoding]:
         """`encode` for many texts at once (the Rust side runs them in parallel)."""
@@ -218,7 +235,7 @@ class HtmlTokenizer:
 
     def tokens(self, text: str) -> list[str]:
         """The token strings of `text` without [CLS]/[SEP]; for debugging and reports."""
-        return list(self._tok.encode(text, add_special_tokens=False).tokens)
+        return list(self._encode_one(text).tokens)
 
     def to_json(self) -> str:
         """The canonical JSON that `sha256` hashes (what `save` writes, up to indentation)."""

@@ -308,9 +308,9 @@ class Engine:
             prepared = await self._in_process(prepare_in_worker, *args)
         if prepared.over_limit is not None:
             name = f"document {doc.id!r}" if doc.id is not None else "a document"
+            count = f"{'' if prepared.over_limit_exact else 'more than '}{prepared.over_limit}"
             raise TooManyTokensError(
-                f"{name} has {prepared.over_limit} tokens, over the model's {self._max_length} "
-                "(allow truncation to cut it)"
+                f"{name} has {count} tokens, over the model's {self._max_length} (allow truncation to cut it)"
             )
         return prepared
 

@@ -139,6 +139,56 @@ def test_bounded_encoding_equals_the_full_encoding_cut(tok: HtmlTokenizer, seed:
             assert bounded.full_length == exact.full_length
 
 
+def _unspaced_texts() -> dict[str, str]:
+    """Long texts without whitespace for megabytes, as real pages have them (CJK prose, punctuation art,
+    tags glued to text, an inline blob), each followed by ordinary words."""
+    words = " ".join(generate_pruned_pages(2, seed=9))
+    return {
+        "cjk": "<p>" + "北京是中华人民共和国的首都。東京の天気" * 400 + "</p>" + words,
+        "punctuation": "<div>" + "!?-=*" * 2000 + "</div>" + words,
+        "glued tags": "<ul>" + "<li>item</li><li>x,y</li>" * 500 + "</ul>" + words,
+        "one long word": "x" * 5000 + words,
+        "marks": "e\u0301," * 3000 + words,  # a combining mark at many cuts
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_unspaced_texts()))
+def test_bounded_encoding_is_exact_and_bounded_without_whitespace(
+    tok: HtmlTokenizer, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bounded encode cuts at any character, not only at whitespace: the ids are the whole text's
+    first ones, and it reads a prefix of the order of the budget, not the text up to its next space."""
+    text = _unspaced_texts()[name]
+    exact = {n: tok.encode(text, max_length=n) for n in (2, 17, 64, 300)}
+    read: list[int] = []
+    encode_one = tok._encode_one
+
+    def counting(prefix: str) -> object:
+        read.append(len(prefix))
+        return encode_one(prefix)
+
+    monkeypatch.setattr(tok, "_encode_one", counting)
+    for max_length, want in exact.items():
+        read.clear()
+        got = tok.encode(text, max_length=max_length, count_all=False)
+        assert got.ids == want.ids and got.truncated == want.truncated, max_length
+        if name != "one long word":  # one word of 5,000 characters is one token: all of it is read
+            assert sum(read) <= 4 * max(256, 8 * max_length), (max_length, read)
+
+
+@pytest.mark.parametrize("name", sorted(_unspaced_texts()))
+def test_a_cut_at_any_character_keeps_only_the_whole_texts_first_tokens(
+    tok: HtmlTokenizer, name: str
+) -> None:
+    """The invariant under the bounded encode, at every cut position: inside a tag token, between a
+    letter and its combining mark, within a word, in a run of punctuation."""
+    text = _unspaced_texts()[name][:700] + " " + _awkward_page(0)[:300]
+    whole = tok.encode(text).ids[1:-1]
+    for end in range(1, len(text)):
+        leading = tok._leading_ids(text, end)
+        assert leading == whole[: len(leading)], end
+
+
 def test_empty_text_is_cls_sep(tok: HtmlTokenizer) -> None:
     encoding = tok.encode("")
     assert encoding.ids == [tok.special_ids.cls, tok.special_ids.sep] and encoding.full_length == 2

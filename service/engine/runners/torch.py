@@ -251,9 +251,7 @@ class TorchRunner:
         )
 
     def run(self, prepared: PreparedBatch) -> RunnerOutput:
-        payload, host_cuts = cast(
-            tuple[dict[str, torch.Tensor | int], list[PackedCut]], prepared.payload
-        )
+        payload, host_cuts = cast(tuple[dict[str, torch.Tensor | int], list[PackedCut]], prepared.payload)
         started = time.perf_counter()
         with torch.inference_mode():
             ids = cast(torch.Tensor, payload["ids"]).to(self.device, non_blocking=True)
