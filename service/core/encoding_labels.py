@@ -9,6 +9,7 @@ and detection both go through `normalize_encoding`, so a declared and a detected
 from __future__ import annotations
 
 import codecs
+import functools
 
 # WHATWG label aliases that differ from Python's reading of the same label.
 _WHATWG_ALIASES: dict[str, str] = {
@@ -54,6 +55,18 @@ def normalize_encoding(label: str | None) -> str | None:
     except (LookupError, ValueError):
         return None
     # bytes-to-bytes and str-to-str codecs (base64, rot13, ...) cannot decode a page.
-    if not getattr(info, "_is_text_encoding", True):
+    if not getattr(info, "_is_text_encoding", True) or not _decodes_any_bytes(info.name):
         return None
     return info.name
+
+
+@functools.cache
+def _decodes_any_bytes(name: str) -> bool:
+    """False for the text codecs that raise on some bytes even with errors="replace" (`idna`,
+    `punycode`, `undefined`: no browser knows them, and `<meta charset="undefined">` is a real CMS
+    template's output), which would fail a page that names them instead of being ignored."""
+    try:
+        bytes(range(256)).decode(name, errors="replace")
+    except (UnicodeError, LookupError, ValueError):
+        return False
+    return True

@@ -258,6 +258,20 @@ def test_unknown_and_non_text_labels_are_ignored() -> None:
     assert sniff_meta_charset(b'<meta charset="base64">') is None
 
 
+@pytest.mark.parametrize("label", ["undefined", "idna", "punycode"])
+def test_labels_of_codecs_that_raise_on_bytes_are_ignored(label: str) -> None:
+    """Python text codecs that no browser knows and that raise even with errors="replace": a page that
+    names one (`<meta charset="undefined">` comes out of real CMS templates) reads as undeclared."""
+    page = "<p>café 北京</p>".encode()
+    assert normalize_encoding(label) is None
+    for declared in (
+        decode_html(page, encoding=label),
+        decode_html(f'<meta charset="{label}">'.encode() + page),
+    ):
+        assert declared.text.endswith("<p>café 北京</p>") and declared.encoding == "utf-8"
+    assert with_declared_encoding(page, label) == page
+
+
 def test_browser_label_aliases() -> None:
     # Browsers read iso-8859-1 and ascii as windows-1252: 0x80 is the euro sign.
     assert decode_html(b'<meta charset="iso-8859-1"><p>\x80</p>').text.endswith("€</p>")
