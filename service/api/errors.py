@@ -149,18 +149,21 @@ async def handle_error(request: Request, exc: Exception) -> Response:
     if rid is not None:
         # A bug's 500 is sent from outside the middleware stack, past the request-id middleware.
         headers["x-request-id"] = rid
+    if not isinstance(exc, _HANDLED_INSIDE):
+        # Starlette re-raises a bug after this response and uvicorn then closes the connection: saying
+        # so lets a keep-alive client open a new one, instead of losing its next request to the reset.
+        headers["connection"] = "close"
     return error_response(
         code, message, status, metrics=metrics, retry_after_s=retry_after_s, headers=headers
     )
 
 
+# Errors Starlette's exception middleware answers and swallows; anything else reaches
+# `ServerErrorMiddleware`, which answers and re-raises.
+_HANDLED_INSIDE = (HtmllmError, RequestValidationError, StarletteHTTPException, ClientDisconnectedError)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Route typed errors, FastAPI's validation errors, routing errors and bugs to `handle_error`."""
-    for exc_type in (
-        HtmllmError,
-        RequestValidationError,
-        StarletteHTTPException,
-        ClientDisconnectedError,
-        Exception,
-    ):
+    for exc_type in (*_HANDLED_INSIDE, Exception):
         app.add_exception_handler(exc_type, handle_error)

@@ -235,3 +235,25 @@ async def test_timeout_and_disconnect(tiny_checkpoint: Path) -> None:
                 await asyncio.sleep(0.01)
             assert (closed, timeouts) == (1.0, 1.0)
             assert metric(text, "htmllm_queue_size") == 0.0
+
+
+def test_a_bugs_500_closes_its_connection_cleanly(
+    server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """uvicorn closes the connection after a bug's 500 (Starlette re-raises it): the response says so,
+    so a keep-alive client's next request goes on a new connection instead of into the reset."""
+    from service.api.routers import embed as embed_router
+
+    def broken(documents: object) -> object:
+        raise RuntimeError("a bug")
+
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        assert client.get("/health").status_code == 200  # the connection the bug will close
+        with monkeypatch.context() as patch:
+            patch.setattr(embed_router, "to_documents", broken)
+            failed = client.post("/v1/embed", json={"documents": [{"html": page(1)}]})
+        assert failed.status_code == 500 and failed.headers["connection"] == "close"
+        for _ in range(3):
+            assert client.post("/v1/embed", json={"documents": [{"html": page(1)}]}).status_code == 200
+        bad = client.post("/v1/embed", json={"documents": []})  # a typed error keeps the connection
+        assert bad.status_code == 400 and "connection" not in bad.headers
