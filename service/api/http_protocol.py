@@ -6,8 +6,9 @@ CPU per request"). Why a subclass: uvicorn bounds a request's head (request line
 its h11 path (`h11_max_incomplete_event_size`, 16 KiB); with httptools a client can stream one endless
 header and the server buffers all of it (200 MB sent, 312 MB resident, measured). Here a head still
 incomplete after `MAX_HEAD_BYTES` is answered 431 with the service's error body, and its connection is
-closed; nothing else changes. Such an answer comes from below the app, so it is not counted in
-`htmllm_request_failures_total`.
+closed. Such an answer comes from below the app, so it is not counted in
+`htmllm_request_failures_total`. And a client that pipelines requests and leaves is noticed by the
+request that is running, not only by the last one queued (`connection_lost`).
 """
 
 from __future__ import annotations
@@ -64,6 +65,23 @@ def protocol_class() -> type[asyncio.Protocol] | str:
             self._in_head = False
             self._began_in_chunk = False
             self._head_bytes = 0
+            self._running: Any = None  # the request cycle whose app runs (not always `self.cycle`)
+
+        def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+            self._running = cycle
+            super()._start_asgi_task(cycle, app)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            """uvicorn tells only the newest request cycle that the client left; with requests
+            pipelined behind a running one, that is a queued one, and the running request then wrote
+            its response into the closed transport (a RuntimeError under uvloop: a 500 and a traceback
+            for a client that left, its page still embedded). Tell the running one too: it stops like
+            any request whose client left (499)."""
+            running = self._running
+            if running is not None and running is not self.cycle and not running.response_complete:
+                running.disconnected = True
+                running.message_event.set()
+            super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()

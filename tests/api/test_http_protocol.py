@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -153,3 +154,36 @@ async def test_only_the_bytes_after_a_heads_first_chunk_count() -> None:
     assert not transport.closed
     protocol.data_received(b"a" * (MAX_HEAD_BYTES // 2 + 1))
     assert transport.closed and b"HTTP/1.1 431 " in transport.written
+
+
+def test_a_client_that_pipelines_and_leaves_is_no_server_error(server: LiveServer) -> None:
+    """A page, a second request behind it in the same write, then the client closes: the running
+    request learns that its client left (uvicorn only told the queued one, and the page's response then
+    went into a closed transport: a 500 with a traceback). Nothing counts as a server fault."""
+    parts = urlsplit(server.url)
+    html = page(3).encode()
+    request = (
+        b"POST /v1/embed HTTP/1.1\r\nHost: x\r\ncontent-type: text/html\r\n"
+        + f"content-length: {len(html)}\r\n\r\n".encode()
+        + html
+        + b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    )
+
+    def embed_requests() -> dict[str, float]:
+        text = httpx.get(server.url + "/metrics").text
+        found = re.findall(r'htmllm_requests_total\{([^}]*route="/v1/embed"[^}]*)\} (\S+)', text)
+        return {labels: float(value) for labels, value in found}
+
+    before = embed_requests()
+    for _ in range(5):
+        with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
+            sock.sendall(request)
+    for _ in range(200):  # each request is counted when its handler returns
+        after = embed_requests()
+        if sum(after.values()) - sum(before.values()) >= 5:
+            break
+        time.sleep(0.05)
+    new = {labels: value - before.get(labels, 0.0) for labels, value in after.items()}
+    assert sum(new.values()) == 5, new
+    assert not any('status="500"' in labels and count for labels, count in new.items()), new
+    assert httpx.get(server.url + "/health").status_code == 200
