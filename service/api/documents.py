@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import codecs
+import json
 import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
@@ -52,10 +54,37 @@ def validation_error(exc: ValidationError) -> HtmllmError:
 
 
 def parse_json(model: type[M], body: bytes) -> M:
+    """`body` as `model`. Also what strict parsers refuse but clients send: a UTF-8 byte order mark (RFC
+    8259 lets a parser ignore it) and lone UTF-16 surrogate escapes ("\\ud800"), which Python's
+    `json.dumps` writes for text decoded with `surrogateescape` (a crawler's undecodable bytes); they
+    become U+FFFD, as undecodable bytes do in a raw page."""
+    if body.startswith(codecs.BOM_UTF8):
+        body = body[len(codecs.BOM_UTF8) :]
     try:
         return model.model_validate_json(body)
     except ValidationError as exc:
+        repaired = _lone_surrogates_replaced(body) if _surrogate_escape_refused(exc) else None
+        if repaired is None:
+            raise validation_error(exc) from exc
+    try:
+        return model.model_validate_json(repaired)
+    except ValidationError as exc:
         raise validation_error(exc) from exc
+
+
+def _surrogate_escape_refused(exc: ValidationError) -> bool:
+    first = exc.errors()[0]
+    return first["type"] == "json_invalid" and ("surrogate" in first["msg"] or "hex escape" in first["msg"])
+
+
+def _lone_surrogates_replaced(body: bytes) -> bytes | None:
+    """The same JSON with every lone surrogate escape as U+FFFD, or None if Python's parser refuses it too."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    text = json.dumps(value, ensure_ascii=False)  # lone surrogates stay as they are, unescaped
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace").encode("utf-8")
 
 
 async def read_body(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import codecs
 import gc
 import gzip
 import json
@@ -407,6 +408,25 @@ async def test_compatible_routes_take_json_with_or_without_a_content_type(client
         content = schema["paths"][route]["post"]["requestBody"]["content"]
         assert content["application/json"]["schema"]["$ref"] == f"#/components/schemas/{model}"
         assert model in schema["components"]["schemas"]
+
+
+async def test_json_with_a_byte_order_mark_or_lone_surrogate_escapes(client: httpx.AsyncClient) -> None:
+    """What clients send and strict parsers refuse: a UTF-8 BOM before the JSON, and the "\\udcff"
+    escapes Python's json.dumps writes for text decoded with surrogateescape. The surrogates read as
+    U+FFFD, as undecodable bytes of a raw page do; a broken body is still a 422."""
+    html = page(2) + "<p>caf\udce9</p>"
+    sent = json.dumps({"documents": [{"id": "x\udcff", "html": html}]}).encode()  # ensure_ascii: escapes
+    assert b"\\udce9" in sent
+    for body in (sent, codecs.BOM_UTF8 + sent):
+        response = await client.post("/v1/embed", content=body)
+        assert response.status_code == 200, response.text
+        result = response.json()["data"][0]
+        assert result["id"] == "x\ufffd"
+        want = await embed_one(client, page(2) + "<p>caf\ufffd</p>")
+        np.testing.assert_allclose(embedding(result), embedding(want), atol=1e-5)
+    for broken in (b'{"documents": [{"html": "\\ud800"}', codecs.BOM_UTF8 + b"{not json"):
+        refused = await client.post("/v1/embed", content=broken)
+        assert refused.status_code == 422 and refused.json()["error"]["code"] == "validation_error"
 
 
 async def test_result_cache_over_http(settings_for: SettingsFactory) -> None:
