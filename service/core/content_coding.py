@@ -115,6 +115,8 @@ def _deflate(data: bytes, limit: int) -> bytes:
     _check(len(out), limit)
     if not decompressor.eof:
         raise zlib.error("the stream is cut off")
+    if decompressor.unused_data:  # as gzip, brotli and zstd refuse them: a body glued to something else
+        raise zlib.error(f"{len(decompressor.unused_data)} bytes follow the end of the stream")
     return bytes(out)
 
 

@@ -54,10 +54,14 @@ def test_concatenated_members_and_frames() -> None:
 
 
 @pytest.mark.parametrize("coding", ["gzip", "deflate", "br", "zstd"])
-@pytest.mark.parametrize("damage", ["cut", "junk"])
+@pytest.mark.parametrize("damage", ["cut", "junk", "trailing junk"])
 def test_corrupt_streams_are_validation_errors(coding: str, damage: str) -> None:
     encoded = ENCODERS[coding](PAGE)
-    broken = encoded[: len(encoded) // 2] if damage == "cut" else b"junk" + encoded
+    broken = {
+        "cut": encoded[: len(encoded) // 2],
+        "junk": b"junk" + encoded,
+        "trailing junk": encoded + b"junk",  # each coding refuses bytes after its stream's end
+    }[damage]
     with pytest.raises(ContentCodingError) as caught:
         decode_content(broken, coding, limit=10 * len(PAGE))
     assert caught.value.code is ErrorCode.VALIDATION
