@@ -6,6 +6,8 @@ import os
 import random
 import shutil
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +21,8 @@ from service.engine.runners.process import InferenceProcessError, ProcessRunner
 from service.engine.runners.torch import TorchRunner
 from service.engine.types import EngineConfig
 from tests.engine.conftest import make_pages
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _docs(vocab: int, lengths: list[int]) -> list[list[int]]:
@@ -75,6 +79,36 @@ def test_signals_to_the_process_group_leave_the_child_to_the_parent(process_runn
     os.kill(process.pid, signal.SIGTERM)
     assert process_runner.run(process_runner.prepare(_docs(100, [6]))).embeddings.shape[0] == 1
     assert process.is_alive()
+
+
+def test_a_parent_that_exits_without_closing_stops_its_child(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """A Ctrl-C through `htmllm embed` ends the interpreter with the runner never closed: the child,
+    which ignores SIGTERM, must still go, and the parent must not wait for it without end (it did:
+    multiprocessing's exit handler SIGTERMs daemonic children and joins them with no timeout)."""
+    script = tmp_path / "leave.py"
+    script.write_text(
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from service.engine.runners.process import ProcessRunner\n"
+        "from service.engine.types import EngineConfig\n"
+        "if __name__ == '__main__':  # the child is spawned: it imports this file\n"
+        "    runner = ProcessRunner(Path(sys.argv[1]), EngineConfig(intra_op_threads=1))\n"
+        "    runner.run(runner.prepare([[2, 7, 3]]))\n"
+        "    print(runner._process.pid, flush=True)\n"
+        "    sys.exit(0)  # no close()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script), str(tiny_checkpoint)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    child = int(done.stdout.split()[-1])
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)
 
 
 def test_a_checkpoint_the_child_cannot_load_is_a_clear_error(tiny_checkpoint: Path, tmp_path: Path) -> None:

@@ -14,7 +14,8 @@ The child (spawned: CUDA cannot be forked) loads the checkpoint and builds the c
 metadata. Batches go over a pipe as one flat id array with lengths (a few hundred KB at most) and come
 back as `RunnerOutput`'s arrays. A child that dies (out of memory, a driver fault) fails the batch it
 held with an error and is started again for the next one; its signals are ignored, so a Ctrl-C or a
-SIGTERM to the process group leaves it to the parent's drain, which closes it last.
+SIGTERM to the process group leaves it to the parent's drain, which closes it last. A parent that exits
+without closing it (a Ctrl-C through `htmllm embed`) closes the pipe at exit, which stops it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import multiprocessing.util
 import signal
 import threading
 from collections.abc import Sequence
@@ -40,6 +42,7 @@ logger = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 900.0  # loading a large checkpoint onto a GPU, compiling, probing
 CLOSE_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 5.0  # a child told to stop by a closed pipe: at most one forward pass to finish
 
 
 @dataclass(frozen=True)
@@ -75,19 +78,38 @@ def _serve(conn: Connection, path: str, config: EngineConfig) -> None:
         while True:
             try:
                 message = conn.recv()
-            except EOFError:  # the parent is gone
+            except EOFError:  # the parent is gone, or closed the pipe to stop this process
                 return
             if message[0] == "close":
                 return
             _, ids, lengths, pad_to = message
+            answer: tuple[str, object]
             try:
                 bounds = np.cumsum(lengths)[:-1]
                 batch = [part.tolist() for part in np.split(ids, bounds)]
-                conn.send(("ok", runner.run(runner.prepare(batch, pad_to=pad_to))))
+                answer = ("ok", runner.run(runner.prepare(batch, pad_to=pad_to)))
             except Exception as error:  # a failed batch is the parent's to report
-                conn.send(("error", f"{type(error).__name__}: {error}"))
+                answer = ("error", f"{type(error).__name__}: {error}")
+            try:
+                conn.send(answer)
+            except OSError:  # the parent closed the pipe during the pass: nobody waits for it
+                return
     finally:
         runner.close()
+
+
+def _stop(process: Any, conn: Connection, timeout_s: float) -> None:
+    """Close the pipe (the child then returns from `recv`), wait up to `timeout_s`, then kill.
+
+    Also what runs at interpreter exit when the runner was never closed (a Ctrl-C through
+    `htmllm embed`): multiprocessing's exit handler would otherwise SIGTERM the daemonic child, which
+    ignores SIGTERM, and wait for it without end."""
+    with contextlib.suppress(OSError):
+        conn.close()
+    process.join(timeout_s)
+    if process.is_alive():
+        process.kill()
+        process.join(timeout_s)
 
 
 class InferenceProcessError(RuntimeError):
@@ -104,6 +126,7 @@ class ProcessRunner:
         self._lock = threading.Lock()  # one batch over the pipe at a time (the batcher runs one anyway)
         self._process: Any = None
         self._conn: Connection | None = None
+        self._stopper: multiprocessing.util.Finalize | None = None
         description = self._start()
         self.backend = description.backend
         self.device = description.device
@@ -135,6 +158,11 @@ class ProcessRunner:
             process.join(CLOSE_TIMEOUT_S)
             raise InferenceProcessError(f"the inference process could not load the model: {value}")
         self._process, self._conn = process, parent
+        # Runs once: from `_discard`, when the runner is collected, or at exit before multiprocessing
+        # terminates daemonic children (a positive exit priority runs first).
+        self._stopper = multiprocessing.util.Finalize(
+            self, _stop, args=(process, parent, STOP_TIMEOUT_S), exitpriority=10
+        )
         logger.info("inference process %d serves %s on %s", process.pid, self._path, value.device)
         return value  # type: ignore[no-any-return]
 
@@ -178,13 +206,9 @@ class ProcessRunner:
         self._start()
 
     def _discard(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-        if self._process is not None:
-            self._process.join(1.0)
-            if self._process.is_alive():
-                self._process.kill()
-        self._conn, self._process = None, None
+        if self._stopper is not None:
+            self._stopper()
+        self._conn, self._process, self._stopper = None, None, None
 
     def close(self) -> None:
         with self._lock:
