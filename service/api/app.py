@@ -126,7 +126,12 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     paths |= {path for path in (app.openapi_url, app.docs_url, app.redoc_url) if path}
     # Added innermost first: metrics see every request, including those the body limit refuses, and
     # every response, compressed or not, carries its request id.
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes, metrics=metrics)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_body_bytes=settings.max_body_bytes,
+        body_timeout_s=settings.body_timeout_s,
+        metrics=metrics,
+    )
     if settings.gzip_min_bytes > 0:
         # Level 1: most of gzip's gain on float JSON for a fraction of level 9's CPU, which the model needs.
         app.add_middleware(GZipMiddleware, minimum_size=settings.gzip_min_bytes, compresslevel=1)

@@ -41,6 +41,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.METHOD_NOT_ALLOWED: 405,
     ErrorCode.OVERLOADED: 429,
     ErrorCode.TIMEOUT: 504,
+    ErrorCode.BODY_TIMEOUT: 408,
     ErrorCode.SHUTTING_DOWN: 503,
     ErrorCode.NOT_READY: 503,
     ErrorCode.PREPROCESS_FAILED: 422,

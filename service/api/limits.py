@@ -5,6 +5,10 @@ before a byte is read) and for chunked bodies alike (refused as soon as the runn
 the app then sees the body replayed and, after it, the connection's real messages, so a disconnect is
 still noticed while the request waits in the batcher.
 
+A body that does not arrive within `body_timeout_s` is answered 408 and its connection closed: uvicorn
+times out idle connections only, so a client stalled mid-body held its connection, and what it had sent,
+without end.
+
 It also undoes a request's `Content-Encoding` (gzip, deflate, br, zstd), so every route reads plain
 bytes. The cap holds for the decoded body too, checked while decoding: a small gzip bomb is refused
 with 413 after at most `max_body_bytes` of output, never inflated in full.
@@ -32,15 +36,24 @@ _LIMIT_NAME = "HTMLLM_MAX_BODY_BYTES"  # the setting a too-large message tells t
 class BodyLimitMiddleware:
     """Refuses bodies over `max_body_bytes` with 413 and the usual error body."""
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, metrics: ServiceMetrics) -> None:
+    def __init__(
+        self, app: ASGIApp, *, max_body_bytes: int, metrics: ServiceMetrics, body_timeout_s: float = 60.0
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
         self.metrics = metrics
 
     async def _refuse(
-        self, scope: Scope, receive: Receive, send: Send, code: ErrorCode, message: str
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        code: ErrorCode,
+        message: str,
+        headers: dict[str, str] | None = None,
     ) -> None:
-        response = error_response(code, message, STATUS[code], metrics=self.metrics)
+        response = error_response(code, message, STATUS[code], metrics=self.metrics, headers=headers)
         await response(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -64,20 +77,33 @@ class BodyLimitMiddleware:
 
         chunks: list[bytes] = []
         size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return  # the client left before sending its body: there is no one to answer
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                await self._refuse(
-                    scope, receive, send, ErrorCode.PAYLOAD_TOO_LARGE, _too_large(f"over {size} bytes", limit)
-                )
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
+        try:
+            # A client that stalls mid-body would hold its connection and what it sent (up to the cap)
+            # for as long as it likes: uvicorn times out idle connections, not slow bodies.
+            async with asyncio.timeout(self.body_timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return  # the client left before sending its body: there is no one to answer
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > limit:
+                        too_large = _too_large(f"over {size} bytes", limit)
+                        await self._refuse(scope, receive, send, ErrorCode.PAYLOAD_TOO_LARGE, too_large)
+                        return
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            message_text = (
+                f"the request body did not arrive within {self.body_timeout_s:g} s "
+                f"({size} bytes came; HTMLLM_BODY_TIMEOUT_S)"
+            )
+            # The rest of the body may still come: the connection cannot carry another request.
+            await self._refuse(
+                scope, receive, send, ErrorCode.BODY_TIMEOUT, message_text, headers={"connection": "close"}
+            )
+            return
 
         body = b"".join(chunks)
         # Repeated Content-Encoding headers are one list, in order (RFC 9110 §5.3).

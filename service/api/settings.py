@@ -84,6 +84,9 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="413 beyond it, before parsing")
     max_documents: int = Field(64, gt=0, description="documents per request; 422 beyond it")
     request_timeout_s: float = Field(30.0, gt=0, description="504 beyond it")
+    body_timeout_s: float = Field(
+        60.0, gt=0, description="408 when a request's body takes longer than this to arrive"
+    )
     truncate: bool = Field(True, description="default policy: truncate long documents, or reject (422)")
     retry_after_s: int = Field(1, ge=0, description="Retry-After on 429 and 503")
 

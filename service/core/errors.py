@@ -25,6 +25,7 @@ class ErrorCode(StrEnum):
     METHOD_NOT_ALLOWED = "method_not_allowed"  # a route called with the wrong HTTP method (405)
     OVERLOADED = "overloaded"  # queue full (429)
     TIMEOUT = "timeout"  # request deadline passed (504)
+    BODY_TIMEOUT = "body_timeout"  # the request body did not arrive in time (408)
     SHUTTING_DOWN = "shutting_down"  # server draining, not accepting (503)
     NOT_READY = "not_ready"  # model not loaded / warmed (503)
     PREPROCESS_FAILED = "preprocess_failed"  # the page could not be pruned/decoded (422)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import json
 import re
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -257,3 +259,31 @@ def test_a_bugs_500_closes_its_connection_cleanly(
             assert client.post("/v1/embed", json={"documents": [{"html": page(1)}]}).status_code == 200
         bad = client.post("/v1/embed", json={"documents": []})  # a typed error keeps the connection
         assert bad.status_code == 400 and "connection" not in bad.headers
+
+
+def test_a_body_that_stalls_is_a_408_and_its_connection_closes(tiny_checkpoint: Path) -> None:
+    """A client that declares 500 bytes and sends 10 held its connection for as long as it liked."""
+    with live_server(tiny_settings(tiny_checkpoint, body_timeout_s=0.5)) as live:
+        host, port = live.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            started = time.monotonic()
+            sock.sendall(
+                b"POST /v1/embed HTTP/1.1\r\nHost: x\r\ncontent-type: text/html\r\n"
+                b"content-length: 500\r\n\r\n<p>stalled"
+            )
+            answer = b""
+            while data := sock.recv(65536):  # until the server closes the connection
+                answer += data
+            waited = time.monotonic() - started
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408 "), answer[:300]
+        assert b"connection: close" in head.lower()
+        assert json.loads(body)["error"]["code"] == "body_timeout"
+        assert 0.4 < waited < 20
+        assert httpx.post(live.url + "/v1/embed", json={"documents": [{"html": page(1)}]}).status_code == 200
+        assert (
+            metric(
+                httpx.get(live.url + "/metrics").text, "htmllm_request_failures_total", code="body_timeout"
+            )
+            == 1
+        )
