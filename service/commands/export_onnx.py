@@ -1,14 +1,26 @@
-"""`htmllm export-onnx --checkpoint DIR --out model.onnx`: one graph with the embedding and every head."""
+"""`htmllm export-onnx --checkpoint DIR --out model.onnx`: one graph with the embedding and every head.
+
+The cheap checks come before the export: an `--opset` torch's exporter cannot write (it builds opset-18
+graphs and converts them up, never down, so below 18 it would write 18 after a converter traceback) or
+one newer than the installed `onnx` knows is refused, and so is an `--out` that cannot be written. The
+opset the written graph declares is read back and reported; a graph that did not get the opset asked
+for fails the command rather than pass for it.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from service.core.quantization import NO_QUANTIZATION, QUANTIZATION_CHOICES, quantization_option
+
+# torch.onnx's dynamo exporter builds every graph at opset 18 and converts it up to the opset asked for;
+# it cannot convert down (below 18 it warns, prints the converter's traceback and keeps 18).
+MIN_OPSET = 18
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -24,7 +36,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="where to write the graph (default: model.onnx inside the checkpoint, where the service looks)",
     )
     parser.add_argument(
-        "--opset", type=int, default=None, help="ONNX opset version (default 23: fused Attention and RoPE)"
+        "--opset",
+        type=int,
+        default=None,
+        help=f"ONNX opset version, {MIN_OPSET} or newer (default 23: fused Attention and RoPE)",
     )
     parser.add_argument(
         "--quantize",
@@ -35,21 +50,78 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.set_defaults(func=run)
 
 
+def _unwritable(out: Path) -> str | None:
+    """Why `out` cannot be written (as the exporter writes it: a temporary file beside it), or None.
+
+    Missing directories are not made here (the exporter makes them): a typo in `--checkpoint` must not
+    leave an empty directory behind. The nearest existing one is probed instead.
+    """
+    if out.is_dir():
+        return "it is a directory"
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    try:
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=f".{out.name}.", suffix=".probe"):
+            pass
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+def _written_opset(path: Path) -> int | None:
+    """The default-domain opset a written graph declares."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+
+
 def run(args: argparse.Namespace) -> int:
+    try:
+        import onnx
+    except ImportError:  # an optional extra
+        print("htmllm export-onnx: needs onnx and onnxscript (pip install onnx onnxscript)", file=sys.stderr)
+        return 1
     from service.core.checkpoint import load_checkpoint
     from service.core.errors import HtmllmError
     from service.engine.onnx_export import OPSET, default_onnx_path, export_onnx
 
+    opset = OPSET if args.opset is None else args.opset
+    newest = onnx.defs.onnx_opset_version()
+    if not MIN_OPSET <= opset <= newest:
+        print(
+            f"htmllm export-onnx: --opset {opset} cannot be exported: the exporter writes opsets "
+            f"{MIN_OPSET} to {newest} (the newest the installed onnx knows)",
+            file=sys.stderr,
+        )
+        return 2
     quantize = quantization_option(args.quantize)
     out = args.out if args.out is not None else default_onnx_path(args.checkpoint, quantize)
+    problem = _unwritable(out)
+    if problem is not None:
+        print(f"htmllm export-onnx: cannot write {out}: {problem}", file=sys.stderr)
+        return 1
     started = time.perf_counter()
     try:
-        path = export_onnx(
-            load_checkpoint(args.checkpoint), out, opset=args.opset or OPSET, quantize=quantize
-        )
+        path = export_onnx(load_checkpoint(args.checkpoint), out, opset=opset, quantize=quantize)
     except HtmllmError as exc:
         print(f"htmllm export-onnx: {exc.code}: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # outside the exporter's own error handling: its temporary file, say
+        print(f"htmllm export-onnx: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    written = _written_opset(path)
+    if written != opset:
+        print(
+            f"htmllm export-onnx: wrote {path} at opset {written}, not the {opset} asked for: "
+            f"the exporter could not convert the graph",
+            file=sys.stderr,
+        )
+        return 1
     size_mb = path.stat().st_size / 1e6
-    print(f"wrote {path} ({size_mb:.1f} MB) in {time.perf_counter() - started:.1f}s", file=sys.stderr)
+    elapsed = time.perf_counter() - started
+    print(f"wrote {path} (opset {written}, {size_mb:.1f} MB) in {elapsed:.1f}s", file=sys.stderr)
     return 0

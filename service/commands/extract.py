@@ -3,13 +3,22 @@
 One output row per input page, in input order. A page an extractor fails on, and an input row that cannot
 be read (not JSON, a missing file), gets an `error` object in its row rather than stopping the run; only an
 input source that does not exist or an unwritable output path fails the command.
+
+The input is opened before the output is touched, and an output file is written beside itself under a
+temporary name and renamed over the old one only when the run completes: a typo in `--input`, a crash
+or a Ctrl-C leaves an existing output as it was. An output that is the input (or the input directory's
+manifest) is refused, since the run would replace what it reads.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
+import stat
 import sys
+import tempfile
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -111,13 +120,47 @@ def _process(page: Page, args: argparse.Namespace, pool: ExtractorPool) -> dict[
     return row
 
 
+def _is_input(output: str, source: str) -> bool:
+    """Whether `output` names the input file, or the manifest of an input directory."""
+    if output == "-":
+        return False
+    out, src = Path(output), Path(source)
+    candidates = [src, src / "manifest.jsonl"] if src.is_dir() else [src]
+    for candidate in candidates:
+        if out.resolve() == candidate.resolve():
+            return True
+        if out.exists() and candidate.exists() and os.path.samefile(out, candidate):  # a hard link
+            return True
+    return False
+
+
 @contextmanager
 def _open_output(path: str) -> Iterator[IO[str]]:
+    """Standard output for '-'; else a temporary file beside `path`, renamed over it only when the block
+    ends without an exception, with the mode `open(path, "w")` would have left."""
     if path == "-":
         yield sys.stdout
         return
-    with Path(path).open("w", encoding="utf-8") as handle:
-        yield handle
+    target = Path(path).resolve()  # through a symlink: the link keeps pointing at the new output
+    if target.exists() and not target.is_file():  # /dev/null, a FIFO: written in place, never replaced
+        with target.open("w", encoding="utf-8") as handle:
+            yield handle
+        return
+    if target.exists():
+        mode = stat.S_IMODE(target.stat().st_mode)
+    else:
+        umask = os.umask(0)  # the only way to read it; set back at once, before any thread starts
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            yield handle
+        os.chmod(tmp, mode)  # mkstemp's 0600 would hide the output from the rest of its group
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -142,9 +185,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"htmllm extract: {exc}", file=sys.stderr)
         return 2
 
+    if _is_input(args.output, args.input):
+        print(
+            f"htmllm extract: --output {args.output} is the input: the run would replace it", file=sys.stderr
+        )
+        return 2
+
     counts = {"pages": 0, "errors": 0, "passed": 0}
     try:
-        pages = iter_pages(args.input, limit=args.limit, bad_rows="report")
+        pages: Iterator[Page] = iter_pages(args.input, limit=args.limit, bad_rows="report")
+        # Read the first page before the output is opened: a source that does not exist (or cannot be
+        # read at all) fails here, not after an old output has been replaced by nothing.
+        first = next(pages, None)
+        if first is not None:
+            pages = itertools.chain([first], pages)
         with (
             _open_output(args.output) as out,
             ExtractorPool(workers) as pool,
@@ -171,7 +225,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"htmllm extract: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
-        print(f"htmllm extract: cannot write {args.output}: {exc}", file=sys.stderr)
+        # strerror alone: the path in str(exc) may be the temporary file's, which the user never named
+        print(f"htmllm extract: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     summary = f"htmllm extract: {counts['pages']} pages, {counts['errors']} failed"
     if args.extractor != "all":

@@ -1,8 +1,13 @@
-"""`htmllm prune [FILE|-]`: print the pruned HTML of one page."""
+"""`htmllm prune [FILE|-]`: print the pruned HTML of one page.
+
+A reader that stops early (`htmllm prune page.html | head`) ends the command quietly with status 1, as
+the Python docs advise for SIGPIPE, rather than with a BrokenPipeError traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import zlib
 from pathlib import Path
@@ -35,6 +40,15 @@ def run(args: argparse.Namespace) -> int:
     except PruneError as exc:
         print(f"htmllm prune: {exc.code}: {exc}", file=sys.stderr)
         return 1
-    sys.stdout.write(pruned)
-    sys.stdout.write("\n")
+    try:
+        sys.stdout.write(pruned)
+        sys.stdout.write("\n")
+        sys.stdout.flush()  # here, where a closed pipe can be handled, not at interpreter exit
+    except BrokenPipeError:
+        # https://docs.python.org/3/library/signal.html#note-on-sigpipe: what is still buffered would
+        # raise again when Python flushes stdout at exit, so stdout goes to devnull from here on.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 1
     return 0

@@ -4,17 +4,31 @@ A page source is one of:
 - a directory with `manifest.jsonl` (rows with `id`, `file`, optional `url` and metadata), as the
   shared corpus is laid out;
 - a JSONL file (`.jsonl`, or gzipped `.jsonl.gz`) whose rows carry `html` (a string) or `file` (a path
-  relative to the JSONL file), plus optional `id`, `url`, `encoding` (the charset a `file`'s bytes were
-  served with, as an HTTP Content-Type would declare it) and any other fields (kept in `Page.meta`);
+  relative to the JSONL file), plus optional `id` (a string, or an integer read as its decimal text;
+  a row without one is named by its position), `url`, `encoding` (the charset a `file`'s bytes were
+  served with, as an HTTP Content-Type would declare it) and any other fields (kept in `Page.meta`).
+  A `file` that is absolute or climbs out with `..` is followed as written: a manifest is trusted like
+  the command line that names it, and may point at pages kept elsewhere;
 - a WARC file (`.warc`, `.warc.gz`, `.warc.zst`, `.warc.lz4`), as
   crawlers write them: every `response` record with an HTML payload (and every HTML `resource` record)
   is a page, with the WARC-Record-ID as its id, WARC-Target-URI as its url, the HTTP body with its
   chunked transfer and Content-Encoding undone, and the HTTP charset honoured; other records
   (requests, images, revisits, DNS, metadata) are skipped. `meta` has `warc_file`, `warc_date`,
   `http_status`, `content_type` and, for a record the crawler cut short, `warc_truncated`;
-- a directory of `*.html`, `*.htm` (optionally `.gz`) and WARC files, read recursively in sorted order;
-- a single HTML file.
-Gzip is recognised by its magic bytes, so raw bytes reach the decoder exactly as crawled.
+- a directory of `*.html`, `*.htm` (optionally `.gz`) and WARC files, read recursively in sorted order
+  (other files are skipped; a directory with JSONL files but no page files is an error, not zero pages);
+- a single HTML file (`.html`, `.htm`, optionally `.gz`).
+Gzip is recognised by its magic bytes, so raw bytes reach the decoder exactly as crawled. A single file
+with any other name is sniffed, through gzip when gzipped: JSONL when its content starts with `{`, WARC
+with `WARC/`, one HTML page with `<`; anything else is refused, so a `pages.ndjson` or a renamed WARC
+is never read as one page made of twelve.
+
+Every string a page carries (`id`, `url`, `error`, the strings in a JSONL row's `meta`) is valid
+Unicode, so consumers that write UTF-8 (Parquet, JSON) never fail on it: a lone surrogate from a JSON
+`\\ud800` escape becomes U+FFFD, and a file-name byte that is not UTF-8 (which Python spells as a
+surrogate from U+DC80 to U+DCFF) becomes a `\\xNN` escape, so `caf\\xe9.html` stays distinguishable
+from `caf\\xe8.html`. A row's `html` text is the exception: its lone surrogates are passed on as the
+invalid bytes they are, for the page decoder to replace like any other bad byte.
 
 A declared charset must survive the trip to consumers that take bytes only (the Engine, the pruner,
 the evaluation's content keys), so a page's bytes are made self-describing with
@@ -36,6 +50,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -54,6 +69,13 @@ _HTML_SUFFIXES = (".html", ".htm", ".html.gz", ".htm.gz")
 _JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
 _WARC_SUFFIXES = (".warc", ".warc.gz", ".warc.zst", ".warc.lz4")
 _HTML_MEDIA_TYPES = frozenset({"text/html", "application/xhtml+xml"})
+_SNIFF_BYTES = 4096  # enough to get past a BOM and leading blank lines to the first real byte
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_SOURCE_KINDS = (
+    "a corpus directory with manifest.jsonl, a JSONL file (.jsonl, .jsonl.gz), a WARC file "
+    "(.warc, .warc.gz, .warc.zst, .warc.lz4), a directory of HTML and WARC files, an HTML file "
+    "(.html, .htm, optionally .gz)"
+)
 # A WARC payload's decoded size cap: far above any page worth embedding, far below a bomb's output.
 MAX_WARC_PAYLOAD_BYTES = 64 * 1024 * 1024
 
@@ -66,13 +88,46 @@ class PageSourceError(HtmllmError):
     code = ErrorCode.VALIDATION
 
 
+def valid_text(text: str) -> str:
+    """`text` with every lone surrogate replaced, so it encodes as UTF-8: a surrogate from U+DC80 to
+    U+DCFF (how Python spells a file-name byte that is not UTF-8) becomes that byte's `\\xNN` escape,
+    any other U+FFFD."""
+    return text if text.isascii() else _SURROGATE.sub(_surrogate_replacement, text)
+
+
+def _surrogate_replacement(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else "\ufffd"
+
+
+def _valid_json(value: Any) -> Any:
+    """A decoded JSON value with U+FFFD for every lone surrogate (a `\\ud800` escape) in its strings."""
+    if isinstance(value, str):
+        return value if value.isascii() else _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_valid_json(v) for v in value]
+    if isinstance(value, dict):
+        return {_valid_json(k): _valid_json(v) for k, v in value.items()}
+    return value
+
+
 @dataclass(frozen=True)
 class Page:
+    """One page; its `id`, `url` and `error` are made valid Unicode here (see `valid_text`), so no source
+    can hand a writer a string it cannot encode."""
+
     id: str
     html: bytes
     url: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     error: str | None = None  # why the row could not be read (only with bad_rows="report"); html is b""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "id", valid_text(self.id))
+        if self.url is not None:
+            object.__setattr__(self, "url", valid_text(self.url))
+        if self.error is not None:
+            object.__setattr__(self, "error", valid_text(self.error))
 
 
 def gunzip_page(data: bytes) -> bytes:
@@ -92,25 +147,52 @@ def _read_file(path: Path, where: str) -> bytes:
         raise PageSourceError(f"{where}: cannot read {path}: {exc}") from exc
 
 
+def _json_type(value: Any) -> str:
+    """How JSON names a value's type, for messages about a field of the wrong type."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    return "a string" if isinstance(value, str) else "null"
+
+
 def _row_id(row: Any, index: int) -> str:
-    """A row's `id`, or its position when it has none (or is not an object)."""
+    """A row's `id` (an integer as its decimal text), or its position when it has none, it is not a
+    string or an integer (`_row_page` refuses that row), or the row is not an object."""
     page_id = row.get("id") if isinstance(row, dict) else None
-    return str(index) if page_id is None else str(page_id)
+    if isinstance(page_id, str):
+        return page_id
+    if isinstance(page_id, int) and not isinstance(page_id, bool):
+        return str(page_id)
+    return str(index)
 
 
 def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
     if not isinstance(row, dict):
         raise PageSourceError(f"{where} is not a JSON object")
-    meta = {k: v for k, v in row.items() if k not in ("id", "html", "file", "url", "encoding")}
-    page_id = _row_id(row, index)
+    raw_id = row.get("id")
+    if raw_id is not None and (isinstance(raw_id, bool) or not isinstance(raw_id, str | int)):
+        # A float or an object has no one obvious text: guessing one could merge two pages' ids.
+        raise PageSourceError(f"{where}: 'id' must be a string or an integer, not {_json_type(raw_id)}")
+    meta = {k: _valid_json(v) for k, v in row.items() if k not in ("id", "html", "file", "url", "encoding")}
+    page_id = _valid_json(_row_id(row, index))
     url = row.get("url")
-    if isinstance(row.get("html"), str):
+    html_text, file_name = row.get("html"), row.get("file")
+    if html_text is not None:
+        if not isinstance(html_text, str):
+            raise PageSourceError(f"{where}: 'html' must be a string, not {_json_type(html_text)}")
         # A lone surrogate ("\ud800" is valid JSON) cannot be UTF-8: pass it on as the invalid bytes
         # it is, which the page decoder replaces like any other bad byte.
         # The text is UTF-8 now, whatever charset its <meta> names.
-        html = with_declared_encoding(row["html"].encode("utf-8", errors="surrogatepass"), "utf-8")
-    elif isinstance(row.get("file"), str):
-        path = base / row["file"]
+        html = with_declared_encoding(html_text.encode("utf-8", errors="surrogatepass"), "utf-8")
+    elif file_name is not None:
+        if not isinstance(file_name, str):
+            raise PageSourceError(f"{where}: 'file' must be a path (a string), not {_json_type(file_name)}")
+        path = base / file_name
         if not path.is_file():
             raise PageSourceError(f"{where} names a missing file {path}")
         encoding = row.get("encoding")
@@ -119,7 +201,7 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
         html = with_declared_encoding(_read_file(path, where), encoding)
     else:
         raise PageSourceError(f"{where} has neither 'html' nor 'file'")
-    return Page(id=page_id, html=html, url=url if isinstance(url, str) else None, meta=meta)
+    return Page(id=page_id, html=html, url=_valid_json(url) if isinstance(url, str) else None, meta=meta)
 
 
 def _open_jsonl(path: Path) -> IO[bytes]:
@@ -166,23 +248,72 @@ def _iter_jsonl(path: Path) -> Iterator[Page]:
                     raise PageSourceError(f"{where} is not JSON: {exc}") from exc
                 page = _row_page(row, path.parent, index, where)
             except PageSourceError as exc:
-                page = Page(id=_row_id(row, index), html=b"", error=str(exc))
+                page = Page(id=_valid_json(_row_id(row, index)), html=b"", error=str(exc))
             yield page
             index += 1
 
 
 def _iter_html_dir(path: Path) -> Iterator[Page]:
     suffixes = _HTML_SUFFIXES + _WARC_SUFFIXES
-    for file in sorted(p for p in path.rglob("*") if p.is_file() and p.name.lower().endswith(suffixes)):
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    page_files = [f for f in files if f.name.lower().endswith(suffixes)]
+    if not page_files:
+        # JSONL shards are read one file at a time (their ids and `file` paths are per file), never as
+        # a directory's pages; zero pages in silence would look like a finished run.
+        shards = [f for f in files if f.name.lower().endswith(_JSONL_SUFFIXES)]
+        if shards:
+            raise PageSourceError(
+                f"{path} holds no HTML or WARC files but {len(shards)} JSONL file(s) "
+                f"({shards[0].relative_to(path)}, ...): pass a JSONL file itself, "
+                f"or name the corpus's manifest manifest.jsonl"
+            )
+    for file in page_files:
         if file.name.lower().endswith(_WARC_SUFFIXES):
             yield from _iter_warc(file)
             continue
-        page_id = str(file.relative_to(path))
+        page_id = str(file.relative_to(path))  # a name's bytes that are not UTF-8 become \xNN (Page)
         try:
             page = Page(id=page_id, html=_read_file(file, str(path)))
         except PageSourceError as exc:
             page = Page(id=page_id, html=b"", error=str(exc))
         yield page
+
+
+def _head(path: Path) -> bytes:
+    """The first bytes of a file's content, gunzipped when the file is gzip."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(_SNIFF_BYTES)
+            if head[:2] == GZIP_MAGIC:
+                handle.seek(0)
+                with gzip.GzipFile(fileobj=handle) as unzipped:
+                    head = unzipped.read(_SNIFF_BYTES)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise PageSourceError(f"cannot read {path}: {exc}") from exc
+    return head
+
+
+def _file_kind(path: Path) -> Literal["jsonl", "warc", "html"]:
+    """What a single file holds: by its name's suffix, else by its first bytes, else refused."""
+    name = path.name.lower()
+    if name.endswith(_JSONL_SUFFIXES):
+        return "jsonl"
+    if name.endswith(_WARC_SUFFIXES):
+        return "warc"
+    if name.endswith(_HTML_SUFFIXES):
+        return "html"
+    start = _head(path).removeprefix(b"\xef\xbb\xbf").lstrip()
+    if start.startswith(b"{"):
+        return "jsonl"
+    if start.startswith(b"WARC/"):
+        return "warc"
+    if start.startswith(b"<"):
+        return "html"
+    raise PageSourceError(
+        f"cannot tell what {path} holds: its name ends in no known suffix and its content (gunzipped "
+        f"when gzip) starts with none of '{{' (JSONL), 'WARC/' (WARC), '<' (HTML); a page source is "
+        f"{_SOURCE_KINDS}"
+    )
 
 
 def iter_pages(
@@ -198,10 +329,10 @@ def iter_pages(
         manifest = path / "manifest.jsonl"
         pages = _iter_jsonl(manifest) if manifest.is_file() else _iter_html_dir(path)
     elif path.is_file():
-        name = path.name.lower()
-        if name.endswith(_JSONL_SUFFIXES):
+        kind = _file_kind(path)
+        if kind == "jsonl":
             pages = _iter_jsonl(path)
-        elif name.endswith(_WARC_SUFFIXES):
+        elif kind == "warc":
             pages = _iter_warc(path)
         else:
             pages = iter([Page(id=path.name, html=_read_file(path, str(path)))])
@@ -244,7 +375,10 @@ def _iter_warc(path: Path) -> Iterator[Page]:
         page_id = record.record_id or f"{path.name}@{offset}"
         where = f"{path}: record {page_id} at byte {offset}"
         url = record.headers.get("WARC-Target-URI")
-        meta: dict[str, Any] = {"warc_file": path.name, "warc_date": record.headers.get("WARC-Date")}
+        meta: dict[str, Any] = {
+            "warc_file": valid_text(path.name),
+            "warc_date": record.headers.get("WARC-Date"),
+        }
         reported = len(block) < record.content_length
         try:
             if reported:
@@ -266,7 +400,10 @@ def _iter_warc(path: Path) -> Iterator[Page]:
 
 def _warc_error(path: Path, offset: int, message: str) -> Page:
     return Page(
-        id=f"{path.name}@{offset}", html=b"", error=f"{path}: {message}", meta={"warc_file": path.name}
+        id=f"{path.name}@{offset}",
+        html=b"",
+        error=f"{path}: {message}",
+        meta={"warc_file": valid_text(path.name)},
     )
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import codecs
 import gzip
 import json
+import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -345,3 +347,120 @@ def test_a_directory_of_warcs_and_html_files(tmp_path: Path) -> None:
         ("c.warc@0", False),
         ("<urn:uuid:d1>", True),
     ]
+
+
+def _twelve_rows() -> bytes:
+    return b"".join(json.dumps({"id": f"p{i}", "html": f"<p>{i}</p>"}).encode() + b"\n" for i in range(12))
+
+
+@pytest.mark.parametrize(
+    ("name", "before"), [("pages.ndjson", b""), ("pages.json.gz", b"\xef\xbb\xbf"), ("pages", b"\n \n")]
+)
+def test_a_jsonl_file_by_another_name_is_sniffed(tmp_path: Path, name: str, before: bytes) -> None:
+    """Twelve rows must stay twelve pages, never collapse into one HTML page made of JSON."""
+    data = before + _twelve_rows()  # a BOM or blank lines do not hide the first row
+    source = tmp_path / name
+    source.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    assert [p.id for p in iter_pages(source)] == [f"p{i}" for i in range(12)]
+
+
+def test_a_renamed_warc_is_sniffed(tmp_path: Path) -> None:
+    source = tmp_path / "crawl.arc.gz"
+    source.write_bytes(warc_gz([response(f"r{i}", HttpResponse(b"<p>x</p>")) for i in range(3)]))
+    assert [p.id for p in iter_pages(source)] == [f"<urn:uuid:r{i}>" for i in range(3)]
+
+
+def test_an_html_page_by_another_name_is_one_page(tmp_path: Path) -> None:
+    source = tmp_path / "index.PHP"
+    source.write_bytes(b"  <!doctype html><p>x</p>")
+    assert [(p.id, p.html) for p in iter_pages(source)] == [("index.PHP", b"  <!doctype html><p>x</p>")]
+    upper = tmp_path / "PAGE.HTM.GZ"  # a page suffix in any case is a page, whatever it starts with
+    upper.write_bytes(gzip.compress(b"plain text"))
+    assert [p.html for p in iter_pages(upper)] == [b"plain text"]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"[1, 2]\n", b"plain text\n", b"", gzip.compress(b"filedesc://old.arc", mtime=0), b"\x28\xb5\x2f\xfd.."],
+    ids=["json array", "text", "empty", "gzipped ARC", "zstd"],
+)
+def test_an_unknown_single_file_is_refused(tmp_path: Path, content: bytes) -> None:
+    source = tmp_path / "pages.dat"
+    source.write_bytes(content)
+    with pytest.raises(PageSourceError, match=r"cannot tell what .*pages\.dat holds.*JSONL file \(\.jsonl"):
+        list(iter_pages(source, bad_rows="report"))
+
+
+def test_a_directory_of_jsonl_shards_is_an_error_not_zero_pages(tmp_path: Path) -> None:
+    (tmp_path / "part-0.jsonl.gz").write_bytes(gzip.compress(_twelve_rows()))
+    (tmp_path / "README.txt").write_text("shards")
+    with pytest.raises(PageSourceError, match="no HTML or WARC files but 1 JSONL file"):
+        list(iter_pages(tmp_path, bad_rows="report"))
+    (tmp_path / "a.html").write_bytes(b"<p>a</p>")  # with page files, the shards are skipped as before
+    assert [p.id for p in iter_pages(tmp_path)] == ["a.html"]
+
+
+def test_every_string_a_page_carries_encodes_as_utf8(tmp_path: Path) -> None:
+    """Lone surrogates (valid JSON escapes, or a file name's undecodable bytes) would crash a writer."""
+    source = tmp_path / "rows.jsonl"
+    rows = [
+        b'{"id": "b\\ud800", "url": "https://x.example/\\udfff", "html": "<p>x</p>", "tag": ["\\ud83d"]}',
+        b'{"id": "c\\udce9", "file": "missing\\ud800.html"}',
+        b'{"id": "ok \\ud83d\\ude00", "html": "<p>y</p>"}',  # a surrogate pair is one character
+    ]
+    source.write_bytes(b"\n".join(rows))
+    lone, missing, pair = iter_pages(source, bad_rows="report")
+    assert (lone.id, lone.url, lone.meta) == ("b\ufffd", "https://x.example/\ufffd", {"tag": ["\ufffd"]})
+    assert missing.id == "c\ufffd" and missing.error is not None and "missing\ufffd.html" in missing.error
+    assert pair.id == "ok \U0001f600"
+
+    html_dir = tmp_path / "dir"
+    html_dir.mkdir()
+    for raw in (b"caf\xe9.html", b"caf\xe8.html.gz"):
+        (html_dir / os.fsdecode(raw)).write_bytes(
+            b"<p>caf\xc3\xa9</p>" if raw.endswith(b"l") else b"\x1f\x8bcut"
+        )
+    broken, good = iter_pages(html_dir, bad_rows="report")
+    assert (broken.id, good.id) == ("caf\\xe8.html.gz", "caf\\xe9.html")  # distinguishable, not both U+FFFD
+    assert broken.error is not None and "caf\\xe8.html.gz" in broken.error
+    for page in (lone, missing, pair, broken, good):
+        json.dumps([page.id, page.url, page.error, page.meta], ensure_ascii=False).encode("utf-8")
+
+
+@pytest.mark.parametrize(
+    ("row", "fragment"),
+    [
+        ({"id": "n", "html": 123}, "'html' must be a string, not a number"),
+        ({"id": "f", "file": ["a.html"]}, "'file' must be a path (a string), not an array"),
+        ({"id": 1.5, "html": "<p>x</p>"}, "'id' must be a string or an integer, not a number"),
+        ({"id": {"k": 1}, "html": "<p>x</p>"}, "'id' must be a string or an integer, not an object"),
+        ({"id": True, "html": "<p>x</p>"}, "'id' must be a string or an integer, not a boolean"),
+    ],
+)
+def test_fields_of_the_wrong_type_say_so(tmp_path: Path, row: dict[str, object], fragment: str) -> None:
+    source = tmp_path / "rows.jsonl"
+    source.write_text(json.dumps(row) + "\n")
+    with pytest.raises(PageSourceError, match=re.escape(f"line 1: {fragment}")):
+        list(iter_pages(source))
+    (page,) = iter_pages(source, bad_rows="report")
+    assert page.id in ("n", "f", "0")  # a refused id is never its Python repr: the row's position
+
+
+def test_an_integer_id_is_its_decimal_text(tmp_path: Path) -> None:
+    source = tmp_path / "rows.jsonl"
+    source.write_text(json.dumps({"id": 17, "html": "<p>x</p>"}) + "\n")
+    assert [p.id for p in iter_pages(source)] == ["17"]
+
+
+def test_a_file_outside_the_manifests_directory_is_followed(tmp_path: Path) -> None:
+    """A manifest is trusted like a command line: it may point at pages kept elsewhere."""
+    (tmp_path / "pages").mkdir()
+    (tmp_path / "pages" / "a.html").write_bytes(b"<p>a</p>")
+    (tmp_path / "lists").mkdir()
+    rows = [
+        {"id": "up", "file": "../pages/a.html"},
+        {"id": "abs", "file": str(tmp_path / "pages" / "a.html")},
+    ]
+    source = tmp_path / "lists" / "rows.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [(p.id, p.html) for p in iter_pages(source)] == [("up", b"<p>a</p>"), ("abs", b"<p>a</p>")]
