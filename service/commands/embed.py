@@ -1,12 +1,14 @@
 """`htmllm embed`: bulk-embed a page collection into one Parquet file, resumably, through the Engine.
 
-Resumability (a restart after `kill -9` writes every document exactly once): results go to append-only
-part files in `<output>.parts/`, each written to a temporary name and renamed, so a part is either
-complete or absent. Every row carries its input position (`index`); on restart the union of the parts'
-indices is the done-set and only the other documents are embedded. When all are done the parts are
-merged, sorted by index, into `<output>` (again via a temporary name) and the parts directory removed;
-a crash during the merge just merges again. `run.json` in the parts directory pins the checkpoint and
-options, so a resumed run cannot mix embeddings from two models.
+Resumability (a restart after `kill -9` or Ctrl-C writes every document exactly once): results go to
+append-only part files in `<output>.parts/`, each written to a temporary name and renamed, so a part is
+either complete or absent. Every row carries its input position (`index`); on restart the union of the
+parts' indices is the done-set and only the other documents are embedded. When all are done the parts are
+merged, sorted by index, into `<output>` (again via a temporary name; refused unless they hold each index
+of the input once) and the parts directory removed; a crash during the merge just merges again. The
+on-disk rules (the lock that refuses a second run on the same output, `run.json` pinning the checkpoint's
+fingerprint and the options so a resumed run cannot mix two models, the settings kept in the output's
+metadata) are in `embed_state`.
 
 Rows: `index`, `id`, `url`, `embedding` (float32 list, null on error), `tokens`, `truncated`, `error`
 (an ErrorCode, null on success), `error_message` (why, null on success), then per classification head
@@ -14,8 +16,10 @@ Rows: `index`, `id`, `url`, `embedding` (float32 list, null on error), `tokens`,
 
 A document that fails (an input row that is not JSON or names a missing file, a page nested too deep, a
 page over the token limit with truncation off) gets its row with the error and the run goes on: one bad
-line in a crawl dump must not stop a run of millions. Only an input source that does not exist, an
-unusable checkpoint or unwritable output stops it.
+line in a crawl dump must not stop a run of millions. A failure a retry may fix (the engine shutting
+down under Ctrl-C, a timeout, a full queue, a backend failure) is never written: the document is left
+for the next run, and the command exits 1 without merging (130 after Ctrl-C). Options, the input and
+the checkpoint's metadata are checked before the model loads or a file is created.
 """
 
 from __future__ import annotations
@@ -24,24 +28,66 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import sys
-import tempfile
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from service.commands.embed_state import (
+    PART_GLOB,
+    RUN_FILE,
+    changed,
+    checkpoint_sha256,
+    clean_leftovers,
+    done_set,
+    merge,
+    output_settings,
+    parts_dir,
+    pin_settings,
+    remove_parts,
+    run_lock,
+    write_table,
+)
 from service.core.attention import ATTENTION_CHOICES, AUTO_ATTENTION, attention_option
+from service.core.errors import ErrorCode, HtmllmError
 from service.core.quantization import NO_QUANTIZATION, QUANTIZATION_CHOICES, quantization_option
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
     from service.core.modeling import HeadSpec
+    from service.engine import EngineConfig
 
-PART_GLOB = "part-*.parquet"
 # Bumped when the rows change; run.json pins it, so parts of an older layout are never merged with new.
 ROW_FORMAT = 2
+# Failures a later attempt may not repeat: written as rows they would be "done" for good.
+TRANSIENT = frozenset(
+    {ErrorCode.SHUTTING_DOWN, ErrorCode.TIMEOUT, ErrorCode.OVERLOADED, ErrorCode.BACKEND_FAILED}
+)
+INTERRUPTED = 130  # the shell's status for a command ended by SIGINT
+
+
+class OptionError(HtmllmError):
+    """A command line that cannot work: reported in one line before anything is loaded or created."""
+
+    code = ErrorCode.VALIDATION
+
+
+def _at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least `minimum` (a usage error, exit 2, otherwise)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {value}")
+        return value
+
+    return parse
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -59,6 +105,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         ),
     )
     parser.add_argument("--output", required=True, type=Path, help="Parquet file to write")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing output written with other settings (or not by htmllm embed)",
+    )
     parser.add_argument("--backend", choices=("torch", "onnx"), default="torch", help="inference backend")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model runs")
     parser.add_argument(
@@ -79,10 +130,14 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         default=AUTO_ATTENTION,
         help="torch backend: auto picks packed varlen batches on CUDA in half precision, padded SDPA on CPU",
     )
-    parser.add_argument("--max-length", type=int, default=None, help="truncate documents to this many tokens")
-    parser.add_argument("--batch-tokens", type=int, default=16384, help="token budget per forward pass")
-    parser.add_argument("--batch-size", type=int, default=64, help="documents per forward pass")
-    parser.add_argument("--workers", type=int, default=2, help="pruning and tokenization workers")
+    parser.add_argument(
+        "--max-length", type=_at_least(2), default=None, help="truncate documents to this many tokens"
+    )
+    parser.add_argument(
+        "--batch-tokens", type=_at_least(1), default=16384, help="token budget per forward pass"
+    )
+    parser.add_argument("--batch-size", type=_at_least(1), default=64, help="documents per forward pass")
+    parser.add_argument("--workers", type=_at_least(1), default=2, help="pruning and tokenization workers")
     parser.add_argument(
         "--preprocess-pool",
         choices=("thread", "process"),
@@ -96,36 +151,161 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     parser.add_argument(
         "--intra-op-threads",
-        type=int,
+        type=_at_least(1),
         default=None,
         help="CPU threads per forward pass (default OMP_NUM_THREADS, else the container's CPU limit or the "
         "CPUs in the affinity mask)",
     )
     parser.add_argument("--heads", default=None, help="comma-separated heads to score (default: all)")
     parser.add_argument("--no-normalize", action="store_true", help="write unnormalised embeddings")
-    parser.add_argument("--limit", type=int, default=None, help="embed only the first N pages")
-    parser.add_argument("--part-size", type=int, default=512, help="documents per part file (resume grain)")
+    parser.add_argument("--limit", type=_at_least(1), default=None, help="embed only the first N pages")
+    parser.add_argument(
+        "--part-size", type=_at_least(1), default=512, help="documents per part file (resume grain)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from service.core.errors import HtmllmError
-
     try:
         import pyarrow  # noqa: F401
     except ImportError:
         print("htmllm embed: needs pyarrow (pip install pyarrow)", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(_run(args))
+        return _run(args)
+    except KeyboardInterrupt:
+        parts = parts_dir(args.output)
+        kept = f"what was finished is kept in {parts}: " if parts.exists() else ""
+        print(f"htmllm embed: interrupted; {kept}run the same command again to go on", file=sys.stderr)
+        return INTERRUPTED
     except HtmllmError as exc:
         print(f"htmllm embed: {exc.code}: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # an output that cannot be written (a full disk, a path under a file...)
+        print(f"htmllm embed: {exc}", file=sys.stderr)
+        return 1
 
 
-def parts_dir(output: Path) -> Path:
-    return output.with_name(output.name + ".parts")
+@dataclass(frozen=True)
+class _Plan:
+    """What the command line asks for, checked, with the settings that determine its rows."""
+
+    config: EngineConfig
+    heads: list[str]  # as asked, each once
+    specs: list[HeadSpec]  # those heads' specs, in the checkpoint's order (the columns' order)
+    settings: dict[str, Any]
+
+
+@dataclass
+class _Outcome:
+    """What a run did, for its last line and for the merge's check."""
+
+    documents: int = 0  # input rows seen, done before or not
+    failures: int = 0  # error rows written this run
+    deferred: Counter[str] = field(default_factory=Counter)  # transient failures by code, not written
+    first_deferred: str = ""  # the first one's code and message, to say why
+
+
+def _check_input(path: Path) -> None:
+    """The input exists and can be read (any file is a source: one that is not JSONL or WARC is a page)."""
+    if not path.exists():
+        raise OptionError(f"page source {path} does not exist")
+    try:
+        if path.is_dir():
+            with os.scandir(path):
+                pass
+        elif path.is_file():
+            with path.open("rb"):
+                pass
+        else:
+            raise OptionError(f"page source {path} is neither a file nor a directory")
+    except OSError as exc:
+        raise OptionError(f"page source {path} cannot be read: {exc.strerror}") from exc
+
+
+def _plan(args: argparse.Namespace) -> _Plan:
+    """Check everything a command line can get wrong before the model loads (seconds to minutes) or a
+    file is created (a run.json written for a typo would pin it)."""
+    _check_input(args.input)
+    from service.core.checkpoint import read_meta
+    from service.engine import EngineConfig
+
+    try:
+        config = EngineConfig(
+            backend=args.backend,
+            device=args.device,
+            dtype=args.dtype,
+            onnx_quantize=quantization_option(args.onnx_quantize),
+            attn_implementation=attention_option(args.attention),
+            max_length=args.max_length,
+            max_batch_tokens=args.batch_tokens,
+            max_batch_requests=args.batch_size,
+            max_queue_documents=max(4 * args.batch_size, 256),
+            preprocess_workers=args.workers,
+            preprocess_pool=args.preprocess_pool,
+            inference_process=args.inference_process,
+            intra_op_threads=args.intra_op_threads,
+            max_wait_ms=5.0,
+        )
+    except ValueError as exc:
+        raise OptionError(str(exc)) from exc
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise OptionError("--device cuda, but this machine has no usable CUDA device")
+    if args.backend == "onnx":
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError as exc:
+            raise OptionError("--backend onnx needs onnxruntime (pip install onnxruntime)") from exc
+    meta = read_meta(args.checkpoint)
+    if args.max_length is not None and args.max_length > meta.max_length:
+        raise OptionError(f"--max-length {args.max_length} exceeds the checkpoint's {meta.max_length}")
+    known = [spec.name for spec in meta.heads]
+    heads = list(dict.fromkeys(args.heads.split(","))) if args.heads else known
+    unknown = [name for name in heads if name not in known]
+    if unknown:
+        raise HtmllmError(
+            f"unknown head(s) {unknown}; this model has {sorted(known)}", code=ErrorCode.UNKNOWN_HEAD
+        )
+    settings = {
+        "row_format": ROW_FORMAT,
+        "input": str(args.input.resolve()),
+        "limit": args.limit,
+        "model": meta.name,
+        "tokenizer_sha256": meta.tokenizer_sha256,
+        "checkpoint_sha256": checkpoint_sha256(args.checkpoint),
+        "embedding_dim": meta.embedding_dim,
+        "max_length": args.max_length or meta.max_length,
+        "heads": heads,
+        "normalize": not args.no_normalize,
+        "backend": args.backend,
+        "dtype": args.dtype,
+        "onnx_quantize": config.onnx_quantize,
+    }
+    return _Plan(config, heads, [spec for spec in meta.heads if spec.name in heads], settings)
+
+
+def _finished(output: Path, settings: dict[str, Any], overwrite: bool) -> bool:
+    """Whether `output` is this run's finished output; another run's output, or a file this command did
+    not write, is refused unless `overwrite` (then False: it is replaced when the run merges)."""
+    if not output.exists():
+        return False
+    if output.is_dir():
+        raise OptionError(f"{output} is a directory, not a Parquet file")
+    previous = output_settings(output)
+    if previous == settings:
+        return True
+    if overwrite:
+        return False
+    why = (
+        f"was written with other settings ({changed(settings, previous)})"
+        if previous is not None
+        else "was not written by this version of htmllm embed"
+    )
+    raise OptionError(f"{output} {why}; pass --overwrite to replace it")
 
 
 def _schema(dim: int, heads: list[HeadSpec]) -> pa.Schema:
@@ -153,66 +333,10 @@ def _schema(dim: int, heads: list[HeadSpec]) -> pa.Schema:
     return pa.schema(fields, metadata={"htmllm.head_labels": json.dumps(labels)})
 
 
-def _done_set(parts: Path) -> dict[int, str]:
-    """Indices (and ids) already written by complete parts; leftovers of a killed writer are removed."""
-    import pyarrow.parquet as pq
-
-    from service.core.errors import HtmllmError
-
-    done: dict[int, str] = {}
-    for leftover in parts.glob(".part-*"):
-        leftover.unlink()
-    for part in sorted(parts.glob(PART_GLOB)):
-        table = pq.read_table(part, columns=["index", "id"])
-        for index, page_id in zip(table["index"].to_pylist(), table["id"].to_pylist(), strict=True):
-            if index in done:
-                raise HtmllmError(f"document {index} appears twice in {parts}; delete it to start over")
-            done[index] = page_id
-    return done
-
-
-def _write_atomic(table: pa.Table, path: Path) -> None:
-    import pyarrow.parquet as pq
-
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp)
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _check_run(parts: Path, settings: dict[str, Any]) -> None:
-    """Pin the run's settings in run.json; a resume with other settings is refused."""
-    from service.core.errors import ErrorCode, HtmllmError
-
-    pin = parts / "run.json"
-    if pin.is_file():
-        previous = json.loads(pin.read_text(encoding="utf-8"))
-        if previous != settings:
-            changed = sorted(
-                k for k in settings.keys() | previous.keys() if settings.get(k) != previous.get(k)
-            )
-            raise HtmllmError(
-                f"{parts} holds a run with other settings ({', '.join(changed)}); delete it to start over",
-                code=ErrorCode.VALIDATION,
-            )
-        return
-    fd, tmp = tempfile.mkstemp(dir=parts, prefix=".run.")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(settings, handle, sort_keys=True)
-    os.replace(tmp, pin)
-
-
 class _PartWriter:
-    def __init__(self, parts: Path, schema: pa.Schema, heads: list[HeadSpec], part_size: int) -> None:
+    def __init__(self, parts: Path, schema: pa.Schema, part_size: int) -> None:
         self.parts = parts
         self.schema = schema
-        self.heads = heads
         self.part_size = part_size
         self.rows: list[dict[str, Any]] = []
         self.next_part = 1 + max((int(p.stem.split("-")[1]) for p in parts.glob(PART_GLOB)), default=-1)
@@ -222,95 +346,98 @@ class _PartWriter:
         if len(self.rows) >= self.part_size:
             self.flush()
 
-    def flush(self) -> None:
+    def flush(self, *, errors: bool = True) -> None:
+        """Write the rows held as a part; `errors=False` drops error rows (for an interrupted run: a worker
+        killed by the same Ctrl-C fails a page for a reason not its own; dropped, it is redone)."""
         import pyarrow as pa
 
-        if not self.rows:
-            return
-        table = pa.Table.from_pylist(self.rows, schema=self.schema)
-        _write_atomic(table, self.parts / f"part-{self.next_part:06d}.parquet")
-        self.next_part += 1
+        rows = self.rows if errors else [row for row in self.rows if row["error"] is None]
         self.rows = []
+        if not rows:
+            return
+        table = pa.Table.from_pylist(rows, schema=self.schema)
+        write_table(table, self.parts / f"part-{self.next_part:06d}.parquet")
+        self.next_part += 1
 
 
-def _merge(parts: Path, output: Path, schema: pa.Schema) -> int:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    tables = [pq.read_table(f) for f in sorted(parts.glob(PART_GLOB))]
-    table = pa.concat_tables(tables).sort_by("index") if tables else schema.empty_table()
-    _write_atomic(table, output)
-    return int(table.num_rows)
-
-
-async def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace) -> int:
     output: Path = args.output
     parts = parts_dir(output)
-    if output.exists() and not parts.exists():
-        print(f"htmllm embed: {output} is complete (no unfinished parts); nothing to do", file=sys.stderr)
+    plan = _plan(args)
+    if _finished(output, plan.settings, args.overwrite) and not parts.exists():
+        print(f"htmllm embed: {output} is complete with these settings; nothing to do", file=sys.stderr)
         return 0
+    with run_lock(parts):
+        clean_leftovers(output, parts)
+        try:  # again under the lock: another run may have finished meanwhile
+            finished = _finished(output, plan.settings, args.overwrite)
+        except HtmllmError:
+            if not (parts / RUN_FILE).exists():
+                remove_parts(parts, output)  # only created by this run, to take the lock
+            raise
+        if finished:
+            remove_parts(parts, output)
+            print(f"htmllm embed: {output} is complete with these settings; nothing to do", file=sys.stderr)
+            return 0
+        pin_settings(parts, plan.settings)
+        done = done_set(parts)
+        writer = _PartWriter(parts, _schema(plan.settings["embedding_dim"], plan.specs), args.part_size)
+        try:
+            outcome = asyncio.run(_embed_all(args, plan, done, writer))
+        except BaseException:
+            writer.flush(errors=False)  # keep what was finished
+            raise
+        writer.flush()
+        if outcome.deferred:
+            codes = ", ".join(f"{n} {code}" for code, n in sorted(outcome.deferred.items()))
+            print(
+                f"htmllm embed: {outcome.deferred.total()} documents were left for the next run ({codes}; "
+                f"first: {outcome.first_deferred}); run the same command again to embed them",
+                file=sys.stderr,
+            )
+            return 1
+        rows = merge(parts, output, writer.schema, outcome.documents, plan.settings)
+        remove_parts(parts, output)
+    print(f"wrote {rows} documents to {output} ({outcome.failures} failed this run)", file=sys.stderr)
+    return 0
 
+
+async def _embed_all(
+    args: argparse.Namespace, plan: _Plan, done: dict[int, str], writer: _PartWriter
+) -> _Outcome:
+    """Embed every input document not in `done` and hand its row to `writer`."""
     from tqdm import tqdm
 
-    from service.core.errors import ErrorCode, HtmllmError
     from service.core.pages import Page, iter_pages
-    from service.engine import Document, Engine, EngineConfig
+    from service.engine import Document, Engine
     from service.engine.collector import prepare_for_serving
 
-    config = EngineConfig(
-        backend=args.backend,
-        device=args.device,
-        dtype=args.dtype,
-        onnx_quantize=quantization_option(args.onnx_quantize),
-        attn_implementation=attention_option(args.attention),
-        max_length=args.max_length,
-        max_batch_tokens=args.batch_tokens,
-        max_batch_requests=args.batch_size,
-        max_queue_documents=max(4 * args.batch_size, 256),
-        preprocess_workers=args.workers,
-        preprocess_pool=args.preprocess_pool,
-        inference_process=args.inference_process,
-        intra_op_threads=args.intra_op_threads,
-        max_wait_ms=5.0,
-    )
-    engine = Engine.from_checkpoint(args.checkpoint, config)
-    heads = engine.resolve_heads(args.heads.split(",") if args.heads else None)
-    specs = [spec for spec in engine.info.heads if spec.name in heads]
-    info = engine.info
-    parts.mkdir(parents=True, exist_ok=True)
-    _check_run(
-        parts,
-        {
-            "row_format": ROW_FORMAT,
-            "input": str(args.input.resolve()),
-            "limit": args.limit,
-            "model": info.name,
-            "tokenizer_sha256": info.tokenizer_sha256,
-            "embedding_dim": info.embedding_dim,
-            "max_length": info.max_length,
-            "heads": heads,
-            "normalize": not args.no_normalize,
-        },
-    )
-    done = _done_set(parts)
-    writer = _PartWriter(parts, _schema(info.embedding_dim, specs), specs, args.part_size)
+    try:
+        engine = Engine.from_checkpoint(args.checkpoint, plan.config)
+    except ValueError as exc:  # an option only the backend can check (an attention it lacks...)
+        raise OptionError(f"cannot run {args.checkpoint}: {exc}") from exc
+    except OSError as exc:
+        raise HtmllmError(f"cannot load {args.checkpoint}: {exc}", code=ErrorCode.CHECKPOINT_INVALID) from exc
+    outcome = _Outcome()
+    parts = writer.parts
+    normalize = not args.no_normalize
     in_flight = asyncio.Semaphore(max(2 * args.batch_size, 8))
     progress = tqdm(initial=len(done), unit="doc", desc="embed", disable=args.no_progress, file=sys.stderr)
-    failures = 0
 
     async def one(index: int, page: Page) -> None:
-        nonlocal failures
         row: dict[str, Any] = {"index": index, "id": page.id, "url": page.url}
         try:
             if page.error is not None:
                 raise HtmllmError(page.error, code=ErrorCode.VALIDATION)
             (result,) = await engine.embed(
-                [Document(html=page.html, id=page.id, url=page.url)],
-                heads=heads,
-                normalize=not args.no_normalize,
+                [Document(html=page.html, id=page.id, url=page.url)], heads=plan.heads, normalize=normalize
             )
         except HtmllmError as exc:
-            failures += 1
+            if exc.code in TRANSIENT:
+                outcome.deferred[exc.code] += 1
+                outcome.first_deferred = outcome.first_deferred or f"{exc.code}: {exc.message}"
+                return
+            outcome.failures += 1
             row.update(
                 embedding=None, tokens=None, truncated=None, error=str(exc.code), error_message=exc.message
             )
@@ -322,7 +449,7 @@ async def _run(args: argparse.Namespace) -> int:
                 error=None,
                 error_message=None,
             )
-            for spec in specs:
+            for spec in plan.specs:
                 score = result.scores[spec.name]
                 if isinstance(score, dict):
                     row[spec.name] = max(score, key=score.__getitem__)
@@ -336,6 +463,7 @@ async def _run(args: argparse.Namespace) -> int:
 
     def todo() -> Iterator[tuple[int, Page]]:
         for index, page in enumerate(iter_pages(args.input, limit=args.limit, bad_rows="report")):
+            outcome.documents = index + 1
             if index in done:
                 if done[index] != page.id:
                     raise HtmllmError(
@@ -344,20 +472,24 @@ async def _run(args: argparse.Namespace) -> int:
                     )
                 continue
             yield index, page
+        last = max(done, default=-1)
+        if last >= outcome.documents:
+            raise HtmllmError(
+                f"input changed since the interrupted run: it now ends after {outcome.documents} documents, "
+                f"but document {last} ({done[last]!r}) was embedded; delete {parts} to start over"
+            )
 
-    async with engine:
-        prepare_for_serving()  # the model is loaded: set the garbage collector for serving
-        tasks: set[asyncio.Task[None]] = set()
-        for index, page in todo():
-            await in_flight.acquire()
-            task = asyncio.create_task(one(index, page))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.gather(*tasks)
-    writer.flush()
-    progress.close()
-    rows = _merge(parts, output, writer.schema)
-    shutil.rmtree(parts)
-    print(f"wrote {rows} documents to {output} ({failures} failed this run)", file=sys.stderr)
-    return 0
+    try:
+        async with engine:
+            prepare_for_serving()  # the model is loaded: set the garbage collector for serving
+            tasks: set[asyncio.Task[None]] = set()
+            for index, page in todo():
+                await in_flight.acquire()
+                task = asyncio.create_task(one(index, page))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
+    finally:
+        progress.close()
+    return outcome

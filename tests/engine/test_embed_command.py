@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import gzip
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from service.cli import main
 from service.engine import Document, DocumentResult, Engine
@@ -85,23 +89,6 @@ def test_kill_minus_nine_then_resume_writes_each_document_once(tiny_checkpoint: 
     assert pq.read_table(out).num_rows == n
 
 
-def test_resume_with_another_model_is_refused(
-    tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from tests.factories.checkpoint import build_tiny_checkpoint
-
-    _write_pages(tmp_path / "pages.jsonl", 3)
-    out = tmp_path / "out.parquet"
-    parts = tmp_path / "out.parquet.parts"
-    parts.mkdir()
-    (parts / "run.json").write_text(json.dumps({"model": "something-else"}), encoding="utf-8")
-    other = build_tiny_checkpoint(tmp_path / "other", seed=1)
-    args = _cli("--checkpoint", str(other), "--input", str(tmp_path / "pages.jsonl"), "--output", str(out))
-    assert main(args[3:]) == 1
-    assert "other settings" in capsys.readouterr().err
-    assert not out.exists()
-
-
 @pytest.mark.parametrize("pool", ["thread", "process"])
 def test_bad_rows_become_error_rows_and_the_run_goes_on(
     tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], pool: str
@@ -139,33 +126,6 @@ def test_bad_rows_become_error_rows_and_the_run_goes_on(
     expected = asyncio.run(_embed(tiny_checkpoint, good))
     for row, result in zip((0, 4), expected, strict=True):
         np.testing.assert_allclose(np.array(table["embedding"][row].as_py()), result.embedding, atol=1e-5)
-
-
-def test_parts_of_an_older_row_format_are_not_resumed(
-    tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from service.commands import embed as command
-
-    _write_pages(tmp_path / "pages.jsonl", 2)
-    out = tmp_path / "out.parquet"
-    pin = tmp_path / "out.parquet.parts" / "run.json"
-    args = ["embed", "--checkpoint", str(tiny_checkpoint), "--input", str(tmp_path / "pages.jsonl")]
-    args += ["--output", str(out), "--no-progress"]
-
-    def crash(*_: object) -> int:
-        raise KeyboardInterrupt  # killed after its parts were written, before the merge
-
-    monkeypatch.setattr(command, "_merge", crash)
-    with pytest.raises(KeyboardInterrupt):
-        main(args)
-    monkeypatch.undo()
-    # The same run as written by a version whose rows had no error_message: no row_format in run.json.
-    settings = json.loads(pin.read_text(encoding="utf-8"))
-    assert settings.pop("row_format") == command.ROW_FORMAT
-    pin.write_text(json.dumps(settings), encoding="utf-8")
-    assert main(args) == 1
-    assert "other settings (row_format)" in capsys.readouterr().err
-    assert not out.exists()
 
 
 def test_a_warc_file_is_embedded_like_the_pages_it_holds(
@@ -218,3 +178,332 @@ def test_the_model_in_a_child_process_writes_what_the_engine_gives(
     expected = asyncio.run(_embed(tiny_checkpoint, pages))
     embeddings = np.array(table["embedding"].to_pylist(), dtype=np.float32)
     np.testing.assert_allclose(embeddings, np.stack([r.embedding for r in expected]), atol=1e-5)
+
+
+def _args(checkpoint: Path, source: Path, out: Path, *options: str) -> list[str]:
+    return ["embed", "--checkpoint", str(checkpoint), "--input", str(source), "--output", str(out),
+            "--no-progress", *options]  # fmt: skip
+
+
+def _stop_before_merge(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
+    """Run until every part is written and stop as a kill before the merge would (Ctrl-C there)."""
+    from service.commands import embed as command
+
+    def interrupted(*_: object) -> int:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(command, "merge", interrupted)
+        assert main(args) == 130
+
+
+def _not_loaded(*_: object, **__: object) -> Engine:
+    raise AssertionError("the model was loaded before the options were checked")
+
+
+def test_ctrl_c_keeps_what_was_finished_and_the_resume_embeds_the_rest(
+    tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Documents in flight at Ctrl-C fail with shutting_down: they must be left for the resume, not
+    written as done error rows; the command ends with one line and status 130."""
+    n = 40
+    _write_pages(tmp_path / "pages.jsonl", n)
+    out = tmp_path / "out.parquet"
+    args = _args(tiny_checkpoint, tmp_path / "pages.jsonl", out, "--part-size", "1", "--batch-size", "4")
+    original = Engine.embed
+    calls = 0
+
+    async def embed_then_ctrl_c(self: Engine, *a: Any, **kw: Any) -> list[DocumentResult]:
+        nonlocal calls
+        calls += 1
+        if calls == 12:
+            signal.raise_signal(signal.SIGINT)  # asyncio.run's handler cancels the run, as a Ctrl-C does
+        return await original(self, *a, **kw)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Engine, "embed", embed_then_ctrl_c)
+        try:
+            status: int | None = main(args)
+        except KeyboardInterrupt:
+            status = None
+    err = capsys.readouterr().err
+    assert status == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    tables = [pq.read_table(p) for p in (tmp_path / "out.parquet.parts").glob("part-*.parquet")]
+    assert 0 < sum(t.num_rows for t in tables) < n
+    assert all(t["error"].null_count == t.num_rows for t in tables), [t["error"] for t in tables]
+
+    assert main(args) == 0
+    table = pq.read_table(out)
+    assert table["index"].to_pylist() == list(range(n)) and table["error"].null_count == n
+
+
+def test_a_failure_a_retry_may_fix_is_left_for_the_next_run(
+    tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from service.engine.types import BackendError
+
+    _write_pages(tmp_path / "pages.jsonl", 8)
+    out = tmp_path / "out.parquet"
+    args = _args(tiny_checkpoint, tmp_path / "pages.jsonl", out, "--part-size", "2")
+    original = Engine.embed
+
+    async def flaky(self: Engine, docs: list[Document], **kw: Any) -> list[DocumentResult]:
+        if docs[0].id in ("p2", "p5"):
+            raise BackendError("CUDA out of memory")
+        return await original(self, docs, **kw)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Engine, "embed", flaky)
+        assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "2 documents were left for the next run (2 backend_failed" in err and "CUDA out of memory" in err
+    assert not out.exists()
+    written = [
+        i
+        for p in (tmp_path / "out.parquet.parts").glob("part-*.parquet")
+        for i in pq.read_table(p)["index"].to_pylist()
+    ]
+    assert sorted(written) == [0, 1, 3, 4, 6, 7]
+
+    assert main(args) == 0
+    table = pq.read_table(out)
+    assert table["index"].to_pylist() == list(range(8)) and table["error"].null_count == 8
+
+
+def test_a_second_run_on_the_same_output_is_refused(
+    tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _write_pages(tmp_path / "pages.jsonl", 3)
+    out = tmp_path / "out.parquet"
+    parts = tmp_path / "out.parquet.parts"
+    parts.mkdir()
+    fd = os.open(parts / "lock", os.O_RDWR | os.O_CREAT)
+    try:
+        os.write(fd, b"pid 4242 on crawler-7, since 2024-05-01 10:00:00\n")
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a run that is still going
+        assert main(_args(tiny_checkpoint, tmp_path / "pages.jsonl", out)) == 1
+        assert "another run (pid 4242 on crawler-7" in capsys.readouterr().err
+        assert not out.exists()
+    finally:
+        os.close(fd)
+    assert main(_args(tiny_checkpoint, tmp_path / "pages.jsonl", out)) == 0
+    assert pq.read_table(out)["index"].to_pylist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("parts_indices", "documents"), [([[0, 1], [3]], 4), ([[0, 1], [1, 2]], 3), ([[0, 1]], 3)]
+)
+def test_the_merge_refuses_parts_without_each_document_once(
+    tmp_path: Path, parts_indices: list[list[int]], documents: int
+) -> None:
+    import pyarrow as pa
+
+    from service.commands.embed import _schema
+    from service.commands.embed_state import RunStateError, merge, write_table
+
+    schema = _schema(4, [])
+    parts = tmp_path / "out.parquet.parts"
+    parts.mkdir()
+    for number, indices in enumerate(parts_indices):
+        rows = [{"index": i, "id": f"p{i}"} for i in indices]
+        write_table(pa.Table.from_pylist(rows, schema=schema), parts / f"part-{number:06d}.parquet")
+    with pytest.raises(RunStateError, match="once each"):
+        merge(parts, tmp_path / "out.parquet", schema, documents, {})
+    assert not (tmp_path / "out.parquet").exists()
+
+
+def test_resume_with_another_checkpoint_or_dtype_is_refused(
+    tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retrained checkpoint has the same name and tokenizer: its weights must tell it apart. A copy of
+    the same checkpoint (other mtimes) resumes."""
+    from tests.factories.checkpoint import build_tiny_checkpoint
+
+    _write_pages(tmp_path / "pages.jsonl", 4)
+    out = tmp_path / "out.parquet"
+    _stop_before_merge(monkeypatch, _args(tiny_checkpoint, tmp_path / "pages.jsonl", out, "--part-size", "2"))
+    retrained = build_tiny_checkpoint(tmp_path / "retrained", seed=1)
+    assert main(_args(retrained, tmp_path / "pages.jsonl", out)) == 1
+    assert "holds a run with other settings (checkpoint_sha256); delete it" in capsys.readouterr().err
+    assert main(_args(tiny_checkpoint, tmp_path / "pages.jsonl", out, "--dtype", "bfloat16")) == 1
+    assert "other settings (dtype)" in capsys.readouterr().err
+    assert not out.exists()
+
+    copy = shutil.copytree(tiny_checkpoint, tmp_path / "copy")
+    assert main(_args(copy, tmp_path / "pages.jsonl", out)) == 0
+    assert pq.read_table(out)["index"].to_pylist() == [0, 1, 2, 3]
+
+
+def test_parts_of_an_older_row_format_are_not_resumed(
+    tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from service.commands import embed as command
+
+    _write_pages(tmp_path / "pages.jsonl", 2)
+    out = tmp_path / "out.parquet"
+    pin = tmp_path / "out.parquet.parts" / "run.json"
+    args = _args(tiny_checkpoint, tmp_path / "pages.jsonl", out)
+    _stop_before_merge(monkeypatch, args)
+    # The same run as written by a version whose rows had no error_message: no row_format in run.json.
+    settings = json.loads(pin.read_text(encoding="utf-8"))
+    assert settings.pop("row_format") == command.ROW_FORMAT
+    pin.write_text(json.dumps(settings), encoding="utf-8")
+    assert main(args) == 1
+    assert "other settings (row_format)" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_an_existing_output_is_kept_unless_it_is_this_runs(
+    tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A finished output is a no-op for the same settings only; any other file is refused, or replaced
+    with --overwrite. The output is created with the umask's mode, not mkstemp's 0600."""
+    _write_pages(tmp_path / "pages.jsonl", 3)
+    out = tmp_path / "out.parquet"
+    out.write_bytes(b"my thesis, not a parquet file")
+    args = _args(tiny_checkpoint, tmp_path / "pages.jsonl", out)
+    assert main(args) == 1
+    assert "was not written by this version of htmllm embed; pass --overwrite" in capsys.readouterr().err
+    assert out.read_bytes() == b"my thesis, not a parquet file"
+    directory = tmp_path / "a-directory"
+    directory.mkdir()
+    assert main(_args(tiny_checkpoint, tmp_path / "pages.jsonl", directory)) == 1
+    assert "is a directory" in capsys.readouterr().err
+
+    mask = os.umask(0o027)
+    try:
+        assert main([*args, "--overwrite"]) == 0
+    finally:
+        os.umask(mask)
+    assert out.stat().st_mode & 0o777 == 0o640
+    assert pq.read_table(out).num_rows == 3
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "complete with these settings; nothing to do" in capsys.readouterr().err
+    assert main([*args, "--limit", "2"]) == 1
+    assert "was written with other settings (limit); pass --overwrite" in capsys.readouterr().err
+    assert main([*args, "--limit", "2", "--overwrite"]) == 0
+    assert pq.read_table(out)["index"].to_pylist() == [0, 1]
+
+
+def test_a_typo_in_the_input_neither_loads_the_model_nor_locks_the_output(
+    tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _write_pages(tmp_path / "pages.jsonl", 3)
+    out = tmp_path / "out.parquet"
+    parts = tmp_path / "out.parquet.parts"
+    with monkeypatch.context() as patch:
+        patch.setattr(Engine, "from_checkpoint", _not_loaded)
+        assert main(_args(tiny_checkpoint, tmp_path / "pagse.jsonl", out)) == 1
+    assert "pagse.jsonl does not exist" in capsys.readouterr().err
+    assert not parts.exists()
+    # A run.json written by a run that wrote no part yet (an older version's typo) is replaced.
+    parts.mkdir()
+    (parts / "run.json").write_text(json.dumps({"input": str(tmp_path / "pagse.jsonl")}), encoding="utf-8")
+    assert main(_args(tiny_checkpoint, tmp_path / "pages.jsonl", out)) == 0
+    assert pq.read_table(out).num_rows == 3
+
+
+@pytest.mark.parametrize(
+    ("options", "status", "message"),
+    [
+        (["--batch-size", "0"], 2, "--batch-size: must be at least 1"),
+        (["--workers", "0"], 2, "--workers: must be at least 1"),
+        (["--intra-op-threads", "0"], 2, "--intra-op-threads: must be at least 1"),
+        (["--max-length", "1"], 2, "--max-length: must be at least 2"),
+        (["--part-size", "0"], 2, "--part-size: must be at least 1"),
+        (["--limit", "-3"], 2, "--limit: must be at least 1"),
+        (["--max-length", "100000"], 1, "--max-length 100000 exceeds the checkpoint's"),
+        (["--dtype", "float16"], 1, "float16 is for CUDA"),
+        (["--onnx-quantize", "int8"], 1, "needs the onnx backend on CPU"),
+        (["--heads", "quality,nope"], 1, "unknown head(s) ['nope']"),
+        pytest.param(
+            ["--device", "cuda"], 1, "no usable CUDA device",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA"),
+        ),
+        (["--output", "/proc/x.parquet"], 1, "/proc/x.parquet.parts"),
+        (["--output", "{tmp}/pages.jsonl/out.parquet"], 1, "Not a directory"),
+    ],
+)  # fmt: skip
+def test_a_bad_option_is_one_line_before_the_model_loads(
+    tiny_checkpoint: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    options: list[str],
+    status: int,
+    message: str,
+) -> None:
+    _write_pages(tmp_path / "pages.jsonl", 2)
+    monkeypatch.setattr(Engine, "from_checkpoint", _not_loaded)
+    options = [option.format(tmp=tmp_path) for option in options]
+    args = _args(tiny_checkpoint, tmp_path / "pages.jsonl", tmp_path / "out.parquet", *options)
+    code: object
+    try:
+        code = main(args)
+    except SystemExit as exc:  # argparse's usage error
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == status and message in err, err
+    assert "Traceback" not in err and (status == 2 or err.count("\n") == 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pages.jsonl"]
+
+
+def test_the_onnx_backend_without_onnxruntime_is_one_line(
+    tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _write_pages(tmp_path / "pages.jsonl", 2)
+    monkeypatch.setattr(Engine, "from_checkpoint", _not_loaded)
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if not installed
+    args = _args(tiny_checkpoint, tmp_path / "pages.jsonl", tmp_path / "out.parquet", "--backend", "onnx")
+    assert main(args) == 1
+    assert "--backend onnx needs onnxruntime" in capsys.readouterr().err
+
+
+def test_leftovers_of_a_killed_merge_are_removed_by_the_resume(
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _write_pages(tmp_path / "pages.jsonl", 3)
+    out = tmp_path / "out.parquet"
+    args = _args(tiny_checkpoint, tmp_path / "pages.jsonl", out)
+    _stop_before_merge(monkeypatch, args)
+    # A merge killed half way (this version's temporary, an older version's) and a file not ours.
+    for name in (".out.parquet.k3_x9abz.tmp", ".out.parquet.a1b2c3d4", ".out.parquet.notes"):
+        (tmp_path / name).write_bytes(b"PAR1" * 1000)
+    trash = tmp_path / ".out.parquet.zz001122.tmp" / "parts"  # a removal of the parts killed half way
+    trash.mkdir(parents=True)
+    assert main(args) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.parquet.notes", "out.parquet", "pages.jsonl"]
+
+
+def test_an_input_that_shrank_since_the_interrupted_run_is_refused(
+    tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = tmp_path / "pages.jsonl"
+    _write_pages(source, 6)
+    out = tmp_path / "out.parquet"
+    args = _args(tiny_checkpoint, source, out, "--part-size", "2")
+    _stop_before_merge(monkeypatch, args)
+    source.write_text(
+        "".join(source.read_text(encoding="utf-8").splitlines(keepends=True)[:4]), encoding="utf-8"
+    )
+    assert main(args) == 1
+    assert "input changed since the interrupted run: it now ends after 4 documents" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_an_unreadable_part_is_embedded_again(
+    tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _write_pages(tmp_path / "pages.jsonl", 6)
+    out = tmp_path / "out.parquet"
+    args = _args(tiny_checkpoint, tmp_path / "pages.jsonl", out, "--part-size", "2")
+    _stop_before_merge(monkeypatch, args)
+    parts = sorted((tmp_path / "out.parquet.parts").glob("part-*.parquet"))
+    assert len(parts) == 3
+    parts[1].write_bytes(parts[1].read_bytes()[:100])  # damaged from outside
+    assert main(args) == 0
+    assert f"{parts[1]} cannot be read" in capsys.readouterr().err
+    table = pq.read_table(out)
+    assert table["index"].to_pylist() == list(range(6)) and table["error"].null_count == 6
