@@ -9,6 +9,7 @@ process starts in a fraction of a second and stays small.
 
 from __future__ import annotations
 
+import signal
 import time
 from dataclasses import dataclass
 
@@ -86,6 +87,10 @@ _worker_tokenizer: HtmlTokenizer | None = None
 
 def init_worker(tokenizer_json: str) -> None:
     global _worker_tokenizer
+    # A Ctrl-C reaches the whole process group: the parent decides what stops (the server drains its
+    # queue through these workers, `htmllm embed` keeps what is finished); a worker that died of it
+    # would fail the pages it held, with a traceback each.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _worker_tokenizer = HtmlTokenizer.from_json(tokenizer_json)
 
 
