@@ -313,6 +313,35 @@ def test_the_merge_refuses_parts_without_each_document_once(
     assert not (tmp_path / "out.parquet").exists()
 
 
+@pytest.mark.parametrize("window", [1, 3, 100])
+def test_the_merge_streams_windows_of_parts_in_any_order(
+    tmp_path: Path, window: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parts hold indices in completion order (a late part may hold scattered ones, a retry's): the
+    merged file is every row once, in index order, whatever the window it is written in."""
+    import pyarrow as pa
+
+    from service.commands import embed_state
+    from service.commands.embed import _schema
+
+    schema = _schema(4, [])
+    parts = tmp_path / "out.parquet.parts"
+    parts.mkdir()
+    layout = [[4, 2, 5], [0, 1], [9, 3], [6, 8, 7]]
+    for number, indices in enumerate(layout):
+        rows = [{"index": i, "id": f"p{i}", "embedding": [float(i)] * 4} for i in indices]
+        embed_state.write_table(
+            pa.Table.from_pylist(rows, schema=schema), parts / f"part-{number:06d}.parquet"
+        )
+    monkeypatch.setattr(embed_state, "MERGE_WINDOW_ROWS", window)
+    assert embed_state.merge(parts, tmp_path / "out.parquet", schema, 10, {"k": 1}) == 10
+    merged = pq.read_table(tmp_path / "out.parquet")
+    assert merged["index"].to_pylist() == list(range(10))
+    assert merged["id"].to_pylist() == [f"p{i}" for i in range(10)]
+    assert [row[0] for row in merged["embedding"].to_pylist()] == [float(i) for i in range(10)]
+    assert embed_state.output_settings(tmp_path / "out.parquet") == {"k": 1}
+
+
 def test_resume_with_another_checkpoint_or_dtype_is_refused(
     tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
