@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import sys
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -408,7 +410,7 @@ async def _embed_all(
     """Embed every input document not in `done` and hand its row to `writer`."""
     from tqdm import tqdm
 
-    from service.core.pages import Page, iter_pages
+    from service.core.pages import Page, count_pages, iter_pages
     from service.engine import Document, Engine
     from service.engine.collector import prepare_for_serving
 
@@ -423,6 +425,21 @@ async def _embed_all(
     normalize = not args.no_normalize
     in_flight = asyncio.Semaphore(max(2 * args.batch_size, 8))
     progress = tqdm(initial=len(done), unit="doc", desc="embed", disable=args.no_progress, file=sys.stderr)
+    # The total (and so an ETA) comes from counting the input beside the run: a JSONL file of millions
+    # of rows takes a while to count, which the first batches need not wait for.
+    stop_counting = threading.Event()
+    if not args.no_progress:
+        counting = asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(count_pages, args.input, limit=args.limit, stop=stop_counting)
+        )
+
+        def set_total(future: asyncio.Future[int | None]) -> None:
+            total = None if future.cancelled() or future.exception() else future.result()
+            if total is not None:
+                progress.total = total
+                progress.refresh()
+
+        counting.add_done_callback(set_total)
 
     async def one(index: int, page: Page) -> None:
         row: dict[str, Any] = {"index": index, "id": page.id, "url": page.url}
@@ -491,5 +508,6 @@ async def _embed_all(
             if tasks:
                 await asyncio.gather(*tasks)
     finally:
+        stop_counting.set()
         progress.close()
     return outcome

@@ -51,6 +51,7 @@ import gzip
 import io
 import json
 import re
+import threading
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -344,6 +345,53 @@ def iter_pages(
         if page.error is not None and bad_rows == "raise":
             raise PageSourceError(page.error)
         yield page
+
+
+def count_pages(
+    source: str | Path, *, limit: int | None = None, stop: threading.Event | None = None
+) -> int | None:
+    """How many pages `iter_pages(source, limit=limit)` yields, where that is knowable without parsing
+    them: the rows of a JSONL file or manifest, the files of a directory of HTML pages, 1 for one page.
+    None for WARC files (a record is a page only once its HTTP head is read), an unreadable source, or
+    when `stop` is set first: for a progress bar's total, counted beside the run, never before it."""
+    path = Path(source)
+    try:
+        if path.is_dir():
+            manifest = path / "manifest.jsonl"
+            if manifest.is_file():
+                count = _count_rows(manifest, limit, stop)
+            else:
+                names = [p.name.lower() for p in path.rglob("*") if p.is_file()]
+                if any(name.endswith(_WARC_SUFFIXES) for name in names):
+                    return None
+                count = sum(name.endswith(_HTML_SUFFIXES) for name in names)
+        elif path.is_file():
+            kind = _file_kind(path)
+            count = 1 if kind == "html" else _count_rows(path, limit, stop) if kind == "jsonl" else None
+        else:
+            return None
+    except (OSError, PageSourceError):
+        return None
+    if count is None:
+        return None
+    return count if limit is None else min(count, limit)
+
+
+def _count_rows(path: Path, limit: int | None, stop: threading.Event | None) -> int | None:
+    """Non-blank lines of a (gzipped) JSONL file, as `_iter_jsonl` counts rows; a stream that breaks
+    off counts the error row it ends with."""
+    rows = 0
+    with _open_jsonl(path) as handle:
+        for _, line in _lines(handle, path):
+            if stop is not None and stop.is_set():
+                return None
+            if isinstance(line, PageSourceError):
+                return rows + 1
+            if not line.isspace():
+                rows += 1
+                if limit is not None and rows >= limit:
+                    break
+    return rows
 
 
 def _iter_warc(path: Path) -> Iterator[Page]:

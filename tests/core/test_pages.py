@@ -7,6 +7,7 @@ import gzip
 import json
 import os
 import re
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import zstandard
 from fastwarc.stream_io import Lz4Writer
 
 from service.core.decoding import decode_html
-from service.core.pages import PageSourceError, iter_pages
+from service.core.pages import PageSourceError, count_pages, iter_pages
 from service.core.prune import prune_html
 from tests.factories.warc import HttpResponse, response, warc_gz, warc_record
 
@@ -464,3 +465,34 @@ def test_a_file_outside_the_manifests_directory_is_followed(tmp_path: Path) -> N
     source = tmp_path / "lists" / "rows.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert [(p.id, p.html) for p in iter_pages(source)] == [("up", b"<p>a</p>"), ("abs", b"<p>a</p>")]
+
+
+def test_count_pages_agrees_with_iter_pages_where_it_counts(tmp_path: Path) -> None:
+    """The progress bar's total: exactly what `iter_pages` yields for JSONL (blank lines, gzip, a cut
+    stream, a limit), manifests, HTML directories and single pages; None where only parsing can tell."""
+    rows = b"".join(json.dumps({"id": str(i), "html": "<p>x</p>" * 50}).encode() + b"\n\n" for i in range(50))
+    (tmp_path / "plain.jsonl").write_bytes(b"\n" + rows + b"   \n")
+    (tmp_path / "rows.jsonl.gz").write_bytes(gzip.compress(rows))
+    whole = gzip.compress(rows)
+    (tmp_path / "cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "html").mkdir()
+    for name in ("a.html", "b.htm.gz", "notes.txt"):
+        (tmp_path / "html" / name).write_bytes(
+            gzip.compress(b"<p>x</p>") if name.endswith(".gz") else b"<p>x</p>"
+        )
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "manifest.jsonl").write_text(
+        '{"id": "a", "html": "<p>a</p>"}\n{"id": "b", "html": "b"}\n'
+    )
+    sources = ["plain.jsonl", "rows.jsonl.gz", "cut.jsonl.gz", "html", "corpus", "html/a.html"]
+    for name in sources:
+        for limit in (None, 1, 7):
+            expected = len(list(iter_pages(tmp_path / name, limit=limit, bad_rows="report")))
+            assert count_pages(tmp_path / name, limit=limit) == expected, (name, limit)
+    (tmp_path / "html" / "c.warc").write_bytes(response("c1", HttpResponse(b"<p>c1</p>")))
+    assert count_pages(tmp_path / "html") is None  # a WARC's pages are known only by reading it
+    assert count_pages(tmp_path / "html" / "c.warc") is None
+    assert count_pages(tmp_path / "missing.jsonl") is None
+    stop = threading.Event()
+    stop.set()
+    assert count_pages(tmp_path / "plain.jsonl", stop=stop) is None
