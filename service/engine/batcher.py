@@ -116,6 +116,7 @@ class Batcher:
         self._wakeup = asyncio.Event()
         self._ready: asyncio.Queue[_Ready] = asyncio.Queue(maxsize=1)
         self._in_hand: list[_Ready] = []  # taken from the hand-off, not yet answered
+        self._window: list[QueuedDocument] = []  # the batch former's current window (held nowhere else)
         self._prepare_pool = ThreadPoolExecutor(1, thread_name_prefix="htmllm-collate")
         self._infer_pool = ThreadPoolExecutor(1, thread_name_prefix="htmllm-infer")
         self._tasks: list[asyncio.Task[None]] = []
@@ -160,6 +161,10 @@ class Batcher:
     async def close(self, error: HtmllmError | None = None) -> None:
         """Stop both tasks; whatever is still queued or in hand fails with `error` (or ShuttingDown)."""
         self._closed = True
+        # Before the cancellation: the batch in a forward pass leaves `_in_hand` as its task unwinds, and
+        # the window being collated is held only by the former; both must be failed, not forgotten (their
+        # callers would wait until the server cancels them: an untyped 500 for an accepted request).
+        held = [doc for ready in self._in_hand for doc in ready.documents] + self._window
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -167,7 +172,7 @@ class Batcher:
                 await task
         self._tasks = []
         failure = error or ShuttingDownError("the engine stopped before this document ran")
-        pending = list(self._inbox)
+        pending = held + list(self._inbox)
         self._inbox.clear()
         while not self._ready.empty():
             self._in_hand.append(self._ready.get_nowait())
@@ -218,6 +223,7 @@ class Batcher:
             window = await self._next_window()
             now = time.monotonic()
             live = [doc for doc in window if doc.is_live(now)]
+            self._window = live
             self._skipped(len(window) - len(live))
             plan = form_batches(
                 [len(doc.ids) for doc in live],

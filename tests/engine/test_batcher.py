@@ -1,0 +1,62 @@
+"""The batcher's shutdown: every document it accepted is answered, wherever it was when it stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from service.engine.batcher import Batcher
+from service.engine.runners import PreparedBatch, RunnerOutput
+from service.engine.types import ShuttingDownError
+
+
+class _BlockingRunner:
+    """A runner whose forward passes wait for `release`: a slow model, held mid-pass."""
+
+    backend = "fake"
+    device = "cpu"
+    dtype = "float32"
+    threads = 1
+    attention = "none"
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.started = threading.Event()
+
+    def cost(self, lengths: Sequence[int]) -> int:
+        return sum(lengths)
+
+    def prepare(self, batch: Sequence[Sequence[int]], *, pad_to: int | None = None) -> PreparedBatch:
+        tokens = sum(len(ids) for ids in batch)
+        return PreparedBatch(payload=len(batch), documents=len(batch), tokens=tokens, padded_tokens=tokens)
+
+    def run(self, prepared: PreparedBatch) -> RunnerOutput:
+        self.started.set()
+        self.release.wait(30)
+        rows = int(prepared.payload)  # type: ignore[call-overload]
+        return RunnerOutput(embeddings=np.zeros((rows, 4), dtype=np.float32), scores={})
+
+    def close(self) -> None:
+        pass
+
+
+async def test_closing_answers_the_batch_in_a_pass_and_the_window_being_formed() -> None:
+    """The documents of the batch in a forward pass, the batch waiting for it and those of the window
+    the former still holds: each gets ShuttingDownError (they had waited until the server cancelled
+    them, an untyped 500 for an accepted request)."""
+    runner = _BlockingRunner()
+    batcher = Batcher(runner, max_batch_tokens=1000, max_batch_requests=2, max_wait_ms=0)
+    batcher.start()
+    futures = [batcher.submit([2, 5, 3], deadline=None) for _ in range(12)]
+    await asyncio.to_thread(runner.started.wait, 30)  # the first batch is in its pass
+    await asyncio.sleep(0.1)  # the next one waits at the hand-off, the rest in the former's window
+    asyncio.get_running_loop().call_later(0.2, runner.release.set)
+    await batcher.close()
+    assert all(f.done() for f in futures)
+    for future in futures:
+        with pytest.raises(ShuttingDownError):
+            future.result()
