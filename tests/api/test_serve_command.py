@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -62,3 +63,15 @@ def test_python_m_service_api_exits_nonzero_without_a_model(tmp_path: Path) -> N
 def test_invalid_settings_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert api_main.main(["--port", "70000"]) == 2
     assert "invalid settings" in capsys.readouterr().err
+
+
+def test_a_checkpoint_the_inference_process_cannot_load_is_one_line(
+    tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As in process: `checkpoint_invalid` and exit 1, not the child's error as a traceback."""
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_checkpoint, broken)
+    (broken / "model.safetensors").write_bytes(b"not safetensors")
+    assert api_main.serve(Settings(model_path=broken, inference_process=True, port=1)) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("htmllm serve: checkpoint_invalid: ") and "Traceback" not in err

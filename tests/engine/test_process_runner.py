@@ -115,8 +115,10 @@ def test_a_checkpoint_the_child_cannot_load_is_a_clear_error(tiny_checkpoint: Pa
     broken = tmp_path / "broken"
     shutil.copytree(tiny_checkpoint, broken)
     (broken / "model.safetensors").write_bytes(b"not safetensors")
-    with pytest.raises(InferenceProcessError, match="could not load the model"):
+    with pytest.raises(InferenceProcessError, match="could not load the model") as caught:
         ProcessRunner(broken, EngineConfig())
+    # Typed as the in-process load's failure is, so `htmllm serve` reports it in one line.
+    assert isinstance(caught.value, HtmllmError) and caught.value.code is ErrorCode.CHECKPOINT_INVALID
 
 
 async def test_the_engine_serves_through_it_as_it_does_in_process(tiny_checkpoint: Path) -> None:

@@ -34,6 +34,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from service.core.errors import ErrorCode, HtmllmError
 from service.engine.collector import prepare_for_serving
 from service.engine.runners import PreparedBatch, RunnerOutput, batch_cost
 from service.engine.types import EngineConfig
@@ -65,8 +66,9 @@ def _serve(conn: Connection, path: str, config: EngineConfig) -> None:
 
     try:
         runner, _, _ = build_runner(Path(path), replace(config, inference_process=False))
-    except BaseException as error:  # every failure goes back to the parent, as text
-        conn.send(("error", f"{type(error).__name__}: {error}"))
+    except BaseException as error:  # every failure goes back to the parent, as text and its code
+        code = error.code.value if isinstance(error, HtmllmError) else ErrorCode.CHECKPOINT_INVALID.value
+        conn.send(("error", (f"{type(error).__name__}: {error}", code)))
         return
     packed = bool(getattr(runner, "packed", False))  # only the torch runner packs
     description = _Description(
@@ -112,8 +114,12 @@ def _stop(process: Any, conn: Connection, timeout_s: float) -> None:
         process.join(timeout_s)
 
 
-class InferenceProcessError(RuntimeError):
-    """The inference process did not start, or died holding a batch."""
+class InferenceProcessError(HtmllmError):
+    """The inference process did not start (the child's code: `checkpoint_invalid` for a checkpoint it
+    could not load), or died holding a batch; typed, so `htmllm serve` reports it as it reports a
+    checkpoint that fails to load in process, in one line."""
+
+    code = ErrorCode.BACKEND_FAILED
 
 
 class ProcessRunner:
@@ -156,7 +162,10 @@ class ProcessRunner:
             raise
         if status != "ok":
             process.join(CLOSE_TIMEOUT_S)
-            raise InferenceProcessError(f"the inference process could not load the model: {value}")
+            message, code = value
+            raise InferenceProcessError(
+                f"the inference process could not load the model: {message}", code=ErrorCode(code)
+            )
         self._process, self._conn = process, parent
         # Runs once: from `_discard`, when the runner is collected, or at exit before multiprocessing
         # terminates daemonic children (a positive exit priority runs first).
