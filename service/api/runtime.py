@@ -107,6 +107,12 @@ class Runtime:
     def admit_extraction(self, jobs: int) -> None:
         """Bound the extraction backlog as the engine bounds its queue: 429 beyond it, at once."""
         limit = self.settings.max_queue_documents
+        if jobs > limit:  # never fits, however long the client waits: not a 429 to retry
+            raise HtmllmError(
+                f"the request needs {jobs} extraction jobs (documents x extractors); the extraction "
+                f"queue holds {limit} (HTMLLM_MAX_QUEUE_DOCUMENTS): send fewer documents or extractors",
+                code=ErrorCode.TOO_MANY_DOCUMENTS,
+            )
         with self._extract_jobs_lock:
             if self._extract_jobs + jobs > limit:
                 raise HtmllmError(

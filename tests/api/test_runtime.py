@@ -41,3 +41,6 @@ def test_extraction_backlog_counts_jobs_until_they_end(tiny_checkpoint: Path) ->
     assert runtime.extraction_backlog == 1
     runtime.admit_extraction(2)
     assert runtime.extraction_backlog == 3
+    with pytest.raises(HtmllmError) as never:  # more than the whole queue: retrying cannot help
+        runtime.admit_extraction(4)
+    assert never.value.code is ErrorCode.TOO_MANY_DOCUMENTS and runtime.extraction_backlog == 3
