@@ -475,3 +475,29 @@ def test_cli_extract_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFix
     source = str(write_jsonl(tmp_path / "p.jsonl"))
     assert main(["extract", "--input", source, "--output", out, "--order", "resiliparse,tika"]) == 2
     assert "unknown extractor" in capsys.readouterr().err
+
+
+def test_closing_the_pool_stops_busy_workers_too() -> None:
+    """A server's shutdown closes the pool while a pathological page keeps a worker busy: the worker
+    is killed and its job fails typed, instead of the process running on past its parent."""
+    pool = ExtractorPool(1)
+    failures: list[BaseException] = []
+
+    def job() -> None:
+        try:
+            extract(pathological_page(), "justext", timeout_s=60, runner=pool)
+        except ExtractionError as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=job)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not pool._busy and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (worker,) = pool._busy
+    started = time.perf_counter()
+    pool.close()
+    thread.join(30)
+    assert not thread.is_alive() and time.perf_counter() - started < 10
+    assert not worker.process.is_alive()
+    assert len(failures) == 1 and failures[0].code == ErrorCode.EXTRACTION_FAILED

@@ -100,6 +100,7 @@ class _Worker:
     """One worker process and the parent's end of its pipe."""
 
     def __init__(self, ctx: BaseContext) -> None:
+        self._kill_lock = threading.Lock()
         parent, child = ctx.Pipe(duplex=True)
         process: BaseProcess = ctx.Process(  # type: ignore[attr-defined]
             target=_worker_main, args=(child,), name="htmllm-extract", daemon=True
@@ -118,12 +119,15 @@ class _Worker:
             raise ExtractionError(f"extractor worker died while starting (exit code {code})") from exc
 
     def kill(self) -> int | None:
-        """Stop the process now and reap it; returns its exit code."""
-        if self.process.is_alive():
-            self.process.kill()
-        self.process.join(5.0)
-        self.conn.close()
-        return self.process.exitcode
+        """Stop the process now and reap it; returns its exit code. Safe from two threads at once (the
+        pool's `close` and the job's own thread, which sees the pipe break)."""
+        with self._kill_lock:
+            if self.process.is_alive():
+                self.process.kill()
+            self.process.join(5.0)
+            if not self.conn.closed:
+                self.conn.close()
+            return self.process.exitcode
 
 
 class ExtractorPool:
@@ -141,6 +145,7 @@ class ExtractorPool:
         self._ctx = context or worker_context(_PRELOAD)
         self._cond = threading.Condition()
         self._idle: list[_Worker] = []
+        self._busy: set[_Worker] = set()  # for `close`, which stops them too
         self._live = 0
         self._closed = False
 
@@ -150,21 +155,30 @@ class ExtractorPool:
                 if self._closed:
                     raise ExtractionError("the extractor pool is closed")
                 if self._idle:
-                    return self._idle.pop()
+                    worker = self._idle.pop()
+                    self._busy.add(worker)
+                    return worker
                 if self._live < self.workers:
                     self._live += 1
                     break
                 self._cond.wait()
         try:
-            return _Worker(self._ctx)
+            worker = _Worker(self._ctx)
         except BaseException:
             with self._cond:
                 self._live -= 1
                 self._cond.notify()
             raise
+        with self._cond:
+            self._busy.add(worker)
+            closed = self._closed
+        if closed:  # closed while it started: `close` did not see it
+            worker.kill()
+        return worker
 
     def _release(self, worker: _Worker, *, healthy: bool) -> None:
         with self._cond:
+            self._busy.discard(worker)
             keep = healthy and not self._closed
             if keep:
                 self._idle.append(worker)
@@ -214,13 +228,17 @@ class ExtractorPool:
             return self._live
 
     def close(self) -> None:
-        """Stop idle workers now; busy ones stop when their job returns."""
+        """Stop every worker now: idle ones, and busy ones, whose jobs then fail with `ExtractionError`.
+
+        A busy worker left to finish outlived a server's shutdown (a pathological page keeps one at
+        100% CPU for its whole time limit, or longer once its parent is gone)."""
         with self._cond:
             self._closed = True
             idle, self._idle = self._idle, []
+            busy = list(self._busy)
             self._live -= len(idle)
             self._cond.notify_all()
-        for worker in idle:
+        for worker in [*idle, *busy]:
             worker.kill()
 
     def __enter__(self) -> ExtractorPool:
