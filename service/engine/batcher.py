@@ -165,6 +165,7 @@ class Batcher:
         # the window being collated is held only by the former; both must be failed, not forgotten (their
         # callers would wait until the server cancels them: an untyped 500 for an accepted request).
         held = [doc for ready in self._in_hand for doc in ready.documents] + self._window
+        in_pass = any(ready.started is not None for ready in self._in_hand)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -182,7 +183,10 @@ class Batcher:
         for doc in pending:
             if not doc.future.done():
                 doc.future.set_exception(failure)
-        # A forward pass may still be running on its thread: wait for it off the event loop.
+        # A forward pass may still be running on its thread: stop it where the backend can (a child
+        # process), then wait for it off the event loop.
+        if in_pass:
+            self._runner.abort()
         await asyncio.to_thread(self._prepare_pool.shutdown, wait=True)
         await asyncio.to_thread(self._infer_pool.shutdown, wait=True)
 

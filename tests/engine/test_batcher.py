@@ -26,6 +26,7 @@ class _BlockingRunner:
     def __init__(self) -> None:
         self.release = threading.Event()
         self.started = threading.Event()
+        self.aborted = False
 
     def cost(self, lengths: Sequence[int]) -> int:
         return sum(lengths)
@@ -39,6 +40,9 @@ class _BlockingRunner:
         self.release.wait(30)
         rows = int(prepared.payload)  # type: ignore[call-overload]
         return RunnerOutput(embeddings=np.zeros((rows, 4), dtype=np.float32), scores={})
+
+    def abort(self) -> None:
+        self.aborted = True
 
     def close(self) -> None:
         pass
@@ -57,6 +61,7 @@ async def test_closing_answers_the_batch_in_a_pass_and_the_window_being_formed()
     asyncio.get_running_loop().call_later(0.2, runner.release.set)
     await batcher.close()
     assert all(f.done() for f in futures)
+    assert runner.aborted  # the pass in flight was stopped where the backend can
     for future in futures:
         with pytest.raises(ShuttingDownError):
             future.result()

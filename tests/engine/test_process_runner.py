@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,9 +56,7 @@ def test_it_gives_what_the_runner_in_this_process_gives(
         np.testing.assert_allclose(ours.scores[head], values, atol=1e-6, rtol=0)
 
 
-def test_a_dead_child_fails_its_batch_and_the_next_batch_gets_a_new_one(
-    process_runner: ProcessRunner,
-) -> None:
+def test_a_child_dead_while_idle_is_replaced_before_the_next_batch(process_runner: ProcessRunner) -> None:
     docs = _docs(100, [5, 8])
     before = process_runner.run(process_runner.prepare(docs)).embeddings
     restarts = process_runner.restarts
@@ -64,8 +64,37 @@ def test_a_dead_child_fails_its_batch_and_the_next_batch_gets_a_new_one(
     assert process is not None
     os.kill(process.pid, signal.SIGKILL)
     process.join(10)
-    with pytest.raises(InferenceProcessError, match="died"):
-        process_runner.run(process_runner.prepare(docs))
+    after = process_runner.run(process_runner.prepare(docs)).embeddings  # nothing was sent: no failure
+    assert process_runner.restarts == restarts + 1
+    np.testing.assert_allclose(after, before, atol=1e-6, rtol=0)
+
+
+def test_a_hung_child_is_aborted_its_batch_fails_and_the_next_gets_a_new_one(
+    process_runner: ProcessRunner,
+) -> None:
+    """A stopped child (SIGSTOP: as a driver fault hangs one) held the pass, and the server's shutdown
+    with it, forever: `abort` (the batcher's, at the drain deadline) kills it without the pass's lock."""
+    docs = _docs(100, [5, 8])
+    before = process_runner.run(process_runner.prepare(docs)).embeddings
+    restarts = process_runner.restarts
+    process = process_runner._process
+    assert process is not None
+    os.kill(process.pid, signal.SIGSTOP)
+    failures: list[BaseException] = []
+
+    def held() -> None:
+        try:
+            process_runner.run(process_runner.prepare(docs))
+        except InferenceProcessError as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=held)
+    thread.start()
+    thread.join(0.5)
+    assert thread.is_alive()  # waiting on the stopped child
+    process_runner.abort()
+    thread.join(30)
+    assert not thread.is_alive() and len(failures) == 1 and "died" in str(failures[0])
     after = process_runner.run(process_runner.prepare(docs)).embeddings
     assert process_runner.restarts == restarts + 1
     np.testing.assert_allclose(after, before, atol=1e-6, rtol=0)
@@ -152,10 +181,30 @@ async def test_a_batch_lost_with_the_child_is_a_backend_error_and_the_engine_kee
         await engine.warmup()
         runner = engine._runner
         assert isinstance(runner, ProcessRunner) and runner._process is not None
-        os.kill(runner._process.pid, signal.SIGKILL)
-        runner._process.join(10)
+        pid = runner._process.pid
+        os.kill(pid, signal.SIGSTOP)  # the next batch goes to it and waits
+        pending = asyncio.create_task(engine.embed(make_pages(2)))
+        await asyncio.sleep(0.5)
+        os.kill(pid, signal.SIGKILL)  # dies holding the batch
         with pytest.raises(HtmllmError) as failure:
-            await engine.embed(make_pages(2))
+            await pending
         assert failure.value.code == ErrorCode.BACKEND_FAILED
         results = await engine.embed(make_pages(3))
         assert len(results) == 3 and runner.restarts == 1
+
+
+async def test_stopping_at_the_deadline_does_not_wait_for_a_hung_child(tiny_checkpoint: Path) -> None:
+    """The server's drain deadline (`stop(drain=False)`) with the child hung mid-pass: the pass is
+    aborted, its documents get `shutting_down`, and the stop returns (it had waited forever)."""
+    config = EngineConfig(inference_process=True, intra_op_threads=1)
+    async with Engine.from_checkpoint(tiny_checkpoint, config) as engine:
+        await engine.warmup()
+        runner = engine._runner
+        assert isinstance(runner, ProcessRunner) and runner._process is not None
+        os.kill(runner._process.pid, signal.SIGSTOP)
+        pending = asyncio.create_task(engine.embed(make_pages(2)))
+        await asyncio.sleep(0.5)
+        await asyncio.wait_for(engine.stop(drain=False), 30)
+        with pytest.raises(HtmllmError) as failure:
+            await pending
+        assert failure.value.code == ErrorCode.SHUTTING_DOWN

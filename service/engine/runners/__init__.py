@@ -52,6 +52,11 @@ class Runner(Protocol):
         """The forward pass; raises whatever the backend raises (the batcher wraps it)."""
         ...
 
+    def abort(self) -> None:
+        """Stop a forward pass in flight, if the backend can (a child process is killed; a pass in this
+        process cannot be stopped): at the shutdown deadline, when its documents have been failed."""
+        ...
+
     def close(self) -> None:
         """Release sessions and device memory."""
         ...

@@ -99,5 +99,8 @@ class OnnxRunner:
             },
         )
 
+    def abort(self) -> None:
+        """A pass in this process cannot be stopped; it ends on its own."""
+
     def close(self) -> None:
         self.__dict__.pop("_session", None)

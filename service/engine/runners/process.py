@@ -190,6 +190,11 @@ class ProcessRunner:
     def run(self, prepared: PreparedBatch) -> RunnerOutput:
         flat, lengths, pad_to = cast(tuple[np.ndarray, np.ndarray, int | None], prepared.payload)
         with self._lock:
+            if self._process is not None and not self._process.is_alive():
+                # It died between batches (out of memory, killed): nothing was sent, so this batch
+                # need not fail with it.
+                logger.warning("the inference process exited (code %s) while idle", self._process.exitcode)
+                self._discard()
             if self._conn is None:
                 self._restart()
             conn = self._conn
@@ -208,6 +213,14 @@ class ProcessRunner:
             raise InferenceProcessError(value)
         output: RunnerOutput = value
         return output
+
+    def abort(self) -> None:
+        """Kill the child now, without the lock a pass in flight holds: that pass then fails at once
+        (its documents were failed already) and the next batch starts a new child. For the shutdown
+        deadline, where a hung child (a driver fault, a stopped process) had held the server forever."""
+        process = self._process
+        if process is not None and process.is_alive():
+            process.kill()
 
     def _restart(self) -> None:
         self.restarts += 1

@@ -287,6 +287,9 @@ class TorchRunner:
                 host_s=issued if self.device == "cuda" else None,
             )
 
+    def abort(self) -> None:
+        """A pass in this process cannot be stopped; it ends on its own."""
+
     def close(self) -> None:
         if self.device == "cuda":
             torch.cuda.empty_cache()
