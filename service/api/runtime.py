@@ -81,6 +81,12 @@ class Runtime:
             logger.warning("drain budget spent: failing %d queued documents", self.engine.queue_size)
             self.stopping = True
             await self.engine.stop(drain=False)
+        if self.extractor_pool is not None and self.extraction_backlog:
+            # Running jobs' workers are killed and queued jobs find the pool closed: each ends as a
+            # typed per-extractor error in its request's answer, not as a request dropped at exit.
+            logger.warning("drain budget spent: stopping %d extraction jobs", self.extraction_backlog)
+            self.stopping = True
+            self.extractor_pool.close()
 
     async def cancel_cutoff(self) -> None:
         if self._cutoff is not None:

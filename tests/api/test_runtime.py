@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from concurrent.futures import Future
 from pathlib import Path
@@ -44,3 +45,30 @@ def test_extraction_backlog_counts_jobs_until_they_end(tiny_checkpoint: Path) ->
     with pytest.raises(HtmllmError) as never:  # more than the whole queue: retrying cannot help
         runtime.admit_extraction(4)
     assert never.value.code is ErrorCode.TOO_MANY_DOCUMENTS and runtime.extraction_backlog == 3
+
+
+async def test_the_drain_deadline_ends_running_extractions_typed(tiny_checkpoint: Path) -> None:
+    """At the cut-off an extraction still running (a pathological page) is stopped and answered as a
+    typed per-extractor error, instead of its request being dropped when the server exits."""
+    from service.api.routers.extract import _extract_one
+    from service.engine import Document
+    from tests.core.test_extract import pathological_page
+
+    runtime = Runtime(settings=tiny_settings(tiny_checkpoint, drain_timeout_s=0.5), metrics=ServiceMetrics())
+    pool, threads = await runtime.extraction()
+    try:
+        runtime.admit_extraction(1)
+        doc = Document(html=pathological_page(), id="p")
+        future = threads.submit(_extract_one, doc, "justext", min_words=50, timeout_s=60, pool=pool)
+        future.add_done_callback(runtime.extraction_done)
+        while not pool._busy:
+            await asyncio.sleep(0.01)
+        runtime.drain_deadline = time.monotonic()
+        started = time.monotonic()
+        await runtime._cut_off()
+        result = await asyncio.wrap_future(future)
+        assert time.monotonic() - started < 10
+        assert result.error is not None and result.error.code is ErrorCode.EXTRACTION_FAILED
+        assert runtime.stopping and runtime.extraction_backlog == 0
+    finally:
+        runtime.close_extraction()
