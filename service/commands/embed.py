@@ -41,7 +41,6 @@ from service.commands.embed_state import (
     PART_GLOB,
     RUN_FILE,
     changed,
-    checkpoint_sha256,
     clean_leftovers,
     done_set,
     merge,
@@ -230,7 +229,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
     """Check everything a command line can get wrong before the model loads (seconds to minutes) or a
     file is created (a run.json written for a typo would pin it)."""
     _check_input(args.input)
-    from service.core.checkpoint import read_meta
+    from service.core.checkpoint import checkpoint_fingerprint, read_meta
     from service.engine import EngineConfig
 
     try:
@@ -278,7 +277,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
         "limit": args.limit,
         "model": meta.name,
         "tokenizer_sha256": meta.tokenizer_sha256,
-        "checkpoint_sha256": checkpoint_sha256(args.checkpoint),
+        "checkpoint_sha256": checkpoint_fingerprint(args.checkpoint),
         "embedding_dim": meta.embedding_dim,
         "max_length": args.max_length or meta.max_length,
         "heads": heads,

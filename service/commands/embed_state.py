@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import re
@@ -36,8 +35,6 @@ PART_GLOB = "part-*.parquet"
 RUN_FILE = "run.json"
 LOCK_FILE = "lock"
 RUN_METADATA_KEY = b"htmllm.run"
-# The checkpoint files that determine an embedding (tokenizer.json is pinned by its hash in htmllm.json).
-_FINGERPRINTED = ("config.json", "htmllm.json", "model.safetensors")
 # mkstemp's names: the prefix, 8 characters of its alphabet, the suffix (none before this version).
 _TEMP_NAME = r"\.{name}\.[a-z0-9_]{{8}}(\.tmp)?"
 
@@ -50,29 +47,6 @@ class RunStateError(HtmllmError):
 
 def parts_dir(output: Path) -> Path:
     return output.with_name(output.name + ".parts")
-
-
-def checkpoint_sha256(checkpoint: Path) -> str:
-    """sha256 over the weights, the heads, config.json and htmllm.json: what determines the embeddings.
-
-    Size and mtime would not do: a copied or re-exported checkpoint differs in both, a retrained one of the
-    same size need not. Cost: 25 ms for the bundled model's 30 MB (about 1.3 GB/s warm).
-    """
-    digest = hashlib.sha256()
-    files = [checkpoint / name for name in _FINGERPRINTED]
-    files += sorted((checkpoint / "heads").glob("*.safetensors"))
-    for file in files:
-        digest.update(file.relative_to(checkpoint).as_posix().encode() + b"\0")
-        try:
-            with file.open("rb") as handle:
-                for chunk in iter(lambda: handle.read(1 << 20), b""):
-                    digest.update(chunk)
-        except OSError as exc:
-            raise HtmllmError(
-                f"checkpoint {checkpoint}: cannot read {file.name}: {exc.strerror}",
-                code=ErrorCode.CHECKPOINT_INVALID,
-            ) from exc
-    return digest.hexdigest()
 
 
 def changed(settings: dict[str, Any], previous: dict[str, Any]) -> str:

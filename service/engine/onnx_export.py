@@ -19,7 +19,6 @@ is chosen and the checkpoint ships no `model.onnx`.
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
 import os
 import tempfile
@@ -30,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from service.core.checkpoint import HEADS_DIR, META_FILE, WEIGHTS_FILE, Checkpoint, load_checkpoint
+from service.core.checkpoint import Checkpoint, checkpoint_fingerprint, load_checkpoint
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.modeling import HtmlEncoderModel
 from service.core.quantization import NO_QUANTIZATION, QUANTIZED_ONNX_FILES
@@ -65,19 +64,6 @@ class _ExportWrapper(nn.Module):
         # onnxruntime 0.8x slower at 256 tokens and no faster at 512 (docs/benchmarks.md).
         embedding, scores = self.model(input_ids, attention_mask, fast=False)
         return (embedding, *(scores[name] for name in self.head_names))
-
-
-def checkpoint_fingerprint(path: str | Path) -> str:
-    """sha256 over the encoder weights, every head file and htmllm.json: what the graph was built from."""
-    root = Path(path)
-    digest = hashlib.sha256()
-    files = [root / WEIGHTS_FILE, root / META_FILE, *sorted((root / HEADS_DIR).glob("*.safetensors"))]
-    for file in files:
-        digest.update(file.name.encode())
-        with file.open("rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
-    return digest.hexdigest()
 
 
 def read_onnx_metadata(path: str | Path) -> dict[str, str]:

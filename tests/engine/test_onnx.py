@@ -10,13 +10,12 @@ import numpy as np
 import pytest
 
 from service.cli import main
-from service.core.checkpoint import load_checkpoint, save_heads
+from service.core.checkpoint import checkpoint_fingerprint, load_checkpoint, save_heads
 from service.core.modeling import HeadSpec, TaskHead
 from service.engine import Engine, EngineConfig
 from service.engine.onnx_export import (
     FINGERPRINT_KEY,
     QUANTIZATION_KEY,
-    checkpoint_fingerprint,
     ensure_onnx,
     read_onnx_metadata,
 )
