@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 from service.api.schemas import DocumentIn, EncodingFormat
 from service.core.decoding import parse_content_type
 from service.core.errors import ErrorCode, HtmllmError
+from service.core.pages import valid_json
 from service.engine import Document, DocumentResult
 
 M = TypeVar("M", bound=BaseModel)
@@ -80,11 +81,10 @@ def _surrogate_escape_refused(exc: ValidationError) -> bool:
 def _lone_surrogates_replaced(body: bytes) -> bytes | None:
     """The same JSON with every lone surrogate escape as U+FFFD, or None if Python's parser refuses it too."""
     try:
-        value = json.loads(body)
+        value = json.loads(body)  # Python's parser keeps a lone surrogate escape as the lone surrogate
     except ValueError:
         return None
-    text = json.dumps(value, ensure_ascii=False)  # lone surrogates stay as they are, unescaped
-    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace").encode("utf-8")
+    return json.dumps(valid_json(value), ensure_ascii=False).encode("utf-8")
 
 
 async def read_body(

@@ -101,14 +101,15 @@ def _surrogate_replacement(match: re.Match[str]) -> str:
     return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else "\ufffd"
 
 
-def _valid_json(value: Any) -> Any:
-    """A decoded JSON value with U+FFFD for every lone surrogate (a `\\ud800` escape) in its strings."""
+def valid_json(value: Any) -> Any:
+    """A decoded JSON value with U+FFFD for every lone surrogate (a `\\ud800` escape) in its strings
+    and keys: a JSONL row's fields here, a request body in the API."""
     if isinstance(value, str):
         return value if value.isascii() else _SURROGATE.sub("\ufffd", value)
     if isinstance(value, list):
-        return [_valid_json(v) for v in value]
+        return [valid_json(v) for v in value]
     if isinstance(value, dict):
-        return {_valid_json(k): _valid_json(v) for k, v in value.items()}
+        return {valid_json(k): valid_json(v) for k, v in value.items()}
     return value
 
 
@@ -179,8 +180,8 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
     if raw_id is not None and (isinstance(raw_id, bool) or not isinstance(raw_id, str | int)):
         # A float or an object has no one obvious text: guessing one could merge two pages' ids.
         raise PageSourceError(f"{where}: 'id' must be a string or an integer, not {_json_type(raw_id)}")
-    meta = {k: _valid_json(v) for k, v in row.items() if k not in ("id", "html", "file", "url", "encoding")}
-    page_id = _valid_json(_row_id(row, index))
+    meta = {k: valid_json(v) for k, v in row.items() if k not in ("id", "html", "file", "url", "encoding")}
+    page_id = valid_json(_row_id(row, index))
     url = row.get("url")
     html_text, file_name = row.get("html"), row.get("file")
     if html_text is not None:
@@ -202,7 +203,7 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
         html = with_declared_encoding(_read_file(path, where), encoding)
     else:
         raise PageSourceError(f"{where} has neither 'html' nor 'file'")
-    return Page(id=page_id, html=html, url=_valid_json(url) if isinstance(url, str) else None, meta=meta)
+    return Page(id=page_id, html=html, url=valid_json(url) if isinstance(url, str) else None, meta=meta)
 
 
 def _open_jsonl(path: Path) -> IO[bytes]:
@@ -249,7 +250,7 @@ def _iter_jsonl(path: Path) -> Iterator[Page]:
                     raise PageSourceError(f"{where} is not JSON: {exc}") from exc
                 page = _row_page(row, path.parent, index, where)
             except PageSourceError as exc:
-                page = Page(id=_valid_json(_row_id(row, index)), html=b"", error=str(exc))
+                page = Page(id=valid_json(_row_id(row, index)), html=b"", error=str(exc))
             yield page
             index += 1
 
