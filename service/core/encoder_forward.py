@@ -338,7 +338,7 @@ def packed_first_position_cuts(
             PackedCut(
                 torch.from_numpy(keep),
                 torch.from_numpy(offsets.astype(np.int32)),
-                int(kept.max()) if len(kept) else 0,
+                int(kept.max()),
             )
         )
         current = kept

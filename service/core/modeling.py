@@ -298,8 +298,6 @@ class HtmlEncoderModel(nn.Module):
             hidden = packed_hidden_states(
                 self.encoder, input_ids, positions, cu_seq_lens, max_length, attention, cuts
             )
-            if cuts:
-                cu_seq_lens = cuts[-1].cu_seq_lens  # where each document's first row now is
         else:
             implementation = self.config._attn_implementation
             if implementation != "flash_attention_2":
@@ -314,10 +312,15 @@ class HtmlEncoderModel(nn.Module):
                 max_length_q=max_length,
                 max_length_k=max_length,
             ).last_hidden_state[0]  # (T, D)
-        return self.pool_packed(hidden, cu_seq_lens, positions)
+        return self.pool_packed(hidden, cu_seq_lens, positions, cuts)
 
-    def pool_packed(self, hidden: Tensor, cu_seq_lens: Tensor, positions: Tensor) -> Tensor:
-        """(T, D) packed hidden states to (N, D) by the model's pooling rule."""
+    def pool_packed(
+        self, hidden: Tensor, cu_seq_lens: Tensor, positions: Tensor, cuts: Sequence[PackedCut] = ()
+    ) -> Tensor:
+        """(T, D) packed hidden states to (N, D) by the model's pooling rule; after `cuts`, each
+        document's first row is at the last cut's offsets."""
+        if cuts:
+            cu_seq_lens = cuts[-1].cu_seq_lens
         starts = cu_seq_lens[:-1].long()  # (N,)
         if self.pooling == "cls":
             return hidden[starts]  # (N, D)

@@ -195,6 +195,8 @@ class TorchRunner:
         # With CLS pooling a varlen pass runs the local layers after the last global one on each
         # document's leading tokens only (encoder_forward.PackedCut), as padded SDPA batches do.
         self.first_only = self.kernel is not None and model.pooling == "cls"
+        self._layer_types = list(model.config.layer_types or ())
+        self._window = int(model.config.sliding_window)
 
     def _varlen_kernel(self, *, explicit: bool) -> VarlenAttention | None:
         """The kernel for `varlen`, probed on CUDA; a chosen-by-default one that fails the probe falls
@@ -233,11 +235,7 @@ class TorchRunner:
                 "max_length": int(lengths.max()),
             }
             if self.first_only:
-                config = self.model.config
-                layer_types = list(config.layer_types or ())
-                cuts = packed_first_position_cuts(
-                    [len(ids) for ids in batch], layer_types, int(config.sliding_window)
-                )
+                cuts = packed_first_position_cuts(lengths.tolist(), self._layer_types, self._window)
             padded = tokens
         else:
             ids_np, mask_np = pad_batch(batch, self.pad_id, pad_to=pad_to)
@@ -269,8 +267,7 @@ class TorchRunner:
                 ]
                 if self._compiled is not None:
                     hidden = self._compiled(ids, positions, offsets, longest, cuts=cuts)  # (T', D)
-                    pooled_at = cuts[-1].cu_seq_lens if cuts else offsets
-                    embedding = self.model.pool_packed(hidden, pooled_at, positions)  # (N, D)
+                    embedding = self.model.pool_packed(hidden, offsets, positions, cuts)  # (N, D)
                 else:
                     embedding = self.model.embed_packed(
                         ids, offsets, longest, attention=self.kernel, positions=positions, cuts=cuts
