@@ -5,9 +5,9 @@ the same output â€” a scheduler retrying a job whose first attempt still lives â
 writing every document twice), `run.json` (the settings that determine the rows: a resume with others
 would mix two models in one file) and the append-only `part-NNNNNN.parquet` files. Everything is written
 to a hidden temporary name and renamed, so a file is complete or absent; the temporaries of a killed run
-(`.<name>.XXXXXXXX.tmp`, up to the size of the output for a merge) are removed by the next run. The
-merged output carries the settings in its Parquet metadata (`htmllm.run`), so a later run can tell its
-own finished output from another run's, or from an unrelated file.
+(`.<name>.<8 random characters>.tmp`, up to the size of the output for a merge) are removed by the next
+run. The merged output carries the settings in its Parquet metadata (`htmllm.run`), so a later run can
+tell its own finished output from another run's, or from an unrelated file.
 """
 
 from __future__ import annotations
