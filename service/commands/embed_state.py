@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from service.core.atomic_files import replaced_atomically
 from service.core.errors import ErrorCode, HtmllmError
 
 if TYPE_CHECKING:
@@ -56,47 +57,15 @@ def changed(settings: dict[str, Any], previous: dict[str, Any]) -> str:
     )
 
 
-def _umask() -> int:
-    """The process's umask, read without setting it where Linux allows (os.umask is process-wide, and the
-    engine's threads are running while parts are written)."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/self/status").read_text(encoding="ascii").splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-@contextlib.contextmanager
-def _temporary(path: Path) -> Iterator[Path]:
-    """A hidden temporary beside `path`, renamed onto it on success: `path` is complete or absent.
-
-    mkstemp creates it 0600; it gets the mode of a file created the ordinary way before the rename.
-    """
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        yield tmp
-        os.chmod(tmp, 0o666 & ~_umask())
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def write_table(table: pa.Table, path: Path) -> None:
     import pyarrow.parquet as pq
 
-    with _temporary(path) as tmp:
+    with replaced_atomically(path, suffix=".tmp", durable=True) as tmp:
         pq.write_table(table, tmp)
 
 
 def _write_json(settings: dict[str, Any], path: Path) -> None:
-    with _temporary(path) as tmp:
+    with replaced_atomically(path, suffix=".tmp", durable=True) as tmp:
         tmp.write_text(json.dumps(settings, sort_keys=True), encoding="utf-8")
 
 
@@ -236,7 +205,10 @@ def merge(parts: Path, output: Path, schema: pa.Schema, documents: int, settings
             f"{missing} missing); not writing {output}: delete {parts} to start over"
         )
     metadata = {**(schema.metadata or {}), RUN_METADATA_KEY: json.dumps(settings, sort_keys=True)}
-    with _temporary(output) as tmp, pq.ParquetWriter(tmp, schema.with_metadata(metadata)) as writer:
+    with (
+        replaced_atomically(output, suffix=".tmp", durable=True) as tmp,
+        pq.ParquetWriter(tmp, schema.with_metadata(metadata)) as writer,
+    ):
         if documents == 0:
             writer.write_table(schema.empty_table().replace_schema_metadata(metadata))
         for start in range(0, documents, MERGE_WINDOW_ROWS):

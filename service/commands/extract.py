@@ -18,7 +18,6 @@ import json
 import os
 import stat
 import sys
-import tempfile
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -26,6 +25,8 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
+
+from service.core.atomic_files import replaced_atomically
 
 if TYPE_CHECKING:
     from service.core.extract import Extraction, ExtractionError, ExtractorPool
@@ -146,21 +147,12 @@ def _open_output(path: str) -> Iterator[IO[str]]:
         with target.open("w", encoding="utf-8") as handle:
             yield handle
         return
-    if target.exists():
-        mode = stat.S_IMODE(target.stat().st_mode)
-    else:
-        umask = os.umask(0)  # the only way to read it; set back at once, before any thread starts
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            yield handle
-        os.chmod(tmp, mode)  # mkstemp's 0600 would hide the output from the rest of its group
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
+    mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else None  # None: as a new file's
+    with (
+        replaced_atomically(target, mode=mode, suffix=".tmp") as tmp,
+        tmp.open("w", encoding="utf-8") as handle,
+    ):
+        yield handle
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +28,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers import ModernBertConfig, ModernBertModel
 
+from service.core.atomic_files import replaced_atomically
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.modeling import HeadSpec, HtmlEncoderModel, TaskHead
 from service.core.tokenizer import HtmlTokenizer, TokenizerError
@@ -113,27 +112,14 @@ _FILE_MODE = 0o644
 
 def _atomic_write_text(path: Path, text: str) -> None:
     """Write via a temporary file and rename, so a killed writer never leaves a half file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(tmp, _FILE_MODE)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with replaced_atomically(path, mode=_FILE_MODE) as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
 
 def _atomic_save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp, metadata=metadata)
-        os.chmod(tmp, _FILE_MODE)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with replaced_atomically(path, mode=_FILE_MODE) as tmp:
+        tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+        save_file(tensors, str(tmp), metadata=metadata)
 
 
 def _check_model_matches(model: HtmlEncoderModel, tokenizer: HtmlTokenizer, meta: CheckpointMeta) -> None:
