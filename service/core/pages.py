@@ -255,10 +255,14 @@ def _iter_jsonl(path: Path) -> Iterator[Page]:
             index += 1
 
 
-def _iter_html_dir(path: Path) -> Iterator[Page]:
-    suffixes = _HTML_SUFFIXES + _WARC_SUFFIXES
+def _page_files(path: Path) -> tuple[list[Path], list[Path]]:
+    """A directory's HTML and WARC files, in the order they are read, and all its files."""
     files = sorted(p for p in path.rglob("*") if p.is_file())
-    page_files = [f for f in files if f.name.lower().endswith(suffixes)]
+    return [f for f in files if f.name.lower().endswith(_HTML_SUFFIXES + _WARC_SUFFIXES)], files
+
+
+def _iter_html_dir(path: Path) -> Iterator[Page]:
+    page_files, files = _page_files(path)
     if not page_files:
         # JSONL shards are read one file at a time (their ids and `file` paths are per file), never as
         # a directory's pages; zero pages in silence would look like a finished run.
@@ -295,6 +299,16 @@ def _head(path: Path) -> bytes:
     return head
 
 
+def _source(path: Path) -> tuple[Literal["jsonl", "warc", "html", "directory"], Path]:
+    """What a page source holds, and the path to read it from (a corpus directory's manifest)."""
+    if path.is_dir():
+        manifest = path / "manifest.jsonl"
+        return ("jsonl", manifest) if manifest.is_file() else ("directory", path)
+    if path.is_file():
+        return _file_kind(path), path
+    raise PageSourceError(f"page source {path} does not exist")
+
+
 def _file_kind(path: Path) -> Literal["jsonl", "warc", "html"]:
     """What a single file holds: by its name's suffix, else by its first bytes, else refused."""
     name = path.name.lower()
@@ -326,20 +340,15 @@ def iter_pages(
     A source that does not exist always raises; a bad row raises or, with `bad_rows="report"`, comes
     back as a `Page` whose `error` says why.
     """
-    path = Path(source)
-    if path.is_dir():
-        manifest = path / "manifest.jsonl"
-        pages = _iter_jsonl(manifest) if manifest.is_file() else _iter_html_dir(path)
-    elif path.is_file():
-        kind = _file_kind(path)
-        if kind == "jsonl":
-            pages = _iter_jsonl(path)
-        elif kind == "warc":
-            pages = _iter_warc(path)
-        else:
-            pages = iter([Page(id=path.name, html=_read_file(path, str(path)))])
+    kind, path = _source(Path(source))
+    if kind == "jsonl":
+        pages = _iter_jsonl(path)
+    elif kind == "warc":
+        pages = _iter_warc(path)
+    elif kind == "directory":
+        pages = _iter_html_dir(path)
     else:
-        raise PageSourceError(f"page source {path} does not exist")
+        pages = iter([Page(id=path.name, html=_read_file(path, str(path)))])
     for count, page in enumerate(pages):
         if limit is not None and count >= limit:
             return
@@ -355,20 +364,17 @@ def count_pages(
     them: the rows of a JSONL file or manifest, the files of a directory of HTML pages, 1 for one page.
     None for WARC files (a record is a page only once its HTTP head is read), an unreadable source, or
     when `stop` is set first: for a progress bar's total, counted beside the run, never before it."""
-    path = Path(source)
     try:
-        if path.is_dir():
-            manifest = path / "manifest.jsonl"
-            if manifest.is_file():
-                count = _count_rows(manifest, limit, stop)
-            else:
-                names = [p.name.lower() for p in path.rglob("*") if p.is_file()]
-                if any(name.endswith(_WARC_SUFFIXES) for name in names):
-                    return None
-                count = sum(name.endswith(_HTML_SUFFIXES) for name in names)
-        elif path.is_file():
-            kind = _file_kind(path)
-            count = 1 if kind == "html" else _count_rows(path, limit, stop) if kind == "jsonl" else None
+        kind, path = _source(Path(source))
+        if kind == "jsonl":
+            count = _count_rows(path, limit, stop)
+        elif kind == "html":
+            count = 1
+        elif kind == "directory":
+            page_files, _ = _page_files(path)
+            if any(f.name.lower().endswith(_WARC_SUFFIXES) for f in page_files):
+                return None
+            count = len(page_files)
         else:
             return None
     except (OSError, PageSourceError):
