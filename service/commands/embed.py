@@ -209,7 +209,10 @@ class _Outcome:
 
 
 def _check_input(path: Path) -> None:
-    """The input exists and can be read (any file is a source: one that is not JSONL or WARC is a page)."""
+    """The input exists, can be read and is a kind of page source (`pages.source_kind`: a file of no
+    kind it reads is refused here, not after the model loaded)."""
+    from service.core.pages import source_kind
+
     if not path.exists():
         raise OptionError(f"page source {path} does not exist")
     try:
@@ -223,6 +226,7 @@ def _check_input(path: Path) -> None:
             raise OptionError(f"page source {path} is neither a file nor a directory")
     except OSError as exc:
         raise OptionError(f"page source {path} cannot be read: {exc.strerror}") from exc
+    source_kind(path)
 
 
 def _plan(args: argparse.Namespace) -> _Plan:

@@ -299,8 +299,10 @@ def _head(path: Path) -> bytes:
     return head
 
 
-def _source(path: Path) -> tuple[Literal["jsonl", "warc", "html", "directory"], Path]:
-    """What a page source holds, and the path to read it from (a corpus directory's manifest)."""
+def source_kind(path: Path) -> tuple[Literal["jsonl", "warc", "html", "directory"], Path]:
+    """What a page source holds, and the path to read it from (a corpus directory's manifest); raises
+    `PageSourceError` for a source that does not exist or a file of no kind it reads. Cheap (a file's
+    first bytes at most): commands call it to refuse an input before loading a model."""
     if path.is_dir():
         manifest = path / "manifest.jsonl"
         return ("jsonl", manifest) if manifest.is_file() else ("directory", path)
@@ -340,7 +342,7 @@ def iter_pages(
     A source that does not exist always raises; a bad row raises or, with `bad_rows="report"`, comes
     back as a `Page` whose `error` says why.
     """
-    kind, path = _source(Path(source))
+    kind, path = source_kind(Path(source))
     if kind == "jsonl":
         pages = _iter_jsonl(path)
     elif kind == "warc":
@@ -365,7 +367,7 @@ def count_pages(
     None for WARC files (a record is a page only once its HTTP head is read), an unreadable source, or
     when `stop` is set first: for a progress bar's total, counted beside the run, never before it."""
     try:
-        kind, path = _source(Path(source))
+        kind, path = source_kind(Path(source))
         if kind == "jsonl":
             count = _count_rows(path, limit, stop)
         elif kind == "html":

@@ -425,7 +425,10 @@ def test_a_typo_in_the_input_neither_loads_the_model_nor_locks_the_output(
     with monkeypatch.context() as patch:
         patch.setattr(Engine, "from_checkpoint", _not_loaded)
         assert main(_args(tiny_checkpoint, tmp_path / "pagse.jsonl", out)) == 1
-    assert "pagse.jsonl does not exist" in capsys.readouterr().err
+        assert "pagse.jsonl does not exist" in capsys.readouterr().err
+        (tmp_path / "notes.txt").write_text("not pages\n")  # a file of no kind a source is read as
+        assert main(_args(tiny_checkpoint, tmp_path / "notes.txt", out)) == 1
+        assert "cannot tell what" in capsys.readouterr().err
     assert not parts.exists()
     # A run.json written by a run that wrote no part yet (an older version's typo) is replaced.
     parts.mkdir()
