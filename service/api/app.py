@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
-from starlette.middleware.gzip import GZipMiddleware
 
 from service import __version__
+from service.api.compression import NegotiatedGZipMiddleware
 from service.api.errors import install_error_handlers
 from service.api.limits import BodyLimitMiddleware
 from service.api.metrics import (
@@ -134,7 +134,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     )
     if settings.gzip_min_bytes > 0:
         # Level 1: most of gzip's gain on float JSON for a fraction of level 9's CPU, which the model needs.
-        app.add_middleware(GZipMiddleware, minimum_size=settings.gzip_min_bytes, compresslevel=1)
+        app.add_middleware(NegotiatedGZipMiddleware, minimum_size=settings.gzip_min_bytes, compresslevel=1)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics, routes=paths)
     app.add_middleware(RequestIdMiddleware)
     install_openapi(

@@ -270,6 +270,10 @@ async def test_info_health_ready_metrics(client: httpx.AsyncClient) -> None:
     assert info["inference_process"] is False
     assert (await client.get("/health")).json() == {"status": "ok"}
     assert (await client.get("/ready")).json() == {"status": "ready", "model": "tiny-test"}
+    for probe in ("/health", "/ready"):  # load balancers probe with HEAD
+        assert (await client.head(probe)).status_code == 200, probe
+        refused = await client.post(probe)
+        assert refused.status_code == 405 and set(refused.headers["allow"].split(", ")) == {"GET", "HEAD"}
     metrics = await client.get("/metrics")
     assert metrics.status_code == 200 and "htmllm_ready 1.0" in metrics.text
     assert "htmllm_queue_size" in metrics.text
@@ -498,6 +502,10 @@ async def test_responses_are_gzipped_for_clients_that_accept_it(settings_for: Se
         assert int(zipped.headers["content-length"]) < len(plain.content) // 2
         small = await client.get("/health", headers={"accept-encoding": "gzip"})
         assert "content-encoding" not in small.headers  # under gzip_min_bytes: not worth it
+        for refused in ("gzip;q=0", "br, gzip;q=0, deflate"):  # RFC 9110: q=0 is "not acceptable"
+            response = await client.post("/v1/embed", json=body, headers={"accept-encoding": refused})
+            assert response.status_code == 200 and "content-encoding" not in response.headers, refused
+            assert response.json()["usage"] == plain.json()["usage"]
     async with app_client(settings_for(gzip_min_bytes=0)) as client:
         never = await client.post("/v1/embed", json=body, headers={"accept-encoding": "gzip"})
         assert never.status_code == 200 and "content-encoding" not in never.headers

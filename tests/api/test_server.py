@@ -46,6 +46,12 @@ def test_every_route(server: LiveServer) -> None:
     with httpx.Client(base_url=server.url, timeout=60) as client:
         assert client.get("/health").json() == {"status": "ok"}
         assert client.get("/ready").json()["status"] == "ready"
+        for probe in ("/health", "/ready"):
+            # HEAD: no body on the wire (h11 would read one as the next answer) and the connection
+            # serves the next request.
+            head = client.head(probe)
+            assert head.status_code == 200 and head.content == b"", probe
+            assert client.get(probe).status_code == 200
         info = client.get("/info").json()
         assert info["model"] == "tiny-test" and info["limits"]["max_documents"] == 16
         assert "htmllm_queue_size" in client.get("/metrics").text

@@ -18,12 +18,22 @@ from service.core.errors import ErrorCode, HtmllmError
 router = APIRouter(tags=["operations"])
 
 
-@router.get("/health", summary="Liveness: the process answers")
+# HEAD too on the probes: load balancers and uptime checkers (AWS target groups, HAProxy's `option
+# httpchk HEAD`, monit) probe with it, and a 405 there marks a healthy server down.
+PROBE_METHODS = ["GET", "HEAD"]
+
+
+@router.api_route("/health", methods=PROBE_METHODS, summary="Liveness: the process answers")
 async def health() -> HealthResponse:
     return HealthResponse()
 
 
-@router.get("/ready", summary="Readiness: model loaded and warmed", responses={503: ERROR_RESPONSES[503]})
+@router.api_route(
+    "/ready",
+    methods=PROBE_METHODS,
+    summary="Readiness: model loaded and warmed",
+    responses={503: ERROR_RESPONSES[503]},
+)
 async def ready(runtime: RuntimeDep) -> ReadyResponse:
     """200 once the model has run one full-size batch; 503 before, and once shutdown began."""
     if runtime.stopping:
