@@ -192,6 +192,7 @@ class Limits(BaseModel):
     max_batch_requests: int
     max_wait_ms: float
     max_queue_documents: int
+    extract_timeout_s: float = Field(description="each extractor's limit on one page (/v1/extract)")
 
 
 class InfoResponse(BaseModel):

@@ -92,6 +92,12 @@ class Settings(BaseSettings):
 
     # Text extraction (/v1/extract) runs in its own thread pool, off the event loop.
     extract_workers: int = Field(2, gt=0)
+    extract_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="each extractor's time on one page (/v1/extract); past it that extraction is an "
+        "error with timed_out, and the others keep theirs; the request timeout bounds it too",
+    )
 
     # Access and serving.
     api_key: SecretStr | None = Field(None, description="when set, model routes need `Bearer <key>`")

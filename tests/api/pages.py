@@ -36,3 +36,8 @@ def long_page(words: int = 2000) -> str:
         + "".join(f"<p>{rng.choice(WORDS)} {rng.choice(WORDS)}</p>" for _ in range(words))
         + "</body></html>"
     )
+
+
+def slow_to_extract_page(paragraphs: int = 5000) -> str:
+    """Thousands of tiny paragraphs: jusText's classification of them takes seconds (quadratic)."""
+    return "<html><body>" + "<div><p>alpha beta gamma delta epsilon</p></div>" * paragraphs + "</body></html>"

@@ -10,6 +10,7 @@ import gzip
 import json
 import logging
 import re
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from prometheus_client import generate_latest
 from service.api.app import create_app
 from service.api.routers import embed as embed_router
 from tests.api.conftest import SettingsFactory, app_client, tiny_settings
-from tests.api.pages import CZECH_TEXT, WINDOWS_1250_PAGE, long_page, page
+from tests.api.pages import CZECH_TEXT, WINDOWS_1250_PAGE, long_page, page, slow_to_extract_page
 from tests.factories.checkpoint import (
     CLASSIFICATION_HEAD,
     REGRESSION_HEAD,
@@ -554,6 +555,21 @@ async def test_extract_backlog_is_bounded(settings_for: SettingsFactory) -> None
         assert response.json()["error"]["code"] == "too_many_documents"
         empty = await client.post("/v1/extract", json={"documents": []})
         assert empty.status_code == 400
+
+
+async def test_extractor_time_limit_is_a_setting(settings_for: SettingsFactory) -> None:
+    async with app_client(settings_for(extract_timeout_s=0.3)) as client:
+        assert (await client.get("/info")).json()["limits"]["extract_timeout_s"] == 0.3
+        warm = await client.post("/v1/extract", json={"documents": [{"html": page(1)}]})
+        assert warm.status_code == 200  # the extractor process is up
+        body = {"documents": [{"html": slow_to_extract_page()}, {"html": page(2)}], "extractors": ["justext"]}
+        started = time.perf_counter()
+        response = await client.post("/v1/extract", json=body)
+        assert time.perf_counter() - started < 2.5  # the default 5 s limit would let jusText run on
+        assert response.status_code == 200, response.text
+        slow, fine = (item["extractions"][0] for item in response.json()["data"])
+        assert slow["error"]["code"] == "extraction_failed" and "limit" in slow["error"]["message"]
+        assert fine["error"] is None and fine["chosen"] == "justext"
 
 
 @pytest.mark.slow

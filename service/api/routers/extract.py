@@ -27,7 +27,7 @@ from service.api.schemas import (
     ExtractResult,
 )
 from service.core.errors import ErrorCode, HtmllmError
-from service.core.extract import DEFAULT_TIMEOUT_S, ExtractionError, ExtractorPool, extract
+from service.core.extract import ExtractionError, ExtractorPool, extract
 from service.engine import Document
 
 router = APIRouter(tags=["extract"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
@@ -91,7 +91,7 @@ async def extract_text(
     check_document_count(documents, runtime.settings.max_documents)
     pool, threads = await runtime.extraction()
     # Each extractor's own limit is within the request's, so a stuck page cannot outlive its request.
-    timeout_s = min(DEFAULT_TIMEOUT_S, runtime.settings.request_timeout_s)
+    timeout_s = min(runtime.settings.extract_timeout_s, runtime.settings.request_timeout_s)
     calls = [
         functools.partial(_extract_one, doc, name, min_words=parsed.min_words, timeout_s=timeout_s, pool=pool)
         for doc in documents
