@@ -49,11 +49,14 @@ RUN python3.12 -m venv /opt/htmllm \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY service ./service
-# The project itself, from the copied source; its dependencies are pinned by pyproject.toml ranges.
+# The project itself, from the copied source; its dependencies are pinned by pyproject.toml ranges. The
+# checks run isolated (`python -I`): a plain `python -c` puts the working directory first on sys.path, so
+# /src/service (the copied source) would be imported instead of the installed package, and the check for
+# the bundled model would pass even if the package left it out.
 # hadolint ignore=DL3013
 RUN pip install --no-cache-dir --no-build-isolation ".[serve,extract,gpu]" \
-    && python -c "import service.api, service.engine, onnxruntime, resiliparse, trafilatura, justext" \
-    && python -c "import pathlib, service; d = pathlib.Path(service.__file__).parent / 'assets' / 'default-model'; assert (d / 'config.json').is_file(), f'no bundled default model at {d}'"
+    && python -I -c "import service.api, service.engine, onnxruntime, resiliparse, trafilatura, justext" \
+    && python -I -c "import pathlib, service; d = pathlib.Path(service.__file__).parent / 'assets' / 'default-model'; assert (d / 'config.json').is_file(), f'no bundled default model at {d}'"
 
 # ---------------------------------------------------------------------------------------------------
 # CUDA runtime: the runtime image carries the CUDA and cuDNN libraries torch and onnxruntime-gpu load.
@@ -104,10 +107,11 @@ WORKDIR /src
 # README.md is read by the build backend (pyproject `readme`); it does not reach the runtime image.
 COPY pyproject.toml README.md ./
 COPY service ./service
+# Checked with `python -I` for the reason the CUDA builder gives: the installed package, not /src/service.
 # hadolint ignore=DL3013
 RUN pip install --no-cache-dir ".[serve,extract,onnx]" \
-    && python -c "import service.api, service.engine, onnxruntime, resiliparse, trafilatura, justext" \
-    && python -c "import pathlib, service; d = pathlib.Path(service.__file__).parent / 'assets' / 'default-model'; assert (d / 'config.json').is_file(), f'no bundled default model at {d}'"
+    && python -I -c "import service.api, service.engine, onnxruntime, resiliparse, trafilatura, justext" \
+    && python -I -c "import pathlib, service; d = pathlib.Path(service.__file__).parent / 'assets' / 'default-model'; assert (d / 'config.json').is_file(), f'no bundled default model at {d}'"
 
 # ---------------------------------------------------------------------------------------------------
 # CPU runtime.

@@ -126,6 +126,19 @@ def server_environment(args: argparse.Namespace, port: int) -> dict[str, str]:
     return env
 
 
+def locust_environment(server_env: dict[str, str]) -> dict[str, str]:
+    """Locust's environment: this process's, the repository on PYTHONPATH, and the server's API key.
+
+    The locustfile sends `HTMLLM_API_KEY` as its bearer token. A key given as `--server-env
+    HTMLLM_API_KEY=...` is in the server's environment only; unless it is passed on, every request of
+    the run gets 401.
+    """
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    if "HTMLLM_API_KEY" in server_env:
+        env["HTMLLM_API_KEY"] = server_env["HTMLLM_API_KEY"]
+    return env
+
+
 def get_json(url: str, timeout: float = 5.0) -> Any:
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return json.loads(response.read())
@@ -410,7 +423,11 @@ def summarize(rows: list[dict[str, str]], docs_per_request: int, run_seconds: fl
     posts = [r for r in rows if r["type"] == "POST"]
     requests = sum(int(r["requests"]) for r in posts)
     failures = sum(int(r["failures"]) for r in posts)
-    documents = sum(int(r["requests"]) * (docs_per_request if "json" in r["name"] else 1) for r in posts)
+    # Documents embedded: those of answered requests only (a 429 or 401 comes back fast and embeds none).
+    documents = sum(
+        (int(r["requests"]) - int(r["failures"])) * (docs_per_request if "json" in r["name"] else 1)
+        for r in posts
+    )
 
     def latency(row: dict[str, str]) -> dict[str, float]:
         return {key: float(row[key]) for key in ("p50_ms", "p95_ms", "p99_ms", "max_ms")}
@@ -538,10 +555,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"loadtest: server on {base} (log: {out / 'server.log'}); waiting for /ready", flush=True)
             wait_ready(base, server, args.ready_timeout)
             info = get_json(f"{base}/info")
-            locust_env = {
-                **os.environ,
-                "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-            }
+            locust_env = locust_environment(env)
             print(f"loadtest: {args.users} users for {args.run_time} s", flush=True)
             memory_ready = server_memory_mb(server.pid)
             sampler = ServerSampler(server.pid, args.sample_interval)

@@ -196,6 +196,36 @@ def test_cpu_image_has_every_module_the_server_imports() -> None:
     assert missing == set()
 
 
+@pytest.mark.parametrize("builder", sorted(FINAL.values()))
+def test_builders_check_the_installed_package_not_the_copied_source(builder: str) -> None:
+    """The builders copy service/ into their WORKDIR, and `python -c` puts the working directory first on
+    sys.path: an unisolated check would import the copied source, so a package that left out the
+    bundled model (or a module) would pass. The checks must run with -I (or -P)."""
+    stage = stages()[builder]
+    (workdir,) = (c.value[0] for c in stage.of("WORKDIR"))
+    copied = {Path(workdir, c.value[-1]).as_posix() for c in stage.of("COPY") if copy_from(c) is None}
+    assert f"{workdir}/service" in copied  # what makes a plain `python -c` import the source
+    checks = re.findall(r"\bpython[\d.]*((?:\s+-\w+)*)\s+-c\b", run_text(stage))
+    assert len(checks) >= 2, "the builder checks the installed package's imports and bundled model"
+    for flags in checks:
+        assert {"-I", "-P"} & set(flags.split()), f"{builder}: `python{flags} -c` imports from {workdir}"
+    bundled = [run for run in stage.of("RUN") if "default-model" in " ".join(run.value)]
+    assert bundled, f"{builder} does not check that the bundled default model was installed"
+
+
+def test_an_unisolated_check_imports_the_copied_source(tmp_path: Path) -> None:
+    """Why the rule above: from a directory holding a `service` package, `python -c` imports that one."""
+    (tmp_path / "service").mkdir()
+    (tmp_path / "service" / "__init__.py").write_text("")
+    code = "import service; print(service.__file__)"
+    plain, isolated = (
+        subprocess.run([sys.executable, *flags, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+        for flags in ([], ["-I"])
+    )
+    assert plain.stdout.strip() == str(tmp_path / "service" / "__init__.py")
+    assert isolated.stdout.strip() != plain.stdout.strip()
+
+
 @pytest.mark.parametrize("target", sorted(FINAL))
 def test_runtime_runs_as_non_root(target: str) -> None:
     stage = stages()[target]

@@ -9,9 +9,12 @@ API key from a Secret) are checked on the rendered objects, not on template text
 from __future__ import annotations
 
 import base64
+import itertools
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import helm_python as helm
 import jsonschema
@@ -20,6 +23,7 @@ import pytest
 import yaml
 
 from service.api.settings import Settings
+from service.engine.runners import torch as torch_runner
 from tests.deploy.dockerfile_rules import final_stage_user
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -469,3 +473,232 @@ def test_threads_set_in_the_values_go_to_the_configmap() -> None:
     assert configmap_data(objects)["HTMLLM_INTRA_OP_THREADS"] == "6"
     assert "HTMLLM_INTRA_OP_THREADS" not in env_of(server_container(objects))
     assert "HTMLLM_INTRA_OP_THREADS" not in configmap_data(render({}))
+
+
+# What the kubelet puts in the server's environment for the rendered env entries that are not literals.
+DOWNWARD_API_CPU = "2"  # requests.cpu with divisor 1, rounded up
+SECRET_VALUE = "a-key-from-the-secret"
+
+# Everything optional on, with values a crawl deployment sets: a result cache of a million pages (Helm
+# reads every number in values as a float64), long documents, a big batch and body limit.
+MAXIMAL_VALUES: dict[str, Any] = {
+    **values_for("full"),
+    "server": {
+        "backend": "onnx",
+        "onnxQuantize": "int8",
+        "intraOpThreads": 4,
+        "preprocessPool": "process",
+        "preprocessWorkers": 3,
+        "inferenceProcess": True,
+        "maxBatchTokens": 1048576,
+        "maxWaitMs": 0.5,
+        "maxQueueDocuments": 4000000,
+        "maxBodyBytes": 1073741824,
+        "requestTimeoutSeconds": 2.5,
+        "bodyTimeoutSeconds": 1200000,
+        "drainTimeoutSeconds": 45,
+    },
+    "extraSettings": {
+        "HTMLLM_RESULT_CACHE_DOCUMENTS": 1000000,
+        "HTMLLM_MAX_LENGTH": 8192,
+        "HTMLLM_GZIP_MIN_BYTES": 2097152,
+        "HTMLLM_TRUNCATE": False,
+        "HTMLLM_LOG_LEVEL": "warning",
+        "HTMLLM_ONNX_PATH": "/models/checkpoints/html-base/model.int8.onnx",
+    },
+    "extraEnv": [{"name": "HTMLLM_EXTRACT_WORKERS", "value": "3"}],
+}
+
+
+def server_environment(objects: list[Manifest]) -> dict[str, str]:
+    """The server container's environment as the kubelet builds it: the ConfigMap, then `env` on top."""
+    environment = dict(configmap_data(objects))
+    for name, entry in env_of(server_container(objects)).items():
+        if "value" in entry:
+            environment[name] = entry["value"]
+        elif "resourceFieldRef" in entry.get("valueFrom", {}):
+            environment[name] = DOWNWARD_API_CPU
+        elif "secretKeyRef" in entry.get("valueFrom", {}):
+            environment[name] = SECRET_VALUE
+        else:
+            raise AssertionError(f"an env entry the test cannot resolve: {entry}")
+    return environment
+
+
+def settings_of(objects: list[Manifest]) -> Settings:
+    """The service's Settings, read from the rendered pod's environment the way the server reads them."""
+    environment = server_environment(objects)
+    nothing_given: dict[str, Any] = {}  # every field from the environment
+    with mock.patch.dict(os.environ, environment, clear=True):
+        return Settings(**nothing_given)
+
+
+@pytest.mark.parametrize("name", [*VALUE_SETS, "maximal"])
+def test_every_rendered_setting_is_read_by_the_service(name: str) -> None:
+    """Each HTMLLM_* variable of the pod (ConfigMap and env) is a Settings field, holds what the values
+    say, and the service parses it: a misspelt name would be ignored, an unparsable value stops the pod."""
+    values = MAXIMAL_VALUES if name == "maximal" else values_for(name)
+    objects = render(values)
+    environment = server_environment(objects)
+    fields = set(Settings.model_fields)
+    names = [key for key in environment if key.startswith("HTMLLM_")]
+    assert [key for key in names if key.removeprefix("HTMLLM_").lower() not in fields] == []
+    settings = settings_of(objects)  # raises pydantic's ValidationError on a value it cannot parse
+    settings.engine_config()  # and the engine takes the combination
+    merged = helm.Chart.load(CHART).merge_values(values)
+    for key, value in merged["extraSettings"].items():
+        field = key.removeprefix("HTMLLM_").lower()
+        parsed = getattr(settings, field)
+        assert (str(parsed) if isinstance(value, str) else parsed) == value, key
+    server = merged["server"]
+    assert settings.max_batch_tokens == server["maxBatchTokens"]
+    assert settings.max_body_bytes == server["maxBodyBytes"]
+    assert settings.body_timeout_s == server["bodyTimeoutSeconds"]
+    assert settings.drain_timeout_s == server["drainTimeoutSeconds"]
+    if merged["auth"]["enabled"]:
+        assert settings.api_key is not None and settings.api_key.get_secret_value() == SECRET_VALUE
+
+
+def test_large_numbers_render_as_digits() -> None:
+    """Helm reads numbers as float64s and `toString` writes them as 1e+06 from a million up, which an
+    integer setting refuses: the pods would never start."""
+    data = configmap_data(render(MAXIMAL_VALUES))
+    assert data["HTMLLM_RESULT_CACHE_DOCUMENTS"] == "1000000"
+    assert data["HTMLLM_GZIP_MIN_BYTES"] == "2097152"
+    assert data["HTMLLM_BODY_TIMEOUT_S"] == "1200000"
+    assert data["HTMLLM_MAX_WAIT_MS"] == "0.5" and data["HTMLLM_TRUNCATE"] == "false"
+
+
+def chart_managed_settings() -> set[str]:
+    """The HTMLLM_* names the chart sets from its own values (the default release's ConfigMap)."""
+    return set(configmap_data(render({})))
+
+
+def test_extra_setting_names_are_exactly_the_other_settings() -> None:
+    """values.schema.json lists the names extraSettings (and HTMLLM_* entries of extraEnv) may use: every
+    Settings field the chart does not set itself, and nothing else, so a misspelt name fails at install
+    instead of being silently ignored by the service (its settings ignore unknown variables)."""
+    with helm.Chart.load(CHART) as chart:
+        schema = chart.schema
+    assert schema is not None
+    allowed = set(schema["definitions"]["extraSettingName"]["enum"])
+    every = {f"HTMLLM_{field.upper()}" for field in Settings.model_fields}
+    assert allowed == every - chart_managed_settings() - {"HTMLLM_API_KEY"}
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"extraSettings": {"HTMLLM_RESULT_CACHE_DOCS": 1000}},  # misspelt
+        {"extraSettings": {"HTMLLM_MAX_LENGHT": 1000}},
+        {"extraEnv": [{"name": "HTMLLM_RESULT_CACHE_DOCS", "value": "1000"}]},
+        # The chart's own: a second HTMLLM_PORT would move the server off the probes' port, a second
+        # HTMLLM_DRAIN_TIMEOUT_S outlive the grace period derived from server.drainTimeoutSeconds.
+        {"extraSettings": {"HTMLLM_PORT": 9000}},
+        {"extraSettings": {"HTMLLM_DRAIN_TIMEOUT_S": 120}},
+        {"extraSettings": {"HTMLLM_BACKEND": "onnx"}},
+        {"extraEnv": [{"name": "HTMLLM_PORT", "value": "9000"}]},
+        {"extraEnv": [{"name": "HTMLLM_DRAIN_TIMEOUT_S", "value": "120"}]},
+        {"server": {"intraOpThreads": 4}, "extraSettings": {"HTMLLM_INTRA_OP_THREADS": 8}},
+        {"server": {"intraOpThreads": 4}, "extraEnv": [{"name": "HTMLLM_INTRA_OP_THREADS", "value": "8"}]},
+        {
+            "model": {"source": "pvc", "pvc": {"existingClaim": "c"}},
+            "extraSettings": {"HTMLLM_MODEL_PATH": "/m"},
+        },
+        {"auth": {"enabled": True, "apiKey": "k"}, "extraEnv": [{"name": "HTMLLM_API_KEY", "value": "x"}]},
+    ],
+)
+def test_settings_are_refused_when_misspelt_or_set_twice(values: dict[str, Any]) -> None:
+    with pytest.raises((helm.HelmValuesError, helm.HelmRenderError)):
+        render(values)
+
+
+def test_settings_the_chart_leaves_alone_pass_through() -> None:
+    objects = render(
+        {
+            "extraSettings": {"HTMLLM_MODEL_PATH": "/opt/models/html-base"},  # baked into a derived image
+            "extraEnv": [
+                {"name": "HTMLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": "mine", "key": "k"}}},
+                {"name": "HTMLLM_LOG_LEVEL", "value": "debug"},
+                {"name": "MALLOC_ARENA_MAX", "value": "2"},
+            ],
+        }
+    )
+    settings = settings_of(objects)
+    assert str(settings.model_path) == "/opt/models/html-base" and settings.log_level == "debug"
+    assert settings.api_key is not None
+
+
+ENGINE_CHOICES: dict[str, list[Any]] = {
+    "gpu": [False, True],
+    "backend": ["torch", "onnx"],
+    "dtype": ["float32", "bfloat16", "float16"],
+    "onnxQuantize": ["none", "int8"],
+    "attention": ["auto", "sdpa", "eager", "varlen", "flash_attention_2"],
+}
+
+
+def engine_refuses(gpu: bool, backend: str, dtype: str, quantize: str, attention: str) -> bool:
+    """Whether the service refuses to start with these settings (EngineConfig's checks, then the torch
+    runner's choice of attention), with a torch that has the varlen kernel, as the images' does."""
+    chosen: dict[str, Any] = {
+        "backend": backend,
+        "device": "cuda" if gpu else "cpu",
+        "dtype": dtype,
+        "onnx_quantize": quantize,
+        "attention": attention,
+    }
+    settings = Settings(**chosen)
+    try:
+        config = settings.engine_config()
+        if backend == "torch":
+            with mock.patch.object(torch_runner, "torch_varlen_attention", lambda: object()):
+                torch_runner.choose_attention(config.device, config.dtype, config.attn_implementation)
+    except ValueError:
+        return True
+    return False
+
+
+def test_the_chart_refuses_what_the_service_refuses_to_start_with() -> None:
+    """A combination the engine rejects at start leaves every pod in CrashLoopBackOff; the chart refuses
+    exactly those at install, and renders the rest."""
+    mismatched = []
+    for gpu, backend, dtype, quantize, attention in itertools.product(*ENGINE_CHOICES.values()):
+        if backend == "onnx" and attention != "auto":
+            continue  # the onnx runner has no attention choice: the graph is the graph
+        server = {"backend": backend, "dtype": dtype, "onnxQuantize": quantize, "attention": attention}
+        try:
+            render({"gpu": {"enabled": gpu}, "server": server})
+            refused = False
+        except helm.HelmRenderError:
+            refused = True
+        if refused != engine_refuses(gpu, backend, dtype, quantize, attention):
+            verdict = "refused" if refused else "rendered"
+            mismatched.append((gpu, backend, dtype, quantize, attention, verdict))
+    assert mismatched == []
+
+
+def test_init_container_has_a_writable_home() -> None:
+    (init,) = one(render(values_for("init")), "Deployment")["spec"]["template"]["spec"]["initContainers"]
+    assert env_of(init)["HOME"] == {"name": "HOME", "value": "/tmp"}
+    assert {"name": "tmp", "mountPath": "/tmp"} in init["volumeMounts"]
+    own = {**values_for("init")}
+    own["model"] = {**own["model"], "initContainer": {**own["model"]["initContainer"]}}
+    own["model"]["initContainer"]["env"] = [{"name": "HOME", "value": "/work"}]
+    (init,) = one(render(own), "Deployment")["spec"]["template"]["spec"]["initContainers"]
+    assert [e for e in init["env"] if e["name"] == "HOME"] == [{"name": "HOME", "value": "/work"}]
+
+
+def test_a_new_api_key_rolls_the_pods() -> None:
+    """The server reads HTMLLM_API_KEY once, at start: a key the chart's Secret changes must roll the
+    pods, or they keep accepting only the old one."""
+
+    def pod_annotations(key: str) -> dict[str, str]:
+        values = {**values_for("init"), "auth": {"enabled": True, "apiKey": key}}
+        annotations = one(render(values), "Deployment")["spec"]["template"]["metadata"]["annotations"]
+        assert isinstance(annotations, dict)
+        return annotations
+
+    old, new = pod_annotations("old-key"), pod_annotations("new-key")
+    assert old["checksum/config"] == new["checksum/config"]
+    assert old != new

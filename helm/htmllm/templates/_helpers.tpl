@@ -103,6 +103,53 @@ already say about threads (server.intraOpThreads, HTMLLM_INTRA_OP_THREADS or OMP
 {{- if and (not .Values.server.intraOpThreads) (not (hasKey .Values.extraSettings "HTMLLM_INTRA_OP_THREADS")) (not $named) (not $limits.cpu) $requests.cpu }}true{{ end }}
 {{- end }}
 
+{{/*
+A setting's value as its environment variable's text. Helm reads every number in values as a float64,
+which `toString` writes in exponent form from a million up ("1e+06"): the service's integer settings
+refuse that, so the pod would not start. toJson writes whole numbers as digits and fractions as
+they are.
+*/}}
+{{- define "htmllm.settingValue" -}}
+{{- if kindIs "string" . }}{{ . }}{{ else }}{{ toJson . }}{{ end }}
+{{- end }}
+
+{{/*
+The HTMLLM_* settings the chart itself sets (the ConfigMap's data before extraSettings), as JSON. The
+port is the container port the probes and the Service use; the drain time is the one the grace
+period is derived from. extraSettings and extraEnv may not set these again (htmllm.validate).
+*/}}
+{{- define "htmllm.settings" -}}
+{{- $s := .Values.server }}
+{{- $settings := dict
+  "HTMLLM_HOST" "0.0.0.0"
+  "HTMLLM_PORT" "8000"
+  "HTMLLM_BACKEND" $s.backend
+  "HTMLLM_DEVICE" (ternary "cuda" "cpu" .Values.gpu.enabled)
+  "HTMLLM_DTYPE" $s.dtype
+  "HTMLLM_ONNX_QUANTIZE" $s.onnxQuantize
+  "HTMLLM_ATTENTION" $s.attention
+  "HTMLLM_PREPROCESS_WORKERS" (include "htmllm.settingValue" $s.preprocessWorkers)
+  "HTMLLM_PREPROCESS_POOL" $s.preprocessPool
+  "HTMLLM_INFERENCE_PROCESS" (include "htmllm.settingValue" $s.inferenceProcess)
+  "HTMLLM_MAX_BATCH_TOKENS" (include "htmllm.settingValue" $s.maxBatchTokens)
+  "HTMLLM_MAX_BATCH_REQUESTS" (include "htmllm.settingValue" $s.maxBatchRequests)
+  "HTMLLM_MAX_WAIT_MS" (include "htmllm.settingValue" $s.maxWaitMs)
+  "HTMLLM_MAX_QUEUE_DOCUMENTS" (include "htmllm.settingValue" $s.maxQueueDocuments)
+  "HTMLLM_MAX_BODY_BYTES" (include "htmllm.settingValue" $s.maxBodyBytes)
+  "HTMLLM_MAX_DOCUMENTS" (include "htmllm.settingValue" $s.maxDocuments)
+  "HTMLLM_REQUEST_TIMEOUT_S" (include "htmllm.settingValue" $s.requestTimeoutSeconds)
+  "HTMLLM_BODY_TIMEOUT_S" (include "htmllm.settingValue" $s.bodyTimeoutSeconds)
+  "HTMLLM_DRAIN_TIMEOUT_S" (include "htmllm.settingValue" $s.drainTimeoutSeconds)
+}}
+{{- if $s.intraOpThreads }}
+{{- $_ := set $settings "HTMLLM_INTRA_OP_THREADS" (include "htmllm.settingValue" $s.intraOpThreads) }}
+{{- end }}
+{{- with (include "htmllm.modelPath" .) }}
+{{- $_ := set $settings "HTMLLM_MODEL_PATH" . }}
+{{- end }}
+{{- toJson $settings }}
+{{- end }}
+
 {{/* Fail early on combinations that would render a pod that cannot start. */}}
 {{- define "htmllm.validate" -}}
 {{- if and .Values.auth.enabled (not .Values.auth.existingSecret) (not .Values.auth.apiKey) }}
@@ -123,6 +170,47 @@ already say about threads (server.intraOpThreads, HTMLLM_INTRA_OP_THREADS or OMP
 {{- end }}
 {{- if eq $key "HTMLLM_API_KEY" }}
 {{- fail "HTMLLM_API_KEY must come from a Secret (auth.existingSecret), not extraSettings" }}
+{{- end }}
+{{- end }}
+{{- /* A setting given twice: a duplicate ConfigMap key, or an env entry that silently wins over the
+ConfigMap. HTMLLM_PORT elsewhere than 8000 fails every probe; HTMLLM_DRAIN_TIMEOUT_S above
+server.drainTimeoutSeconds outlives the grace period, so the kubelet kills the drain. */}}
+{{- $managed := include "htmllm.settings" . | fromJson }}
+{{- range $key, $_ := .Values.extraSettings }}
+{{- if hasKey $managed $key }}
+{{- fail (printf "extraSettings.%s: the chart sets %s itself (from server.*, gpu.*, model.*); set it there" $key $key) }}
+{{- end }}
+{{- end }}
+{{- range .Values.extraEnv }}
+{{- if or (hasKey $managed .name) (and $.Values.auth.enabled (eq .name "HTMLLM_API_KEY")) }}
+{{- fail (printf "extraEnv %s: the chart sets it itself (from server.*, gpu.*, model.*, auth.*); set it there" .name) }}
+{{- end }}
+{{- end }}
+{{- include "htmllm.validateEngine" . }}
+{{- end }}
+
+{{/*
+Combinations the service refuses at start (service.engine.types.EngineConfig and the torch runner's
+choose_attention), which would leave the pods in CrashLoopBackOff: refused here, at install.
+*/}}
+{{- define "htmllm.validateEngine" -}}
+{{- $s := .Values.server }}
+{{- $gpu := .Values.gpu.enabled }}
+{{- if and (not $gpu) (eq $s.dtype "float16") }}
+{{- fail "server.dtype float16 needs gpu.enabled; on CPU use float32, or bfloat16 where AMX/AVX512-BF16 exist" }}
+{{- end }}
+{{- if and (eq $s.backend "onnx") (ne $s.dtype "float32") }}
+{{- fail (printf "server.backend onnx runs the float32 graph: set server.dtype float32, not %s (server.onnxQuantize int8 for int8 on CPU)" $s.dtype) }}
+{{- end }}
+{{- if and (ne $s.onnxQuantize "none") (or (ne $s.backend "onnx") $gpu) }}
+{{- fail (printf "server.onnxQuantize %s needs server.backend onnx on CPU (gpu.enabled false)" $s.onnxQuantize) }}
+{{- end }}
+{{- if eq $s.backend "torch" }}
+{{- if and (eq $s.attention "flash_attention_2") (or (not $gpu) (eq $s.dtype "float32")) }}
+{{- fail "server.attention flash_attention_2 needs gpu.enabled and server.dtype bfloat16 or float16" }}
+{{- end }}
+{{- if and (eq $s.attention "varlen") $gpu (eq $s.dtype "float32") }}
+{{- fail "server.attention varlen on a GPU needs server.dtype bfloat16 or float16" }}
 {{- end }}
 {{- end }}
 {{- end }}
