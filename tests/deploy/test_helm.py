@@ -702,3 +702,16 @@ def test_a_new_api_key_rolls_the_pods() -> None:
     old, new = pod_annotations("old-key"), pod_annotations("new-key")
     assert old["checksum/config"] == new["checksum/config"]
     assert old != new
+
+
+def test_rollout_is_configurable_for_clusters_without_a_spare_gpu() -> None:
+    strategy = one(render({}), "Deployment")["spec"]["strategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    gpu = {**values_for("gpu"), "rollingUpdate": {"maxSurge": 0, "maxUnavailable": "25%"}}
+    rolling = one(render(gpu), "Deployment")["spec"]["strategy"]["rollingUpdate"]
+    assert rolling == {"maxSurge": 0, "maxUnavailable": "25%"}
+    for stuck in ({"maxSurge": 0, "maxUnavailable": 0}, {"maxSurge": 0, "maxUnavailable": "0%"}):
+        with pytest.raises(helm.HelmRenderError, match="cannot both be 0"):
+            render({"rollingUpdate": stuck})
+    with pytest.raises(helm.HelmValuesError):
+        render({"rollingUpdate": {"maxSurge": "lots", "maxUnavailable": 0}})

@@ -186,6 +186,10 @@ server.drainTimeoutSeconds outlives the grace period, so the kubelet kills the d
 {{- fail (printf "extraEnv %s: the chart sets it itself (from server.*, gpu.*, model.*, auth.*); set it there" .name) }}
 {{- end }}
 {{- end }}
+{{- $rollout := .Values.rollingUpdate }}
+{{- if and (eq (toString $rollout.maxSurge) "0") (list "0" "0%" | has (toString $rollout.maxUnavailable)) }}
+{{- fail "rollingUpdate: maxSurge and maxUnavailable cannot both be 0 (the rollout could never start)" }}
+{{- end }}
 {{- include "htmllm.validateEngine" . }}
 {{- end }}
 
