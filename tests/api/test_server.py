@@ -12,7 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import huggingface_hub
 import numpy as np
+import openai
 import pytest
 
 from tests.api.conftest import tiny_settings
@@ -88,6 +90,37 @@ def test_every_route(server: LiveServer) -> None:
         assert [e["extractor"] for e in entries] == ["union", "resiliparse"]
         for entry in entries:
             assert entry["error"] is None and "Vltavě" in entry["text"] and entry["words"] >= 50
+
+
+def test_existing_clients_work_unchanged(server: LiveServer) -> None:
+    """The real OpenAI and Hugging Face clients, pointed at the server, get the /v1/embed embeddings."""
+    pages = [page(i) for i in range(3)]
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        embedded = client.post("/v1/embed", json={"documents": [{"html": html} for html in pages]})
+    expected = np.asarray([item["embedding"] for item in embedded.json()["data"]], dtype=np.float32)
+
+    # openai-python asks for base64 unless told otherwise, and decodes it itself.
+    for base_url in (f"{server.url}/v1", server.url):  # TEI serves /embeddings too
+        openai_client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+        for encoding in (openai.NOT_GIVEN, "float"):
+            answer = openai_client.embeddings.create(model="any", input=pages, encoding_format=encoding)
+            got = np.asarray([item.embedding for item in answer.data], dtype=np.float32)
+            np.testing.assert_allclose(got, expected, atol=1e-5)
+            assert answer.usage.prompt_tokens == embedded.json()["usage"]["tokens"]
+    with pytest.raises(openai.BadRequestError, match="no documents"):
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0).embeddings.create(
+            model="any", input=[]
+        )
+
+    # huggingface_hub's InferenceClient on a URL posts feature_extraction to `/`, as TEI serves it.
+    hf_client = huggingface_hub.InferenceClient(model=server.url)
+    single = hf_client.feature_extraction(pages[1], normalize=True, truncate=True)
+    np.testing.assert_allclose(np.asarray(single).reshape(-1), expected[1], atol=1e-5)
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        sagemaker = client.post("/invocations", json={"inputs": pages})
+        np.testing.assert_allclose(np.asarray(sagemaker.json()), expected, atol=1e-5)
+        for probe in ("/", "/ping"):  # TEI's liveness addresses
+            assert client.get(probe).json() == {"status": "ok"}
 
 
 def test_raw_windows_1250_page(server: LiveServer) -> None:

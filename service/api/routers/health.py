@@ -23,6 +23,10 @@ router = APIRouter(tags=["operations"])
 PROBE_METHODS = ["GET", "HEAD"]
 
 
+@router.api_route(
+    "/ping", methods=PROBE_METHODS, summary="Liveness (text-embeddings-inference's SageMaker route)"
+)
+@router.api_route("/", methods=PROBE_METHODS, summary="Liveness (text-embeddings-inference's `GET /`)")
 @router.api_route("/health", methods=PROBE_METHODS, summary="Liveness: the process answers")
 async def health() -> HealthResponse:
     return HealthResponse()

@@ -1,4 +1,7 @@
-"""`POST /v1/embeddings`: OpenAI's embeddings API, with HTML pages as `input`."""
+"""`POST /v1/embeddings`: OpenAI's embeddings API, with HTML pages as `input`.
+
+Also at `POST /embeddings`, as text-embeddings-inference serves it, for clients whose base URL has no `/v1`.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +23,12 @@ from service.engine import Document
 router = APIRouter(tags=["compatible"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
 
 
+@router.post(
+    "/embeddings",
+    response_model=OpenAIEmbeddingsResponse,
+    summary="OpenAI-compatible embeddings (for a client whose base URL lacks /v1, as TEI allows)",
+    openapi_extra=json_body_openapi(OpenAIEmbeddingsRequest),
+)
 @router.post(
     "/v1/embeddings",
     response_model=OpenAIEmbeddingsResponse,

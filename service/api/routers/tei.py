@@ -1,4 +1,9 @@
-"""`POST /embed`: text-embeddings-inference's embed API, with HTML pages as `inputs`."""
+"""`POST /embed`: text-embeddings-inference's embed API, with HTML pages as `inputs`.
+
+Also at TEI's other addresses for it: `POST /` (where `huggingface_hub.InferenceClient(model=URL)`
+posts `feature_extraction`, as TEI serves an embedding model there) and `POST /invocations` (the route
+Amazon SageMaker calls), so those clients work unchanged too.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +20,16 @@ from service.engine import Document
 router = APIRouter(tags=["compatible"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
 
 
+@router.post(
+    "/invocations",
+    summary="text-embeddings-inference-compatible embed (SageMaker's route)",
+    openapi_extra=json_body_openapi(TeiEmbedRequest),
+)
+@router.post(
+    "/",
+    summary="text-embeddings-inference-compatible embed (huggingface_hub's InferenceClient posts here)",
+    openapi_extra=json_body_openapi(TeiEmbedRequest),
+)
 @router.post(
     "/embed",
     summary="text-embeddings-inference-compatible embed",
