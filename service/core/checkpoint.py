@@ -30,7 +30,7 @@ from transformers import ModernBertConfig, ModernBertModel
 
 from service.core.atomic_files import replaced_atomically
 from service.core.errors import ErrorCode, HtmllmError
-from service.core.modeling import HeadSpec, HtmlEncoderModel, TaskHead
+from service.core.modeling import POOLINGS, HeadSpec, HtmlEncoderModel, TaskHead, typed_field
 from service.core.tokenizer import HtmlTokenizer, TokenizerError
 
 FORMAT_VERSION = 1
@@ -82,20 +82,38 @@ class CheckpointMeta:
             raise CheckpointError(
                 f"unknown checkpoint format version {version!r}; this build reads version {FORMAT_VERSION}"
             )
+        # Strict JSON types: a value of the wrong type is refused, not coerced (a max_length of "64" or
+        # 64.7, a name of null read as "None", labels "abc" read as three classes).
         try:
-            return cls(
-                format_version=int(data["format_version"]),
-                name=str(data["name"]),
-                pooling=str(data["pooling"]),
-                prune_version=str(data["prune_version"]),
-                tokenizer_sha256=str(data["tokenizer_sha256"]),
-                max_length=int(data["max_length"]),
-                embedding_dim=int(data["embedding_dim"]),
-                heads=[HeadSpec.from_dict(h) for h in data.get("heads", [])],
-                training=dict(data.get("training", {})),
+            heads = data.get("heads", [])
+            if not isinstance(heads, list):
+                raise TypeError(f"heads must be a list, not {heads!r}")
+            training = data.get("training", {})
+            if not isinstance(training, dict):
+                raise TypeError(f"training must be an object, not {training!r}")
+            meta = cls(
+                format_version=typed_field(data, "format_version", int),
+                name=typed_field(data, "name", str),
+                pooling=typed_field(data, "pooling", str),
+                prune_version=typed_field(data, "prune_version", str),
+                tokenizer_sha256=typed_field(data, "tokenizer_sha256", str),
+                max_length=typed_field(data, "max_length", int),
+                embedding_dim=typed_field(data, "embedding_dim", int),
+                heads=[HeadSpec.from_dict(h) for h in heads],
+                training=dict(training),
             )
+            if meta.pooling not in POOLINGS:
+                raise ValueError(f"pooling {meta.pooling!r} is not one of {POOLINGS}")
+            if meta.max_length < 2:
+                raise ValueError(f"max_length {meta.max_length} leaves no room for [CLS] and [SEP]")
+            if meta.embedding_dim < 1:
+                raise ValueError(f"embedding_dim {meta.embedding_dim} is not positive")
+            names = [spec.name for spec in meta.heads]
+            if len(set(names)) != len(names):
+                raise ValueError(f"heads {names} name a head twice")
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"{META_FILE} is malformed: {type(exc).__name__}: {exc}") from exc
+        return meta
 
 
 @dataclass
@@ -193,7 +211,7 @@ def read_meta(path: str | Path) -> CheckpointMeta:
         raise CheckpointError(f"{file} is missing: {Path(path)} is not an htmllm checkpoint")
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8 (UnicodeDecodeError)
         raise CheckpointError(f"{file} cannot be read: {exc}") from exc
     if not isinstance(data, dict):
         raise CheckpointError(f"{file} is not a JSON object")
@@ -285,7 +303,7 @@ def load_checkpoint(
         raise CheckpointError(f"checkpoint {root}: {exc}") from exc
     try:
         config = ModernBertConfig.from_json_file(str(root / CONFIG_FILE))
-    except (OSError, ValueError, TypeError) as exc:
+    except Exception as exc:  # transformers' validation raises errors of its own (a strict-field error)
         raise CheckpointError(f"{root / CONFIG_FILE} is not a valid ModernBERT config: {exc}") from exc
     if getattr(config, "model_type", None) != "modernbert":
         raise CheckpointError(f"{root / CONFIG_FILE} is not a ModernBERT config")
@@ -296,7 +314,10 @@ def load_checkpoint(
             f"vocab mismatch: config.json has vocab_size {config.vocab_size} but tokenizer.json has "
             f"{tokenizer.vocab_size} tokens"
         )
-    encoder = ModernBertModel(config)
+    try:
+        encoder = ModernBertModel(config)
+    except ValueError as exc:  # an impossible architecture (hidden size not a multiple of the heads)
+        raise CheckpointError(f"{root / CONFIG_FILE} describes no buildable model: {exc}") from exc
     encoder.set_attn_implementation(attn_implementation or "sdpa")
     _load_strict(encoder, _load_tensors(root / WEIGHTS_FILE), root / WEIGHTS_FILE)
     heads = load_heads(root, meta.heads, int(config.hidden_size))

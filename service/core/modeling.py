@@ -147,13 +147,38 @@ class HeadSpec:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> HeadSpec:
+        """A spec from its JSON form, strictly: a field of the wrong JSON type raises TypeError rather
+        than being coerced (labels given as the string "abc" had become the classes a, b and c)."""
+        if not isinstance(data, Mapping):
+            raise TypeError(f"a head is a JSON object, not {type(data).__name__}")
+        labels = data.get("labels", [])
+        if not isinstance(labels, list) or not all(isinstance(label, str) for label in labels):
+            raise TypeError(f"head {data.get('name')!r}: labels must be a list of strings, not {labels!r}")
+        metrics = data.get("metrics", {})
+        if not isinstance(metrics, Mapping) or not all(_is_number(v) for v in metrics.values()):
+            raise TypeError(f"head {data.get('name')!r}: metrics must map names to numbers, not {metrics!r}")
         return cls(
-            name=str(data["name"]),
-            kind=str(data["kind"]),
-            labels=[str(label) for label in data.get("labels", [])],
-            hidden=int(data["hidden"]),
-            metrics={str(k): float(v) for k, v in dict(data.get("metrics", {})).items()},
+            name=typed_field(data, "name", str),
+            kind=typed_field(data, "kind", str),
+            labels=list(labels),
+            hidden=typed_field(data, "hidden", int),
+            metrics={str(k): float(v) for k, v in metrics.items()},
         )
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def typed_field(data: Mapping[str, Any], key: str, kind: type[Any]) -> Any:
+    """`data[key]`, which must be a `kind` (a bool is no int): KeyError when absent, TypeError else."""
+    value = data[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise TypeError(f"{key} must be a JSON {_JSON_TYPES.get(kind, kind.__name__)}, not {value!r}")
+    return value
+
+
+_JSON_TYPES = {str: "string", int: "integer"}
 
 
 class TaskHead(nn.Module):

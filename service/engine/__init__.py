@@ -21,6 +21,7 @@ from service.engine.types import (
     TooManyDocumentsError,
     TooManyTokensError,
     UnknownHeadError,
+    WrongEventLoopError,
 )
 
 __all__ = [
@@ -40,4 +41,5 @@ __all__ = [
     "TooManyDocumentsError",
     "TooManyTokensError",
     "UnknownHeadError",
+    "WrongEventLoopError",
 ]

@@ -229,12 +229,17 @@ class Batcher:
             live = [doc for doc in window if doc.is_live(now)]
             self._window = live
             self._skipped(len(window) - len(live))
-            plan = form_batches(
-                [len(doc.ids) for doc in live],
-                self._runner.cost,
-                max_tokens=self._max_tokens,
-                max_requests=self._max_requests,
-            )
+            try:
+                plan = form_batches(
+                    [len(doc.ids) for doc in live],
+                    self._runner.cost,
+                    max_tokens=self._max_tokens,
+                    max_requests=self._max_requests,
+                )
+            except Exception as exc:  # the runner's cost: fail this window, keep forming the next
+                logger.exception("forming batches failed")
+                _fail(live, BackendError(f"forming batches failed: {type(exc).__name__}: {exc}"))
+                continue
             for indices in plan:
                 # Re-check just before collating: a caller may have gone while earlier batches ran.
                 now = time.monotonic()
@@ -261,6 +266,9 @@ class Batcher:
             self._in_hand.append(ready)
             try:
                 await self._run_one(loop, ready)
+            except Exception as exc:  # whatever broke, this task must live on to run the next batch
+                logger.exception("answering a batch failed")
+                _fail(ready.documents, BackendError(f"answering a batch failed: {type(exc).__name__}: {exc}"))
             finally:
                 self._in_hand.remove(ready)
 
@@ -278,8 +286,12 @@ class Batcher:
             _fail(ready.documents, BackendError(f"the {self._runner.backend} backend failed: {exc}"))
             return
         inference_s = time.monotonic() - start
-        if output.embeddings.shape[0] != len(ready.documents):
-            _fail(ready.documents, BackendError("the backend returned the wrong number of rows"))
+        problem = _malformed(output, len(ready.documents))
+        if problem is not None:
+            # Checked before any row is answered: an output the rows cannot be read from would raise
+            # here and end this task, and every later document would wait for a pass that never comes.
+            logger.error("a forward pass returned a malformed output: %s", problem)
+            _fail(ready.documents, BackendError(f"the {self._runner.backend} backend returned {problem}"))
             return
         for row, doc in enumerate(ready.documents):
             if doc.future.done():  # the caller left while the batch ran; its row is dropped
@@ -318,6 +330,19 @@ class Batcher:
             self._on_batch(stats)
         except Exception:
             logger.exception("the batch observer raised")
+
+
+def _malformed(output: RunnerOutput, documents: int) -> str | None:
+    """Why the rows of `output` cannot be those of a batch of `documents`, or None when they can: an
+    embedding row per document and, for every head, a row per document."""
+    rows = getattr(output.embeddings, "shape", (None,))[:1]
+    if rows != (documents,):
+        return f"embeddings of shape {getattr(output.embeddings, 'shape', None)} for {documents} documents"
+    for name, values in output.scores.items():
+        shape = getattr(values, "shape", None)
+        if shape is None or shape[:1] != (documents,):
+            return f"head {name!r} scores of shape {shape} for {documents} documents"
+    return None
 
 
 def _fail(docs: Sequence[QueuedDocument], error: HtmllmError) -> None:

@@ -45,7 +45,7 @@ from service.core.preparation import (
 )
 from service.core.processes import worker_context
 from service.core.prune import PRUNE_VERSION
-from service.core.tokenizer import HtmlTokenizer
+from service.core.tokenizer import HtmlTokenizer, TokenizerError
 from service.engine.batcher import Batcher, BatchRow
 from service.engine.result_cache import CachedRow, ResultCache, cache_key
 from service.engine.runners import Runner
@@ -64,6 +64,7 @@ from service.engine.types import (
     TooManyDocumentsError,
     TooManyTokensError,
     UnknownHeadError,
+    WrongEventLoopError,
 )
 
 logger = logging.getLogger(__name__)
@@ -103,10 +104,23 @@ def as_document(doc: Document | str | bytes) -> Document:
     raise InvalidDocumentError(f"a document is HTML as str or bytes, not {type(doc).__name__}")
 
 
+def as_documents(docs: Sequence[Document | str | bytes]) -> list[Document]:
+    """The documents of a call. One page passed bare is refused: a str is a sequence of characters,
+    and each would have been embedded as a page of its own."""
+    if isinstance(docs, str | bytes | bytearray | Document):
+        raise InvalidDocumentError(
+            f"documents are a list (one page: [page]), not a single {type(docs).__name__}"
+        )
+    return [as_document(d) for d in docs]
+
+
 def _meta_and_tokenizer(path: Path) -> tuple[CheckpointMeta, HtmlTokenizer]:
     """The checkpoint's metadata and tokenizer, checked against each other, without its weights."""
     meta = read_meta(path)
-    tokenizer = HtmlTokenizer.from_file(path / TOKENIZER_FILE)
+    try:
+        tokenizer = HtmlTokenizer.from_file(path / TOKENIZER_FILE)
+    except TokenizerError as exc:  # the checkpoint is what is wrong, as load_checkpoint reports it
+        raise CheckpointError(f"checkpoint {path}: {exc}") from exc
     if tokenizer.sha256 != meta.tokenizer_sha256:
         raise CheckpointError(f"vocab mismatch: {path / TOKENIZER_FILE} is not the tokenizer the model used")
     return meta, tokenizer
@@ -180,6 +194,8 @@ class Engine:
         self._processes: ProcessPoolExecutor | None = None  # preprocess_pool="process"
         self._batcher: Batcher | None = None
         self._accepting = False
+        self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop `start` ran on
         self._in_flight = 0
         self._idle: asyncio.Event | None = None
         cached = config.result_cache_documents
@@ -230,8 +246,12 @@ class Engine:
 
     async def start(self) -> None:
         """Start the worker pool and the batcher on the running loop (idempotent)."""
+        if self._closed:
+            raise ShuttingDownError("the engine has been closed; load a new one")
         if self._batcher is not None:
+            self._check_loop()
             return
+        self._loop = asyncio.get_running_loop()
         self._pool = ThreadPoolExecutor(
             self.config.preprocess_workers, thread_name_prefix="htmllm-preprocess"
         )
@@ -257,13 +277,19 @@ class Engine:
 
     async def stop(self, *, drain: bool = True) -> None:
         """Stop accepting; with `drain`, answer every accepted document first, else fail them."""
-        self._accepting = False
         if self._batcher is None:
+            self._accepting = False
             return
+        self._check_loop()
+        self._accepting = False
         if drain and self._idle is not None:
             await self._idle.wait()
-        await self._batcher.close(ShuttingDownError("the engine stopped before this document ran"))
-        self._batcher = None
+        batcher = self._batcher
+        if batcher is None:  # a stop(drain=False) finished the shutdown while this one waited
+            return
+        await batcher.close(ShuttingDownError("the engine stopped before this document ran"))
+        if self._batcher is batcher:
+            self._batcher = None
         if self._pool is not None:
             pool, self._pool = self._pool, None
             await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=True)
@@ -272,8 +298,22 @@ class Engine:
             await asyncio.to_thread(processes.shutdown, wait=True, cancel_futures=True)
 
     def close(self) -> None:
-        """Release the backend (after `stop`)."""
+        """Release the backend (after `stop`); idempotent. The engine takes no documents after it."""
+        self._accepting = False
+        if self._closed:
+            return
+        self._closed = True
         self._runner.close()
+
+    def _check_loop(self) -> None:
+        """WrongEventLoopError unless called on the loop the engine was started on."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not None and loop is not self._loop:
+            state = "now closed" if self._loop.is_closed() else "still running"
+            raise WrongEventLoopError(
+                f"the engine was started on another event loop ({state}); an Engine serves the loop that "
+                "started it (one asyncio.run around start, embed and stop)"
+            )
 
     async def __aenter__(self) -> Engine:
         await self.start()
@@ -288,6 +328,8 @@ class Engine:
         """The heads to report: all when None; an unknown name raises UnknownHeadError."""
         if heads is None:
             return list(self._heads)
+        if isinstance(heads, str):  # a sequence of characters, each an unknown head
+            raise UnknownHeadError(f"heads is a list of head names (one head: [{heads!r}]), not a str")
         unknown = [h for h in heads if h not in self._heads]
         if unknown:
             raise UnknownHeadError(f"unknown head(s) {unknown}; this model has {sorted(self._heads)}")
@@ -368,6 +410,8 @@ class Engine:
     def _require_accepting(self) -> ThreadPoolExecutor:
         """The thread pool, while the engine takes new documents (NotReady before start, ShuttingDown
         once `stop` began)."""
+        if self._closed:
+            raise ShuttingDownError("the engine has been closed")
         if not self._accepting:
             self._require_started()
             raise ShuttingDownError("the engine is shutting down and accepts no new documents")
@@ -385,6 +429,7 @@ class Engine:
             if self._idle is not None:  # it ran once: it has been stopped
                 raise ShuttingDownError("the engine has stopped")
             raise NotReadyError("the engine has not been started")
+        self._check_loop()
         return self._pool
 
     async def embed(
@@ -435,7 +480,7 @@ class Engine:
         called = time.monotonic()
         pool = self._require_accepting()
         head_names = self.resolve_heads(heads)
-        documents = [as_document(d) for d in docs]
+        documents = as_documents(docs)
         if not documents:
             return []
         count = len(documents)

@@ -120,16 +120,26 @@ def conform_rotary_caches(graph: Any) -> int:
 
 
 def export_onnx(
-    checkpoint: Checkpoint, out: str | Path, *, opset: int = OPSET, quantize: str | None = None
+    checkpoint: Checkpoint,
+    out: str | Path,
+    *,
+    opset: int = OPSET,
+    quantize: str | None = None,
+    fingerprint: str | None = None,
 ) -> Path:
     """Write `out` (atomically) from a loaded checkpoint; the model is exported in float32 on CPU.
 
     With `quantize="int8"` the float32 graph is quantised dynamically (int8 weights, per-batch
-    activation scales) before it is written.
+    activation scales) before it is written. `fingerprint` is the checkpoint's as it was read, taken
+    before loading it (by default: now, before the export). Taken after the export, it would be that
+    of files changed meanwhile (heads added while a server started), and the graph of the old ones
+    would pass for theirs forever.
     """
     import onnx
 
     _check_quantize(quantize)
+    if fingerprint is None:
+        fingerprint = checkpoint_fingerprint(checkpoint.path)
     target = Path(out)
     target.parent.mkdir(parents=True, exist_ok=True)
     model = checkpoint.model
@@ -163,7 +173,7 @@ def export_onnx(
         if quantize is not None:
             graph = _quantize(graph, tmp)
         for key, value in (
-            (FINGERPRINT_KEY, checkpoint_fingerprint(checkpoint.path)),
+            (FINGERPRINT_KEY, fingerprint),
             (HEAD_NAMES_KEY, ",".join(head_names)),
             (QUANTIZATION_KEY, quantize or NO_QUANTIZATION),
         ):
@@ -244,11 +254,11 @@ def ensure_onnx(
         if _up_to_date(graph, fingerprint, quantize):
             return graph
     logger.info("exporting %s to ONNX at %s", root, beside)
-    checkpoint = load_checkpoint(root)
+    checkpoint = load_checkpoint(root)  # after the fingerprint: a change in between reads as stale later
     try:
-        return export_onnx(checkpoint, beside, quantize=quantize)
+        return export_onnx(checkpoint, beside, quantize=quantize, fingerprint=fingerprint)
     except OSError as exc:
         if onnx_path is not None or exc.errno not in _NOT_WRITABLE:
             raise
         logger.info("%s cannot be written (%s); exporting the ONNX graph to %s", beside.parent, exc, cached)
-    return export_onnx(checkpoint, cached, quantize=quantize)
+    return export_onnx(checkpoint, cached, quantize=quantize, fingerprint=fingerprint)

@@ -160,6 +160,13 @@ class BackendError(EngineError):
     code = ErrorCode.BACKEND_FAILED
 
 
+class WrongEventLoopError(EngineError):
+    """The engine was called from an event loop other than the one `start` ran on: its batcher's tasks
+    and futures belong to that loop, and a call from another would wait for them forever."""
+
+    code = ErrorCode.INTERNAL
+
+
 @dataclass(frozen=True)
 class BatchStats:
     documents: int

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -134,3 +135,72 @@ def test_mean_pooling_survives_the_round_trip(tmp_path: Path) -> None:
     path = build_tiny_checkpoint(tmp_path / "mean", pooling="mean", heads=False)
     loaded = load_checkpoint(path)
     assert loaded.model.pooling == "mean" and loaded.meta.heads == []
+
+
+def _edit_meta(ckpt: Path, edit: Any) -> None:
+    meta = json.loads((ckpt / "htmllm.json").read_text(encoding="utf-8"))
+    edit(meta)
+    (ckpt / "htmllm.json").write_text(json.dumps(meta), encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_length", "64"),  # had been read as 64
+        ("max_length", 64.7),  # had been read as 64
+        ("max_length", 1),  # no room for [CLS] and [SEP]
+        ("name", None),  # had been read as "None"
+        ("format_version", True),  # True == 1
+        ("embedding_dim", 0),
+        ("pooling", "max"),  # had surfaced as an untyped ValueError from the model
+        ("heads", {"page_type": {}}),
+    ],
+)
+def test_htmllm_json_fields_of_the_wrong_type_or_value_are_refused(
+    ckpt: Path, field: str, value: Any
+) -> None:
+    _edit_meta(ckpt, lambda meta: meta.__setitem__(field, value))
+    with pytest.raises(CheckpointError, match=f"malformed.*{field}") as info:
+        read_meta(ckpt)
+    assert info.value.code is ErrorCode.CHECKPOINT_INVALID
+    with pytest.raises(CheckpointError):
+        load_checkpoint(ckpt)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("labels", "abc"),  # three characters: had been read as the classes a, b and c, and loaded
+        ("labels", ["article", 1, "other"]),
+        ("hidden", 16.5),  # had been read as 16
+        ("metrics", {"f1": "high"}),
+    ],
+)
+def test_head_fields_of_the_wrong_type_are_refused(ckpt: Path, field: str, value: Any) -> None:
+    _edit_meta(ckpt, lambda meta: meta["heads"][0].__setitem__(field, value))
+    with pytest.raises(CheckpointError, match=f"malformed.*{field}"):
+        load_checkpoint(ckpt)
+
+
+def test_a_head_listed_twice_is_refused_by_the_metadata_alone(ckpt: Path) -> None:
+    # read_meta is all the onnx backend reads when its graph is current
+    _edit_meta(ckpt, lambda meta: meta["heads"].append(dict(meta["heads"][0])))
+    with pytest.raises(CheckpointError, match="twice"):
+        read_meta(ckpt)
+
+
+def test_htmllm_json_that_is_not_utf8_is_a_checkpoint_error(ckpt: Path) -> None:
+    (ckpt / "htmllm.json").write_bytes(b"\xff\xfe{}")
+    with pytest.raises(CheckpointError, match="cannot be read"):
+        read_meta(ckpt)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("num_attention_heads", 3), ("vocab_size", "many"), ("hidden_size", None)]
+)
+def test_an_impossible_config_is_a_checkpoint_error(ckpt: Path, key: str, value: Any) -> None:
+    config = json.loads((ckpt / "config.json").read_text(encoding="utf-8"))
+    config[key] = value
+    (ckpt / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    with pytest.raises(CheckpointError, match=r"config\.json"):
+        load_checkpoint(ckpt)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from collections.abc import Sequence
 
@@ -11,7 +12,7 @@ import pytest
 
 from service.engine.batcher import Batcher
 from service.engine.runners import PreparedBatch, RunnerOutput
-from service.engine.types import ShuttingDownError
+from service.engine.types import BackendError, ShuttingDownError
 
 
 class _BlockingRunner:
@@ -65,3 +66,40 @@ async def test_closing_answers_the_batch_in_a_pass_and_the_window_being_formed()
     for future in futures:
         with pytest.raises(ShuttingDownError):
             future.result()
+
+
+class _FaultyRunner(_BlockingRunner):
+    """Each pass answers as `faults` says next: raise, rows missing from a head, or a good output."""
+
+    def __init__(self, faults: list[str]) -> None:
+        super().__init__()
+        self.release.set()
+        self.faults = faults
+
+    def run(self, prepared: PreparedBatch) -> RunnerOutput:
+        rows = int(prepared.payload)  # type: ignore[call-overload]
+        fault = self.faults.pop(0) if self.faults else "none"
+        if fault == "raise":
+            raise RuntimeError("CUDA error: an illegal memory access")
+        head_rows = rows - 1 if fault == "short head" else rows
+        embeddings = np.zeros((rows - 1 if fault == "short" else rows, 4), dtype=np.float32)
+        return RunnerOutput(embeddings=embeddings, scores={"quality": np.zeros(head_rows, dtype=np.float32)})
+
+
+async def test_a_failing_or_malformed_pass_fails_its_batch_and_the_batcher_goes_on() -> None:
+    """Rows a head lacked had raised in the executor task and ended it: every later document waited
+    for a forward pass that never came, and closing re-raised the IndexError."""
+    runner = _FaultyRunner(["raise", "short head", "short", "none"])
+    batcher = Batcher(runner, max_batch_tokens=1000, max_batch_requests=2, max_wait_ms=0)
+    batcher.start()
+    for expected in ("illegal memory access", "head 'quality' scores of shape (1,)", "embeddings", None):
+        futures = [batcher.submit([2, 5, 3], deadline=None) for _ in range(2)]
+        done, _ = await asyncio.wait(futures, timeout=10)
+        assert len(done) == 2, f"the batcher stopped answering (expecting {expected})"
+        for future in futures:
+            if expected is None:
+                assert future.result().scores["quality"].shape == ()
+            else:
+                with pytest.raises(BackendError, match=re.escape(expected)):
+                    future.result()
+    await batcher.close()

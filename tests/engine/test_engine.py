@@ -480,3 +480,121 @@ async def test_preprocess_calls_are_bounded_by_the_queue(
             await engine.embed(pages[2:3])
         assert [tokens for _, tokens in await first] == [r.tokens for r in await engine.embed(pages[:2])]
         assert engine.queue_size == 0
+
+
+async def test_a_page_passed_bare_is_refused_not_split_into_characters(tiny_checkpoint: Path) -> None:
+    """`embed("<p>...</p>")`: a str is a sequence of one-character strings, each had become a document."""
+    page = "<html><body><p>hello world</p></body></html>"
+    async with Engine.from_checkpoint(tiny_checkpoint) as engine:
+        for bare in (page, page.encode(), Document(html=page)):
+            for call in (engine.embed, engine.embed_settled):
+                with pytest.raises(HtmllmError, match="list") as info:
+                    await call(bare)  # type: ignore[arg-type]
+                assert info.value.code is ErrorCode.VALIDATION
+        with pytest.raises(UnknownHeadError, match=r"\['quality'\]"):
+            await engine.embed([page], heads="quality")
+        assert engine.queue_size == 0
+        assert len(await engine.embed([page], heads=["quality"])) == 1
+
+
+def test_a_call_from_another_event_loop_is_refused_not_left_waiting(tiny_checkpoint: Path) -> None:
+    """The batcher's tasks live on the loop that started the engine; a call from another loop (a second
+    `asyncio.run`) had queued its documents where nothing would ever run them, and waited forever."""
+    from service.engine import WrongEventLoopError
+
+    engine = Engine.from_checkpoint(tiny_checkpoint)
+    first = asyncio.new_event_loop()
+    try:
+        first.run_until_complete(engine.start())
+
+        async def from_elsewhere() -> None:
+            with pytest.raises(WrongEventLoopError, match="another event loop"):
+                await asyncio.wait_for(engine.embed(["<p>x</p>"]), 10)
+            with pytest.raises(WrongEventLoopError):
+                await engine.stop()
+
+        asyncio.run(from_elsewhere())
+        assert first.run_until_complete(engine.embed(["<p>x</p>"]))  # its own loop still serves it
+        first.run_until_complete(engine.stop())
+    finally:
+        first.close()
+
+    async def restarted() -> int:  # stopped, it may start again on a new loop
+        async with engine:
+            return len(await engine.embed(["<p>x</p>"]))
+
+    assert asyncio.run(restarted()) == 1
+
+
+async def test_a_closed_engine_takes_no_documents(tiny_checkpoint: Path) -> None:
+    """Its backend is released: documents had still gone to it (an onnx session gone: every batch an
+    AttributeError reported as backend_failed), and `start` had started it again."""
+    engine = Engine.from_checkpoint(tiny_checkpoint)
+    await engine.start()
+    engine.close()  # before stop: no new documents either
+    for call in (engine.embed(["<p>x</p>"]), engine.preprocess("<p>x</p>")):
+        with pytest.raises(ShuttingDownError, match="closed"):
+            await call
+    await engine.stop()
+    engine.close()  # idempotent
+    with pytest.raises(ShuttingDownError, match="closed"):
+        await engine.start()
+
+
+async def test_mean_pooling_gives_each_document_what_it_gets_alone(tmp_path: Path, pages: list[str]) -> None:
+    from tests.factories.checkpoint import build_tiny_checkpoint
+
+    checkpoint = build_tiny_checkpoint(tmp_path / "mean", pooling="mean")
+    docs = [*pages[:6], *make_pages(2, seed=7, min_words=150, max_words=200)]  # past the local window
+    async with Engine.from_checkpoint(checkpoint, EngineConfig(max_batch_requests=8)) as engine:
+        assert engine.info.pooling == "mean"
+        batched = await engine.embed(docs, normalize=False)
+        alone = [(await engine.embed([d], normalize=False))[0] for d in docs]
+    for a, b in zip(batched, alone, strict=True):
+        np.testing.assert_allclose(a.embedding, b.embedding, atol=1e-5, rtol=0)
+        assert a.scores["quality"] == pytest.approx(b.scores["quality"], abs=1e-5)
+        for label, p in a.scores["page_type"].items():  # type: ignore[union-attr]
+            assert p == pytest.approx(b.scores["page_type"][label], abs=1e-5)  # type: ignore[index]
+
+
+async def test_a_draining_stop_overtaken_by_a_stop_without_drain_returns_quietly(
+    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """stop() waiting for the queue to drain while another stop(drain=False) finishes the shutdown had
+    woken to a batcher already gone: AttributeError on None instead of returning."""
+    from service.engine import engine as engine_module
+
+    real = engine_module.preprocess
+
+    def slow(*args: object) -> tuple[str, int]:
+        time.sleep(0.3)
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine_module, "preprocess", slow)
+    engine = Engine.from_checkpoint(tiny_checkpoint)
+    await engine.start()
+    in_flight = asyncio.create_task(engine.preprocess("<p>x</p>"))
+    await asyncio.sleep(0.05)
+    draining = asyncio.create_task(engine.stop(drain=True))  # waits for the preprocess call
+    await asyncio.sleep(0.05)
+    await engine.stop(drain=False)
+    await asyncio.wait_for(draining, 10)
+    assert (await in_flight)[1] > 0 and engine.queue_size == 0
+
+
+@pytest.mark.parametrize("config", [EngineConfig(backend="onnx"), EngineConfig(inference_process=True)])
+def test_a_checkpoint_without_a_usable_tokenizer_is_a_checkpoint_error_on_every_backend(
+    tiny_checkpoint: Path, tmp_path: Path, config: EngineConfig
+) -> None:
+    """These read only the metadata and the tokenizer here; a missing tokenizer.json had been a
+    validation_error (what a bad request gets), not checkpoint_invalid as with the torch backend."""
+    import shutil
+
+    from service.core.checkpoint import CheckpointError
+
+    root = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, root)
+    (root / "tokenizer.json").unlink()
+    with pytest.raises(CheckpointError, match=r"tokenizer\.json") as info:
+        Engine.from_checkpoint(root, config)
+    assert info.value.code is ErrorCode.CHECKPOINT_INVALID

@@ -206,3 +206,44 @@ def test_a_read_only_checkpoint_exports_its_graph_to_the_temporary_directory(
         ensure_onnx(root, quantize="int8")
     with pytest.raises(OSError, match="No space"):
         ensure_onnx(root, tmp_path / "elsewhere.onnx")
+
+
+def test_a_mean_pooling_graph_without_heads_matches_torch_and_a_change_during_export_is_stale(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mean pooling, no heads, batches of one and odd lengths match torch; and heads saved while the
+    export ran leave the graph stale. Its fingerprint had been taken after the export, from the changed
+    files: the graph without the head passed for current, and the runner refused it at every start."""
+    import torch
+
+    from service.engine import onnx_export
+    from tests.factories.checkpoint import build_tiny_checkpoint
+
+    root = build_tiny_checkpoint(tmp_path / "mean", pooling="mean", heads=False)
+    before = checkpoint_fingerprint(root)
+    spec = HeadSpec(name="spam", kind="regression", hidden=8)
+    real_export = torch.onnx.export
+
+    def export_while_heads_are_added(*args: object, **kwargs: object) -> object:
+        save_heads(root, {"spam": (spec, TaskHead(spec, 32))})  # another process, meanwhile
+        return real_export(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.onnx, "export", export_while_heads_are_added)
+    graph = ensure_onnx(root)
+    monkeypatch.undo()
+    assert read_onnx_metadata(graph)[FINGERPRINT_KEY] == before != checkpoint_fingerprint(root)
+    exports: list[Path] = []
+    monkeypatch.setattr(onnx_export, "export_onnx", lambda checkpoint, out, **_: exports.append(out) or out)
+    assert ensure_onnx(root) == graph and exports == [graph]  # stale: exported again
+
+    ckpt = load_checkpoint(root)  # the encoder is unchanged; only the head is new
+    torch_runner = TorchRunner(ckpt.model)
+    runner = OnnxRunner(graph, pad_id=torch_runner.pad_id, head_names=[])
+    rng = random.Random(1)
+    vocab = ckpt.model.config.vocab_size
+    for lengths in ([2], [7], [128], [3, 128, 9, 2, 65]):
+        docs = [[2, *(rng.randrange(5, vocab) for _ in range(n - 2)), 3] for n in lengths]
+        want = torch_runner.run(torch_runner.prepare(docs))
+        got = runner.run(runner.prepare(docs))
+        np.testing.assert_allclose(got.embeddings, want.embeddings, atol=1e-4, rtol=0)
+        assert got.scores == {}
