@@ -111,6 +111,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             warm.cancel()
             await asyncio.gather(warm, return_exceptions=True)
             await runtime.cancel_cutoff()
+            await runtime.cancel_probe()
             # At least a second, so a stop with nothing queued is never cut short mid-way.
             await _stop(running, max(1.0, runtime.drain_time_left()))
             running.close()

@@ -44,6 +44,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.BODY_TIMEOUT: 408,
     ErrorCode.SHUTTING_DOWN: 503,
     ErrorCode.NOT_READY: 503,
+    ErrorCode.UNHEALTHY: 503,
     ErrorCode.PREPROCESS_FAILED: 422,
     ErrorCode.EXTRACTION_FAILED: 422,
     ErrorCode.CHECKPOINT_INVALID: 500,

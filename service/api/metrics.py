@@ -102,6 +102,12 @@ class ServiceMetrics:
             registry=r,
         )
         self.ready = Gauge("htmllm_ready", "1 once the model is loaded and warmed", registry=r)
+        self.backend_failures = Gauge(
+            "htmllm_backend_consecutive_failures",
+            "Forward passes failed in a row (0 after one succeeds); /ready is 503 from "
+            "HTMLLM_UNREADY_AFTER_FAILURES on",
+            registry=r,
+        )
         self.gc_pause = Histogram(
             "htmllm_gc_pause_seconds",
             "CPython garbage collections by generation; each holds the GIL, so the event loop and the "

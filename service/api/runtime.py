@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 # Where BodyLimitMiddleware stamps the time the request arrived, for x-total-time.
 START_KEY = "htmllm.start"
+# The least time between two probe passes of a failing backend.
+PROBE_INTERVAL_S = 5.0
 
 
 @dataclass
@@ -57,6 +59,62 @@ class Runtime:
 
     loop: asyncio.AbstractEventLoop | None = None  # the app's loop, set by the lifespan
     _cutoff: asyncio.Task[None] | None = None
+    _probe: asyncio.Task[None] | None = None
+    _probed_at: float | None = None
+
+    def backend_trouble(self) -> str | None:
+        """Why the backend is not to be trusted with traffic (`unready_after_failures` passes failed in a
+        row), or None. While it is, a probe pass runs now and then (at most every PROBE_INTERVAL_S, one
+        at a time) so that a server no traffic reaches sees the backend recover."""
+        if self.engine is None:
+            return None
+        health = self.engine.health
+        if health.failures < self.settings.unready_after_failures:
+            return None
+        self._start_probe()
+        since = health.failing_since
+        over = "" if since is None else f" over {time.monotonic() - since:.0f} s"
+        return f"the last {health.failures} forward passes failed{over} ({health.last_error}); probing it"
+
+    def unhealthy(self) -> str | None:
+        """Why a liveness probe should restart the server, or None: every pass (probes included) has
+        failed for `unhealthy_after_s`, or one pass has run that long (a hung device)."""
+        limit = self.settings.unhealthy_after_s
+        if self.engine is None or limit <= 0:
+            return None
+        now = time.monotonic()
+        health = self.engine.health
+        if health.pass_started is not None and now - health.pass_started >= limit:
+            return f"a forward pass has run for {now - health.pass_started:.0f} s"
+        since = health.failing_since
+        if since is not None and self.backend_trouble() is not None and now - since >= limit:
+            failed = f"{health.failures} in a row; {health.last_error}"
+            return f"every forward pass has failed for {now - since:.0f} s ({failed})"
+        return None
+
+    def _start_probe(self) -> None:
+        if self.engine is None or self.stopping or not self.started:
+            return
+        if self._probe is not None and not self._probe.done():
+            return
+        now = time.monotonic()
+        if self._probed_at is not None and now - self._probed_at < PROBE_INTERVAL_S:
+            return
+        self._probed_at = now
+        self._probe = asyncio.ensure_future(self._run_probe(self.engine))
+
+    async def _run_probe(self, engine: Engine) -> None:
+        try:
+            await engine.probe()
+        except Exception as exc:  # its outcome is in engine.health; the log says why
+            logger.warning("backend probe failed: %s", exc)
+        else:
+            logger.info("backend probe succeeded: the backend serves again")
+
+    async def cancel_probe(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+            await asyncio.gather(self._probe, return_exceptions=True)
 
     def begin_shutdown(self) -> None:
         """Start the drain clock (on the first SIGTERM), so the whole shutdown fits in one drain timeout.

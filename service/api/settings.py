@@ -90,6 +90,20 @@ class Settings(BaseSettings):
     truncate: bool = Field(True, description="default policy: truncate long documents, or reject (422)")
     retry_after_s: int = Field(1, ge=0, description="Retry-After on 429 and 503")
 
+    # The backend's health as the probes report it (a CUDA fault, a child that cannot restart).
+    unready_after_failures: int = Field(
+        3,
+        ge=1,
+        description="/ready answers 503 after this many forward passes failed in a row (and probes the "
+        "backend until one succeeds)",
+    )
+    unhealthy_after_s: float = Field(
+        300.0,
+        ge=0,
+        description="/health answers 503 (a liveness probe restarts the server) when every forward pass "
+        "has failed for this long, or one pass has run this long; 0: never",
+    )
+
     # Text extraction (/v1/extract) runs in its own thread pool, off the event loop.
     extract_workers: int = Field(2, gt=0)
     extract_timeout_s: float = Field(

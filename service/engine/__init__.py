@@ -7,6 +7,7 @@ errors live in `service.engine.types`.
 from service.engine.engine import Engine
 from service.engine.types import (
     BackendError,
+    BackendHealth,
     BatchStats,
     DeadlineExceededError,
     Document,
@@ -26,6 +27,7 @@ from service.engine.types import (
 
 __all__ = [
     "BackendError",
+    "BackendHealth",
     "BatchStats",
     "DeadlineExceededError",
     "Document",

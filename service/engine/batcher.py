@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -27,7 +28,13 @@ import numpy as np
 
 from service.core.errors import HtmllmError
 from service.engine.runners import PreparedBatch, Runner, RunnerOutput
-from service.engine.types import BackendError, BatchStats, DeadlineExceededError, ShuttingDownError
+from service.engine.types import (
+    BackendError,
+    BackendHealth,
+    BatchStats,
+    DeadlineExceededError,
+    ShuttingDownError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -121,11 +128,34 @@ class Batcher:
         self._infer_pool = ThreadPoolExecutor(1, thread_name_prefix="htmllm-infer")
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
+        self._failures = BackendHealth()  # the current run of failed passes (pass_started unused)
+        self._direct_started: float | None = None  # a pass outside the queue (warm-up, probe) began
 
     @property
     def waiting(self) -> int:
         """Documents queued and not yet handed to a forward pass."""
         return len(self._inbox)
+
+    @property
+    def health(self) -> BackendHealth:
+        """The run of failed passes so far, and when the pass now on the inference thread began."""
+        started = [ready.started for ready in self._in_hand if ready.started is not None]
+        if self._direct_started is not None:
+            started.append(self._direct_started)
+        return dataclasses.replace(self._failures, pass_started=min(started, default=None))
+
+    def _passed(self) -> None:
+        if self._failures.failures:
+            logger.warning("a forward pass succeeded after %d failed", self._failures.failures)
+        self._failures = BackendHealth()
+
+    def _pass_failed(self, error: str) -> None:
+        since = self._failures.failing_since
+        self._failures = BackendHealth(
+            failures=self._failures.failures + 1,
+            failing_since=time.monotonic() if since is None else since,
+            last_error=error,
+        )
 
     def pass_started(self, future: asyncio.Future[BatchRow]) -> float | None:
         """When the forward pass holding the document behind `future` began, or None if it is not in
@@ -153,10 +183,26 @@ class Batcher:
         return future
 
     async def run_direct(self, batch: Sequence[Sequence[int]]) -> RunnerOutput:
-        """One forward pass outside the queue, on the inference thread (warm-up)."""
+        """One forward pass outside the queue, on the inference thread (warm-up, probe); its outcome
+        counts in `health` like a batch's. A failure raises BackendError."""
         loop = asyncio.get_running_loop()
         prepared = await loop.run_in_executor(self._prepare_pool, self._runner.prepare, batch)
-        return await loop.run_in_executor(self._infer_pool, self._runner.run, prepared)
+        try:
+            output = await loop.run_in_executor(self._infer_pool, self._timed_direct_run, prepared)
+        except Exception as exc:
+            message = f"the {self._runner.backend} backend failed: {exc}"
+            self._pass_failed(message)
+            raise BackendError(message) from exc
+        self._passed()
+        return output
+
+    def _timed_direct_run(self, prepared: PreparedBatch) -> RunnerOutput:
+        """On the inference thread: the pass's start is when the thread takes it, not when it queued."""
+        self._direct_started = time.monotonic()
+        try:
+            return self._runner.run(prepared)
+        finally:
+            self._direct_started = None
 
     async def close(self, error: HtmllmError | None = None) -> None:
         """Stop both tasks; whatever is still queued or in hand fails with `error` (or ShuttingDown)."""
@@ -283,7 +329,9 @@ class Batcher:
             output = await loop.run_in_executor(self._infer_pool, self._runner.run, ready.prepared)
         except Exception as exc:
             logger.exception("a forward pass failed")
-            _fail(ready.documents, BackendError(f"the {self._runner.backend} backend failed: {exc}"))
+            message = f"the {self._runner.backend} backend failed: {exc}"
+            self._pass_failed(message)
+            _fail(ready.documents, BackendError(message))
             return
         inference_s = time.monotonic() - start
         problem = _malformed(output, len(ready.documents))
@@ -291,8 +339,11 @@ class Batcher:
             # Checked before any row is answered: an output the rows cannot be read from would raise
             # here and end this task, and every later document would wait for a pass that never comes.
             logger.error("a forward pass returned a malformed output: %s", problem)
-            _fail(ready.documents, BackendError(f"the {self._runner.backend} backend returned {problem}"))
+            message = f"the {self._runner.backend} backend returned {problem}"
+            self._pass_failed(message)
+            _fail(ready.documents, BackendError(message))
             return
+        self._passed()
         for row, doc in enumerate(ready.documents):
             if doc.future.done():  # the caller left while the batch ran; its row is dropped
                 continue

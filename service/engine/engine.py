@@ -50,6 +50,7 @@ from service.engine.batcher import Batcher, BatchRow
 from service.engine.result_cache import CachedRow, ResultCache, cache_key
 from service.engine.runners import Runner
 from service.engine.types import (
+    BackendHealth,
     BatchStats,
     DeadlineExceededError,
     Document,
@@ -193,6 +194,7 @@ class Engine:
         self._pool: ThreadPoolExecutor | None = None
         self._processes: ProcessPoolExecutor | None = None  # preprocess_pool="process"
         self._batcher: Batcher | None = None
+        self._last_health = BackendHealth()  # health while no batcher runs (before start, after stop)
         self._accepting = False
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop `start` ran on
@@ -287,6 +289,7 @@ class Engine:
         batcher = self._batcher
         if batcher is None:  # a stop(drain=False) finished the shutdown while this one waited
             return
+        self._last_health = batcher.health
         await batcher.close(ShuttingDownError("the engine stopped before this document ran"))
         if self._batcher is batcher:
             self._batcher = None
@@ -678,6 +681,21 @@ class Engine:
             truncated=row.truncated,
             timings=timings,
         )
+
+    @property
+    def health(self) -> BackendHealth:
+        """The forward passes' recent outcome (`BackendHealth`): failures in a row, since when, and when
+        the pass now running began. What a server's readiness and liveness read."""
+        return self._batcher.health if self._batcher is not None else self._last_health
+
+    async def probe(self) -> None:
+        """One three-token forward pass outside the queue, which updates `health`: how a server that no
+        traffic reaches any more (unready after failures) learns that its backend works again, and, with
+        the model in a child process, what starts a dead child anew. BackendError when it fails."""
+        self._require_started()
+        assert self._batcher is not None
+        special = self._tokenizer.special_ids
+        await self._batcher.run_direct([[special.cls, special.unk, special.sep]])
 
     async def warmup(self) -> None:
         """One full-size batch of full-length documents, outside the queue (allocations, kernel choice)."""

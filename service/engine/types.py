@@ -168,6 +168,18 @@ class WrongEventLoopError(EngineError):
 
 
 @dataclass(frozen=True)
+class BackendHealth:
+    """How the forward passes have gone lately: what readiness and liveness probes read. A failed pass
+    is one whose runner raised (or answered rows that cannot be read); any pass that succeeds, a probe
+    included, ends a run of failures. Times are `time.monotonic()` values."""
+
+    failures: int = 0  # consecutive failed passes (0 after a success)
+    failing_since: float | None = None  # when the first of those failed
+    last_error: str | None = None  # the latest failure's message
+    pass_started: float | None = None  # when the pass on the inference thread now began, if one runs
+
+
+@dataclass(frozen=True)
 class BatchStats:
     documents: int
     tokens: int  # real tokens in the batch

@@ -21,6 +21,7 @@ import pytest
 import zstandard
 from prometheus_client import generate_latest
 
+from service.api import runtime as runtime_module
 from service.api.app import create_app
 from service.api.routers import embed as embed_router
 from tests.api.conftest import SettingsFactory, app_client, tiny_settings
@@ -570,6 +571,54 @@ async def test_extractor_time_limit_is_a_setting(settings_for: SettingsFactory) 
         slow, fine = (item["extractions"][0] for item in response.json()["data"])
         assert slow["error"]["code"] == "extraction_failed" and "limit" in slow["error"]["message"]
         assert fine["error"] is None and fine["chosen"] == "justext"
+
+
+async def test_a_failing_backend_turns_ready_then_health_503_and_a_probe_brings_it_back(
+    settings_for: SettingsFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CUDA fault fails every later pass of that process: the pod leaves the load balancer (/ready),
+    is restarted by its liveness probe if nothing heals it (/health), and comes back on its own when a
+    probe pass succeeds (a child process restarted, a transient fault gone)."""
+    monkeypatch.setattr(runtime_module, "PROBE_INTERVAL_S", 0.0)
+    app = create_app(settings_for(unready_after_failures=2, unhealthy_after_s=0.5))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+            for _ in range(600):
+                if (await client.get("/ready")).status_code == 200:
+                    break
+                await asyncio.sleep(0.01)
+            runner = app.state.runtime.engine._runner
+            working = runner.run
+
+            def broken(prepared: object) -> object:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+            monkeypatch.setattr(runner, "run", broken)
+            body = {"documents": [{"html": page(1)}]}
+            for failures in (1, 2):
+                failed = await client.post("/v1/embed", json=body)
+                assert failed.status_code == 500 and failed.json()["error"]["code"] == "backend_failed"
+                ready = await client.get("/ready")
+                if failures == 1:  # one failure is not yet a failing backend
+                    assert ready.status_code == 200
+            assert ready.status_code == 503 and ready.json()["error"]["code"] == "not_ready"
+            assert "illegal memory access" in ready.json()["error"]["message"]
+            assert (await client.get("/health")).status_code == 200  # not for long enough yet
+            metrics = (await client.get("/metrics")).text
+            assert re.search(r"^htmllm_backend_consecutive_failures [2-9]", metrics, re.MULTILINE)
+            await asyncio.sleep(0.6)
+            unhealthy = await client.get("/health")
+            assert unhealthy.status_code == 503 and unhealthy.json()["error"]["code"] == "unhealthy"
+
+            monkeypatch.setattr(runner, "run", working)  # the fault is gone: a probe finds out
+            for _ in range(500):
+                if (await client.get("/ready")).status_code == 200:
+                    break
+                await asyncio.sleep(0.01)
+            assert (await client.get("/ready")).status_code == 200
+            assert (await client.get("/health")).status_code == 200
+            assert (await client.post("/v1/embed", json=body)).status_code == 200
 
 
 @pytest.mark.slow

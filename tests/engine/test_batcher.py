@@ -1,10 +1,12 @@
-"""The batcher's shutdown: every document it accepted is answered, wherever it was when it stopped."""
+"""The batcher: every document it accepted is answered, wherever it was when it stopped or whatever a
+forward pass did; and the health it keeps of the passes."""
 
 from __future__ import annotations
 
 import asyncio
 import re
 import threading
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -12,7 +14,7 @@ import pytest
 
 from service.engine.batcher import Batcher
 from service.engine.runners import PreparedBatch, RunnerOutput
-from service.engine.types import BackendError, ShuttingDownError
+from service.engine.types import BackendError, BackendHealth, ShuttingDownError
 
 
 class _BlockingRunner:
@@ -102,4 +104,54 @@ async def test_a_failing_or_malformed_pass_fails_its_batch_and_the_batcher_goes_
             else:
                 with pytest.raises(BackendError, match=re.escape(expected)):
                     future.result()
+    await batcher.close()
+
+
+async def test_health_counts_failed_passes_in_a_row_and_a_success_ends_the_run() -> None:
+    runner = _FaultyRunner(["raise", "short", "raise", "none", "raise"])
+    batcher = Batcher(runner, max_batch_tokens=1000, max_batch_requests=1, max_wait_ms=0)
+    batcher.start()
+    assert batcher.health == BackendHealth()
+
+    async def one_pass() -> None:
+        await asyncio.wait([batcher.submit([2, 5, 3], deadline=None)], timeout=10)
+
+    before = time.monotonic()
+    for failures in (1, 2):
+        await one_pass()
+        health = batcher.health
+        assert health.failures == failures and health.pass_started is None
+        assert health.failing_since is not None and before <= health.failing_since <= time.monotonic()
+    first_failure = batcher.health.failing_since
+    with pytest.raises(BackendError, match="illegal memory access"):  # a probe counts like a batch
+        await batcher.run_direct([[2, 5, 3]])
+    assert batcher.health.failures == 3 and batcher.health.failing_since == first_failure
+    assert batcher.health.last_error is not None and "illegal memory access" in batcher.health.last_error
+    await batcher.run_direct([[2, 5, 3]])  # "none": the run of failures ends
+    assert batcher.health == BackendHealth()
+    await one_pass()  # "raise": a new run starts
+    assert batcher.health.failures == 1 and batcher.health.failing_since != first_failure
+    await batcher.close()
+
+
+async def test_health_says_when_the_running_pass_began() -> None:
+    runner = _BlockingRunner()
+    batcher = Batcher(runner, max_batch_tokens=1000, max_batch_requests=1, max_wait_ms=0)
+    batcher.start()
+    before = time.monotonic()
+    future = batcher.submit([2, 5, 3], deadline=None)
+    assert await asyncio.to_thread(runner.started.wait, 10)
+    started = batcher.health.pass_started
+    assert started is not None and before <= started <= time.monotonic()
+    runner.release.set()
+    await asyncio.wait_for(future, 10)
+    assert batcher.health.pass_started is None
+    runner.release.clear()
+    runner.started.clear()
+    probe = asyncio.ensure_future(batcher.run_direct([[2, 5, 3]]))  # a pass outside the queue too
+    assert await asyncio.to_thread(runner.started.wait, 10)
+    assert batcher.health.pass_started is not None
+    runner.release.set()
+    await probe
+    assert batcher.health.pass_started is None
     await batcher.close()

@@ -28,7 +28,12 @@ PROBE_METHODS = ["GET", "HEAD"]
 )
 @router.api_route("/", methods=PROBE_METHODS, summary="Liveness (text-embeddings-inference's `GET /`)")
 @router.api_route("/health", methods=PROBE_METHODS, summary="Liveness: the process answers")
-async def health() -> HealthResponse:
+async def health(runtime: RuntimeDep) -> HealthResponse:
+    """200 while the process can serve; 503 once the backend has failed every pass (or hung in one) for
+    `HTMLLM_UNHEALTHY_AFTER_S`: a corrupted CUDA context does not heal in-process, a restart does."""
+    reason = runtime.unhealthy()
+    if reason is not None:
+        raise HtmllmError(f"the backend is unhealthy: {reason}", code=ErrorCode.UNHEALTHY)
     return HealthResponse()
 
 
@@ -39,12 +44,16 @@ async def health() -> HealthResponse:
     responses={503: ERROR_RESPONSES[503]},
 )
 async def ready(runtime: RuntimeDep) -> ReadyResponse:
-    """200 once the model has run one full-size batch; 503 before, and once shutdown began."""
+    """200 once the model has run one full-size batch; 503 before, once shutdown began, and while the
+    backend fails (`HTMLLM_UNREADY_AFTER_FAILURES` passes in a row, until a pass or probe succeeds)."""
     if runtime.stopping:
         raise HtmllmError("the server is shutting down", code=ErrorCode.SHUTTING_DOWN)
     if runtime.engine is None or not runtime.ready:
         detail = f": warm-up failed: {runtime.warmup_error}" if runtime.warmup_error else ""
         raise HtmllmError(f"the model is not ready{detail}", code=ErrorCode.NOT_READY)
+    trouble = runtime.backend_trouble()
+    if trouble is not None:  # out of the load balancer until a pass succeeds again
+        raise HtmllmError(f"the model is not ready: {trouble}", code=ErrorCode.NOT_READY)
     return ReadyResponse(model=runtime.engine.info.name)
 
 
@@ -92,4 +101,6 @@ async def info(runtime: RuntimeDep, engine: EngineDep) -> InfoResponse:
     responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "the text exposition format"}},
 )
 async def metrics(runtime: RuntimeDep) -> Response:
+    if runtime.engine is not None:  # read at scrape time: the engine keeps the count
+        runtime.metrics.backend_failures.set(runtime.engine.health.failures)
     return Response(generate_latest(runtime.metrics.registry), media_type=CONTENT_TYPE_LATEST)
