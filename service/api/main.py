@@ -42,6 +42,7 @@ _FLAG_FIELDS = (
     "max_documents",
     "request_timeout_s",
     "log_level",
+    "log_format",
 )
 
 
@@ -107,6 +108,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="log level (HTMLLM_LOG_LEVEL)",
     )
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default=None,
+        help="json: one JSON object per log line, for log pipelines (HTMLLM_LOG_FORMAT, default text)",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -140,8 +147,11 @@ def check_model_path(settings: Settings) -> None:
 
 
 def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
-    """uvicorn's settings: SIGTERM stops accepting, waits for in-flight requests, then the lifespan drains."""
+    """uvicorn's settings: SIGTERM stops accepting, waits for in-flight requests, then the lifespan drains.
+    With JSON logs uvicorn configures no logging of its own: its records reach the root logger's handler
+    (service.api.logs); with text, its default colour-coded lines."""
     import uvicorn
+    from uvicorn.config import LOGGING_CONFIG
 
     from service.api.http_protocol import protocol_class
 
@@ -154,6 +164,7 @@ def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
         lifespan="on",
         timeout_graceful_shutdown=max(1, math.ceil(settings.drain_timeout_s)),
         access_log=settings.log_level == "debug",
+        log_config=None if settings.log_format == "json" else LOGGING_CONFIG,
     )
 
 
@@ -162,10 +173,9 @@ def serve(settings: Settings) -> int:
     import uvicorn
 
     from service.api.app import create_app, load_engine
+    from service.api.logs import configure_logging
 
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(settings.log_level, settings.log_format)
     try:
         check_model_path(settings)
         engine = load_engine(settings)

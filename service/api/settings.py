@@ -119,6 +119,9 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     drain_timeout_s: float = Field(30.0, ge=0, description="graceful shutdown: time to drain the queue")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    log_format: Literal["text", "json"] = Field(
+        "text", description="json: one JSON object per log line (uvicorn's too), for log pipelines"
+    )
     gzip_min_bytes: int = Field(
         1024,
         ge=0,
