@@ -139,14 +139,31 @@ def _zstd(data: bytes, limit: int) -> bytes:
         out = _read_bounded(reader, limit)
     # The stream reader returns a cut-off frame's output without complaint. Its size is now known to be
     # under the limit, so walking the frames again to see each one end is bounded too.
-    pending = data
-    while pending:
-        frame = zstandard.ZstdDecompressor().decompressobj()
-        frame.decompress(pending)
-        if not frame.eof:
-            raise zstandard.ZstdError("the stream is cut off")
-        pending = frame.unused_data
+    _check_frames_end(data)
     return out
+
+
+def _check_frames_end(data: bytes) -> None:
+    """Raise `ZstdError` unless `data` is whole zstd frames, in time linear in its size.
+
+    Each frame is fed in doubling slices of a view, so what it leaves over (`unused_data`, a copy) is
+    at most about its own size: handing each frame the whole rest of the body made a body of many
+    tiny frames quadratic (200,000 empty frames, 1.8 MB, took 13 s).
+    """
+    view = memoryview(data)
+    decompressor = zstandard.ZstdDecompressor()
+    position = 0
+    while position < len(data):
+        frame = decompressor.decompressobj()
+        size = 64
+        while not frame.eof:
+            if position >= len(data):
+                raise zstandard.ZstdError("the stream is cut off")
+            piece = view[position : position + size]
+            frame.decompress(piece)
+            position += len(piece)
+            size *= 2
+        position -= len(frame.unused_data)
 
 
 _DECODERS: dict[str, Callable[[bytes, int], bytes]] = {

@@ -8,7 +8,8 @@ detector where a browser would guess from the user's locale:
 3. a `<meta charset>` / `<meta http-equiv="Content-Type" content="...; charset=...">` or an XML
    declaration in the first `PRESCAN_BYTES` bytes (browsers stop at 1024; real pages put long scripts
    before the meta tag, so we look further);
-4. bytes that are valid UTF-8 are UTF-8 (cheap, exact, and what most of the web is);
+4. bytes that are valid UTF-8 are UTF-8 (cheap, exact, and what most of the web is), also when the
+   last character is cut off;
 5. otherwise `charset_detection.detect_encoding`: charset-normalizer's guess among the web's
    encodings, with the Latin-script readings re-ranked and, on pages with only a few non-ASCII bytes
    (an English page with a Russian or Chinese name in it), the plausible readings compared;
@@ -22,6 +23,7 @@ unknown label) is ignored. Undecodable bytes become U+FFFD; decoding never raise
 from __future__ import annotations
 
 import codecs
+import functools
 import re
 from dataclasses import dataclass
 from email.message import Message
@@ -78,8 +80,22 @@ def sniff_meta_charset(data: bytes) -> str | None:
         # A document that says "utf-16" in ASCII bytes cannot be UTF-16 (the spec reads it as UTF-8).
         if name.startswith(("utf-16", "utf-32")):
             return "utf-8"
+        # Nor can it be in a codec that reads ASCII as something else (EBCDIC, UTF-7, HZ): no browser
+        # knows those, and decoding the page with one turned it to noise ("C++" is "C\ufffd" in UTF-7).
+        if not _reads_ascii(name):
+            continue
         return name
     return None
+
+
+_ASCII_TEXT = bytes([9, 10, 13, *range(0x20, 0x7F)]).translate(None, b"%\\~")
+
+
+@functools.cache
+def _reads_ascii(name: str) -> bool:
+    """Whether `name` decodes printable ASCII as ASCII (bar `%`, `\\` and `~`, which a few Japanese and
+    DOS code pages read as yen, overline or the Arabic percent sign)."""
+    return _ASCII_TEXT.decode(name, errors="replace") == _ASCII_TEXT.decode("ascii")
 
 
 def decode_html(data: bytes | str, *, encoding: str | None = None) -> DecodedHtml:
@@ -97,8 +113,17 @@ def decode_html(data: bytes | str, *, encoding: str | None = None) -> DecodedHtm
         return DecodedHtml(data.decode(meta, errors="replace"), meta, "meta")
     try:
         return DecodedHtml(data.decode("utf-8"), "utf-8", "detected" if data else "default")
-    except UnicodeDecodeError:
-        pass
+    except UnicodeDecodeError as exc:
+        # A UTF-8 page cut off inside its last character (a crawler's byte cap, WARC-Truncated) is
+        # still UTF-8; the detector read such a page as GBK. The first error is then the cut, at the
+        # end; the page must hold a whole non-ASCII character before it (one Latin-1 "é" at the end of
+        # an ASCII page is no evidence).
+        if (
+            exc.reason == "unexpected end of data"
+            and exc.end == len(data)
+            and not data[: exc.start].isascii()
+        ):
+            return DecodedHtml(data.decode("utf-8", errors="replace"), "utf-8", "detected")
     detected = detect_encoding(data)
     return DecodedHtml(data.decode(detected, errors="replace"), detected, "detected")
 

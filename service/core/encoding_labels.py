@@ -11,36 +11,101 @@ from __future__ import annotations
 import codecs
 import functools
 
-# WHATWG label aliases that differ from Python's reading of the same label.
-_WHATWG_ALIASES: dict[str, str] = {
-    **dict.fromkeys(
-        (
-            "ascii",
-            "us-ascii",
-            "ansi_x3.4-1968",
-            "iso-8859-1",
-            "iso8859-1",
-            "iso_8859-1",
-            "iso88591",
-            "latin1",
-            "latin-1",
-            "l1",
-            "cp819",
-            "ibm819",
-            "iso-ir-100",
-            "x-cp1252",
-        ),
-        "cp1252",
+# Every label of the WHATWG Encoding Standard, by the Python codec that decodes what a browser decodes
+# under it. Python knows many of these labels under another codec (`iso-8859-1`, `ksc5601`) or not at
+# all (`windows-874`, `iso-8859-8-i`, `x-mac-roman`, `x-cp1250`); a label a browser knows must never
+# be ignored or read as something else. The replacement encodings (`hz-gb-2312`, `iso-2022-kr`, ...)
+# and `x-user-defined` are left to Python.
+_WHATWG_LABELS: dict[str, tuple[str, ...]] = {
+    "utf-8": ("unicode-1-1-utf-8", "unicode11utf8", "unicode20utf8", "utf-8", "utf8", "x-unicode20utf8"),
+    "cp866": ("866", "cp866", "csibm866", "ibm866"),
+    "iso8859-2": (
+        "csisolatin2", "iso-8859-2", "iso-ir-101", "iso8859-2", "iso88592", "iso_8859-2", "iso_8859-2:1987",
+        "l2", "latin2",
     ),
-    **dict.fromkeys(("iso-8859-9", "iso8859-9", "iso_8859-9", "latin5", "l5"), "cp1254"),
-    **dict.fromkeys(("iso-8859-11", "iso8859-11", "tis-620", "dos-874"), "cp874"),
-    **dict.fromkeys(("gb2312", "gbk", "x-gbk", "chinese", "csgb2312", "gb_2312-80"), "gbk"),
-    **dict.fromkeys(("shift_jis", "shift-jis", "sjis", "x-sjis", "ms_kanji", "windows-31j"), "cp932"),
-    **dict.fromkeys(("euc-kr", "ks_c_5601-1987", "windows-949", "cseuckr"), "cp949"),
-    **dict.fromkeys(("big5", "big5-hkscs", "x-x-big5", "cn-big5"), "big5hkscs"),
-    "unicode-1-1-utf-8": "utf-8",
-    "utf8": "utf-8",
-    "x-mac-cyrillic": "mac-cyrillic",
+    "iso8859-3": (
+        "csisolatin3", "iso-8859-3", "iso-ir-109", "iso8859-3", "iso88593", "iso_8859-3", "iso_8859-3:1988",
+        "l3", "latin3",
+    ),
+    "iso8859-4": (
+        "csisolatin4", "iso-8859-4", "iso-ir-110", "iso8859-4", "iso88594", "iso_8859-4", "iso_8859-4:1988",
+        "l4", "latin4",
+    ),
+    "iso8859-5": (
+        "csisolatincyrillic", "cyrillic", "iso-8859-5", "iso-ir-144", "iso8859-5", "iso88595", "iso_8859-5",
+        "iso_8859-5:1988",
+    ),
+    "iso8859-6": (
+        "arabic", "asmo-708", "csiso88596e", "csiso88596i", "csisolatinarabic", "ecma-114", "iso-8859-6",
+        "iso-8859-6-e", "iso-8859-6-i", "iso-ir-127", "iso8859-6", "iso88596", "iso_8859-6",
+        "iso_8859-6:1987",
+    ),
+    "iso8859-7": (
+        "csisolatingreek", "ecma-118", "elot_928", "greek", "greek8", "iso-8859-7", "iso-ir-126", "iso8859-7",
+        "iso88597", "iso_8859-7", "iso_8859-7:1987", "sun_eu_greek",
+    ),
+    # iso-8859-8-i (logical order) decodes as iso-8859-8; the order only matters to the renderer.
+    "iso8859-8": (
+        "csiso88598e", "csisolatinhebrew", "hebrew", "iso-8859-8", "iso-8859-8-e", "iso-ir-138", "iso8859-8",
+        "iso88598", "iso_8859-8", "iso_8859-8:1988", "visual", "csiso88598i", "iso-8859-8-i", "logical",
+    ),
+    "iso8859-10": ("csisolatin6", "iso-8859-10", "iso-ir-157", "iso8859-10", "iso885910", "l6", "latin6"),
+    "iso8859-13": ("iso-8859-13", "iso8859-13", "iso885913"),
+    "iso8859-14": ("iso-8859-14", "iso8859-14", "iso885914"),
+    "iso8859-15": ("csisolatin9", "iso-8859-15", "iso8859-15", "iso885915", "iso_8859-15", "l9"),
+    "iso8859-16": ("iso-8859-16",),
+    "koi8-r": ("cskoi8r", "koi", "koi8", "koi8-r", "koi8_r"),
+    "koi8-u": ("koi8-ru", "koi8-u"),
+    "mac-roman": ("csmacintosh", "mac", "macintosh", "x-mac-roman"),
+    "cp874": ("dos-874", "iso-8859-11", "iso8859-11", "iso885911", "tis-620", "windows-874"),
+    "cp1250": ("cp1250", "windows-1250", "x-cp1250"),
+    "cp1251": ("cp1251", "windows-1251", "x-cp1251"),
+    "cp1252": (
+        "ansi_x3.4-1968", "ascii", "cp1252", "cp819", "csisolatin1", "ibm819", "iso-8859-1", "iso-ir-100",
+        "iso8859-1", "iso88591", "iso_8859-1", "iso_8859-1:1987", "l1", "latin1", "us-ascii", "windows-1252",
+        "x-cp1252",
+    ),
+    "cp1253": ("cp1253", "windows-1253", "x-cp1253"),
+    "cp1254": (
+        "cp1254", "csisolatin5", "iso-8859-9", "iso-ir-148", "iso8859-9", "iso88599", "iso_8859-9",
+        "iso_8859-9:1989", "l5", "latin5", "windows-1254", "x-cp1254",
+    ),
+    "cp1255": ("cp1255", "windows-1255", "x-cp1255"),
+    "cp1256": ("cp1256", "windows-1256", "x-cp1256"),
+    "cp1257": ("cp1257", "windows-1257", "x-cp1257"),
+    "cp1258": ("cp1258", "windows-1258", "x-cp1258"),
+    "mac-cyrillic": ("x-mac-cyrillic", "x-mac-ukrainian"),
+    "gbk": (
+        "chinese", "csgb2312", "csiso58gb231280", "gb2312", "gb_2312", "gb_2312-80", "gbk", "iso-ir-58",
+        "x-gbk",
+    ),
+    "gb18030": ("gb18030",),
+    "big5hkscs": ("big5", "big5-hkscs", "cn-big5", "csbig5", "x-x-big5"),
+    "euc_jp": ("cseucpkdfmtjapanese", "euc-jp", "x-euc-jp"),
+    "iso2022_jp": ("csiso2022jp", "iso-2022-jp"),
+    "cp932": ("csshiftjis", "ms932", "ms_kanji", "shift-jis", "shift_jis", "sjis", "windows-31j", "x-sjis"),
+    "cp949": (
+        "cseuckr", "csksc56011987", "euc-kr", "iso-ir-149", "korean", "ks_c_5601-1987", "ks_c_5601-1989",
+        "ksc5601", "ksc_5601", "windows-949",
+    ),
+    "utf-16-be": ("unicodefffe", "utf-16be"),
+    "utf-16-le": ("csunicode", "iso-10646-ucs-2", "ucs-2", "unicode", "unicodefeff", "utf-16le"),
+}  # fmt: skip
+_WHATWG_ALIASES: dict[str, str] = {
+    label: codec for codec, labels in _WHATWG_LABELS.items() for label in labels
+}
+# Python codecs a browser reads as a superset under every label it knows them by, for the labels only
+# Python knows ("latin_1", "euc_kr", "iso8859_9"): a C1 control code is never what a page meant.
+_BROWSER_CODECS = {
+    "ascii": "cp1252",
+    "iso8859-1": "cp1252",
+    "iso8859-9": "cp1254",
+    "iso8859-11": "cp874",
+    "tis-620": "cp874",
+    "gb2312": "gbk",
+    "shift_jis": "cp932",
+    "euc_kr": "cp949",
+    "big5": "big5hkscs",
 }
 
 
@@ -57,7 +122,7 @@ def normalize_encoding(label: str | None) -> str | None:
     # bytes-to-bytes and str-to-str codecs (base64, rot13, ...) cannot decode a page.
     if not getattr(info, "_is_text_encoding", True) or not _decodes_any_bytes(info.name):
         return None
-    return info.name
+    return _BROWSER_CODECS.get(info.name, info.name)
 
 
 @functools.cache

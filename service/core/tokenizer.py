@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -211,23 +212,32 @@ class HtmlTokenizer:
     def encode_batch(self, texts: Sequence[str], *, max_length: int | None = None) -> list[Encoding]:
         """`encode` for many texts at once (the Rust side runs them in parallel)."""
         self._check_max_length(max_length)
+        if isinstance(texts, str):  # a str is a sequence too: of one-character texts
+            raise TokenizerError("encode_batch takes a sequence of texts, not one text (str)")
+        texts = list(texts)  # an iterator was consumed by the type check and encoded as nothing
         bad = [type(t).__name__ for t in texts if not isinstance(t, str)]
         if bad:
             raise TokenizerError(f"encode_batch takes texts (str), got {bad[0]}")
         if not texts:
             return []
         try:
-            encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
+            encodings = self._tok.encode_batch(texts, add_special_tokens=False)
         except TypeError:
             encodings = self._tok.encode_batch([_scrub(t) for t in texts], add_special_tokens=False)
         return [self._finish(e.ids, max_length) for e in encodings]
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of `ids`, special tokens left out, tag tokens kept."""
-        bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < self.vocab_size]
-        if bad:
-            raise TokenizerError(f"token id {bad[0]!r} is outside the vocabulary of {self.vocab_size}")
-        return self._tok.decode(list(ids), skip_special_tokens=True)
+        values = []
+        for token_id in ids:
+            try:
+                value = operator.index(token_id)  # numpy and torch integers too
+            except TypeError:
+                raise TokenizerError(f"token id {token_id!r} is not an integer") from None
+            if not 0 <= value < self.vocab_size:
+                raise TokenizerError(f"token id {token_id!r} is outside the vocabulary of {self.vocab_size}")
+            values.append(value)
+        return self._tok.decode(values, skip_special_tokens=True)
 
     def id_to_token(self, token_id: int) -> str | None:
         """The token string of one id (None outside the vocabulary); for debugging and reports."""

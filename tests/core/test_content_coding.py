@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import time
 import zlib
 from collections.abc import Callable
 
@@ -51,6 +52,18 @@ def test_concatenated_members_and_frames() -> None:
     assert decode_content(b"".join(gzip.compress(h) for h in halves), "gzip", limit=len(PAGE)) == PAGE
     frames = b"".join(zstandard.ZstdCompressor().compress(h) for h in halves)
     assert decode_content(frames, "zstd", limit=len(PAGE)) == PAGE
+
+
+def test_many_tiny_zstd_frames_take_linear_time() -> None:
+    # Walking the frames once handed each one the whole rest of the body: 200,000 empty frames (1.8 MB,
+    # well under any body cap) took 13 s, quadratic in their number.
+    compressor = zstandard.ZstdCompressor()
+    body = compressor.compress(b"") * 150_000 + compressor.compress(PAGE)
+    started = time.perf_counter()
+    assert decode_content(body, "zstd", limit=len(PAGE)) == PAGE
+    assert time.perf_counter() - started < 2
+    with pytest.raises(ContentCodingError, match="cut off"):
+        decode_content(body[:-3], "zstd", limit=len(PAGE))
 
 
 @pytest.mark.parametrize("coding", ["gzip", "deflate", "br", "zstd"])

@@ -281,6 +281,53 @@ def test_browser_label_aliases() -> None:
     assert sniff_meta_charset(b'<meta charset="utf-16">') == "utf-8"
 
 
+@pytest.mark.parametrize(
+    ("label", "text", "codec"),
+    [
+        ("windows-874", "สวัสดีครับ", "cp874"),  # Thai pages' usual label, unknown to Python
+        ("iso-8859-8-i", "שלום עולם", "iso8859-8"),  # Hebrew, logical order
+        ("x-mac-roman", "Café Ørsted", "mac-roman"),
+        ("x-cp1250", "Žluťoučký kůň", "cp1250"),
+        ("ksc5601", "똠방각하", "cp949"),  # Python's euc_kr lacks the UHC syllables
+        ("x-euc-jp", "日本語のテキスト", "euc_jp"),
+        ("iso88592", "Żółć", "iso8859-2"),
+        ("csisolatin1", "\u20ac 5", "cp1252"),
+    ],
+)
+def test_every_whatwg_label_is_read_as_browsers_read_it(label: str, text: str, codec: str) -> None:
+    """Labels of the WHATWG Encoding Standard that Python knows under another codec, or not at all,
+    were ignored (the page went to the detector) or read with a subset (U+FFFD for what it lacks)."""
+    page = f'<meta charset="{label}"><p>{text}</p>'
+    data = page.encode("cp1252" if codec == "cp1252" else codec).replace(b"\\u20ac", b"\x80")
+    assert normalize_encoding(label) == codec
+    decoded = decode_html(data)
+    assert (decoded.text, decoded.source) == (page.replace("\\u20ac", "\u20ac"), "meta")
+    assert decode_html(data.split(b">", 1)[1], encoding=label.upper()).text == f"<p>{text}</p>".replace(
+        "\\u20ac", "\u20ac"
+    )
+
+
+@pytest.mark.parametrize("label", ["utf-7", "cp037", "cp500"])
+def test_meta_labels_of_codecs_that_misread_ascii_are_ignored(label: str) -> None:
+    """A `<meta>` read in ASCII bytes cannot declare a codec that reads ASCII as something else
+    (EBCDIC, UTF-7): the page was noise ("C++" came out "C\ufffd")."""
+    page = f'<meta charset="{label}"><p>C++ & a+b=c, café</p>'
+    assert sniff_meta_charset(page.encode()) is None
+    assert decode_html(page.encode()).text == page
+    assert utf8_payload(page.encode()) is None or decode_html(page.encode()).encoding == "utf-8"
+
+
+def test_utf8_cut_inside_its_last_character_is_utf8() -> None:
+    """A crawler's byte cap cuts pages anywhere: an undeclared UTF-8 page that ends inside a character
+    is UTF-8 with one U+FFFD, not GBK or windows-1252 mojibake."""
+    chinese, czech = "<p>" + "北京欢迎你。" * 20, "<p>Příliš žluťoučký kůň úpěl ďábelské ódy. " * 5 + "ž"
+    for text, cut in ((chinese, 1), (chinese, 2), (czech, 1)):
+        decoded = decode_html(text.encode()[:-cut])
+        assert (decoded.text, decoded.encoding) == (text[:-1] + "\ufffd", "utf-8")
+    # One non-ASCII byte at the end of an ASCII page is no sign of UTF-8: the detector decides.
+    assert decode_html(b"<p>Caf\xe9").text == "<p>Café"
+
+
 def test_utf8_without_declaration_and_empty_input() -> None:
     page = "<p>Grüße, Здравствуйте, 你好</p>"
     assert decode_html(page.encode()).text == page

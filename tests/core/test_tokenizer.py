@@ -6,6 +6,7 @@ import json
 import pickle
 from pathlib import Path
 
+import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -202,6 +203,15 @@ def test_encode_batch_equals_encode(tok: HtmlTokenizer) -> None:
         tok.encode_batch(["ok", b"bytes"])  # type: ignore[list-item]
 
 
+def test_encode_batch_takes_any_iterable_but_not_one_str(tok: HtmlTokenizer) -> None:
+    # A generator was consumed by the type check and came back as no encodings at all; a str was
+    # encoded character by character.
+    pages = ["<p>one</p>", "<p>two</p>"]
+    assert tok.encode_batch(page for page in pages) == tok.encode_batch(pages)  # type: ignore[arg-type]
+    with pytest.raises(TokenizerError, match="not one text"):
+        tok.encode_batch("<p>one</p>")
+
+
 def test_unknown_script_becomes_unk_not_an_error(tok: HtmlTokenizer) -> None:
     encoding = tok.encode("<p>東京の天気</p>")
     assert tok.special_ids.unk in encoding.ids
@@ -227,6 +237,13 @@ def test_decode_rejects_ids_outside_the_vocabulary(tok: HtmlTokenizer) -> None:
         tok.decode([tok.vocab_size])
     with pytest.raises(TokenizerError):
         tok.decode([-1])
+    with pytest.raises(TokenizerError, match="not an integer"):
+        tok.decode([1.5])  # type: ignore[list-item]
+
+
+def test_decode_takes_numpy_integers(tok: HtmlTokenizer) -> None:
+    ids = tok.encode("<p>hello world</p>").ids
+    assert tok.decode(list(np.array(ids, dtype=np.int64))) == tok.decode(ids)
 
 
 def test_save_load_keeps_the_tokenizer_and_its_hash(tok: HtmlTokenizer, tmp_path: Path) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import io
 import random
+import time
+import zlib
 
 import pytest
 
@@ -57,6 +59,35 @@ def test_gunzip_streams_members_in_bounded_chunks(monkeypatch: pytest.MonkeyPatc
         list(warc_tail._gunzipped(io.BytesIO(members[:-40])))  # the second member cut off
     with pytest.raises(warc_tail._Undecodable):
         list(warc_tail._gunzipped(io.BytesIO(gzip.compress(payload) + b"not gzip")))
+
+
+def test_many_tiny_chunks_and_members_take_linear_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A header was looked for again in the whole buffer after each chunk, and each gzip member was
+    handed the rest of the chunk read: a stream of one-byte pieces, or a file of one-byte gzip members
+    (21 bytes each), was quadratic, minutes for 20 MB."""
+    started = time.perf_counter()
+    assert walk_records(iter([b"x"] * 300_000)) == ("the file ends inside the record header", 0, "")
+    assert time.perf_counter() - started < 2
+
+    fed = 0
+    real = zlib.decompressobj
+
+    class Counting:
+        def __init__(self, wbits: int) -> None:
+            self._inner = real(wbits)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self._inner, name)
+
+        def decompress(self, data: bytes, max_length: int) -> bytes:
+            nonlocal fed
+            fed += len(data)
+            return self._inner.decompress(data, max_length)
+
+    monkeypatch.setattr(zlib, "decompressobj", Counting)
+    members = b"".join(map(gzip.compress, RECORDS)) + gzip.compress(b"x") * 20_000
+    assert b"".join(warc_tail._gunzipped(io.BytesIO(members))) == DATA + b"x" * 20_000
+    assert fed < 4 * len(members)
 
 
 def _lz4_frame(
