@@ -134,7 +134,13 @@ def check_model_path(settings: Settings) -> None:
     if path.is_dir() and any(path.iterdir()):
         from service.core.checkpoint import read_meta  # imports torch: only when there is a model to read
 
-        read_meta(path)  # raises CheckpointError naming the missing or unreadable file
+        meta = read_meta(path)  # raises CheckpointError naming the missing or unreadable file
+        if settings.max_length is not None and settings.max_length > meta.max_length:
+            raise HtmllmError(
+                f"HTMLLM_MAX_LENGTH {settings.max_length} exceeds the {meta.max_length} "
+                f"tokens the model at {path} was trained for",
+                code=ErrorCode.VALIDATION,
+            )
         return
     if path.resolve() == default_model_path().resolve():
         hint = (
@@ -204,7 +210,8 @@ def run_args(args: argparse.Namespace) -> int:
 
     try:
         settings = settings_from_args(args)
-    except ValidationError as exc:
+        settings.engine_config()  # combinations the engine refuses (float16 on CPU, onnx in bfloat16...)
+    except (ValidationError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
         sys.stderr.write(f"htmllm serve: invalid settings:\n{exc}\n")
         return 2
     return serve(settings)

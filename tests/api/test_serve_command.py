@@ -60,9 +60,19 @@ def test_python_m_service_api_exits_nonzero_without_a_model(tmp_path: Path) -> N
     assert "no model at" in result.stderr
 
 
-def test_invalid_settings_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+def test_invalid_settings_exit_2(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     assert api_main.main(["--port", "70000"]) == 2
     assert "invalid settings" in capsys.readouterr().err
+    monkeypatch.setenv("HTMLLM_DTYPE", "float16")  # the engine refuses it on CPU: one line, not a traceback
+    assert api_main.main(["--device", "cpu"]) == 2
+    assert "float16 is for CUDA" in capsys.readouterr().err
+
+
+def test_a_max_length_beyond_the_checkpoints_is_one_line(
+    tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert api_main.serve(Settings(model_path=tiny_checkpoint, max_length=100_000, port=1)) == 1
+    assert "validation_error: HTMLLM_MAX_LENGTH 100000 exceeds" in capsys.readouterr().err
 
 
 def test_a_checkpoint_the_inference_process_cannot_load_is_one_line(
