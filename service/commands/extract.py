@@ -6,7 +6,8 @@ input source that does not exist or an unwritable output path fails the command.
 
 The input is opened before the output is touched, and an output file is written beside itself under a
 temporary name and renamed over the old one only when the run completes: a typo in `--input`, a crash
-or a Ctrl-C leaves an existing output as it was. An output that is the input (or the input directory's
+or a Ctrl-C leaves an existing output as it was. Ctrl-C stops at once (queued pages cancelled, busy
+workers killed) with exit code 130. An output that is the input (or the input directory's
 manifest) is refused, since the run would replace what it reads.
 """
 
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from service.core.pages import Page
 
 _EXTRACTOR_CHOICES = ("union", "all", "resiliparse", "trafilatura", "justext")
+INTERRUPTED = 130  # the shell's status for a command ended by SIGINT
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -170,6 +172,9 @@ def run(args: argparse.Namespace) -> int:
     if workers < 1 or (args.limit is not None and args.limit < 0):
         print("htmllm extract: --workers must be >= 1 and --limit >= 0", file=sys.stderr)
         return 2
+    if not args.timeout_s > 0 or args.min_words < 0:  # else every row an error, and the output replaced
+        print("htmllm extract: --timeout-s must be > 0 and --min-words >= 0", file=sys.stderr)
+        return 2
     try:
         if args.extractor == "union":
             resolve_order("random" if args.order == "random" else args.order.split(","))
@@ -208,11 +213,24 @@ def run(args: argparse.Namespace) -> int:
                     out.write(json.dumps(row, ensure_ascii=False) + "\n")
                     bar.update(1)
 
-            # A bounded window keeps memory flat on big collections and rows in input order.
-            for page in pages:
-                pending.append(executor.submit(_process, page, args, pool))
-                drain(2 * workers)
-            drain(0)
+            try:
+                # A bounded window keeps memory flat on big collections and rows in input order.
+                for page in pages:
+                    pending.append(executor.submit(_process, page, args, pool))
+                    drain(2 * workers)
+                drain(0)
+            except BaseException:
+                # Ctrl-C or a crash: the window's pages are not waited for (the executor's exit would
+                # run every queued page, each up to three time limits): queued ones are cancelled and
+                # closing the pool kills the busy workers, whose jobs then end at once.
+                for future in pending:
+                    future.cancel()
+                pool.close()
+                raise
+    except KeyboardInterrupt:
+        kept = "" if args.output == "-" else f"; {args.output} was left as it was"
+        print(f"htmllm extract: interrupted{kept}", file=sys.stderr)
+        return INTERRUPTED
     except PageSourceError as exc:
         print(f"htmllm extract: {exc}", file=sys.stderr)
         return 1

@@ -558,6 +558,33 @@ async def test_extract_backlog_is_bounded(settings_for: SettingsFactory) -> None
         assert empty.status_code == 400
 
 
+async def test_extract_raw_body_query_options_are_the_json_options(settings_for: SettingsFactory) -> None:
+    """`?min_words=0` was read as 50 (`min_words or 50`), and five `extractors` in the query were a 500
+    (a pydantic error outside the request parser); a repeated extractor ran twice."""
+    raw = {"content-type": "text/html; charset=utf-8"}
+    short = "<html><body><p>five words and no more</p></body></html>"
+    async with app_client(settings_for()) as client:
+        response = await client.post(
+            "/v1/extract?min_words=0&extractors=resiliparse", content=short, headers=raw
+        )
+        assert response.status_code == 200, response.text
+        (entry,) = response.json()["data"][0]["extractions"]
+        assert entry["words"] == 5 and entry["passed"] is True
+        as_json = await client.post("/v1/extract", json={"documents": [{"html": short}], "min_words": 0})
+        assert as_json.json()["data"][0]["extractions"][0]["passed"] is True
+
+        five = "&".join(["extractors=union"] * 5)
+        response = await client.post(f"/v1/extract?{five}", content=short, headers=raw)
+        assert response.status_code == 422 and "extractors" in response.json()["error"]["message"]
+        for request in (
+            client.post("/v1/extract?extractors=union&extractors=union", content=short, headers=raw),
+            client.post("/v1/extract", json={"documents": [{"html": short}], "extractors": ["justext"] * 2}),
+        ):
+            response = await request
+            assert response.status_code == 422, response.text
+            assert "repeats" in response.json()["error"]["message"]
+
+
 async def test_extractor_time_limit_is_a_setting(settings_for: SettingsFactory) -> None:
     async with app_client(settings_for(extract_timeout_s=0.3)) as client:
         assert (await client.get("/info")).json()["limits"]["extract_timeout_s"] == 0.3

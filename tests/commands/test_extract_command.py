@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -99,3 +100,33 @@ def test_an_unwritable_output_names_the_output(tmp_path: Path, capsys: pytest.Ca
     output = tmp_path / "missing-dir" / "results.jsonl"
     assert _extract(_unreadable_rows(tmp_path / "in.jsonl", 1), output) == 1
     assert capsys.readouterr().err == f"htmllm extract: cannot write {output}: No such file or directory\n"
+
+
+def test_ctrl_c_stops_at_once_and_leaves_the_output_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C used to wait for every page in the window to finish (jusText takes half a minute on each
+    of these) and then end in a traceback; now the busy worker is killed and the exit code is 130."""
+    import service.core.pages as pages_module
+    from service.core.pages import Page
+
+    slow = ("<html><body>" + "<div><p>alpha beta gamma delta epsilon</p></div>" * 20000).encode()
+
+    def pages_then_ctrl_c(*_: object, **__: object) -> Iterator[Page]:
+        yield Page(id="a", html=slow)
+        yield Page(id="b", html=slow)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pages_module, "iter_pages", pages_then_ctrl_c)
+    output = tmp_path / "results.jsonl"
+    output.write_text(OLD)
+    args = ["--extractor", "justext", "--timeout-s", "300", "--workers", "1", "--no-progress"]
+    started = time.perf_counter()
+    try:
+        code = main(["extract", "--input", str(tmp_path), "--output", str(output), *args])
+    except KeyboardInterrupt:  # caught here: escaping, it would stop the whole pytest session
+        pytest.fail(f"Ctrl-C ended in a traceback after {time.perf_counter() - started:.0f} s")
+    assert code == 130 and time.perf_counter() - started < 15
+    assert capsys.readouterr().err == f"htmllm extract: interrupted; {output} was left as it was\n"
+    assert output.read_text() == OLD
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl"]

@@ -27,6 +27,7 @@ from service.core.extract import (
     ExtractionTimeoutError,
     ExtractorPool,
     InlineRunner,
+    count_words,
     detect_language,
     extract,
     extract_all,
@@ -65,6 +66,22 @@ RUSSIAN = [
     "Многие дома в старом городе построены более трёхсот лет назад и сегодня охраняются государством.",
     "По субботам на рыночной площади крестьяне из окрестных деревень продают овощи и фрукты.",
     "Летом корабли два раза в день ходят вниз по реке до следующего большого города.",
+]
+CHINESE = [
+    "这座海边小镇在一九五三年的大风暴之后重建，镇上大多数房屋至今仍然面向大海。",
+    "三百多年来，渔民们一直在同一个石头码头上出售他们每天捕到的新鲜鱼虾。",
+    "清晨的市场非常热闹，附近城市的餐馆老板们早早就来这里挑选最好的海产。",
+    "教堂旁边的一座小博物馆讲述了世世代代靠海为生的家庭的故事和他们的生活。",
+    "傍晚沿着沙丘散步的游客常常可以看到海豹躺在沙洲上休息，晒着最后的阳光。",
+    "当地政府保护了那座古老的灯塔，它在上世纪六十年代就已经停止使用了。",
+]
+JAPANESE = [
+    "この港町は一九五三年の大きな嵐の後に再建され、ほとんどの家は今も海に面している。",
+    "漁師たちは三百年以上も前から、同じ石の岸壁で毎朝その日の魚を売ってきた。",
+    "早朝の市場は近くの町のレストランから来た買い手たちでとてもにぎわっている。",
+    "教会の近くにある小さな博物館では、海とともに暮らしてきた家族の歴史を紹介している。",
+    "夕方に砂丘を歩くと、砂州の上で休んでいるアザラシを見ることができる。",
+    "地元の人々は、一九六〇年代に役目を終えた古い灯台を大切に守り続けている。",
 ]
 TABLE_ROWS = [("Lindholm", "1432", "ferry"), ("Oster Bay", "877", "bridge"), ("Skarvik", "2210", "ferry")]
 CODE_LINE = "return 1.8 * math.sin(hour / 12.42 * 2 * math.pi)"
@@ -137,6 +154,20 @@ def russian_cp1251_page() -> bytes:
     return html.encode("cp1251")
 
 
+def unspaced_page(sentences: list[str], charset: str, paragraphs: int = 4) -> bytes:
+    """A Chinese or Japanese article (no spaces between words) in a legacy charset its <meta> names;
+    each paragraph is every sentence once, long enough for jusText to call it good."""
+    body = "".join(
+        "<p>" + "".join(sentences[(i + j) % len(sentences)] for j in range(len(sentences))) + "</p>"
+        for i in range(paragraphs)
+    )
+    html = (
+        f'<html><head><meta charset="{charset}"><title>{sentences[0][:6]}</title></head>'
+        f"<body><article><h1>{sentences[0][:8]}</h1>{body}</article></body></html>"
+    )
+    return html.encode(charset)
+
+
 def pathological_page(paragraphs: int = 5000) -> str:
     """Thousands of tiny paragraphs: jusText's paragraph classification is quadratic in them."""
     return "<html><body>" + "<div><p>alpha beta gamma delta epsilon</p></div>" * paragraphs + "</body></html>"
@@ -200,7 +231,18 @@ def test_boilerplate_page_every_extractor_keeps_the_article_and_drops_the_chrome
         assert out[name].passed
 
 
-@pytest.mark.parametrize("empty", ["", "   \n ", "<html><body></body></html>", b"", b"<html></html>"])
+@pytest.mark.parametrize(
+    "empty",
+    [
+        "",
+        "   \n ",
+        "<html><body></body></html>",
+        b"",
+        b"<html></html>",
+        "<!-- nothing here -->",  # lxml calls these "Document is empty": jusText raised on them
+        '<?xml version="1.0" encoding="utf-8"?>',
+    ],
+)
 def test_empty_page_yields_empty_text_not_an_error(empty: str | bytes) -> None:
     out = outputs(empty)
     for name in EXTRACTORS:
@@ -239,9 +281,48 @@ def test_language_detection_and_stoplist_choice() -> None:
     assert detect_language("   ") is None
     assert stoplist_name("de") == "German"
     assert stoplist_name(None) == "English"
-    assert stoplist_name("ja") == "English"  # jusText has no Japanese stoplist
+    assert stoplist_name("ja") is None  # no Japanese stoplist: jusText's language-independent mode
+    assert stoplist_name("xx") is None
     shipped = set(justext.get_stoplists())
     assert set(JUSTEXT_STOPLISTS.values()) <= shipped
+
+
+def test_words_count_each_chinese_and_japanese_character() -> None:
+    assert count_words("the harbour town") == 3
+    assert count_words("Grüße an alle") == 3
+    assert count_words("東京は2020年に") == 6  # 東 京 は 年 に, and 2020
+    assert count_words("「東京」、 x。") == 3  # their punctuation separates, and is no word
+    assert count_words("서울은 대한민국의 수도") == 3  # Korean puts spaces between words
+    assert count_words(CHINESE[0]) == len(CHINESE[0]) - 2  # every character but "，" and "。"
+
+
+@pytest.mark.parametrize(
+    ("sentences", "charset", "language"), [(CHINESE, "gb18030", "zh"), (JAPANESE, "shift_jis", "ja")]
+)
+def test_chinese_and_japanese_pages_pass_the_filter_and_justext_keeps_them(
+    sentences: list[str], charset: str, language: str
+) -> None:
+    """Counted by whitespace, four paragraphs of Chinese were 4 "words": every Chinese and Japanese
+    page failed the 50-word filter. And jusText, given the English stoplist, kept nothing of them."""
+    data = unspaced_page(sentences, charset)
+    union = extract(data, runner=INLINE)
+    assert union.extractor == "resiliparse" and union.passed and union.words > 200
+    assert sentences[1] in union.text and "\ufffd" not in union.text
+    out = outputs(data)
+    assert out["justext"].language == language
+    assert sentences[1] in out["justext"].text and out["justext"].passed
+    for name in EXTRACTORS:
+        assert out[name].passed, name
+
+
+def test_lone_surrogates_in_str_input_become_replacement_characters() -> None:
+    """Text decoded with errors="surrogateescape" (a crawler's undecodable byte): resiliparse and jusText
+    raised on it and trafilatura returned nothing."""
+    html = page("<article>" + article(4) + "</article>").replace("Fishermen", "Fisher\udce9men")
+    out = outputs(html)
+    for name in EXTRACTORS:
+        assert out[name].passed and "Fisher\ufffdmen" in out[name].text, name
+    assert extract(html, runner=INLINE).extractor == "resiliparse"
 
 
 def test_language_hint_overrides_detection() -> None:
@@ -400,6 +481,22 @@ def test_a_crashed_worker_is_an_extraction_error_not_a_timeout() -> None:
         assert solo.live_workers == 1
 
 
+def test_a_worker_killed_while_idle_is_replaced_not_blamed_on_the_next_page() -> None:
+    with ExtractorPool(1) as solo:
+        assert extract(table_page(), "resiliparse", runner=solo).passed
+        (worker,) = solo._idle
+        assert worker.process.pid is not None
+        os.kill(worker.process.pid, signal.SIGKILL)  # the OOM killer picks an idle worker
+        worker.process.join(10)
+        result = extract(table_page(), "resiliparse", runner=solo)  # was "extractor worker died"
+        assert result.passed and solo.live_workers == 1
+
+
+def test_a_limit_too_long_to_wait_for_means_no_limit(pool: ExtractorPool) -> None:
+    for limit in (float("inf"), 1e12):  # raised OverflowError (untyped) and killed the worker
+        assert extract(table_page(), "resiliparse", timeout_s=limit, runner=pool).passed
+
+
 def test_importing_starts_no_worker() -> None:
     code = (
         "import multiprocessing, service.core.extract as e, service.core.extract.pool as p\n"
@@ -477,11 +574,24 @@ def test_cli_extract_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFix
     assert "unknown extractor" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("option", [["--timeout-s", "0"], ["--timeout-s", "nan"], ["--min-words", "-1"]])
+def test_cli_extract_refuses_bad_limits_before_touching_the_output(
+    tmp_path: Path, option: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """These were an error row for every page, exit code 0, and the previous output replaced."""
+    out = tmp_path / "o.jsonl"
+    out.write_text("previous\n")
+    source = str(write_jsonl(tmp_path / "p.jsonl"))
+    assert main(["extract", "--input", source, "--output", str(out), "--no-progress", *option]) == 2
+    assert "--timeout-s must be > 0" in capsys.readouterr().err
+    assert out.read_text() == "previous\n"
+
+
 def test_closing_the_pool_stops_busy_workers_too() -> None:
     """A server's shutdown closes the pool while a pathological page keeps a worker busy: the worker
     is killed and its job fails typed, instead of the process running on past its parent."""
     pool = ExtractorPool(1)
-    failures: list[BaseException] = []
+    failures: list[ExtractionError] = []
 
     def job() -> None:
         try:

@@ -12,9 +12,10 @@ import functools
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
+from pydantic import ValidationError
 
 from service.api.auth import require_api_key
-from service.api.documents import read_body, to_documents
+from service.api.documents import read_body, to_documents, validation_error
 from service.api.limits import check_document_count
 from service.api.openapi import ERROR_RESPONSES, raw_body_openapi
 from service.api.runtime import RuntimeDep, answer_or_cancel
@@ -67,6 +68,23 @@ def _extract_one(
     )
 
 
+def _raw_request(extractors: list[ExtractorName] | None, min_words: int | None) -> ExtractRequest:
+    """A raw body's query options as the JSON body's fields: the same defaults and the same limits.
+
+    `min_words=0` is an option like any other (an `or` default turned it into 50), and too many
+    `extractors` are a 422 naming the field, not a 500 from a model built outside the request parser.
+    """
+    fields: dict[str, object] = {"documents": []}
+    if extractors is not None:
+        fields["extractors"] = extractors
+    if min_words is not None:
+        fields["min_words"] = min_words
+    try:
+        return ExtractRequest.model_validate(fields)
+    except ValidationError as exc:
+        raise validation_error(exc) from exc
+
+
 @router.post(
     "/v1/extract",
     response_model=ExtractResponse,
@@ -86,7 +104,10 @@ async def extract_text(
     options = {"id": id, "extractors": extractors, "min_words": min_words}
     parsed, raw = await read_body(request, ExtractRequest, raw_options=options)
     if parsed is None:
-        parsed = ExtractRequest(documents=[], extractors=extractors or ["union"], min_words=min_words or 50)
+        parsed = _raw_request(extractors, min_words)
+    repeated = sorted({name for name in parsed.extractors if parsed.extractors.count(name) > 1})
+    if repeated:  # the same work twice, and twice the backlog it holds
+        raise HtmllmError(f"extractors repeats {repeated}: name each once", code=ErrorCode.VALIDATION)
     documents = [raw] if raw is not None else to_documents(parsed.documents)
     check_document_count(documents, runtime.settings.max_documents)
     pool, threads = await runtime.extraction()

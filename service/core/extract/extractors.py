@@ -10,7 +10,9 @@ Settings, chosen to match how the paper "Beyond a Single Extractor" and DCLM ran
   form fields and `<noscript>` off).
 - trafilatura with its defaults (which include comments and tables), tables kept explicitly.
 - jusText with the stoplist of the page's language, detected offline by resiliparse's `detect_fast`
-  on the page's visible text; English when the language is unknown or has no jusText stoplist.
+  on the page's visible text; English when the language is unknown, and jusText's own
+  language-independent mode (no stoplist, length and link density only) for a language it has no
+  stoplist for (Chinese, Japanese, Thai, ...), where the English stoplist kept nothing at all.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ FALLBACK_STOPLIST: Final = "English"
 _LANGUAGE_SAMPLE_CHARS: Final = 4000
 
 # ISO 639-1 codes resiliparse's detector returns -> jusText stoplist names. Only languages both sides
-# support are listed; the rest (e.g. ja, zh, th, which jusText has no stoplists for) fall back to
-# English. tests/core/test_extract.py checks every name here is a stoplist jusText ships.
+# support are listed; the rest (e.g. ja, zh, th, which jusText has no stoplists for) run in jusText's
+# language-independent mode. tests/core/test_extract.py checks every name here is a stoplist jusText ships.
 JUSTEXT_STOPLISTS: Final[dict[str, str]] = {
     "af": "Afrikaans",
     "ar": "Arabic",
@@ -134,11 +136,12 @@ def detect_language(text: str) -> str | None:
     return None if lang == "unknown" else str(lang)
 
 
-def stoplist_name(language: str | None) -> str:
-    """The jusText stoplist for an ISO 639-1 code, English when there is none."""
+def stoplist_name(language: str | None) -> str | None:
+    """The jusText stoplist for an ISO 639-1 code: English for an unknown language (None), and None
+    (jusText's language-independent mode) for a language jusText has no stoplist for."""
     if language is None:
         return FALLBACK_STOPLIST
-    return JUSTEXT_STOPLISTS.get(language.lower(), FALLBACK_STOPLIST)
+    return JUSTEXT_STOPLISTS.get(language.lower())
 
 
 def run_resiliparse(html: str, language: str | None = None) -> RawOutput:
@@ -161,14 +164,27 @@ def run_trafilatura(html: str, language: str | None = None) -> RawOutput:
 def run_justext(html: str, language: str | None = None) -> RawOutput:
     """jusText with the stoplist of `language`, detected from the visible text when not given."""
     import justext
+    from lxml.etree import ParserError
 
     if not html.strip():
-        # lxml refuses an empty document ("Document is empty"); an empty page simply has no text.
         return RawOutput("", language)
     if language is None:
         language = detect_language(visible_text(html))
-    stoplist = justext.get_stoplist(stoplist_name(language))
-    paragraphs = justext.justext(html, stoplist)
+    name = stoplist_name(language)
+    try:
+        if name is None:
+            # jusText's documented language-independent mode: an empty stoplist with both stopword
+            # thresholds at 0 classifies by length and link density alone. The English stoplist
+            # finds no stopwords in Chinese or Japanese and marks every paragraph boilerplate.
+            paragraphs = justext.justext(html, frozenset(), stopwords_low=0, stopwords_high=0)
+        else:
+            paragraphs = justext.justext(html, justext.get_stoplist(name))
+    except ParserError as exc:
+        # lxml refuses a document with no element at all: "", a lone comment, an XML declaration.
+        # Such a page simply has no text, as the other two extractors say.
+        if "Document is empty" not in str(exc):
+            raise
+        return RawOutput("", language)
     text = "\n".join(p.text for p in paragraphs if not p.is_boilerplate)
     return RawOutput(text.strip(), language)
 

@@ -156,6 +156,12 @@ class ExtractorPool:
                     raise ExtractionError("the extractor pool is closed")
                 if self._idle:
                     worker = self._idle.pop()
+                    if not worker.process.is_alive():
+                        # Killed while idle (the OOM killer, an operator): the page about to be sent
+                        # did not do it, so it must not fail as "crashed its worker". Reap and replace.
+                        self._live -= 1
+                        worker.kill()
+                        continue
                     self._busy.add(worker)
                     return worker
                 if self._live < self.workers:
@@ -204,6 +210,9 @@ class ExtractorPool:
         self, worker: _Worker, name: str, html: str, language: str | None, timeout_s: float | None
     ) -> tuple[Any, ...]:
         started = time.perf_counter()
+        if timeout_s is not None and timeout_s >= threading.TIMEOUT_MAX:
+            # `poll` cannot wait that long (inf, 1e12: OverflowError); nor would anyone: no bound.
+            timeout_s = None
         try:
             worker.conn.send((name, html, language))
             ready = worker.conn.poll(timeout_s)
