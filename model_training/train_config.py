@@ -7,18 +7,23 @@ served model says exactly how it was trained.
 
 from __future__ import annotations
 
+import math
 import tomllib
+import typing
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from model_training.data import DataError
 from model_training.objectives import DEFAULT_LOSS_WEIGHTS
+from service.core.modeling import POOLINGS, PRESETS
 
 # Learning rates worth knowing: the paper fine-tunes a pretrained ModernBERT at 2.5e-5; ModernBERT's
 # own from-scratch pretraining peaked at 8e-4. Our runs start from random weights, hence the default.
 PAPER_LR = 2.5e-5
 MODERNBERT_LR = 8e-4
+MIN_MAX_LENGTH = 8  # as `htmllm data prepare`: [CLS], [SEP] and a few tokens of the page
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 
 
 @dataclass
@@ -67,29 +72,62 @@ class TrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        # Everything is checked here, before any data is read or any model built: a typo in a TOML
+        # file must cost a message, not a traceback minutes into a run (or a run of NaN losses).
+        _check_types(self)
         positive = ("max_length", "batch_size", "grad_accum", "distil_rank", "log_every", "eval_batch_size")
         for name in positive:
             if getattr(self, name) < 1:
                 raise DataError(f"config: {name} must be at least 1, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise DataError(f"config: lr must be positive, got {self.lr}")
+        if self.max_length < MIN_MAX_LENGTH:
+            raise DataError(f"config: max_length must be at least {MIN_MAX_LENGTH}, got {self.max_length}")
+        # keep_checkpoints 0 would delete the checkpoint `latest` names as soon as it is written.
+        non_negative = ("max_steps", "eval_every", "checkpoint_every", "threads", "seed")
+        for name in (*non_negative, "keep_checkpoints"):
+            minimum = 1 if name == "keep_checkpoints" else 0
+            if getattr(self, name) < minimum:
+                raise DataError(f"config: {name} must be at least {minimum}, got {getattr(self, name)}")
+        for name in ("lr", "eps", "temperature", "epochs"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise DataError(f"config: {name} must be a finite positive number, got {value}")
+        for name in ("weight_decay", "grad_clip"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise DataError(f"config: {name} must be a finite number >= 0, got {value}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise DataError(f"config: {name} must be in [0, 1), got {getattr(self, name)}")
+        if not 0 < self.mask_prob < 1:
+            raise DataError(f"config: mask_prob must be in (0, 1), got {self.mask_prob}")
         fractions = (self.warmup_frac, self.cooldown_frac)
         if min(fractions) < 0 or sum(fractions) > 1:
             raise DataError("config: warmup_frac and cooldown_frac must be >= 0 and sum to at most 1")
-        if self.max_steps < 0 or self.epochs <= 0:
-            raise DataError("config: max_steps must be >= 0 and epochs > 0")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise DataError(f"config: device must be auto, cpu or cuda, got {self.device!r}")
-        if self.precision not in ("auto", "fp32", "bf16"):
-            raise DataError(f"config: precision must be auto, fp32 or bf16, got {self.precision!r}")
-        if self.export_dtype not in ("float32", "float16", "bfloat16"):
-            raise DataError(
-                f"config: export_dtype must be float32, float16 or bfloat16, got {self.export_dtype!r}"
-            )
+        choices = {
+            "preset": tuple(PRESETS),
+            "pooling": POOLINGS,
+            "attn_implementation": ATTN_IMPLEMENTATIONS,
+            "device": ("auto", "cpu", "cuda"),
+            "precision": ("auto", "fp32", "bf16"),
+            "export_dtype": ("float32", "float16", "bfloat16"),
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise DataError(
+                    f"config: {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
+                )
         unknown = set(self.loss_weights) - set(DEFAULT_LOSS_WEIGHTS)
         if unknown:
             raise DataError(f"config: unknown losses in loss_weights: {sorted(unknown)}")
-        self.loss_weights = {**DEFAULT_LOSS_WEIGHTS, **{k: float(v) for k, v in self.loss_weights.items()}}
+        weights = {**DEFAULT_LOSS_WEIGHTS, **self.loss_weights}
+        for name, value in weights.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise DataError(f"config: loss_weights.{name} must be a finite number, got {value!r}")
+            if value < 0:
+                raise DataError(f"config: loss_weights.{name} must be >= 0, got {value}")
+        if not any(weights.values()):
+            raise DataError("config: loss_weights are all zero: nothing to train")
+        self.loss_weights = {k: float(v) for k, v in weights.items()}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,6 +139,28 @@ class TrainConfig:
         if unknown:
             raise DataError(f"config: unknown keys {unknown}")
         return cls(**data)
+
+
+def _check_types(config: TrainConfig) -> None:
+    """Each value has its field's type: an int where an int is meant (16.0 or true is not a batch size),
+    a number where a float is, a string, a boolean, a table."""
+    hints = typing.get_type_hints(TrainConfig)
+    for f in fields(config):
+        value, hint = getattr(config, f.name), hints[f.name]
+        expected = typing.get_origin(hint) or hint
+        if expected is float:
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+            if ok:
+                setattr(config, f.name, float(value))
+        elif expected is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif expected is dict:
+            ok = isinstance(value, dict)
+        else:
+            ok = isinstance(value, expected)
+        if not ok:
+            name = getattr(expected, "__name__", str(expected))
+            raise DataError(f"config: {f.name} must be of type {name}, got {value!r}")
 
 
 def _flatten(data: dict[str, Any], origin: str) -> dict[str, Any]:

@@ -16,8 +16,14 @@ logger = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"
 
 
-def open_tensorboard(out: Path, config: TrainConfig) -> Any:
-    """A SummaryWriter under OUT/tensorboard; None when disabled or not installed (jsonl still logs)."""
+def open_tensorboard(out: Path, config: TrainConfig, *, resumed_at: int = 0) -> Any:
+    """A SummaryWriter under OUT/tensorboard; None when disabled or not installed (jsonl still logs).
+
+    A run resumed from the checkpoint of step N re-logs the steps after N that the interrupted session
+    had already written, so events from step N + 1 on are purged (as `truncate_metrics` does for the
+    jsonl), or TensorBoard would draw both sessions' values for those steps; a run started over
+    (`--no-resume`, N = 0) hides every event of the earlier run.
+    """
     if not config.tensorboard:
         return None
     try:
@@ -25,7 +31,7 @@ def open_tensorboard(out: Path, config: TrainConfig) -> Any:
     except ImportError:
         logger.warning("tensorboard is not installed; logging to %s only", out / METRICS_FILE)
         return None
-    return SummaryWriter(log_dir=str(out / "tensorboard"))
+    return SummaryWriter(log_dir=str(out / "tensorboard"), purge_step=resumed_at + 1)
 
 
 def log_record(metrics_file: Path, writer: Any, record: dict[str, Any]) -> None:
@@ -39,20 +45,34 @@ def log_record(metrics_file: Path, writer: Any, record: dict[str, Any]) -> None:
 
 
 def truncate_metrics(metrics_file: Path, step: int) -> None:
-    """Drop records past `step` (a resumed run re-logs them), or start a fresh file at step 0."""
+    """Drop records past `step` (a resumed run re-logs them), or start a fresh file at step 0.
+
+    A session killed while appending leaves a torn last line; it is dropped like any record past the
+    checkpoint (it was written after it), so the resumed session starts from whole lines.
+    """
     if not metrics_file.is_file():
         return
-    kept = [line for line in metrics_file.read_text(encoding="utf-8").splitlines() if line.strip()]
-    kept = [line for line in kept if json.loads(line)["step"] <= step] if step else []
+    kept = [json.dumps(r) for r in read_metrics(metrics_file) if r["step"] <= step] if step else []
     metrics_file.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
 
 def read_metrics(metrics_file: str | Path) -> list[dict[str, Any]]:
-    """Every record of a metrics.jsonl ([] when there is none yet)."""
+    """Every whole record of a metrics.jsonl ([] when there is none yet); a torn line is skipped."""
     path = Path(metrics_file)
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    records: list[dict[str, Any]] = []
+    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            logger.warning("%s: line %d is not a whole record (an interrupted write); skipped", path, number)
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and "split" in record:
+            records.append(record)
+    return records
 
 
 def last_train_record(metrics_file: Path) -> dict[str, Any]:

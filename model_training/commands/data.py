@@ -103,6 +103,9 @@ def run_prepare(args: argparse.Namespace) -> int:
     except HtmllmError as exc:
         print(f"htmllm data prepare: {exc.code}: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # the output cannot be written (disk full, permissions)
+        print(f"htmllm data prepare: cannot read or write a file: {exc}", file=sys.stderr)
+        return 1
     report = {**asdict(stats), "seconds": round(time.perf_counter() - started, 1), "out": str(args.out)}
     print(json.dumps(report, indent=2))
     return 0

@@ -119,6 +119,7 @@ def eval_config(args: argparse.Namespace, **overrides: Any) -> EvalConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    from model_training.data import writable_dir
     from model_training.evaluation.report import write_report
     from model_training.evaluation.runner import run_evaluation
     from model_training.evaluation.tasks import load_tasks
@@ -126,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     try:
+        writable_dir(args.out)  # before the run, not after an hour of embedding
         config = eval_config(
             args,
             checkpoints=tuple(args.checkpoint),
@@ -135,10 +137,14 @@ def run(args: argparse.Namespace) -> int:
         )
         tasks = load_tasks(args.tasks, k=args.folds, seed=args.seed)
         result = run_evaluation(tasks, config)
+        written = write_report(result, args.out, title=args.title)
     except (HtmllmError, ValueError) as exc:
         code = getattr(exc, "code", "validation_error")
         print(f"htmllm eval run: {code}: {exc}", file=sys.stderr)
         return 1
-    for path in write_report(result, args.out, title=args.title):
+    except OSError as exc:  # the cache or the report directory cannot be written
+        print(f"htmllm eval run: cannot read or write a file: {exc}", file=sys.stderr)
+        return 1
+    for path in written:
         print(path)
     return 0

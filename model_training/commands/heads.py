@@ -55,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
         code = getattr(exc, "code", "validation_error")
         print(f"htmllm heads train: {code}: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # the cache or the checkpoint cannot be written
+        print(f"htmllm heads train: cannot read or write a file: {exc}", file=sys.stderr)
+        return 1
     for name, (spec, _) in heads.items():
         figures = ", ".join(f"{k} {v:.4f}" for k, v in spec.metrics.items())
         print(f"{name}: {len(spec.labels)} labels; {figures}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +35,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 def run_derive(args: argparse.Namespace) -> int:
+    from model_training.data import writable_dir
     from model_training.evaluation.derive import derive_tasks
     from service.core.errors import HtmllmError
 
     try:
+        writable_dir(args.out)
         results = derive_tasks(
             args.corpus,
             args.out,
@@ -48,7 +51,10 @@ def run_derive(args: argparse.Namespace) -> int:
             limit=args.limit,
         )
     except HtmllmError as exc:
-        print(f"htmllm tasks derive: {exc.code}: {exc}")
+        print(f"htmllm tasks derive: {exc.code}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"htmllm tasks derive: cannot read or write a file: {exc}", file=sys.stderr)
         return 1
     for r in results:
         if r.path is None:

@@ -68,8 +68,8 @@ def run_embed(args: argparse.Namespace) -> int:
     except HtmllmError as exc:
         print(f"htmllm teacher embed: {exc.code}: {exc}", file=sys.stderr)
         return 1
-    except OSError as exc:  # a model path or name sentence-transformers cannot load
-        print(f"htmllm teacher embed: cannot load teacher {args.model!r}: {exc}", file=sys.stderr)
+    except OSError as exc:  # the output cannot be written (disk full, permissions)
+        print(f"htmllm teacher embed: cannot read or write a file: {exc}", file=sys.stderr)
         return 1
     summary = {k: v for k, v in asdict(meta).items() if k != "shards"}
     print(json.dumps(summary, indent=2))

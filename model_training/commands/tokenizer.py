@@ -111,11 +111,13 @@ def _fail(message: str) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from model_training.data import writable_dir
     from model_training.tokenizer_training import count_tags, pruned_pages, top_tags, train_tokenizer
     from service.core.errors import HtmllmError
 
     started = time.perf_counter()
     try:
+        writable_dir(args.out)  # before the pages are pruned, not after the vocabulary is trained
         corpus = pruned_pages(
             args.corpus,
             split=args.split,

@@ -69,6 +69,9 @@ def run(args: argparse.Namespace) -> int:
     except HtmllmError as exc:
         print(f"htmllm train: {exc.code}: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # the run directory cannot be written (a file in the way, disk full)
+        print(f"htmllm train: cannot read or write a file: {exc}", file=sys.stderr)
+        return 1
     report = {"steps": result.steps, "model": str(result.model_dir) if result.model_dir else None}
     report.update(result.summary)
     print(json.dumps(report, indent=2))

@@ -25,6 +25,7 @@ import numpy as np
 from selectolax.lexbor import LexborHTMLParser
 
 from model_training.evaluation.cache import content_key
+from model_training.evaluation.metrics import EvaluationError
 from model_training.evaluation.tasks import TaskSpec, assign_folds, site_of, write_task
 from service.core.decoding import decode_html
 from service.core.pages import Page, iter_pages
@@ -177,6 +178,13 @@ def derive_tasks(
     limit: int | None = None,
 ) -> list[DerivedTask]:
     """Label every page of `corpus` by each labeller and write one task directory per labeller."""
+    # Checked before the corpus is read (a fold count of 1 used to fail at the end, in scikit-learn).
+    if folds < 2:
+        raise EvaluationError(f"cross-validation needs at least 2 folds, got {folds}")
+    if min(min_pages, min_sites) < 1 or (limit is not None and limit < 1):
+        raise EvaluationError(
+            f"min_pages, min_sites and limit must be at least 1, got {min_pages}, {min_sites}, {limit}"
+        )
     out = Path(out)
     files: list[str] = []
     urls: list[str | None] = []

@@ -80,6 +80,16 @@ class EvalConfig:
             raise EvaluationError(f"truncation lengths must be at least 8 tokens, got {list(self.truncate)}")
         if not self.checkpoints and not self.baselines:
             raise EvaluationError("nothing to evaluate: no checkpoint and no baseline")
+        # Checked here, before pages are pruned and extracted, not when the Engine starts after that.
+        if self.threads is not None and self.threads < 1:
+            raise EvaluationError(f"threads must be at least 1, got {self.threads}")
+        if self.device not in ("cpu", "cuda"):
+            raise EvaluationError(f"device must be cpu or cuda, got {self.device!r}")
+        if self.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise EvaluationError("device 'cuda' was asked for but CUDA is not available")
 
 
 @dataclass
@@ -460,6 +470,12 @@ def train_heads(
     Embeddings are the Engine's pooled, unnormalised vectors of the pruned HTML at `max_length` (default:
     the checkpoint's), exactly what the service feeds its heads.
     """
+    # Checked before any page is pruned or embedded: the Engine would refuse it only after that work.
+    meta = read_meta(checkpoint)
+    if max_length is not None and not 8 <= max_length <= meta.max_length:
+        raise EvaluationError(
+            f"max_length {max_length} is outside 8..{meta.max_length}, the lengths {checkpoint} can run"
+        )
     tasks, texts = prepare_tasks(tasks, config.cache_dir, extract=False)
     heads: dict[str, tuple[HeadSpec, TaskHead]] = {}
     keys = union_keys(tasks)

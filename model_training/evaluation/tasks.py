@@ -145,6 +145,8 @@ def assign_folds(
     """Group-disjoint folds, stratified by label for classification, so each fold sees every class."""
     from sklearn.model_selection import GroupKFold, StratifiedGroupKFold
 
+    if k < 2:
+        raise EvaluationError(f"cross-validation needs at least 2 folds, got {k}")
     unique_groups = len(set(groups))
     if unique_groups < k:
         raise EvaluationError(
@@ -223,6 +225,13 @@ def load_task(
         raise EvaluationError(f"{pages_path} has no rows")
     dtype = np.int64 if spec.kind == "classification" else np.float64
     target_array = np.asarray(targets, dtype=dtype)
+    if spec.kind == "classification" and len(set(target_array.tolist())) < 2:
+        # A head fit on one class predicts it everywhere and scores a perfect 1.0: a figure that would be
+        # written into the served checkpoint as if the head had learned something.
+        raise EvaluationError(
+            f"{pages_path}: every row has the label {spec.labels[int(target_array[0])]!r}; "
+            f"a classification task needs pages of at least two classes"
+        )
     if all(f is not None for f in folds):
         fold_array = np.asarray(folds, dtype=np.int64)
         _check_folds(spec.name, fold_array, groups)

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from model_training.data import (
+    EMPTY_PAGE,
     HELDOUT,
     MANIFEST_FILE,
     NO_EXTRACTION,
@@ -28,6 +29,7 @@ from model_training.data import (
     read_shard,
     sample_documents,
 )
+from service.core.errors import HtmllmError
 from service.core.prune import prune_html
 from service.core.tokenizer import HtmlTokenizer
 from tests.factories.tokenizer import build_tiny_tokenizer
@@ -218,3 +220,89 @@ def test_prepare_shards_fails_cleanly_when_nothing_survives(tmp_path: Path) -> N
         )
     with pytest.raises(DataError, match="manifest"):
         read_manifest(tmp_path / "nowhere")
+
+
+def test_prepare_shards_skips_pages_that_prune_to_nothing(tmp_path: Path) -> None:
+    # Blank pages and empty 200 responses are common in a crawl; they used to become [CLS][SEP] rows
+    # with an empty text for the teacher to embed.
+    corpus = _write_corpus(tmp_path, 4)
+    with corpus.open("a", encoding="utf-8") as handle:
+        for j, html in enumerate(("", "<html><body> </body></html>", "<script>var a;</script><!-- x -->")):
+            handle.write(
+                json.dumps({"id": f"empty{j}", "url": f"https://e{j}.example/", "html": html}) + "\n"
+            )
+    out = tmp_path / "shards"
+    stats = prepare_shards(
+        corpus, out, _tokenizer_file(tmp_path), max_length=64, extractor=NO_EXTRACTION, workers=1,
+        progress=False,
+    )  # fmt: skip
+    assert stats.pages == 7 and stats.processed == stats.written == 4
+    assert stats.skipped == {EMPTY_PAGE: 3}
+    manifest = read_manifest(out)
+    rows = [row for entry in manifest["shards"] for row in read_shard(out, entry).to_pylist()]
+    assert sorted(row["id"] for row in rows) == ["p0", "p1", "p2", "p3"]
+    assert manifest["stats"]["skipped"] == {EMPTY_PAGE: 3}
+
+
+def test_prepare_shards_checks_options_and_output_before_reading_pages(tmp_path: Path) -> None:
+    corpus = _write_corpus(tmp_path, 2)
+    tok = _tokenizer_file(tmp_path)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x", encoding="utf-8")
+    bad: list[tuple[dict[str, object], str]] = [
+        ({"workers": 0}, "workers"),  # used to be multiprocessing's ValueError traceback
+        ({"shard_size": 0}, "shard_size"),  # used to be range()'s ValueError, after all the work
+        ({"limit": -3}, "limit"),
+        ({"out": a_file}, "is an existing file"),  # used to be FileExistsError after all the work
+        ({"source": tmp_path / "missing.jsonl"}, "does not exist"),
+    ]
+    for options, message in bad:
+        kwargs: dict[str, object] = {"workers": 1, "extractor": NO_EXTRACTION, "progress": False}
+        kwargs.update(options)
+        source = kwargs.pop("source", corpus)
+        out = kwargs.pop("out", tmp_path / "out")
+        with pytest.raises(HtmllmError, match=message):
+            prepare_shards(source, out, tok, **kwargs)  # type: ignore[arg-type]
+
+
+def test_corrupt_manifest_and_shard_are_data_errors(tmp_path: Path) -> None:
+    out = tmp_path / "shards"
+    prepare_shards(
+        _write_corpus(tmp_path, 3), out, _tokenizer_file(tmp_path), extractor=NO_EXTRACTION, workers=1,
+        progress=False,
+    )  # fmt: skip
+    manifest = read_manifest(out)
+    shard = out / manifest["shards"][0]["file"]
+    shard.write_bytes(shard.read_bytes()[:40])  # a copy cut short
+    with pytest.raises(DataError, match="cannot be read"):
+        read_shard(out, manifest["shards"][0])
+    (out / MANIFEST_FILE).write_text('{"format_version": 1, "sha', encoding="utf-8")
+    with pytest.raises(DataError, match="cannot be read"):
+        read_manifest(out)
+
+
+def test_data_prepare_command_reports_user_errors_without_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from service.cli import main
+
+    corpus = _write_corpus(tmp_path, 2)
+    common = ["data", "prepare", "--corpus", str(corpus), "--tokenizer", str(_tokenizer_file(tmp_path))]
+    assert main([*common, "--out", str(tmp_path / "o"), "--workers", "0", "--no-progress"]) == 1
+    assert "workers must be at least 1" in capsys.readouterr().err
+    assert main([*common, "--out", str(corpus), "--extractor", "none", "--no-progress"]) == 1
+    assert "is an existing file" in capsys.readouterr().err
+
+
+def test_preparing_again_into_the_same_directory_leaves_no_stale_shards(tmp_path: Path) -> None:
+    tok = _tokenizer_file(tmp_path)
+    out = tmp_path / "shards"
+    options: dict[str, object] = {"extractor": NO_EXTRACTION, "workers": 1, "progress": False}
+    prepare_shards(_write_corpus(tmp_path, 24), out, tok, shard_size=7, **options)  # type: ignore[arg-type]
+    assert len(list(out.glob("shard-*.parquet"))) == 4
+    small = tmp_path / "small"
+    small.mkdir()
+    prepare_shards(_write_corpus(small, 5), out, tok, shard_size=7, **options)  # type: ignore[arg-type]
+    manifest = read_manifest(out)
+    assert sorted(p.name for p in out.glob("shard-*.parquet")) == [e["file"] for e in manifest["shards"]]
+    assert [e["rows"] for e in manifest["shards"]] == [5]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import shutil
 import socket
 from pathlib import Path
 from typing import Any
@@ -20,12 +22,13 @@ from model_training.pretrain import (
     BatchOrder,
     collate,
     latest_checkpoint,
+    load_splits,
     train,
     trapezoid_lr,
 )
 from model_training.teacher import TeacherMeta, write_teacher
 from model_training.train_config import TrainConfig, load_config
-from model_training.train_logs import read_metrics
+from model_training.train_logs import read_metrics, truncate_metrics
 from service.core.checkpoint import load_checkpoint
 from service.core.errors import HtmllmError
 from service.engine import Engine, EngineConfig
@@ -294,3 +297,202 @@ def test_training_refuses_missing_teacher(tmp_path: Path) -> None:
     (tmp_path / "teacher" / "teacher.json").unlink()
     with pytest.raises(HtmllmError, match="teacher"):
         train(_config(tmp_path, "missing"))
+
+
+def test_config_refuses_nonsense_values_with_typed_errors() -> None:
+    cases: dict[str, object] = {
+        "preset": "huge",  # used to surface as a ValueError traceback after the shards were loaded
+        "pooling": "max",
+        "attn_implementation": "bogus",
+        "lr": float("inf"),  # used to train silently to NaN weights
+        "temperature": 0.0,  # used to train with NaN distillation losses
+        "mask_prob": 1.5,
+        "keep_checkpoints": 0,  # used to delete the checkpoint `latest` names: resume started over
+        "checkpoint_every": -5,
+        "eval_every": -1,
+        "seed": -1,  # numpy refuses negative seeds: a crash at the first batch
+        "batch_size": 2.5,  # an int key given a float used to fail deep in the data order
+        "max_steps": True,
+        "beta1": 1.5,
+        "weight_decay": -0.1,
+        "loss_weights": {"mlm": -1.0},
+        "max_length": 4,
+        "tensorboard": "yes",
+    }
+    for key, value in cases.items():
+        with pytest.raises(HtmllmError, match=f"config: {key}"):
+            TrainConfig.from_dict({key: value})
+    with pytest.raises(HtmllmError, match="all zero"):
+        TrainConfig.from_dict({"loss_weights": {"mlm": 0, "bow": 0, "distil": 0}})
+    config = TrainConfig.from_dict({"lr": 1, "epochs": 2})  # TOML integers where floats are meant
+    assert isinstance(config.lr, float) and config.lr == 1.0 and config.epochs == 2.0
+
+
+def test_train_command_reports_config_errors_without_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from service.cli import main
+
+    config = tmp_path / "run.toml"
+    config.write_text('[model]\npreset = "huge"\n', encoding="utf-8")
+    assert main(["train", "--config", str(config)]) == 1
+    assert "preset must be one of" in capsys.readouterr().err
+    assert main(["train", "--lr", "nan", "--out", str(tmp_path / "run")]) == 1
+    assert "lr must be a finite positive number" in capsys.readouterr().err
+    assert main(["train", "--stop-at-step", "0", "--out", str(tmp_path / "run")]) == 1
+    assert "stop_at_step must be at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_a_torn_metrics_line_from_a_killed_session_does_not_stop_the_resume(tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    lines = [json.dumps({"step": s, "split": "train", "mlm": 1.0 / s}) for s in (1, 2, 3)]
+    metrics.write_text("\n".join(lines) + '\n{"step": 4, "split": "tr', encoding="utf-8")  # kill -9
+    assert [r["step"] for r in read_metrics(metrics)] == [1, 2, 3]
+    truncate_metrics(metrics, 2)
+    assert metrics.read_text(encoding="utf-8") == lines[0] + "\n" + lines[1] + "\n"
+
+
+def _fake_checkpoint(checkpoints: Path, step: int) -> Path:
+    path = checkpoints / f"step-{step:08d}"
+    path.mkdir(parents=True)
+    (path / STATE_FILE).write_bytes(b"state")
+    return path
+
+
+def test_latest_checkpoint_falls_back_to_the_newest_complete_one(tmp_path: Path) -> None:
+    checkpoints = tmp_path / "checkpoints"
+    assert latest_checkpoint(tmp_path) is None
+    _fake_checkpoint(checkpoints, 4)
+    newest = _fake_checkpoint(checkpoints, 12)
+    (checkpoints / "step-00000016.tmp").mkdir()  # a save the kill interrupted
+    (checkpoints / "step-00000020").mkdir()  # no trainer state: not a resumable checkpoint
+    # The pointer names a directory that is gone: resuming must not silently start from scratch.
+    (checkpoints / "latest").write_text("step-00000016\n", encoding="utf-8")
+    assert latest_checkpoint(tmp_path) == newest
+    (checkpoints / "latest").unlink()
+    assert latest_checkpoint(tmp_path) == newest
+    (checkpoints / "latest").write_text("step-00000004\n", encoding="utf-8")
+    assert latest_checkpoint(tmp_path) == checkpoints / "step-00000004"  # the pointer wins when valid
+
+
+@pytest.mark.slow
+def test_resume_refuses_a_checkpoint_of_another_model(
+    run_inputs: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING", logger="model_training.pretrain"):
+        train(_config(run_inputs, "changed", max_steps=4, eval_every=0, max_length=128), stop_at_step=1)
+    # The shards were cut to 96 tokens: a model served at 128 never saw positions 96..127 in training.
+    assert "longer than the 96 tokens the shards were cut to" in caplog.text
+    # A different preset used to fail with a load_state_dict RuntimeError traceback.
+    with pytest.raises(HtmllmError, match="preset 'tiny' -> 'mini'"):
+        train(_config(run_inputs, "changed", max_steps=4, eval_every=0, max_length=128, preset="mini"))
+
+
+def _ddp_resume(rank: int, world: int, port: int, root: str) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+    )
+    common: dict[str, object] = {"max_steps": 4, "grad_accum": 1, "eval_every": 0, "threads": 1}
+    train(_config(Path(root), "ddp-whole", **common))
+    train(_config(Path(root), "ddp-split", **common), stop_at_step=2)
+    train(_config(Path(root), "ddp-split", **common))
+
+
+@pytest.mark.slow
+def test_ddp_resume_gives_every_rank_its_own_generators_back(run_inputs: Path) -> None:
+    # Each rank masks its own documents with its own generator. Rank 0 alone writes the checkpoint,
+    # and a resume used to give every rank rank 0's generators: rank 1's masks changed, and through
+    # the all-reduced gradients so did rank 0's losses from the step after the resume on.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    mp.spawn(_ddp_resume, args=(2, port, str(run_inputs)), nprocs=2, join=True)
+    whole, split = _train_losses(run_inputs / "ddp-whole"), _train_losses(run_inputs / "ddp-split")
+    assert [s for s, *_ in split] == [1, 2, 3, 4]
+    for a, b in zip(whole, split, strict=True):
+        assert a == pytest.approx(b, rel=1e-6, abs=1e-7)
+
+
+@pytest.mark.slow
+def test_a_session_killed_mid_run_resumes_from_its_last_checkpoint(run_inputs: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    common: dict[str, object] = {"checkpoint_every": 2, "eval_every": 0, "tensorboard": True}
+    train(_config(run_inputs, "unkilled", **common))
+    train(_config(run_inputs, "killed", **common), stop_at_step=4)
+    # What `kill -9` during step 4's checkpoint leaves: steps 3 and 4 logged (the last line torn),
+    # step 4's directory not yet renamed into place, `latest` still naming step 2.
+    out = run_inputs / "killed"
+    shutil.rmtree(out / "checkpoints" / "step-00000004")
+    (out / "checkpoints" / "latest").write_text("step-00000002\n", encoding="utf-8")
+    with (out / "metrics.jsonl").open("a", encoding="utf-8") as handle:
+        handle.write('{"step": 5, "split": "train", "mlm": 7.')
+    resumed = train(_config(run_inputs, "killed", **common))
+    assert resumed.steps == 6 and resumed.model_dir is not None
+    expected = _train_losses(run_inputs / "unkilled")
+    got = _train_losses(out)
+    assert [s for s, *_ in got] == [1, 2, 3, 4, 5, 6]
+    for a, b in zip(expected, got, strict=True):
+        assert a == pytest.approx(b, rel=1e-6, abs=1e-7)
+    # TensorBoard shows one value per step: the killed session's steps 3 and 4 are purged.
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    steps = [event.step for event in events.Scalars("train/mlm")]
+    assert steps == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.slow
+def test_running_a_finished_run_again_keeps_the_heads_trained_into_its_model(run_inputs: Path) -> None:
+    from service.core.checkpoint import save_heads
+    from service.core.modeling import HeadSpec, TaskHead
+
+    config = _config(run_inputs, "finished", max_steps=2, eval_every=0)
+    model_dir = train(config).model_dir
+    assert model_dir is not None
+    spec = HeadSpec(name="kind", kind="classification", labels=["a", "b"], hidden=4)
+    save_heads(model_dir, {"kind": (spec, TaskHead(spec, 32))})  # what `htmllm heads train` does
+    weights = (model_dir / "model.safetensors").read_bytes()
+    # The same command again (a retrying scheduler, `make` run twice) used to re-export model/ and drop
+    # the heads from its htmllm.json.
+    again = train(config)
+    assert again.model_dir == model_dir and again.steps == 2 and again.summary["steps"] == 2
+    assert [h.name for h in load_checkpoint(model_dir).meta.heads] == ["kind"]
+    assert (model_dir / "model.safetensors").read_bytes() == weights
+    # Training on past the old end replaces model/ as a whole: the new encoder, no stale heads.
+    longer = train(_config(run_inputs, "finished", max_steps=3, eval_every=0))
+    assert longer.steps == 3 and load_checkpoint(model_dir).meta.heads == []
+    assert not (model_dir / "heads" / "kind.safetensors").exists()
+    assert sorted(p.name for p in (run_inputs / "finished").iterdir() if p.name.startswith("model")) == [
+        "model"
+    ]
+
+
+def test_a_shard_rewritten_under_an_old_manifest_is_refused(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    shards, teacher = _build_run_inputs(tmp_path, documents=32)
+    load_splits(shards, teacher)
+    # What an interrupted `data prepare` into the same directory used to leave: a full shard of other
+    # rows (same count) under the old manifest, which training paired with the old teacher vectors.
+    path = shards / "shard-00000.parquet"
+    table = pq.read_table(path)
+    pq.write_table(table.take(list(reversed(range(table.num_rows)))), path)
+    with pytest.raises(HtmllmError, match="does not hold the rows its manifest lists"):
+        load_splits(shards, teacher)
+
+
+@pytest.mark.slow
+def test_starting_over_discards_the_earlier_runs_checkpoints(run_inputs: Path) -> None:
+    config = _config(run_inputs, "over", max_steps=4, eval_every=0, checkpoint_every=2, keep_checkpoints=1)
+    train(config)
+    train(config, stop_at_step=2, resume=False)  # --no-resume, interrupted at step 2
+    # The earlier run's step 4 used to survive as the "newest": keep_checkpoints deleted the new run's
+    # step 2 instead, and the next resume started from scratch.
+    found = latest_checkpoint(config.out)
+    assert found is not None and found.name == "step-00000002"
+    assert sorted(p.name for p in (Path(config.out) / "checkpoints").glob("step-*")) == ["step-00000002"]

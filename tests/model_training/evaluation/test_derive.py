@@ -75,3 +75,19 @@ def test_tasks_without_enough_classes_are_skipped(tmp_path: Path) -> None:
     assert all(r.path is None and r.skipped for r in results)
     with pytest.raises(Exception, match="no task directories"):
         load_tasks(tmp_path / "tasks")
+
+
+def test_derive_refuses_impossible_options_before_reading_pages(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from service.cli import main
+
+    corpus = write_corpus(tmp_path / "corpus.jsonl", sites=3, pages_per_site=2)
+    # --folds 1 used to end in scikit-learn's ValueError traceback after every page was read.
+    assert (
+        main(["tasks", "derive", "--corpus", str(corpus), "--out", str(tmp_path / "t"), "--folds", "1"]) == 1
+    )
+    assert "at least 2 folds" in capsys.readouterr().err
+    assert not (tmp_path / "t" / "pages").exists()
+    assert main(["tasks", "derive", "--corpus", str(corpus), "--out", str(corpus)]) == 1
+    assert "is an existing file" in capsys.readouterr().err

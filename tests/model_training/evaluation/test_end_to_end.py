@@ -19,6 +19,7 @@ from model_training.evaluation.runner import EvalConfig, run_evaluation
 from model_training.evaluation.tasks import load_tasks
 from service.cli import main
 from service.core.checkpoint import WEIGHTS_FILE, load_checkpoint
+from service.core.errors import HtmllmError
 from service.engine.engine import Engine
 from tests.factories.checkpoint import build_tiny_checkpoint
 from tests.model_training.evaluation.pagegen import page_html, write_corpus
@@ -193,3 +194,27 @@ def test_cli_reports_bad_input_without_a_traceback(
     assert "does not exist" in capsys.readouterr().err
     assert main(["eval", "run", "--tasks", str(tmp_path), "--baselines", "bogus"]) == 1
     assert "baselines must be some of" in capsys.readouterr().err
+
+
+def test_heads_train_refuses_a_length_beyond_the_checkpoint_before_embedding(
+    workdir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It used to prune every page and start the Engine before the Engine refused the length.
+    argv = ["heads", "train", "--checkpoint", str(workdir / "ckpt"), "--tasks", str(workdir / "tasks")]
+    assert main([*argv, "--cache", str(tmp_path / "cache"), "--max-length", "100000"]) == 1
+    assert not (tmp_path / "cache").exists()  # nothing was pruned or embedded
+    assert "outside 8..128" in capsys.readouterr().err
+    # A cache path that is a file is a message too, not an OSError traceback.
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x", encoding="utf-8")
+    assert main([*argv, "--cache", str(a_file), "--max-epochs", "2"]) == 1
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_engine_options_are_checked_before_any_page_is_pruned(tmp_path: Path) -> None:
+    # These used to be refused by the Engine, after every page had been pruned (and extracted).
+    with pytest.raises(HtmllmError, match="threads must be at least 1"):
+        EvalConfig(baselines=("random",), threads=0)
+    if not torch.cuda.is_available():
+        with pytest.raises(HtmllmError, match="CUDA is not available"):
+            EvalConfig(baselines=("random",), device="cuda")

@@ -113,3 +113,16 @@ def test_too_few_sites_for_the_folds() -> None:
 )
 def test_site_of(url: str | None, site: str | None) -> None:
     assert site_of(url) == site
+
+
+def test_a_classification_task_whose_pages_have_one_class_is_refused(tmp_path: Path) -> None:
+    # It used to train and record accuracy 1.0 ± 0.0 in the served checkpoint for a constant head.
+    spec = TaskSpec("one", "classification", "accuracy", ["a", "b"])
+    write_task(tmp_path / "one", spec, [{**row, "label": "a"} for row in rows()])
+    with pytest.raises(EvaluationError, match="at least two classes"):
+        load_task(tmp_path / "one")
+
+
+def test_one_fold_is_a_typed_error() -> None:
+    with pytest.raises(EvaluationError, match="at least 2 folds"):
+        assign_folds(np.zeros(6), [f"s{i}" for i in range(6)], kind="regression", k=1)
