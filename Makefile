@@ -4,9 +4,12 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-# The CPU wheel of torch where no GPU is present (pip takes it from this machine's disk); the default
-# CUDA build where nvidia-smi finds a GPU.
-TORCH_SPEC ?= torch==2.13.0
+# torch: the default (CUDA) build from PyPI where `nvidia-smi -L` lists a GPU; elsewhere the CPU wheel,
+# from pip's own sources when they hold it (this machine's disk), else from PyTorch's CPU index, so a
+# machine without a GPU never downloads the multi-GB CUDA build. TORCH_SPEC=... installs exactly that.
+TORCH_VERSION ?= 2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_SPEC ?=
 EXTRAS ?= serve,onnx,extract,train,dev
 STAMP := $(VENV)/.installed-$(EXTRAS)
 HOST ?= 0.0.0.0
@@ -20,7 +23,11 @@ $(PY):
 	$(PIP) install --quiet --upgrade pip
 
 $(STAMP): pyproject.toml | $(PY)
-	$(PIP) install --quiet "$(TORCH_SPEC)"
+	@if [ -n "$(TORCH_SPEC)" ]; then set -x; $(PIP) install --quiet "$(TORCH_SPEC)"; \
+	elif nvidia-smi -L >/dev/null 2>&1; then set -x; $(PIP) install --quiet "torch==$(TORCH_VERSION)"; \
+	elif $(PIP) install --quiet --dry-run --no-index --no-deps "torch==$(TORCH_VERSION)+cpu" >/dev/null 2>&1; \
+	then set -x; $(PIP) install --quiet "torch==$(TORCH_VERSION)+cpu"; \
+	else set -x; $(PIP) install --quiet "torch==$(TORCH_VERSION)+cpu" --extra-index-url "$(TORCH_CPU_INDEX)"; fi
 	$(PIP) install --quiet -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 

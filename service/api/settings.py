@@ -110,7 +110,7 @@ class Settings(BaseSettings):
         5.0,
         gt=0,
         description="each extractor's time on one page (/v1/extract); past it that extraction is an "
-        "error with timed_out, and the others keep theirs; the request timeout bounds it too",
+        "extraction_failed error, and the others keep theirs; the request timeout bounds it too",
     )
 
     # Access and serving.

@@ -101,8 +101,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         required=True,
         type=Path,
         help=(
-            "pages: a JSONL(.gz) file, a WARC file (.warc, .warc.gz), a corpus directory with "
-            "manifest.jsonl, or a directory of HTML and WARC files"
+            "pages: a JSONL(.gz) file, a WARC file (.warc, .warc.gz, .warc.zst, .warc.lz4), a corpus "
+            "directory with manifest.jsonl, or a directory of HTML and WARC files"
         ),
     )
     parser.add_argument("--output", required=True, type=Path, help="Parquet file to write")

@@ -281,6 +281,14 @@ async def test_info_health_ready_metrics(client: httpx.AsyncClient) -> None:
     assert "htmllm_queue_size" in metrics.text
 
 
+async def test_openapi_operation_ids_are_unique(client: httpx.AsyncClient) -> None:
+    """Client generators need unique operationIds; one route for GET and HEAD gave both the same one."""
+    spec = (await client.get("/openapi.json")).json()
+    ids = [operation["operationId"] for path in spec["paths"].values() for operation in path.values()]
+    assert len(ids) == len(set(ids)), sorted(ids)
+    assert {"/", "/ping", "/health", "/ready", "/embed", "/invocations", "/embeddings"} <= set(spec["paths"])
+
+
 async def test_start_up_state_is_frozen_once_ready_and_thawed_at_shutdown(
     settings_for: SettingsFactory,
 ) -> None:

@@ -6,6 +6,9 @@ model routes could not learn from their answers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -16,18 +19,30 @@ from service.api.schemas import HeadInfo, HealthResponse, InfoResponse, Limits, 
 from service.core.errors import ErrorCode, HtmllmError
 
 router = APIRouter(tags=["operations"])
+Endpoint = TypeVar("Endpoint", bound=Callable[..., Any])
 
 
-# HEAD too on the probes: load balancers and uptime checkers (AWS target groups, HAProxy's `option
-# httpchk HEAD`, monit) probe with it, and a 405 there marks a healthy server down.
-PROBE_METHODS = ["GET", "HEAD"]
+def probe_route(path: str, **options: Any) -> Callable[[Endpoint], Endpoint]:
+    """GET `path`, and HEAD: load balancers and uptime checkers (AWS target groups, HAProxy's `option
+    httpchk HEAD`, monit) probe with HEAD, and a 405 there marks a healthy server down.
+
+    Two routes: the first, out of the OpenAPI document, serves both methods (and a 405's `Allow` names
+    both); the second, never reached, documents GET alone. One documented route with both methods gave
+    both operations one operationId, which OpenAPI forbids and client generators trip on."""
+
+    def register(endpoint: Endpoint) -> Endpoint:
+        router.api_route(path, methods=["GET", "HEAD"], include_in_schema=False)(endpoint)
+        return router.get(path, **options)(endpoint)
+
+    return register
 
 
-@router.api_route(
-    "/ping", methods=PROBE_METHODS, summary="Liveness (text-embeddings-inference's SageMaker route)"
-)
-@router.api_route("/", methods=PROBE_METHODS, summary="Liveness (text-embeddings-inference's `GET /`)")
-@router.api_route("/health", methods=PROBE_METHODS, summary="Liveness: the process answers")
+_UNHEALTHY = {503: ERROR_RESPONSES[503]}
+
+
+@probe_route("/ping", summary="Liveness (text-embeddings-inference's SageMaker route)", responses=_UNHEALTHY)
+@probe_route("/", summary="Liveness (text-embeddings-inference's `GET /`)", responses=_UNHEALTHY)
+@probe_route("/health", summary="Liveness: the process answers", responses=_UNHEALTHY)
 async def health(runtime: RuntimeDep) -> HealthResponse:
     """200 while the process can serve; 503 once the backend has failed every pass (or hung in one) for
     `HTMLLM_UNHEALTHY_AFTER_S`: a corrupted CUDA context does not heal in-process, a restart does."""
@@ -37,12 +52,7 @@ async def health(runtime: RuntimeDep) -> HealthResponse:
     return HealthResponse()
 
 
-@router.api_route(
-    "/ready",
-    methods=PROBE_METHODS,
-    summary="Readiness: model loaded and warmed",
-    responses={503: ERROR_RESPONSES[503]},
-)
+@probe_route("/ready", summary="Readiness: model loaded and warmed", responses={503: ERROR_RESPONSES[503]})
 async def ready(runtime: RuntimeDep) -> ReadyResponse:
     """200 once the model has run one full-size batch; 503 before, once shutdown began, and while the
     backend fails (`HTMLLM_UNREADY_AFTER_FAILURES` passes in a row, until a pass or probe succeeds)."""
