@@ -182,7 +182,8 @@ def _check_model_matches(model: HtmlEncoderModel, tokenizer: HtmlTokenizer, meta
 def save_checkpoint(
     path: str | Path, model: HtmlEncoderModel, tokenizer: HtmlTokenizer, meta: CheckpointMeta
 ) -> None:
-    """Write a complete checkpoint directory (created if missing; existing files are replaced).
+    """Write a complete checkpoint directory (created if missing; existing files are replaced, and head
+    files of heads the model no longer has are removed).
 
     `meta.heads` is rewritten from the model's heads, so the two cannot disagree.
     """
@@ -202,6 +203,11 @@ def save_checkpoint(
     for name, head in model.heads.items():
         _atomic_save_tensors(heads_dir / f"{name}.safetensors", head.state_dict(), {"head": name})
     _atomic_write_text(root / META_FILE, json.dumps(meta.to_dict(), indent=2, sort_keys=True) + "\n")
+    # Saved over a checkpoint with other heads: their files go once htmllm.json no longer lists them
+    # (left, they changed the checkpoint's fingerprint and looked like heads to anyone listing the folder).
+    for orphan in heads_dir.glob("*.safetensors"):
+        if orphan.stem not in model.heads:
+            orphan.unlink(missing_ok=True)
 
 
 def read_meta(path: str | Path) -> CheckpointMeta:

@@ -13,6 +13,7 @@ from transformers import AutoModel
 from service.core.checkpoint import (
     FORMAT_VERSION,
     CheckpointError,
+    checkpoint_fingerprint,
     load_checkpoint,
     read_meta,
     save_heads,
@@ -129,6 +130,17 @@ def test_save_heads_adds_and_replaces_without_touching_the_encoder(ckpt: Path) -
     assert specs["quality"].hidden == 4 and specs["quality"].metrics == {"mae": 0.1}
     assert specs["topic"].metrics == {"f1": 0.5}
     assert (ckpt / "model.safetensors").read_bytes() == weights_before
+
+
+def test_saving_over_a_checkpoint_removes_the_heads_the_model_no_longer_has(ckpt: Path) -> None:
+    """Re-exported without its heads, a checkpoint kept their files: htmllm.json no longer listed them,
+    but they changed its fingerprint (an ONNX graph re-exported, an embed run refused to resume)."""
+    build_tiny_checkpoint(ckpt, heads=False)  # the same model saved again, without heads
+    assert read_meta(ckpt).heads == []
+    assert list((ckpt / "heads").glob("*.safetensors")) == []
+    assert checkpoint_fingerprint(ckpt) == checkpoint_fingerprint(
+        build_tiny_checkpoint(ckpt.parent / "fresh", heads=False)
+    )
 
 
 def test_mean_pooling_survives_the_round_trip(tmp_path: Path) -> None:
