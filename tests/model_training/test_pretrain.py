@@ -214,8 +214,8 @@ def test_losses_fall_on_a_small_corpus(run_inputs: Path) -> None:
         assert after < before * 0.95, f"{name} did not fall: {before:.3f} -> {after:.3f}"
 
 
-def _ddp_train(rank: int, world: int, port: int, root: str, out: Any) -> None:
-    # What torchrun sets for each process.
+def _torchrun_env(rank: int, world: int, port: int) -> None:
+    """What torchrun sets for each process."""
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -223,6 +223,10 @@ def _ddp_train(rank: int, world: int, port: int, root: str, out: Any) -> None:
         WORLD_SIZE=str(world),
         LOCAL_RANK=str(rank),
     )
+
+
+def _ddp_train(rank: int, world: int, port: int, root: str, out: Any) -> None:
+    _torchrun_env(rank, world, port)
     result = train(_config(Path(root), "ddp", max_steps=2, grad_accum=1, eval_every=0, threads=1))
     out[rank] = result.steps
 
@@ -390,13 +394,7 @@ def test_resume_refuses_a_checkpoint_of_another_model(
 
 
 def _ddp_resume(rank: int, world: int, port: int, root: str) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-    )
+    _torchrun_env(rank, world, port)
     common: dict[str, object] = {"max_steps": 4, "grad_accum": 1, "eval_every": 0, "threads": 1}
     train(_config(Path(root), "ddp-whole", **common))
     train(_config(Path(root), "ddp-split", **common), stop_at_step=2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -56,6 +57,14 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
         progress=False,
     )  # fmt: skip
     return out
+
+
+def _zero_teacher_meta(manifest: dict[str, Any]) -> TeacherMeta:
+    """A teacher.json for 4-d vectors of the test shards (written with zeros by the tests)."""
+    return TeacherMeta(
+        model="m", model_path="", dim=4, view="text", max_seq_length=8, normalized=True,
+        shards_tokenizer_sha256=str(manifest["tokenizer_sha256"]),
+    )  # fmt: skip
 
 
 def test_default_teacher_resolves_to_the_bundled_model() -> None:
@@ -130,10 +139,7 @@ def test_teacher_options_and_corrupt_files_are_typed_errors(shards: Path, tmp_pa
         embed_shards(shards, a_file, model=str(tmp_path / "no-model"))
     manifest = read_manifest(shards)
     out = tmp_path / "teacher"
-    meta = TeacherMeta(
-        model="m", model_path="", dim=4, view="text", max_seq_length=8, normalized=True,
-        shards_tokenizer_sha256=str(manifest["tokenizer_sha256"]),
-    )  # fmt: skip
+    meta = _zero_teacher_meta(manifest)
     arrays = [np.zeros((e["rows"], 4), np.float32) for e in manifest["shards"]]
     write_teacher(out, shards, arrays, meta)
     (out / "shard-00000.npy").write_bytes(b"\x93NUMPY")  # cut short by a full disk
@@ -162,10 +168,7 @@ def test_an_interrupted_rewrite_of_teacher_vectors_is_refused(
 ) -> None:
     manifest = read_manifest(shards)
     out = tmp_path / "teacher"
-    meta = TeacherMeta(
-        model="m", model_path="", dim=4, view="text", max_seq_length=8, normalized=True,
-        shards_tokenizer_sha256=str(manifest["tokenizer_sha256"]),
-    )  # fmt: skip
+    meta = _zero_teacher_meta(manifest)
     write_teacher(out, shards, [np.zeros((e["rows"], 4), np.float32) for e in manifest["shards"]], meta)
     saved = 0
 
