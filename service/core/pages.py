@@ -27,8 +27,10 @@ Every string a page carries (`id`, `url`, `error`, the strings in a JSONL row's 
 Unicode, so consumers that write UTF-8 (Parquet, JSON) never fail on it: a lone surrogate from a JSON
 `\\ud800` escape becomes U+FFFD, and a file-name byte that is not UTF-8 (which Python spells as a
 surrogate from U+DC80 to U+DCFF) becomes a `\\xNN` escape, so `caf\\xe9.html` stays distinguishable
-from `caf\\xe8.html`. A row's `html` text is the exception: its lone surrogates are passed on as the
-invalid bytes they are, for the page decoder to replace like any other bad byte.
+from `caf\\xe8.html`. A row's `html` text reads as the service reads the same JSON text
+(`service.api.documents.parse_json`): each lone surrogate is one U+FFFD, so a crawler's text decoded with
+`surrogateescape` (one `\\udcNN` escape per undecodable byte) has one U+FFFD per such byte, as the
+raw page would, where its surrogates encoded as three invalid bytes each had read as three.
 
 A declared charset must survive the trip to consumers that take bytes only (the Engine, the pruner,
 the evaluation's content keys), so a page's bytes are made self-describing with
@@ -187,10 +189,10 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
     if html_text is not None:
         if not isinstance(html_text, str):
             raise PageSourceError(f"{where}: 'html' must be a string, not {_json_type(html_text)}")
-        # A lone surrogate ("\ud800" is valid JSON) cannot be UTF-8: pass it on as the invalid bytes
-        # it is, which the page decoder replaces like any other bad byte.
+        # A lone surrogate ("\ud800" is valid JSON) cannot be UTF-8: one U+FFFD, as the API reads the
+        # same text (`valid_json`); passed on as its three bad bytes it had read as three U+FFFD.
         # The text is UTF-8 now, whatever charset its <meta> names.
-        html = with_declared_encoding(html_text.encode("utf-8", errors="surrogatepass"), "utf-8")
+        html = with_declared_encoding(valid_json(html_text).encode("utf-8"), "utf-8")
     elif file_name is not None:
         if not isinstance(file_name, str):
             raise PageSourceError(f"{where}: 'file' must be a path (a string), not {_json_type(file_name)}")

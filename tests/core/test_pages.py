@@ -93,9 +93,8 @@ def test_reported_bad_rows_keep_their_position(tmp_path: Path) -> None:
     assert [p.id for p in pages] == ["good", "1", "2", "no-html", "4", "gz", "lone", "7", "8"]
     errors = [p.error for p in pages]
     assert errors[0] is None and pages[0].html == b"<p>ok</p>"
-    # Passed on as the bad UTF-8 bytes it is, which read as U+FFFD like any other bad byte.
-    lone = b"<p>\xed\xa0\x80 x</p>".decode("utf-8", errors="replace")
-    assert errors[6] is None and decode_html(pages[6].html).text == lone
+    # One U+FFFD, as the service reads the same JSON text (not three, one per byte of its UTF-8 form).
+    assert errors[6] is None and decode_html(pages[6].html).text == "<p>\ufffd x</p>"
     expected = {
         1: "line 3 is not JSON",
         2: "line 4 is not JSON",
@@ -399,6 +398,29 @@ def test_a_directory_of_jsonl_shards_is_an_error_not_zero_pages(tmp_path: Path) 
         list(iter_pages(tmp_path, bad_rows="report"))
     (tmp_path / "a.html").write_bytes(b"<p>a</p>")  # with page files, the shards are skipped as before
     assert [p.id for p in iter_pages(tmp_path)] == ["a.html"]
+
+
+def test_a_rows_html_text_reads_as_the_service_reads_the_same_json(tmp_path: Path) -> None:
+    """A crawler that decoded a page with `surrogateescape` writes one `\\udcNN` escape per undecodable
+    byte; the bulk command must see the text `POST /v1/embed` sees for that JSON (one U+FFFD per byte,
+    as the raw bytes read as UTF-8 give), not three U+FFFD per byte, which changed the tokens."""
+    from service.api.documents import parse_json
+    from service.api.schemas import EmbedRequest
+
+    raw = "<html><body><h1>Caf\u00e9 cr\u00e8me</h1><p>Tr\u00e8s \u00e9l\u00e9gant.</p></body></html>".encode(
+        "cp1252"
+    )
+    text = raw.decode("utf-8", errors="surrogateescape")
+    line = json.dumps({"id": "a", "html": text})  # ASCII: each surrogate as a "\\udcNN" escape
+    source = tmp_path / "rows.jsonl"
+    source.write_text(line + "\n", encoding="ascii")
+    (page,) = iter_pages(source)
+    served = (
+        parse_json(EmbedRequest, json.dumps({"documents": [json.loads(line)]}).encode()).documents[0].html
+    )
+    assert decode_html(page.html).text == served == raw.decode("utf-8", errors="replace")
+    assert served.count("\ufffd") == 5
+    assert prune_html(page.html) == prune_html(served)
 
 
 def test_every_string_a_page_carries_encodes_as_utf8(tmp_path: Path) -> None:
