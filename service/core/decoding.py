@@ -98,10 +98,24 @@ def _reads_ascii(name: str) -> bool:
     return _ASCII_TEXT.decode(name, errors="replace") == _ASCII_TEXT.decode("ascii")
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def without_lone_surrogates(text: str) -> str:
+    """`text` with U+FFFD for every lone surrogate: what text decoded with `errors="surrogateescape"` (a
+    crawler's undecodable bytes) or a JSON `\\udc80` escape carries, and an undecodable byte gives."""
+    return text if text.isascii() else _LONE_SURROGATE.sub("\ufffd", text)
+
+
 def decode_html(data: bytes | str, *, encoding: str | None = None) -> DecodedHtml:
-    """Decode a page's raw bytes (BOM, declared, meta, detected, default); never raises on bad bytes."""
+    """Decode a page's raw bytes (BOM, declared, meta, detected, default); never raises on bad bytes.
+
+    Text is taken as decoded already, as bytes with a BOM would be: without a leading U+FEFF (a client's
+    `raw.decode("utf-8")` keeps it, and the parser then reads it as body text, moving `<title>` into
+    `<body>`) and with U+FFFD for lone surrogates (which the parser had dropped)."""
     if isinstance(data, str):
-        return DecodedHtml(text=data, encoding="utf-8", source="str")
+        text = data[1:] if data.startswith("\ufeff") else data
+        return DecodedHtml(text=without_lone_surrogates(text), encoding="utf-8", source="str")
     for bom, name in _BOMS:
         if data.startswith(bom):
             return DecodedHtml(data[len(bom) :].decode(name, errors="replace"), name, "bom")

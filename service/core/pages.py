@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
 from service.core.content_coding import ContentCodingError, decode_content
-from service.core.decoding import parse_content_type, with_declared_encoding
+from service.core.decoding import parse_content_type, with_declared_encoding, without_lone_surrogates
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.warc_tail import GZIP_MAGIC, tail_problem
 
@@ -107,7 +107,7 @@ def valid_json(value: Any) -> Any:
     """A decoded JSON value with U+FFFD for every lone surrogate (a `\\ud800` escape) in its strings
     and keys: a JSONL row's fields here, a request body in the API."""
     if isinstance(value, str):
-        return value if value.isascii() else _SURROGATE.sub("\ufffd", value)
+        return without_lone_surrogates(value)
     if isinstance(value, list):
         return [valid_json(v) for v in value]
     if isinstance(value, dict):

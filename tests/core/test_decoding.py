@@ -14,6 +14,7 @@ from service.core.decoding import (
     utf8_payload,
     with_declared_encoding,
 )
+from service.core.prune import prune_html
 
 CZECH_WORDS = [
     "příliš",
@@ -382,3 +383,16 @@ def test_with_declared_encoding_changes_bytes_only_when_the_reading_changes() ->
     fixed = with_declared_encoding(meta.encode(), "utf-8")  # UTF-8 text whose <meta> says windows-1250
     assert fixed.startswith(codecs.BOM_UTF8) and decode_html(fixed).text == meta
     assert decode_html(with_declared_encoding(latin2, "iso-8859-2")).text == text
+
+
+def test_text_is_taken_as_bytes_with_a_bom_would_be() -> None:
+    """A client's `raw.decode("utf-8")` of a BOM page keeps U+FEFF, which the parser read as body text
+    (the title moved into the body: other tokens than the bytes gave); lone surrogates (text decoded
+    with surrogateescape) were dropped by the parser where an undecodable byte gives U+FFFD."""
+    page = "<html><head><title>Café</title></head><body><p>Grüße</p></body></html>"
+    raw = "\ufeff".encode() + page.encode()
+    assert decode_html(raw.decode("utf-8")).text == decode_html(raw).text == page
+    assert prune_html(raw.decode("utf-8")) == prune_html(raw)
+    escaped = b"<p>caf\xe9 ok</p>".decode("utf-8", "surrogateescape")
+    assert decode_html(escaped).text == "<p>caf\ufffd ok</p>"
+    assert prune_html(escaped) == prune_html(b"<p>caf\xe9 ok</p>".decode("utf-8", "replace"))

@@ -138,7 +138,6 @@ class Extraction:
 _UNSPACED_CHAR = re.compile(
     "[\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f]"
 )
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 # Their punctuation (、。「」, full-width ，！？) stands between words like a space, and is no word.
 _UNSPACED_PUNCTUATION = re.compile("[\u3000-\u303f\uff01-\uff0f\uff1a-\uff20\uff3b-\uff40\uff5b-\uff65]")
 
@@ -208,14 +207,10 @@ def _check_limits(timeout_s: Timeouts, min_words: int) -> None:
 def _decode(html: str | bytes, encoding: str | None) -> tuple[str, str]:
     if not isinstance(html, str | bytes):
         raise ExtractionOptionsError(f"html must be str or bytes, got {type(html).__name__}")
+    # decode_html gives text without lone surrogates (from surrogateescape-decoded text, as crawlers
+    # write it), which made resiliparse and jusText raise and trafilatura return nothing.
     decoded = decode_html(html, encoding=encoding)
-    text = decoded.text
-    if isinstance(html, str) and not text.isascii():
-        # A lone surrogate (text decoded with errors="surrogateescape", as crawlers do) made
-        # resiliparse and jusText raise and trafilatura return nothing: it becomes U+FFFD, as an
-        # undecodable byte does in `decode_html`.
-        text = _LONE_SURROGATE.sub("\ufffd", text)
-    return text, decoded.encoding
+    return decoded.text, decoded.encoding
 
 
 @dataclass(frozen=True)
