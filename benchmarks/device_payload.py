@@ -9,6 +9,7 @@ can stay behind, which frees room for several hundred of the corpus's real pages
 
     python benchmarks/device_payload.py trim-wheel .whl/transformers-*.whl   # in place
     python benchmarks/device_payload.py corpus --corpus ../shared/corpus --out .corpus
+    python benchmarks/device_payload.py check      # before a call: the size, and wheels older than .venv
 
 `corpus` takes pages spread evenly over the manifest (every k-th, so the language and encoding mix stays
 the corpus's), as many as fit what is left of the budget after the tree and `.whl/`, keeping their bytes
@@ -19,6 +20,7 @@ The folder is ignored by git: the pages never enter the repository.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import shutil
 import subprocess
@@ -82,6 +84,30 @@ def travelling_bytes(root: Path = ROOT, carried: tuple[str, ...] = (".whl",)) ->
     return total
 
 
+def wheel_versions(folder: Path) -> dict[str, str]:
+    """{normalised distribution name: version} of the wheels in `folder` (from their file names)."""
+    found = {}
+    for wheel in folder.glob("*.whl"):
+        name, version = wheel.name.split("-")[:2]
+        found[name.lower().replace("_", "-")] = version
+    return found
+
+
+def stale_wheels(folder: Path) -> list[tuple[str, str, str]]:
+    """(name, wheel's version, installed version) for each wheel whose distribution this environment has
+    at another version: the GPU would run other code than the tests here do (gpu_wheels.sh pins what
+    .venv has when it runs, and .venv may have moved since)."""
+    stale = []
+    for name, version in sorted(wheel_versions(folder).items()):
+        try:
+            installed = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if installed != version:
+            stale.append((name, version, installed))
+    return stale
+
+
 def sample_corpus(corpus: Path, out: Path, budget: int) -> tuple[int, int]:
     """Copy evenly spread pages of `corpus` (manifest rows and files) into `out`, at most `budget` bytes.
 
@@ -119,7 +145,15 @@ def main(argv: list[str] | None = None) -> int:
     sample.add_argument("--corpus", type=Path, default=ROOT.parent / "shared" / "corpus")
     sample.add_argument("--out", type=Path, default=ROOT / ".corpus")
     sample.add_argument("--max-pages-bytes", type=int, default=None, help="cap below what is left")
+    commands.add_parser("check", help="what a call carrying .whl and .corpus takes along, and stale wheels")
     args = parser.parse_args(argv)
+    if args.command == "check":
+        total = travelling_bytes(ROOT, (".whl", ".corpus"))
+        print(f"tree + .whl + .corpus: {total / 2**20:.2f} MiB of {DEVICE_LIMIT / 2**20:.0f} MiB")
+        stale = stale_wheels(ROOT / ".whl")
+        for name, version, installed in stale:
+            print(f"stale wheel: {name} {version} in .whl, {installed} here (rerun benchmarks/gpu_wheels.sh)")
+        return 1 if total > DEVICE_LIMIT or stale else 0
     if args.command == "trim-wheel":
         before, after = trim_wheel(args.wheel)
         print(f"{args.wheel.name}: {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")

@@ -15,19 +15,25 @@
 #
 # Duration, measured on an H200 (2026-12-04) with SECONDS_PER_CONFIG=4: 10 s to install, 100 s for the
 # GPU tests and the engine's 8 configurations, 165 s for the service (4 servers, each loaded and warmed,
-# then 5 + 15 s of load). The engine now measures 20 configurations (torch's varlen, and varlen through
-# torch.compile, whose compile time adds perhaps a minute) plus a profile per mode, and the service runs
-# twice more (the model in a child process), 4 + 12 s of load each: expect about 3.5 minutes for the
-# engine part at SECONDS_PER_CONFIG=4 and 5 for the service part, plus the machine's start. Under the
-# device's 10 minutes a call, both fit one call with little to spare; PARTS=engine and PARTS=service
-# run one part each (two calls, one warm machine). COMPILE=0, PROFILE=0, SERVICE_PROCESS=0 shorten it.
+# then 5 + 15 s of load: about 41 s a server). The engine now measures 16 configurations without
+# flash-attn (4 modes x 4 batches; torch's varlen, and varlen through torch.compile, whose inductor
+# compile adds one to two minutes) plus a profile per mode, and the service runs 8 servers (twice more,
+# the model in a child process), 4 + 12 s of load each after its 4 client processes have started:
+# expect 3 to 4.5 minutes for the engine part at SECONDS_PER_CONFIG=4 and about 6 for the service part,
+# plus the machine's start. Together they would pass the device's 10 minutes a call: PARTS=engine and
+# PARTS=service run one part each (two calls back to back, so the second finds the machine warm).
+# COMPILE=0, PROFILE=0, SERVICE_PROCESS=0 shorten it. Each step's start is stamped (UTC) in the log;
+# gpu_engine.json is rewritten after every row and each service run writes its own JSON, so a call
+# stopped at its limit keeps what it had measured.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-}"
 log="${OUT:+$OUT/gpu_run.log}"
 log="${log:-/dev/null}"
+stamp() { echo "== $(date -u +%H:%M:%S) $*"; }
 {
+  stamp "start"
   if compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
@@ -40,6 +46,7 @@ log="${log:-/dev/null}"
   failed=0
   parts="${PARTS:-engine service}"
   if [[ " $parts " == *" engine "* ]]; then
+    stamp "engine"
     PYTHON=python3 bash benchmarks/gpu_engine.sh || { echo "gpu_engine.sh failed"; failed=1; }
   fi
   if [[ " $parts " == *" service "* ]] && [ "${SERVICE:-1}" != 0 ]; then
@@ -49,17 +56,22 @@ log="${log:-/dev/null}"
     service=(python3 benchmarks/service.py "${pages[@]}" --device cuda --dtype bfloat16
              --preprocess-pool process --preprocess-workers 8 --clients 32 --client-processes 4
              --warmup 4 --duration 12)
+    stamp "service: default model"
     "${service[@]}" ${OUT:+--json "$OUT/gpu_service_default.json"} \
       || { echo "service benchmark (default model) failed"; failed=1; }
+    stamp "service: base preset"
     "${service[@]}" --no-bundled --preset base --max-length 512 ${OUT:+--json "$OUT/gpu_service_base.json"} \
       || { echo "service benchmark (base preset) failed"; failed=1; }
     # The same two with the model in a child process (HTMLLM_INFERENCE_PROCESS): does a GIL of its own
     # shorten the server's passes (compare host ms and pass ms with the runs above)?
+    [ "${SERVICE_PROCESS:-1}" = 0 ] || stamp "service: default model, inference process"
     [ "${SERVICE_PROCESS:-1}" = 0 ] || "${service[@]}" --inference-process ${OUT:+--json "$OUT/gpu_service_default_process.json"} \
       || { echo "service benchmark (default model, inference process) failed"; failed=1; }
+    [ "${SERVICE_PROCESS:-1}" = 0 ] || stamp "service: base preset, inference process"
     [ "${SERVICE_PROCESS:-1}" = 0 ] || "${service[@]}" --inference-process --no-bundled --preset base --max-length 512 \
       ${OUT:+--json "$OUT/gpu_service_base_process.json"} \
       || { echo "service benchmark (base preset, inference process) failed"; failed=1; }
   fi
+  stamp "end"
   exit "$failed"
 } 2>&1 | tee "$log"

@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from multiprocessing.synchronize import Barrier
 from pathlib import Path
 from types import ModuleType
 
@@ -246,11 +247,24 @@ async def load(
     return docs, errors, latencies
 
 
-ClientJob = tuple[str, list[bytes], int, float, float, float, int]
+ClientJob = tuple[str, list[bytes], int, float, float, int]
+
+# The barrier every client process waits at before its window opens (set by `_join_window` in each).
+_window_barrier: Barrier | None = None
+
+
+def _join_window(barrier: Barrier) -> None:
+    global _window_barrier
+    _window_barrier = barrier
 
 
 def _client_process(job: ClientJob) -> tuple[int, int, list[float]]:
-    url, pages, clients, warmup_s, duration_s, start, first_page = job
+    """One process's share of the clients. The window opens once every process has started: a spawned
+    process first imports this script (torch with it, through service.engine: seconds each, more with
+    four at once), and a window opened at a fixed time ahead would pass before the late ones post."""
+    url, pages, clients, warmup_s, duration_s, first_page = job
+    if _window_barrier is not None:
+        _window_barrier.wait(timeout=600)
     return asyncio.run(
         load(
             url,
@@ -258,7 +272,7 @@ def _client_process(job: ClientJob) -> tuple[int, int, list[float]]:
             clients=clients,
             warmup_s=warmup_s,
             duration_s=duration_s,
-            start=start,
+            start=time.time(),
             first_page=first_page,
         )
     )
@@ -269,21 +283,24 @@ def drive(url: str, pages: list[bytes], args: argparse.Namespace) -> tuple[int, 
 
     One Python process of asyncio clients tops out near 300 posts a second of corpus-sized pages (h11
     parses in Python; measured against a server that does nothing), which a GPU server passes: then the
-    figures would be the client's. Each process runs its share of the clients.
+    figures would be the client's. Each process runs its share of the clients; all of them start their
+    warm-up together, when the last one is ready (a barrier), so they share one measured window.
     """
     processes = max(1, min(args.client_processes, args.clients))
     if processes == 1:
         return asyncio.run(
             load(url, pages, clients=args.clients, warmup_s=args.warmup, duration_s=args.duration)
         )
-    start = time.time() + 1.0  # processes start within it
     shares = [args.clients // processes + (i < args.clients % processes) for i in range(processes)]
     jobs = [
-        (url, pages, share, args.warmup, args.duration, start, i * len(pages) // processes)
+        (url, pages, share, args.warmup, args.duration, i * len(pages) // processes)
         for i, share in enumerate(shares)
     ]
-    with multiprocessing.get_context("spawn").Pool(processes) as pool:
-        parts = pool.map(_client_process, jobs)
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(processes)
+    # One job per process: each blocks at the barrier, so no process can take a second job.
+    with context.Pool(processes, initializer=_join_window, initargs=(barrier,)) as pool:
+        parts = pool.map(_client_process, jobs, chunksize=1)
     return (
         sum(p[0] for p in parts),
         sum(p[1] for p in parts),
@@ -456,7 +473,16 @@ def main() -> int:
         p50, p99 = r.percentile(0.5) * 1000, r.percentile(0.99) * 1000
         print(f"{label:<30} {r.docs_per_s:>7.2f} {p50:>7.0f} {p99:>7.0f} {r.errors:>6}")
     print("\nserver side (means, whole run incl. warm-up, from /metrics):")
-    header = ("mode", "batch", "tokens", "padded", "pass ms", "host ms", "prune ms", "queue ms")
+    header: tuple[str, ...] = (
+        "mode",
+        "batch",
+        "tokens",
+        "padded",
+        "pass ms",
+        "host ms",
+        "prune ms",
+        "queue ms",
+    )
     header += ("loop/req", "cpu/req", "full gc", "gc ms")
     print(" ".join(f"{h:<10}" if i == 0 else f"{h:>9}" for i, h in enumerate(header)))
     for r in results:

@@ -80,3 +80,17 @@ def test_the_corpus_sample_fits_its_budget_and_spreads_over_the_manifest(
     assert indices[0] == 0 and indices[-1] >= 30  # spread over the corpus, not its first pages
     assert not (out / "stale").exists()
     assert sorted(p.name for p in (out / "pages").iterdir()) == [Path(row["file"]).name for row in kept]
+
+
+def test_wheels_at_another_version_than_installed_here_are_stale(payload: ModuleType, tmp_path: Path) -> None:
+    import importlib.metadata
+
+    here = importlib.metadata.version("pytest")
+    for name in (
+        "pytest-0.0.1-py3-none-any.whl",  # older than this environment's: stale
+        f"pytest_asyncio-{importlib.metadata.version('pytest-asyncio')}-py3-none-any.whl",  # the same
+        "not_installed_anywhere-1.0-py3-none-any.whl",  # the image's business, not ours
+    ):
+        (tmp_path / name).write_bytes(b"")
+
+    assert payload.stale_wheels(tmp_path) == [("pytest", "0.0.1", here)]

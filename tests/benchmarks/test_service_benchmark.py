@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import ModuleType
 
 import pytest
 from prometheus_client import generate_latest
 
 from service.api.metrics import ServiceMetrics
-from tests.benchmarks.scripts import load_script
+from tests.benchmarks.scripts import ROOT, load_script
 
 
 @pytest.fixture(scope="module")
@@ -46,3 +51,46 @@ def test_a_load_without_full_collections_reads_as_none(bench: ModuleType) -> Non
 
     assert out == {"gc_full_collections": 0.0, "gc_full_max_ms": 0.0, "gc_ms": 0.0}
     assert bench._full_gc(out) == "0"
+
+
+class _Answers(BaseHTTPRequestHandler):
+    """A server that answers every POST at once: the clients' own timing is what is tested."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.mark.slow
+def test_client_processes_open_their_window_when_the_last_one_is_ready(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spawned client processes import the script (and torch) first, seconds each: a window opened at a
+    fixed moment ahead passed before they posted (a CPU run of the GPU flags counted 0 docs/s in one
+    mode); they now wait for each other, and the window is as long for all."""
+    # Importable by name in the spawned processes (they get this sys.path); the link resolves to the
+    # script, whose ROOT is then the repository's.
+    (tmp_path / "htmllm_service_benchmark.py").symlink_to(ROOT / "benchmarks" / "service.py")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    bench = importlib.import_module("htmllm_service_benchmark")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        args = argparse.Namespace(clients=4, client_processes=2, warmup=0.2, duration=1.0)
+        docs, errors, latencies = bench.drive(url, [b"<p>a</p>", b"<p>b</p>"], args)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert errors == 0
+    assert docs == len(latencies) >= 20  # hundreds a second here; with the fixed start, none at all
