@@ -180,6 +180,11 @@ def test_the_varlen_probe_passes_a_right_kernel_and_names_a_wrong_one(tiny_check
     assert f"window {window}" in probe(wider)  # an off-by-one window convention is caught
     assert "Ampere" in probe(unsupported)
 
+    def other_signature(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *_: object) -> torch.Tensor:
+        raise TypeError("varlen_attn() got an unexpected keyword argument 'window_size'")
+
+    assert "TypeError" in probe(other_signature)  # an older torch's kernel: SDPA, not a failed start
+
 
 def test_pad_batch_refuses_to_cut() -> None:
     with pytest.raises(ValueError):

@@ -123,7 +123,8 @@ def varlen_probe_error(
             with torch.inference_mode():
                 qd, kd, vd = (x.to(device=device, dtype=dtype) for x in (q, k, v))
                 got = attention(qd, kd, vd, offsets.to(device), max(lengths), span).float().cpu()
-        except (RuntimeError, ValueError, NotImplementedError) as failure:
+        except Exception as failure:  # whatever this kernel raises here (a TypeError from another
+            # torch's signature, too), the server must fall back to SDPA, not fail to start
             return f"{type(failure).__name__}: {failure}"
         drift = float((got - expected).norm() / expected.norm())
         if not drift < 0.1:
