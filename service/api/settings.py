@@ -13,6 +13,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.core.attention import AUTO_ATTENTION, Attention, attention_option
+from service.core.extract import DEFAULT_TIMEOUT_S
 from service.core.quantization import NO_QUANTIZATION, Quantization, quantization_option
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ class Settings(BaseSettings):
     # Text extraction (/v1/extract) runs in its own thread pool, off the event loop.
     extract_workers: int = Field(2, gt=0)
     extract_timeout_s: float = Field(
-        5.0,
+        DEFAULT_TIMEOUT_S,
         gt=0,
         description="each extractor's time on one page (/v1/extract); past it that extraction is an "
         "extraction_failed error, and the others keep theirs; the request timeout bounds it too",

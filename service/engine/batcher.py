@@ -149,13 +149,15 @@ class Batcher:
             logger.warning("a forward pass succeeded after %d failed", self._failures.failures)
         self._failures = BackendHealth()
 
-    def _pass_failed(self, error: str) -> None:
+    def _pass_failed(self, message: str) -> BackendError:
+        """Count a failed pass in `health`; the error its documents (or its caller) get."""
         since = self._failures.failing_since
         self._failures = BackendHealth(
             failures=self._failures.failures + 1,
             failing_since=time.monotonic() if since is None else since,
-            last_error=error,
+            last_error=message,
         )
+        return BackendError(message)
 
     def pass_started(self, future: asyncio.Future[BatchRow]) -> float | None:
         """When the forward pass holding the document behind `future` began, or None if it is not in
@@ -190,9 +192,7 @@ class Batcher:
         try:
             output = await loop.run_in_executor(self._infer_pool, self._timed_direct_run, prepared)
         except Exception as exc:
-            message = f"the {self._runner.backend} backend failed: {exc}"
-            self._pass_failed(message)
-            raise BackendError(message) from exc
+            raise self._pass_failed(f"the {self._runner.backend} backend failed: {exc}") from exc
         self._passed()
         return output
 
@@ -329,9 +329,7 @@ class Batcher:
             output = await loop.run_in_executor(self._infer_pool, self._runner.run, ready.prepared)
         except Exception as exc:
             logger.exception("a forward pass failed")
-            message = f"the {self._runner.backend} backend failed: {exc}"
-            self._pass_failed(message)
-            _fail(ready.documents, BackendError(message))
+            _fail(ready.documents, self._pass_failed(f"the {self._runner.backend} backend failed: {exc}"))
             return
         inference_s = time.monotonic() - start
         problem = _malformed(output, len(ready.documents))
@@ -339,9 +337,9 @@ class Batcher:
             # Checked before any row is answered: an output the rows cannot be read from would raise
             # here and end this task, and every later document would wait for a pass that never comes.
             logger.error("a forward pass returned a malformed output: %s", problem)
-            message = f"the {self._runner.backend} backend returned {problem}"
-            self._pass_failed(message)
-            _fail(ready.documents, BackendError(message))
+            _fail(
+                ready.documents, self._pass_failed(f"the {self._runner.backend} backend returned {problem}")
+            )
             return
         self._passed()
         for row, doc in enumerate(ready.documents):

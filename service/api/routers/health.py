@@ -37,12 +37,14 @@ def probe_route(path: str, **options: Any) -> Callable[[Endpoint], Endpoint]:
     return register
 
 
-_UNHEALTHY = {503: ERROR_RESPONSES[503]}
+_UNAVAILABLE = {503: ERROR_RESPONSES[503]}
 
 
-@probe_route("/ping", summary="Liveness (text-embeddings-inference's SageMaker route)", responses=_UNHEALTHY)
-@probe_route("/", summary="Liveness (text-embeddings-inference's `GET /`)", responses=_UNHEALTHY)
-@probe_route("/health", summary="Liveness: the process answers", responses=_UNHEALTHY)
+@probe_route(
+    "/ping", summary="Liveness (text-embeddings-inference's SageMaker route)", responses=_UNAVAILABLE
+)
+@probe_route("/", summary="Liveness (text-embeddings-inference's `GET /`)", responses=_UNAVAILABLE)
+@probe_route("/health", summary="Liveness: the process answers", responses=_UNAVAILABLE)
 async def health(runtime: RuntimeDep) -> HealthResponse:
     """200 while the process can serve; 503 once the backend has failed every pass (or hung in one) for
     `HTMLLM_UNHEALTHY_AFTER_S`: a corrupted CUDA context does not heal in-process, a restart does."""
@@ -52,7 +54,7 @@ async def health(runtime: RuntimeDep) -> HealthResponse:
     return HealthResponse()
 
 
-@probe_route("/ready", summary="Readiness: model loaded and warmed", responses={503: ERROR_RESPONSES[503]})
+@probe_route("/ready", summary="Readiness: model loaded and warmed", responses=_UNAVAILABLE)
 async def ready(runtime: RuntimeDep) -> ReadyResponse:
     """200 once the model has run one full-size batch; 503 before, once shutdown began, and while the
     backend fails (`HTMLLM_UNREADY_AFTER_FAILURES` passes in a row, until a pass or probe succeeds)."""
