@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from service.commands import INTERRUPTED
 from service.commands.embed_state import (
     PART_GLOB,
     RUN_FILE,
@@ -67,7 +68,6 @@ ROW_FORMAT = 2
 TRANSIENT = frozenset(
     {ErrorCode.SHUTTING_DOWN, ErrorCode.TIMEOUT, ErrorCode.OVERLOADED, ErrorCode.BACKEND_FAILED}
 )
-INTERRUPTED = 130  # the shell's status for a command ended by SIGINT
 
 
 class OptionError(HtmllmError):

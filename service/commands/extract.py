@@ -27,6 +27,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from service.commands import INTERRUPTED
 from service.core.atomic_files import replaced_atomically
 
 if TYPE_CHECKING:
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
     from service.core.pages import Page
 
 _EXTRACTOR_CHOICES = ("union", "all", "resiliparse", "trafilatura", "justext")
-INTERRUPTED = 130  # the shell's status for a command ended by SIGINT
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:

@@ -454,21 +454,28 @@ def test_union_falls_through_a_timed_out_extractor(pool: ExtractorPool) -> None:
         extract(html, order=["justext"], timeout_s=0.5, runner=pool)
 
 
+def _pathological_extraction_in_a_thread(pool: ExtractorPool) -> tuple[threading.Thread, list[BaseException]]:
+    """A started thread keeping one of `pool`'s workers busy (jusText on a pathological page, a 60 s
+    limit), and the list that receives what its extraction raises."""
+    caught: list[BaseException] = []
+
+    def job() -> None:
+        try:
+            extract(pathological_page(), "justext", timeout_s=60, runner=pool)
+        except BaseException as exc:
+            caught.append(exc)
+
+    thread = threading.Thread(target=job)
+    thread.start()
+    return thread, caught
+
+
 def test_a_crashed_worker_is_an_extraction_error_not_a_timeout() -> None:
     before = set(multiprocessing.active_children())
     with ExtractorPool(1) as solo:
         assert extract(table_page(), "resiliparse", runner=solo).passed  # starts the one worker
         (worker,) = [p for p in multiprocessing.active_children() if p not in before]
-        caught: list[BaseException] = []
-
-        def long_job() -> None:
-            try:
-                extract(pathological_page(), "justext", timeout_s=60, runner=solo)
-            except BaseException as exc:
-                caught.append(exc)
-
-        thread = threading.Thread(target=long_job)
-        thread.start()
+        thread, caught = _pathological_extraction_in_a_thread(solo)
         time.sleep(0.5)
         assert worker.pid is not None
         os.kill(worker.pid, signal.SIGKILL)  # what a segfault in the extractor looks like
@@ -591,16 +598,7 @@ def test_closing_the_pool_stops_busy_workers_too() -> None:
     """A server's shutdown closes the pool while a pathological page keeps a worker busy: the worker
     is killed and its job fails typed, instead of the process running on past its parent."""
     pool = ExtractorPool(1)
-    failures: list[ExtractionError] = []
-
-    def job() -> None:
-        try:
-            extract(pathological_page(), "justext", timeout_s=60, runner=pool)
-        except ExtractionError as exc:
-            failures.append(exc)
-
-    thread = threading.Thread(target=job)
-    thread.start()
+    thread, failures = _pathological_extraction_in_a_thread(pool)
     deadline = time.monotonic() + 60
     while not pool._busy and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -610,4 +608,5 @@ def test_closing_the_pool_stops_busy_workers_too() -> None:
     thread.join(30)
     assert not thread.is_alive() and time.perf_counter() - started < 10
     assert not worker.process.is_alive()
-    assert len(failures) == 1 and failures[0].code == ErrorCode.EXTRACTION_FAILED
+    assert len(failures) == 1 and isinstance(failures[0], ExtractionError)
+    assert failures[0].code == ErrorCode.EXTRACTION_FAILED
