@@ -33,6 +33,7 @@ from typing import Any
 from tokenizers import Encoding as TokenizersEncoding
 from tokenizers import Tokenizer
 
+from service.core.decoding import without_lone_surrogates
 from service.core.errors import ErrorCode, HtmllmError
 
 SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -80,8 +81,9 @@ class Encoding:
 
 
 def _scrub(text: str) -> str:
-    """`text` with lone surrogates (unencodable in UTF-8) replaced by U+FFFD."""
-    return text.encode("utf-8", "replace").decode("utf-8")
+    """`text` with lone surrogates (unencodable in UTF-8) replaced by U+FFFD, as `decode_html` does (the
+    codec's own "replace" writes "?", which tokenized as punctuation where the page had a broken byte)."""
+    return without_lone_surrogates(text)
 
 
 def canonical_json(tok: Tokenizer) -> str:

@@ -223,6 +223,8 @@ def test_lone_surrogates_and_control_characters_do_not_crash(tok: HtmlTokenizer)
     encoding = tok.encode(text)
     assert encoding.ids[0] == tok.special_ids.cls and tok.decode(encoding.ids).startswith("<p>")
     assert tok.encode_batch([text, "<p>ok</p>"])[0] == encoding
+    # As decode_html reads the same character: U+FFFD, not the codec's "?" (a punctuation token).
+    assert encoding == tok.encode("<p>a\ufffdb</p>") != tok.encode("<p>a?b</p>")
     assert tok.decode(tok.encode("<p>\x00\x01</p>").ids).startswith("<p>")
 
 
