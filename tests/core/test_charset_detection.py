@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from service.core import charset_detection
@@ -106,3 +108,34 @@ def test_every_double_byte_code_of_every_contender_is_scored_without_raising() -
             charset_detection._reading_cost(pair, name)
     data = _page("x").encode() + b"\x88\x62\x88\x64"
     assert decode_html(data).text.startswith(ENGLISH)
+
+
+@pytest.mark.parametrize(
+    "codec",
+    sorted(charset_detection._LATIN_SINGLE_BYTE | charset_detection._NON_LATIN_SINGLE_BYTE),
+)
+def test_single_byte_readings_score_as_their_text(codec: str) -> None:
+    """The counted form scores a single-byte reading (numpy, per distinct context) as the text form
+    does (character by character): random bytes, Latin and Cyrillic text, the page's first and last
+    byte next to a letter, undefined bytes (U+FFFD)."""
+    rng = random.Random(codec)
+    samples = [
+        b"",
+        b"\xe4",
+        b"a\xe4",
+        b"\xc4b",
+        bytes(range(256)),
+        "Grüße aus Köln, Straße – “quoted” ©2024 Š".encode("cp1252"),
+        "Москва, Санкт-Петербург: Главная страница".encode("cp1251"),
+        *(rng.randbytes(rng.randrange(1, 400)) for _ in range(40)),
+        *(bytes(rng.choice(b"ab Z\x81\x8d\xa4\xad\xc0\xdf\xe0\xff") for _ in range(300)) for _ in range(10)),
+    ]
+    for sample in samples:
+        counted = charset_detection._score_single_byte(charset_detection._byte_contexts(sample), codec)
+        assert counted == charset_detection._score(sample.decode(codec, errors="replace")), sample
+
+
+def test_a_codec_that_is_not_single_byte_is_refused_by_the_counted_form() -> None:
+    for codec in ("utf-8", "gb18030", "cp037"):
+        with pytest.raises(ValueError, match="single-byte"):
+            charset_detection._single_byte_characters(codec)
