@@ -8,7 +8,8 @@ import pytest
 
 from service.core import charset_detection
 from service.core.charset_detection import FEW_FOREIGN_BYTES, detect_encoding
-from service.core.decoding import decode_html, normalize_encoding
+from service.core.decoding import decode_html
+from service.core.encoding_labels import normalize_encoding
 
 ENGLISH = "<html><body>" + (
     "<p>We spent the week walking around the old town and the river banks, looking at churches.</p>" * 8
