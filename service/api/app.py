@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
 from service import __version__
+from service.api.api_keys import ApiKeys
 from service.api.compression import NegotiatedGZipMiddleware
 from service.api.errors import install_error_handlers
 from service.api.limits import BodyLimitMiddleware
@@ -85,7 +86,8 @@ async def _stop(engine: Engine, drain_timeout_s: float) -> None:
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     """The app for `settings`; `engine` (not started) is used instead of loading `settings.model_path`."""
     metrics = ServiceMetrics()
-    runtime = Runtime(settings=settings, metrics=metrics, engine=engine)
+    api_keys = ApiKeys(settings.api_key, settings.api_key_file)  # an unusable key file fails here
+    runtime = Runtime(settings=settings, metrics=metrics, api_keys=api_keys, engine=engine)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -178,11 +178,13 @@ def serve(settings: Settings) -> int:
     """Run the server until SIGTERM/SIGINT; 1 when the model is missing or does not load."""
     import uvicorn
 
+    from service.api.api_keys import ApiKeys
     from service.api.app import create_app, load_engine
     from service.api.logs import configure_logging
 
     configure_logging(settings.log_level, settings.log_format)
     try:
+        ApiKeys(settings.api_key, settings.api_key_file)  # before the model loads: a bad key file is quick
         check_model_path(settings)
         engine = load_engine(settings)
     except HtmllmError as exc:

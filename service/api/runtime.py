@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 from fastapi import Depends, Request
 from starlette.types import Receive
 
+from service.api.api_keys import ApiKeys
 from service.api.errors import ClientDisconnectedError
 from service.api.metrics import ServiceMetrics
 from service.api.settings import Settings
@@ -44,6 +45,7 @@ class Runtime:
 
     settings: Settings
     metrics: ServiceMetrics
+    api_keys: ApiKeys = field(default_factory=ApiKeys)  # none: the model routes are open
     engine: Engine | None = None
     started: bool = False  # engine started: model routes answer
     ready: bool = False  # warmed with a full-size batch: /ready says so

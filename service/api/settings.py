@@ -116,6 +116,11 @@ class Settings(BaseSettings):
 
     # Access and serving.
     api_key: SecretStr | None = Field(None, description="when set, model routes need `Bearer <key>`")
+    api_key_file: Path | None = Field(
+        None,
+        description="a file of API keys, one per line (# comments), re-read when it changes: rotate keys "
+        "without a restart; model routes then need one of them (or HTMLLM_API_KEY)",
+    )
     host: str = "0.0.0.0"
     port: int = Field(8000, ge=0, le=65535)
     drain_timeout_s: float = Field(30.0, ge=0, description="graceful shutdown: time to drain the queue")

@@ -22,6 +22,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from service.api.api_keys import ApiKeys
 from service.api.settings import Settings
 from service.engine.runners import torch as torch_runner
 from tests.deploy.dockerfile_rules import final_stage_user
@@ -316,21 +317,46 @@ def test_config_changes_roll_the_pods() -> None:
     assert checksum({}) != checksum({"server": {"maxBatchTokens": 8192}})
 
 
-def test_api_key_comes_from_an_existing_secret() -> None:
+def mounted_key_file(objects: list[Manifest]) -> tuple[str, str, str]:
+    """(path, Secret name, key) of the API key file as the kubelet mounts it: the server's
+    HTMLLM_API_KEY_FILE must be that path, the Secret mounted whole (a subPath never sees updates)."""
+    server = server_container(objects)
+    path = env_of(server)["HTMLLM_API_KEY_FILE"]["value"]
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if "secret" in v]
+    (mount,) = [m for m in server["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount["readOnly"] is True and "subPath" not in mount
+    (item,) = volume["secret"]["items"]
+    assert path == f"{mount['mountPath']}/{item['path']}"
+    return path, volume["secret"]["secretName"], item["key"]
+
+
+def test_api_keys_come_from_an_existing_secret_as_a_file() -> None:
     objects = render(values_for("full"))
-    env = env_of(server_container(objects))
-    assert env["HTMLLM_API_KEY"] == {
-        "name": "HTMLLM_API_KEY",
-        "valueFrom": {"secretKeyRef": {"name": "htmllm-api-key", "key": "token"}},
-    }
+    assert mounted_key_file(objects)[1:] == ("htmllm-api-key", "token")
+    assert "HTMLLM_API_KEY" not in env_of(server_container(objects))  # read once: could not rotate
 
 
 def test_api_key_secret_created_from_a_value() -> None:
     objects = render(values_for("init"))
     secret = one(objects, "Secret")
-    ref = env_of(server_container(objects))["HTMLLM_API_KEY"]["valueFrom"]["secretKeyRef"]
-    assert ref["name"] == secret["metadata"]["name"]
-    assert base64.b64decode(secret["data"][ref["key"]]).decode() == "not-a-real-key"
+    _, name, key = mounted_key_file(objects)
+    assert name == secret["metadata"]["name"]
+    assert base64.b64decode(secret["data"][key]).decode() == "not-a-real-key"
+
+
+def test_the_server_accepts_the_keys_of_the_mounted_secret(tmp_path: Path) -> None:
+    """The Secret's value as the kubelet writes it into the pod, read the way the server reads it."""
+    values = {**values_for("init"), "auth": {"enabled": True, "apiKey": "new-key\nold-key\n"}}
+    objects = render(values)
+    path, _, key = mounted_key_file(objects)
+    mounted = tmp_path / path.lstrip("/")
+    mounted.parent.mkdir(parents=True)
+    mounted.write_bytes(base64.b64decode(one(objects, "Secret")["data"][key]))
+    settings = settings_of(objects)
+    assert settings.api_key is None and str(settings.api_key_file) == path
+    keys = ApiKeys(settings.api_key, mounted)
+    assert keys.accepts("new-key") and keys.accepts("old-key") and not keys.accepts("new-key\nold-key")
 
 
 def test_auth_without_a_key_is_refused() -> None:
@@ -339,7 +365,9 @@ def test_auth_without_a_key_is_refused() -> None:
 
 
 def test_no_auth_no_key_env() -> None:
-    assert "HTMLLM_API_KEY" not in env_of(server_container(render({})))
+    objects = render({})
+    assert not {"HTMLLM_API_KEY", "HTMLLM_API_KEY_FILE"} & set(env_of(server_container(objects)))
+    assert not [v for v in one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"] if "secret" in v]
 
 
 def test_hpa_scales_on_cpu_and_optionally_queue_size() -> None:
@@ -556,7 +584,7 @@ def test_every_rendered_setting_is_read_by_the_service(name: str) -> None:
     assert settings.body_timeout_s == server["bodyTimeoutSeconds"]
     assert settings.drain_timeout_s == server["drainTimeoutSeconds"]
     if merged["auth"]["enabled"]:
-        assert settings.api_key is not None and settings.api_key.get_secret_value() == SECRET_VALUE
+        assert str(settings.api_key_file) == mounted_key_file(objects)[0]
 
 
 def test_large_numbers_render_as_digits() -> None:
@@ -606,6 +634,11 @@ def test_extra_setting_names_are_exactly_the_other_settings() -> None:
             "extraSettings": {"HTMLLM_MODEL_PATH": "/m"},
         },
         {"auth": {"enabled": True, "apiKey": "k"}, "extraEnv": [{"name": "HTMLLM_API_KEY", "value": "x"}]},
+        {
+            "auth": {"enabled": True, "apiKey": "k"},
+            "extraEnv": [{"name": "HTMLLM_API_KEY_FILE", "value": "/k"}],
+        },
+        {"auth": {"enabled": True, "apiKey": "k"}, "extraSettings": {"HTMLLM_API_KEY_FILE": "/k"}},
     ],
 )
 def test_settings_are_refused_when_misspelt_or_set_twice(values: dict[str, Any]) -> None:
@@ -690,8 +723,8 @@ def test_init_container_has_a_writable_home() -> None:
 
 
 def test_a_new_api_key_rolls_the_pods() -> None:
-    """The server reads HTMLLM_API_KEY once, at start: a key the chart's Secret changes must roll the
-    pods, or they keep accepting only the old one."""
+    """A key the chart's Secret changes rolls the pods, so that it applies at once (the server would
+    also pick up the kubelet's update of the mounted file, a minute or so later)."""
 
     def pod_annotations(key: str) -> dict[str, str]:
         values = {**values_for("init"), "auth": {"enabled": True, "apiKey": key}}

@@ -68,6 +68,15 @@ app.kubernetes.io/component: embedding-server
 {{- end }}
 
 {{/* The Secret holding the API key. */}}
+{{/* Where the API key Secret is mounted, and the key file in it (HTMLLM_API_KEY_FILE). */}}
+{{- define "htmllm.apiKeyDir" -}}
+/etc/htmllm/api-keys
+{{- end }}
+
+{{- define "htmllm.apiKeyFile" -}}
+{{ include "htmllm.apiKeyDir" . }}/keys
+{{- end }}
+
 {{- define "htmllm.apiKeySecretName" -}}
 {{- default (printf "%s-api-key" (include "htmllm.fullname" .)) .Values.auth.existingSecret }}
 {{- end }}
@@ -171,6 +180,9 @@ period is derived from. extraSettings and extraEnv may not set these again (html
 {{- if eq $key "HTMLLM_API_KEY" }}
 {{- fail "HTMLLM_API_KEY must come from a Secret (auth.existingSecret), not extraSettings" }}
 {{- end }}
+{{- if and $.Values.auth.enabled (eq $key "HTMLLM_API_KEY_FILE") }}
+{{- fail "extraSettings.HTMLLM_API_KEY_FILE: with auth.enabled the chart mounts the key file itself" }}
+{{- end }}
 {{- end }}
 {{- /* A setting given twice: a duplicate ConfigMap key, or an env entry that silently wins over the
 ConfigMap. HTMLLM_PORT elsewhere than 8000 fails every probe; HTMLLM_DRAIN_TIMEOUT_S above
@@ -182,7 +194,7 @@ server.drainTimeoutSeconds outlives the grace period, so the kubelet kills the d
 {{- end }}
 {{- end }}
 {{- range .Values.extraEnv }}
-{{- if or (hasKey $managed .name) (and $.Values.auth.enabled (eq .name "HTMLLM_API_KEY")) }}
+{{- if or (hasKey $managed .name) (and $.Values.auth.enabled (has .name (list "HTMLLM_API_KEY" "HTMLLM_API_KEY_FILE"))) }}
 {{- fail (printf "extraEnv %s: the chart sets it itself (from server.*, gpu.*, model.*, auth.*); set it there" .name) }}
 {{- end }}
 {{- end }}

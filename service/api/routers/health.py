@@ -102,7 +102,7 @@ async def info(runtime: RuntimeDep, engine: EngineDep) -> InfoResponse:
             max_queue_documents=settings.max_queue_documents,
             extract_timeout_s=settings.extract_timeout_s,
         ),
-        auth=settings.api_key is not None,
+        auth=runtime.api_keys.enabled,
     )
 
 
