@@ -5,19 +5,26 @@ detector where a browser would guess from the user's locale:
 
 1. a byte-order mark (UTF-8, UTF-16 LE/BE, UTF-32 LE/BE) wins over everything;
 2. the `encoding` argument, as an HTTP `Content-Type` charset would declare it;
-3. a `<meta charset>` / `<meta http-equiv="Content-Type" content="...; charset=...">` or an XML
-   declaration in the first `PRESCAN_BYTES` bytes (browsers stop at 1024; real pages put long scripts
-   before the meta tag, so we look further);
-4. bytes that are valid UTF-8 are UTF-8 (cheap, exact, and what most of the web is), also when the
-   last character is cut off;
-5. otherwise `charset_detection.detect_encoding`: charset-normalizer's guess among the web's
+3. a `<meta charset>` / `<meta http-equiv="Content-Type" content="...; charset=...">` in the first
+   `PRESCAN_BYTES` bytes, found as the HTML Standard's prescan finds it (`sniff_meta_charset`:
+   comments and other tags' attributes skipped; browsers stop at 1024 bytes, real pages put long
+   scripts before the meta tag, so we look further);
+4. bytes that are valid UTF-8 and not all ASCII are UTF-8 (cheap, exact, and what most of the web
+   is), also when the last character is cut off;
+5. an XML declaration (`<?xml ... encoding="..."?>`, `sniff_xml_encoding`): the HTML Standard reads
+   it only where no `<meta>` decides, and as a hint it ranks below real UTF-8 (a UTF-8 page with a
+   stale `iso-8859-1` declaration is UTF-8) but above the ASCII default and the detector (a
+   declaration is better evidence than statistics, and ISO-2022-JP is all ASCII bytes);
+6. bytes that are all ASCII are UTF-8 (every codec that reads ASCII as ASCII gives the same text);
+7. otherwise `charset_detection.detect_encoding`: charset-normalizer's guess among the web's
    encodings, with the Latin-script readings re-ranked and, on pages with only a few non-ASCII bytes
    (an English page with a Russian or Chinese name in it), the plausible readings compared;
-6. nothing to go on: windows-1252, the web's legacy default.
+8. nothing to go on: windows-1252, the web's legacy default.
 
 Encoding labels are mapped the way browsers map them (`iso-8859-1` and `ascii` mean windows-1252,
-`shift_jis` means windows-31j, ...), and a declaration naming no text codec (`base64`, `rot13`, an
-unknown label) is ignored. Undecodable bytes become U+FFFD; decoding never raises.
+`shift_jis` means windows-31j, `gbk` and `gb2312` mean gb18030, ...), and a declaration naming no text
+codec (`base64`, `rot13`, an unknown label) is ignored. Undecodable bytes become U+FFFD; decoding
+never raises.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from dataclasses import dataclass
 from email.message import Message
 
 from service.core.charset_detection import detect_encoding
-from service.core.encoding_labels import normalize_encoding
+from service.core.encoding_labels import decode_bytes, normalize_encoding
 
 PRESCAN_BYTES = 16384  # how far into the page a <meta> charset declaration is looked for
 
@@ -42,8 +49,33 @@ _BOMS: tuple[tuple[bytes, str], ...] = (
     (codecs.BOM_UTF16_BE, "utf-16-be"),
 )
 
-_META_CHARSET = re.compile(rb"<meta\b[^>]*?charset\s*=\s*[\"']?\s*([A-Za-z0-9_:.+-]+)", re.IGNORECASE)
-_XML_DECL = re.compile(rb"^\s*<\?xml[^>]*?encoding\s*=\s*[\"']([A-Za-z0-9_:.+-]+)", re.IGNORECASE)
+# The HTML Standard's prescan, as patterns over the page's bytes (ASCII white space is HT LF FF CR SP).
+# The markup it looks at, in its order of precedence at one `<`: a comment, a `<meta` followed by a
+# space or slash, a start or end tag, and other markup (`<!DOCTYPE`, `<?php`, `</3`) skipped to its `>`.
+_MARKUP = re.compile(rb"<(?:(?P<comment>!--)|(?P<meta>(?i:meta)[\t\n\f\r /])|(?P<tag>/?[A-Za-z])|[!/?])")
+_TAG_NAME_END = re.compile(rb"[\t\n\f\r >]")
+# "Get an attribute": white space and slashes skipped, then the tag's `>` (no attribute) or a name, an
+# optional `=` and a value quoted, unquoted or empty; names and values are lower-cased by the caller.
+# No match means the bytes ran out inside the attribute, which ends the prescan.
+_ATTRIBUTE = re.compile(
+    rb"[\t\n\f\r /]*+(?:>|(?P<name>[^\t\n\f\r />][^\t\n\f\r />=]*+)(?:"
+    rb"[\t\n\f\r ]*+=[\t\n\f\r ]*+"
+    rb"(?:\"(?P<dq>[^\"]*+)\"|'(?P<sq>[^']*+)'|(?P<uq>[^\t\n\f\r >\"'][^\t\n\f\r >]*+)(?=[\t\n\f\r >])|(?=>))"
+    rb"|(?=[\t\n\f\r ]*+[^\t\n\f\r =])))"
+)
+# "Extracting a character encoding from a meta element" (a `content` value, lower-cased): the first
+# `charset=`, then a quoted label or one up to white space or `;`; an unmatched quote gives nothing.
+_CONTENT_CHARSET = re.compile(
+    rb"charset[\t\n\f\r ]*=[\t\n\f\r ]*"
+    rb"(?:\"(?P<dq>[^\"]*)\"|'(?P<sq>[^']*)'|(?P<uq>[^\t\n\f\r ;\"'][^\t\n\f\r ;]*))?"
+)
+# "Get an XML encoding", with leading white space allowed (see `sniff_xml_encoding`): the first
+# `encoding` before the declaration's `>` (atomic: a later one does not count), `=`, a quoted label.
+_XML_DECL = re.compile(
+    rb"[\t\n\f\r ]*+<\?xml(?>[^>]*?encoding)[\x00- ]*=[\x00- ]*(?:\"([^\">]*)\"|'([^'>]*)')"
+)
+# BOM-less UTF-16 that starts with an XML declaration: the prescan's first step reads it as UTF-16.
+_UTF16_XML: tuple[tuple[bytes, str], ...] = ((b"<\0?\0x\0", "utf-16-le"), (b"\0<\0?\0x", "utf-16-be"))
 
 
 @dataclass(frozen=True)
@@ -52,7 +84,7 @@ class DecodedHtml:
 
     text: str
     encoding: str  # Python codec name actually used ("utf-8" for str input)
-    source: str  # "bom" | "declared" | "meta" | "detected" | "default" | "str"
+    source: str  # "bom" | "declared" | "meta" | "detected" | "xml" | "default" | "str"
 
 
 def parse_content_type(value: str) -> tuple[str, str | None]:
@@ -68,24 +100,140 @@ def parse_content_type(value: str) -> tuple[str, str | None]:
 
 
 def sniff_meta_charset(data: bytes) -> str | None:
-    """The codec a `<meta>` charset or XML declaration near the top of the page names, if any."""
+    """The codec the first `<meta>` that declares one names in the first `PRESCAN_BYTES` bytes, if any.
+
+    This is the HTML Standard's "prescan a byte stream to determine its encoding": a `<meta>` inside a
+    comment, inside another tag's attribute value (`<div data-x="<meta charset=gbk>">`), or with a
+    `content` but no `http-equiv="content-type"` declares nothing, nor does an attribute that merely
+    ends in "charset" (`data-charset`); a `<meta>` whose label names no codec a page can be in is
+    passed over for the next one. Bytes running out inside a tag or comment end the scan. Labels are
+    read by `_page_label`; BOM-less UTF-16 starting with `<?xml` is UTF-16.
+    """
+    for prefix, name in _UTF16_XML:
+        if data.startswith(prefix):
+            return name
     head = data[:PRESCAN_BYTES]
-    for pattern in (_XML_DECL, _META_CHARSET):
-        match = pattern.search(head)
-        if match is None:
-            continue
-        name = normalize_encoding(match.group(1).decode("ascii", "replace"))
-        if name is None:
-            continue
-        # A document that says "utf-16" in ASCII bytes cannot be UTF-16 (the spec reads it as UTF-8).
-        if name.startswith(("utf-16", "utf-32")):
-            return "utf-8"
-        # Nor can it be in a codec that reads ASCII as something else (EBCDIC, UTF-7, HZ): no browser
-        # knows those, and decoding the page with one turned it to noise ("C++" is "C\ufffd" in UTF-7).
-        if not _reads_ascii(name):
-            continue
-        return name
+    position = 0
+    while (markup := _MARKUP.search(head, position)) is not None:
+        if markup["comment"]:
+            # The dashes of "<!--" may end it too: "<!-->" is a whole comment.
+            end = head.find(b"-->", markup.start() + 2)
+            if end < 0:
+                return None
+            position = end + 3
+        elif markup["meta"]:
+            found = _meta_element_charset(head, markup.end() - 1)
+            if found is None:
+                return None
+            charset, position = found
+            if charset is not None:
+                return charset
+        elif markup["tag"]:
+            # Another tag: its attributes are skipped whole, so markup in their values is not read.
+            name_end = _TAG_NAME_END.search(head, markup.end())
+            if name_end is None:
+                return None
+            position = name_end.start()
+            while (attribute := _ATTRIBUTE.match(head, position)) is not None:
+                position = attribute.end()
+                if attribute["name"] is None:
+                    break
+            else:
+                return None
+        else:
+            end = head.find(b">", markup.start() + 1)
+            if end < 0:
+                return None
+            position = end + 1
     return None
+
+
+def _meta_element_charset(head: bytes, position: int) -> tuple[str | None, int] | None:
+    """(the codec the `<meta>` whose attributes start at `position` declares, or None; the position
+    after its `>`), or None where the bytes run out inside it.
+
+    `charset` declares; `content` declares only beside `http-equiv="content-type"` (the "need
+    pragma" rule); of an attribute given twice the first counts; a `charset` naming no codec makes
+    the element declare nothing, also when its `content` names one.
+    """
+    seen: set[bytes] = set()
+    got_pragma = False
+    need_pragma: bool | None = None  # None: neither `charset` nor a `content` with a charset seen
+    charset: str | None = None
+    while (attribute := _ATTRIBUTE.match(head, position)) is not None:
+        position = attribute.end()
+        name = attribute["name"]
+        if name is None:
+            break
+        name = name.lower()
+        if name in seen:
+            continue
+        seen.add(name)
+        value = (_value(attribute) or b"").lower()
+        if name == b"http-equiv":
+            got_pragma = value == b"content-type"
+        elif name == b"content" and need_pragma is None:
+            label = _content_charset(value)
+            if label is not None and (codec := _meta_label(label)) is not None:
+                charset, need_pragma = codec, True
+        elif name == b"charset":
+            charset, need_pragma = _meta_label(value), False
+    else:
+        return None
+    if need_pragma is None or (need_pragma and not got_pragma):
+        return None, position
+    return charset, position
+
+
+def _content_charset(content: bytes) -> bytes | None:
+    """The charset label in a `<meta>`'s lower-cased `content` value ("text/html; charset=gbk"), if any."""
+    match = _CONTENT_CHARSET.search(content)
+    return None if match is None else _value(match)
+
+
+def _value(match: re.Match[bytes]) -> bytes | None:
+    """The value (quoted, `dq` `sq`, or not, `uq`) a match of `_ATTRIBUTE` or `_CONTENT_CHARSET` holds."""
+    return match["dq"] or match["sq"] or match["uq"]
+
+
+def _meta_label(label: bytes) -> str | None:
+    """The codec a `<meta>`'s label names (`_page_label`), `x-user-defined` being windows-1252 there."""
+    if label.strip(b"\t\n\f\r ").lower() == b"x-user-defined":
+        return "cp1252"  # the HTML Standard's rule: no browser decodes a page as x-user-defined
+    return _page_label(label)
+
+
+def _page_label(label: bytes) -> str | None:
+    """The codec a label declared inside the page names, or None where it names none a page can be in."""
+    name = normalize_encoding(label.decode("ascii", "replace"))
+    if name is None:
+        return None
+    # A document that says "utf-16" in ASCII bytes cannot be UTF-16 (the spec reads it as UTF-8).
+    if name.startswith(("utf-16", "utf-32")):
+        return "utf-8"
+    # Nor can it be in a codec that reads ASCII as something else (EBCDIC, UTF-7, HZ): no browser
+    # knows those, and decoding the page with one turned it to noise ("C++" is "C\ufffd" in UTF-7).
+    if not _reads_ascii(name):
+        return None
+    return name
+
+
+def sniff_xml_encoding(data: bytes) -> str | None:
+    """The codec an XML declaration at the top of the page (`<?xml ... encoding="..."?>`) names, if any.
+
+    As the HTML Standard's "get an XML encoding" reads it (case-sensitive, a quoted label without
+    white space, before the declaration's first `>`), except that white space may precede it: a
+    script's stray newline in front of the declaration does not make it less of one. `decode_html`
+    takes it only where no `<meta>` declares and the bytes are not UTF-8 with non-ASCII characters
+    (see the module's steps).
+    """
+    match = _XML_DECL.match(data, 0, PRESCAN_BYTES)
+    if match is None:
+        return None
+    label = match[1] if match[1] is not None else match[2]
+    if not label or min(label) <= 0x20:
+        return None
+    return _page_label(label)
 
 
 _ASCII_TEXT = bytes([9, 10, 13, *range(0x20, 0x7F)]).translate(None, b"%\\~")
@@ -108,7 +256,7 @@ def without_lone_surrogates(text: str) -> str:
 
 
 def decode_html(data: bytes | str, *, encoding: str | None = None) -> DecodedHtml:
-    """Decode a page's raw bytes (BOM, declared, meta, detected, default); never raises on bad bytes.
+    """Decode a page's raw bytes (BOM, declared, meta, UTF-8, XML, detected); never raises on bad bytes.
 
     Text is taken as decoded already, as bytes with a BOM would be: without a leading U+FEFF (a client's
     `raw.decode("utf-8")` keeps it, and the parser then reads it as body text, moving `<title>` into
@@ -121,25 +269,19 @@ def decode_html(data: bytes | str, *, encoding: str | None = None) -> DecodedHtm
             return DecodedHtml(data[len(bom) :].decode(name, errors="replace"), name, "bom")
     declared = normalize_encoding(encoding)
     if declared is not None:
-        return DecodedHtml(data.decode(declared, errors="replace"), declared, "declared")
+        return DecodedHtml(decode_bytes(data, declared), declared, "declared")
     meta = sniff_meta_charset(data)
     if meta is not None:
-        return DecodedHtml(data.decode(meta, errors="replace"), meta, "meta")
-    try:
-        return DecodedHtml(data.decode("utf-8"), "utf-8", "detected" if data else "default")
-    except UnicodeDecodeError as exc:
-        # A UTF-8 page cut off inside its last character (a crawler's byte cap, WARC-Truncated) is
-        # still UTF-8; the detector read such a page as GBK. The first error is then the cut, at the
-        # end; the page must hold a whole non-ASCII character before it (one Latin-1 "é" at the end of
-        # an ASCII page is no evidence).
-        if (
-            exc.reason == "unexpected end of data"
-            and exc.end == len(data)
-            and not data[: exc.start].isascii()
-        ):
-            return DecodedHtml(data.decode("utf-8", errors="replace"), "utf-8", "detected")
+        return DecodedHtml(decode_bytes(data, meta), meta, "meta")
+    if not data.isascii() and _is_utf8(data, cut_off=True):
+        return DecodedHtml(data.decode("utf-8", errors="replace"), "utf-8", "detected")
+    xml = sniff_xml_encoding(data)
+    if xml is not None:
+        return DecodedHtml(decode_bytes(data, xml), xml, "xml")
+    if data.isascii():
+        return DecodedHtml(data.decode("ascii"), "utf-8", "detected" if data else "default")
     detected = detect_encoding(data)
-    return DecodedHtml(data.decode(detected, errors="replace"), detected, "detected")
+    return DecodedHtml(decode_bytes(data, detected), detected, "detected")
 
 
 def with_declared_encoding(data: bytes, encoding: str | None) -> bytes:
@@ -149,8 +291,9 @@ def with_declared_encoding(data: bytes, encoding: str | None) -> bytes:
     `encoding`, or "utf-8" for a row that carries text) would otherwise be lost between the reader and
     the many consumers that only take bytes. The bytes come back unchanged when the declaration changes
     nothing (no codec named, a BOM, a `<meta>` that agrees, UTF-8 declared for valid UTF-8 without a
-    contrary `<meta>`); otherwise the declared reading comes back as UTF-8 behind a BOM, which wins
-    over everything else in `decode_html`.
+    contrary `<meta>`, or any declaration `decode_html` reads the bytes the same way without);
+    otherwise the declared reading comes back as UTF-8 behind a BOM, which wins over everything else
+    in `decode_html`.
     """
     declared = normalize_encoding(encoding)
     if declared is None or any(data.startswith(bom) for bom, _ in _BOMS):
@@ -158,36 +301,50 @@ def with_declared_encoding(data: bytes, encoding: str | None) -> bytes:
     meta = sniff_meta_charset(data)
     if meta == declared:
         return data
-    if meta is None and declared == "utf-8" and _is_utf8(data):
+    # Undeclared non-ASCII UTF-8 is read as UTF-8 before an XML declaration is looked at; ASCII bytes
+    # are not (ISO-2022-JP), and take the comparison below.
+    if meta is None and declared == "utf-8" and not data.isascii() and _is_utf8(data):
         return data
-    reading = data.decode(declared, errors="replace")
+    reading = decode_bytes(data, declared)
     if decode_html(data).text == reading:
         return data
     return codecs.BOM_UTF8 + reading.encode("utf-8")
 
 
-def _is_utf8(data: bytes) -> bool:
+def _is_utf8(data: bytes, *, cut_off: bool = False) -> bool:
+    """Whether `data` is valid UTF-8; with `cut_off`, also when it ends inside a character.
+
+    A UTF-8 page cut off inside its last character (a crawler's byte cap, WARC-Truncated) is still
+    UTF-8; the detector read such a page as GBK. The first error is then the cut, at the end; the page
+    must hold a whole non-ASCII character before it (one Latin-1 "é" at the end of an ASCII page is no
+    evidence).
+    """
     try:
         data.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
+    except UnicodeDecodeError as exc:
+        return (
+            cut_off
+            and exc.reason == "unexpected end of data"
+            and exc.end == len(data)
+            and not data[: exc.start].isascii()
+        )
     return True
 
 
 def utf8_payload(data: bytes, *, encoding: str | None = None) -> bytes | None:
     """The page's bytes as UTF-8, when `decode_html` would read them as UTF-8 without looking at them.
 
-    That is: a UTF-8 BOM (the rest of the page is returned), a UTF-8 declaration (argument or meta),
-    or pure ASCII. A UTF-8 consumer (Lexbor) can then take the bytes as they are and skip a decode and
-    a re-encode; undecodable bytes become U+FFFD there exactly as in `decode_html` (both follow the
-    WHATWG decoder). Everything else returns None: decode with `decode_html`.
+    That is: a UTF-8 BOM (the rest of the page is returned), a UTF-8 declaration (the argument, a
+    `<meta>` or, without one, an XML declaration: bytes that are not UTF-8 then take it as a hint), or
+    pure ASCII that no declaration gives another codec (ISO-2022-JP is ASCII bytes). A UTF-8
+    consumer (Lexbor) can then take the bytes as they are and skip a decode and a re-encode;
+    undecodable bytes become U+FFFD there exactly as in `decode_html` (both follow the WHATWG
+    decoder). Everything else returns None: decode with `decode_html`.
     """
     for bom, name in _BOMS:
         if data.startswith(bom):
             return data[len(bom) :] if name == "utf-8" else None
-    declared = normalize_encoding(encoding)
-    if declared is None:
-        declared = sniff_meta_charset(data)
+    declared = normalize_encoding(encoding) or sniff_meta_charset(data) or sniff_xml_encoding(data)
     if declared is not None:
         return data if declared == "utf-8" else None
     return data if data.isascii() else None

@@ -3,7 +3,9 @@
 A page, an HTTP header or a JSONL row names its encoding with a WHATWG label; several labels mean
 something else to a browser than to Python (`iso-8859-1` and `ascii` are windows-1252 on the web,
 `shift_jis` is windows-31j), and some name no text codec at all (`base64`, `rot13`, a typo). Decoding
-and detection both go through `normalize_encoding`, so a declared and a detected name always agree.
+and detection both go through `normalize_encoding`, so a declared and a detected name always agree,
+and page bytes are decoded with `decode_bytes`, which gives what a browser's decoder gives where
+Python's codec of that name differs.
 """
 
 from __future__ import annotations
@@ -75,11 +77,12 @@ _WHATWG_LABELS: dict[str, tuple[str, ...]] = {
     "cp1257": ("cp1257", "windows-1257", "x-cp1257"),
     "cp1258": ("cp1258", "windows-1258", "x-cp1258"),
     "mac-cyrillic": ("x-mac-cyrillic", "x-mac-ukrainian"),
-    "gbk": (
-        "chinese", "csgb2312", "csiso58gb231280", "gb2312", "gb_2312", "gb_2312-80", "gbk", "iso-ir-58",
-        "x-gbk",
+    # The standard's GBK decoder is its gb18030 decoder (four-byte sequences and all); Python's gbk
+    # codec rejects both those and the lone 0x80 (see `decode_bytes`).
+    "gb18030": (
+        "chinese", "csgb2312", "csiso58gb231280", "gb18030", "gb2312", "gb_2312", "gb_2312-80", "gbk",
+        "iso-ir-58", "x-gbk",
     ),
-    "gb18030": ("gb18030",),
     "big5hkscs": ("big5", "big5-hkscs", "cn-big5", "csbig5", "x-x-big5"),
     "euc_jp": ("cseucpkdfmtjapanese", "euc-jp", "x-euc-jp"),
     "iso2022_jp": ("csiso2022jp", "iso-2022-jp"),
@@ -102,7 +105,8 @@ _BROWSER_CODECS = {
     "iso8859-9": "cp1254",
     "iso8859-11": "cp874",
     "tis-620": "cp874",
-    "gb2312": "gbk",
+    "gb2312": "gb18030",
+    "gbk": "gb18030",
     "shift_jis": "cp932",
     "euc_kr": "cp949",
     "big5": "big5hkscs",
@@ -135,3 +139,32 @@ def _decodes_any_bytes(name: str) -> bool:
     except (UnicodeError, LookupError, ValueError):
         return False
     return True
+
+
+def decode_bytes(data: bytes, codec: str) -> str:
+    """`data` read with the Python codec `codec` (a `normalize_encoding` name) as a browser reads it.
+
+    Undecodable bytes become U+FFFD. In gb18030 a lone 0x80 is the euro sign: the Encoding Standard's
+    gb18030 decoder, which the web's GBK and GB2312 labels use too, reads it so (it is 0x80 in
+    Microsoft's code page 936, and GBK pages carry it there), where Python's codec rejects it.
+    """
+    if codec == "gb18030" and b"\x80" in data:
+        return data.decode(codec, errors=_euro_or_replacement())
+    return data.decode(codec, errors="replace")
+
+
+@functools.cache
+def _euro_or_replacement() -> str:
+    """The name of the decode error handler `decode_bytes` gives gb18030, registered on first use."""
+    name = "htmllm.gb18030-euro"
+    codecs.register_error(name, _euro_for_lead_0x80)
+    return name
+
+
+def _euro_for_lead_0x80(error: UnicodeError) -> tuple[str, int]:
+    """U+20AC for a 0x80 where a character starts (where Python's gb18030 stops at it), else U+FFFD."""
+    if not isinstance(error, UnicodeDecodeError):
+        raise error
+    if error.object[error.start] == 0x80:
+        return "\u20ac", error.start + 1
+    return "\ufffd", error.end

@@ -7,13 +7,8 @@ import random
 
 import pytest
 
-from service.core.decoding import (
-    decode_html,
-    normalize_encoding,
-    sniff_meta_charset,
-    utf8_payload,
-    with_declared_encoding,
-)
+from service.core.decoding import decode_html, sniff_meta_charset, utf8_payload, with_declared_encoding
+from service.core.encoding_labels import normalize_encoding
 from service.core.prune import prune_html
 
 CZECH_WORDS = [
@@ -357,6 +352,8 @@ def test_str_input_passes_through() -> None:
         b'<meta charset="utf-8"><p>\xc4\x8d and a bad byte \xff</p>',
         "<p>č</p>".encode("cp1250"),
         b'<meta charset="koi8-r"><p>\xf0\xd2\xc9</p>',
+        b'<?xml version="1.0" encoding="utf-8"?><p>caf\xe9, caf\xc3\xa9</p>',
+        b'<?xml version="1.0" encoding="iso-2022-jp"?><p>\x1b$B$3$s\x1b(B</p>',
     ],
 )
 def test_utf8_payload_agrees_with_decode_html(data: bytes) -> None:
@@ -396,3 +393,117 @@ def test_text_is_taken_as_bytes_with_a_bom_would_be() -> None:
     escaped = b"<p>caf\xe9 ok</p>".decode("utf-8", "surrogateescape")
     assert decode_html(escaped).text == "<p>caf\ufffd ok</p>"
     assert prune_html(escaped) == prune_html(b"<p>caf\xe9 ok</p>".decode("utf-8", "replace"))
+
+
+KOI8_PAGE = "<p>Съешь же ещё этих мягких французских булок, да выпей чаю.</p>"
+NOT_DECLARATIONS = {
+    "in a comment": b'<!-- <meta charset="gbk"> -->',
+    "in another tag's attribute": b'<div data-x="<meta charset=gbk>"></div>',
+    "an attribute ending in charset": b'<meta data-charset="gbk">',
+    "content without http-equiv": b'<meta name="x" content="text/html; charset=gbk">',
+    "content beside another http-equiv": b'<meta http-equiv="refresh" content="0; charset=gbk">',
+    "inside a processing instruction": b'<?php echo "<meta charset=gbk>" ?>',
+}
+
+
+@pytest.mark.parametrize("markup", NOT_DECLARATIONS.values(), ids=NOT_DECLARATIONS.keys())
+def test_the_prescan_reads_only_what_browsers_read_as_a_declaration(markup: bytes) -> None:
+    """The HTML Standard's prescan skips comments and other tags' attributes, and takes `content` only
+    beside `http-equiv="content-type"`: the page's real `<meta>` after such markup decides."""
+    data = b"<html><head>" + markup + b'<meta charset="koi8-r"></head><body>' + KOI8_PAGE.encode("koi8-r")
+    assert sniff_meta_charset(markup + b"<p>plain</p>") is None
+    assert sniff_meta_charset(data) == "koi8-r"
+    decoded = decode_html(data)
+    assert (decoded.encoding, decoded.source) == ("koi8-r", "meta")
+    assert decoded.text.endswith(KOI8_PAGE)
+
+
+@pytest.mark.parametrize(
+    ("head", "codec"),
+    [
+        # A <meta> naming no codec a page can be in is passed over for the next one.
+        (b'<meta charset="no-such-charset"><meta charset="koi8-r">', "koi8-r"),
+        (b'<meta charset="utf-7"><meta charset="koi8-r">', "koi8-r"),
+        # `charset` outranks `content` in one element, whichever comes first; a `charset` naming no
+        # codec makes the element declare nothing, whatever its `content` says.
+        (b'<meta http-equiv="Content-Type" content="text/html; charset=gbk" charset="koi8-r">', "koi8-r"),
+        (
+            b'<meta charset="bogus" http-equiv="content-type" content="text/html; charset=gbk">'
+            b'<meta charset="koi8-r">',
+            "koi8-r",
+        ),
+        # The first of an attribute given twice counts.
+        (b'<meta charset="utf-7" charset="gbk"><meta charset="koi8-r">', "koi8-r"),
+        # The spec's special cases: x-user-defined is windows-1252, BOM-less UTF-16 XML is UTF-16.
+        (b'<meta charset="x-user-defined">', "cp1252"),
+        ("<?xml".encode("utf-16-le"), "utf-16-le"),
+        ("<?xml".encode("utf-16-be"), "utf-16-be"),
+    ],
+)
+def test_the_prescan_follows_the_html_standard(head: bytes, codec: str | None) -> None:
+    assert sniff_meta_charset(head + b"<p>plain</p>") == codec
+
+
+def test_the_prescan_knows_no_script_as_browsers_do_not() -> None:
+    """Browsers' prescan reads a script's text as markup: a `<meta>` in it declares, and a `<!--` in a
+    string opens a comment that hides the real `<meta>` after it (the page then goes undeclared)."""
+    assert sniff_meta_charset(b"<script>document.write('<meta charset=\"koi8-r\">')</script>") == "koi8-r"
+    assert sniff_meta_charset(b"<script>var open = '<!--';</script><meta charset=\"koi8-r\">") is None
+
+
+def test_a_meta_outranks_the_xml_declaration() -> None:
+    """Browsers ignore an XML declaration in text/html where a `<meta>` declares: it used to win."""
+    data = b'<?xml version="1.0" encoding="iso-8859-1"?><html><head><meta charset="koi8-r"></head>'
+    decoded = decode_html(data + KOI8_PAGE.encode("koi8-r"))
+    assert (decoded.text, decoded.source) == (data.decode("ascii") + KOI8_PAGE, "meta")
+
+
+def test_utf8_outranks_the_xml_declaration() -> None:
+    """A UTF-8 page with a stale `iso-8859-1` XML declaration is UTF-8, not "GrÃ¼ÃŸe" mojibake."""
+    page = '<?xml version="1.0" encoding="iso-8859-1"?>\n<html><body><p>Grüße, Здравствуйте, 你好</p></body>'
+    data = page.encode()
+    decoded = decode_html(data)
+    assert (decoded.text, decoded.encoding, decoded.source) == (page, "utf-8", "detected")
+    assert with_declared_encoding(data, "utf-8") == data
+    assert decode_html(with_declared_encoding(data, "iso-8859-1")).text == data.decode("cp1252", "replace")
+
+
+def test_the_xml_declaration_decides_where_nothing_else_does() -> None:
+    """Without a `<meta>`, for bytes that are not UTF-8 (or are all ASCII: ISO-2022-JP), the
+    declaration beats the detector's guess: two Russian words alone are too little to go on."""
+    page = '<?xml version="1.0" encoding="windows-1251"?><html><body><p>Привет мир</p></body></html>'
+    decoded = decode_html(page.encode("cp1251"))
+    assert (decoded.text, decoded.encoding, decoded.source) == (page, "cp1251", "xml")
+    japanese = "<?xml version='1.0' encoding='iso-2022-jp'?><p>こんにちは、世界</p>"
+    data = japanese.encode("iso2022_jp")
+    assert data.isascii()
+    decoded = decode_html(data)
+    assert (decoded.text, decoded.source) == (japanese, "xml")
+    assert utf8_payload(data) is None
+    assert decode_html(with_declared_encoding(data, "utf-8")).text == data.decode("ascii")
+    # Where it names UTF-8, or nothing, ASCII bytes stay a UTF-8 payload.
+    assert utf8_payload(b'<?xml version="1.0" encoding="utf-8"?><p>x</p>') is not None
+
+
+GB18030_TEXT = "中文网页 ⺁ 𠮷 ㄅ"  # ⺁ and 𠮷 are GB18030's 0xFE50 and a four-byte code: not in Python's GBK
+
+
+@pytest.mark.parametrize(
+    "label", ["gbk", "GB2312", "x-gbk", "chinese", "csgb2312", "iso-ir-58", "GB_2312-80", "cp936"]
+)
+def test_gbk_labels_decode_as_gb18030(label: str) -> None:
+    """The Encoding Standard decodes GBK and GB2312 with its gb18030 decoder, and 0x80 is the euro sign;
+    Python's gbk codec turned both into U+FFFD."""
+    body = GB18030_TEXT.encode("gb18030") + b" \x80 5"
+    expected = f"{GB18030_TEXT} \u20ac 5"
+    assert normalize_encoding(label) == "gb18030"
+    meta = decode_html(f'<meta charset="{label}">'.encode() + body)
+    assert (meta.text, meta.encoding) == (f'<meta charset="{label}">{expected}', "gb18030")
+    assert decode_html(body, encoding=label).text == expected
+
+
+def test_gb18030_reads_0x80_as_the_euro_only_where_a_character_starts() -> None:
+    """As a second byte 0x80 is part of a two-byte character ("亐" is 0x8180); elsewhere undecodable
+    bytes are still U+FFFD."""
+    data = b'<meta charset="gb18030"><p>\x80\x81\x80\xff</p>'
+    assert decode_html(data).text == '<meta charset="gb18030"><p>\u20ac亐\ufffd</p>'
