@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
-from service.core.encoding_labels import normalize_encoding
+from service.core.encoding_labels import decode_bytes, normalize_encoding
 
 if TYPE_CHECKING:
     import numpy as np
@@ -182,7 +182,7 @@ def _neighbourhoods(sample: bytes) -> bytes:
 
 def _reading_cost(sample: bytes, name: str) -> int:
     """How many bytes of `sample` read as `name` make characters real text would not have there."""
-    text = sample.decode(name, errors="replace")
+    text = decode_bytes(sample, name)  # as the page will be decoded (gb18030: 0x80 is the euro sign)
     if name in _EAST_ASIAN:
         return sum(_east_asian_cost(text, match.start(), name) for match in _NON_ASCII.finditer(text))
     cost = _score(text)[1] + _mojibake_marks(text)

@@ -140,3 +140,12 @@ def test_a_codec_that_is_not_single_byte_is_refused_by_the_counted_form() -> Non
     for codec in ("utf-8", "gb18030", "cp037"):
         with pytest.raises(ValueError, match="single-byte"):
             charset_detection._single_byte_characters(codec)
+
+
+def test_a_gbk_euro_sign_costs_the_gb18030_reading_nothing() -> None:
+    """0x80 is the euro sign in the web's GBK (code page 936), as decode_html reads it: scoring the
+    gb18030 reading with Python's codec, which rejects 0x80, counted it as a broken byte."""
+    sample = " 价格 €20 ".encode("gb18030").replace("€".encode("gb18030"), b"\x80")
+    assert charset_detection._reading_cost(sample, "gb18030") == 0
+    page = _page("价格 €20").encode("gb18030").replace(b"\xa2\xe3", b"\x80")
+    assert decode_html(page).encoding == "gb18030"
