@@ -7,8 +7,9 @@ parts' indices is the done-set and only the other documents are embedded. When a
 merged, sorted by index, into `<output>` (again via a temporary name; refused unless they hold each index
 of the input once) and the parts directory removed; a crash during the merge just merges again. The
 on-disk rules (the lock that refuses a second run on the same output, `run.json` pinning the checkpoint's
-fingerprint and the options so a resumed run cannot mix two models, the settings kept in the output's
-metadata) are in `embed_state`.
+fingerprint and the options so a resumed run cannot mix two models, the check that a resumed input is
+the one that was started) are `resume_state`'s, shared with `htmllm extract`; the Parquet parts and the
+settings kept in the output's metadata are `embed_state`'s.
 
 Rows: `index`, `id`, `url`, `embedding` (float32 list, null on error), `tokens`, `truncated`, `error`
 (an ErrorCode, null on success), `error_message` (why, null on success), then per classification head
@@ -32,25 +33,24 @@ import os
 import sys
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from service.commands import INTERRUPTED
-from service.commands.embed_state import (
-    PART_GLOB,
+from service.commands.embed_state import ParquetParts, merge, output_settings
+from service.commands.resume_state import (
     RUN_FILE,
+    InputWalk,
+    PartWriter,
     changed,
     clean_leftovers,
     done_set,
-    merge,
-    output_settings,
     parts_dir,
     pin_settings,
     remove_parts,
     run_lock,
-    write_table,
 )
 from service.core.attention import ATTENTION_CHOICES, AUTO_ATTENTION, attention_option
 from service.core.errors import ErrorCode, HtmllmError
@@ -338,33 +338,6 @@ def _schema(dim: int, heads: list[HeadSpec]) -> pa.Schema:
     return pa.schema(fields, metadata={"htmllm.head_labels": json.dumps(labels)})
 
 
-class _PartWriter:
-    def __init__(self, parts: Path, schema: pa.Schema, part_size: int) -> None:
-        self.parts = parts
-        self.schema = schema
-        self.part_size = part_size
-        self.rows: list[dict[str, Any]] = []
-        self.next_part = 1 + max((int(p.stem.split("-")[1]) for p in parts.glob(PART_GLOB)), default=-1)
-
-    def add(self, row: dict[str, Any]) -> None:
-        self.rows.append(row)
-        if len(self.rows) >= self.part_size:
-            self.flush()
-
-    def flush(self, *, errors: bool = True) -> None:
-        """Write the rows held as a part; `errors=False` drops error rows (for an interrupted run: a worker
-        killed by the same Ctrl-C fails a page for a reason not its own; dropped, it is redone)."""
-        import pyarrow as pa
-
-        rows = self.rows if errors else [row for row in self.rows if row["error"] is None]
-        self.rows = []
-        if not rows:
-            return
-        table = pa.Table.from_pylist(rows, schema=self.schema)
-        write_table(table, self.parts / f"part-{self.next_part:06d}.parquet")
-        self.next_part += 1
-
-
 def _run(args: argparse.Namespace) -> int:
     output: Path = args.output
     parts = parts_dir(output)
@@ -385,12 +358,15 @@ def _run(args: argparse.Namespace) -> int:
             print(f"htmllm embed: {output} is complete with these settings; nothing to do", file=sys.stderr)
             return 0
         pin_settings(parts, plan.settings)
-        done = done_set(parts)
-        writer = _PartWriter(parts, _schema(plan.settings["embedding_dim"], plan.specs), args.part_size)
+        fmt = ParquetParts(_schema(plan.settings["embedding_dim"], plan.specs))
+        done = done_set(parts, fmt, command="htmllm embed")
+        writer = PartWriter(parts, fmt, args.part_size)
         try:
             outcome = asyncio.run(_embed_all(args, plan, done, writer))
         except BaseException:
-            writer.flush(errors=False)  # keep what was finished
+            # Keep what was finished, less error rows: a worker killed by the same Ctrl-C fails a page for
+            # a reason not its own; dropped, it is redone.
+            writer.flush(keep=lambda row: row["error"] is None)
             raise
         writer.flush()
         if outcome.deferred:
@@ -401,14 +377,14 @@ def _run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 1
-        rows = merge(parts, output, writer.schema, outcome.documents, plan.settings)
+        rows = merge(parts, output, fmt.schema, outcome.documents, plan.settings)
         remove_parts(parts, output)
     print(f"wrote {rows} documents to {output} ({outcome.failures} failed this run)", file=sys.stderr)
     return 0
 
 
 async def _embed_all(
-    args: argparse.Namespace, plan: _Plan, done: dict[int, str], writer: _PartWriter
+    args: argparse.Namespace, plan: _Plan, done: dict[int, str], writer: PartWriter
 ) -> _Outcome:
     """Embed every input document not in `done` and hand its row to `writer`."""
     from tqdm import tqdm
@@ -481,35 +457,20 @@ async def _embed_all(
         writer.add(row)
         progress.update(1)
 
-    def todo() -> Iterator[tuple[int, Page]]:
-        for index, page in enumerate(iter_pages(args.input, limit=args.limit, bad_rows="report")):
-            outcome.documents = index + 1
-            if index in done:
-                if done[index] != page.id:
-                    raise HtmllmError(
-                        f"input changed since the interrupted run: document {index} was {done[index]!r}, "
-                        f"now {page.id!r}; delete {parts} to start over"
-                    )
-                continue
-            yield index, page
-        last = max(done, default=-1)
-        if last >= outcome.documents:
-            raise HtmllmError(
-                f"input changed since the interrupted run: it now ends after {outcome.documents} documents, "
-                f"but document {last} ({done[last]!r}) was embedded; delete {parts} to start over"
-            )
-
     try:
         async with engine:
             prepare_for_serving()  # the model is loaded: set the garbage collector for serving
             tasks: set[asyncio.Task[None]] = set()
-            for index, page in todo():
+            walk = InputWalk(done, parts)
+            pages = iter_pages(args.input, limit=args.limit, bad_rows="report")
+            for index, page in walk.todo(pages):
                 await in_flight.acquire()
                 task = asyncio.create_task(one(index, page))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             if tasks:
                 await asyncio.gather(*tasks)
+            outcome.documents = walk.documents
     finally:
         stop_counting.set()
         progress.close()

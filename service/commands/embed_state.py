@@ -1,166 +1,58 @@
-"""The files an `htmllm embed` run keeps on disk, and the rules that make a resume safe.
-
-Beside `<output>` lives `<output>.parts/`: `lock` (held with `flock` for the whole run, so a second run on
-the same output — a scheduler retrying a job whose first attempt still lives — is refused instead of
-writing every document twice), `run.json` (the settings that determine the rows: a resume with others
-would mix two models in one file) and the append-only `part-NNNNNN.parquet` files. Everything is written
-to a hidden temporary name and renamed, so a file is complete or absent; the temporaries of a killed run
-(`.<name>.<8 random characters>.tmp`, up to the size of the output for a merge) are removed by the next
-run. The merged output carries the settings in its Parquet metadata (`htmllm.run`), so a later run can
-tell its own finished output from another run's, or from an unrelated file.
+"""What `htmllm embed` keeps on disk beyond the shared resume rules (`resume_state`): Parquet parts and the
+merged output, which carries the run's settings in its metadata (`htmllm.run`), so a later run can tell
+its own finished output from another run's, or from an unrelated file.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
-import os
-import re
-import shutil
-import socket
-import sys
-import tempfile
-import time
-from collections.abc import Iterator
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from service.commands.resume_state import UnreadablePart, complete_parts
 from service.core.atomic_files import replaced_atomically
-from service.core.errors import ErrorCode, HtmllmError
 
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
     import pyarrow as pa
 
-PART_GLOB = "part-*.parquet"
-RUN_FILE = "run.json"
-LOCK_FILE = "lock"
 RUN_METADATA_KEY = b"htmllm.run"
-# mkstemp's names: the prefix, 8 characters of its alphabet, the suffix (none before this version).
-_TEMP_NAME = r"\.{name}\.[a-z0-9_]{{8}}(\.tmp)?"
 
 
-class RunStateError(HtmllmError):
-    """The parts directory or the output is in a state this run must not touch."""
+class ParquetParts:
+    """Parts as Parquet files of the output's schema (`PartFormat`)."""
 
-    code = ErrorCode.VALIDATION
+    suffix = ".parquet"
 
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
 
-def parts_dir(output: Path) -> Path:
-    return output.with_name(output.name + ".parts")
+    def write(self, rows: list[dict[str, Any]], path: Path) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
 
+        pq.write_table(pa.Table.from_pylist(rows, schema=self.schema), path)
 
-def changed(settings: dict[str, Any], previous: dict[str, Any]) -> str:
-    """The settings that differ, for a refusal's message."""
-    return ", ".join(
-        sorted(k for k in settings.keys() | previous.keys() if settings.get(k) != previous.get(k))
-    )
+    def indices(self, path: Path) -> npt.NDArray[np.int64]:
+        import numpy as np
 
+        return np.asarray(self._read(path, ["index"])["index"].to_numpy(), dtype=np.int64)
 
-def write_table(table: pa.Table, path: Path) -> None:
-    import pyarrow.parquet as pq
+    def keys(self, path: Path) -> tuple[Sequence[int], Sequence[str]]:
+        table = self._read(path, ["index", "id"])
+        return table["index"].to_pylist(), table["id"].to_pylist()
 
-    with replaced_atomically(path, suffix=".tmp", durable=True) as tmp:
-        pq.write_table(table, tmp)
+    @staticmethod
+    def _read(path: Path, columns: list[str]) -> pa.Table:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
 
-
-def _write_json(settings: dict[str, Any], path: Path) -> None:
-    with replaced_atomically(path, suffix=".tmp", durable=True) as tmp:
-        tmp.write_text(json.dumps(settings, sort_keys=True), encoding="utf-8")
-
-
-def clean_leftovers(output: Path, parts: Path) -> None:
-    """Remove the temporaries of killed runs: a merge's beside the output, a part's or run.json's in
-    `parts`. Only under the lock, since a live run's temporaries have the same names."""
-    pattern = re.compile(_TEMP_NAME.format(name=re.escape(output.name)))
-    for entry in output.parent.iterdir():
-        if pattern.fullmatch(entry.name):
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)  # a parts directory removed after its merge, cut short
-            else:
-                entry.unlink()
-    for entry in parts.iterdir():
-        if entry.name.startswith((".part-", ".run.")):
-            entry.unlink()
-
-
-@contextlib.contextmanager
-def run_lock(parts: Path) -> Iterator[None]:
-    """Hold `parts/lock` for the whole run (creating `parts`); refuse when another run holds it.
-
-    A run that finishes removes `parts` with the lock file in it, so a lock taken on a file no longer at
-    that path is let go and taken again on the new directory.
-    """
-    for _ in range(5):
-        parts.mkdir(parents=True, exist_ok=True)
-        lock = parts / LOCK_FILE
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "a process"
-                raise RunStateError(
-                    f"another run ({holder}) is writing {parts}; wait for it to end, or stop it first"
-                ) from None
-            try:
-                current = os.stat(lock)
-            except FileNotFoundError:
-                continue
-            if current.st_ino != os.fstat(fd).st_ino:
-                continue
-            started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {started}\n".encode(), 0)
-            yield
-            return
-        finally:
-            os.close(fd)
-    raise RunStateError(f"{parts} keeps being removed while this run locks it; is another run finishing?")
-
-
-def pin_settings(parts: Path, settings: dict[str, Any]) -> None:
-    """Pin the run's settings in run.json; a resume with other settings is refused once a part exists
-    (before that nothing depends on them, and a typo's run.json must not lock the output)."""
-    pin = parts / RUN_FILE
-    if pin.is_file() and any(parts.glob(PART_GLOB)):
-        try:
-            previous = json.loads(pin.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise RunStateError(f"{pin} cannot be read ({exc}); delete {parts} to start over") from exc
-        if previous != settings:
-            raise RunStateError(
-                f"{parts} holds a run with other settings ({changed(settings, previous)}); "
-                "delete it to start over"
-            )
-        return
-    _write_json(settings, pin)
-
-
-def done_set(parts: Path) -> dict[int, str]:
-    """Indices (and ids) written by the parts. A part that cannot be read is removed, and its documents
-    are embedded again: parts are written to a temporary name, fsynced and renamed, so an unreadable
-    one is damage from outside, and dropping it only shrinks the done-set (the merge checks the result
-    holds every index once)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    done: dict[int, str] = {}
-    for part in sorted(parts.glob(PART_GLOB)):
-        try:
-            table = pq.read_table(part, columns=["index", "id"])
+            return pq.read_table(path, columns=columns)
         except (pa.ArrowException, OSError) as exc:
-            print(
-                f"htmllm embed: {part} cannot be read ({exc}); its documents are embedded again",
-                file=sys.stderr,
-            )
-            part.unlink()
-            continue
-        for index, page_id in zip(table["index"].to_pylist(), table["id"].to_pylist(), strict=True):
-            if index in done:
-                raise RunStateError(f"document {index} appears twice in {parts}; delete it to start over")
-            done[index] = page_id
-    return done
+            raise UnreadablePart(str(exc)) from exc
 
 
 # Indices the merge writes at a time: a run of millions of pages is merged in windows of this size, never
@@ -179,31 +71,11 @@ def merge(parts: Path, output: Path, schema: pa.Schema, documents: int, settings
     few of them; memory stays one window whatever the run's size (a 10M-page run had needed all of its
     embeddings in memory twice, for the concatenation and the sort).
     """
-    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    files = sorted(parts.glob(PART_GLOB))
-    ranges: list[tuple[int, int, Path]] = []
-    indices = []
-    for part in files:
-        try:
-            index = pq.read_table(part, columns=["index"])["index"].to_numpy()
-        except (pa.ArrowException, OSError) as exc:
-            raise RunStateError(
-                f"{part} cannot be read ({exc}); delete it and run again to embed its documents again"
-            ) from exc
-        if len(index):
-            ranges.append((int(index.min()), int(index.max()), part))
-            indices.append(index)
-    every = np.sort(np.concatenate(indices)) if indices else np.empty(0, dtype=np.int64)
-    if not np.array_equal(every, np.arange(documents)):
-        missing = documents - len(np.intersect1d(every, np.arange(documents)))
-        raise RunStateError(
-            f"{parts} does not hold documents 0..{documents - 1} once each ({len(every)} rows, "
-            f"{missing} missing); not writing {output}: delete {parts} to start over"
-        )
+    ranges = complete_parts(parts, ParquetParts(schema), documents, output)
     metadata = {**(schema.metadata or {}), RUN_METADATA_KEY: json.dumps(settings, sort_keys=True)}
     with (
         replaced_atomically(output, suffix=".tmp", durable=True) as tmp,
@@ -235,11 +107,3 @@ def output_settings(output: Path) -> dict[str, Any] | None:
     except (pa.ArrowException, OSError, ValueError):
         return None
     return settings if isinstance(settings, dict) else None
-
-
-def remove_parts(parts: Path, output: Path) -> None:
-    """Remove `parts` in one rename, then delete it: a kill in between leaves a temporary that the next
-    run removes, never a parts directory missing some parts."""
-    trash = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp"))
-    os.replace(parts, trash / "parts")
-    shutil.rmtree(trash)

@@ -4,11 +4,21 @@ One output row per input page, in input order. A page an extractor fails on, and
 be read (not JSON, a missing file), gets an `error` object in its row rather than stopping the run; only an
 input source that does not exist or an unwritable output path fails the command.
 
-The input is opened before the output is touched, and an output file is written beside itself under a
-temporary name and renamed over the old one only when the run completes: a typo in `--input`, a crash
-or a Ctrl-C leaves an existing output as it was. Ctrl-C stops at once (queued pages cancelled, busy
-workers killed) with exit code 130. An output that is the input (or the input directory's
-manifest) is refused, since the run would replace what it reads.
+Resumable as `htmllm embed` is, with the same rules (`resume_state`): rows go, in input order, to
+append-only parts in `<output>.parts/` (each a JSON header line with its first index, its pages' ids and
+its body's length, then its rows; written whole or not at all), under a lock, with `run.json` pinning the
+input and the options that determine the rows. A restart after `kill -9` or Ctrl-C skips the pages done
+(checking they are the same pages) and extracts the rest; a restart with other options, or an input that
+changed, is refused with a message naming what differs. When every page is done the parts are
+concatenated into `<output>` under a temporary name, renamed over the old file and the parts removed.
+A finished output records nothing of how it was made (a JSONL file has no metadata), so a later run
+extracts again and replaces it, as it always did.
+
+The input is opened before the output is touched: a typo in `--input`, a crash or a Ctrl-C leaves an
+existing output as it was. Ctrl-C stops at once (queued pages cancelled, busy workers killed) with exit
+code 130. An output that is the input (or the input directory's manifest) is refused, since the run
+would replace what it reads. Standard output (`-`) and an existing output that is not a regular file
+(`/dev/null`, a FIFO) are written in place, and such a run cannot be resumed.
 """
 
 from __future__ import annotations
@@ -17,24 +27,47 @@ import argparse
 import itertools
 import json
 import os
+import shutil
 import stat
 import sys
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from service.commands import INTERRUPTED
+from service.commands.resume_state import (
+    InputWalk,
+    PartWriter,
+    RunStateError,
+    UnreadablePart,
+    clean_leftovers,
+    complete_parts,
+    done_set,
+    holds_parts,
+    parts_dir,
+    pin_settings,
+    remove_parts,
+    run_lock,
+)
 from service.core.atomic_files import replaced_atomically
 
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    from tqdm import tqdm
+
     from service.core.extract import Extraction, ExtractionError, ExtractorPool
     from service.core.pages import Page
 
 _EXTRACTOR_CHOICES = ("union", "all", "resiliparse", "trafilatura", "justext")
+_EXTRACTOR_DISTRIBUTIONS = ("resiliparse", "trafilatura", "justext")
+# Bumped when the rows change; run.json pins it, so parts of an older layout are never merged with new.
+ROW_FORMAT = 1
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -77,6 +110,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         default=None,
         help="extractor processes run in parallel (default: one per usable CPU, up to 4)",
     )
+    parser.add_argument("--part-size", type=int, default=512, help="pages per part file (resume grain)")
     parser.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
     parser.set_defaults(func=run)
 
@@ -137,35 +171,221 @@ def _is_input(output: str, source: str) -> bool:
     return False
 
 
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What determines the rows, pinned for a resume: the input, the options that change a row, and the
+    extractor libraries' versions (an upgrade between two attempts would mix two extractors' texts)."""
+    settings: dict[str, Any] = {
+        "row_format": ROW_FORMAT,
+        "input": str(Path(args.input).resolve()),
+        "limit": args.limit,
+        "extractor": args.extractor,
+        "min_words": args.min_words,
+        "timeout_s": args.timeout_s,
+        "versions": {name: _version(name) for name in _EXTRACTOR_DISTRIBUTIONS},
+    }
+    if args.extractor == "union":
+        settings["order"] = args.order
+        if args.order == "random":
+            settings["seed"] = args.seed
+    return settings
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
+class _JsonlParts:
+    """Parts as JSONL (`resume_state.PartFormat`): a header line, then the rows as the output has them.
+
+    The header holds the part's first index and its pages' ids (a part holds consecutive indices, so the
+    merge is a concatenation in order of first index), its body's length in bytes (a part cut short from
+    outside is told from a whole one) and its rows' error and filter counts (for the final summary).
+    """
+
+    suffix = ".jsonl"
+
+    def write(self, rows: list[dict[str, Any]], path: Path) -> None:
+        first = rows[0]["index"]
+        if [row["index"] for row in rows] != list(range(first, first + len(rows))):
+            raise RuntimeError(f"a part's indices must be consecutive, got {[row['index'] for row in rows]}")
+        body = "".join(json.dumps(row["row"], ensure_ascii=False) + "\n" for row in rows).encode("utf-8")
+        header = {
+            "first": first,
+            "ids": [row["id"] for row in rows],
+            "bytes": len(body),
+            "errors": sum("error" in row["row"] for row in rows),
+            "passed": sum(bool(row["row"].get("passed")) for row in rows),
+        }
+        with path.open("wb") as handle:
+            handle.write(json.dumps(header, ensure_ascii=False).encode("utf-8") + b"\n")
+            handle.write(body)
+
+    def indices(self, path: Path) -> npt.NDArray[np.int64]:
+        import numpy as np
+
+        header = self.header(path)
+        return np.arange(header["first"], header["first"] + len(header["ids"]), dtype=np.int64)
+
+    def keys(self, path: Path) -> tuple[Sequence[int], Sequence[str]]:
+        header = self.header(path)
+        return range(header["first"], header["first"] + len(header["ids"])), header["ids"]
+
+    @staticmethod
+    def header(path: Path) -> dict[str, Any]:
+        """The part's header, checked against the file; `UnreadablePart` if they disagree."""
+        try:
+            with path.open("rb") as handle:
+                line = handle.readline()
+            header = json.loads(line)
+            size = path.stat().st_size
+        except (OSError, ValueError) as exc:
+            raise UnreadablePart(str(exc)) from exc
+        if not (
+            isinstance(header, dict)
+            and isinstance(header.get("first"), int)
+            and isinstance(header.get("ids"), list)
+            and isinstance(header.get("bytes"), int)
+        ):
+            raise UnreadablePart("its first line is not a part header")
+        if size != len(line) + header["bytes"]:
+            raise UnreadablePart(f"{size} bytes, but its header says {len(line) + header['bytes']}")
+        return header
+
+
+def _extract_all(
+    todo: Iterable[tuple[int, Page]],
+    args: argparse.Namespace,
+    workers: int,
+    emit: Callable[[int, dict[str, Any]], None],
+    bar: tqdm[Any],
+) -> None:
+    """Extract each (index, page) of `todo` and hand its row to `emit`, in `todo`'s order."""
+    from service.core.extract import ExtractorPool
+
+    with ExtractorPool(workers) as pool, ThreadPoolExecutor(max_workers=workers) as executor:
+        pending: deque[tuple[int, Future[dict[str, Any]]]] = deque()
+
+        def drain(keep: int) -> None:
+            while len(pending) > keep:
+                index, future = pending.popleft()
+                emit(index, future.result())
+                bar.update(1)
+
+        try:
+            # A bounded window keeps memory flat on big collections and rows in input order.
+            for index, page in todo:
+                pending.append((index, executor.submit(_process, page, args, pool)))
+                drain(2 * workers)
+            drain(0)
+        except BaseException:
+            # Ctrl-C or a crash: the window's pages are not waited for (the executor's exit would run
+            # every queued page, each up to three time limits): queued ones are cancelled and closing the
+            # pool kills the busy workers, whose jobs then end at once.
+            for _, future in pending:
+                future.cancel()
+            pool.close()
+            raise
+
+
 @contextmanager
-def _open_output(path: str) -> Iterator[IO[str]]:
-    """Standard output for '-'; else a temporary file beside `path`, renamed over it only when the block
-    ends without an exception, with the mode `open(path, "w")` would have left."""
+def _open_in_place(path: str) -> Iterator[IO[str]]:
+    """Standard output for '-', else `path` opened for writing as it is (not a regular file)."""
     if path == "-":
         yield sys.stdout
         return
-    target = Path(path).resolve()  # through a symlink: the link keeps pointing at the new output
-    if target.exists() and not target.is_file():  # /dev/null, a FIFO: written in place, never replaced
-        with target.open("w", encoding="utf-8") as handle:
-            yield handle
-        return
-    mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else None  # None: as a new file's
-    with (
-        replaced_atomically(target, mode=mode, suffix=".tmp") as tmp,
-        tmp.open("w", encoding="utf-8") as handle,
-    ):
+    with Path(path).resolve().open("w", encoding="utf-8") as handle:
         yield handle
 
 
-def run(args: argparse.Namespace) -> int:
+def _bar(args: argparse.Namespace, initial: int = 0) -> tqdm[Any]:
     from tqdm import tqdm
 
-    from service.core.extract import (
-        ExtractionOptionsError,
-        ExtractorPool,
-        default_workers,
-        resolve_order,
-    )
+    return tqdm(initial=initial, total=args.limit, unit="page", file=sys.stderr, disable=args.no_progress)
+
+
+def _stream(args: argparse.Namespace, pages: Iterable[Page], workers: int) -> str:
+    """Write the rows as they come (standard output, a FIFO): nothing to resume from. Returns the
+    summary."""
+    counts = {"pages": 0, "errors": 0, "passed": 0}
+    with _open_in_place(args.output) as out, _bar(args) as bar:
+
+        def emit(_: int, row: dict[str, Any]) -> None:
+            counts["pages"] += 1
+            counts["errors"] += "error" in row
+            counts["passed"] += bool(row.get("passed"))
+            out.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+        _extract_all(enumerate(pages), args, workers, emit, bar)
+    return _summary(args, counts["pages"], counts["errors"], counts["passed"])
+
+
+def _resumable(args: argparse.Namespace, target: Path, pages: Iterable[Page], workers: int) -> str:
+    """Extract the pages not done by an interrupted run into parts, then merge them into `target`.
+    Returns the summary."""
+    parts = parts_dir(target)
+    fmt = _JsonlParts()
+    with run_lock(parts, parents=False):  # a missing directory is the user's typo: not created
+        clean_leftovers(target, parts)
+        pin_settings(parts, _settings(args))
+        done = done_set(parts, fmt, command="htmllm extract")
+        walk = InputWalk(done, parts)
+        writer = PartWriter(parts, fmt, args.part_size)
+
+        def emit(index: int, row: dict[str, Any]) -> None:
+            if writer.rows and writer.rows[-1]["index"] + 1 != index:
+                writer.flush()  # after a gap in the done-set: a part holds consecutive indices
+            writer.add({"index": index, "id": row["id"], "row": row})
+
+        try:
+            with _bar(args, len(done)) as bar:
+                _extract_all(walk.todo(pages), args, workers, emit, bar)
+        except BaseException:
+            # Keep what was finished: rows are emitted only from pages whose extraction ended, and the
+            # workers ignore Ctrl-C, so none of them failed because of it.
+            writer.flush()
+            if not holds_parts(parts):
+                remove_parts(parts, target)  # nothing to resume from: leave nothing behind
+            raise
+        writer.flush()
+        errors, passed = _merge(parts, target, walk.documents)
+        remove_parts(parts, target)
+    summary = _summary(args, walk.documents, errors, passed)
+    return summary + (f"; {len(done)} of them done by the interrupted run" if done else "")
+
+
+def _merge(parts: Path, target: Path, documents: int) -> tuple[int, int]:
+    """Concatenate the parts, in index order, into `target` (a complete file or the old one), with the
+    mode the old one had; returns the rows' error and filter counts."""
+    fmt = _JsonlParts()
+    ranges = complete_parts(parts, fmt, documents, target)
+    mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else None  # None: as a new file's
+    errors = passed = 0
+    with (
+        replaced_atomically(target, mode=mode, suffix=".tmp", durable=True) as tmp,
+        tmp.open("wb") as out,
+    ):
+        for _, _, part in ranges:
+            header = fmt.header(part)
+            errors += header["errors"]
+            passed += header["passed"]
+            with part.open("rb") as handle:
+                handle.readline()
+                shutil.copyfileobj(handle, out, 1 << 20)
+    return errors, passed
+
+
+def _summary(args: argparse.Namespace, pages: int, errors: int, passed: int) -> str:
+    summary = f"htmllm extract: {pages} pages, {errors} failed"
+    if args.extractor != "all":
+        summary += f", {passed} passed the filter (>= {args.min_words} words)"
+    return summary
+
+
+def run(args: argparse.Namespace) -> int:
+    from service.core.extract import ExtractionOptionsError, default_workers, resolve_order
     from service.core.pages import PageSourceError, iter_pages
 
     workers = default_workers() if args.workers is None else args.workers
@@ -174,6 +394,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if not args.timeout_s > 0 or args.min_words < 0:  # else every row an error, and the output replaced
         print("htmllm extract: --timeout-s must be > 0 and --min-words >= 0", file=sys.stderr)
+        return 2
+    if args.part_size < 1:
+        print("htmllm extract: --part-size must be >= 1", file=sys.stderr)
         return 2
     try:
         if args.extractor == "union":
@@ -188,7 +411,10 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
 
-    counts = {"pages": 0, "errors": 0, "passed": 0}
+    # Through a symlink: the link keeps pointing at the new output. Not a regular file (/dev/null, a
+    # FIFO): written in place, never replaced, and so never resumed.
+    target = None if args.output == "-" else Path(args.output).resolve()
+    in_place = target is None or (target.exists() and not target.is_file())
     try:
         pages: Iterator[Page] = iter_pages(args.input, limit=args.limit, bad_rows="report")
         # Read the first page before the output is opened: a source that does not exist (or cannot be
@@ -196,50 +422,28 @@ def run(args: argparse.Namespace) -> int:
         first = next(pages, None)
         if first is not None:
             pages = itertools.chain([first], pages)
-        with (
-            _open_output(args.output) as out,
-            ExtractorPool(workers) as pool,
-            ThreadPoolExecutor(max_workers=workers) as executor,
-            tqdm(total=args.limit, unit="page", file=sys.stderr, disable=args.no_progress) as bar,
-        ):
-            pending: deque[Future[dict[str, Any]]] = deque()
-
-            def drain(keep: int) -> None:
-                while len(pending) > keep:
-                    row = pending.popleft().result()
-                    counts["pages"] += 1
-                    counts["errors"] += "error" in row
-                    counts["passed"] += bool(row.get("passed"))
-                    out.write(json.dumps(row, ensure_ascii=False) + "\n")
-                    bar.update(1)
-
-            try:
-                # A bounded window keeps memory flat on big collections and rows in input order.
-                for page in pages:
-                    pending.append(executor.submit(_process, page, args, pool))
-                    drain(2 * workers)
-                drain(0)
-            except BaseException:
-                # Ctrl-C or a crash: the window's pages are not waited for (the executor's exit would
-                # run every queued page, each up to three time limits): queued ones are cancelled and
-                # closing the pool kills the busy workers, whose jobs then end at once.
-                for future in pending:
-                    future.cancel()
-                pool.close()
-                raise
+        if target is None or in_place:
+            summary = _stream(args, pages, workers)
+        else:
+            summary = _resumable(args, target, pages, workers)
     except KeyboardInterrupt:
-        kept = "" if args.output == "-" else f"; {args.output} was left as it was"
-        print(f"htmllm extract: interrupted{kept}", file=sys.stderr)
+        if target is None:
+            print("htmllm extract: interrupted", file=sys.stderr)
+        elif not in_place and parts_dir(target).exists():
+            print(
+                f"htmllm extract: interrupted; {args.output} was left as it was; what was finished is kept "
+                f"in {parts_dir(target)}: run the same command again to go on",
+                file=sys.stderr,
+            )
+        else:
+            print(f"htmllm extract: interrupted; {args.output} was left as it was", file=sys.stderr)
         return INTERRUPTED
-    except PageSourceError as exc:
+    except (PageSourceError, RunStateError) as exc:
         print(f"htmllm extract: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
-        # strerror alone: the path in str(exc) may be the temporary file's, which the user never named
+        # strerror alone: the path in str(exc) may be a temporary file's, which the user never named
         print(f"htmllm extract: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
         return 1
-    summary = f"htmllm extract: {counts['pages']} pages, {counts['errors']} failed"
-    if args.extractor != "all":
-        summary += f", {counts['passed']} passed the filter (>= {args.min_words} words)"
     print(summary, file=sys.stderr)
     return 0

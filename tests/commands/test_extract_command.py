@@ -7,10 +7,12 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from service.cli import main
+from tests.factories.cli import cli, kill_minus_nine_when, write_pages
 
 OLD = "the previous run's rows\n"
 
@@ -130,3 +132,135 @@ def test_ctrl_c_stops_at_once_and_leaves_the_output_as_it_was(
     assert capsys.readouterr().err == f"htmllm extract: interrupted; {output} was left as it was\n"
     assert output.read_text() == OLD
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl"]
+
+
+def _args(source: Path, output: Path | str, *options: str) -> list[str]:
+    return ["extract", "--input", str(source), "--output", str(output), "--workers", "1", "--no-progress",
+            *options]  # fmt: skip
+
+
+def _stop_before_merge(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
+    """Run until every part is written and stop as a kill before the merge would (Ctrl-C there)."""
+    import service.commands.extract as command
+
+    def interrupted(*_: object) -> tuple[int, int]:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(command, "_merge", interrupted)
+        assert main(args) == 130
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def _untimed(row: dict[str, Any]) -> dict[str, Any]:
+    """A row less its timings, the one thing two runs over the same pages write differently."""
+    attempts = [{k: v for k, v in a.items() if k != "elapsed_s"} for a in row.get("attempts", [])]
+    return {**{k: v for k, v in row.items() if k != "elapsed_s"}, "attempts": attempts}
+
+
+@pytest.mark.slow  # a CLI process, and extractor workers for two more runs
+def test_kill_minus_nine_then_resume_extracts_each_page_once_in_input_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+
+    n = 300
+    source = tmp_path / "pages.jsonl"
+    write_pages(source, n)
+    out = tmp_path / "out.jsonl"
+    parts = tmp_path / "out.jsonl.parts"
+    args = cli(*_args(source, out, "--part-size", "4"))
+    kill_minus_nine_when(args, lambda: len(list(parts.glob("part-*.jsonl"))) >= 3)
+    assert not out.exists(), "the first run finished before it could be killed"
+    written_before = sum(len(json.loads(p.read_bytes().split(b"\n")[0])["ids"]) for p in parts.glob("part-*"))
+    assert 0 < written_before < n
+
+    assert main(args[3:]) == 0
+    assert f"{n} pages, 0 failed" in capsys.readouterr().err
+    assert not parts.exists()
+    uninterrupted = tmp_path / "uninterrupted.jsonl"
+    assert main(_args(source, uninterrupted, "--part-size", "4")) == 0
+    rows = _rows(out)
+    assert [row["id"] for row in rows] == [f"p{i}" for i in range(n)]
+    assert all("text" in row and "error" not in row for row in rows)
+    assert [_untimed(row) for row in rows] == [_untimed(row) for row in _rows(uninterrupted)]
+
+
+def test_ctrl_c_keeps_the_parts_and_a_resume_with_other_options_or_input_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As `htmllm embed`: run.json pins the input and the options that make the rows, a resume with
+    others would mix two runs' rows in one file; the output is not touched until the resume ends."""
+    source = _unreadable_rows(tmp_path / "in.jsonl", 5)
+    output = tmp_path / "results.jsonl"
+    output.write_text(OLD)
+    args = _args(source, output, "--part-size", "2")
+    _stop_before_merge(monkeypatch, args)
+    parts = tmp_path / "results.jsonl.parts"
+    assert capsys.readouterr().err == (
+        f"htmllm extract: interrupted; {output} was left as it was; what was finished is kept in {parts}: "
+        "run the same command again to go on\n"
+    )
+    assert len(list(parts.glob("part-*.jsonl"))) == 3
+
+    assert main([*args, "--min-words", "10"]) == 1
+    assert capsys.readouterr().err == (
+        f"htmllm extract: {parts} holds a run with other settings (min_words); delete it to start over\n"
+    )
+    assert main([*args, "--extractor", "trafilatura"]) == 1
+    assert "other settings (extractor, order); delete it" in capsys.readouterr().err
+    other = _unreadable_rows(tmp_path / "other.jsonl", 5)
+    assert main(_args(other, output, "--part-size", "2")) == 1
+    assert "other settings (input); delete it" in capsys.readouterr().err
+    assert output.read_text() == OLD
+
+    assert main([*args, "--workers", "2", "--part-size", "3"]) == 0  # neither changes a row
+    assert "5 pages, 5 failed, 0 passed the filter (>= 50 words); 5 of them done by the interrupted run" in (
+        capsys.readouterr().err
+    )
+    assert [row["id"] for row in _rows(output)] == [f"r{i}" for i in range(5)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "other.jsonl", "results.jsonl"]
+
+
+def test_a_resume_over_an_input_that_changed_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = _unreadable_rows(tmp_path / "in.jsonl", 4)
+    output = tmp_path / "results.jsonl"
+    args = _args(source, output, "--part-size", "2")
+    _stop_before_merge(monkeypatch, args)
+    source.write_text("".join(json.dumps({"id": f"new{i}"}) + "\n" for i in range(4)))
+    assert main(args) == 1
+    assert (
+        "input changed since the interrupted run: document 0 was 'r0', now 'new0'" in capsys.readouterr().err
+    )
+    assert not output.exists()
+
+
+def test_a_part_cut_short_is_extracted_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = _unreadable_rows(tmp_path / "in.jsonl", 6)
+    output = tmp_path / "results.jsonl"
+    args = _args(source, output, "--part-size", "2")
+    _stop_before_merge(monkeypatch, args)
+    capsys.readouterr()
+    parts = sorted((tmp_path / "results.jsonl.parts").glob("part-*.jsonl"))
+    parts[1].write_bytes(parts[1].read_bytes()[:-10])  # damaged from outside
+    assert main(args) == 0
+    assert f"{parts[1]} cannot be read" in capsys.readouterr().err
+    rows = _rows(output)
+    assert [row["id"] for row in rows] == [f"r{i}" for i in range(6)] and all("error" in row for row in rows)
+
+
+def test_standard_output_is_written_as_rows_come_and_leaves_nothing_to_resume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = _unreadable_rows(tmp_path / "in.jsonl", 3)
+    assert main(_args(source, "-", "--part-size", "1")) == 0
+    captured = capsys.readouterr()
+    assert [json.loads(line)["id"] for line in captured.out.splitlines()] == ["r0", "r1", "r2"]
+    assert "3 pages, 3 failed" in captured.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]

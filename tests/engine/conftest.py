@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,23 +12,12 @@ from service.core.checkpoint import load_checkpoint
 from service.engine.runners import PreparedBatch, RunnerOutput
 from service.engine.runners.torch import TorchRunner
 from tests.factories.checkpoint import build_tiny_checkpoint
-from tests.factories.tokenizer import WORDS
+from tests.factories.pages import make_pages
 
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_checkpoint(tmp_path_factory.mktemp("engine") / "tiny")
-
-
-def make_pages(n: int, *, seed: int = 0, min_words: int = 1, max_words: int = 60) -> list[str]:
-    """Raw HTML pages whose lengths vary a lot, so batches carry real padding."""
-    rng = random.Random(seed)
-    pages = []
-    for i in range(n):
-        words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(min_words, max_words)))
-        head = f"<head><title>Page {i}</title><script>x()</script></head>"
-        pages.append(f"<html>{head}<body><p>{words}</p></body></html>")
-    return pages
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +21,9 @@ import torch
 
 from service.cli import main
 from service.engine import Document, DocumentResult, Engine
-from tests.engine.conftest import make_pages
+from tests.factories.cli import ROOT, cli, cli_env, kill_minus_nine_when, write_pages
+from tests.factories.pages import make_pages
 from tests.factories.warc import HttpResponse, response, warc_gz
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _write_pages(path: Path, n: int) -> list[str]:
-    pages = make_pages(n, seed=5, min_words=40, max_words=200)
-    with path.open("w", encoding="utf-8") as handle:
-        for i, html in enumerate(pages):
-            handle.write(json.dumps({"id": f"p{i}", "url": f"https://example.com/{i}", "html": html}) + "\n")
-    return pages
 
 
 async def _embed(checkpoint: Path, pages: list[str]) -> list[DocumentResult]:
@@ -41,33 +31,22 @@ async def _embed(checkpoint: Path, pages: list[str]) -> list[DocumentResult]:
         return await engine.embed([Document(html=p) for p in pages])
 
 
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "service.cli", "embed", *args]
-
-
 @pytest.mark.slow  # two CLI processes, each importing torch
 def test_kill_minus_nine_then_resume_writes_each_document_once(tiny_checkpoint: Path, tmp_path: Path) -> None:
     n = 160
-    pages = _write_pages(tmp_path / "pages.jsonl", n)
+    pages = write_pages(tmp_path / "pages.jsonl", n)
     out = tmp_path / "out.parquet"
     parts = tmp_path / "out.parquet.parts"
-    args = _cli(
-        "--checkpoint", str(tiny_checkpoint), "--input", str(tmp_path / "pages.jsonl"), "--output", str(out),
-        "--part-size", "8", "--batch-size", "4", "--no-progress",
+    args = cli(
+        "embed", "--checkpoint", str(tiny_checkpoint), "--input", str(tmp_path / "pages.jsonl"),
+        "--output", str(out), "--part-size", "8", "--batch-size", "4", "--no-progress",
     )  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    first = subprocess.Popen(args, cwd=ROOT, env=env, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and len(list(parts.glob("part-*.parquet"))) < 3:
-        assert first.poll() is None, first.stderr.read().decode() if first.stderr else ""
-        time.sleep(0.005)
-    first.send_signal(signal.SIGKILL)
-    first.wait()
+    kill_minus_nine_when(args, lambda: len(list(parts.glob("part-*.parquet"))) >= 3)
     assert not out.exists(), "the first run finished before it could be killed"
     written_before = sum(pq.read_table(p).num_rows for p in parts.glob("part-*.parquet"))
     assert 0 < written_before < n
 
-    second = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    second = subprocess.run(args, cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr
     assert not parts.exists()
     table = pq.read_table(out)
@@ -169,7 +148,7 @@ def test_a_warc_file_is_embedded_like_the_pages_it_holds(
 def test_the_model_in_a_child_process_writes_what_the_engine_gives(
     tiny_checkpoint: Path, tmp_path: Path
 ) -> None:
-    pages = _write_pages(tmp_path / "pages.jsonl", 12)
+    pages = write_pages(tmp_path / "pages.jsonl", 12)
     out = tmp_path / "out.parquet"
     args = ["embed", "--checkpoint", str(tiny_checkpoint), "--input", str(tmp_path / "pages.jsonl")]
     assert main([*args, "--output", str(out), "--inference-process", "--no-progress"]) == 0
@@ -207,7 +186,7 @@ def test_ctrl_c_keeps_what_was_finished_and_the_resume_embeds_the_rest(
     """Documents in flight at Ctrl-C fail with shutting_down: they must be left for the resume, not
     written as done error rows; the command ends with one line and status 130."""
     n = 40
-    _write_pages(tmp_path / "pages.jsonl", n)
+    write_pages(tmp_path / "pages.jsonl", n)
     out = tmp_path / "out.parquet"
     args = _args(tiny_checkpoint, tmp_path / "pages.jsonl", out, "--part-size", "1", "--batch-size", "4")
     original = Engine.embed
@@ -243,7 +222,7 @@ def test_a_failure_a_retry_may_fix_is_left_for_the_next_run(
 ) -> None:
     from service.engine.types import BackendError
 
-    _write_pages(tmp_path / "pages.jsonl", 8)
+    write_pages(tmp_path / "pages.jsonl", 8)
     out = tmp_path / "out.parquet"
     args = _args(tiny_checkpoint, tmp_path / "pages.jsonl", out, "--part-size", "2")
     original = Engine.embed
@@ -274,7 +253,7 @@ def test_a_failure_a_retry_may_fix_is_left_for_the_next_run(
 def test_a_second_run_on_the_same_output_is_refused(
     tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _write_pages(tmp_path / "pages.jsonl", 3)
+    write_pages(tmp_path / "pages.jsonl", 3)
     out = tmp_path / "out.parquet"
     parts = tmp_path / "out.parquet.parts"
     parts.mkdir()
@@ -300,14 +279,15 @@ def test_the_merge_refuses_parts_without_each_document_once(
     import pyarrow as pa
 
     from service.commands.embed import _schema
-    from service.commands.embed_state import RunStateError, merge, write_table
+    from service.commands.embed_state import merge
+    from service.commands.resume_state import RunStateError
 
     schema = _schema(4, [])
     parts = tmp_path / "out.parquet.parts"
     parts.mkdir()
     for number, indices in enumerate(parts_indices):
         rows = [{"index": i, "id": f"p{i}"} for i in indices]
-        write_table(pa.Table.from_pylist(rows, schema=schema), parts / f"part-{number:06d}.parquet")
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), parts / f"part-{number:06d}.parquet")
     with pytest.raises(RunStateError, match="once each"):
         merge(parts, tmp_path / "out.parquet", schema, documents, {})
     assert not (tmp_path / "out.parquet").exists()
@@ -330,9 +310,7 @@ def test_the_merge_streams_windows_of_parts_in_any_order(
     layout = [[4, 2, 5], [0, 1], [9, 3], [6, 8, 7]]
     for number, indices in enumerate(layout):
         rows = [{"index": i, "id": f"p{i}", "embedding": [float(i)] * 4} for i in indices]
-        embed_state.write_table(
-            pa.Table.from_pylist(rows, schema=schema), parts / f"part-{number:06d}.parquet"
-        )
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), parts / f"part-{number:06d}.parquet")
     monkeypatch.setattr(embed_state, "MERGE_WINDOW_ROWS", window)
     assert embed_state.merge(parts, tmp_path / "out.parquet", schema, 10, {"k": 1}) == 10
     merged = pq.read_table(tmp_path / "out.parquet")
@@ -349,7 +327,7 @@ def test_resume_with_another_checkpoint_or_dtype_is_refused(
     the same checkpoint (other mtimes) resumes."""
     from tests.factories.checkpoint import build_tiny_checkpoint
 
-    _write_pages(tmp_path / "pages.jsonl", 4)
+    write_pages(tmp_path / "pages.jsonl", 4)
     out = tmp_path / "out.parquet"
     _stop_before_merge(monkeypatch, _args(tiny_checkpoint, tmp_path / "pages.jsonl", out, "--part-size", "2"))
     retrained = build_tiny_checkpoint(tmp_path / "retrained", seed=1)
@@ -369,7 +347,7 @@ def test_parts_of_an_older_row_format_are_not_resumed(
 ) -> None:
     from service.commands import embed as command
 
-    _write_pages(tmp_path / "pages.jsonl", 2)
+    write_pages(tmp_path / "pages.jsonl", 2)
     out = tmp_path / "out.parquet"
     pin = tmp_path / "out.parquet.parts" / "run.json"
     args = _args(tiny_checkpoint, tmp_path / "pages.jsonl", out)
@@ -388,7 +366,7 @@ def test_an_existing_output_is_kept_unless_it_is_this_runs(
 ) -> None:
     """A finished output is a no-op for the same settings only; any other file is refused, or replaced
     with --overwrite. The output is created with the umask's mode, not mkstemp's 0600."""
-    _write_pages(tmp_path / "pages.jsonl", 3)
+    write_pages(tmp_path / "pages.jsonl", 3)
     out = tmp_path / "out.parquet"
     out.write_bytes(b"my thesis, not a parquet file")
     args = _args(tiny_checkpoint, tmp_path / "pages.jsonl", out)
@@ -419,7 +397,7 @@ def test_an_existing_output_is_kept_unless_it_is_this_runs(
 def test_a_typo_in_the_input_neither_loads_the_model_nor_locks_the_output(
     tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _write_pages(tmp_path / "pages.jsonl", 3)
+    write_pages(tmp_path / "pages.jsonl", 3)
     out = tmp_path / "out.parquet"
     parts = tmp_path / "out.parquet.parts"
     with monkeypatch.context() as patch:
@@ -467,7 +445,7 @@ def test_a_bad_option_is_one_line_before_the_model_loads(
     status: int,
     message: str,
 ) -> None:
-    _write_pages(tmp_path / "pages.jsonl", 2)
+    write_pages(tmp_path / "pages.jsonl", 2)
     monkeypatch.setattr(Engine, "from_checkpoint", _not_loaded)
     options = [option.format(tmp=tmp_path) for option in options]
     args = _args(tiny_checkpoint, tmp_path / "pages.jsonl", tmp_path / "out.parquet", *options)
@@ -485,7 +463,7 @@ def test_a_bad_option_is_one_line_before_the_model_loads(
 def test_the_onnx_backend_without_onnxruntime_is_one_line(
     tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _write_pages(tmp_path / "pages.jsonl", 2)
+    write_pages(tmp_path / "pages.jsonl", 2)
     monkeypatch.setattr(Engine, "from_checkpoint", _not_loaded)
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if not installed
     args = _args(tiny_checkpoint, tmp_path / "pages.jsonl", tmp_path / "out.parquet", "--backend", "onnx")
@@ -496,7 +474,7 @@ def test_the_onnx_backend_without_onnxruntime_is_one_line(
 def test_leftovers_of_a_killed_merge_are_removed_by_the_resume(
     tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _write_pages(tmp_path / "pages.jsonl", 3)
+    write_pages(tmp_path / "pages.jsonl", 3)
     out = tmp_path / "out.parquet"
     args = _args(tiny_checkpoint, tmp_path / "pages.jsonl", out)
     _stop_before_merge(monkeypatch, args)
@@ -513,7 +491,7 @@ def test_an_input_that_shrank_since_the_interrupted_run_is_refused(
     tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     source = tmp_path / "pages.jsonl"
-    _write_pages(source, 6)
+    write_pages(source, 6)
     out = tmp_path / "out.parquet"
     args = _args(tiny_checkpoint, source, out, "--part-size", "2")
     _stop_before_merge(monkeypatch, args)
@@ -528,7 +506,7 @@ def test_an_input_that_shrank_since_the_interrupted_run_is_refused(
 def test_an_unreadable_part_is_embedded_again(
     tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _write_pages(tmp_path / "pages.jsonl", 6)
+    write_pages(tmp_path / "pages.jsonl", 6)
     out = tmp_path / "out.parquet"
     args = _args(tiny_checkpoint, tmp_path / "pages.jsonl", out, "--part-size", "2")
     _stop_before_merge(monkeypatch, args)

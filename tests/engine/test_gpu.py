@@ -15,8 +15,8 @@ from service.core.checkpoint import load_checkpoint
 from service.core.encoder_forward import apply_rotary, rotary_tables, torch_varlen_attention
 from service.engine import Engine, EngineConfig
 from service.engine.runners.torch import TorchRunner, flash_attention_available
-from tests.engine.conftest import make_pages
 from tests.factories.checkpoint import build_tiny_model
+from tests.factories.pages import make_pages
 
 pytestmark = [
     pytest.mark.gpu,

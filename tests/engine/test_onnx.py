@@ -21,7 +21,7 @@ from service.engine.onnx_export import (
 )
 from service.engine.runners.onnx import OnnxRunner
 from service.engine.runners.torch import TorchRunner
-from tests.engine.conftest import make_pages
+from tests.factories.pages import make_pages
 
 pytestmark = pytest.mark.slow  # one export takes ~10 s on a busy 2-core box
 

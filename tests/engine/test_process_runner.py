@@ -22,7 +22,7 @@ from service.engine.engine import Engine, build_runner
 from service.engine.runners.process import InferenceProcessError, ProcessRunner
 from service.engine.runners.torch import TorchRunner
 from service.engine.types import EngineConfig
-from tests.engine.conftest import make_pages
+from tests.factories.pages import make_pages
 
 ROOT = Path(__file__).resolve().parents[2]
 

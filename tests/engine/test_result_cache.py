@@ -19,7 +19,8 @@ from service.engine.types import (
     EngineObserver,
     TooManyTokensError,
 )
-from tests.engine.conftest import make_pages, slow_runner
+from tests.engine.conftest import slow_runner
+from tests.factories.pages import make_pages
 
 
 class Hits(EngineObserver):

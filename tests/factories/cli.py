@@ -1,0 +1,46 @@
+"""The `htmllm` command line as a real process, for tests that kill it and run it again."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.factories.pages import make_pages
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write_pages(path: Path, n: int) -> list[str]:
+    """A JSONL file of `n` pages with ids p0, p1, ... (each 40 to 200 words); returns their HTML."""
+    pages = make_pages(n, seed=5, min_words=40, max_words=200)
+    with path.open("w", encoding="utf-8") as handle:
+        for i, html in enumerate(pages):
+            handle.write(json.dumps({"id": f"p{i}", "url": f"https://example.com/{i}", "html": html}) + "\n")
+    return pages
+
+
+def cli(*args: str) -> list[str]:
+    """The command line that runs `htmllm *args` from this checkout."""
+    return [sys.executable, "-m", "service.cli", *args]
+
+
+def cli_env() -> dict[str, str]:
+    """The environment a `cli` command line runs in: this checkout importable from anywhere."""
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def kill_minus_nine_when(args: list[str], ready: Callable[[], bool]) -> None:
+    """Start `args` (a `cli` command line) and kill -9 it once `ready()`; fails if it ends first."""
+    process = subprocess.Popen(args, cwd=ROOT, env=cli_env(), stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not ready():
+        assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
+        time.sleep(0.005)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
