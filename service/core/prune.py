@@ -53,10 +53,15 @@ Robustness (cheap checks before expensive work): input over `max_bytes` raises `
 before decoding, and so does a page with so many tags that its tree would break the memory bound
 (peak RSS under 10x the input plus 200 MB: about `_MEMORY_PER_TAG` bytes per `<`); a page nesting
 deeper than `max_depth` raises `NestingTooDeepError` (Lexbor's tree builder is quadratic in nesting
-depth: 100,000 nested `<div>`s take half a minute) and an element with more than `MAX_ATTRIBUTES`
-attributes `TooManyAttributesError` (its tokenizer is quadratic in them too: a million would take an
-hour). Everything else returns a result. There is no Python recursion anywhere: the pruning runs as
-one loop over the tokens of Lexbor's serialisation of the cleaned tree, with an explicit stack.
+depth: 100,000 nested `<div>`s take half a minute), and so does one whose depth times its tags passes
+`_NESTING_WORK_PER_BYTE` per byte (each tag walks the open elements: 7,000 nested `<div>`s and a
+megabyte of `<p>x</p>` took 1.3 s); an element with more than `MAX_ATTRIBUTES` attributes raises
+`TooManyAttributesError` (its tokenizer is quadratic in them too: a million would take an hour). The
+depth and attribute scans read the page as the HTML tokenizer does where it matters (comments that
+end early, raw text that is markup inside `<svg>`, quoted `>` in attribute values, end tags of
+elements that are not open), each in linear time. Everything else returns a result. There is no
+Python recursion anywhere: the pruning runs as one loop over the tokens of Lexbor's serialisation of
+the cleaned tree, with an explicit stack.
 
 How it is fast: Lexbor does the parsing, removes scripts, styles, templates, noscripts and hidden
 elements, and serialises the tree (all C); UTF-8 pages reach it as bytes, without a decode and
@@ -72,8 +77,6 @@ from __future__ import annotations
 
 import html as _html
 import re
-from itertools import accumulate
-from typing import AnyStr
 
 from selectolax.lexbor import LexborDocumentOptions, LexborHTMLParser, SelectolaxError
 
@@ -89,7 +92,7 @@ DEFAULT_MAX_DEPTH = 8192  # deeper nesting is refused before parsing (see the mo
 # with more tags than its budget allows is refused before parsing (the interpreter keeps the rest).
 _MEMORY_PER_TAG = 400
 _MEMORY_HEADROOM = 150 * 1024 * 1024
-MAX_ATTRIBUTES = 4096  # an element with more is refused before parsing (see max_attributes)
+MAX_ATTRIBUTES = 1024  # an element with more is refused before parsing (see max_attributes)
 _LONG_TAG_CHARS = 2 * MAX_ATTRIBUTES  # a tag with that many attributes is at least this long
 
 # Rule 3: tags kept even without text.
@@ -167,23 +170,66 @@ _CLEANUP = re.compile(
 )
 _COLLAPSE_CHUNK = 1 << 20  # larger outputs are whitespace-collapsed chunk by chunk
 _PLAINTEXT = re.compile(r"<plaintext\b[^>]*>(.*)</plaintext>", re.DOTALL)
-# For the nesting pre-check: start and end tags of elements that can nest without bound (void
-# elements, and elements the parser closes when another one opens, such as <p>, <li> or <a>, cannot).
-_NESTING_TAG_PATTERN = (
-    r"<(/?)(?!(?:area|base|basefont|bgsound|br|col|embed|frame|hr|img|input|keygen|link|meta|param"
-    r"|source|track|wbr|p|li|dt|dd|td|th|tr|option|optgroup|tbody|thead|tfoot|colgroup|caption"
-    r"|rb|rt|rp|rtc|html|head|body|a|nobr|button|form|select)[\s/>])[a-zA-Z]"
+# For the nesting pre-check (on ASCII-lowercased bytes): start and end tags of elements that can nest
+# without bound. Left out: void elements, and elements the parser closes when another one of them
+# opens (`<p>`, `<li>`, `<td>`, `<a>`, ...), which real pages leave unclosed by the thousand. `dt`, `dd`,
+# `optgroup`, the ruby annotations, `form` and `select` are counted: `<li><dt><li><dt>` and
+# `<nobr><select><nobr><select>` are chains, `<optgroup>` and `<rb>` nest outside a `<select>`, a
+# `<ruby>`, and `<form>` inside a `<template>`. Inside <svg> and <math> nothing is left out (`<td>`,
+# `<a>`, `<input>` all nest there): `_without_raw_text` marks those tags with \x01 after the "<".
+# A name ends at HTML whitespace, "/" or ">" only: `<div\x0b>` is no `<div>`, and `</div>` never
+# closes it.
+_NESTING_TAG = re.compile(
+    rb"<(/?)(?!(?:area|base|basefont|bgsound|br|col|embed|frame|hr|img|input|keygen|link|meta|param"
+    rb"|source|track|wbr|p|li|td|th|tr|option|tbody|thead|tfoot|colgroup|caption"
+    rb"|html|head|body|a|nobr|button)[\t\n\f\r />])(\x01?[a-z][^\t\n\f\r />]*)"
 )
-_NESTING_TAG = re.compile(_NESTING_TAG_PATTERN, re.IGNORECASE)
-# Text in which the tokenizer sees no tags: raw-text and RCDATA elements and comments. Inline scripts
-# such as `if(i<n.length)` would otherwise count as start tags.
-_RAW_TEXT_OPEN = re.compile(r"<(?:(script|style|textarea|title|xmp|noembed|noframes)[\s/>]|!--)")
-_RAW_TEXT_OPEN_BYTES = re.compile(_RAW_TEXT_OPEN.pattern.encode("ascii"))
-_LONG_TAG = re.compile(rf"<[a-zA-Z][^>]{{{_LONG_TAG_CHARS}}}")
-_LONG_TAG_BYTES = re.compile(_LONG_TAG.pattern.encode("ascii"))
-_ATTRIBUTE = re.compile(r"""\s[^\s"'>/=]+(?:\s*=\s*(?:"[^"]*"|'[^']*'|[^\s>]*))?""")
-_ATTRIBUTE_BYTES = re.compile(_ATTRIBUTE.pattern.encode("ascii"))
-_NESTING_TAG_BYTES = re.compile(_NESTING_TAG_PATTERN.encode("ascii"), re.IGNORECASE)
+# Text in which the tokenizer sees no tags: raw-text and RCDATA elements, comments. Inline scripts
+# such as `if(i<n.length)` would otherwise count as start tags. Group 2 is an element inside which
+# raw-text tags may be markup (in <svg> and <math> a <title> or <style> holds tags; in a <select> the
+# parser ignores a <title>): up to its end tag nothing is skipped (counting more is the safe side).
+# After a <frameset> the parser ignores all but <noframes>: from there on only comments are skipped.
+_RAW_TEXT_NAMES = rb"script|style|textarea|title|xmp|iframe|noembed|noframes|noscript|plaintext"
+_SKIPPED_OPEN = re.compile(
+    rb"<(?:(" + _RAW_TEXT_NAMES + rb")|(svg|math|select)|(frameset))(?=[\t\n\f\r />])|<!--"
+)
+_COMMENT_OPEN = re.compile(rb"<!--")
+_RAW_TEXT_CLOSE = {name: re.compile(b"</" + name + rb"[\t\n\f\r />]") for name in _RAW_TEXT_NAMES.split(b"|")}
+# The rest of a tag as the HTML tokenizer reads it: a ">" inside a quoted attribute value does not
+# end it, and a value is quoted only right after "=" (an unterminated one runs to the end).
+_TAG_REST = rb"""[^\t\n\f\r />]*+(?:[^>"'=]++|=[\t\n\f\r ]*+(?:"[^"]*+"?|'[^']*+'?|[^\t\n\f\r >]*+)|["'])*+"""
+# One step through an <svg>, <math> or <select> towards its end tag (on lowercased bytes): text and
+# every other tag (its quoted attribute values included) are consumed, and the match stops at what
+# matters for the end: a start or end tag of such an element (groups 1, 2), a "<!" (a comment, CDATA
+# or a bogus comment: group 3), a raw-text start tag (group 4: skipped whole, as the parser would if
+# it is HTML there; skipping more only moves the end later), or the end of the page.
+_REGION_STEP = re.compile(
+    rb"(?:[^<]++"
+    rb"|<(?!(?:svg|math|select|" + _RAW_TEXT_NAMES + rb")[\t\n\f\r />])[a-z]" + _TAG_REST + rb">?"
+    rb"|</(?!(?:svg|math|select)[\t\n\f\r />])[a-z]" + _TAG_REST + rb">?"
+    rb"|</[^a-z][^>]*+>?|<\?[^>]*+>?|<(?![a-z/!?]))*+"
+    rb"(?:<(/?)(svg|math|select)(?=[\t\n\f\r />])" + _TAG_REST + rb">?"
+    rb"|<(!)|<(" + _RAW_TEXT_NAMES + rb")(?=[\t\n\f\r />])" + _TAG_REST + rb">?|\Z)"
+)
+# Refused too: a page whose nesting is legal but whose tags are so many that the parser's walks down
+# the stack of open elements (about a nanosecond per element, at each of most tags) would cost more
+# than this many element visits per byte of page: 7,000 nested <div>s and a megabyte of <p>x</p>
+# took 1.3 s. Corpus pages need at most 0.8 per byte. The headroom (about 0.1 s of walking) keeps
+# small deep pages, and every page with fewer tags than DEFAULT_MAX_DEPTH, clear of it.
+_NESTING_WORK_PER_BYTE = 200
+_NESTING_WORK_HEADROOM = 100_000_000
+
+# For the attribute pre-check: a whole tag (see _TAG_REST).
+_TAG_EXTENT = re.compile(rb"<[a-zA-Z]" + _TAG_REST)
+# A tag of foreign content (group 1: "/" for an end tag), and the unquoted attribute value a final "/"
+# may belong to (`<g a=x/>` is no self-closing tag).
+_FOREIGN_TAG = re.compile(rb"<(/?)[a-z]" + _TAG_REST)
+_UNQUOTED_TAIL = re.compile(rb"""=[\t\n\f\r ]*+[^\t\n\f\r >"'][^\t\n\f\r >]*+\Z""")
+_ATTRIBUTE_VALUE = re.compile(rb"""=[\t\n\f\r ]*+(?:"[^"]*+"?|'[^']*+'?|[^\t\n\f\r >]*+)""")
+_ATTRIBUTE_NAME = re.compile(rb"[^\t\n\f\r />]+")
+# A quoted attribute value with a ">" in it: the only way a tag outgrows the run of text around it.
+_QUOTED_GT = re.compile(rb"""=[\t\n\f\r ]*+(?:"[^">]*+>|'[^'>]*+>)""")
+_TAG_START = re.compile(rb"<[a-zA-Z]")
 
 
 class PruneError(HtmllmError):
@@ -255,6 +301,11 @@ def _prune_document(document: str | bytes, max_depth: int) -> str:
     depth = 0 if tags <= max_depth else estimate_depth(document, limit=max_depth)
     if depth > max_depth:
         raise NestingTooDeepError(f"page nests about {depth} elements deep; the cap is {max_depth}")
+    if depth * tags > _NESTING_WORK_PER_BYTE * len(document) + _NESTING_WORK_HEADROOM:
+        raise NestingTooDeepError(
+            f"page nests about {depth} elements deep and has {tags} tags: parsing it would take "
+            f"{depth * tags // len(document)} stack steps per byte (the cap is {_NESTING_WORK_PER_BYTE})"
+        )
     attributes = max_attributes(document)
     if attributes > MAX_ATTRIBUTES:
         raise TooManyAttributesError(f"an element has {attributes} attributes; the cap is {MAX_ATTRIBUTES}")
@@ -282,75 +333,206 @@ def _clean_serialization(document: str | bytes) -> str:
 def max_attributes(document: str | bytes) -> int:
     """The most attributes any one element of the page has, counted only for very long tags.
 
-    Lexbor's tokenizer is quadratic in the distinct attributes of one element (10,000 take half a
-    second, a million would take an hour). An element with more than `MAX_ATTRIBUTES` needs a tag of
-    at least `_LONG_TAG_CHARS` characters without a `>`. Any such run of characters covers a multiple
-    of half that length, so only the runs around those points are measured (a few `find` calls per
-    page), and only tags in a long run are counted.
+    Lexbor's tokenizer is quadratic in the distinct attributes of one element (4,000 per tag cost
+    0.7 s per MB of such tags, 10,000 half a second for one tag, a million would take an hour). An
+    element with more than `MAX_ATTRIBUTES` needs a tag of at least `_LONG_TAG_CHARS` characters. Such
+    a tag either spans a run of that many characters without a `>` (any such run covers a multiple of
+    half that length, so a few `find` calls per page find them), or holds a quoted attribute value with
+    a `>` in it (one regex search finds those). Only the tags found that way are measured; a count over
+    the cap is confirmed on the page without its raw text (`i<n` in a long inline script is no tag).
     """
-    is_bytes = isinstance(document, bytes)
-    gt: str | bytes = b">" if is_bytes else ">"
-    long_tag = _LONG_TAG_BYTES if is_bytes else _LONG_TAG
-    attribute = _ATTRIBUTE_BYTES if is_bytes else _ATTRIBUTE
+    data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
+    most = max((_attribute_count(tag) for tag in _long_tags(data)), default=0)
+    if most <= MAX_ATTRIBUTES:
+        return most
+    markup = _without_raw_text(data)
+    return max((_attribute_count(tag) for tag in _long_tags(markup)), default=0)
+
+
+def _long_tags(data: bytes) -> list[bytes]:
+    """The tags of at least `_LONG_TAG_CHARS` characters that start in a long run without `>` or in the
+    run before a quoted attribute value with a `>` in it (all of them, and some text read as tags)."""
+    starts: list[int] = []
     step = _LONG_TAG_CHARS // 2
-    size = len(document)
-    most = 0
+    size = len(data)
     point = step
-    while point < size:
-        run_start = document.rfind(gt, 0, point) + 1  # type: ignore[arg-type]
-        run_end = document.find(gt, point)  # type: ignore[arg-type]
+    while point < size:  # a long run covers a multiple of `step`: look around those points only
+        run_start = data.rfind(b">", 0, point) + 1
+        run_end = data.find(b">", point)
         if run_end < 0:
             run_end = size
         if run_end - run_start >= _LONG_TAG_CHARS:
-            for match in long_tag.finditer(document, run_start, run_end):  # type: ignore[arg-type]
-                tag = document[match.start() : run_end]
-                most = max(most, len(attribute.findall(tag)))  # type: ignore[arg-type]
+            # Every later "<" of the run is inside the tag that its first one starts.
+            first = _TAG_START.search(data, run_start, run_end)
+            if first is not None:
+                starts.append(first.start())
         point = (run_end // step + 1) * step
-    return most
+    for value in _QUOTED_GT.finditer(data):
+        # The tag holding the value starts in the run before it: an earlier quoted ">" of the same tag
+        # was found first, and its tag reaches past this one (skipped below).
+        first = _TAG_START.search(data, data.rfind(b">", 0, value.start()) + 1, value.start())
+        if first is not None:
+            starts.append(first.start())
+    tags = []
+    covered = 0  # the end of the last tag measured: starts before it are inside it
+    for start in sorted(starts):
+        if start < covered:
+            continue
+        tag = _TAG_EXTENT.match(data, start)
+        if tag is None:  # never: a start comes from "<" and a letter
+            continue
+        covered = tag.end()
+        if covered - start >= _LONG_TAG_CHARS:
+            tags.append(tag.group())
+    return tags
+
+
+def _attribute_count(tag: bytes) -> int:
+    """The attributes of one tag: its names once the values are blanked (`a="x"b` holds two)."""
+    name = _ATTRIBUTE_NAME.match(tag)
+    rest = tag[name.end() if name is not None else 0 :]
+    return len(_ATTRIBUTE_NAME.findall(_ATTRIBUTE_VALUE.sub(b" ", rest)))
 
 
 def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> int:
     """An upper estimate of the page's nesting depth (exact enough to refuse pathological pages).
 
     Counts start tags minus end tags of elements that can nest without bound, in document order, and
-    returns the running maximum. A page with fewer `<` than `limit` cannot exceed it, so ordinary pages
-    cost one `str.count`.
+    returns the running maximum (or the first count past `limit`). An end tag counts only while an
+    element of its name is open: a page of `</div>`s, or of `<div></span>`, nests as deep as its
+    `<div>`s. A page with fewer `<` than `limit` cannot exceed it, so ordinary pages cost one count.
     """
-    if isinstance(document, bytes):
-        if document.count(b"<") <= limit:
-            return 0
-        markup_bytes = _without_raw_text(document, _RAW_TEXT_OPEN_BYTES, b"</", b"-->")
-        steps = (-1 if slash else 1 for slash in _NESTING_TAG_BYTES.findall(markup_bytes))
-    else:
-        if document.count("<") <= limit:
-            return 0
-        markup = _without_raw_text(document, _RAW_TEXT_OPEN, "</", "-->")
-        steps = (-1 if slash else 1 for slash in _NESTING_TAG.findall(markup))
-    return max(accumulate(steps, initial=0))
+    data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
+    if data.count(b"<") <= limit:
+        return 0
+    open_elements: dict[bytes, int] = {}
+    depth = most = 0
+    for slash, name in _NESTING_TAG.findall(_without_raw_text(data, mark_foreign=True).lower()):
+        if slash:
+            count = open_elements.get(name)
+            if count:
+                open_elements[name] = count - 1
+                depth -= 1
+        else:
+            open_elements[name] = open_elements.get(name, 0) + 1
+            depth += 1
+            if depth > most:
+                most = depth
+                if most > limit:
+                    break
+    return most
 
 
-def _without_raw_text(
-    document: AnyStr, opener: re.Pattern[AnyStr], end_tag: AnyStr, comment_end: AnyStr
-) -> AnyStr:
+def _without_raw_text(data: bytes, *, mark_foreign: bool = False) -> bytes:
     """The page without the contents of raw-text elements and comments, in linear time.
 
-    Each raw-text element is skipped with one `find` of its closing tag (an unclosed one runs to the
-    end, as the parser reads it), so the loop runs once per such element, not once per `<`. The
-    arguments after `document` give the patterns in its type (str or bytes).
+    Each one is skipped with one search for its end (an unclosed one runs to the end, as the parser
+    reads it), so the loop runs once per such element, not once per `<`. A comment ends where the
+    tokenizer ends it: `<!-->` and `<!--->` are whole comments, and `--!>` ends one too. Where the
+    parser may take a raw-text tag for markup (see `_SKIPPED_OPEN`), nothing is skipped. With
+    `mark_foreign`, the tags inside <svg> and <math> are marked for the nesting count (`_foreign_tag`).
     """
-    lowered = document.lower()
-    pieces: list[AnyStr] = []
+    lowered = data.lower()
+    pieces: list[bytes] = []
     position = 0
+    opener = _SKIPPED_OPEN
     while (found := opener.search(lowered, position)) is not None:
-        pieces.append(document[position : found.start()])
         name = found.group(1)
-        closer = comment_end if name is None else end_tag + name
-        end = lowered.find(closer, found.end())
+        if found.lastindex == 2:  # <svg>, <math>, <select>: kept whole up to their end tag
+            end = _region_end(lowered, found.start())
+            pieces.append(data[position : found.start()])
+            region = data[found.start() : end]
+            # In foreign content every element nests (see _NESTING_TAG).
+            if mark_foreign and found.group(2) != b"select":
+                region = _FOREIGN_TAG.sub(_foreign_tag, lowered[found.start() : end])
+            pieces.append(region)
+            position = end
+            continue
+        if found.lastindex == 3:  # <frameset>
+            opener = _COMMENT_OPEN
+            continue
+        pieces.append(data[position : found.start()])
+        if name is None:
+            end = _comment_end(lowered, found.end())
+        elif name == b"plaintext":
+            end = -1  # everything after it is text
+        else:
+            closer = _RAW_TEXT_CLOSE[name].search(lowered, found.end())
+            end = -1 if closer is None else closer.end()
         if end < 0:
-            return document[:0].join(pieces)
-        position = end + len(closer)
-    pieces.append(document[position:])
-    return document[:0].join(pieces)
+            return b"".join(pieces)
+        position = end
+    pieces.append(data[position:])
+    return b"".join(pieces)
+
+
+def _region_end(lowered: bytes, start: int) -> int:
+    """Where the <svg>, <math> or <select> starting at `start` ends: after its end tag, or the page's
+    end. Never earlier than the parser's end (a `</svg>` in an attribute value or a comment is none)."""
+    depth = 0
+    position = start
+    size = len(lowered)
+    name = b""
+    while position < size:
+        step = _REGION_STEP.match(lowered, position)
+        if step is None:  # never: every "<" form is consumed or stops the step
+            return size
+        position = step.end()
+        if step.group(2) is not None:
+            if not depth:
+                name = step.group(2)
+            if step.group(2) == name:
+                depth += -1 if step.group(1) else 1
+                if not depth:
+                    return position
+        elif step.group(3) is not None:  # a comment ends exactly; CDATA and a bogus comment at most at
+            body = step.end()  # "]]>" and ">" (taking the later end is the safe side)
+            if lowered.startswith(b"--", body):
+                end = _comment_end(lowered, body + 2)
+            elif lowered.startswith(b"[cdata[", body):
+                end = lowered.find(b"]]>", body)
+                end = -1 if end < 0 else end + 3
+            else:
+                end = lowered.find(b">", body)
+                end = -1 if end < 0 else end + 1
+            if end < 0:
+                return size
+            position = end
+        elif step.group(4) is not None:
+            if step.group(4) == b"plaintext":
+                return size
+            closer = _RAW_TEXT_CLOSE[step.group(4)].search(lowered, position)
+            if closer is None:
+                return size
+            position = closer.end()
+        elif position >= size or step.end() == step.start():
+            return size
+    return size
+
+
+def _foreign_tag(tag: re.Match[bytes]) -> bytes:
+    """A tag of <svg> or <math> content marked for the nesting count: \x01 after the "<" (counted,
+    whatever its name), or \x02 for a self-closing start tag such as `<path d="..."/>` (never open)."""
+    text = tag.group()
+    closed = not tag.group(1) and text.endswith(b"/") and _UNQUOTED_TAIL.search(text) is None
+    return (
+        b"<\x02" + text[1:] if closed else text[:1] + tag.group(1) + b"\x01" + text[1 + len(tag.group(1)) :]
+    )
+
+
+def _comment_end(lowered: bytes, start: int) -> int:
+    """Where the comment whose `<!--` ends at `start` ends (-1: at the end of the page)."""
+    if lowered.startswith(b">", start):
+        return start + 1
+    if lowered.startswith(b"->", start):
+        return start + 2
+    # "--!>" is looked for only before the first "-->": searching the whole rest for it at every
+    # comment was quadratic (a megabyte of <!--x--> took over a minute).
+    end = lowered.find(b"-->", start)
+    bang = lowered.find(b"--!>", start, len(lowered) if end < 0 else end + 3)
+    if bang >= 0:
+        return bang + 4
+    return -1 if end < 0 else end + 3
 
 
 def _byte_size(html: str | bytes, max_bytes: int) -> int:

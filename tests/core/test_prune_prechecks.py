@@ -1,0 +1,186 @@
+"""The pruner's checks before parsing, against pages made to slip past them.
+
+Lexbor's tree builder walks the stack of open elements at most tags (quadratic in nesting depth) and
+its tokenizer is quadratic in one element's attributes, so `prune_html` refuses such pages from cheap
+scans of the raw page. Each case here is a page that nests (or piles up attributes) for real, as
+Lexbor itself shows on a small copy, and that an earlier version of the scans let through: at the
+sizes of the audit (a megabyte) each took a minute or more. Sizes here are small; what is checked is
+the decision, never the time.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from selectolax.lexbor import LexborHTMLParser
+
+from service.core import prune
+from service.core.prune import (
+    MAX_ATTRIBUTES,
+    NestingTooDeepError,
+    TooManyAttributesError,
+    estimate_depth,
+    max_attributes,
+    prune_html,
+)
+
+_SERIALIZED_TAG = re.compile(r"<(/?)([a-zA-Z][^\s/>]*)")
+
+
+def real_depth(page: str) -> int:
+    """The deepest nesting of the tree Lexbor builds for `page` (from its balanced serialisation)."""
+    tree = LexborHTMLParser(page, scripting=True, options=prune._PARSER_OPTIONS)
+    root = tree.root
+    serialized = (root.html or "") if root is not None else ""  # no case has "<" in raw text
+    depth = most = 0
+    for slash, name in _SERIALIZED_TAG.findall(serialized):
+        if name.lower() in prune._VOID:
+            continue
+        depth += -1 if slash else 1
+        most = max(most, depth)
+    return most
+
+
+DEPTH = 600  # the cap the cases run under; each one nests more than twice as deep
+REPEAT = 1300
+
+NESTING_TRICKS = {
+    # "<!-->" and "<!--->" are whole comments; "--!>" ends one.
+    "abrupt comment": "<!-->" + "<div>" * REPEAT,
+    "abrupt comment with a dash": "<!--->" + "<div>" * REPEAT,
+    "comment ended by --!>": "<!-- x --!>" + "<div>" * REPEAT,
+    # Inside <svg> a <title>, <style> or <script> holds markup, not raw text.
+    "svg title": "<svg><title>" + "<div>" * REPEAT,
+    "svg style": "<svg><style>" + "<g>" * REPEAT,
+    "svg script": "<svg><script>" + "<g>" * REPEAT,
+    # A "</svg>" in an attribute value or a comment does not end the <svg>.
+    "svg end tag in an attribute": '<svg><g x="</svg>"><title></svg>' + "<div>" * REPEAT + "</title>",
+    "svg end tag in a comment": "<svg><!-- </svg> --><title></svg>" + "<div>" * REPEAT + "</title>",
+    # After <frameset> the parser ignores <title> too.
+    "title after a frameset": "<frameset><title>" + "<frameset>" * REPEAT + "</title>",
+    # End tags of elements that are not open are ignored by the parser.
+    "stray end tags first": "</div>" * REPEAT + "<div>" * REPEAT,
+    "a stray end tag after each start tag": "<div></span>" * REPEAT,
+    "stray end tags in a table row": "<table><tr>" + "</b><div>" * REPEAT,
+    # Elements that close their kind in some places and nest elsewhere.
+    "optgroup outside a select": "<optgroup>" * REPEAT,
+    "rb outside a ruby": "<rb>" * REPEAT,
+    "rt outside a ruby": "<rt>x" * REPEAT,
+    "li and dt take turns": "<li><dt>" * REPEAT,
+    "li and dd with text": "<li>a<dd>b" * REPEAT,
+    "li and dt in a template": "<template>" + "<li><dt>" * REPEAT,
+    # A name ends at HTML whitespace only: "<div\v>" is an element of its own, which "</div>" never
+    # closes.
+    "vertical tab in a tag name": "<div\v></div>" * REPEAT,
+}
+
+
+@pytest.mark.parametrize("page", list(NESTING_TRICKS.values()), ids=list(NESTING_TRICKS))
+def test_nesting_tricks_are_refused(page: str) -> None:
+    assert real_depth(page) > 2 * DEPTH  # the page really nests that deep
+    assert estimate_depth(page, limit=DEPTH) > DEPTH
+    assert estimate_depth(page.encode(), limit=DEPTH) > DEPTH
+    with pytest.raises(NestingTooDeepError):
+        prune_html(page, max_depth=DEPTH)
+
+
+ORDINARY = {
+    "unclosed paragraphs, items, cells and options": (
+        "<p>x" * 3000 + "<ul>" + "<li>x" * 3000 + "</ul><table>" + "<tr><td>x<td>y" * 3000 + "</table>"
+        "<select>" + "<option>x" * 3000 + "</select>"
+    ),
+    "an inline svg, then a script full of comparisons": (
+        '<svg><path d="M0 0"/><title>logo</title></svg>'
+        + "<script>"
+        + "for(i=0;i<n.length;i++){a<b}" * 3000
+        + "</script>"
+        + "<div>x</div>" * 3000
+    ),
+    "a select, then a title and a style": (
+        "<select><option>a</select><title>t</title><style>" + "a<b{}" * 3000 + "</style>" + "<p>x</p>" * 3000
+    ),
+    "a comment holding a start tag per line": "<!--" + "<div>\n" * 5000 + "-->" + "<p>x</p>" * 3000,
+}
+
+
+@pytest.mark.parametrize("page", list(ORDINARY.values()), ids=list(ORDINARY))
+def test_ordinary_pages_with_many_tags_are_not_refused(page: str) -> None:
+    assert estimate_depth(page, limit=DEPTH) <= DEPTH // 10
+    assert prune_html(page)
+
+
+def test_a_deep_page_with_a_great_many_tags_is_refused() -> None:
+    """Legal depth, but every `<p>` walks 7,000 open elements: the work per byte is capped too."""
+    deep = "<div>" * 7000
+    with pytest.raises(NestingTooDeepError):
+        prune_html(deep + "<p>x</p>" * 20_000)
+    assert prune_html(deep + "<p>x</p>" * 200) == "<div>" + "<p>x</p>" * 200 + "</div>"
+    assert prune_html("<div>" * 500 + "<p>x</p>" * 20_000)  # shallower: as many tags are fine
+
+
+def test_quoted_gt_does_not_hide_a_huge_tag() -> None:
+    """A quoted ">" every few attributes leaves no long run without ">", but the tag is one."""
+    names = " ".join(f"a{i}" if i % 50 else f"a{i}='>'" for i in range(MAX_ATTRIBUTES + 100))
+    page = f"<div {names}>x</div>"
+    assert max_attributes(page) > MAX_ATTRIBUTES
+    with pytest.raises(TooManyAttributesError):
+        prune_html(page)
+    # Attributes need no space between them: after a quoted value, or with "/" between names.
+    for glued in (
+        "".join(f'a{i}=""' for i in range(MAX_ATTRIBUTES + 100)),
+        "/".join(f"a{i}" for i in range(MAX_ATTRIBUTES + 100)),
+    ):
+        with pytest.raises(TooManyAttributesError):
+            prune_html(f"<div {glued}>x</div>")
+
+
+def test_attribute_cap() -> None:
+    many = " ".join(f"a{i}" for i in range(MAX_ATTRIBUTES + 1))
+    with pytest.raises(TooManyAttributesError):
+        prune_html(f"<div {many}>x</div>")
+    fewer = " ".join(f"a{i}" for i in range(MAX_ATTRIBUTES))
+    assert prune_html(f"<div {fewer}>x</div>") == "<div>x</div>"
+
+
+def test_a_long_script_without_gt_is_no_tag() -> None:
+    """`i<n` in a script with no ">" for kilobytes: no attributes counted, each "<" looked at once."""
+    page = "<script>" + "var a = 1; if (i<n) {a = b}" * 10_000 + "</script><p>x</p>"
+    assert max_attributes(page) <= MAX_ATTRIBUTES
+    assert prune_html(page) == "<p>x</p>"
+
+
+def test_the_attribute_check_measures_each_long_run_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run of 50,000 `<n ` without a ">" is one tag as the tokenizer reads it: counted once (and
+    confirmed once), not once per "<" (which was quadratic: a 4 MB inline script took 14 s)."""
+    calls = []
+    count = prune._attribute_count
+
+    def counting(tag: bytes) -> int:
+        calls.append(len(tag))
+        return count(tag)
+
+    monkeypatch.setattr(prune, "_attribute_count", counting)
+    assert max_attributes("<p>" + "<n " * 50_000) > MAX_ATTRIBUTES
+    assert len(calls) <= 2  # counted, and confirmed without raw text
+
+
+@pytest.mark.parametrize(
+    ("comment", "end"),
+    [
+        ("<!-->", 5),
+        ("<!--->", 6),
+        ("<!---->", 7),
+        ("<!-- a --!> b -->", 11),
+        ("<!-- a --> b --!>", 10),
+        ("<!-- a --!", -1),
+    ],
+)
+def test_comments_end_where_the_tokenizer_ends_them(comment: str, end: int) -> None:
+    assert prune._comment_end(comment.encode(), 4) == end
+
+
+def test_a_page_of_comments_keeps_its_text() -> None:
+    page = "<!--x-->" * 20_000 + "<div>" * 10 + "<p>y</p>"
+    assert estimate_depth(page, limit=100) == 10
+    assert prune_html(page) == "<p>y</p>"
