@@ -15,11 +15,12 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
+from starlette.routing import Route
 
 from service import __version__
 from service.api.api_keys import ApiKeys
 from service.api.compression import NegotiatedGZipMiddleware
-from service.api.errors import install_error_handlers
+from service.api.errors import ROUTES_STATE, install_error_handlers
 from service.api.limits import BodyLimitMiddleware
 from service.api.metrics import (
     EngineMetricsObserver,
@@ -49,7 +50,10 @@ DESCRIPTION = (
     "be compressed (`Content-Encoding: gzip`, `deflate`, `br` or `zstd`); responses are gzipped for "
     "clients that accept it. Every response carries `x-request-id` (the client's, if usable). Response "
     "headers `x-prune-time`, `x-tokenize-time`, `x-queue-time`, `x-inference-time`, `x-total-time` are in "
-    "milliseconds."
+    "milliseconds. Besides what each operation lists, any request may be answered 404 `not_found` (no "
+    "such route), 405 `method_not_allowed` (with `Allow`: the methods the path takes) or 431 "
+    "`headers_too_large` (request line and headers over 64 KiB; the connection is closed), with the same "
+    "error body."
 )
 
 
@@ -125,7 +129,10 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     routers = (health.router, embed.router, openai.router, tei.router, preprocess.router, extract.router)
     for router in routers:
         app.include_router(router)
-    paths = {route.path for router in routers for route in router.routes if isinstance(route, APIRoute)}
+    api_routes = [route for router in routers for route in router.routes if isinstance(route, APIRoute)]
+    docs_routes = [route for route in app.routes if isinstance(route, Route)]
+    setattr(app.state, ROUTES_STATE, [*api_routes, *docs_routes])  # a 405's `Allow` (service.api.errors)
+    paths = {route.path for route in api_routes}
     paths |= {path for path in (app.openapi_url, app.docs_url, app.redoc_url) if path}
     # Added innermost first: metrics see every request, including those the body limit refuses, and
     # every response, compressed or not, carries its request id.
@@ -150,5 +157,6 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             OpenAIEmbeddingsRequest,
             TeiEmbedRequest,
         ),
+        auth=api_keys.enabled,
     )
     return app

@@ -9,13 +9,14 @@ the same codes here.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Match, Route
 
 from service.api.metrics import CLIENT_CLOSED_STATUS
 from service.api.request_id import request_id
@@ -51,6 +52,10 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.BACKEND_FAILED: 500,
     ErrorCode.INTERNAL: 500,
 }
+
+# Where the app keeps its routes (`app.state`) for a 405's `Allow`: FastAPI's own `app.routes` hold
+# included routers as opaque branches.
+ROUTES_STATE = "method_routes"
 
 # Codes a client may retry after waiting; they get a Retry-After header.
 RETRYABLE = frozenset({ErrorCode.OVERLOADED, ErrorCode.SHUTTING_DOWN, ErrorCode.NOT_READY})
@@ -148,6 +153,10 @@ async def handle_error(request: Request, exc: Exception) -> Response:
     metrics, retry_after_s = _app_context(request.app)
     # Routing errors carry headers a client needs (a 405's `Allow`); keep them.
     headers = dict(exc.headers or {}) if isinstance(exc, StarletteHTTPException) else {}
+    if code is ErrorCode.METHOD_NOT_ALLOWED:
+        named = next((v for k, v in headers.items() if k.lower() == "allow"), "")
+        headers = {k: v for k, v in headers.items() if k.lower() != "allow"}
+        headers["Allow"] = _allowed_methods(request, named)
     if rid is not None:
         # A bug's 500 is sent from outside the middleware stack, past the request-id middleware.
         headers["x-request-id"] = rid
@@ -158,6 +167,18 @@ async def handle_error(request: Request, exc: Exception) -> Response:
     return error_response(
         code, message, status, metrics=metrics, retry_after_s=retry_after_s, headers=headers
     )
+
+
+def _allowed_methods(request: Request, named: str) -> str:
+    """Every method some route takes at the request's path (`named`: Starlette's list, when the app did
+    not register its routes). Starlette's 405 names only the methods of the first route there, and `/`
+    has two: GET/HEAD (a probe) and POST (TEI's embed)."""
+    routes: Sequence[BaseRoute] = getattr(request.app.state, ROUTES_STATE, ())
+    methods: set[str] = set()
+    for route in routes:
+        if isinstance(route, Route) and route.methods and route.matches(request.scope)[0] is not Match.NONE:
+            methods |= route.methods
+    return ", ".join(sorted(methods)) if methods else named
 
 
 # Errors Starlette's exception middleware answers and swallows; anything else reaches

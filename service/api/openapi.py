@@ -1,34 +1,137 @@
-"""The OpenAPI document: error responses on every route, and the raw-body alternatives FastAPI cannot infer.
+"""The OpenAPI document: what every operation answers, and the request bodies FastAPI cannot infer.
 
-Routes read their bodies themselves (JSON or one raw page; JSON with or without a Content-Type), so
-FastAPI does not see a body parameter; `raw_body_openapi` and `json_body_openapi` declare the content
-types and `install_openapi` adds the JSON schemas they reference to the components.
+Clients are generated from this document, so it says what the server does. Routes read their bodies
+themselves (JSON or one raw page; JSON with or without a Content-Type), so FastAPI does not see a body
+parameter: `raw_body_openapi` and `json_body_openapi` declare the content types. Each router names the
+errors of its own operations (`error_responses`); `install_openapi` adds what the middleware and the
+error handler do on every operation: the body's errors (408, 413, 415, 422) and a bug's 500, the
+`x-request-id` header on every response, and the API key's 401 where the server has keys.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from service.api.errors import RETRYABLE, STATUS
 from service.api.schemas import ErrorBody
+from service.core.errors import ErrorCode
 
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody, "description": description}
-    for status, description in (
-        (400, "empty input"),
-        (401, "missing or wrong API key"),
-        (413, "body over the byte limit"),
-        (415, "unsupported Content-Type"),
-        (422, "invalid request, too many documents or tokens, unknown head"),
-        (429, "queue full: retry after `Retry-After` seconds"),
-        (503, "not ready or shutting down"),
-        (504, "request timeout"),
-    )
+_ERROR_BODY = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+
+_DESCRIPTIONS: dict[int, str] = {
+    400: "empty input: no documents, or an empty raw body",
+    401: "a missing or wrong API key",
+    408: "the body did not arrive within `HTMLLM_BODY_TIMEOUT_S`; the connection is closed",
+    413: "the body, or what a compressed body decodes to, is over `HTMLLM_MAX_BODY_BYTES`",
+    415: "a Content-Type or Content-Encoding the service does not take",
+    422: "an invalid request",
+    429: "the queue is full: retry after `Retry-After` seconds",
+    500: "a server fault",
+    503: "the service cannot take the request now",
+    504: "the request timeout (`HTMLLM_REQUEST_TIMEOUT_S`) passed",
 }
+
+# Headers by name in `components.headers`; responses refer to them.
+HEADERS: dict[str, dict[str, Any]] = {
+    "x-request-id": {
+        "description": "the request's id: the client's own `x-request-id` if usable, else a new uuid4 (hex)",
+        "required": True,
+        "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:@/+=-]{1,128}$"},
+    },
+    "Retry-After": {
+        "description": "seconds to wait before retrying (`HTMLLM_RETRY_AFTER_S`)",
+        "required": True,
+        "schema": {"type": "integer", "minimum": 0},
+    },
+    "WWW-Authenticate": {
+        "description": "the scheme to authenticate with",
+        "required": True,
+        "schema": {"type": "string", "const": "Bearer"},
+    },
+    "x-total-time": {
+        "description": "milliseconds from the request's arrival (body read included) to its answer",
+        "required": True,
+        "schema": {"type": "number", "minimum": 0},
+    },
+}
+_STAGES = {
+    "x-prune-time": "pruning",
+    "x-tokenize-time": "tokenizing",
+    "x-queue-time": "waiting for a forward pass",
+    "x-inference-time": "the forward pass",
+}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/headers/{name}"}
+
+
+def error_response(status: int, codes: Iterable[ErrorCode] | None = None) -> dict[str, Any]:
+    """The response object of one error status: an `ErrorBody`, its description naming the codes it
+    carries (by default every code `STATUS` maps to it) and the headers sent with them."""
+    carried = [code for code in STATUS if STATUS[code] == status] if codes is None else list(codes)
+    if not carried or any(STATUS[code] != status for code in carried):
+        raise ValueError(f"codes {carried} are not the codes of status {status}")
+    names = ", ".join(f"`{code.value}`" for code in carried)
+    response: dict[str, Any] = {
+        "description": f"{_DESCRIPTIONS[status]} ({names})",
+        "content": copy.deepcopy(_ERROR_BODY),
+    }
+    headers = {}
+    retryable = [code in RETRYABLE for code in carried]
+    if any(retryable):
+        sometimes = {**HEADERS["Retry-After"], "required": False}
+        headers["Retry-After"] = _ref("Retry-After") if all(retryable) else sometimes
+    if ErrorCode.UNAUTHORIZED in carried:
+        headers["WWW-Authenticate"] = _ref("WWW-Authenticate")
+    if headers:
+        response["headers"] = headers
+    return response
+
+
+def error_responses(
+    *statuses: int, codes: Mapping[int, Sequence[ErrorCode]] | None = None
+) -> dict[int | str, dict[str, Any]]:
+    """FastAPI `responses` for these error statuses; `codes` narrows a status to the codes it carries."""
+    codes = codes or {}
+    return {status: error_response(status, codes.get(status)) for status in statuses}
+
+
+# What the model routes answer besides 200: 422 and 500 with every code of theirs (`install_openapi` adds
+# 408, 413 and 415, and 401 where keys are configured).
+UNAVAILABLE = {503: (ErrorCode.NOT_READY, ErrorCode.SHUTTING_DOWN)}
+MODEL_ROUTE_ERRORS = error_responses(400, 422, 429, 500, 503, 504, codes=UNAVAILABLE)
+
+
+def timing_responses(*, every_stage: bool) -> dict[int | str, dict[str, Any]]:
+    """FastAPI `responses` entry: the 200 of an embedding route and its `x-*-time` headers (milliseconds).
+
+    `every_stage=False` where a 200 may embed nothing (`on_error: report`, every document failed): the
+    per-stage headers are then absent.
+    """
+    stages = {
+        name: {
+            "description": f"milliseconds of {stage}: the slowest of the request's documents"
+            + ("" if every_stage else " (absent when no document was embedded)"),
+            "required": every_stage,
+            "schema": {"type": "number", "minimum": 0},
+        }
+        for name, stage in _STAGES.items()
+    }
+    return {200: {"headers": {**stages, "x-total-time": _ref("x-total-time")}}}
+
+
+_COMPRESSION = (
+    " The body may be compressed: `Content-Encoding` `gzip` (or `x-gzip`), `deflate`, `br` or `zstd`, or "
+    "a list of them in the order applied; an unknown coding is 415, a corrupt stream 422, and a body "
+    "that decodes to more than `HTMLLM_MAX_BODY_BYTES` 413."
+)
 
 
 def raw_body_openapi(model: type[BaseModel]) -> dict[str, Any]:
@@ -36,10 +139,16 @@ def raw_body_openapi(model: type[BaseModel]) -> dict[str, Any]:
     return {
         "requestBody": {
             "required": True,
+            "description": "JSON (`application/json`, any `+json` type, or no Content-Type), or one raw "
+            "page: `text/html` (its `charset` parameter is the page's declared encoding) or "
+            "`application/octet-stream` (the encoding is detected), with the options in the query "
+            "string (sent with a JSON body they are a 422); an empty page is 400." + _COMPRESSION,
             "content": {
                 "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}},
-                "text/html": {"schema": {"type": "string"}},
-                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+                "text/html": {"schema": {"type": "string", "minLength": 1, "description": "the page"}},
+                "application/octet-stream": {
+                    "schema": {"type": "string", "format": "binary", "minLength": 1}
+                },
             },
         }
     }
@@ -50,23 +159,58 @@ def json_body_openapi(model: type[BaseModel]) -> dict[str, Any]:
     return {
         "requestBody": {
             "required": True,
+            "description": "JSON (`application/json`, any `+json` type, or no Content-Type)." + _COMPRESSION,
             "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
         }
     }
 
 
-def install_openapi(app: FastAPI, *, description: str, body_models: Sequence[type[BaseModel]]) -> None:
-    """Build the document once, on first request, with the raw-body routes' models in the components."""
+# Every operation can answer these: the body limit middleware reads (and decodes) any request's body,
+# and the error handler answers a bug with 500.
+_EVERY_OPERATION = error_responses(
+    408, 413, 415, 422, 500, codes={422: [ErrorCode.VALIDATION], 500: [ErrorCode.INTERNAL]}
+)
+
+
+def _complete(schema: dict[str, Any], *, auth: bool) -> None:
+    """Add to every operation what the middleware and the error handler do on all of them."""
+    for path_item in schema["paths"].values():
+        for operation in path_item.values():
+            responses = operation["responses"]
+            for status, response in _EVERY_OPERATION.items():
+                responses.setdefault(str(status), copy.deepcopy(response))
+            if "security" in operation:  # the routes that depend on `require_api_key`
+                if auth:
+                    responses.setdefault("401", error_response(401))
+                else:
+                    # No key configured: a bearer token is accepted and ignored, none is needed.
+                    operation["security"] = [{}, *operation["security"]]
+            for response in responses.values():
+                response.setdefault("headers", {})["x-request-id"] = _ref("x-request-id")
+            operation["responses"] = dict(sorted(responses.items()))
+
+
+def install_openapi(
+    app: FastAPI, *, description: str, body_models: Sequence[type[BaseModel]], auth: bool
+) -> None:
+    """Build the document once, on first request, with the raw-body routes' models in the components.
+
+    `auth`: whether the model routes need an API key (then they document 401; else the key is optional).
+    """
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is not None:
             return app.openapi_schema
         schema = get_openapi(title=app.title, version=app.version, description=description, routes=app.routes)
-        components = schema.setdefault("components", {}).setdefault("schemas", {})
-        for model in body_models:
+        components = schema.setdefault("components", {})
+        models = components.setdefault("schemas", {})
+        all_models: tuple[type[BaseModel], ...] = (*body_models, ErrorBody)
+        for model in all_models:
             model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-            components.update(model_schema.pop("$defs", {}))
-            components[model.__name__] = model_schema
+            models.update(model_schema.pop("$defs", {}))
+            models[model.__name__] = model_schema
+        components["headers"] = copy.deepcopy(HEADERS)
+        _complete(schema, auth=auth)
         app.openapi_schema = schema
         return schema
 

@@ -1,24 +1,52 @@
 """Request and response bodies of every route, in one place (and so in the OpenAPI document).
 
 Our own routes reject unknown fields, so a misspelt option fails loudly; the OpenAI- and
-text-embeddings-inference-compatible bodies ignore them, so existing clients work unchanged.
+text-embeddings-inference-compatible bodies ignore them, so existing clients work unchanged. Every
+request body is read strictly: a value must have the type the document gives it (`"normalize": 0` or
+`"min_words": "5"` is a 422, as it is for TEI and OpenAI, not read as false or 5); an integer may be
+written `5.0`, as JSON Schema allows. Lists that must not be empty say so (`minItems`), though an empty
+one is answered 400 `empty_input`, not 422.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, WithJsonSchema
 
 from service.core.errors import ErrorCode
 
 EncodingFormat = Literal["float", "base64"]
 OnError = Literal["fail", "report"]
 Scores = dict[str, dict[str, float] | float]
+# `encoding_format: base64`: an embedding as the base64 of its little-endian float32 bytes (OpenAI's).
+Base64Embedding = Annotated[
+    str,
+    WithJsonSchema(
+        {
+            "type": "string",
+            "contentEncoding": "base64",
+            "description": "encoding_format base64: the little-endian float32 values, base64-encoded",
+        }
+    ),
+]
+
+
+def _integral(value: object) -> object:
+    """A JSON number with no fraction as the int it is (JSON Schema's `integer` takes `5.0`); strict
+    validation then refuses anything else, `"5"` and `true` included."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+JsonInt = Annotated[int, BeforeValidator(_integral)]
+# The route answers an empty list 400 `empty_input`; the document says it needs one item.
+_NOT_EMPTY: dict[str, JsonValue] = {"minItems": 1}
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ErrorDetail(BaseModel):
@@ -41,7 +69,9 @@ class DocumentIn(_Strict):
 
 
 class EmbedRequest(_Strict):
-    documents: list[DocumentIn] = Field(description="the pages, at most the server's `max_documents`")
+    documents: list[DocumentIn] = Field(
+        description="the pages, at most the server's `max_documents`", json_schema_extra=_NOT_EMPTY
+    )
     heads: list[str] | None = Field(None, description="task heads to score; null: all, []: none")
     normalize: bool = Field(True, description="L2-normalise the embeddings")
     truncate: bool | None = Field(
@@ -59,7 +89,9 @@ class EmbedRequest(_Strict):
 
 class EmbedResult(BaseModel):
     id: str | None
-    embedding: list[float] | str | None = Field(description="null when the document failed")
+    embedding: list[float] | Base64Embedding | None = Field(
+        description="floats, or base64 (`encoding_format`); null when the document failed"
+    )
     scores: Scores = Field(description="per head: {label: probability} or a regression value")
     tokens: int | None = Field(description="tokens fed to the model, [CLS] and [SEP] included")
     truncated: bool | None
@@ -82,18 +114,18 @@ class EmbedResponse(BaseModel):
 class OpenAIEmbeddingsRequest(BaseModel):
     """OpenAI's `POST /v1/embeddings` body; `input` holds HTML pages."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
-    input: str | list[str]
+    input: str | list[str] = Field(json_schema_extra=_NOT_EMPTY)
     model: str | None = None
     encoding_format: EncodingFormat = "float"
-    dimensions: int | None = Field(None, description="must equal the model's embedding size when given")
+    dimensions: JsonInt | None = Field(None, description="must equal the model's embedding size when given")
     user: str | None = None
 
 
 class OpenAIEmbedding(BaseModel):
     object: Literal["embedding"] = "embedding"
-    embedding: list[float] | str
+    embedding: list[float] | Base64Embedding = Field(description="floats, or base64 (`encoding_format`)")
     index: int
 
 
@@ -112,23 +144,30 @@ class OpenAIEmbeddingsResponse(BaseModel):
 class TeiEmbedRequest(BaseModel):
     """text-embeddings-inference's `POST /embed` body; `inputs` holds HTML pages."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
-    inputs: str | list[str]
+    inputs: str | list[str] = Field(json_schema_extra=_NOT_EMPTY)
     normalize: bool = True
     truncate: bool | None = None
     truncation_direction: Literal["Right", "right"] = "Right"
-    dimensions: int | None = None
+    dimensions: JsonInt | None = Field(None, description="must equal the model's embedding size when given")
 
 
 class PreprocessRequest(_Strict):
-    documents: list[DocumentIn]
+    documents: list[DocumentIn] = Field(json_schema_extra=_NOT_EMPTY)
 
 
 class PreprocessResult(BaseModel):
     id: str | None
     html: str = Field(description="the pruned HTML the tokenizer sees")
-    tokens: int = Field(description="tokens of the pruned HTML, [CLS] and [SEP] included, before truncation")
+    tokens: int = Field(
+        description="tokens of the pruned HTML, [CLS] and [SEP] included, before truncation; counted until "
+        "past 16 times the model's max length (see `tokens_exact`)"
+    )
+    tokens_exact: bool = Field(
+        description="false: counting stopped, and the page has at least `tokens` tokens (a count without "
+        "bound cost seconds and gigabytes on a page of megabytes)"
+    )
 
 
 class PreprocessResponse(BaseModel):
@@ -143,14 +182,17 @@ def _default_extractors() -> list[ExtractorName]:
 
 
 class ExtractRequest(_Strict):
-    documents: list[DocumentIn]
+    documents: list[DocumentIn] = Field(json_schema_extra=_NOT_EMPTY)
     extractors: list[ExtractorName] = Field(
         default_factory=_default_extractors,
         min_length=1,
         max_length=4,
-        description="union: the first extractor whose output passes the quality filter",
+        description="union: the first extractor whose output passes the quality filter; each named once",
+        json_schema_extra={"uniqueItems": True},  # the route refuses a repeat (422)
     )
-    min_words: int = Field(50, ge=0, description="the filter: an output passes with at least this many words")
+    min_words: JsonInt = Field(
+        50, ge=0, description="the filter: an output passes with at least this many words"
+    )
 
 
 class ExtractionOut(BaseModel):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.prune import prune_html
@@ -62,7 +63,7 @@ def prepare(
     tokenized_at = time.perf_counter()
     if not encoded.truncated or truncate:
         return Prepared(encoded.ids, encoded.truncated, pruned_at - started, tokenized_at - pruned_at)
-    limit = COUNT_LIMIT_FACTOR * max_length  # for the error message, bounded
+    limit = count_limit(max_length)  # for the error message, bounded
     counted = tokenizer.encode(pruned, max_length=limit, count_all=False)
     over_limit = limit if counted.truncated else counted.full_length
     return Prepared(
@@ -75,10 +76,32 @@ def prepare(
     )
 
 
-def preprocess(tokenizer: HtmlTokenizer, html: str | bytes, encoding: str | None) -> tuple[str, int]:
-    """The pruned HTML and its token count (with [CLS]/[SEP], before truncation), for debugging."""
+class Preprocessed(NamedTuple):
+    """What `/v1/preprocess` shows of a page: the pruned HTML and its tokens ([CLS]/[SEP] included,
+    before truncation), counted until past `count_limit(max_length)`; with `tokens_exact` False the
+    page has at least `tokens`."""
+
+    html: str
+    tokens: int
+    tokens_exact: bool
+
+
+def count_limit(max_length: int) -> int:
+    """How far a page's tokens are counted beyond what the model takes (`COUNT_LIMIT_FACTOR` times)."""
+    return COUNT_LIMIT_FACTOR * max_length
+
+
+def preprocess(
+    tokenizer: HtmlTokenizer, html: str | bytes, encoding: str | None, max_length: int
+) -> Preprocessed:
+    """The pruned HTML and its token count, counted as far as `count_limit(max_length)`, for debugging.
+
+    Counting a whole page had no bound: 4 MB of `<option>x` or of entities took 5-16 s of a worker and
+    1-3 GB (the tokenizer's encoding holds ~800 bytes a token), so a 16 MB body could end the server.
+    """
     pruned = prune_document(html, encoding)
-    return pruned, tokenizer.encode(pruned).full_length
+    counted = tokenizer.encode(pruned, max_length=count_limit(max_length), count_all=False)
+    return Preprocessed(pruned, counted.full_length, not counted.truncated)
 
 
 # The tokenizer of a worker process, set once by `init_worker` (the pool's initializer).
@@ -104,8 +127,8 @@ def prepare_in_worker(html: str | bytes, encoding: str | None, max_length: int, 
     return prepare(_tokenizer_of_worker(), html, encoding, max_length=max_length, truncate=truncate)
 
 
-def preprocess_in_worker(html: str | bytes, encoding: str | None) -> tuple[str, int]:
-    return preprocess(_tokenizer_of_worker(), html, encoding)
+def preprocess_in_worker(html: str | bytes, encoding: str | None, max_length: int) -> Preprocessed:
+    return preprocess(_tokenizer_of_worker(), html, encoding, max_length)
 
 
 def worker_ready() -> bool:

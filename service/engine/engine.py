@@ -35,6 +35,7 @@ from service.core.errors import ErrorCode, HtmllmError
 from service.core.modeling import HeadSpec
 from service.core.preparation import (
     Prepared,
+    Preprocessed,
     PreprocessError,
     init_worker,
     prepare,
@@ -391,8 +392,9 @@ class Engine:
             self._processes = self._new_processes()
             broken.shutdown(wait=False, cancel_futures=True)
 
-    async def preprocess(self, doc: Document | str | bytes) -> tuple[str, int]:
-        """The pruned HTML and its token count (with [CLS]/[SEP], before truncation), for debugging.
+    async def preprocess(self, doc: Document | str | bytes) -> Preprocessed:
+        """The pruned HTML and its token count (with [CLS]/[SEP], before truncation), for debugging;
+        counted up to `count_limit` of the model's max length (`tokens_exact` False past it).
 
         Admitted against the same bounded queue as `embed` (a flood of debugging calls must not pile
         pages up in the workers' queue without limit) and drained by `stop(drain=True)` like it.
@@ -402,10 +404,13 @@ class Engine:
         self._check_room(1)
         self._admit(1)
         try:
+            max_length = self._max_length
             if self._processes is not None:
-                return await self._in_process(preprocess_in_worker, document.html, document.encoding)
+                return await self._in_process(
+                    preprocess_in_worker, document.html, document.encoding, max_length
+                )
             return await asyncio.get_running_loop().run_in_executor(
-                pool, preprocess, self._tokenizer, document.html, document.encoding
+                pool, preprocess, self._tokenizer, document.html, document.encoding, max_length
             )
         finally:
             self._release(1)

@@ -1,4 +1,6 @@
-"""Property-based requests generated from /openapi.json against a real server: never a 5xx.
+"""Property-based requests generated from /openapi.json against a real server: never a 5xx, and every
+answer as the document says (its status documented for the operation, its content type, headers and
+body conforming, an error's code one of its status').
 
 Every operation gets schema-conforming (positive) and schema-violating (negative) cases; the number of
 examples is bounded and the generation derandomized, so the run is fast and reproducible.
@@ -15,13 +17,28 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
+from schemathesis.checks import (
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
+from service.api.errors import STATUS
+from service.core.errors import ErrorCode
 from tests.api.conftest import tiny_settings
 from tests.api.live import live_server
 
 pytestmark = pytest.mark.slow
 
 EXAMPLES = 10
+# Checks of the answer alone (none sends another request), so they cost next to nothing.
+CONFORMANCE = [
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+]
 
 
 def no_server_errors(operation: Any, mode: GenerationMode, base_url: str) -> Callable[[], None]:
@@ -42,6 +59,9 @@ def no_server_errors(operation: Any, mode: GenerationMode, base_url: str) -> Cal
         content_type = response.headers.get("content-type") or [""]  # schemathesis: name -> [values]
         if response.status_code >= 400 and content_type[0].startswith("application/json"):
             assert set(response.json()) == {"error"}, f"{where}: {response.text[:500]}"
+            code = ErrorCode(response.json()["error"]["code"])
+            assert STATUS[code] == response.status_code, f"{where}: {response.text[:500]}"
+        case.validate_response(response, checks=CONFORMANCE)
 
     return check
 

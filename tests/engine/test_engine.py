@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from service.core.errors import ErrorCode, HtmllmError
+from service.core.preparation import count_limit
 from service.engine.engine import Engine
 from service.engine.types import (
     BatchStats,
@@ -103,9 +104,23 @@ async def test_bytes_in_a_declared_encoding_embed_like_the_text(tiny_checkpoint:
         from_text, from_bytes = await engine.embed(
             [html, Document(html=html.encode("windows-1250"), encoding="windows-1250")]
         )
-        pruned, tokens = await engine.preprocess(html)
+        pruned, tokens, exact = await engine.preprocess(html)
     np.testing.assert_allclose(from_text.embedding, from_bytes.embedding, atol=1e-6)
-    assert "<script>" not in pruned and "Praha" in pruned and tokens == from_text.tokens
+    assert "<script>" not in pruned and "Praha" in pruned and tokens == from_text.tokens and exact
+
+
+async def test_preprocess_counts_a_huge_page_only_so_far(tiny_checkpoint: Path) -> None:
+    """Past 16 times the model's max length the count stops (a whole count of megabytes of tokens took
+    seconds and gigabytes): the page has at least that many, and says so."""
+    async with Engine.from_checkpoint(tiny_checkpoint, EngineConfig(max_length=32)) as engine:
+        limit = count_limit(32)
+        ten, twenty = [(await engine.preprocess("<p>" + "x " * n + "</p>")).tokens for n in (10, 20)]
+        per_word = (twenty - ten) // 10
+        just_under = await engine.preprocess("<p>" + "x " * (10 + (limit - ten) // per_word) + "</p>")
+        huge = await engine.preprocess("<p>" + "x " * 200_000 + "</p>")
+    assert just_under.tokens_exact and just_under.tokens <= limit
+    assert not huge.tokens_exact and limit < huge.tokens <= 8 * limit  # a token per character at most
+    assert huge.html.count("x") == 200_000  # the pruned page is whole
 
 
 async def test_head_selection_and_unnormalised_output(tiny_checkpoint: Path, pages: list[str]) -> None:
@@ -478,7 +493,7 @@ async def test_preprocess_calls_are_bounded_by_the_queue(
             await engine.preprocess(pages[2])
         with pytest.raises(OverloadedError):
             await engine.embed(pages[2:3])
-        assert [tokens for _, tokens in await first] == [r.tokens for r in await engine.embed(pages[:2])]
+        assert [out.tokens for out in await first] == [r.tokens for r in await engine.embed(pages[:2])]
         assert engine.queue_size == 0
 
 

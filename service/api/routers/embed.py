@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from service.api import inference
 from service.api.auth import require_api_key
 from service.api.documents import encode_embedding, read_body, timing_headers, to_documents
-from service.api.openapi import ERROR_RESPONSES, raw_body_openapi
+from service.api.openapi import MODEL_ROUTE_ERRORS, raw_body_openapi, timing_responses
 from service.api.runtime import EngineDep, RuntimeDep, request_started
 from service.api.schemas import (
     EmbedRequest,
@@ -24,13 +24,14 @@ from service.api.schemas import (
 from service.core.errors import HtmllmError
 from service.engine import DocumentResult
 
-router = APIRouter(tags=["embed"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["embed"], dependencies=[Depends(require_api_key)], responses=MODEL_ROUTE_ERRORS)
 
 
 @router.post(
     "/v1/embed",
     response_model=EmbedResponse,
     summary="Embed pages and score them with the task heads",
+    responses=timing_responses(every_stage=False),
     openapi_extra=raw_body_openapi(EmbedRequest),
 )
 async def embed(

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from service.api.auth import require_api_key
 from service.api.documents import read_body, to_documents, validation_error
 from service.api.limits import check_document_count
-from service.api.openapi import ERROR_RESPONSES, raw_body_openapi
+from service.api.openapi import MODEL_ROUTE_ERRORS, raw_body_openapi
 from service.api.runtime import RuntimeDep, answer_or_cancel
 from service.api.schemas import (
     ErrorDetail,
@@ -31,7 +31,7 @@ from service.core.errors import ErrorCode, HtmllmError
 from service.core.extract import ExtractionError, ExtractorPool, extract
 from service.engine import Document
 
-router = APIRouter(tags=["extract"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["extract"], dependencies=[Depends(require_api_key)], responses=MODEL_ROUTE_ERRORS)
 
 
 def _extract_one(
@@ -95,7 +95,13 @@ async def extract_text(
     request: Request,
     runtime: RuntimeDep,
     id: Annotated[str | None, Query(description="raw body only: the page's id")] = None,
-    extractors: Annotated[list[ExtractorName] | None, Query(description="raw body only")] = None,
+    extractors: Annotated[
+        list[ExtractorName] | None,
+        Query(
+            description="raw body only (default union); at most four, each named once",
+            json_schema_extra={"maxItems": 4, "uniqueItems": True},  # checked as the JSON body's are
+        ),
+    ] = None,
     min_words: Annotated[int | None, Query(ge=0, description="raw body only (default 50)")] = None,
 ) -> ExtractResponse:
     """A JSON body of documents, or one raw page with its options in the query string."""

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service import __version__
-from service.api.openapi import ERROR_RESPONSES
+from service.api.openapi import UNAVAILABLE, error_responses
 from service.api.runtime import EngineDep, RuntimeDep
 from service.api.schemas import HeadInfo, HealthResponse, InfoResponse, Limits, ReadyResponse
 from service.core.errors import ErrorCode, HtmllmError
@@ -37,14 +37,15 @@ def probe_route(path: str, **options: Any) -> Callable[[Endpoint], Endpoint]:
     return register
 
 
-_UNAVAILABLE = {503: ERROR_RESPONSES[503]}
+# Liveness fails with `unhealthy` alone (no Retry-After: a restart, not a wait, cures it); readiness and
+# /info with the engine's `not_ready` / `shutting_down`.
+_UNHEALTHY = error_responses(503, codes={503: [ErrorCode.UNHEALTHY]})
+_UNAVAILABLE = error_responses(503, codes=UNAVAILABLE)
 
 
-@probe_route(
-    "/ping", summary="Liveness (text-embeddings-inference's SageMaker route)", responses=_UNAVAILABLE
-)
-@probe_route("/", summary="Liveness (text-embeddings-inference's `GET /`)", responses=_UNAVAILABLE)
-@probe_route("/health", summary="Liveness: the process answers", responses=_UNAVAILABLE)
+@probe_route("/ping", summary="Liveness (text-embeddings-inference's SageMaker route)", responses=_UNHEALTHY)
+@probe_route("/", summary="Liveness (text-embeddings-inference's `GET /`)", responses=_UNHEALTHY)
+@probe_route("/health", summary="Liveness: the process answers", responses=_UNHEALTHY)
 async def health(runtime: RuntimeDep) -> HealthResponse:
     """200 while the process can serve; 503 once the backend has failed every pass (or hung in one) for
     `HTMLLM_UNHEALTHY_AFTER_S`: a corrupted CUDA context does not heal in-process, a restart does."""
@@ -69,7 +70,7 @@ async def ready(runtime: RuntimeDep) -> ReadyResponse:
     return ReadyResponse(model=runtime.engine.info.name)
 
 
-@router.get("/info", summary="The model, its heads and the server's limits", responses=ERROR_RESPONSES)
+@router.get("/info", summary="The model, its heads and the server's limits", responses=_UNAVAILABLE)
 async def info(runtime: RuntimeDep, engine: EngineDep) -> InfoResponse:
     model = engine.info
     settings = runtime.settings

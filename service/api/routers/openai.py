@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from service.api import inference
 from service.api.auth import require_api_key
 from service.api.documents import check_dimensions, encode_embedding, read_json_body, timing_headers
-from service.api.openapi import ERROR_RESPONSES, json_body_openapi
+from service.api.openapi import MODEL_ROUTE_ERRORS, json_body_openapi, timing_responses
 from service.api.runtime import EngineDep, RuntimeDep, request_started
 from service.api.schemas import (
     OpenAIEmbedding,
@@ -20,19 +20,21 @@ from service.api.schemas import (
 )
 from service.engine import Document
 
-router = APIRouter(tags=["compatible"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["compatible"], dependencies=[Depends(require_api_key)], responses=MODEL_ROUTE_ERRORS)
 
 
 @router.post(
     "/embeddings",
     response_model=OpenAIEmbeddingsResponse,
     summary="OpenAI-compatible embeddings (for a client whose base URL lacks /v1, as TEI allows)",
+    responses=timing_responses(every_stage=True),
     openapi_extra=json_body_openapi(OpenAIEmbeddingsRequest),
 )
 @router.post(
     "/v1/embeddings",
     response_model=OpenAIEmbeddingsResponse,
     summary="OpenAI-compatible embeddings",
+    responses=timing_responses(every_stage=True),
     openapi_extra=json_body_openapi(OpenAIEmbeddingsRequest),
 )
 async def embeddings(

@@ -10,11 +10,11 @@ from fastapi import APIRouter, Depends, Query, Request
 from service.api.auth import require_api_key
 from service.api.documents import read_body, to_documents
 from service.api.limits import check_document_count
-from service.api.openapi import ERROR_RESPONSES, raw_body_openapi
+from service.api.openapi import MODEL_ROUTE_ERRORS, raw_body_openapi
 from service.api.runtime import EngineDep, RuntimeDep, answer_or_cancel
 from service.api.schemas import PreprocessRequest, PreprocessResponse, PreprocessResult
 
-router = APIRouter(tags=["debug"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["debug"], dependencies=[Depends(require_api_key)], responses=MODEL_ROUTE_ERRORS)
 
 
 @router.post(
@@ -40,7 +40,7 @@ async def preprocess(
     )
     return PreprocessResponse(
         data=[
-            PreprocessResult(id=doc.id, html=html, tokens=tokens)
-            for doc, (html, tokens) in zip(documents, outputs, strict=True)
+            PreprocessResult(id=doc.id, html=out.html, tokens=out.tokens, tokens_exact=out.tokens_exact)
+            for doc, out in zip(documents, outputs, strict=True)
         ]
     )

@@ -12,27 +12,30 @@ from fastapi import APIRouter, Depends, Request, Response
 from service.api import inference
 from service.api.auth import require_api_key
 from service.api.documents import check_dimensions, read_json_body, timing_headers
-from service.api.openapi import ERROR_RESPONSES, json_body_openapi
+from service.api.openapi import MODEL_ROUTE_ERRORS, json_body_openapi, timing_responses
 from service.api.runtime import EngineDep, RuntimeDep, request_started
 from service.api.schemas import TeiEmbedRequest
 from service.engine import Document
 
-router = APIRouter(tags=["compatible"], dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["compatible"], dependencies=[Depends(require_api_key)], responses=MODEL_ROUTE_ERRORS)
 
 
 @router.post(
     "/invocations",
     summary="text-embeddings-inference-compatible embed (SageMaker's route)",
+    responses=timing_responses(every_stage=True),
     openapi_extra=json_body_openapi(TeiEmbedRequest),
 )
 @router.post(
     "/",
     summary="text-embeddings-inference-compatible embed (huggingface_hub's InferenceClient posts here)",
+    responses=timing_responses(every_stage=True),
     openapi_extra=json_body_openapi(TeiEmbedRequest),
 )
 @router.post(
     "/embed",
     summary="text-embeddings-inference-compatible embed",
+    responses=timing_responses(every_stage=True),
     openapi_extra=json_body_openapi(TeiEmbedRequest),
 )
 async def embed(
