@@ -300,7 +300,7 @@ def _prune_document(document: str | bytes, max_depth: int) -> str:
         )
     depth = 0 if tags <= max_depth else estimate_depth(document, limit=max_depth)
     if depth > max_depth:
-        raise NestingTooDeepError(f"page nests about {depth} elements deep; the cap is {max_depth}")
+        raise NestingTooDeepError(f"page nests more than {max_depth} elements deep (the cap)")
     if depth * tags > _NESTING_WORK_PER_BYTE * len(document) + _NESTING_WORK_HEADROOM:
         raise NestingTooDeepError(
             f"page nests about {depth} elements deep and has {tags} tags: parsing it would take "

@@ -100,7 +100,7 @@ def test_bad_rows_become_error_rows_and_the_run_goes_on(
     messages = table["error_message"].to_pylist()
     assert messages[0] is None and messages[4] is None
     assert "line 2 is not JSON" in messages[1] and "neither 'html' nor 'file'" in messages[2]
-    assert "nests about 20000 elements deep" in messages[3]
+    assert "nests more than 8192 elements deep" in messages[3]
     assert table["embedding"][1].as_py() is None and table["tokens"][3].as_py() is None
     expected = asyncio.run(_embed(tiny_checkpoint, good))
     for row, result in zip((0, 4), expected, strict=True):
