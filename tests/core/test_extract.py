@@ -21,10 +21,12 @@ from service.core.decoding import decode_html
 from service.core.errors import ErrorCode
 from service.core.extract import (
     EXTRACTORS,
+    LIMITS,
     Extraction,
     ExtractionError,
     ExtractionOptionsError,
     ExtractionTimeoutError,
+    ExtractorLimits,
     ExtractorPool,
     InlineRunner,
     count_words,
@@ -168,12 +170,28 @@ def unspaced_page(sentences: list[str], charset: str, paragraphs: int = 4) -> by
     return html.encode(charset)
 
 
-def pathological_page(paragraphs: int = 5000) -> str:
-    """Thousands of tiny paragraphs: jusText's paragraph classification is quadratic in them."""
-    return "<html><body>" + "<div><p>alpha beta gamma delta epsilon</p></div>" * paragraphs + "</body></html>"
+def pathological_page(paragraphs: int = 45_000) -> str:
+    """About the most work the structural limits (`service.core.extract.limits`) let through: 45,000
+    tiny paragraphs inside 40 `<div>`s, under jusText's and trafilatura's 50,000 tags and 2,000,000
+    depth x tags, take jusText about 1.7 s and trafilatura 2.6 s. (jusText's classification of such
+    paragraphs used to be quadratic: 5,000 took 6.7 s.)"""
+    return "<html><body>" + "<div>" * 40 + "<p>alpha beta\n" * paragraphs + "</body></html>"
+
+
+def deep_page(depth: int = 20_000) -> str:
+    """20,000 nested `<div>x`: resiliparse's main-content pass takes over 10 s on it (its work grows with
+    depth x elements), so every extractor refuses the page unless a test lifts the limits (`unlimited`)."""
+    return "<html><body>" + "<div>x" * depth + "</body></html>"
 
 
 INLINE = InlineRunner()
+
+
+@pytest.fixture
+def unlimited(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No structural limits, for the tests that need an extraction to really run long in a worker."""
+    for name in EXTRACTORS:
+        monkeypatch.setitem(LIMITS, name, ExtractorLimits(max_tags=10**12, max_nesting_work=10**18))
 
 
 @pytest.fixture(scope="module")
@@ -431,37 +449,40 @@ def test_isolated_workers_give_the_inline_results(pool: ExtractorPool) -> None:
             )
 
 
-def test_time_limit_kills_a_pathological_extraction_and_the_pool_recovers(pool: ExtractorPool) -> None:
-    html = pathological_page()
+def test_time_limit_kills_a_pathological_extraction_and_the_pool_recovers(
+    pool: ExtractorPool, unlimited: None
+) -> None:
+    html = deep_page()
     started = time.perf_counter()
     with pytest.raises(ExtractionTimeoutError) as info:
-        extract(html, "justext", timeout_s=0.5, runner=pool)
+        extract(html, "resiliparse", timeout_s=0.5, runner=pool)
     elapsed = time.perf_counter() - started
-    assert elapsed < 3.0, elapsed  # unbounded, this page takes jusText many seconds
+    assert elapsed < 3.0, elapsed  # unbounded, this page takes resiliparse many seconds
     assert info.value.code == ErrorCode.EXTRACTION_FAILED
-    assert extract(table_page(), "justext", runner=pool).passed
+    assert extract(table_page(), "resiliparse", runner=pool).passed
 
 
-def test_union_falls_through_a_timed_out_extractor(pool: ExtractorPool) -> None:
-    html = pathological_page() + "<article>" + article(4) + "</article>"
+def test_union_falls_through_a_timed_out_extractor(pool: ExtractorPool, unlimited: None) -> None:
+    # libxml2 gives up 256 elements deep, so jusText keeps the article before the nesting.
+    html = "<html><body><article>" + article(4) + "</article>" + deep_page()
     started = time.perf_counter()
-    result = extract(html, order=["justext", "resiliparse"], timeout_s={"justext": 0.5}, runner=pool)
+    result = extract(html, order=["resiliparse", "justext"], timeout_s={"resiliparse": 0.5}, runner=pool)
     assert time.perf_counter() - started < 3.0
-    assert result.extractor == "resiliparse" and result.passed
-    assert result.attempts[0].extractor == "justext" and result.attempts[0].timed_out
+    assert result.extractor == "justext" and result.passed
+    assert result.attempts[0].extractor == "resiliparse" and result.attempts[0].timed_out
     assert result.attempts[0].error is not None and "limit" in result.attempts[0].error
     with pytest.raises(ExtractionTimeoutError, match="every extractor timed out"):
-        extract(html, order=["justext"], timeout_s=0.5, runner=pool)
+        extract(html, order=["resiliparse"], timeout_s=0.5, runner=pool)
 
 
 def _pathological_extraction_in_a_thread(pool: ExtractorPool) -> tuple[threading.Thread, list[BaseException]]:
-    """A started thread keeping one of `pool`'s workers busy (jusText on a pathological page, a 60 s
-    limit), and the list that receives what its extraction raises."""
+    """A started thread keeping one of `pool`'s workers busy (resiliparse on a deep page, a 60 s limit;
+    the caller lifts the limits), and the list that receives what its extraction raises."""
     caught: list[BaseException] = []
 
     def job() -> None:
         try:
-            extract(pathological_page(), "justext", timeout_s=60, runner=pool)
+            extract(deep_page(), "resiliparse", timeout_s=60, runner=pool)
         except BaseException as exc:
             caught.append(exc)
 
@@ -470,7 +491,7 @@ def _pathological_extraction_in_a_thread(pool: ExtractorPool) -> tuple[threading
     return thread, caught
 
 
-def test_a_crashed_worker_is_an_extraction_error_not_a_timeout() -> None:
+def test_a_crashed_worker_is_an_extraction_error_not_a_timeout(unlimited: None) -> None:
     before = set(multiprocessing.active_children())
     with ExtractorPool(1) as solo:
         assert extract(table_page(), "resiliparse", runner=solo).passed  # starts the one worker
@@ -594,7 +615,7 @@ def test_cli_extract_refuses_bad_limits_before_touching_the_output(
     assert out.read_text() == "previous\n"
 
 
-def test_closing_the_pool_stops_busy_workers_too() -> None:
+def test_closing_the_pool_stops_busy_workers_too(unlimited: None) -> None:
     """A server's shutdown closes the pool while a pathological page keeps a worker busy: the worker
     is killed and its job fails typed, instead of the process running on past its parent."""
     pool = ExtractorPool(1)

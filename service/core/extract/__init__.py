@@ -10,8 +10,10 @@ raises yield at equal quality. This package serves that as one interface:
   (at least `min_words` words and, when a `scorer` is given, a score of at least `min_score`);
 - `extract_all(html)`: every extractor's output (or its error).
 
-Bytes are decoded with `service.core.decoding.decode_html`, exactly as the pruner decodes them. Every
-extractor runs in a killable worker process (`service.core.extract.pool`) under its own time limit.
+Bytes are decoded with `service.core.decoding.decode_html`, exactly as the pruner decodes them. A page
+whose structure predicts seconds of an extractor's work is refused before any worker sees it
+(`service.core.extract.limits`); every other extraction runs in a killable worker process
+(`service.core.extract.pool`) under its own time limit.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from service.core.extract.extractors import (
     detect_language,
     stoplist_name,
 )
+from service.core.extract.limits import LIMITS, ExtractorLimits, PageShape, PageTooComplexError, check_page
 from service.core.extract.pool import (
     ExtractionError,
     ExtractionTimeoutError,
@@ -52,6 +55,7 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "EXTRACTORS",
     "JUSTEXT",
+    "LIMITS",
     "RANDOM",
     "RESILIPARSE",
     "TRAFILATURA",
@@ -61,8 +65,10 @@ __all__ = [
     "ExtractionError",
     "ExtractionOptionsError",
     "ExtractionTimeoutError",
+    "ExtractorLimits",
     "ExtractorPool",
     "InlineRunner",
+    "PageTooComplexError",
     "QualityScorer",
     "Runner",
     "Timeouts",
@@ -230,10 +236,18 @@ class _Filter:
 
 
 def _attempt(
-    runner: Runner, name: str, text: str, language: str | None, timeout_s: Timeouts, flt: _Filter
+    runner: Runner,
+    name: str,
+    shape: PageShape,
+    text: str,
+    language: str | None,
+    timeout_s: Timeouts,
+    flt: _Filter,
 ) -> tuple[Attempt, RawOutput | None, ExtractionError | None]:
     started = time.perf_counter()
     try:
+        # A page over the extractor's structural limits is refused here, before any worker sees it.
+        check_page(name, shape)
         out = runner.run(name, text, language=language, timeout_s=_timeout_for(timeout_s, name))
     except ExtractionError as exc:
         elapsed = time.perf_counter() - started
@@ -279,12 +293,13 @@ def extract(
     names = (extractor,) if extractor != UNION else resolve_order(order, seed=seed, text=text)
     flt = _Filter(min_words, scorer, min_score)
     run_with = runner or default_pool()
+    shape = PageShape(text)
 
     attempts: list[Attempt] = []
     outputs: dict[str, RawOutput] = {}
     errors: list[ExtractionError] = []
     for name in names:
-        attempt, out, error = _attempt(run_with, name, text, language, timeout_s, flt)
+        attempt, out, error = _attempt(run_with, name, shape, text, language, timeout_s, flt)
         attempts.append(attempt)
         if error is not None:
             errors.append(error)
@@ -300,6 +315,8 @@ def extract(
         summary = "; ".join(str(e) for e in errors)
         if all(isinstance(e, ExtractionTimeoutError) for e in errors):
             raise ExtractionTimeoutError(f"every extractor timed out: {summary}")
+        if all(isinstance(e, PageTooComplexError) for e in errors):
+            raise PageTooComplexError(f"every extractor refused the page: {summary}")
         raise ExtractionError(f"every extractor failed: {summary}")
     # The passing attempt when there is one, else the longest output (earliest in order on ties).
     chosen = next((a for a in attempts if a.passed), None)
@@ -343,9 +360,10 @@ def extract_all(
     decode_s = time.perf_counter() - started
     flt = _Filter(min_words, scorer, min_score)
     run_with = runner or default_pool()
+    shape = PageShape(text)
     results: dict[str, Extraction | ExtractionError] = {}
     for name in names:
-        attempt, out, error = _attempt(run_with, name, text, language, timeout_s, flt)
+        attempt, out, error = _attempt(run_with, name, shape, text, language, timeout_s, flt)
         if error is not None:
             results[name] = error
             continue
