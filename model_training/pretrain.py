@@ -15,6 +15,7 @@ the same losses as an uninterrupted one.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import math
@@ -783,6 +784,11 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
     if writer is not None:
         writer.close()
     if distributed:
+        # Free the DDP wrapper while the process group is still registered: freed after it, its Reducer
+        # held the group's last reference, and the group's destructor, run under the GIL, joined gloo's
+        # loop thread, which was waiting for the GIL (a CI run hung there after its third `train`).
+        del engine
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
     return TrainResult(steps=step, model_dir=model_dir, summary=summary)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -393,11 +394,15 @@ def test_resume_refuses_a_checkpoint_of_another_model(
         train(_config(run_inputs, "changed", max_steps=4, eval_every=0, max_length=128, preset="mini"))
 
 
-def _ddp_resume(rank: int, world: int, port: int, root: str) -> None:
-    _torchrun_env(rank, world, port)
+def _ddp_resume(rank: int, world: int, ports: list[int], root: str) -> None:
+    # A port of its own for each run's rendezvous: reusing one, a rank could reach the store of the run
+    # before while rank 0 was tearing it down, and wait forever (a CI run hung here).
     common: dict[str, object] = {"max_steps": 4, "grad_accum": 1, "eval_every": 0, "threads": 1}
+    _torchrun_env(rank, world, ports[0])
     train(_config(Path(root), "ddp-whole", **common))
+    _torchrun_env(rank, world, ports[1])
     train(_config(Path(root), "ddp-split", **common), stop_at_step=2)
+    _torchrun_env(rank, world, ports[2])
     train(_config(Path(root), "ddp-split", **common))
 
 
@@ -406,10 +411,12 @@ def test_ddp_resume_gives_every_rank_its_own_generators_back(run_inputs: Path) -
     # Each rank masks its own documents with its own generator. Rank 0 alone writes the checkpoint,
     # and a resume used to give every rank rank 0's generators: rank 1's masks changed, and through
     # the all-reduced gradients so did rank 0's losses from the step after the resume on.
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    mp.spawn(_ddp_resume, args=(2, port, str(run_inputs)), nprocs=2, join=True)
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(3)]
+        for sock in sockets:  # bound together: three different ports
+            sock.bind(("127.0.0.1", 0))
+        ports = [int(sock.getsockname()[1]) for sock in sockets]
+    mp.spawn(_ddp_resume, args=(2, ports, str(run_inputs)), nprocs=2, join=True)
     whole, split = _train_losses(run_inputs / "ddp-whole"), _train_losses(run_inputs / "ddp-split")
     assert [s for s, *_ in split] == [1, 2, 3, 4]
     for a, b in zip(whole, split, strict=True):
