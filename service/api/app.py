@@ -46,7 +46,8 @@ logger = logging.getLogger(__name__)
 
 DESCRIPTION = (
     "Embeddings and task-head scores for raw HTML pages from one forward pass. Errors are "
-    '`{"error": {"code", "message"}}`; a full queue answers 429 with `Retry-After`. Request bodies may '
+    '`{"error": {"code", "message"}}`; a full queue, or a body past the bytes the server holds at once '
+    "(`HTMLLM_MAX_INFLIGHT_BYTES`), answers 429 with `Retry-After`. Request bodies may "
     "be compressed (`Content-Encoding: gzip`, `deflate`, `br` or `zstd`); responses are gzipped for "
     "clients that accept it. Every response carries `x-request-id` (the client's, if usable). Response "
     "headers `x-prune-time`, `x-tokenize-time`, `x-queue-time`, `x-inference-time`, `x-total-time` are in "
@@ -140,6 +141,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         BodyLimitMiddleware,
         max_body_bytes=settings.max_body_bytes,
         body_timeout_s=settings.body_timeout_s,
+        max_inflight_bytes=settings.max_inflight_bytes,
+        retry_after_s=settings.retry_after_s,
         metrics=metrics,
     )
     if settings.gzip_min_bytes > 0:

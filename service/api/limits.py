@@ -9,6 +9,12 @@ A body that does not arrive within `body_timeout_s` is answered 408 and its conn
 times out idle connections only, so a client stalled mid-body held its connection, and what it had sent,
 without end.
 
+The bodies held at once are bounded too (`BodyBudget`, `max_inflight_bytes`): the queue bounds
+documents, not bytes, and 150 concurrent 15 MB pages took a server to 6.5 GB, past the chart's memory
+limit, where the kernel's OOM killer would lose every accepted request. A body is charged from its first
+byte (its whole declared `Content-Length` at once, so a client learns before uploading) until its
+response is sent; one that would pass the budget gets 429 with `Retry-After`, as a full queue does.
+
 It also undoes a request's `Content-Encoding` (gzip, deflate, br, zstd), so every route reads plain
 bytes. The cap holds for the decoded body too, checked while decoding: a small gzip bomb is refused
 with 413 after at most `max_body_bytes` of output, never inflated in full.
@@ -19,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sized
+from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -31,18 +38,66 @@ from service.core.errors import ErrorCode, HtmllmError
 # Compressed bodies above this are decoded on a worker thread, off the event loop.
 INLINE_DECODE_BYTES = 64 * 1024
 _LIMIT_NAME = "HTMLLM_MAX_BODY_BYTES"  # the setting a too-large message tells the reader to raise
+_BUDGET_NAME = "HTMLLM_MAX_INFLIGHT_BYTES"
+
+
+class BodyBudget:
+    """The bytes of request bodies held by requests not yet answered, against `limit`.
+
+    Only the event loop touches it (no lock): `take` and `give` run between awaits.
+    """
+
+    def __init__(self, limit: int, metrics: ServiceMetrics) -> None:
+        self.limit = limit
+        self.held = 0
+        self._gauge = metrics.body_bytes_in_flight
+
+    def take(self, count: int) -> bool:
+        """Charge `count` more bytes if they fit; False (nothing charged) if they do not."""
+        if self.held + count > self.limit:
+            return False
+        self.held += count
+        self._gauge.set(self.held)
+        return True
+
+    def give(self, count: int) -> None:
+        self.held -= count
+        self._gauge.set(self.held)
+
+    def refusal(self, count: int) -> str:
+        return (
+            f"the server holds {self.held} bytes of request bodies and {count} more would pass its "
+            f"{self.limit} ({_BUDGET_NAME}); retry later"
+        )
+
+
+@dataclass
+class _Charge:
+    """The bytes one request is charged for, given back when it is answered."""
+
+    held: int
 
 
 class BodyLimitMiddleware:
-    """Refuses bodies over `max_body_bytes` with 413 and the usual error body."""
+    """Refuses bodies over `max_body_bytes` with 413 and the usual error body, and bodies that would
+    pass the in-flight budget with 429."""
 
     def __init__(
-        self, app: ASGIApp, *, max_body_bytes: int, metrics: ServiceMetrics, body_timeout_s: float = 60.0
+        self,
+        app: ASGIApp,
+        *,
+        max_body_bytes: int,
+        metrics: ServiceMetrics,
+        body_timeout_s: float = 60.0,
+        max_inflight_bytes: int | None = None,
+        retry_after_s: int | None = None,
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
         self.metrics = metrics
+        self.budget = BodyBudget(max_inflight_bytes or max(max_body_bytes, 1 << 62), metrics)
+        self.retry_after_s = retry_after_s
 
     async def _refuse(
         self,
@@ -53,8 +108,43 @@ class BodyLimitMiddleware:
         message: str,
         headers: dict[str, str] | None = None,
     ) -> None:
-        response = error_response(code, message, STATUS[code], metrics=self.metrics, headers=headers)
+        response = error_response(
+            code,
+            message,
+            STATUS[code],
+            metrics=self.metrics,
+            headers=headers,
+            retry_after_s=self.retry_after_s,
+        )
         await response(scope, receive, send)
+
+    async def _over_budget(
+        self, scope: Scope, receive: Receive, send: Send, count: int, *, more_body: bool
+    ) -> None:
+        """429 for a body that would pass the budget, after reading and dropping what is left of it:
+        a client still sending its body reads no response (most end in a reset connection and retry at
+        once, unpaced), while one that drained learns to wait `Retry-After`. A client that asked
+        `Expect: 100-continue` has sent nothing yet and is answered at once."""
+        headers = None
+        if more_body:
+            if dict(scope["headers"]).get(b"expect", b"").lower() == b"100-continue":
+                headers = {"connection": "close"}
+            elif not await self._drop_rest(receive):
+                return  # the client left: there is no one to answer
+        await self._refuse(scope, receive, send, ErrorCode.OVERLOADED, self.budget.refusal(count), headers)
+
+    async def _drop_rest(self, receive: Receive) -> bool:
+        """Read the rest of the body, keeping none of it; False if the client left or stalled."""
+        try:
+            async with asyncio.timeout(self.body_timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return False
+                    if not message.get("more_body", False):
+                        return True
+        except TimeoutError:
+            return False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -63,6 +153,7 @@ class BodyLimitMiddleware:
         scope[START_KEY] = time.perf_counter()
         limit = self.max_body_bytes
         declared = dict(scope["headers"]).get(b"content-length")
+        length = 0
         if declared is not None:
             try:
                 length = int(declared)
@@ -74,7 +165,53 @@ class BodyLimitMiddleware:
                     scope, receive, send, ErrorCode.PAYLOAD_TOO_LARGE, _too_large(f"{length} bytes", limit)
                 )
                 return
+        if not self.budget.take(length):  # refused before the client uploads a byte of it
+            await self._over_budget(scope, receive, send, length, more_body=True)
+            return
+        charge = _Charge(length)
+        try:
+            body = await self._read(scope, receive, send, charge)
+            if body is None:
+                return
+            # Repeated Content-Encoding headers are one list, in order (RFC 9110 §5.3).
+            codings = [v.decode("latin-1") for k, v in scope["headers"] if k == b"content-encoding"]
+            if codings and body:  # nothing to decode in an empty body (a GET), whatever it claims
+                try:
+                    body = await _decode(body, ", ".join(codings), limit)
+                except ContentCodingError as exc:
+                    await self._refuse(scope, receive, send, exc.code, exc.message)
+                    return
+                scope = _plain_scope(scope, len(body))
+                if not self._charge_up_to(len(body), charge):  # the decoded body is what it holds now
+                    more = len(body) - charge.held
+                    await self._over_budget(scope, receive, send, more, more_body=False)
+                    return
+            replayed = False
 
+            async def replay() -> Message:
+                nonlocal replayed
+                if not replayed:
+                    replayed = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                return await receive()
+
+            await self.app(scope, replay, send)
+        finally:
+            self.budget.give(charge.held)
+
+    def _charge_up_to(self, size: int, charge: _Charge) -> bool:
+        """Charge the request for `size` bytes in all, if they fit the budget."""
+        if size <= charge.held:
+            return True
+        if not self.budget.take(size - charge.held):
+            return False
+        charge.held = size
+        return True
+
+    async def _read(self, scope: Scope, receive: Receive, send: Send, charge: _Charge) -> bytes | None:
+        """The whole body, charged as it comes beyond the declared length already charged (a chunked
+        body declares none); None once the request has been answered, or its client left."""
+        limit = self.max_body_bytes
         chunks: list[bytes] = []
         size = 0
         try:
@@ -84,13 +221,18 @@ class BodyLimitMiddleware:
                 while True:
                     message = await receive()
                     if message["type"] == "http.disconnect":
-                        return  # the client left before sending its body: there is no one to answer
+                        return None  # the client left before sending its body: there is no one to answer
                     chunk = message.get("body", b"")
                     size += len(chunk)
                     if size > limit:
                         too_large = _too_large(f"over {size} bytes", limit)
                         await self._refuse(scope, receive, send, ErrorCode.PAYLOAD_TOO_LARGE, too_large)
-                        return
+                        return None
+                    if not self._charge_up_to(size, charge):
+                        more_body = message.get("more_body", False)
+                        more = size - charge.held
+                        await self._over_budget(scope, receive, send, more, more_body=more_body)
+                        return None
                     chunks.append(chunk)
                     if not message.get("more_body", False):
                         break
@@ -103,28 +245,8 @@ class BodyLimitMiddleware:
             await self._refuse(
                 scope, receive, send, ErrorCode.BODY_TIMEOUT, message_text, headers={"connection": "close"}
             )
-            return
-
-        body = b"".join(chunks)
-        # Repeated Content-Encoding headers are one list, in order (RFC 9110 §5.3).
-        codings = [v.decode("latin-1") for k, v in scope["headers"] if k == b"content-encoding"]
-        if codings and body:  # nothing to decode in an empty body (a GET), whatever it claims
-            try:
-                body = await _decode(body, ", ".join(codings), limit)
-            except ContentCodingError as exc:
-                await self._refuse(scope, receive, send, exc.code, exc.message)
-                return
-            scope = _plain_scope(scope, len(body))
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+            return None
+        return b"".join(chunks)  # the chunks go with this frame: the request holds the body once
 
 
 async def _decode(body: bytes, coding: str, limit: int) -> bytes:

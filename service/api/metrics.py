@@ -54,6 +54,11 @@ class ServiceMetrics:
             "htmllm_request_failures", "Requests answered with an error, by error code", ["code"], registry=r
         )
         self.queue_size = Gauge("htmllm_queue_size", "Documents waiting in the batcher queue", registry=r)
+        self.body_bytes_in_flight = Gauge(
+            "htmllm_request_body_bytes_in_flight",
+            "Bytes of request bodies held by requests not yet answered (HTMLLM_MAX_INFLIGHT_BYTES bounds it)",
+            registry=r,
+        )
         self.batch_size = Histogram(
             "htmllm_batch_size", "Documents per forward pass", buckets=_BATCH_SIZE_BUCKETS, registry=r
         )

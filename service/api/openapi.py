@@ -4,7 +4,7 @@ Clients are generated from this document, so it says what the server does. Route
 themselves (JSON or one raw page; JSON with or without a Content-Type), so FastAPI does not see a body
 parameter: `raw_body_openapi` and `json_body_openapi` declare the content types. Each router names the
 errors of its own operations (`error_responses`); `install_openapi` adds what the middleware and the
-error handler do on every operation: the body's errors (408, 413, 415, 422) and a bug's 500, the
+error handler do on every operation: the body's errors (408, 413, 415, 422, 429) and a bug's 500, the
 `x-request-id` header on every response, and the API key's 401 where the server has keys.
 """
 
@@ -31,7 +31,8 @@ _DESCRIPTIONS: dict[int, str] = {
     413: "the body, or what a compressed body decodes to, is over `HTMLLM_MAX_BODY_BYTES`",
     415: "a Content-Type or Content-Encoding the service does not take",
     422: "an invalid request",
-    429: "the queue is full: retry after `Retry-After` seconds",
+    429: "the queue is full, or the request bodies the server holds would pass `HTMLLM_MAX_INFLIGHT_BYTES`: "
+    "retry after `Retry-After` seconds",
     500: "a server fault",
     503: "the service cannot take the request now",
     504: "the request timeout (`HTMLLM_REQUEST_TIMEOUT_S`) passed",
@@ -165,10 +166,16 @@ def json_body_openapi(model: type[BaseModel]) -> dict[str, Any]:
     }
 
 
-# Every operation can answer these: the body limit middleware reads (and decodes) any request's body,
-# and the error handler answers a bug with 500.
+# Every operation can answer these: the body limit middleware reads (and decodes) any request's body
+# and charges it to the in-flight budget, and the error handler answers a bug with 500.
 _EVERY_OPERATION = error_responses(
-    408, 413, 415, 422, 500, codes={422: [ErrorCode.VALIDATION], 500: [ErrorCode.INTERNAL]}
+    408,
+    413,
+    415,
+    422,
+    429,
+    500,
+    codes={422: [ErrorCode.VALIDATION], 429: [ErrorCode.OVERLOADED], 500: [ErrorCode.INTERNAL]},
 )
 
 

@@ -234,6 +234,7 @@ class Limits(BaseModel):
     max_batch_requests: int
     max_wait_ms: float
     max_queue_documents: int
+    max_inflight_bytes: int = Field(description="request bodies held at once; a body past it gets 429")
     extract_timeout_s: float = Field(description="each extractor's limit on one page (/v1/extract)")
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.core.attention import AUTO_ATTENTION, Attention, attention_option
@@ -84,6 +84,13 @@ class Settings(BaseSettings):
     # Per-request limits.
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="413 beyond it, before parsing")
     max_documents: int = Field(64, gt=0, description="documents per request; 422 beyond it")
+    max_inflight_bytes: int = Field(
+        512 * 1024 * 1024,
+        gt=0,
+        description="request bodies the server holds at once (received, not yet answered); a body that "
+        "would pass it gets 429 with Retry-After, so a burst of large pages cannot exhaust memory; at "
+        "least max_body_bytes",
+    )
     request_timeout_s: float = Field(30.0, gt=0, description="504 beyond it")
     body_timeout_s: float = Field(
         60.0, gt=0, description="408 when a request's body takes longer than this to arrive"
@@ -133,6 +140,17 @@ class Settings(BaseSettings):
         ge=0,
         description="responses this large are gzipped for clients that send Accept-Encoding: gzip; 0: never",
     )
+
+    @model_validator(mode="after")
+    def _one_body_fits(self) -> Settings:
+        # A smaller budget would refuse every body between the two sizes forever, idle server or not.
+        if self.max_inflight_bytes < self.max_body_bytes:
+            raise ValueError(
+                f"HTMLLM_MAX_INFLIGHT_BYTES ({self.max_inflight_bytes}) is below HTMLLM_MAX_BODY_BYTES "
+                f"({self.max_body_bytes}): a body of the largest accepted size could never be taken; "
+                "raise the first"
+            )
+        return self
 
     def engine_config(self) -> EngineConfig:
         """The Engine's configuration; the settings are the one place both are read from."""

@@ -86,3 +86,10 @@ def test_invalid_values_are_refused(monkeypatch: pytest.MonkeyPatch, name: str, 
     monkeypatch.setenv(name, value)
     with pytest.raises(ValidationError):
         Settings()
+
+
+def test_the_inflight_budget_takes_at_least_one_body() -> None:
+    """A budget below the body cap would refuse every body between the two, on an idle server too."""
+    assert Settings(max_body_bytes=1000, max_inflight_bytes=1000).max_inflight_bytes == 1000
+    with pytest.raises(ValidationError, match=r"HTMLLM_MAX_INFLIGHT_BYTES .* is below HTMLLM_MAX_BODY_BYTES"):
+        Settings(max_body_bytes=1001, max_inflight_bytes=1000)

@@ -251,6 +251,13 @@ def test_a_grace_period_shorter_than_the_drain_is_refused() -> None:
         render({"terminationGracePeriodSeconds": 30, "server": {"drainTimeoutSeconds": 30}})
 
 
+def test_an_inflight_budget_below_the_body_cap_is_refused() -> None:
+    """The server would refuse to start (HTMLLM_MAX_INFLIGHT_BYTES below HTMLLM_MAX_BODY_BYTES)."""
+    with pytest.raises(helm.HelmRenderError, match=r"maxInflightBytes \(16777216\) must be at least"):
+        render({"server": {"maxBodyBytes": 33554432, "maxInflightBytes": 16777216}})
+    render({"server": {"maxBodyBytes": 33554432, "maxInflightBytes": 33554432}})
+
+
 def test_pod_runs_unprivileged_with_a_read_only_root(value_set: tuple[str, list[Manifest]]) -> None:
     _, objects = value_set
     pod = one(objects, "Deployment")["spec"]["template"]["spec"]
@@ -522,6 +529,7 @@ MAXIMAL_VALUES: dict[str, Any] = {
         "maxWaitMs": 0.5,
         "maxQueueDocuments": 4000000,
         "maxBodyBytes": 1073741824,
+        "maxInflightBytes": 4294967296,
         "requestTimeoutSeconds": 2.5,
         "bodyTimeoutSeconds": 1200000,
         "drainTimeoutSeconds": 45,
@@ -581,6 +589,7 @@ def test_every_rendered_setting_is_read_by_the_service(name: str) -> None:
     server = merged["server"]
     assert settings.max_batch_tokens == server["maxBatchTokens"]
     assert settings.max_body_bytes == server["maxBodyBytes"]
+    assert settings.max_inflight_bytes == server["maxInflightBytes"]
     assert settings.body_timeout_s == server["bodyTimeoutSeconds"]
     assert settings.drain_timeout_s == server["drainTimeoutSeconds"]
     if merged["auth"]["enabled"]:

@@ -145,6 +145,7 @@ period is derived from. extraSettings and extraEnv may not set these again (html
   "HTMLLM_MAX_WAIT_MS" (include "htmllm.settingValue" $s.maxWaitMs)
   "HTMLLM_MAX_QUEUE_DOCUMENTS" (include "htmllm.settingValue" $s.maxQueueDocuments)
   "HTMLLM_MAX_BODY_BYTES" (include "htmllm.settingValue" $s.maxBodyBytes)
+  "HTMLLM_MAX_INFLIGHT_BYTES" (include "htmllm.settingValue" $s.maxInflightBytes)
   "HTMLLM_MAX_DOCUMENTS" (include "htmllm.settingValue" $s.maxDocuments)
   "HTMLLM_REQUEST_TIMEOUT_S" (include "htmllm.settingValue" $s.requestTimeoutSeconds)
   "HTMLLM_BODY_TIMEOUT_S" (include "htmllm.settingValue" $s.bodyTimeoutSeconds)
@@ -163,6 +164,9 @@ period is derived from. extraSettings and extraEnv may not set these again (html
 {{- define "htmllm.validate" -}}
 {{- if and .Values.auth.enabled (not .Values.auth.existingSecret) (not .Values.auth.apiKey) }}
 {{- fail "auth.enabled needs auth.existingSecret (recommended) or auth.apiKey" }}
+{{- end }}
+{{- if lt (float64 .Values.server.maxInflightBytes) (float64 .Values.server.maxBodyBytes) }}
+{{- fail (printf "server.maxInflightBytes (%s) must be at least server.maxBodyBytes (%s): a body of the largest accepted size could never be taken" (include "htmllm.settingValue" .Values.server.maxInflightBytes) (include "htmllm.settingValue" .Values.server.maxBodyBytes)) }}
 {{- end }}
 {{- if not (has .Values.model.source (list "bundled" "pvc" "initContainer")) }}
 {{- fail (printf "model.source must be bundled, pvc or initContainer, not %q" .Values.model.source) }}

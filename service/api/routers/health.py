@@ -101,6 +101,7 @@ async def info(runtime: RuntimeDep, engine: EngineDep) -> InfoResponse:
             max_batch_requests=settings.max_batch_requests,
             max_wait_ms=settings.max_wait_ms,
             max_queue_documents=settings.max_queue_documents,
+            max_inflight_bytes=settings.max_inflight_bytes,
             extract_timeout_s=settings.extract_timeout_s,
         ),
         auth=runtime.api_keys.enabled,

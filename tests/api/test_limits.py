@@ -1,0 +1,214 @@
+"""The in-flight body budget (`HTMLLM_MAX_INFLIGHT_BYTES`): bodies held at once are bounded, a body past
+the bound is a 429 the client can read, and every byte charged is given back."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.api.conftest import tiny_settings
+from tests.api.live import LiveServer, live_server
+from tests.api.pages import page
+from tests.api.test_server import metric
+
+MIB = 1024 * 1024
+# Larger than the loopback socket buffers take unread, so a 429 sent before the body is read would
+# reach a client that is still writing (a reset connection, not a response) unless the server drains.
+LARGE = 12 * MIB
+
+
+@pytest.fixture(scope="module")
+def budget_server(tiny_checkpoint: Path) -> Iterator[LiveServer]:
+    settings = tiny_settings(
+        tiny_checkpoint,
+        max_body_bytes=LARGE,
+        max_inflight_bytes=2 * LARGE,
+        retry_after_s=3,
+        body_timeout_s=30,
+    )
+    with live_server(settings) as live:
+        yield live
+
+
+def _address(live: LiveServer) -> tuple[str, int]:
+    host, port = live.url.removeprefix("http://").split(":")
+    return host, int(port)
+
+
+@contextlib.contextmanager
+def holders(live: LiveServer, sizes: list[int]) -> Iterator[list[socket.socket]]:
+    """Connections that each declare a body of the given size and send a few bytes of it: the server
+    charges the declared size at once and holds it until the connection goes."""
+    sockets = []
+    try:
+        for size in sizes:
+            sock = socket.create_connection(_address(live), timeout=30)
+            sock.sendall(
+                b"POST /v1/embed HTTP/1.1\r\nHost: x\r\ncontent-type: text/html\r\n"
+                b"content-length: %d\r\n\r\n<p>held" % size
+            )
+            sockets.append(sock)
+        _wait_for(live, lambda held: held == sum(sizes))
+        yield sockets
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _page_of(size: int, i: int) -> bytes:
+    html = page(i).encode()
+    return html + b" " * (size - len(html))
+
+
+def _held(live: LiveServer) -> float:
+    return metric(httpx.get(live.url + "/metrics").text, "htmllm_request_body_bytes_in_flight")
+
+
+def _wait_for(live: LiveServer, condition: object) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        held = _held(live)
+        if condition(held):  # type: ignore[operator]
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"the server holds {_held(live)} bytes")
+
+
+def _is_overloaded(response: httpx.Response) -> None:
+    assert response.status_code == 429, response.text[:300]
+    assert response.headers["retry-after"] == "3"
+    error = response.json()["error"]
+    assert error["code"] == "overloaded" and "HTMLLM_MAX_INFLIGHT_BYTES" in error["message"]
+
+
+def test_a_body_past_the_budget_is_a_429_the_client_reads(budget_server: LiveServer) -> None:
+    large = _page_of(LARGE - 1024, 1)
+    with holders(budget_server, [LARGE, LARGE // 2]):
+        # Declared: refused before any of it is kept, yet read to its end, so httpx (which reads no
+        # response before its body is sent) gets the 429 instead of a reset connection.
+        _is_overloaded(
+            httpx.post(budget_server.url + "/v1/embed", content=large, headers={"content-type": "text/html"})
+        )
+
+        # Chunked (no Content-Length): charged as it comes, refused when it passes the budget.
+        def chunks() -> Iterator[bytes]:
+            for start in range(0, len(large), 256 * 1024):
+                yield large[start : start + 256 * 1024]
+
+        _is_overloaded(
+            httpx.post(
+                budget_server.url + "/v1/embed", content=chunks(), headers={"content-type": "text/html"}
+            )
+        )
+        # What fits is served meanwhile.
+        small = httpx.post(budget_server.url + "/v1/embed", json={"documents": [{"html": page(2)}]})
+        assert small.status_code == 200, small.text
+    _wait_for(budget_server, lambda held: held == 0)  # the holders' charges came back when they left
+    served = httpx.post(budget_server.url + "/v1/embed", content=large, headers={"content-type": "text/html"})
+    assert served.status_code == 200, served.text[:300]
+    assert _held(budget_server) == 0
+
+
+def _read_response(sock: socket.socket) -> tuple[bytes, bytes]:
+    """(head, body) of one response with a Content-Length, read off a keep-alive connection."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(
+        next(line for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:"))[15:]
+    )
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head, body
+
+
+def test_a_refused_body_is_read_to_its_end_and_the_connection_kept(budget_server: LiveServer) -> None:
+    """The 429 comes after the body (dropped as it arrives), so the next request on the same
+    connection is read from where it starts, not from the middle of the refused body."""
+    large = _page_of(LARGE - 1024, 4)
+    with (
+        holders(budget_server, [LARGE, LARGE // 2]),
+        socket.create_connection(_address(budget_server)) as sock,
+    ):
+        sock.settimeout(30)
+        request = (
+            b"POST /v1/embed HTTP/1.1\r\nHost: x\r\ncontent-type: text/html\r\ncontent-length: %d\r\n\r\n"
+        )
+        sender = threading.Thread(target=sock.sendall, args=(request % len(large) + large,))
+        sender.start()
+        head, body = _read_response(sock)
+        sender.join(timeout=30)
+        assert head.startswith(b"HTTP/1.1 429 "), head
+        assert b"connection: close" not in head.lower() and b"retry-after: 3" in head.lower()
+        assert json.loads(body)["error"]["code"] == "overloaded"
+        json_request = b'{"documents": [{"html": "<p>next on the same connection</p>"}]}'
+        sock.sendall(
+            b"POST /v1/embed HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(json_request), json_request)
+        )
+        head, body = _read_response(sock)
+        assert head.startswith(b"HTTP/1.1 200 "), (head, body[:300])
+        assert len(json.loads(body)["data"]) == 1
+
+
+def test_a_compressed_body_is_charged_as_decoded(budget_server: LiveServer) -> None:
+    decoded = _page_of(LARGE - 1024, 3)
+    compressed = gzip.compress(decoded)
+    assert len(compressed) < 64 * 1024
+    with holders(budget_server, [LARGE, LARGE // 2]):
+        refused = httpx.post(
+            budget_server.url + "/v1/embed",
+            content=compressed,
+            headers={"content-type": "text/html", "content-encoding": "gzip"},
+        )
+        _is_overloaded(refused)
+    _wait_for(budget_server, lambda held: held == 0)
+    served = httpx.post(
+        budget_server.url + "/v1/embed",
+        content=compressed,
+        headers={"content-type": "text/html", "content-encoding": "gzip"},
+    )
+    assert served.status_code == 200, served.text[:300]
+
+
+def test_expect_100_continue_is_answered_before_the_body(budget_server: LiveServer) -> None:
+    with holders(budget_server, [LARGE, LARGE]), socket.create_connection(_address(budget_server)) as sock:
+        sock.settimeout(30)
+        sock.sendall(
+            b"POST /v1/embed HTTP/1.1\r\nHost: x\r\ncontent-type: text/html\r\n"
+            b"expect: 100-continue\r\ncontent-length: 1000\r\n\r\n"
+        )
+        answer = b""
+        while data := sock.recv(65536):  # nothing of the body was sent: the server answers and closes
+            answer += data
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 429 "), answer[:300]
+    assert b"100 continue" not in head.lower() and b"connection: close" in head.lower()
+    assert json.loads(body)["error"]["code"] == "overloaded"
+    _wait_for(budget_server, lambda held: held == 0)
+
+
+def test_every_ending_gives_its_charge_back(budget_server: LiveServer) -> None:
+    """413, 422, a client gone mid-body and served requests: the gauge returns to zero."""
+    url = budget_server.url + "/v1/embed"
+    assert (
+        httpx.post(url, content=b"x" * (LARGE + 1), headers={"content-type": "text/html"}).status_code == 413
+    )
+    assert httpx.post(url, content=b'{"documents": 3}').status_code == 422
+    with holders(budget_server, [LARGE]):
+        pass  # connected, charged, gone mid-body
+    for i in range(3):
+        assert httpx.post(url, json={"documents": [{"html": page(i)}]}).status_code == 200
+    _wait_for(budget_server, lambda held: held == 0)
+    info = httpx.get(budget_server.url + "/info").json()
+    assert info["limits"]["max_inflight_bytes"] == 2 * LARGE
