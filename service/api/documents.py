@@ -11,6 +11,7 @@ import asyncio
 import base64
 import codecs
 import json
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
@@ -19,6 +20,7 @@ import numpy as np
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
+from service.api.runtime import CHARGE_KEY
 from service.api.schemas import DocumentIn, EncodingFormat
 from service.core.decoding import parse_content_type
 from service.core.errors import ErrorCode, HtmllmError
@@ -105,7 +107,7 @@ async def read_body(
                 f"query options {given} apply to raw bodies only; put them in the JSON body",
                 code=ErrorCode.VALIDATION,
             )
-        return await _parse_json_off_loop(model, body), None
+        return await _parse_json_off_loop(request, model, body), None
     if media_type in RAW_MEDIA_TYPES:
         if not body:
             raise HtmllmError("the request body is empty", code=ErrorCode.EMPTY)
@@ -133,14 +135,35 @@ async def read_json_body(request: Request, model: type[M]) -> M:
             f"unsupported Content-Type {(header or '')[:100]!r}: send application/json",
             code=ErrorCode.UNSUPPORTED_MEDIA_TYPE,
         )
-    return await _parse_json_off_loop(model, await request.body())
+    return await _parse_json_off_loop(request, model, await request.body())
 
 
-async def _parse_json_off_loop(model: type[M], body: bytes) -> M:
+async def _parse_json_off_loop(request: Request, model: type[M], body: bytes) -> M:
+    """`body` parsed, its strings charged to the in-flight budget: the body stays (Starlette keeps it)
+    and the strings are as large again, or four times larger where one character is outside the BMP (an
+    emoji makes Python store the whole page in 4 bytes a character)."""
     if len(body) > INLINE_PARSE_BYTES:
         # Parsing megabytes of JSON takes milliseconds the other requests should not wait for.
-        return await asyncio.to_thread(parse_json, model, body)
-    return parse_json(model, body)
+        parsed = await asyncio.to_thread(parse_json, model, body)
+    else:
+        parsed = parse_json(model, body)
+    charge = request.scope.get(CHARGE_KEY)
+    if charge is not None:  # absent only where the app runs without its middleware
+        charge(_text_bytes(parsed))
+    return parsed
+
+
+def _text_bytes(value: object) -> int:
+    """Memory of the strings in a parsed request (models, lists and dicts walked); the rest is small."""
+    if isinstance(value, str):
+        return sys.getsizeof(value)
+    if isinstance(value, BaseModel):
+        return sum(_text_bytes(field) for field in value.__dict__.values())
+    if isinstance(value, list | tuple):
+        return sum(_text_bytes(item) for item in value)
+    if isinstance(value, dict):
+        return sum(_text_bytes(item) for item in value.values())
+    return 0
 
 
 def to_documents(documents: Sequence[DocumentIn]) -> list[Document]:

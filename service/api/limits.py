@@ -23,6 +23,7 @@ with 413 after at most `max_body_bytes` of output, never inflated in full.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Sized
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.errors import STATUS, error_response
 from service.api.metrics import ServiceMetrics
-from service.api.runtime import START_KEY
+from service.api.runtime import CHARGE_KEY, START_KEY
 from service.core.content_coding import ContentCodingError, decode_content
 from service.core.errors import ErrorCode, HtmllmError
 
@@ -186,6 +187,7 @@ class BodyLimitMiddleware:
                     more = len(body) - charge.held
                     await self._over_budget(scope, receive, send, more, more_body=False)
                     return
+            scope[CHARGE_KEY] = functools.partial(self._charge_more, charge)
             replayed = False
 
             async def replay() -> Message:
@@ -198,6 +200,11 @@ class BodyLimitMiddleware:
             await self.app(scope, replay, send)
         finally:
             self.budget.give(charge.held)
+
+    def _charge_more(self, charge: _Charge, count: int) -> None:
+        """What a route adds to its request's charge: what the body became (the JSON's strings)."""
+        if not self._charge_up_to(charge.held + count, charge):
+            raise HtmllmError(self.budget.refusal(count), code=ErrorCode.OVERLOADED)
 
     def _charge_up_to(self, size: int, charge: _Charge) -> bool:
         """Charge the request for `size` bytes in all, if they fit the budget."""

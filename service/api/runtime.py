@@ -35,6 +35,9 @@ logger = logging.getLogger(__name__)
 
 # Where BodyLimitMiddleware stamps the time the request arrived, for x-total-time.
 START_KEY = "htmllm.start"
+# The scope's `charge(count)`: charges `count` more bytes to the request's share of the in-flight body
+# budget, or raises OverloadedError (service.api.limits).
+CHARGE_KEY = "htmllm.charge"
 # The least time between two probe passes of a failing backend.
 PROBE_INTERVAL_S = 5.0
 

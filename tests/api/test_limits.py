@@ -212,3 +212,23 @@ def test_every_ending_gives_its_charge_back(budget_server: LiveServer) -> None:
     _wait_for(budget_server, lambda held: held == 0)
     info = httpx.get(budget_server.url + "/info").json()
     assert info["limits"]["max_inflight_bytes"] == 2 * LARGE
+
+
+def test_a_json_body_is_charged_for_its_strings_too(tiny_checkpoint: Path) -> None:
+    """One emoji makes Python hold a page's text in 4 bytes a character: the JSON's strings are charged
+    as they are held, beside the body, so such a request is refused where a plain one of the same
+    size is served."""
+    body_cap = 1 * MIB
+    settings = tiny_settings(tiny_checkpoint, max_body_bytes=body_cap, max_inflight_bytes=3 * body_cap)
+    plain = "<p>" + "word " * 180_000 + "</p>"
+    emoji = plain.replace("word ", "\N{GRINNING FACE} ", 1)
+    with live_server(settings) as live:
+        for html, status in ((plain, 200), (emoji, 429), (plain, 200)):
+            content = json.dumps({"documents": [{"html": html}]}, ensure_ascii=False).encode()
+            assert 0.8 * body_cap < len(content) < body_cap
+            response = httpx.post(live.url + "/v1/embed", content=content, timeout=60)
+            assert response.status_code == status, response.text[:300]
+            if status == 429:
+                assert response.json()["error"]["code"] == "overloaded"
+                assert response.headers["retry-after"]
+        _wait_for(live, lambda held: held == 0)
