@@ -10,8 +10,9 @@ The service tokenizes only the prefix of a pruned page that fills the model's le
   and of the whole page's encode cut afterwards (the baseline), at each `--lengths`, and whether their
   ids agree on every page (they must: the bounded encode is exact);
 - on synthetic pathological pages, the kinds whose missing whitespace once made the bounded encode read
-  megabytes (CJK prose, a punctuation run, glued tags, one giant word) and a long ordinary page: the
-  same two timings;
+  megabytes (CJK prose, a punctuation run, glued tags, giant words: each [UNK], so the bounded encode
+  read on to the end until service.core.words shortened them) and a long ordinary page: the same two
+  timings (the word-character table is built before, as a worker builds it once);
 - the longest pause a ticking thread sees while a 3 MB page is tokenized whole: through `tokenizers`'
   `Tokenizer.encode` (holds the GIL) and through `HtmlTokenizer` (releases it). In the server that
   thread is the event loop.
@@ -33,6 +34,7 @@ from service.api.settings import default_model_path
 from service.core.pages import iter_pages
 from service.core.prune import prune_html
 from service.core.tokenizer import HtmlTokenizer
+from service.core.words import word_chars
 
 
 def _best(fn: Callable[[], object], repeat: int) -> float:
@@ -62,6 +64,11 @@ def synthetic_pages() -> dict[str, str]:
         "punctuation run, 1 MB": "<div>" + "!?-=*" * 200_000 + "</div>",
         "glued tags, 1 MB": "<ul>" + "<li>item</li><li>x,y</li>" * 40_000 + "</ul>",
         "one 1 MB word, then text": "x" * 1_000_000 + " " + words,
+        "one 4 MB word": "y" * 4_000_000,
+        "4 MB of 30 KB words": " ".join(["z" * 30_000] * 133),
+        "4 MB of 209-char words": " ".join(["z" * 209] * 19_000),
+        "4 MB of symbols": "©®" * 2_000_000,
+        "3 MB of jamo words": " ".join(["\u1100\u1161\u11a8" * 1000] * 1000),
         "ordinary text, 150 KB": "<p>" + words + "</p>",
     }
 
@@ -101,6 +108,9 @@ def main() -> int:
     tok = HtmlTokenizer.from_file(args.checkpoint or default_model_path())
     lengths = [int(n) for n in args.lengths.split(",")]
     print(f"tokenizer {tok!r}")
+    started = time.perf_counter()
+    word_chars()
+    print(f"word-character table: built in {time.perf_counter() - started:.2f} s (once per process)")
 
     if not args.synthetic_only:
         if args.corpus is None:

@@ -35,13 +35,14 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, processors
 from tokenizers.trainers import WordPieceTrainer
 from tqdm import tqdm
 
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.pages import iter_pages
 from service.core.tokenizer import SPECIAL_TOKENS, HtmlTokenizer
+from service.core.words import CJK_CLASS, html_normalizer, html_pre_tokenizer
 
 VOCAB_MULTIPLE = 64
 
@@ -54,11 +55,8 @@ VOID_TAGS: frozenset[str] = frozenset(
 # Opening tags (optionally self-closed, as some serializers write void elements) and closing tags.
 _TAG = re.compile(r"<(/?)([A-Za-z][A-Za-z0-9-]*)\s*/?>")
 
-# Han ideographs and kana, each a piece of its own as in BERT: these scripts put no spaces between words,
-# so without this a whole sentence would be one word, and [UNK] as soon as one character is unknown.
-_CJK_RANGES = ((0x3040, 0x30FF), (0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF), (0x20000, 0x2FA1F))
-_CJK_CLASS = "[" + "".join(f"{chr(a)}-{chr(b)}" for a, b in _CJK_RANGES) + "]"
-_CJK = re.compile(_CJK_CLASS)
+# Han ideographs and kana, each a piece of its own (service.core.words).
+_CJK = re.compile(CJK_CLASS)
 
 # Characters always in the alphabet, so that a rare symbol missing from a small training sample does not
 # turn its whole word into [UNK].
@@ -113,14 +111,8 @@ def top_tags(counts: Counter[str], n: int) -> list[str]:
 def new_tokenizer() -> Tokenizer:
     """An untrained tokenizer with our normalizer, pre-tokenizer, decoder and [CLS]/[SEP] template."""
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
-    tok.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.Replace(Regex(r"\s+"), " ")])
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never", split=True),
-            pre_tokenizers.Split(Regex(_CJK_CLASS), behavior="isolated"),
-            pre_tokenizers.Punctuation(behavior="isolated"),
-        ]
-    )
+    tok.normalizer = html_normalizer()
+    tok.pre_tokenizer = html_pre_tokenizer()
     # `##` is only ever a continuation prefix: `#` is punctuation, so it is always a piece of its own.
     tok.decoder = decoders.Sequence(
         [decoders.Replace(Regex("^##"), ""), decoders.Replace("▁", " "), decoders.Fuse()]

@@ -35,6 +35,7 @@ from tokenizers import Tokenizer
 
 from service.core.decoding import without_lone_surrogates
 from service.core.errors import ErrorCode, HtmllmError
+from service.core.words import LongWords, Shortened
 
 SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 TOKENIZER_FILE = "tokenizer.json"
@@ -115,6 +116,8 @@ class HtmlTokenizer:
             for token_id, added in sorted(own.get_added_tokens_decoder().items())
             if not added.special and _TAG_TOKEN.fullmatch(added.content)
         }
+        # Our own tokenizers read a giant word as one [UNK]; a bounded encode shortens such words first.
+        self._long_words = LongWords.of(own)
         self._canonical = canonical_json(own)
         self.sha256: str = hashlib.sha256(self._canonical.encode("utf-8")).hexdigest()
 
@@ -182,11 +185,22 @@ class HtmlTokenizer:
         if max_length is not None and not count_all:
             budget = max_length - 2
             window = max(2 * _MARGIN, budget * _CHARS_PER_TOKEN)
-            while window < len(text):
-                content = self._leading_ids(text, window)
+            if window < len(text):
+                content = self._leading_ids(text, window)  # enough for nearly every page
                 if len(content) > budget:  # more than fits: the whole text is truncated too
                     return self._finish(content, max_length)
-                window *= 4
+                # Read on with the long words shortened (service.core.words): the same ids, where a text
+                # of a few giant words was tokenized whole.
+                source = Shortened(text, self._long_words)
+                while True:
+                    window *= 4
+                    head, whole = source.prefix(window)
+                    if whole:
+                        text = head
+                        break
+                    content = self._leading_ids(head, window)
+                    if len(content) > budget:
+                        return self._finish(content, max_length)
         return self._finish(self._encode_one(text).ids, max_length)
 
     def _leading_ids(self, text: str, end: int) -> list[int]:
