@@ -12,8 +12,9 @@ without end.
 The bodies held at once are bounded too (`BodyBudget`, `max_inflight_bytes`): the queue bounds
 documents, not bytes, and 150 concurrent 15 MB pages took a server to 6.5 GB, past the chart's memory
 limit, where the kernel's OOM killer would lose every accepted request. A body is charged from its first
-byte (its whole declared `Content-Length` at once, so a client learns before uploading) until its
-response is sent; one that would pass the budget gets 429 with `Retry-After`, as a full queue does.
+byte (its whole declared `Content-Length` at once, so one that cannot fit is refused before any of it is
+kept; a JSON body also for the strings parsed from it) until its response is sent; one that would pass
+the budget gets 429 with `Retry-After`, as a full queue does, once its body has been read and dropped.
 
 It also undoes a request's `Content-Encoding` (gzip, deflate, br, zstd), so every route reads plain
 bytes. The cap holds for the decoded body too, checked while decoding: a small gzip bomb is refused
