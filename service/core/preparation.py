@@ -115,6 +115,7 @@ def init_worker(tokenizer_json: str) -> None:
     # would fail the pages it held, with a traceback each.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _worker_tokenizer = HtmlTokenizer.from_json(tokenizer_json)
+    _worker_tokenizer.warm()
 
 
 def _tokenizer_of_worker() -> HtmlTokenizer:

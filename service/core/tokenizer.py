@@ -35,7 +35,7 @@ from tokenizers import Tokenizer
 
 from service.core.decoding import without_lone_surrogates
 from service.core.errors import ErrorCode, HtmllmError
-from service.core.words import LongWords, Shortened
+from service.core.words import LongWords, Shortened, word_chars
 
 SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 TOKENIZER_FILE = "tokenizer.json"
@@ -202,6 +202,13 @@ class HtmlTokenizer:
                     if len(content) > budget:
                         return self._finish(content, max_length)
         return self._finish(self._encode_one(text).ids, max_length)
+
+    def warm(self) -> None:
+        """Build now what a bounded encode may need later: the word-character table (service.core.words;
+        0.8 s, once per process), which the first page of giant words would otherwise build mid-request,
+        holding the GIL. Servers and worker processes call it as they start."""
+        if self._long_words is not None:
+            word_chars()
 
     def _leading_ids(self, text: str, end: int) -> list[int]:
         """The first tokens of `text`'s whole encoding, from `text[:end]`: those of the words that end

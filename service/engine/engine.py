@@ -249,6 +249,9 @@ class Engine:
 
     async def start(self) -> None:
         """Start the worker pool and the batcher on the running loop (idempotent)."""
+        if self._batcher is None and not self._closed:
+            # Off the loop, and first: the checks below come after this await.
+            await asyncio.to_thread(self._tokenizer.warm)
         if self._closed:
             raise ShuttingDownError("the engine has been closed; load a new one")
         if self._batcher is not None:

@@ -613,3 +613,31 @@ def test_a_checkpoint_without_a_usable_tokenizer_is_a_checkpoint_error_on_every_
     with pytest.raises(CheckpointError, match=r"tokenizer\.json") as info:
         Engine.from_checkpoint(root, config)
     assert info.value.code is ErrorCode.CHECKPOINT_INVALID
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+async def test_start_builds_the_word_table_before_any_page(
+    tiny_checkpoint: Path, pool: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first page of giant words must not build the 0.8 s word-character table mid-request: the
+    engine warms its tokenizer as it starts, and each preprocessing process as it comes up."""
+    from service.core.tokenizer import HtmlTokenizer
+
+    warmed: list[int] = []
+    real_warm = HtmlTokenizer.warm
+    monkeypatch.setattr(HtmlTokenizer, "warm", lambda self: (warmed.append(1), real_warm(self))[1])
+    config = EngineConfig(preprocess_pool=pool, preprocess_workers=1)  # type: ignore[arg-type]
+    async with Engine.from_checkpoint(tiny_checkpoint, config) as engine:
+        assert warmed == [1]
+        if pool == "process":
+            assert engine._processes is not None
+            built = engine._processes.submit(_word_table_built).result(timeout=60)
+            assert built
+        results = await engine.embed(["<p>" + "x" * 50_000 + " end</p>"])
+        assert results[0].tokens > 2
+
+
+def _word_table_built() -> bool:
+    from service.core.words import word_chars
+
+    return word_chars.cache_info().currsize == 1
