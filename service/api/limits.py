@@ -75,9 +75,10 @@ class BodyBudget:
 
 @dataclass
 class _Charge:
-    """The bytes one request is charged for, given back when it is answered."""
+    """The bytes one request is charged for, given back when it is answered (then `closed`)."""
 
     held: int
+    closed: bool = False
 
 
 class BodyLimitMiddleware:
@@ -121,28 +122,35 @@ class BodyLimitMiddleware:
         await response(scope, receive, send)
 
     async def _over_budget(
-        self, scope: Scope, receive: Receive, send: Send, count: int, *, more_body: bool
+        self, scope: Scope, receive: Receive, send: Send, count: int, *, more_body: bool, read: bool
     ) -> None:
         """429 for a body that would pass the budget, after reading and dropping what is left of it:
         a client still sending its body reads no response (most end in a reset connection and retry at
         once, unpaced), while one that drained learns to wait `Retry-After`. A client that asked
-        `Expect: 100-continue` has sent nothing yet and is answered at once."""
+        `Expect: 100-continue` and whose body nothing has `read` yet has not been told to send it, and
+        is answered at once; one that stalls mid-body is answered and its connection closed."""
         headers = None
         if more_body:
-            if dict(scope["headers"]).get(b"expect", b"").lower() == b"100-continue":
+            expecting = dict(scope["headers"]).get(b"expect", b"").lower() == b"100-continue"
+            if expecting and not read:
                 headers = {"connection": "close"}
-            elif not await self._drop_rest(receive):
-                return  # the client left: there is no one to answer
+            else:
+                drained = await self._drop_rest(receive)
+                if drained is None:
+                    return  # the client left: there is no one to answer
+                if not drained:  # the rest may still come: the connection cannot carry another request
+                    headers = {"connection": "close"}
         await self._refuse(scope, receive, send, ErrorCode.OVERLOADED, self.budget.refusal(count), headers)
 
-    async def _drop_rest(self, receive: Receive) -> bool:
-        """Read the rest of the body, keeping none of it; False if the client left or stalled."""
+    async def _drop_rest(self, receive: Receive) -> bool | None:
+        """Read the rest of the body, keeping none of it: True once read, False if it stalled past
+        `body_timeout_s`, None if the client left."""
         try:
             async with asyncio.timeout(self.body_timeout_s):
                 while True:
                     message = await receive()
                     if message["type"] == "http.disconnect":
-                        return False
+                        return None
                     if not message.get("more_body", False):
                         return True
         except TimeoutError:
@@ -159,6 +167,8 @@ class BodyLimitMiddleware:
         if declared is not None:
             try:
                 length = int(declared)
+                if length < 0:  # the parsers refuse one; the budget must not depend on it
+                    raise ValueError(declared)
             except ValueError:
                 await self._refuse(scope, receive, send, ErrorCode.VALIDATION, "invalid Content-Length")
                 return
@@ -168,7 +178,7 @@ class BodyLimitMiddleware:
                 )
                 return
         if not self.budget.take(length):  # refused before the client uploads a byte of it
-            await self._over_budget(scope, receive, send, length, more_body=True)
+            await self._over_budget(scope, receive, send, length, more_body=True, read=False)
             return
         charge = _Charge(length)
         try:
@@ -186,7 +196,7 @@ class BodyLimitMiddleware:
                 scope = _plain_scope(scope, len(body))
                 if not self._charge_up_to(len(body), charge):  # the decoded body is what it holds now
                     more = len(body) - charge.held
-                    await self._over_budget(scope, receive, send, more, more_body=False)
+                    await self._over_budget(scope, receive, send, more, more_body=False, read=True)
                     return
             scope[CHARGE_KEY] = functools.partial(self._charge_more, charge)
             replayed = False
@@ -200,10 +210,23 @@ class BodyLimitMiddleware:
 
             await self.app(scope, replay, send)
         finally:
+            charge.closed = True
             self.budget.give(charge.held)
 
     def _charge_more(self, charge: _Charge, count: int) -> None:
-        """What a route adds to its request's charge: what the body became (the JSON's strings)."""
+        """What a route adds to its request's charge: what the body became (the JSON's strings).
+
+        A request that alone needs more than the whole budget could never be taken: 413, not a 429
+        that a client would retry forever."""
+        if charge.closed:
+            raise HtmllmError("the request was answered already", code=ErrorCode.INTERNAL)
+        if charge.held + count > self.budget.limit:
+            raise HtmllmError(
+                f"the request's documents take {charge.held + count} bytes once parsed (its body and "
+                f"the text in it), more than the {self.budget.limit} the server holds for all requests "
+                f"at once ({_BUDGET_NAME}): send fewer or smaller documents per request",
+                code=ErrorCode.PAYLOAD_TOO_LARGE,
+            )
         if not self._charge_up_to(charge.held + count, charge):
             raise HtmllmError(self.budget.refusal(count), code=ErrorCode.OVERLOADED)
 
@@ -239,7 +262,7 @@ class BodyLimitMiddleware:
                     if not self._charge_up_to(size, charge):
                         more_body = message.get("more_body", False)
                         more = size - charge.held
-                        await self._over_budget(scope, receive, send, more, more_body=more_body)
+                        await self._over_budget(scope, receive, send, more, more_body=more_body, read=True)
                         return None
                     chunks.append(chunk)
                     if not message.get("more_body", False):

@@ -28,7 +28,8 @@ _DESCRIPTIONS: dict[int, str] = {
     400: "empty input: no documents, or an empty raw body",
     401: "a missing or wrong API key",
     408: "the body did not arrive within `HTMLLM_BODY_TIMEOUT_S`; the connection is closed",
-    413: "the body, or what a compressed body decodes to, is over `HTMLLM_MAX_BODY_BYTES`",
+    413: "the body, or what a compressed body decodes to, is over `HTMLLM_MAX_BODY_BYTES`; or a JSON "
+    "request's body and parsed text alone need more than `HTMLLM_MAX_INFLIGHT_BYTES`",
     415: "a Content-Type or Content-Encoding the service does not take",
     422: "an invalid request",
     429: "the queue is full, or the request bodies the server holds would pass `HTMLLM_MAX_INFLIGHT_BYTES`: "

@@ -83,9 +83,9 @@ def _wait_for(live: LiveServer, condition: object) -> None:
     raise AssertionError(f"the server holds {_held(live)} bytes")
 
 
-def _is_overloaded(response: httpx.Response) -> None:
+def _is_overloaded(response: httpx.Response, retry_after: str = "3") -> None:
     assert response.status_code == 429, response.text[:300]
-    assert response.headers["retry-after"] == "3"
+    assert response.headers["retry-after"] == retry_after
     error = response.json()["error"]
     assert error["code"] == "overloaded" and "HTMLLM_MAX_INFLIGHT_BYTES" in error["message"]
 
@@ -216,19 +216,76 @@ def test_every_ending_gives_its_charge_back(budget_server: LiveServer) -> None:
 
 def test_a_json_body_is_charged_for_its_strings_too(tiny_checkpoint: Path) -> None:
     """One emoji makes Python hold a page's text in 4 bytes a character: the JSON's strings are charged
-    as they are held, beside the body, so such a request is refused where a plain one of the same
-    size is served."""
+    as they are held, beside the body. A request that alone needs more than the budget is a 413 (a 429
+    would be retried forever); one that needs more than is free now is a 429."""
     body_cap = 1 * MIB
-    settings = tiny_settings(tiny_checkpoint, max_body_bytes=body_cap, max_inflight_bytes=3 * body_cap)
+    settings = tiny_settings(tiny_checkpoint, max_body_bytes=body_cap, max_inflight_bytes=4 * body_cap)
     plain = "<p>" + "word " * 180_000 + "</p>"
     emoji = plain.replace("word ", "\N{GRINNING FACE} ", 1)
+
+    def post(live: LiveServer, html: str) -> httpx.Response:
+        content = json.dumps({"documents": [{"html": html}]}, ensure_ascii=False).encode()
+        assert 0.8 * body_cap < len(content) < body_cap
+        return httpx.post(live.url + "/v1/embed", content=content, timeout=60)
+
     with live_server(settings) as live:
-        for html, status in ((plain, 200), (emoji, 429), (plain, 200)):
-            content = json.dumps({"documents": [{"html": html}]}, ensure_ascii=False).encode()
-            assert 0.8 * body_cap < len(content) < body_cap
-            response = httpx.post(live.url + "/v1/embed", content=content, timeout=60)
-            assert response.status_code == status, response.text[:300]
-            if status == 429:
-                assert response.json()["error"]["code"] == "overloaded"
-                assert response.headers["retry-after"]
+        assert post(live, plain).status_code == 200  # about 1.8 MiB: body and string
+        too_large = post(live, emoji)  # about 4.5 MiB: body and a string of 4 bytes a character
+        assert too_large.status_code == 413, too_large.text[:300]
+        error = too_large.json()["error"]
+        assert error["code"] == "payload_too_large" and "HTMLLM_MAX_INFLIGHT_BYTES" in error["message"]
+        with holders(live, [body_cap, body_cap, body_cap]):
+            _is_overloaded(post(live, plain), retry_after="1")
+        assert post(live, plain).status_code == 200
         _wait_for(live, lambda held: held == 0)
+
+
+def test_a_client_that_stalls_while_its_refused_body_drains_is_answered(tiny_checkpoint: Path) -> None:
+    """The drain has the body timeout: past it the client gets its 429 and the connection is closed
+    (returning without an answer made uvicorn send a 500)."""
+    settings = tiny_settings(
+        tiny_checkpoint, max_body_bytes=LARGE, max_inflight_bytes=LARGE, body_timeout_s=0.5
+    )
+    with live_server(settings) as live, holders(live, [LARGE // 2]):
+        with socket.create_connection(_address(live), timeout=30) as sock:
+            sock.sendall(
+                b"POST /v1/embed HTTP/1.1\r\nHost: x\r\ncontent-type: text/html\r\n"
+                b"content-length: %d\r\n\r\n<p>stalls" % LARGE
+            )
+            answer = b""
+            while data := sock.recv(65536):  # until the server closes the connection
+                answer += data
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 429 "), answer[:300]
+        assert b"connection: close" in head.lower()
+        assert json.loads(body)["error"]["code"] == "overloaded"
+
+
+def test_expect_100_continue_refused_mid_body_is_drained(budget_server: LiveServer) -> None:
+    """Once the server read from the body it has sent `100 Continue` and the client is uploading: a
+    refusal then drains the body like any other, so the client reads it and keeps its connection."""
+    with (
+        holders(budget_server, [LARGE, LARGE // 2]),
+        socket.create_connection(_address(budget_server)) as sock,
+    ):
+        sock.settimeout(30)
+        sock.sendall(
+            b"POST /v1/embed HTTP/1.1\r\nHost: x\r\ncontent-type: text/html\r\n"
+            b"expect: 100-continue\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
+        interim = b""
+        while b"\r\n\r\n" not in interim:
+            interim += sock.recv(65536)
+        assert interim.startswith(b"HTTP/1.1 100 "), interim
+        chunk = b"x" * (256 * 1024)
+        for _ in range(4 * LARGE // len(chunk)):  # past what is free, then the end of the body
+            sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        sock.sendall(b"0\r\n\r\n")
+        head, body = _read_response(sock)
+        assert head.startswith(b"HTTP/1.1 429 ") and b"connection: close" not in head.lower(), head
+        request = b'{"documents": [{"html": "<p>next</p>"}]}'
+        sock.sendall(
+            b"POST /v1/embed HTTP/1.1\r\nHost: x\r\ncontent-length: %d\r\n\r\n%s" % (len(request), request)
+        )
+        head, body = _read_response(sock)
+        assert head.startswith(b"HTTP/1.1 200 "), (head, body[:300])
