@@ -10,22 +10,29 @@ however long it is. A bounded encode (`HtmlTokenizer.encode(count_all=False)`) t
 prefix of the text until it holds `max_length` tokens; a text of few, giant words holds few tokens per
 character, so that prefix grew to the whole text: a 16 MB page of one word, or of 530 words of 30 KB,
 took 6 s of a worker for three or 512 ids. `LongWords.shorten` cuts every run of word characters longer
-than twice `keep` (`keep` is twice the limit, and some) to a head of `keep` characters (or 2, 4... times
-that where NFC composes the head's characters: three jamo, or a letter and its marks, make one), which
-leaves every token id as it was:
-- a run is inside one word: every character `word_chars` marks is a word character for the normalizer
-  and the pre-tokenizer (letters, marks, numbers, non-ASCII symbols; not CJK, not `▁`, not a character
-  whose NFC form holds anything else; checked against `tokenizers` itself by the tests); characters the
-  table leaves out (format and unassigned characters, say) only make runs shorter;
-- that word is [UNK] before and after: the head alone normalizes to more than
-  `max_input_chars_per_word` + 4 characters (checked per run with the tokenizer's own normalizer; NFC may
-  compose a run's edge with its neighbour, which moves the count by at most one at each end);
-- nothing else moves: the run's neighbours are the same characters; a run's last character composes
-  with no neighbour (a combining mark would be in the run); an added token (a tag) starts and ends
-  with a character outside any run and is shorter than `keep`, so it never overlaps a long run.
-Shortening any piece of a text alone is as valid as shortening the whole (a run cut between two pieces
-becomes two heads, each over the limit), so a bounded encode shortens only what it reads
-(`Shortened`).
+than twice `keep` (`keep` is twice the limit, and some): it removes the text from the first stable
+character after a head of `keep` characters (or 2, 4... times that where NFC composes the head's
+characters: three jamo, or a letter and its marks, make one) to the run's last stable character. Every
+token id stays as it was:
+- a run is inside one word: every character `word_chars` marks is one that `tokenizers` keeps inside a
+  word, NFC form included (everything but whitespace, punctuation, CJK and `▁`: letters, marks,
+  symbols, controls, format, private-use and unassigned characters; the table is checked against
+  `tokenizers` as it is built, since its Unicode tables are not Python's);
+- the text around the cut normalizes as before: both ends of the removed text are stable characters
+  (combining class 0, composing with nothing before them, their own NFC form; checked against
+  `tokenizers` too), where NFC's segments begin, so what precedes the cut, what was removed and what
+  follows it normalize apart; the run's last combining sequence stays, with whatever NFC does between it
+  and the character after the run (U+3099, a mark in the CJK range, moves before the run's trailing
+  marks: a cut that replaced them changed the ids);
+- the word is [UNK] before and after: its head alone normalizes to more than `max_input_chars_per_word`
+  + 4 characters (checked per run with the tokenizer's own normalizer when the head is not already NFC);
+- nothing else moves: an added token (a tag) starts and ends with a character outside any run and is
+  shorter than `keep`, so it never overlaps a removed piece.
+Shortening any piece of a text alone is as valid as shortening the whole (a run cut between two pieces is
+cut in each, at stable characters), so a bounded encode shortens only what it reads (`Shortened`). A
+run with nothing to cut at (a pile of combining marks, a row of jamo vowels) is left whole up to
+`MAX_UNCUT` characters, and refused beyond (`WordTooLongError`): 4 MB of U+0301 after one letter took
+2.7 s to tokenize, and text has a few marks per letter, not thousands.
 
 Only a tokenizer with exactly this normalizer and pre-tokenizer, a WordPiece model and such added tokens
 gets a `LongWords` (`LongWords.of`); any other keeps the plain bounded encode.
@@ -43,12 +50,16 @@ import numpy as np
 import numpy.typing as npt
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
 
+from service.core.errors import ErrorCode, HtmllmError
+
 # Han ideographs and kana, each a piece of its own as in BERT: these scripts put no spaces between words,
 # so without this a whole sentence would be one word, and [UNK] as soon as one character is unknown.
 CJK_RANGES = ((0x3040, 0x30FF), (0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF), (0x20000, 0x2FA1F))
 CJK_CLASS = "[" + "".join(f"{chr(a)}-{chr(b)}" for a, b in CJK_RANGES) + "]"
 METASPACE = "▁"
 
+# The longest run of word characters with nowhere to cut that a bounded encode reads (about 50 ms).
+MAX_UNCUT = 1 << 16
 # The first chunk a bounded encode shortens; later chunks are as long as all before them, so a giant run
 # is cut into a few dozen heads at most.
 _FIRST_CHUNK = 1 << 14
@@ -87,49 +98,129 @@ def _ours() -> tuple[Any, Any]:
 
 
 def _plain_word_char(char: str) -> bool:
+    """Whether Python's tables make `char` a character inside a word: not whitespace, punctuation, CJK
+    or `▁` (letters, marks, numbers, symbols, controls, format, private-use and unassigned ones are)."""
     code = ord(char)
-    if unicodedata.category(char) not in _WORD_CATEGORIES or char.isspace() or char == METASPACE:
+    if char.isspace() or char == METASPACE or unicodedata.category(char)[0] in "PZ":
         return False
     if code < 0x80:
-        return char.isalnum()
+        return char.isalnum() or unicodedata.category(char) == "Cc"
     return not any(low <= code <= high for low, high in CJK_RANGES)
 
 
-@functools.cache
-def word_chars() -> npt.NDArray[np.bool_]:
-    """For every code point, whether it is a word character that stays one through NFC (a table of
-    0x110000 booleans, built once per process on first need: about half a second).
+# Code points no Unicode version so far assigns (planes 4-13) and private use (planes 15-16): word
+# characters that NFC leaves alone, to every version of the tables; only the rest is checked.
+_UNASSIGNED_PLANES = (0x40000, 0xE0000)
+_PRIVATE_PLANES = 0xF0000
+# The jamo that compose with the syllable before them (algorithmically, so not in `decomposition`).
+_JAMO_SECONDS = ((0x1161, 0x1175), (0x11A8, 0x11C2))
+# Segments checked against `tokenizers` at once (bisected where one splits).
+_SEGMENT = 64
 
-    Python's Unicode tables and those compiled into `tokenizers` are of different Unicode versions (U+166D
-    is a symbol to Python, punctuation to `tokenizers`), so the table is checked against `tokenizers`
-    itself: a character it splits a word at is dropped."""
-    table = np.zeros(sys.maxunicode + 1, dtype=np.bool_)
-    for code in range(sys.maxunicode + 1):
+
+@functools.cache
+def _tables() -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+    """(word, stable) for every code point (tables of 0x110000 booleans, built once per process, as the
+    engine starts: about a second).
+
+    `word`: a character `tokenizers` keeps inside a word, NFC form included. Python's Unicode tables and
+    those compiled into `tokenizers` are of different versions (U+166D is a symbol to Python 3.11,
+    punctuation to `tokenizers`), so the table is checked against `tokenizers` itself: every character,
+    between two letters, in segments of `_SEGMENT`; a segment that splits is bisected, and one whose
+    halves each pass is dropped whole.
+
+    `stable`: a word character where NFC may cut the text (combining class 0, composing with nothing
+    before it, its own NFC form): what precedes it and what follows it normalize apart, so removing the
+    text between two of them changes nothing else. Checked against `tokenizers` too: after U+0345
+    (combining class 240) it must stay where it is and as it is.
+    """
+    word = np.zeros(sys.maxunicode + 1, dtype=np.bool_)
+    stable = np.zeros(sys.maxunicode + 1, dtype=np.bool_)
+    low, high = _UNASSIGNED_PLANES
+    word[low:high] = True
+    stable[low:high] = True
+    seconds = {code for low_, high_ in _JAMO_SECONDS for code in range(low_, high_ + 1)}
+    word[_PRIVATE_PLANES:] = stable[_PRIVATE_PLANES:] = True
+    word[[0xFFFFE, 0xFFFFF, 0x10FFFE, 0x10FFFF]] = stable[[0xFFFFE, 0xFFFFF, 0x10FFFE, 0x10FFFF]] = False
+    for code in (*range(low), *range(high, _PRIVATE_PLANES)):
         if 0xD800 <= code <= 0xDFFF:
             continue
         char = chr(code)
-        if _plain_word_char(char):
-            table[code] = all(_plain_word_char(c) for c in unicodedata.normalize("NFC", char))
+        decomposition = unicodedata.decomposition(char)
+        parts = decomposition.split()
+        if len(parts) == 2 and not parts[0].startswith("<"):
+            seconds.add(int(parts[1], 16))  # it may compose with the character before it
+        if not _plain_word_char(char):
+            continue
+        if decomposition and not all(_plain_word_char(c) for c in unicodedata.normalize("NFC", char)):
+            continue
+        word[code] = True
+        # Unassigned to Python (Cn) counts too: `tokenizers`' newer tables must agree (checked below),
+        # and no character assigned later composes with the one before it (Unicode's stability policy).
+        stable[code] = unicodedata.combining(char) == 0 and (
+            not decomposition or unicodedata.normalize("NFC", char) == char
+        )
+    stable[list(seconds)] = False
     normalizer, pre_tokenizer = html_normalizer(), html_pre_tokenizer()
-    for code in _splitting(np.flatnonzero(table).tolist(), normalizer, pre_tokenizer):
-        table[code] = False
-    return table
+    checked = np.ones(sys.maxunicode + 1, dtype=np.bool_)
+    checked[low:high] = checked[_PRIVATE_PLANES:] = False
+    for code in _split_by_tokenizers(np.flatnonzero(word & checked).tolist(), normalizer, pre_tokenizer):
+        word[code] = False
+        stable[code] = False
+    for code in _moved_by_nfc(np.flatnonzero(stable & checked).tolist(), normalizer):
+        stable[code] = False
+    return word, stable
 
 
-def _splitting(
+def word_chars() -> npt.NDArray[np.bool_]:
+    """`_tables`' word characters."""
+    return _tables()[0]
+
+
+def _split_by_tokenizers(
     codes: list[int], normalizer: normalizers.Normalizer, pre_tokenizer: pre_tokenizers.PreTokenizer
 ) -> list[int]:
-    """The code points among `codes` that `tokenizers` does not keep inside a word (bisecting: each
-    `a<c>a` must be one word of a space-separated list)."""
-    segments = " ".join("a" + chr(code) + "a" for code in codes)
-    if len(pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(segments))) == len(codes):
+    """The code points among `codes` that `tokenizers` may not keep inside a word."""
+
+    def words_of(segments: list[list[int]]) -> int:
+        text = " ".join("a" + "".join(chr(c) for c in segment) + "a" for segment in segments)
+        return len(pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text)))
+
+    segments = [codes[i : i + _SEGMENT] for i in range(0, len(codes), _SEGMENT)]
+    if words_of(segments) == len(segments):
+        return []
+    if len(segments) > 1:
+        half = len(segments) // 2 * _SEGMENT
+        return _split_by_tokenizers(codes[:half], normalizer, pre_tokenizer) + _split_by_tokenizers(
+            codes[half:], normalizer, pre_tokenizer
+        )
+    if len(codes) == 1:
+        return codes
+    half = len(codes) // 2
+    found = _split_by_tokenizers(codes[:half], normalizer, pre_tokenizer) + _split_by_tokenizers(
+        codes[half:], normalizer, pre_tokenizer
+    )
+    rest = [code for code in codes if code not in found]
+    if not found or (rest and words_of([rest]) != 1):
+        return codes  # they split only together: drop them all
+    return found
+
+
+def _moved_by_nfc(codes: list[int], normalizer: normalizers.Normalizer) -> list[int]:
+    """The code points among `codes` that `tokenizers`' NFC reorders after U+0345, or changes."""
+    text = "".join("a\u0345" + chr(code) for code in codes)
+    if normalizer.normalize_str(text) == text:
         return []
     if len(codes) == 1:
         return codes
     half = len(codes) // 2
-    return _splitting(codes[:half], normalizer, pre_tokenizer) + _splitting(
-        codes[half:], normalizer, pre_tokenizer
-    )
+    return _moved_by_nfc(codes[:half], normalizer) + _moved_by_nfc(codes[half:], normalizer)
+
+
+class WordTooLongError(HtmllmError):
+    """A page with a run of word characters that cannot be shortened and is too long to tokenize."""
+
+    code = ErrorCode.PREPROCESS_FAILED
 
 
 class LongWords:
@@ -159,42 +250,62 @@ class LongWords:
         return long_words
 
     def shorten(self, text: str) -> str:
-        """`text` with every run of more than `keep` word characters cut to a head that is surely [UNK]."""
-        if len(text) <= self.keep:
+        """`text` with every run of more than 2 `keep` word characters cut: from the first stable
+        character after a head that is surely [UNK] to the run's last stable character."""
+        if len(text) <= 2 * self.keep:
             return text
         codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+        word_table, stable_table = _tables()
         word = np.zeros(len(codes) + 2, dtype=np.bool_)
-        word[1:-1] = word_chars()[codes]
+        word[1:-1] = word_table[codes]
         edges = np.flatnonzero(word[1:] != word[:-1])  # where runs start and end, alternately
         starts, ends = edges[0::2], edges[1::2]
         long = np.flatnonzero(ends - starts > 2 * self.keep)  # a run just over `keep` gains nothing
+        if long.size == 0:
+            return text
+        stable = stable_table[codes]
         pieces = []
         done = 0
         for index in long:
             start, end = int(starts[index]), int(ends[index])
-            head = self._head(text, start, end)
-            if head is None:
-                continue  # marks that compose away: not surely [UNK], left whole
-            pieces.append(text[done:start])
-            pieces.append(head)
-            done = end
+            cut = self._cut(text, stable, start, end)
+            if cut is None and end - start > MAX_UNCUT:
+                raise WordTooLongError(
+                    f"the page has a word of {end - start} or more characters with nothing to shorten "
+                    f"it at (combining marks or jamo after one another); at most {MAX_UNCUT} are read"
+                )
+            if cut is not None:
+                pieces.append(text[done : cut[0]])
+                done = cut[1]
         if not pieces:
             return text
         pieces.append(text[done:])
         return "".join(pieces)
 
-    def _head(self, text: str, start: int, end: int) -> str | None:
-        """The shortest head of `keep`, 2 `keep`, 4 `keep`... characters of the run `text[start:end]`
-        that normalizes to more than the limit; None if only the whole run would."""
+    def _cut(self, text: str, stable: npt.NDArray[np.bool_], start: int, end: int) -> tuple[int, int] | None:
+        """What to remove of the run `text[start:end]`: from the first stable character at or after
+        `keep`, 2 `keep`, 4 `keep`... characters whose head normalizes to more than the limit, to the
+        run's last stable character; None where that would remove little or nothing."""
+        window = self.keep
+        last = -1
+        while last < 0 and window < 2 * (end - start):  # the last stable character, looking back
+            found = np.flatnonzero(stable[max(start, end - window) : end])
+            if found.size:
+                last = max(start, end - window) + int(found[-1])
+            window *= 4
         size = self.keep
-        while size < end - start:
-            head = text[start : start + size]
+        while last >= 0 and start + size < last - self.keep:
+            after = stable[start + size : last]
+            first = start + size + int(np.argmax(after))
+            if not after[first - start - size] or first >= last - self.keep:
+                return None
+            head = text[start:first]
             # Text already in NFC (nearly all) stays as it is: its length is the count.
             if (
                 unicodedata.is_normalized("NFC", head)
                 or len(self._normalizer.normalize_str(head)) > self._over
             ):
-                return head
+                return first, last
             size *= 2
         return None
 

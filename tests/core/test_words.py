@@ -22,12 +22,14 @@ def tok() -> HtmlTokenizer:
 
 def test_every_word_character_is_inside_a_word_for_tokenizers() -> None:
     """Each character the table marks, between two letters, normalizes and pre-tokenizes as part of one
-    word (checked for all of them, against the installed `tokenizers`)."""
+    word (checked one by one, against the installed `tokenizers`, in every plane anything is assigned
+    in; planes 4-13 are unassigned and 15-16 private use, the same to every version of the tables)."""
     table = word_chars()
     marked = np.flatnonzero(table)
-    assert 40_000 < marked.size < sys.maxunicode
+    assert 1_000_000 < marked.size < sys.maxunicode
     normalizer, pre_tokenizer = html_normalizer(), html_pre_tokenizer()
-    for chunk in np.array_split(marked, 16):
+    checked = marked[(marked < 0x40000) | ((marked >= 0xE0000) & (marked < 0xF0000))]
+    for chunk in np.array_split(checked, 32):
         segments = ["a" + chr(code) + "a" for code in chunk]
         pieces = pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(" ".join(segments)))
         assert len(pieces) == len(segments), next(
@@ -38,8 +40,32 @@ def test_every_word_character_is_inside_a_word_for_tokenizers() -> None:
             ),
             None,
         )
-    for char in " \t\u00a0\u3000.,!<>_-$+\u2581\u4e2d\u3042\u0085\ufeff\u200b":
-        assert not table[ord(char)], hex(ord(char))  # boundaries (and format characters) never are
+    for char in " \t\u00a0\u3000.,!<>_-$+\u2581\u4e2d\u3042\u3099\u0085\u166d\u1fef":
+        assert not table[ord(char)], hex(ord(char))  # boundaries never are
+    # What `tokenizers` keeps inside a word is: format, control, private-use and unassigned characters
+    # split no run (one every 400 characters kept a 16 MB word from being shortened: 11.9 s).
+    for char in "\u00ad\u200b\ufeff\x01\x7f\u0378\ue000\U00050000\U0010fffd":
+        assert table[ord(char)], hex(ord(char))
+
+
+def test_stable_characters_are_where_nfc_can_cut() -> None:
+    """After a mark of the highest combining class, a stable character stays where and as it is, so
+    NFC of what precedes it and of what follows it are independent; marks, the jamo that compose with
+    the syllable before them, and characters NFC changes are not stable."""
+    from service.core.words import _tables
+
+    word, stable = _tables()
+    assert not (stable & ~word).any()
+    normalizer = html_normalizer()
+    codes = np.flatnonzero(stable)
+    checked = codes[(codes < 0x40000) | ((codes >= 0xE0000) & (codes < 0xF0000))]
+    for chunk in np.array_split(checked, 16):
+        text = "".join("a\u0345" + chr(code) for code in chunk)
+        assert normalizer.normalize_str(text) == text
+    for char in "\u0301\u0345\u1161\u11a8\u0b3e\u212b\u3099":
+        assert not stable[ord(char)], hex(ord(char))
+    for char in "xé\u00ad\u0378\ue000":
+        assert stable[ord(char)], hex(ord(char))
 
 
 def _runs_text(rng: random.Random) -> str:
@@ -84,8 +110,10 @@ def test_bounded_encoding_of_giant_words_is_exact(tok: HtmlTokenizer, seed: int)
         " ".join(["y" * 30_000] * 140),
         " ".join(["\u1100\u1161\u11a8" * 1000] * 1000),
         "©" * 2_000_000 + " the end",
+        ("x" * 400 + "\u00ad") * 10_000,  # characters tokenizers keeps inside a word split no run
+        ("y" * 300 + "\x01") * 10_000,
     ],
-    ids=["one 4 MB word", "words of 30 KB", "jamo words", "symbols"],
+    ids=["one 4 MB word", "words of 30 KB", "jamo words", "symbols", "soft hyphens", "controls"],
 )
 def test_a_text_of_giant_words_is_read_in_a_bounded_prefix(
     tok: HtmlTokenizer, text: str, monkeypatch: pytest.MonkeyPatch
@@ -157,3 +185,42 @@ def test_a_run_that_composes_is_shortened_only_to_a_head_over_the_limit(count: i
     assert tok.encode(tok._long_words.shorten(text)).ids == tok.encode(text).ids
     unk = tok.special_ids.unk
     assert (unk in tok.encode(text).ids) == (1 + count > 100)  # the word is `▁` and the run
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "x\u0301" * 104 + "x" * 400 + "\u3099 y",
+        "x" * 500 + "\u0301" * 50 + "\u3099 y",
+        "x" * 500 + "\u0301" * 50 + "\u309a\u0301 y",
+        "x" * 900 + "\u1100" + "\u1161" * 400 + "\u11a8 y",
+        "x" * 900 + "\u0301" * 600 + " y",
+    ],
+    ids=["head ends in a mark", "run ends in marks", "semi-voiced", "jamo tail", "a pile of marks"],
+)
+def test_a_cut_keeps_how_nfc_reorders_and_composes_the_runs_end(tok: HtmlTokenizer, text: str) -> None:
+    """U+3099 and U+309A are combining marks outside every run (they are in the CJK range): NFC moves
+    them before a run's trailing marks of higher class, so a cut that replaced the run's last
+    combining sequence changed the ids. The cut ends at the run's last stable character."""
+    assert tok._long_words is not None
+    shortened = tok._long_words.shorten(text)
+    assert tok.encode(shortened).ids == tok.encode(text).ids
+    page = "z " * 3000 + text * 20
+    for max_length in (16, 130, 4000, 6100):
+        want = tok.encode(page, max_length=max_length)
+        got = tok.encode(page, max_length=max_length, count_all=False)
+        assert (got.ids, got.truncated) == (want.ids, want.truncated), max_length
+
+
+@pytest.mark.parametrize("pile", ["x" + "\u0301" * 300_000, "\u1161" * 300_000])
+def test_a_word_with_nowhere_to_cut_is_refused_past_the_bound(tok: HtmlTokenizer, pile: str) -> None:
+    """A pile of combining marks (or of jamo vowels) has no stable character to cut at: 4 MB of them
+    took 2.7 s to tokenize. Past `MAX_UNCUT` characters the bounded encode refuses the page, as the
+    pruner refuses pathological nesting; below it, the ids are exact."""
+    from service.core.words import MAX_UNCUT, WordTooLongError
+
+    with pytest.raises(WordTooLongError) as caught:
+        tok.encode(pile + " end", max_length=64, count_all=False)
+    assert caught.value.code.value == "preprocess_failed" and str(MAX_UNCUT) in caught.value.message
+    short = pile[: MAX_UNCUT // 2] + " and then ordinary words" * 50
+    assert tok.encode(short, max_length=64, count_all=False).ids == tok.encode(short, max_length=64).ids

@@ -638,6 +638,15 @@ async def test_start_builds_the_word_table_before_any_page(
 
 
 def _word_table_built() -> bool:
-    from service.core.words import word_chars
+    from service.core.words import _tables
 
-    return word_chars.cache_info().currsize == 1
+    return _tables.cache_info().currsize == 1
+
+
+async def test_a_page_of_a_giant_pile_of_marks_fails_alone(tiny_checkpoint: Path) -> None:
+    """Its bounded tokenization refuses it (service.core.words.MAX_UNCUT): the page gets its own typed
+    error and the other page of the call its result."""
+    async with Engine.from_checkpoint(tiny_checkpoint, EngineConfig()) as engine:
+        outcomes = await engine.embed_settled(["<p>x" + "\u0301" * 300_000 + "</p>", "<p>fine</p>"])
+    assert isinstance(outcomes[0], HtmllmError) and outcomes[0].code is ErrorCode.PREPROCESS_FAILED
+    assert not isinstance(outcomes[1], HtmllmError) and outcomes[1].tokens > 2
