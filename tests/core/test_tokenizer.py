@@ -11,7 +11,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from service.core.tokenizer import SPECIAL_TOKENS, HtmlTokenizer, TokenizerError
-from tests.factories.tokenizer import build_tiny_tokenizer, generate_pruned_pages
+from tests.factories.tokenizer import build_tiny_tokenizer, generate_pruned_pages, record_reads
 
 
 @pytest.fixture(scope="module")
@@ -161,14 +161,7 @@ def test_bounded_encoding_is_exact_and_bounded_without_whitespace(
     first ones, and it reads a prefix of the order of the budget, not the text up to its next space."""
     text = _unspaced_texts()[name]
     exact = {n: tok.encode(text, max_length=n) for n in (2, 17, 64, 300)}
-    read: list[int] = []
-    encode_one = tok._encode_one
-
-    def counting(prefix: str) -> object:
-        read.append(len(prefix))
-        return encode_one(prefix)
-
-    monkeypatch.setattr(tok, "_encode_one", counting)
+    read = record_reads(tok, monkeypatch)
     for max_length, want in exact.items():
         read.clear()
         got = tok.encode(text, max_length=max_length, count_all=False)

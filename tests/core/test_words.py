@@ -12,7 +12,7 @@ from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizer
 
 from service.core.tokenizer import HtmlTokenizer
 from service.core.words import LongWords, html_normalizer, html_pre_tokenizer, word_chars
-from tests.factories.tokenizer import build_tiny_tokenizer, generate_pruned_pages
+from tests.factories.tokenizer import build_tiny_tokenizer, generate_pruned_pages, record_reads
 
 
 @pytest.fixture(scope="module")
@@ -121,14 +121,7 @@ def test_a_text_of_giant_words_is_read_in_a_bounded_prefix(
     """The whole text was tokenized (a 16 MB word: 6 s of a worker); now what is read is of the order
     of the budget times the kept head of a word (416 characters for jamo, which NFC composes 3 to 1)."""
     want = tok.encode(text, max_length=130)
-    read: list[int] = []
-    encode_one = tok._encode_one
-
-    def counting(prefix: str) -> object:
-        read.append(len(prefix))
-        return encode_one(prefix)
-
-    monkeypatch.setattr(tok, "_encode_one", counting)
+    read = record_reads(tok, monkeypatch)
     got = tok.encode(text, max_length=130, count_all=False)
     assert (got.ids, got.truncated) == (want.ids, want.truncated)
     assert sum(read) < 500_000 < len(text), read

@@ -11,6 +11,8 @@ from __future__ import annotations
 import random
 from functools import lru_cache
 
+import pytest
+
 from model_training.tokenizer_training import train_tokenizer
 from service.core.tokenizer import HtmlTokenizer
 
@@ -79,3 +81,17 @@ def generate_pruned_pages(n: int, *, seed: int = 0) -> list[str]:
 def build_tiny_tokenizer(vocab_size: int = 512, tags: int = 24) -> HtmlTokenizer:
     """A real WordPiece `HtmlTokenizer` trained on 48 generated pages (cached: build it freely)."""
     return train_tokenizer(generate_pruned_pages(48), vocab_size=vocab_size, min_frequency=2, tags=tags)
+
+
+def record_reads(tok: HtmlTokenizer, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The lengths of the texts `tok` hands to `tokenizers` from now on (its one way in there), to
+    check how much of a text a bounded encode reads."""
+    read: list[int] = []
+    encode_one = tok._encode_one
+
+    def counting(prefix: str) -> object:
+        read.append(len(prefix))
+        return encode_one(prefix)
+
+    monkeypatch.setattr(tok, "_encode_one", counting)
+    return read
