@@ -212,7 +212,11 @@ class HtmlTokenizer:
 
     def _leading_ids(self, text: str, end: int) -> list[int]:
         """The first tokens of `text`'s whole encoding, from `text[:end]`: those of the words that end
-        `_MARGIN` characters or more before `end` (a word that reaches closer may change past the cut)."""
+        `_MARGIN` characters or more before `end` (a word that reaches closer may change past the cut).
+        Our tokenizers cut at a character where NFC's segments begin (`LongWords.segment_start`), since
+        NFC alone reaches further than the margin."""
+        if self._long_words is not None:
+            end = self._long_words.segment_start(text, end)
         encoding = self._encode_one(text[:end])
         ids, words, offsets = encoding.ids, encoding.word_ids, encoding.offsets
         keep = len(ids)

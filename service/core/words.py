@@ -119,9 +119,9 @@ _SEGMENT = 64
 
 
 @functools.cache
-def _tables() -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
-    """(word, stable) for every code point (tables of 0x110000 booleans, built once per process, as the
-    engine starts: about a second).
+def _tables() -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+    """(word, stable, starts) for every code point (tables of 0x110000 booleans, built once per process,
+    as the engine starts: about a second).
 
     `word`: a character `tokenizers` keeps inside a word, NFC form included. Python's Unicode tables and
     those compiled into `tokenizers` are of different versions (U+166D is a symbol to Python 3.11,
@@ -129,19 +129,20 @@ def _tables() -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
     between two letters, in segments of `_SEGMENT`; a segment that splits is bisected, and one whose
     halves each pass is dropped whole.
 
-    `stable`: a word character where NFC may cut the text (combining class 0, composing with nothing
-    before it, its own NFC form): what precedes it and what follows it normalize apart, so removing the
-    text between two of them changes nothing else. Checked against `tokenizers` too: after U+0345
-    (combining class 240) it must stay where it is and as it is.
+    `starts`: a character where NFC's segments start (combining class 0, composing with nothing before
+    it, its own NFC form): what precedes it and what follows it normalize apart. Checked against
+    `tokenizers`' NFC too: after U+0345 (combining class 240) it must stay where it is and as it is.
+    Unassigned characters count (`tokenizers`' newer tables must agree, and no character assigned later
+    composes with the one before it: Unicode's stability policy). `stable`: the word characters among
+    them, where a long run may be cut.
     """
     word = np.zeros(sys.maxunicode + 1, dtype=np.bool_)
-    stable = np.zeros(sys.maxunicode + 1, dtype=np.bool_)
+    starts = np.zeros(sys.maxunicode + 1, dtype=np.bool_)
     low, high = _UNASSIGNED_PLANES
-    word[low:high] = True
-    stable[low:high] = True
+    word[low:high] = starts[low:high] = True
+    word[_PRIVATE_PLANES:] = starts[_PRIVATE_PLANES:] = True
+    word[[0xFFFFE, 0xFFFFF, 0x10FFFE, 0x10FFFF]] = False
     seconds = {code for low_, high_ in _JAMO_SECONDS for code in range(low_, high_ + 1)}
-    word[_PRIVATE_PLANES:] = stable[_PRIVATE_PLANES:] = True
-    word[[0xFFFFE, 0xFFFFF, 0x10FFFE, 0x10FFFF]] = stable[[0xFFFFE, 0xFFFFF, 0x10FFFE, 0x10FFFF]] = False
     for code in (*range(low), *range(high, _PRIVATE_PLANES)):
         if 0xD800 <= code <= 0xDFFF:
             continue
@@ -150,26 +151,23 @@ def _tables() -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
         parts = decomposition.split()
         if len(parts) == 2 and not parts[0].startswith("<"):
             seconds.add(int(parts[1], 16))  # it may compose with the character before it
+        starts[code] = unicodedata.combining(char) == 0 and (
+            not decomposition or unicodedata.normalize("NFC", char) == char
+        )
         if not _plain_word_char(char):
             continue
         if decomposition and not all(_plain_word_char(c) for c in unicodedata.normalize("NFC", char)):
             continue
         word[code] = True
-        # Unassigned to Python (Cn) counts too: `tokenizers`' newer tables must agree (checked below),
-        # and no character assigned later composes with the one before it (Unicode's stability policy).
-        stable[code] = unicodedata.combining(char) == 0 and (
-            not decomposition or unicodedata.normalize("NFC", char) == char
-        )
-    stable[list(seconds)] = False
+    starts[list(seconds)] = False
     normalizer, pre_tokenizer = html_normalizer(), html_pre_tokenizer()
     checked = np.ones(sys.maxunicode + 1, dtype=np.bool_)
     checked[low:high] = checked[_PRIVATE_PLANES:] = False
     for code in _split_by_tokenizers(np.flatnonzero(word & checked).tolist(), normalizer, pre_tokenizer):
         word[code] = False
-        stable[code] = False
-    for code in _moved_by_nfc(np.flatnonzero(stable & checked).tolist(), normalizer):
-        stable[code] = False
-    return word, stable
+    for code in _moved_by_nfc(np.flatnonzero(starts & checked).tolist(), normalizers.NFC()):
+        starts[code] = False
+    return word, word & starts, starts
 
 
 def word_chars() -> npt.NDArray[np.bool_]:
@@ -249,13 +247,32 @@ class LongWords:
                 return None  # a token that could start or end inside a run
         return long_words
 
+    def segment_start(self, text: str, end: int) -> int:
+        """The last position at or before `end` (and inside `text`) whose character is stable: NFC of
+        the text before it is the start of NFC of the whole text, whatever follows. A mark can compose
+        with a letter hundreds of characters before it (the marks between of a lower class do not block
+        it, and U+3099 between makes the letter a word of its own), so a bounded encode cuts there.
+        0 if there is none."""
+        end = min(end, len(text) - 1)
+        span = 256
+        while end >= 0:
+            low = max(0, end + 1 - span)
+            codes = np.frombuffer(text[low : end + 1].encode("utf-32-le", "surrogatepass"), dtype="<u4")
+            found = np.flatnonzero(_tables()[2][codes])
+            if found.size:
+                return low + int(found[-1])
+            if low == 0:
+                return 0
+            span *= 4
+        return 0
+
     def shorten(self, text: str) -> str:
         """`text` with every run of more than 2 `keep` word characters cut: from the first stable
         character after a head that is surely [UNK] to the run's last stable character."""
         if len(text) <= 2 * self.keep:
             return text
         codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
-        word_table, stable_table = _tables()
+        word_table, stable_table, _ = _tables()
         word = np.zeros(len(codes) + 2, dtype=np.bool_)
         word[1:-1] = word_table[codes]
         edges = np.flatnonzero(word[1:] != word[:-1])  # where runs start and end, alternately

@@ -54,10 +54,11 @@ def test_stable_characters_are_where_nfc_can_cut() -> None:
     the syllable before them, and characters NFC changes are not stable."""
     from service.core.words import _tables
 
-    word, stable = _tables()
+    word, stable, starts = _tables()
+    assert not (stable & ~starts).any()
     assert not (stable & ~word).any()
-    normalizer = html_normalizer()
-    codes = np.flatnonzero(stable)
+    normalizer = normalizers.NFC()
+    codes = np.flatnonzero(starts)
     checked = codes[(codes < 0x40000) | ((codes >= 0xE0000) & (codes < 0xF0000))]
     for chunk in np.array_split(checked, 16):
         text = "".join("a\u0345" + chr(code) for code in chunk)
@@ -217,3 +218,16 @@ def test_a_word_with_nowhere_to_cut_is_refused_past_the_bound(tok: HtmlTokenizer
     assert caught.value.code.value == "preprocess_failed" and str(MAX_UNCUT) in caught.value.message
     short = pile[: MAX_UNCUT // 2] + " and then ordinary words" * 50
     assert tok.encode(short, max_length=64, count_all=False).ids == tok.encode(short, max_length=64).ids
+
+
+@pytest.mark.parametrize("max_length", [3, 64, 512])
+def test_nfc_reaching_past_the_margin_does_not_change_the_leading_ids(
+    tok: HtmlTokenizer, max_length: int
+) -> None:
+    """A letter composes with a mark hundreds of characters later when the marks between are of a lower
+    class, and U+3099 between makes the letter a word of its own that ends long before the window's cut:
+    the window must end where NFC's segments start, not merely a margin after the last word kept."""
+    text = "." * (max_length - 3) + "a\u3099" + "\u0316" * (10 * max_length + 300) + "\u0301" + " word" * 50
+    want = tok.encode(text, max_length=max_length)
+    got = tok.encode(text, max_length=max_length, count_all=False)
+    assert (got.ids, got.truncated) == (want.ids, want.truncated)
