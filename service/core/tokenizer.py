@@ -204,8 +204,8 @@ class HtmlTokenizer:
         return self._finish(self._encode_one(text).ids, max_length)
 
     def warm(self) -> None:
-        """Build now what a bounded encode may need later: the word-character table (service.core.words;
-        0.8 s, once per process), which the first page of giant words would otherwise build mid-request,
+        """Build now what a bounded encode may need later: the character tables of service.core.words
+        (about a second, once per process), which the first long page would otherwise build mid-request,
         holding the GIL. Servers and worker processes call it as they start."""
         if self._long_words is not None:
             word_chars()

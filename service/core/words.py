@@ -44,6 +44,7 @@ import functools
 import json
 import sys
 import unicodedata
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -63,12 +64,6 @@ MAX_UNCUT = 1 << 16
 # The first chunk a bounded encode shortens; later chunks are as long as all before them, so a giant run
 # is cut into a few dozen heads at most.
 _FIRST_CHUNK = 1 << 14
-# Categories of word characters: letters, marks, numbers and symbols (ASCII symbols are punctuation to
-# the pre-tokenizer and are left out below). Format, control, private-use and unassigned characters
-# are left out too: only a run's length depends on them.
-_WORD_CATEGORIES = frozenset(
-    {"Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl", "No", "Sm", "Sc", "Sk", "So"}
-)
 
 
 def html_normalizer() -> normalizers.Normalizer:
@@ -151,14 +146,9 @@ def _tables() -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_], npt.NDArray
         parts = decomposition.split()
         if len(parts) == 2 and not parts[0].startswith("<"):
             seconds.add(int(parts[1], 16))  # it may compose with the character before it
-        starts[code] = unicodedata.combining(char) == 0 and (
-            not decomposition or unicodedata.normalize("NFC", char) == char
-        )
-        if not _plain_word_char(char):
-            continue
-        if decomposition and not all(_plain_word_char(c) for c in unicodedata.normalize("NFC", char)):
-            continue
-        word[code] = True
+        normal = unicodedata.normalize("NFC", char) if decomposition else char
+        starts[code] = unicodedata.combining(char) == 0 and normal == char
+        word[code] = _plain_word_char(char) and (normal == char or all(_plain_word_char(c) for c in normal))
     starts[list(seconds)] = False
     normalizer, pre_tokenizer = html_normalizer(), html_pre_tokenizer()
     checked = np.ones(sys.maxunicode + 1, dtype=np.bool_)
@@ -215,6 +205,24 @@ def _moved_by_nfc(codes: list[int], normalizer: normalizers.Normalizer) -> list[
     return _moved_by_nfc(codes[:half], normalizer) + _moved_by_nfc(codes[half:], normalizer)
 
 
+def _code_points(text: str) -> npt.NDArray[np.uint32]:
+    """`text`'s code points, lone surrogates included (they index the tables as non-word characters)."""
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+
+
+def _last_flagged(flags: Callable[[int, int], npt.NDArray[np.bool_]], low: int, high: int, span: int) -> int:
+    """The last position in [low, high) whose flag is set, looking back over spans growing fourfold
+    (`flags(a, b)` gives those of [a, b)); -1 if none is."""
+    while True:
+        start = max(low, high - span)
+        found = np.flatnonzero(flags(start, high))
+        if found.size:
+            return start + int(found[-1])
+        if start <= low:
+            return -1
+        span *= 4
+
+
 class WordTooLongError(HtmllmError):
     """A page with a run of word characters that cannot be shortened and is too long to tokenize."""
 
@@ -248,30 +256,25 @@ class LongWords:
         return long_words
 
     def segment_start(self, text: str, end: int) -> int:
-        """The last position at or before `end` (and inside `text`) whose character is stable: NFC of
+        """The last position at or before `end` (and inside `text`) where an NFC segment starts: NFC of
         the text before it is the start of NFC of the whole text, whatever follows. A mark can compose
         with a letter hundreds of characters before it (the marks between of a lower class do not block
         it, and U+3099 between makes the letter a word of its own), so a bounded encode cuts there.
         0 if there is none."""
-        end = min(end, len(text) - 1)
-        span = 256
-        while end >= 0:
-            low = max(0, end + 1 - span)
-            codes = np.frombuffer(text[low : end + 1].encode("utf-32-le", "surrogatepass"), dtype="<u4")
-            found = np.flatnonzero(_tables()[2][codes])
-            if found.size:
-                return low + int(found[-1])
-            if low == 0:
-                return 0
-            span *= 4
-        return 0
+        starts = _tables()[2]
+
+        def flags(low: int, high: int) -> npt.NDArray[np.bool_]:
+            flagged: npt.NDArray[np.bool_] = starts[_code_points(text[low:high])]
+            return flagged
+
+        return max(0, _last_flagged(flags, 0, min(end, len(text) - 1) + 1, 256))
 
     def shorten(self, text: str) -> str:
         """`text` with every run of more than 2 `keep` word characters cut: from the first stable
         character after a head that is surely [UNK] to the run's last stable character."""
         if len(text) <= 2 * self.keep:
             return text
-        codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+        codes = _code_points(text)
         word_table, stable_table, _ = _tables()
         word = np.zeros(len(codes) + 2, dtype=np.bool_)
         word[1:-1] = word_table[codes]
@@ -303,13 +306,7 @@ class LongWords:
         """What to remove of the run `text[start:end]`: from the first stable character at or after
         `keep`, 2 `keep`, 4 `keep`... characters whose head normalizes to more than the limit, to the
         run's last stable character; None where that would remove little or nothing."""
-        window = self.keep
-        last = -1
-        while last < 0 and window < 2 * (end - start):  # the last stable character, looking back
-            found = np.flatnonzero(stable[max(start, end - window) : end])
-            if found.size:
-                last = max(start, end - window) + int(found[-1])
-            window *= 4
+        last = _last_flagged(lambda low, high: stable[low:high], start, end, self.keep)
         size = self.keep
         while last >= 0 and start + size < last - self.keep:
             after = stable[start + size : last]
