@@ -87,9 +87,9 @@ def _scrub(text: str) -> str:
     return without_lone_surrogates(text)
 
 
-def canonical_json(tok: Tokenizer) -> str:
-    """The tokenizer's JSON with sorted keys and no insignificant whitespace: the input of `sha256`."""
-    return json.dumps(json.loads(tok.to_str()), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+def canonical_json(config: dict[str, Any]) -> str:
+    """A tokenizer's parsed JSON with sorted keys and no insignificant whitespace: the input of `sha256`."""
+    return json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 class HtmlTokenizer:
@@ -116,9 +116,10 @@ class HtmlTokenizer:
             for token_id, added in sorted(own.get_added_tokens_decoder().items())
             if not added.special and _TAG_TOKEN.fullmatch(added.content)
         }
+        config = json.loads(own.to_str())
         # Our own tokenizers read a giant word as one [UNK]; a bounded encode shortens such words first.
-        self._long_words = LongWords.of(own)
-        self._canonical = canonical_json(own)
+        self._long_words = LongWords.of(own, config)
+        self._canonical = canonical_json(config)
         self.sha256: str = hashlib.sha256(self._canonical.encode("utf-8")).hexdigest()
 
     @classmethod

@@ -238,9 +238,9 @@ class LongWords:
         self.keep = 2 * self._over
 
     @classmethod
-    def of(cls, tok: Tokenizer) -> LongWords | None:
-        """A `LongWords` for `tok` if it splits words as ours do, else None."""
-        config = json.loads(tok.to_str())
+    def of(cls, tok: Tokenizer, config: dict[str, Any]) -> LongWords | None:
+        """A `LongWords` for `tok` (whose parsed JSON is `config`) if it splits words as ours do, else
+        None."""
         model = config.get("model") or {}
         if model.get("type") != "WordPiece" or not isinstance(model.get("max_input_chars_per_word"), int):
             return None
