@@ -91,15 +91,15 @@ class BodyLimitMiddleware:
         *,
         max_body_bytes: int,
         metrics: ServiceMetrics,
+        max_inflight_bytes: int,
+        retry_after_s: int,
         body_timeout_s: float = 60.0,
-        max_inflight_bytes: int | None = None,
-        retry_after_s: int | None = None,
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
         self.metrics = metrics
-        self.budget = BodyBudget(max_inflight_bytes or max(max_body_bytes, 1 << 62), metrics)
+        self.budget = BodyBudget(max_inflight_bytes, metrics)
         self.retry_after_s = retry_after_s
 
     async def _refuse(
