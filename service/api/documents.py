@@ -95,11 +95,24 @@ async def read_body(
     """The JSON body as `model`, or one raw page as a Document; exactly one of the two is set.
 
     `raw_options` are the query-string options, which only a raw body may use: on a JSON request any
-    set option is an error rather than silently ignored.
+    set option is an error rather than silently ignored, and so is a query parameter that is none of
+    them on any request (`?normalise=false` would otherwise answer normalised embeddings).
     """
     header = request.headers.get("content-type")
     media_type, charset = request_content_type(header)
     body = await request.body()
+    unknown = sorted({name for name in request.query_params if name not in raw_options})
+    if unknown:
+        shown = ", ".join(repr(name[:40]) for name in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+        raise HtmllmError(
+            f"unknown query option(s) {shown}; this route takes {', '.join(sorted(raw_options))} "
+            "(with a raw body only)",
+            code=ErrorCode.VALIDATION,
+        )
+    if not header and _looks_like_markup(body):
+        # `requests.post(url, data=page)` and `httpx.post(url, content=page)` send no Content-Type.
+        # JSON cannot start so: the body is one page, as application/octet-stream would say.
+        media_type = "application/octet-stream"
     if is_json(media_type):
         given = sorted(name for name, value in raw_options.items() if value is not None)
         if given:
@@ -107,7 +120,8 @@ async def read_body(
                 f"query options {given} apply to raw bodies only; put them in the JSON body",
                 code=ErrorCode.VALIDATION,
             )
-        return await _parse_json_off_loop(request, model, body), None
+        hint = _NO_TYPE_HINT if not header else _charset_hint(charset)
+        return await _parse_json_off_loop(request, model, body, hint=hint), None
     if media_type in RAW_MEDIA_TYPES:
         if not body:
             raise HtmllmError("the request body is empty", code=ErrorCode.EMPTY)
@@ -135,18 +149,49 @@ async def read_json_body(request: Request, model: type[M]) -> M:
             f"unsupported Content-Type {(header or '')[:100]!r}: send application/json",
             code=ErrorCode.UNSUPPORTED_MEDIA_TYPE,
         )
-    return await _parse_json_off_loop(request, model, await request.body())
+    hint = _charset_hint(request_content_type(header)[1])
+    return await _parse_json_off_loop(request, model, await request.body(), hint=hint)
 
 
-async def _parse_json_off_loop(request: Request, model: type[M], body: bytes) -> M:
+def _looks_like_markup(body: bytes) -> bool:
+    """Whether a body can only be a page, never JSON: it starts with `<` (after white space or a UTF-8
+    byte order mark), or with a UTF-16 byte order mark."""
+    if body.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return True
+    if body.startswith(codecs.BOM_UTF8):
+        body = body[len(codecs.BOM_UTF8) :]
+    return body[:4096].lstrip(b"\t\n\r ").startswith(b"<")
+
+
+_UTF8_LABELS = frozenset({"utf-8", "utf8", "us-ascii", "ascii"})
+_NO_TYPE_HINT = (
+    "a body without Content-Type is read as JSON; send one page as text/html; charset=... "
+    "or application/octet-stream"
+)
+
+
+def _charset_hint(charset: str | None) -> str | None:
+    """What to add to a JSON error when the body declares a charset other than UTF-8: JSON is UTF-8
+    (RFC 8259), and the body was read so (ASCII JSON reads the same in most charsets)."""
+    if charset is None or charset.strip().lower() in _UTF8_LABELS:
+        return None
+    return f"JSON bodies are read as UTF-8; this one declares charset={charset[:40]!r}"
+
+
+async def _parse_json_off_loop(request: Request, model: type[M], body: bytes, *, hint: str | None) -> M:
     """`body` parsed, its strings charged to the in-flight budget: the body stays (Starlette keeps it)
     and the strings are as large again, or four times larger where one character is outside the BMP (an
-    emoji makes Python store the whole page in 4 bytes a character)."""
-    if len(body) > INLINE_PARSE_BYTES:
-        # Parsing megabytes of JSON takes milliseconds the other requests should not wait for.
-        parsed = await asyncio.to_thread(parse_json, model, body)
-    else:
-        parsed = parse_json(model, body)
+    emoji makes Python store the whole page in 4 bytes a character). A parse error ends with `hint`."""
+    try:
+        if len(body) > INLINE_PARSE_BYTES:
+            # Parsing megabytes of JSON takes milliseconds the other requests should not wait for.
+            parsed = await asyncio.to_thread(parse_json, model, body)
+        else:
+            parsed = parse_json(model, body)
+    except HtmllmError as exc:
+        if hint is None or not exc.message.startswith("Invalid JSON"):
+            raise
+        raise HtmllmError(f"{exc.message} ({hint})", code=exc.code) from exc
     charge = request.scope.get(CHARGE_KEY)
     if charge is not None:  # absent only where the app runs without its middleware
         charge(_text_bytes(parsed))

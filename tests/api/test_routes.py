@@ -146,6 +146,72 @@ async def test_embed_errors(
         assert f'htmllm_request_failures_total{{code="{code}"}} 1.0' in metrics
 
 
+@pytest.mark.parametrize(
+    ("route", "query"),
+    [
+        ("/v1/embed", "normalise=false"),
+        ("/v1/embed", "head=quality"),
+        ("/v1/preprocess", "idd=x"),
+        ("/v1/extract", "min_word=0"),
+    ],
+)
+@pytest.mark.parametrize("content_type", ["text/html", "application/json"])
+async def test_an_unknown_query_option_is_422_not_ignored(
+    client: httpx.AsyncClient, route: str, query: str, content_type: str
+) -> None:
+    """A misspelt option answered as if absent (normalised embeddings for `normalise=false`) is a bug the
+    client never sees."""
+    body = page(2).encode() if content_type == "text/html" else json.dumps({"documents": [{"html": page(2)}]})
+    response = await client.post(f"{route}?{query}", content=body, headers={"content-type": content_type})
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["code"] == "validation_error"
+    assert repr(query.split("=")[0]) in response.json()["error"]["message"]
+
+
+async def test_an_empty_heads_query_option_asks_for_no_heads(client: httpx.AsyncClient) -> None:
+    response = await client.post(
+        "/v1/embed?heads=", content=page(2).encode(), headers={"content-type": "text/html"}
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["data"][0]["scores"] == {}
+    assert response.json()["data"][0]["embedding"]
+
+
+@pytest.mark.parametrize("prefix", [b"", b"\n  ", codecs.BOM_UTF8, codecs.BOM_UTF8 + b"\r\n"])
+async def test_a_page_posted_without_a_content_type_is_a_raw_page(
+    client: httpx.AsyncClient, prefix: bytes
+) -> None:
+    """What `requests.post(url, data=page)` sends: no Content-Type. JSON cannot start with `<`."""
+    html = page(4)
+    response = await client.post("/v1/embed?id=p", content=prefix + html.encode())
+    assert response.status_code == 200, response.text
+    item = response.json()["data"][0]
+    assert item["id"] == "p"
+    np.testing.assert_allclose(embedding(item), embedding(await embed_one(client, html)), atol=1e-6)
+    utf16 = await client.post("/v1/preprocess", content=codecs.BOM_UTF16_LE + html.encode("utf-16-le"))
+    assert utf16.status_code == 200, utf16.text
+
+
+async def test_json_errors_say_what_the_body_was_read_as(client: httpx.AsyncClient) -> None:
+    untyped = await client.post("/v1/embed", content=b"hello")
+    assert untyped.status_code == 422
+    assert "without Content-Type is read as JSON" in untyped.json()["error"]["message"]
+    body = json.dumps({"documents": [{"html": "<p>caf\u00e9</p>"}]}, ensure_ascii=False).encode("utf-16")
+    for route in ("/v1/embed", "/v1/embeddings"):
+        declared = await client.post(
+            route, content=body, headers={"content-type": "application/json; charset=utf-16"}
+        )
+        assert declared.status_code == 422
+        assert "read as UTF-8; this one declares charset='utf-16'" in declared.json()["error"]["message"]
+    # ASCII JSON under another label reads the same, and is taken.
+    latin = await client.post(
+        "/v1/embed",
+        content=json.dumps({"documents": [{"html": page(2)}]}).encode(),
+        headers={"content-type": "application/json; charset=iso-8859-1"},
+    )
+    assert latin.status_code == 200, latin.text
+
+
 @pytest.mark.parametrize("header", ["text/plain", ";;;", "image/png; charset=utf-8"])
 async def test_an_unsupported_content_type_is_quoted_as_sent(
     settings_for: SettingsFactory, header: str
@@ -251,6 +317,10 @@ async def test_tei_embed(client: httpx.AsyncClient) -> None:
     np.testing.assert_allclose(vectors[0], expected, atol=1e-6)
     single = await client.post("/embed", json={"inputs": page(7)})
     assert len(single.json()) == 1
+    # TEI's prompt_name asks for another kind of embedding: refused, never ignored.
+    prompted = await client.post("/embed", json={"inputs": page(7), "prompt_name": "query"})
+    assert prompted.status_code == 422 and "no prompts" in prompted.json()["error"]["message"]
+    assert (await client.post("/embed", json={"inputs": page(7), "prompt_name": None})).status_code == 200
 
 
 async def test_preprocess(client: httpx.AsyncClient) -> None:

@@ -41,7 +41,9 @@ async def embed(
     engine: EngineDep,
     id: Annotated[str | None, Query(description="raw body only: the page's id")] = None,
     url: Annotated[str | None, Query(description="raw body only: the page's URL")] = None,
-    heads: Annotated[list[str] | None, Query(description="raw body only: heads to score")] = None,
+    heads: Annotated[
+        list[str] | None, Query(description="raw body only: heads to score (one empty `heads=`: none)")
+    ] = None,
     normalize: Annotated[bool | None, Query(description="raw body only (default true)")] = None,
     truncate: Annotated[bool | None, Query(description="raw body only (default: server policy)")] = None,
     encoding_format: Annotated[EncodingFormat | None, Query(description="raw body only")] = None,
@@ -50,6 +52,8 @@ async def embed(
     """A JSON body of documents, or one raw page (`text/html; charset=...`, `application/octet-stream`)
     with its options in the query string."""
     started = request_started(request)
+    if heads == [""]:  # `?heads=`: no heads, as the JSON body's `"heads": []`
+        heads = []
     options = {
         "id": id,
         "url": url,
