@@ -151,6 +151,10 @@ class TeiEmbedRequest(BaseModel):
     truncate: bool | None = None
     truncation_direction: Literal["Right", "right"] = "Right"
     dimensions: JsonInt | None = Field(None, description="must equal the model's embedding size when given")
+    prompt_name: str | None = Field(
+        None,
+        description="TEI's prompt to prepend: these models define none, so a name is a 422, never ignored",
+    )
 
 
 class PreprocessRequest(_Strict):

@@ -15,6 +15,7 @@ from service.api.documents import check_dimensions, read_json_body, timing_heade
 from service.api.openapi import MODEL_ROUTE_ERRORS, json_body_openapi, timing_responses
 from service.api.runtime import EngineDep, RuntimeDep, request_started
 from service.api.schemas import TeiEmbedRequest
+from service.core.errors import ErrorCode, HtmllmError
 from service.engine import Document
 
 router = APIRouter(tags=["compatible"], dependencies=[Depends(require_api_key)], responses=MODEL_ROUTE_ERRORS)
@@ -45,6 +46,11 @@ async def embed(
     started = request_started(request)
     body = await read_json_body(request, TeiEmbedRequest)
     check_dimensions(body.dimensions, engine.info.embedding_dim)
+    if body.prompt_name is not None:  # ignored, it would answer another kind of embedding than asked for
+        raise HtmllmError(
+            f"prompt_name {body.prompt_name[:100]!r}: this model defines no prompts",
+            code=ErrorCode.VALIDATION,
+        )
     pages = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     results = await inference.embed(
         request,
