@@ -218,6 +218,20 @@ def _page_label(label: bytes) -> str | None:
     return name
 
 
+def declared_codec(label: str | None) -> str | None:
+    """The codec an encoding declared outside the page names (an HTTP charset, a WARC record's, a JSONL
+    row's `encoding`), or None where a browser ignores the declaration and reads the page's own.
+
+    The rule is `_page_label`'s, but UTF-16 stays UTF-16 (bytes sent with a UTF-16 charset can be
+    UTF-16): a codec that reads ASCII as something else (UTF-7, UTF-32, EBCDIC) is no browser's, and a
+    server's `charset=utf-7` over a windows-1251 page made it noise where the `<meta>` said it right.
+    """
+    name = normalize_encoding(label)
+    if name is None or name.startswith("utf-16"):
+        return name
+    return name if _reads_ascii(name) else None
+
+
 def sniff_xml_encoding(data: bytes) -> str | None:
     """The codec an XML declaration at the top of the page (`<?xml ... encoding="..."?>`) names, if any.
 
@@ -267,7 +281,7 @@ def decode_html(data: bytes | str, *, encoding: str | None = None) -> DecodedHtm
     for bom, name in _BOMS:
         if data.startswith(bom):
             return DecodedHtml(data[len(bom) :].decode(name, errors="replace"), name, "bom")
-    declared = normalize_encoding(encoding)
+    declared = declared_codec(encoding)
     if declared is not None:
         return DecodedHtml(decode_bytes(data, declared), declared, "declared")
     meta = sniff_meta_charset(data)
@@ -295,7 +309,7 @@ def with_declared_encoding(data: bytes, encoding: str | None) -> bytes:
     otherwise the declared reading comes back as UTF-8 behind a BOM, which wins over everything else
     in `decode_html`.
     """
-    declared = normalize_encoding(encoding)
+    declared = declared_codec(encoding)
     if declared is None or any(data.startswith(bom) for bom, _ in _BOMS):
         return data
     meta = sniff_meta_charset(data)
@@ -344,7 +358,7 @@ def utf8_payload(data: bytes, *, encoding: str | None = None) -> bytes | None:
     for bom, name in _BOMS:
         if data.startswith(bom):
             return data[len(bom) :] if name == "utf-8" else None
-    declared = normalize_encoding(encoding) or sniff_meta_charset(data) or sniff_xml_encoding(data)
+    declared = declared_codec(encoding) or sniff_meta_charset(data) or sniff_xml_encoding(data)
     if declared is not None:
         return data if declared == "utf-8" else None
     return data if data.isascii() else None

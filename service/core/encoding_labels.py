@@ -113,6 +113,10 @@ _BROWSER_CODECS = {
 }
 
 
+# Python codecs that undo Python's string escapes: text codecs to `codecs`, no page's encoding.
+_ESCAPE_CODECS = frozenset({"unicode-escape", "raw-unicode-escape"})
+
+
 def normalize_encoding(label: str | None) -> str | None:
     """The Python codec name a browser would use for `label`, or None if it names no text codec."""
     if not label:
@@ -123,8 +127,13 @@ def normalize_encoding(label: str | None) -> str | None:
         info = codecs.lookup(key)
     except (LookupError, ValueError):
         return None
-    # bytes-to-bytes and str-to-str codecs (base64, rot13, ...) cannot decode a page.
-    if not getattr(info, "_is_text_encoding", True) or not _decodes_any_bytes(info.name):
+    # bytes-to-bytes and str-to-str codecs (base64, rot13, ...) cannot decode a page, nor can Python's
+    # escape codecs (`unicode_escape` turns a page's "\\n" into a newline).
+    if (
+        not getattr(info, "_is_text_encoding", True)
+        or info.name in _ESCAPE_CODECS
+        or not _decodes_any_bytes(info.name)
+    ):
         return None
     return _BROWSER_CODECS.get(info.name, info.name)
 

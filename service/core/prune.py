@@ -83,7 +83,7 @@ from selectolax.lexbor import LexborDocumentOptions, LexborHTMLParser, Selectola
 from service.core.decoding import decode_html, utf8_payload
 from service.core.errors import ErrorCode, HtmllmError
 
-PRUNE_VERSION = "6"  # recorded in checkpoints; bump whenever the output for some input changes
+PRUNE_VERSION = "7"  # recorded in checkpoints; bump whenever the output for some input changes
 
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024  # larger pages are refused before parsing
 DEFAULT_MAX_DEPTH = 8192  # deeper nesting is refused before parsing (see the module docstring)

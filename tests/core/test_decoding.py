@@ -313,6 +313,30 @@ def test_meta_labels_of_codecs_that_misread_ascii_are_ignored(label: str) -> Non
     assert utf8_payload(page.encode()) is None or decode_html(page.encode()).encoding == "utf-8"
 
 
+@pytest.mark.parametrize("label", ["utf-7", "UTF-32", "utf-32le", "cp037", "ibm500", "unicode_escape"])
+def test_declared_charsets_a_browser_ignores_are_ignored(label: str) -> None:
+    """An HTTP charset (or a WARC record's, a JSONL row's) that no browser knows and that reads ASCII as
+    something else was honoured: a windows-1251 page sent with `charset=utf-7` came out as noise where its
+    `<meta>` said it right. Now the page's own declaration decides, on every path."""
+    page = '<meta charset="windows-1251"><title>Привет, мир</title><p>C++ и a+b=c</p>'
+    data = page.encode("cp1251")
+    assert decode_html(data, encoding=label).text == page
+    assert with_declared_encoding(data, label) == data
+    assert prune_html(data, encoding=label) == prune_html(data)
+    assert utf8_payload(b"<p>C++ a+b</p>", encoding=label) == b"<p>C++ a+b</p>"
+
+
+def test_a_declared_utf16_charset_is_kept_and_escape_codecs_are_no_labels() -> None:
+    """UTF-16 is a web encoding: bytes sent with a UTF-16 charset and no BOM are UTF-16. Python's escape
+    codecs are text codecs to `codecs` but no page's encoding: a `<meta>` naming one is passed over."""
+    text = "<p>Grüße, Здравствуйте</p>"
+    for label, codec in (("utf-16le", "utf-16-le"), ("UTF-16BE", "utf-16-be")):
+        assert decode_html(text.encode(codec), encoding=label).text == text
+    page = '<meta charset="unicode_escape"><p>a\\nb</p>'
+    assert normalize_encoding("unicode_escape") is None and normalize_encoding("raw_unicode_escape") is None
+    assert decode_html(page.encode()).text == page
+
+
 def test_utf8_cut_inside_its_last_character_is_utf8() -> None:
     """A crawler's byte cap cuts pages anywhere: an undeclared UTF-8 page that ends inside a character
     is UTF-8 with one U+FFFD, not GBK or windows-1252 mojibake."""
