@@ -51,7 +51,8 @@ Decisions where the paper is silent (each has a test in `tests/core/test_prune.p
 
 Robustness (cheap checks before expensive work): input over `max_bytes` raises `InputTooLargeError`
 before decoding, and so does a page with so many tags that its tree would break the memory bound
-(peak RSS under 10x the input plus 200 MB: about `_MEMORY_PER_TAG` bytes per `<`); a page nesting
+(peak RSS under 10x the input plus 200 MB: about `_MEMORY_PER_TAG` bytes per `<` and
+`_MEMORY_PER_ATTRIBUTE` per attribute); a page nesting
 deeper than `max_depth` raises `NestingTooDeepError` (Lexbor's tree builder is quadratic in nesting
 depth: 100,000 nested `<div>`s take half a minute), and so does one whose depth times its tags passes
 `_NESTING_WORK_PER_BYTE` per byte (each tag walks the open elements: 7,000 nested `<div>`s and a
@@ -92,6 +93,12 @@ DEFAULT_MAX_DEPTH = 8192  # deeper nesting is refused before parsing (see the mo
 # with more tags than its budget allows is refused before parsing (the interpreter keeps the rest).
 _MEMORY_PER_TAG = 400
 _MEMORY_HEADROOM = 150 * 1024 * 1024
+# Each attribute takes Lexbor about 250 bytes more (measured: 250-300 on pages of `<b a b c d e f>x</b>`
+# and of tags with 26 to 1,000 distinct names), and one can be written in two bytes (" a", "/a"): a
+# 16 MiB page of 676-attribute tags took 1.35 GB under the per-tag charge alone. Counted only where
+# the most attributes a page could hold would break its budget (pages over about a megabyte).
+_MEMORY_PER_ATTRIBUTE = 250
+_MIN_ATTRIBUTE_BYTES = 2
 MAX_ATTRIBUTES = 1024  # an element with more is refused before parsing (see max_attributes)
 _LONG_TAG_CHARS = 2 * MAX_ATTRIBUTES  # a tag with that many attributes is at least this long
 
@@ -169,7 +176,9 @@ _CLEANUP = re.compile(
     re.DOTALL,
 )
 _COLLAPSE_CHUNK = 1 << 20  # larger outputs are whitespace-collapsed chunk by chunk
-_PLAINTEXT = re.compile(r"<plaintext\b[^>]*>(.*)</plaintext>", re.DOTALL)
+# The first "<plaintext" of a serialisation (see `_rewrite_plaintext`).
+_PLAINTEXT_START = re.compile(r"<plaintext\b")
+_PLAINTEXT_END = "</plaintext>"
 # For the nesting pre-check (on ASCII-lowercased bytes): start and end tags of elements that can nest
 # without bound. Left out: void elements, and elements the parser closes when another one of them
 # opens (`<p>`, `<li>`, `<td>`, `<a>`, ...), which real pages leave unclosed by the thousand. `dt`, `dd`,
@@ -194,10 +203,12 @@ _SKIPPED_OPEN = re.compile(
     rb"<(?:(" + _RAW_TEXT_NAMES + rb")|(svg|math|select)|(frameset))(?=[\t\n\f\r />])|<!--"
 )
 _COMMENT_OPEN = re.compile(rb"<!--")
+_COMMENT_CLOSE = re.compile(rb"--!?>")
 _RAW_TEXT_CLOSE = {name: re.compile(b"</" + name + rb"[\t\n\f\r />]") for name in _RAW_TEXT_NAMES.split(b"|")}
 # The rest of a tag as the HTML tokenizer reads it: a ">" inside a quoted attribute value does not
 # end it, and a value is quoted only right after "=" (an unterminated one runs to the end).
-_TAG_REST = rb"""[^\t\n\f\r />]*+(?:[^>"'=]++|=[\t\n\f\r ]*+(?:"[^"]*+"?|'[^']*+'?|[^\t\n\f\r >]*+)|["'])*+"""
+_TAG_ATTRIBUTES_REST = rb"""(?:[^>"'=]++|=[\t\n\f\r ]*+(?:"[^"]*+"?|'[^']*+'?|[^\t\n\f\r >]*+)|["'])*+"""
+_TAG_REST = rb"[^\t\n\f\r />]*+" + _TAG_ATTRIBUTES_REST
 # One step through an <svg>, <math> or <select> towards its end tag (on lowercased bytes): text and
 # every other tag (its quoted attribute values included) are consumed, and the match stops at what
 # matters for the end: a start or end tag of such an element (groups 1, 2), a "<!" (a comment, CDATA
@@ -219,14 +230,18 @@ _REGION_STEP = re.compile(
 _NESTING_WORK_PER_BYTE = 200
 _NESTING_WORK_HEADROOM = 100_000_000
 
-# For the attribute pre-check: a whole tag (see _TAG_REST).
+# For the attribute pre-check: a whole tag (see _TAG_REST), and what follows its name.
 _TAG_EXTENT = re.compile(rb"<[a-zA-Z]" + _TAG_REST)
+_TAG_ATTRIBUTES = re.compile(rb"<[a-zA-Z][^\t\n\f\r />]*+(" + _TAG_ATTRIBUTES_REST + rb")")
 # A tag of foreign content (group 1: "/" for an end tag), and the unquoted attribute value a final "/"
 # may belong to (`<g a=x/>` is no self-closing tag).
 _FOREIGN_TAG = re.compile(rb"<(/?)[a-z]" + _TAG_REST)
 _UNQUOTED_TAIL = re.compile(rb"""=[\t\n\f\r ]*+[^\t\n\f\r >"'][^\t\n\f\r >]*+\Z""")
 _ATTRIBUTE_VALUE = re.compile(rb"""=[\t\n\f\r ]*+(?:"[^"]*+"?|'[^']*+'?|[^\t\n\f\r >]*+)""")
 _ATTRIBUTE_NAME = re.compile(rb"[^\t\n\f\r />]+")
+# For counting names: their characters to "a", the characters between them (`_ATTRIBUTE_NAME`'s) to " ".
+_NAME_RUNS = bytes.maketrans(bytes(range(256)), bytes(32 if c in b"\t\n\f\r />" else 97 for c in range(256)))
+_COUNT_TAGS = 64
 # A quoted attribute value with a ">" in it: the only way a tag outgrows the run of text around it.
 _QUOTED_GT = re.compile(rb"""=[\t\n\f\r ]*+(?:"[^">]*+>|'[^'>]*+>)""")
 _TAG_START = re.compile(rb"<[a-zA-Z]")
@@ -309,6 +324,15 @@ def _prune_document(document: str | bytes, max_depth: int) -> str:
     attributes = max_attributes(document)
     if attributes > MAX_ATTRIBUTES:
         raise TooManyAttributesError(f"an element has {attributes} attributes; the cap is {MAX_ATTRIBUTES}")
+    # After the cap: no tag holds more than MAX_ATTRIBUTES, which bounds the count's work per tag.
+    if need + len(document) // _MIN_ATTRIBUTE_BYTES * _MEMORY_PER_ATTRIBUTE > budget:
+        attributes = count_attributes(document)
+        need += attributes * _MEMORY_PER_ATTRIBUTE
+        if need > budget:
+            raise InputTooLargeError(
+                f"page has {tags} tags and {attributes} attributes; pruning it would take about "
+                f"{need >> 20} MiB (the budget for {len(document)} bytes is {budget >> 20} MiB)"
+            )
     # Each stage's input is released before the next one peaks: the tree before tokenizing ends,
     # the token list before the output is joined.
     parts = _tokenize(_clean_serialization(document))
@@ -347,6 +371,25 @@ def max_attributes(document: str | bytes) -> int:
         return most
     markup = _without_raw_text(data)
     return max((_attribute_count(tag) for tag in _long_tags(markup)), default=0)
+
+
+def count_attributes(document: str | bytes) -> int:
+    """The attributes of all the page's tags (as `_attribute_count` counts them; text read as a tag
+    counts too, which errs on the safe side), in a few passes over the page (about 5 ms per MB).
+
+    Each tag's attributes (what follows its name) go `_COUNT_TAGS` tags at a time, joined by ">" (no
+    value runs across it), so the value substitution holds a bounded number of pieces (one call over a
+    whole page of `a=""` attributes held hundreds of megabytes of them); names are counted as runs of
+    name characters in a translated copy, which allocates nothing per name. A page holds no tag of
+    more than `MAX_ATTRIBUTES` attributes when this runs.
+    """
+    data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
+    sections = _TAG_ATTRIBUTES.findall(data)
+    names = 0
+    for first in range(0, len(sections), _COUNT_TAGS):
+        joined = b">" + b">".join(sections[first : first + _COUNT_TAGS])
+        names += _ATTRIBUTE_VALUE.sub(b" ", joined).translate(_NAME_RUNS).count(b" a")
+    return names
 
 
 def _long_tags(data: bytes) -> list[bytes]:
@@ -526,13 +569,11 @@ def _comment_end(lowered: bytes, start: int) -> int:
         return start + 1
     if lowered.startswith(b"->", start):
         return start + 2
-    # "--!>" is looked for only before the first "-->": searching the whole rest for it at every
-    # comment was quadratic (a megabyte of <!--x--> took over a minute).
-    end = lowered.find(b"-->", start)
-    bang = lowered.find(b"--!>", start, len(lowered) if end < 0 else end + 3)
-    if bang >= 0:
-        return bang + 4
-    return -1 if end < 0 else end + 3
+    # One search for the first of the two: looking for either one on its own up to the page's end at
+    # every comment was quadratic (a megabyte of <!--x--> without "--!>", or of <!--x--!> without
+    # "-->", took about a minute). The two cannot overlap, so the first to start is the first to end.
+    end = _COMMENT_CLOSE.search(lowered, start)
+    return -1 if end is None else end.end()
 
 
 def _byte_size(html: str | bytes, max_bytes: int) -> int:
@@ -555,8 +596,27 @@ def _rewrite_raw(match: re.Match[str]) -> str:
     return "<pre>" + _html.escape(match.group(2), quote=False) + "</pre>"
 
 
-def _rewrite_plaintext(match: re.Match[str]) -> str:
-    return "<pre>" + _html.escape(match.group(1), quote=False) + "</pre>"
+def _rewrite_plaintext(serialized: str) -> str:
+    """The serialisation with its <plaintext> element as a <pre> of its escaped text (Lexbor writes the
+    element's text literally, up to its end tag at the end of the page).
+
+    What `re.sub(r"<plaintext\\b[^>]*>(.*)</plaintext>", ..., flags=re.DOTALL)` does, in linear time:
+    there the greedy `.*` ran from every "<plaintext" to the page's end and back, and "<plaintext>" is
+    written literally in comments and iframe text too, so 300 KB of `<!--<plaintext>-->` held the GIL
+    for 14 s. That regex replaces at most one span: from the first "<plaintext" whose tag's ">" comes
+    before the last "</plaintext>" to that end tag (the match consumes it, and no end tag is left for
+    a later start). Only the first "<plaintext" can be that one: a later one either shares its ">" or
+    starts past the last end tag.
+    """
+    start = _PLAINTEXT_START.search(serialized)
+    last = serialized.rfind(_PLAINTEXT_END)
+    if start is None or last < 0:
+        return serialized
+    close = serialized.find(">", start.end())
+    if close < 0 or close >= last:
+        return serialized
+    text = _html.escape(serialized[close + 1 : last], quote=False)
+    return serialized[: start.start()] + "<pre>" + text + "</pre>" + serialized[last + len(_PLAINTEXT_END) :]
 
 
 def _prune_serialization(serialized: str) -> str:
@@ -567,7 +627,7 @@ def _prune_serialization(serialized: str) -> str:
 def _tokenize(serialized: str) -> list[str]:
     """[text, slash, name, text, ...] of the serialisation, comments and raw text dealt with."""
     if "<plaintext" in serialized:  # first: its literal content may hold anything
-        serialized = _PLAINTEXT.sub(_rewrite_plaintext, serialized)
+        serialized = _rewrite_plaintext(serialized)
     return _TAG_SPLIT.split(_CLEANUP.sub(_rewrite_raw, serialized))
 
 

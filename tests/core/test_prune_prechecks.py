@@ -184,3 +184,70 @@ def test_a_page_of_comments_keeps_its_text() -> None:
     page = "<!--x-->" * 20_000 + "<div>" * 10 + "<p>y</p>"
     assert estimate_depth(page, limit=100) == 10
     assert prune_html(page) == "<p>y</p>"
+
+
+_OLD_PLAINTEXT = re.compile(r"<plaintext\b[^>]*>(.*)</plaintext>", re.DOTALL)
+_PIECES = [
+    "<plaintext",
+    "<plaintext>",
+    "</plaintext>",
+    ">",
+    "<",
+    "x",
+    " ",
+    "<plaintextx>",
+    "<plaintext a='>'>",
+]
+_PIECES += ["&", "\n", "-", "--", "!", "-->", "--!>", "<!--"]
+
+
+def _old_comment_end(lowered: bytes, start: int) -> int:
+    """The form before the linear one (quadratic on pages of comments that one of the two ends never
+    closes), as the oracle of what ends a comment."""
+    if lowered.startswith(b">", start):
+        return start + 1
+    if lowered.startswith(b"->", start):
+        return start + 2
+    end = lowered.find(b"-->", start)
+    bang = lowered.find(b"--!>", start, len(lowered) if end < 0 else end + 3)
+    if bang >= 0:
+        return bang + 4
+    return -1 if end < 0 else end + 3
+
+
+def test_the_linear_plaintext_rewrite_and_comment_end_agree_with_their_regex_forms() -> None:
+    import html
+    import random
+
+    rnd = random.Random(7)
+    for _ in range(20_000):
+        text = "".join(rnd.choice(_PIECES) for _ in range(rnd.randint(0, 12)))
+        old = _OLD_PLAINTEXT.sub(lambda m: "<pre>" + html.escape(m.group(1), quote=False) + "</pre>", text)
+        assert prune._rewrite_plaintext(text) == old, text
+        data = text.encode()
+        for start in range(min(len(data), 6)):
+            assert prune._comment_end(data, start) == _old_comment_end(data, start), (text, start)
+
+
+def test_count_attributes_counts_as_the_per_tag_count() -> None:
+    import random
+
+    rnd = random.Random(3)
+    parts = [" a", " b=c", ' d="e f"', " g='h>i'", "/j", ' k=""l', " m = n", "\\n o", "=p", " q/"]
+    tags = ["<t" + "".join(rnd.choice(parts) for _ in range(rnd.randint(0, 30))) + ">x" for _ in range(500)]
+    page = "".join(tags) + "<p>text a=b c d</p>"
+    expected = sum(prune._attribute_count(tag) for tag in prune._TAG_EXTENT.findall(page.encode()))
+    assert prune.count_attributes(page) == prune.count_attributes(page.encode()) == expected > 1000
+    assert prune.count_attributes("") == 0 and prune.count_attributes("no tags, a=b c") == 0
+
+
+def test_big_ordinary_pages_pass_the_attribute_charge(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over about a megabyte the attributes are counted; real markup needs a fraction of the budget (the
+    densest big corpus page about 10x its size)."""
+    counted: list[int] = []
+    count = prune.count_attributes
+    monkeypatch.setattr(prune, "count_attributes", lambda page: counted.append(count(page)) or counted[-1])
+    row = '<div class="row item"><a href="/x/y?z=1" title="t">link text</a> <span id="s">more</span></div>'
+    page = ("<p>" + "word " * 400 + "</p>" + row * 20) * 500
+    assert prune_html(page).startswith("<body><p>word word")
+    assert counted == [500 * 20 * 4]  # class, href, title, id

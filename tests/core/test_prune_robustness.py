@@ -110,3 +110,41 @@ def test_a_50_mb_page_is_pruned_when_the_cap_allows_it() -> None:
 def test_a_dense_50_mb_page_is_refused_by_the_memory_budget() -> None:
     outcome = run_child('b"<p>x" * 12_500_000', kwargs=", max_bytes=64 * 1024 * 1024")
     assert outcome["error"] == "InputTooLargeError"
+
+
+def test_comments_closed_by_bang_are_read_in_linear_time() -> None:
+    """`--!>` ends a comment too; the pre-check looked for `-->` up to the page's end at every comment,
+    so a megabyte of `<!--x--!>` took 54 s of a worker (a request's timeout does not stop it)."""
+    outcome = run_child('b"<!--x--!>" * 120_000 + b"<p>y"')
+    assert outcome == {**outcome, "ok": True, "text": "<p>y</p>"}
+    assert float(outcome["seconds"]) < 10  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("unit", ["<!--<plaintext>-->x", "<iframe><plaintext></iframe>x"])
+def test_plaintext_written_as_text_is_rewritten_in_linear_time(unit: str) -> None:
+    """Lexbor writes a comment's and an iframe's text literally; a greedy regex ran from each
+    "<plaintext" in it to the page's end and back, holding the GIL (300 KB: 14 s, the server frozen)."""
+    outcome = run_child(f'"{unit}".encode() * 32_000')
+    assert outcome["ok"] is True
+    assert float(outcome["seconds"]) < 10  # type: ignore[arg-type]
+
+
+_NAMES = "[a + b for a in 'abcdefghijklmnopqrstuvwxyz' for b in 'abcdefghijklmnopqrstuvwxyz']"
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        '(("<b a b c d e f>x</b>") * 220_000).encode()',
+        f'(("<b " + " ".join({_NAMES}) + ">x</b>") * 2_000).encode()',
+        f'(("<b " + "".join(n + \'=""\' for n in {_NAMES}) + ">x</b>") * 1_200).encode()',
+        f'(("<b=/" + "/".join({_NAMES}) + ">x</b>") * 2_000).encode()',
+    ],
+    ids=["six-per-tag", "676-per-tag", "valued", "behind-an-equals-sign"],
+)
+def test_attribute_dense_pages_stay_within_the_memory_bound(build: str) -> None:
+    """Lexbor takes about 250 bytes an attribute, which the per-tag charge did not count: a 4 MB page
+    of `<b a b c d e f>x</b>` peaked at 93x its size, a 16 MiB one of 676-attribute tags at 1.35 GB.
+    (`<b=/aa/ab...` is a tag named "b=" with its attributes: no value swallows them from the count.)"""
+    outcome = run_child(build)  # asserts the bound
+    assert outcome == {**outcome, "ok": False, "error": "InputTooLargeError", "code": "payload_too_large"}
