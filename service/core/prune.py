@@ -52,7 +52,8 @@ Decisions where the paper is silent (each has a test in `tests/core/test_prune.p
 Robustness (cheap checks before expensive work): input over `max_bytes` raises `InputTooLargeError`
 before decoding, and so does a page with so many tags that its tree would break the memory bound
 (peak RSS under 10x the input plus 200 MB: about `_MEMORY_PER_TAG` bytes per `<` and
-`_MEMORY_PER_ATTRIBUTE` per attribute); a page nesting
+`_MEMORY_PER_ATTRIBUTE` per attribute, and `_MEMORY_PER_CLONE` for each element the parser would
+re-create from formatting elements left open: `reconstruction_work`); a page nesting
 deeper than `max_depth` raises `NestingTooDeepError` (Lexbor's tree builder is quadratic in nesting
 depth: 100,000 nested `<div>`s take half a minute), and so does one whose depth times its tags passes
 `_NESTING_WORK_PER_BYTE` per byte (each tag walks the open elements: 7,000 nested `<div>`s and a
@@ -78,6 +79,7 @@ from __future__ import annotations
 
 import html as _html
 import re
+from collections import deque
 
 from selectolax.lexbor import LexborDocumentOptions, LexborHTMLParser, SelectolaxError
 
@@ -99,6 +101,9 @@ _MEMORY_HEADROOM = 150 * 1024 * 1024
 # the most attributes a page could hold would break its budget (pages over about a megabyte).
 _MEMORY_PER_ATTRIBUTE = 250
 _MIN_ATTRIBUTE_BYTES = 2
+# A formatting element the parser re-creates (see `reconstruction_work`) costs about a tag's memory and
+# 2 us: 60 KB of `<p><b id=N>x` made 8 million of them (16 s, 3.2 GB).
+_MEMORY_PER_CLONE = _MEMORY_PER_TAG
 MAX_ATTRIBUTES = 1024  # an element with more is refused before parsing (see max_attributes)
 _LONG_TAG_CHARS = 2 * MAX_ATTRIBUTES  # a tag with that many attributes is at least this long
 
@@ -230,6 +235,16 @@ _REGION_STEP = re.compile(
 _NESTING_WORK_PER_BYTE = 200
 _NESTING_WORK_HEADROOM = 100_000_000
 
+# The HTML Standard's formatting elements but <a> (the parser keeps at most one <a> active), with and
+# without their attributes (for `reconstruction_work`); on lowercased bytes.
+_FORMATTING_NAMES = b"b big code em font i nobr s small strike strong tt u".split()
+_FORMATTING_TAG = re.compile(
+    rb"<(/?)(" + b"|".join(_FORMATTING_NAMES) + rb")(?=[\t\n\f\r />])(" + _TAG_ATTRIBUTES_REST + rb")"
+)
+_FORMATTING_WITH_ATTRIBUTES = re.compile(
+    rb"<(?:b(?:ig)?|code|em|font|i|nobr|s(?:mall|trike|trong)?|tt|u)[\t\n\f\r /]"
+)
+_NOAHS_ARK = 3  # entries of one name and attributes the list keeps
 # For the attribute pre-check: a whole tag (see _TAG_REST), and what follows its name.
 _TAG_EXTENT = re.compile(rb"<[a-zA-Z]" + _TAG_REST)
 _TAG_ATTRIBUTES = re.compile(rb"<[a-zA-Z][^\t\n\f\r />]*+(" + _TAG_ATTRIBUTES_REST + rb")")
@@ -324,6 +339,15 @@ def _prune_document(document: str | bytes, max_depth: int) -> str:
     attributes = max_attributes(document)
     if attributes > MAX_ATTRIBUTES:
         raise TooManyAttributesError(f"an element has {attributes} attributes; the cap is {MAX_ATTRIBUTES}")
+    if need + _most_formatting_entries(document) * tags * _MEMORY_PER_CLONE > budget:
+        clones = reconstruction_work(document, limit=(budget - need) // _MEMORY_PER_CLONE)
+        need += clones * _MEMORY_PER_CLONE
+        if need > budget:
+            raise InputTooLargeError(
+                f"page leaves so many formatting elements open that the parser would re-create them more "
+                f"than {clones} times, each about {_MEMORY_PER_CLONE} bytes (the budget for {len(document)} "
+                f"bytes is {budget >> 20} MiB)"
+            )
     # After the cap: no tag holds more than MAX_ATTRIBUTES, which bounds the count's work per tag.
     if need + len(document) // _MIN_ATTRIBUTE_BYTES * _MEMORY_PER_ATTRIBUTE > budget:
         attributes = count_attributes(document)
@@ -435,6 +459,65 @@ def _attribute_count(tag: bytes) -> int:
     name = _ATTRIBUTE_NAME.match(tag)
     rest = tag[name.end() if name is not None else 0 :]
     return len(_ATTRIBUTE_NAME.findall(_ATTRIBUTE_VALUE.sub(b" ", rest)))
+
+
+def _most_formatting_entries(document: str | bytes) -> int:
+    """An upper bound of the parser's list of active formatting elements: three of each element without
+    attributes, and every start tag of one with attributes (a cheap scan; `reconstruction_work` is the
+    close estimate)."""
+    data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
+    return _NOAHS_ARK * len(_FORMATTING_NAMES) + len(_FORMATTING_WITH_ATTRIBUTES.findall(data.lower()))
+
+
+def reconstruction_work(document: str | bytes, *, limit: int | None = None) -> int:
+    """An upper estimate of how many elements the HTML parser re-creates while "reconstructing the active
+    formatting elements" (stopping once past `limit`).
+
+    A formatting element (`<b>`, `<font>`, ...) left open stays on the parser's list of active
+    formatting elements after its parent closes, and is cloned at the next text or tag; clones nest in
+    each other, so a page that leaves N distinct ones open before M paragraphs makes about N x M
+    elements: 60 KB of `<p><b id=N>x` took 16 s and 3.2 GB (the nesting estimate cannot see it: each
+    clone chain is closed by the next paragraph). The list keeps at most three entries of one name and
+    attributes (the "Noah's Ark" clause), and an end tag takes the last entry of its name off.
+
+    The estimate replays the list over the page without raw text (a `</b>` in a script closes
+    nothing) and adds its length once per tag: every tag may be a reconstruction. Markers (table cells,
+    `<object>`, ...) are ignored, so the list only ever looks longer than the parser's. Attributes are
+    compared as written (`id=1 class=x` and `class=x id=1` count as two: the safe side). Corpus pages
+    need at most 2,290; ordinary pages close what they open.
+    """
+    data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
+    markup = _without_raw_text(data)
+    lowered = markup.lower()
+    entries_of: dict[bytes, list[int]] = {}  # element name -> its entries, oldest first
+    copies: dict[bytes, deque[int]] = {}  # name and attributes as written -> its entries, oldest first
+    key_of: dict[int, bytes] = {}  # live entries
+    entry = work = 0
+    last = 0
+    for tag in _FORMATTING_TAG.finditer(lowered):
+        work += len(key_of) * lowered.count(b"<", last, tag.start())
+        last = tag.start()
+        name = tag.group(2)
+        if tag.group(1):  # an end tag: the last live entry of its name leaves the list
+            stack = entries_of.get(name, [])
+            while stack:
+                gone = stack.pop()
+                key = key_of.pop(gone, None)
+                if key is not None:
+                    copies[key].remove(gone)
+                    break
+        else:
+            key = name + b" " + markup[tag.start(3) : tag.end(3)]  # the attributes in their own case
+            same = copies.setdefault(key, deque())
+            if len(same) == _NOAHS_ARK:
+                del key_of[same.popleft()]  # its stale place in entries_of is skipped when reached
+            entry += 1
+            same.append(entry)
+            entries_of.setdefault(name, []).append(entry)
+            key_of[entry] = key
+        if limit is not None and work > limit:
+            return work
+    return work + len(key_of) * lowered.count(b"<", last)
 
 
 def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> int:

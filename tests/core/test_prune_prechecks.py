@@ -251,3 +251,33 @@ def test_big_ordinary_pages_pass_the_attribute_charge(monkeypatch: pytest.Monkey
     page = ("<p>" + "word " * 400 + "</p>" + row * 20) * 500
     assert prune_html(page).startswith("<body><p>word word")
     assert counted == [500 * 20 * 4]  # class, href, title, id
+
+
+def test_reconstruction_work_counts_open_formatting_elements_per_tag() -> None:
+    """The parser clones each formatting element left open at every later tag; closed ones, identical
+    ones past three (the "Noah's Ark" clause) and end tags inside scripts change that as they do for
+    the parser."""
+    from service.core.prune import reconstruction_work
+
+    distinct = "".join(f"<p><b id={i}>x" for i in range(200))
+    assert reconstruction_work(distinct) >= 200 * 199 // 2
+    closed = "".join(f"<p><b id={i}>x</b>" for i in range(200))
+    assert reconstruction_work(closed) <= 200
+    identical = "<p><b id=1>x" * 200
+    assert reconstruction_work(identical) <= 3 * 400
+    # "ID=1" and "id=1" differ to the parser only in case of the name; the values' case matters.
+    assert (
+        reconstruction_work("".join(f"<p><b title=A{'a' * (i % 2)}{i // 2}>x" for i in range(200))) >= 19_000
+    )
+    scripted = "".join(f"<p><b id={i}>x<script>'</b>'</script>" for i in range(200))
+    assert reconstruction_work(scripted) >= 200 * 199 // 2
+    assert reconstruction_work(distinct, limit=1000) < 2000
+
+
+def test_formatting_elements_left_open_are_refused_and_closed_ones_pruned() -> None:
+    with pytest.raises(prune.InputTooLargeError, match="formatting elements open"):
+        prune_html("".join(f"<p><b id={i}>x" for i in range(4000)))
+    assert (
+        prune_html("".join(f"<p><b id={i}>x</b>" for i in range(4000)))
+        == "<body>" + "<b>x</b>" * 4000 + "</body>"
+    )

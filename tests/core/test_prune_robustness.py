@@ -148,3 +148,17 @@ def test_attribute_dense_pages_stay_within_the_memory_bound(build: str) -> None:
     (`<b=/aa/ab...` is a tag named "b=" with its attributes: no value swallows them from the count.)"""
     outcome = run_child(build)  # asserts the bound
     assert outcome == {**outcome, "ok": False, "error": "InputTooLargeError", "code": "payload_too_large"}
+
+
+@pytest.mark.parametrize(
+    "build",
+    ['"".join(f"<p><b id={i}>x" for i in range(4000)).encode()',
+     '("<div>" + "".join(f"<b id={i}>" for i in range(3000)) + "</div>" + "<p>x" * 3000).encode()'],
+    ids=["open-in-paragraphs", "open-in-a-div"],
+)  # fmt: skip
+def test_formatting_elements_left_open_are_refused_before_the_parser_clones_them(build: str) -> None:
+    """60 KB of `<p><b id=N>x`: the parser re-creates every open `<b>` in each paragraph (16 s, 3.2 GB,
+    the liveness probe failing while it held the GIL)."""
+    outcome = run_child(build)  # asserts the bound
+    assert outcome == {**outcome, "ok": False, "error": "InputTooLargeError", "code": "payload_too_large"}
+    assert float(outcome["seconds"]) < 5  # type: ignore[arg-type]
