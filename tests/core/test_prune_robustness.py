@@ -153,8 +153,10 @@ def test_attribute_dense_pages_stay_within_the_memory_bound(build: str) -> None:
 @pytest.mark.parametrize(
     "build",
     ['"".join(f"<p><b id={i}>x" for i in range(4000)).encode()',
-     '("<div>" + "".join(f"<b id={i}>" for i in range(3000)) + "</div>" + "<p>x" * 3000).encode()'],
-    ids=["open-in-paragraphs", "open-in-a-div"],
+     '("<div>" + "".join(f"<b id={i}>" for i in range(3000)) + "</div>" + "<p>x" * 3000).encode()',
+     '("<div>" + "".join(f"<b id={i}><svg><desc></b></desc></svg>" for i in range(2000)) + "</div>"'
+     ' + "<p>x" * 2000).encode()'],
+    ids=["open-in-paragraphs", "open-in-a-div", "closed-out-of-scope"],
 )  # fmt: skip
 def test_formatting_elements_left_open_are_refused_before_the_parser_clones_them(build: str) -> None:
     """60 KB of `<p><b id=N>x`: the parser re-creates every open `<b>` in each paragraph (16 s, 3.2 GB,
