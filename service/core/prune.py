@@ -246,10 +246,10 @@ _ADOPTION_ROUNDS = 8  # the adoption agency's outer loop gives up after this man
 # Elements that bound the parser's "in scope" (an end tag of a formatting element outside it is
 # ignored), and the special elements its adoption agency stops at (void ones never stay open).
 _SCOPE_BOUNDARIES = b"""applet caption marquee object table td template th svg math desc foreignobject title
-    mi mo mn ms mtext annotation-xml""".split()
+    mi mo mn ms mtext annotation-xml select""".split()  # a <select> ignores end tags but its own
 _SPECIAL = b"""address article aside blockquote body button center dd details dir div dl dt fieldset
     figcaption figure footer form frameset h1 h2 h3 h4 h5 h6 head header hgroup html iframe li listing main
-    menu nav noembed noframes noscript ol p plaintext pre search section select summary tbody textarea tfoot
+    menu nav noembed noframes noscript ol p plaintext pre search section summary tbody textarea tfoot
     thead tr ul xmp""".split()
 _RECONSTRUCTION_TAG = re.compile(
     rb"<(/?)(" + b"|".join(_FORMATTING_NAMES) + rb")(?=[\t\n\f\r />])(" + _TAG_ATTRIBUTES_REST + rb")"

@@ -272,6 +272,8 @@ def test_reconstruction_work_counts_open_formatting_elements_per_tag() -> None:
     # An end tag out of scope closes nothing: every <b> stays open through its <svg><desc>.
     hidden = "<div>" + "".join(f"<b id={i}><svg><desc></b></desc></svg>" for i in range(200)) + "</div>"
     assert reconstruction_work(hidden + "<p>x" * 200) >= 200 * 200
+    ignored = "<div>" + "".join(f"<b id={i}><select></b></select>" for i in range(200)) + "</div>"
+    assert reconstruction_work(ignored + "<p>x" * 200) >= 200 * 200
     scripted = "".join(f"<p><b id={i}>x<script>'</b>'</script>" for i in range(200))
     assert reconstruction_work(scripted) >= 200 * 199 // 2
     assert reconstruction_work(distinct, limit=1000) < 2000
