@@ -47,6 +47,7 @@ from service.core.preparation import (
 from service.core.processes import worker_context
 from service.core.prune import PRUNE_VERSION
 from service.core.tokenizer import HtmlTokenizer, TokenizerError
+from service.engine.admission import DrainRate
 from service.engine.batcher import Batcher, BatchRow
 from service.engine.result_cache import CachedRow, ResultCache, cache_key
 from service.engine.runners import Runner
@@ -201,6 +202,7 @@ class Engine:
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop `start` ran on
         self._in_flight = 0
         self._idle: asyncio.Event | None = None
+        self._drain = DrainRate()
         cached = config.result_cache_documents
         self._cache: ResultCache | None = ResultCache(cached) if cached > 0 else None
 
@@ -435,6 +437,18 @@ class Engine:
                 f"the queue is full ({self._in_flight} of {self.config.max_queue_documents} documents)"
             )
 
+    def _check_wait(self, count: int, remaining_s: float | None) -> None:
+        """OverloadedError when the queue ahead, drained at the measured rate, would keep `count` more
+        documents past their deadline (`admission`): a 429 now rather than a 504 at the deadline."""
+        if remaining_s is None or self._in_flight == 0:
+            return  # alone, a request is served as fast as the engine can
+        wait_s = self._drain.seconds_for(self._in_flight + count)
+        if wait_s is not None and wait_s > remaining_s:
+            raise OverloadedError(
+                f"the queue holds about {wait_s:.1f} s of work ({self._in_flight} documents at "
+                f"{self._drain.rate or 0:.1f} a second), past this request's deadline in {remaining_s:.1f} s"
+            )
+
     def _require_started(self) -> ThreadPoolExecutor:
         if self._pool is None or self._batcher is None:
             if self._idle is not None:  # it ran once: it has been stopped
@@ -502,6 +516,7 @@ class Engine:
         self._check_room(count)
         if deadline is not None and deadline <= called:
             raise DeadlineExceededError("the deadline passed before the documents were queued")
+        self._check_wait(count, None if deadline is None else deadline - called)
         self._admit(count)
         truncate = self.config.truncate if truncate is None else truncate
         progress = [_Progress() for _ in documents]
@@ -716,6 +731,8 @@ class Engine:
         await self._batcher.run_direct([ids] * count)
 
     def _admit(self, count: int) -> None:
+        if self._in_flight == 0:
+            self._drain.busy(time.monotonic())
         self._in_flight += count
         if self._idle is not None:
             self._idle.clear()
@@ -723,14 +740,17 @@ class Engine:
 
     def _release(self, count: int) -> None:
         self._in_flight -= count
-        if self._in_flight == 0 and self._idle is not None:
-            self._idle.set()
+        if self._in_flight == 0:
+            self._drain.idle()
+            if self._idle is not None:
+                self._idle.set()
         self._notify(self.observer.queue_size, self._in_flight)
 
     def _failed(self, code: ErrorCode, count: int) -> None:
         self._notify(self.observer.documents_failed, code, count)
 
     def _on_batch(self, stats: BatchStats) -> None:
+        self._drain.finished(time.monotonic(), stats.documents)
         self._notify(self.observer.batch_done, stats)
 
     def _on_skipped(self, documents: int) -> None:

@@ -650,3 +650,23 @@ async def test_a_page_of_a_giant_pile_of_marks_fails_alone(tiny_checkpoint: Path
         outcomes = await engine.embed_settled(["<p>x" + "\u0301" * 300_000 + "</p>", "<p>fine</p>"])
     assert isinstance(outcomes[0], HtmllmError) and outcomes[0].code is ErrorCode.PREPROCESS_FAILED
     assert not isinstance(outcomes[1], HtmllmError) and outcomes[1].tokens > 2
+
+
+async def test_a_request_the_queue_cannot_serve_before_its_deadline_is_refused_at_once(
+    tiny_checkpoint: Path, pages: list[str]
+) -> None:
+    """A full queue drained at the measured rate past a request's deadline: 429 now, not a 504 later
+    (on two CPU cores a full default queue was 30-66 s of work against a 30 s timeout)."""
+    engine, _ = slow_engine(tiny_checkpoint, delay_s=0.2, max_batch_requests=2)
+    async with engine:
+        await engine.embed(pages[:2])  # alone: never refused, and it measures the rate
+        assert engine._drain.rate is not None
+        ahead = asyncio.create_task(engine.embed(pages[:10]))  # about a second of batches
+        await asyncio.sleep(0.05)
+        started = time.monotonic()
+        with pytest.raises(OverloadedError, match="past this request's deadline"):
+            await engine.embed(pages[10:12], deadline=time.monotonic() + 0.3)
+        assert time.monotonic() - started < 0.1
+        # With time enough for the queue ahead, the same request is taken and answered.
+        later = await engine.embed(pages[10:12], deadline=time.monotonic() + 30)
+        assert len(later) == 2 and len(await ahead) == 10
