@@ -15,12 +15,13 @@ Rows: `index`, `id`, `url`, `embedding` (float32 list, null on error), `tokens`,
 (an ErrorCode, null on success), `error_message` (why, null on success), then per classification head
 `<head>` (top label) and `<head>.probs` (float32 list in label order), per regression head `<head>` (float).
 
-A document that fails (an input row that is not JSON or names a missing file, a page nested too deep, a
-page over the token limit with truncation off) gets its row with the error and the run goes on: one bad
-line in a crawl dump must not stop a run of millions. A failure a retry may fix (the engine shutting
-down under Ctrl-C, a timeout, a full queue, a backend failure) is never written: the document is left
-for the next run, and the command exits 1 without merging (130 after Ctrl-C). Options, the input and
-the checkpoint's metadata are checked before the model loads or a file is created.
+A document that fails (an input row that is not JSON or names a missing file, a page over the 16 MiB cap,
+a page nested too deep, a page over the token limit with truncation off) gets its row with the error and
+the run goes on: one bad line in a crawl dump must not stop a run of millions. A failure a retry may fix
+(the engine shutting down under Ctrl-C, a timeout, a full queue, a backend failure) is never written:
+the document is left for the next run, and the command exits 1 without merging (130 after Ctrl-C).
+Options, the input and the checkpoint's metadata are checked before the model loads or a file is
+created.
 """
 
 from __future__ import annotations
@@ -424,7 +425,7 @@ async def _embed_all(
         row: dict[str, Any] = {"index": index, "id": page.id, "url": page.url}
         try:
             if page.error is not None:
-                raise HtmllmError(page.error, code=ErrorCode.VALIDATION)
+                raise HtmllmError(page.error, code=page.error_code)
             (result,) = await engine.embed(
                 [Document(html=page.html, id=page.id, url=page.url)], heads=plan.heads, normalize=normalize
             )

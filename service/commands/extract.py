@@ -1,8 +1,9 @@
 """`htmllm extract`: bulk plain-text extraction of a page collection into JSONL, with a progress bar.
 
 One output row per input page, in input order. A page an extractor fails on, and an input row that cannot
-be read (not JSON, a missing file), gets an `error` object in its row rather than stopping the run; only an
-input source that does not exist or an unwritable output path fails the command.
+be read (not JSON, a missing file; a page over the pruner's 16 MiB cap, `payload_too_large`, see
+`service.core.pages`), gets an `error` object in its row rather than stopping the run; only an input
+source that does not exist or an unwritable output path fails the command.
 
 Resumable as `htmllm embed` is, with the same rules (`resume_state`): rows go, in input order, to
 append-only parts in `<output>.parts/` (each a JSON header line with its first index, its pages' ids and
@@ -126,12 +127,11 @@ def _extraction_json(result: Extraction) -> dict[str, Any]:
 
 
 def _process(page: Page, args: argparse.Namespace, pool: ExtractorPool) -> dict[str, Any]:
-    from service.core.errors import ErrorCode
     from service.core.extract import ExtractionError, extract, extract_all
 
     row: dict[str, Any] = {"id": page.id, "url": page.url}
     if page.error is not None:
-        row["error"] = {"code": str(ErrorCode.VALIDATION), "message": page.error}
+        row["error"] = {"code": str(page.error_code), "message": page.error}
         return row
     order: str | list[str] = "random" if args.order == "random" else args.order.split(",")
     try:

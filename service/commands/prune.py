@@ -1,5 +1,9 @@
 """`htmllm prune [FILE|-]`: print the pruned HTML of one page.
 
+The page is read as every command reads one (`service.core.pages.read_page`): gunzipped when it is
+gzip, and refused (`payload_too_large`, status 1) past the pruner's 16 MiB cap without reading or
+inflating more than that.
+
 A reader that stops early (`htmllm prune page.html | head`) ends the command quietly with status 1, as
 the Python docs advise for SIGPIPE, rather than with a BrokenPipeError traceback.
 """
@@ -9,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +29,20 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from service.core.pages import gunzip_page
+    from service.core.pages import PageSourceError, PageTooLargeError, read_page
     from service.core.prune import PruneError, prune_html
 
     try:
-        data = gunzip_page(sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes())
-    except (OSError, EOFError, zlib.error) as exc:
+        # At most about the page cap is read or inflated: a 1 MB gzip bomb once took 2 GB here.
+        if args.file == "-":
+            data = read_page(sys.stdin.buffer)
+        else:
+            with Path(args.file).open("rb") as handle:
+                data = read_page(handle)
+    except PageTooLargeError as exc:
+        print(f"htmllm prune: {exc.code}: {args.file}: {exc}", file=sys.stderr)
+        return 1
+    except (OSError, PageSourceError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         print(f"htmllm prune: cannot read {args.file}: {reason}", file=sys.stderr)
         return 1

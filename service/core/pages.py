@@ -45,6 +45,11 @@ position. The bulk commands report it in that page's output row and go on, since
 the end of a crawler's JSONL must not sink a million-page run; training and the benchmarks keep the
 default and stop. A WARC or gzipped JSONL file that cannot be read past some point ends with one such
 row; a directory goes on with its next file.
+
+Every page is capped at `MAX_PAGE_BYTES`, the pruner's cap: a page over it is such a row, with
+`PageTooLargeError` (`payload_too_large`), and so is a JSONL line or a WARC record over four times the
+cap, which is passed over unread (a line's row is then named by its position). Nothing is read or
+inflated much past the cap: a 1 MB gzip file that inflated to 1 GiB was held whole, 2 to 5 GB.
 """
 
 from __future__ import annotations
@@ -58,11 +63,12 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, BinaryIO, Literal
 
 from service.core.content_coding import ContentCodingError, decode_content
 from service.core.decoding import parse_content_type, with_declared_encoding, without_lone_surrogates
 from service.core.errors import ErrorCode, HtmllmError
+from service.core.prune import DEFAULT_MAX_BYTES
 from service.core.warc_tail import GZIP_MAGIC, tail_problem
 
 if TYPE_CHECKING:
@@ -79,8 +85,14 @@ _SOURCE_KINDS = (
     "(.warc, .warc.gz, .warc.zst, .warc.lz4), a directory of HTML and WARC files, an HTML file "
     "(.html, .htm, optionally .gz)"
 )
-# A WARC payload's decoded size cap: far above any page worth embedding, far below a bomb's output.
-MAX_WARC_PAYLOAD_BYTES = 64 * 1024 * 1024
+# A page's byte cap: the pruner's, so the reader never hands on a page the Engine would refuse for its
+# size (nor refuses one it would take). Read at call time, so a test can lower it.
+MAX_PAGE_BYTES = DEFAULT_MAX_BYTES
+# What may be read to find one page, as a multiple of the page cap: a JSONL row holds its page JSON-
+# escaped (Chinese text doubles as `\uXXXX`, an emoji triples), a WARC record's block holds the HTTP
+# head and a body still chunked or content-coded. A row or record over it is refused unread.
+_READ_FACTOR = 4
+_SKIP_STEP = 1 << 20  # bytes read at a time to pass over the rest of a row too long to keep
 
 BadRows = Literal["raise", "report"]
 
@@ -89,6 +101,12 @@ class PageSourceError(HtmllmError):
     """A page source that cannot be read: missing path, malformed row, unknown layout."""
 
     code = ErrorCode.VALIDATION
+
+
+class PageTooLargeError(PageSourceError):
+    """A page (or the row or record holding it) over the page cap, `MAX_PAGE_BYTES`."""
+
+    code = ErrorCode.PAYLOAD_TOO_LARGE
 
 
 def valid_text(text: str) -> str:
@@ -125,6 +143,7 @@ class Page:
     url: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     error: str | None = None  # why the row could not be read (only with bad_rows="report"); html is b""
+    error_code: ErrorCode = ErrorCode.VALIDATION  # what kind of failure `error` is, when it is set
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "id", valid_text(self.id))
@@ -135,20 +154,64 @@ class Page:
 
 
 def gunzip_page(data: bytes) -> bytes:
-    """A page's raw bytes, gunzipped when they are gzip (recognised by the magic bytes)."""
-    return gzip.decompress(data) if data[:2] == GZIP_MAGIC else data
+    """A page's raw bytes, gunzipped when they are gzip (recognised by the magic bytes).
+
+    A page over `MAX_PAGE_BYTES`, gzipped or not, raises `PageTooLargeError`, found without inflating
+    more than the cap (a 1 MB gzip file can inflate to 1 GiB, which `gzip.decompress` held whole); a
+    corrupt stream raises `PageSourceError`.
+    """
+    limit = MAX_PAGE_BYTES
+    if data[:2] == GZIP_MAGIC:
+        try:
+            data = decode_content(data, "gzip", limit=limit)
+        except ContentCodingError as exc:
+            if exc.code == ErrorCode.PAYLOAD_TOO_LARGE:
+                raise PageTooLargeError(f"it inflates to more than {limit} bytes, the page cap") from None
+            raise PageSourceError(exc.message) from exc
+    if len(data) > limit:
+        raise PageTooLargeError(f"it has {len(data)} bytes, over the page cap of {limit}")
+    return data
+
+
+def read_page(handle: BinaryIO) -> bytes:
+    """One page's raw bytes from `handle` (a file, standard input), gunzipped when they are gzip; no
+    more than about the page cap is read (`gunzip_page` says what it raises)."""
+    # A gzipped page takes at most its size plus gzip's framing (5 bytes per 64 KiB stored block, a
+    # header with the file's name): a file past that bound holds more than the cap.
+    bound = MAX_PAGE_BYTES + MAX_PAGE_BYTES // 8192 + 4096
+    data = handle.read(bound + 1)
+    if len(data) > bound:
+        raise PageTooLargeError(f"it has more than {bound} bytes, over the page cap of {MAX_PAGE_BYTES}")
+    return gunzip_page(data)
 
 
 def read_page_bytes(path: Path) -> bytes:
-    """The raw bytes of one page file, gunzipped when the file is gzip."""
-    return gunzip_page(path.read_bytes())
+    """The raw bytes of one page file, gunzipped when the file is gzip (see `read_page`)."""
+    with path.open("rb") as handle:
+        return read_page(handle)
 
 
 def _read_file(path: Path, where: str) -> bytes:
     try:
         return read_page_bytes(path)
-    except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
+    except PageTooLargeError as exc:
+        raise PageTooLargeError(f"{where}: {path} is too large: {exc}") from None
+    except PageSourceError as exc:
         raise PageSourceError(f"{where}: cannot read {path}: {exc}") from exc
+    except OSError as exc:
+        raise PageSourceError(f"{where}: cannot read {path}: {exc}") from exc
+
+
+def _capped(html: bytes, where: str) -> bytes:
+    """`html` if it is within the page cap, else `PageTooLargeError`."""
+    if len(html) > MAX_PAGE_BYTES:
+        raise PageTooLargeError(f"{where}: the page has {len(html)} bytes, over the cap of {MAX_PAGE_BYTES}")
+    return html
+
+
+def _error_page(page_id: str, exc: PageSourceError, **fields: Any) -> Page:
+    """The row of a page that could not be read: no bytes, the error's message and code."""
+    return Page(id=page_id, html=b"", error=str(exc), error_code=exc.code, **fields)
 
 
 def _json_type(value: Any) -> str:
@@ -192,7 +255,7 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
         # A lone surrogate ("\ud800" is valid JSON) cannot be UTF-8: one U+FFFD, as the API reads the
         # same text (`valid_json`); passed on as its three bad bytes it had read as three U+FFFD.
         # The text is UTF-8 now, whatever charset its <meta> names.
-        html = with_declared_encoding(valid_json(html_text).encode("utf-8"), "utf-8")
+        html = _capped(with_declared_encoding(valid_json(html_text).encode("utf-8"), "utf-8"), where)
     elif file_name is not None:
         if not isinstance(file_name, str):
             raise PageSourceError(f"{where}: 'file' must be a path (a string), not {_json_type(file_name)}")
@@ -202,7 +265,7 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
         encoding = row.get("encoding")
         if encoding is not None and not isinstance(encoding, str):
             raise PageSourceError(f"{where}: 'encoding' must be a charset name, not {encoding!r}")
-        html = with_declared_encoding(_read_file(path, where), encoding)
+        html = _capped(with_declared_encoding(_read_file(path, where), encoding), where)
     else:
         raise PageSourceError(f"{where} has neither 'html' nor 'file'")
     return Page(id=page_id, html=html, url=valid_json(url) if isinstance(url, str) else None, meta=meta)
@@ -218,18 +281,32 @@ def _open_jsonl(path: Path) -> IO[bytes]:
 
 
 def _lines(handle: IO[bytes], path: Path) -> Iterator[tuple[int, bytes | PageSourceError]]:
-    """(line number, line) in order; a gzip stream that breaks off ends with the error instead."""
+    """(line number, line) in order; a line over the row bound comes as a `PageTooLargeError` (its
+    bytes passed over, never held; one of blanks only is a blank line, no row); a gzip stream that
+    breaks off ends with the error instead."""
+    limit = _READ_FACTOR * MAX_PAGE_BYTES
     line_number = 0
     while True:
         try:
-            line = handle.readline()
+            line = handle.readline(limit + 1)
+            too_long = len(line) > limit and not line.endswith(b"\n")
+            blank = too_long and line.isspace()
+            while too_long:  # the rest of the line, a step at a time
+                rest = handle.readline(_SKIP_STEP)
+                blank = blank and (not rest or rest.isspace())
+                if not rest or rest.endswith(b"\n"):
+                    break
         except (OSError, EOFError, zlib.error) as exc:
             yield line_number + 1, PageSourceError(f"{path}: cannot read past line {line_number}: {exc}")
             return
         if not line:
             return
         line_number += 1
-        yield line_number, line
+        if too_long and not blank:
+            message = f"{path}: line {line_number} has more than {limit} bytes, too many for one page"
+            yield line_number, PageTooLargeError(message)
+        elif not too_long:
+            yield line_number, line
 
 
 def _iter_jsonl(path: Path) -> Iterator[Page]:
@@ -238,8 +315,12 @@ def _iter_jsonl(path: Path) -> Iterator[Page]:
     with _open_jsonl(path) as handle:
         index = 0
         for line_number, line in _lines(handle, path):
+            if isinstance(line, PageTooLargeError):  # a row, unread: named by its position
+                yield _error_page(str(index), line)
+                index += 1
+                continue
             if isinstance(line, PageSourceError):
-                yield Page(id=str(index), html=b"", error=str(line))
+                yield _error_page(str(index), line)
                 return
             if not line.strip():
                 continue
@@ -252,7 +333,7 @@ def _iter_jsonl(path: Path) -> Iterator[Page]:
                     raise PageSourceError(f"{where} is not JSON: {exc}") from exc
                 page = _row_page(row, path.parent, index, where)
             except PageSourceError as exc:
-                page = Page(id=valid_json(_row_id(row, index)), html=b"", error=str(exc))
+                page = _error_page(valid_json(_row_id(row, index)), exc)
             yield page
             index += 1
 
@@ -280,11 +361,15 @@ def _iter_html_dir(path: Path) -> Iterator[Page]:
             yield from _iter_warc(file)
             continue
         page_id = str(file.relative_to(path))  # a name's bytes that are not UTF-8 become \xNN (Page)
-        try:
-            page = Page(id=page_id, html=_read_file(file, str(path)))
-        except PageSourceError as exc:
-            page = Page(id=page_id, html=b"", error=str(exc))
-        yield page
+        yield _file_page(page_id, file, str(path))
+
+
+def _file_page(page_id: str, path: Path, where: str) -> Page:
+    """The page of one HTML file, or its error row."""
+    try:
+        return Page(id=page_id, html=_read_file(path, where))
+    except PageSourceError as exc:
+        return _error_page(page_id, exc)
 
 
 def _head(path: Path) -> bytes:
@@ -352,12 +437,14 @@ def iter_pages(
     elif kind == "directory":
         pages = _iter_html_dir(path)
     else:
-        pages = iter([Page(id=path.name, html=_read_file(path, str(path)))])
+        pages = iter([_file_page(path.name, path, str(path))])
     for count, page in enumerate(pages):
         if limit is not None and count >= limit:
             return
         if page.error is not None and bad_rows == "raise":
-            raise PageSourceError(page.error)
+            if page.error_code == ErrorCode.PAYLOAD_TOO_LARGE:
+                raise PageTooLargeError(page.error)
+            raise PageSourceError(page.error, code=page.error_code)
         yield page
 
 
@@ -396,7 +483,9 @@ def _count_rows(path: Path, limit: int | None, stop: threading.Event | None) -> 
         for _, line in _lines(handle, path):
             if stop is not None and stop.is_set():
                 return None
-            if isinstance(line, PageSourceError):
+            if isinstance(line, PageTooLargeError):  # a row, unread
+                line = b"{"
+            elif isinstance(line, PageSourceError):
                 return rows + 1
             if not line.isspace():
                 rows += 1
@@ -425,7 +514,9 @@ def _iter_warc(path: Path) -> Iterator[Page]:
             offset, reported = record.stream_pos, False
             if record.record_type not in (WarcRecordType.response, WarcRecordType.resource):
                 continue
-            block = record.reader.read()
+            # Bounded: a record's Content-Length is the writer's word, and FastWARC passes over what
+            # is left of a record unread.
+            block = record.reader.read(_READ_FACTOR * MAX_PAGE_BYTES + 1)
         except StopIteration:
             break
         except (OSError, ValueError) as exc:
@@ -438,16 +529,17 @@ def _iter_warc(path: Path) -> Iterator[Page]:
             "warc_file": valid_text(path.name),
             "warc_date": record.headers.get("WARC-Date"),
         }
-        reported = len(block) < record.content_length
+        too_large = len(block) > _READ_FACTOR * MAX_PAGE_BYTES
+        reported = not too_large and len(block) < record.content_length
         try:
             if reported:
                 # Only the file's last record can be short, and what it was cannot be trusted: report it.
                 raise PageSourceError(
                     f"{where} is cut off: {len(block)} of its {record.content_length} bytes"
                 )
-            page = _warc_page(record, block, page_id, url, meta, where)
+            page = _warc_page(record, block, page_id, url, meta, where, too_large=too_large)
         except PageSourceError as exc:
-            page = Page(id=page_id, html=b"", url=url, meta=meta, error=str(exc))
+            page = _error_page(page_id, exc, url=url, meta=meta)
         if page is not None:
             yield page
     # FastWARC ends quietly (or hands back an empty record) where a killed writer cut the file inside a
@@ -467,9 +559,17 @@ def _warc_error(path: Path, offset: int, message: str) -> Page:
 
 
 def _warc_page(
-    record: WarcRecord, block: bytes, page_id: str, url: str | None, meta: dict[str, Any], where: str
+    record: WarcRecord,
+    block: bytes,
+    page_id: str,
+    url: str | None,
+    meta: dict[str, Any],
+    where: str,
+    *,
+    too_large: bool,
 ) -> Page | None:
-    """The page a record holds, None for a record that holds no HTML page."""
+    """The page a record holds, None for a record that holds no HTML page. `too_large`: `block` is only
+    the start of a record over the read bound, enough to tell whether it holds a page (then refused)."""
     from fastwarc.warc import HeaderMap, WarcRecordType
 
     content_type = record.headers.get("Content-Type") or ""
@@ -497,11 +597,17 @@ def _warc_page(
     truncated = record.headers.get("WARC-Truncated")
     if truncated:
         meta["warc_truncated"] = truncated
+    if too_large:
+        raise PageTooLargeError(
+            f"{where} has {record.content_length} bytes, over the {_READ_FACTOR * MAX_PAGE_BYTES} read "
+            f"for one page of at most {MAX_PAGE_BYTES}"
+        )
     try:
-        body = decode_content(body, coding, limit=MAX_WARC_PAYLOAD_BYTES)
+        body = decode_content(body, coding, limit=MAX_PAGE_BYTES)
     except ContentCodingError as exc:
-        raise PageSourceError(f"{where}: {exc.message}") from exc
-    return Page(id=page_id, html=with_declared_encoding(body, charset), url=url, meta=meta)
+        raise PageSourceError(f"{where}: {exc.message}", code=exc.code) from exc
+    html = _capped(with_declared_encoding(body, charset), where)
+    return Page(id=page_id, html=html, url=url, meta=meta)
 
 
 def _dechunk(body: bytes) -> bytes:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import time
+import tracemalloc
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +15,7 @@ from typing import Any
 import pytest
 
 from service.cli import main
+from service.core import pages
 from tests.factories.cli import cli, kill_minus_nine_when, write_pages
 
 OLD = "the previous run's rows\n"
@@ -264,3 +268,42 @@ def test_standard_output_is_written_as_rows_come_and_leaves_nothing_to_resume(
     assert [json.loads(line)["id"] for line in captured.out.splitlines()] == ["r0", "r1", "r2"]
     assert "3 pages, 3 failed" in captured.err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
+def test_pages_over_the_cap_are_error_rows_read_in_bounded_memory_and_resumed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A line that inflates to 64 MiB (1 GiB once took 43 s and 5.2 GB, and its page was extracted) and a
+    page over the cap each get their row, payload_too_large, and the run resumes over them as over any
+    other row. The cap is lowered to 1 KiB (rows up to 4 KiB) so the test needs no 16 MiB page."""
+    monkeypatch.setattr(pages, "MAX_PAGE_BYTES", 1024)
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    bomb = [compressor.compress(b'{"id": "bomb", "html": "')]
+    bomb += [compressor.compress(b" " * (1 << 20)) for _ in range(64)]
+    bomb += [compressor.compress(b'"}\n'), compressor.flush()]
+    source = tmp_path / "in.jsonl.gz"
+    source.write_bytes(
+        gzip.compress(b'{"id": "r0"}\n')
+        + b"".join(bomb)
+        + gzip.compress(json.dumps({"id": "big", "html": "x" * 2000}).encode() + b'\n{"id": "r3"}\n')
+    )
+    output = tmp_path / "out.jsonl"
+    args = _args(source, output, "--part-size", "1")
+    tracemalloc.start()
+    try:
+        _stop_before_merge(monkeypatch, args)  # every row extracted, the merge left to the resume
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "4 pages, 4 failed" in capsys.readouterr().err
+    rows = _rows(output)
+    assert [(row["id"], row["error"]["code"]) for row in rows] == [
+        ("r0", "validation_error"),
+        ("1", "payload_too_large"),  # its id was never read: named by its position
+        ("big", "payload_too_large"),
+        ("r3", "validation_error"),
+    ]
+    assert "line 2 has more than 4096 bytes" in rows[1]["error"]["message"]

@@ -1,14 +1,20 @@
-"""`htmllm prune`: a reader that stops early ends the command quietly."""
+"""`htmllm prune`: a reader that stops early ends the command quietly; a page over the cap is refused
+without being read or inflated whole."""
 
 from __future__ import annotations
 
+import gzip
+import io
 import os
 import sys
+import tracemalloc
+import zlib
 from pathlib import Path
 
 import pytest
 
 from service.cli import main
+from service.core import pages
 
 
 def test_a_closed_pipe_ends_the_command_quietly(
@@ -28,3 +34,59 @@ def test_a_closed_pipe_ends_the_command_quietly(
     finally:
         stdout.close()
     assert capsys.readouterr().err == ""
+
+
+def _bomb(size: int) -> bytes:
+    """`<p>` and `size` spaces, gzipped, built a MiB at a time (about 1 KB per MiB)."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    step = b" " * (1 << 20)
+    inflated = [compressor.compress(step) for _ in range(size >> 20)]
+    return b"".join([compressor.compress(b"<p>"), *inflated, compressor.flush()])
+
+
+def _pruned(args: list[str]) -> tuple[int, int]:
+    """`htmllm prune` run here: its status, and the most memory Python allocated meanwhile."""
+    tracemalloc.start()
+    try:
+        return main(["prune", *args]), tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_gzip_bomb_is_refused_without_inflating_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # gzip.decompress held the whole page: a 1 MB file inflating to 1 GiB took 2 GB before the pruner's
+    # cap refused it. Here the cap is lowered to 1 MiB and the page inflates to 64.
+    monkeypatch.setattr(pages, "MAX_PAGE_BYTES", 1 << 20)
+    bomb = tmp_path / "bomb.html.gz"
+    bomb.write_bytes(_bomb(64 << 20))
+    status, peak = _pruned([str(bomb)])
+    assert status == 1
+    assert "payload_too_large" in capsys.readouterr().err
+    assert peak < 8 << 20
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(bomb.read_bytes())))
+    status, peak = _pruned(["-"])
+    assert status == 1
+    assert "payload_too_large" in capsys.readouterr().err
+    assert peak < 8 << 20
+
+
+def test_standard_input_is_read_no_further_than_the_cap(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pages, "MAX_PAGE_BYTES", 1 << 20)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"<p>" + b"x" * (32 << 20))))
+    status, peak = _pruned(["-"])  # read() held all 32 MiB before the pruner refused the page
+    assert status == 1
+    assert "payload_too_large" in capsys.readouterr().err
+    assert peak < 4 << 20
+
+
+def test_a_corrupt_gzip_page_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    page = tmp_path / "cut.html.gz"
+    page.write_bytes(gzip.compress(b"<p>" + b"words " * 1000)[:40])
+    assert main(["prune", str(page)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"htmllm prune: cannot read {page}: ") and err.count("\n") == 1

@@ -8,6 +8,8 @@ import json
 import os
 import re
 import threading
+import tracemalloc
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,8 +18,10 @@ import pytest
 import zstandard
 from fastwarc.stream_io import Lz4Writer
 
+from service.core import pages
 from service.core.decoding import decode_html
-from service.core.pages import PageSourceError, count_pages, iter_pages
+from service.core.errors import ErrorCode
+from service.core.pages import PageSourceError, PageTooLargeError, count_pages, iter_pages
 from service.core.prune import prune_html
 from tests.factories.warc import HttpResponse, response, warc_gz, warc_record
 
@@ -518,3 +522,157 @@ def test_count_pages_agrees_with_iter_pages_where_it_counts(tmp_path: Path) -> N
     stop = threading.Event()
     stop.set()
     assert count_pages(tmp_path / "plain.jsonl", stop=stop) is None
+
+
+# ---------------------------------------------------------------------------------------------------
+# The page cap: a page over it is that page's error row, found without reading or inflating it whole
+
+
+def gzip_bomb(prefix: bytes, size: int, suffix: bytes = b"") -> bytes:
+    """Gzip of `prefix`, `size` spaces and `suffix`, built without holding the spaces (a few KB per MiB)."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    step = b" " * (1 << 20)
+    out = [compressor.compress(prefix)]
+    for _ in range(size >> 20):
+        out.append(compressor.compress(step))
+    out += [compressor.compress(suffix), compressor.flush()]
+    return b"".join(out)
+
+
+def traced_peak(work: Callable[[], object]) -> tuple[object, int]:
+    """What `work()` returns, and the most memory Python had allocated while it ran."""
+    tracemalloc.start()
+    try:
+        result = work()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.fixture
+def cap_1_kib(monkeypatch: pytest.MonkeyPatch) -> int:
+    """A page cap of 1 KiB (rows up to 4 KiB), so the tests need no 16 MiB pages."""
+    monkeypatch.setattr(pages, "MAX_PAGE_BYTES", 1024)
+    return 1024
+
+
+def test_a_page_at_the_cap_is_read_and_one_byte_over_is_its_error_row(tmp_path: Path, cap_1_kib: int) -> None:
+    at_cap, over = "x" * cap_1_kib, "x" * (cap_1_kib + 1)
+    (tmp_path / "at.html").write_text(at_cap)
+    (tmp_path / "over.html").write_text(over)
+    (tmp_path / "over.html.gz").write_bytes(gzip.compress(over.encode()))
+    rows = [{"id": "at", "html": at_cap}, {"id": "over", "html": over}, {"id": "file", "file": "over.html"}]
+    (tmp_path / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    read = list(iter_pages(tmp_path, bad_rows="report"))
+    assert [(p.id, p.error_code if p.error else None) for p in read] == [
+        ("at", None),
+        ("over", ErrorCode.PAYLOAD_TOO_LARGE),
+        ("file", ErrorCode.PAYLOAD_TOO_LARGE),
+    ]
+    assert read[0].html == at_cap.encode() and read[1].html == b""
+    assert "over the cap of 1024" in (read[1].error or "")
+    for single in ("at.html", "over.html", "over.html.gz"):
+        (page,) = iter_pages(tmp_path / single, bad_rows="report")  # a single file: its one row
+        assert (page.error is None) == (single == "at.html"), single
+    with pytest.raises(PageTooLargeError) as raised:
+        list(iter_pages(tmp_path / "over.html.gz"))
+    assert raised.value.code == ErrorCode.PAYLOAD_TOO_LARGE
+
+
+def test_a_gzip_bomb_file_is_refused_without_inflating_it(tmp_path: Path, cap_1_kib: int) -> None:
+    # gzip.decompress held all 4 MiB (a 1 MB file inflating to 1 GiB took `htmllm prune` 2 GB); a file
+    # too large to hold a page of the cap even gzipped is not read at all.
+    (tmp_path / "a.html").write_bytes(b"<p>a</p>")
+    bomb = gzip_bomb(b"<p>", 4 << 20)
+    assert len(bomb) < 5 * cap_1_kib
+    (tmp_path / "bomb.html.gz").write_bytes(bomb)
+    (tmp_path / "c.html").write_bytes(b"<p>c</p>")
+    (tmp_path / "d.html").write_bytes(b"<p>" + b"d" * (4 << 20))
+    read, peak = traced_peak(lambda: list(iter_pages(tmp_path, bad_rows="report")))
+    assert isinstance(read, list)
+    assert [(p.id, p.error_code if p.error else None) for p in read] == [
+        ("a.html", None),
+        ("bomb.html.gz", ErrorCode.PAYLOAD_TOO_LARGE),
+        ("c.html", None),
+        ("d.html", ErrorCode.PAYLOAD_TOO_LARGE),
+    ]
+    assert "inflates to more than 1024 bytes" in (read[1].error or "")
+    assert "has more than 5120 bytes" in (read[3].error or "")
+    assert peak < 1 << 20
+
+
+def test_a_row_over_the_row_bound_is_its_error_row_and_never_held(tmp_path: Path, cap_1_kib: int) -> None:
+    """Rows are read at most 4x the cap at a time (room for JSON escapes): a longer line is one error row
+    at its position, passed over unread; a line of blanks only stays a blank line, no row."""
+    lines = [
+        json.dumps({"id": "a", "html": "<p>a</p>"}),
+        json.dumps({"id": "long", "html": "x" * 10_000}),  # over the row bound: its id is never read
+        " " * 10_000,  # blank
+        json.dumps({"id": "escaped", "html": "中" * 300}),  # 1,800 bytes of \uXXXX for 900 bytes of page
+        json.dumps({"id": "big", "html": "é" * 600}),  # a row within the bound, a page over the cap
+        json.dumps({"id": "b", "html": "<p>b</p>"}),
+    ]
+    data = ("\n".join(lines) + "\n").encode()
+    (tmp_path / "rows.jsonl").write_bytes(data)
+    (tmp_path / "rows.jsonl.gz").write_bytes(gzip.compress(data))
+    for name in ("rows.jsonl", "rows.jsonl.gz"):
+        read = list(iter_pages(tmp_path / name, bad_rows="report"))
+        assert [(p.id, p.error_code if p.error else None) for p in read] == [
+            ("a", None),
+            ("1", ErrorCode.PAYLOAD_TOO_LARGE),
+            ("escaped", None),
+            ("big", ErrorCode.PAYLOAD_TOO_LARGE),
+            ("b", None),
+        ], name
+        assert "line 2 has more than 4096 bytes" in (read[1].error or "")
+        assert "line 5: the page has 1200 bytes" in (read[3].error or "")
+        assert count_pages(tmp_path / name) == len(read)
+    with pytest.raises(PageTooLargeError, match="line 2"):
+        list(iter_pages(tmp_path / "rows.jsonl"))
+
+
+def test_a_jsonl_gz_line_that_inflates_to_a_bomb_is_never_held(tmp_path: Path, cap_1_kib: int) -> None:
+    # readline() without a bound held the whole line (1 GiB: `htmllm extract` took 5.2 GB and 43 s).
+    source = tmp_path / "bomb.jsonl.gz"
+    source.write_bytes(
+        gzip.compress(b'{"id": "a", "html": "<p>a</p>"}\n')
+        + gzip_bomb(b'{"id": "bomb", "html": "', 64 << 20, b'"}\n')
+        + gzip.compress(b'{"id": "b", "html": "<p>b</p>"}\n')
+    )
+    read, peak = traced_peak(lambda: list(iter_pages(source, bad_rows="report")))
+    assert isinstance(read, list)
+    assert [(p.id, p.error_code if p.error else None) for p in read] == [
+        ("a", None),
+        ("1", ErrorCode.PAYLOAD_TOO_LARGE),
+        ("b", None),
+    ]
+    assert peak < 8 << 20
+    counted, peak = traced_peak(lambda: count_pages(source))
+    assert counted == 3 and peak < 8 << 20
+
+
+def test_warc_records_over_the_cap_are_error_rows_and_never_held(tmp_path: Path, cap_1_kib: int) -> None:
+    records = [
+        response("good", HttpResponse(b"<p>good</p>")),
+        response("long", HttpResponse(b"<p>" + b"x" * (64 << 20))),  # read 4 KiB of it, no more
+        response("image", HttpResponse(b"\x89PNG" + b"\0" * 10_000, "image/png")),  # no page: skipped
+        response("bomb", HttpResponse(gzip_bomb(b"<p>", 64 << 20), headers={"Content-Encoding": "gzip"})),
+        response("over", HttpResponse(b"<p>" + b"x" * 2000)),  # a block within the bound, a page over
+        warc_record("resource", b"<p>" + b"y" * 10_000, record_type="resource", content_type="text/html"),
+        response("after", HttpResponse(b"<p>after</p>")),
+    ]
+    path = tmp_path / "big.warc.gz"
+    path.write_bytes(warc_gz(records))
+    del records
+    read, peak = traced_peak(lambda: list(iter_pages(path, bad_rows="report")))
+    assert isinstance(read, list)
+    assert [(p.id, p.error_code if p.error else None) for p in read] == [
+        ("<urn:uuid:good>", None),
+        ("<urn:uuid:long>", ErrorCode.PAYLOAD_TOO_LARGE),
+        ("<urn:uuid:bomb>", ErrorCode.PAYLOAD_TOO_LARGE),
+        ("<urn:uuid:over>", ErrorCode.PAYLOAD_TOO_LARGE),
+        ("<urn:uuid:resource>", ErrorCode.PAYLOAD_TOO_LARGE),
+        ("<urn:uuid:after>", None),
+    ]
+    assert read[1].url == "https://example.com/" and read[1].meta["http_status"] == 200
+    assert peak < 8 << 20

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import random
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from service.core.extract.pool import (
     default_pool,
     default_workers,
 )
+from service.core.extract.word_count import count_words
 
 __all__ = [
     "ALL",
@@ -135,29 +135,6 @@ class Extraction:
     language: str | None  # the language jusText's stoplist was chosen for; None for the others
     encoding: str  # the codec `decode_html` used
     attempts: tuple[Attempt, ...]
-
-
-# Han ideographs (with extensions and compatibility forms), Hiragana and Katakana (with the half-width
-# forms): Chinese and Japanese put no spaces between words, so each of these characters counts as one
-# word, as word processors count them. Without this a Chinese article of 2,000 characters had 40
-# "words" and the union's 50-word filter refused every Chinese and Japanese page.
-_UNSPACED_CHAR = re.compile(
-    "[\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f]"
-)
-# Their punctuation (、。「」, full-width ，！？) stands between words like a space, and is no word.
-_UNSPACED_PUNCTUATION = re.compile("[\u3000-\u303f\uff01-\uff0f\uff1a-\uff20\uff3b-\uff40\uff5b-\uff65]")
-
-
-def count_words(text: str) -> int:
-    """Whitespace-separated words, the yield measure of the paper, with every Chinese or Japanese
-    character counted as a word of its own (those scripts put no spaces between words)."""
-    if text.isascii():
-        return len(text.split())
-    unspaced = len(_UNSPACED_CHAR.findall(text))
-    if not unspaced:
-        return len(text.split())
-    spaced = _UNSPACED_PUNCTUATION.sub(" ", _UNSPACED_CHAR.sub(" ", text))
-    return unspaced + len(spaced.split())
 
 
 def resolve_order(order: Sequence[str] | str, *, seed: int | None = None, text: str = "") -> tuple[str, ...]:

@@ -29,6 +29,7 @@ union skips it and tries the next one.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Final
@@ -64,13 +65,29 @@ LIMITS: Final[dict[str, ExtractorLimits]] = {
     JUSTEXT: ExtractorLimits(max_tags=50_000, max_nesting_work=2_000_000, libxml2=True),
 }
 
-# Start and end tags of the elements libxml2 nests where an HTML5 parser does not. A name ends at HTML
-# whitespace, "/" or ">", as in the pruner's scan.
-_LIBXML2_NESTING = re.compile(
-    r"<(/?)(thead|tfoot|caption|nobr|button|embed|wbr)(?=[\t\n\f\r />])", re.IGNORECASE
-)
-# Table structure, for the cells of one row: a `<tr>` starts a row, a nested table has rows of its own.
-_TABLE_TAG = re.compile(r"<(/?)(table|tr|td|th)(?=[\t\n\f\r />])", re.IGNORECASE)
+# The elements libxml2 nests where an HTML5 parser does not. A name ends at HTML whitespace, "/" or
+# ">", as in the pruner's scan.
+_LIBXML2_NAMES = ("thead", "tfoot", "caption", "nobr", "button", "embed", "wbr")
+_NAME_END = r"(?=[\t\n\f\r />])"
+# Table structure, for the cells of one row: a `<tr>` starts a row, a nested table has rows of its own;
+# `</table>` matters only inside a table, and `</tr>`, `</td>`, `</th>` never do.
+_TABLE_START = re.compile(rf"<(table|tr|td|th){_NAME_END}", re.IGNORECASE)
+_TABLE_START_OR_END = re.compile(rf"<(?:(table|tr|td|th)|/(table)){_NAME_END}", re.IGNORECASE)
+
+
+@functools.cache
+def _libxml2_tags(open_names: frozenset[str]) -> re.Pattern[str]:
+    """Start tags of libxml2's extra nesting elements, and end tags of those in `open_names`.
+
+    An end tag of an element none of which is open changes nothing, so it is not even matched: the
+    scan then takes one step per start tag and one per end tag that closes one, not one per end tag
+    (a 16 MiB page of `</wbr>` after a few thousand tags held 364 MB of matches and took 0.9 s of the
+    server's thread). A name matched through Unicode case folding ("captıon") is not one of ours and
+    has every end tag matched, as all were before.
+    """
+    ends = sorted(open_names) if open_names <= frozenset(_LIBXML2_NAMES) else _LIBXML2_NAMES
+    end_tags = f"|/({'|'.join(ends)})" if ends else ""
+    return re.compile(rf"<(?:({'|'.join(_LIBXML2_NAMES)}){end_tags}){_NAME_END}", re.IGNORECASE)
 
 
 class PageShape:
@@ -110,16 +127,20 @@ class PageShape:
         if self._libxml2_depth is None:
             open_elements: dict[str, int] = {}
             depth = most = 0
-            for slash, name in _LIBXML2_NESTING.findall(self._text):
-                name = name.lower()
-                if slash:
-                    if open_elements.get(name):
-                        open_elements[name] -= 1
-                        depth -= 1
-                else:
+            position = 0
+            while match := _libxml2_tags(frozenset(open_elements)).search(self._text, position):
+                position = match.end()
+                start = match.group(1)
+                if start is not None:
+                    name = start.lower()
                     open_elements[name] = open_elements.get(name, 0) + 1
                     depth += 1
                     most = max(most, depth)
+                elif open_elements.get(name := match.group(2).lower()):
+                    open_elements[name] -= 1
+                    if not open_elements[name]:
+                        del open_elements[name]  # its end tags no longer matter
+                    depth -= 1
             self._libxml2_depth = most
         return self._libxml2_depth
 
@@ -129,17 +150,23 @@ class PageShape:
         if limit not in self._row_cells:
             rows = [0]  # the current row's cells, per open table (the outermost entry: outside tables)
             most = 0
-            for slash, name in _TABLE_TAG.findall(self._text):
+            position = 0
+            while True:
+                pattern = _TABLE_START_OR_END if len(rows) > 1 else _TABLE_START
+                match = pattern.search(self._text, position)
+                if match is None:
+                    break
+                position = match.end()
+                name = match.group(1)
+                if name is None:  # </table>
+                    rows.pop()
+                    continue
                 name = name.lower()
                 if name == "table":
-                    if not slash:
-                        rows.append(0)
-                    elif len(rows) > 1:
-                        rows.pop()
+                    rows.append(0)
                 elif name == "tr":
-                    if not slash:
-                        rows[-1] = 0
-                elif not slash:
+                    rows[-1] = 0
+                else:
                     rows[-1] += 1
                     if rows[-1] > most:
                         most = rows[-1]
