@@ -1,5 +1,6 @@
 """The in-flight body budget (`HTMLLM_MAX_INFLIGHT_BYTES`): bodies held at once are bounded, a body past
-the bound is a 429 the client can read, and every byte charged is given back."""
+the bound is a 429 the client can read, and every byte charged is given back. Compressed bodies: where
+they are decoded, and how many codings are undone."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.api.conftest import tiny_settings
+from service.api import limits
+from service.api.limits import INLINE_DECODE_BYTES, INLINE_DECODED_BYTES
+from service.core.content_coding import MAX_CODINGS, decode_content
+from tests.api.conftest import SettingsFactory, app_client, tiny_settings
 from tests.api.live import LiveServer, live_server
 from tests.api.pages import page
 from tests.api.test_server import metric
@@ -289,3 +293,49 @@ def test_expect_100_continue_refused_mid_body_is_drained(budget_server: LiveServ
         )
         head, body = _read_response(sock)
         assert head.startswith(b"HTTP/1.1 200 "), (head, body[:300])
+
+
+async def test_a_small_body_that_decodes_large_is_decoded_off_the_event_loop(
+    settings_for: SettingsFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body's compressed size says nothing of the work of decoding it: 49,770 bytes of stacked gzip
+    held the event loop 8.6 s. A small body is decoded on the loop only up to INLINE_DECODED_BYTES of
+    output; past that, again on a worker thread, up to the body cap."""
+    loop_thread = threading.get_ident()  # the app runs on the test's loop
+    calls: list[tuple[bool, int]] = []  # (on the loop's thread, the limit decoded to)
+
+    def recorded(body: bytes, coding: str, *, limit: int, limit_name: str = "") -> bytes:
+        calls.append((threading.get_ident() == loop_thread, limit))
+        return decode_content(body, coding, limit=limit, limit_name=limit_name)
+
+    monkeypatch.setattr(limits, "decode_content", recorded)
+    small, large = page(1).encode(), _page_of(2 * INLINE_DECODED_BYTES, 2)
+    headers = {"content-type": "text/html", "content-encoding": "gzip"}
+    async with app_client(settings_for(max_body_bytes=4 * MIB)) as client:
+        for html in (small, large):
+            body = gzip.compress(html)
+            assert len(body) <= INLINE_DECODE_BYTES
+            response = await client.post("/v1/preprocess", content=body, headers=headers)
+            assert response.status_code == 200, response.text[:300]
+    assert calls == [(True, INLINE_DECODED_BYTES), (True, INLINE_DECODED_BYTES), (False, 4 * MIB)]
+
+
+async def test_more_codings_than_the_cap_are_415(settings_for: SettingsFactory) -> None:
+    """As an unknown coding is: a client that lists 2,002 gets a clear answer, not 8.6 s of decoding."""
+    html = page(3).encode()
+    stacked = html
+    for _ in range(MAX_CODINGS):
+        stacked = gzip.compress(stacked)
+    async with app_client(settings_for()) as client:
+        for count, status in ((MAX_CODINGS, 200), (MAX_CODINGS + 1, 415), (2002, 415)):
+            body = gzip.compress(stacked) if count > MAX_CODINGS else stacked
+            response = await client.post(
+                "/v1/preprocess",
+                content=body,
+                headers={"content-type": "text/html", "content-encoding": ", ".join(["gzip"] * count)},
+            )
+            assert response.status_code == status, (count, response.text[:300])
+            if status == 415:
+                error = response.json()["error"]
+                assert error["code"] == "unsupported_media_type"
+                assert f"more than {MAX_CODINGS} codings" in error["message"]

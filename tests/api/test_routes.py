@@ -513,6 +513,26 @@ async def test_json_with_a_byte_order_mark_or_lone_surrogate_escapes(client: htt
         assert refused.status_code == 422 and refused.json()["error"]["code"] == "validation_error"
 
 
+async def test_no_json_body_is_a_500_or_parsed_past_a_bound(client: httpx.AsyncClient) -> None:
+    """Arrays nested 1,000 deep after a lone surrogate escape were a 500 (the repair's parser recursed);
+    a field of 5.6 million empty arrays that no route reads was parsed in full (5.1 s of CPU, 750 MB).
+    Both are a 422 on every JSON route now, the second before pydantic parses anything."""
+    deep = b"[" * 1000 + b"]" * 1000
+    junk = b"[" + b"[]," * 20_000 + b"[]]"
+    for route, head in (
+        ("/v1/embed", b'{"documents": [{"html": "\\ud800"}], "x": '),
+        ("/v1/preprocess", b'{"documents": [{"html": "\\ud800"}], "x": '),
+        ("/v1/extract", b'{"documents": [{"html": "\\ud800"}], "x": '),
+        ("/v1/embeddings", b'{"input": "\\ud800", "x": '),
+        ("/embed", b'{"inputs": "\\ud800", "x": '),
+    ):
+        for tail, says in ((deep, "recursion limit exceeded"), (junk, "list items and objects")):
+            response = await client.post(route, content=head + tail + b"}")
+            assert response.status_code == 422, (route, response.text[:300])
+            error = response.json()["error"]
+            assert error["code"] == "validation_error" and says in error["message"], (route, error)
+
+
 async def test_result_cache_over_http(settings_for: SettingsFactory) -> None:
     body = {"documents": [{"html": page(3)}]}
     async with app_client(settings_for(result_cache_documents=16)) as client:

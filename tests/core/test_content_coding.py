@@ -11,7 +11,13 @@ import brotli
 import pytest
 import zstandard
 
-from service.core.content_coding import MAX_PARTS, ContentCodingError, decode_content, parse_codings
+from service.core.content_coding import (
+    MAX_CODINGS,
+    MAX_PARTS,
+    ContentCodingError,
+    decode_content,
+    parse_codings,
+)
 from service.core.errors import ErrorCode
 
 PAGE = ("<html><body>" + "<p>Příliš žluťoučký kůň úpěl ďábelské ódy.</p>" * 400 + "</body></html>").encode()
@@ -144,3 +150,20 @@ def test_unknown_codings_are_unsupported_media_type() -> None:
             decode_content(b"x", header, limit=10)
         assert caught.value.code is ErrorCode.UNSUPPORTED_MEDIA_TYPE
         assert "unsupported Content-Encoding" in caught.value.message
+
+
+def test_more_codings_than_the_cap_are_unsupported() -> None:
+    """Each layer was capped at the limit but their number was not: 49,770 bytes of gzip listed 2,002
+    deep (stored layers around a 9 MiB page) took 8.6 s to decode. `identity` does not count."""
+    stacked = PAGE
+    for _ in range(MAX_CODINGS):
+        stacked = gzip.compress(stacked)
+    header = ", ".join(["gzip", "identity"] * MAX_CODINGS)
+    assert decode_content(stacked, header, limit=len(PAGE)) == PAGE
+    assert parse_codings(header) == ["gzip"] * MAX_CODINGS
+    # One layer more is refused before any is undone, as an unknown coding is.
+    for count in (MAX_CODINGS + 1, 2002):
+        with pytest.raises(ContentCodingError) as caught:
+            decode_content(gzip.compress(stacked), ", ".join(["gzip"] * count), limit=10**9)
+        assert caught.value.code is ErrorCode.UNSUPPORTED_MEDIA_TYPE
+        assert f"more than {MAX_CODINGS} codings" in caught.value.message

@@ -1,0 +1,130 @@
+"""JSON bodies: their structure bounded before pydantic parses them, the lone-surrogate repair never a
+500, and validation errors that do not echo what was sent."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from pydantic import BaseModel
+
+from service.api.documents import MAX_JSON_MARKS, _json_marks, json_marks_limit, parse_json
+from service.api.schemas import EmbedRequest, OpenAIEmbeddingsRequest
+from service.core.errors import ErrorCode, HtmllmError
+
+# What a page's text, script and style put inside JSON strings: every mark counted outside them.
+TRICKY = ['"', "\\", ",", "[", "{", "]", "}", ":", "a", " ", "\\u00e9", "\n"]
+
+
+def _marks(value: object) -> int:
+    """The commas, `[` and `{` that `json.dumps(value)` writes outside strings, from the value itself."""
+    if isinstance(value, list):
+        return 1 + max(len(value) - 1, 0) + sum(_marks(item) for item in value)
+    if isinstance(value, dict):
+        return 1 + max(len(value) - 1, 0) + sum(_marks(item) for item in value.values())
+    return 0
+
+
+def _value(rng: random.Random, depth: int = 0) -> object:
+    kind = rng.choice(["str", "str", "num", "list", "dict"] if depth < 4 else ["str", "num"])
+    if kind == "str":
+        return "".join(rng.choice(TRICKY) for _ in range(rng.randint(0, 12))) + "\\" * rng.randint(0, 3)
+    if kind == "num":
+        return rng.choice([0, -1.5, True, None])
+    if kind == "list":
+        return [_value(rng, depth + 1) for _ in range(rng.randint(0, 4))]
+    return {str(_value(rng, 4)): _value(rng, depth + 1) for _ in range(rng.randint(0, 4))}
+
+
+def _check(body: bytes, want: int) -> None:
+    for most in {0, want - 1, want, want + 1, 10 * want}:
+        got = _json_marks(body, most)
+        assert got == want if want <= most else got > most, (body[:200], most, got, want)
+
+
+def test_marks_are_counted_outside_strings_only() -> None:
+    """Against a count made from the parsed value: escaped quotes, escaped backslashes before a quote,
+    and brackets in strings never count; the JSON is written the ways clients write it."""
+    rng = random.Random(7)
+    for _ in range(2000):
+        value = _value(rng)
+        for ensure_ascii, indent in ((True, None), (False, None), (False, 1)):
+            _check(json.dumps(value, ensure_ascii=ensure_ascii, indent=indent).encode(), _marks(value))
+
+
+@pytest.mark.parametrize("run", [1, 2, 3, 63, 64, 65, 200, 201])
+@pytest.mark.parametrize("strings", [1, 1000, 1001])
+def test_runs_of_backslashes_before_a_quote(run: int, strings: int) -> None:
+    """A quote after a run of backslashes closes its string when the run is even: a few short runs are
+    measured one by one, many or long ones the other way; both agree."""
+    value = [["a" + "\\" * run, "x,y[{"] for _ in range(strings)] + [[] for _ in range(20)]
+    _check(json.dumps(value).encode(), _marks(value))
+    # An odd run escapes the quote, and the string runs on to the end.
+    assert _json_marks(b'["' + b"\\" * run + b'", [], []]', 100) == (1 if run % 2 else 5)
+
+
+def test_an_unterminated_string_runs_to_the_end() -> None:
+    assert _json_marks(b'{"a": [1, 2], "b": "x,[{', 100) == 4
+    assert _json_marks(b"", 0) == 0
+
+
+def test_junk_in_a_field_no_route_reads_is_refused_before_parsing() -> None:
+    """16.7 MB of `"x": [[],[],...]` was parsed in full: 5.1 s of CPU and 750 MB for a 422 on /v1/embed,
+    and accepted after 1.2 s on /v1/embeddings (which ignores unknown fields)."""
+    junk = b"[" + b"[]," * MAX_JSON_MARKS + b"[]]"
+    bodies: dict[type[BaseModel], bytes] = {
+        EmbedRequest: b'{"documents": [{"html": "<p>hi</p>"}], "x": ' + junk + b"}",
+        OpenAIEmbeddingsRequest: b'{"input": "<p>hi</p>", "x": ' + junk + b"}",
+    }
+    for model, body in bodies.items():
+        with pytest.raises(HtmllmError) as caught:
+            parse_json(model, body)
+        assert caught.value.code is ErrorCode.VALIDATION
+        assert f"more than {MAX_JSON_MARKS} list items and objects" in caught.value.message
+    # After a lone surrogate (the repair parses the body again, in Python) and as many strings.
+    strings = b'{"input": "\\ud800", "x": [' + b'"",' * MAX_JSON_MARKS + b'""]}'
+    with pytest.raises(HtmllmError, match="list items and objects"):
+        parse_json(OpenAIEmbeddingsRequest, strings)
+
+
+def test_pages_full_of_brackets_and_quotes_pass() -> None:
+    """What counts is outside strings: 64 pages of script, style and attributes are a few hundred."""
+    html = '<script>var a = {"b": [1, 2, "\\\\"]};</script><p class="x,y">[{' * 5000
+    body = json.dumps({"documents": [{"html": html, "id": str(i), "url": "u"} for i in range(64)]})
+    parsed = parse_json(EmbedRequest, body.encode())
+    assert len(parsed.documents) == 64 and parsed.documents[0].html == html
+
+
+def test_the_cap_grows_with_the_document_cap() -> None:
+    assert json_marks_limit(64) == MAX_JSON_MARKS
+    many = 3000
+    body = json.dumps({"documents": [{"html": "<p>x</p>", "id": str(i), "url": "u"} for i in range(many)]})
+    with pytest.raises(HtmllmError, match="list items and objects"):
+        parse_json(EmbedRequest, body.encode())
+    assert len(parse_json(EmbedRequest, body.encode(), max_marks=json_marks_limit(many)).documents) == many
+
+
+@pytest.mark.parametrize("depth", [300, 1000, 3000])
+def test_deep_nesting_after_a_lone_surrogate_is_a_validation_error(depth: int) -> None:
+    """pydantic refused the surrogate before it reached the nesting; the repair's `json.loads` then
+    raised RecursionError, a 500. pydantic refuses nesting past 200 levels: so does the repair."""
+    for model, head in (
+        (OpenAIEmbeddingsRequest, b'{"input": "\\ud800", "x": '),
+        (EmbedRequest, b'{"documents": [{"html": "\\ud800"}], "x": '),
+    ):
+        with pytest.raises(HtmllmError) as caught:
+            parse_json(model, head + b"[" * depth + b"]" * depth + b"}")
+        assert caught.value.code is ErrorCode.VALIDATION
+        assert "recursion limit exceeded" in caught.value.message
+
+
+def test_validation_errors_do_not_echo_the_body() -> None:
+    """A field's name is cut short in the message: an unknown key may be megabytes long."""
+    key = "k" * 1_000_000
+    body = json.dumps({"documents": [{"html": "<p>x</p>", key: 1}], key: [1, 2]}).encode()
+    with pytest.raises(HtmllmError) as caught:
+        parse_json(EmbedRequest, body)
+    assert caught.value.code is ErrorCode.VALIDATION
+    assert "Extra inputs are not permitted" in caught.value.message
+    assert len(caught.value.message) < 500
