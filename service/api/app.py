@@ -143,6 +143,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         body_timeout_s=settings.body_timeout_s,
         max_inflight_bytes=settings.max_inflight_bytes,
         retry_after_s=settings.retry_after_s,
+        readers=runtime.body_readers,
         metrics=metrics,
     )
     if settings.gzip_min_bytes > 0:

@@ -35,7 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.errors import STATUS, error_response
 from service.api.metrics import ServiceMetrics
-from service.api.runtime import CHARGE_KEY, START_KEY
+from service.api.runtime import CHARGE_KEY, START_KEY, BodyReaders
 from service.core.content_coding import ContentCodingError, decode_content
 from service.core.errors import ErrorCode, HtmllmError
 
@@ -98,9 +98,11 @@ class BodyLimitMiddleware:
         metrics: ServiceMetrics,
         max_inflight_bytes: int,
         retry_after_s: int,
+        readers: BodyReaders,
         body_timeout_s: float = 60.0,
     ) -> None:
         self.app = app
+        self.readers = readers
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
         self.metrics = metrics
@@ -125,6 +127,16 @@ class BodyLimitMiddleware:
             retry_after_s=self.retry_after_s,
         )
         await response(scope, receive, send)
+
+    async def _cut_off(self, scope: Scope, receive: Receive, send: Send, size: int) -> None:
+        """503 for a request whose body had not all come when shutdown cut off the body reads (the rest
+        may still come: its connection cannot carry another request)."""
+        message = (
+            "the server is shutting down and the request body did not arrive before its drain budget "
+            f"ended ({size} bytes came): send it again"
+        )
+        headers = {"connection": "close"}
+        await self._refuse(scope, receive, send, ErrorCode.SHUTTING_DOWN, message, headers=headers)
 
     async def _over_budget(
         self, scope: Scope, receive: Receive, send: Send, count: int, *, more_body: bool, read: bool
@@ -250,12 +262,15 @@ class BodyLimitMiddleware:
         limit = self.max_body_bytes
         chunks: list[bytes] = []
         size = 0
+        if self.readers.closed:  # after the cut-off: answered as the cut-off answers those it found
+            await self._cut_off(scope, receive, send, size)
+            return None
         try:
             # A client that stalls mid-body would hold its connection and what it sent (up to the cap)
             # for as long as it likes: uvicorn times out idle connections, not slow bodies.
             async with asyncio.timeout(self.body_timeout_s):
                 while True:
-                    message = await receive()
+                    message = await self.readers.receive(receive)
                     if message["type"] == "http.disconnect":
                         return None  # the client left before sending its body: there is no one to answer
                     chunk = message.get("body", b"")
@@ -272,6 +287,11 @@ class BodyLimitMiddleware:
                     chunks.append(chunk)
                     if not message.get("more_body", False):
                         break
+        except asyncio.CancelledError:
+            if not self.readers.was_cut(asyncio.current_task()):
+                raise
+            await self._cut_off(scope, receive, send, size)
+            return None
         except TimeoutError:
             message_text = (
                 f"the request body did not arrive within {self.body_timeout_s:g} s "

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
-from starlette.types import Receive
+from starlette.types import Message, Receive
 
 from service.api.api_keys import ApiKeys
 from service.api.errors import ClientDisconnectedError
@@ -42,6 +42,47 @@ CHARGE_KEY = "htmllm.charge"
 PROBE_INTERVAL_S = 5.0
 
 
+class BodyReaders:
+    """The requests waiting for more of their body, so that shutdown can answer them in time.
+
+    A client uploading slowly when SIGTERM comes (60 s of `HTMLLM_BODY_TIMEOUT_S` against 30 s of drain)
+    was cancelled by uvicorn when its graceful timeout ran out: a bare 500 in plain text, no
+    `Retry-After`. Shortly before the drain budget ends the runtime calls `cut_off`, and each such
+    request is answered 503 `shutting_down` (the body never came, so the request was never accepted; the
+    client retries elsewhere). Only a wait for the next piece of body can be cut off.
+    """
+
+    def __init__(self) -> None:
+        self._waiting: set[asyncio.Task[object]] = set()
+        self._cut: set[asyncio.Task[object]] = set()
+        self.closed = False  # cut off: a body read from now on is answered at once
+
+    async def receive(self, receive: Receive) -> Message:
+        task = asyncio.current_task()
+        assert task is not None
+        self._waiting.add(task)
+        try:
+            return await receive()
+        finally:
+            self._waiting.discard(task)
+
+    def was_cut(self, task: asyncio.Task[object] | None) -> bool:
+        """Whether `cut_off` cancelled `task` (and not someone else); clears the mark and the cancel."""
+        if task is None or task not in self._cut:
+            return False
+        self._cut.discard(task)
+        task.uncancel()
+        return True
+
+    def cut_off(self) -> int:
+        """Cancel every wait for a body; returns how many there were."""
+        self.closed = True
+        for task in self._waiting:
+            self._cut.add(task)
+            task.cancel()
+        return len(self._waiting)
+
+
 @dataclass
 class Runtime:
     """The state of one running app; `app.state.runtime`."""
@@ -57,6 +98,7 @@ class Runtime:
     collector: CollectorState | None = None  # the garbage collector set for serving, after the warm-up
     drain_deadline: float | None = None  # time.monotonic() by which shutdown must be done
     extractor_pool: ExtractorPool | None = None
+    body_readers: BodyReaders = field(default_factory=BodyReaders)  # requests whose bodies still come
     extract_threads: ThreadPoolExecutor | None = None
     _extract_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _extract_jobs: int = 0  # extractions submitted and not finished (cancelled ones included)
@@ -140,6 +182,9 @@ class Runtime:
         accepted request is answered before the server has to drop connections."""
         margin = min(1.0, 0.1 * self.settings.drain_timeout_s)
         await asyncio.sleep(max(0.0, self.drain_time_left() - margin))
+        waiting = self.body_readers.cut_off()
+        if waiting:
+            logger.warning("drain budget spent: answering %d requests whose bodies are still coming", waiting)
         if self.engine is not None and self.engine.queue_size:
             logger.warning("drain budget spent: failing %d queued documents", self.engine.queue_size)
             self.stopping = True

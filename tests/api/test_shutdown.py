@@ -89,3 +89,30 @@ async def test_sigterm_past_the_drain_budget_answers_with_typed_errors(tiny_chec
         assert response.json()["error"]["code"] == "shutting_down"
     assert answered_s < 15
     assert exit_code in (0, -signal.SIGTERM)
+
+
+async def test_an_upload_still_coming_at_the_end_of_the_drain_is_answered_503(tiny_checkpoint: Path) -> None:
+    """A client uploading slowly at SIGTERM (its body timeout longer than the drain) was cancelled by
+    uvicorn's graceful timeout with a bare plain-text 500; now it gets the typed 503 and a closed
+    connection before the drain budget ends, and can send the page elsewhere."""
+    env = server_env(tiny_checkpoint, drain_timeout_s="2", body_timeout_s="60")
+    with server_process(env) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        body = page(1).encode()
+        writer.write(
+            b"POST /v1/embed HTTP/1.1\r\nhost: x\r\ncontent-type: text/html\r\n"
+            + f"content-length: {len(body)}\r\n\r\n".encode()
+            + body[:10]
+        )
+        await writer.drain()
+        await asyncio.sleep(0.3)
+        server.proc.send_signal(signal.SIGTERM)
+        answer = await asyncio.wait_for(reader.read(), timeout=20)  # until the server closes
+        writer.close()
+        exit_code = server.proc.wait(timeout=60)
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503"), answer[:300]
+    assert b"connection: close" in head.lower() and b"retry-after" in head.lower()
+    assert b'"code":"shutting_down"' in payload
+    assert exit_code in (0, -signal.SIGTERM)
