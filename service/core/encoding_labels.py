@@ -157,9 +157,14 @@ def decode_bytes(data: bytes, codec: str) -> str:
     gb18030 decoder, which the web's GBK and GB2312 labels use too, reads it so (it is 0x80 in
     Microsoft's code page 936, and GBK pages carry it there), where Python's codec rejects it.
     """
-    if codec == "gb18030" and b"\x80" in data:
+    if codec == "gb18030" and 0 < data.count(b"\x80") <= _MOST_EUROS:
         return data.decode(codec, errors=_euro_or_replacement())
     return data.decode(codec, errors="replace")
+
+
+# The error handler runs in Python once per undecodable byte: 16 MiB of 0x80 took 5 s. Past this many
+# 0x80 bytes (a real page has a few euro signs) they decode as any undecodable byte does, U+FFFD.
+_MOST_EUROS = 65_536
 
 
 @functools.cache

@@ -531,3 +531,30 @@ def test_gb18030_reads_0x80_as_the_euro_only_where_a_character_starts() -> None:
     bytes are still U+FFFD."""
     data = b'<meta charset="gb18030"><p>\x80\x81\x80\xff</p>'
     assert decode_html(data).text == '<meta charset="gb18030"><p>\u20ac亐\ufffd</p>'
+
+
+def test_a_page_of_0x80_bytes_in_gb18030_is_not_read_one_error_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The euro handler runs in Python once per undecodable byte (16 MiB of 0x80 took 5 s of a worker):
+    past `_MOST_EUROS` of them they are U+FFFD like any undecodable byte, and the handler never runs."""
+    from service.core import encoding_labels
+
+    monkeypatch.setattr(encoding_labels, "_MOST_EUROS", 8)
+    calls: list[int] = []
+    real = encoding_labels._euro_for_lead_0x80
+
+    def counted(error: UnicodeError) -> tuple[str, int]:
+        calls.append(1)
+        return real(error)
+
+    monkeypatch.setattr(encoding_labels, "_euro_for_lead_0x80", counted)
+    encoding_labels._euro_or_replacement.cache_clear()
+    try:
+        assert decode_html(b"<p>\x80" * 4, encoding="gbk").text == "<p>\u20ac" * 4
+        assert calls
+        calls.clear()
+        assert decode_html(b"<p>\x80" * 9, encoding="gbk").text == "<p>\ufffd" * 9
+        assert not calls
+    finally:
+        encoding_labels._euro_or_replacement.cache_clear()
