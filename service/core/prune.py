@@ -239,8 +239,12 @@ _NESTING_WORK_HEADROOM = 100_000_000
 # without attributes (for `reconstruction_work`); on lowercased bytes.
 _FORMATTING_NAMES = b"b big code em font i nobr s small strike strong tt u".split()
 _FORMATTING_WITH_ATTRIBUTES = re.compile(
-    rb"<(?:b(?:ig)?|code|em|font|i|nobr|s(?:mall|trike|trong)?|tt|u)[\t\n\f\r /]"
+    rb"<(?:b(?:ig)?|code|em|font|i|nobr|s(?:mall|trike|trong)?|tt|u|(html|body))[\t\n\f\r /]"
 )
+# The attributes of an <html> or <body> start tag: the parser merges those of every repeated one into the
+# one element, checking each against those it has (90,000 `<html aN>` took 30 s).
+_ROOT_ATTRIBUTES = re.compile(rb"<(?:html|body)(?=[\t\n\f\r /])(" + _TAG_ATTRIBUTES_REST + rb")")
+_FEW_ROOT_TAGS = 16  # <html>/<body> tags with attributes a page may have before they are counted
 _NOAHS_ARK = 3  # entries of one name and attributes the list keeps
 _ADOPTION_ROUNDS = 8  # the adoption agency's outer loop gives up after this many
 # Elements that bound the parser's "in scope" (an end tag of a formatting element outside it is
@@ -350,7 +354,14 @@ def _prune_document(document: str | bytes, max_depth: int) -> str:
     attributes = max_attributes(document)
     if attributes > MAX_ATTRIBUTES:
         raise TooManyAttributesError(f"an element has {attributes} attributes; the cap is {MAX_ATTRIBUTES}")
-    if need + _most_formatting_entries(document) * tags * _MEMORY_PER_CLONE > budget:
+    entries, roots = _tags_with_attributes(document)
+    if roots is not None and (merged := merged_root_attributes(roots)) > MAX_ATTRIBUTES:
+        raise TooManyAttributesError(
+            f"the page's <html> and <body> tags have {merged} attributes, which the parser merges into "
+            f"one element each; the cap is {MAX_ATTRIBUTES}"
+        )
+    del roots
+    if need + entries * tags * _MEMORY_PER_CLONE > budget:
         clones = reconstruction_work(document, limit=(budget - need) // _MEMORY_PER_CLONE)
         need += clones * _MEMORY_PER_CLONE
         if need > budget:
@@ -472,12 +483,28 @@ def _attribute_count(tag: bytes) -> int:
     return len(_ATTRIBUTE_NAME.findall(_ATTRIBUTE_VALUE.sub(b" ", rest)))
 
 
-def _most_formatting_entries(document: str | bytes) -> int:
-    """An upper bound of the parser's list of active formatting elements: three of each element without
-    attributes, and every start tag of one with attributes (a cheap scan; `reconstruction_work` is the
-    close estimate)."""
+def _tags_with_attributes(document: str | bytes) -> tuple[int, bytes | None]:
+    """(An upper bound of the parser's list of active formatting elements: three of each element without
+    attributes and every start tag of one with attributes; the lowercased page where it has more than a
+    few `<html>`/`<body>` tags with attributes, else None), from one cheap scan."""
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
-    return _NOAHS_ARK * len(_FORMATTING_NAMES) + len(_FORMATTING_WITH_ATTRIBUTES.findall(data.lower()))
+    lowered = data.lower()
+    found = _FORMATTING_WITH_ATTRIBUTES.findall(lowered)  # the root tags' names, b"" for the others
+    roots = len(found) - found.count(b"")
+    return _NOAHS_ARK * len(_FORMATTING_NAMES) + len(
+        found
+    ) - roots, lowered if roots > _FEW_ROOT_TAGS else None
+
+
+def merged_root_attributes(lowered: bytes) -> int:
+    """The attributes of all the `<html>` and `<body>` start tags of a lowercased page (those in text
+    read as tags count too: the safe side), which the parser merges into one element each."""
+    sections = _ROOT_ATTRIBUTES.findall(lowered)
+    names = 0
+    for first in range(0, len(sections), _COUNT_TAGS):
+        joined = b">" + b">".join(sections[first : first + _COUNT_TAGS])
+        names += _ATTRIBUTE_VALUE.sub(b" ", joined).translate(_NAME_RUNS).count(b" a")
+    return names
 
 
 def reconstruction_work(document: str | bytes, *, limit: int | None = None) -> int:
@@ -498,7 +525,7 @@ def reconstruction_work(document: str | bytes, *, limit: int | None = None) -> i
     parser surely does, which it does not when the element is out of scope (`<b id=1><svg><desc></b>`
     left every `<b>` open) or after eight rounds of its adoption agency: so not once a scope boundary
     (`_SCOPE_BOUNDARIES`) or eight special elements have started since the entry's own tag. Corpus pages
-    need at most 29,414 (a fifth of their budget at most); the refusal comes past about 390,000.
+    need at most 38,104 (a tenth of their budget at most); the refusal comes past about 390,000.
     """
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
     markup = _without_raw_text(data)
@@ -527,8 +554,11 @@ def reconstruction_work(document: str | bytes, *, limit: int | None = None) -> i
         else:
             key = tag.group(2) + b" " + markup[tag.start(3) : tag.end(3)]  # attributes in their own case
             same = copies.setdefault(key, deque())
-            if len(same) == _NOAHS_ARK:
-                del key_of[same.popleft()]
+            # The parser keeps three copies after the last marker only: a copy from before a scope
+            # boundary (most of which insert markers) may be in another segment, and stays.
+            if len(same) >= _NOAHS_ARK and since[same[-_NOAHS_ARK]][0] == boundaries:
+                del key_of[same[-_NOAHS_ARK]]
+                del same[-_NOAHS_ARK]
             entry += 1
             same.append(entry)
             entries_of.setdefault(tag.group(2), []).append(entry)

@@ -286,3 +286,26 @@ def test_formatting_elements_left_open_are_refused_and_closed_ones_pruned() -> N
         prune_html("".join(f"<p><b id={i}>x</b>" for i in range(4000)))
         == "<body>" + "<b>x</b>" * 4000 + "</body>"
     )
+
+
+def test_copies_in_another_marker_segment_are_not_evicted() -> None:
+    """The parser keeps three copies of one formatting element after the last marker: three inside an
+    <object> leave the three before it on the list, which the estimate must not evict (it did, and the
+    page below made 4.8 million clones under the refusal point)."""
+    from service.core.prune import reconstruction_work
+
+    keys = 60
+    outer = "".join(f"<b id={i}>" * 3 for i in range(keys))
+    inner = "".join(f"<b id={i}>" * 3 + "</b>" * 3 for i in range(keys))
+    page = "<p>" + outer + "<object>" + inner + "</object></p>" + "<p>x" * 500
+    assert reconstruction_work(page) >= 3 * keys * 500
+
+
+def test_attributes_merged_from_repeated_root_tags_are_capped() -> None:
+    """Every repeated <html> or <body> start tag adds its attributes to the one element, each checked
+    against those it has: 90,000 `<html aN>` took 30 s. Past the element cap they are refused."""
+    with pytest.raises(TooManyAttributesError, match="merges"):
+        prune_html("x" + "".join(f"<html a{i}>" for i in range(MAX_ATTRIBUTES + 1)))
+    with pytest.raises(TooManyAttributesError, match="merges"):
+        prune_html("".join(f"<body a{i} b{i}>" for i in range(MAX_ATTRIBUTES // 2 + 1)))
+    assert prune_html("".join(f'<body class="c{i}">' for i in range(40)) + "<p>x") == "<p>x</p>"
