@@ -59,11 +59,13 @@ depth: 100,000 nested `<div>`s take half a minute), and so does one whose depth 
 `_NESTING_WORK_PER_BYTE` per byte (each tag walks the open elements: 7,000 nested `<div>`s and a
 megabyte of `<p>x</p>` took 1.3 s); an element with more than `MAX_ATTRIBUTES` attributes raises
 `TooManyAttributesError` (its tokenizer is quadratic in them too: a million would take an hour). The
-depth and attribute scans read the page as the HTML tokenizer does where it matters (comments that
-end early, raw text that is markup inside `<svg>`, quoted `>` in attribute values, end tags of
-elements that are not open), each in linear time. Everything else returns a result. There is no
-Python recursion anywhere: the pruning runs as one loop over the tokens of Lexbor's serialisation of
-the cleaned tree, with an explicit stack.
+depth, attribute and formatting-element checks read the page's tags as the HTML tokenizer does
+(`_tag_tokens`: a `</b>` or `<!--` in an attribute value, a bogus comment or raw text is no tag,
+comments end where the tokenizer ends them, raw text inside `<svg>` is markup), each in linear time;
+where the parser's reading depends on the tree (an `<svg>` integration point holding HTML, a
+`<frameset>`), they read every `<` and a letter as a tag and trust no end tag, erring long.
+Everything else returns a result. There is no Python recursion anywhere: the pruning runs as one loop
+over the tokens of Lexbor's serialisation of the cleaned tree, with an explicit stack.
 
 How it is fast: Lexbor does the parsing, removes scripts, styles, templates, noscripts and hidden
 elements, and serialises the tree (all C); UTF-8 pages reach it as bytes, without a decode and
@@ -77,9 +79,11 @@ regex tokenizer exact here.
 
 from __future__ import annotations
 
+import bisect
 import html as _html
 import re
 from collections import deque
+from collections.abc import Iterator
 
 from selectolax.lexbor import LexborDocumentOptions, LexborHTMLParser, SelectolaxError
 
@@ -184,49 +188,24 @@ _COLLAPSE_CHUNK = 1 << 20  # larger outputs are whitespace-collapsed chunk by ch
 # The first "<plaintext" of a serialisation (see `_rewrite_plaintext`).
 _PLAINTEXT_START = re.compile(r"<plaintext\b")
 _PLAINTEXT_END = "</plaintext>"
-# For the nesting pre-check (on ASCII-lowercased bytes): start and end tags of elements that can nest
-# without bound. Left out: void elements, and elements the parser closes when another one of them
-# opens (`<p>`, `<li>`, `<td>`, `<a>`, ...), which real pages leave unclosed by the thousand. `dt`, `dd`,
-# `optgroup`, the ruby annotations, `form` and `select` are counted: `<li><dt><li><dt>` and
-# `<nobr><select><nobr><select>` are chains, `<optgroup>` and `<rb>` nest outside a `<select>`, a
-# `<ruby>`, and `<form>` inside a `<template>`. Inside <svg> and <math> nothing is left out (`<td>`,
-# `<a>`, `<input>` all nest there): `_without_raw_text` marks those tags with \x01 after the "<".
-# A name ends at HTML whitespace, "/" or ">" only: `<div\x0b>` is no `<div>`, and `</div>` never
-# closes it.
-_NESTING_TAG = re.compile(
-    rb"<(/?)(?!(?:area|base|basefont|bgsound|br|col|embed|frame|hr|img|input|keygen|link|meta|param"
-    rb"|source|track|wbr|p|li|td|th|tr|option|tbody|thead|tfoot|colgroup|caption"
-    rb"|html|head|body|a|nobr|button)[\t\n\f\r />])(\x01?[a-z][^\t\n\f\r />]*)"
+# For the nesting pre-check: elements that cannot nest without bound, void elements and those the parser
+# closes when another one of them opens (`<p>`, `<li>`, `<td>`, `<a>`, ...), which real pages leave
+# unclosed by the thousand. `dt`, `dd`, `optgroup`, the ruby annotations, `form` and `select` nest:
+# `<li><dt><li><dt>` and `<nobr><select><nobr><select>` are chains, `<optgroup>` and `<rb>` nest
+# outside a `<select>`, a `<ruby>`, and `<form>` inside a `<template>`. Inside <svg> and <math> every
+# element nests (`<td>`, `<a>`, `<input>` there are foreign elements) but a self-closing one.
+_NOT_NESTING = frozenset(
+    b"""area base basefont bgsound br col embed frame hr img input keygen link meta param source track wbr
+    p li td th tr option tbody thead tfoot colgroup caption html head body a nobr button""".split()
 )
-# Text in which the tokenizer sees no tags: raw-text and RCDATA elements, comments. Inline scripts
-# such as `if(i<n.length)` would otherwise count as start tags. Group 2 is an element inside which
-# raw-text tags may be markup (in <svg> and <math> a <title> or <style> holds tags; in a <select> the
-# parser ignores a <title>): up to its end tag nothing is skipped (counting more is the safe side).
-# After a <frameset> the parser ignores all but <noframes>: from there on only comments are skipped.
+# Raw-text and RCDATA elements: the tokenizer reads no tags in them up to their end tag.
 _RAW_TEXT_NAMES = rb"script|style|textarea|title|xmp|iframe|noembed|noframes|noscript|plaintext"
-_SKIPPED_OPEN = re.compile(
-    rb"<(?:(" + _RAW_TEXT_NAMES + rb")|(svg|math|select)|(frameset))(?=[\t\n\f\r />])|<!--"
-)
-_COMMENT_OPEN = re.compile(rb"<!--")
 _COMMENT_CLOSE = re.compile(rb"--!?>")
 _RAW_TEXT_CLOSE = {name: re.compile(b"</" + name + rb"[\t\n\f\r />]") for name in _RAW_TEXT_NAMES.split(b"|")}
 # The rest of a tag as the HTML tokenizer reads it: a ">" inside a quoted attribute value does not
 # end it, and a value is quoted only right after "=" (an unterminated one runs to the end).
 _TAG_ATTRIBUTES_REST = rb"""(?:[^>"'=]++|=[\t\n\f\r ]*+(?:"[^"]*+"?|'[^']*+'?|[^\t\n\f\r >]*+)|["'])*+"""
 _TAG_REST = rb"[^\t\n\f\r />]*+" + _TAG_ATTRIBUTES_REST
-# One step through an <svg>, <math> or <select> towards its end tag (on lowercased bytes): text and
-# every other tag (its quoted attribute values included) are consumed, and the match stops at what
-# matters for the end: a start or end tag of such an element (groups 1, 2), a "<!" (a comment, CDATA
-# or a bogus comment: group 3), a raw-text start tag (group 4: skipped whole, as the parser would if
-# it is HTML there; skipping more only moves the end later), or the end of the page.
-_REGION_STEP = re.compile(
-    rb"(?:[^<]++"
-    rb"|<(?!(?:svg|math|select|" + _RAW_TEXT_NAMES + rb")[\t\n\f\r />])[a-z]" + _TAG_REST + rb">?"
-    rb"|</(?!(?:svg|math|select)[\t\n\f\r />])[a-z]" + _TAG_REST + rb">?"
-    rb"|</[^a-z][^>]*+>?|<\?[^>]*+>?|<(?![a-z/!?]))*+"
-    rb"(?:<(/?)(svg|math|select)(?=[\t\n\f\r />])" + _TAG_REST + rb">?"
-    rb"|<(!)|<(" + _RAW_TEXT_NAMES + rb")(?=[\t\n\f\r />])" + _TAG_REST + rb">?|\Z)"
-)
 # Refused too: a page whose nesting is legal but whose tags are so many that the parser's walks down
 # the stack of open elements (about a nanosecond per element, at each of most tags) would cost more
 # than this many element visits per byte of page: 7,000 nested <div>s and a megabyte of <p>x</p>
@@ -249,23 +228,21 @@ _NOAHS_ARK = 3  # entries of one name and attributes the list keeps
 _ADOPTION_ROUNDS = 8  # the adoption agency's outer loop gives up after this many
 # Elements that bound the parser's "in scope" (an end tag of a formatting element outside it is
 # ignored), and the special elements its adoption agency stops at (void ones never stay open).
-_SCOPE_BOUNDARIES = b"""applet caption marquee object table td template th svg math desc foreignobject title
-    mi mo mn ms mtext annotation-xml select""".split()  # a <select> ignores end tags but its own
-_SPECIAL = b"""address article aside blockquote body button center dd details dir div dl dt fieldset
+_SCOPE_BOUNDARIES = frozenset(
+    b"""applet caption marquee object table td template th svg math desc foreignobject title
+    mi mo mn ms mtext annotation-xml select""".split()
+)  # a <select> ignores end tags but its own
+_SPECIAL = frozenset(
+    b"""address article aside blockquote body button center dd details dir div dl dt fieldset
     figcaption figure footer form frameset h1 h2 h3 h4 h5 h6 head header hgroup html iframe li listing main
     menu nav noembed noframes noscript ol p plaintext pre search section summary tbody textarea tfoot
     thead tr ul xmp""".split()
-_RECONSTRUCTION_TAG = re.compile(
-    rb"<(/?)(" + b"|".join(_FORMATTING_NAMES) + rb")(?=[\t\n\f\r />])(" + _TAG_ATTRIBUTES_REST + rb")"
-    rb"|<(" + b"|".join(_SCOPE_BOUNDARIES) + rb")(?=[\t\n\f\r />])"
-    rb"|<(" + b"|".join(_SPECIAL) + rb")(?=[\t\n\f\r />])"
 )
+_FORMATTING = frozenset(_FORMATTING_NAMES)
 # For the attribute pre-check: a whole tag (see _TAG_REST), and what follows its name.
 _TAG_EXTENT = re.compile(rb"<[a-zA-Z]" + _TAG_REST)
 _TAG_ATTRIBUTES = re.compile(rb"<[a-zA-Z][^\t\n\f\r />]*+(" + _TAG_ATTRIBUTES_REST + rb")")
-# A tag of foreign content (group 1: "/" for an end tag), and the unquoted attribute value a final "/"
-# may belong to (`<g a=x/>` is no self-closing tag).
-_FOREIGN_TAG = re.compile(rb"<(/?)[a-z]" + _TAG_REST)
+# The unquoted attribute value a final "/" may belong to (`<g a=x/>` is no self-closing tag).
 _UNQUOTED_TAIL = re.compile(rb"""=[\t\n\f\r ]*+[^\t\n\f\r >"'][^\t\n\f\r >]*+\Z""")
 _ATTRIBUTE_VALUE = re.compile(rb"""=[\t\n\f\r ]*+(?:"[^"]*+"?|'[^']*+'?|[^\t\n\f\r >]*+)""")
 _ATTRIBUTE_NAME = re.compile(rb"[^\t\n\f\r />]+")
@@ -412,11 +389,23 @@ def max_attributes(document: str | bytes) -> int:
     the cap is confirmed on the page without its raw text (`i<n` in a long inline script is no tag).
     """
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
-    most = max((_attribute_count(tag) for tag in _long_tags(data)), default=0)
+    counts = [(start, _attribute_count(tag)) for start, tag in _long_tags(data)]
+    most = max((count for _, count in counts), default=0)
     if most <= MAX_ATTRIBUTES:
         return most
-    markup = _without_raw_text(data)
-    return max((_attribute_count(tag) for tag in _long_tags(markup)), default=0)
+    # Confirmed: a tag that starts where the tokenizer reads no markup (a comment, raw text) is none.
+    hidden: list[tuple[int, int]] = []
+    for _ in _tag_tokens(data, hidden):
+        pass
+    starts = [low for low, _ in hidden]
+    return max(
+        (
+            count
+            for start, count in counts
+            if not (index := bisect.bisect_right(starts, start)) or hidden[index - 1][1] <= start
+        ),
+        default=0,
+    )
 
 
 def count_attributes(document: str | bytes) -> int:
@@ -438,7 +427,7 @@ def count_attributes(document: str | bytes) -> int:
     return names
 
 
-def _long_tags(data: bytes) -> list[bytes]:
+def _long_tags(data: bytes) -> list[tuple[int, bytes]]:
     """The tags of at least `_LONG_TAG_CHARS` characters that start in a long run without `>` or in the
     run before a quoted attribute value with a `>` in it (all of them, and some text read as tags)."""
     starts: list[int] = []
@@ -472,7 +461,7 @@ def _long_tags(data: bytes) -> list[bytes]:
             continue
         covered = tag.end()
         if covered - start >= _LONG_TAG_CHARS:
-            tags.append(tag.group())
+            tags.append((start, tag.group()))
     return tags
 
 
@@ -518,8 +507,9 @@ def reconstruction_work(document: str | bytes, *, limit: int | None = None) -> i
     clone chain is closed by the next paragraph). The list keeps at most three entries of one name and
     attributes (the "Noah's Ark" clause).
 
-    The estimate replays the list over the page without raw text (a `</b>` in a script closes
-    nothing) and adds its length once per tag: every tag may be a reconstruction. It only errs long:
+    The estimate replays the list over the page's tags as the tokenizer reads them (`_tag_tokens`: a
+    `</b>` in a script, an attribute value or a bogus comment closes nothing, nor does one in a
+    `<select>`) and adds its length once per tag: every tag may be a reconstruction. It errs long:
     markers (table cells, `<object>`, ...) are ignored; attributes are compared as written (`id=1 b=2`
     and `b=2 id=1` count as two); and an end tag takes the last entry of its name off only where the
     parser surely does, which it does not when the element is out of scope (`<b id=1><svg><desc></b>`
@@ -528,31 +518,32 @@ def reconstruction_work(document: str | bytes, *, limit: int | None = None) -> i
     need at most 38,104 (a tenth of their budget at most); the refusal comes past about 390,000.
     """
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
-    markup = _without_raw_text(data)
-    lowered = markup.lower()
     entries_of: dict[bytes, list[int]] = {}  # element name -> its entries, oldest first
-    copies: dict[bytes, deque[int]] = {}  # name and attributes as written -> its entries, oldest first
+    copies: dict[bytes, deque[int]] = {}  # the tag as written -> its entries, oldest first
     key_of: dict[int, bytes] = {}  # the live entries
     since: dict[int, tuple[int, int]] = {}  # entry -> scope boundaries and special elements before it
-    entry = work = last = boundaries = specials = 0
-    for tag in _RECONSTRUCTION_TAG.finditer(lowered):
-        work += len(key_of) * lowered.count(b"<", last, tag.start())
-        last = tag.start()
-        if tag.group(4) is not None:
-            boundaries += 1
-        elif tag.group(5) is not None:
-            specials += 1
-        elif tag.group(1):  # an end tag: the last live entry of its name leaves, where surely so
-            stack = entries_of.get(tag.group(2), [])
+    entry = work = boundaries = specials = 0
+    for end_tag, name, start, end, where in _tag_tokens(data):
+        work += len(key_of)  # every tag, and the text after it, may reconstruct the list
+        if limit is not None and work > limit:
+            return work
+        if end_tag:
+            if name not in _FORMATTING or where in (SELECT, TAINTED):
+                continue  # in a <select> or after a taint an end tag may close nothing
+            stack = entries_of.get(name, [])
             while stack and stack[-1] not in key_of:
                 stack.pop()  # dropped by the Noah's Ark clause
-            if stack:
+            if stack:  # the last live entry of its name leaves, where surely so
                 before_boundaries, before_specials = since[stack[-1]]
                 if boundaries == before_boundaries and specials - before_specials < _ADOPTION_ROUNDS:
                     gone = stack.pop()
                     copies[key_of.pop(gone)].remove(gone)
-        else:
-            key = tag.group(2) + b" " + markup[tag.start(3) : tag.end(3)]  # attributes in their own case
+        elif name in _SCOPE_BOUNDARIES:
+            boundaries += 1
+        elif name in _SPECIAL:
+            specials += 1
+        elif name in _FORMATTING:
+            key = data[start:end]  # as written: attributes in their own case
             same = copies.setdefault(key, deque())
             # The parser keeps three copies after the last marker only: a copy from before a scope
             # boundary (most of which insert markers) may be in another segment, and stays.
@@ -561,12 +552,158 @@ def reconstruction_work(document: str | bytes, *, limit: int | None = None) -> i
                 del same[-_NOAHS_ARK]
             entry += 1
             same.append(entry)
-            entries_of.setdefault(tag.group(2), []).append(entry)
+            entries_of.setdefault(name, []).append(entry)
             key_of[entry] = key
             since[entry] = (boundaries, specials)
-        if limit is not None and work > limit:
-            return work
-    return work + len(key_of) * lowered.count(b"<", last)
+    return work
+
+
+# The tag scan (`_tag_tokens`): what the HTML tokenizer reads as tags, for the pre-parse checks.
+_MARKUP_START = re.compile(rb"<[!?/a-z]")
+_TAG_TOKEN = re.compile(rb"<(/?)([a-z][^\t\n\f\r />]*+)(" + _TAG_ATTRIBUTES_REST + rb")(>?)")
+_ANY_TAG = re.compile(rb"<(/?)([a-z][^\t\n\f\r />]*+)([^<>]*+)")  # after a taint: no quote hides anything
+_RAW_TEXT = frozenset(_RAW_TEXT_NAMES.split(b"|")) - {b"plaintext"}
+_ZONES = {b"svg": b"foreignobject desc title".split(), b"math": b"mi mo mn ms mtext annotation-xml".split()}
+# Start tags that end foreign content (the HTML Standard's list; `font` only with some attributes, taken
+# always here).
+_BREAKOUT = frozenset(
+    b"""b big blockquote body br center code dd div dl dt em embed font h1 h2 h3 h4 h5 h6 head hr i img li
+    listing menu meta nobr ol p pre ruby s small span strong strike sub sup table tt u ul var""".split()
+) - {b"font"}
+_SELECT_ENDS = frozenset((b"select", b"input", b"keygen", b"textarea"))
+HTML, FOREIGN, SELECT, TAINTED = 0, 1, 2, 3  # where a tag was read (`_tag_tokens`)
+
+
+def _tag_tokens(
+    data: bytes, hidden: list[tuple[int, int]] | None = None
+) -> Iterator[tuple[bool, bytes, int, int, int]]:
+    """(end tag, lowercase name, start and end of the tag in `data`, where) for every tag the HTML
+    tokenizer reads on the page, in order, in linear time; `hidden` collects the spans it reads as no
+    markup (comments, bogus comments, raw text).
+
+    Read as the tokenizer reads: a tag's quoted attribute values are part of it (`<br title="</b>">`
+    closes nothing, `<br a="<!--">` opens no comment), comments end where it ends them, `<!x>`, `<?x>`
+    and `</ x>` are bogus comments, and raw-text elements (`<script>`, `<style>`, `<title>`, ...) hold
+    no tags up to their end tag. Inside `<svg>` and `<math>` (FOREIGN) raw-text names are ordinary
+    elements and `<![CDATA[...]]>` is text; inside `<select>` (SELECT) nothing is read as raw text
+    (counting more is the safe side). Either ends with its own end tag, read the same way; but an
+    integration point (`<foreignObject>`, `<desc>`, `<title>`, `<mi>`, ...) that holds anything before
+    its own end tag makes the parser's content model there HTML again, where a `</svg>` may close
+    nothing: from there on (TAINTED) every `<` and a letter is a tag and nothing is hidden; so too after
+    a `<frameset>`.
+    """
+    lowered = data.lower()
+    size = len(lowered)
+    position = 0
+    zone = HTML
+    zone_name = b""
+    zone_depth = 0
+    point: bytes | None = None  # an integration point of the zone, open and still empty
+    while position < size:
+        if zone == TAINTED:
+            for tag in _ANY_TAG.finditer(lowered, position):
+                yield bool(tag.group(1)), tag.group(2), tag.start(), tag.end(), TAINTED
+            return
+        found = _MARKUP_START.search(lowered, position)
+        if found is None:
+            return
+        start = found.start()
+        kind = lowered[start + 1 : start + 2]
+        if kind == b"!" or kind == b"?" or (kind == b"/" and not lowered[start + 2 : start + 3].isalpha()):
+            if lowered.startswith(b"<!--", start):
+                end = _comment_end(lowered, start + 4)
+            elif zone == FOREIGN and lowered.startswith(b"<![cdata[", start):
+                end = lowered.find(b"]]>", start + 9)
+                end = -1 if end < 0 else end + 3
+            elif lowered.startswith(b"</>", start):
+                end = start + 3
+            else:
+                end = lowered.find(b">", start + 2)
+                end = -1 if end < 0 else end + 1
+            if hidden is not None:
+                hidden.append((start, size if end < 0 else end))
+            if end < 0:
+                return
+            position = end
+            continue
+        token = _TAG_TOKEN.match(lowered, start)
+        if token is None or not token.group(4):
+            return  # a tag the page's end cuts off is no tag
+        tag = token
+        end_tag, name = bool(tag.group(1)), tag.group(2)
+        position = tag.end()
+        if point is not None:
+            if end_tag and name == point:
+                point = None
+            else:
+                zone = TAINTED
+                yield end_tag, name, start, position, TAINTED
+                continue
+        if zone == FOREIGN and (
+            (end_tag and name in (b"br", b"p")) or (not end_tag and _breaks_out(name, tag.group(3)))
+        ):
+            zone = HTML  # the parser leaves foreign content for this tag and what follows
+        elif zone == SELECT and ((end_tag and name == b"select") or (not end_tag and name in _SELECT_ENDS)):
+            yield end_tag, name, start, position, SELECT
+            zone = HTML  # the select is closed; an <input> or <textarea> is then read as in HTML
+            if end_tag or name == b"select":
+                continue
+            end_tag = False
+            yield end_tag, name, start, position, HTML
+            if name in _RAW_TEXT:
+                closer = _RAW_TEXT_CLOSE[name].search(lowered, position)
+                if hidden is not None:
+                    hidden.append((position, size if closer is None else closer.start()))
+                if closer is None:
+                    return
+                position = closer.start()
+            continue
+        yield end_tag, name, start, position, zone
+        if zone == HTML:
+            if end_tag:
+                continue
+            if name in _RAW_TEXT:
+                closer = _RAW_TEXT_CLOSE[name].search(lowered, position)
+                if hidden is not None:
+                    hidden.append((position, size if closer is None else closer.start()))
+                if closer is None:
+                    return
+                position = closer.start()
+            elif name == b"plaintext":
+                if hidden is not None:
+                    hidden.append((position, size))
+                return
+            elif name in _ZONES:
+                zone, zone_name, zone_depth = FOREIGN, name, 1
+            elif name == b"select":
+                zone = SELECT
+            elif name == b"frameset":
+                # The parser then ignores tags but <frameset>, <frame> and <noframes> (a <title> holds
+                # markup), unless text came first and it ignores the <frameset> instead: either way.
+                zone = TAINTED
+        elif zone == FOREIGN:
+            self_closing = is_self_closing(tag.group(3))
+            if name == zone_name and not self_closing:
+                zone_depth += -1 if end_tag else 1
+                if not zone_depth:
+                    zone = HTML
+            elif not end_tag and not self_closing and name in _ZONES[zone_name]:
+                point = name
+
+
+def is_self_closing(attributes: bytes) -> bool:
+    """Whether a start tag with these attributes (what follows its name) ends in "/>" (`<g a=x/>` does
+    not: the "/" is its value's)."""
+    return attributes.endswith(b"/") and _UNQUOTED_TAIL.search(attributes) is None
+
+
+def _breaks_out(name: bytes, attributes: bytes) -> bool:
+    """Whether this start tag takes the parser out of foreign content (`<font>` only with a color, face
+    or size)."""
+    if name != b"font":
+        return name in _BREAKOUT
+    names = _ATTRIBUTE_NAME.findall(_ATTRIBUTE_VALUE.sub(b" ", attributes))
+    return any(attribute in (b"color", b"face", b"size") for attribute in names)
 
 
 def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> int:
@@ -575,17 +712,36 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
     Counts start tags minus end tags of elements that can nest without bound, in document order, and
     returns the running maximum (or the first count past `limit`). An end tag counts only while an
     element of its name is open: a page of `</div>`s, or of `<div></span>`, nests as deep as its
-    `<div>`s. A page with fewer `<` than `limit` cannot exceed it, so ordinary pages cost one count.
+    `<div>`s. Tags are read as the tokenizer reads them (`_tag_tokens`): an end tag in an attribute
+    value (`<div a="</div>">`, 60,000 of which hid their nesting) or in raw text closes nothing. In
+    <svg> and <math> every element nests but a self-closing one; in a <select>, and after an
+    integration point that held markup, no end tag counts, and what a <select> opened closes with it.
+    A page with fewer `<` than `limit` cannot exceed it, so ordinary pages cost one count.
     """
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
     if data.count(b"<") <= limit:
         return 0
     open_elements: dict[bytes, int] = {}
     depth = most = 0
-    # One match at a time: a list of every tag of a 16 MiB page of end tags held 335 MB.
-    for tag in _NESTING_TAG.finditer(_without_raw_text(data, mark_foreign=True).lower()):
-        slash, name = tag.groups()
-        if slash:
+    before_select: tuple[int, dict[bytes, int]] | None = None  # depth and open elements at a <select>
+    for end_tag, name, start, end, where in _tag_tokens(data):
+        if where == SELECT:
+            if before_select is None:
+                before_select = depth, dict(open_elements)
+            if end_tag or name in _NOT_NESTING or is_self_closing(data[start:end].rstrip(b">")):
+                continue
+        elif before_select is not None:  # the select closed: what it held with it
+            depth, open_elements = before_select
+            before_select = None
+        if where == TAINTED:
+            if end_tag:
+                continue
+        elif where == FOREIGN:
+            if not end_tag and is_self_closing(data[start:end].rstrip(b">")):
+                continue
+        elif name in _NOT_NESTING:
+            continue
+        if end_tag:
             count = open_elements.get(name)
             if count:
                 open_elements[name] = count - 1
@@ -598,103 +754,6 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
                 if most > limit:
                     break
     return most
-
-
-def _without_raw_text(data: bytes, *, mark_foreign: bool = False) -> bytes:
-    """The page without the contents of raw-text elements and comments, in linear time.
-
-    Each one is skipped with one search for its end (an unclosed one runs to the end, as the parser
-    reads it), so the loop runs once per such element, not once per `<`. A comment ends where the
-    tokenizer ends it: `<!-->` and `<!--->` are whole comments, and `--!>` ends one too. Where the
-    parser may take a raw-text tag for markup (see `_SKIPPED_OPEN`), nothing is skipped. With
-    `mark_foreign`, the tags inside <svg> and <math> are marked for the nesting count (`_foreign_tag`).
-    """
-    lowered = data.lower()
-    pieces: list[bytes] = []
-    position = 0
-    opener = _SKIPPED_OPEN
-    while (found := opener.search(lowered, position)) is not None:
-        name = found.group(1)
-        if found.lastindex == 2:  # <svg>, <math>, <select>: kept whole up to their end tag
-            end = _region_end(lowered, found.start())
-            pieces.append(data[position : found.start()])
-            region = data[found.start() : end]
-            # In foreign content every element nests (see _NESTING_TAG).
-            if mark_foreign and found.group(2) != b"select":
-                region = _FOREIGN_TAG.sub(_foreign_tag, lowered[found.start() : end])
-            pieces.append(region)
-            position = end
-            continue
-        if found.lastindex == 3:  # <frameset>
-            opener = _COMMENT_OPEN
-            continue
-        pieces.append(data[position : found.start()])
-        if name is None:
-            end = _comment_end(lowered, found.end())
-        elif name == b"plaintext":
-            end = -1  # everything after it is text
-        else:
-            closer = _RAW_TEXT_CLOSE[name].search(lowered, found.end())
-            end = -1 if closer is None else closer.end()
-        if end < 0:
-            return b"".join(pieces)
-        position = end
-    pieces.append(data[position:])
-    return b"".join(pieces)
-
-
-def _region_end(lowered: bytes, start: int) -> int:
-    """Where the <svg>, <math> or <select> starting at `start` ends: after its end tag, or the page's
-    end. Never earlier than the parser's end (a `</svg>` in an attribute value or a comment is none)."""
-    depth = 0
-    position = start
-    size = len(lowered)
-    name = b""
-    while position < size:
-        step = _REGION_STEP.match(lowered, position)
-        if step is None:  # never: every "<" form is consumed or stops the step
-            return size
-        position = step.end()
-        if step.group(2) is not None:
-            if not depth:
-                name = step.group(2)
-            if step.group(2) == name:
-                depth += -1 if step.group(1) else 1
-                if not depth:
-                    return position
-        elif step.group(3) is not None:  # a comment ends exactly; CDATA and a bogus comment at most at
-            body = step.end()  # "]]>" and ">" (taking the later end is the safe side)
-            if lowered.startswith(b"--", body):
-                end = _comment_end(lowered, body + 2)
-            elif lowered.startswith(b"[cdata[", body):
-                end = lowered.find(b"]]>", body)
-                end = -1 if end < 0 else end + 3
-            else:
-                end = lowered.find(b">", body)
-                end = -1 if end < 0 else end + 1
-            if end < 0:
-                return size
-            position = end
-        elif step.group(4) is not None:
-            if step.group(4) == b"plaintext":
-                return size
-            closer = _RAW_TEXT_CLOSE[step.group(4)].search(lowered, position)
-            if closer is None:
-                return size
-            position = closer.end()
-        elif position >= size or step.end() == step.start():
-            return size
-    return size
-
-
-def _foreign_tag(tag: re.Match[bytes]) -> bytes:
-    """A tag of <svg> or <math> content marked for the nesting count: \x01 after the "<" (counted,
-    whatever its name), or \x02 for a self-closing start tag such as `<path d="..."/>` (never open)."""
-    text = tag.group()
-    closed = not tag.group(1) and text.endswith(b"/") and _UNQUOTED_TAIL.search(text) is None
-    return (
-        b"<\x02" + text[1:] if closed else text[:1] + tag.group(1) + b"\x01" + text[1 + len(tag.group(1)) :]
-    )
 
 
 def _comment_end(lowered: bytes, start: int) -> int:

@@ -309,3 +309,63 @@ def test_attributes_merged_from_repeated_root_tags_are_capped() -> None:
     with pytest.raises(TooManyAttributesError, match="merges"):
         prune_html("".join(f"<body a{i} b{i}>" for i in range(MAX_ATTRIBUTES // 2 + 1)))
     assert prune_html("".join(f'<body class="c{i}">' for i in range(40)) + "<p>x") == "<p>x</p>"
+
+
+_HIDDEN_ENDS = {
+    "in an attribute value": '<br title="</b>">',
+    "in a processing instruction": "<?</b>>",
+    "in a bogus comment": "<!x</b>>",
+    "in an end tag's bogus comment": "</ </b>>",
+    "in a script in a select": "<select><script></b></script></select>",
+    "in a style": "<style></b></style>",
+    "in a style after an ignored frameset": "x<frameset><style></b></style>",
+    "in a style in an svg integration point": "<svg><foreignObject><style></b></style></foreignObject></svg>",
+    "in a textarea in a MathML text integration point": "<math><mi><textarea></b></textarea></mi></math>",
+}
+
+
+@pytest.mark.parametrize("hidden", list(_HIDDEN_ENDS.values()), ids=list(_HIDDEN_ENDS))
+def test_an_end_tag_the_tokenizer_does_not_read_closes_nothing(hidden: str) -> None:
+    """A `</b>` the parser never reads as an end tag (a page that kept 1,000 `<b>` open this way made
+    10 million clones, 3.9 GB) must not take an entry off the estimate's list."""
+    from service.core.prune import reconstruction_work
+
+    page = "<p>" + "".join(f"<b id={i}>{hidden}" for i in range(100)) + "<p>x" * 100
+    assert reconstruction_work(page) >= 100 * 100
+
+
+_HIDING_TAGS = {
+    "comment opener": '<br a="<!--">',
+    "plaintext opener": '<br a="<plaintext>">',
+    "script opener": "<br a=<script>>",
+}
+
+
+@pytest.mark.parametrize("opener", list(_HIDING_TAGS.values()), ids=list(_HIDING_TAGS))
+def test_markup_in_an_attribute_value_hides_nothing(opener: str) -> None:
+    """`<br a="<!--">` is one tag: what follows is markup to the parser, and to every check."""
+    from service.core.prune import reconstruction_work
+
+    assert estimate_depth(opener + "<ol>" * 1000, limit=500) > 500
+    assert max_attributes(opener + "<p " + " ".join(f"a{i}" for i in range(2000)) + ">") > MAX_ATTRIBUTES
+    assert reconstruction_work(opener + "".join(f"<p><b id={i}>x" for i in range(100))) >= 100 * 99 // 2
+
+
+@pytest.mark.parametrize("tag", ['<div a="</div>">', "<ol a=</ol>>"])
+def test_an_end_tag_in_an_attribute_value_hides_no_nesting(tag: str) -> None:
+    assert estimate_depth(tag * 1000, limit=500) > 500
+
+
+def test_an_svg_whose_end_tag_closes_nothing_reads_as_markup_to_the_end() -> None:
+    """Inside an integration point holding HTML a `</svg>` closes nothing, and a `<style>` after it is
+    an SVG element with markup in it: nothing after it may be hidden or trusted to close."""
+    from service.core.prune import reconstruction_work
+
+    lead = "<svg><foreignObject><div></svg></div></foreignObject><style>"
+    assert (
+        reconstruction_work(lead + "<p>" + "".join(f"<b id={i}>" for i in range(100)) + "<p>x" * 100)
+        >= 10_000
+    )
+    # An icon's title is text: its </svg> closes it, and a <style> after it is raw text again.
+    icons = "<svg><title>Search</title><path d='M0 0'/></svg><style>" + "</b>" * 5 + "</style>"
+    assert estimate_depth(icons * 200 + "<div>x</div>" * 5000, limit=100) <= 100
