@@ -53,7 +53,7 @@ Robustness (cheap checks before expensive work): input over `max_bytes` raises `
 before decoding, and so does a page with so many tags that its tree would break the memory bound
 (peak RSS under 10x the input plus 200 MB: about `_MEMORY_PER_TAG` bytes per `<` and
 `_MEMORY_PER_ATTRIBUTE` per attribute, and `_MEMORY_PER_CLONE` for each element the parser would
-re-create from formatting elements left open: `reconstruction_work`); a page nesting
+re-create from formatting elements left open: `reconstruction_bytes`); a page nesting
 deeper than `max_depth` raises `NestingTooDeepError` (Lexbor's tree builder is quadratic in nesting
 depth: 100,000 nested `<div>`s take half a minute), and so does one whose depth times its tags passes
 `_NESTING_WORK_PER_BYTE` per byte (each tag walks the open elements: 7,000 nested `<div>`s and a
@@ -105,7 +105,7 @@ _MEMORY_HEADROOM = 150 * 1024 * 1024
 # the most attributes a page could hold would break its budget (pages over about a megabyte).
 _MEMORY_PER_ATTRIBUTE = 250
 _MIN_ATTRIBUTE_BYTES = 2
-# A formatting element the parser re-creates (see `reconstruction_work`) costs about a tag's memory and
+# A formatting element the parser re-creates (see `reconstruction_bytes`) costs about a tag's memory and
 # 2 us: 60 KB of `<p><b id=N>x` made 8 million of them (16 s, 3.2 GB).
 _MEMORY_PER_CLONE = _MEMORY_PER_TAG
 MAX_ATTRIBUTES = 1024  # an element with more is refused before parsing (see max_attributes)
@@ -215,7 +215,7 @@ _NESTING_WORK_PER_BYTE = 200
 _NESTING_WORK_HEADROOM = 100_000_000
 
 # The HTML Standard's formatting elements but <a> (the parser keeps at most one <a> active), with and
-# without attributes (for `reconstruction_work`); on lowercased bytes.
+# without attributes (for `reconstruction_bytes`); on lowercased bytes.
 _FORMATTING_NAMES = b"b big code em font i nobr s small strike strong tt u".split()
 _FORMATTING_WITH_ATTRIBUTES = re.compile(
     rb"<(?:b(?:ig)?|code|em|font|i|nobr|s(?:mall|trike|trong)?|tt|u|(html|body))[\t\n\f\r /]"
@@ -339,13 +339,12 @@ def _prune_document(document: str | bytes, max_depth: int) -> str:
         )
     del roots
     if need + entries * tags * _MEMORY_PER_CLONE > budget:
-        clones = reconstruction_work(document, limit=(budget - need) // _MEMORY_PER_CLONE)
-        need += clones * _MEMORY_PER_CLONE
+        clones = reconstruction_bytes(document, limit=budget - need)
+        need += clones
         if need > budget:
             raise InputTooLargeError(
-                f"page leaves so many formatting elements open that the parser would re-create them more "
-                f"than {clones} times, each about {_MEMORY_PER_CLONE} bytes (the budget for {len(document)} "
-                f"bytes is {budget >> 20} MiB)"
+                f"page leaves so many formatting elements open that the parser would re-create them, taking "
+                f"more than {clones >> 20} MiB (the budget for {len(document)} bytes is {budget >> 20} MiB)"
             )
     # After the cap: no tag holds more than MAX_ATTRIBUTES, which bounds the count's work per tag.
     if need + len(document) // _MIN_ATTRIBUTE_BYTES * _MEMORY_PER_ATTRIBUTE > budget:
@@ -496,9 +495,11 @@ def merged_root_attributes(lowered: bytes) -> int:
     return names
 
 
-def reconstruction_work(document: str | bytes, *, limit: int | None = None) -> int:
-    """An upper estimate of how many elements the HTML parser re-creates while "reconstructing the active
-    formatting elements" (stopping once past `limit`).
+def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> int:
+    """An upper estimate of the memory the HTML parser takes for the elements it re-creates while
+    "reconstructing the active formatting elements" (stopping once past `limit` bytes): each clone
+    `_MEMORY_PER_CLONE`, and `_MEMORY_PER_ATTRIBUTE` for each attribute it copies (clones of 60-attribute
+    tags took 3 GB where 400 bytes a clone said 140 MB).
 
     A formatting element (`<b>`, `<font>`, ...) left open stays on the parser's list of active
     formatting elements after its parent closes, and is cloned at the next text or tag; clones nest in
@@ -511,7 +512,8 @@ def reconstruction_work(document: str | bytes, *, limit: int | None = None) -> i
     `</b>` in a script, an attribute value or a bogus comment closes nothing, nor does one in a
     `<select>`) and adds its length once per tag: every tag may be a reconstruction. It errs long:
     markers (table cells, `<object>`, ...) are ignored; attributes are compared as written (`id=1 b=2`
-    and `b=2 id=1` count as two); and an end tag takes the last entry of its name off only where the
+    and `b=2 id=1` count as two; after a taint, where a tag's extent is unsure, no two are the same);
+    and an end tag takes the last entry of its name off only where the
     parser surely does, which it does not when the element is out of scope (`<b id=1><svg><desc></b>`
     left every `<b>` open) or after eight rounds of its adoption agency: so not once a scope boundary
     (`_SCOPE_BOUNDARIES`) or eight special elements have started since the entry's own tag. Corpus pages
@@ -521,15 +523,12 @@ def reconstruction_work(document: str | bytes, *, limit: int | None = None) -> i
     entries_of: dict[bytes, list[int]] = {}  # element name -> its entries, oldest first
     copies: dict[bytes, deque[int]] = {}  # the tag as written -> its entries, oldest first
     key_of: dict[int, bytes] = {}  # the live entries
+    weight: dict[int, int] = {}  # entry -> the bytes a clone of it takes
     since: dict[int, tuple[int, int]] = {}  # entry -> scope boundaries and special elements before it
-    entry = work = boundaries = specials = 0
+    entry = work = live = boundaries = specials = 0
     for end_tag, name, start, end, where in _tag_tokens(data):
-        work += len(key_of)  # every tag, and the text after it, may reconstruct the list
-        if limit is not None and work > limit:
-            return work
-        if end_tag:
-            if name not in _FORMATTING or where in (SELECT, TAINTED):
-                continue  # in a <select> or after a taint an end tag may close nothing
+        if end_tag and name in _FORMATTING and where not in (SELECT, TAINTED):
+            # In a <select> or after a taint an end tag may close nothing.
             stack = entries_of.get(name, [])
             while stack and stack[-1] not in key_of:
                 stack.pop()  # dropped by the Noah's Ark clause
@@ -538,22 +537,34 @@ def reconstruction_work(document: str | bytes, *, limit: int | None = None) -> i
                 if boundaries == before_boundaries and specials - before_specials < _ADOPTION_ROUNDS:
                     gone = stack.pop()
                     copies[key_of.pop(gone)].remove(gone)
-        elif name in _SCOPE_BOUNDARIES:
+                    live -= weight.pop(gone)
+        work += live  # every tag, and the text after it, may reconstruct the list
+        if limit is not None and work > limit:
+            return work
+        if end_tag:
+            continue
+        if name in _SCOPE_BOUNDARIES:
             boundaries += 1
         elif name in _SPECIAL:
             specials += 1
         elif name in _FORMATTING:
             key = data[start:end]  # as written: attributes in their own case
+            entry += 1
+            if where == TAINTED:
+                key += b"\x00%d" % entry  # its extent is unsure: a copy of nothing
             same = copies.setdefault(key, deque())
             # The parser keeps three copies after the last marker only: a copy from before a scope
             # boundary (most of which insert markers) may be in another segment, and stays.
             if len(same) >= _NOAHS_ARK and since[same[-_NOAHS_ARK]][0] == boundaries:
-                del key_of[same[-_NOAHS_ARK]]
+                evicted = same[-_NOAHS_ARK]
                 del same[-_NOAHS_ARK]
-            entry += 1
+                del key_of[evicted]
+                live -= weight.pop(evicted)
             same.append(entry)
             entries_of.setdefault(name, []).append(entry)
             key_of[entry] = key
+            weight[entry] = _MEMORY_PER_CLONE + _MEMORY_PER_ATTRIBUTE * _attribute_count(key)
+            live += weight[entry]
             since[entry] = (boundaries, specials)
     return work
 
@@ -570,7 +581,6 @@ _BREAKOUT = frozenset(
     b"""b big blockquote body br center code dd div dl dt em embed font h1 h2 h3 h4 h5 h6 head hr i img li
     listing menu meta nobr ol p pre ruby s small span strong strike sub sup table tt u ul var""".split()
 ) - {b"font"}
-_SELECT_ENDS = frozenset((b"select", b"input", b"keygen", b"textarea"))
 HTML, FOREIGN, SELECT, TAINTED = 0, 1, 2, 3  # where a tag was read (`_tag_tokens`)
 
 
@@ -597,7 +607,7 @@ def _tag_tokens(
     position = 0
     zone = HTML
     zone_name = b""
-    zone_depth = 0
+    opened: dict[bytes, int] = {}  # the foreign elements open in the zone, by name
     point: bytes | None = None  # an integration point of the zone, open and still empty
     while position < size:
         if zone == TAINTED:
@@ -639,56 +649,59 @@ def _tag_tokens(
                 zone = TAINTED
                 yield end_tag, name, start, position, TAINTED
                 continue
-        if zone == FOREIGN and (
-            (end_tag and name in (b"br", b"p")) or (not end_tag and _breaks_out(name, tag.group(3)))
-        ):
-            zone = HTML  # the parser leaves foreign content for this tag and what follows
-        elif zone == SELECT and ((end_tag and name == b"select") or (not end_tag and name in _SELECT_ENDS)):
-            yield end_tag, name, start, position, SELECT
-            zone = HTML  # the select is closed; an <input> or <textarea> is then read as in HTML
-            if end_tag or name == b"select":
-                continue
-            end_tag = False
-            yield end_tag, name, start, position, HTML
-            if name in _RAW_TEXT:
-                closer = _RAW_TEXT_CLOSE[name].search(lowered, position)
-                if hidden is not None:
-                    hidden.append((position, size if closer is None else closer.start()))
-                if closer is None:
-                    return
-                position = closer.start()
-            continue
-        yield end_tag, name, start, position, zone
-        if zone == HTML:
-            if end_tag:
-                continue
-            if name in _RAW_TEXT:
-                closer = _RAW_TEXT_CLOSE[name].search(lowered, position)
-                if hidden is not None:
-                    hidden.append((position, size if closer is None else closer.start()))
-                if closer is None:
-                    return
-                position = closer.start()
-            elif name == b"plaintext":
-                if hidden is not None:
-                    hidden.append((position, size))
-                return
-            elif name in _ZONES:
-                zone, zone_name, zone_depth = FOREIGN, name, 1
-            elif name == b"select":
-                zone = SELECT
-            elif name == b"frameset":
-                # The parser then ignores tags but <frameset>, <frame> and <noframes> (a <title> holds
-                # markup), unless text came first and it ignores the <frameset> instead: either way.
-                zone = TAINTED
-        elif zone == FOREIGN:
+        if zone == FOREIGN:
             self_closing = is_self_closing(tag.group(3))
-            if name == zone_name and not self_closing:
-                zone_depth += -1 if end_tag else 1
-                if not zone_depth:
-                    zone = HTML
-            elif not end_tag and not self_closing and name in _ZONES[zone_name]:
-                point = name
+            if (end_tag and name in (b"br", b"p")) or (not end_tag and _breaks_out(name, tag.group(3))):
+                zone = HTML  # the parser leaves foreign content for this tag and what follows
+            elif end_tag and not opened.get(name):
+                # Not a foreign element open here: the parser looks for it among the HTML elements
+                # around the <svg>, and may leave foreign content (`<div><svg></div>`) or not.
+                zone = TAINTED
+                yield end_tag, name, start, position, TAINTED
+                continue
+            else:
+                if not self_closing:
+                    opened[name] = opened.get(name, 0) + (-1 if end_tag else 1)
+                if name == zone_name and not self_closing and not opened[name]:
+                    zone = HTML  # the zone's own end tag: yielded as HTML, and read so after
+                elif not end_tag and not self_closing and name in _ZONES[zone_name]:
+                    point = name
+                if zone == FOREIGN:
+                    yield end_tag, name, start, position, FOREIGN
+                    continue
+                yield end_tag, name, start, position, HTML
+                continue
+        elif zone == SELECT:
+            if not end_tag and name in _ZONES:
+                zone = TAINTED  # the parser builds <svg> and <math> inside a <select>
+                yield end_tag, name, start, position, TAINTED
+                continue
+            if not (end_tag and name == b"select"):
+                yield end_tag, name, start, position, SELECT
+                continue
+            zone = HTML  # its own end tag, read as HTML (it closes the <select>)
+        yield end_tag, name, start, position, zone
+        if end_tag:
+            continue
+        if name in _RAW_TEXT:
+            closer = _RAW_TEXT_CLOSE[name].search(lowered, position)
+            if hidden is not None:
+                hidden.append((position, size if closer is None else closer.start()))
+            if closer is None:
+                return
+            position = closer.start()
+        elif name == b"plaintext":
+            if hidden is not None:
+                hidden.append((position, size))
+            return
+        elif name in _ZONES:
+            zone, zone_name, opened = FOREIGN, name, {name: 1}
+        elif name == b"select":
+            zone = SELECT
+        elif name == b"frameset":
+            # The parser then ignores tags but <frameset>, <frame> and <noframes> (a <title> holds
+            # markup), unless text came first and it ignores the <frameset> instead: either way.
+            zone = TAINTED
 
 
 def is_self_closing(attributes: bytes) -> bool:
@@ -714,8 +727,8 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
     element of its name is open: a page of `</div>`s, or of `<div></span>`, nests as deep as its
     `<div>`s. Tags are read as the tokenizer reads them (`_tag_tokens`): an end tag in an attribute
     value (`<div a="</div>">`, 60,000 of which hid their nesting) or in raw text closes nothing. In
-    <svg> and <math> every element nests but a self-closing one; in a <select>, and after an
-    integration point that held markup, no end tag counts, and what a <select> opened closes with it.
+    <svg> and <math> every element nests but a self-closing one; in a <select> (but its own end tag),
+    and after an integration point that held markup, no end tag counts.
     A page with fewer `<` than `limit` cannot exceed it, so ordinary pages cost one count.
     """
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
@@ -723,22 +736,13 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
         return 0
     open_elements: dict[bytes, int] = {}
     depth = most = 0
-    before_select: tuple[int, dict[bytes, int]] | None = None  # depth and open elements at a <select>
     for end_tag, name, start, end, where in _tag_tokens(data):
-        if where == SELECT:
-            if before_select is None:
-                before_select = depth, dict(open_elements)
-            if end_tag or name in _NOT_NESTING or is_self_closing(data[start:end].rstrip(b">")):
-                continue
-        elif before_select is not None:  # the select closed: what it held with it
-            depth, open_elements = before_select
-            before_select = None
-        if where == TAINTED:
-            if end_tag:
-                continue
-        elif where == FOREIGN:
+        if where == FOREIGN:
             if not end_tag and is_self_closing(data[start:end].rstrip(b">")):
                 continue
+        elif where in (TAINTED, SELECT):
+            if end_tag or (where == SELECT and name in _NOT_NESTING):
+                continue  # an end tag there may close nothing
         elif name in _NOT_NESTING:
             continue
         if end_tag:
