@@ -218,7 +218,8 @@ _NESTING_WORK_HEADROOM = 100_000_000
 # without attributes (for `reconstruction_bytes`); on lowercased bytes.
 _FORMATTING_NAMES = b"b big code em font i nobr s small strike strong tt u".split()
 _FORMATTING_WITH_ATTRIBUTES = re.compile(
-    rb"<(?:b(?:ig)?|code|em|font|i|nobr|s(?:mall|trike|trong)?|tt|u|(html|body))[\t\n\f\r /]"
+    rb"<(?:b(?:ig)?|code|em|font|i|nobr|s(?:mall|trike|trong)?|tt|u|(html|body))(?=[\t\n\f\r /])"
+    rb"(" + _TAG_ATTRIBUTES_REST + rb")"
 )
 # The attributes of an <html> or <body> start tag: the parser merges those of every repeated one into the
 # one element, checking each against those it has (90,000 `<html aN>` took 30 s).
@@ -331,14 +332,14 @@ def _prune_document(document: str | bytes, max_depth: int) -> str:
     attributes = max_attributes(document)
     if attributes > MAX_ATTRIBUTES:
         raise TooManyAttributesError(f"an element has {attributes} attributes; the cap is {MAX_ATTRIBUTES}")
-    entries, roots = _tags_with_attributes(document)
+    list_bytes, roots = _tags_with_attributes(document)
     if roots is not None and (merged := merged_root_attributes(roots)) > MAX_ATTRIBUTES:
         raise TooManyAttributesError(
             f"the page's <html> and <body> tags have {merged} attributes, which the parser merges into "
             f"one element each; the cap is {MAX_ATTRIBUTES}"
         )
     del roots
-    if need + entries * tags * _MEMORY_PER_CLONE > budget:
+    if need + list_bytes * tags > budget:
         clones = reconstruction_bytes(document, limit=budget - need)
         need += clones
         if need > budget:
@@ -472,16 +473,24 @@ def _attribute_count(tag: bytes) -> int:
 
 
 def _tags_with_attributes(document: str | bytes) -> tuple[int, bytes | None]:
-    """(An upper bound of the parser's list of active formatting elements: three of each element without
-    attributes and every start tag of one with attributes; the lowercased page where it has more than a
-    few `<html>`/`<body>` tags with attributes, else None), from one cheap scan."""
+    """(An upper bound of the bytes a reconstruction of the parser's list of active formatting elements
+    takes: three of each element without attributes, and every start tag of one with attributes with
+    what its attributes take; the lowercased page where it has more than a few `<html>`/`<body>` tags
+    with attributes, else None), from one cheap scan."""
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
     lowered = data.lower()
-    found = _FORMATTING_WITH_ATTRIBUTES.findall(lowered)  # the root tags' names, b"" for the others
-    roots = len(found) - found.count(b"")
-    return _NOAHS_ARK * len(_FORMATTING_NAMES) + len(
-        found
-    ) - roots, lowered if roots > _FEW_ROOT_TAGS else None
+    found = _FORMATTING_WITH_ATTRIBUTES.findall(lowered)  # (root name or b"", attributes)
+    sections = [attributes for root, attributes in found if not root]
+    attributes = 0
+    for first in range(0, len(sections), _COUNT_TAGS):
+        joined = b">" + b">".join(sections[first : first + _COUNT_TAGS])
+        attributes += _ATTRIBUTE_VALUE.sub(b" ", joined).translate(_NAME_RUNS).count(b" a")
+    entries = _NOAHS_ARK * len(_FORMATTING_NAMES) + len(sections)
+    roots = len(found) - len(sections)
+    return (
+        entries * _MEMORY_PER_CLONE + attributes * _MEMORY_PER_ATTRIBUTE,
+        lowered if roots > _FEW_ROOT_TAGS else None,
+    )
 
 
 def merged_root_attributes(lowered: bytes) -> int:

@@ -405,3 +405,14 @@ def test_what_a_select_opened_stays_open_and_its_end_tag_closes_it() -> None:
 def test_a_closed_formatting_element_is_no_reconstruction() -> None:
     assert clones("<i></i>" * 1000) == 0
     assert prune_html("<i>x</i>" * 150_000).count("<i>") == 150_000
+
+
+def test_the_cheap_bound_counts_what_the_clones_attributes_take() -> None:
+    """The bound that decides whether the replay runs must count attributes too: 100 open `<b>` of
+    1,000 attributes each, cloned into 500 paragraphs, take 12 GB, which 400 bytes a clone put at
+    34 MB, under the budget, so the page went to the parser unchecked."""
+    tags = "".join("<b " + " ".join(f"a{j}={i}" for j in range(1000)) + ">" for i in range(100))
+    list_bytes, _ = prune._tags_with_attributes("<p>" + tags)
+    assert list_bytes >= 100 * (400 + 1000 * 250)
+    with pytest.raises(prune.InputTooLargeError, match="formatting elements"):
+        prune_html("<p>" + tags + "<p>x" * 500)
