@@ -218,7 +218,7 @@ _NESTING_WORK_HEADROOM = 100_000_000
 # without attributes (for `reconstruction_bytes`); on lowercased bytes.
 _FORMATTING_NAMES = b"b big code em font i nobr s small strike strong tt u".split()
 _FORMATTING_WITH_ATTRIBUTES = re.compile(
-    rb"<(?:b(?:ig)?|code|em|font|i|nobr|s(?:mall|trike|trong)?|tt|u|(html|body))(?=[\t\n\f\r /])"
+    rb"<(?:b(?:ig)?|code|em|font|i|nobr|s(?:mall|trike|trong)?|tt|u|(html|body)|(a))(?=[\t\n\f\r /])"
     rb"(" + _TAG_ATTRIBUTES_REST + rb")"
 )
 # The attributes of an <html> or <body> start tag: the parser merges those of every repeated one into the
@@ -239,7 +239,29 @@ _SPECIAL = frozenset(
     menu nav noembed noframes noscript ol p plaintext pre search section summary tbody textarea tfoot
     thead tr ul xmp""".split()
 )
-_FORMATTING = frozenset(_FORMATTING_NAMES)
+# <a> is a formatting element too, of which the parser keeps one after the last marker: a new <a>
+# takes the open one off the list (`reconstruction_bytes`). One <a> of 1,000 attributes left open was
+# re-created in each of 60,000 paragraphs: 9.7 GB.
+_FORMATTING = frozenset((*_FORMATTING_NAMES, b"a"))
+_TABLE_ROWS = frozenset((b"tr", b"tbody", b"thead", b"tfoot"))  # their end tags close the open cell
+_CLOSED_BY_BLOCKS = frozenset((b"p", b"li", b"dd", b"dt"))  # a block start closes one left open
+_CELLS = frozenset((b"td", b"th", b"tr"))
+# Start tags that close an element left open (and with it what it holds): a block start the open
+# <p>, an <li> the open <li>, and so on.
+_IMPLIED_ENDS: dict[bytes, tuple[bytes, ...]] = {
+    **{name: (b"p",) for name in _SPECIAL | {b"table", b"hr"}},
+    b"li": (b"p", b"li"),
+    b"dd": (b"p", b"dd", b"dt"),
+    b"dt": (b"p", b"dd", b"dt"),
+    b"td": (b"td", b"th"),
+    b"th": (b"td", b"th"),
+    b"tr": (b"td", b"th", b"tr"),
+    b"option": (b"option",),
+    b"optgroup": (b"option", b"optgroup"),
+}
+# Boundaries that insert a marker in the list of active formatting elements: closing one clears the
+# list up to it (each table cell of an old layout leaves its <font> open, and the next cell clears it).
+_MARKERS = frozenset(b"td th caption applet marquee object template".split())
 # For the attribute pre-check: a whole tag (see _TAG_REST), and what follows its name.
 _TAG_EXTENT = re.compile(rb"<[a-zA-Z]" + _TAG_REST)
 _TAG_ATTRIBUTES = re.compile(rb"<[a-zA-Z][^\t\n\f\r />]*+(" + _TAG_ATTRIBUTES_REST + rb")")
@@ -474,23 +496,29 @@ def _attribute_count(tag: bytes) -> int:
 
 def _tags_with_attributes(document: str | bytes) -> tuple[int, bytes | None]:
     """(An upper bound of the bytes a reconstruction of the parser's list of active formatting elements
-    takes: three of each element without attributes, and every start tag of one with attributes with
-    what its attributes take; the lowercased page where it has more than a few `<html>`/`<body>` tags
+    takes: three of each element without attributes, every start tag of one with attributes with what
+    its attributes take, and the one `<a>` the list can hold after its last marker, with the most
+    attributes an `<a>` has; the lowercased page where it has more than a few `<html>`/`<body>` tags
     with attributes, else None), from one cheap scan."""
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
     lowered = data.lower()
-    found = _FORMATTING_WITH_ATTRIBUTES.findall(lowered)  # (root name or b"", attributes)
-    sections = [attributes for root, attributes in found if not root]
+    found = _FORMATTING_WITH_ATTRIBUTES.findall(lowered)  # (root name or b"", b"a" or b"", attributes)
+    sections = [attributes for root, link, attributes in found if not root and not link]
+    links = [attributes for _, link, attributes in found if link]
     attributes = 0
     for first in range(0, len(sections), _COUNT_TAGS):
         joined = b">" + b">".join(sections[first : first + _COUNT_TAGS])
         attributes += _ATTRIBUTE_VALUE.sub(b" ", joined).translate(_NAME_RUNS).count(b" a")
-    entries = _NOAHS_ARK * len(_FORMATTING_NAMES) + len(sections)
-    roots = len(found) - len(sections)
-    return (
-        entries * _MEMORY_PER_CLONE + attributes * _MEMORY_PER_ATTRIBUTE,
-        lowered if roots > _FEW_ROOT_TAGS else None,
-    )
+    # An <a>'s attributes, bounded by what is left of it once its values are blanked: a name and a
+    # separator each at least.
+    widest = 0
+    for first in range(0, len(links), _COUNT_TAGS):
+        joined = b">".join(links[first : first + _COUNT_TAGS])
+        widest = max(widest, *map(len, _ATTRIBUTE_VALUE.sub(b" ", joined).split(b">")))
+    entries = _NOAHS_ARK * len(_FORMATTING_NAMES) + len(sections) + 1
+    roots = len(found) - len(sections) - len(links)
+    list_bytes = entries * _MEMORY_PER_CLONE + (attributes + (widest + 1) // 2) * _MEMORY_PER_ATTRIBUTE
+    return list_bytes, lowered if roots > _FEW_ROOT_TAGS else None
 
 
 def merged_root_attributes(lowered: bytes) -> int:
@@ -519,7 +547,9 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
 
     The estimate replays the list over the page's tags as the tokenizer reads them (`_tag_tokens`: a
     `</b>` in a script, an attribute value or a bogus comment closes nothing, nor does one in a
-    `<select>`) and adds its length once per tag: every tag may be a reconstruction. It errs long:
+    `<select>`), and with it which entries' elements are off the stack of open elements: those opened
+    inside an element that has since closed (by its end tag, or a block that closes a `<p>`, a cell that
+    closes a cell, ...); each tag re-creates those and puts them back inside what it opens. It errs long:
     markers (table cells, `<object>`, ...) are ignored; attributes are compared as written (`id=1 b=2`
     and `b=2 id=1` count as two; after a taint, where a tag's extent is unsure, no two are the same);
     and an end tag takes the last entry of its name off only where the
@@ -533,49 +563,159 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
     copies: dict[bytes, deque[int]] = {}  # the tag as written -> its entries, oldest first
     key_of: dict[int, bytes] = {}  # the live entries
     weight: dict[int, int] = {}  # entry -> the bytes a clone of it takes
-    since: dict[int, tuple[int, int]] = {}  # entry -> scope boundaries and special elements before it
-    entry = work = live = boundaries = specials = 0
-    for end_tag, name, start, end, where in _tag_tokens(data):
-        if end_tag and name in _FORMATTING and where not in (SELECT, TAINTED):
-            # In a <select> or after a taint an end tag may close nothing.
-            stack = entries_of.get(name, [])
-            while stack and stack[-1] not in key_of:
-                stack.pop()  # dropped by the Noah's Ark clause
-            if stack:  # the last live entry of its name leaves, where surely so
-                before_boundaries, before_specials = since[stack[-1]]
-                if boundaries == before_boundaries and specials - before_specials < _ADOPTION_ROUNDS:
-                    gone = stack.pop()
-                    copies[key_of.pop(gone)].remove(gone)
-                    live -= weight.pop(gone)
-        work += live  # every tag, and the text after it, may reconstruct the list
+    since: dict[int, int] = {}  # entry -> the serial of the last element opened before it
+    # Scope boundaries and special elements open (as far as the scan can tell: an end tag closes one
+    # only when it is the last one open), with the serial of their start tag.
+    boundaries: list[tuple[bytes, int]] = []
+    specials: list[tuple[bytes, int]] = []
+    markers: dict[int, int] = {}  # a marker-inserting boundary's serial -> the last entry before it
+    order: list[int] = []  # the entries in the order they were added (some since removed)
+    # An entry's element is on the parser's stack of open elements until an element around it closes;
+    # only then does the next text or tag re-create it (inside the element then current, where it
+    # stays until that one closes). `on_stack` holds (the tag it was opened at, entry), in that order.
+    on_stack: list[tuple[int, int]] = []
+    off: set[int] = set()
+    starts: dict[bytes, list[int]] = {}  # name -> the tags its elements opened at, the open ones
+    serial = entry = work = off_weight = tables = 0
+
+    def remove(gone: int) -> None:
+        nonlocal off_weight
+        copies[key_of.pop(gone)].remove(gone)
+        if gone in off:
+            off.discard(gone)
+            off_weight -= weight[gone]
+        del weight[gone]
+
+    def closed_after(opened: int) -> None:
+        """An element opened at tag `opened` may have closed: what was opened after it is off the stack."""
+        nonlocal off_weight
+        while on_stack and on_stack[-1][0] > opened:
+            _, popped = on_stack.pop()
+            if popped in key_of and popped not in off:
+                off.add(popped)
+                off_weight += weight[popped]
+
+    def close(names: tuple[bytes, ...], *, all_of: bool = False) -> None:
+        """Close the last open boundaries while they have one of `names` (one, unless `all_of`); a
+        cell, caption, <object>, ... that closes clears the list up to its marker, as the parser does."""
+        nonlocal tables
+        while boundaries and boundaries[-1][0] in names:
+            name, opened = boundaries.pop()
+            tables -= name == b"table"
+            last = markers.pop(opened, None)
+            while last is not None and order and order[-1] > last:
+                added = order.pop()
+                if added in key_of:
+                    remove(added)
+            if not all_of:
+                return
+
+    for tick, (end_tag, name, start, end, where) in enumerate(_tag_tokens(data), 1):
+        trusted = where not in (SELECT, TAINTED)  # there an end tag may close nothing
+        if end_tag and starts.get(name):
+            # Its element, if open, closes with what it holds (an end tag that may close nothing
+            # leaves it counted as open).
+            closed_after(starts[name].pop() if trusted else starts[name][-1])
+        elif not end_tag:
+            implied = [starts[closes].pop() for closes in _IMPLIED_ENDS.get(name, ()) if starts.get(closes)]
+            if implied:
+                closed_after(min(implied))  # a <p> the block closes, the <li> before an <li>, ...
+        if end_tag and trusted:
+            if name in _FORMATTING:
+                stack = entries_of.get(name, [])
+                while stack and stack[-1] not in key_of:
+                    stack.pop()  # dropped by the Noah's Ark clause
+                if stack and _surely_in_scope(since[stack[-1]], boundaries, specials):
+                    remove(stack.pop())  # the last live entry of its name leaves
+            elif name == b"table":
+                close((b"td", b"th", b"caption"), all_of=True)
+                close((b"table",))
+            elif name in _TABLE_ROWS:
+                close((b"td", b"th"), all_of=True)
+            elif name in _SCOPE_BOUNDARIES:
+                close((name,))
+            elif name in _SPECIAL:
+                _close_last(specials, (name,))
+        # The tag, or the text after it, re-creates what is off the stack, inside what is open now.
+        work += off_weight
         if limit is not None and work > limit:
             return work
         if end_tag:
+            continue  # what it re-creates stays counted off the stack until the next start tag
+        if off:  # re-created in the element this tag opens (or, outside it, counted once more)
+            on_stack.extend((2 * tick + 1, again) for again in sorted(off))
+            off.clear()
+            off_weight = 0
+        starts.setdefault(name, []).append(2 * tick)  # its element opens here, what it holds after
+        if where == FOREIGN and is_self_closing(data[start:end].rstrip(b">")):
             continue
-        if name in _SCOPE_BOUNDARIES:
-            boundaries += 1
+        if name in _SCOPE_BOUNDARIES or name == b"tr":
+            html = where == HTML  # in <svg> a <td> or an <object> is a foreign element, no marker
+            if name in _CELLS and html:
+                if not tables:
+                    continue  # outside a table the parser ignores a cell's tags
+                close((b"td", b"th"), all_of=True)  # a new cell or row closes the open cell
+            if name == b"tr":
+                continue
+            serial += 1
+            boundaries.append((name, serial))
+            if html:
+                tables += name == b"table"
+                if name in _MARKERS:
+                    markers[serial] = entry
         elif name in _SPECIAL:
-            specials += 1
+            if (
+                trusted
+                and specials
+                and specials[-1][0] in _CLOSED_BY_BLOCKS
+                and (not boundaries or boundaries[-1][1] < specials[-1][1])
+            ):
+                specials.pop()  # a <p> (or <li>, <dd>, <dt>) the new block closes
+            serial += 1
+            specials.append((name, serial))
         elif name in _FORMATTING:
+            if name == b"a" and trusted:
+                stack = entries_of.get(name, [])
+                while stack and stack[-1] not in key_of:
+                    stack.pop()
+                if stack and _surely_in_scope(since[stack[-1]], boundaries, []):
+                    remove(stack.pop())  # the parser closes the open <a> and takes it off the list
             key = data[start:end]  # as written: attributes in their own case
             entry += 1
             if where == TAINTED:
                 key += b"\x00%d" % entry  # its extent is unsure: a copy of nothing
             same = copies.setdefault(key, deque())
             # The parser keeps three copies after the last marker only: a copy from before a scope
-            # boundary (most of which insert markers) may be in another segment, and stays.
-            if len(same) >= _NOAHS_ARK and since[same[-_NOAHS_ARK]][0] == boundaries:
-                evicted = same[-_NOAHS_ARK]
-                del same[-_NOAHS_ARK]
-                del key_of[evicted]
-                live -= weight.pop(evicted)
+            # boundary still open (most of them insert markers) may be in another segment, and stays.
+            if len(same) >= _NOAHS_ARK and _surely_in_scope(since[same[-_NOAHS_ARK]], boundaries, []):
+                remove(same[-_NOAHS_ARK])
             same.append(entry)
+            order.append(entry)
+            on_stack.append((2 * tick + 1, entry))
             entries_of.setdefault(name, []).append(entry)
             key_of[entry] = key
             weight[entry] = _MEMORY_PER_CLONE + _MEMORY_PER_ATTRIBUTE * _attribute_count(key)
-            live += weight[entry]
-            since[entry] = (boundaries, specials)
+            since[entry] = serial
     return work
+
+
+def _surely_in_scope(
+    opened: int, boundaries: list[tuple[bytes, int]], specials: list[tuple[bytes, int]]
+) -> bool:
+    """Whether an element opened after serial `opened` is surely reached by the parser's end tag: no
+    scope boundary opened since is open, nor `_ADOPTION_ROUNDS` special elements."""
+    if boundaries and boundaries[-1][1] > opened:
+        return False
+    later = len(specials) - bisect.bisect_right(specials, opened, key=lambda open_: open_[1])
+    return later < _ADOPTION_ROUNDS
+
+
+def _close_last(open_: list[tuple[bytes, int]], names: tuple[bytes, ...]) -> None:
+    """Close the last open elements while they have one of `names` (an end tag closes what is last)."""
+    while open_ and open_[-1][0] in names:
+        open_.pop()
+        if len(names) == 1:
+            return
 
 
 # The tag scan (`_tag_tokens`): what the HTML tokenizer reads as tags, for the pre-parse checks.
@@ -617,6 +757,9 @@ def _tag_tokens(
     zone = HTML
     zone_name = b""
     opened: dict[bytes, int] = {}  # the foreign elements open in the zone, by name
+    html_names: set[bytes] = set()  # the names of the HTML start tags read so far
+    parent: bytes | None = None  # the HTML start tag just read; in a zone, the one just before it
+    previous: bytes | None = None
     point: bytes | None = None  # an integration point of the zone, open and still empty
     while position < size:
         if zone == TAINTED:
@@ -664,7 +807,16 @@ def _tag_tokens(
                 zone = HTML  # the parser leaves foreign content for this tag and what follows
             elif end_tag and not opened.get(name):
                 # Not a foreign element open here: the parser looks for it among the HTML elements
-                # around the <svg>, and may leave foreign content (`<div><svg></div>`) or not.
+                # around the <svg>. The one just before the <svg> is surely open, and its end tag
+                # takes the parser out (`<div><svg><use/></div>`); a name no HTML start tag had cannot
+                # be open (`</path></path>`), and is ignored; any other may be either.
+                if name == parent:
+                    zone = HTML
+                    yield end_tag, name, start, position, HTML
+                    continue
+                if name not in html_names:
+                    yield end_tag, name, start, position, FOREIGN
+                    continue
                 zone = TAINTED
                 yield end_tag, name, start, position, TAINTED
                 continue
@@ -690,8 +842,11 @@ def _tag_tokens(
                 continue
             zone = HTML  # its own end tag, read as HTML (it closes the <select>)
         yield end_tag, name, start, position, zone
+        previous, parent = parent, None
         if end_tag:
             continue
+        html_names.add(name)
+        parent = None if name in _NO_PARENTS else name
         if name in _RAW_TEXT:
             closer = _RAW_TEXT_CLOSE[name].search(lowered, position)
             if hidden is not None:
@@ -704,13 +859,21 @@ def _tag_tokens(
                 hidden.append((position, size))
             return
         elif name in _ZONES:
-            zone, zone_name, opened = FOREIGN, name, {name: 1}
+            zone, zone_name, opened, parent = FOREIGN, name, {name: 1}, previous
         elif name == b"select":
             zone = SELECT
         elif name == b"frameset":
             # The parser then ignores tags but <frameset>, <frame> and <noframes> (a <title> holds
             # markup), unless text came first and it ignores the <frameset> instead: either way.
             zone = TAINTED
+
+
+# Start tags whose end tag does not take the parser out of an <svg> right inside them: void elements
+# (never open), and <html>, <head>, <body> and <form>, whose end tags pop nothing.
+_NO_PARENTS = frozenset(
+    b"""area base basefont bgsound br col embed frame hr img input keygen link meta param source track wbr
+    html head body form""".split()
+)
 
 
 def is_self_closing(attributes: bytes) -> bool:
