@@ -442,6 +442,13 @@ def count_attributes(document: str | bytes) -> int:
     """
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
     sections = _TAG_ATTRIBUTES.findall(data)
+    return _names_in(sections)
+
+
+def _names_in(sections: list[bytes]) -> int:
+    """The attribute names in tags' attribute sections (what follows each name), `_COUNT_TAGS` at a
+    time, joined by ">" (no value runs across it): the value substitution holds a bounded number of
+    pieces, and names are counted as runs in a translated copy, which allocates nothing per name."""
     names = 0
     for first in range(0, len(sections), _COUNT_TAGS):
         joined = b">" + b">".join(sections[first : first + _COUNT_TAGS])
@@ -505,10 +512,7 @@ def _tags_with_attributes(document: str | bytes) -> tuple[int, bytes | None]:
     found = _FORMATTING_WITH_ATTRIBUTES.findall(lowered)  # (root name or b"", b"a" or b"", attributes)
     sections = [attributes for root, link, attributes in found if not root and not link]
     links = [attributes for _, link, attributes in found if link]
-    attributes = 0
-    for first in range(0, len(sections), _COUNT_TAGS):
-        joined = b">" + b">".join(sections[first : first + _COUNT_TAGS])
-        attributes += _ATTRIBUTE_VALUE.sub(b" ", joined).translate(_NAME_RUNS).count(b" a")
+    attributes = _names_in(sections)
     # An <a>'s attributes, bounded by what is left of it once its values are blanked: a name and a
     # separator each at least.
     widest = 0
@@ -525,11 +529,7 @@ def merged_root_attributes(lowered: bytes) -> int:
     """The attributes of all the `<html>` and `<body>` start tags of a lowercased page (those in text
     read as tags count too: the safe side), which the parser merges into one element each."""
     sections = _ROOT_ATTRIBUTES.findall(lowered)
-    names = 0
-    for first in range(0, len(sections), _COUNT_TAGS):
-        joined = b">" + b">".join(sections[first : first + _COUNT_TAGS])
-        names += _ATTRIBUTE_VALUE.sub(b" ", joined).translate(_NAME_RUNS).count(b" a")
-    return names
+    return _names_in(sections)
 
 
 def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> int:
