@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import bisect
 import html as _html
+import operator
 import re
 from collections import deque
 from collections.abc import Iterator
@@ -272,6 +273,9 @@ _ATTRIBUTE_NAME = re.compile(rb"[^\t\n\f\r />]+")
 # For counting names: their characters to "a", the characters between them (`_ATTRIBUTE_NAME`'s) to " ".
 _NAME_RUNS = bytes.maketrans(bytes(range(256)), bytes(32 if c in b"\t\n\f\r />" else 97 for c in range(256)))
 _COUNT_TAGS = 64
+# The same, keeping the ">" between tags, to count each tag's names apart.
+_NAME_RUNS_BY_TAG = bytes(62 if c == 62 else b for c, b in enumerate(_NAME_RUNS))
+_COUNT_RUNS = operator.methodcaller("count", b" a")
 # A quoted attribute value with a ">" in it: the only way a tag outgrows the run of text around it.
 _QUOTED_GT = re.compile(rb"""=[\t\n\f\r ]*+(?:"[^">]*+>|'[^'>]*+>)""")
 _TAG_START = re.compile(rb"<[a-zA-Z]")
@@ -513,15 +517,15 @@ def _tags_with_attributes(document: str | bytes) -> tuple[int, bytes | None]:
     sections = [attributes for root, link, attributes in found if not root and not link]
     links = [attributes for _, link, attributes in found if link]
     attributes = _names_in(sections)
-    # An <a>'s attributes, bounded by what is left of it once its values are blanked: a name and a
-    # separator each at least.
+    # The most attributes one <a> has (each counted as `_names_in` counts, the ">" between them kept).
     widest = 0
     for first in range(0, len(links), _COUNT_TAGS):
-        joined = b">".join(links[first : first + _COUNT_TAGS])
-        widest = max(widest, *map(len, _ATTRIBUTE_VALUE.sub(b" ", joined).split(b">")))
+        joined = _ATTRIBUTE_VALUE.sub(b" ", b">".join(links[first : first + _COUNT_TAGS]))
+        runs = (b" " + joined).translate(_NAME_RUNS_BY_TAG).split(b">")
+        widest = max(widest, *map(_COUNT_RUNS, runs))
     entries = _NOAHS_ARK * len(_FORMATTING_NAMES) + len(sections) + 1
     roots = len(found) - len(sections) - len(links)
-    list_bytes = entries * _MEMORY_PER_CLONE + (attributes + (widest + 1) // 2) * _MEMORY_PER_ATTRIBUTE
+    list_bytes = entries * _MEMORY_PER_CLONE + (attributes + widest) * _MEMORY_PER_ATTRIBUTE
     return list_bytes, lowered if roots > _FEW_ROOT_TAGS else None
 
 
