@@ -424,6 +424,13 @@ def test_an_open_link_re_created_in_every_paragraph_is_charged() -> None:
     link = "<p><a " + " ".join(f"a{i}" for i in range(1000)) + ">x</p>"
     list_bytes, _ = prune._tags_with_attributes(link)
     assert list_bytes >= 400 + 1000 * 250
+    # The bound takes the link with the most attributes, each link counted apart (a quoted ">" in one
+    # ends nothing): the second here, of six.
+    base, _ = prune._tags_with_attributes("<p>")
+    assert (
+        prune._tags_with_attributes('<a href="x>y" title=t class=c>z</a><a a b c d e f>q')[0]
+        == base + 6 * 250
+    )
     with pytest.raises(prune.InputTooLargeError, match="formatting elements"):
         prune_html(link + "<p>x</p>" * 4000)
     # A new <a> closes the open one: a table of cells with unclosed links is ordinary markup.
