@@ -215,8 +215,9 @@ _TAG_REST = rb"[^\t\n\f\r />]*+" + _TAG_ATTRIBUTES_REST
 _NESTING_WORK_PER_BYTE = 200
 _NESTING_WORK_HEADROOM = 100_000_000
 
-# The HTML Standard's formatting elements but <a> (the parser keeps at most one <a> active), with and
-# without attributes (for `reconstruction_bytes`); on lowercased bytes.
+# The HTML Standard's formatting elements but <a>, which the list holds once after its last marker (see
+# `_FORMATTING`): three copies of each, and every one with attributes, bound the list
+# (`_tags_with_attributes`, on lowercased bytes).
 _FORMATTING_NAMES = b"b big code em font i nobr s small strike strong tt u".split()
 _FORMATTING_WITH_ATTRIBUTES = re.compile(
     rb"<(?:b(?:ig)?|code|em|font|i|nobr|s(?:mall|trike|trong)?|tt|u|(html|body)|(a))(?=[\t\n\f\r /])"
@@ -553,14 +554,14 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
     `</b>` in a script, an attribute value or a bogus comment closes nothing, nor does one in a
     `<select>`), and with it which entries' elements are off the stack of open elements: those opened
     inside an element that has since closed (by its end tag, or a block that closes a `<p>`, a cell that
-    closes a cell, ...); each tag re-creates those and puts them back inside what it opens. It errs long:
-    markers (table cells, `<object>`, ...) are ignored; attributes are compared as written (`id=1 b=2`
-    and `b=2 id=1` count as two; after a taint, where a tag's extent is unsure, no two are the same);
-    and an end tag takes the last entry of its name off only where the
-    parser surely does, which it does not when the element is out of scope (`<b id=1><svg><desc></b>`
-    left every `<b>` open) or after eight rounds of its adoption agency: so not once a scope boundary
-    (`_SCOPE_BOUNDARIES`) or eight special elements have started since the entry's own tag. Corpus pages
-    need at most 38,104 (a tenth of their budget at most); the refusal comes past about 390,000.
+    closes a cell, ...); each tag re-creates those and puts them back inside what it opens. A closing
+    cell, caption, `<object>`, ... clears the list to its marker, and a new `<a>` takes the open one off.
+    It errs long: attributes are compared as written (`id=1 b=2` and `b=2 id=1` count as two; after a
+    taint, where a tag's extent is unsure, no two are the same); and an end tag takes the last entry of
+    its name off only where the parser surely does, which it does not when the element is out of scope
+    (`<b id=1><svg><desc></b>` left every `<b>` open) or after eight rounds of its adoption agency: so
+    not while a scope boundary (`_SCOPE_BOUNDARIES`) opened since the entry's own tag is open, nor eight
+    special elements. Corpus pages need at most 76 KB.
     """
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
     entries_of: dict[bytes, list[int]] = {}  # element name -> its entries, oldest first
@@ -581,6 +582,13 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
     off: set[int] = set()
     starts: dict[bytes, list[int]] = {}  # name -> the tags its elements opened at, the open ones
     serial = entry = work = off_weight = tables = 0
+
+    def last_live(name: bytes) -> int | None:
+        """The newest entry of `name` still on the list (the Noah's Ark clause drops some early)."""
+        stack = entries_of.get(name, [])
+        while stack and stack[-1] not in key_of:
+            stack.pop()
+        return stack[-1] if stack else None
 
     def remove(gone: int) -> None:
         nonlocal off_weight
@@ -626,11 +634,9 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
                 closed_after(min(implied))  # a <p> the block closes, the <li> before an <li>, ...
         if end_tag and trusted:
             if name in _FORMATTING:
-                stack = entries_of.get(name, [])
-                while stack and stack[-1] not in key_of:
-                    stack.pop()  # dropped by the Noah's Ark clause
-                if stack and _surely_in_scope(since[stack[-1]], boundaries, specials):
-                    remove(stack.pop())  # the last live entry of its name leaves
+                newest = last_live(name)
+                if newest is not None and _surely_in_scope(since[newest], boundaries, specials):
+                    remove(newest)  # the last live entry of its name leaves
             elif name == b"table":
                 close((b"td", b"th", b"caption"), all_of=True)
                 close((b"table",))
@@ -638,8 +644,8 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
                 close((b"td", b"th"), all_of=True)
             elif name in _SCOPE_BOUNDARIES:
                 close((name,))
-            elif name in _SPECIAL:
-                _close_last(specials, (name,))
+            elif name in _SPECIAL and specials and specials[-1][0] == name:
+                specials.pop()  # an end tag closes the special element only when it is the last open
         # The tag, or the text after it, re-creates what is off the stack, inside what is open now.
         work += off_weight
         if limit is not None and work > limit:
@@ -679,11 +685,9 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
             specials.append((name, serial))
         elif name in _FORMATTING:
             if name == b"a" and trusted:
-                stack = entries_of.get(name, [])
-                while stack and stack[-1] not in key_of:
-                    stack.pop()
-                if stack and _surely_in_scope(since[stack[-1]], boundaries, []):
-                    remove(stack.pop())  # the parser closes the open <a> and takes it off the list
+                newest = last_live(name)
+                if newest is not None and _surely_in_scope(since[newest], boundaries, []):
+                    remove(newest)  # the parser closes the open <a> and takes it off the list
             key = data[start:end]  # as written: attributes in their own case
             entry += 1
             if where == TAINTED:
@@ -714,22 +718,14 @@ def _surely_in_scope(
     return later < _ADOPTION_ROUNDS
 
 
-def _close_last(open_: list[tuple[bytes, int]], names: tuple[bytes, ...]) -> None:
-    """Close the last open elements while they have one of `names` (an end tag closes what is last)."""
-    while open_ and open_[-1][0] in names:
-        open_.pop()
-        if len(names) == 1:
-            return
-
-
 # The tag scan (`_tag_tokens`): what the HTML tokenizer reads as tags, for the pre-parse checks.
 _MARKUP_START = re.compile(rb"<[!?/a-z]")
 _TAG_TOKEN = re.compile(rb"<(/?)([a-z][^\t\n\f\r />]*+)(" + _TAG_ATTRIBUTES_REST + rb")(>?)")
 _ANY_TAG = re.compile(rb"<(/?)([a-z][^\t\n\f\r />]*+)([^<>]*+)")  # after a taint: no quote hides anything
 _RAW_TEXT = frozenset(_RAW_TEXT_NAMES.split(b"|")) - {b"plaintext"}
 _ZONES = {b"svg": b"foreignobject desc title".split(), b"math": b"mi mo mn ms mtext annotation-xml".split()}
-# Start tags that end foreign content (the HTML Standard's list; `font` only with some attributes, taken
-# always here).
+# Start tags that end foreign content (the HTML Standard's list; `<font>` only with a color, face or size:
+# `_breaks_out`).
 _BREAKOUT = frozenset(
     b"""b big blockquote body br center code dd div dl dt em embed font h1 h2 h3 h4 h5 h6 head hr i img li
     listing menu meta nobr ol p pre ruby s small span strong strike sub sup table tt u ul var""".split()
@@ -767,8 +763,8 @@ def _tag_tokens(
     point: bytes | None = None  # an integration point of the zone, open and still empty
     while position < size:
         if zone == TAINTED:
-            for tag in _ANY_TAG.finditer(lowered, position):
-                yield bool(tag.group(1)), tag.group(2), tag.start(), tag.end(), TAINTED
+            for any_tag in _ANY_TAG.finditer(lowered, position):
+                yield bool(any_tag.group(1)), any_tag.group(2), any_tag.start(), any_tag.end(), TAINTED
             return
         found = _MARKUP_START.search(lowered, position)
         if found is None:
@@ -792,10 +788,9 @@ def _tag_tokens(
                 return
             position = end
             continue
-        token = _TAG_TOKEN.match(lowered, start)
-        if token is None or not token.group(4):
+        tag = _TAG_TOKEN.match(lowered, start)
+        if tag is None or not tag.group(4):
             return  # a tag the page's end cuts off is no tag
-        tag = token
         end_tag, name = bool(tag.group(1)), tag.group(2)
         position = tag.end()
         if point is not None:
