@@ -252,12 +252,13 @@ async def read_json_body(request: Request, model: type[M]) -> M:
     the input "should be a valid dictionary".
     """
     header = request.headers.get("content-type")
-    if not is_json(request_content_type(header)[0]):
+    media_type, charset = request_content_type(header)
+    if not is_json(media_type):
         raise HtmllmError(
             f"unsupported Content-Type {(header or '')[:100]!r}: send application/json",
             code=ErrorCode.UNSUPPORTED_MEDIA_TYPE,
         )
-    hint = _charset_hint(request_content_type(header)[1])
+    hint = _charset_hint(charset)
     return await _parse_json_off_loop(request, model, await request.body(), hint=hint)
 
 

@@ -89,8 +89,9 @@ _SOURCE_KINDS = (
 # size (nor refuses one it would take). Read at call time, so a test can lower it.
 MAX_PAGE_BYTES = DEFAULT_MAX_BYTES
 # What may be read to find one page, as a multiple of the page cap: a JSONL row holds its page JSON-
-# escaped (Chinese text doubles as `\uXXXX`, an emoji triples), a WARC record's block holds the HTTP
-# head and a body still chunked or content-coded. A row or record over it is refused unread.
+# escaped (a Chinese character becomes a six-byte `\u4e2d` escape, twice its UTF-8; an emoji's two
+# escapes triple it), a WARC record's block holds the HTTP head and a body still chunked or
+# content-coded. A row or record over it is refused unread.
 _READ_FACTOR = 4
 _SKIP_STEP = 1 << 20  # bytes read at a time to pass over the rest of a row too long to keep
 
