@@ -6,8 +6,6 @@ import gzip
 import json
 import os
 import time
-import tracemalloc
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ import pytest
 from service.cli import main
 from service.core import pages
 from tests.factories.cli import cli, kill_minus_nine_when, write_pages
+from tests.memory import gzip_bomb, traced_peak
 
 OLD = "the previous run's rows\n"
 
@@ -277,24 +276,16 @@ def test_pages_over_the_cap_are_error_rows_read_in_bounded_memory_and_resumed(
     page over the cap each get their row, payload_too_large, and the run resumes over them as over any
     other row. The cap is lowered to 1 KiB (rows up to 4 KiB) so the test needs no 16 MiB page."""
     monkeypatch.setattr(pages, "MAX_PAGE_BYTES", 1024)
-    compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
-    bomb = [compressor.compress(b'{"id": "bomb", "html": "')]
-    bomb += [compressor.compress(b" " * (1 << 20)) for _ in range(64)]
-    bomb += [compressor.compress(b'"}\n'), compressor.flush()]
     source = tmp_path / "in.jsonl.gz"
     source.write_bytes(
         gzip.compress(b'{"id": "r0"}\n')
-        + b"".join(bomb)
+        + gzip_bomb(b'{"id": "bomb", "html": "', 64 << 20, b'"}\n')
         + gzip.compress(json.dumps({"id": "big", "html": "x" * 2000}).encode() + b'\n{"id": "r3"}\n')
     )
     output = tmp_path / "out.jsonl"
     args = _args(source, output, "--part-size", "1")
-    tracemalloc.start()
-    try:
-        _stop_before_merge(monkeypatch, args)  # every row extracted, the merge left to the resume
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    # every row extracted, the merge left to the resume
+    _, peak = traced_peak(lambda: _stop_before_merge(monkeypatch, args))
     assert peak < 16 << 20
     capsys.readouterr()
     assert main(args) == 0

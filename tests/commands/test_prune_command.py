@@ -7,14 +7,13 @@ import gzip
 import io
 import os
 import sys
-import tracemalloc
-import zlib
 from pathlib import Path
 
 import pytest
 
 from service.cli import main
 from service.core import pages
+from tests.memory import gzip_bomb, traced_peak
 
 
 def test_a_closed_pipe_ends_the_command_quietly(
@@ -36,21 +35,9 @@ def test_a_closed_pipe_ends_the_command_quietly(
     assert capsys.readouterr().err == ""
 
 
-def _bomb(size: int) -> bytes:
-    """`<p>` and `size` spaces, gzipped, built a MiB at a time (about 1 KB per MiB)."""
-    compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
-    step = b" " * (1 << 20)
-    inflated = [compressor.compress(step) for _ in range(size >> 20)]
-    return b"".join([compressor.compress(b"<p>"), *inflated, compressor.flush()])
-
-
 def _pruned(args: list[str]) -> tuple[int, int]:
     """`htmllm prune` run here: its status, and the most memory Python allocated meanwhile."""
-    tracemalloc.start()
-    try:
-        return main(["prune", *args]), tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    return traced_peak(lambda: main(["prune", *args]))
 
 
 def test_a_gzip_bomb_is_refused_without_inflating_it(
@@ -60,7 +47,7 @@ def test_a_gzip_bomb_is_refused_without_inflating_it(
     # cap refused it. Here the cap is lowered to 1 MiB and the page inflates to 64.
     monkeypatch.setattr(pages, "MAX_PAGE_BYTES", 1 << 20)
     bomb = tmp_path / "bomb.html.gz"
-    bomb.write_bytes(_bomb(64 << 20))
+    bomb.write_bytes(gzip_bomb(b"<p>", 64 << 20))
     status, peak = _pruned([str(bomb)])
     assert status == 1
     assert "payload_too_large" in capsys.readouterr().err

@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import random
 import re
-import tracemalloc
 from dataclasses import dataclass
 
 import justext
@@ -41,6 +40,7 @@ from tests.core.test_extract import (
     pathological_page,
     table_page,
 )
+from tests.memory import traced_peak
 
 # ---------------------------------------------------------------------------------------------------
 # Generated pathological pages (each names the limit it crosses)
@@ -246,12 +246,9 @@ def test_structure_scans_hold_no_match_per_end_tag(scan: str, page: str, expecte
     # End tags that change nothing were each a match kept in a list: 364 MB for a 16 MiB page of
     # `</wbr>`, in the server process. 400,000 of them made about 40 MB.
     shape = PageShape(page)
-    tracemalloc.start()
-    try:
-        found = shape.libxml2_extra_depth if scan == "libxml2" else shape.row_cells(5000)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    found, peak = traced_peak(
+        lambda: shape.libxml2_extra_depth if scan == "libxml2" else shape.row_cells(5000)
+    )
     assert found == expected
     assert peak < 4 * 1024 * 1024
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import random
 import re
-import tracemalloc
 
 import pytest
 
 from service.core.extract import word_count
 from service.core.extract.word_count import PUNCTUATION_RANGES, SPACE_BOUND, UNSPACED_RANGES, count_words
+from tests.memory import traced_peak
 
 # The implementation it replaced, verbatim: the reference for every count.
 _OLD_UNSPACED_CHAR = re.compile(
@@ -95,23 +95,13 @@ def test_a_long_chinese_text_is_counted_without_an_object_per_character() -> Non
     # The split-based count held a string per character: 474 MB traced for 5.6 million. 2 million here
     # took it about 170 MB; the chunks take a few.
     text = "中" * 2_000_000
-    tracemalloc.start()
-    try:
-        words = count_words(text)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    words, peak = traced_peak(lambda: count_words(text))
     assert words == 2_000_000
     assert peak < 16 * 1024 * 1024
 
 
 def test_a_long_text_of_short_words_is_counted_without_an_object_per_word() -> None:
     text = "a b " * 1_000_000  # str.split's list alone: 16 MB of pointers
-    tracemalloc.start()
-    try:
-        words = count_words(text)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    words, peak = traced_peak(lambda: count_words(text))
     assert words == 2_000_000
     assert peak < 8 * 1024 * 1024

@@ -8,8 +8,6 @@ import json
 import os
 import re
 import threading
-import tracemalloc
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +22,7 @@ from service.core.errors import ErrorCode
 from service.core.pages import PageSourceError, PageTooLargeError, count_pages, iter_pages
 from service.core.prune import prune_html
 from tests.factories.warc import HttpResponse, response, warc_gz, warc_record
+from tests.memory import gzip_bomb, traced_peak
 
 
 def test_manifest_directory_with_gzip(tmp_path: Path) -> None:
@@ -526,27 +525,6 @@ def test_count_pages_agrees_with_iter_pages_where_it_counts(tmp_path: Path) -> N
 
 # ---------------------------------------------------------------------------------------------------
 # The page cap: a page over it is that page's error row, found without reading or inflating it whole
-
-
-def gzip_bomb(prefix: bytes, size: int, suffix: bytes = b"") -> bytes:
-    """Gzip of `prefix`, `size` spaces and `suffix`, built without holding the spaces (a few KB per MiB)."""
-    compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
-    step = b" " * (1 << 20)
-    out = [compressor.compress(prefix)]
-    for _ in range(size >> 20):
-        out.append(compressor.compress(step))
-    out += [compressor.compress(suffix), compressor.flush()]
-    return b"".join(out)
-
-
-def traced_peak(work: Callable[[], object]) -> tuple[object, int]:
-    """What `work()` returns, and the most memory Python had allocated while it ran."""
-    tracemalloc.start()
-    try:
-        result = work()
-        return result, tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
 
 
 @pytest.fixture
