@@ -11,13 +11,14 @@ import asyncio
 import functools
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import ValidationError
 
 from service.api.auth import require_api_key
 from service.api.documents import read_body, to_documents, validation_error
 from service.api.limits import check_document_count
 from service.api.openapi import MODEL_ROUTE_ERRORS, raw_body_openapi
+from service.api.rendering import json_response
 from service.api.runtime import RuntimeDep, answer_or_cancel
 from service.api.schemas import (
     ErrorDetail,
@@ -103,7 +104,7 @@ async def extract_text(
         ),
     ] = None,
     min_words: Annotated[int | None, Query(ge=0, description="raw body only (default 50)")] = None,
-) -> ExtractResponse:
+) -> Response:
     """A JSON body of documents, or one raw page with its options in the query string."""
     if runtime.stopping:
         raise HtmllmError("the server is shutting down", code=ErrorCode.SHUTTING_DOWN)
@@ -134,9 +135,10 @@ async def extract_text(
         request, asyncio.gather(*jobs), timeout_s=runtime.settings.request_timeout_s
     )
     per_doc = len(parsed.extractors)
-    return ExtractResponse(
+    answer = ExtractResponse(
         data=[
             ExtractResult(id=doc.id, extractions=outputs[i * per_doc : (i + 1) * per_doc])
             for i, doc in enumerate(documents)
         ]
     )
+    return await json_response(answer, text_chars=sum(len(out.text or "") for out in outputs))

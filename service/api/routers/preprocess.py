@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query, Request, Response
 
 from service.api.auth import require_api_key
 from service.api.documents import read_body, to_documents
 from service.api.limits import check_document_count
 from service.api.openapi import MODEL_ROUTE_ERRORS, raw_body_openapi
+from service.api.rendering import json_response
 from service.api.runtime import EngineDep, RuntimeDep, answer_or_cancel
 from service.api.schemas import PreprocessRequest, PreprocessResponse, PreprocessResult
 
@@ -28,7 +29,7 @@ async def preprocess(
     runtime: RuntimeDep,
     engine: EngineDep,
     id: Annotated[str | None, Query(description="raw body only: the page's id")] = None,
-) -> PreprocessResponse:
+) -> Response:
     """A JSON body of documents, or one raw page (`text/html; charset=...`, `application/octet-stream`)."""
     parsed, raw = await read_body(request, PreprocessRequest, raw_options={"id": id})
     documents = [raw] if raw is not None else to_documents(parsed.documents if parsed else [])
@@ -38,9 +39,10 @@ async def preprocess(
         asyncio.gather(*(engine.preprocess(doc) for doc in documents)),
         timeout_s=runtime.settings.request_timeout_s,
     )
-    return PreprocessResponse(
+    answer = PreprocessResponse(
         data=[
             PreprocessResult(id=doc.id, html=out.html, tokens=out.tokens, tokens_exact=out.tokens_exact)
             for doc, out in zip(documents, outputs, strict=True)
         ]
     )
+    return await json_response(answer, text_chars=sum(len(out.html) for out in outputs))
