@@ -66,9 +66,22 @@ class Settings(BaseSettings):
     max_queue_documents: int = Field(1024, gt=0, description="beyond it a request gets 429")
     preprocess_workers: int = Field(2, gt=0)
     preprocess_pool: Literal["thread", "process"] = Field(
-        "thread",
-        description="process: the preprocess workers are processes; pruning holds the GIL, so a GPU that "
-        "needs hundreds of pages a second is fed by processes (about one per core left to the server)",
+        "process",
+        description="process: the preprocess workers are processes: pruning holds the GIL, so threads "
+        "prune about 1.1x as fast as one, and a process can be stopped and held to a memory limit, a "
+        "thread cannot; thread: no processes (about 110 MB each), no limits",
+    )
+    preprocess_timeout_s: float = Field(
+        20.0,
+        gt=0,
+        description="process pool: a page still preprocessing after this long has its worker killed and "
+        "fails as preprocess_failed (the request timeout bounds it too)",
+    )
+    preprocess_memory_limit_mb: int = Field(
+        1024,
+        ge=0,
+        description="process pool: each worker's data (heap, private mappings; Linux RLIMIT_DATA) in MiB; "
+        "a page whose parse needs more fails typed (about 170 MiB idle, 200 for a 16 MiB page); 0: none",
     )
     inference_process: bool = Field(
         False,
@@ -171,6 +184,9 @@ class Settings(BaseSettings):
             max_queue_documents=self.max_queue_documents,
             preprocess_workers=self.preprocess_workers,
             preprocess_pool=self.preprocess_pool,
+            # A page whose request has timed out is not worth its worker.
+            preprocess_timeout_s=min(self.preprocess_timeout_s, self.request_timeout_s),
+            preprocess_memory_limit_mb=self.preprocess_memory_limit_mb or None,
             truncate=self.truncate,
             result_cache_documents=self.result_cache_documents,
             inference_process=self.inference_process,

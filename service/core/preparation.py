@@ -1,21 +1,24 @@
 """One document's way to token ids: decode and prune the raw HTML, then tokenize a bounded prefix.
 
 The Engine runs `prepare` on its worker threads, or, with `preprocess_pool="process"`, runs
-`prepare_in_worker` in processes started with `init_worker`: pruning holds the GIL for most of its
-time (two threads prune about 1.1x as many pages as one), so on a GPU, which needs hundreds of pages a
-second, threads cannot feed the model and processes can. This module imports no torch, so a worker
-process starts in a fraction of a second and stays small.
+`prepare_in_worker` in processes (`service.core.workers`) started with `init_worker`: pruning holds
+the GIL for most of its time (two threads prune about 1.1x as many pages as one), so on a GPU, which
+needs hundreds of pages a second, threads cannot feed the model and processes can; and a process can
+be stopped after a time limit and held to a memory limit, a thread cannot. This module imports no
+torch, so a worker process starts in a fraction of a second and stays small.
 """
 
 from __future__ import annotations
 
+import os
+import resource
 import signal
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from service.core.errors import ErrorCode, HtmllmError
-from service.core.prune import prune_html
+from service.core.prune import InputTooLargeError, ParseFailedError, prune_html
 from service.core.tokenizer import HtmlTokenizer
 
 
@@ -43,13 +46,38 @@ COUNT_LIMIT_FACTOR = 16
 
 
 def prune_document(html: str | bytes, encoding: str | None) -> str:
-    """`prune_html`, with any untyped failure on odd input turned into a typed, per-document error."""
+    """`prune_html`, with any untyped failure on odd input turned into a typed, per-document error.
+
+    In a preprocessing process with a memory limit (`service.core.workers.limit_memory`) a page whose
+    parse needs more fails here, not the pod: Python's allocations as MemoryError (a 413, like the
+    pruner's own memory budget), the HTML parser's as its parse failure (said so in the message).
+    """
     try:
         return prune_html(html, encoding=encoding)
+    except ParseFailedError as exc:
+        limit = _memory_limit_mb()
+        if limit is None:
+            raise
+        raise ParseFailedError(
+            f"{exc.message} (this process may use {limit} MiB, HTMLLM_PREPROCESS_MEMORY_LIMIT_MB; "
+            "a parse that needs more fails so)"
+        ) from exc
     except HtmllmError:
         raise
+    except MemoryError as exc:
+        limit = _memory_limit_mb()
+        allowed = "" if limit is None else f" ({limit} MiB, HTMLLM_PREPROCESS_MEMORY_LIMIT_MB)"
+        raise InputTooLargeError(
+            f"pruning this page needs more memory than this process may use{allowed}"
+        ) from exc
     except Exception as exc:
         raise PreprocessError(f"pruning failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _memory_limit_mb() -> int | None:
+    """This process's data limit in MiB (`RLIMIT_DATA`), None when it has none."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
+    return None if soft == resource.RLIM_INFINITY else soft // 2**20
 
 
 def prepare(
@@ -114,8 +142,13 @@ def init_worker(tokenizer_json: str) -> None:
     # queue through these workers, `htmllm embed` keeps what is finished); a worker that died of it
     # would fail the pages it held, with a traceback each.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # One page at a time: the Rust tokenizer's thread pool (a thread per core, started by the first
+    # encode) would add nothing but threads, and, started mid-page under the worker's memory limit,
+    # it failed to start and aborted the worker.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _worker_tokenizer = HtmlTokenizer.from_json(tokenizer_json)
     _worker_tokenizer.warm()
+    _worker_tokenizer.encode("<p>warm</p>", max_length=8)  # the rest of the first encode's set-up, now
 
 
 def _tokenizer_of_worker() -> HtmlTokenizer:
@@ -130,8 +163,3 @@ def prepare_in_worker(html: str | bytes, encoding: str | None, max_length: int, 
 
 def preprocess_in_worker(html: str | bytes, encoding: str | None, max_length: int) -> Preprocessed:
     return preprocess(_tokenizer_of_worker(), html, encoding, max_length)
-
-
-def worker_ready() -> bool:
-    """A no-op job: submitted once per worker at start-up, so the first pages do not wait for a spawn."""
-    return _worker_tokenizer is not None

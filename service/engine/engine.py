@@ -11,12 +11,12 @@ work with `ShuttingDownError` and returns once every accepted document has been 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -42,11 +42,10 @@ from service.core.preparation import (
     prepare_in_worker,
     preprocess,
     preprocess_in_worker,
-    worker_ready,
 )
-from service.core.processes import worker_context
 from service.core.prune import PRUNE_VERSION
 from service.core.tokenizer import HtmlTokenizer, TokenizerError
+from service.core.workers import WorkerDiedError, WorkerError, WorkerPool, WorkerTimeoutError
 from service.engine.admission import DrainRate
 from service.engine.batcher import Batcher, BatchRow
 from service.engine.result_cache import CachedRow, ResultCache, cache_key
@@ -194,7 +193,7 @@ class Engine:
                 PRUNE_VERSION,
             )
         self._pool: ThreadPoolExecutor | None = None
-        self._processes: ProcessPoolExecutor | None = None  # preprocess_pool="process"
+        self._processes: WorkerPool | None = None  # preprocess_pool="process"
         self._batcher: Batcher | None = None
         self._last_health = BackendHealth()  # health while no batcher runs (before start, after stop)
         self._accepting = False
@@ -264,12 +263,17 @@ class Engine:
             self.config.preprocess_workers, thread_name_prefix="htmllm-preprocess"
         )
         if self.config.preprocess_pool == "process":
-            self._processes = self._new_processes()
+            memory_mb = self.config.preprocess_memory_limit_mb
+            self._processes = WorkerPool(
+                self.config.preprocess_workers,
+                name="preprocessing",
+                preload=["service.core.preparation"],
+                initializer=init_worker,
+                initargs=(self._tokenizer.to_json(),),
+                memory_limit_bytes=None if memory_mb is None else memory_mb * 2**20,
+            )
             # Start every worker now, so the first pages do not wait for a process to come up.
-            loop = asyncio.get_running_loop()
-            workers = self.config.preprocess_workers
-            ready = [loop.run_in_executor(self._processes, worker_ready) for _ in range(workers)]
-            await asyncio.gather(*ready)
+            await asyncio.to_thread(self._processes.prestart)
         self._batcher = Batcher(
             self._runner,
             max_batch_tokens=self.config.max_batch_tokens,
@@ -304,7 +308,7 @@ class Engine:
             await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=True)
         if self._processes is not None:
             processes, self._processes = self._processes, None
-            await asyncio.to_thread(processes.shutdown, wait=True, cancel_futures=True)
+            await asyncio.to_thread(processes.close)
 
     def close(self) -> None:
         """Release the backend (after `stop`); idempotent. The engine takes no documents after it."""
@@ -366,36 +370,29 @@ class Engine:
         return prepared
 
     async def _in_process(self, job: Callable[..., T], *args: object) -> T:
-        """Run `job` on the process pool; a pool a dead worker broke is replaced and the job retried once
-        (it may have died of another page); a second break is this page's failure."""
-        loop = asyncio.get_running_loop()
-        for attempt in (1, 2):
-            processes = self._processes
-            if processes is None:
-                raise ShuttingDownError("the engine stopped before this document was preprocessed")
-            try:
-                return await loop.run_in_executor(processes, job, *args)
-            except BrokenProcessPool as exc:
-                self._replace_processes(processes)
-                if attempt == 2:
-                    raise PreprocessError(
-                        "a preprocessing process died on this page twice (it crashes the pruner)"
-                    ) from exc
-                logger.warning("a preprocessing process died; the pool was replaced and the page retried")
-        raise AssertionError("unreachable")
-
-    def _new_processes(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(
-            self.config.preprocess_workers,
-            mp_context=worker_context(["service.core.preparation"]),
-            initializer=init_worker,
-            initargs=(self._tokenizer.to_json(),),
-        )
-
-    def _replace_processes(self, broken: ProcessPoolExecutor) -> None:
-        if self._processes is broken:  # the first caller to see the break replaces the pool
-            self._processes = self._new_processes()
-            broken.shutdown(wait=False, cancel_futures=True)
+        """Run `job` on a preprocessing process, waited for by one of the engine's threads; a worker
+        that runs past `preprocess_timeout_s` is killed and only its page fails."""
+        processes = self._processes
+        if processes is None:
+            raise ShuttingDownError("the engine stopped before this document was preprocessed")
+        timeout_s = self.config.preprocess_timeout_s
+        call = functools.partial(processes.call, job, args, timeout_s=timeout_s)
+        try:
+            result: T = await asyncio.get_running_loop().run_in_executor(self._require_started(), call)
+        except WorkerError as exc:
+            if self._processes is not processes:  # `stop` closed the pool under this page
+                raise ShuttingDownError("the engine stopped while this document was preprocessed") from exc
+            if isinstance(exc, WorkerTimeoutError):
+                raise PreprocessError(
+                    f"preprocessing this page took more than {timeout_s} s "
+                    "(HTMLLM_PREPROCESS_TIMEOUT_S); its worker was stopped"
+                ) from exc
+            if isinstance(exc, WorkerDiedError):
+                raise PreprocessError(
+                    f"this page crashed its preprocessing process (exit code {exc.exit_code})"
+                ) from exc
+            raise PreprocessError(f"preprocessing failed: {exc.message}") from exc
+        return result
 
     async def preprocess(self, doc: Document | str | bytes) -> Preprocessed:
         """The pruned HTML and its token count (with [CLS]/[SEP], before truncation), for debugging;

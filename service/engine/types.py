@@ -72,6 +72,11 @@ class EngineConfig:
     max_queue_documents: int = 1024  # bounded queue: beyond it, OverloadedError
     preprocess_workers: int = 2
     preprocess_pool: str = "thread"  # "process": the workers are processes (no GIL between pages)
+    # "process" only (a thread cannot be stopped or limited): a page still preprocessing after this
+    # many seconds has its worker killed and fails typed; each worker's data (heap, private mappings)
+    # is capped at this many MiB, so a parse that would take gigabytes fails typed instead. None: none.
+    preprocess_timeout_s: float | None = 20.0
+    preprocess_memory_limit_mb: int | None = 1024
     truncate: bool = True  # False: a too-long document raises TooManyTokensError
     attn_implementation: str | None = None  # torch: None picks the fastest (runners/torch.choose_attention)
     onnx_path: str | None = None  # onnx: default <checkpoint>/model.onnx, exported at start-up if missing
@@ -108,6 +113,10 @@ class EngineConfig:
                 raise ValueError(f"{name} must be positive")
         if self.max_wait_ms < 0:
             raise ValueError("max_wait_ms must not be negative")
+        if self.preprocess_timeout_s is not None and not self.preprocess_timeout_s > 0:
+            raise ValueError("preprocess_timeout_s must be positive (None: no limit)")
+        if self.preprocess_memory_limit_mb is not None and self.preprocess_memory_limit_mb < 1:
+            raise ValueError("preprocess_memory_limit_mb must be positive (None: no limit)")
         if self.max_length is not None and self.max_length < 2:
             raise ValueError("max_length must be at least 2")
         if self.intra_op_threads is not None and self.intra_op_threads < 1:

@@ -42,6 +42,7 @@ def tiny_settings(checkpoint: Path, **overrides: Any) -> Settings:
         "host": "127.0.0.1",
         "port": 0,
         "preprocess_workers": 1,
+        "preprocess_pool": "thread",  # the default is processes: one per test server would cost minutes
         "extract_workers": 1,
         "api_key": None,
     }

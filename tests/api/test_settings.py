@@ -56,9 +56,18 @@ def test_environment_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert config.onnx_path is None  # <checkpoint>/model.onnx, or the temporary directory if read-only
     monkeypatch.setenv("HTMLLM_ONNX_PATH", str(tmp_path / "graphs" / "model.onnx"))
     assert Settings().engine_config().onnx_path == str(tmp_path / "graphs" / "model.onnx")
-    assert config.preprocess_pool == "thread"
-    monkeypatch.setenv("HTMLLM_PREPROCESS_POOL", "process")
-    assert Settings().engine_config().preprocess_pool == "process"
+    assert config.preprocess_pool == "process"  # a process can be stopped and held to a memory limit
+    # A page is not worth its worker past its request's timeout (2.5 s here, under the default 20 s).
+    assert (config.preprocess_timeout_s, config.preprocess_memory_limit_mb) == (2.5, 1024)
+    monkeypatch.setenv("HTMLLM_PREPROCESS_POOL", "thread")
+    assert Settings().engine_config().preprocess_pool == "thread"
+    monkeypatch.setenv("HTMLLM_PREPROCESS_MEMORY_LIMIT_MB", "0")
+    monkeypatch.setenv("HTMLLM_REQUEST_TIMEOUT_S", "60")
+    limits = Settings().engine_config()
+    assert limits.preprocess_memory_limit_mb is None  # 0: no limit
+    assert limits.preprocess_timeout_s == 20.0
+    monkeypatch.delenv("HTMLLM_PREPROCESS_MEMORY_LIMIT_MB")
+    monkeypatch.setenv("HTMLLM_REQUEST_TIMEOUT_S", "2.5")
     assert config.attn_implementation is None  # auto: the runner picks for its device
     assert config.inference_process is False
     monkeypatch.setenv("HTMLLM_INFERENCE_PROCESS", "true")

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
+import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 
+import pytest
+
+from service.core.errors import HtmllmError
 from service.core.preparation import COUNT_LIMIT_FACTOR, init_worker, prepare, prepare_in_worker
-from service.core.prune import prune_html
+from service.core.prune import InputTooLargeError, ParseFailedError, prune_html
 from service.core.tokenizer import HtmlTokenizer
+from service.core.workers import WorkerPool
 from tests.factories.tokenizer import build_tiny_tokenizer
 
 
@@ -33,16 +36,60 @@ def test_a_page_over_the_limit_is_counted_exactly_up_to_a_bound() -> None:
     assert cut.over_limit is None and len(cut.ids) == max_length
 
 
+def _worker_pool(tok: HtmlTokenizer, memory_limit_bytes: int | None = None) -> WorkerPool:
+    return WorkerPool(
+        1,
+        name="preprocessing",
+        preload=["service.core.preparation"],
+        initializer=init_worker,
+        initargs=(tok.to_json(),),
+        memory_limit_bytes=memory_limit_bytes,
+    )
+
+
 def test_a_preprocessing_process_outlives_a_ctrl_c_to_its_group() -> None:
     """The parent decides what stops at a Ctrl-C: the server drains its queue through these workers."""
     tok = build_tiny_tokenizer()
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(
-        1, mp_context=context, initializer=init_worker, initargs=(tok.to_json(),)
-    ) as pool:
-        pid = pool.submit(os.getpid).result(timeout=60)
+    with _worker_pool(tok) as pool:
+        pid = pool.call(os.getpid, (), timeout_s=60)
         os.kill(pid, signal.SIGINT)
         time.sleep(0.2)
-        prepared = pool.submit(prepare_in_worker, _page(5), None, 32, True).result(timeout=60)
+        prepared = pool.call(prepare_in_worker, (_page(5), None, 32, True), timeout_s=60)
         assert prepared.ids == prepare(tok, _page(5), None, max_length=32, truncate=True).ids
-        assert pool.submit(os.getpid).result(timeout=60) == pid  # the same worker, alive
+        assert pool.call(os.getpid, (), timeout_s=60) == pid  # the same worker, alive
+
+
+def _vm_data_mib() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) // 1024
+    raise AssertionError("no VmData")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_DATA bounds mmap on Linux")
+def test_a_page_past_the_memory_limit_fails_typed_and_the_worker_prunes_on() -> None:
+    """What the pruner's pre-checks misjudge cannot take the pod: a parse that needs more memory than
+    the worker may use fails as a typed error, and the same worker serves the next page."""
+    tok = build_tiny_tokenizer()
+    with _worker_pool(tok) as probe:
+        probe.call(prepare_in_worker, (_page(5), None, 32, True), timeout_s=60)
+        idle_mib = probe.call(_vm_data_mib, (), timeout_s=60)
+        # No tokenizer thread pool: started mid-page under the limit, it failed and aborted the worker.
+        assert probe.call(_threads, (), timeout_s=60) == 1
+    # 3 MB of markup, in the pruner's budgets: its parse needs 16-32 MiB more than an idle worker holds.
+    big = "<html><body>" + "<div class='a'><span>some text</span> more</div>\n" * 60_000 + "</body></html>"
+    with _worker_pool(tok, memory_limit_bytes=(idle_mib + 4) * 2**20) as pool:
+        pid = pool.call(os.getpid, (), timeout_s=60)
+        with pytest.raises(HtmllmError) as refused:
+            pool.call(prepare_in_worker, (big, None, 32, True), timeout_s=60)
+        assert isinstance(refused.value, InputTooLargeError | ParseFailedError)
+        assert f"may use {idle_mib + 4} MiB" in refused.value.message
+        assert "HTMLLM_PREPROCESS_MEMORY_LIMIT_MB" in refused.value.message
+        prepared = pool.call(prepare_in_worker, (_page(5), None, 32, True), timeout_s=60)
+        assert prepared.ids == prepare(tok, _page(5), None, max_length=32, truncate=True).ids
+        assert pool.call(os.getpid, (), timeout_s=60) == pid
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))

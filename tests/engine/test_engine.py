@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from service.core.errors import ErrorCode, HtmllmError
-from service.core.preparation import count_limit
+from service.core.preparation import PreprocessError, count_limit
 from service.engine.engine import Engine
 from service.engine.types import (
     BatchStats,
@@ -454,22 +454,52 @@ async def test_process_pool_prepares_what_the_threads_prepare(
         assert isinstance(fine, DocumentResult)
 
 
-async def test_a_dead_preprocessing_process_is_replaced(
-    tiny_checkpoint: Path, pages: list[str], caplog: pytest.LogCaptureFixture
+async def test_a_preprocessing_process_killed_while_idle_is_replaced_unblamed(
+    tiny_checkpoint: Path, pages: list[str]
 ) -> None:
     config = EngineConfig(preprocess_pool="process", preprocess_workers=1)
     async with Engine.from_checkpoint(tiny_checkpoint, config) as engine:
         (before,) = await engine.embed(pages[:1])
-        broken = engine._processes
-        assert broken is not None
-        for process in list(broken._processes.values()):  # type: ignore[union-attr]
-            process.kill()
-            process.join()
-        with caplog.at_level(logging.WARNING, logger="service.engine.engine"):
-            (after,) = await engine.embed(pages[:1])  # retried on a fresh pool
-        assert engine._processes is not broken
-        assert any("preprocessing process died" in r.message for r in caplog.records)
+        assert engine._processes is not None
+        (worker,) = engine._processes._idle
+        worker.process.kill()  # the OOM killer picks an idle worker
+        worker.process.join()
+        (after,) = await engine.embed(pages[:1])  # on a fresh worker, not "crashed"
     np.testing.assert_allclose(after.embedding, before.embedding, atol=1e-6)
+
+
+def _big_page() -> str:
+    """14.5 MB of paragraphs, within the pruner's budgets: about 0.5 s of pruning on the 2-core VM."""
+    return "<html><body>" + ("<p>" + "lorem ipsum dolor " * 40 + "</p>\n") * 20_000 + "</body></html>"
+
+
+async def test_a_page_past_the_time_limit_fails_alone(tiny_checkpoint: Path, pages: list[str]) -> None:
+    """A page the pre-checks misjudge must not hold a worker for ever: past the limit its worker is
+    killed, the page is `preprocess_failed`, and the engine goes on serving."""
+    config = EngineConfig(preprocess_pool="process", preprocess_workers=2, preprocess_timeout_s=0.1)
+    async with Engine.from_checkpoint(tiny_checkpoint, config) as engine:
+        slow, fine = await engine.embed_settled([_big_page(), pages[0]])  # 15 MB: seconds of pruning
+        assert isinstance(slow, PreprocessError) and slow.code is ErrorCode.PREPROCESS_FAILED
+        assert "took more than 0.1 s" in slow.message
+        assert isinstance(fine, DocumentResult)
+        (again,) = await engine.embed(pages[:1])
+        np.testing.assert_allclose(again.embedding, fine.embedding, atol=1e-6)
+
+
+async def test_a_page_that_crashes_its_process_fails_alone(tiny_checkpoint: Path, pages: list[str]) -> None:
+    config = EngineConfig(preprocess_pool="process", preprocess_workers=1)
+    async with Engine.from_checkpoint(tiny_checkpoint, config) as engine:
+        processes = engine._processes
+        assert processes is not None
+        crashed = asyncio.create_task(engine.embed([_big_page()]))
+        while not processes._busy:
+            await asyncio.sleep(0.01)
+        (worker,) = processes._busy
+        worker.process.kill()  # what a segfault in the parser looks like
+        with pytest.raises(PreprocessError, match=r"crashed its preprocessing process \(exit code -9\)"):
+            await crashed
+        (result,) = await engine.embed(pages[:1])
+        assert result.tokens > 2
 
 
 async def test_preprocess_calls_are_bounded_by_the_queue(
@@ -631,7 +661,7 @@ async def test_start_builds_the_word_table_before_any_page(
         assert warmed == [1]
         if pool == "process":
             assert engine._processes is not None
-            built = engine._processes.submit(_word_table_built).result(timeout=60)
+            built = engine._processes.call(_word_table_built, (), timeout_s=60)
             assert built
         results = await engine.embed(["<p>" + "x" * 50_000 + " end</p>"])
         assert results[0].tokens > 2

@@ -1,0 +1,340 @@
+"""Killable worker processes: one job at a time each, a time limit per job, a memory limit per worker.
+
+A thread stuck in C code (lxml, resiliparse, the pruner's HTML parser) cannot be stopped, a segfault
+there would take the whole service down, and a parse that allocates gigabytes takes the pod with it.
+So CPU-heavy work on untrusted pages (text extraction, pruning) runs in long-lived worker processes
+that each take one job at a time over a pipe; the caller waits at most `timeout_s` for the answer and,
+past it, kills that worker alone (`WorkerTimeoutError`), so the other workers' jobs go on. A worker
+may be given a memory limit (`RLIMIT_DATA`, Linux): an allocation past it fails inside the job, as a
+`MemoryError` or the parser's own typed failure, and the worker lives on. A dead worker is replaced
+on the next call; one killed while idle (the OOM killer, an operator) is replaced without blaming the
+page that comes next.
+
+The fast path stays fast: workers are started once and reused (a job costs one pipe round trip of its
+arguments and result, about 1.5 ms per corpus page on the benchmark machine), and on Linux they are
+forked from a forkserver that has already imported `preload`, so replacing a killed worker costs tens
+of milliseconds. Workers announce readiness only after their imports and initializer, and the time
+limit starts when the job is sent, so start-up never counts against a job.
+
+`concurrent.futures.ProcessPoolExecutor` is not used: one dead worker breaks the whole executor and
+fails every job in flight, and it offers no way to stop one job.
+"""
+
+from __future__ import annotations
+
+import pickle
+import resource
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
+from typing import Any, Final, Self
+
+from service.core.errors import HtmllmError
+from service.core.processes import worker_context
+
+STARTUP_TIMEOUT_S: Final = 120.0
+# A job's exception is sent back with at most this much of its message (it may quote the page).
+_MESSAGE_CHARS: Final = 500
+
+
+class WorkerError(HtmllmError):
+    """A worker could not run a job: it did not start, died, ran out of time, or the pool is closed.
+    The caller decides which typed error its user sees (`code` is `internal_error` until it does)."""
+
+
+class WorkerDiedError(WorkerError):
+    """The worker died while it held the job (a crash in C code, a signal); `exit_code` says how."""
+
+    def __init__(self, message: str, *, exit_code: int | None) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class WorkerTimeoutError(WorkerError):
+    """The job ran past its time limit; its worker was killed."""
+
+    def __init__(self, message: str, *, elapsed_s: float) -> None:
+        super().__init__(message)
+        self.elapsed_s = elapsed_s
+
+
+class JobError(WorkerError):
+    """The job raised an exception that could not be sent back as itself (it would not pickle)."""
+
+    def __init__(self, message: str, *, type_name: str) -> None:
+        super().__init__(message)
+        self.type_name = type_name
+
+
+def limit_memory(limit_bytes: int | None) -> None:
+    """Cap this process's data (heap and private writable mappings, what `/proc/self/status` calls
+    VmData) at `limit_bytes`, and turn core dumps off. Linux only (elsewhere `RLIMIT_DATA` does not
+    cover `mmap`, so it would not bound a parser's allocations); None: no cap."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a worker killed mid-page writes no core file
+    if limit_bytes is None or not sys.platform.startswith("linux"):
+        return
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    if hard != resource.RLIM_INFINITY:
+        limit_bytes = min(limit_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit_bytes, hard))
+
+
+def _send_error(conn: Connection, exc: BaseException) -> None:
+    """The job's exception as itself when it pickles, else as its type name and message."""
+    message = str(exc)[:_MESSAGE_CHARS]
+    try:
+        payload: bytes | None = pickle.dumps(exc)
+    except Exception:
+        payload = None
+    conn.send(("error", payload, type(exc).__name__, message))
+
+
+def _worker_main(
+    conn: Connection,
+    preload: Sequence[str],
+    memory_limit_bytes: int | None,
+    initializer: Callable[..., object] | None,
+    initargs: tuple[Any, ...],
+) -> None:
+    """A worker's loop: limit, import, initialize, say ready, then answer (function, args) jobs."""
+    # Ctrl-C reaches the whole process group; the parent decides when workers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for module in preload:
+        __import__(module)
+    if initializer is not None:
+        initializer(*initargs)
+    # After the trusted start-up (a tokenizer's warm-up briefly needs more than it keeps): the limit is
+    # on what the jobs, the untrusted pages, add.
+    limit_memory(memory_limit_bytes)
+    conn.send(("ready",))
+    while True:
+        try:
+            message = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        try:
+            job = pickle.loads(message)
+            if job is None:
+                return
+            function, args = job
+            del message  # a page's bytes, twice
+            result = function(*args)
+        except Exception as exc:  # the job's, or its arguments' unpickling (a MemoryError under the limit)
+            _send_error(conn, exc)
+        else:
+            conn.send(("ok", result))
+
+
+class _Worker:
+    """One worker process and the parent's end of its pipe."""
+
+    def __init__(self, ctx: BaseContext, name: str, args: tuple[Any, ...]) -> None:
+        self._kill_lock = threading.Lock()
+        parent, child = ctx.Pipe(duplex=True)
+        process: BaseProcess = ctx.Process(  # type: ignore[attr-defined]
+            target=_worker_main, args=(child, *args), name=name, daemon=True
+        )
+        process.start()
+        child.close()
+        self.process = process
+        self.conn = parent
+        if not parent.poll(STARTUP_TIMEOUT_S):
+            self.kill()
+            raise WorkerError(f"{name} worker did not start within {STARTUP_TIMEOUT_S:.0f} s")
+        try:
+            parent.recv()
+        except (EOFError, OSError) as exc:
+            code = self.kill()
+            raise WorkerDiedError(
+                f"{name} worker died while starting (exit code {code})", exit_code=code
+            ) from exc
+
+    def kill(self) -> int | None:
+        """Stop the process now and reap it; returns its exit code. Safe from two threads at once (the
+        pool's `close` and the job's own thread, which sees the pipe break)."""
+        with self._kill_lock:
+            if self.process.is_alive():
+                self.process.kill()
+            self.process.join(5.0)
+            if not self.conn.closed:
+                self.conn.close()
+            return self.process.exitcode
+
+
+class WorkerPool:
+    """Up to `workers` worker processes shared by any number of calling threads.
+
+    A caller takes an idle worker (or starts one, or waits for one), sends the job and waits at most
+    `timeout_s`. A worker that timed out or died is killed and not reused. Jobs are module-level
+    functions and picklable arguments; a job's exception comes back as itself.
+    """
+
+    def __init__(
+        self,
+        workers: int,
+        *,
+        name: str,
+        preload: Sequence[str] = (),
+        initializer: Callable[..., object] | None = None,
+        initargs: tuple[Any, ...] = (),
+        memory_limit_bytes: int | None = None,
+        context: BaseContext | None = None,
+    ) -> None:
+        if workers < 1:
+            raise ValueError(f"a worker pool needs at least one worker, got {workers}")
+        self.workers = workers
+        self.name = name
+        self.memory_limit_bytes = memory_limit_bytes
+        self._ctx = context or worker_context(preload)
+        self._worker_args = (tuple(preload), memory_limit_bytes, initializer, initargs)
+        self._cond = threading.Condition()
+        self._idle: list[_Worker] = []
+        self._busy: set[_Worker] = set()  # for `close`, which stops them too
+        self._live = 0
+        self._closed = False
+
+    def prestart(self) -> None:
+        """Start the workers not running now (blocking), so the next jobs do not wait for a process."""
+        with self._cond:
+            missing = self.workers - self._live
+            self._live += missing  # reserved: callers meanwhile wait for these instead of starting more
+        for started in range(missing):
+            try:
+                worker = _Worker(self._ctx, self.name, self._worker_args)
+            except BaseException:
+                with self._cond:
+                    self._live -= missing - started
+                    self._cond.notify_all()
+                raise
+            with self._cond:
+                self._busy.add(worker)
+            self._release(worker, healthy=True)
+
+    def call(self, function: Callable[..., Any], args: tuple[Any, ...], *, timeout_s: float | None) -> Any:
+        """`function(*args)` in a worker; its result, or its exception raised here.
+
+        WorkerTimeoutError past `timeout_s` (the worker is killed), WorkerDiedError when the worker
+        dies holding the job, WorkerError when the pool is closed or a worker cannot start."""
+        worker = self._acquire()
+        healthy = False
+        try:
+            reply = self._exchange(worker, function, args, timeout_s)
+            healthy = True
+        finally:
+            self._release(worker, healthy=healthy)
+        if reply[0] == "ok":
+            return reply[1]
+        _, payload, type_name, message = reply
+        if payload is not None:
+            try:
+                error = pickle.loads(payload)
+            except Exception:
+                error = None
+            if isinstance(error, Exception):
+                raise error
+        raise JobError(f"{type_name}: {message}", type_name=type_name)
+
+    def _acquire(self) -> _Worker:
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise WorkerError(f"the {self.name} pool is closed")
+                if self._idle:
+                    worker = self._idle.pop()
+                    if not worker.process.is_alive():
+                        # Killed while idle (the OOM killer, an operator): the job about to be sent
+                        # did not do it, so it must not fail as "died". Reap and replace.
+                        self._live -= 1
+                        worker.kill()
+                        continue
+                    self._busy.add(worker)
+                    return worker
+                if self._live < self.workers:
+                    self._live += 1
+                    break
+                self._cond.wait()
+        try:
+            worker = _Worker(self._ctx, self.name, self._worker_args)
+        except BaseException:
+            with self._cond:
+                self._live -= 1
+                self._cond.notify()
+            raise
+        with self._cond:
+            self._busy.add(worker)
+            closed = self._closed
+        if closed:  # closed while it started: `close` did not see it
+            worker.kill()
+        return worker
+
+    def _release(self, worker: _Worker, *, healthy: bool) -> None:
+        with self._cond:
+            self._busy.discard(worker)
+            keep = healthy and not self._closed
+            if keep:
+                self._idle.append(worker)
+            else:
+                self._live -= 1
+            self._cond.notify()
+        if not keep:
+            worker.kill()
+
+    def _exchange(
+        self, worker: _Worker, function: Callable[..., Any], args: tuple[Any, ...], timeout_s: float | None
+    ) -> tuple[Any, ...]:
+        started = time.perf_counter()
+        if timeout_s is not None and timeout_s >= threading.TIMEOUT_MAX:
+            # `poll` cannot wait that long (inf, 1e12: OverflowError); nor would anyone: no bound.
+            timeout_s = None
+        try:
+            worker.conn.send((function, args))
+            ready = worker.conn.poll(timeout_s)
+        except (BrokenPipeError, EOFError, OSError) as exc:
+            code = worker.kill()
+            raise WorkerDiedError(f"the {self.name} worker died (exit code {code})", exit_code=code) from exc
+        if not ready:
+            worker.kill()
+            elapsed = time.perf_counter() - started
+            raise WorkerTimeoutError(
+                f"ran past its {timeout_s} s limit ({elapsed:.2f} s); its worker was killed",
+                elapsed_s=elapsed,
+            )
+        try:
+            reply: tuple[Any, ...] = worker.conn.recv()
+        except (EOFError, OSError) as exc:
+            code = worker.kill()
+            raise WorkerDiedError(
+                f"crashed its {self.name} worker (exit code {code})", exit_code=code
+            ) from exc
+        return reply
+
+    @property
+    def live_workers(self) -> int:
+        """Worker processes currently started (idle or busy)."""
+        with self._cond:
+            return self._live
+
+    def close(self) -> None:
+        """Stop every worker now: idle ones, and busy ones, whose jobs then fail with `WorkerError`.
+
+        A busy worker left to finish outlived a server's shutdown (a pathological page keeps one at
+        100% CPU for its whole time limit, or longer once its parent is gone)."""
+        with self._cond:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            busy = list(self._busy)
+            self._live -= len(idle)
+            self._cond.notify_all()
+        for worker in [*idle, *busy]:
+            worker.kill()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

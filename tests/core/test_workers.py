@@ -1,0 +1,139 @@
+"""The killable worker pool: results and typed errors come back, a stuck or dead worker fails its job
+alone, and a worker held to a memory limit fails the allocation, not the process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from service.core.errors import ErrorCode, HtmllmError
+from service.core.workers import JobError, WorkerDiedError, WorkerError, WorkerPool, WorkerTimeoutError
+
+linux_only = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="RLIMIT_DATA bounds mmap on Linux"
+)
+
+
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+def pid() -> int:
+    return os.getpid()
+
+
+def raise_typed(message: str) -> None:
+    raise HtmllmError(message, code=ErrorCode.PAYLOAD_TOO_LARGE)
+
+
+class _Unpicklable(Exception):
+    def __init__(self, message: str, handle: object) -> None:
+        super().__init__(message)
+        self.handle = handle
+
+
+def raise_unpicklable() -> None:
+    raise _Unpicklable("holds a lock", threading.Lock())
+
+
+def sleep(seconds: float) -> int:
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)  # what a segfault in C code looks like to the parent
+
+
+def allocate(mib: int) -> int:
+    return len(bytearray(mib * 2**20))
+
+
+def vm_data_mib() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) // 1024
+    raise AssertionError("no VmData")
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[WorkerPool]:
+    with WorkerPool(2, name="test") as shared:
+        yield shared
+
+
+def test_results_and_typed_errors_come_back(pool: WorkerPool) -> None:
+    assert pool.call(add, (2, 3), timeout_s=60) == 5
+    assert pool.call(pid, (), timeout_s=60) != os.getpid()
+    with pytest.raises(HtmllmError) as typed:
+        pool.call(raise_typed, ("too big",), timeout_s=60)
+    assert typed.value.code is ErrorCode.PAYLOAD_TOO_LARGE and typed.value.message == "too big"
+    with pytest.raises(JobError) as untyped:
+        pool.call(raise_unpicklable, (), timeout_s=60)
+    assert untyped.value.type_name == "_Unpicklable" and "holds a lock" in untyped.value.message
+    assert pool.call(add, (1, 1), timeout_s=60) == 2  # the worker that raised serves on
+
+
+def test_a_stuck_job_kills_its_worker_alone() -> None:
+    with WorkerPool(2, name="test") as pool:
+        pool.prestart()
+        stuck: list[BaseException] = []
+
+        def run_stuck() -> None:
+            try:
+                pool.call(sleep, (600,), timeout_s=0.5)
+            except BaseException as exc:
+                stuck.append(exc)
+
+        thread = threading.Thread(target=run_stuck)
+        thread.start()
+        while not pool._busy:
+            time.sleep(0.01)
+        (busy,) = pool._busy
+        served = pool.call(sleep, (0,), timeout_s=60)  # the other worker answers meanwhile
+        thread.join(60)
+        assert served != busy.process.pid
+        assert len(stuck) == 1 and isinstance(stuck[0], WorkerTimeoutError)
+        assert "ran past its 0.5 s limit" in stuck[0].message
+        assert not busy.process.is_alive()
+        assert pool.live_workers == 1  # the killed worker left; the next call that needs it starts one
+        pool.prestart()
+        assert pool.live_workers == 2 and pool.call(add, (1, 2), timeout_s=60) == 3
+
+
+def test_a_worker_that_dies_fails_its_job_and_is_replaced() -> None:
+    with WorkerPool(1, name="test") as pool:
+        first = pool.call(pid, (), timeout_s=60)
+        with pytest.raises(WorkerDiedError) as died:
+            pool.call(die, (), timeout_s=60)
+        assert died.value.exit_code == -signal.SIGKILL and "crashed its test worker" in died.value.message
+        assert pool.call(pid, (), timeout_s=60) != first
+        assert pool.live_workers == 1
+
+
+def test_a_closed_pool_refuses_jobs() -> None:
+    pool = WorkerPool(1, name="test")
+    pool.close()
+    with pytest.raises(WorkerError, match="the test pool is closed"):
+        pool.call(add, (1, 2), timeout_s=60)
+
+
+@linux_only
+def test_the_memory_limit_fails_the_allocation_and_the_worker_lives_on() -> None:
+    with WorkerPool(1, name="test") as probe:
+        idle = probe.call(vm_data_mib, (), timeout_s=60)
+    limit_mib = idle + 64
+    with WorkerPool(1, name="test", memory_limit_bytes=limit_mib * 2**20) as pool:
+        worker = pool.call(pid, (), timeout_s=60)
+        assert pool.call(allocate, (16,), timeout_s=60) == 16 * 2**20
+        with pytest.raises(MemoryError):
+            pool.call(allocate, (256,), timeout_s=60)
+        assert pool.call(allocate, (16,), timeout_s=60) == 16 * 2**20
+        assert pool.call(pid, (), timeout_s=60) == worker  # the same process, memory given back
