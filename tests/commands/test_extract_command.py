@@ -217,6 +217,12 @@ def test_ctrl_c_keeps_the_parts_and_a_resume_with_other_options_or_input_is_refu
     other = _unreadable_rows(tmp_path / "other.jsonl", 5)
     assert main(_args(other, output, "--part-size", "2")) == 1
     assert "other settings (input); delete it" in capsys.readouterr().err
+    # Parts of an older row layout (format 1 extracted pages over 16 MiB) are not merged with new rows.
+    pinned = json.loads((parts / "run.json").read_text())
+    (parts / "run.json").write_text(json.dumps({**pinned, "row_format": 1}))
+    assert main(args) == 1
+    assert "other settings (row_format); delete it" in capsys.readouterr().err
+    (parts / "run.json").write_text(json.dumps(pinned))
     assert output.read_text() == OLD
 
     assert main([*args, "--workers", "2", "--part-size", "3"]) == 0  # neither changes a row
