@@ -214,7 +214,9 @@ class Runtime:
                 from service.core.extract import ExtractorPool
 
                 workers = self.settings.extract_workers
-                self.extractor_pool = ExtractorPool(workers)
+                memory_mb = self.settings.extract_memory_limit_mb
+                limit = memory_mb * 2**20 if memory_mb else None
+                self.extractor_pool = ExtractorPool(workers, memory_limit_bytes=limit)
                 self.extract_threads = ThreadPoolExecutor(workers, thread_name_prefix="htmllm-extract")
             return self.extractor_pool, self.extract_threads
 

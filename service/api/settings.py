@@ -133,6 +133,13 @@ class Settings(BaseSettings):
         description="each extractor's time on one page (/v1/extract); past it that extraction is an "
         "extraction_failed error, and the others keep theirs; the request timeout bounds it too",
     )
+    extract_memory_limit_mb: int = Field(
+        2048,
+        ge=0,
+        description="each extractor worker's data (heap, private mappings; Linux RLIMIT_DATA) in MiB; an "
+        "extraction that needs more is an extraction_failed error (about 110 MiB idle, at most 560 "
+        "measured on 16 MiB pages); 0: none",
+    )
 
     # Access and serving.
     api_key: SecretStr | None = Field(None, description="when set, model routes need `Bearer <key>`")

@@ -47,6 +47,17 @@ def test_extraction_backlog_counts_jobs_until_they_end(tiny_checkpoint: Path) ->
     assert never.value.code is ErrorCode.TOO_MANY_DOCUMENTS and runtime.extraction_backlog == 3
 
 
+async def test_the_extractor_workers_get_the_memory_limit(tiny_checkpoint: Path) -> None:
+    for limit_mb, limit_bytes in ((2048, 2048 * 2**20), (0, None)):
+        settings = tiny_settings(tiny_checkpoint, extract_memory_limit_mb=limit_mb)
+        runtime = Runtime(settings=settings, metrics=ServiceMetrics())
+        pool, _ = await runtime.extraction()
+        try:
+            assert pool.memory_limit_bytes == limit_bytes
+        finally:
+            runtime.close_extraction()
+
+
 async def test_the_drain_deadline_ends_running_extractions_typed(tiny_checkpoint: Path) -> None:
     """At the cut-off an extraction still running (a pathological page) is stopped and answered as a
     typed per-extractor error, instead of its request being dropped when the server exits."""

@@ -520,6 +520,25 @@ def test_a_worker_killed_while_idle_is_replaced_not_blamed_on_the_next_page() ->
         assert result.passed and solo.live_workers == 1
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_DATA bounds mmap on Linux")
+def test_an_extraction_past_the_memory_limit_fails_typed_and_the_worker_goes_on() -> None:
+    """What the extraction limits misjudge cannot take the pod's memory: held to a little more than an
+    idle worker has, an extractor on a 3 MB page fails as extraction_failed, and the pool serves on."""
+    page = "<html><body>" + "<p>lorem ipsum dolor sit amet consectetur</p>\n" * 60_000 + "</body></html>"
+    with ExtractorPool(1) as probe:
+        probe.prestart()
+        (idle,) = probe._idle
+        assert idle.process.pid is not None
+        with open(f"/proc/{idle.process.pid}/status") as status:
+            vm_data = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmData:"))
+    with ExtractorPool(1, memory_limit_bytes=vm_data + 4 * 2**20) as limited:
+        with pytest.raises(ExtractionError) as failed:
+            extract(page, "resiliparse", runner=limited, min_words=0, timeout_s=120)
+        assert failed.value.code is ErrorCode.EXTRACTION_FAILED
+        assert "MemoryError" in failed.value.message
+        assert extract(table_page(), "resiliparse", runner=limited).passed
+
+
 def test_a_limit_too_long_to_wait_for_means_no_limit(pool: ExtractorPool) -> None:
     for limit in (float("inf"), 1e12):  # raised OverflowError (untyped) and killed the worker
         assert extract(table_page(), "resiliparse", timeout_s=limit, runner=pool).passed

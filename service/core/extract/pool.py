@@ -67,11 +67,23 @@ class ExtractorPool(WorkerPool):
     `timeout_s`. A worker that timed out or crashed is killed and not reused.
     """
 
-    def __init__(self, workers: int | None = None, *, context: BaseContext | None = None) -> None:
+    def __init__(
+        self,
+        workers: int | None = None,
+        *,
+        memory_limit_bytes: int | None = None,
+        context: BaseContext | None = None,
+    ) -> None:
         workers = default_workers() if workers is None else workers
         if workers < 1:
             raise ValueError(f"an extractor pool needs at least one worker, got {workers}")
-        super().__init__(workers, name="extractor", preload=_PRELOAD, context=context)
+        super().__init__(
+            workers,
+            name="extractor",
+            preload=_PRELOAD,
+            memory_limit_bytes=memory_limit_bytes,
+            context=context,
+        )
 
     def run(self, name: str, html: str, *, language: str | None, timeout_s: float | None) -> RawOutput:
         try:
