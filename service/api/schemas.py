@@ -240,6 +240,12 @@ class Limits(BaseModel):
     max_queue_documents: int
     max_inflight_bytes: int = Field(description="request bodies held at once; a body past it gets 429")
     extract_timeout_s: float = Field(description="each extractor's limit on one page (/v1/extract)")
+    preprocess_timeout_s: float | None = Field(
+        description="one page's preprocessing limit (its worker is killed past it); null with threads"
+    )
+    preprocess_memory_limit_mb: int | None = Field(
+        description="each preprocessing worker's data limit in MiB; null with threads or none set"
+    )
 
 
 class InfoResponse(BaseModel):

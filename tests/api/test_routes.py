@@ -760,6 +760,21 @@ async def test_onnx_backend_serves_the_same_embeddings(client: httpx.AsyncClient
     assert got["scores"]["quality"] == pytest.approx(expected["scores"]["quality"], abs=1e-4)
 
 
+async def test_a_page_past_the_preprocessing_time_limit_is_a_422_and_the_server_serves_on(
+    settings_for: SettingsFactory,
+) -> None:
+    slow = "<html><body>" + ("<p>" + "lorem ipsum dolor " * 40 + "</p>\n") * 20_000 + "</body></html>"
+    settings = settings_for(preprocess_pool="process", preprocess_timeout_s=0.1)
+    async with app_client(settings) as processes:
+        response = await processes.post(
+            "/v1/embed", content=slow.encode(), headers={"content-type": "text/html"}
+        )
+        assert response.status_code == 422, response.text
+        error = response.json()["error"]
+        assert error["code"] == "preprocess_failed" and "took more than 0.1 s" in error["message"]
+        assert (await processes.post("/v1/embed", json={"documents": [{"html": page(1)}]})).status_code == 200
+
+
 async def test_preprocessing_processes_serve_the_same_answers(
     client: httpx.AsyncClient, settings_for: SettingsFactory
 ) -> None:
@@ -769,9 +784,15 @@ async def test_preprocessing_processes_serve_the_same_answers(
     expected_raw = (await client.post("/v1/embed", content=WINDOWS_1250_PAGE, headers=headers)).json()
     expected = (await client.post("/v1/embed", json=body)).json()
     pruned = (await client.post("/v1/preprocess", json=body)).json()
+    limits = (await client.get("/info")).json()["limits"]
+    assert (limits["preprocess_timeout_s"], limits["preprocess_memory_limit_mb"]) == (None, None)  # threads
     async with app_client(settings_for(preprocess_pool="process", preprocess_workers=2)) as processes:
         info = (await processes.get("/info")).json()
         assert (info["preprocess_pool"], info["preprocess_workers"]) == ("process", 2)
+        assert (info["limits"]["preprocess_timeout_s"], info["limits"]["preprocess_memory_limit_mb"]) == (
+            20,
+            1024,
+        )
         got_raw = (await processes.post("/v1/embed", content=WINDOWS_1250_PAGE, headers=headers)).json()
         got = (await processes.post("/v1/embed", json=body)).json()
         assert (await processes.post("/v1/preprocess", json=body)).json() == pruned

@@ -74,6 +74,8 @@ async def ready(runtime: RuntimeDep) -> ReadyResponse:
 async def info(runtime: RuntimeDep, engine: EngineDep) -> InfoResponse:
     model = engine.info
     settings = runtime.settings
+    config = settings.engine_config()
+    processes = config.preprocess_pool == "process"  # threads can be neither stopped nor limited
     return InfoResponse(
         model=model.name,
         version=__version__,
@@ -103,6 +105,8 @@ async def info(runtime: RuntimeDep, engine: EngineDep) -> InfoResponse:
             max_queue_documents=settings.max_queue_documents,
             max_inflight_bytes=settings.max_inflight_bytes,
             extract_timeout_s=settings.extract_timeout_s,
+            preprocess_timeout_s=config.preprocess_timeout_s if processes else None,
+            preprocess_memory_limit_mb=config.preprocess_memory_limit_mb if processes else None,
         ),
         auth=runtime.api_keys.enabled,
     )
