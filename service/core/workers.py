@@ -47,6 +47,11 @@ class WorkerError(HtmllmError):
     The caller decides which typed error its user sees (`code` is `internal_error` until it does)."""
 
 
+class WorkerStartError(WorkerError):
+    """A worker did not come up (it died starting, or did not say ready in time): the server's fault,
+    not the job's."""
+
+
 class WorkerDiedError(WorkerError):
     """The worker died while it held the job (a crash in C code, a signal); `exit_code` says how."""
 
@@ -145,14 +150,12 @@ class _Worker:
         self.conn = parent
         if not parent.poll(STARTUP_TIMEOUT_S):
             self.kill()
-            raise WorkerError(f"{name} worker did not start within {STARTUP_TIMEOUT_S:.0f} s")
+            raise WorkerStartError(f"{name} worker did not start within {STARTUP_TIMEOUT_S:.0f} s")
         try:
             parent.recv()
         except (EOFError, OSError) as exc:
             code = self.kill()
-            raise WorkerDiedError(
-                f"{name} worker died while starting (exit code {code})", exit_code=code
-            ) from exc
+            raise WorkerStartError(f"{name} worker died while starting (exit code {code})") from exc
 
     def kill(self) -> int | None:
         """Stop the process now and reap it; returns its exit code. Safe from two threads at once (the

@@ -45,7 +45,13 @@ from service.core.preparation import (
 )
 from service.core.prune import PRUNE_VERSION
 from service.core.tokenizer import HtmlTokenizer, TokenizerError
-from service.core.workers import WorkerDiedError, WorkerError, WorkerPool, WorkerTimeoutError
+from service.core.workers import (
+    WorkerDiedError,
+    WorkerError,
+    WorkerPool,
+    WorkerStartError,
+    WorkerTimeoutError,
+)
 from service.engine.admission import DrainRate
 from service.engine.batcher import Batcher, BatchRow
 from service.engine.result_cache import CachedRow, ResultCache, cache_key
@@ -386,6 +392,10 @@ class Engine:
                 raise PreprocessError(
                     f"preprocessing this page took more than {timeout_s} s "
                     "(HTMLLM_PREPROCESS_TIMEOUT_S); its worker was stopped"
+                ) from exc
+            if isinstance(exc, WorkerStartError):  # not the page's fault: a 500, not a 422
+                raise HtmllmError(
+                    f"a preprocessing process could not start: {exc.message}", code=ErrorCode.INTERNAL
                 ) from exc
             if isinstance(exc, WorkerDiedError):
                 raise PreprocessError(

@@ -13,7 +13,14 @@ from collections.abc import Iterator
 import pytest
 
 from service.core.errors import ErrorCode, HtmllmError
-from service.core.workers import JobError, WorkerDiedError, WorkerError, WorkerPool, WorkerTimeoutError
+from service.core.workers import (
+    JobError,
+    WorkerDiedError,
+    WorkerError,
+    WorkerPool,
+    WorkerStartError,
+    WorkerTimeoutError,
+)
 
 linux_only = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="RLIMIT_DATA bounds mmap on Linux"
@@ -116,6 +123,13 @@ def test_a_worker_that_dies_fails_its_job_and_is_replaced() -> None:
         assert died.value.exit_code == -signal.SIGKILL and "crashed its test worker" in died.value.message
         assert pool.call(pid, (), timeout_s=60) != first
         assert pool.live_workers == 1
+
+
+def test_a_worker_that_cannot_start_is_a_start_error_not_the_jobs() -> None:
+    with WorkerPool(1, name="test", initializer=raise_typed, initargs=("no model",)) as pool:
+        with pytest.raises(WorkerStartError, match="test worker died while starting"):
+            pool.call(add, (1, 2), timeout_s=60)
+        assert pool.live_workers == 0
 
 
 def test_a_closed_pool_refuses_jobs() -> None:

@@ -486,6 +486,24 @@ async def test_a_page_past_the_time_limit_fails_alone(tiny_checkpoint: Path, pag
         np.testing.assert_allclose(again.embedding, fine.embedding, atol=1e-6)
 
 
+async def test_a_preprocessing_process_that_cannot_start_is_a_server_error(
+    tiny_checkpoint: Path, pages: list[str]
+) -> None:
+    """Not the page's fault: `internal_error` (500), not `preprocess_failed` (422)."""
+    config = EngineConfig(preprocess_pool="process", preprocess_workers=1)
+    async with Engine.from_checkpoint(tiny_checkpoint, config) as engine:
+        processes = engine._processes
+        assert processes is not None
+        (worker,) = processes._idle
+        worker.process.kill()
+        worker.process.join()
+        preload, limit, initializer, _ = processes._worker_args
+        processes._worker_args = (preload, limit, initializer, ("{not a tokenizer",))
+        with pytest.raises(HtmllmError, match="a preprocessing process could not start") as failed:
+            await engine.embed(pages[:1])
+        assert failed.value.code is ErrorCode.INTERNAL
+
+
 async def test_a_page_that_crashes_its_process_fails_alone(tiny_checkpoint: Path, pages: list[str]) -> None:
     config = EngineConfig(preprocess_pool="process", preprocess_workers=1)
     async with Engine.from_checkpoint(tiny_checkpoint, config) as engine:
