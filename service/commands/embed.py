@@ -143,8 +143,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument(
         "--preprocess-pool",
         choices=("thread", "process"),
-        default="thread",
-        help="process: the workers are processes (pruning holds the GIL; use it on a GPU)",
+        default="process",
+        help="process (default): the workers are processes, which scale with cores (pruning holds the GIL) "
+        "and stop a page after 20 s or 1024 MiB of data (it becomes a preprocess_failed or "
+        "payload_too_large row); thread: no processes, no limits",
     )
     parser.add_argument(
         "--inference-process",
