@@ -20,6 +20,7 @@ from typing import NamedTuple
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.prune import InputTooLargeError, ParseFailedError, prune_html
 from service.core.tokenizer import HtmlTokenizer
+from service.core.words import WordTables, adopt_word_tables
 
 
 class PreprocessError(HtmllmError):
@@ -136,7 +137,9 @@ def preprocess(
 _worker_tokenizer: HtmlTokenizer | None = None
 
 
-def init_worker(tokenizer_json: str) -> None:
+def init_worker(tokenizer_json: str, word_tables: WordTables | None = None) -> None:
+    """A preprocessing process's start: its tokenizer, warmed; with `word_tables` (the server's, when it
+    has built them) it adopts them instead of building (a second of every worker's start)."""
     global _worker_tokenizer
     # A Ctrl-C reaches the whole process group: the parent decides what stops (the server drains its
     # queue through these workers, `htmllm embed` keeps what is finished); a worker that died of it
@@ -146,6 +149,8 @@ def init_worker(tokenizer_json: str) -> None:
     # encode) would add nothing but threads, and, started mid-page under the worker's memory limit,
     # it failed to start and aborted the worker.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    if word_tables is not None:
+        adopt_word_tables(word_tables)
     _worker_tokenizer = HtmlTokenizer.from_json(tokenizer_json)
     _worker_tokenizer.warm()
     _worker_tokenizer.encode("<p>warm</p>", max_length=8)  # the rest of the first encode's set-up, now

@@ -113,8 +113,34 @@ _JAMO_SECONDS = ((0x1161, 0x1175), (0x11A8, 0x11C2))
 _SEGMENT = 64
 
 
+WordTables = tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_], npt.NDArray[np.bool_]]
+
+# Tables this process took from the one that built them (`adopt_word_tables`), instead of building.
+_adopted: WordTables | None = None
+
+
+def word_tables() -> WordTables:
+    """(word, stable, starts): adopted, or built on first use (`_built_tables`)."""
+    return _adopted if _adopted is not None else _built_tables()
+
+
+def built_word_tables() -> WordTables | None:
+    """The tables if this process has them already (built or adopted), else None; builds nothing."""
+    if _adopted is not None:
+        return _adopted
+    return _built_tables() if _built_tables.cache_info().currsize else None
+
+
+def adopt_word_tables(tables: WordTables) -> None:
+    """Use `tables`, built by another process of this installation (the server, for the preprocessing
+    workers it starts), instead of building them: the same Python and `tokenizers` give the same
+    tables, and building took a second of every worker's start, after every kill too."""
+    global _adopted
+    _adopted = tables
+
+
 @functools.cache
-def _tables() -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+def _built_tables() -> WordTables:
     """(word, stable, starts) for every code point (tables of 0x110000 booleans, built once per process,
     as the engine starts: about a second).
 
@@ -161,8 +187,8 @@ def _tables() -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_], npt.NDArray
 
 
 def word_chars() -> npt.NDArray[np.bool_]:
-    """`_tables`' word characters."""
-    return _tables()[0]
+    """`word_tables`' word characters."""
+    return word_tables()[0]
 
 
 def _split_by_tokenizers(
@@ -261,7 +287,7 @@ class LongWords:
         with a letter hundreds of characters before it (the marks between of a lower class do not block
         it, and U+3099 between makes the letter a word of its own), so a bounded encode cuts there.
         0 if there is none."""
-        starts = _tables()[2]
+        starts = word_tables()[2]
 
         def flags(low: int, high: int) -> npt.NDArray[np.bool_]:
             flagged: npt.NDArray[np.bool_] = starts[_code_points(text[low:high])]
@@ -275,7 +301,7 @@ class LongWords:
         if len(text) <= 2 * self.keep:
             return text
         codes = _code_points(text)
-        word_table, stable_table, _ = _tables()
+        word_table, stable_table, _ = word_tables()
         word = np.zeros(len(codes) + 2, dtype=np.bool_)
         word[1:-1] = word_table[codes]
         edges = np.flatnonzero(word[1:] != word[:-1])  # where runs start and end, alternately

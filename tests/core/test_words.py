@@ -53,9 +53,9 @@ def test_stable_characters_are_where_nfc_can_cut() -> None:
     """After a mark of the highest combining class, a stable character stays where and as it is, so
     NFC of what precedes it and of what follows it are independent; marks, the jamo that compose with
     the syllable before them, and characters NFC changes are not stable."""
-    from service.core.words import _tables
+    from service.core.words import word_tables
 
-    word, stable, starts = _tables()
+    word, stable, starts = word_tables()
     assert not (stable & ~starts).any()
     assert not (stable & ~word).any()
     normalizer = normalizers.NFC()
