@@ -245,9 +245,18 @@ _SPECIAL = frozenset(
 # takes the open one off the list (`reconstruction_bytes`). One <a> of 1,000 attributes left open was
 # re-created in each of 60,000 paragraphs: 9.7 GB.
 _FORMATTING = frozenset((*_FORMATTING_NAMES, b"a"))
-_TABLE_ROWS = frozenset((b"tr", b"tbody", b"thead", b"tfoot"))  # their end tags close the open cell
 _CLOSED_BY_BLOCKS = frozenset((b"p", b"li", b"dd", b"dt"))  # a block start closes one left open
-_CELLS = frozenset((b"td", b"th", b"tr"))
+_CELLS = frozenset((b"td", b"th", b"caption"))  # what the parser closes, clearing its marker, in a table
+# Start tags that, in a table, close its open cell or caption and then pop every element above the
+# table (or its row group or row): those it holds, and those foster-parented out of it (`<table><b>`
+# leaves the <b> on the list, and text in the table re-creates it), without clearing their markers.
+_TABLE_STARTS = frozenset(b"caption col colgroup tbody thead tfoot tr td th".split())
+# End tags whose work in a table the estimate follows (`reconstruction_bytes`).
+_TABLE_ENDS = frozenset(b"table tbody thead tfoot tr td th caption template".split())
+# Tags whose reading by the parser, where the scan cannot follow it (a <select>, a taint), may pop or
+# insert a table, a cell or a marker the estimate then does not know of.
+_PIVOTS = _TABLE_STARTS | _TABLE_ENDS | {b"applet", b"marquee", b"object"}
+_SCAN_AFTER = 64  # live entries looked at for the adoption agency's inner clones (then: the heaviest)
 # Start tags that close an element left open (and with it what it holds): a block start the open
 # <p>, an <li> the open <li>, and so on.
 _IMPLIED_ENDS: dict[bytes, tuple[bytes, ...]] = {
@@ -554,14 +563,20 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
     `</b>` in a script, an attribute value or a bogus comment closes nothing, nor does one in a
     `<select>`), and with it which entries' elements are off the stack of open elements: those opened
     inside an element that has since closed (by its end tag, or a block that closes a `<p>`, a cell that
-    closes a cell, ...); each tag re-creates those and puts them back inside what it opens. A closing
-    cell, caption, `<object>`, ... clears the list to its marker, and a new `<a>` takes the open one off.
+    closes a cell, a table tag that pops what is above the table, foster-parented elements too, ...);
+    each tag re-creates those and puts them back inside what it opens. The list's markers are kept apart
+    from the elements that inserted them (a table pops an `<object>` in it and leaves its marker): a
+    surely closed cell, caption, `<object>`, ... or template clears the list to the last marker, a cell
+    the parser may have ignored clears nothing, and a new `<a>` takes the open one off. Each run of the
+    adoption agency (an end tag, a new `<a>` or `<nobr>`) is charged its clones: up to eight rounds, one
+    per special element after the entry, each a clone of it and of three entries after it.
     It errs long: attributes are compared as written (`id=1 b=2` and `b=2 id=1` count as two; after a
     taint, where a tag's extent is unsure, no two are the same); and an end tag takes the last entry of
     its name off only where the parser surely does, which it does not when the element is out of scope
     (`<b id=1><svg><desc></b>` left every `<b>` open) or after eight rounds of its adoption agency: so
     not while a scope boundary (`_SCOPE_BOUNDARIES`) opened since the entry's own tag is open, nor eight
-    special elements. Corpus pages need at most 76 KB.
+    special elements; and after a table tag where the scan cannot follow the parser (in a `<select>`,
+    after a taint) it clears nothing more. Corpus pages need at most 76 KB.
     """
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
     entries_of: dict[bytes, list[int]] = {}  # element name -> its entries, oldest first
@@ -570,10 +585,19 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
     weight: dict[int, int] = {}  # entry -> the bytes a clone of it takes
     since: dict[int, int] = {}  # entry -> the serial of the last element opened before it
     # Scope boundaries and special elements open (as far as the scan can tell: an end tag closes one
-    # only when it is the last one open), with the serial of their start tag.
-    boundaries: list[tuple[bytes, int]] = []
+    # only when it is the last one open, a table pops what is above it), with the serial of their start
+    # tag; a boundary also with whether its closing surely clears the list to a marker, and its tag.
+    boundaries: list[tuple[bytes, int, bool, int]] = []
     specials: list[tuple[bytes, int]] = []
-    markers: dict[int, int] = {}  # a marker-inserting boundary's serial -> the last entry before it
+    contexts: list[int] = []  # where in `boundaries` the open tables and templates are
+    # The list's markers (the entry before each), oldest first. A marker stays when its element is
+    # popped without clearing (a table pops an <object> in it), and the parser's next clear stops
+    # there: so every tag that may insert one adds one, and only a surely closed cell, caption,
+    # <object>, ... or template clears to the last.
+    marks: list[int] = []
+    # Where the scan cannot follow the parser (a table tag in a <select> or after a taint), the tables
+    # and cells it has open may differ from the estimate's: nothing more is popped or cleared.
+    unsure = False
     order: list[int] = []  # the entries in the order they were added (some since removed)
     # An entry's element is on the parser's stack of open elements until an element around it closes;
     # only then does the next text or tag re-create it (inside the element then current, where it
@@ -581,7 +605,7 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
     on_stack: list[tuple[int, int]] = []
     off: set[int] = set()
     starts: dict[bytes, list[int]] = {}  # name -> the tags its elements opened at, the open ones
-    serial = entry = work = off_weight = tables = 0
+    serial = entry = work = off_weight = heaviest = 0
 
     def last_live(name: bytes) -> int | None:
         """The newest entry of `name` still on the list (the Noah's Ark clause drops some early)."""
@@ -607,23 +631,69 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
                 off.add(popped)
                 off_weight += weight[popped]
 
-    def close(names: tuple[bytes, ...], *, all_of: bool = False) -> None:
-        """Close the last open boundaries while they have one of `names` (one, unless `all_of`); a
-        cell, caption, <object>, ... that closes clears the list up to its marker, as the parser does."""
-        nonlocal tables
-        while boundaries and boundaries[-1][0] in names:
-            name, opened = boundaries.pop()
-            tables -= name == b"table"
-            last = markers.pop(opened, None)
-            while last is not None and order and order[-1] > last:
+    def pop_to(index: int, *, clear: bool) -> None:
+        """Pop the boundaries from `index` on (and the special elements opened since), as the parser
+        pops their elements; with `clear`, clear the list to its last marker, as it does once then."""
+        if index < len(boundaries):
+            opened = boundaries[index][1]
+            del boundaries[index:]
+            while contexts and contexts[-1] >= index:
+                contexts.pop()
+            while specials and specials[-1][1] > opened:
+                specials.pop()
+        if clear and marks and not unsure:
+            last = marks.pop()
+            while order and order[-1] > last:
                 added = order.pop()
                 if added in key_of:
                     remove(added)
-            if not all_of:
-                return
+
+    def table_end(name: bytes) -> None:
+        """An end tag of the table's structure (or `</template>`), as the parser reads it in a table."""
+        if name == b"template":
+            for index in reversed(contexts):
+                if boundaries[index][0] == b"template":  # it pops all above its template
+                    pop_to(index, clear=True)
+                    return
+            return
+        inner = contexts[-1] if contexts and boundaries[contexts[-1]][0] == b"table" else None
+        if inner is None:  # no table: only a cell of a template (never one that clears) may close
+            if name in _CELLS and boundaries and boundaries[-1][0] == name:
+                pop_to(len(boundaries) - 1, clear=False)
+            return
+        cell = boundaries[inner + 1] if inner + 1 < len(boundaries) else None
+        if cell is not None and cell[0] not in _CELLS:
+            cell = None
+        if name == b"table":  # it closes the open cell or caption, and the table
+            pop_to(inner, clear=cell is not None and cell[2])
+        elif cell is None:
+            return  # a row or row group may or may not be open: it pops what is above it, or nothing
+        elif name == cell[0] or (name == b"tr" and cell[0] != b"caption"):
+            pop_to(inner + 1, clear=cell[2])  # </td>, </caption>, and a </tr> around the cell
+        elif name in (b"tbody", b"thead", b"tfoot") and cell[0] != b"caption":
+            boundaries[inner + 1] = (*cell[:2], False, cell[3])  # may close the cell (if that group is open)
+
+    def adoption(newest: int) -> int:
+        """The bytes the adoption agency's clones may take when run for entry `newest`: in each of up to
+        eight rounds (one per special element opened after it) a clone of it and of three entries
+        between it and that element."""
+        later = len(specials) - bisect.bisect_right(specials, since[newest], key=lambda open_: open_[1])
+        if not later:
+            return 0
+        between = 0
+        for looked, added in enumerate(reversed(order)):
+            if added <= newest:
+                break
+            if looked == _SCAN_AFTER:
+                between = heaviest
+                break
+            between = max(between, weight.get(added, 0))
+        return min(later, _ADOPTION_ROUNDS) * (weight[newest] + 3 * between)
 
     for tick, (end_tag, name, start, end, where) in enumerate(_tag_tokens(data), 1):
         trusted = where not in (SELECT, TAINTED)  # there an end tag may close nothing
+        if not trusted and name in _PIVOTS:
+            unsure = True
         if end_tag and starts.get(name):
             # Its element, if open, closes with what it holds (an end tag that may close nothing
             # leaves it counted as open).
@@ -632,18 +702,25 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
             implied = [starts[closes].pop() for closes in _IMPLIED_ENDS.get(name, ()) if starts.get(closes)]
             if implied:
                 closed_after(min(implied))  # a <p> the block closes, the <li> before an <li>, ...
+        if where != FOREIGN and contexts and name in (_TABLE_ENDS if end_tag else _TABLE_STARTS):
+            # In a table these pop everything above it (its row or group): what was opened after it
+            # (after the first one still open, where the scan cannot follow) is off the stack.
+            closed_after(boundaries[contexts[0] if unsure else contexts[-1]][3])
+        if where != FOREIGN and name in _FORMATTING and (end_tag or name in (b"a", b"nobr")):
+            newest = last_live(name)
+            if newest is not None:  # an end tag, a new <a> or <nobr> runs the adoption agency
+                work += adoption(newest)
         if end_tag and trusted:
             if name in _FORMATTING:
                 newest = last_live(name)
                 if newest is not None and _surely_in_scope(since[newest], boundaries, specials):
                     remove(newest)  # the last live entry of its name leaves
-            elif name == b"table":
-                close((b"td", b"th", b"caption"), all_of=True)
-                close((b"table",))
-            elif name in _TABLE_ROWS:
-                close((b"td", b"th"), all_of=True)
+            elif where == HTML and name in _TABLE_ENDS:
+                if not unsure:
+                    table_end(name)
             elif name in _SCOPE_BOUNDARIES:
-                close((name,))
+                if boundaries and boundaries[-1][0] == name:
+                    pop_to(len(boundaries) - 1, clear=boundaries[-1][2])
             elif name in _SPECIAL and specials and specials[-1][0] == name:
                 specials.pop()  # an end tag closes the special element only when it is the last open
         # The tag, or the text after it, re-creates what is off the stack, inside what is open now.
@@ -659,20 +736,34 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
         starts.setdefault(name, []).append(2 * tick)  # its element opens here, what it holds after
         if where == FOREIGN and is_self_closing(data[start:end].rstrip(b">")):
             continue
-        if name in _SCOPE_BOUNDARIES or name == b"tr":
+        if name in _SCOPE_BOUNDARIES:
             html = where == HTML  # in <svg> a <td> or an <object> is a foreign element, no marker
-            if name in _CELLS and html:
-                if not tables:
-                    continue  # outside a table the parser ignores a cell's tags
-                close((b"td", b"th"), all_of=True)  # a new cell or row closes the open cell
-            if name == b"tr":
-                continue
+            inner = contexts[-1] if contexts and boundaries[contexts[-1]][0] == b"table" else None
+            if html and not unsure and inner is not None and (name in _CELLS or name == b"table"):
+                cell = inner + 1 < len(boundaries) and boundaries[inner + 1][0] in _CELLS
+                if name != b"table" or not cell:
+                    # A cell or caption closes the open one (clearing its marker) and pops what is
+                    # above the table; a <table> there closes the open table first.
+                    pop_to(inner + 1, clear=cell and boundaries[inner + 1][2])
+                    if name == b"table":
+                        closed_after(boundaries[inner][3])
+                        pop_to(inner, clear=False)
+                        inner = None
+            if where != FOREIGN and name in _MARKERS:
+                marks.append(entry)  # a marker, or one the parser may insert (a cell outside a table)
+            if name in _CELLS and html and not contexts:
+                continue  # outside a table (or template) the parser ignores a cell's tags
             serial += 1
-            boundaries.append((name, serial))
-            if html:
-                tables += name == b"table"
-                if name in _MARKERS:
-                    markers[serial] = entry
+            # Closing it surely clears the list: a cell or caption of a table, an <object>, ...
+            clears = html and (inner is not None if name in _CELLS else name in _MARKERS)
+            boundaries.append((name, serial, clears, 2 * tick))
+            if where != FOREIGN and name in (b"table", b"template"):
+                contexts.append(len(boundaries) - 1)
+        elif name in _TABLE_STARTS and where == HTML:
+            inner = contexts[-1] if contexts and boundaries[contexts[-1]][0] == b"table" else None
+            if inner is not None and not unsure:
+                cell = inner + 1 < len(boundaries) and boundaries[inner + 1][0] in _CELLS
+                pop_to(inner + 1, clear=cell and boundaries[inner + 1][2])
         elif name in _SPECIAL:
             if (
                 trusted
@@ -693,9 +784,9 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
             if where == TAINTED:
                 key += b"\x00%d" % entry  # its extent is unsure: a copy of nothing
             same = copies.setdefault(key, deque())
-            # The parser keeps three copies after the last marker only: a copy from before a scope
-            # boundary still open (most of them insert markers) may be in another segment, and stays.
-            if len(same) >= _NOAHS_ARK and _surely_in_scope(since[same[-_NOAHS_ARK]], boundaries, []):
+            # The parser keeps three copies after the last marker only: a copy from before a marker
+            # the parser may have (a boundary's, left in place when a table popped it, ...) stays.
+            if len(same) >= _NOAHS_ARK and (not marks or same[-_NOAHS_ARK] > marks[-1]):
                 remove(same[-_NOAHS_ARK])
             same.append(entry)
             order.append(entry)
@@ -703,12 +794,13 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
             entries_of.setdefault(name, []).append(entry)
             key_of[entry] = key
             weight[entry] = _MEMORY_PER_CLONE + _MEMORY_PER_ATTRIBUTE * _attribute_count(key)
+            heaviest = max(heaviest, weight[entry])
             since[entry] = serial
     return work
 
 
 def _surely_in_scope(
-    opened: int, boundaries: list[tuple[bytes, int]], specials: list[tuple[bytes, int]]
+    opened: int, boundaries: list[tuple[bytes, int, bool, int]], specials: list[tuple[bytes, int]]
 ) -> bool:
     """Whether an element opened after serial `opened` is surely reached by the parser's end tag: no
     scope boundary opened since is open, nor `_ADOPTION_ROUNDS` special elements."""
