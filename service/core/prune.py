@@ -408,9 +408,14 @@ def _clean_serialization(document: str | bytes) -> str:
         for node in tree.css(HIDDEN_SELECTOR):
             node.decompose()
         root = tree.root
-        return (root.html or "") if root is not None else ""
+        if root is None:
+            return ""
+        html = root.html
     except (SelectolaxError, MemoryError) as exc:
         raise ParseFailedError(f"the HTML parser failed: {exc}") from exc
+    if html is None:  # what Lexbor returns when it cannot allocate the output (a memory limit): no page
+        raise ParseFailedError("the HTML parser failed to write the page out (out of memory)")
+    return html
 
 
 def max_attributes(document: str | bytes) -> int:

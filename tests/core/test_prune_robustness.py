@@ -164,3 +164,28 @@ def test_formatting_elements_left_open_are_refused_before_the_parser_clones_them
     outcome = run_child(build)  # asserts the bound
     assert outcome == {**outcome, "ok": False, "error": "InputTooLargeError", "code": "payload_too_large"}
     assert float(outcome["seconds"]) < 5  # type: ignore[arg-type]
+
+
+def test_a_serialization_the_parser_could_not_allocate_is_a_parse_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under a preprocessing process's memory limit Lexbor's `html` gave None, not an error, and the page
+    was embedded as an empty document and answered as a success."""
+    from types import SimpleNamespace
+
+    from service.core import prune
+
+    real = prune.LexborHTMLParser
+
+    class Unwritable:
+        """The real parse, whose root cannot be written out."""
+
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            self._tree = real(*args, **kwargs)
+            self.strip_tags = self._tree.strip_tags
+            self.css = self._tree.css
+            self.root = SimpleNamespace(html=None)
+
+    monkeypatch.setattr(prune, "LexborHTMLParser", Unwritable)
+    with pytest.raises(prune.ParseFailedError, match="failed to write the page out"):
+        prune.prune_html("<p>a page</p>")
