@@ -14,7 +14,10 @@ def worker_context(preload: Sequence[str]) -> BaseContext:
     A forkserver worker never forks the server itself (whose torch threads a fork would copy
     mid-flight) and starts from a process that has imported only `preload`. That list is a hint: the
     forkserver is one per server process, started by whichever pool needs it first, and a module it did
-    not preload is imported by the worker when first used (a missing one is skipped).
+    not preload is imported by the worker when first used (a missing one is skipped). A worker also
+    imports the main module of a program run as a script (`python bench.py`; not `python -m
+    service.api` or the `htmllm` command), as multiprocessing does: one that imports torch at its top
+    gives every worker torch, about 300 MiB of the memory limit (service.core.workers).
     """
     if sys.platform.startswith("linux"):
         ctx = multiprocessing.get_context("forkserver")

@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Final, Self
 
 from service.core.errors import HtmllmError
@@ -40,6 +41,8 @@ from service.core.processes import worker_context
 STARTUP_TIMEOUT_S: Final = 120.0
 # A job's exception is sent back with at most this much of its message (it may quote the page).
 _MESSAGE_CHARS: Final = 500
+# Linux's default pipe capacity: a send of more may wait for the worker to read.
+_PIPE_BUFFER: Final = 64 * 1024
 
 
 class WorkerError(HtmllmError):
@@ -294,12 +297,32 @@ class WorkerPool:
         if timeout_s is not None and timeout_s >= threading.TIMEOUT_MAX:
             # `poll` cannot wait that long (inf, 1e12: OverflowError); nor would anyone: no bound.
             timeout_s = None
+        job = ForkingPickler.dumps((function, args))
+        # A job larger than the pipe's buffer blocks the send until the worker reads it: one that does
+        # not (stopped, swapping) would hold this thread past the limit, so a timer kills it then.
+        expired = threading.Event()
+        guard = None
+        if timeout_s is not None and len(job) > _PIPE_BUFFER:
+
+            def expire() -> None:
+                expired.set()
+                worker.kill()
+
+            guard = threading.Timer(timeout_s, expire)
+            guard.daemon = True
+            guard.start()
         try:
-            worker.conn.send((function, args))
-            ready = worker.conn.poll(timeout_s)
+            worker.conn.send_bytes(job)
+            del job
+            if guard is not None:
+                guard.cancel()
+            left = None if timeout_s is None else max(0.0, timeout_s - (time.perf_counter() - started))
+            ready = not expired.is_set() and worker.conn.poll(left)
         except (BrokenPipeError, EOFError, OSError) as exc:
             code = worker.kill()
-            raise WorkerDiedError(f"the {self.name} worker died (exit code {code})", exit_code=code) from exc
+            if not expired.is_set():
+                raise self._died(f"the {self.name} worker died (exit code {code})", code) from exc
+            ready = False
         if not ready:
             worker.kill()
             elapsed = time.perf_counter() - started
@@ -308,13 +331,21 @@ class WorkerPool:
                 elapsed_s=elapsed,
             )
         try:
-            reply: tuple[Any, ...] = worker.conn.recv()
+            reply_bytes = worker.conn.recv_bytes()
         except (EOFError, OSError) as exc:
             code = worker.kill()
-            raise WorkerDiedError(
-                f"crashed its {self.name} worker (exit code {code})", exit_code=code
-            ) from exc
+            raise self._died(f"crashed its {self.name} worker (exit code {code})", code) from exc
+        try:
+            reply: tuple[Any, ...] = pickle.loads(reply_bytes)
+        except Exception as exc:
+            raise JobError(f"its result could not be read: {exc}", type_name=type(exc).__name__) from exc
         return reply
+
+    def _died(self, message: str, exit_code: int | None) -> WorkerError:
+        """A worker gone while it held a job: the job's doing, unless `close` killed it."""
+        if self._closed:
+            return WorkerError(f"the {self.name} pool was closed while the job ran")
+        return WorkerDiedError(message, exit_code=exit_code)
 
     @property
     def live_workers(self) -> int:

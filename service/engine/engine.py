@@ -43,7 +43,7 @@ from service.core.preparation import (
     preprocess,
     preprocess_in_worker,
 )
-from service.core.prune import PRUNE_VERSION
+from service.core.prune import PRUNE_VERSION, InputTooLargeError
 from service.core.tokenizer import HtmlTokenizer, TokenizerError
 from service.core.words import built_word_tables
 from service.core.workers import (
@@ -201,6 +201,9 @@ class Engine:
             )
         self._pool: ThreadPoolExecutor | None = None
         self._processes: WorkerPool | None = None  # preprocess_pool="process"
+        # Threads that wait on the processes: apart, so that a page stuck in one (up to its time limit)
+        # never holds up the work of `_pool` (hashing a page for the result cache).
+        self._dispatch: ThreadPoolExecutor | None = None
         self._batcher: Batcher | None = None
         self._last_health = BackendHealth()  # health while no batcher runs (before start, after stop)
         self._accepting = False
@@ -280,6 +283,9 @@ class Engine:
                 initargs=(self._tokenizer.to_json(), built_word_tables()),
                 memory_limit_bytes=None if memory_mb is None else memory_mb * 2**20,
             )
+            self._dispatch = ThreadPoolExecutor(
+                self.config.preprocess_workers, thread_name_prefix="htmllm-preprocess-dispatch"
+            )
             # Start every worker now, so the first pages do not wait for a process to come up.
             await asyncio.to_thread(self._processes.prestart)
         self._batcher = Batcher(
@@ -299,6 +305,9 @@ class Engine:
         """Stop accepting; with `drain`, answer every accepted document first, else fail them."""
         if self._batcher is None:
             self._accepting = False
+            # A stop that was cancelled (a server's bounded wait) or another one still waiting may have
+            # left the workers running: this one stops them.
+            await self._stop_workers()
             return
         self._check_loop()
         self._accepting = False
@@ -311,12 +320,20 @@ class Engine:
         await batcher.close(ShuttingDownError("the engine stopped before this document ran"))
         if self._batcher is batcher:
             self._batcher = None
-        if self._pool is not None:
-            pool, self._pool = self._pool, None
-            await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=True)
+        await self._stop_workers()
+
+    async def _stop_workers(self) -> None:
+        """Kill the preprocessing processes, then end the threads (idempotent). In this order: a thread
+        waits on its process's page, so the threads first would wait for every page in work, up to
+        `preprocess_timeout_s` (for ever without one), and answer it as the page's failure."""
         if self._processes is not None:
-            processes, self._processes = self._processes, None
+            processes, self._processes = self._processes, None  # their pages: ShuttingDownError
             await asyncio.to_thread(processes.close)
+        for attribute in ("_dispatch", "_pool"):
+            pool = getattr(self, attribute)
+            if pool is not None:
+                setattr(self, attribute, None)
+                await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=True)
 
     def close(self) -> None:
         """Release the backend (after `stop`); idempotent. The engine takes no documents after it."""
@@ -380,13 +397,19 @@ class Engine:
     async def _in_process(self, job: Callable[..., T], *args: object) -> T:
         """Run `job` on a preprocessing process, waited for by one of the engine's threads; a worker
         that runs past `preprocess_timeout_s` is killed and only its page fails."""
-        processes = self._processes
-        if processes is None:
+        self._require_started()
+        processes, dispatch = self._processes, self._dispatch
+        if processes is None or dispatch is None:
             raise ShuttingDownError("the engine stopped before this document was preprocessed")
         timeout_s = self.config.preprocess_timeout_s
         call = functools.partial(processes.call, job, args, timeout_s=timeout_s)
         try:
-            result: T = await asyncio.get_running_loop().run_in_executor(self._require_started(), call)
+            result: T = await asyncio.get_running_loop().run_in_executor(dispatch, call)
+        except MemoryError as exc:  # raised in the worker before the pruner ran (taking the page in)
+            raise InputTooLargeError(
+                "the page needs more memory than a preprocessing process may use "
+                f"({self.config.preprocess_memory_limit_mb} MiB, HTMLLM_PREPROCESS_MEMORY_LIMIT_MB)"
+            ) from exc
         except WorkerError as exc:
             if self._processes is not processes:  # `stop` closed the pool under this page
                 raise ShuttingDownError("the engine stopped while this document was preprocessed") from exc

@@ -151,3 +151,34 @@ def test_the_memory_limit_fails_the_allocation_and_the_worker_lives_on() -> None
             pool.call(allocate, (256,), timeout_s=60)
         assert pool.call(allocate, (16,), timeout_s=60) == 16 * 2**20
         assert pool.call(pid, (), timeout_s=60) == worker  # the same process, memory given back
+
+
+def test_a_worker_that_stops_reading_cannot_hold_a_large_job_past_its_limit() -> None:
+    """A job larger than the pipe's buffer waits for the worker to read it: a stopped worker held the
+    caller for ever (the limit only timed the answer)."""
+    with WorkerPool(1, name="test") as pool:
+        worker_pid = pool.call(pid, (), timeout_s=60)
+        os.kill(worker_pid, signal.SIGSTOP)
+        with pytest.raises(WorkerTimeoutError):
+            pool.call(add, (b"x" * 2**22, b""), timeout_s=0.5)
+        assert pool.call(add, (1, 2), timeout_s=60) == 3  # on a fresh worker
+
+
+def test_a_job_whose_worker_close_kills_fails_as_closed_not_crashed() -> None:
+    pool = WorkerPool(1, name="test")
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            pool.call(sleep, (600,), timeout_s=None)
+        except BaseException as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    while not pool._busy:
+        time.sleep(0.01)
+    pool.close()
+    thread.join(60)
+    assert len(failures) == 1 and type(failures[0]) is WorkerError
+    assert "the test pool was closed while the job ran" in failures[0].message

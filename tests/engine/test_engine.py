@@ -504,6 +504,70 @@ async def test_a_preprocessing_process_that_cannot_start_is_a_server_error(
         assert failed.value.code is ErrorCode.INTERNAL
 
 
+async def _stuck_workers(engine: Engine, pages: list[str]) -> list[asyncio.Task[list[DocumentResult]]]:
+    """Two pages in work on the engine's two preprocessing processes, both stopped (a parse stuck in C
+    code looks like this from outside)."""
+    import os
+    import signal
+
+    processes = engine._processes
+    assert processes is not None
+    stuck = [asyncio.create_task(engine.embed([page])) for page in pages]
+    while len(processes._busy) < len(pages):
+        await asyncio.sleep(0.01)
+    for worker in processes._busy:
+        assert worker.process.pid is not None
+        os.kill(worker.process.pid, signal.SIGSTOP)
+    return stuck
+
+
+async def test_stop_does_not_wait_for_a_stuck_page(tiny_checkpoint: Path) -> None:
+    """It killed the threads' pool first, which waited on the stuck processes up to their time limit
+    (for ever without one) and answered the pages as their own failure."""
+    config = EngineConfig(preprocess_pool="process", preprocess_workers=2, preprocess_timeout_s=None)
+    engine = Engine.from_checkpoint(tiny_checkpoint, config)
+    await engine.start()
+    stuck = await _stuck_workers(engine, [_big_page(), _big_page()])
+    await asyncio.wait_for(engine.stop(drain=False), 60)
+    for task in stuck:
+        with pytest.raises(ShuttingDownError):
+            await task
+    engine.close()
+
+
+async def test_a_cancelled_stop_leaves_no_process_behind(tiny_checkpoint: Path) -> None:
+    """A server bounds its wait for `stop`; the next `stop` must still end the workers."""
+    config = EngineConfig(preprocess_pool="process", preprocess_workers=2, preprocess_timeout_s=None)
+    engine = Engine.from_checkpoint(tiny_checkpoint, config)
+    await engine.start()
+    processes = engine._processes
+    assert processes is not None
+    stuck = await _stuck_workers(engine, [_big_page(), _big_page()])
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(engine.stop(drain=True), 0.5)  # waits for the stuck pages: cancelled
+    await asyncio.wait_for(engine.stop(drain=False), 60)
+    assert processes.live_workers == 0 and engine._processes is None
+    await asyncio.gather(*stuck, return_exceptions=True)
+    engine.close()
+
+
+async def test_a_cached_page_is_answered_while_pages_are_stuck(
+    tiny_checkpoint: Path, pages: list[str]
+) -> None:
+    """Hashing a page for the result cache ran on the threads that wait on the processes."""
+    config = EngineConfig(
+        preprocess_pool="process", preprocess_workers=2, preprocess_timeout_s=None, result_cache_documents=8
+    )
+    async with Engine.from_checkpoint(tiny_checkpoint, config) as engine:
+        (first,) = await engine.embed(pages[:1])
+        two = [f"<title>{n}</title>" + _big_page() for n in range(2)]  # copies would share one worker
+        stuck = await _stuck_workers(engine, two)
+        (again,) = await asyncio.wait_for(engine.embed(pages[:1]), 30)
+        np.testing.assert_allclose(again.embedding, first.embedding, atol=0)
+        await engine.stop(drain=False)
+        await asyncio.gather(*stuck, return_exceptions=True)
+
+
 async def test_a_page_that_crashes_its_process_fails_alone(tiny_checkpoint: Path, pages: list[str]) -> None:
     config = EngineConfig(preprocess_pool="process", preprocess_workers=1)
     async with Engine.from_checkpoint(tiny_checkpoint, config) as engine:
