@@ -182,3 +182,22 @@ def test_a_job_whose_worker_close_kills_fails_as_closed_not_crashed() -> None:
     thread.join(60)
     assert len(failures) == 1 and type(failures[0]) is WorkerError
     assert "the test pool was closed while the job ran" in failures[0].message
+
+
+def _fail_to_load() -> None:
+    raise ValueError("cannot be loaded here")
+
+
+class _Unreadable:
+    def __reduce__(self) -> tuple[object, tuple[()]]:
+        return (_fail_to_load, ())
+
+
+def unreadable() -> _Unreadable:
+    return _Unreadable()
+
+
+def test_a_result_that_cannot_be_read_is_a_job_error(pool: WorkerPool) -> None:
+    with pytest.raises(JobError, match="its result could not be read: cannot be loaded here"):
+        pool.call(unreadable, (), timeout_s=60)
+    assert pool.call(add, (2, 2), timeout_s=60) == 4
