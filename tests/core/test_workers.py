@@ -70,6 +70,25 @@ def vm_data_mib() -> int:
     raise AssertionError("no VmData")
 
 
+def _busy_with_a_long_sleep(
+    pool: WorkerPool, *, timeout_s: float | None
+) -> tuple[threading.Thread, list[BaseException]]:
+    """A thread whose job sleeps ten minutes in a worker, started and busy; its failure lands in the list."""
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            pool.call(sleep, (600,), timeout_s=timeout_s)
+        except BaseException as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    while not pool._busy:
+        time.sleep(0.01)
+    return thread, failures
+
+
 @pytest.fixture(scope="module")
 def pool() -> Iterator[WorkerPool]:
     with WorkerPool(2, name="test") as shared:
@@ -91,18 +110,7 @@ def test_results_and_typed_errors_come_back(pool: WorkerPool) -> None:
 def test_a_stuck_job_kills_its_worker_alone() -> None:
     with WorkerPool(2, name="test") as pool:
         pool.prestart()
-        stuck: list[BaseException] = []
-
-        def run_stuck() -> None:
-            try:
-                pool.call(sleep, (600,), timeout_s=0.5)
-            except BaseException as exc:
-                stuck.append(exc)
-
-        thread = threading.Thread(target=run_stuck)
-        thread.start()
-        while not pool._busy:
-            time.sleep(0.01)
+        thread, stuck = _busy_with_a_long_sleep(pool, timeout_s=0.5)
         (busy,) = pool._busy
         served = pool.call(sleep, (0,), timeout_s=60)  # the other worker answers meanwhile
         thread.join(60)
@@ -166,18 +174,7 @@ def test_a_worker_that_stops_reading_cannot_hold_a_large_job_past_its_limit() ->
 
 def test_a_job_whose_worker_close_kills_fails_as_closed_not_crashed() -> None:
     pool = WorkerPool(1, name="test")
-    failures: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            pool.call(sleep, (600,), timeout_s=None)
-        except BaseException as exc:
-            failures.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    while not pool._busy:
-        time.sleep(0.01)
+    thread, failures = _busy_with_a_long_sleep(pool, timeout_s=None)
     pool.close()
     thread.join(60)
     assert len(failures) == 1 and type(failures[0]) is WorkerError
