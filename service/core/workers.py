@@ -306,7 +306,9 @@ class WorkerPool:
 
             def expire() -> None:
                 expired.set()
-                worker.kill()
+                # The process only: its pipe is this thread's to close (closed under a `send` in
+                # progress, the send failed untyped); the dead reader fails the send with EPIPE.
+                worker.process.kill()
 
             guard = threading.Timer(timeout_s, expire)
             guard.daemon = True
@@ -318,7 +320,7 @@ class WorkerPool:
                 guard.cancel()
             left = None if timeout_s is None else max(0.0, timeout_s - (time.perf_counter() - started))
             ready = not expired.is_set() and worker.conn.poll(left)
-        except (BrokenPipeError, EOFError, OSError) as exc:
+        except (EOFError, OSError, TypeError) as exc:  # TypeError: `close` shut the pipe mid-write
             code = worker.kill()
             if not expired.is_set():
                 raise self._died(f"the {self.name} worker died (exit code {code})", code) from exc
@@ -332,7 +334,7 @@ class WorkerPool:
             )
         try:
             reply_bytes = worker.conn.recv_bytes()
-        except (EOFError, OSError) as exc:
+        except (EOFError, OSError, TypeError) as exc:
             code = worker.kill()
             raise self._died(f"crashed its {self.name} worker (exit code {code})", code) from exc
         try:
