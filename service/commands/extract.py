@@ -112,6 +112,13 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         default=None,
         help="extractor processes run in parallel (default: one per usable CPU, up to 4)",
     )
+    parser.add_argument(
+        "--memory-limit-mb",
+        type=int,
+        default=2048,
+        help="each extractor process's data in MiB (Linux RLIMIT_DATA), as HTMLLM_EXTRACT_MEMORY_LIMIT_MB "
+        "in the service: an extraction that needs more is its row's extraction_failed; 0: none",
+    )
     parser.add_argument("--part-size", type=int, default=512, help="pages per part file (resume grain)")
     parser.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
     parser.set_defaults(func=run)
@@ -266,7 +273,11 @@ def _extract_all(
     """Extract each (index, page) of `todo` and hand its row to `emit`, in `todo`'s order."""
     from service.core.extract import ExtractorPool
 
-    with ExtractorPool(workers) as pool, ThreadPoolExecutor(max_workers=workers) as executor:
+    limit = args.memory_limit_mb * 2**20 if args.memory_limit_mb else None
+    with (
+        ExtractorPool(workers, memory_limit_bytes=limit) as pool,
+        ThreadPoolExecutor(max_workers=workers) as executor,
+    ):
         pending: deque[tuple[int, Future[dict[str, Any]]]] = deque()
 
         def drain(keep: int) -> None:
@@ -395,6 +406,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if not args.timeout_s > 0 or args.min_words < 0:  # else every row an error, and the output replaced
         print("htmllm extract: --timeout-s must be > 0 and --min-words >= 0", file=sys.stderr)
+        return 2
+    if args.memory_limit_mb < 0:
+        print("htmllm extract: --memory-limit-mb must be >= 0 (0: no limit)", file=sys.stderr)
         return 2
     if args.part_size < 1:
         print("htmllm extract: --part-size must be >= 1", file=sys.stderr)

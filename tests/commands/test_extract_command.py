@@ -304,3 +304,25 @@ def test_pages_over_the_cap_are_error_rows_read_in_bounded_memory_and_resumed(
         ("r3", "validation_error"),
     ]
     assert "line 2 has more than 4096 bytes" in rows[1]["error"]["message"]
+
+
+@pytest.mark.parametrize(("option", "limit"), [([], 2048 * 2**20), (["--memory-limit-mb", "0"], None)])
+def test_the_extractor_processes_get_the_memory_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, option: list[str], limit: int | None
+) -> None:
+    """As in the service (HTMLLM_EXTRACT_MEMORY_LIMIT_MB): what the extraction limits misjudge fails a row."""
+    import service.core.extract as extract
+
+    seen: list[int | None] = []
+    real = extract.ExtractorPool
+
+    class Recorded(real):  # type: ignore[valid-type, misc]
+        def __init__(self, *args: object, memory_limit_bytes: int | None = None, **kwargs: object) -> None:
+            seen.append(memory_limit_bytes)
+            super().__init__(*args, memory_limit_bytes=memory_limit_bytes, **kwargs)
+
+    monkeypatch.setattr(extract, "ExtractorPool", Recorded)
+    source = _unreadable_rows(tmp_path / "in.jsonl", 1)
+    assert main(_args(source, tmp_path / "out.jsonl", *option)) == 0
+    assert seen == [limit]
+    assert main(_args(source, tmp_path / "out2.jsonl", "--memory-limit-mb", "-1")) == 2
