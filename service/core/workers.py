@@ -14,7 +14,8 @@ The fast path stays fast: workers are started once and reused (a job costs one p
 arguments and result, about 1.5 ms per corpus page on the benchmark machine), and on Linux they are
 forked from a forkserver that has already imported `preload`, so replacing a killed worker costs tens
 of milliseconds. Workers announce readiness only after their imports and initializer, and the time
-limit starts when the job is sent, so start-up never counts against a job.
+limit starts when the job is handed to the pipe (sending a large one counts), so start-up never counts
+against a job.
 
 `concurrent.futures.ProcessPoolExecutor` is not used: one dead worker breaks the whole executor and
 fails every job in flight, and it offers no way to stop one job.
