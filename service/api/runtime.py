@@ -212,10 +212,10 @@ class Runtime:
         async with self._extract_lock:
             if self.extractor_pool is None or self.extract_threads is None:
                 from service.core.extract import ExtractorPool
+                from service.core.workers import mib_as_bytes
 
                 workers = self.settings.extract_workers
-                memory_mb = self.settings.extract_memory_limit_mb
-                limit = memory_mb * 2**20 if memory_mb else None
+                limit = mib_as_bytes(self.settings.extract_memory_limit_mb)
                 self.extractor_pool = ExtractorPool(workers, memory_limit_bytes=limit)
                 self.extract_threads = ThreadPoolExecutor(workers, thread_name_prefix="htmllm-extract")
             return self.extractor_pool, self.extract_threads

@@ -272,10 +272,10 @@ def _extract_all(
 ) -> None:
     """Extract each (index, page) of `todo` and hand its row to `emit`, in `todo`'s order."""
     from service.core.extract import ExtractorPool
+    from service.core.workers import mib_as_bytes
 
-    limit = args.memory_limit_mb * 2**20 if args.memory_limit_mb else None
     with (
-        ExtractorPool(workers, memory_limit_bytes=limit) as pool,
+        ExtractorPool(workers, memory_limit_bytes=mib_as_bytes(args.memory_limit_mb)) as pool,
         ThreadPoolExecutor(max_workers=workers) as executor,
     ):
         pending: deque[tuple[int, Future[dict[str, Any]]]] = deque()

@@ -93,6 +93,11 @@ def limit_memory(limit_bytes: int | None) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (limit_bytes, hard))
 
 
+def mib_as_bytes(limit_mib: int | None) -> int | None:
+    """A memory limit given in MiB (a setting, an option) as `WorkerPool` takes it; 0 or None: none."""
+    return limit_mib * 2**20 if limit_mib else None
+
+
 def _send_error(conn: Connection, exc: BaseException) -> None:
     """The job's exception as itself when it pickles, else as its type name and message."""
     message = str(exc)[:_MESSAGE_CHARS]
@@ -110,7 +115,7 @@ def _worker_main(
     initializer: Callable[..., object] | None,
     initargs: tuple[Any, ...],
 ) -> None:
-    """A worker's loop: limit, import, initialize, say ready, then answer (function, args) jobs."""
+    """A worker's loop: import, initialize, limit, say ready, then answer (function, args) jobs."""
     # Ctrl-C reaches the whole process group; the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for module in preload:
@@ -127,10 +132,7 @@ def _worker_main(
         except (EOFError, OSError):
             return
         try:
-            job = pickle.loads(message)
-            if job is None:
-                return
-            function, args = job
+            function, args = pickle.loads(message)
             del message  # a page's bytes, twice
             result = function(*args)
         except Exception as exc:  # the job's, or its arguments' unpickling (a MemoryError under the limit)
@@ -193,7 +195,7 @@ class WorkerPool:
         context: BaseContext | None = None,
     ) -> None:
         if workers < 1:
-            raise ValueError(f"a worker pool needs at least one worker, got {workers}")
+            raise ValueError(f"the {name} pool needs at least one worker, got {workers}")
         self.workers = workers
         self.name = name
         self.memory_limit_bytes = memory_limit_bytes
@@ -212,14 +214,12 @@ class WorkerPool:
             self._live += missing  # reserved: callers meanwhile wait for these instead of starting more
         for started in range(missing):
             try:
-                worker = _Worker(self._ctx, self.name, self._worker_args)
+                worker = self._start()
             except BaseException:
                 with self._cond:
-                    self._live -= missing - started
+                    self._live -= missing - started - 1  # `_start` gave back its own
                     self._cond.notify_all()
                 raise
-            with self._cond:
-                self._busy.add(worker)
             self._release(worker, healthy=True)
 
     def call(self, function: Callable[..., Any], args: tuple[Any, ...], *, timeout_s: float | None) -> Any:
@@ -265,6 +265,10 @@ class WorkerPool:
                     self._live += 1
                     break
                 self._cond.wait()
+        return self._start()
+
+    def _start(self) -> _Worker:
+        """A new worker, busy, in a place `_live` already counts (given back if it cannot start)."""
         try:
             worker = _Worker(self._ctx, self.name, self._worker_args)
         except BaseException:

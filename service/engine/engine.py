@@ -52,6 +52,7 @@ from service.core.workers import (
     WorkerPool,
     WorkerStartError,
     WorkerTimeoutError,
+    mib_as_bytes,
 )
 from service.engine.admission import DrainRate
 from service.engine.batcher import Batcher, BatchRow
@@ -273,7 +274,6 @@ class Engine:
             self.config.preprocess_workers, thread_name_prefix="htmllm-preprocess"
         )
         if self.config.preprocess_pool == "process":
-            memory_mb = self.config.preprocess_memory_limit_mb
             self._processes = WorkerPool(
                 self.config.preprocess_workers,
                 name="preprocessing",
@@ -281,7 +281,7 @@ class Engine:
                 initializer=init_worker,
                 # The tables the tokenizer's warm-up built here (if it needs them): a second less per start.
                 initargs=(self._tokenizer.to_json(), built_word_tables()),
-                memory_limit_bytes=None if memory_mb is None else memory_mb * 2**20,
+                memory_limit_bytes=mib_as_bytes(self.config.preprocess_memory_limit_mb),
             )
             self._dispatch = ThreadPoolExecutor(
                 self.config.preprocess_workers, thread_name_prefix="htmllm-preprocess-dispatch"

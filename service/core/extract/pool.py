@@ -74,11 +74,8 @@ class ExtractorPool(WorkerPool):
         memory_limit_bytes: int | None = None,
         context: BaseContext | None = None,
     ) -> None:
-        workers = default_workers() if workers is None else workers
-        if workers < 1:
-            raise ValueError(f"an extractor pool needs at least one worker, got {workers}")
         super().__init__(
-            workers,
+            default_workers() if workers is None else workers,
             name="extractor",
             preload=_PRELOAD,
             memory_limit_bytes=memory_limit_bytes,
