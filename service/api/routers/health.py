@@ -74,7 +74,7 @@ async def ready(runtime: RuntimeDep) -> ReadyResponse:
 async def info(runtime: RuntimeDep, engine: EngineDep) -> InfoResponse:
     model = engine.info
     settings = runtime.settings
-    config = settings.engine_config()
+    config = engine.config  # the limits the engine runs with
     processes = config.preprocess_pool == "process"  # threads can be neither stopped nor limited
     return InfoResponse(
         model=model.name,
