@@ -29,3 +29,13 @@ def gzip_bomb(prefix: bytes, size: int, suffix: bytes = b"") -> bytes:
         out.append(compressor.compress(step))
     out += [compressor.compress(suffix), compressor.flush()]
     return b"".join(out)
+
+
+def vm_data_mib(pid: int | str = "self") -> int:
+    """A process's data (heap and private writable mappings, /proc's VmData) in MiB: what the workers'
+    memory limit (`RLIMIT_DATA`) bounds. Called in a worker, its own."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) // 1024
+    raise AssertionError(f"no VmData for process {pid}")

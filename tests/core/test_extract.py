@@ -37,6 +37,7 @@ from service.core.extract import (
     stoplist_name,
 )
 from service.core.extract.extractors import JUSTEXT_STOPLISTS
+from tests.memory import vm_data_mib
 
 # ---------------------------------------------------------------------------------------------------
 # Generated pages
@@ -529,9 +530,8 @@ def test_an_extraction_past_the_memory_limit_fails_typed_and_the_worker_goes_on(
         probe.prestart()
         (idle,) = probe._idle
         assert idle.process.pid is not None
-        with open(f"/proc/{idle.process.pid}/status") as status:
-            vm_data = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmData:"))
-    with ExtractorPool(1, memory_limit_bytes=vm_data + 4 * 2**20) as limited:
+        idle_mib = vm_data_mib(idle.process.pid)
+    with ExtractorPool(1, memory_limit_bytes=(idle_mib + 4) * 2**20) as limited:
         with pytest.raises(ExtractionError) as failed:
             extract(page, "resiliparse", runner=limited, min_words=0, timeout_s=120)
         assert failed.value.code is ErrorCode.EXTRACTION_FAILED

@@ -15,6 +15,7 @@ from service.core.prune import InputTooLargeError, ParseFailedError, prune_html
 from service.core.tokenizer import HtmlTokenizer
 from service.core.workers import WorkerPool
 from tests.factories.tokenizer import build_tiny_tokenizer
+from tests.memory import vm_data_mib
 
 
 def _page(words: int) -> str:
@@ -59,14 +60,6 @@ def test_a_preprocessing_process_outlives_a_ctrl_c_to_its_group() -> None:
         assert pool.call(os.getpid, (), timeout_s=60) == pid  # the same worker, alive
 
 
-def _vm_data_mib() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmData:"):
-                return int(line.split()[1]) // 1024
-    raise AssertionError("no VmData")
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_DATA bounds mmap on Linux")
 def test_a_page_past_the_memory_limit_fails_typed_and_the_worker_prunes_on() -> None:
     """What the pruner's pre-checks misjudge cannot take the pod: a parse that needs more memory than
@@ -74,7 +67,7 @@ def test_a_page_past_the_memory_limit_fails_typed_and_the_worker_prunes_on() -> 
     tok = build_tiny_tokenizer()
     with _worker_pool(tok) as probe:
         probe.call(prepare_in_worker, (_page(5), None, 32, True), timeout_s=60)
-        idle_mib = probe.call(_vm_data_mib, (), timeout_s=60)
+        idle_mib = probe.call(vm_data_mib, (), timeout_s=60)
         # No tokenizer thread pool: started mid-page under the limit, it failed and aborted the worker.
         assert probe.call(_tokenizers_parallelism, (), timeout_s=60) == "false"
     # 3 MB of markup, in the pruner's budgets: its parse needs 16-32 MiB more than an idle worker holds.

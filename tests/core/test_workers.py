@@ -21,6 +21,7 @@ from service.core.workers import (
     WorkerStartError,
     WorkerTimeoutError,
 )
+from tests.memory import vm_data_mib
 
 linux_only = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="RLIMIT_DATA bounds mmap on Linux"
@@ -60,14 +61,6 @@ def die() -> None:
 
 def allocate(mib: int) -> int:
     return len(bytearray(mib * 2**20))
-
-
-def vm_data_mib() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmData:"):
-                return int(line.split()[1]) // 1024
-    raise AssertionError("no VmData")
 
 
 def _busy_with_a_long_sleep(
