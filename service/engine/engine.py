@@ -329,11 +329,10 @@ class Engine:
         if self._processes is not None:
             processes, self._processes = self._processes, None  # their pages: ShuttingDownError
             await asyncio.to_thread(processes.close)
-        for attribute in ("_dispatch", "_pool"):
-            pool = getattr(self, attribute)
-            if pool is not None:
-                setattr(self, attribute, None)
-                await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=True)
+        pools = [pool for pool in (self._dispatch, self._pool) if pool is not None]
+        self._dispatch = self._pool = None
+        for pool in pools:
+            await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=True)
 
     def close(self) -> None:
         """Release the backend (after `stop`); idempotent. The engine takes no documents after it."""
