@@ -972,6 +972,11 @@ _NO_PARENTS = frozenset(
 )
 
 
+# Elements that stop the walk a <dd> or <dt> start tag makes back to the last one open (the HTML
+# Standard's special elements but address, div and p; void ones are never open).
+_STOPS_DL_ITEMS = (_SPECIAL | _SCOPE_BOUNDARIES | {b"colgroup"}) - {b"address", b"div", b"p", b"dd", b"dt"}
+
+
 def is_self_closing(attributes: bytes) -> bool:
     """Whether a start tag with these attributes (what follows its name) ends in "/>" (`<g a=x/>` does
     not: the "/" is its value's)."""
@@ -997,14 +1002,31 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
     value (`<div a="</div>">`, 60,000 of which hid their nesting) or in raw text closes nothing. In
     <svg> and <math> every element nests but a self-closing one; in a <select> (but its own end tag),
     and after an integration point that held markup, no end tag counts.
+    A `<dd>` or `<dt>` closes the last one open (a glossary leaves them open) when no special element
+    but `<address>`, `<div>` or `<p>` has started since: the parser's walk to it passes nothing else
+    (`<li><dt>` x N nests: the `<li>` stops it).
     A page with fewer `<` than `limit` cannot exceed it, so ordinary pages cost one count.
     """
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
     if data.count(b"<") <= limit:
         return 0
     open_elements: dict[bytes, int] = {}
-    depth = most = 0
+    # The start tags of the <dd>s and <dt>s counted open, and of the last element that stops the
+    # parser's walk back to one (`_STOPS_DL_ITEMS`), by their order on the page.
+    items: dict[bytes, list[int]] = {b"dd": [], b"dt": []}
+    depth = most = serial = stop = 0
     for end_tag, name, start, end, where in _tag_tokens(data):
+        if not end_tag:
+            serial += 1
+            if name in items and where == HTML:
+                last = max(items[b"dd"][-1:] + items[b"dt"][-1:], default=0)
+                if last > stop:  # the parser closes that one
+                    closed = b"dd" if items[b"dd"][-1:] == [last] else b"dt"
+                    items[closed].pop()
+                    open_elements[closed] -= 1
+                    depth -= 1
+            elif name in _STOPS_DL_ITEMS and not (where == HTML and name in _RAW_TEXT):
+                stop = serial  # whether or not it has closed since
         if where == FOREIGN:
             if not end_tag and is_self_closing(data[start:end].rstrip(b">")):
                 continue
@@ -1018,9 +1040,13 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
             if count:
                 open_elements[name] = count - 1
                 depth -= 1
+                if name in items:
+                    items[name].pop()
         else:
             open_elements[name] = open_elements.get(name, 0) + 1
             depth += 1
+            if name in items:
+                items[name].append(serial)
             if depth > most:
                 most = depth
                 if most > limit:

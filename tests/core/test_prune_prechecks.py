@@ -75,6 +75,8 @@ NESTING_TRICKS = {
     "li and dt take turns": "<li><dt>" * REPEAT,
     "li and dd with text": "<li>a<dd>b" * REPEAT,
     "li and dt in a template": "<template>" + "<li><dt>" * REPEAT,
+    "dt holding a list item": "<dt>a<li>b" * REPEAT,
+    "dd holding a nested list": "<dd><ul><li>x" * REPEAT,
     # A name ends at HTML whitespace only: "<div\v>" is an element of its own, which "</div>" never
     # closes.
     "vertical tab in a tag name": "<div\v></div>" * REPEAT,
@@ -106,6 +108,9 @@ ORDINARY = {
         "<select><option>a</select><title>t</title><style>" + "a<b{}" * 3000 + "</style>" + "<p>x</p>" * 3000
     ),
     "a comment holding a start tag per line": "<!--" + "<div>\n" * 5000 + "-->" + "<p>x</p>" * 3000,
+    # A <dd> or <dt> closes the one before it (5,000 entries of a glossary were refused as 10,000 deep).
+    "a glossary that leaves its terms and definitions open": "<dl>" + "<dt>term<dd>meaning" * 5000 + "</dl>",
+    "glossary entries holding paragraphs and blocks": "<dl>" + "<dt><p>term<dd><div>meaning</div>" * 5000,
 }
 
 
