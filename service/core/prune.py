@@ -846,7 +846,8 @@ def _tag_tokens(
     integration point (`<foreignObject>`, `<desc>`, `<title>`, `<mi>`, ...) that holds anything before
     its own end tag makes the parser's content model there HTML again, where a `</svg>` may close
     nothing: from there on (TAINTED) every `<` and a letter is a tag and nothing is hidden; so too after
-    a `<frameset>`.
+    a `<frameset>`. In a `<template>` whose content starts with a `<col>` (a column group, where the
+    parser ignores every other start tag) raw-text names hold no raw text, up to the `</template>`.
     """
     lowered = data.lower()
     size = len(lowered)
@@ -858,6 +859,8 @@ def _tag_tokens(
     parent: bytes | None = None  # the HTML start tag just read; in a zone, the one just before it
     previous: bytes | None = None
     point: bytes | None = None  # an integration point of the zone, open and still empty
+    template_first = False  # the last HTML start tag was a <template>
+    template_cols = 0  # <template>s opened with a <col> first, not closed since
     while position < size:
         if zone == TAINTED:
             for any_tag in _ANY_TAG.finditer(lowered, position):
@@ -940,9 +943,17 @@ def _tag_tokens(
         yield end_tag, name, start, position, zone
         previous, parent = parent, None
         if end_tag:
+            if name == b"template" and template_cols:
+                template_cols -= 1
             continue
         html_names.add(name)
         parent = None if name in _NO_PARENTS else name
+        if template_first:  # a <template> whose content starts with a <col> holds a column group
+            template_first = False
+            template_cols += name == b"col"
+        template_first = name == b"template"
+        if template_cols and (name in _RAW_TEXT or name == b"plaintext"):
+            continue  # there the parser ignores every other start tag: no raw text follows
         if name in _RAW_TEXT:
             closer = _RAW_TEXT_CLOSE[name].search(lowered, position)
             if hidden is not None:
@@ -954,7 +965,7 @@ def _tag_tokens(
             if hidden is not None:
                 hidden.append((position, size))
             return
-        elif name in _ZONES:
+        elif name in _ZONES and not is_self_closing(tag.group(3)):  # `<svg/>` opens nothing
             zone, zone_name, opened, parent = FOREIGN, name, {name: 1}, previous
         elif name == b"select":
             zone = SELECT
@@ -972,11 +983,6 @@ _NO_PARENTS = frozenset(
 )
 
 
-# Elements that stop the walk a <dd> or <dt> start tag makes back to the last one open (the HTML
-# Standard's special elements but address, div and p; void ones are never open).
-_STOPS_DL_ITEMS = (_SPECIAL | _SCOPE_BOUNDARIES | {b"colgroup"}) - {b"address", b"div", b"p", b"dd", b"dt"}
-
-
 def is_self_closing(attributes: bytes) -> bool:
     """Whether a start tag with these attributes (what follows its name) ends in "/>" (`<g a=x/>` does
     not: the "/" is its value's)."""
@@ -992,66 +998,478 @@ def _breaks_out(name: bytes, attributes: bytes) -> bool:
     return any(attribute in (b"color", b"face", b"size") for attribute in names)
 
 
+# The parser's stack of open elements as the nesting estimate follows it (`estimate_depth`).
+# Special elements (the HTML Standard's, void ones aside): an end tag of another element does not reach
+# past one, nor does the walk a <li>, <dd> or <dt> makes back to the last one open (but address, div, p).
+_SPECIAL_OPEN = frozenset(
+    b"""address applet article aside blockquote body button caption center colgroup dd details dir div dl
+    dt fieldset figcaption figure footer form frameset h1 h2 h3 h4 h5 h6 head header hgroup html iframe li
+    listing main marquee menu nav noembed noframes noscript object ol p plaintext pre script search section
+    select style summary table tbody td template textarea tfoot th thead title tr ul xmp
+    mi mo mn ms mtext annotation-xml foreignobject desc""".split()
+)
+# Where an element is "in scope" for the parser's end tags stops (MathML and SVG ones by name).
+_SCOPE_LIMITS = frozenset(
+    b"""applet caption html table td th marquee object template
+    mi mo mn ms mtext annotation-xml foreignobject desc title""".split()
+)
+# Names special only as MathML or SVG elements: an HTML element of the name ends as any other.
+_FOREIGN_SPECIAL = frozenset(b"mi mo mn ms mtext annotation-xml foreignobject desc".split())
+_TABLE_FAMILY = frozenset(b"table tbody thead tfoot tr td th caption colgroup template".split())
+_TABLE_PARTS = frozenset(b"caption colgroup col tbody thead tfoot tr td th".split())  # start tags
+_ROW_GROUPS = frozenset((b"tbody", b"thead", b"tfoot"))
+_HEADINGS_B = frozenset(b"h1 h2 h3 h4 h5 h6".split())
+# Start tags that close a <p> in button scope (<table> only in no-quirks mode, <form> only when no form
+# is open: both handled apart).
+_CLOSES_P = frozenset(
+    b"""address article aside blockquote center details dialog dir div dl fieldset figcaption figure footer
+    header hgroup main menu nav ol p search section summary ul h1 h2 h3 h4 h5 h6 pre listing plaintext xmp
+    li dd dt hr""".split()
+)
+# What "generate implied end tags" pops while it is the current node.
+_IMPLIED = frozenset(b"dd dt li optgroup option p rb rp rt rtc".split())
+_VOID_B = frozenset(name.encode() for name in _VOID) | {b"image"}
+_STANDARDS_DOCTYPE = re.compile(
+    rb"\A(?:\xef\xbb\xbf)?[\t\n\f\r ]*<!doctype[\t\n\f\r ]+html[\t\n\f\r ]*>", re.I
+)
+
+
+class _OpenElements:
+    """The parser's stack of open elements, as far as the tag scan can follow it (`estimate_depth`).
+
+    The depth estimate must never fall far below the parser's: so an entry leaves only where the parser
+    surely pops its element, and what the scan cannot follow only keeps entries (they count, and a
+    special one stops end tags below it, as the parser's would). An end tag pops what is above its
+    element only when that element is surely still open ("sure"): every entry that may have left the
+    parser's stack unseen (by a rule the scan does not model: the adoption agency, a heading closing
+    another, quirks mode) is marked unsure, and from then on its end tag removes it alone.
+    """
+
+    def __init__(self) -> None:
+        # (name, serial, counted, sure); None: removed. Not sure: pushed where the scan cannot follow.
+        self.entries: list[tuple[bytes, int, bool, bool] | None] = []
+        self.positions: dict[bytes, list[int]] = {}  # name -> where its live entries are, oldest first
+        self.special: list[int] = []  # where the special ones are (some may have been removed)
+        self.limits: list[int] = []  # where the scope limits are (same)
+        self.family: list[int] = []  # where the table's structure is (same)
+        # Formatting elements an end tag of another element popped: the parser may re-create them (each
+        # counts) until an end tag of their name, or until the cell, caption, <object>, ... they were
+        # opened in closes (it clears its list of them to the marker it inserted): by name, one dict per
+        # marker, oldest first. If the scan cannot tell where the parser put a marker, none clears.
+        self.dangling: list[dict[bytes, int]] = [{}]
+        self.markers_known = True
+        self.depth = 0
+        self.serial = 0
+        self.unsure = 0  # entries of a serial up to this may have left the parser's stack unseen
+
+    def push(self, name: bytes, counted: bool, *, sure: bool = True) -> None:
+        self.serial += 1
+        position = len(self.entries)
+        self.entries.append((name, self.serial, counted, sure))
+        self.positions.setdefault(name, []).append(position)
+        if name in _SPECIAL_OPEN:
+            self.special.append(position)
+            if name in _TABLE_FAMILY:
+                self.family.append(position)
+        if name in _SCOPE_LIMITS:
+            self.limits.append(position)
+        if counted:
+            self.depth += 1
+
+    def held(self, name: bytes) -> int:
+        """How many formatting elements of `name` popped since the last marker may be re-created."""
+        return self.dangling[-1].get(name, 0)
+
+    def release(self, name: bytes) -> None:
+        """An end tag takes one of them off the parser's list (or pops a re-created one, and what is
+        above it: nothing open now is surely open any more)."""
+        self.dangling[-1][name] -= 1
+        self.depth -= 1
+        self.doubt()
+
+    def marker(self, surely: bool) -> None:
+        """A cell, caption, <object>, ... opened: the parser put a marker on its list."""
+        if surely:
+            self.dangling.append({})
+        else:
+            self.markers_known = False
+
+    def clear(self) -> None:
+        """A cell, caption, <object>, ... surely closed: the parser cleared its list to the last marker."""
+        if self.markers_known and len(self.dangling) > 1:
+            self.depth -= sum(self.dangling.pop().values())
+
+    def doubt(self) -> None:
+        """Something the scan cannot follow may have popped any entry open now."""
+        self.unsure = self.serial
+
+    def last(self, name: bytes) -> int:
+        """Where the last live entry of `name` is (-1: none)."""
+        found = self.positions.get(name)
+        return found[-1] if found else -1
+
+    def _live(self, positions: list[int]) -> int:
+        while positions and self.entries[positions[-1]] is None:
+            positions.pop()
+        return positions[-1] if positions else -1
+
+    def special_after(self, position: int) -> bool:
+        return self._live(self.special) > position
+
+    def limit_after(self, position: int, *more: bytes) -> bool:
+        """Whether the element at `position` is out of the parser's scope (with `more` as limits too)."""
+        if self._live(self.limits) > position:
+            return True
+        return any(self.last(name) > position for name in more)
+
+    def last_family(self) -> int:
+        return self._live(self.family)
+
+    def family_before(self, position: int) -> int:
+        """The live table-structure entry before `position` (-1: none)."""
+        for index in range(len(self.family) - 1, -1, -1):
+            found = self.family[index]
+            if found < position and self.entries[found] is not None:
+                return found
+        return -1
+
+    def is_sure(self, position: int) -> bool:
+        entry = self.entries[position]
+        return entry is not None and entry[3] and entry[1] > self.unsure
+
+    def name_at(self, position: int) -> bytes:
+        entry = self.entries[position]
+        assert entry is not None
+        return entry[0]
+
+    def top(self) -> bytes | None:
+        """The current node's name, as far as the scan knows (the parser may have re-created
+        formatting elements above it)."""
+        return self.entries[-1][0] if self.entries and self.entries[-1] is not None else None
+
+    def settled(self) -> bool:
+        """Nothing has happened that the scan cannot follow, and nothing may be re-created."""
+        return self.unsure == 0 and not any(any(held.values()) for held in self.dangling)
+
+    def pop_from(self, position: int) -> None:
+        """The parser pops the element at `position` and everything above it (a formatting element
+        among those stays counted: the parser may re-create it, `dangling`)."""
+        for index in range(len(self.entries) - 1, position - 1, -1):
+            entry = self.entries[index]
+            if entry is None:
+                continue
+            name, _, counted, _ = entry
+            self.positions[name].pop()
+            if name in _FORMATTING and index > position:
+                held = self.dangling[-1]
+                held[name] = held.get(name, 0) + 1
+                if not counted:
+                    self.depth += 1  # an <a> or <nobr> the parser may re-create, nesting each time
+            elif counted:
+                self.depth -= 1
+        del self.entries[position:]
+        for positions in (self.special, self.limits, self.family):
+            while positions and positions[-1] >= position:
+                positions.pop()
+
+    def remove(self, position: int, *, pops_above: bool = True) -> None:
+        """The parser removes this element (and, with `pops_above`, pops what is above it)."""
+        entry = self.entries[position]
+        assert entry is not None
+        name, _, counted, _ = entry
+        same = self.positions[name]
+        if same[-1] == position:
+            same.pop()
+        else:
+            same.remove(position)
+        self.entries[position] = None
+        if counted:
+            self.depth -= 1
+        if pops_above and position < len(self.entries) - 1:
+            self.doubt()  # what is above it may be gone too: none of it is surely open any more
+        while self.entries and self.entries[-1] is None:
+            self.entries.pop()
+        size = len(self.entries)
+        for positions in (self.special, self.limits, self.family):
+            while positions and positions[-1] >= size:
+                positions.pop()
+
+    def close(self, position: int) -> bool:
+        """The parser pops the element at `position` and what is above it: surely (True), if it is surely
+        open."""
+        if self.is_sure(position):
+            self.pop_from(position)
+            return True
+        self.remove(position)
+        return False
+
+
 def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> int:
     """An upper estimate of the page's nesting depth (exact enough to refuse pathological pages).
 
-    Counts start tags minus end tags of elements that can nest without bound, in document order, and
-    returns the running maximum (or the first count past `limit`). An end tag counts only while an
-    element of its name is open: a page of `</div>`s, or of `<div></span>`, nests as deep as its
-    `<div>`s. Tags are read as the tokenizer reads them (`_tag_tokens`): an end tag in an attribute
-    value (`<div a="</div>">`, 60,000 of which hid their nesting) or in raw text closes nothing. In
-    <svg> and <math> every element nests but a self-closing one; in a <select> (but its own end tag),
-    and after an integration point that held markup, no end tag counts.
-    A `<dd>` or `<dt>` closes the last one open (a glossary leaves them open) when no special element
-    but `<address>`, `<div>` or `<p>` has started since: the parser's walk to it passes nothing else
-    (`<li><dt>` x N nests: the `<li>` stops it).
+    Follows the parser's stack of open elements over the page's tags (`_OpenElements`) and returns the
+    running maximum of the elements open that can nest without bound (or the first count past `limit`;
+    `<p>`, `<li>`, `<a>`, table rows and cells do not count: the parser closes them itself). Tags are read
+    as the tokenizer reads them (`_tag_tokens`): an end tag in an attribute value (`<div a="</div>">`,
+    60,000 of which hid their nesting) or in raw text closes nothing. The parser's rules followed, each
+    only where the scan can tell the parser surely applies it (elsewhere the entries stay, counted):
+    an end tag pops its element and what is above it, but not past a special element (the generic rule:
+    `<span><div></span>` leaves both open) nor, for a special one, past a scope limit (`<div><table>
+    </div>`); a formatting element's end tag with a special element above it (the adoption agency)
+    removes nothing; a `<p>`-closing start tag, a `<li>`, `<dd>` or `<dt>`, a `<button>`, a table's
+    rows, cells and sections close what they close (a glossary or a table that leaves them open nests
+    no deeper), and a `<table>` in a table closes that table; a second `<form>` is ignored. In <svg>
+    and <math> every element nests but a self-closing one and the zone's end or a tag that leaves it
+    pops it all; in a <select> and after an integration point that held markup, nothing closes.
     A page with fewer `<` than `limit` cannot exceed it, so ordinary pages cost one count.
     """
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
     if data.count(b"<") <= limit:
         return 0
-    open_elements: dict[bytes, int] = {}
-    # The start tags of the <dd>s and <dt>s counted open, and of the last element that stops the
-    # parser's walk back to one (`_STOPS_DL_ITEMS`), by their order on the page.
-    items: dict[bytes, list[int]] = {b"dd": [], b"dt": []}
-    depth = most = serial = stop = 0
+    stack = _OpenElements()
+    standards = _STANDARDS_DOCTYPE.match(data) is not None  # else a <table> may leave a <p> open
+    form_open: bool | None = False  # the parser's form element pointer is set (None: unknown)
+    zone = -1  # where the <svg> or <math> whose content the scan reads is (-1: none)
+    most = 0
     for end_tag, name, start, end, where in _tag_tokens(data):
-        if not end_tag:
-            serial += 1
-            if name in items and where == HTML:
-                last = max(items[b"dd"][-1:] + items[b"dt"][-1:], default=0)
-                if last > stop:  # the parser closes that one
-                    closed = b"dd" if items[b"dd"][-1:] == [last] else b"dt"
-                    items[closed].pop()
-                    open_elements[closed] -= 1
-                    depth -= 1
-            elif name in _STOPS_DL_ITEMS and not (where == HTML and name in _RAW_TEXT):
-                stop = serial  # whether or not it has closed since
-        if where == FOREIGN:
-            if not end_tag and is_self_closing(data[start:end].rstrip(b">")):
+        if where == HTML and zone >= 0:
+            # The zone's end tag, a tag that leaves foreign content, or an end tag of an element around
+            # the zone: the parser pops every foreign element.
+            if stack.entries[zone:] and stack.entries[zone] is not None:
+                stack.close(zone)
+            zone = -1
+            if end_tag and name in _ZONES:
                 continue
-        elif where in (TAINTED, SELECT):
-            if end_tag or (where == SELECT and name in _NOT_NESTING):
-                continue  # an end tag there may close nothing
-        elif name in _NOT_NESTING:
-            continue
-        if end_tag:
-            count = open_elements.get(name)
-            if count:
-                open_elements[name] = count - 1
-                depth -= 1
-                if name in items:
-                    items[name].pop()
+        if where == FOREIGN:
+            if end_tag:
+                found = stack.last(name)
+                if found > zone >= 0:  # a foreign element of the zone: popped with what is above it
+                    stack.close(found)
+            elif not is_self_closing(data[start:end].rstrip(b">")):
+                stack.push(name, True)
+        elif where != HTML:  # in a <select> (but its end tag) or after a taint: nothing closes
+            if where == SELECT and name == b"select" and not end_tag:
+                found = stack.last(name)  # a <select> in a <select> closes it
+                if found >= 0:
+                    stack.close(found)
+            elif not end_tag and name.decode("latin-1") not in _VOID:
+                # Counted as the parser may nest it: after a taint anything; in a <select> what it
+                # does not close itself, and formatting elements (re-created outside when it closes).
+                counted = where == TAINTED or name not in _NOT_NESTING or name in _FORMATTING
+                stack.push(name, counted, sure=False)
+                if name in _MARKERS:
+                    stack.marker(False)
+            if where == TAINTED:
+                form_open = None
+        elif end_tag:
+            if name == b"form" and form_open is not None and stack.last(b"template") < 0:
+                _end_tag(stack, name, form_open)
+                form_open = False  # the parser clears its pointer, whether or not the form closes
+            else:
+                _end_tag(stack, name, form_open)
+        elif name in _TABLE_PARTS:
+            _table_part(stack, name)
+        elif name in _VOID_B:
+            if name == b"hr":
+                _close_p(stack, sure=True)
+        elif name in (b"html", b"head", b"body"):
+            continue  # merged into the element the parser has
+        elif name == b"form":
+            template = stack.last(b"template") >= 0
+            if form_open and not template:
+                continue  # the parser ignores it
+            _close_p(stack, sure=form_open is False or template)
+            stack.push(name, True)
+            if not template and form_open is not None:
+                form_open = True
+        elif name in _ZONES:
+            if is_self_closing(data[start:end].rstrip(b">")):
+                continue  # `<svg/>` opens nothing
+            _start_tag(stack, name, standards)
+            zone = len(stack.entries) - 1
         else:
-            open_elements[name] = open_elements.get(name, 0) + 1
-            depth += 1
-            if name in items:
-                items[name].append(serial)
-            if depth > most:
-                most = depth
-                if most > limit:
-                    break
+            _start_tag(stack, name, standards)
+        if stack.depth > most:
+            most = stack.depth
+            if most > limit:
+                break
     return most
+
+
+def _close_p(stack: _OpenElements, *, sure: bool) -> None:
+    """A start tag that closes a <p> in button scope (`sure`: surely does, in this mode)."""
+    found = stack.last(b"p")
+    if found >= 0 and not stack.limit_after(found, b"button"):
+        if sure:
+            stack.close(found)
+        else:
+            stack.doubt()
+
+
+def _start_tag(stack: _OpenElements, name: bytes, standards: bool) -> None:
+    if name in _CLOSES_P:
+        if name in (b"li", b"dd", b"dt"):
+            # The walk back to the last item open passes no special element but address, div, p.
+            targets = (b"li",) if name == b"li" else (b"dd", b"dt")
+            for index in range(len(stack.entries) - 1, -1, -1):
+                entry = stack.entries[index]
+                if entry is None:
+                    continue
+                if entry[0] in targets:
+                    stack.close(index)
+                    break
+                if entry[0] in _SPECIAL_OPEN and entry[0] not in (b"address", b"div", b"p"):
+                    break
+                if len(stack.entries) - index > 64:
+                    stack.doubt()  # too far to follow: it may close one further down
+                    break
+        _close_p(stack, sure=True)
+        if name in _HEADINGS_B and stack.top() in _HEADINGS_B:
+            # A heading closes one that is the current node: surely, unless the parser may have
+            # re-created a formatting element above it.
+            if stack.settled():
+                stack.close(len(stack.entries) - 1)
+            else:
+                stack.doubt()
+    elif name == b"table":
+        family = stack.last_family()
+        if family >= 0 and stack.name_at(family) not in (b"td", b"th", b"caption", b"template"):
+            table = stack.last(b"table")
+            if table >= 0 and stack.is_sure(family):
+                stack.close(table)  # a table in a table's rows closes it first
+            else:
+                stack.doubt()
+        _close_p(stack, sure=standards)
+    elif name == b"button":
+        found = stack.last(b"button")
+        if found >= 0 and not stack.limit_after(found):
+            stack.close(found)
+    elif name in (b"a", b"nobr"):
+        if stack.last(name) >= 0 or stack.held(name):
+            stack.doubt()  # the adoption agency runs for the one open
+    elif name in (b"option", b"optgroup") and stack.top() == b"option":
+        stack.remove(len(stack.entries) - 1)  # it closes the current <option>
+    elif name in (b"rb", b"rp", b"rt", b"rtc") and stack.top() in _IMPLIED:
+        stack.doubt()  # its implied end tags pop what is current, or a clone stops them
+    stack.push(name, name not in _NOT_NESTING)
+    if name in _MARKERS:
+        stack.marker(True)
+
+
+def _table_part(stack: _OpenElements, name: bytes) -> None:
+    """A start tag of a table's structure: it closes the open cell, caption, row or section it does not
+    belong in, and pops what is above the table's structure (elements foster-parented out of it)."""
+    for _ in range(4):
+        family = stack.last_family()
+        if family < 0:
+            return  # no table: the parser ignores it
+        if not stack.is_sure(family) or stack.name_at(family) == b"template":
+            stack.doubt()
+            if name != b"col":
+                stack.push(name, False, sure=False)
+                if name in _MARKERS:
+                    stack.marker(False)
+            return
+        kind = stack.name_at(family)
+        if kind in (b"td", b"th", b"caption") or (kind == b"colgroup" and name != b"col"):
+            stack.pop_from(family)  # closes it, then as in the table, row or section
+            if kind != b"colgroup":
+                stack.clear()
+            continue
+        if kind == b"colgroup":
+            stack.pop_from(family + 1)
+            return
+        if kind == b"tr" and name not in (b"td", b"th"):
+            stack.pop_from(family)  # closes the row
+            continue
+        if kind in _ROW_GROUPS and name not in (b"tr", b"td", b"th"):
+            stack.pop_from(family)  # closes the section
+            continue
+        stack.pop_from(family + 1)
+        if kind == b"table":
+            if name == b"col":
+                stack.push(b"colgroup", False)
+            elif name in (b"tr", b"td", b"th"):
+                stack.push(b"tbody", False)
+        if kind != b"tr" and name in (b"td", b"th"):
+            stack.push(b"tr", False)
+        if name != b"col":
+            stack.push(name, False)
+            if name in _MARKERS:
+                stack.marker(True)
+        return
+    stack.doubt()
+
+
+def _end_tag(stack: _OpenElements, name: bytes, form_open: bool | None) -> None:
+    if name in _TABLE_FAMILY:
+        _table_end(stack, name)
+    elif name in _FORMATTING:
+        if stack.held(name):
+            stack.release(name)
+            return
+        found = stack.last(name)
+        if found < 0 or stack.limit_after(found):
+            return
+        if stack.special_after(found):
+            stack.doubt()  # the adoption agency: it moves elements, the depth stays
+            return
+        stack.close(found)
+    elif name == b"form":
+        found = stack.last(name)
+        if found < 0 or stack.limit_after(found):
+            return
+        if stack.last(b"template") >= 0:
+            stack.close(found)
+        elif form_open:
+            if stack.top() in _IMPLIED:
+                stack.doubt()
+            stack.remove(found, pops_above=False)  # only the form leaves the stack
+    elif name in _HEADINGS_B:
+        found = max(stack.last(heading) for heading in _HEADINGS_B)
+        if found >= 0 and not stack.limit_after(found):
+            stack.close(found)
+    elif (name in _SPECIAL_OPEN or name in _SCOPE_LIMITS) and name not in _FOREIGN_SPECIAL:
+        if name in (b"body", b"html"):
+            return
+        found = stack.last(name)
+        if found < 0:
+            return
+        more = (b"button",) if name == b"p" else (b"ol", b"ul") if name == b"li" else ()
+        if not stack.limit_after(found, *more) and stack.close(found) and name in _MARKERS:
+            stack.clear()  # an <applet>, <marquee> or <object>
+    else:
+        found = stack.last(name)
+        if found >= 0 and not stack.special_after(found):
+            stack.close(found)
+
+
+def _table_end(stack: _OpenElements, name: bytes) -> None:
+    """An end tag of a table's structure (or </template>): it pops to its element, passing only the
+    structure inside it (the parser's table scope)."""
+    if name == b"template":
+        found = stack.last(name)
+        if found >= 0 and stack.close(found):
+            stack.clear()
+        return
+    inside = {
+        b"table": (b"td", b"th", b"tr", b"tbody", b"thead", b"tfoot", b"caption", b"colgroup"),
+        b"tbody": (b"td", b"th", b"tr"),
+        b"thead": (b"td", b"th", b"tr"),
+        b"tfoot": (b"td", b"th", b"tr"),
+        b"tr": (b"td", b"th"),
+    }.get(name, ())
+    found = stack.last_family()
+    cell = found >= 0 and stack.name_at(found) in (b"td", b"th", b"caption")
+    while found >= 0:
+        kind = stack.name_at(found)
+        if kind == name:
+            if stack.close(found) and cell:
+                stack.clear()  # the cell or caption it closes
+            return
+        if kind not in inside:
+            return
+        found = stack.family_before(found)
 
 
 def _comment_end(lowered: bytes, start: int) -> int:
