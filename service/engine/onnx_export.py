@@ -18,6 +18,7 @@ is chosen and the checkpoint ships no `model.onnx`.
 
 from __future__ import annotations
 
+import copy
 import errno
 import logging
 import os
@@ -129,6 +130,11 @@ def export_onnx(
 ) -> Path:
     """Write `out` (atomically) from a loaded checkpoint; the model is exported in float32 on CPU.
 
+    The checkpoint must be loaded in float32 (`load_checkpoint` without `dtype`): a graph cast back up
+    from bfloat16 weights is ~4e-3 off the checkpoint, yet would carry its fingerprint and pass for its
+    graph. The caller's model is left as it was (device, dtype, attention implementation): the export
+    runs on a copy.
+
     With `quantize="int8"` the float32 graph is quantised dynamically (int8 weights, per-batch
     activation scales) before it is written. `fingerprint` is the checkpoint's as it was read, taken
     before loading it (by default: now, before the export). Taken after the export, it would be that
@@ -138,13 +144,20 @@ def export_onnx(
     import onnx
 
     _check_quantize(quantize)
+    lossy = sorted({str(p.dtype) for p in checkpoint.model.parameters() if p.dtype != torch.float32})
+    if lossy:
+        raise OnnxExportError(
+            f"cannot export {checkpoint.path} to ONNX from a model loaded in {', '.join(lossy)}: the graph "
+            "would be float32 cast up from rounded weights yet carry the checkpoint's fingerprint; load "
+            "the checkpoint in float32 (load_checkpoint without dtype) to export it"
+        )
     if fingerprint is None:
         fingerprint = checkpoint_fingerprint(checkpoint.path)
     target = Path(out)
     target.parent.mkdir(parents=True, exist_ok=True)
-    model = checkpoint.model
+    # A copy: the export needs SDPA on CPU, and the caller's model may be serving (eager, on a GPU).
+    model = copy.deepcopy(checkpoint.model).to(device="cpu").eval()
     model.encoder.set_attn_implementation("sdpa")
-    model.to(device="cpu", dtype=torch.float32).eval()
     head_names = list(model.heads.keys())
     wrapper = _ExportWrapper(model, head_names).eval()
     ids = torch.full((2, 16), checkpoint.tokenizer.special_ids.unk, dtype=torch.long)

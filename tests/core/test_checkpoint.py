@@ -3,24 +3,30 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import AutoModel
 
 from service.core.checkpoint import (
     FORMAT_VERSION,
     CheckpointError,
+    CheckpointMeta,
     checkpoint_fingerprint,
     load_checkpoint,
     read_meta,
+    save_checkpoint,
     save_heads,
 )
 from service.core.errors import ErrorCode
 from service.core.modeling import HeadSpec, TaskHead
-from tests.factories.checkpoint import build_tiny_checkpoint, build_tiny_model
+from service.core.prune import PRUNE_VERSION
+from tests.factories.checkpoint import TINY_MAX_LENGTH, build_tiny_checkpoint, build_tiny_model
 from tests.factories.tokenizer import build_tiny_tokenizer
 
 
@@ -216,3 +222,189 @@ def test_an_impossible_config_is_a_checkpoint_error(ckpt: Path, key: str, value:
     (ckpt / "config.json").write_text(json.dumps(config), encoding="utf-8")
     with pytest.raises(CheckpointError, match=r"config\.json"):
         load_checkpoint(ckpt)
+
+
+def _edit_config(ckpt: Path, edit: Any) -> None:
+    config = json.loads((ckpt / "config.json").read_text(encoding="utf-8"))
+    edit(config)
+    (ckpt / "config.json").write_text(json.dumps(config), encoding="utf-8")
+
+
+def _edit_tensors(file: Path, edit: Any) -> None:
+    tensors = load_file(str(file))
+    save_file(edit(tensors), str(file))
+
+
+@pytest.mark.parametrize("file", ["model.safetensors", "heads/page_type.safetensors"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_weights_are_refused_naming_the_tensor(ckpt: Path, file: str, value: float) -> None:
+    """One NaN weight had loaded silently, and the service answered 200 with null embeddings."""
+
+    def poison(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        name = sorted(tensors)[0]
+        tensors[name].view(-1)[0] = value
+        return tensors
+
+    _edit_tensors(ckpt / file, poison)
+    name = sorted(load_file(str(ckpt / file)))[0]
+    with pytest.raises(CheckpointError, match=rf"{re.escape(name)} holds NaN or infinite") as info:
+        load_checkpoint(ckpt)
+    assert info.value.code is ErrorCode.CHECKPOINT_INVALID
+
+
+@pytest.mark.parametrize("file", ["model.safetensors", "heads/page_type.safetensors"])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int8, torch.bool])
+def test_weights_that_are_not_floating_point_are_refused(ckpt: Path, file: str, dtype: torch.dtype) -> None:
+    """load_state_dict had cast int or bool tensors into the float parameters without a word."""
+    _edit_tensors(ckpt / file, lambda tensors: {k: (v * 10).to(dtype) for k, v in tensors.items()})
+    with pytest.raises(CheckpointError, match=r"has dtype .*must be floating point"):
+        load_checkpoint(ckpt)
+
+
+def test_half_precision_weights_still_load(ckpt: Path) -> None:
+    # the bundled default model ships float16 weights
+    _edit_tensors(ckpt / "model.safetensors", lambda tensors: {k: v.half() for k, v in tensors.items()})
+    _edit_tensors(
+        ckpt / "heads/quality.safetensors", lambda tensors: {k: v.bfloat16() for k, v in tensors.items()}
+    )
+    loaded = load_checkpoint(ckpt)
+    assert {p.dtype for p in loaded.model.parameters()} == {torch.float32}
+
+
+@pytest.mark.parametrize(
+    ("file", "edit", "match"),
+    [
+        ("htmllm.json", lambda d: d["heads"][0].update(hidden=2**36), r"dense\.\w+ has shape"),
+        ("config.json", lambda d: d.update(intermediate_size=2**36), r"mlp\.Wi\.weight has shape"),
+        ("config.json", lambda d: d.update(hidden_size=2**36, num_attention_heads=1), "hidden_size"),
+        ("config.json", lambda d: d.update(num_hidden_layers=10**6), "num_hidden_layers"),
+    ],
+)
+def test_declared_sizes_are_checked_against_the_files_before_anything_is_allocated(
+    ckpt: Path, file: str, edit: Any, match: str
+) -> None:
+    """A hand-edited 2**36 had been allocated before being compared with the weights: an untyped
+    allocator error, or gigabytes spent first for a size that fits."""
+    data = json.loads((ckpt / file).read_text(encoding="utf-8"))
+    edit(data)
+    (ckpt / file).write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(CheckpointError, match=match) as info:
+        load_checkpoint(ckpt)
+    assert len(str(info.value)) < 1000
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        ("pad_token_id", 99999, r"config\.json's special token ids.*pad_token_id=99999"),  # AssertionError
+        ("num_attention_heads", 0, r"config\.json describes no buildable model: ZeroDivisionError"),
+        ("hidden_activation", "nope", r"config\.json describes no buildable model: KeyError"),
+    ],
+)
+def test_config_values_transformers_rejects_are_checkpoint_errors(
+    ckpt: Path, key: str, value: Any, match: str
+) -> None:
+    _edit_config(ckpt, lambda config: config.__setitem__(key, value))
+    with pytest.raises(CheckpointError, match=match):
+        load_checkpoint(ckpt)
+
+
+@pytest.mark.parametrize("edit", [lambda m: m.pop("heads"), lambda m: m.__setitem__("head", m.pop("heads"))])
+def test_htmllm_json_without_its_heads_key_is_refused(ckpt: Path, edit: Any) -> None:
+    """A missing or misspelt "heads" had loaded as a checkpoint without heads beside its head files."""
+    _edit_meta(ckpt, edit)
+    with pytest.raises(CheckpointError, match=r"malformed.*heads.*missing"):
+        read_meta(ckpt)
+
+
+def test_an_empty_heads_list_still_loads(tmp_path: Path) -> None:
+    loaded = load_checkpoint(build_tiny_checkpoint(tmp_path / "bare", heads=False))
+    assert loaded.meta.heads == [] and len(loaded.model.heads) == 0
+
+
+@pytest.mark.parametrize("how", ["copied in", "dropped from htmllm.json"])
+def test_head_files_htmllm_json_does_not_list_are_refused(ckpt: Path, how: str) -> None:
+    if how == "copied in":
+        shutil.copy(ckpt / "heads/page_type.safetensors", ckpt / "heads/extra.safetensors")
+        unlisted = "extra.safetensors"
+    else:
+        _edit_meta(ckpt, lambda meta: meta.__setitem__("heads", meta["heads"][1:]))
+        unlisted = "page_type.safetensors"
+    with pytest.raises(CheckpointError, match=rf"holds {re.escape(unlisted)} that htmllm\.json does not"):
+        load_checkpoint(ckpt)
+
+
+def test_classifier_pooling_must_agree_with_htmllm_json_when_given(ckpt: Path) -> None:
+    """AutoModel users read config.json's pooling, the service htmllm.json's: apart, they pool apart."""
+    _edit_config(ckpt, lambda config: config.__setitem__("classifier_pooling", "mean"))
+    with pytest.raises(CheckpointError, match=r"classifier_pooling 'mean'.*pooling 'cls'"):
+        load_checkpoint(ckpt)
+    _edit_config(ckpt, lambda config: config.pop("classifier_pooling"))
+    assert load_checkpoint(ckpt).model.pooling == "cls"
+
+
+@pytest.mark.parametrize(
+    ("spec", "module_spec"),
+    [
+        (  # three labels recorded, a two-class module written
+            HeadSpec(name="topic", kind="classification", labels=["a", "b", "c"], hidden=8),
+            HeadSpec(name="topic", kind="classification", labels=["a", "b"], hidden=8),
+        ),
+        (  # hidden 8 recorded, 4 written
+            HeadSpec(name="topic", kind="regression", hidden=8),
+            HeadSpec(name="topic", kind="regression", hidden=4),
+        ),
+    ],
+)
+def test_save_heads_refuses_a_module_its_spec_does_not_describe(
+    ckpt: Path, spec: HeadSpec, module_spec: HeadSpec
+) -> None:
+    """Such a head had been written, and the checkpoint then refused to load."""
+    dim = read_meta(ckpt).embedding_dim
+    before = {p.relative_to(ckpt): p.read_bytes() for p in ckpt.rglob("*") if p.is_file()}
+    good = HeadSpec(name="good", kind="regression", hidden=4)
+    with pytest.raises(CheckpointError, match=r"head 'topic'.*spec"):
+        save_heads(ckpt, {"good": (good, TaskHead(good, dim)), "topic": (spec, TaskHead(module_spec, dim))})
+    # nothing written, not even the head that was fine
+    assert {p.relative_to(ckpt): p.read_bytes() for p in ckpt.rglob("*") if p.is_file()} == before
+    load_checkpoint(ckpt)
+
+
+def test_save_heads_refuses_a_nan_head(ckpt: Path) -> None:
+    dim = read_meta(ckpt).embedding_dim
+    spec = HeadSpec(name="topic", kind="regression", hidden=4)
+    head = TaskHead(spec, dim)
+    with torch.no_grad():
+        head.out.bias.fill_(float("nan"))
+    with pytest.raises(CheckpointError, match=r"out\.bias holds NaN"):
+        save_heads(ckpt, {"topic": (spec, head)})
+    assert not (ckpt / "heads/topic.safetensors").exists()
+
+
+def _tiny_meta(max_length: int = TINY_MAX_LENGTH) -> CheckpointMeta:
+    return CheckpointMeta(
+        name="tiny",
+        pooling="cls",
+        prune_version=PRUNE_VERSION,
+        tokenizer_sha256=build_tiny_tokenizer().sha256,
+        max_length=max_length,
+        embedding_dim=build_tiny_model(heads=False).embedding_dim,
+    )
+
+
+def test_save_checkpoint_refuses_metadata_load_would_refuse_before_writing_anything(tmp_path: Path) -> None:
+    """max_length 1 had been written, then refused at load."""
+    target = tmp_path / "ckpt"
+    with pytest.raises(CheckpointError, match=r"refusing to write.*max_length 1"):
+        save_checkpoint(target, build_tiny_model(), build_tiny_tokenizer(), _tiny_meta(max_length=1))
+    assert not target.exists()
+
+
+def test_save_checkpoint_refuses_nan_weights_before_writing_anything(tmp_path: Path) -> None:
+    model = build_tiny_model()
+    with torch.no_grad():
+        model.encoder.embeddings.tok_embeddings.weight[2, 0] = float("nan")
+    target = tmp_path / "ckpt"
+    with pytest.raises(CheckpointError, match=r"tok_embeddings\.weight holds NaN"):
+        save_checkpoint(target, model, build_tiny_tokenizer(), _tiny_meta())
+    assert not target.exists()

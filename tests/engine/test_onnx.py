@@ -16,7 +16,9 @@ from service.engine import Engine, EngineConfig
 from service.engine.onnx_export import (
     FINGERPRINT_KEY,
     QUANTIZATION_KEY,
+    OnnxExportError,
     ensure_onnx,
+    export_onnx,
     read_onnx_metadata,
 )
 from service.engine.runners.onnx import OnnxRunner
@@ -247,3 +249,38 @@ def test_a_mean_pooling_graph_without_heads_matches_torch_and_a_change_during_ex
         got = runner.run(runner.prepare(docs))
         np.testing.assert_allclose(got.embeddings, want.embeddings, atol=1e-4, rtol=0)
         assert got.scores == {}
+
+
+def test_a_model_loaded_in_bfloat16_is_refused_and_left_as_it_was(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    """The graph had been cast up from the rounded weights (~4e-3 off the checkpoint) yet stamped with
+    the checkpoint's fingerprint, so ensure_onnx took it as current; and the caller's model was cast."""
+    import torch
+
+    ckpt = load_checkpoint(tiny_checkpoint, dtype=torch.bfloat16)
+    with pytest.raises(OnnxExportError, match=r"loaded in torch\.bfloat16.*float32"):
+        export_onnx(ckpt, tmp_path / "model.onnx")
+    assert not (tmp_path / "model.onnx").exists()
+    assert {p.dtype for p in ckpt.model.encoder.parameters()} == {torch.bfloat16}
+
+
+def test_export_runs_on_a_copy_leaving_the_callers_model_as_it_was(
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The export had switched the caller's (serving) model to SDPA and moved it to the CPU."""
+    import torch
+
+    ckpt = load_checkpoint(tiny_checkpoint, attn_implementation="eager")
+    seen: list[tuple[bool, str]] = []
+
+    def stop_at_export(wrapper: torch.nn.Module, *args: object, **kwargs: object) -> None:
+        exported_model = wrapper.model
+        seen.append((exported_model is ckpt.model, exported_model.encoder.config._attn_implementation))
+        raise RuntimeError("stopped before exporting")
+
+    monkeypatch.setattr(torch.onnx, "export", stop_at_export)
+    with pytest.raises(OnnxExportError, match="stopped before exporting"):
+        export_onnx(ckpt, tmp_path / "model.onnx")
+    assert seen == [(False, "sdpa")]
+    assert ckpt.model.encoder.config._attn_implementation == "eager"
