@@ -7,6 +7,7 @@
   process through the isolated extractor pool, so a pathological page is killed at its time limit
   rather than hanging a worker; this text is what the teacher will read.
 
+A page's `domain` is its site (`sites.site_of`: registrable domain, through web.archive.org captures).
 Then it samples, as the paper does: at most K documents per domain (so a few huge sites do not dominate)
 and, under a global cap, uniformly over text length (round-robin over log-length bins, so short and long
 pages are equally represented); when rows carry a `cluster` field, documents from high-entropy clusters
@@ -39,12 +40,12 @@ from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from model_training.sites import site_of
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.pages import Page, iter_pages
 from service.core.tokenizer import HtmlTokenizer
@@ -133,14 +134,22 @@ class PrepareStats:
 
 
 def domain_of(url: str | None) -> str:
-    """The host of `url` without a leading `www.`, lower-cased; "" when there is none."""
-    if not url:
+    """The site of `url` (`sites.site_of`), "" when there is none: the `domain` column of the shards.
+
+    The per-domain cap, the held-out split and cluster entropy all key on it, and evaluation's folds
+    use the same `site_of`: subdomains of one site (`de.creativecommons.org`) are one domain, so the
+    split cannot put a site's templates on both sides, and web.archive.org captures count as the sites
+    they archive, not as one huge domain.
+    """
+    return site_of(url) or ""
+
+
+def _site_of_hint(value: Any) -> str:
+    """The site of a page's `domain` metadata (a host or a URL), for pages without a URL."""
+    hint = str(value or "").strip()
+    if not hint:
         return ""
-    try:
-        host = urlsplit(url).hostname or ""
-    except ValueError:
-        return ""
-    return host.removeprefix("www.")
+    return domain_of(hint if "://" in hint else "http://" + hint) or hint.lower()
 
 
 def holdout_split(domain: str, doc_id: str, fraction: float) -> str:
@@ -336,7 +345,7 @@ def process_pages(
                     Document(
                         id=page.id,
                         url=page.url,
-                        domain=domain_of(page.url) or str(page.meta.get("domain") or ""),
+                        domain=domain_of(page.url) or _site_of_hint(page.meta.get("domain")),
                         cluster=None if cluster is None else str(cluster),
                         input_ids=ids,
                         length=len(ids),

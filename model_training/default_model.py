@@ -125,7 +125,7 @@ def render_card(run: Path, bundle: Path, *, eval_dir: Path | None) -> str:
         "",
         "## Figures",
         "",
-        "Held-out pages (domains never seen in training), clean input:",
+        "Held-out pages (sites never seen in training), clean input (the MLM loss: masked, fixed masks):",
         "",
         "| Figure | Value |",
         "|---|---|",

@@ -18,6 +18,7 @@ against a hand-computed value on a two-token batch.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -54,6 +55,16 @@ class MaskingConfig:
             raise ValueError("replace_with_mask + replace_with_random must be <= 1")
 
 
+def full_precision(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """Autocast switched off on `device`: the losses' float32 must stay float32.
+
+    `.float()` alone is not enough under `torch.autocast`: it recasts every matmul to the autocast dtype
+    whatever its inputs are, and bfloat16's 8-bit mantissa turns the contrastive loss (a small difference
+    of large logsumexps) and its gradient into noise. The encoder still runs under the caller's autocast.
+    """
+    return torch.autocast(device_type=device.type, enabled=False)
+
+
 def special_token_mask(input_ids: Tensor, special_ids: Sequence[int]) -> Tensor:
     """True where the token is one of `special_ids` ([PAD], [CLS], [SEP], ...)."""
     specials = torch.tensor(list(special_ids), dtype=input_ids.dtype, device=input_ids.device)
@@ -74,6 +85,8 @@ def mask_tokens(
 
     Every real token that is not special is a candidate, tag tokens included: the encoder must learn
     document structure, not only prose. The generator is explicit so a resumed run masks identically.
+    `special_ids` must list every special token of the tokenizer (the `[unusedN]` padding of the
+    vocabulary included), since random replacements are drawn from the ids it leaves out.
     """
     device = input_ids.device
     candidates = attention_mask.bool() & ~special_token_mask(input_ids, special_ids)  # (B, L)
@@ -144,6 +157,7 @@ def linear_cross_entropy(
     if use_cce and cce is None:
         raise RuntimeError("use_cce=True needs CUDA tensors and the cut-cross-entropy package")
     if cce is not None:
+        # The kernel accumulates in float32 itself, whatever the autocast state.
         # Keyword arguments only: the positional order of this API has changed between releases.
         # The kernel wants one dtype for embeddings, classifier and bias (bf16 under autocast).
         return cce(
@@ -153,10 +167,11 @@ def linear_cross_entropy(
             bias=None if bias is None else bias.to(hidden.dtype),
             reduction="mean",
         )
-    logits = hidden.float() @ weight.float().t()  # (M, V)
-    if bias is not None:
-        logits = logits + bias.float()
-    return F.cross_entropy(logits, targets)
+    with full_precision(hidden.device):
+        logits = hidden.float() @ weight.float().t()  # (M, V)
+        if bias is not None:
+            logits = logits + bias.float()
+        return F.cross_entropy(logits, targets)
 
 
 def mlm_loss(
@@ -177,12 +192,18 @@ def mlm_loss(
     selected = labels != IGNORE_INDEX  # (B, L)
     masked_hidden = hidden_states[selected]  # (M, D)
     targets = labels[selected]  # (M,)
-    if targets.numel() == 0:
-        # Nothing was masked (tiny documents): a zero that still belongs to the graph, so DDP's
-        # gradient all-reduce sees every parameter.
-        return hidden_states.sum() * 0.0
     if transform is not None:
         masked_hidden = transform(masked_hidden)
+    if targets.numel() == 0:
+        # Nothing was masked (tiny documents). The loss is zero, but it must still reach every
+        # parameter the normal path reaches (transform, decoder weight and bias): DDP without
+        # find_unused_parameters fails on the next step when one of them got no gradient. The plain
+        # computation on the empty selection does that; the fused kernel is not asked about 0 rows.
+        with full_precision(hidden_states.device):
+            logits = masked_hidden.float() @ decoder_weight.float().t()  # (0, V)
+            if decoder_bias is not None:
+                logits = logits + decoder_bias.float()
+            return logits.sum() * 0.0
     return linear_cross_entropy(masked_hidden, decoder_weight, targets, bias=decoder_bias, use_cce=use_cce)
 
 
@@ -209,14 +230,13 @@ def bow_loss(
     sum_t -log p(x_t) = sum_v count_v * -log p(v). One (B, V) logit matrix instead of (B * L, V).
     The mean is over all counted tokens of the batch, exactly as the expanded form.
     """
-    logits = cls_hidden.float() @ embedding_weight.float().t()  # (B, V)
-    if bias is not None:
-        logits = logits + bias.float()
-    log_probs = F.log_softmax(logits, dim=-1)  # (B, V)
-    total = counts.sum()
-    if total <= 0:
-        return cls_hidden.sum() * 0.0
-    return -(counts * log_probs).sum() / total
+    with full_precision(cls_hidden.device):
+        logits = cls_hidden.float() @ embedding_weight.float().t()  # (B, V)
+        if bias is not None:
+            logits = logits + bias.float()
+        log_probs = F.log_softmax(logits, dim=-1)  # (B, V)
+        # No counted token (documents of special tokens only) gives 0 / 1 = 0, through the same graph.
+        return -(counts.float() * log_probs).sum() / counts.sum().float().clamp_min(1.0)
 
 
 # --- teacher-space weighted contrastive distillation ------------------------------------------------
@@ -279,7 +299,13 @@ def weighted_contrastive_distillation(
 
     averaged over the local rows.
     """
-    # At least float32: the loss is a small difference of large logsumexps (1/tau amplifies).
+    # At least float32, autocast off: the loss is a small difference of large logsumexps (1/tau
+    # amplifies), and bf16 matmuls here left the gradient of a near-converged student mostly noise.
+    with full_precision(student.device):
+        return _weighted_contrastive(student, teacher, temperature=temperature, gather=gather)
+
+
+def _weighted_contrastive(student: Tensor, teacher: Tensor, *, temperature: float, gather: bool) -> Tensor:
     dtype = torch.promote_types(student.dtype, torch.float32)
     s = F.normalize(student.to(dtype), dim=-1)  # (B, T)
     t_local = F.normalize(teacher.to(dtype), dim=-1)  # (B, T)
@@ -373,7 +399,16 @@ class LossAggregator:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.weights = dict(state["weights"])
-        self.random_coefficients = bool(state["random_coefficients"])
-        self.scales = None if state["scales"] is None else dict(state["scales"])
+        """Restore what the run learned or drew (first-batch scales, coefficient generator) only.
+
+        The weights and the random-coefficients flag stay the ones this aggregator was built with, i.e.
+        the current config's: a resume with new loss settings trains with them, as the checkpoint's
+        htmllm.json then records (the saved values used to win silently); `check_resumable` warns about
+        the change. `state["weights"]` and `state["random_coefficients"]` remain in the state as a record.
+        """
+        scales = state["scales"]
+        if scales is not None and set(scales) >= set(self.weights):
+            self.scales = {name: float(scales[name]) for name in self.weights}
+        else:
+            self.scales = None  # never calibrated, or a loss without a saved scale: calibrate afresh
         self.generator.set_state(state["generator"])

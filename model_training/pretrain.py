@@ -22,7 +22,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,8 +164,10 @@ def trapezoid_lr(step: int, total: int, *, peak: float, warmup_frac: float, cool
     Unlike cosine decay it does not commit to a length early: the plateau can be extended and the
     cool-down run from any checkpoint.
     """
-    warmup = math.ceil(total * warmup_frac)
-    cooldown = math.ceil(total * cooldown_frac)
+    # Rounded before the ceiling: 100 * 0.07 is 7.000000000000001 in floating point, and a bare ceil
+    # made that 8 warm-up steps.
+    warmup = math.ceil(round(total * warmup_frac, 6))
+    cooldown = math.ceil(round(total * cooldown_frac, 6))
     if warmup and step < warmup:
         return peak * (step + 1) / warmup
     if cooldown and step >= total - cooldown:
@@ -177,18 +179,71 @@ def trapezoid_lr(step: int, total: int, *, peak: float, warmup_frac: float, cool
 
 
 class PretrainingModel(nn.Module):
-    """The encoder plus the heads that exist only while pretraining (MLM transform, distillation)."""
+    """The encoder plus the heads that exist only while pretraining (MLM transform, distillation).
+
+    The losses themselves are computed in float32 with autocast off (`objectives.full_precision`), so a
+    caller may run the whole forward under bf16 autocast.
+    """
 
     def __init__(
-        self, model: HtmlEncoderModel, special: SpecialIds, *, teacher_dim: int, rank: int, temperature: float
+        self,
+        model: HtmlEncoderModel,
+        special: SpecialIds,
+        *,
+        teacher_dim: int,
+        rank: int,
+        temperature: float,
+        special_ids: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         self.model = model
         self.special = special
+        # Every special token id: never masked, never a random replacement. The five named ones by
+        # default; `all_special_ids(tokenizer)` adds the [unusedN] padding of the vocabulary.
+        self.special_ids = sorted(set(_ids(special)) | set(special_ids or ()))
         hidden, vocab = model.embedding_dim, int(model.config.vocab_size)
         self.mlm_head = MlmHead(hidden, vocab, eps=float(model.config.norm_eps))
         self.distil_head = DistillationHead(hidden, teacher_dim, rank=rank)
         self.temperature = temperature
+
+    def mask(
+        self, input_ids: Tensor, attention_mask: Tensor, *, generator: torch.Generator, config: MaskingConfig
+    ) -> tuple[Tensor, Tensor]:
+        """`mask_tokens` with this model's special ids and vocabulary: `(masked_ids, labels)`."""
+        return mask_tokens(
+            input_ids,
+            attention_mask,
+            mask_id=self.special.mask,
+            special_ids=self.special_ids,
+            vocab_size=int(self.model.config.vocab_size),
+            generator=generator,
+            config=config,
+        )
+
+    def mlm(self, hidden: Tensor, labels: Tensor) -> Tensor:
+        """MLM loss from the hidden states (B, L, D) of the masked input."""
+        embedding_matrix = self.model.encoder.embeddings.tok_embeddings.weight  # (V, D), the tied decoder
+        return mlm_loss(
+            hidden, labels, embedding_matrix, decoder_bias=self.mlm_head.bias, transform=self.mlm_head
+        )
+
+    def bow(self, hidden: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """Bag-of-words loss of the clean `input_ids` from the [CLS] row of `hidden` (B, L, D)."""
+        embedding_matrix = self.model.encoder.embeddings.tok_embeddings.weight  # (V, D)
+        counts = bow_counts(
+            input_ids, attention_mask, vocab_size=embedding_matrix.shape[0], special_ids=self.special_ids
+        )
+        return bow_loss(hidden[:, 0], embedding_matrix, counts)  # (B, D) [CLS]
+
+    def student(self, hidden: Tensor, attention_mask: Tensor) -> Tensor:
+        """The pooled embedding projected into the teacher's space, (B, T)."""
+        projected: Tensor = self.distil_head(self.model.pool(hidden, attention_mask))
+        return projected
+
+    def distil(self, student: Tensor, teacher: Tensor, *, gather: bool = True) -> Tensor:
+        return weighted_contrastive_distillation(
+            student, teacher, temperature=self.temperature, gather=gather
+        )
 
     def forward(
         self,
@@ -202,25 +257,27 @@ class PretrainingModel(nn.Module):
     ) -> dict[str, Tensor]:
         # One forward pass over the corrupted input serves all three objectives: a second, clean pass
         # for BOW/distillation would double the cost for little gain (masking acts as augmentation).
+        # Held-out figures do take the clean pass (`evaluate`).
         hidden = self.model.encoder(input_ids=masked_ids, attention_mask=attention_mask).last_hidden_state
-        embedding_matrix = self.model.encoder.embeddings.tok_embeddings.weight  # (V, D), the tied decoder
-        counts = bow_counts(
-            input_ids, attention_mask, vocab_size=embedding_matrix.shape[0], special_ids=_ids(self.special)
-        )
-        student = self.distil_head(self.model.pool(hidden, attention_mask))  # (B, T)
         return {
-            "mlm": mlm_loss(
-                hidden, labels, embedding_matrix, decoder_bias=self.mlm_head.bias, transform=self.mlm_head
-            ),
-            "bow": bow_loss(hidden[:, 0], embedding_matrix, counts),  # (B, D) [CLS]
-            "distil": weighted_contrastive_distillation(
-                student, teacher, temperature=self.temperature, gather=gather
-            ),
+            "mlm": self.mlm(hidden, labels),
+            "bow": self.bow(hidden, input_ids, attention_mask),
+            "distil": self.distil(self.student(hidden, attention_mask), teacher, gather=gather),
         }
 
 
 def _ids(special: SpecialIds) -> list[int]:
     return [special.pad, special.unk, special.cls, special.sep, special.mask]
+
+
+def all_special_ids(tokenizer: HtmlTokenizer) -> list[int]:
+    """Every special token id of `tokenizer`: the five named ones and every added special token.
+
+    The tokenizer trainer pads a small vocabulary with `[unusedN]` special tokens; drawn as MLM random
+    replacements they would teach the model tokens that never occur in a page.
+    """
+    added = tokenizer.backend.get_added_tokens_decoder()
+    return sorted(set(_ids(tokenizer.special_ids)) | {int(i) for i, token in added.items() if token.special})
 
 
 def _resolve_device(config: TrainConfig, local_rank: int) -> torch.device:
@@ -383,6 +440,9 @@ RESUME_FIXED_KEYS = ("preset", "pooling", "distil_rank")
 # Keys that decide which documents and masks each step sees: a change is allowed but the resumed run
 # is no longer the continuation of the interrupted one, so it is logged.
 RESUME_ORDER_KEYS = ("seed", "batch_size", "grad_accum", "mask_prob", "shards", "teacher")
+# Keys of the loss combination: the resumed run trains with the new values (the checkpoint records
+# them), keeping only the learned first-batch scales and the coefficient generator; logged.
+RESUME_LOSS_KEYS = ("loss_weights", "random_coefficients")
 
 
 def check_resumable(
@@ -415,6 +475,18 @@ def check_resumable(
             "the interrupted run's",
             path,
             ", ".join(order),
+        )
+    losses = [
+        f"{k} {saved[k]!r} -> {current[k]!r}"
+        for k in RESUME_LOSS_KEYS
+        if k in saved and saved[k] != current[k]
+    ]
+    if losses:
+        logger.warning(
+            "resuming from %s with a changed %s: the steps from here on are trained with the new setting "
+            "(the checkpoints record it); the steps before were not",
+            path,
+            "; ".join(losses),
         )
 
 
@@ -470,7 +542,11 @@ def evaluate(
     device: torch.device,
     train_centroid: np.ndarray,
 ) -> dict[str, float]:
-    """Held-out figures on clean input: cosine to the teacher, retrieval top-1, losses.
+    """Held-out figures: cosine to the teacher, retrieval top-1, losses.
+
+    Everything but the MLM loss comes from the clean input (MLM needs the masked one, with masks fixed
+    by `EVAL_MASK_SEED` so evaluations compare): the cosine, top-1, BOW and distillation figures describe
+    the model as served, not as corrupted for training.
 
     `centroid_cosine` is the cosine a constant prediction (the mean training teacher vector) gets: the
     floor the student's cosine must be read against, since sentence embeddings share a large common
@@ -482,27 +558,29 @@ def evaluate(
     was_training = pretraining.training
     pretraining.eval()
     special = pretraining.special
+    encoder = pretraining.model.encoder
     generator = torch.Generator().manual_seed(EVAL_MASK_SEED)
+    masking = MaskingConfig(mask_prob=config.mask_prob)
     students, sums, weights = [], {"mlm": 0.0, "bow": 0.0, "distil": 0.0}, 0
     for rows in _batches(len(data.ids), config.eval_batch_size):
         ids, mask = collate(
             data.ids[rows], max_length=config.max_length, pad_id=special.pad, sep_id=special.sep
         )
-        masked, labels = mask_tokens(
-            ids,
-            mask,
-            mask_id=special.mask,
-            special_ids=_ids(special),
-            vocab_size=int(pretraining.model.config.vocab_size),
-            generator=generator,
-            config=MaskingConfig(mask_prob=config.mask_prob),
-        )
+        masked, labels = pretraining.mask(ids, mask, generator=generator, config=masking)
         teacher = torch.from_numpy(data.teacher[rows]).to(device)
         ids, mask, masked, labels = ids.to(device), mask.to(device), masked.to(device), labels.to(device)
+        # Two passes: the masked input for MLM, the clean one for everything else. The losses switch
+        # autocast off inside (float32).
         with _autocast(config, device):
-            losses = pretraining(ids, mask, masked, labels, teacher, gather=False)
-            embedding = pretraining.model.embed(ids, mask)
-            students.append(pretraining.distil_head(embedding).float().cpu())
+            masked_hidden = encoder(input_ids=masked, attention_mask=mask).last_hidden_state
+            clean_hidden = encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+            student = pretraining.student(clean_hidden, mask)  # (B, T)
+            losses = {
+                "mlm": pretraining.mlm(masked_hidden, labels),
+                "bow": pretraining.bow(clean_hidden, ids, mask),
+                "distil": pretraining.distil(student, teacher, gather=False),
+            }
+        students.append(student.float().cpu())
         n = rows.stop - rows.start
         for name in sums:
             sums[name] += float(losses[name]) * n
@@ -590,7 +668,12 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
     )
     special = tokenizer.special_ids
     pretraining = PretrainingModel(
-        model, special, teacher_dim=teacher_dim, rank=config.distil_rank, temperature=config.temperature
+        model,
+        special,
+        teacher_dim=teacher_dim,
+        rank=config.distil_rank,
+        temperature=config.temperature,
+        special_ids=all_special_ids(tokenizer),
     ).to(device)
     optimizer = torch.optim.AdamW(
         _param_groups(pretraining, config.weight_decay),
@@ -674,20 +757,13 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
                 pad_id=special.pad,
                 sep_id=special.sep,
             )
-            masked, labels = mask_tokens(
-                ids,
-                mask,
-                mask_id=special.mask,
-                special_ids=_ids(special),
-                vocab_size=tokenizer.vocab_size,
-                generator=mask_generator,
-                config=masking,
-            )
+            masked, labels = pretraining.mask(ids, mask, generator=mask_generator, config=masking)
             teacher = torch.from_numpy(train_data.teacher[rows]).to(device)
             ids, mask, masked, labels = ids.to(device), mask.to(device), masked.to(device), labels.to(device)
             last_micro = not distributed or micro == per_step - 1
             sync = contextlib.nullcontext() if last_micro else _no_sync(engine)
             with sync:
+                # The encoder runs under autocast; the losses inside switch it off (float32).
                 with _autocast(config, device):
                     losses = engine(ids, mask, masked, labels, teacher)
                 total = aggregator.combine(losses, coefficients) / per_step

@@ -26,7 +26,8 @@ from selectolax.lexbor import LexborHTMLParser
 
 from model_training.evaluation.cache import content_key
 from model_training.evaluation.metrics import EvaluationError
-from model_training.evaluation.tasks import TaskSpec, assign_folds, site_of, write_task
+from model_training.evaluation.tasks import TaskSpec, assign_folds, write_task
+from model_training.sites import site_of
 from service.core.decoding import decode_html
 from service.core.pages import Page, iter_pages
 

@@ -19,22 +19,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import numpy as np
 
 from model_training.evaluation.cache import content_key
 from model_training.evaluation.metrics import EvaluationError, get_metric
+from model_training.sites import site_of
 from service.core.errors import HtmllmError
 from service.core.pages import iter_pages
 
 TASK_SPEC_FILE = "task.json"
 TASK_PAGES_FILE = "pages.jsonl"
 KINDS = ("classification", "regression")
-
-# Second-level labels under which a country-code TLD registers names (example.co.uk, example.com.au).
-_CCTLD_SECOND_LEVEL = frozenset({"ac", "co", "com", "edu", "gob", "gov", "govt", "net", "org", "or", "ne"})
-_ARCHIVE_PATH = re.compile(r"^/web/[^/]+/(?P<inner>.+)$")
 
 
 @dataclass(frozen=True)
@@ -114,29 +110,6 @@ class Task:
             groups=[self.groups[i] for i in index],
             folds=folds,
         )
-
-
-def site_of(url: str | None) -> str | None:
-    """The site a URL belongs to: its registrable domain, looking through web.archive.org captures."""
-    if not url:
-        return None
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname
-    except ValueError:
-        return None
-    if host is None:
-        return None
-    host = host.rstrip(".").lower()
-    if host == "web.archive.org":
-        match = _ARCHIVE_PATH.match(parts.path)
-        if match:
-            inner = match["inner"]
-            return site_of(inner if "://" in inner else "http://" + inner)
-    labels = host.split(".")
-    if len(labels) >= 3 and len(labels[-1]) == 2 and labels[-2] in _CCTLD_SECOND_LEVEL:
-        return ".".join(labels[-3:])
-    return ".".join(labels[-2:])
 
 
 def assign_folds(

@@ -29,6 +29,7 @@ from model_training.data import (
     read_shard,
     sample_documents,
 )
+from model_training.sites import site_of
 from service.core.errors import HtmllmError
 from service.core.prune import prune_html
 from service.core.tokenizer import HtmlTokenizer
@@ -83,9 +84,35 @@ def _tokenizer_file(root: Path) -> Path:
 
 def test_domain_of_strips_www_and_handles_missing_urls() -> None:
     assert domain_of("https://www.Example.com/a?b=1") == "example.com"
-    assert domain_of("http://news.site.cz:8080/x") == "news.site.cz"
     assert domain_of(None) == ""
     assert domain_of("not a url") == ""
+
+
+def test_domain_of_is_the_site_evaluation_groups_by() -> None:
+    # Subdomains of one site are one domain: the held-out split keyed on the host put a site's
+    # templates on both sides (de.creativecommons.org vs creativecommons.org).
+    assert domain_of("http://news.site.cz:8080/x") == "site.cz"
+    assert domain_of("https://de.creativecommons.org/a") == domain_of("https://creativecommons.org/b")
+    assert domain_of("https://news.bbc.co.uk/1") == "bbc.co.uk"
+    # Blogs on a shared host belong to different owners.
+    assert domain_of("https://alice.wordpress.com/x") == "alice.wordpress.com"
+    assert domain_of("https://alice.wordpress.com/x") != domain_of("https://bob.wordpress.com/y")
+    # web.archive.org captures are the sites they archive, not one huge domain.
+    assert domain_of("https://web.archive.org/web/2019id_/https://www.spiegel.de/a") == "spiegel.de"
+    assert domain_of("http://web.archive.org/web/2020/http://blog.example.org/p") == "example.org"
+    assert domain_of("http://10.0.0.1:8080/x") == "10.0.0.1"
+    for url in ("https://www.a.example/", "https://x.a.example/", "https://web.archive.org/web/1/a.example"):
+        assert domain_of(url) == site_of(url)  # one implementation for pretraining and evaluation
+    sides = {
+        holdout_split(domain_of(f"https://{p}.creativecommons.org/"), p, 0.5) for p in ("de", "fr", "www")
+    }
+    assert len(sides) == 1
+
+
+def test_per_domain_cap_counts_archive_captures_by_the_site_they_archive() -> None:
+    urls = [f"https://web.archive.org/web/2019/https://site{i}.example/page" for i in range(12)]
+    docs = [_doc(i, domain=domain_of(url), length=10 + i) for i, url in enumerate(urls)]
+    assert len(sample_documents(docs, SamplingConfig(per_domain=2))) == 12  # twelve sites, one page each
 
 
 def test_holdout_split_is_stable_and_close_to_the_fraction() -> None:

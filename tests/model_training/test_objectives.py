@@ -68,6 +68,24 @@ def test_mlm_loss_without_masked_positions_is_zero_and_differentiable() -> None:
     assert hidden.grad is not None
 
 
+def test_mlm_loss_without_masked_positions_still_reaches_every_head_parameter() -> None:
+    # A parameter without a gradient makes DDP (find_unused_parameters=False) fail on the next step;
+    # the zero used to be `hidden.sum() * 0`, which left the whole MLM head out of the graph.
+    torch.manual_seed(0)
+    embedding = torch.nn.Embedding(10, 4)
+    head = MlmHead(4, 10)
+    hidden = torch.randn(2, 3, 4, requires_grad=True)
+    loss = mlm_loss(
+        hidden, torch.full((2, 3), IGNORE_INDEX), embedding.weight, decoder_bias=head.bias, transform=head
+    )
+    loss.backward()
+    assert loss.item() == 0.0
+    assert hidden.grad is not None and embedding.weight.grad is not None
+    missing = [name for name, param in head.named_parameters() if param.grad is None]
+    assert missing == []
+    assert all(float(param.grad.abs().sum()) == 0.0 for param in head.parameters() if param.grad is not None)
+
+
 def test_mlm_gradient_reaches_the_tied_embedding_matrix() -> None:
     embedding = torch.nn.Embedding(10, 4)
     head = MlmHead(4, 10)
@@ -241,6 +259,46 @@ def test_ddp_gathers_negatives_from_every_rank() -> None:
     assert torch.allclose(grads, full.grad, atol=1e-6)
 
 
+# --- precision --------------------------------------------------------------------------------------
+
+
+def test_losses_stay_float32_under_bf16_autocast() -> None:
+    # The training loop runs the model under bf16 autocast, which recasts matmuls to bf16 even on
+    # `.float()` inputs: the losses must switch it off, or the near-converged contrastive loss (a
+    # small difference of large logsumexps) and its gradient become noise.
+    torch.manual_seed(0)
+    rows, dim, vocab, teacher_dim = 16, 64, 2000, 64
+    cls = torch.randn(rows, dim)
+    weight = torch.randn(vocab, dim) * 0.05
+    counts = torch.zeros(rows, vocab).scatter_add_(
+        1, torch.randint(5, vocab, (rows, 50)), torch.ones(rows, 50)
+    )
+    targets = torch.randint(5, vocab, (rows,))
+    teacher = torch.randn(rows, teacher_dim)
+    near = teacher + 0.8 * torch.randn(rows, teacher_dim)  # a student close to its teacher
+    hidden = torch.randn(1, rows, dim)
+    labels = targets.unsqueeze(0)
+    cases = {
+        "bow": lambda x: bow_loss(x, weight, counts),
+        "linear_ce": lambda x: linear_cross_entropy(x, weight, targets, use_cce=False),
+        "mlm": lambda x: mlm_loss(x.unsqueeze(0), labels, weight),
+        "distil": lambda x: weighted_contrastive_distillation(x, teacher, temperature=0.1, gather=False),
+    }
+    inputs = {"bow": cls, "linear_ce": hidden[0], "mlm": hidden[0], "distil": near}
+    for name, fn in cases.items():
+        x32 = inputs[name].clone().requires_grad_(True)
+        reference = fn(x32)
+        reference.backward()
+        xac = inputs[name].clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            value = fn(xac)
+        value.backward()
+        assert value.dtype == torch.float32, name
+        assert value.item() == pytest.approx(reference.item(), rel=1e-6, abs=1e-7), name
+        assert x32.grad is not None and xac.grad is not None
+        assert torch.allclose(xac.grad, x32.grad, rtol=1e-5, atol=1e-8), name
+
+
 # --- aggregation ------------------------------------------------------------------------------------
 
 
@@ -277,6 +335,26 @@ def test_aggregator_state_round_trip_repeats_the_same_draws() -> None:
     restored.load_state_dict(state)
     assert [restored.draw() for _ in range(3)] == expected
     assert restored.scales == agg.scales
+
+
+def test_aggregator_resume_keeps_the_configured_weights_and_flag() -> None:
+    # A resumed run with new loss settings used to keep the checkpoint's weights and flag, while the
+    # checkpoint's htmllm.json recorded the new config as the one trained with.
+    old = LossAggregator({"mlm": 0.1, "bow": 1.0, "distil": 1.0}, seed=7, random_coefficients=True)
+    first = {"mlm": torch.tensor(10.0), "bow": torch.tensor(4.0), "distil": torch.tensor(2.0)}
+    old.combine(first, old.draw())
+    new = LossAggregator({"mlm": 0.0, "bow": 1.0, "distil": 0.5}, seed=123, random_coefficients=False)
+    new.load_state_dict(old.state_dict())
+    assert new.weights == {"mlm": 0.0, "bow": 1.0, "distil": 0.5}
+    assert new.random_coefficients is False
+    assert new.draw() == {"mlm": 1.0, "bow": 1.0, "distil": 1.0}
+    assert new.scales == old.scales  # the learned first-batch magnitudes carry over
+    later = {"mlm": torch.tensor(5.0), "bow": torch.tensor(2.0), "distil": torch.tensor(2.0)}
+    assert new.combine(later, new.draw()).item() == pytest.approx(0.0 + 2.0 / 4.0 + 0.5 * 2.0 / 2.0)
+    # The coefficient generator carries over too: turning the coefficients back on continues the draws.
+    again = LossAggregator({"mlm": 0.1, "bow": 1.0, "distil": 1.0}, seed=99)
+    again.load_state_dict(old.state_dict())
+    assert again.draw() == old.draw()
 
 
 def test_aggregator_rejects_bad_weights_and_missing_losses() -> None:

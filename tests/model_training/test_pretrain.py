@@ -18,24 +18,45 @@ import torch.multiprocessing as mp
 
 from model_training.data import HELDOUT, TRAIN, Document, domain_of, write_manifest, write_shards
 from model_training.default_model import bundle
+from model_training.objectives import (
+    IGNORE_INDEX,
+    MaskingConfig,
+    bow_counts,
+    bow_loss,
+    linear_cross_entropy,
+    mask_tokens,
+    weighted_contrastive_distillation,
+)
 from model_training.pretrain import (
     STATE_FILE,
     BatchOrder,
+    PretrainingModel,
+    all_special_ids,
     collate,
+    evaluate,
     latest_checkpoint,
     load_splits,
     train,
     trapezoid_lr,
 )
 from model_training.teacher import TeacherMeta, write_teacher
+from model_training.tokenizer_training import train_tokenizer
 from model_training.train_config import TrainConfig, load_config
 from model_training.train_logs import read_metrics, truncate_metrics
 from service.core.checkpoint import load_checkpoint
 from service.core.errors import HtmllmError
+from service.core.modeling import HtmlEncoderModel, build_config
+from service.core.tokenizer import HtmlTokenizer
 from service.engine import Engine, EngineConfig
 from tests.factories.tokenizer import build_tiny_tokenizer, generate_pruned_pages
 
 TEACHER_DIM = 12
+
+
+def _five(tokenizer: HtmlTokenizer) -> list[int]:
+    """The five named special ids ([PAD] [UNK] [CLS] [SEP] [MASK])."""
+    special = tokenizer.special_ids
+    return [special.pad, special.unk, special.cls, special.sep, special.mask]
 
 
 def _build_run_inputs(root: Path, *, documents: int = 40) -> tuple[Path, Path]:
@@ -254,6 +275,141 @@ def test_trapezoid_schedule_warms_up_holds_and_cools_down() -> None:
     assert 0 < lrs[-1] < 0.1
 
 
+def test_trapezoid_schedule_does_not_round_float_noise_up() -> None:
+    # 100 * 0.07 is 7.000000000000001: a bare ceil gave 8 warm-up steps.
+    lrs = [trapezoid_lr(s, 100, peak=1.0, warmup_frac=0.07, cooldown_frac=0.07) for s in range(100)]
+    assert lrs[5] < 1.0 and lrs[6] == 1.0
+    assert lrs[92] == 1.0 and lrs[93] < 1.0  # seven cool-down steps, not eight
+
+
+def _pretraining_model(tokenizer: HtmlTokenizer, **kwargs: Any) -> PretrainingModel:
+    torch.manual_seed(0)
+    model = HtmlEncoderModel.from_config(build_config("tiny", tokenizer, max_length=64))
+    return PretrainingModel(
+        model, tokenizer.special_ids, teacher_dim=TEACHER_DIM, rank=4, temperature=0.1, **kwargs
+    )
+
+
+def test_pretraining_losses_are_float32_under_bf16_autocast() -> None:
+    # The training loop and `evaluate` run the model under autocast (bf16 on CUDA, and on CPU with
+    # precision = "bf16"); the losses inside must still be computed in float32.
+    tokenizer = build_tiny_tokenizer()
+    pretraining = _pretraining_model(tokenizer)
+    pretraining.eval()  # no dropout: the reference pass below sees the same hidden states
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(10, tokenizer.vocab_size, (4, 24), generator=generator)
+    ids[:, 0], ids[:, -1] = tokenizer.special_ids.cls, tokenizer.special_ids.sep
+    mask = torch.ones_like(ids)
+    masked, labels = mask_tokens(
+        ids,
+        mask,
+        mask_id=tokenizer.special_ids.mask,
+        special_ids=_five(tokenizer),
+        vocab_size=tokenizer.vocab_size,
+        generator=generator,
+    )
+    teacher = torch.randn(4, TEACHER_DIM, generator=generator)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        losses = pretraining(ids, mask, masked, labels, teacher, gather=False)
+        hidden = pretraining.model.encoder(input_ids=masked, attention_mask=mask).last_hidden_state
+        student = pretraining.distil_head(pretraining.model.pool(hidden, mask))
+        selected = labels != IGNORE_INDEX
+        transformed = pretraining.mlm_head(hidden[selected])
+    # The same model outputs, with the losses computed outside autocast.
+    weight = pretraining.model.encoder.embeddings.tok_embeddings.weight
+    counts = bow_counts(
+        ids,
+        mask,
+        vocab_size=tokenizer.vocab_size,
+        special_ids=_five(tokenizer),
+    )
+    with torch.no_grad():
+        expected = {
+            "mlm": linear_cross_entropy(
+                transformed, weight, labels[selected], bias=pretraining.mlm_head.bias
+            ),
+            "bow": bow_loss(hidden[:, 0], weight, counts),
+            "distil": weighted_contrastive_distillation(student, teacher, temperature=0.1, gather=False),
+        }
+    for name, value in expected.items():
+        assert losses[name].dtype == torch.float32, name
+        assert losses[name].item() == pytest.approx(value.item(), rel=1e-6), name
+
+
+def test_mask_replacements_never_draw_unused_special_tokens() -> None:
+    # A small corpus pads the vocabulary with [unusedN] special tokens; they must not be MLM targets'
+    # random replacements (a quarter of the replacements were [unusedN] on such a vocabulary).
+    texts = [f"<p>Rain in Prague {i} today</p><div>sun {i % 7}</div>" for i in range(50)]
+    tokenizer = train_tokenizer(texts, vocab_size=256)
+    added = tokenizer.backend.get_added_tokens_decoder()
+    unused = {i for i, token in added.items() if token.special and token.content.startswith("[unused")}
+    assert len(unused) > 10  # the premise: this vocabulary is padded
+    assert unused <= set(all_special_ids(tokenizer))
+    pretraining = _pretraining_model(tokenizer, special_ids=all_special_ids(tokenizer))
+    ids = torch.tensor([tokenizer.encode(texts[0]).ids] * 400)
+    mask = torch.ones_like(ids)
+    masked, labels = pretraining.mask(
+        ids, mask, generator=torch.Generator().manual_seed(0), config=MaskingConfig()
+    )
+    replaced = (labels != IGNORE_INDEX) & (masked != tokenizer.special_ids.mask) & (masked != ids)
+    assert int(replaced.sum()) > 100
+    assert not torch.isin(masked[replaced], torch.tensor(sorted(unused))).any()
+    assert not torch.isin(masked, torch.tensor(sorted(unused))).any()
+
+
+def test_mlm_head_gets_gradients_when_nothing_is_masked() -> None:
+    # DDP (find_unused_parameters=False) fails on the step after one where a parameter got no gradient.
+    tokenizer = build_tiny_tokenizer()
+    pretraining = _pretraining_model(tokenizer)
+    ids = torch.randint(10, tokenizer.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    labels = torch.full_like(ids, IGNORE_INDEX)  # nothing masked
+    losses = pretraining(ids, mask, ids.clone(), labels, torch.randn(2, TEACHER_DIM), gather=False)
+    sum(losses.values()).backward()
+    assert losses["mlm"].item() == 0.0
+    missing = [name for name, param in pretraining.named_parameters() if param.grad is None]
+    assert missing == []
+
+
+def test_evaluate_reports_bow_and_distillation_on_clean_input(run_inputs: Path) -> None:
+    # The docs (and the model card) say held-out figures use clean input; BOW and distillation used to
+    # come from the masked pass.
+    config = _config(run_inputs, "eval-clean", eval_batch_size=64)
+    tokenizer = HtmlTokenizer.from_file(run_inputs / "shards" / "tokenizer.json")
+    train_data, heldout, _ = load_splits(config.shards, config.teacher)
+    pretraining = _pretraining_model(tokenizer)
+    result = evaluate(
+        pretraining,
+        heldout,
+        config=config,
+        device=torch.device("cpu"),
+        train_centroid=train_data.teacher.mean(0),
+    )
+    assert pretraining.training  # evaluate restores the mode it found
+    pretraining.eval()
+    special = tokenizer.special_ids
+    ids, mask = collate(heldout.ids, max_length=config.max_length, pad_id=special.pad, sep_id=special.sep)
+    with torch.no_grad():
+        hidden = pretraining.model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        weight = pretraining.model.encoder.embeddings.tok_embeddings.weight
+        counts = bow_counts(
+            ids,
+            mask,
+            vocab_size=weight.shape[0],
+            special_ids=_five(tokenizer),
+        )
+        student = pretraining.distil_head(pretraining.model.pool(hidden, mask))
+        teacher = torch.from_numpy(heldout.teacher)
+        clean_bow = bow_loss(hidden[:, 0], weight, counts).item()
+        clean_distil = weighted_contrastive_distillation(
+            student, teacher, temperature=0.1, gather=False
+        ).item()
+    assert len(heldout.ids) <= config.eval_batch_size  # one batch: the figures are these numbers
+    assert result["bow_loss"] == pytest.approx(clean_bow, rel=1e-5)
+    assert result["distil_loss"] == pytest.approx(clean_distil, rel=1e-5)
+    assert result["mlm_loss"] > 0  # MLM still needs the masked input
+
+
 def test_batch_order_is_deterministic_and_splits_ranks() -> None:
     a = BatchOrder(20, 3, seed=1, rank=0, world=2)
     b = BatchOrder(20, 3, seed=1, rank=1, world=2)
@@ -392,6 +548,37 @@ def test_resume_refuses_a_checkpoint_of_another_model(
     # A different preset used to fail with a load_state_dict RuntimeError traceback.
     with pytest.raises(HtmllmError, match="preset 'tiny' -> 'mini'"):
         train(_config(run_inputs, "changed", max_steps=4, eval_every=0, max_length=128, preset="mini"))
+
+
+@pytest.mark.slow
+def test_a_resume_with_new_loss_settings_trains_with_them(
+    run_inputs: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The saved aggregator used to override the new weights and flag, while htmllm.json recorded the new
+    # config as the one trained with.
+    common: dict[str, object] = {"max_steps": 4, "eval_every": 0}
+    train(_config(run_inputs, "new-losses", **common), stop_at_step=2)
+    new: dict[str, object] = {
+        "random_coefficients": False,
+        "loss_weights": {"mlm": 0.0, "bow": 1.0, "distil": 0.5},
+    }
+    with caplog.at_level("WARNING", logger="model_training.pretrain"):
+        result = train(_config(run_inputs, "new-losses", **common, **new))
+    records = [r for r in read_metrics(run_inputs / "new-losses" / "metrics.jsonl") if r["split"] == "train"]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert all(r[f"u_{k}"] == 1.0 for r in records[2:] for k in ("mlm", "bow", "distil"))
+    assert any(r["u_mlm"] != 1.0 for r in records[:2])
+    state = torch.load(
+        run_inputs / "new-losses" / "checkpoints" / "step-00000004" / STATE_FILE, weights_only=True
+    )
+    assert state["aggregator"]["weights"] == {"mlm": 0.0, "bow": 1.0, "distil": 0.5}
+    assert state["aggregator"]["random_coefficients"] is False
+    assert result.model_dir is not None
+    recorded = load_checkpoint(result.model_dir).meta.training["config"]
+    assert recorded["loss_weights"] == state["aggregator"]["weights"]
+    assert recorded["random_coefficients"] is False
+    # Said, since the steps before the resume were trained otherwise.
+    assert "changed loss_weights" in caplog.text and "random_coefficients True -> False" in caplog.text
 
 
 def _ddp_resume(rank: int, world: int, ports: list[int], root: str) -> None:

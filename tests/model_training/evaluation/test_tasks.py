@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from model_training.evaluation.metrics import EvaluationError
-from model_training.evaluation.tasks import TaskSpec, assign_folds, load_task, load_tasks, site_of, write_task
+from model_training.evaluation.tasks import TaskSpec, assign_folds, load_task, load_tasks, write_task
+from model_training.sites import site_of
 
 
 def rows(n: int = 20, sites: int = 10) -> list[dict[str, object]]:
@@ -104,7 +105,9 @@ def test_too_few_sites_for_the_folds() -> None:
     ("url", "site"),
     [
         ("https://www.bbc.co.uk/news/1", "bbc.co.uk"),
-        ("https://en.blog.wordpress.com/2020/x", "wordpress.com"),
+        ("https://en.blog.wordpress.com/2020/x", "blog.wordpress.com"),  # blogs are sites of their own
+        ("https://de.creativecommons.org/x", "creativecommons.org"),
+        ("http://192.168.1.20/x", "192.168.1.20"),
         ("https://web.archive.org/web/2019id_/https://www.spiegel.de/a", "spiegel.de"),
         ("http://localhost:8000/x", "localhost"),
         (None, None),
