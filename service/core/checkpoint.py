@@ -386,22 +386,30 @@ def _check_header(
 ) -> None:
     """The tensors a file's header declares against those of the module the config describes (built on
     the meta device): names, shapes and a floating-point dtype, before either is allocated."""
-    missing = sorted(set(expected) - set(header))
-    unexpected = sorted(set(header) - set(expected))
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{origin}: tensors do not match the architecture (missing {[_short(k) for k in missing[:5]]}, "
-            f"unexpected {[_short(k) for k in unexpected[:5]]})"
-        )
-    for key, (shape, dtype) in header.items():
+    for key, (_, dtype) in header.items():
         if dtype not in _FLOAT_DTYPES:
             raise CheckpointError(
                 f"{origin}: tensor {key} has dtype {_short(dtype)}; weights must be floating point "
                 f"({', '.join(_FLOAT_DTYPES)})"
             )
-        if shape != tuple(expected[key].shape):
+    _check_shapes(expected, {key: shape for key, (shape, _) in header.items()}, origin)
+
+
+def _check_shapes(
+    expected: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple[int, ...]], origin: Path
+) -> None:
+    """The tensor names and shapes a file has (`shapes`) against the module's (`expected`)."""
+    missing = sorted(set(expected) - set(shapes))
+    unexpected = sorted(set(shapes) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{origin}: tensors do not match the architecture (missing {[_short(k) for k in missing[:5]]}, "
+            f"unexpected {[_short(k) for k in unexpected[:5]]})"
+        )
+    for key, shape in shapes.items():
+        if tuple(shape) != tuple(expected[key].shape):
             raise CheckpointError(
-                f"{origin}: tensor {key} has shape {shape}, config needs {tuple(expected[key].shape)}"
+                f"{origin}: tensor {key} has shape {tuple(shape)}, config needs {tuple(expected[key].shape)}"
             )
 
 
@@ -416,20 +424,7 @@ def _load_tensors(file: Path) -> dict[str, torch.Tensor]:
 
 def _load_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], origin: Path) -> None:
     # The header was checked already; this is for the file replaced in between, and for NaN weights.
-    expected = module.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{origin}: tensors do not match the architecture (missing {[_short(k) for k in missing[:5]]}, "
-            f"unexpected {[_short(k) for k in unexpected[:5]]})"
-        )
-    bad = [k for k, v in state.items() if tuple(v.shape) != tuple(expected[k].shape)]
-    if bad:
-        k = bad[0]
-        raise CheckpointError(
-            f"{origin}: tensor {k} has shape {tuple(state[k].shape)}, config needs {tuple(expected[k].shape)}"
-        )
+    _check_shapes(module.state_dict(), {key: tuple(value.shape) for key, value in state.items()}, origin)
     _check_state(state, origin)
     module.load_state_dict(state, strict=True)
 
