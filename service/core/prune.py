@@ -1032,6 +1032,19 @@ _VOID_B = frozenset(name.encode() for name in _VOID) | {b"image"}
 _STANDARDS_DOCTYPE = re.compile(
     rb"\A(?:\xef\xbb\xbf)?[\t\n\f\r ]*<!doctype[\t\n\f\r ]+html[\t\n\f\r ]*>", re.I
 )
+# Start tags that do more than open their element (or open none).
+_STARTS_WITH_MORE = (
+    _CLOSES_P
+    | _TABLE_PARTS
+    | _VOID_B
+    | _MARKERS
+    | frozenset(_ZONES)
+    | {b"table", b"button", b"a", b"nobr", b"option", b"optgroup", b"rb", b"rp", b"rt", b"rtc"}
+    | {b"html", b"head", b"body", b"form"}
+)
+# End tags that do more than pop their element when it is on top (clear the formatting list to a marker,
+# clear the form pointer, close nothing).
+_CLOSES_WITH_MORE = _TABLE_FAMILY | {b"applet", b"marquee", b"object", b"form", b"body", b"html"}
 
 
 class _OpenElements:
@@ -1194,6 +1207,26 @@ class _OpenElements:
             while positions and positions[-1] >= size:
                 positions.pop()
 
+    def close_top(self, name: bytes) -> bool:
+        """The common case, fast: an end tag of the element on top, surely open (what `_end_tag` does
+        then, without its lookups). False: not that case."""
+        if not self.entries:
+            return False
+        entry = self.entries[-1]
+        if entry is None or entry[0] != name or not entry[3] or entry[1] <= self.unsure:
+            return False
+        if name in _FORMATTING and self.dangling[-1].get(name):
+            return False
+        self.entries.pop()
+        self.positions[name].pop()
+        if entry[2]:
+            self.depth -= 1
+        size = len(self.entries)
+        for positions in (self.special, self.limits, self.family):
+            if positions and positions[-1] >= size:
+                positions.pop()
+        return True
+
     def close(self, position: int) -> bool:
         """The parser pops the element at `position` and what is above it: surely (True), if it is surely
         open."""
@@ -1262,11 +1295,15 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
             if where == TAINTED:
                 form_open = None
         elif end_tag:
+            if name not in _CLOSES_WITH_MORE and stack.close_top(name):
+                continue
             if name == b"form" and form_open is not None and stack.last(b"template") < 0:
                 _end_tag(stack, name, form_open)
                 form_open = False  # the parser clears its pointer, whether or not the form closes
             else:
                 _end_tag(stack, name, form_open)
+        elif name not in _STARTS_WITH_MORE:
+            stack.push(name, name not in _NOT_NESTING)  # the common case: it only opens
         elif name in _TABLE_PARTS:
             _table_part(stack, name)
         elif name in _VOID_B:
