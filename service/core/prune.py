@@ -203,9 +203,15 @@ _NOT_NESTING = frozenset(
 _RAW_TEXT_NAMES = rb"script|style|textarea|title|xmp|iframe|noembed|noframes|noscript|plaintext"
 _COMMENT_CLOSE = re.compile(rb"--!?>")
 _RAW_TEXT_CLOSE = {name: re.compile(b"</" + name + rb"[\t\n\f\r />]") for name in _RAW_TEXT_NAMES.split(b"|")}
-# The rest of a tag as the HTML tokenizer reads it: a ">" inside a quoted attribute value does not
-# end it, and a value is quoted only right after "=" (an unterminated one runs to the end).
-_TAG_ATTRIBUTES_REST = rb"""(?:[^>"'=]++|=[\t\n\f\r ]*+(?:"[^"]*+"?|'[^']*+'?|[^\t\n\f\r >]*+)|["'])*+"""
+# The rest of a tag as the HTML tokenizer reads it: attribute names, each maybe with "=" and a value; a
+# ">" inside a quoted value does not end the tag (an unterminated one runs to the end). A value follows
+# only a name: where a name may start (after the tag's name, a space, a "/" or a quoted value) "=" and
+# quotes are the name's first character (`<br ="><div>">` is one tag `<br =">`: read as a value, it
+# hid the `<div>`s of a page that took 16 s a megabyte to parse).
+_TAG_ATTRIBUTES_REST = (
+    rb"""(?:[\t\n\f\r /]++|[^\t\n\f\r />][^\t\n\f\r />=]*+"""
+    rb"""(?:[\t\n\f\r ]*+=[\t\n\f\r ]*+(?:"[^"]*+"?|'[^']*+'?|[^\t\n\f\r >]*+))?)*+"""
+)
 _TAG_REST = rb"[^\t\n\f\r />]*+" + _TAG_ATTRIBUTES_REST
 # Refused too: a page whose nesting is legal but whose tags are so many that the parser's walks down
 # the stack of open elements (about a nanosecond per element, at each of most tags) would cost more
@@ -861,6 +867,7 @@ def _tag_tokens(
     point: bytes | None = None  # an integration point of the zone, open and still empty
     template_first = False  # the last HTML start tag was a <template>
     template_cols = 0  # <template>s opened with a <col> first, not closed since
+    select_limit = False  # the <select> being read holds a scope limit (an <object>, a <td>, ...)
     while position < size:
         if zone == TAINTED:
             for any_tag in _ANY_TAG.finditer(lowered, position):
@@ -932,12 +939,43 @@ def _tag_tokens(
                 yield end_tag, name, start, position, HTML
                 continue
         elif zone == SELECT:
-            if not end_tag and name in _ZONES:
-                zone = TAINTED  # the parser builds <svg> and <math> inside a <select>
+            if not end_tag and (name in _ZONES or (name in _RAW_TEXT and name not in _SCRIPTING)):
+                # The parser builds <svg> and <math> inside a <select>; an <xmp>, <title>, ... there
+                # it may ignore (then what follows is markup) or not (raw text).
+                zone = TAINTED
                 yield end_tag, name, start, position, TAINTED
                 continue
-            if not (end_tag and name == b"select"):
+            if not end_tag and name in _LEAVES_SELECT and select_limit:
+                # Past a scope limit (an <object>, a <td>, ...) it may close nothing (Lexbor builds
+                # what a <select> holds): where the parser is, the scan cannot tell.
+                zone = TAINTED
+                yield end_tag, name, start, position, TAINTED
+                continue
+            if not end_tag and name in _LEAVES_SELECT:
+                # It closes the <select> (yielded as in it: the estimate closes it), then opens in the
+                # body: a <textarea>'s raw text follows as in HTML.
+                zone = HTML
                 yield end_tag, name, start, position, SELECT
+                previous, parent = parent, None
+                html_names.add(name)
+                if name == b"textarea":
+                    closer = _raw_text_end(lowered, name, position)
+                    if hidden is not None:
+                        hidden.append((position, size if closer is None else closer))
+                    if closer is None:
+                        return
+                    position = closer
+                continue
+            if not (end_tag and name == b"select"):
+                select_limit = select_limit or (not end_tag and name in _SCOPE_BOUNDARIES)
+                yield end_tag, name, start, position, SELECT
+                if not end_tag and name in _SCRIPTING:  # in the <select> too, raw text
+                    closer = _raw_text_end(lowered, name, position)
+                    if hidden is not None:
+                        hidden.append((position, size if closer is None else closer))
+                    if closer is None:
+                        return
+                    position = closer
                 continue
             zone = HTML  # its own end tag, read as HTML (it closes the <select>)
         yield end_tag, name, start, position, zone
@@ -952,15 +990,15 @@ def _tag_tokens(
             template_first = False
             template_cols += name == b"col"
         template_first = name == b"template"
-        if template_cols and (name in _RAW_TEXT or name == b"plaintext"):
-            continue  # there the parser ignores every other start tag: no raw text follows
+        if template_cols and (name in _RAW_TEXT or name == b"plaintext" or name in _ZONES):
+            continue  # there the parser ignores every other start tag: no raw text or zone follows
         if name in _RAW_TEXT:
-            closer = _RAW_TEXT_CLOSE[name].search(lowered, position)
+            closer = _raw_text_end(lowered, name, position)
             if hidden is not None:
-                hidden.append((position, size if closer is None else closer.start()))
+                hidden.append((position, size if closer is None else closer))
             if closer is None:
                 return
-            position = closer.start()
+            position = closer
         elif name == b"plaintext":
             if hidden is not None:
                 hidden.append((position, size))
@@ -968,18 +1006,56 @@ def _tag_tokens(
         elif name in _ZONES and not is_self_closing(tag.group(3)):  # `<svg/>` opens nothing
             zone, zone_name, opened, parent = FOREIGN, name, {name: 1}, previous
         elif name == b"select":
-            zone = SELECT
+            zone, select_limit = SELECT, False
         elif name == b"frameset":
             # The parser then ignores tags but <frameset>, <frame> and <noframes> (a <title> holds
             # markup), unless text came first and it ignores the <frameset> instead: either way.
             zone = TAINTED
 
 
+# Start tags that take the parser out of a <select> (it closes it first), and the raw-text elements it
+# builds in one (as in the document's head).
+_LEAVES_SELECT = frozenset((b"select", b"input", b"keygen", b"textarea"))
+_SCRIPTING = frozenset((b"script", b"style"))
+# Script data (HTML Standard 13.2.5.4 and on): "<!--" escapes it, a "<script" in the escaped text
+# double-escapes it (there "</script>" does not end the script), "-->" ends either escape.
+_SCRIPT_MARKS = re.compile(rb"<!--|-->|<(/?)script[\t\n\f\r />]")
+
+
+def _raw_text_end(lowered: bytes, name: bytes, position: int) -> int | None:
+    """Where the raw text of a `name` element opened before `position` ends (the start of its end tag;
+    None: the page's end). A `<script>`'s follows the tokenizer's escapes: `<script><!--<script>
+    </script></div>--></script>` is one script (read to the first `</script>`, its `</div>`s hid 4,000
+    levels of nesting; 82 s for 2 MB)."""
+    if name != b"script":
+        closer = _RAW_TEXT_CLOSE[name].search(lowered, position)
+        return None if closer is None else closer.start()
+    escaped = double = False
+    while (mark := _SCRIPT_MARKS.search(lowered, position)) is not None:
+        token = mark.group()
+        if token == b"<!--":
+            escaped = escaped or not double  # in script data it escapes; escaped it changes nothing
+            position = mark.start() + 2  # "<!-->" escapes and ends the escape at once
+        elif token == b"-->":
+            escaped = double = False
+            position = mark.end()
+        elif mark.group(1):  # "</script"
+            if not double:
+                return mark.start()
+            double = False  # back to escaped
+            position = mark.end() - 1
+        else:  # "<script"
+            double = double or escaped
+            position = mark.end() - 1
+    return None
+
+
 # Start tags whose end tag does not take the parser out of an <svg> right inside them: void elements
-# (never open), and <html>, <head>, <body> and <form>, whose end tags pop nothing.
+# (never open), <html>, <head>, <body> and <form>, whose end tags pop nothing, and a table's parts,
+# which the parser ignores outside a table (`<tr/><svg></tr>` x N: 20 s a megabyte).
 _NO_PARENTS = frozenset(
     b"""area base basefont bgsound br col embed frame hr img input keygen link meta param source track wbr
-    html head body form""".split()
+    html head body form caption colgroup tbody thead tfoot tr td th""".split()
 )
 
 
@@ -1059,8 +1135,9 @@ class _OpenElements:
     """
 
     def __init__(self) -> None:
-        # (name, serial, counted, sure); None: removed. Not sure: pushed where the scan cannot follow.
-        self.entries: list[tuple[bytes, int, bool, bool] | None] = []
+        # (name, serial, counted, sure, marker); None: removed. Not sure: pushed where the scan cannot
+        # follow. Marker: which of `markers` was the last when it opened.
+        self.entries: list[tuple[bytes, int, bool, bool, int] | None] = []
         self.positions: dict[bytes, list[int]] = {}  # name -> where its live entries are, oldest first
         self.special: list[int] = []  # where the special ones are (some may have been removed)
         self.limits: list[int] = []  # where the scope limits are (same)
@@ -1068,8 +1145,12 @@ class _OpenElements:
         # Formatting elements an end tag of another element popped: the parser may re-create them (each
         # counts) until an end tag of their name, or until the cell, caption, <object>, ... they were
         # opened in closes (it clears its list of them to the marker it inserted): by name, one dict per
-        # marker, oldest first. If the scan cannot tell where the parser put a marker, none clears.
-        self.dangling: list[dict[bytes, int]] = [{}]
+        # marker (`markers` names them), oldest first. If the scan cannot tell where the parser put a
+        # marker, none clears.
+        # Each held as the serial at which it left the stack: a re-created one opened after that.
+        self.dangling: list[dict[bytes, list[int]]] = [{}]
+        self.markers: list[int] = [0]
+        self.next_marker = 1
         self.markers_known = True
         self.depth = 0
         self.serial = 0
@@ -1078,7 +1159,7 @@ class _OpenElements:
     def push(self, name: bytes, counted: bool, *, sure: bool = True) -> None:
         self.serial += 1
         position = len(self.entries)
-        self.entries.append((name, self.serial, counted, sure))
+        self.entries.append((name, self.serial, counted, sure, self.markers[-1]))
         self.positions.setdefault(name, []).append(position)
         if name in _SPECIAL_OPEN:
             self.special.append(position)
@@ -1091,26 +1172,54 @@ class _OpenElements:
 
     def held(self, name: bytes) -> int:
         """How many formatting elements of `name` popped since the last marker may be re-created."""
-        return self.dangling[-1].get(name, 0)
+        return len(self.dangling[-1].get(name, ()))
 
     def release(self, name: bytes) -> None:
-        """An end tag takes one of them off the parser's list (or pops a re-created one, and what is
-        above it: nothing open now is surely open any more)."""
-        self.dangling[-1][name] -= 1
+        """An end tag takes one of them off the parser's list, or pops (or moves) a re-created one and
+        what is above it up to a special element: what opened since the first of them left the stack
+        and is not special is not surely open any more."""
+        held = self.dangling[-1][name]
+        since = held[0]
+        held.pop()
         self.depth -= 1
-        self.doubt()
+        self.unsure_above(since, keep_special=True)
+
+    def unsure_from(self, position: int) -> None:
+        """The parser may have popped the element at `position` and everything above it, unseen."""
+        if position < len(self.entries):
+            entry = self.entries[position]
+            self.unsure_above(entry[1] - 1 if entry is not None else self.serial, keep_special=False)
+
+    def unsure_above(self, serial: int, *, keep_special: bool) -> None:
+        """Entries opened after `serial` are not surely open (special ones stay sure with `keep_special`:
+        a formatting element's end tag pops none). Past 256 of them, nothing open is."""
+        index = len(self.entries) - 1
+        while index >= 0:
+            entry = self.entries[index]
+            if entry is not None:
+                if entry[1] <= serial:
+                    return
+                if len(self.entries) - index > 256:
+                    self.doubt()
+                    return
+                if entry[3] and not (keep_special and entry[0] in _SPECIAL_OPEN):
+                    self.entries[index] = (entry[0], entry[1], entry[2], False, entry[4])
+            index -= 1
 
     def marker(self, surely: bool) -> None:
         """A cell, caption, <object>, ... opened: the parser put a marker on its list."""
         if surely:
             self.dangling.append({})
+            self.markers.append(self.next_marker)
+            self.next_marker += 1
         else:
             self.markers_known = False
 
     def clear(self) -> None:
         """A cell, caption, <object>, ... surely closed: the parser cleared its list to the last marker."""
         if self.markers_known and len(self.dangling) > 1:
-            self.depth -= sum(self.dangling.pop().values())
+            self.depth -= sum(len(held) for held in self.dangling.pop().values())
+            self.markers.pop()
 
     def doubt(self) -> None:
         """Something the scan cannot follow may have popped any entry open now."""
@@ -1162,7 +1271,11 @@ class _OpenElements:
 
     def settled(self) -> bool:
         """Nothing has happened that the scan cannot follow, and nothing may be re-created."""
-        return self.unsure == 0 and not any(any(held.values()) for held in self.dangling)
+        return (
+            self.unsure == 0
+            and not any(any(held.values()) for held in self.dangling)
+            and all(entry is None or entry[3] for entry in self.entries[-1:])
+        )
 
     def pop_from(self, position: int) -> None:
         """The parser pops the element at `position` and everything above it (a formatting element
@@ -1171,11 +1284,11 @@ class _OpenElements:
             entry = self.entries[index]
             if entry is None:
                 continue
-            name, _, counted, _ = entry
+            name, _, counted, _, marker = entry
             self.positions[name].pop()
-            if name in _FORMATTING and index > position:
-                held = self.dangling[-1]
-                held[name] = held.get(name, 0) + 1
+            held = self._held_after(marker) if name in _FORMATTING and index > position else None
+            if held is not None:
+                held.setdefault(name, []).append(self.serial)
                 if not counted:
                     self.depth += 1  # an <a> or <nobr> the parser may re-create, nesting each time
             elif counted:
@@ -1186,10 +1299,21 @@ class _OpenElements:
                 positions.pop()
 
     def remove(self, position: int, *, pops_above: bool = True) -> None:
-        """The parser removes this element (and, with `pops_above`, pops what is above it)."""
+        """The parser removes this element (and, with `pops_above`, pops what is above it: the
+        formatting elements there are held as popped, the rest is not surely open any more)."""
         entry = self.entries[position]
         assert entry is not None
-        name, _, counted, _ = entry
+        if pops_above and position < len(self.entries) - 1:
+            for index in range(len(self.entries) - 1, position, -1):
+                above = self.entries[index] if index < len(self.entries) else None
+                if above is not None and above[0] in _FORMATTING and len(self.entries) - index <= 256:
+                    held = self._held_after(above[4])
+                    if held is not None:
+                        self.remove(index, pops_above=False)
+                        held.setdefault(above[0], []).append(self.serial)
+                        self.depth += 1
+            self.unsure_above(entry[1], keep_special=False)
+        name, _, counted, _, _ = entry
         same = self.positions[name]
         if same[-1] == position:
             same.pop()
@@ -1198,8 +1322,6 @@ class _OpenElements:
         self.entries[position] = None
         if counted:
             self.depth -= 1
-        if pops_above and position < len(self.entries) - 1:
-            self.doubt()  # what is above it may be gone too: none of it is surely open any more
         while self.entries and self.entries[-1] is None:
             self.entries.pop()
         size = len(self.entries)
@@ -1225,6 +1347,47 @@ class _OpenElements:
         for positions in (self.special, self.limits, self.family):
             if positions and positions[-1] >= size:
                 positions.pop()
+        return True
+
+    def _held_after(self, marker: int) -> dict[bytes, list[int]] | None:
+        """The dangling elements filed after `marker` (None: it was cleared, and with it the parser's
+        entries for the elements opened after it): a cell's that an <object> in it follows stays."""
+        for index in range(len(self.markers) - 1, -1, -1):
+            if self.markers[index] == marker:
+                return self.dangling[index]
+            if self.markers[index] < marker:
+                break
+        return None
+
+    def adopt(self, position: int) -> bool:
+        """The adoption agency for the formatting element at `position`, with special elements above it
+        (False: where the scan cannot follow it; nothing changes). Round by round the element leaves
+        the stack and a clone goes right above the first special element above it, the elements between
+        that are not formatting elements leave the stack, and the last round (no special element above
+        the clone) pops the clone and what is above it: the special elements stay, with the formatting
+        elements between them (re-created in place; the parser drops those past three)."""
+        if len(self.entries) - position > 256 or not self.is_sure(position):
+            return False
+        specials: list[int] = []
+        for index in range(len(self.special) - 1, -1, -1):
+            found = self.special[index]
+            if found <= position:
+                break
+            if self.entries[found] is not None:
+                specials.append(found)
+        if not specials or len(specials) >= _ADOPTION_ROUNDS:
+            return False
+        if not all(
+            self.is_sure(index) for index in range(position, len(self.entries)) if self.entries[index]
+        ):
+            return False
+        last = specials[0]
+        self.pop_from(last + 1)
+        for index in range(last - 1, position, -1):
+            entry = self.entries[index]
+            if entry is not None and entry[0] not in _SPECIAL_OPEN and entry[0] not in _FORMATTING:
+                self.remove(index, pops_above=False)
+        self.remove(position, pops_above=False)
         return True
 
     def close(self, position: int) -> bool:
@@ -1281,10 +1444,14 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
             elif not is_self_closing(data[start:end].rstrip(b">")):
                 stack.push(name, True)
         elif where != HTML:  # in a <select> (but its end tag) or after a taint: nothing closes
-            if where == SELECT and name == b"select" and not end_tag:
-                found = stack.last(name)  # a <select> in a <select> closes it
-                if found >= 0:
+            if where == SELECT and name in _LEAVES_SELECT and not end_tag:
+                found = stack.last(b"select")  # it closes the <select>, then opens in the body
+                if found >= 0 and not stack.limit_after(found):
                     stack.close(found)
+                elif found >= 0:
+                    stack.unsure_from(found)
+                if name == b"textarea":
+                    stack.push(name, True)
             elif not end_tag and name.decode("latin-1") not in _VOID:
                 # Counted as the parser may nest it: after a taint anything; in a <select> what it
                 # does not close itself, and formatting elements (re-created outside when it closes).
@@ -1340,7 +1507,7 @@ def _close_p(stack: _OpenElements, *, sure: bool) -> None:
         if sure:
             stack.close(found)
         else:
-            stack.doubt()
+            stack.unsure_from(found)
 
 
 def _start_tag(stack: _OpenElements, name: bytes, standards: bool) -> None:
@@ -1367,7 +1534,7 @@ def _start_tag(stack: _OpenElements, name: bytes, standards: bool) -> None:
             if stack.settled():
                 stack.close(len(stack.entries) - 1)
             else:
-                stack.doubt()
+                stack.unsure_from(len(stack.entries) - 1)
     elif name == b"table":
         family = stack.last_family()
         if family >= 0 and stack.name_at(family) not in (b"td", b"th", b"caption", b"template"):
@@ -1387,7 +1554,7 @@ def _start_tag(stack: _OpenElements, name: bytes, standards: bool) -> None:
     elif name in (b"option", b"optgroup") and stack.top() == b"option":
         stack.remove(len(stack.entries) - 1)  # it closes the current <option>
     elif name in (b"rb", b"rp", b"rt", b"rtc") and stack.top() in _IMPLIED:
-        stack.doubt()  # its implied end tags pop what is current, or a clone stops them
+        stack.unsure_from(len(stack.entries) - 1)  # its implied end tags may pop what is current
     stack.push(name, name not in _NOT_NESTING)
     if name in _MARKERS:
         stack.marker(True)
@@ -1449,7 +1616,8 @@ def _end_tag(stack: _OpenElements, name: bytes, form_open: bool | None) -> None:
         if found < 0 or stack.limit_after(found):
             return
         if stack.special_after(found):
-            stack.doubt()  # the adoption agency: it moves elements, the depth stays
+            if not stack.adopt(found):  # the adoption agency: it moves elements, the depth stays
+                stack.unsure_from(found)
             return
         stack.close(found)
     elif name == b"form":
@@ -1460,7 +1628,7 @@ def _end_tag(stack: _OpenElements, name: bytes, form_open: bool | None) -> None:
             stack.close(found)
         elif form_open:
             if stack.top() in _IMPLIED:
-                stack.doubt()
+                stack.unsure_from(len(stack.entries) - 1)  # the implied end tags may pop it
             stack.remove(found, pops_above=False)  # only the form leaves the stack
     elif name in _HEADINGS_B:
         found = max(stack.last(heading) for heading in _HEADINGS_B)

@@ -34,17 +34,25 @@ def clones(page: str, *, limit: int | None = None) -> float:
 
 
 def real_depth(page: str) -> int:
-    """The deepest nesting of the tree Lexbor builds for `page` (from its balanced serialisation)."""
-    tree = LexborHTMLParser(page, scripting=True, options=prune._PARSER_OPTIONS)
-    root = tree.root
-    serialized = (root.html or "") if root is not None else ""  # no case has "<" in raw text
-    depth = most = 0
-    for slash, name in _SERIALIZED_TAG.findall(serialized):
-        if name.lower() in prune._VOID:
-            continue
-        depth += -1 if slash else 1
-        most = max(most, depth)
-    return most
+    """The deepest nesting of the tree Lexbor builds for `page`: walked without recursion (raw text may
+    hold "<": `<script></div></script>`), or counted on its serialisation (which shows a template's
+    content, the walk does not), whichever is deeper."""
+    root = LexborHTMLParser(page, scripting=True, options=prune._PARSER_OPTIONS).root
+    deepest = depth = 0
+    for slash, name in _SERIALIZED_TAG.findall((root.html or "") if root is not None else ""):
+        if name.lower() not in prune._VOID:
+            depth += -1 if slash else 1
+            deepest = max(deepest, depth)
+    stack = [(root, 1)] if root is not None else []
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        child = node.child
+        while child is not None:
+            if child.tag not in ("-text", "-comment"):
+                stack.append((child, depth + 1))
+            child = child.next
+    return deepest
 
 
 DEPTH = 600  # the cap the cases run under; each one nests more than twice as deep
@@ -90,6 +98,24 @@ NESTING_TRICKS = {
     "elements written self-closing after a self-closing math": "<math/><desc/>" * REPEAT,
     # In a template's column group the parser ignores a <title>: no raw text hides what follows.
     "a title ignored in a template's column group": "<template><col><title></template>" + "<div>" * REPEAT,
+    # ... nor an <svg>: no foreign content (where CDATA would hide the rest) follows.
+    "an svg ignored in a template's column group": (
+        "<template><col><svg><![CDATA[></template><div>]]></svg></template>" * REPEAT
+    ),
+    # Where an attribute name may start, "=" and a quote are its first character, not a value's start:
+    # `<br =">` is the whole tag (read as a value, the rest hid the <div>s: 16 s a megabyte).
+    "an attribute name starting with =": '<br ="><div>">' * REPEAT,
+    "an = right after a quoted value": '<br a="x"="><div>">' * REPEAT,
+    "an = right after a slash": '<img/="><div>">' * REPEAT,
+    # In a script "<!--" then "<script" double-escapes it: "</script>" there does not end it.
+    "a double-escaped script": "<div><script><!--<script></script></div>--></script>" * REPEAT,
+    # A <select> is left by a nested <select>, an <input>, ...; a <script> in it holds raw text.
+    "a script's end tags read in a select": "<div><select><script></select></div></script></select>" * REPEAT,
+    "a select left by an input": "<div><select><input><script></select></div></script>" * REPEAT,
+    "a select left by a select": "<div><select><select><xmp></select></div></xmp>" * REPEAT,
+    # A table's parts outside a table open nothing: their end tag does not end the <svg> after them.
+    "a row tag before an svg": "<tr/><svg></tr>" * REPEAT,
+    "a caption tag before an svg": "<caption/><svg><option a=/></caption>" * REPEAT,
     # A name ends at HTML whitespace only: "<div\v>" is an element of its own, which "</div>" never
     # closes.
     "vertical tab in a tag name": "<div\v></div>" * REPEAT,
@@ -139,6 +165,10 @@ ORDINARY = {
     ),
     "rows and cells left open, tables closed": "<table><tr><td><div><span>x</table>" * 3000,
     "headings that close each other": "<h2>a<h3>b" * 3000,
+    # Misnested formatting the adoption agency repairs (the element leaves, its clone is popped).
+    "a font around a paragraph's start": "<font size=2><p>x</font>" * 3000,
+    "a bold around a paragraph's start": "<b><p>x</b></p>" * 3000,
+    "an emphasis around a block's start": "<em><div>x</em></div>" * 3000,
     "a form tag in a form": "<form>" + "<form><input>" * 3000,
 }
 
