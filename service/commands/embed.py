@@ -42,14 +42,21 @@ from typing import TYPE_CHECKING, Any
 from service.commands import INTERRUPTED
 from service.commands.embed_state import ParquetParts, merge, output_settings
 from service.commands.resume_state import (
+    INPUT_KEY,
     RUN_FILE,
     InputWalk,
     PartWriter,
     changed,
+    check_has_pages,
     clean_leftovers,
     done_set,
+    holds_parts,
+    input_change,
+    input_identity,
+    leftovers,
     parts_dir,
     pin_settings,
+    pinned_settings,
     remove_parts,
     run_lock,
 )
@@ -65,6 +72,8 @@ if TYPE_CHECKING:
 
 # Bumped when the rows change; run.json pins it, so parts of an older layout are never merged with new.
 ROW_FORMAT = 2
+# The columns every row has: a head's column (`<head>`, `<head>.probs`) must be none of them.
+FIXED_COLUMNS = ("index", "id", "url", "embedding", "tokens", "truncated", "error", "error_message")
 # Failures a later attempt may not repeat: written as rows they would be "done" for good.
 TRANSIENT = frozenset(
     {ErrorCode.SHUTTING_DOWN, ErrorCode.TIMEOUT, ErrorCode.OVERLOADED, ErrorCode.BACKEND_FAILED}
@@ -196,8 +205,8 @@ class _Plan:
     """What the command line asks for, checked, with the settings that determine its rows."""
 
     config: EngineConfig
-    heads: list[str]  # as asked, each once
-    specs: list[HeadSpec]  # those heads' specs, in the checkpoint's order (the columns' order)
+    heads: list[str]  # as asked, each once, in the checkpoint's order
+    specs: list[HeadSpec]  # those heads' specs (the columns' order)
     settings: dict[str, Any]
 
 
@@ -214,7 +223,7 @@ class _Outcome:
 def _check_input(path: Path) -> None:
     """The input exists, can be read and is a kind of page source (`pages.source_kind`: a file of no
     kind it reads is refused here, not after the model loaded)."""
-    from service.core.pages import source_kind
+    from service.core.pages import iter_pages, source_kind
 
     if not path.exists():
         raise OptionError(f"page source {path} does not exist")
@@ -229,7 +238,24 @@ def _check_input(path: Path) -> None:
             raise OptionError(f"page source {path} is neither a file nor a directory")
     except OSError as exc:
         raise OptionError(f"page source {path} cannot be read: {exc.strerror}") from exc
-    source_kind(path)
+    if source_kind(path)[0] == "directory":
+        check_has_pages(path, next(iter_pages(path, limit=1, bad_rows="report"), None))
+
+
+def _check_columns(specs: list[HeadSpec]) -> None:
+    """Refuse heads whose columns would collide with a fixed column (a head named `tokens`, `error`,
+    ...) or with each other's: the output's schema could not hold them, and it would be found
+    only when the first part is written, after the model loaded."""
+    seen = set(FIXED_COLUMNS)
+    for spec in specs:
+        columns = [spec.name, f"{spec.name}.probs"] if spec.kind == "classification" else [spec.name]
+        for column in columns:
+            if column in seen:
+                raise OptionError(
+                    f"head {spec.name!r} would write a column {column!r} the output already has; "
+                    "leave it out with --heads (or rename it in the checkpoint)"
+                )
+            seen.add(column)
 
 
 def _plan(args: argparse.Namespace) -> _Plan:
@@ -272,15 +298,20 @@ def _plan(args: argparse.Namespace) -> _Plan:
     if args.max_length is not None and args.max_length > meta.max_length:
         raise OptionError(f"--max-length {args.max_length} exceeds the checkpoint's {meta.max_length}")
     known = [spec.name for spec in meta.heads]
-    heads = list(dict.fromkeys(args.heads.split(","))) if args.heads else known
-    unknown = [name for name in heads if name not in known]
+    asked = list(dict.fromkeys(args.heads.split(","))) if args.heads else known
+    unknown = [name for name in asked if name not in known]
     if unknown:
         raise HtmllmError(
             f"unknown head(s) {unknown}; this model has {sorted(known)}", code=ErrorCode.UNKNOWN_HEAD
         )
+    # In the checkpoint's order, whatever --heads' order: the same heads are the same run (and columns).
+    heads = [name for name in known if name in asked]
+    specs = [spec for spec in meta.heads if spec.name in heads]
+    _check_columns(specs)
     settings = {
         "row_format": ROW_FORMAT,
         "input": str(args.input.resolve()),
+        INPUT_KEY: input_identity(args.input),
         "limit": args.limit,
         "model": meta.name,
         "tokenizer_sha256": meta.tokenizer_sha256,
@@ -293,7 +324,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
         "dtype": args.dtype,
         "onnx_quantize": config.onnx_quantize,
     }
-    return _Plan(config, heads, [spec for spec in meta.heads if spec.name in heads], settings)
+    return _Plan(config, heads, specs, settings)
 
 
 def _finished(output: Path, settings: dict[str, Any], overwrite: bool) -> bool:
@@ -308,11 +339,12 @@ def _finished(output: Path, settings: dict[str, Any], overwrite: bool) -> bool:
         return True
     if overwrite:
         return False
-    why = (
-        f"was written with other settings ({changed(settings, previous)})"
-        if previous is not None
-        else "was not written by this version of htmllm embed"
-    )
+    if previous is None:
+        why = "was not written by this version of htmllm embed"
+    elif other := changed(settings, previous):
+        why = f"was written with other settings ({other})"
+    else:  # the same options over an input rewritten or grown since: its rows may be stale
+        why = f"was written before its input changed ({input_change(settings, previous)})"
     raise OptionError(f"{output} {why}; pass --overwrite to replace it")
 
 
@@ -345,8 +377,11 @@ def _run(args: argparse.Namespace) -> int:
     output: Path = args.output
     parts = parts_dir(output)
     plan = _plan(args)
-    if _finished(output, plan.settings, args.overwrite) and not parts.exists():
-        print(f"htmllm embed: {output} is complete with these settings; nothing to do", file=sys.stderr)
+    complete = f"htmllm embed: {output} is complete with these settings; nothing to do"
+    # Without the lock only when there is nothing to clean: a run killed while it removed its parts
+    # leaves them whole in a temporary folder, which must not stay there for good.
+    if _finished(output, plan.settings, args.overwrite) and not parts.exists() and not leftovers(output):
+        print(complete, file=sys.stderr)
         return 0
     with run_lock(parts):
         clean_leftovers(output, parts)
@@ -357,8 +392,19 @@ def _run(args: argparse.Namespace) -> int:
                 remove_parts(parts, output)  # only created by this run, to take the lock
             raise
         if finished:
-            remove_parts(parts, output)
-            print(f"htmllm embed: {output} is complete with these settings; nothing to do", file=sys.stderr)
+            # The parts are this run's merged ones (killed before their removal), or an interrupted
+            # --overwrite run's with other settings, which this finished output must not cost.
+            pinned = pinned_settings(parts)
+            if not (parts / RUN_FILE).exists() or pinned == plan.settings or not holds_parts(parts):
+                remove_parts(parts, output)
+                print(complete, file=sys.stderr)
+            else:
+                why = changed(plan.settings, pinned or {}) or "input"
+                print(
+                    f"{complete}; {parts} holds an interrupted run with other settings ({why}), left as "
+                    "it was: run that command again to finish it, or delete it",
+                    file=sys.stderr,
+                )
             return 0
         pin_settings(parts, plan.settings)
         fmt = ParquetParts(_schema(plan.settings["embedding_dim"], plan.specs))

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from service.commands.resume_state import UnreadablePart, complete_parts
+from service.commands.resume_state import TEMP_SUFFIX, UnreadablePart, complete_parts
 from service.core.atomic_files import replaced_atomically
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def merge(parts: Path, output: Path, schema: pa.Schema, documents: int, settings
     ranges = complete_parts(parts, ParquetParts(schema), documents, output)
     metadata = {**(schema.metadata or {}), RUN_METADATA_KEY: json.dumps(settings, sort_keys=True)}
     with (
-        replaced_atomically(output, suffix=".tmp", durable=True) as tmp,
+        replaced_atomically(output, suffix=TEMP_SUFFIX, durable=True) as tmp,
         pq.ParquetWriter(tmp, schema.with_metadata(metadata)) as writer,
     ):
         if documents == 0:

@@ -42,14 +42,18 @@ from typing import IO, TYPE_CHECKING, Any
 
 from service.commands import INTERRUPTED
 from service.commands.resume_state import (
+    INPUT_KEY,
+    TEMP_SUFFIX,
     InputWalk,
     PartWriter,
     RunStateError,
     UnreadablePart,
+    check_has_pages,
     clean_leftovers,
     complete_parts,
     done_set,
     holds_parts,
+    input_identity,
     parts_dir,
     pin_settings,
     remove_parts,
@@ -180,11 +184,14 @@ def _is_input(output: str, source: str) -> bool:
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    """What determines the rows, pinned for a resume: the input, the options that change a row, and the
-    extractor libraries' versions (an upgrade between two attempts would mix two extractors' texts)."""
+    """What determines the rows, pinned for a resume: the input (its path, size and modification time:
+    pages named by position pass the ids' check however the input changed), the options that change a
+    row, and the extractor libraries' versions (an upgrade between two attempts would mix two
+    extractors' texts)."""
     settings: dict[str, Any] = {
         "row_format": ROW_FORMAT,
         "input": str(Path(args.input).resolve()),
+        INPUT_KEY: input_identity(Path(args.input)),
         "limit": args.limit,
         "extractor": args.extractor,
         "min_words": args.min_words,
@@ -376,7 +383,7 @@ def _merge(parts: Path, target: Path, documents: int) -> tuple[int, int]:
     mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else None  # None: as a new file's
     errors = passed = 0
     with (
-        replaced_atomically(target, mode=mode, suffix=".tmp", durable=True) as tmp,
+        replaced_atomically(target, mode=mode, suffix=TEMP_SUFFIX, durable=True) as tmp,
         tmp.open("wb") as out,
     ):
         for _, _, part in ranges:
@@ -435,6 +442,8 @@ def run(args: argparse.Namespace) -> int:
         # Read the first page before the output is opened: a source that does not exist (or cannot be
         # read at all) fails here, not after an old output has been replaced by nothing.
         first = next(pages, None)
+        if args.limit != 0:
+            check_has_pages(Path(args.input), first)
         if first is not None:
             pages = itertools.chain([first], pages)
         if target is None or in_place:

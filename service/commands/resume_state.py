@@ -6,10 +6,15 @@ writing every document twice), `run.json` (the settings that determine the rows:
 would mix two configurations in one file) and the append-only `part-NNNNNN<suffix>` files, each holding
 rows with their input position (`index`) and the page's `id`. Everything is written to a hidden
 temporary name, fsynced and renamed, so a file is complete or absent; the temporaries of a killed run
-(`.<name>.<8 random characters>.tmp`, up to the size of the output for a merge) are removed by the next
-run. On restart the parts' indices are the done-set; the input is walked again, its done pages skipped
-after a check that they are the pages that were done. When every page is done the command merges the
-parts into `<output>` (a file format's own business, see `PartFormat`) and removes the directory.
+(`.<name>.<8 random characters>.htmllm-tmp`, up to the size of the output for a merge, and a removed
+parts directory's `.<output>.<8 characters>.htmllm-trash/parts/`) are removed by the next run. Only
+names with that marker are ever removed beside the output, never a user's `.<output>.<anything>`: an
+older version's unmarked temporaries are left, except a trash folder whose content shows it is one.
+On restart the parts' indices are the done-set; the input is walked again, its done pages skipped after
+a check that they are the pages that were done. `run.json` also pins the input's size and modification
+time (`input_identity`), since a page named by its position, or a file of a directory rewritten under
+the same name, passes that check. When every page is done the command merges the parts into `<output>`
+(a file format's own business, see `PartFormat`) and removes the directory.
 
 A command brings its file format (`PartFormat`: Parquet for embed, JSONL for extract); the rules above
 are the same for both and live only here.
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -44,8 +50,18 @@ RUN_FILE = "run.json"
 LOCK_FILE = "lock"
 # A part's name; temporaries start with "." and never match.
 PART_PREFIX = "part-"
-# mkstemp's names: the prefix, 8 characters of its alphabet, the suffix (none before this version).
-_TEMP_NAME = r"\.{name}\.[a-z0-9_]{{8}}(\.tmp)?"
+# The suffix of every temporary file the bulk commands write (`replaced_atomically(..., suffix=)`) and of
+# a parts directory on its way out: a marker no user's `.<output>.backup` carries, so the next run
+# removes exactly what a killed run left, never a hidden file or folder of the user's beside the output.
+TEMP_SUFFIX = ".htmllm-tmp"
+TRASH_SUFFIX = ".htmllm-trash"
+# mkstemp's and mkdtemp's names: the prefix, 8 characters of their alphabet, the suffix.
+_TEMP_NAME = r"\.{name}\.[a-z0-9_]{{8}}" + re.escape(TEMP_SUFFIX)
+_TRASH_NAME = r"\.{name}\.[a-z0-9_]{{8}}" + re.escape(TRASH_SUFFIX)
+# An older version's trash (`.tmp`, no marker): removed only when its content shows it is one.
+_OLD_TRASH_NAME = r"\.{name}\.[a-z0-9_]{{8}}\.tmp"
+# run.json's key for `input_identity`: compared apart from the options, for a message that says so.
+INPUT_KEY = "input_files"
 
 
 class RunStateError(HtmllmError):
@@ -91,27 +107,127 @@ def holds_parts(parts: Path) -> bool:
 
 
 def changed(settings: dict[str, Any], previous: dict[str, Any]) -> str:
-    """The settings that differ, for a refusal's message."""
-    return ", ".join(
-        sorted(k for k in settings.keys() | previous.keys() if settings.get(k) != previous.get(k))
-    )
+    """The settings that differ, for a refusal's message; the input's identity is `input_change`'s."""
+    keys = settings.keys() | previous.keys()
+    return ", ".join(sorted(k for k in keys - {INPUT_KEY} if settings.get(k) != previous.get(k)))
+
+
+def input_identity(source: Path) -> dict[str, Any]:
+    """What tells the input apart from a rewritten one, cheaply: the size and modification time of each
+    file the source is read from (a JSONL file or a corpus's manifest, one WARC or HTML file, or every
+    file under a directory of pages), summed up with a digest of the list. Read from the file system
+    alone, never the content: a resume of a 100 GB dump must not read it twice. The files a JSONL row or
+    a manifest names are not covered (finding them would read the whole JSONL); their ids are checked.
+    """
+    from service.core.pages import source_kind
+
+    kind, path = source_kind(source)
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if kind == "directory" else [path]
+    digest = hashlib.sha256()
+    total = latest = 0
+    for file in files:
+        stat = file.stat()
+        total += stat.st_size
+        latest = max(latest, stat.st_mtime_ns)
+        name = str(file.relative_to(path)) if kind == "directory" else file.name
+        digest.update(f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
+    return {"files": len(files), "bytes": total, "mtime_ns": latest, "sha256": digest.hexdigest()}
+
+
+def input_change(settings: dict[str, Any], previous: dict[str, Any]) -> str | None:
+    """How the input's identity differs from `previous`'s, for a refusal's message; None if it does not."""
+    now, then = settings.get(INPUT_KEY), previous.get(INPUT_KEY)
+    if now == then:
+        return None
+    if not isinstance(then, dict) or not isinstance(now, dict):
+        return "the earlier run recorded no size and modification time of its input (an older version)"
+
+    def show(identity: dict[str, Any]) -> str:
+        modified = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(identity.get("mtime_ns", 0) / 1e9))
+        return f"{identity.get('files')} file(s), {identity.get('bytes')} bytes, last modified {modified}"
+
+    if show(then) == show(now):
+        return f"{show(now)}, but a file was replaced or modified"
+    return f"it was {show(then)}, now {show(now)}"
+
+
+def check_has_pages(source: Path, first: Page | None) -> None:
+    """Refuse a directory of pages (no manifest) that yields none (`first`: its first page), as
+    `pages` refuses one holding only JSONL files: an empty output and exit 0 would pass for a finished
+    run over a folder not synced yet, or one of files of no kind the commands read."""
+    from service.core.pages import PageSourceError, source_kind
+
+    if first is None and source_kind(source)[0] == "directory":
+        raise PageSourceError(
+            f"page source {source} holds no pages: no .html or .htm file (optionally .gz) and no WARC "
+            "file with an HTML record"
+        )
 
 
 def _write_json(settings: dict[str, Any], path: Path) -> None:
-    with replaced_atomically(path, suffix=".tmp", durable=True) as tmp:
+    with replaced_atomically(path, suffix=TEMP_SUFFIX, durable=True) as tmp:
         tmp.write_text(json.dumps(settings, sort_keys=True), encoding="utf-8")
 
 
+def _is_parts_entry(name: str) -> bool:
+    """A name a parts directory holds: its lock, run.json, parts, or their temporaries."""
+    return name in (LOCK_FILE, RUN_FILE) or name.startswith((PART_PREFIX, f".{PART_PREFIX}", ".run."))
+
+
+def _is_dead_trash(entry: Path, *, marked: bool) -> bool:
+    """Whether `entry` is a parts directory on its way out (`remove_parts`) that no live run removes:
+    a real folder holding nothing but `parts/`, which holds only what a parts directory does, with its
+    lock not held; or, with this version's marker in its name (`marked`), nothing (killed before the
+    rename: an older version's empty one is not told from a user's empty folder)."""
+    if entry.is_symlink() or not entry.is_dir():
+        return False
+    inside = list(entry.iterdir())
+    if not inside:
+        return marked
+    if len(inside) != 1 or inside[0].name != "parts" or inside[0].is_symlink() or not inside[0].is_dir():
+        return False
+    if not all(_is_parts_entry(name) for name in os.listdir(inside[0])):
+        return False
+    try:
+        fd = os.open(inside[0] / LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False  # a run removing it right now
+    finally:
+        os.close(fd)
+    return True
+
+
+def leftovers(output: Path) -> list[Path]:
+    """The temporaries of killed runs beside `output`: a merge's, a parts directory's on its way out.
+    Exactly the names this module writes (and an older version's trash of the same shape): a user's
+    `.results.parquet.original` or `.results.parquet.snapshot/` is never among them."""
+    name = re.escape(output.name)
+    temp = re.compile(_TEMP_NAME.format(name=name))
+    trash = re.compile(_TRASH_NAME.format(name=name))
+    old_trash = re.compile(_OLD_TRASH_NAME.format(name=name))
+
+    def ours(entry: Path) -> bool:
+        if temp.fullmatch(entry.name):
+            return entry.is_symlink() or not entry.is_dir()
+        if trash.fullmatch(entry.name):
+            return _is_dead_trash(entry, marked=True)
+        return old_trash.fullmatch(entry.name) is not None and _is_dead_trash(entry, marked=False)
+
+    return [entry for entry in output.parent.iterdir() if ours(entry)]
+
+
 def clean_leftovers(output: Path, parts: Path) -> None:
-    """Remove the temporaries of killed runs: a merge's beside the output, a part's or run.json's in
+    """Remove the temporaries of killed runs: `leftovers` beside the output, a part's or run.json's in
     `parts`. Only under the lock, since a live run's temporaries have the same names."""
-    pattern = re.compile(_TEMP_NAME.format(name=re.escape(output.name)))
-    for entry in output.parent.iterdir():
-        if pattern.fullmatch(entry.name):
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)  # a parts directory removed after its merge, cut short
-            else:
-                entry.unlink()
+    for entry in leftovers(output):
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)  # a parts directory removed after its merge, cut short
+        else:
+            entry.unlink(missing_ok=True)
     for entry in parts.iterdir():
         if entry.name.startswith((f".{PART_PREFIX}", ".run.")):
             entry.unlink()
@@ -153,9 +269,19 @@ def run_lock(parts: Path, *, parents: bool = True) -> Iterator[None]:
     raise RunStateError(f"{parts} keeps being removed while this run locks it; is another run finishing?")
 
 
+def pinned_settings(parts: Path) -> dict[str, Any] | None:
+    """The settings in `parts/run.json`; None when there is none, or it cannot be read as settings."""
+    try:
+        previous = json.loads((parts / RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return previous if isinstance(previous, dict) else None
+
+
 def pin_settings(parts: Path, settings: dict[str, Any]) -> None:
-    """Pin the run's settings in run.json; a resume with other settings is refused once a part exists
-    (before that nothing depends on them, and a typo's run.json must not lock the output)."""
+    """Pin the run's settings in run.json; a resume with other settings, or over an input that changed
+    (`INPUT_KEY`), is refused once a part exists (before that nothing depends on them, and a typo's
+    run.json must not lock the output)."""
     pin = parts / RUN_FILE
     if pin.is_file() and holds_parts(parts):
         try:
@@ -163,9 +289,13 @@ def pin_settings(parts: Path, settings: dict[str, Any]) -> None:
         except (OSError, ValueError) as exc:
             raise RunStateError(f"{pin} cannot be read ({exc}); delete {parts} to start over") from exc
         if previous != settings:
+            if other := changed(settings, previous):
+                raise RunStateError(
+                    f"{parts} holds a run with other settings ({other}); delete it to start over"
+                )
             raise RunStateError(
-                f"{parts} holds a run with other settings ({changed(settings, previous)}); "
-                "delete it to start over"
+                f"input changed since the interrupted run ({input_change(settings, previous)}); "
+                f"delete {parts} to start over"
             )
         return
     _write_json(settings, pin)
@@ -242,7 +372,7 @@ class PartWriter:
         if not rows:
             return
         path = self.parts / f"{PART_PREFIX}{self.next_part:06d}{self.fmt.suffix}"
-        with replaced_atomically(path, suffix=".tmp", durable=True) as tmp:
+        with replaced_atomically(path, suffix=TEMP_SUFFIX, durable=True) as tmp:
             self.fmt.write(rows, tmp)
         self.next_part += 1
 
@@ -277,6 +407,6 @@ def complete_parts(parts: Path, fmt: PartFormat, documents: int, output: Path) -
 def remove_parts(parts: Path, output: Path) -> None:
     """Remove `parts` in one rename, then delete it: a kill in between leaves a temporary that the next
     run removes, never a parts directory missing some parts."""
-    trash = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp"))
+    trash = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=TRASH_SUFFIX))
     os.replace(parts, trash / "parts")
     shutil.rmtree(trash)

@@ -18,12 +18,16 @@ is chosen and the checkpoint ships no `model.onnx`.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import errno
+import fcntl
 import logging
 import os
+import re
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -269,9 +273,58 @@ def ensure_onnx(
     logger.info("exporting %s to ONNX at %s", root, beside)
     checkpoint = load_checkpoint(root)  # after the fingerprint: a change in between reads as stale later
     try:
-        return export_onnx(checkpoint, beside, quantize=quantize, fingerprint=fingerprint)
+        return _export_locked(checkpoint, beside, quantize=quantize, fingerprint=fingerprint)
     except OSError as exc:
         if onnx_path is not None or exc.errno not in _NOT_WRITABLE:
             raise
         logger.info("%s cannot be written (%s); exporting the ONNX graph to %s", beside.parent, exc, cached)
-    return export_onnx(checkpoint, cached, quantize=quantize, fingerprint=fingerprint)
+    return _export_locked(checkpoint, cached, quantize=quantize, fingerprint=fingerprint)
+
+
+def _export_locked(checkpoint: Checkpoint, target: Path, *, quantize: str | None, fingerprint: str) -> Path:
+    """`export_onnx` under an exclusive lock on the target's directory: processes starting on one
+    checkpoint export it once (the one that waited finds the graph up to date), and the temporaries of
+    an export killed with `kill -9` (as large as the graph, and never removed by anyone else) can be
+    removed, since under the lock none is a live export's."""
+    with contextlib.suppress(OSError):  # export_onnx creates it, or says why it cannot
+        target.parent.mkdir(parents=True, exist_ok=True)
+    with _directory_lock(target.parent) as locked:
+        if locked:
+            if _up_to_date(target, fingerprint, quantize):
+                return target
+            _remove_stale_temporaries(target)
+        return export_onnx(checkpoint, target, quantize=quantize, fingerprint=fingerprint)
+
+
+@contextlib.contextmanager
+def _directory_lock(directory: Path) -> Iterator[bool]:
+    """Hold `flock` on `directory` (waiting for another holder); yields whether it is held. Not held
+    where the directory cannot be opened or locked (missing, a file system without flock): the export
+    then runs as it did before the lock, and no temporary is removed."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        fd = None
+    if fd is None:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            locked = True
+        except OSError:
+            locked = False
+        yield locked
+    finally:
+        os.close(fd)  # lets the lock go
+
+
+def _remove_stale_temporaries(target: Path) -> None:
+    """Remove `export_onnx`'s temporaries for `target` (`.<name>.<8 characters>.onnx`, and `_quantize`'s
+    `.float.onnx` beside them) and nothing else; best effort, since the export itself does not need it."""
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.[a-z0-9_]{{8}}(\.float)?\.onnx")
+    with contextlib.suppress(OSError):
+        for entry in target.parent.iterdir():
+            if pattern.fullmatch(entry.name) and (entry.is_symlink() or not entry.is_dir()):
+                logger.info("removing %s, left by an ONNX export that was killed", entry)
+                entry.unlink(missing_ok=True)

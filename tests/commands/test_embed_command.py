@@ -1,17 +1,26 @@
-"""`htmllm embed` and the page cap: a row over it is that row's error, payload_too_large, as the Engine
-would have answered for the page (the rest of the command is tested in tests/engine)."""
+"""`htmllm embed`: the page cap (a row over it is that row's error, payload_too_large, as the Engine
+would have answered for the page), and what a run may remove or resume (the rest is in tests/engine)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
 from service.cli import main
+from service.commands import embed as embed_command
+from service.commands import resume_state
 from service.core import pages
-from tests.factories.checkpoint import build_tiny_checkpoint
+from service.core.checkpoint import CheckpointMeta, save_checkpoint
+from service.core.modeling import HeadSpec, TaskHead
+from service.core.prune import PRUNE_VERSION
+from tests.factories.checkpoint import build_tiny_checkpoint, build_tiny_model
+from tests.factories.cli import write_pages
+from tests.factories.tokenizer import build_tiny_tokenizer
 
 
 def test_a_row_over_the_cap_is_a_payload_too_large_row(
@@ -35,3 +44,247 @@ def test_a_row_over_the_cap_is_a_payload_too_large_row(
     assert table["id"].to_pylist() == ["a", "1", "big", "no-html"]
     assert table["error"].to_pylist() == [None, "payload_too_large", "payload_too_large", "validation_error"]
     assert "line 2 has more than 4096 bytes" in table["error_message"][1].as_py()
+
+
+# --- resuming: what a run may remove, and when it may go on (tests/engine has the rest) ---
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("embed") / "tiny")
+
+
+def _args(checkpoint: Path, source: Path, output: Path, *options: str) -> list[str]:
+    return ["embed", "--checkpoint", str(checkpoint), "--input", str(source), "--output", str(output),
+            "--no-progress", "--preprocess-pool", "thread", "--workers", "1", *options]  # fmt: skip
+
+
+def _stop_before_merge(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
+    """Run until every part is written and stop as a kill before the merge would (Ctrl-C there)."""
+
+    def interrupted(*_: object) -> int:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(embed_command, "merge", interrupted)
+        assert main(args) == 130
+
+
+def _not_loaded(*_: object, **__: object) -> object:
+    raise AssertionError("the model was loaded before the options were checked")
+
+
+def test_a_run_removes_only_its_own_leftovers_never_a_users_hidden_files(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    """`.<output>.<8 characters>` was taken for a killed run's temporary: a user's backup file, or a
+    snapshot folder (removed whole), went with it."""
+    write_pages(tmp_path / "pages.jsonl", 3)
+    out = tmp_path / "out.parquet"
+    (tmp_path / ".out.parquet.original").write_bytes(b"PAR1 a backup")
+    (tmp_path / ".out.parquet.snapshot").mkdir()
+    (tmp_path / ".out.parquet.snapshot" / "file").write_text("data")
+    (tmp_path / ".out.parquet.original.tmp").write_text("a user's, named as an older version's temporary")
+    (tmp_path / ".out.parquet.archived.tmp").mkdir()  # a folder of another shape than a parts' trash
+    (tmp_path / ".out.parquet.archived.tmp" / "parts").mkdir()
+    (tmp_path / ".out.parquet.archived.tmp" / "parts" / "thesis.tex").write_text("mine")
+    users = sorted(p.name for p in tmp_path.iterdir())
+    # What killed runs leave: a merge's temporary, a trash of this version and one of an older version.
+    (tmp_path / ".out.parquet.k3_x9abz.htmllm-tmp").write_bytes(b"PAR1" * 100)
+    (tmp_path / ".out.parquet.zz001122.htmllm-trash" / "parts").mkdir(parents=True)
+    (tmp_path / ".out.parquet.zz001122.htmllm-trash" / "parts" / "part-000000.parquet").write_bytes(b"x")
+    (tmp_path / ".out.parquet.zz003344.tmp" / "parts").mkdir(parents=True)
+    (tmp_path / ".out.parquet.zz003344.tmp" / "parts" / "lock").write_text("pid 1")
+    # A trash another run is removing right now (its lock held): not touched.
+    live = tmp_path / ".out.parquet.live0000.htmllm-trash" / "parts"
+    live.mkdir(parents=True)
+    with (live / "lock").open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert main(_args(checkpoint, tmp_path / "pages.jsonl", out)) == 0
+    assert (tmp_path / ".out.parquet.snapshot" / "file").read_text() == "data"
+    assert (tmp_path / ".out.parquet.original").read_bytes() == b"PAR1 a backup"
+    assert (tmp_path / ".out.parquet.archived.tmp" / "parts" / "thesis.tex").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [*users, ".out.parquet.live0000.htmllm-trash", "out.parquet"]
+    )
+
+
+def test_an_interrupted_overwrite_with_other_settings_survives_a_run_of_the_finished_settings(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_pages(tmp_path / "pages.jsonl", 4)
+    out = tmp_path / "out.parquet"
+    finished = _args(checkpoint, tmp_path / "pages.jsonl", out)
+    assert main(finished) == 0
+    other = [*finished, "--max-length", "64", "--overwrite", "--part-size", "1"]
+    _stop_before_merge(monkeypatch, other)
+    parts = tmp_path / "out.parquet.parts"
+    before = sorted(p.name for p in parts.glob("part-*"))
+    assert len(before) == 4
+    capsys.readouterr()
+    assert main(finished) == 0
+    err = capsys.readouterr().err
+    assert (
+        "nothing to do" in err and f"{parts} holds an interrupted run with other settings (max_length)" in err
+    )
+    assert err.count("\n") == 1
+    assert sorted(p.name for p in parts.glob("part-*")) == before
+    assert main(other) == 0  # and it goes on from its parts
+    assert "(0 failed this run)" in capsys.readouterr().err and not parts.exists()
+    assert pq.read_table(out).num_rows == 4
+
+
+def test_a_resume_over_an_input_rewritten_without_ids_is_refused(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows without ids are named by position: the ids' check cannot tell another input of as many rows."""
+    source = tmp_path / "pages.jsonl"
+    source.write_text("".join(json.dumps({"html": f"<p>page {i}</p>"}) + "\n" for i in range(4)))
+    out = tmp_path / "out.parquet"
+    args = _args(checkpoint, source, out, "--part-size", "1")
+    _stop_before_merge(monkeypatch, args)
+    size = source.stat().st_size
+    source.write_text("".join(json.dumps({"html": f"<p>another page, {i}</p>"}) + "\n" for i in range(4)))
+    capsys.readouterr()
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert f"input changed since the interrupted run (it was 1 file(s), {size} bytes" in err, err
+    assert "delete" in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_a_resume_over_a_page_file_edited_under_its_name_is_refused(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pages_dir = tmp_path / "site"
+    pages_dir.mkdir()
+    for name in ("a.html", "b.html", "c.html"):
+        (pages_dir / name).write_text(f"<p>the page {name}</p>")
+    out = tmp_path / "out.parquet"
+    args = _args(checkpoint, pages_dir, out, "--part-size", "1")
+    _stop_before_merge(monkeypatch, args)
+    edited = pages_dir / "a.html"
+    edited.write_text("<p>the page a.htmX</p>")  # as long as it was: only its modification time tells
+    stat = edited.stat()
+    os.utime(edited, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    capsys.readouterr()
+    assert main(args) == 1
+    assert "input changed since the interrupted run (3 file(s)" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_finished_output_whose_input_grew_is_not_complete(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "pages.jsonl"
+    write_pages(source, 3)
+    out = tmp_path / "out.parquet"
+    args = _args(checkpoint, source, out)
+    assert main(args) == 0
+    with source.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"id": "new", "html": "<p>a page added later</p>"}) + "\n")
+    capsys.readouterr()
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "was written before its input changed (it was 1 file(s)" in err and "pass --overwrite" in err
+    assert main([*args, "--overwrite"]) == 0
+    assert pq.read_table(out)["id"].to_pylist() == ["p0", "p1", "p2", "new"]
+
+
+def test_a_kill_while_the_parts_are_removed_leaves_nothing_after_the_next_run(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parts are moved into a temporary folder, then deleted: a kill in between left a full copy of
+    them that the next run, finding the output complete, never looked at."""
+    write_pages(tmp_path / "pages.jsonl", 3)
+    out = tmp_path / "out.parquet"
+    args = _args(checkpoint, tmp_path / "pages.jsonl", out, "--part-size", "1")
+
+    def killed(*_: object, **__: object) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(resume_state.shutil, "rmtree", killed)
+        assert main(args) == 130
+    assert out.exists() and not (tmp_path / "out.parquet.parts").exists()
+    assert len(list(tmp_path.glob(".out.parquet.*"))) == 1  # the parts, on their way out
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "nothing to do" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.parquet", "pages.jsonl"]
+
+
+def _checkpoint_with_heads(path: Path, *specs: HeadSpec) -> Path:
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model(heads=False)
+    for spec in specs:
+        model.add_head(TaskHead(spec, model.embedding_dim))
+    meta = CheckpointMeta(
+        name="collide", pooling="cls", prune_version=PRUNE_VERSION, tokenizer_sha256=tokenizer.sha256,
+        max_length=128, embedding_dim=model.embedding_dim, training={},
+    )  # fmt: skip
+    save_checkpoint(path, model, tokenizer, meta)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("specs", "message"),
+    [
+        (
+            [HeadSpec(name="tokens", kind="regression", hidden=16)],
+            "head 'tokens' would write a column 'tokens'",
+        ),
+        (
+            [HeadSpec(name="error", kind="classification", labels=["a", "b"], hidden=16)],
+            "head 'error' would write a column 'error'",
+        ),
+        ([HeadSpec(name="index", kind="regression", hidden=16)], "head 'index' would write a column 'index'"),
+    ],
+)
+def test_a_head_named_like_another_column_is_one_line_before_the_model_loads(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    specs: list[HeadSpec],
+    message: str,
+) -> None:
+    from service.engine import Engine
+
+    ckpt = _checkpoint_with_heads(tmp_path / "ckpt", *specs)
+    write_pages(tmp_path / "pages.jsonl", 2)
+    monkeypatch.setattr(Engine, "from_checkpoint", _not_loaded)
+    capsys.readouterr()
+    assert main(_args(ckpt, tmp_path / "pages.jsonl", tmp_path / "out.parquet")) == 1
+    err = capsys.readouterr().err
+    assert message in err and "validation_error" in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "pages.jsonl"]
+
+
+def test_the_order_of_heads_does_not_matter_to_a_resume(
+    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_pages(tmp_path / "pages.jsonl", 3)
+    out = tmp_path / "out.parquet"
+    args = _args(checkpoint, tmp_path / "pages.jsonl", out, "--part-size", "1")
+    _stop_before_merge(monkeypatch, [*args, "--heads", "quality,page_type"])
+    assert main([*args, "--heads", "page_type,quality"]) == 0
+    assert main([*args, "--heads", "quality,page_type"]) == 0  # complete with these settings
+    assert pq.read_table(out).column_names[-3:] == ["page_type", "page_type.probs", "quality"]
+
+
+@pytest.mark.parametrize("files", [[], ["notes.txt"]])
+def test_a_directory_without_pages_is_refused_before_the_model_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, files: list[str]
+) -> None:
+    """As `htmllm extract` refuses it: an empty output and exit 0 would pass for a finished run."""
+    from service.engine import Engine
+
+    source = tmp_path / "site"
+    source.mkdir()
+    for name in files:
+        (source / name).write_text("not a page")
+    monkeypatch.setattr(Engine, "from_checkpoint", _not_loaded)
+    assert main(_args(tmp_path / "no-checkpoint-needed", source, tmp_path / "out.parquet")) == 1
+    err = capsys.readouterr().err
+    assert f"page source {source} holds no pages" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out.parquet").exists() and not (tmp_path / "out.parquet.parts").exists()

@@ -240,12 +240,48 @@ def test_a_resume_over_an_input_that_changed_is_refused(
     output = tmp_path / "results.jsonl"
     args = _args(source, output, "--part-size", "2")
     _stop_before_merge(monkeypatch, args)
+    size = source.stat().st_size
     source.write_text("".join(json.dumps({"id": f"new{i}"}) + "\n" for i in range(4)))
+    capsys.readouterr()
     assert main(args) == 1
-    assert (
-        "input changed since the interrupted run: document 0 was 'r0', now 'new0'" in capsys.readouterr().err
-    )
+    err = capsys.readouterr().err
+    assert f"input changed since the interrupted run (it was 1 file(s), {size} bytes, last modified" in err
     assert not output.exists()
+
+
+def test_a_resume_over_an_input_of_pages_without_ids_rewritten_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows without ids are named by position: only the input's size and modification time tell."""
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"file": f"missing{i}.html"}) + "\n" for i in range(4)))
+    output = tmp_path / "results.jsonl"
+    args = _args(source, output, "--part-size", "2")
+    _stop_before_merge(monkeypatch, args)
+    source.write_text("".join(json.dumps({"file": f"other{i}.html"}) + "\n" for i in range(4)))
+    capsys.readouterr()
+    assert main(args) == 1
+    assert "input changed since the interrupted run (" in capsys.readouterr().err
+    assert not output.exists()
+
+
+@pytest.mark.parametrize("files", [[], ["notes.txt"]])
+def test_a_directory_without_pages_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], files: list[str]
+) -> None:
+    """As a directory of JSONL files only is: an empty output and exit 0 would pass for a finished run."""
+    source = tmp_path / "site"
+    source.mkdir()
+    for name in files:
+        (source / name).write_text("not a page")
+    output = tmp_path / "results.jsonl"
+    output.write_text(OLD)
+    assert main(_args(source, output)) == 1
+    assert capsys.readouterr().err == (
+        f"htmllm extract: page source {source} holds no pages: no .html or .htm file (optionally .gz) and "
+        "no WARC file with an HTML record\n"
+    )
+    assert output.read_text() == OLD and not (tmp_path / "results.jsonl.parts").exists()
 
 
 def test_a_part_cut_short_is_extracted_again(

@@ -478,13 +478,15 @@ def test_leftovers_of_a_killed_merge_are_removed_by_the_resume(
     out = tmp_path / "out.parquet"
     args = _args(tiny_checkpoint, tmp_path / "pages.jsonl", out)
     _stop_before_merge(monkeypatch, args)
-    # A merge killed half way (this version's temporary, an older version's) and a file not ours.
-    for name in (".out.parquet.k3_x9abz.tmp", ".out.parquet.a1b2c3d4", ".out.parquet.notes"):
+    # A merge killed half way (this version's temporary), files that are not surely ours (an older
+    # version's temporaries looked like a user's `.out.parquet.original`: kept) and one that is not.
+    kept = (".out.parquet.k3_x9abz.tmp", ".out.parquet.a1b2c3d4", ".out.parquet.notes")
+    for name in (".out.parquet.k3_x9abz.htmllm-tmp", *kept):
         (tmp_path / name).write_bytes(b"PAR1" * 1000)
     trash = tmp_path / ".out.parquet.zz001122.tmp" / "parts"  # a removal of the parts killed half way
     trash.mkdir(parents=True)
     assert main(args) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.parquet.notes", "out.parquet", "pages.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*kept, "out.parquet", "pages.jsonl"])
 
 
 def test_an_input_that_shrank_since_the_interrupted_run_is_refused(
@@ -499,7 +501,7 @@ def test_an_input_that_shrank_since_the_interrupted_run_is_refused(
         "".join(source.read_text(encoding="utf-8").splitlines(keepends=True)[:4]), encoding="utf-8"
     )
     assert main(args) == 1
-    assert "input changed since the interrupted run: it now ends after 4 documents" in capsys.readouterr().err
+    assert "input changed since the interrupted run (it was " in capsys.readouterr().err
     assert not out.exists()
 
 

@@ -284,3 +284,34 @@ def test_export_runs_on_a_copy_leaving_the_callers_model_as_it_was(
         export_onnx(ckpt, tmp_path / "model.onnx")
     assert seen == [(False, "sdpa")]
     assert ckpt.model.encoder.config._attn_implementation == "eager"
+
+
+def test_an_export_removes_the_temporaries_of_a_killed_export_and_nothing_else(
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`kill -9` during an export leaves its temporary (as large as the graph) in the checkpoint; the next
+    export, holding the directory's lock, removes those of its own naming only."""
+    from service.engine import onnx_export
+
+    root = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, root)
+    stale = [".model.onnx.k3_x9abz.onnx", ".model.onnx.k3_x9abz.float.onnx", ".model.int8.onnx.ab12cd34.onnx"]
+    kept = [
+        ".model.onnx.notes",
+        "model.onnx.bak",
+        ".model.onnx.original.onnx.txt",
+        ".other.onnx.ab12cd34.onnx",
+    ]
+    for name in stale + kept:
+        (root / name).write_bytes(b"graph")
+    seen: list[list[str]] = []
+
+    def export(checkpoint: object, out: Path, **kwargs: object) -> Path:
+        seen.append(sorted(p.name for p in Path(out).parent.iterdir()))
+        return Path(out)
+
+    monkeypatch.setattr(onnx_export, "export_onnx", export)
+    assert ensure_onnx(root) == root / "model.onnx"
+    assert not {*stale[:2]} & {*seen[0]} and stale[2] in seen[0]  # another graph's: its own export's
+    assert ensure_onnx(root, quantize="int8") == root / "model.int8.onnx"
+    assert sorted(p.name for p in root.iterdir() if p.name in stale + kept) == sorted(kept)
