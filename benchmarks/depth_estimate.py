@@ -54,7 +54,9 @@ KNOWN = {
     "a font between a table and its rows": "<table><font size=2><tr><td>x<td>y</tr></table>",
     "misnested: a font around a paragraph's start": "<font size=2><p>x</font>",
     "an attribute name starting with = hides a tag from a regex": '<br ="><div>">',
-    "a double-escaped script hides end tags from a regex": "<div><script><!--<script></script></div>--></script>",
+    "a double-escaped script hides end tags from a regex": (
+        "<div><script><!--<script></script></div>--></script>"
+    ),
 }
 
 

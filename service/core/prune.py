@@ -861,6 +861,7 @@ def _tag_tokens(
     zone = HTML
     zone_name = b""
     opened: dict[bytes, int] = {}  # the foreign elements open in the zone, by name
+    zone_open: list[bytes] = []  # the same, in the order they opened
     html_names: set[bytes] = set()  # the names of the HTML start tags read so far
     parent: bytes | None = None  # the HTML start tag just read; in a zone, the one just before it
     previous: bytes | None = None
@@ -908,7 +909,7 @@ def _tag_tokens(
                 yield end_tag, name, start, position, TAINTED
                 continue
         if zone == FOREIGN:
-            self_closing = is_self_closing(tag.group(3))
+            self_closing = not end_tag and is_self_closing(tag.group(3))  # an end tag's "/" is nothing
             if (end_tag and name in (b"br", b"p")) or (not end_tag and _breaks_out(name, tag.group(3))):
                 zone = HTML  # the parser leaves foreign content for this tag and what follows
             elif end_tag and not opened.get(name):
@@ -920,15 +921,25 @@ def _tag_tokens(
                     zone = HTML
                     yield end_tag, name, start, position, HTML
                     continue
-                if name not in html_names:
+                if name not in html_names and not (
+                    (name in _HEADINGS_B and html_names & _HEADINGS_B)  # `</h1>` closes any heading
+                    or (name in _IMPLIED_BY_TABLES and b"table" in html_names)  # or one the parser made
+                ):
                     yield end_tag, name, start, position, FOREIGN
                     continue
                 zone = TAINTED
                 yield end_tag, name, start, position, TAINTED
                 continue
             else:
-                if not self_closing:
-                    opened[name] = opened.get(name, 0) + (-1 if end_tag else 1)
+                if end_tag:  # the parser pops its last element of the name and what is above it
+                    while zone_open:
+                        popped = zone_open.pop()
+                        opened[popped] -= 1
+                        if popped == name:
+                            break
+                elif not self_closing:
+                    zone_open.append(name)
+                    opened[name] = opened.get(name, 0) + 1
                 if name == zone_name and not self_closing and not opened[name]:
                     zone = HTML  # the zone's own end tag: yielded as HTML, and read so after
                 elif not end_tag and not self_closing and name in _ZONES[zone_name]:
@@ -990,7 +1001,7 @@ def _tag_tokens(
             template_first = False
             template_cols += name == b"col"
         template_first = name == b"template"
-        if template_cols and (name in _RAW_TEXT or name == b"plaintext" or name in _ZONES):
+        if template_cols and (name in _RAW_TEXT or name in (b"plaintext", b"select") or name in _ZONES):
             continue  # there the parser ignores every other start tag: no raw text or zone follows
         if name in _RAW_TEXT:
             closer = _raw_text_end(lowered, name, position)
@@ -1005,6 +1016,7 @@ def _tag_tokens(
             return
         elif name in _ZONES and not is_self_closing(tag.group(3)):  # `<svg/>` opens nothing
             zone, zone_name, opened, parent = FOREIGN, name, {name: 1}, previous
+            zone_open = [name]
         elif name == b"select":
             zone, select_limit = SELECT, False
         elif name == b"frameset":
@@ -1013,6 +1025,8 @@ def _tag_tokens(
             zone = TAINTED
 
 
+# Elements the parser makes without a start tag in a table: their end tags may close them.
+_IMPLIED_BY_TABLES = frozenset((b"tbody", b"tr", b"colgroup"))
 # Start tags that take the parser out of a <select> (it closes it first), and the raw-text elements it
 # builds in one (as in the document's head).
 _LEAVES_SELECT = frozenset((b"select", b"input", b"keygen", b"textarea"))
@@ -1115,7 +1129,8 @@ _STARTS_WITH_MORE = (
     | _VOID_B
     | _MARKERS
     | frozenset(_ZONES)
-    | {b"table", b"button", b"a", b"nobr", b"option", b"optgroup", b"rb", b"rp", b"rt", b"rtc"}
+    | _FORMATTING
+    | {b"table", b"button", b"option", b"optgroup", b"rb", b"rp", b"rt", b"rtc"}
     | {b"html", b"head", b"body", b"form"}
 )
 # End tags that do more than pop their element when it is on top (clear the formatting list to a marker,
@@ -1151,6 +1166,9 @@ class _OpenElements:
         self.dangling: list[dict[bytes, list[int]]] = [{}]
         self.markers: list[int] = [0]
         self.next_marker = 1
+        # Open formatting elements the parser may have taken off its list (a fourth of the name after
+        # the same marker: Noah's Ark, by tag and attributes): their end tag may be ignored.
+        self.off_list: set[int] = set()
         self.markers_known = True
         self.depth = 0
         self.serial = 0
@@ -1277,7 +1295,7 @@ class _OpenElements:
             and all(entry is None or entry[3] for entry in self.entries[-1:])
         )
 
-    def pop_from(self, position: int) -> None:
+    def pop_from(self, position: int, *, hold_first: bool = False) -> None:
         """The parser pops the element at `position` and everything above it (a formatting element
         among those stays counted: the parser may re-create it, `dangling`)."""
         for index in range(len(self.entries) - 1, position - 1, -1):
@@ -1286,7 +1304,8 @@ class _OpenElements:
                 continue
             name, _, counted, _, marker = entry
             self.positions[name].pop()
-            held = self._held_after(marker) if name in _FORMATTING and index > position else None
+            popped_by_another = index > position or hold_first
+            held = self._held_after(marker) if name in _FORMATTING and popped_by_another else None
             if held is not None:
                 held.setdefault(name, []).append(self.serial)
                 if not counted:
@@ -1359,6 +1378,28 @@ class _OpenElements:
                 break
         return None
 
+    def note_formatting(self, name: bytes) -> None:
+        """A formatting element of `name` is about to open: with three of the name after the last marker
+        (open, or popped and held), the parser may drop the earliest from its list (Noah's Ark compares
+        attributes too; by name is the safe side)."""
+        marker = self.markers[-1]
+        listed = [  # open after the marker, and not already taken off the list
+            e[1]
+            for p in self.positions.get(name, ())[-64:]
+            if (e := self.entries[p]) and e[4] == marker and e[1] not in self.off_list
+        ]
+        if listed and len(listed) + self.held(name) >= _NOAHS_ARK:
+            self.off_list.add(listed[0])
+
+    def marker_of(self, position: int) -> int:
+        entry = self.entries[position]
+        assert entry is not None
+        return entry[4]
+
+    def maybe_off_list(self, position: int) -> bool:
+        entry = self.entries[position]
+        return entry is not None and entry[1] in self.off_list
+
     def adopt(self, position: int) -> bool:
         """The adoption agency for the formatting element at `position`, with special elements above it
         (False: where the scan cannot follow it; nothing changes). Round by round the element leaves
@@ -1382,7 +1423,7 @@ class _OpenElements:
         ):
             return False
         last = specials[0]
-        self.pop_from(last + 1)
+        self.pop_from(last + 1, hold_first=True)  # the last round pops the clone's contents
         for index in range(last - 1, position, -1):
             entry = self.entries[index]
             if entry is not None and entry[0] not in _SPECIAL_OPEN and entry[0] not in _FORMATTING:
@@ -1452,6 +1493,12 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
                     stack.unsure_from(found)
                 if name == b"textarea":
                     stack.push(name, True)
+            elif where == SELECT and name in _PIVOTS:
+                # In a <select> in a table, a table's tag closes the select and acts on the table:
+                # what the estimate holds open there is no longer sure.
+                stack.doubt()
+                if not end_tag and name.decode("latin-1") not in _VOID:
+                    stack.push(name, name not in _NOT_NESTING, sure=False)
             elif not end_tag and name.decode("latin-1") not in _VOID:
                 # Counted as the parser may nest it: after a taint anything; in a <select> what it
                 # does not close itself, and formatting elements (re-created outside when it closes).
@@ -1549,12 +1596,21 @@ def _start_tag(stack: _OpenElements, name: bytes, standards: bool) -> None:
         if found >= 0 and not stack.limit_after(found):
             stack.close(found)
     elif name in (b"a", b"nobr"):
-        if stack.last(name) >= 0 or stack.held(name):
+        found = stack.last(name)
+        if found >= 0 and (not stack.markers_known or stack.marker_of(found) != stack.markers[-1]):
+            # The open one is before the last marker (one a table may have left, popping its
+            # <applet>): the parser runs no adoption agency, and this one nests in it.
+            stack.note_formatting(name)
+            stack.push(name, True)
+            return
+        if found >= 0 or stack.held(name):
             stack.doubt()  # the adoption agency runs for the one open
     elif name in (b"option", b"optgroup") and stack.top() == b"option":
         stack.remove(len(stack.entries) - 1)  # it closes the current <option>
     elif name in (b"rb", b"rp", b"rt", b"rtc") and stack.top() in _IMPLIED:
         stack.unsure_from(len(stack.entries) - 1)  # its implied end tags may pop what is current
+    if name in _FORMATTING:
+        stack.note_formatting(name)
     stack.push(name, name not in _NOT_NESTING)
     if name in _MARKERS:
         stack.marker(True)
@@ -1616,7 +1672,9 @@ def _end_tag(stack: _OpenElements, name: bytes, form_open: bool | None) -> None:
         if found < 0 or stack.limit_after(found):
             return
         if stack.special_after(found):
-            if not stack.adopt(found):  # the adoption agency: it moves elements, the depth stays
+            # The adoption agency (it moves elements, the depth stays); or, for one the parser may
+            # have taken off its list, the rule of other end tags (a special element above: ignored).
+            if stack.maybe_off_list(found) or not stack.adopt(found):
                 stack.unsure_from(found)
             return
         stack.close(found)

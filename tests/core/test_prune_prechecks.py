@@ -116,6 +116,25 @@ NESTING_TRICKS = {
     # A table's parts outside a table open nothing: their end tag does not end the <svg> after them.
     "a row tag before an svg": "<tr/><svg></tr>" * REPEAT,
     "a caption tag before an svg": "<caption/><svg><option a=/></caption>" * REPEAT,
+    # Sixth review (helper 38). A fourth <b> takes the first off the list (Noah's Ark): its end tag,
+    # with a special element above, is then ignored, not an adoption agency.
+    "a formatting element Noah's Ark took off the list": "<b><b><b><b></b></b></b><span><div></b></div>"
+    * REPEAT,
+    # In a template's column group a <select> is ignored too: its <script> holds no raw text.
+    "a select ignored in a template's column group": (
+        "<template><col><select><script></template>" + "<div>" * REPEAT
+    ),
+    # In foreign content `</h1>` closes an <h2> and `</tbody>` an implied one: the <svg> ends there.
+    "a heading's end tag in an svg": "<h2><svg></h1><![CDATA[>" + "<div>" * REPEAT,
+    "an implied section's end tag in an svg": "<table><tr><td><svg></tbody><![CDATA[>" + "<div>" * REPEAT,
+    # An end tag in an svg pops what is above its element too.
+    "an svg end tag that pops another's": "<x><svg><y><x></y></x><![CDATA[>" + "<div>" * REPEAT,
+    # In a select in a table, a table's end tag closes the select and the table.
+    "a table's end tag in its select": ("<table><select></table></select>" + "<span>" * 20) * (REPEAT // 10),
+    # An <applet> a table popped leaves its marker: a new <a> then nests in the open one.
+    "links after a marker a table left": "<applet></table><a><table>" * REPEAT,
+    # The adoption agency's last round pops a formatting element the parser re-creates.
+    "a formatting element the adoption agency pops": "<div><i></b><button><b>" * REPEAT,
     # A name ends at HTML whitespace only: "<div\v>" is an element of its own, which "</div>" never
     # closes.
     "vertical tab in a tag name": "<div\v></div>" * REPEAT,
