@@ -197,7 +197,7 @@ _PLAINTEXT_END = "</plaintext>"
 # element nests (`<td>`, `<a>`, `<input>` there are foreign elements) but a self-closing one.
 _NOT_NESTING = frozenset(
     b"""area base basefont bgsound br col embed frame hr img input keygen link meta param source track wbr
-    p li td th tr option tbody thead tfoot colgroup caption html head body a nobr button""".split()
+    p li td th tr option tbody thead tfoot colgroup caption html head body button""".split()
 )
 # Raw-text and RCDATA elements: the tokenizer reads no tags in them up to their end tag.
 _RAW_TEXT_NAMES = rb"script|style|textarea|title|xmp|iframe|noembed|noframes|noscript|plaintext"
@@ -963,27 +963,18 @@ def _tag_tokens(
                 yield end_tag, name, start, position, TAINTED
                 continue
             if not end_tag and name in _LEAVES_SELECT:
-                # It closes the <select> (yielded as in it: the estimate closes it), then opens in the
-                # body: a <textarea>'s raw text follows as in HTML.
+                # It closes the <select> (yielded as in it: the estimate closes it); an <input> then
+                # opens in the body.
                 zone = HTML
                 yield end_tag, name, start, position, SELECT
                 previous, parent = parent, None
                 html_names.add(name)
-                if name == b"textarea":
-                    closer = _raw_text_end(lowered, name, position)
-                    if hidden is not None:
-                        hidden.append((position, size if closer is None else closer))
-                    if closer is None:
-                        return
-                    position = closer
                 continue
             if not (end_tag and name == b"select"):
                 select_limit = select_limit or (not end_tag and name in _SCOPE_BOUNDARIES)
                 yield end_tag, name, start, position, SELECT
                 if not end_tag and name in _SCRIPTING:  # in the <select> too, raw text
-                    closer = _raw_text_end(lowered, name, position)
-                    if hidden is not None:
-                        hidden.append((position, size if closer is None else closer))
+                    closer = _skip_raw_text(lowered, name, position, hidden)
                     if closer is None:
                         return
                     position = closer
@@ -996,7 +987,7 @@ def _tag_tokens(
                 template_cols -= 1
             continue
         html_names.add(name)
-        parent = None if name in _NO_PARENTS else name
+        parent = None if name in _NO_PARENTS or (name in _ZONES and is_self_closing(tag.group(3))) else name
         if template_first:  # a <template> whose content starts with a <col> holds a column group
             template_first = False
             template_cols += name == b"col"
@@ -1004,9 +995,7 @@ def _tag_tokens(
         if template_cols and (name in _RAW_TEXT or name in (b"plaintext", b"select") or name in _ZONES):
             continue  # there the parser ignores every other start tag: no raw text or zone follows
         if name in _RAW_TEXT:
-            closer = _raw_text_end(lowered, name, position)
-            if hidden is not None:
-                hidden.append((position, size if closer is None else closer))
+            closer = _skip_raw_text(lowered, name, position, hidden)
             if closer is None:
                 return
             position = closer
@@ -1027,13 +1016,23 @@ def _tag_tokens(
 
 # Elements the parser makes without a start tag in a table: their end tags may close them.
 _IMPLIED_BY_TABLES = frozenset((b"tbody", b"tr", b"colgroup"))
-# Start tags that take the parser out of a <select> (it closes it first), and the raw-text elements it
-# builds in one (as in the document's head).
-_LEAVES_SELECT = frozenset((b"select", b"input", b"keygen", b"textarea"))
+# Start tags that take this Lexbor out of a <select> (it closes it first; a <keygen> or <textarea> it
+# builds inside), and the raw-text elements it builds in one (as in the document's head).
+_LEAVES_SELECT = frozenset((b"select", b"input"))
 _SCRIPTING = frozenset((b"script", b"style"))
 # Script data (HTML Standard 13.2.5.4 and on): "<!--" escapes it, a "<script" in the escaped text
 # double-escapes it (there "</script>" does not end the script), "-->" ends either escape.
 _SCRIPT_MARKS = re.compile(rb"<!--|-->|<(/?)script[\t\n\f\r />]")
+
+
+def _skip_raw_text(
+    lowered: bytes, name: bytes, position: int, hidden: list[tuple[int, int]] | None
+) -> int | None:
+    """`_raw_text_end`, noting the raw text in `hidden` (to the page's end when it has no end)."""
+    closer = _raw_text_end(lowered, name, position)
+    if hidden is not None:
+        hidden.append((position, len(lowered) if closer is None else closer))
+    return closer
 
 
 def _raw_text_end(lowered: bytes, name: bytes, position: int) -> int | None:
@@ -1065,11 +1064,12 @@ def _raw_text_end(lowered: bytes, name: bytes, position: int) -> int | None:
 
 
 # Start tags whose end tag does not take the parser out of an <svg> right inside them: void elements
-# (never open), <html>, <head>, <body> and <form>, whose end tags pop nothing, and a table's parts,
-# which the parser ignores outside a table (`<tr/><svg></tr>` x N: 20 s a megabyte).
+# (never open; `<image>` is an `<img>`), <html>, <head>, <body> and <form>, whose end tags pop nothing,
+# and a table's parts, which the parser ignores outside a table (`<tr/><svg></tr>` x N: 20 s a
+# megabyte). Nor is a self-closing `<svg/>` one (`<math/><svg></math>`: 34 s for 540 KB).
 _NO_PARENTS = frozenset(
     b"""area base basefont bgsound br col embed frame hr img input keygen link meta param source track wbr
-    html head body form caption colgroup tbody thead tfoot tr td th""".split()
+    html head body form caption colgroup tbody thead tfoot tr td th image""".split()
 )
 
 
@@ -1446,7 +1446,7 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
 
     Follows the parser's stack of open elements over the page's tags (`_OpenElements`) and returns the
     running maximum of the elements open that can nest without bound (or the first count past `limit`;
-    `<p>`, `<li>`, `<a>`, table rows and cells do not count: the parser closes them itself). Tags are read
+    `<p>`, `<li>`, table rows and cells do not count: the parser closes them itself). Tags are read
     as the tokenizer reads them (`_tag_tokens`): an end tag in an attribute value (`<div a="</div>">`,
     60,000 of which hid their nesting) or in raw text closes nothing. The parser's rules followed, each
     only where the scan can tell the parser surely applies it (elsewhere the entries stay, counted):
@@ -1491,8 +1491,6 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
                     stack.close(found)
                 elif found >= 0:
                     stack.unsure_from(found)
-                if name == b"textarea":
-                    stack.push(name, True)
             elif where == SELECT and name in _PIVOTS:
                 # In a <select> in a table, a table's tag closes the select and acts on the table:
                 # what the estimate holds open there is no longer sure.
@@ -1603,8 +1601,21 @@ def _start_tag(stack: _OpenElements, name: bytes, standards: bool) -> None:
             stack.note_formatting(name)
             stack.push(name, True)
             return
-        if found >= 0 or stack.held(name):
-            stack.doubt()  # the adoption agency runs for the one open
+        if name == b"a":
+            # It runs the adoption agency for the last <a> on the list (one only), then takes it off.
+            if stack.held(name):  # popped since it opened (re-created or not: see release)
+                stack.release(name)
+            elif found >= 0 and stack.maybe_off_list(found):
+                stack.unsure_from(found)  # on the list or not: its adoption agency runs or not
+            elif found >= 0:
+                # The adoption agency for the open one, as for its end tag; then it leaves the stack.
+                _end_tag(stack, name, None)
+                if stack.last(name) == found:
+                    stack.remove(found, pops_above=False)
+        elif stack.held(name):
+            stack.release(name)  # a <nobr> re-creates the ones held, then adopts the last: one leaves
+        elif found >= 0 and not stack.limit_after(found):
+            _end_tag(stack, name, None)  # a <nobr> in scope: the adoption agency, as for its end tag
     elif name in (b"option", b"optgroup") and stack.top() == b"option":
         stack.remove(len(stack.entries) - 1)  # it closes the current <option>
     elif name in (b"rb", b"rp", b"rt", b"rtc") and stack.top() in _IMPLIED:

@@ -135,6 +135,10 @@ NESTING_TRICKS = {
     "links after a marker a table left": "<applet></table><a><table>" * REPEAT,
     # The adoption agency's last round pops a formatting element the parser re-creates.
     "a formatting element the adoption agency pops": "<div><i></b><button><b>" * REPEAT,
+    # Seventh review (helper 39): the tag before an <svg> is no element to close it when the parser
+    # made it void (`<image>` is an `<img>`) or it was a self-closing <svg/>: the <svg> stays open.
+    "an image before an svg": "<image><svg></image>" + "<a>" * REPEAT,
+    "a self-closing math before an svg": "<math/><svg></math>" + "<a>" * REPEAT,
     # A name ends at HTML whitespace only: "<div\v>" is an element of its own, which "</div>" never
     # closes.
     "vertical tab in a tag name": "<div\v></div>" * REPEAT,
@@ -188,6 +192,15 @@ ORDINARY = {
     "a font around a paragraph's start": "<font size=2><p>x</font>" * 3000,
     "a bold around a paragraph's start": "<b><p>x</b></p>" * 3000,
     "an emphasis around a block's start": "<em><div>x</em></div>" * 3000,
+    # A link left open in an item, block or paragraph: the next <a> takes it off the list.
+    "links left open in items, blocks and paragraphs": (
+        "<ul>"
+        + "<li><a href=x>x</li>" * 3000
+        + "</ul>"
+        + "<div><a href=x>x</div>" * 3000
+        + "<p><a href=x>x" * 3000
+    ),
+    "nobr left open in blocks": "<div><nobr>x</div>" * 3000,
     "a form tag in a form": "<form>" + "<form><input>" * 3000,
 }
 
