@@ -23,6 +23,7 @@ fails every job in flight, and it offers no way to stop one job.
 
 from __future__ import annotations
 
+import gc
 import pickle
 import resource
 import signal
@@ -128,17 +129,29 @@ def _worker_main(
     conn.send(("ready",))
     while True:
         try:
-            message = conn.recv_bytes()
+            message: bytes | None = conn.recv_bytes()
         except (EOFError, OSError):
             return
+        job: Any = None
         try:
-            function, args = pickle.loads(message)
-            del message  # a page's bytes, twice
+            job = pickle.loads(message)  # type: ignore[arg-type]
+            message = None  # a page's bytes, twice
+            function, args = job
+            job = None
             result = function(*args)
         except Exception as exc:  # the job's, or its arguments' unpickling (a MemoryError under the limit)
-            _send_error(conn, exc)
+            # Free what the job holds before reporting, which needs memory too: its arguments, and the
+            # frames its traceback keeps (a MemoryError sent with them alive died unsent, exit 1).
+            message = job = function = args = None
+            exc.__traceback__ = None
+            gc.collect()
+            try:
+                _send_error(conn, exc)
+            except MemoryError:
+                conn.send(("error", None, type(exc).__name__, "out of memory reporting it"))
         else:
             conn.send(("ok", result))
+            result = None
 
 
 class _Worker:

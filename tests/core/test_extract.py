@@ -535,7 +535,10 @@ def test_an_extraction_past_the_memory_limit_fails_typed_and_the_worker_goes_on(
         with pytest.raises(ExtractionError) as failed:
             extract(page, "resiliparse", runner=limited, min_words=0, timeout_s=120)
         assert failed.value.code is ErrorCode.EXTRACTION_FAILED
-        assert "MemoryError" in failed.value.message
+        # Where the limit strikes decides the message: in the extractor (MemoryError, reported), or
+        # while the worker takes the 3 MB page in (it dies, and the pool says so): typed either way.
+        message = failed.value.message
+        assert "MemoryError" in message or "worker died" in message, message
         assert extract(table_page(), "resiliparse", runner=limited).passed
 
 
