@@ -1145,8 +1145,9 @@ class _OpenElements:
     surely pops its element, and what the scan cannot follow only keeps entries (they count, and a
     special one stops end tags below it, as the parser's would). An end tag pops what is above its
     element only when that element is surely still open ("sure"): every entry that may have left the
-    parser's stack unseen (by a rule the scan does not model: the adoption agency, a heading closing
-    another, quirks mode) is marked unsure, and from then on its end tag removes it alone.
+    parser's stack unseen (by a rule the scan does not model or cannot decide: a re-created formatting
+    element's adoption agency, a heading closing another, quirks mode, more than seven rounds of the
+    adoption agency) is marked unsure, and from then on its end tag removes it alone.
     """
 
     def __init__(self) -> None:
@@ -1452,10 +1453,13 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
     only where the scan can tell the parser surely applies it (elsewhere the entries stay, counted):
     an end tag pops its element and what is above it, but not past a special element (the generic rule:
     `<span><div></span>` leaves both open) nor, for a special one, past a scope limit (`<div><table>
-    </div>`); a formatting element's end tag with a special element above it (the adoption agency)
-    removes nothing; a `<p>`-closing start tag, a `<li>`, `<dd>` or `<dt>`, a `<button>`, a table's
-    rows, cells and sections close what they close (a glossary or a table that leaves them open nests
-    no deeper), and a `<table>` in a table closes that table; a second `<form>` is ignored. In <svg>
+    </div>`); a formatting element's end tag with special elements above it runs the adoption agency
+    (`adopt`: the element leaves, the special ones stay), and one popped by another's end tag stays
+    counted while the parser may re-create it (`dangling`); a new `<a>` or `<nobr>` runs the adoption
+    agency for the last on the list; a `<p>`-closing start tag, a `<li>`, `<dd>` or `<dt>`, a
+    `<button>`, a table's rows, cells and sections close what they close (a glossary or a table that
+    leaves them open nests no deeper), and a `<table>` in a table closes that table; a second `<form>`
+    is ignored. In <svg>
     and <math> every element nests but a self-closing one and the zone's end or a tag that leaves it
     pops it all; in a <select> and after an integration point that held markup, nothing closes.
     A page with fewer `<` than `limit` cannot exceed it, so ordinary pages cost one count.
