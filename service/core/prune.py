@@ -1099,10 +1099,8 @@ _SPECIAL_OPEN = frozenset(
     mi mo mn ms mtext annotation-xml foreignobject desc""".split()
 )
 # Where an element is "in scope" for the parser's end tags stops (MathML and SVG ones by name).
-_SCOPE_LIMITS = frozenset(
-    b"""applet caption html table td th marquee object template
-    mi mo mn ms mtext annotation-xml foreignobject desc title""".split()
-)
+# (`_SCOPE_BOUNDARIES` as the parser's default scope has them: no <svg>, <math> or <select>, and <html>.)
+_SCOPE_LIMITS = (_SCOPE_BOUNDARIES - {b"svg", b"math", b"select"}) | {b"html"}
 # Names special only as MathML or SVG elements: an HTML element of the name ends as any other.
 _FOREIGN_SPECIAL = frozenset(b"mi mo mn ms mtext annotation-xml foreignobject desc".split())
 _TABLE_FAMILY = frozenset(b"table tbody thead tfoot tr td th caption colgroup template".split())
@@ -1499,9 +1497,9 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
                 # In a <select> in a table, a table's tag closes the select and acts on the table:
                 # what the estimate holds open there is no longer sure.
                 stack.doubt()
-                if not end_tag and name.decode("latin-1") not in _VOID:
+                if not end_tag and name not in _VOID_B:
                     stack.push(name, name not in _NOT_NESTING, sure=False)
-            elif not end_tag and name.decode("latin-1") not in _VOID:
+            elif not end_tag and name not in _VOID_B:
                 # Counted as the parser may nest it: after a taint anything; in a <select> what it
                 # does not close itself, and formatting elements (re-created outside when it closes).
                 counted = where == TAINTED or name not in _NOT_NESTING or name in _FORMATTING
@@ -1513,11 +1511,9 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
         elif end_tag:
             if name not in _CLOSES_WITH_MORE and stack.close_top(name):
                 continue
+            _end_tag(stack, name, form_open)
             if name == b"form" and form_open is not None and stack.last(b"template") < 0:
-                _end_tag(stack, name, form_open)
                 form_open = False  # the parser clears its pointer, whether or not the form closes
-            else:
-                _end_tag(stack, name, form_open)
         elif name not in _STARTS_WITH_MORE:
             stack.push(name, name not in _NOT_NESTING)  # the common case: it only opens
         elif name in _TABLE_PARTS:
