@@ -1312,9 +1312,7 @@ class _OpenElements:
             elif counted:
                 self.depth -= 1
         del self.entries[position:]
-        for positions in (self.special, self.limits, self.family):
-            while positions and positions[-1] >= position:
-                positions.pop()
+        self._forget_from(position)
 
     def remove(self, position: int, *, pops_above: bool = True) -> None:
         """The parser removes this element (and, with `pops_above`, pops what is above it: the
@@ -1342,10 +1340,7 @@ class _OpenElements:
             self.depth -= 1
         while self.entries and self.entries[-1] is None:
             self.entries.pop()
-        size = len(self.entries)
-        for positions in (self.special, self.limits, self.family):
-            while positions and positions[-1] >= size:
-                positions.pop()
+        self._forget_from(len(self.entries))
 
     def close_top(self, name: bytes) -> bool:
         """The common case, fast: an end tag of the element on top, surely open (what `_end_tag` does
@@ -1361,11 +1356,14 @@ class _OpenElements:
         self.positions[name].pop()
         if entry[2]:
             self.depth -= 1
-        size = len(self.entries)
-        for positions in (self.special, self.limits, self.family):
-            if positions and positions[-1] >= size:
-                positions.pop()
+        self._forget_from(len(self.entries))
         return True
+
+    def _forget_from(self, size: int) -> None:
+        """Drop the special, scope-limit and table positions at `size` and above (gone from the stack)."""
+        for positions in (self.special, self.limits, self.family):
+            while positions and positions[-1] >= size:
+                positions.pop()
 
     def _held_after(self, marker: int) -> dict[bytes, list[int]] | None:
         """The dangling elements filed after `marker` (None: it was cleared, and with it the parser's
