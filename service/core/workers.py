@@ -6,7 +6,10 @@ So CPU-heavy work on untrusted pages (text extraction, pruning) runs in long-liv
 that each take one job at a time over a pipe; the caller waits at most `timeout_s` for the answer and,
 past it, kills that worker alone (`WorkerTimeoutError`), so the other workers' jobs go on. A worker
 may be given a memory limit (`RLIMIT_DATA`, Linux): an allocation past it fails inside the job, as a
-`MemoryError` or the parser's own typed failure, and the worker lives on. A dead worker is replaced
+`MemoryError` or the parser's own typed failure, and the worker lives on. That holds from the job's
+first byte: a job is framed (its length, then its bytes) and read straight into one buffer of its
+size, so a page too large for the limit is read past and answered as a `MemoryError` too, not the
+worker's death in the middle of taking it in. A dead worker is replaced
 on the next call; one killed while idle (the OOM killer, an operator) is replaced without blaming the
 page that comes next.
 
@@ -24,9 +27,11 @@ fails every job in flight, and it offers no way to stop one job.
 from __future__ import annotations
 
 import gc
+import os
 import pickle
 import resource
 import signal
+import struct
 import sys
 import threading
 import time
@@ -45,6 +50,10 @@ STARTUP_TIMEOUT_S: Final = 120.0
 _MESSAGE_CHARS: Final = 500
 # Linux's default pipe capacity: a send of more may wait for the worker to read.
 _PIPE_BUFFER: Final = 64 * 1024
+# A job's frame: its length, then its pickled bytes (`_send_job`, `_receive_job`).
+_JOB_HEADER: Final = struct.Struct("!Q")
+# A job the worker cannot hold is read past in pieces of this size, into a buffer it has from the start.
+_DRAIN_CHUNK: Final = 64 * 1024
 
 
 class WorkerError(HtmllmError):
@@ -109,6 +118,72 @@ def _send_error(conn: Connection, exc: BaseException) -> None:
     conn.send(("error", payload, type(exc).__name__, message))
 
 
+def _send_job(conn: Connection, job: bytes | memoryview) -> None:
+    """`job` framed as `_receive_job` reads it: its length, then its bytes, written to the pipe as they
+    are (`writev`, no joined copy). `conn` keeps no buffer of its own, so its `recv` of the answer is
+    unaffected; a pipe closed meanwhile (`close`) fails `fileno` with OSError, like a dead reader."""
+    pending: list[bytes | memoryview] = [_JOB_HEADER.pack(len(job)), memoryview(job)]
+    while pending:
+        written = os.writev(conn.fileno(), pending)
+        while pending and written >= len(pending[0]):
+            written -= len(pending.pop(0))
+        if pending and written:
+            pending[0] = pending[0][written:]
+
+
+def _read_exactly(fd: int, view: memoryview) -> None:
+    """Fill `view` from `fd`, straight into its memory; EOFError when the parent's end closes first."""
+    while view:
+        read = os.readv(fd, [view])
+        if not read:
+            raise EOFError("the pipe closed inside a job")
+        view = view[read:]
+
+
+class _ReadPast(Exception):
+    """A job too large for the worker's memory limit, read past: `error` is its answer."""
+
+    def __init__(self, error: MemoryError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _receive_job(fd: int, header: bytearray, spare: bytearray) -> bytearray:
+    """The next job's pickled bytes, read into one buffer of its size.
+
+    A job that buffer cannot be allocated for under the memory limit is read past into `spare`, a
+    buffer held from the start (`_ReadPast`), so the pipe is left at the next job's frame.
+    `Connection.recv_bytes` needed the job's size twice over (a read of all of it and a growing copy)
+    and failed in the middle of the message, which left nothing to do but die: the parent saw "worker
+    died" and paid a new worker for one page's fault. A MemoryError anywhere else here (the few small
+    objects a read makes) still ends the worker: where the pipe stands in the frame is then unknown."""
+    _read_exactly(fd, memoryview(header))
+    (size,) = _JOB_HEADER.unpack(header)
+    try:
+        job = bytearray(size)
+    except MemoryError:
+        left = size
+        with memoryview(spare) as scratch:
+            while left:
+                piece = min(left, len(scratch))
+                _read_exactly(fd, scratch[:piece])
+                left -= piece
+        too_large = MemoryError(f"a job of {size:,} bytes does not fit in the worker's memory limit")
+        raise _ReadPast(too_large) from None
+    _read_exactly(fd, memoryview(job))
+    return job
+
+
+def _report(conn: Connection, exc: BaseException) -> None:
+    """Send a failed job's exception back; the caller has already dropped what the job held."""
+    exc.__traceback__ = None
+    gc.collect()
+    try:
+        _send_error(conn, exc)
+    except MemoryError:
+        conn.send(("error", None, type(exc).__name__, "out of memory reporting it"))
+
+
 def _worker_main(
     conn: Connection,
     preload: Sequence[str],
@@ -123,15 +198,20 @@ def _worker_main(
         __import__(module)
     if initializer is not None:
         initializer(*initargs)
+    # Allocated before the limit: reading past a job too large for it then allocates nothing.
+    fd, header, spare = conn.fileno(), bytearray(_JOB_HEADER.size), bytearray(_DRAIN_CHUNK)
     # After the trusted start-up (a tokenizer's warm-up briefly needs more than it keeps): the limit is
     # on what the jobs, the untrusted pages, add.
     limit_memory(memory_limit_bytes)
     conn.send(("ready",))
     while True:
         try:
-            message: bytes | None = conn.recv_bytes()
+            message: bytearray | None = _receive_job(fd, header, spare)
         except (EOFError, OSError):
             return
+        except _ReadPast as past:  # the pipe is at the next job
+            _report(conn, past.error)
+            continue
         job: Any = None
         try:
             job = pickle.loads(message)  # type: ignore[arg-type]
@@ -143,12 +223,7 @@ def _worker_main(
             # Free what the job holds before reporting, which needs memory too: its arguments, and the
             # frames its traceback keeps (a MemoryError sent with them alive died unsent, exit 1).
             message = job = function = args = None
-            exc.__traceback__ = None
-            gc.collect()
-            try:
-                _send_error(conn, exc)
-            except MemoryError:
-                conn.send(("error", None, type(exc).__name__, "out of memory reporting it"))
+            _report(conn, exc)
         else:
             conn.send(("ok", result))
             result = None
@@ -320,25 +395,25 @@ class WorkerPool:
         # not (stopped, swapping) would hold this thread past the limit, so a timer kills it then.
         expired = threading.Event()
         guard = None
-        if timeout_s is not None and len(job) > _PIPE_BUFFER:
+        if timeout_s is not None and _JOB_HEADER.size + len(job) > _PIPE_BUFFER:
 
             def expire() -> None:
                 expired.set()
-                # The process only: its pipe is this thread's to close (closed under a `send` in
-                # progress, the send failed untyped); the dead reader fails the send with EPIPE.
+                # The process only: its pipe is this thread's to close (closed under a write in
+                # progress, the write failed untyped); the dead reader fails the write with EPIPE.
                 worker.process.kill()
 
             guard = threading.Timer(timeout_s, expire)
             guard.daemon = True
             guard.start()
         try:
-            worker.conn.send_bytes(job)
+            _send_job(worker.conn, job)
             del job
             if guard is not None:
                 guard.cancel()
             left = None if timeout_s is None else max(0.0, timeout_s - (time.perf_counter() - started))
             ready = not expired.is_set() and worker.conn.poll(left)
-        except (EOFError, OSError, TypeError) as exc:  # TypeError: `close` shut the pipe mid-write
+        except (EOFError, OSError, TypeError) as exc:  # TypeError: `close` shut the pipe under `conn`
             code = worker.kill()
             if not expired.is_set():
                 raise self._died(f"the {self.name} worker died (exit code {code})", code) from exc

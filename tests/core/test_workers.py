@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 
 import pytest
@@ -61,6 +62,10 @@ def die() -> None:
 
 def allocate(mib: int) -> int:
     return len(bytearray(mib * 2**20))
+
+
+def checksum(page: bytes) -> tuple[int, int]:
+    return len(page), zlib.crc32(page)
 
 
 def _busy_with_a_long_sleep(
@@ -152,6 +157,32 @@ def test_the_memory_limit_fails_the_allocation_and_the_worker_lives_on() -> None
             pool.call(allocate, (256,), timeout_s=60)
         assert pool.call(allocate, (16,), timeout_s=60) == 16 * 2**20
         assert pool.call(pid, (), timeout_s=60) == worker  # the same process, memory given back
+
+
+@linux_only
+def test_a_job_too_large_to_take_in_is_a_memory_error_and_the_worker_serves_on() -> None:
+    """Held to 16 MiB over its idle data, a worker cannot even receive a 64 MiB page: it died taking
+    it in (`WorkerDiedError`, a new worker for the next job); it reads past it and says so."""
+    with WorkerPool(1, name="test") as probe:
+        idle = probe.call(vm_data_mib, (), timeout_s=60)
+    with WorkerPool(1, name="test", memory_limit_bytes=(idle + 16) * 2**20) as pool:
+        worker = pool.call(pid, (), timeout_s=60)
+        huge = os.urandom(64 * 2**20)
+        with pytest.raises(MemoryError, match=r"a job of [\d,]+ bytes does not fit in the worker's memory"):
+            pool.call(checksum, (huge,), timeout_s=60)
+        # The pipe is at the next job's start: small and larger jobs come back whole, in the same process.
+        assert pool.call(add, (2, 3), timeout_s=60) == 5
+        fits = huge[: 2 * 2**20 + 7]
+        assert pool.call(checksum, (fits,), timeout_s=60) == checksum(fits)
+        with pytest.raises(MemoryError):
+            pool.call(checksum, (huge,), timeout_s=60)
+        assert pool.call(pid, (), timeout_s=60) == worker
+
+
+def test_jobs_of_every_size_around_the_frames_edges_come_back_whole(pool: WorkerPool) -> None:
+    for size in (0, 1, 8, 64 * 1024 - 60, 64 * 1024, 64 * 1024 + 1, 3 * 2**20 + 5):
+        page = os.urandom(size)
+        assert pool.call(checksum, (page,), timeout_s=60) == checksum(page), size
 
 
 def test_a_worker_that_stops_reading_cannot_hold_a_large_job_past_its_limit() -> None:
