@@ -48,6 +48,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.UNHEALTHY: 503,
     ErrorCode.PREPROCESS_FAILED: 422,
     ErrorCode.EXTRACTION_FAILED: 422,
+    ErrorCode.INPUT_UNREADABLE: 500,  # the bulk commands' only: the service reads no page files
     ErrorCode.CHECKPOINT_INVALID: 500,
     ErrorCode.BACKEND_FAILED: 500,
     ErrorCode.INTERNAL: 500,
@@ -56,6 +57,10 @@ STATUS: dict[ErrorCode, int] = {
 # Where the app keeps its routes (`app.state`) for a 405's `Allow`: FastAPI's own `app.routes` hold
 # included routers as opaque branches.
 ROUTES_STATE = "method_routes"
+
+# Codes in the taxonomy that no HTTP answer carries (the bulk commands' own); the API description
+# leaves them out.
+NOT_OVER_HTTP = frozenset({ErrorCode.INPUT_UNREADABLE})
 
 # Codes a client may retry after waiting; they get a Retry-After header.
 RETRYABLE = frozenset({ErrorCode.OVERLOADED, ErrorCode.SHUTTING_DOWN, ErrorCode.NOT_READY})

@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from service.api.errors import RETRYABLE, STATUS
+from service.api.errors import NOT_OVER_HTTP, RETRYABLE, STATUS
 from service.api.schemas import ErrorBody
 from service.core.errors import ErrorCode
 
@@ -76,8 +76,11 @@ def _ref(name: str) -> dict[str, str]:
 
 def error_response(status: int, codes: Iterable[ErrorCode] | None = None) -> dict[str, Any]:
     """The response object of one error status: an `ErrorBody`, its description naming the codes it
-    carries (by default every code `STATUS` maps to it) and the headers sent with them."""
-    carried = [code for code in STATUS if STATUS[code] == status] if codes is None else list(codes)
+    carries (by default every code `STATUS` maps to it that HTTP answers carry) and the headers sent
+    with them."""
+    if codes is None:
+        codes = [code for code in STATUS if STATUS[code] == status and code not in NOT_OVER_HTTP]
+    carried = list(codes)
     if not carried or any(STATUS[code] != status for code in carried):
         raise ValueError(f"codes {carried} are not the codes of status {status}")
     names = ", ".join(f"`{code.value}`" for code in carried)

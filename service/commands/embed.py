@@ -15,11 +15,13 @@ Rows: `index`, `id`, `url`, `embedding` (float32 list, null on error), `tokens`,
 (an ErrorCode, null on success), `error_message` (why, null on success), then per classification head
 `<head>` (top label) and `<head>.probs` (float32 list in label order), per regression head `<head>` (float).
 
-A document that fails (an input row that is not JSON or names a missing file, a page over the 16 MiB cap,
-a page nested too deep, a page over the token limit with truncation off) gets its row with the error and
-the run goes on: one bad line in a crawl dump must not stop a run of millions. A failure a retry may fix
-(the engine shutting down under Ctrl-C, a timeout, a full queue, a backend failure) is never written:
-the document is left for the next run, and the command exits 1 without merging (130 after Ctrl-C).
+A document that fails (an input row that is not JSON, a page over the 16 MiB cap, a page nested too deep,
+a page over the token limit with truncation off; a page file that cannot be read, `input_unreadable`)
+gets its row with the error and the run goes on: one bad line in a crawl dump must not stop a run of
+millions. Such a row is done, as every written row is: a resume does not read that page again. A failure
+of the engine that a retry may fix (shutting down under Ctrl-C, a timeout, a full queue, a backend
+failure) is never written: the document is left for the next run, and the command exits 1 without
+merging (130 after Ctrl-C).
 Options, the input and the checkpoint's metadata are checked before the model loads or a file is
 created.
 """
@@ -223,7 +225,7 @@ class _Outcome:
 def _check_input(path: Path) -> None:
     """The input exists, can be read and is a kind of page source (`pages.source_kind`: a file of no
     kind it reads is refused here, not after the model loaded)."""
-    from service.core.pages import iter_pages, source_kind
+    from service.core.pages import PageUnreadableError, iter_pages, source_kind
 
     if not path.exists():
         raise OptionError(f"page source {path} does not exist")
@@ -237,7 +239,7 @@ def _check_input(path: Path) -> None:
         else:
             raise OptionError(f"page source {path} is neither a file nor a directory")
     except OSError as exc:
-        raise OptionError(f"page source {path} cannot be read: {exc.strerror}") from exc
+        raise PageUnreadableError(f"page source {path} cannot be read: {exc.strerror}") from exc
     if source_kind(path)[0] == "directory":
         check_has_pages(path, next(iter_pages(path, limit=1, bad_rows="report"), None))
 

@@ -5,6 +5,10 @@ graphs and converts them up, never down, so below 18 it would write 18 after a c
 one newer than the installed `onnx` knows is refused, and so is an `--out` that cannot be written. The
 opset the written graph declares is read back and reported; a graph that did not get the opset asked
 for fails the command rather than pass for it.
+
+The export holds the lock a starting server's `ensure_onnx` takes on the target's directory
+(`export_onnx_locked`): that server, cleaning up the temporaries of killed exports, would otherwise
+remove this one's, and a second export to the same file would interleave with it; either waits instead.
 """
 
 from __future__ import annotations
@@ -87,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     from service.core.checkpoint import load_checkpoint
     from service.core.errors import HtmllmError
-    from service.engine.onnx_export import OPSET, default_onnx_path, export_onnx
+    from service.engine.onnx_export import OPSET, default_onnx_path, export_onnx_locked
 
     opset = OPSET if args.opset is None else args.opset
     newest = onnx.defs.onnx_opset_version()
@@ -106,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     started = time.perf_counter()
     try:
-        path = export_onnx(load_checkpoint(args.checkpoint), out, opset=opset, quantize=quantize)
+        path = export_onnx_locked(load_checkpoint(args.checkpoint), out, opset=opset, quantize=quantize)
     except HtmllmError as exc:
         print(f"htmllm export-onnx: {exc.code}: {exc}", file=sys.stderr)
         return 1

@@ -31,6 +31,9 @@ class ErrorCode(StrEnum):
     UNHEALTHY = "unhealthy"  # liveness: the backend has failed (or hung) too long to recover (503)
     PREPROCESS_FAILED = "preprocess_failed"  # the page could not be pruned/decoded (422)
     EXTRACTION_FAILED = "extraction_failed"  # a text extractor failed or timed out (422)
+    # A page file the bulk commands could not read (permission denied, gone, EIO): the file system's
+    # failure, not the page's, so not `validation_error`. Never over HTTP, which reads no files (500).
+    INPUT_UNREADABLE = "input_unreadable"
     CHECKPOINT_INVALID = "checkpoint_invalid"  # a checkpoint failed strict loading (500 at startup)
     BACKEND_FAILED = "backend_failed"  # the model runner raised (500)
     INTERNAL = "internal_error"  # an invariant broke (500)

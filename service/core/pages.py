@@ -44,7 +44,10 @@ caller asks for `bad_rows="report"`: then it is yielded as a `Page` with `error`
 position. The bulk commands report it in that page's output row and go on, since one truncated line at
 the end of a crawler's JSONL must not sink a million-page run; training and the benchmarks keep the
 default and stop. A WARC or gzipped JSONL file that cannot be read past some point ends with one such
-row; a directory goes on with its next file.
+row; a directory goes on with its next file. The row's code says whose fault it is: `validation_error`
+for a bad row or page, `input_unreadable` (`PageUnreadableError`) for a file the file system would not
+give (permission denied, gone since it was listed or named, including a dangling symlink, an I/O error),
+which the page's content has no part in.
 
 Every page is capped at `MAX_PAGE_BYTES`, the pruner's cap: a page over it is such a row, with
 `PageTooLargeError` (`payload_too_large`), and so is a JSONL line or a WARC record over four times the
@@ -108,6 +111,23 @@ class PageTooLargeError(PageSourceError):
     """A page (or the row or record holding it) over the page cap, `MAX_PAGE_BYTES`."""
 
     code = ErrorCode.PAYLOAD_TOO_LARGE
+
+
+class PageUnreadableError(PageSourceError):
+    """A page file (or the source holding pages) the file system would not give: permission denied, a
+    file gone since it was listed or named, an I/O error. Told apart from a bad page (`validation_error`),
+    since the page itself was never seen: fixing the mount or the permissions, not the input, fixes it."""
+
+    code = ErrorCode.INPUT_UNREADABLE
+
+
+def _read_error(message: str, exc: BaseException) -> PageSourceError:
+    """The error for a read that raised `exc`: an `OSError` with an errno is the file system's
+    (`PageUnreadableError`); the content's (gzip's `BadGzipFile`, an `OSError` without an errno, a cut
+    stream's `EOFError`, `zlib.error`) is a bad page, `PageSourceError`."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return PageUnreadableError(message)
+    return PageSourceError(message)
 
 
 def valid_text(text: str) -> str:
@@ -200,7 +220,7 @@ def _read_file(path: Path, where: str) -> bytes:
     except PageSourceError as exc:
         raise PageSourceError(f"{where}: cannot read {path}: {exc}") from exc
     except OSError as exc:
-        raise PageSourceError(f"{where}: cannot read {path}: {exc}") from exc
+        raise _read_error(f"{where}: cannot read {path}: {exc}", exc) from exc
 
 
 def _capped(html: bytes, where: str) -> bytes:
@@ -261,8 +281,9 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
         if not isinstance(file_name, str):
             raise PageSourceError(f"{where}: 'file' must be a path (a string), not {_json_type(file_name)}")
         path = base / file_name
-        if not path.is_file():
-            raise PageSourceError(f"{where} names a missing file {path}")
+        if not path.is_file():  # gone (a dangling symlink too) or a directory: what reading it would say
+            what = f"a missing file {path}" if not path.exists() else f"{path}, which is not a file"
+            raise PageUnreadableError(f"{where} names {what}")
         encoding = row.get("encoding")
         if encoding is not None and not isinstance(encoding, str):
             raise PageSourceError(f"{where}: 'encoding' must be a charset name, not {encoding!r}")
@@ -273,7 +294,10 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
 
 
 def _open_jsonl(path: Path) -> IO[bytes]:
-    handle = path.open("rb")
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise PageUnreadableError(f"cannot read {path}: {exc.strerror or exc}") from exc
     if handle.read(2) == GZIP_MAGIC:
         handle.seek(0)
         return gzip.GzipFile(fileobj=handle)  # type: ignore[return-value]
@@ -298,7 +322,7 @@ def _lines(handle: IO[bytes], path: Path) -> Iterator[tuple[int, bytes | PageSou
                 if not rest or rest.endswith(b"\n"):
                     break
         except (OSError, EOFError, zlib.error) as exc:
-            yield line_number + 1, PageSourceError(f"{path}: cannot read past line {line_number}: {exc}")
+            yield line_number + 1, _read_error(f"{path}: cannot read past line {line_number}: {exc}", exc)
             return
         if not line:
             return
@@ -340,8 +364,10 @@ def _iter_jsonl(path: Path) -> Iterator[Page]:
 
 
 def _page_files(path: Path) -> tuple[list[Path], list[Path]]:
-    """A directory's HTML and WARC files, in the order they are read, and all its files."""
-    files = sorted(p for p in path.rglob("*") if p.is_file())
+    """A directory's HTML and WARC files, in the order they are read, and all its files. A dangling
+    symlink counts as a file: one named as a page is read, and so becomes an `input_unreadable` row,
+    where skipped its page was lost without a word."""
+    files = sorted(p for p in path.rglob("*") if p.is_file() or (p.is_symlink() and not p.exists()))
     return [f for f in files if f.name.lower().endswith(_HTML_SUFFIXES + _WARC_SUFFIXES)], files
 
 
@@ -383,7 +409,7 @@ def _head(path: Path) -> bytes:
                 with gzip.GzipFile(fileobj=handle) as unzipped:
                     head = unzipped.read(_SNIFF_BYTES)
     except (OSError, EOFError, zlib.error) as exc:
-        raise PageSourceError(f"cannot read {path}: {exc}") from exc
+        raise _read_error(f"cannot read {path}: {exc}", exc) from exc
     return head
 
 
@@ -445,6 +471,8 @@ def iter_pages(
         if page.error is not None and bad_rows == "raise":
             if page.error_code == ErrorCode.PAYLOAD_TOO_LARGE:
                 raise PageTooLargeError(page.error)
+            if page.error_code == ErrorCode.INPUT_UNREADABLE:
+                raise PageUnreadableError(page.error)
             raise PageSourceError(page.error, code=page.error_code)
         yield page
 
@@ -506,7 +534,7 @@ def _iter_warc(path: Path) -> Iterator[Page]:
         # Every record type, so the last record seen is the last one FastWARC could frame.
         iterator = iter(ArchiveIterator(str(path), parse_http=False, fsspec_args=False))
     except (OSError, ValueError) as exc:
-        raise PageSourceError(f"cannot read {path}: {exc}") from exc
+        raise _read_error(f"cannot read {path}: {exc}", exc) from exc
     offset = 0
     reported = False  # whether the last record was reported cut off already
     while True:
@@ -521,7 +549,8 @@ def _iter_warc(path: Path) -> Iterator[Page]:
         except StopIteration:
             break
         except (OSError, ValueError) as exc:
-            yield _warc_error(path, offset, f"cannot read the records after byte {offset}: {exc}")
+            error = _read_error(f"{path}: cannot read the records after byte {offset}: {exc}", exc)
+            yield _warc_error(path, offset, str(error), error.code)
             return
         page_id = record.record_id or f"{path.name}@{offset}"
         where = f"{path}: record {page_id} at byte {offset}"
@@ -547,14 +576,15 @@ def _iter_warc(path: Path) -> Iterator[Page]:
     # record's header; check the end of the file from the last record it framed, and say so.
     problem = None if reported else tail_problem(path, offset)
     if problem is not None:
-        yield _warc_error(path, offset, problem)
+        yield _warc_error(path, offset, f"{path}: {problem}")
 
 
-def _warc_error(path: Path, offset: int, message: str) -> Page:
+def _warc_error(path: Path, offset: int, message: str, code: ErrorCode = ErrorCode.VALIDATION) -> Page:
     return Page(
         id=f"{path.name}@{offset}",
         html=b"",
-        error=f"{path}: {message}",
+        error=message,
+        error_code=code,
         meta={"warc_file": valid_text(path.name)},
     )
 

@@ -286,14 +286,46 @@ def _export_locked(checkpoint: Checkpoint, target: Path, *, quantize: str | None
     checkpoint export it once (the one that waited finds the graph up to date), and the temporaries of
     an export killed with `kill -9` (as large as the graph, and never removed by anyone else) can be
     removed, since under the lock none is a live export's."""
-    with contextlib.suppress(OSError):  # export_onnx creates it, or says why it cannot
-        target.parent.mkdir(parents=True, exist_ok=True)
-    with _directory_lock(target.parent) as locked:
+    with _target_lock(target) as locked:
         if locked:
             if _up_to_date(target, fingerprint, quantize):
                 return target
             _remove_stale_temporaries(target)
         return export_onnx(checkpoint, target, quantize=quantize, fingerprint=fingerprint)
+
+
+def export_onnx_locked(
+    checkpoint: Checkpoint,
+    out: str | Path,
+    *,
+    opset: int = OPSET,
+    quantize: str | None = None,
+    fingerprint: str | None = None,
+) -> Path:
+    """`export_onnx` (always: asked for, it replaces an up-to-date graph too, at another opset say) under
+    the lock `ensure_onnx` takes on the target's directory; `htmllm export-onnx`'s export.
+
+    Without the lock, a server starting on the checkpoint meanwhile took the export's temporary for a
+    killed export's and removed it under its own lock (the export then failed reading it back), and two
+    exports to one target ran at once. With it, whoever comes second waits; under it the killed
+    exports' temporaries are removed here too, as `ensure_onnx` would.
+    """
+    target = Path(out)
+    with _target_lock(target) as locked:
+        if locked:
+            _remove_stale_temporaries(target)
+        return export_onnx(checkpoint, target, opset=opset, quantize=quantize, fingerprint=fingerprint)
+
+
+@contextlib.contextmanager
+def _target_lock(target: Path) -> Iterator[bool]:
+    """`_directory_lock` on the directory `target` is written to, made first where it is missing (the
+    lock needs it open); yields whether the lock is held. Every exporter into a directory takes it:
+    one export's temporary is then never another's stale one."""
+    with contextlib.suppress(OSError):  # export_onnx creates it, or says why it cannot
+        target.parent.mkdir(parents=True, exist_ok=True)
+    with _directory_lock(target.parent) as locked:
+        yield locked
 
 
 @contextlib.contextmanager

@@ -3,10 +3,12 @@ would have answered for the page), and what a run may remove or resume (the rest
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -291,3 +293,67 @@ def test_a_directory_without_pages_is_refused_before_the_model_loads(
     err = capsys.readouterr().err
     assert f"page source {source} holds no pages" in err and err.count("\n") == 1, err
     assert not (tmp_path / "out.parquet").exists() and not (tmp_path / "out.parquet.parts").exists()
+
+
+def test_a_page_file_that_cannot_be_read_is_an_input_unreadable_row_a_resume_keeps(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An OSError reading a page (EIO, permission denied, a file gone) was a `validation_error` row, as if
+    the page were bad, and a dangling symlink in a directory of pages was skipped: its document lost
+    without a word. Both are `input_unreadable` rows now, which a resume keeps as it keeps a bad page's
+    row: done, though the disk answers by then. (Root reads a chmod 000 file: the reader is patched.)"""
+    site = tmp_path / "site"
+    site.mkdir()
+    for name in ("a.html", "c.html", "d.html"):
+        (site / name).write_text(f"<p>the page {name}, with a few words to embed</p>")
+    (site / "b.html").symlink_to(tmp_path / "gone.html")
+    (site / "e.html.gz").write_bytes(b"\x1f\x8b\x08 truncated")  # a bad page, for comparison
+    read = pages.read_page_bytes
+
+    def failing_disk(path: Path) -> bytes:
+        if path.name == "c.html":
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        return read(path)
+
+    out = tmp_path / "out.parquet"
+    args = _args(checkpoint, site, out, "--part-size", "1")
+    with monkeypatch.context() as patch:
+        patch.setattr(pages, "read_page_bytes", failing_disk)
+        _stop_before_merge(monkeypatch, args)
+    capsys.readouterr()
+    assert main(args) == 0
+    assert f"wrote 5 documents to {out} (0 failed this run)" in capsys.readouterr().err
+    table = pq.read_table(out)
+    assert table["id"].to_pylist() == ["a.html", "b.html", "c.html", "d.html", "e.html.gz"]
+    assert table["error"].to_pylist() == [
+        None,
+        "input_unreadable",
+        "input_unreadable",
+        None,
+        "validation_error",
+    ]
+    messages = table["error_message"].to_pylist()
+    assert "No such file or directory" in messages[1] and "Input/output error" in messages[2]
+    assert table["embedding"][2].as_py() is None and table["embedding"][3].as_py() is not None
+
+
+def test_an_input_that_cannot_be_read_is_input_unreadable_before_the_model_loads(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from service.engine import Engine
+
+    source = tmp_path / "pages.jsonl"
+    write_pages(source, 2)
+    real_open = Path.open
+
+    def failing_disk(self: Path, *args: Any, **kwargs: Any) -> Any:
+        if self == source:
+            raise OSError(errno.EIO, "Input/output error", str(self))
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "from_checkpoint", _not_loaded)
+    monkeypatch.setattr(Path, "open", failing_disk)
+    capsys.readouterr()
+    assert main(_args(checkpoint, source, tmp_path / "out.parquet")) == 1
+    err = capsys.readouterr().err
+    assert err == f"htmllm embed: input_unreadable: page source {source} cannot be read: Input/output error\n"

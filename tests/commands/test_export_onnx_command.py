@@ -1,4 +1,5 @@
-"""`htmllm export-onnx`: the options the exporter cannot honour fail before the export, in one line."""
+"""`htmllm export-onnx`: the options the exporter cannot honour fail before the export, in one line; the
+export holds the lock a starting server takes on the target's directory."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def test_an_unwritable_out_is_one_line(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def _fake_export(written_opset: int) -> Any:
-    def export(checkpoint: object, out: Path, *, opset: int, quantize: str | None) -> Path:
+    def export(checkpoint: object, out: Path, *, opset: int, quantize: str | None, **_: object) -> Path:
         import onnx
         from onnx import TensorProto, helper
 
@@ -66,3 +67,47 @@ def test_the_opset_written_is_the_one_reported(
         assert f"wrote {out} at opset 18, not the 20 asked for" in err
     else:
         assert f"wrote {out} (opset 20, " in err
+
+
+def test_the_export_holds_the_lock_a_starting_server_cleans_up_under(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ensure_onnx` removes, under an exclusive `flock` on the target's directory, the temporaries it
+    takes for killed exports': the CLI exported without that lock, so a server starting meanwhile could
+    remove its temporary. Now the export runs under the lock (the server waits), and removes the killed
+    exports' temporaries for its target as the server would, leaving everything else."""
+    import fcntl
+    import os
+
+    import service.core.checkpoint
+    import service.engine.onnx_export
+
+    monkeypatch.setattr(service.core.checkpoint, "load_checkpoint", lambda path: object())
+    fake = _fake_export(20)
+    seen: list[tuple[bool, list[str]]] = []
+
+    def export(checkpoint: object, out: Path, **kwargs: object) -> Path:
+        fd = os.open(Path(out).parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another open file: conflicts with a holder
+            locked = False
+        except BlockingIOError:
+            locked = True
+        finally:
+            os.close(fd)
+        seen.append((locked, sorted(p.name for p in Path(out).parent.iterdir())))
+        return fake(checkpoint, out, **kwargs)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(service.engine.onnx_export, "export_onnx", export)
+    graphs = tmp_path / "graphs"
+    graphs.mkdir()
+    killed = [".y.onnx.k3_x9abz.onnx", ".y.onnx.k3_x9abz.float.onnx"]
+    kept = [".z.onnx.ab12cd34.onnx", ".y.onnx.notes", "y.onnx.bak"]
+    for name in killed + kept:
+        (graphs / name).write_bytes(b"graph")
+    for out in (graphs / "y.onnx", tmp_path / "new" / "y.onnx"):  # a missing directory: made, then locked
+        args = ["export-onnx", "--checkpoint", str(tmp_path), "--out", str(out), "--opset", "20"]
+        assert main(args) == 0, capsys.readouterr().err
+        assert seen[-1][0], f"exported {out} without the directory's lock"
+    assert seen == [(True, sorted(kept)), (True, [])]
+    assert sorted(p.name for p in graphs.iterdir()) == sorted([*kept, "y.onnx"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import os
@@ -362,3 +363,44 @@ def test_the_extractor_processes_get_the_memory_limit(
     assert main(_args(source, tmp_path / "out.jsonl", *option)) == 0
     assert seen == [limit]
     assert main(_args(source, tmp_path / "out2.jsonl", "--memory-limit-mb", "-1")) == 2
+
+
+def test_a_page_file_that_cannot_be_read_is_an_input_unreadable_row_a_resume_keeps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An OSError reading a row's page file (a file gone, a directory, EIO) was a `validation_error` row,
+    as if the row were bad. It is `input_unreadable` now, and a resume keeps it as it keeps every failed
+    row: done, though the disk answers by then. (Root reads a chmod 000 file: the reader is patched.)"""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "eio.html").write_text("<p>a page on a failing disk</p>")
+    (tmp_path / "gone.html").symlink_to(tmp_path / "nowhere.html")
+    rows = [
+        {"id": "gone", "file": "gone.html"},
+        {"id": "dir", "file": "site"},
+        {"id": "eio", "file": "eio.html"},
+    ]
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in [*rows, {"id": "bad"}]))
+    read = pages.read_page_bytes
+
+    def failing_disk(path: Path) -> bytes:
+        if path.name == "eio.html":
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        return read(path)
+
+    output = tmp_path / "out.jsonl"
+    args = _args(source, output, "--part-size", "1")
+    with monkeypatch.context() as patch:
+        patch.setattr(pages, "read_page_bytes", failing_disk)
+        _stop_before_merge(monkeypatch, args)
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "4 pages, 4 failed" in capsys.readouterr().err
+    written = _rows(output)
+    assert [(row["id"], row["error"]["code"]) for row in written] == [
+        ("gone", "input_unreadable"),
+        ("dir", "input_unreadable"),
+        ("eio", "input_unreadable"),
+        ("bad", "validation_error"),
+    ]
+    assert "Input/output error" in written[2]["error"]["message"]

@@ -1,8 +1,9 @@
 """`htmllm prune`: a reader that stops early ends the command quietly; a page over the cap is refused
-without being read or inflated whole."""
+without being read or inflated whole; a page that cannot be read is one line with its code."""
 
 from __future__ import annotations
 
+import errno
 import gzip
 import io
 import os
@@ -76,4 +77,30 @@ def test_a_corrupt_gzip_page_is_one_line(tmp_path: Path, capsys: pytest.CaptureF
     page.write_bytes(gzip.compress(b"<p>" + b"words " * 1000)[:40])
     assert main(["prune", str(page)]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"htmllm prune: cannot read {page}: ") and err.count("\n") == 1
+    assert err.startswith(f"htmllm prune: validation_error: cannot read {page}: ") and err.count("\n") == 1
+
+
+def test_a_page_that_cannot_be_read_is_input_unreadable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file system's refusal (a file gone, a directory, EIO) is said with its own code, as the bulk
+    commands write it in a page's row; it had no code at all, where a page over the cap had one. (Root
+    reads a chmod 000 file: the reader is patched for EIO.)"""
+    gone = tmp_path / "gone.html"
+    gone.symlink_to(tmp_path / "nowhere.html")
+    for path, reason in ((gone, "No such file or directory"), (tmp_path, "Is a directory")):
+        assert main(["prune", str(path)]) == 1
+        assert capsys.readouterr().err == f"htmllm prune: input_unreadable: cannot read {path}: {reason}\n"
+
+    def failing_disk(handle: object) -> bytes:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(pages, "read_page", failing_disk)
+    page = tmp_path / "page.html"
+    page.write_text("<p>a page on a failing disk</p>")
+    for arg in (str(page), "-"):
+        assert main(["prune", arg]) == 1
+        assert (
+            capsys.readouterr().err
+            == f"htmllm prune: input_unreadable: cannot read {arg}: Input/output error\n"
+        )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import errno
 import gzip
 import json
 import os
@@ -10,6 +11,7 @@ import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import brotli
 import pytest
@@ -19,7 +21,13 @@ from fastwarc.stream_io import Lz4Writer
 from service.core import pages
 from service.core.decoding import decode_html
 from service.core.errors import ErrorCode
-from service.core.pages import PageSourceError, PageTooLargeError, count_pages, iter_pages
+from service.core.pages import (
+    PageSourceError,
+    PageTooLargeError,
+    PageUnreadableError,
+    count_pages,
+    iter_pages,
+)
 from service.core.prune import prune_html
 from tests.factories.warc import HttpResponse, response, warc_gz, warc_record
 from tests.memory import gzip_bomb, traced_peak
@@ -121,6 +129,97 @@ def test_a_corrupt_file_in_an_html_directory(tmp_path: Path) -> None:
         list(iter_pages(tmp_path))
     pages = list(iter_pages(tmp_path, bad_rows="report"))
     assert [(p.id, p.error is None) for p in pages] == [("a.html", True), ("b.html.gz", False)]
+
+
+def _eio_for(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
+    """Reading a page file of one of these names fails as a failing disk does (EIO)."""
+    read = pages.read_page_bytes
+
+    def failing(path: Path) -> bytes:
+        if path.name in names:
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        return read(path)
+
+    monkeypatch.setattr(pages, "read_page_bytes", failing)
+
+
+def test_a_page_file_that_cannot_be_read_is_input_unreadable_not_a_bad_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An OSError reading a page (EIO, permission denied, a file gone) was a `validation_error` row, as
+    if the page were bad; and a directory's dangling symlink was skipped, its page lost without a word.
+    (Root reads a chmod 000 file, so the failures here are a patched reader and a dangling symlink.)"""
+    site = tmp_path / "site"
+    site.mkdir()
+    for name in ("a.html", "c.html"):
+        (site / name).write_bytes(b"<p>a page</p>")
+    (site / "b.html").symlink_to(tmp_path / "gone.html")
+    (site / "d.html.gz").write_bytes(b"\x1f\x8b\x08 truncated")  # a bad page: still validation_error
+    _eio_for(monkeypatch, "c.html")
+    rows = list(iter_pages(site, bad_rows="report"))
+    assert [(p.id, p.error_code if p.error else None) for p in rows] == [
+        ("a.html", None),
+        ("b.html", ErrorCode.INPUT_UNREADABLE),
+        ("c.html", ErrorCode.INPUT_UNREADABLE),
+        ("d.html.gz", ErrorCode.VALIDATION),
+    ]
+    assert "No such file or directory" in str(rows[1].error) and "Input/output error" in str(rows[2].error)
+    assert count_pages(site) == len(rows)
+    with pytest.raises(PageUnreadableError, match=r"b\.html"):
+        list(iter_pages(site))
+
+    # A JSONL row naming a file that is gone or not a file, or whose file cannot be read; a single file.
+    (tmp_path / "rows.jsonl").write_text(
+        "".join(
+            json.dumps({"id": i, "file": f}) + "\n"
+            for i, f in enumerate(["site/b.html", "site", "site/c.html"])
+        )
+    )
+    rows = list(iter_pages(tmp_path / "rows.jsonl", bad_rows="report"))
+    assert [p.error_code for p in rows] == [ErrorCode.INPUT_UNREADABLE] * 3
+    assert "names a missing file" in str(rows[0].error) and "which is not a file" in str(rows[1].error)
+    assert [p.error_code for p in iter_pages(site / "c.html", bad_rows="report")] == [
+        ErrorCode.INPUT_UNREADABLE
+    ]
+
+
+def test_a_jsonl_file_that_fails_mid_read_ends_with_an_input_unreadable_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EIO past some line is the disk's failure; a gzip stream cut off there stays the file's
+    (`validation_error`, `test_a_cut_off_jsonl_gz_ends_with_an_error_row`)."""
+    source = tmp_path / "rows.jsonl"
+    source.write_text("".join(json.dumps({"id": str(i), "html": "<p>x</p>"}) + "\n" for i in range(3)))
+    opened = pages._open_jsonl
+
+    class FailingAfterTwoLines:
+        def __init__(self, handle: Any) -> None:
+            self.handle, self.lines = handle, 0
+
+        def readline(self, size: int = -1) -> bytes:
+            self.lines += 1
+            if self.lines > 2:
+                raise OSError(errno.EIO, "Input/output error")
+            return bytes(self.handle.readline(size))
+
+        def __enter__(self) -> FailingAfterTwoLines:
+            return self
+
+        def __exit__(self, *_: object) -> None:
+            self.handle.close()
+
+    monkeypatch.setattr(pages, "_open_jsonl", lambda path: FailingAfterTwoLines(opened(path)))
+    rows = list(iter_pages(source, bad_rows="report"))
+    assert [(p.id, p.error_code if p.error else None) for p in rows] == [
+        ("0", None),
+        ("1", None),
+        ("2", ErrorCode.INPUT_UNREADABLE),
+    ]
+    assert "cannot read past line 2" in str(rows[2].error)
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(gzip.compress(source.read_bytes())[:-12])
+    monkeypatch.undo()
+    assert list(iter_pages(cut, bad_rows="report"))[-1].error_code == ErrorCode.VALIDATION
 
 
 def test_missing_source(tmp_path: Path) -> None:

@@ -315,3 +315,86 @@ def test_an_export_removes_the_temporaries_of_a_killed_export_and_nothing_else(
     assert not {*stale[:2]} & {*seen[0]} and stale[2] in seen[0]  # another graph's: its own export's
     assert ensure_onnx(root, quantize="int8") == root / "model.int8.onnx"
     assert sorted(p.name for p in root.iterdir() if p.name in stale + kept) == sorted(kept)
+
+
+def test_a_cli_export_keeps_its_temporary_from_a_server_starting_meanwhile(
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`htmllm export-onnx` exported without `ensure_onnx`'s directory lock: a server starting on the
+    checkpoint during the export took the CLI's temporary for a killed export's and removed it under its
+    lock (the CLI then failed reading it back). Now the server waits for the CLI's lock, and finds the
+    CLI's graph up to date instead of exporting again."""
+    import fcntl
+    import tempfile
+    import threading
+
+    import onnx
+    import torch
+
+    from service.engine import onnx_export
+
+    root = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, root)
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # no graph of an earlier run cached
+    cli = threading.current_thread()
+    served: list[Path] = []
+    failed: list[Exception] = []
+
+    def serve() -> None:
+        try:
+            served.append(ensure_onnx(root))
+        except Exception as exc:  # reported by the assertions below
+            failed.append(exc)
+
+    server = threading.Thread(target=serve)
+    server_held_off = threading.Event()  # the server blocked on the lock, or done with its cleanup
+    real_flock, real_export = fcntl.flock, torch.onnx.export
+    real_cleanup = onnx_export._remove_stale_temporaries
+
+    def flock(fd: int, operation: int) -> None:
+        if threading.current_thread() is server and operation == fcntl.LOCK_EX:
+            try:
+                real_flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                server_held_off.set()
+        real_flock(fd, operation)
+
+    def cleanup(target: Path) -> None:
+        real_cleanup(target)
+        if threading.current_thread() is server:
+            server_held_off.set()
+
+    exports: list[str] = []
+    temporary_kept: list[bool] = []
+
+    def export_then_start_the_server(*args: object, **kwargs: object) -> object:
+        result = real_export(*args, **kwargs)  # type: ignore[arg-type]
+        exports.append(threading.current_thread().name)
+        if threading.current_thread() is cli:
+            temporary = Path(str(args[2]))  # written: what the CLI reads back next
+            server.start()
+            assert server_held_off.wait(120), "the server neither waited for the lock nor cleaned up"
+            temporary_kept.append(temporary.is_file())
+        return result
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    monkeypatch.setattr(onnx_export, "_remove_stale_temporaries", cleanup)
+    monkeypatch.setattr(torch.onnx, "export", export_then_start_the_server)
+    try:
+        assert main(["export-onnx", "--checkpoint", str(root)]) == 0
+    finally:
+        if server.ident is not None:  # started
+            server.join(120)
+    monkeypatch.undo()
+    assert temporary_kept == [True]
+    assert not failed, failed
+    graph = root / "model.onnx"
+    assert served == [graph] and exports == [cli.name]  # the server took the CLI's graph, not exporting
+    assert not [p.name for p in root.iterdir() if p.name.startswith(".model.onnx.")]
+    for path in {graph, *served}:  # what the CLI wrote and what the server runs
+        onnx.checker.check_model(str(path))
+        assert read_onnx_metadata(path)[FINGERPRINT_KEY] == checkpoint_fingerprint(root)
+        runner = OnnxRunner(path, pad_id=0, head_names=["page_type", "quality"])
+        assert runner.run(runner.prepare([[2, 9, 3], [2, 3]])).embeddings.shape[0] == 2
