@@ -54,8 +54,8 @@ COPY service ./service
 # /src/service (the copied source) would be imported instead of the installed package, and the check for
 # the bundled model would pass even if the package left it out.
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir --no-build-isolation ".[serve,extract,gpu]" \
-    && python -I -c "import service.api, service.engine, onnxruntime, resiliparse, trafilatura, justext" \
+RUN pip install --no-cache-dir --no-build-isolation ".[serve,extract,embed,gpu]" \
+    && python -I -c "import service.api, service.engine, onnxruntime, resiliparse, trafilatura, justext, pyarrow" \
     && python -I -c "import pathlib, service; d = pathlib.Path(service.__file__).parent / 'assets' / 'default-model'; assert (d / 'config.json').is_file(), f'no bundled default model at {d}'"
 
 # ---------------------------------------------------------------------------------------------------
@@ -93,7 +93,8 @@ CMD ["python", "-m", "service.api"]
 
 # ---------------------------------------------------------------------------------------------------
 # CPU builder: a virtualenv with the CPU torch wheel (the default PyPI wheel bundles CUDA, ~3 GB more)
-# and the `serve`, `extract` (the /v1/extract route's extractors) and `onnx` extras.
+# and the `serve`, `extract` (the /v1/extract route's extractors), `embed` (pyarrow, for the console
+# script's `htmllm embed`) and `onnx` extras.
 FROM ${PYTHON_IMAGE} AS cpu-builder
 ARG TORCH_VERSION
 ARG TORCH_CPU_INDEX
@@ -109,8 +110,8 @@ COPY pyproject.toml README.md ./
 COPY service ./service
 # Checked with `python -I` for the reason the CUDA builder gives: the installed package, not /src/service.
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir ".[serve,extract,onnx]" \
-    && python -I -c "import service.api, service.engine, onnxruntime, resiliparse, trafilatura, justext" \
+RUN pip install --no-cache-dir ".[serve,extract,embed,onnx]" \
+    && python -I -c "import service.api, service.engine, onnxruntime, resiliparse, trafilatura, justext, pyarrow" \
     && python -I -c "import pathlib, service; d = pathlib.Path(service.__file__).parent / 'assets' / 'default-model'; assert (d / 'config.json').is_file(), f'no bundled default model at {d}'"
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """The keys the model routes accept: `HTMLLM_API_KEY` and the lines of `HTMLLM_API_KEY_FILE`.
 
 The file is how keys rotate without downtime: mount a Kubernetes Secret there, add the new key beside the
-old one, move the clients over, remove the old key. The server looks at the file at most once a second
-and re-reads it when it changed, with no restart and no moment when neither key works.
+old one, move the clients over, remove the old key. A request looks at the file (at most once a second,
+whatever the request rate) and re-reads it when it changed, with no restart and no moment when neither
+key works. The two are additive: `HTMLLM_API_KEY`, when set, is accepted whatever the file holds.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ class ApiKeys:
 
     A key file that becomes unreadable or disappears keeps the keys last read (a Secret being re-mounted
     must not lock every client out, nor open the door); one that is readable but holds no key accepts no
-    key (the operator removed them all). Each change is logged, never a key.
+    key of its own (the operator removed them all): only the fixed key, if there is one, still opens the
+    model routes. Each change is logged, never a key.
     """
 
     def __init__(self, key: SecretStr | None = None, key_file: Path | None = None) -> None:
@@ -80,13 +82,17 @@ class ApiKeys:
                     state, keys = _read_key_file(self._file)
                     logger.info("API key file %s changed: %d key(s)", self._file, len(keys))
                     if not keys:
-                        logger.warning(
-                            "API key file %s holds no key: every model request gets 401", self._file
-                        )
+                        logger.warning("API key file %s holds no key: %s", self._file, self._left_open())
                     self._file_state, self._file_keys = state, keys
             except HtmllmError as exc:
                 logger.warning("%s; keeping the %d key(s) read before", exc, len(self._file_keys))
             return self._file_keys
+
+    def _left_open(self) -> str:
+        """What a model request needs while the key file holds no key."""
+        if self._fixed:
+            return "only HTMLLM_API_KEY is accepted"
+        return "every model request gets 401"
 
 
 def _file_state(path: Path) -> _FileState:

@@ -49,12 +49,14 @@ DESCRIPTION = (
     '`{"error": {"code", "message"}}`; a full queue, or a body past the bytes the server holds at once '
     "(`HTMLLM_MAX_INFLIGHT_BYTES`), answers 429 with `Retry-After`. Request bodies may "
     "be compressed (`Content-Encoding: gzip`, `deflate`, `br` or `zstd`); responses are gzipped for "
-    "clients that accept it. Every response carries `x-request-id` (the client's, if usable). Response "
-    "headers `x-prune-time`, `x-tokenize-time`, `x-queue-time`, `x-inference-time`, `x-total-time` are in "
-    "milliseconds. Besides what each operation lists, any request may be answered 404 `not_found` (no "
-    "such route), 405 `method_not_allowed` (with `Allow`: the methods the path takes) or 431 "
-    "`headers_too_large` (request line and headers over 64 KiB; the connection is closed), with the same "
-    "error body."
+    "clients that accept it. Every response the app answers carries `x-request-id` (the client's, if "
+    "usable). Response headers `x-prune-time`, `x-tokenize-time`, `x-queue-time`, `x-inference-time`, "
+    "`x-total-time` are in milliseconds. Besides what each operation lists, any request may be answered "
+    "404 `not_found` (no such route), 405 `method_not_allowed` (with `Allow`: the methods the path "
+    "takes) or 431 `headers_too_large` (request line and headers over 64 KiB; the connection is closed), "
+    "with the same error body. The 431, and the plain-text 400 the HTTP parser sends for bytes that are "
+    "not HTTP/1.1 (an unknown method, TLS on the plain port), come from below the app: they carry no "
+    "`x-request-id`."
 )
 
 

@@ -52,6 +52,13 @@ class ModelMissingError(HtmllmError):
     code = ErrorCode.CHECKPOINT_INVALID
 
 
+class InvalidSettingsError(HtmllmError):
+    """Settings this machine or this checkpoint cannot serve with: exit 2, as the settings the Settings
+    class or the engine's configuration refuse, not 1 as a missing or broken model."""
+
+    code = ErrorCode.VALIDATION
+
+
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """The server's flags; each overrides its `HTMLLM_*` variable."""
     parser.add_argument("--host", default=None, help="address to bind (HTMLLM_HOST, default 0.0.0.0)")
@@ -136,10 +143,9 @@ def check_model_path(settings: Settings) -> None:
 
         meta = read_meta(path)  # raises CheckpointError naming the missing or unreadable file
         if settings.max_length is not None and settings.max_length > meta.max_length:
-            raise HtmllmError(
+            raise InvalidSettingsError(
                 f"HTMLLM_MAX_LENGTH {settings.max_length} exceeds the {meta.max_length} "
-                f"tokens the model at {path} was trained for",
-                code=ErrorCode.VALIDATION,
+                f"tokens the model at {path} was trained for"
             )
         return
     if path.resolve() == default_model_path().resolve():
@@ -150,6 +156,21 @@ def check_model_path(settings: Settings) -> None:
     else:
         hint = "point HTMLLM_MODEL_PATH / --model-path at a checkpoint directory"
     raise ModelMissingError(f"no model at {path}: {hint}")
+
+
+def check_device(settings: Settings) -> None:
+    """Raise InvalidSettingsError when this machine cannot run the settings' device and attention
+    (`HTMLLM_DEVICE=cuda` without CUDA, `HTMLLM_ATTENTION=flash_attention_2` on CPU): the runner would
+    refuse them only once the checkpoint had loaded, as a traceback."""
+    from service.engine.engine import check_device as check_engine_device
+
+    try:
+        check_engine_device(settings.engine_config())
+    except ValueError as exc:
+        chosen = f"HTMLLM_DEVICE={settings.device}, HTMLLM_DTYPE={settings.dtype}"
+        if settings.backend == "torch":
+            chosen += f", HTMLLM_ATTENTION={settings.attention}"
+        raise InvalidSettingsError(f"{exc} ({chosen})") from exc
 
 
 def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
@@ -175,7 +196,8 @@ def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
 
 
 def serve(settings: Settings) -> int:
-    """Run the server until SIGTERM/SIGINT; 1 when the model is missing or does not load."""
+    """Run the server until SIGTERM/SIGINT; 1 when the model is missing or does not load, 2 when the
+    settings cannot work on this machine or with this checkpoint."""
     import uvicorn
 
     from service.api.api_keys import ApiKeys
@@ -185,8 +207,12 @@ def serve(settings: Settings) -> int:
     configure_logging(settings.log_level, settings.log_format)
     try:
         ApiKeys(settings.api_key, settings.api_key_file)  # before the model loads: a bad key file is quick
+        check_device(settings)
         check_model_path(settings)
         engine = load_engine(settings)
+    except InvalidSettingsError as exc:
+        sys.stderr.write(f"htmllm serve: invalid settings: {exc}\n")
+        return 2
     except HtmllmError as exc:
         sys.stderr.write(f"htmllm serve: {exc.code}: {exc}\n")
         return 1

@@ -239,7 +239,9 @@ class Limits(BaseModel):
     max_wait_ms: float
     max_queue_documents: int
     max_inflight_bytes: int = Field(description="request bodies held at once; a body past it gets 429")
-    extract_timeout_s: float = Field(description="each extractor's limit on one page (/v1/extract)")
+    extract_timeout_s: float = Field(
+        description="each extractor's limit on one page (/v1/extract), within the request timeout"
+    )
     preprocess_timeout_s: float | None = Field(
         description="one page's preprocessing limit (its worker is killed past it); null with threads"
     )

@@ -69,7 +69,7 @@ class Settings(BaseSettings):
         "process",
         description="process: the preprocess workers are processes: pruning holds the GIL, so threads "
         "prune about 1.1x as fast as one, and a process can be stopped and held to a memory limit, a "
-        "thread cannot; thread: no processes (about 110 MB each), no limits",
+        "thread cannot; thread: no processes (about 50-65 MB resident each), no limits",
     )
     preprocess_timeout_s: float = Field(
         20.0,
@@ -137,7 +137,7 @@ class Settings(BaseSettings):
         2048,
         ge=0,
         description="each extractor worker's data (heap, private mappings; Linux RLIMIT_DATA) in MiB; an "
-        "extraction that needs more is an extraction_failed error (about 110 MiB idle, at most 560 "
+        "extraction that needs more is an extraction_failed error (about 110 MiB idle, at most 554 "
         "measured on 16 MiB pages); 0: none",
     )
 
@@ -171,6 +171,12 @@ class Settings(BaseSettings):
                 "raise the first"
             )
         return self
+
+    @property
+    def extract_limit_s(self) -> float:
+        """Each extractor's time on one page as /v1/extract runs it (and /info reports it): within the
+        request's, so a stuck page cannot outlive its request."""
+        return min(self.extract_timeout_s, self.request_timeout_s)
 
     def engine_config(self) -> EngineConfig:
         """The Engine's configuration; the settings are the one place both are read from."""

@@ -170,6 +170,26 @@ def build_runner(path: Path, config: EngineConfig) -> tuple[Runner, CheckpointMe
     return torch_runner, checkpoint.meta, checkpoint.tokenizer
 
 
+def check_device(config: EngineConfig) -> None:
+    """ValueError when `config` asks for what this machine cannot run: CUDA where torch finds none, or an
+    attention kernel its device and dtype cannot take (flash_attention_2 on CPU).
+
+    The runner refuses both too, but only once the checkpoint has loaded (or in the inference child); a
+    caller that checks first (`htmllm serve`) says so in one line, before anything loads.
+    """
+    if config.backend != "torch":  # onnxruntime's providers are the onnx runner's to check
+        return
+    if config.device == "cuda":  # torch is imported only for what needs it: the default asks nothing
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("device 'cuda', but this machine has no usable CUDA device")
+    if config.attn_implementation is not None:
+        from service.engine.runners.torch import choose_attention
+
+        choose_attention(config.device, config.dtype, config.attn_implementation)
+
+
 class Engine:
     """Batched inference over one checkpoint; safe to share between any number of concurrent callers."""
 
@@ -461,6 +481,18 @@ class Engine:
             raise ShuttingDownError("the engine is shutting down and accepts no new documents")
         return self._require_started()
 
+    def check_call_size(self, count: int) -> None:
+        """TooManyDocumentsError when one call's `count` documents could never fit the bounded queue,
+        however long the caller waited: a 422 to split the call, not a 429 that a client retries forever.
+
+        `embed` checks it; a caller that admits documents one by one (the service's /v1/preprocess)
+        checks it for the whole request first, or its last documents find the queue full of its first.
+        """
+        if count > self.config.max_queue_documents:
+            raise TooManyDocumentsError(
+                f"{count} documents in one call exceed the queue's {self.config.max_queue_documents}"
+            )
+
     def _check_room(self, count: int) -> None:
         """OverloadedError unless `count` more documents fit the bounded queue."""
         if self._in_flight + count > self.config.max_queue_documents:
@@ -540,10 +572,7 @@ class Engine:
         if not documents:
             return []
         count = len(documents)
-        if count > self.config.max_queue_documents:
-            raise TooManyDocumentsError(
-                f"{count} documents in one call exceed the queue's {self.config.max_queue_documents}"
-            )
+        self.check_call_size(count)
         self._check_room(count)
         if deadline is not None and deadline <= called:
             raise DeadlineExceededError("the deadline passed before the documents were queued")

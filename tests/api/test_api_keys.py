@@ -76,6 +76,27 @@ def test_a_file_that_disappears_keeps_the_keys_and_an_empty_one_accepts_none(
     assert keys.accepts("k2")
 
 
+@pytest.mark.usefixtures("recheck_always")
+def test_an_emptied_file_still_leaves_the_fixed_key_and_the_log_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """HTMLLM_API_KEY and the file's keys are additive: emptying the file revokes its keys only. The log
+    said `every model request gets 401` while the fixed key was still accepted."""
+    both, alone = tmp_path / "both", tmp_path / "alone"
+    for path in (both, alone):
+        path.write_text("file-key\n", encoding="utf-8")
+    with_fixed, file_only = ApiKeys(SecretStr("env-key"), both), ApiKeys(key_file=alone)
+    with caplog.at_level(logging.WARNING, logger="service.api.api_keys"):
+        swap(both, "# every file key revoked\n")
+        assert with_fixed.accepts("env-key") and not with_fixed.accepts("file-key")
+    assert "holds no key: only HTMLLM_API_KEY is accepted" in caplog.text and "401" not in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="service.api.api_keys"):
+        swap(alone, "# every file key revoked\n")
+        assert not file_only.accepts("file-key") and not file_only.accepts("env-key")
+    assert "holds no key: every model request gets 401" in caplog.text
+
+
 def test_the_file_is_not_looked_at_on_every_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "keys"
     path.write_text("k1\n", encoding="utf-8")

@@ -24,6 +24,7 @@ from prometheus_client import generate_latest
 from service.api import runtime as runtime_module
 from service.api.app import create_app
 from service.api.routers import embed as embed_router
+from service.engine import Document, OverloadedError
 from tests.api.conftest import SettingsFactory, app_client, tiny_settings
 from tests.api.pages import CZECH_TEXT, WINDOWS_1250_PAGE, long_page, page, slow_to_extract_page
 from tests.factories.checkpoint import (
@@ -656,6 +657,57 @@ async def test_extract_backlog_is_bounded(settings_for: SettingsFactory) -> None
         assert empty.status_code == 400
 
 
+async def test_more_documents_than_the_queue_holds_are_a_422_on_preprocess_as_on_embed(
+    settings_for: SettingsFactory,
+) -> None:
+    """HTMLLM_MAX_DOCUMENTS above HTMLLM_MAX_QUEUE_DOCUMENTS: /v1/preprocess, whose documents the engine
+    admits one by one, answered 429 `the queue is full (8 of 8 documents)` for ever, while /v1/embed
+    answered the 422."""
+    async with app_client(settings_for(max_documents=16, max_queue_documents=8)) as client:
+        body = {"documents": [{"html": page(i)} for i in range(9)]}
+        for route in ("/v1/embed", "/v1/preprocess"):
+            response = await client.post(route, json=body)
+            assert response.status_code == 422 and "retry-after" not in response.headers, response.text
+            assert response.json()["error"] == {
+                "code": "too_many_documents",
+                "message": "9 documents in one call exceed the queue's 8",
+            }
+        fits = {"documents": body["documents"][:8]}
+        assert (await client.post("/v1/preprocess", json=fits)).status_code == 200
+
+
+async def test_a_preprocess_request_refused_partway_gives_back_its_queue_slots(
+    settings_for: SettingsFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One document refused (a 429, a failed page) answers the request; its other documents, each holding
+    a slot of the engine's queue, ran on for no one under a bare `gather`, filling the queue."""
+    app = create_app(settings_for())
+    held_slot_cancelled = asyncio.Event()
+
+    async def preprocess(doc: Document) -> object:
+        if doc.id == "refused":
+            raise OverloadedError("the queue is full (1 of 1 documents)")
+        try:
+            await asyncio.Event().wait()  # holds its slot until cancelled
+        except asyncio.CancelledError:
+            held_slot_cancelled.set()
+            raise
+        return None
+
+    async with app.router.lifespan_context(app):
+        monkeypatch.setattr(app.state.runtime.engine, "preprocess", preprocess)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+            documents = [{"id": "held", "html": page(1)}, {"id": "refused", "html": page(2)}]
+            response = await client.post("/v1/preprocess", json={"documents": documents})
+        assert response.status_code == 429 and response.json()["error"]["code"] == "overloaded"
+        for _ in range(100):  # the cancellation lands on the held document's next turn of the loop
+            if held_slot_cancelled.is_set():
+                break
+            await asyncio.sleep(0)
+        assert held_slot_cancelled.is_set()
+
+
 async def test_extract_raw_body_query_options_are_the_json_options(settings_for: SettingsFactory) -> None:
     """`?min_words=0` was read as 50 (`min_words or 50`), and five `extractors` in the query were a 500
     (a pydantic error outside the request parser); a repeated extractor ran twice."""
@@ -696,6 +748,14 @@ async def test_extractor_time_limit_is_a_setting(settings_for: SettingsFactory) 
         slow, fine = (item["extractions"][0] for item in response.json()["data"])
         assert slow["error"]["code"] == "extraction_failed" and "limit" in slow["error"]["message"]
         assert fine["error"] is None and fine["chosen"] == "justext"
+
+
+async def test_info_reports_the_extractor_limit_in_force(settings_for: SettingsFactory) -> None:
+    """/v1/extract holds each extractor to the request timeout when that is shorter; /info showed the
+    configured 100 s, while its preprocess_timeout_s already showed the limit in force."""
+    async with app_client(settings_for(extract_timeout_s=100, request_timeout_s=30)) as client:
+        limits = (await client.get("/info")).json()["limits"]
+    assert (limits["extract_timeout_s"], limits["request_timeout_s"]) == (30, 30)
 
 
 async def test_a_failing_backend_turns_ready_then_health_503_and_a_probe_brings_it_back(

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from service.api import main as api_main
 from service.api.settings import Settings
@@ -68,11 +69,50 @@ def test_invalid_settings_exit_2(capsys: pytest.CaptureFixture[str], monkeypatch
     assert "float16 is for CUDA" in capsys.readouterr().err
 
 
-def test_a_max_length_beyond_the_checkpoints_is_one_line(
+def test_a_max_length_beyond_the_checkpoints_is_one_line_and_exit_2(
     tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert api_main.serve(Settings(model_path=tiny_checkpoint, max_length=100_000, port=1)) == 1
-    assert "validation_error: HTMLLM_MAX_LENGTH 100000 exceeds" in capsys.readouterr().err
+    """A setting this checkpoint cannot serve with, as the settings the Settings class refuses: not 1,
+    which says the model is missing or broken."""
+    assert api_main.serve(Settings(model_path=tiny_checkpoint, max_length=100_000, port=1)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("htmllm serve: invalid settings: HTMLLM_MAX_LENGTH 100000 exceeds the ")
+    assert err.count("\n") == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_on_a_machine_without_it_is_one_line_and_exit_2(
+    tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was the runner's ValueError, a traceback and exit 1, once the checkpoint had loaded."""
+    monkeypatch.setenv("HTMLLM_DTYPE", "bfloat16")
+    assert api_main.main(["--device", "cuda", "--model-path", str(tiny_checkpoint), "--port", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "htmllm serve: invalid settings: device 'cuda', but this machine has no usable CUDA device "
+        "(HTMLLM_DEVICE=cuda, HTMLLM_DTYPE=bfloat16, HTMLLM_ATTENTION=auto)\n"
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_flash_attention_on_cpu_is_one_line_and_exit_2(
+    tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, dtype: str
+) -> None:
+    """It was the runner's ValueError, a traceback and exit 1, once the checkpoint had loaded."""
+    monkeypatch.setenv("HTMLLM_ATTENTION", "flash_attention_2")
+    monkeypatch.setenv("HTMLLM_DTYPE", dtype)
+    assert api_main.main(["--device", "cpu", "--model-path", str(tiny_checkpoint), "--port", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "htmllm serve: invalid settings: flash_attention_2 needs CUDA and bfloat16 or float16 "
+        f"(HTMLLM_DEVICE=cpu, HTMLLM_DTYPE={dtype}, HTMLLM_ATTENTION=flash_attention_2)\n"
+    )
+
+
+def test_an_attention_the_device_can_run_starts_as_before(tiny_checkpoint: Path) -> None:
+    """The check refuses only what the runner would: eager on CPU passes it."""
+    api_main.check_device(Settings(model_path=tiny_checkpoint, attention="eager"))
+    api_main.check_device(Settings(model_path=tiny_checkpoint, backend="onnx", attention="flash_attention_2"))
 
 
 def test_a_checkpoint_the_inference_process_cannot_load_is_one_line(

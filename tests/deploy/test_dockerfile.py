@@ -36,6 +36,9 @@ from tests.deploy.dockerfile_rules import (
 )
 
 FINAL = {"cpu": "cpu-builder", "cuda": "cuda-builder"}  # runtime target -> the builder it copies from
+# Distributions that provide a module under another name than the one installed here (the CUDA image's
+# onnxruntime-gpu installs the `onnxruntime` module this CPU machine gets from onnxruntime).
+ALSO_PROVIDED_BY = {"onnxruntime": ["onnxruntime-gpu"]}
 CONTEXT_SOURCES = {"pyproject.toml", "README.md", "service"}
 PORT = "8000"
 
@@ -124,7 +127,8 @@ def test_cpu_image_installs_onnxruntime_and_cpu_torch() -> None:
     stage = stages()["cpu-builder"]
     chosen = installed_extras(stage)
     # extract: the /v1/extract route's extractors (resiliparse, trafilatura, jusText).
-    assert chosen == {"serve", "extract", "onnx"}
+    # embed: pyarrow, for the console script's `htmllm embed` (docs/deployment.md says it works in the image).
+    assert chosen == {"serve", "extract", "embed", "onnx"}
     names = set().union(*(requirement_names(extras()[e]) for e in chosen))
     assert "onnxruntime" in names and "flash-attn" not in names
     assert "TORCH_CPU_INDEX" in run_text(stage)
@@ -134,7 +138,7 @@ def test_cpu_image_installs_onnxruntime_and_cpu_torch() -> None:
 def test_cuda_image_installs_flash_attn_and_onnxruntime_gpu() -> None:
     stage = stages()["cuda-builder"]
     chosen = installed_extras(stage)
-    assert chosen == {"serve", "extract", "gpu"}
+    assert chosen == {"serve", "extract", "embed", "gpu"}
     names = set().union(*(requirement_names(extras()[e]) for e in chosen))
     assert {"flash-attn", "onnxruntime-gpu"} <= names
     # onnxruntime and onnxruntime-gpu install the same module; only the GPU build may be present.
@@ -179,21 +183,37 @@ def installed_closure(requirements: set[str]) -> set[str]:
     return seen
 
 
-def test_cpu_image_has_every_module_the_server_imports() -> None:
-    """Every third-party module the server's packages import (the CLI's optional extras aside) comes
-    with the CPU image's requirements, so the image does not fail at import or on a route."""
+@pytest.mark.parametrize("builder", sorted(FINAL.values()))
+def test_image_has_every_module_the_service_imports(builder: str) -> None:
+    """Every third-party module anything under service/ imports, lazily too, comes with the image's
+    requirements: the server's packages, so the image does not fail at import or on a route, and the
+    console script's commands (`htmllm embed` writes Parquet with pyarrow, `htmllm export-onnx` needs
+    onnx), which docs/deployment.md says work in the image."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     requirements = requirement_names(project["dependencies"])
-    for extra in installed_extras(stages()["cpu-builder"]):
+    for extra in installed_extras(stages()[builder]):
         requirements |= requirement_names(extras()[extra])
     closure = installed_closure(requirements)
     owners = metadata.packages_distributions()
+    imported = third_party_imports(["service"])
+    # The walk sees the bulk commands' lazy imports (else this test would check only the server).
+    assert {"pyarrow", "onnx", "fastapi"} <= imported
     missing = {
         module
-        for module in third_party_imports(["service/api", "service/engine", "service/core"])
-        if not any(normalized(d) in closure for d in owners.get(module, [module]))
+        for module in imported
+        if not any(
+            normalized(d) in closure
+            for d in [*owners.get(module, [module]), *ALSO_PROVIDED_BY.get(module, [])]
+        )
     }
     assert missing == set()
+
+
+def test_embed_and_train_extras_agree_on_pyarrow() -> None:
+    """pyarrow is in two extras (the images' `embed`, the training stack's `train`): one bound for both."""
+    (embed,) = [r for r in extras()["embed"] if requirement_names([r]) == {"pyarrow"}]
+    (train,) = [r for r in extras()["train"] if requirement_names([r]) == {"pyarrow"}]
+    assert embed == train
 
 
 @pytest.mark.parametrize("builder", sorted(FINAL.values()))

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.preparation import PreprocessError, count_limit
-from service.engine.engine import Engine
+from service.engine.engine import Engine, check_device
 from service.engine.types import (
     BatchStats,
     DeadlineExceededError,
@@ -782,3 +783,24 @@ async def test_a_request_the_queue_cannot_serve_before_its_deadline_is_refused_a
         # With time enough for the queue ahead, the same request is taken and answered.
         later = await engine.embed(pages[10:12], deadline=time.monotonic() + 30)
         assert len(later) == 2 and len(await ahead) == 10
+
+
+def test_check_device_refuses_before_anything_loads_what_the_runner_would_refuse() -> None:
+    """`htmllm serve` asks it first: the runner's own refusal came only after the checkpoint had loaded."""
+    check_device(EngineConfig())
+    check_device(EngineConfig(attn_implementation="eager"))
+    check_device(EngineConfig(backend="onnx", device="cuda"))  # onnxruntime's providers: the runner's
+    with pytest.raises(ValueError, match="flash_attention_2 needs CUDA"):
+        check_device(EngineConfig(attn_implementation="flash_attention_2", dtype="bfloat16"))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no usable CUDA device"):
+            check_device(EngineConfig(device="cuda", dtype="bfloat16"))
+
+
+def test_one_call_larger_than_the_queue_is_too_many_documents(tiny_checkpoint: Path) -> None:
+    """Never a fit however long the caller waits: a 422 to split the call, for embed and for a caller
+    that admits documents one by one (/v1/preprocess)."""
+    engine = Engine.from_checkpoint(tiny_checkpoint, EngineConfig(max_queue_documents=2))
+    engine.check_call_size(2)
+    with pytest.raises(TooManyDocumentsError, match="3 documents in one call exceed the queue's 2"):
+        engine.check_call_size(3)

@@ -118,8 +118,7 @@ async def extract_text(
     documents = [raw] if raw is not None else to_documents(parsed.documents)
     check_document_count(documents, runtime.settings.max_documents)
     pool, threads = await runtime.extraction()
-    # Each extractor's own limit is within the request's, so a stuck page cannot outlive its request.
-    timeout_s = min(runtime.settings.extract_timeout_s, runtime.settings.request_timeout_s)
+    timeout_s = runtime.settings.extract_limit_s
     calls = [
         functools.partial(_extract_one, doc, name, min_words=parsed.min_words, timeout_s=timeout_s, pool=pool)
         for doc in documents

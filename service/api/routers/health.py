@@ -104,7 +104,7 @@ async def info(runtime: RuntimeDep, engine: EngineDep) -> InfoResponse:
             max_wait_ms=settings.max_wait_ms,
             max_queue_documents=settings.max_queue_documents,
             max_inflight_bytes=settings.max_inflight_bytes,
-            extract_timeout_s=settings.extract_timeout_s,
+            extract_timeout_s=settings.extract_limit_s,  # what the route runs with, as preprocess's
             preprocess_timeout_s=config.preprocess_timeout_s if processes else None,
             preprocess_memory_limit_mb=config.preprocess_memory_limit_mb if processes else None,
         ),

@@ -14,6 +14,8 @@ from service.api.openapi import MODEL_ROUTE_ERRORS, raw_body_openapi
 from service.api.rendering import json_response
 from service.api.runtime import EngineDep, RuntimeDep, answer_or_cancel
 from service.api.schemas import PreprocessRequest, PreprocessResponse, PreprocessResult
+from service.core.preparation import Preprocessed
+from service.engine import Document, Engine
 
 router = APIRouter(tags=["debug"], dependencies=[Depends(require_api_key)], responses=MODEL_ROUTE_ERRORS)
 
@@ -34,10 +36,11 @@ async def preprocess(
     parsed, raw = await read_body(request, PreprocessRequest, raw_options={"id": id})
     documents = [raw] if raw is not None else to_documents(parsed.documents if parsed else [])
     check_document_count(documents, runtime.settings.max_documents)
+    # The engine admits these one by one: more than its queue holds would find it full of their own
+    # first documents, a 429 to retry for ever. /v1/embed's 422, from the engine's one check.
+    engine.check_call_size(len(documents))
     outputs = await answer_or_cancel(
-        request,
-        asyncio.gather(*(engine.preprocess(doc) for doc in documents)),
-        timeout_s=runtime.settings.request_timeout_s,
+        request, _preprocess_all(engine, documents), timeout_s=runtime.settings.request_timeout_s
     )
     answer = PreprocessResponse(
         data=[
@@ -46,3 +49,14 @@ async def preprocess(
         ]
     )
     return await json_response(answer, text_chars=sum(len(out.html) for out in outputs))
+
+
+async def _preprocess_all(engine: Engine, documents: list[Document]) -> list[Preprocessed]:
+    """Every document preprocessed, or the first failure with the others cancelled: each holds a slot of
+    the engine's queue until it ends, and a bare `gather` left them running for an answered request."""
+    tasks = [asyncio.ensure_future(engine.preprocess(doc)) for doc in documents]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
