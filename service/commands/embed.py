@@ -286,11 +286,14 @@ def _plan(args: argparse.Namespace) -> _Plan:
         )
     except ValueError as exc:
         raise OptionError(str(exc)) from exc
-    if args.device == "cuda":
-        import torch
+    from service.engine.engine import check_device
 
-        if not torch.cuda.is_available():
-            raise OptionError("--device cuda, but this machine has no usable CUDA device")
+    try:  # the server's check: CUDA where there is none, an attention the device cannot run
+        check_device(config)
+    except ValueError as exc:
+        raise OptionError(
+            f"--device {args.device}, --dtype {args.dtype}, --attention {args.attention}: {exc}"
+        ) from exc
     if args.backend == "onnx":
         try:
             import onnxruntime  # noqa: F401

@@ -432,6 +432,7 @@ def test_a_typo_in_the_input_neither_loads_the_model_nor_locks_the_output(
             ["--device", "cuda"], 1, "no usable CUDA device",
             marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA"),
         ),
+        (["--attention", "flash_attention_2"], 1, "flash_attention_2 needs CUDA"),
         (["--output", "/proc/x.parquet"], 1, "/proc/x.parquet.parts"),
         (["--output", "{tmp}/pages.jsonl/out.parquet"], 1, "Not a directory"),
     ],
