@@ -225,8 +225,9 @@ _NESTING_WORK_HEADROOM = 100_000_000
 # `_FORMATTING`): three copies of each, and every one with attributes, bound the list
 # (`_tags_with_attributes`, on lowercased bytes).
 _FORMATTING_NAMES = b"b big code em font i nobr s small strike strong tt u".split()
-_FORMATTING_WITH_ATTRIBUTES = re.compile(
-    rb"<(?:b(?:ig)?|code|em|font|i|nobr|s(?:mall|trike|trong)?|tt|u|(html|body)|(a))(?=[\t\n\f\r /])"
+_FORMATTING_WITH_ATTRIBUTES = re.compile(  # (the first letters first: most "<" start none of these)
+    rb"<(?=[abcefhinstu])(?:b(?:ig)?|code|em|font|i|nobr|s(?:mall|trike|trong)?|tt|u|(html|body)|(a))"
+    rb"(?=[\t\n\f\r /])"
     rb"(" + _TAG_ATTRIBUTES_REST + rb")"
 )
 # The attributes of an <html> or <body> start tag: the parser merges those of every repeated one into the
@@ -262,11 +263,40 @@ _TABLE_ENDS = frozenset(b"table tbody thead tfoot tr td th caption template".spl
 # Tags whose reading by the parser, where the scan cannot follow it (a <select>, a taint), may pop or
 # insert a table, a cell or a marker the estimate then does not know of.
 _PIVOTS = _TABLE_STARTS | _TABLE_ENDS | {b"applet", b"marquee", b"object"}
+# End tags that may make the parser clear its list to the last marker (start tags: `_TABLE_STARTS`, which
+# close an open cell or caption): what closes a cell, a caption, an <object>, ... or a template.
+_CLEARING_ENDS = _TABLE_ENDS | {b"applet", b"marquee", b"object"}
+# Start tags the parser never reconstructs the active formatting elements for, whatever its insertion
+# mode (a <div>, a table's parts, what goes to the head's rules, void elements it inserts and pops at
+# once, raw text, ...): what is off the stack stays off, to be re-created by the text or tag after.
+_NO_RECONSTRUCTION = frozenset(
+    b"""address article aside blockquote center details dialog dir div dl fieldset figcaption figure footer
+    header hgroup main menu nav ol p search section summary ul h1 h2 h3 h4 h5 h6 pre listing plaintext
+    li dd dt hr form table caption col colgroup tbody thead tfoot tr td th frame frameset html head body
+    base basefont bgsound link meta noframes script style template title textarea iframe noembed
+    noscript param source track rb rp rt rtc""".split()
+)
+# ... and those it reconstructs for in some modes only (an <input type=hidden> in a table is none).
+_MAY_RECONSTRUCT = frozenset((b"input",))
+# Start tags after which the text is no HTML text (raw text, a select's, foreign content).
+_NOT_HTML_AFTER = frozenset(
+    (*_RAW_TEXT_NAMES.split(b"|"), b"select", b"svg", b"math", b"frameset", b"template")
+)
+_TEXT_CHARACTER = re.compile(rb"[^\t\n\f\r \x00]")
+_CHARACTER = re.compile(rb"[^\x00]")
 _SCAN_AFTER = 64  # live entries looked at for the adoption agency's inner clones (then: the heaviest)
+# Start tags that close a <p> in button scope (<table> only in no-quirks mode, <form> only when no form
+# is open: both handled apart).
+_CLOSES_P = frozenset(
+    b"""address article aside blockquote center details dialog dir div dl fieldset figcaption figure footer
+    header hgroup main menu nav ol p search section summary ul h1 h2 h3 h4 h5 h6 pre listing plaintext xmp
+    li dd dt hr""".split()
+)
 # Start tags that close an element left open (and with it what it holds): a block start the open
-# <p>, an <li> the open <li>, and so on.
+# <p>, an <li> the open <li>, and so on. (Not a <button>, a <tbody> outside a table, ...: the parser
+# leaves the <p> open, and its end pops what it holds then.)
 _IMPLIED_ENDS: dict[bytes, tuple[bytes, ...]] = {
-    **{name: (b"p",) for name in _SPECIAL | {b"table", b"hr"}},
+    **{name: (b"p",) for name in _CLOSES_P},
     b"li": (b"p", b"li"),
     b"dd": (b"p", b"dd", b"dt"),
     b"dt": (b"p", b"dd", b"dt"),
@@ -374,7 +404,7 @@ def _prune_document(document: str | bytes, max_depth: int) -> str:
     attributes = max_attributes(document)
     if attributes > MAX_ATTRIBUTES:
         raise TooManyAttributesError(f"an element has {attributes} attributes; the cap is {MAX_ATTRIBUTES}")
-    list_bytes, roots = _tags_with_attributes(document)
+    list_bytes, roots = _tags_with_attributes(document, within=(budget - need) // tags if tags else None)
     if roots is not None and (merged := merged_root_attributes(roots)) > MAX_ATTRIBUTES:
         raise TooManyAttributesError(
             f"the page's <html> and <body> tags have {merged} attributes, which the parser merges into "
@@ -526,17 +556,26 @@ def _attribute_count(tag: bytes) -> int:
     return len(_ATTRIBUTE_NAME.findall(_ATTRIBUTE_VALUE.sub(b" ", rest)))
 
 
-def _tags_with_attributes(document: str | bytes) -> tuple[int, bytes | None]:
+def _tags_with_attributes(document: str | bytes, *, within: int | None = None) -> tuple[int, bytes | None]:
     """(An upper bound of the bytes a reconstruction of the parser's list of active formatting elements
     takes: three of each element without attributes, every start tag of one with attributes with what
     its attributes take, and the one `<a>` the list can hold after its last marker, with the most
     attributes an `<a>` has; the lowercased page where it has more than a few `<html>`/`<body>` tags
-    with attributes, else None), from one cheap scan."""
+    with attributes, else None), from one cheap scan. Where a bound from the attributes' lengths (each
+    takes two bytes at least) is `within` bytes, that one, without counting them (most pages)."""
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
     lowered = data.lower()
     found = _FORMATTING_WITH_ATTRIBUTES.findall(lowered)  # (root name or b"", b"a" or b"", attributes)
     sections = [attributes for root, link, attributes in found if not root and not link]
     links = [attributes for _, link, attributes in found if link]
+    entries = _NOAHS_ARK * len(_FORMATTING_NAMES) + len(sections) + 1
+    roots = len(found) - len(sections) - len(links)
+    if within is not None:
+        # Each name counted (a run of name characters after a separator) takes two bytes at least.
+        most = (sum(map(len, sections)) + len(sections) + max(map(len, links), default=0) + 1) // 2
+        loose = entries * _MEMORY_PER_CLONE + most * _MEMORY_PER_ATTRIBUTE
+        if loose <= within:
+            return loose, lowered if roots > _FEW_ROOT_TAGS else None
     attributes = _names_in(sections)
     # The most attributes one <a> has (each counted as `_names_in` counts, the ">" between them kept).
     widest = 0
@@ -544,8 +583,6 @@ def _tags_with_attributes(document: str | bytes) -> tuple[int, bytes | None]:
         joined = _ATTRIBUTE_VALUE.sub(b" ", b">".join(links[first : first + _COUNT_TAGS]))
         runs = (b" " + joined).translate(_NAME_RUNS_BY_TAG).split(b">")
         widest = max(widest, *map(_COUNT_RUNS, runs))
-    entries = _NOAHS_ARK * len(_FORMATTING_NAMES) + len(sections) + 1
-    roots = len(found) - len(sections) - len(links)
     list_bytes = entries * _MEMORY_PER_CLONE + (attributes + widest) * _MEMORY_PER_ATTRIBUTE
     return list_bytes, lowered if roots > _FEW_ROOT_TAGS else None
 
@@ -574,10 +611,21 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
     `</b>` in a script, an attribute value or a bogus comment closes nothing, nor does one in a
     `<select>`), and with it which entries' elements are off the stack of open elements: those opened
     inside an element that has since closed (by its end tag, or a block that closes a `<p>`, a cell that
-    closes a cell, a table tag that pops what is above the table, foster-parented elements too, ...);
-    each tag re-creates those and puts them back inside what it opens. The list's markers are kept apart
-    from the elements that inserted them (a table pops an `<object>` in it and leaves its marker): a
-    surely closed cell, caption, `<object>`, ... or template clears the list to the last marker, a cell
+    closes a cell, a table tag that pops what is above the table, foster-parented elements too, a new
+    `<a>` or `<nobr>` what is above the open one, a `<select>` or `<table>` that closes a select, ...).
+    The parser re-creates those where it reconstructs: at text, at `</br>`, and at most start tags, but
+    not at a `<div>`, a table's part or any other of `_NO_RECONSTRUCTION`; each such point is charged
+    what is off the stack then. Where it surely re-creates them (a start tag it surely reads as HTML, text
+    it surely reads: no comment, not only spaces in a table) they stay on the stack, inside what the tag
+    opens or what is open at the text, until that closes; where it may not (a comment, an end tag's
+    spaces in a table, a tag in a `<select>`, after a taint), they float: charged once, and off the stack
+    again at the next closing (the parser's clone may sit inside any element opened since). An end tag
+    re-creates nothing itself. Reconstruction stops at the list's last marker: what is off the stack
+    before a marker the parser surely has (a cell or caption surely in a table, an `<object>`, ... or
+    template read as HTML, no template open) waits uncharged until a tag that may clear a marker comes
+    (`_TABLE_STARTS`, `_CLEARING_ENDS`), which takes the last such fence. The list's markers are kept
+    apart from the elements that inserted them (a table pops an `<object>` in it and leaves its marker):
+    a surely closed cell, caption, `<object>`, ... or template clears the list to the last marker, a cell
     the parser may have ignored clears nothing, and a new `<a>` takes the open one off. Each run of the
     adoption agency (an end tag, a new `<a>` or `<nobr>`) is charged its clones: up to eight rounds, one
     per special element after the entry, each a clone of it and of three entries after it.
@@ -587,13 +635,14 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
     (`<b id=1><svg><desc></b>` left every `<b>` open) or after eight rounds of its adoption agency: so
     not while a scope boundary (`_SCOPE_BOUNDARIES`) opened since the entry's own tag is open, nor eight
     special elements; and after a table tag where the scan cannot follow the parser (in a `<select>`,
-    after a taint) it clears nothing more. Corpus pages need at most 76 KB.
+    after a taint) it clears nothing more. Corpus pages need at most 73 KB.
     """
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
     entries_of: dict[bytes, list[int]] = {}  # element name -> its entries, oldest first
     copies: dict[bytes, deque[int]] = {}  # the tag as written -> its entries, oldest first
     key_of: dict[int, bytes] = {}  # the live entries
     weight: dict[int, int] = {}  # entry -> the bytes a clone of it takes
+    weight_of: dict[bytes, int] = {}  # the same, by the tag as written
     since: dict[int, int] = {}  # entry -> the serial of the last element opened before it
     # Scope boundaries and special elements open (as far as the scan can tell: an end tag closes one
     # only when it is the last one open, a table pops what is above it), with the serial of their start
@@ -601,6 +650,7 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
     boundaries: list[tuple[bytes, int, bool, int]] = []
     specials: list[tuple[bytes, int]] = []
     contexts: list[int] = []  # where in `boundaries` the open tables and templates are
+    templates = 0  # of those, the templates (in one, a <col> first makes the parser ignore cells)
     # The list's markers (the entry before each), oldest first. A marker stays when its element is
     # popped without clearing (a table pops an <object> in it), and the parser's next clear stops
     # there: so every tag that may insert one adds one, and only a surely closed cell, caption,
@@ -614,9 +664,25 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
     # only then does the next text or tag re-create it (inside the element then current, where it
     # stays until that one closes). `on_stack` holds (the tag it was opened at, entry), in that order.
     on_stack: list[tuple[int, int]] = []
-    off: set[int] = set()
+    off: set[int] = set()  # off the stack (after the last fence), re-created where the parser reconstructs
+    # Charged where the parser may have re-created them (a tag or text it may read otherwise, a
+    # comment), but not surely: re-created there, they may have been popped by any element that closed
+    # since (the parser's clone may be inside one opened after), so the next closing puts them off.
+    floating: set[int] = set()
+    # Fences: the markers the parser surely has (the entry before each, oldest first). Reconstruction
+    # stops at the last marker, so what is off the stack before a fence waits, uncharged, in that
+    # fence's set (each set holds the entries after the fence before it), until the fence goes. A
+    # marker the parser may not have would hide what it re-creates: so only a cell or caption surely
+    # in a table, and an <object>, ... or template read as HTML (no template open: there a <col> may
+    # have made the parser ignore them) add one, and every tag that may clear a marker takes the last.
+    fences: list[int] = []
+    fenced: list[set[int]] = []
+    fenced_weights: list[int] = []
     starts: dict[bytes, list[int]] = {}  # name -> the tags its elements opened at, the open ones
-    serial = entry = work = off_weight = heaviest = 0
+    serial = entry = work = off_weight = floating_weight = heaviest = 0
+    # The last tag: where it ends, and whether text after it is surely read as HTML (which re-creates).
+    last_end = 0
+    last_html = False
 
     def last_live(name: bytes) -> int | None:
         """The newest entry of `name` still on the list (the Noah's Ark clause drops some early)."""
@@ -626,30 +692,104 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
         return stack[-1] if stack else None
 
     def remove(gone: int) -> None:
-        nonlocal off_weight
+        nonlocal off_weight, floating_weight
         copies[key_of.pop(gone)].remove(gone)
         if gone in off:
             off.discard(gone)
             off_weight -= weight[gone]
+        elif gone in floating:
+            floating.discard(gone)
+            floating_weight -= weight[gone]
+        elif fences and gone <= fences[-1]:
+            level = bisect.bisect_left(fences, gone)
+            if gone in fenced[level]:
+                fenced[level].discard(gone)
+                fenced_weights[level] -= weight[gone]
         del weight[gone]
 
     def closed_after(opened: int) -> None:
         """An element opened at tag `opened` may have closed: what was opened after it is off the stack."""
         nonlocal off_weight
+        if floating:
+            land()
         while on_stack and on_stack[-1][0] > opened:
             _, popped = on_stack.pop()
-            if popped in key_of and popped not in off:
+            if popped not in key_of or popped in off:
+                continue
+            if fences and popped <= fences[-1]:  # before a marker: not re-created while it stays
+                level = bisect.bisect_left(fences, popped)
+                if popped not in fenced[level]:
+                    fenced[level].add(popped)
+                    fenced_weights[level] += weight[popped]
+            else:
                 off.add(popped)
                 off_weight += weight[popped]
+
+    def land() -> None:
+        """The floating entries are off the stack (again, or still)."""
+        nonlocal off, off_weight, floating, floating_weight
+        if len(floating) > len(off):
+            floating, off = off, floating
+        off |= floating
+        off_weight += floating_weight
+        floating = set()
+        floating_weight = 0
+
+    def maybe_recreated() -> int:
+        """The parser may re-create what is off the stack here: the bytes that takes (they float)."""
+        nonlocal off, off_weight, floating, floating_weight
+        charged = off_weight
+        if len(off) > len(floating):
+            floating, off = off, floating
+        floating |= off
+        floating_weight += off_weight
+        off = set()
+        off_weight = 0
+        return charged
+
+    def recreated(position: int) -> int:
+        """The parser surely re-creates what is off the stack here (and has what floats): the bytes the
+        off ones take; all stay on the stack at `position` until an element around it closes."""
+        nonlocal off_weight, floating_weight
+        charged = off_weight
+        if floating:
+            off.update(floating)
+            floating.clear()
+            floating_weight = 0
+        on_stack.extend((position, again) for again in sorted(off))
+        off.clear()
+        off_weight = 0
+        return charged
+
+    def fence() -> None:
+        """The parser surely has a marker after the last entry: what is off the stack waits behind it."""
+        nonlocal off, off_weight
+        if floating:
+            land()  # a re-creation it may have skipped comes after the marker goes
+        fences.append(entry)
+        fenced.append(off)
+        fenced_weights.append(off_weight)
+        off, off_weight = set(), 0
+
+    def unfence() -> None:
+        """The parser may have cleared its last marker: what waited behind the last fence is re-created."""
+        nonlocal off, off_weight
+        fences.pop()
+        held = fenced.pop()
+        if len(held) > len(off):
+            held, off = off, held
+        off |= held
+        off_weight += fenced_weights.pop()
 
     def pop_to(index: int, *, clear: bool) -> None:
         """Pop the boundaries from `index` on (and the special elements opened since), as the parser
         pops their elements; with `clear`, clear the list to its last marker, as it does once then."""
+        nonlocal templates
         if index < len(boundaries):
             opened = boundaries[index][1]
-            del boundaries[index:]
             while contexts and contexts[-1] >= index:
-                contexts.pop()
+                templates -= boundaries[contexts.pop()][0] == b"template"
+            del boundaries[index:]
             while specials and specials[-1][1] > opened:
                 specials.pop()
         if clear and marks and not unsure:
@@ -688,9 +828,9 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
         """The bytes the adoption agency's clones may take when run for entry `newest`: in each of up to
         eight rounds (one per special element opened after it) a clone of it and of three entries
         between it and that element."""
+        if not specials or specials[-1][1] <= since[newest]:
+            return 0  # (the common case, without the search)
         later = len(specials) - bisect.bisect_right(specials, since[newest], key=lambda open_: open_[1])
-        if not later:
-            return 0
         between = 0
         for looked, added in enumerate(reversed(order)):
             if added <= newest:
@@ -702,7 +842,25 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
         return min(later, _ADOPTION_ROUNDS) * (weight[newest] + 3 * between)
 
     for tick, (end_tag, name, start, end, where) in enumerate(_tag_tokens(data), 1):
-        trusted = where not in (SELECT, TAINTED)  # there an end tag may close nothing
+        if (off or floating) and start > last_end:
+            # What is between the last tag and this one may be text, which re-creates what is off the
+            # stack, in the element then current. Only surely text (no comment; spaces only outside
+            # tables, which ignore them) surely does; else they float: placed there, they could hide a
+            # later re-creation deeper (`</div><!---->` + `<div><div>x</div>y` re-creates twice).
+            if last_html and (
+                (not contexts and _surely_text(data, last_end, start, spaces=True))
+                or (not templates and _surely_text(data, last_end, start, spaces=False))
+            ):
+                work += recreated(2 * tick - 1)
+            else:
+                work += maybe_recreated()
+            if limit is not None and work > limit:
+                return work
+        last_end = end
+        # Text after an end tag (but `</select>`'s, `</svg>`'s, ...: then read as HTML too) or after a
+        # start tag that opens no raw text, <select> or foreign content, is read as HTML.
+        last_html = where == HTML and (end_tag or name not in _NOT_HTML_AFTER)
+        trusted = where < SELECT  # not in a <select> nor after a taint, where an end tag may close nothing
         if not trusted and name in _PIVOTS:
             unsure = True
         if end_tag and starts.get(name):
@@ -710,17 +868,44 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
             # leaves it counted as open).
             closed_after(starts[name].pop() if trusted else starts[name][-1])
         elif not end_tag:
-            implied = [starts[closes].pop() for closes in _IMPLIED_ENDS.get(name, ()) if starts.get(closes)]
+            ends = _IMPLIED_ENDS.get(name)
+            implied = [starts[closes].pop() for closes in ends if starts.get(closes)] if ends else None
             if implied:
                 closed_after(min(implied))  # a <p> the block closes, the <li> before an <li>, ...
+            elif name in (b"table", b"form") and starts.get(b"p"):
+                closed_after(starts[b"p"][-1])  # it may close the <p> (not in quirks mode, ...)
+            if where == SELECT and name in _LEAVES_SELECT and starts.get(b"select"):
+                closed_after(starts[b"select"][-1])  # it closes the <select> and what it holds
         if where != FOREIGN and contexts and name in (_TABLE_ENDS if end_tag else _TABLE_STARTS):
             # In a table these pop everything above it (its row or group): what was opened after it
             # (after the first one still open, where the scan cannot follow) is off the stack.
             closed_after(boundaries[contexts[0] if unsure else contexts[-1]][3])
+        elif name == b"table" and not end_tag and where != FOREIGN and contexts:
+            last = contexts[-1]
+            if where != HTML or unsure:  # in a <select> in a table it closes both: any may be open
+                closed_after(boundaries[contexts[0]][3])
+            elif boundaries[last][0] == b"table" and (
+                last + 1 == len(boundaries) or boundaries[last + 1][0] not in _CELLS
+            ):
+                closed_after(boundaries[last][3])  # a <table> in a table (not in its cell) closes it
         if where != FOREIGN and name in _FORMATTING and (end_tag or name in (b"a", b"nobr")):
             newest = last_live(name)
             if newest is not None:  # an end tag, a new <a> or <nobr> runs the adoption agency
-                work += adoption(newest)
+                if specials and specials[-1][1] > since[newest]:
+                    work += adoption(newest)
+                if not end_tag and trusted and not (fences and newest <= fences[-1]):  # (marker: none)
+                    # It pops the open one and what is above it, which the next text re-creates; an
+                    # <a> leaves the list (a <nobr> where surely in scope). Off the stack, it is
+                    # re-created first, with what is off after it, which is popped and re-created again.
+                    opened_at = since[newest]
+                    if (not boundaries or boundaries[-1][1] <= opened_at) and (
+                        name == b"a" or _surely_in_scope(opened_at, boundaries, specials)
+                    ):
+                        if newest in off or newest in floating:
+                            work += off_weight + floating_weight
+                        remove(newest)
+                    if starts.get(name):
+                        closed_after(starts[name][-1])
         if end_tag and trusted:
             if name in _FORMATTING:
                 newest = last_live(name)
@@ -734,17 +919,37 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
                     pop_to(len(boundaries) - 1, clear=boundaries[-1][2])
             elif name in _SPECIAL and specials and specials[-1][0] == name:
                 specials.pop()  # an end tag closes the special element only when it is the last open
-        # The tag, or the text after it, re-creates what is off the stack, inside what is open now.
-        work += off_weight
-        if limit is not None and work > limit:
-            return work
+        if fences and where != FOREIGN and name in (_CLEARING_ENDS if end_tag else _TABLE_STARTS):
+            unfence()  # it may close a cell, a caption, an <object>, ...: the parser clears to a marker
+        if (
+            not end_tag
+            and name in _CELLS
+            and where == HTML
+            and not unsure
+            and not templates
+            and contexts
+            and boundaries[contexts[-1]][0] == b"table"
+        ):
+            fence()  # a cell or caption of a table: the text in it re-creates nothing from before it
+        if end_tag and name != b"br":  # `</br>` is a <br> to the parser
+            continue  # an end tag re-creates nothing: the text after it (above) or the next tag does
+        if (off or floating) and name not in _NO_RECONSTRUCTION:
+            # The tag may re-create what is off the stack. One the parser surely reads as a
+            # reconstructing start tag re-creates them before the element it opens, where they stay
+            # until an element around them closes: counted inside it (it closing pops them too).
+            if where == HTML and not templates and name not in _MAY_RECONSTRUCT:
+                work += recreated(2 * tick + 1)
+            else:
+                work += maybe_recreated()
+            if limit is not None and work > limit:
+                return work
         if end_tag:
-            continue  # what it re-creates stays counted off the stack until the next start tag
-        if off:  # re-created in the element this tag opens (or, outside it, counted once more)
-            on_stack.extend((2 * tick + 1, again) for again in sorted(off))
-            off.clear()
-            off_weight = 0
-        starts.setdefault(name, []).append(2 * tick)  # its element opens here, what it holds after
+            continue
+        opened = starts.get(name)  # its element opens here, what it holds after
+        if opened is None:
+            starts[name] = [2 * tick]
+        else:
+            opened.append(2 * tick)
         if where == FOREIGN and is_self_closing(data[start:end].rstrip(b">")):
             continue
         if name in _SCOPE_BOUNDARIES:
@@ -756,12 +961,13 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
                     # A cell or caption closes the open one (clearing its marker) and pops what is
                     # above the table; a <table> there closes the open table first.
                     pop_to(inner + 1, clear=cell and boundaries[inner + 1][2])
-                    if name == b"table":
-                        closed_after(boundaries[inner][3])
+                    if name == b"table":  # what it held is off the stack (above)
                         pop_to(inner, clear=False)
                         inner = None
             if where != FOREIGN and name in _MARKERS:
                 marks.append(entry)  # a marker, or one the parser may insert (a cell outside a table)
+                if html and name not in _CELLS and (name == b"template" or not (unsure or templates)):
+                    fence()  # inserted after the reconstruction this tag makes
             if name in _CELLS and html and not contexts:
                 continue  # outside a table (or template) the parser ignores a cell's tags
             serial += 1
@@ -770,6 +976,7 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
             boundaries.append((name, serial, clears, 2 * tick))
             if where != FOREIGN and name in (b"table", b"template"):
                 contexts.append(len(boundaries) - 1)
+                templates += name == b"template"
         elif name in _TABLE_STARTS and where == HTML:
             inner = contexts[-1] if contexts and boundaries[contexts[-1]][0] == b"table" else None
             if inner is not None and not unsure:
@@ -786,15 +993,13 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
             serial += 1
             specials.append((name, serial))
         elif name in _FORMATTING:
-            if name == b"a" and trusted:
-                newest = last_live(name)
-                if newest is not None and _surely_in_scope(since[newest], boundaries, []):
-                    remove(newest)  # the parser closes the open <a> and takes it off the list
             key = data[start:end]  # as written: attributes in their own case
             entry += 1
             if where == TAINTED:
                 key += b"\x00%d" % entry  # its extent is unsure: a copy of nothing
-            same = copies.setdefault(key, deque())
+            same = copies.get(key)
+            if same is None:
+                same = copies[key] = deque()
             # The parser keeps three copies after the last marker only: a copy from before a marker
             # the parser may have (a boundary's, left in place when a table popped it, ...) stays.
             if len(same) >= _NOAHS_ARK and (not marks or same[-_NOAHS_ARK] > marks[-1]):
@@ -802,12 +1007,31 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
             same.append(entry)
             order.append(entry)
             on_stack.append((2 * tick + 1, entry))
-            entries_of.setdefault(name, []).append(entry)
+            named = entries_of.get(name)
+            if named is None:
+                entries_of[name] = [entry]
+            else:
+                named.append(entry)
             key_of[entry] = key
-            weight[entry] = _MEMORY_PER_CLONE + _MEMORY_PER_ATTRIBUTE * _attribute_count(key)
-            heaviest = max(heaviest, weight[entry])
+            cost = weight_of.get(key)
+            if cost is None:
+                cost = weight_of[key] = _MEMORY_PER_CLONE + _MEMORY_PER_ATTRIBUTE * _attribute_count(key)
+            weight[entry] = cost
+            if cost > heaviest:
+                heaviest = cost
             since[entry] = serial
+    if off and len(data) > last_end:
+        work += off_weight  # text after the last tag
     return work
+
+
+def _surely_text(data: bytes, start: int, end: int, *, spaces: bool) -> bool:
+    """Whether `data[start:end]` (between two tags) holds a character the parser surely inserts as text
+    and reconstructs for: no "<" (a comment is no text), and one not NUL (nor a space, without
+    `spaces`)."""
+    if data.find(b"<", start, end) >= 0:
+        return False
+    return (_CHARACTER if spaces else _TEXT_CHARACTER).search(data, start, end) is not None
 
 
 def _surely_in_scope(
@@ -822,8 +1046,9 @@ def _surely_in_scope(
 
 
 # The tag scan (`_tag_tokens`): what the HTML tokenizer reads as tags, for the pre-parse checks.
-_MARKUP_START = re.compile(rb"<[!?/a-z]")
-_TAG_TOKEN = re.compile(rb"<(/?)([a-z][^\t\n\f\r />]*+)(" + _TAG_ATTRIBUTES_REST + rb")(>?)")
+# The next markup: a tag (an end tag's "/", its name, its attributes, its ">": none where the page's end
+# cuts it off), or (no name) "<!", "<?" or "</" and no letter: a comment or a bogus comment.
+_NEXT_MARKUP = re.compile(rb"<(?:(/?)([a-z][^\t\n\f\r />]*+)(" + _TAG_ATTRIBUTES_REST + rb")(>?)|[!?/])")
 _ANY_TAG = re.compile(rb"<(/?)([a-z][^\t\n\f\r />]*+)([^<>]*+)")  # after a taint: no quote hides anything
 _RAW_TEXT = frozenset(_RAW_TEXT_NAMES.split(b"|")) - {b"plaintext"}
 _ZONES = {b"svg": b"foreignobject desc title".split(), b"math": b"mi mo mn ms mtext annotation-xml".split()}
@@ -874,12 +1099,12 @@ def _tag_tokens(
             for any_tag in _ANY_TAG.finditer(lowered, position):
                 yield bool(any_tag.group(1)), any_tag.group(2), any_tag.start(), any_tag.end(), TAINTED
             return
-        found = _MARKUP_START.search(lowered, position)
+        found = _NEXT_MARKUP.search(lowered, position)
         if found is None:
             return
         start = found.start()
-        kind = lowered[start + 1 : start + 2]
-        if kind == b"!" or kind == b"?" or (kind == b"/" and not lowered[start + 2 : start + 3].isalpha()):
+        slash, name, attributes, closed = found.groups()
+        if name is None:
             if lowered.startswith(b"<!--", start):
                 end = _comment_end(lowered, start + 4)
             elif zone == FOREIGN and lowered.startswith(b"<![cdata[", start):
@@ -896,11 +1121,10 @@ def _tag_tokens(
                 return
             position = end
             continue
-        tag = _TAG_TOKEN.match(lowered, start)
-        if tag is None or not tag.group(4):
+        if not closed:
             return  # a tag the page's end cuts off is no tag
-        end_tag, name = bool(tag.group(1)), tag.group(2)
-        position = tag.end()
+        end_tag = bool(slash)
+        position = found.end()
         if point is not None:
             if end_tag and name == point:
                 point = None
@@ -909,8 +1133,8 @@ def _tag_tokens(
                 yield end_tag, name, start, position, TAINTED
                 continue
         if zone == FOREIGN:
-            self_closing = not end_tag and is_self_closing(tag.group(3))  # an end tag's "/" is nothing
-            if (end_tag and name in (b"br", b"p")) or (not end_tag and _breaks_out(name, tag.group(3))):
+            self_closing = not end_tag and is_self_closing(attributes)  # an end tag's "/" is nothing
+            if (end_tag and name in (b"br", b"p")) or (not end_tag and _breaks_out(name, attributes)):
                 zone = HTML  # the parser leaves foreign content for this tag and what follows
             elif end_tag and not opened.get(name):
                 # Not a foreign element open here: the parser looks for it among the HTML elements
@@ -987,7 +1211,7 @@ def _tag_tokens(
                 template_cols -= 1
             continue
         html_names.add(name)
-        parent = None if name in _NO_PARENTS or (name in _ZONES and is_self_closing(tag.group(3))) else name
+        parent = None if name in _NO_PARENTS or (name in _ZONES and is_self_closing(attributes)) else name
         if template_first:  # a <template> whose content starts with a <col> holds a column group
             template_first = False
             template_cols += name == b"col"
@@ -1003,7 +1227,7 @@ def _tag_tokens(
             if hidden is not None:
                 hidden.append((position, size))
             return
-        elif name in _ZONES and not is_self_closing(tag.group(3)):  # `<svg/>` opens nothing
+        elif name in _ZONES and not is_self_closing(attributes):  # `<svg/>` opens nothing
             zone, zone_name, opened, parent = FOREIGN, name, {name: 1}, previous
             zone_open = [name]
         elif name == b"select":
@@ -1107,13 +1331,6 @@ _TABLE_FAMILY = frozenset(b"table tbody thead tfoot tr td th caption colgroup te
 _TABLE_PARTS = frozenset(b"caption colgroup col tbody thead tfoot tr td th".split())  # start tags
 _ROW_GROUPS = frozenset((b"tbody", b"thead", b"tfoot"))
 _HEADINGS_B = frozenset(b"h1 h2 h3 h4 h5 h6".split())
-# Start tags that close a <p> in button scope (<table> only in no-quirks mode, <form> only when no form
-# is open: both handled apart).
-_CLOSES_P = frozenset(
-    b"""address article aside blockquote center details dialog dir div dl fieldset figcaption figure footer
-    header hgroup main menu nav ol p search section summary ul h1 h2 h3 h4 h5 h6 pre listing plaintext xmp
-    li dd dt hr""".split()
-)
 # What "generate implied end tags" pops while it is the current node.
 _IMPLIED = frozenset(b"dd dt li optgroup option p rb rp rt rtc".split())
 _VOID_B = frozenset(name.encode() for name in _VOID) | {b"image"}
