@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -130,6 +131,9 @@ class Batcher:
         self._closed = False
         self._failures = BackendHealth()  # the current run of failed passes (pass_started unused)
         self._direct_started: float | None = None  # a pass outside the queue (warm-up, probe) began
+        # `close` and the inference thread agree under it: either the direct pass does not start, or
+        # close sees it started and aborts it.
+        self._direct_lock = threading.Lock()
 
     @property
     def waiting(self) -> int:
@@ -186,19 +190,32 @@ class Batcher:
 
     async def run_direct(self, batch: Sequence[Sequence[int]]) -> RunnerOutput:
         """One forward pass outside the queue, on the inference thread (warm-up, probe); its outcome
-        counts in `health` like a batch's. A failure raises BackendError."""
+        counts in `health` like a batch's. A failure raises BackendError; ShuttingDownError once `close`
+        began (its pools may be shut down already)."""
         loop = asyncio.get_running_loop()
+        self._check_open()
         prepared = await loop.run_in_executor(self._prepare_pool, self._runner.prepare, batch)
+        self._check_open()  # no await between this check and the submission: close cannot slip in
         try:
             output = await loop.run_in_executor(self._infer_pool, self._timed_direct_run, prepared)
+        except ShuttingDownError:
+            raise
         except Exception as exc:
             raise self._pass_failed(f"the {self._runner.backend} backend failed: {exc}") from exc
         self._passed()
         return output
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ShuttingDownError("the engine is shutting down")
+
     def _timed_direct_run(self, prepared: PreparedBatch) -> RunnerOutput:
-        """On the inference thread: the pass's start is when the thread takes it, not when it queued."""
-        self._direct_started = time.monotonic()
+        """On the inference thread: the pass's start is when the thread takes it, not when it queued.
+        A pass that `close` finds queued does not start: close waits for the thread and would not know
+        to abort it."""
+        with self._direct_lock:
+            self._check_open()
+            self._direct_started = time.monotonic()
         try:
             return self._runner.run(prepared)
         finally:
@@ -206,12 +223,15 @@ class Batcher:
 
     async def close(self, error: HtmllmError | None = None) -> None:
         """Stop both tasks; whatever is still queued or in hand fails with `error` (or ShuttingDown)."""
-        self._closed = True
+        with self._direct_lock:
+            self._closed = True
+            direct = self._direct_started is not None
         # Before the cancellation: the batch in a forward pass leaves `_in_hand` as its task unwinds, and
         # the window being collated is held only by the former; both must be failed, not forgotten (their
         # callers would wait until the server cancels them: an untyped 500 for an accepted request).
         held = [doc for ready in self._in_hand for doc in ready.documents] + self._window
-        in_pass = any(ready.started is not None for ready in self._in_hand)
+        # A probe's or warm-up's pass counts: a hung backend there had held the shutdown for ever.
+        in_pass = direct or any(ready.started is not None for ready in self._in_hand)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -285,6 +305,7 @@ class Batcher:
             except Exception as exc:  # the runner's cost: fail this window, keep forming the next
                 logger.exception("forming batches failed")
                 _fail(live, BackendError(f"forming batches failed: {type(exc).__name__}: {exc}"))
+                self._window = []
                 continue
             for indices in plan:
                 # Re-check just before collating: a caller may have gone while earlier batches ran.
@@ -303,6 +324,9 @@ class Batcher:
                     _fail(docs, BackendError(f"collating a batch failed: {type(exc).__name__}: {exc}"))
                     continue
                 await self._ready.put(_Ready(docs, prepared, time.perf_counter() - started))
+            # Every document of the window is handed off or answered: hold none of them (nor their rows)
+            # until the next window.
+            self._window = []
 
     async def _run_loop(self) -> None:
         loop = asyncio.get_running_loop()

@@ -11,16 +11,17 @@ work with `ShuttingDownError` and returns once every accepted document has been 
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -84,6 +85,46 @@ T = TypeVar("T")
 
 class InvalidDocumentError(HtmllmError):
     code = ErrorCode.VALIDATION
+
+
+class _OverLimitError(TooManyTokensError):
+    """A page over the token limit with truncation off, named after its document. It keeps what it
+    says of the page, so that a copy of the page waiting in the result cache is told in its own name."""
+
+    def __init__(self, doc_id: str | None, count: str, max_length: int) -> None:
+        name = f"document {doc_id!r}" if doc_id is not None else "a document"
+        super().__init__(
+            f"{name} has {count} tokens, over the model's {max_length} (allow truncation to cut it)"
+        )
+        self.count, self.max_length = count, max_length
+
+    def renamed(self, doc_id: str | None) -> _OverLimitError:
+        return _OverLimitError(doc_id, self.count, self.max_length)
+
+
+# Failures of a page itself: the same bytes under the same policy fail the same way again, so the copies
+# of a page that wait in the result cache get the failure instead of each trying in turn (a page that
+# fails at the preprocessing time limit had cost every copy the whole limit, one after another). A
+# deadline, a cancellation, the shutdown or a backend failure says nothing of the page: copies retry.
+PAGE_FAILURES = frozenset(
+    {
+        ErrorCode.PREPROCESS_FAILED,
+        ErrorCode.TOO_MANY_TOKENS,
+        ErrorCode.PAYLOAD_TOO_LARGE,
+        ErrorCode.VALIDATION,
+    }
+)
+
+
+def _for_copy(failure: HtmllmError, doc: Document) -> HtmllmError:
+    """The failure of a page's first copy, as `doc`'s own error: a new exception (one object raised in
+    many tasks would pile up their tracebacks), named after `doc` where the message names a document."""
+    if isinstance(failure, _OverLimitError):
+        return failure.renamed(doc.id)
+    try:
+        return copy.copy(failure)
+    except Exception:  # a class whose constructor takes other arguments: the same code and message
+        return HtmllmError(failure.message, code=failure.code)
 
 
 # Where a document of a call can be (besides done); `_Progress` says which, for a passed deadline.
@@ -232,6 +273,12 @@ class Engine:
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop `start` ran on
         self._in_flight = 0
         self._idle: asyncio.Event | None = None
+        # One start at a time (two concurrent ones had both built a batcher), and a stop waits for a start
+        # under way rather than closing pools that start is still filling.
+        self._lifecycle = asyncio.Lock()
+        # The executor jobs callers await now: a stop without drain cancels them (their callers get
+        # ShuttingDownError, `_off_loop`) rather than wait for a thread that may never finish.
+        self._off_loop_waits: set[asyncio.Future[Any]] = set()
         self._drain = DrainRate()
         cached = config.result_cache_documents
         self._cache: ResultCache | None = ResultCache(cached) if cached > 0 else None
@@ -280,7 +327,11 @@ class Engine:
         return self._accepting
 
     async def start(self) -> None:
-        """Start the worker pool and the batcher on the running loop (idempotent)."""
+        """Start the worker pool and the batcher on the running loop (idempotent, also concurrently)."""
+        async with self._lifecycle:
+            await self._start()
+
+    async def _start(self) -> None:
         if self._batcher is None and not self._closed:
             # Off the loop, and first: the checks below come after this await.
             await asyncio.to_thread(self._tokenizer.warm)
@@ -322,7 +373,10 @@ class Engine:
         self._accepting = True
 
     async def stop(self, *, drain: bool = True) -> None:
-        """Stop accepting; with `drain`, answer every accepted document first, else fail them."""
+        """Stop accepting; with `drain`, answer every accepted document first, else fail them at once
+        with ShuttingDownError (a page stuck in a preprocessing thread included: the thread runs on)."""
+        async with self._lifecycle:  # a start under way finishes first; its pools are then ours to close
+            pass
         if self._batcher is None:
             self._accepting = False
             # A stop that was cancelled (a server's bounded wait) or another one still waiting may have
@@ -345,14 +399,47 @@ class Engine:
     async def _stop_workers(self) -> None:
         """Kill the preprocessing processes, then end the threads (idempotent). In this order: a thread
         waits on its process's page, so the threads first would wait for every page in work, up to
-        `preprocess_timeout_s` (for ever without one), and answer it as the page's failure."""
+        `preprocess_timeout_s` (for ever without one), and answer it as the page's failure.
+
+        The preprocessing threads are not waited for: a page being pruned on one cannot be stopped
+        (threads, unlike processes, cannot be killed), and a stop that waited for it had neither returned
+        nor answered the page's caller. Its caller gets ShuttingDownError now; the thread ends when the
+        page is done. The threads that wait on processes end as soon as those are killed.
+        """
         if self._processes is not None:
             processes, self._processes = self._processes, None  # their pages: ShuttingDownError
             await asyncio.to_thread(processes.close)
-        pools = [pool for pool in (self._dispatch, self._pool) if pool is not None]
+        dispatch, pool = self._dispatch, self._pool
         self._dispatch = self._pool = None
-        for pool in pools:
-            await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=True)
+        for waiting in list(self._off_loop_waits):
+            waiting.cancel()  # what its caller then raises: ShuttingDownError (`_off_loop`)
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        if dispatch is not None:
+            await asyncio.to_thread(dispatch.shutdown, wait=True, cancel_futures=True)
+
+    async def _off_loop(self, executor: Executor, job: Callable[..., T], *args: object) -> T:
+        """`job(*args)` on `executor`; ShuttingDownError when `stop` cancelled it or shut the executor
+        down, CancelledError only when the calling task itself was cancelled.
+
+        `stop(drain=False)` cancels the jobs callers wait for; a bare CancelledError would reach callers
+        nobody cancelled (a library caller's TaskGroup, `asyncio.gather`), which then cannot tell it from
+        their own cancellation.
+        """
+        try:
+            future = asyncio.get_running_loop().run_in_executor(executor, job, *args)
+        except RuntimeError as exc:  # "cannot schedule new futures after shutdown"
+            raise ShuttingDownError("the engine stopped before this document was preprocessed") from exc
+        self._off_loop_waits.add(future)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task.cancelling() > 0:
+                raise  # the caller was cancelled (its deadline, a disconnect): not ours to answer
+            raise ShuttingDownError("the engine stopped before this document was preprocessed") from None
+        finally:
+            self._off_loop_waits.discard(future)
 
     def close(self) -> None:
         """Release the backend (after `stop`); idempotent. The engine takes no documents after it."""
@@ -399,18 +486,14 @@ class Engine:
 
     async def _prepare_off_loop(self, doc: Document, truncate: bool) -> Prepared:
         """The token ids of `doc`, from the preprocessing threads or processes; never on the event loop."""
-        loop = asyncio.get_running_loop()
         if self._processes is None:
-            prepared = await loop.run_in_executor(self._require_started(), self._prepare, doc, truncate)
+            prepared = await self._off_loop(self._require_started(), self._prepare, doc, truncate)
         else:
             args = (doc.html, doc.encoding, self._max_length, truncate)
             prepared = await self._in_process(prepare_in_worker, *args)
         if prepared.over_limit is not None:
-            name = f"document {doc.id!r}" if doc.id is not None else "a document"
             count = f"{'' if prepared.over_limit_exact else 'more than '}{prepared.over_limit}"
-            raise TooManyTokensError(
-                f"{name} has {count} tokens, over the model's {self._max_length} (allow truncation to cut it)"
-            )
+            raise _OverLimitError(doc.id, count, self._max_length)
         return prepared
 
     async def _in_process(self, job: Callable[..., T], *args: object) -> T:
@@ -423,7 +506,7 @@ class Engine:
         timeout_s = self.config.preprocess_timeout_s
         call = functools.partial(processes.call, job, args, timeout_s=timeout_s)
         try:
-            result: T = await asyncio.get_running_loop().run_in_executor(dispatch, call)
+            result: T = await self._off_loop(dispatch, call)
         except MemoryError as exc:  # raised in the worker before the pruner ran (taking the page in)
             raise InputTooLargeError(
                 "the page needs more memory than a preprocessing process may use "
@@ -465,7 +548,7 @@ class Engine:
                 return await self._in_process(
                     preprocess_in_worker, document.html, document.encoding, max_length
                 )
-            return await asyncio.get_running_loop().run_in_executor(
+            return await self._off_loop(
                 pool, preprocess, self._tokenizer, document.html, document.encoding, max_length
             )
         finally:
@@ -692,12 +775,13 @@ class Engine:
         called: float,
         track: _Progress,
     ) -> DocumentResult:
-        loop = asyncio.get_running_loop()
         cache, key = self._cache, b""
         if cache is not None:
-            key = await loop.run_in_executor(pool, cache_key, doc, truncate)  # hashing a page: off the loop
+            key = await self._off_loop(pool, cache_key, doc, truncate)  # hashing a page: off the loop
             track.enter(AWAITING_COPY)
             hit = await cache.settled(key)
+            if isinstance(hit, HtmllmError):  # the copy in flight failed on the page itself
+                raise _for_copy(hit, doc) from hit
             if hit is not None:
                 self._notify(self.observer.cache_hit)
                 timings = StageTimings(0.0, 0.0, 0.0, 0.0, time.monotonic() - called)
@@ -705,6 +789,7 @@ class Engine:
                 return self._result(doc, hit, head_names, normalize, timings)
             cache.claim(key)
             track.enter(PREPROCESSING)
+        page_failure: HtmllmError | None = None
         try:
             prepared = await self._prepare_off_loop(doc, truncate)
             batcher = self._batcher
@@ -716,9 +801,15 @@ class Engine:
             finished = CachedRow(row.embedding, row.scores, len(prepared.ids), prepared.truncated)
             if cache is not None:
                 cache.put(key, finished.copy())
+        except HtmllmError as exc:
+            if exc.code in PAGE_FAILURES:
+                page_failure = exc
+            raise
         finally:
             if cache is not None:
-                cache.release(key)  # after a failure, whoever waits embeds the page itself
+                # A failure of the page itself goes to the copies waiting for it; after any other (this
+                # caller's deadline, the backend) whoever waits embeds the page itself.
+                cache.release(key, page_failure)
         timings = StageTimings(
             prune_s=prepared.prune_s,
             tokenize_s=prepared.tokenize_s,

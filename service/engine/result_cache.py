@@ -10,8 +10,9 @@ BLAKE2b digest of the input, so the cache keeps no page text.
 
 A page that arrives while the same page is still being embedded waits for that answer instead of
 running a second time (`settled`, `claim`, `release`): a crawler's retries and fan-out send copies
-within milliseconds of each other. The Engine reads and writes the cache on the event loop only, so it
-needs no lock.
+within milliseconds of each other. When that attempt fails on the page itself (it cannot be pruned, it
+is over the token limit), the copies get the same failure rather than trying in turn. The Engine
+reads and writes the cache on the event loop only, so it needs no lock.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from service.core.errors import HtmllmError
 from service.engine.types import Document
 
 
@@ -61,8 +63,9 @@ class ResultCache:
             raise ValueError("a result cache needs a capacity of at least 1")
         self.capacity = capacity
         self._rows: OrderedDict[bytes, CachedRow] = OrderedDict()
-        # Keys being embedded now; the future ends with the row, or None when that attempt failed.
-        self._pending: dict[bytes, asyncio.Future[CachedRow | None]] = {}
+        # Keys being embedded now; the future ends with the row, the page's own failure (which every copy
+        # would meet), or None when that attempt failed for another reason (a deadline, the backend).
+        self._pending: dict[bytes, asyncio.Future[CachedRow | HtmllmError | None]] = {}
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -81,19 +84,20 @@ class ResultCache:
             self._rows.popitem(last=False)
         self._finish(key, row)
 
-    async def settled(self, key: bytes) -> CachedRow | None:
-        """The row for `key`: kept, or awaited from the caller embedding it now; None when nobody
-        has it and this caller should embed it (and `claim` it first).
+    async def settled(self, key: bytes) -> CachedRow | HtmllmError | None:
+        """The row for `key`: kept, or awaited from the caller embedding it now; that caller's failure
+        when it failed on the page itself (`release`); None when nobody has it and this caller should
+        embed it (and `claim` it first).
 
         The wait is shielded, so this caller's deadline or disconnect does not cancel the other's
-        attempt; if that attempt fails, the row is looked for again.
+        attempt; if that attempt fails for another reason, the row is looked for again.
         """
         while (row := self.get(key)) is None:
             waiting = self._pending.get(key)
             if waiting is None:
                 return None
-            if (row := await asyncio.shield(waiting)) is not None:
-                return row
+            if (outcome := await asyncio.shield(waiting)) is not None:
+                return outcome
         return row
 
     def claim(self, key: bytes) -> None:
@@ -101,11 +105,12 @@ class ResultCache:
         if key not in self._pending:
             self._pending[key] = asyncio.get_running_loop().create_future()
 
-    def release(self, key: bytes) -> None:
-        """The claim ends; if no row was put, the waiters get None and embed the page themselves."""
-        self._finish(key, None)
+    def release(self, key: bytes, failure: HtmllmError | None = None) -> None:
+        """The claim ends. If no row was put, the waiters get `failure`, the page's own (a retry would
+        meet it again; it is never kept), or without one None, and embed the page themselves."""
+        self._finish(key, failure)
 
-    def _finish(self, key: bytes, row: CachedRow | None) -> None:
+    def _finish(self, key: bytes, outcome: CachedRow | HtmllmError | None) -> None:
         future = self._pending.pop(key, None)
         if future is not None and not future.done():
-            future.set_result(row)
+            future.set_result(outcome)

@@ -155,3 +155,87 @@ async def test_health_says_when_the_running_pass_began() -> None:
     await probe
     assert batcher.health.pass_started is None
     await batcher.close()
+
+
+async def test_the_last_window_is_not_held_after_it_is_answered() -> None:
+    """The former kept its last window (documents, futures and the rows they hold: views of the whole
+    batch's output) until the next window came."""
+    runner = _BlockingRunner()
+    runner.release.set()
+    batcher = Batcher(runner, max_batch_tokens=1000, max_batch_requests=2, max_wait_ms=0)
+    batcher.start()
+    futures = [batcher.submit([2, 5, 3], deadline=None) for _ in range(5)]
+    done, _ = await asyncio.wait(futures, timeout=30)
+    assert len(done) == 5
+    await asyncio.sleep(0)  # the former's last step after it handed off the last batch
+    assert batcher._window == []
+    await batcher.close()
+
+
+class _AbortableRunner(_BlockingRunner):
+    """A pass that hangs until `abort` (a hung child process), which makes it fail as the child's does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.passes = 0
+
+    def run(self, prepared: PreparedBatch) -> RunnerOutput:
+        self.passes += 1
+        self.started.set()
+        self.release.wait(30)
+        if self.aborted:
+            raise RuntimeError("the inference process died during a forward pass")
+        return super().run(prepared)
+
+    def abort(self) -> None:
+        self.aborted = True
+        self.release.set()
+
+
+async def test_closing_aborts_a_probe_pass_that_hangs() -> None:
+    """A probe's or warm-up's pass (outside the queue) was not a pass in flight for `close`: a hung child
+    there was never aborted, and close waited for the inference thread for ever."""
+    runner = _AbortableRunner()
+    batcher = Batcher(runner, max_batch_tokens=1000, max_batch_requests=2, max_wait_ms=0)
+    batcher.start()
+    probe = asyncio.ensure_future(batcher.run_direct([[2, 5, 3]]))
+    assert await asyncio.to_thread(runner.started.wait, 30)
+    probe.cancel()  # the server cancels its probe before it stops the engine
+    closing = asyncio.ensure_future(batcher.close())
+    try:
+        await asyncio.wait_for(asyncio.shield(closing), 10)
+    finally:
+        runner.release.set()  # before the fix: let the thread go, so the test ends
+        await closing
+    assert runner.aborted
+
+
+async def test_a_direct_pass_during_close_is_shutting_down_not_a_runtime_error() -> None:
+    """A probe or warm-up while the engine stops: the batcher's pools may be shut down already, which
+    raised "cannot schedule new futures after shutdown"; and one queued behind the pass in flight ran
+    after close had looked for passes to abort."""
+    runner = _AbortableRunner()
+    batcher = Batcher(runner, max_batch_tokens=1000, max_batch_requests=2, max_wait_ms=0)
+    batcher.start()
+    document = batcher.submit([2, 5, 3], deadline=None)
+    assert await asyncio.to_thread(runner.started.wait, 30)  # the batch's pass holds the thread
+    queued = asyncio.ensure_future(batcher.run_direct([[2, 5, 3]]))
+    for _ in range(3000):  # until the probe waits for the inference thread (a bound, not a timing)
+        if batcher._infer_pool._work_queue.qsize():
+            break
+        await asyncio.sleep(0.01)
+    assert not queued.done() and batcher._infer_pool._work_queue.qsize() == 1
+    closing = asyncio.ensure_future(batcher.close())
+    await asyncio.sleep(0)  # close has begun
+    with pytest.raises(ShuttingDownError):
+        await batcher.run_direct([[2, 5, 3]])
+    try:
+        await asyncio.wait_for(asyncio.shield(closing), 10)
+    finally:
+        runner.release.set()
+        await closing
+    with pytest.raises(ShuttingDownError):
+        await queued
+    assert runner.passes == 1  # the queued probe never ran
+    with pytest.raises(ShuttingDownError):
+        document.result()

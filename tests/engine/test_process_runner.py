@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
 import random
 import shutil
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -95,8 +97,52 @@ def test_a_hung_child_is_aborted_its_batch_fails_and_the_next_gets_a_new_one(
     process_runner.abort()
     thread.join(30)
     assert not thread.is_alive() and len(failures) == 1 and "died" in str(failures[0])
+    assert "exit code -9" in str(failures[0])  # read after the join: it had said "exit code None"
     after = process_runner.run(process_runner.prepare(docs)).embeddings
     assert process_runner.restarts == restarts + 1
+    np.testing.assert_allclose(after, before, atol=1e-6, rtol=0)
+
+
+def test_abort_kills_a_child_the_pass_is_still_starting(process_runner: ProcessRunner) -> None:
+    """The child died while idle and the next pass starts a new one, which hangs while it loads: the
+    child was recorded only once it answered, so `abort` (the shutdown's) found nothing to kill and the
+    stop waited for START_TIMEOUT_S (900 s)."""
+    docs = _docs(100, [5, 8])
+    before = process_runner.run(process_runner.prepare(docs)).embeddings
+    old = process_runner._process
+    assert old is not None
+    known = {child.pid for child in multiprocessing.active_children()}
+    os.kill(old.pid, signal.SIGKILL)
+    old.join(10)
+    failures: list[BaseException] = []
+
+    def restarting() -> None:
+        try:
+            process_runner.run(process_runner.prepare(docs))
+        except InferenceProcessError as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=restarting)
+    thread.start()
+    new: int | None = None
+    for _ in range(3000):  # a bound: the new child appears within milliseconds
+        fresh = {child.pid for child in multiprocessing.active_children()} - known - {old.pid}
+        if fresh:
+            new = fresh.pop()
+            break
+        time.sleep(0.01)
+    assert new is not None
+    os.kill(new, signal.SIGSTOP)  # hung while loading (a driver fault, a stuck file system)
+    try:
+        process_runner.abort()
+        thread.join(30)
+        assert not thread.is_alive()
+    finally:
+        if thread.is_alive():  # before the fix: let the test end
+            os.kill(new, signal.SIGKILL)
+            thread.join(30)
+    assert len(failures) == 1 and "aborted" in str(failures[0])
+    after = process_runner.run(process_runner.prepare(docs)).embeddings  # the abort ended with its pass
     np.testing.assert_allclose(after, before, atol=1e-6, rtol=0)
 
 

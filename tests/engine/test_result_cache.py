@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 
@@ -10,6 +11,8 @@ import numpy as np
 import pytest
 
 from service.core import preparation
+from service.core.errors import HtmllmError
+from service.core.preparation import Prepared, PreprocessError
 from service.engine.engine import Engine
 from service.engine.result_cache import CachedRow, ResultCache, cache_key
 from service.engine.types import (
@@ -146,6 +149,102 @@ async def test_a_failed_first_copy_leaves_the_others_to_embed_it(tiny_checkpoint
         (result,) = await patient
         assert engine.queue_size == 0
     assert result.tokens > 0 and result.embedding.shape == (ckpt.meta.embedding_dim,)  # type: ignore[attr-defined]
+
+
+def _held_first_prepare(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], threading.Event]:
+    """Count the engine's prepares; the first waits for `release` (so that every copy is waiting for it)
+    and then runs or fails as the page does."""
+    calls, release = [0], threading.Event()
+    real = engine._prepare
+
+    def held(doc: Document, truncate: bool) -> Prepared:
+        calls[0] += 1
+        if calls[0] == 1:
+            release.wait(30)
+        return real(doc, truncate)
+
+    monkeypatch.setattr(engine, "_prepare", held)
+    return calls, release
+
+
+async def _when_copies_wait(engine: Engine, monkeypatch: pytest.MonkeyPatch, copies: int) -> None:
+    """Return once `copies` calls have asked the cache for the page (all but the first then wait)."""
+    cache = engine._cache
+    assert cache is not None
+    asked = [0]
+    real = cache.settled
+
+    async def counted(key: bytes) -> CachedRow | HtmllmError | None:
+        asked[0] += 1
+        return await real(key)
+
+    monkeypatch.setattr(cache, "settled", counted)
+    for _ in range(3000):  # a bound, not a timing
+        if asked[0] == copies:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{asked[0]} of {copies} copies reached the cache")
+
+
+async def test_copies_of_a_page_that_fails_get_its_failure_without_trying_again(
+    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each copy waiting for a page whose attempt failed tried it in turn: a page failing at the
+    preprocessing time limit (20 s) cost the k-th copy k times the limit, or its deadline."""
+    config = EngineConfig(result_cache_documents=8, preprocess_workers=4)
+    async with Engine.from_checkpoint(tiny_checkpoint, config) as engine:
+        calls, release = _held_first_prepare(engine, monkeypatch)
+        real = engine._prepare
+
+        def failing(doc: Document, truncate: bool) -> Prepared:
+            real(doc, truncate)  # held, counted
+            raise PreprocessError("pruning this page took more than 20 s")
+
+        monkeypatch.setattr(engine, "_prepare", failing)
+        page = make_pages(1, seed=11)[0]
+        copies = [asyncio.ensure_future(engine.embed([page])) for _ in range(4)]
+        try:
+            await _when_copies_wait(engine, monkeypatch, 4)
+        finally:
+            release.set()
+        outcomes = await asyncio.gather(*copies, return_exceptions=True)
+        assert calls[0] == 1, "the copies prepared the page again"
+        assert all(isinstance(o, PreprocessError) and "20 s" in str(o) for o in outcomes), outcomes
+        assert len({id(o) for o in outcomes}) == 4  # each its own exception, not one raised four times
+        assert engine.queue_size == 0 and len(engine._cache or []) == 0  # a failure is never kept
+        (result,) = await engine.embed_settled([page])  # a later call tries the page again
+        assert isinstance(result, PreprocessError) and calls[0] == 2
+
+
+async def test_copies_of_a_page_over_the_limit_are_each_refused_in_their_own_name(
+    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = EngineConfig(result_cache_documents=8, preprocess_workers=4, max_length=64)
+    async with Engine.from_checkpoint(tiny_checkpoint, config) as engine:
+        calls, release = _held_first_prepare(engine, monkeypatch)
+        long = make_pages(1, min_words=400, max_words=400)[0]
+        copies = [
+            asyncio.ensure_future(engine.embed([Document(long, id=name)], truncate=False)) for name in "abc"
+        ]
+        try:
+            await _when_copies_wait(engine, monkeypatch, 3)
+        finally:
+            release.set()
+        outcomes = await asyncio.gather(*copies, return_exceptions=True)
+    assert calls[0] == 1
+    for name, outcome in zip("abc", outcomes, strict=True):
+        assert isinstance(outcome, TooManyTokensError) and f"document {name!r} has" in outcome.message
+
+
+async def test_only_a_failure_of_the_page_itself_reaches_the_waiters() -> None:
+    cache = ResultCache(4)
+    for failure in (PreprocessError("the page"), None):
+        cache.claim(b"k")
+        waiting = asyncio.ensure_future(cache.settled(b"k"))
+        await asyncio.sleep(0)
+        cache.release(b"k", failure)
+        assert await waiting is failure  # None: the waiter embeds the page itself
+    assert len(cache) == 0 and await cache.settled(b"k") is None
 
 
 def test_a_kept_row_owns_its_arrays() -> None:

@@ -130,6 +130,11 @@ class ProcessRunner:
         self._config = config
         self._context = multiprocessing.get_context("spawn")
         self._lock = threading.Lock()  # one batch over the pipe at a time (the batcher runs one anyway)
+        # `abort` runs beside a pass that holds `_lock`; under this one it reads which children to kill,
+        # and a pass starting a child records it, so that a child still loading can be killed too.
+        self._abort_lock = threading.Lock()
+        self._starting: Any = None  # a child started and not yet answering (loading the model)
+        self._aborted = False  # `abort` since the last pass ended: the pass (or the next) fails at once
         self._process: Any = None
         self._conn: Connection | None = None
         self._stopper: multiprocessing.util.Finalize | None = None
@@ -149,24 +154,36 @@ class ProcessRunner:
         )
         process.start()
         child.close()
+        with self._abort_lock:
+            self._starting = process  # from here `abort` kills it (a restart hung while loading)
+            aborted = self._aborted
         try:
+            if aborted:
+                raise InferenceProcessError("the inference process was aborted while it started")
             if not parent.poll(START_TIMEOUT_S):
                 raise InferenceProcessError(f"the inference process did not start in {START_TIMEOUT_S:.0f} s")
             status, value = parent.recv()
+            if status == "ok":
+                with self._abort_lock:  # `abort` sees it in one of the two places, never in neither
+                    self._process, self._conn = process, parent
         except (EOFError, OSError) as error:
+            process.join(STOP_TIMEOUT_S)  # the pipe ends before the exit is reaped: wait for its code
+            why = "was aborted" if self._aborted else "exited"
             raise InferenceProcessError(
-                f"the inference process exited while loading the model (exit code {process.exitcode})"
+                f"the inference process {why} while loading the model (exit code {process.exitcode})"
             ) from error
         except InferenceProcessError:
             process.kill()
             raise
+        finally:
+            with self._abort_lock:
+                self._starting = None
         if status != "ok":
             process.join(CLOSE_TIMEOUT_S)
             message, code = value
             raise InferenceProcessError(
                 f"the inference process could not load the model: {message}", code=ErrorCode(code)
             )
-        self._process, self._conn = process, parent
         # Runs once: from `_discard`, when the runner is collected, or at exit before multiprocessing
         # terminates daemonic children (a positive exit priority runs first).
         self._stopper = multiprocessing.util.Finalize(
@@ -190,25 +207,35 @@ class ProcessRunner:
     def run(self, prepared: PreparedBatch) -> RunnerOutput:
         flat, lengths, pad_to = cast(tuple[np.ndarray, np.ndarray, int | None], prepared.payload)
         with self._lock:
-            if self._process is not None and not self._process.is_alive():
-                # It died between batches (out of memory, killed): nothing was sent, so this batch
-                # need not fail with it.
-                logger.warning("the inference process exited (code %s) while idle", self._process.exitcode)
-                self._discard()
-            if self._conn is None:
-                self._restart()
-            conn = self._conn
-            assert conn is not None
             try:
-                conn.send(("run", flat, lengths, pad_to))
-                status, value = conn.recv()
-            except (EOFError, OSError) as error:
-                code = self._process.exitcode if self._process is not None else None
-                self._discard()
-                raise InferenceProcessError(
-                    f"the inference process died during a forward pass (exit code {code}); "
-                    "it is started again for the next batch"
-                ) from error
+                return self._run(flat, lengths, pad_to)
+            finally:
+                self._aborted = False  # an abort ends with the pass it was for
+
+    def _run(self, flat: np.ndarray, lengths: np.ndarray, pad_to: int | None) -> RunnerOutput:
+        """`run` under the pass's lock."""
+        if self._aborted:  # asked before this pass reached the child: it starts none and sends nothing
+            raise InferenceProcessError("the forward pass was aborted (shutting down)")
+        if self._process is not None and not self._process.is_alive():
+            # It died between batches (out of memory, killed): nothing was sent, so this batch
+            # need not fail with it.
+            logger.warning("the inference process exited (code %s) while idle", self._process.exitcode)
+            self._discard()
+        if self._conn is None:
+            self._restart()
+        conn = self._conn
+        assert conn is not None
+        try:
+            conn.send(("run", flat, lengths, pad_to))
+            status, value = conn.recv()
+        except (EOFError, OSError) as error:
+            process = self._process
+            self._discard()  # joins it: its exit code is known only then
+            code = process.exitcode if process is not None else None
+            raise InferenceProcessError(
+                f"the inference process died during a forward pass (exit code {code}); "
+                "it is started again for the next batch"
+            ) from error
         if status != "ok":
             raise InferenceProcessError(value)
         output: RunnerOutput = value
@@ -217,10 +244,16 @@ class ProcessRunner:
     def abort(self) -> None:
         """Kill the child now, without the lock a pass in flight holds: that pass then fails at once
         (its documents were failed already) and the next batch starts a new child. For the shutdown
-        deadline, where a hung child (a driver fault, a stopped process) had held the server forever."""
-        process = self._process
-        if process is not None and process.is_alive():
-            process.kill()
+        deadline, where a hung child (a driver fault, a stopped process) had held the server forever.
+
+        A child that the pass is still starting (a restart after a crash, loading the model, up to
+        `START_TIMEOUT_S`) is killed too, and a pass that has not reached the child yet starts none."""
+        with self._abort_lock:
+            self._aborted = True
+            children = [self._process, self._starting]
+        for process in children:
+            if process is not None and process.is_alive():
+                process.kill()
 
     def _restart(self) -> None:
         self.restarts += 1

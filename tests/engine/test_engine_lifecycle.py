@@ -1,0 +1,123 @@
+"""The Engine's start and stop beside calls in flight: every caller gets a typed answer, never a
+CancelledError it did not ask for, and neither start nor stop waits on what cannot end."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from service.core.preparation import Prepared
+from service.engine.engine import Engine
+from service.engine.types import Document, EngineConfig, ShuttingDownError
+from tests.factories.pages import make_pages
+
+SAFETY_S = 30  # bounds on waits that end at once when the engine is right
+
+
+def _blocking_prepare(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> tuple[threading.Event, threading.Event]:
+    """The engine's first page held on its preprocessing thread until `release` (a parse stuck in C
+    code looks like this); `started` once it is."""
+    started, release = threading.Event(), threading.Event()
+    real = engine._prepare
+    first = [True]
+
+    def held(doc: Document, truncate: bool) -> Prepared:
+        if first[0]:
+            first[0] = False
+            started.set()
+            release.wait(10 * SAFETY_S)  # longer than any wait of the tests: they let it go
+        return real(doc, truncate)
+
+    monkeypatch.setattr(engine, "_prepare", held)
+    return started, release
+
+
+@pytest.mark.parametrize("cached", [0, 8])
+async def test_stop_without_drain_is_shutting_down_for_callers_nobody_cancelled(
+    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, cached: int
+) -> None:
+    """`stop(drain=False)` cancels the jobs waiting for a preprocessing thread; `embed` and `preprocess`
+    re-raised that CancelledError into callers nobody had cancelled (a TaskGroup or gather of a library
+    caller cannot tell it from its own cancellation)."""
+    config = EngineConfig(preprocess_workers=1, result_cache_documents=cached)
+    engine = Engine.from_checkpoint(tiny_checkpoint, config)
+    await engine.start()
+    started, release = _blocking_prepare(engine, monkeypatch)
+    pages = make_pages(3, seed=5)
+    try:
+        embedding = asyncio.ensure_future(engine.embed(pages))
+        settled = asyncio.ensure_future(engine.embed_settled(make_pages(2, seed=6)))
+        assert await asyncio.to_thread(started.wait, SAFETY_S)
+        preprocessing = asyncio.ensure_future(engine.preprocess(pages[0]))  # behind the held page
+        await asyncio.sleep(0)
+        stopping = asyncio.ensure_future(engine.stop(drain=False))
+        # The calls end as the stop cancels their jobs; only then is the held page let go (the stop
+        # had waited for it: that is the other test's subject).
+        await asyncio.wait([embedding, settled, preprocessing], timeout=SAFETY_S)
+    finally:
+        release.set()
+    await asyncio.wait_for(stopping, SAFETY_S)
+    current = asyncio.current_task()
+    assert current is not None and current.cancelling() == 0
+    for call in (embedding, preprocessing):
+        assert not call.cancelled()
+        with pytest.raises(ShuttingDownError):
+            call.result()
+    assert all(isinstance(outcome, ShuttingDownError) for outcome in settled.result())
+    assert engine.queue_size == 0
+    engine.close()
+
+
+async def test_stop_without_drain_answers_a_page_stuck_on_a_thread_and_returns(
+    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread cannot be stopped: the stop had waited for it (for ever, for a parse that never ends)
+    and its caller with it. Now the caller gets ShuttingDownError and the thread runs on alone."""
+    engine = Engine.from_checkpoint(tiny_checkpoint, EngineConfig(preprocess_workers=1))
+    await engine.start()
+    started, release = _blocking_prepare(engine, monkeypatch)
+    try:
+        call = asyncio.ensure_future(engine.embed(make_pages(1, seed=7)))
+        assert await asyncio.to_thread(started.wait, SAFETY_S)
+        await asyncio.wait_for(engine.stop(drain=False), SAFETY_S)
+        with pytest.raises(ShuttingDownError):
+            await asyncio.wait_for(call, SAFETY_S)
+        assert engine.queue_size == 0
+    finally:
+        release.set()
+    engine.close()
+
+
+async def test_concurrent_starts_build_one_batcher(tiny_checkpoint: Path) -> None:
+    """Two `start()`s at once (an "ensure started" in two coroutines) both found no batcher before their
+    first await, and the second overwrote the first's: its tasks and pools were never stopped."""
+    config = EngineConfig(preprocess_pool="process", preprocess_workers=1)
+    engine = Engine.from_checkpoint(tiny_checkpoint, config)
+
+    def formers() -> int:
+        return sum(task.get_name() == "htmllm-batch-former" for task in asyncio.all_tasks())
+
+    await asyncio.gather(engine.start(), engine.start())
+    processes = engine._processes
+    assert formers() == 1 and processes is not None
+    assert len(await engine.embed(make_pages(2))) == 2
+    await engine.stop()
+    assert formers() == 0 and processes.live_workers == 0
+    engine.close()
+
+
+async def test_a_stop_during_a_start_stops_what_the_start_built(tiny_checkpoint: Path) -> None:
+    """A stop while a start was still starting its processes found nothing to stop and returned; the
+    start then finished, leaving an engine that took documents after its stop."""
+    config = EngineConfig(preprocess_pool="process", preprocess_workers=1)
+    engine = Engine.from_checkpoint(tiny_checkpoint, config)
+    await asyncio.gather(engine.start(), engine.stop())
+    assert not engine.accepting and engine._processes is None and engine._batcher is None
+    with pytest.raises(ShuttingDownError):
+        await engine.embed(make_pages(1))
+    engine.close()
