@@ -83,7 +83,6 @@ import bisect
 import html as _html
 import operator
 import re
-from collections import deque
 from collections.abc import Iterator
 
 from selectolax.lexbor import LexborDocumentOptions, LexborHTMLParser, SelectolaxError
@@ -194,7 +193,10 @@ _PLAINTEXT_END = "</plaintext>"
 # unclosed by the thousand. `dt`, `dd`, `optgroup`, the ruby annotations, `form` and `select` nest:
 # `<li><dt><li><dt>` and `<nobr><select><nobr><select>` are chains, `<optgroup>` and `<rb>` nest
 # outside a `<select>`, a `<ruby>`, and `<form>` inside a `<template>`. Inside <svg> and <math> every
-# element nests (`<td>`, `<a>`, `<input>` there are foreign elements) but a self-closing one.
+# element nests (`<td>`, `<a>`, `<input>` there are foreign elements) but a self-closing one. Only
+# where the scan cannot follow the parser (in a `<select>`, ...) are they left uncounted: where it does,
+# each counts, as the estimate pops it where the parser does (behind a scope boundary a chain of
+# them nests: `<td><li><button><li><p><option>` nine levels deep a `<table>`).
 _NOT_NESTING = frozenset(
     b"""area base basefont bgsound br col embed frame hr img input keygen link meta param source track wbr
     p li td th tr option tbody thead tfoot colgroup caption html head body button""".split()
@@ -594,6 +596,14 @@ def merged_root_attributes(lowered: bytes) -> int:
     return _names_in(sections)
 
 
+# The replay's budget of steps (entries and boundaries its walks visit): per tag of the page (`<`), per
+# clone it charged (`_MEMORY_PER_CLONE` of its estimate), and for every page. Corpus pages take at most
+# 0.63 a tag; see `reconstruction_bytes`.
+_REPLAY_STEPS_PER_TAG = 16
+_REPLAY_STEPS_PER_CLONE = 4
+_REPLAY_STEPS_HEADROOM = 1 << 20
+
+
 def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> int:
     """An upper estimate of the memory the HTML parser takes for the elements it re-creates while
     "reconstructing the active formatting elements" (stopping once past `limit` bytes): each clone
@@ -636,10 +646,30 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
     not while a scope boundary (`_SCOPE_BOUNDARIES`) opened since the entry's own tag is open, nor eight
     special elements; and after a table tag where the scan cannot follow the parser (in a `<select>`,
     after a taint) it clears nothing more. Corpus pages need at most 73 KB.
+
+    Its own cost is bounded too (it runs in Python over every tag of a page whose cheap bound breaks
+    the budget). Each walk visits what a tag or a charged clone put there: the entries a closing takes
+    off the stack, the sets of entries it merges (the smaller into the larger), the boundaries and
+    entries a clear pops, the closed copies the Noah's Ark count passes (a closed copy is left in place,
+    not searched for); a `</template>` finds its template at once, and an adoption agency looks at
+    `_SCAN_AFTER` entries at most. These steps are counted against a budget of
+    `_REPLAY_STEPS_PER_TAG` a tag, `_REPLAY_STEPS_PER_CLONE` a clone charged and
+    `_REPLAY_STEPS_HEADROOM` (corpus pages take at most 0.63 a tag, random tag soups 3 a tag
+    beyond their clones'). Past it the replay gives up and returns `_reconstruction_bound`, which needs
+    no replay and is above the cheap bound the caller ran it for: the page is refused. That refusal is
+    the cheap bound's (it cannot show that the page fits), of a page with enough tags and formatting
+    elements to break its budget on that bound, never of ordinary markup, which stays far below the
+    budget. Steps paid by clones end at `limit` (each clone charges `_MEMORY_PER_CLONE` at least):
+    0.15 s for the 150 MiB of headroom. What remains is the scan's and the loop's constant work, about
+    2 us a tag; the memory pre-check leaves at most 0.025 tags a byte and 390,000 (1-1.6 s for 2 MB of
+    `<a>`, 1.8-2.8 s for 16 MB). A tighter cheap bound would not spare that page the replay: its tags
+    leave 3 bytes a tag of the budget, under what one re-created `<a>` takes.
     """
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
     entries_of: dict[bytes, list[int]] = {}  # element name -> its entries, oldest first
-    copies: dict[bytes, deque[int]] = {}  # the tag as written -> its entries, oldest first
+    # The tag as written -> its entries, oldest first; one removed stays until the Noah's Ark count
+    # passes it (a `deque.remove` from the front, at each of thousands of copies, was a hidden walk).
+    copies: dict[bytes, list[int]] = {}
     key_of: dict[int, bytes] = {}  # the live entries
     weight: dict[int, int] = {}  # entry -> the bytes a clone of it takes
     weight_of: dict[bytes, int] = {}  # the same, by the tag as written
@@ -650,7 +680,10 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
     boundaries: list[tuple[bytes, int, bool, int]] = []
     specials: list[tuple[bytes, int]] = []
     contexts: list[int] = []  # where in `boundaries` the open tables and templates are
-    templates = 0  # of those, the templates (in one, a <col> first makes the parser ignore cells)
+    # Of those, the templates (in one, a <col> first makes the parser ignore cells), kept apart so that a
+    # `</template>` finds the last one at once (a walk over 2,000 open tables at each of 170,000 of them
+    # took 8.6 s).
+    templates: list[int] = []
     # The list's markers (the entry before each), oldest first. A marker stays when its element is
     # popped without clearing (a table pops an <object> in it), and the parser's next clear stops
     # there: so every tag that may insert one adds one, and only a surely closed cell, caption,
@@ -680,20 +713,27 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
     fenced_weights: list[int] = []
     starts: dict[bytes, list[int]] = {}  # name -> the tags its elements opened at, the open ones
     serial = entry = work = off_weight = floating_weight = heaviest = 0
+    # The replay's own work: entries and boundaries its walks visit (each is paid for by a tag or by a
+    # clone charged, so a page takes a few per tag), against a budget (see the docstring).
+    steps = 0
+    most_steps = _REPLAY_STEPS_PER_TAG * data.count(b"<") + _REPLAY_STEPS_HEADROOM
     # The last tag: where it ends, and whether text after it is surely read as HTML (which re-creates).
     last_end = 0
     last_html = False
+    last_part = 0  # the last start tag of a table's part (not foreign)
 
     def last_live(name: bytes) -> int | None:
         """The newest entry of `name` still on the list (the Noah's Ark clause drops some early)."""
+        nonlocal steps
         stack = entries_of.get(name, [])
         while stack and stack[-1] not in key_of:
             stack.pop()
+            steps += 1
         return stack[-1] if stack else None
 
     def remove(gone: int) -> None:
         nonlocal off_weight, floating_weight
-        copies[key_of.pop(gone)].remove(gone)
+        del key_of[gone]  # (it stays in `copies` until the count passes it)
         if gone in off:
             off.discard(gone)
             off_weight -= weight[gone]
@@ -709,9 +749,10 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
 
     def closed_after(opened: int) -> None:
         """An element opened at tag `opened` may have closed: what was opened after it is off the stack."""
-        nonlocal off_weight
+        nonlocal off_weight, steps
         if floating:
             land()
+        steps += len(on_stack)  # (less what stays: the entries popped)
         while on_stack and on_stack[-1][0] > opened:
             _, popped = on_stack.pop()
             if popped not in key_of or popped in off:
@@ -724,10 +765,12 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
             else:
                 off.add(popped)
                 off_weight += weight[popped]
+        steps -= len(on_stack)
 
     def land() -> None:
         """The floating entries are off the stack (again, or still)."""
-        nonlocal off, off_weight, floating, floating_weight
+        nonlocal off, off_weight, floating, floating_weight, steps
+        steps += min(len(floating), len(off))
         if len(floating) > len(off):
             floating, off = off, floating
         off |= floating
@@ -737,8 +780,9 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
 
     def maybe_recreated() -> int:
         """The parser may re-create what is off the stack here: the bytes that takes (they float)."""
-        nonlocal off, off_weight, floating, floating_weight
+        nonlocal off, off_weight, floating, floating_weight, steps
         charged = off_weight
+        steps += min(len(floating), len(off))
         if len(off) > len(floating):
             floating, off = off, floating
         floating |= off
@@ -750,8 +794,9 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
     def recreated(position: int) -> int:
         """The parser surely re-creates what is off the stack here (and has what floats): the bytes the
         off ones take; all stay on the stack at `position` until an element around it closes."""
-        nonlocal off_weight, floating_weight
+        nonlocal off_weight, floating_weight, steps
         charged = off_weight
+        steps += len(off) + len(floating)
         if floating:
             off.update(floating)
             floating.clear()
@@ -773,9 +818,10 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
 
     def unfence() -> None:
         """The parser may have cleared its last marker: what waited behind the last fence is re-created."""
-        nonlocal off, off_weight
+        nonlocal off, off_weight, steps
         fences.pop()
         held = fenced.pop()
+        steps += min(len(held), len(off))
         if len(held) > len(off):
             held, off = off, held
         off |= held
@@ -784,28 +830,31 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
     def pop_to(index: int, *, clear: bool) -> None:
         """Pop the boundaries from `index` on (and the special elements opened since), as the parser
         pops their elements; with `clear`, clear the list to its last marker, as it does once then."""
-        nonlocal templates
+        nonlocal steps
         if index < len(boundaries):
             opened = boundaries[index][1]
+            steps += len(boundaries) - index  # (the open tables and templates among them too)
             while contexts and contexts[-1] >= index:
-                templates -= boundaries[contexts.pop()][0] == b"template"
+                contexts.pop()
+            while templates and templates[-1] >= index:
+                templates.pop()
             del boundaries[index:]
             while specials and specials[-1][1] > opened:
                 specials.pop()
+                steps += 1
         if clear and marks and not unsure:
             last = marks.pop()
             while order and order[-1] > last:
                 added = order.pop()
+                steps += 1
                 if added in key_of:
                     remove(added)
 
     def table_end(name: bytes) -> None:
         """An end tag of the table's structure (or `</template>`), as the parser reads it in a table."""
         if name == b"template":
-            for index in reversed(contexts):
-                if boundaries[index][0] == b"template":  # it pops all above its template
-                    pop_to(index, clear=True)
-                    return
+            if templates:  # it pops all above its template
+                pop_to(templates[-1], clear=True)
             return
         inner = contexts[-1] if contexts and boundaries[contexts[-1]][0] == b"table" else None
         if inner is None:  # no table: only a cell of a template (never one that clears) may close
@@ -842,6 +891,8 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
         return min(later, _ADOPTION_ROUNDS) * (weight[newest] + 3 * between)
 
     for tick, (end_tag, name, start, end, where) in enumerate(_tag_tokens(data), 1):
+        if steps > most_steps and steps > most_steps + _REPLAY_STEPS_PER_CLONE * (work // _MEMORY_PER_CLONE):
+            return max(work, _reconstruction_bound(data))  # (never on the corpus: see the docstring)
         if (off or floating) and start > last_end:
             # What is between the last tag and this one may be text, which re-creates what is off the
             # stack, in the element then current. Only surely text (no comment; spaces only outside
@@ -874,14 +925,28 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
                 closed_after(min(implied))  # a <p> the block closes, the <li> before an <li>, ...
             elif name in (b"table", b"form") and starts.get(b"p"):
                 closed_after(starts[b"p"][-1])  # it may close the <p> (not in quirks mode, ...)
-            if where == SELECT and name in _LEAVES_SELECT and starts.get(b"select"):
-                closed_after(starts[b"select"][-1])  # it closes the <select> and what it holds
+            if where >= SELECT and name in _LEAVES_SELECT and starts.get(b"select"):
+                # It closes the <select> and what it holds; after a taint too (`<select><svg><em>`
+                # leaves the <svg>, the <select> stays open: 30 <b>s were re-created at each of 60
+                # `<select>`s, none estimated).
+                closed_after(starts[b"select"][-1])
         if where != FOREIGN and contexts and name in (_TABLE_ENDS if end_tag else _TABLE_STARTS):
             # In a table these pop everything above it (its row or group): what was opened after it
             # (after the first one still open, where the scan cannot follow) is off the stack.
             closed_after(boundaries[contexts[0] if unsure else contexts[-1]][3])
         elif name == b"table" and not end_tag and where != FOREIGN and contexts:
             last = contexts[-1]
+            if (
+                boundaries[last][0] == b"table"
+                and last + 1 < len(boundaries)
+                and boundaries[last + 1][0] in _CELLS
+                and not boundaries[last + 1][2]
+            ):
+                # A cell that a row group's end tag may have closed: the <table> nests in it, or closes
+                # the table (and what was foster-parented out of it: `<td></tbody>` + `<b>`s + `<table>`
+                # popped them, and 30 were re-created at each of 60 tables, none estimated). Which
+                # table the parser is in is then unknown.
+                unsure = True
             if where != HTML or unsure:  # in a <select> in a table it closes both: any may be open
                 closed_after(boundaries[contexts[0]][3])
             elif boundaries[last][0] == b"table" and (
@@ -893,13 +958,19 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
             if newest is not None:  # an end tag, a new <a> or <nobr> runs the adoption agency
                 if specials and specials[-1][1] > since[newest]:
                     work += adoption(newest)
-                if not end_tag and trusted and not (fences and newest <= fences[-1]):  # (marker: none)
+                if not end_tag and not (fences and newest <= fences[-1]):  # (marker: none)
                     # It pops the open one and what is above it, which the next text re-creates; an
                     # <a> leaves the list (a <nobr> where surely in scope). Off the stack, it is
                     # re-created first, with what is off after it, which is popped and re-created again.
+                    # Where the scan cannot follow the parser (in a <select>, after a taint) it may run
+                    # too: what is above the open one is off (`<svg><desc><tr>` and then
+                    # `<i></td>x<a></col><nobr><em>` x N made 0.75 clones a tag, none estimated), and it
+                    # stays on the list.
                     opened_at = since[newest]
-                    if (not boundaries or boundaries[-1][1] <= opened_at) and (
-                        name == b"a" or _surely_in_scope(opened_at, boundaries, specials)
+                    if (
+                        trusted
+                        and (not boundaries or boundaries[-1][1] <= opened_at)
+                        and (name == b"a" or _surely_in_scope(opened_at, boundaries, specials))
                     ):
                         if newest in off or newest in floating:
                             work += off_weight + floating_weight
@@ -950,6 +1021,8 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
             starts[name] = [2 * tick]
         else:
             opened.append(2 * tick)
+        if name in _TABLE_STARTS and where != FOREIGN:
+            last_part = 2 * tick
         if where == FOREIGN and is_self_closing(data[start:end].rstrip(b">")):
             continue
         if name in _SCOPE_BOUNDARIES:
@@ -973,10 +1046,23 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
             serial += 1
             # Closing it surely clears the list: a cell or caption of a table, an <object>, ...
             clears = html and (inner is not None if name in _CELLS else name in _MARKERS)
-            boundaries.append((name, serial, clears, 2 * tick))
+            opened_at = 2 * tick
+            if (
+                name == b"table"
+                and contexts
+                and boundaries[contexts[-1]][0] == b"template"
+                and last_part > boundaries[contexts[-1]][3]
+            ):
+                # Right in a template whose content a table's part made a table, a row group, a
+                # column group, ..., the parser ignores a <table> (but in a cell or caption): what
+                # pops what is above it pops what is above the template (taken for opened at its own
+                # tag, 30 <b>s the parser popped at each of 60 `<tfoot>`s were never re-created).
+                opened_at = boundaries[contexts[-1]][3]
+            boundaries.append((name, serial, clears, opened_at))
             if where != FOREIGN and name in (b"table", b"template"):
                 contexts.append(len(boundaries) - 1)
-                templates += name == b"template"
+                if name == b"template":
+                    templates.append(len(boundaries) - 1)
         elif name in _TABLE_STARTS and where == HTML:
             inner = contexts[-1] if contexts and boundaries[contexts[-1]][0] == b"table" else None
             if inner is not None and not unsure:
@@ -999,11 +1085,20 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
                 key += b"\x00%d" % entry  # its extent is unsure: a copy of nothing
             same = copies.get(key)
             if same is None:
-                same = copies[key] = deque()
-            # The parser keeps three copies after the last marker only: a copy from before a marker
-            # the parser may have (a boundary's, left in place when a table popped it, ...) stays.
-            if len(same) >= _NOAHS_ARK and (not marks or same[-_NOAHS_ARK] > marks[-1]):
-                remove(same[-_NOAHS_ARK])
+                same = copies[key] = []
+            elif len(same) >= _NOAHS_ARK:
+                # The newest three copies still on the list (those removed since go on the way).
+                kept: list[int] = []
+                while same and len(kept) < _NOAHS_ARK:
+                    copy = same.pop()
+                    steps += 1
+                    if copy in key_of:
+                        kept.append(copy)
+                same.extend(reversed(kept))
+                # The parser keeps three copies after the last marker only: a copy from before a marker
+                # the parser may have (a boundary's, left in place when a table popped it, ...) stays.
+                if len(kept) == _NOAHS_ARK and (not marks or kept[-1] > marks[-1]):
+                    remove(kept[-1])
             same.append(entry)
             order.append(entry)
             on_stack.append((2 * tick + 1, entry))
@@ -1023,6 +1118,16 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
     if off and len(data) > last_end:
         work += off_weight  # text after the last tag
     return work
+
+
+def _reconstruction_bound(data: bytes) -> int:
+    """A bound of the bytes the parser's re-creations take that needs no replay (far above the
+    replay's: what the replay gives up for): each tag and each run of text reconstructs at most once
+    (once done, nothing is off the stack until a tag closes something), re-creating at most the whole
+    list after its last marker (`_tags_with_attributes`), and each tag runs the adoption agency at most
+    once, `_ADOPTION_ROUNDS` rounds of at most four clones, none heavier than the list."""
+    list_bytes, _ = _tags_with_attributes(data)
+    return (2 + 4 * _ADOPTION_ROUNDS) * (data.count(b"<") + 1) * list_bytes
 
 
 def _surely_text(data: bytes, start: int, end: int, *, spaces: bool) -> bool:
@@ -1059,6 +1164,16 @@ _BREAKOUT = frozenset(
     listing menu meta nobr ol p pre ruby s small span strong strike sub sup table tt u ul var""".split()
 ) - {b"font"}
 HTML, FOREIGN, SELECT, TAINTED = 0, 1, 2, 3  # where a tag was read (`_tag_tokens`)
+# Integration points whose content the parser reads as HTML, start tags and text (`<annotation-xml>`
+# only with an HTML encoding: not one), and the start tags an island of HTML there may not hold: raw
+# text and what hides tags, what leaves an element open or opens one without a start tag (a table's
+# parts), inserts a marker or a scope limit, changes the insertion mode or the form pointer, and
+# foreign content (`<mglyph>` in `<mi>` is MathML).
+_ISLAND_POINTS = frozenset(b"foreignobject desc title mi mo mn ms mtext".split())
+_NOT_IN_ISLANDS = _RAW_TEXT | frozenset(
+    b"""plaintext svg math mglyph malignmark select template frameset frame html head body form isindex
+    table caption colgroup col tbody thead tfoot tr td th applet marquee object""".split()
+)
 
 
 def _tag_tokens(
@@ -1074,10 +1189,15 @@ def _tag_tokens(
     no tags up to their end tag. Inside `<svg>` and `<math>` (FOREIGN) raw-text names are ordinary
     elements and `<![CDATA[...]]>` is text; inside `<select>` (SELECT) nothing is read as raw text
     (counting more is the safe side). Either ends with its own end tag, read the same way; but an
-    integration point (`<foreignObject>`, `<desc>`, `<title>`, `<mi>`, ...) that holds anything before
-    its own end tag makes the parser's content model there HTML again, where a `</svg>` may close
-    nothing: from there on (TAINTED) every `<` and a letter is a tag and nothing is hidden; so too after
-    a `<frameset>`. In a `<template>` whose content starts with a `<col>` (a column group, where the
+    integration point (`<foreignObject>`, `<desc>`, `<title>`, `<mi>`, ...) that holds tags makes the
+    parser's content model there HTML again, where a `</svg>` may close nothing: from there on
+    (TAINTED) every `<` and a letter is a tag and nothing is hidden; so too after a `<frameset>`. But
+    an island of plain HTML in one (a diagram's label: `<foreignObject><div><span>x</span></div>
+    </foreignObject>`) whose every end tag closes the element on top of it, and whose integration
+    point's own end tag comes when all is closed, leaves the parser in the zone again (those of its
+    tags that may leave an element open, or hide tags, taint: raw text, tables, a <select>, ...): its
+    tags are yielded as TAINTED (nothing there closes surely for the estimates), what follows as in the
+    zone. In a `<template>` whose content starts with a `<col>` (a column group, where the
     parser ignores every other start tag) raw-text names hold no raw text, up to the `</template>`.
     """
     lowered = data.lower()
@@ -1090,7 +1210,8 @@ def _tag_tokens(
     html_names: set[bytes] = set()  # the names of the HTML start tags read so far
     parent: bytes | None = None  # the HTML start tag just read; in a zone, the one just before it
     previous: bytes | None = None
-    point: bytes | None = None  # an integration point of the zone, open and still empty
+    point: bytes | None = None  # an integration point of the zone, open, holding no tag or an island
+    island: list[bytes] = []  # the island's HTML elements open in it (see above), in order
     template_first = False  # the last HTML start tag was a <template>
     template_cols = 0  # <template>s opened with a <col> first, not closed since
     select_limit = False  # the <select> being read holds a scope limit (an <object>, a <td>, ...)
@@ -1108,6 +1229,10 @@ def _tag_tokens(
             if lowered.startswith(b"<!--", start):
                 end = _comment_end(lowered, start + 4)
             elif zone == FOREIGN and lowered.startswith(b"<![cdata[", start):
+                if island:  # in an HTML element a bogus comment, in the point text: either
+                    zone = TAINTED
+                    position = start
+                    continue
                 end = lowered.find(b"]]>", start + 9)
                 end = -1 if end < 0 else end + 3
             elif lowered.startswith(b"</>", start):
@@ -1126,8 +1251,17 @@ def _tag_tokens(
         end_tag = bool(slash)
         position = found.end()
         if point is not None:
-            if end_tag and name == point:
+            if end_tag and name == point and not island:
                 point = None
+            elif point in _ISLAND_POINTS and (
+                (end_tag and island and island[-1] == name) or (not end_tag and name not in _NOT_IN_ISLANDS)
+            ):
+                if end_tag:
+                    island.pop()
+                elif name not in _VOID_B:  # (`<div/>` opens a <div> in HTML content)
+                    island.append(name)
+                yield end_tag, name, start, position, TAINTED
+                continue
             else:
                 zone = TAINTED
                 yield end_tag, name, start, position, TAINTED
@@ -1334,9 +1468,10 @@ _HEADINGS_B = frozenset(b"h1 h2 h3 h4 h5 h6".split())
 # What "generate implied end tags" pops while it is the current node.
 _IMPLIED = frozenset(b"dd dt li optgroup option p rb rp rt rtc".split())
 _VOID_B = frozenset(name.encode() for name in _VOID) | {b"image"}
-_STANDARDS_DOCTYPE = re.compile(
-    rb"\A(?:\xef\xbb\xbf)?[\t\n\f\r ]*<!doctype[\t\n\f\r ]+html[\t\n\f\r ]*>", re.I
-)
+# No-quirks mode: the page as the parser gets it starts with the doctype. (No byte-order mark: Lexbor
+# reads one as text, which ends the doctype's place; `utf8_payload` strips the first, but a second one,
+# or a str starting with U+FEFF, left the page in quirks mode while the estimate assumed no-quirks.)
+_STANDARDS_DOCTYPE = re.compile(rb"\A[\t\n\f\r ]*<!doctype[\t\n\f\r ]+html[\t\n\f\r ]*>", re.I)
 # Start tags that do more than open their element (or open none).
 _STARTS_WITH_MORE = (
     _CLOSES_P
@@ -1351,6 +1486,21 @@ _STARTS_WITH_MORE = (
 # End tags that do more than pop their element when it is on top (clear the formatting list to a marker,
 # clear the form pointer, close nothing).
 _CLOSES_WITH_MORE = _TABLE_FAMILY | {b"applet", b"marquee", b"object", b"form", b"body", b"html"}
+# The model's walks down its entries (removed ones count) stop after this many, and then assume what
+# errs long: the parser may have popped any entry (doubt), an end tag closes nothing, an element stays
+# counted. The walk back to the last <li>, <dd> or <dt> stops sooner (the parser's own stops at most
+# special elements).
+_MODEL_REACH = 256
+_ITEM_REACH = 64
+# The model's own work: its walks may look at this many entries per `<` of the page, in all (corpus
+# pages: at most 0.23, and 860 of 1,033 none); then each looks at a few only. So its cost stays linear
+# in the page's tags (cells a template left unsure, markers a table left, options a <select> left:
+# each end tag walked them all, from 37 s for 2 MB to minutes for 37 KB), and the estimate only grows:
+# a page pays for its walks in depth, refused only where that takes it past the cap, not for them (a
+# refusal outright would refuse pages the parser reads in no time; the cheap bound, a level per `<`,
+# refuses every page the model runs on).
+_MODEL_STEPS_PER_TAG = 8
+_MODEL_REACH_SPENT = 4
 
 
 class _OpenElements:
@@ -1365,7 +1515,7 @@ class _OpenElements:
     adoption agency) is marked unsure, and from then on its end tag removes it alone.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, steps: int) -> None:
         # (name, serial, counted, sure, marker); None: removed. Not sure: pushed where the scan cannot
         # follow. Marker: which of `markers` was the last when it opened.
         self.entries: list[tuple[bytes, int, bool, bool, int] | None] = []
@@ -1380,7 +1530,8 @@ class _OpenElements:
         # marker, none clears.
         # Each held as the serial at which it left the stack: a re-created one opened after that.
         self.dangling: list[dict[bytes, list[int]]] = [{}]
-        self.markers: list[int] = [0]
+        self.held_total = 0  # how many are held in all of them (a heading asks at each tag: no rescan)
+        self.markers: list[int] = [0]  # increasing: found by bisection
         self.next_marker = 1
         # Open formatting elements the parser may have taken off its list (a fourth of the name after
         # the same marker: Noah's Ark, by tag and attributes): their end tag may be ignored.
@@ -1389,6 +1540,17 @@ class _OpenElements:
         self.depth = 0
         self.serial = 0
         self.unsure = 0  # entries of a serial up to this may have left the parser's stack unseen
+        # The model's own work (`spend`): the entries its walks look at, against a budget per tag.
+        self.reach = _MODEL_REACH
+        self.steps_left = steps
+
+    def spend(self, steps: int) -> None:
+        """Charge a walk's steps to the budget. Spent, every walk stops after a few entries: what it
+        then does (doubt, close nothing, leave entries counted) errs long, as past the usual reach, so
+        the estimate stays an upper one while the model's work stays linear in the page's tags."""
+        self.steps_left -= steps
+        if self.steps_left < 0:
+            self.reach = _MODEL_REACH_SPENT
 
     def push(self, name: bytes, counted: bool, *, sure: bool = True) -> None:
         self.serial += 1
@@ -1415,6 +1577,7 @@ class _OpenElements:
         held = self.dangling[-1][name]
         since = held[0]
         held.pop()
+        self.held_total -= 1
         self.depth -= 1
         self.unsure_above(since, keep_special=True)
 
@@ -1426,19 +1589,22 @@ class _OpenElements:
 
     def unsure_above(self, serial: int, *, keep_special: bool) -> None:
         """Entries opened after `serial` are not surely open (special ones stay sure with `keep_special`:
-        a formatting element's end tag pops none). Past 256 of them, nothing open is."""
-        index = len(self.entries) - 1
+        a formatting element's end tag pops none). Past the walk's reach (removed entries count: a
+        run of them is walked too), nothing open is."""
+        entries = self.entries
+        size = len(entries)
+        index = size - 1
         while index >= 0:
-            entry = self.entries[index]
-            if entry is not None:
-                if entry[1] <= serial:
-                    return
-                if len(self.entries) - index > 256:
-                    self.doubt()
-                    return
-                if entry[3] and not (keep_special and entry[0] in _SPECIAL_OPEN):
-                    self.entries[index] = (entry[0], entry[1], entry[2], False, entry[4])
+            entry = entries[index]
+            if entry is not None and entry[1] <= serial:
+                break
+            if size - index > self.reach:
+                self.doubt()
+                break
+            if entry is not None and entry[3] and not (keep_special and entry[0] in _SPECIAL_OPEN):
+                entries[index] = (entry[0], entry[1], entry[2], False, entry[4])
             index -= 1
+        self.spend(size - index)
 
     def marker(self, surely: bool) -> None:
         """A cell, caption, <object>, ... opened: the parser put a marker on its list."""
@@ -1452,7 +1618,9 @@ class _OpenElements:
     def clear(self) -> None:
         """A cell, caption, <object>, ... surely closed: the parser cleared its list to the last marker."""
         if self.markers_known and len(self.dangling) > 1:
-            self.depth -= sum(len(held) for held in self.dangling.pop().values())
+            cleared = sum(len(held) for held in self.dangling.pop().values())
+            self.depth -= cleared
+            self.held_total -= cleared
             self.markers.pop()
 
     def doubt(self) -> None:
@@ -1481,14 +1649,6 @@ class _OpenElements:
     def last_family(self) -> int:
         return self._live(self.family)
 
-    def family_before(self, position: int) -> int:
-        """The live table-structure entry before `position` (-1: none)."""
-        for index in range(len(self.family) - 1, -1, -1):
-            found = self.family[index]
-            if found < position and self.entries[found] is not None:
-                return found
-        return -1
-
     def is_sure(self, position: int) -> bool:
         entry = self.entries[position]
         return entry is not None and entry[3] and entry[1] > self.unsure
@@ -1507,7 +1667,7 @@ class _OpenElements:
         """Nothing has happened that the scan cannot follow, and nothing may be re-created."""
         return (
             self.unsure == 0
-            and not any(any(held.values()) for held in self.dangling)
+            and not self.held_total
             and all(entry is None or entry[3] for entry in self.entries[-1:])
         )
 
@@ -1524,6 +1684,7 @@ class _OpenElements:
             held = self._held_after(marker) if name in _FORMATTING and popped_by_another else None
             if held is not None:
                 held.setdefault(name, []).append(self.serial)
+                self.held_total += 1
                 if not counted:
                     self.depth += 1  # an <a> or <nobr> the parser may re-create, nesting each time
             elif counted:
@@ -1537,21 +1698,32 @@ class _OpenElements:
         entry = self.entries[position]
         assert entry is not None
         if pops_above and position < len(self.entries) - 1:
-            for index in range(len(self.entries) - 1, position, -1):
+            # The formatting elements within the walk's reach are held; one further up stays as it is
+            # (counted, and made unsure below): as deep, and the walk stays bounded (a <select> left
+            # 240,000 <option>s above the spans each end tag removed: 37 s).
+            top = len(self.entries) - 1
+            lowest = max(position, top - self.reach)
+            for index in range(top, lowest, -1):
                 above = self.entries[index] if index < len(self.entries) else None
-                if above is not None and above[0] in _FORMATTING and len(self.entries) - index <= 256:
+                if above is not None and above[0] in _FORMATTING:
                     held = self._held_after(above[4])
                     if held is not None:
                         self.remove(index, pops_above=False)
                         held.setdefault(above[0], []).append(self.serial)
+                        self.held_total += 1
                         self.depth += 1
+            self.spend(top - lowest)
             self.unsure_above(entry[1], keep_special=False)
         name, _, counted, _, _ = entry
         same = self.positions[name]
         if same[-1] == position:
             same.pop()
-        else:
-            same.remove(position)
+        else:  # from the end: it is one of the last (held, adopted, a zone's), and the walk is charged
+            index = len(same) - 2
+            while same[index] != position:
+                index -= 1
+            del same[index]
+            self.spend(len(same) - index)
         self.entries[position] = None
         if counted:
             self.depth -= 1
@@ -1584,12 +1756,11 @@ class _OpenElements:
 
     def _held_after(self, marker: int) -> dict[bytes, list[int]] | None:
         """The dangling elements filed after `marker` (None: it was cleared, and with it the parser's
-        entries for the elements opened after it): a cell's that an <object> in it follows stays."""
-        for index in range(len(self.markers) - 1, -1, -1):
-            if self.markers[index] == marker:
-                return self.dangling[index]
-            if self.markers[index] < marker:
-                break
+        entries for the elements opened after it): a cell's that an <object> in it follows stays.
+        (Markers a table left, popping their <object>s, pile up: found by bisection, not a walk.)"""
+        index = bisect.bisect_left(self.markers, marker)
+        if index < len(self.markers) and self.markers[index] == marker:
+            return self.dangling[index]
         return None
 
     def note_formatting(self, name: bytes) -> None:
@@ -1621,8 +1792,9 @@ class _OpenElements:
         that are not formatting elements leave the stack, and the last round (no special element above
         the clone) pops the clone and what is above it: the special elements stay, with the formatting
         elements between them (re-created in place; the parser drops those past three)."""
-        if len(self.entries) - position > 256 or not self.is_sure(position):
+        if len(self.entries) - position > self.reach or not self.is_sure(position):
             return False
+        self.spend(3 * (len(self.entries) - position))  # (the walks below: specials, sureness, removal)
         specials: list[int] = []
         for index in range(len(self.special) - 1, -1, -1):
             found = self.special[index]
@@ -1659,8 +1831,9 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
     """An upper estimate of the page's nesting depth (exact enough to refuse pathological pages).
 
     Follows the parser's stack of open elements over the page's tags (`_OpenElements`) and returns the
-    running maximum of the elements open that can nest without bound (or the first count past `limit`;
-    `<p>`, `<li>`, table rows and cells do not count: the parser closes them itself). Tags are read
+    running maximum of the elements open (or the first count past `limit`; `<p>`, `<li>`, `<option>`,
+    table rows and cells count where the scan follows the parser, which closes them itself, not in a
+    `<select>` or where the scan cannot tell: `_NOT_NESTING`). Tags are read
     as the tokenizer reads them (`_tag_tokens`): an end tag in an attribute value (`<div a="</div>">`,
     60,000 of which hid their nesting) or in raw text closes nothing. The parser's rules followed, each
     only where the scan can tell the parser surely applies it (elsewhere the entries stay, counted):
@@ -1674,13 +1847,17 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
     leaves them open nests no deeper), and a `<table>` in a table closes that table; a second `<form>`
     is ignored. In <svg>
     and <math> every element nests but a self-closing one and the zone's end or a tag that leaves it
-    pops it all; in a <select> and after an integration point that held markup, nothing closes.
+    pops it all; in a <select>, in an island of HTML in an integration point and after a taint,
+    nothing closes (after a taint void names count too: in foreign content they nest). No walk of the
+    model looks further than `_MODEL_REACH` entries, nor further than a few once the page's budget of
+    walk steps is spent: its work stays linear in the tags, and what it gives up on errs long.
     A page with fewer `<` than `limit` cannot exceed it, so ordinary pages cost one count.
     """
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
-    if data.count(b"<") <= limit:
+    tags = data.count(b"<")
+    if tags <= limit:
         return 0
-    stack = _OpenElements()
+    stack = _OpenElements(_MODEL_STEPS_PER_TAG * tags)
     standards = _STANDARDS_DOCTYPE.match(data) is not None  # else a <table> may leave a <p> open
     form_open: bool | None = False  # the parser's form element pointer is set (None: unknown)
     zone = -1  # where the <svg> or <math> whose content the scan reads is (-1: none)
@@ -1714,9 +1891,19 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
                 stack.doubt()
                 if not end_tag and name not in _VOID_B:
                     stack.push(name, name not in _NOT_NESTING, sure=False)
-            elif not end_tag and name not in _VOID_B:
-                # Counted as the parser may nest it: after a taint anything; in a <select> what it
-                # does not close itself, and formatting elements (re-created outside when it closes).
+            elif not end_tag and (
+                name not in _VOID_B
+                or (
+                    where == TAINTED
+                    and name not in _BREAKOUT
+                    and not is_self_closing(data[start:end].rstrip(b">"))
+                )
+            ):
+                # Counted as the parser may nest it: after a taint anything, void names too (in <svg>
+                # or <math> a `<col>`, `<source>` or `<image>` is a foreign element, which nests;
+                # those that leave foreign content, an `<img>`, a `<br>`, ..., are void there too);
+                # in a <select> what it does not close itself, and formatting elements (re-created
+                # outside when it closes).
                 counted = where == TAINTED or name not in _NOT_NESTING or name in _FORMATTING
                 stack.push(name, counted, sure=False)
                 if name in _MARKERS:
@@ -1724,13 +1911,18 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
             if where == TAINTED:
                 form_open = None
         elif end_tag:
+            if name in _FOREIGN_SPECIAL:
+                name = name.upper()  # an HTML element's (see below): it closes no MathML or SVG one
             if name not in _CLOSES_WITH_MORE and stack.close_top(name):
                 continue
             _end_tag(stack, name, form_open)
             if name == b"form" and form_open is not None and stack.last(b"template") < 0:
                 form_open = False  # the parser clears its pointer, whether or not the form closes
         elif name not in _STARTS_WITH_MORE:
-            stack.push(name, name not in _NOT_NESTING)  # the common case: it only opens
+            # The common case: it only opens. An HTML <mi>, <desc>, ... is no special element, no
+            # scope limit, as the MathML and SVG ones are: filed under its name in capitals (no
+            # lowercased tag has one), end tags and item walks pass it.
+            stack.push(name.upper() if name in _FOREIGN_SPECIAL else name, True)
         elif name in _TABLE_PARTS:
             _table_part(stack, name)
         elif name in _VOID_B:
@@ -1775,18 +1967,20 @@ def _start_tag(stack: _OpenElements, name: bytes, standards: bool) -> None:
         if name in (b"li", b"dd", b"dt"):
             # The walk back to the last item open passes no special element but address, div, p.
             targets = (b"li",) if name == b"li" else (b"dd", b"dt")
-            for index in range(len(stack.entries) - 1, -1, -1):
+            index = top = len(stack.entries) - 1
+            reach = min(_ITEM_REACH, stack.reach)  # (removed entries count: a run of them is walked too)
+            for index in range(top, -1, -1):
                 entry = stack.entries[index]
-                if entry is None:
-                    continue
-                if entry[0] in targets:
-                    stack.close(index)
-                    break
-                if entry[0] in _SPECIAL_OPEN and entry[0] not in (b"address", b"div", b"p"):
-                    break
-                if len(stack.entries) - index > 64:
+                if entry is not None:
+                    if entry[0] in targets:
+                        stack.close(index)
+                        break
+                    if entry[0] in _SPECIAL_OPEN and entry[0] not in (b"address", b"div", b"p"):
+                        break
+                if top - index >= reach:
                     stack.doubt()  # too far to follow: it may close one further down
                     break
+            stack.spend(top - index)
         _close_p(stack, sure=True)
         if name in _HEADINGS_B and stack.top() in _HEADINGS_B:
             # A heading closes one that is the current node: surely, unless the parser may have
@@ -1837,7 +2031,7 @@ def _start_tag(stack: _OpenElements, name: bytes, standards: bool) -> None:
         stack.unsure_from(len(stack.entries) - 1)  # its implied end tags may pop what is current
     if name in _FORMATTING:
         stack.note_formatting(name)
-    stack.push(name, name not in _NOT_NESTING)
+    stack.push(name, True)  # (a <p>, <li>, <button>, <option> too: popped where the parser pops them)
     if name in _MARKERS:
         stack.marker(True)
 
@@ -1872,15 +2066,17 @@ def _table_part(stack: _OpenElements, name: bytes) -> None:
             stack.pop_from(family)  # closes the section
             continue
         stack.pop_from(family + 1)
+        # Each counts: the model pops them where the parser does (a cell, its row, its section), and
+        # uncounted, what a cell holds nested nine deep a level (`<td><li><button><li><p><option>`).
         if kind == b"table":
             if name == b"col":
-                stack.push(b"colgroup", False)
+                stack.push(b"colgroup", True)
             elif name in (b"tr", b"td", b"th"):
-                stack.push(b"tbody", False)
+                stack.push(b"tbody", True)
         if kind != b"tr" and name in (b"td", b"th"):
-            stack.push(b"tr", False)
+            stack.push(b"tr", True)
         if name != b"col":
-            stack.push(name, False)
+            stack.push(name, True)
             if name in _MARKERS:
                 stack.marker(True)
         return
@@ -1950,15 +2146,26 @@ def _table_end(stack: _OpenElements, name: bytes) -> None:
     }.get(name, ())
     found = stack.last_family()
     cell = found >= 0 and stack.name_at(found) in (b"td", b"th", b"caption")
-    while found >= 0:
-        kind = stack.name_at(found)
-        if kind == name:
-            if stack.close(found) and cell:
-                stack.clear()  # the cell or caption it closes
-            return
-        if kind not in inside:
-            return
-        found = stack.family_before(found)
+    # Down the table's structure by index (cells a template left unsure pile up there: each end tag
+    # rescanning them was cubic, 37 KB for minutes), within the walk's reach; past it the parser may
+    # have closed any of it, unseen.
+    entries, family = stack.entries, stack.family
+    index = top = len(family) - 1 if found >= 0 else -1  # (`last_family` dropped removed ones on top)
+    while index >= 0:
+        entry = entries[family[index]]
+        if entry is not None:
+            if entry[0] == name:
+                stack.spend(top - index)
+                if stack.close(family[index]) and cell:
+                    stack.clear()  # the cell or caption it closes
+                return
+            if entry[0] not in inside:
+                break
+        if top - index >= stack.reach:
+            stack.doubt()
+            break
+        index -= 1
+    stack.spend(top - index)
 
 
 def _comment_end(lowered: bytes, start: int) -> int:

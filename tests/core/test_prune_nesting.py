@@ -1,0 +1,224 @@
+"""The nesting pre-check (`estimate_depth`) against the fifth review's pages: its own work, and depth
+it did not see.
+
+The model's walks were quadratic or cubic on pages made for it (each end tag rescanning what a template,
+a table or a `<select>` left behind: minutes for 37 KB), so its work is checked here by counting, never
+by timing: the Python lines it runs in `service/core/prune.py` (a tracer stops it as soon as the count
+passes the bound, so the old walks fail fast). Depth cases are small pages that Lexbor nests more than
+twice as deep as the cap they run under (`real_depth`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import pytest
+
+from service.core import prune
+from service.core.decoding import utf8_payload
+from service.core.prune import NestingTooDeepError, estimate_depth, prune_html, prune_text
+from tests.core.test_prune_prechecks import DEPTH, NESTING_TRICKS, ORDINARY, real_depth
+
+LINES_PER_TAG = 300  # ordinary pages run about 100 (`test_ordinary_pages_stay_under_the_work_bound`)
+
+
+class _TooMuchWork(Exception):
+    pass
+
+
+def python_work(function: Callable[[bytes], Any], page: str, *, bound: int) -> tuple[int, Any]:
+    """(Line events run in prune.py while `function(page)` runs, its result): the check's Python work,
+    untimed. Past `bound` it stops with `_TooMuchWork`."""
+    count = 0
+    target = prune.__file__
+
+    def tracer(frame: FrameType, event: str, arg: object) -> Any:
+        nonlocal count
+        if frame.f_code.co_filename != target:
+            return None
+        if event == "line":
+            count += 1
+            if count > bound:
+                raise _TooMuchWork
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        result = function(page.encode())
+    finally:
+        sys.settrace(None)
+    return count, result
+
+
+def model_work(page: str) -> int:
+    """The whole model's work on `page` (a limit it never reaches), asserted within the bound."""
+    tags = page.count("<")
+    bound = LINES_PER_TAG * tags
+    try:
+        work, _ = python_work(lambda data: estimate_depth(data, limit=tags - 1), page, bound=bound)
+    except _TooMuchWork:
+        pytest.fail(f"the depth model ran more than {LINES_PER_TAG} lines a tag")
+    return work
+
+
+# A-C: pages whose tags each made the model walk all it had left behind.
+_WALKS = {
+    # Cells in a template are unsure entries nothing pops; each end tag of the table's structure walked
+    # them, and for each one the structure list again (cubic: 37 KB took minutes).
+    "cells left in a template, then row end tags": "<template>" + "</tr><td>" * 600,
+    "cells left in a template, then table end tags": "<template>" + "</table><td>" * 600,
+    "header cells left in a template in a cell, then section end tags": (
+        "<table><tr><td><template>" + "</tbody><th>" * 600
+    ),
+    # An <object> a table pops leaves its marker: each heading looked at every marker (89 s for 670 KB).
+    "headings after markers a table left": "<table><object><tr></table>" * 1500 + "<h1>" * 8000,
+    "headings after objects left open": "<object>" * 1000 + "<h1>" * 3000,
+    # Options a <select> (after a stray `</td>`) left unsure: each `</span>` walked them all (37 s).
+    "a select's options left open under spans": (
+        "<span>" * 500 + "<select></td>" + "<option>" * 4000 + "</select>" + "</span>" * 500
+    ),
+}
+
+
+@pytest.mark.parametrize("page", list(_WALKS.values()), ids=list(_WALKS))
+def test_the_depth_model_walks_a_bounded_number_of_entries_per_tag(page: str) -> None:
+    model_work(page)
+
+
+def test_the_model_budget_bounds_walks_that_each_stay_within_reach() -> None:
+    """Each end tag here walks as far as a walk may go (256 entries): bounded one by one, 2,000 of them
+    still ran about 900 lines a tag. Past its budget (8 entries a `<` in all) every walk stops sooner:
+    about 130."""
+    model_work("<template>" + "<td>" * 300 + "</tr><td>" * 2000)
+
+
+def test_past_its_budget_the_model_still_errs_long(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page that spends the budget first, then nests for real: what the walks then give up on keeps
+    entries counted, so the estimate stays above the parser's depth."""
+    spent: list[int] = []
+    spend = prune._OpenElements.spend
+
+    def recording(self: prune._OpenElements, steps: int) -> None:
+        spend(self, steps)
+        spent.append(self.steps_left)
+
+    monkeypatch.setattr(prune._OpenElements, "spend", recording)
+    spender = "<table><template>" + "<td>" * 300 + "</tr><td>" * 1000 + "</template></table>"
+    checked = 0
+    for trick in NESTING_TRICKS.values():
+        page = spender + trick
+        if page.count("<") > 4 * spender.count("<") or real_depth(page) <= 2 * DEPTH:
+            continue  # its own tags fund the walks again, or it nests only at the page's start
+        spent.clear()
+        assert model_work(page) and min(spent) < 0  # the budget ran out
+        assert estimate_depth(page, limit=DEPTH) > DEPTH
+        checked += 1
+    assert checked >= 40
+
+
+# E: after a taint, a void HTML name may be a foreign element, which nests.
+@pytest.mark.parametrize(
+    "lead", ["<math><mi><math>", "<svg><desc><i></i><svg>", "<select><svg>"], ids=["mi", "desc", "select"]
+)
+@pytest.mark.parametrize("void", ["<col>", "<source>", "<link>", "<input>", "<image>"])
+def test_void_names_nest_in_foreign_content_after_a_taint(lead: str, void: str) -> None:
+    page = lead + void * 1300
+    assert real_depth(page) > 2 * DEPTH
+    assert estimate_depth(page, limit=DEPTH) > DEPTH
+
+
+@pytest.mark.parametrize("void", ["<br>", "<img>", "<hr>", "<col/>", "<input/>"])
+def test_void_names_that_leave_foreign_content_or_close_themselves_do_not_count(void: str) -> None:
+    page = "<math><mi><math>" + void * 1300
+    assert real_depth(page) < 10
+    assert estimate_depth(page, limit=DEPTH) < 10
+
+
+# F: the standards-mode doctype as the parser sees it.
+def test_a_second_byte_order_mark_leaves_the_parser_in_quirks_mode() -> None:
+    """`utf8_payload` strips one BOM; Lexbor reads a second as text, so the doctype does not count: a
+    `<table>` leaves the `<p>` open with all it holds (the estimate took the doctype, popped it all)."""
+    page = b"\xef\xbb\xbf\xef\xbb\xbf<!doctype html>" + (b"<p>" + b"<q>" * 50 + b"<table><td>") * 30
+    payload = utf8_payload(page)
+    assert isinstance(payload, bytes)
+    assert real_depth(payload.decode("utf-8")) > 2 * DEPTH
+    with pytest.raises(NestingTooDeepError):
+        prune_html(page, max_depth=DEPTH)
+
+
+def test_text_starting_with_a_byte_order_mark_is_in_quirks_mode() -> None:
+    page = "\ufeff<!doctype html>" + ("<p>" + "<q>" * 50 + "<table><td>") * 30
+    assert real_depth(page) > 2 * DEPTH
+    with pytest.raises(NestingTooDeepError):
+        prune_text(page, max_depth=DEPTH)
+
+
+# G: elements the model popped right but did not count nest behind scope boundaries.
+def test_items_cells_and_buttons_count_where_they_nest() -> None:
+    page = "<table><tr><td><li><button><li><p><option>" * 500
+    assert real_depth(page) > 2 * DEPTH  # 4,502 (the estimate was 500)
+    assert estimate_depth(page, limit=DEPTH) > DEPTH
+
+
+def test_an_html_element_named_as_a_mathml_one_is_no_boundary() -> None:
+    """Outside <math> an `<mi>` is an ordinary HTML element: an `<li>` walks past it to the last one and
+    closes it (counting every item made the unit below a false refusal)."""
+    page = "<mi><li><option>" * 2000
+    assert real_depth(page) < 10
+    assert estimate_depth(page, limit=DEPTH) < 10
+
+
+# I: an island of HTML in a diagram's label returns to the <svg>.
+MERMAID = (
+    '<svg id="mermaid-1" width="100%"><g class="nodes"><g class="node"><rect/>'
+    '<foreignObject width="80" height="24"><div xmlns="http://www.w3.org/1999/xhtml">'
+    '<span class="nodeLabel">Start<br></span></div></foreignObject></g></g></svg>'
+)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "<ul>" + '<li><i class="icon"></i> <a href=/x>item</a> <b>x</b></li>' * 300 + "</ul>",
+        "<p>x</p>" * 9000,
+    ],
+    ids=["a list of icons and links", "many paragraphs"],
+)
+def test_a_diagram_with_html_labels_does_not_refuse_the_page(body: str) -> None:
+    page = "<!doctype html><html><body>" + MERMAID + body + "</body></html>"
+    assert prune_html(page)
+
+
+def test_a_diagram_of_many_labelled_nodes_nests_as_shallow_as_it_is() -> None:
+    node = '<g><foreignObject><div><span class="label"><p>x</p></span></div></foreignObject><rect/></g>'
+    page = "<div><svg>" + node * 2000 + "</svg></div>" + "<div>y</div>" * 100
+    assert real_depth(page) < 12
+    assert estimate_depth(page, limit=DEPTH) < 12
+
+
+_TAINTING_ISLANDS = {
+    "an element left open": "<foreignObject><div><span></div></foreignObject>",
+    "an end tag of nothing open": "<foreignObject><div></p></div></foreignObject>",
+    "raw text": "<foreignObject><style></foreignObject></style></foreignObject>",
+    "a table": "<foreignObject><table><tr><td>x</td></tr></table></foreignObject>",
+    "character data in an element": "<foreignObject><div><![CDATA[x]]></div></foreignObject>",
+}
+
+
+@pytest.mark.parametrize("island", list(_TAINTING_ISLANDS.values()), ids=list(_TAINTING_ISLANDS))
+def test_an_island_the_scan_cannot_follow_taints_the_rest(island: str) -> None:
+    """Where the parser may stay in the label's HTML (or read its tags otherwise), what follows is read
+    as after any taint: every `<` a tag, and nested."""
+    page = "<svg>" + island + "</svg>" + "<div>" * 1300
+    tokens = list(prune._tag_tokens(page.lower().encode()))
+    assert tokens[-1][4] == prune.TAINTED
+    assert estimate_depth(page, limit=DEPTH) > DEPTH
+
+
+# Controls: ordinary pages stay well within the work bound.
+@pytest.mark.parametrize("page", list(ORDINARY.values()), ids=list(ORDINARY))
+def test_ordinary_pages_stay_under_the_work_bound(page: str) -> None:
+    assert model_work(page) <= LINES_PER_TAG * page.count("<")
