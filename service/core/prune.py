@@ -232,6 +232,11 @@ _FORMATTING_WITH_ATTRIBUTES = re.compile(  # (the first letters first: most "<" 
     rb"(?=[\t\n\f\r /])"
     rb"(" + _TAG_ATTRIBUTES_REST + rb")"
 )
+# Every formatting start tag (with or without attributes): the list holds no more entries than the page
+# has of those (a clone replaces the entry it copies).
+_FORMATTING_START = re.compile(
+    rb"<(?=[abcefinstu])(?:b(?:ig)?|code|em|font|i|nobr|s(?:mall|trike|trong)?|tt|u|a)(?=[\t\n\f\r />])"
+)
 # The attributes of an <html> or <body> start tag: the parser merges those of every repeated one into the
 # one element, checking each against those it has (90,000 `<html aN>` took 30 s).
 _ROOT_ATTRIBUTES = re.compile(rb"<(?:html|body)(?=[\t\n\f\r /])(" + _TAG_ATTRIBUTES_REST + rb")")
@@ -406,7 +411,9 @@ def _prune_document(document: str | bytes, max_depth: int) -> str:
     attributes = max_attributes(document)
     if attributes > MAX_ATTRIBUTES:
         raise TooManyAttributesError(f"an element has {attributes} attributes; the cap is {MAX_ATTRIBUTES}")
-    list_bytes, roots = _tags_with_attributes(document, within=(budget - need) // tags if tags else None)
+    list_bytes, roots = _tags_with_attributes(
+        document, within=(budget - need) // tags if tags else None, cap=True
+    )
     if roots is not None and (merged := merged_root_attributes(roots)) > MAX_ATTRIBUTES:
         raise TooManyAttributesError(
             f"the page's <html> and <body> tags have {merged} attributes, which the parser merges into "
@@ -558,19 +565,25 @@ def _attribute_count(tag: bytes) -> int:
     return len(_ATTRIBUTE_NAME.findall(_ATTRIBUTE_VALUE.sub(b" ", rest)))
 
 
-def _tags_with_attributes(document: str | bytes, *, within: int | None = None) -> tuple[int, bytes | None]:
+def _tags_with_attributes(
+    document: str | bytes, *, within: int | None = None, cap: bool = False
+) -> tuple[int, bytes | None]:
     """(An upper bound of the bytes a reconstruction of the parser's list of active formatting elements
     takes: three of each element without attributes, every start tag of one with attributes with what
     its attributes take, and the one `<a>` the list can hold after its last marker, with the most
     attributes an `<a>` has; the lowercased page where it has more than a few `<html>`/`<body>` tags
     with attributes, else None), from one cheap scan. Where a bound from the attributes' lengths (each
-    takes two bytes at least) is `within` bytes, that one, without counting them (most pages)."""
+    takes two bytes at least) is `within` bytes, that one, without counting them (most pages). With `cap`,
+    no more entries than the page has formatting start tags (a clone replaces the entry it copies)."""
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
     lowered = data.lower()
     found = _FORMATTING_WITH_ATTRIBUTES.findall(lowered)  # (root name or b"", b"a" or b"", attributes)
     sections = [attributes for root, link, attributes in found if not root and not link]
     links = [attributes for _, link, attributes in found if link]
     entries = _NOAHS_ARK * len(_FORMATTING_NAMES) + len(sections) + 1
+    if cap:
+        # None: nothing to re-create, and no replay (2 MB of table markup without one paid 0.9 s for it).
+        entries = min(entries, len(_FORMATTING_START.findall(lowered)))
     roots = len(found) - len(sections) - len(links)
     if within is not None:
         # Each name counted (a run of name characters after a separator) takes two bytes at least.
@@ -890,9 +903,48 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
             between = max(between, weight.get(added, 0))
         return min(later, _ADOPTION_ROUNDS) * (weight[newest] + 3 * between)
 
+    # An integration point open in <svg> or <math> (its name, the last entry, its tag and the last serial
+    # before it), and the names its island's start tags opened (`_tag_tokens` yields those as TAINTED).
+    point: tuple[bytes, int, int, int] | None = None
+    island_names: set[bytes] = set()
+
     for tick, (end_tag, name, start, end, where) in enumerate(_tag_tokens(data), 1):
         if steps > most_steps and steps > most_steps + _REPLAY_STEPS_PER_CLONE * (work // _MEMORY_PER_CLONE):
             return max(work, _reconstruction_bound(data))  # (never on the corpus: see the docstring)
+        if where == TAINTED:
+            if point is not None and not end_tag:
+                island_names.add(name)
+        elif point is not None and where == FOREIGN and end_tag and name == point[0]:
+            # The point's end tag after an island (only TAINTED tags since it opened, and the scan still
+            # in the zone): every island end tag closed the element on top (`_tag_tokens`), so each of
+            # its formatting elements left the parser's list at its end tag (or the Noah's Ark clause
+            # dropped it), and every element it opened is closed. Read as tainted they stayed (their
+            # end tags trusted for nothing): a diagram's 1,050 labels, one `<font>` each, were charged
+            # 159 MiB, quadratic in the labels; the parser re-creates none.
+            _, first, opened_at, before = point
+            steps += len(island_names) + entry - first
+            for gone in range(first + 1, entry + 1):
+                if gone in key_of:
+                    remove(gone)
+            for island_name in island_names:
+                named_starts = starts.get(island_name)
+                while named_starts and named_starts[-1] > opened_at:
+                    named_starts.pop()
+                    steps += 1
+            while specials and specials[-1][1] > before:
+                specials.pop()
+                steps += 1
+            point = None
+        else:
+            point = None
+        if (
+            where == FOREIGN
+            and not end_tag
+            and name in _ISLAND_POINTS
+            and not is_self_closing(data[start:end].rstrip(b">"))
+        ):
+            point = (name, entry, 2 * tick, serial)
+            island_names = set()
         if (off or floating) and start > last_end:
             # What is between the last tag and this one may be text, which re-creates what is off the
             # stack, in the element then current. Only surely text (no comment; spaces only outside
@@ -1570,6 +1622,16 @@ class _OpenElements:
         """How many formatting elements of `name` popped since the last marker may be re-created."""
         return len(self.dangling[-1].get(name, ()))
 
+    def held_behind_limit(self, name: bytes) -> bool:
+        """Whether a scope limit (a table, a template, a cell, ...) opened after the first held
+        `name` left the stack, and is open: re-created before it, that one is out of the parser's scope
+        behind it (`<a><nobr></table><td><q><table>` x N: the next unit's <a> and <nobr> pop nothing)."""
+        limit = self._live(self.limits)
+        if limit < 0:
+            return False
+        entry = self.entries[limit]
+        return entry is not None and entry[1] > self.dangling[-1][name][0]
+
     def release(self, name: bytes) -> None:
         """An end tag takes one of them off the parser's list, or pops (or moves) a re-created one and
         what is above it up to a special element: what opened since the first of them left the stack
@@ -1671,16 +1733,17 @@ class _OpenElements:
             and all(entry is None or entry[3] for entry in self.entries[-1:])
         )
 
-    def pop_from(self, position: int, *, hold_first: bool = False) -> None:
+    def pop_from(self, position: int, *, hold_first: bool = False, hold: bool = True) -> None:
         """The parser pops the element at `position` and everything above it (a formatting element
-        among those stays counted: the parser may re-create it, `dangling`)."""
+        among those stays counted: the parser may re-create it, `dangling`; not with `hold`: each of
+        those surely left the parser's list too)."""
         for index in range(len(self.entries) - 1, position - 1, -1):
             entry = self.entries[index]
             if entry is None:
                 continue
             name, _, counted, _, marker = entry
             self.positions[name].pop()
-            popped_by_another = index > position or hold_first
+            popped_by_another = (index > position or hold_first) and hold
             held = self._held_after(marker) if name in _FORMATTING and popped_by_another else None
             if held is not None:
                 held.setdefault(name, []).append(self.serial)
@@ -1861,8 +1924,26 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
     standards = _STANDARDS_DOCTYPE.match(data) is not None  # else a <table> may leave a <p> open
     form_open: bool | None = False  # the parser's form element pointer is set (None: unknown)
     zone = -1  # where the <svg> or <math> whose content the scan reads is (-1: none)
+    # Where the integration point open in the zone is, while only its island's tags (TAINTED) followed it
+    # (-1: none).
+    point = point_at = -1
     most = 0
     for end_tag, name, start, end, where in _tag_tokens(data):
+        island_end = False
+        if point >= 0 and where != TAINTED:
+            # The point's end tag after its island: every island end tag closed the element on top
+            # (`_tag_tokens`), so the parser has closed all the island opened, and its formatting
+            # elements left the list at their end tags. Held as popped by the point's end tag, a
+            # diagram's 2,100 labels (a `<font>` each) were 2,107 levels, against 10.
+            island_end = (
+                where == FOREIGN
+                and end_tag
+                and point < len(stack.entries)
+                and stack.is_sure(point)
+                and stack.name_at(point) == name
+                and stack.last(name) == point
+            )
+            point_at, point = point, -1
         if where == HTML and zone >= 0:
             # The zone's end tag, a tag that leaves foreign content, or an end tag of an element around
             # the zone: the parser pops every foreign element.
@@ -1874,10 +1955,14 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
         if where == FOREIGN:
             if end_tag:
                 found = stack.last(name)
-                if found > zone >= 0:  # a foreign element of the zone: popped with what is above it
+                if island_end:
+                    stack.pop_from(point_at, hold=False)
+                elif found > zone >= 0:  # a foreign element of the zone: popped with what is above it
                     stack.close(found)
             elif not is_self_closing(data[start:end].rstrip(b">")):
                 stack.push(name, True)
+                if name in _ISLAND_POINTS:
+                    point = point_at = len(stack.entries) - 1
         elif where != HTML:  # in a <select> (but its end tag) or after a taint: nothing closes
             if where == SELECT and name in _LEAVES_SELECT and not end_tag:
                 found = stack.last(b"select")  # it closes the <select>, then opens in the body
@@ -2013,7 +2098,8 @@ def _start_tag(stack: _OpenElements, name: bytes, standards: bool) -> None:
         if name == b"a":
             # It runs the adoption agency for the last <a> on the list (one only), then takes it off.
             if stack.held(name):  # popped since it opened (re-created or not: see release)
-                stack.release(name)
+                if not stack.held_behind_limit(name):  # (behind a limit it stays, and this one nests)
+                    stack.release(name)
             elif found >= 0 and stack.maybe_off_list(found):
                 stack.unsure_from(found)  # on the list or not: its adoption agency runs or not
             elif found >= 0:
@@ -2022,7 +2108,8 @@ def _start_tag(stack: _OpenElements, name: bytes, standards: bool) -> None:
                 if stack.last(name) == found:
                     stack.remove(found, pops_above=False)
         elif stack.held(name):
-            stack.release(name)  # a <nobr> re-creates the ones held, then adopts the last: one leaves
+            if not stack.held_behind_limit(name):
+                stack.release(name)  # a <nobr> re-creates the ones held, then adopts the last: one leaves
         elif found >= 0 and not stack.limit_after(found):
             _end_tag(stack, name, None)  # a <nobr> in scope: the adoption agency, as for its end tag
     elif name in (b"option", b"optgroup") and stack.top() == b"option":

@@ -222,3 +222,21 @@ def test_an_island_the_scan_cannot_follow_taints_the_rest(island: str) -> None:
 @pytest.mark.parametrize("page", list(ORDINARY.values()), ids=list(ORDINARY))
 def test_ordinary_pages_stay_under_the_work_bound(page: str) -> None:
     assert model_work(page) <= LINES_PER_TAG * page.count("<")
+
+
+def test_foster_parented_a_and_nobr_re_created_after_a_table_nest() -> None:
+    """`</table>` pops the <a> and <nobr> foster-parented above the table; the <q> re-creates both, and
+    the next unit's <a>/<nobr> (read in the inner table, the old clones out of scope behind it) closes
+    neither: Lexbor nests 3 levels a unit, the estimate released both (1 a unit; sixth review)."""
+    page = "<a><nobr></table><td><q><table>" * 300
+    assert real_depth(page) > 600
+    assert estimate_depth(page.encode(), limit=500) > 500
+
+
+def test_a_diagrams_labels_do_not_add_up_in_depth() -> None:
+    """Each label's island is closed when its integration point's end tag comes: its formatting elements
+    left the parser's list at their own end tags (2,100 labels were held as 2,107 levels, against 10)."""
+    label = '<g><foreignObject><div><div><font color="#000">x</font></div></div></foreignObject></g>'
+    page = "<!DOCTYPE html><body><svg>" + label * 2100 + "</svg>"
+    assert real_depth(page) < 20
+    assert estimate_depth(page.encode(), limit=100) < 20

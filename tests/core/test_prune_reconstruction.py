@@ -152,3 +152,56 @@ def test_a_new_link_after_a_taint_closes_what_is_above_the_open_one() -> None:
     estimate followed that only where it could follow the parser (about one clone a unit, none charged)."""
     page = "<svg><desc><tr>" + _BS + "<i>x<a>" * 60
     assert clones(page) >= real_clones(page) >= 59
+
+
+_LABEL = (
+    '<g><foreignObject width="100%" height="100%">'
+    '<div xmlns="http://www.w3.org/1999/xhtml" style="display: flex;">'
+    '<div style="box-sizing: border-box;"><div style="display: inline-block; font-size: 12px;">'
+    '<font color="#000000">Service {k}</font></div></div></div></foreignObject></g>'
+)
+
+
+def diagrams(count: int, labels: int) -> str:
+    """draw.io-style SVG exports: every label an island of plain, balanced HTML with one <font>."""
+    svg = "".join(_LABEL.format(k=k) for k in range(labels))
+    return "<!DOCTYPE html><html><body>" + f"<svg>{svg}</svg>" * count + "</body></html>"
+
+
+def test_balanced_islands_do_not_pile_up_formatting_entries() -> None:
+    """Lexbor re-creates no <font> here (its tree holds the 400 of the page). Read as tainted, each
+    island's `</font>` left its entry on the list and every later label was charged all of them: 68 MiB
+    for 400 labels, quadratic (sixth review)."""
+    page = diagrams(1, 400)
+    assert real_clones(page) == 0
+    assert prune.reconstruction_bytes(page.encode()) < 8 << 20
+
+
+def test_diagrams_with_formatted_labels_are_pruned() -> None:
+    """3 x 350 labels, 711 KB: refused with InputTooLargeError (159 MiB charged, budget 156 MiB)."""
+    assert prune.prune_html(diagrams(3, 350)).count("<svg>") == 3
+
+
+def test_a_formatting_element_left_open_before_the_diagram_is_still_charged() -> None:
+    """Only what the island opened leaves with its point: a `<b>` popped before the <svg> is re-created at
+    the text after it, label after label."""
+    unit = "<p><b id=1>x</p><svg><g><foreignObject><div><font>y</font></div></foreignObject></g></svg>z"
+    assert real_clones(unit * 50) >= 50
+    assert clones(unit * 50) >= real_clones(unit * 50)
+
+
+def test_a_page_without_formatting_tags_skips_the_replay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The list holds no more entries than the page has formatting start tags: with none, the cheap bound
+    is 0 and the replay does not run (2 MB of `<col><td>` paid 0.9 s for it; sixth review)."""
+    assert prune._tags_with_attributes("<table>" + "<col><td>" * 50, cap=True)[0] == 0
+    assert prune._tags_with_attributes("<b>x<i>y</i>", cap=True)[0] == 2 * prune._MEMORY_PER_CLONE
+
+    def replay(*_: object, **__: object) -> int:
+        raise AssertionError("the replay ran")
+
+    page = "<table>" + "<tr><td>x" * 2000 + "</table>"
+    need = page.count("<") * prune._MEMORY_PER_TAG
+    # A budget the tags fit in, with no room for a cheap bound of even one clone a tag.
+    monkeypatch.setattr(prune, "_MEMORY_HEADROOM", need - 10 * len(page) + 1000)
+    monkeypatch.setattr(prune, "reconstruction_bytes", replay)
+    assert prune.prune_html(page).count("<td>") == 2000
