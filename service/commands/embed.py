@@ -228,6 +228,8 @@ def _check_input(path: Path) -> None:
     from service.core.pages import PageUnreadableError, iter_pages, source_kind
 
     if not path.exists():
+        if path.is_symlink():  # dangling: `input_unreadable`, as the same link among a directory's pages
+            source_kind(path)
         raise OptionError(f"page source {path} does not exist")
     try:
         if path.is_dir():

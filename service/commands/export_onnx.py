@@ -83,6 +83,17 @@ def _written_opset(path: Path) -> int | None:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
 
 
+def _say_waiting(directory: Path) -> None:
+    """One line before waiting on another export's lock (a server exporting on start takes minutes):
+    waiting in silence looked hung."""
+    print(
+        f"htmllm export-onnx: waiting for another export into {directory} to finish (it holds the "
+        "directory's lock)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         import onnx
@@ -110,7 +121,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     started = time.perf_counter()
     try:
-        path = export_onnx_locked(load_checkpoint(args.checkpoint), out, opset=opset, quantize=quantize)
+        path = export_onnx_locked(
+            load_checkpoint(args.checkpoint), out, opset=opset, quantize=quantize, on_wait=_say_waiting
+        )
     except HtmllmError as exc:
         print(f"htmllm export-onnx: {exc.code}: {exc}", file=sys.stderr)
         return 1

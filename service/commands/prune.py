@@ -3,8 +3,8 @@
 The page is read as every command reads one (`service.core.pages.read_page`): gunzipped when it is
 gzip, and refused (`payload_too_large`, status 1) past the pruner's 16 MiB cap without reading or
 inflating more than that. A page that cannot be read is one line with its code, as the bulk commands
-report it: `input_unreadable` where the file system refused it (permission denied, a missing file, an
-I/O error), `validation_error` for a corrupt gzip stream.
+report it, by the same rule (`pages.read_error`): `input_unreadable` where the file system refused it
+(permission denied, a missing file, an I/O error), `validation_error` for a corrupt gzip stream.
 
 A reader that stops early (`htmllm prune page.html | head`) ends the command quietly with status 1, as
 the Python docs advise for SIGPIPE, rather than with a BrokenPipeError traceback.
@@ -31,28 +31,22 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from service.core.errors import ErrorCode
-    from service.core.pages import PageSourceError, PageTooLargeError, read_page
+    from service.core.pages import PageSourceError, PageTooLargeError, read_error, read_page, read_page_bytes
     from service.core.prune import PruneError, prune_html
 
     try:
         # At most about the page cap is read or inflated: a 1 MB gzip bomb once took 2 GB here.
-        if args.file == "-":
-            data = read_page(sys.stdin.buffer)
-        else:
-            with Path(args.file).open("rb") as handle:
-                data = read_page(handle)
+        data = read_page(sys.stdin.buffer) if args.file == "-" else read_page_bytes(Path(args.file))
     except PageTooLargeError as exc:
         print(f"htmllm prune: {exc.code}: {args.file}: {exc}", file=sys.stderr)
         return 1
     except PageSourceError as exc:  # a corrupt gzip stream: the page's fault
         print(f"htmllm prune: {exc.code}: cannot read {args.file}: {exc}", file=sys.stderr)
         return 1
-    except OSError as exc:  # the file system's: permission denied, a missing file, EIO
-        reason = exc.strerror or exc
-        print(
-            f"htmllm prune: {ErrorCode.INPUT_UNREADABLE}: cannot read {args.file}: {reason}", file=sys.stderr
-        )
+    except OSError as exc:  # the file system's (permission denied, a missing file, EIO) or the page's
+        # The bulk commands' one rule (`pages.read_error`), so a page gets the same code here as in its row.
+        error = read_error(f"cannot read {args.file}: {exc.strerror or exc}", exc)
+        print(f"htmllm prune: {error.code}: {error}", file=sys.stderr)
         return 1
     try:
         pruned = prune_html(data, encoding=args.encoding)

@@ -60,7 +60,9 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import re
+import stat
 import threading
 import zlib
 from collections.abc import Iterator
@@ -121,11 +123,17 @@ class PageUnreadableError(PageSourceError):
     code = ErrorCode.INPUT_UNREADABLE
 
 
-def _read_error(message: str, exc: BaseException) -> PageSourceError:
-    """The error for a read that raised `exc`: an `OSError` with an errno is the file system's
-    (`PageUnreadableError`); the content's (gzip's `BadGzipFile`, an `OSError` without an errno, a cut
-    stream's `EOFError`, `zlib.error`) is a bad page, `PageSourceError`."""
-    if isinstance(exc, OSError) and exc.errno is not None:
+# What the file system says of a path whatever the errno: FastWARC raises these with none (its
+# FileNotFoundError for a dangling symlink has errno None), and they are never the content's.
+_FILE_SYSTEM_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+
+def read_error(message: str, exc: BaseException) -> PageSourceError:
+    """The error for a read that raised `exc`, the one rule for "the file system's fault or the page's":
+    an `OSError` with an errno, or one of `_FILE_SYSTEM_ERRORS`, is the file system's
+    (`PageUnreadableError`); the content's (gzip's `BadGzipFile`, another `OSError` without an errno, a
+    cut stream's `EOFError`, `zlib.error`) is a bad page, `PageSourceError`."""
+    if isinstance(exc, _FILE_SYSTEM_ERRORS) or (isinstance(exc, OSError) and exc.errno is not None):
         return PageUnreadableError(message)
     return PageSourceError(message)
 
@@ -220,7 +228,7 @@ def _read_file(path: Path, where: str) -> bytes:
     except PageSourceError as exc:
         raise PageSourceError(f"{where}: cannot read {path}: {exc}") from exc
     except OSError as exc:
-        raise _read_error(f"{where}: cannot read {path}: {exc}", exc) from exc
+        raise read_error(f"{where}: cannot read {path}: {exc}", exc) from exc
 
 
 def _capped(html: bytes, where: str) -> bytes:
@@ -281,9 +289,9 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
         if not isinstance(file_name, str):
             raise PageSourceError(f"{where}: 'file' must be a path (a string), not {_json_type(file_name)}")
         path = base / file_name
-        if not path.is_file():  # gone (a dangling symlink too) or a directory: what reading it would say
-            what = f"a missing file {path}" if not path.exists() else f"{path}, which is not a file"
-            raise PageUnreadableError(f"{where} names {what}")
+        problem = _not_a_file(path)  # gone (a dangling symlink too), a directory: what reading it would say
+        if problem is not None:
+            raise PageUnreadableError(f"{where} names {problem}")
         encoding = row.get("encoding")
         if encoding is not None and not isinstance(encoding, str):
             raise PageSourceError(f"{where}: 'encoding' must be a charset name, not {encoding!r}")
@@ -291,6 +299,19 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
     else:
         raise PageSourceError(f"{where} has neither 'html' nor 'file'")
     return Page(id=page_id, html=html, url=valid_json(url) if isinstance(url, str) else None, meta=meta)
+
+
+def _not_a_file(path: Path) -> str | None:
+    """None where `path` is a file, else what is there instead. A path that cannot be looked at says
+    why: `Path.is_file` raised EACCES on a parent directory out of the whole run, and "a missing file"
+    would send the reader looking for a file that is there."""
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: a NUL in the name
+        return f"a missing file {path}"
+    except OSError as exc:  # EACCES on a parent directory, ELOOP, EIO
+        return f"{path}, which cannot be looked at: {exc.strerror or exc}"
+    return None if stat.S_ISREG(mode) else f"{path}, which is not a file"
 
 
 def _open_jsonl(path: Path) -> IO[bytes]:
@@ -322,7 +343,7 @@ def _lines(handle: IO[bytes], path: Path) -> Iterator[tuple[int, bytes | PageSou
                 if not rest or rest.endswith(b"\n"):
                     break
         except (OSError, EOFError, zlib.error) as exc:
-            yield line_number + 1, _read_error(f"{path}: cannot read past line {line_number}: {exc}", exc)
+            yield line_number + 1, read_error(f"{path}: cannot read past line {line_number}: {exc}", exc)
             return
         if not line:
             return
@@ -409,7 +430,7 @@ def _head(path: Path) -> bytes:
                 with gzip.GzipFile(fileobj=handle) as unzipped:
                     head = unzipped.read(_SNIFF_BYTES)
     except (OSError, EOFError, zlib.error) as exc:
-        raise _read_error(f"cannot read {path}: {exc}", exc) from exc
+        raise read_error(f"cannot read {path}: {exc}", exc) from exc
     return head
 
 
@@ -422,6 +443,8 @@ def source_kind(path: Path) -> tuple[Literal["jsonl", "warc", "html", "directory
         return ("jsonl", manifest) if manifest.is_file() else ("directory", path)
     if path.is_file():
         return _file_kind(path), path
+    if path.is_symlink():  # dangling: the file system's, as the same link in a directory of pages is
+        raise PageUnreadableError(f"page source {path} is a symlink to {os.readlink(path)}, which is gone")
     raise PageSourceError(f"page source {path} does not exist")
 
 
@@ -534,7 +557,11 @@ def _iter_warc(path: Path) -> Iterator[Page]:
         # Every record type, so the last record seen is the last one FastWARC could frame.
         iterator = iter(ArchiveIterator(str(path), parse_http=False, fsspec_args=False))
     except (OSError, ValueError) as exc:
-        raise _read_error(f"cannot read {path}: {exc}", exc) from exc
+        # One row, as an HTML file that cannot be opened is: raised, one dangling `.warc.gz` in a
+        # directory of pages stopped the whole run, even with bad_rows="report".
+        error = read_error(f"cannot read {path}: {exc}", exc)
+        yield _warc_error(path, 0, str(error), error.code)
+        return
     offset = 0
     reported = False  # whether the last record was reported cut off already
     while True:
@@ -549,7 +576,7 @@ def _iter_warc(path: Path) -> Iterator[Page]:
         except StopIteration:
             break
         except (OSError, ValueError) as exc:
-            error = _read_error(f"{path}: cannot read the records after byte {offset}: {exc}", exc)
+            error = read_error(f"{path}: cannot read the records after byte {offset}: {exc}", exc)
             yield _warc_error(path, offset, str(error), error.code)
             return
         page_id = record.record_id or f"{path.name}@{offset}"

@@ -212,13 +212,26 @@ def build_runner(path: Path, config: EngineConfig) -> tuple[Runner, CheckpointMe
 
 
 def check_device(config: EngineConfig) -> None:
-    """ValueError when `config` asks for what this machine cannot run: CUDA where torch finds none, or an
-    attention kernel its device and dtype cannot take (flash_attention_2 on CPU).
+    """ValueError when `config` asks for what this machine cannot run: CUDA where torch (or, for the onnx
+    backend, onnxruntime) finds none, or an attention kernel its device and dtype cannot take
+    (flash_attention_2 on CPU).
 
-    The runner refuses both too, but only once the checkpoint has loaded (or in the inference child); a
-    caller that checks first (`htmllm serve`) says so in one line, before anything loads.
+    The runner refuses them too, but only once the checkpoint has loaded (or in the inference child, or,
+    for onnx, after a whole ONNX export); a caller that checks first (`htmllm serve`, `htmllm embed`)
+    says so in one line, before anything loads.
     """
-    if config.backend != "torch":  # onnxruntime's providers are the onnx runner's to check
+    if config.backend == "onnx":
+        if config.device == "cuda":  # onnxruntime is imported only for what needs it, as torch below
+            import onnxruntime
+
+            available = onnxruntime.get_available_providers()
+            if "CUDAExecutionProvider" not in available:
+                raise ValueError(
+                    "device 'cuda', but onnxruntime has no CUDAExecutionProvider here (install "
+                    f"onnxruntime-gpu for CUDA); available: {available}"
+                )
+        return
+    if config.backend != "torch":
         return
     if config.device == "cuda":  # torch is imported only for what needs it: the default asks nothing
         import torch

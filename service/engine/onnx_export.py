@@ -27,7 +27,7 @@ import os
 import re
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -301,9 +301,11 @@ def export_onnx_locked(
     opset: int = OPSET,
     quantize: str | None = None,
     fingerprint: str | None = None,
+    on_wait: Callable[[Path], None] | None = None,
 ) -> Path:
     """`export_onnx` (always: asked for, it replaces an up-to-date graph too, at another opset say) under
-    the lock `ensure_onnx` takes on the target's directory; `htmllm export-onnx`'s export.
+    the lock `ensure_onnx` takes on the target's directory; `htmllm export-onnx`'s export. `on_wait` is
+    called with the directory before waiting on another holder's lock (by default a log line).
 
     Without the lock, a server starting on the checkpoint meanwhile took the export's temporary for a
     killed export's and removed it under its own lock (the export then failed reading it back), and two
@@ -311,28 +313,29 @@ def export_onnx_locked(
     exports' temporaries are removed here too, as `ensure_onnx` would.
     """
     target = Path(out)
-    with _target_lock(target) as locked:
+    with _target_lock(target, on_wait) as locked:
         if locked:
             _remove_stale_temporaries(target)
         return export_onnx(checkpoint, target, opset=opset, quantize=quantize, fingerprint=fingerprint)
 
 
 @contextlib.contextmanager
-def _target_lock(target: Path) -> Iterator[bool]:
+def _target_lock(target: Path, on_wait: Callable[[Path], None] | None = None) -> Iterator[bool]:
     """`_directory_lock` on the directory `target` is written to, made first where it is missing (the
     lock needs it open); yields whether the lock is held. Every exporter into a directory takes it:
     one export's temporary is then never another's stale one."""
     with contextlib.suppress(OSError):  # export_onnx creates it, or says why it cannot
         target.parent.mkdir(parents=True, exist_ok=True)
-    with _directory_lock(target.parent) as locked:
+    with _directory_lock(target.parent, on_wait) as locked:
         yield locked
 
 
 @contextlib.contextmanager
-def _directory_lock(directory: Path) -> Iterator[bool]:
-    """Hold `flock` on `directory` (waiting for another holder); yields whether it is held. Not held
-    where the directory cannot be opened or locked (missing, a file system without flock): the export
-    then runs as it did before the lock, and no temporary is removed."""
+def _directory_lock(directory: Path, on_wait: Callable[[Path], None] | None = None) -> Iterator[bool]:
+    """Hold `flock` on `directory` (waiting for another holder, after calling `on_wait` with the
+    directory or logging that it waits); yields whether it is held. Not held where the directory cannot
+    be opened or locked (missing, a file system without flock): the export then runs as it did before
+    the lock, and no temporary is removed."""
     try:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
@@ -342,13 +345,23 @@ def _directory_lock(directory: Path) -> Iterator[bool]:
         return
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                # Another export holds it, for minutes with a real model: said, where a command waiting in
+                # silence looked hung.
+                (on_wait or _log_wait)(directory)
+                fcntl.flock(fd, fcntl.LOCK_EX)
             locked = True
         except OSError:
             locked = False
         yield locked
     finally:
         os.close(fd)  # lets the lock go
+
+
+def _log_wait(directory: Path) -> None:
+    logger.info("waiting for the export lock on %s: another export into it is running", directory)
 
 
 def _remove_stale_temporaries(target: Path) -> None:

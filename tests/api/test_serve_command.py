@@ -94,6 +94,24 @@ def test_cuda_on_a_machine_without_it_is_one_line_and_exit_2(
     )
 
 
+def test_onnx_on_cuda_without_onnxruntimes_cuda_is_one_line_and_exit_2(
+    tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checked for torch only, it failed once the checkpoint had loaded and the ONNX graph was exported
+    (minutes, on a real model). onnxruntime's providers are patched: this holds on a CUDA machine too."""
+    import onnxruntime
+
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    monkeypatch.setenv("HTMLLM_DTYPE", "float32")
+    args = ["--backend", "onnx", "--device", "cuda", "--model-path", str(tiny_checkpoint), "--port", "1"]
+    assert api_main.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "htmllm serve: invalid settings: device 'cuda', but onnxruntime has no CUDAExecutionProvider here"
+    )
+    assert err.count("\n") == 1, err
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_flash_attention_on_cpu_is_one_line_and_exit_2(
     tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, dtype: str

@@ -22,6 +22,7 @@ from service.core.modeling import HeadSpec, TaskHead
 from service.core.prune import PRUNE_VERSION
 from tests.factories.checkpoint import build_tiny_checkpoint, build_tiny_model
 from tests.factories.cli import write_pages
+from tests.factories.disk import eio_for
 from tests.factories.tokenizer import build_tiny_tokenizer
 
 
@@ -308,17 +309,10 @@ def test_a_page_file_that_cannot_be_read_is_an_input_unreadable_row_a_resume_kee
         (site / name).write_text(f"<p>the page {name}, with a few words to embed</p>")
     (site / "b.html").symlink_to(tmp_path / "gone.html")
     (site / "e.html.gz").write_bytes(b"\x1f\x8b\x08 truncated")  # a bad page, for comparison
-    read = pages.read_page_bytes
-
-    def failing_disk(path: Path) -> bytes:
-        if path.name == "c.html":
-            raise OSError(errno.EIO, "Input/output error", str(path))
-        return read(path)
-
     out = tmp_path / "out.parquet"
     args = _args(checkpoint, site, out, "--part-size", "1")
     with monkeypatch.context() as patch:
-        patch.setattr(pages, "read_page_bytes", failing_disk)
+        eio_for(patch, "c.html")
         _stop_before_merge(monkeypatch, args)
     capsys.readouterr()
     assert main(args) == 0

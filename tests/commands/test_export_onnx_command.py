@@ -111,3 +111,42 @@ def test_the_export_holds_the_lock_a_starting_server_cleans_up_under(
         assert seen[-1][0], f"exported {out} without the directory's lock"
     assert seen == [(True, sorted(kept)), (True, [])]
     assert sorted(p.name for p in graphs.iterdir()) == sorted([*kept, "y.onnx"])
+
+
+def test_waiting_for_another_exports_lock_is_said_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a server exported (minutes, for a real model), the command waited on the directory's lock
+    in silence and looked hung. The lock is taken without waiting first; only when that fails is the
+    wait said, once, before it. (The other holder is a patched `flock`: no second process, no timing.)"""
+    import fcntl
+
+    import service.core.checkpoint
+    import service.engine.onnx_export
+
+    monkeypatch.setattr(service.core.checkpoint, "load_checkpoint", lambda path: object())
+    monkeypatch.setattr(service.engine.onnx_export, "export_onnx", _fake_export(20))
+    real_flock = fcntl.flock
+    calls: list[str] = []
+    held = [True]  # whether the patched other export holds the lock at the next try
+
+    def held_by_another_export(fd: int, operation: int) -> None:
+        if operation & fcntl.LOCK_NB and held[0]:
+            calls.append("tried")
+            held[0] = False
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        said = "waiting for another export" in capsys.readouterr().err
+        calls.append(f"{'tried' if operation & fcntl.LOCK_NB else 'waited'}, having said so: {said}")
+        real_flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", held_by_another_export)
+    out = tmp_path / "graphs" / "y.onnx"
+    args = ["export-onnx", "--checkpoint", str(tmp_path), "--out", str(out), "--opset", "20"]
+    assert main(args) == 0
+    assert calls == ["tried", "waited, having said so: True"]
+    assert f"wrote {out} (opset 20, " in capsys.readouterr().err
+
+    calls.clear()  # the lock free at once: taken, nothing said
+    assert main(args) == 0
+    assert calls == ["tried, having said so: False"]
+    assert "waiting for another export" not in capsys.readouterr().err

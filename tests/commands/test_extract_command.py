@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import gzip
 import json
 import os
@@ -16,6 +15,7 @@ import pytest
 from service.cli import main
 from service.core import pages
 from tests.factories.cli import cli, kill_minus_nine_when, write_pages
+from tests.factories.disk import eio_for
 from tests.memory import gzip_bomb, traced_peak
 
 OLD = "the previous run's rows\n"
@@ -381,17 +381,10 @@ def test_a_page_file_that_cannot_be_read_is_an_input_unreadable_row_a_resume_kee
     ]
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps(row) + "\n" for row in [*rows, {"id": "bad"}]))
-    read = pages.read_page_bytes
-
-    def failing_disk(path: Path) -> bytes:
-        if path.name == "eio.html":
-            raise OSError(errno.EIO, "Input/output error", str(path))
-        return read(path)
-
     output = tmp_path / "out.jsonl"
     args = _args(source, output, "--part-size", "1")
     with monkeypatch.context() as patch:
-        patch.setattr(pages, "read_page_bytes", failing_disk)
+        eio_for(patch, "eio.html")
         _stop_before_merge(monkeypatch, args)
     capsys.readouterr()
     assert main(args) == 0

@@ -104,3 +104,21 @@ def test_a_page_that_cannot_be_read_is_input_unreadable(
             capsys.readouterr().err
             == f"htmllm prune: input_unreadable: cannot read {arg}: Input/output error\n"
         )
+
+
+def test_an_oserror_of_the_content_is_validation_error_by_the_bulk_commands_rule(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """prune had its own rule, every OSError `input_unreadable`; one without an errno is the content's
+    (gzip's BadGzipFile is an OSError), a bad page as `pages.read_error` and a page's row say."""
+
+    def bad_stream(handle: object) -> bytes:
+        raise gzip.BadGzipFile("Not a gzipped file (b'xx')")
+
+    monkeypatch.setattr(pages, "read_page", bad_stream)
+    page = tmp_path / "page.html"
+    page.write_text("<p>a page</p>")
+    assert main(["prune", str(page)]) == 1
+    assert capsys.readouterr().err == (
+        f"htmllm prune: validation_error: cannot read {page}: Not a gzipped file (b'xx')\n"
+    )

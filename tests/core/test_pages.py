@@ -29,6 +29,7 @@ from service.core.pages import (
     iter_pages,
 )
 from service.core.prune import prune_html
+from tests.factories.disk import eio_for
 from tests.factories.warc import HttpResponse, response, warc_gz, warc_record
 from tests.memory import gzip_bomb, traced_peak
 
@@ -131,18 +132,6 @@ def test_a_corrupt_file_in_an_html_directory(tmp_path: Path) -> None:
     assert [(p.id, p.error is None) for p in pages] == [("a.html", True), ("b.html.gz", False)]
 
 
-def _eio_for(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
-    """Reading a page file of one of these names fails as a failing disk does (EIO)."""
-    read = pages.read_page_bytes
-
-    def failing(path: Path) -> bytes:
-        if path.name in names:
-            raise OSError(errno.EIO, "Input/output error", str(path))
-        return read(path)
-
-    monkeypatch.setattr(pages, "read_page_bytes", failing)
-
-
 def test_a_page_file_that_cannot_be_read_is_input_unreadable_not_a_bad_page(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -155,7 +144,7 @@ def test_a_page_file_that_cannot_be_read_is_input_unreadable_not_a_bad_page(
         (site / name).write_bytes(b"<p>a page</p>")
     (site / "b.html").symlink_to(tmp_path / "gone.html")
     (site / "d.html.gz").write_bytes(b"\x1f\x8b\x08 truncated")  # a bad page: still validation_error
-    _eio_for(monkeypatch, "c.html")
+    eio_for(monkeypatch, "c.html")
     rows = list(iter_pages(site, bad_rows="report"))
     assert [(p.id, p.error_code if p.error else None) for p in rows] == [
         ("a.html", None),
@@ -167,6 +156,26 @@ def test_a_page_file_that_cannot_be_read_is_input_unreadable_not_a_bad_page(
     assert count_pages(site) == len(rows)
     with pytest.raises(PageUnreadableError, match=r"b\.html"):
         list(iter_pages(site))
+
+    # A dangling WARC stopped the whole run, report or not: FastWARC raised from its constructor, and
+    # its FileNotFoundError has no errno, so it was called a bad page (validation_error) too.
+    crawl = tmp_path / "crawl"
+    crawl.mkdir()
+    (crawl / "a.html").write_bytes(b"<p>a page</p>")
+    (crawl / "b.warc.gz").symlink_to(tmp_path / "gone.warc.gz")
+    (crawl / "d.html").write_bytes(b"<p>a page after the WARC</p>")
+    rows = list(iter_pages(crawl, bad_rows="report"))
+    assert [(p.id, p.error_code if p.error else None) for p in rows] == [
+        ("a.html", None),
+        ("b.warc.gz@0", ErrorCode.INPUT_UNREADABLE),
+        ("d.html", None),
+    ]
+    assert "b.warc.gz" in str(rows[1].error) and "No such file or directory" in str(rows[1].error)
+    with pytest.raises(PageUnreadableError, match=r"b\.warc\.gz"):
+        list(iter_pages(crawl))
+    # The same link named as the source: the file system's too, not "does not exist" (validation_error).
+    with pytest.raises(PageUnreadableError, match=r"gone\.warc\.gz, which is gone"):
+        list(iter_pages(crawl / "b.warc.gz"))
 
     # A JSONL row naming a file that is gone or not a file, or whose file cannot be read; a single file.
     (tmp_path / "rows.jsonl").write_text(
@@ -181,6 +190,23 @@ def test_a_page_file_that_cannot_be_read_is_input_unreadable_not_a_bad_page(
     assert [p.error_code for p in iter_pages(site / "c.html", bad_rows="report")] == [
         ErrorCode.INPUT_UNREADABLE
     ]
+
+    # A row's file behind a directory this process may not enter: `Path.is_file` raised EACCES out of the
+    # whole run. It is the row's input_unreadable, saying so. (Root enters any directory: stat is patched.)
+    real_stat = Path.stat
+
+    def locked_out(self: Path, **kwargs: Any) -> os.stat_result:
+        if self.parent.name == "locked":
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return real_stat(self, **kwargs)
+
+    (tmp_path / "locked").mkdir()
+    (tmp_path / "locked" / "x.html").write_bytes(b"<p>a page</p>")
+    (tmp_path / "locked.jsonl").write_text(json.dumps({"id": "x", "file": "locked/x.html"}) + "\n")
+    monkeypatch.setattr(Path, "stat", locked_out)
+    (row,) = iter_pages(tmp_path / "locked.jsonl", bad_rows="report")
+    assert row.error_code == ErrorCode.INPUT_UNREADABLE
+    assert "x.html, which cannot be looked at: Permission denied" in str(row.error), row.error
 
 
 def test_a_jsonl_file_that_fails_mid_read_ends_with_an_input_unreadable_row(

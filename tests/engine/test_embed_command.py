@@ -394,6 +394,23 @@ def test_an_existing_output_is_kept_unless_it_is_this_runs(
     assert pq.read_table(out)["index"].to_pylist() == [0, 1]
 
 
+def test_a_dangling_symlink_input_is_input_unreadable_as_the_same_link_among_pages_is(
+    tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was "does not exist" (validation_error), where the same link in a directory of pages is an
+    `input_unreadable` row: the file system's, not the input's."""
+    source = tmp_path / "crawl.warc.gz"
+    source.symlink_to(tmp_path / "moved.warc.gz")
+    monkeypatch.setattr(Engine, "from_checkpoint", _not_loaded)
+    assert main(_args(tiny_checkpoint, source, tmp_path / "out.parquet")) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        f"htmllm embed: input_unreadable: page source {source} is a symlink to {tmp_path / 'moved.warc.gz'}, "
+        "which is gone\n"
+    )
+    assert not (tmp_path / "out.parquet.parts").exists()
+
+
 def test_a_typo_in_the_input_neither_loads_the_model_nor_locks_the_output(
     tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -459,6 +476,24 @@ def test_a_bad_option_is_one_line_before_the_model_loads(
     assert code == status and message in err, err
     assert "Traceback" not in err and (status == 2 or err.count("\n") == 1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pages.jsonl"]
+
+
+def test_onnx_on_cuda_without_onnxruntimes_cuda_is_refused_before_the_model_loads(
+    tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The device check once skipped every backend but torch: the command exported the whole ONNX graph
+    (minutes, on a real model) and only then failed `backend_failed`. onnxruntime's providers are patched,
+    so this holds on a machine with CUDA too."""
+    import onnxruntime
+
+    write_pages(tmp_path / "pages.jsonl", 2)
+    monkeypatch.setattr(Engine, "from_checkpoint", _not_loaded)
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    options = ["--backend", "onnx", "--device", "cuda", "--dtype", "float32"]
+    assert main(_args(tiny_checkpoint, tmp_path / "pages.jsonl", tmp_path / "out.parquet", *options)) == 1
+    err = capsys.readouterr().err
+    assert "onnxruntime has no CUDAExecutionProvider" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out.parquet.parts").exists()
 
 
 def test_the_onnx_backend_without_onnxruntime_is_one_line(
