@@ -201,6 +201,8 @@ class Batcher:
         except ShuttingDownError:
             raise
         except Exception as exc:
+            if self._closed:  # `close` aborted the pass (or the backend failed as it stopped): not a failure
+                raise ShuttingDownError("the engine stopped during this forward pass") from exc
             raise self._pass_failed(f"the {self._runner.backend} backend failed: {exc}") from exc
         self._passed()
         return output

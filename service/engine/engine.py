@@ -388,26 +388,34 @@ class Engine:
     async def stop(self, *, drain: bool = True) -> None:
         """Stop accepting; with `drain`, answer every accepted document first, else fail them at once
         with ShuttingDownError (a page stuck in a preprocessing thread included: the thread runs on)."""
-        async with self._lifecycle:  # a start under way finishes first; its pools are then ours to close
-            pass
-        if self._batcher is None:
+        # Under `_lifecycle`, but for the drain: a start under way finishes first (its pools are then ours
+        # to close), and a start during the teardown waits for it, then starts anew. Holding the lock only
+        # on the way in, a start between the batcher's close and the pools' had built pools and a batcher
+        # that this stop then half closed: an engine that said it accepted and failed every call, and
+        # pools nobody stopped. The drain waits outside it, so a stop(drain=False) can overtake it.
+        async with self._lifecycle:
+            batcher, idle = self._batcher, self._idle
+            if batcher is None:
+                self._accepting = False
+                # A stop that was cancelled (a server's bounded wait) or another one still waiting may
+                # have left the workers running: this one stops them.
+                await self._stop_workers()
+                return
+            self._check_loop()
             self._accepting = False
-            # A stop that was cancelled (a server's bounded wait) or another one still waiting may have
-            # left the workers running: this one stops them.
-            await self._stop_workers()
-            return
-        self._check_loop()
-        self._accepting = False
-        if drain and self._idle is not None:
-            await self._idle.wait()
-        batcher = self._batcher
-        if batcher is None:  # a stop(drain=False) finished the shutdown while this one waited
-            return
-        self._last_health = batcher.health
-        await batcher.close(ShuttingDownError("the engine stopped before this document ran"))
-        if self._batcher is batcher:
+        if drain and idle is not None:
+            await idle.wait()
+        async with self._lifecycle:
+            if self._batcher is not batcher:  # another stop took this shutdown over while this one waited
+                if self._batcher is None:
+                    await self._stop_workers()  # what that stop left, were it cancelled (idempotent)
+                return
+            self._last_health = batcher.health
+            await batcher.close(ShuttingDownError("the engine stopped before this document ran"))
             self._batcher = None
-        await self._stop_workers()
+            await self._stop_workers()
+            if idle is not None:  # a draining stop that this one overtook: its documents are answered
+                idle.set()
 
     async def _stop_workers(self) -> None:
         """Kill the preprocessing processes, then end the threads (idempotent). In this order: a thread

@@ -192,15 +192,19 @@ class _AbortableRunner(_BlockingRunner):
         self.release.set()
 
 
-async def test_closing_aborts_a_probe_pass_that_hangs() -> None:
+@pytest.mark.parametrize("cancelled", [True, False])
+async def test_closing_aborts_a_probe_pass_that_hangs(cancelled: bool) -> None:
     """A probe's or warm-up's pass (outside the queue) was not a pass in flight for `close`: a hung child
-    there was never aborted, and close waited for the inference thread for ever."""
+    there was never aborted, and close waited for the inference thread for ever. The aborted pass is the
+    shutdown's, not the backend's: it had raised BackendError and counted a failure in `health` (the
+    server logged "backend probe failed" as it stopped)."""
     runner = _AbortableRunner()
     batcher = Batcher(runner, max_batch_tokens=1000, max_batch_requests=2, max_wait_ms=0)
     batcher.start()
     probe = asyncio.ensure_future(batcher.run_direct([[2, 5, 3]]))
     assert await asyncio.to_thread(runner.started.wait, 30)
-    probe.cancel()  # the server cancels its probe before it stops the engine
+    if cancelled:
+        probe.cancel()  # the server cancels its probe before it stops the engine
     closing = asyncio.ensure_future(batcher.close())
     try:
         await asyncio.wait_for(asyncio.shield(closing), 10)
@@ -208,6 +212,12 @@ async def test_closing_aborts_a_probe_pass_that_hangs() -> None:
         runner.release.set()  # before the fix: let the thread go, so the test ends
         await closing
     assert runner.aborted
+    if cancelled:
+        assert probe.cancelled()
+    else:
+        with pytest.raises(ShuttingDownError):
+            await probe
+    assert batcher.health.failures == 0
 
 
 async def test_a_direct_pass_during_close_is_shutting_down_not_a_runtime_error() -> None:

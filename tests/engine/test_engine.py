@@ -788,11 +788,21 @@ async def test_a_request_the_queue_cannot_serve_before_its_deadline_is_refused_a
         assert len(later) == 2 and len(await ahead) == 10
 
 
-def test_check_device_refuses_before_anything_loads_what_the_runner_would_refuse() -> None:
+def test_check_device_refuses_before_anything_loads_what_the_runner_would_refuse(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """`htmllm serve` asks it first: the runner's own refusal came only after the checkpoint had loaded."""
+    import onnxruntime
+
     check_device(EngineConfig())
     check_device(EngineConfig(attn_implementation="eager"))
-    check_device(EngineConfig(backend="onnx", device="cuda"))  # onnxruntime's providers: the runner's
+    check_device(EngineConfig(backend="onnx"))
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    with pytest.raises(ValueError, match="no CUDAExecutionProvider"):
+        check_device(EngineConfig(backend="onnx", device="cuda"))
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: providers)
+    check_device(EngineConfig(backend="onnx", device="cuda"))
     with pytest.raises(ValueError, match="flash_attention_2 needs CUDA"):
         check_device(EngineConfig(attn_implementation="flash_attention_2", dtype="bfloat16"))
     if not torch.cuda.is_available():

@@ -121,3 +121,33 @@ async def test_a_stop_during_a_start_stops_what_the_start_built(tiny_checkpoint:
     with pytest.raises(ShuttingDownError):
         await engine.embed(make_pages(1))
     engine.close()
+
+
+async def test_a_start_during_a_stop_waits_for_it_and_starts_anew(tiny_checkpoint: Path) -> None:
+    """A start between the stop's closing of the batcher and of the pools found no batcher and built new
+    pools; the stop then shut those down and left the old ones running, and the engine said it accepted
+    while every call failed."""
+    config = EngineConfig(preprocess_pool="process", preprocess_workers=1)
+    engine = Engine.from_checkpoint(tiny_checkpoint, config)
+    await engine.start()
+    old_processes, old_pool, old_dispatch = engine._processes, engine._pool, engine._dispatch
+    assert old_processes is not None and old_pool is not None and old_dispatch is not None
+
+    async def start_once_the_batcher_is_gone() -> None:
+        for _ in range(100_000):  # a bound: the stop closes the batcher within a few loop turns
+            if engine._batcher is None:
+                break
+            await asyncio.sleep(0)
+        assert engine._batcher is None
+        await engine.start()
+
+    stopping_and_starting = asyncio.gather(engine.stop(drain=False), start_once_the_batcher_is_gone())
+    await asyncio.wait_for(stopping_and_starting, SAFETY_S)
+    assert old_processes.live_workers == 0
+    assert old_pool._shutdown and old_dispatch._shutdown
+    processes = engine._processes
+    assert engine.accepting and processes is not None and processes is not old_processes
+    assert len(await engine.embed(make_pages(2))) == 2
+    await engine.stop()
+    assert processes.live_workers == 0 and engine._pool is None and engine._dispatch is None
+    engine.close()

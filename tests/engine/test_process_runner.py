@@ -146,6 +146,28 @@ def test_abort_kills_a_child_the_pass_is_still_starting(process_runner: ProcessR
     np.testing.assert_allclose(after, before, atol=1e-6, rtol=0)
 
 
+def test_an_abort_after_its_pass_ended_leaves_the_next_pass_and_the_child_alone(
+    process_runner: ProcessRunner,
+) -> None:
+    """The batcher decides a pass is in flight, then aborts: a pass that ended meanwhile had left the
+    abort standing, which killed the idle child and failed the next pass at once (an engine started
+    again on the runner). An abort fails only the batches prepared before it."""
+    docs = _docs(100, [5, 8])
+    before = process_runner.run(process_runner.prepare(docs)).embeddings
+    process, restarts = process_runner._process, process_runner.restarts
+    assert process is not None
+    process_runner.abort()  # late: its pass has ended
+    after = process_runner.run(process_runner.prepare(docs)).embeddings
+    assert process_runner._process is process and process.is_alive() and process_runner.restarts == restarts
+    np.testing.assert_allclose(after, before, atol=1e-6, rtol=0)
+    queued = process_runner.prepare(docs)  # a pass asked for before the abort, not yet at the child
+    process_runner.abort()
+    with pytest.raises(InferenceProcessError, match="aborted"):
+        process_runner.run(queued)
+    assert process_runner.run(process_runner.prepare(docs)).embeddings.shape[0] == 2
+    assert process_runner._process is process and process_runner.restarts == restarts
+
+
 def test_signals_to_the_process_group_leave_the_child_to_the_parent(process_runner: ProcessRunner) -> None:
     """Ctrl-C (SIGINT) or a SIGTERM to the group must not kill the model before the drain closes it."""
     process = process_runner._process

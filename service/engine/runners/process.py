@@ -134,7 +134,12 @@ class ProcessRunner:
         # and a pass starting a child records it, so that a child still loading can be killed too.
         self._abort_lock = threading.Lock()
         self._starting: Any = None  # a child started and not yet answering (loading the model)
-        self._aborted = False  # `abort` since the last pass ended: the pass (or the next) fails at once
+        # Batches are numbered as they are prepared; an `abort` fails every batch prepared before it (the
+        # pass in flight, one queued behind it) and none prepared after it. A flag cleared when a pass ended
+        # had outlived its pass when the abort came after that pass: the next one, after a restart of the
+        # engine, failed at once.
+        self._prepared = 0  # the number of the last batch prepared
+        self._aborted_through = 0  # every batch numbered up to this one is aborted
         self._process: Any = None
         self._conn: Connection | None = None
         self._stopper: multiprocessing.util.Finalize | None = None
@@ -147,7 +152,8 @@ class ProcessRunner:
         self.packed = description.packed
         self.restarts = 0
 
-    def _start(self) -> _Description:
+    def _start(self, serial: int | None = None) -> _Description:
+        """Start the child; `serial` is the batch whose pass starts it (None: the first start)."""
         parent, child = self._context.Pipe()
         process = self._context.Process(
             target=_serve, args=(child, str(self._path), self._config), name="htmllm-inference", daemon=True
@@ -156,7 +162,7 @@ class ProcessRunner:
         child.close()
         with self._abort_lock:
             self._starting = process  # from here `abort` kills it (a restart hung while loading)
-            aborted = self._aborted
+            aborted = self._aborted_before(serial)
         try:
             if aborted:
                 raise InferenceProcessError("the inference process was aborted while it started")
@@ -168,7 +174,8 @@ class ProcessRunner:
                     self._process, self._conn = process, parent
         except (EOFError, OSError) as error:
             process.join(STOP_TIMEOUT_S)  # the pipe ends before the exit is reaped: wait for its code
-            why = "was aborted" if self._aborted else "exited"
+            with self._abort_lock:
+                why = "was aborted" if self._aborted_before(serial) else "exited"
             raise InferenceProcessError(
                 f"the inference process {why} while loading the model (exit code {process.exitcode})"
             ) from error
@@ -200,21 +207,28 @@ class ProcessRunner:
         tokens = int(lengths.sum())
         flat = np.fromiter((t for ids in batch for t in ids), dtype=np.int64, count=tokens)
         padded = batch_cost(lengths.tolist(), packed=self.packed, pad_to=pad_to)
+        with self._abort_lock:
+            self._prepared += 1
+            serial = self._prepared
         return PreparedBatch(
-            payload=(flat, lengths, pad_to), documents=len(batch), tokens=tokens, padded_tokens=padded
+            payload=(flat, lengths, pad_to, serial), documents=len(batch), tokens=tokens, padded_tokens=padded
         )
 
     def run(self, prepared: PreparedBatch) -> RunnerOutput:
-        flat, lengths, pad_to = cast(tuple[np.ndarray, np.ndarray, int | None], prepared.payload)
+        payload = cast(tuple[np.ndarray, np.ndarray, int | None, int], prepared.payload)
         with self._lock:
-            try:
-                return self._run(flat, lengths, pad_to)
-            finally:
-                self._aborted = False  # an abort ends with the pass it was for
+            return self._run(*payload)
 
-    def _run(self, flat: np.ndarray, lengths: np.ndarray, pad_to: int | None) -> RunnerOutput:
+    def _aborted_before(self, serial: int | None) -> bool:
+        """Whether an `abort` came after batch `serial` was prepared (never for the first start); under
+        `_abort_lock`."""
+        return serial is not None and serial <= self._aborted_through
+
+    def _run(self, flat: np.ndarray, lengths: np.ndarray, pad_to: int | None, serial: int) -> RunnerOutput:
         """`run` under the pass's lock."""
-        if self._aborted:  # asked before this pass reached the child: it starts none and sends nothing
+        with self._abort_lock:
+            aborted = self._aborted_before(serial)
+        if aborted:  # asked before this pass reached the child: it starts none and sends nothing
             raise InferenceProcessError("the forward pass was aborted (shutting down)")
         if self._process is not None and not self._process.is_alive():
             # It died between batches (out of memory, killed): nothing was sent, so this batch
@@ -222,7 +236,7 @@ class ProcessRunner:
             logger.warning("the inference process exited (code %s) while idle", self._process.exitcode)
             self._discard()
         if self._conn is None:
-            self._restart()
+            self._restart(serial)
         conn = self._conn
         assert conn is not None
         try:
@@ -247,18 +261,24 @@ class ProcessRunner:
         deadline, where a hung child (a driver fault, a stopped process) had held the server forever.
 
         A child that the pass is still starting (a restart after a crash, loading the model, up to
-        `START_TIMEOUT_S`) is killed too, and a pass that has not reached the child yet starts none."""
+        `START_TIMEOUT_S`) is killed too, and a pass that has not reached the child yet starts none.
+        Only batches prepared before the abort are aborted: one that comes after the pass it was for
+        ended (the batcher decides first, then aborts) leaves the idle child alive and the next pass
+        whole (the engine may be started again on this runner)."""
         with self._abort_lock:
-            self._aborted = True
-            children = [self._process, self._starting]
+            self._aborted_through = self._prepared
+            # A pass holds `_lock` from before it reads the abort to the end of its pass: a pass that
+            # takes it after this reads the abort and sends nothing, so an idle child is left alone.
+            in_pass = self._lock.locked()
+            children = [self._process if in_pass else None, self._starting]
         for process in children:
             if process is not None and process.is_alive():
                 process.kill()
 
-    def _restart(self) -> None:
+    def _restart(self, serial: int) -> None:
         self.restarts += 1
         logger.warning("starting the inference process again (restart %d)", self.restarts)
-        self._start()
+        self._start(serial)
 
     def _discard(self) -> None:
         if self._stopper is not None:
