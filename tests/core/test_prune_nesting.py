@@ -25,13 +25,13 @@ from tests.core.test_prune_prechecks import DEPTH, NESTING_TRICKS, ORDINARY, rea
 LINES_PER_TAG = 300  # ordinary pages run about 100 (`test_ordinary_pages_stay_under_the_work_bound`)
 
 
-class _TooMuchWork(Exception):
+class TooMuchWork(Exception):
     pass
 
 
 def python_work(function: Callable[[bytes], Any], page: str, *, bound: int) -> tuple[int, Any]:
     """(Line events run in prune.py while `function(page)` runs, its result): the check's Python work,
-    untimed. Past `bound` it stops with `_TooMuchWork`."""
+    untimed. Past `bound` it stops with `TooMuchWork`."""
     count = 0
     target = prune.__file__
 
@@ -42,14 +42,15 @@ def python_work(function: Callable[[bytes], Any], page: str, *, bound: int) -> t
         if event == "line":
             count += 1
             if count > bound:
-                raise _TooMuchWork
+                raise TooMuchWork
         return tracer
 
+    previous = sys.gettrace()
     sys.settrace(tracer)
     try:
         result = function(page.encode())
     finally:
-        sys.settrace(None)
+        sys.settrace(previous)
     return count, result
 
 
@@ -59,7 +60,7 @@ def model_work(page: str) -> int:
     bound = LINES_PER_TAG * tags
     try:
         work, _ = python_work(lambda data: estimate_depth(data, limit=tags - 1), page, bound=bound)
-    except _TooMuchWork:
+    except TooMuchWork:
         pytest.fail(f"the depth model ran more than {LINES_PER_TAG} lines a tag")
     return work
 

@@ -10,38 +10,13 @@ each came from a fuzzer of tag soups around tables, templates, selects and forei
 
 from __future__ import annotations
 
-import sys
 from collections import deque
-from collections.abc import Callable
-from types import FrameType
-from typing import Any
 
 import pytest
 
 from service.core import prune
+from tests.core.test_prune_nesting import TooMuchWork, python_work
 from tests.core.test_prune_prechecks import ORDINARY, clones, real_clones
-
-
-def python_work(function: Callable[[bytes], object], page: str) -> int:
-    """Line events run in `prune.py` while `function(page)` runs: the check's Python work, untimed."""
-    count = 0
-    target = prune.__file__
-
-    def tracer(frame: FrameType, event: str, arg: Any) -> Any:
-        nonlocal count
-        if frame.f_code.co_filename != target:
-            return None
-        if event == "line":
-            count += 1
-        return tracer
-
-    previous = sys.gettrace()
-    sys.settrace(tracer)
-    try:
-        function(page.encode())
-    finally:
-        sys.settrace(previous)
-    return count
 
 
 def replay_as_checked(data: bytes) -> int:
@@ -69,7 +44,11 @@ _COPIES = "<b><b><b><table><object><tr></table>" * 300 + "<b></b>" * 3000
     "page", [*_WALKING.values(), *ORDINARY.values()], ids=[*_WALKING, *(f"ordinary: {k}" for k in ORDINARY)]
 )
 def test_the_replay_does_a_bounded_work_per_tag(page: str) -> None:
-    assert python_work(replay_as_checked, page) <= _LINES_PER_TAG * page.count("<")
+    bound = _LINES_PER_TAG * page.count("<")
+    try:
+        python_work(replay_as_checked, page, bound=bound)
+    except TooMuchWork:
+        pytest.fail(f"the replay ran more than {bound} lines of prune.py")
 
 
 class _SearchedDeque(deque[int]):
