@@ -273,25 +273,12 @@ def ensure_onnx(
     logger.info("exporting %s to ONNX at %s", root, beside)
     checkpoint = load_checkpoint(root)  # after the fingerprint: a change in between reads as stale later
     try:
-        return _export_locked(checkpoint, beside, quantize=quantize, fingerprint=fingerprint)
+        return export_onnx_locked(checkpoint, beside, quantize=quantize, fingerprint=fingerprint, reuse=True)
     except OSError as exc:
         if onnx_path is not None or exc.errno not in _NOT_WRITABLE:
             raise
         logger.info("%s cannot be written (%s); exporting the ONNX graph to %s", beside.parent, exc, cached)
-    return _export_locked(checkpoint, cached, quantize=quantize, fingerprint=fingerprint)
-
-
-def _export_locked(checkpoint: Checkpoint, target: Path, *, quantize: str | None, fingerprint: str) -> Path:
-    """`export_onnx` under an exclusive lock on the target's directory: processes starting on one
-    checkpoint export it once (the one that waited finds the graph up to date), and the temporaries of
-    an export killed with `kill -9` (as large as the graph, and never removed by anyone else) can be
-    removed, since under the lock none is a live export's."""
-    with _target_lock(target) as locked:
-        if locked:
-            if _up_to_date(target, fingerprint, quantize):
-                return target
-            _remove_stale_temporaries(target)
-        return export_onnx(checkpoint, target, quantize=quantize, fingerprint=fingerprint)
+    return export_onnx_locked(checkpoint, cached, quantize=quantize, fingerprint=fingerprint, reuse=True)
 
 
 def export_onnx_locked(
@@ -302,19 +289,26 @@ def export_onnx_locked(
     quantize: str | None = None,
     fingerprint: str | None = None,
     on_wait: Callable[[Path], None] | None = None,
+    reuse: bool = False,
 ) -> Path:
-    """`export_onnx` (always: asked for, it replaces an up-to-date graph too, at another opset say) under
-    the lock `ensure_onnx` takes on the target's directory; `htmllm export-onnx`'s export. `on_wait` is
-    called with the directory before waiting on another holder's lock (by default a log line).
+    """`export_onnx` under an exclusive lock on the target's directory, which every exporter into it takes
+    (`ensure_onnx`'s, `htmllm export-onnx`'s). With `reuse` (`ensure_onnx`) a graph found up to date with
+    `fingerprint` once the lock is held is kept: processes starting on one checkpoint export it once.
+    Without it (`htmllm export-onnx`: asked for, it replaces an up-to-date graph too, at another opset
+    say) it always exports. `on_wait` is called with the directory before waiting on another holder's
+    lock (by default a log line).
 
     Without the lock, a server starting on the checkpoint meanwhile took the export's temporary for a
     killed export's and removed it under its own lock (the export then failed reading it back), and two
-    exports to one target ran at once. With it, whoever comes second waits; under it the killed
-    exports' temporaries are removed here too, as `ensure_onnx` would.
+    exports to one target ran at once. With it, whoever comes second waits; under it the temporaries of
+    an export killed with `kill -9` (as large as the graph, and never removed by anyone else) are
+    removed, since none is then a live export's.
     """
     target = Path(out)
     with _target_lock(target, on_wait) as locked:
         if locked:
+            if reuse and fingerprint is not None and _up_to_date(target, fingerprint, quantize):
+                return target
             _remove_stale_temporaries(target)
         return export_onnx(checkpoint, target, opset=opset, quantize=quantize, fingerprint=fingerprint)
 
