@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import bisect
 import html as _html
+import itertools
 import operator
 import re
 from collections.abc import Iterator
@@ -583,7 +584,7 @@ def _tags_with_attributes(
     entries = _NOAHS_ARK * len(_FORMATTING_NAMES) + len(sections) + 1
     if cap:
         # None: nothing to re-create, and no replay (2 MB of table markup without one paid 0.9 s for it).
-        entries = min(entries, len(_FORMATTING_START.findall(lowered)))
+        entries = min(entries, sum(1 for _ in itertools.islice(_FORMATTING_START.finditer(lowered), entries)))
     roots = len(found) - len(sections) - len(links)
     if within is not None:
         # Each name counted (a run of name characters after a separator) takes two bytes at least.
@@ -780,28 +781,29 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
                 off_weight += weight[popped]
         steps -= len(on_stack)
 
+    def union(into: set[int], other: set[int]) -> set[int]:
+        """`into` and `other` as one set: the smaller merged into the larger (a step an entry moved)."""
+        nonlocal steps
+        steps += min(len(into), len(other))
+        if len(into) < len(other):
+            into, other = other, into
+        into |= other
+        return into
+
     def land() -> None:
         """The floating entries are off the stack (again, or still)."""
-        nonlocal off, off_weight, floating, floating_weight, steps
-        steps += min(len(floating), len(off))
-        if len(floating) > len(off):
-            floating, off = off, floating
-        off |= floating
+        nonlocal off, off_weight, floating, floating_weight
+        off = union(off, floating)
         off_weight += floating_weight
-        floating = set()
-        floating_weight = 0
+        floating, floating_weight = set(), 0
 
     def maybe_recreated() -> int:
         """The parser may re-create what is off the stack here: the bytes that takes (they float)."""
-        nonlocal off, off_weight, floating, floating_weight, steps
+        nonlocal off, off_weight, floating, floating_weight
         charged = off_weight
-        steps += min(len(floating), len(off))
-        if len(off) > len(floating):
-            floating, off = off, floating
-        floating |= off
+        floating = union(floating, off)
         floating_weight += off_weight
-        off = set()
-        off_weight = 0
+        off, off_weight = set(), 0
         return charged
 
     def recreated(position: int) -> int:
@@ -831,13 +833,9 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
 
     def unfence() -> None:
         """The parser may have cleared its last marker: what waited behind the last fence is re-created."""
-        nonlocal off, off_weight, steps
+        nonlocal off, off_weight
         fences.pop()
-        held = fenced.pop()
-        steps += min(len(held), len(off))
-        if len(held) > len(off):
-            held, off = off, held
-        off |= held
+        off = union(off, fenced.pop())
         off_weight += fenced_weights.pop()
 
     def pop_to(index: int, *, clear: bool) -> None:
@@ -950,10 +948,8 @@ def reconstruction_bytes(document: str | bytes, *, limit: int | None = None) -> 
             # stack, in the element then current. Only surely text (no comment; spaces only outside
             # tables, which ignore them) surely does; else they float: placed there, they could hide a
             # later re-creation deeper (`</div><!---->` + `<div><div>x</div>y` re-creates twice).
-            if last_html and (
-                (not contexts and _surely_text(data, last_end, start, spaces=True))
-                or (not templates and _surely_text(data, last_end, start, spaces=False))
-            ):
+            # (Every open template is among `contexts`: outside them all, spaces count as text too.)
+            if last_html and not templates and _surely_text(data, last_end, start, spaces=not contexts):
                 work += recreated(2 * tick - 1)
             else:
                 work += maybe_recreated()
@@ -1748,8 +1744,6 @@ class _OpenElements:
             if held is not None:
                 held.setdefault(name, []).append(self.serial)
                 self.held_total += 1
-                if not counted:
-                    self.depth += 1  # an <a> or <nobr> the parser may re-create, nesting each time
             elif counted:
                 self.depth -= 1
         del self.entries[position:]
@@ -1989,7 +1983,7 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
                 # those that leave foreign content, an `<img>`, a `<br>`, ..., are void there too);
                 # in a <select> what it does not close itself, and formatting elements (re-created
                 # outside when it closes).
-                counted = where == TAINTED or name not in _NOT_NESTING or name in _FORMATTING
+                counted = where == TAINTED or name not in _NOT_NESTING  # (no formatting name is in it)
                 stack.push(name, counted, sure=False)
                 if name in _MARKERS:
                     stack.marker(False)
@@ -2095,22 +2089,21 @@ def _start_tag(stack: _OpenElements, name: bytes, standards: bool) -> None:
             stack.note_formatting(name)
             stack.push(name, True)
             return
-        if name == b"a":
-            # It runs the adoption agency for the last <a> on the list (one only), then takes it off.
-            if stack.held(name):  # popped since it opened (re-created or not: see release)
-                if not stack.held_behind_limit(name):  # (behind a limit it stays, and this one nests)
-                    stack.release(name)
-            elif found >= 0 and stack.maybe_off_list(found):
+        if stack.held(name):
+            # Popped since it opened (re-created or not: see release): an <a> runs the adoption agency
+            # for the last one on the list, a <nobr> re-creates the ones held, then adopts the last; one
+            # leaves, but behind a limit it stays, and this one nests.
+            if not stack.held_behind_limit(name):
+                stack.release(name)
+        elif name == b"a" and found >= 0:
+            if stack.maybe_off_list(found):
                 stack.unsure_from(found)  # on the list or not: its adoption agency runs or not
-            elif found >= 0:
+            else:
                 # The adoption agency for the open one, as for its end tag; then it leaves the stack.
                 _end_tag(stack, name, None)
                 if stack.last(name) == found:
                     stack.remove(found, pops_above=False)
-        elif stack.held(name):
-            if not stack.held_behind_limit(name):
-                stack.release(name)  # a <nobr> re-creates the ones held, then adopts the last: one leaves
-        elif found >= 0 and not stack.limit_after(found):
+        elif name == b"nobr" and found >= 0 and not stack.limit_after(found):
             _end_tag(stack, name, None)  # a <nobr> in scope: the adoption agency, as for its end tag
     elif name in (b"option", b"optgroup") and stack.top() == b"option":
         stack.remove(len(stack.entries) - 1)  # it closes the current <option>
