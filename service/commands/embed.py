@@ -227,22 +227,19 @@ def _check_input(path: Path) -> None:
     kind it reads is refused here, not after the model loaded)."""
     from service.core.pages import PageUnreadableError, iter_pages, source_kind
 
-    if not path.exists():
-        if path.is_symlink():  # dangling: `input_unreadable`, as the same link among a directory's pages
-            source_kind(path)
-        raise OptionError(f"page source {path} does not exist")
+    # Missing, a dangling symlink, closed to this user (EACCES on a directory above it), neither a file
+    # nor a directory: `source_kind`'s rule, which `htmllm extract` reads its input through too.
+    kind, read_from = source_kind(path)
     try:
-        if path.is_dir():
+        if kind == "directory":
             with os.scandir(path):
                 pass
-        elif path.is_file():
-            with path.open("rb"):
-                pass
         else:
-            raise OptionError(f"page source {path} is neither a file nor a directory")
+            with read_from.open("rb"):
+                pass
     except OSError as exc:
         raise PageUnreadableError(f"page source {path} cannot be read: {exc.strerror}") from exc
-    if source_kind(path)[0] == "directory":
+    if kind == "directory":
         check_has_pages(path, next(iter_pages(path, limit=1, bad_rows="report"), None))
 
 

@@ -3,7 +3,8 @@
 One output row per input page, in input order. A page an extractor fails on, and an input row that cannot
 be read (not JSON, a missing file; a page over the pruner's 16 MiB cap, `payload_too_large`, see
 `service.core.pages`), gets an `error` object in its row rather than stopping the run; only an input
-source that does not exist or an unwritable output path fails the command.
+source that does not exist or cannot be read, an unwritable output path or a run state that cannot be
+resumed fails the command: one line with its code, as `htmllm embed` says it, and exit code 1.
 
 Resumable as `htmllm embed` is, with the same rules (`resume_state`): rows go, in input order, to
 append-only parts in `<output>.parts/` (each a JSON header line with its first index, its pages' ids and
@@ -46,7 +47,6 @@ from service.commands.resume_state import (
     TEMP_SUFFIX,
     InputWalk,
     PartWriter,
-    RunStateError,
     UnreadablePart,
     check_has_pages,
     clean_leftovers,
@@ -60,6 +60,7 @@ from service.commands.resume_state import (
     run_lock,
 )
 from service.core.atomic_files import replaced_atomically
+from service.core.errors import HtmllmError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -170,9 +171,19 @@ def _process(page: Page, args: argparse.Namespace, pool: ExtractorPool) -> dict[
 
 
 def _is_input(output: str, source: str) -> bool:
-    """Whether `output` names the input file, or the manifest of an input directory."""
+    """Whether `output` names the input file, or the manifest of an input directory. False where either
+    cannot be looked at (EACCES on a directory above it): this check raised that out of the command as
+    a traceback; the input's reader then says so with its code, or the output cannot be written."""
     if output == "-":
         return False
+    try:
+        return _same_file(output, source)
+    except OSError:
+        return False
+
+
+def _same_file(output: str, source: str) -> bool:
+    """`_is_input`'s comparison, which may raise what the file system says of either path."""
     out, src = Path(output), Path(source)
     candidates = [src, src / "manifest.jsonl"] if src.is_dir() else [src]
     for candidate in candidates:
@@ -405,7 +416,7 @@ def _summary(args: argparse.Namespace, pages: int, errors: int, passed: int) -> 
 
 def run(args: argparse.Namespace) -> int:
     from service.core.extract import ExtractionOptionsError, default_workers, resolve_order
-    from service.core.pages import PageSourceError, iter_pages
+    from service.core.pages import iter_pages
 
     workers = default_workers() if args.workers is None else args.workers
     if workers < 1 or (args.limit is not None and args.limit < 0):
@@ -462,8 +473,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"htmllm extract: interrupted; {args.output} was left as it was", file=sys.stderr)
         return INTERRUPTED
-    except (PageSourceError, RunStateError) as exc:
-        print(f"htmllm extract: {exc}", file=sys.stderr)
+    except HtmllmError as exc:  # the input's failures (PageSourceError) and the parts' (RunStateError)
+        print(f"htmllm extract: {exc.code}: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
         # strerror alone: the path in str(exc) may be a temporary file's, which the user never named

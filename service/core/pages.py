@@ -57,6 +57,7 @@ inflated much past the cap: a 1 MB gzip file that inflated to 1 GiB was held who
 
 from __future__ import annotations
 
+import errno
 import gzip
 import io
 import json
@@ -436,16 +437,41 @@ def _head(path: Path) -> bytes:
 
 def source_kind(path: Path) -> tuple[Literal["jsonl", "warc", "html", "directory"], Path]:
     """What a page source holds, and the path to read it from (a corpus directory's manifest); raises
-    `PageSourceError` for a source that does not exist or a file of no kind it reads. Cheap (a file's
-    first bytes at most): commands call it to refuse an input before loading a model."""
-    if path.is_dir():
+    `PageSourceError` for a source that does not exist or a file of no kind it reads, and
+    `PageUnreadableError` for one the file system will not let this process look at (see
+    `_mode`). Cheap (a file's first bytes at most): commands call it to refuse an input before
+    loading a model, and every reader of a source goes through it, so each command says the same."""
+    mode = _mode(path, path)
+    if mode is None:
+        if path.is_symlink():  # dangling: the file system's, as the same link in a directory of pages is
+            raise PageUnreadableError(
+                f"page source {path} is a symlink to {os.readlink(path)}, which is gone"
+            )
+        raise PageSourceError(f"page source {path} does not exist")
+    if stat.S_ISDIR(mode):
         manifest = path / "manifest.jsonl"
-        return ("jsonl", manifest) if manifest.is_file() else ("directory", path)
-    if path.is_file():
+        manifest_mode = _mode(manifest, path)
+        return ("jsonl", manifest) if manifest_mode and stat.S_ISREG(manifest_mode) else ("directory", path)
+    if stat.S_ISREG(mode):
         return _file_kind(path), path
-    if path.is_symlink():  # dangling: the file system's, as the same link in a directory of pages is
-        raise PageUnreadableError(f"page source {path} is a symlink to {os.readlink(path)}, which is gone")
-    raise PageSourceError(f"page source {path} does not exist")
+    raise PageSourceError(f"page source {path} is neither a file nor a directory")
+
+
+def _mode(path: Path, source: Path) -> int | None:
+    """The mode of `path` (the source `source`, or its manifest), following symlinks; None where nothing
+    is there. The one rule for a source the file system will not let this process look at: any other
+    refusal is `PageUnreadableError` naming the source and why. EACCES (a directory on the path of mode
+    000, or the source directory itself) was a traceback out of `Path.is_dir` in `htmllm extract` and a
+    bare "[Errno 13]" line without a code in `htmllm embed`; ELOOP read as "does not exist"."""
+    try:
+        return path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: a NUL in the name
+        return None
+    except OSError as exc:  # EACCES, ELOOP, EIO
+        why = exc.strerror or str(exc)
+        if exc.errno == errno.EACCES:  # stat's EACCES: search permission on a directory on the path
+            why += " (a directory on its path is closed to this user)"
+        raise PageUnreadableError(f"page source {source} cannot be looked at: {why}") from exc
 
 
 def _file_kind(path: Path) -> Literal["jsonl", "warc", "html"]:

@@ -339,19 +339,39 @@ def _directory_lock(directory: Path, on_wait: Callable[[Path], None] | None = No
         return
     try:
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                # Another export holds it, for minutes with a real model: said, where a command waiting in
-                # silence looked hung.
-                (on_wait or _log_wait)(directory)
-                fcntl.flock(fd, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             locked = True
-        except OSError:
+        except BlockingIOError:
+            # Another export holds it, for minutes with a real model: said, where a command waiting in
+            # silence looked hung.
+            _say_waiting(on_wait, directory)
+            locked = _wait_for_lock(fd)
+        except OSError:  # a file system without flock
             locked = False
         yield locked
     finally:
         os.close(fd)  # lets the lock go
+
+
+def _wait_for_lock(fd: int) -> bool:
+    """Block until `fd`'s flock is held; False where the file system refuses it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        return False
+    return True
+
+
+def _say_waiting(on_wait: Callable[[Path], None] | None, directory: Path) -> None:
+    """Call `on_wait` (or log) before waiting on `directory`'s lock. A notice that cannot be given
+    (`htmllm export-onnx` printing to a closed pipe: EPIPE) is logged and the wait goes on: it was
+    caught as "no flock here" and the export ran WITHOUT the lock, beside the other export. Waiting
+    rather than failing, since the notice only says why the command pauses, and a user who asked for a
+    graph expects one (written under the lock) whether or not anyone reads the command's messages."""
+    try:
+        (on_wait or _log_wait)(directory)
+    except OSError as exc:
+        logger.warning("cannot say that the export waits for the lock on %s (%s); waiting", directory, exc)
 
 
 def _log_wait(directory: Path) -> None:

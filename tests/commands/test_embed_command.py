@@ -22,7 +22,7 @@ from service.core.modeling import HeadSpec, TaskHead
 from service.core.prune import PRUNE_VERSION
 from tests.factories.checkpoint import build_tiny_checkpoint, build_tiny_model
 from tests.factories.cli import write_pages
-from tests.factories.disk import eio_for
+from tests.factories.disk import closed_directory, eio_for
 from tests.factories.tokenizer import build_tiny_tokenizer
 
 
@@ -329,6 +329,28 @@ def test_a_page_file_that_cannot_be_read_is_an_input_unreadable_row_a_resume_kee
     messages = table["error_message"].to_pylist()
     assert "No such file or directory" in messages[1] and "Input/output error" in messages[2]
     assert table["embedding"][2].as_py() is None and table["embedding"][3].as_py() is not None
+
+
+def test_an_input_behind_a_closed_directory_is_one_line_with_its_code(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An input under a directory of mode 000 was "htmllm embed: [Errno 13] Permission denied: ..."
+    (`Path.exists` raised), without the code every other input failure has. (Root searches any
+    directory: the file system is patched.)"""
+    from service.engine import Engine
+
+    closed = tmp_path / "noperm"
+    (closed / "site").mkdir(parents=True)
+    write_pages(closed / "pages.jsonl", 2)
+    monkeypatch.setattr(Engine, "from_checkpoint", _not_loaded)
+    closed_directory(monkeypatch, closed)
+    for source in (closed / "pages.jsonl", closed / "site"):
+        assert main(_args(checkpoint, source, tmp_path / "out.parquet")) == 1
+        assert capsys.readouterr().err == (
+            f"htmllm embed: input_unreadable: page source {source} cannot be looked at: Permission denied "
+            "(a directory on its path is closed to this user)\n"
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["noperm"]
 
 
 def test_an_input_that_cannot_be_read_is_input_unreadable_before_the_model_loads(

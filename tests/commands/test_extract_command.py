@@ -15,7 +15,7 @@ import pytest
 from service.cli import main
 from service.core import pages
 from tests.factories.cli import cli, kill_minus_nine_when, write_pages
-from tests.factories.disk import eio_for
+from tests.factories.disk import closed_directory, eio_for
 from tests.memory import gzip_bomb, traced_peak
 
 OLD = "the previous run's rows\n"
@@ -49,6 +49,34 @@ def test_a_missing_input_leaves_the_output_as_it_was(
     assert "does not exist" in capsys.readouterr().err
     assert output.read_text() == OLD
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl"]
+
+
+def test_an_input_behind_a_closed_directory_is_one_line_with_its_code(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An input under a directory of mode 000 was a PermissionError traceback (`Path.is_dir` in the
+    output-is-input check), and past it "cannot write <output>", the wrong file; source failures had no
+    code, unlike `htmllm embed`'s. (Root searches any directory: the file system is patched.)"""
+    closed = tmp_path / "noperm"
+    (closed / "site").mkdir(parents=True)
+    _unreadable_rows(closed / "pages.jsonl", 2)
+    output = tmp_path / "results.jsonl"
+    output.write_text(OLD)
+    closed_directory(monkeypatch, closed)
+    for source in (closed / "pages.jsonl", closed / "site"):
+        assert _extract(source, output) == 1
+        assert capsys.readouterr().err == (
+            f"htmllm extract: input_unreadable: page source {source} cannot be looked at: Permission denied "
+            "(a directory on its path is closed to this user)\n"
+        )
+    assert output.read_text() == OLD
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["noperm", "results.jsonl"]
+    # The other source failures carry their code too, as embed's and prune's do.
+    assert _extract(tmp_path / "typo.jsonl", output) == 1
+    assert (
+        capsys.readouterr().err
+        == f"htmllm extract: validation_error: page source {tmp_path / 'typo.jsonl'} does not exist\n"
+    )
 
 
 def test_an_output_that_is_the_input_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -211,7 +239,8 @@ def test_ctrl_c_keeps_the_parts_and_a_resume_with_other_options_or_input_is_refu
 
     assert main([*args, "--min-words", "10"]) == 1
     assert capsys.readouterr().err == (
-        f"htmllm extract: {parts} holds a run with other settings (min_words); delete it to start over\n"
+        f"htmllm extract: validation_error: {parts} holds a run with other settings (min_words); "
+        "delete it to start over\n"
     )
     assert main([*args, "--extractor", "trafilatura"]) == 1
     assert "other settings (extractor, order); delete it" in capsys.readouterr().err
@@ -279,8 +308,8 @@ def test_a_directory_without_pages_is_refused(
     output.write_text(OLD)
     assert main(_args(source, output)) == 1
     assert capsys.readouterr().err == (
-        f"htmllm extract: page source {source} holds no pages: no .html or .htm file (optionally .gz) and "
-        "no WARC file with an HTML record\n"
+        f"htmllm extract: validation_error: page source {source} holds no pages: no .html or .htm file "
+        "(optionally .gz) and no WARC file with an HTML record\n"
     )
     assert output.read_text() == OLD and not (tmp_path / "results.jsonl.parts").exists()
 

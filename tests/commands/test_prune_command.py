@@ -14,6 +14,7 @@ import pytest
 
 from service.cli import main
 from service.core import pages
+from tests.factories.disk import closed_directory
 from tests.memory import gzip_bomb, traced_peak
 
 
@@ -121,4 +122,19 @@ def test_an_oserror_of_the_content_is_validation_error_by_the_bulk_commands_rule
     assert main(["prune", str(page)]) == 1
     assert capsys.readouterr().err == (
         f"htmllm prune: validation_error: cannot read {page}: Not a gzipped file (b'xx')\n"
+    )
+
+
+def test_a_page_behind_a_closed_directory_is_input_unreadable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page under a directory of mode 000: permission denied, the path, the bulk commands' code.
+    (Root searches any directory: the file system is patched.)"""
+    page = tmp_path / "noperm" / "page.html"
+    page.parent.mkdir()
+    page.write_text("<p>a page</p>")
+    closed_directory(monkeypatch, page.parent)
+    assert main(["prune", str(page)]) == 1
+    assert (
+        capsys.readouterr().err == f"htmllm prune: input_unreadable: cannot read {page}: Permission denied\n"
     )

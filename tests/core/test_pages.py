@@ -29,7 +29,7 @@ from service.core.pages import (
     iter_pages,
 )
 from service.core.prune import prune_html
-from tests.factories.disk import eio_for
+from tests.factories.disk import closed_directory, eio_for
 from tests.factories.warc import HttpResponse, response, warc_gz, warc_record
 from tests.memory import gzip_bomb, traced_peak
 
@@ -207,6 +207,49 @@ def test_a_page_file_that_cannot_be_read_is_input_unreadable_not_a_bad_page(
     (row,) = iter_pages(tmp_path / "locked.jsonl", bad_rows="report")
     assert row.error_code == ErrorCode.INPUT_UNREADABLE
     assert "x.html, which cannot be looked at: Permission denied" in str(row.error), row.error
+
+
+def test_a_source_behind_a_closed_directory_is_input_unreadable_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A source under a directory of mode 000 (or a source directory of mode 000 itself): `Path.is_dir`
+    raised a bare PermissionError out of `source_kind` (a traceback in `htmllm extract`, "[Errno 13]"
+    without a code in `htmllm embed`). It is `input_unreadable`, naming the source and why, as a page
+    file the file system will not give is. (Root searches any directory: the file system is patched.)"""
+    closed = tmp_path / "noperm"
+    (closed / "site").mkdir(parents=True)
+    (closed / "site" / "a.html").write_bytes(b"<p>a page</p>")
+    (closed / "pages.jsonl").write_text(json.dumps({"id": "a", "html": "<p>a</p>"}) + "\n")
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "manifest.jsonl").write_text(json.dumps({"id": "a", "html": "<p>a</p>"}) + "\n")
+    closed_directory(monkeypatch, closed)
+    closed_directory(monkeypatch, tmp_path / "corpus")  # the source directory itself of mode 000
+    for source in (closed / "pages.jsonl", closed / "site", closed / "pages.ndjson", tmp_path / "corpus"):
+        with pytest.raises(PageUnreadableError) as raised:
+            list(iter_pages(source, bad_rows="report"))
+        assert raised.value.code == ErrorCode.INPUT_UNREADABLE
+        assert str(raised.value) == (
+            f"page source {source} cannot be looked at: Permission denied "
+            "(a directory on its path is closed to this user)"
+        )
+        assert count_pages(source) is None
+    # What is really missing stays "does not exist", a bad option (validation_error), not the disk's.
+    with pytest.raises(PageSourceError, match="does not exist") as missing:
+        list(iter_pages(tmp_path / "typo.jsonl"))
+    assert missing.value.code == ErrorCode.VALIDATION
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root searches a directory of mode 000: patched above instead")
+def test_a_source_under_a_directory_of_mode_000_is_input_unreadable(tmp_path: Path) -> None:
+    closed = tmp_path / "noperm"
+    closed.mkdir()
+    (closed / "pages.jsonl").write_text(json.dumps({"id": "a", "html": "<p>a</p>"}) + "\n")
+    closed.chmod(0)
+    try:
+        with pytest.raises(PageUnreadableError, match="cannot be looked at: Permission denied"):
+            list(iter_pages(closed / "pages.jsonl"))
+    finally:
+        closed.chmod(0o700)
 
 
 def test_a_jsonl_file_that_fails_mid_read_ends_with_an_input_unreadable_row(

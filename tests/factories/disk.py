@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import errno
+import io
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,3 +23,23 @@ def eio_for(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
         return read(path)
 
     monkeypatch.setattr(pages, "read_page_bytes", failing)
+
+
+def closed_directory(monkeypatch: pytest.MonkeyPatch, directory: Path) -> None:
+    """Everything under `directory` is refused with EACCES, as under a directory of mode 000 for a user
+    who is not root (root searches any directory, so chmod cannot make this case in a root container):
+    `os.stat`, `os.lstat`, `os.scandir`, `os.listdir` and `io.open` (what `pathlib` and `os.path` call)
+    raise `PermissionError` for its descendants. `directory` itself can still be looked at."""
+    top = os.path.abspath(directory)
+
+    def refuse(real: Any) -> Any:
+        def patched(path: Any, *args: Any, **kwargs: Any) -> Any:
+            name = os.fspath(path) if isinstance(path, str | os.PathLike) else None
+            if isinstance(name, str) and os.path.abspath(name).startswith(top + os.sep):
+                raise PermissionError(errno.EACCES, "Permission denied", name)
+            return real(path, *args, **kwargs)
+
+        return patched
+
+    for module, name in ((os, "stat"), (os, "lstat"), (os, "scandir"), (os, "listdir"), (io, "open")):
+        monkeypatch.setattr(module, name, refuse(getattr(module, name)))
