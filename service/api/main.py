@@ -162,7 +162,7 @@ def check_device(settings: Settings) -> None:
     """Raise InvalidSettingsError when this machine cannot run the settings' device and attention
     (`HTMLLM_DEVICE=cuda` without CUDA, `HTMLLM_ATTENTION=flash_attention_2` on CPU): the runner would
     refuse them only once the checkpoint had loaded, as a traceback."""
-    from service.engine.engine import check_device as check_engine_device
+    from service.engine.loading import check_device as check_engine_device
 
     try:
         check_engine_device(settings.engine_config())

@@ -285,7 +285,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
         )
     except ValueError as exc:
         raise OptionError(str(exc)) from exc
-    from service.engine.engine import check_device
+    from service.engine.loading import check_device
 
     try:  # the server's check: CUDA where there is none, an attention the device cannot run
         check_device(config)

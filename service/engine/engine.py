@@ -11,33 +11,24 @@ work with `ShuttingDownError` and returns once every accepted document has been 
 from __future__ import annotations
 
 import asyncio
-import copy
 import functools
 import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
 import numpy as np
 
-from service.core.checkpoint import (
-    TOKENIZER_FILE,
-    CheckpointError,
-    CheckpointMeta,
-    load_checkpoint,
-    read_meta,
-)
+from service.core.checkpoint import CheckpointMeta
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.modeling import HeadSpec
 from service.core.preparation import (
     Prepared,
     Preprocessed,
-    PreprocessError,
     init_worker,
     prepare,
     prepare_in_worker,
@@ -45,18 +36,22 @@ from service.core.preparation import (
     preprocess_in_worker,
 )
 from service.core.prune import PRUNE_VERSION, InputTooLargeError
-from service.core.tokenizer import HtmlTokenizer, TokenizerError
+from service.core.tokenizer import HtmlTokenizer
 from service.core.words import built_word_tables
-from service.core.workers import (
-    WorkerDiedError,
-    WorkerError,
-    WorkerPool,
-    WorkerStartError,
-    WorkerTimeoutError,
-    mib_as_bytes,
-)
+from service.core.workers import WorkerError, WorkerPool, mib_as_bytes
 from service.engine.admission import DrainRate
-from service.engine.batcher import Batcher, BatchRow
+from service.engine.batcher import Batcher
+from service.engine.failures import PAGE_FAILURES, OverLimitError, for_copy, worker_failure
+from service.engine.loading import build_runner
+from service.engine.progress import (
+    AWAITING_COPY,
+    DONE,
+    PREPROCESSING,
+    QUEUED,
+    Progress,
+    describe,
+    whereabouts,
+)
 from service.engine.result_cache import CachedRow, ResultCache, cache_key
 from service.engine.runners import Runner
 from service.engine.types import (
@@ -73,175 +68,15 @@ from service.engine.types import (
     ShuttingDownError,
     StageTimings,
     TooManyDocumentsError,
-    TooManyTokensError,
     UnknownHeadError,
     WrongEventLoopError,
+    as_document,
+    as_documents,
 )
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-class InvalidDocumentError(HtmllmError):
-    code = ErrorCode.VALIDATION
-
-
-class _OverLimitError(TooManyTokensError):
-    """A page over the token limit with truncation off, named after its document. It keeps what it
-    says of the page, so that a copy of the page waiting in the result cache is told in its own name."""
-
-    def __init__(self, doc_id: str | None, count: str, max_length: int) -> None:
-        name = f"document {doc_id!r}" if doc_id is not None else "a document"
-        super().__init__(
-            f"{name} has {count} tokens, over the model's {max_length} (allow truncation to cut it)"
-        )
-        self.count, self.max_length = count, max_length
-
-    def renamed(self, doc_id: str | None) -> _OverLimitError:
-        return _OverLimitError(doc_id, self.count, self.max_length)
-
-
-# Failures of a page itself: the same bytes under the same policy fail the same way again, so the copies
-# of a page that wait in the result cache get the failure instead of each trying in turn (a page that
-# fails at the preprocessing time limit had cost every copy the whole limit, one after another). A
-# deadline, a cancellation, the shutdown or a backend failure says nothing of the page: copies retry.
-PAGE_FAILURES = frozenset(
-    {
-        ErrorCode.PREPROCESS_FAILED,
-        ErrorCode.TOO_MANY_TOKENS,
-        ErrorCode.PAYLOAD_TOO_LARGE,
-        ErrorCode.VALIDATION,
-    }
-)
-
-
-def _for_copy(failure: HtmllmError, doc: Document) -> HtmllmError:
-    """The failure of a page's first copy, as `doc`'s own error: a new exception (one object raised in
-    many tasks would pile up their tracebacks), named after `doc` where the message names a document."""
-    if isinstance(failure, _OverLimitError):
-        return failure.renamed(doc.id)
-    try:
-        return copy.copy(failure)
-    except Exception:  # a class whose constructor takes other arguments: the same code and message
-        return HtmllmError(failure.message, code=failure.code)
-
-
-# Where a document of a call can be (besides done); `_Progress` says which, for a passed deadline.
-PREPROCESSING = "preprocessing"  # waiting for a worker thread, pruning or tokenizing
-AWAITING_COPY = "waiting for an identical page in flight"  # the result cache
-QUEUED = "queued"  # in the batcher, not yet in a forward pass
-IN_PASS = "in a forward pass"
-DONE = "done"
-
-
-@dataclass
-class _Progress:
-    """Where one document of a call is, so that a passed deadline can say what the time went on."""
-
-    stage: str = PREPROCESSING
-    since: float = field(default_factory=time.monotonic)
-    future: asyncio.Future[BatchRow] | None = None  # its row of a batch, once queued
-
-    def enter(self, stage: str) -> None:
-        self.stage, self.since = stage, time.monotonic()
-
-
-def as_document(doc: Document | str | bytes) -> Document:
-    if isinstance(doc, Document):
-        return doc
-    if isinstance(doc, str | bytes):
-        return Document(html=doc)
-    raise InvalidDocumentError(f"a document is HTML as str or bytes, not {type(doc).__name__}")
-
-
-def as_documents(docs: Sequence[Document | str | bytes]) -> list[Document]:
-    """The documents of a call. One page passed bare is refused: a str is a sequence of characters,
-    and each would have been embedded as a page of its own."""
-    if isinstance(docs, str | bytes | bytearray | Document):
-        raise InvalidDocumentError(
-            f"documents are a list (one page: [page]), not a single {type(docs).__name__}"
-        )
-    return [as_document(d) for d in docs]
-
-
-def _meta_and_tokenizer(path: Path) -> tuple[CheckpointMeta, HtmlTokenizer]:
-    """The checkpoint's metadata and tokenizer, checked against each other, without its weights."""
-    meta = read_meta(path)
-    try:
-        tokenizer = HtmlTokenizer.from_file(path / TOKENIZER_FILE)
-    except TokenizerError as exc:  # the checkpoint is what is wrong, as load_checkpoint reports it
-        raise CheckpointError(f"checkpoint {path}: {exc}") from exc
-    if tokenizer.sha256 != meta.tokenizer_sha256:
-        raise CheckpointError(f"vocab mismatch: {path / TOKENIZER_FILE} is not the tokenizer the model used")
-    return meta, tokenizer
-
-
-def build_runner(path: Path, config: EngineConfig) -> tuple[Runner, CheckpointMeta, HtmlTokenizer]:
-    """Load the checkpoint and wrap it in the configured backend's runner (in a child process when
-    `config.inference_process`: this process then holds only the metadata and the tokenizer)."""
-    if config.inference_process:
-        from service.engine.runners.process import ProcessRunner
-
-        meta, tokenizer = _meta_and_tokenizer(path)
-        return ProcessRunner(path, config), meta, tokenizer
-    if config.backend == "onnx":
-        from service.engine.onnx_export import ensure_onnx
-        from service.engine.runners.onnx import OnnxRunner
-
-        meta, tokenizer = _meta_and_tokenizer(path)
-        onnx_runner = OnnxRunner(
-            ensure_onnx(path, config.onnx_path, quantize=config.onnx_quantize),
-            pad_id=tokenizer.special_ids.pad,
-            head_names=[spec.name for spec in meta.heads],
-            device=config.device,
-            intra_op_threads=config.intra_op_threads,
-        )
-        return onnx_runner, meta, tokenizer
-    from service.engine.runners.torch import TorchRunner
-
-    checkpoint = load_checkpoint(path)
-    torch_runner = TorchRunner(
-        checkpoint.model,
-        device=config.device,
-        dtype=config.dtype,
-        attn_implementation=config.attn_implementation,
-        intra_op_threads=config.intra_op_threads,
-    )
-    return torch_runner, checkpoint.meta, checkpoint.tokenizer
-
-
-def check_device(config: EngineConfig) -> None:
-    """ValueError when `config` asks for what this machine cannot run: CUDA where torch (or, for the onnx
-    backend, onnxruntime) finds none, or an attention kernel its device and dtype cannot take
-    (flash_attention_2 on CPU).
-
-    The runner refuses them too, but only once the checkpoint has loaded (or in the inference child, or,
-    for onnx, after a whole ONNX export); a caller that checks first (`htmllm serve`, `htmllm embed`)
-    says so in one line, before anything loads.
-    """
-    if config.backend == "onnx":
-        if config.device == "cuda":  # onnxruntime is imported only for what needs it, as torch below
-            import onnxruntime
-
-            available = onnxruntime.get_available_providers()
-            if "CUDAExecutionProvider" not in available:
-                raise ValueError(
-                    "device 'cuda', but onnxruntime has no CUDAExecutionProvider here (install "
-                    f"onnxruntime-gpu for CUDA); available: {available}"
-                )
-        return
-    if config.backend != "torch":
-        return
-    if config.device == "cuda":  # torch is imported only for what needs it: the default asks nothing
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError("device 'cuda', but this machine has no usable CUDA device")
-    if config.attn_implementation is not None:
-        from service.engine.runners.torch import choose_attention
-
-        choose_attention(config.device, config.dtype, config.attn_implementation)
 
 
 class Engine:
@@ -514,7 +349,7 @@ class Engine:
             prepared = await self._in_process(prepare_in_worker, *args)
         if prepared.over_limit is not None:
             count = f"{'' if prepared.over_limit_exact else 'more than '}{prepared.over_limit}"
-            raise _OverLimitError(doc.id, count, self._max_length)
+            raise OverLimitError(doc.id, count, self._max_length)
         return prepared
 
     async def _in_process(self, job: Callable[..., T], *args: object) -> T:
@@ -536,20 +371,7 @@ class Engine:
         except WorkerError as exc:
             if self._processes is not processes:  # `stop` closed the pool under this page
                 raise ShuttingDownError("the engine stopped while this document was preprocessed") from exc
-            if isinstance(exc, WorkerTimeoutError):
-                raise PreprocessError(
-                    f"preprocessing this page took more than {timeout_s} s "
-                    "(HTMLLM_PREPROCESS_TIMEOUT_S); its worker was stopped"
-                ) from exc
-            if isinstance(exc, WorkerStartError):  # not the page's fault: a 500, not a 422
-                raise HtmllmError(
-                    f"a preprocessing process could not start: {exc.message}", code=ErrorCode.INTERNAL
-                ) from exc
-            if isinstance(exc, WorkerDiedError):
-                raise PreprocessError(
-                    f"this page crashed its preprocessing process (exit code {exc.exit_code})"
-                ) from exc
-            raise PreprocessError(f"preprocessing failed: {exc.message}") from exc
+            raise worker_failure(exc, timeout_s) from exc
         return result
 
     async def preprocess(self, doc: Document | str | bytes) -> Preprocessed:
@@ -683,7 +505,7 @@ class Engine:
         self._check_wait(count, None if deadline is None else deadline - called)
         self._admit(count)
         truncate = self.config.truncate if truncate is None else truncate
-        progress = [_Progress() for _ in documents]
+        progress = [Progress() for _ in documents]
         tasks = [
             asyncio.ensure_future(
                 self._embed_one(pool, doc, head_names, normalize, truncate, deadline, called, track)
@@ -700,7 +522,7 @@ class Engine:
                     outcomes = list(await asyncio.gather(*tasks))
         except TimeoutError as exc:
             self._failed(ErrorCode.TIMEOUT, count)
-            where = self._whereabouts(progress)
+            where = whereabouts(progress, self._batcher)
             self._log_late(where)
             after = f"{time.monotonic() - called:.1f} s after the call"
             raise DeadlineExceededError(
@@ -723,18 +545,18 @@ class Engine:
     async def _settle(
         self,
         tasks: Sequence[asyncio.Future[DocumentResult]],
-        progress: list[_Progress],
+        progress: list[Progress],
         timeout: float | None,
     ) -> list[DocumentResult | HtmllmError]:
         """Wait for every document until the deadline; each one's result or error, late ones timed out."""
         done, pending = await asyncio.wait(tasks, timeout=timeout)
         if pending:
-            self._log_late(self._whereabouts(progress))
+            self._log_late(whereabouts(progress, self._batcher))
         now = time.monotonic()
         outcomes: list[DocumentResult | HtmllmError] = []
         for task, track in zip(tasks, progress, strict=True):
             if task not in done:
-                where = self._describe(track, now)
+                where = describe(track, now, self._batcher)
                 outcomes.append(DeadlineExceededError(f"the deadline passed while the document was {where}"))
             elif task.cancelled():  # stop(drain=False) cancelled its turn in the preprocessing pool
                 outcomes.append(ShuttingDownError("the engine stopped before this document was embedded"))
@@ -748,33 +570,6 @@ class Engine:
             else:
                 outcomes.append(task.result())
         return outcomes
-
-    def _describe(self, track: _Progress, now: float) -> str:
-        """One document's stage and how long it has been in it, e.g. "queued (29.7 s)"."""
-        stage, seconds = self._stage_of(track, now)
-        return f"{stage} ({seconds:.1f} s)"
-
-    def _stage_of(self, track: _Progress, now: float) -> tuple[str, float]:
-        if track.stage == QUEUED and track.future is not None and self._batcher is not None:
-            started = self._batcher.pass_started(track.future)
-            if started is not None:
-                return IN_PASS, now - started
-        return track.stage, now - track.since
-
-    def _whereabouts(self, progress: Sequence[_Progress]) -> str:
-        """Where a call's documents were when its deadline passed, e.g. "2 queued (longest 29.7 s),
-        1 in a forward pass (longest 12.0 s), 1 done": the first thing to read about a 504."""
-        now = time.monotonic()
-        counts: Counter[str] = Counter()
-        longest: dict[str, float] = {}
-        for track in progress:
-            stage, seconds = self._stage_of(track, now)
-            counts[stage] += 1
-            longest[stage] = max(longest.get(stage, 0.0), seconds)
-        return ", ".join(
-            f"{n} {stage}" if stage == DONE else f"{n} {stage} (longest {longest[stage]:.1f} s)"
-            for stage, n in counts.items()
-        )
 
     def _log_late(self, where: str) -> None:
         waiting = self._batcher.waiting if self._batcher is not None else 0
@@ -794,7 +589,7 @@ class Engine:
         truncate: bool,
         deadline: float | None,
         called: float,
-        track: _Progress,
+        track: Progress,
     ) -> DocumentResult:
         cache, key = self._cache, b""
         if cache is not None:
@@ -802,7 +597,7 @@ class Engine:
             track.enter(AWAITING_COPY)
             hit = await cache.settled(key)
             if isinstance(hit, HtmllmError):  # the copy in flight failed on the page itself
-                raise _for_copy(hit, doc) from hit
+                raise for_copy(hit, doc) from hit
             if hit is not None:
                 self._notify(self.observer.cache_hit)
                 timings = StageTimings(0.0, 0.0, 0.0, 0.0, time.monotonic() - called)

@@ -1,7 +1,9 @@
-"""The Engine's public value types, configuration, errors and observer hook."""
+"""The Engine's public value types, configuration, errors and observer hook, and how a caller's pages
+become `Document`s."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +25,24 @@ class Document:
     id: str | None = None
     url: str | None = None
     encoding: str | None = None  # declared charset (e.g. from Content-Type), for bytes
+
+
+def as_document(doc: Document | str | bytes) -> Document:
+    if isinstance(doc, Document):
+        return doc
+    if isinstance(doc, str | bytes):
+        return Document(html=doc)
+    raise InvalidDocumentError(f"a document is HTML as str or bytes, not {type(doc).__name__}")
+
+
+def as_documents(docs: Sequence[Document | str | bytes]) -> list[Document]:
+    """The documents of a call. One page passed bare is refused: a str is a sequence of characters,
+    and each would have been embedded as a page of its own."""
+    if isinstance(docs, str | bytes | bytearray | Document):
+        raise InvalidDocumentError(
+            f"documents are a list (one page: [page]), not a single {type(docs).__name__}"
+        )
+    return [as_document(d) for d in docs]
 
 
 @dataclass(frozen=True)
@@ -121,6 +141,10 @@ class EngineConfig:
             raise ValueError("max_length must be at least 2")
         if self.intra_op_threads is not None and self.intra_op_threads < 1:
             raise ValueError("intra_op_threads must be at least 1 (None sizes it from the CPU budget)")
+
+
+class InvalidDocumentError(HtmllmError):
+    code = ErrorCode.VALIDATION
 
 
 class EngineError(HtmllmError):

@@ -15,7 +15,8 @@ import torch
 
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.preparation import PreprocessError, count_limit
-from service.engine.engine import Engine, check_device
+from service.engine.engine import Engine
+from service.engine.loading import check_device
 from service.engine.types import (
     BatchStats,
     DeadlineExceededError,

@@ -20,7 +20,8 @@ import pytest
 
 from service.core.checkpoint import load_checkpoint
 from service.core.errors import ErrorCode, HtmllmError
-from service.engine.engine import Engine, build_runner
+from service.engine.engine import Engine
+from service.engine.loading import build_runner
 from service.engine.runners.process import InferenceProcessError, ProcessRunner
 from service.engine.runners.torch import TorchRunner
 from service.engine.types import EngineConfig

@@ -10,7 +10,7 @@ of its own has a GIL of its own; text-embeddings-inference gets the same by keep
 router.
 
 The child (spawned: CUDA cannot be forked) loads the checkpoint and builds the configured runner
-(`service.engine.engine.build_runner`); the parent keeps only the tokenizer and the checkpoint's
+(`service.engine.loading.build_runner`); the parent keeps only the tokenizer and the checkpoint's
 metadata. Batches go over a pipe as one flat id array with lengths (a few hundred KB at most) and come
 back as `RunnerOutput`'s arrays. A child that dies (out of memory, a driver fault) fails the batch it
 held with an error and is started again for the next one; its signals are ignored, so a Ctrl-C or a
@@ -62,7 +62,7 @@ def _serve(conn: Connection, path: str, config: EngineConfig) -> None:
     """The child: build the runner, answer ("run", ids, lengths, pad_to) until ("close",) or EOF."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from service.engine.engine import build_runner
+    from service.engine.loading import build_runner
 
     try:
         runner, _, _ = build_runner(Path(path), replace(config, inference_process=False))

@@ -1,0 +1,100 @@
+"""Loading a checkpoint into a runner, and checking first that this machine can run the configuration.
+
+Apart from the Engine because two other places load without one: the inference child process builds its
+runner here (`runners.process`), and `htmllm serve` / `htmllm embed` check the device before anything
+loads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from service.core.checkpoint import (
+    TOKENIZER_FILE,
+    CheckpointError,
+    CheckpointMeta,
+    load_checkpoint,
+    read_meta,
+)
+from service.core.tokenizer import HtmlTokenizer, TokenizerError
+from service.engine.runners import Runner
+from service.engine.types import EngineConfig
+
+
+def _meta_and_tokenizer(path: Path) -> tuple[CheckpointMeta, HtmlTokenizer]:
+    """The checkpoint's metadata and tokenizer, checked against each other, without its weights."""
+    meta = read_meta(path)
+    try:
+        tokenizer = HtmlTokenizer.from_file(path / TOKENIZER_FILE)
+    except TokenizerError as exc:  # the checkpoint is what is wrong, as load_checkpoint reports it
+        raise CheckpointError(f"checkpoint {path}: {exc}") from exc
+    if tokenizer.sha256 != meta.tokenizer_sha256:
+        raise CheckpointError(f"vocab mismatch: {path / TOKENIZER_FILE} is not the tokenizer the model used")
+    return meta, tokenizer
+
+
+def build_runner(path: Path, config: EngineConfig) -> tuple[Runner, CheckpointMeta, HtmlTokenizer]:
+    """Load the checkpoint and wrap it in the configured backend's runner (in a child process when
+    `config.inference_process`: this process then holds only the metadata and the tokenizer)."""
+    if config.inference_process:
+        from service.engine.runners.process import ProcessRunner
+
+        meta, tokenizer = _meta_and_tokenizer(path)
+        return ProcessRunner(path, config), meta, tokenizer
+    if config.backend == "onnx":
+        from service.engine.onnx_export import ensure_onnx
+        from service.engine.runners.onnx import OnnxRunner
+
+        meta, tokenizer = _meta_and_tokenizer(path)
+        onnx_runner = OnnxRunner(
+            ensure_onnx(path, config.onnx_path, quantize=config.onnx_quantize),
+            pad_id=tokenizer.special_ids.pad,
+            head_names=[spec.name for spec in meta.heads],
+            device=config.device,
+            intra_op_threads=config.intra_op_threads,
+        )
+        return onnx_runner, meta, tokenizer
+    from service.engine.runners.torch import TorchRunner
+
+    checkpoint = load_checkpoint(path)
+    torch_runner = TorchRunner(
+        checkpoint.model,
+        device=config.device,
+        dtype=config.dtype,
+        attn_implementation=config.attn_implementation,
+        intra_op_threads=config.intra_op_threads,
+    )
+    return torch_runner, checkpoint.meta, checkpoint.tokenizer
+
+
+def check_device(config: EngineConfig) -> None:
+    """ValueError when `config` asks for what this machine cannot run: CUDA where torch (or, for the onnx
+    backend, onnxruntime) finds none, or an attention kernel its device and dtype cannot take
+    (flash_attention_2 on CPU).
+
+    The runner refuses them too, but only once the checkpoint has loaded (or in the inference child, or,
+    for onnx, after a whole ONNX export); a caller that checks first (`htmllm serve`, `htmllm embed`)
+    says so in one line, before anything loads.
+    """
+    if config.backend == "onnx":
+        if config.device == "cuda":  # onnxruntime is imported only for what needs it, as torch below
+            import onnxruntime
+
+            available = onnxruntime.get_available_providers()
+            if "CUDAExecutionProvider" not in available:
+                raise ValueError(
+                    "device 'cuda', but onnxruntime has no CUDAExecutionProvider here (install "
+                    f"onnxruntime-gpu for CUDA); available: {available}"
+                )
+        return
+    if config.backend != "torch":
+        return
+    if config.device == "cuda":  # torch is imported only for what needs it: the default asks nothing
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("device 'cuda', but this machine has no usable CUDA device")
+    if config.attn_implementation is not None:
+        from service.engine.runners.torch import choose_attention
+
+        choose_attention(config.device, config.dtype, config.attn_implementation)
