@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from selectolax.lexbor import LexborHTMLParser
 
 from service.core.errors import HtmllmError
-from service.core.prune import DEFAULT_MAX_DEPTH, estimate_depth, prune_html
+from service.core.precheck.nesting import DEFAULT_MAX_DEPTH, estimate_depth
+from service.core.prune import prune_html
 
 NAMES = [
     *("div", "span", "p", "li", "ul", "b", "i", "font", "a", "table", "tr", "td", "th", "tbody", "caption"),

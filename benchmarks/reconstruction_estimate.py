@@ -15,17 +15,17 @@ Each trial builds a page: a lead (a context where the parser's rules differ: tab
 every reconstruction point after its parent closes), then a random unit of up to nine tags, end tags,
 self-closing tags, text and comments repeated `--repeats` times. The real clone count is Lexbor's
 serialisation's formatting elements minus the page's formatting start tags (as the pre-checks'
-tokenizer `_tag_tokens` reads them: a start tag the parser ignores is still taken off, a tag in raw text
+tokenizer `tag_tokens` reads them: a start tag the parser ignores is still taken off, a tag in raw text
 that the serialiser writes back is counted, either by one a tag at most). The estimate, in bytes,
-stands for at most one clone per `_MEMORY_PER_CLONE` (each clone charges that at least): a unit is
+stands for at most one clone per `MEMORY_PER_CLONE` (each clone charges that at least): a unit is
 under-estimated where the real clones pass that by more than one a tag (the slack the counting needs),
 and those are printed, worst first. Over-estimates are reported as estimate/real, the estimate read as
-clones of the lead's `<b id=N>` (`_MEMORY_PER_CLONE` and one `_MEMORY_PER_ATTRIBUTE`: the low reading,
+clones of the lead's `<b id=N>` (`MEMORY_PER_CLONE` and one `MEMORY_PER_ATTRIBUTE`: the low reading,
 so the ratio does not inflate); and against the cheap bound the pruner tries first (the whole list
-re-created at every tag: `_tags_with_attributes` times the tags), which the replay is there to beat.
+re-created at every tag: `tags_with_attributes` times the tags), which the replay is there to beat.
 
-`--repo` measures another checkout's `service.core.prune` (a baseline tree) on the same units. No timing
-here is a pass/fail figure; the output is for docs/benchmarks.md.
+`--repo` measures another checkout's `service.core.prune` and `service.core.precheck` (a baseline tree)
+on the same units. No timing here is a pass/fail figure; the output is for docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -96,21 +96,48 @@ def page_of(lead: str, unit: str, open_: int, repeats: int) -> str:
     return lead + "".join(f"<b id={i}>" for i in range(open_)) + unit * repeats
 
 
-def real_clones(prune: ModuleType, page: str) -> int:
+# The modules measured: what `Checkout` holds, in its order, then the memory costs.
+MODULES = (
+    "prune",
+    "precheck.tags",
+    "precheck.elements",
+    "precheck.attributes",
+    "precheck.reconstruction",
+    "precheck.memory",
+)
+
+
+@dataclass(frozen=True)
+class Checkout:
+    """The modules measured, imported from one checkout."""
+
+    prune: ModuleType
+    tags: ModuleType
+    elements: ModuleType
+    attributes: ModuleType
+    reconstruction: ModuleType
+
+
+def real_clones(checkout: Checkout, page: str) -> int:
     """The formatting elements Lexbor re-created: those of its serialisation (parsed as the pruner
     parses) less the page's formatting start tags."""
-    root = LexborHTMLParser(page, scripting=True, options=prune._PARSER_OPTIONS).root
+    root = LexborHTMLParser(page, scripting=True, options=checkout.prune._PARSER_OPTIONS).root
     serialised = root.html if root is not None and root.html is not None else ""
     made = len(SERIALISED_FORMATTING.findall(serialised.encode("utf-8", "surrogatepass")))
     data = page.encode("utf-8", "surrogatepass")
-    written = sum(1 for end, name, *_ in prune._tag_tokens(data) if not end and name in prune._FORMATTING)
+    written = sum(
+        1
+        for end, name, *_ in checkout.tags.tag_tokens(data)
+        if not end and name in checkout.elements.FORMATTING
+    )
     return int(made - written)
 
 
-def measure(prune: ModuleType, page: str) -> Outcome:
+def measure(checkout: Checkout, page: str) -> Outcome:
     tags = page.count("<")
-    list_bytes, _ = prune._tags_with_attributes(page)
-    return Outcome(prune.reconstruction_bytes(page), real_clones(prune, page), tags, list_bytes * tags)
+    list_bytes, _ = checkout.attributes.tags_with_attributes(page)
+    estimate = checkout.reconstruction.reconstruction_bytes(page)
+    return Outcome(estimate, real_clones(checkout, page), tags, list_bytes * tags)
 
 
 def quantiles(values: list[float]) -> str:
@@ -135,9 +162,11 @@ def main() -> None:
     )
     args = parser.parse_args()
     sys.path.insert(0, str(args.repo.resolve()))
-    prune = importlib.import_module("service.core.prune")
-    per_clone = prune._MEMORY_PER_CLONE
-    per_lead_clone = per_clone + prune._MEMORY_PER_ATTRIBUTE  # a `<b id=N>`: one attribute
+    modules = {name: importlib.import_module(f"service.core.{name}") for name in MODULES}
+    checkout = Checkout(*(modules[name] for name in MODULES[:-1]))
+    memory = modules["precheck.memory"]
+    per_clone = memory.MEMORY_PER_CLONE
+    per_lead_clone = per_clone + memory.MEMORY_PER_ATTRIBUTE  # a `<b id=N>`: one attribute
     outcomes: dict[tuple[str, str], Outcome] = {}
     failures: list[tuple[str, str, str]] = []
     started = time.perf_counter()
@@ -149,7 +178,7 @@ def main() -> None:
             if (lead, unit) in outcomes:
                 continue
             try:
-                outcomes[lead, unit] = measure(prune, page_of(lead, unit, args.open, args.repeats))
+                outcomes[lead, unit] = measure(checkout, page_of(lead, unit, args.open, args.repeats))
             except Exception as error:  # a crash of the estimate is a finding: keep fuzzing, report it
                 failures.append((lead, unit, repr(error)))
     took = time.perf_counter() - started

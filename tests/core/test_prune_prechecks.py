@@ -16,21 +16,17 @@ import pytest
 from selectolax.lexbor import LexborHTMLParser
 
 from service.core import prune
-from service.core.prune import (
-    MAX_ATTRIBUTES,
-    NestingTooDeepError,
-    TooManyAttributesError,
-    estimate_depth,
-    max_attributes,
-    prune_html,
-)
+from service.core.precheck import attributes, elements, memory, reconstruction, tags
+from service.core.precheck.attributes import MAX_ATTRIBUTES, max_attributes
+from service.core.precheck.nesting import estimate_depth
+from service.core.prune import NestingTooDeepError, TooManyAttributesError, prune_html
 
 _SERIALIZED_TAG = re.compile(r"<(/?)([a-zA-Z][^\s/>]*)")
 
 
 def clones(page: str, *, limit: int | None = None) -> float:
     """`reconstruction_bytes` in clones of an element without attributes (400 bytes)."""
-    return prune.reconstruction_bytes(page, limit=limit) / prune._MEMORY_PER_CLONE
+    return reconstruction.reconstruction_bytes(page, limit=limit) / memory.MEMORY_PER_CLONE
 
 
 def real_depth(page: str) -> int:
@@ -40,7 +36,7 @@ def real_depth(page: str) -> int:
     root = LexborHTMLParser(page, scripting=True, options=prune._PARSER_OPTIONS).root
     deepest = depth = 0
     for slash, name in _SERIALIZED_TAG.findall((root.html or "") if root is not None else ""):
-        if name.lower() not in prune._VOID:
+        if name.lower() not in elements.VOID:
             depth += -1 if slash else 1
             deepest = max(deepest, depth)
     stack = [(root, 1)] if root is not None else []
@@ -255,13 +251,13 @@ def test_the_attribute_check_measures_each_long_run_once(monkeypatch: pytest.Mon
     """A run of 50,000 `<n ` without a ">" is one tag as the tokenizer reads it: counted once (and
     confirmed once), not once per "<" (which was quadratic: a 4 MB inline script took 14 s)."""
     calls = []
-    count = prune._attribute_count
+    count = attributes.attribute_count
 
     def counting(tag: bytes) -> int:
         calls.append(len(tag))
         return count(tag)
 
-    monkeypatch.setattr(prune, "_attribute_count", counting)
+    monkeypatch.setattr(attributes, "attribute_count", counting)
     assert max_attributes("<p>" + "<n " * 50_000) > MAX_ATTRIBUTES
     assert len(calls) <= 2  # counted, and confirmed without raw text
 
@@ -278,7 +274,7 @@ def test_the_attribute_check_measures_each_long_run_once(monkeypatch: pytest.Mon
     ],
 )
 def test_comments_end_where_the_tokenizer_ends_them(comment: str, end: int) -> None:
-    assert prune._comment_end(comment.encode(), 4) == end
+    assert tags._comment_end(comment.encode(), 4) == end
 
 
 def test_a_page_of_comments_keeps_its_text() -> None:
@@ -327,7 +323,7 @@ def test_the_linear_plaintext_rewrite_and_comment_end_agree_with_their_regex_for
         assert prune._rewrite_plaintext(text) == old, text
         data = text.encode()
         for start in range(min(len(data), 6)):
-            assert prune._comment_end(data, start) == _old_comment_end(data, start), (text, start)
+            assert tags._comment_end(data, start) == _old_comment_end(data, start), (text, start)
 
 
 def test_count_attributes_counts_as_the_per_tag_count() -> None:
@@ -337,16 +333,16 @@ def test_count_attributes_counts_as_the_per_tag_count() -> None:
     parts = [" a", " b=c", ' d="e f"', " g='h>i'", "/j", ' k=""l', " m = n", "\\n o", "=p", " q/"]
     tags = ["<t" + "".join(rnd.choice(parts) for _ in range(rnd.randint(0, 30))) + ">x" for _ in range(500)]
     page = "".join(tags) + "<p>text a=b c d</p>"
-    expected = sum(prune._attribute_count(tag) for tag in prune._TAG_EXTENT.findall(page.encode()))
-    assert prune.count_attributes(page) == prune.count_attributes(page.encode()) == expected > 1000
-    assert prune.count_attributes("") == 0 and prune.count_attributes("no tags, a=b c") == 0
+    expected = sum(attributes.attribute_count(tag) for tag in attributes._TAG_EXTENT.findall(page.encode()))
+    assert attributes.count_attributes(page) == attributes.count_attributes(page.encode()) == expected > 1000
+    assert attributes.count_attributes("") == 0 and attributes.count_attributes("no tags, a=b c") == 0
 
 
 def test_big_ordinary_pages_pass_the_attribute_charge(monkeypatch: pytest.MonkeyPatch) -> None:
     """Over about a megabyte the attributes are counted; real markup needs a fraction of the budget (the
     densest big corpus page about 10x its size)."""
     counted: list[int] = []
-    count = prune.count_attributes
+    count = attributes.count_attributes
     monkeypatch.setattr(prune, "count_attributes", lambda page: counted.append(count(page)) or counted[-1])
     row = '<div class="row item"><a href="/x/y?z=1" title="t">link text</a> <span id="s">more</span></div>'
     page = ("<p>" + "word " * 400 + "</p>" + row * 20) * 500
@@ -508,7 +504,7 @@ def test_the_cheap_bound_counts_what_the_clones_attributes_take() -> None:
     1,000 attributes each, cloned into 500 paragraphs, take 12 GB, which 400 bytes a clone put at
     34 MB, under the budget, so the page went to the parser unchecked."""
     tags = "".join("<b " + " ".join(f"a{j}={i}" for j in range(1000)) + ">" for i in range(100))
-    list_bytes, _ = prune._tags_with_attributes("<p>" + tags)
+    list_bytes, _ = attributes.tags_with_attributes("<p>" + tags)
     assert list_bytes >= 100 * (400 + 1000 * 250)
     with pytest.raises(prune.InputTooLargeError, match="formatting elements"):
         prune_html("<p>" + tags + "<p>x" * 500)
@@ -518,13 +514,13 @@ def test_an_open_link_re_created_in_every_paragraph_is_charged() -> None:
     """One `<a>` of 1,000 attributes left open was re-created in each of 60,000 paragraphs (9.7 GB): the
     parser keeps one <a> after the last marker, and the checks left <a> out."""
     link = "<p><a " + " ".join(f"a{i}" for i in range(1000)) + ">x</p>"
-    list_bytes, _ = prune._tags_with_attributes(link)
+    list_bytes, _ = attributes.tags_with_attributes(link)
     assert list_bytes >= 400 + 1000 * 250
     # The bound takes the link with the most attributes, each link counted apart (a quoted ">" in one
     # ends nothing): the second here, of six.
-    base, _ = prune._tags_with_attributes("<p>")
+    base, _ = attributes.tags_with_attributes("<p>")
     assert (
-        prune._tags_with_attributes('<a href="x>y" title=t class=c>z</a><a a b c d e f>q')[0]
+        attributes.tags_with_attributes('<a href="x>y" title=t class=c>z</a><a a b c d e f>q')[0]
         == base + 6 * 250
     )
     with pytest.raises(prune.InputTooLargeError, match="formatting elements"):
@@ -549,7 +545,7 @@ def test_ordinary_markup_is_no_reconstruction_work(unit: str) -> None:
     3,000 of them must stay far under their budget (it refused them: boundaries and special elements
     counted once started, not while open; a stray end tag in an <svg> tainted the rest of the page)."""
     page = unit * 3000
-    assert prune.reconstruction_bytes(page) < (10 * len(page) + prune._MEMORY_HEADROOM) // 10
+    assert reconstruction.reconstruction_bytes(page) < (10 * len(page) + prune._MEMORY_HEADROOM) // 10
     assert prune_html(page)
 
 
@@ -615,13 +611,13 @@ def test_adoption_agency_clones_are_charged() -> None:
     1,000 times `<div>` x 8 + `</a>` (50 KB) took 1.2 GB, 200 times `<a>` + 8 `<div>`s (0.95 MB) 297 MB."""
     link = "<a " + " ".join(f"a{i}" for i in range(1000)) + ">"
     page = link + ("<div>" * 8 + "</a>") * 20
-    assert prune.reconstruction_bytes(page) >= 20 * 8 * 1000 * prune._MEMORY_PER_ATTRIBUTE
+    assert reconstruction.reconstruction_bytes(page) >= 20 * 8 * 1000 * memory.MEMORY_PER_ATTRIBUTE
     with pytest.raises(prune.InputTooLargeError, match="formatting elements"):
         prune_html(link + ("<div>" * 8 + "</a>") * 1000)
     with pytest.raises(prune.InputTooLargeError, match="formatting elements"):
         prune_html((link + "<div>" * 8) * 200)
     # A closed element, or one with no special element after it, is cloned by no adoption agency.
-    assert prune.reconstruction_bytes((link + "x</a><div>") * 100) == 0
+    assert reconstruction.reconstruction_bytes((link + "x</a><div>") * 100) == 0
 
 
 def test_a_font_between_a_table_and_its_rows_is_no_reconstruction() -> None:
@@ -629,7 +625,7 @@ def test_a_font_between_a_table_and_its_rows_is_no_reconstruction() -> None:
     clause keeps three of the same font after the last marker. The estimate kept every one (a table
     open since, though no marker), and refused 94 KB of it (the parser: 20,000 tables, 40 ms)."""
     page = "<table><font size=2><tr><td>x<td>y</tr></table>" * 2000
-    assert prune.reconstruction_bytes(page) < (10 * len(page) + prune._MEMORY_HEADROOM) // 4
+    assert reconstruction.reconstruction_bytes(page) < (10 * len(page) + prune._MEMORY_HEADROOM) // 4
     assert prune_html(page).count("<table>") == 2000
 
 
@@ -641,8 +637,8 @@ def real_clones(page: str) -> int:
     content too) less the formatting start tags of the page."""
     root = LexborHTMLParser(page, scripting=True, options=prune._PARSER_OPTIONS).root
     made = len(_CLONED.findall(root.html or "")) if root is not None else 0
-    tokens = prune._tag_tokens(page.encode())
-    return made - sum(1 for end, name, *_ in tokens if not end and name in prune._FORMATTING)
+    tokens = tags.tag_tokens(page.encode())
+    return made - sum(1 for end, name, *_ in tokens if not end and name in elements.FORMATTING)
 
 
 def test_text_in_a_cell_re_creates_nothing_from_before_the_cell() -> None:
@@ -707,7 +703,7 @@ def test_the_cheap_bound_from_lengths_is_an_upper_bound() -> None:
         '<a href="x>y" title=t class=c>z</a><a a b c d e f>q',
     ]
     for page in pages:
-        exact, _ = prune._tags_with_attributes(page)
-        loose, _ = prune._tags_with_attributes(page, within=10**12)
+        exact, _ = attributes.tags_with_attributes(page)
+        loose, _ = attributes.tags_with_attributes(page, within=10**12)
         assert exact <= loose
-        assert prune._tags_with_attributes(page, within=0)[0] == exact
+        assert attributes.tags_with_attributes(page, within=0)[0] == exact

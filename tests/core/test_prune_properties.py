@@ -16,7 +16,8 @@ import re
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.core.prune import _HEADINGS, _NEVER_MOVED_UP, _NEVER_REPLACED, _VOID, prune_html
+from service.core.precheck.elements import VOID
+from service.core.prune import _HEADINGS, _NEVER_MOVED_UP, _NEVER_REPLACED, prune_html
 from tests.reference_prune import reference_prune
 
 WORDS = ("alpha", "beta", "gamma", "delta", "Čech", "naïve", "x&amp;y", "&lt;tag&gt;", "a&nbsp;b", "1.5")
@@ -154,7 +155,7 @@ def single_child_violations(pruned: str) -> list[str]:
             exempt = tag in _NEVER_REPLACED or last in _NEVER_MOVED_UP or last in _HEADINGS
             if kids == 1 and not has_text and not exempt:
                 bad.append(str(tag))
-        elif name in _VOID:
+        elif name in VOID:
             stack[-1][1] = int(stack[-1][1]) + 1  # type: ignore[call-overload]
             stack[-1][3] = name
         else:

@@ -54,7 +54,8 @@ from loadtests.run import (
     server_memory_mb,
     summarize,
 )
-from service.core.prune import DEFAULT_MAX_DEPTH, estimate_depth, prune_html
+from service.core.precheck.nesting import DEFAULT_MAX_DEPTH, estimate_depth
+from service.core.prune import prune_html
 
 ROOT = Path(__file__).resolve().parents[2]
 

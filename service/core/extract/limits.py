@@ -14,7 +14,7 @@ Each extractor's time grows with a few structural counts of the page, measured o
 - **cells in one table row** (trafilatura only): its table code is quadratic in them (20,000 `<td>`
   in one row, 100 KB, took 1.3 s; 200,000 ran past 30 s).
 
-The depth is the pruner's linear-time estimate (`service.core.prune.estimate_depth`, the nesting an
+The depth is the pruner's linear-time estimate (`service.core.precheck.nesting.estimate_depth`, the nesting an
 HTML5 tree builder such as resiliparse's Lexbor builds). trafilatura and jusText parse with libxml2,
 which also nests `<thead>`, `<tfoot>`, `<caption>`, `<nobr>`, `<button>`, `<embed>` and `<wbr>` (an
 HTML5 parser closes or never opens them): their nesting is added for those two. Every count is
@@ -36,7 +36,7 @@ from typing import Final
 
 from service.core.extract.extractors import JUSTEXT, RESILIPARSE, TRAFILATURA
 from service.core.extract.pool import ExtractionError
-from service.core.prune import estimate_depth
+from service.core.precheck.nesting import estimate_depth
 
 
 class PageTooComplexError(ExtractionError):

@@ -3,9 +3,9 @@ markers or closings it got wrong.
 
 The replay runs in Python over every tag of a page whose cheap bound breaks the memory budget, so a walk
 per tag in it is a page the checks themselves take seconds over (1.9 MB of `</template>` took 8.6 s).
-Its work is counted here in line events of `prune.py`, never timed. The soundness cases are pages where
-Lexbor re-creates formatting elements (counted on its serialisation) that the estimate did not charge;
-each came from a fuzzer of tag soups around tables, templates, selects and foreign content.
+Its work is counted here in line events of the pre-check modules, never timed. The soundness cases are
+pages where Lexbor re-creates formatting elements (counted on its serialisation) that the estimate did
+not charge; each came from a fuzzer of tag soups around tables, templates, selects and foreign content.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from collections import deque
 import pytest
 
 from service.core import prune
-from tests.core.test_prune_nesting import TooMuchWork, python_work
+from service.core.precheck import attributes, memory, reconstruction
+from tests.core.precheck.test_nesting import TooMuchWork, python_work
 from tests.core.test_prune_prechecks import ORDINARY, clones, real_clones
 
 
@@ -23,7 +24,7 @@ def replay_as_checked(data: bytes) -> int:
     """`reconstruction_bytes` with the limit `_prune_document` gives it (what the page's budget leaves)."""
     tags = data.count(b"<")
     budget = 10 * len(data) + prune._MEMORY_HEADROOM
-    return prune.reconstruction_bytes(data, limit=budget - tags * prune._MEMORY_PER_TAG)
+    return reconstruction.reconstruction_bytes(data, limit=budget - tags * memory.MEMORY_PER_TAG)
 
 
 # The most line events a tag may cost the replay: ordinary markup takes 30-90.
@@ -48,7 +49,7 @@ def test_the_replay_does_a_bounded_work_per_tag(page: str) -> None:
     try:
         python_work(replay_as_checked, page, bound=bound)
     except TooMuchWork:
-        pytest.fail(f"the replay ran more than {bound} lines of prune.py")
+        pytest.fail(f"the replay ran more than {bound} lines of the pre-checks")
 
 
 class _SearchedDeque(deque[int]):
@@ -65,9 +66,9 @@ def test_the_copies_of_a_tag_are_never_searched(monkeypatch: pytest.MonkeyPatch)
     """The Noah's Ark count kept each tag's copies in a deque and took a closed one out with `remove`, a
     search from the oldest: 900 copies kept apart by markers, and 3,000 `<b></b>`, searched 2.7 million
     entries (a megabyte of them: hundreds of millions). Closed copies now stay until the count passes."""
-    monkeypatch.setattr(prune, "deque", _SearchedDeque, raising=False)
+    monkeypatch.setattr(reconstruction, "deque", _SearchedDeque, raising=False)
     _SearchedDeque.searched = 0
-    prune.reconstruction_bytes(_COPIES)
+    reconstruction.reconstruction_bytes(_COPIES)
     assert _SearchedDeque.searched <= _COPIES.count("<")
 
 
@@ -77,21 +78,21 @@ def test_a_replay_past_its_step_budget_gives_the_cheap_bound(monkeypatch: pytest
     any page the replay runs for (its cheap bound is), so such a page is refused."""
     page = "<p><b id=1><i>x</i>" + "<p>x" * 500
     tags = page.count("<")
-    assert prune.reconstruction_bytes(page) <= 500 * 650  # the replay: one <b> a paragraph
-    list_bytes, _ = prune._tags_with_attributes(page)
-    monkeypatch.setattr(prune, "_REPLAY_STEPS_PER_TAG", 0)
-    monkeypatch.setattr(prune, "_REPLAY_STEPS_HEADROOM", 0)
-    assert prune.reconstruction_bytes(page) >= list_bytes * (tags + 1)
+    assert reconstruction.reconstruction_bytes(page) <= 500 * 650  # the replay: one <b> a paragraph
+    list_bytes, _ = attributes.tags_with_attributes(page)
+    monkeypatch.setattr(reconstruction, "_REPLAY_STEPS_PER_TAG", 0)
+    monkeypatch.setattr(reconstruction, "_REPLAY_STEPS_HEADROOM", 0)
+    assert reconstruction.reconstruction_bytes(page) >= list_bytes * (tags + 1)
 
 
 @pytest.mark.parametrize("page", list(ORDINARY.values()), ids=list(ORDINARY))
 def test_ordinary_pages_stay_far_under_the_step_budget(page: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Corpus pages take at most 0.63 steps a tag (the budget is 16): these give the replay's estimate
     under a budget of two a tag."""
-    estimate = prune.reconstruction_bytes(page)
-    monkeypatch.setattr(prune, "_REPLAY_STEPS_PER_TAG", 2)
-    monkeypatch.setattr(prune, "_REPLAY_STEPS_HEADROOM", 0)
-    assert prune.reconstruction_bytes(page) == estimate
+    estimate = reconstruction.reconstruction_bytes(page)
+    monkeypatch.setattr(reconstruction, "_REPLAY_STEPS_PER_TAG", 2)
+    monkeypatch.setattr(reconstruction, "_REPLAY_STEPS_HEADROOM", 0)
+    assert reconstruction.reconstruction_bytes(page) == estimate
 
 
 _BS = "".join(f"<b id={i}>" for i in range(30))
@@ -105,7 +106,7 @@ _BOUNDS = {
 
 @pytest.mark.parametrize("page", list(_BOUNDS.values()), ids=list(_BOUNDS))
 def test_the_bound_without_replay_is_above_the_parser(page: str) -> None:
-    assert prune._reconstruction_bound(page.encode()) >= real_clones(page) * 650 >= 1000 * 650
+    assert reconstruction._reconstruction_bound(page.encode()) >= real_clones(page) * 650 >= 1000 * 650
 
 
 # Closings and markers the parser has and the estimate missed (none estimated, 900-1,800 clones made).
@@ -153,7 +154,7 @@ def test_balanced_islands_do_not_pile_up_formatting_entries() -> None:
     for 400 labels, quadratic (sixth review)."""
     page = diagrams(1, 400)
     assert real_clones(page) == 0
-    assert prune.reconstruction_bytes(page.encode()) < 8 << 20
+    assert reconstruction.reconstruction_bytes(page.encode()) < 8 << 20
 
 
 def test_diagrams_with_formatted_labels_are_pruned() -> None:
@@ -172,14 +173,14 @@ def test_a_formatting_element_left_open_before_the_diagram_is_still_charged() ->
 def test_a_page_without_formatting_tags_skips_the_replay(monkeypatch: pytest.MonkeyPatch) -> None:
     """The list holds no more entries than the page has formatting start tags: with none, the cheap bound
     is 0 and the replay does not run (2 MB of `<col><td>` paid 0.9 s for it; sixth review)."""
-    assert prune._tags_with_attributes("<table>" + "<col><td>" * 50, cap=True)[0] == 0
-    assert prune._tags_with_attributes("<b>x<i>y</i>", cap=True)[0] == 2 * prune._MEMORY_PER_CLONE
+    assert attributes.tags_with_attributes("<table>" + "<col><td>" * 50, cap=True)[0] == 0
+    assert attributes.tags_with_attributes("<b>x<i>y</i>", cap=True)[0] == 2 * memory.MEMORY_PER_CLONE
 
     def replay(*_: object, **__: object) -> int:
         raise AssertionError("the replay ran")
 
     page = "<table>" + "<tr><td>x" * 2000 + "</table>"
-    need = page.count("<") * prune._MEMORY_PER_TAG
+    need = page.count("<") * memory.MEMORY_PER_TAG
     # A budget the tags fit in, with no room for a cheap bound of even one clone a tag.
     monkeypatch.setattr(prune, "_MEMORY_HEADROOM", need - 10 * len(page) + 1000)
     monkeypatch.setattr(prune, "reconstruction_bytes", replay)

@@ -3,7 +3,7 @@ it did not see.
 
 The model's walks were quadratic or cubic on pages made for it (each end tag rescanning what a template,
 a table or a `<select>` left behind: minutes for 37 KB), so its work is checked here by counting, never
-by timing: the Python lines it runs in `service/core/prune.py` (a tracer stops it as soon as the count
+by timing: the Python lines it runs in `service/core/precheck/` (a tracer stops it as soon as the count
 passes the bound, so the old walks fail fast). Depth cases are small pages that Lexbor nests more than
 twice as deep as the cap they run under (`real_depth`).
 """
@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import pytest
 
-from service.core import prune
+from service.core import precheck
 from service.core.decoding import utf8_payload
-from service.core.prune import NestingTooDeepError, estimate_depth, prune_html, prune_text
+from service.core.precheck import nesting, tags
+from service.core.precheck.nesting import estimate_depth
+from service.core.prune import NestingTooDeepError, prune_html, prune_text
 from tests.core.test_prune_prechecks import DEPTH, NESTING_TRICKS, ORDINARY, real_depth
 
 LINES_PER_TAG = 300  # ordinary pages run about 100 (`test_ordinary_pages_stay_under_the_work_bound`)
@@ -30,14 +33,14 @@ class TooMuchWork(Exception):
 
 
 def python_work(function: Callable[[bytes], Any], page: str, *, bound: int) -> tuple[int, Any]:
-    """(Line events run in prune.py while `function(page)` runs, its result): the check's Python work,
-    untimed. Past `bound` it stops with `TooMuchWork`."""
+    """(Line events run in the pre-check modules while `function(page)` runs, its result): the check's
+    Python work, untimed. Past `bound` it stops with `TooMuchWork`."""
     count = 0
-    target = prune.__file__
+    targets = {str(path) for path in Path(precheck.__file__).parent.glob("*.py")}
 
     def tracer(frame: FrameType, event: str, arg: object) -> Any:
         nonlocal count
-        if frame.f_code.co_filename != target:
+        if frame.f_code.co_filename not in targets:
             return None
         if event == "line":
             count += 1
@@ -100,13 +103,13 @@ def test_past_its_budget_the_model_still_errs_long(monkeypatch: pytest.MonkeyPat
     """A page that spends the budget first, then nests for real: what the walks then give up on keeps
     entries counted, so the estimate stays above the parser's depth."""
     spent: list[int] = []
-    spend = prune._OpenElements.spend
+    spend = nesting._OpenElements.spend
 
-    def recording(self: prune._OpenElements, steps: int) -> None:
+    def recording(self: nesting._OpenElements, steps: int) -> None:
         spend(self, steps)
         spent.append(self.steps_left)
 
-    monkeypatch.setattr(prune._OpenElements, "spend", recording)
+    monkeypatch.setattr(nesting._OpenElements, "spend", recording)
     spender = "<table><template>" + "<td>" * 300 + "</tr><td>" * 1000 + "</template></table>"
     checked = 0
     for trick in NESTING_TRICKS.values():
@@ -214,8 +217,8 @@ def test_an_island_the_scan_cannot_follow_taints_the_rest(island: str) -> None:
     """Where the parser may stay in the label's HTML (or read its tags otherwise), what follows is read
     as after any taint: every `<` a tag, and nested."""
     page = "<svg>" + island + "</svg>" + "<div>" * 1300
-    tokens = list(prune._tag_tokens(page.lower().encode()))
-    assert tokens[-1][4] == prune.TAINTED
+    tokens = list(tags.tag_tokens(page.lower().encode()))
+    assert tokens[-1][4] == tags.TAINTED
     assert estimate_depth(page, limit=DEPTH) > DEPTH
 
 

@@ -1,0 +1,809 @@
+"""The page's nesting depth, estimated before parsing (`estimate_depth`), following the parser's stack of
+open elements (`_OpenElements`).
+
+A page nesting deeper than `max_depth` raises `NestingTooDeepError` (Lexbor's tree builder is
+quadratic in nesting depth: 100,000 nested `<div>`s take half a minute), and so does one whose depth
+times its tags passes `prune._NESTING_WORK_PER_BYTE` per byte (each tag walks the open elements: 7,000 nested
+`<div>`s and a megabyte of `<p>x</p>` took 1.3 s); `service.core.prune` decides both.
+
+Over 700 lines, one model: the stack (`_OpenElements`), the scan over the tags (`estimate_depth`) and the
+tree builder's rules for start and end tags (`_start_tag`, `_table_part`, `_end_tag`, `_table_end`)
+share the stack's invariants (what is sure, what is held, what the walks may spend); split apart, each
+part would only be read with the others.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+
+from service.core.precheck.elements import (
+    ADOPTION_ROUNDS,
+    CLOSES_P,
+    FORMATTING,
+    HEADINGS_B,
+    MARKERS,
+    NOAHS_ARK,
+    PIVOTS,
+    SCOPE_BOUNDARIES,
+    VOID_B,
+)
+from service.core.precheck.tags import (
+    BREAKOUT,
+    FOREIGN,
+    HTML,
+    ISLAND_POINTS,
+    LEAVES_SELECT,
+    SELECT,
+    TAINTED,
+    ZONES,
+    is_self_closing,
+    tag_tokens,
+)
+
+DEFAULT_MAX_DEPTH = 8192  # deeper nesting is refused before parsing (see the module docstring)
+# For the nesting pre-check: elements that cannot nest without bound, void elements and those the parser
+# closes when another one of them opens (`<p>`, `<li>`, `<td>`, `<a>`, ...), which real pages leave
+# unclosed by the thousand. `dt`, `dd`, `optgroup`, the ruby annotations, `form` and `select` nest:
+# `<li><dt><li><dt>` and `<nobr><select><nobr><select>` are chains, `<optgroup>` and `<rb>` nest
+# outside a `<select>`, a `<ruby>`, and `<form>` inside a `<template>`. Inside <svg> and <math> every
+# element nests (`<td>`, `<a>`, `<input>` there are foreign elements) but a self-closing one. Only
+# where the scan cannot follow the parser (in a `<select>`, ...) are they left uncounted: where it does,
+# each counts, as the estimate pops it where the parser does (behind a scope boundary a chain of
+# them nests: `<td><li><button><li><p><option>` nine levels deep a `<table>`).
+_NOT_NESTING = frozenset(
+    b"""area base basefont bgsound br col embed frame hr img input keygen link meta param source track wbr
+    p li td th tr option tbody thead tfoot colgroup caption html head body button""".split()
+)
+
+
+# The parser's stack of open elements as the nesting estimate follows it (`estimate_depth`).
+# Special elements (the HTML Standard's, void ones aside): an end tag of another element does not reach
+# past one, nor does the walk a <li>, <dd> or <dt> makes back to the last one open (but address, div, p).
+_SPECIAL_OPEN = frozenset(
+    b"""address applet article aside blockquote body button caption center colgroup dd details dir div dl
+    dt fieldset figcaption figure footer form frameset h1 h2 h3 h4 h5 h6 head header hgroup html iframe li
+    listing main marquee menu nav noembed noframes noscript object ol p plaintext pre script search section
+    select style summary table tbody td template textarea tfoot th thead title tr ul xmp
+    mi mo mn ms mtext annotation-xml foreignobject desc""".split()
+)
+# Where an element is "in scope" for the parser's end tags stops (MathML and SVG ones by name).
+# (`SCOPE_BOUNDARIES` as the parser's default scope has them: no <svg>, <math> or <select>, and <html>.)
+_SCOPE_LIMITS = (SCOPE_BOUNDARIES - {b"svg", b"math", b"select"}) | {b"html"}
+# Names special only as MathML or SVG elements: an HTML element of the name ends as any other.
+_FOREIGN_SPECIAL = frozenset(b"mi mo mn ms mtext annotation-xml foreignobject desc".split())
+_TABLE_FAMILY = frozenset(b"table tbody thead tfoot tr td th caption colgroup template".split())
+_TABLE_PARTS = frozenset(b"caption colgroup col tbody thead tfoot tr td th".split())  # start tags
+_ROW_GROUPS = frozenset((b"tbody", b"thead", b"tfoot"))
+# What "generate implied end tags" pops while it is the current node.
+_IMPLIED = frozenset(b"dd dt li optgroup option p rb rp rt rtc".split())
+# No-quirks mode: the page as the parser gets it starts with the doctype. (No byte-order mark: Lexbor
+# reads one as text, which ends the doctype's place; `utf8_payload` strips the first, but a second one,
+# or a str starting with U+FEFF, left the page in quirks mode while the estimate assumed no-quirks.)
+_STANDARDS_DOCTYPE = re.compile(rb"\A[\t\n\f\r ]*<!doctype[\t\n\f\r ]+html[\t\n\f\r ]*>", re.I)
+# Start tags that do more than open their element (or open none).
+_STARTS_WITH_MORE = (
+    CLOSES_P
+    | _TABLE_PARTS
+    | VOID_B
+    | MARKERS
+    | frozenset(ZONES)
+    | FORMATTING
+    | {b"table", b"button", b"option", b"optgroup", b"rb", b"rp", b"rt", b"rtc"}
+    | {b"html", b"head", b"body", b"form"}
+)
+# End tags that do more than pop their element when it is on top (clear the formatting list to a marker,
+# clear the form pointer, close nothing).
+_CLOSES_WITH_MORE = _TABLE_FAMILY | {b"applet", b"marquee", b"object", b"form", b"body", b"html"}
+# The model's walks down its entries (removed ones count) stop after this many, and then assume what
+# errs long: the parser may have popped any entry (doubt), an end tag closes nothing, an element stays
+# counted. The walk back to the last <li>, <dd> or <dt> stops sooner (the parser's own stops at most
+# special elements).
+_MODEL_REACH = 256
+_ITEM_REACH = 64
+# The model's own work: its walks may look at this many entries per `<` of the page, in all (corpus
+# pages: at most 0.23, and 860 of 1,033 none); then each looks at a few only. So its cost stays linear
+# in the page's tags (cells a template left unsure, markers a table left, options a <select> left:
+# each end tag walked them all, from 37 s for 2 MB to minutes for 37 KB), and the estimate only grows:
+# a page pays for its walks in depth, refused only where that takes it past the cap, not for them (a
+# refusal outright would refuse pages the parser reads in no time; the cheap bound, a level per `<`,
+# refuses every page the model runs on).
+_MODEL_STEPS_PER_TAG = 8
+_MODEL_REACH_SPENT = 4
+
+
+class _OpenElements:
+    """The parser's stack of open elements, as far as the tag scan can follow it (`estimate_depth`).
+
+    The depth estimate must never fall far below the parser's: so an entry leaves only where the parser
+    surely pops its element, and what the scan cannot follow only keeps entries (they count, and a
+    special one stops end tags below it, as the parser's would). An end tag pops what is above its
+    element only when that element is surely still open ("sure"): every entry that may have left the
+    parser's stack unseen (by a rule the scan does not model or cannot decide: a re-created formatting
+    element's adoption agency, a heading closing another, quirks mode, more than seven rounds of the
+    adoption agency) is marked unsure, and from then on its end tag removes it alone.
+    """
+
+    def __init__(self, steps: int) -> None:
+        # (name, serial, counted, sure, marker); None: removed. Not sure: pushed where the scan cannot
+        # follow. Marker: which of `markers` was the last when it opened.
+        self.entries: list[tuple[bytes, int, bool, bool, int] | None] = []
+        self.positions: dict[bytes, list[int]] = {}  # name -> where its live entries are, oldest first
+        self.special: list[int] = []  # where the special ones are (some may have been removed)
+        self.limits: list[int] = []  # where the scope limits are (same)
+        self.family: list[int] = []  # where the table's structure is (same)
+        # Formatting elements an end tag of another element popped: the parser may re-create them (each
+        # counts) until an end tag of their name, or until the cell, caption, <object>, ... they were
+        # opened in closes (it clears its list of them to the marker it inserted): by name, one dict per
+        # marker (`markers` names them), oldest first. If the scan cannot tell where the parser put a
+        # marker, none clears.
+        # Each held as the serial at which it left the stack: a re-created one opened after that.
+        self.dangling: list[dict[bytes, list[int]]] = [{}]
+        self.held_total = 0  # how many are held in all of them (a heading asks at each tag: no rescan)
+        self.markers: list[int] = [0]  # increasing: found by bisection
+        self.next_marker = 1
+        # Open formatting elements the parser may have taken off its list (a fourth of the name after
+        # the same marker: Noah's Ark, by tag and attributes): their end tag may be ignored.
+        self.off_list: set[int] = set()
+        self.markers_known = True
+        self.depth = 0
+        self.serial = 0
+        self.unsure = 0  # entries of a serial up to this may have left the parser's stack unseen
+        # The model's own work (`spend`): the entries its walks look at, against a budget per tag.
+        self.reach = _MODEL_REACH
+        self.steps_left = steps
+
+    def spend(self, steps: int) -> None:
+        """Charge a walk's steps to the budget. Spent, every walk stops after a few entries: what it
+        then does (doubt, close nothing, leave entries counted) errs long, as past the usual reach, so
+        the estimate stays an upper one while the model's work stays linear in the page's tags."""
+        self.steps_left -= steps
+        if self.steps_left < 0:
+            self.reach = _MODEL_REACH_SPENT
+
+    def push(self, name: bytes, counted: bool, *, sure: bool = True) -> None:
+        self.serial += 1
+        position = len(self.entries)
+        self.entries.append((name, self.serial, counted, sure, self.markers[-1]))
+        self.positions.setdefault(name, []).append(position)
+        if name in _SPECIAL_OPEN:
+            self.special.append(position)
+            if name in _TABLE_FAMILY:
+                self.family.append(position)
+        if name in _SCOPE_LIMITS:
+            self.limits.append(position)
+        if counted:
+            self.depth += 1
+
+    def held(self, name: bytes) -> int:
+        """How many formatting elements of `name` popped since the last marker may be re-created."""
+        return len(self.dangling[-1].get(name, ()))
+
+    def held_behind_limit(self, name: bytes) -> bool:
+        """Whether a scope limit (a table, a template, a cell, ...) opened after the first held
+        `name` left the stack, and is open: re-created before it, that one is out of the parser's scope
+        behind it (`<a><nobr></table><td><q><table>` x N: the next unit's <a> and <nobr> pop nothing)."""
+        limit = self._live(self.limits)
+        if limit < 0:
+            return False
+        entry = self.entries[limit]
+        return entry is not None and entry[1] > self.dangling[-1][name][0]
+
+    def release(self, name: bytes) -> None:
+        """An end tag takes one of them off the parser's list, or pops (or moves) a re-created one and
+        what is above it up to a special element: what opened since the first of them left the stack
+        and is not special is not surely open any more."""
+        held = self.dangling[-1][name]
+        since = held[0]
+        held.pop()
+        self.held_total -= 1
+        self.depth -= 1
+        self.unsure_above(since, keep_special=True)
+
+    def unsure_from(self, position: int) -> None:
+        """The parser may have popped the element at `position` and everything above it, unseen."""
+        if position < len(self.entries):
+            entry = self.entries[position]
+            self.unsure_above(entry[1] - 1 if entry is not None else self.serial, keep_special=False)
+
+    def unsure_above(self, serial: int, *, keep_special: bool) -> None:
+        """Entries opened after `serial` are not surely open (special ones stay sure with `keep_special`:
+        a formatting element's end tag pops none). Past the walk's reach (removed entries count: a
+        run of them is walked too), nothing open is."""
+        entries = self.entries
+        size = len(entries)
+        index = size - 1
+        while index >= 0:
+            entry = entries[index]
+            if entry is not None and entry[1] <= serial:
+                break
+            if size - index > self.reach:
+                self.doubt()
+                break
+            if entry is not None and entry[3] and not (keep_special and entry[0] in _SPECIAL_OPEN):
+                entries[index] = (entry[0], entry[1], entry[2], False, entry[4])
+            index -= 1
+        self.spend(size - index)
+
+    def marker(self, surely: bool) -> None:
+        """A cell, caption, <object>, ... opened: the parser put a marker on its list."""
+        if surely:
+            self.dangling.append({})
+            self.markers.append(self.next_marker)
+            self.next_marker += 1
+        else:
+            self.markers_known = False
+
+    def clear(self) -> None:
+        """A cell, caption, <object>, ... surely closed: the parser cleared its list to the last marker."""
+        if self.markers_known and len(self.dangling) > 1:
+            cleared = sum(len(held) for held in self.dangling.pop().values())
+            self.depth -= cleared
+            self.held_total -= cleared
+            self.markers.pop()
+
+    def doubt(self) -> None:
+        """Something the scan cannot follow may have popped any entry open now."""
+        self.unsure = self.serial
+
+    def last(self, name: bytes) -> int:
+        """Where the last live entry of `name` is (-1: none)."""
+        found = self.positions.get(name)
+        return found[-1] if found else -1
+
+    def _live(self, positions: list[int]) -> int:
+        while positions and self.entries[positions[-1]] is None:
+            positions.pop()
+        return positions[-1] if positions else -1
+
+    def special_after(self, position: int) -> bool:
+        return self._live(self.special) > position
+
+    def limit_after(self, position: int, *more: bytes) -> bool:
+        """Whether the element at `position` is out of the parser's scope (with `more` as limits too)."""
+        if self._live(self.limits) > position:
+            return True
+        return any(self.last(name) > position for name in more)
+
+    def last_family(self) -> int:
+        return self._live(self.family)
+
+    def is_sure(self, position: int) -> bool:
+        entry = self.entries[position]
+        return entry is not None and entry[3] and entry[1] > self.unsure
+
+    def name_at(self, position: int) -> bytes:
+        entry = self.entries[position]
+        assert entry is not None
+        return entry[0]
+
+    def top(self) -> bytes | None:
+        """The current node's name, as far as the scan knows (the parser may have re-created
+        formatting elements above it)."""
+        return self.entries[-1][0] if self.entries and self.entries[-1] is not None else None
+
+    def settled(self) -> bool:
+        """Nothing has happened that the scan cannot follow, and nothing may be re-created."""
+        return (
+            self.unsure == 0
+            and not self.held_total
+            and all(entry is None or entry[3] for entry in self.entries[-1:])
+        )
+
+    def pop_from(self, position: int, *, hold_first: bool = False, hold: bool = True) -> None:
+        """The parser pops the element at `position` and everything above it (a formatting element
+        among those stays counted: the parser may re-create it, `dangling`; not with `hold`: each of
+        those surely left the parser's list too)."""
+        for index in range(len(self.entries) - 1, position - 1, -1):
+            entry = self.entries[index]
+            if entry is None:
+                continue
+            name, _, counted, _, marker = entry
+            self.positions[name].pop()
+            popped_by_another = (index > position or hold_first) and hold
+            held = self._held_after(marker) if name in FORMATTING and popped_by_another else None
+            if held is not None:
+                held.setdefault(name, []).append(self.serial)
+                self.held_total += 1
+            elif counted:
+                self.depth -= 1
+        del self.entries[position:]
+        self._forget_from(position)
+
+    def remove(self, position: int, *, pops_above: bool = True) -> None:
+        """The parser removes this element (and, with `pops_above`, pops what is above it: the
+        formatting elements there are held as popped, the rest is not surely open any more)."""
+        entry = self.entries[position]
+        assert entry is not None
+        if pops_above and position < len(self.entries) - 1:
+            # The formatting elements within the walk's reach are held; one further up stays as it is
+            # (counted, and made unsure below): as deep, and the walk stays bounded (a <select> left
+            # 240,000 <option>s above the spans each end tag removed: 37 s).
+            top = len(self.entries) - 1
+            lowest = max(position, top - self.reach)
+            for index in range(top, lowest, -1):
+                above = self.entries[index] if index < len(self.entries) else None
+                if above is not None and above[0] in FORMATTING:
+                    held = self._held_after(above[4])
+                    if held is not None:
+                        self.remove(index, pops_above=False)
+                        held.setdefault(above[0], []).append(self.serial)
+                        self.held_total += 1
+                        self.depth += 1
+            self.spend(top - lowest)
+            self.unsure_above(entry[1], keep_special=False)
+        name, _, counted, _, _ = entry
+        same = self.positions[name]
+        if same[-1] == position:
+            same.pop()
+        else:  # from the end: it is one of the last (held, adopted, a zone's), and the walk is charged
+            index = len(same) - 2
+            while same[index] != position:
+                index -= 1
+            del same[index]
+            self.spend(len(same) - index)
+        self.entries[position] = None
+        if counted:
+            self.depth -= 1
+        while self.entries and self.entries[-1] is None:
+            self.entries.pop()
+        self._forget_from(len(self.entries))
+
+    def close_top(self, name: bytes) -> bool:
+        """The common case, fast: an end tag of the element on top, surely open (what `_end_tag` does
+        then, without its lookups). False: not that case."""
+        if not self.entries:
+            return False
+        entry = self.entries[-1]
+        if entry is None or entry[0] != name or not entry[3] or entry[1] <= self.unsure:
+            return False
+        if name in FORMATTING and self.dangling[-1].get(name):
+            return False
+        self.entries.pop()
+        self.positions[name].pop()
+        if entry[2]:
+            self.depth -= 1
+        self._forget_from(len(self.entries))
+        return True
+
+    def _forget_from(self, size: int) -> None:
+        """Drop the special, scope-limit and table positions at `size` and above (gone from the stack)."""
+        for positions in (self.special, self.limits, self.family):
+            while positions and positions[-1] >= size:
+                positions.pop()
+
+    def _held_after(self, marker: int) -> dict[bytes, list[int]] | None:
+        """The dangling elements filed after `marker` (None: it was cleared, and with it the parser's
+        entries for the elements opened after it): a cell's that an <object> in it follows stays.
+        (Markers a table left, popping their <object>s, pile up: found by bisection, not a walk.)"""
+        index = bisect.bisect_left(self.markers, marker)
+        if index < len(self.markers) and self.markers[index] == marker:
+            return self.dangling[index]
+        return None
+
+    def note_formatting(self, name: bytes) -> None:
+        """A formatting element of `name` is about to open: with three of the name after the last marker
+        (open, or popped and held), the parser may drop the earliest from its list (Noah's Ark compares
+        attributes too; by name is the safe side)."""
+        marker = self.markers[-1]
+        listed = [  # open after the marker, and not already taken off the list
+            e[1]
+            for p in self.positions.get(name, ())[-64:]
+            if (e := self.entries[p]) and e[4] == marker and e[1] not in self.off_list
+        ]
+        if listed and len(listed) + self.held(name) >= NOAHS_ARK:
+            self.off_list.add(listed[0])
+
+    def marker_of(self, position: int) -> int:
+        entry = self.entries[position]
+        assert entry is not None
+        return entry[4]
+
+    def maybe_off_list(self, position: int) -> bool:
+        entry = self.entries[position]
+        return entry is not None and entry[1] in self.off_list
+
+    def adopt(self, position: int) -> bool:
+        """The adoption agency for the formatting element at `position`, with special elements above it
+        (False: where the scan cannot follow it; nothing changes). Round by round the element leaves
+        the stack and a clone goes right above the first special element above it, the elements between
+        that are not formatting elements leave the stack, and the last round (no special element above
+        the clone) pops the clone and what is above it: the special elements stay, with the formatting
+        elements between them (re-created in place; the parser drops those past three)."""
+        if len(self.entries) - position > self.reach or not self.is_sure(position):
+            return False
+        self.spend(3 * (len(self.entries) - position))  # (the walks below: specials, sureness, removal)
+        specials: list[int] = []
+        for index in range(len(self.special) - 1, -1, -1):
+            found = self.special[index]
+            if found <= position:
+                break
+            if self.entries[found] is not None:
+                specials.append(found)
+        if not specials or len(specials) >= ADOPTION_ROUNDS:
+            return False
+        if not all(
+            self.is_sure(index) for index in range(position, len(self.entries)) if self.entries[index]
+        ):
+            return False
+        last = specials[0]
+        self.pop_from(last + 1, hold_first=True)  # the last round pops the clone's contents
+        for index in range(last - 1, position, -1):
+            entry = self.entries[index]
+            if entry is not None and entry[0] not in _SPECIAL_OPEN and entry[0] not in FORMATTING:
+                self.remove(index, pops_above=False)
+        self.remove(position, pops_above=False)
+        return True
+
+    def close(self, position: int) -> bool:
+        """The parser pops the element at `position` and what is above it: surely (True), if it is surely
+        open."""
+        if self.is_sure(position):
+            self.pop_from(position)
+            return True
+        self.remove(position)
+        return False
+
+
+def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> int:
+    """An upper estimate of the page's nesting depth (exact enough to refuse pathological pages).
+
+    Follows the parser's stack of open elements over the page's tags (`_OpenElements`) and returns the
+    running maximum of the elements open (or the first count past `limit`; `<p>`, `<li>`, `<option>`,
+    table rows and cells count where the scan follows the parser, which closes them itself, not in a
+    `<select>` or where the scan cannot tell: `_NOT_NESTING`). Tags are read
+    as the tokenizer reads them (`tag_tokens`): an end tag in an attribute value (`<div a="</div>">`,
+    60,000 of which hid their nesting) or in raw text closes nothing. The parser's rules followed, each
+    only where the scan can tell the parser surely applies it (elsewhere the entries stay, counted):
+    an end tag pops its element and what is above it, but not past a special element (the generic rule:
+    `<span><div></span>` leaves both open) nor, for a special one, past a scope limit (`<div><table>
+    </div>`); a formatting element's end tag with special elements above it runs the adoption agency
+    (`adopt`: the element leaves, the special ones stay), and one popped by another's end tag stays
+    counted while the parser may re-create it (`dangling`); a new `<a>` or `<nobr>` runs the adoption
+    agency for the last on the list; a `<p>`-closing start tag, a `<li>`, `<dd>` or `<dt>`, a
+    `<button>`, a table's rows, cells and sections close what they close (a glossary or a table that
+    leaves them open nests no deeper), and a `<table>` in a table closes that table; a second `<form>`
+    is ignored. In <svg>
+    and <math> every element nests but a self-closing one and the zone's end or a tag that leaves it
+    pops it all; in a <select>, in an island of HTML in an integration point and after a taint,
+    nothing closes (after a taint void names count too: in foreign content they nest). No walk of the
+    model looks further than `_MODEL_REACH` entries, nor further than a few once the page's budget of
+    walk steps is spent: its work stays linear in the tags, and what it gives up on errs long.
+    A page with fewer `<` than `limit` cannot exceed it, so ordinary pages cost one count.
+    """
+    data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
+    tags = data.count(b"<")
+    if tags <= limit:
+        return 0
+    stack = _OpenElements(_MODEL_STEPS_PER_TAG * tags)
+    standards = _STANDARDS_DOCTYPE.match(data) is not None  # else a <table> may leave a <p> open
+    form_open: bool | None = False  # the parser's form element pointer is set (None: unknown)
+    zone = -1  # where the <svg> or <math> whose content the scan reads is (-1: none)
+    # Where the integration point open in the zone is, while only its island's tags (TAINTED) followed it
+    # (-1: none).
+    point = point_at = -1
+    most = 0
+    for end_tag, name, start, end, where in tag_tokens(data):
+        island_end = False
+        if point >= 0 and where != TAINTED:
+            # The point's end tag after its island: every island end tag closed the element on top
+            # (`tag_tokens`), so the parser has closed all the island opened, and its formatting
+            # elements left the list at their end tags. Held as popped by the point's end tag, a
+            # diagram's 2,100 labels (a `<font>` each) were 2,107 levels, against 10.
+            island_end = (
+                where == FOREIGN
+                and end_tag
+                and point < len(stack.entries)
+                and stack.is_sure(point)
+                and stack.name_at(point) == name
+                and stack.last(name) == point
+            )
+            point_at, point = point, -1
+        if where == HTML and zone >= 0:
+            # The zone's end tag, a tag that leaves foreign content, or an end tag of an element around
+            # the zone: the parser pops every foreign element.
+            if stack.entries[zone:] and stack.entries[zone] is not None:
+                stack.close(zone)
+            zone = -1
+            if end_tag and name in ZONES:
+                continue
+        if where == FOREIGN:
+            if end_tag:
+                found = stack.last(name)
+                if island_end:
+                    stack.pop_from(point_at, hold=False)
+                elif found > zone >= 0:  # a foreign element of the zone: popped with what is above it
+                    stack.close(found)
+            elif not is_self_closing(data[start:end].rstrip(b">")):
+                stack.push(name, True)
+                if name in ISLAND_POINTS:
+                    point = point_at = len(stack.entries) - 1
+        elif where != HTML:  # in a <select> (but its end tag) or after a taint: nothing closes
+            if where == SELECT and name in LEAVES_SELECT and not end_tag:
+                found = stack.last(b"select")  # it closes the <select>, then opens in the body
+                if found >= 0 and not stack.limit_after(found):
+                    stack.close(found)
+                elif found >= 0:
+                    stack.unsure_from(found)
+            elif where == SELECT and name in PIVOTS:
+                # In a <select> in a table, a table's tag closes the select and acts on the table:
+                # what the estimate holds open there is no longer sure.
+                stack.doubt()
+                if not end_tag and name not in VOID_B:
+                    stack.push(name, name not in _NOT_NESTING, sure=False)
+            elif not end_tag and (
+                name not in VOID_B
+                or (
+                    where == TAINTED
+                    and name not in BREAKOUT
+                    and not is_self_closing(data[start:end].rstrip(b">"))
+                )
+            ):
+                # Counted as the parser may nest it: after a taint anything, void names too (in <svg>
+                # or <math> a `<col>`, `<source>` or `<image>` is a foreign element, which nests;
+                # those that leave foreign content, an `<img>`, a `<br>`, ..., are void there too);
+                # in a <select> what it does not close itself, and formatting elements (re-created
+                # outside when it closes).
+                counted = where == TAINTED or name not in _NOT_NESTING  # (no formatting name is in it)
+                stack.push(name, counted, sure=False)
+                if name in MARKERS:
+                    stack.marker(False)
+            if where == TAINTED:
+                form_open = None
+        elif end_tag:
+            if name in _FOREIGN_SPECIAL:
+                name = name.upper()  # an HTML element's (see below): it closes no MathML or SVG one
+            if name not in _CLOSES_WITH_MORE and stack.close_top(name):
+                continue
+            _end_tag(stack, name, form_open)
+            if name == b"form" and form_open is not None and stack.last(b"template") < 0:
+                form_open = False  # the parser clears its pointer, whether or not the form closes
+        elif name not in _STARTS_WITH_MORE:
+            # The common case: it only opens. An HTML <mi>, <desc>, ... is no special element, no
+            # scope limit, as the MathML and SVG ones are: filed under its name in capitals (no
+            # lowercased tag has one), end tags and item walks pass it.
+            stack.push(name.upper() if name in _FOREIGN_SPECIAL else name, True)
+        elif name in _TABLE_PARTS:
+            _table_part(stack, name)
+        elif name in VOID_B:
+            if name == b"hr":
+                _close_p(stack, sure=True)
+        elif name in (b"html", b"head", b"body"):
+            continue  # merged into the element the parser has
+        elif name == b"form":
+            template = stack.last(b"template") >= 0
+            if form_open and not template:
+                continue  # the parser ignores it
+            _close_p(stack, sure=form_open is False or template)
+            stack.push(name, True)
+            if not template and form_open is not None:
+                form_open = True
+        elif name in ZONES:
+            if is_self_closing(data[start:end].rstrip(b">")):
+                continue  # `<svg/>` opens nothing
+            _start_tag(stack, name, standards)
+            zone = len(stack.entries) - 1
+        else:
+            _start_tag(stack, name, standards)
+        if stack.depth > most:
+            most = stack.depth
+            if most > limit:
+                break
+    return most
+
+
+def _close_p(stack: _OpenElements, *, sure: bool) -> None:
+    """A start tag that closes a <p> in button scope (`sure`: surely does, in this mode)."""
+    found = stack.last(b"p")
+    if found >= 0 and not stack.limit_after(found, b"button"):
+        if sure:
+            stack.close(found)
+        else:
+            stack.unsure_from(found)
+
+
+def _start_tag(stack: _OpenElements, name: bytes, standards: bool) -> None:
+    if name in CLOSES_P:
+        if name in (b"li", b"dd", b"dt"):
+            # The walk back to the last item open passes no special element but address, div, p.
+            targets = (b"li",) if name == b"li" else (b"dd", b"dt")
+            index = top = len(stack.entries) - 1
+            reach = min(_ITEM_REACH, stack.reach)  # (removed entries count: a run of them is walked too)
+            for index in range(top, -1, -1):
+                entry = stack.entries[index]
+                if entry is not None:
+                    if entry[0] in targets:
+                        stack.close(index)
+                        break
+                    if entry[0] in _SPECIAL_OPEN and entry[0] not in (b"address", b"div", b"p"):
+                        break
+                if top - index >= reach:
+                    stack.doubt()  # too far to follow: it may close one further down
+                    break
+            stack.spend(top - index)
+        _close_p(stack, sure=True)
+        if name in HEADINGS_B and stack.top() in HEADINGS_B:
+            # A heading closes one that is the current node: surely, unless the parser may have
+            # re-created a formatting element above it.
+            if stack.settled():
+                stack.close(len(stack.entries) - 1)
+            else:
+                stack.unsure_from(len(stack.entries) - 1)
+    elif name == b"table":
+        family = stack.last_family()
+        if family >= 0 and stack.name_at(family) not in (b"td", b"th", b"caption", b"template"):
+            table = stack.last(b"table")
+            if table >= 0 and stack.is_sure(family):
+                stack.close(table)  # a table in a table's rows closes it first
+            else:
+                stack.doubt()
+        _close_p(stack, sure=standards)
+    elif name == b"button":
+        found = stack.last(b"button")
+        if found >= 0 and not stack.limit_after(found):
+            stack.close(found)
+    elif name in (b"a", b"nobr"):
+        found = stack.last(name)
+        if found >= 0 and (not stack.markers_known or stack.marker_of(found) != stack.markers[-1]):
+            # The open one is before the last marker (one a table may have left, popping its
+            # <applet>): the parser runs no adoption agency, and this one nests in it.
+            stack.note_formatting(name)
+            stack.push(name, True)
+            return
+        if stack.held(name):
+            # Popped since it opened (re-created or not: see release): an <a> runs the adoption agency
+            # for the last one on the list, a <nobr> re-creates the ones held, then adopts the last; one
+            # leaves, but behind a limit it stays, and this one nests.
+            if not stack.held_behind_limit(name):
+                stack.release(name)
+        elif name == b"a" and found >= 0:
+            if stack.maybe_off_list(found):
+                stack.unsure_from(found)  # on the list or not: its adoption agency runs or not
+            else:
+                # The adoption agency for the open one, as for its end tag; then it leaves the stack.
+                _end_tag(stack, name, None)
+                if stack.last(name) == found:
+                    stack.remove(found, pops_above=False)
+        elif name == b"nobr" and found >= 0 and not stack.limit_after(found):
+            _end_tag(stack, name, None)  # a <nobr> in scope: the adoption agency, as for its end tag
+    elif name in (b"option", b"optgroup") and stack.top() == b"option":
+        stack.remove(len(stack.entries) - 1)  # it closes the current <option>
+    elif name in (b"rb", b"rp", b"rt", b"rtc") and stack.top() in _IMPLIED:
+        stack.unsure_from(len(stack.entries) - 1)  # its implied end tags may pop what is current
+    if name in FORMATTING:
+        stack.note_formatting(name)
+    stack.push(name, True)  # (a <p>, <li>, <button>, <option> too: popped where the parser pops them)
+    if name in MARKERS:
+        stack.marker(True)
+
+
+def _table_part(stack: _OpenElements, name: bytes) -> None:
+    """A start tag of a table's structure: it closes the open cell, caption, row or section it does not
+    belong in, and pops what is above the table's structure (elements foster-parented out of it)."""
+    for _ in range(4):
+        family = stack.last_family()
+        if family < 0:
+            return  # no table: the parser ignores it
+        if not stack.is_sure(family) or stack.name_at(family) == b"template":
+            stack.doubt()
+            if name != b"col":
+                stack.push(name, False, sure=False)
+                if name in MARKERS:
+                    stack.marker(False)
+            return
+        kind = stack.name_at(family)
+        if kind in (b"td", b"th", b"caption") or (kind == b"colgroup" and name != b"col"):
+            stack.pop_from(family)  # closes it, then as in the table, row or section
+            if kind != b"colgroup":
+                stack.clear()
+            continue
+        if kind == b"colgroup":
+            stack.pop_from(family + 1)
+            return
+        if kind == b"tr" and name not in (b"td", b"th"):
+            stack.pop_from(family)  # closes the row
+            continue
+        if kind in _ROW_GROUPS and name not in (b"tr", b"td", b"th"):
+            stack.pop_from(family)  # closes the section
+            continue
+        stack.pop_from(family + 1)
+        # Each counts: the model pops them where the parser does (a cell, its row, its section), and
+        # uncounted, what a cell holds nested nine deep a level (`<td><li><button><li><p><option>`).
+        if kind == b"table":
+            if name == b"col":
+                stack.push(b"colgroup", True)
+            elif name in (b"tr", b"td", b"th"):
+                stack.push(b"tbody", True)
+        if kind != b"tr" and name in (b"td", b"th"):
+            stack.push(b"tr", True)
+        if name != b"col":
+            stack.push(name, True)
+            if name in MARKERS:
+                stack.marker(True)
+        return
+    stack.doubt()
+
+
+def _end_tag(stack: _OpenElements, name: bytes, form_open: bool | None) -> None:
+    if name in _TABLE_FAMILY:
+        _table_end(stack, name)
+    elif name in FORMATTING:
+        if stack.held(name):
+            stack.release(name)
+            return
+        found = stack.last(name)
+        if found < 0 or stack.limit_after(found):
+            return
+        if stack.special_after(found):
+            # The adoption agency (it moves elements, the depth stays); or, for one the parser may
+            # have taken off its list, the rule of other end tags (a special element above: ignored).
+            if stack.maybe_off_list(found) or not stack.adopt(found):
+                stack.unsure_from(found)
+            return
+        stack.close(found)
+    elif name == b"form":
+        found = stack.last(name)
+        if found < 0 or stack.limit_after(found):
+            return
+        if stack.last(b"template") >= 0:
+            stack.close(found)
+        elif form_open:
+            if stack.top() in _IMPLIED:
+                stack.unsure_from(len(stack.entries) - 1)  # the implied end tags may pop it
+            stack.remove(found, pops_above=False)  # only the form leaves the stack
+    elif name in HEADINGS_B:
+        found = max(stack.last(heading) for heading in HEADINGS_B)
+        if found >= 0 and not stack.limit_after(found):
+            stack.close(found)
+    elif (name in _SPECIAL_OPEN or name in _SCOPE_LIMITS) and name not in _FOREIGN_SPECIAL:
+        if name in (b"body", b"html"):
+            return
+        found = stack.last(name)
+        if found < 0:
+            return
+        more = (b"button",) if name == b"p" else (b"ol", b"ul") if name == b"li" else ()
+        if not stack.limit_after(found, *more) and stack.close(found) and name in MARKERS:
+            stack.clear()  # an <applet>, <marquee> or <object>
+    else:
+        found = stack.last(name)
+        if found >= 0 and not stack.special_after(found):
+            stack.close(found)
+
+
+def _table_end(stack: _OpenElements, name: bytes) -> None:
+    """An end tag of a table's structure (or </template>): it pops to its element, passing only the
+    structure inside it (the parser's table scope)."""
+    if name == b"template":
+        found = stack.last(name)
+        if found >= 0 and stack.close(found):
+            stack.clear()
+        return
+    inside = {
+        b"table": (b"td", b"th", b"tr", b"tbody", b"thead", b"tfoot", b"caption", b"colgroup"),
+        b"tbody": (b"td", b"th", b"tr"),
+        b"thead": (b"td", b"th", b"tr"),
+        b"tfoot": (b"td", b"th", b"tr"),
+        b"tr": (b"td", b"th"),
+    }.get(name, ())
+    found = stack.last_family()
+    cell = found >= 0 and stack.name_at(found) in (b"td", b"th", b"caption")
+    # Down the table's structure by index (cells a template left unsure pile up there: each end tag
+    # rescanning them was cubic, 37 KB for minutes), within the walk's reach; past it the parser may
+    # have closed any of it, unseen.
+    entries, family = stack.entries, stack.family
+    index = top = len(family) - 1 if found >= 0 else -1  # (`last_family` dropped removed ones on top)
+    while index >= 0:
+        entry = entries[family[index]]
+        if entry is not None:
+            if entry[0] == name:
+                stack.spend(top - index)
+                if stack.close(family[index]) and cell:
+                    stack.clear()  # the cell or caption it closes
+                return
+            if entry[0] not in inside:
+                break
+        if top - index >= stack.reach:
+            stack.doubt()
+            break
+        index -= 1
+    stack.spend(top - index)
