@@ -11,38 +11,27 @@ work with `ShuttingDownError` and returns once every accepted document has been 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
 
 import numpy as np
 
 from service.core.checkpoint import CheckpointMeta
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.modeling import HeadSpec
-from service.core.preparation import (
-    Prepared,
-    Preprocessed,
-    init_worker,
-    prepare,
-    prepare_in_worker,
-    preprocess,
-    preprocess_in_worker,
-)
-from service.core.prune import PRUNE_VERSION, InputTooLargeError
+from service.core.preparation import Preprocessed
+from service.core.prune import PRUNE_VERSION
 from service.core.tokenizer import HtmlTokenizer
-from service.core.words import built_word_tables
-from service.core.workers import WorkerError, WorkerPool, mib_as_bytes
 from service.engine.admission import DrainRate
 from service.engine.batcher import Batcher
-from service.engine.failures import PAGE_FAILURES, OverLimitError, for_copy, worker_failure
+from service.engine.failures import PAGE_FAILURES, for_copy
 from service.engine.loading import build_runner
+from service.engine.preprocessing import Preprocessing
 from service.engine.progress import (
     AWAITING_COPY,
     DONE,
@@ -76,8 +65,6 @@ from service.engine.types import (
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 
 class Engine:
     """Batched inference over one checkpoint; safe to share between any number of concurrent callers."""
@@ -109,11 +96,7 @@ class Engine:
                 meta.prune_version,
                 PRUNE_VERSION,
             )
-        self._pool: ThreadPoolExecutor | None = None
-        self._processes: WorkerPool | None = None  # preprocess_pool="process"
-        # Threads that wait on the processes: apart, so that a page stuck in one (up to its time limit)
-        # never holds up the work of `_pool` (hashing a page for the result cache).
-        self._dispatch: ThreadPoolExecutor | None = None
+        self._preprocessing = Preprocessing(tokenizer, config, max_length)  # its pools: from start to stop
         self._batcher: Batcher | None = None
         self._last_health = BackendHealth()  # health while no batcher runs (before start, after stop)
         self._accepting = False
@@ -124,9 +107,6 @@ class Engine:
         # One start at a time (two concurrent ones had both built a batcher), and a stop waits for a start
         # under way rather than closing pools that start is still filling.
         self._lifecycle = asyncio.Lock()
-        # The executor jobs callers await now: a stop without drain cancels them (their callers get
-        # ShuttingDownError, `_off_loop`) rather than wait for a thread that may never finish.
-        self._off_loop_waits: set[asyncio.Future[Any]] = set()
         self._drain = DrainRate()
         cached = config.result_cache_documents
         self._cache: ResultCache | None = ResultCache(cached) if cached > 0 else None
@@ -189,24 +169,7 @@ class Engine:
             self._check_loop()
             return
         self._loop = asyncio.get_running_loop()
-        self._pool = ThreadPoolExecutor(
-            self.config.preprocess_workers, thread_name_prefix="htmllm-preprocess"
-        )
-        if self.config.preprocess_pool == "process":
-            self._processes = WorkerPool(
-                self.config.preprocess_workers,
-                name="preprocessing",
-                preload=["service.core.preparation"],
-                initializer=init_worker,
-                # The tables the tokenizer's warm-up built here (if it needs them): a second less per start.
-                initargs=(self._tokenizer.to_json(), built_word_tables()),
-                memory_limit_bytes=mib_as_bytes(self.config.preprocess_memory_limit_mb),
-            )
-            self._dispatch = ThreadPoolExecutor(
-                self.config.preprocess_workers, thread_name_prefix="htmllm-preprocess-dispatch"
-            )
-            # Start every worker now, so the first pages do not wait for a process to come up.
-            await asyncio.to_thread(self._processes.prestart)
+        await self._preprocessing.start()
         self._batcher = Batcher(
             self._runner,
             max_batch_tokens=self.config.max_batch_tokens,
@@ -234,7 +197,7 @@ class Engine:
                 self._accepting = False
                 # A stop that was cancelled (a server's bounded wait) or another one still waiting may
                 # have left the workers running: this one stops them.
-                await self._stop_workers()
+                await self._preprocessing.close()
                 return
             self._check_loop()
             self._accepting = False
@@ -243,59 +206,14 @@ class Engine:
         async with self._lifecycle:
             if self._batcher is not batcher:  # another stop took this shutdown over while this one waited
                 if self._batcher is None:
-                    await self._stop_workers()  # what that stop left, were it cancelled (idempotent)
+                    await self._preprocessing.close()  # what that stop left, were it cancelled (idempotent)
                 return
             self._last_health = batcher.health
             await batcher.close(ShuttingDownError("the engine stopped before this document ran"))
             self._batcher = None
-            await self._stop_workers()
+            await self._preprocessing.close()
             if idle is not None:  # a draining stop that this one overtook: its documents are answered
                 idle.set()
-
-    async def _stop_workers(self) -> None:
-        """Kill the preprocessing processes, then end the threads (idempotent). In this order: a thread
-        waits on its process's page, so the threads first would wait for every page in work, up to
-        `preprocess_timeout_s` (for ever without one), and answer it as the page's failure.
-
-        The preprocessing threads are not waited for: a page being pruned on one cannot be stopped
-        (threads, unlike processes, cannot be killed), and a stop that waited for it had neither returned
-        nor answered the page's caller. Its caller gets ShuttingDownError now; the thread ends when the
-        page is done. The threads that wait on processes end as soon as those are killed.
-        """
-        if self._processes is not None:
-            processes, self._processes = self._processes, None  # their pages: ShuttingDownError
-            await asyncio.to_thread(processes.close)
-        dispatch, pool = self._dispatch, self._pool
-        self._dispatch = self._pool = None
-        for waiting in list(self._off_loop_waits):
-            waiting.cancel()  # what its caller then raises: ShuttingDownError (`_off_loop`)
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
-        if dispatch is not None:
-            await asyncio.to_thread(dispatch.shutdown, wait=True, cancel_futures=True)
-
-    async def _off_loop(self, executor: Executor, job: Callable[..., T], *args: object) -> T:
-        """`job(*args)` on `executor`; ShuttingDownError when `stop` cancelled it or shut the executor
-        down, CancelledError only when the calling task itself was cancelled.
-
-        `stop(drain=False)` cancels the jobs callers wait for; a bare CancelledError would reach callers
-        nobody cancelled (a library caller's TaskGroup, `asyncio.gather`), which then cannot tell it from
-        their own cancellation.
-        """
-        try:
-            future = asyncio.get_running_loop().run_in_executor(executor, job, *args)
-        except RuntimeError as exc:  # "cannot schedule new futures after shutdown"
-            raise ShuttingDownError("the engine stopped before this document was preprocessed") from exc
-        self._off_loop_waits.add(future)
-        try:
-            return await future
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is None or task.cancelling() > 0:
-                raise  # the caller was cancelled (its deadline, a disconnect): not ours to answer
-            raise ShuttingDownError("the engine stopped before this document was preprocessed") from None
-        finally:
-            self._off_loop_waits.discard(future)
 
     def close(self) -> None:
         """Release the backend (after `stop`); idempotent. The engine takes no documents after it."""
@@ -335,45 +253,6 @@ class Engine:
             raise UnknownHeadError(f"unknown head(s) {unknown}; this model has {sorted(self._heads)}")
         return list(dict.fromkeys(heads))
 
-    def _prepare(self, doc: Document, truncate: bool) -> Prepared:
-        """Prune and tokenize on this thread (the thread pool's job)."""
-        max_length = self._max_length
-        return prepare(self._tokenizer, doc.html, doc.encoding, max_length=max_length, truncate=truncate)
-
-    async def _prepare_off_loop(self, doc: Document, truncate: bool) -> Prepared:
-        """The token ids of `doc`, from the preprocessing threads or processes; never on the event loop."""
-        if self._processes is None:
-            prepared = await self._off_loop(self._require_started(), self._prepare, doc, truncate)
-        else:
-            args = (doc.html, doc.encoding, self._max_length, truncate)
-            prepared = await self._in_process(prepare_in_worker, *args)
-        if prepared.over_limit is not None:
-            count = f"{'' if prepared.over_limit_exact else 'more than '}{prepared.over_limit}"
-            raise OverLimitError(doc.id, count, self._max_length)
-        return prepared
-
-    async def _in_process(self, job: Callable[..., T], *args: object) -> T:
-        """Run `job` on a preprocessing process, waited for by one of the engine's threads; a worker
-        that runs past `preprocess_timeout_s` is killed and only its page fails."""
-        self._require_started()
-        processes, dispatch = self._processes, self._dispatch
-        if processes is None or dispatch is None:
-            raise ShuttingDownError("the engine stopped before this document was preprocessed")
-        timeout_s = self.config.preprocess_timeout_s
-        call = functools.partial(processes.call, job, args, timeout_s=timeout_s)
-        try:
-            result: T = await self._off_loop(dispatch, call)
-        except MemoryError as exc:  # raised in the worker before the pruner ran (taking the page in)
-            raise InputTooLargeError(
-                "the page needs more memory than a preprocessing process may use "
-                f"({self.config.preprocess_memory_limit_mb} MiB, HTMLLM_PREPROCESS_MEMORY_LIMIT_MB)"
-            ) from exc
-        except WorkerError as exc:
-            if self._processes is not processes:  # `stop` closed the pool under this page
-                raise ShuttingDownError("the engine stopped while this document was preprocessed") from exc
-            raise worker_failure(exc, timeout_s) from exc
-        return result
-
     async def preprocess(self, doc: Document | str | bytes) -> Preprocessed:
         """The pruned HTML and its token count (with [CLS]/[SEP], before truncation), for debugging;
         counted up to `count_limit` of the model's max length (`tokens_exact` False past it).
@@ -386,14 +265,7 @@ class Engine:
         self._check_room(1)
         self._admit(1)
         try:
-            max_length = self._max_length
-            if self._processes is not None:
-                return await self._in_process(
-                    preprocess_in_worker, document.html, document.encoding, max_length
-                )
-            return await self._off_loop(
-                pool, preprocess, self._tokenizer, document.html, document.encoding, max_length
-            )
+            return await self._preprocessing.preprocess(pool, document)
         finally:
             self._release(1)
 
@@ -439,12 +311,15 @@ class Engine:
             )
 
     def _require_started(self) -> ThreadPoolExecutor:
-        if self._pool is None or self._batcher is None:
+        """The preprocessing threads, while the pools and the batcher run on this loop (NotReadyError
+        before `start`, ShuttingDownError after `stop`)."""
+        pool = self._preprocessing.threads
+        if pool is None or self._batcher is None:
             if self._idle is not None:  # it ran once: it has been stopped
                 raise ShuttingDownError("the engine has stopped")
             raise NotReadyError("the engine has not been started")
         self._check_loop()
-        return self._pool
+        return pool
 
     async def embed(
         self,
@@ -593,7 +468,8 @@ class Engine:
     ) -> DocumentResult:
         cache, key = self._cache, b""
         if cache is not None:
-            key = await self._off_loop(pool, cache_key, doc, truncate)  # hashing a page: off the loop
+            # Hashing a page takes time: off the loop, on the threads the call was admitted to.
+            key = await self._preprocessing.off_loop(pool, cache_key, doc, truncate)
             track.enter(AWAITING_COPY)
             hit = await cache.settled(key)
             if isinstance(hit, HtmllmError):  # the copy in flight failed on the page itself
@@ -607,7 +483,7 @@ class Engine:
             track.enter(PREPROCESSING)
         page_failure: HtmllmError | None = None
         try:
-            prepared = await self._prepare_off_loop(doc, truncate)
+            prepared = await self._preprocessing.prepare(self._require_started(), doc, truncate)
             batcher = self._batcher
             if batcher is None:
                 raise ShuttingDownError("the engine stopped before this document was queued")

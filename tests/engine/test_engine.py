@@ -388,14 +388,14 @@ async def test_settled_turns_an_unexpected_failure_into_an_internal_error(
     tiny_checkpoint: Path, pages: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with Engine.from_checkpoint(tiny_checkpoint) as engine:
-        prepare = engine._prepare
+        prepare = engine._preprocessing._prepare
 
         def broken(doc: Document, truncate: bool) -> object:
             if doc.id == "bad":
                 raise RuntimeError("an invariant broke")
             return prepare(doc, truncate)
 
-        monkeypatch.setattr(engine, "_prepare", broken)
+        monkeypatch.setattr(engine._preprocessing, "_prepare", broken)
         good, bad = await engine.embed_settled([Document(pages[0], id="ok"), Document(pages[1], id="bad")])
         with pytest.raises(UnknownHeadError):  # what is wrong with the call still raises
             await engine.embed_settled(pages[:1], heads=["nope"])
@@ -409,13 +409,13 @@ async def test_settled_documents_get_shutting_down_when_the_engine_stops_under_t
 ) -> None:
     engine = Engine.from_checkpoint(tiny_checkpoint, EngineConfig(preprocess_workers=1))
     await engine.start()
-    prepare = engine._prepare
+    prepare = engine._preprocessing._prepare
 
     def slow(doc: Document, truncate: bool) -> object:
         time.sleep(0.3)
         return prepare(doc, truncate)
 
-    monkeypatch.setattr(engine, "_prepare", slow)
+    monkeypatch.setattr(engine._preprocessing, "_prepare", slow)
     # One document is being preprocessed, the other waits for the pool when the engine stops.
     call = asyncio.create_task(engine.embed_settled(pages[:2]))
     await asyncio.sleep(0.1)
@@ -439,7 +439,7 @@ async def test_process_pool_prepares_what_the_threads_prepare(
         Engine.from_checkpoint(tiny_checkpoint, EngineConfig(max_length=64)) as threads,
         Engine.from_checkpoint(tiny_checkpoint, config) as processes,
     ):
-        assert processes._processes is not None
+        assert processes._preprocessing._processes is not None
         want = await threads.embed(docs)
         got = await processes.embed(docs)
         for a, b in zip(got, want, strict=True):
@@ -462,8 +462,8 @@ async def test_a_preprocessing_process_killed_while_idle_is_replaced_unblamed(
     config = EngineConfig(preprocess_pool="process", preprocess_workers=1)
     async with Engine.from_checkpoint(tiny_checkpoint, config) as engine:
         (before,) = await engine.embed(pages[:1])
-        assert engine._processes is not None
-        (worker,) = engine._processes._idle
+        assert engine._preprocessing._processes is not None
+        (worker,) = engine._preprocessing._processes._idle
         worker.process.kill()  # the OOM killer picks an idle worker
         worker.process.join()
         (after,) = await engine.embed(pages[:1])  # on a fresh worker, not "crashed"
@@ -494,7 +494,7 @@ async def test_a_preprocessing_process_that_cannot_start_is_a_server_error(
     """Not the page's fault: `internal_error` (500), not `preprocess_failed` (422)."""
     config = EngineConfig(preprocess_pool="process", preprocess_workers=1)
     async with Engine.from_checkpoint(tiny_checkpoint, config) as engine:
-        processes = engine._processes
+        processes = engine._preprocessing._processes
         assert processes is not None
         (worker,) = processes._idle
         worker.process.kill()
@@ -512,7 +512,7 @@ async def _stuck_workers(engine: Engine, pages: list[str]) -> list[asyncio.Task[
     import os
     import signal
 
-    processes = engine._processes
+    processes = engine._preprocessing._processes
     assert processes is not None
     stuck = [asyncio.create_task(engine.embed([page])) for page in pages]
     while len(processes._busy) < len(pages):
@@ -542,13 +542,13 @@ async def test_a_cancelled_stop_leaves_no_process_behind(tiny_checkpoint: Path) 
     config = EngineConfig(preprocess_pool="process", preprocess_workers=2, preprocess_timeout_s=None)
     engine = Engine.from_checkpoint(tiny_checkpoint, config)
     await engine.start()
-    processes = engine._processes
+    processes = engine._preprocessing._processes
     assert processes is not None
     stuck = await _stuck_workers(engine, [_big_page(), _big_page()])
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(engine.stop(drain=True), 0.5)  # waits for the stuck pages: cancelled
     await asyncio.wait_for(engine.stop(drain=False), 60)
-    assert processes.live_workers == 0 and engine._processes is None
+    assert processes.live_workers == 0 and engine._preprocessing._processes is None
     await asyncio.gather(*stuck, return_exceptions=True)
     engine.close()
 
@@ -573,7 +573,7 @@ async def test_a_cached_page_is_answered_while_pages_are_stuck(
 async def test_a_page_that_crashes_its_process_fails_alone(tiny_checkpoint: Path, pages: list[str]) -> None:
     config = EngineConfig(preprocess_pool="process", preprocess_workers=1)
     async with Engine.from_checkpoint(tiny_checkpoint, config) as engine:
-        processes = engine._processes
+        processes = engine._preprocessing._processes
         assert processes is not None
         crashed = asyncio.create_task(engine.embed([_big_page()]))
         while not processes._busy:
@@ -590,15 +590,15 @@ async def test_preprocess_calls_are_bounded_by_the_queue(
     tiny_checkpoint: Path, pages: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The debugging route must not let a flood pile pages up in the workers' queue."""
-    from service.engine import engine as engine_module
+    from service.engine import preprocessing as preprocessing_module
 
-    real = engine_module.preprocess
+    real = preprocessing_module.preprocess
 
     def slow(*args: object) -> tuple[str, int]:
         time.sleep(0.3)
         return real(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(engine_module, "preprocess", slow)
+    monkeypatch.setattr(preprocessing_module, "preprocess", slow)
     async with Engine.from_checkpoint(tiny_checkpoint, EngineConfig(max_queue_documents=2)) as engine:
         first = asyncio.gather(engine.preprocess(pages[0]), engine.preprocess(pages[1]))
         await asyncio.sleep(0.05)
@@ -692,15 +692,15 @@ async def test_a_draining_stop_overtaken_by_a_stop_without_drain_returns_quietly
     """stop() waiting for the queue to drain while another stop(drain=False) finishes the shutdown had
     woken to a batcher already gone: AttributeError on None instead of returning. The call in flight is
     answered at once by the stop without drain (its thread runs on: it cannot be stopped)."""
-    from service.engine import engine as engine_module
+    from service.engine import preprocessing as preprocessing_module
 
-    real = engine_module.preprocess
+    real = preprocessing_module.preprocess
 
     def slow(*args: object) -> tuple[str, int]:
         time.sleep(0.3)
         return real(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(engine_module, "preprocess", slow)
+    monkeypatch.setattr(preprocessing_module, "preprocess", slow)
     engine = Engine.from_checkpoint(tiny_checkpoint)
     await engine.start()
     in_flight = asyncio.create_task(engine.preprocess("<p>x</p>"))
@@ -748,8 +748,8 @@ async def test_start_builds_the_word_table_before_any_page(
     async with Engine.from_checkpoint(tiny_checkpoint, config) as engine:
         assert warmed == [1]
         if pool == "process":
-            assert engine._processes is not None
-            assert engine._processes.call(_word_tables_adopted, (), timeout_s=60)
+            assert engine._preprocessing._processes is not None
+            assert engine._preprocessing._processes.call(_word_tables_adopted, (), timeout_s=60)
         results = await engine.embed(["<p>" + "x" * 50_000 + " end</p>"])
         assert results[0].tokens > 2
 

@@ -23,7 +23,7 @@ def _blocking_prepare(
     """The engine's first page held on its preprocessing thread until `release` (a parse stuck in C
     code looks like this); `started` once it is."""
     started, release = threading.Event(), threading.Event()
-    real = engine._prepare
+    real = engine._preprocessing._prepare
     first = [True]
 
     def held(doc: Document, truncate: bool) -> Prepared:
@@ -33,7 +33,7 @@ def _blocking_prepare(
             release.wait(10 * SAFETY_S)  # longer than any wait of the tests: they let it go
         return real(doc, truncate)
 
-    monkeypatch.setattr(engine, "_prepare", held)
+    monkeypatch.setattr(engine._preprocessing, "_prepare", held)
     return started, release
 
 
@@ -103,7 +103,7 @@ async def test_concurrent_starts_build_one_batcher(tiny_checkpoint: Path) -> Non
         return sum(task.get_name() == "htmllm-batch-former" for task in asyncio.all_tasks())
 
     await asyncio.gather(engine.start(), engine.start())
-    processes = engine._processes
+    processes = engine._preprocessing._processes
     assert formers() == 1 and processes is not None
     assert len(await engine.embed(make_pages(2))) == 2
     await engine.stop()
@@ -117,7 +117,7 @@ async def test_a_stop_during_a_start_stops_what_the_start_built(tiny_checkpoint:
     config = EngineConfig(preprocess_pool="process", preprocess_workers=1)
     engine = Engine.from_checkpoint(tiny_checkpoint, config)
     await asyncio.gather(engine.start(), engine.stop())
-    assert not engine.accepting and engine._processes is None and engine._batcher is None
+    assert not engine.accepting and engine._preprocessing._processes is None and engine._batcher is None
     with pytest.raises(ShuttingDownError):
         await engine.embed(make_pages(1))
     engine.close()
@@ -130,7 +130,8 @@ async def test_a_start_during_a_stop_waits_for_it_and_starts_anew(tiny_checkpoin
     config = EngineConfig(preprocess_pool="process", preprocess_workers=1)
     engine = Engine.from_checkpoint(tiny_checkpoint, config)
     await engine.start()
-    old_processes, old_pool, old_dispatch = engine._processes, engine._pool, engine._dispatch
+    pools = engine._preprocessing
+    old_processes, old_pool, old_dispatch = pools._processes, pools._pool, pools._dispatch
     assert old_processes is not None and old_pool is not None and old_dispatch is not None
 
     async def start_once_the_batcher_is_gone() -> None:
@@ -145,9 +146,9 @@ async def test_a_start_during_a_stop_waits_for_it_and_starts_anew(tiny_checkpoin
     await asyncio.wait_for(stopping_and_starting, SAFETY_S)
     assert old_processes.live_workers == 0
     assert old_pool._shutdown and old_dispatch._shutdown
-    processes = engine._processes
+    processes = engine._preprocessing._processes
     assert engine.accepting and processes is not None and processes is not old_processes
     assert len(await engine.embed(make_pages(2))) == 2
     await engine.stop()
-    assert processes.live_workers == 0 and engine._pool is None and engine._dispatch is None
+    assert processes.live_workers == 0 and pools._pool is None and pools._dispatch is None
     engine.close()

@@ -155,7 +155,7 @@ def _held_first_prepare(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> tupl
     """Count the engine's prepares; the first waits for `release` (so that every copy is waiting for it)
     and then runs or fails as the page does."""
     calls, release = [0], threading.Event()
-    real = engine._prepare
+    real = engine._preprocessing._prepare
 
     def held(doc: Document, truncate: bool) -> Prepared:
         calls[0] += 1
@@ -163,7 +163,7 @@ def _held_first_prepare(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> tupl
             release.wait(30)
         return real(doc, truncate)
 
-    monkeypatch.setattr(engine, "_prepare", held)
+    monkeypatch.setattr(engine._preprocessing, "_prepare", held)
     return calls, release
 
 
@@ -194,13 +194,13 @@ async def test_copies_of_a_page_that_fails_get_its_failure_without_trying_again(
     config = EngineConfig(result_cache_documents=8, preprocess_workers=4)
     async with Engine.from_checkpoint(tiny_checkpoint, config) as engine:
         calls, release = _held_first_prepare(engine, monkeypatch)
-        real = engine._prepare
+        real = engine._preprocessing._prepare
 
         def failing(doc: Document, truncate: bool) -> Prepared:
             real(doc, truncate)  # held, counted
             raise PreprocessError("pruning this page took more than 20 s")
 
-        monkeypatch.setattr(engine, "_prepare", failing)
+        monkeypatch.setattr(engine._preprocessing, "_prepare", failing)
         page = make_pages(1, seed=11)[0]
         copies = [asyncio.ensure_future(engine.embed([page])) for _ in range(4)]
         try:

@@ -1,0 +1,181 @@
+"""The Engine's preprocessing pools: prune and tokenize on threads, or on processes held to a time and
+memory limit, never on the event loop; and how they are closed under pages still in work.
+
+Apart from the Engine because they are mechanics: the Engine decides when they start and close (under
+its lifecycle lock, after its batcher) and what a caller may submit; this class only runs the work and
+turns what the pools raise into the errors callers are answered with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from service.core.preparation import (
+    Prepared,
+    Preprocessed,
+    init_worker,
+    prepare,
+    prepare_in_worker,
+    preprocess,
+    preprocess_in_worker,
+)
+from service.core.prune import InputTooLargeError
+from service.core.tokenizer import HtmlTokenizer
+from service.core.words import built_word_tables
+from service.core.workers import WorkerError, WorkerPool, mib_as_bytes
+from service.engine.failures import OverLimitError, worker_failure
+from service.engine.types import Document, EngineConfig, ShuttingDownError
+
+T = TypeVar("T")
+
+
+class Preprocessing:
+    """The preprocessing threads and, with `preprocess_pool="process"`, the processes and the threads
+    that wait on them; from `start` to `close`, which the Engine calls (one Engine, one of these).
+
+    The calls take the thread pool the Engine handed out when it admitted the call (`threads` then): a
+    call that outlives a stop finds that pool shut down and is told ShuttingDownError, not served by
+    the pools of a later start.
+    """
+
+    def __init__(self, tokenizer: HtmlTokenizer, config: EngineConfig, max_length: int) -> None:
+        self._tokenizer = tokenizer
+        self._config = config
+        self._max_length = max_length
+        self._pool: ThreadPoolExecutor | None = None
+        self._processes: WorkerPool | None = None  # preprocess_pool="process"
+        # Threads that wait on the processes: apart, so that a page stuck in one (up to its time limit)
+        # never holds up the work of `_pool` (hashing a page for the result cache).
+        self._dispatch: ThreadPoolExecutor | None = None
+        # The executor jobs callers await now: a stop without drain cancels them (their callers get
+        # ShuttingDownError, `off_loop`) rather than wait for a thread that may never finish.
+        self._off_loop_waits: set[asyncio.Future[Any]] = set()
+
+    @property
+    def threads(self) -> ThreadPoolExecutor | None:
+        """The preprocessing threads between `start` and `close`, else None."""
+        return self._pool
+
+    async def start(self) -> None:
+        """Build the pools and start every process now, so the first pages do not wait for one.
+
+        A start that fails part way (a process that cannot start, a cancelled start) closes what it built
+        before it raises: the Engine has no batcher then, and a second start would have replaced the
+        pools (processes included) with new ones nobody closes."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _start(self) -> None:
+        workers = self._config.preprocess_workers
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="htmllm-preprocess")
+        if self._config.preprocess_pool == "process":
+            self._processes = WorkerPool(
+                workers,
+                name="preprocessing",
+                preload=["service.core.preparation"],
+                initializer=init_worker,
+                # The tables the tokenizer's warm-up built here (if it needs them): a second less per start.
+                initargs=(self._tokenizer.to_json(), built_word_tables()),
+                memory_limit_bytes=mib_as_bytes(self._config.preprocess_memory_limit_mb),
+            )
+            self._dispatch = ThreadPoolExecutor(workers, thread_name_prefix="htmllm-preprocess-dispatch")
+            await asyncio.to_thread(self._processes.prestart)
+
+    async def close(self) -> None:
+        """Kill the preprocessing processes, then end the threads (idempotent). In this order: a thread
+        waits on its process's page, so the threads first would wait for every page in work, up to
+        `preprocess_timeout_s` (for ever without one), and answer it as the page's failure.
+
+        The preprocessing threads are not waited for: a page being pruned on one cannot be stopped
+        (threads, unlike processes, cannot be killed), and a stop that waited for it had neither returned
+        nor answered the page's caller. Its caller gets ShuttingDownError now; the thread ends when the
+        page is done. The threads that wait on processes end as soon as those are killed.
+        """
+        if self._processes is not None:
+            # Forgotten before they are killed: the pages they fail are ShuttingDownError (`_in_process`).
+            processes, self._processes = self._processes, None
+            await asyncio.to_thread(processes.close)
+        dispatch, pool = self._dispatch, self._pool
+        self._dispatch = self._pool = None
+        for waiting in list(self._off_loop_waits):
+            waiting.cancel()  # what its caller then raises: ShuttingDownError (`off_loop`)
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        if dispatch is not None:
+            await asyncio.to_thread(dispatch.shutdown, wait=True, cancel_futures=True)
+
+    async def off_loop(self, executor: Executor, job: Callable[..., T], *args: object) -> T:
+        """`job(*args)` on `executor`; ShuttingDownError when `close` cancelled it or shut the executor
+        down, CancelledError only when the calling task itself was cancelled.
+
+        `stop(drain=False)` cancels the jobs callers wait for; a bare CancelledError would reach callers
+        nobody cancelled (a library caller's TaskGroup, `asyncio.gather`), which then cannot tell it from
+        their own cancellation.
+        """
+        try:
+            future = asyncio.get_running_loop().run_in_executor(executor, job, *args)
+        except RuntimeError as exc:  # "cannot schedule new futures after shutdown"
+            raise ShuttingDownError("the engine stopped before this document was preprocessed") from exc
+        self._off_loop_waits.add(future)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task.cancelling() > 0:
+                raise  # the caller was cancelled (its deadline, a disconnect): not ours to answer
+            raise ShuttingDownError("the engine stopped before this document was preprocessed") from None
+        finally:
+            self._off_loop_waits.discard(future)
+
+    async def prepare(self, pool: ThreadPoolExecutor, doc: Document, truncate: bool) -> Prepared:
+        """The token ids of `doc`, from the threads (`pool`) or the processes; OverLimitError for a page
+        over the max length with `truncate` off. The Engine checks that it runs first."""
+        if self._processes is None:
+            prepared = await self.off_loop(pool, self._prepare, doc, truncate)
+        else:
+            args = (doc.html, doc.encoding, self._max_length, truncate)
+            prepared = await self._in_process(prepare_in_worker, *args)
+        if prepared.over_limit is not None:
+            count = f"{'' if prepared.over_limit_exact else 'more than '}{prepared.over_limit}"
+            raise OverLimitError(doc.id, count, self._max_length)
+        return prepared
+
+    def _prepare(self, doc: Document, truncate: bool) -> Prepared:
+        """Prune and tokenize on this thread (the thread pool's job)."""
+        max_length = self._max_length
+        return prepare(self._tokenizer, doc.html, doc.encoding, max_length=max_length, truncate=truncate)
+
+    async def preprocess(self, pool: ThreadPoolExecutor, doc: Document) -> Preprocessed:
+        """The pruned HTML and its token count (`Engine.preprocess`), from the threads or the processes."""
+        max_length = self._max_length
+        if self._processes is not None:
+            return await self._in_process(preprocess_in_worker, doc.html, doc.encoding, max_length)
+        return await self.off_loop(pool, preprocess, self._tokenizer, doc.html, doc.encoding, max_length)
+
+    async def _in_process(self, job: Callable[..., T], *args: object) -> T:
+        """Run `job` on a preprocessing process, waited for by one of the dispatch threads; a worker
+        that runs past `preprocess_timeout_s` is killed and only its page fails."""
+        processes, dispatch = self._processes, self._dispatch
+        if processes is None or dispatch is None:
+            raise ShuttingDownError("the engine stopped before this document was preprocessed")
+        timeout_s = self._config.preprocess_timeout_s
+        call = functools.partial(processes.call, job, args, timeout_s=timeout_s)
+        try:
+            result: T = await self.off_loop(dispatch, call)
+        except MemoryError as exc:  # raised in the worker before the pruner ran (taking the page in)
+            raise InputTooLargeError(
+                "the page needs more memory than a preprocessing process may use "
+                f"({self._config.preprocess_memory_limit_mb} MiB, HTMLLM_PREPROCESS_MEMORY_LIMIT_MB)"
+            ) from exc
+        except WorkerError as exc:
+            if self._processes is not processes:  # `close` killed the pool under this page
+                raise ShuttingDownError("the engine stopped while this document was preprocessed") from exc
+            raise worker_failure(exc, timeout_s) from exc
+        return result
