@@ -210,6 +210,8 @@ def train_tokenizer(
         raise TokenizerTrainingError("no text to train a tokenizer on")
     if tags < 0:
         raise TokenizerTrainingError(f"tags must be >= 0, got {tags}")
+    if min_frequency < 0:  # the trainer takes it unsigned: an OverflowError otherwise
+        raise TokenizerTrainingError(f"min_frequency must be >= 0, got {min_frequency}")
     target = round_up(vocab_size)
     chosen = top_tags(count_tags(docs), tags)
     added = tag_tokens(chosen, spaced=spaced_tags)

@@ -43,13 +43,10 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     try:
+        # The options first (cheap, and a bad --lr had failed only once every page was embedded).
+        config = eval_config(args, checkpoints=(args.checkpoint,), baselines=())
         tasks = load_tasks(args.tasks, k=args.folds, seed=args.seed)
-        heads = train_heads(
-            args.checkpoint,
-            tasks,
-            eval_config(args, checkpoints=(args.checkpoint,), baselines=()),
-            max_length=args.max_length,
-        )
+        heads = train_heads(args.checkpoint, tasks, config, max_length=args.max_length)
         save_heads(args.checkpoint, heads)
     except (HtmllmError, ValueError) as exc:
         code = getattr(exc, "code", "validation_error")
@@ -59,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"htmllm heads train: cannot read or write a file: {exc}", file=sys.stderr)
         return 1
     for name, (spec, _) in heads.items():
-        figures = ", ".join(f"{k} {v:.4f}" for k, v in spec.metrics.items())
+        figures = ", ".join(
+            f"{k} {v}" if isinstance(v, int) else f"{k} {v:.4f}" for k, v in spec.metrics.items()
+        )
         print(f"{name}: {len(spec.labels)} labels; {figures}")
     return 0

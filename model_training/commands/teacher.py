@@ -38,7 +38,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="truncate the teacher's input to N of its tokens (default: the model's own limit)",
     )
     embed.add_argument("--batch-size", type=int, default=32, help="documents per teacher forward pass")
-    embed.add_argument("--device", default="cpu", help="torch device for the teacher (cpu, cuda, cuda:1)")
+    embed.add_argument(
+        "--device", default="cpu", help="torch device for the teacher (cpu, cuda, cuda:1, mps, auto)"
+    )
     embed.add_argument("--no-normalize", action="store_true", help="keep the teacher's raw vector norms")
     embed.add_argument("--no-progress", action="store_true", help="no progress bar")
     embed.set_defaults(func=run_embed)
@@ -50,10 +52,12 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def run_embed(args: argparse.Namespace) -> int:
+    from model_training.commands.devices import resolve_device
     from model_training.teacher import embed_shards
     from service.core.errors import HtmllmError
 
     try:
+        device = resolve_device(args.device)  # before the teacher loads: torch says so as a traceback
         meta = embed_shards(
             args.input,
             args.out,
@@ -61,7 +65,7 @@ def run_embed(args: argparse.Namespace) -> int:
             view=args.view,
             batch_size=args.batch_size,
             max_seq_length=args.max_seq_length,
-            device=args.device,
+            device=device,
             normalize=not args.no_normalize,
             progress=not args.no_progress,
         )

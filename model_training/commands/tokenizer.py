@@ -116,6 +116,12 @@ def run_train(args: argparse.Namespace) -> int:
     from service.core.errors import HtmllmError
 
     started = time.perf_counter()
+    # Checked before the pages are pruned; the trainer takes min_frequency as unsigned (a negative one
+    # had ended in an OverflowError traceback from the tokenizers library).
+    if args.min_frequency < 0:
+        return _fail(f"--min-frequency must be >= 0, got {args.min_frequency}")
+    if args.tags < 0:
+        return _fail(f"--tags must be >= 0, got {args.tags}")
     try:
         writable_dir(args.out)  # before the pages are pruned, not after the vocabulary is trained
         corpus = pruned_pages(
@@ -197,6 +203,13 @@ def run_eval(args: argparse.Namespace) -> int:
         windows = sorted({int(w) for w in args.windows.split(",") if w.strip()})
     except ValueError:
         return _fail(f"--windows must be comma-separated integers, got {args.windows!r}")
+    if not windows or windows[0] < 1:
+        return _fail(f"--windows must be positive token counts, got {args.windows!r}")
+    # The output paths are checked before the evaluation, which may take many minutes, not after it.
+    for flag, output in (("--json", args.json), ("--markdown", args.markdown)):
+        problem = _unwritable_file(output) if output is not None else None
+        if problem is not None:
+            return _fail(f"{flag} {output}: {problem}")
     named = [_named(str(args.tokenizer)), *(_named(b) for b in args.baseline)]
     if args.bert:
         path = bert_tokenizer_path()
@@ -221,19 +234,38 @@ def run_eval(args: argparse.Namespace) -> int:
     table = markdown_table(stats)
     print(f"{len(corpus.texts)} pruned documents ({args.split} split, {len(corpus.failed)} rejected)\n")
     print(table)
-    if args.markdown is not None:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(table + "\n", encoding="utf-8")
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        payload = {
-            "corpus": str(args.corpus),
-            "split": args.split,
-            "heldout_percent": args.heldout_percent,
-            "documents": len(corpus.texts),
-            "rejected_pages": corpus.failed,
-            "windows": windows,
-            "tokenizers": [asdict(s) for s in stats],
-        }
-        args.json.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    try:
+        if args.markdown is not None:
+            args.markdown.write_text(table + "\n", encoding="utf-8")
+        if args.json is not None:
+            _write_json(args, corpus, windows, stats)
+    except OSError as exc:  # changed since the check (removed, disk full)
+        return _fail(f"cannot write the results: {exc}")
     return 0
+
+
+def _unwritable_file(path: Path) -> str | None:
+    """Why the file `path` cannot be written (its directory is created, as the write would), or None."""
+    from model_training.data import writable_dir
+    from service.core.errors import HtmllmError
+
+    if path.is_dir():
+        return "it is a directory"
+    try:
+        writable_dir(path.parent)
+    except HtmllmError as exc:
+        return str(exc)
+    return None
+
+
+def _write_json(args: argparse.Namespace, corpus: Any, windows: list[int], stats: list[Any]) -> None:
+    payload = {
+        "corpus": str(args.corpus),
+        "split": args.split,
+        "heldout_percent": args.heldout_percent,
+        "documents": len(corpus.texts),
+        "rejected_pages": corpus.failed,
+        "windows": windows,
+        "tokenizers": [asdict(s) for s in stats],
+    }
+    args.json.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -49,11 +49,19 @@ class HeadConfig:
     def __post_init__(self) -> None:
         if self.stop_on not in ("metric", "loss"):
             raise EvaluationError(f"stop_on must be 'metric' or 'loss', got {self.stop_on!r}")
-        if (
-            min(self.hidden, self.batch_size, self.max_epochs, self.patience) < 1
-            or not 0 < self.val_fraction < 1
-        ):
-            raise EvaluationError(f"impossible head configuration {self}")
+        # Each refusal names the option (the command-line flag is the field with '-' for '_'): the
+        # whole dataclass repr had been printed, and a bad lr surfaced from torch only after embedding.
+        for name in ("hidden", "batch_size", "max_epochs", "patience"):
+            if getattr(self, name) < 1:
+                raise EvaluationError(f"head {name} must be at least 1, got {getattr(self, name)}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise EvaluationError(f"head lr must be a positive number, got {self.lr}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise EvaluationError(f"head weight_decay must be >= 0, got {self.weight_decay}")
+        if not 0 <= self.dropout < 1:
+            raise EvaluationError(f"head dropout must be within [0, 1), got {self.dropout}")
+        if not 0 < self.val_fraction < 1:
+            raise EvaluationError(f"head val_fraction must be within (0, 1), got {self.val_fraction}")
 
 
 @dataclass

@@ -488,8 +488,9 @@ def train_heads(
         metrics = {
             cv.metric: cv.mean,
             f"{cv.metric}_std": cv.std,
-            "cv_folds": float(len(cv.folds)),
-            "pages": float(len(task.ids)),
+            # Counts stay ints in htmllm.json (the metrics schema takes any JSON number): "cv_folds": 5.
+            "cv_folds": len(cv.folds),
+            "pages": len(task.ids),
         }
         heads[task.spec.name] = train_final_head(task, x, config.head, metrics)
         logger.info("head %s: %s %.4f ± %.4f", task.spec.name, cv.metric, cv.mean, cv.std)

@@ -157,6 +157,10 @@ def load_task(
     `interned` maps content hashes to page bytes shared between tasks, so pages that several tasks
     label are held in memory once.
     """
+    # Refused even where the rows carry their folds (then k is not used): a `--folds 0` or `--folds 1`
+    # had passed silently there, and failed only for the tasks that needed folds assigned.
+    if k < 2:
+        raise EvaluationError(f"cross-validation needs at least 2 folds, got {k}")
     path = Path(path)
     spec_path, pages_path = path / TASK_SPEC_FILE, path / TASK_PAGES_FILE
     if not spec_path.is_file() or not pages_path.is_file():

@@ -8,6 +8,7 @@ Layout (a directory `transformers.AutoModel.from_pretrained` also loads, as a `M
     htmllm.json            CheckpointMeta: format version, pooling, prune version, tokenizer sha256,
                            max length, embedding dim, heads (kind, labels, hidden, metrics), training
     heads/<name>.safetensors  one file per task head
+    heads/.pending/        only while `save_heads` commits (see there); no part of the format
 
 Loading is strict: a missing file, an unknown format version, a tokenizer whose hash or vocabulary does
 not match the model, a missing or unexpected tensor, a tensor that is not floating point or holds NaN or
@@ -21,9 +22,12 @@ its reader refuses.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
+import os
+import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -46,6 +50,8 @@ WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
 META_FILE = "htmllm.json"
 HEADS_DIR = "heads"
+# Where save_heads stages new head files and htmllm.json; htmllm.json written there is its commit point.
+PENDING_DIR = ".pending"
 
 # The safetensors dtypes a weight may have; anything else (an int or bool tensor from a broken conversion)
 # would be cast silently into the float parameters by load_state_dict.
@@ -310,6 +316,8 @@ def save_checkpoint(
         _check_state(head.state_dict(), f"{HEADS_DIR}/{name}.safetensors")
     meta.heads = specs
     root.mkdir(parents=True, exist_ok=True)
+    # A save_heads stage left over (committed or not) would otherwise be applied over this checkpoint.
+    shutil.rmtree(root / HEADS_DIR / PENDING_DIR, ignore_errors=True)
     model.config.classifier_pooling = model.pooling  # type: ignore[assignment]  # validated by the model
     # ModernBertModel.save_pretrained writes config.json and model.safetensors under the names
     # AutoModel expects; we keep only those two files from it.
@@ -329,8 +337,39 @@ def save_checkpoint(
             orphan.unlink(missing_ok=True)
 
 
+def finish_pending_heads(path: str | Path) -> None:
+    """Complete a `save_heads` that was killed after its commit point (heads/.pending/htmllm.json
+    written), so that the checkpoint is the new one; called by every reader before it reads.
+
+    Idempotent and safe for several readers at once: a file another process moved already is skipped.
+    The staged head files are moved before htmllm.json, so while htmllm.json is still staged every head
+    file left beside it is still to be moved. A stage without htmllm.json is left alone (its writer may
+    be running; the checkpoint is the old one, and the next `save_heads` discards it).
+    """
+    root = Path(path)
+    pending = root / HEADS_DIR / PENDING_DIR
+    staged_meta = pending / META_FILE
+    if not staged_meta.is_file():
+        return
+    try:
+        for staged in sorted(pending.glob("*.safetensors")):
+            with contextlib.suppress(FileNotFoundError):  # moved by another reader meanwhile
+                os.replace(staged, root / HEADS_DIR / staged.name)
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(staged_meta, root / META_FILE)
+    except OSError as exc:  # a read-only copy of a checkpoint whose writer was killed
+        raise CheckpointError(
+            f"checkpoint {root}: an interrupted `save_heads` left {HEADS_DIR}/{PENDING_DIR}, and it cannot "
+            f"be completed here ({exc.strerror or exc}): load it once where it is writable, or move "
+            f"{HEADS_DIR}/{PENDING_DIR}/*.safetensors into {HEADS_DIR}/ and then "
+            f"{HEADS_DIR}/{PENDING_DIR}/{META_FILE} over {META_FILE}"
+        ) from exc
+    shutil.rmtree(pending, ignore_errors=True)
+
+
 def read_meta(path: str | Path) -> CheckpointMeta:
     """htmllm.json alone (cheap: for listing models without loading weights)."""
+    finish_pending_heads(path)
     file = Path(path) / META_FILE
     if not file.is_file():
         raise CheckpointError(f"{file} is missing: {Path(path)} is not an htmllm checkpoint")
@@ -352,6 +391,7 @@ def checkpoint_fingerprint(path: str | Path) -> str:
     need not. Cost: 25 ms for the bundled model's 30 MB (about 1.3 GB/s warm).
     """
     root = Path(path)
+    finish_pending_heads(root)  # the fingerprint of the checkpoint a load then reads
     digest = hashlib.sha256()
     files = [root / CONFIG_FILE, root / META_FILE, root / WEIGHTS_FILE]
     files += sorted((root / HEADS_DIR).glob("*.safetensors"))
@@ -543,9 +583,17 @@ def save_heads(path: str | Path, heads: Mapping[str, tuple[HeadSpec, TaskHead]])
     Every head is checked against its spec and the encoder's width before any file is written: a
     module that does not match its spec (labels, hidden) had been written, and the checkpoint then
     refused to load.
+
+    A kill at any point leaves the old checkpoint or the new one, never a mix: head files had been
+    written over before htmllm.json, so a kill between the two left heads htmllm.json did not list
+    (refused), or a replaced head's new weights under its old labels and metrics (loaded silently).
+    The new head files and htmllm.json are staged in heads/.pending/, htmllm.json last: before it is
+    there, the stage is ignored (and discarded by the next save); once it is, the save is committed
+    and `finish_pending_heads` (run here and by every reader) moves the files into place. The format
+    is unchanged: a finished checkpoint holds no stage.
     """
     root = Path(path)
-    meta = read_meta(root)
+    meta = read_meta(root)  # completes an earlier save that was killed after its commit point
     config_file = root / CONFIG_FILE
     if not config_file.is_file():
         raise CheckpointError(f"checkpoint {root} is missing {CONFIG_FILE}")
@@ -565,8 +613,10 @@ def save_heads(path: str | Path, heads: Mapping[str, tuple[HeadSpec, TaskHead]])
         _check_state(head.state_dict(), f"head {name!r}")
         specs[name] = spec
     meta_text = _meta_text(dataclasses.replace(meta, heads=list(specs.values())))
-    heads_dir = root / HEADS_DIR
-    heads_dir.mkdir(exist_ok=True)
+    pending = root / HEADS_DIR / PENDING_DIR
+    shutil.rmtree(pending, ignore_errors=True)  # a stage never committed: its save was killed
+    pending.mkdir(parents=True)
     for name, (_spec, head) in heads.items():
-        _atomic_save_tensors(heads_dir / f"{name}.safetensors", head.state_dict(), {"head": name})
-    _atomic_write_text(root / META_FILE, meta_text)
+        _atomic_save_tensors(pending / f"{name}.safetensors", head.state_dict(), {"head": name})
+    _atomic_write_text(pending / META_FILE, meta_text)  # the commit point
+    finish_pending_heads(root)

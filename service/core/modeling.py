@@ -162,7 +162,8 @@ class HeadSpec:
             kind=typed_field(data, "kind", str),
             labels=list(labels),
             hidden=typed_field(data, "hidden", int),
-            metrics={str(k): float(v) for k, v in metrics.items()},
+            # Counts (folds, pages) stay ints: a float(v) here turned them into 3.0 at every later save.
+            metrics={str(k): v if isinstance(v, int) else float(v) for k, v in metrics.items()},
         )
 
 

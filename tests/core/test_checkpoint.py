@@ -408,3 +408,117 @@ def test_save_checkpoint_refuses_nan_weights_before_writing_anything(tmp_path: P
     with pytest.raises(CheckpointError, match=r"tok_embeddings\.weight holds NaN"):
         save_checkpoint(target, model, build_tiny_tokenizer(), _tiny_meta())
     assert not target.exists()
+
+
+class _Killed(BaseException):
+    """A kill, as far as the code under test can tell: nothing catches it, nothing after it runs."""
+
+
+def _kill_after(monkeypatch: pytest.MonkeyPatch, renames: int) -> None:
+    """Make the `renames`+1-th file rename (each atomic write ends in one) kill the process."""
+    import os
+
+    real = os.replace
+    done = [0]
+
+    def replace(src: Any, dst: Any) -> None:
+        if done[0] >= renames:
+            raise _Killed
+        done[0] += 1
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+
+
+def _heads_state(path: Path) -> tuple[dict[str, list[str]], dict[str, dict[str, torch.Tensor]]]:
+    loaded = load_checkpoint(path)
+    labels = {spec.name: spec.labels for spec in loaded.meta.heads}
+    return labels, {name: head.state_dict() for name, head in loaded.model.heads.items()}
+
+
+def test_a_save_heads_killed_at_any_write_leaves_the_old_or_the_new_checkpoint(
+    ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Head files had been written before htmllm.json: killed between, the checkpoint was refused
+    (unlisted heads), or a replaced head's new weights loaded under its old labels without a word."""
+    dim = read_meta(ckpt).embedding_dim
+    torch.manual_seed(7)
+    # page_type replaced by a head of the same shape with other labels, topic added.
+    page_type = HeadSpec(name="page_type", kind="classification", labels=["x", "y", "z"], hidden=16)
+    topic = HeadSpec(name="topic", kind="classification", labels=["a", "b"], hidden=8)
+    new_heads = {"page_type": (page_type, TaskHead(page_type, dim)), "topic": (topic, TaskHead(topic, dim))}
+    old = _heads_state(ckpt)
+    reference = tmp_path / "reference"
+    shutil.copytree(ckpt, reference)
+    save_heads(reference, new_heads)
+    new = _heads_state(reference)
+    assert new[0]["page_type"] == ["x", "y", "z"] and "topic" in new[0]
+
+    outcomes = []
+    for renames in range(10):
+        work = tmp_path / f"killed-{renames}"
+        shutil.copytree(ckpt, work)
+        with monkeypatch.context() as patch:
+            _kill_after(patch, renames)
+            try:
+                save_heads(work, new_heads)
+                finished = True
+            except _Killed:
+                finished = False
+        labels, states = _heads_state(work)
+        expected = new if labels == new[0] else old
+        assert labels == expected[0], renames
+        assert states.keys() == expected[1].keys()
+        for name, state in states.items():
+            for key, tensor in state.items():
+                assert torch.equal(tensor, expected[1][name][key]), (renames, name, key)
+        assert not (work / "heads" / ".pending" / "htmllm.json").exists()  # nothing committed is left
+        fingerprint = checkpoint_fingerprint(reference if expected is new else ckpt)
+        assert checkpoint_fingerprint(work) == fingerprint  # an uncommitted stage is no part of it
+        outcomes.append("new" if expected is new else "old")
+        if finished:
+            break
+    # Killed before the commit point: the old checkpoint; after it: the new one; then no kill at all.
+    assert finished and outcomes[0] == "old" and outcomes[-1] == "new" and "old" not in outcomes[3:], outcomes
+
+
+def test_completing_an_interrupted_save_heads_survives_a_kill_and_refuses_where_read_only(
+    ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dim = read_meta(ckpt).embedding_dim
+    topic = HeadSpec(name="topic", kind="classification", labels=["a", "b"], hidden=8)
+    staged = 2  # the topic head file and htmllm.json written into heads/.pending/, nothing moved yet
+    with monkeypatch.context() as patch:
+        _kill_after(patch, staged)
+        with pytest.raises(_Killed):
+            save_heads(ckpt, {"topic": (topic, TaskHead(topic, dim))})
+    assert (ckpt / "heads" / ".pending" / "htmllm.json").is_file()
+    with monkeypatch.context() as patch:  # a reader that cannot write (a read-only mount)
+        import os
+
+        def read_only(src: Any, dst: Any) -> None:
+            raise PermissionError(30, "Read-only file system")
+
+        patch.setattr(os, "replace", read_only)
+        with pytest.raises(CheckpointError, match=r"interrupted `save_heads`.*move heads/\.pending"):
+            load_checkpoint(ckpt)
+    with monkeypatch.context() as patch:  # a reader killed while completing it
+        _kill_after(patch, 1)
+        with pytest.raises(_Killed):
+            load_checkpoint(ckpt)
+    assert [spec.name for spec in load_checkpoint(ckpt).meta.heads] == ["page_type", "quality", "topic"]
+    assert not (ckpt / "heads" / ".pending").exists()
+    assert checkpoint_fingerprint(ckpt) == checkpoint_fingerprint(ckpt)
+
+
+def test_saving_a_checkpoint_discards_a_stage_of_save_heads(
+    ckpt: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dim = read_meta(ckpt).embedding_dim
+    topic = HeadSpec(name="topic", kind="classification", labels=["a", "b"], hidden=8)
+    with monkeypatch.context() as patch:
+        _kill_after(patch, 2)
+        with pytest.raises(_Killed):
+            save_heads(ckpt, {"topic": (topic, TaskHead(topic, dim))})
+    build_tiny_checkpoint(ckpt)  # saved over: the staged head must not be applied over it later
+    assert [spec.name for spec in load_checkpoint(ckpt).meta.heads] == ["page_type", "quality"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -137,3 +139,14 @@ def test_packed_forward_with_a_kernel_refuses_training_mode() -> None:
         model.embed_packed(
             ids, torch.tensor([0, 5, 12], dtype=torch.int32), 7, attention=reference_varlen_attention
         )
+
+
+def test_head_spec_metrics_keep_counts_as_ints_through_json() -> None:
+    """`cv_folds` and `pages` are counts: a round trip through htmllm.json (every later `heads train`
+    rewrites the earlier heads) had turned them into 3.0 and 120.0."""
+    spec = HeadSpec(
+        name="t", kind="classification", labels=["a", "b"], hidden=8, metrics={"f1": 0.5, "pages": 120}
+    )
+    back = HeadSpec.from_dict(json.loads(json.dumps(spec.to_dict())))
+    assert back.metrics == {"f1": 0.5, "pages": 120}
+    assert isinstance(back.metrics["pages"], int) and isinstance(back.metrics["f1"], float)

@@ -187,3 +187,49 @@ def test_an_interrupted_rewrite_of_teacher_vectors_is_refused(
     # Shard 0 holds the new vectors, shard 1 the old: the old teacher.json used to vouch for both.
     with pytest.raises(DataError, match="teacher embed"):
         load_teacher_embeddings(out, shards)
+
+
+@pytest.mark.parametrize(
+    ("device", "said"),
+    [("cuda", "no CUDA device"), ("cuda:0", "no CUDA device"), ("nonsense", "not a torch device"),
+     ("meta", "not supported")],
+)  # fmt: skip
+def test_an_unusable_device_is_refused_in_one_line_before_the_teacher_loads(
+    shards: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    device: str,
+    said: str,
+) -> None:
+    """--device cuda on a CPU-only torch had been an AssertionError traceback, --device nonsense a
+    RuntimeError one, both after the teacher had loaded."""
+    import torch
+
+    import model_training.teacher as teacher
+    from service.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+    def no_teacher(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the teacher was loaded before the device was checked")
+
+    monkeypatch.setattr(teacher, "load_teacher", no_teacher)
+    args = ["teacher", "embed", "--input", str(shards), "--out", str(tmp_path / "t"), "--device", device]
+    assert main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("htmllm teacher embed: ") and said in err[0], err
+
+
+def test_auto_and_cpu_devices_resolve(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from model_training.commands.devices import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert (resolve_device("auto"), resolve_device("cpu")) == ("cpu", "cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert (resolve_device("auto"), resolve_device("cuda:0")) == ("cuda", "cuda:0")
+    with pytest.raises(DataError, match="1 CUDA device"):
+        resolve_device("cuda:1")

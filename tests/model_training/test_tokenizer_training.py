@@ -128,6 +128,8 @@ def test_impossible_options_are_typed_errors() -> None:
         train_tokenizer(["<p>a</p>"], vocab_size=512, tags=-1)
     with pytest.raises(TokenizerTrainingError, match="base alphabet"):
         train_tokenizer(generate_pruned_pages(5), vocab_size=64, tags=10)
+    with pytest.raises(TokenizerTrainingError, match="min_frequency"):
+        train_tokenizer(["<p>a</p>"], vocab_size=512, min_frequency=-3)
 
 
 def test_split_is_deterministic_and_near_the_requested_share() -> None:
@@ -230,3 +232,42 @@ def test_tokenizer_without_an_action_prints_usage() -> None:
     from service.cli import main
 
     assert main(["tokenizer"]) == 2
+
+
+def test_cli_refuses_bad_options_in_one_line_before_any_work(
+    raw_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A negative --min-frequency had ended in an OverflowError traceback; --windows 0 was accepted."""
+    from service.cli import main
+
+    out = tmp_path / "tok"
+    train = ["tokenizer", "train", "--corpus", str(raw_corpus), "--no-progress", "--out", str(out)]
+    assert main([*train, "--min-frequency", "-3"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "htmllm tokenizer: --min-frequency must be >= 0, got -3"
+    ]
+    build_tiny_tokenizer().save(tmp_path / "tiny.json")
+    evaluate = ["tokenizer", "eval", "--corpus", str(raw_corpus), "--tokenizer", str(tmp_path / "tiny.json")]
+    for windows in ("0,512", "-1", ","):
+        assert main([*evaluate, "--windows", windows, "--no-progress"]) == 1
+        assert "--windows must be positive" in capsys.readouterr().err
+
+
+def test_cli_eval_checks_its_output_paths_before_evaluating(
+    raw_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--json` under a regular file had raised FileExistsError after the whole evaluation ran."""
+    import model_training.tokenizer_training as training
+    from service.cli import main
+
+    def no_evaluation(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("evaluated before the output paths were checked")
+
+    monkeypatch.setattr(training, "pruned_pages", no_evaluation)
+    build_tiny_tokenizer().save(tmp_path / "tiny.json")
+    (tmp_path / "file.txt").write_text("x", encoding="utf-8")
+    evaluate = ["tokenizer", "eval", "--corpus", str(raw_corpus), "--tokenizer", str(tmp_path / "tiny.json")]
+    for flag, target in (("--json", tmp_path / "file.txt" / "x.json"), ("--markdown", tmp_path)):
+        assert main([*evaluate, flag, str(target), "--no-progress"]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"htmllm tokenizer: {flag} {target}: "), err

@@ -126,6 +126,9 @@ def test_heads_train_writes_served_heads_and_leaves_the_encoder(
     assert {"page_kind", "schema_type", "language", "page_type", "quality"} <= set(specs)
     assert specs["language"].labels == ["de", "en", "es"]
     assert 0.0 <= specs["language"].metrics["f1_macro"] <= 1.0 and specs["language"].metrics["cv_folds"] == 3
+    stored = {h["name"]: h for h in json.loads((ckpt / "htmllm.json").read_text(encoding="utf-8"))["heads"]}
+    counts = {k: stored["language"]["metrics"][k] for k in ("cv_folds", "pages")}
+    assert all(type(v) is int for v in counts.values()), counts  # had been stored as 3.0
 
     async def serve() -> dict[str, float]:
         async with Engine.from_checkpoint(ckpt) as engine:
@@ -218,3 +221,47 @@ def test_engine_options_are_checked_before_any_page_is_pruned(tmp_path: Path) ->
     if not torch.cuda.is_available():
         with pytest.raises(HtmllmError, match="CUDA is not available"):
             EvalConfig(baselines=("random",), device="cuda")
+
+
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [(["--lr", "-1"], "head lr must be a positive number, got -1.0"),
+     (["--lr", "nan"], "head lr must be a positive number"),
+     (["--hidden", "0"], "head hidden must be at least 1, got 0"),
+     (["--max-epochs", "0"], "head max_epochs must be at least 1, got 0"),
+     (["--folds", "1"], "at least 2 folds, got 1")],
+)  # fmt: skip
+def test_head_options_are_refused_by_name_before_any_page_is_embedded(
+    workdir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    option: list[str],
+    said: str,
+) -> None:
+    """`--lr -1` had failed with torch's message once every page was embedded; `--hidden 0` printed
+    the whole HeadConfig repr; `--folds 1` passed silently for tasks whose rows carry folds."""
+    from model_training.evaluation import runner
+
+    def no_work(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("pages were embedded before the options were checked")
+
+    monkeypatch.setattr(runner, "train_heads", no_work)
+    monkeypatch.setattr(runner, "run_evaluation", no_work)
+    tasks = ["--tasks", str(workdir / "tasks"), "--cache", str(tmp_path / "cache"), *option]
+    for argv, command in (
+        (["heads", "train", "--checkpoint", str(workdir / "ckpt"), *tasks], "heads train"),
+        (["eval", "run", "--baselines", "random", "--out", str(tmp_path / "out"), *tasks], "eval run"),
+    ):
+        assert main(argv) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"htmllm {command}: ") and said in err[0], err
+        assert "HeadConfig(" not in err[0]
+
+
+def test_eval_run_refuses_zero_folds(
+    workdir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["eval", "run", "--tasks", str(workdir / "tasks"), "--baselines", "random", "--folds", "0"]
+    assert main([*argv, "--cache", "", "--out", str(tmp_path / "out")]) == 1
+    assert "at least 2 folds, got 0" in capsys.readouterr().err
