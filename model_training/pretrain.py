@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import hashlib
 import json
 import logging
 import math
 import os
 import shutil
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,10 +161,12 @@ class BatchOrder:
 
 
 def trapezoid_lr(step: int, total: int, *, peak: float, warmup_frac: float, cooldown_frac: float) -> float:
-    """Warm up linearly, hold, cool down linearly to zero (the trapezoidal / WSD schedule).
+    """Warm up linearly, hold, cool down linearly towards zero (the trapezoidal / WSD schedule).
 
-    Unlike cosine decay it does not commit to a length early: the plateau can be extended and the
-    cool-down run from any checkpoint.
+    A pure function of (step, total): a resume with another `max_steps` re-derives warm-up and cool-down
+    from the new total, so a run resumed on its plateau with a larger total extends the plateau, while
+    one resumed in or after its cool-down jumps back up. Cool-down step k of c (k = 1..c) runs at
+    peak * (c + 1 - k) / (c + 1): the last step at peak / (c + 1), zero being the step after the last.
     """
     # Rounded before the ceiling: 100 * 0.07 is 7.000000000000001 in floating point, and a bare ceil
     # made that 8 warm-up steps.
@@ -437,20 +441,86 @@ def _discard_checkpoints(checkpoints: Path) -> None:
 # Keys of the stored config that a resumed run must share: they shape the weights and heads (a
 # different preset does not load; a different pooling or distillation rank would train another model).
 RESUME_FIXED_KEYS = ("preset", "pooling", "distil_rank")
-# Keys that decide which documents and masks each step sees: a change is allowed but the resumed run
-# is no longer the continuation of the interrupted one, so it is logged.
-RESUME_ORDER_KEYS = ("seed", "batch_size", "grad_accum", "mask_prob", "shards", "teacher")
+# Keys that decide which documents, cut where, and which masks each step sees: a change is allowed but
+# the resumed run is no longer the continuation of the interrupted one, so it is logged. `max_length`
+# leaves the weights' shapes and meaning alone (positions are rotary) but cuts the documents elsewhere.
+# The data itself is compared by content (`data_identity`), not by the `shards`/`teacher` paths.
+RESUME_ORDER_KEYS = ("seed", "batch_size", "grad_accum", "mask_prob", "max_length")
 # Keys of the loss combination: the resumed run trains with the new values (the checkpoint records
 # them), keeping only the learned first-batch scales and the coefficient generator; logged.
 RESUME_LOSS_KEYS = ("loss_weights", "random_coefficients")
+# Fields of teacher.json that say nothing about the vectors: how long embedding took, where the model
+# was installed on the machine that ran it.
+_TEACHER_VOLATILE = ("seconds", "model_path")
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode("utf-8")).hexdigest()
+
+
+def data_identity(provenance: dict[str, Any]) -> dict[str, str]:
+    """Content identity of the shards and teacher vectors a run trains on, recorded in its checkpoints.
+
+    The shards' manifest lists every shard's row-id hash, the split counts, sampling, prune version and
+    cut length, and `data prepare` rewrites it whenever the shards change; teacher.json records the
+    model, view and limit and the row-id hashes it embedded. Hashing both (not the vectors: gigabytes on
+    a crawl) tells a resume that the data behind the same paths changed.
+    """
+    manifest = {k: v for k, v in provenance["shards"].items() if k != "source"}
+    teacher = {k: v for k, v in provenance["teacher"].items() if k not in _TEACHER_VOLATILE}
+    return {"shards": _digest(manifest), "teacher": _digest(teacher)}
+
+
+def _data_changes(training: dict[str, Any], provenance: dict[str, Any], config: TrainConfig) -> list[str]:
+    """What differs between the data a checkpoint was trained on and the data configured now.
+
+    Checkpoints written before `data_identity` existed are compared on what they did record: the
+    shards' counts and the teacher's metadata.
+    """
+    recorded = training.get("data_identity")
+    now = data_identity(provenance)
+    stats_then = training.get("data") or {}
+    stats_now = provenance["shards"].get("stats") or {}
+    teacher_then = {k: v for k, v in (training.get("teacher") or {}).items() if k not in _TEACHER_VOLATILE}
+    teacher_now = {k: v for k, v in provenance["teacher"].items() if k not in _TEACHER_VOLATILE}
+    if isinstance(recorded, dict):
+        shards_changed = recorded.get("shards") != now["shards"]
+        teacher_changed = recorded.get("teacher") != now["teacher"]
+    else:
+        shards_changed = bool(stats_then) and stats_then != stats_now
+        teacher_changed = bool(teacher_then) and teacher_then != teacher_now
+    changes = []
+    if shards_changed:
+        counts = [
+            f"{k} {stats_then.get(k)} -> {stats_now.get(k)}"
+            for k in sorted(set(stats_then) | set(stats_now))
+            if stats_then.get(k) != stats_now.get(k)
+        ]
+        what = ", ".join(counts) if counts else "same counts, other documents, tokens or settings"
+        changes.append(f"the shards in {config.shards} ({what})")
+    if teacher_changed:
+        fields = [
+            f"{k} {teacher_then.get(k)!r} -> {teacher_now.get(k)!r}"
+            for k in sorted(set(teacher_then) | set(teacher_now))
+            if k != "shards" and teacher_then.get(k) != teacher_now.get(k)
+        ]
+        what = ", ".join(fields) if fields else "embedded again from other shard rows"
+        changes.append(f"the teacher vectors in {config.teacher} ({what})")
+    return changes
 
 
 def check_resumable(
-    path: Path, config: TrainConfig, tokenizer: HtmlTokenizer, teacher_dim: int, world: int
+    path: Path,
+    config: TrainConfig,
+    tokenizer: HtmlTokenizer,
+    teacher_dim: int,
+    world: int,
+    provenance: dict[str, Any] | None = None,
 ) -> None:
-    """Refuse to resume from a checkpoint of another model; warn when the data order will differ."""
+    """Refuse to resume from a checkpoint of another model; warn when the data or its order will differ."""
     meta = read_meta(path)
-    saved = meta.training.get("config", {}) if isinstance(meta.training, dict) else {}
+    training = meta.training if isinstance(meta.training, dict) else {}
+    saved = training.get("config", {})
     hint = f"start over with --no-resume or another --out than {config.out}"
     if meta.tokenizer_sha256 != tokenizer.sha256:
         raise DataError(f"cannot resume from {path}: it was trained with another tokenizer; {hint}")
@@ -459,20 +529,36 @@ def check_resumable(
     if changed:
         what = ", ".join(f"{k} {saved[k]!r} -> {current[k]!r}" for k in changed)
         raise DataError(f"cannot resume from {path}: the config changed ({what}); {hint}")
-    saved_dim = meta.training.get("teacher", {}).get("dim")
+    saved_dim = training.get("teacher", {}).get("dim")
     if saved_dim is not None and int(saved_dim) != teacher_dim:
         raise DataError(
             f"cannot resume from {path}: its teacher vectors had {saved_dim} dimensions, "
             f"{config.teacher} has {teacher_dim}; {hint}"
         )
-    order = [k for k in RESUME_ORDER_KEYS if k in saved and saved[k] != current[k]]
-    saved_world = meta.training.get("world_size")
+    data = _data_changes(training, provenance, config) if provenance is not None else []
+    if data:
+        # Allowed, as the docs promise a warning rather than a refusal; but a changed split moves pages
+        # between the sides, so held-out figures stop meaning "sites never trained on".
+        logger.warning(
+            "resuming from %s with changed data: %s. The steps from here on train on other documents "
+            "than the interrupted run's, and pages it trained on may now be held out; to compare "
+            "figures, prepare into a new directory and %s",
+            path,
+            "; ".join(data),
+            hint,
+        )
+    order = [
+        f"{k} {saved[k]!r} -> {current[k]!r}"
+        for k in RESUME_ORDER_KEYS
+        if k in saved and saved[k] != current[k]
+    ]
+    saved_world = training.get("world_size")
     if saved_world is not None and int(saved_world) != world:
         order.append(f"world_size {saved_world} -> {world}")
     if order:
         logger.warning(
-            "resuming from %s with a changed %s: the data order and masks from here on differ from "
-            "the interrupted run's",
+            "resuming from %s with a changed %s: the documents, their cut, order and masks from here on "
+            "differ from the interrupted run's",
             path,
             ", ".join(order),
         )
@@ -635,7 +721,9 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
         writable_dir(checkpoints)
     started = time.perf_counter()
 
-    # Data: token ids per document and the teacher's vector for each, held-out pages set aside.
+    # Data: token ids per document and the teacher's vector for each, held-out pages set aside. The
+    # manifest first: a wrong --shards is "not a shards directory", not a missing tokenizer file.
+    read_manifest(config.shards)
     tokenizer = HtmlTokenizer.from_file(Path(config.shards) / TOKENIZER_FILE)
     train_data, heldout, provenance = load_splits(config.shards, config.teacher)
     shards_length = int(provenance["shards"].get("max_length") or config.max_length)
@@ -691,10 +779,21 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
     # Resume from the newest periodic checkpoint, if any: same weights, optimizer, RNGs and step.
     step = 0
     found = latest_checkpoint(out) if resume else None
-    if not resume and master:
-        _discard_checkpoints(checkpoints)
+    if found is None and master:
+        # A run that does not continue the previous one: the previous run's model/, summary and curve
+        # go before anything else is written (a kill after this leaves none of them to be mistaken for
+        # this run's), then, with --no-resume, its checkpoints.
+        _discard_outputs(out)
+        if not resume:
+            _discard_checkpoints(checkpoints)
+    # The run's identity, written into every checkpoint and the export: model/ counts as this run's
+    # final model only if it was exported from a checkpoint of the same run (`_exported`). A resume
+    # keeps the checkpoint's; a checkpoint from before run ids gets a new one.
+    found_training = read_meta(found).training if found is not None else {}
+    found_run_id = found_training.get("run_id") if isinstance(found_training, dict) else None
+    run_id = str(found_run_id or uuid.uuid4().hex)
     if found is not None:
-        check_resumable(found, config, tokenizer, teacher_dim, world)
+        check_resumable(found, config, tokenizer, teacher_dim, world, provenance)
         step = _restore(
             found,
             pretraining,
@@ -722,6 +821,8 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
         "config": config.to_dict(),
         "teacher": provenance["teacher"],
         "data": provenance["shards"].get("stats", {}),
+        "data_identity": data_identity(provenance),
+        "run_id": run_id,
         "world_size": world,
     }
     from tqdm import tqdm
@@ -802,17 +903,18 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
                 meta = _meta(
                     config, pretraining.model, tokenizer, prune_version, {**training_meta, "step": step}
                 )
-                save_training_checkpoint(
-                    checkpoints / f"step-{step:08d}",
-                    pretraining=pretraining,
-                    tokenizer=tokenizer,
-                    meta=meta,
-                    optimizer=optimizer,
-                    aggregator=aggregator,
-                    mask_generator=mask_generator,
-                    step=step,
-                    rank_states=rank_states,
-                )
+                with _transformers_progress(config.progress):
+                    save_training_checkpoint(
+                        checkpoints / f"step-{step:08d}",
+                        pretraining=pretraining,
+                        tokenizer=tokenizer,
+                        meta=meta,
+                        optimizer=optimizer,
+                        aggregator=aggregator,
+                        mask_generator=mask_generator,
+                        step=step,
+                        rank_states=rank_states,
+                    )
                 _prune_checkpoints(checkpoints, config.keep_checkpoints)
             if distributed:
                 dist.barrier()
@@ -822,9 +924,11 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
     model_dir: Path | None = None
     summary: dict[str, Any] = {}
     model_dir_done = out / "model"
-    if master and step >= total_steps and step == resumed_step and _exported(model_dir_done, step, config):
-        # The command run again after the run finished: model/ is this step's export already, and may
-        # have task heads trained into it since (`htmllm heads train`); exporting again would drop them.
+    finished_before = master and step >= total_steps and step == resumed_step
+    if finished_before and _exported(model_dir_done, step, config, found_run_id):
+        # The command run again after the run finished: model/ is this run's export of this step
+        # already, and may have task heads trained into it since (`htmllm heads train`); exporting
+        # again would drop them.
         logger.info("%s is already the model of step %d; nothing to train or export", model_dir_done, step)
         model_dir = model_dir_done
         summary_file = out / SUMMARY_FILE
@@ -841,22 +945,26 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
             "seconds_this_session": round(time.perf_counter() - started, 1),
             "heldout": evaluation,
             "final_train": last_train_record(metrics_file),
+            "run_id": run_id,
         }
         model_dir = model_dir_done
         export = _export_copy(pretraining.model, config.export_dtype)
         # Written beside and swapped in, as the periodic checkpoints: a kill mid-write leaves the
         # previous model/ (or none), never a mix of two models' files.
+        # The summary and curve go first: model/ is the last thing written, so a model/ of this run
+        # means its summary is this run's too.
         tmp = model_dir.with_name(model_dir.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        save_checkpoint(
-            tmp,
-            export,
-            tokenizer,
-            _meta(config, export, tokenizer, prune_version, {**training_meta, **summary}),
-        )
-        _swap_in(tmp, model_dir)
+        with _transformers_progress(config.progress):
+            save_checkpoint(
+                tmp,
+                export,
+                tokenizer,
+                _meta(config, export, tokenizer, prune_version, {**training_meta, **summary}),
+            )
         (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
         plot_curves(metrics_file, out / CURVE_FILE)
+        _swap_in(tmp, model_dir)
     if writer is not None:
         writer.close()
     if distributed:
@@ -870,16 +978,60 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
     return TrainResult(steps=step, model_dir=model_dir, summary=summary)
 
 
-def _exported(model_dir: Path, step: int, config: TrainConfig) -> bool:
-    """Whether `model_dir` is the final export of this run's `step` with the export options of `config`
-    (the other keys cannot change a model whose training is over)."""
+def _exported(model_dir: Path, step: int, config: TrainConfig, run_id: str | None) -> bool:
+    """Whether `model_dir` is the final export of `step` of the run `run_id` (the run of the checkpoint
+    resumed from) with the export options of `config` (the other keys cannot change a model whose
+    training is over).
+
+    The run id, not the step or config: a run started over with --no-resume and killed between its
+    final checkpoint and the export has the same step and possibly the same name, and its predecessor's
+    model/ must not pass for its own. `run_id` None is a checkpoint from before run ids: compared as then.
+    """
     try:
         training = read_meta(model_dir).training
     except HtmllmError:
         return False
+    if run_id is not None and training.get("run_id") != run_id:
+        return False
     saved = training.get("config") or {}
     same = all(saved.get(key) == getattr(config, key) for key in ("name", "export_dtype", "max_length"))
     return same and training.get("steps") == step
+
+
+def _discard_outputs(out: Path) -> None:
+    """Remove the final outputs of an earlier run in `out` (model/, summary, curve) before a new run.
+
+    model/ is renamed out of the way first (one atomic step) and deleted after: a kill leaves either the
+    whole old model/ or none, never part of one.
+    """
+    model_dir = out / "model"
+    gone = out / "model.discarded"
+    shutil.rmtree(gone, ignore_errors=True)
+    if model_dir.exists():
+        logger.info("a new run in %s: removing the earlier run's model/, summary and curve", out)
+        os.replace(model_dir, gone)
+    for leftover in (gone, out / "model.tmp", out / "model.old"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    for file in (out / SUMMARY_FILE, out / CURVE_FILE):
+        file.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _transformers_progress(show: bool) -> Iterator[None]:
+    """transformers' own bars ("Writing model shards" in `save_pretrained`) off while `show` is false.
+
+    A process-wide switch in transformers, so it is restored on the way out.
+    """
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    if was_on and not show:
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    try:
+        yield
+    finally:
+        if was_on and not show:
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 def _swap_in(new: Path, target: Path) -> None:

@@ -36,7 +36,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--stop-at-step", type=int, default=None, help="stop at this step with a checkpoint (time-boxed runs)"
     )
     parser.add_argument("--no-resume", action="store_true", help="start over even if checkpoints exist")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bars (ours, and transformers' at checkpoints)"
+    )
     parser.set_defaults(func=run)
 
 
