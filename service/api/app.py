@@ -1,9 +1,9 @@
 """`create_app(settings, engine=None)`: the FastAPI app, its middleware, routers and lifespan.
 
 The lifespan owns the engine's life: it loads the checkpoint when no engine was given, starts the
-batcher, warms the model in the background (`/ready` turns 200 after a full-size batch) and, on
-shutdown, drains the queue within `drain_timeout_s` so every accepted request is answered. A given
-engine is handed over: the app starts and stops it.
+batcher, warms the model in the background (`/ready` turns 200 after a full-size batch; a failed
+warm-up is retried with backoff) and, on shutdown, drains the queue within `drain_timeout_s` so every
+accepted request is answered. A given engine is handed over: the app starts and stops it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from starlette.routing import Route
 from service import __version__
 from service.api.api_keys import ApiKeys
 from service.api.compression import NegotiatedGZipMiddleware
+from service.api.connections import ConnectionLifetimeMiddleware
 from service.api.errors import ROUTES_STATE, install_error_handlers
 from service.api.limits import BodyLimitMiddleware
 from service.api.metrics import (
@@ -40,7 +41,7 @@ from service.api.schemas import (
     TeiEmbedRequest,
 )
 from service.api.settings import Settings
-from service.engine import Engine, collector
+from service.engine import Engine, ShuttingDownError, collector
 
 logger = logging.getLogger(__name__)
 
@@ -60,19 +61,55 @@ DESCRIPTION = (
 )
 
 
+# A failed warm-up is tried again after this long, then twice as long each time, up to the cap: a
+# transient fault clears within seconds, and a lasting one costs a full-size batch every 30 s at most.
+WARMUP_RETRY_FIRST_S = 1.0
+WARMUP_RETRY_MAX_S = 30.0
+
+
 def load_engine(settings: Settings) -> Engine:
     """The engine for `settings.model_path` (strict checkpoint loading: a bad checkpoint raises)."""
     return Engine.from_checkpoint(settings.model_path, settings.engine_config())
 
 
 async def _warm_up(runtime: Runtime, engine: Engine) -> None:
+    """Warm the model, retrying a failed warm-up with capped exponential backoff until one succeeds.
+
+    A warm-up that failed once (a transient CUDA error, a child process that died) used to leave the
+    server live and never ready, for good. Now each failure is logged and retried; /ready says why it
+    is not ready meanwhile, and once the warm-up has failed for `HTMLLM_UNHEALTHY_AFTER_S` /health turns
+    503 (`Runtime.unhealthy`), so the liveness probe restarts the container. /health rather than an
+    exit: the warm-up runs beside the server uvicorn already runs, the app does not own that server
+    (tests and benchmarks run several apps in one process), and the liveness probe is already how this
+    server asks for a restart (a fault that passes cannot clear), with the kubelet's back-off between
+    restarts. Retries go on past that point: a warm-up that succeeds makes the server ready again.
+    """
     if runtime.settings.warmup:
-        try:
-            await engine.warmup()
-        except Exception as exc:  # a failed warm-up leaves the server live but never ready
-            runtime.warmup_error = f"{type(exc).__name__}: {exc}"
-            logger.exception("warm-up failed; /ready stays 503")
-            return
+        delay = WARMUP_RETRY_FIRST_S
+        while True:
+            runtime.warmup_attempts += 1
+            try:
+                await engine.warmup()
+            except ShuttingDownError:
+                return  # stopping: nothing to get ready for
+            except Exception as exc:
+                runtime.warmup_failed(f"{type(exc).__name__}: {exc}")
+                # The traceback once; later failures of the same fault would repeat it every few seconds.
+                logger.error(
+                    "warm-up attempt %d failed (%s); /ready stays 503, retrying in %.1f s",
+                    runtime.warmup_attempts,
+                    runtime.warmup_error,
+                    delay,
+                    exc_info=runtime.warmup_attempts == 1,
+                )
+                await asyncio.sleep(delay)
+                delay = min(WARMUP_RETRY_MAX_S, delay * 2)
+                continue
+            if runtime.warmup_failing_since is not None:
+                logger.warning("warm-up attempt %d succeeded", runtime.warmup_attempts)
+            runtime.warmup_error = None
+            runtime.warmup_failing_since = None
+            break
     # Everything loaded is in place: freeze it out of full collections (service.engine.collector).
     runtime.collector = collector.prepare_for_serving()
     runtime.ready = True
@@ -137,8 +174,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     setattr(app.state, ROUTES_STATE, [*api_routes, *docs_routes])  # a 405's `Allow` (service.api.errors)
     paths = {route.path for route in api_routes}
     paths |= {path for path in (app.openapi_url, app.docs_url, app.redoc_url) if path}
-    # Added innermost first: metrics see every request, including those the body limit refuses, and
-    # every response, compressed or not, carries its request id.
+    # Added innermost first: metrics see every request, including those the body limit refuses, every
+    # response, compressed or not, carries its request id, and any may end its connection.
     app.add_middleware(
         BodyLimitMiddleware,
         max_body_bytes=settings.max_body_bytes,
@@ -153,6 +190,12 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         app.add_middleware(NegotiatedGZipMiddleware, minimum_size=settings.gzip_min_bytes, compresslevel=1)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics, routes=paths)
     app.add_middleware(RequestIdMiddleware)
+    # Outermost: it sees every answer the app gives, the body limit's 429 included.
+    app.add_middleware(
+        ConnectionLifetimeMiddleware,
+        max_requests=settings.connection_max_requests,
+        max_age_s=settings.connection_max_age_s,
+    )
     install_openapi(
         app,
         description=DESCRIPTION,

@@ -8,15 +8,19 @@ header and the server buffers all of it (200 MB sent, 312 MB resident, measured)
 incomplete after `MAX_HEAD_BYTES` is answered 431 with the service's error body, and its connection is
 closed. Such an answer comes from below the app, so it is not counted in
 `htmllm_request_failures_total`. And a client that pipelines requests and leaves is noticed by the
-request that is running, not only by the last one queued (`connection_lost`).
+request that is running, not only by the last one queued (`connection_lost`). Each request's scope
+carries its connection's age and request number (`service.api.connections`), which ASGI gives the app
+no other way to know, so that a connection's life can be bounded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
+from service.api.connections import CONNECTION_KEY, ConnectionAge
 from service.api.errors import STATUS
 from service.core.errors import ErrorCode
 
@@ -66,6 +70,9 @@ def protocol_class() -> type[asyncio.Protocol] | str:
             self._began_in_chunk = False
             self._head_bytes = 0
             self._running: Any = None  # the request cycle whose app runs (not always `self.cycle`)
+            # uvicorn makes one protocol per connection, just before the connection is made.
+            self._opened = time.monotonic()
+            self._requests = 0
 
         def _start_asgi_task(self, cycle: Any, app: Any) -> None:
             self._running = cycle
@@ -91,6 +98,9 @@ def protocol_class() -> type[asyncio.Protocol] | str:
 
         def on_headers_complete(self) -> None:
             self._in_head = False
+            self._requests += 1
+            age = ConnectionAge(opened=self._opened, request=self._requests)
+            self.scope[CONNECTION_KEY] = age  # type: ignore[literal-required]  # an extension key
             super().on_headers_complete()
 
         def data_received(self, data: bytes) -> None:

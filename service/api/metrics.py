@@ -53,7 +53,12 @@ class ServiceMetrics:
         self.failures = Counter(
             "htmllm_request_failures", "Requests answered with an error, by error code", ["code"], registry=r
         )
-        self.queue_size = Gauge("htmllm_queue_size", "Documents waiting in the batcher queue", registry=r)
+        self.queue_size = Gauge(
+            "htmllm_queue_size",
+            "Documents accepted and not yet answered: preprocessing, queued or in a forward pass "
+            "(what HTMLLM_MAX_QUEUE_DOCUMENTS bounds)",
+            registry=r,
+        )
         self.body_bytes_in_flight = Gauge(
             "htmllm_request_body_bytes_in_flight",
             "Bytes of request bodies held by requests not yet answered (HTMLLM_MAX_INFLIGHT_BYTES bounds it)",

@@ -10,7 +10,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -94,7 +94,9 @@ class Runtime:
     started: bool = False  # engine started: model routes answer
     ready: bool = False  # warmed with a full-size batch: /ready says so
     stopping: bool = False  # shutdown began: new model requests get 503
-    warmup_error: str | None = None
+    warmup_error: str | None = None  # the last failed warm-up's error, until one succeeds
+    warmup_attempts: int = 0  # warm-ups tried so far
+    warmup_failing_since: float | None = None  # `clock()` when the first warm-up failed, until one succeeds
     collector: CollectorState | None = None  # the garbage collector set for serving, after the warm-up
     drain_deadline: float | None = None  # time.monotonic() by which shutdown must be done
     extractor_pool: ExtractorPool | None = None
@@ -105,6 +107,8 @@ class Runtime:
     _extract_jobs_lock: threading.Lock = field(default_factory=threading.Lock)
 
     loop: asyncio.AbstractEventLoop | None = None  # the app's loop, set by the lifespan
+    # What the probes measure ages with: `time.monotonic`, the engine's clock (tests move it on).
+    clock: Callable[[], float] = time.monotonic
     _cutoff: asyncio.Task[None] | None = None
     _probe: asyncio.Task[None] | None = None
     _probed_at: float | None = None
@@ -120,19 +124,49 @@ class Runtime:
             return None
         self._start_probe()
         since = health.failing_since
-        over = "" if since is None else f" over {time.monotonic() - since:.0f} s"
+        over = "" if since is None else f" over {self.clock() - since:.0f} s"
         return f"the last {health.failures} forward passes failed{over} ({health.last_error}); probing it"
+
+    def stalled_pass(self) -> str | None:
+        """Why the backend cannot answer in time although nothing failed, or None: one forward pass has
+        run for `Settings.stalled_pass_s` (the request timeout by default). Each document in that pass
+        was queued before it began, so its request has been answered 504 already; the pass serves no
+        one, and every request routed here waits behind it. A slow but sound pass (a full-size batch on
+        CPU takes seconds) stays far below the request timeout, or the requests time out anyway. It
+        clears as soon as the pass ends; a pass that never does is left to `unhealthy`."""
+        limit = self.settings.stalled_pass_s
+        if self.engine is None or limit is None:
+            return None
+        started = self.engine.health.pass_started
+        if started is None:
+            return None
+        running = self.clock() - started
+        if running < limit:
+            return None
+        return f"a forward pass has run for {running:.0f} s (the limit is {limit:g} s)"
+
+    def warmup_failed(self, error: str) -> None:
+        """Count a failed warm-up: /ready says why, and `unhealthy` how long it has been failing."""
+        self.warmup_error = error
+        if self.warmup_failing_since is None:
+            self.warmup_failing_since = self.clock()
 
     def unhealthy(self) -> str | None:
         """Why a liveness probe should restart the server, or None: every pass (probes included) has
-        failed for `unhealthy_after_s`, or one pass has run that long (a hung device)."""
+        failed for `unhealthy_after_s`, one pass has run that long (a hung device), or the warm-up has
+        failed that long (retried meanwhile: a backend that cannot run a full-size batch never gets
+        ready, and a pod that is live but never ready holds its slot for good)."""
         limit = self.settings.unhealthy_after_s
         if self.engine is None or limit <= 0:
             return None
-        now = time.monotonic()
+        now = self.clock()
         health = self.engine.health
         if health.pass_started is not None and now - health.pass_started >= limit:
             return f"a forward pass has run for {now - health.pass_started:.0f} s"
+        warming = self.warmup_failing_since
+        if not self.ready and warming is not None and now - warming >= limit:
+            tries = f"{self.warmup_attempts} attempts; {self.warmup_error}"
+            return f"the warm-up has failed for {now - warming:.0f} s ({tries})"
         since = health.failing_since
         if since is not None and self.backend_trouble() is not None and now - since >= limit:
             failed = f"{health.failures} in a row; {health.last_error}"

@@ -7,17 +7,27 @@ reads no environment and tests construct settings explicitly.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.core.attention import AUTO_ATTENTION, Attention, attention_option
+from service.core.cpus import pool_workers
 from service.core.extract import DEFAULT_TIMEOUT_S
 from service.core.quantization import NO_QUANTIZATION, Quantization, quantization_option
 
 if TYPE_CHECKING:
     from service.engine import EngineConfig
+
+
+# The most workers each pool gets by default; fewer under a smaller CPU budget (`pool_workers`).
+DEFAULT_POOL_WORKERS = 2
+
+
+def _default_workers(data: dict[str, Any]) -> int:
+    """A worker pool's default: the forward pass's threads (the same CPU budget), at most 2, at least 1."""
+    return pool_workers(data.get("intra_op_threads"), cap=DEFAULT_POOL_WORKERS)
 
 
 def default_model_path() -> Path:
@@ -64,7 +74,12 @@ class Settings(BaseSettings):
     max_batch_requests: int = Field(64, gt=0, description="documents per forward pass")
     max_wait_ms: float = Field(2.0, ge=0)
     max_queue_documents: int = Field(1024, gt=0, description="beyond it a request gets 429")
-    preprocess_workers: int = Field(2, gt=0)
+    preprocess_workers: int = Field(
+        default_factory=_default_workers,
+        gt=0,
+        description="prune/tokenize workers; default 2, or fewer when the forward pass runs fewer threads "
+        "(intra_op_threads: the same CPU budget), at least 1",
+    )
     preprocess_pool: Literal["thread", "process"] = Field(
         "process",
         description="process: the preprocess workers are processes: pruning holds the GIL, so threads "
@@ -122,11 +137,24 @@ class Settings(BaseSettings):
         300.0,
         ge=0,
         description="/health answers 503 (a liveness probe restarts the server) when every forward pass "
-        "has failed for this long, or one pass has run this long; 0: never",
+        "has failed for this long, one pass has run this long, or the warm-up has failed (and been "
+        "retried) for this long; 0: never",
+    )
+    unready_after_pass_s: float | None = Field(
+        None,
+        ge=0,
+        description="/ready answers 503 while one forward pass has run this long (a hung device), until "
+        "passes finish again; default request_timeout_s: every document in such a pass has timed out "
+        "already, so it serves no one and new requests would only queue behind it; 0: never",
     )
 
     # Text extraction (/v1/extract) runs in its own thread pool, off the event loop.
-    extract_workers: int = Field(2, gt=0)
+    extract_workers: int = Field(
+        default_factory=_default_workers,
+        gt=0,
+        description="extractor processes for /v1/extract; default as preprocess_workers: 2, or fewer under "
+        "a smaller CPU budget, at least 1",
+    )
     extract_timeout_s: float = Field(
         DEFAULT_TIMEOUT_S,
         gt=0,
@@ -155,6 +183,18 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = Field(
         "text", description="json: one JSON object per log line (uvicorn's too), for log pipelines"
     )
+    connection_max_requests: int = Field(
+        10_000,
+        ge=0,
+        description="a keep-alive connection's answer to its this-many-th request carries Connection: "
+        "close, so clients reconnect and a Service's per-connection balancing reaches new pods; 0: no limit",
+    )
+    connection_max_age_s: float = Field(
+        300.0,
+        ge=0,
+        description="the first answer on a keep-alive connection open this long carries Connection: "
+        "close (as connection_max_requests); 0: no limit",
+    )
     gzip_min_bytes: int = Field(
         1024,
         ge=0,
@@ -171,6 +211,12 @@ class Settings(BaseSettings):
                 "raise the first"
             )
         return self
+
+    @property
+    def stalled_pass_s(self) -> float | None:
+        """How long one forward pass may run before /ready turns 503 (None: never)."""
+        limit = self.request_timeout_s if self.unready_after_pass_s is None else self.unready_after_pass_s
+        return limit or None
 
     @property
     def extract_limit_s(self) -> float:

@@ -105,6 +105,25 @@ def intra_op_threads(
     return ThreadChoice(budget.threads, budget.describe())
 
 
+def pool_workers(
+    requested_threads: int | None,
+    *,
+    cap: int,
+    environ: Mapping[str, str] | None = None,
+    budget: CpuBudget | None = None,
+) -> int:
+    """The default size of a worker pool that shares the CPUs with the forward pass (pruning, text
+    extraction): as many workers as the pass runs threads (`intra_op_threads`, so the same setting,
+    OMP_NUM_THREADS or cgroup limit), at most `cap`, at least 1.
+
+    A fixed 2 each put 1 torch thread, 2 pruning and 2 extraction processes on a container limited to 1
+    CPU, which the quota then throttled as a whole; `cap` keeps a large machine at the pool's own
+    default, since each worker costs memory (tens to hundreds of MiB) whether it is busy or not.
+    """
+    threads = intra_op_threads(requested_threads, environ=environ, budget=budget).threads
+    return max(1, min(cap, threads))
+
+
 def _cgroup_limits(proc_self: Path, root: Path) -> Iterator[tuple[float, str]]:
     """Every CPU quota on this process's cgroup paths, in CPUs, with the file it came from."""
     memberships = _memberships(proc_self)

@@ -45,3 +45,11 @@ def test_collections_are_timed_by_generation_while_installed() -> None:
     assert 'htmllm_gc_pause_seconds_count{generation="0"} 0.0' not in text  # at least the one asked for
     assert observer not in gc.callbacks
     observer.remove()  # twice is harmless
+
+
+def test_queue_size_help_says_what_it_counts() -> None:
+    """HPA targets are set from this gauge: it counts every document accepted and not yet answered
+    (preprocessing included, engine.py's `_admit`/`_release`), not only those waiting for a batch."""
+    text = _series(ServiceMetrics())
+    (help_line,) = [line for line in text.splitlines() if line.startswith("# HELP htmllm_queue_size ")]
+    assert "accepted and not yet answered" in help_line and "batcher queue" not in help_line

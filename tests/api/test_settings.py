@@ -8,6 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from service.api.settings import Settings, default_model_path
+from service.core import cpus
+from service.core.cpus import CpuBudget
 
 
 def test_defaults_point_at_the_bundled_model() -> None:
@@ -102,3 +104,30 @@ def test_the_inflight_budget_takes_at_least_one_body() -> None:
     assert Settings(max_body_bytes=1000, max_inflight_bytes=1000).max_inflight_bytes == 1000
     with pytest.raises(ValidationError, match=r"HTMLLM_MAX_INFLIGHT_BYTES .* is below HTMLLM_MAX_BODY_BYTES"):
         Settings(max_body_bytes=1001, max_inflight_bytes=1000)
+
+
+def test_worker_pools_default_to_the_cpu_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a 1-CPU limit the pools defaulted to 2 workers each beside the 1 thread the model ran;
+    now they follow the budget the forward pass follows (at most 2, at least 1) unless set."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(cpus, "cpu_budget", lambda: CpuBudget(affinity=64, limit=1.0, limit_file="cpu.max"))
+    settings = Settings()
+    assert (settings.preprocess_workers, settings.extract_workers) == (1, 1)
+    assert settings.engine_config().preprocess_workers == 1
+    monkeypatch.setenv("HTMLLM_PREPROCESS_WORKERS", "3")
+    assert (Settings().preprocess_workers, Settings().extract_workers) == (3, 1)  # set: kept
+    assert Settings(intra_op_threads=4).extract_workers == 2  # the pass's threads, up to 2
+    monkeypatch.setattr(cpus, "cpu_budget", lambda: CpuBudget(affinity=64))
+    assert (Settings().preprocess_workers, Settings().extract_workers) == (3, 2)
+    monkeypatch.setenv("HTMLLM_EXTRACT_WORKERS", "0")
+    with pytest.raises(ValidationError):
+        Settings()
+
+
+def test_the_stalled_pass_bound_is_the_request_timeout_unless_set() -> None:
+    """A pass that has run a whole request timeout has served no one (every document in it timed out)."""
+    assert Settings(request_timeout_s=12).stalled_pass_s == 12
+    assert Settings(request_timeout_s=12, unready_after_pass_s=40).stalled_pass_s == 40
+    assert Settings(unready_after_pass_s=0).stalled_pass_s is None  # never
+    with pytest.raises(ValidationError, match="unready_after_pass_s"):
+        Settings(unready_after_pass_s=-1)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from service.core.cpus import CpuBudget, affinity_cpus, cpu_budget, intra_op_threads
+from service.core.cpus import CpuBudget, affinity_cpus, cpu_budget, intra_op_threads, pool_workers
 
 V2_MOUNT = (
     "30 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate"
@@ -205,6 +205,25 @@ def test_the_setting_then_omp_then_the_budget() -> None:
         assert chosen.threads == 2 and "/sys/fs/cgroup/cpu.max" in chosen.reason
     with pytest.raises(ValueError, match="at least 1"):
         intra_op_threads(0, environ={}, budget=budget)
+
+
+def test_worker_pools_follow_a_cgroup_quota_up_to_their_cap(tmp_path: Path) -> None:
+    """A fixed 2 prune and 2 extraction workers beside 1 torch thread overran a 1-CPU quota."""
+    budget = _layout(
+        tmp_path,
+        cgroup="0::/kubepods/pod1/c1\n",
+        mounts=[V2_MOUNT],
+        files={"/sys/fs/cgroup/kubepods/pod1/c1/cpu.max": "100000 100000\n"},
+    )
+    assert budget.limit == pytest.approx(1.0)
+    assert pool_workers(None, cap=2, environ={}, budget=budget) == 1
+    assert pool_workers(None, cap=2, environ={}, budget=CpuBudget(affinity=64, limit=0.5)) == 1  # at least 1
+    assert pool_workers(None, cap=2, environ={}, budget=CpuBudget(affinity=64, limit=1.5)) == 2
+    assert pool_workers(None, cap=2, environ={}, budget=CpuBudget(affinity=64)) == 2  # the cap
+    # The same budget the forward pass follows: its setting, then OMP_NUM_THREADS.
+    unlimited = CpuBudget(affinity=64)
+    assert pool_workers(1, cap=2, environ={}, budget=unlimited) == 1
+    assert pool_workers(None, cap=2, environ={"OMP_NUM_THREADS": "1"}, budget=unlimited) == 1
 
 
 def test_this_machine_reads_without_error() -> None:

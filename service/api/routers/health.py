@@ -47,8 +47,9 @@ _UNAVAILABLE = error_responses(503, codes=UNAVAILABLE)
 @probe_route("/", summary="Liveness (text-embeddings-inference's `GET /`)", responses=_UNHEALTHY)
 @probe_route("/health", summary="Liveness: the process answers", responses=_UNHEALTHY)
 async def health(runtime: RuntimeDep) -> HealthResponse:
-    """200 while the process can serve; 503 once the backend has failed every pass (or hung in one) for
-    `HTMLLM_UNHEALTHY_AFTER_S`: a corrupted CUDA context does not heal in-process, a restart does."""
+    """200 while the process can serve; 503 once the backend has failed every pass (or hung in one), or
+    the warm-up has kept failing, for `HTMLLM_UNHEALTHY_AFTER_S`: a corrupted CUDA context does not heal
+    in-process, a restart does."""
     reason = runtime.unhealthy()
     if reason is not None:
         raise HtmllmError(f"the backend is unhealthy: {reason}", code=ErrorCode.UNHEALTHY)
@@ -57,14 +58,15 @@ async def health(runtime: RuntimeDep) -> HealthResponse:
 
 @probe_route("/ready", summary="Readiness: model loaded and warmed", responses=_UNAVAILABLE)
 async def ready(runtime: RuntimeDep) -> ReadyResponse:
-    """200 once the model has run one full-size batch; 503 before, once shutdown began, and while the
-    backend fails (`HTMLLM_UNREADY_AFTER_FAILURES` passes in a row, until a pass or probe succeeds)."""
+    """200 once the model has run one full-size batch; 503 before, once shutdown began, while the
+    backend fails (`HTMLLM_UNREADY_AFTER_FAILURES` passes in a row, until a pass or probe succeeds), and
+    while one pass has run past `HTMLLM_UNREADY_AFTER_PASS_S` (the request timeout by default)."""
     if runtime.stopping:
         raise HtmllmError("the server is shutting down", code=ErrorCode.SHUTTING_DOWN)
     if runtime.engine is None or not runtime.ready:
         detail = f": warm-up failed: {runtime.warmup_error}" if runtime.warmup_error else ""
         raise HtmllmError(f"the model is not ready{detail}", code=ErrorCode.NOT_READY)
-    trouble = runtime.backend_trouble()
+    trouble = runtime.backend_trouble() or runtime.stalled_pass()
     if trouble is not None:  # out of the load balancer until a pass succeeds again
         raise HtmllmError(f"the model is not ready: {trouble}", code=ErrorCode.NOT_READY)
     return ReadyResponse(model=runtime.engine.info.name)

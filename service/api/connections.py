@@ -1,0 +1,85 @@
+"""Bounded keep-alive connections: past an age or a request count, and on a 429 or 503, the answer
+carries `Connection: close`.
+
+A Kubernetes Service (kube-proxy) balances connections, not requests, and crawler workers post back to
+back on pooled keep-alive connections that this server never closed: pods added by a scale-up got only
+new connections, while the old ones stayed pinned to pods that kept answering 429. Bounding each
+connection's life (`HTMLLM_CONNECTION_MAX_AGE_S`, `HTMLLM_CONNECTION_MAX_REQUESTS`) makes every client
+reconnect now and then, and each reconnection is balanced afresh. A 429 (queue full) or 503 (shutting
+down, not ready) closes its connection at once, so the client's retry opens a new one, likely to
+another pod.
+
+`Connection: close` on a response makes uvicorn close the connection once the response is sent (its
+httptools protocol drops keep-alive when the app's headers say `close`; h11 does the same), and an
+HTTP/1.1 client then sends its next request on a new connection: nothing in flight is lost, since the
+close comes after a complete response. (A client that pipelined more requests behind that one must
+send them again, as after any server close: RFC 9112, 9.3.2.)
+
+ASGI gives an app no handle on its connection, so the protocol (service.api.http_protocol) stamps
+each request's scope with its connection's `ConnectionAge` under `CONNECTION_KEY`. Served by another
+protocol (uvicorn's h11 fallback, an in-process test client) a request has no stamp: only the
+429/503 rule applies then.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+# The scope key under which the HTTP protocol puts the request's `ConnectionAge`.
+CONNECTION_KEY = "htmllm.connection"
+# Answers that send the client elsewhere: its retry should open a new connection (likely another pod).
+_RETRY_ELSEWHERE = frozenset({429, 503})
+
+
+@dataclass(frozen=True)
+class ConnectionAge:
+    """The connection a request came on: when it was made, and which of its requests this one is."""
+
+    opened: float  # time.monotonic() when the connection was made
+    request: int  # 1 for the connection's first request
+
+
+class ConnectionLifetimeMiddleware:
+    """Adds `Connection: close` to the answer that ends a connection's allowed life (pure ASGI: it
+    touches only the response head, never the body)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_requests: int,
+        max_age_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.app = app
+        self.max_requests = max_requests  # 0: no limit
+        self.max_age_s = max_age_s  # 0: no limit
+        self.clock = clock
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_closing(message: Message) -> None:
+            if message["type"] == "http.response.start" and self.should_close(scope, message["status"]):
+                headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"connection"]
+                message = {**message, "headers": [*headers, (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, receive, send_closing)
+
+    def should_close(self, scope: Scope, status: int) -> bool:
+        """Whether the answer with `status` to the request of `scope` ends its connection."""
+        if status in _RETRY_ELSEWHERE:
+            return True
+        age = scope.get(CONNECTION_KEY)
+        if not isinstance(age, ConnectionAge):
+            return False
+        if self.max_requests and age.request >= self.max_requests:
+            return True
+        return bool(self.max_age_s) and self.clock() - age.opened >= self.max_age_s

@@ -1,0 +1,165 @@
+"""What /ready and /health say about a backend that hangs in a pass or fails its warm-up.
+
+The backend is faked by replacing the engine's runner's `run`: one that waits on an event (a wedged
+device) or raises on demand. Ages are read through `Runtime.clock`, which the tests move on instead of
+waiting: no test here depends on how fast the machine is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from service.api import app as app_module
+from service.api.app import create_app, load_engine
+from service.api.runtime import Runtime
+from service.api.settings import Settings
+from service.engine.runners import PreparedBatch
+from tests.api.conftest import SettingsFactory
+from tests.api.pages import page
+
+
+@asynccontextmanager
+async def _serving(app: Any) -> AsyncIterator[httpx.AsyncClient]:
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+            yield client
+
+
+async def _until(client: httpx.AsyncClient, path: str, status: int) -> httpx.Response:
+    """Poll `path` until it answers `status` (a bounded number of event-loop turns, not a time)."""
+    for _ in range(2000):
+        response = await client.get(path)
+        if response.status_code == status:
+            return response
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"{path} never answered {status}; last: {response.status_code} {response.text}")
+
+
+async def test_a_hung_pass_turns_ready_503_past_the_request_timeout_and_back_when_it_ends(
+    settings_for: SettingsFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass that never finishes failed nothing, so /ready stayed 200 (only failures counted) until
+    /health's 300 s: minutes of 504s for the pod's share of traffic. Past the request timeout every
+    document of that pass has timed out, so /ready leaves the load balancer then; below it (a slow
+    full-size batch) it stays in; once passes complete again it is back."""
+    app = create_app(settings_for(request_timeout_s=30))
+    async with _serving(app) as client:
+        await _until(client, "/ready", 200)
+        runtime: Runtime = app.state.runtime
+        assert runtime.engine is not None
+        runner = runtime.engine._runner
+        working = runner.run
+        entered, release = threading.Event(), threading.Event()
+
+        def wedged(prepared: object) -> object:
+            entered.set()
+            release.wait(60)
+            return working(prepared)
+
+        monkeypatch.setattr(runner, "run", wedged)
+        embed = asyncio.ensure_future(client.post("/v1/embed", json={"documents": [{"html": page(1)}]}))
+        try:
+            assert await asyncio.to_thread(entered.wait, 60)
+            started = runtime.engine.health.pass_started
+            assert started is not None
+            runtime.clock = lambda: started + 29.9  # a slow pass, within the request timeout
+            assert (await client.get("/ready")).status_code == 200
+            runtime.clock = lambda: started + 30.0
+            ready = await client.get("/ready")
+            assert ready.status_code == 503 and ready.json()["error"]["code"] == "not_ready"
+            assert "a forward pass has run for 30 s" in ready.json()["error"]["message"]
+            assert (await client.get("/health")).status_code == 200  # a restart is /health's, at 300 s
+        finally:
+            release.set()
+        assert (await embed).status_code == 200
+        await _until(client, "/ready", 200)  # the clock still says 30 s: no pass runs now
+
+
+async def test_a_failed_warm_up_is_retried_until_it_succeeds(
+    settings_for: SettingsFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A warm-up that failed once left the server live and never ready, with the runner called once."""
+    monkeypatch.setattr(app_module, "WARMUP_RETRY_FIRST_S", 0.001, raising=False)
+    settings = settings_for()
+    engine = load_engine(settings)
+    working = engine._runner.run
+    calls = 0
+
+    def flaky(prepared: object) -> object:
+        nonlocal calls
+        calls += 1
+        if calls <= 2:
+            raise RuntimeError("CUDA error: transient (simulated)")
+        return working(prepared)
+
+    monkeypatch.setattr(engine._runner, "run", flaky)
+    caplog.set_level(logging.ERROR, logger="service.api.app")
+    app = create_app(settings, engine)
+    async with _serving(app) as client:
+        ready = await _until(client, "/ready", 200)
+        assert ready.json()["model"]
+        assert (await client.get("/health")).status_code == 200
+        runtime: Runtime = app.state.runtime
+        assert (runtime.warmup_attempts, runtime.warmup_error, runtime.warmup_failing_since) == (
+            3,
+            None,
+            None,
+        )
+    failures = [r.getMessage() for r in caplog.records if "warm-up attempt" in r.getMessage()]
+    assert len(failures) == 2 and "transient (simulated)" in failures[0], failures
+    assert "retrying in 0.0" in failures[0] and "retrying in 0.0" in failures[1]  # 1 ms, then 2 ms
+
+
+async def test_a_warm_up_that_keeps_failing_turns_health_503_until_one_succeeds(
+    settings_for: SettingsFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No traffic reaches a server that never got ready, so nothing counted its backend as failing
+    long enough: /health stayed 200 and the kubelet never restarted it. Now a warm-up failing for
+    `unhealthy_after_s` makes /health 503; a warm-up that later succeeds makes it ready (and live)."""
+    monkeypatch.setattr(app_module, "WARMUP_RETRY_FIRST_S", 0.001, raising=False)
+    monkeypatch.setattr(app_module, "WARMUP_RETRY_MAX_S", 0.01, raising=False)
+    # Every pass but the probe's fails: a backend that runs three tokens but not a full-size batch.
+    settings: Settings = settings_for(unhealthy_after_s=120)
+    engine = load_engine(settings)
+    working = engine._runner.run
+    broken = True
+
+    def full_batches_fail(prepared: PreparedBatch) -> object:
+        if broken and prepared.tokens > 3:  # the probe runs three tokens
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return working(prepared)
+
+    monkeypatch.setattr(engine._runner, "run", full_batches_fail)
+    app = create_app(settings, engine)
+    runtime: Runtime = app.state.runtime
+    async with _serving(app) as client:
+        for _ in range(2000):
+            not_ready = await client.get("/ready")
+            if "warm-up failed" in not_ready.text:
+                break
+            await asyncio.sleep(0.005)
+        assert not_ready.status_code == 503 and "out of memory" in not_ready.json()["error"]["message"]
+        assert (await client.get("/health")).status_code == 200  # not for long enough yet
+        later = time.monotonic() + 120
+        runtime.clock = lambda: later
+        unhealthy = await client.get("/health")
+        assert unhealthy.status_code == 503 and unhealthy.json()["error"]["code"] == "unhealthy"
+        assert "the warm-up has failed for 12" in unhealthy.json()["error"]["message"]
+        assert "out of memory" in unhealthy.json()["error"]["message"]
+
+        broken = False  # the fault is gone: the next retry warms the model
+        await _until(client, "/ready", 200)
+        assert (await client.get("/health")).status_code == 200
+        runtime.clock = time.monotonic
+        body = {"documents": [{"html": page(2)}]}
+        assert (await client.post("/v1/embed", json=body)).status_code == 200
