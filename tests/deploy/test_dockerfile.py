@@ -209,6 +209,22 @@ def test_image_has_every_module_the_service_imports(builder: str) -> None:
     assert missing == set()
 
 
+@pytest.mark.parametrize("builder", sorted(FINAL.values()))
+def test_images_install_nothing_only_training_uses(builder: str) -> None:
+    """The images serve, they do not train: a distribution whose modules only model_training/ imports
+    (cut-cross-entropy's fused loss, which also pulls triton, scikit-learn, ...) is size for nothing. Such
+    packages belong in the `train` / `train-gpu` extras, which no image installs."""
+    training_only = third_party_imports(["model_training"]) - third_party_imports(["service"])
+    training_only -= {"model_training"}
+    assert "cut_cross_entropy" in training_only  # the walk sees objectives.py's lazy import
+    owners = metadata.packages_distributions()
+    # A module not installed here is looked up under its own name (cut_cross_entropy -> cut-cross-entropy).
+    training_distributions = {normalized(d) for m in training_only for d in owners.get(m, [m])}
+    requirements = set().union(*(requirement_names(extras()[e]) for e in installed_extras(stages()[builder])))
+    assert {normalized(r) for r in requirements} & training_distributions == set()
+    assert "cut-cross-entropy" in requirement_names(extras()["train-gpu"])
+
+
 def test_embed_and_train_extras_agree_on_pyarrow() -> None:
     """pyarrow is in two extras (the images' `embed`, the training stack's `train`): one bound for both."""
     (embed,) = [r for r in extras()["embed"] if requirement_names([r]) == {"pyarrow"}]

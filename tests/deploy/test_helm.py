@@ -9,8 +9,12 @@ API key from a Secret) are checked on the rendered objects, not on template text
 from __future__ import annotations
 
 import base64
+import hashlib
 import itertools
+import json
 import os
+import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,10 +51,16 @@ def values_for(name: str) -> dict[str, Any]:
     return loaded
 
 
-def render(values: dict[str, Any]) -> list[Manifest]:
+def render_text(values: dict[str, Any], chart_dir: Path = CHART) -> dict[str, str]:
+    """Each template's rendered text, by path."""
+    with helm.Chart.load(chart_dir) as chart:
+        rendered: dict[str, str] = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    return rendered
+
+
+def render(values: dict[str, Any], chart_dir: Path = CHART) -> list[Manifest]:
     """Every object the chart renders with `values`, NOTES.txt excluded."""
-    with helm.Chart.load(CHART) as chart:
-        rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    rendered = render_text(values, chart_dir)
     objects: list[Manifest] = []
     for path, text in sorted(rendered.items()):
         if path.endswith("NOTES.txt"):
@@ -223,6 +233,12 @@ def test_selectors_match_the_pods(value_set: tuple[str, list[Manifest]]) -> None
         assert {e["port"] for e in monitor["spec"]["endpoints"]} <= port_names
     for selector in selectors:
         assert selector and selector.items() <= pod_labels.items()
+    # The `helm test` pod is none of the servers: no selector (PDB, spread, Service) counts it.
+    test_pods = [o for o in objects if o["kind"] == "Pod"]
+    assert test_pods
+    for pod in test_pods:
+        for selector in selectors:
+            assert not selector.items() <= pod["metadata"]["labels"].items()
 
 
 def test_probes_hit_health_and_ready(value_set: tuple[str, list[Manifest]]) -> None:
@@ -314,6 +330,23 @@ def test_configmap_carries_only_htmllm_settings(value_set: tuple[str, list[Manif
     assert data["HTMLLM_MAX_QUEUE_DOCUMENTS"] == str(merged["server"]["maxQueueDocuments"])
     server = server_container(objects)
     assert {"configMapRef": {"name": one(objects, "ConfigMap")["metadata"]["name"]}} in server["envFrom"]
+
+
+def test_preprocess_workers_follow_the_cpu_budget_unless_set() -> None:
+    """By default the chart leaves the worker count to the server, which sizes it from the CPU budget
+    (the threads the chart passes from the CPU request); a fixed 2 ran two pruning workers on 1 CPU."""
+    assert "HTMLLM_PREPROCESS_WORKERS" not in configmap_data(render({}))
+    one_cpu = {"resources": {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"memory": "6Gi"}}}
+    objects = render(one_cpu)
+    data = configmap_data(objects)
+    assert "HTMLLM_PREPROCESS_WORKERS" not in data
+    # What the kubelet puts in the variable: the CPU request, rounded up (divisor 1).
+    threads = env_of(server_container(objects))["HTMLLM_INTRA_OP_THREADS"]["valueFrom"]["resourceFieldRef"]
+    assert (threads["resource"], threads["divisor"]) == ("requests.cpu", "1")
+    fields = {k.removeprefix("HTMLLM_").lower(): v for k, v in data.items() if k != "HTMLLM_MODEL_PATH"}
+    settings = Settings(**fields, intra_op_threads=1)
+    assert (settings.preprocess_workers, settings.extract_workers) == (1, 1)
+    assert configmap_data(render({"server": {"preprocessWorkers": 3}}))["HTMLLM_PREPROCESS_WORKERS"] == "3"
 
 
 def test_config_changes_roll_the_pods() -> None:
@@ -607,8 +640,9 @@ def test_large_numbers_render_as_digits() -> None:
 
 
 def chart_managed_settings() -> set[str]:
-    """The HTMLLM_* names the chart sets from its own values (the default release's ConfigMap)."""
-    return set(configmap_data(render({})))
+    """The HTMLLM_* names the chart sets from its own values (the ConfigMap of the default release, with
+    the worker count, which the chart leaves to the server by default, given)."""
+    return set(configmap_data(render({"server": {"preprocessWorkers": 2}})))
 
 
 def test_extra_setting_names_are_exactly_the_other_settings() -> None:
@@ -731,19 +765,20 @@ def test_init_container_has_a_writable_home() -> None:
     assert [e for e in init["env"] if e["name"] == "HOME"] == [{"name": "HOME", "value": "/work"}]
 
 
-def test_a_new_api_key_rolls_the_pods() -> None:
-    """A key the chart's Secret changes rolls the pods, so that it applies at once (the server would
-    also pick up the kubelet's update of the mounted file, a minute or so later)."""
+def test_the_pod_spec_holds_nothing_derived_from_the_api_key() -> None:
+    """Nothing in the Deployment depends on the key's value: a hash of the Secret there (the old
+    `checksum/api-key` annotation, unsalted over an otherwise predictable manifest) would let anyone who
+    can read pods test guesses of a human-chosen key offline. The server re-reads the mounted key file
+    when the kubelet updates it, so a new key needs no restart (test_the_server_accepts_...)."""
 
-    def pod_annotations(key: str) -> dict[str, str]:
-        values = {**values_for("init"), "auth": {"enabled": True, "apiKey": key}}
-        annotations = one(render(values), "Deployment")["spec"]["template"]["metadata"]["annotations"]
-        assert isinstance(annotations, dict)
-        return annotations
+    def deployment(key: str) -> Manifest:
+        return one(render({**values_for("init"), "auth": {"enabled": True, "apiKey": key}}), "Deployment")
 
-    old, new = pod_annotations("old-key"), pod_annotations("new-key")
-    assert old["checksum/config"] == new["checksum/config"]
-    assert old != new
+    old, new = deployment("old-key"), deployment("new-key")
+    assert old == new
+    secret_text = render_text(values_for("init"))
+    secret_digest = hashlib.sha256(secret_text["htmllm/templates/secret.yaml"].encode()).hexdigest()
+    assert secret_digest not in json.dumps(old)
 
 
 def test_rollout_is_configurable_for_clusters_without_a_spare_gpu() -> None:
@@ -757,3 +792,276 @@ def test_rollout_is_configurable_for_clusters_without_a_spare_gpu() -> None:
             render({"rollingUpdate": stuck})
     with pytest.raises(helm.HelmValuesError):
         render({"rollingUpdate": {"maxSurge": "lots", "maxUnavailable": 0}})
+
+
+def pod_spec(objects: list[Manifest]) -> Manifest:
+    spec = one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert isinstance(spec, dict)
+    return spec
+
+
+def test_pods_spread_over_nodes_by_default() -> None:
+    """Soft spread on the node name: a node's loss takes one pod, not every replica (the PDB covers only
+    voluntary drains), and pods still schedule on a cluster that cannot take an even spread."""
+    objects = render({})
+    selector = one(objects, "Deployment")["spec"]["selector"]
+    assert pod_spec(objects)["topologySpreadConstraints"] == [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": selector,
+        }
+    ]
+    # A list of one's own replaces the default whole; an empty one turns spreading off.
+    (zone,) = pod_spec(render(values_for("full")))["topologySpreadConstraints"]
+    assert zone["topologyKey"] == "topology.kubernetes.io/zone" and zone["labelSelector"] == selector
+    assert "topologySpreadConstraints" not in pod_spec(render({"topologySpreadConstraints": []}))
+
+
+def smallest_pod_count(objects: list[Manifest]) -> int:
+    """The fewest pods the release runs when nothing is wrong: the HPA's floor, or the fixed count."""
+    if "HorizontalPodAutoscaler" in kinds(objects):
+        return int(one(objects, "HorizontalPodAutoscaler")["spec"]["minReplicas"])
+    return int(one(objects, "Deployment")["spec"]["replicas"])
+
+
+def test_a_drain_never_takes_every_pod(value_set: tuple[str, list[Manifest]]) -> None:
+    """The PDB lets maxUnavailable pods go at once: with no more pods than that, a node drain stops
+    serving altogether (the GPU example had minReplicas 1)."""
+    _, objects = value_set
+    budget = one(objects, "PodDisruptionBudget")["spec"]["maxUnavailable"]
+    assert isinstance(budget, int)
+    assert smallest_pod_count(objects) > budget
+
+
+def test_the_gpu_example_rolls_out_without_a_spare_gpu() -> None:
+    """values.yaml says a surge pod never schedules on a GPU cluster without a spare GPU, so the example
+    replaces pods one at a time instead, with a floor of pods that keeps one serving meanwhile."""
+    objects = render(values_for("gpu"))
+    rolling = one(objects, "Deployment")["spec"]["strategy"]["rollingUpdate"]
+    assert rolling == {"maxSurge": 0, "maxUnavailable": 1}
+    assert smallest_pod_count(objects) > rolling["maxUnavailable"]
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"name": "HTMLLM_API_KEY", "value": "sk-inline-secret"},
+        {"name": "HTMLLM_API_KEY", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}},
+        {
+            "name": "HTMLLM_API_KEY",
+            "value": "sk-inline-secret",
+            "valueFrom": {"secretKeyRef": {"name": "mine", "key": "k"}},
+        },
+    ],
+)
+def test_an_api_key_in_extra_env_must_come_from_a_secret(entry: Manifest) -> None:
+    """A plain value (or a ConfigMap's) would put the key in clear text in the Deployment or a ConfigMap,
+    readable by anyone who can read pods."""
+    with pytest.raises(helm.HelmValuesError, match="extraEnv/0"):
+        render({"extraEnv": [entry]})
+
+
+def test_the_schema_knows_every_secret_setting() -> None:
+    """The names whose extraEnv entries must be Secret references are the Settings fields that hold a
+    secret (SecretStr), so a key setting added to the service is covered here too."""
+    with helm.Chart.load(CHART) as chart:
+        schema = chart.schema
+    assert schema is not None
+    secret_fields = {
+        f"HTMLLM_{name.upper()}"
+        for name, field in Settings.model_fields.items()
+        if "SecretStr" in str(field.annotation)
+    }
+    assert set(schema["definitions"]["apiKeySettingName"]["enum"]) == secret_fields == {"HTMLLM_API_KEY"}
+
+
+def test_pre_stop_outlasts_slow_endpoint_propagation() -> None:
+    """kube-proxy on large clusters and cloud load balancers take 10-30 s to stop routing to a deleted
+    pod: the default sleep covers the usual case, and the derived grace period still outlasts it and the
+    drain (the chart refuses an explicit one that does not)."""
+    objects = render({})
+    command = server_container(objects)["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep" and int(command[1]) >= 15
+    drain = int(configmap_data(objects)["HTMLLM_DRAIN_TIMEOUT_S"])
+    assert pod_spec(objects)["terminationGracePeriodSeconds"] == int(command[1]) + drain + 15
+    with pytest.raises(helm.HelmRenderError, match="terminationGracePeriodSeconds"):
+        render({"terminationGracePeriodSeconds": int(command[1]) + drain})
+
+
+@pytest.mark.parametrize("name", ["gpu", "full", "scheduled"])
+def test_the_helm_test_pod_is_pulled_and_scheduled_like_the_server(name: str) -> None:
+    """`helm test` pulls the same image: it needs the registry credentials, and belongs on the nodes the
+    server pods use (on GPU values, the ones that already hold the CUDA image)."""
+    values = (
+        values_for(name)
+        if name != "scheduled"
+        else {
+            "imagePullSecrets": [{"name": "regcred"}],
+            "nodeSelector": {"pool": "inference"},
+            "tolerations": [
+                {"key": "dedicated", "operator": "Equal", "value": "inference", "effect": "NoSchedule"}
+            ],
+        }
+    )
+    objects = render(values)
+    server = pod_spec(objects)
+    (test_pod,) = [o for o in objects if o["kind"] == "Pod"]
+    for field in ("imagePullSecrets", "nodeSelector", "tolerations"):
+        assert field in server or name != "scheduled"
+        assert test_pod["spec"].get(field) == server.get(field), field
+    kubernetes_validate.validate(test_pod, KUBE_VERSION, strict=True)
+
+
+LOOKUP_DEPLOYMENT = 'lookup "apps/v1" "Deployment" .Release.Namespace (include "htmllm.fullname" .)'
+
+
+def chart_seeing_a_live_deployment(tmp_path: Path, replicas: int) -> Path:
+    """A copy of the chart whose `lookup` of the Deployment finds one with `replicas`, as `helm upgrade`
+    does on a cluster (helm-python-sdk renders offline, where lookup finds nothing)."""
+    copy = tmp_path / "htmllm"
+    shutil.copytree(CHART, copy)
+    helpers = copy / "templates" / "_helpers.tpl"
+    text = helpers.read_text(encoding="utf-8")
+    assert text.count(LOOKUP_DEPLOYMENT) == 1
+    helpers.write_text(text.replace(LOOKUP_DEPLOYMENT, f'dict "spec" (dict "replicas" {replicas})'))
+    return copy
+
+
+def test_turning_autoscaling_on_keeps_the_live_replicas(tmp_path: Path) -> None:
+    """On the upgrade that turns autoscaling on, a Deployment without `replicas` would lose the field in
+    Helm's three-way merge and fall back to 1 pod; the chart renders the live count instead, on that
+    upgrade and later ones (the field is then never dropped again)."""
+    live = chart_seeing_a_live_deployment(tmp_path, replicas=7)
+    upgraded = render({"autoscaling": {"enabled": True}}, live)
+    assert one(upgraded, "Deployment")["spec"]["replicas"] == 7
+    for manifest in upgraded:
+        validate_manifest(manifest)
+    assert (
+        one(render({"autoscaling": {"enabled": False}, "replicaCount": 3}, live), "Deployment")["spec"][
+            "replicas"
+        ]
+        == 3
+    )
+    # Offline (`helm template`, first install): nothing to keep, the HPA owns the count.
+    assert "replicas" not in one(render({}), "Deployment")["spec"]
+
+
+def test_more_than_one_gpu_per_pod_is_refused() -> None:
+    """One server process drives one GPU: a second would be requested, held and never used."""
+    with pytest.raises(helm.HelmRenderError, match=r"gpu\.count is 2: one server process drives one GPU"):
+        render({**values_for("gpu"), "gpu": {"enabled": True, "count": 2}})
+
+
+# The memory rule's terms (docs/deployment.md, "Memory"): the idle server with the bundled model (PSS),
+# an extractor worker's measured peak on large pages, and a result-cache entry of the default model.
+IDLE_SERVER_BYTES = 0.95e9
+EXTRACT_WORKER_PEAK_BYTES = 0.55e9
+CACHE_ENTRY_BYTES = 1.7e3
+DEFAULT_EXTRACT_WORKERS = 2  # the service's default on the chart's 2-CPU request
+QUANTITY_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "K": 1e3, "M": 1e6, "G": 1e9, "": 1}
+
+
+def quantity_bytes(quantity: str) -> float:
+    number, suffix = re.fullmatch(r"([0-9.]+)([KMG]i?)?", quantity).groups()  # type: ignore[union-attr]
+    return float(number) * QUANTITY_SUFFIXES[suffix or ""]
+
+
+def memory_estimate(merged: dict[str, Any], extra_settings: dict[str, Any]) -> float:
+    """Peak memory by the documented rule: idle server, 3x the in-flight bodies, the extractor workers,
+    the result cache and the memory-backed /dev/shm."""
+    workers = int(extra_settings.get("HTMLLM_EXTRACT_WORKERS", DEFAULT_EXTRACT_WORKERS))
+    cache = int(extra_settings.get("HTMLLM_RESULT_CACHE_DOCUMENTS", 0))
+    return (
+        IDLE_SERVER_BYTES
+        + 3 * merged["server"]["maxInflightBytes"]
+        + workers * EXTRACT_WORKER_PEAK_BYTES
+        + cache * CACHE_ENTRY_BYTES
+        + quantity_bytes(merged["shmSizeLimit"])
+    )
+
+
+def test_suggested_settings_fit_the_default_memory_limit_with_headroom() -> None:
+    """Every result-cache size the chart's docs suggest fits the default memory limit by the full rule
+    with a fifth to spare (the idle figure is a PSS: resident sets are larger, and pods differ): the old
+    suggestion, a million documents (1.7 GB), left 13 %."""
+    merged = helm.Chart.load(CHART).merge_values({})
+    limit = quantity_bytes(merged["resources"]["limits"]["memory"])
+    texts = [
+        (CHART / "values.yaml").read_text(encoding="utf-8"),
+        (ROOT / "helm" / "README.md").read_text(encoding="utf-8"),
+    ]
+    suggested = [
+        int(n.replace(",", "").replace("_", ""))
+        for text in texts
+        for n in re.findall(r"HTMLLM_RESULT_CACHE_DOCUMENTS:[\s#]*([0-9][0-9,_]*)", text)
+    ]
+    assert suggested
+    for cache in [0, *suggested]:
+        assert memory_estimate(merged, {"HTMLLM_RESULT_CACHE_DOCUMENTS": cache}) <= 0.8 * limit, cache
+
+
+def test_the_memory_rule_names_every_term() -> None:
+    """values.yaml and docs/deployment.md give one rule, with the extractor workers and the result cache
+    (the old rule, idle + 3x maxInflightBytes, left both out)."""
+    values_text = (CHART / "values.yaml").read_text(encoding="utf-8")
+    rule = values_text[: values_text.index("\nresources:")].rsplit("\n\n", 1)[-1]
+    docs = (ROOT / "docs" / "deployment.md").read_text(encoding="utf-8")
+    memory_section = docs[docs.index("## Memory") :].split("\n## ", 1)[0]
+    shared = ["HTMLLM_EXTRACT_WORKERS", "HTMLLM_RESULT_CACHE_DOCUMENTS", "shmSizeLimit"]
+    for text, terms in (
+        (rule, ["maxInflightBytes", *shared]),
+        (memory_section, ["HTMLLM_MAX_INFLIGHT_BYTES", *shared]),
+    ):
+        assert [term for term in terms if term not in text] == []
+
+
+def deployment_doc() -> str:
+    return (ROOT / "docs" / "deployment.md").read_text(encoding="utf-8")
+
+
+def test_the_documented_network_policy_admits_only_to_the_release_pods() -> None:
+    """docs/deployment.md's NetworkPolicy (how to keep /metrics, /docs and /info from everyone while auth
+    covers only the model routes) is valid and selects the chart's pods on the container port."""
+    blocks = re.findall(r"```yaml\n(.*?)```", deployment_doc(), flags=re.DOTALL)
+    policies = [
+        doc for block in blocks for doc in yaml.safe_load_all(block) if doc.get("kind") == "NetworkPolicy"
+    ]
+    (policy,) = policies
+    validate_manifest(policy)
+    objects = render({})
+    pod_labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert policy["metadata"]["namespace"] == NAMESPACE
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    ports = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+    assert ports == {server_container(objects)["ports"][0]["containerPort"]}
+
+
+def test_the_documented_cluster_load_test_uses_real_flags() -> None:
+    """docs/deployment.md says how to aim locust at a deployed Service: the locustfile, the Service's
+    in-cluster address, and only flags that locust or the locustfile define."""
+    text = deployment_doc().replace("\\\n", " ")
+    (command,) = [
+        line for line in text.splitlines() if "locust -f loadtests/locustfile.py" in line and "--host" in line
+    ]
+    service = one(render({}), "Service")
+    assert (
+        f"--host http://{service['metadata']['name']}.{NAMESPACE}.svc:{service['spec']['ports'][0]['port']}"
+        in command
+    )
+    locustfile = (ROOT / "loadtests" / "locustfile.py").read_text(encoding="utf-8")
+    own_flags = set(re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", locustfile))
+    locust_flags = {"-f", "--headless", "-u", "-r", "-t", "--host", "--csv", "--html"}
+    arguments = command[command.index("-f loadtests/locustfile.py") :]
+    assert set(re.findall(r"(?:^|(?<=\s))(--?[\w-]+)", arguments)) <= own_flags | locust_flags
+    assert "--api-key" in own_flags and "--final-csv" in own_flags
+
+
+def test_start_up_time_is_documented_with_its_context() -> None:
+    """The startup probe's budget needs a load time to be sized against: the doc gives the measured one and
+    how it was measured."""
+    text = deployment_doc()
+    section = text[text.index("### Start-up time") :].split("\n### ", 1)[0]
+    assert re.search(r"about \*\*\d+ s\*\*", section)
+    assert "probes.startup" in section and "bundled model" in section and "cores" in section

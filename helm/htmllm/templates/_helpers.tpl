@@ -137,7 +137,6 @@ period is derived from. extraSettings and extraEnv may not set these again (html
   "HTMLLM_DTYPE" $s.dtype
   "HTMLLM_ONNX_QUANTIZE" $s.onnxQuantize
   "HTMLLM_ATTENTION" $s.attention
-  "HTMLLM_PREPROCESS_WORKERS" (include "htmllm.settingValue" $s.preprocessWorkers)
   "HTMLLM_PREPROCESS_POOL" $s.preprocessPool
   "HTMLLM_INFERENCE_PROCESS" (include "htmllm.settingValue" $s.inferenceProcess)
   "HTMLLM_MAX_BATCH_TOKENS" (include "htmllm.settingValue" $s.maxBatchTokens)
@@ -154,14 +153,58 @@ period is derived from. extraSettings and extraEnv may not set these again (html
 {{- if $s.intraOpThreads }}
 {{- $_ := set $settings "HTMLLM_INTRA_OP_THREADS" (include "htmllm.settingValue" $s.intraOpThreads) }}
 {{- end }}
+{{- if $s.preprocessWorkers }}
+{{- $_ := set $settings "HTMLLM_PREPROCESS_WORKERS" (include "htmllm.settingValue" $s.preprocessWorkers) }}
+{{- end }}
 {{- with (include "htmllm.modelPath" .) }}
 {{- $_ := set $settings "HTMLLM_MODEL_PATH" . }}
 {{- end }}
 {{- toJson $settings }}
 {{- end }}
 
+{{/*
+The pods' nodeSelector and tolerations: the values', plus the GPU ones when gpu.enabled. The `helm test`
+pod uses them too, so that it runs where the server pods run (the nodes that can pull the image, and on
+GPU values the nodes that already hold the multi-GB CUDA image).
+*/}}
+{{- define "htmllm.nodeSelector" -}}
+{{- $nodeSelector := deepCopy .Values.nodeSelector }}
+{{- if .Values.gpu.enabled }}
+{{- $nodeSelector = merge $nodeSelector .Values.gpu.nodeSelector }}
+{{- end }}
+{{- with $nodeSelector }}{{ toYaml . }}{{ end }}
+{{- end }}
+
+{{- define "htmllm.tolerations" -}}
+{{- $tolerations := .Values.tolerations }}
+{{- if .Values.gpu.enabled }}
+{{- $tolerations = concat .Values.tolerations .Values.gpu.tolerations }}
+{{- end }}
+{{- with $tolerations }}{{ toYaml . }}{{ end }}
+{{- end }}
+
+{{/*
+The Deployment's live replica count, when the release is upgraded with autoscaling on; empty on install,
+and under `helm template` or a client-side dry run (lookup returns nothing there). Leaving `replicas` out
+of the Deployment while the HPA owns the count is not enough: on the upgrade that switches autoscaling
+on, Helm's three-way merge sees a field the previous release set and this one drops, deletes it, and the
+API server defaults it to 1, so the Deployment scales down to one pod until the HPA reacts and new pods
+have loaded their model. Rendering the count the HPA (or the previous release) set keeps it, on that
+upgrade and on every later one (never dropping the field again). tests/deploy/test_helm.py replaces the
+`lookup` below with a fixed object: keep it a single call.
+*/}}
+{{- define "htmllm.liveReplicas" -}}
+{{- $live := lookup "apps/v1" "Deployment" .Release.Namespace (include "htmllm.fullname" .) }}
+{{- if and $live (hasKey $live "spec") (hasKey $live.spec "replicas") }}
+{{- int $live.spec.replicas }}
+{{- end }}
+{{- end }}
+
 {{/* Fail early on combinations that would render a pod that cannot start. */}}
 {{- define "htmllm.validate" -}}
+{{- if ne (int .Values.gpu.count) 1 }}
+{{- fail (printf "gpu.count is %v: one server process drives one GPU, so a pod with more would leave the rest idle; keep gpu.count 1 and raise the replicas (autoscaling.maxReplicas / replicaCount) instead" .Values.gpu.count) }}
+{{- end }}
 {{- if and .Values.auth.enabled (not .Values.auth.existingSecret) (not .Values.auth.apiKey) }}
 {{- fail "auth.enabled needs auth.existingSecret (recommended) or auth.apiKey" }}
 {{- end }}
