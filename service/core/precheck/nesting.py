@@ -7,7 +7,8 @@ times its tags passes `prune._NESTING_WORK_PER_BYTE` per byte (each tag walks th
 `<div>`s and a megabyte of `<p>x</p>` took 1.3 s); `service.core.prune` decides both.
 
 Over 700 lines, one model: the stack (`_OpenElements`), the scan over the tags (`estimate_depth`) and the
-tree builder's rules for start and end tags (`_start_tag`, `_table_part`, `_end_tag`, `_table_end`)
+tree builder's rules for start and end tags (`_start_tag`, `_table_part`, `_end_tag`, `_table_end`, and
+`_table_run`, which applies a run of rows and cells at once)
 share the stack's invariants (what is sure, what is held, what the walks may spend); split apart, each
 part would only be read with the others.
 """
@@ -15,6 +16,7 @@ part would only be read with the others.
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 
 from service.core.precheck.elements import (
@@ -35,6 +37,8 @@ from service.core.precheck.tags import (
     ISLAND_POINTS,
     LEAVES_SELECT,
     SELECT,
+    TABLE_RUN,
+    TABLE_RUN_TAG,
     TAINTED,
     ZONES,
     is_self_closing,
@@ -110,6 +114,18 @@ _ITEM_REACH = 64
 # refuses every page the model runs on).
 _MODEL_STEPS_PER_TAG = 8
 _MODEL_REACH_SPENT = 4
+# What an end tag of a table's structure passes on its way down to its element (the parser's table scope).
+_INSIDE = {
+    b"table": (b"td", b"th", b"tr", b"tbody", b"thead", b"tfoot", b"caption", b"colgroup"),
+    b"tbody": (b"td", b"th", b"tr"),
+    b"thead": (b"td", b"th", b"tr"),
+    b"tfoot": (b"td", b"th", b"tr"),
+    b"tr": (b"td", b"th"),
+}
+_CELLS = (b"td", b"th")
+# A table run (`_table_run`) is read in chunks of this many tags, each chunk's effect computed once per
+# page for each structure it starts from (a table's rows repeat: a few distinct chunks).
+_RUN_CHUNK = 64
 
 
 class _OpenElements:
@@ -469,7 +485,8 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
     nothing closes (after a taint void names count too: in foreign content they nest). No walk of the
     model looks further than `_MODEL_REACH` entries, nor further than a few once the page's budget of
     walk steps is spent: its work stays linear in the tags, and what it gives up on errs long.
-    A page with fewer `<` than `limit` cannot exceed it, so ordinary pages cost one count.
+    A page with fewer `<` than `limit` cannot exceed it, so ordinary pages cost one count; a run of plain
+    table markup (rows and cells, `_table_run`) costs a few regex passes and a lookup per 64 tags.
     """
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
     tags = data.count(b"<")
@@ -483,7 +500,8 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
     # (-1: none).
     point = point_at = -1
     most = 0
-    for end_tag, name, start, end, where in tag_tokens(data):
+    skips: list[tuple[int, frozenset[bytes]]] = []  # table runs read here (`_table_run`), for the scan
+    for end_tag, name, start, end, where in tag_tokens(data, skips=skips):
         island_end = False
         if point >= 0 and where != TAINTED:
             # The point's end tag after its island: every island end tag closed the element on top
@@ -565,6 +583,11 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
             stack.push(name.upper() if name in _FOREIGN_SPECIAL else name, True)
         elif name in _TABLE_PARTS:
             _table_part(stack, name)
+            most = max(most, stack.depth)
+            if most > limit:
+                break
+            most = _table_run(stack, data, end, most, limit, skips)
+            continue
         elif name in VOID_B:
             if name == b"hr":
                 _close_p(stack, sure=True)
@@ -724,6 +747,164 @@ def _table_part(stack: _OpenElements, name: bytes) -> None:
     stack.doubt()
 
 
+# A table run: after a start tag of a table's structure, the rows, cells and sections that follow as
+# plain markup (`TABLE_RUN`: text and their tags, nothing else) only pop and push the structure above the
+# same <table>. Read tag by tag, a data table cost the model 2 s for 2 MB (Lexbor parses it in 30 ms);
+# as the structure above the table (a "chain": `(b"tbody", b"tr", b"td")`), each chunk of tags is one
+# lookup, and the stack changes once, at the run's end, exactly as tag by tag.
+_Chain = tuple[bytes, ...]
+# A chunk's effect from a chain: (the chain after it, the lowest it went, the longest it was after a tag,
+# entries pushed, cells among them, walk steps spent, for each level of the chain after it from the lowest
+# up: the count of pushes in the chunk up to the one that pushed it).
+_ChunkEffect = tuple[_Chain, int, int, int, int, int, tuple[int, ...]]
+_RUN_CHAINS = frozenset(
+    {(), (b"colgroup",)}
+    | {(group, *rest) for group in _ROW_GROUPS for rest in ((), (b"tr",), (b"tr", b"td"), (b"tr", b"th"))}
+)
+
+
+@functools.cache
+def _run_step(chain: _Chain, tag: bytes) -> tuple[_Chain, int, int]:
+    """What one tag of a run (a name, "/" first for an end tag) does to the chain above the table, as
+    `_table_part` and `_table_end` do it there: (the chain after it, the lowest it went, walk steps)."""
+    if tag[:1] == b"/":
+        name = tag[1:]
+        inside = _INSIDE.get(name, ())  # (`</col>` closes nothing: no col is open above the table)
+        for steps, entry in enumerate(reversed((b"table", *chain))):
+            if entry == name and name != b"table":
+                low = len(chain) - 1 - steps
+                return chain[:low], low, steps
+            if entry not in inside:
+                return chain, len(chain), steps
+        raise AssertionError("a table run's end tag passed its table")
+    opened = list(chain)
+    low = len(opened)
+    while True:  # (at most four rounds, as `_table_part`'s: a chain is three deep at most)
+        kind = opened[-1] if opened else b"table"
+        if (
+            kind in _CELLS
+            or (kind == b"colgroup" and tag != b"col")
+            or (kind == b"tr" and tag not in _CELLS)
+            or (kind in _ROW_GROUPS and tag not in (b"tr", *_CELLS))
+        ):
+            opened.pop()
+            low = min(low, len(opened))
+            continue
+        if kind == b"colgroup":
+            return chain, low, 0
+        if kind == b"table":
+            if tag == b"col":
+                opened.append(b"colgroup")
+            elif tag in (b"tr", *_CELLS):
+                opened.append(b"tbody")
+        if kind != b"tr" and tag in _CELLS:
+            opened.append(b"tr")
+        if tag != b"col":
+            opened.append(tag)
+        return tuple(opened), low, 0
+
+
+def _chunk_effect(chain: _Chain, tags: tuple[bytes, ...]) -> _ChunkEffect:
+    """What a chunk of a run's tags does to the chain (`_ChunkEffect`)."""
+    low = longest = len(chain)
+    pushes = cells = spent = 0
+    pushed_at: dict[int, int] = {}
+    for tag in tags:
+        after, lowest, steps = _run_step(chain, tag)
+        low = min(low, lowest)
+        for level in range(lowest, len(after)):
+            pushes += 1
+            pushed_at[level] = pushes
+            cells += after[level] in _CELLS
+        spent += steps
+        longest = max(longest, len(after))
+        chain = after
+    levels = tuple(pushed_at[level] for level in range(low, len(chain)))
+    return chain, low, longest, pushes, cells, spent, levels
+
+
+def _table_run(
+    stack: _OpenElements,
+    data: bytes,
+    position: int,
+    most: int,
+    limit: int,
+    skips: list[tuple[int, frozenset[bytes]]],
+) -> int:
+    """After a start tag of a table's structure (HTML content) that ends at `position`: the run of the
+    table's plain structure markup that follows, applied to the stack at once (the estimate as tag by
+    tag), and noted in `skips` for the tag scan. Returns the running maximum (`most`).
+
+    Only where the tag-by-tag rules act on the structure alone: every entry above the table is part of
+    it, surely open and counted, the parser's markers are known (a closed cell clears to its own), and
+    no tag of the run can take the count past `limit`."""
+    run = TABLE_RUN.match(data, position)
+    if run is None or run.end() == position or not stack.markers_known:
+        return most
+    entries = stack.entries
+    top = len(entries) - 1
+    table = top
+    while table >= 0 and top - table <= 3:
+        entry = entries[table]
+        if entry is None or not entry[3] or entry[1] <= stack.unsure:
+            return most
+        if entry[0] == b"table":
+            break
+        if not entry[2]:
+            return most
+        table -= 1
+    else:
+        return most
+    chain: _Chain = tuple(entry[0] for entry in entries[table + 1 :] if entry is not None)
+    base = stack.depth - len(chain)
+    if (
+        chain not in _RUN_CHAINS
+        or stack.family[-len(chain) - 1 :] != list(range(table, top + 1))
+        or base + 3 > limit
+        or (chain and chain[-1] in _CELLS and (stack.dangling[-1] or len(stack.dangling) < 2))
+    ):
+        return most
+    tags = TABLE_RUN_TAG.findall(data[position : run.end()].lower())
+    start_chain = chain
+    keep = longest = len(chain)
+    serial = stack.serial
+    cells = spent = 0
+    pushed_at = [0, 0, 0]  # the serial each level of the chain was pushed at (from `keep` up)
+    effects: dict[tuple[_Chain, tuple[bytes, ...]], _ChunkEffect] = {}
+    for index in range(0, len(tags), _RUN_CHUNK):
+        chunk = tuple(tags[index : index + _RUN_CHUNK])
+        effect = effects.get((chain, chunk))
+        if effect is None:
+            effect = effects[chain, chunk] = _chunk_effect(chain, chunk)
+        after, low, chunk_longest, chunk_pushes, chunk_cells, chunk_spent, offsets = effect
+        keep = min(keep, low)
+        for level, offset in enumerate(offsets, low):
+            pushed_at[level] = serial + offset
+        serial += chunk_pushes
+        cells += chunk_cells
+        spent += chunk_spent
+        longest = max(longest, chunk_longest)
+        chain = after
+    # The stack as tag by tag: the structure popped to the lowest level the run reached (the first cell
+    # cleared its marker), then what is open at the end pushed with the serials and markers it had then.
+    if keep < len(start_chain):
+        stack.pop_from(table + 1 + keep)
+        if start_chain[-1] in _CELLS:
+            stack.clear()
+    next_marker = stack.next_marker + cells
+    for level in range(keep, len(chain)):
+        stack.serial = pushed_at[level] - 1
+        stack.push(chain[level], True)
+        if chain[level] in _CELLS:
+            stack.next_marker = next_marker - 1
+            stack.marker(True)
+    stack.serial = serial
+    stack.next_marker = next_marker
+    stack.spend(spent)
+    skips.append((run.end(), frozenset(tag for tag in set(tags) if tag[:1] != b"/")))
+    return max(most, base + longest)
+
+
 def _end_tag(stack: _OpenElements, name: bytes, form_open: bool | None) -> None:
     if name in _TABLE_FAMILY:
         _table_end(stack, name)
@@ -778,13 +959,7 @@ def _table_end(stack: _OpenElements, name: bytes) -> None:
         if found >= 0 and stack.close(found):
             stack.clear()
         return
-    inside = {
-        b"table": (b"td", b"th", b"tr", b"tbody", b"thead", b"tfoot", b"caption", b"colgroup"),
-        b"tbody": (b"td", b"th", b"tr"),
-        b"thead": (b"td", b"th", b"tr"),
-        b"tfoot": (b"td", b"th", b"tr"),
-        b"tr": (b"td", b"th"),
-    }.get(name, ())
+    inside = _INSIDE.get(name, ())
     found = stack.last_family()
     cell = found >= 0 and stack.name_at(found) in (b"td", b"th", b"caption")
     # Down the table's structure by index (cells a template left unsure pile up there: each end tag

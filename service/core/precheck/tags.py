@@ -38,6 +38,13 @@ ATTRIBUTE_NAME = re.compile(rb"[^\t\n\f\r />]+")
 # The next markup: a tag (an end tag's "/", its name, its attributes, its ">": none where the page's end
 # cuts it off), or (no name) "<!", "<?" or "</" and no letter: a comment or a bogus comment.
 _NEXT_MARKUP = re.compile(rb"<(?:(/?)([a-z][^\t\n\f\r />]*+)(" + TAG_ATTRIBUTES_REST + rb")(>?)|[!?/])")
+# A run of a table's structure as plain markup (`tag_tokens`' `skips`): text, and start and end tags of
+# rows, cells, sections and column groups (no caption, no table), read as `_NEXT_MARKUP` reads them;
+# `TABLE_RUN_TAG` gives each tag's name, "/" first for an end tag. (Match on the page as it is: re.I.)
+_TABLE_RUN_NAME = rb"/?(?:tbody|thead|tfoot|colgroup|col|tr|td|th)(?=[\t\n\f\r />])"
+_TABLE_RUN_REST = rb"(?:>|" + TAG_ATTRIBUTES_REST + rb">)"  # (no attributes first: a third faster)
+TABLE_RUN = re.compile(rb"(?:[^<]++|<" + _TABLE_RUN_NAME + _TABLE_RUN_REST + rb")*+", re.I)
+TABLE_RUN_TAG = re.compile(rb"[^<]*+<(" + _TABLE_RUN_NAME + rb")" + _TABLE_RUN_REST)
 _ANY_TAG = re.compile(rb"<(/?)([a-z][^\t\n\f\r />]*+)([^<>]*+)")  # after a taint: no quote hides anything
 _RAW_TEXT = frozenset(RAW_TEXT_NAMES.split(b"|")) - {b"plaintext"}
 ZONES = {b"svg": b"foreignobject desc title".split(), b"math": b"mi mo mn ms mtext annotation-xml".split()}
@@ -76,7 +83,9 @@ _NO_PARENTS = frozenset(
 
 
 def tag_tokens(
-    data: bytes, hidden: list[tuple[int, int]] | None = None
+    data: bytes,
+    hidden: list[tuple[int, int]] | None = None,
+    skips: list[tuple[int, frozenset[bytes]]] | None = None,
 ) -> Iterator[tuple[bool, bytes, int, int, int]]:
     """(end tag, lowercase name, start and end of the tag in `data`, where) for every tag the HTML
     tokenizer reads on the page, in order, in linear time; `hidden` collects the spans it reads as no
@@ -98,6 +107,11 @@ def tag_tokens(
     tags are yielded as TAINTED (nothing there closes surely for the estimates), what follows as in the
     zone. In a `<template>` whose content starts with a `<col>` (a column group, where the
     parser ignores every other start tag) raw-text names hold no raw text, up to the `</template>`.
+
+    `skips`: a caller that read a run of tags itself (`TABLE_RUN`, right after an HTML start tag of
+    the run's kind) puts (where the run ends, the names of its start tags) there before asking for the
+    next tag: the scan goes on from there as if it had read them (none hides markup, opens a zone or
+    is a parent of one; `hidden` gets nothing from them).
     """
     lowered = data.lower()
     size = len(lowered)
@@ -115,6 +129,12 @@ def tag_tokens(
     template_cols = 0  # <template>s opened with a <col> first, not closed since
     select_limit = False  # the <select> being read holds a scope limit (an <object>, a <td>, ...)
     while position < size:
+        if skips:
+            position, names = skips.pop()
+            html_names |= names
+            previous = parent = None  # (each of the run's tags leaves no parent)
+            if position >= size:
+                return
         if zone == TAINTED:
             for any_tag in _ANY_TAG.finditer(lowered, position):
                 yield bool(any_tag.group(1)), any_tag.group(2), any_tag.start(), any_tag.end(), TAINTED

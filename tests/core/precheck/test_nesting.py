@@ -123,6 +123,50 @@ def test_past_its_budget_the_model_still_errs_long(monkeypatch: pytest.MonkeyPat
     assert checked >= 40
 
 
+# Long runs of plain table markup: tag by tag the model ran about 100 lines a tag on them (2 s for a 2 MB
+# data table that Lexbor parses in 30 ms); `_table_run` reads such a run in chunks.
+_TABLE_RUNS = {
+    "a data table": "<table>" + "<tr><td>123</td><td class=x>abc</td><th>4.5</th></tr>" * 2000,
+    "columns and cells": "<table>" + "<col><td>" * 5000,
+    "sections, rows and cells": (
+        "<table>" + "<thead><tr><th>h</th></tr></thead>" * 1000 + "<tbody>" + "<tr><td>1<td>2" * 2000
+    ),
+}
+
+
+@pytest.mark.parametrize("page", list(_TABLE_RUNS.values()), ids=list(_TABLE_RUNS))
+def test_runs_of_table_markup_cost_the_model_a_line_a_tag_at_most(page: str) -> None:
+    tags = page.count("<")
+    try:
+        _, depth = python_work(lambda data: estimate_depth(data, limit=tags - 1), page, bound=tags)
+    except TooMuchWork:
+        pytest.fail("the depth model ran more than a line a tag on a run of table markup")
+    assert depth == 4  # the <table>, a section, a row and a cell
+
+
+_RUN_EDGES = {
+    "a run cut by other markup": "<table><tr><td>" + "<td>x</td><b>y</b><tr><td><!--c--><th>" * 800,
+    "a run in a cell's table": "<table><tr><td><table>"
+    + "<tr><td>1</td></tr>" * 800
+    + "</table></td></tr>" * 9,
+    "a run after formatting elements": "<a><b><table><tr><td><a>" + "<tr><td>x<td>y" * 800 + "</table>x" * 9,
+    "tags hidden in attributes": "<table><tr>" + '<td title="</tr><tr>">x<TD\n>y</Td >' * 800 + "<svg></td>",
+    "a template's table": "<template><table><tbody>" + "<tr><td>" * 800 + "</template>" + "<td>" * 800,
+    "column groups": "<table>" + "<colgroup><col></colgroup><col><tr><td>" * 800 + "<caption><td>",
+    "an object in a cell": "<table>" + "<tr><td><object>" + "<tr><td>x" * 800 + "<b></table><i>" * 9,
+}
+
+
+@pytest.mark.parametrize("page", list(_RUN_EDGES.values()), ids=list(_RUN_EDGES))
+def test_a_table_run_read_at_once_gives_the_estimate_of_reading_it_tag_by_tag(
+    page: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tags = page.count("<")
+    at_once = [estimate_depth(page, limit=limit) for limit in (tags - 1, 64)]
+    monkeypatch.setattr(nesting, "_table_run", lambda stack, data, position, most, limit, skips: most)
+    assert at_once == [estimate_depth(page, limit=limit) for limit in (tags - 1, 64)]
+
+
 # E: after a taint, a void HTML name may be a foreign element, which nests.
 @pytest.mark.parametrize(
     "lead", ["<math><mi><math>", "<svg><desc><i></i><svg>", "<select><svg>"], ids=["mi", "desc", "select"]
