@@ -9,7 +9,7 @@ A page source is one of:
   served with, as an HTTP Content-Type would declare it) and any other fields (kept in `Page.meta`).
   A `file` that is absolute or climbs out with `..` is followed as written: a manifest is trusted like
   the command line that names it, and may point at pages kept elsewhere;
-- a WARC file (`.warc`, `.warc.gz`, `.warc.zst`, `.warc.lz4`), as
+- a WARC file (`.warc`, `.warc.gz`, `.warc.zst`, `.warc.lz4`; read by `service.core.warc_pages`), as
   crawlers write them: every `response` record with an HTML payload (and every HTML `resource` record)
   is a page, with the WARC-Record-ID as its id, WARC-Target-URI as its url, the HTTP body with its
   chunked transfer and Content-Encoding undone, and the HTTP charset honoured; other records
@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import errno
 import gzip
-import io
 import json
 import os
 import re
@@ -69,21 +68,17 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, BinaryIO, Literal
+from typing import IO, Any, BinaryIO, Literal
 
 from service.core.content_coding import ContentCodingError, decode_content
-from service.core.decoding import parse_content_type, with_declared_encoding, without_lone_surrogates
+from service.core.decoding import with_declared_encoding, without_lone_surrogates
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.prune import DEFAULT_MAX_BYTES
-from service.core.warc_tail import GZIP_MAGIC, tail_problem
-
-if TYPE_CHECKING:
-    from fastwarc.warc import WarcRecord
+from service.core.warc_tail import GZIP_MAGIC
 
 _HTML_SUFFIXES = (".html", ".htm", ".html.gz", ".htm.gz")
 _JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
 _WARC_SUFFIXES = (".warc", ".warc.gz", ".warc.zst", ".warc.lz4")
-_HTML_MEDIA_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 _SNIFF_BYTES = 4096  # enough to get past a BOM and leading blank lines to the first real byte
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _SOURCE_KINDS = (
@@ -92,13 +87,14 @@ _SOURCE_KINDS = (
     "(.html, .htm, optionally .gz)"
 )
 # A page's byte cap: the pruner's, so the reader never hands on a page the Engine would refuse for its
-# size (nor refuses one it would take). Read at call time, so a test can lower it.
+# size (nor refuses one it would take). Read at call time, here and as `pages.MAX_PAGE_BYTES` in
+# `warc_pages` (never imported by value), so a test lowers it for every source by patching it here.
 MAX_PAGE_BYTES = DEFAULT_MAX_BYTES
 # What may be read to find one page, as a multiple of the page cap: a JSONL row holds its page JSON-
 # escaped (a Chinese character becomes a six-byte `\u4e2d` escape, twice its UTF-8; an emoji's two
 # escapes triple it), a WARC record's block holds the HTTP head and a body still chunked or
 # content-coded. A row or record over it is refused unread.
-_READ_FACTOR = 4
+READ_FACTOR = 4
 _SKIP_STEP = 1 << 20  # bytes read at a time to pass over the rest of a row too long to keep
 
 BadRows = Literal["raise", "report"]
@@ -232,14 +228,14 @@ def _read_file(path: Path, where: str) -> bytes:
         raise read_error(f"{where}: cannot read {path}: {exc}", exc) from exc
 
 
-def _capped(html: bytes, where: str) -> bytes:
+def capped(html: bytes, where: str) -> bytes:
     """`html` if it is within the page cap, else `PageTooLargeError`."""
     if len(html) > MAX_PAGE_BYTES:
         raise PageTooLargeError(f"{where}: the page has {len(html)} bytes, over the cap of {MAX_PAGE_BYTES}")
     return html
 
 
-def _error_page(page_id: str, exc: PageSourceError, **fields: Any) -> Page:
+def error_page(page_id: str, exc: PageSourceError, **fields: Any) -> Page:
     """The row of a page that could not be read: no bytes, the error's message and code."""
     return Page(id=page_id, html=b"", error=str(exc), error_code=exc.code, **fields)
 
@@ -285,7 +281,7 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
         # A lone surrogate ("\ud800" is valid JSON) cannot be UTF-8: one U+FFFD, as the API reads the
         # same text (`valid_json`); passed on as its three bad bytes it had read as three U+FFFD.
         # The text is UTF-8 now, whatever charset its <meta> names.
-        html = _capped(with_declared_encoding(valid_json(html_text).encode("utf-8"), "utf-8"), where)
+        html = capped(with_declared_encoding(valid_json(html_text).encode("utf-8"), "utf-8"), where)
     elif file_name is not None:
         if not isinstance(file_name, str):
             raise PageSourceError(f"{where}: 'file' must be a path (a string), not {_json_type(file_name)}")
@@ -296,7 +292,7 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
         encoding = row.get("encoding")
         if encoding is not None and not isinstance(encoding, str):
             raise PageSourceError(f"{where}: 'encoding' must be a charset name, not {encoding!r}")
-        html = _capped(with_declared_encoding(_read_file(path, where), encoding), where)
+        html = capped(with_declared_encoding(_read_file(path, where), encoding), where)
     else:
         raise PageSourceError(f"{where} has neither 'html' nor 'file'")
     return Page(id=page_id, html=html, url=valid_json(url) if isinstance(url, str) else None, meta=meta)
@@ -331,7 +327,7 @@ def _lines(handle: IO[bytes], path: Path) -> Iterator[tuple[int, bytes | PageSou
     """(line number, line) in order; a line over the row bound comes as a `PageTooLargeError` (its
     bytes passed over, never held; one of blanks only is a blank line, no row); a gzip stream that
     breaks off ends with the error instead."""
-    limit = _READ_FACTOR * MAX_PAGE_BYTES
+    limit = READ_FACTOR * MAX_PAGE_BYTES
     line_number = 0
     while True:
         try:
@@ -363,11 +359,11 @@ def _iter_jsonl(path: Path) -> Iterator[Page]:
         index = 0
         for line_number, line in _lines(handle, path):
             if isinstance(line, PageTooLargeError):  # a row, unread: named by its position
-                yield _error_page(str(index), line)
+                yield error_page(str(index), line)
                 index += 1
                 continue
             if isinstance(line, PageSourceError):
-                yield _error_page(str(index), line)
+                yield error_page(str(index), line)
                 return
             if not line.strip():
                 continue
@@ -380,7 +376,7 @@ def _iter_jsonl(path: Path) -> Iterator[Page]:
                     raise PageSourceError(f"{where} is not JSON: {exc}") from exc
                 page = _row_page(row, path.parent, index, where)
             except PageSourceError as exc:
-                page = _error_page(valid_json(_row_id(row, index)), exc)
+                page = error_page(valid_json(_row_id(row, index)), exc)
             yield page
             index += 1
 
@@ -418,7 +414,7 @@ def _file_page(page_id: str, path: Path, where: str) -> Page:
     try:
         return Page(id=page_id, html=_read_file(path, where))
     except PageSourceError as exc:
-        return _error_page(page_id, exc)
+        return error_page(page_id, exc)
 
 
 def _head(path: Path) -> bytes:
@@ -573,148 +569,9 @@ def _count_rows(path: Path, limit: int | None, stop: threading.Event | None) -> 
 
 
 def _iter_warc(path: Path) -> Iterator[Page]:
-    """The HTML pages of a WARC file in record order; a record that cannot be read is an error row, and
-    a file that cannot be read past some record ends with one (the framing after it is lost)."""
-    try:
-        from fastwarc.warc import ArchiveIterator, WarcRecordType
-    except ImportError as exc:  # a dependency, but an environment may have been pruned by hand
-        raise PageSourceError(f"reading {path} needs FastWARC: pip install fastwarc") from exc
-    try:
-        # Every record type, so the last record seen is the last one FastWARC could frame.
-        iterator = iter(ArchiveIterator(str(path), parse_http=False, fsspec_args=False))
-    except (OSError, ValueError) as exc:
-        # One row, as an HTML file that cannot be opened is: raised, one dangling `.warc.gz` in a
-        # directory of pages stopped the whole run, even with bad_rows="report".
-        error = read_error(f"cannot read {path}: {exc}", exc)
-        yield _warc_error(path, 0, str(error), error.code)
-        return
-    offset = 0
-    reported = False  # whether the last record was reported cut off already
-    while True:
-        try:
-            record = next(iterator)
-            offset, reported = record.stream_pos, False
-            if record.record_type not in (WarcRecordType.response, WarcRecordType.resource):
-                continue
-            # Bounded: a record's Content-Length is the writer's word, and FastWARC passes over what
-            # is left of a record unread.
-            block = record.reader.read(_READ_FACTOR * MAX_PAGE_BYTES + 1)
-        except StopIteration:
-            break
-        except (OSError, ValueError) as exc:
-            error = read_error(f"{path}: cannot read the records after byte {offset}: {exc}", exc)
-            yield _warc_error(path, offset, str(error), error.code)
-            return
-        page_id = record.record_id or f"{path.name}@{offset}"
-        where = f"{path}: record {page_id} at byte {offset}"
-        url = record.headers.get("WARC-Target-URI")
-        meta: dict[str, Any] = {
-            "warc_file": valid_text(path.name),
-            "warc_date": record.headers.get("WARC-Date"),
-        }
-        too_large = len(block) > _READ_FACTOR * MAX_PAGE_BYTES
-        reported = not too_large and len(block) < record.content_length
-        try:
-            if reported:
-                # Only the file's last record can be short, and what it was cannot be trusted: report it.
-                raise PageSourceError(
-                    f"{where} is cut off: {len(block)} of its {record.content_length} bytes"
-                )
-            page = _warc_page(record, block, page_id, url, meta, where, too_large=too_large)
-        except PageSourceError as exc:
-            page = _error_page(page_id, exc, url=url, meta=meta)
-        if page is not None:
-            yield page
-    # FastWARC ends quietly (or hands back an empty record) where a killed writer cut the file inside a
-    # record's header; check the end of the file from the last record it framed, and say so.
-    problem = None if reported else tail_problem(path, offset)
-    if problem is not None:
-        yield _warc_error(path, offset, f"{path}: {problem}")
+    """The pages of a WARC file, read by `warc_pages`."""
+    # Imported here, not at the top: `warc_pages` builds its rows from this module's `Page`, errors and
+    # page cap, so it imports this module, and an import back at load time would be circular.
+    from service.core.warc_pages import iter_warc
 
-
-def _warc_error(path: Path, offset: int, message: str, code: ErrorCode = ErrorCode.VALIDATION) -> Page:
-    return Page(
-        id=f"{path.name}@{offset}",
-        html=b"",
-        error=message,
-        error_code=code,
-        meta={"warc_file": valid_text(path.name)},
-    )
-
-
-def _warc_page(
-    record: WarcRecord,
-    block: bytes,
-    page_id: str,
-    url: str | None,
-    meta: dict[str, Any],
-    where: str,
-    *,
-    too_large: bool,
-) -> Page | None:
-    """The page a record holds, None for a record that holds no HTML page. `too_large`: `block` is only
-    the start of a record over the read bound, enough to tell whether it holds a page (then refused)."""
-    from fastwarc.warc import HeaderMap, WarcRecordType
-
-    content_type = record.headers.get("Content-Type") or ""
-    coding: str | None = None
-    if record.record_type == WarcRecordType.response:
-        if not content_type.lower().startswith("application/http"):
-            return None  # e.g. a DNS response
-        http = HeaderMap()
-        try:
-            head = http.parse(io.BytesIO(block))
-        except OSError as exc:
-            raise PageSourceError(f"{where}: the HTTP response head is malformed: {exc}") from exc
-        body = block[head:]
-        content_type = http.get("Content-Type") or ""
-        coding = http.get("Content-Encoding")
-        meta["http_status"] = http.status_code
-        if "chunked" in (http.get("Transfer-Encoding") or "").lower():
-            body = _dechunk(body)
-    else:
-        body = block
-    media_type, charset = parse_content_type(content_type) if content_type else (None, None)
-    if media_type not in _HTML_MEDIA_TYPES and not (media_type is None and body.lstrip()[:1] == b"<"):
-        return None
-    meta["content_type"] = content_type or None
-    truncated = record.headers.get("WARC-Truncated")
-    if truncated:
-        meta["warc_truncated"] = truncated
-    if too_large:
-        raise PageTooLargeError(
-            f"{where} has {record.content_length} bytes, over the {_READ_FACTOR * MAX_PAGE_BYTES} read "
-            f"for one page of at most {MAX_PAGE_BYTES}"
-        )
-    try:
-        body = decode_content(body, coding, limit=MAX_PAGE_BYTES)
-    except ContentCodingError as exc:
-        raise PageSourceError(f"{where}: {exc.message}", code=exc.code) from exc
-    html = _capped(with_declared_encoding(body, charset), where)
-    return Page(id=page_id, html=html, url=url, meta=meta)
-
-
-def _dechunk(body: bytes) -> bytes:
-    """A chunked HTTP body's data. Lenient as crawl data needs: a body that only claims to be chunked
-    (its first line is no chunk size) is returned as it is, one that breaks off keeps what came."""
-    out = bytearray()
-    position = 0
-    while True:
-        end = body.find(b"\n", position)
-        try:
-            size = int(body[position:end].split(b";", 1)[0].strip(), 16) if end >= 0 else -1
-        except ValueError:
-            size = -1
-        if size < 0:
-            return body if position == 0 else bytes(out)
-        if size == 0:
-            return bytes(out)
-        start = end + 1
-        out += body[start : start + size]
-        if start + size > len(body):
-            return bytes(out)
-        position = start + size
-        if body[position : position + 2] == b"\r\n":
-            position += 2
-        elif body[position : position + 1] == b"\n":
-            position += 1
+    return iter_warc(path)

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import codecs
 import errno
 import gzip
 import json
 import os
 import re
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import brotli
 import pytest
-import zstandard
-from fastwarc.stream_io import Lz4Writer
 
 from service.core import pages
 from service.core.decoding import decode_html
@@ -30,7 +25,7 @@ from service.core.pages import (
 )
 from service.core.prune import prune_html
 from tests.factories.disk import closed_directory, eio_for
-from tests.factories.warc import HttpResponse, response, warc_gz, warc_record
+from tests.factories.warc import HttpResponse, response, warc_gz
 from tests.memory import gzip_bomb, traced_peak
 
 
@@ -299,107 +294,6 @@ def test_missing_source(tmp_path: Path) -> None:
 CZECH = "Příliš žluťoučký kůň úpěl ďábelské ódy"
 
 
-def _warc_records() -> list[bytes]:
-    czech = f"<html><body><p>{CZECH}</p></body></html>".encode("cp1250")
-    plain = b"<html><body><p>plain page</p></body></html>"
-    return [
-        warc_record(
-            "info",
-            b"software: test\r\n",
-            record_type="warcinfo",
-            uri=None,
-            content_type="application/warc-fields",
-        ),
-        warc_record(
-            "req",
-            b"GET / HTTP/1.1\r\nHost: example.com\r\n\r\n",
-            record_type="request",
-            content_type="application/http; msgtype=request",
-        ),
-        response("cz", HttpResponse(czech, "text/html; charset=windows-1250"), "https://cz.example/"),
-        response("gz", HttpResponse(gzip.compress(plain), "text/html", headers={"Content-Encoding": "gzip"})),
-        response(
-            "br",
-            HttpResponse(brotli.compress(plain), "application/xhtml+xml", headers={"Content-Encoding": "br"}),
-        ),
-        response(
-            "chunked",
-            HttpResponse(
-                gzip.compress(plain), "text/html", headers={"Content-Encoding": "gzip"}, chunked=True
-            ),
-        ),
-        response("png", HttpResponse(b"\x89PNG\r\n\x1a\n....", "image/png")),
-        response(
-            "missing",
-            HttpResponse(
-                b"<html><p>not found</p></html>", "text/html; charset=utf-8", status="404 Not Found"
-            ),
-        ),
-        response("untyped", HttpResponse(b"  <!doctype html><p>sniffed</p>", None)),
-        warc_record("revisit", b"HTTP/1.1 200 OK\r\n\r\n", record_type="revisit"),
-        warc_record("dns", b"20261130120000\nexample.com. 300 IN A 1.2.3.4\n", content_type="text/dns"),
-        warc_record(
-            "res",
-            b"<html><p>a resource</p></html>",
-            record_type="resource",
-            content_type="text/html",
-            uri="file:///local.html",
-            extra={"WARC-Truncated": "length"},
-        ),
-    ]
-
-
-WARC_PAGES = ["cz", "gz", "br", "chunked", "missing", "untyped", "res"]
-
-
-@pytest.mark.parametrize("suffix", [".warc", ".warc.gz", ".warc.zst", ".warc.lz4"])
-def test_warc_pages(tmp_path: Path, suffix: str) -> None:
-    records = _warc_records()
-    path = tmp_path / f"crawl{suffix}"
-    if suffix == ".warc.zst":
-        path.write_bytes(b"".join(zstandard.ZstdCompressor().compress(r) for r in records))
-    elif suffix == ".warc.lz4":
-        writer = Lz4Writer(str(path))  # FastWARC's own LZ4 frames, as its tools write them
-        for record in records:
-            writer.write(record)
-        writer.close()
-    else:
-        path.write_bytes(warc_gz(records) if suffix.endswith(".gz") else b"".join(records))
-    pages = list(iter_pages(path))
-    assert [p.id for p in pages] == [f"<urn:uuid:{name}>" for name in WARC_PAGES]
-    assert all(p.error is None for p in pages)
-    texts = {p.id[10:-1]: decode_html(p.html).text for p in pages}
-    assert CZECH in texts["cz"]  # the HTTP charset read the windows-1250 bytes
-    for name in ("gz", "br", "chunked"):
-        assert texts[name] == "<html><body><p>plain page</p></body></html>", name
-    assert "sniffed" in texts["untyped"] and "a resource" in texts["res"]
-    by_id = {p.id[10:-1]: p for p in pages}
-    assert by_id["cz"].url == "https://cz.example/" and by_id["res"].url == "file:///local.html"
-    assert by_id["cz"].meta == {
-        "warc_file": path.name,
-        "warc_date": "2026-11-30T12:00:00Z",
-        "http_status": 200,
-        "content_type": "text/html; charset=windows-1250",
-    }
-    assert by_id["missing"].meta["http_status"] == 404
-    assert by_id["res"].meta["warc_truncated"] == "length"
-    assert len(list(iter_pages(path, limit=2))) == 2
-
-
-def test_http_charset_wins_over_a_contrary_meta(tmp_path: Path) -> None:
-    """Browsers read the HTTP charset first; the bytes then carry it as UTF-8 behind a BOM."""
-    html = f'<html><head><meta charset="iso-8859-1"></head><body>{CZECH}</body></html>'.encode("cp1250")
-    agreeing = f'<html><head><meta charset="windows-1250"></head><body>{CZECH}</body></html>'.encode("cp1250")
-    path = tmp_path / "a.warc"
-    path.write_bytes(
-        response("contrary", HttpResponse(html, "text/html; charset=windows-1250"))
-        + response("agreeing", HttpResponse(agreeing, 'text/html; charset="Windows-1250"'))
-    )
-    contrary, same = iter_pages(path)
-    assert contrary.html.startswith(codecs.BOM_UTF8) and CZECH in decode_html(contrary.html).text
-    assert same.html == agreeing  # nothing to change: the raw bytes as crawled
-
-
 def test_inline_html_text_is_utf8_whatever_its_meta_says(tmp_path: Path) -> None:
     source = tmp_path / "rows.jsonl"
     html = f'<html><head><meta charset="windows-1250"></head><body><p>{CZECH}</p></body></html>'
@@ -432,78 +326,6 @@ def test_a_cut_off_jsonl_gz_ends_with_an_error_row(tmp_path: Path) -> None:
     pages = list(iter_pages(source, bad_rows="report"))
     assert pages[-1].error is not None and "cannot read past line" in pages[-1].error
     assert all(p.error is None for p in pages[:-1]) and len(pages) > 1
-
-
-def test_bad_warc_records_are_error_rows(tmp_path: Path) -> None:
-    records = [
-        response("good", HttpResponse(b"<p>good</p>")),
-        response("corrupt", HttpResponse(b"not gzip at all", headers={"Content-Encoding": "gzip"})),
-        response("unknown", HttpResponse(b"<p>?</p>", headers={"Content-Encoding": "compress"})),
-        response("after", HttpResponse(b"<p>after</p>")),
-    ]
-    path = tmp_path / "bad.warc.gz"
-    path.write_bytes(warc_gz(records))
-    with pytest.raises(PageSourceError, match="the gzip body is corrupt"):
-        list(iter_pages(path))
-    pages = list(iter_pages(path, bad_rows="report"))
-    assert [p.id for p in pages] == [
-        "<urn:uuid:good>",
-        "<urn:uuid:corrupt>",
-        "<urn:uuid:unknown>",
-        "<urn:uuid:after>",
-    ]
-    assert [p.error is None for p in pages] == [True, False, False, True]
-    assert "unsupported Content-Encoding" in (pages[2].error or "")
-
-
-def _lz4(records: list[bytes], *, frame_per_record: bool, tmp: Path) -> bytes:
-    """LZ4 as FastWARC writes it: one frame for the whole file, or one frame per record."""
-    out = b""
-    for group in [[r] for r in records] if frame_per_record else [records]:
-        writer = Lz4Writer(str(tmp))
-        for record in group:
-            writer.write(record)
-        writer.close()
-        out += tmp.read_bytes()
-    return out
-
-
-def _zstd(records: list[bytes]) -> bytes:
-    return b"".join(zstandard.ZstdCompressor().compress(r) for r in records)
-
-
-WARC_LAYOUTS: dict[str, tuple[str, Callable[[list[bytes], Path], bytes]]] = {
-    "plain": (".warc", lambda rs, _: b"".join(rs)),
-    "gzip per record": (".warc.gz", lambda rs, _: b"".join(gzip.compress(r, mtime=0) for r in rs)),
-    "gzip one stream": (".warc.gz", lambda rs, _: gzip.compress(b"".join(rs), mtime=0)),
-    "zstd per record": (".warc.zst", lambda rs, _: _zstd(rs)),
-    "zstd one stream": (".warc.zst", lambda rs, _: _zstd([b"".join(rs)])),
-    "lz4 per record": (".warc.lz4", lambda rs, tmp: _lz4(rs, frame_per_record=True, tmp=tmp)),
-    "lz4 one stream": (".warc.lz4", lambda rs, tmp: _lz4(rs, frame_per_record=False, tmp=tmp)),
-}
-PAGES = ["<p>first</p>", "<p>last</p>"]
-
-
-@pytest.mark.parametrize("layout", WARC_LAYOUTS)
-def test_a_warc_cut_anywhere_never_loses_a_page_quietly(tmp_path: Path, layout: str) -> None:
-    """A killed writer leaves a partial last record: every cut either keeps both pages whole or ends the
-    file's pages with an error row; none drops a page without a word. Uncut, the file reads clean; cut
-    exactly after the first record's frame, member or content, it is a whole file of one record."""
-    suffix, write = WARC_LAYOUTS[layout]
-    records = [response(f"r{i}", HttpResponse(html.encode())) for i, html in enumerate(PAGES)]
-    data = write(records, tmp_path / "f")
-    first_alone = write(records[:1], tmp_path / "f")
-    path = tmp_path / f"cut{suffix}"
-    for cut in range(len(data) - 1):
-        path.write_bytes(data[: len(data) - cut])
-        pages = list(iter_pages(path, bad_rows="report"))
-        whole = [decode_html(p.html).text for p in pages if p.error is None]
-        errors = [p.error for p in pages if p.error is not None]
-        alone = data[: len(data) - cut].rstrip(b"\r\n") == first_alone.rstrip(b"\r\n")
-        complete = PAGES[:1] if alone else PAGES
-        assert errors or whole == complete, cut
-        assert cut or not errors, errors
-        assert set(whole) <= set(PAGES), cut
 
 
 def test_a_directory_of_warcs_and_html_files(tmp_path: Path) -> None:
@@ -795,30 +617,3 @@ def test_a_jsonl_gz_line_that_inflates_to_a_bomb_is_never_held(tmp_path: Path, c
     assert peak < 8 << 20
     counted, peak = traced_peak(lambda: count_pages(source))
     assert counted == 3 and peak < 8 << 20
-
-
-def test_warc_records_over_the_cap_are_error_rows_and_never_held(tmp_path: Path, cap_1_kib: int) -> None:
-    records = [
-        response("good", HttpResponse(b"<p>good</p>")),
-        response("long", HttpResponse(b"<p>" + b"x" * (64 << 20))),  # read 4 KiB of it, no more
-        response("image", HttpResponse(b"\x89PNG" + b"\0" * 10_000, "image/png")),  # no page: skipped
-        response("bomb", HttpResponse(gzip_bomb(b"<p>", 64 << 20), headers={"Content-Encoding": "gzip"})),
-        response("over", HttpResponse(b"<p>" + b"x" * 2000)),  # a block within the bound, a page over
-        warc_record("resource", b"<p>" + b"y" * 10_000, record_type="resource", content_type="text/html"),
-        response("after", HttpResponse(b"<p>after</p>")),
-    ]
-    path = tmp_path / "big.warc.gz"
-    path.write_bytes(warc_gz(records))
-    del records
-    read, peak = traced_peak(lambda: list(iter_pages(path, bad_rows="report")))
-    assert isinstance(read, list)
-    assert [(p.id, p.error_code if p.error else None) for p in read] == [
-        ("<urn:uuid:good>", None),
-        ("<urn:uuid:long>", ErrorCode.PAYLOAD_TOO_LARGE),
-        ("<urn:uuid:bomb>", ErrorCode.PAYLOAD_TOO_LARGE),
-        ("<urn:uuid:over>", ErrorCode.PAYLOAD_TOO_LARGE),
-        ("<urn:uuid:resource>", ErrorCode.PAYLOAD_TOO_LARGE),
-        ("<urn:uuid:after>", None),
-    ]
-    assert read[1].url == "https://example.com/" and read[1].meta["http_status"] == 200
-    assert peak < 8 << 20

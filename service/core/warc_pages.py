@@ -1,0 +1,184 @@
+"""Reading the pages of a WARC file with FastWARC: the WARC part of `service.core.pages.iter_pages`.
+
+Every `response` record with an HTML payload (and every HTML `resource` record) is a page; the rest are
+skipped (the `pages` module docstring says what a page carries). Its rows, errors and page cap are
+`pages`' own: the cap is read as `pages.MAX_PAGE_BYTES` at call time, never imported by value, so a test
+that lowers it there lowers it for WARC records too. Whether a file ends with whole records is
+`warc_tail`'s check, which knows nothing of pages.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from service.core import pages
+from service.core.content_coding import ContentCodingError, decode_content
+from service.core.decoding import parse_content_type, with_declared_encoding
+from service.core.errors import ErrorCode
+from service.core.pages import (
+    READ_FACTOR,
+    Page,
+    PageSourceError,
+    PageTooLargeError,
+    capped,
+    error_page,
+    read_error,
+    valid_text,
+)
+from service.core.warc_tail import tail_problem
+
+if TYPE_CHECKING:
+    from fastwarc.warc import WarcRecord
+
+_HTML_MEDIA_TYPES = frozenset({"text/html", "application/xhtml+xml"})
+
+
+def iter_warc(path: Path) -> Iterator[Page]:
+    """The HTML pages of a WARC file in record order; a record that cannot be read is an error row, and
+    a file that cannot be read past some record ends with one (the framing after it is lost)."""
+    try:
+        from fastwarc.warc import ArchiveIterator, WarcRecordType
+    except ImportError as exc:  # a dependency, but an environment may have been pruned by hand
+        raise PageSourceError(f"reading {path} needs FastWARC: pip install fastwarc") from exc
+    try:
+        # Every record type, so the last record seen is the last one FastWARC could frame.
+        iterator = iter(ArchiveIterator(str(path), parse_http=False, fsspec_args=False))
+    except (OSError, ValueError) as exc:
+        # One row, as an HTML file that cannot be opened is: raised, one dangling `.warc.gz` in a
+        # directory of pages stopped the whole run, even with bad_rows="report".
+        error = read_error(f"cannot read {path}: {exc}", exc)
+        yield _warc_error(path, 0, str(error), error.code)
+        return
+    offset = 0
+    reported = False  # whether the last record was reported cut off already
+    while True:
+        try:
+            record = next(iterator)
+            offset, reported = record.stream_pos, False
+            if record.record_type not in (WarcRecordType.response, WarcRecordType.resource):
+                continue
+            # Bounded: a record's Content-Length is the writer's word, and FastWARC passes over what
+            # is left of a record unread.
+            block = record.reader.read(READ_FACTOR * pages.MAX_PAGE_BYTES + 1)
+        except StopIteration:
+            break
+        except (OSError, ValueError) as exc:
+            error = read_error(f"{path}: cannot read the records after byte {offset}: {exc}", exc)
+            yield _warc_error(path, offset, str(error), error.code)
+            return
+        page_id = record.record_id or f"{path.name}@{offset}"
+        where = f"{path}: record {page_id} at byte {offset}"
+        url = record.headers.get("WARC-Target-URI")
+        meta: dict[str, Any] = {
+            "warc_file": valid_text(path.name),
+            "warc_date": record.headers.get("WARC-Date"),
+        }
+        too_large = len(block) > READ_FACTOR * pages.MAX_PAGE_BYTES
+        reported = not too_large and len(block) < record.content_length
+        try:
+            if reported:
+                # Only the file's last record can be short, and what it was cannot be trusted: report it.
+                raise PageSourceError(
+                    f"{where} is cut off: {len(block)} of its {record.content_length} bytes"
+                )
+            page = _warc_page(record, block, page_id, url, meta, where, too_large=too_large)
+        except PageSourceError as exc:
+            page = error_page(page_id, exc, url=url, meta=meta)
+        if page is not None:
+            yield page
+    # FastWARC ends quietly (or hands back an empty record) where a killed writer cut the file inside a
+    # record's header; check the end of the file from the last record it framed, and say so.
+    problem = None if reported else tail_problem(path, offset)
+    if problem is not None:
+        yield _warc_error(path, offset, f"{path}: {problem}")
+
+
+def _warc_error(path: Path, offset: int, message: str, code: ErrorCode = ErrorCode.VALIDATION) -> Page:
+    return Page(
+        id=f"{path.name}@{offset}",
+        html=b"",
+        error=message,
+        error_code=code,
+        meta={"warc_file": valid_text(path.name)},
+    )
+
+
+def _warc_page(
+    record: WarcRecord,
+    block: bytes,
+    page_id: str,
+    url: str | None,
+    meta: dict[str, Any],
+    where: str,
+    *,
+    too_large: bool,
+) -> Page | None:
+    """The page a record holds, None for a record that holds no HTML page. `too_large`: `block` is only
+    the start of a record over the read bound, enough to tell whether it holds a page (then refused)."""
+    from fastwarc.warc import HeaderMap, WarcRecordType
+
+    content_type = record.headers.get("Content-Type") or ""
+    coding: str | None = None
+    if record.record_type == WarcRecordType.response:
+        if not content_type.lower().startswith("application/http"):
+            return None  # e.g. a DNS response
+        http = HeaderMap()
+        try:
+            head = http.parse(io.BytesIO(block))
+        except OSError as exc:
+            raise PageSourceError(f"{where}: the HTTP response head is malformed: {exc}") from exc
+        body = block[head:]
+        content_type = http.get("Content-Type") or ""
+        coding = http.get("Content-Encoding")
+        meta["http_status"] = http.status_code
+        if "chunked" in (http.get("Transfer-Encoding") or "").lower():
+            body = _dechunk(body)
+    else:
+        body = block
+    media_type, charset = parse_content_type(content_type) if content_type else (None, None)
+    if media_type not in _HTML_MEDIA_TYPES and not (media_type is None and body.lstrip()[:1] == b"<"):
+        return None
+    meta["content_type"] = content_type or None
+    truncated = record.headers.get("WARC-Truncated")
+    if truncated:
+        meta["warc_truncated"] = truncated
+    if too_large:
+        raise PageTooLargeError(
+            f"{where} has {record.content_length} bytes, over the {READ_FACTOR * pages.MAX_PAGE_BYTES} read "
+            f"for one page of at most {pages.MAX_PAGE_BYTES}"
+        )
+    try:
+        body = decode_content(body, coding, limit=pages.MAX_PAGE_BYTES)
+    except ContentCodingError as exc:
+        raise PageSourceError(f"{where}: {exc.message}", code=exc.code) from exc
+    html = capped(with_declared_encoding(body, charset), where)
+    return Page(id=page_id, html=html, url=url, meta=meta)
+
+
+def _dechunk(body: bytes) -> bytes:
+    """A chunked HTTP body's data. Lenient as crawl data needs: a body that only claims to be chunked
+    (its first line is no chunk size) is returned as it is, one that breaks off keeps what came."""
+    out = bytearray()
+    position = 0
+    while True:
+        end = body.find(b"\n", position)
+        try:
+            size = int(body[position:end].split(b";", 1)[0].strip(), 16) if end >= 0 else -1
+        except ValueError:
+            size = -1
+        if size < 0:
+            return body if position == 0 else bytes(out)
+        if size == 0:
+            return bytes(out)
+        start = end + 1
+        out += body[start : start + size]
+        if start + size > len(body):
+            return bytes(out)
+        position = start + size
+        if body[position : position + 2] == b"\r\n":
+            position += 2
+        elif body[position : position + 1] == b"\n":
+            position += 1
