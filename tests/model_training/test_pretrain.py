@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from model_training.batches import collate, load_splits
 from model_training.data import HELDOUT, TRAIN, Document, domain_of, write_manifest, write_shards
 from model_training.default_model import bundle
 from model_training.objectives import (
@@ -27,22 +28,12 @@ from model_training.objectives import (
     mask_tokens,
     weighted_contrastive_distillation,
 )
-from model_training.pretrain import (
-    STATE_FILE,
-    BatchOrder,
-    PretrainingModel,
-    all_special_ids,
-    collate,
-    evaluate,
-    latest_checkpoint,
-    load_splits,
-    train,
-    trapezoid_lr,
-)
+from model_training.pretrain import PretrainingModel, all_special_ids, evaluate, train, trapezoid_lr
 from model_training.teacher import TeacherMeta, write_teacher
 from model_training.tokenizer_training import train_tokenizer
 from model_training.train_config import TrainConfig, load_config
 from model_training.train_logs import read_metrics, truncate_metrics
+from model_training.training_checkpoints import STATE_FILE, latest_checkpoint
 from service.core.checkpoint import load_checkpoint
 from service.core.errors import HtmllmError
 from service.core.modeling import HtmlEncoderModel, build_config
@@ -410,24 +401,6 @@ def test_evaluate_reports_bow_and_distillation_on_clean_input(run_inputs: Path) 
     assert result["mlm_loss"] > 0  # MLM still needs the masked input
 
 
-def test_batch_order_is_deterministic_and_splits_ranks() -> None:
-    a = BatchOrder(20, 3, seed=1, rank=0, world=2)
-    b = BatchOrder(20, 3, seed=1, rank=1, world=2)
-    assert a.per_epoch == 3
-    assert np.array_equal(a.indices(4), BatchOrder(20, 3, seed=1, rank=0, world=2).indices(4))
-    epoch0 = np.concatenate([a.indices(k) for k in range(3)] + [b.indices(k) for k in range(3)])
-    assert len(set(epoch0.tolist())) == 18  # no document twice within an epoch across ranks
-    assert not np.array_equal(a.indices(0), a.indices(3))  # the next epoch is reshuffled
-    with pytest.raises(HtmllmError):
-        BatchOrder(3, 4, seed=0)
-
-
-def test_collate_pads_and_cuts_keeping_sep_last() -> None:
-    ids, mask = collate([np.array([2, 7, 8, 9, 3]), np.array([2, 7, 3])], max_length=4, pad_id=0, sep_id=3)
-    assert ids.tolist() == [[2, 7, 8, 3], [2, 7, 3, 0]]
-    assert mask.tolist() == [[1, 1, 1, 1], [1, 1, 1, 0]]
-
-
 def test_config_from_toml_with_tables_and_overrides(tmp_path: Path) -> None:
     file = tmp_path / "run.toml"
     file.write_text(
@@ -514,29 +487,6 @@ def test_a_torn_metrics_line_from_a_killed_session_does_not_stop_the_resume(tmp_
     assert metrics.read_text(encoding="utf-8") == lines[0] + "\n" + lines[1] + "\n"
 
 
-def _fake_checkpoint(checkpoints: Path, step: int) -> Path:
-    path = checkpoints / f"step-{step:08d}"
-    path.mkdir(parents=True)
-    (path / STATE_FILE).write_bytes(b"state")
-    return path
-
-
-def test_latest_checkpoint_falls_back_to_the_newest_complete_one(tmp_path: Path) -> None:
-    checkpoints = tmp_path / "checkpoints"
-    assert latest_checkpoint(tmp_path) is None
-    _fake_checkpoint(checkpoints, 4)
-    newest = _fake_checkpoint(checkpoints, 12)
-    (checkpoints / "step-00000016.tmp").mkdir()  # a save the kill interrupted
-    (checkpoints / "step-00000020").mkdir()  # no trainer state: not a resumable checkpoint
-    # The pointer names a directory that is gone: resuming must not silently start from scratch.
-    (checkpoints / "latest").write_text("step-00000016\n", encoding="utf-8")
-    assert latest_checkpoint(tmp_path) == newest
-    (checkpoints / "latest").unlink()
-    assert latest_checkpoint(tmp_path) == newest
-    (checkpoints / "latest").write_text("step-00000004\n", encoding="utf-8")
-    assert latest_checkpoint(tmp_path) == checkpoints / "step-00000004"  # the pointer wins when valid
-
-
 @pytest.mark.slow
 def test_resume_refuses_a_checkpoint_of_another_model(
     run_inputs: Path, caplog: pytest.LogCaptureFixture
@@ -562,7 +512,7 @@ def test_a_resume_with_new_loss_settings_trains_with_them(
         "random_coefficients": False,
         "loss_weights": {"mlm": 0.0, "bow": 1.0, "distil": 0.5},
     }
-    with caplog.at_level("WARNING", logger="model_training.pretrain"):
+    with caplog.at_level("WARNING", logger="model_training.training_checkpoints"):
         result = train(_config(run_inputs, "new-losses", **common, **new))
     records = [r for r in read_metrics(run_inputs / "new-losses" / "metrics.jsonl") if r["split"] == "train"]
     assert [r["step"] for r in records] == [1, 2, 3, 4]
@@ -662,20 +612,6 @@ def test_running_a_finished_run_again_keeps_the_heads_trained_into_its_model(run
     assert sorted(p.name for p in (run_inputs / "finished").iterdir() if p.name.startswith("model")) == [
         "model"
     ]
-
-
-def test_a_shard_rewritten_under_an_old_manifest_is_refused(tmp_path: Path) -> None:
-    import pyarrow.parquet as pq
-
-    shards, teacher = _build_run_inputs(tmp_path, documents=32)
-    load_splits(shards, teacher)
-    # What an interrupted `data prepare` into the same directory used to leave: a full shard of other
-    # rows (same count) under the old manifest, which training paired with the old teacher vectors.
-    path = shards / "shard-00000.parquet"
-    table = pq.read_table(path)
-    pq.write_table(table.take(list(reversed(range(table.num_rows)))), path)
-    with pytest.raises(HtmllmError, match="does not hold the rows its manifest lists"):
-        load_splits(shards, teacher)
 
 
 @pytest.mark.slow

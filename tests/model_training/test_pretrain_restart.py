@@ -59,13 +59,13 @@ def test_a_resume_warns_when_the_data_behind_the_same_paths_changed(
     _build_run_inputs(tmp_path, documents=24)
     common: dict[str, object] = {"max_steps": 3, "eval_every": 0}
     train(_config(tmp_path, "run", **common), stop_at_step=1)
-    with caplog.at_level("WARNING", logger="model_training.pretrain"):
+    with caplog.at_level("WARNING", logger="model_training.training_checkpoints"):
         train(_config(tmp_path, "run", **common), stop_at_step=2)
     assert "changed data" not in caplog.text  # the same data: nothing to say
     # Shards prepared again and teacher embedded again into the same directories, with more pages.
     _build_run_inputs(tmp_path, documents=32)
     caplog.clear()
-    with caplog.at_level("WARNING", logger="model_training.pretrain"):
+    with caplog.at_level("WARNING", logger="model_training.training_checkpoints"):
         train(_config(tmp_path, "run", **common))
     assert "changed data" in caplog.text
     assert f"the shards in {tmp_path / 'shards'}" in caplog.text
@@ -77,7 +77,7 @@ def test_a_resume_warns_when_the_data_behind_the_same_paths_changed(
 def test_a_resume_with_another_max_length_says_so(run_inputs: Path, caplog: pytest.LogCaptureFixture) -> None:
     common: dict[str, object] = {"max_steps": 2, "eval_every": 0}
     train(_config(run_inputs, "length", max_length=64, **common), stop_at_step=1)
-    with caplog.at_level("WARNING", logger="model_training.pretrain"):
+    with caplog.at_level("WARNING", logger="model_training.training_checkpoints"):
         train(_config(run_inputs, "length", max_length=48, **common))
     assert "max_length 64 -> 48" in caplog.text
 

@@ -1,0 +1,314 @@
+"""Training checkpoints and the rules for resuming from them: the contract between two sessions of a run.
+
+A session killed at any moment must leave a checkpoint the next session can continue exactly, and a
+resume must refuse a checkpoint of another model and say when the data or its order changed. What
+`train` writes into `checkpoints/` (a served-format checkpoint plus `trainer_state.pt`, the `latest`
+pointer, pruning, the --no-resume cleanup), how it finds and loads the newest one, and the content
+identity of the data it records (`training.data_identity`) live here, apart from the loop in `pretrain`;
+the run's final outputs (`model/`, summary, curve) stay with the export there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from model_training.data import DataError
+from model_training.objectives import LossAggregator
+from model_training.train_config import TrainConfig
+from service.core.checkpoint import CheckpointMeta, load_checkpoint, read_meta, save_checkpoint
+from service.core.tokenizer import HtmlTokenizer
+
+if TYPE_CHECKING:
+    from model_training.pretrain import PretrainingModel
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "trainer_state.pt"
+LATEST_FILE = "latest"
+
+
+def save_training_checkpoint(
+    directory: Path,
+    *,
+    pretraining: PretrainingModel,
+    tokenizer: HtmlTokenizer,
+    meta: CheckpointMeta,
+    optimizer: torch.optim.Optimizer,
+    aggregator: LossAggregator,
+    mask_generator: torch.Generator,
+    step: int,
+    rank_states: list[dict[str, Any]] | None = None,
+) -> None:
+    """A served-format checkpoint plus everything an exact resume needs, written atomically.
+
+    `rank_states` holds every DDP rank's own generators (`rank_rng_states`), gathered on rank 0:
+    each rank masks its own documents with its own generator, so a resumed rank must get its own back.
+    """
+    tmp = directory.with_name(directory.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_checkpoint(tmp, pretraining.model, tokenizer, meta)
+    state = {
+        "step": step,
+        "optimizer": optimizer.state_dict(),
+        "mlm_head": pretraining.mlm_head.state_dict(),
+        "distil_head": pretraining.distil_head.state_dict(),
+        "aggregator": aggregator.state_dict(),
+        "mask_generator": mask_generator.get_state(),
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "ranks": rank_states if rank_states is not None else [rank_rng_states(mask_generator)],
+    }
+    torch.save(state, tmp / STATE_FILE)
+    shutil.rmtree(directory, ignore_errors=True)
+    os.replace(tmp, directory)
+    latest = directory.parent / LATEST_FILE
+    latest.with_suffix(".tmp").write_text(directory.name + "\n", encoding="utf-8")
+    os.replace(latest.with_suffix(".tmp"), latest)
+
+
+def rank_rng_states(mask_generator: torch.Generator) -> dict[str, Any]:
+    """This process's random state: its masking generator, torch's CPU and CUDA generators."""
+    return {
+        "mask_generator": mask_generator.get_state(),
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def gather_rank_states(mask_generator: torch.Generator, distributed: bool) -> list[dict[str, Any]]:
+    """Every rank's `rank_rng_states`, in rank order (a collective: every rank calls it)."""
+    mine = rank_rng_states(mask_generator)
+    if not distributed:
+        return [mine]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    return [dict(state) for state in gathered]
+
+
+def latest_checkpoint(out: str | Path) -> Path | None:
+    """The newest complete periodic checkpoint of a run directory, or None.
+
+    `checkpoints/latest` names it; when that pointer is missing or names a directory that is gone (a
+    pointer written by a session killed mid-way, a directory deleted by hand), the highest-numbered
+    complete `step-N` directory is taken, never a silent start from scratch next to usable checkpoints.
+    A directory is complete once its `.tmp` was renamed, which happens after its last file is written.
+    """
+    checkpoints = Path(out) / "checkpoints"
+    pointer = checkpoints / LATEST_FILE
+    if pointer.is_file():
+        path = checkpoints / pointer.read_text(encoding="utf-8").strip()
+        if path.name.startswith("step-") and (path / STATE_FILE).is_file():
+            return path
+    complete = [
+        p
+        for p in checkpoints.glob("step-*")
+        if not p.name.endswith(".tmp") and p.name[5:].isdigit() and (p / STATE_FILE).is_file()
+    ]
+    if not complete:
+        return None
+    newest = max(complete, key=lambda p: int(p.name[5:]))
+    logger.warning("%s does not name a complete checkpoint; resuming from %s", pointer, newest)
+    return newest
+
+
+def prune_checkpoints(checkpoints: Path, keep: int) -> None:
+    """Delete all but the newest `keep` (at least one: the one `latest` names) step directories."""
+    steps = sorted(p for p in checkpoints.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp"))
+    for old in steps[: max(len(steps) - max(keep, 1), 0)]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def discard_checkpoints(checkpoints: Path) -> None:
+    """Start over (`--no-resume`): the earlier run's checkpoints go, as its metrics and events do.
+
+    Left in place, a later step of the discarded run would count as newer than the new run's own
+    checkpoints: `keep_checkpoints` would delete the new run's, and a resume would continue the old run.
+    """
+    old = sorted(p for p in checkpoints.glob("step-*") if p.is_dir())
+    if old:
+        logger.info("--no-resume: removing %d checkpoint(s) of the earlier run in %s", len(old), checkpoints)
+    for path in old:
+        shutil.rmtree(path, ignore_errors=True)
+    (checkpoints / LATEST_FILE).unlink(missing_ok=True)
+
+
+# Keys of the stored config that a resumed run must share: they shape the weights and heads (a
+# different preset does not load; a different pooling or distillation rank would train another model).
+RESUME_FIXED_KEYS = ("preset", "pooling", "distil_rank")
+# Keys that decide which documents, cut where, and which masks each step sees: a change is allowed but
+# the resumed run is no longer the continuation of the interrupted one, so it is logged. `max_length`
+# leaves the weights' shapes and meaning alone (positions are rotary) but cuts the documents elsewhere.
+# The data itself is compared by content (`data_identity`), not by the `shards`/`teacher` paths.
+RESUME_ORDER_KEYS = ("seed", "batch_size", "grad_accum", "mask_prob", "max_length")
+# Keys of the loss combination: the resumed run trains with the new values (the checkpoint records
+# them), keeping only the learned first-batch scales and the coefficient generator; logged.
+RESUME_LOSS_KEYS = ("loss_weights", "random_coefficients")
+# Fields of teacher.json that say nothing about the vectors: how long embedding took, where the model
+# was installed on the machine that ran it.
+_TEACHER_VOLATILE = ("seconds", "model_path")
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode("utf-8")).hexdigest()
+
+
+def data_identity(provenance: dict[str, Any]) -> dict[str, str]:
+    """Content identity of the shards and teacher vectors a run trains on, recorded in its checkpoints.
+
+    The shards' manifest lists every shard's row-id hash, the split counts, sampling, prune version and
+    cut length, and `data prepare` rewrites it whenever the shards change; teacher.json records the
+    model, view and limit and the row-id hashes it embedded. Hashing both (not the vectors: gigabytes on
+    a crawl) tells a resume that the data behind the same paths changed.
+    """
+    manifest = {k: v for k, v in provenance["shards"].items() if k != "source"}
+    teacher = {k: v for k, v in provenance["teacher"].items() if k not in _TEACHER_VOLATILE}
+    return {"shards": _digest(manifest), "teacher": _digest(teacher)}
+
+
+def _data_changes(training: dict[str, Any], provenance: dict[str, Any], config: TrainConfig) -> list[str]:
+    """What differs between the data a checkpoint was trained on and the data configured now.
+
+    Checkpoints written before `data_identity` existed are compared on what they did record: the
+    shards' counts and the teacher's metadata.
+    """
+    recorded = training.get("data_identity")
+    now = data_identity(provenance)
+    stats_then = training.get("data") or {}
+    stats_now = provenance["shards"].get("stats") or {}
+    teacher_then = {k: v for k, v in (training.get("teacher") or {}).items() if k not in _TEACHER_VOLATILE}
+    teacher_now = {k: v for k, v in provenance["teacher"].items() if k not in _TEACHER_VOLATILE}
+    if isinstance(recorded, dict):
+        shards_changed = recorded.get("shards") != now["shards"]
+        teacher_changed = recorded.get("teacher") != now["teacher"]
+    else:
+        shards_changed = bool(stats_then) and stats_then != stats_now
+        teacher_changed = bool(teacher_then) and teacher_then != teacher_now
+    changes = []
+    if shards_changed:
+        counts = [
+            f"{k} {stats_then.get(k)} -> {stats_now.get(k)}"
+            for k in sorted(set(stats_then) | set(stats_now))
+            if stats_then.get(k) != stats_now.get(k)
+        ]
+        what = ", ".join(counts) if counts else "same counts, other documents, tokens or settings"
+        changes.append(f"the shards in {config.shards} ({what})")
+    if teacher_changed:
+        fields = [
+            f"{k} {teacher_then.get(k)!r} -> {teacher_now.get(k)!r}"
+            for k in sorted(set(teacher_then) | set(teacher_now))
+            if k != "shards" and teacher_then.get(k) != teacher_now.get(k)
+        ]
+        what = ", ".join(fields) if fields else "embedded again from other shard rows"
+        changes.append(f"the teacher vectors in {config.teacher} ({what})")
+    return changes
+
+
+def check_resumable(
+    path: Path,
+    config: TrainConfig,
+    tokenizer: HtmlTokenizer,
+    teacher_dim: int,
+    world: int,
+    provenance: dict[str, Any] | None = None,
+) -> None:
+    """Refuse to resume from a checkpoint of another model; warn when the data or its order will differ."""
+    meta = read_meta(path)
+    training = meta.training if isinstance(meta.training, dict) else {}
+    saved = training.get("config", {})
+    hint = f"start over with --no-resume or another --out than {config.out}"
+    if meta.tokenizer_sha256 != tokenizer.sha256:
+        raise DataError(f"cannot resume from {path}: it was trained with another tokenizer; {hint}")
+    current = config.to_dict()
+    changed = [k for k in RESUME_FIXED_KEYS if k in saved and saved[k] != current[k]]
+    if changed:
+        what = ", ".join(f"{k} {saved[k]!r} -> {current[k]!r}" for k in changed)
+        raise DataError(f"cannot resume from {path}: the config changed ({what}); {hint}")
+    saved_dim = training.get("teacher", {}).get("dim")
+    if saved_dim is not None and int(saved_dim) != teacher_dim:
+        raise DataError(
+            f"cannot resume from {path}: its teacher vectors had {saved_dim} dimensions, "
+            f"{config.teacher} has {teacher_dim}; {hint}"
+        )
+    data = _data_changes(training, provenance, config) if provenance is not None else []
+    if data:
+        # Allowed, as the docs promise a warning rather than a refusal; but a changed split moves pages
+        # between the sides, so held-out figures stop meaning "sites never trained on".
+        logger.warning(
+            "resuming from %s with changed data: %s. The steps from here on train on other documents "
+            "than the interrupted run's, and pages it trained on may now be held out; to compare "
+            "figures, prepare into a new directory and %s",
+            path,
+            "; ".join(data),
+            hint,
+        )
+    order = [
+        f"{k} {saved[k]!r} -> {current[k]!r}"
+        for k in RESUME_ORDER_KEYS
+        if k in saved and saved[k] != current[k]
+    ]
+    saved_world = training.get("world_size")
+    if saved_world is not None and int(saved_world) != world:
+        order.append(f"world_size {saved_world} -> {world}")
+    if order:
+        logger.warning(
+            "resuming from %s with a changed %s: the documents, their cut, order and masks from here on "
+            "differ from the interrupted run's",
+            path,
+            ", ".join(order),
+        )
+    losses = [
+        f"{k} {saved[k]!r} -> {current[k]!r}"
+        for k in RESUME_LOSS_KEYS
+        if k in saved and saved[k] != current[k]
+    ]
+    if losses:
+        logger.warning(
+            "resuming from %s with a changed %s: the steps from here on are trained with the new setting "
+            "(the checkpoints record it); the steps before were not",
+            path,
+            "; ".join(losses),
+        )
+
+
+def restore(
+    path: Path,
+    pretraining: PretrainingModel,
+    optimizer: torch.optim.Optimizer,
+    aggregator: LossAggregator,
+    mask_generator: torch.Generator,
+    device: torch.device,
+    attn_implementation: str,
+    *,
+    rank: int = 0,
+    world: int = 1,
+) -> int:
+    """Load a periodic checkpoint into the live objects; returns the step to continue from.
+
+    Each rank gets its own generators back. A checkpoint written by another number of processes has no
+    state for some ranks: those keep their freshly seeded generators (the run continues, not exactly).
+    """
+    checkpoint = load_checkpoint(path, device=device, attn_implementation=attn_implementation)
+    pretraining.model.encoder.load_state_dict(checkpoint.model.encoder.state_dict())
+    state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    pretraining.mlm_head.load_state_dict(state["mlm_head"])
+    pretraining.distil_head.load_state_dict(state["distil_head"])
+    optimizer.load_state_dict(state["optimizer"])
+    aggregator.load_state_dict(state["aggregator"])
+    # Checkpoints from before per-rank states hold rank 0's generators at the top level only.
+    ranks = state.get("ranks") or [{k: state[k] for k in ("mask_generator", "torch_rng", "cuda_rng")}]
+    if rank < len(ranks) and (len(ranks) == world or rank == 0):
+        mine = ranks[rank]
+        mask_generator.set_state(mine["mask_generator"])
+        torch.set_rng_state(mine["torch_rng"])
+        if torch.cuda.is_available() and mine["cuda_rng"]:
+            torch.cuda.set_rng_state_all(mine["cuda_rng"])
+    return int(state["step"])
