@@ -423,13 +423,14 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
     # Resume from the newest periodic checkpoint, if any: same weights, optimizer, RNGs and step.
     step = 0
     found = latest_checkpoint(out) if resume else None
-    if found is None and master:
-        # A run that does not continue the previous one: the previous run's model/, summary and curve
-        # go before anything else is written (a kill after this leaves none of them to be mistaken for
-        # this run's), then, with --no-resume, its checkpoints.
+    if not resume and master:
+        # --no-resume: the previous run's model/, summary and curve go before anything else is written
+        # (a kill after this leaves none of them to be mistaken for this run's), then its checkpoints.
+        # Only when asked: a run that merely finds no checkpoint (deleted to free disk, or an --out that
+        # holds a model/ and its heads) keeps what is there until its own export replaces it, and the
+        # run id below keeps an old model/ from passing for this run's.
         _discard_outputs(out)
-        if not resume:
-            discard_checkpoints(checkpoints)
+        discard_checkpoints(checkpoints)
     # The run's identity, written into every checkpoint and the export: model/ counts as this run's
     # final model only if it was exported from a checkpoint of the same run (`_exported`). A resume
     # keeps the checkpoint's; a checkpoint from before run ids gets a new one.

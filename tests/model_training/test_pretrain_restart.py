@@ -53,6 +53,32 @@ def test_a_run_started_over_and_killed_before_its_export_does_not_keep_the_old_m
 
 
 @pytest.mark.slow
+def test_a_plain_run_that_finds_no_checkpoint_keeps_the_earlier_model_until_its_own_export(
+    run_inputs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checkpoints deleted to free disk (or an --out holding a model/ and its heads): a plain run may
+    not delete that model/ before it has trained anything; only --no-resume starts by discarding."""
+    import shutil
+
+    common: dict[str, object] = {"max_steps": 2, "eval_every": 0}
+    model_dir = run_inputs / "kept" / "model"
+    train(_config(run_inputs, "kept", lr=3e-3, **common))
+    shutil.rmtree(run_inputs / "kept" / "checkpoints")
+
+    def killed(new: Path, target: Path) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(pretrain, "_swap_in", killed)
+        with pytest.raises(KeyboardInterrupt):
+            train(_config(run_inputs, "kept", lr=2e-3, **common))
+    assert _trained_lr(model_dir) == 3e-3  # still the earlier model, whole
+    # The next run resumes the new run's final checkpoint and exports it: the old model/ is not its own.
+    result = train(_config(run_inputs, "kept", lr=2e-3, **common))
+    assert result.model_dir == model_dir and _trained_lr(model_dir) == 2e-3
+
+
+@pytest.mark.slow
 def test_a_resume_warns_when_the_data_behind_the_same_paths_changed(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
