@@ -682,6 +682,11 @@ def test_extra_setting_names_are_exactly_the_other_settings() -> None:
             "extraEnv": [{"name": "HTMLLM_API_KEY_FILE", "value": "/k"}],
         },
         {"auth": {"enabled": True, "apiKey": "k"}, "extraSettings": {"HTMLLM_API_KEY_FILE": "/k"}},
+        # The service reads its variables in any case: a lowercase name is the same setting, and slipped
+        # past the checks (an API key in clear text, a second drain timeout).
+        {"extraEnv": [{"name": "htmllm_api_key", "value": "sekrit"}]},
+        {"extraEnv": [{"name": "Htmllm_Drain_Timeout_S", "value": "120"}]},
+        {"extraEnv": [{"name": "htmllm_log_level", "value": "debug"}]},
     ],
 )
 def test_settings_are_refused_when_misspelt_or_set_twice(values: dict[str, Any]) -> None:
