@@ -1,0 +1,126 @@
+"""What the pruner's pre-parse checks cost on large pages, against Lexbor's parse of the same page and
+against a baseline checkout's checks, measured in the same run.
+
+    .venv/bin/python benchmarks/precheck_cost.py --baseline /tmp/before --runs 3
+
+The checks (`service.core.precheck`) run on every page before Lexbor parses it, so on ordinary large
+pages (a 2 MB data table, a price list) they should cost a fraction of the parse. Each page is built
+here (no corpus page is needed): 2 MB of `<col><td>` in one table, a 2 MB data table, the same with
+`<tbody>`, `<th>` and class attributes, 2 MB of `<p>x</p>`. For each page the CPU time
+(`time.process_time`) of `estimate_depth`, `reconstruction_bytes`, `max_attributes`,
+`tags_with_attributes`, `count_attributes` and of `LexborHTMLParser(page)` is taken in a fresh
+process, the checkout measured and the baseline alternating, `--runs` times; the medians are printed
+with the ratio baseline/checkout for the depth estimate and for the gate: the checks as
+`_prune_document` runs them, the parse stubbed out (it calls `reconstruction_bytes` and
+`count_attributes` only where its memory pre-bounds say so; each is timed on its own regardless).
+No figure here is a pass/fail line; the output is for docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SIZE = 2_000_000
+
+
+def pages() -> dict[str, bytes]:
+    """The measured pages, each about `SIZE` bytes."""
+
+    def fill(unit: str, head: str) -> bytes:
+        return (head + unit * ((SIZE - len(head)) // len(unit))).encode()
+
+    return {
+        "col/td run": fill("<col><td>", "<table>"),
+        "data table": fill("<tr><td>123</td><td>abc</td><td>4.5</td></tr>", "<table>"),
+        "tbody/th/class table": fill(
+            "<tr><th class=x>h</th><td class=x>123</td><td class=x>abc</td></tr>", "<table><tbody>"
+        ),
+        "<p>x</p>": fill("<p>x</p>", ""),
+    }
+
+
+def measure(repo: Path) -> dict[str, dict[str, float]]:
+    """CPU seconds of each check and of Lexbor's parse on each page, with `repo`'s checks (this process)."""
+    sys.path.insert(0, str(repo))
+    from selectolax.lexbor import LexborHTMLParser
+
+    from service.core import prune
+    from service.core.precheck import attributes, nesting, reconstruction
+
+    if not Path(nesting.__file__).resolve().is_relative_to(repo):
+        raise SystemExit(f"imported {nesting.__file__}, not {repo}'s")
+    calls = {
+        "estimate_depth": lambda doc: nesting.estimate_depth(doc, limit=8192),
+        "reconstruction_bytes": lambda doc: reconstruction.reconstruction_bytes(doc, limit=10 * len(doc)),
+        "max_attributes": attributes.max_attributes,
+        "tags_with_attributes": lambda doc: attributes.tags_with_attributes(doc, within=None, cap=True),
+        "count_attributes": attributes.count_attributes,
+        "lexbor_parse": LexborHTMLParser,
+        "gate": lambda doc: _gate(prune, doc),
+    }
+    out: dict[str, dict[str, float]] = {}
+    for name, doc in pages().items():
+        out[name] = {}
+        for label, call in calls.items():
+            start = time.process_time()
+            call(doc)
+            out[name][label] = time.process_time() - start
+    return out
+
+
+def _gate(prune: Any, doc: bytes) -> None:
+    """The checks as `_prune_document` runs them on `doc` (the ones its pre-bounds call for, in order),
+    the parse left out; a refusal ends them as it would end the page."""
+    parse, prune._clean_serialization = prune._clean_serialization, lambda document: ""
+    try:
+        prune._prune_document(doc, prune.DEFAULT_MAX_DEPTH)
+    except prune.PruneError:
+        pass
+    finally:
+        prune._clean_serialization = parse
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[1])
+    parser.add_argument("--baseline", type=Path, help="another checkout (with service/core/precheck)")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # a child: measure this checkout
+    args = parser.parse_args()
+    if args.one is not None:
+        print(json.dumps(measure(args.one.resolve())))
+        return
+    trees = {"checkout": args.repo.resolve()}
+    if args.baseline is not None:
+        trees["baseline"] = args.baseline.resolve()
+    runs: dict[str, list[dict[str, dict[str, float]]]] = {tree: [] for tree in trees}
+    for _ in range(args.runs):
+        for tree, path in trees.items():  # alternating: a noisy stretch of the machine hits both
+            child = [sys.executable, __file__, "--one", str(path)]
+            runs[tree].append(json.loads(subprocess.run(child, check=True, capture_output=True).stdout))
+    print(f"CPU seconds, median of {args.runs} runs; pages of {SIZE / 1e6:.0f} MB")
+    for name in pages():
+        print(f"\n{name}")
+        sums: dict[str, float] = {}
+        for tree in trees:
+            medians = {k: statistics.median(run[name][k] for run in runs[tree]) for k in runs[tree][0][name]}
+            sums[tree] = medians["gate"]
+            sums[f"{tree} depth"] = medians["estimate_depth"]
+            cells = "  ".join(f"{k} {v:.3f}" for k, v in medians.items())
+            print(f"  {tree:9s} {cells}")
+        if "baseline" in trees:
+            print(
+                f"  baseline/checkout: depth {sums['baseline depth'] / sums['checkout depth']:.1f}x, "
+                f"gate {sums['baseline'] / sums['checkout']:.1f}x"
+            )
+
+
+if __name__ == "__main__":
+    main()
