@@ -79,6 +79,19 @@ _FOREIGN_SPECIAL = frozenset(b"mi mo mn ms mtext annotation-xml foreignobject de
 _TABLE_FAMILY = frozenset(b"table tbody thead tfoot tr td th caption colgroup template".split())
 _TABLE_PARTS = frozenset(b"caption colgroup col tbody thead tfoot tr td th".split())  # start tags
 _ROW_GROUPS = frozenset((b"tbody", b"thead", b"tfoot"))
+# The innermost of a table's structure while the parser reads in the table's rows (not in a cell or a
+# caption): text and phrasing tags there are foster-parented, above the table on the stack.
+_IN_TABLE_ROWS = _ROW_GROUPS | {b"table", b"tr", b"colgroup"}
+# Start tags that re-create nothing (the formatting elements on the parser's list) "in body": all others
+# do (`settle_fostered`), and so does the end tag `</br>`.
+_NO_RECONSTRUCTION = (
+    _TABLE_PARTS
+    | (CLOSES_P - {b"xmp"})
+    | frozenset(
+        b"""table html head body frameset frame base basefont bgsound link meta noframes script style template
+        title form textarea iframe noembed noscript rb rp rt rtc param source track""".split()
+    )
+)
 # What "generate implied end tags" pops while it is the current node.
 _IMPLIED = frozenset(b"dd dt li optgroup option p rb rp rt rtc".split())
 # No-quirks mode: the page as the parser gets it starts with the doctype. (No byte-order mark: Lexbor
@@ -141,9 +154,10 @@ class _OpenElements:
     """
 
     def __init__(self, steps: int) -> None:
-        # (name, serial, counted, sure, marker); None: removed. Not sure: pushed where the scan cannot
-        # follow. Marker: which of `markers` was the last when it opened.
-        self.entries: list[tuple[bytes, int, bool, bool, int] | None] = []
+        # (name, serial, counted, sure, marker, key); None: removed. Not sure: pushed where the scan
+        # cannot follow. Marker: which of `markers` was the last when it opened. Key: a formatting
+        # element's attributes as the page writes them (`note_formatting`; None: not known).
+        self.entries: list[tuple[bytes, int, bool, bool, int, bytes | None] | None] = []
         self.positions: dict[bytes, list[int]] = {}  # name -> where its live entries are, oldest first
         self.special: list[int] = []  # where the special ones are (some may have been removed)
         self.limits: list[int] = []  # where the scope limits are (same)
@@ -155,6 +169,12 @@ class _OpenElements:
         # marker, none clears.
         # Each held as the serial at which it left the stack: a re-created one opened after that.
         self.dangling: list[dict[bytes, list[int]]] = [{}]
+        # How many of those (by name, then key) a table's start tag popped from above the table, and
+        # nothing has re-created outside a table since (`settle_fostered`): the parser re-creates these
+        # only above a table (foster-parented), which the next table tag pops again, so no more of one
+        # name and attributes than its list keeps (Noah's Ark) count (`note_formatting`). One dict per
+        # marker, as `dangling`; they count among its entries.
+        self.fostered: list[dict[bytes, dict[bytes, int]]] = [{}]
         self.held_total = 0  # how many are held in all of them (a heading asks at each tag: no rescan)
         self.markers: list[int] = [0]  # increasing: found by bisection
         self.next_marker = 1
@@ -177,10 +197,10 @@ class _OpenElements:
         if self.steps_left < 0:
             self.reach = _MODEL_REACH_SPENT
 
-    def push(self, name: bytes, counted: bool, *, sure: bool = True) -> None:
+    def push(self, name: bytes, counted: bool, *, sure: bool = True, key: bytes | None = None) -> None:
         self.serial += 1
         position = len(self.entries)
-        self.entries.append((name, self.serial, counted, sure, self.markers[-1]))
+        self.entries.append((name, self.serial, counted, sure, self.markers[-1], key))
         self.positions.setdefault(name, []).append(position)
         if name in _SPECIAL_OPEN:
             self.special.append(position)
@@ -214,6 +234,13 @@ class _OpenElements:
         held.pop()
         self.held_total -= 1
         self.depth -= 1
+        fostered = self.fostered[-1].get(name)
+        if fostered:  # (which one left is not known: one fostered fewer keeps them among those held)
+            key, count = fostered.popitem()
+            if count > 1:
+                fostered[key] = count - 1
+            elif not fostered:
+                del self.fostered[-1][name]
         self.unsure_above(since, keep_special=True)
 
     def unsure_from(self, position: int) -> None:
@@ -237,7 +264,7 @@ class _OpenElements:
                 self.doubt()
                 break
             if entry is not None and entry[3] and not (keep_special and entry[0] in _SPECIAL_OPEN):
-                entries[index] = (entry[0], entry[1], entry[2], False, entry[4])
+                entries[index] = (entry[0], entry[1], entry[2], False, entry[4], entry[5])
             index -= 1
         self.spend(size - index)
 
@@ -245,6 +272,7 @@ class _OpenElements:
         """A cell, caption, <object>, ... opened: the parser put a marker on its list."""
         if surely:
             self.dangling.append({})
+            self.fostered.append({})
             self.markers.append(self.next_marker)
             self.next_marker += 1
         else:
@@ -254,6 +282,7 @@ class _OpenElements:
         """A cell, caption, <object>, ... surely closed: the parser cleared its list to the last marker."""
         if self.markers_known and len(self.dangling) > 1:
             cleared = sum(len(held) for held in self.dangling.pop().values())
+            self.fostered.pop()
             self.depth -= cleared
             self.held_total -= cleared
             self.markers.pop()
@@ -306,21 +335,27 @@ class _OpenElements:
             and all(entry is None or entry[3] for entry in self.entries[-1:])
         )
 
-    def pop_from(self, position: int, *, hold_first: bool = False, hold: bool = True) -> None:
+    def pop_from(
+        self, position: int, *, hold_first: bool = False, hold: bool = True, fostered: bool = False
+    ) -> None:
         """The parser pops the element at `position` and everything above it (a formatting element
         among those stays counted: the parser may re-create it, `dangling`; not with `hold`: each of
-        those surely left the parser's list too)."""
+        those surely left the parser's list too; with `fostered`, a table's start tag pops them, above
+        its structure: counted in `fostered` too)."""
         for index in range(len(self.entries) - 1, position - 1, -1):
             entry = self.entries[index]
             if entry is None:
                 continue
-            name, _, counted, _, marker = entry
+            name, _, counted, _, marker, key = entry
             self.positions[name].pop()
             popped_by_another = (index > position or hold_first) and hold
-            held = self._held_after(marker) if name in FORMATTING and popped_by_another else None
-            if held is not None:
-                held.setdefault(name, []).append(self.serial)
+            found = self._marker_index(marker) if name in FORMATTING and popped_by_another else None
+            if found is not None:
+                self.dangling[found].setdefault(name, []).append(self.serial)
                 self.held_total += 1
+                if fostered and key is not None:
+                    keys = self.fostered[found].setdefault(name, {})
+                    keys[key] = keys.get(key, 0) + 1
             elif counted:
                 self.depth -= 1
         del self.entries[position:]
@@ -348,7 +383,7 @@ class _OpenElements:
                         self.depth += 1
             self.spend(top - lowest)
             self.unsure_above(entry[1], keep_special=False)
-        name, _, counted, _, _ = entry
+        name, _, counted, _, _, _ = entry
         same = self.positions[name]
         if same[-1] == position:
             same.pop()
@@ -390,25 +425,50 @@ class _OpenElements:
 
     def _held_after(self, marker: int) -> dict[bytes, list[int]] | None:
         """The dangling elements filed after `marker` (None: it was cleared, and with it the parser's
-        entries for the elements opened after it): a cell's that an <object> in it follows stays.
-        (Markers a table left, popping their <object>s, pile up: found by bisection, not a walk.)"""
+        entries for the elements opened after it): a cell's that an <object> in it follows stays."""
+        index = self._marker_index(marker)
+        return None if index is None else self.dangling[index]
+
+    def _marker_index(self, marker: int) -> int | None:
+        """Where `marker` is in `markers` (None: cleared). (Markers a table left, popping their
+        <object>s, pile up: found by bisection, not a walk.)"""
         index = bisect.bisect_left(self.markers, marker)
         if index < len(self.markers) and self.markers[index] == marker:
-            return self.dangling[index]
+            return index
         return None
 
-    def note_formatting(self, name: bytes) -> None:
+    def settle_fostered(self) -> None:
+        """Text or a start tag that re-creates the formatting elements on the parser's list, read where
+        the parser is not in a table's rows (a table closed, a cell): what it re-creates there stays
+        on the stack, so each of those held since a table's tag popped it counts again, whatever the
+        list keeps (`fostered`)."""
+        family = self.last_family()
+        if family >= 0 and self.is_sure(family) and self.name_at(family) in _IN_TABLE_ROWS:
+            return  # (re-created above the table: foster-parented, popped by its next tag)
+        self.fostered[-1].clear()
+
+    def note_formatting(self, name: bytes, key: bytes | None = None) -> None:
         """A formatting element of `name` is about to open: with three of the name after the last marker
         (open, or popped and held), the parser may drop the earliest from its list (Noah's Ark compares
-        attributes too; by name is the safe side)."""
+        attributes too; by name is the safe side). Of those of its attributes (`key`) a table's tag
+        popped (`fostered`), three count at most: the parser's list keeps three of a name and
+        attributes, re-created above the table before this one joins them."""
         marker = self.markers[-1]
+        positions = self.positions.get(name, ())[-64:]
+        self.spend(len(positions))
         listed = [  # open after the marker, and not already taken off the list
-            e[1]
-            for p in self.positions.get(name, ())[-64:]
-            if (e := self.entries[p]) and e[4] == marker and e[1] not in self.off_list
+            e[1] for p in positions if (e := self.entries[p]) and e[4] == marker and e[1] not in self.off_list
         ]
         if listed and len(listed) + self.held(name) >= NOAHS_ARK:
             self.off_list.add(listed[0])
+        fostered = self.fostered[-1].get(name)
+        if key is not None and fostered and fostered.get(key, 0) > NOAHS_ARK and self.markers_known:
+            extra = fostered[key] - NOAHS_ARK
+            fostered[key] = NOAHS_ARK
+            held = self.dangling[-1][name]
+            del held[len(held) - extra :]  # (the first stays: it says since when they are held)
+            self.held_total -= extra
+            self.depth -= extra
 
     def marker_of(self, position: int) -> int:
         entry = self.entries[position]
@@ -475,7 +535,9 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
     `<span><div></span>` leaves both open) nor, for a special one, past a scope limit (`<div><table>
     </div>`); a formatting element's end tag with special elements above it runs the adoption agency
     (`adopt`: the element leaves, the special ones stay), and one popped by another's end tag stays
-    counted while the parser may re-create it (`dangling`); a new `<a>` or `<nobr>` runs the adoption
+    counted while the parser may re-create it (`dangling`: those a table's tag popped from above the
+    table, as many as the parser's list keeps, until text or a tag outside the table's rows re-creates
+    them, `fostered`); a new `<a>` or `<nobr>` runs the adoption
     agency for the last on the list; a `<p>`-closing start tag, a `<li>`, `<dd>` or `<dt>`, a
     `<button>`, a table's rows, cells and sections close what they close (a glossary or a table that
     leaves them open nests no deeper), and a `<table>` in a table closes that table; a second `<form>`
@@ -499,9 +561,17 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
     # Where the integration point open in the zone is, while only its island's tags (TAINTED) followed it
     # (-1: none).
     point = point_at = -1
+    last_end = 0  # where the tag before ended (text between re-creates formatting elements)
     most = 0
     skips: list[tuple[int, frozenset[bytes]]] = []  # table runs read here (`_table_run`), for the scan
     for end_tag, name, start, end, where in tag_tokens(data, skips=skips):
+        if stack.fostered[-1] and (
+            start > last_end  # (a comment there too, or a table run: the safe side)
+            or where != HTML
+            or (name not in _NO_RECONSTRUCTION if not end_tag else name == b"br")
+        ):
+            stack.settle_fostered()
+        last_end = end
         island_end = False
         if point >= 0 and where != TAINTED:
             # The point's end tag after its island: every island end tag closed the element on top
@@ -563,10 +633,18 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
                 # in a <select> what it does not close itself, and formatting elements (re-created
                 # outside when it closes).
                 counted = where == TAINTED or name not in _NOT_NESTING  # (no formatting name is in it)
+                if name == b"a" and where == TAINTED and point >= 0:
+                    _island_a(stack, point)
+                if name in FORMATTING:
+                    # It joins the parser's list, which may drop an earlier one of the name from it
+                    # (Noah's Ark): three island `<b>`s there drop the `<b>` open around the zone,
+                    # and its end tag is ignored.
+                    stack.note_formatting(name)
                 stack.push(name, counted, sure=False)
                 if name in MARKERS:
                     stack.marker(False)
-            if where == TAINTED:
+            if where == TAINTED or name == b"form":
+                # (In a <select> this Lexbor builds a <form> and clears its pointer at a `</form>`.)
                 form_open = None
         elif end_tag:
             if name in _FOREIGN_SPECIAL:
@@ -606,6 +684,8 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
                 continue  # `<svg/>` opens nothing
             _start_tag(stack, name, standards)
             zone = len(stack.entries) - 1
+        elif name in FORMATTING:
+            _start_tag(stack, name, standards, data[start + 1 + len(name) : end])
         else:
             _start_tag(stack, name, standards)
         if stack.depth > most:
@@ -613,6 +693,22 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
             if most > limit:
                 break
     return most
+
+
+def _island_a(stack: _OpenElements, point: int) -> None:
+    """An `<a>` in an island of HTML (the integration point at `point`): with an `<a>` of the parser's
+    list open around the zone, it runs the adoption agency for that one, which stops there (out of
+    scope behind the point), then takes it off the stack, leaving what is above it open (`<a><svg>
+    <desc><a></a></desc></svg><q>` x N nests a `<q>` a unit, which the next `<a>` does not pop)."""
+    found = stack.last(b"a")
+    if found < 0 or found >= point or stack.held(b"a"):
+        return  # (a held one: it stays counted, and its end tag pops nothing sure)
+    if not stack.markers_known or stack.marker_of(found) != stack.markers[-1]:
+        return  # behind a marker: not on the list the parser looks at, and it stays
+    if stack.maybe_off_list(found) or not stack.is_sure(found):
+        stack.unsure_from(found)  # taken off the stack or not: nothing above it closes surely
+    else:
+        stack.remove(found, pops_above=False)
 
 
 def _close_p(stack: _OpenElements, *, sure: bool) -> None:
@@ -625,7 +721,8 @@ def _close_p(stack: _OpenElements, *, sure: bool) -> None:
             stack.unsure_from(found)
 
 
-def _start_tag(stack: _OpenElements, name: bytes, standards: bool) -> None:
+def _start_tag(stack: _OpenElements, name: bytes, standards: bool, key: bytes | None = None) -> None:
+    """An HTML start tag (`key`: a formatting element's attributes, `note_formatting`)."""
     if name in CLOSES_P:
         if name in (b"li", b"dd", b"dt"):
             # The walk back to the last item open passes no special element but address, div, p.
@@ -670,8 +767,8 @@ def _start_tag(stack: _OpenElements, name: bytes, standards: bool) -> None:
         if found >= 0 and (not stack.markers_known or stack.marker_of(found) != stack.markers[-1]):
             # The open one is before the last marker (one a table may have left, popping its
             # <applet>): the parser runs no adoption agency, and this one nests in it.
-            stack.note_formatting(name)
-            stack.push(name, True)
+            stack.note_formatting(name, key)
+            stack.push(name, True, key=key)
             return
         if stack.held(name):
             # Popped since it opened (re-created or not: see release): an <a> runs the adoption agency
@@ -694,8 +791,9 @@ def _start_tag(stack: _OpenElements, name: bytes, standards: bool) -> None:
     elif name in (b"rb", b"rp", b"rt", b"rtc") and stack.top() in _IMPLIED:
         stack.unsure_from(len(stack.entries) - 1)  # its implied end tags may pop what is current
     if name in FORMATTING:
-        stack.note_formatting(name)
-    stack.push(name, True)  # (a <p>, <li>, <button>, <option> too: popped where the parser pops them)
+        stack.note_formatting(name, key)
+    # (A <p>, <li>, <button>, <option> too: popped where the parser pops them.)
+    stack.push(name, True, key=key)
     if name in MARKERS:
         stack.marker(True)
 
@@ -716,20 +814,23 @@ def _table_part(stack: _OpenElements, name: bytes) -> None:
             return
         kind = stack.name_at(family)
         if kind in (b"td", b"th", b"caption") or (kind == b"colgroup" and name != b"col"):
-            stack.pop_from(family)  # closes it, then as in the table, row or section
+            stack.pop_from(family, fostered=True)  # closes it, then as in the table, row or section
             if kind != b"colgroup":
                 stack.clear()
             continue
         if kind == b"colgroup":
-            stack.pop_from(family + 1)
+            stack.pop_from(family + 1, hold_first=True, fostered=True)
             return
         if kind == b"tr" and name not in (b"td", b"th"):
-            stack.pop_from(family)  # closes the row
+            stack.pop_from(family, fostered=True)  # closes the row
             continue
         if kind in _ROW_GROUPS and name not in (b"tr", b"td", b"th"):
-            stack.pop_from(family)  # closes the section
+            stack.pop_from(family, fostered=True)  # closes the section
             continue
-        stack.pop_from(family + 1)
+        # What is above the structure (a formatting element foster-parented right above the table too)
+        # the parser pops and keeps on its list: text after the table re-creates it, and the next
+        # table opens in it (`<b><td></table>x<table>` x N nests a level a unit).
+        stack.pop_from(family + 1, hold_first=True, fostered=True)
         # Each counts: the model pops them where the parser does (a cell, its row, its section), and
         # uncounted, what a cell holds nested nine deep a level (`<td><li><button><li><p><option>`).
         if kind == b"table":
@@ -910,7 +1011,10 @@ def _end_tag(stack: _OpenElements, name: bytes, form_open: bool | None) -> None:
         _table_end(stack, name)
     elif name in FORMATTING:
         if stack.held(name):
-            stack.release(name)
+            # One re-created before a scope limit (a table) opened is out of the parser's scope behind
+            # it: its end tag is ignored (`</table><a><table></em><em>` x N nests a level a unit).
+            if not stack.held_behind_limit(name):
+                stack.release(name)
             return
         found = stack.last(name)
         if found < 0 or stack.limit_after(found):

@@ -288,3 +288,54 @@ def test_a_diagrams_labels_do_not_add_up_in_depth() -> None:
     page = "<!DOCTYPE html><body><svg>" + label * 2100 + "</svg>"
     assert real_depth(page) < 20
     assert estimate_depth(page.encode(), limit=100) < 20
+
+
+# The seventh review's bypasses: units whose real depth grows with the page while the estimate stayed flat
+# (then `</dd>` x N walks the deep stack: quadratic parse). Each nests a level a unit at least.
+_GROWING = {
+    # 1. A formatting element foster-parented right above a table: a table's tag pops it, the parser keeps
+    # it on its list, text after the table re-creates it and the next table opens in the clone.
+    "a <b> above a table, then a cell": "<b><td></table>x<table>",
+    "a <b> above a table, then a row": "<b><tr></table>x<table>",
+    "a <b> above a table, then a column": "<b><col></table>x<table>",
+    "a <b> above a table, then a caption": "<b><caption></table>x<table>",
+    "a <nobr> above a table, then a cell": "<nobr><td></nobr></table>x<table>",
+    "text after the table": "<table><font size=2><tr><td>x<td>y</tr></table>x",
+    "a newline after the table": "<table><font size=2><tr><td>x<td>y</tr></table>\n",
+    # 2. Three island `<b>`s drop the `<b>` around the zone from the parser's list (Noah's Ark): its end
+    # tag is ignored, and the `<q>`s stay open.
+    "island formatting elements": (
+        "<b><svg><desc><b><b><b></b></b></b></desc></svg><div>" + "<q>" * 60 + "</b>"
+    ),
+    # 3. An island `<a>` takes the `<a>` around the zone off the stack: the next `<a>` pops nothing.
+    "an island <a> in an svg": "<a><svg><desc><a></a></desc></svg><q>",
+    "an island <a> in a math": "<a><math><mi><a></a></mi></math><q>",
+    # 4. An end tag of a formatting element re-created before a table: out of scope, ignored.
+    "an end tag behind a table": "</table><a><table></em><em>",
+    # 5. `<form>` and `</form>` in a `<select>` clear this Lexbor's form pointer: the forms nest.
+    "a form pointer a select cleared": "<select></form></select><form>",
+}
+
+
+@pytest.mark.parametrize("unit", list(_GROWING.values()), ids=list(_GROWING))
+def test_units_the_seventh_review_found_nest_in_the_estimate(unit: str) -> None:
+    page = unit * ((2 * DEPTH + 100) // max(1, unit.count("<q>")))
+    assert real_depth(page) > 2 * DEPTH
+    assert estimate_depth(page.encode(), limit=DEPTH) > DEPTH
+
+
+def test_fonts_of_other_attributes_re_created_above_tables_each_count() -> None:
+    """The parser's list keeps three of one name and attributes: of other attributes each stays, and the
+    next `<font>` in a table re-creates them all, nested."""
+    page = "".join(f"<table><font size={size}><tr><td>x<td>y</tr></table>" for size in range(1300))
+    assert real_depth(page) > 2 * DEPTH
+    assert estimate_depth(page.encode(), limit=DEPTH) > DEPTH
+
+
+@pytest.mark.parametrize("inner", ["", "<i>"], ids=["a font", "a font and an italic"])
+def test_formatting_elements_above_tables_count_as_many_as_the_list_keeps(inner: str) -> None:
+    """Those of one name and attributes a table's tag pops, never re-created outside the table, count
+    three at most (each `<tr>` popped more, and they were held: 21,004 levels for a 1 MB page)."""
+    page = f"<table><font size=2>{inner}<tr><td>x<td>y</tr></table>" * 2000
+    assert real_depth(page) < 12
+    assert estimate_depth(page.encode(), limit=DEPTH) < 16
