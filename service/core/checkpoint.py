@@ -9,6 +9,7 @@ Layout (a directory `transformers.AutoModel.from_pretrained` also loads, as a `M
                            max length, embedding dim, heads (kind, labels, hidden, metrics), training
     heads/<name>.safetensors  one file per task head
     heads/.pending/        only while `save_heads` commits (see there); no part of the format
+    heads/.pending.lock    the lock `save_heads` and a reader completing its stage hold; no part of it
 
 Loading is strict: a missing file, an unknown format version, a tokenizer whose hash or vocabulary does
 not match the model, a missing or unexpected tensor, a tensor that is not floating point or holds NaN or
@@ -24,15 +25,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import fcntl
 import hashlib
 import json
+import logging
 import os
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -52,12 +56,18 @@ META_FILE = "htmllm.json"
 HEADS_DIR = "heads"
 # Where save_heads stages new head files and htmllm.json; htmllm.json written there is its commit point.
 PENDING_DIR = ".pending"
+# In heads/: the flock every save_heads and every completion of a stage holds (see _heads_lock).
+LOCK_FILE = ".pending.lock"
 
 # The safetensors dtypes a weight may have; anything else (an int or bool tensor from a broken conversion)
 # would be cast silently into the float parameters by load_state_dict.
 _FLOAT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 # An error message quotes at most this much of an exception's text (transformers may echo a whole config).
 _MAX_CAUSE_CHARS = 300
+
+logger = logging.getLogger(__name__)
+# The committed stages read through (checkpoint, staged htmllm.json's mtime) that were warned about.
+_warned_stages: set[tuple[str, int]] = set()
 
 
 class CheckpointError(HtmllmError):
@@ -316,6 +326,13 @@ def save_checkpoint(
         _check_state(head.state_dict(), f"{HEADS_DIR}/{name}.safetensors")
     meta.heads = specs
     root.mkdir(parents=True, exist_ok=True)
+    with _heads_lock(root):  # no reader completes a save_heads stage over the files written here
+        _save_checkpoint_locked(root, model, tokenizer, meta_text)
+
+
+def _save_checkpoint_locked(
+    root: Path, model: HtmlEncoderModel, tokenizer: HtmlTokenizer, meta_text: str
+) -> None:
     # A save_heads stage left over (committed or not) would otherwise be applied over this checkpoint.
     shutil.rmtree(root / HEADS_DIR / PENDING_DIR, ignore_errors=True)
     model.config.classifier_pooling = model.pooling  # type: ignore[assignment]  # validated by the model
@@ -337,42 +354,155 @@ def save_checkpoint(
             orphan.unlink(missing_ok=True)
 
 
-def finish_pending_heads(path: str | Path) -> None:
-    """Complete a `save_heads` that was killed after its commit point (heads/.pending/htmllm.json
-    written), so that the checkpoint is the new one; called by every reader before it reads.
+# Errors that mean "this process may not write here" (a read-only volume, another owner's files).
+_NOT_WRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+_T = TypeVar("_T")
+# How often a lock-free load is retried when a concurrent `save_heads` changed the heads meanwhile.
+_LOAD_ATTEMPTS = 4
 
-    Idempotent and safe for several readers at once: a file another process moved already is skipped.
-    The staged head files are moved before htmllm.json, so while htmllm.json is still staged every head
-    file left beside it is still to be moved. A stage without htmllm.json is left alone (its writer may
-    be running; the checkpoint is the old one, and the next `save_heads` discards it).
+
+@contextlib.contextmanager
+def _heads_lock(root: Path) -> Iterator[None]:
+    """The checkpoint's heads/.pending.lock, held exclusively (flock: threads and processes alike).
+
+    Every `save_heads` holds it for its whole save, and a reader completing a committed stage for the
+    whole completion: a reader that moved files and removed heads/.pending while a save reused that
+    path had put the save's uncommitted new weights under the old labels. Readers of a checkpoint
+    without a committed stage never take it (nor need write access). Raises OSError where the
+    directory cannot be written.
     """
-    root = Path(path)
-    pending = root / HEADS_DIR / PENDING_DIR
-    staged_meta = pending / META_FILE
-    if not staged_meta.is_file():
-        return
+    heads_dir = root / HEADS_DIR
+    heads_dir.mkdir(exist_ok=True)
+    fd = os.open(heads_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, _FILE_MODE)
     try:
-        for staged in sorted(pending.glob("*.safetensors")):
-            with contextlib.suppress(FileNotFoundError):  # moved by another reader meanwhile
-                os.replace(staged, root / HEADS_DIR / staged.name)
-        with contextlib.suppress(FileNotFoundError):
-            os.replace(staged_meta, root / META_FILE)
-    except OSError as exc:  # a read-only copy of a checkpoint whose writer was killed
-        raise CheckpointError(
-            f"checkpoint {root}: an interrupted `save_heads` left {HEADS_DIR}/{PENDING_DIR}, and it cannot "
-            f"be completed here ({exc.strerror or exc}): load it once where it is writable, or move "
-            f"{HEADS_DIR}/{PENDING_DIR}/*.safetensors into {HEADS_DIR}/ and then "
-            f"{HEADS_DIR}/{PENDING_DIR}/{META_FILE} over {META_FILE}"
-        ) from exc
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _committed_stage(root: Path) -> Path | None:
+    """heads/.pending when it holds a committed save (its htmllm.json written), else None."""
+    pending = root / HEADS_DIR / PENDING_DIR
+    return pending if (pending / META_FILE).is_file() else None
+
+
+def _finish_locked(root: Path) -> None:
+    """Move a committed stage into place; the caller holds `_heads_lock`. Head files go before
+    htmllm.json, so while htmllm.json is still staged every head file left beside it is still to be
+    moved (a reader killed halfway leaves a stage the next one completes)."""
+    pending = _committed_stage(root)
+    if pending is None:  # none, or completed by the lock's previous holder
+        return
+    for staged in sorted(pending.glob("*.safetensors")):
+        os.replace(staged, root / HEADS_DIR / staged.name)
+    os.replace(pending / META_FILE, root / META_FILE)
     shutil.rmtree(pending, ignore_errors=True)
 
 
-def read_meta(path: str | Path) -> CheckpointMeta:
-    """htmllm.json alone (cheap: for listing models without loading weights)."""
-    finish_pending_heads(path)
-    file = Path(path) / META_FILE
+@dataclass(frozen=True)
+class _View:
+    """The files a reader reads: htmllm.json and each head's file (name -> path). The checkpoint's own,
+    or, where a committed stage cannot be completed (read-only), the staged ones in their place."""
+
+    meta_file: Path
+    head_files: dict[str, Path]
+
+
+def _head_files(directory: Path) -> dict[str, Path]:
+    return {file.stem: file for file in directory.glob("*.safetensors")}
+
+
+def _view(path: str | Path) -> _View:
+    """What a reader reads, after completing a committed `save_heads` stage where it can.
+
+    Where it cannot (a read-only mount, as the Helm chart mounts models) the stage is read through:
+    the staged htmllm.json and head files take the place of those in heads/ and beside it, which is the
+    checkpoint its completion gives. Refusing had crash-looped every replica at once.
+    """
+    root = Path(path)
+    heads_dir = root / HEADS_DIR
+    pending = _committed_stage(root)
+    if pending is None:
+        return _View(root / META_FILE, _head_files(heads_dir))
+    try:
+        with _heads_lock(root):
+            _finish_locked(root)
+        return _View(root / META_FILE, _head_files(heads_dir))
+    except OSError as exc:
+        if exc.errno not in _NOT_WRITABLE:
+            raise CheckpointError(
+                f"checkpoint {root}: an interrupted `save_heads` left {HEADS_DIR}/{PENDING_DIR}, and "
+                f"completing it failed ({exc.strerror or exc}); move {HEADS_DIR}/{PENDING_DIR}/*.safetensors "
+                f"into {HEADS_DIR}/ and then {HEADS_DIR}/{PENDING_DIR}/{META_FILE} over {META_FILE}"
+            ) from exc
+        reason = exc.strerror or str(exc)
+    try:
+        stamp = (str(root), (pending / META_FILE).stat().st_mtime_ns)
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint {root}: cannot read {HEADS_DIR}/{PENDING_DIR}: {exc}") from exc
+    if stamp not in _warned_stages:  # once per stage, not on every read of it
+        _warned_stages.add(stamp)
+        logger.warning(
+            "checkpoint %s: a `save_heads` was committed but not finished (%s/%s), and it cannot be finished "
+            "here (%s); reading the staged heads and %s through it. Load it once where it is writable.",
+            root,
+            HEADS_DIR,
+            PENDING_DIR,
+            reason,
+            META_FILE,
+        )
+    try:
+        return _View(pending / META_FILE, _head_files(heads_dir) | _head_files(pending))
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint {root}: cannot read {HEADS_DIR}/{PENDING_DIR}: {exc}") from exc
+
+
+def _generation(root: Path) -> tuple[object, ...]:
+    """What changes whenever a `save_heads` may be moving files: whether a committed stage exists, and
+    htmllm.json's identity (every save replaces it by a new file). A lock-free load that sees the same
+    generation before and after read no head file a concurrent save moved."""
+    try:
+        stat = (root / META_FILE).stat()
+    except OSError:
+        return (_committed_stage(root) is not None, None)
+    return (_committed_stage(root) is not None, stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_size)
+
+
+def _consistently(root: Path, read: Callable[[_View], _T]) -> _T:
+    """`read(view)` of a checkpoint no `save_heads` changed meanwhile, without a lock (readers of a
+    checkpoint need no write access): retried when the generation moved while it read, since a save
+    finishing then may have replaced a head file after its old htmllm.json was read (new weights under
+    old labels), or moved a staged file away from a reader reading through the stage."""
+    for _ in range(_LOAD_ATTEMPTS):
+        before = _generation(root)
+        view = _view(root)
+        if _generation(root) != before:  # this reader completed a stage, or a save moved on: look again
+            continue
+        try:
+            result = read(view)
+        except CheckpointError:
+            if _generation(root) == before:
+                raise
+            continue
+        if _generation(root) == before:
+            return result
+    raise CheckpointError(f"checkpoint {root} kept changing while it was read (heads being saved meanwhile)")
+
+
+def finish_pending_heads(path: str | Path) -> None:
+    """Complete a `save_heads` that was killed after its commit point (heads/.pending/htmllm.json
+    written), so that the checkpoint is the new one. Every reader does this first (holding the heads
+    lock while it does); where the checkpoint cannot be written, a warning is logged and readers read
+    through the stage. A stage without htmllm.json is left alone (its writer may be running; the
+    checkpoint is the old one, and the next `save_heads` discards it).
+    """
+    _view(path)
+
+
+def _read_meta_file(root: Path, file: Path) -> CheckpointMeta:
     if not file.is_file():
-        raise CheckpointError(f"{file} is missing: {Path(path)} is not an htmllm checkpoint")
+        raise CheckpointError(f"{file} is missing: {root} is not an htmllm checkpoint")
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8 (UnicodeDecodeError)
@@ -382,27 +512,42 @@ def read_meta(path: str | Path) -> CheckpointMeta:
     return CheckpointMeta.from_dict(data)
 
 
+def read_meta(path: str | Path) -> CheckpointMeta:
+    """htmllm.json alone (cheap: for listing models without loading weights)."""
+    root = Path(path)
+    return _consistently(root, lambda view: _read_meta_file(root, view.meta_file))
+
+
 def checkpoint_fingerprint(path: str | Path) -> str:
     """sha256 over what determines a checkpoint's outputs: config.json, htmllm.json (which pins the
     tokenizer by its hash), the weights and every head file. What an ONNX graph records of the
     checkpoint it was built from, and what `htmllm embed` pins so that a resume cannot mix two models.
 
     Size and mtime would not do: a copied checkpoint differs in both, a retrained one of the same size
-    need not. Cost: 25 ms for the bundled model's 30 MB (about 1.3 GB/s warm).
+    need not. Cost: 25 ms for the bundled model's 30 MB (about 1.3 GB/s warm). A committed stage that
+    cannot be completed is read through, as a load reads it: the fingerprint is the completed one's.
     """
     root = Path(path)
-    finish_pending_heads(root)  # the fingerprint of the checkpoint a load then reads
+    return _consistently(root, partial(_fingerprint, root))
+
+
+def _fingerprint(root: Path, view: _View) -> str:
+    named = [
+        (CONFIG_FILE, root / CONFIG_FILE),
+        (META_FILE, view.meta_file),
+        (WEIGHTS_FILE, root / WEIGHTS_FILE),
+    ]
+    for head_file in sorted(f"{name}.safetensors" for name in view.head_files):  # as the names sort
+        named.append((f"{HEADS_DIR}/{head_file}", view.head_files[head_file.removesuffix(".safetensors")]))
     digest = hashlib.sha256()
-    files = [root / CONFIG_FILE, root / META_FILE, root / WEIGHTS_FILE]
-    files += sorted((root / HEADS_DIR).glob("*.safetensors"))
-    for file in files:
-        digest.update(file.relative_to(root).as_posix().encode() + b"\0")
+    for name, file in named:
+        digest.update(name.encode() + b"\0")
         try:
             with file.open("rb") as handle:
                 for chunk in iter(lambda: handle.read(1 << 20), b""):
                     digest.update(chunk)
         except OSError as exc:
-            raise CheckpointError(f"checkpoint {root}: cannot read {file.name}: {exc.strerror}") from exc
+            raise CheckpointError(f"checkpoint {root}: cannot read {name}: {exc.strerror}") from exc
     return digest.hexdigest()
 
 
@@ -475,7 +620,13 @@ def load_heads(path: str | Path, specs: list[HeadSpec], embedding_dim: int) -> d
     Every head file's header is checked against its spec before any head is allocated (a hidden of
     2**36 in htmllm.json is a mismatch to report, not an allocation to attempt).
     """
-    files = {spec.name: Path(path) / HEADS_DIR / f"{spec.name}.safetensors" for spec in specs}
+    return _load_heads(Path(path), _view(path).head_files, specs, embedding_dim)
+
+
+def _load_heads(
+    root: Path, head_files: Mapping[str, Path], specs: list[HeadSpec], embedding_dim: int
+) -> dict[str, TaskHead]:
+    files = {s.name: head_files.get(s.name, root / HEADS_DIR / f"{s.name}.safetensors") for s in specs}
     for spec in specs:
         shapes = _build_meta(partial(TaskHead, spec, embedding_dim), f"{META_FILE} head {spec.name!r}")
         _check_header(shapes.state_dict(), _read_header(files[spec.name]), files[spec.name])
@@ -487,11 +638,11 @@ def load_heads(path: str | Path, specs: list[HeadSpec], embedding_dim: int) -> d
     return heads
 
 
-def _refuse_unlisted_heads(root: Path, meta: CheckpointMeta) -> None:
+def _refuse_unlisted_heads(root: Path, meta: CheckpointMeta, head_files: Mapping[str, Path]) -> None:
     """A head file htmllm.json does not list is a hand edit gone wrong (a misspelt "heads" key, a head
     copied in): loading without it would silently serve fewer heads than the folder shows."""
     listed = {spec.name for spec in meta.heads}
-    unlisted = sorted(f.name for f in (root / HEADS_DIR).glob("*.safetensors") if f.stem not in listed)
+    unlisted = sorted(f"{name}.safetensors" for name in head_files if name not in listed)
     if unlisted:
         raise CheckpointError(
             f"checkpoint {root}: {HEADS_DIR}/ holds {', '.join(unlisted[:5])} that {META_FILE} "
@@ -541,8 +692,22 @@ def load_checkpoint(
     for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, META_FILE):
         if not (root / name).is_file():
             raise CheckpointError(f"checkpoint {root} is missing {name}")
-    meta = read_meta(root)
-    _refuse_unlisted_heads(root, meta)
+    load = partial(
+        _load_checkpoint, root, device=device, dtype=dtype, attn_implementation=attn_implementation
+    )
+    return _consistently(root, load)
+
+
+def _load_checkpoint(
+    root: Path,
+    view: _View,
+    *,
+    device: str | torch.device,
+    dtype: torch.dtype | None,
+    attn_implementation: str | None,
+) -> Checkpoint:
+    meta = _read_meta_file(root, view.meta_file)
+    _refuse_unlisted_heads(root, meta, view.head_files)
     try:
         tokenizer = HtmlTokenizer.from_file(root / TOKENIZER_FILE)
     except TokenizerError as exc:
@@ -563,7 +728,7 @@ def load_checkpoint(
     _check_header(
         _build_meta(partial(ModernBertModel, config), root / CONFIG_FILE).state_dict(), header, weights
     )
-    heads = load_heads(root, meta.heads, int(config.hidden_size))
+    heads = _load_heads(root, view.head_files, meta.heads, int(config.hidden_size))
     try:
         encoder = ModernBertModel(config)
     except Exception as exc:  # built once on the meta device already; this is for what that cannot see
@@ -589,11 +754,24 @@ def save_heads(path: str | Path, heads: Mapping[str, tuple[HeadSpec, TaskHead]])
     (refused), or a replaced head's new weights under its old labels and metrics (loaded silently).
     The new head files and htmllm.json are staged in heads/.pending/, htmllm.json last: before it is
     there, the stage is ignored (and discarded by the next save); once it is, the save is committed
-    and `finish_pending_heads` (run here and by every reader) moves the files into place. The format
-    is unchanged: a finished checkpoint holds no stage.
+    and `finish_pending_heads` (run here and by every reader) moves the files into place, or, where the
+    checkpoint is read-only, readers read the staged files in their place. The format is unchanged: a
+    finished checkpoint holds no stage.
+
+    The whole save holds the checkpoint's heads lock (see `_heads_lock`), which a reader completing a
+    stage holds too: a reader never moves or removes a stage this save is writing, nor two saves one
+    another's.
     """
     root = Path(path)
-    meta = read_meta(root)  # completes an earlier save that was killed after its commit point
+    read_meta(root)  # an htmllm checkpoint (refused before anything is created), its stage completed
+    with _heads_lock(root):
+        _finish_locked(root)  # a stage committed since, by a save that was then killed
+        _save_heads_locked(root, _read_meta_file(root, root / META_FILE), heads)
+
+
+def _save_heads_locked(
+    root: Path, meta: CheckpointMeta, heads: Mapping[str, tuple[HeadSpec, TaskHead]]
+) -> None:
     config_file = root / CONFIG_FILE
     if not config_file.is_file():
         raise CheckpointError(f"checkpoint {root} is missing {CONFIG_FILE}")
@@ -619,4 +797,4 @@ def save_heads(path: str | Path, heads: Mapping[str, tuple[HeadSpec, TaskHead]])
     for name, (_spec, head) in heads.items():
         _atomic_save_tensors(pending / f"{name}.safetensors", head.state_dict(), {"head": name})
     _atomic_write_text(pending / META_FILE, meta_text)  # the commit point
-    finish_pending_heads(root)
+    _finish_locked(root)

@@ -1,0 +1,55 @@
+"""The default-model bundler: what it copies from a run into the service's assets."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from model_training import default_model
+from service.core.checkpoint import load_checkpoint, read_meta, save_heads
+from service.core.modeling import HeadSpec, TaskHead
+from tests.factories.checkpoint import build_tiny_checkpoint
+
+
+class _Killed(BaseException):
+    """A kill, as far as the code under test can tell."""
+
+
+def _save_heads_killed_after(source: Path, renames: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `save_heads` adding head "topic", killed at its `renames`+1-th rename (2: just after its commit)."""
+    topic = HeadSpec(name="topic", kind="classification", labels=["a", "b"], hidden=8)
+    head = TaskHead(topic, read_meta(source).embedding_dim)
+    real, done = os.replace, [0]
+
+    def replace(src: Any, dst: Any) -> None:
+        if done[0] >= renames:
+            raise _Killed
+        done[0] += 1
+        real(src, dst)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "replace", replace)
+        with pytest.raises(_Killed):
+            save_heads(source, {"topic": (topic, head)})
+
+
+@pytest.mark.parametrize(
+    ("renames", "heads"), [(2, ["page_type", "quality", "topic"]), (1, ["page_type", "quality"])]
+)
+def test_bundle_completes_a_committed_stage_in_the_run_and_never_copies_a_stage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, renames: int, heads: list[str]
+) -> None:
+    """heads/.pending was copied into the assets as it was (and a committed one stayed in the run)."""
+    source = build_tiny_checkpoint(tmp_path / "run" / "pretrain" / "model")
+    _save_heads_killed_after(source, renames, monkeypatch)
+    assert (source / "heads" / ".pending").is_dir()
+    monkeypatch.setattr(default_model, "render_card", lambda run, out, eval_dir: "card\n")
+    out = tmp_path / "assets"
+    default_model.bundle(tmp_path / "run", out, curve=None, eval_dir=None)
+    assert not list(out.rglob(".pending*"))
+    assert not (source / "heads" / ".pending" / "htmllm.json").exists()  # completed in the run itself
+    assert [spec.name for spec in load_checkpoint(out).meta.heads] == heads
+    assert not list(out.rglob(".pending*"))  # loading the bundle found nothing to complete either
