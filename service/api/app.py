@@ -83,10 +83,15 @@ async def _warm_up(runtime: Runtime, engine: Engine) -> None:
     (tests and benchmarks run several apps in one process), and the liveness probe is already how this
     server asks for a restart (a fault that passes cannot clear), with the kubelet's back-off between
     restarts. Retries go on past that point: a warm-up that succeeds makes the server ready again.
+    They end when shutdown begins (SIGTERM): uvicorn drains its connections before the lifespan cancels
+    this task, and a full-size pass started then would hold the inference thread the drain needs.
     """
     if runtime.settings.warmup:
         delay = WARMUP_RETRY_FIRST_S
         while True:
+            if runtime.drain_deadline is not None or runtime.stopping:
+                logger.info("shutting down: no more warm-up attempts after %d", runtime.warmup_attempts)
+                return
             runtime.warmup_attempts += 1
             try:
                 await engine.warmup()
@@ -195,6 +200,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         ConnectionLifetimeMiddleware,
         max_requests=settings.connection_max_requests,
         max_age_s=settings.connection_max_age_s,
+        unready=runtime.unready_reason,
     )
     install_openapi(
         app,

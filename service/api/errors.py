@@ -76,6 +76,11 @@ _CODE_FOR_HTTP_STATUS: dict[int, ErrorCode] = {
     503: ErrorCode.NOT_READY,
 }
 
+# Answers that end their connection (ConnectionLifetimeMiddleware closes by status; only here is the code
+# known): a backend that fails one pass likely fails the next, so the client's retry should open a new
+# connection, which the Service may send to another pod.
+_CLOSE_CONNECTION = frozenset({ErrorCode.BACKEND_FAILED})
+
 # Failures that are the server's fault and worth a traceback in the log (not 503 / 504: load, not bugs).
 _SERVER_FAULTS = frozenset({ErrorCode.CHECKPOINT_INVALID, ErrorCode.BACKEND_FAILED, ErrorCode.INTERNAL})
 
@@ -165,9 +170,10 @@ async def handle_error(request: Request, exc: Exception) -> Response:
     if rid is not None:
         # A bug's 500 is sent from outside the middleware stack, past the request-id middleware.
         headers["x-request-id"] = rid
-    if not isinstance(exc, _HANDLED_INSIDE):
+    if not isinstance(exc, _HANDLED_INSIDE) or code in _CLOSE_CONNECTION:
         # Starlette re-raises a bug after this response and uvicorn then closes the connection: saying
         # so lets a keep-alive client open a new one, instead of losing its next request to the reset.
+        # A failing backend's answer closes too (_CLOSE_CONNECTION).
         headers["connection"] = "close"
     return error_response(
         code, message, status, metrics=metrics, retry_after_s=retry_after_s, headers=headers

@@ -112,20 +112,42 @@ class Runtime:
     _cutoff: asyncio.Task[None] | None = None
     _probe: asyncio.Task[None] | None = None
     _probed_at: float | None = None
+    _stall_logged: bool = False  # /ready has logged a stalled pass and not yet its end
 
-    def backend_trouble(self) -> str | None:
+    def unready_reason(self) -> str | None:
+        """Why /ready answers 503, or None: shutting down, not warmed yet, failing passes, a stalled pass.
+
+        The same condition /ready answers by, without its side effects (it starts no probe and logs
+        nothing), and cheap: a few attribute reads, and a clock read only while a pass runs.
+        ConnectionLifetimeMiddleware asks it for every answer, and closes each connection while it holds:
+        readiness only steers new connections, so a client already connected would otherwise keep
+        sending to a pod that cannot answer. A healthy pod, however loaded, never meets it: its passes
+        succeed and end well within the request timeout."""
+        if self.stopping:
+            return "the server is shutting down"
+        if self.engine is None or not self.ready:
+            return "the model is not ready"
+        return self._failing_passes() or self.stalled_pass()
+
+    def _failing_passes(self) -> str | None:
         """Why the backend is not to be trusted with traffic (`unready_after_failures` passes failed in a
-        row), or None. While it is, a probe pass runs now and then (at most every PROBE_INTERVAL_S, one
-        at a time) so that a server no traffic reaches sees the backend recover."""
+        row), or None; no side effects."""
         if self.engine is None:
             return None
         health = self.engine.health
         if health.failures < self.settings.unready_after_failures:
             return None
-        self._start_probe()
         since = health.failing_since
         over = "" if since is None else f" over {self.clock() - since:.0f} s"
         return f"the last {health.failures} forward passes failed{over} ({health.last_error}); probing it"
+
+    def backend_trouble(self) -> str | None:
+        """`_failing_passes`, and while it holds a probe pass runs now and then (at most every
+        PROBE_INTERVAL_S, one at a time) so that a server no traffic reaches sees the backend recover."""
+        trouble = self._failing_passes()
+        if trouble is not None:
+            self._start_probe()
+        return trouble
 
     def stalled_pass(self) -> str | None:
         """Why the backend cannot answer in time although nothing failed, or None: one forward pass has
@@ -145,6 +167,19 @@ class Runtime:
             return None
         return f"a forward pass has run for {running:.0f} s (the limit is {limit:g} s)"
 
+    def observe_stall(self) -> str | None:
+        """`stalled_pass`, for /ready: the kubelet's event for a failed probe has no body, so the first
+        probe to find a pass stalled logs a warning with the reason, and the first to find none after it
+        an info. Once per episode, not per probe (every few seconds for as long as the pass hangs)."""
+        stalled = self.stalled_pass()
+        if stalled is not None and not self._stall_logged:
+            self._stall_logged = True
+            logger.warning("a forward pass has stalled, /ready answers 503 until it ends: %s", stalled)
+        elif stalled is None and self._stall_logged:
+            self._stall_logged = False
+            logger.info("no forward pass is stalled any more: /ready no longer answers 503 for it")
+        return stalled
+
     def warmup_failed(self, error: str) -> None:
         """Count a failed warm-up: /ready says why, and `unhealthy` how long it has been failing."""
         self.warmup_error = error
@@ -153,9 +188,9 @@ class Runtime:
 
     def unhealthy(self) -> str | None:
         """Why a liveness probe should restart the server, or None: every pass (probes included) has
-        failed for `unhealthy_after_s`, one pass has run that long (a hung device), or the warm-up has
-        failed that long (retried meanwhile: a backend that cannot run a full-size batch never gets
-        ready, and a pod that is live but never ready holds its slot for good)."""
+        failed for `unhealthy_after_s` since the warm-up, one pass has run that long (a hung device),
+        or the warm-up has failed that long (retried meanwhile: a backend that cannot run a full-size
+        batch never gets ready, and a pod that is live but never ready holds its slot for good)."""
         limit = self.settings.unhealthy_after_s
         if self.engine is None or limit <= 0:
             return None
@@ -167,6 +202,10 @@ class Runtime:
         if not self.ready and warming is not None and now - warming >= limit:
             tries = f"{self.warmup_attempts} attempts; {self.warmup_error}"
             return f"the warm-up has failed for {now - warming:.0f} s ({tries})"
+        if not self.ready and not self.stopping:
+            # The warm-up loop is in charge: its full-size retries exercise the backend, and their
+            # failures (above) say how long it has failed; failed passes and probes are for after it.
+            return None
         since = health.failing_since
         if since is not None and self.backend_trouble() is not None and now - since >= limit:
             failed = f"{health.failures} in a row; {health.last_error}"
@@ -174,7 +213,9 @@ class Runtime:
         return None
 
     def _start_probe(self) -> None:
-        if self.engine is None or self.stopping or not self.started:
+        # Not before the warm-up succeeded: its retries already exercise the backend, and a probe's
+        # three-token success would only end the failure count they keep.
+        if self.engine is None or self.stopping or not self.started or not self.ready:
             return
         if self._probe is not None and not self._probe.done():
             return

@@ -1,4 +1,5 @@
-"""Bounded keep-alive connections: `Connection: close` after N requests or T seconds, and on 429/503.
+"""Bounded keep-alive connections: `Connection: close` after N requests or T seconds, on 429/503/504 and
+500 `backend_failed`, and on every answer while the pod is not ready.
 
 A Service balances connections: a connection the server never closes stays on its pod however many
 pods a scale-up adds. The live tests use a real uvicorn server and an httpx client that keeps its
@@ -7,6 +8,7 @@ connections alive, and tell connections apart by the client's local port.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import pytest
 from pydantic import ValidationError
 from starlette.types import Message, Receive, Scope, Send
 
+from service.api import runtime as runtime_module
 from service.api.connections import CONNECTION_KEY, ConnectionAge, ConnectionLifetimeMiddleware
 from service.engine import OverloadedError
 from tests.api.conftest import SettingsFactory, app_client, tiny_settings
@@ -110,6 +113,7 @@ async def _answer(
         (1, 400.0, 200, True),  # 300 s old
         (1, 100.0, 429, True),
         (1, 100.0, 503, True),
+        (1, 100.0, 504, True),  # timed out behind the queue or a stalled pass: retry elsewhere
         (1, 100.0, 500, False),  # errors.py closes a bug's connection itself
     ],
 )
@@ -132,6 +136,59 @@ async def test_without_a_connection_stamp_only_the_status_counts() -> None:
 
     assert b"connection" not in await _answer(middleware, {}, 200, [])
     assert (await _answer(middleware, {}, 429, []))[b"connection"] == b"close"
+
+
+async def test_while_the_pod_is_unready_every_answer_closes_its_connection() -> None:
+    """Readiness steers only new connections: a client already connected to a pod that turned unready
+    kept sending there (504s behind a stalled pass, 500s from a failing backend) for the connection's
+    whole max age. The middleware asks the runtime (`unready`) for every answer."""
+    reason: str | None = "a forward pass has run for 30 s (the limit is 30 s)"
+
+    def middleware(app: Any) -> ConnectionLifetimeMiddleware:
+        return ConnectionLifetimeMiddleware(
+            app, max_requests=10, max_age_s=300, clock=lambda: 100.0, unready=lambda: reason
+        )
+
+    age = {CONNECTION_KEY: ConnectionAge(opened=100.0, request=1)}
+    assert (await _answer(middleware, age, 200, []))[b"connection"] == b"close"
+    assert (await _answer(middleware, {}, 200, []))[b"connection"] == b"close"  # no stamp: still
+    reason = None  # ready again: connections live out their limits
+    assert b"connection" not in await _answer(middleware, age, 200, [])
+
+
+async def test_a_failing_backend_closes_connections_until_it_serves_again(
+    settings_for: SettingsFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 500 `backend_failed` closes its connection (the next pass likely fails too), a healthy answer
+    does not while failures stay below `unready_after_failures`, and every answer does once /ready is
+    503 for them, until a probe pass succeeds."""
+    monkeypatch.setattr(runtime_module, "PROBE_INTERVAL_S", 0.0)
+    async with app_client(settings_for(unready_after_failures=2)) as client:
+        transport = client._transport
+        assert isinstance(transport, httpx.ASGITransport)
+        runner = transport.app.state.runtime.engine._runner  # type: ignore[attr-defined]
+        working = runner.run
+
+        def broken(prepared: object) -> object:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered (simulated)")
+
+        monkeypatch.setattr(runner, "run", broken)
+        body = {"documents": [{"html": page(1)}]}
+        failed = await client.post("/v1/embed", json=body)
+        assert failed.status_code == 500 and failed.json()["error"]["code"] == "backend_failed"
+        assert failed.headers["connection"] == "close"
+        assert "connection" not in (await client.get("/health")).headers  # one failure: still ready
+        assert (await client.post("/v1/embed", json=body)).status_code == 500
+        health = await client.get("/health")
+        assert health.status_code == 200 and health.headers["connection"] == "close"  # unready now
+
+        monkeypatch.setattr(runner, "run", working)
+        for _ in range(600):  # /ready starts the probe pass that makes it ready again
+            if (await client.get("/ready")).status_code == 200:
+                break
+            await asyncio.sleep(0.01)
+        assert "connection" not in (await client.get("/health")).headers
+        assert "connection" not in (await client.post("/v1/embed", json=body)).headers
 
 
 @pytest.mark.parametrize("field", ["connection_max_requests", "connection_max_age_s"])

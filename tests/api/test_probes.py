@@ -19,9 +19,12 @@ import httpx
 import pytest
 
 from service.api import app as app_module
+from service.api import runtime as runtime_module
 from service.api.app import create_app, load_engine
+from service.api.metrics import ServiceMetrics
 from service.api.runtime import Runtime
 from service.api.settings import Settings
+from service.engine import ShuttingDownError
 from service.engine.runners import PreparedBatch
 from tests.api.conftest import SettingsFactory
 from tests.api.pages import page
@@ -43,6 +46,34 @@ async def _until(client: httpx.AsyncClient, path: str, status: int) -> httpx.Res
             return response
         await asyncio.sleep(0.005)
     raise AssertionError(f"{path} never answered {status}; last: {response.status_code} {response.text}")
+
+
+@asynccontextmanager
+async def _wedged_pass(
+    client: httpx.AsyncClient, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[float]:
+    """A forward pass that hangs until the block ends (its request is answered 200 then); yields when
+    the pass began, on `runtime.clock`'s scale."""
+    assert runtime.engine is not None
+    runner = runtime.engine._runner
+    working = runner.run
+    entered, release = threading.Event(), threading.Event()
+
+    def wedged(prepared: object) -> object:
+        entered.set()
+        release.wait(60)
+        return working(prepared)
+
+    monkeypatch.setattr(runner, "run", wedged)
+    embed = asyncio.ensure_future(client.post("/v1/embed", json={"documents": [{"html": page(1)}]}))
+    try:
+        assert await asyncio.to_thread(entered.wait, 60)
+        started = runtime.engine.health.pass_started
+        assert started is not None
+        yield started
+    finally:
+        release.set()
+    assert (await embed).status_code == 200
 
 
 async def test_a_hung_pass_turns_ready_503_past_the_request_timeout_and_back_when_it_ends(
@@ -163,3 +194,115 @@ async def test_a_warm_up_that_keeps_failing_turns_health_503_until_one_succeeds(
         runtime.clock = time.monotonic
         body = {"documents": [{"html": page(2)}]}
         assert (await client.post("/v1/embed", json=body)).status_code == 200
+
+
+async def test_while_a_pass_is_stalled_every_answer_closes_its_connection(
+    settings_for: SettingsFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Clients already connected to a pod /ready took out of rotation kept sending there, each request
+    a 504 behind the stalled pass, for up to the connection's max age (300 s). While /ready says the
+    pass has stalled every answer closes its connection, and no answer does once passes end."""
+    app = create_app(settings_for(request_timeout_s=30))
+    async with _serving(app) as client:
+        await _until(client, "/ready", 200)
+        runtime: Runtime = app.state.runtime
+        async with _wedged_pass(client, runtime, monkeypatch) as started:
+            runtime.clock = lambda: started + 29.9  # slow, not stalled: connections stay
+            assert "connection" not in (await client.get("/health")).headers
+            runtime.clock = lambda: started + 30.0
+            for path in ("/health", "/info"):
+                answer = await client.get(path)
+                assert answer.status_code == 200 and answer.headers["connection"] == "close", path
+        await _until(client, "/ready", 200)
+        assert "connection" not in (await client.get("/health")).headers
+
+
+async def test_a_stalled_pass_is_logged_once_when_ready_turns_503_and_once_when_it_ends(
+    settings_for: SettingsFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The kubelet's event for a failed readiness probe has no body: a pod that left rotation for a
+    stalled pass said nothing about it in its logs. One warning per episode, not one per probe."""
+    caplog.set_level(logging.INFO, logger="service.api.runtime")
+    app = create_app(settings_for(request_timeout_s=30))
+    async with _serving(app) as client:
+        await _until(client, "/ready", 200)
+        runtime: Runtime = app.state.runtime
+        async with _wedged_pass(client, runtime, monkeypatch) as started:
+            runtime.clock = lambda: started + 30.0
+            for _ in range(3):
+                assert (await client.get("/ready")).status_code == 503
+            runtime.clock = lambda: started + 45.0
+            assert (await client.get("/ready")).status_code == 503
+        await _until(client, "/ready", 200)
+        assert (await client.get("/ready")).status_code == 200
+    logged = [(r.levelno, r.getMessage()) for r in caplog.records if "stalled" in r.getMessage()]
+    assert [level for level, _ in logged] == [logging.WARNING, logging.INFO], logged
+    assert "a forward pass has run for 30 s (the limit is 30 s)" in logged[0][1]
+
+
+async def test_health_starts_no_probe_pass_while_the_warm_up_is_retrying(
+    settings_for: SettingsFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Failed warm-ups count as failed passes, so /health (the liveness probe) started three-token
+    probe passes between the warm-up's retries, and logged "backend probe succeeded" for a pod that
+    was not ready. The warm-up loop exercises the backend already; /health reports its failures."""
+    monkeypatch.setattr(app_module, "WARMUP_RETRY_FIRST_S", 0.001, raising=False)
+    monkeypatch.setattr(app_module, "WARMUP_RETRY_MAX_S", 0.01, raising=False)
+    monkeypatch.setattr(runtime_module, "PROBE_INTERVAL_S", 0.0)
+    settings: Settings = settings_for(unready_after_failures=2, unhealthy_after_s=120)
+    engine = load_engine(settings)
+    probes = 0
+    probe = engine.probe
+
+    async def counted_probe() -> None:
+        nonlocal probes
+        probes += 1
+        await probe()
+
+    def broken(prepared: object) -> object:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered (simulated)")
+
+    monkeypatch.setattr(engine, "probe", counted_probe)
+    monkeypatch.setattr(engine._runner, "run", broken)
+    app = create_app(settings, engine)
+    runtime: Runtime = app.state.runtime
+    async with _serving(app) as client:
+        for _ in range(2000):
+            if runtime.warmup_attempts >= 3 and engine.health.failures >= 2:
+                break
+            await asyncio.sleep(0.005)
+        else:
+            raise AssertionError("the warm-up did not fail twice")
+        for _ in range(3):
+            assert (await client.get("/health")).status_code == 200
+            await asyncio.sleep(0)
+        later = time.monotonic() + 120
+        runtime.clock = lambda: later
+        unhealthy = await client.get("/health")
+        assert unhealthy.status_code == 503 and "the warm-up has failed for" in unhealthy.text
+        await asyncio.sleep(0)
+        assert probes == 0
+
+
+async def test_the_warm_up_stops_retrying_once_shutdown_begins(
+    settings_for: SettingsFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After SIGTERM uvicorn drains its connections before the lifespan cancels the warm-up: a retry
+    started then ran a full-size pass on the inference thread the drain needs."""
+    monkeypatch.setattr(app_module, "WARMUP_RETRY_FIRST_S", 0.0, raising=False)
+    runtime = Runtime(settings=settings_for(), metrics=ServiceMetrics())
+    attempts = 0
+
+    class FailingEngine:
+        async def warmup(self) -> None:
+            nonlocal attempts
+            attempts += 1
+            if attempts == 1:
+                runtime.begin_shutdown()  # SIGTERM while the first attempt runs
+            if attempts < 5:
+                raise RuntimeError("CUDA error: transient (simulated)")
+            raise ShuttingDownError("the engine stopped")  # ends the loop of a warm-up that kept going
+
+    engine: Any = FailingEngine()
+    await app_module._warm_up(runtime, engine)
+    assert attempts == 1 and not runtime.ready
