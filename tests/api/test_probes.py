@@ -159,7 +159,8 @@ async def test_a_warm_up_that_keeps_failing_turns_health_503_until_one_succeeds(
     `unhealthy_after_s` makes /health 503; a warm-up that later succeeds makes it ready (and live)."""
     monkeypatch.setattr(app_module, "WARMUP_RETRY_FIRST_S", 0.001, raising=False)
     monkeypatch.setattr(app_module, "WARMUP_RETRY_MAX_S", 0.01, raising=False)
-    # Every pass but the probe's fails: a backend that runs three tokens but not a full-size batch.
+    # Full-size batches fail, three-token passes work: a backend that would pass a probe (none runs
+    # while the warm-up retries) but cannot run a batch.
     settings: Settings = settings_for(unhealthy_after_s=120)
     engine = load_engine(settings)
     working = engine._runner.run
