@@ -87,22 +87,7 @@ async def test_a_hung_pass_turns_ready_503_past_the_request_timeout_and_back_whe
     async with _serving(app) as client:
         await _until(client, "/ready", 200)
         runtime: Runtime = app.state.runtime
-        assert runtime.engine is not None
-        runner = runtime.engine._runner
-        working = runner.run
-        entered, release = threading.Event(), threading.Event()
-
-        def wedged(prepared: object) -> object:
-            entered.set()
-            release.wait(60)
-            return working(prepared)
-
-        monkeypatch.setattr(runner, "run", wedged)
-        embed = asyncio.ensure_future(client.post("/v1/embed", json={"documents": [{"html": page(1)}]}))
-        try:
-            assert await asyncio.to_thread(entered.wait, 60)
-            started = runtime.engine.health.pass_started
-            assert started is not None
+        async with _wedged_pass(client, runtime, monkeypatch) as started:
             runtime.clock = lambda: started + 29.9  # a slow pass, within the request timeout
             assert (await client.get("/ready")).status_code == 200
             runtime.clock = lambda: started + 30.0
@@ -110,9 +95,6 @@ async def test_a_hung_pass_turns_ready_503_past_the_request_timeout_and_back_whe
             assert ready.status_code == 503 and ready.json()["error"]["code"] == "not_ready"
             assert "a forward pass has run for 30 s" in ready.json()["error"]["message"]
             assert (await client.get("/health")).status_code == 200  # a restart is /health's, at 300 s
-        finally:
-            release.set()
-        assert (await embed).status_code == 200
         await _until(client, "/ready", 200)  # the clock still says 30 s: no pass runs now
 
 
