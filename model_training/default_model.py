@@ -20,7 +20,8 @@ from typing import Any
 from model_training.data import read_manifest
 from model_training.pretrain import CURVE_FILE, SUMMARY_FILE
 from model_training.teacher import read_teacher_meta
-from service.core.checkpoint import PENDING_DIR, finish_pending_heads, load_checkpoint
+from service.core.checkpoint import load_checkpoint
+from service.core.heads_stage import PENDING_DIR, finish_pending_heads
 
 MAX_BUNDLE_BYTES = 40 * 1024 * 1024
 CARD_FILE = "MODEL_CARD.md"

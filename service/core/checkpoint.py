@@ -8,7 +8,8 @@ Layout (a directory `transformers.AutoModel.from_pretrained` also loads, as a `M
     htmllm.json            CheckpointMeta: format version, pooling, prune version, tokenizer sha256,
                            max length, embedding dim, heads (kind, labels, hidden, metrics), training
     heads/<name>.safetensors  one file per task head
-    heads/.pending/        only while `save_heads` commits (see there); no part of the format
+    heads/.pending/        only while `save_heads` commits (see `service.core.heads_stage`); no part of
+                           the format
     heads/.pending.lock    the lock `save_heads` and a reader completing its stage hold; no part of it
 
 Loading is strict: a missing file, an unknown format version, a tokenizer whose hash or vocabulary does
@@ -23,28 +24,30 @@ its reader refuses.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import errno
-import fcntl
 import hashlib
 import json
-import logging
-import os
 import shutil
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from transformers import ModernBertConfig, ModernBertModel
 
+from service.core import heads_stage
 from service.core.atomic_files import replaced_atomically
-from service.core.errors import ErrorCode, HtmllmError
+from service.core.errors import CheckpointError as CheckpointError  # re-exported: callers import it here
+
+# htmllm.json and heads/ are the format's, re-exported: defined with the heads stage, which governs how
+# those files change and may import nothing from here.
+from service.core.heads_stage import FILE_MODE, PENDING_DIR
+from service.core.heads_stage import HEADS_DIR as HEADS_DIR
+from service.core.heads_stage import META_FILE as META_FILE
 from service.core.modeling import POOLINGS, HeadSpec, HtmlEncoderModel, TaskHead, typed_field
 from service.core.tokenizer import HtmlTokenizer, TokenizerError
 
@@ -52,28 +55,12 @@ FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
-META_FILE = "htmllm.json"
-HEADS_DIR = "heads"
-# Where save_heads stages new head files and htmllm.json; htmllm.json written there is its commit point.
-PENDING_DIR = ".pending"
-# In heads/: the flock every save_heads and every completion of a stage holds (see _heads_lock).
-LOCK_FILE = ".pending.lock"
 
 # The safetensors dtypes a weight may have; anything else (an int or bool tensor from a broken conversion)
 # would be cast silently into the float parameters by load_state_dict.
 _FLOAT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 # An error message quotes at most this much of an exception's text (transformers may echo a whole config).
 _MAX_CAUSE_CHARS = 300
-
-logger = logging.getLogger(__name__)
-# The committed stages read through (checkpoint, staged htmllm.json's mtime) that were warned about.
-_warned_stages: set[tuple[str, int]] = set()
-
-
-class CheckpointError(HtmllmError):
-    """A checkpoint that fails strict loading or cannot be written."""
-
-    code = ErrorCode.CHECKPOINT_INVALID
 
 
 @dataclass
@@ -160,18 +147,14 @@ class Checkpoint:
     path: Path
 
 
-# mkstemp creates files 0600; a checkpoint is read by other users (a container's uid mounting it).
-_FILE_MODE = 0o644
-
-
 def _atomic_write_text(path: Path, text: str) -> None:
     """Write via a temporary file and rename, so a killed writer never leaves a half file."""
-    with replaced_atomically(path, mode=_FILE_MODE) as tmp:
+    with replaced_atomically(path, mode=FILE_MODE) as tmp:
         tmp.write_text(text, encoding="utf-8")
 
 
 def _atomic_save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
-    with replaced_atomically(path, mode=_FILE_MODE) as tmp:
+    with replaced_atomically(path, mode=FILE_MODE) as tmp:
         tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
         save_file(tensors, str(tmp), metadata=metadata)
 
@@ -326,7 +309,7 @@ def save_checkpoint(
         _check_state(head.state_dict(), f"{HEADS_DIR}/{name}.safetensors")
     meta.heads = specs
     root.mkdir(parents=True, exist_ok=True)
-    with _heads_lock(root):  # no reader completes a save_heads stage over the files written here
+    with heads_stage.heads_lock(root):  # no reader completes a save_heads stage over the files written here
         _save_checkpoint_locked(root, model, tokenizer, meta_text)
 
 
@@ -340,7 +323,7 @@ def _save_checkpoint_locked(
     # AutoModel expects; we keep only those two files from it.
     model.encoder.save_pretrained(root, safe_serialization=True)
     for written in (root / "config.json", root / "model.safetensors"):
-        written.chmod(_FILE_MODE)  # save_pretrained may write through a 0600 temporary file
+        written.chmod(FILE_MODE)  # save_pretrained may write through a 0600 temporary file
     tokenizer.save(root / TOKENIZER_FILE)
     heads_dir = root / HEADS_DIR
     heads_dir.mkdir(exist_ok=True)
@@ -352,152 +335,6 @@ def _save_checkpoint_locked(
     for orphan in heads_dir.glob("*.safetensors"):
         if orphan.stem not in model.heads:
             orphan.unlink(missing_ok=True)
-
-
-# Errors that mean "this process may not write here" (a read-only volume, another owner's files).
-_NOT_WRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
-_T = TypeVar("_T")
-# How often a lock-free load is retried when a concurrent `save_heads` changed the heads meanwhile.
-_LOAD_ATTEMPTS = 4
-
-
-@contextlib.contextmanager
-def _heads_lock(root: Path) -> Iterator[None]:
-    """The checkpoint's heads/.pending.lock, held exclusively (flock: threads and processes alike).
-
-    Every `save_heads` holds it for its whole save, and a reader completing a committed stage for the
-    whole completion: a reader that moved files and removed heads/.pending while a save reused that
-    path had put the save's uncommitted new weights under the old labels. Readers of a checkpoint
-    without a committed stage never take it (nor need write access). Raises OSError where the
-    directory cannot be written.
-    """
-    heads_dir = root / HEADS_DIR
-    heads_dir.mkdir(exist_ok=True)
-    fd = os.open(heads_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, _FILE_MODE)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
-def _committed_stage(root: Path) -> Path | None:
-    """heads/.pending when it holds a committed save (its htmllm.json written), else None."""
-    pending = root / HEADS_DIR / PENDING_DIR
-    return pending if (pending / META_FILE).is_file() else None
-
-
-def _finish_locked(root: Path) -> None:
-    """Move a committed stage into place; the caller holds `_heads_lock`. Head files go before
-    htmllm.json, so while htmllm.json is still staged every head file left beside it is still to be
-    moved (a reader killed halfway leaves a stage the next one completes)."""
-    pending = _committed_stage(root)
-    if pending is None:  # none, or completed by the lock's previous holder
-        return
-    for staged in sorted(pending.glob("*.safetensors")):
-        os.replace(staged, root / HEADS_DIR / staged.name)
-    os.replace(pending / META_FILE, root / META_FILE)
-    shutil.rmtree(pending, ignore_errors=True)
-
-
-@dataclass(frozen=True)
-class _View:
-    """The files a reader reads: htmllm.json and each head's file (name -> path). The checkpoint's own,
-    or, where a committed stage cannot be completed (read-only), the staged ones in their place."""
-
-    meta_file: Path
-    head_files: dict[str, Path]
-
-
-def _head_files(directory: Path) -> dict[str, Path]:
-    return {file.stem: file for file in directory.glob("*.safetensors")}
-
-
-def _view(path: str | Path) -> _View:
-    """What a reader reads, after completing a committed `save_heads` stage where it can.
-
-    Where it cannot (a read-only mount, as the Helm chart mounts models) the stage is read through:
-    the staged htmllm.json and head files take the place of those in heads/ and beside it, which is the
-    checkpoint its completion gives. Refusing had crash-looped every replica at once.
-    """
-    root = Path(path)
-    heads_dir = root / HEADS_DIR
-    pending = _committed_stage(root)
-    if pending is None:
-        return _View(root / META_FILE, _head_files(heads_dir))
-    try:
-        with _heads_lock(root):
-            _finish_locked(root)
-        return _View(root / META_FILE, _head_files(heads_dir))
-    except OSError as exc:
-        if exc.errno not in _NOT_WRITABLE:
-            raise CheckpointError(
-                f"checkpoint {root}: an interrupted `save_heads` left {HEADS_DIR}/{PENDING_DIR}, and "
-                f"completing it failed ({exc.strerror or exc}); move {HEADS_DIR}/{PENDING_DIR}/*.safetensors "
-                f"into {HEADS_DIR}/ and then {HEADS_DIR}/{PENDING_DIR}/{META_FILE} over {META_FILE}"
-            ) from exc
-        reason = exc.strerror or str(exc)
-    try:
-        stamp = (str(root), (pending / META_FILE).stat().st_mtime_ns)
-    except OSError as exc:
-        raise CheckpointError(f"checkpoint {root}: cannot read {HEADS_DIR}/{PENDING_DIR}: {exc}") from exc
-    if stamp not in _warned_stages:  # once per stage, not on every read of it
-        _warned_stages.add(stamp)
-        logger.warning(
-            "checkpoint %s: a `save_heads` was committed but not finished (%s/%s), and it cannot be finished "
-            "here (%s); reading the staged heads and %s through it. Load it once where it is writable.",
-            root,
-            HEADS_DIR,
-            PENDING_DIR,
-            reason,
-            META_FILE,
-        )
-    try:
-        return _View(pending / META_FILE, _head_files(heads_dir) | _head_files(pending))
-    except OSError as exc:
-        raise CheckpointError(f"checkpoint {root}: cannot read {HEADS_DIR}/{PENDING_DIR}: {exc}") from exc
-
-
-def _generation(root: Path) -> tuple[object, ...]:
-    """What changes whenever a `save_heads` may be moving files: whether a committed stage exists, and
-    htmllm.json's identity (every save replaces it by a new file). A lock-free load that sees the same
-    generation before and after read no head file a concurrent save moved."""
-    try:
-        stat = (root / META_FILE).stat()
-    except OSError:
-        return (_committed_stage(root) is not None, None)
-    return (_committed_stage(root) is not None, stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_size)
-
-
-def _consistently(root: Path, read: Callable[[_View], _T]) -> _T:
-    """`read(view)` of a checkpoint no `save_heads` changed meanwhile, without a lock (readers of a
-    checkpoint need no write access): retried when the generation moved while it read, since a save
-    finishing then may have replaced a head file after its old htmllm.json was read (new weights under
-    old labels), or moved a staged file away from a reader reading through the stage."""
-    for _ in range(_LOAD_ATTEMPTS):
-        before = _generation(root)
-        view = _view(root)
-        if _generation(root) != before:  # this reader completed a stage, or a save moved on: look again
-            continue
-        try:
-            result = read(view)
-        except CheckpointError:
-            if _generation(root) == before:
-                raise
-            continue
-        if _generation(root) == before:
-            return result
-    raise CheckpointError(f"checkpoint {root} kept changing while it was read (heads being saved meanwhile)")
-
-
-def finish_pending_heads(path: str | Path) -> None:
-    """Complete a `save_heads` that was killed after its commit point (heads/.pending/htmllm.json
-    written), so that the checkpoint is the new one. Every reader does this first (holding the heads
-    lock while it does); where the checkpoint cannot be written, a warning is logged and readers read
-    through the stage. A stage without htmllm.json is left alone (its writer may be running; the
-    checkpoint is the old one, and the next `save_heads` discards it).
-    """
-    _view(path)
 
 
 def _read_meta_file(root: Path, file: Path) -> CheckpointMeta:
@@ -515,7 +352,7 @@ def _read_meta_file(root: Path, file: Path) -> CheckpointMeta:
 def read_meta(path: str | Path) -> CheckpointMeta:
     """htmllm.json alone (cheap: for listing models without loading weights)."""
     root = Path(path)
-    return _consistently(root, lambda view: _read_meta_file(root, view.meta_file))
+    return heads_stage.consistently(root, lambda view: _read_meta_file(root, view.meta_file))
 
 
 def checkpoint_fingerprint(path: str | Path) -> str:
@@ -528,10 +365,10 @@ def checkpoint_fingerprint(path: str | Path) -> str:
     cannot be completed is read through, as a load reads it: the fingerprint is the completed one's.
     """
     root = Path(path)
-    return _consistently(root, partial(_fingerprint, root))
+    return heads_stage.consistently(root, partial(_fingerprint, root))
 
 
-def _fingerprint(root: Path, view: _View) -> str:
+def _fingerprint(root: Path, view: heads_stage.View) -> str:
     named = [
         (CONFIG_FILE, root / CONFIG_FILE),
         (META_FILE, view.meta_file),
@@ -620,7 +457,7 @@ def load_heads(path: str | Path, specs: list[HeadSpec], embedding_dim: int) -> d
     Every head file's header is checked against its spec before any head is allocated (a hidden of
     2**36 in htmllm.json is a mismatch to report, not an allocation to attempt).
     """
-    return _load_heads(Path(path), _view(path).head_files, specs, embedding_dim)
+    return _load_heads(Path(path), heads_stage.view(path).head_files, specs, embedding_dim)
 
 
 def _load_heads(
@@ -695,12 +532,12 @@ def load_checkpoint(
     load = partial(
         _load_checkpoint, root, device=device, dtype=dtype, attn_implementation=attn_implementation
     )
-    return _consistently(root, load)
+    return heads_stage.consistently(root, load)
 
 
 def _load_checkpoint(
     root: Path,
-    view: _View,
+    view: heads_stage.View,
     *,
     device: str | torch.device,
     dtype: torch.dtype | None,
@@ -749,23 +586,15 @@ def save_heads(path: str | Path, heads: Mapping[str, tuple[HeadSpec, TaskHead]])
     module that does not match its spec (labels, hidden) had been written, and the checkpoint then
     refused to load.
 
-    A kill at any point leaves the old checkpoint or the new one, never a mix: head files had been
-    written over before htmllm.json, so a kill between the two left heads htmllm.json did not list
-    (refused), or a replaced head's new weights under its old labels and metrics (loaded silently).
-    The new head files and htmllm.json are staged in heads/.pending/, htmllm.json last: before it is
-    there, the stage is ignored (and discarded by the next save); once it is, the save is committed
-    and `finish_pending_heads` (run here and by every reader) moves the files into place, or, where the
-    checkpoint is read-only, readers read the staged files in their place. The format is unchanged: a
-    finished checkpoint holds no stage.
-
-    The whole save holds the checkpoint's heads lock (see `_heads_lock`), which a reader completing a
-    stage holds too: a reader never moves or removes a stage this save is writing, nor two saves one
-    another's.
+    A kill at any point leaves the old checkpoint or the new one, never a mix: the new head files and
+    htmllm.json are staged in heads/.pending/, htmllm.json last (the commit point), and moved into place
+    holding the heads lock, here or by the next reader (see `service.core.heads_stage`). The format is
+    unchanged: a finished checkpoint holds no stage.
     """
     root = Path(path)
     read_meta(root)  # an htmllm checkpoint (refused before anything is created), its stage completed
-    with _heads_lock(root):
-        _finish_locked(root)  # a stage committed since, by a save that was then killed
+    with heads_stage.heads_lock(root):
+        heads_stage.finish_locked(root)  # a stage committed since, by a save that was then killed
         _save_heads_locked(root, _read_meta_file(root, root / META_FILE), heads)
 
 
@@ -797,4 +626,4 @@ def _save_heads_locked(
     for name, (_spec, head) in heads.items():
         _atomic_save_tensors(pending / f"{name}.safetensors", head.state_dict(), {"head": name})
     _atomic_write_text(pending / META_FILE, meta_text)  # the commit point
-    _finish_locked(root)
+    heads_stage.finish_locked(root)

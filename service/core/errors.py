@@ -52,3 +52,10 @@ class HtmllmError(Exception):
     @property
     def message(self) -> str:
         return str(self)
+
+
+class CheckpointError(HtmllmError):
+    """A checkpoint that fails strict loading or cannot be written. Here, not in `service.core.checkpoint`:
+    both that module and `service.core.heads_stage` (which it imports) raise it."""
+
+    code = ErrorCode.CHECKPOINT_INVALID
