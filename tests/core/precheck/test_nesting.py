@@ -10,6 +10,7 @@ twice as deep as the cap they run under (`real_depth`).
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -142,6 +143,36 @@ def test_runs_of_table_markup_cost_the_model_a_line_a_tag_at_most(page: str) -> 
     except TooMuchWork:
         pytest.fail("the depth model ran more than a line a tag on a run of table markup")
     assert depth == 4  # the <table>, a section, a row and a cell
+
+
+_REFUSED_RUNS = {
+    "stray cells": "<td>x</td>" * 3000,
+    "cells outside any table": "<div>" + "<td>x</td>" * 3000,
+    "a row template before a data table": "<template><tr><td>{{name}}</td></tr></template><table>"
+    + "<tr><td>a</td><td>b</td></tr>" * 1500,
+    "a cell in a select": "<table><tr><td><select><td></select>" + "<td>x</td>" * 3000,
+}
+
+
+@pytest.mark.parametrize("page", list(_REFUSED_RUNS.values()), ids=list(_REFUSED_RUNS))
+def test_a_run_the_fast_path_refuses_is_not_scanned_again_from_each_cell(
+    page: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's scan came before the stack's conditions: a run then refused was scanned again from
+    each of its cells (quadratic: a stray `<td>` x 20,000, 80 KB, took 17 s in the checks)."""
+    scanned = 0
+    real = nesting.TABLE_RUN
+
+    class Counting:
+        def match(self, data: bytes, position: int) -> re.Match[bytes] | None:
+            nonlocal scanned
+            found = real.match(data, position)
+            scanned += 0 if found is None else found.end() - position
+            return found
+
+    monkeypatch.setattr(nesting, "TABLE_RUN", Counting())
+    estimate_depth(page, limit=DEPTH)
+    assert scanned <= 2 * len(page)
 
 
 _RUN_EDGES = {
