@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, WithJsonSchema
 
-from service.core.errors import ErrorCode
+from service.core.errors import ErrorCode, HtmllmError
 
 EncodingFormat = Literal["float", "base64"]
 OnError = Literal["fail", "report"]
@@ -52,6 +52,11 @@ class _Strict(BaseModel):
 class ErrorDetail(BaseModel):
     code: ErrorCode
     message: str
+
+    @classmethod
+    def of(cls, error: HtmllmError) -> ErrorDetail:
+        """A typed error as an entry of a batch reports it (`/v1/embed` `on_error: report`, `/v1/extract`)."""
+        return cls(code=error.code, message=error.message)
 
 
 class ErrorBody(BaseModel):

@@ -10,6 +10,7 @@ import gzip
 import json
 import logging
 import re
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,6 +25,8 @@ from prometheus_client import generate_latest
 from service.api import runtime as runtime_module
 from service.api.app import create_app
 from service.api.routers import embed as embed_router
+from service.api.routers import extract as extract_router
+from service.api.schemas import ExtractionOut
 from service.engine import Document, OverloadedError
 from tests.api.conftest import SettingsFactory, app_client, tiny_settings
 from tests.api.pages import CZECH_TEXT, WINDOWS_1250_PAGE, long_page, page, slow_to_extract_page
@@ -748,6 +751,58 @@ async def test_extractor_time_limit_is_a_setting(settings_for: SettingsFactory) 
         slow, fine = (item["extractions"][0] for item in response.json()["data"])
         assert slow["error"]["code"] == "extraction_failed" and "limit" in slow["error"]["message"]
         assert fine["error"] is None and fine["chosen"] == "justext"
+
+
+async def test_extract_answers_what_finished_by_the_request_timeout(
+    settings_for: SettingsFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch with one page still extracting at the request timeout was a 504 as a whole, and the pages
+    done by then lost their text; now they keep it, and each late extraction is a `timeout` entry (as
+    `/v1/embed` answers with `on_error: report`). A late job still queued is cancelled, never run."""
+    release = threading.Event()
+    ran: list[str | None] = []
+
+    def extract_one(doc: Document, extractor: str, **_: object) -> ExtractionOut:
+        ran.append(doc.id)
+        if doc.id == "slow":
+            release.wait(30)  # until the answer is in: far past the request timeout
+        return ExtractionOut(
+            extractor=extractor,
+            chosen=extractor,
+            text=doc.id,
+            words=1,
+            passed=True,
+            language=None,
+            encoding=None,
+        )
+
+    monkeypatch.setattr(extract_router, "_extract_one", extract_one)
+    # One extraction thread: "fine" runs, "slow" holds the thread past the deadline, "queued" waits behind it.
+    async with app_client(settings_for(request_timeout_s=0.5, extract_workers=1)) as client:
+        docs = [{"id": name, "html": page(n)} for n, name in enumerate(("fine", "slow", "queued"))]
+        try:
+            response = await client.post(
+                "/v1/extract", json={"documents": docs, "extractors": ["resiliparse"]}
+            )
+        finally:
+            release.set()
+        assert response.status_code == 200, response.text
+        assert [item["id"] for item in response.json()["data"]] == ["fine", "slow", "queued"]
+        fine, slow, queued = (item["extractions"][0] for item in response.json()["data"])
+        assert fine == {
+            "extractor": "resiliparse", "chosen": "resiliparse", "text": "fine", "words": 1, "passed": True,
+            "language": None, "encoding": None, "error": None,
+        }  # fmt: skip
+        for entry, where in ((slow, "running"), (queued, "queued")):
+            assert (entry["extractor"], entry["text"], entry["passed"]) == ("resiliparse", None, False)
+            assert entry["error"] == {
+                "code": "timeout",
+                "message": f"the request timeout (0.5 s) passed while this extraction was {where}",
+            }
+        # The one thread takes jobs in order: had "queued" not been cancelled, it would run before "after".
+        after = {"documents": [{"id": "after", "html": page(3)}], "extractors": ["resiliparse"]}
+        assert (await client.post("/v1/extract", json=after)).status_code == 200
+        assert ran == ["fine", "slow", "after"]
 
 
 async def test_info_reports_the_extractor_limit_in_force(settings_for: SettingsFactory) -> None:

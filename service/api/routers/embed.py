@@ -114,5 +114,5 @@ def _failed(doc_id: str | None, error: HtmllmError) -> EmbedResult:
         scores={},
         tokens=None,
         truncated=None,
-        error=ErrorDetail(code=error.code, message=error.message),
+        error=ErrorDetail.of(error),
     )

@@ -2,13 +2,17 @@
 
 Extraction is CPU-bound and runs in the runtime's own threads and extractor processes
 (`service.core.extract`), never on the event loop; the request limits and errors are /v1/embed's. One
-extractor failing on one page is reported in that entry, so the rest of the request still counts.
+extractor failing on one page is reported in that entry, so the rest of the request still counts; so is
+one still queued or running at the request timeout (`timeout`), as `/v1/embed` reports a late document
+with `on_error: report`: the extractions finished by then keep their results.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -16,6 +20,7 @@ from pydantic import ValidationError
 
 from service.api.auth import require_api_key
 from service.api.documents import read_body, to_documents, validation_error
+from service.api.inference import DEADLINE_GRACE_S
 from service.api.limits import check_document_count
 from service.api.openapi import MODEL_ROUTE_ERRORS, raw_body_openapi
 from service.api.rendering import json_response
@@ -30,7 +35,7 @@ from service.api.schemas import (
 )
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.extract import ExtractionError, ExtractorPool, extract
-from service.engine import Document
+from service.engine import DeadlineExceededError, Document
 
 router = APIRouter(tags=["extract"], dependencies=[Depends(require_api_key)], responses=MODEL_ROUTE_ERRORS)
 
@@ -48,16 +53,7 @@ def _extract_one(
             runner=pool,
         )
     except ExtractionError as exc:
-        return ExtractionOut(
-            extractor=extractor,
-            chosen=None,
-            text=None,
-            words=0,
-            passed=False,
-            language=None,
-            encoding=None,
-            error=ErrorDetail(code=exc.code, message=exc.message),
-        )
+        return _failed(extractor, exc)
     return ExtractionOut(
         extractor=extractor,
         chosen=result.extractor,
@@ -67,6 +63,48 @@ def _extract_one(
         language=result.language,
         encoding=result.encoding,
     )
+
+
+def _failed(extractor: str, error: HtmllmError) -> ExtractionOut:
+    return ExtractionOut(
+        extractor=extractor,
+        chosen=None,
+        text=None,
+        words=0,
+        passed=False,
+        language=None,
+        encoding=None,
+        error=ErrorDetail.of(error),
+    )
+
+
+async def _settle(
+    jobs: Sequence[Future[ExtractionOut]], extractors: Sequence[str], *, timeout_s: float
+) -> list[ExtractionOut]:
+    """Every job's output, in order; one not finished `timeout_s` from now is cancelled and answered as a
+    `timeout` entry, so a few slow pages do not cost the batch the results of all the others.
+
+    A job still queued never starts; one running has no way to be stopped from here, and ends at its
+    extractor time limit (the backlog counts it until then). Cancelled from outside (the client went
+    away, the backstop timer), every job is cancelled with it.
+    """
+    waiting = [asyncio.wrap_future(job) for job in jobs]
+    try:
+        done, _ = await asyncio.wait(waiting, timeout=timeout_s)
+        outputs: list[ExtractionOut] = []
+        for job, wrapped, extractor in zip(jobs, waiting, extractors, strict=True):
+            if wrapped in done or (job.done() and not job.cancelled()):  # the latter: ended just now
+                outputs.append(job.result())  # raises a bug in the route, not an extractor's failure: a 500
+                continue
+            where = "running" if job.running() else "queued"
+            late = DeadlineExceededError(
+                f"the request timeout ({timeout_s:g} s) passed while this extraction was {where}"
+            )
+            outputs.append(_failed(extractor, late))
+        return outputs
+    finally:
+        for wrapped in waiting:
+            wrapped.cancel()  # a queued job's thread future with it (`wrap_future` passes the cancel on)
 
 
 def _raw_request(extractors: list[ExtractorName] | None, min_words: int | None) -> ExtractRequest:
@@ -129,11 +167,13 @@ async def extract_text(
     for call in calls:
         future = threads.submit(call)
         future.add_done_callback(runtime.extraction_done)  # counts down when the job really ends
-        jobs.append(asyncio.wrap_future(future))
-    outputs = await answer_or_cancel(
-        request, asyncio.gather(*jobs), timeout_s=runtime.settings.request_timeout_s
-    )
+        jobs.append(future)
     per_doc = len(parsed.extractors)
+    # As for /v1/embed: the settling deadline answers a late request with what finished by then, and
+    # the HTTP layer's timer is only a backstop; a client that goes away cancels the jobs.
+    deadline_s = runtime.settings.request_timeout_s
+    settled = _settle(jobs, parsed.extractors * len(documents), timeout_s=deadline_s)
+    outputs = await answer_or_cancel(request, settled, timeout_s=deadline_s + DEADLINE_GRACE_S)
     answer = ExtractResponse(
         data=[
             ExtractResult(id=doc.id, extractions=outputs[i * per_doc : (i + 1) * per_doc])
