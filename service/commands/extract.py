@@ -74,7 +74,10 @@ _EXTRACTOR_CHOICES = ("union", "all", "resiliparse", "trafilatura", "justext")
 _EXTRACTOR_DISTRIBUTIONS = ("resiliparse", "trafilatura", "justext")
 # Bumped when the rows change; run.json pins it, so parts of an older layout are never merged with new.
 # 2: a page over 16 MiB is a `payload_too_large` row (format 1 extracted it).
-ROW_FORMAT = 2
+# 3: text mostly U+FFFD or control characters fails the filter, a failed attempt says why (`reason`),
+#    jusText reports "en" for its English fallback, and `encoding` is a JSONL row's declared codec;
+#    a part's `errors` counts an `all` row whose every extractor failed.
+ROW_FORMAT = 3
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -133,9 +136,13 @@ def _error_json(exc: ExtractionError) -> dict[str, str]:
     return {"code": str(exc.code), "message": exc.message}
 
 
-def _extraction_json(result: Extraction) -> dict[str, Any]:
+def _extraction_json(result: Extraction, page: Page) -> dict[str, Any]:
     row = asdict(result)
     row["attempts"] = [{k: v for k, v in a.items() if v is not None} for a in row["attempts"]]
+    if page.encoding is not None:
+        # The reader transcoded the page from its row's declared charset: the extractors read UTF-8,
+        # but the page was decoded from this one (as the API, given the raw bytes, reports it).
+        row["encoding"] = page.encoding
     return row
 
 
@@ -151,7 +158,9 @@ def _process(page: Page, args: argparse.Namespace, pool: ExtractorPool) -> dict[
         if args.extractor == "all":
             results = extract_all(page.html, timeout_s=args.timeout_s, min_words=args.min_words, runner=pool)
             row["extractions"] = {
-                name: {"error": _error_json(r)} if isinstance(r, ExtractionError) else _extraction_json(r)
+                name: {"error": _error_json(r)}
+                if isinstance(r, ExtractionError)
+                else _extraction_json(r, page)
                 for name, r in results.items()
             }
         else:
@@ -164,10 +173,19 @@ def _process(page: Page, args: argparse.Namespace, pool: ExtractorPool) -> dict[
                 seed=args.seed,
                 runner=pool,
             )
-            row.update(_extraction_json(result))
+            row.update(_extraction_json(result, page))
     except ExtractionError as exc:
         row["error"] = _error_json(exc)
     return row
+
+
+def _failed(row: dict[str, Any]) -> bool:
+    """Whether a row holds no text: the page could not be read or extracted (`error`), or, with
+    `--extractor all`, every extractor failed on it (it has no top-level `error` then)."""
+    if "error" in row:
+        return True
+    extractions: dict[str, dict[str, Any]] = row.get("extractions") or {}
+    return bool(extractions) and all("error" in entry for entry in extractions.values())
 
 
 def _is_input(output: str, source: str) -> bool:
@@ -242,7 +260,7 @@ class _JsonlParts:
             "first": first,
             "ids": [row["id"] for row in rows],
             "bytes": len(body),
-            "errors": sum("error" in row["row"] for row in rows),
+            "errors": sum(_failed(row["row"]) for row in rows),
             "passed": sum(bool(row["row"].get("passed")) for row in rows),
         }
         with path.open("wb") as handle:
@@ -344,7 +362,7 @@ def _stream(args: argparse.Namespace, pages: Iterable[Page], workers: int) -> st
 
         def emit(_: int, row: dict[str, Any]) -> None:
             counts["pages"] += 1
-            counts["errors"] += "error" in row
+            counts["errors"] += _failed(row)
             counts["passed"] += bool(row.get("passed"))
             out.write(json.dumps(row, ensure_ascii=False) + "\n")
 
@@ -409,6 +427,9 @@ def _merge(parts: Path, target: Path, documents: int) -> tuple[int, int]:
 
 def _summary(args: argparse.Namespace, pages: int, errors: int, passed: int) -> str:
     summary = f"htmllm extract: {pages} pages, {errors} failed"
+    # What "failed" counts: rows with no text, as `_failed` tells them.
+    summary += f" ({'the extractor' if args.extractor in _EXTRACTOR_DISTRIBUTIONS else 'every extractor'}"
+    summary += " failed or the page could not be read)"
     if args.extractor != "all":
         summary += f", {passed} passed the filter (>= {args.min_words} words)"
     return summary

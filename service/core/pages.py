@@ -71,7 +71,7 @@ from pathlib import Path
 from typing import IO, Any, BinaryIO, Literal
 
 from service.core.content_coding import ContentCodingError, decode_content
-from service.core.decoding import with_declared_encoding, without_lone_surrogates
+from service.core.decoding import declared_codec, with_declared_encoding, without_lone_surrogates
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.prune import DEFAULT_MAX_BYTES
 from service.core.warc_tail import GZIP_MAGIC
@@ -170,6 +170,10 @@ class Page:
     meta: dict[str, Any] = field(default_factory=dict)
     error: str | None = None  # why the row could not be read (only with bad_rows="report"); html is b""
     error_code: ErrorCode = ErrorCode.VALIDATION  # what kind of failure `error` is, when it is set
+    # The codec a declared charset (a JSONL row's `encoding`) had the bytes read with, when `html` was
+    # transcoded from it to UTF-8 (`with_declared_encoding`); None when `html` is the bytes as read. A
+    # consumer reporting the page's encoding says this one, not the UTF-8 it now reads.
+    encoding: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "id", valid_text(self.id))
@@ -275,6 +279,7 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
     page_id = valid_json(_row_id(row, index))
     url = row.get("url")
     html_text, file_name = row.get("html"), row.get("file")
+    source_encoding: str | None = None
     if html_text is not None:
         if not isinstance(html_text, str):
             raise PageSourceError(f"{where}: 'html' must be a string, not {_json_type(html_text)}")
@@ -292,10 +297,20 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
         encoding = row.get("encoding")
         if encoding is not None and not isinstance(encoding, str):
             raise PageSourceError(f"{where}: 'encoding' must be a charset name, not {encoding!r}")
-        html = capped(with_declared_encoding(_read_file(path, where), encoding), where)
+        raw = _read_file(path, where)
+        html = with_declared_encoding(raw, encoding)
+        if html is not raw:  # transcoded: the codec it was read with is lost from the bytes
+            source_encoding = declared_codec(encoding)
+        html = capped(html, where)
     else:
         raise PageSourceError(f"{where} has neither 'html' nor 'file'")
-    return Page(id=page_id, html=html, url=valid_json(url) if isinstance(url, str) else None, meta=meta)
+    return Page(
+        id=page_id,
+        html=html,
+        url=valid_json(url) if isinstance(url, str) else None,
+        meta=meta,
+        encoding=source_encoding,
+    )
 
 
 def _not_a_file(path: Path) -> str | None:

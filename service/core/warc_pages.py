@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from service.core import pages
 from service.core.content_coding import ContentCodingError, decode_content
-from service.core.decoding import parse_content_type, with_declared_encoding
+from service.core.decoding import declared_codec, parse_content_type, with_declared_encoding
 from service.core.errors import ErrorCode
 from service.core.pages import (
     READ_FACTOR,
@@ -154,8 +154,10 @@ def _warc_page(
         body = decode_content(body, coding, limit=pages.MAX_PAGE_BYTES)
     except ContentCodingError as exc:
         raise PageSourceError(f"{where}: {exc.message}", code=exc.code) from exc
-    html = capped(with_declared_encoding(body, charset), where)
-    return Page(id=page_id, html=html, url=url, meta=meta)
+    html = with_declared_encoding(body, charset)
+    # Transcoded from the HTTP charset: the row says that codec, not the UTF-8 the bytes are now.
+    encoding = declared_codec(charset) if html is not body else None
+    return Page(id=page_id, html=capped(html, where), url=url, meta=meta, encoding=encoding)
 
 
 def _dechunk(body: bytes) -> bytes:

@@ -203,6 +203,16 @@ def _worker_main(
     # After the trusted start-up (a tokenizer's warm-up briefly needs more than it keeps): the limit is
     # on what the jobs, the untrusted pages, add.
     limit_memory(memory_limit_bytes)
+    try:
+        _serve(conn, fd, header, spare)
+    except (BrokenPipeError, ConnectionResetError):
+        # The parent is gone (`kill -9` of the command): no one is left to answer, and a traceback on
+        # the terminal it shared would only say so. The worker ends as at the end of its input.
+        return
+
+
+def _serve(conn: Connection, fd: int, header: bytearray, spare: bytearray) -> None:
+    """Say ready, then answer jobs until the parent closes its end."""
     conn.send(("ready",))
     while True:
         try:

@@ -256,8 +256,9 @@ def test_ctrl_c_keeps_the_parts_and_a_resume_with_other_options_or_input_is_refu
     assert output.read_text() == OLD
 
     assert main([*args, "--workers", "2", "--part-size", "3"]) == 0  # neither changes a row
-    assert "5 pages, 5 failed, 0 passed the filter (>= 50 words); 5 of them done by the interrupted run" in (
-        capsys.readouterr().err
+    assert (
+        "5 pages, 5 failed (every extractor failed or the page could not be read), 0 passed the filter "
+        "(>= 50 words); 5 of them done by the interrupted run" in capsys.readouterr().err
     )
     assert [row["id"] for row in _rows(output)] == [f"r{i}" for i in range(5)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "other.jsonl", "results.jsonl"]
@@ -426,3 +427,40 @@ def test_a_page_file_that_cannot_be_read_is_an_input_unreadable_row_a_resume_kee
         ("bad", "validation_error"),
     ]
     assert "Input/output error" in written[2]["error"]["message"]
+
+
+_RUSSIAN = "Маленький город на берегу реки был полностью восстановлен после большого наводнения. "
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_page_every_extractor_failed_on_counts_as_failed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], stream: bool
+) -> None:
+    """With `--extractor all` such a row has no top-level `error`: "2 pages, 0 failed" it said."""
+    nested = "<html><body>" + "<div>" * 100_000 + "</body></html>"  # refused by all three, in milliseconds
+    good = "<html><body><article><p>" + _RUSSIAN * 10 + "</p></article></body></html>"
+    source = tmp_path / "in.jsonl"
+    source.write_text(
+        json.dumps({"id": "nested", "html": nested}) + "\n" + json.dumps({"id": "ok", "html": good})
+    )
+    output = "-" if stream else str(tmp_path / "out.jsonl")
+    assert main(_args(source, output, "--extractor", "all")) == 0
+    captured = capsys.readouterr()
+    rows = [json.loads(line) for line in captured.out.splitlines()] if stream else _rows(Path(output))
+    assert all("error" in entry for entry in rows[0]["extractions"].values()) and "error" not in rows[0]
+    assert "2 pages, 1 failed (every extractor failed or the page could not be read)" in captured.err
+
+
+def test_a_row_reports_the_charset_its_page_was_decoded_from(tmp_path: Path) -> None:
+    """A row's `encoding` that contradicts the page's `<meta>`: the reader transcodes the page to UTF-8,
+    and the row said "utf-8" where the API, given the same bytes and charset, says cp1251."""
+    html = f'<html><head><meta charset="utf-8"></head><body><p>{_RUSSIAN * 10}</p></body></html>'
+    (tmp_path / "pages").mkdir()
+    (tmp_path / "pages" / "ru.html").write_bytes(html.encode("cp1251"))
+    rows = [{"id": "ru", "file": "pages/ru.html", "encoding": "windows-1251"}, {"id": "as-is", "html": html}]
+    (tmp_path / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    output = tmp_path / "out.jsonl"
+    assert main(_args(tmp_path, output)) == 0
+    first, second = _rows(output)
+    assert first["encoding"] == "cp1251" and "Маленький город" in first["text"] and first["passed"]
+    assert second["encoding"] == "utf-8"

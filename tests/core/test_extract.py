@@ -351,6 +351,59 @@ def test_language_hint_overrides_detection() -> None:
     assert out["justext"].words < outputs(german_cp1252_page())["justext"].words
 
 
+def test_justext_on_an_undetected_chinese_page_runs_language_independent() -> None:
+    """One sentence repeated: the detector says "unknown", and the English stoplist (reported as None)
+    kept 0 words of 250 the other extractors found."""
+    sentence = "北京是中华人民共和国的首都，也是全国的政治和文化中心。"
+    data = f'<html><head><meta charset="gb18030"></head><body><article><p>{sentence * 10}</p></article>'
+    assert detect_language(sentence * 10) is None
+    out = outputs(data.encode("gb18030"))
+    assert out["justext"].words == out["resiliparse"].words == 250 and out["justext"].passed
+    assert out["justext"].language is None  # no language known, no stoplist used
+
+
+def test_justext_reports_english_when_it_falls_back_on_the_english_stoplist() -> None:
+    data = page("<p>" + "qx zv " * 60 + "</p>")
+    assert detect_language("qx zv " * 60) is None
+    assert outputs(data)["justext"].language == "en"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Text that is no text: binary input, a page read with the wrong codec
+
+
+def test_random_bytes_fail_the_filter_with_a_reason() -> None:
+    """200 KB of random bytes, read as cp1252, gave 6,566 "words" of control-character soup that passed."""
+    import random
+
+    data = random.Random(0).randbytes(200_000)
+    results = extract_all(data, runner=INLINE)
+    # trafilatura finds no text, jusText refuses control characters outright: resiliparse's soup is it.
+    assert not any(isinstance(r, Extraction) and r.passed for r in results.values())
+    soup = results["resiliparse"]
+    assert isinstance(soup, Extraction) and soup.words > 1000
+    reason = soup.attempts[0].reason
+    assert reason is not None and "U+FFFD or control characters (over 5%)" in reason
+    union = extract(data, runner=INLINE)
+    assert not union.passed and union.extractor == "resiliparse"
+
+
+def test_a_page_whose_meta_charset_is_wrong_fails_the_filter() -> None:
+    """A windows-1251 page that says UTF-8: U+FFFD soup with 300 words passed."""
+    text = " ".join(RUSSIAN * 8)
+    data = f'<html><head><meta charset="utf-8"></head><body><p>{text}</p></body></html>'.encode("cp1251")
+    union = extract(data, runner=INLINE)
+    assert union.encoding == "utf-8" and "\ufffd" in union.text and union.words >= 50
+    assert not union.passed
+    assert all(a.reason is not None and not a.passed for a in union.attempts)
+
+
+def test_a_few_replacement_characters_do_not_fail_the_filter() -> None:
+    html = page("<article>" + article(4) + "</article>").replace("Fishermen", "Fisher\ufffdmen")
+    result = extract(html, runner=INLINE)
+    assert result.passed and "\ufffd" in result.text and result.attempts[0].reason is None
+
+
 # ---------------------------------------------------------------------------------------------------
 # The union
 

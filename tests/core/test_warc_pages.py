@@ -129,6 +129,8 @@ def test_http_charset_wins_over_a_contrary_meta(tmp_path: Path) -> None:
     contrary, same = iter_pages(path)
     assert contrary.html.startswith(codecs.BOM_UTF8) and CZECH in decode_html(contrary.html).text
     assert same.html == agreeing  # nothing to change: the raw bytes as crawled
+    # The codec the transcoded page was read with stays known (an extraction reported utf-8 for it).
+    assert contrary.encoding == "cp1250" and same.encoding is None
 
 
 def test_bad_warc_records_are_error_rows(tmp_path: Path) -> None:

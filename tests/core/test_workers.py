@@ -222,3 +222,40 @@ def test_a_result_that_cannot_be_read_is_a_job_error(pool: WorkerPool) -> None:
     with pytest.raises(JobError, match="its result could not be read: cannot be loaded here"):
         pool.call(unreadable, (), timeout_s=60)
     assert pool.call(add, (2, 2), timeout_s=60) == 4
+
+
+def _orphan(conn: object, parent_fd: int) -> None:
+    """A forked worker without the copy of its parent's end that fork gave it (a pool's has none)."""
+    from service.core.workers import _worker_main
+
+    if parent_fd >= 0:
+        os.close(parent_fd)
+    _worker_main(conn, (), None, None, ())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("gone", ["before it is ready", "during a job"])
+def test_a_worker_whose_parent_is_gone_exits_quietly(gone: str, capfd: pytest.CaptureFixture[str]) -> None:
+    """After `kill -9` of the command, its orphaned worker's answer meets a closed pipe: it printed a
+    BrokenPipeError traceback on the terminal; it ends quietly, as at the end of its input."""
+    import multiprocessing
+    import pickle
+
+    from service.core.workers import _send_job
+
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe(duplex=True)
+    if gone == "before it is ready":
+        parent.close()
+        process = ctx.Process(target=_orphan, args=(child, -1), daemon=True)
+        process.start()
+    else:
+        process = ctx.Process(target=_orphan, args=(child, parent.fileno()), daemon=True)
+        process.start()
+        assert parent.recv() == ("ready",)
+        _send_job(parent, pickle.dumps((sleep, (0.5,))))
+        parent.close()  # the parent dies while its job runs
+    child.close()
+    process.join(60)
+    assert process.exitcode == 0
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "BrokenPipeError" not in err

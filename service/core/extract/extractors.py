@@ -12,7 +12,8 @@ Settings, chosen to match how the paper "Beyond a Single Extractor" and DCLM ran
 - jusText with the stoplist of the page's language, detected offline by resiliparse's `detect_fast`
   on the page's visible text; English when the language is unknown, and jusText's own
   language-independent mode (no stoplist, length and link density only) for a language it has no
-  stoplist for (Chinese, Japanese, Thai, ...), where the English stoplist kept nothing at all. Its
+  stoplist for (Chinese, Japanese, Thai, ...), where the English stoplist kept nothing at all, and for
+  an unknown language when most of the page's words are Chinese or Japanese characters. Its
   context-sensitive stage (also trafilatura's fallback) runs in linear time (`justext_revise`).
 """
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from service.core.extract.justext_revise import revise_paragraph_classification
+from service.core.extract.word_count import UNSPACED_RANGES, count_words
 
 RESILIPARSE: Final = "resiliparse"
 TRAFILATURA: Final = "trafilatura"
@@ -147,6 +149,14 @@ def stoplist_name(language: str | None) -> str | None:
     return JUSTEXT_STOPLISTS.get(language.lower())
 
 
+def mostly_unspaced(text: str) -> bool:
+    """Whether most words of `text`'s first characters (as `count_words` counts them) are Chinese or
+    Japanese characters: for such a page the detector's "unknown" does not mean English."""
+    sample = text[:_LANGUAGE_SAMPLE_CHARS]
+    unspaced = sum(1 for c in sample if any(low <= ord(c) <= high for low, high in UNSPACED_RANGES))
+    return unspaced * 2 > count_words(sample)
+
+
 def run_resiliparse(html: str, language: str | None = None) -> RawOutput:
     """resiliparse main-content extraction with DCLM's options."""
     from resiliparse.extract.html2text import extract_plain_text
@@ -171,15 +181,24 @@ def run_trafilatura(html: str, language: str | None = None) -> RawOutput:
 
 
 def run_justext(html: str, language: str | None = None) -> RawOutput:
-    """jusText with the stoplist of `language`, detected from the visible text when not given."""
+    """jusText with the stoplist of `language`, detected from the visible text when not given.
+
+    The language reported is the one whose stoplist was used ("en" for the English fallback), the
+    given or detected one where jusText has no stoplist for it, and None only where no language is
+    known and no stoplist was used: an empty page, or one of mostly Chinese or Japanese characters
+    that the detector could not place (where the English stoplist kept nothing: 0 words).
+    """
     import justext
     from lxml.etree import ParserError
 
     if not html.strip():
         return RawOutput("", language)
     if language is None:
-        language = detect_language(visible_text(html))
-    name = stoplist_name(language)
+        visible = visible_text(html)
+        language = detect_language(visible)
+        if language is None and not mostly_unspaced(visible):
+            language = "en"  # FALLBACK_STOPLIST's language: the stoplist used is reported
+    name = None if language is None else stoplist_name(language)
     try:
         if name is None:
             # jusText's documented language-independent mode: an empty stoplist with both stopword
