@@ -2,7 +2,8 @@
 
 Request counts and durations per route come from `RequestMetricsMiddleware`; queue size, batch sizes,
 batch tokens, per-stage durations and documents and tokens processed from the Engine's observer hooks
-(`EngineMetricsObserver`); failures by code from the error handler.
+(`EngineMetricsObserver`); failures by code from the error handler; failed extractions from the
+/v1/extract router.
 """
 
 from __future__ import annotations
@@ -100,6 +101,14 @@ class ServiceMetrics:
         self.tokens = Counter("htmllm_tokens_processed", "Tokens of the documents answered", registry=r)
         self.documents_failed = Counter(
             "htmllm_documents_failed", "Documents answered with an error, by code", ["code"], registry=r
+        )
+        # Per entry of /v1/extract, which is a 200 whatever its entries say: without this, extractions
+        # failing or timing out show in no series. Both labels are closed sets (ErrorCode, extractor names).
+        self.extractions_failed = Counter(
+            "htmllm_extractions_failed",
+            "/v1/extract extractions answered with an error, by code and extractor asked for",
+            ["code", "extractor"],
+            registry=r,
         )
         self.cache_hits = Counter(
             "htmllm_result_cache_hits",

@@ -214,6 +214,11 @@ class ExtractionOut(BaseModel):
     passed: bool
     language: str | None
     encoding: str | None
+    reason: str | None = Field(
+        default=None,
+        description="why the output failed the quality filter (too few words, too many U+FFFD or control "
+        "characters); null when it passed or none ran",
+    )
     error: ErrorDetail | None = None
 
 

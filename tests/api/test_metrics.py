@@ -1,13 +1,18 @@
-"""The engine's batch reports as Prometheus series."""
+"""The engine's batch reports and the routes' failures as Prometheus series."""
 
 from __future__ import annotations
 
 import gc
 
+import pytest
 from prometheus_client import generate_latest
 
 from service.api.metrics import EngineMetricsObserver, GcPauseObserver, ServiceMetrics
+from service.api.routers import extract as extract_router
+from service.core.extract import ExtractionError
+from service.engine import DeadlineExceededError
 from service.engine.types import BatchStats
+from tests.api.conftest import SettingsFactory, app_client
 
 
 def _series(metrics: ServiceMetrics) -> str:
@@ -53,3 +58,33 @@ def test_queue_size_help_says_what_it_counts() -> None:
     text = _series(ServiceMetrics())
     (help_line,) = [line for line in text.splitlines() if line.startswith("# HELP htmllm_queue_size ")]
     assert "accepted and not yet answered" in help_line and "batcher queue" not in help_line
+
+
+async def test_failed_extractions_are_counted_by_code_and_extractor(
+    settings_for: SettingsFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/v1/extract answers 200 whatever its entries say, and no series counted the failed ones (embed
+    has `htmllm_documents_failed_total`): an extractor failing on every page went unseen."""
+
+    def extract(html: object, extractor: str, **_: object) -> object:
+        raise ExtractionError(f"{extractor} raised on the page")
+
+    monkeypatch.setattr(extract_router, "extract", extract)
+    async with app_client(settings_for()) as client:
+        documents = [{"html": "<p>a</p>"}, {"html": "<p>b</p>"}]
+        body = {"documents": documents, "extractors": ["union", "justext"]}
+        response = await client.post("/v1/extract", json=body)
+        assert response.status_code == 200, response.text
+        text = (await client.get("/metrics")).text
+    for extractor in ("union", "justext"):
+        series = f'htmllm_extractions_failed_total{{code="extraction_failed",extractor="{extractor}"}} 2.0'
+        assert series in text
+    assert 'extractor="resiliparse"' not in text  # only what was asked for and failed
+
+
+def test_a_late_extraction_counts_as_a_timeout() -> None:
+    """The request deadline's entries are built by the same `_failed`, with their own code."""
+    metrics = ServiceMetrics()
+    extract_router._failed("trafilatura", DeadlineExceededError("late"), metrics=metrics)
+    series = 'htmllm_extractions_failed_total{code="timeout",extractor="trafilatura"} 1.0'
+    assert series in _series(metrics)

@@ -738,6 +738,31 @@ async def test_extract_raw_body_query_options_are_the_json_options(settings_for:
             assert "repeats" in response.json()["error"]["message"]
 
 
+async def test_extract_says_why_an_output_failed_the_filter(settings_for: SettingsFactory) -> None:
+    """The core records why an output failed the filter (`Attempt.reason`); the API dropped it, so a
+    client saw `passed: false` and could not tell a short page from binary or mis-decoded text."""
+    short = "<html><body><p>five words and no more</p></body></html>"
+    unreadable = "<html><body><p>" + "caf\ufffd " * 40 + "</p></body></html>"
+    async with app_client(settings_for()) as client:
+
+        async def entry(html: str, extractor: str, min_words: int) -> dict[str, object]:
+            body = {"documents": [{"html": html}], "extractors": [extractor], "min_words": min_words}
+            response = await client.post("/v1/extract", json=body)
+            assert response.status_code == 200, response.text
+            (out,) = response.json()["data"][0]["extractions"]
+            assert isinstance(out, dict)
+            return out
+
+        few = await entry(short, "resiliparse", 50)
+        assert few["passed"] is False and few["reason"] == "5 words, fewer than the 50 needed"
+        union = await entry(short, "union", 50)  # no output passed: the longest one's reason
+        assert union["passed"] is False and "fewer than the 50 needed" in str(union["reason"])
+        soup = await entry(unreadable, "resiliparse", 0)
+        assert soup["passed"] is False and "U+FFFD or control characters" in str(soup["reason"])
+        fine = await entry(short, "resiliparse", 0)
+        assert fine["passed"] is True and fine["reason"] is None
+
+
 async def test_extractor_time_limit_is_a_setting(settings_for: SettingsFactory) -> None:
     async with app_client(settings_for(extract_timeout_s=0.3)) as client:
         assert (await client.get("/info")).json()["limits"]["extract_timeout_s"] == 0.3
@@ -791,7 +816,7 @@ async def test_extract_answers_what_finished_by_the_request_timeout(
         fine, slow, queued = (item["extractions"][0] for item in response.json()["data"])
         assert fine == {
             "extractor": "resiliparse", "chosen": "resiliparse", "text": "fine", "words": 1, "passed": True,
-            "language": None, "encoding": None, "error": None,
+            "language": None, "encoding": None, "reason": None, "error": None,
         }  # fmt: skip
         for entry, where in ((slow, "running"), (queued, "queued")):
             assert (entry["extractor"], entry["text"], entry["passed"]) == ("resiliparse", None, False)

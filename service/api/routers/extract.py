@@ -22,6 +22,7 @@ from service.api.auth import require_api_key
 from service.api.documents import read_body, to_documents, validation_error
 from service.api.inference import DEADLINE_GRACE_S
 from service.api.limits import check_document_count
+from service.api.metrics import ServiceMetrics
 from service.api.openapi import MODEL_ROUTE_ERRORS, raw_body_openapi
 from service.api.rendering import json_response
 from service.api.runtime import RuntimeDep, answer_or_cancel
@@ -41,7 +42,13 @@ router = APIRouter(tags=["extract"], dependencies=[Depends(require_api_key)], re
 
 
 def _extract_one(
-    doc: Document, extractor: str, *, min_words: int, timeout_s: float, pool: ExtractorPool
+    doc: Document,
+    extractor: str,
+    *,
+    min_words: int,
+    timeout_s: float,
+    pool: ExtractorPool,
+    metrics: ServiceMetrics,
 ) -> ExtractionOut:
     try:
         result = extract(
@@ -53,7 +60,9 @@ def _extract_one(
             runner=pool,
         )
     except ExtractionError as exc:
-        return _failed(extractor, exc)
+        return _failed(extractor, exc, metrics=metrics)
+    # The chosen output's attempt says why it failed the filter; a union tries each extractor once.
+    reason = next((a.reason for a in result.attempts if a.extractor == result.extractor), None)
     return ExtractionOut(
         extractor=extractor,
         chosen=result.extractor,
@@ -62,10 +71,14 @@ def _extract_one(
         passed=result.passed,
         language=result.language,
         encoding=result.encoding,
+        reason=reason,
     )
 
 
-def _failed(extractor: str, error: HtmllmError) -> ExtractionOut:
+def _failed(extractor: str, error: HtmllmError, *, metrics: ServiceMetrics) -> ExtractionOut:
+    """A failed entry, counted: the response is a 200 whatever its entries say, so only the metric shows
+    failures to an operator."""
+    metrics.extractions_failed.labels(code=error.code.value, extractor=extractor).inc()
     return ExtractionOut(
         extractor=extractor,
         chosen=None,
@@ -79,7 +92,11 @@ def _failed(extractor: str, error: HtmllmError) -> ExtractionOut:
 
 
 async def _settle(
-    jobs: Sequence[Future[ExtractionOut]], extractors: Sequence[str], *, timeout_s: float
+    jobs: Sequence[Future[ExtractionOut]],
+    extractors: Sequence[str],
+    *,
+    timeout_s: float,
+    metrics: ServiceMetrics,
 ) -> list[ExtractionOut]:
     """Every job's output, in order; one not finished `timeout_s` from now is cancelled and answered as a
     `timeout` entry, so a few slow pages do not cost the batch the results of all the others.
@@ -100,7 +117,7 @@ async def _settle(
             late = DeadlineExceededError(
                 f"the request timeout ({timeout_s:g} s) passed while this extraction was {where}"
             )
-            outputs.append(_failed(extractor, late))
+            outputs.append(_failed(extractor, late, metrics=metrics))
         return outputs
     finally:
         for wrapped in waiting:
@@ -158,7 +175,15 @@ async def extract_text(
     pool, threads = await runtime.extraction()
     timeout_s = runtime.settings.extract_limit_s
     calls = [
-        functools.partial(_extract_one, doc, name, min_words=parsed.min_words, timeout_s=timeout_s, pool=pool)
+        functools.partial(
+            _extract_one,
+            doc,
+            name,
+            min_words=parsed.min_words,
+            timeout_s=timeout_s,
+            pool=pool,
+            metrics=runtime.metrics,
+        )
         for doc in documents
         for name in parsed.extractors
     ]
@@ -172,7 +197,7 @@ async def extract_text(
     # As for /v1/embed: the settling deadline answers a late request with what finished by then, and
     # the HTTP layer's timer is only a backstop; a client that goes away cancels the jobs.
     deadline_s = runtime.settings.request_timeout_s
-    settled = _settle(jobs, parsed.extractors * len(documents), timeout_s=deadline_s)
+    settled = _settle(jobs, parsed.extractors * len(documents), timeout_s=deadline_s, metrics=runtime.metrics)
     outputs = await answer_or_cancel(request, settled, timeout_s=deadline_s + DEADLINE_GRACE_S)
     answer = ExtractResponse(
         data=[
