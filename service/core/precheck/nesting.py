@@ -617,8 +617,10 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
                 # In a <select> in a table, a table's tag closes the select and acts on the table:
                 # what the estimate holds open there is no longer sure.
                 stack.doubt()
-                if not end_tag and name not in VOID_B:
-                    stack.push(name, name not in _NOT_NESTING, sure=False)
+                if not end_tag:
+                    implied = _implied_structure(stack, name)
+                    if name not in VOID_B:
+                        stack.push(name, implied or name not in _NOT_NESTING, sure=False)
             elif not end_tag and (
                 name not in VOID_B
                 or (
@@ -640,6 +642,8 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
                     # (Noah's Ark): three island `<b>`s there drop the `<b>` open around the zone,
                     # and its end tag is ignored.
                     stack.note_formatting(name)
+                if where == TAINTED:
+                    _implied_structure(stack, name)  # (the row or cell counts there anyway)
                 stack.push(name, counted, sure=False)
                 if name in MARKERS:
                     stack.marker(False)
@@ -709,6 +713,28 @@ def _island_a(stack: _OpenElements, point: int) -> None:
         stack.unsure_from(found)  # taken off the stack or not: nothing above it closes surely
     else:
         stack.remove(found, pops_above=False)
+
+
+def _implied_structure(stack: _OpenElements, name: bytes) -> bool:
+    """A row, cell or column read where the scan cannot follow the table (an unsure one, in a `<select>`,
+    after a taint): the parser may open the section and row (or column group) it belongs in first, each
+    a level (`<td><select><em><table>` x N nests six a unit, the estimate counted four). Pushed unsure
+    and counted, by the table's structure last open as the model has it (which it does not pop there).
+    True: it opens the table's or section's first row or cell (a level itself, then)."""
+    family = stack.last_family()
+    if family < 0 or name not in (b"td", b"th", b"tr", b"col"):
+        return False
+    kind = stack.name_at(family)
+    if kind in (b"table", b"caption") or (kind == b"colgroup" and name != b"col"):
+        if name == b"col":
+            stack.push(b"colgroup", True, sure=False)
+            return True
+        stack.push(b"tbody", True, sure=False)
+    elif kind not in _ROW_GROUPS:
+        return False
+    if name in _CELLS:
+        stack.push(b"tr", True, sure=False)
+    return True
 
 
 def _close_p(stack: _OpenElements, *, sure: bool) -> None:
@@ -807,8 +833,11 @@ def _table_part(stack: _OpenElements, name: bytes) -> None:
             return  # no table: the parser ignores it
         if not stack.is_sure(family) or stack.name_at(family) == b"template":
             stack.doubt()
+            implied = _implied_structure(stack, name)
             if name != b"col":
-                stack.push(name, False, sure=False)
+                # (Counted where it opens a table's first row or cell: a cell after a cell may close
+                # it, and unsure, the model pops none, so each counted, a data table's cells nested.)
+                stack.push(name, implied, sure=False)
                 if name in MARKERS:
                     stack.marker(False)
             return
