@@ -70,9 +70,13 @@ async def test_the_drain_deadline_ends_running_extractions_typed(tiny_checkpoint
     try:
         runtime.admit_extraction(1)
         doc = Document(html=pathological_page(), id="p")
-        future = threads.submit(_extract_one, doc, "justext", min_words=50, timeout_s=60, pool=pool)
+        future = threads.submit(
+            _extract_one, doc, "justext", min_words=50, timeout_s=60, pool=pool, metrics=runtime.metrics
+        )
         future.add_done_callback(runtime.extraction_done)
         while not pool._busy:
+            if future.done():  # it never reached a worker: say why, instead of waiting for ever
+                pytest.fail(f"the extraction ended before it started: {future.exception()!r}")
             await asyncio.sleep(0.01)
         runtime.drain_deadline = time.monotonic()
         started = time.monotonic()
