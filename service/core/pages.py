@@ -239,6 +239,14 @@ def capped(html: bytes, where: str) -> bytes:
     return html
 
 
+def declared_page(raw: bytes, label: str | None, where: str) -> tuple[bytes, str | None]:
+    """`raw` as `label` declares it read (`with_declared_encoding`), within the cap, and the codec it was
+    transcoded from: None where the bytes stayed as read. The transcoded bytes are UTF-8, so a row
+    reporting the page's encoding says this codec (a JSONL row's `encoding`, a WARC record's HTTP charset)."""
+    html = with_declared_encoding(raw, label)
+    return capped(html, where), (declared_codec(label) if html is not raw else None)
+
+
 def error_page(page_id: str, exc: PageSourceError, **fields: Any) -> Page:
     """The row of a page that could not be read: no bytes, the error's message and code."""
     return Page(id=page_id, html=b"", error=str(exc), error_code=exc.code, **fields)
@@ -297,11 +305,7 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
         encoding = row.get("encoding")
         if encoding is not None and not isinstance(encoding, str):
             raise PageSourceError(f"{where}: 'encoding' must be a charset name, not {encoding!r}")
-        raw = _read_file(path, where)
-        html = with_declared_encoding(raw, encoding)
-        if html is not raw:  # transcoded: the codec it was read with is lost from the bytes
-            source_encoding = declared_codec(encoding)
-        html = capped(html, where)
+        html, source_encoding = declared_page(_read_file(path, where), encoding, where)
     else:
         raise PageSourceError(f"{where} has neither 'html' nor 'file'")
     return Page(
@@ -318,12 +322,21 @@ def _not_a_file(path: Path) -> str | None:
     why: `Path.is_file` raised EACCES on a parent directory out of the whole run, and "a missing file"
     would send the reader looking for a file that is there."""
     try:
-        mode = path.stat().st_mode
-    except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: a NUL in the name
-        return f"a missing file {path}"
+        mode = _stat_mode(path)
     except OSError as exc:  # EACCES on a parent directory, ELOOP, EIO
         return f"{path}, which cannot be looked at: {exc.strerror or exc}"
+    if mode is None:
+        return f"a missing file {path}"
     return None if stat.S_ISREG(mode) else f"{path}, which is not a file"
+
+
+def _stat_mode(path: Path) -> int | None:
+    """`path`'s mode, following symlinks; None where nothing is there (a dangling symlink included);
+    OSError where the file system will not say (EACCES on a directory above it, ELOOP, EIO)."""
+    try:
+        return path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: a NUL in the name
+        return None
 
 
 def _open_jsonl(path: Path) -> IO[bytes]:
@@ -475,9 +488,7 @@ def _mode(path: Path, source: Path) -> int | None:
     000, or the source directory itself) was a traceback out of `Path.is_dir` in `htmllm extract` and a
     bare "[Errno 13]" line without a code in `htmllm embed`; ELOOP read as "does not exist"."""
     try:
-        return path.stat().st_mode
-    except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: a NUL in the name
-        return None
+        return _stat_mode(path)
     except OSError as exc:  # EACCES, ELOOP, EIO
         why = exc.strerror or str(exc)
         if exc.errno == errno.EACCES:  # stat's EACCES: search permission on a directory on the path

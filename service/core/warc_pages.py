@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from service.core import pages
 from service.core.content_coding import ContentCodingError, decode_content
-from service.core.decoding import declared_codec, parse_content_type, with_declared_encoding
+from service.core.decoding import parse_content_type
 from service.core.errors import ErrorCode
 from service.core.pages import (
     READ_FACTOR,
     Page,
     PageSourceError,
     PageTooLargeError,
-    capped,
+    declared_page,
     error_page,
     read_error,
     valid_text,
@@ -154,10 +154,8 @@ def _warc_page(
         body = decode_content(body, coding, limit=pages.MAX_PAGE_BYTES)
     except ContentCodingError as exc:
         raise PageSourceError(f"{where}: {exc.message}", code=exc.code) from exc
-    html = with_declared_encoding(body, charset)
-    # Transcoded from the HTTP charset: the row says that codec, not the UTF-8 the bytes are now.
-    encoding = declared_codec(charset) if html is not body else None
-    return Page(id=page_id, html=capped(html, where), url=url, meta=meta, encoding=encoding)
+    html, encoding = declared_page(body, charset, where)
+    return Page(id=page_id, html=html, url=url, meta=meta, encoding=encoding)
 
 
 def _dechunk(body: bytes) -> bytes:
