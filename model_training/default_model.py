@@ -21,7 +21,7 @@ from model_training.data import read_manifest
 from model_training.pretrain import CURVE_FILE, SUMMARY_FILE
 from model_training.teacher import read_teacher_meta
 from service.core.checkpoint import load_checkpoint
-from service.core.heads_stage import PENDING_DIR, finish_pending_heads
+from service.core.heads_stage import PENDING_DIR, committed_stage, finish_pending_heads
 
 MAX_BUNDLE_BYTES = 40 * 1024 * 1024
 CARD_FILE = "MODEL_CARD.md"
@@ -176,7 +176,7 @@ def bundle(run: Path, out: Path, *, curve: Path | None, eval_dir: Path | None) -
     # A `save_heads` killed after its commit point is completed in the run first: copied as it was, its
     # stage (heads/.pending) shipped in the assets and stayed in the run.
     finish_pending_heads(source)
-    if (source / "heads" / PENDING_DIR / "htmllm.json").is_file():
+    if committed_stage(source) is not None:
         raise SystemExit(
             f"{source} holds an unfinished `save_heads` ({source}/heads/{PENDING_DIR}) it cannot complete"
         )

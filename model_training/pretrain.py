@@ -434,11 +434,12 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
     # The run's identity, written into every checkpoint and the export: model/ counts as this run's
     # final model only if it was exported from a checkpoint of the same run (`_exported`). A resume
     # keeps the checkpoint's; a checkpoint from before run ids gets a new one.
-    found_training = read_meta(found).training if found is not None else {}
-    found_run_id = found_training.get("run_id") if isinstance(found_training, dict) else None
+    found_training = (
+        check_resumable(found, config, tokenizer, teacher_dim, world, provenance) if found is not None else {}
+    )
+    found_run_id = found_training.get("run_id")
     run_id = str(found_run_id or uuid.uuid4().hex)
     if found is not None:
-        check_resumable(found, config, tokenizer, teacher_dim, world, provenance)
         step = restore(
             found,
             pretraining,

@@ -170,8 +170,12 @@ def data_identity(provenance: dict[str, Any]) -> dict[str, str]:
     a crawl) tells a resume that the data behind the same paths changed.
     """
     manifest = {k: v for k, v in provenance["shards"].items() if k != "source"}
-    teacher = {k: v for k, v in provenance["teacher"].items() if k not in _TEACHER_VOLATILE}
-    return {"shards": _digest(manifest), "teacher": _digest(teacher)}
+    return {"shards": _digest(manifest), "teacher": _digest(_teacher_fields(provenance["teacher"]))}
+
+
+def _teacher_fields(teacher: dict[str, Any]) -> dict[str, Any]:
+    """teacher.json's fields that say which vectors they are (not where or how fast they were made)."""
+    return {k: v for k, v in teacher.items() if k not in _TEACHER_VOLATILE}
 
 
 def _data_changes(training: dict[str, Any], provenance: dict[str, Any], config: TrainConfig) -> list[str]:
@@ -184,8 +188,8 @@ def _data_changes(training: dict[str, Any], provenance: dict[str, Any], config: 
     now = data_identity(provenance)
     stats_then = training.get("data") or {}
     stats_now = provenance["shards"].get("stats") or {}
-    teacher_then = {k: v for k, v in (training.get("teacher") or {}).items() if k not in _TEACHER_VOLATILE}
-    teacher_now = {k: v for k, v in provenance["teacher"].items() if k not in _TEACHER_VOLATILE}
+    teacher_then = _teacher_fields(training.get("teacher") or {})
+    teacher_now = _teacher_fields(provenance["teacher"])
     if isinstance(recorded, dict):
         shards_changed = recorded.get("shards") != now["shards"]
         teacher_changed = recorded.get("teacher") != now["teacher"]
@@ -219,8 +223,9 @@ def check_resumable(
     teacher_dim: int,
     world: int,
     provenance: dict[str, Any] | None = None,
-) -> None:
-    """Refuse to resume from a checkpoint of another model; warn when the data or its order will differ."""
+) -> dict[str, Any]:
+    """Refuse to resume from a checkpoint of another model; warn when the data or its order will differ.
+    Returns the checkpoint's `training` record (its run id among it), read once here."""
     meta = read_meta(path)
     training = meta.training if isinstance(meta.training, dict) else {}
     saved = training.get("config", {})
@@ -277,6 +282,7 @@ def check_resumable(
             path,
             "; ".join(losses),
         )
+    return training
 
 
 def restore(

@@ -374,8 +374,8 @@ def _fingerprint(root: Path, view: heads_stage.View) -> str:
         (META_FILE, view.meta_file),
         (WEIGHTS_FILE, root / WEIGHTS_FILE),
     ]
-    for head_file in sorted(f"{name}.safetensors" for name in view.head_files):  # as the names sort
-        named.append((f"{HEADS_DIR}/{head_file}", view.head_files[head_file.removesuffix(".safetensors")]))
+    for file in sorted(view.head_files.values(), key=lambda file: file.name):  # as the file names sort
+        named.append((f"{HEADS_DIR}/{file.name}", file))
     digest = hashlib.sha256()
     for name, file in named:
         digest.update(name.encode() + b"\0")
@@ -451,18 +451,15 @@ def _load_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], origin
     module.load_state_dict(state, strict=True)
 
 
-def load_heads(path: str | Path, specs: list[HeadSpec], embedding_dim: int) -> dict[str, TaskHead]:
-    """The heads named in `specs`, each strictly loaded from heads/<name>.safetensors.
+def _load_heads(
+    root: Path, head_files: Mapping[str, Path], specs: list[HeadSpec], embedding_dim: int
+) -> dict[str, TaskHead]:
+    """The heads named in `specs`, each strictly loaded from its file (`head_files`: the reader's view,
+    heads/<name>.safetensors by default).
 
     Every head file's header is checked against its spec before any head is allocated (a hidden of
     2**36 in htmllm.json is a mismatch to report, not an allocation to attempt).
     """
-    return _load_heads(Path(path), heads_stage.view(path).head_files, specs, embedding_dim)
-
-
-def _load_heads(
-    root: Path, head_files: Mapping[str, Path], specs: list[HeadSpec], embedding_dim: int
-) -> dict[str, TaskHead]:
     files = {s.name: head_files.get(s.name, root / HEADS_DIR / f"{s.name}.safetensors") for s in specs}
     for spec in specs:
         shapes = _build_meta(partial(TaskHead, spec, embedding_dim), f"{META_FILE} head {spec.name!r}")
