@@ -61,20 +61,26 @@ def settings_for(tiny_checkpoint: Path) -> SettingsFactory:
 
 
 @asynccontextmanager
-async def app_client(settings: Settings, *, wait_ready: bool = True) -> AsyncIterator[httpx.AsyncClient]:
-    """The app in-process (lifespan run, model warmed), behind an httpx client."""
-    app = create_app(settings)
+async def serving(app: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """`app` in-process with its lifespan run, behind an httpx client; readiness is the caller's business."""
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
-            if wait_ready:
-                for _ in range(600):
-                    if (await client.get("/ready")).status_code == 200:
-                        break
-                    await asyncio.sleep(0.01)
-                else:
-                    raise TimeoutError("the app did not become ready")
             yield client
+
+
+@asynccontextmanager
+async def app_client(settings: Settings, *, wait_ready: bool = True) -> AsyncIterator[httpx.AsyncClient]:
+    """The app in-process (lifespan run, model warmed), behind an httpx client."""
+    async with serving(create_app(settings)) as client:
+        if wait_ready:
+            for _ in range(600):
+                if (await client.get("/ready")).status_code == 200:
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                raise TimeoutError("the app did not become ready")
+        yield client
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

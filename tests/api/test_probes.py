@@ -26,16 +26,8 @@ from service.api.runtime import Runtime
 from service.api.settings import Settings
 from service.engine import ShuttingDownError
 from service.engine.runners import PreparedBatch
-from tests.api.conftest import SettingsFactory
+from tests.api.conftest import SettingsFactory, serving
 from tests.api.pages import page
-
-
-@asynccontextmanager
-async def _serving(app: Any) -> AsyncIterator[httpx.AsyncClient]:
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
-            yield client
 
 
 async def _until(client: httpx.AsyncClient, path: str, status: int) -> httpx.Response:
@@ -84,7 +76,7 @@ async def test_a_hung_pass_turns_ready_503_past_the_request_timeout_and_back_whe
     document of that pass has timed out, so /ready leaves the load balancer then; below it (a slow
     full-size batch) it stays in; once passes complete again it is back."""
     app = create_app(settings_for(request_timeout_s=30))
-    async with _serving(app) as client:
+    async with serving(app) as client:
         await _until(client, "/ready", 200)
         runtime: Runtime = app.state.runtime
         async with _wedged_pass(client, runtime, monkeypatch) as started:
@@ -118,7 +110,7 @@ async def test_a_failed_warm_up_is_retried_until_it_succeeds(
     monkeypatch.setattr(engine._runner, "run", flaky)
     caplog.set_level(logging.ERROR, logger="service.api.app")
     app = create_app(settings, engine)
-    async with _serving(app) as client:
+    async with serving(app) as client:
         ready = await _until(client, "/ready", 200)
         assert ready.json()["model"]
         assert (await client.get("/health")).status_code == 200
@@ -156,7 +148,7 @@ async def test_a_warm_up_that_keeps_failing_turns_health_503_until_one_succeeds(
     monkeypatch.setattr(engine._runner, "run", full_batches_fail)
     app = create_app(settings, engine)
     runtime: Runtime = app.state.runtime
-    async with _serving(app) as client:
+    async with serving(app) as client:
         for _ in range(2000):
             not_ready = await client.get("/ready")
             if "warm-up failed" in not_ready.text:
@@ -186,7 +178,7 @@ async def test_while_a_pass_is_stalled_every_answer_closes_its_connection(
     a 504 behind the stalled pass, for up to the connection's max age (300 s). While /ready says the
     pass has stalled every answer closes its connection, and no answer does once passes end."""
     app = create_app(settings_for(request_timeout_s=30))
-    async with _serving(app) as client:
+    async with serving(app) as client:
         await _until(client, "/ready", 200)
         runtime: Runtime = app.state.runtime
         async with _wedged_pass(client, runtime, monkeypatch) as started:
@@ -207,7 +199,7 @@ async def test_a_stalled_pass_is_logged_once_when_ready_turns_503_and_once_when_
     stalled pass said nothing about it in its logs. One warning per episode, not one per probe."""
     caplog.set_level(logging.INFO, logger="service.api.runtime")
     app = create_app(settings_for(request_timeout_s=30))
-    async with _serving(app) as client:
+    async with serving(app) as client:
         await _until(client, "/ready", 200)
         runtime: Runtime = app.state.runtime
         async with _wedged_pass(client, runtime, monkeypatch) as started:
@@ -249,7 +241,7 @@ async def test_health_starts_no_probe_pass_while_the_warm_up_is_retrying(
     monkeypatch.setattr(engine._runner, "run", broken)
     app = create_app(settings, engine)
     runtime: Runtime = app.state.runtime
-    async with _serving(app) as client:
+    async with serving(app) as client:
         for _ in range(2000):
             if runtime.warmup_attempts >= 3 and engine.health.failures >= 2:
                 break

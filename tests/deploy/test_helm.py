@@ -84,8 +84,14 @@ def kinds(objects: list[Manifest]) -> set[str]:
     return {o["kind"] for o in objects}
 
 
+def pod_spec(objects: list[Manifest]) -> Manifest:
+    spec = one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert isinstance(spec, dict)
+    return spec
+
+
 def server_container(objects: list[Manifest]) -> Manifest:
-    containers = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    containers = pod_spec(objects)["containers"]
     (server,) = [c for c in containers if c["name"] == "server"]
     assert isinstance(server, dict)
     return server
@@ -258,7 +264,7 @@ def test_grace_period_outlasts_the_drain(value_set: tuple[str, list[Manifest]]) 
     assert drain == merged["server"]["drainTimeoutSeconds"]
     pre_stop = server_container(objects)["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep"
-    grace = one(objects, "Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    grace = pod_spec(objects)["terminationGracePeriodSeconds"]
     assert grace > drain + int(pre_stop[1])
 
 
@@ -276,7 +282,7 @@ def test_an_inflight_budget_below_the_body_cap_is_refused() -> None:
 
 def test_pod_runs_unprivileged_with_a_read_only_root(value_set: tuple[str, list[Manifest]]) -> None:
     _, objects = value_set
-    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    pod = pod_spec(objects)
     assert pod["securityContext"]["runAsNonRoot"] is True
     # The chart's uid is the image's USER, so files the image owns stay readable.
     uid, gid = final_stage_user("cpu")
@@ -301,7 +307,7 @@ def test_gpu_values_request_a_gpu() -> None:
     assert server["resources"]["requests"]["nvidia.com/gpu"] == 1
     assert server["image"].endswith("-cuda")
     assert configmap_data(objects)["HTMLLM_DEVICE"] == "cuda"
-    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    pod = pod_spec(objects)
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
 
@@ -313,7 +319,7 @@ def test_cpu_values_request_no_gpu() -> None:
         assert not any("gpu" in key for key in section)
     assert not server["image"].endswith("-cuda")
     assert configmap_data(objects)["HTMLLM_DEVICE"] == "cpu"
-    assert "tolerations" not in one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert "tolerations" not in pod_spec(objects)
 
 
 def test_configmap_carries_only_htmllm_settings(value_set: tuple[str, list[Manifest]]) -> None:
@@ -362,7 +368,7 @@ def mounted_key_file(objects: list[Manifest]) -> tuple[str, str, str]:
     HTMLLM_API_KEY_FILE must be that path, the Secret mounted whole (a subPath never sees updates)."""
     server = server_container(objects)
     path = env_of(server)["HTMLLM_API_KEY_FILE"]["value"]
-    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    pod = pod_spec(objects)
     (volume,) = [v for v in pod["volumes"] if "secret" in v]
     (mount,) = [m for m in server["volumeMounts"] if m["name"] == volume["name"]]
     assert mount["readOnly"] is True and "subPath" not in mount
@@ -407,7 +413,7 @@ def test_auth_without_a_key_is_refused() -> None:
 def test_no_auth_no_key_env() -> None:
     objects = render({})
     assert not {"HTMLLM_API_KEY", "HTMLLM_API_KEY_FILE"} & set(env_of(server_container(objects)))
-    assert not [v for v in one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+    assert not [v for v in pod_spec(objects)["volumes"] if "secret" in v]
 
 
 def test_hpa_scales_on_cpu_and_optionally_queue_size() -> None:
@@ -427,7 +433,7 @@ def test_hpa_scales_on_cpu_and_optionally_queue_size() -> None:
 def test_custom_checkpoint_on_a_pvc() -> None:
     objects = render(values_for("full"))
     claim = one(objects, "PersistentVolumeClaim")
-    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    pod = pod_spec(objects)
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["model"]["persistentVolumeClaim"] == {
         "claimName": claim["metadata"]["name"],
@@ -440,7 +446,7 @@ def test_custom_checkpoint_on_a_pvc() -> None:
 
 def test_custom_checkpoint_from_an_init_container() -> None:
     objects = render(values_for("init"))
-    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    pod = pod_spec(objects)
     (init,) = pod["initContainers"]
     assert init["image"] == "registry.example.com/tools/checkpoint-fetcher:1.4"
     assert env_of(init)["HTMLLM_MODEL_PATH"]["value"] == "/models/html-small"
@@ -760,13 +766,13 @@ def test_the_chart_refuses_what_the_service_refuses_to_start_with() -> None:
 
 
 def test_init_container_has_a_writable_home() -> None:
-    (init,) = one(render(values_for("init")), "Deployment")["spec"]["template"]["spec"]["initContainers"]
+    (init,) = pod_spec(render(values_for("init")))["initContainers"]
     assert env_of(init)["HOME"] == {"name": "HOME", "value": "/tmp"}
     assert {"name": "tmp", "mountPath": "/tmp"} in init["volumeMounts"]
     own = {**values_for("init")}
     own["model"] = {**own["model"], "initContainer": {**own["model"]["initContainer"]}}
     own["model"]["initContainer"]["env"] = [{"name": "HOME", "value": "/work"}]
-    (init,) = one(render(own), "Deployment")["spec"]["template"]["spec"]["initContainers"]
+    (init,) = pod_spec(render(own))["initContainers"]
     assert [e for e in init["env"] if e["name"] == "HOME"] == [{"name": "HOME", "value": "/work"}]
 
 
@@ -797,12 +803,6 @@ def test_rollout_is_configurable_for_clusters_without_a_spare_gpu() -> None:
             render({"rollingUpdate": stuck})
     with pytest.raises(helm.HelmValuesError):
         render({"rollingUpdate": {"maxSurge": "lots", "maxUnavailable": 0}})
-
-
-def pod_spec(objects: list[Manifest]) -> Manifest:
-    spec = one(objects, "Deployment")["spec"]["template"]["spec"]
-    assert isinstance(spec, dict)
-    return spec
 
 
 def test_pods_spread_over_nodes_by_default() -> None:

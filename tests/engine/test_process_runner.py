@@ -35,6 +35,24 @@ def _docs(vocab: int, lengths: list[int]) -> list[list[int]]:
     return [[2, *(rng.randrange(5, vocab) for _ in range(n - 2)), 3] for n in lengths]
 
 
+def _pass_on_a_thread(
+    runner: ProcessRunner, docs: list[list[int]]
+) -> tuple[threading.Thread, list[BaseException]]:
+    """Start one pass of `docs` on a thread (so the test can act while it waits); the list gets the
+    InferenceProcessError it ends with, if any."""
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            runner.run(runner.prepare(docs))
+        except InferenceProcessError as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, failures
+
+
 @pytest.fixture(scope="module")
 def process_runner(tiny_checkpoint: Path) -> Iterator[ProcessRunner]:
     runner = ProcessRunner(tiny_checkpoint, EngineConfig(intra_op_threads=1))
@@ -83,16 +101,7 @@ def test_a_hung_child_is_aborted_its_batch_fails_and_the_next_gets_a_new_one(
     process = process_runner._process
     assert process is not None
     os.kill(process.pid, signal.SIGSTOP)
-    failures: list[BaseException] = []
-
-    def held() -> None:
-        try:
-            process_runner.run(process_runner.prepare(docs))
-        except InferenceProcessError as exc:
-            failures.append(exc)
-
-    thread = threading.Thread(target=held)
-    thread.start()
+    thread, failures = _pass_on_a_thread(process_runner, docs)
     thread.join(0.5)
     assert thread.is_alive()  # waiting on the stopped child
     process_runner.abort()
@@ -115,16 +124,7 @@ def test_abort_kills_a_child_the_pass_is_still_starting(process_runner: ProcessR
     known = {child.pid for child in multiprocessing.active_children()}
     os.kill(old.pid, signal.SIGKILL)
     old.join(10)
-    failures: list[BaseException] = []
-
-    def restarting() -> None:
-        try:
-            process_runner.run(process_runner.prepare(docs))
-        except InferenceProcessError as exc:
-            failures.append(exc)
-
-    thread = threading.Thread(target=restarting)
-    thread.start()
+    thread, failures = _pass_on_a_thread(process_runner, docs)
     new: int | None = None
     for _ in range(3000):  # a bound: the new child appears within milliseconds
         fresh = {child.pid for child in multiprocessing.active_children()} - known - {old.pid}
