@@ -228,7 +228,11 @@ class _OpenElements:
     def release(self, name: bytes) -> None:
         """An end tag takes one of them off the parser's list, or pops (or moves) a re-created one and
         what is above it up to a special element: what opened since the first of them left the stack
-        and is not special is not surely open any more."""
+        and is not special is not surely open any more. One re-created before a scope limit (a table)
+        opened is out of the parser's scope behind it: its tags leave nothing (`held_behind_limit`;
+        `</table><a><table></em><em>` x N nests a level a unit)."""
+        if self.held_behind_limit(name):
+            return
         held = self.dangling[-1][name]
         since = held[0]
         held.pop()
@@ -564,6 +568,7 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
     last_end = 0  # where the tag before ended (text between re-creates formatting elements)
     most = 0
     skips: list[tuple[int, frozenset[bytes]]] = []  # table runs read here (`_table_run`), for the scan
+    effects: dict[tuple[_Chain, tuple[bytes, ...]], _ChunkEffect] = {}  # `_table_run`'s, for the page
     for end_tag, name, start, end, where in tag_tokens(data, skips=skips):
         if stack.fostered[-1] and (
             start > last_end  # (a comment there too, or a table run: the safe side)
@@ -668,7 +673,7 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
             most = max(most, stack.depth)
             if most > limit:
                 break
-            most = _table_run(stack, data, end, most, limit, skips)
+            most = _table_run(stack, data, end, most, limit, skips, effects)
             continue
         elif name in VOID_B:
             if name == b"hr":
@@ -800,8 +805,7 @@ def _start_tag(stack: _OpenElements, name: bytes, standards: bool, key: bytes | 
             # Popped since it opened (re-created or not: see release): an <a> runs the adoption agency
             # for the last one on the list, a <nobr> re-creates the ones held, then adopts the last; one
             # leaves, but behind a limit it stays, and this one nests.
-            if not stack.held_behind_limit(name):
-                stack.release(name)
+            stack.release(name)
         elif name == b"a" and found >= 0:
             if stack.maybe_off_list(found):
                 stack.unsure_from(found)  # on the list or not: its adoption agency runs or not
@@ -960,6 +964,7 @@ def _table_run(
     most: int,
     limit: int,
     skips: list[tuple[int, frozenset[bytes]]],
+    effects: dict[tuple[_Chain, tuple[bytes, ...]], _ChunkEffect],
 ) -> int:
     """After a start tag of a table's structure (HTML content) that ends at `position`: the run of the
     table's plain structure markup that follows, applied to the stack at once (the estimate as tag by
@@ -1005,7 +1010,6 @@ def _table_run(
     serial = stack.serial
     cells = spent = 0
     pushed_at = [0, 0, 0]  # the serial each level of the chain was pushed at (from `keep` up)
-    effects: dict[tuple[_Chain, tuple[bytes, ...]], _ChunkEffect] = {}
     for index in range(0, len(tags), _RUN_CHUNK):
         chunk = tuple(tags[index : index + _RUN_CHUNK])
         effect = effects.get((chain, chunk))
@@ -1045,10 +1049,7 @@ def _end_tag(stack: _OpenElements, name: bytes, form_open: bool | None) -> None:
         _table_end(stack, name)
     elif name in FORMATTING:
         if stack.held(name):
-            # One re-created before a scope limit (a table) opened is out of the parser's scope behind
-            # it: its end tag is ignored (`</table><a><table></em><em>` x N nests a level a unit).
-            if not stack.held_behind_limit(name):
-                stack.release(name)
+            stack.release(name)  # (nothing behind a scope limit: see there)
             return
         found = stack.last(name)
         if found < 0 or stack.limit_after(found):
