@@ -112,8 +112,7 @@ async def _warm_up(runtime: Runtime, engine: Engine) -> None:
                 continue
             if runtime.warmup_failing_since is not None:
                 logger.warning("warm-up attempt %d succeeded", runtime.warmup_attempts)
-            runtime.warmup_error = None
-            runtime.warmup_failing_since = None
+            runtime.warmup_succeeded()
             break
     # Everything loaded is in place: freeze it out of full collections (service.engine.collector).
     runtime.collector = collector.prepare_for_serving()

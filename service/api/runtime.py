@@ -186,6 +186,11 @@ class Runtime:
         if self.warmup_failing_since is None:
             self.warmup_failing_since = self.clock()
 
+    def warmup_succeeded(self) -> None:
+        """A warm-up went through: nothing failing any more (`warmup_failed`'s record cleared)."""
+        self.warmup_error = None
+        self.warmup_failing_since = None
+
     def unhealthy(self) -> str | None:
         """Why a liveness probe should restart the server, or None: every pass (probes included) has
         failed for `unhealthy_after_s` since the warm-up, one pass has run that long (a hung device),
