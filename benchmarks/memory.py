@@ -7,7 +7,7 @@ concurrent callers each sending requests of 1, 2, 4 or 8 random corpus pages (mo
 would through the service but without HTTP, so growth seen here belongs to the engine (prune, tokenize,
 batcher, torch) and growth seen only in `loadtests/run.py`'s soak belongs to the HTTP layer. RSS is
 sampled every `--interval` seconds; the report gives, per variant, the RSS after warm-up, its median
-and slope over the second half of the run (`loadtests.run.memory_trend`), the peak, the documents
+and slope over the second half of the run (`loadtests.sampler.memory_trend`), the peak, the documents
 embedded, and both against the first variant (the baseline, glibc's default malloc):
 - default: glibc malloc as the image runs it without settings;
 - arena2: `MALLOC_ARENA_MAX=2`, which bounds glibc's per-thread arenas (each prune/tokenize thread and
@@ -77,7 +77,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def summarize(samples: list[list[float]]) -> dict[str, Any]:
-    from loadtests.run import memory_trend
+    from loadtests.sampler import memory_trend
 
     trend = memory_trend([(t, mb) for t, _, mb in samples]) or {}
     after_warmup = next((mb for t, _, mb in samples if t >= 60), samples[-1][2])

@@ -51,7 +51,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from loadtests.run import own_cpu_seconds  # noqa: E402
+from loadtests.procfs import own_cpu_seconds  # noqa: E402
 from service.api.settings import default_model_path  # noqa: E402
 from service.core.pages import iter_pages  # noqa: E402
 from service.core.quantization import NO_QUANTIZATION, QUANTIZATION_CHOICES  # noqa: E402

@@ -34,26 +34,18 @@ from loadtests.client import (
     load_pool,
     stage_times,
 )
-from loadtests.run import (
-    HOST,
-    ServerSample,
-    ServerSampler,
+from loadtests.launch import HOST, locust_environment, server_environment
+from loadtests.procfs import (
     _children_by_scan,
     _started_by,
-    bounded_duration,
-    bounded_users,
-    build_parser,
-    cpu_summary,
     host_cpu_seconds,
-    locust_environment,
-    memory_trend,
-    parse_duration,
     process_cpu_seconds,
     process_tree,
-    server_environment,
     server_memory_mb,
-    summarize,
 )
+from loadtests.report import summarize
+from loadtests.run import bounded_duration, bounded_users, build_parser, parse_duration
+from loadtests.sampler import ServerSample, ServerSampler, cpu_summary, memory_trend
 from service.core.precheck.nesting import DEFAULT_MAX_DEPTH, estimate_depth
 from service.core.prune import prune_html
 
