@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from model_training.batches import BatchOrder, SplitData, collate, load_splits
 from model_training.data import TOKENIZER_FILE, DataError, read_manifest, writable_dir
+from model_training.devices import resolve_device
 from model_training.objectives import (
     DistillationHead,
     LossAggregator,
@@ -206,14 +207,6 @@ def all_special_ids(tokenizer: HtmlTokenizer) -> list[int]:
     return sorted(set(_ids(tokenizer.special_ids)) | {int(i) for i, token in added.items() if token.special})
 
 
-def _resolve_device(config: TrainConfig, local_rank: int) -> torch.device:
-    if config.device == "cuda" and not torch.cuda.is_available():
-        raise DataError("config: device is cuda, but torch sees no CUDA device here (use auto or cpu)")
-    if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
-
-
 def _autocast(config: TrainConfig, device: torch.device) -> contextlib.AbstractContextManager[Any]:
     bf16 = config.precision == "bf16" or (config.precision == "auto" and device.type == "cuda")
     if bf16:
@@ -349,7 +342,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     distributed = world > 1
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = _resolve_device(config, local_rank)
+    device = torch.device(resolve_device(config.device, local_rank=local_rank, source="config: "))
     if distributed:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank = dist.get_rank() if distributed else 0

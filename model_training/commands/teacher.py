@@ -52,7 +52,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def run_embed(args: argparse.Namespace) -> int:
-    from model_training.commands.devices import resolve_device
+    from model_training.devices import resolve_device
     from model_training.teacher import embed_shards
     from service.core.errors import HtmllmError
 

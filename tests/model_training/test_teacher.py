@@ -219,17 +219,3 @@ def test_an_unusable_device_is_refused_in_one_line_before_the_teacher_loads(
     assert main(args) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("htmllm teacher embed: ") and said in err[0], err
-
-
-def test_auto_and_cpu_devices_resolve(monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch
-
-    from model_training.commands.devices import resolve_device
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert (resolve_device("auto"), resolve_device("cpu")) == ("cpu", "cpu")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert (resolve_device("auto"), resolve_device("cuda:0")) == ("cuda", "cuda:0")
-    with pytest.raises(DataError, match="1 CUDA device"):
-        resolve_device("cuda:1")
