@@ -191,6 +191,15 @@ def _segments(texts: Sequence[str], tokens: Sequence[str]) -> Iterator[str]:
                 yield piece
 
 
+def check_training_options(*, min_frequency: int, tags: int) -> None:
+    """Refuse counts `train_tokenizer` cannot take; public so a caller can check them before it spends
+    minutes pruning the pages."""
+    if tags < 0:
+        raise TokenizerTrainingError(f"tags must be >= 0, got {tags}")
+    if min_frequency < 0:  # the trainer takes it unsigned: an OverflowError otherwise
+        raise TokenizerTrainingError(f"min_frequency must be >= 0, got {min_frequency}")
+
+
 def train_tokenizer(
     texts: Iterable[str],
     *,
@@ -208,10 +217,7 @@ def train_tokenizer(
     docs = [t for t in texts if t]
     if not docs:
         raise TokenizerTrainingError("no text to train a tokenizer on")
-    if tags < 0:
-        raise TokenizerTrainingError(f"tags must be >= 0, got {tags}")
-    if min_frequency < 0:  # the trainer takes it unsigned: an OverflowError otherwise
-        raise TokenizerTrainingError(f"min_frequency must be >= 0, got {min_frequency}")
+    check_training_options(min_frequency=min_frequency, tags=tags)
     target = round_up(vocab_size)
     chosen = top_tags(count_tags(docs), tags)
     added = tag_tokens(chosen, spaced=spaced_tags)

@@ -112,17 +112,20 @@ def _fail(message: str) -> int:
 
 def run_train(args: argparse.Namespace) -> int:
     from model_training.data import writable_dir
-    from model_training.tokenizer_training import count_tags, pruned_pages, top_tags, train_tokenizer
+    from model_training.tokenizer_training import (
+        check_training_options,
+        count_tags,
+        pruned_pages,
+        top_tags,
+        train_tokenizer,
+    )
     from service.core.errors import HtmllmError
 
     started = time.perf_counter()
-    # Checked before the pages are pruned; the trainer takes min_frequency as unsigned (a negative one
-    # had ended in an OverflowError traceback from the tokenizers library).
-    if args.min_frequency < 0:
-        return _fail(f"--min-frequency must be >= 0, got {args.min_frequency}")
-    if args.tags < 0:
-        return _fail(f"--tags must be >= 0, got {args.tags}")
     try:
+        # Before the pages are pruned, not after: a negative --min-frequency had ended in an
+        # OverflowError traceback from the tokenizers library once they were.
+        check_training_options(min_frequency=args.min_frequency, tags=args.tags)
         writable_dir(args.out)  # before the pages are pruned, not after the vocabulary is trained
         corpus = pruned_pages(
             args.corpus,

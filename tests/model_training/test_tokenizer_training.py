@@ -235,17 +235,25 @@ def test_tokenizer_without_an_action_prints_usage() -> None:
 
 
 def test_cli_refuses_bad_options_in_one_line_before_any_work(
-    raw_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    raw_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A negative --min-frequency had ended in an OverflowError traceback; --windows 0 was accepted."""
+    import model_training.tokenizer_training as training
     from service.cli import main
+
+    def no_pruning(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the pages were pruned before the options were checked")
 
     out = tmp_path / "tok"
     train = ["tokenizer", "train", "--corpus", str(raw_corpus), "--no-progress", "--out", str(out)]
-    assert main([*train, "--min-frequency", "-3"]) == 1
-    assert capsys.readouterr().err.strip().splitlines() == [
-        "htmllm tokenizer: --min-frequency must be >= 0, got -3"
-    ]
+    with monkeypatch.context() as patch:
+        patch.setattr(training, "pruned_pages", no_pruning)
+        for flag, option in (("--min-frequency", "min_frequency"), ("--tags", "tags")):
+            assert main([*train, flag, "-3"]) == 1
+            assert capsys.readouterr().err.strip().splitlines() == [
+                f"htmllm tokenizer: validation_error: {option} must be >= 0, got -3"
+            ]
+    assert not out.exists()
     build_tiny_tokenizer().save(tmp_path / "tiny.json")
     evaluate = ["tokenizer", "eval", "--corpus", str(raw_corpus), "--tokenizer", str(tmp_path / "tiny.json")]
     for windows in ("0,512", "-1", ","):
