@@ -37,27 +37,23 @@ def _layout(tmp_path: Path, *, cgroup: str, mounts: list[str], files: dict[str, 
     return cpu_budget(proc_self=proc, root=tmp_path)
 
 
+def _container_v2(tmp_path: Path, cpu_max: str, *, pod_cpu_max: str | None = None) -> CpuBudget:
+    """A Kubernetes container's cgroup v2 layout, `/kubepods/pod1/c1`, with its `cpu.max` (and its
+    pod's, if given): the layouts below differ only in those files."""
+    files = {"/sys/fs/cgroup/kubepods/pod1/c1/cpu.max": cpu_max}
+    if pod_cpu_max is not None:
+        files["/sys/fs/cgroup/kubepods/pod1/cpu.max"] = pod_cpu_max
+    return _layout(tmp_path, cgroup="0::/kubepods/pod1/c1\n", mounts=[V2_MOUNT], files=files)
+
+
 def test_no_cgroup_limit_leaves_the_affinity_mask(tmp_path: Path) -> None:
-    budget = _layout(
-        tmp_path,
-        cgroup="0::/kubepods/pod1/c1\n",
-        mounts=[V2_MOUNT],
-        files={"/sys/fs/cgroup/kubepods/pod1/c1/cpu.max": "max 100000\n"},
-    )
+    budget = _container_v2(tmp_path, "max 100000\n")
     assert budget.limit is None and budget.affinity == affinity_cpus()
     assert budget.threads == affinity_cpus()
 
 
 def test_cgroup_v2_quota_of_the_process_cgroup(tmp_path: Path) -> None:
-    budget = _layout(
-        tmp_path,
-        cgroup="0::/kubepods/pod1/c1\n",
-        mounts=[V2_MOUNT],
-        files={
-            "/sys/fs/cgroup/kubepods/pod1/c1/cpu.max": "150000 100000\n",
-            "/sys/fs/cgroup/kubepods/pod1/cpu.max": "max 100000\n",
-        },
-    )
+    budget = _container_v2(tmp_path, "150000 100000\n", pod_cpu_max="max 100000\n")
     assert budget.limit == pytest.approx(1.5)
     assert budget.limit_file == str(tmp_path / "sys/fs/cgroup/kubepods/pod1/c1/cpu.max")
     assert "1.5" in budget.describe()
@@ -209,12 +205,7 @@ def test_the_setting_then_omp_then_the_budget() -> None:
 
 def test_worker_pools_follow_a_cgroup_quota_up_to_their_cap(tmp_path: Path) -> None:
     """A fixed 2 prune and 2 extraction workers beside 1 torch thread overran a 1-CPU quota."""
-    budget = _layout(
-        tmp_path,
-        cgroup="0::/kubepods/pod1/c1\n",
-        mounts=[V2_MOUNT],
-        files={"/sys/fs/cgroup/kubepods/pod1/c1/cpu.max": "100000 100000\n"},
-    )
+    budget = _container_v2(tmp_path, "100000 100000\n")
     assert budget.limit == pytest.approx(1.0)
     assert pool_workers(None, cap=2, environ={}, budget=budget) == 1
     assert pool_workers(None, cap=2, environ={}, budget=CpuBudget(affinity=64, limit=0.5)) == 1  # at least 1

@@ -36,7 +36,13 @@ from service.core.extract import (
     resolve_order,
     stoplist_name,
 )
-from service.core.extract.extractors import JUSTEXT_STOPLISTS
+from service.core.extract.extractors import (
+    FALLBACK_LANGUAGE,
+    FALLBACK_STOPLIST,
+    JUSTEXT_STOPLISTS,
+    mostly_unspaced,
+)
+from service.core.extract.word_count import UNSPACED_RANGES
 from tests.memory import vm_data_mib
 
 # ---------------------------------------------------------------------------------------------------
@@ -365,7 +371,37 @@ def test_justext_on_an_undetected_chinese_page_runs_language_independent() -> No
 def test_justext_reports_english_when_it_falls_back_on_the_english_stoplist() -> None:
     data = page("<p>" + "qx zv " * 60 + "</p>")
     assert detect_language("qx zv " * 60) is None
-    assert outputs(data)["justext"].language == "en"
+    assert outputs(data)["justext"].language == FALLBACK_LANGUAGE == "en"
+    assert JUSTEXT_STOPLISTS[FALLBACK_LANGUAGE] == FALLBACK_STOPLIST == "English"
+
+
+def _unspaced_by_loop(text: str) -> bool:
+    """`mostly_unspaced` as it was written first, one Python comparison per character."""
+    sample = text[:4000]
+    unspaced = sum(1 for c in sample if any(low <= ord(c) <= high for low, high in UNSPACED_RANGES))
+    return unspaced * 2 > count_words(sample)
+
+
+UNSPACED_EDGES = [chr(c) for low, high in UNSPACED_RANGES for c in (low - 1, low, high, high + 1)]
+
+
+@pytest.mark.parametrize("char", UNSPACED_EDGES, ids=lambda c: f"U+{ord(c):04X}")
+def test_mostly_unspaced_counts_each_range_to_its_bounds(char: str) -> None:
+    inside = any(low <= ord(char) <= high for low, high in UNSPACED_RANGES)
+    for text in (char, char * 3 + " ab cd", f"x {char}{char} y"):
+        assert mostly_unspaced(text) == _unspaced_by_loop(text), text
+    assert mostly_unspaced(char * 5) is inside
+
+
+def test_mostly_unspaced_reads_only_the_sample_and_needs_a_majority() -> None:
+    assert not mostly_unspaced("") and not mostly_unspaced("   ")
+    assert not mostly_unspaced("東京 a b")  # 2 of 4 words: no majority
+    assert mostly_unspaced("東京 a") and mostly_unspaced("東京」、 a")  # punctuation is no word
+    assert mostly_unspaced("\U00020000\U0003134f x")  # the supplementary-plane ideographs too
+    assert not mostly_unspaced("word " * 800 + "東" * 4000)  # past the 4000-character sample
+    assert mostly_unspaced("東" * 4000 + "word " * 4000)
+    mixed = "".join(UNSPACED_EDGES) + " the 東京 harbour、town " * 50
+    assert mostly_unspaced(mixed) == _unspaced_by_loop(mixed)
 
 
 # ---------------------------------------------------------------------------------------------------

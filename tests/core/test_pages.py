@@ -523,13 +523,6 @@ def test_count_pages_agrees_with_iter_pages_where_it_counts(tmp_path: Path) -> N
 # The page cap: a page over it is that page's error row, found without reading or inflating it whole
 
 
-@pytest.fixture
-def cap_1_kib(monkeypatch: pytest.MonkeyPatch) -> int:
-    """A page cap of 1 KiB (rows up to 4 KiB), so the tests need no 16 MiB pages."""
-    monkeypatch.setattr(pages, "MAX_PAGE_BYTES", 1024)
-    return 1024
-
-
 def test_a_page_at_the_cap_is_read_and_one_byte_over_is_its_error_row(tmp_path: Path, cap_1_kib: int) -> None:
     at_cap, over = "x" * cap_1_kib, "x" * (cap_1_kib + 1)
     (tmp_path / "at.html").write_text(at_cap)

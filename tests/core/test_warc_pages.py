@@ -12,7 +12,6 @@ import pytest
 import zstandard
 from fastwarc.stream_io import Lz4Writer
 
-from service.core import pages, warc_pages  # warc_pages loaded here, before any test lowers the cap
 from service.core.decoding import decode_html
 from service.core.errors import ErrorCode
 from service.core.pages import PageSourceError, iter_pages
@@ -20,14 +19,6 @@ from tests.factories.warc import HttpResponse, response, warc_gz, warc_record
 from tests.memory import gzip_bomb, traced_peak
 
 CZECH = "Příliš žluťoučký kůň úpěl ďábelské ódy"
-
-
-@pytest.fixture
-def cap_1_kib(monkeypatch: pytest.MonkeyPatch) -> int:
-    """A page cap of 1 KiB (records up to 4 KiB read), patched where `warc_pages` reads it at call time."""
-    assert not hasattr(warc_pages, "MAX_PAGE_BYTES")  # a copy imported by value would miss the patch
-    monkeypatch.setattr(pages, "MAX_PAGE_BYTES", 1024)
-    return 1024
 
 
 def _warc_records() -> list[bytes]:

@@ -1,0 +1,19 @@
+"""Fixtures shared by the tests of `service.core`."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.core import pages, warc_pages  # warc_pages loaded here, before any test lowers the cap
+
+
+@pytest.fixture
+def cap_1_kib(monkeypatch: pytest.MonkeyPatch) -> int:
+    """A page cap of 1 KiB (rows and WARC records up to 4 KiB read), so the tests need no 16 MiB pages.
+
+    Patched in `pages`, where both readers look it up at call time; `warc_pages` must not hold a copy
+    imported by value, which the patch would miss.
+    """
+    assert not hasattr(warc_pages, "MAX_PAGE_BYTES")
+    monkeypatch.setattr(pages, "MAX_PAGE_BYTES", 1024)
+    return 1024
