@@ -20,8 +20,8 @@ from typing import Any
 from model_training.data import read_manifest
 from model_training.pretrain import CURVE_FILE, SUMMARY_FILE
 from model_training.teacher import read_teacher_meta
-from service.core.checkpoint import load_checkpoint
-from service.core.heads_stage import PENDING_DIR, committed_stage, finish_pending_heads
+from service.core.checkpoint import copy_checkpoint, load_checkpoint
+from service.core.errors import CheckpointError
 
 MAX_BUNDLE_BYTES = 40 * 1024 * 1024
 CARD_FILE = "MODEL_CARD.md"
@@ -173,21 +173,14 @@ def bundle(run: Path, out: Path, *, curve: Path | None, eval_dir: Path | None) -
     for name in CHECKPOINT_FILES:
         if not (source / name).is_file():
             raise SystemExit(f"{source} has no {name}: run the pretraining step first")
-    # A `save_heads` killed after its commit point is completed in the run first: copied as it was, its
-    # stage (heads/.pending) shipped in the assets and stayed in the run.
-    finish_pending_heads(source)
-    if committed_stage(source) is not None:
-        raise SystemExit(
-            f"{source} holds an unfinished `save_heads` ({source}/heads/{PENDING_DIR}) it cannot complete"
-        )
     if out.exists():
         shutil.rmtree(out)
-    out.mkdir(parents=True)
-    for name in CHECKPOINT_FILES:
-        shutil.copy2(source / name, out / name)
-    if (source / "heads").is_dir():
-        # A stage never committed (its save was killed before) is no part of the checkpoint.
-        shutil.copytree(source / "heads", out / "heads", ignore=shutil.ignore_patterns(f"{PENDING_DIR}*"))
+    # As a load reads it: a `save_heads` killed after its commit point completed (or read through), its
+    # stage and lock left behind, and copied again should a save overtake the copy.
+    try:
+        copy_checkpoint(source, out)
+    except CheckpointError as exc:
+        raise SystemExit(str(exc)) from exc
     for file in out.rglob("*"):  # atomic writes leave 0600 files; the service may run as another user
         file.chmod(0o755 if file.is_dir() else 0o644)
     size = _directory_bytes(out)

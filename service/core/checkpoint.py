@@ -19,7 +19,8 @@ a model quietly run with the wrong vocabulary (or NaN weights) returns plausible
 sizes config.json and htmllm.json declare are compared with the safetensors headers before any module is
 allocated: a hand-edited 2**36 must be a clear error, not gigabytes allocated or an allocator's crash.
 Writing validates the same way before the first file is written, so a writer never leaves a checkpoint
-its reader refuses.
+its reader refuses. A copy (`copy_checkpoint`, how a training run's model is bundled) is made as a load
+reads the checkpoint, so a `save_heads` running meanwhile cannot mix old labels with new head weights.
 """
 
 from __future__ import annotations
@@ -386,6 +387,54 @@ def _fingerprint(root: Path, view: heads_stage.View) -> str:
         except OSError as exc:
             raise CheckpointError(f"checkpoint {root}: cannot read {name}: {exc.strerror}") from exc
     return digest.hexdigest()
+
+
+def copy_checkpoint(path: str | Path, out: str | Path) -> None:
+    """Copy a checkpoint's files (config.json, weights, tokenizer, htmllm.json, heads/) into `out`
+    (created if missing; those files, and heads/ as a whole, replaced), as the checkpoint a load reads:
+    a committed `save_heads` stage completed first, or read through where the checkpoint is read-only;
+    no stage or lock file is copied.
+
+    Copied file by file without the heads lock, a `save_heads` finishing between htmllm.json and heads/
+    had given the copy the old labels over the new weights (or a head htmllm.json does not list): the
+    copy is made as a lock-free load reads (`heads_stage.consistently`), and made again when a save
+    overtakes it. Raises CheckpointError where a file cannot be copied, or the checkpoint kept changing
+    (`out` is then left incomplete).
+    """
+    root, target = Path(path), Path(out)
+    if not root.is_dir():
+        raise CheckpointError(f"checkpoint directory {root} does not exist")
+    if target.exists() and target.resolve() == root.resolve():
+        raise CheckpointError(f"cannot copy checkpoint {root} onto itself")
+    target.mkdir(parents=True, exist_ok=True)
+    heads_stage.consistently(root, partial(_copy_view, root, target))
+
+
+def _copy_view(root: Path, target: Path, view: heads_stage.View) -> None:
+    """One attempt of `copy_checkpoint`: every file a reader of `view` reads, htmllm.json before the
+    heads (a save overtaking the copy between them is what `consistently` looks for)."""
+    named = [
+        (CONFIG_FILE, root / CONFIG_FILE),
+        (WEIGHTS_FILE, root / WEIGHTS_FILE),
+        (TOKENIZER_FILE, root / TOKENIZER_FILE),
+        (META_FILE, view.meta_file),
+    ]
+    named += [(f"{HEADS_DIR}/{file.name}", file) for file in sorted(view.head_files.values())]
+    heads_dir = target / HEADS_DIR
+    name = f"{HEADS_DIR}/"
+    try:
+        shutil.rmtree(heads_dir, ignore_errors=True)  # the head files of an attempt a save overtook
+        heads_dir.mkdir()
+        for name, file in named:
+            _copy_file(file, target / name)
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint {root}: cannot copy {name} to {target}: {exc}") from exc
+
+
+def _copy_file(source: Path, destination: Path) -> None:
+    """Copy one file, readable by other users (an atomic write may have left the source 0600)."""
+    shutil.copyfile(source, destination)
+    destination.chmod(FILE_MODE)
 
 
 def _read_header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:

@@ -264,7 +264,7 @@ def test_a_load_that_a_save_heads_overtakes_reads_again(ckpt: Path, monkeypatch:
 
     heads = _new_heads(read_meta(ckpt).embedding_dim, 3, "v1_")
     real_read_config = checkpoint_module._read_config
-    saves = []
+    saves: list[Path] = []
 
     def read_config(root: Path) -> Any:  # after htmllm.json is read, before any head file
         if not saves:
@@ -305,3 +305,159 @@ def test_saving_a_checkpoint_discards_a_stage_of_save_heads(
             save_heads(ckpt, {"topic": (topic, TaskHead(topic, dim))})
     build_tiny_checkpoint(ckpt)  # saved over: the staged head must not be applied over it later
     assert [spec.name for spec in load_checkpoint(ckpt).meta.heads] == ["page_type", "quality"]
+
+
+def test_a_copy_that_a_save_heads_overtakes_copies_again(
+    ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy made file by file without the lock (as `make default-model` bundled a run) took the old
+    htmllm.json, then the head files a save_heads had replaced meanwhile: new weights under old labels,
+    which loads without a word. The copy notices the save and copies again."""
+    from service.core import checkpoint as checkpoint_module
+
+    heads = _new_heads(read_meta(ckpt).embedding_dim, 4, "v1_")
+    real_copy = checkpoint_module._copy_file
+    saves: list[Path] = []
+
+    def copy_file(source: Path, destination: Path) -> None:
+        real_copy(source, destination)
+        if destination.name == "htmllm.json" and not saves:  # the old labels copied, no head file yet
+            saves.append(source)
+            save_heads(ckpt, heads)
+
+    monkeypatch.setattr(checkpoint_module, "_copy_file", copy_file)
+    out = tmp_path / "out"
+    checkpoint_module.copy_checkpoint(ckpt, out)
+    assert saves
+    _assert_loads(out, heads)
+    assert checkpoint_fingerprint(out) == checkpoint_fingerprint(ckpt)
+
+
+def test_a_copy_of_a_checkpoint_with_a_committed_stage_is_the_finished_checkpoint(
+    ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read-only (the stage cannot be completed, nor a lock file created) the copy reads through the
+    stage; writable, the stage is completed first. Neither copies the stage or the lock file."""
+    import errno
+    import os
+
+    from service.core.checkpoint import copy_checkpoint
+
+    heads = _new_heads(read_meta(ckpt).embedding_dim, 5, "v1_")
+    finished = tmp_path / "finished"
+    shutil.copytree(ckpt, finished)
+    save_heads(finished, heads)
+    _committed_stage(ckpt, heads, monkeypatch)
+
+    def read_only(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    real_open = os.open
+
+    def open_read_only(file: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if flags & os.O_CREAT and Path(file).is_relative_to(ckpt):
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real_open(file, flags, *args, **kwargs)
+
+    expected = sorted(
+        str(file.relative_to(finished)) for file in finished.rglob("*") if ".pending" not in str(file)
+    )
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "replace", read_only)
+        patch.setattr(os, "open", open_read_only)
+        copy_checkpoint(ckpt, tmp_path / "read-only-copy")
+    assert (ckpt / "heads" / ".pending" / "htmllm.json").is_file()  # read through, not completed
+    copy_checkpoint(ckpt, tmp_path / "copy")
+    assert not (ckpt / "heads" / ".pending").exists()  # completed
+    for out in (tmp_path / "read-only-copy", tmp_path / "copy"):
+        assert sorted(str(file.relative_to(out)) for file in out.rglob("*")) == expected
+        assert checkpoint_fingerprint(out) == checkpoint_fingerprint(finished)
+        _assert_loads(out, heads)
+
+
+# A second process for the heads lock: one command a line on stdin ("lock", "release", or "probe": take
+# the lock without waiting), one reply a line on stdout. It imports only the heads stage (no torch).
+_LOCK_HOLDER = """
+import contextlib, fcntl, sys
+from pathlib import Path
+from service.core.heads_stage import heads_lock
+
+root, held, real_flock = Path(sys.argv[1]), contextlib.ExitStack(), fcntl.flock
+for line in sys.stdin:
+    command = line.strip()
+    if command == "lock":
+        held.enter_context(heads_lock(root))
+        reply = "held"
+    elif command == "release":
+        held.close()
+        reply = "released"
+    else:
+        fcntl.flock = lambda fd, operation: real_flock(fd, operation | fcntl.LOCK_NB)
+        try:
+            with heads_lock(root):
+                reply = "free"
+        except BlockingIOError:
+            reply = "blocked"
+        finally:
+            fcntl.flock = real_flock
+    print(reply, flush=True)
+"""
+
+
+def test_the_heads_lock_excludes_another_process(ckpt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests above run save and reader as threads of one process; the lock must also hold between
+    processes (a trainer's `htmllm heads train` and a service replica), which a lock held in memory, or
+    a POSIX record lock, would not. Whether a side waits is asked without waiting (LOCK_NB), so that no
+    timing decides the outcome."""
+    import fcntl
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    from service.core import heads_stage
+
+    heads = _new_heads(read_meta(ckpt).embedding_dim, 6, "v1_")
+    _committed_stage(ckpt, heads, monkeypatch)  # a reader completes it, holding the lock
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _LOCK_HOLDER, str(ckpt)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=repo,
+        env=env,
+    )
+    guard = threading.Timer(60, holder.kill)  # a failure guard only: a hung holder fails the test
+    guard.start()
+
+    def ask(command: str) -> str:
+        assert holder.stdin is not None and holder.stdout is not None
+        holder.stdin.write(command + "\n")
+        holder.stdin.flush()
+        return holder.stdout.readline().strip()
+
+    real_flock = fcntl.flock
+    try:
+        assert ask("lock") == "held"
+        with monkeypatch.context() as patch:  # this process's side asks without waiting
+            patch.setattr(fcntl, "flock", lambda fd, operation: real_flock(fd, operation | fcntl.LOCK_NB))
+            with pytest.raises(CheckpointError, match="completing it failed") as refused:
+                heads_stage.finish_pending_heads(ckpt)
+            assert isinstance(refused.value.__cause__, BlockingIOError)
+            with pytest.raises(CheckpointError, match="completing it failed"):
+                save_heads(ckpt, _new_heads(read_meta(ckpt).embedding_dim, 7, "v2_"))
+            assert (ckpt / "heads" / ".pending" / "htmllm.json").is_file()  # nothing moved meanwhile
+            assert ask("release") == "released"
+            heads_stage.finish_pending_heads(ckpt)
+        assert not (ckpt / "heads" / ".pending").exists()
+        _assert_loads(ckpt, heads)
+        with heads_stage.heads_lock(ckpt):  # and the other way round
+            assert ask("probe") == "blocked"
+        assert ask("probe") == "free"
+    finally:
+        guard.cancel()
+        if holder.stdin is not None:
+            holder.stdin.close()
+        assert holder.wait(60) == 0

@@ -53,3 +53,33 @@ def test_bundle_completes_a_committed_stage_in_the_run_and_never_copies_a_stage(
     assert not (source / "heads" / ".pending" / "htmllm.json").exists()  # completed in the run itself
     assert [spec.name for spec in load_checkpoint(out).meta.heads] == heads
     assert not list(out.rglob(".pending*"))  # loading the bundle found nothing to complete either
+
+
+def test_bundle_overtaken_by_a_save_heads_copies_the_new_heads_under_their_labels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bundle copied htmllm.json and then heads/ without the heads lock: a `save_heads` between the
+    two gave the assets the old labels over the new weights. It is copied as a load reads, again when a
+    save overtakes it."""
+    from service.core import checkpoint as checkpoint_module
+
+    source = build_tiny_checkpoint(tmp_path / "run" / "pretrain" / "model")
+    topic = HeadSpec(name="topic", kind="classification", labels=["a", "b"], hidden=8)
+    head = TaskHead(topic, read_meta(source).embedding_dim)
+    real_copy, saved = checkpoint_module._copy_file, []
+
+    def copy_file(file: Path, destination: Path) -> None:
+        real_copy(file, destination)
+        if destination.name == "htmllm.json" and not saved:  # the old labels copied, no head file yet
+            saved.append(True)
+            save_heads(source, {"topic": (topic, head)})
+
+    monkeypatch.setattr(checkpoint_module, "_copy_file", copy_file)
+    monkeypatch.setattr(default_model, "render_card", lambda run, out, eval_dir: "card\n")
+    out = tmp_path / "assets"
+    default_model.bundle(tmp_path / "run", out, curve=None, eval_dir=None)
+    assert saved
+    assert [spec.name for spec in load_checkpoint(out).meta.heads] == ["page_type", "quality", "topic"]
+    assert sorted(path.name for path in (out / "heads").iterdir()) == sorted(
+        path.name for path in (source / "heads").glob("*.safetensors")
+    )  # the lock file stays in the run
