@@ -123,11 +123,21 @@ class Runtime:
         readiness only steers new connections, so a client already connected would otherwise keep
         sending to a pod that cannot answer. A healthy pod, however loaded, never meets it: its passes
         succeed and end well within the request timeout."""
-        if self.stopping:
-            return "the server is shutting down"
-        if self.engine is None or not self.ready:
-            return "the model is not ready"
+        refused = self.not_serving()
+        if refused is not None:
+            return refused.message
         return self._failing_passes() or self.stalled_pass()
+
+    def not_serving(self) -> HtmllmError | None:
+        """The error /ready answers before it looks at the backend, or None: shutting down
+        (`shutting_down`), or not warmed with a full-size batch yet (`not_ready`, with the last failed
+        warm-up's error). /ready and `unready_reason` both start with it, so the two cannot drift apart."""
+        if self.stopping:
+            return HtmllmError("the server is shutting down", code=ErrorCode.SHUTTING_DOWN)
+        if self.engine is None or not self.ready:
+            detail = f": warm-up failed: {self.warmup_error}" if self.warmup_error else ""
+            return HtmllmError(f"the model is not ready{detail}", code=ErrorCode.NOT_READY)
+        return None
 
     def _failing_passes(self) -> str | None:
         """Why the backend is not to be trusted with traffic (`unready_after_failures` passes failed in a

@@ -24,6 +24,7 @@ from service.api.app import create_app, load_engine
 from service.api.metrics import ServiceMetrics
 from service.api.runtime import Runtime
 from service.api.settings import Settings
+from service.core.errors import ErrorCode
 from service.engine import ShuttingDownError
 from service.engine.runners import PreparedBatch
 from tests.api.conftest import SettingsFactory, serving
@@ -281,3 +282,22 @@ async def test_the_warm_up_stops_retrying_once_shutdown_begins(
     engine: Any = FailingEngine()
     await app_module._warm_up(runtime, engine)
     assert attempts == 1 and not runtime.ready
+
+
+def test_ready_and_the_connection_rule_refuse_for_the_same_reasons_before_the_backend_counts(
+    settings_for: SettingsFactory,
+) -> None:
+    """Not warmed yet, or shutting down: `not_serving` is /ready's answer, and `unready_reason` (which
+    closes every connection meanwhile) says the same; both held the two conditions apart before."""
+    runtime = Runtime(settings=settings_for(), metrics=ServiceMetrics())
+    refused = runtime.not_serving()
+    assert refused is not None and refused.code is ErrorCode.NOT_READY
+    assert runtime.unready_reason() == refused.message == "the model is not ready"
+    runtime.warmup_failed("CUDA error: out of memory (simulated)")
+    refused = runtime.not_serving()
+    assert refused is not None and "warm-up failed: CUDA error: out of memory" in refused.message
+    assert runtime.unready_reason() == refused.message
+    runtime.stopping = True
+    refused = runtime.not_serving()
+    assert refused is not None and refused.code is ErrorCode.SHUTTING_DOWN
+    assert runtime.unready_reason() == refused.message

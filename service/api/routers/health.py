@@ -62,17 +62,17 @@ async def ready(runtime: RuntimeDep) -> ReadyResponse:
     backend fails (`HTMLLM_UNREADY_AFTER_FAILURES` passes in a row, until a pass or probe succeeds), and
     while one pass has run past `HTMLLM_UNREADY_AFTER_PASS_S` (the request timeout by default). The
     condition is `Runtime.unready_reason`'s; while it holds every answer closes its connection."""
-    if runtime.stopping:
-        raise HtmllmError("the server is shutting down", code=ErrorCode.SHUTTING_DOWN)
-    if runtime.engine is None or not runtime.ready:
-        detail = f": warm-up failed: {runtime.warmup_error}" if runtime.warmup_error else ""
-        raise HtmllmError(f"the model is not ready{detail}", code=ErrorCode.NOT_READY)
+    engine = runtime.engine
+    refused = runtime.not_serving()
+    if refused is not None:
+        raise refused
+    assert engine is not None  # `not_serving` refuses without one
     # Both looked at on every probe: the stall's log lines must not depend on the failure count.
     stalled = runtime.observe_stall()
     trouble = runtime.backend_trouble() or stalled
     if trouble is not None:  # out of the load balancer until a pass succeeds again
         raise HtmllmError(f"the model is not ready: {trouble}", code=ErrorCode.NOT_READY)
-    return ReadyResponse(model=runtime.engine.info.name)
+    return ReadyResponse(model=engine.info.name)
 
 
 @router.get("/info", summary="The model, its heads and the server's limits", responses=_UNAVAILABLE)
