@@ -240,7 +240,20 @@ class Engine:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        await self.stop(drain=exc_type is None)
+        """Stop: drained after a block that ended normally, at once (what is in flight fails with
+        ShuttingDownError) after one that raised; the block's exception goes on.
+
+        A drain cancelled (a timeout around the block, its task cancelled) stops without drain before
+        the cancellation goes on: the block had been left with the batcher and the pools running, and
+        the calls in flight unanswered once the loop ended (or for ever, behind a pass that hung)."""
+        if exc_type is not None:
+            await self.stop(drain=False)
+            return
+        try:
+            await self.stop()
+        except asyncio.CancelledError:
+            await self.stop(drain=False)
+            raise
 
     def resolve_heads(self, heads: Sequence[str] | None) -> list[str]:
         """The heads to report: all when None; an unknown name raises UnknownHeadError."""

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from service.core.checkpoint import load_checkpoint
+from service.core.preparation import Prepared
+from service.engine.engine import Engine
 from service.engine.runners import PreparedBatch, RunnerOutput
 from service.engine.runners.torch import TorchRunner
+from service.engine.types import Document
 from tests.factories.checkpoint import build_tiny_checkpoint
 from tests.factories.pages import make_pages
 
@@ -48,3 +53,34 @@ class SlowTorchRunner(TorchRunner):
 def slow_runner(checkpoint: Path, delay_s: float = 0.2) -> tuple[SlowTorchRunner, object]:
     ckpt = load_checkpoint(checkpoint)
     return SlowTorchRunner(ckpt.model, delay_s=delay_s), ckpt
+
+
+# How long a held prepare waits for `release` at most: longer than any wait of the tests, which let it go.
+HOLD_S = 300
+
+
+@dataclass
+class HeldPrepare:
+    """What `hold_first_prepare` gives a test: `started` once the first page is held, `release` to let it
+    go, and `calls`, the prepares so far (the held one included)."""
+
+    started: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+    calls: int = 0
+
+
+def hold_first_prepare(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> HeldPrepare:
+    """Hold the engine's first page on its preprocessing thread until `release` (a parse stuck in C code
+    looks like this; copies of the page wait behind it), then prepare it as usual; count every prepare."""
+    held = HeldPrepare()
+    real = engine._preprocessing._prepare
+
+    def prepare(doc: Document, truncate: bool) -> Prepared:
+        held.calls += 1
+        if held.calls == 1:
+            held.started.set()
+            held.release.wait(HOLD_S)
+        return real(doc, truncate)
+
+    monkeypatch.setattr(engine._preprocessing, "_prepare", prepare)
+    return held

@@ -4,37 +4,16 @@ CancelledError it did not ask for, and neither start nor stop waits on what cann
 from __future__ import annotations
 
 import asyncio
-import threading
 from pathlib import Path
 
 import pytest
 
-from service.core.preparation import Prepared
 from service.engine.engine import Engine
-from service.engine.types import Document, EngineConfig, ShuttingDownError
+from service.engine.types import EngineConfig, ShuttingDownError
+from tests.engine.conftest import hold_first_prepare
 from tests.factories.pages import make_pages
 
 SAFETY_S = 30  # bounds on waits that end at once when the engine is right
-
-
-def _blocking_prepare(
-    engine: Engine, monkeypatch: pytest.MonkeyPatch
-) -> tuple[threading.Event, threading.Event]:
-    """The engine's first page held on its preprocessing thread until `release` (a parse stuck in C
-    code looks like this); `started` once it is."""
-    started, release = threading.Event(), threading.Event()
-    real = engine._preprocessing._prepare
-    first = [True]
-
-    def held(doc: Document, truncate: bool) -> Prepared:
-        if first[0]:
-            first[0] = False
-            started.set()
-            release.wait(10 * SAFETY_S)  # longer than any wait of the tests: they let it go
-        return real(doc, truncate)
-
-    monkeypatch.setattr(engine._preprocessing, "_prepare", held)
-    return started, release
 
 
 @pytest.mark.parametrize("cached", [0, 8])
@@ -47,12 +26,12 @@ async def test_stop_without_drain_is_shutting_down_for_callers_nobody_cancelled(
     config = EngineConfig(preprocess_workers=1, result_cache_documents=cached)
     engine = Engine.from_checkpoint(tiny_checkpoint, config)
     await engine.start()
-    started, release = _blocking_prepare(engine, monkeypatch)
+    held = hold_first_prepare(engine, monkeypatch)
     pages = make_pages(3, seed=5)
     try:
         embedding = asyncio.ensure_future(engine.embed(pages))
         settled = asyncio.ensure_future(engine.embed_settled(make_pages(2, seed=6)))
-        assert await asyncio.to_thread(started.wait, SAFETY_S)
+        assert await asyncio.to_thread(held.started.wait, SAFETY_S)
         preprocessing = asyncio.ensure_future(engine.preprocess(pages[0]))  # behind the held page
         await asyncio.sleep(0)
         stopping = asyncio.ensure_future(engine.stop(drain=False))
@@ -60,7 +39,7 @@ async def test_stop_without_drain_is_shutting_down_for_callers_nobody_cancelled(
         # had waited for it: that is the other test's subject).
         await asyncio.wait([embedding, settled, preprocessing], timeout=SAFETY_S)
     finally:
-        release.set()
+        held.release.set()
     await asyncio.wait_for(stopping, SAFETY_S)
     current = asyncio.current_task()
     assert current is not None and current.cancelling() == 0
@@ -80,16 +59,16 @@ async def test_stop_without_drain_answers_a_page_stuck_on_a_thread_and_returns(
     and its caller with it. Now the caller gets ShuttingDownError and the thread runs on alone."""
     engine = Engine.from_checkpoint(tiny_checkpoint, EngineConfig(preprocess_workers=1))
     await engine.start()
-    started, release = _blocking_prepare(engine, monkeypatch)
+    held = hold_first_prepare(engine, monkeypatch)
     try:
         call = asyncio.ensure_future(engine.embed(make_pages(1, seed=7)))
-        assert await asyncio.to_thread(started.wait, SAFETY_S)
+        assert await asyncio.to_thread(held.started.wait, SAFETY_S)
         await asyncio.wait_for(engine.stop(drain=False), SAFETY_S)
         with pytest.raises(ShuttingDownError):
             await asyncio.wait_for(call, SAFETY_S)
         assert engine.queue_size == 0
     finally:
-        release.set()
+        held.release.set()
     engine.close()
 
 
@@ -151,4 +130,77 @@ async def test_a_start_during_a_stop_waits_for_it_and_starts_anew(tiny_checkpoin
     assert len(await engine.embed(make_pages(2))) == 2
     await engine.stop()
     assert processes.live_workers == 0 and pools._pool is None and pools._dispatch is None
+    engine.close()
+
+
+async def test_leaving_the_block_answers_every_call_in_flight(tiny_checkpoint: Path) -> None:
+    """A block that ends normally drains: calls it started and did not await get their results."""
+    async with Engine.from_checkpoint(tiny_checkpoint) as engine:
+        calls = [asyncio.ensure_future(engine.embed(make_pages(2, seed=seed))) for seed in range(3)]
+        await asyncio.sleep(0)  # each call runs to its first await: admitted, not yet answered
+        assert engine.queue_size == 6
+    assert all(call.done() and len(call.result()) == 2 for call in calls)
+    assert not engine.accepting and engine.queue_size == 0
+    engine.close()
+
+
+async def test_a_block_that_raises_stops_at_once_answers_the_calls_and_the_error_goes_on(
+    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The block's exception reaches the caller; the calls in flight (one held on its thread) each get
+    ShuttingDownError rather than a wait for the held page; a stop after it, or two, does nothing."""
+    engine = Engine.from_checkpoint(tiny_checkpoint, EngineConfig(preprocess_workers=1))
+    held = hold_first_prepare(engine, monkeypatch)
+    try:
+        with pytest.raises(KeyError, match="the block's own"):
+            async with engine:
+                embedding = asyncio.ensure_future(engine.embed(make_pages(2, seed=8)))
+                settled = asyncio.ensure_future(engine.embed_settled(make_pages(2, seed=9)))
+                assert await asyncio.to_thread(held.started.wait, SAFETY_S)
+                raise KeyError("the block's own")
+        with pytest.raises(ShuttingDownError):
+            await asyncio.wait_for(embedding, SAFETY_S)
+        outcomes = await asyncio.wait_for(settled, SAFETY_S)
+        assert all(isinstance(outcome, ShuttingDownError) for outcome in outcomes)
+        assert engine._batcher is None and engine._preprocessing.threads is None and engine.queue_size == 0
+        await asyncio.wait_for(engine.stop(), SAFETY_S)
+        await asyncio.wait_for(engine.stop(drain=False), SAFETY_S)
+        assert engine._batcher is None and not engine.accepting
+    finally:
+        held.release.set()
+    engine.close()
+
+
+async def test_a_drain_cancelled_on_the_way_out_still_stops_the_engine(
+    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A block left normally drains; cancelled during that drain (a timeout around the block), `__aexit__`
+    returned with the batcher's tasks and the pools still running and a call still waiting, nobody left
+    to stop them. Now it stops without drain, the call gets ShuttingDownError, and the cancel goes on."""
+    engine = Engine.from_checkpoint(tiny_checkpoint, EngineConfig(preprocess_workers=1))
+    held = hold_first_prepare(engine, monkeypatch)
+    calls: list[asyncio.Future[object]] = []
+
+    async def block() -> None:
+        async with engine:
+            calls.append(asyncio.ensure_future(engine.embed(make_pages(1, seed=10))))
+            assert await asyncio.to_thread(held.started.wait, SAFETY_S)
+
+    leaving = asyncio.ensure_future(block())
+    try:
+        for _ in range(100_000):  # a bound: the block is left as soon as the page is held
+            if calls and not engine.accepting:  # the stop refuses new work, then waits for the call
+                break
+            await asyncio.sleep(0)
+        assert calls and not engine.accepting and not leaving.done()
+        leaving.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(leaving, SAFETY_S)
+        assert engine._batcher is None and engine._preprocessing.threads is None
+        assert not [task for task in asyncio.all_tasks() if task.get_name().startswith("htmllm-batch")]
+        with pytest.raises(ShuttingDownError):
+            await asyncio.wait_for(calls[0], SAFETY_S)
+        assert engine.queue_size == 0
+    finally:
+        held.release.set()
     engine.close()

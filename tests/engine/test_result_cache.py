@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from service.engine.types import (
     EngineObserver,
     TooManyTokensError,
 )
-from tests.engine.conftest import slow_runner
+from tests.engine.conftest import hold_first_prepare, slow_runner
 from tests.factories.pages import make_pages
 
 
@@ -151,22 +150,6 @@ async def test_a_failed_first_copy_leaves_the_others_to_embed_it(tiny_checkpoint
     assert result.tokens > 0 and result.embedding.shape == (ckpt.meta.embedding_dim,)  # type: ignore[attr-defined]
 
 
-def _held_first_prepare(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], threading.Event]:
-    """Count the engine's prepares; the first waits for `release` (so that every copy is waiting for it)
-    and then runs or fails as the page does."""
-    calls, release = [0], threading.Event()
-    real = engine._preprocessing._prepare
-
-    def held(doc: Document, truncate: bool) -> Prepared:
-        calls[0] += 1
-        if calls[0] == 1:
-            release.wait(30)
-        return real(doc, truncate)
-
-    monkeypatch.setattr(engine._preprocessing, "_prepare", held)
-    return calls, release
-
-
 async def _when_copies_wait(engine: Engine, monkeypatch: pytest.MonkeyPatch, copies: int) -> None:
     """Return once `copies` calls have asked the cache for the page (all but the first then wait)."""
     cache = engine._cache
@@ -193,7 +176,7 @@ async def test_copies_of_a_page_that_fails_get_its_failure_without_trying_again(
     preprocessing time limit (20 s) cost the k-th copy k times the limit, or its deadline."""
     config = EngineConfig(result_cache_documents=8, preprocess_workers=4)
     async with Engine.from_checkpoint(tiny_checkpoint, config) as engine:
-        calls, release = _held_first_prepare(engine, monkeypatch)
+        held = hold_first_prepare(engine, monkeypatch)
         real = engine._preprocessing._prepare
 
         def failing(doc: Document, truncate: bool) -> Prepared:
@@ -206,14 +189,14 @@ async def test_copies_of_a_page_that_fails_get_its_failure_without_trying_again(
         try:
             await _when_copies_wait(engine, monkeypatch, 4)
         finally:
-            release.set()
+            held.release.set()
         outcomes = await asyncio.gather(*copies, return_exceptions=True)
-        assert calls[0] == 1, "the copies prepared the page again"
+        assert held.calls == 1, "the copies prepared the page again"
         assert all(isinstance(o, PreprocessError) and "20 s" in str(o) for o in outcomes), outcomes
         assert len({id(o) for o in outcomes}) == 4  # each its own exception, not one raised four times
         assert engine.queue_size == 0 and len(engine._cache or []) == 0  # a failure is never kept
         (result,) = await engine.embed_settled([page])  # a later call tries the page again
-        assert isinstance(result, PreprocessError) and calls[0] == 2
+        assert isinstance(result, PreprocessError) and held.calls == 2
 
 
 async def test_copies_of_a_page_over_the_limit_are_each_refused_in_their_own_name(
@@ -221,7 +204,7 @@ async def test_copies_of_a_page_over_the_limit_are_each_refused_in_their_own_nam
 ) -> None:
     config = EngineConfig(result_cache_documents=8, preprocess_workers=4, max_length=64)
     async with Engine.from_checkpoint(tiny_checkpoint, config) as engine:
-        calls, release = _held_first_prepare(engine, monkeypatch)
+        held = hold_first_prepare(engine, monkeypatch)
         long = make_pages(1, min_words=400, max_words=400)[0]
         copies = [
             asyncio.ensure_future(engine.embed([Document(long, id=name)], truncate=False)) for name in "abc"
@@ -229,9 +212,9 @@ async def test_copies_of_a_page_over_the_limit_are_each_refused_in_their_own_nam
         try:
             await _when_copies_wait(engine, monkeypatch, 3)
         finally:
-            release.set()
+            held.release.set()
         outcomes = await asyncio.gather(*copies, return_exceptions=True)
-    assert calls[0] == 1
+    assert held.calls == 1
     for name, outcome in zip("abc", outcomes, strict=True):
         assert isinstance(outcome, TooManyTokensError) and f"document {name!r} has" in outcome.message
 
