@@ -1,10 +1,13 @@
 """`htmllm extract`: bulk plain-text extraction of a page collection into JSONL, with a progress bar.
 
-One output row per input page, in input order. A page an extractor fails on, and an input row that cannot
-be read (not JSON, a missing file; a page over the pruner's 16 MiB cap, `payload_too_large`, see
-`service.core.pages`), gets an `error` object in its row rather than stopping the run; only an input
-source that does not exist or cannot be read, an unwritable output path or a run state that cannot be
-resumed fails the command: one line with its code, as `htmllm embed` says it, and exit code 1.
+One output row per input page, in input order, with its input position (`index`, from 0) first, as
+`htmllm embed`'s rows have it: the one key that tells every row apart, since a row without an id is
+named by its position and so can share its `id` with a row whose real id is that number. A page an
+extractor fails on, and an input row that cannot be read (not JSON, a missing file; a page over the
+pruner's 16 MiB cap, `payload_too_large`, see `service.core.pages`), gets an `error` object in its row
+rather than stopping the run; only an input source that does not exist or cannot be read, an unwritable
+output path or a run state that cannot be resumed fails the command: one line with its code, as
+`htmllm embed` says it, and exit code 1.
 
 Resumable as `htmllm embed` is, with the same rules (`resume_state`): rows go, in input order, to
 append-only parts in `<output>.parts/` (each a JSON header line with its first index, its pages' ids and
@@ -77,7 +80,8 @@ _EXTRACTOR_DISTRIBUTIONS = ("resiliparse", "trafilatura", "justext")
 # 3: text mostly U+FFFD or control characters fails the filter, a failed attempt says why (`reason`),
 #    jusText reports "en" for its English fallback, and `encoding` is a JSONL row's declared codec;
 #    a part's `errors` counts an `all` row whose every extractor failed.
-ROW_FORMAT = 3
+# 4: every row starts with its input position, `index`.
+ROW_FORMAT = 4
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -146,10 +150,10 @@ def _extraction_json(result: Extraction, page: Page) -> dict[str, Any]:
     return row
 
 
-def _process(page: Page, args: argparse.Namespace, pool: ExtractorPool) -> dict[str, Any]:
+def _process(index: int, page: Page, args: argparse.Namespace, pool: ExtractorPool) -> dict[str, Any]:
     from service.core.extract import ExtractionError, extract, extract_all
 
-    row: dict[str, Any] = {"id": page.id, "url": page.url}
+    row: dict[str, Any] = {"index": index, "id": page.id, "url": page.url}
     if page.error is not None:
         row["error"] = {"code": str(page.error_code), "message": page.error}
         return row
@@ -255,6 +259,8 @@ class _JsonlParts:
         first = rows[0]["index"]
         if [row["index"] for row in rows] != list(range(first, first + len(rows))):
             raise RuntimeError(f"a part's indices must be consecutive, got {[row['index'] for row in rows]}")
+        if any(row["row"]["index"] != row["index"] for row in rows):
+            raise RuntimeError("a row's `index` must be the position it is written at")
         body = "".join(json.dumps(row["row"], ensure_ascii=False) + "\n" for row in rows).encode("utf-8")
         header = {
             "first": first,
@@ -325,7 +331,7 @@ def _extract_all(
         try:
             # A bounded window keeps memory flat on big collections and rows in input order.
             for index, page in todo:
-                pending.append((index, executor.submit(_process, page, args, pool)))
+                pending.append((index, executor.submit(_process, index, page, args, pool)))
                 drain(2 * workers)
             drain(0)
         except BaseException:

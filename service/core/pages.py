@@ -267,7 +267,11 @@ def _json_type(value: Any) -> str:
 
 def _row_id(row: Any, index: int) -> str:
     """A row's `id` (an integer as its decimal text), or its position when it has none, it is not a
-    string or an integer (`_row_page` refuses that row), or the row is not an object."""
+    string or an integer (`_row_page` refuses that row), or the row is not an object.
+
+    The fallback can equal another row's real id (`"id": 7` at row 3, a bad line at row 7: both "7"),
+    so ids need not be unique; the bulk commands' rows carry the position itself as `index`, the key
+    that tells every row apart."""
     page_id = row.get("id") if isinstance(row, dict) else None
     if isinstance(page_id, str):
         return page_id

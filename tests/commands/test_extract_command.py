@@ -464,3 +464,54 @@ def test_a_row_reports_the_charset_its_page_was_decoded_from(tmp_path: Path) -> 
     first, second = _rows(output)
     assert first["encoding"] == "cp1251" and "Маленький город" in first["text"] and first["passed"]
     assert second["encoding"] == "utf-8"
+
+
+def _id_seven_twice(path: Path) -> Path:
+    """Ten rows: row 3's real id is the integer 7 (read as "7"), and row 7 is not JSON, so it is named
+    by its position, "7" too. Every row is an error row: the run needs no extraction."""
+    lines = [json.dumps({"id": f"r{i}"}) for i in range(10)]
+    lines[3] = json.dumps({"id": 7})
+    lines[7] = "not json"
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def test_every_row_has_its_input_position_which_tells_a_real_id_from_a_fallback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user found two rows with `id` "7" and no way to tell them apart in the JSONL (embed's Parquet
+    has `index`); now every row starts with its `index`, on both the resumable and the streaming path."""
+    source = _id_seven_twice(tmp_path / "in.jsonl")
+    output = tmp_path / "out.jsonl"
+    assert main(_args(source, output, "--part-size", "4")) == 0
+    streamed = main(_args(source, "-"))
+    assert streamed == 0
+    for rows in (_rows(output), [json.loads(line) for line in capsys.readouterr().out.splitlines()]):
+        assert [row["index"] for row in rows] == list(range(10))
+        assert all(next(iter(row)) == "index" for row in rows)  # first, as embed's column is
+        sevens = [row for row in rows if row["id"] == "7"]
+        assert [row["index"] for row in sevens] == [3, 7]
+        assert (
+            "is not JSON" in sevens[1]["error"]["message"]
+            and "is not JSON" not in sevens[0]["error"]["message"]
+        )
+
+
+def test_a_resume_writes_every_index_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume with a gap in its done-set (a middle part lost) extracts the gap's pages again and the
+    merged output holds each input position once, in order, with the ids the input gives them."""
+    source = _id_seven_twice(tmp_path / "in.jsonl")
+    output = tmp_path / "out.jsonl"
+    args = _args(source, output, "--part-size", "3")
+    _stop_before_merge(monkeypatch, args)
+    parts = sorted((tmp_path / "out.jsonl.parts").glob("part-*.jsonl"))
+    assert len(parts) == 4
+    parts[1].unlink()  # indices 3..5: done again by the resume
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "10 pages, 10 failed" in capsys.readouterr().err
+    rows = _rows(output)
+    assert [row["index"] for row in rows] == list(range(10))
+    assert [row["id"] for row in rows] == ["r0", "r1", "r2", "7", "r4", "r5", "r6", "7", "r8", "r9"]

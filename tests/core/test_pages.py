@@ -474,6 +474,17 @@ def test_an_integer_id_is_its_decimal_text(tmp_path: Path) -> None:
     assert [p.id for p in iter_pages(source)] == ["17"]
 
 
+def test_a_positional_fallback_id_can_equal_a_real_one(tmp_path: Path) -> None:
+    """Documented, not refused: ids need not be unique, so the bulk commands key rows by `index`."""
+    source = tmp_path / "rows.jsonl"
+    lines = [json.dumps({"id": f"r{i}", "html": "<p>x</p>"}) for i in range(8)]
+    lines[3], lines[7] = json.dumps({"id": 7, "html": "<p>x</p>"}), "not json"
+    source.write_text("\n".join(lines) + "\n")
+    pages = list(iter_pages(source, bad_rows="report"))
+    assert [i for i, p in enumerate(pages) if p.id == "7"] == [3, 7]
+    assert pages[3].error is None and pages[7].error is not None
+
+
 def test_a_file_outside_the_manifests_directory_is_followed(tmp_path: Path) -> None:
     """A manifest is trusted like a command line: it may point at pages kept elsewhere."""
     (tmp_path / "pages").mkdir()
