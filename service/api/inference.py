@@ -7,7 +7,8 @@ cancelled when the client disconnects (the batcher then skips its documents).
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TypeVar
 
 from fastapi import Request
@@ -16,6 +17,7 @@ from service.api.limits import check_document_count
 from service.api.runtime import Runtime, answer_or_cancel
 from service.core.errors import HtmllmError
 from service.engine import Document, DocumentResult, Engine
+from service.engine.failures import naming
 
 T = TypeVar("T")
 
@@ -40,7 +42,21 @@ async def embed(
     def call(deadline: float) -> Awaitable[list[DocumentResult]]:
         return engine.embed(documents, heads=heads, normalize=normalize, truncate=truncate, deadline=deadline)
 
-    return await _bounded(request, runtime, documents, call)
+    with naming_failures(documents):
+        return await _bounded(request, runtime, documents, call)
+
+
+@contextmanager
+def naming_failures(documents: Sequence[Document]) -> Iterator[None]:
+    """A failure of one of `documents` (all or nothing: the request's error) named after that document,
+    by id and index, as `too_many_tokens` is: a crawler that sent 64 pages learns which one to drop."""
+    try:
+        yield
+    except HtmllmError as exc:
+        named = naming(exc, documents)
+        if named is exc:
+            raise
+        raise named from exc
 
 
 async def embed_settled(

@@ -8,26 +8,44 @@ the lifecycle the Engine owns.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
+from typing import TypeVar
 
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.preparation import PreprocessError
 from service.core.workers import WorkerDiedError, WorkerError, WorkerStartError, WorkerTimeoutError
 from service.engine.types import Document, TooManyTokensError
 
+E = TypeVar("E", bound=HtmllmError)
+
+# Where a failure of the page itself keeps the Document it failed on (`mark`), for the caller of an
+# all-or-nothing call to say which of its documents that was (`naming`).
+_DOCUMENT_ATTRIBUTE = "htmllm_failed_document"
+_SHOWN_ID_CHARS = 100
+
+
+def document_name(doc_id: str | None, index: int | None) -> str:
+    """How a message names a document: its id, and its index in the call where the caller knows it
+    (the ids are the client's own and may repeat or be absent; the OpenAI and TEI routes have none)."""
+    if doc_id is None:
+        return f"the document at index {index}" if index is not None else "a document"
+    shown = repr(doc_id[:_SHOWN_ID_CHARS]) + ("..." if len(doc_id) > _SHOWN_ID_CHARS else "")
+    return f"document {shown}" + (f" (index {index})" if index is not None else "")
+
 
 class OverLimitError(TooManyTokensError):
     """A page over the token limit with truncation off, named after its document. It keeps what it
     says of the page, so that a copy of the page waiting in the result cache is told in its own name."""
 
-    def __init__(self, doc_id: str | None, count: str, max_length: int) -> None:
-        name = f"document {doc_id!r}" if doc_id is not None else "a document"
+    def __init__(self, doc_id: str | None, count: str, max_length: int, index: int | None = None) -> None:
         super().__init__(
-            f"{name} has {count} tokens, over the model's {max_length} (allow truncation to cut it)"
+            f"{document_name(doc_id, index)} has {count} tokens, over the model's {max_length} "
+            "(allow truncation to cut it)"
         )
         self.count, self.max_length = count, max_length
 
-    def renamed(self, doc_id: str | None) -> OverLimitError:
-        return OverLimitError(doc_id, self.count, self.max_length)
+    def renamed(self, doc_id: str | None, index: int | None = None) -> OverLimitError:
+        return OverLimitError(doc_id, self.count, self.max_length, index)
 
 
 # Failures of a page itself: the same bytes under the same policy fail the same way again, so the copies
@@ -48,11 +66,40 @@ def for_copy(failure: HtmllmError, doc: Document) -> HtmllmError:
     """The failure of a page's first copy, as `doc`'s own error: a new exception (one object raised in
     many tasks would pile up their tracebacks), named after `doc` where the message names a document."""
     if isinstance(failure, OverLimitError):
-        return failure.renamed(doc.id)
+        return mark(failure.renamed(doc.id), doc)
     try:
-        return copy.copy(failure)
+        own = copy.copy(failure)
     except Exception:  # a class whose constructor takes other arguments: the same code and message
-        return HtmllmError(failure.message, code=failure.code)
+        own = HtmllmError(failure.message, code=failure.code)
+    return mark(own, doc)
+
+
+def mark(failure: E, doc: Document) -> E:
+    """`failure`, marked as `doc`'s own where it is a failure of the page itself (`PAGE_FAILURES`):
+    an all-or-nothing call raises the first failure of its documents, and without the mark its caller
+    could not tell a crawler which of 64 pages nests too deep or needs too much memory."""
+    if failure.code in PAGE_FAILURES:
+        setattr(failure, _DOCUMENT_ATTRIBUTE, doc)
+    return failure
+
+
+def failed_document(failure: BaseException) -> Document | None:
+    """The document a failure of the page itself was marked with (`mark`), if any."""
+    doc = getattr(failure, _DOCUMENT_ATTRIBUTE, None)
+    return doc if isinstance(doc, Document) else None
+
+
+def naming(failure: HtmllmError, documents: Sequence[Document]) -> HtmllmError:
+    """An all-or-nothing call's failure as its caller answers it: a failure of one of `documents`
+    (the call's, in order) names that document by its id and index, with the same code; any other
+    failure (one not marked, or marked with a document of another call) is `failure` itself."""
+    doc = failed_document(failure)
+    index = next((i for i, candidate in enumerate(documents) if candidate is doc), None)
+    if doc is None or index is None:
+        return failure
+    if isinstance(failure, OverLimitError):  # its message names the document already: by id alone
+        return mark(failure.renamed(doc.id, index), doc)
+    return mark(HtmllmError(f"{document_name(doc.id, index)}: {failure.message}", code=failure.code), doc)
 
 
 def worker_failure(exc: WorkerError, timeout_s: float | None) -> HtmllmError:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from service.core.errors import HtmllmError
 from service.core.preparation import (
     Prepared,
     Preprocessed,
@@ -27,7 +28,7 @@ from service.core.prune import InputTooLargeError
 from service.core.tokenizer import HtmlTokenizer
 from service.core.words import built_word_tables
 from service.core.workers import WorkerError, WorkerPool, mib_as_bytes
-from service.engine.failures import OverLimitError, worker_failure
+from service.engine.failures import OverLimitError, mark, worker_failure
 from service.engine.types import Document, EngineConfig, ShuttingDownError
 
 T = TypeVar("T")
@@ -137,14 +138,18 @@ class Preprocessing:
     async def prepare(self, pool: ThreadPoolExecutor, doc: Document, truncate: bool) -> Prepared:
         """The token ids of `doc`, from the threads (`pool`) or the processes; OverLimitError for a page
         over the max length with `truncate` off. The Engine checks that it runs first."""
-        if self._processes is None:
-            prepared = await self.off_loop(pool, self._prepare, doc, truncate)
-        else:
-            args = (doc.html, doc.encoding, self._max_length, truncate)
-            prepared = await self._in_process(prepare_in_worker, *args)
+        try:
+            if self._processes is None:
+                prepared = await self.off_loop(pool, self._prepare, doc, truncate)
+            else:
+                args = (doc.html, doc.encoding, self._max_length, truncate)
+                prepared = await self._in_process(prepare_in_worker, *args)
+        except HtmllmError as exc:
+            mark(exc, doc)  # so that the caller of an all-or-nothing call can name the page (`naming`)
+            raise
         if prepared.over_limit is not None:
             count = f"{'' if prepared.over_limit_exact else 'more than '}{prepared.over_limit}"
-            raise OverLimitError(doc.id, count, self._max_length)
+            raise mark(OverLimitError(doc.id, count, self._max_length), doc)
         return prepared
 
     def _prepare(self, doc: Document, truncate: bool) -> Prepared:
@@ -155,9 +160,13 @@ class Preprocessing:
     async def preprocess(self, pool: ThreadPoolExecutor, doc: Document) -> Preprocessed:
         """The pruned HTML and its token count (`Engine.preprocess`), from the threads or the processes."""
         max_length = self._max_length
-        if self._processes is not None:
-            return await self._in_process(preprocess_in_worker, doc.html, doc.encoding, max_length)
-        return await self.off_loop(pool, preprocess, self._tokenizer, doc.html, doc.encoding, max_length)
+        try:
+            if self._processes is not None:
+                return await self._in_process(preprocess_in_worker, doc.html, doc.encoding, max_length)
+            return await self.off_loop(pool, preprocess, self._tokenizer, doc.html, doc.encoding, max_length)
+        except HtmllmError as exc:
+            mark(exc, doc)
+            raise
 
     async def _in_process(self, job: Callable[..., T], *args: object) -> T:
         """Run `job` on a preprocessing process, waited for by one of the dispatch threads; a worker

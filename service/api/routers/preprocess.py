@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
+from service.api import inference
 from service.api.auth import require_api_key
 from service.api.documents import read_body, to_documents
 from service.api.limits import check_document_count
@@ -39,9 +40,10 @@ async def preprocess(
     # The engine admits these one by one: more than its queue holds would find it full of their own
     # first documents, a 429 to retry for ever. /v1/embed's 422, from the engine's one check.
     engine.check_call_size(len(documents))
-    outputs = await answer_or_cancel(
-        request, _preprocess_all(engine, documents), timeout_s=runtime.settings.request_timeout_s
-    )
+    with inference.naming_failures(documents):
+        outputs = await answer_or_cancel(
+            request, _preprocess_all(engine, documents), timeout_s=runtime.settings.request_timeout_s
+        )
     answer = PreprocessResponse(
         data=[
             PreprocessResult(id=doc.id, html=out.html, tokens=out.tokens, tokens_exact=out.tokens_exact)
