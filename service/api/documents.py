@@ -2,7 +2,8 @@
 
 A model route's body is either JSON (`application/json`, or no Content-Type) or one raw page
 (`text/html; charset=...` or `application/octet-stream`), whose bytes go to the decoder untouched with
-the declared charset; raw-body options come from the query string.
+text/html's declared charset (octet-stream's is no parameter of that type: the decoder finds the
+encoding); raw-body options come from the query string.
 
 A JSON body's structure is bounded before it is parsed (`check_json_structure`): pydantic parses every
 field in full, one it ignores or refuses included, holding the GIL, and builds Python objects for a
@@ -217,6 +218,21 @@ async def read_body(
             "(with a raw body only)",
             code=ErrorCode.VALIDATION,
         )
+    # FastAPI keeps the last of a repeated scalar option, but `?normalize=true&normalize=false` (a
+    # crawler appending its options to a URL that had some) may mean either: refused, as strictly as a
+    # JSON body's types are. A list option (`heads`, `extractors`) takes every value, and is a list
+    # whenever it is given.
+    repeated = sorted(
+        name
+        for name, value in raw_options.items()
+        if not isinstance(value, list) and len(request.query_params.getlist(name)) > 1
+    )
+    if repeated:
+        raise HtmllmError(
+            f"query option(s) {', '.join(repr(name) for name in repeated)} given more than once; "
+            "each takes one value",
+            code=ErrorCode.VALIDATION,
+        )
     if not header and _looks_like_markup(body):
         # `requests.post(url, data=page)` and `httpx.post(url, content=page)` send no Content-Type.
         # JSON cannot start so: the body is one page, as application/octet-stream would say.
@@ -235,7 +251,11 @@ async def read_body(
             raise HtmllmError("the request body is empty", code=ErrorCode.EMPTY)
         doc_id = raw_options.get("id")
         url = raw_options.get("url")
-        return None, Document(html=body, id=doc_id, url=url, encoding=charset)
+        # application/octet-stream has no charset parameter (RFC 2046 §4.5.1): a client that sends one
+        # there (many add `charset=utf-8` to every type) has not said what the page is in, and the
+        # decoder finds it (BOM, <meta charset>, detection) as for none. text/html's is the HTTP one.
+        encoding = charset if media_type == "text/html" else None
+        return None, Document(html=body, id=doc_id, url=url, encoding=encoding)
     # Quote the header as sent: the email parser reads one it cannot parse as text/plain.
     raise HtmllmError(
         f"unsupported Content-Type {(header or '')[:100]!r}: send application/json, or one page as "

@@ -146,7 +146,8 @@ def raw_body_openapi(model: type[BaseModel]) -> dict[str, Any]:
             "required": True,
             "description": "JSON (`application/json`, any `+json` type, or no Content-Type), or one raw "
             "page: `text/html` (its `charset` parameter is the page's declared encoding) or "
-            "`application/octet-stream` (the encoding is detected), with the options in the query "
+            "`application/octet-stream` (the encoding is detected; a `charset` parameter, which that type "
+            "does not define, is ignored), with the options in the query "
             "string (sent with a JSON body they are a 422); an empty page is 400." + _COMPRESSION,
             "content": {
                 "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}},
