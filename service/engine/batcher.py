@@ -234,6 +234,11 @@ class Batcher:
         held = [doc for ready in self._in_hand for doc in ready.documents] + self._window
         # A probe's or warm-up's pass counts: a hung backend there had held the shutdown for ever.
         in_pass = direct or any(ready.started is not None for ready in self._in_hand)
+        # A cancellation of the task closing (a timeout around `async with engine`) must not stop the close
+        # half way (the documents below would never be answered), nor be swallowed with the tasks' own:
+        # it goes on once the close is done.
+        closing = asyncio.current_task()
+        cancels = closing.cancelling() if closing is not None else 0
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -257,6 +262,8 @@ class Batcher:
             self._runner.abort()
         await asyncio.to_thread(self._prepare_pool.shutdown, wait=True)
         await asyncio.to_thread(self._infer_pool.shutdown, wait=True)
+        if closing is not None and closing.cancelling() > cancels:
+            raise asyncio.CancelledError
 
     async def _next_window(self) -> list[QueuedDocument]:
         while not self._inbox:

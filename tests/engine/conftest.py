@@ -75,9 +75,13 @@ def hold_first_prepare(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> HeldP
     held = HeldPrepare()
     real = engine._preprocessing._prepare
 
+    lock = threading.Lock()  # (prepares run on several threads)
+
     def prepare(doc: Document, truncate: bool) -> Prepared:
-        held.calls += 1
-        if held.calls == 1:
+        with lock:
+            held.calls += 1
+            first = held.calls == 1
+        if first:
             held.started.set()
             held.release.wait(HOLD_S)
         return real(doc, truncate)

@@ -249,3 +249,23 @@ async def test_a_direct_pass_during_close_is_shutting_down_not_a_runtime_error()
     assert runner.passes == 1  # the queued probe never ran
     with pytest.raises(ShuttingDownError):
         document.result()
+
+
+async def test_a_close_cancelled_on_the_way_answers_everything_and_stays_cancelled() -> None:
+    """The task closing the batcher cancelled while it waits for the batcher's tasks (a timeout around
+    `async with engine`): the cancellation was swallowed with the tasks' own, so the timeout never
+    fired. The close still answers every document, and the cancellation goes on after it."""
+    runner = _BlockingRunner()
+    runner.release.set()
+    batcher = Batcher(runner, max_batch_tokens=1000, max_batch_requests=2, max_wait_ms=10_000)
+    batcher.start()
+    futures = [batcher.submit([2, 5, 3], deadline=None)]  # waits in the window for company
+    closing = asyncio.ensure_future(batcher.close())
+    await asyncio.sleep(0)  # the close has cancelled the batcher's tasks and waits for them
+    assert not closing.done()
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    for future in futures:
+        with pytest.raises(ShuttingDownError):
+            future.result()

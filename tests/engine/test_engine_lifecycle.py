@@ -4,6 +4,8 @@ CancelledError it did not ask for, and neither start nor stop waits on what cann
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,17 @@ from tests.engine.conftest import hold_first_prepare
 from tests.factories.pages import make_pages
 
 SAFETY_S = 30  # bounds on waits that end at once when the engine is right
+
+
+async def _until(condition: Callable[[], bool]) -> bool:
+    """Whether `condition` came true within SAFETY_S, looked at every loop turn (and millisecond: a thread
+    the condition waits for needs the GIL, which a loop spinning on sleep(0) hardly gives up)."""
+    deadline = time.monotonic() + SAFETY_S
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.001)
+    return True
 
 
 @pytest.mark.parametrize("cached", [0, 8])
@@ -188,11 +201,9 @@ async def test_a_drain_cancelled_on_the_way_out_still_stops_the_engine(
 
     leaving = asyncio.ensure_future(block())
     try:
-        for _ in range(100_000):  # a bound: the block is left as soon as the page is held
-            if calls and not engine.accepting:  # the stop refuses new work, then waits for the call
-                break
-            await asyncio.sleep(0)
-        assert calls and not engine.accepting and not leaving.done()
+        # The block is left as soon as the page is held; the stop refuses new work, then waits for the call.
+        assert await _until(lambda: bool(calls) and not engine.accepting)
+        assert not leaving.done()
         leaving.cancel()
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(leaving, SAFETY_S)
