@@ -173,23 +173,33 @@ def bundle(run: Path, out: Path, *, curve: Path | None, eval_dir: Path | None) -
     for name in CHECKPOINT_FILES:
         if not (source / name).is_file():
             raise SystemExit(f"{source} has no {name}: run the pretraining step first")
-    if out.exists():
-        shutil.rmtree(out)
+    # Built beside `out` and moved into place once complete: a copy that fails half way (a disk full, a
+    # checkpoint that kept changing) leaves the assets as they were, not a half-written model.
+    staging = out.with_name(out.name + ".partial")
+    if staging.exists():
+        shutil.rmtree(staging)
     # As a load reads it: a `save_heads` killed after its commit point completed (or read through), its
     # stage and lock left behind, and copied again should a save overtake the copy.
     try:
-        copy_checkpoint(source, out)
+        copy_checkpoint(source, staging)
     except CheckpointError as exc:
         raise SystemExit(str(exc)) from exc
-    for file in out.rglob("*"):  # atomic writes leave 0600 files; the service may run as another user
-        file.chmod(0o755 if file.is_dir() else 0o644)
-    size = _directory_bytes(out)
+    size = _directory_bytes(staging)
     if size > MAX_BUNDLE_BYTES:
         raise SystemExit(
-            f"{out} is {size / 2**20:.1f} MiB, over the {MAX_BUNDLE_BYTES / 2**20:.0f} MiB budget"
+            f"{source} is {size / 2**20:.1f} MiB, over the {MAX_BUNDLE_BYTES / 2**20:.0f} MiB budget"
         )
+    card = staging / CARD_FILE
+    card.write_text(render_card(run, staging, eval_dir=eval_dir), encoding="utf-8")
+    card.chmod(0o644)
+    replaced = out.with_name(out.name + ".old")
+    if replaced.exists():
+        shutil.rmtree(replaced)
+    if out.exists():
+        out.rename(replaced)
+    staging.rename(out)
+    shutil.rmtree(replaced, ignore_errors=True)
     card = out / CARD_FILE
-    card.write_text(render_card(run, out, eval_dir=eval_dir), encoding="utf-8")
     if curve is not None and (run / "pretrain" / CURVE_FILE).is_file():
         curve.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(run / "pretrain" / CURVE_FILE, curve)

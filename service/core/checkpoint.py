@@ -407,6 +407,7 @@ def copy_checkpoint(path: str | Path, out: str | Path) -> None:
     if target.exists() and target.resolve() == root.resolve():
         raise CheckpointError(f"cannot copy checkpoint {root} onto itself")
     target.mkdir(parents=True, exist_ok=True)
+    target.chmod(DIRECTORY_MODE)
     heads_stage.consistently(root, partial(_copy_view, root, target))
 
 
@@ -424,11 +425,17 @@ def _copy_view(root: Path, target: Path, view: heads_stage.View) -> None:
     name = f"{HEADS_DIR}/"
     try:
         shutil.rmtree(heads_dir, ignore_errors=True)  # the head files of an attempt a save overtook
-        heads_dir.mkdir()
+        if view.head_files:
+            heads_dir.mkdir()
+            heads_dir.chmod(DIRECTORY_MODE)
         for name, file in named:
             _copy_file(file, target / name)
     except OSError as exc:
         raise CheckpointError(f"checkpoint {root}: cannot copy {name} to {target}: {exc}") from exc
+
+
+# A copy's directories, as its files (`FILE_MODE`), readable by the service's user whatever the umask.
+DIRECTORY_MODE = 0o755
 
 
 def _copy_file(source: Path, destination: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +84,34 @@ def test_bundle_overtaken_by_a_save_heads_copies_the_new_heads_under_their_label
     assert sorted(path.name for path in (out / "heads").iterdir()) == sorted(
         path.name for path in (source / "heads").glob("*.safetensors")
     )  # the lock file stays in the run
+
+
+def test_a_bundle_that_fails_leaves_the_previous_bundle_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bundle was deleted first and copied in place: a copy that failed half way (a disk full, a
+    checkpoint that kept changing) left the service's assets a half-written model."""
+    from service.core import checkpoint as checkpoint_module
+
+    build_tiny_checkpoint(tmp_path / "run" / "pretrain" / "model")
+    monkeypatch.setattr(default_model, "render_card", lambda run, out, eval_dir: "card\n")
+    out = tmp_path / "assets" / "default-model"
+    default_model.bundle(tmp_path / "run", out, curve=None, eval_dir=None)
+    before = sorted(path.relative_to(out) for path in out.rglob("*"))
+
+    def disk_full(source: Path, destination: Path) -> None:
+        if destination.name == "htmllm.json":
+            raise OSError(28, "No space left on device")
+        shutil.copyfile(source, destination)
+
+    monkeypatch.setattr(checkpoint_module, "_copy_file", disk_full)
+    with pytest.raises(SystemExit, match="No space left"):
+        default_model.bundle(tmp_path / "run", out, curve=None, eval_dir=None)
+    assert sorted(path.relative_to(out) for path in out.rglob("*")) == before
+    load_checkpoint(out)
+    monkeypatch.undo()
+    monkeypatch.setattr(default_model, "render_card", lambda run, out, eval_dir: "card\n")
+    default_model.bundle(tmp_path / "run", out, curve=None, eval_dir=None)  # a leftover does not stop a rerun
+    assert sorted(path.relative_to(out) for path in out.rglob("*")) == before
+    assert sorted(path.name for path in out.parent.iterdir()) == ["default-model"]
+    assert all(path.stat().st_mode & 0o777 == (0o755 if path.is_dir() else 0o644) for path in out.rglob("*"))
