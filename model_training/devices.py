@@ -39,10 +39,18 @@ def resolve_device(device: str, *, local_rank: int | None = None, source: str = 
     if parsed.type == "cuda":
         if not torch.cuda.is_available():
             raise DataError(f"{source}device {device!r}: torch sees no CUDA device here (use auto or cpu)")
-        if parsed.index is None and local_rank is not None:
-            device = f"cuda:{local_rank}"
-            parsed = torch.device(device)
         count = torch.cuda.device_count()
+        if parsed.index is None and local_rank is not None:
+            # torchrun shows every rank all the node's GPUs, numbered by local rank; a launcher that shows
+            # each rank only its own (one visible device) means that one.
+            index = 0 if count == 1 else local_rank
+            if index >= count:
+                raise DataError(
+                    f"{source}device {device!r} for local rank {local_rank} (cuda:{index}): torch sees "
+                    f"{count} CUDA device(s), numbered from 0"
+                )
+            device = f"cuda:{index}"
+            parsed = torch.device(device)
         if parsed.index is not None and parsed.index >= count:
             raise DataError(f"{source}device {device!r}: torch sees {count} CUDA device(s), numbered from 0")
     if parsed.type == "mps" and not torch.backends.mps.is_available():

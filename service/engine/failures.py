@@ -80,6 +80,8 @@ def mark(failure: E, doc: Document) -> E:
     could not tell a crawler which of 64 pages nests too deep or needs too much memory."""
     if failure.code in PAGE_FAILURES:
         setattr(failure, _DOCUMENT_ATTRIBUTE, doc)
+    elif hasattr(failure, _DOCUMENT_ATTRIBUTE):  # (a copy of another's failure: not this page's own)
+        delattr(failure, _DOCUMENT_ATTRIBUTE)
     return failure
 
 

@@ -33,8 +33,13 @@ def test_a_local_rank_numbers_a_cuda_device_given_without_an_index(monkeypatch: 
         "cuda:0",
         "cpu",
     ]
-    with pytest.raises(DataError, match="config: device 'cuda:2': torch sees 2 CUDA device"):
+    with pytest.raises(
+        DataError, match=r"config: device 'cuda' for local rank 2 \(cuda:2\): torch sees 2 CUDA"
+    ):
         resolve_device("cuda", local_rank=2, source="config: ")
+    # A launcher that shows each rank only its own GPU: the one visible device, not cuda:<rank>.
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device("cuda", local_rank=3) == "cuda:0"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("auto", local_rank=1) == "cpu"
 
