@@ -175,8 +175,23 @@ class _OpenElements:
         # name and attributes than its list keeps (Noah's Ark) count (`note_formatting`). One dict per
         # marker, as `dangling`; they count among its entries.
         self.fostered: list[dict[bytes, dict[bytes, int]]] = [{}]
+        # How many of those (by name, then key) a sure pop left there, at least (one per marker, as
+        # `dangling`; an end tag that releases one of unknown key forgets the name's): at a start tag of
+        # their name and attributes the parser's list keeps two of them besides it (Noah's Ark), the
+        # others are `dropped` (`note_formatting`).
+        self.keyed: list[dict[bytes, dict[bytes, int]]] = [{}]
+        # None: no element the parser re-creates from its list is on its stack (a sure pop took them all
+        # off, and nothing may have re-created one since). Else the serial before the first re-creation
+        # since: each one re-created is above every entry up to it still open, so popping one of those
+        # pops them all (`popped`).
+        self.rebuilt: int | None = None
+        # Formatting elements the parser re-created and then dropped from its list (Noah's Ark), open
+        # until it pops what is below them: (the serial they are above every open entry up to, how many),
+        # serials increasing. No end tag of theirs pops them surely, and none is re-created again.
+        self.dropped: list[tuple[int, int]] = []
         self.held_total = 0  # how many are held in all of them (a heading asks at each tag: no rescan)
         self.markers: list[int] = [0]  # increasing: found by bisection
+        self.marker_serials: list[int] = [0]  # the serial of the element that put each there
         self.next_marker = 1
         # Open formatting elements the parser may have taken off its list (a fourth of the name after
         # the same marker: Noah's Ark, by tag and attributes): their end tag may be ignored.
@@ -237,6 +252,7 @@ class _OpenElements:
         since = held[0]
         held.pop()
         self.held_total -= 1
+        self.keyed[-1].pop(name, None)  # (which one left is not known)
         self.depth -= 1
         fostered = self.fostered[-1].get(name)
         if fostered:  # (which one left is not known: one fostered fewer keeps them among those held)
@@ -277,7 +293,9 @@ class _OpenElements:
         if surely:
             self.dangling.append({})
             self.fostered.append({})
+            self.keyed.append({})
             self.markers.append(self.next_marker)
+            self.marker_serials.append(self.serial)
             self.next_marker += 1
         else:
             self.markers_known = False
@@ -287,9 +305,17 @@ class _OpenElements:
         if self.markers_known and len(self.dangling) > 1:
             cleared = sum(len(held) for held in self.dangling.pop().values())
             self.fostered.pop()
+            self.keyed.pop()
             self.depth -= cleared
             self.held_total -= cleared
             self.markers.pop()
+            self.marker_serials.pop()
+
+    def rebuilding(self, serial: int) -> None:
+        """The parser may re-create the formatting elements on its list above every entry up to
+        `serial` that is open (`rebuilt`)."""
+        if self.rebuilt is None or serial < self.rebuilt:
+            self.rebuilt = serial
 
     def doubt(self) -> None:
         """Something the scan cannot follow may have popped any entry open now."""
@@ -336,6 +362,7 @@ class _OpenElements:
         return (
             self.unsure == 0
             and not self.held_total
+            and not self.dropped
             and all(entry is None or entry[3] for entry in self.entries[-1:])
         )
 
@@ -360,6 +387,9 @@ class _OpenElements:
                 if fostered and key is not None:
                     keys = self.fostered[found].setdefault(name, {})
                     keys[key] = keys.get(key, 0) + 1
+                if key is not None:
+                    keys = self.keyed[found].setdefault(name, {})
+                    keys[key] = keys.get(key, 0) + 1
             elif counted:
                 self.depth -= 1
         del self.entries[position:]
@@ -381,6 +411,8 @@ class _OpenElements:
                 if above is not None and above[0] in FORMATTING:
                     held = self._held_after(above[4])
                     if held is not None:
+                        # (The element may still be open, above those opened before the one removed.)
+                        self.rebuilding(entry[1] - 1)
                         self.remove(index, pops_above=False)
                         held.setdefault(above[0], []).append(self.serial)
                         self.held_total += 1
@@ -418,6 +450,8 @@ class _OpenElements:
         self.positions[name].pop()
         if entry[2]:
             self.depth -= 1
+        if name not in FORMATTING:
+            self.popped(entry)
         self._forget_from(len(self.entries))
         return True
 
@@ -456,7 +490,8 @@ class _OpenElements:
         (open, or popped and held), the parser may drop the earliest from its list (Noah's Ark compares
         attributes too; by name is the safe side). Of those of its attributes (`key`) a table's tag
         popped (`fostered`), three count at most: the parser's list keeps three of a name and
-        attributes, re-created above the table before this one joins them."""
+        attributes, re-created above the table before this one joins them. Of those of its attributes a
+        sure pop left held (`keyed`), two stay held: the list drops the others (`dropped`)."""
         marker = self.markers[-1]
         positions = self.positions.get(name, ())[-64:]
         self.spend(len(positions))
@@ -473,6 +508,48 @@ class _OpenElements:
             del held[len(held) - extra :]  # (the first stays: it says since when they are held)
             self.held_total -= extra
             self.depth -= extra
+            self.keyed[-1].pop(name, None)  # (which of them left is not known)
+        keys = self.keyed[-1].get(name)
+        if (
+            keys
+            and key is not None
+            and keys.get(key, 0) >= NOAHS_ARK
+            and self.markers_known
+            and not self.fostered[-1].get(name)
+        ):
+            # Of the held ones of its name and attributes (each left the stack at a sure pop), the list
+            # keeps two besides this one; the others leave it, gone or re-created (at this tag, or since
+            # the first re-creation after all of them left: `rebuilt`; after the marker, so above the
+            # cell or object that put it) above every open entry up to then: `dropped`, they count
+            # until one of those is popped. Held, each of `<div><b>x</div>` x N counted again in every
+            # `<div>` (Lexbor nests 7 deep).
+            extra = keys[key] - (NOAHS_ARK - 1)
+            keys[key] = NOAHS_ARK - 1
+            held = self.dangling[-1][name]
+            assert len(held) > extra, "more held by key than by name"
+            del held[len(held) - extra :]  # (the first stays: it says since when they are held)
+            self.held_total -= extra
+            since = self.serial if self.rebuilt is None else max(self.rebuilt, self.marker_serials[-1])
+            self.drop(since, extra)
+
+    def drop(self, serial: int, count: int) -> None:
+        """`count` formatting elements left the parser's list, open (if at all) above every open entry up
+        to `serial` (`dropped`; with later ones above a lower serial, they are all taken as above it)."""
+        while self.dropped and self.dropped[-1][0] >= serial:
+            count += self.dropped.pop()[1]
+        self.dropped.append((serial, count))
+
+    def popped(self, entry: tuple[bytes, int, bool, bool, int, bytes | None]) -> None:
+        """The parser pops `entry`, surely open, and all above it: the formatting elements it re-created
+        (`rebuilt`) or dropped (`dropped`) since it opened with them. Not for an element the end tag of
+        which may adopt another one below (the adoption agency leaves what is above the furthest block),
+        nor for a zone (leaving foreign content stops at an HTML element)."""
+        if entry[1] in self.off_list or entry[0] in ZONES:
+            return
+        if self.rebuilt is not None and entry[1] <= self.rebuilt:
+            self.rebuilt = None
+        while self.dropped and self.dropped[-1][0] >= entry[1]:
+            self.depth -= self.dropped.pop()[1]
 
     def marker_of(self, position: int) -> int:
         entry = self.entries[position]
@@ -507,6 +584,11 @@ class _OpenElements:
         ):
             return False
         last = specials[0]
+        # (The elements it moves and holds stay above those opened before it; the scan does not follow
+        # where.)
+        adopted = self.entries[position]
+        assert adopted is not None
+        self.rebuilding(adopted[1] - 1)
         self.pop_from(last + 1, hold_first=True)  # the last round pops the clone's contents
         for index in range(last - 1, position, -1):
             entry = self.entries[index]
@@ -519,6 +601,9 @@ class _OpenElements:
         """The parser pops the element at `position` and what is above it: surely (True), if it is surely
         open."""
         if self.is_sure(position):
+            entry = self.entries[position]
+            assert entry is not None
+            self.popped(entry)
             self.pop_from(position)
             return True
         self.remove(position)
@@ -541,7 +626,9 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
     (`adopt`: the element leaves, the special ones stay), and one popped by another's end tag stays
     counted while the parser may re-create it (`dangling`: those a table's tag popped from above the
     table, as many as the parser's list keeps, until text or a tag outside the table's rows re-creates
-    them, `fostered`); a new `<a>` or `<nobr>` runs the adoption
+    them, `fostered`; of those a sure pop left, as many as the list keeps at a start tag of their name and
+    attributes, `keyed`, the others until the parser surely pops what is below them, `dropped`); a new
+    `<a>` or `<nobr>` runs the adoption
     agency for the last on the list; a `<p>`-closing start tag, a `<li>`, `<dd>` or `<dt>`, a
     `<button>`, a table's rows, cells and sections close what they close (a glossary or a table that
     leaves them open nests no deeper), and a `<table>` in a table closes that table; a second `<form>`
@@ -569,7 +656,15 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
     most = 0
     skips: list[tuple[int, frozenset[bytes]]] = []  # table runs read here (`_table_run`), for the scan
     effects: dict[tuple[_Chain, tuple[bytes, ...]], _ChunkEffect] = {}  # `_table_run`'s, for the page
+    rebuilds = -1  # the serial before the tag before, if that tag may re-create formatting elements
     for end_tag, name, start, end, where in tag_tokens(data, skips=skips):
+        # What may re-create the formatting elements on the parser's list (`rebuilt`): the tag before,
+        # text (or whatever the scan skipped) before this tag, this one if not read as HTML.
+        if rebuilds >= 0 or start > last_end or where != HTML:
+            serial = rebuilds if rebuilds >= 0 else stack.serial
+            if stack.rebuilt is None or serial < stack.rebuilt:
+                stack.rebuilt = serial
+        rebuilds = stack.serial if (name == b"br" if end_tag else name not in _NO_RECONSTRUCTION) else -1
         if stack.fostered[-1] and (
             start > last_end  # (a comment there too, or a table run: the safe side)
             or where != HTML
@@ -846,7 +941,10 @@ def _table_part(stack: _OpenElements, name: bytes) -> None:
                     stack.marker(False)
             return
         kind = stack.name_at(family)
+        entry = stack.entries[family]
+        assert entry is not None
         if kind in (b"td", b"th", b"caption") or (kind == b"colgroup" and name != b"col"):
+            stack.popped(entry)
             stack.pop_from(family, fostered=True)  # closes it, then as in the table, row or section
             if kind != b"colgroup":
                 stack.clear()
@@ -855,14 +953,17 @@ def _table_part(stack: _OpenElements, name: bytes) -> None:
             stack.pop_from(family + 1, hold_first=True, fostered=True)
             return
         if kind == b"tr" and name not in (b"td", b"th"):
+            stack.popped(entry)
             stack.pop_from(family, fostered=True)  # closes the row
             continue
         if kind in _ROW_GROUPS and name not in (b"tr", b"td", b"th"):
+            stack.popped(entry)
             stack.pop_from(family, fostered=True)  # closes the section
             continue
         # What is above the structure (a formatting element foster-parented right above the table too)
         # the parser pops and keeps on its list: text after the table re-creates it, and the next
         # table opens in it (`<b><td></table>x<table>` x N nests a level a unit).
+        stack.popped(entry)  # (what is above it goes: all the parser re-created or dropped since it opened)
         stack.pop_from(family + 1, hold_first=True, fostered=True)
         # Each counts: the model pops them where the parser does (a cell, its row, its section), and
         # uncounted, what a cell holds nested nine deep a level (`<td><li><button><li><p><option>`).
@@ -981,6 +1082,7 @@ def _table_run(
     entries = stack.entries
     top = len(entries) - 1
     table = top
+    above: list[bytes] = []  # the names above the table, from the top
     while table >= 0 and top - table <= 3:
         entry = entries[table]
         if entry is None or not entry[3] or entry[1] <= stack.unsure:
@@ -989,22 +1091,26 @@ def _table_run(
             break
         if not entry[2]:
             return most
+        above.append(entry[0])
         table -= 1
     else:
         return most
-    chain: _Chain = tuple(entry[0] for entry in entries[table + 1 :] if entry is not None)
+    chain: _Chain = tuple(reversed(above))
     base = stack.depth - len(chain)
     if (
         chain not in _RUN_CHAINS
-        or stack.family[-len(chain) - 1 :] != list(range(table, top + 1))
         or base + 3 > limit
         or (chain and chain[-1] in _CELLS and (stack.dangling[-1] or len(stack.dangling) < 2))
     ):
         return most
+    # Each entry from the table up is live and of the table's structure, so `push` filed each on `family`,
+    # which keeps no position past the top nor a removed one among live ones.
+    assert stack.family[-len(chain) - 1 :] == list(range(table, top + 1)), "the structure is on `family`"
     run = TABLE_RUN.match(data, position)
     if run is None or run.end() == position:
         return most
     tags = TABLE_RUN_TAG.findall(data[position : run.end()].lower())
+    stack.rebuilding(stack.serial)  # (its text may re-create formatting elements)
     start_chain = chain
     keep = longest = len(chain)
     serial = stack.serial

@@ -383,3 +383,51 @@ def test_cells_read_in_a_select_count_the_section_and_row_the_parser_opens(unit:
     page = unit * 300 + "<!---->" * 2000  # (more tags than levels: the estimate runs to the end)
     # (The estimate leaves out <html> and <body>, and the first cell read in a <select>: one closes it.)
     assert estimate_depth(page.encode(), limit=page.count("<") - 1) >= real_depth(page) - 3
+
+
+# Old markup leaves `<b>` and `<font>` open in blocks: the block's end tag pops them, the parser keeps them
+# on its list and re-creates them in the next block, but keeps three of one name and attributes at most
+# (Noah's Ark). Held, each counted again in every block: 8,193 blocks refused a page Lexbor nests 7 deep.
+_BLOCKS_LEFT_FORMATTED = {
+    "bold in divs": "<div><b>x</div>",
+    "fonts in divs": "<div><font face=a>x</div>",
+    "fonts in paragraphs": "<p><font face=a>x</p>",
+    "classed bold in divs, no text": "<div><b class=x></div>",
+    "two bolds in divs": "<div><b><b>x</div>",
+    "bold and italic in divs": "<div><b><i>x</div>",
+    "font and bold in paragraphs": "<p><font face=a><b>x</p>",
+    "bold in items": "<li><b>x</li>",
+    "bold in headings": "<h3><b>x</h3>",
+    "fonts in divs, then a paragraph": "<div><font face=a>x</div><p>y</p>",
+}
+
+
+@pytest.mark.parametrize("unit", list(_BLOCKS_LEFT_FORMATTED.values()), ids=list(_BLOCKS_LEFT_FORMATTED))
+def test_formatting_elements_left_open_in_blocks_count_as_many_as_the_list_keeps(unit: str) -> None:
+    page = unit * (nesting.DEFAULT_MAX_DEPTH + 1)
+    assert real_depth(page) < 12
+    assert estimate_depth(page.encode(), limit=DEPTH) < 12
+    prune_html(page)  # (not refused)
+
+
+# Where the parser does nest them: attributes that differ (the list keeps each), text between the blocks
+# (it re-creates them outside the next block, which opens in them), a block that is no special element
+# (its end tag leaves them open), or a cell outside any table (ignored, as its end tag).
+_BLOCKS_NESTING = {
+    "bold of other ids in divs": "".join(f"<div><b id={index}>x</div>" for index in range(1300)),
+    "bold in divs, text between": "<div><b>x</div>x" * 1300,
+    "bold in divs, a newline between": "<div><b>x</div>\n" * 1300,
+    "bold in spans": "<span><b>x</span>" * 1300,
+    "bold in divs, then an italic": "<div><b>x</div><i>" * 1300,
+    "bold in divs, text and bold between": "<div><b>x</div>x<div><b>" * 1300,
+    "fonts in stray cells": "<td><font face=a>x</td>" * 1300,
+    "bold in divs, then one of other attributes": (
+        "<div><b>x</div>" * 3 + "".join(f"<div><b>x</div><b id={index}>" for index in range(1300))
+    ),
+}
+
+
+@pytest.mark.parametrize("page", list(_BLOCKS_NESTING.values()), ids=list(_BLOCKS_NESTING))
+def test_formatting_elements_the_parser_nests_still_count(page: str) -> None:
+    assert real_depth(page) > 2 * DEPTH
+    assert estimate_depth(page.encode(), limit=DEPTH) > DEPTH
