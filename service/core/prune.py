@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import html as _html
 import re
+import sys
 
 from selectolax.lexbor import LexborDocumentOptions, LexborHTMLParser, SelectolaxError
 
@@ -85,7 +86,12 @@ from service.core.precheck.attributes import (
     tags_with_attributes,
 )
 from service.core.precheck.elements import VOID
-from service.core.precheck.memory import MEMORY_PER_ATTRIBUTE, MEMORY_PER_TAG
+from service.core.precheck.memory import (
+    MEMORY_PER_ATTRIBUTE,
+    MEMORY_PER_END_TAG,
+    MEMORY_PER_TAG,
+    end_tags_without_elements,
+)
 from service.core.precheck.nesting import DEFAULT_MAX_DEPTH, estimate_depth
 from service.core.precheck.reconstruction import reconstruction_bytes
 
@@ -94,6 +100,8 @@ PRUNE_VERSION = "7"  # recorded in checkpoints; bump whenever the output for som
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024  # larger pages are refused before parsing
 # Peak memory is bounded by 10x the input plus 200 MiB (the costs charged: `service.core.precheck.memory`).
 _MEMORY_HEADROOM = 150 * 1024 * 1024
+# What an end tag that makes no element saves against the per-tag charge.
+_END_TAG_SAVING = MEMORY_PER_TAG - MEMORY_PER_END_TAG
 # An attribute can be written in two bytes (" a", "/a"): see `MEMORY_PER_ATTRIBUTE`.
 _MIN_ATTRIBUTE_BYTES = 2
 # Refused too: a page whose nesting is legal but whose tags are so many that the parser's walks down
@@ -236,10 +244,21 @@ def _prune_document(document: str | bytes, max_depth: int) -> str:
     tags = document.count(b"<" if isinstance(document, bytes) else "<")  # type: ignore[arg-type]
     need = tags * MEMORY_PER_TAG
     budget = 10 * len(document) + _MEMORY_HEADROOM
+    if isinstance(document, str) and not document.isascii():
+        # A decoded page is held beside its bytes, at up to 4 bytes a character, and so is its serialisation
+        # (one emoji makes every character 4 bytes): 15 MB of `<abcdefghijklmnop>x</abcdefghijklmnop>y`
+        # after an emoji peaked 2 MiB over the bound, ASCII only 50 MiB under it. Its size is charged.
+        need += sys.getsizeof(document)
+    # Most end tags make no element: counted where charging them as elements could refuse the page (its
+    # attributes, counted below, could fill the budget: pages over about a megabyte, or tag-dense ones).
+    ends: int | None = None
+    if need + len(document) // _MIN_ATTRIBUTE_BYTES * MEMORY_PER_ATTRIBUTE > budget:
+        ends = end_tags_without_elements(document)
+        need -= ends * _END_TAG_SAVING
     if need > budget:
         raise InputTooLargeError(
-            f"page has {tags} tags; pruning it would take about {need >> 20} MiB "
-            f"(the budget for {len(document)} bytes is {budget >> 20} MiB)"
+            f"page has {tags} tags ({ends} of them end tags that make no element); pruning it would "
+            f"take about {need >> 20} MiB (the budget for {len(document)} bytes is {budget >> 20} MiB)"
         )
     depth = 0 if tags <= max_depth else estimate_depth(document, limit=max_depth)
     if depth > max_depth:
@@ -262,6 +281,9 @@ def _prune_document(document: str | bytes, max_depth: int) -> str:
         )
     del roots
     if need + list_bytes * tags > budget:
+        if ends is None:  # the replay below costs far more than this count
+            ends = end_tags_without_elements(document)
+            need -= ends * _END_TAG_SAVING
         clones = reconstruction_bytes(document, limit=budget - need)
         need += clones
         if need > budget:
@@ -269,9 +291,15 @@ def _prune_document(document: str | bytes, max_depth: int) -> str:
                 f"page leaves so many formatting elements open that the parser would re-create them, taking "
                 f"more than {clones >> 20} MiB (the budget for {len(document)} bytes is {budget >> 20} MiB)"
             )
-    # After the cap: no tag holds more than MAX_ATTRIBUTES, which bounds the count's work per tag.
+    # After the cap no start tag holds more than MAX_ATTRIBUTES (the count is linear in an end tag's).
     if need + len(document) // _MIN_ATTRIBUTE_BYTES * MEMORY_PER_ATTRIBUTE > budget:
-        attributes = count_attributes(document)
+        # An end tag's attributes take memory too (about 85 bytes each: 16 MB of `<b>x</b a b ... z>y`
+        # peaked at 720 MiB uncharged): read as a start tag's, each end tag's count.
+        ends_read_as_starts = (
+            document.replace(b"</", b"<") if isinstance(document, bytes) else document.replace("</", "<")
+        )
+        attributes = count_attributes(ends_read_as_starts)
+        del ends_read_as_starts
         need += attributes * MEMORY_PER_ATTRIBUTE
         if need > budget:
             raise InputTooLargeError(

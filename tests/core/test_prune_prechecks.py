@@ -707,3 +707,69 @@ def test_the_cheap_bound_from_lengths_is_an_upper_bound() -> None:
         loose, _ = attributes.tags_with_attributes(page, within=10**12)
         assert exact <= loose
         assert attributes.tags_with_attributes(page, within=0)[0] == exact
+
+
+# The memory charge: end tags that make no element (`memory.end_tags_without_elements`).
+
+
+def test_end_tags_that_make_no_element_are_counted_in_any_case() -> None:
+    """`</p` and `</br` make elements (an empty <p>, a <br>), and `</` without a letter is a bogus comment,
+    a node: all three keep the per-tag charge. `</pre` counts as `</p` (over-counting is safe)."""
+    page = "</a></DIV></b x=1></r></Rt></br></BR></bR><br></p></P></pre></1></ a></>"
+    assert memory.end_tags_without_elements(page) == memory.end_tags_without_elements(page.encode()) == 5
+    assert memory.end_tags_without_elements("") == 0
+
+
+def _data_table(rows: int) -> bytes:
+    body = b"".join(b"<tr><td>%d</td><td>%d</td><td>x</td></tr>" % (i, i * 7) for i in range(rows))
+    return b"<html><body><table>" + body + b"</table></body></html>"
+
+
+def test_a_big_data_table_is_not_refused() -> None:
+    """2.85 MB, 60,000 rows: charged 400 bytes a "<", end tags too, it took 183 MiB of a 177 MiB budget,
+    and was refused (HTTP 413); pruning it peaks at about 103 MiB."""
+    page = _data_table(60_000)
+    assert prune_html(page).startswith("<table><tbody><tr><td>0</td><td>0</td><td>x</td></tr><tr><td>1</td>")
+
+
+# Units of adversarial pages (start tags, end tags that make no element, bytes), their limit computed
+# from the charge; each peaked under 10x its size plus 200 MB at the limit (docs/preprocessing.md).
+_DENSE_UNITS = {
+    "<b>x</b>y": ("", "<b>x</b>y", 1, 1),
+    "<i>x</i>": ("", "<i>x</i>", 1, 1),
+    "<td>1</td> in a table": ("<table><tr>", "<td>1</td>", 1, 1),
+    "</div>x": ("", "</div>x", 0, 1),
+    "</p>": ("", "</p>", 1, 0),
+    "</br>": ("", "</br>", 1, 0),
+    "<!---->x": ("", "<!---->x", 1, 0),
+    "<p>x": ("", "<p>x", 1, 0),
+}
+
+
+@pytest.mark.parametrize("unit", list(_DENSE_UNITS.values()), ids=list(_DENSE_UNITS))
+def test_tag_dense_pages_are_refused_just_past_their_limit(
+    unit: tuple[str, str, int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    head, repeated, starts, ends = unit
+    charge = starts * memory.MEMORY_PER_TAG + ends * memory.MEMORY_PER_END_TAG
+    room = 10 * len(head) + prune._MEMORY_HEADROOM - head.count("<") * memory.MEMORY_PER_TAG
+    limit = room // (charge - 10 * len(repeated))
+    with pytest.raises(prune.InputTooLargeError, match="end tags that make no element"):
+        prune_html((head + repeated * (limit + 1)).encode())
+    monkeypatch.setattr(prune, "_clean_serialization", lambda document: "")  # the checks only
+    assert prune_html((head + repeated * limit).encode()) == ""
+
+
+def test_end_tag_attributes_are_charged() -> None:
+    """Lexbor keeps an end tag's attributes (about 85 bytes each), which were not counted: 5.6 MB of
+    `<b>x</b a b c d e f>y` peaked at 278 MiB (the bound: 253), 16 MB with 26 on each end tag at 720 MiB."""
+    with pytest.raises(prune.InputTooLargeError, match="attributes"):
+        prune_html(b"<b>x</b a b c d e f>y" * 266_000)
+
+
+def test_a_page_decoded_to_wide_characters_is_charged_its_size() -> None:
+    """One emoji makes each character of the decoded page (and of its serialisation) 4 bytes: 15 MB of
+    long-named tags after one peaked over the bound (345 MiB, the bound 343); ASCII, it is 50 MiB under."""
+    unit = "<abcdefghijklmnop>x</abcdefghijklmnop>y"
+    with pytest.raises(prune.InputTooLargeError, match="end tags that make no element"):
+        prune_html("\U0001f600" + unit * 383_000)

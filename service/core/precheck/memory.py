@@ -3,7 +3,8 @@ element the parser re-creates.
 
 A page with so many tags that its tree would break the memory bound is refused before parsing
 (`InputTooLargeError`; peak RSS under 10x the input plus 200 MB: about `MEMORY_PER_TAG` bytes per `<`
-and `MEMORY_PER_ATTRIBUTE` per attribute, and `MEMORY_PER_CLONE` for each element the parser would
+but `MEMORY_PER_END_TAG` per end tag that makes no element (`end_tags_without_elements`),
+`MEMORY_PER_ATTRIBUTE` per attribute, and `MEMORY_PER_CLONE` for each element the parser would
 re-create from formatting elements left open: `reconstruction_bytes`).
 """
 
@@ -21,3 +22,27 @@ MEMORY_PER_ATTRIBUTE = 250
 # A formatting element the parser re-creates (see `reconstruction_bytes`) costs about a tag's memory and
 # 2 us: 60 KB of `<p><b id=N>x` made 8 million of them (16 s, 3.2 GB).
 MEMORY_PER_CLONE = MEMORY_PER_TAG
+# An end tag makes no node (the HTML Standard: only `</p>` with no <p> in scope makes an empty <p>, and
+# `</br>` a <br>); one that pops an element makes the text after it a new text node (about 140 bytes:
+# `<b>x</b>y` against `<i>x</i>`), which the element's own charge does not cover. Long tag names cost
+# more than the 10x a byte allows (about 13 bytes a character of a name): at 300, 14 MB of
+# `<abcdefghijklm>x</abcdefghijklm>y` peaked 4 MiB under the bound; at 350, 53 MiB under. Every page
+# measured at the largest size this lets through is under the bound (docs/preprocessing.md).
+MEMORY_PER_END_TAG = 350
+
+# Every ASCII letter as "a", but p, b and r as themselves: after it, "</a", "</b" and "</r" start the
+# end tags that make no element ("</p" and "</br" do; "</" and no letter is a bogus comment, a node).
+_LETTERS = b"abcdefghijklmnopqrstuvwxyz"
+_END_TAG_LETTERS = bytes.maketrans(
+    _LETTERS + _LETTERS.upper(), bytes(c if c in b"pbr" else ord("a") for c in _LETTERS) * 2
+)
+
+
+def end_tags_without_elements(document: str | bytes) -> int:
+    """How many `<` of the page start an end tag other than `</p` and `</br` (any case): each may be
+    charged `MEMORY_PER_END_TAG` instead of `MEMORY_PER_TAG`. Those in raw text, comments or attribute
+    values count too (they make no node either). In C: one translation and four counts (0.1 s for 16 MB)."""
+    data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
+    letters = data.translate(_END_TAG_LETTERS)
+    del data
+    return letters.count(b"</a") + letters.count(b"</r") + letters.count(b"</b") - letters.count(b"</br")
