@@ -661,9 +661,7 @@ def estimate_depth(document: str | bytes, *, limit: int = DEFAULT_MAX_DEPTH) -> 
         # What may re-create the formatting elements on the parser's list (`rebuilt`): the tag before,
         # text (or whatever the scan skipped) before this tag, this one if not read as HTML.
         if rebuilds >= 0 or start > last_end or where != HTML:
-            serial = rebuilds if rebuilds >= 0 else stack.serial
-            if stack.rebuilt is None or serial < stack.rebuilt:
-                stack.rebuilt = serial
+            stack.rebuilding(rebuilds if rebuilds >= 0 else stack.serial)
         rebuilds = stack.serial if (name == b"br" if end_tag else name not in _NO_RECONSTRUCTION) else -1
         if stack.fostered[-1] and (
             start > last_end  # (a comment there too, or a table run: the safe side)
