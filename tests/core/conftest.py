@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from service.core import pages, warc_pages  # warc_pages loaded here, before any test lowers the cap
+from tests.factories.checkpoint import build_tiny_checkpoint
 
 
 @pytest.fixture
@@ -17,3 +20,9 @@ def cap_1_kib(monkeypatch: pytest.MonkeyPatch) -> int:
     assert not hasattr(warc_pages, "MAX_PAGE_BYTES")
     monkeypatch.setattr(pages, "MAX_PAGE_BYTES", 1024)
     return 1024
+
+
+@pytest.fixture
+def ckpt(tmp_path: Path) -> Path:
+    """A tiny checkpoint of the test's own, which it may change (save_heads, stages, file modes)."""
+    return build_tiny_checkpoint(tmp_path / "ckpt")

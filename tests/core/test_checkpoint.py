@@ -30,11 +30,6 @@ from tests.factories.checkpoint import TINY_MAX_LENGTH, build_tiny_checkpoint, b
 from tests.factories.tokenizer import build_tiny_tokenizer
 
 
-@pytest.fixture
-def ckpt(tmp_path: Path) -> Path:
-    return build_tiny_checkpoint(tmp_path / "ckpt")
-
-
 def _batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     ids = torch.randint(5, vocab, (2, 16), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)

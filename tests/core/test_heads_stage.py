@@ -21,11 +21,6 @@ from service.core.modeling import HeadSpec, TaskHead
 from tests.factories.checkpoint import build_tiny_checkpoint
 
 
-@pytest.fixture
-def ckpt(tmp_path: Path) -> Path:
-    return build_tiny_checkpoint(tmp_path / "ckpt")
-
-
 class _Killed(BaseException):
     """A kill, as far as the code under test can tell: nothing catches it, nothing after it runs."""
 
