@@ -13,6 +13,9 @@ process, the checkout measured and the baseline alternating, `--runs` times; the
 with the ratio baseline/checkout for the depth estimate and for the gate: the checks as
 `_prune_document` runs them, the parse stubbed out (it calls `reconstruction_bytes` and
 `count_attributes` only where its memory pre-bounds say so; each is timed on its own regardless).
+With `--corpus DIR`, also the gate summed over every page of the corpus (decoded as `prune_html`
+decodes it): what the checks cost ordinary pages, most of which they pass with their cheap bounds.
+A check the baseline lacks (`text_copies` before session 24) is left out of its rows.
 No figure here is a pass/fail line; the output is for docs/benchmarks.md.
 """
 
@@ -46,8 +49,9 @@ def pages() -> dict[str, bytes]:
     }
 
 
-def measure(repo: Path) -> dict[str, dict[str, float]]:
-    """CPU seconds of each check and of Lexbor's parse on each page, with `repo`'s checks (this process)."""
+def measure(repo: Path, corpus: Path | None) -> dict[str, dict[str, float]]:
+    """CPU seconds of each check and of Lexbor's parse on each page, with `repo`'s checks (this process);
+    with a corpus, the gate over all its pages too."""
     sys.path.insert(0, str(repo))
     from selectolax.lexbor import LexborHTMLParser
 
@@ -65,6 +69,12 @@ def measure(repo: Path) -> dict[str, dict[str, float]]:
         "lexbor_parse": LexborHTMLParser,
         "gate": lambda doc: _gate(prune, doc),
     }
+    try:
+        from service.core.precheck import text_growth  # type: ignore[attr-defined,unused-ignore]
+
+        calls["text_copies"] = text_growth.text_copies
+    except ImportError:
+        pass  # a baseline from before it
     out: dict[str, dict[str, float]] = {}
     for name, doc in pages().items():
         out[name] = {}
@@ -72,6 +82,18 @@ def measure(repo: Path) -> dict[str, dict[str, float]]:
             start = time.process_time()
             call(doc)
             out[name][label] = time.process_time() - start
+    if corpus is not None:
+        from service.core.decoding import decode_html, utf8_payload
+        from service.core.pages import iter_pages
+
+        total = 0.0
+        for page in iter_pages(corpus):
+            payload = utf8_payload(page.html)
+            doc = payload if payload is not None else decode_html(page.html).text
+            start = time.process_time()
+            _gate(prune, doc)
+            total += time.process_time() - start
+        out["corpus"] = {"gate": total}
     return out
 
 
@@ -92,10 +114,11 @@ def main() -> None:
     parser.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[1])
     parser.add_argument("--baseline", type=Path, help="another checkout (with service/core/precheck)")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--corpus", type=Path, help="also time the gate on every page of this corpus")
     parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # a child: measure this checkout
     args = parser.parse_args()
     if args.one is not None:
-        print(json.dumps(measure(args.one.resolve())))
+        print(json.dumps(measure(args.one.resolve(), args.corpus)))
         return
     trees = {"checkout": args.repo.resolve()}
     if args.baseline is not None:
@@ -104,15 +127,17 @@ def main() -> None:
     for _ in range(args.runs):
         for tree, path in trees.items():  # alternating: a noisy stretch of the machine hits both
             child = [sys.executable, __file__, "--one", str(path)]
+            if args.corpus is not None:
+                child += ["--corpus", str(args.corpus.resolve())]
             runs[tree].append(json.loads(subprocess.run(child, check=True, capture_output=True).stdout))
     print(f"CPU seconds, median of {args.runs} runs; pages of {SIZE / 1e6:.0f} MB")
-    for name in pages():
+    for name in [*pages(), *(["corpus"] if args.corpus is not None else [])]:
         print(f"\n{name}")
         sums: dict[str, float] = {}
         for tree in trees:
             medians = {k: statistics.median(run[name][k] for run in runs[tree]) for k in runs[tree][0][name]}
             sums[tree] = medians["gate"]
-            sums[f"{tree} depth"] = medians["estimate_depth"]
+            sums[f"{tree} depth"] = medians.get("estimate_depth", float("nan"))
             cells = "  ".join(f"{k} {v:.3f}" for k, v in medians.items())
             print(f"  {tree:9s} {cells}")
         if "baseline" in trees:

@@ -53,8 +53,10 @@ Robustness (cheap checks before expensive work): input over `max_bytes` raises `
 before decoding; before parsing, `_prune_document` refuses a page whose tree would break the memory
 bound (`InputTooLargeError`), one nesting deeper than `max_depth` or too deep for its tags
 (`NestingTooDeepError`), and one with an element of more than `MAX_ATTRIBUTES` attributes
-(`TooManyAttributesError`). The estimates it decides on are in `service.core.precheck` (each module's
-docstring gives its model and measurements): they return numbers, it compares them with its caps.
+(`TooManyAttributesError`); the tree's memory counts its tags, attributes, re-created formatting
+elements and the copies of text nodes grown in many pieces. The estimates it decides on are in
+`service.core.precheck` (each module's docstring gives its model and measurements): they return
+numbers, it compares them with its caps.
 Everything else returns a result. There is no Python recursion anywhere: the pruning runs as one loop
 over the tokens of Lexbor's serialisation of the cleaned tree, with an explicit stack.
 
@@ -94,6 +96,7 @@ from service.core.precheck.memory import (
 )
 from service.core.precheck.nesting import DEFAULT_MAX_DEPTH, estimate_depth
 from service.core.precheck.reconstruction import reconstruction_bytes
+from service.core.precheck.text_growth import text_growth_memory
 
 PRUNE_VERSION = "7"  # recorded in checkpoints; bump whenever the output for some input changes
 
@@ -306,6 +309,16 @@ def _prune_document(document: str | bytes, max_depth: int) -> str:
                 f"page has {tags} tags and {attributes} attributes; pruning it would take about "
                 f"{need >> 20} MiB (the budget for {len(document)} bytes is {budget >> 20} MiB)"
             )
+    # A text node grown in many pieces with allocations between them: Lexbor copies it at each (a
+    # megabyte of `<td>1</td>y` or `y</x a=b>` takes gigabytes). Last: within the budget, the estimate
+    # may be a cheap bound.
+    copied = text_growth_memory(document, tags=tags, within=budget - need)
+    if need + copied > budget:
+        raise InputTooLargeError(
+            f"page grows text nodes in so many pieces (text moved out of a table, or split by tags that "
+            f"make no element) that the parser's copies would take about {copied >> 20} MiB (the budget "
+            f"for {len(document)} bytes is {budget >> 20} MiB)"
+        )
     # Each stage's input is released before the next one peaks: the tree before tokenizing ends,
     # the token list before the output is joined.
     parts = _tokenize(_clean_serialization(document))

@@ -5,7 +5,8 @@ A page with so many tags that its tree would break the memory bound is refused b
 (`InputTooLargeError`; peak RSS under 10x the input plus 200 MB: about `MEMORY_PER_TAG` bytes per `<`
 but `MEMORY_PER_END_TAG` per end tag that makes no element (`end_tags_without_elements`),
 `MEMORY_PER_ATTRIBUTE` per attribute, and `MEMORY_PER_CLONE` for each element the parser would
-re-create from formatting elements left open: `reconstruction_bytes`).
+re-create from formatting elements left open: `reconstruction_bytes`, and `TEXT_COPY_KEPT` of the
+bytes copied to grow a text node in pieces: `text_growth_memory`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ MEMORY_PER_CLONE = MEMORY_PER_TAG
 # `<abcdefghijklm>x</abcdefghijklm>y` peaked 4 MiB under the bound; at 350, 53 MiB under. Every page
 # measured at the largest size this lets through is under the bound (docs/preprocessing.md).
 MEMORY_PER_END_TAG = 350
+# Of the bytes Lexbor copies to grow a text node in pieces (`service.core.precheck.text_growth`), what
+# its arena keeps: 0.12 to 0.35 of them, measured on pages of text pieces from 1 byte to 64 KB between
+# comments, cells and attributes (`docs/preprocessing.md`); a character reference may decode to 1.2
+# times its bytes (`&nGt;`: 6), which the estimate, counting the page's bytes, does not see.
+TEXT_COPY_KEPT = 0.45
 
 # Every ASCII letter as "a", but p, b and r as themselves: after it, "</a", "</b" and "</r" start the
 # end tags that make no element ("</p" and "</br" do; "</" and no letter is a bogus comment, a node).

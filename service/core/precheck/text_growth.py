@@ -1,0 +1,440 @@
+"""Text nodes the parser grows in many pieces: the bytes Lexbor copies to grow them (`text_copies`).
+
+The tree builder appends text to the text node just before where it inserts (the HTML Standard:
+"if there is a Text node immediately before the adjusted insertion location"). Lexbor grows that node
+by copying it whenever anything was allocated in its text arena since the node's last piece (a
+comment's data, attribute values, another node's text; an element without attributes allocates
+nothing there), and the arena keeps the old copies: a node grown in N pieces costs the sum of its N
+lengths, quadratic in the page. Ways a page keeps one node growing while allocating between its
+pieces (docs/preprocessing.md, "Text grown in pieces", has the measurements):
+
+- Foster parenting. Text in a table's rows (not in a cell or caption) goes before the table, onto
+  the node there, while the comments and cells between the pieces stay in the table (880 KB of
+  `<table><tr>` + `<td>1</td>y`: 509 MiB); whitespace there grows the table's own node; rows in a
+  template's content send their text to the end of the content. An element foster-parented between
+  pieces (`y<b></b>y`) ends the node before the table.
+- Tags that make no node but carry attributes: an end tag (`y</x a=b>`, 720 KB: 437 MiB), a table's
+  part outside a table, `<html a=b>`, `<body a=b>`, a foster-parented `<image a=b>`.
+- Comments or the head's elements put elsewhere than the text: after `</body>` or `</html>`, after
+  `</head>`, after a `<frameset>`.
+
+The estimate reads the page's tags as the tokenizer does (`tag_tokens`: its spans of comments, raw text
+and CDATA split the text), follows where the text goes (`_Scan.mode`) and each table and template
+(`_Table`), and sums a node's length at every piece that may copy it. It errs long where it cannot
+follow the parser: every foster-parented piece after a node's first copies it; in doubt a piece grows
+both nodes it may go to (and copies the longer); a start tag or comment ends the text's node only
+where the parser surely puts it where the text goes, an end tag only where it closes the element the
+last start tag opened (`x</b>y` may be one node); after a taint every `<` in text may be a comment.
+"""
+
+from __future__ import annotations
+
+import re
+
+from service.core.precheck.elements import TABLE_STARTS, VOID_B
+from service.core.precheck.memory import TEXT_COPY_KEPT
+from service.core.precheck.tags import (
+    FOREIGN,
+    HTML,
+    SELECT,
+    TAG_ATTRIBUTES_REST,
+    TAINTED,
+    is_self_closing,
+    tag_tokens,
+)
+
+# Start tags the parser does not foster-parent out of a table's rows: its structure (and a new table,
+# which closes the one open), what the rules "in table" insert into it (hidden inputs, forms, scripts,
+# styles, templates: any <input> counts, the safe side), and what merges into an element or is ignored
+# (Lexbor drops a foster-parented <image>, attributes allocated).
+_STAY_IN_TABLE = TABLE_STARTS | frozenset(
+    b"table input form script style template html head body frameset frame image".split()
+)
+# Start tags the parser may ignore in the body (a table's parts outside a table, a second <form>) or
+# merge into an element it has (<html>, <body>): they make no node, and the text on both sides may be
+# one node.
+_MAY_MAKE_NO_NODE = TABLE_STARTS | frozenset(b"html head body frameset frame form".split())
+# Where the text goes that is not foster-parented (`_Scan.mode`): where the start tags and comments go too
+# (the body, the head before its end tag), to <html> while the head's elements and raw text go into the
+# head (after `</head>`), to the body while comments go to <html> or the document (after `</body>` or
+# `</html>`), or after a <frameset> (nothing is sure: the parser may have ignored it).
+_BODY, _AFTER_HEAD, _AFTER_BODY, _FRAMESET = 0, 1, 2, 3
+# Start tags that go into the head while the text between them goes to <html> (after </head>).
+_HEAD = frozenset(b"base basefont bgsound link meta noframes script style template title noscript".split())
+_ROW_GROUPS = frozenset((b"tbody", b"thead", b"tfoot"))
+_TABLE_ENDS = frozenset(b"table caption td th tr tbody thead tfoot".split())
+# Tags after which a run of plain rows may follow (`_PLAIN_ROWS`), read as the tokenizer reads them: a
+# row's tags, cells of text only (their end tags without attributes), whitespace between.
+_ROW_TAGS = frozenset((b"tr", b"td", b"th", b"tbody", b"thead", b"tfoot", b"table"))
+_OPEN = rb"(?=[\t\n\f\r />])(?:>|" + TAG_ATTRIBUTES_REST + rb">)"
+_PLAIN_ROWS = re.compile(
+    rb"(?:[\t\n\f\r ]*+(?:<tr" + _OPEN + rb"|</tr>|<t([dh])" + _OPEN + rb"[^<]*+</t\1>))*+", re.I
+)
+_PLAIN_ROW_NAMES = frozenset((b"tr", b"td", b"th"))
+# Start tags that make the text after them a cell's or a caption's.
+_INTO_CELL = frozenset((b"td", b"th", b"caption"))
+_NOT_SPACE = re.compile(rb"[^\t\n\f\r ]")
+# For the cheap bound (`text_growth_memory`), in one pass: what may take the text out of the body's rules (a
+# table, a template's rows, a frameset, the end of the head, of the body, of <html>), CDATA, and the tags
+# that may make no node and have attributes (an end tag with more than its name, a start tag of
+# `_MAY_MAKE_NO_NODE` with more).
+_STRUCTURE = re.compile(
+    rb"<(?=[/!bcfhtBCFHT])(?:(?P<tables>(?i:table|frameset|template)(?=[\t\n\f\r />]))"
+    rb"|(?P<cdata>!\[)"
+    rb"|(?P<head>/(?i:head)(?=[\t\n\f\r />]))"
+    rb"|(?P<after>/(?i:body|html)(?=[\t\n\f\r />]))"
+    rb"|(?P<nodeless>/[a-zA-Z][^\t\n\f\r />]*+[\t\n\f\r /]|(?i:"
+    + b"|".join(sorted(_MAY_MAKE_NO_NODE))
+    + rb")[\t\n\f\r /]))"
+)
+# A `</head>` with only whitespace before a `<body>` (nothing between them goes into the head while the
+# text goes to <html>).
+_HEAD_THEN_BODY = re.compile(rb"</(?i:head)[^>]*+>[\t\n\f\r ]*+<(?i:body)[\t\n\f\r />]")
+# Where a run of text that is not only whitespace may start: after a ">" (a tag's, a comment's) and any
+# whitespace, a character that starts no tag, comment or bogus comment ("</>" starts nothing).
+_RUNS = re.compile(rb">[\t\n\f\r ]*+(?:[^<\t\n\f\r ]|<(?![a-zA-Z!?/])|</>)")
+# What may allocate between two pieces of a node: a tag with more than its name, a comment, a bogus
+# comment, a raw-text element's text, a template's content (its end tag after the head).
+_ALLOCATING = re.compile(
+    rb"<(?:[!?]|/(?![a-zA-Z])|/?[a-zA-Z][^\t\n\f\r />]*+[\t\n\f\r /]"
+    rb"|(?i:script|style|title|textarea|xmp|iframe|noembed|noframes|noscript|plaintext|template)>)"
+)
+# A "<" that starts no tag, comment or bogus comment.
+_BARE = re.compile(rb"<(?![a-zA-Z!?/])")
+# A start or end tag as far as its first ">": what is left holds all the text the scan may read, comments
+# and bogus comments included (after a taint it reads them as text, and each tag's ">").
+_TAG = re.compile(rb"</?[a-zA-Z][^>]*+>?")
+
+
+def text_growth_memory(document: str | bytes, *, tags: int, within: int) -> int:
+    """What Lexbor keeps of the copies of text nodes grown in pieces (`TEXT_COPY_KEPT` of `text_copies`),
+    or, where cheap bounds show it stays `within`, the least of them.
+
+    A piece copies at most the page's text (a NUL may become 3 bytes), and only a foster-parented one or
+    one after something allocated that did not end its node; in doubt a piece grows two nodes, but the
+    parser copies only one. The bounds, cheapest first: at most one piece a `<` and one more (and one a
+    CDATA section, counted in the pass that follows); without a table, a template or a frameset, where
+    every `</head>` is followed by `<body>`, only a tag that may make no node and has attributes, or an
+    allocation after the first `</body` or `</html`, comes before a copying piece (`_STRUCTURE`, one
+    pass); else the allocations and runs of text, counted by regex, times the page's text. The tag scan
+    reads 2.5% of the corpus pages (docs/preprocessing.md)."""
+    data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
+    nuls = 2 * data.count(b"\0") if b"\0" in data else 0  # (each may be U+FFFD: 3 bytes)
+    size = len(data) + nuls
+    bound = int((2 * tags + 1) * size * TEXT_COPY_KEPT)  # (CDATA: at most one more piece a "<")
+    if bound <= within:
+        return bound
+    copying = cdata = 0
+    after_body = -1
+    plain = True  # no table, template or frameset, every </head> followed by <body>
+    for found in _STRUCTURE.finditer(data):
+        kind = found.lastgroup
+        if kind == "nodeless":
+            copying += 1
+        elif kind == "cdata":
+            cdata += 1
+        elif kind == "after":
+            if after_body < 0:
+                after_body = found.start()
+        elif kind == "head":
+            plain = plain and _HEAD_THEN_BODY.match(data, found.start()) is not None
+        else:
+            plain = False  # a table, a frameset, a template (CDATA uncounted: as many as the "<"s)
+            cdata = tags
+            break
+    bound = int((tags + 1 + cdata) * size * TEXT_COPY_KEPT)
+    if bound <= within:
+        return bound
+    if plain:
+        if after_body >= 0:
+            copying += _ALLOCATING.subn(b"", data[after_body:])[1]
+        bound = int((copying + cdata) * size * TEXT_COPY_KEPT)  # (a CDATA section allocates after it)
+        if bound <= within:
+            return bound
+    # A run of text that is not only whitespace may be foster-parented: a copy, and an allocation before
+    # the next piece. After a taint the scan reads a bare `<` as a possible comment, and a comment, and
+    # each tag's `>`, as text.
+    pieces = _ALLOCATING.subn(b"", data)[1] + 2 * len(_RUNS.findall(data)) + _BARE.subn(b"", data)[1]
+    bound = int(pieces * (len(_TAG.sub(b"", data)) + tags + nuls) * TEXT_COPY_KEPT)
+    if bound <= within:
+        return bound
+    return int(text_copies(data) * TEXT_COPY_KEPT)
+
+
+class _Node:
+    """A text node the parser may grow: its length, and whether anything was allocated since its last
+    piece (then the next piece copies it)."""
+
+    __slots__ = ("dirty", "length")
+
+    def __init__(self, length: int = 0) -> None:
+        self.length = length
+        self.dirty = False
+
+    def grow(self, piece: int, *, copying: bool = False) -> int:
+        """Append a piece; what it copies."""
+        copied = self.length + piece if self.length and (copying or self.dirty) else 0
+        self.length += piece
+        self.dirty = False
+        return copied
+
+
+class _Table:
+    """An open table as the parser reads it: the cell or caption open in it (None: its rows, where text
+    is foster-parented), its row group, the node before it that foster-parented text grows, whether an
+    element foster-parented out of its rows may be open (text then goes into it), and whether the scan
+    lost track (a table tag after a taint or in a `<select>`: text may go either way)."""
+
+    __slots__ = ("cell", "fostered", "in_template", "maybe_closed", "open_fostered", "section", "unsure")
+
+    def __init__(self, before: int, *, unsure: bool = False, in_template: bool = False) -> None:
+        self.cell: bytes | None = None
+        self.section: bytes | None = None
+        self.fostered = _Node(before)
+        self.open_fostered = False
+        self.unsure = unsure
+        self.maybe_closed = False  # a `</table>` the scan could not follow (then unsure for good)
+        # Rows in a template's content, no table: the parser foster-parents their text to the end of
+        # the template's content (the HTML Standard's "last template" after the last table).
+        self.in_template = in_template
+
+
+class _Scan:
+    """`text_copies`' state over the page's tokens (see the module docstring)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.copies = 0
+        self.node = _Node()  # where the parser appends text that is not foster-parented
+        self.frames: list[_Table | None] = []  # open tables and templates (None), innermost last
+        self.templates = 0
+        self.mode = _BODY
+        self.last_open: bytes | None = None  # the element the text since the last start tag is in
+        self.tainted = False  # the scan has lost track of comments (`tag_tokens` after a taint)
+        self.nuls = b"\0" in data
+
+    def table(self) -> _Table | None:
+        return self.frames[-1] if self.frames else None
+
+    def split(self) -> None:
+        if self.mode != _FRAMESET:  # (after a <frameset> the parser may have ignored any tag)
+            self.node = _Node()
+
+    def piece(self, start: int, end: int) -> None:
+        """Text between two tokens: foster-parented (a table's rows, not only whitespace) onto the node
+        before the table, else where the parser inserts (in doubt, both)."""
+        size = end - start
+        if self.nuls:
+            size += 2 * self.data.count(b"\0", start, end)  # (U+FFFD in foreign content: 3 bytes)
+        spaces = _NOT_SPACE.search(self.data, start, end) is None
+        table = self.table()
+        if table is not None and not spaces and (table.cell is None or table.unsure):
+            fostered = table.fostered.grow(size, copying=True)
+            if table.cell is None and not (table.open_fostered or table.unsure):
+                self.copies += fostered
+                self.node.dirty = True
+                return
+            # In doubt the piece grows both nodes; the parser copies one of them.
+            self.copies += max(fostered, self.node.grow(size))
+        else:
+            self.copies += self.node.grow(size)
+        if not spaces and self.mode in (_AFTER_HEAD, _AFTER_BODY) and not self.templates:
+            self.mode = _BODY  # (text in a template in the head stays there)
+
+    def hidden(self, start: int, end: int) -> None:
+        """A comment, raw text or CDATA span."""
+        if self.data.startswith(b"<![", start):
+            # CDATA in foreign content is text; elsewhere a bogus comment: a piece, then an allocation.
+            self.piece(start, end)
+            self.node.dirty = True
+        elif self.mode == _BODY:
+            self.split()  # a comment where the text goes (in a table's rows, in the table)
+        else:
+            self.node.dirty = True  # (after the head: a head element's raw text; after the body: a comment)
+
+    def tag(self, end_tag: bool, name: bytes, start: int, end: int, where: int) -> None:
+        attributes = end - start > len(name) + 2 + end_tag
+        if where == TAINTED or self.mode == _FRAMESET:
+            self.tainted = True  # (from here the scan may read a comment as text: `_gap`)
+        table = self.table()
+        unsure_place = where in (TAINTED, SELECT) or self.mode == _FRAMESET
+        if end_tag:
+            self._end_tag(name, where, table, unsure_place)
+        else:
+            self._start_tag(name, where, table, unsure_place, start, end)
+        if attributes:
+            self.node.dirty = True  # (a new node has nothing to copy)
+
+    def _start_tag(
+        self, name: bytes, where: int, table: _Table | None, unsure_place: bool, start: int, end: int
+    ) -> None:
+        rows = table is not None and table.cell is None and not table.unsure
+        if where == FOREIGN:
+            self.split()
+            self.last_open = None if is_self_closing(self.data[start:end].rstrip(b">")) else name
+            return
+        if name == b"frameset":
+            self.mode = _FRAMESET  # (ignored after text: the text goes on)
+            return
+        # What it does to the tables the scan follows.
+        if name == b"template" and not unsure_place:
+            self.frames.append(None)
+            self.templates += 1
+        elif name == b"table":
+            before = self.node.length
+            if unsure_place:
+                self.frames.append(_Table(before, unsure=True))
+            elif table is not None and table.in_template and table.cell is None:
+                table.unsure = True  # (the parser ignores it: no table in scope)
+            else:
+                if table is not None and table.cell is None:
+                    self.frames.pop()  # a table in a table's rows closes that table first
+                self.frames.append(_Table(before))
+        elif name in TABLE_STARTS and table is None and self.frames:
+            # A table's part in a template's content: its rows foster-parent text too.
+            self.frames.append(table := _Table(self.node.length, unsure=unsure_place, in_template=True))
+            if not unsure_place:
+                table.cell = name if name in _INTO_CELL else None
+                table.section = name if name in _ROW_GROUPS else b"tbody"
+        elif table is not None and name in TABLE_STARTS:
+            if unsure_place or table.maybe_closed:
+                table.unsure = True
+            else:
+                table.cell = name if name in _INTO_CELL else None
+                table.open_fostered = table.unsure = False
+                if name in _ROW_GROUPS:
+                    table.section = name
+                elif table.section is None and name in (b"tr", b"td", b"th"):
+                    table.section = b"tbody"  # the one the parser implies
+        elif rows and table is not None and name not in _STAY_IN_TABLE:
+            # Foster-parented before the table: the next piece there starts a new node; text goes into
+            # it while it is open.
+            table.fostered = _Node()
+            if name not in VOID_B:
+                table.open_fostered = True
+            self.last_open = None
+            return  # (the node where the table's own whitespace goes goes on)
+        # Whether it ends the node the text goes into.
+        if self.mode == _AFTER_HEAD and (name in _HEAD or name in _MAY_MAKE_NO_NODE):
+            if name == b"body" and not unsure_place:
+                self.mode = _BODY
+            self.last_open = None
+            return  # into the head (or nowhere): the text goes on after it
+        if self.mode in (_AFTER_HEAD, _AFTER_BODY):
+            self.mode = _BODY  # (after the body, any start tag goes back into it)
+        if name in _MAY_MAKE_NO_NODE and not (
+            name in TABLE_STARTS and table is not None and not (unsure_place or table.maybe_closed)
+        ):
+            self.last_open = None
+            return
+        self.split()
+        self.last_open = None if name in VOID_B else name
+
+    def _end_tag(self, name: bytes, where: int, table: _Table | None, unsure_place: bool) -> None:
+        opened, self.last_open = self.last_open, None
+        if where == FOREIGN:
+            if name == opened:
+                self.split()
+            return
+        if name in (b"body", b"html", b"head") and not unsure_place and self.mode != _FRAMESET:
+            # (The text after it still goes where it went; after `</head>` the parser may be in the
+            # body already, where the head's elements go where the text goes: the safe side.)
+            self.mode = _AFTER_HEAD if name == b"head" else _AFTER_BODY
+            return
+        if name == b"template" and self.templates:
+            self.templates -= 1
+            while self.frames.pop() is not None:
+                pass  # a template's end tag closes what it holds
+            if unsure_place:  # (or not: the text may go into the template or out of the table's rows)
+                if (below := self.table()) is not None:
+                    below.unsure = True
+            elif self.mode == _BODY:
+                self.split()
+            else:
+                self.node.dirty = True  # a template in the head: its content allocated
+            return
+        if table is not None and name in _TABLE_ENDS:
+            if unsure_place or table.maybe_closed:
+                table.unsure = True
+                table.maybe_closed = table.maybe_closed or name == b"table"
+                return  # (nothing sure: no node ends)
+            if name == b"table":
+                if not table.in_template:  # (there the parser has no table to close)
+                    self.frames.pop()
+                    self.split()
+                return
+            cell = table.cell
+            if cell is not None and (
+                name == cell
+                or (cell != b"caption" and (name == b"tr" or (name in _ROW_GROUPS and name == table.section)))
+            ):
+                table.cell = None  # the cell or caption closes (a row or row group closes it too)
+                self.split()
+                return
+            if cell in (b"td", b"th") and name in _ROW_GROUPS and table.section is None:
+                table.unsure = True  # (a row group the scan did not see may be open)
+        if name == opened:
+            self.split()  # it closes the element the text since its start tag is in
+
+
+def text_copies(document: str | bytes) -> int:
+    """An upper estimate of the bytes Lexbor copies to grow text nodes in pieces (see the module
+    docstring). Linear in the page; a run of plain table rows costs one regex match (`_PLAIN_ROWS`)."""
+    data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
+    scan = _Scan(data)
+    hidden: list[tuple[int, int]] = []
+    skips: list[tuple[int, frozenset[bytes]]] = []
+    seen = 0  # the spans of `hidden` read so far
+    last_end = 0
+    for end_tag, name, start, end, where in tag_tokens(data, hidden, skips):
+        if start > last_end or len(hidden) > seen:
+            _gap(scan, last_end, start, hidden[seen:])
+            seen = len(hidden)
+        scan.tag(end_tag, name, start, end, where)
+        last_end = end
+        table = scan.table()
+        if (
+            where == HTML
+            and scan.mode == _BODY
+            and table is not None
+            and table.cell is None
+            and not (table.open_fostered or table.unsure)
+            and name in _ROW_TAGS
+        ):
+            # Rows of cells holding only text, whitespace between: each piece is a node of its own.
+            found = _PLAIN_ROWS.match(data, end)
+            run_end = end if found is None else found.end()
+            if run_end > end:
+                skips.append((run_end, _PLAIN_ROW_NAMES))
+                if table.section is None:
+                    table.section = b"tbody"
+                scan.split()
+                scan.last_open = None
+                last_end = run_end
+    _gap(scan, last_end, len(data), hidden[seen:])
+    return scan.copies
+
+
+def _gap(scan: _Scan, start: int, end: int, spans: list[tuple[int, int]]) -> None:
+    """The text between two tags: its pieces between the comments, raw text and CDATA hidden there."""
+    position = start
+    for a, b in spans:
+        if b <= start or a >= end:
+            continue
+        if a > position:
+            _pieces(scan, position, a)
+        scan.hidden(a, b)
+        position = max(position, b)
+    if end > position:
+        _pieces(scan, position, end)
+
+
+def _pieces(scan: _Scan, start: int, end: int) -> None:
+    """Text the scan read between two tokens; after a taint, where it reads no comments, every `<` in it
+    may start one (allocated, between two pieces)."""
+    if scan.tainted:
+        while (bracket := scan.data.find(b"<", start + 1, end)) >= 0:
+            scan.piece(start, bracket)
+            scan.node.dirty = True
+            start = bracket
+    scan.piece(start, end)

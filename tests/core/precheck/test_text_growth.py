@@ -1,0 +1,491 @@
+"""The memory pre-check for text nodes grown in pieces (`text_copies`, `text_growth_memory`).
+
+Lexbor grows a text node by copying it when anything was allocated since its last piece, and keeps the
+old copies: a node grown in N pieces costs the sum of its N lengths. The soundness oracle here parses
+small random tag soups whose every text piece is a unique marker and between two of whose markers
+something always allocates (a comment, a tag with attributes) just before the second one: every piece
+of a node after its first is then a copy, so the sum over the tree's nodes of their lengths at each
+later piece is an under-bound of what the estimate promises to charge. Two generators feed it: tables,
+templates, selects and foreign content (`random_page`), and the head, the body's and the page's end tags,
+framesets, CDATA and nested tables (`random_page_2`). The refusals are sized from the estimate (not from
+memory measurements): pages that big would parse to gigabytes, so only `prune_html`, which refuses them
+before parsing, ever sees them. The check's own work is counted in line events of the pre-check modules,
+never timed.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+from selectolax.lexbor import LexborHTMLParser
+
+from service.core import prune
+from service.core.precheck import memory
+from service.core.precheck.text_growth import text_copies, text_growth_memory
+from service.core.prune import InputTooLargeError, prune_html
+from tests.core.precheck.test_nesting import TooMuchWork, python_work
+
+# Tags that allocate in the tokenizer or tree (a comment's data, attributes): the piece after one of
+# them copies the node it joins. Some make no node (an end tag with attributes, a cell's start tag
+# outside a table, a root tag whose attributes are merged, a frame in the body).
+_ALLOCATING = (
+    "<!>",
+    "<!--c-->",
+    "</x a=b>",
+    "</b a=b>",
+    "<td a=b>",
+    "<th a=b>",
+    "<caption a=b>",
+    "<tr class=r>",
+    "<html a=b>",
+    "<body a=b>",
+    "<frame a=b>",
+    "</td a=b>",
+    "</table a=b>",
+)
+# Markup between a marker and the allocating tag after it: tables and their parts, nested tables,
+# elements foster-parented out of a table's rows, templates, selects, foreign content, whitespace.
+_MARKUP = (
+    "<table>",
+    "<table>",
+    "</table>",
+    "<tr>",
+    "</tr>",
+    "<td>",
+    "<td>",
+    "</td>",
+    "<th>",
+    "<caption>",
+    "</caption>",
+    "<tbody>",
+    "</tbody>",
+    "<thead>",
+    "<colgroup>",
+    "<col>",
+    "<b>",
+    "</b>",
+    "<i>",
+    "<span>",
+    "<template>",
+    "</template>",
+    "<select>",
+    "</select>",
+    "<option>",
+    "<svg>",
+    "</svg>",
+    "<desc>",
+    "</desc>",
+    "<math>",
+    "<mi>",
+    "<p>",
+    "</p>",
+    "</x>",
+    "<div>",
+    "</div>",
+    "<li>",
+    "<br>",
+    "<input type=hidden>",
+    "<form>",
+    "</form>",
+    "<html>",
+    "<body>",
+    "<frameset>",
+    " ",
+    "\n",
+)
+# The second generator's (`random_page_2`): the head and what goes into it, the body's and the page's end
+# tags (the comments after them go to <html> or the document while the text goes on in the body), framesets,
+# elements foster-parented out of a table's rows, nested tables in cells, captions, a cell end tag in a
+# header cell, foreign content (where CDATA is text).
+_ALLOCATING_2 = (
+    *_ALLOCATING,
+    "<!---->",
+    "<meta a=b>",
+    "<link a=b>",
+    "<script a=b></script>",
+    "<head a=b>",
+    "<form a=b>",
+    "<img a=b>",
+    "<br a=b>",
+    "<input a=b>",
+    "<b a=b>",
+    "</body a=b>",
+    "</html a=b>",
+)
+_MARKUP_2 = (
+    *_MARKUP,
+    "</body>",
+    "</html>",
+    "<head>",
+    "</head>",
+    "<title>t</title>",
+    "<frameset>",
+    "</frameset>",
+    "<table><b>",
+    "<table><tr><b>",
+    "<td><table>",
+    "<td><table><tr><td>",
+    "<caption>",
+    "<th></td>",
+    "<svg>",
+    "<math><mi>",
+    "<tfoot>",
+    "<select><option>",
+)
+_CDATA = "<![CDATA["
+_MARKER = re.compile(r"Q\d+x*")
+_TAG = re.compile(r"<[^>]*>")
+_ALLOCATING_TAG = re.compile(r"<![^>]*>|<[^>]*=[^>]*>")
+
+
+def random_page(seed: int) -> str:
+    """A small tag soup: each unit a unique marker (a tenth of them long), some markup, and an allocating
+    tag, so that the next marker comes right after an allocation."""
+    rng = random.Random(seed)
+    out: list[str] = []
+    for n in range(rng.randrange(5, 60)):
+        out.append(f"Q{n}" + ("x" * rng.randrange(1, 400) if rng.random() < 0.1 else ""))
+        out.extend(rng.choice(_MARKUP) for _ in range(rng.randrange(3)))
+        out.append(rng.choice(_ALLOCATING))
+    return "".join(out)
+
+
+def random_page_2(seed: int) -> str:
+    """As `random_page`, from `_MARKUP_2` and `_ALLOCATING_2`; a fifth of the markers in CDATA (in an
+    `<svg>` it opens, or wherever the page is: outside foreign content a bogus comment, no text). The
+    CDATA's text is a piece of its own, so the allocating tag comes before its `<![CDATA[`."""
+    rng = random.Random(100_000 + seed)
+    out: list[str] = []
+    for n in range(rng.randrange(5, 60)):
+        marker = f"Q{n}" + ("x" * rng.randrange(1, 400) if rng.random() < 0.1 else "")
+        kind = rng.random()
+        if kind < 0.1:
+            marker = f"<svg>{_CDATA}{marker}]]>"
+        elif kind < 0.2:
+            marker = f"{_CDATA}{marker}]]>"
+        out.append(marker)
+        out.extend(rng.choice(_MARKUP_2) for _ in range(rng.randrange(4)))
+        out.append(rng.choice(_ALLOCATING_2))
+    return "".join(out)
+
+
+def every_piece_follows_an_allocation(page: str) -> bool:
+    """Whether an allocating tag comes between every two markers of `page`, with no text after it (a
+    whitespace piece there would take the copy, and the marker grow in place); a CDATA's `<![CDATA[`
+    right before its marker is no text."""
+    for between in _MARKER.split(page)[1:-1]:
+        between = between.removesuffix(_CDATA)
+        found = list(_ALLOCATING_TAG.finditer(between))
+        if not found or _TAG.sub("", between[found[-1].end() :]):
+            return False
+    return True
+
+
+def oracle(page: str) -> int:
+    """The bytes copied to grow the text nodes of Lexbor's tree for `page` where each piece after a
+    node's first copies it: the node's length at each of those pieces, counting its markers only. The
+    tree is walked without recursion; a template's content is not reachable from it and is skipped."""
+    root = LexborHTMLParser(page, scripting=True, options=prune._PARSER_OPTIONS).root
+    copied = 0
+    stack = [root] if root is not None else []
+    while stack:
+        node = stack.pop()
+        if node.tag == "-text":
+            length = 0
+            for index, marker in enumerate(_MARKER.findall(node.text_content or "")):
+                length += len(marker)
+                if index:
+                    copied += length
+        child = node.child
+        while child is not None:
+            stack.append(child)
+            child = child.next
+    return copied
+
+
+_SEEDS = range(400)
+_SEEDS_2 = range(300)
+
+
+def test_the_generated_pages_allocate_before_every_marker() -> None:
+    """The oracle's premise: what it counts are copies the estimate promises to charge."""
+    for generator, seeds in ((random_page, _SEEDS), (random_page_2, _SEEDS_2)):
+        for seed in seeds:
+            page = generator(seed)
+            assert every_piece_follows_an_allocation(page), page
+
+
+def test_the_second_generator_grows_nodes_and_reads_cdata() -> None:
+    """It tests something: most of its pages grow a node in pieces, some with a CDATA piece among them."""
+    grown = [page for page in map(random_page_2, _SEEDS_2) if oracle(page) > 0]
+    assert len(grown) > len(_SEEDS_2) // 2
+    assert sum(f"<svg>{_CDATA}" in page for page in grown) > len(_SEEDS_2) // 4
+
+
+def test_the_estimate_is_above_the_copies_of_every_grown_node() -> None:
+    under = [
+        (generator.__name__, seed, text_copies(page), oracle(page))
+        for generator, seeds in ((random_page, _SEEDS), (random_page_2, _SEEDS_2))
+        for seed in seeds
+        for page in [generator(seed)]
+        if text_copies(page) < oracle(page)
+    ]
+    assert not under, f"(generator, seed, estimate, oracle) under the oracle: {under}"
+
+
+# Under-estimates the first version of the estimate made (the oracle found them among `_SEEDS`: 1, 46, 60,
+# 72, 213, 278, 335), shrunk; their three kinds at scale in `_FORMERLY_UNDER_ESTIMATED`.
+_MINIMAL = {
+    # A start tag that may make no node before a `<table>` ended the text it took for the node before it.
+    "a cell's start tag with attributes outside a table, then a table": "Q1<td a=b><table>Q4",
+    "a row's start tag outside a table, then a table": "Q1<tr class=r><table>Q7",
+    "a column group's start tag outside a table, then a table": "Q4</b a=b><colgroup><table>Q8",
+    "an html start tag with attributes, then a table": "Q2<html a=b><table>Q7",
+    # An end tag of a cell the parser does not have open is ignored; it took the table back to its rows.
+    "a cell end tag in a header cell": "<table><th>Q12</td a=b>Q17",
+}
+
+
+@pytest.mark.parametrize("page", list(_MINIMAL.values()), ids=list(_MINIMAL))
+def test_former_under_estimates_minimal(page: str) -> None:
+    assert every_piece_follows_an_allocation(page)
+    assert text_copies(page) >= oracle(page) > 0
+
+
+# Under-estimates the oracle found past the seeds tested (`random_page_2`, seeds 8524, 14248 and 14674 of
+# 20,000), shrunk. After a taint (`tag_tokens` reads no comment there: an <svg> zone's end tag that may
+# close an HTML element, a <frameset>) a comment or bogus comment was read as text, so nothing allocated
+# before the text after it; nor did a tainted `</template>` or a `</td>` after a `<frameset>` (which the
+# parser ignores in a cell) leave the table's template or cell, so the text after it was not fostered.
+_AFTER_A_TAINT = {
+    "comments after a taint (estimate 0, oracle 10)": "<head><math></head><div>Q1</html><!>Q2</html><!>Q3",
+    "a cell end tag after an ignored frameset (estimate 0, oracle 4)": "Q1<table><td><frameset></td a=b>Q8",
+    "a tainted template end tag in a table (estimate 0, oracle 4)": (
+        "Q0<table><template><caption a=b><svg></template>Q6"
+    ),
+    # (`random_page` seed 7903, shrunk.) A `</table>` in a <select> may close the table: a sure table tag
+    # after it took the table as open, and its caption as ending the text's node.
+    "a table tag after a table end tag in a select (estimate 0, oracle 6)": (
+        "<table><select></table><select>Q30<caption a=b>Q33"
+    ),
+}
+
+
+@pytest.mark.parametrize("page", list(_AFTER_A_TAINT.values()), ids=list(_AFTER_A_TAINT))
+def test_former_under_estimates_after_a_taint(page: str) -> None:
+    assert every_piece_follows_an_allocation(page)
+    assert text_copies(page) >= oracle(page) > 0
+
+
+@pytest.mark.parametrize(
+    "page",
+    [
+        "<head><math></head><div>" + "x" * 1_000_000 + "</html><!>y" * 3000,
+        "x" * 1_000_000 + "<table><template><caption a=b><svg></template>" + "y<!>" * 3000,
+    ],
+    ids=["comments after a taint", "a tainted template end tag"],
+)
+def test_former_under_estimates_after_a_taint_at_scale_are_refused(page: str) -> None:
+    assert_refused(page)
+
+
+def budget_left(page: str) -> int:
+    """What is left of the page's memory budget after the per-tag charge, as `_prune_document` computes it
+    before the text growth check (end tags and attributes aside: the page's budget left is no more)."""
+    return 10 * len(page) + prune._MEMORY_HEADROOM - page.count("<") * memory.MEMORY_PER_TAG
+
+
+def charge(page: str) -> int:
+    """The text growth charge `prune_html` compares with the budget left (the precise one: `within=0`)."""
+    return text_growth_memory(page, tags=page.count("<"), within=0)
+
+
+def assert_refused(page: str) -> None:
+    """`page` is refused for its text growth, and not by luck: the charge is at least twice the budget
+    left. The charge is checked first, so that a page the estimate misses is never parsed."""
+    assert charge(page) > 2 * budget_left(page)
+    with pytest.raises(InputTooLargeError, match="grows text nodes"):
+        prune_html(page)
+
+
+_ADVERSARIAL = {
+    # 160 KB, 305 MiB charged (the 320 KB of the review peaked at 441 MiB).
+    "text split by comments in a table's rows": "<table>" + "y<!>" * 40_000,
+    # 440 KB, 305 MiB charged (880 KB peaked at 509 MiB).
+    "text between cells": "<table><tr>" + "<td>1</td>y" * 40_000,
+    # 1 MB, 381 MiB charged (4 MB before 3,000 pieces peaked at 1.5 GB).
+    "a long text before a table, then fostered pieces": "x" * 1_000_000 + "<table>" + "y<!>" * 1000,
+    # 360 KB, 305 MiB charged (720 KB peaked at 437 MiB).
+    "text split by end tags with attributes": "y</x a=b>" * 40_000,
+    "text split by cells with attributes outside a table": "y<td a=b>" * 40_000,
+    # Under the cap of merged root attributes (1,000 of them, all "a").
+    "a long text grown after html tags with attributes": "x" * 1_000_000 + "<html a=b>y" * 1000,
+    "a long text grown after body tags with attributes": "x" * 1_000_000 + "<body a=b>y" * 1000,
+}
+
+
+@pytest.mark.parametrize("page", list(_ADVERSARIAL.values()), ids=list(_ADVERSARIAL))
+def test_pages_growing_a_node_in_many_pieces_are_refused(page: str) -> None:
+    # The size, from the estimate: its charge is at least twice the budget left (the quadratic cases are
+    # about 1.4 times the smallest size refused, the others twice).
+    assert_refused(page)
+
+
+# The review's findings, each accepted by the first version of the estimate and parsed to 3.7-6.5 GB at
+# a larger size; here sized from the estimate (twice the budget left, or a little more). Whitespace or
+# text grown in place between tags that allocate and make no node where the text goes: comments after
+# the body or the page (they go to <html> or the document), end tags with attributes (in a table's rows
+# too: whitespace is not foster-parented), a second <form> in a table, the head's elements after it, the
+# tags of a frameset (or after it); a long text in an element foster-parented out of a table's rows,
+# grown by the whitespace after it; CDATA pieces in foreign content.
+_REVIEW_FINDINGS = {
+    "text and comments after the body's end tag": "y</body><!>" * 40_000,
+    "whitespace and comments after the body": "</body>" + " <!---->" * 40_000,
+    "whitespace and bogus comments after the page": "</html>" + " <!>" * 40_000,
+    "whitespace and end tags with attributes in a table's rows": "<table>" + " </x a=b>" * 40_000,
+    "whitespace and end tags with attributes in a row": "<table><tr>" + " </x a=b>" * 40_000,
+    "whitespace and ignored forms in a table": "<form><table>" + " <form a=b>" * 40_000,
+    "whitespace and metas after the head": "<head></head>" + " <meta a=b>" * 40_000,
+    "whitespace and scripts after the head": "<head></head>" + " <script a=b></script>" * 40_000,
+    "whitespace and images in a frameset": "<frameset>" + " <img a=b>" * 40_000,
+    "whitespace and line breaks after a frameset": "<frameset></frameset></html>" + " <br a=b>" * 40_000,
+    "whitespace and end tags with attributes after text": "x" + " </x a=b>" * 40_000,
+    "a long text in a foster-parented element grown by whitespace": (
+        "<table><b>" + "X" * 100_000 + " </x a=b>" * 10_000
+    ),
+    "CDATA pieces in foreign content": "<svg>" + "<![CDATA[y]]></x a=b>" * 20_000,
+    # The second review's: rows in a template's content foster-parent their text to its end (no table);
+    # Lexbor drops a foster-parented <image> (attributes allocated); a <frameset> the parser ignored (after
+    # text) hid the table after it; a template's content in the head allocates; a bogus comment `<![x]>`
+    # (CDATA only in foreign content) after </body>; a NUL in foreign content is U+FFFD, 3 bytes. Each was
+    # accepted and peaked at 670-970 MiB (2-4.6 times the bound).
+    "rows and comments in a template": "<template><tr>" + "y<!---->" * 40_000,
+    "rows and cells in a template": "<template><tr>" + "<td>1</td>y" * 40_000,
+    "foster-parented images": "<table><tr>" + "y<image a=b>" * 40_000,
+    "a table after an ignored frameset": "x<frameset><table><tr>" + ("<td>1</td>" + "y" * 250) * 2_000,
+    "templates after the head": "<head></head>" + " <template>x</template>" * 40_000,
+    "bogus comments after the body": "<body>" + "y</body><![x]>" * 40_000,
+    "NULs in an svg": "<svg>" + ("\0" * 200 + "</x a=b>") * 2_000,
+}
+
+
+@pytest.mark.parametrize("page", list(_REVIEW_FINDINGS.values()), ids=list(_REVIEW_FINDINGS))
+def test_the_review_findings_are_refused(page: str) -> None:
+    assert_refused(page)
+
+
+# The former under-estimates (`_MINIMAL`) at scale: each peaked at 1.47 GB parsed with 4 MB of "x" and
+# 3,000 pieces (a 188 MiB budget; the first estimate said 4 MiB, and prune_html parsed it). Never parsed
+# here: `assert_refused` checks the charge before `prune_html` refuses them.
+_FORMERLY_UNDER_ESTIMATED = {
+    "a row's start tag between a long text and a table": "x" * 1_000_000 + "<tr><table>" + "y<!>" * 1000,
+    "a cell's start tag between a long text and a table": "x" * 1_000_000 + "<td><table>" + "y<!>" * 1000,
+    "a long text in a header cell grown after ignored cell end tags": (
+        "<table><th>" + "x" * 1_000_000 + "</td a=b>y" * 1000
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "page", list(_FORMERLY_UNDER_ESTIMATED.values()), ids=list(_FORMERLY_UNDER_ESTIMATED)
+)
+def test_former_under_estimates_at_scale_are_refused(page: str) -> None:
+    assert_refused(page)
+
+
+# Text before a table but closed in its element is not the node foster-parented text grows (the review's
+# F6: a megabyte in a <span> before 600 fostered pieces was refused); bare, the same text is.
+_CLOSED_BEFORE_A_TABLE = {
+    name: f"<{name}>" + "x" * 1_000_000 + f"</{name}><table>" + "<tr><td>1</td></tr>y" * 600
+    for name in ("span", "p")
+}
+
+
+@pytest.mark.parametrize("page", list(_CLOSED_BEFORE_A_TABLE.values()), ids=list(_CLOSED_BEFORE_A_TABLE))
+def test_text_closed_in_its_element_before_a_table_is_not_charged(page: str) -> None:
+    assert charge(page) < 1 << 20
+    assert prune_html(page)
+    bare = "x" * 1_000_000 + page[page.index("<table>") :]
+    assert charge(bare) > budget_left(bare)  # (checked first: refused before parsing)
+    with pytest.raises(InputTooLargeError, match="grows text nodes"):
+        prune_html(bare)
+
+
+_ORDINARY = {
+    "a data table with classes on every row and cell": "<table>"
+    + "".join(
+        f'<tr class="row"><td class="c">{i}</td><td class="c">name {i}</td></tr>\n' for i in range(20_000)
+    )
+    + "</table>",
+    "paragraphs with inline end tags": "<p>Some <b>bold</b> text and <i>more</i> words</p>\n" * 5000,
+    "root tags with attributes": "<!DOCTYPE html><html lang=en><head><title>t</title></head><body class=x>"
+    + "<div class=a>text <span>x</span> more</div>" * 5000,
+    "a table with whitespace between rows": "<table>\n"
+    + "  <tr>\n    <td>a</td>\n    <td>b</td>\n  </tr>\n" * 5000
+    + "</table>",
+    "an svg icon in every cell": "<table>"
+    + '<tr><td><svg viewBox="0 0 1 1"><path d="M0 0"/></svg> item</td></tr>' * 5000
+    + "</table>",
+}
+
+
+@pytest.mark.parametrize("page", list(_ORDINARY.values()), ids=list(_ORDINARY))
+def test_ordinary_pages_are_not_charged(page: str) -> None:
+    assert text_copies(page) <= len(page)
+    assert prune_html(page)
+
+
+# The most line events a tag may cost `text_copies`: ordinary markup takes 30-60 (a walk per tag, or over
+# every comment of the page at each tag, takes hundreds).
+_LINES_PER_TAG = 100
+
+_WORK = {
+    "template end tags under open tables": "<template>" + "<table><tr><td>" * 600 + "</template>" * 3000,
+    "templates each closing open tables": "<template><table><tr><td><table>x" * 2000 + "</template>" * 2000,
+    "deeply nested tables": "<table><tr><td>" * 3000 + "x</td a=b>y" * 1000,
+    "tables nested in rows": "<table>" * 5000 + "y<!>" * 1000,
+    "comments in a table's rows": "<table><tr>" + "y<!--c-->" * 5000 + "<td>x</td>" * 100,
+    "long text runs split by many comments": "<table>" + ("y<!>" * 50 + "<b>") * 200,
+    # 200 KB data tables: cells holding links (each tag read by the scan), and plain rows (`_PLAIN_ROWS`).
+    "a data table of links": "<table>"
+    + "<tr><td><a href=x>y</a></td><td><a href=x>y</a></td></tr>" * 3600
+    + "</table>",
+    "a data table of plain rows": "<table>" + "<tr><td>1</td><td>name</td></tr>\n" * 6000 + "</table>",
+}
+
+
+@pytest.mark.parametrize(
+    "page", [*_WORK.values(), *_ORDINARY.values()], ids=[*_WORK, *(f"ordinary: {k}" for k in _ORDINARY)]
+)
+def test_the_estimate_does_a_bounded_work_per_tag(page: str) -> None:
+    bound = _LINES_PER_TAG * page.count("<")
+    try:
+        python_work(text_copies, page, bound=bound)
+    except TooMuchWork:
+        pytest.fail(f"text_copies ran more than {bound} lines of the pre-checks")
+
+
+# Pages a review found each cheap bound under the charge on (CDATA in the bound without a table; a
+# template's content after the head; comments read as text after a taint).
+_UNDER_THE_CHEAP_BOUNDS = {
+    "CDATA sections": "<svg>" + "x<![CDATA[y]]>" * 3000,
+    "templates after the head": "</head>" + " <template></template>" * 3000,
+    "comments after a frameset": "<frameset></frameset>" + " <!---->" * 3000,
+}
+_BOUNDED = {**_ADVERSARIAL, **_REVIEW_FINDINGS, **_UNDER_THE_CHEAP_BOUNDS}
+
+
+@pytest.mark.parametrize("page", list(_BOUNDED.values()), ids=list(_BOUNDED))
+def test_the_cheap_bounds_are_never_under_the_charge_they_replace(page: str) -> None:
+    """A cheap bound is returned only where it is within the budget left: wherever the precise charge is
+    over it, so is what comes back (the page is refused as the precise charge would refuse it)."""
+    charge = int(text_copies(page) * memory.TEXT_COPY_KEPT)
+    tags = page.count("<")
+    for within in (0, 1 << 20, charge - 1, charge, 2 * charge, tags * len(page)):
+        returned = text_growth_memory(page, tags=tags, within=within)
+        assert returned >= charge or returned <= within, within
+        if charge > within:
+            assert returned > within, within
+    assert text_growth_memory(page.encode(), tags=tags, within=charge - 1) >= charge
