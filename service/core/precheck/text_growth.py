@@ -89,7 +89,9 @@ _STRUCTURE = re.compile(
 )
 # A `</head>` with only whitespace before a `<body>` (nothing between them goes into the head while the
 # text goes to <html>).
-_HEAD_THEN_BODY = re.compile(rb"</(?i:head)[^>]*+>[\t\n\f\r ]*+<(?i:body)[\t\n\f\r />]")
+_HEAD_THEN_BODY = re.compile(
+    rb"</(?i:head)(" + TAG_ATTRIBUTES_REST + rb")>[\t\n\f\r ]*+<(?i:body)[\t\n\f\r />]"
+)
 # Where a run of text that is not only whitespace may start: after a ">" (a tag's, a comment's) and any
 # whitespace, a character that starts no tag, comment or bogus comment ("</>" starts nothing).
 _RUNS = re.compile(rb">[\t\n\f\r ]*+(?:[^<\t\n\f\r ]|<(?![a-zA-Z!?/])|</>)")
@@ -124,7 +126,7 @@ def text_growth_memory(document: str | bytes, *, tags: int, within: int) -> int:
     bound = int((2 * tags + 1) * size * TEXT_COPY_KEPT)  # (CDATA: at most one more piece a "<")
     if bound <= within:
         return bound
-    copying = cdata = 0
+    copying = cdata = head_end = 0
     after_body = -1
     plain = True  # no table, template or frameset, every </head> followed by <body>
     for found in _STRUCTURE.finditer(data):
@@ -137,7 +139,14 @@ def text_growth_memory(document: str | bytes, *, tags: int, within: int) -> int:
             if after_body < 0:
                 after_body = found.start()
         elif kind == "head":
-            plain = plain and _HEAD_THEN_BODY.match(data, found.start()) is not None
+            if found.start() < head_end:
+                continue  # (in the attributes of the `</head>` read before: no tag)
+            head = _HEAD_THEN_BODY.match(data, found.start())
+            if head is None:
+                plain = False
+                break
+            head_end = head.end()
+            copying += bool(head.group(1).strip())  # (its attributes: allocated, no node)
         else:
             plain = False  # a table, a frameset, a template (CDATA uncounted: as many as the "<"s)
             cdata = tags
@@ -391,7 +400,8 @@ def text_copies(document: str | bytes) -> int:
             _gap(scan, last_end, start, hidden[seen:])
             seen = len(hidden)
         scan.tag(end_tag, name, start, end, where)
-        last_end = end
+        # (After a taint the scan's tags end before their ">": it is the tag's, no text.)
+        last_end = end + 1 if where == TAINTED and data.startswith(b">", end) else end
         table = scan.table()
         if (
             where == HTML
@@ -433,8 +443,12 @@ def _pieces(scan: _Scan, start: int, end: int) -> None:
     """Text the scan read between two tokens; after a taint, where it reads no comments, every `<` in it
     may start one (allocated, between two pieces)."""
     if scan.tainted:
-        while (bracket := scan.data.find(b"<", start + 1, end)) >= 0:
-            scan.piece(start, bracket)
+        bracket = scan.data.find(b"<", start, end)
+        while bracket >= 0:
+            if bracket > start:
+                scan.piece(start, bracket)
             scan.node.dirty = True
             start = bracket
-    scan.piece(start, end)
+            bracket = scan.data.find(b"<", start + 1, end)
+    if end > start:
+        scan.piece(start, end)

@@ -489,3 +489,43 @@ def test_the_cheap_bounds_are_never_under_the_charge_they_replace(page: str) -> 
         if charge > within:
             assert returned > within, within
     assert text_growth_memory(page.encode(), tags=tags, within=charge - 1) >= charge
+
+
+# The third review's: an end tag `</head>` with attributes before `<body>` (the parser ignores it in the
+# body, its attributes allocated: 1 MB peaked at 1,380 MiB) and a quoted ">" that made a `</head>` seem
+# followed by `<body>` (after it the head's elements go into the head: 990 KB, 604 MiB); each was let
+# through by the bound for pages without tables.
+_THIRD_REVIEW = {
+    "end tags of the head with attributes": "yyyy</head a=b><body>" * 50_000,
+    "a body tag in the head's end tag's attributes": '<head></head a=">  <body>">' + " <meta a=b>" * 90_000,
+}
+
+
+@pytest.mark.parametrize("page", list(_THIRD_REVIEW.values()), ids=list(_THIRD_REVIEW))
+def test_the_third_reviews_pages_are_refused(page: str) -> None:
+    assert_refused(page)
+
+
+class _CountingMatch:
+    """A regex whose `match` adds up how far each match reads (C-level work no line event sees)."""
+
+    def __init__(self, pattern: re.Pattern[bytes]) -> None:
+        self.pattern = pattern
+        self.read = 0
+
+    def match(self, data: bytes, position: int) -> re.Match[bytes] | None:
+        found = self.pattern.match(data, position)
+        self.read += len(data) - position if found is None else found.end() - position
+        return found
+
+
+def test_the_head_check_reads_each_end_tag_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`</head/` x N then `><body>`: each `</head` is in the attributes of the first, whose match reads to
+    the end; matching from every one was quadratic (560 KB: 5.7 s, 16 MB: about 80 minutes)."""
+    from service.core.precheck import text_growth
+
+    counting = _CountingMatch(text_growth._HEAD_THEN_BODY)
+    monkeypatch.setattr(text_growth, "_HEAD_THEN_BODY", counting)
+    page = b"</head/" * 80_000 + b"><body>"
+    text_growth_memory(page, tags=page.count(b"<"), within=0)
+    assert counting.read <= 2 * len(page)
