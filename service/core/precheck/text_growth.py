@@ -96,13 +96,13 @@ _HEAD_THEN_BODY = re.compile(
 # whitespace, a character that starts no tag, comment or bogus comment ("</>" starts nothing).
 _RUNS = re.compile(rb">[\t\n\f\r ]*+(?:[^<\t\n\f\r ]|<(?![a-zA-Z!?/])|</>)")
 # What may allocate between two pieces of a node: a tag with more than its name, a comment, a bogus
-# comment, a raw-text element's text, a template's content (its end tag after the head).
+# comment, a raw-text element's text, a template's content (its end tag after the head); and a "<" that
+# starts no tag, comment or bogus comment (after a taint the scan takes one for a possible comment).
 _ALLOCATING = re.compile(
     rb"<(?:[!?]|/(?![a-zA-Z])|/?[a-zA-Z][^\t\n\f\r />]*+[\t\n\f\r /]"
-    rb"|(?i:script|style|title|textarea|xmp|iframe|noembed|noframes|noscript|plaintext|template)>)"
+    rb"|(?i:script|style|title|textarea|xmp|iframe|noembed|noframes|noscript|plaintext|template)>"
+    rb"|(?![a-zA-Z!?/]))"
 )
-# A "<" that starts no tag, comment or bogus comment.
-_BARE = re.compile(rb"<(?![a-zA-Z!?/])")
 # A start or end tag as far as its first ">": what is left holds all the text the scan may read, comments
 # and bogus comments included (after a taint it reads them as text, and each tag's ">").
 _TAG = re.compile(rb"</?[a-zA-Z][^>]*+>?")
@@ -119,11 +119,12 @@ def text_growth_memory(document: str | bytes, *, tags: int, within: int) -> int:
     every `</head>` is followed by `<body>`, only a tag that may make no node and has attributes, or an
     allocation after the first `</body` or `</html`, comes before a copying piece (`_STRUCTURE`, one
     pass); else the allocations and runs of text, counted by regex, times the page's text. The tag scan
-    reads 2.5% of the corpus pages (docs/preprocessing.md)."""
+    reads 34 of the 1,033 corpus pages (docs/benchmarks.md)."""
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
     nuls = 2 * data.count(b"\0") if b"\0" in data else 0  # (each may be U+FFFD: 3 bytes)
     size = len(data) + nuls
-    bound = int((2 * tags + 1) * size * TEXT_COPY_KEPT)  # (CDATA: at most one more piece a "<")
+    # (A CDATA section is one more piece, at most one a "<": counted below where it may matter.)
+    bound = int(((2 * tags if b"<![" in data else tags) + 1) * size * TEXT_COPY_KEPT)
     if bound <= within:
         return bound
     copying = cdata = head_end = 0
@@ -161,9 +162,9 @@ def text_growth_memory(document: str | bytes, *, tags: int, within: int) -> int:
         if bound <= within:
             return bound
     # A run of text that is not only whitespace may be foster-parented: a copy, and an allocation before
-    # the next piece. After a taint the scan reads a bare `<` as a possible comment, and a comment, and
-    # each tag's `>`, as text.
-    pieces = _ALLOCATING.subn(b"", data)[1] + 2 * len(_RUNS.findall(data)) + _BARE.subn(b"", data)[1]
+    # the next piece. After a taint the scan reads a comment as text (and a bare `<` as a possible
+    # comment: `_ALLOCATING` counts it); `_TAG` leaves comments in the text, `tags` is the safe side.
+    pieces = _ALLOCATING.subn(b"", data)[1] + 2 * len(_RUNS.findall(data))
     bound = int(pieces * (len(_TAG.sub(b"", data)) + tags + nuls) * TEXT_COPY_KEPT)
     if bound <= within:
         return bound
@@ -402,14 +403,13 @@ def text_copies(document: str | bytes) -> int:
         scan.tag(end_tag, name, start, end, where)
         # (After a taint the scan's tags end before their ">": it is the tag's, no text.)
         last_end = end + 1 if where == TAINTED and data.startswith(b">", end) else end
-        table = scan.table()
         if (
-            where == HTML
+            name in _ROW_TAGS
+            and where == HTML
             and scan.mode == _BODY
-            and table is not None
+            and (table := scan.table()) is not None
             and table.cell is None
             and not (table.open_fostered or table.unsure)
-            and name in _ROW_TAGS
         ):
             # Rows of cells holding only text, whitespace between: each piece is a node of its own.
             found = _PLAIN_ROWS.match(data, end)
