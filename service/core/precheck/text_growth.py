@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 
-from service.core.precheck.elements import TABLE_STARTS, VOID_B
+from service.core.precheck.elements import FORMATTING, TABLE_STARTS, VOID_B
 from service.core.precheck.memory import TEXT_COPY_KEPT
 from service.core.precheck.tags import (
     FOREIGN,
@@ -75,12 +75,14 @@ _PLAIN_ROW_NAMES = frozenset((b"tr", b"td", b"th"))
 _INTO_CELL = frozenset((b"td", b"th", b"caption"))
 _NOT_SPACE = re.compile(rb"[^\t\n\f\r ]")
 # For the cheap bound (`text_growth_memory`), in one pass: what may take the text out of the body's rules (a
-# table, a template's rows, a frameset, the end of the head, of the body, of <html>), CDATA, and the tags
-# that may make no node and have attributes (an end tag with more than its name, a start tag of
-# `_MAY_MAKE_NO_NODE` with more).
+# table, a template's rows, a frameset, the end of the head, of the body, of <html>), CDATA, and what may
+# allocate and make no node where the text goes: a tag of `_MAY_MAKE_NO_NODE` or an end tag with more
+# than its name, a formatting element's end tag (the adoption agency's clones), a doctype (its ids).
 _STRUCTURE = re.compile(
     rb"<(?=[/!bcfhtBCFHT])(?:(?P<tables>(?i:table|frameset|template)(?=[\t\n\f\r />]))"
     rb"|(?P<cdata>!\[)"
+    rb"|(?P<formatting>/(?i:" + b"|".join(sorted(FORMATTING)) + rb")(?=[\t\n\f\r />]))"
+    rb"|(?P<doctype>!(?i:doctype))"
     rb"|(?P<head>/(?i:head)(?=[\t\n\f\r />]))"
     rb"|(?P<after>/(?i:body|html)(?=[\t\n\f\r />]))"
     rb"|(?P<nodeless>/[a-zA-Z][^\t\n\f\r />]*+[\t\n\f\r /]|(?i:"
@@ -96,10 +98,12 @@ _HEAD_THEN_BODY = re.compile(
 # whitespace, a character that starts no tag, comment or bogus comment ("</>" starts nothing).
 _RUNS = re.compile(rb">[\t\n\f\r ]*+(?:[^<\t\n\f\r ]|<(?![a-zA-Z!?/])|</>)")
 # What may allocate between two pieces of a node: a tag with more than its name, a comment, a bogus
-# comment, a raw-text element's text, a template's content (its end tag after the head); and a "<" that
+# comment (a doctype's ids), a raw-text element's text, a template's content (its end tag after the head),
+# a formatting element's end tag (the adoption agency's clones); and a "<" that
 # starts no tag, comment or bogus comment (after a taint the scan takes one for a possible comment).
 _ALLOCATING = re.compile(
     rb"<(?:[!?]|/(?![a-zA-Z])|/?[a-zA-Z][^\t\n\f\r />]*+[\t\n\f\r /]"
+    rb"|/(?i:" + b"|".join(sorted(FORMATTING)) + rb")>"
     rb"|(?i:script|style|title|textarea|xmp|iframe|noembed|noframes|noscript|plaintext|template)>"
     rb"|(?![a-zA-Z!?/]))"
 )
@@ -132,7 +136,7 @@ def text_growth_memory(document: str | bytes, *, tags: int, within: int) -> int:
     plain = True  # no table, template or frameset, every </head> followed by <body>
     for found in _STRUCTURE.finditer(data):
         kind = found.lastgroup
-        if kind == "nodeless":
+        if kind in ("nodeless", "formatting", "doctype"):
             copying += 1
         elif kind == "cdata":
             cdata += 1
@@ -253,7 +257,9 @@ class _Scan:
 
     def hidden(self, start: int, end: int) -> None:
         """A comment, raw text or CDATA span."""
-        if self.data.startswith(b"<![", start):
+        if self.data[start : start + 9].lower() == b"<!doctype":
+            self.node.dirty = True  # ignored in the page, no node, its ids allocated
+        elif self.data.startswith(b"<![", start):
             # CDATA in foreign content is text; elsewhere a bogus comment: a piece, then an allocation.
             self.piece(start, end)
             self.node.dirty = True
@@ -342,6 +348,10 @@ class _Scan:
 
     def _end_tag(self, name: bytes, where: int, table: _Table | None, unsure_place: bool) -> None:
         opened, self.last_open = self.last_open, None
+        if name in FORMATTING and name != opened:
+            # The adoption agency: past eight special elements it clones the element, attributes and
+            # all, eight times and leaves the text where it was (`<i a=b>` + 17 `<div>`s + `x</i>y`).
+            self.node.dirty = True
         if where == FOREIGN:
             if name == opened:
                 self.split()

@@ -529,3 +529,29 @@ def test_the_head_check_reads_each_end_tag_once(monkeypatch: pytest.MonkeyPatch)
     page = b"</head/" * 80_000 + b"><body>"
     text_growth_memory(page, tags=page.count(b"<"), within=0)
     assert counting.read <= 2 * len(page)
+
+
+# The fourth review's: the adoption agency, past eight special elements, clones the formatting element
+# (attributes and all) eight times and leaves the text where it was (1 MB peaked at 506 MiB); a doctype
+# in the page makes no node but allocates its ids (615 KB: 423 MiB; 1.3 MB: 2.4 GB). Both were let
+# through by every bound and by the scan.
+_FOURTH_REVIEW = {
+    "formatting end tags past eight special elements": (
+        "<i a=b>" + "<div>" * (8 * 1000 + 1) + "x" + ("</i>" + "y" * 2000) * 1000
+    ),
+    "doctypes with a system id": "<p>" + ("y" * 100 + '<!DOCTYPE x SYSTEM "a">') * 5000,
+    "doctypes with a public id": "<p>" + ("y" * 100 + '<!DOCTYPE html PUBLIC "a" "b">') * 10_000,
+}
+
+
+@pytest.mark.parametrize("page", list(_FOURTH_REVIEW.values()), ids=list(_FOURTH_REVIEW))
+def test_the_fourth_reviews_pages_are_refused(page: str) -> None:
+    assert_refused(page)
+
+
+def test_the_adoption_agency_grows_one_node_past_eight_special_elements() -> None:
+    """What the estimate charges it for: the text on both sides of `</i>` is one node."""
+    page = "<i a=b>" + "<div>" * 17 + "x</i>y</i>z</i>w"
+    root = LexborHTMLParser(page, scripting=True, options=prune._PARSER_OPTIONS).root
+    assert root is not None and "xyz" in [node.text_content for node in root.traverse(include_text=True)]
+    assert text_copies(page) > 0
