@@ -31,10 +31,11 @@ MEMORY_PER_CLONE = MEMORY_PER_TAG
 # measured at the largest size this lets through is under the bound (docs/preprocessing.md).
 MEMORY_PER_END_TAG = 350
 # Of the bytes Lexbor copies to grow a text node in pieces (`service.core.precheck.text_growth`), what
-# its arena keeps: 0.12 to 0.35 of them, measured on pages of text pieces from 1 byte to 64 KB between
-# comments, cells and attributes (`docs/preprocessing.md`); a character reference may decode to 1.2
-# times its bytes (`&nGt;`: 6), which the estimate, counting the page's bytes, does not see.
-TEXT_COPY_KEPT = 0.45
+# it keeps: 0.12 to 0.35 of them with one allocation between two pieces (measured on pages of pieces
+# from 1 byte to 64 KB between comments, cells and attributes), 0.53 with two, 1.05 with three or more
+# (its arena then reuses none of the old copies); a character reference may decode to 1.2 times its
+# bytes (`&nGt;`: 6), which the estimate, counting the page's bytes, does not see.
+TEXT_COPY_KEPT = 1.1
 
 # Every ASCII letter as "a", but p, b and r as themselves: after it, "</a", "</b" and "</r" start the
 # end tags that make no element ("</p" and "</br" do; "</" and no letter is a bogus comment, a node).

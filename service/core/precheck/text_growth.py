@@ -36,6 +36,7 @@ from service.core.precheck.memory import TEXT_COPY_KEPT
 from service.core.precheck.tags import (
     FOREIGN,
     HTML,
+    RAW_TEXT_NAMES,
     SELECT,
     TAG_ATTRIBUTES_REST,
     TAINTED,
@@ -74,6 +75,7 @@ _PLAIN_ROW_NAMES = frozenset((b"tr", b"td", b"th"))
 # Start tags that make the text after them a cell's or a caption's.
 _INTO_CELL = frozenset((b"td", b"th", b"caption"))
 _NOT_SPACE = re.compile(rb"[^\t\n\f\r ]")
+_RAW_TEXT = frozenset(RAW_TEXT_NAMES.split(b"|"))
 # For the cheap bound (`text_growth_memory`), in one pass: what may take the text out of the body's rules (a
 # table, a template's rows, a frameset, the end of the head, of the body, of <html>), CDATA, and what may
 # allocate and make no node where the text goes: a tag of `_MAY_MAKE_NO_NODE` or an end tag with more
@@ -226,6 +228,7 @@ class _Scan:
         self.last_open: bytes | None = None  # the element the text since the last start tag is in
         self.tainted = False  # the scan has lost track of comments (`tag_tokens` after a taint)
         self.nuls = b"\0" in data
+        self.raw_text_at = -1  # where the raw text of the last start tag would start
 
     def table(self) -> _Table | None:
         return self.frames[-1] if self.frames else None
@@ -250,14 +253,24 @@ class _Scan:
                 return
             # In doubt the piece grows both nodes; the parser copies one of them.
             self.copies += max(fostered, self.node.grow(size))
+            self.node.dirty = True  # (and where it went elsewhere, it allocated)
         else:
             self.copies += self.node.grow(size)
+            if self.mode == _FRAMESET or (
+                table is not None and table.cell is None and (table.open_fostered or table.unsure)
+            ):
+                # It may have gone into an element open elsewhere (one foster-parented out of the
+                # table's rows; after a <frameset>, the text of an element the parser ignored):
+                # then it allocated, and the next piece grows this node by a copy.
+                self.node.dirty = True
         if not spaces and self.mode in (_AFTER_HEAD, _AFTER_BODY) and not self.templates:
             self.mode = _BODY  # (text in a template in the head stays there)
 
     def hidden(self, start: int, end: int) -> None:
         """A comment, raw text or CDATA span."""
-        if self.data[start : start + 9].lower() == b"<!doctype":
+        if start == self.raw_text_at:
+            self.node.dirty = True  # an element's raw text (its start tag ended the node if it goes here)
+        elif self.data[start : start + 9].lower() == b"<!doctype":
             self.node.dirty = True  # ignored in the page, no node, its ids allocated
         elif self.data.startswith(b"<![", start):
             # CDATA in foreign content is text; elsewhere a bogus comment: a piece, then an allocation.
@@ -270,6 +283,7 @@ class _Scan:
 
     def tag(self, end_tag: bool, name: bytes, start: int, end: int, where: int) -> None:
         attributes = end - start > len(name) + 2 + end_tag
+        self.raw_text_at = end if not end_tag and name in _RAW_TEXT else -1
         if where == TAINTED or self.mode == _FRAMESET:
             self.tainted = True  # (from here the scan may read a comment as text: `_gap`)
         table = self.table()
