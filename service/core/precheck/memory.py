@@ -36,6 +36,10 @@ MEMORY_PER_END_TAG = 350
 # (its arena then reuses none of the old copies); a character reference may decode to 1.2 times its
 # bytes (`&nGt;`: 6), which the estimate, counting the page's bytes, does not see.
 TEXT_COPY_KEPT = 1.1
+# The same per allocation between two pieces: at most 0.36 (one: 0.34-0.36, two: 0.25-0.27, three: 0.34-
+# 0.36 of the copy, then less: measured on `<p>` + pieces of 8-200 bytes between 1-10 `</x a=N>`), 0.45
+# with the character references; for the cheap bounds that count allocations, each ahead of one copy.
+TEXT_COPY_KEPT_PER_ALLOCATION = 0.45
 
 # Every ASCII letter as "a", but p, b and r as themselves: after it, "</a", "</b" and "</r" start the
 # end tags that make no element ("</p" and "</br" do; "</" and no letter is a bogus comment, a node).

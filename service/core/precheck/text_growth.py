@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 
 from service.core.precheck.elements import FORMATTING, TABLE_STARTS, VOID_B
-from service.core.precheck.memory import TEXT_COPY_KEPT
+from service.core.precheck.memory import TEXT_COPY_KEPT, TEXT_COPY_KEPT_PER_ALLOCATION
 from service.core.precheck.tags import (
     FOREIGN,
     HTML,
@@ -87,9 +87,11 @@ _STRUCTURE = re.compile(
     rb"|(?P<doctype>!(?i:doctype))"
     rb"|(?P<head>/(?i:head)(?=[\t\n\f\r />]))"
     rb"|(?P<after>/(?i:body|html)(?=[\t\n\f\r />]))"
-    rb"|(?P<nodeless>/[a-zA-Z][^\t\n\f\r />]*+[\t\n\f\r /]|(?i:"
+    rb"|(?P<nodeless>(?:/[a-zA-Z][^\t\n\f\r />]*+[\t\n\f\r /]|(?i:"
     + b"|".join(sorted(_MAY_MAKE_NO_NODE))
-    + rb")[\t\n\f\r /]))"
+    + rb")[\t\n\f\r /])"
+    + TAG_ATTRIBUTES_REST
+    + rb"))"
 )
 # A `</head>` with only whitespace before a `<body>` (nothing between them goes into the head while the
 # text goes to <html>).
@@ -115,8 +117,8 @@ _TAG = re.compile(rb"</?[a-zA-Z][^>]*+>?")
 
 
 def text_growth_memory(document: str | bytes, *, tags: int, within: int) -> int:
-    """What Lexbor keeps of the copies of text nodes grown in pieces (`TEXT_COPY_KEPT` of `text_copies`),
-    or, where cheap bounds show it stays `within`, the least of them.
+    """What Lexbor keeps of the copies of text nodes grown in pieces (`text_growth_kept`), or, where cheap
+    bounds show it stays `within`, the least of them.
 
     A piece copies at most the page's text (a NUL may become 3 bytes), and only a foster-parented one or
     one after something allocated that did not end its node; in doubt a piece grows two nodes, but the
@@ -138,8 +140,10 @@ def text_growth_memory(document: str | bytes, *, tags: int, within: int) -> int:
     plain = True  # no table, template or frameset, every </head> followed by <body>
     for found in _STRUCTURE.finditer(data):
         kind = found.lastgroup
-        if kind in ("nodeless", "formatting", "doctype"):
-            copying += 1
+        if kind == "nodeless":  # (as many allocations as values, three at most: `_Scan.tag`)
+            copying += min(3, max(1, found.group().count(b"=")))
+        elif kind in ("formatting", "doctype"):
+            copying += 3 if kind == "formatting" else 2  # (the clones' attributes; the two ids)
         elif kind == "cdata":
             cdata += 1
         elif kind == "after":
@@ -163,8 +167,9 @@ def text_growth_memory(document: str | bytes, *, tags: int, within: int) -> int:
         return bound
     if plain:
         if after_body >= 0:
-            copying += _ALLOCATING.subn(b"", data[after_body:])[1]
-        bound = int((copying + cdata) * size * TEXT_COPY_KEPT)  # (a CDATA section allocates after it)
+            copying += 3 * _ALLOCATING.subn(b"", data[after_body:])[1]  # (each: three allocations at most)
+        # (No foster parenting: each allocation counted is ahead of one piece's copy at most.)
+        bound = int((copying + cdata) * size * TEXT_COPY_KEPT_PER_ALLOCATION)
         if bound <= within:
             return bound
     # A run of text that is not only whitespace may be foster-parented: a copy, and an allocation before
@@ -174,25 +179,34 @@ def text_growth_memory(document: str | bytes, *, tags: int, within: int) -> int:
     bound = int(pieces * (len(_TAG.sub(b"", data)) + tags + nuls) * TEXT_COPY_KEPT)
     if bound <= within:
         return bound
-    return int(text_copies(data) * TEXT_COPY_KEPT)
+    return text_growth_kept(data)
 
 
 class _Node:
-    """A text node the parser may grow: its length, and whether anything was allocated since its last
-    piece (then the next piece copies it)."""
+    """A text node the parser may grow: its length, and how many allocations came since its last piece
+    (then the next piece copies it; what Lexbor keeps of the copy grows with them: `TEXT_COPY_KEPT`)."""
 
-    __slots__ = ("dirty", "length")
+    __slots__ = ("allocations", "length")
 
     def __init__(self, length: int = 0) -> None:
         self.length = length
-        self.dirty = False
+        self.allocations = 0
 
-    def grow(self, piece: int, *, copying: bool = False) -> int:
-        """Append a piece; what it copies."""
-        copied = self.length + piece if self.length and (copying or self.dirty) else 0
+    def allocated(self, count: int = 1) -> None:
+        self.allocations += count
+
+    def grow(self, piece: int, *, copying: bool = False) -> tuple[int, float]:
+        """Append a piece; what it copies, and what of that the parser keeps (a foster-parented piece,
+        `copying`, after any number of allocations in the table: the most)."""
+        copied = self.length + piece if self.length and (copying or self.allocations) else 0
+        share = (
+            TEXT_COPY_KEPT
+            if copying
+            else min(TEXT_COPY_KEPT, TEXT_COPY_KEPT_PER_ALLOCATION * self.allocations)
+        )
         self.length += piece
-        self.dirty = False
-        return copied
+        self.allocations = 0
+        return copied, copied * share
 
 
 class _Table:
@@ -220,7 +234,8 @@ class _Scan:
 
     def __init__(self, data: bytes) -> None:
         self.data = data
-        self.copies = 0
+        self.copies = 0  # the bytes copied
+        self.kept = 0.0  # what Lexbor keeps of them
         self.node = _Node()  # where the parser appends text that is not foster-parented
         self.frames: list[_Table | None] = []  # open tables and templates (None), innermost last
         self.templates = 0
@@ -229,6 +244,10 @@ class _Scan:
         self.tainted = False  # the scan has lost track of comments (`tag_tokens` after a taint)
         self.nuls = b"\0" in data
         self.raw_text_at = -1  # where the raw text of the last start tag would start
+
+    def _add(self, grown: tuple[int, float]) -> None:
+        self.copies += grown[0]
+        self.kept += grown[1]
 
     def table(self) -> _Table | None:
         return self.frames[-1] if self.frames else None
@@ -248,38 +267,38 @@ class _Scan:
         if table is not None and not spaces and (table.cell is None or table.unsure):
             fostered = table.fostered.grow(size, copying=True)
             if table.cell is None and not (table.open_fostered or table.unsure):
-                self.copies += fostered
-                self.node.dirty = True
+                self._add(fostered)
+                self.node.allocated()
                 return
             # In doubt the piece grows both nodes; the parser copies one of them.
-            self.copies += max(fostered, self.node.grow(size))
-            self.node.dirty = True  # (and where it went elsewhere, it allocated)
+            self._add(max(fostered, self.node.grow(size), key=lambda grown: grown[1]))
+            self.node.allocated()  # (and where it went elsewhere, it allocated)
         else:
-            self.copies += self.node.grow(size)
+            self._add(self.node.grow(size))
             if self.mode == _FRAMESET or (
                 table is not None and table.cell is None and (table.open_fostered or table.unsure)
             ):
                 # It may have gone into an element open elsewhere (one foster-parented out of the
                 # table's rows; after a <frameset>, the text of an element the parser ignored):
                 # then it allocated, and the next piece grows this node by a copy.
-                self.node.dirty = True
+                self.node.allocated()
         if not spaces and self.mode in (_AFTER_HEAD, _AFTER_BODY) and not self.templates:
             self.mode = _BODY  # (text in a template in the head stays there)
 
     def hidden(self, start: int, end: int) -> None:
         """A comment, raw text or CDATA span."""
         if start == self.raw_text_at:
-            self.node.dirty = True  # an element's raw text (its start tag ended the node if it goes here)
+            self.node.allocated()  # an element's raw text (its start tag ended the node if it goes here)
         elif self.data[start : start + 9].lower() == b"<!doctype":
-            self.node.dirty = True  # ignored in the page, no node, its ids allocated
+            self.node.allocated(2)  # ignored in the page, no node, its two ids allocated
         elif self.data.startswith(b"<![", start):
             # CDATA in foreign content is text; elsewhere a bogus comment: a piece, then an allocation.
             self.piece(start, end)
-            self.node.dirty = True
+            self.node.allocated()
         elif self.mode == _BODY:
             self.split()  # a comment where the text goes (in a table's rows, in the table)
         else:
-            self.node.dirty = True  # (after the head: a head element's raw text; after the body: a comment)
+            self.node.allocated()  # (after the head: a head element's raw text; after the body: a comment)
 
     def tag(self, end_tag: bool, name: bytes, start: int, end: int, where: int) -> None:
         attributes = end - start > len(name) + 2 + end_tag
@@ -293,7 +312,9 @@ class _Scan:
         else:
             self._start_tag(name, where, table, unsure_place, start, end)
         if attributes:
-            self.node.dirty = True  # (a new node has nothing to copy)
+            # (A new node has nothing to copy.) Each attribute's value is an allocation: three or more
+            # between two pieces and Lexbor keeps the whole copy (`TEXT_COPY_KEPT`).
+            self.node.allocated(min(3, max(1, self.data.count(b"=", start, end))))
 
     def _start_tag(
         self, name: bytes, where: int, table: _Table | None, unsure_place: bool, start: int, end: int
@@ -365,7 +386,7 @@ class _Scan:
         if name in FORMATTING and name != opened:
             # The adoption agency: past eight special elements it clones the element, attributes and
             # all, eight times and leaves the text where it was (`<i a=b>` + 17 `<div>`s + `x</i>y`).
-            self.node.dirty = True
+            self.node.allocated(3)
         if where == FOREIGN:
             if name == opened:
                 self.split()
@@ -385,7 +406,7 @@ class _Scan:
             elif self.mode == _BODY:
                 self.split()
             else:
-                self.node.dirty = True  # a template in the head: its content allocated
+                self.node.allocated(3)  # a template in the head: its content allocated
             return
         if table is not None and name in _TABLE_ENDS:
             if unsure_place or table.maybe_closed:
@@ -414,6 +435,16 @@ class _Scan:
 def text_copies(document: str | bytes) -> int:
     """An upper estimate of the bytes Lexbor copies to grow text nodes in pieces (see the module
     docstring). Linear in the page; a run of plain table rows costs one regex match (`_PLAIN_ROWS`)."""
+    return _scan(document).copies
+
+
+def text_growth_kept(document: str | bytes) -> int:
+    """What Lexbor keeps of those copies, estimated: each copy `TEXT_COPY_KEPT_PER_ALLOCATION` times the
+    allocations before it, at most `TEXT_COPY_KEPT` (a foster-parented piece's: that)."""
+    return int(_scan(document).kept)
+
+
+def _scan(document: str | bytes) -> _Scan:
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
     scan = _Scan(data)
     hidden: list[tuple[int, int]] = []
@@ -446,7 +477,7 @@ def text_copies(document: str | bytes) -> int:
                 scan.last_open = None
                 last_end = run_end
     _gap(scan, last_end, len(data), hidden[seen:])
-    return scan.copies
+    return scan
 
 
 def _gap(scan: _Scan, start: int, end: int, spans: list[tuple[int, int]]) -> None:
@@ -471,7 +502,7 @@ def _pieces(scan: _Scan, start: int, end: int) -> None:
         while bracket >= 0:
             if bracket > start:
                 scan.piece(start, bracket)
-            scan.node.dirty = True
+            scan.node.allocated()
             start = bracket
             bracket = scan.data.find(b"<", start + 1, end)
     if end > start:

@@ -23,7 +23,7 @@ from selectolax.lexbor import LexborHTMLParser
 
 from service.core import prune
 from service.core.precheck import memory
-from service.core.precheck.text_growth import text_copies, text_growth_memory
+from service.core.precheck.text_growth import text_copies, text_growth_kept, text_growth_memory
 from service.core.prune import InputTooLargeError, prune_html
 from tests.core.precheck.test_nesting import TooMuchWork, python_work
 
@@ -481,7 +481,7 @@ _BOUNDED = {**_ADVERSARIAL, **_REVIEW_FINDINGS, **_UNDER_THE_CHEAP_BOUNDS}
 def test_the_cheap_bounds_are_never_under_the_charge_they_replace(page: str) -> None:
     """A cheap bound is returned only where it is within the budget left: wherever the precise charge is
     over it, so is what comes back (the page is refused as the precise charge would refuse it)."""
-    charge = int(text_copies(page) * memory.TEXT_COPY_KEPT)
+    charge = text_growth_kept(page)
     tags = page.count("<")
     for within in (0, 1 << 20, charge - 1, charge, 2 * charge, tags * len(page)):
         returned = text_growth_memory(page, tags=tags, within=within)
