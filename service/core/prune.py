@@ -222,8 +222,13 @@ def prune_html(
     encoding: str | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_depth: int = DEFAULT_MAX_DEPTH,
+    text_growth: bool = True,
 ) -> str:
-    """The pruned HTML of one page (deterministic, pure); raises only `PruneError` subclasses."""
+    """The pruned HTML of one page (deterministic, pure); raises only `PruneError` subclasses.
+
+    `text_growth=False` leaves out the text growth check (`service.core.precheck.text_growth`), the
+    costliest (about 40% of the corpus's pruning CPU): for a process whose own memory limit fails such
+    a page alone, typed (`service.core.preparation.prune_document`)."""
     if isinstance(html, (bytearray, memoryview)):
         html = bytes(html)
     if not isinstance(html, (str, bytes)):
@@ -234,15 +239,15 @@ def prune_html(
     payload: str | bytes | None = utf8_payload(html, encoding=encoding) if isinstance(html, bytes) else None
     if payload is None:
         payload = decode_html(html, encoding=encoding).text
-    return _prune_document(payload, max_depth)
+    return _prune_document(payload, max_depth, text_growth)
 
 
-def prune_text(text: str, *, max_depth: int = DEFAULT_MAX_DEPTH) -> str:
+def prune_text(text: str, *, max_depth: int = DEFAULT_MAX_DEPTH, text_growth: bool = True) -> str:
     """Prune already-decoded page text (`prune_html` after decoding and the size check)."""
-    return _prune_document(text, max_depth)
+    return _prune_document(text, max_depth, text_growth)
 
 
-def _prune_document(document: str | bytes, max_depth: int) -> str:
+def _prune_document(document: str | bytes, max_depth: int, text_growth: bool = True) -> str:
     """Check, parse (text, or bytes known to be UTF-8) and prune."""
     tags = document.count(b"<" if isinstance(document, bytes) else "<")  # type: ignore[arg-type]
     need = tags * MEMORY_PER_TAG
@@ -312,7 +317,7 @@ def _prune_document(document: str | bytes, max_depth: int) -> str:
     # A text node grown in many pieces with allocations between them: Lexbor copies it at each (a
     # megabyte of `<td>1</td>y` or `y</x a=b>` takes gigabytes). Last: within the budget, the estimate
     # may be a cheap bound.
-    copied = text_growth_memory(document, tags=tags, within=budget - need)
+    copied = text_growth_memory(document, tags=tags, within=budget - need) if text_growth else 0
     if need + copied > budget:
         raise InputTooLargeError(
             f"page grows text nodes in so many pieces (text moved out of a table, or split by tags that "

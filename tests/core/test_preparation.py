@@ -84,5 +84,24 @@ def test_a_page_past_the_memory_limit_fails_typed_and_the_worker_prunes_on() -> 
         assert pool.call(os.getpid, (), timeout_s=60) == pid
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_DATA bounds mmap on Linux")
+def test_a_worker_held_to_a_memory_limit_leaves_the_text_growth_check_to_it() -> None:
+    """A page that grows a text node in many pieces (660 KB, about 1.1 GB to parse) is refused by the
+    pruner's check where nothing else bounds it, and fails against the limit of a worker held to one
+    (which prunes without that check, its costliest: `prune_document`); the worker prunes on."""
+    page = "<table>" + ("y" * 8 + "<!>") * 60_000
+    with pytest.raises(InputTooLargeError, match="grows text nodes"):
+        prune_html(page)
+    tok = build_tiny_tokenizer()
+    with _worker_pool(tok, memory_limit_bytes=1024 * 2**20) as pool:
+        pid = pool.call(os.getpid, (), timeout_s=60)
+        with pytest.raises(ParseFailedError) as failed:
+            pool.call(prepare_in_worker, (page, None, 32, True), timeout_s=60)
+        assert "may use 1024 MiB" in failed.value.message
+        prepared = pool.call(prepare_in_worker, (_page(5), None, 32, True), timeout_s=60)
+        assert prepared.ids == prepare(tok, _page(5), None, max_length=32, truncate=True).ids
+        assert pool.call(os.getpid, (), timeout_s=60) == pid
+
+
 def _tokenizers_parallelism() -> str | None:
     return os.environ.get("TOKENIZERS_PARALLELISM")

@@ -127,7 +127,7 @@ def text_growth_memory(document: str | bytes, *, tags: int, within: int) -> int:
     every `</head>` is followed by `<body>`, only a tag that may make no node and has attributes, or an
     allocation after the first `</body` or `</html`, comes before a copying piece (`_STRUCTURE`, one
     pass); else the allocations and runs of text, counted by regex, times the page's text. The tag scan
-    reads 34 of the 1,033 corpus pages (docs/benchmarks.md)."""
+    reads 136 of the 1,033 corpus pages (docs/benchmarks.md)."""
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
     nuls = 2 * data.count(b"\0") if b"\0" in data else 0  # (each may be U+FFFD: 3 bytes)
     size = len(data) + nuls
