@@ -1,4 +1,5 @@
-"""Text nodes the parser grows in many pieces: the bytes Lexbor copies to grow them (`text_copies`).
+"""Text nodes the parser grows in many pieces: the bytes Lexbor copies to grow them (`text_copies`), and
+what it keeps of them (`text_growth_kept`; `text_growth_memory` tries cheap bounds first).
 
 The tree builder appends text to the text node just before where it inserts (the HTML Standard:
 "if there is a Text node immediately before the adjusted insertion location"). Lexbor grows that node
@@ -17,6 +18,11 @@ pieces (docs/preprocessing.md, "Text grown in pieces", has the measurements):
   part outside a table, `<html a=b>`, `<body a=b>`, a foster-parented `<image a=b>`.
 - Comments or the head's elements put elsewhere than the text: after `</body>` or `</html>`, after
   `</head>`, after a `<frameset>`.
+- A doctype in the page (its ids), the adoption agency's clones of a formatting element past eight
+  special elements (the text stays where it was).
+
+What Lexbor keeps of a copy grows with the allocations before it: each counts
+`TEXT_COPY_KEPT_PER_ALLOCATION` of the copy, `TEXT_COPY_KEPT` at most.
 
 The estimate reads the page's tags as the tokenizer does (`tag_tokens`: its spans of comments, raw text
 and CDATA split the text), follows where the text goes (`_Scan.mode`) and each table and template
@@ -123,10 +129,12 @@ def text_growth_memory(document: str | bytes, *, tags: int, within: int) -> int:
     A piece copies at most the page's text (a NUL may become 3 bytes), and only a foster-parented one or
     one after something allocated that did not end its node; in doubt a piece grows two nodes, but the
     parser copies only one. The bounds, cheapest first: at most one piece a `<` and one more (and one a
-    CDATA section, counted in the pass that follows); without a table, a template or a frameset, where
-    every `</head>` is followed by `<body>`, only a tag that may make no node and has attributes, or an
-    allocation after the first `</body` or `</html`, comes before a copying piece (`_STRUCTURE`, one
-    pass); else the allocations and runs of text, counted by regex, times the page's text. The tag scan
+    CDATA section, counted in the pass that follows), each kept whole; without a table, a template or a
+    frameset, where every `</head>` is followed by `<body>`, only the allocations of a tag that may make
+    no node and has attributes (a value each, three at most), of a formatting element's end tag (three),
+    a doctype (two), CDATA, or anything after the first `</body` or `</html` (three) come before a
+    copying piece, each kept `TEXT_COPY_KEPT_PER_ALLOCATION` of it (`_STRUCTURE`, one pass); else the
+    allocations and runs of text, counted by regex, times the page's text, kept whole. The tag scan
     reads 136 of the 1,033 corpus pages (docs/benchmarks.md)."""
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
     nuls = 2 * data.count(b"\0") if b"\0" in data else 0  # (each may be U+FFFD: 3 bytes)
@@ -157,7 +165,8 @@ def text_growth_memory(document: str | bytes, *, tags: int, within: int) -> int:
                 plain = False
                 break
             head_end = head.end()
-            copying += bool(head.group(1).strip())  # (its attributes: allocated, no node)
+            if head.group(1).strip():  # (its attributes: allocated, no node)
+                copying += min(3, max(1, head.group(1).count(b"=")))
         else:
             plain = False  # a table, a frameset, a template (CDATA uncounted: as many as the "<"s)
             cdata = tags
