@@ -57,6 +57,8 @@ from service.core.precheck.tags import (
 _STAY_IN_TABLE = TABLE_STARTS | frozenset(
     b"table input form script style template html head body frameset frame image".split()
 )
+# Start tags the parser surely inserts into a table's rows (where its whitespace goes).
+_INSERTED_IN_ROWS = TABLE_STARTS | frozenset(b"table script style template".split())
 # Start tags the parser may ignore in the body (a table's parts outside a table, a second <form>) or
 # merge into an element it has (<html>, <body>): they make no node, and the text on both sides may be
 # one node.
@@ -366,14 +368,17 @@ class _Scan:
                     table.section = name
                 elif table.section is None and name in (b"tr", b"td", b"th"):
                     table.section = b"tbody"  # the one the parser implies
-        elif rows and table is not None and name not in _STAY_IN_TABLE:
-            # Foster-parented before the table: the next piece there starts a new node; text goes into
-            # it while it is open.
-            table.fostered = _Node()
-            if name not in VOID_B:
-                table.open_fostered = True
+        elif rows and table is not None and name not in _INSERTED_IN_ROWS:
+            if name not in _STAY_IN_TABLE:
+                # Foster-parented before the table: the next piece there starts a new node; text goes
+                # into it while it is open.
+                table.fostered = _Node()
+                if name not in VOID_B:
+                    table.open_fostered = True
             self.last_open = None
-            return  # (the node where the table's own whitespace goes goes on)
+            # Nothing goes where the table's own whitespace goes (an <input> but a hidden one is
+            # foster-parented, an <image> dropped, ...): that node goes on.
+            return
         # Whether it ends the node the text goes into.
         if self.mode == _AFTER_HEAD and (name in _HEAD or name in _MAY_MAKE_NO_NODE):
             if name == b"body" and not unsure_place:

@@ -575,3 +575,20 @@ _FIFTH_REVIEW = {
 @pytest.mark.parametrize("page", list(_FIFTH_REVIEW.values()), ids=list(_FIFTH_REVIEW))
 def test_the_fifth_reviews_pages_are_refused(page: str) -> None:
     assert_refused(page)
+
+
+# Found in the last read of the change: in a table's rows, a start tag the parser does not insert into
+# the table (an <input> but a hidden one is foster-parented, an <image> dropped, a second <form> or a
+# <frame> ignored) did end the node the table's whitespace grows; 555 KB of 100 spaces and `<image a=b>`
+# peaked at 422 MiB, charged nothing.
+_NOT_IN_THE_TABLE = {
+    "images": "<table>" + (" " * 100 + "<image a=b>") * 5000,
+    "inputs": "<table>" + (" " * 100 + "<input a=b>") * 5000,
+    "forms": "<table>" + (" " * 100 + "<form a=b>") * 5000,
+    "frames": "<table><tr>" + (" " * 100 + "<frame a=b>") * 5000,
+}
+
+
+@pytest.mark.parametrize("page", list(_NOT_IN_THE_TABLE.values()), ids=list(_NOT_IN_THE_TABLE))
+def test_whitespace_around_tags_not_inserted_into_the_table_is_charged(page: str) -> None:
+    assert_refused(page)
