@@ -368,8 +368,8 @@ class _Scan:
                     table.section = name
                 elif table.section is None and name in (b"tr", b"td", b"th"):
                     table.section = b"tbody"  # the one the parser implies
-        elif rows and table is not None and name not in _INSERTED_IN_ROWS:
-            if name not in _STAY_IN_TABLE:
+        elif table is not None and (table.cell is None or table.unsure) and name not in _INSERTED_IN_ROWS:
+            if rows and name not in _STAY_IN_TABLE:
                 # Foster-parented before the table: the next piece there starts a new node; text goes
                 # into it while it is open.
                 table.fostered = _Node()
