@@ -303,8 +303,11 @@ class _Scan:
         elif self.data[start : start + 9].lower() == b"<!doctype":
             self.node.allocated(2)  # ignored in the page, no node, its two ids allocated
         elif self.data.startswith(b"<![", start):
-            # CDATA in foreign content is text; elsewhere a bogus comment: a piece, then an allocation.
+            # CDATA in foreign content is text; elsewhere a bogus comment: a piece, then an allocation
+            # (and, as it may be no text, where the text goes stays as it was).
+            mode = self.mode
             self.piece(start, end)
+            self.mode = mode
             self.node.allocated()
         elif self.mode == _BODY:
             self.split()  # a comment where the text goes (in a table's rows, in the table)

@@ -270,6 +270,11 @@ _AFTER_A_TAINT = {
     "a table tag after a table end tag in a select (estimate 0, oracle 6)": (
         "<table><select></table><select>Q30<caption a=b>Q33"
     ),
+    # (`random_page_2` seed 133522, shrunk.) A bogus comment `<![CDATA[...]]>` after `</body>` was taken
+    # for text that brings the parser back into the body, where the comment after it ends the node.
+    "a bogus CDATA comment after the body (estimate 58, oracle 216)": (
+        "Q3</body a=b><![CDATA[Q4" + "x" * 42 + "]]><!>Q7" + "x" * 200
+    ),
 }
 
 
