@@ -234,7 +234,9 @@ class _Table:
         self.fostered = _Node(before)
         self.open_fostered = False
         self.unsure = unsure
-        self.maybe_closed = False  # a `</table>` the scan could not follow (then unsure for good)
+        # A `</table>` the scan could not follow, or a start tag it could not: whether the parser has the
+        # table is unsure for good.
+        self.maybe_closed = False
         # Rows in a template's content, no table: the parser foster-parents their text to the end of
         # the template's content (the HTML Standard's "last template" after the last table).
         self.in_template = in_template
@@ -348,7 +350,8 @@ class _Scan:
         elif name == b"table":
             before = self.node.length
             if unsure_place:
-                self.frames.append(_Table(before, unsure=True))
+                self.frames.append(opened := _Table(before, unsure=True))
+                opened.maybe_closed = True  # (the parser may have made no table: unsure for good)
             elif table is not None and table.in_template and table.cell is None:
                 table.unsure = True  # (the parser ignores it: no table in scope)
             else:
@@ -369,6 +372,8 @@ class _Scan:
                 table.open_fostered = table.unsure = False
                 if name in _ROW_GROUPS:
                     table.section = name
+                elif name in (b"caption", b"colgroup", b"col"):
+                    table.section = None  # (it closes the row group open)
                 elif table.section is None and name in (b"tr", b"td", b"th"):
                     table.section = b"tbody"  # the one the parser implies
         elif table is not None and (table.cell is None or table.unsure) and name not in _INSERTED_IN_ROWS:
@@ -388,8 +393,8 @@ class _Scan:
                 self.mode = _BODY
             self.last_open = None
             return  # into the head (or nowhere): the text goes on after it
-        if self.mode in (_AFTER_HEAD, _AFTER_BODY):
-            self.mode = _BODY  # (after the body, any start tag goes back into it)
+        if self.mode in (_AFTER_HEAD, _AFTER_BODY) and name != b"html":
+            self.mode = _BODY  # (after the body, any start tag but <html>, merged, goes back into it)
         if name in _MAY_MAKE_NO_NODE and not (
             name in TABLE_STARTS and table is not None and not (unsure_place or table.maybe_closed)
         ):
@@ -433,7 +438,8 @@ class _Scan:
             if name == b"table":
                 if not table.in_template:  # (there the parser has no table to close)
                     self.frames.pop()
-                    self.split()
+                    if not table.unsure:  # (in doubt there may have been no table to close)
+                        self.split()
                 return
             cell = table.cell
             if cell is not None and (
@@ -441,8 +447,13 @@ class _Scan:
                 or (cell != b"caption" and (name == b"tr" or (name in _ROW_GROUPS and name == table.section)))
             ):
                 table.cell = None  # the cell or caption closes (a row or row group closes it too)
-                self.split()
+                if name in _ROW_GROUPS:
+                    table.section = None
+                if not table.unsure:
+                    self.split()
                 return
+            if cell is None and name == table.section:
+                table.section = None  # the row group closes
             if cell in (b"td", b"th") and name in _ROW_GROUPS and table.section is None:
                 table.unsure = True  # (a row group the scan did not see may be open)
         if name == opened:

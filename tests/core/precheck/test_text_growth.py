@@ -272,6 +272,18 @@ _AFTER_A_TAINT = {
     ),
     # (`random_page_2` seed 133522, shrunk.) A bogus comment `<![CDATA[...]]>` after `</body>` was taken
     # for text that brings the parser back into the body, where the comment after it ends the node.
+    # (`random_page` seeds 23957 and 24690, shrunk.) A `</table>` in doubt whether a table was open (its
+    # start tag was read in a <select>) ended the text's node; a caption closed the row group, so the
+    # header cell after it was in a new <tbody>, which `</tbody>` closed, not the one before it.
+    "a table end tag after a table in a select (estimate 0, oracle 6)": (
+        "<select><table></select><math></table a=b><b>Q43</table></x a=b>Q45"
+    ),
+    "a row group end tag after a caption (estimate 0, oracle 259)": (
+        "<table><thead><caption a=b><table></table a=b><th a=b></tbody>Q34<!--c-->Q37" + "x" * 200
+    ),
+    # (`random_page_2` seed 139076, shrunk.) After `</body>` an `<html>` start tag (its attributes merged)
+    # leaves the parser after the body, where a comment goes to <html>, not where the text goes.
+    "an html start tag after the body (estimate 0, oracle 5)": "Q1</body><html a=b><!>Q25",
     "a bogus CDATA comment after the body (estimate 58, oracle 216)": (
         "Q3</body a=b><![CDATA[Q4" + "x" * 42 + "]]><!>Q7" + "x" * 200
     ),
