@@ -433,7 +433,19 @@ class _Scan:
         if table is not None and name in _TABLE_ENDS:
             if unsure_place or table.maybe_closed:
                 table.unsure = True
-                table.maybe_closed = table.maybe_closed or name == b"table"
+                if name == b"table":
+                    # It may have closed the table, or not: the scan goes on with the table around it,
+                    # in doubt for good, its nodes as long as the longer of the two.
+                    self.frames.pop()
+                    below = self.table()
+                    if below is not None:
+                        below.unsure = below.maybe_closed = True
+                        below.fostered.length = max(below.fostered.length, table.fostered.length)
+                        below.open_fostered = below.open_fostered or table.open_fostered
+                        self.node.length = max(self.node.length, table.fostered.length)
+                    else:  # (no table around: this one stays, in doubt)
+                        self.frames.append(table)
+                        table.maybe_closed = True
                 return  # (nothing sure: no node ends)
             if name == b"table":
                 if not table.in_template:  # (there the parser has no table to close)

@@ -284,6 +284,11 @@ _AFTER_A_TAINT = {
     # (`random_page_2` seed 139076, shrunk.) After `</body>` an `<html>` start tag (its attributes merged)
     # leaves the parser after the body, where a comment goes to <html>, not where the text goes.
     "an html start tag after the body (estimate 0, oracle 5)": "Q1</body><html a=b><!>Q25",
+    # (`random_page_2` seed 146992, shrunk.) A `</table>` read after a taint may close the inner table:
+    # the text after it may be foster-parented out of the outer one, onto the text before that.
+    "a table end tag in doubt in a cell (estimate 0, oracle 305)": (
+        "<table>Q4" + "x" * 300 + "<td><table><body a=b><svg></table><col>Q10"
+    ),
     "a bogus CDATA comment after the body (estimate 58, oracle 216)": (
         "Q3</body a=b><![CDATA[Q4" + "x" * 42 + "]]><!>Q7" + "x" * 200
     ),
