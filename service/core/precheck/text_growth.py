@@ -150,8 +150,8 @@ def text_growth_memory(document: str | bytes, *, tags: int, within: int) -> int:
     plain = True  # no table, template or frameset, every </head> followed by <body>
     for found in _STRUCTURE.finditer(data):
         kind = found.lastgroup
-        if kind == "nodeless":  # (as many allocations as values, three at most: `_Scan.tag`)
-            copying += min(3, max(1, found.group().count(b"=")))
+        if kind == "nodeless":
+            copying += _tag_allocations(found.group().count(b"="))
         elif kind in ("formatting", "doctype"):
             copying += 3 if kind == "formatting" else 2  # (the clones' attributes; the two ids)
         elif kind == "cdata":
@@ -168,7 +168,7 @@ def text_growth_memory(document: str | bytes, *, tags: int, within: int) -> int:
                 break
             head_end = head.end()
             if head.group(1).strip():  # (its attributes: allocated, no node)
-                copying += min(3, max(1, head.group(1).count(b"=")))
+                copying += _tag_allocations(head.group(1).count(b"="))
         else:
             plain = False  # a table, a frameset, a template (CDATA uncounted: as many as the "<"s)
             cdata = tags
@@ -191,6 +191,12 @@ def text_growth_memory(document: str | bytes, *, tags: int, within: int) -> int:
     if bound <= within:
         return bound
     return text_growth_kept(data)
+
+
+def _tag_allocations(values: int) -> int:
+    """The allocations a tag with attributes counts, from the `=` in it (a value each, one at least):
+    three or more between two pieces and Lexbor keeps the whole copy, so three at most."""
+    return min(3, max(1, values))
 
 
 class _Node:
@@ -328,9 +334,8 @@ class _Scan:
         else:
             self._start_tag(name, where, table, unsure_place, start, end)
         if attributes:
-            # (A new node has nothing to copy.) Each attribute's value is an allocation: three or more
-            # between two pieces and Lexbor keeps the whole copy (`TEXT_COPY_KEPT`).
-            self.node.allocated(min(3, max(1, self.data.count(b"=", start, end))))
+            # (A new node has nothing to copy.)
+            self.node.allocated(_tag_allocations(self.data.count(b"=", start, end)))
 
     def _start_tag(
         self, name: bytes, where: int, table: _Table | None, unsure_place: bool, start: int, end: int
