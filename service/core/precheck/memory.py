@@ -33,8 +33,9 @@ MEMORY_PER_END_TAG = 350
 # Of the bytes Lexbor copies to grow a text node in pieces (`service.core.precheck.text_growth`), what
 # it keeps: 0.12 to 0.35 of them with one allocation between two pieces (measured on pages of pieces
 # from 1 byte to 64 KB between comments, cells and attributes), 0.53 with two, 1.05 with three or more
-# (its arena then reuses none of the old copies); a character reference may decode to 1.2 times its
-# bytes (`&nGt;`: 6), which the estimate, counting the page's bytes, does not see.
+# (its arena then reuses none of the old copies), and none with nothing allocated between (a piece
+# foster-parented too); a character reference may decode to 1.2 times its bytes (`&nGt;`: 6), which the
+# estimate counts since 2026-12-05 (the headroom stays).
 TEXT_COPY_KEPT = 1.1
 # The same per allocation between two pieces: at most 0.36 (one: 0.34-0.36, two: 0.25-0.27, three: 0.34-
 # 0.36 of the copy, then less: measured on `<p>` + pieces of 8-200 bytes between 1-10 `</x a=N>`), 0.45

@@ -22,7 +22,9 @@ pieces (docs/preprocessing.md, "Text grown in pieces", has the measurements):
   special elements (the text stays where it was).
 
 What Lexbor keeps of a copy grows with the allocations before it: each counts
-`TEXT_COPY_KEPT_PER_ALLOCATION` of the copy, `TEXT_COPY_KEPT` at most.
+`TEXT_COPY_KEPT_PER_ALLOCATION` of the copy, `TEXT_COPY_KEPT` at most. A node foster-parented text grows
+sees every allocation in the page since its last piece (`_Scan.allocations`: each piece of text, comment,
+tag with attributes, ...). A piece's size is its decoded text's (`&nbsp;` is 2 bytes).
 
 The estimate reads the page's tags as the tokenizer does (`tag_tokens`: its spans of comments, raw text
 and CDATA split the text), follows where the text goes (`_Scan.mode`) and each table and template
@@ -36,6 +38,7 @@ last start tag opened (`x</b>y` may be one node); after a taint every `<` in tex
 from __future__ import annotations
 
 import re
+from html.entities import html5
 
 from service.core.precheck.elements import FORMATTING, TABLE_STARTS, VOID_B
 from service.core.precheck.memory import TEXT_COPY_KEPT, TEXT_COPY_KEPT_PER_ALLOCATION
@@ -119,6 +122,17 @@ _ALLOCATING = re.compile(
     rb"|(?i:script|style|title|textarea|xmp|iframe|noembed|noframes|noscript|plaintext|template)>"
     rb"|(?![a-zA-Z!?/]))"
 )
+# Character references in text (the parser decodes them before it appends the text): a named one with its
+# ";" is in the table and decodes to exactly its value, so a piece of `&nbsp;` grows its node by 2 bytes,
+# not 6; a numeric one to 4 bytes at most (3 for U+FFFD and the windows-1252 remaps). Only two grow: `&nGt;`
+# and `&nLt;` (5 bytes, 6 decoded), each counted one byte longer wherever raw sizes are the bound.
+_REFERENCE = re.compile(rb"&(?:([A-Za-z][A-Za-z0-9]{1,31};)|#[0-9]{1,8};|#[xX][0-9a-fA-F]{1,6};)")
+_REFERENCE_SAVES = {
+    name.encode(): len(name) + 1 - len(value.encode("utf-8"))
+    for name, value in html5.items()
+    if name.endswith(";")
+}
+_GROWING_REFERENCES = (b"&nGt;", b"&nLt;")
 # A start or end tag as far as its first ">": what is left holds all the text the scan may read, comments
 # and bogus comments included (after a taint it reads them as text, and each tag's ">").
 _TAG = re.compile(rb"</?[a-zA-Z][^>]*+>?")
@@ -128,19 +142,22 @@ def text_growth_memory(document: str | bytes, *, tags: int, within: int) -> int:
     """What Lexbor keeps of the copies of text nodes grown in pieces (`text_growth_kept`), or, where cheap
     bounds show it stays `within`, the least of them.
 
-    A piece copies at most the page's text (a NUL may become 3 bytes), and only a foster-parented one or
-    one after something allocated that did not end its node; in doubt a piece grows two nodes, but the
-    parser copies only one. The bounds, cheapest first: at most one piece a `<` and one more (and one a
-    CDATA section, counted in the pass that follows), each kept whole; without a table, a template or a
-    frameset, where every `</head>` is followed by `<body>`, only the allocations of a tag that may make
-    no node and has attributes (a value each, three at most), of a formatting element's end tag (three),
-    a doctype (two), CDATA, or anything after the first `</body` or `</html` (three) come before a
-    copying piece, each kept `TEXT_COPY_KEPT_PER_ALLOCATION` of it (`_STRUCTURE`, one pass); else the
-    allocations and runs of text, counted by regex, times the page's text, kept whole. The tag scan
-    reads 136 of the 1,033 corpus pages (docs/benchmarks.md)."""
+    A piece copies at most the page's text (a NUL may become 3 bytes, a `&nGt;` 6), and only a foster-parented
+    one or one after something allocated that did not end its node; in doubt a piece grows two nodes, but the
+    parser copies only one. The bounds, cheapest first: at most one piece a `<` and one more (and one a CDATA
+    section, counted in the pass that follows), each kept whole; without a table, a template or a frameset,
+    where every `</head>` is followed by `<body>`, only the allocations of a tag that may make no node and has
+    attributes (a value each, three at most), of a formatting element's end tag (three), a doctype (two),
+    CDATA, or anything after the first `</body` or `</html` (three) come before a copying piece, each kept
+    `TEXT_COPY_KEPT_PER_ALLOCATION` of it (`_STRUCTURE`, one pass); else the allocations and runs of text,
+    counted by regex, times the page's text, kept whole. The tag scan reads 136 of the 1,033 corpus pages
+    (docs/benchmarks.md)."""
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
-    nuls = 2 * data.count(b"\0") if b"\0" in data else 0  # (each may be U+FFFD: 3 bytes)
-    size = len(data) + nuls
+    # What the decoded text may add: each NUL may be U+FFFD (3 bytes), each `&nGt;` or `&nLt;` one byte.
+    longer = 2 * data.count(b"\0") if b"\0" in data else 0
+    if b"&n" in data:
+        longer += sum(data.count(reference) for reference in _GROWING_REFERENCES)
+    size = len(data) + longer
     # (A CDATA section is one more piece, at most one a "<": counted below where it may matter.)
     bound = int(((2 * tags if b"<![" in data else tags) + 1) * size * TEXT_COPY_KEPT)
     if bound <= within:
@@ -187,7 +204,7 @@ def text_growth_memory(document: str | bytes, *, tags: int, within: int) -> int:
     # the next piece. After a taint the scan reads a comment as text (and a bare `<` as a possible
     # comment: `_ALLOCATING` counts it); `_TAG` leaves comments in the text, `tags` is the safe side.
     pieces = _ALLOCATING.subn(b"", data)[1] + 2 * len(_RUNS.findall(data))
-    bound = int(pieces * (len(_TAG.sub(b"", data)) + tags + nuls) * TEXT_COPY_KEPT)
+    bound = int(pieces * (len(_TAG.sub(b"", data)) + tags + longer) * TEXT_COPY_KEPT)
     if bound <= within:
         return bound
     return text_growth_kept(data)
@@ -201,26 +218,25 @@ def _tag_allocations(values: int) -> int:
 
 class _Node:
     """A text node the parser may grow: its length, and how many allocations came since its last piece
-    (then the next piece copies it; what Lexbor keeps of the copy grows with them: `TEXT_COPY_KEPT`)."""
+    (then the next piece copies it; what Lexbor keeps of the copy grows with them: `TEXT_COPY_KEPT`). A
+    node foster-parented text grows counts them from the scan's count at its last piece (`mark`)."""
 
-    __slots__ = ("allocations", "length")
+    __slots__ = ("allocations", "length", "mark")
 
-    def __init__(self, length: int = 0) -> None:
+    def __init__(self, length: int = 0, mark: int = 0) -> None:
         self.length = length
         self.allocations = 0
+        self.mark = mark
 
     def allocated(self, count: int = 1) -> None:
         self.allocations += count
 
     def grow(self, piece: int, *, copying: bool = False) -> tuple[int, float]:
-        """Append a piece; what it copies, and what of that the parser keeps (a foster-parented piece,
-        `copying`, after any number of allocations in the table: the most)."""
+        """Append a piece; what it copies (a foster-parented piece, `copying`: counted whatever came
+        between), and what of that the parser keeps (with nothing allocated between, nothing: 8,000
+        pieces foster-parented between `<tr></tr>`s peaked 2 MiB over the parse, 7 bytes each)."""
         copied = self.length + piece if self.length and (copying or self.allocations) else 0
-        share = (
-            TEXT_COPY_KEPT
-            if copying
-            else min(TEXT_COPY_KEPT, TEXT_COPY_KEPT_PER_ALLOCATION * self.allocations)
-        )
+        share = min(TEXT_COPY_KEPT, TEXT_COPY_KEPT_PER_ALLOCATION * self.allocations)
         self.length += piece
         self.allocations = 0
         return copied, copied * share
@@ -234,10 +250,10 @@ class _Table:
 
     __slots__ = ("cell", "fostered", "in_template", "maybe_closed", "open_fostered", "section", "unsure")
 
-    def __init__(self, before: int, *, unsure: bool = False, in_template: bool = False) -> None:
+    def __init__(self, before: _Node, *, unsure: bool = False, in_template: bool = False) -> None:
         self.cell: bytes | None = None
         self.section: bytes | None = None
-        self.fostered = _Node(before)
+        self.fostered = before
         self.open_fostered = False
         self.unsure = unsure
         # A `</table>` the scan could not follow, or a start tag it could not: whether the parser has the
@@ -256,17 +272,38 @@ class _Scan:
         self.copies = 0  # the bytes copied
         self.kept = 0.0  # what Lexbor keeps of them
         self.node = _Node()  # where the parser appends text that is not foster-parented
+        self.allocations = 0  # in the text arena so far, anywhere (a piece of text, a comment, ...)
         self.frames: list[_Table | None] = []  # open tables and templates (None), innermost last
         self.templates = 0
         self.mode = _BODY
         self.last_open: bytes | None = None  # the element the text since the last start tag is in
         self.tainted = False  # the scan has lost track of comments (`tag_tokens` after a taint)
         self.nuls = b"\0" in data
+        self.references = b"&" in data
         self.raw_text_at = -1  # where the raw text of the last start tag would start
 
     def _add(self, grown: tuple[int, float]) -> None:
         self.copies += grown[0]
         self.kept += grown[1]
+
+    def allocated(self, count: int = 1) -> None:
+        """Something allocated in the text arena: the node the text goes to sees it, and so does each
+        node foster-parented text grows (from its `mark`)."""
+        self.node.allocated(count)
+        self.allocations += count
+
+    def before_table(self) -> _Node:
+        """The node before a table the scan opens: where the text went, with what it has seen since."""
+        return _Node(self.node.length, self.allocations - self.node.allocations)
+
+    def grow_fostered(self, table: _Table, size: int) -> tuple[int, float]:
+        """A foster-parented piece onto the node before `table`: copied, kept for what was allocated
+        anywhere since that node's last piece."""
+        node = table.fostered
+        node.allocations = self.allocations - node.mark
+        grown = node.grow(size, copying=True)
+        node.mark = self.allocations + 1  # (after this piece's own)
+        return grown
 
     def table(self) -> _Table | None:
         return self.frames[-1] if self.frames else None
@@ -275,19 +312,25 @@ class _Scan:
         if self.mode != _FRAMESET:  # (after a <frameset> the parser may have ignored any tag)
             self.node = _Node()
 
-    def piece(self, start: int, end: int) -> None:
+    def piece(self, start: int, end: int, *, decoded: bool = True) -> None:
         """Text between two tokens: foster-parented (a table's rows, not only whitespace) onto the node
-        before the table, else where the parser inserts (in doubt, both)."""
+        before the table, else where the parser inserts (in doubt, both). Its size is the decoded text's
+        (`_REFERENCE`; not `decoded`: CDATA, where the references stay)."""
         size = end - start
         if self.nuls:
             size += 2 * self.data.count(b"\0", start, end)  # (U+FFFD in foreign content: 3 bytes)
+        if decoded and self.references and self.data.find(b"&", start, end) >= 0:
+            for found in _REFERENCE.finditer(self.data, start, end):
+                name = found.group(1)
+                size -= _REFERENCE_SAVES.get(name, 0) if name else found.end() - found.start() - 4
         spaces = _NOT_SPACE.search(self.data, start, end) is None
         table = self.table()
         if table is not None and not spaces and (table.cell is None or table.unsure):
-            fostered = table.fostered.grow(size, copying=True)
+            fostered = self.grow_fostered(table, size)
             if table.cell is None and not (table.open_fostered or table.unsure):
                 self._add(fostered)
                 self.node.allocated()
+                self.allocations += 1  # (any piece writes text to the arena)
                 return
             # In doubt the piece grows both nodes; the parser copies one of them.
             self._add(max(fostered, self.node.grow(size), key=lambda grown: grown[1]))
@@ -301,26 +344,28 @@ class _Scan:
                 # table's rows; after a <frameset>, the text of an element the parser ignored):
                 # then it allocated, and the next piece grows this node by a copy.
                 self.node.allocated()
+        self.allocations += 1
         if not spaces and self.mode in (_AFTER_HEAD, _AFTER_BODY) and not self.templates:
             self.mode = _BODY  # (text in a template in the head stays there)
 
     def hidden(self, start: int, end: int) -> None:
         """A comment, raw text or CDATA span."""
         if start == self.raw_text_at:
-            self.node.allocated()  # an element's raw text (its start tag ended the node if it goes here)
+            self.allocated()  # an element's raw text (its start tag ended the node if it goes here)
         elif self.data[start : start + 9].lower() == b"<!doctype":
-            self.node.allocated(2)  # ignored in the page, no node, its two ids allocated
+            self.allocated(2)  # ignored in the page, no node, its two ids allocated
         elif self.data.startswith(b"<![", start):
             # CDATA in foreign content is text; elsewhere a bogus comment: a piece, then an allocation
             # (and, as it may be no text, where the text goes stays as it was).
             mode = self.mode
-            self.piece(start, end)
+            self.piece(start, end, decoded=False)
             self.mode = mode
-            self.node.allocated()
+            self.allocated()
         elif self.mode == _BODY:
             self.split()  # a comment where the text goes (in a table's rows, in the table)
+            self.allocations += 1
         else:
-            self.node.allocated()  # (after the head: a head element's raw text; after the body: a comment)
+            self.allocated()  # (after the head: a head element's raw text; after the body: a comment)
 
     def tag(self, end_tag: bool, name: bytes, start: int, end: int, where: int) -> None:
         attributes = end - start > len(name) + 2 + end_tag
@@ -335,7 +380,7 @@ class _Scan:
             self._start_tag(name, where, table, unsure_place, start, end)
         if attributes:
             # (A new node has nothing to copy.)
-            self.node.allocated(_tag_allocations(self.data.count(b"=", start, end)))
+            self.allocated(_tag_allocations(self.data.count(b"=", start, end)))
 
     def _start_tag(
         self, name: bytes, where: int, table: _Table | None, unsure_place: bool, start: int, end: int
@@ -353,7 +398,7 @@ class _Scan:
             self.frames.append(None)
             self.templates += 1
         elif name == b"table":
-            before = self.node.length
+            before = self.before_table()
             if unsure_place:
                 self.frames.append(opened := _Table(before, unsure=True))
                 opened.maybe_closed = True  # (the parser may have made no table: unsure for good)
@@ -365,7 +410,7 @@ class _Scan:
                 self.frames.append(_Table(before))
         elif name in TABLE_STARTS and table is None and self.frames:
             # A table's part in a template's content: its rows foster-parent text too.
-            self.frames.append(table := _Table(self.node.length, unsure=unsure_place, in_template=True))
+            self.frames.append(table := _Table(self.before_table(), unsure=unsure_place, in_template=True))
             if not unsure_place:
                 table.cell = name if name in _INTO_CELL else None
                 table.section = name if name in _ROW_GROUPS else b"tbody"
@@ -413,7 +458,7 @@ class _Scan:
         if name in FORMATTING and name != opened:
             # The adoption agency: past eight special elements it clones the element, attributes and
             # all, eight times and leaves the text where it was (`<i a=b>` + 17 `<div>`s + `x</i>y`).
-            self.node.allocated(3)
+            self.allocated(3)
         if where == FOREIGN:
             if name == opened:
                 self.split()
@@ -433,7 +478,7 @@ class _Scan:
             elif self.mode == _BODY:
                 self.split()
             else:
-                self.node.allocated(3)  # a template in the head: its content allocated
+                self.allocated(3)  # a template in the head: its content allocated
             return
         if table is not None and name in _TABLE_ENDS:
             if unsure_place or table.maybe_closed:
@@ -446,6 +491,7 @@ class _Scan:
                     if below is not None:
                         below.unsure = below.maybe_closed = True
                         below.fostered.length = max(below.fostered.length, table.fostered.length)
+                        below.fostered.mark = min(below.fostered.mark, table.fostered.mark)
                         below.open_fostered = below.open_fostered or table.open_fostered
                         self.node.length = max(self.node.length, table.fostered.length)
                     else:  # (no table around: this one stays, in doubt)
@@ -485,7 +531,7 @@ def text_copies(document: str | bytes) -> int:
 
 def text_growth_kept(document: str | bytes) -> int:
     """What Lexbor keeps of those copies, estimated: each copy `TEXT_COPY_KEPT_PER_ALLOCATION` times the
-    allocations before it, at most `TEXT_COPY_KEPT` (a foster-parented piece's: that)."""
+    allocations before it (anywhere in the page for a foster-parented piece), at most `TEXT_COPY_KEPT`."""
     return int(_scan(document).kept)
 
 
@@ -518,6 +564,10 @@ def _scan(document: str | bytes) -> _Scan:
                 skips.append((run_end, _PLAIN_ROW_NAMES))
                 if table.section is None:
                     table.section = b"tbody"
+                # Its text (cells', whitespace between) and attribute values allocated: a ">" (this
+                # tag's too) before anything but a tag, in the run, each "=" (three: the most a copy keeps).
+                texts = data.count(b">", end - 1, run_end - 1) - data.count(b"><", end - 1, run_end)
+                scan.allocations += min(3, texts + data.count(b"=", end, run_end))
                 scan.split()
                 scan.last_open = None
                 last_end = run_end
@@ -547,7 +597,7 @@ def _pieces(scan: _Scan, start: int, end: int) -> None:
         while bracket >= 0:
             if bracket > start:
                 scan.piece(start, bracket)
-            scan.node.allocated()
+            scan.allocated()
             start = bracket
             bracket = scan.data.find(b"<", start + 1, end)
     if end > start:

@@ -415,6 +415,65 @@ def test_text_closed_in_its_element_before_a_table_is_not_charged(page: str) -> 
         prune_html(bare)
 
 
+# A foster-parented piece is charged for what was allocated anywhere since the node's last piece, as any
+# other: nothing between two pieces, nothing kept (8,000 pieces between `<tr></tr>`s peaked 2 MiB over the
+# parse); a cell of text between them, one allocation; two, two; three or more, the most.
+_ROWS_BETWEEN = {0: "<tr></tr>", 1: "<tr><td>c</td></tr>", 2: "<tr><td>c</td><td>d</td></tr>"}
+
+
+@pytest.mark.parametrize("allocations", [0, 1, 2, 3])
+def test_a_foster_parented_piece_is_kept_for_the_allocations_before_it(allocations: int) -> None:
+    rows = _ROWS_BETWEEN.get(allocations, "<tr><td>c</td><td>d</td><td>e</td></tr>")
+    page = "<table>" + (rows + "yyyyyyy") * 2000 + "</table>"
+    share = min(memory.TEXT_COPY_KEPT, memory.TEXT_COPY_KEPT_PER_ALLOCATION * allocations)
+    copies = text_copies(page)
+    assert copies == 7 * sum(range(2, 2001))  # (each piece after the first copies the node: 7 bytes longer)
+    assert text_growth_kept(page) == pytest.approx(share * copies, rel=1e-6)
+
+
+# A piece is as long as its decoded text: an `&nbsp;` is U+00A0, two bytes, as an "é" is (an `&nbsp;` after
+# each of 17,000 rows, 430 KB, peaked at 120 MiB; it had been charged its six bytes and refused from 8,000
+# rows); an `&nGt;` decodes to six bytes, one more than it has.
+_DECODED = {
+    "&nbsp;": "\u00e9",
+    "&amp;&lt;": "xx",
+    "&#160;&#x263A;": "\u00e9\u263a\u0000",  # (a numeric one counts four bytes at most)
+    "&nGt;": "\u226b\u20d2",
+}
+
+
+@pytest.mark.parametrize("reference", list(_DECODED))
+def test_a_piece_counts_its_character_references_decoded(reference: str) -> None:
+    def page(text: str) -> str:
+        return "<table>" + ("<tr><td>c</td></tr>" + text + "\n") * 3000 + "</table>"
+
+    assert text_growth_kept(page(reference)) == text_growth_kept(page(_DECODED[reference])) > 0
+
+
+def test_a_table_with_an_nbsp_after_each_row_prunes() -> None:
+    """(It was refused: charged 235 MiB, its six bytes a piece and the most kept, against 155 left.)"""
+    row = "<tr><td>cell text 1234567890123456789</td></tr>&nbsp;&nbsp;&nbsp;\n"
+    page = "<table>" + row * 8000 + "</table>"
+    assert charge(page) < budget_left(page)
+    assert prune_html(page).count("<tr>") == 8000
+
+
+def test_references_in_cdata_stay_undecoded() -> None:
+    """CDATA in foreign content is text as written: its references count their bytes."""
+
+    def page(text: str) -> str:
+        return "<svg>" + ("<![CDATA[" + text + "]]></x a=b>") * 2000
+
+    assert text_copies(page("&nbsp;")) == text_copies(page("xxxxxx")) > 0
+
+
+def test_the_cheap_bounds_count_the_references_that_decode_longer() -> None:
+    page = "<p>" + "&nGt;</x a=b>" * 20_000
+    assert text_growth_memory(page, tags=page.count("<"), within=1 << 40) >= charge(page)
+    longer = "<p>" + "\u226b\u20d2</x a=b>" * 20_000
+    assert charge(page) == charge(longer)
+
+
 _ORDINARY = {
     "a data table with classes on every row and cell": "<table>"
     + "".join(
