@@ -24,7 +24,8 @@ pieces (docs/preprocessing.md, "Text grown in pieces", has the measurements):
 What Lexbor keeps of a copy grows with the allocations before it: each counts
 `TEXT_COPY_KEPT_PER_ALLOCATION` of the copy, `TEXT_COPY_KEPT` at most. A node foster-parented text grows
 sees every allocation in the page since its last piece (`_Scan.allocations`: each piece of text, comment,
-tag with attributes, ...). A piece's size is its decoded text's (`&nbsp;` is 2 bytes).
+tag with attributes, ...). A piece in a table is as long as its decoded text (`&nbsp;`: 2 bytes);
+elsewhere its bytes, longer but where a page has an `&nGt;` or `&nLt;` (6 bytes decoded, 5 written).
 
 The estimate reads the page's tags as the tokenizer does (`tag_tokens`: its spans of comments, raw text
 and CDATA split the text), follows where the text goes (`_Scan.mode`) and each table and template
@@ -280,6 +281,7 @@ class _Scan:
         self.tainted = False  # the scan has lost track of comments (`tag_tokens` after a taint)
         self.nuls = b"\0" in data
         self.references = b"&" in data
+        self.longer_references = self.references and any(found in data for found in _GROWING_REFERENCES)
         self.raw_text_at = -1  # where the raw text of the last start tag would start
 
     def _add(self, grown: tuple[int, float]) -> None:
@@ -319,12 +321,19 @@ class _Scan:
         size = end - start
         if self.nuls:
             size += 2 * self.data.count(b"\0", start, end)  # (U+FFFD in foreign content: 3 bytes)
-        if decoded and self.references and self.data.find(b"&", start, end) >= 0:
+        table = self.table()
+        # (Decoded where it may matter: in a table, or where a reference decodes longer than it is; the
+        # bytes are the safe side elsewhere, and cheaper.)
+        if (
+            decoded
+            and (table is not None or self.longer_references)
+            and self.references
+            and self.data.find(b"&", start, end) >= 0
+        ):
             for found in _REFERENCE.finditer(self.data, start, end):
                 name = found.group(1)
                 size -= _REFERENCE_SAVES.get(name, 0) if name else found.end() - found.start() - 4
         spaces = _NOT_SPACE.search(self.data, start, end) is None
-        table = self.table()
         if table is not None and not spaces and (table.cell is None or table.unsure):
             fostered = self.grow_fostered(table, size)
             if table.cell is None and not (table.open_fostered or table.unsure):
@@ -379,8 +388,10 @@ class _Scan:
         else:
             self._start_tag(name, where, table, unsure_place, start, end)
         if attributes:
-            # (A new node has nothing to copy.)
-            self.allocated(_tag_allocations(self.data.count(b"=", start, end)))
+            # (A new node has nothing to copy.) `allocated`, inline: most tags have attributes.
+            count = _tag_allocations(self.data.count(b"=", start, end))
+            self.node.allocations += count
+            self.allocations += count
 
     def _start_tag(
         self, name: bytes, where: int, table: _Table | None, unsure_place: bool, start: int, end: int
