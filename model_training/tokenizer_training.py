@@ -191,13 +191,14 @@ def _segments(texts: Sequence[str], tokens: Sequence[str]) -> Iterator[str]:
                 yield piece
 
 
-def check_training_options(*, min_frequency: int, tags: int) -> None:
+def check_training_options(*, min_frequency: int, tags: int, flags: bool = False) -> None:
     """Refuse counts `train_tokenizer` cannot take; public so a caller can check them before it spends
-    minutes pruning the pages."""
-    if tags < 0:
-        raise TokenizerTrainingError(f"tags must be >= 0, got {tags}")
-    if min_frequency < 0:  # the trainer takes it unsigned: an OverflowError otherwise
-        raise TokenizerTrainingError(f"min_frequency must be >= 0, got {min_frequency}")
+    minutes pruning the pages. With `flags`, the message names the command line's flags (`--tags`)."""
+    for name, value in (("tags", tags), ("min_frequency", min_frequency)):
+        # (min_frequency: the trainer takes it unsigned, an OverflowError otherwise)
+        if value < 0:
+            shown = "--" + name.replace("_", "-") if flags else name
+            raise TokenizerTrainingError(f"{shown} must be >= 0, got {value}")
 
 
 def train_tokenizer(

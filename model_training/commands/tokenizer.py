@@ -125,7 +125,7 @@ def run_train(args: argparse.Namespace) -> int:
     try:
         # Before the pages are pruned, not after: a negative --min-frequency had ended in an
         # OverflowError traceback from the tokenizers library once they were.
-        check_training_options(min_frequency=args.min_frequency, tags=args.tags)
+        check_training_options(min_frequency=args.min_frequency, tags=args.tags, flags=True)
         writable_dir(args.out)  # before the pages are pruned, not after the vocabulary is trained
         corpus = pruned_pages(
             args.corpus,

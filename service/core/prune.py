@@ -257,10 +257,13 @@ def _prune_document(document: str | bytes, max_depth: int, text_growth: bool = T
         # (one emoji makes every character 4 bytes): 15 MB of `<abcdefghijklmnop>x</abcdefghijklmnop>y`
         # after an emoji peaked 2 MiB over the bound, ASCII only 50 MiB under it. Its size is charged.
         need += sys.getsizeof(document)
+    # The most the page's attributes could take (each written in two bytes at least): where it fits the
+    # budget, they are not counted (pages under about a megabyte that are not tag-dense).
+    most_attributes = len(document) // _MIN_ATTRIBUTE_BYTES * MEMORY_PER_ATTRIBUTE
     # Most end tags make no element: counted where charging them as elements could refuse the page (its
-    # attributes, counted below, could fill the budget: pages over about a megabyte, or tag-dense ones).
+    # attributes, counted below, could fill the budget).
     ends: int | None = None
-    if need + len(document) // _MIN_ATTRIBUTE_BYTES * MEMORY_PER_ATTRIBUTE > budget:
+    if need + most_attributes > budget:
         ends = end_tags_without_elements(document)
         need -= ends * _END_TAG_SAVING
     if need > budget:
@@ -300,7 +303,7 @@ def _prune_document(document: str | bytes, max_depth: int, text_growth: bool = T
                 f"more than {clones >> 20} MiB (the budget for {len(document)} bytes is {budget >> 20} MiB)"
             )
     # After the cap no start tag holds more than MAX_ATTRIBUTES (the count is linear in an end tag's).
-    if need + len(document) // _MIN_ATTRIBUTE_BYTES * MEMORY_PER_ATTRIBUTE > budget:
+    if need + most_attributes > budget:
         # An end tag's attributes take memory too (about 85 bytes each: 16 MB of `<b>x</b a b ... z>y`
         # peaked at 720 MiB uncharged): read as a start tag's, each end tag's count.
         ends_read_as_starts = (

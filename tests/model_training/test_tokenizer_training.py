@@ -248,10 +248,10 @@ def test_cli_refuses_bad_options_in_one_line_before_any_work(
     train = ["tokenizer", "train", "--corpus", str(raw_corpus), "--no-progress", "--out", str(out)]
     with monkeypatch.context() as patch:
         patch.setattr(training, "pruned_pages", no_pruning)
-        for flag, option in (("--min-frequency", "min_frequency"), ("--tags", "tags")):
+        for flag in ("--min-frequency", "--tags"):  # (named as typed, not as the function's parameters)
             assert main([*train, flag, "-3"]) == 1
             assert capsys.readouterr().err.strip().splitlines() == [
-                f"htmllm tokenizer: validation_error: {option} must be >= 0, got -3"
+                f"htmllm tokenizer: validation_error: {flag} must be >= 0, got -3"
             ]
     assert not out.exists()
     build_tiny_tokenizer().save(tmp_path / "tiny.json")
