@@ -249,13 +249,25 @@ class _Table:
     element foster-parented out of its rows may be open (text then goes into it), and whether the scan
     lost track (a table tag after a taint or in a `<select>`: text may go either way)."""
 
-    __slots__ = ("cell", "fostered", "in_template", "maybe_closed", "open_fostered", "section", "unsure")
+    __slots__ = (
+        "cell",
+        "fostered",
+        "in_template",
+        "maybe_closed",
+        "open_fostered",
+        "rows_node",
+        "section",
+        "unsure",
+    )
 
     def __init__(self, before: _Node, *, unsure: bool = False, in_template: bool = False) -> None:
         self.cell: bytes | None = None
         self.section: bytes | None = None
         self.fostered = before
         self.open_fostered = False
+        # While an element foster-parented out of its rows may be open: the node the table's whitespace
+        # grows once it has closed (the text in it is `_Scan.node`).
+        self.rows_node: _Node | None = None
         self.unsure = unsure
         # A `</table>` the scan could not follow, or a start tag it could not: whether the parser has the
         # table is unsure for good.
@@ -294,16 +306,16 @@ class _Scan:
         self.node.allocated(count)
         self.allocations += count
 
-    def before_table(self) -> _Node:
-        """The node before a table the scan opens: where the text went, with what it has seen since."""
+    def marked(self) -> _Node:
+        """The node the text goes to, as one that counts the allocations from the scan's count: the node
+        before a table the scan opens, the table's own whitespace node."""
         return _Node(self.node.length, self.allocations - self.node.allocations)
 
-    def grow_fostered(self, table: _Table, size: int) -> tuple[int, float]:
-        """A foster-parented piece onto the node before `table`: copied, kept for what was allocated
-        anywhere since that node's last piece."""
-        node = table.fostered
+    def grow_marked(self, node: _Node, size: int, *, copying: bool = False) -> tuple[int, float]:
+        """A piece onto a node that counts from its mark (a foster-parented one, `copying`, onto the
+        node before the table): kept for what was allocated anywhere since that node's last piece."""
         node.allocations = self.allocations - node.mark
-        grown = node.grow(size, copying=True)
+        grown = node.grow(size, copying=copying)
         node.mark = self.allocations + 1  # (after this piece's own)
         return grown
 
@@ -335,7 +347,7 @@ class _Scan:
                 size -= _REFERENCE_SAVES.get(name, 0) if name else found.end() - found.start() - 4
         spaces = _NOT_SPACE.search(self.data, start, end) is None
         if table is not None and not spaces and (table.cell is None or table.unsure):
-            fostered = self.grow_fostered(table, size)
+            fostered = self.grow_marked(table.fostered, size, copying=True)
             if table.cell is None and not (table.open_fostered or table.unsure):
                 self._add(fostered)
                 self.node.allocated()
@@ -345,7 +357,11 @@ class _Scan:
             self._add(max(fostered, self.node.grow(size), key=lambda grown: grown[1]))
             self.node.allocated()  # (and where it went elsewhere, it allocated)
         else:
-            self._add(self.node.grow(size))
+            grown = self.node.grow(size)
+            if table is not None and table.cell is None and table.open_fostered and table.rows_node:
+                # (Whitespace: into the element foster-parented, or, if it has closed, the table's node.)
+                grown = max(grown, self.grow_marked(table.rows_node, size), key=lambda grown: grown[1])
+            self._add(grown)
             if self.mode == _FRAMESET or (
                 table is not None and table.cell is None and (table.open_fostered or table.unsure)
             ):
@@ -409,7 +425,7 @@ class _Scan:
             self.frames.append(None)
             self.templates += 1
         elif name == b"table":
-            before = self.before_table()
+            before = self.marked()
             if unsure_place:
                 self.frames.append(opened := _Table(before, unsure=True))
                 opened.maybe_closed = True  # (the parser may have made no table: unsure for good)
@@ -421,7 +437,7 @@ class _Scan:
                 self.frames.append(_Table(before))
         elif name in TABLE_STARTS and table is None and self.frames:
             # A table's part in a template's content: its rows foster-parent text too.
-            self.frames.append(table := _Table(self.before_table(), unsure=unsure_place, in_template=True))
+            self.frames.append(table := _Table(self.marked(), unsure=unsure_place, in_template=True))
             if not unsure_place:
                 table.cell = name if name in _INTO_CELL else None
                 table.section = name if name in _ROW_GROUPS else b"tbody"
@@ -431,6 +447,7 @@ class _Scan:
             else:
                 table.cell = name if name in _INTO_CELL else None
                 table.open_fostered = table.unsure = False
+                table.rows_node = None
                 if name in _ROW_GROUPS:
                     table.section = name
                 elif name in (b"caption", b"colgroup", b"col"):
@@ -443,6 +460,12 @@ class _Scan:
                 # into it while it is open.
                 table.fostered = _Node()
                 if name not in VOID_B:
+                    if not unsure_place:
+                        # Surely open (or in one open there: the parser nests it): the text after it is
+                        # a node of its own; the table's whitespace goes on in its node once it closes.
+                        if table.rows_node is None:
+                            table.rows_node = self.marked()
+                        self.split()
                     table.open_fostered = True
             self.last_open = None
             # Nothing goes where the table's own whitespace goes (an <input> but a hidden one is
