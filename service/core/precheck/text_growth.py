@@ -353,14 +353,15 @@ class _Scan:
                 self.node.allocated()
                 self.allocations += 1  # (any piece writes text to the arena)
                 return
-            # In doubt the piece grows both nodes; the parser copies one of them.
-            self._add(max(fostered, self.node.grow(size), key=lambda grown: grown[1]))
+            # In doubt the piece grows both nodes; the parser copies one of them (the longer copy, and
+            # the larger share kept, may be either's).
+            self._add(_larger(fostered, self.node.grow(size)))
             self.node.allocated()  # (and where it went elsewhere, it allocated)
         else:
             grown = self.node.grow(size)
             if table is not None and table.cell is None and table.open_fostered and table.rows_node:
                 # (Whitespace: into the element foster-parented, or, if it has closed, the table's node.)
-                grown = max(grown, self.grow_marked(table.rows_node, size), key=lambda grown: grown[1])
+                grown = _larger(grown, self.grow_marked(table.rows_node, size))
             self._add(grown)
             if self.mode == _FRAMESET or (
                 table is not None and table.cell is None and (table.open_fostered or table.unsure)
@@ -375,6 +376,8 @@ class _Scan:
 
     def hidden(self, start: int, end: int) -> None:
         """A comment, raw text or CDATA span."""
+        if end - start == 3 and self.data.startswith(b"</>", start):
+            return  # (the tokenizer drops it: no node, nothing allocated, the text on both sides one piece)
         if start == self.raw_text_at:
             self.allocated()  # an element's raw text (its start tag ended the node if it goes here)
         elif self.data[start : start + 9].lower() == b"<!doctype":
@@ -403,6 +406,8 @@ class _Scan:
             self._end_tag(name, where, table, unsure_place)
         else:
             self._start_tag(name, where, table, unsure_place, start, end)
+            if self.mode == _FRAMESET:
+                self.tainted = True  # (the text right after a <frameset> too: `tag_tokens` reads no comments)
         if attributes:
             # (A new node has nothing to copy.) `allocated`, inline: most tags have attributes.
             count = _tag_allocations(self.data.count(b"=", start, end))
@@ -421,19 +426,27 @@ class _Scan:
             self.mode = _FRAMESET  # (ignored after text: the text goes on)
             return
         # What it does to the tables the scan follows.
-        if name == b"template" and not unsure_place:
+        if name == b"template" and (not unsure_place or (where == SELECT and self.mode != _FRAMESET)):
+            # (In a <select> too: the parser takes a template there by the head's rules.)
             self.frames.append(None)
             self.templates += 1
         elif name == b"table":
             before = self.marked()
+            if table is not None and (unsure_place or table.unsure or table.maybe_closed):
+                # It may close that table (read in its rows) or not: text foster-parented from here may
+                # go before either, so the node before this one is as long as the longer of the two.
+                before.length = max(before.length, table.fostered.length)
+                before.mark = min(before.mark, table.fostered.mark)
             if unsure_place:
                 self.frames.append(opened := _Table(before, unsure=True))
                 opened.maybe_closed = True  # (the parser may have made no table: unsure for good)
             elif table is not None and table.in_template and table.cell is None:
                 table.unsure = True  # (the parser ignores it: no table in scope)
             else:
-                if table is not None and table.cell is None:
+                if table is not None and table.cell is None and not table.unsure:
                     self.frames.pop()  # a table in a table's rows closes that table first
+                elif table is not None and (table.unsure or table.maybe_closed):
+                    table.maybe_closed = True  # (in a cell or in its rows: nested, or closing it)
                 self.frames.append(_Table(before))
         elif name in TABLE_STARTS and table is None and self.frames:
             # A table's part in a template's content: its rows foster-parent text too.
@@ -485,7 +498,14 @@ class _Scan:
             self.last_open = None
             return
         self.split()
-        self.last_open = None if name in VOID_B else name
+        if (
+            name in VOID_B
+            or (name == b"select" and where == SELECT)  # (it closes the select open: no element)
+            or (name in (b"svg", b"math") and is_self_closing(self.data[start:end].rstrip(b">")))
+        ):
+            self.last_open = None
+        else:
+            self.last_open = name
 
     def _end_tag(self, name: bytes, where: int, table: _Table | None, unsure_place: bool) -> None:
         opened, self.last_open = self.last_open, None
@@ -555,6 +575,11 @@ class _Scan:
                 table.unsure = True  # (a row group the scan did not see may be open)
         if name == opened:
             self.split()  # it closes the element the text since its start tag is in
+
+
+def _larger(one: tuple[int, float], other: tuple[int, float]) -> tuple[int, float]:
+    """What a piece that grows one of two nodes copies and keeps, at most."""
+    return max(one[0], other[0]), max(one[1], other[1])
 
 
 def text_copies(document: str | bytes) -> int:
