@@ -306,6 +306,17 @@ class _Scan:
         self.node.allocated(count)
         self.allocations += count
 
+    def may_be_closed(self, table: _Table) -> None:
+        """The parser may have closed `table` (the scan keeps it, in doubt for good): text foster-parented
+        in it from here may go before the table around it, so its node is as long as that one's too."""
+        table.maybe_closed = True
+        index = len(self.frames) - 1
+        while index >= 0 and self.frames[index] is not table:
+            index -= 1
+        around = self.frames[index - 1] if index > 0 else None
+        if around is not None:
+            _join(table.fostered, around.fostered)
+
     def marked(self) -> _Node:
         """The node the text goes to, as one that counts the allocations from the scan's count: the node
         before a table the scan opens, the table's own whitespace node."""
@@ -435,8 +446,7 @@ class _Scan:
             if table is not None and (unsure_place or table.unsure or table.maybe_closed):
                 # It may close that table (read in its rows) or not: text foster-parented from here may
                 # go before either, so the node before this one is as long as the longer of the two.
-                before.length = max(before.length, table.fostered.length)
-                before.mark = min(before.mark, table.fostered.mark)
+                _join(before, table.fostered)
             if unsure_place:
                 self.frames.append(opened := _Table(before, unsure=True))
                 opened.maybe_closed = True  # (the parser may have made no table: unsure for good)
@@ -446,7 +456,7 @@ class _Scan:
                 if table is not None and table.cell is None and not table.unsure:
                     self.frames.pop()  # a table in a table's rows closes that table first
                 elif table is not None and (table.unsure or table.maybe_closed):
-                    table.maybe_closed = True  # (in a cell or in its rows: nested, or closing it)
+                    self.may_be_closed(table)  # (in a cell or in its rows: nested, or closing it)
                 self.frames.append(_Table(before))
         elif name in TABLE_STARTS and table is None and self.frames:
             # A table's part in a template's content: its rows foster-parent text too.
@@ -470,8 +480,9 @@ class _Scan:
         elif table is not None and (table.cell is None or table.unsure) and name not in _INSERTED_IN_ROWS:
             if rows and name not in _STAY_IN_TABLE:
                 # Foster-parented before the table: the next piece there starts a new node; text goes
-                # into it while it is open.
-                table.fostered = _Node()
+                # into it while it is open. (In doubt, after a <frameset>, the node goes on.)
+                if not unsure_place:
+                    table.fostered = _Node()
                 if name not in VOID_B:
                     if not unsure_place:
                         # Surely open (or in one open there: the parser nests it): the text after it is
@@ -543,9 +554,9 @@ class _Scan:
                     self.frames.pop()
                     below = self.table()
                     if below is not None:
-                        below.unsure = below.maybe_closed = True
-                        below.fostered.length = max(below.fostered.length, table.fostered.length)
-                        below.fostered.mark = min(below.fostered.mark, table.fostered.mark)
+                        below.unsure = True
+                        self.may_be_closed(below)
+                        _join(below.fostered, table.fostered)
                         below.open_fostered = below.open_fostered or table.open_fostered
                         self.node.length = max(self.node.length, table.fostered.length)
                     else:  # (no table around: this one stays, in doubt)
@@ -575,6 +586,12 @@ class _Scan:
                 table.unsure = True  # (a row group the scan did not see may be open)
         if name == opened:
             self.split()  # it closes the element the text since its start tag is in
+
+
+def _join(node: _Node, other: _Node) -> None:
+    """`node` may be `other` too: as long as the longer, its allocations counted from the earlier mark."""
+    node.length = max(node.length, other.length)
+    node.mark = min(node.mark, other.mark)
 
 
 def _larger(one: tuple[int, float], other: tuple[int, float]) -> tuple[int, float]:

@@ -672,6 +672,14 @@ _SIXTH_FUZZ = {
     "a table after a row group closed in doubt": (
         "<table><th a=b><select></tbody><input type=hidden><table></table>Q3<th a=b>Q4"
     ),
+    "a table in a foreign zone's island, then a row group's end": (
+        "<table>Q2<td><table><math><mi><table></table a=b></tbody>Q7"
+    ),
+    "a table in a foreignObject": "Q0<table><td><table><svg><foreignObject><table><svg a=b></table></td>Q5",
+    # After a <frameset> a start tag may go anywhere (here into a template): the node goes on.
+    "a start tag after a frameset in a table's rows": (
+        "<table a=b>Q7<frameset><template><desc></template a=b>Q8"
+    ),
     # A <select> in a select closes it and makes no element: the `</select>` after it closes nothing.
     "a select in a select": "<select><select a=b>Q9</select a=b>Q0",
     "a select in a select, then a doctype": "<select><select>Q1</select><!DOCTYPE x>Q2",
