@@ -183,21 +183,29 @@ def every_piece_follows_an_allocation(page: str) -> bool:
     return True
 
 
+# Markup the parser read as text (after an unclosed <textarea>, <title>, <plaintext>, ...): the allocating
+# tag before a marker was no tag, so the marker need not have copied its node.
+_READ_AS_TEXT = re.compile(r"=|<!|<\?|</?[a-zA-Z]")
+
+
 def oracle(page: str) -> int:
     """The bytes copied to grow the text nodes of Lexbor's tree for `page` where each piece after a
-    node's first copies it: the node's length at each of those pieces, counting its markers only. The
-    tree is walked without recursion; a template's content is not reachable from it and is skipped."""
+    node's first copies it: the node's length at each of those pieces, counting its markers only (not
+    one with markup read as text since the marker before it). The tree is walked without recursion; a
+    template's content is not reachable from it and is skipped."""
     root = LexborHTMLParser(page, scripting=True, options=prune._PARSER_OPTIONS).root
     copied = 0
     stack = [root] if root is not None else []
     while stack:
         node = stack.pop()
         if node.tag == "-text":
-            length = 0
-            for index, marker in enumerate(_MARKER.findall(node.text_content or "")):
-                length += len(marker)
-                if index:
+            text = node.text_content or ""
+            length = position = 0
+            for index, marker in enumerate(_MARKER.finditer(text)):
+                length += len(marker.group())
+                if index and not _READ_AS_TEXT.search(text, position, marker.start()):
                     copied += length
+                position = marker.end()
         child = node.child
         while child is not None:
             stack.append(child)
