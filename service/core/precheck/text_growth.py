@@ -370,9 +370,10 @@ class _Scan:
             self.node.allocated()  # (and where it went elsewhere, it allocated)
         else:
             grown = self.node.grow(size)
-            if table is not None and table.cell is None and table.open_fostered and table.rows_node:
+            rows_node = table.rows_node if table is not None and table.cell is None else None
+            if rows_node is not None and table is not None and table.open_fostered:
                 # (Whitespace: into the element foster-parented, or, if it has closed, the table's node.)
-                grown = _larger(grown, self.grow_marked(table.rows_node, size))
+                grown = _larger(grown, self.grow_marked(rows_node, size))
             self._add(grown)
             if self.mode == _FRAMESET or (
                 table is not None and table.cell is None and (table.open_fostered or table.unsure)
