@@ -431,6 +431,11 @@ class _Scan:
     ) -> None:
         rows = table is not None and table.cell is None and not table.unsure
         if where == FOREIGN:
+            if name in _MAY_MAKE_NO_NODE:
+                # (No foreign element has such a name; the parser may have left the zone before it, at an
+                # end tag that closed an HTML element around it, and in the body it may make no node.)
+                self.last_open = None
+                return
             self.split()
             self.last_open = None if is_self_closing(self.data[start:end].rstrip(b">")) else name
             return
@@ -528,6 +533,11 @@ class _Scan:
         if where == FOREIGN:
             if name == opened:
                 self.split()
+            elif table is not None and (name in _TABLE_ENDS or name == b"template"):
+                # (No foreign element open of its name: the parser may take it by the HTML rules, closing
+                # a row, a cell, a template, the table around the zone.)
+                table.unsure = True
+                self.may_be_closed(table)
             return
         if name in (b"body", b"html", b"head") and not unsure_place and self.mode != _FRAMESET:
             # (The text after it still goes where it went; after `</head>` the parser may be in the

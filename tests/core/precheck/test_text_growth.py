@@ -688,6 +688,16 @@ _SIXTH_FUZZ = {
     "a start tag after a frameset in a table's rows": (
         "<table a=b>Q7<frameset><template><desc></template a=b>Q8"
     ),
+    # An end tag in foreign content with no foreign element of its name open is taken by the HTML rules:
+    # it may leave the zone (a `<b>` rebuilt from a select closes the svg), and a table's part or a
+    # `<frame>` read as foreign after it may make no node; a `</table>` or `</template>` there may close
+    # the row or the template around the zone.
+    "a formatting end tag in an svg": "<select><b></select><svg></b>Q0<caption a=b>Q1",
+    "a formatting end tag in a math": "<select><b></select><math></b a=b>Q8<td a=b>Q9",
+    "a template's end tag in a math": "<select><template></select><math></template>Q0<frame a=b>Q2",
+    "a table's end tag in a template's row": (
+        "<template><tr class=r><math><template></table a=b></template>Q0<body a=b><th a=b>Q4"
+    ),
     # A <select> in a select closes it and makes no element: the `</select>` after it closes nothing.
     "a select in a select": "<select><select a=b>Q9</select a=b>Q0",
     "a select in a select, then a doctype": "<select><select>Q1</select><!DOCTYPE x>Q2",
