@@ -30,6 +30,7 @@ from model_training.evaluation.tasks import TaskSpec, assign_folds, write_task
 from model_training.sites import site_of
 from service.core.decoding import decode_html
 from service.core.pages import Page, iter_pages
+from service.core.prune import respell_longer_references
 
 OTHER = "other"
 PAGES_DIR = "pages"
@@ -103,7 +104,9 @@ def _schema_type_names(value: Any) -> Iterator[str]:
 
 def page_metadata(html: bytes | str) -> PageMetadata:
     """The metadata the derived tasks are labelled with; malformed metadata reads as absent."""
-    tree = LexborHTMLParser(decode_html(html).text)
+    text = decode_html(html).text
+    respelled = respell_longer_references(text)  # (a run of `&nGt;` corrupts Lexbor's heap)
+    tree = LexborHTMLParser(text if respelled is None else respelled)
     og = tree.css_first('meta[property="og:type"], meta[name="og:type"]')
     og_type = (og.attributes.get("content") or "").strip().lower() if og is not None else ""
     types: set[str] = set()

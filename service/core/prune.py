@@ -181,6 +181,13 @@ _CLEANUP = re.compile(
     re.DOTALL,
 )
 _COLLAPSE_CHUNK = 1 << 20  # larger outputs are whitespace-collapsed chunk by chunk
+# Lexbor's tokenizer writes a named character reference's value over the reference in its buffer without
+# checking for room, and two are longer than written (6 bytes for 5): at the buffer's end each writes a
+# byte past it, and pages of a few thousand in a row (`"&nGt;" * 5000`, or in an attribute's value)
+# corrupted the heap and aborted the process. They reach the parser as numeric references (the same two
+# characters; that path makes room), spelled as no page writes them, and where raw text (`<xmp>`,
+# `<plaintext>`) or a tag's name keeps the spelling, the output gets the page's own back.
+_LONGER_REFERENCES = {"&nGt;": "&#08811;&#8402;", "&nLt;": "&#08810;&#8402;"}
 # The first "<plaintext" of a serialisation (see `_rewrite_plaintext`).
 _PLAINTEXT_START = re.compile(r"<plaintext\b")
 _PLAINTEXT_END = "</plaintext>"
@@ -327,12 +334,38 @@ def _prune_document(document: str | bytes, max_depth: int, text_growth: bool = T
             f"make no element) that the parser's copies would take about {copied >> 20} MiB (the budget "
             f"for {len(document)} bytes is {budget >> 20} MiB)"
         )
+    respelled = respell_longer_references(document)
+    if respelled is not None:
+        document = respelled
     # Each stage's input is released before the next one peaks: the tree before tokenizing ends,
     # the token list before the output is joined.
     parts = _tokenize(_clean_serialization(document))
     out = _apply_rules(parts)
     del parts
-    return _finish(out)
+    pruned = _finish(out)
+    if respelled is not None:  # (where raw text or a tag's name kept the spelling, the page's own back)
+        for written, spelled in _LONGER_REFERENCES.items():
+            # (Escaped: text, `<xmp>`'s; as is: a tag's name, which the parser lowercased.)
+            pruned = pruned.replace(spelled, written.lower()).replace(
+                _html.escape(spelled, quote=False), _html.escape(written, quote=False)
+            )
+    return pruned
+
+
+def respell_longer_references(document: str | bytes) -> str | bytes | None:
+    """The page with `_LONGER_REFERENCES` respelled, or None where it has none: for any caller that
+    parses untrusted HTML with Lexbor (`model_training.evaluation.derive` too)."""
+    if isinstance(document, bytes):
+        if b"&nGt;" not in document and b"&nLt;" not in document:
+            return None
+        for written, spelled in _LONGER_REFERENCES.items():
+            document = document.replace(written.encode(), spelled.encode())
+        return document
+    if "&nGt;" not in document and "&nLt;" not in document:
+        return None
+    for written, spelled in _LONGER_REFERENCES.items():
+        document = document.replace(written, spelled)
+    return document
 
 
 def _clean_serialization(document: str | bytes) -> str:

@@ -189,3 +189,36 @@ def test_a_serialization_the_parser_could_not_allocate_is_a_parse_failure(
     monkeypatch.setattr(prune, "LexborHTMLParser", Unwritable)
     with pytest.raises(prune.ParseFailedError, match="failed to write the page out"):
         prune.prune_html("<p>a page</p>")
+
+
+# Two named references decode longer than written (`&nGt;`, `&nLt;`: 6 bytes for 5), and Lexbor's tokenizer
+# wrote past its buffer's end with them: these aborted the process (heap corruption), in text, in an
+# attribute's value, and as bytes.
+_LONGER_REFERENCES = {
+    "in text": '"&nGt;" * 5000',
+    "as bytes": 'b"&nLt;" * 5000',
+    "in an attribute's value": '"<p title=\\"" + "&nGt;" * 5000 + "\\">x"',
+    "three in a row in a table": '"<table>" + "&nGt;&nGt;&nGt;x" * 5000',
+}
+
+
+@pytest.mark.parametrize("build", list(_LONGER_REFERENCES.values()), ids=list(_LONGER_REFERENCES))
+def test_references_that_decode_longer_do_not_corrupt_the_parser(build: str) -> None:
+    outcome = run_child(build)
+    assert outcome["ok"] is True
+
+
+def test_references_that_decode_longer_prune_as_the_page_writes_them() -> None:
+    """They reach the parser respelled; the output is the page's: decoded in text, titles and text
+    areas, as written in `<xmp>` and `<plaintext>` (raw text) and in a tag's name (lowercased)."""
+    from service.core.prune import prune_html
+
+    assert prune_html("<xmp>&nGt;&nLt;</xmp><p>&nGt;x&nLt;</p>") == (
+        "<body><pre>&amp;nGt;&amp;nLt;</pre><p>\u226b\u20d2x\u226a\u20d2</p></body>"
+    )
+    assert prune_html("<title>&nGt;</title><textarea>&nLt;</textarea>") == (
+        "<html><title>\u226b\u20d2</title><textarea>\u226a\u20d2</textarea></html>"
+    )
+    assert prune_html("<plaintext>&nGt; x") == "<pre>&amp;nGt; x</pre>"
+    assert prune_html("<a&nGt;>x</a&nGt;>") == "<a&ngt;>x</a&ngt;>"
+    assert prune_html(b"<p>&nGt;</p>") == "<p>\u226b\u20d2</p>"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -91,3 +93,17 @@ def test_derive_refuses_impossible_options_before_reading_pages(
     assert not (tmp_path / "t" / "pages").exists()
     assert main(["tasks", "derive", "--corpus", str(corpus), "--out", str(corpus)]) == 1
     assert "is an existing file" in capsys.readouterr().err
+
+
+def test_page_metadata_survives_references_that_decode_longer() -> None:
+    """A run of `&nGt;` made Lexbor write past its buffer and abort the process: read in a child."""
+    code = (
+        "from model_training.evaluation.derive import page_metadata\n"
+        "meta = page_metadata(b'<html lang=cs><p title=\"' + b'&nGt;' * 5000 + b'\">' + b'&nLt;' * 5000)\n"
+        "print(meta.lang)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-500:]
+    assert done.stdout.strip() == "cs"
