@@ -75,6 +75,8 @@ _BODY, _AFTER_HEAD, _AFTER_BODY, _FRAMESET = 0, 1, 2, 3
 # Start tags that go into the head while the text between them goes to <html> (after </head>).
 _HEAD = frozenset(b"base basefont bgsound link meta noframes script style template title noscript".split())
 _ROW_GROUPS = frozenset((b"tbody", b"thead", b"tfoot"))
+# A table's parts the parser ignores after a row or cell in a template's content (no row group in scope).
+_NOT_AFTER_TEMPLATE_ROWS = _ROW_GROUPS | frozenset((b"caption", b"colgroup", b"col"))
 _TABLE_ENDS = frozenset(b"table caption td th tr tbody thead tfoot".split())
 # Tags after which a run of plain rows may follow (`_PLAIN_ROWS`), read as the tokenizer reads them: a
 # row's tags, cells of text only (their end tags without attributes), whitespace between.
@@ -87,6 +89,7 @@ _PLAIN_ROW_NAMES = frozenset((b"tr", b"td", b"th"))
 # Start tags that make the text after them a cell's or a caption's.
 _INTO_CELL = frozenset((b"td", b"th", b"caption"))
 _NOT_SPACE = re.compile(rb"[^\t\n\f\r ]")
+_SPACE_BYTES = frozenset((b" ", b"\t", b"\n", b"\f", b"\r"))
 _RAW_TEXT = frozenset(RAW_TEXT_NAMES.split(b"|"))
 # For the cheap bound (`text_growth_memory`), in one pass: what may take the text out of the body's rules (a
 # table, a template's rows, a frameset, the end of the head, of the body, of <html>), CDATA, and what may
@@ -251,6 +254,7 @@ class _Table:
 
     __slots__ = (
         "cell",
+        "colgroup",
         "fostered",
         "in_template",
         "maybe_closed",
@@ -265,6 +269,9 @@ class _Table:
         self.section: bytes | None = None
         self.fostered = before
         self.open_fostered = False
+        # A column group may be open: whitespace leading text in its rows goes into it (an allocation),
+        # the rest is foster-parented.
+        self.colgroup = False
         # While an element foster-parented out of its rows may be open: the node the table's whitespace
         # grows once it has closed (the text in it is `_Scan.node`).
         self.rows_node: _Node | None = None
@@ -358,6 +365,11 @@ class _Scan:
                 size -= _REFERENCE_SAVES.get(name, 0) if name else found.end() - found.start() - 4
         spaces = _NOT_SPACE.search(self.data, start, end) is None
         if table is not None and not spaces and (table.cell is None or table.unsure):
+            if (table.colgroup or table.unsure) and self.data[start : start + 1] in _SPACE_BYTES:
+                # (Its leading whitespace went into the column group open: a node of its own, allocated;
+                # the rest, foster-parented, closed the group.)
+                self.allocations += 1
+            table.colgroup = False
             fostered = self.grow_marked(table.fostered, size, copying=True)
             if table.cell is None and not (table.open_fostered or table.unsure):
                 self._add(fostered)
@@ -469,11 +481,20 @@ class _Scan:
             self.frames.append(table := _Table(self.marked(), unsure=unsure_place, in_template=True))
             if not unsure_place:
                 table.cell = name if name in _INTO_CELL else None
-                table.section = name if name in _ROW_GROUPS else b"tbody"
+                # (No row group implied: in a template's content a row or cell is put in the template.)
+                table.section = name if name in _ROW_GROUPS else None
+                table.colgroup = name in (b"colgroup", b"col")
         elif table is not None and name in TABLE_STARTS:
             if unsure_place or table.maybe_closed:
                 table.unsure = True
+            elif table.in_template and table.section is None and name in _NOT_AFTER_TEMPLATE_ROWS:
+                # After a row or cell in a template's content no row group is in scope, and the parser
+                # ignores it (having closed the row): no node, the text on both sides may be one.
+                table.unsure = True
+                self.last_open = None
+                return
             else:
+                table.colgroup = name in (b"colgroup", b"col")  # (a <col> implies a column group)
                 table.cell = name if name in _INTO_CELL else None
                 table.open_fostered = table.unsure = False
                 table.rows_node = None
@@ -556,6 +577,8 @@ class _Scan:
             else:
                 self.allocated(3)  # a template in the head: its content allocated
             return
+        if table is not None and name == b"colgroup":
+            table.colgroup = False
         if table is not None and name in _TABLE_ENDS:
             if unsure_place or table.maybe_closed:
                 table.unsure = True
