@@ -256,9 +256,13 @@ def prune_text(text: str, *, max_depth: int = DEFAULT_MAX_DEPTH, text_growth: bo
 
 def _prune_document(document: str | bytes, max_depth: int, text_growth: bool = True) -> str:
     """Check, parse (text, or bytes known to be UTF-8) and prune."""
+    size = len(document)  # (the page's, as sent: the budget is for it)
+    respelled = respell_longer_references(document)  # (before the checks: what the parser reads)
+    if respelled is not None:
+        document = respelled
     tags = document.count(b"<" if isinstance(document, bytes) else "<")  # type: ignore[arg-type]
     need = tags * MEMORY_PER_TAG
-    budget = 10 * len(document) + _MEMORY_HEADROOM
+    budget = 10 * size + _MEMORY_HEADROOM
     if isinstance(document, str) and not document.isascii():
         # A decoded page is held beside its bytes, at up to 4 bytes a character, and so is its serialisation
         # (one emoji makes every character 4 bytes): 15 MB of `<abcdefghijklmnop>x</abcdefghijklmnop>y`
@@ -266,7 +270,7 @@ def _prune_document(document: str | bytes, max_depth: int, text_growth: bool = T
         need += sys.getsizeof(document)
     # The most the page's attributes could take (each written in two bytes at least): where it fits the
     # budget, they are not counted (pages under about a megabyte that are not tag-dense).
-    most_attributes = len(document) // _MIN_ATTRIBUTE_BYTES * MEMORY_PER_ATTRIBUTE
+    most_attributes = size // _MIN_ATTRIBUTE_BYTES * MEMORY_PER_ATTRIBUTE
     # Most end tags make no element: counted where charging them as elements could refuse the page (its
     # attributes, counted below, could fill the budget).
     ends: int | None = None
@@ -276,15 +280,15 @@ def _prune_document(document: str | bytes, max_depth: int, text_growth: bool = T
     if need > budget:
         raise InputTooLargeError(
             f"page has {tags} tags ({ends} of them end tags that make no element); pruning it would "
-            f"take about {need >> 20} MiB (the budget for {len(document)} bytes is {budget >> 20} MiB)"
+            f"take about {need >> 20} MiB (the budget for {size} bytes is {budget >> 20} MiB)"
         )
     depth = 0 if tags <= max_depth else estimate_depth(document, limit=max_depth)
     if depth > max_depth:
         raise NestingTooDeepError(f"page nests more than {max_depth} elements deep (the cap)")
-    if depth * tags > _NESTING_WORK_PER_BYTE * len(document) + _NESTING_WORK_HEADROOM:
+    if depth * tags > _NESTING_WORK_PER_BYTE * size + _NESTING_WORK_HEADROOM:
         raise NestingTooDeepError(
             f"page nests about {depth} elements deep and has {tags} tags: parsing it would take "
-            f"{depth * tags // len(document)} stack steps per byte (the cap is {_NESTING_WORK_PER_BYTE})"
+            f"{depth * tags // size} stack steps per byte (the cap is {_NESTING_WORK_PER_BYTE})"
         )
     attributes = max_attributes(document)
     if attributes > MAX_ATTRIBUTES:
@@ -307,7 +311,7 @@ def _prune_document(document: str | bytes, max_depth: int, text_growth: bool = T
         if need > budget:
             raise InputTooLargeError(
                 f"page leaves so many formatting elements open that the parser would re-create them, taking "
-                f"more than {clones >> 20} MiB (the budget for {len(document)} bytes is {budget >> 20} MiB)"
+                f"more than {clones >> 20} MiB (the budget for {size} bytes is {budget >> 20} MiB)"
             )
     # After the cap no start tag holds more than MAX_ATTRIBUTES (the count is linear in an end tag's).
     if need + most_attributes > budget:
@@ -322,21 +326,20 @@ def _prune_document(document: str | bytes, max_depth: int, text_growth: bool = T
         if need > budget:
             raise InputTooLargeError(
                 f"page has {tags} tags and {attributes} attributes; pruning it would take about "
-                f"{need >> 20} MiB (the budget for {len(document)} bytes is {budget >> 20} MiB)"
+                f"{need >> 20} MiB (the budget for {size} bytes is {budget >> 20} MiB)"
             )
     # A text node grown in many pieces with allocations between them: Lexbor copies it at each (a
     # megabyte of `<td>1</td>y` or `y</x a=b>` takes gigabytes). Last: within the budget, the estimate
     # may be a cheap bound.
-    copied = text_growth_memory(document, tags=tags, within=budget - need) if text_growth else 0
+    copied = 0
+    if text_growth:
+        copied = text_growth_memory(document, tags=tags, within=budget - need, respelled=True)
     if need + copied > budget:
         raise InputTooLargeError(
             f"page grows text nodes in so many pieces (text moved out of a table, or split by tags that "
             f"make no element) that the parser's copies would take about {copied >> 20} MiB (the budget "
-            f"for {len(document)} bytes is {budget >> 20} MiB)"
+            f"for {size} bytes is {budget >> 20} MiB)"
         )
-    respelled = respell_longer_references(document)
-    if respelled is not None:
-        document = respelled
     # Each stage's input is released before the next one peaks: the tree before tokenizing ends,
     # the token list before the output is joined.
     parts = _tokenize(_clean_serialization(document))

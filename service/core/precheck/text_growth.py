@@ -142,9 +142,10 @@ _GROWING_REFERENCES = (b"&nGt;", b"&nLt;")
 _TAG = re.compile(rb"</?[a-zA-Z][^>]*+>?")
 
 
-def text_growth_memory(document: str | bytes, *, tags: int, within: int) -> int:
+def text_growth_memory(document: str | bytes, *, tags: int, within: int, respelled: bool = False) -> int:
     """What Lexbor keeps of the copies of text nodes grown in pieces (`text_growth_kept`), or, where cheap
-    bounds show it stays `within`, the least of them.
+    bounds show it stays `within`, the least of them. `respelled`: the page has no `&nGt;` or `&nLt;`
+    (`service.core.prune.respell_longer_references`), which it then need not count.
 
     A piece copies at most the page's text (a NUL may become 3 bytes, a `&nGt;` 6), and only a foster-parented
     one or one after something allocated that did not end its node; in doubt a piece grows two nodes, but the
@@ -159,7 +160,7 @@ def text_growth_memory(document: str | bytes, *, tags: int, within: int) -> int:
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
     # What the decoded text may add: each NUL may be U+FFFD (3 bytes), each `&nGt;` or `&nLt;` one byte.
     longer = 2 * data.count(b"\0") if b"\0" in data else 0
-    if b"&n" in data:
+    if not respelled and b"&n" in data:  # (`respelled`: none, `prune.respell_longer_references`)
         longer += sum(data.count(reference) for reference in _GROWING_REFERENCES)
     size = len(data) + longer
     # (A CDATA section is one more piece, at most one a "<": counted below where it may matter.)
