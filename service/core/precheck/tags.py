@@ -127,6 +127,11 @@ def tag_tokens(
     island: list[bytes] = []  # the island's HTML elements open in it (see above), in order
     template_first = False  # the last HTML start tag was a <template>
     template_cols = 0  # <template>s opened with a <col> first, not closed since
+    # <template>s open (in a <select> too), and whether a <col> came in one: a template's content then
+    # may be a column group the reader cannot follow (after an inner template, or in a select), where the
+    # parser ignores a raw-text or zone start tag.
+    templates = 0
+    template_col = False
     select_limit = False  # the <select> being read holds a scope limit (an <object>, a <td>, ...)
     while position < size:
         if skips:
@@ -249,7 +254,13 @@ def tag_tokens(
                 continue
             if not (end_tag and name == b"select"):
                 select_limit = select_limit or (not end_tag and name in SCOPE_BOUNDARIES)
+                if name == b"template":
+                    templates = max(0, templates - 1) if end_tag else templates + 1
+                template_col = template_col or (templates > 0 and name == b"col")
                 yield end_tag, name, start, position, SELECT
+                if not end_tag and name in _SCRIPTING and template_col and templates:
+                    zone = TAINTED  # (a template's column group may ignore it: see below)
+                    continue
                 if not end_tag and name in _SCRIPTING:  # in the <select> too, raw text
                     closer = _skip_raw_text(lowered, name, position, hidden)
                     if closer is None:
@@ -260,8 +271,9 @@ def tag_tokens(
         yield end_tag, name, start, position, zone
         previous, parent = parent, None
         if end_tag:
-            if name == b"template" and template_cols:
-                template_cols -= 1
+            if name == b"template":
+                template_cols -= bool(template_cols)
+                templates = max(0, templates - 1)
             continue
         html_names.add(name)
         parent = None if name in _NO_PARENTS or (name in ZONES and is_self_closing(attributes)) else name
@@ -269,8 +281,14 @@ def tag_tokens(
             template_first = False
             template_cols += name == b"col"
         template_first = name == b"template"
-        if template_cols and (name in _RAW_TEXT or name in (b"plaintext", b"select") or name in ZONES):
+        templates += name == b"template"
+        template_col = template_col or (templates > 0 and name == b"col")
+        ignorable = name in _RAW_TEXT or name in (b"plaintext", b"select") or name in ZONES
+        if template_cols and ignorable:
             continue  # there the parser ignores every other start tag: no raw text or zone follows
+        if template_col and templates and ignorable:
+            zone = TAINTED  # (ignored, or not: what follows may be markup or raw text)
+            continue
         if name in _RAW_TEXT:
             closer = _skip_raw_text(lowered, name, position, hidden)
             if closer is None:

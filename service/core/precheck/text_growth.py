@@ -462,6 +462,8 @@ class _Scan:
             self.templates += 1
         elif name == b"table":
             before = self.marked()
+            if table is not None and unsure_place:
+                self.may_be_closed(table)  # (it may have closed that one, in whose cell it was read)
             if table is not None and (unsure_place or table.unsure or table.maybe_closed):
                 # It may close that table (read in its rows) or not: text foster-parented from here may
                 # go before either, so the node before this one is as long as the longer of the two.
@@ -539,7 +541,7 @@ class _Scan:
         self.split()
         if (
             name in VOID_B
-            or (name == b"select" and where == SELECT)  # (it closes the select open: no element)
+            or (name == b"select" and where in (SELECT, TAINTED))  # (it may close a select: no element)
             or (name in (b"svg", b"math") and is_self_closing(self.data[start:end].rstrip(b">")))
         ):
             self.last_open = None
