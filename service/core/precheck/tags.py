@@ -272,6 +272,7 @@ def tag_tokens(
         previous, parent = parent, None
         if end_tag:
             if name == b"template":
+                template_first = False  # (`<template></template><col>`: the <col> is in the body)
                 template_cols -= bool(template_cols)
                 templates = max(0, templates - 1)
             continue

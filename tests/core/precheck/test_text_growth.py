@@ -769,6 +769,13 @@ _SECOND_REVIEW = {
         "Q1<table><caption a=b><table><select><table><table></table a=b><col a=b>Q2"
     ),
     "a select in a select after a taint": "<select><th><select a=b>Q1</select></table a=b>Q2",
+    # A <col> after a template's end tag is in the body: the svg after it is read, its template foreign.
+    "a column after an empty template": "<template></template><col>Q1<table><td><svg><template></td a=b>Q2",
+    # An end tag the template ignores leaves its content's first tag to come: a <col> there still makes it
+    # a column group.
+    "a column after an ignored end tag in a template": (
+        "<template></x><col><style></template>Q1<tr class=r>Q2"
+    ),
 }
 
 
