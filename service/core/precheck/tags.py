@@ -126,7 +126,9 @@ def tag_tokens(
     point: bytes | None = None  # an integration point of the zone, open, holding no tag or an island
     island: list[bytes] = []  # the island's HTML elements open in it (see above), in order
     template_first = False  # the last HTML start tag was a <template>
-    template_cols = 0  # <template>s opened with a <col> first, not closed since
+    # The <template>s open (read as HTML), innermost last: whether each one's content began with a <col>
+    # (a column group, where the parser ignores every other start tag).
+    column_groups: list[bool] = []
     # <template>s open (in a <select> too), and whether a <col> came in one: a template's content then
     # may be a column group the reader cannot follow (after an inner template, or in a select), where the
     # parser ignores a raw-text or zone start tag.
@@ -273,19 +275,23 @@ def tag_tokens(
         if end_tag:
             if name == b"template":
                 template_first = False  # (`<template></template><col>`: the <col> is in the body)
-                template_cols -= bool(template_cols)
+                if column_groups:
+                    column_groups.pop()
                 templates = max(0, templates - 1)
             continue
         html_names.add(name)
         parent = None if name in _NO_PARENTS or (name in ZONES and is_self_closing(attributes)) else name
         if template_first:  # a <template> whose content starts with a <col> holds a column group
             template_first = False
-            template_cols += name == b"col"
+            if name == b"col" and column_groups:
+                column_groups[-1] = True
         template_first = name == b"template"
+        if template_first:
+            column_groups.append(False)
         templates += name == b"template"
         template_col = template_col or (templates > 0 and name == b"col")
         ignorable = name in _RAW_TEXT or name in (b"plaintext", b"select") or name in ZONES
-        if template_cols and ignorable:
+        if column_groups and column_groups[-1] and ignorable:
             continue  # there the parser ignores every other start tag: no raw text or zone follows
         if template_col and templates and ignorable:
             zone = TAINTED  # (ignored, or not: what follows may be markup or raw text)

@@ -563,9 +563,14 @@ class _Scan:
                 table.unsure = True
                 self.may_be_closed(table)
             return
-        if name in (b"body", b"html", b"head") and not unsure_place and self.mode != _FRAMESET:
+        if (
+            name in (b"body", b"html", b"head")
+            and (not unsure_place or name != b"head")
+            and self.mode != _FRAMESET
+        ):
             # (The text after it still goes where it went; after `</head>` the parser may be in the
-            # body already, where the head's elements go where the text goes: the safe side.)
+            # body already, where the head's elements go where the text goes: the safe side. A `</body>`
+            # read in a select may end the body or not: as if it did, comments then end no node.)
             self.mode = _AFTER_HEAD if name == b"head" else _AFTER_BODY
             return
         if name == b"template" and self.templates:

@@ -776,6 +776,13 @@ _SECOND_REVIEW = {
     "a column after an ignored end tag in a template": (
         "<template></x><col><style></template>Q1<tr class=r>Q2"
     ),
+    # (A last fuzzing.) A template's end tag closes a select left open in it: the `</body>` after it, read
+    # in the select, may end the body (the comment after it then ends no node).
+    "a body's end after a select closed with its template": "<template><select></template>Q1</body><!>Q2",
+    # A column group is the innermost template's only: an svg in a template in it opens a zone.
+    "an svg in a template in a template's column group": (
+        "<template><col><template><svg><template><table></template></template>Q1<td a=b>Q2"
+    ),
 }
 
 
