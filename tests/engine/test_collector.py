@@ -34,7 +34,9 @@ def test_what_is_alive_is_frozen_out_of_collections_until_restored() -> None:
 
     state = prepare_for_serving()
 
-    assert state.frozen == gc.get_freeze_count() > 0
+    # (Frozen objects may die between the two counts, a logging cache's or another thread's: the count
+    # only falls. A CI run saw 893,676 recorded and 893,674 counted after.)
+    assert 0 < state.frozen - 1000 < gc.get_freeze_count() <= state.frozen
     assert not _tracked(kept), "a frozen object is still scanned by every collection"
     made_after = [_Node()]
     assert _tracked(made_after), "only what existed at the freeze is frozen"
