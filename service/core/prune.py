@@ -188,6 +188,7 @@ _COLLAPSE_CHUNK = 1 << 20  # larger outputs are whitespace-collapsed chunk by ch
 # characters; that path makes room), spelled as no page writes them, and where raw text (`<xmp>`,
 # `<plaintext>`) or a tag's name keeps the spelling, the output gets the page's own back.
 _LONGER_REFERENCES = {"&nGt;": "&#08811;&#8402;", "&nLt;": "&#08810;&#8402;"}
+_LONGER_REFERENCES_BYTES = {key.encode(): value.encode() for key, value in _LONGER_REFERENCES.items()}
 # The first "<plaintext" of a serialisation (see `_rewrite_plaintext`).
 _PLAINTEXT_START = re.compile(r"<plaintext\b")
 _PLAINTEXT_END = "</plaintext>"
@@ -359,12 +360,12 @@ def respell_longer_references(document: str | bytes) -> str | bytes | None:
     """The page with `_LONGER_REFERENCES` respelled, or None where it has none: for any caller that
     parses untrusted HTML with Lexbor (`model_training.evaluation.derive` too)."""
     if isinstance(document, bytes):
-        if b"&nGt;" not in document and b"&nLt;" not in document:
+        if not any(written in document for written in _LONGER_REFERENCES_BYTES):
             return None
-        for written, spelled in _LONGER_REFERENCES.items():
-            document = document.replace(written.encode(), spelled.encode())
+        for written_bytes, spelled_bytes in _LONGER_REFERENCES_BYTES.items():
+            document = document.replace(written_bytes, spelled_bytes)
         return document
-    if "&nGt;" not in document and "&nLt;" not in document:
+    if not any(written in document for written in _LONGER_REFERENCES):
         return None
     for written, spelled in _LONGER_REFERENCES.items():
         document = document.replace(written, spelled)

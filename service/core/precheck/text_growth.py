@@ -212,7 +212,7 @@ def text_growth_memory(document: str | bytes, *, tags: int, within: int, respell
     bound = int(pieces * (len(_TAG.sub(b"", data)) + tags + longer) * TEXT_COPY_KEPT)
     if bound <= within:
         return bound
-    return text_growth_kept(data)
+    return int(_scan(data, respelled=respelled).kept)
 
 
 def _tag_allocations(values: int) -> int:
@@ -288,7 +288,7 @@ class _Table:
 class _Scan:
     """`text_copies`' state over the page's tokens (see the module docstring)."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, *, respelled: bool = False) -> None:
         self.data = data
         self.copies = 0  # the bytes copied
         self.kept = 0.0  # what Lexbor keeps of them
@@ -301,7 +301,9 @@ class _Scan:
         self.tainted = False  # the scan has lost track of comments (`tag_tokens` after a taint)
         self.nuls = b"\0" in data
         self.references = b"&" in data
-        self.longer_references = self.references and any(found in data for found in _GROWING_REFERENCES)
+        self.longer_references = (
+            not respelled and self.references and any(found in data for found in _GROWING_REFERENCES)
+        )
         self.raw_text_at = -1  # where the raw text of the last start tag would start
 
     def _add(self, grown: tuple[int, float]) -> None:
@@ -315,13 +317,11 @@ class _Scan:
         self.allocations += count
 
     def may_be_closed(self, table: _Table) -> None:
-        """The parser may have closed `table` (the scan keeps it, in doubt for good): text foster-parented
-        in it from here may go before the table around it, so its node is as long as that one's too."""
+        """The parser may have closed `table`, the innermost (the scan keeps it, in doubt for good): text
+        foster-parented in it from here may go before the table around it, so its node is as long as that
+        one's too."""
         table.maybe_closed = True
-        index = len(self.frames) - 1
-        while index >= 0 and self.frames[index] is not table:
-            index -= 1
-        around = self.frames[index - 1] if index > 0 else None
+        around = self.frames[-2] if len(self.frames) > 1 else None
         if around is not None:
             _join(table.fostered, around.fostered)
 
@@ -653,9 +653,9 @@ def text_growth_kept(document: str | bytes) -> int:
     return int(_scan(document).kept)
 
 
-def _scan(document: str | bytes) -> _Scan:
+def _scan(document: str | bytes, *, respelled: bool = False) -> _Scan:
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
-    scan = _Scan(data)
+    scan = _Scan(data, respelled=respelled)
     hidden: list[tuple[int, int]] = []
     skips: list[tuple[int, frozenset[bytes]]] = []
     seen = 0  # the spans of `hidden` read so far
