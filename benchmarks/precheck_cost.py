@@ -8,14 +8,16 @@ pages (a 2 MB data table, a price list) they should cost a fraction of the parse
 here (no corpus page is needed): 2 MB of `<col><td>` in one table, a 2 MB data table, the same with
 `<tbody>`, `<th>` and class attributes, 2 MB of `<p>x</p>`. For each page the CPU time
 (`time.process_time`) of `estimate_depth`, `reconstruction_bytes`, `max_attributes`,
-`tags_with_attributes`, `count_attributes` and of `LexborHTMLParser(page)` is taken in a fresh
-process, the checkout measured and the baseline alternating, `--runs` times; the medians are printed
+`tags_with_attributes`, `count_attributes`, `estimate_name_lookups` and of `LexborHTMLParser(page)` is
+taken in a fresh process, the checkout measured and the baseline alternating, `--runs` times; the
+medians are printed
 with the ratio baseline/checkout for the depth estimate and for the gate: the checks as
 `_prune_document` runs them, the parse stubbed out (it calls `reconstruction_bytes` and
 `count_attributes` only where its memory pre-bounds say so; each is timed on its own regardless).
 With `--corpus DIR`, also the gate summed over every page of the corpus (decoded as `prune_html`
 decodes it): what the checks cost ordinary pages, most of which they pass with their cheap bounds.
-A check the baseline lacks (`text_copies` before session 24) is left out of its rows.
+A check the baseline lacks (`text_copies` before session 24, `name_lookups` before session 26) is left
+out of its rows.
 No figure here is a pass/fail line; the output is for docs/benchmarks.md.
 """
 
@@ -75,6 +77,12 @@ def measure(repo: Path, corpus: Path | None) -> dict[str, dict[str, float]]:
         calls["text_copies"] = text_growth.text_copies
     except ImportError:
         pass  # a baseline from before it
+    try:
+        from service.core.precheck import names  # type: ignore[attr-defined,unused-ignore]
+
+        calls["name_lookups"] = names.estimate_name_lookups
+    except ImportError:
+        pass  # a baseline from before session 26
     out: dict[str, dict[str, float]] = {}
     for name, doc in pages().items():
         out[name] = {}
@@ -100,7 +108,7 @@ def measure(repo: Path, corpus: Path | None) -> dict[str, dict[str, float]]:
 def _gate(prune: Any, doc: bytes) -> None:
     """The checks as `_prune_document` runs them on `doc` (the ones its pre-bounds call for, in order),
     the parse left out; a refusal ends them as it would end the page."""
-    parse, prune._clean_serialization = prune._clean_serialization, lambda document: ""
+    parse, prune._clean_serialization = prune._clean_serialization, lambda document, selector=None: ""
     try:
         prune._prune_document(doc, prune.DEFAULT_MAX_DEPTH)
     except prune.PruneError:

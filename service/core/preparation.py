@@ -47,6 +47,9 @@ COUNT_LIMIT_FACTOR = 16
 # A process held to this much memory or less (the process pool's workers: 1024 MiB by default) prunes
 # without the text growth check (`prune_document`).
 TEXT_GROWTH_UNCHECKED_MB = 2048
+# Set by `init_worker` in a preprocessing process that is stopped after a time limit: it prunes without
+# the name lookup check (a page whose names would take the parser long fails against the limit).
+_worker_timed = False
 
 
 def prune_document(html: str | bytes, encoding: str | None) -> str:
@@ -57,12 +60,16 @@ def prune_document(html: str | bytes, encoding: str | None) -> str:
     pruner's own memory budget), the HTML parser's as its parse failure (said so in the message). Under
     a limit of `TEXT_GROWTH_UNCHECKED_MB` or less the pruner's text growth check is left out: a page
     that grows a text node past it fails so (a 2.4 MB one in 0.6 s), and the check would cost every page
-    about 40% more pruning CPU (docs/benchmarks.md).
+    about 40% more pruning CPU (docs/benchmarks.md). So is the name lookup check in a process stopped
+    after a time limit (`init_worker(timed=True)`).
     """
     limit = _memory_limit_mb()
     try:
         return prune_html(
-            html, encoding=encoding, text_growth=limit is None or limit > TEXT_GROWTH_UNCHECKED_MB
+            html,
+            encoding=encoding,
+            text_growth=limit is None or limit > TEXT_GROWTH_UNCHECKED_MB,
+            name_lookups=not _worker_timed,
         )
     except ParseFailedError as exc:
         if limit is None:
@@ -144,10 +151,12 @@ def preprocess(
 _worker_tokenizer: HtmlTokenizer | None = None
 
 
-def init_worker(tokenizer_json: str, word_tables: WordTables | None = None) -> None:
+def init_worker(tokenizer_json: str, word_tables: WordTables | None = None, timed: bool = False) -> None:
     """A preprocessing process's start: its tokenizer, warmed; with `word_tables` (the server's, when it
-    has built them) it adopts them instead of building (a second of every worker's start)."""
-    global _worker_tokenizer
+    has built them) it adopts them instead of building (a second of every worker's start). `timed`: the
+    parent stops it after a time limit (`prune_document`)."""
+    global _worker_tokenizer, _worker_timed
+    _worker_timed = timed
     # A Ctrl-C reaches the whole process group: the parent decides what stops (the server drains its
     # queue through these workers, `htmllm embed` keeps what is finished); a worker that died of it
     # would fail the pages it held, with a traceback each.

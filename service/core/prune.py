@@ -90,10 +90,12 @@ from service.core.precheck.attributes import (
 from service.core.precheck.elements import VOID
 from service.core.precheck.memory import (
     MEMORY_PER_ATTRIBUTE,
+    MEMORY_PER_CLONE,
     MEMORY_PER_END_TAG,
     MEMORY_PER_TAG,
     end_tags_without_elements,
 )
+from service.core.precheck.names import SELECTOR_ATTRIBUTE, estimate_name_lookups
 from service.core.precheck.nesting import DEFAULT_MAX_DEPTH, estimate_depth
 from service.core.precheck.reconstruction import reconstruction_bytes
 from service.core.precheck.text_growth import text_growth_memory
@@ -114,6 +116,13 @@ _MIN_ATTRIBUTE_BYTES = 2
 # small deep pages, and every page with fewer tags than DEFAULT_MAX_DEPTH, clear of it.
 _NESTING_WORK_PER_BYTE = 200
 _NESTING_WORK_HEADROOM = 100_000_000
+# Refused too: a page whose tag and attribute names share Lexbor's hash buckets so that looking them up
+# would take more than this many steps per byte (`service.core.precheck.names`: about 2.3 ns a step,
+# 3.9 s for 16 MB at the cap; 20,000 colliding names and 200,000 uses took 9 s for 2.4 MB). Corpus
+# pages need at most 30 per byte (by the estimate's superset of names); the headroom is about
+# 0.25 s of walking.
+_NAME_STEPS_PER_BYTE = 100
+_NAME_STEPS_HEADROOM = 100_000_000
 
 # Rule 3: tags kept even without text.
 KEEP_TAGS = frozenset(
@@ -131,10 +140,11 @@ _REMOVED_LIST = list(REMOVED_TAGS)
 # into the rare <selectedcontent>, and change no corpus page.
 _PARSER_OPTIONS = LexborDocumentOptions.WO_EVENTS
 # Removed with their content too: what the user agent style sheet or an inline style hides.
-HIDDEN_SELECTOR = (
-    '[hidden], [style*="display:none" i], [style*="display: none" i], '
+_STYLE_HIDDEN_SELECTOR = (
+    '[style*="display:none" i], [style*="display: none" i], '
     '[style*="visibility:hidden" i], [style*="visibility: hidden" i]'
 )
+HIDDEN_SELECTOR = f"[{SELECTOR_ATTRIBUTE.decode()}], {_STYLE_HIDDEN_SELECTOR}"
 # Block-level elements (their boundaries break the line, so whitespace next to them is not rendered).
 BLOCK_TAGS = frozenset(
     {
@@ -214,6 +224,11 @@ class TooManyAttributesError(PruneError):
     """An element of the page has more attributes than the configured cap."""
 
 
+class TooManyNamesError(PruneError):
+    """The page's tag or attribute names share the parser's hash buckets so much that looking them up
+    would take too long (`service.core.precheck.names`)."""
+
+
 class InvalidInputError(PruneError):
     """The input is neither text nor bytes."""
 
@@ -231,12 +246,14 @@ def prune_html(
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_depth: int = DEFAULT_MAX_DEPTH,
     text_growth: bool = True,
+    name_lookups: bool = True,
 ) -> str:
     """The pruned HTML of one page (deterministic, pure); raises only `PruneError` subclasses.
 
     `text_growth=False` leaves out the text growth check (`service.core.precheck.text_growth`), the
     costliest (about 40% of the corpus's pruning CPU): for a process whose own memory limit fails such
-    a page alone, typed (`service.core.preparation.prune_document`)."""
+    a page alone, typed (`service.core.preparation.prune_document`); `name_lookups=False` the name
+    lookup check (`service.core.precheck.names`, as costly): for a process stopped after a time limit."""
     if isinstance(html, (bytearray, memoryview)):
         html = bytes(html)
     if not isinstance(html, (str, bytes)):
@@ -247,15 +264,19 @@ def prune_html(
     payload: str | bytes | None = utf8_payload(html, encoding=encoding) if isinstance(html, bytes) else None
     if payload is None:
         payload = decode_html(html, encoding=encoding).text
-    return _prune_document(payload, max_depth, text_growth)
+    return _prune_document(payload, max_depth, text_growth, name_lookups)
 
 
-def prune_text(text: str, *, max_depth: int = DEFAULT_MAX_DEPTH, text_growth: bool = True) -> str:
+def prune_text(
+    text: str, *, max_depth: int = DEFAULT_MAX_DEPTH, text_growth: bool = True, name_lookups: bool = True
+) -> str:
     """Prune already-decoded page text (`prune_html` after decoding and the size check)."""
-    return _prune_document(text, max_depth, text_growth)
+    return _prune_document(text, max_depth, text_growth, name_lookups)
 
 
-def _prune_document(document: str | bytes, max_depth: int, text_growth: bool = True) -> str:
+def _prune_document(
+    document: str | bytes, max_depth: int, text_growth: bool = True, check_names: bool = True
+) -> str:
     """Check, parse (text, or bytes known to be UTF-8) and prune."""
     size = len(document)  # (the page's, as sent: the budget is for it)
     respelled = respell_longer_references(document)  # (before the checks: what the parser reads)
@@ -303,7 +324,9 @@ def _prune_document(document: str | bytes, max_depth: int, text_growth: bool = T
             f"one element each; the cap is {MAX_ATTRIBUTES}"
         )
     del roots
-    if need + list_bytes * tags > budget:
+    clone_bytes = list_bytes * tags  # (what re-created formatting elements take at most)
+    clones: int | None = None  # (what they take, where counted)
+    if need + clone_bytes > budget:
         if ends is None:  # the replay below costs far more than this count
             ends = end_tags_without_elements(document)
             need -= ends * _END_TAG_SAVING
@@ -313,6 +336,26 @@ def _prune_document(document: str | bytes, max_depth: int, text_growth: bool = T
             raise InputTooLargeError(
                 f"page leaves so many formatting elements open that the parser would re-create them, taking "
                 f"more than {clones >> 20} MiB (the budget for {size} bytes is {budget >> 20} MiB)"
+            )
+    selector = HIDDEN_SELECTOR
+    if check_names:
+        steps, per_element = estimate_name_lookups(document)
+        if not per_element:  # (no element has the attribute: its lookup at each would find nothing)
+            selector = _STYLE_HIDDEN_SELECTOR
+        # Elements: one per tag, one more each it may imply, the three every page has, and the clones
+        # (counted where their cheap bound would refuse the page: a few pages in a hundred).
+        elements = 2 * tags + 3
+        cap = _NAME_STEPS_PER_BYTE * size + _NAME_STEPS_HEADROOM
+        if clones is None and steps + (elements + clone_bytes // MEMORY_PER_CLONE) * per_element > cap:
+            clones = reconstruction_bytes(document, limit=clone_bytes)
+        steps += (
+            elements + (clone_bytes if clones is None else min(clones, clone_bytes)) // MEMORY_PER_CLONE
+        ) * per_element
+        if steps > cap:
+            raise TooManyNamesError(
+                f"page has so many tag or attribute names sharing the parser's hash buckets that looking "
+                f"them up would take about {steps // max(size, 1)} steps per byte (the cap is "
+                f"{_NAME_STEPS_PER_BYTE})"
             )
     # After the cap no start tag holds more than MAX_ATTRIBUTES (the count is linear in an end tag's).
     if need + most_attributes > budget:
@@ -343,7 +386,7 @@ def _prune_document(document: str | bytes, max_depth: int, text_growth: bool = T
         )
     # Each stage's input is released before the next one peaks: the tree before tokenizing ends,
     # the token list before the output is joined.
-    parts = _tokenize(_clean_serialization(document))
+    parts = _tokenize(_clean_serialization(document, selector))
     out = _apply_rules(parts)
     del parts
     pruned = _finish(out)
@@ -372,12 +415,12 @@ def respell_longer_references(document: str | bytes) -> str | bytes | None:
     return document
 
 
-def _clean_serialization(document: str | bytes) -> str:
-    """Lexbor's serialisation of the page, `REMOVED_TAGS` and hidden elements removed."""
+def _clean_serialization(document: str | bytes, selector: str = HIDDEN_SELECTOR) -> str:
+    """Lexbor's serialisation of the page, `REMOVED_TAGS` and hidden elements (`selector`) removed."""
     try:
         tree = LexborHTMLParser(document, scripting=True, options=_PARSER_OPTIONS)
         tree.strip_tags(_REMOVED_LIST, recursive=True)
-        for node in tree.css(HIDDEN_SELECTOR):
+        for node in tree.css(selector):
             node.decompose()
         root = tree.root
         if root is None:

@@ -83,7 +83,12 @@ class Preprocessing:
                 preload=["service.core.preparation"],
                 initializer=init_worker,
                 # The tables the tokenizer's warm-up built here (if it needs them): a second less per start.
-                initargs=(self._tokenizer.to_json(), built_word_tables()),
+                # (Timed: its workers leave out the pruner's name lookup check, `prune_document`.)
+                initargs=(
+                    self._tokenizer.to_json(),
+                    built_word_tables(),
+                    self._config.preprocess_timeout_s is not None,
+                ),
                 memory_limit_bytes=mib_as_bytes(self._config.preprocess_memory_limit_mb),
             )
             self._dispatch = ThreadPoolExecutor(workers, thread_name_prefix="htmllm-preprocess-dispatch")

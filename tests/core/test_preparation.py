@@ -11,9 +11,10 @@ import pytest
 
 from service.core.errors import HtmllmError
 from service.core.preparation import COUNT_LIMIT_FACTOR, init_worker, prepare, prepare_in_worker
-from service.core.prune import InputTooLargeError, ParseFailedError, prune_html
+from service.core.prune import InputTooLargeError, ParseFailedError, TooManyNamesError, prune_html
 from service.core.tokenizer import HtmlTokenizer
 from service.core.workers import WorkerPool
+from tests.factories.names import colliding_names
 from tests.factories.tokenizer import build_tiny_tokenizer
 from tests.memory import vm_data_mib
 
@@ -37,13 +38,15 @@ def test_a_page_over_the_limit_is_counted_exactly_up_to_a_bound() -> None:
     assert cut.over_limit is None and len(cut.ids) == max_length
 
 
-def _worker_pool(tok: HtmlTokenizer, memory_limit_bytes: int | None = None) -> WorkerPool:
+def _worker_pool(
+    tok: HtmlTokenizer, memory_limit_bytes: int | None = None, timed: bool = False
+) -> WorkerPool:
     return WorkerPool(
         1,
         name="preprocessing",
         preload=["service.core.preparation"],
         initializer=init_worker,
-        initargs=(tok.to_json(),),
+        initargs=(tok.to_json(), None, timed),
         memory_limit_bytes=memory_limit_bytes,
     )
 
@@ -101,6 +104,22 @@ def test_a_worker_held_to_a_memory_limit_leaves_the_text_growth_check_to_it() ->
         prepared = pool.call(prepare_in_worker, (_page(5), None, 32, True), timeout_s=60)
         assert prepared.ids == prepare(tok, _page(5), None, max_length=32, truncate=True).ids
         assert pool.call(os.getpid, (), timeout_s=60) == pid
+
+
+def test_a_timed_worker_leaves_the_name_lookup_check_to_its_time_limit() -> None:
+    """A page of 3,000 names sharing one hash bucket and 60,000 uses of the last (about 0.4 s to parse;
+    the same at 16 MB: minutes) is refused by the pruner's check where nothing else bounds it, and
+    pruned by a worker its parent stops after a time limit (which prunes without the check)."""
+    names = colliding_names(3000, 5)
+    page = b"".join(b"<br " + name + b">" for name in names) + (b"<br " + names[-1] + b">x") * 60_000
+    with pytest.raises(TooManyNamesError):
+        prune_html(page)
+    tok = build_tiny_tokenizer()
+    with _worker_pool(tok, timed=True) as pool:
+        prepared = pool.call(prepare_in_worker, (page, None, 32, True), timeout_s=60)
+        assert prepared.truncated
+    with _worker_pool(tok) as pool, pytest.raises(TooManyNamesError):
+        pool.call(prepare_in_worker, (page, None, 32, True), timeout_s=60)
 
 
 def _tokenizers_parallelism() -> str | None:

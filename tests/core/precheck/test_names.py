@@ -1,0 +1,166 @@
+"""The bound of Lexbor's name lookups: names sharing a hash bucket (`estimate_name_lookups`), and the
+pruner's refusal of pages whose names would make the parse walk long bucket lists."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from service.core.precheck.names import SELECTOR_ATTRIBUTE, _buckets, estimate_name_lookups
+from service.core.prune import TooManyNamesError, prune_html
+from tests.factories.names import colliding_names as _colliding
+from tests.factories.names import reference_bucket as _reference_bucket
+
+
+def _spread(count: int, prefix: bytes = b"") -> tuple[bytes, ...]:
+    """`count` names of the same shape spread over the buckets."""
+    return tuple(
+        prefix + bytes(letters[::-1])
+        for letters in itertools.islice(itertools.product(b"abcdefghijklmnopqrstuvwxyz", repeat=6), count)
+    )
+
+
+def test_buckets_are_lexbors_hash_of_the_name() -> None:
+    """Every width class (up to 16 bytes, up to 64), bytes of any value but NUL, the known names."""
+    rng = random.Random(7)
+    names = [bytes(rng.randrange(1, 256) for _ in range(rng.randrange(1, 65))) for _ in range(3000)]
+    names += [b"hidden", b"a", b"x" * 16, b"y" * 17, b"z" * 64, "\ufffd".encode()]
+    assert [int(bucket) for bucket in _buckets(names)] == [_reference_bucket(name) for name in names]
+
+
+def _attack(names: tuple[bytes, ...], use: bytes, repeats: int) -> bytes:
+    """Each name once, then `repeats` uses of the last (`use` formats one use: {} the name)."""
+    return b"".join(use.replace(b"{}", name) for name in names) + use.replace(b"{}", names[-1]) * repeats
+
+
+# Where the tokenizer reads a tag's or an attribute's name: each shape is a use of the name ({}).
+_USES = {
+    "end tag": b"</{}>",
+    "start tag": b"<{} a>x",
+    "attribute": b"<br {}>",
+    "attribute after a slash": b"<br/{}>",
+    "attribute after a double-quoted value": b'<br a="1"{}>',
+    "attribute after a single-quoted value": b"<br a='1'{}>",
+    "attribute after a value holding a >": b'<br a=">"{}>',
+    "attribute of an end tag": b"</br {}>",
+    "uppercase attribute": b"<br {upper}>",
+    # A DOCTYPE's name is in the attribute names' table, also without a space before it.
+    "DOCTYPE name": b"<!DOCTYPE{}>",
+    # Quotes a reading of values could pair wrongly: the `"` in a single-quoted value is no value's
+    # opening, the `="` an attribute's name (review, session 26: 7 s for 1.7 MB, estimated at 0).
+    "attribute after a value a false one held": b'<br c=\'="\'a=""{}>',
+    'attribute after a name of ="': b'<br =" a=""{}>',
+}
+
+
+@pytest.mark.parametrize("shape", list(_USES))
+def test_names_sharing_a_bucket_are_counted_wherever_the_tokenizer_reads_them(shape: str) -> None:
+    """3,000 names of one bucket, then 60,000 uses of the last: each use walks all 3,000 (1.8e8 steps),
+    which the estimate must count; the same page with its names spread over the buckets is cheap."""
+    use = _USES[shape]
+    names = _colliding(3000, 5)
+    if b"{upper}" in use:
+        names = tuple(name.upper() for name in names)
+        use = use.replace(b"{upper}", b"{}")
+    steps = estimate_name_lookups(_attack(names, use, 60_000)).steps
+    assert steps >= 3000 * 60_000
+    assert estimate_name_lookups(_attack(_spread(3000), use, 60_000)).steps < steps / 10
+
+
+def test_a_page_of_names_sharing_a_bucket_is_refused_before_the_parse() -> None:
+    """Refused typed (the parse would take seconds); the same page with its names spread is pruned."""
+    names = _colliding(3000, 5)
+    with pytest.raises(TooManyNamesError, match="steps per byte"):
+        prune_html(_attack(names, b"<br {}>", 60_000))
+    with pytest.raises(TooManyNamesError):
+        prune_html(_attack(names, b"<br {}>", 60_000).decode("latin-1") + "\u0161")  # decoded text too
+    assert prune_html(_attack(_spread(3000), b"<br {}>", 60_000)).count("<br>") == 63_000
+
+
+def test_distinct_names_sharing_a_bucket_cost_their_insertion() -> None:
+    """Each new name walks the names before it: 20,000 distinct names of one bucket, used once each, are
+    2e8 steps (60,000 took 9 s to parse)."""
+    names = _colliding(20_000, 9)
+    assert (
+        estimate_name_lookups(b"".join(b"<br " + name + b">" for name in names)).steps >= 20_000 * 19_999 // 2
+    )
+    with pytest.raises(TooManyNamesError):
+        prune_html(b"".join(b"</" + name + b">" for name in names))
+
+
+def test_a_nul_in_a_name_is_the_replacement_character() -> None:
+    """The tokenizer reads NUL in a name as U+FFFD, and hashes that."""
+    names = tuple(name for name in _colliding(3000, 11, prefix="\ufffd".encode()))
+    page = _attack(tuple(name.replace("\ufffd".encode(), b"\0") for name in names), b"<br {}>", 60_000)
+    assert estimate_name_lookups(page).steps >= 3000 * 60_000
+
+
+@pytest.mark.parametrize(
+    ("spelling", "filler", "use"),
+    [(b"clipPath", b"<{}>", b"<clippath>"), (b"viewBox", b"<br {}>", b"<g viewbox></g>")],
+)
+def test_svg_spellings_are_looked_up_as_spelled(spelling: bytes, filler: bytes, use: bytes) -> None:
+    """In SVG the parser looks `clipPath` (a tag) and `viewBox` (an attribute) up as spelled, mixed case:
+    names filling that spelling's bucket make each use walk them, against the same page with its names
+    spread."""
+
+    def page(names: tuple[bytes, ...]) -> bytes:
+        return b"".join(filler.replace(b"{}", name) for name in names) + b"<svg>" + use * 60_000
+
+    colliding = estimate_name_lookups(page(_colliding(3000, _reference_bucket(spelling)))).steps
+    assert colliding - estimate_name_lookups(page(_spread(3000))).steps >= 0.9 * 3000 * 60_000
+
+
+def test_a_foreign_attribute_is_looked_up_twice() -> None:
+    """`xlink:href` (adjusted in foreign content) walks its bucket twice a use: against another name
+    of the same bucket, 30,000 uses cost 30,000 walks more."""
+    names = _colliding(3000, _reference_bucket(b"xlink:href"))
+    filler = b"".join(b"<br " + name + b">" for name in names)
+    foreign = estimate_name_lookups(filler + b"<svg>" + b"<g xlink:href></g>" * 30_000).steps
+    plain = estimate_name_lookups(filler + b"<svg>" + (b"<g " + names[0] + b"></g>") * 30_000).steps
+    assert foreign - plain >= 3000 * 30_000
+    # The local name (`show` of `xlink:show`) is looked up too.
+    names = _colliding(3000, _reference_bucket(b"show"))
+    filler = b"".join(b"<br " + name + b">" for name in names)
+    foreign = estimate_name_lookups(filler + b"<svg>" + b"<g xlink:show></g>" * 30_000).steps
+    plain = estimate_name_lookups(filler + b"<svg>" + b"<g xlink:shoq></g>" * 30_000).steps
+    assert foreign - plain >= 3000 * 30_000
+
+
+def test_the_selector_attribute_is_counted_at_every_element_only_where_an_element_may_have_it() -> None:
+    """The hidden-element selector looks `hidden` up at every element: with 3,000 names in its bucket
+    and 100,000 elements, 3e8 steps, but only where the page holds the name at all (else the pruner
+    leaves it out of the selector); the page's hidden elements are still removed."""
+    filler = b"".join(
+        b"<br " + name + b">" for name in _colliding(3000, _reference_bucket(SELECTOR_ATTRIBUTE))
+    )
+    plain = filler + b"<i>x</i>" * 100_000
+    assert estimate_name_lookups(plain).per_element == 0
+    with_hidden = filler + b"<p hidden>gone</p>" + b"<i>x</i>" * 100_000
+    assert estimate_name_lookups(with_hidden).per_element >= 3000
+    with pytest.raises(TooManyNamesError):
+        prune_html(with_hidden)
+    assert "x" in prune_html(plain)
+    assert prune_html(b"<p hidden>gone</p><p>kept</p>") == "<p>kept</p>"
+    assert prune_html(b'<div c=\'="\'a=""hidden>gone</div><p>kept</p>') == "<p>kept</p>"  # (a value misread)
+    assert prune_html(b"<p HIDDEN=1>gone</p><p>kept</p>") == "<p>kept</p>"
+    assert prune_html(b"<p style='display:none'>gone</p><p>kept</p>") == "<p>kept</p>"
+
+
+def test_text_after_a_tag_is_no_name() -> None:
+    """A page's text (after a `>`, before any `<` or quote) is not read as names: a long article of
+    distinct words costs nothing."""
+    words = b" ".join(b"w%d" % index for index in range(200_000))
+    assert estimate_name_lookups(b"<p>" + words + b"</p>").steps < 10_000
+
+
+def test_names_lexbor_knows_walk_no_list() -> None:
+    """`<div>` and `class` are in Lexbor's static tables: filling their buckets costs their uses nothing
+    (only the fillers' own insertion, 3,000 names: 4.5e6 steps)."""
+    for filler, use in ((b"<{}>", b"<div>x</div>"), (b"<br {}>", b"<p class=a>x</p>")):
+        bucket = _reference_bucket(b"div" if b"div" in use else b"class")
+        names = _colliding(3000, bucket)
+        page = b"".join(filler.replace(b"{}", name) for name in names) + use * 60_000
+        assert estimate_name_lookups(page).steps < 3000 * 60_000 / 10
