@@ -52,11 +52,12 @@ Decisions where the paper is silent (each has a test in `tests/core/test_prune.p
 Robustness (cheap checks before expensive work): input over `max_bytes` raises `InputTooLargeError`
 before decoding; before parsing, `_prune_document` refuses a page whose tree would break the memory
 bound (`InputTooLargeError`), one nesting deeper than `max_depth` or too deep for its tags
-(`NestingTooDeepError`), and one with an element of more than `MAX_ATTRIBUTES` attributes
-(`TooManyAttributesError`); the tree's memory counts its tags, attributes, re-created formatting
-elements and the copies of text nodes grown in many pieces. The estimates it decides on are in
-`service.core.precheck` (each module's docstring gives its model and measurements): they return
-numbers, it compares them with its caps.
+(`NestingTooDeepError`), one with an element of more than `MAX_ATTRIBUTES` attributes
+(`TooManyAttributesError`), and one whose names share the parser's hash buckets so that looking them
+up would take too long (`TooManyNamesError`); the tree's memory counts its tags, attributes,
+re-created formatting elements and the copies of text nodes grown in many pieces. The estimates it
+decides on are in `service.core.precheck` (each module's docstring gives its model and measurements):
+they return numbers, it compares them with its caps.
 Everything else returns a result. There is no Python recursion anywhere: the pruning runs as one loop
 over the tokens of Lexbor's serialisation of the cleaned tree, with an explicit stack.
 

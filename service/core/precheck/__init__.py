@@ -15,6 +15,8 @@ numbers with its caps and memory budget and raises its errors. The modules, lowe
 - `reconstruction`: the memory of the elements the parser re-creates from formatting elements left
   open (`reconstruction_bytes`).
 - `nesting`: the nesting depth (`estimate_depth`), following the parser's stack of open elements.
+- `names`: the steps Lexbor's lookups of tag and attribute names take in its fixed-size hash tables
+  (`estimate_name_lookups`: names sharing a bucket).
 - `text_growth`: the copies Lexbor makes of text nodes it grows in many pieces (text foster-parented
   out of a table, text split by tags that make no node but carry attributes: `text_growth_memory`).
 """

@@ -3,27 +3,41 @@
 
 Lexbor keeps the tag names and attribute names it does not know (`_KNOWN_TAGS`, `_KNOWN_ATTRIBUTES`)
 in two hash tables of 128 fixed buckets, each a linked list (`lexbor_hash_init(..., 128, ...)`,
-Jenkins' one-at-a-time hash of the lowercased name: `_buckets`), and every tag or attribute of such a
-name walks its bucket's list up to its name. Names chosen to share one bucket make every use of the
-last walk them all: 20,000 such end tag names and 200,000 repeats of the last (2.4 MB) parse in
-9.1 s, and 5,000 names and 100,000 repeats in 1.1 s (about 2.3 ns a step); the same with attribute
-names. Three more walks, measured the same way: the parser spells SVG's mixed-case tag and attribute
-names (`<clippath>`, `viewbox`) as SVG does and looks that spelling up too (`_SVG_SPELLINGS`), a
-foreign attribute (`xlink:href`, `_FOREIGN_ATTRIBUTES`) is looked up twice, and the hidden-element
-selector of `service.core.prune` looks `hidden` up at every element (20,000 names in its bucket and
-200,000 elements: 13 s).
+Jenkins' one-at-a-time hash of the lowercased name: `_buckets`): each new name is appended to its
+bucket's list, walking the names there, and every later use of it walks the list up to it. Names
+chosen to share one bucket make every use of the last walk them all: 20,000 such end tag names and
+200,000 repeats of the last (2.4 MB) parse in 9.1 s (about 2.3 ns a step), the same with attribute
+names; 60,000 distinct names of one bucket, each used once (660 KB), in 9.7 s (5.4 ns a step: each
+compares names of one length). More walks, measured the same way: a DOCTYPE's name is in the
+attribute names' table; the parser spells SVG's mixed-case tag and attribute names (`<clippath>`,
+`viewbox`) as SVG does and looks that spelling up too (`_SVG_SPELLINGS`); a foreign attribute
+(`xlink:show`, `_FOREIGN_ATTRIBUTES`) is looked up twice, and its local name (`show`) once; and the
+hidden-element selector of `service.core.prune` looks `hidden` up at every element (20,000 names in
+its bucket and 200,000 elements: 13 s), so the pruner leaves it out where the page does not hold the
+name.
 
-The estimate bounds each use by its bucket's length, over a superset of the names the tokenizer
-reads (no page can hide one from it, as a comment or a quoted value could hide a tag from a regex):
+The estimate bounds each use by its bucket's length (a name's first use by the names before it), over
+a superset of the names the tokenizer reads (no page can hide one from it, as a comment or a quoted
+value could hide a tag from a regex):
 - a tag name follows every `<` or `</` and a letter the tokenizer reads as a tag: every such `<` is
   read as one here (a `<` read into an earlier one's name is part of a name of no tag, or starts an
   end tag of a raw-text element, all known names);
+- a DOCTYPE's name follows every `<!doctype` and spaces, up to a space or `>`;
 - an attribute name starts after a space, a `/` or the quote closing a quoted value, and runs to a
-  space, `/`, `>` or `=` (its first character may be `=`): every such run is read as one, and the
-  quote after each `=`, spaces and a quote closes a value here (each quote closes at most one);
+  space, `/`, `>` or `=` (its first character may be `=`): every such run is read as one, and after
+  every `=`, spaces and a quote (a value's opening, or not), the quote closing it (the next one) is
+  read as a value's close: a real value's opening is one of these, whatever false ones hold it;
 - but no name follows a `>` before a `<` or a quote (the tag the name would be in ended at the `>`,
   or the `>` was in a quoted value that has not closed): a page's text is no name.
 A name longer than `_HASHED_LENGTH` bytes is not hashed: it may be in any bucket (`_Table.bound`).
+Names Lexbor knows are left out of the counts as they are read (`_none_of`), but for those looked up
+again (SVG's spellings, foreign attributes).
+
+What it costs: about 50 ms a megabyte of markup (the corpus: 3.5 s for 149 MB, as much as the other
+checks together), so a preprocessing process its parent stops after a time limit prunes without it
+(`service.core.preparation`); the thread pool, `htmllm embed --preprocess-pool thread` and library
+callers, where nothing can stop a parse of minutes (it leaves the GIL free, but holds its thread and
+a core), keep it.
 """
 
 from __future__ import annotations
