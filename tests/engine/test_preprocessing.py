@@ -70,3 +70,29 @@ async def test_a_start_that_fails_part_way_closes_what_it_built(monkeypatch: pyt
         await pools.start()
     assert pools.threads is None
     assert len(built) == 1 and built[0]._closed
+
+
+@pytest.mark.parametrize("timeout_s", [20.0, None])
+async def test_processes_under_a_time_limit_leave_the_name_lookup_check_to_it(
+    timeout_s: float | None,
+) -> None:
+    """The pools tell their processes whether a time limit stops them: under one, a page whose names
+    share a hash bucket (about 0.4 s to parse here) is pruned; without one it is refused, as threads do."""
+    from service.core.prune import TooManyNamesError
+    from tests.factories.names import colliding_names
+
+    names = colliding_names(3000, 5)
+    page = b"".join(b"<br " + name + b">" for name in names) + (b"<br " + names[-1] + b">x") * 60_000
+    config = EngineConfig(preprocess_workers=1, preprocess_pool="process", preprocess_timeout_s=timeout_s)
+    pools = Preprocessing(build_tiny_tokenizer(), config, max_length=64)
+    await pools.start()
+    try:
+        threads = pools.threads
+        assert threads is not None
+        if timeout_s is None:
+            with pytest.raises(TooManyNamesError):
+                await pools.prepare(threads, Document(page), truncate=True)
+        else:
+            assert (await pools.prepare(threads, Document(page), truncate=True)).truncated
+    finally:
+        await pools.close()
