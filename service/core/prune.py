@@ -118,9 +118,9 @@ _MIN_ATTRIBUTE_BYTES = 2
 _NESTING_WORK_PER_BYTE = 200
 _NESTING_WORK_HEADROOM = 100_000_000
 # Refused too: a page whose tag and attribute names share Lexbor's hash buckets so that looking them up
-# would take more than this many steps per byte (`service.core.precheck.names`: about 2.3 ns a step,
-# 3.9 s for 16 MB at the cap; 20,000 colliding names and 200,000 uses took 9 s for 2.4 MB). Corpus
-# pages need at most 30 per byte (by the estimate's superset of names); the headroom is about
+# would take more than this many steps per byte (`service.core.precheck.names`: steps of about 2.3 ns,
+# weighted where they miss the cache; about 4 s for 16 MB at the cap; 20,000 colliding names and
+# 200,000 uses took 9 s for 2.4 MB). Corpus pages need at most 2.7 per byte; the headroom is about
 # 0.25 s of walking.
 _NAME_STEPS_PER_BYTE = 100
 _NAME_STEPS_HEADROOM = 100_000_000

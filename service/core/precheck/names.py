@@ -1,43 +1,43 @@
 """The steps Lexbor takes looking names up in its hash tables of the page's tag and attribute names
 (`estimate_name_lookups`): names sharing a bucket make each use walk a long list.
 
-Lexbor keeps the tag names and attribute names it does not know (`_KNOWN_TAGS`, `_KNOWN_ATTRIBUTES`)
-in two hash tables of 128 fixed buckets, each a linked list (`lexbor_hash_init(..., 128, ...)`,
-Jenkins' one-at-a-time hash of the lowercased name: `_buckets`): each new name is appended to its
-bucket's list, walking the names there, and every later use of it walks the list up to it. Names
-chosen to share one bucket make every use of the last walk them all: 20,000 such end tag names and
-200,000 repeats of the last (2.4 MB) parse in 9.1 s (about 2.3 ns a step), the same with attribute
-names; 60,000 distinct names of one bucket, each used once (660 KB), in 9.7 s (5.4 ns a step: each
-compares names of one length). More walks, measured the same way: a DOCTYPE's name is in the
-attribute names' table; the parser spells SVG's mixed-case tag and attribute names (`<clippath>`,
-`viewbox`) as SVG does and looks that spelling up too (`_SVG_SPELLINGS`); a foreign attribute
-(`xlink:show`, `_FOREIGN_ATTRIBUTES`) is looked up twice, and its local name (`show`) once; and the
-hidden-element selector of `service.core.prune` looks `hidden` up at every element (20,000 names in
-its bucket and 200,000 elements: 13 s), so the pruner leaves it out where the page does not hold the
+Lexbor keeps the tag names and attribute names it does not know (`_KNOWN_TAGS`, `_KNOWN_ATTRIBUTES`) in
+two hash tables of 128 fixed buckets, each a linked list (`lexbor_hash_init(..., 128, ...)`, Jenkins'
+one-at-a-time hash of the lowercased name: `_buckets`): each new name is appended to its bucket's list,
+walking the names there, and every later use of it walks the list up to it. Names chosen to share one
+bucket make every use of the last walk them all: 20,000 such end tag names and 200,000 repeats of the
+last (2.4 MB) parse in 9.1 s (about 2.3 ns a step), the same with attribute names; 60,000 distinct names
+of one bucket, each used once (660 KB), in 9.7 s (5.4 ns a step: each compares names of one length).
+More walks, measured the same way: a DOCTYPE's name is in the attribute names' table; while an
+`<annotation-xml>` is the current node the tree builder looks its `encoding` up at every token (20,000
+names in that bucket, 2 MB of `</q>`: 19 s); the parser spells SVG's mixed-case tag and attribute names
+(`<clippath>`, `viewbox`) as SVG does and looks that spelling up too (`_SVG_SPELLINGS`); a foreign
+attribute (`xlink:show`, `_FOREIGN_ATTRIBUTES`) is looked up twice, and its local name (`show`) once;
+and the hidden-element selector of `service.core.prune` looks `hidden` up at every element (20,000 names
+in its bucket and 200,000 elements: 13 s), so the pruner leaves it out where the page does not hold the
 name.
 
-The estimate bounds each use by its bucket's length (a name's first use by the names before it), over
-a superset of the names the tokenizer reads (no page can hide one from it, as a comment or a quoted
-value could hide a tag from a regex):
-- a tag name follows every `<` or `</` and a letter the tokenizer reads as a tag: every such `<` is
-  read as one here (a `<` read into an earlier one's name is part of a name of no tag, or starts an
-  end tag of a raw-text element, all known names);
-- a DOCTYPE's name follows every `<!doctype` and spaces, up to a space or `>`;
-- an attribute name starts after a space, a `/` or the quote closing a quoted value, and runs to a
-  space, `/`, `>` or `=` (its first character may be `=`): every such run is read as one, and after
-  every `=`, spaces and a quote (a value's opening, or not), the quote closing it (the next one) is
-  read as a value's close: a real value's opening is one of these, whatever false ones hold it;
-- but no name follows a `>` before a `<` or a quote (the tag the name would be in ended at the `>`,
-  or the `>` was in a quoted value that has not closed): a page's text is no name.
-A name longer than `_HASHED_LENGTH` bytes is not hashed: it may be in any bucket (`_Table.bound`).
-Names Lexbor knows are left out of the counts as they are read (`_none_of`), but for those looked up
-again (SVG's spellings, foreign attributes).
+The estimate bounds each use by its bucket's length (a name's first use by the names before it), each
+step weighted by the names in its table (`_CACHE_NAMES`: many lists interleave in memory, so each step
+misses the cache: 15-45 ns a step with 30,000-150,000 names, against 2.3), over a superset of the names
+the tokenizer reads (`_read_names`). A tag read from where it starts is read as the tokenizer reads it
+(the tag grammar of `service.core.precheck.tags`: its attributes' names, values, quoted values that
+hold `>`); so the page is read as a run of tags, each from the next `<` and a letter after the one
+before it. A real tag that is not one of these starts inside one of them (a `<a` in a comment or a
+script, read as a tag), after a `>` that ended what the tokenizer was in (a comment, a tag): outside
+the false tag's quoted values that `>` would have ended it too, so it is in one of them; or it is the
+end tag of raw text (`</title>`, `</script>`), which the tokenizer reads after no `>`. So every tag
+starting inside a tag after a `>` in its quoted values, and every raw text's end tag, is read again
+from its own start; past `_READ_AGAIN` bytes read again a byte of the page (tags nested in unclosed
+values) the estimate reads a wider superset instead (`_names_anywhere`). DOCTYPE names follow every
+`<!doctype`. Words in quoted values, scripts and text are then no names (SVG path data, inline JSON: a
+coarser reading counted them, refusing such pages from 3 MB). A name longer than `_HASHED_LENGTH`
+bytes is not hashed: it may be in any bucket (`_Table.bound`).
 
-What it costs: about 50 ms a megabyte of markup (the corpus: 3.5 s for 149 MB, as much as the other
-checks together), so a preprocessing process its parent stops after a time limit prunes without it
-(`service.core.preparation`); the thread pool, `htmllm embed --preprocess-pool thread` and library
-callers, where nothing can stop a parse of minutes (it leaves the GIL free, but holds its thread and
-a core), keep it.
+What it costs: about 15 ms a megabyte of markup (the corpus: 2.3 s for 149 MB), so a preprocessing
+process its parent stops after a time limit prunes without it (`service.core.preparation`); the
+thread pool, `htmllm embed --preprocess-pool thread` and library callers, where nothing can stop a
+parse of minutes (it leaves the GIL free, but holds its thread and a core), keep it.
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 import numpy as np
+
+from service.core.precheck.tags import RAW_TEXT_NAMES, TAG_ATTRIBUTES_REST
 
 # The tag names Lexbor knows (its `lxb_tag_res_shs_data_default`): they never reach the hash table.
 _KNOWN_TAGS = frozenset(
@@ -98,6 +100,12 @@ _FOREIGN_ATTRIBUTES = frozenset(
 # The attribute name the hidden-element selector looks up at every element.
 SELECTOR_ATTRIBUTE = b"hidden"
 _BUCKETS = 128
+# A step's cost grows with the table's names, which the lists interleave in memory: 2.3 ns a step in
+# the cache, 15 ns with 30,000 names, 25 with 60,000, 36-44 with 150,000 (a review, session 26: one
+# walk misses the cache at each name); each step counts as len(names) / _CACHE_NAMES, at most
+# _MOST_WEIGHT, steps in the cache.
+_CACHE_NAMES = 4000
+_MOST_WEIGHT = 20.0
 _HASHED_LENGTH = 64
 _WIDTHS = (16, _HASHED_LENGTH)
 
@@ -135,6 +143,22 @@ _AFTER_VALUES = (
     re.compile(rb'=[\t\n\f\r ]*+"(?=[^"]*+"(' + _NAME + rb")?)"),
     re.compile(rb"=[\t\n\f\r ]*+'(?=[^']*+'(" + _NAME + rb")?)"),
 )
+# A tag as the tokenizer reads it from its `<` (`_read_names`): "/" for an end tag, its name, the rest
+# (`TAG_ATTRIBUTES_REST`: its attributes, a `>` only in quoted values); the names in a rest; a tag's
+# start; an end tag of raw text, which the tokenizer reads after no `>`.
+_TAG = re.compile(rb"<(/?)([a-z][^\t\n\f\r />]*+)(" + TAG_ATTRIBUTES_REST + rb")")
+_ATTRIBUTES = re.compile(
+    rb"[\t\n\f\r />]*+("
+    + _NAME
+    + rb""")(?:[\t\n\f\r ]*+=[\t\n\f\r ]*+(?:"[^"]*+"?|'[^']*+'?|[^\t\n\f\r >]*+))?"""
+)
+_TAG_START = re.compile(rb"</?[a-z]")
+_RAW_TEXT_END = re.compile(rb"</(?:" + RAW_TEXT_NAMES + rb")(?=[\t\n\f\r />])")
+# The most `_read_names` reads again inside tags, in bytes a byte of the page.
+_READ_AGAIN = 4
+# While an <annotation-xml> is the current node, the tree builder looks up its `encoding` at each token.
+_ANNOTATION = b"<annotation-xml"
+_ANNOTATION_ATTRIBUTE = b"encoding"
 # A DOCTYPE's name, which Lexbor keeps in the attribute names' table (`<!DOCTYPEx>` too).
 _DOCTYPE_NAME = re.compile(rb"<!doctype[\t\n\f\r ]*+([^\t\n\f\r >]++)")
 _REPLACEMENT = "\ufffd".encode()
@@ -144,7 +168,7 @@ class NameLookups(NamedTuple):
     """`estimate_name_lookups`' answer."""
 
     steps: int  # the most steps the parser's lookups take
-    per_element: int  # and the selector's at each element (0: no element can have `SELECTOR_ATTRIBUTE`)
+    per_element: int  # and the selector's at each element (0 only where no element can have the attribute)
 
 
 class _Table:
@@ -178,32 +202,30 @@ class _Table:
         steps = int((lengths * (lengths - 1) // 2 + (counts - lengths) * lengths).sum())
         steps += unhashed * int(counts.max())
         steps += unhashed_uses * (int(lengths.max()) + unhashed)
-        return steps, [int(length) + unhashed for length in lengths]
+        # A list of names spread in memory misses the cache at each step: _CACHE_NAMES names to the unit.
+        weight = min(_MOST_WEIGHT, max(1.0, len(uses) / _CACHE_NAMES))
+        return int(steps * weight), [int((int(length) + unhashed) * weight) for length in lengths]
 
 
 def estimate_name_lookups(document: str | bytes) -> NameLookups:
     """The steps Lexbor's lookups of the page's tag and attribute names take at most (each a visit of
-    one name in a bucket's list, about 2.3 ns), and those of a selector of `SELECTOR_ATTRIBUTE` at each
-    element; 0 where the page does not hold the attribute's name at all, so that no element can have
-    the attribute: the caller then leaves it out of the selector (its lookups at every element would
-    be most of the estimate of a page whose scripts read as many names, 2,000 in the attribute's
-    bucket)."""
+    one name in a bucket's list, about 2.3 ns in the cache), and those of a selector of
+    `SELECTOR_ATTRIBUTE` at each element; 0 where the page does not hold the attribute's name at all,
+    so that no element can have the attribute: the caller then leaves it out of the selector."""
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
     lowered = data.lower()
     del data
     if b"\0" in lowered:  # (the tokenizer reads NUL in a name as U+FFFD)
         lowered = lowered.replace(b"\0", _REPLACEMENT)
     selector = SELECTOR_ATTRIBUTE in lowered  # (else no element has the attribute)
+    read = _read_names(lowered)
+    tag_names, attribute_names = read if read is not None else _names_anywhere(lowered)
     tags = _Table(_KNOWN_TAGS)
-    tags.add(_TAG_NAME.findall(lowered))
+    tags.add(tag_names)
     attributes = _Table(_KNOWN_ATTRIBUTES)
+    attributes.add(attribute_names)
     attributes.add(_DOCTYPE_NAME.findall(lowered))
-    markup = _AFTER_TAG_END.sub(b">", lowered)
-    del lowered
-    attributes.add(_ATTRIBUTE_NAME.findall(markup))  # (none at the page's start: it is no tag)
-    for after_values in _AFTER_VALUES:
-        attributes.add(after_values.findall(markup))
-    del markup
+    del tag_names, attribute_names
     attributes.uses.pop(b"", None)  # (no name after a value)
     tag_steps, _ = tags.bound(_spellings(tags.uses))
     extra = _spellings(attributes.uses)
@@ -211,10 +233,55 @@ def estimate_name_lookups(document: str | bytes) -> NameLookups:
         if name in attributes.uses:  # (its name again, and its local name)
             for looked_up in {name, name.rpartition(b":")[2]}:
                 extra[looked_up] = extra.get(looked_up, 0) + attributes.uses[name]
+    if _ANNOTATION in lowered:  # (at every token while an <annotation-xml> is the current node)
+        tokens = lowered.count(b"<") + lowered.count(b"&") + lowered.count(_REPLACEMENT) + 1
+        extra[_ANNOTATION_ATTRIBUTE] = extra.get(_ANNOTATION_ATTRIBUTE, 0) + tokens
+    del lowered
     attribute_steps, lengths = attributes.bound(extra)
     if not selector:
         return NameLookups(tag_steps + attribute_steps, 0)
-    return NameLookups(tag_steps + attribute_steps, lengths[_buckets([SELECTOR_ATTRIBUTE])[0]])
+    return NameLookups(tag_steps + attribute_steps, max(1, lengths[_buckets([SELECTOR_ATTRIBUTE])[0]]))
+
+
+def _read_names(lowered: bytes) -> tuple[list[bytes], list[bytes]] | None:
+    """The tag and attribute names of every tag the tokenizer may read (the module's docstring: each
+    tag read from its start with the tokenizer's grammar), or None where reading tags again inside
+    tags whose quoted values hold a `>` would take past `_READ_AGAIN` bytes a byte of the page."""
+    tags = _TAG.findall(lowered)
+    tag_names = [name for _, name, _ in tags]
+    rests = [rest for _, _, rest in tags if rest]
+    del tags
+    attribute_names = _ATTRIBUTES.findall(b">".join(rests))
+    starts = [match.start() for match in _RAW_TEXT_END.finditer(lowered)]
+    if any(b">" in rest for rest in rests):  # (a `>` in a tag's rest is in a quoted value)
+        for match in _TAG.finditer(lowered):
+            quoted = lowered.find(b">", match.start(3), match.end())
+            if quoted >= 0:
+                starts += [start.start() for start in _TAG_START.finditer(lowered, quoted, match.end())]
+    del rests
+    budget = _READ_AGAIN * len(lowered)
+    for start in starts:
+        match = _TAG.match(lowered, start)
+        if match is None:
+            continue
+        budget -= match.end() - start
+        if budget < 0:
+            return None
+        tag_names.append(match[2])
+        attribute_names += _ATTRIBUTES.findall(match[3])
+    return tag_names, attribute_names
+
+
+def _names_anywhere(lowered: bytes) -> tuple[list[bytes], list[bytes]]:
+    """A wider superset of the names, read without following tags (where `_read_names` gives up): a
+    tag name after every `<` and a letter; an attribute name after every space, `/` or quote that may
+    close a value, but not in text after a `>`."""
+    tag_names = _TAG_NAME.findall(lowered)
+    markup = _AFTER_TAG_END.sub(b">", lowered)
+    attribute_names = _ATTRIBUTE_NAME.findall(markup)  # (none at the page's start: it is no tag)
+    for after_values in _AFTER_VALUES:
+        attribute_names += after_values.findall(markup)
+    return tag_names, attribute_names
 
 
 def _spellings(uses: Counter[bytes]) -> dict[bytes, int]:

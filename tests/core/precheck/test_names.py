@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from service.core.precheck.names import SELECTOR_ATTRIBUTE, _buckets, estimate_name_lookups
+from service.core.precheck.names import SELECTOR_ATTRIBUTE, _buckets, _read_names, estimate_name_lookups
 from service.core.prune import TooManyNamesError, prune_html
 from tests.factories.names import colliding_names as _colliding
 from tests.factories.names import reference_bucket as _reference_bucket
@@ -164,3 +164,70 @@ def test_names_lexbor_knows_walk_no_list() -> None:
         names = _colliding(3000, bucket)
         page = b"".join(filler.replace(b"{}", name) for name in names) + use * 60_000
         assert estimate_name_lookups(page).steps < 3000 * 60_000 / 10
+
+
+def test_tags_inside_a_false_tags_quoted_value_are_read() -> None:
+    """A `<` and a letter in a comment reads as a tag whose quoted value runs over the comment's end and
+    the real tags after it: every tag starting after a `>` in such a value is read from its own start."""
+    names = _colliding(3000, 5)
+    page = b'<!-- <a title=" -->' + _attack(names, b"<br {}>", 60_000) + b'<p>"</p>'
+    assert estimate_name_lookups(page).steps >= 3000 * 60_000
+    with pytest.raises(TooManyNamesError):
+        prune_html(page)
+
+
+def test_end_tags_of_raw_text_inside_a_false_tag_are_read() -> None:
+    """In a `<title>`, `<a b="` is text, but read as a tag its value holds the real `</title ...>`, whose
+    attribute names the tokenizer reads after no `>`: raw text's end tags are read wherever they are
+    (3,000 names of one bucket on one end tag: each appended after the names before it)."""
+    names = _colliding(3000, 5)
+    page = b'<title><a b="</title ' + b" ".join(names) + b'><p>"</p>'
+    assert estimate_name_lookups(page).steps >= 3000 * 2999 // 2
+
+
+def test_tags_read_again_past_the_budget_fall_back_to_every_name_anywhere() -> None:
+    """Tags inside a quoted value that holds a `>`, none closed (each read runs to the page's end):
+    past `_READ_AGAIN` bytes a byte the estimate reads names anywhere instead (still counting them)."""
+    names = _colliding(3000, 5)
+    inner = b"".join(b"<c " + name + b" " for name in names) + (b"<c " + names[-1] + b" ") * 20_000
+    page = b'<a b=">' + inner + b'">'
+    assert _read_names(page) is None
+    assert estimate_name_lookups(page).steps >= 3000 * 20_000
+
+
+def test_words_in_quoted_values_scripts_and_text_are_no_names() -> None:
+    """What the tokenizer never reads as a name costs nothing: SVG path data (2 MB of distinct numbers
+    between spaces), JSON in a script, prose (a review found these refused when read as names)."""
+    rng = random.Random(3)
+    path = b" ".join(
+        b"L %d.%02d %d" % (rng.randrange(1000), rng.randrange(100), index) for index in range(20)
+    )
+    svg = b"<svg>" + b"".join(b'<path d="M 0 0 ' + path + b'"/>' for _ in range(10_000)) + b"</svg>"
+    script = (
+        b"<script>var ids = ["
+        + b", ".join(b'"%x"' % rng.getrandbits(40) for _ in range(150_000))
+        + b"];</script>"
+    )
+    for page in (svg, script):
+        assert estimate_name_lookups(page).steps < 1_000_000
+        assert prune_html(page) is not None
+
+
+def test_an_annotation_xml_looks_up_its_encoding_at_every_token() -> None:
+    """While an `<annotation-xml>` is the current node the tree builder looks its `encoding` up at each
+    token: 3,000 names in that bucket and 60,000 tokens walk 1.8e8 steps (a review, session 26: 20,000
+    names and 2 MB of `</q>` took 19 s)."""
+    filler = b"".join(b"<br " + name + b">" for name in _colliding(3000, _reference_bucket(b"encoding")))
+    assert estimate_name_lookups(filler + b"<math><annotation-xml>" + b"</q>" * 60_000).steps >= 3000 * 60_000
+    assert estimate_name_lookups(filler + b"<math><mi>" + b"</q>" * 60_000).steps < 3000 * 60_000 / 10
+
+
+def test_many_names_spread_over_the_buckets_cost_more_a_step() -> None:
+    """Lists of many names interleave in memory, so each step misses the cache: 60,000 distinct names
+    spread over the buckets, each used twice (842 KB), parse in 0.64 s (60,000 random ones, 722 KB:
+    1.1 s, a review, session 26), about 2.8e8 steps at the cache's 2.3 ns; counted so, not as the 4e7
+    steps they are."""
+    names = _spread(60_000)
+    chunks = [b"<br " + b" ".join(names[index : index + 200]) + b">" for index in range(0, len(names), 200)]
+    page = b"".join(chunks) * 2
+    assert estimate_name_lookups(page).steps >= 2.8e8
