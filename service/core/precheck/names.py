@@ -254,21 +254,21 @@ def _read_names(lowered: bytes) -> tuple[list[bytes], list[bytes]] | None:
     attribute_names = _ATTRIBUTES.findall(b">".join(rests))
     starts = [match.start() for match in _RAW_TEXT_END.finditer(lowered)]
     if any(b">" in rest for rest in rests):  # (a `>` in a tag's rest is in a quoted value)
-        for match in _TAG.finditer(lowered):
-            quoted = lowered.find(b">", match.start(3), match.end())
+        for tag in _TAG.finditer(lowered):
+            quoted = lowered.find(b">", tag.start(3), tag.end())
             if quoted >= 0:
-                starts += [start.start() for start in _TAG_START.finditer(lowered, quoted, match.end())]
+                starts += [start.start() for start in _TAG_START.finditer(lowered, quoted, tag.end())]
     del rests
     budget = _READ_AGAIN * len(lowered)
     for start in starts:
-        match = _TAG.match(lowered, start)
-        if match is None:
+        again = _TAG.match(lowered, start)
+        if again is None:
             continue
-        budget -= match.end() - start
+        budget -= again.end() - start
         if budget < 0:
             return None
-        tag_names.append(match[2])
-        attribute_names += _ATTRIBUTES.findall(match[3])
+        tag_names.append(again[2])
+        attribute_names += _ATTRIBUTES.findall(again[3])
     return tag_names, attribute_names
 
 
