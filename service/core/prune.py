@@ -198,6 +198,7 @@ _COLLAPSE_CHUNK = 1 << 20  # larger outputs are whitespace-collapsed chunk by ch
 # corrupted the heap and aborted the process. They reach the parser as numeric references (the same two
 # characters; that path makes room), spelled as no page writes them, and where raw text (`<xmp>`,
 # `<plaintext>`) or a tag's name keeps the spelling, the output gets the page's own back.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _LONGER_REFERENCES = {"&nGt;": "&#08811;&#8402;", "&nLt;": "&#08810;&#8402;"}
 _LONGER_REFERENCES_BYTES = {key.encode(): value.encode() for key, value in _LONGER_REFERENCES.items()}
 # The first "<plaintext" of a serialisation (see `_rewrite_plaintext`).
@@ -280,6 +281,10 @@ def _prune_document(
 ) -> str:
     """Check, parse (text, or bytes known to be UTF-8) and prune."""
     size = len(document)  # (the page's, as sent: the budget is for it)
+    if isinstance(document, str) and not document.isascii() and _SURROGATE.search(document):
+        # The parser encodes text to UTF-8 dropping lone surrogates (`<\udc80a` is an `<a>` to it): the
+        # checks read what it reads (`prune_html` decodes them to U+FFFD before; `prune_text` may not).
+        document = _SURROGATE.sub("", document)
     respelled = respell_longer_references(document)  # (before the checks: what the parser reads)
     if respelled is not None:
         document = respelled
@@ -340,14 +345,18 @@ def _prune_document(
             )
     selector = HIDDEN_SELECTOR
     if check_names:
-        steps, per_element = estimate_name_lookups(document)
+        cap = _NAME_STEPS_PER_BYTE * size + _NAME_STEPS_HEADROOM
+        steps, per_element = estimate_name_lookups(document, within=cap)
         if not per_element:  # (no element has the attribute: its lookup at each would find nothing)
             selector = _STYLE_HIDDEN_SELECTOR
         # Elements: one per tag, one more each it may imply, the three every page has, and the clones
         # (counted where their cheap bound would refuse the page: a few pages in a hundred).
         elements = 2 * tags + 3
-        cap = _NAME_STEPS_PER_BYTE * size + _NAME_STEPS_HEADROOM
-        if clones is None and steps + (elements + clone_bytes // MEMORY_PER_CLONE) * per_element > cap:
+        if (
+            steps <= cap
+            and clones is None
+            and steps + (elements + clone_bytes // MEMORY_PER_CLONE) * per_element > cap
+        ):
             clones = reconstruction_bytes(document, limit=clone_bytes)
         steps += (
             elements + (clone_bytes if clones is None else min(clones, clone_bytes)) // MEMORY_PER_CLONE

@@ -20,7 +20,7 @@ name.
 The estimate bounds each use by its bucket's length (a name's first use by the names before it), each
 step weighted by the names in its table (`_CACHE_NAMES`: many lists interleave in memory, so each step
 misses the cache: 15-45 ns a step with 30,000-150,000 names, against 2.3), over a superset of the names
-the tokenizer reads (`_read_names`). A tag read from where it starts is read as the tokenizer reads it
+the tokenizer reads (`_read_tags`). A tag read from where it starts is read as the tokenizer reads it
 (the tag grammar of `service.core.precheck.tags`: its attributes' names, values, quoted values that
 hold `>`); so the page is read as a run of tags, each from the next `<` and a letter after the one
 before it. A real tag that is not one of these starts inside one of them (a `<a` in a comment or a
@@ -42,9 +42,10 @@ parse of minutes (it leaves the GIL free, but holds its thread and a core), keep
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -143,7 +144,7 @@ _AFTER_VALUES = (
     re.compile(rb'=[\t\n\f\r ]*+"(?=[^"]*+"(' + _NAME + rb")?)"),
     re.compile(rb"=[\t\n\f\r ]*+'(?=[^']*+'(" + _NAME + rb")?)"),
 )
-# A tag as the tokenizer reads it from its `<` (`_read_names`): its name, the rest (`TAG_ATTRIBUTES_REST`:
+# A tag as the tokenizer reads it from its `<` (`_read_tags`): its name, the rest (`TAG_ATTRIBUTES_REST`:
 # its attributes, a `>` only in quoted values); the names in a rest; a tag's
 # start; an end tag of raw text, which the tokenizer reads after no `>`.
 _TAG = re.compile(rb"</?([a-z][^\t\n\f\r />]*+)(" + TAG_ATTRIBUTES_REST + rb")")
@@ -154,8 +155,11 @@ _ATTRIBUTES = re.compile(
 )
 _TAG_START = re.compile(rb"</?[a-z]")
 _RAW_TEXT_END = re.compile(rb"</(?:" + RAW_TEXT_NAMES + rb")(?=[\t\n\f\r />])")
-# The most `_read_names` reads again inside tags, in bytes a byte of the page.
+# The most `_read_tags` reads again inside tags, in bytes a byte of the page; the bytes of rests or of
+# the page read for names at a time (so that a page of millions of names is refused before it has them).
 _READ_AGAIN = 4
+_BATCH = 1 << 20
+_TRAILING = b"\t\n\f\r />"
 # While an <annotation-xml> is the current node, the tree builder looks up its `encoding` at each token.
 _ANNOTATION = b"<annotation-xml"
 _ANNOTATION_ATTRIBUTE = b"encoding"
@@ -174,12 +178,17 @@ class NameLookups(NamedTuple):
 class _Table:
     """One of Lexbor's name tables: how often each name is looked up, and in which bucket it lies."""
 
-    def __init__(self, known: frozenset[bytes]) -> None:
+    def __init__(self, known: frozenset[bytes], most: int) -> None:
         self.known = known
+        self.most = most + len(known)  # (the distinct names counted, known ones too)
         self.uses: Counter[bytes] = Counter()
 
     def add(self, names: Iterable[bytes]) -> None:
+        """Count `names`; _TooManyNames past `most` distinct names (then no page of them fits the cap,
+        and their count would only take memory)."""
         self.uses.update(names)
+        if len(self.uses) > self.most:
+            raise _TooManyNames(_fewest_steps(len(self.uses) - len(self.known)))
 
     def bound(self, extra: dict[bytes, int]) -> tuple[int, list[int]]:
         """(the steps of every use, at most its bucket's length, each bucket's length), after
@@ -203,29 +212,72 @@ class _Table:
         steps += unhashed * int(counts.max())
         steps += unhashed_uses * (int(lengths.max()) + unhashed)
         # A list of names spread in memory misses the cache at each step: _CACHE_NAMES names to the unit.
-        weight = min(_MOST_WEIGHT, max(1.0, len(uses) / _CACHE_NAMES))
+        weight = _weight(len(uses))
         return int(steps * weight), [int((int(length) + unhashed) * weight) for length in lengths]
 
 
-def estimate_name_lookups(document: str | bytes) -> NameLookups:
+class _TooManyNames(Exception):
+    """A table holds more distinct names than a page within the caller's cap can (`_Table.add`)."""
+
+    def __init__(self, steps: int) -> None:
+        super().__init__(steps)
+        self.steps = steps
+
+
+def _weight(names: int) -> float:
+    """What a step costs in a table of `names` names, in steps in the cache (`_CACHE_NAMES`)."""
+    return min(_MOST_WEIGHT, max(1.0, names / _CACHE_NAMES))
+
+
+def _fewest_steps(names: int) -> int:
+    """The fewest steps `_Table.bound` can give `names` distinct names (however they are hashed or
+    used: D^2/512 - D, weighted)."""
+    return int(max(0, names * names // 512 - names) * _weight(names))
+
+
+def _most_names(within: int | None) -> int:
+    """The most distinct names a table may hold for its fewest steps to stay `within` (no limit: None)."""
+    if within is None:
+        return 1 << 62
+    low, high = 0, 1 << 32
+    while low < high:
+        middle = (low + high + 1) // 2
+        if _fewest_steps(middle) <= within:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def estimate_name_lookups(document: str | bytes, *, within: int | None = None) -> NameLookups:
     """The steps Lexbor's lookups of the page's tag and attribute names take at most (each a visit of
     one name in a bucket's list, about 2.3 ns in the cache), and those of a selector of
     `SELECTOR_ATTRIBUTE` at each element; 0 where the page does not hold the attribute's name at all,
-    so that no element can have the attribute: the caller then leaves it out of the selector."""
+    so that no element can have the attribute: the caller then leaves it out of the selector. With
+    `within`, a page whose distinct names alone would take more steps is answered more, at once."""
     data = document if isinstance(document, bytes) else document.encode("utf-8", "surrogatepass")
     lowered = data.lower()
     del data
     if b"\0" in lowered:  # (the tokenizer reads NUL in a name as U+FFFD)
         lowered = lowered.replace(b"\0", _REPLACEMENT)
     selector = SELECTOR_ATTRIBUTE in lowered  # (else no element has the attribute)
-    read = _read_names(lowered)
-    tag_names, attribute_names = read if read is not None else _names_anywhere(lowered)
-    tags = _Table(_KNOWN_TAGS)
-    tags.add(tag_names)
-    attributes = _Table(_KNOWN_ATTRIBUTES)
-    attributes.add(attribute_names)
-    attributes.add(_DOCTYPE_NAME.findall(lowered))
-    del tag_names, attribute_names
+    most = _most_names(within)
+    tags = _Table(_KNOWN_TAGS, most)
+    attributes = _Table(_KNOWN_ATTRIBUTES, most)
+    try:
+        read = _read_tags(lowered)
+        if read is None:  # (past the budget for reading tags again)
+            tags.add(_TAG_NAME.findall(lowered))
+            for names in _names_anywhere(lowered):
+                attributes.add(names)
+        else:
+            tags.add(read[0])
+            for names in _names_of_rests(read[1]):
+                attributes.add(names)
+        del read
+        attributes.add(_DOCTYPE_NAME.findall(lowered))
+    except _TooManyNames as many:
+        return NameLookups(many.steps, int(selector))
     attributes.uses.pop(b"", None)  # (no name after a value)
     tag_steps, _ = tags.bound(_spellings(tags.uses))
     extra = _spellings(attributes.uses)
@@ -243,22 +295,20 @@ def estimate_name_lookups(document: str | bytes) -> NameLookups:
     return NameLookups(tag_steps + attribute_steps, max(1, lengths[_buckets([SELECTOR_ATTRIBUTE])[0]]))
 
 
-def _read_names(lowered: bytes) -> tuple[list[bytes], list[bytes]] | None:
-    """The tag and attribute names of every tag the tokenizer may read (the module's docstring: each
-    tag read from its start with the tokenizer's grammar), or None where reading tags again inside
-    tags whose quoted values hold a `>` would take past `_READ_AGAIN` bytes a byte of the page."""
+def _read_tags(lowered: bytes) -> tuple[list[bytes], list[bytes]] | None:
+    """The names and rests (attributes) of every tag the tokenizer may read (the module's docstring:
+    each tag read from its start with the tokenizer's grammar), or None where reading tags again
+    inside tags whose quoted values hold a `>` would take past `_READ_AGAIN` bytes a byte of the page."""
     tags = _TAG.findall(lowered)
     tag_names = [name for name, _ in tags]
-    # (Rests joined by the `>` that ended each: it parts names and takes no value.)
-    rest = b">".join([rest for _, rest in tags])
-    attribute_names = _names_in(rest)
+    rests = [rest for _, rest in tags]
     starts = [match.start() for match in _RAW_TEXT_END.finditer(lowered)]
-    if rest.count(b">") >= len(tags):  # (a `>` in a tag's rest is in a quoted value)
+    if any(b">" in rest for rest in rests):  # (a `>` in a tag's rest is in a quoted value)
         for tag in _TAG.finditer(lowered):
             quoted = lowered.find(b">", tag.start(2), tag.end())
             if quoted >= 0:
                 starts += [start.start() for start in _TAG_START.finditer(lowered, quoted, tag.end())]
-    del rest, tags
+    del tags
     budget = _READ_AGAIN * len(lowered)
     for start in starts:
         again = _TAG.match(lowered, start)
@@ -268,27 +318,50 @@ def _read_names(lowered: bytes) -> tuple[list[bytes], list[bytes]] | None:
         if budget < 0:
             return None
         tag_names.append(again[1])
-        attribute_names += _names_in(again[2])
-    return tag_names, attribute_names
+        rests.append(again[2])
+    return tag_names, rests
+
+
+def _names_of_rests(rests: list[bytes]) -> Iterator[list[bytes]]:
+    """The attribute names of the tags' rests, about `_BATCH` bytes of rests at a time (each batch's
+    rests joined by `>`, which parts names and takes no value)."""
+    group: list[bytes] = []
+    size = 0
+    for rest in rests:
+        if len(rest) > _BATCH:  # (one tag's rest, read a match at a time)
+            names = (match[1] for match in _ATTRIBUTES.finditer(rest.rstrip(_TRAILING)))
+            while batch := list(itertools.islice(names, _BATCH // 8)):
+                yield batch
+            continue
+        group.append(rest)
+        size += len(rest) + 1
+        if size > _BATCH:
+            yield _names_in(b">".join(group))
+            group, size = [], 0
+    yield _names_in(b">".join(group))
 
 
 def _names_in(rest: bytes) -> list[bytes]:
     """The attribute names of a tag's rest (or of rests joined by `>`). Without its trailing spaces,
     slashes and `>`: `_ATTRIBUTES` would read a run of them to its end from each of its bytes (the
     rests of 270,000 tags without attributes took minutes)."""
-    return _ATTRIBUTES.findall(rest.rstrip(b"\t\n\f\r />"))
+    return _ATTRIBUTES.findall(rest.rstrip(_TRAILING))
 
 
-def _names_anywhere(lowered: bytes) -> tuple[list[bytes], list[bytes]]:
-    """A wider superset of the names, read without following tags (where `_read_names` gives up): a
-    tag name after every `<` and a letter; an attribute name after every space, `/` or quote that may
-    close a value, but not in text after a `>`."""
-    tag_names = _TAG_NAME.findall(lowered)
+def _names_anywhere(lowered: bytes) -> Iterator[list[bytes]]:
+    """A wider superset of the attribute names, read without following tags (where `_read_tags` gives
+    up), about `_BATCH` bytes at a time: after every space, `/` or quote that may close a value, but
+    not in text after a `>`. (Tag names: `_TAG_NAME`.)"""
     markup = _AFTER_TAG_END.sub(b">", lowered)
-    attribute_names = _ATTRIBUTE_NAME.findall(markup)  # (none at the page's start: it is no tag)
+    start = 0
+    while start < len(markup):  # (cut after a `>`: no name starts there, none runs over it)
+        end = markup.find(b">", start + _BATCH) + 1 or len(markup)
+        yield _ATTRIBUTE_NAME.findall(markup, start, end)
+        start = end
     for after_values in _AFTER_VALUES:
-        attribute_names += after_values.findall(markup)
-    return tag_names, attribute_names
+        names = (match[1] for match in after_values.finditer(markup) if match[1])
+        while batch := list(itertools.islice(names, _BATCH // 8)):
+            yield batch
 
 
 def _spellings(uses: Counter[bytes]) -> dict[bytes, int]:
