@@ -303,7 +303,7 @@ def _read_tags(lowered: bytes) -> tuple[list[bytes], list[bytes]] | None:
     tag_names = [name for name, _ in tags]
     rests = [rest for _, rest in tags]
     starts = [match.start() for match in _RAW_TEXT_END.finditer(lowered)]
-    if any(b">" in rest for rest in rests):  # (a `>` in a tag's rest is in a quoted value)
+    if sum(map(bytes.count, rests, itertools.repeat(b">"))):  # (a `>` in a rest is in a quoted value)
         for tag in _TAG.finditer(lowered):
             quoted = lowered.find(b">", tag.start(2), tag.end())
             if quoted >= 0:
@@ -323,22 +323,25 @@ def _read_tags(lowered: bytes) -> tuple[list[bytes], list[bytes]] | None:
 
 
 def _names_of_rests(rests: list[bytes]) -> Iterator[list[bytes]]:
-    """The attribute names of the tags' rests, about `_BATCH` bytes of rests at a time (each batch's
-    rests joined by `>`, which parts names and takes no value)."""
-    group: list[bytes] = []
-    size = 0
-    for rest in rests:
-        if len(rest) > _BATCH:  # (one tag's rest, read a match at a time)
+    """The attribute names of the tags' rests, about `_BATCH` bytes of rests at a time (joined by `>`,
+    which parts names and takes no value; cut only between two rests)."""
+    if not rests:
+        return
+    lengths = np.fromiter(map(len, rests), np.int64, len(rests))
+    if lengths.max() > _BATCH:  # (one tag's rest alone is more: read a match at a time)
+        for rest in rests:
             names = (match[1] for match in _ATTRIBUTES.finditer(rest.rstrip(_TRAILING)))
             while batch := list(itertools.islice(names, _BATCH // 8)):
                 yield batch
-            continue
-        group.append(rest)
-        size += len(rest) + 1
-        if size > _BATCH:
-            yield _names_in(b">".join(group))
-            group, size = [], 0
-    yield _names_in(b">".join(group))
+        return
+    joined = b">".join(rests)
+    ends = np.cumsum(lengths + 1) - 1  # (where each rest ends in `joined`)
+    start = 0
+    while start < len(joined):
+        after = int(np.searchsorted(ends, start + _BATCH))
+        end = int(ends[after]) if after < len(ends) else len(joined)
+        yield _names_in(joined[start:end])
+        start = end + 1
 
 
 def _names_in(rest: bytes) -> list[bytes]:

@@ -14,6 +14,7 @@ from service.core.precheck.names import (
     _fewest_steps,
     _most_names,
     _names_in,
+    _names_of_rests,
     _read_tags,
     estimate_name_lookups,
 )
@@ -271,3 +272,13 @@ def test_lone_surrogates_are_read_as_the_parser_reads_them() -> None:
     with pytest.raises(TooManyNamesError):
         prune_text(page)
     assert prune_text("<p>a\udc80b</p>") == "<p>ab</p>"
+
+
+def test_rests_are_read_a_megabyte_at_a_time_as_one() -> None:
+    """Batches of rests (cut between two) and a rest of more than a batch (read a match at a time) give
+    the names of the whole, in order."""
+    rests = [b' a%d b="1 > 2" c=3' % index for index in range(120_000)]  # (2.4 MB)
+    assert [name for batch in _names_of_rests(rests) for name in batch] == _names_in(b">".join(rests))
+    large = [b" x", b" " + b" ".join(b"n%d=v" % index for index in range(200_000)), b" y"]
+    assert [name for batch in _names_of_rests(large) for name in batch] == _names_in(b">".join(large))
+    assert list(_names_of_rests([])) == []
