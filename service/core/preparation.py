@@ -81,10 +81,12 @@ def prune_document(html: str | bytes, encoding: str | None) -> str:
     except HtmllmError:
         raise
     except MemoryError as exc:
-        allowed = "" if limit is None else f" ({limit} MiB, HTMLLM_PREPROCESS_MEMORY_LIMIT_MB)"
-        raise InputTooLargeError(
-            f"pruning this page needs more memory than this process may use{allowed}"
-        ) from exc
+        # Worded as the parse's failure above: which of the two a page meets depends on where the
+        # memory runs out (the pre-checks' arrays or the parser), not on the page.
+        allowed = (
+            "" if limit is None else f" (this process may use {limit} MiB, HTMLLM_PREPROCESS_MEMORY_LIMIT_MB)"
+        )
+        raise InputTooLargeError(f"pruning this page needs more memory than it may use{allowed}") from exc
     except Exception as exc:
         raise PreprocessError(f"pruning failed: {type(exc).__name__}: {exc}") from exc
 

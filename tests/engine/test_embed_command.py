@@ -191,11 +191,13 @@ def test_ctrl_c_keeps_what_was_finished_and_the_resume_embeds_the_rest(
     args = _args(tiny_checkpoint, tmp_path / "pages.jsonl", out, "--part-size", "1", "--batch-size", "4")
     original = Engine.embed
     calls = 0
+    handler: object = None  # SIGINT's at the Ctrl-C, for the failure's message
 
     async def embed_then_ctrl_c(self: Engine, *a: Any, **kw: Any) -> list[DocumentResult]:
-        nonlocal calls
+        nonlocal calls, handler
         calls += 1
         if calls == 12:
+            handler = signal.getsignal(signal.SIGINT)
             signal.raise_signal(signal.SIGINT)  # asyncio.run's handler cancels the run, as a Ctrl-C does
         return await original(self, *a, **kw)
 
@@ -206,7 +208,7 @@ def test_ctrl_c_keeps_what_was_finished_and_the_resume_embeds_the_rest(
         except KeyboardInterrupt:
             status = None
     err = capsys.readouterr().err
-    assert status == 130, err
+    assert status == 130, (calls, handler, err)
     assert "interrupted" in err and "Traceback" not in err
     tables = [pq.read_table(p) for p in (tmp_path / "out.parquet.parts").glob("part-*.parquet")]
     assert 0 < sum(t.num_rows for t in tables) < n
