@@ -109,6 +109,10 @@ _CACHE_NAMES = 4000
 _MOST_WEIGHT = 20.0
 _HASHED_LENGTH = 64
 _WIDTHS = (16, _HASHED_LENGTH)
+# The buckets of names hashed before, in this process (`_buckets`); emptied when it would pass
+# _BUCKETS_KEPT names (a few MiB).
+_BUCKETS_KEPT = 1 << 16
+_BUCKET_OF: dict[bytes, int] = {}
 
 
 def _none_of(names: Iterable[bytes], ends: bytes) -> bytes:
@@ -190,10 +194,10 @@ class _Table:
         if len(self.uses) > self.most:
             raise _TooManyNames(_fewest_steps(len(self.uses) - len(self.known)))
 
-    def bound(self, extra: dict[bytes, int]) -> tuple[int, list[int]]:
-        """(the steps of every use, at most its bucket's length, each bucket's length), after
-        `extra[name]` more uses of names looked up in any case (SVG's spellings: not lowercased, known
-        or not)."""
+    def bound(self, extra: dict[bytes, int], probe: bytes = SELECTOR_ATTRIBUTE) -> tuple[int, int]:
+        """(the steps of every use, at most its bucket's length; the steps of a lookup of `probe`, its
+        bucket's length), after `extra[name]` more uses of names looked up in any case (SVG's spellings:
+        not lowercased, known or not)."""
         uses = {name: count for name, count in self.uses.items() if name not in self.known}
         for name, count in extra.items():
             uses[name] = uses.get(name, 0) + count
@@ -213,7 +217,7 @@ class _Table:
         steps += unhashed_uses * (int(lengths.max()) + unhashed)
         # A list of names spread in memory misses the cache at each step: _CACHE_NAMES names to the unit.
         weight = _weight(len(uses))
-        return int(steps * weight), [int((int(length) + unhashed) * weight) for length in lengths]
+        return int(steps * weight), int((int(lengths[_buckets([probe])[0]]) + unhashed) * weight)
 
 
 class _TooManyNames(Exception):
@@ -289,10 +293,8 @@ def estimate_name_lookups(document: str | bytes, *, within: int | None = None) -
         tokens = lowered.count(b"<") + lowered.count(b"&") + lowered.count(_REPLACEMENT) + 1
         extra[_ANNOTATION_ATTRIBUTE] = extra.get(_ANNOTATION_ATTRIBUTE, 0) + tokens
     del lowered
-    attribute_steps, lengths = attributes.bound(extra)
-    if not selector:
-        return NameLookups(tag_steps + attribute_steps, 0)
-    return NameLookups(tag_steps + attribute_steps, max(1, lengths[_buckets([SELECTOR_ATTRIBUTE])[0]]))
+    attribute_steps, per_element = attributes.bound(extra)
+    return NameLookups(tag_steps + attribute_steps, max(1, per_element) if selector else 0)
 
 
 def _read_tags(lowered: bytes) -> tuple[list[bytes], list[bytes]] | None:
@@ -373,18 +375,36 @@ def _spellings(uses: Counter[bytes]) -> dict[bytes, int]:
 
 
 def _buckets(names: list[bytes]) -> np.ndarray:
+    """Each name's bucket (`_hashed_buckets`), from `_BUCKET_OF` where an earlier page had the name: most
+    unknown names recur from page to page (`data-*`, framework attributes, custom elements), and hashing a
+    page's few new ones is numpy calls whose count, not the names, is most of the cost."""
+    buckets = np.fromiter((_BUCKET_OF.get(name, -1) for name in names), np.int64, len(names))
+    missing = np.flatnonzero(buckets < 0)
+    if len(missing):
+        new = [names[index] for index in missing]
+        hashed = _hashed_buckets(new)
+        buckets[missing] = hashed
+        if len(new) <= _BUCKETS_KEPT:  # (a page of more distinct names: none kept)
+            if len(_BUCKET_OF) + len(new) > _BUCKETS_KEPT:
+                _BUCKET_OF.clear()
+            _BUCKET_OF.update(zip(new, hashed.tolist(), strict=True))
+    return buckets
+
+
+def _hashed_buckets(names: list[bytes]) -> np.ndarray:
     """Each name's bucket: Jenkins' one-at-a-time hash (Lexbor's `lexbor_hash_make_id`) modulo 128, for
     names of at most `_HASHED_LENGTH` bytes, in C: the names of each width class laid out in the rows of
     one array, padded in front with zero bytes (which leave the hash at 0), and hashed a column at a time."""
     lengths = np.fromiter(map(len, names), np.int64, len(names))
     buckets = np.empty(len(names), dtype=np.int64)
     narrower = 0
-    for width in _WIDTHS:  # (two widths: few numpy calls on small pages, little padding)
-        rows = np.flatnonzero((lengths > narrower) & (lengths <= width))
-        narrower = width
+    for widest in _WIDTHS:  # (two classes: few numpy calls on small pages, little padding)
+        rows = np.flatnonzero((lengths > narrower) & (lengths <= widest))
+        narrower = widest
         if not len(rows):
             continue
         sizes = lengths[rows]
+        width = int(sizes.max())  # (a column each byte of the longest name of the class)
         flat = np.frombuffer(b"".join([names[row] for row in rows]), dtype=np.uint8)
         padded = np.zeros((len(rows), width), dtype=np.uint8)
         starts = np.cumsum(sizes) - sizes  # (each name's first byte in `flat`)

@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from service.core.precheck import names as names_module
 from service.core.precheck.names import (
     SELECTOR_ATTRIBUTE,
     _buckets,
@@ -31,12 +32,23 @@ def _spread(count: int, prefix: bytes = b"") -> tuple[bytes, ...]:
     )
 
 
-def test_buckets_are_lexbors_hash_of_the_name() -> None:
-    """Every width class (up to 16 bytes, up to 64), bytes of any value but NUL, the known names."""
+def test_buckets_are_lexbors_hash_of_the_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every width class (up to 16 bytes, up to 64), bytes of any value but NUL, the known names; hashed
+    or kept from an earlier call, and after the kept names were emptied."""
+    monkeypatch.setattr(names_module, "_BUCKET_OF", {})
+    monkeypatch.setattr(names_module, "_BUCKETS_KEPT", 4000)
     rng = random.Random(7)
     names = [bytes(rng.randrange(1, 256) for _ in range(rng.randrange(1, 65))) for _ in range(3000)]
     names += [b"hidden", b"a", b"x" * 16, b"y" * 17, b"z" * 64, "\ufffd".encode()]
-    assert [int(bucket) for bucket in _buckets(names)] == [_reference_bucket(name) for name in names]
+    expected = [_reference_bucket(name) for name in names]
+    assert [int(bucket) for bucket in _buckets(names)] == expected
+    assert len(names_module._BUCKET_OF) == len(set(names))
+    more = [b"q" * length for length in range(1, 65)] + names[::-1]  # some new, most kept
+    assert [int(bucket) for bucket in _buckets(more)] == [_reference_bucket(name) for name in more]
+    assert [int(bucket) for bucket in _buckets(names[:10])] == expected[:10]
+    past = [b"w%d" % number for number in range(1500)] + names[:5]  # past 4,000 kept: emptied first
+    assert [int(bucket) for bucket in _buckets(past)] == [_reference_bucket(name) for name in past]
+    assert len(names_module._BUCKET_OF) <= 4000
 
 
 def _attack(names: tuple[bytes, ...], use: bytes, repeats: int) -> bytes:
@@ -149,6 +161,10 @@ def test_the_selector_attribute_is_counted_at_every_element_only_where_an_elemen
     assert estimate_name_lookups(plain).per_element == 0
     with_hidden = filler + b"<p hidden>gone</p>" + b"<i>x</i>" * 100_000
     assert estimate_name_lookups(with_hidden).per_element >= 3000
+    # SVG's spellings and foreign attributes, looked up besides, change nothing of `hidden`'s bucket.
+    svg = b"<svg viewbox='0 0 1 1' preserveaspectratio=none xlink:href=x></svg>"
+    per_element = estimate_name_lookups(with_hidden).per_element
+    assert estimate_name_lookups(svg + with_hidden).per_element == per_element
     with pytest.raises(TooManyNamesError):
         prune_html(with_hidden)
     assert "x" in prune_html(plain)
