@@ -110,7 +110,7 @@ _MOST_WEIGHT = 20.0
 _HASHED_LENGTH = 64
 _WIDTHS = (16, _HASHED_LENGTH)
 # The buckets of names hashed before, in this process (`_buckets`); emptied when it would pass
-# _BUCKETS_KEPT names (a few MiB).
+# _BUCKETS_KEPT names (under 10 MiB; threads emptying it together may pass that count by a little).
 _BUCKETS_KEPT = 1 << 16
 _BUCKET_OF: dict[bytes, int] = {}
 
@@ -396,6 +396,8 @@ def _hashed_buckets(names: list[bytes]) -> np.ndarray:
     names of at most `_HASHED_LENGTH` bytes, in C: the names of each width class laid out in the rows of
     one array, padded in front with zero bytes (which leave the hash at 0), and hashed a column at a time."""
     lengths = np.fromiter(map(len, names), np.int64, len(names))
+    if len(names) and not 0 < lengths.min() <= lengths.max() <= _HASHED_LENGTH:
+        raise ValueError(f"only names of 1 to {_HASHED_LENGTH} bytes are hashed here")
     buckets = np.empty(len(names), dtype=np.int64)
     narrower = 0
     for widest in _WIDTHS:  # (two classes: few numpy calls on small pages, little padding)

@@ -49,6 +49,13 @@ def test_buckets_are_lexbors_hash_of_the_name(monkeypatch: pytest.MonkeyPatch) -
     past = [b"w%d" % number for number in range(1500)] + names[:5]  # past 4,000 kept: emptied first
     assert [int(bucket) for bucket in _buckets(past)] == [_reference_bucket(name) for name in past]
     assert len(names_module._BUCKET_OF) <= 4000
+    many = [b"v%d" % number for number in range(4001)]  # more new names than may be kept: none kept
+    assert [int(bucket) for bucket in _buckets(many)] == [_reference_bucket(name) for name in many]
+    assert not set(many) & set(names_module._BUCKET_OF)
+    for unhashed in (b"", b"x" * 65):  # (names `bound` leaves out of the buckets)
+        with pytest.raises(ValueError):
+            _buckets([b"a", unhashed])
+        assert unhashed not in names_module._BUCKET_OF
 
 
 def _attack(names: tuple[bytes, ...], use: bytes, repeats: int) -> bytes:
