@@ -74,21 +74,22 @@ def prune_document(html: str | bytes, encoding: str | None) -> str:
     except ParseFailedError as exc:
         if limit is None:
             raise
-        raise ParseFailedError(
-            f"{exc.message} (this process may use {limit} MiB, HTMLLM_PREPROCESS_MEMORY_LIMIT_MB; "
-            "a parse that needs more fails so)"
-        ) from exc
+        said = f"{exc.message} ({_limit_said(limit)}; a parse that needs more fails so)"
+        raise ParseFailedError(said) from exc
     except HtmllmError:
         raise
     except MemoryError as exc:
-        # Worded as the parse's failure above: which of the two a page meets depends on where the
-        # memory runs out (the pre-checks' arrays or the parser), not on the page.
-        allowed = (
-            "" if limit is None else f" (this process may use {limit} MiB, HTMLLM_PREPROCESS_MEMORY_LIMIT_MB)"
-        )
+        # Said as the parse's failure above: which of the two a page meets depends on where the memory
+        # runs out (the pre-checks' arrays or the parser), not on the page.
+        allowed = "" if limit is None else f" ({_limit_said(limit)})"
         raise InputTooLargeError(f"pruning this page needs more memory than it may use{allowed}") from exc
     except Exception as exc:
         raise PreprocessError(f"pruning failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _limit_said(limit: int) -> str:
+    """The memory limit, as `prune_document`'s errors say it."""
+    return f"this process may use {limit} MiB, HTMLLM_PREPROCESS_MEMORY_LIMIT_MB"
 
 
 def _memory_limit_mb() -> int | None:

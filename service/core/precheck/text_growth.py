@@ -212,7 +212,7 @@ def text_growth_memory(document: str | bytes, *, tags: int, within: int, respell
     bound = int(pieces * (len(_TAG.sub(b"", data)) + tags + longer) * TEXT_COPY_KEPT)
     if bound <= within:
         return bound
-    return int(_scan(data, respelled=respelled).kept)
+    return text_growth_kept(data, respelled=respelled)
 
 
 def _tag_allocations(values: int) -> int:
@@ -647,10 +647,11 @@ def text_copies(document: str | bytes) -> int:
     return _scan(document).copies
 
 
-def text_growth_kept(document: str | bytes) -> int:
+def text_growth_kept(document: str | bytes, *, respelled: bool = False) -> int:
     """What Lexbor keeps of those copies, estimated: each copy `TEXT_COPY_KEPT_PER_ALLOCATION` times the
-    allocations before it (anywhere in the page for a foster-parented piece), at most `TEXT_COPY_KEPT`."""
-    return int(_scan(document).kept)
+    allocations before it (anywhere in the page for a foster-parented piece), at most `TEXT_COPY_KEPT`.
+    `respelled`: as `text_growth_memory`'s."""
+    return int(_scan(document, respelled=respelled).kept)
 
 
 def _scan(document: str | bytes, *, respelled: bool = False) -> _Scan:
