@@ -201,6 +201,9 @@ _COLLAPSE_CHUNK = 1 << 20  # larger outputs are whitespace-collapsed chunk by ch
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _LONGER_REFERENCES = {"&nGt;": "&#08811;&#8402;", "&nLt;": "&#08810;&#8402;"}
 _LONGER_REFERENCES_BYTES = {key.encode(): value.encode() for key, value in _LONGER_REFERENCES.items()}
+# Either of them, found in one pass over the page (two `in` tests took three times as long).
+_LONGER_REFERENCE = re.compile("&n[GL]t;")
+_LONGER_REFERENCE_BYTES = re.compile(b"&n[GL]t;")
 # The first "<plaintext" of a serialisation (see `_rewrite_plaintext`).
 _PLAINTEXT_START = re.compile(r"<plaintext\b")
 _PLAINTEXT_END = "</plaintext>"
@@ -413,12 +416,12 @@ def respell_longer_references(document: str | bytes) -> str | bytes | None:
     """The page with `_LONGER_REFERENCES` respelled, or None where it has none: for any caller that
     parses untrusted HTML with Lexbor (`model_training.evaluation.derive` too)."""
     if isinstance(document, bytes):
-        if not any(written in document for written in _LONGER_REFERENCES_BYTES):
+        if _LONGER_REFERENCE_BYTES.search(document) is None:
             return None
         for written_bytes, spelled_bytes in _LONGER_REFERENCES_BYTES.items():
             document = document.replace(written_bytes, spelled_bytes)
         return document
-    if not any(written in document for written in _LONGER_REFERENCES):
+    if _LONGER_REFERENCE.search(document) is None:
         return None
     for written, spelled in _LONGER_REFERENCES.items():
         document = document.replace(written, spelled)
