@@ -54,10 +54,12 @@ DESCRIPTION = (
     "usable). Response headers `x-prune-time`, `x-tokenize-time`, `x-queue-time`, `x-inference-time`, "
     "`x-total-time` are in milliseconds. Besides what each operation lists, any request may be answered "
     "404 `not_found` (no such route), 405 `method_not_allowed` (with `Allow`: the methods the path "
-    "takes) or 431 `headers_too_large` (request line and headers over 64 KiB; the connection is closed), "
-    "with the same error body. The 431, and the plain-text 400 the HTTP parser sends for bytes that are "
+    "takes), 431 `headers_too_large` (request line and headers over 64 KiB) or 408 `head_timeout` (they "
+    "took longer than `HTMLLM_HEAD_TIMEOUT_S`), the connection then closed, with the same error body. "
+    "The 431 and 408 `head_timeout`, and the plain-text 400 the HTTP parser sends for bytes that are "
     "not HTTP/1.1 (an unknown method, TLS on the plain port), come from below the app: they carry no "
-    "`x-request-id`."
+    "`x-request-id`. A request that offers to switch protocols (`Upgrade: h2c`) is answered over "
+    "HTTP/1.1 as if it had not."
 )
 
 

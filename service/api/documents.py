@@ -30,7 +30,7 @@ from pydantic import BaseModel, ValidationError
 from service.api.runtime import CHARGE_KEY
 from service.api.schemas import DocumentIn, EncodingFormat
 from service.core.decoding import parse_content_type
-from service.core.errors import ErrorCode, HtmllmError
+from service.core.errors import ErrorCode, HtmllmError, shown
 from service.core.pages import valid_json
 from service.engine import Document, DocumentResult
 
@@ -212,9 +212,8 @@ async def read_body(
     body = await request.body()
     unknown = sorted({name for name in request.query_params if name not in raw_options})
     if unknown:
-        shown = ", ".join(repr(name[:40]) for name in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
         raise HtmllmError(
-            f"unknown query option(s) {shown}; this route takes {', '.join(sorted(raw_options))} "
+            f"unknown query option(s) {shown(unknown)}; this route takes {', '.join(sorted(raw_options))} "
             "(with a raw body only)",
             code=ErrorCode.VALIDATION,
         )

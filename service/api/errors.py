@@ -43,6 +43,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.OVERLOADED: 429,
     ErrorCode.TIMEOUT: 504,
     ErrorCode.BODY_TIMEOUT: 408,
+    ErrorCode.HEAD_TIMEOUT: 408,
     ErrorCode.SHUTTING_DOWN: 503,
     ErrorCode.NOT_READY: 503,
     ErrorCode.UNHEALTHY: 503,

@@ -11,6 +11,18 @@ closed. Such an answer comes from below the app, so it is not counted in
 request that is running, not only by the last one queued (`connection_lost`). Each request's scope
 carries its connection's age and request number (`service.api.connections`), which ASGI gives the app
 no other way to know, so that a connection's life can be bounded.
+
+Two more gaps of uvicorn's httptools path are closed here. A request that offers to switch protocols
+(`Connection: upgrade` with `Upgrade: h2c`, which Java's HttpClient and Spring's RestClient send by
+default and `curl --http2` sends on a plain URL) makes llhttp stop at the end of the head: uvicorn
+ignored the upgrade but had already started the request with an empty, complete body (400
+`empty_input`, or 422 for JSON), the page lost (uvicorn issue 2722). The service switches to nothing
+(it has no WebSocket route), so it answers such a request as if the offer had not been made, as RFC 9110
+section 7.8 allows: the head is given again, without the offer, to a fresh parser, and the body after
+it follows. And uvicorn times a connection out only between requests: one that sends nothing, or half
+a head, was held without end (slowloris); a head must now arrive within `head_timeout_s` of the
+connection opening or of its first byte (408 `head_timeout` where part of one came; the connection is
+closed either way).
 """
 
 from __future__ import annotations
@@ -27,20 +39,19 @@ from service.core.errors import ErrorCode
 # The most bytes of a request's head buffered before it is refused: 4x h11's default in uvicorn, room
 # for large cookies and gateway headers (nginx allows 4 x 8 KiB by default).
 MAX_HEAD_BYTES = 64 * 1024
+# What a protocol switch offer adds to a head, left out where it is given again (`Connection`'s tokens
+# for them too).
+_OFFER_HEADERS = frozenset((b"upgrade", b"http2-settings"))
+_REASONS = {405: "Method Not Allowed", 408: "Request Timeout", 431: "Request Header Fields Too Large"}
 
 
-def _head_too_large_response() -> bytes:
-    body = json.dumps(
-        {
-            "error": {
-                "code": ErrorCode.HEADERS_TOO_LARGE.value,
-                "message": f"the request line and headers exceed {MAX_HEAD_BYTES} bytes",
-            }
-        }
-    ).encode()
-    status = STATUS[ErrorCode.HEADERS_TOO_LARGE]
+def _error_answer(code: ErrorCode, message: str) -> bytes:
+    """A whole HTTP/1.1 answer with the service's error body, closing the connection: for what the
+    parser refuses before any request exists."""
+    body = json.dumps({"error": {"code": code.value, "message": message}}).encode()
+    status = STATUS[code]
     head = (
-        f"HTTP/1.1 {status} Request Header Fields Too Large\r\n"
+        f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
         "content-type: application/json\r\n"
         f"content-length: {len(body)}\r\n"
         "connection: close\r\n\r\n"
@@ -48,15 +59,41 @@ def _head_too_large_response() -> bytes:
     return head.encode("ascii") + body
 
 
-def protocol_class() -> type[asyncio.Protocol] | str:
-    """uvicorn's `http` setting: the bounded httptools protocol, or "h11" where httptools is missing."""
+def _head_too_large_response() -> bytes:
+    return _error_answer(
+        ErrorCode.HEADERS_TOO_LARGE, f"the request line and headers exceed {MAX_HEAD_BYTES} bytes"
+    )
+
+
+def _head_without_offer(method: bytes, url: bytes, version: str, headers: list[tuple[bytes, bytes]]) -> bytes:
+    """A request's head as received (names lowercased), without its offer to switch protocols."""
+    lines = [method + b" " + url + b" HTTP/" + version.encode("ascii")]
+    for name, value in headers:
+        if name in _OFFER_HEADERS:
+            continue
+        if name == b"connection":
+            tokens = [token.strip() for token in value.split(b",")]
+            kept = [token for token in tokens if token and token.lower() not in _OFFER_HEADERS]
+            if not kept:
+                continue
+            value = b", ".join(kept)
+        lines.append(name + b": " + value)
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol] | str:
+    """uvicorn's `http` setting: the bounded httptools protocol, or "h11" where httptools is missing.
+    `head_timeout_s`: how long a connection may take to send a request's head (None: no limit)."""
     try:
+        import httptools
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:  # httptools is in the serve extra; a bare uvicorn falls back to h11
         return "h11"
 
     class BoundedHttpToolsProtocol(HttpToolsProtocol):
-        """httptools' protocol that refuses a head longer than `MAX_HEAD_BYTES` (431, then closes).
+        """httptools' protocol that refuses a head longer than `MAX_HEAD_BYTES` (431, then closes), or
+        slower than `head_timeout_s` (408, then closes), and answers a request that offers to switch
+        protocols as if it had not (the module's docstring).
 
         httptools reports no offsets, so the head is counted in whole chunks: after each parse, a chunk
         counts when the head still open began in an earlier one. The chunk a message begins in is not
@@ -73,6 +110,12 @@ def protocol_class() -> type[asyncio.Protocol] | str:
             # uvicorn makes one protocol per connection, just before the connection is made.
             self._opened = time.monotonic()
             self._requests = 0
+            self._offered_upgrade = False  # the head just parsed offered a protocol switch
+            self._head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm_head_timer()
 
         def _start_asgi_task(self, cycle: Any, app: Any) -> None:
             self._running = cycle
@@ -88,6 +131,7 @@ def protocol_class() -> type[asyncio.Protocol] | str:
             if running is not None and running is not self.cycle and not running.response_complete:
                 running.disconnected = True
                 running.message_event.set()
+            self._cancel_head_timer()
             super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
@@ -95,17 +139,41 @@ def protocol_class() -> type[asyncio.Protocol] | str:
             self._in_head = True
             self._began_in_chunk = True
             self._head_bytes = 0
+            self._offered_upgrade = False
+            self._arm_head_timer()
 
         def on_headers_complete(self) -> None:
             self._in_head = False
+            self._cancel_head_timer()
+            if self.parser.should_upgrade():  # (set before this callback; llhttp stops after it)
+                self._offered_upgrade = True  # no request yet: `data_received` gives the head again
+                return
             self._requests += 1
             age = ConnectionAge(opened=self._opened, request=self._requests)
             self.scope[CONNECTION_KEY] = age  # type: ignore[literal-required]  # an extension key
             super().on_headers_complete()
 
+        def on_body(self, body: bytes) -> None:
+            if not self._offered_upgrade:
+                super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            if not self._offered_upgrade:  # (llhttp ends an upgrading request at its head)
+                super().on_message_complete()
+
         def data_received(self, data: bytes) -> None:
             self._began_in_chunk = False
-            super().data_received(data)
+            self._unset_keepalive_if_required()
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserError:
+                message = "Invalid HTTP request received."
+                self.logger.warning(message)
+                self.send_400_response(message)
+                return
+            except httptools.HttpParserUpgrade as upgrade:
+                self._give_head_again(data[upgrade.args[0] :])
+                return
             if not self._in_head or self._began_in_chunk or self.transport.is_closing():
                 return
             self._head_bytes += len(data)
@@ -113,5 +181,46 @@ def protocol_class() -> type[asyncio.Protocol] | str:
                 self._in_head = False
                 self.transport.write(_head_too_large_response())
                 self.transport.close()
+
+        def _give_head_again(self, rest: bytes) -> None:
+            """Parse the head just read again without its offer to switch protocols, then `rest` (the
+            body, and whatever follows it), with a fresh parser: llhttp's stays switched."""
+            method = self.parser.get_method()
+            if method == b"CONNECT":  # (llhttp switches at every CONNECT: there is no body to read)
+                refusal = _error_answer(ErrorCode.METHOD_NOT_ALLOWED, "CONNECT is not served here")
+                self.transport.write(refusal)
+                self.transport.close()
+                return
+            if not self._offered_upgrade:  # (never: llhttp switches only where the head offered it)
+                self.send_400_response("Invalid HTTP request received.")
+                return
+            head = _head_without_offer(method, self.url, self.parser.get_http_version(), self.headers)
+            self.parser = httptools.HttpRequestParser(self)
+            self.data_received(head + rest)
+
+        def _arm_head_timer(self) -> None:
+            if head_timeout_s is not None and self._head_timer is None:
+                self._head_timer = self.loop.call_later(head_timeout_s, self._head_timed_out)
+
+        def _cancel_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timed_out(self) -> None:
+            """No head within `head_timeout_s`: close the connection (408 where part of one came), but
+            never under a request still being answered (a pipelined head behind it waits for it)."""
+            self._head_timer = None
+            if self.transport.is_closing():
+                return
+            running = self._running
+            if running is not None and not running.response_complete:
+                self._arm_head_timer()
+                return
+            if self._in_head:
+                message = f"the request head did not arrive within {head_timeout_s:g} s"
+                message += " (HTMLLM_HEAD_TIMEOUT_S)"
+                self.transport.write(_error_answer(ErrorCode.HEAD_TIMEOUT, message))
+            self.transport.close()
 
     return BoundedHttpToolsProtocol

@@ -186,7 +186,7 @@ def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
         app,
         host=settings.host,
         port=settings.port,
-        http=protocol_class(),
+        http=protocol_class(settings.head_timeout_s),
         log_level=settings.log_level,
         lifespan="on",
         timeout_graceful_shutdown=max(1, math.ceil(settings.drain_timeout_s)),

@@ -123,6 +123,12 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(
         60.0, gt=0, description="408 when a request's body takes longer than this to arrive"
     )
+    head_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="a connection that sends no request head (request line and headers) within this long "
+        "of opening, or of the head's first byte, is closed (408 head_timeout where part of one came)",
+    )
     truncate: bool = Field(True, description="default policy: truncate long documents, or reject (422)")
     retry_after_s: int = Field(1, ge=0, description="Retry-After on 429 and 503")
 

@@ -63,7 +63,7 @@ from service.commands.resume_state import (
     run_lock,
 )
 from service.core.attention import ATTENTION_CHOICES, AUTO_ATTENTION, attention_option
-from service.core.errors import ErrorCode, HtmllmError
+from service.core.errors import ErrorCode, HtmllmError, shown
 from service.core.quantization import NO_QUANTIZATION, QUANTIZATION_CHOICES, quantization_option
 
 if TYPE_CHECKING:
@@ -306,7 +306,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
     unknown = [name for name in asked if name not in known]
     if unknown:
         raise HtmllmError(
-            f"unknown head(s) {unknown}; this model has {sorted(known)}", code=ErrorCode.UNKNOWN_HEAD
+            f"unknown head(s) {shown(unknown)}; this model has {sorted(known)}", code=ErrorCode.UNKNOWN_HEAD
         )
     # In the checkpoint's order, whatever --heads' order: the same heads are the same run (and columns).
     heads = [name for name in known if name in asked]

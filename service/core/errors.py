@@ -6,6 +6,7 @@ codes to status codes in one table (`service.api.errors`); the core and engine n
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 
 
@@ -26,6 +27,7 @@ class ErrorCode(StrEnum):
     OVERLOADED = "overloaded"  # queue full (429)
     TIMEOUT = "timeout"  # request deadline passed (504)
     BODY_TIMEOUT = "body_timeout"  # the request body did not arrive in time (408)
+    HEAD_TIMEOUT = "head_timeout"  # the request line and headers did not arrive in time (408)
     SHUTTING_DOWN = "shutting_down"  # server draining, not accepting (503)
     NOT_READY = "not_ready"  # model not loaded / warmed, or its backend failing (503)
     UNHEALTHY = "unhealthy"  # liveness: the backend has failed (or hung) too long to recover (503)
@@ -37,6 +39,15 @@ class ErrorCode(StrEnum):
     CHECKPOINT_INVALID = "checkpoint_invalid"  # a checkpoint failed strict loading (500 at startup)
     BACKEND_FAILED = "backend_failed"  # the model runner raised (500)
     INTERNAL = "internal_error"  # an invariant broke (500)
+
+
+def shown(names: Iterable[str], *, most: int = 5, width: int = 40) -> str:
+    """Names a client sent, for an error message: the first `most` distinct ones, each cut to `width`
+    characters (a message must not echo a request's megabytes back: one head name of 5 MB had made a
+    5 MB answer)."""
+    distinct = list(dict.fromkeys(names))
+    listed = ", ".join(repr(name[:width]) for name in distinct[:most])
+    return listed + (f", ... ({len(distinct)} in all)" if len(distinct) > most else "")
 
 
 class HtmllmError(Exception):

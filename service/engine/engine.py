@@ -22,7 +22,7 @@ from types import TracebackType
 import numpy as np
 
 from service.core.checkpoint import CheckpointMeta
-from service.core.errors import ErrorCode, HtmllmError
+from service.core.errors import ErrorCode, HtmllmError, shown
 from service.core.modeling import HeadSpec
 from service.core.preparation import Preprocessed
 from service.core.prune import PRUNE_VERSION
@@ -260,10 +260,10 @@ class Engine:
         if heads is None:
             return list(self._heads)
         if isinstance(heads, str):  # a sequence of characters, each an unknown head
-            raise UnknownHeadError(f"heads is a list of head names (one head: [{heads!r}]), not a str")
+            raise UnknownHeadError(f"heads is a list of head names (one head: [{shown([heads])}]), not a str")
         unknown = [h for h in heads if h not in self._heads]
         if unknown:
-            raise UnknownHeadError(f"unknown head(s) {unknown}; this model has {sorted(self._heads)}")
+            raise UnknownHeadError(f"unknown head(s) {shown(unknown)}; this model has {sorted(self._heads)}")
         return list(dict.fromkeys(heads))
 
     async def preprocess(self, doc: Document | str | bytes) -> Preprocessed:

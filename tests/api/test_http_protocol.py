@@ -187,3 +187,109 @@ def test_a_client_that_pipelines_and_leaves_is_no_server_error(server: LiveServe
     assert sum(new.values()) == 5, new
     assert not any('status="500"' in labels and count for labels, count in new.items()), new
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+def _send(url: str, data: bytes, timeout: float = 60) -> bytes:
+    """Send `data` on a new connection; everything the server answers until it closes."""
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=timeout) as sock:
+        sock.sendall(data)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        return answer
+
+
+_H2C_OFFER = (
+    b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n"
+)
+
+
+def test_a_request_that_offers_a_protocol_switch_is_answered_with_its_body(server: LiveServer) -> None:
+    """`Upgrade: h2c` (Java's HttpClient, Spring's RestClient, `curl --http2` on a plain URL): llhttp
+    stops at the head, and uvicorn had started the request with an empty body (400 `empty_input`). The
+    page is embedded as without the offer, with a Content-Length or chunked, and a request pipelined
+    behind it is answered too."""
+    html = page(4).encode()
+    plain = httpx.post(
+        f"{server.url}/v1/embed", content=html, headers={"content-type": "text/html"}, timeout=60
+    ).json()["data"][0]["embedding"]
+    framings = {
+        "length": f"content-length: {len(html)}\r\n\r\n".encode() + html,
+        "chunked": b"transfer-encoding: chunked\r\n\r\n"
+        + b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (html[:100], html[100:]))
+        + b"0\r\n\r\n",
+    }
+    for framing, rest in framings.items():
+        request = b"POST /v1/embed HTTP/1.1\r\nHost: x\r\ncontent-type: text/html\r\n" + _H2C_OFFER + rest
+        answer = _send(server.url, request + b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answer) == [b"200", b"200"], (framing, answer[-300:])
+        first = answer.split(b"\r\n\r\n", 1)[1]
+        embedding = json.loads(first[: first.index(b"HTTP/1.1 ")])["data"][0]["embedding"]
+        assert embedding == pytest.approx(plain, abs=1e-5), framing
+    # A WebSocket offer is no switch either (no route takes one): answered as HTTP.
+    answer = _send(
+        server.url,
+        b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, close\r\nUpgrade: websocket\r\n"
+        b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+    )
+    assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b'{"status":"ok"}'), answer[-300:]
+
+
+def test_connect_is_refused_typed_and_the_server_keeps_serving(server: LiveServer) -> None:
+    answer = _send(server.url, b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 405 ") and b"connection: close" in head, answer[:300]
+    assert json.loads(body)["error"]["code"] == "method_not_allowed"
+    assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+
+
+async def _slow_ok(scope: Any, receive: Any, send: Any) -> None:
+    await asyncio.sleep(0.5)
+    await _ok(scope, receive, send)
+
+
+def _protocol(app: Any, head_timeout_s: float | None) -> tuple[Any, _Transport]:
+    protocol_type = protocol_class(head_timeout_s)
+    assert not isinstance(protocol_type, str)
+    config = uvicorn.Config(app=app, http=protocol_type, log_level="warning", lifespan="off")
+    protocol: Any = protocol_type(  # type: ignore[call-arg]
+        config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop()
+    )
+    transport = _Transport()
+    protocol.connection_made(transport)
+    return protocol, transport
+
+
+async def test_a_head_slower_than_the_timeout_is_a_408_and_the_connection_closes() -> None:
+    """uvicorn times out only idle connections between requests: one that sent half a head, or nothing,
+    was held without end. Half a head gets 408 `head_timeout`; nothing gets a close."""
+    protocol, transport = _protocol(_ok, head_timeout_s=0.2)
+    protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n")
+    await asyncio.sleep(0.1)
+    assert not transport.closed
+    await asyncio.sleep(0.3)
+    assert transport.closed and transport.written.startswith(b"HTTP/1.1 408 "), transport.written
+    assert json.loads(transport.written.partition(b"\r\n\r\n")[2])["error"]["code"] == "head_timeout"
+
+    protocol, transport = _protocol(_ok, head_timeout_s=0.2)
+    await asyncio.sleep(0.4)
+    assert transport.closed and transport.written == b""
+
+
+async def test_the_head_timeout_spares_heads_that_came_and_requests_being_answered() -> None:
+    """A head that arrived in time is answered however long its answer takes; a pipelined half head
+    behind it is not cut off while the request before it runs (its clock restarts), and is timed out
+    once that request is answered; without a timeout nothing is closed."""
+    protocol, transport = _protocol(_slow_ok, head_timeout_s=0.2)
+    protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n")
+    await asyncio.sleep(0.45)
+    assert not transport.closed and transport.written == b""
+    await asyncio.sleep(0.5)  # the first answer at 0.5 s; the half head's clock runs out after it
+    assert transport.written.startswith(b"HTTP/1.1 200 "), transport.written
+    assert transport.closed and b"HTTP/1.1 408 " in transport.written
+
+    protocol, transport = _protocol(_ok, head_timeout_s=None)
+    protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n")
+    await asyncio.sleep(0.3)
+    assert not transport.closed

@@ -446,7 +446,7 @@ def test_a_typo_in_the_input_neither_loads_the_model_nor_locks_the_output(
         (["--max-length", "100000"], 1, "--max-length 100000 exceeds the checkpoint's"),
         (["--dtype", "float16"], 1, "float16 is for CUDA"),
         (["--onnx-quantize", "int8"], 1, "needs the onnx backend on CPU"),
-        (["--heads", "quality,nope"], 1, "unknown head(s) ['nope']"),
+        (["--heads", "quality,nope"], 1, "unknown head(s) 'nope'"),
         pytest.param(
             ["--device", "cuda"], 1, "no usable CUDA device",
             marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA"),

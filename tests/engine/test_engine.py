@@ -131,8 +131,11 @@ async def test_head_selection_and_unnormalised_output(tiny_checkpoint: Path, pag
         (none,) = await engine.embed(pages[:1], heads=[])
         with pytest.raises(UnknownHeadError) as info:
             await engine.embed(pages[:1], heads=["sentiment"])
+        with pytest.raises(UnknownHeadError) as huge:  # (a client's megabytes are not echoed back)
+            await engine.embed(pages[:1], heads=["x" * 1_000_000] + [f"h{i}" for i in range(2400)])
     assert set(only.scores) == {"quality"} and none.scores == {}
-    assert info.value.code is ErrorCode.UNKNOWN_HEAD
+    assert info.value.code is ErrorCode.UNKNOWN_HEAD and "'sentiment'" in str(info.value)
+    assert len(str(huge.value)) < 400 and "(2401 in all)" in str(huge.value)
     np.testing.assert_allclose(only.embedding / np.linalg.norm(only.embedding), none.embedding, atol=1e-6)
 
 
