@@ -232,6 +232,17 @@ def declared_codec(label: str | None) -> str | None:
     return name if _reads_ascii(name) else None
 
 
+def _declared_reading(data: bytes, encoding: str | None) -> str | None:
+    """The codec `encoding` declares for `data` (`declared_codec`), but none where it declares UTF-16 and
+    `data` holds no NUL byte: UTF-16 writes every ASCII character, markup's `<` first, with one, so
+    such bytes are no UTF-16 page (a server's default `charset=utf-16` over a UTF-8 page had made it
+    CJK noise, and embedded the noise)."""
+    declared = declared_codec(encoding)
+    if declared is not None and declared.startswith("utf-16") and b"\0" not in data:
+        return None
+    return declared
+
+
 def sniff_xml_encoding(data: bytes) -> str | None:
     """The codec an XML declaration at the top of the page (`<?xml ... encoding="..."?>`) names, if any.
 
@@ -281,7 +292,7 @@ def decode_html(data: bytes | str, *, encoding: str | None = None) -> DecodedHtm
     for bom, name in _BOMS:
         if data.startswith(bom):
             return DecodedHtml(data[len(bom) :].decode(name, errors="replace"), name, "bom")
-    declared = declared_codec(encoding)
+    declared = _declared_reading(data, encoding)
     if declared is not None:
         return DecodedHtml(decode_bytes(data, declared), declared, "declared")
     meta = sniff_meta_charset(data)
@@ -309,7 +320,7 @@ def with_declared_encoding(data: bytes, encoding: str | None) -> bytes:
     otherwise the declared reading comes back as UTF-8 behind a BOM, which wins over everything else
     in `decode_html`.
     """
-    declared = declared_codec(encoding)
+    declared = _declared_reading(data, encoding)
     if declared is None or any(data.startswith(bom) for bom, _ in _BOMS):
         return data
     meta = sniff_meta_charset(data)
@@ -358,7 +369,7 @@ def utf8_payload(data: bytes, *, encoding: str | None = None) -> bytes | None:
     for bom, name in _BOMS:
         if data.startswith(bom):
             return data[len(bom) :] if name == "utf-8" else None
-    declared = declared_codec(encoding) or sniff_meta_charset(data) or sniff_xml_encoding(data)
+    declared = _declared_reading(data, encoding) or sniff_meta_charset(data) or sniff_xml_encoding(data)
     if declared is not None:
         return data if declared == "utf-8" else None
     return data if data.isascii() else None

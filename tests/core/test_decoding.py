@@ -332,6 +332,16 @@ def test_a_declared_utf16_charset_is_kept_and_escape_codecs_are_no_labels() -> N
     text = "<p>Grüße, Здравствуйте</p>"
     for label, codec in (("utf-16le", "utf-16-le"), ("UTF-16BE", "utf-16-be")):
         assert decode_html(text.encode(codec), encoding=label).text == text
+    # Bytes without a NUL are no UTF-16 markup: a server's default charset over a UTF-8 page (it was
+    # read as CJK noise). The page's own <meta>, UTF-8 or the detector decide, as undeclared.
+    utf8 = ('<html><meta charset="utf-8"><p>' + text + "</p>").encode()
+    for label in ("utf-16", "UTF-16LE", "utf-16be", "ucs-2", "unicode"):
+        decoded = decode_html(utf8, encoding=label)
+        assert decoded.text == utf8.decode() and decoded.source == "meta", label
+        assert decode_html(b"<p>plain ASCII</p>", encoding=label).text == "<p>plain ASCII</p>"
+        assert with_declared_encoding(utf8, label) == utf8
+        assert utf8_payload(utf8, encoding=label) == utf8
+        assert prune_html(utf8, encoding=label) == prune_html(utf8)
     page = '<meta charset="unicode_escape"><p>a\\nb</p>'
     assert normalize_encoding("unicode_escape") is None and normalize_encoding("raw_unicode_escape") is None
     assert decode_html(page.encode()).text == page
