@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from service import __version__
 from service.api.api_keys import ApiKeys
+from service.api.auth import key_gate, require_api_key
 from service.api.compression import NegotiatedGZipMiddleware
 from service.api.connections import ConnectionLifetimeMiddleware
 from service.api.errors import ROUTES_STATE, install_error_handlers
@@ -179,6 +180,15 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     docs_routes = [route for route in app.routes if isinstance(route, Route)]
     setattr(app.state, ROUTES_STATE, [*api_routes, *docs_routes])  # a 405's `Allow` (service.api.errors)
     paths = {route.path for route in api_routes}
+    # The routes that need a key (`require_api_key`): the body limit refuses them before reading a body.
+    keyed = {
+        (method, route.path)
+        for router in routers
+        if any(dependency.dependency is require_api_key for dependency in router.dependencies)
+        for route in router.routes
+        if isinstance(route, APIRoute)
+        for method in route.methods or ()
+    }
     paths |= {path for path in (app.openapi_url, app.docs_url, app.redoc_url) if path}
     # Added innermost first: metrics see every request, including those the body limit refuses, every
     # response, compressed or not, carries its request id, and any may end its connection.
@@ -190,6 +200,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         retry_after_s=settings.retry_after_s,
         readers=runtime.body_readers,
         metrics=metrics,
+        gate=key_gate(api_keys, keyed),
     )
     if settings.gzip_min_bytes > 0:
         # Level 1: most of gzip's gain on float JSON for a fraction of level 9's CPU, which the model needs.

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Sized
+from collections.abc import Callable, Sized
 from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -100,8 +100,10 @@ class BodyLimitMiddleware:
         retry_after_s: int,
         readers: BodyReaders,
         body_timeout_s: float = 60.0,
+        gate: Callable[[Scope], HtmllmError | None] | None = None,
     ) -> None:
         self.app = app
+        self.gate = gate  # what refuses a request before its body is read (the API key: service.api.auth)
         self.readers = readers
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
@@ -178,6 +180,11 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         scope[START_KEY] = time.perf_counter()
+        if self.gate is not None and (refusal := self.gate(scope)) is not None:
+            # Before a byte of the body is read or charged: the client's upload, if any, is discarded by
+            # the parser after this answer, and the connection carries the next request.
+            await self._refuse(scope, receive, send, refusal.code, refusal.message)
+            return
         limit = self.max_body_bytes
         declared = dict(scope["headers"]).get(b"content-length")
         length = 0

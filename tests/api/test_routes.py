@@ -629,6 +629,18 @@ async def test_api_key(settings_for: SettingsFactory) -> None:
             assert (await client.post(route, json={})).status_code == 401, route
         for route in ("/health", "/ready", "/metrics", "/info", "/openapi.json"):
             assert (await client.get(route)).status_code == 200, route
+        # Refused before its body is read: a client without a key learns nothing of the body limits
+        # (413, 415) and cannot make the server decode or hold its bodies.
+        for headers in ({"content-encoding": "snappy"}, {"content-length": str(1 << 40)}):
+            refused = await client.post("/v1/embed", content=b"x", headers=headers)
+            assert refused.status_code == 401, (headers, refused.text)
+        held = await client.post("/v1/embed", content=b"x", headers={"content-encoding": "snappy"})
+        assert held.status_code == 401 and "\nhtmllm_request_body_bytes_in_flight 0.0" in (
+            await client.get("/metrics")
+        ).text
+        assert (await client.get("/v1/embed")).status_code == 405  # a wrong method stays a 405
+        keyed = {"authorization": "Bearer s3cret", "content-encoding": "snappy"}
+        assert (await client.post("/v1/embed", content=b"x", headers=keyed)).status_code == 415
 
 
 async def test_timeout_is_504(settings_for: SettingsFactory) -> None:
