@@ -635,9 +635,10 @@ async def test_api_key(settings_for: SettingsFactory) -> None:
             refused = await client.post("/v1/embed", content=b"x", headers=headers)
             assert refused.status_code == 401, (headers, refused.text)
         held = await client.post("/v1/embed", content=b"x", headers={"content-encoding": "snappy"})
-        assert held.status_code == 401 and "\nhtmllm_request_body_bytes_in_flight 0.0" in (
-            await client.get("/metrics")
-        ).text
+        assert (
+            held.status_code == 401
+            and "\nhtmllm_request_body_bytes_in_flight 0.0" in (await client.get("/metrics")).text
+        )
         assert (await client.get("/v1/embed")).status_code == 405  # a wrong method stays a 405
         keyed = {"authorization": "Bearer s3cret", "content-encoding": "snappy"}
         assert (await client.post("/v1/embed", content=b"x", headers=keyed)).status_code == 415
