@@ -3,7 +3,8 @@
 The order follows what a browser does (the WHATWG "encoding sniffing" steps), with a statistical
 detector where a browser would guess from the user's locale:
 
-1. a byte-order mark (UTF-8, UTF-16 LE/BE, UTF-32 LE/BE) wins over everything;
+1. a byte-order mark (UTF-8, UTF-16 LE/BE, UTF-32 LE/BE) wins over everything; then UTF-16 markup
+   without one (`sniff_utf16`: a NUL in every other byte, which no ASCII-compatible page has);
 2. the `encoding` argument, as an HTTP `Content-Type` charset would declare it;
 3. a `<meta charset>` / `<meta http-equiv="Content-Type" content="...; charset=...">` in the first
    `PRESCAN_BYTES` bytes, found as the HTML Standard's prescan finds it (`sniff_meta_charset`:
@@ -97,6 +98,39 @@ def parse_content_type(value: str) -> tuple[str, str | None]:
     message["content-type"] = value
     charset = message.get_param("charset")
     return message.get_content_type(), charset if isinstance(charset, str) and charset else None
+
+
+# BOM-less UTF-16 (`sniff_utf16`): how much of the page's start is read, and the shares of its code units
+# that must be ASCII (a NUL high byte), and may hold a NUL low byte.
+_UTF16_SAMPLE = 4096
+_UTF16_ASCII_SHARE = 1 / 3
+_UTF16_NUL_LOW_SHARE = 1 / 50
+
+
+def sniff_utf16(data: bytes) -> str | None:
+    """ "utf-16-le" or "utf-16-be" for bytes without a BOM that are UTF-16 markup, else None.
+
+    Markup is mostly ASCII, which UTF-16 writes as a NUL byte beside each character: in the first
+    `_UTF16_SAMPLE` bytes at least a third of the code units have a NUL high byte, almost none a NUL
+    low byte, and a `<` is among the low bytes. No page in an ASCII-compatible encoding holds NUL bytes
+    in every other position (binary junk holds them anywhere), so the reading beats any declaration but
+    a BOM: read as windows-1252 or UTF-8 (ASCII-only UTF-16 is valid UTF-8), such a page became its
+    markup escaped as text with a NUL between every two characters, and was embedded so.
+    """
+    sample = data[:_UTF16_SAMPLE]
+    if b"\0" not in sample:  # (every ordinary page: one scan of 4 KiB)
+        return None
+    sample = sample[: len(sample) // 2 * 2]
+    units = len(sample) // 2
+    first, second = sample[0::2], sample[1::2]
+    for low, high, name in ((first, second, "utf-16-le"), (second, first, "utf-16-be")):
+        if (
+            high.count(0) >= units * _UTF16_ASCII_SHARE
+            and low.count(0) <= units * _UTF16_NUL_LOW_SHARE
+            and b"<" in low
+        ):
+            return name
+    return None
 
 
 def sniff_meta_charset(data: bytes) -> str | None:
@@ -292,6 +326,9 @@ def decode_html(data: bytes | str, *, encoding: str | None = None) -> DecodedHtm
     for bom, name in _BOMS:
         if data.startswith(bom):
             return DecodedHtml(data[len(bom) :].decode(name, errors="replace"), name, "bom")
+    utf16 = sniff_utf16(data)
+    if utf16 is not None:
+        return DecodedHtml(data.decode(utf16, errors="replace"), utf16, "detected")
     declared = _declared_reading(data, encoding)
     if declared is not None:
         return DecodedHtml(decode_bytes(data, declared), declared, "declared")
@@ -369,6 +406,8 @@ def utf8_payload(data: bytes, *, encoding: str | None = None) -> bytes | None:
     for bom, name in _BOMS:
         if data.startswith(bom):
             return data[len(bom) :] if name == "utf-8" else None
+    if sniff_utf16(data) is not None:
+        return None
     declared = _declared_reading(data, encoding) or sniff_meta_charset(data) or sniff_xml_encoding(data)
     if declared is not None:
         return data if declared == "utf-8" else None

@@ -568,3 +568,27 @@ def test_a_page_of_0x80_bytes_in_gb18030_is_not_read_one_error_at_a_time(
         assert not calls
     finally:
         encoding_labels._euro_or_replacement.cache_clear()
+
+
+def test_utf16_markup_without_a_bom_is_utf16_whatever_is_declared() -> None:
+    """A crawler that kept a UTF-16 page's bytes and lost its header: read as windows-1252 (or UTF-8, when
+    all ASCII) its markup came out escaped as text with a NUL between every two characters. A NUL in
+    every other byte is no ASCII-compatible page, so UTF-16 wins over a declaration too; binary junk
+    (NULs anywhere) and ordinary pages are not UTF-16."""
+    text = "<html><title>Zdravím</title><p>Příliš žluťoučký kůň úpěl ďábelské ódy.</p></html>"
+    for codec in ("utf-16-le", "utf-16-be"):
+        for source in (text, "<p>only ASCII</p>", text + "<p>cut"):
+            data = source.encode(codec)
+            for declared in (None, "iso-8859-1", "utf-8", "utf-16"):
+                decoded = decode_html(data, encoding=declared)
+                assert (decoded.text, decoded.encoding) == (source, codec), (codec, source, declared)
+            assert utf8_payload(data) is None
+            assert prune_html(data) == prune_html(source)
+        cut = text.encode(codec)[:-1]  # an odd length: the last half character is one U+FFFD
+        assert decode_html(cut).text == text[:-1] + "\ufffd"
+    junk = bytes(range(256)) * 16
+    assert (
+        decode_html(junk).encoding != "utf-16-le"
+        and decode_html(b"\0" * 100 + b"<p>x</p>").text[-8:] == "<p>x</p>"
+    )
+    assert decode_html(b"<p>a\0b</p>").text == "<p>a\0b</p>"
