@@ -47,7 +47,7 @@ from tqdm import tqdm
 
 from model_training.sites import site_of
 from service.core.errors import ErrorCode, HtmllmError
-from service.core.pages import Page, iter_pages
+from service.core.pages import Page, PageSourceError, PageUnreadableError, iter_pages
 from service.core.tokenizer import HtmlTokenizer
 
 MANIFEST_FILE = "manifest.json"
@@ -296,6 +296,27 @@ def _extract_text(html: bytes, extractor: str) -> tuple[str, str]:
     return result.text, result.extractor
 
 
+TOO_LARGE = str(ErrorCode.PAYLOAD_TOO_LARGE)  # the reason of a page over the pruner's byte cap
+
+
+def pages_within_cap(source: str | Path, *, limit: int | None = None) -> Iterator[Page]:
+    """`iter_pages(source, limit=limit)`, except that a page over the page cap (the pruner's byte cap)
+    comes back as its error row, `error_code` TOO_LARGE and no bytes, for the caller to count with the
+    pruner's other refusals.
+
+    The reader refuses such a page before the pruner sees it, and by default as an exception: one 17 MB
+    page in a crawl stopped a whole `data prepare`, tokenizer or `tasks derive` run, where a page the
+    pruner refuses for its nesting is counted and passed over. A row that cannot be read at all (not
+    JSON, a corrupt file) still stops the run, as `iter_pages` does by default.
+    """
+    for page in iter_pages(source, limit=limit, bad_rows="report"):
+        if page.error is not None and page.error_code != ErrorCode.PAYLOAD_TOO_LARGE:
+            if page.error_code == ErrorCode.INPUT_UNREADABLE:
+                raise PageUnreadableError(page.error)
+            raise PageSourceError(page.error, code=page.error_code)
+        yield page
+
+
 def _chunks(pages: Iterator[Page], size: int) -> Iterator[list[Page]]:
     chunk: list[Page] = []
     for page in pages:
@@ -328,7 +349,13 @@ def process_pages(
         context.Pool(workers, initializer=_init_worker, initargs=(tokenizer.to_json(), max_length)) as pool,
         ThreadPoolExecutor(max_workers=max(1, workers)) as threads,
     ):
-        for chunk in _chunks(iter_pages(source, limit=limit), 64):
+        for chunk in _chunks(pages_within_cap(source, limit=limit), 64):
+            # A page over the cap is counted under the reason the pruner gives such a page.
+            too_large = sum(page.error is not None for page in chunk)
+            if too_large:
+                stats.pages += too_large
+                stats.skipped[f"prune:{TOO_LARGE}"] = stats.skipped.get(f"prune:{TOO_LARGE}", 0) + too_large
+                chunk = [page for page in chunk if page.error is None]
             pending = pool.map_async(_prune_and_tokenize, [(p.id, p.html) for p in chunk], chunksize=4)
             if extractor == NO_EXTRACTION:
                 texts = [("", NO_EXTRACTION)] * len(chunk)
@@ -358,7 +385,7 @@ def process_pages(
                     )
                 )
                 stats.processed += 1
-            bar.update(len(chunk))
+            bar.update(len(chunk) + too_large)
     bar.close()
     return docs
 

@@ -56,6 +56,7 @@ from model_training.train_logs import (
     log_record,
     open_tensorboard,
     plot_curves,
+    strict_json,
     truncate_metrics,
 )
 from model_training.training_checkpoints import (
@@ -69,7 +70,7 @@ from model_training.training_checkpoints import (
     save_training_checkpoint,
 )
 from service.core.checkpoint import CheckpointMeta, read_meta, save_checkpoint
-from service.core.errors import HtmllmError
+from service.core.errors import ErrorCode, HtmllmError
 from service.core.modeling import HtmlEncoderModel, build_config
 from service.core.tokenizer import HtmlTokenizer, SpecialIds
 
@@ -340,6 +341,15 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
         raise DataError(f"stop_at_step must be at least 1, got {stop_at_step}")
     # Process setup: one process per GPU under torchrun, else a single process.
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if config.loss_weights.get("distil", 0.0) > 0 and config.batch_size * world < 2:
+        # The contrastive loss takes its negatives from the micro-batch (gathered over the processes):
+        # with one document there is none, the loss is exactly 0 and a run with grad_accum would train
+        # without distillation while the config says it distils.
+        raise DataError(
+            f"config: batch_size {config.batch_size} on {world} process(es) leaves the distillation loss "
+            "no negatives (it would be 0 at every step): use batch_size >= 2 (grad_accum for memory), or "
+            "set loss_weights.distil = 0"
+        )
     distributed = world > 1
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device(resolve_device(config.device, local_rank=local_rank, source="config: "))
@@ -360,8 +370,18 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
 
     # Data: token ids per document and the teacher's vector for each, held-out pages set aside. The
     # manifest first: a wrong --shards is "not a shards directory", not a missing tokenizer file.
-    read_manifest(config.shards)
-    tokenizer = HtmlTokenizer.from_file(Path(config.shards) / TOKENIZER_FILE)
+    manifest = read_manifest(config.shards)
+    tokenizer_file = Path(config.shards) / TOKENIZER_FILE
+    tokenizer = HtmlTokenizer.from_file(tokenizer_file)
+    if tokenizer.sha256 != manifest.get("tokenizer_sha256"):
+        # The ids in the shards are only meaningful under the tokenizer that made them: another one of
+        # the same size trains silently and the checkpoint names the wrong tokenizer; a smaller one
+        # fails with an IndexError in the embedding.
+        raise DataError(
+            f"{tokenizer_file} (sha256 {tokenizer.sha256[:16]}) is not the tokenizer the shards were made "
+            f"with (manifest.json records {str(manifest.get('tokenizer_sha256'))[:16]}); restore it or "
+            "re-run `htmllm data prepare`"
+        )
     train_data, heldout, provenance = load_splits(config.shards, config.teacher)
     shards_length = int(provenance["shards"].get("max_length") or config.max_length)
     if master and config.max_length > shards_length:
@@ -513,6 +533,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
             total_value += float(total.detach())
             tokens_seen += int(mask.sum())
 
+        _check_finite(step + 1, raw, total_value, lr, device=device, distributed=distributed)
         if config.grad_clip > 0:
             nn.utils.clip_grad_norm_(pretraining.parameters(), config.grad_clip)
         optimizer.step()
@@ -601,7 +622,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
                 tokenizer,
                 _meta(config, export, tokenizer, prune_version, {**training_meta, **summary}),
             )
-        (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        (out / SUMMARY_FILE).write_text(strict_json(summary, indent=2) + "\n", encoding="utf-8")
         plot_curves(metrics_file, out / CURVE_FILE)
         _swap_in(tmp, model_dir)
     if writer is not None:
@@ -615,6 +636,37 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
         dist.barrier()
         dist.destroy_process_group()
     return TrainResult(steps=step, model_dir=model_dir, summary=summary)
+
+
+class TrainingDivergedError(HtmllmError):
+    """A step whose loss is not finite: the run is stopped before the optimizer applies it."""
+
+    code = ErrorCode.VALIDATION
+
+
+def _check_finite(
+    step: int, raw: dict[str, float], total: float, lr: float, *, device: torch.device, distributed: bool
+) -> None:
+    """Stop at the first step with a NaN or infinite loss, before its gradients reach the weights.
+
+    Once one loss is NaN every later one is too (the weights are NaN after the step), and the run went
+    on to its first checkpoint only to have it refused as holding NaN, the hours in between lost. Under
+    DDP the verdict is agreed by all ranks (one scalar all-reduce), so no rank is left waiting at a
+    collective for one that stopped.
+    """
+    diverged = not all(math.isfinite(value) for value in (*raw.values(), total))
+    if distributed:
+        flag = torch.tensor([float(diverged)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        diverged = bool(flag.item())
+    if diverged:
+        terms = ", ".join(f"{name} {value:.6g}" for name, value in {**raw, "total": total}.items())
+        where = " on this process; one process's loss was not finite" if distributed else ""
+        raise TrainingDivergedError(
+            f"training diverged at step {step}: losses {terms}{where} at lr {lr:.3g}; nothing of this "
+            "step was applied: lower lr (or raise warmup_frac) and run again, which resumes from the last "
+            "checkpoint (--no-resume starts over)"
+        )
 
 
 def _exported(model_dir: Path, step: int, config: TrainConfig, run_id: str | None) -> bool:

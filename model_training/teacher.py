@@ -73,8 +73,34 @@ def load_teacher(model: str | None, *, device: str = "cpu", max_seq_length: int 
     except (OSError, ValueError) as exc:  # no such model; a directory that holds no model
         raise DataError(f"cannot load teacher {model or DEFAULT_TEACHER!r} from {path}: {exc}") from exc
     if max_seq_length is not None:
+        limit = position_limit(teacher)
+        if limit is not None and max_seq_length > limit:
+            # Past the table the first long page fails with an index error deep in torch, after the
+            # model loaded and pages were embedded; a cap in silence would make the run's recorded
+            # limit a lie.
+            raise DataError(
+                f"max_seq_length {max_seq_length} is longer than teacher {model or DEFAULT_TEACHER!r} can "
+                f"read: it has positions for {limit} tokens; use at most {limit}"
+            )
         teacher.max_seq_length = max_seq_length
     return teacher
+
+
+def position_limit(teacher: Any) -> int | None:
+    """How many tokens the teacher's learned position table holds; None for a model without one (rotary
+    positions have no hard end).
+
+    RoBERTa-family embeddings (XLM-R, MPNet, ...) number positions from `padding_idx + 1`, so their
+    table of 514 holds 512 tokens; the same rule sentence-transformers uses to offset position ids.
+    """
+    import torch
+
+    for module in teacher.modules():
+        table = getattr(module, "position_embeddings", None)
+        if isinstance(table, torch.nn.Embedding):
+            padding_idx = getattr(module, "padding_idx", None)
+            return int(table.num_embeddings) - (padding_idx + 1 if isinstance(padding_idx, int) else 0)
+    return None
 
 
 def _teacher_dim(teacher: Any) -> int:

@@ -40,7 +40,6 @@ from tokenizers.trainers import WordPieceTrainer
 from tqdm import tqdm
 
 from service.core.errors import ErrorCode, HtmllmError
-from service.core.pages import iter_pages
 from service.core.tokenizer import SPECIAL_TOKENS, HtmlTokenizer
 from service.core.words import CJK_CLASS, html_normalizer, html_pre_tokenizer
 
@@ -191,14 +190,30 @@ def _segments(texts: Sequence[str], tokens: Sequence[str]) -> Iterator[str]:
                 yield piece
 
 
-def check_training_options(*, min_frequency: int, tags: int, flags: bool = False) -> None:
+def _option(name: str, flags: bool) -> str:
+    return "--" + name.replace("_", "-") if flags else name
+
+
+def check_training_options(*, vocab_size: int, min_frequency: int, tags: int, flags: bool = False) -> None:
     """Refuse counts `train_tokenizer` cannot take; public so a caller can check them before it spends
     minutes pruning the pages. With `flags`, the message names the command line's flags (`--tags`)."""
     for name, value in (("tags", tags), ("min_frequency", min_frequency)):
         # (min_frequency: the trainer takes it unsigned, an OverflowError otherwise)
         if value < 0:
-            shown = "--" + name.replace("_", "-") if flags else name
-            raise TokenizerTrainingError(f"{shown} must be >= 0, got {value}")
+            raise TokenizerTrainingError(f"{_option(name, flags)} must be >= 0, got {value}")
+    # What no corpus can change; what this corpus's characters and tags need is known after pruning.
+    floor = len(SPECIAL_TOKENS) + len(_BASE_ALPHABET)
+    if round_up(vocab_size) < floor:
+        raise TokenizerTrainingError(
+            f"{_option('vocab_size', flags)} {vocab_size} is too small: the special tokens and base "
+            f"alphabet alone need {floor} ids"
+        )
+
+
+def check_sample(sample: int | None, *, flags: bool = False) -> None:
+    """Refuse a page count `pruned_pages` cannot take (it had read -1 as "no page" and pruned nothing)."""
+    if sample is not None and sample < 1:
+        raise TokenizerTrainingError(f"{_option('sample', flags)} must be at least 1, got {sample}")
 
 
 def train_tokenizer(
@@ -213,12 +228,14 @@ def train_tokenizer(
     """Train a WordPiece tokenizer on pruned `texts` with tokens for the `tags` most frequent tags.
 
     The result has `round_up(vocab_size, 64)` ids, or fewer (still a multiple of 64) when the corpus has
-    fewer distinct pieces of at least `min_frequency` occurrences than that.
+    fewer distinct pieces of at least `min_frequency` occurrences than that. Never more: a size below what
+    the corpus's characters (each as a word start and a continuation) and the tag tokens need is refused,
+    naming the size that would do.
     """
     docs = [t for t in texts if t]
     if not docs:
         raise TokenizerTrainingError("no text to train a tokenizer on")
-    check_training_options(min_frequency=min_frequency, tags=tags)
+    check_training_options(vocab_size=vocab_size, min_frequency=min_frequency, tags=tags)
     target = round_up(vocab_size)
     chosen = top_tags(count_tags(docs), tags)
     added = tag_tokens(chosen, spaced=spaced_tags)
@@ -241,6 +258,15 @@ def train_tokenizer(
     )
     tok.train_from_iterator(_segments(docs, added), trainer=trainer)
     tok = _complete_alphabet(tok, budget)
+    pieces = tok.get_vocab_size(with_added_tokens=True)
+    if pieces > budget:
+        # Every merge is dropped and the alphabet still does not fit: the tokenizer would have more ids
+        # than asked (512 became 768), and a model sized for the asked vocabulary would not fit it.
+        raise TokenizerTrainingError(
+            f"vocab_size {vocab_size} (rounded to {target}) is too small for this corpus: the special "
+            f"tokens and its characters need {pieces} ids, {pieces + len(added)} with the {len(added)} tag "
+            f"tokens; use a vocab_size of at least {round_up(pieces + len(added))} (or fewer tags)"
+        )
     # After training: as added tokens they are matched in the raw text, before the pre-tokenizer.
     tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in added])
     size = tok.get_vocab_size(with_added_tokens=True)
@@ -280,11 +306,15 @@ def pruned_pages(
 ) -> PrunedCorpus:
     """Read pages with `iter_pages`, keep those of `split`, prune the first `sample` of them.
 
-    A page the pruner rejects (a typed `PruneError`) is recorded and skipped, never fatal: one bad page
-    must not stop a training run.
+    A page the pruner rejects (a typed `PruneError`, or a page over its byte cap, which the reader
+    refuses first: `data.pages_within_cap`) is recorded and skipped, never fatal: one bad page must not
+    stop a training run.
     """
+    # Here, not at the top: it brings pyarrow, which the many users of `train_tokenizer` do not need.
+    from model_training.data import TOO_LARGE, pages_within_cap
     from service.core.prune import PruneError, prune_html
 
+    check_sample(sample)
     if split not in SPLITS:
         raise TokenizerTrainingError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     if not 0 <= heldout_percent <= 100:
@@ -292,12 +322,15 @@ def pruned_pages(
     corpus = PrunedCorpus(ids=[], texts=[], raw_bytes=0, failed={})
     bar = tqdm(total=sample, unit="page", desc="prune", disable=not progress, leave=False)
     with bar:
-        for page in iter_pages(source):
+        for page in pages_within_cap(source):
             if sample is not None and len(corpus.ids) + len(corpus.failed) >= sample:
                 break
             if split != "all" and split_of(page.id, heldout_percent=heldout_percent) != split:
                 continue
             bar.update(1)
+            if page.error is not None:  # over the cap: what the pruner says of such a page
+                corpus.failed[page.id] = TOO_LARGE
+                continue
             try:
                 text = prune_html(page.html)
             except PruneError as exc:

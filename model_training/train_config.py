@@ -23,6 +23,10 @@ from service.core.modeling import POOLINGS, PRESETS
 PAPER_LR = 2.5e-5
 MODERNBERT_LR = 8e-4
 MIN_MAX_LENGTH = 8  # as `htmllm data prepare`: [CLS], [SEP] and a few tokens of the page
+# The contrastive logits are cosines / temperature: at 1e-40 they overflow to inf and the loss is NaN
+# from the first step; well before that, 1/temperature scales the gradients past anything AdamW's
+# warm-up absorbs. 1e-3 (logits up to 1000) is far below any temperature used in practice.
+MIN_TEMPERATURE = 1e-3
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 
 
@@ -91,6 +95,11 @@ class TrainConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise DataError(f"config: {name} must be a finite positive number, got {value}")
+        if self.temperature < MIN_TEMPERATURE:
+            raise DataError(
+                f"config: temperature must be at least {MIN_TEMPERATURE} (0.05 to 0.1 is usual), "
+                f"got {self.temperature}"
+            )
         for name in ("weight_decay", "grad_clip"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
@@ -180,10 +189,20 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
     data: dict[str, Any] = {}
     if path is not None:
         file = Path(path)
+        if file.is_dir():
+            raise DataError(f"config file {file} is a directory, not a TOML file")
         if not file.is_file():
             raise DataError(f"config file {file} does not exist")
         try:
-            data = _flatten(tomllib.loads(file.read_text(encoding="utf-8")), str(file))
+            text = file.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:  # TOML is UTF-8 by definition
+            raise DataError(
+                f"{file} is not valid TOML: not UTF-8 text ({exc.reason} at byte {exc.start})"
+            ) from exc
+        except OSError as exc:  # permission denied, I/O error
+            raise DataError(f"config file {file} cannot be read: {exc.strerror or exc}") from exc
+        try:
+            data = _flatten(tomllib.loads(text), str(file))
         except tomllib.TOMLDecodeError as exc:
             raise DataError(f"{file} is not valid TOML: {exc}") from exc
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})

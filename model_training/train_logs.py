@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +35,29 @@ def open_tensorboard(out: Path, config: TrainConfig, *, resumed_at: int = 0) -> 
     return SummaryWriter(log_dir=str(out / "tensorboard"), purge_step=resumed_at + 1)
 
 
+def strict_json(value: Any, **kwargs: Any) -> str:
+    """`json.dumps` of `value` with every NaN or infinite float written as null.
+
+    Python's default writes bare `NaN` / `Infinity`, which is not JSON: `jq`, browsers and most
+    other readers refuse the whole file for one such value.
+    """
+    return json.dumps(_finite(value), allow_nan=False, **kwargs)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
 def log_record(metrics_file: Path, writer: Any, record: dict[str, Any]) -> None:
     """Append one record to metrics.jsonl (the source of the curve and the card) and to TensorBoard."""
     with metrics_file.open("a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record) + "\n")
+        handle.write(strict_json(record) + "\n")
     if writer is not None:
         for key, value in record.items():
             if key not in ("step", "split") and isinstance(value, float | int):
@@ -94,7 +114,7 @@ def plot_curves(metrics_file: str | Path, png: str | Path) -> None:
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
     for ax, name in zip(axes[:3], ("mlm", "bow", "distil"), strict=True):
         steps = [r["step"] for r in train_records]
-        values = [r[name] for r in train_records]
+        values = np.asarray([r[name] for r in train_records], dtype=float)  # a null (non-finite) is NaN
         ax.plot(steps, values, alpha=0.35, label="train (per step)")
         if len(values) >= 5:
             window = max(2, len(values) // 20)

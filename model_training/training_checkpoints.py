@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -304,7 +305,15 @@ def restore(
     """
     checkpoint = load_checkpoint(path, device=device, attn_implementation=attn_implementation)
     pretraining.model.encoder.load_state_dict(checkpoint.model.encoder.state_dict())
-    state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    except (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError) as exc:
+        # Written beside and renamed in, so a kill never cuts it; a disk fault or a copy that ran out of
+        # space does, and torch's EOFError had been a traceback naming no file.
+        raise DataError(
+            f"cannot resume from {path}: {path / STATE_FILE} cannot be read ({type(exc).__name__}: {exc}); "
+            f"remove {path} to resume from the checkpoint before it, or start over with --no-resume"
+        ) from exc
     pretraining.mlm_head.load_state_dict(state["mlm_head"])
     pretraining.distil_head.load_state_dict(state["distil_head"])
     optimizer.load_state_dict(state["optimizer"])

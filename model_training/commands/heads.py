@@ -9,10 +9,15 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from model_training.commands.eval import add_head_flags, eval_config, usage
+
+if TYPE_CHECKING:
+    from model_training.evaluation.tasks import Task
+    from service.core.modeling import HeadSpec
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -35,10 +40,41 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     train.set_defaults(func=run)
 
 
+def check_columns(tasks: Sequence[Task], existing: Sequence[HeadSpec]) -> None:
+    """Refuse a task whose head `htmllm embed` could not write: a head writes the column `<name>` (and
+    `<name>.probs` for a classification head), which must be none of embed's fixed columns (`id`,
+    `embedding`, `tokens`, ...) and no other head's.
+
+    `htmllm embed` refuses such a checkpoint, so a head named `embedding` was trained and saved only to
+    make the checkpoint's heads unusable there. The heads kept from earlier runs count as taken.
+    """
+    from model_training.evaluation.metrics import EvaluationError
+    from service.commands.embed import FIXED_COLUMNS
+
+    replaced = {task.spec.name for task in tasks}
+    taken = {column: "a column every row of `htmllm embed` has" for column in FIXED_COLUMNS}
+    for spec in existing:
+        if spec.name not in replaced:
+            taken.update(dict.fromkeys(_columns(spec.name, spec.kind), f"the column of head {spec.name!r}"))
+    for task in tasks:
+        name = task.spec.name
+        for column in _columns(name, task.spec.kind):
+            if column in taken:
+                raise EvaluationError(
+                    f"task {name!r} ({task.path}) would be a head writing the column {column!r}, "
+                    f"{taken[column]}; `htmllm embed` would refuse it: rename the task in its task.json"
+                )
+            taken[column] = f"the column of task {name!r}"
+
+
+def _columns(name: str, kind: str) -> list[str]:
+    return [name, f"{name}.probs"] if kind == "classification" else [name]
+
+
 def run(args: argparse.Namespace) -> int:
     from model_training.evaluation.runner import train_heads
     from model_training.evaluation.tasks import load_tasks
-    from service.core.checkpoint import save_heads
+    from service.core.checkpoint import read_meta, save_heads
     from service.core.errors import HtmllmError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
@@ -46,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         # The options first (cheap, and a bad --lr had failed only once every page was embedded).
         config = eval_config(args, checkpoints=(args.checkpoint,), baselines=())
         tasks = load_tasks(args.tasks, k=args.folds, seed=args.seed)
+        check_columns(tasks, read_meta(args.checkpoint).heads)  # before the pages are embedded
         heads = train_heads(args.checkpoint, tasks, config, max_length=args.max_length)
         save_heads(args.checkpoint, heads)
     except (HtmllmError, ValueError) as exc:

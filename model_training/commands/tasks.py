@@ -56,6 +56,9 @@ def run_derive(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"htmllm tasks derive: cannot read or write a file: {exc}", file=sys.stderr)
         return 1
+    if results and results[0].too_large:
+        too_large = results[0].too_large
+        print(f"{too_large} page(s) over the page cap passed over (too_large_pages in derive.json)")
     for r in results:
         if r.path is None:
             print(f"{r.name}: skipped ({r.skipped})")

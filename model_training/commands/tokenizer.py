@@ -113,6 +113,7 @@ def _fail(message: str) -> int:
 def run_train(args: argparse.Namespace) -> int:
     from model_training.data import writable_dir
     from model_training.tokenizer_training import (
+        check_sample,
         check_training_options,
         count_tags,
         pruned_pages,
@@ -125,7 +126,10 @@ def run_train(args: argparse.Namespace) -> int:
     try:
         # Before the pages are pruned, not after: a negative --min-frequency had ended in an
         # OverflowError traceback from the tokenizers library once they were.
-        check_training_options(min_frequency=args.min_frequency, tags=args.tags, flags=True)
+        check_training_options(
+            vocab_size=args.vocab_size, min_frequency=args.min_frequency, tags=args.tags, flags=True
+        )
+        check_sample(args.sample, flags=True)
         writable_dir(args.out)  # before the pages are pruned, not after the vocabulary is trained
         corpus = pruned_pages(
             args.corpus,
@@ -198,8 +202,18 @@ def _named(spec: str) -> tuple[str, Path]:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from model_training.tokenizer_training import evaluate_tokenizer, markdown_table, pruned_pages
+    from model_training.tokenizer_training import (
+        check_sample,
+        evaluate_tokenizer,
+        markdown_table,
+        pruned_pages,
+    )
     from service.core.errors import HtmllmError
+
+    try:
+        check_sample(args.sample, flags=True)
+    except HtmllmError as exc:
+        return _fail(f"{exc.code}: {exc}")
     from service.core.tokenizer import HtmlTokenizer
 
     try:

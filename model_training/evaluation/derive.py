@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import shutil
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -24,12 +25,13 @@ from typing import Any
 import numpy as np
 from selectolax.lexbor import LexborHTMLParser
 
+from model_training.data import pages_within_cap
 from model_training.evaluation.cache import content_key
 from model_training.evaluation.metrics import EvaluationError
-from model_training.evaluation.tasks import TaskSpec, assign_folds, write_task
+from model_training.evaluation.tasks import TASK_SPEC_FILE, TaskSpec, assign_folds, write_task
 from model_training.sites import site_of
 from service.core.decoding import decode_html
-from service.core.pages import Page, iter_pages
+from service.core.pages import Page
 from service.core.prune import respell_longer_references
 
 OTHER = "other"
@@ -84,6 +86,7 @@ class DerivedTask:
     sites: int = 0
     path: Path | None = None
     skipped: str | None = None
+    too_large: int = 0  # pages of the corpus passed over for being over the page cap (every task's)
 
 
 def _schema_type_names(value: Any) -> Iterator[str]:
@@ -171,6 +174,17 @@ def _store_page(out: Path, page: Page) -> str:
     return f"../{PAGES_DIR}/{path.name}"
 
 
+def _remove_task(path: Path) -> None:
+    """Remove the task directory an earlier run wrote for a task this run skips.
+
+    Left in place, `heads train --tasks OUT` and `eval run` would pick it up as if this run had written
+    it: a head trained for a task the run just said it skipped. Only a task directory (one with a
+    task.json) is removed, never something else that happens to have the name.
+    """
+    if (path / TASK_SPEC_FILE).is_file():
+        shutil.rmtree(path)
+
+
 def derive_tasks(
     corpus: str | Path,
     out: str | Path,
@@ -195,7 +209,11 @@ def derive_tasks(
     ids: list[str] = []
     sites: list[str] = []
     metas: list[PageMetadata] = []
-    for page in iter_pages(corpus, limit=limit):
+    too_large = 0
+    for page in pages_within_cap(corpus, limit=limit):
+        if page.error is not None:  # over the page cap: no system could embed it (`pages_within_cap`)
+            too_large += 1
+            continue
         meta = page_metadata(page.html)
         ids.append(page.id)
         urls.append(page.url)
@@ -216,6 +234,7 @@ def derive_tasks(
             merged=merged,
             dropped=dropped,
             unlabelled=sum(label is None for label in raw),
+            too_large=too_large,
         )
         results.append(result)
         index = [i for i, label in enumerate(labels) if label is not None]
@@ -223,13 +242,21 @@ def derive_tasks(
         result.sites = len(task_sites)
         if len(classes) < 2:
             result.skipped = f"fewer than two classes with {min_pages} pages from {min_sites} sites"
-            continue
-        if len(task_sites) < folds:
+        elif len(task_sites) < folds:
             result.skipped = f"fewer than {folds} sites"
+        if result.skipped is not None:
+            _remove_task(out / name)
             continue
         spec = TaskSpec(name, "classification", "f1_macro", classes, description)
         targets = np.asarray([classes.index(str(labels[i])) for i in index], dtype=np.int64)
-        fold_of = assign_folds(targets, [sites[i] for i in index], kind="classification", k=folds, seed=seed)
+        try:
+            fold_of = assign_folds(
+                targets, [sites[i] for i in index], kind="classification", k=folds, seed=seed
+            )
+        except EvaluationError as exc:  # every class smaller than the fold count
+            result.skipped = str(exc)
+            _remove_task(out / name)
+            continue
         rows = [
             {
                 "id": ids[i],
@@ -252,6 +279,7 @@ def derive_tasks(
             "unlabelled": r.unlabelled,
             "sites": r.sites,
             "skipped": r.skipped,
+            "too_large_pages": r.too_large,
         }
         for r in results
     ]

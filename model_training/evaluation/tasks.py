@@ -125,6 +125,14 @@ def assign_folds(
         raise EvaluationError(
             f"{k}-fold cross-validation needs at least {k} groups (sites), got {unique_groups}"
         )
+    if kind == "classification":
+        counts = np.unique(targets, return_counts=True)[1]
+        if counts.max(initial=0) < k:
+            # scikit-learn's own refusal, a ValueError traceback: a fold could hold no page of any class.
+            raise EvaluationError(
+                f"{k}-fold cross-validation needs a class with at least {k} pages; the largest has "
+                f"{counts.max(initial=0)} (use fewer folds)"
+            )
     folds = np.full(len(targets), -1, dtype=np.int64)
     dummy = np.zeros((len(targets), 1))
     splitter: StratifiedGroupKFold | GroupKFold

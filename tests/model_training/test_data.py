@@ -333,3 +333,32 @@ def test_preparing_again_into_the_same_directory_leaves_no_stale_shards(tmp_path
     manifest = read_manifest(out)
     assert sorted(p.name for p in out.glob("shard-*.parquet")) == [e["file"] for e in manifest["shards"]]
     assert [e["rows"] for e in manifest["shards"]] == [5]
+
+
+def test_a_page_over_the_page_cap_is_counted_like_a_pruner_refusal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One page over the pruner's byte cap used to stop the whole run (payload_too_large, exit 1), while
+    a page the pruner refuses for its nesting was counted and passed over."""
+    from service.core import pages
+
+    corpus = _write_corpus(tmp_path, 6, bad=1)
+    with corpus.open("a", encoding="utf-8") as handle:
+        handle.write(
+            json.dumps({"id": "huge", "url": "https://huge.example/", "html": "<p>x</p>" * 10_000}) + "\n"
+        )
+    monkeypatch.setattr(pages, "MAX_PAGE_BYTES", 60_000)  # over the deep page's 50 kB, under 80 kB
+    stats = prepare_shards(
+        corpus, tmp_path / "shards", _tokenizer_file(tmp_path), max_length=64, extractor=NO_EXTRACTION,
+        workers=1, progress=False,
+    )  # fmt: skip
+    assert stats.pages == 8 and stats.written == 6
+    assert stats.skipped == {"prune:payload_too_large": 1, "prune:preprocess_failed": 1}
+    # A row that cannot be read at all still stops the run, naming it.
+    with corpus.open("a", encoding="utf-8") as handle:
+        handle.write("{not json\n")
+    with pytest.raises(HtmllmError, match="line 9 is not JSON"):
+        prepare_shards(
+            corpus, tmp_path / "shards", _tokenizer_file(tmp_path), extractor=NO_EXTRACTION, workers=1,
+            progress=False,
+        )  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import string
 import sys
 from pathlib import Path
 from typing import Any
@@ -219,3 +220,35 @@ def test_an_unusable_device_is_refused_in_one_line_before_the_teacher_loads(
     assert main(args) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("htmllm teacher embed: ") and said in err[0], err
+
+
+def _tiny_bert(root: Path, *, positions: int) -> Path:
+    """A plain Hugging Face BERT directory (sentence-transformers adds mean pooling), built in-process."""
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    root.mkdir()
+    vocab = root / "vocab.txt"
+    vocab.write_text(
+        "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *string.ascii_lowercase]) + "\n"
+    )
+    BertTokenizerFast(vocab_file=str(vocab)).save_pretrained(root)
+    config = BertConfig(
+        vocab_size=31, hidden_size=8, num_hidden_layers=1, num_attention_heads=1, intermediate_size=16,
+        max_position_embeddings=positions,
+    )  # fmt: skip
+    BertModel(config).save_pretrained(root)
+    return root
+
+
+def test_a_max_seq_length_past_the_teachers_positions_is_refused(shards: Path, tmp_path: Path) -> None:
+    """It had been a RuntimeError traceback (index out of range) at the first page that long."""
+    bert = _tiny_bert(tmp_path / "bert", positions=16)
+    with pytest.raises(
+        DataError, match=r"max_seq_length 17 is longer than teacher .* positions for 16 tokens"
+    ):
+        embed_shards(shards, tmp_path / "t", model=str(bert), max_seq_length=17, progress=False)
+    assert not (tmp_path / "t" / TEACHER_META_FILE).exists()
+    meta = embed_shards(
+        shards, tmp_path / "t", model=str(bert), max_seq_length=16, view="pruned", progress=False
+    )
+    assert (meta.max_seq_length, meta.dim) == (16, 8)

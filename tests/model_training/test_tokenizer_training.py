@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import string
 from collections import Counter
 from pathlib import Path
@@ -14,6 +15,7 @@ from model_training.tokenizer_training import (
     count_tags,
     evaluate_tokenizer,
     markdown_table,
+    pruned_pages,
     round_up,
     split_of,
     tag_tokens,
@@ -279,3 +281,70 @@ def test_cli_eval_checks_its_output_paths_before_evaluating(
         assert main([*evaluate, flag, str(target), "--no-progress"]) == 1
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"htmllm tokenizer: {flag} {target}: "), err
+
+
+def test_a_vocabulary_too_small_for_the_corpus_alphabet_is_refused_not_exceeded() -> None:
+    """512 asked had given 768 ids: the alphabet of a many-lettered corpus did not fit, and the padding
+    rounded past the size asked for."""
+    letters = [chr(c) for c in (*range(0x100, 0x17F), *range(0x3B1, 0x3CA), *range(0x410, 0x450))]
+    pages = [
+        "<p>"
+        + " ".join(a + b + "x" for a, b in zip(letters, letters[1:] + letters[:1], strict=True))
+        + "</p>"
+    ] * 3
+    with pytest.raises(TokenizerTrainingError, match=r"too small for this corpus.* at least (\d+)") as caught:
+        train_tokenizer(pages, vocab_size=512, min_frequency=2, tags=0)
+    needed = int(re.search(r"at least (\d+)", str(caught.value)).group(1))  # type: ignore[union-attr]
+    assert needed > 512 and needed % 64 == 0
+    assert train_tokenizer(pages, vocab_size=needed, min_frequency=2, tags=0).vocab_size == needed
+
+
+def test_pages_over_the_page_cap_are_rejected_pages_not_a_failed_run(
+    raw_corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One page over the pruner's byte cap used to stop `tokenizer train` and `eval` (payload_too_large)."""
+    from service.cli import main
+    from service.core import pages
+
+    with raw_corpus.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"id": "huge", "html": "<p>x</p>" * 10_000}) + "\n")
+    monkeypatch.setattr(pages, "MAX_PAGE_BYTES", 60_000)
+    corpus = pruned_pages(raw_corpus)
+    assert corpus.failed == {"huge": "payload_too_large"} and len(corpus.ids) == 60
+    out = tmp_path / "tok"
+    args = ["--corpus", str(raw_corpus), "--split", "all", "--no-progress"]
+    assert (
+        main(["tokenizer", "train", *args, "--vocab-size", "512", "--min-frequency", "2", "--out", str(out)])
+        == 0
+    )
+    assert json.loads((out / "training.json").read_text(encoding="utf-8"))["rejected_pages"] == {
+        "huge": "payload_too_large"
+    }
+    assert main(["tokenizer", "eval", *args, "--tokenizer", str(out)]) == 0
+
+
+def test_sizes_that_cannot_be_trained_are_refused_before_pruning(
+    raw_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import model_training.tokenizer_training as training
+    from service.cli import main
+
+    def no_pruning(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the pages were pruned before the options were checked")
+
+    monkeypatch.setattr(training, "pruned_pages", no_pruning)
+    out = tmp_path / "tok"
+    train = ["tokenizer", "train", "--corpus", str(raw_corpus), "--no-progress", "--out", str(out)]
+    for flags, said in (
+        (["--vocab-size", "0"], "--vocab-size 0 is too small"),
+        (["--vocab-size", "-64"], "--vocab-size -64 is too small"),
+        (["--sample", "-1"], "--sample must be at least 1, got -1"),
+    ):
+        assert main([*train, *flags]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"htmllm tokenizer: validation_error: {said}"), err
+    assert not out.exists()
+    build_tiny_tokenizer().save(tmp_path / "tiny.json")
+    evaluate = ["tokenizer", "eval", "--corpus", str(raw_corpus), "--tokenizer", str(tmp_path / "tiny.json")]
+    assert main([*evaluate, "--sample", "0", "--no-progress"]) == 1
+    assert "--sample must be at least 1, got 0" in capsys.readouterr().err

@@ -7,10 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from model_training.evaluation.derive import derive_tasks, merge_rare, page_metadata, schema_label
-from model_training.evaluation.tasks import load_tasks
+from model_training.evaluation.metrics import EvaluationError
+from model_training.evaluation.tasks import assign_folds, load_tasks
 from tests.model_training.evaluation.pagegen import write_corpus
 
 
@@ -107,3 +109,54 @@ def test_page_metadata_survives_references_that_decode_longer() -> None:
     )
     assert done.returncode == 0, done.stderr[-500:]
     assert done.stdout.strip() == "cs"
+
+
+def test_a_second_run_that_skips_a_task_leaves_no_stale_task_behind(tmp_path: Path) -> None:
+    """The first run's page_kind/ used to stay after the second run said "skipped", and `heads train
+    --tasks` then trained a head for it."""
+    corpus = write_corpus(tmp_path / "corpus.jsonl", sites=15, pages_per_site=4)
+    out = tmp_path / "tasks"
+    assert all(r.path is not None for r in derive_tasks(corpus, out, min_pages=6, min_sites=3, folds=3))
+    (out / "mine").mkdir()  # not a task directory: never removed
+    results = derive_tasks(corpus, out, min_pages=100, min_sites=3, folds=3)
+    assert all(r.skipped for r in results)
+    assert sorted(p.name for p in out.iterdir()) == ["derive.json", "mine", "pages"]
+    with pytest.raises(EvaluationError, match="no task directories"):
+        load_tasks(out)
+
+
+def test_more_folds_than_any_class_has_pages_skips_the_task(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--folds above every class's page count (but not the site count) had been scikit-learn's ValueError
+    traceback, with the tasks derived before it left on disk."""
+    from service.cli import main
+
+    corpus = write_corpus(tmp_path / "corpus.jsonl", sites=12, pages_per_site=1)  # 6 pages per class
+    out = tmp_path / "tasks"
+    args = ["tasks", "derive", "--corpus", str(corpus), "--out", str(out), "--min-pages", "2"]
+    assert main([*args, "--min-sites", "2", "--folds", "8"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("skipped (8-fold cross-validation needs a class with at least 8 pages") == 3
+    assert sorted(p.name for p in out.iterdir()) == ["derive.json", "pages"]
+    with pytest.raises(EvaluationError, match="needs a class with at least 8 pages; the largest has 6"):
+        assign_folds(np.asarray([0] * 6 + [1] * 6), [f"s{i}" for i in range(12)], kind="classification", k=8)
+
+
+def test_a_page_over_the_page_cap_is_counted_not_fatal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One page over the cap used to stop the whole run (payload_too_large, exit 1)."""
+    from service.core import pages
+
+    corpus = write_corpus(tmp_path / "corpus.jsonl", sites=15, pages_per_site=4)
+    with corpus.open("a", encoding="utf-8") as handle:
+        handle.write(
+            json.dumps({"id": "huge", "url": "https://huge.example/", "html": "<p>x</p>" * 5000}) + "\n"
+        )
+    monkeypatch.setattr(pages, "MAX_PAGE_BYTES", 20_000)  # the generated pages are under 5 kB
+    results = derive_tasks(corpus, tmp_path / "tasks", min_pages=6, min_sites=3, folds=3)
+    assert all(r.path is not None and r.too_large == 1 for r in results)
+    assert len(load_tasks(tmp_path / "tasks")[0].ids) == 60
+    summary = json.loads((tmp_path / "tasks" / "derive.json").read_text())
+    assert all(row["too_large_pages"] == 1 for row in summary)

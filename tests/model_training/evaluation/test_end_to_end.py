@@ -265,3 +265,38 @@ def test_eval_run_refuses_zero_folds(
     argv = ["eval", "run", "--tasks", str(workdir / "tasks"), "--baselines", "random", "--folds", "0"]
     assert main([*argv, "--cache", "", "--out", str(tmp_path / "out")]) == 1
     assert "at least 2 folds, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("name", "column"),
+    [("embedding", "embedding"), ("id", "id"), ("tokens", "tokens"), ("page_kind.probs", "page_kind.probs")],
+)
+def test_heads_train_refuses_a_task_named_for_an_output_column(
+    workdir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    column: str,
+) -> None:
+    """A head named `embedding` had been trained and saved, and `htmllm embed` then refused the
+    checkpoint's heads ("would write a column")."""
+    import shutil
+
+    from model_training.evaluation import runner
+
+    def no_work(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("pages were embedded before the task names were checked")
+
+    monkeypatch.setattr(runner, "train_heads", no_work)
+    tasks = tmp_path / "tasks"
+    shutil.copytree(workdir / "tasks", tasks)
+    renamed = tasks / "x-renamed"  # after page_kind in name order
+    shutil.copytree(tasks / "schema_type", renamed)
+    spec = json.loads((renamed / "task.json").read_text(encoding="utf-8"))
+    (renamed / "task.json").write_text(json.dumps({**spec, "name": name}), encoding="utf-8")
+    argv = ["heads", "train", "--checkpoint", str(workdir / "ckpt"), "--tasks", str(tasks)]
+    assert main([*argv, "--cache", str(tmp_path / "cache")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("htmllm heads train: validation_error: "), err
+    assert f"task {name!r}" in err[0] and f"the column {column!r}" in err[0]
