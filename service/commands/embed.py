@@ -21,7 +21,7 @@ gets its row with the error and the run goes on: one bad line in a crawl dump mu
 millions. Such a row is done, as every written row is: a resume does not read that page again. A failure
 of the engine that a retry may fix (shutting down under Ctrl-C, a timeout, a full queue, a backend
 failure) is never written: the document is left for the next run, and the command exits 1 without
-merging (130 after Ctrl-C).
+merging (130 after Ctrl-C; 143 after SIGTERM, which ends the run as Ctrl-C does: `sigterm_as_ctrl_c`).
 Options, the input and the checkpoint's metadata are checked before the model loads or a file is
 created.
 """
@@ -33,6 +33,7 @@ import asyncio
 import functools
 import json
 import os
+import stat
 import sys
 import threading
 from collections import Counter
@@ -42,10 +43,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from service.commands import INTERRUPTED
-from service.commands.embed_state import ParquetParts, merge, output_settings
+from service.commands.embed_state import OutputUnreadable, ParquetParts, merge, output_settings
 from service.commands.resume_state import (
     INPUT_KEY,
     RUN_FILE,
+    TERMINATED,
     InputWalk,
     PartWriter,
     changed,
@@ -56,11 +58,13 @@ from service.commands.resume_state import (
     input_change,
     input_identity,
     leftovers,
+    own_files,
     parts_dir,
     pin_settings,
     pinned_settings,
     remove_parts,
     run_lock,
+    sigterm_as_ctrl_c,
 )
 from service.core.attention import ATTENTION_CHOICES, AUTO_ATTENTION, attention_option
 from service.core.errors import ErrorCode, HtmllmError, shown
@@ -187,19 +191,21 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         print("htmllm embed: needs pyarrow (pip install pyarrow)", file=sys.stderr)
         return 2
-    try:
-        return _run(args)
-    except KeyboardInterrupt:
-        parts = parts_dir(args.output)
-        kept = f"what was finished is kept in {parts}: " if parts.exists() else ""
-        print(f"htmllm embed: interrupted; {kept}run the same command again to go on", file=sys.stderr)
-        return INTERRUPTED
-    except HtmllmError as exc:
-        print(f"htmllm embed: {exc.code}: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:  # an output that cannot be written (a full disk, a path under a file...)
-        print(f"htmllm embed: {exc}", file=sys.stderr)
-        return 1
+    with sigterm_as_ctrl_c() as termination:
+        try:
+            return _run(args)
+        except KeyboardInterrupt:
+            parts = parts_dir(args.output)
+            kept = f"what was finished is kept in {parts}: " if parts.exists() else ""
+            how = "terminated (SIGTERM)" if termination.received else "interrupted"
+            print(f"htmllm embed: {how}; {kept}run the same command again to go on", file=sys.stderr)
+            return TERMINATED if termination.received else INTERRUPTED
+        except HtmllmError as exc:
+            print(f"htmllm embed: {exc.code}: {exc}", file=sys.stderr)
+            return 1
+        except OSError as exc:  # an output that cannot be written (a full disk...)
+            print(f"htmllm embed: {exc}", file=sys.stderr)
+            return 1
 
 
 @dataclass(frozen=True)
@@ -222,9 +228,11 @@ class _Outcome:
     first_deferred: str = ""  # the first one's code and message, to say why
 
 
-def _check_input(path: Path) -> None:
-    """The input exists, can be read and is a kind of page source (`pages.source_kind`: a file of no
-    kind it reads is refused here, not after the model loaded)."""
+def _check_input(path: Path, output: Path) -> None:
+    """The input exists, can be read, is a kind of page source (`pages.source_kind`: a file of no kind
+    it reads is refused here, not after the model loaded) and holds a page (`check_has_pages`; its first
+    is read, so a JSONL file in UTF-16 is refused here too), the run's own files beside `output` left
+    out."""
     from service.core.pages import PageUnreadableError, iter_pages, source_kind
 
     # Missing, a dangling symlink, closed to this user (EACCES on a directory above it), neither a file
@@ -239,8 +247,22 @@ def _check_input(path: Path) -> None:
                 pass
     except OSError as exc:
         raise PageUnreadableError(f"page source {path} cannot be read: {exc.strerror}") from exc
-    if kind == "directory":
-        check_has_pages(path, next(iter_pages(path, limit=1, bad_rows="report"), None))
+    check_has_pages(path, next(iter_pages(path, limit=1, bad_rows="report", skip=own_files(output)), None))
+
+
+def _check_output(output: Path) -> None:
+    """Refuse an output under a file (`--output results.parquet/out.parquet`) before the model loads:
+    found at the lock, it was a bare "[Errno 20] Not a directory" line with no code."""
+    for parent in output.parents:
+        try:
+            mode = parent.stat().st_mode
+        except FileNotFoundError:
+            continue  # created with the parts directory
+        except OSError:
+            return  # EACCES, ELOOP: said, with the path, where the lock is taken
+        if not stat.S_ISDIR(mode):
+            raise OptionError(f"--output {output} is under {parent}, which is not a directory")
+        return
 
 
 def _check_columns(specs: list[HeadSpec]) -> None:
@@ -262,7 +284,8 @@ def _check_columns(specs: list[HeadSpec]) -> None:
 def _plan(args: argparse.Namespace) -> _Plan:
     """Check everything a command line can get wrong before the model loads (seconds to minutes) or a
     file is created (a run.json written for a typo would pin it)."""
-    _check_input(args.input)
+    _check_input(args.input, args.output)
+    _check_output(args.output)
     from service.core.checkpoint import checkpoint_fingerprint, read_meta
     from service.engine import EngineConfig
 
@@ -315,7 +338,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
     settings = {
         "row_format": ROW_FORMAT,
         "input": str(args.input.resolve()),
-        INPUT_KEY: input_identity(args.input),
+        INPUT_KEY: input_identity(args.input, args.output),
         "limit": args.limit,
         "model": meta.name,
         "tokenizer_sha256": meta.tokenizer_sha256,
@@ -338,7 +361,12 @@ def _finished(output: Path, settings: dict[str, Any], overwrite: bool) -> bool:
         return False
     if output.is_dir():
         raise OptionError(f"{output} is a directory, not a Parquet file")
-    previous = output_settings(output)
+    try:
+        previous = output_settings(output)
+    except OutputUnreadable:
+        if overwrite:  # asked for: replaced unread
+            return False
+        raise
     if previous == settings:
         return True
     if overwrite:
@@ -462,7 +490,10 @@ async def _embed_all(
     stop_counting = threading.Event()
     if not args.no_progress:
         counting = asyncio.get_running_loop().run_in_executor(
-            None, functools.partial(count_pages, args.input, limit=args.limit, stop=stop_counting)
+            None,
+            functools.partial(
+                count_pages, args.input, limit=args.limit, stop=stop_counting, skip=own_files(args.output)
+            ),
         )
 
         def set_total(future: asyncio.Future[int | None]) -> None:
@@ -515,7 +546,7 @@ async def _embed_all(
             prepare_for_serving()  # the model is loaded: set the garbage collector for serving
             tasks: set[asyncio.Task[None]] = set()
             walk = InputWalk(done, parts)
-            pages = iter_pages(args.input, limit=args.limit, bad_rows="report")
+            pages = iter_pages(args.input, limit=args.limit, bad_rows="report", skip=own_files(args.output))
             for index, page in walk.todo(pages):
                 await in_flight.acquire()
                 task = asyncio.create_task(one(index, page))

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from service.commands.resume_state import TEMP_SUFFIX, UnreadablePart, complete_parts
+from service.commands.resume_state import TEMP_SUFFIX, RunStateError, UnreadablePart, complete_parts
 from service.core.atomic_files import replaced_atomically
 
 if TYPE_CHECKING:
@@ -96,14 +96,30 @@ def merge(parts: Path, output: Path, schema: pa.Schema, documents: int, settings
     return documents
 
 
+class OutputUnreadable(RunStateError):
+    """An existing output this process cannot read: whether it is this run's finished output, another
+    run's, or no output of this command at all is unknown."""
+
+
 def output_settings(output: Path) -> dict[str, Any] | None:
-    """The settings a finished output was merged with; None for a file this command did not write."""
+    """The settings a finished output was merged with; None for a file this command did not write.
+    `OutputUnreadable` for one that cannot be read (permission denied, EIO): taken for "not written by
+    this command", it was an invitation to --overwrite a file its owner may have locked away."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        raw = (pq.read_schema(output).metadata or {}).get(RUN_METADATA_KEY)
+        with output.open("rb") as handle:
+            raw = (pq.read_schema(handle).metadata or {}).get(RUN_METADATA_KEY)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        if not isinstance(exc, OSError) or exc.errno is None:
+            return None  # not Parquet: Arrow's errors, an OSError without an errno among them
+        raise OutputUnreadable(
+            f"{output} exists but cannot be read ({exc.strerror or exc}), so this run cannot tell whether "
+            "it is its finished output: make it readable, or pass --overwrite to replace it unread"
+        ) from exc
+    try:
         settings = json.loads(raw) if raw is not None else None
-    except (pa.ArrowException, OSError, ValueError):
+    except ValueError:
         return None
     return settings if isinstance(settings, dict) else None

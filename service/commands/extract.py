@@ -21,9 +21,11 @@ extracts again and replaces it, as it always did.
 
 The input is opened before the output is touched: a typo in `--input`, a crash or a Ctrl-C leaves an
 existing output as it was. Ctrl-C stops at once (queued pages cancelled, busy workers killed) with exit
-code 130. An output that is the input (or the input directory's manifest) is refused, since the run
-would replace what it reads. Standard output (`-`) and an existing output that is not a regular file
-(`/dev/null`, a FIFO) are written in place, and such a run cannot be resumed.
+code 130; SIGTERM the same way with 143 (`sigterm_as_ctrl_c`), keeping the rows held up to the first
+that records a failure (a worker killed by the same SIGTERM fails a page not for its own sake). An
+output that is the input (or the input directory's manifest) is refused, since the run would replace
+what it reads. Standard output (`-`) and an existing output that is not a regular file (`/dev/null`, a
+FIFO) are written in place, and such a run cannot be resumed.
 """
 
 from __future__ import annotations
@@ -48,8 +50,10 @@ from service.commands import INTERRUPTED
 from service.commands.resume_state import (
     INPUT_KEY,
     TEMP_SUFFIX,
+    TERMINATED,
     InputWalk,
     PartWriter,
+    Termination,
     UnreadablePart,
     check_has_pages,
     clean_leftovers,
@@ -57,10 +61,12 @@ from service.commands.resume_state import (
     done_set,
     holds_parts,
     input_identity,
+    own_files,
     parts_dir,
     pin_settings,
     remove_parts,
     run_lock,
+    sigterm_as_ctrl_c,
 )
 from service.core.atomic_files import replaced_atomically
 from service.core.errors import HtmllmError
@@ -224,7 +230,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     settings: dict[str, Any] = {
         "row_format": ROW_FORMAT,
         "input": str(Path(args.input).resolve()),
-        INPUT_KEY: input_identity(Path(args.input)),
+        INPUT_KEY: input_identity(Path(args.input), Path(args.output)),
         "limit": args.limit,
         "extractor": args.extractor,
         "min_words": args.min_words,
@@ -376,7 +382,9 @@ def _stream(args: argparse.Namespace, pages: Iterable[Page], workers: int) -> st
     return _summary(args, counts["pages"], counts["errors"], counts["passed"])
 
 
-def _resumable(args: argparse.Namespace, target: Path, pages: Iterable[Page], workers: int) -> str:
+def _resumable(
+    args: argparse.Namespace, target: Path, pages: Iterable[Page], workers: int, termination: Termination
+) -> str:
     """Extract the pages not done by an interrupted run into parts, then merge them into `target`.
     Returns the summary."""
     parts = parts_dir(target)
@@ -398,7 +406,13 @@ def _resumable(args: argparse.Namespace, target: Path, pages: Iterable[Page], wo
                 _extract_all(walk.todo(pages), args, workers, emit, bar)
         except BaseException:
             # Keep what was finished: rows are emitted only from pages whose extraction ended, and the
-            # workers ignore Ctrl-C, so none of them failed because of it.
+            # workers ignore Ctrl-C, so none of them failed because of it. They do not ignore SIGTERM,
+            # which a scheduler (Slurm) sends to every process of the job: a row with a failure in it
+            # may be a killed worker's, so it is left to the resume (done again, never twice), with the
+            # rows after it (a part holds consecutive indices).
+            if termination.received:
+                failed = (i for i, row in enumerate(writer.rows) if _holds_error(row["row"]))
+                del writer.rows[next(failed, len(writer.rows)) :]
             writer.flush()
             if not holds_parts(parts):
                 remove_parts(parts, target)  # nothing to resume from: leave nothing behind
@@ -408,6 +422,14 @@ def _resumable(args: argparse.Namespace, target: Path, pages: Iterable[Page], wo
         remove_parts(parts, target)
     summary = _summary(args, walk.documents, errors, passed)
     return summary + (f"; {len(done)} of them done by the interrupted run" if done else "")
+
+
+def _holds_error(value: Any) -> bool:
+    """Whether a row records a failure anywhere: its own `error`, an extractor's under `extractions`, a
+    failed attempt's."""
+    if isinstance(value, dict):
+        return "error" in value or any(_holds_error(v) for v in value.values())
+    return isinstance(value, list) and any(_holds_error(v) for v in value)
 
 
 def _merge(parts: Path, target: Path, documents: int) -> tuple[int, int]:
@@ -475,31 +497,36 @@ def run(args: argparse.Namespace) -> int:
     # FIFO): written in place, never replaced, and so never resumed.
     target = None if args.output == "-" else Path(args.output).resolve()
     in_place = target is None or (target.exists() and not target.is_file())
+    # The run's own files (an output inside the input directory, its parts) are no pages of it.
+    skip = None if target is None else own_files(Path(args.output))
+    termination = Termination()
     try:
-        pages: Iterator[Page] = iter_pages(args.input, limit=args.limit, bad_rows="report")
-        # Read the first page before the output is opened: a source that does not exist (or cannot be
-        # read at all) fails here, not after an old output has been replaced by nothing.
-        first = next(pages, None)
-        if args.limit != 0:
-            check_has_pages(Path(args.input), first)
-        if first is not None:
-            pages = itertools.chain([first], pages)
-        if target is None or in_place:
-            summary = _stream(args, pages, workers)
-        else:
-            summary = _resumable(args, target, pages, workers)
+        with sigterm_as_ctrl_c() as termination:
+            pages: Iterator[Page] = iter_pages(args.input, limit=args.limit, bad_rows="report", skip=skip)
+            # Read the first page before the output is opened: a source that does not exist (or cannot
+            # be read at all) fails here, not after an old output has been replaced by nothing.
+            first = next(pages, None)
+            if args.limit != 0:
+                check_has_pages(Path(args.input), first)
+            if first is not None:
+                pages = itertools.chain([first], pages)
+            if target is None or in_place:
+                summary = _stream(args, pages, workers)
+            else:
+                summary = _resumable(args, target, pages, workers, termination)
     except KeyboardInterrupt:
+        how = "terminated (SIGTERM)" if termination.received else "interrupted"
         if target is None:
-            print("htmllm extract: interrupted", file=sys.stderr)
+            print(f"htmllm extract: {how}", file=sys.stderr)
         elif not in_place and parts_dir(target).exists():
             print(
-                f"htmllm extract: interrupted; {args.output} was left as it was; what was finished is kept "
+                f"htmllm extract: {how}; {args.output} was left as it was; what was finished is kept "
                 f"in {parts_dir(target)}: run the same command again to go on",
                 file=sys.stderr,
             )
         else:
-            print(f"htmllm extract: interrupted; {args.output} was left as it was", file=sys.stderr)
-        return INTERRUPTED
+            print(f"htmllm extract: {how}; {args.output} was left as it was", file=sys.stderr)
+        return TERMINATED if termination.received else INTERRUPTED
     except HtmllmError as exc:  # the input's failures (PageSourceError) and the parts' (RunStateError)
         print(f"htmllm extract: {exc.code}: {exc}", file=sys.stderr)
         return 1

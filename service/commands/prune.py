@@ -7,12 +7,14 @@ report it, by the same rule (`pages.read_error`): `input_unreadable` where the f
 (permission denied, a missing file, an I/O error), `validation_error` for a corrupt gzip stream.
 
 A reader that stops early (`htmllm prune page.html | head`) ends the command quietly with status 1, as
-the Python docs advise for SIGPIPE, rather than with a BrokenPipeError traceback.
+the Python docs advise for SIGPIPE, rather than with a BrokenPipeError traceback; a standard output that
+cannot be written (`> /dev/full`, a full disk) or is closed (`>&-`) is one line and status 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -53,15 +55,28 @@ def run(args: argparse.Namespace) -> int:
     except PruneError as exc:
         print(f"htmllm prune: {exc.code}: {exc}", file=sys.stderr)
         return 1
+    return _write(pruned)
+
+
+def _write(pruned: str) -> int:
+    """Print the pruned page; a standard output that cannot take it is one line, status 1."""
+    if sys.stdout is None:  # `htmllm prune page.html >&-`: Python found no file descriptor 1
+        print("htmllm prune: cannot write the pruned page: standard output is closed", file=sys.stderr)
+        return 1
     try:
         sys.stdout.write(pruned)
         sys.stdout.write("\n")
-        sys.stdout.flush()  # here, where a closed pipe can be handled, not at interpreter exit
-    except BrokenPipeError:
+        sys.stdout.flush()  # here, where a failed write can be handled, not at interpreter exit
+    except OSError as exc:  # a closed pipe; a full disk or `> /dev/full` (ENOSPC), EIO, EBADF
         # https://docs.python.org/3/library/signal.html#note-on-sigpipe: what is still buffered would
         # raise again when Python flushes stdout at exit, so stdout goes to devnull from here on.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        with contextlib.suppress(OSError, ValueError):  # no file descriptor to replace: nothing to flush
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, sys.stdout.fileno())
+            finally:
+                os.close(devnull)
+        if not isinstance(exc, BrokenPipeError):  # a reader that stopped early asked for nothing more
+            print(f"htmllm prune: cannot write the pruned page: {exc.strerror or exc}", file=sys.stderr)
         return 1
     return 0

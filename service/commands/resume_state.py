@@ -13,11 +13,14 @@ older version's unmarked temporaries are left, except a trash folder whose conte
 On restart the parts' indices are the done-set; the input is walked again, its done pages skipped after
 a check that they are the pages that were done. `run.json` also pins the input's size and modification
 time (`input_identity`), since a page named by its position, or a file of a directory rewritten under
-the same name, passes that check. When every page is done the command merges the parts into `<output>`
-(a file format's own business, see `PartFormat`) and removes the directory.
+the same name, passes that check; an output inside the input directory is no file of it, nor are its
+parts directory and temporaries (`own_files`), which a run changes under itself. When every page is done
+the command merges the parts into `<output>` (a file format's own business, see `PartFormat`) and
+removes the directory.
 
 A command brings its file format (`PartFormat`: Parquet for embed, JSONL for extract); the rules above
-are the same for both and live only here.
+are the same for both and live only here, as does SIGTERM's handling (`sigterm_as_ctrl_c`: it ends a run
+as Ctrl-C does, keeping what was finished, with status 143).
 """
 
 from __future__ import annotations
@@ -29,12 +32,15 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from service.core.atomic_files import replaced_atomically
@@ -46,6 +52,8 @@ if TYPE_CHECKING:
 
     from service.core.pages import Page
 
+# The shell's status for a command ended by SIGTERM (`sigterm_as_ctrl_c`), as 130 is SIGINT's.
+TERMINATED = 128 + signal.SIGTERM
 RUN_FILE = "run.json"
 LOCK_FILE = "lock"
 # A part's name; temporaries start with "." and never match.
@@ -60,6 +68,8 @@ _TEMP_NAME = r"\.{name}\.[a-z0-9_]{{8}}" + re.escape(TEMP_SUFFIX)
 _TRASH_NAME = r"\.{name}\.[a-z0-9_]{{8}}" + re.escape(TRASH_SUFFIX)
 # An older version's trash (`.tmp`, no marker): removed only when its content shows it is one.
 _OLD_TRASH_NAME = r"\.{name}\.[a-z0-9_]{{8}}\.tmp"
+# Every name of a leftover beside the output: never an input page (`own_files`).
+_LEFTOVERS = (_TEMP_NAME, _TRASH_NAME, _OLD_TRASH_NAME)
 # run.json's key for `input_identity`: compared apart from the options, for a message that says so.
 INPUT_KEY = "input_files"
 
@@ -112,26 +122,62 @@ def changed(settings: dict[str, Any], previous: dict[str, Any]) -> str:
     return ", ".join(sorted(k for k in keys - {INPUT_KEY} if settings.get(k) != previous.get(k)))
 
 
-def input_identity(source: Path) -> dict[str, Any]:
+def own_files(output: Path) -> Callable[[Path], bool]:
+    """What a run writing `output` puts beside it, as `pages.list_directory`'s `skip`: the output, its
+    parts directory (lock, run.json, parts) and the temporaries of `leftovers`' names. An output inside
+    the input directory must be no file of its input: counted in `input_identity`, the run's own parts
+    changed the input under itself (a resume refused as "input changed", a finished output as "written
+    before its input changed"), and read as pages, a run would read what it wrote. Told apart by name
+    whether they exist or not, so the first run of an output leaves out what the last one will find;
+    by real location (symlinks in the directories above resolved), as the walk gives it."""
+    # The output as named, and where a symlink named so leads (where `htmllm extract` writes).
+    places = {Path(os.path.realpath(output.parent)) / output.name, Path(os.path.realpath(output))}
+    forms = (r"{name}", r"{name}\.parts", *_LEFTOVERS)
+    names = [
+        (place.parent, re.compile("|".join(form.format(name=re.escape(place.name)) for form in forms)))
+        for place in places
+    ]
+
+    def own(location: Path) -> bool:
+        return any(location.parent == parent and name.fullmatch(location.name) for parent, name in names)
+
+    return own
+
+
+def input_identity(source: Path, output: Path | None = None) -> dict[str, Any]:
     """What tells the input apart from a rewritten one, cheaply: the size and modification time of each
     file the source is read from (a JSONL file or a corpus's manifest, one WARC or HTML file, or every
-    file under a directory of pages), summed up with a digest of the list. Read from the file system
-    alone, never the content: a resume of a 100 GB dump must not read it twice. The files a JSONL row or
-    a manifest names are not covered (finding them would read the whole JSONL); their ids are checked.
+    file under a directory of pages, as `pages.list_directory` finds them, less the run's own files
+    beside `output`: `own_files`), summed up with a digest of the list. Read from the file system alone,
+    never the content: a resume of a 100 GB dump must not read it twice. The files a JSONL row or a
+    manifest names are not covered (finding them would read the whole JSONL); their ids are checked.
+    What could not be looked at is in the digest by its name: made readable since, it is a change.
     """
-    from service.core.pages import source_kind
+    from service.core.pages import list_directory, source_kind
 
     kind, path = source_kind(source)
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if kind == "directory" else [path]
+    if kind == "directory":
+        listed = list_directory(path, own_files(output) if output is not None else None)
+        entries = [(str(entry.path.relative_to(path)), entry.path, entry.problem) for entry in listed]
+    else:
+        entries = [(path.name, path, None)]
     digest = hashlib.sha256()
-    total = latest = 0
-    for file in files:
-        stat = file.stat()
-        total += stat.st_size
-        latest = max(latest, stat.st_mtime_ns)
-        name = str(file.relative_to(path)) if kind == "directory" else file.name
-        digest.update(f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
-    return {"files": len(files), "bytes": total, "mtime_ns": latest, "sha256": digest.hexdigest()}
+    files = total = latest = 0
+    for name, file, problem in entries:
+        line = f"{name}\0unreadable\n"
+        if problem is None:
+            try:
+                stat = file.stat()
+            except OSError:
+                if kind != "directory":
+                    raise
+                continue  # a dangling symlink: nothing to pin until it points at a file
+            files += 1
+            total += stat.st_size
+            latest = max(latest, stat.st_mtime_ns)
+            line = f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\n"
+        digest.update(line.encode("utf-8", "surrogateescape"))
+    return {"files": files, "bytes": total, "mtime_ns": latest, "sha256": digest.hexdigest()}
 
 
 def input_change(settings: dict[str, Any], previous: dict[str, Any]) -> str | None:
@@ -152,16 +198,60 @@ def input_change(settings: dict[str, Any], previous: dict[str, Any]) -> str | No
 
 
 def check_has_pages(source: Path, first: Page | None) -> None:
-    """Refuse a directory of pages (no manifest) that yields none (`first`: its first page), as
-    `pages` refuses one holding only JSONL files: an empty output and exit 0 would pass for a finished
-    run over a folder not synced yet, or one of files of no kind the commands read."""
+    """Refuse a page source that yields no pages (`first`: its first page, a bad row's included): an
+    empty output and exit 0 would pass for a finished run over a folder not synced yet, a file cut to
+    nothing by a failed copy, or files of no kind the commands read. A directory (no manifest) holding
+    only JSONL files is refused by `pages` itself."""
     from service.core.pages import PageSourceError, source_kind
 
-    if first is None and source_kind(source)[0] == "directory":
-        raise PageSourceError(
-            f"page source {source} holds no pages: no .html or .htm file (optionally .gz) and no WARC "
-            "file with an HTML record"
-        )
+    if first is not None:
+        return
+    kind, path = source_kind(source)
+    if kind == "directory":
+        why = "no .html or .htm file (optionally .gz) and no WARC file with an HTML record"
+    elif kind == "warc":
+        why = "no WARC record of an HTML response or resource"
+    elif path != source:
+        why = f"its manifest {path.name} has no row"
+    else:
+        why = "no row: the file is empty or holds blank lines only"
+    raise PageSourceError(f"page source {source} holds no pages: {why}")
+
+
+class Termination:
+    """Whether a SIGTERM came during `sigterm_as_ctrl_c`: its run ends as after Ctrl-C, with its own
+    status and word."""
+
+    received = False
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c() -> Iterator[Termination]:
+    """Within: SIGTERM (what Kubernetes, Slurm, systemd and `kill` send to stop a job) does what Ctrl-C
+    does, so the run keeps what it finished: its default, death on the spot, lost up to a part of
+    finished rows, to be done again. It calls SIGINT's handler of the moment (`asyncio.run`'s cancels
+    the run, Python's raises KeyboardInterrupt), or raises KeyboardInterrupt where SIGINT is ignored
+    (a background job of a shell without job control), and sets `received`, for the caller's status
+    (`TERMINATED`). SIGTERM's handler before is back after, as `asyncio.run` gives SIGINT's back. Off
+    the main thread (no handler can be set there) SIGTERM is left as it is."""
+    termination = Termination()
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        termination.received = True
+        ctrl_c = signal.getsignal(signal.SIGINT)
+        if not callable(ctrl_c):
+            raise KeyboardInterrupt
+        ctrl_c(signal.SIGINT, frame)
+
+    if previous is None or threading.current_thread() is not threading.main_thread():
+        yield termination  # None: a handler set outside Python, which could not be put back
+        return
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield termination
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _write_json(settings: dict[str, Any], path: Path) -> None:

@@ -16,12 +16,16 @@ A page source is one of:
   (requests, images, revisits, DNS, metadata) are skipped. `meta` has `warc_file`, `warc_date`,
   `http_status`, `content_type` and, for a record the crawler cut short, `warc_truncated`;
 - a directory of `*.html`, `*.htm` (optionally `.gz`) and WARC files, read recursively in sorted order
-  (other files are skipped; a directory with JSONL files but no page files is an error, not zero pages);
+  (`list_directory`: symlinked subdirectories followed, a link back up not again; other files are
+  skipped; a directory with JSONL files but no page files is an error, not zero pages; a subdirectory
+  that cannot be listed is an `input_unreadable` row in its place);
 - a single HTML file (`.html`, `.htm`, optionally `.gz`).
 Gzip is recognised by its magic bytes, so raw bytes reach the decoder exactly as crawled. A single file
 with any other name is sniffed, through gzip when gzipped: JSONL when its content starts with `{`, WARC
 with `WARC/`, one HTML page with `<`; anything else is refused, so a `pages.ndjson` or a renamed WARC
-is never read as one page made of twelve.
+is never read as one page made of twelve. JSONL is UTF-8: a JSONL file in UTF-16 or UTF-32 (a byte-order
+mark, or NUL bytes, at its start: Windows PowerShell writes UTF-16 by default) is refused whole, where
+its lines split on the byte 0x0A read as rows of garbage.
 
 Every string a page carries (`id`, `url`, `error`, the strings in a JSONL row's `meta`) is valid
 Unicode, so consumers that write UTF-8 (Parquet, JSON) never fail on it: a lone surrogate from a JSON
@@ -65,10 +69,10 @@ import re
 import stat
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, BinaryIO, Literal
+from typing import IO, Any, BinaryIO, Literal, NamedTuple
 
 from service.core.content_coding import ContentCodingError, decode_content
 from service.core.decoding import declared_codec, with_declared_encoding, without_lone_surrogates
@@ -344,15 +348,61 @@ def _stat_mode(path: Path) -> int | None:
 
 
 def _open_jsonl(path: Path) -> IO[bytes]:
+    """`path`'s lines as bytes, gunzipped when it is gzip; `PageSourceError` for a file in UTF-16 or
+    UTF-32 (`_wide_text`), whose lines split on the byte 0x0A would read as rows of garbage."""
     try:
         handle = path.open("rb")
     except OSError as exc:
         raise PageUnreadableError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    if handle.read(2) == GZIP_MAGIC:
-        handle.seek(0)
-        return gzip.GzipFile(fileobj=handle)  # type: ignore[return-value]
-    handle.seek(0)
-    return handle
+    stream: IO[bytes] = handle
+    try:
+        if handle.read(2) == GZIP_MAGIC:
+            handle.seek(0)
+            stream = gzip.GzipFile(fileobj=handle)  # type: ignore[assignment]
+        else:
+            handle.seek(0)
+        try:
+            start = stream.peek(4)[:4]  # type: ignore[attr-defined]
+        except (OSError, EOFError, zlib.error):
+            start = b""  # a gzip stream broken from its start: `_lines` reports it as the row it is
+        wide = _wide_text(start)
+    except BaseException:
+        stream.close()
+        handle.close()
+        raise
+    if wide is not None:
+        stream.close()
+        handle.close()
+        raise PageSourceError(
+            f"{path} is {wide} text (by the byte-order mark or NUL bytes at its start; Windows PowerShell "
+            f"writes UTF-16 by default); a JSONL file is UTF-8: convert it first (iconv -f {wide[:6]} -t "
+            "UTF-8, or PowerShell's Out-File -Encoding utf8)"
+        )
+    return stream
+
+
+# The start of a file in a wide encoding: its byte-order mark and a first character in ASCII (a JSONL
+# file starts with "{" or a blank, an HTML page with "<" or a blank), so that a line of other bytes
+# that are not UTF-8 ("\xff\xfe\n") stays the bad row it is. UTF-32LE's mark starts with UTF-16LE's:
+# it is tried first.
+_WIDE_STARTS = (
+    (re.compile(b"\xff\xfe\x00\x00"), "UTF-32LE"),
+    (re.compile(b"\x00\x00\xfe\xff"), "UTF-32BE"),
+    (re.compile(b"\xff\xfe[\x01-\x7f]\x00"), "UTF-16LE"),
+    (re.compile(b"\xfe\xff\x00[\x01-\x7f]"), "UTF-16BE"),
+)
+_WIDE_WITHOUT_BOM = "UTF-16 or UTF-32"
+
+
+def _wide_text(start: bytes) -> str | None:
+    """The wide encoding (UTF-16 or UTF-32, with its byte order) a file starting with `start` (its
+    first 4 bytes, when it has them) is written in, by its byte-order mark (`_WIDE_STARTS`); "UTF-16 or
+    UTF-32" without one, for a NUL byte among them, which UTF-8 JSON never holds (U+0000 in a string is
+    escaped); None for neither."""
+    for pattern, name in _WIDE_STARTS:
+        if pattern.match(start):
+            return name
+    return _WIDE_WITHOUT_BOM if b"\x00" in start[:4] else None
 
 
 def _lines(handle: IO[bytes], path: Path) -> Iterator[tuple[int, bytes | PageSourceError]]:
@@ -413,16 +463,89 @@ def _iter_jsonl(path: Path) -> Iterator[Page]:
             index += 1
 
 
-def _page_files(path: Path) -> tuple[list[Path], list[Path]]:
-    """A directory's HTML and WARC files, in the order they are read, and all its files. A dangling
-    symlink counts as a file: one named as a page is read, and so becomes an `input_unreadable` row,
-    where skipped its page was lost without a word."""
-    files = sorted(p for p in path.rglob("*") if p.is_file() or (p.is_symlink() and not p.exists()))
-    return [f for f in files if f.name.lower().endswith(_HTML_SUFFIXES + _WARC_SUFFIXES)], files
+class Listed(NamedTuple):
+    """One file of a directory of pages (`list_directory`), or what could not be looked at there."""
+
+    path: Path  # as reached from the directory listed, through any symlinked directory
+    # Why it could not be looked at (a directory that cannot be listed, an entry that cannot be looked
+    # at): its pages are unknown, so it is a row of its own (`input_unreadable`), never skipped.
+    problem: str | None = None
+    directory: bool = False  # `problem` is a directory's, which cannot be listed
 
 
-def _iter_html_dir(path: Path) -> Iterator[Page]:
-    page_files, files = _page_files(path)
+# Told what an entry of a directory of pages is, by its real location: the real path of the directory
+# it is in (every symlink above it resolved), joined with its name. True: the entry is left out, as if
+# it were not there (the bulk commands' own output, parts and temporaries, `resume_state.own_files`).
+Skip = Callable[[Path], bool]
+
+
+def list_directory(top: Path, skip: Skip | None = None) -> list[Listed]:
+    """Every file under `top`, in the order it is read (sorted as paths: `a/b.html` before `a.html`),
+    with what could not be looked at in its place; the one walk of a directory of pages, for its pages
+    and for the bulk commands' input identity (`resume_state.input_identity`), so both see the same.
+
+    A symlinked directory is followed, as a symlinked file is, except one back to a directory it is in
+    (a cycle: its pages are read once, where they are). A dangling symlink counts as a file: one named
+    as a page is read, and so becomes an `input_unreadable` row, where skipped its page was lost without
+    a word. A subdirectory that cannot be listed (permission denied, EIO) and an entry that cannot be
+    looked at are `Listed` with a `problem`: `Path.rglob` passed over them in silence, its pages missing
+    from a run that ended with status 0. `top` itself that cannot be listed raises `PageUnreadableError`.
+    """
+    try:
+        top_stat = top.stat()
+    except OSError as exc:
+        raise PageUnreadableError(f"page source {top} cannot be read: {exc.strerror or exc}") from exc
+    found: list[Listed] = []
+    # (a directory, its real path, the (device, inode) of it and of the directories it is in)
+    stack = [(top, Path(os.path.realpath(top)), frozenset({(top_stat.st_dev, top_stat.st_ino)}))]
+    while stack:
+        directory, real, ancestors = stack.pop()
+        try:
+            with os.scandir(directory) as scan:
+                entries = list(scan)
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            if directory == top:
+                raise PageUnreadableError(f"page source {top} cannot be read: {why}") from exc
+            why = f"cannot list the directory {directory}: {why}; its pages were not read"
+            found.append(Listed(directory, why, directory=True))
+            continue
+        for entry in entries:
+            path = directory / entry.name
+            if skip is not None and skip(real / entry.name):
+                continue
+            try:
+                if entry.is_dir():  # through a symlink too
+                    st = entry.stat()  # the directory's, as `entry.is_dir` followed the link
+                    key = (st.st_dev, st.st_ino)
+                    if key not in ancestors:  # else a link back to a directory it is in: walked there
+                        inner = Path(os.path.realpath(path)) if entry.is_symlink() else real / entry.name
+                        stack.append((path, inner, ancestors | {key}))
+                elif entry.is_file() or (entry.is_symlink() and not os.path.exists(path)):
+                    found.append(Listed(path))  # a file, or a dangling symlink
+            except OSError as exc:
+                if entry.is_symlink() and exc.errno == errno.ELOOP:
+                    found.append(Listed(path))  # a link to itself: dangling, as `Path.exists` says
+                else:  # EACCES (in a directory readable but not searchable), EIO
+                    found.append(Listed(path, f"cannot look at {path}: {exc.strerror or exc}"))
+    found.sort(key=lambda listed: listed.path)
+    return found
+
+
+def _page_files(path: Path, skip: Skip | None) -> tuple[list[Listed], list[Path]]:
+    """A directory's HTML and WARC files, in the order they are read, with what could not be looked at
+    in its place (each a row); and all its files."""
+    listed = list_directory(path, skip)
+    page_files = [
+        entry
+        for entry in listed
+        if entry.problem is not None or entry.path.name.lower().endswith(_HTML_SUFFIXES + _WARC_SUFFIXES)
+    ]
+    return page_files, [entry.path for entry in listed if entry.problem is None]
+
+
+def _iter_html_dir(path: Path, skip: Skip | None) -> Iterator[Page]:
+    page_files, files = _page_files(path, skip)
     if not page_files:
         # JSONL shards are read one file at a time (their ids and `file` paths are per file), never as
         # a directory's pages; zero pages in silence would look like a finished run.
@@ -433,12 +556,17 @@ def _iter_html_dir(path: Path) -> Iterator[Page]:
                 f"({shards[0].relative_to(path)}, ...): pass a JSONL file itself, "
                 f"or name the corpus's manifest manifest.jsonl"
             )
-    for file in page_files:
-        if file.name.lower().endswith(_WARC_SUFFIXES):
-            yield from _iter_warc(file)
-            continue
-        page_id = str(file.relative_to(path))  # a name's bytes that are not UTF-8 become \xNN (Page)
-        yield _file_page(page_id, file, str(path))
+    for entry in page_files:
+        # A name's bytes that are not UTF-8 become \xNN (Page); a directory's ends in "/", which no
+        # file's does.
+        page_id = str(entry.path.relative_to(path))
+        if entry.problem is not None:
+            page_id += "/" if entry.directory else ""
+            yield error_page(page_id, PageUnreadableError(f"{path}: {entry.problem}"))
+        elif entry.path.name.lower().endswith(_WARC_SUFFIXES):
+            yield from _iter_warc(entry.path)
+        else:
+            yield _file_page(page_id, entry.path, str(path))
 
 
 def _file_page(page_id: str, path: Path, where: str) -> Page:
@@ -509,7 +637,14 @@ def _file_kind(path: Path) -> Literal["jsonl", "warc", "html"]:
         return "warc"
     if name.endswith(_HTML_SUFFIXES):
         return "html"
-    start = _head(path).removeprefix(b"\xef\xbb\xbf").lstrip()
+    head = _head(path)
+    wide = _wide_text(head[:4])
+    if wide is not None:  # sniffed as the text it is: a UTF-16 page is one page, UTF-16 JSONL refused
+        codec = wide[:6].lower()  # "utf-16", "utf-32": their BOM says the byte order
+        if wide == _WIDE_WITHOUT_BOM:
+            codec = "utf-16-be" if head[0] == 0 else "utf-16-le"
+        head = head.decode(codec, "ignore").encode("utf-8", "ignore")
+    start = head.removeprefix(b"\xef\xbb\xbf").lstrip()
     if start.startswith(b"{"):
         return "jsonl"
     if start.startswith(b"WARC/"):
@@ -524,12 +659,13 @@ def _file_kind(path: Path) -> Literal["jsonl", "warc", "html"]:
 
 
 def iter_pages(
-    source: str | Path, *, limit: int | None = None, bad_rows: BadRows = "raise"
+    source: str | Path, *, limit: int | None = None, bad_rows: BadRows = "raise", skip: Skip | None = None
 ) -> Iterator[Page]:
     """Yield the pages of `source` in a stable order, at most `limit` of them (bad rows included).
 
     A source that does not exist always raises; a bad row raises or, with `bad_rows="report"`, comes
-    back as a `Page` whose `error` says why.
+    back as a `Page` whose `error` says why. `skip`: what a directory of pages holds that is no page of
+    it (`list_directory`), such as a bulk command's own output written inside it.
     """
     kind, path = source_kind(Path(source))
     if kind == "jsonl":
@@ -537,7 +673,7 @@ def iter_pages(
     elif kind == "warc":
         pages = _iter_warc(path)
     elif kind == "directory":
-        pages = _iter_html_dir(path)
+        pages = _iter_html_dir(path, skip)
     else:
         pages = iter([_file_page(path.name, path, str(path))])
     for count, page in enumerate(pages):
@@ -553,10 +689,15 @@ def iter_pages(
 
 
 def count_pages(
-    source: str | Path, *, limit: int | None = None, stop: threading.Event | None = None
+    source: str | Path,
+    *,
+    limit: int | None = None,
+    stop: threading.Event | None = None,
+    skip: Skip | None = None,
 ) -> int | None:
-    """How many pages `iter_pages(source, limit=limit)` yields, where that is knowable without parsing
-    them: the rows of a JSONL file or manifest, the files of a directory of HTML pages, 1 for one page.
+    """How many pages `iter_pages(source, limit=limit, skip=skip)` yields, where that is knowable without
+    parsing them: the rows of a JSONL file or manifest, the files of a directory of HTML pages (and what
+    could not be looked at there, a row each), 1 for one page.
     None for WARC files (a record is a page only once its HTTP head is read), an unreadable source, or
     when `stop` is set first: for a progress bar's total, counted beside the run, never before it."""
     try:
@@ -566,8 +707,8 @@ def count_pages(
         elif kind == "html":
             count = 1
         elif kind == "directory":
-            page_files, _ = _page_files(path)
-            if any(f.name.lower().endswith(_WARC_SUFFIXES) for f in page_files):
+            page_files, _ = _page_files(path, skip)
+            if any(f.path.name.lower().endswith(_WARC_SUFFIXES) for f in page_files):
                 return None
             count = len(page_files)
         else:

@@ -373,3 +373,85 @@ def test_an_input_that_cannot_be_read_is_input_unreadable_before_the_model_loads
     assert main(_args(checkpoint, source, tmp_path / "out.parquet")) == 1
     err = capsys.readouterr().err
     assert err == f"htmllm embed: input_unreadable: page source {source} cannot be read: Input/output error\n"
+
+
+def test_an_output_inside_the_input_directory_is_no_file_of_the_input(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's own parts directory (lock, run.json, parts) and output were files of its input, whose
+    identity took their sizes and times: the resume was refused as "input changed since the interrupted
+    run", and a finished output as "written before its input changed; pass --overwrite"."""
+    site = tmp_path / "site"
+    site.mkdir()
+    for name in ("a.html", "b.html", "c.html"):
+        (site / name).write_text(f"<p>the page {name}, with a few words to embed</p>")
+    out = site / "emb.parquet"
+    args = _args(checkpoint, site, out, "--part-size", "1")
+    _stop_before_merge(monkeypatch, args)
+    assert len(list((site / "emb.parquet.parts").glob("part-*"))) == 3
+    capsys.readouterr()
+    assert main(args) == 0, capsys.readouterr().err
+    assert f"wrote 3 documents to {out}" in capsys.readouterr().err
+    assert main(args) == 0
+    assert capsys.readouterr().err == f"htmllm embed: {out} is complete with these settings; nothing to do\n"
+    assert pq.read_table(out)["id"].to_pylist() == ["a.html", "b.html", "c.html"]
+    assert sorted(p.name for p in site.iterdir()) == ["a.html", "b.html", "c.html", "emb.parquet"]
+
+
+@pytest.mark.parametrize(
+    ("name", "content"), [("pages.jsonl", b""), ("pages.jsonl", b"\n\n"), ("crawl.warc.gz", b"")]
+)
+def test_a_single_file_without_pages_is_refused_before_the_model_loads(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    content: bytes,
+) -> None:
+    """As a directory without pages is: an empty output and exit 0 would pass for a finished run."""
+    from service.engine import Engine
+
+    source = tmp_path / name
+    source.write_bytes(content)
+    monkeypatch.setattr(Engine, "from_checkpoint", _not_loaded)
+    assert main(_args(tmp_path / "no-checkpoint-needed", source, tmp_path / "out.parquet")) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"htmllm embed: validation_error: page source {source} holds no pages: "), err
+    assert err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+def test_an_output_that_cannot_be_read_is_said_so_not_called_another_commands(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was "was not written by this version of htmllm embed; pass --overwrite to replace it": an
+    invitation to replace a file its owner may have closed to this user, and not why the run stopped.
+    (Root reads a chmod 000 file: opening it is patched.)"""
+    from service.engine import Engine
+
+    write_pages(tmp_path / "pages.jsonl", 2)
+    out = tmp_path / "out.parquet"
+    out.write_bytes(b"PAR1 someone else's results")
+    real_open = Path.open
+
+    def closed(self: Path, *args: Any, **kwargs: Any) -> Any:
+        if self == out:
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return real_open(self, *args, **kwargs)
+
+    args = _args(checkpoint, tmp_path / "pages.jsonl", out)
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "open", closed)
+        patch.setattr(Engine, "from_checkpoint", _not_loaded)
+        assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        f"htmllm embed: validation_error: {out} exists but cannot be read (Permission denied), so this run "
+        "cannot tell whether it is its finished output: make it readable, or pass --overwrite to replace it "
+        "unread\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.parquet", "pages.jsonl"]
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "open", closed)
+        assert main([*args, "--overwrite"]) == 0  # asked for: replaced unread
+    assert pq.read_table(out).num_rows == 2

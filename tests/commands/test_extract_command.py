@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -515,3 +517,161 @@ def test_a_resume_writes_every_index_once(
     rows = _rows(output)
     assert [row["index"] for row in rows] == list(range(10))
     assert [row["id"] for row in rows] == ["r0", "r1", "r2", "7", "r4", "r5", "r6", "7", "r8", "r9"]
+
+
+def _bad_gzip_pages(site: Path, n: int) -> list[str]:
+    """A directory of `n` pages that become error rows without an extractor (a gzip stream cut short)."""
+    site.mkdir(exist_ok=True)
+    for i in range(n):
+        (site / f"p{i}.html.gz").write_bytes(b"\x1f\x8b\x08 truncated")
+    return [f"p{i}.html.gz" for i in range(n)]
+
+
+@pytest.mark.parametrize("name", ["out.jsonl", "out.html"])
+def test_an_output_inside_the_input_directory_is_no_file_of_the_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """The run's own parts directory (its lock, run.json, parts) and output were files of its input: the
+    input's identity took their sizes and times, so a resume was refused as "input changed", and an
+    output named like a page was read as one by the next run."""
+    site = tmp_path / "site"
+    ids = _bad_gzip_pages(site, 3)
+    output = site / name
+    args = _args(site, output, "--part-size", "1")
+    for _ in range(2):  # the second time with the finished output in the directory
+        _stop_before_merge(monkeypatch, args)
+        capsys.readouterr()
+        assert main(args) == 0, capsys.readouterr().err
+        assert "3 pages, 3 failed" in capsys.readouterr().err
+        assert [row["id"] for row in _rows(output)] == ids
+    assert sorted(p.name for p in site.iterdir()) == sorted([*ids, name])
+
+
+def test_a_subdirectory_that_cannot_be_listed_is_an_input_unreadable_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its pages were missing from a run that ended with status 0 and said nothing. (Root lists any
+    directory: `os.scandir` is patched.)"""
+    site = tmp_path / "site"
+    ids = _bad_gzip_pages(site, 2)
+    (site / "private").mkdir()
+    (site / "private" / "a.html").write_text("<p>a page</p>")
+    real_scandir = os.scandir
+
+    def closed(path: Any) -> Any:
+        if path == site / "private":  # a Path, as the walk passes it (rmtree passes file descriptors)
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", closed)
+    output = tmp_path / "out.jsonl"
+    assert main(_args(site, output)) == 0
+    assert "3 pages, 3 failed" in capsys.readouterr().err
+    rows = _rows(output)
+    assert [row["id"] for row in rows] == [*ids, "private/"]
+    assert rows[2]["error"]["code"] == "input_unreadable"
+    assert "cannot list the directory" in rows[2]["error"]["message"]
+
+
+def _warc_of_images() -> bytes:
+    from tests.factories.warc import HttpResponse, response, warc_gz
+
+    return warc_gz([response("png", HttpResponse(b"\x89PNG\r\n\x1a\n", "image/png"))])
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "why"),
+    [
+        ("empty.jsonl", b"", "no row: the file is empty or holds blank lines only"),
+        ("blank.jsonl", b"\n  \n", "no row: the file is empty or holds blank lines only"),
+        ("empty.jsonl.gz", gzip.compress(b""), "no row: the file is empty or holds blank lines only"),
+        ("empty.warc", b"", "no WARC record of an HTML response or resource"),
+        ("empty.warc.gz", b"", "no WARC record of an HTML response or resource"),
+        ("images.warc.gz", _warc_of_images(), "no WARC record of an HTML response or resource"),
+        ("corpus/manifest.jsonl", b"", "its manifest manifest.jsonl has no row"),
+    ],
+)
+def test_a_single_file_without_pages_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, content: bytes, why: str
+) -> None:
+    """As a directory without pages is: an empty output and exit 0 would pass for a finished run over a
+    file that a failed copy left empty."""
+    path = tmp_path / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(content)
+    source = path.parent if name.endswith("manifest.jsonl") else path
+    output = tmp_path / "results.jsonl"
+    output.write_text(OLD)
+    assert main(_args(source, output)) == 1
+    assert capsys.readouterr().err == (
+        f"htmllm extract: validation_error: page source {source} holds no pages: {why}\n"
+    )
+    assert output.read_text() == OLD and not (tmp_path / "results.jsonl.parts").exists()
+
+
+def test_a_jsonl_file_in_utf16_is_one_line_not_a_phantom_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """PowerShell's `>` writes UTF-16LE: its lines, split on the byte 0x0A, were two bad rows, the second
+    one made of the newline's NUL byte."""
+    source = tmp_path / "pages.jsonl"
+    source.write_bytes((json.dumps({"id": "a", "html": "<p>a</p>"}) + "\r\n").encode("utf-16"))
+    assert main(_args(source, tmp_path / "out.jsonl")) == 1
+    err = capsys.readouterr().err
+    assert (
+        err.startswith(f"htmllm extract: validation_error: {source} is UTF-16LE text (")
+        and err.count("\n") == 1
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pages.jsonl"]
+
+
+def test_sigterm_keeps_what_was_finished_as_ctrl_c_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM (Kubernetes', Slurm's) ended the run on the spot, status 143, its finished rows held for
+    the next part lost. It ends as Ctrl-C does, with SIGTERM's status, less the rows from a failed row
+    on (a worker killed by the same SIGTERM, sent to the process group, fails a page not for its own
+    sake); SIGTERM's handler is given back."""
+    import service.commands.extract as command
+    import service.core.pages as pages_module
+    from service.core.pages import Page
+
+    source = _unreadable_rows(tmp_path / "in.jsonl", 5)  # its size and time: the input's identity
+    ids = ["g0", "g1", "bad", "g3", "g4"]
+    terminate = True
+
+    def pages_then_sigterm(*_: object, **__: object) -> Iterator[Page]:
+        yield from (Page(id=page_id, html=b"<p>a page</p>") for page_id in ids)
+        if terminate:  # the window holds 2 pages: g0, g1 and bad have their rows
+            signal.raise_signal(signal.SIGTERM)
+
+    def extracted(index: int, page: Page, *_: object) -> dict[str, Any]:
+        row: dict[str, Any] = {"index": index, "id": page.id, "url": None}
+        if page.id == "bad":
+            return {**row, "error": {"code": "extraction_failed", "message": "its worker was killed"}}
+        return {**row, "text": "a page", "passed": False}
+
+    def sigterm_kills(*_: object) -> None:
+        raise AssertionError("SIGTERM's default: the process ends at once, its held rows lost")
+
+    monkeypatch.setattr(pages_module, "iter_pages", pages_then_sigterm)
+    monkeypatch.setattr(command, "_process", extracted)
+    output = tmp_path / "out.jsonl"
+    args = _args(source, output, "--part-size", "10")
+    previous = signal.signal(signal.SIGTERM, sigterm_kills)
+    try:
+        assert main(args) == 143
+        assert signal.getsignal(signal.SIGTERM) is sigterm_kills
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    parts = tmp_path / "out.jsonl.parts"
+    assert capsys.readouterr().err == (
+        f"htmllm extract: terminated (SIGTERM); {output} was left as it was; what was finished is kept in "
+        f"{parts}: run the same command again to go on\n"
+    )
+    (part,) = parts.glob("part-*.jsonl")
+    assert [json.loads(line)["id"] for line in part.read_text().splitlines()[1:]] == ["g0", "g1"]
+    terminate = False
+    assert main(args) == 0
+    assert "2 of them done by the interrupted run" in capsys.readouterr().err
+    assert [row["id"] for row in _rows(output)] == ids

@@ -37,6 +37,37 @@ def test_a_closed_pipe_ends_the_command_quietly(
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full: a file system that is full")
+def test_a_standard_output_that_cannot_be_written_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`htmllm prune page.html > /dev/full` (a full disk) ended in an OSError traceback."""
+    page = tmp_path / "page.html"
+    page.write_text("<html><body><p>words the pruner keeps</p></body></html>")
+    stdout = open("/dev/full", "w", encoding="utf-8")  # noqa: SIM115 - closed below, after the command
+    monkeypatch.setattr(sys, "stdout", stdout)
+    try:
+        assert main(["prune", str(page)]) == 1
+        stdout.flush()  # what interpreter exit would flush: stdout now leads to devnull
+    finally:
+        stdout.close()
+    assert capsys.readouterr().err == "htmllm prune: cannot write the pruned page: No space left on device\n"
+
+
+def test_a_closed_standard_output_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`htmllm prune page.html >&-`: Python's sys.stdout is None, and writing to it an AttributeError
+    traceback."""
+    page = tmp_path / "page.html"
+    page.write_text("<html><body><p>words the pruner keeps</p></body></html>")
+    monkeypatch.setattr(sys, "stdout", None)
+    assert main(["prune", str(page)]) == 1
+    assert (
+        capsys.readouterr().err == "htmllm prune: cannot write the pruned page: standard output is closed\n"
+    )
+
+
 def _pruned(args: list[str]) -> tuple[int, int]:
     """`htmllm prune` run here: its status, and the most memory Python allocated meanwhile."""
     return traced_peak(lambda: main(["prune", *args]))

@@ -219,6 +219,51 @@ def test_ctrl_c_keeps_what_was_finished_and_the_resume_embeds_the_rest(
     assert table["index"].to_pylist() == list(range(n)) and table["error"].null_count == n
 
 
+def test_sigterm_keeps_what_was_finished_as_ctrl_c_does(
+    tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM (what Kubernetes and Slurm send) ended the run on the spot with status 143, the finished
+    rows held for the next part lost. It ends as Ctrl-C does, with SIGTERM's status and word, and
+    SIGTERM's handler is given back."""
+    n = 40
+    write_pages(tmp_path / "pages.jsonl", n)
+    out = tmp_path / "out.parquet"
+    args = _args(tiny_checkpoint, tmp_path / "pages.jsonl", out, "--part-size", "5", "--batch-size", "4")
+    original = Engine.embed
+    calls = 0
+
+    async def embed_then_sigterm(self: Engine, *a: Any, **kw: Any) -> list[DocumentResult]:
+        nonlocal calls
+        calls += 1
+        if calls == 12:
+            signal.raise_signal(signal.SIGTERM)
+        return await original(self, *a, **kw)
+
+    def sigterm_kills(*_: object) -> None:
+        raise AssertionError("SIGTERM's default: the process ends at once, its held rows lost")
+
+    previous = signal.signal(signal.SIGTERM, sigterm_kills)
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(Engine, "embed", embed_then_sigterm)
+            assert main(args) == 143
+        assert signal.getsignal(signal.SIGTERM) is sigterm_kills
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    parts = tmp_path / "out.parquet.parts"
+    assert capsys.readouterr().err == (
+        f"htmllm embed: terminated (SIGTERM); what was finished is kept in {parts}: run the same command "
+        "again to go on\n"
+    )
+    tables = [pq.read_table(p) for p in parts.glob("part-*.parquet")]
+    assert 0 < sum(t.num_rows for t in tables) < n
+    assert all(t["error"].null_count == t.num_rows for t in tables), [t["error"] for t in tables]
+
+    assert main(args) == 0
+    table = pq.read_table(out)
+    assert table["index"].to_pylist() == list(range(n)) and table["error"].null_count == n
+
+
 def test_a_failure_a_retry_may_fix_is_left_for_the_next_run(
     tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -453,7 +498,11 @@ def test_a_typo_in_the_input_neither_loads_the_model_nor_locks_the_output(
         ),
         (["--attention", "flash_attention_2"], 1, "flash_attention_2 needs CUDA"),
         (["--output", "/proc/x.parquet"], 1, "/proc/x.parquet.parts"),
-        (["--output", "{tmp}/pages.jsonl/out.parquet"], 1, "Not a directory"),
+        (  # an output under a file: a bare "[Errno 20] Not a directory" line, without a code, at the lock
+            ["--output", "{tmp}/pages.jsonl/out.parquet"], 1,
+            "validation_error: --output {tmp}/pages.jsonl/out.parquet is under {tmp}/pages.jsonl, which "
+            "is not a directory",
+        ),
     ],
 )  # fmt: skip
 def test_a_bad_option_is_one_line_before_the_model_loads(
@@ -468,6 +517,7 @@ def test_a_bad_option_is_one_line_before_the_model_loads(
     write_pages(tmp_path / "pages.jsonl", 2)
     monkeypatch.setattr(Engine, "from_checkpoint", _not_loaded)
     options = [option.format(tmp=tmp_path) for option in options]
+    message = message.format(tmp=tmp_path)
     args = _args(tiny_checkpoint, tmp_path / "pages.jsonl", tmp_path / "out.parquet", *options)
     code: object
     try:
