@@ -10,12 +10,14 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def _sigint_left_to_python() -> Iterator[None]:
-    """A test that leaves Ctrl-C ignored or caught in this process fails itself, by name.
+    """A test that leaves Ctrl-C (or SIGTERM, which the bulk commands take as Ctrl-C while they run)
+    ignored or caught in this process fails itself, by name.
 
     `asyncio.run` takes Ctrl-C over only from Python's default handler: after such a test, a later
     test's Ctrl-C did nothing (`htmllm embed` ran to the end), far from the cause.
     """
-    before = signal.getsignal(signal.SIGINT)
+    before = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
     yield
-    after = signal.getsignal(signal.SIGINT)
-    assert after is before, f"the test left SIGINT's handler {before!r} as {after!r}"
+    for number, handler in before.items():
+        after = signal.getsignal(number)
+        assert after is handler, f"the test left {number.name}'s handler {handler!r} as {after!r}"

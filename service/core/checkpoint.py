@@ -403,7 +403,7 @@ def copy_checkpoint(path: str | Path, out: str | Path) -> None:
     """
     root, target = Path(path), Path(out)
     if not root.is_dir():
-        raise CheckpointError(f"checkpoint directory {root} does not exist")
+        raise CheckpointError(_not_a_checkpoint_directory(root))
     if target.exists() and target.resolve() == root.resolve():
         raise CheckpointError(f"cannot copy checkpoint {root} onto itself")
     target.mkdir(parents=True, exist_ok=True)
@@ -578,7 +578,7 @@ def load_checkpoint(
     """
     root = Path(path)
     if not root.is_dir():
-        raise CheckpointError(f"checkpoint directory {root} does not exist")
+        raise CheckpointError(_not_a_checkpoint_directory(root))
     for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, META_FILE):
         if not (root / name).is_file():
             raise CheckpointError(f"checkpoint {root} is missing {name}")
@@ -680,3 +680,10 @@ def _save_heads_locked(
         _atomic_save_tensors(pending / f"{name}.safetensors", head.state_dict(), {"head": name})
     _atomic_write_text(pending / META_FILE, meta_text)  # the commit point
     heads_stage.finish_locked(root)
+
+
+def _not_a_checkpoint_directory(root: Path) -> str:
+    """Why `root` is no checkpoint directory: missing, or a file (`--checkpoint model.safetensors`)."""
+    if root.exists():
+        return f"checkpoint {root} is not a directory (a checkpoint is the directory holding {META_FILE})"
+    return f"checkpoint directory {root} does not exist"

@@ -80,6 +80,14 @@ def test_missing_file_is_a_clear_error(ckpt: Path, name: str) -> None:
     assert info.value.code is ErrorCode.CHECKPOINT_INVALID
 
 
+def test_a_path_that_is_no_directory_is_said_so(ckpt: Path, tmp_path: Path) -> None:
+    """`--checkpoint model/model.safetensors` names a file that exists: not "does not exist"."""
+    with pytest.raises(CheckpointError, match="is not a directory"):
+        load_checkpoint(ckpt / "model.safetensors")
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "nowhere")
+
+
 def test_missing_head_file_is_a_clear_error(ckpt: Path) -> None:
     (ckpt / "heads" / "quality.safetensors").unlink()
     with pytest.raises(CheckpointError, match=r"quality\.safetensors"):
