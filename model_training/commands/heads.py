@@ -49,26 +49,23 @@ def check_columns(tasks: Sequence[Task], existing: Sequence[HeadSpec]) -> None:
     make the checkpoint's heads unusable there. The heads kept from earlier runs count as taken.
     """
     from model_training.evaluation.metrics import EvaluationError
-    from service.commands.embed import FIXED_COLUMNS
+    from service.commands.embed import FIXED_COLUMNS, head_columns
 
     replaced = {task.spec.name for task in tasks}
     taken = {column: "a column every row of `htmllm embed` has" for column in FIXED_COLUMNS}
     for spec in existing:
         if spec.name not in replaced:
-            taken.update(dict.fromkeys(_columns(spec.name, spec.kind), f"the column of head {spec.name!r}"))
+            what = f"the column of head {spec.name!r}"
+            taken.update(dict.fromkeys(head_columns(spec.name, spec.kind), what))
     for task in tasks:
         name = task.spec.name
-        for column in _columns(name, task.spec.kind):
+        for column in head_columns(name, task.spec.kind):
             if column in taken:
                 raise EvaluationError(
                     f"task {name!r} ({task.path}) would be a head writing the column {column!r}, "
                     f"{taken[column]}; `htmllm embed` would refuse it: rename the task in its task.json"
                 )
             taken[column] = f"the column of task {name!r}"
-
-
-def _columns(name: str, kind: str) -> list[str]:
-    return [name, f"{name}.probs"] if kind == "classification" else [name]
 
 
 def run(args: argparse.Namespace) -> int:

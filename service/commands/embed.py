@@ -265,14 +265,19 @@ def _check_output(output: Path) -> None:
         return
 
 
+def head_columns(name: str, kind: str) -> list[str]:
+    """The output columns of a head: its value, and for a classifier its probabilities too (one rule
+    for this command's schema and for `htmllm heads train`, which refuses names that would collide)."""
+    return [name, f"{name}.probs"] if kind == "classification" else [name]
+
+
 def _check_columns(specs: list[HeadSpec]) -> None:
     """Refuse heads whose columns would collide with a fixed column (a head named `tokens`, `error`,
     ...) or with each other's: the output's schema could not hold them, and it would be found
     only when the first part is written, after the model loaded."""
     seen = set(FIXED_COLUMNS)
     for spec in specs:
-        columns = [spec.name, f"{spec.name}.probs"] if spec.kind == "classification" else [spec.name]
-        for column in columns:
+        for column in head_columns(spec.name, spec.kind):
             if column in seen:
                 raise OptionError(
                     f"head {spec.name!r} would write a column {column!r} the output already has; "
