@@ -43,11 +43,11 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tqdm import tqdm
 
 from model_training.sites import site_of
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.pages import Page, PageSourceError, PageUnreadableError, iter_pages
+from service.core.progress import progress_bar
 from service.core.tokenizer import HtmlTokenizer
 
 MANIFEST_FILE = "manifest.json"
@@ -344,7 +344,7 @@ def process_pages(
     # fork where there is one: workers start in milliseconds and inherit the imported modules.
     context = get_context("fork") if hasattr(os, "fork") else get_context("spawn")
     docs: list[Document] = []
-    bar = tqdm(desc="prepare", unit="page", disable=not progress)
+    bar = progress_bar(desc="prepare", unit="page", disable=not progress)
     with (
         context.Pool(workers, initializer=_init_worker, initargs=(tokenizer.to_json(), max_length)) as pool,
         ThreadPoolExecutor(max_workers=max(1, workers)) as threads,

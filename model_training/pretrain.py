@@ -72,6 +72,7 @@ from model_training.training_checkpoints import (
 from service.core.checkpoint import CheckpointMeta, read_meta, save_checkpoint
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.modeling import HtmlEncoderModel, build_config
+from service.core.progress import progress_bar
 from service.core.tokenizer import HtmlTokenizer, SpecialIds
 
 logger = logging.getLogger(__name__)
@@ -484,9 +485,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
         "run_id": run_id,
         "world_size": world,
     }
-    from tqdm import tqdm
-
-    bar = tqdm(
+    bar = progress_bar(
         total=total_steps, initial=step, desc="train", unit="step", disable=not (master and config.progress)
     )
     last_step = total_steps if stop_at_step is None else min(stop_at_step, total_steps)

@@ -37,9 +37,9 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, processors
 from tokenizers.trainers import WordPieceTrainer
-from tqdm import tqdm
 
 from service.core.errors import ErrorCode, HtmllmError
+from service.core.progress import progress_bar
 from service.core.tokenizer import SPECIAL_TOKENS, HtmlTokenizer
 from service.core.words import CJK_CLASS, html_normalizer, html_pre_tokenizer
 
@@ -320,7 +320,7 @@ def pruned_pages(
     if not 0 <= heldout_percent <= 100:
         raise TokenizerTrainingError(f"heldout_percent must be within 0..100, got {heldout_percent}")
     corpus = PrunedCorpus(ids=[], texts=[], raw_bytes=0, failed={})
-    bar = tqdm(total=sample, unit="page", desc="prune", disable=not progress, leave=False)
+    bar = progress_bar(total=sample, unit="page", desc="prune", disable=not progress, leave=False)
     with bar:
         for page in pages_within_cap(source):
             if sample is not None and len(corpus.ids) + len(corpus.failed) >= sample:
@@ -379,7 +379,8 @@ def evaluate_tokenizer(
     lengths: list[int] = []
     used: set[int] = set()
     unk = content = exact = 0
-    for start in tqdm(range(0, len(texts), batch_size), desc=name, disable=not progress, leave=False):
+    steps = range(0, len(texts), batch_size)
+    for start in progress_bar(iterable=steps, desc=name, disable=not progress, leave=False):
         batch = texts[start : start + batch_size]
         for text, encoding in zip(batch, tok.encode_batch(batch), strict=True):
             exact += tok.decode(encoding.ids) == text

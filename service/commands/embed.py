@@ -473,9 +473,8 @@ async def _embed_all(
     args: argparse.Namespace, plan: _Plan, done: dict[int, str], writer: PartWriter
 ) -> _Outcome:
     """Embed every input document not in `done` and hand its row to `writer`."""
-    from tqdm import tqdm
-
     from service.core.pages import Page, count_pages, iter_pages
+    from service.core.progress import progress_bar
     from service.engine import Document, Engine
     from service.engine.collector import prepare_for_serving
 
@@ -489,7 +488,7 @@ async def _embed_all(
     parts = writer.parts
     normalize = not args.no_normalize
     in_flight = asyncio.Semaphore(max(2 * args.batch_size, 8))
-    progress = tqdm(initial=len(done), unit="doc", desc="embed", disable=args.no_progress, file=sys.stderr)
+    progress = progress_bar(initial=len(done), unit="doc", desc="embed", disable=args.no_progress)
     # The total (and so an ETA) comes from counting the input beside the run: a JSONL file of millions
     # of rows takes a while to count, which the first batches need not wait for.
     stop_counting = threading.Event()

@@ -361,9 +361,9 @@ def _open_in_place(path: str) -> Iterator[IO[str]]:
 
 
 def _bar(args: argparse.Namespace, initial: int = 0) -> tqdm[Any]:
-    from tqdm import tqdm
+    from service.core.progress import progress_bar
 
-    return tqdm(initial=initial, total=args.limit, unit="page", file=sys.stderr, disable=args.no_progress)
+    return progress_bar(initial=initial, total=args.limit, unit="page", disable=args.no_progress)
 
 
 def _stream(args: argparse.Namespace, pages: Iterable[Page], workers: int) -> str:
