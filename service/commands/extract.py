@@ -87,7 +87,10 @@ _EXTRACTOR_DISTRIBUTIONS = ("resiliparse", "trafilatura", "justext")
 #    jusText reports "en" for its English fallback, and `encoding` is a JSONL row's declared codec;
 #    a part's `errors` counts an `all` row whose every extractor failed.
 # 4: every row starts with its input position, `index`.
-ROW_FORMAT = 4
+# 5: texts are normalised (no invisible format characters, NFC) and ruby readings dropped, a word needs
+#    a letter or digit, resiliparse keeps lone characters, trafilatura and jusText parse with huge_tree,
+#    and an output without words never passes.
+ROW_FORMAT = 5
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:

@@ -771,7 +771,9 @@ async def test_extract_says_why_an_output_failed_the_filter(settings_for: Settin
         union = await entry(short, "union", 50)  # no output passed: the longest one's reason
         assert union["passed"] is False and "fewer than the 50 needed" in str(union["reason"])
         soup = await entry(unreadable, "resiliparse", 0)
-        assert soup["passed"] is False and "U+FFFD or control characters" in str(soup["reason"])
+        assert soup["passed"] is False and "U+FFFD, control or invisible format characters" in str(
+            soup["reason"]
+        )
         fine = await entry(short, "resiliparse", 0)
         assert fine["passed"] is True and fine["reason"] is None
 

@@ -35,6 +35,7 @@ from service.core.extract import (
     extract_all,
     resolve_order,
     stoplist_name,
+    unreadable_chars,
 )
 from service.core.extract.extractors import (
     FALLBACK_LANGUAGE,
@@ -42,6 +43,7 @@ from service.core.extract.extractors import (
     JUSTEXT_STOPLISTS,
     mostly_unspaced,
 )
+from service.core.extract.normalize import drop_ruby_annotations, normalize_text
 from service.core.extract.word_count import UNSPACED_RANGES
 from tests.memory import vm_data_mib
 
@@ -231,9 +233,20 @@ def test_table_page_every_extractor_keeps_the_cells_each_in_its_own_layout() -> 
     assert "\t" in out["resiliparse"].text
     # trafilatura: tables kept as markdown rows.
     assert "| Lindholm | 1432 | ferry |" in out["trafilatura"].text
-    # jusText: every cell becomes a paragraph of its own; the row structure is lost.
+    # jusText: every cell becomes a paragraph of its own; the row structure is lost. These short cells
+    # are kept because the table sits between kept prose (next test).
     lines = out["justext"].text.splitlines()
     assert "Lindholm" in lines and "1432" in lines and "ferry" in lines
+
+
+def test_justext_drops_the_short_cells_of_a_table_that_ends_the_article() -> None:
+    """jusText classifies each cell as a paragraph: a short one (under 70 characters) is kept only
+    between kept paragraphs, so a table after the last of them is lost. The others keep every cell."""
+    rows = "".join(f"<tr><td>Row {i} alpha beta</td><td>{i * 3}</td></tr>" for i in range(5))
+    out = outputs(page(f"<main><article><h1>Rows</h1>{article(3)}<table>{rows}</table></article></main>"))
+    assert SENTENCES[0] in out["justext"].text and "Row 2 alpha beta" not in out["justext"].text
+    for name in ("resiliparse", "trafilatura"):
+        assert "Row 2 alpha beta" in out[name].text and "12" in out[name].text, name
 
 
 def test_code_page_justext_drops_the_code_the_others_keep_it_indented() -> None:
@@ -241,9 +254,22 @@ def test_code_page_justext_drops_the_code_the_others_keep_it_indented() -> None:
     for name in ("resiliparse", "trafilatura"):
         assert f"    {CODE_LINE}" in out[name].text, name
         assert "def tide_height(hour):" in out[name].text
+    # Over 70 characters with no stopword: jusText calls the block boilerplate.
     assert "tide_height" not in out["justext"].text
     assert "Computing the tide" in out["justext"].text
     assert out["justext"].words < out["resiliparse"].words
+
+
+def test_justext_keeps_a_short_code_block_between_prose_with_its_whitespace_collapsed() -> None:
+    """jusText classifies a `<pre>` like any paragraph: a short one between kept paragraphs is kept, its
+    lines kept but their indentation, runs of spaces and blank lines collapsed."""
+    code = "def f(x):\n    return x   # keep   spaces\n\n\n    y = 1"
+    out = outputs(
+        page(f"<main><article>{article(3)}<pre><code>{code}</code></pre>{article(2, 4)}</article></main>")
+    )
+    assert "def f(x):\nreturn x # keep spaces\ny = 1" in out["justext"].text
+    for name in ("resiliparse", "trafilatura"):
+        assert "def f(x):\n    return x   # keep   spaces" in out[name].text, name
 
 
 def test_boilerplate_page_every_extractor_keeps_the_article_and_drops_the_chrome() -> None:
@@ -357,6 +383,14 @@ def test_language_hint_overrides_detection() -> None:
     assert out["justext"].words < outputs(german_cp1252_page())["justext"].words
 
 
+@pytest.mark.parametrize("given", ["EN", " en ", "en-US", "en_GB"])
+def test_a_language_hint_is_normalised_to_its_code(given: str) -> None:
+    """ "EN" was used and reported as given; a stoplist was found only by luck of `.lower()`."""
+    out = outputs(german_cp1252_page(), language=given)
+    assert out["justext"].language == "en"
+    assert out["justext"].text == outputs(german_cp1252_page(), language="en")["justext"].text
+
+
 def test_justext_on_an_undetected_chinese_page_runs_language_independent() -> None:
     """One sentence repeated: the detector says "unknown", and the English stoplist (reported as None)
     kept 0 words of 250 the other extractors found."""
@@ -405,6 +439,117 @@ def test_mostly_unspaced_reads_only_the_sample_and_needs_a_majority() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
+# One form of the text: what every extractor's input and output go through
+
+# Soft hyphens, a zero-width space, a word joiner, a BOM and bidi marks, all invisible on the page.
+HIDDEN = "Mit\xadtel\xadal\xadter Zu\u200bsam\u2060men\ufeffhang \u200eStra\u00dfe\u202a Kaf\u200ffee"
+SHOWN = "Mittelalter Zusammenhang Straße Kaffee"
+RUBY = (
+    "<ruby>子<rt>こ</rt></ruby>どもへの<ruby>体罰<rp>(</rp><rt>たいばつ</rt><rp>)</rp></ruby>を"
+    "<ruby>禁止<rt>きんし</rt></ruby>する<ruby>法律<RT>ほうりつ</ruby>ができる。"
+)
+RUBY_BASE = "子どもへの体罰を禁止する法律ができる。"
+
+
+def test_every_extractor_drops_invisible_format_characters_and_gives_nfc() -> None:
+    """resiliparse and jusText kept them inside words ("Mit\xadtel\xadal\xadter"): the same page's text
+    differed per extractor, and a snippet search for "Mittelalter" missed it."""
+    paragraphs = "".join(
+        f"<p>{GERMAN[i]} {HIDDEN}\u2028Cafe\u0301 {GERMAN[i + 1]} {GERMAN[(i + 2) % 6]}</p>"
+        for i in range(0, 6, 2)
+    )
+    out = outputs(page(f"<main><article><h1>Die Stadt</h1>{paragraphs}</article></main>", "Die Stadt"))
+    for name in EXTRACTORS:
+        text = out[name].text
+        assert SHOWN in text and "Café " in text, name  # "e" + U+0301 composed
+        assert unreadable_chars(text) == 0 and "\u2028" not in text and "Cafe\u0301" not in text, name
+    # resiliparse kept U+2028, LINE SEPARATOR (the others made it a space): a newline now.
+    assert f"{SHOWN}\nCafé" in out["resiliparse"].text
+
+
+def test_normalize_text_keeps_the_joiners_and_empties_invisible_text() -> None:
+    assert normalize_text("\u200b \ufeff\n\u00ad") == ""
+    assert normalize_text("\u0645\u06cc\u200c\u062e\u0648\u0627\u0645 \U0001f468\u200d\U0001f469") == (
+        "\u0645\u06cc\u200c\u062e\u0648\u0627\u0645 \U0001f468\u200d\U0001f469"  # Persian ZWNJ, an emoji ZWJ
+    )
+    assert normalize_text("a\u2029b") == "a\nb"
+
+
+def test_ruby_readings_are_dropped_and_the_base_text_kept_by_every_extractor() -> None:
+    """resiliparse (main content) and jusText put the readings into the text ("子こどもへの体罰たいばつ"),
+    and resiliparse dropped the base characters 子 and を."""
+    paragraphs = "".join(f"<p>{''.join(JAPANESE[i:] + JAPANESE[:i])}{RUBY}</p>" for i in range(4))
+    data = f'<html><head><meta charset="utf-8"></head><body><article>{paragraphs}</article></body></html>'
+    out = outputs(data)
+    for name in EXTRACTORS:
+        text = out[name].text
+        assert text.count(RUBY_BASE) >= 1 and JAPANESE[2] in text, name
+        for reading in ("こども", "たいばつ", "きんし", "ほうりつ", "("):
+            assert reading not in text, (name, reading)
+
+
+def test_resiliparse_keeps_a_lone_chinese_or_japanese_character_between_tags() -> None:
+    """resiliparse's icon-font test (a lone private-use character) compares the character's UTF-8 bytes
+    in the wrong byte order and skipped nearly every lone three-byte character: 親 in a dictionary link,
+    を between two (NHK Easy lost one at every link); an icon is still skipped."""
+    linked = (
+        '<a href="/d/1" class="dicWin"><span class="under">親</span></a>が子どもを<a href="/d/2">教育</a>'
+        'するために<a href="/d/3"><span>体罰</span></a>を<a href="/d/4"><span>禁止</span></a>します。'
+        '<i class="icon">\ue001</i>'
+    )
+    paragraphs = "".join(f"<p>{''.join(JAPANESE[i:] + JAPANESE[:i])}{linked}</p>" for i in range(4))
+    out = outputs(
+        f'<html><head><meta charset="utf-8"></head><body><article>{paragraphs}</article></body></html>'
+    )
+    for name in EXTRACTORS:
+        assert "親が子どもを教育するために体罰を禁止します。" in out[name].text, name
+    assert "\ue001" not in out["resiliparse"].text and "\u2060" not in out["resiliparse"].text
+
+
+@pytest.mark.parametrize(
+    ("html", "expected"),
+    [
+        (f"<p>{RUBY}</p>", f"<p>{RUBY_BASE}</p>"),
+        ("<p><ruby><rb>東</rb><rtc><rt>とう</rt></rtc></ruby>京</p>", "<p>東京</p>"),
+        # An annotation ends at its end tag or at the next tag: the reading in a span stays, and no
+        # base text after it is ever removed.
+        ("<ruby>a<rt>b<span>c</span></rt></ruby>d", "a<span>c</span></rt>d"),
+        ("<p>a<rt>b</p><p>kept</p>", "<p>a</p><p>kept</p>"),
+        # Inside a comment or a script "<rt>" is no tag: removing from it would eat their ends.
+        (
+            "<!-- <rt>x --><p>kept</p><script>s='<rt>'</script>",
+            "<!-- <rt>x --><p>kept</p><script>s='<rt>'</script>",
+        ),
+        ("<!-- unclosed <rt>x", "<!-- unclosed <rt>x"),
+        ("<p>no ruby <rtx> <rubyx> <rt-x></p>", "<p>no ruby <rtx> <rubyx> <rt-x></p>"),
+    ],
+)
+def test_drop_ruby_annotations(html: str, expected: str) -> None:
+    assert drop_ruby_annotations(html) == expected
+
+
+def test_a_text_node_over_10_mb_is_extracted_by_trafilatura_and_justext() -> None:
+    """libxml2 drops a text node over 10,000,000 bytes unless parsed with huge_tree: both gave empty
+    text and no error for a page the server accepts (up to 16 MiB). Four-byte characters make it
+    10.3 MB in 2.7 million characters, which keeps the extraction short."""
+    text = "\U00020000\U00020001\U00020002\U00020003\u3002" * 540_000
+    assert len(text.encode()) > 10_000_000
+    out = outputs(
+        f'<html><head><meta charset="utf-8"></head><body><article><p>{text}</p></article></body></html>'
+    )
+    for name in EXTRACTORS:
+        assert out[name].words == 4 * 540_000, name
+
+
+def test_an_article_300_elements_deep_is_extracted_by_trafilatura_and_justext() -> None:
+    """Without huge_tree libxml2 stops parsing 255 elements deep, and both gave empty text."""
+    html = page("<div>" * 300 + article(4) + "</div>" * 300)
+    out = outputs(html)
+    for name in EXTRACTORS:
+        assert SENTENCES[0] in out[name].text and out[name].passed, name
+
+
+# ---------------------------------------------------------------------------------------------------
 # Text that is no text: binary input, a page read with the wrong codec
 
 
@@ -419,17 +564,19 @@ def test_random_bytes_fail_the_filter_with_a_reason() -> None:
     soup = results["resiliparse"]
     assert isinstance(soup, Extraction) and soup.words > 1000
     reason = soup.attempts[0].reason
-    assert reason is not None and "U+FFFD or control characters (over 5%)" in reason
+    assert reason is not None and "U+FFFD, control or invisible format characters (over 5%)" in reason
     union = extract(data, runner=INLINE)
     assert not union.passed and union.extractor == "resiliparse"
 
 
 def test_a_page_whose_meta_charset_is_wrong_fails_the_filter() -> None:
-    """A windows-1251 page that says UTF-8: U+FFFD soup with 300 words passed."""
+    """A windows-1251 page that says UTF-8: U+FFFD soup with 300 words passed. U+FFFD is no letter, so
+    the soup has no words now, and over 5% of it is unreadable."""
     text = " ".join(RUSSIAN * 8)
     data = f'<html><head><meta charset="utf-8"></head><body><p>{text}</p></body></html>'.encode("cp1251")
     union = extract(data, runner=INLINE)
-    assert union.encoding == "utf-8" and "\ufffd" in union.text and union.words >= 50
+    assert union.encoding == "utf-8" and "\ufffd" in union.text and union.words == 0
+    assert unreadable_chars(union.text) > 0.5 * len(union.text)
     assert not union.passed
     assert all(a.reason is not None and not a.passed for a in union.attempts)
 
@@ -487,6 +634,51 @@ def test_union_when_nothing_passes_returns_the_longest_output_unpassed() -> None
     assert len(result.attempts) == len(EXTRACTORS)
 
 
+def noscript_page() -> str:
+    """An article only inside `<noscript>`: resiliparse (noscript off, as DCLM ran it) finds no text."""
+    return page(f"<noscript><article><h1>The harbour town</h1>{article(4)}</article></noscript>")
+
+
+def test_union_with_min_words_0_never_takes_an_output_without_words() -> None:
+    """With min_words=0 an empty output passed (0 >= 0): the union stopped at resiliparse's nothing."""
+    html = noscript_page()
+    assert outputs(html)["resiliparse"].text == ""
+    result = extract(html, min_words=0, runner=INLINE)
+    assert result.extractor == "trafilatura" and result.passed and SENTENCES[0] in result.text
+    assert result.attempts[0].extractor == "resiliparse" and result.attempts[0].reason == "no words"
+    # Text without a letter or digit is no word either: nothing passes, whatever min_words says.
+    junk = extract(page("<article><p>" + "· | — " * 40 + "</p></article>"), min_words=0, runner=INLINE)
+    assert not junk.passed and all(a.reason == "no words" for a in junk.attempts)
+
+
+@pytest.mark.parametrize("score", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_score_fails_the_filter(score: float) -> None:
+    """NaN compared False with the minimum, so it passed."""
+    result = extract(table_page(), scorer=lambda text: score, min_score=0.5, runner=INLINE)
+    assert not result.passed and len(result.attempts) == len(EXTRACTORS)
+    assert all(a.reason is not None and "not a finite number" in a.reason for a in result.attempts)
+
+
+def test_a_scorer_that_raises_fails_that_attempt_typed_and_the_union_goes_on() -> None:
+    """It escaped as a bare exception and ended the whole union."""
+
+    def scorer(text: str) -> float:
+        if "\t" in text:  # resiliparse's table rows
+            raise RuntimeError("model crashed")
+        return 1.0
+
+    result = extract(table_page(), scorer=scorer, runner=INLINE)
+    assert result.extractor == "trafilatura" and result.passed and result.score == 1.0
+    failed = result.attempts[0]
+    assert failed.extractor == "resiliparse" and not failed.passed and not failed.timed_out
+    assert failed.error is not None and "quality scorer failed on resiliparse's output" in failed.error
+    assert "RuntimeError: model crashed" in failed.error
+    with pytest.raises(ExtractionError, match="quality scorer failed") as info:
+        extract(table_page(), "resiliparse", scorer=scorer, runner=INLINE)
+    assert info.value.code == ErrorCode.EXTRACTION_FAILED
+    assert isinstance(extract_all(table_page(), scorer=scorer, runner=INLINE)["resiliparse"], ExtractionError)
+
+
 def test_random_order_is_a_seeded_permutation_per_page() -> None:
     html = boilerplate_page()
     orders = {resolve_order("random", seed=seed, text=html) for seed in range(30)}
@@ -510,6 +702,16 @@ def test_random_order_is_a_seeded_permutation_per_page() -> None:
         (lambda: extract("<p>x</p>", timeout_s=0, runner=INLINE), "positive"),
         (lambda: extract("<p>x</p>", timeout_s={"tika": 1.0}, runner=INLINE), "unknown extractor"),
         (lambda: extract("<p>x</p>", min_words=-1, runner=INLINE), "min_words"),
+        # These raised TypeError, or were taken: a NaN min_words passed everything.
+        (lambda: extract("<p>x</p>", timeout_s={"justext": "1"}, runner=INLINE), "positive number"),  # type: ignore[dict-item]
+        (lambda: extract("<p>x</p>", timeout_s="5", runner=INLINE), "positive number"),  # type: ignore[arg-type]
+        (lambda: extract("<p>x</p>", timeout_s=float("nan"), runner=INLINE), "positive number"),
+        (lambda: extract("<p>x</p>", min_words=float("nan"), runner=INLINE), "min_words"),  # type: ignore[arg-type]
+        (lambda: extract("<p>x</p>", min_words=float("inf"), runner=INLINE), "min_words"),  # type: ignore[arg-type]
+        (lambda: extract("<p>x</p>", min_score=float("nan"), runner=INLINE), "min_score"),
+        (lambda: extract("<p>x</p>", language="", runner=INLINE), "language"),
+        (lambda: extract("<p>x</p>", language="English!", runner=INLINE), "language"),
+        (lambda: extract_all("<p>x</p>", language=7, runner=INLINE), "language"),  # type: ignore[arg-type]
         (lambda: extract(12345, runner=INLINE), "str or bytes"),  # type: ignore[arg-type]
         (lambda: extract_all("<p>x</p>", extractors=["justext", "tika"], runner=INLINE), "unknown"),
     ],
@@ -553,7 +755,7 @@ def test_time_limit_kills_a_pathological_extraction_and_the_pool_recovers(
 
 
 def test_union_falls_through_a_timed_out_extractor(pool: ExtractorPool, unlimited: None) -> None:
-    # libxml2 gives up 256 elements deep, so jusText keeps the article before the nesting.
+    # libxml2 gives up 2,048 elements deep, so jusText keeps the article before the nesting.
     html = "<html><body><article>" + article(4) + "</article>" + deep_page()
     started = time.perf_counter()
     result = extract(html, order=["resiliparse", "justext"], timeout_s={"resiliparse": 0.5}, runner=pool)

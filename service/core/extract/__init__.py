@@ -7,24 +7,32 @@ raises yield at equal quality. This package serves that as one interface:
 - `extract(html, "resiliparse" | "trafilatura" | "justext")`: one extractor;
 - `extract(html, "union")`: the first extractor, in a preference order (default resiliparse ->
   trafilatura -> jusText, or `order="random"`, seeded, as in the paper), whose output passes the filter
-  (at least `min_words` words, at most `MAX_UNREADABLE_SHARE` of its characters U+FFFD or control
-  characters, and, when a `scorer` is given, a score of at least `min_score`);
+  (at least `min_words` words and never none, at most `MAX_UNREADABLE_SHARE` of its characters U+FFFD,
+  control or invisible format characters, and, when a `scorer` is given, a finite score of at least
+  `min_score`);
 - `extract_all(html)`: every extractor's output (or its error).
 
 Bytes are decoded with `service.core.decoding.decode_html`, exactly as the pruner decodes them. A page
 whose structure predicts seconds of an extractor's work is refused before any worker sees it
 (`service.core.extract.limits`); every other extraction runs in a killable worker process
-(`service.core.extract.pool`) under its own time limit.
+(`service.core.extract.pool`) under its own time limit. Every extractor sees the page without its ruby
+annotations and returns normalised text (`service.core.extract.normalize`).
+
+The pool starts its workers from a forkserver, which imports the calling script as multiprocessing's
+spawn does: a script must call `extract` under `if __name__ == "__main__":`, or each worker runs the
+script's top level again and dies on start ("extractor worker died while starting").
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import random
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeGuard
 
 from service.core.decoding import decode_html
 from service.core.errors import ErrorCode
@@ -47,7 +55,7 @@ from service.core.extract.pool import (
     default_pool,
     default_workers,
 )
-from service.core.extract.word_count import count_words
+from service.core.extract.word_count import count_words, text_counts
 
 __all__ = [
     "ALL",
@@ -93,14 +101,15 @@ DEFAULT_MIN_WORDS: Final = 50
 # Per extractor. On the shared 2-core machine the slowest corpus page takes jusText 3.3 s (trafilatura
 # 1.0 s, resiliparse 0.1 s): five seconds keeps every real page and still bounds a pathological one.
 DEFAULT_TIMEOUT_S: Final = 5.0
-# The share of an output's characters that may be U+FFFD or C0 control characters (other than
-# whitespace) for it to pass the filter. Text like that comes from binary input or a page read with the
-# wrong codec (random bytes read as cp1252: 10-11%; a windows-1251 page read as the UTF-8 its wrong
-# <meta> names: over 90%), and the word count alone let it pass. The most any corpus output holds is
-# 0.2% (p0306, resiliparse: 25 of 12,000 characters); every other output of the 1,033 pages has none.
+# The share of an output's characters that may be U+FFFD, C0 control characters (other than whitespace)
+# or invisible format characters for it to pass the filter. Text like that comes from binary input or a
+# page read with the wrong codec (random bytes read as cp1252: 10-11%; a windows-1251 page read as the
+# UTF-8 its wrong <meta> names: over 90%), and the word count alone let it pass. The most any corpus
+# output holds is 0.2% (p0306, resiliparse: 25 of 12,000 characters); every other output of the 1,033
+# pages has none.
 MAX_UNREADABLE_SHARE: Final = 0.05
-# U+FFFD (what undecodable bytes and lone surrogates become) and the C0 controls str.isspace() rejects.
-_UNREADABLE: Final = ("\ufffd", *(chr(c) for c in range(0x20) if not chr(c).isspace()))
+# A language as a caller may give it ("de", "DE", "pt-BR", "zh_Hans"): its primary subtag is the code.
+_LANGUAGE_TAG: Final = re.compile(r"([a-z]{2,3})(?:[-_][a-z0-9]{1,8})*")
 
 Timeouts = float | Mapping[str, float] | None
 """Seconds per extractor: one limit for all, a limit per name (others get the default), or None."""
@@ -187,16 +196,40 @@ def _timeout_for(timeout_s: Timeouts, name: str) -> float | None:
     return timeout_s.get(name, DEFAULT_TIMEOUT_S)
 
 
-def _check_limits(timeout_s: Timeouts, min_words: int) -> None:
-    if isinstance(timeout_s, Mapping):
-        for name, limit in timeout_s.items():
+def _is_number(value: object) -> TypeGuard[float]:
+    # bool is an int, but True seconds or words is a mistake, not a number.
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_options(timeout_s: Timeouts, min_words: int, min_score: float, language: str | None) -> str | None:
+    """Refuse unusable options typed, before any work (a string limit raised a bare TypeError, a NaN
+    `min_words` passed every output); return `language` normalised."""
+    limits = timeout_s.items() if isinstance(timeout_s, Mapping) else [(None, timeout_s)]
+    for name, limit in limits:
+        if name is not None:
             _check_name(name)
-            if not limit > 0:
-                raise ExtractionOptionsError(f"the time limit for {name} must be positive, got {limit}")
-    elif timeout_s is not None and not timeout_s > 0:
-        raise ExtractionOptionsError(f"timeout_s must be positive, got {timeout_s}")
-    if min_words < 0:
-        raise ExtractionOptionsError(f"min_words must be >= 0, got {min_words}")
+        if limit is None and name is None:
+            continue
+        what = "timeout_s" if name is None else f"the time limit for {name}"
+        if not _is_number(limit) or not limit > 0:  # NaN fails the comparison; inf is no limit
+            raise ExtractionOptionsError(f"{what} must be a positive number of seconds, got {limit!r}")
+    if not _is_number(min_words) or not math.isfinite(min_words) or min_words < 0:
+        raise ExtractionOptionsError(f"min_words must be a finite number >= 0, got {min_words!r}")
+    if not _is_number(min_score) or math.isnan(min_score):
+        raise ExtractionOptionsError(f"min_score must be a number, got {min_score!r}")
+    return _normalize_language(language)
+
+
+def _normalize_language(language: str | None) -> str | None:
+    """The ISO 639 code of a language option, lower case ("EN", "en-US" -> "en"); None to detect it."""
+    if language is None:
+        return None
+    tag = _LANGUAGE_TAG.fullmatch(language.strip().lower()) if isinstance(language, str) else None
+    if tag is None:
+        raise ExtractionOptionsError(
+            f"language must be an ISO 639-1 code such as 'de' (or None to detect it), got {language!r}"
+        )
+    return tag.group(1)
 
 
 def _decode(html: str | bytes, encoding: str | None) -> tuple[str, str]:
@@ -214,30 +247,47 @@ class _Filter:
     scorer: QualityScorer | None
     min_score: float
 
-    def judge(self, text: str, words: int) -> tuple[bool, float | None, str | None]:
-        """(passed, score, why it failed); the scorer runs only on outputs that pass otherwise."""
+    def judge(
+        self, name: str, text: str, words: int, unreadable: int
+    ) -> tuple[bool, float | None, str | None]:
+        """(passed, score, why it failed); the scorer runs only on outputs that pass otherwise.
+
+        A scorer that raises (or returns no number) raises `ExtractionError`: the attempt fails as an
+        extractor's failure does, and the union goes on to the next extractor.
+        """
+        if words == 0:
+            # Whatever min_words says: with min_words=0, an empty output passed (0 >= 0) and the union
+            # stopped at an extractor that found nothing, before one that found the text.
+            return False, None, "no words"
         if words < self.min_words:
             return False, None, f"{words} words, fewer than the {self.min_words} needed"
-        unreadable = unreadable_chars(text)
         if unreadable > MAX_UNREADABLE_SHARE * len(text):
             return (
                 False,
                 None,
-                f"{unreadable} of its {len(text)} characters are U+FFFD or control characters (over "
-                f"{MAX_UNREADABLE_SHARE:.0%}): binary input, or a page read with the wrong encoding",
+                f"{unreadable} of its {len(text)} characters are U+FFFD, control or invisible format "
+                f"characters (over {MAX_UNREADABLE_SHARE:.0%}): binary input, or a page read with the "
+                "wrong encoding",
             )
         if self.scorer is None:
             return True, None, None
-        score = float(self.scorer(text))
+        try:
+            score = float(self.scorer(text))
+        except Exception as exc:
+            raise ExtractionError(
+                f"the quality scorer failed on {name}'s output: {type(exc).__name__}: {str(exc)[:500]}"
+            ) from exc
+        if not math.isfinite(score):  # NaN compares False with everything: it passed
+            return False, score, f"score {score:g}, not a finite number"
         if score < self.min_score:
             return False, score, f"score {score:g}, under the {self.min_score:g} needed"
         return True, score, None
 
 
 def unreadable_chars(text: str) -> int:
-    """How many of `text`'s characters are U+FFFD or C0 control characters other than whitespace."""
-    # One C-speed pass per character sought: a 16 MiB output takes milliseconds, builds no strings.
-    return sum(text.count(c) for c in _UNREADABLE)
+    """How many of `text`'s characters are U+FFFD, C0 control characters other than whitespace, or
+    invisible format characters (`normalize.INVISIBLE_FORMAT`)."""
+    return text_counts(text).unreadable
 
 
 def _attempt(
@@ -254,6 +304,8 @@ def _attempt(
         # A page over the extractor's structural limits is refused here, before any worker sees it.
         check_page(name, shape)
         out = runner.run(name, text, language=language, timeout_s=_timeout_for(timeout_s, name))
+        words, unreadable = text_counts(out.text)
+        passed, score, reason = flt.judge(name, out.text, words, unreadable)
     except ExtractionError as exc:
         elapsed = time.perf_counter() - started
         attempt = Attempt(
@@ -261,8 +313,6 @@ def _attempt(
         )
         return attempt, None, exc
     elapsed = time.perf_counter() - started
-    words = count_words(out.text)
-    passed, score, reason = flt.judge(out.text, words)
     return Attempt(name, words, elapsed, passed, score, reason=reason), out, None
 
 
@@ -284,16 +334,16 @@ def extract(
 
     `encoding` is the HTTP-declared charset, if any. `timeout_s` bounds each extractor separately: a
     number for all, or a mapping per name; None means no bound (trusted input only). `language`
-    (ISO 639-1) skips jusText's detection. `runner` defaults to the shared process pool. A single
-    extractor's failure raises `ExtractionError` (`ExtractionTimeoutError` past the limit); the union
-    raises only when every extractor failed.
+    (ISO 639-1; "EN" and "en-US" are "en") skips jusText's detection. `runner` defaults to the shared
+    process pool. A single extractor's failure raises `ExtractionError` (`ExtractionTimeoutError` past
+    the limit); the union raises only when every extractor failed.
     """
     started = time.perf_counter()
     if extractor == ALL:
         raise ExtractionOptionsError("extractor 'all' returns several texts: call extract_all")
     if extractor != UNION:
         _check_name(extractor)
-    _check_limits(timeout_s, min_words)
+    language = _check_options(timeout_s, min_words, min_score, language)
     text, codec = _decode(html, encoding)
     names = (extractor,) if extractor != UNION else resolve_order(order, seed=seed, text=text)
     flt = _Filter(min_words, scorer, min_score)
@@ -359,7 +409,7 @@ def extract_all(
     the union would have accepted. Bad options raise; one extractor's failure does not.
     """
     names = resolve_order(extractors)
-    _check_limits(timeout_s, min_words)
+    language = _check_options(timeout_s, min_words, min_score, language)
     started = time.perf_counter()
     text, codec = _decode(html, encoding)
     decode_s = time.perf_counter() - started

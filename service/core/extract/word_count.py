@@ -1,29 +1,40 @@
-"""Word counts of extracted text, in bounded memory and linear time whatever the text.
+"""Word counts of extracted text, and its unreadable characters, in bounded memory and linear time.
 
-A word is a run of characters between whitespace (what `str.split()` splits on), except that in a
-text with any Han, Hiragana or Katakana character each such character is a word of its own and their
-punctuation (、。「」, full-width ，！？) separates words like a space: Chinese and Japanese put no
-spaces between words, and split on whitespace alone a 2,000-character Chinese article had 40 "words"
-and the union's 50-word filter refused every such page.
+A word is a run of characters between whitespace (what `str.split()` splits on) that holds at least one
+letter or digit (Unicode categories L* and N*): a run of invisible characters, punctuation or symbols
+("\u200b", ".", "|", "-") is no word: 80 zero-width spaces, or full stops, between spaces had passed
+the 50-word filter as 80 words.
+In a text with any Han, Hiragana or Katakana letter, each such letter is a word of its own and their
+punctuation (、。「」, full-width ，！？, the other characters of those blocks) separates words like a space:
+Chinese and Japanese put no spaces between words, and split on whitespace alone a 2,000-character
+Chinese article had 40 "words" and the union's 50-word filter refused every such page.
 
-The count runs in the server process on every extractor's output, which can be as long as the page.
-Counted with `str.split()` and `re.findall` it built one Python string per word or per character: a
-16 MiB page of Chinese took 1.96 s and 471 MB per output. Here the text is read in chunks of
-`_CHUNK` characters as arrays of code points, each character classed through one lookup table, and
-words are counted as the starts of runs: a few MiB and tens of milliseconds for 16 MiB, with the
-same counts as the split (tests/core/test_extract_word_count.py checks that against it).
+The unreadable characters are U+FFFD (what undecodable bytes and lone surrogates become), the C0
+controls that are not whitespace, and the invisible format characters (`normalize.INVISIBLE_FORMAT`,
+which every extractor's output is cleared of already): text made of them comes from binary input or a
+page read with the wrong codec, not from a page's prose.
+
+The counts run in the server process on every extractor's output, which can be as long as the page.
+Counted with `str.split()` and `re.findall` they built one Python string per word or per character: a
+16 MiB page of Chinese took 1.96 s and 471 MB per output. Here the text is read in chunks of `_CHUNK`
+characters as arrays of code points, each character classed through one lookup table, and words are
+counted as the runs that hold a letter or digit: a few MiB and tens of milliseconds for 16 MiB
+(tests/core/test_extract_word_count.py checks the counts against a split-based reference).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Final
+import unicodedata
+from typing import Final, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
+from service.core.extract.normalize import ASSIGNED_BOUND, PLANE_14, is_invisible_format
+
 # Han ideographs (with extensions and compatibility forms), Hiragana and Katakana (with the half-width
-# forms): each one character one word, as word processors count them.
+# forms): each letter one word, as word processors count them.
 UNSPACED_RANGES: Final = (
     (0x3040, 0x30FF),
     (0x31F0, 0x31FF),
@@ -44,65 +55,111 @@ PUNCTUATION_RANGES: Final = (
 # Every character `str.isspace()` accepts is below this (the last is U+3000, IDEOGRAPHIC SPACE); a
 # test checks it against the whole Unicode range of the running Python.
 SPACE_BOUND: Final = 0x3001
-
 _CHUNK = 1 << 18  # characters per step: about 2 MiB of arrays
 _BMP = 0x10000
-# Character classes in the lookup table.
-_WORD, _SPACE, _UNSPACED, _PUNCTUATION = 0, 1, 2, 3
+_UNICODE = 0x110000
+# Character flags in the lookup table.
+_SPACE, _UNSPACED, _SEPARATOR, _ALNUM, _UNREADABLE = 1, 2, 4, 8, 16
+
+
+def _flags_of(code_point: int) -> int:
+    char = chr(code_point)
+    flags = 0
+    category = unicodedata.category(char)
+    if category[0] in "LN":
+        flags |= _ALNUM
+    if char.isspace():
+        flags |= _SPACE
+    if code_point == 0xFFFD or (code_point < 0x20 and not char.isspace()) or is_invisible_format(code_point):
+        flags |= _UNREADABLE
+    return flags
 
 
 @functools.cache
-def _classes() -> npt.NDArray[np.uint8]:
-    """The class of every code point of the Basic Multilingual Plane (64 KiB, built on first use)."""
-    table = np.full(_BMP, _WORD, dtype=np.uint8)
-    for ranges, kind in ((UNSPACED_RANGES, _UNSPACED), (PUNCTUATION_RANGES, _PUNCTUATION)):
-        for low, high in ranges:
-            if low < _BMP:
-                table[low : min(high, _BMP - 1) + 1] = kind
-    # Last: U+3000 is punctuation above but whitespace to str.split, and separates in both readings.
-    table[[c for c in range(SPACE_BOUND) if chr(c).isspace()]] = _SPACE
+def _table(size: int) -> npt.NDArray[np.uint8]:
+    """The flags of every code point below `size` (the BMP, 64 KiB, or all of Unicode, 1.1 MiB; each
+    built on first use, the second only for a text with a character above the BMP)."""
+    table = np.zeros(size, dtype=np.uint8)
+    assigned = range(min(size, ASSIGNED_BOUND))
+    table[: len(assigned)] = np.frombuffer(bytes(_flags_of(c) for c in assigned), dtype=np.uint8)
+    if size > PLANE_14.start:
+        table[PLANE_14.start : PLANE_14.stop] = np.frombuffer(
+            bytes(_flags_of(c) for c in PLANE_14), dtype=np.uint8
+        )
+    for low, high in UNSPACED_RANGES:
+        if low < size:
+            block = table[low : min(high, size - 1) + 1]
+            # A letter is a word of its own; the block's other signs (・, ゛, ゠) separate, as the
+            # punctuation does.
+            block[:] = np.where(block & _ALNUM, block | _UNSPACED, block | _SEPARATOR)
+    # U+3000 is punctuation here and whitespace to str.split: it separates in both readings.
+    for low, high in PUNCTUATION_RANGES:
+        table[low : high + 1] |= _SEPARATOR
     return table
 
 
 def _code_points(chunk: str) -> npt.NDArray[np.uint8] | npt.NDArray[np.uint32]:
     if chunk.isascii():
         return np.frombuffer(chunk.encode("ascii"), dtype=np.uint8)
-    # surrogatepass: a lone surrogate is a character like any other here (a word character).
+    # surrogatepass: a lone surrogate is a character like any other here (category Cs: no letter).
     return np.frombuffer(chunk.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
 
 
-def _runs(mask: npt.NDArray[np.bool_], after_run: bool) -> int:
-    """The runs of True in `mask`, less one when its first continues the run the last chunk ended in."""
-    starts = int(np.count_nonzero(mask[1:] & ~mask[:-1]))
-    return starts + int(bool(mask[0]) and not after_run)
+class _Runs:
+    """Counts, across chunks, the runs of True in a mask that hold at least one `good` position."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._in_run = False  # the last chunk ended inside a run
+        self._counted = False  # ... and that run was counted already
+
+    def add(self, in_run: npt.NDArray[np.bool_], good: npt.NDArray[np.bool_]) -> None:
+        """`good` must be False outside `in_run`."""
+        starts = in_run.copy()
+        starts[1:] &= ~in_run[:-1]
+        starts[0] = bool(in_run[0]) and not self._in_run
+        # Each position's run, numbered from 1 in this chunk; 0 is the run the last chunk ended in.
+        run = np.cumsum(starts, dtype=np.int32)
+        good_runs = run[good]
+        last_run = int(run[-1])
+        if good_runs.size:
+            self.count += 1 + int(np.count_nonzero(good_runs[1:] != good_runs[:-1]))
+            if good_runs[0] == 0 and self._counted:
+                self.count -= 1
+            last_counted = int(good_runs[-1]) == last_run or (last_run == 0 and self._counted)
+        else:
+            last_counted = last_run == 0 and self._counted
+        self._in_run = bool(in_run[-1])
+        self._counted = self._in_run and last_counted
+
+
+class TextCounts(NamedTuple):
+    words: int
+    unreadable: int  # U+FFFD, C0 controls other than whitespace, and invisible format characters
+
+
+def text_counts(text: str) -> TextCounts:
+    """The words of `text` (see the module docstring) and its unreadable characters, in one pass."""
+    spaced = _Runs()  # words when the text has no unspaced letter
+    cjk = _Runs()  # runs of word characters between spaces, unspaced letters and separators
+    unspaced = unreadable = 0
+    for start in range(0, len(text), _CHUNK):
+        points = _code_points(text[start : start + _CHUNK])
+        table = _table(_UNICODE) if points.dtype == np.uint32 and points.max() >= _BMP else _table(_BMP)
+        flags = table[points]
+        alnum = (flags & _ALNUM).astype(bool)
+        not_space = (flags & _SPACE) == 0
+        spaced.add(not_space, alnum)
+        # Both readings are counted as the chunks go; which one holds is known only at the end.
+        word = (flags & (_SPACE | _UNSPACED | _SEPARATOR)) == 0
+        cjk.add(word, alnum & word)
+        unspaced += int(np.count_nonzero(flags & _UNSPACED))
+        unreadable += int(np.count_nonzero(flags & _UNREADABLE))
+    words = spaced.count if not unspaced else unspaced + cjk.count
+    return TextCounts(words, unreadable)
 
 
 def count_words(text: str) -> int:
-    """Whitespace-separated words, the yield measure of "Beyond a Single Extractor", with every Chinese
-    or Japanese character counted as a word of its own (see the module docstring)."""
-    table = _classes()
-    spaced_words = 0  # runs of non-space: the count when the text has no unspaced character
-    unspaced = 0
-    cjk_words = 0  # runs of word characters between spaces, unspaced characters and punctuation
-    in_spaced = in_cjk = False  # whether the previous chunk ended inside such a run
-    for start in range(0, len(text), _CHUNK):
-        points = _code_points(text[start : start + _CHUNK])
-        if points.dtype == np.uint8:
-            kind = table[points]
-        else:
-            # Above the BMP, clipped to U+FFFF (a non-character: a word character, as is every code
-            # point up there but the unspaced ranges, classed here).
-            kind = table[np.minimum(points, _BMP - 1)]
-            if points.max() >= _BMP:
-                for low, high in UNSPACED_RANGES:
-                    if high >= _BMP:
-                        kind[(points >= max(low, _BMP)) & (points <= high)] = _UNSPACED
-        not_space = kind != _SPACE
-        spaced_words += _runs(not_space, in_spaced)
-        in_spaced = bool(not_space[-1])
-        # Both readings are counted as the chunks go; which one holds is known only at the end.
-        word = kind == _WORD
-        cjk_words += _runs(word, in_cjk)
-        in_cjk = bool(word[-1])
-        unspaced += int(np.count_nonzero(kind == _UNSPACED))
-    return spaced_words if not unspaced else unspaced + cjk_words
+    """Words that hold a letter or digit, the yield measure of "Beyond a Single Extractor", with every
+    Chinese or Japanese letter counted as a word of its own (see the module docstring)."""
+    return text_counts(text).words
