@@ -136,14 +136,7 @@ async def _ok(scope: Any, receive: Any, send: Any) -> None:
 async def test_only_the_bytes_after_a_heads_first_chunk_count() -> None:
     """One read holding a request with a large body and the start of the next head (pipelining) is not
     counted against that head; the reads after it are, and the head is refused once over the cap."""
-    protocol_type = protocol_class()
-    assert not isinstance(protocol_type, str)
-    config = uvicorn.Config(app=_ok, http=protocol_type, log_level="warning", lifespan="off")
-    protocol: Any = protocol_type(  # type: ignore[call-arg]
-        config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop()
-    )
-    transport = _Transport()
-    protocol.connection_made(transport)
+    protocol, transport = _protocol(_ok, head_timeout_s=None)
     body = b"y" * (3 * MAX_HEAD_BYTES)
     first = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body
     protocol.data_received(first + b"GET / HTTP/1.1\r\nHost: x\r\nX-Half: ")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import gzip
 import json
 import os
@@ -17,7 +16,7 @@ import pytest
 from service.cli import main
 from service.core import pages
 from tests.factories.cli import cli, kill_minus_nine_when, write_pages
-from tests.factories.disk import closed_directory, eio_for
+from tests.factories.disk import closed_directory, eio_for, unlistable_directory
 from tests.memory import gzip_bomb, traced_peak
 
 OLD = "the previous run's rows\n"
@@ -556,14 +555,7 @@ def test_a_subdirectory_that_cannot_be_listed_is_an_input_unreadable_row(
     ids = _bad_gzip_pages(site, 2)
     (site / "private").mkdir()
     (site / "private" / "a.html").write_text("<p>a page</p>")
-    real_scandir = os.scandir
-
-    def closed(path: Any) -> Any:
-        if path == site / "private":  # a Path, as the walk passes it (rmtree passes file descriptors)
-            raise PermissionError(errno.EACCES, "Permission denied", str(path))
-        return real_scandir(path)
-
-    monkeypatch.setattr(os, "scandir", closed)
+    unlistable_directory(monkeypatch, site / "private")
     output = tmp_path / "out.jsonl"
     assert main(_args(site, output)) == 0
     assert "3 pages, 3 failed" in capsys.readouterr().err

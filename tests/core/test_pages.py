@@ -24,7 +24,7 @@ from service.core.pages import (
     iter_pages,
 )
 from service.core.prune import prune_html
-from tests.factories.disk import closed_directory, eio_for
+from tests.factories.disk import closed_directory, eio_for, unlistable_directory
 from tests.factories.warc import HttpResponse, response, warc_gz
 from tests.memory import gzip_bomb, traced_peak
 
@@ -662,14 +662,7 @@ def test_a_subdirectory_that_cannot_be_listed_is_an_input_unreadable_row(
     (site / "private" / "b.html").write_bytes(b"<p>b</p>")
     (site / "a.html").write_bytes(b"<p>a</p>")
     (site / "c.html").write_bytes(b"<p>c</p>")
-    real_scandir = os.scandir
-
-    def closed(path: Any) -> Any:
-        if path == site / "private":  # a Path, as the walk passes it (rmtree passes file descriptors)
-            raise PermissionError(errno.EACCES, "Permission denied", str(path))
-        return real_scandir(path)
-
-    monkeypatch.setattr(os, "scandir", closed)
+    unlistable_directory(monkeypatch, site / "private")
     rows = list(iter_pages(site, bad_rows="report"))
     assert [(p.id, p.error_code if p.error else None) for p in rows] == [
         ("a.html", None),

@@ -43,3 +43,16 @@ def closed_directory(monkeypatch: pytest.MonkeyPatch, directory: Path) -> None:
 
     for module, name in ((os, "stat"), (os, "lstat"), (os, "scandir"), (os, "listdir"), (io, "open")):
         monkeypatch.setattr(module, name, refuse(getattr(module, name)))
+
+
+def unlistable_directory(monkeypatch: pytest.MonkeyPatch, directory: Path) -> None:
+    """`directory` cannot be listed (`os.scandir` refuses it with EACCES, as a directory of mode 000 does
+    for a user who is not root); everything else, the directory's own stat included, works."""
+    scandir = os.scandir
+
+    def closed(path: Any) -> Any:
+        if path == directory:  # a Path, as the walk passes it (rmtree passes file descriptors)
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", closed)
