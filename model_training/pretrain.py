@@ -466,6 +466,13 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
             world=world,
         )
         logger.info("resumed from %s at step %d", found, step)
+        if stop_at_step is not None and stop_at_step < step:
+            # (it ran on from there, and nothing is taken back: the run would end at once, having
+            # trained nothing, and its answer, no model, said nothing of why)
+            raise DataError(
+                f"stop_at_step (--stop-at-step) {stop_at_step} is behind the run, which is at step {step} "
+                f"already ({found}): pass a later step, or --no-resume to start over"
+            )
     resumed_step = step
     engine: nn.Module = pretraining
     if distributed:

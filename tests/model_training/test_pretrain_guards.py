@@ -128,3 +128,12 @@ def test_a_truncated_trainer_state_is_named_not_a_traceback(run_inputs: Path) ->
         HtmllmError, match=r"cannot resume from .*step-00000001: .*trainer_state\.pt cannot be read"
     ):
         train(config)
+
+
+def test_a_stop_step_behind_the_resumed_run_is_refused(run_inputs: Path) -> None:
+    """Resumed at step 2, `stop_at_step=1` had trained nothing and answered no model without a word."""
+    config = _config(run_inputs, "behind", max_steps=4, eval_every=0, checkpoint_every=1)
+    train(config, stop_at_step=2)
+    with pytest.raises(HtmllmError, match=r"--stop-at-step\) 1 is behind the run, which is at step 2"):
+        train(config, stop_at_step=1)
+    assert train(config, stop_at_step=2).steps == 2  # the step it is at: nothing to do, no error
