@@ -39,10 +39,9 @@ def key_refusal(keys: ApiKeys, authorization: str | None) -> HtmllmError | None:
 
 def key_gate(keys: ApiKeys, routes: Collection[tuple[str, str]]) -> Callable[[Scope], HtmllmError | None]:
     """`key_refusal` for a request to one of `routes` ((method, path): the model routes; a wrong method
-    stays a 405), from its ASGI scope: the body
-    limit asks it before it reads a byte of the body, so that a client without a key cannot make the
-    server read, decode and hold its bodies (16 MB each, up to the in-flight budget, which keyed clients
-    then find full) only to be told 401."""
+    stays a 405), from its ASGI scope: the body limit asks it before it reads a byte of the body, so
+    that a client without a key cannot make the server read, decode and hold its bodies (16 MB each, up
+    to the in-flight budget, which keyed clients then find full) only to be told 401."""
 
     def refusal(scope: Scope) -> HtmllmError | None:
         if not keys.enabled or (scope["method"], scope["path"]) not in routes:

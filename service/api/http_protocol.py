@@ -42,6 +42,8 @@ MAX_HEAD_BYTES = 64 * 1024
 # What a protocol switch offer adds to a head, left out where it is given again (`Connection`'s tokens
 # for them too).
 _OFFER_HEADERS = frozenset((b"upgrade", b"http2-settings"))
+# uvicorn's own answer (and log line) for bytes that are no HTTP/1.1 request.
+_INVALID_REQUEST = "Invalid HTTP request received."
 _REASONS = {405: "Method Not Allowed", 408: "Request Timeout", 431: "Request Header Fields Too Large"}
 
 
@@ -167,9 +169,8 @@ def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol
             try:
                 self.parser.feed_data(data)
             except httptools.HttpParserError:
-                message = "Invalid HTTP request received."
-                self.logger.warning(message)
-                self.send_400_response(message)
+                self.logger.warning(_INVALID_REQUEST)
+                self.send_400_response(_INVALID_REQUEST)
                 return
             except httptools.HttpParserUpgrade as upgrade:
                 self._give_head_again(data[upgrade.args[0] :])
@@ -192,7 +193,7 @@ def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol
                 self.transport.close()
                 return
             if not self._offered_upgrade:  # (never: llhttp switches only where the head offered it)
-                self.send_400_response("Invalid HTTP request received.")
+                self.send_400_response(_INVALID_REQUEST)
                 return
             head = _head_without_offer(method, self.url, self.parser.get_http_version(), self.headers)
             self.parser = httptools.HttpRequestParser(self)

@@ -42,12 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from service.commands import INTERRUPTED
 from service.commands.embed_state import OutputUnreadable, ParquetParts, merge, output_settings
 from service.commands.resume_state import (
     INPUT_KEY,
     RUN_FILE,
-    TERMINATED,
     InputWalk,
     PartWriter,
     changed,
@@ -197,9 +195,9 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             parts = parts_dir(args.output)
             kept = f"what was finished is kept in {parts}: " if parts.exists() else ""
-            how = "terminated (SIGTERM)" if termination.received else "interrupted"
-            print(f"htmllm embed: {how}; {kept}run the same command again to go on", file=sys.stderr)
-            return TERMINATED if termination.received else INTERRUPTED
+            again = "run the same command again to go on"
+            print(f"htmllm embed: {termination.how}; {kept}{again}", file=sys.stderr)
+            return termination.status
         except HtmllmError as exc:
             print(f"htmllm embed: {exc.code}: {exc}", file=sys.stderr)
             return 1

@@ -46,11 +46,9 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from service.commands import INTERRUPTED
 from service.commands.resume_state import (
     INPUT_KEY,
     TEMP_SUFFIX,
-    TERMINATED,
     InputWalk,
     PartWriter,
     Termination,
@@ -518,7 +516,7 @@ def run(args: argparse.Namespace) -> int:
             else:
                 summary = _resumable(args, target, pages, workers, termination)
     except KeyboardInterrupt:
-        how = "terminated (SIGTERM)" if termination.received else "interrupted"
+        how = termination.how
         if target is None:
             print(f"htmllm extract: {how}", file=sys.stderr)
         elif not in_place and parts_dir(target).exists():
@@ -529,7 +527,7 @@ def run(args: argparse.Namespace) -> int:
             )
         else:
             print(f"htmllm extract: {how}; {args.output} was left as it was", file=sys.stderr)
-        return TERMINATED if termination.received else INTERRUPTED
+        return termination.status
     except HtmllmError as exc:  # the input's failures (PageSourceError) and the parts' (RunStateError)
         print(f"htmllm extract: {exc.code}: {exc}", file=sys.stderr)
         return 1

@@ -43,6 +43,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
+from service.commands import INTERRUPTED
 from service.core.atomic_files import replaced_atomically
 from service.core.errors import ErrorCode, HtmllmError
 
@@ -223,6 +224,16 @@ class Termination:
     status and word."""
 
     received = False
+
+    @property
+    def how(self) -> str:
+        """What ended the run, for its last line."""
+        return "terminated (SIGTERM)" if self.received else "interrupted"
+
+    @property
+    def status(self) -> int:
+        """The run's exit status: the shell's for the signal that ended it."""
+        return TERMINATED if self.received else INTERRUPTED
 
 
 @contextlib.contextmanager
