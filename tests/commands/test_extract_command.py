@@ -15,7 +15,7 @@ import pytest
 
 from service.cli import main
 from service.core import pages
-from tests.factories.cli import cli, kill_minus_nine_when, write_pages
+from tests.factories.cli import cli, kill_minus_nine_when, sigterm_given_back, write_pages
 from tests.factories.disk import closed_directory, eio_for, unlistable_directory
 from tests.memory import gzip_bomb, traced_peak
 
@@ -643,19 +643,12 @@ def test_sigterm_keeps_what_was_finished_as_ctrl_c_does(
             return {**row, "error": {"code": "extraction_failed", "message": "its worker was killed"}}
         return {**row, "text": "a page", "passed": False}
 
-    def sigterm_kills(*_: object) -> None:
-        raise AssertionError("SIGTERM's default: the process ends at once, its held rows lost")
-
     monkeypatch.setattr(pages_module, "iter_pages", pages_then_sigterm)
     monkeypatch.setattr(command, "_process", extracted)
     output = tmp_path / "out.jsonl"
     args = _args(source, output, "--part-size", "10")
-    previous = signal.signal(signal.SIGTERM, sigterm_kills)
-    try:
+    with sigterm_given_back():
         assert main(args) == 143
-        assert signal.getsignal(signal.SIGTERM) is sigterm_kills
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     parts = tmp_path / "out.jsonl.parts"
     assert capsys.readouterr().err == (
         f"htmllm extract: terminated (SIGTERM); {output} was left as it was; what was finished is kept in "

@@ -21,7 +21,7 @@ import torch
 
 from service.cli import main
 from service.engine import Document, DocumentResult, Engine
-from tests.factories.cli import ROOT, cli, cli_env, kill_minus_nine_when, write_pages
+from tests.factories.cli import ROOT, cli, cli_env, kill_minus_nine_when, sigterm_given_back, write_pages
 from tests.factories.pages import make_pages
 from tests.factories.warc import HttpResponse, response, warc_gz
 
@@ -239,17 +239,9 @@ def test_sigterm_keeps_what_was_finished_as_ctrl_c_does(
             signal.raise_signal(signal.SIGTERM)
         return await original(self, *a, **kw)
 
-    def sigterm_kills(*_: object) -> None:
-        raise AssertionError("SIGTERM's default: the process ends at once, its held rows lost")
-
-    previous = signal.signal(signal.SIGTERM, sigterm_kills)
-    try:
-        with monkeypatch.context() as patch:
-            patch.setattr(Engine, "embed", embed_then_sigterm)
-            assert main(args) == 143
-        assert signal.getsignal(signal.SIGTERM) is sigterm_kills
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with sigterm_given_back(), monkeypatch.context() as patch:
+        patch.setattr(Engine, "embed", embed_then_sigterm)
+        assert main(args) == 143
     parts = tmp_path / "out.parquet.parts"
     assert capsys.readouterr().err == (
         f"htmllm embed: terminated (SIGTERM); what was finished is kept in {parts}: run the same command "

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from tests.factories.pages import make_pages
@@ -23,6 +24,23 @@ def write_pages(path: Path, n: int) -> list[str]:
         for i, html in enumerate(pages):
             handle.write(json.dumps({"id": f"p{i}", "url": f"https://example.com/{i}", "html": html}) + "\n")
     return pages
+
+
+def _sigterm_kills(*_: object) -> None:
+    raise AssertionError("SIGTERM's default: the process ends at once, its held rows lost")
+
+
+@contextlib.contextmanager
+def sigterm_given_back() -> Iterator[None]:
+    """Within, SIGTERM's handler fails the test if a run leaves the signal to it (SIGTERM's default would
+    end the test process); on leaving, that handler must be SIGTERM's again (the run gave it back)
+    before the one from before is restored."""
+    previous = signal.signal(signal.SIGTERM, _sigterm_kills)
+    try:
+        yield
+        assert signal.getsignal(signal.SIGTERM) is _sigterm_kills
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def cli(*args: str) -> list[str]:
