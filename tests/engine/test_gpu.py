@@ -100,6 +100,23 @@ async def test_engine_on_cuda_end_to_end(tiny_checkpoint: Path) -> None:
         assert float(a.embedding @ b.embedding) > 0.999
 
 
+def test_onnx_runner_on_cuda_runs_on_the_cuda_provider(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    # An onnxruntime-gpu built for another CUDA lists CUDAExecutionProvider yet runs on the CPU; the
+    # runner refuses that, so on a GPU machine with the image's wheel it must come up on CUDA.
+    ort = pytest.importorskip("onnxruntime")
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("onnxruntime-gpu is not installed")
+    from service.engine.onnx_export import export_onnx
+    from service.engine.runners.onnx import OnnxRunner
+
+    ckpt = load_checkpoint(tiny_checkpoint)
+    path = export_onnx(ckpt, tmp_path / "model.onnx")
+    pad_id = TorchRunner(ckpt.model).pad_id
+    runner = OnnxRunner(path, pad_id=pad_id, head_names=["page_type", "quality"], device="cuda")
+    out = runner.run(runner.prepare(_docs(ckpt.model.config.vocab_size)))
+    assert out.embeddings.shape[0] == len(LENGTHS)
+
+
 def test_rotary_on_cuda_gives_transformers_bfloat16_values() -> None:
     """The per-half RoPE (mixed bfloat16 x float32 kernels on CUDA) rounds to transformers' values."""
     model = build_tiny_model(heads=False, max_length=512).place("cuda", torch.bfloat16)

@@ -63,6 +63,15 @@ class OnnxRunner:
             self._session = ort.InferenceSession(str(path), sess_options=options, providers=wanted)
         except Exception as exc:  # onnxruntime raises its own untyped errors
             raise BackendError(f"onnxruntime cannot load {path}: {exc}") from exc
+        # A provider listed as available may still fail to start (an onnxruntime-gpu built for another
+        # CUDA or cuDNN than the machine's): onnxruntime then logs an error and runs the session on the
+        # next provider, the CPU, while /info would say cuda. A server that asked for CUDA refuses that.
+        running = self._session.get_providers()
+        if running[:1] != wanted[:1]:
+            raise BackendError(
+                f"onnxruntime could not start {wanted[0]} for {path} (it runs on {running}); check that "
+                "onnxruntime-gpu matches this machine's CUDA and cuDNN versions"
+            )
         inputs = [i.name for i in self._session.get_inputs()]
         outputs = [o.name for o in self._session.get_outputs()]
         expected = [EMBEDDING_OUTPUT, *(HEAD_OUTPUT_PREFIX + name for name in head_names)]
