@@ -42,6 +42,7 @@ from service.api.schemas import (
     TeiEmbedRequest,
 )
 from service.api.settings import Settings
+from service.api.timing import TimingMiddleware
 from service.engine import Engine, ShuttingDownError, collector
 
 logger = logging.getLogger(__name__)
@@ -52,15 +53,17 @@ DESCRIPTION = (
     "(`HTMLLM_MAX_INFLIGHT_BYTES`), answers 429 with `Retry-After`. Request bodies may "
     "be compressed (`Content-Encoding: gzip`, `deflate`, `br` or `zstd`); responses are gzipped for "
     "clients that accept it. Every response the app answers carries `x-request-id` (the client's, if "
-    "usable). Response headers `x-prune-time`, `x-tokenize-time`, `x-queue-time`, `x-inference-time`, "
-    "`x-total-time` are in milliseconds. Besides what each operation lists, any request may be answered "
+    "usable) and `x-total-time` (milliseconds from the request's arrival to its answer); a model "
+    "route's 200 adds the stages its work ran through, in milliseconds (`x-prune-time`, "
+    "`x-tokenize-time`, `x-queue-time`, `x-inference-time` for embeddings, `x-preprocess-time`, "
+    "`x-extract-time`). Besides what each operation lists, any request may be answered "
     "404 `not_found` (no such route), 405 `method_not_allowed` (with `Allow`: the methods the path "
     "takes), 431 `headers_too_large` (request line and headers over 64 KiB) or 408 `head_timeout` (they "
     "took longer than `HTMLLM_HEAD_TIMEOUT_S`), the connection then closed, with the same error body. "
     "The 431 and 408 `head_timeout`, and the plain-text 400 the HTTP parser sends for bytes that are "
     "not HTTP/1.1 (an unknown method, TLS on the plain port), come from below the app: they carry no "
-    "`x-request-id`. A request that offers to switch protocols (`Upgrade: h2c`) is answered over "
-    "HTTP/1.1 as if it had not."
+    "`x-request-id` or `x-total-time`. A request that offers to switch protocols (`Upgrade: h2c`) is "
+    "answered over HTTP/1.1 as if it had not."
 )
 
 
@@ -206,6 +209,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         # Level 1: most of gzip's gain on float JSON for a fraction of level 9's CPU, which the model needs.
         app.add_middleware(NegotiatedGZipMiddleware, minimum_size=settings.gzip_min_bytes, compresslevel=1)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics, routes=paths)
+    # Outside the body limit and compression: x-total-time covers the body's read and the answer's gzip.
+    app.add_middleware(TimingMiddleware)
     app.add_middleware(RequestIdMiddleware)
     # Outermost: it sees every answer the app gives, the body limit's 429 included.
     app.add_middleware(

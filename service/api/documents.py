@@ -18,7 +18,6 @@ import base64
 import codecs
 import json
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -29,6 +28,7 @@ from pydantic import BaseModel, ValidationError
 
 from service.api.runtime import CHARGE_KEY
 from service.api.schemas import DocumentIn, EncodingFormat
+from service.api.timing import milliseconds
 from service.core.decoding import parse_content_type
 from service.core.errors import ErrorCode, HtmllmError, shown
 from service.core.pages import valid_json
@@ -362,17 +362,15 @@ def check_dimensions(dimensions: int | None, embedding_dim: int) -> None:
         )
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1000.0:.3f}"
-
-
-def timing_headers(results: Sequence[DocumentResult], started: float) -> dict[str, str]:
-    """`x-*-time` headers in milliseconds: per stage the slowest document (they run concurrently, so
-    the slowest is the request's critical path), and the request's wall time from arrival."""
-    headers = {"x-total-time": _ms(time.perf_counter() - started)}
-    if results:
-        headers["x-prune-time"] = _ms(max(r.timings.prune_s for r in results))
-        headers["x-tokenize-time"] = _ms(max(r.timings.tokenize_s for r in results))
-        headers["x-queue-time"] = _ms(max(r.timings.queue_s for r in results))
-        headers["x-inference-time"] = _ms(max(r.timings.inference_s for r in results))
-    return headers
+def timing_headers(results: Sequence[DocumentResult]) -> dict[str, str]:
+    """The stage headers of an embedding answer, in milliseconds: per stage the slowest document (they
+    run concurrently, so the slowest is the request's critical path); none when nothing was embedded.
+    `x-total-time` is the middleware's (`service.api.timing`), on every answer."""
+    if not results:
+        return {}
+    return {
+        "x-prune-time": milliseconds(max(r.timings.prune_s for r in results)),
+        "x-tokenize-time": milliseconds(max(r.timings.tokenize_s for r in results)),
+        "x-queue-time": milliseconds(max(r.timings.queue_s for r in results)),
+        "x-inference-time": milliseconds(max(r.timings.inference_s for r in results)),
+    }

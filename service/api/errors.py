@@ -20,6 +20,7 @@ from starlette.routing import BaseRoute, Match, Route
 
 from service.api.metrics import CLIENT_CLOSED_STATUS
 from service.api.request_id import request_id
+from service.api.timing import total_time_header
 from service.core.errors import ErrorCode, HtmllmError
 
 if TYPE_CHECKING:
@@ -169,8 +170,10 @@ async def handle_error(request: Request, exc: Exception) -> Response:
         headers = {k: v for k, v in headers.items() if k.lower() != "allow"}
         headers["Allow"] = _allowed_methods(request, named)
     if rid is not None:
-        # A bug's 500 is sent from outside the middleware stack, past the request-id middleware.
+        # A bug's 500 is sent from outside the middleware stack, past the request-id and timing
+        # middleware; inside it they set these headers again.
         headers["x-request-id"] = rid
+    headers.update(total_time_header(request.scope))
     if not isinstance(exc, _HANDLED_INSIDE) or code in _CLOSE_CONNECTION:
         # Starlette re-raises a bug after this response and uvicorn then closes the connection: saying
         # so lets a keep-alive client open a new one, instead of losing its next request to the reset.

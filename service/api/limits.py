@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 from collections.abc import Callable, Sized
 from dataclasses import dataclass
 
@@ -35,7 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.errors import STATUS, error_response
 from service.api.metrics import ServiceMetrics
-from service.api.runtime import CHARGE_KEY, START_KEY, BodyReaders
+from service.api.runtime import CHARGE_KEY, BodyReaders
 from service.core.content_coding import ContentCodingError, decode_content
 from service.core.errors import ErrorCode, HtmllmError
 
@@ -179,7 +178,6 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        scope[START_KEY] = time.perf_counter()
         if self.gate is not None and (refusal := self.gate(scope)) is not None:
             # Before a byte of the body is read or charged: the client's upload, if any, is discarded by
             # the parser after this answer, and the connection carries the next request.

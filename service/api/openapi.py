@@ -5,7 +5,8 @@ themselves (JSON or one raw page; JSON with or without a Content-Type), so FastA
 parameter: `raw_body_openapi` and `json_body_openapi` declare the content types. Each router names the
 errors of its own operations (`error_responses`); `install_openapi` adds what the middleware and the
 error handler do on every operation: the body's errors (408, 413, 415, 422, 429) and a bug's 500, the
-`x-request-id` header on every response, and the API key's 401 where the server has keys.
+`x-request-id` and `x-total-time` headers on every response, and the API key's 401 where the server has
+keys.
 """
 
 from __future__ import annotations
@@ -58,16 +59,26 @@ HEADERS: dict[str, dict[str, Any]] = {
         "schema": {"type": "string", "const": "Bearer"},
     },
     "x-total-time": {
-        "description": "milliseconds from the request's arrival (body read included) to its answer",
+        "description": "milliseconds from the request's arrival to its answer (body read, queueing and "
+        "response compression included); on every answer, errors included",
         "required": True,
         "schema": {"type": "number", "minimum": 0},
     },
 }
-_STAGES = {
-    "x-prune-time": "pruning",
-    "x-tokenize-time": "tokenizing",
-    "x-queue-time": "waiting for a forward pass",
-    "x-inference-time": "the forward pass",
+# The stage headers each kind of route sends on its 200, with what they measure (milliseconds).
+EMBEDDING_STAGES = {
+    "x-prune-time": "pruning: the slowest of the request's documents",
+    "x-tokenize-time": "tokenizing: the slowest of the request's documents",
+    "x-queue-time": "waiting for a forward pass: the slowest of the request's documents",
+    "x-inference-time": "the forward pass: the slowest of the request's documents",
+}
+PREPROCESS_STAGES = {
+    "x-preprocess-time": "pruning and tokenizing, waiting for a preprocessing worker included: the slowest "
+    "of the request's documents",
+}
+EXTRACT_STAGES = {
+    "x-extract-time": "extracting text, waiting for an extractor thread included: until the request's last "
+    "extraction ended, or the request timeout passed",
 }
 
 
@@ -115,22 +126,25 @@ UNAVAILABLE = {503: (ErrorCode.NOT_READY, ErrorCode.SHUTTING_DOWN)}
 MODEL_ROUTE_ERRORS = error_responses(400, 422, 429, 500, 503, 504, codes=UNAVAILABLE)
 
 
-def timing_responses(*, every_stage: bool) -> dict[int | str, dict[str, Any]]:
-    """FastAPI `responses` entry: the 200 of an embedding route and its `x-*-time` headers (milliseconds).
+def timing_responses(
+    stages: Mapping[str, str], *, every_stage: bool = True
+) -> dict[int | str, dict[str, Any]]:
+    """FastAPI `responses` entry: the stage headers of a route's 200 (`EMBEDDING_STAGES`, ...), in
+    milliseconds; `x-total-time` and `x-request-id`, on every answer, are `install_openapi`'s.
 
-    `every_stage=False` where a 200 may embed nothing (`on_error: report`, every document failed): the
-    per-stage headers are then absent.
+    `every_stage=False` where a 200 may have run no stage (`on_error: report` with every document
+    failed embeds nothing): the stage headers are then absent.
     """
-    stages = {
+    headers = {
         name: {
-            "description": f"milliseconds of {stage}: the slowest of the request's documents"
+            "description": f"milliseconds of {stage}"
             + ("" if every_stage else " (absent when no document was embedded)"),
             "required": every_stage,
             "schema": {"type": "number", "minimum": 0},
         }
-        for name, stage in _STAGES.items()
+        for name, stage in stages.items()
     }
-    return {200: {"headers": {**stages, "x-total-time": _ref("x-total-time")}}}
+    return {200: {"headers": headers}}
 
 
 _COMPRESSION = (
@@ -199,7 +213,9 @@ def _complete(schema: dict[str, Any], *, auth: bool) -> None:
                     # No key configured: a bearer token is accepted and ignored, none is needed.
                     operation["security"] = [{}, *operation["security"]]
             for response in responses.values():
-                response.setdefault("headers", {})["x-request-id"] = _ref("x-request-id")
+                headers = response.setdefault("headers", {})
+                headers["x-request-id"] = _ref("x-request-id")
+                headers["x-total-time"] = _ref("x-total-time")
             operation["responses"] = dict(sorted(responses.items()))
 
 

@@ -33,8 +33,6 @@ T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
-# Where BodyLimitMiddleware stamps the time the request arrived, for x-total-time.
-START_KEY = "htmllm.start"
 # The scope's `charge(count)`: charges `count` more bytes to the request's share of the in-flight body
 # budget, or raises OverloadedError (service.api.limits).
 CHARGE_KEY = "htmllm.charge"
@@ -368,12 +366,6 @@ async def get_engine(runtime: RuntimeDep) -> Engine:
 
 
 EngineDep = Annotated[Engine, Depends(get_engine)]
-
-
-def request_started(request: Request) -> float:
-    """When the request arrived (before its body was read), as `time.perf_counter()`."""
-    started = request.scope.get(START_KEY)
-    return float(started) if started is not None else time.perf_counter()
 
 
 async def _wait_for_disconnect(receive: Receive) -> None:

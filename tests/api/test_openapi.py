@@ -154,7 +154,9 @@ def test_the_headers_the_server_sends_are_documented(settings_for: SettingsFacto
     for key, operation in operations(doc):
         for status, response in operation["responses"].items():
             headers = headers_of(doc, response)
+            # Every answer names its request and says how long it took, errors included.
             assert headers["x-request-id"]["required"], (key, status)
+            assert headers["x-total-time"]["required"], (key, status)
             # Retry-After comes with `overloaded`, `not_ready` and `shutting_down`, never with liveness'
             # `unhealthy`: a restart cures that, not a wait.
             retry = status == "429" or (status == "503" and key not in PROBES)
@@ -162,14 +164,20 @@ def test_the_headers_the_server_sends_are_documented(settings_for: SettingsFacto
         if key in MODEL_OPERATIONS:
             assert "www-authenticate" in required_headers(doc, key, 401), key
         stages = {"x-prune-time", "x-tokenize-time", "x-queue-time", "x-inference-time"}
+        own = {("post", "/v1/preprocess"): {"x-preprocess-time"}, ("post", "/v1/extract"): {"x-extract-time"}}
+        sent = required_headers(doc, key, 200)
+        documented = set(headers_of(doc, operation["responses"]["200"]))
         if key in EMBEDDING_OPERATIONS:
-            sent = required_headers(doc, key, 200)
             # `on_error: report` with every document failed embeds nothing: only x-total-time is sent.
             always = stages if key != ("post", "/v1/embed") else set()
             assert sent == {"x-request-id", "x-total-time"} | always, key
-            assert stages <= set(headers_of(doc, operation["responses"]["200"])), key
+            assert stages <= documented, key
         else:
-            assert not stages & set(headers_of(doc, operation["responses"]["200"])), key
+            assert sent == documented == {"x-request-id", "x-total-time"} | own.get(key, set()), key
+        for status, response in operation["responses"].items():
+            timed = {name for name in headers_of(doc, response) if name.endswith("-time")}
+            if status != "200":  # stages are a success's: an error may come before any ran
+                assert timed == {"x-total-time"}, (key, status)
 
 
 def test_request_bodies_raw_pages_and_compression_are_documented(settings_for: SettingsFactory) -> None:

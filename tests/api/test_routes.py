@@ -346,7 +346,7 @@ async def test_info_health_ready_metrics(client: httpx.AsyncClient) -> None:
     assert info["inference_process"] is False
     assert (await client.get("/health")).json() == {"status": "ok"}
     assert (await client.get("/ready")).json() == {"status": "ready", "model": "tiny-test"}
-    for probe in ("/health", "/ready"):  # load balancers probe with HEAD
+    for probe in ("/health", "/ready", "/info", "/metrics"):  # load balancers probe with HEAD
         assert (await client.head(probe)).status_code == 200, probe
         refused = await client.post(probe)
         assert refused.status_code == 405 and set(refused.headers["allow"].split(", ")) == {"GET", "HEAD"}

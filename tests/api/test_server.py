@@ -92,6 +92,41 @@ def test_every_route(server: LiveServer) -> None:
             assert entry["error"] is None and "Vltavě" in entry["text"] and entry["words"] >= 50
 
 
+def test_every_get_route_answers_head_as_get_without_a_body(server: LiveServer) -> None:
+    """Load balancers and uptime checkers probe with HEAD: every GET route (the documented ones and the
+    documentation pages) answers it with GET's status and headers and no body, and the connection
+    serves the next request; a method no route at the path takes stays a typed 405 naming HEAD too."""
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        spec = client.get("/openapi.json").json()
+        documented = {path for path, item in spec["paths"].items() if "get" in item}
+        assert {"/health", "/ready", "/", "/ping", "/info", "/metrics"} <= documented
+        pages = {"/openapi.json", "/docs", "/redoc", "/docs/oauth2-redirect"}
+        for path in sorted(documented | pages):
+            got = client.get(path)
+            head = client.head(path, headers={"x-request-id": "probe-1"})
+            assert head.status_code == got.status_code == 200, (path, head.status_code, head.text)
+            assert head.content == b"", path
+            for name in ("content-type", "content-encoding"):
+                assert head.headers.get(name) == got.headers.get(name), (path, name)
+            assert head.headers["x-request-id"] == "probe-1" and "x-total-time" in head.headers, path
+        for method, path, allowed in (
+            ("PUT", "/info", {"GET", "HEAD"}),
+            ("DELETE", "/metrics", {"GET", "HEAD"}),
+            ("POST", "/openapi.json", {"GET", "HEAD"}),
+            ("PATCH", "/", {"GET", "HEAD", "POST"}),
+            ("HEAD", "/v1/embed", {"POST"}),
+        ):
+            refused = client.request(method, path)
+            assert refused.status_code == 405, (method, path)
+            assert set(refused.headers["allow"].split(", ")) == allowed, (method, path)
+            assert refused.headers["content-type"] == "application/json", (method, path)
+            if method != "HEAD":
+                assert refused.json()["error"]["code"] == "method_not_allowed", (method, path)
+            else:
+                assert refused.content == b"", path
+        assert client.get("/health").status_code == 200  # the connection still serves
+
+
 def test_existing_clients_work_unchanged(server: LiveServer) -> None:
     """The real OpenAI and Hugging Face clients, pointed at the server, get the /v1/embed embeddings."""
     pages = [page(i) for i in range(3)]

@@ -10,8 +10,8 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from service.api import inference
 from service.api.auth import require_api_key
 from service.api.documents import encode_embedding, read_body, timing_headers, to_documents
-from service.api.openapi import MODEL_ROUTE_ERRORS, raw_body_openapi, timing_responses
-from service.api.runtime import EngineDep, RuntimeDep, request_started
+from service.api.openapi import EMBEDDING_STAGES, MODEL_ROUTE_ERRORS, raw_body_openapi, timing_responses
+from service.api.runtime import EngineDep, RuntimeDep
 from service.api.schemas import (
     EmbedRequest,
     EmbedResponse,
@@ -31,7 +31,7 @@ router = APIRouter(tags=["embed"], dependencies=[Depends(require_api_key)], resp
     "/v1/embed",
     response_model=EmbedResponse,
     summary="Embed pages and score them with the task heads",
-    responses=timing_responses(every_stage=False),
+    responses=timing_responses(EMBEDDING_STAGES, every_stage=False),
     openapi_extra=raw_body_openapi(EmbedRequest),
 )
 async def embed(
@@ -51,7 +51,6 @@ async def embed(
 ) -> EmbedResponse:
     """A JSON body of documents, or one raw page (`text/html; charset=...`, `application/octet-stream`)
     with its options in the query string."""
-    started = request_started(request)
     if heads == [""]:  # `?heads=`: no heads, as the JSON body's `"heads": []`
         heads = []
     options = {
@@ -85,7 +84,7 @@ async def embed(
         truncate=parsed.truncate,
     )
     results = [o for o in outcomes if isinstance(o, DocumentResult)]
-    response.headers.update(timing_headers(results, started))
+    response.headers.update(timing_headers(results))
     return EmbedResponse(
         model=engine.info.name,
         data=[

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Annotated
@@ -23,7 +24,7 @@ from service.api.documents import read_body, to_documents, validation_error
 from service.api.inference import DEADLINE_GRACE_S
 from service.api.limits import check_document_count
 from service.api.metrics import ServiceMetrics
-from service.api.openapi import MODEL_ROUTE_ERRORS, raw_body_openapi
+from service.api.openapi import EXTRACT_STAGES, MODEL_ROUTE_ERRORS, raw_body_openapi, timing_responses
 from service.api.rendering import json_response
 from service.api.runtime import RuntimeDep, answer_or_cancel
 from service.api.schemas import (
@@ -34,6 +35,7 @@ from service.api.schemas import (
     ExtractResponse,
     ExtractResult,
 )
+from service.api.timing import milliseconds
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.extract import ExtractionError, ExtractorPool, extract
 from service.engine import DeadlineExceededError, Document
@@ -145,6 +147,7 @@ def _raw_request(extractors: list[ExtractorName] | None, min_words: int | None) 
     "/v1/extract",
     response_model=ExtractResponse,
     summary="Extract the plain text of pages",
+    responses=timing_responses(EXTRACT_STAGES),
     openapi_extra=raw_body_openapi(ExtractRequest),
 )
 async def extract_text(
@@ -188,6 +191,7 @@ async def extract_text(
         for name in parsed.extractors
     ]
     runtime.admit_extraction(len(calls))  # 429 beyond the bound, like the engine's queue
+    started = time.perf_counter()
     jobs = []
     for call in calls:
         future = threads.submit(call)
@@ -199,10 +203,11 @@ async def extract_text(
     deadline_s = runtime.settings.request_timeout_s
     settled = _settle(jobs, parsed.extractors * len(documents), timeout_s=deadline_s, metrics=runtime.metrics)
     outputs = await answer_or_cancel(request, settled, timeout_s=deadline_s + DEADLINE_GRACE_S)
+    stages = {"x-extract-time": milliseconds(time.perf_counter() - started)}
     answer = ExtractResponse(
         data=[
             ExtractResult(id=doc.id, extractions=outputs[i * per_doc : (i + 1) * per_doc])
             for i, doc in enumerate(documents)
         ]
     )
-    return await json_response(answer, text_chars=sum(len(out.text or "") for out in outputs))
+    return await json_response(answer, text_chars=sum(len(out.text or "") for out in outputs), headers=stages)

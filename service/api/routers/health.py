@@ -22,9 +22,11 @@ router = APIRouter(tags=["operations"])
 Endpoint = TypeVar("Endpoint", bound=Callable[..., Any])
 
 
-def probe_route(path: str, **options: Any) -> Callable[[Endpoint], Endpoint]:
+def get_route(path: str, **options: Any) -> Callable[[Endpoint], Endpoint]:
     """GET `path`, and HEAD: load balancers and uptime checkers (AWS target groups, HAProxy's `option
-    httpchk HEAD`, monit) probe with HEAD, and a 405 there marks a healthy server down.
+    httpchk HEAD`, monit) probe with HEAD, and a 405 there marks a healthy server down. HEAD runs the
+    GET endpoint and answers its status and headers; the server sends no body. Every GET route takes
+    HEAD: the documentation pages are Starlette's routes, which add it to GET themselves.
 
     Two routes: the first, out of the OpenAPI document, serves both methods (and a 405's `Allow` names
     both); the second, never reached, documents GET alone. One documented route with both methods gave
@@ -43,9 +45,9 @@ _UNHEALTHY = error_responses(503, codes={503: [ErrorCode.UNHEALTHY]})
 _UNAVAILABLE = error_responses(503, codes=UNAVAILABLE)
 
 
-@probe_route("/ping", summary="Liveness (text-embeddings-inference's SageMaker route)", responses=_UNHEALTHY)
-@probe_route("/", summary="Liveness (text-embeddings-inference's `GET /`)", responses=_UNHEALTHY)
-@probe_route("/health", summary="Liveness: the process answers", responses=_UNHEALTHY)
+@get_route("/ping", summary="Liveness (text-embeddings-inference's SageMaker route)", responses=_UNHEALTHY)
+@get_route("/", summary="Liveness (text-embeddings-inference's `GET /`)", responses=_UNHEALTHY)
+@get_route("/health", summary="Liveness: the process answers", responses=_UNHEALTHY)
 async def health(runtime: RuntimeDep) -> HealthResponse:
     """200 while the process can serve; 503 once the backend has failed every pass (or hung in one), or
     the warm-up has kept failing, for `HTMLLM_UNHEALTHY_AFTER_S`: a corrupted CUDA context does not heal
@@ -56,7 +58,7 @@ async def health(runtime: RuntimeDep) -> HealthResponse:
     return HealthResponse()
 
 
-@probe_route("/ready", summary="Readiness: model loaded and warmed", responses=_UNAVAILABLE)
+@get_route("/ready", summary="Readiness: model loaded and warmed", responses=_UNAVAILABLE)
 async def ready(runtime: RuntimeDep) -> ReadyResponse:
     """200 once the model has run one full-size batch; 503 before, once shutdown began, while the
     backend fails (`HTMLLM_UNREADY_AFTER_FAILURES` passes in a row, until a pass or probe succeeds), and
@@ -75,7 +77,7 @@ async def ready(runtime: RuntimeDep) -> ReadyResponse:
     return ReadyResponse(model=engine.info.name)
 
 
-@router.get("/info", summary="The model, its heads and the server's limits", responses=_UNAVAILABLE)
+@get_route("/info", summary="The model, its heads and the server's limits", responses=_UNAVAILABLE)
 async def info(runtime: RuntimeDep, engine: EngineDep) -> InfoResponse:
     model = engine.info
     settings = runtime.settings
@@ -117,7 +119,7 @@ async def info(runtime: RuntimeDep, engine: EngineDep) -> InfoResponse:
     )
 
 
-@router.get(
+@get_route(
     "/metrics",
     summary="Prometheus metrics",
     response_class=Response,

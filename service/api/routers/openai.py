@@ -10,8 +10,8 @@ from fastapi import APIRouter, Depends, Request, Response
 from service.api import inference
 from service.api.auth import require_api_key
 from service.api.documents import check_dimensions, encode_embedding, read_json_body, timing_headers
-from service.api.openapi import MODEL_ROUTE_ERRORS, json_body_openapi, timing_responses
-from service.api.runtime import EngineDep, RuntimeDep, request_started
+from service.api.openapi import EMBEDDING_STAGES, MODEL_ROUTE_ERRORS, json_body_openapi, timing_responses
+from service.api.runtime import EngineDep, RuntimeDep
 from service.api.schemas import (
     OpenAIEmbedding,
     OpenAIEmbeddingsRequest,
@@ -27,14 +27,14 @@ router = APIRouter(tags=["compatible"], dependencies=[Depends(require_api_key)],
     "/embeddings",
     response_model=OpenAIEmbeddingsResponse,
     summary="OpenAI-compatible embeddings (for a client whose base URL lacks /v1, as TEI allows)",
-    responses=timing_responses(every_stage=True),
+    responses=timing_responses(EMBEDDING_STAGES),
     openapi_extra=json_body_openapi(OpenAIEmbeddingsRequest),
 )
 @router.post(
     "/v1/embeddings",
     response_model=OpenAIEmbeddingsResponse,
     summary="OpenAI-compatible embeddings",
-    responses=timing_responses(every_stage=True),
+    responses=timing_responses(EMBEDDING_STAGES),
     openapi_extra=json_body_openapi(OpenAIEmbeddingsRequest),
 )
 async def embeddings(
@@ -44,7 +44,6 @@ async def embeddings(
     engine: EngineDep,
 ) -> OpenAIEmbeddingsResponse:
     """`model` is accepted and ignored (one model per server); no task heads are run."""
-    started = request_started(request)
     body = await read_json_body(request, OpenAIEmbeddingsRequest)
     check_dimensions(body.dimensions, engine.info.embedding_dim)
     pages = [body.input] if isinstance(body.input, str) else body.input
@@ -57,7 +56,7 @@ async def embeddings(
         normalize=True,
         truncate=None,
     )
-    response.headers.update(timing_headers(results, started))
+    response.headers.update(timing_headers(results))
     tokens = sum(r.tokens for r in results)
     return OpenAIEmbeddingsResponse(
         data=[

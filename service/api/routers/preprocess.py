@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -11,10 +12,11 @@ from service.api import inference
 from service.api.auth import require_api_key
 from service.api.documents import read_body, to_documents
 from service.api.limits import check_document_count
-from service.api.openapi import MODEL_ROUTE_ERRORS, raw_body_openapi
+from service.api.openapi import MODEL_ROUTE_ERRORS, PREPROCESS_STAGES, raw_body_openapi, timing_responses
 from service.api.rendering import json_response
 from service.api.runtime import EngineDep, RuntimeDep, answer_or_cancel
 from service.api.schemas import PreprocessRequest, PreprocessResponse, PreprocessResult
+from service.api.timing import milliseconds
 from service.core.preparation import Preprocessed
 from service.engine import Document, Engine
 
@@ -25,6 +27,7 @@ router = APIRouter(tags=["debug"], dependencies=[Depends(require_api_key)], resp
     "/v1/preprocess",
     response_model=PreprocessResponse,
     summary="Prune and tokenize pages without running the model",
+    responses=timing_responses(PREPROCESS_STAGES),
     openapi_extra=raw_body_openapi(PreprocessRequest),
 )
 async def preprocess(
@@ -40,17 +43,20 @@ async def preprocess(
     # The engine admits these one by one: more than its queue holds would find it full of their own
     # first documents, a 429 to retry for ever. /v1/embed's 422, from the engine's one check.
     engine.check_call_size(len(documents))
+    # The documents are preprocessed at once: the wall time of all of them is the slowest one's.
+    started = time.perf_counter()
     with inference.naming_failures(documents):
         outputs = await answer_or_cancel(
             request, _preprocess_all(engine, documents), timeout_s=runtime.settings.request_timeout_s
         )
+    stages = {"x-preprocess-time": milliseconds(time.perf_counter() - started)}
     answer = PreprocessResponse(
         data=[
             PreprocessResult(id=doc.id, html=out.html, tokens=out.tokens, tokens_exact=out.tokens_exact)
             for doc, out in zip(documents, outputs, strict=True)
         ]
     )
-    return await json_response(answer, text_chars=sum(len(out.html) for out in outputs))
+    return await json_response(answer, text_chars=sum(len(out.html) for out in outputs), headers=stages)
 
 
 async def _preprocess_all(engine: Engine, documents: list[Document]) -> list[Preprocessed]:

@@ -12,8 +12,8 @@ from fastapi import APIRouter, Depends, Request, Response
 from service.api import inference
 from service.api.auth import require_api_key
 from service.api.documents import check_dimensions, read_json_body, timing_headers
-from service.api.openapi import MODEL_ROUTE_ERRORS, json_body_openapi, timing_responses
-from service.api.runtime import EngineDep, RuntimeDep, request_started
+from service.api.openapi import EMBEDDING_STAGES, MODEL_ROUTE_ERRORS, json_body_openapi, timing_responses
+from service.api.runtime import EngineDep, RuntimeDep
 from service.api.schemas import TeiEmbedRequest
 from service.core.errors import ErrorCode, HtmllmError
 from service.engine import Document
@@ -24,26 +24,25 @@ router = APIRouter(tags=["compatible"], dependencies=[Depends(require_api_key)],
 @router.post(
     "/invocations",
     summary="text-embeddings-inference-compatible embed (SageMaker's route)",
-    responses=timing_responses(every_stage=True),
+    responses=timing_responses(EMBEDDING_STAGES),
     openapi_extra=json_body_openapi(TeiEmbedRequest),
 )
 @router.post(
     "/",
     summary="text-embeddings-inference-compatible embed (huggingface_hub's InferenceClient posts here)",
-    responses=timing_responses(every_stage=True),
+    responses=timing_responses(EMBEDDING_STAGES),
     openapi_extra=json_body_openapi(TeiEmbedRequest),
 )
 @router.post(
     "/embed",
     summary="text-embeddings-inference-compatible embed",
-    responses=timing_responses(every_stage=True),
+    responses=timing_responses(EMBEDDING_STAGES),
     openapi_extra=json_body_openapi(TeiEmbedRequest),
 )
 async def embed(
     request: Request, response: Response, runtime: RuntimeDep, engine: EngineDep
 ) -> list[list[float]]:
     """One embedding per input, in order; truncation defaults to the server's policy."""
-    started = request_started(request)
     body = await read_json_body(request, TeiEmbedRequest)
     check_dimensions(body.dimensions, engine.info.embedding_dim)
     if body.prompt_name is not None:  # ignored, it would answer another kind of embedding than asked for
@@ -61,5 +60,5 @@ async def embed(
         normalize=body.normalize,
         truncate=body.truncate,
     )
-    response.headers.update(timing_headers(results, started))
+    response.headers.update(timing_headers(results))
     return [r.embedding.astype("float32").tolist() for r in results]
