@@ -20,10 +20,11 @@ a page over the token limit with truncation off; a page file that cannot be read
 gets its row with the error and the run goes on: one bad line in a crawl dump must not stop a run of
 millions. Such a row is done, as every written row is: a resume does not read that page again. A failure
 of the engine that a retry may fix (shutting down under Ctrl-C, a timeout, a full queue, a backend
-failure) is never written: the document is left for the next run, and the command exits 1 without
-merging (130 after Ctrl-C; 143 after SIGTERM, which ends the run as Ctrl-C does: `sigterm_as_ctrl_c`).
-Options, the input and the checkpoint's metadata are checked before the model loads or a file is
-created.
+failure, `not_ready`: the page's preprocessing process killed from outside, by the OOM killer or
+`kill -9`, in each of the Engine's tries, `failures.ProcessLostError`) is never written: the document
+is left for the next run, and the command exits 1 without merging (130 after Ctrl-C; 143 after SIGTERM,
+which ends the run as Ctrl-C does: `sigterm_as_ctrl_c`). Options, the input and the checkpoint's
+metadata are checked before the model loads or a file is created; a missing output directory is made.
 """
 
 from __future__ import annotations
@@ -33,16 +34,15 @@ import asyncio
 import functools
 import json
 import os
-import stat
 import sys
 import threading
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from service.commands.embed_state import OutputUnreadable, ParquetParts, merge, output_settings
+from service.commands.options import OptionError, at_least, check_output_parent
 from service.commands.resume_state import (
     INPUT_KEY,
     RUN_FILE,
@@ -80,29 +80,14 @@ ROW_FORMAT = 2
 FIXED_COLUMNS = ("index", "id", "url", "embedding", "tokens", "truncated", "error", "error_message")
 # Failures a later attempt may not repeat: written as rows they would be "done" for good.
 TRANSIENT = frozenset(
-    {ErrorCode.SHUTTING_DOWN, ErrorCode.TIMEOUT, ErrorCode.OVERLOADED, ErrorCode.BACKEND_FAILED}
+    {
+        ErrorCode.SHUTTING_DOWN,
+        ErrorCode.TIMEOUT,
+        ErrorCode.OVERLOADED,
+        ErrorCode.BACKEND_FAILED,
+        ErrorCode.NOT_READY,  # a page's preprocessing process killed from outside (the OOM killer)
+    }
 )
-
-
-class OptionError(HtmllmError):
-    """A command line that cannot work: reported in one line before anything is loaded or created."""
-
-    code = ErrorCode.VALIDATION
-
-
-def _at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer of at least `minimum` (a usage error, exit 2, otherwise)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {value}")
-        return value
-
-    return parse
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -146,20 +131,21 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="torch backend: auto picks packed varlen batches on CUDA in half precision, padded SDPA on CPU",
     )
     parser.add_argument(
-        "--max-length", type=_at_least(2), default=None, help="truncate documents to this many tokens"
+        "--max-length", type=at_least(2), default=None, help="truncate documents to this many tokens"
     )
     parser.add_argument(
-        "--batch-tokens", type=_at_least(1), default=16384, help="token budget per forward pass"
+        "--batch-tokens", type=at_least(1), default=16384, help="token budget per forward pass"
     )
-    parser.add_argument("--batch-size", type=_at_least(1), default=64, help="documents per forward pass")
-    parser.add_argument("--workers", type=_at_least(1), default=2, help="pruning and tokenization workers")
+    parser.add_argument("--batch-size", type=at_least(1), default=64, help="documents per forward pass")
+    parser.add_argument("--workers", type=at_least(1), default=2, help="pruning and tokenization workers")
     parser.add_argument(
         "--preprocess-pool",
         choices=("thread", "process"),
         default="process",
         help="process (default): the workers are processes, which scale with cores (pruning holds the GIL) "
         "and stop a page after 20 s or 1024 MiB of data (it becomes a preprocess_failed or "
-        "payload_too_large row); thread: no processes, no limits",
+        "payload_too_large row; a process killed from outside, as by the OOM killer, is replaced and "
+        "its page tried again); thread: no processes, no limits",
     )
     parser.add_argument(
         "--inference-process",
@@ -168,16 +154,20 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     parser.add_argument(
         "--intra-op-threads",
-        type=_at_least(1),
+        type=at_least(1),
         default=None,
         help="CPU threads per forward pass (default OMP_NUM_THREADS, else the container's CPU limit or the "
         "CPUs in the affinity mask)",
     )
-    parser.add_argument("--heads", default=None, help="comma-separated heads to score (default: all)")
-    parser.add_argument("--no-normalize", action="store_true", help="write unnormalised embeddings")
-    parser.add_argument("--limit", type=_at_least(1), default=None, help="embed only the first N pages")
     parser.add_argument(
-        "--part-size", type=_at_least(1), default=512, help="documents per part file (resume grain)"
+        "--heads",
+        default=None,
+        help='comma-separated heads to score (default: all; "" for none, as the API\'s "heads": [])',
+    )
+    parser.add_argument("--no-normalize", action="store_true", help="write unnormalised embeddings")
+    parser.add_argument("--limit", type=at_least(1), default=None, help="embed only the first N pages")
+    parser.add_argument(
+        "--part-size", type=at_least(1), default=512, help="documents per part file (resume grain)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
@@ -248,21 +238,6 @@ def _check_input(path: Path, output: Path) -> None:
     check_has_pages(path, next(iter_pages(path, limit=1, bad_rows="report", skip=own_files(output)), None))
 
 
-def _check_output(output: Path) -> None:
-    """Refuse an output under a file (`--output results.parquet/out.parquet`) before the model loads:
-    found at the lock, it was a bare "[Errno 20] Not a directory" line with no code."""
-    for parent in output.parents:
-        try:
-            mode = parent.stat().st_mode
-        except FileNotFoundError:
-            continue  # created with the parts directory
-        except OSError:
-            return  # EACCES, ELOOP: said, with the path, where the lock is taken
-        if not stat.S_ISDIR(mode):
-            raise OptionError(f"--output {output} is under {parent}, which is not a directory")
-        return
-
-
 def head_columns(name: str, kind: str) -> list[str]:
     """The output columns of a head: its value, and for a classifier its probabilities too (one rule
     for this command's schema and for `htmllm heads train`, which refuses names that would collide)."""
@@ -288,7 +263,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
     """Check everything a command line can get wrong before the model loads (seconds to minutes) or a
     file is created (a run.json written for a typo would pin it)."""
     _check_input(args.input, args.output)
-    _check_output(args.output)
+    check_output_parent(args.output)
     from service.core.checkpoint import checkpoint_fingerprint, read_meta
     from service.engine import EngineConfig
 
@@ -328,7 +303,12 @@ def _plan(args: argparse.Namespace) -> _Plan:
     if args.max_length is not None and args.max_length > meta.max_length:
         raise OptionError(f"--max-length {args.max_length} exceeds the checkpoint's {meta.max_length}")
     known = [spec.name for spec in meta.heads]
-    asked = list(dict.fromkeys(args.heads.split(","))) if args.heads else known
+    if args.heads is None:
+        asked = known
+    elif args.heads == "":  # none, as the API's `"heads": []` (it had meant every head, as no --heads)
+        asked = []
+    else:
+        asked = list(dict.fromkeys(args.heads.split(",")))
     unknown = [name for name in asked if name not in known]
     if unknown:
         raise HtmllmError(

@@ -16,6 +16,9 @@ input and the options that determine the rows. A restart after `kill -9` or Ctrl
 (checking they are the same pages) and extracts the rest; a restart with other options, or an input that
 changed, is refused with a message naming what differs. When every page is done the parts are
 concatenated into `<output>` under a temporary name, renamed over the old file and the parts removed.
+A missing output directory is made, and an output under a file refused before anything is read, as
+`htmllm embed` does (`options.check_output_parent`); so are the same integer options bounded the same
+way (`options.at_least`: `--limit 0` is a usage error in both).
 A finished output records nothing of how it was made (a JSONL file has no metadata), so a later run
 extracts again and replaces it, as it always did.
 
@@ -46,6 +49,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from service.commands.options import at_least, check_output_parent
 from service.commands.resume_state import (
     INPUT_KEY,
     TEMP_SUFFIX,
@@ -112,7 +116,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         ),
     )
     parser.add_argument("--output", required=True, help="JSONL file to write, or - for standard output")
-    parser.add_argument("--limit", type=int, default=None, help="extract at most this many pages")
+    parser.add_argument("--limit", type=at_least(1), default=None, help="extract at most this many pages")
     parser.add_argument(
         "--order",
         default="resiliparse,trafilatura,justext",
@@ -127,18 +131,20 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     parser.add_argument(
         "--workers",
-        type=int,
+        type=at_least(1),
         default=None,
         help="extractor processes run in parallel (default: one per usable CPU, up to 4)",
     )
     parser.add_argument(
         "--memory-limit-mb",
-        type=int,
+        type=at_least(0),
         default=2048,
         help="each extractor process's data in MiB (Linux RLIMIT_DATA), as HTMLLM_EXTRACT_MEMORY_LIMIT_MB "
         "in the service: an extraction that needs more is its row's extraction_failed; 0: none",
     )
-    parser.add_argument("--part-size", type=int, default=512, help="pages per part file (resume grain)")
+    parser.add_argument(
+        "--part-size", type=at_least(1), default=512, help="pages per part file (resume grain)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
     parser.set_defaults(func=run)
 
@@ -390,7 +396,7 @@ def _resumable(
     Returns the summary."""
     parts = parts_dir(target)
     fmt = _JsonlParts()
-    with run_lock(parts, parents=False):  # a missing directory is the user's typo: not created
+    with run_lock(parts):  # a missing directory is made, as `htmllm embed` makes it
         clean_leftovers(target, parts)
         pin_settings(parts, _settings(args))
         done = done_set(parts, fmt, command="htmllm extract")
@@ -468,18 +474,11 @@ def run(args: argparse.Namespace) -> int:
     from service.core.extract import ExtractionOptionsError, default_workers, resolve_order
     from service.core.pages import iter_pages
 
+    # --limit, --workers, --part-size and --memory-limit-mb are bounded by their types (`at_least`), as
+    # `htmllm embed` bounds its own: `--limit 0` had written an empty output here and been refused there.
     workers = default_workers() if args.workers is None else args.workers
-    if workers < 1 or (args.limit is not None and args.limit < 0):
-        print("htmllm extract: --workers must be >= 1 and --limit >= 0", file=sys.stderr)
-        return 2
     if not args.timeout_s > 0 or args.min_words < 0:  # else every row an error, and the output replaced
         print("htmllm extract: --timeout-s must be > 0 and --min-words >= 0", file=sys.stderr)
-        return 2
-    if args.memory_limit_mb < 0:
-        print("htmllm extract: --memory-limit-mb must be >= 0 (0: no limit)", file=sys.stderr)
-        return 2
-    if args.part_size < 1:
-        print("htmllm extract: --part-size must be >= 1", file=sys.stderr)
         return 2
     try:
         if args.extractor == "union":
@@ -502,13 +501,14 @@ def run(args: argparse.Namespace) -> int:
     skip = None if target is None else own_files(Path(args.output))
     termination = Termination()
     try:
+        if target is not None:
+            check_output_parent(Path(args.output))  # as `htmllm embed` checks it (a missing one is made)
         with sigterm_as_ctrl_c() as termination:
             pages: Iterator[Page] = iter_pages(args.input, limit=args.limit, bad_rows="report", skip=skip)
             # Read the first page before the output is opened: a source that does not exist (or cannot
             # be read at all) fails here, not after an old output has been replaced by nothing.
             first = next(pages, None)
-            if args.limit != 0:
-                check_has_pages(Path(args.input), first)
+            check_has_pages(Path(args.input), first)
             if first is not None:
                 pages = itertools.chain([first], pages)
             if target is None or in_place:

@@ -335,15 +335,15 @@ def clean_leftovers(output: Path, parts: Path) -> None:
 
 
 @contextlib.contextmanager
-def run_lock(parts: Path, *, parents: bool = True) -> Iterator[None]:
-    """Hold `parts/lock` for the whole run (creating `parts`, and its missing parent directories when
-    `parents`); refuse when another run holds it.
+def run_lock(parts: Path) -> Iterator[None]:
+    """Hold `parts/lock` for the whole run (creating `parts` and its missing parent directories, for
+    `htmllm embed` and `htmllm extract` alike); refuse when another run holds it.
 
     A run that finishes removes `parts` with the lock file in it, so a lock taken on a file no longer at
     that path is let go and taken again on the new directory.
     """
     for _ in range(5):
-        parts.mkdir(parents=parents, exist_ok=True)
+        parts.mkdir(parents=True, exist_ok=True)
         lock = parts / LOCK_FILE
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
         try:

@@ -11,7 +11,11 @@ first byte: a job is framed (its length, then its bytes) and read straight into 
 size, so a page too large for the limit is read past and answered as a `MemoryError` too, not the
 worker's death in the middle of taking it in. A dead worker is replaced
 on the next call; one killed while idle (the OOM killer, an operator) is replaced without blaming the
-page that comes next.
+page that comes next. One killed from outside while it holds a job (SIGKILL: the kernel's OOM killer,
+`kill -9`; SIGTERM) is told from one the job crashed (SIGSEGV, SIGABRT, an exit status of its own):
+`WorkerLostError`, which says nothing of the job, and which a pool given `lost_worker_retries` answers
+by running the job again in a fresh worker. Our own kills (a job past its time limit, `close`) are
+neither: they raise `WorkerTimeoutError` and `WorkerError`.
 
 The fast path stays fast: workers are started once and reused (a job costs one pipe round trip of its
 arguments and result, about 1.5 ms per corpus page on the benchmark machine), and on Linux they are
@@ -54,6 +58,14 @@ _PIPE_BUFFER: Final = 64 * 1024
 _JOB_HEADER: Final = struct.Struct("!Q")
 # A job the worker cannot hold is read past in pieces of this size, into a buffer it has from the start.
 _DRAIN_CHUNK: Final = 64 * 1024
+# The exit statuses of a worker killed from outside: SIGKILL (the kernel's OOM killer, `kill -9`) and
+# SIGTERM (an operator's `kill`, a scheduler's). No fault in a job's code ends a worker so (a crash in C
+# code is SIGSEGV, SIGBUS or SIGABRT; an error the worker cannot report, a positive status), and the pool's
+# own SIGKILLs (past the time limit, at `close`) are told apart where it sends them.
+_KILLED_FROM_OUTSIDE: Final = frozenset({-signal.SIGKILL, -signal.SIGTERM})
+# How long a worker whose pipe broke is given to finish dying on its own before it is killed: its exit
+# status is then its own (what killed it), not the SIGKILL of its reaping.
+_DYING_GRACE_S: Final = 1.0
 
 
 class WorkerError(HtmllmError):
@@ -72,6 +84,12 @@ class WorkerDiedError(WorkerError):
     def __init__(self, message: str, *, exit_code: int | None) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class WorkerLostError(WorkerDiedError):
+    """The worker was killed from outside while it held the job (`_KILLED_FROM_OUTSIDE`: the OOM killer,
+    `kill -9`), in each of the job's tries: nothing the job did, so not the job's failure. A subclass, so
+    that a caller that only knows "died" still catches it."""
 
 
 class WorkerTimeoutError(WorkerError):
@@ -261,10 +279,12 @@ class _Worker:
             code = self.kill()
             raise WorkerStartError(f"{name} worker died while starting (exit code {code})") from exc
 
-    def kill(self) -> int | None:
-        """Stop the process now and reap it; returns its exit code. Safe from two threads at once (the
-        pool's `close` and the job's own thread, which sees the pipe break)."""
+    def kill(self, *, grace_s: float = 0.0) -> int | None:
+        """Stop the process (after `grace_s` to end on its own) and reap it; returns its exit code. Safe
+        from two threads at once (the pool's `close` and the job's own thread, which sees the pipe break)."""
         with self._kill_lock:
+            if grace_s > 0:
+                self.process.join(grace_s)
             if self.process.is_alive():
                 self.process.kill()
             self.process.join(5.0)
@@ -278,7 +298,10 @@ class WorkerPool:
 
     A caller takes an idle worker (or starts one, or waits for one), sends the job and waits at most
     `timeout_s`. A worker that timed out or died is killed and not reused. Jobs are module-level
-    functions and picklable arguments; a job's exception comes back as itself.
+    functions and picklable arguments; a job's exception comes back as itself. A job whose worker was
+    killed from outside is run again in a fresh worker, up to `lost_worker_retries` times (each try
+    under its own `timeout_s`: the kill cut the try short, not the job), before `WorkerLostError`; 0
+    (the default) for a pool whose jobs must not run twice.
     """
 
     def __init__(
@@ -291,12 +314,16 @@ class WorkerPool:
         initargs: tuple[Any, ...] = (),
         memory_limit_bytes: int | None = None,
         context: BaseContext | None = None,
+        lost_worker_retries: int = 0,
     ) -> None:
         if workers < 1:
             raise ValueError(f"the {name} pool needs at least one worker, got {workers}")
+        if lost_worker_retries < 0:
+            raise ValueError(f"lost_worker_retries must be >= 0, got {lost_worker_retries}")
         self.workers = workers
         self.name = name
         self.memory_limit_bytes = memory_limit_bytes
+        self.lost_worker_retries = lost_worker_retries
         self._ctx = context or worker_context(preload)
         self._worker_args = (tuple(preload), memory_limit_bytes, initializer, initargs)
         self._cond = threading.Condition()
@@ -324,14 +351,26 @@ class WorkerPool:
         """`function(*args)` in a worker; its result, or its exception raised here.
 
         WorkerTimeoutError past `timeout_s` (the worker is killed), WorkerDiedError when the worker
-        dies holding the job, WorkerError when the pool is closed or a worker cannot start."""
-        worker = self._acquire()
-        healthy = False
-        try:
-            reply = self._exchange(worker, function, args, timeout_s)
-            healthy = True
-        finally:
-            self._release(worker, healthy=healthy)
+        dies holding the job (WorkerLostError when it was killed from outside, in every try),
+        WorkerError when the pool is closed or a worker cannot start."""
+        tries = 1
+        while True:
+            worker = self._acquire()
+            healthy = False
+            try:
+                reply = self._exchange(worker, function, args, timeout_s)
+                healthy = True
+                break
+            except WorkerLostError as lost:
+                if tries > self.lost_worker_retries:
+                    if tries == 1:
+                        raise
+                    raise WorkerLostError(
+                        f"{lost.message}, in each of {tries} tries", exit_code=lost.exit_code
+                    ) from lost
+                tries += 1  # in a fresh worker: the lost one is not reused
+            finally:
+                self._release(worker, healthy=healthy)
         if reply[0] == "ok":
             return reply[1]
         _, payload, type_name, message = reply
@@ -424,7 +463,7 @@ class WorkerPool:
             left = None if timeout_s is None else max(0.0, timeout_s - (time.perf_counter() - started))
             ready = not expired.is_set() and worker.conn.poll(left)
         except (EOFError, OSError, TypeError) as exc:  # TypeError: `close` shut the pipe under `conn`
-            code = worker.kill()
+            code = worker.kill(grace_s=0.0 if expired.is_set() else _DYING_GRACE_S)
             if not expired.is_set():
                 raise self._died(f"the {self.name} worker died (exit code {code})", code) from exc
             ready = False
@@ -438,7 +477,7 @@ class WorkerPool:
         try:
             reply_bytes = worker.conn.recv_bytes()
         except (EOFError, OSError, TypeError) as exc:
-            code = worker.kill()
+            code = worker.kill(grace_s=_DYING_GRACE_S)
             raise self._died(f"crashed its {self.name} worker (exit code {code})", code) from exc
         try:
             reply: tuple[Any, ...] = pickle.loads(reply_bytes)
@@ -447,9 +486,17 @@ class WorkerPool:
         return reply
 
     def _died(self, message: str, exit_code: int | None) -> WorkerError:
-        """A worker gone while it held a job: the job's doing, unless `close` killed it."""
+        """A worker gone while it held a job: the job's doing, unless `close` killed it or something
+        outside the pool did (`WorkerLostError`)."""
         if self._closed:
             return WorkerError(f"the {self.name} pool was closed while the job ran")
+        if exit_code is not None and exit_code in _KILLED_FROM_OUTSIDE:
+            return WorkerLostError(
+                f"its {self.name} worker was killed from outside while it held the job (exit code "
+                f"{exit_code}, {signal.Signals(-exit_code).name}: the kernel's OOM killer or a kill), not "
+                "crashed by the job",
+                exit_code=exit_code,
+            )
         return WorkerDiedError(message, exit_code=exit_code)
 
     @property

@@ -13,7 +13,13 @@ from typing import TypeVar
 
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.preparation import PreprocessError
-from service.core.workers import WorkerDiedError, WorkerError, WorkerStartError, WorkerTimeoutError
+from service.core.workers import (
+    WorkerDiedError,
+    WorkerError,
+    WorkerLostError,
+    WorkerStartError,
+    WorkerTimeoutError,
+)
 from service.engine.types import Document, TooManyTokensError
 
 E = TypeVar("E", bound=HtmllmError)
@@ -46,6 +52,15 @@ class OverLimitError(TooManyTokensError):
 
     def renamed(self, doc_id: str | None, index: int | None = None) -> OverLimitError:
         return OverLimitError(doc_id, self.count, self.max_length, index)
+
+
+class ProcessLostError(HtmllmError):
+    """The preprocessing process that held a page was killed from outside (the kernel's OOM killer,
+    `kill -9`) in each of its tries: the server's trouble, not the page's. `not_ready` (503 with
+    Retry-After), which a client retries and `htmllm embed` leaves for the next run; it had been
+    `preprocess_failed`, a 422 that called a good page bad and a row a resume never redid."""
+
+    code = ErrorCode.NOT_READY
 
 
 # Failures of a page itself: the same bytes under the same policy fail the same way again, so the copies
@@ -105,8 +120,9 @@ def naming(failure: HtmllmError, documents: Sequence[Document]) -> HtmllmError:
 
 
 def worker_failure(exc: WorkerError, timeout_s: float | None) -> HtmllmError:
-    """What a preprocessing process's failure (past its time limit, crashed, never started) says to the
-    caller of its page; a pool that `stop` closed under the page is the Engine's to answer."""
+    """What a preprocessing process's failure (past its time limit, crashed, killed from outside, never
+    started) says to the caller of its page; a pool that `stop` closed under the page is the Engine's to
+    answer. Only what the page did (our time limit, a crash) is `preprocess_failed`."""
     if isinstance(exc, WorkerTimeoutError):
         return PreprocessError(
             f"preprocessing this page took more than {timeout_s} s "
@@ -114,6 +130,8 @@ def worker_failure(exc: WorkerError, timeout_s: float | None) -> HtmllmError:
         )
     if isinstance(exc, WorkerStartError):  # not the page's fault: a 500, not a 422
         return HtmllmError(f"a preprocessing process could not start: {exc.message}", code=ErrorCode.INTERNAL)
+    if isinstance(exc, WorkerLostError):  # before WorkerDiedError, its base: not the page's fault either
+        return ProcessLostError(f"this page was not preprocessed: {exc.message}; try it again later")
     if isinstance(exc, WorkerDiedError):
         return PreprocessError(f"this page crashed its preprocessing process (exit code {exc.exit_code})")
     return PreprocessError(f"preprocessing failed: {exc.message}")

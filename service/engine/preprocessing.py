@@ -33,6 +33,11 @@ from service.engine.types import Document, EngineConfig, ShuttingDownError
 
 T = TypeVar("T")
 
+# A page whose process was killed from outside (the OOM killer, `kill -9`) is tried again in a fresh
+# process this many times before its caller is told `not_ready` (`failures.ProcessLostError`): a kill
+# says nothing of the page, and one OOM kill under a burst of big pages should not fail a request.
+LOST_PROCESS_RETRIES = 2
+
 
 class Preprocessing:
     """The preprocessing threads and, with `preprocess_pool="process"`, the processes and the threads
@@ -90,6 +95,7 @@ class Preprocessing:
                     self._config.preprocess_timeout_s is not None,
                 ),
                 memory_limit_bytes=mib_as_bytes(self._config.preprocess_memory_limit_mb),
+                lost_worker_retries=LOST_PROCESS_RETRIES,
             )
             self._dispatch = ThreadPoolExecutor(workers, thread_name_prefix="htmllm-preprocess-dispatch")
             await asyncio.to_thread(self._processes.prestart)
@@ -175,7 +181,8 @@ class Preprocessing:
 
     async def _in_process(self, job: Callable[..., T], *args: object) -> T:
         """Run `job` on a preprocessing process, waited for by one of the dispatch threads; a worker
-        that runs past `preprocess_timeout_s` is killed and only its page fails."""
+        that runs past `preprocess_timeout_s` is killed and only its page fails. One killed from outside
+        is replaced and the page tried again (`LOST_PROCESS_RETRIES`)."""
         processes, dispatch = self._processes, self._dispatch
         if processes is None or dispatch is None:
             raise ShuttingDownError("the engine stopped before this document was preprocessed")

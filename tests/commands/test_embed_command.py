@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -455,3 +456,74 @@ def test_an_output_that_cannot_be_read_is_said_so_not_called_another_commands(
         patch.setattr(Path, "open", closed)
         assert main([*args, "--overwrite"]) == 0  # asked for: replaced unread
     assert pq.read_table(out).num_rows == 2
+
+
+# --- a preprocessing process killed from outside (the OOM killer): not the page's failure ---
+
+_KILLED_PAGE = "<p>the kernel's OOM killer picks the process pruning this page</p>"
+
+
+def _pages_with_one_killed(path: Path) -> Path:
+    rows = [("a", "<p>alpha beta gamma</p>"), ("killed", _KILLED_PAGE), ("c", "<p>delta epsilon</p>")]
+    path.write_text("".join(json.dumps({"id": i, "html": html}) + "\n" for i, html in rows))
+    return path
+
+
+def test_a_page_whose_process_is_killed_from_outside_is_embedded_in_a_fresh_one(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was a `preprocess_failed` row ("crashed its preprocessing process (exit code -9)"), done for
+    good: no resume read the page again, though nothing is wrong with it."""
+    from tests.factories.worker_kills import kill_workers_holding
+
+    source = _pages_with_one_killed(tmp_path / "pages.jsonl")
+    clean = tmp_path / "clean.parquet"
+    assert main([*_args(checkpoint, source, clean), "--preprocess-pool", "process"]) == 0
+    out = tmp_path / "out.parquet"
+    with monkeypatch.context() as patch:
+        killed = kill_workers_holding(patch, _KILLED_PAGE.encode(), kills=1)
+        assert main([*_args(checkpoint, source, out), "--preprocess-pool", "process"]) == 0
+    assert len(killed) == 1
+    assert "(0 failed this run)" in capsys.readouterr().err
+    table, expected = pq.read_table(out), pq.read_table(clean)
+    assert table["error"].null_count == 3 and table["tokens"].to_pylist() == expected["tokens"].to_pylist()
+    np.testing.assert_allclose(  # batched otherwise (the retry's timing): the same up to rounding
+        np.array(table["embedding"].to_pylist()), np.array(expected["embedding"].to_pylist()), atol=1e-5
+    )
+
+
+def test_a_page_whose_process_is_killed_in_every_try_is_left_for_the_resume(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from service.engine.preprocessing import LOST_PROCESS_RETRIES
+    from tests.factories.worker_kills import kill_workers_holding
+
+    source = _pages_with_one_killed(tmp_path / "pages.jsonl")
+    out = tmp_path / "out.parquet"
+    args = [*_args(checkpoint, source, out, "--part-size", "1"), "--preprocess-pool", "process"]
+    with monkeypatch.context() as patch:
+        killed = kill_workers_holding(patch, _KILLED_PAGE.encode(), kills=LOST_PROCESS_RETRIES + 1)
+        assert main(args) == 1
+    assert len(set(killed)) == LOST_PROCESS_RETRIES + 1
+    err = capsys.readouterr().err
+    assert "1 documents were left for the next run (1 not_ready; first: not_ready:" in err, err
+    assert "killed from outside" in err and not out.exists()
+    parts = (tmp_path / "out.parquet.parts").glob("part-*.parquet")
+    assert sorted(i for part in parts for i in pq.read_table(part)["index"].to_pylist()) == [0, 2]
+
+    assert main(args) == 0  # the resume embeds it
+    table = pq.read_table(out)
+    assert table["index"].to_pylist() == [0, 1, 2] and table["error"].null_count == 3
+
+
+def test_an_empty_heads_selection_scores_no_head_as_the_api_does(checkpoint: Path, tmp_path: Path) -> None:
+    """`--heads ""` scored every head, as no --heads does; the API's `"heads": []` scores none."""
+    write_pages(tmp_path / "pages.jsonl", 2)
+    out = tmp_path / "out.parquet"
+    assert main([*_args(checkpoint, tmp_path / "pages.jsonl", out), "--heads", ""]) == 0
+    table = pq.read_table(out)
+    assert table.column_names == list(embed_command.FIXED_COLUMNS) and table["error"].null_count == 2
+    assert json.loads(table.schema.metadata[b"htmllm.head_labels"]) == {}
+    every = tmp_path / "every.parquet"
+    assert main(_args(checkpoint, tmp_path / "pages.jsonl", every)) == 0
+    assert pq.read_table(every).column_names[-3:] == ["page_type", "page_type.probs", "quality"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import os
@@ -131,10 +132,60 @@ def test_a_run_that_crashes_leaves_the_output_as_it_was(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "results.jsonl"]
 
 
-def test_an_unwritable_output_names_the_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    output = tmp_path / "missing-dir" / "results.jsonl"
+def test_an_unwritable_output_names_the_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory that cannot be made (a missing one is: `test_a_missing_output_directory_is_made`)."""
+    output = tmp_path / "closed" / "results.jsonl"
+    mkdir = os.mkdir
+
+    def refused(path: Any, *args: Any, **kwargs: Any) -> None:
+        if Path(path) == output.parent:  # as a parent directory of mode 555 refuses a user who is not root
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", refused)
     assert _extract(_unreadable_rows(tmp_path / "in.jsonl", 1), output) == 1
-    assert capsys.readouterr().err == f"htmllm extract: cannot write {output}: No such file or directory\n"
+    assert capsys.readouterr().err == f"htmllm extract: cannot write {output}: Permission denied\n"
+
+
+def test_a_missing_output_directory_is_made(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """As `htmllm embed` (and `htmllm export-onnx`) make it: it was refused here, "No such file or
+    directory", where embed went on."""
+    output = tmp_path / "runs" / "today" / "results.jsonl"
+    assert _extract(_unreadable_rows(tmp_path / "in.jsonl", 2), output) == 0
+    assert [json.loads(line)["id"] for line in output.read_text().splitlines()] == ["r0", "r1"]
+    assert sorted(p.name for p in output.parent.iterdir()) == ["results.jsonl"]
+
+
+@pytest.mark.parametrize(
+    ("options", "status", "message"),
+    [
+        (["--limit", "0"], 2, "--limit: must be at least 1, not 0"),
+        (["--workers", "0"], 2, "--workers: must be at least 1, not 0"),
+        (["--part-size", "0"], 2, "--part-size: must be at least 1, not 0"),
+        (["--memory-limit-mb", "-1"], 2, "--memory-limit-mb: must be at least 0, not -1"),
+        (  # an output under a file: "cannot write ...: Not a directory", without the code embed gives it
+            ["--output", "{tmp}/in.jsonl/out.jsonl"], 1,
+            "htmllm extract: validation_error: --output {tmp}/in.jsonl/out.jsonl is under {tmp}/in.jsonl, "
+            "which is not a directory\n",
+        ),
+    ],
+)  # fmt: skip
+def test_options_are_refused_as_htmllm_embed_refuses_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], status: int, message: str
+) -> None:
+    """`--limit 0` wrote an empty output and exited 0 here; `htmllm embed` refuses it as a usage error."""
+    source = _unreadable_rows(tmp_path / "in.jsonl", 2)
+    options = [option.format(tmp=tmp_path) for option in options]
+    code: object
+    try:
+        code = main(_args(source, tmp_path / "out.jsonl", *options))
+    except SystemExit as exc:  # argparse's usage error
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == status and message.format(tmp=tmp_path) in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
 
 
 def test_ctrl_c_stops_at_once_and_leaves_the_output_as_it_was(
@@ -393,7 +444,9 @@ def test_the_extractor_processes_get_the_memory_limit(
     source = _unreadable_rows(tmp_path / "in.jsonl", 1)
     assert main(_args(source, tmp_path / "out.jsonl", *option)) == 0
     assert seen == [limit]
-    assert main(_args(source, tmp_path / "out2.jsonl", "--memory-limit-mb", "-1")) == 2
+    with pytest.raises(SystemExit) as usage:
+        main(_args(source, tmp_path / "out2.jsonl", "--memory-limit-mb", "-1"))
+    assert usage.value.code == 2
 
 
 def test_a_page_file_that_cannot_be_read_is_an_input_unreadable_row_a_resume_keeps(

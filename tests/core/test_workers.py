@@ -10,6 +10,7 @@ import threading
 import time
 import zlib
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ from service.core.workers import (
     JobError,
     WorkerDiedError,
     WorkerError,
+    WorkerLostError,
     WorkerPool,
     WorkerStartError,
     WorkerTimeoutError,
@@ -57,7 +59,24 @@ def sleep(seconds: float) -> int:
 
 
 def die() -> None:
-    os.kill(os.getpid(), signal.SIGKILL)  # what a segfault in C code looks like to the parent
+    os.kill(os.getpid(), signal.SIGSEGV)  # what a segfault in C code looks like to the parent
+
+
+def tried(tries: str, signum: int) -> None:
+    """Count the try (a line in the file `tries`), then end this worker with `signum`."""
+    with open(tries, "a") as handle:
+        handle.write(f"{os.getpid()}\n")
+    os.kill(os.getpid(), signum)
+
+
+def blocked_the_first_time(started: str) -> int:
+    """Block (for a kill from outside to find the worker holding the job) unless `started` exists."""
+    if os.path.exists(started):
+        return os.getpid()
+    with open(started, "w") as handle:
+        handle.write(f"{os.getpid()}\n")
+    time.sleep(600)
+    return 0
 
 
 def allocate(mib: int) -> int:
@@ -126,9 +145,59 @@ def test_a_worker_that_dies_fails_its_job_and_is_replaced() -> None:
         first = pool.call(pid, (), timeout_s=60)
         with pytest.raises(WorkerDiedError) as died:
             pool.call(die, (), timeout_s=60)
-        assert died.value.exit_code == -signal.SIGKILL and "crashed its test worker" in died.value.message
+        assert died.value.exit_code == -signal.SIGSEGV and "crashed its test worker" in died.value.message
+        assert not isinstance(died.value, WorkerLostError)
         assert pool.call(pid, (), timeout_s=60) != first
         assert pool.live_workers == 1
+
+
+def test_a_worker_killed_from_outside_holding_a_job_is_replaced_and_the_job_run_again(tmp_path: Path) -> None:
+    """The OOM killer's SIGKILL says nothing of the job: it had failed as "crashed its worker", which the
+    Engine answered as the page's fault (a preprocess_failed row no resume redid)."""
+    started = tmp_path / "started"
+    answers: list[object] = []
+    with WorkerPool(1, name="test", lost_worker_retries=1) as pool:
+        thread = threading.Thread(
+            target=lambda: answers.append(pool.call(blocked_the_first_time, (str(started),), timeout_s=60))
+        )
+        thread.start()
+        while not started.exists() or not started.read_text().endswith("\n"):
+            time.sleep(0.01)
+        killed = int(started.read_text())
+        os.kill(killed, signal.SIGKILL)  # from outside, while the worker holds the job
+        thread.join(60)
+        assert len(answers) == 1 and answers[0] not in (killed, 0)  # answered by a fresh worker
+        assert pool.live_workers == 1
+
+
+@pytest.mark.parametrize(("signum", "retries", "tries"), [(signal.SIGKILL, 2, 3), (signal.SIGTERM, 0, 1)])
+def test_a_job_lost_in_every_try_is_a_lost_worker_error(
+    tmp_path: Path, signum: int, retries: int, tries: int
+) -> None:
+    log = tmp_path / "tries"
+    with WorkerPool(1, name="test", lost_worker_retries=retries) as pool:
+        with pytest.raises(WorkerLostError) as lost:
+            pool.call(tried, (str(log), signum), timeout_s=60)
+        assert lost.value.exit_code == -signum and "killed from outside" in lost.value.message
+        assert isinstance(lost.value, WorkerDiedError)  # a caller that knows only "died" still catches it
+        assert len(set(log.read_text().split())) == tries  # each try in a fresh worker
+        assert (f"in each of {tries} tries" in lost.value.message) is (tries > 1)
+        assert pool.call(add, (1, 2), timeout_s=60) == 3
+
+
+def test_a_crash_or_the_time_limit_is_the_jobs_and_never_tried_again(tmp_path: Path) -> None:
+    """Retries are for kills from outside only: the pool's own kill past the time limit (SIGKILL too)
+    and a segfault are the job's doing, and a job that crashes its worker must not crash two more."""
+    log = tmp_path / "tries"
+    with WorkerPool(1, name="test", lost_worker_retries=2) as pool:
+        with pytest.raises(WorkerDiedError) as died:
+            pool.call(tried, (str(log), signal.SIGSEGV), timeout_s=60)
+        assert not isinstance(died.value, WorkerLostError) and len(log.read_text().split()) == 1
+        with pytest.raises(WorkerTimeoutError):
+            pool.call(blocked_the_first_time, (str(tmp_path / "started"),), timeout_s=0.5)
+        assert len((tmp_path / "started").read_text().split()) == 1
+    with pytest.raises(ValueError, match="lost_worker_retries"):
+        WorkerPool(1, name="test", lost_worker_retries=-1)
 
 
 def test_a_worker_that_cannot_start_is_a_start_error_not_the_jobs() -> None:

@@ -574,6 +574,9 @@ async def test_a_cached_page_is_answered_while_pages_are_stuck(
 
 
 async def test_a_page_that_crashes_its_process_fails_alone(tiny_checkpoint: Path, pages: list[str]) -> None:
+    import os
+    import signal
+
     config = EngineConfig(preprocess_pool="process", preprocess_workers=1)
     async with Engine.from_checkpoint(tiny_checkpoint, config) as engine:
         processes = engine._preprocessing._processes
@@ -582,8 +585,9 @@ async def test_a_page_that_crashes_its_process_fails_alone(tiny_checkpoint: Path
         while not processes._busy:
             await asyncio.sleep(0.01)
         (worker,) = processes._busy
-        worker.process.kill()  # what a segfault in the parser looks like
-        with pytest.raises(PreprocessError, match=r"crashed its preprocessing process \(exit code -9\)"):
+        assert worker.process.pid is not None
+        os.kill(worker.process.pid, signal.SIGSEGV)  # a segfault in the parser (SIGKILL: `not_ready`)
+        with pytest.raises(PreprocessError, match=r"crashed its preprocessing process \(exit code -11\)"):
             await crashed
         (result,) = await engine.embed(pages[:1])
         assert result.tokens > 2

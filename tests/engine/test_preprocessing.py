@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.engine.preprocessing import Preprocessing
+from service.engine.preprocessing import LOST_PROCESS_RETRIES, Preprocessing
 from service.engine.types import Document, EngineConfig, ShuttingDownError
 from tests.factories.tokenizer import build_tiny_tokenizer
 
@@ -94,5 +94,58 @@ async def test_processes_under_a_time_limit_leave_the_name_lookup_check_to_it(
                 await pools.prepare(threads, Document(page), truncate=True)
         else:
             assert (await pools.prepare(threads, Document(page), truncate=True)).truncated
+    finally:
+        await pools.close()
+
+
+async def test_a_process_killed_from_outside_under_a_page_is_replaced_and_the_page_prepared(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The OOM killer's SIGKILL under a page made it `preprocess_failed`: a 422 that called a good page
+    bad, and in `htmllm embed` a row no resume redid. It is tried again in a fresh process."""
+    from tests.factories.worker_kills import kill_workers_holding
+
+    page = Document("<p>killed under this page</p>")
+    config = EngineConfig(preprocess_workers=1, preprocess_pool="process")
+    pools = Preprocessing(build_tiny_tokenizer(), config, max_length=64)
+    await pools.start()
+    try:
+        threads = pools.threads
+        assert threads is not None
+        expected = await pools.prepare(threads, page, truncate=True)
+        killed = kill_workers_holding(monkeypatch, b"killed under this page", kills=LOST_PROCESS_RETRIES)
+        prepared = await pools.prepare(threads, page, truncate=True)
+        assert len(killed) == LOST_PROCESS_RETRIES and prepared.ids == expected.ids
+    finally:
+        await pools.close()
+
+
+async def test_a_page_whose_process_is_killed_in_every_try_is_a_retryable_503(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not a 422 `preprocess_failed` (the page is bad): `not_ready`, a 503 with Retry-After, which a
+    client retries; the page's copies in the result cache are not told it either."""
+    from service.api.errors import RETRYABLE, STATUS
+    from service.core.errors import ErrorCode
+    from service.engine.failures import PAGE_FAILURES, ProcessLostError, failed_document
+    from tests.factories.worker_kills import kill_workers_holding
+
+    page = Document("<p>killed under this page</p>")
+    config = EngineConfig(preprocess_workers=1, preprocess_pool="process")
+    pools = Preprocessing(build_tiny_tokenizer(), config, max_length=64)
+    await pools.start()
+    try:
+        threads = pools.threads
+        assert threads is not None
+        tries = LOST_PROCESS_RETRIES + 1
+        killed = kill_workers_holding(monkeypatch, b"killed under this page", kills=2 * tries)
+        for call in (pools.prepare(threads, page, truncate=True), pools.preprocess(threads, page)):
+            with pytest.raises(ProcessLostError) as lost:
+                await call
+            assert lost.value.code is ErrorCode.NOT_READY and "killed from outside" in lost.value.message
+            assert STATUS[lost.value.code] == 503 and lost.value.code in RETRYABLE
+            assert lost.value.code not in PAGE_FAILURES and failed_document(lost.value) is None
+        assert len(killed) == 2 * tries and len(set(killed)) == len(killed)  # each try in a fresh process
+        assert (await pools.prepare(threads, Document("<p>fine</p>"), truncate=True)).ids
     finally:
         await pools.close()

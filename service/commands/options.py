@@ -1,0 +1,51 @@
+"""Option rules the bulk commands (`htmllm embed`, `htmllm extract`) share, so that the same option is
+refused, or taken, the same way in both: integer bounds, and where an output file may go."""
+
+from __future__ import annotations
+
+import argparse
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+from service.core.errors import ErrorCode, HtmllmError
+
+
+class OptionError(HtmllmError):
+    """A command line that cannot work: reported in one line before anything is loaded or created."""
+
+    code = ErrorCode.VALIDATION
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least `minimum` (a usage error, exit 2, otherwise). `--limit 0`
+    is refused by `at_least(1)`: a run of no pages writes nothing worth a file, and some tools read 0 as
+    "no limit"; either reading would surprise someone."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {value}")
+        return value
+
+    return parse
+
+
+def check_output_parent(output: Path) -> None:
+    """Refuse an output under a file (`--output results.parquet/out.parquet`) before anything is read
+    or loaded: found when the run's directory is made, it was a bare "[Errno 20] Not a directory" line
+    with no code. A missing directory is fine: the commands make it (`resume_state.run_lock`), as
+    `mkdir -p` would."""
+    for parent in output.parents:
+        try:
+            mode = parent.stat().st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # missing (made with the parts directory), or under the file found further up
+        except OSError:
+            return  # EACCES, ELOOP: said, with the path, where the lock is taken
+        if not stat.S_ISDIR(mode):
+            raise OptionError(f"--output {output} is under {parent}, which is not a directory")
+        return
