@@ -9,9 +9,10 @@
 
 A page's `domain` is its site (`sites.site_of`: registrable domain, through web.archive.org captures).
 Then it samples, as the paper does: at most K documents per domain (so a few huge sites do not dominate)
-and, under a global cap, uniformly over text length (round-robin over log-length bins, so short and long
-pages are equally represented); when rows carry a `cluster` field, documents from high-entropy clusters
-(clusters whose pages spread over many domains) are taken first within each length bin. A deterministic
+and, under a global cap, uniformly over text length (round-robin over log-length bins of the whole page's
+text tokens, so short and long pages are equally represented, however short the training window); when
+rows carry a `cluster` field, documents from high-entropy clusters (clusters whose pages spread over many
+domains) are taken first within each length bin. A deterministic
 held-out split by domain (no site on both sides, so templates do not leak) is marked in the `split`
 column; it is where the distillation cosine is reported.
 
@@ -48,7 +49,7 @@ from model_training.sites import site_of
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.pages import Page, PageSourceError, PageUnreadableError, iter_pages
 from service.core.progress import progress_bar
-from service.core.tokenizer import HtmlTokenizer
+from service.core.tokenizer import Encoding, HtmlTokenizer
 
 MANIFEST_FILE = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
@@ -94,7 +95,8 @@ class Document:
     length: int
     full_length: int
     truncated: bool
-    text_length: int  # text (non-tag, non-special) tokens: the length the sampler is uniform over
+    text_length: int  # text (non-tag, non-special) tokens of the whole page, before truncation: the length
+    # the sampler is uniform over
     text: str = ""
     extractor: str = NO_EXTRACTION
     pruned: str = ""
@@ -278,11 +280,24 @@ def _prune_and_tokenize(item: tuple[str, bytes]) -> tuple[str, str, list[int], i
         # Nothing to learn from and nothing for the teacher to read ([CLS][SEP] and an empty text):
         # blank pages and empty 200 responses are common in crawls; the evaluation leaves them out too.
         return EMPTY_PAGE
-    encoding = _worker_tokenizer.encode(pruned, max_length=_worker_max_length)
+    # The whole page is tokenized (as a bounded encode does anyway, to know `full_length`), so its text
+    # length is the page's, not the first max_length tokens': the sampler bins pages by it, and counted
+    # after the cut every page longer than the model's window landed in the top bin (and the documents
+    # kept depended on --max-length).
+    whole = _worker_tokenizer.encode(pruned)
     special = set(vars(_worker_tokenizer.special_ids).values())
     tags = set(_worker_tokenizer.tag_token_ids.values())
-    text_tokens = sum(1 for t in encoding.ids if t not in special and t not in tags)
+    text_tokens = sum(1 for t in whole.ids if t not in special and t not in tags)
+    encoding = cut_to_length(whole, _worker_max_length, sep=_worker_tokenizer.special_ids.sep)
     return page_id, pruned, encoding.ids, encoding.full_length, encoding.truncated, text_tokens
+
+
+def cut_to_length(whole: Encoding, max_length: int, *, sep: int) -> Encoding:
+    """`whole` (a text's untruncated encoding) cut as `HtmlTokenizer.encode(text, max_length=)` cuts it:
+    [CLS], the first `max_length - 2` content tokens, [SEP]; one tokenization gives both."""
+    if len(whole.ids) <= max_length:
+        return whole
+    return Encoding(ids=[*whole.ids[: max_length - 1], sep], truncated=True, full_length=len(whole.ids))
 
 
 def _extract_text(html: bytes, extractor: str) -> tuple[str, str]:

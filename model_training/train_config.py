@@ -110,8 +110,12 @@ class TrainConfig:
         if not 0 < self.mask_prob < 1:
             raise DataError(f"config: mask_prob must be in (0, 1), got {self.mask_prob}")
         fractions = (self.warmup_frac, self.cooldown_frac)
-        if min(fractions) < 0 or sum(fractions) > 1:
-            raise DataError("config: warmup_frac and cooldown_frac must be >= 0 and sum to at most 1")
+        # nan compares false both ways: it passed, and the first step's schedule raised ValueError.
+        if not all(math.isfinite(f) for f in fractions) or min(fractions) < 0 or sum(fractions) > 1:
+            raise DataError(
+                "config: warmup_frac and cooldown_frac must be finite, >= 0 and sum to at most 1, got "
+                f"{self.warmup_frac} and {self.cooldown_frac}"
+            )
         choices = {
             "preset": tuple(PRESETS),
             "pooling": POOLINGS,

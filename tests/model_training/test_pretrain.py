@@ -462,6 +462,16 @@ def test_config_refuses_nonsense_values_with_typed_errors() -> None:
     assert isinstance(config.lr, float) and config.lr == 1.0 and config.epochs == 2.0
 
 
+def test_a_nan_warmup_or_cooldown_fraction_is_refused_with_the_config(tmp_path: Path) -> None:
+    """nan compared false with 0 and 1 and passed; the first step's schedule then raised ValueError
+    (cannot convert float NaN to integer), after the shards, teacher and model were loaded."""
+    file = tmp_path / "run.toml"
+    for key in ("warmup_frac", "cooldown_frac"):
+        file.write_text(f"[optim]\n{key} = nan\n", encoding="utf-8")  # valid TOML
+        with pytest.raises(HtmllmError, match=r"config: warmup_frac and cooldown_frac must be finite.* nan"):
+            load_config(file)
+
+
 def test_train_command_reports_config_errors_without_a_traceback(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -252,3 +252,112 @@ def test_a_max_seq_length_past_the_teachers_positions_is_refused(shards: Path, t
         shards, tmp_path / "t", model=str(bert), max_seq_length=16, view="pruned", progress=False
     )
     assert (meta.max_seq_length, meta.dim) == (16, 8)
+
+
+HUB_NAME = "sentence-transformers/all-MiniLM-L6-v3"  # one letter off a real teacher's name
+
+
+@pytest.fixture
+def no_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """An empty Hugging Face cache, the hub unreachable, and sentence-transformers never asked for a
+    name: what a training machine without internet sees, without a test ever going online."""
+    from huggingface_hub import HfApi, constants
+
+    seen: dict[str, Any] = {"hub": 0}
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+
+    def unreachable(_self: object, repo_id: str, **_kwargs: object) -> None:
+        seen["hub"] += 1
+        raise ConnectionError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(HfApi, "model_info", unreachable)
+    return seen
+
+
+def _no_download(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sentence_transformers
+
+    def refuse(path: str, **kwargs: object) -> None:
+        raise AssertionError(f"sentence-transformers was asked for {path!r} ({kwargs}): ~75 s of retries")
+
+    monkeypatch.setattr(sentence_transformers, "SentenceTransformer", refuse)
+
+
+def test_a_mistyped_model_fails_at_once_in_one_line_saying_where_it_looked(
+    shards: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    no_hub: dict[str, Any],
+) -> None:
+    """It went to sentence-transformers, whose downloads retried every file for ~75 s without internet."""
+    from service.cli import main
+
+    _no_download(monkeypatch)
+    with pytest.raises(
+        DataError, match=r"no such directory, nor a model in the Hugging Face cache .*hf-cache"
+    ):
+        load_teacher(HUB_NAME)
+    assert no_hub["hub"] == 1  # one look-up, no retries
+    args = ["teacher", "embed", "--input", str(shards), "--out", str(tmp_path / "t"), "--model", HUB_NAME]
+    assert main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and HUB_NAME in err[0] and "hub cannot be reached" in err[0], err
+    assert "HF_HUB_OFFLINE" in err[0] and not (tmp_path / "t" / TEACHER_META_FILE).exists()
+    assert no_hub["hub"] == 2  # the command's own look-up, once
+    # A path that cannot be a hub name is not looked up at all.
+    with pytest.raises(DataError, match="no such directory, and not a Hugging Face model name"):
+        load_teacher("./runs/teachr/model")
+    assert no_hub["hub"] == 2
+
+
+def test_offline_mode_and_an_unknown_name_are_told_apart(
+    monkeypatch: pytest.MonkeyPatch, no_hub: dict[str, Any]
+) -> None:
+    from types import SimpleNamespace
+
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    _no_download(monkeypatch)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(DataError, match="HF_HUB_OFFLINE is set, so the hub was not asked"):
+        load_teacher(HUB_NAME)
+    assert no_hub["hub"] == 0
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+
+    def not_found(_self: object, repo_id: str, **_kwargs: object) -> None:
+        raise RepositoryNotFoundError("404", response=SimpleNamespace(headers={}, request=None))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(HfApi, "model_info", not_found)
+    with pytest.raises(DataError, match=r"nor on the Hugging Face hub$"):
+        load_teacher(HUB_NAME)
+
+
+def test_a_hub_name_loads_from_the_cache_without_the_hub_or_downloads_when_online(
+    shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_hub: dict[str, Any]
+) -> None:
+    from huggingface_hub import HfApi, constants
+
+    # A snapshot as `hf download` leaves it: refs/main names the commit, snapshots/<commit> holds the files.
+    repo = Path(constants.HF_HUB_CACHE) / "models--org--tiny-bert"
+    (repo / "snapshots").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    snapshot = _tiny_bert(repo / "snapshots" / ("0" * 40), positions=16)
+    meta = embed_shards(shards, tmp_path / "t", model="org/tiny-bert", view="pruned", progress=False)
+    assert (meta.model, meta.model_path, meta.dim) == ("org/tiny-bert", str(snapshot), 8)
+    assert no_hub["hub"] == 0  # the hub was not asked for a newer snapshot
+
+    # Not cached, online: the hub answers, and sentence-transformers downloads it as before.
+    import sentence_transformers
+
+    loaded: list[tuple[str, object]] = []
+    monkeypatch.setattr(HfApi, "model_info", lambda _self, repo_id, **_kw: object())
+    monkeypatch.setattr(
+        sentence_transformers,
+        "SentenceTransformer",
+        lambda path, **kwargs: loaded.append((path, kwargs["local_files_only"])) or "a teacher",
+    )
+    assert load_teacher("org/other") == "a teacher" and loaded == [("org/other", False)]
