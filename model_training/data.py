@@ -493,11 +493,22 @@ def prepare_shards(
         extra={
             "source": str(source),
             "extractor": extractor,
+            "extraction_version": _extraction_version(extractor),
             "sampling": asdict(sampling),
             "stats": asdict(stats),
         },
     )
     return stats
+
+
+def _extraction_version(extractor: str) -> str | None:
+    """The extraction code's version the shards' texts came from (None without extraction): provenance
+    for a reader comparing two preparations, since the extractor libraries' versions alone do not say."""
+    if extractor == NO_EXTRACTION:
+        return None
+    from service.core.extract import EXTRACTION_VERSION
+
+    return EXTRACTION_VERSION
 
 
 def write_manifest(

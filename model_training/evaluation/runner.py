@@ -222,13 +222,15 @@ class PageTexts:
     """Pruned HTML and extracted text of every page, computed once per run and cached on disk."""
 
     def __init__(self, pages: dict[str, bytes], cache_dir: Path | None) -> None:
+        from service.core.extract import EXTRACTION_VERSION
         from service.core.prune import PRUNE_VERSION
 
         self.pages = pages
         self.excluded: dict[str, str] = {}
         self._pruned = TextCache(cache_dir, namespace_key("pruned", PRUNE_VERSION))
         self._extracted = TextCache(
-            cache_dir, namespace_key("extracted-union", *_package_versions(EXTRACTOR_PACKAGES))
+            cache_dir,
+            namespace_key("extracted-union", EXTRACTION_VERSION, *_package_versions(EXTRACTOR_PACKAGES)),
         )
 
     def prune_all(self) -> None:
@@ -444,9 +446,12 @@ def run_evaluation(tasks: Sequence[Task], config: EvalConfig) -> EvalResult:
         )
 
     if "minilm" in config.baselines:
+        from service.core.extract import EXTRACTION_VERSION
+
         started = time.perf_counter()
         cache = ArrayCache(
-            config.cache_dir, namespace_key("minilm-union", *_package_versions(MINILM_PACKAGES))
+            config.cache_dir,
+            namespace_key("minilm-union", EXTRACTION_VERSION, *_package_versions(MINILM_PACKAGES)),
         )
         todo = cache.missing(union_keys(tasks))
         if todo:

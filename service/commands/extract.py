@@ -92,6 +92,7 @@ _EXTRACTOR_DISTRIBUTIONS = ("resiliparse", "trafilatura", "justext")
 # 5: texts are normalised (no invisible format characters, NFC) and ruby readings dropped, a word needs
 #    a letter or digit, resiliparse keeps lone characters, trafilatura and jusText parse with huge_tree,
 #    and an output without words never passes.
+# Since then a change of the texts alone bumps `service.core.extract.EXTRACTION_VERSION`, pinned beside it.
 ROW_FORMAT = 5
 
 
@@ -234,8 +235,11 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     pages named by position pass the ids' check however the input changed), the options that change a
     row, and the extractor libraries' versions (an upgrade between two attempts would mix two
     extractors' texts)."""
+    from service.core.extract import EXTRACTION_VERSION
+
     settings: dict[str, Any] = {
         "row_format": ROW_FORMAT,
+        "extraction_version": EXTRACTION_VERSION,
         "input": str(Path(args.input).resolve()),
         INPUT_KEY: input_identity(Path(args.input), Path(args.output)),
         "limit": args.limit,

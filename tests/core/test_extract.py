@@ -33,6 +33,7 @@ from service.core.extract import (
     detect_language,
     extract,
     extract_all,
+    extractors,
     resolve_order,
     stoplist_name,
     unreadable_chars,
@@ -41,10 +42,12 @@ from service.core.extract.extractors import (
     FALLBACK_LANGUAGE,
     FALLBACK_STOPLIST,
     JUSTEXT_STOPLISTS,
+    mostly_cjk,
     mostly_unspaced,
 )
 from service.core.extract.normalize import drop_ruby_annotations, normalize_text
-from service.core.extract.word_count import UNSPACED_RANGES
+from service.core.extract.word_count import CJK_RANGES
+from tests.core.test_extract_word_count import SCRIPT_WORDS, unspaced_text
 from tests.memory import vm_data_mib
 
 # ---------------------------------------------------------------------------------------------------
@@ -409,33 +412,96 @@ def test_justext_reports_english_when_it_falls_back_on_the_english_stoplist() ->
     assert JUSTEXT_STOPLISTS[FALLBACK_LANGUAGE] == FALLBACK_STOPLIST == "English"
 
 
-def _unspaced_by_loop(text: str) -> bool:
-    """`mostly_unspaced` as it was written first, one Python comparison per character."""
+def _cjk_by_loop(text: str) -> bool:
+    """`mostly_cjk` as it was written first (named `mostly_unspaced`), one comparison per character."""
     sample = text[:4000]
-    unspaced = sum(1 for c in sample if any(low <= ord(c) <= high for low, high in UNSPACED_RANGES))
+    unspaced = sum(1 for c in sample if any(low <= ord(c) <= high for low, high in CJK_RANGES))
     return unspaced * 2 > count_words(sample)
 
 
-UNSPACED_EDGES = [chr(c) for low, high in UNSPACED_RANGES for c in (low - 1, low, high, high + 1)]
+CJK_EDGES = [chr(c) for low, high in CJK_RANGES for c in (low - 1, low, high, high + 1)]
 
 
-@pytest.mark.parametrize("char", UNSPACED_EDGES, ids=lambda c: f"U+{ord(c):04X}")
-def test_mostly_unspaced_counts_each_range_to_its_bounds(char: str) -> None:
-    inside = any(low <= ord(char) <= high for low, high in UNSPACED_RANGES)
+@pytest.mark.parametrize("char", CJK_EDGES, ids=lambda c: f"U+{ord(c):04X}")
+def test_mostly_cjk_counts_each_range_to_its_bounds(char: str) -> None:
+    inside = any(low <= ord(char) <= high for low, high in CJK_RANGES)
     for text in (char, char * 3 + " ab cd", f"x {char}{char} y"):
-        assert mostly_unspaced(text) == _unspaced_by_loop(text), text
-    assert mostly_unspaced(char * 5) is inside
+        assert mostly_cjk(text) == _cjk_by_loop(text), text
+    assert mostly_cjk(char * 5) is inside
 
 
-def test_mostly_unspaced_reads_only_the_sample_and_needs_a_majority() -> None:
-    assert not mostly_unspaced("") and not mostly_unspaced("   ")
-    assert not mostly_unspaced("東京 a b")  # 2 of 4 words: no majority
-    assert mostly_unspaced("東京 a") and mostly_unspaced("東京」、 a")  # punctuation is no word
-    assert mostly_unspaced("\U00020000\U0003134f x")  # the supplementary-plane ideographs too
-    assert not mostly_unspaced("word " * 800 + "東" * 4000)  # past the 4000-character sample
-    assert mostly_unspaced("東" * 4000 + "word " * 4000)
-    mixed = "".join(UNSPACED_EDGES) + " the 東京 harbour、town " * 50
-    assert mostly_unspaced(mixed) == _unspaced_by_loop(mixed)
+def test_mostly_cjk_reads_only_the_sample_and_needs_a_majority() -> None:
+    assert not mostly_cjk("") and not mostly_cjk("   ")
+    assert not mostly_cjk("東京 a b")  # 2 of 4 words: no majority
+    assert mostly_cjk("東京 a") and mostly_cjk("東京」、 a")  # punctuation is no word
+    assert mostly_cjk("\U00020000\U0003134f x")  # the supplementary-plane ideographs too
+    assert not mostly_cjk("word " * 800 + "東" * 4000)  # past the 4000-character sample
+    assert mostly_cjk("東" * 4000 + "word " * 4000)
+    mixed = "".join(CJK_EDGES) + " the 東京 harbour、town " * 50
+    assert mostly_cjk(mixed) == _cjk_by_loop(mixed)
+
+
+@pytest.mark.parametrize("script", list(SCRIPT_WORDS))
+def test_mostly_unspaced_counts_thai_lao_khmer_and_myanmar_words(script: str) -> None:
+    text = unspaced_text(script, 100)
+    assert mostly_unspaced(text) and not mostly_cjk(text)
+    assert not mostly_unspaced(text + " harbour" * 300)  # 300 English words against about 100
+    assert mostly_unspaced("東京 a") and not mostly_unspaced("東京 a b")
+    assert not mostly_unspaced("") and not mostly_unspaced("the harbour town")
+
+
+def test_justext_on_an_undetected_khmer_page_runs_language_independent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A short Khmer text is "unknown" to the detector; the English fallback's stoplist then found no
+    stopword in it and kept nothing."""
+    assert detect_language("ព្រះរាជាណាចក្រកម្ពុជា ជាប្រទេសមួយនៅអាស៊ីអាគ្នេយ៍") is None
+    monkeypatch.setattr(extractors, "detect_language", lambda text: None)
+    body = "".join(f"<p>{unspaced_text('Khmer', 60, seed=i)}</p>" for i in range(3))
+    out = extractors.run_justext(page(f"<article>{body}</article>"))
+    assert out.language is None and count_words(out.text) > 100
+
+
+@pytest.mark.parametrize("script", list(SCRIPT_WORDS))
+def test_thai_lao_khmer_and_myanmar_pages_pass_the_filter(script: str) -> None:
+    """Split on whitespace, 4 paragraphs of 60 words in phrases of 8, and a heading, were 33 "words": the
+    page failed the 50-word filter whatever an extractor kept."""
+    body = "".join(f"<p>{unspaced_text(script, 60, seed=i)}</p>" for i in range(4))
+    data = page(f"<article><h1>{unspaced_text(script, 4)}</h1>{body}</article>")
+    union = extract(data, runner=INLINE)
+    assert union.extractor == "resiliparse" and union.passed and union.words > 150
+    out = outputs(data)
+    for name in EXTRACTORS:
+        assert out[name].passed and unspaced_text(script, 60, seed=2) in out[name].text, name
+
+
+def _three_sentences(sentences: list[str]) -> list[str]:
+    """Paragraphs of three sentences each: 100-120 characters."""
+    return ["".join(sentences[(i + j) % len(sentences)] for j in range(3)) for i in range(len(sentences))]
+
+
+def _cjk_article(sentences: list[str], charset: str) -> bytes:
+    """Navigation links, an article of paragraphs of three sentences and a footer."""
+    nav = "".join(f'<li><a href="/{i}">{s[:4]}</a></li>' for i, s in enumerate(sentences))
+    body = "".join(f"<p>{paragraph}</p>" for paragraph in _three_sentences(sentences))
+    html = (
+        f'<html><head><meta charset="{charset}"></head><body><nav><ul>{nav}</ul></nav>'
+        f"<article>{body}</article><footer><p>&copy; 2024 {sentences[0][:6]}</p></footer></body></html>"
+    )
+    return html.encode(charset)
+
+
+@pytest.mark.parametrize(("sentences", "charset"), [(CHINESE, "gb18030"), (JAPANESE, "shift_jis")])
+def test_justext_keeps_chinese_and_japanese_paragraphs_of_three_sentences(
+    sentences: list[str], charset: str
+) -> None:
+    """jusText's language-independent mode calls a paragraph good from 200 characters, about 35 English
+    words but over 100 Chinese ones: NHK Easy's article (corpus p0751: paragraphs of 60-140 characters
+    once its ruby readings are dropped) came out empty, and so did these paragraphs."""
+    assert all(100 <= len(paragraph) < 120 for paragraph in _three_sentences(sentences))
+    out = outputs(_cjk_article(sentences, charset))["justext"]
+    # The article, and neither the navigation (all links) nor the footer (a copyright sign).
+    assert out.passed and out.text.splitlines() == _three_sentences(sentences)
 
 
 # ---------------------------------------------------------------------------------------------------

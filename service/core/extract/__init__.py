@@ -57,11 +57,20 @@ from service.core.extract.pool import (
 )
 from service.core.extract.word_count import count_words, text_counts
 
+# What a page's texts depend on beyond the extractor libraries' versions: bumped whenever our own code
+# gives other texts or verdicts for the same page and libraries (normalisation, thresholds, word counting),
+# so that whatever keeps texts (`htmllm extract`'s run.json, the evaluation's text cache, the shards'
+# manifest) never mixes two. Up to 5 such changes were counted as `htmllm extract`'s row format.
+# 6: jusText's length thresholds divided by 3 on Chinese/Japanese pages run without a stoplist; words of
+#    Thai, Lao, Khmer and Myanmar counted from their letters (were one per space-separated run).
+EXTRACTION_VERSION: Final = "6"
+
 __all__ = [
     "ALL",
     "DEFAULT_MIN_WORDS",
     "DEFAULT_ORDER",
     "DEFAULT_TIMEOUT_S",
+    "EXTRACTION_VERSION",
     "EXTRACTORS",
     "JUSTEXT",
     "LIMITS",
@@ -304,7 +313,7 @@ def _attempt(
         # A page over the extractor's structural limits is refused here, before any worker sees it.
         check_page(name, shape)
         out = runner.run(name, text, language=language, timeout_s=_timeout_for(timeout_s, name))
-        words, unreadable = text_counts(out.text)
+        words, unreadable, _ = text_counts(out.text)
         passed, score, reason = flt.judge(name, out.text, words, unreadable)
     except ExtractionError as exc:
         elapsed = time.perf_counter() - started

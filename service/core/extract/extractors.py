@@ -13,8 +13,11 @@ Settings, chosen to match how the paper "Beyond a Single Extractor" and DCLM ran
   on the page's visible text; English when the language is unknown, and jusText's own
   language-independent mode (no stoplist, length and link density only) for a language it has no
   stoplist for (Chinese, Japanese, Thai, ...), where the English stoplist kept nothing at all, and for
-  an unknown language when most of the page's words are Chinese or Japanese characters. Its
-  context-sensitive stage (also trafilatura's fallback) runs in linear time (`justext_revise`).
+  an unknown language when most of the page's words are in scripts written without spaces (Chinese,
+  Japanese, Thai, Lao, Khmer, Myanmar; Lao is not among the detector's languages and short Khmer went
+  undetected). On a page of mostly Chinese and Japanese characters that mode's length thresholds are
+  divided by `CJK_LENGTH_SCALE` (see there). Its context-sensitive stage (also trafilatura's fallback)
+  runs in linear time (`justext_revise`).
 
 trafilatura and jusText parse with lxml's `huge_tree`: without it libxml2 drops a text node over
 10,000,000 bytes (both gave empty text, no error, for a page of one 10 MB paragraph; pages are accepted
@@ -40,7 +43,7 @@ from service.core.extract.normalize import (
     drop_ruby_annotations,
     normalize_text,
 )
-from service.core.extract.word_count import UNSPACED_RANGES, count_words
+from service.core.extract.word_count import CJK_RANGES, count_words, text_counts
 
 RESILIPARSE: Final = "resiliparse"
 TRAFILATURA: Final = "trafilatura"
@@ -129,16 +132,26 @@ JUSTEXT_STOPLISTS: Final[dict[str, str]] = {
     "vi": "Vietnamese",
     "vo": "Volapuk",
 }
-# The language assumed when the detector cannot place a page that is not mostly Chinese or Japanese
-# (short pages, lists of names and numbers): English, the web's most common language. Its stoplist is
-# looked up in the table, not spelled twice, because the language is reported as the one jusText used:
-# a row's language and the stoplist that judged it cannot disagree.
+# The language assumed when the detector cannot place a page whose words are not mostly in a script
+# written without spaces (short pages, lists of names and numbers): English, the web's most common
+# language. Its stoplist is looked up in the table, not spelled twice, because the language is reported
+# as the one jusText used: a row's language and the stoplist that judged it cannot disagree.
 FALLBACK_LANGUAGE: Final = "en"
 FALLBACK_STOPLIST: Final = JUSTEXT_STOPLISTS[FALLBACK_LANGUAGE]
 # One character class of every Han, Hiragana and Katakana code point (`count_words`' own ranges).
-_UNSPACED_CHAR: Final = re.compile(
-    "[" + "".join(f"{re.escape(chr(low))}-{re.escape(chr(high))}" for low, high in UNSPACED_RANGES) + "]"
-)
+_CJK_CHAR: Final = re.compile(character_class(CJK_RANGES))
+# jusText's length thresholds (under 70 characters a paragraph is short, over 200 it can be good on its
+# own) are set for scripts that space their words: 70 and 200 characters are about 12 and 35 English
+# words of 4.7 letters and a space. A Chinese word is 1.5-2 characters, so a Chinese or Japanese
+# character holds about as much text as 3 English ones, and in the language-independent mode a
+# paragraph of 60 Chinese words (about 100 characters) was never good on its own: on NHK Easy (corpus
+# p0751, paragraphs of 60-140 characters once its ruby readings are dropped) and on a Chinese page
+# (p1018) jusText kept nothing, on another (p0241) 89 words of the 1,400 the other extractors kept. On
+# a mostly Chinese or Japanese page both are divided by 3 (23 and 67 characters): on the corpus's five
+# such pages the `with` snippets jusText finds went from 4 to 15 of 15, and their 15 `without` snippets
+# stay absent. (The heading distance, 200 characters, is left as it is: dividing it too changed no
+# output of the five.)
+CJK_LENGTH_SCALE: Final = 3
 
 
 @dataclass(frozen=True)
@@ -175,11 +188,19 @@ def stoplist_name(language: str | None) -> str | None:
 
 
 def mostly_unspaced(text: str) -> bool:
+    """Whether most words of `text`'s first characters (as `count_words` counts them) are words of a
+    script written without spaces (`word_count.UNSPACED_SCRIPTS`): for such a page the detector's
+    "unknown" does not mean English."""
+    counts = text_counts(text[:_LANGUAGE_SAMPLE_CHARS])
+    return counts.unspaced * 2 > counts.words
+
+
+def mostly_cjk(text: str) -> bool:
     """Whether most words of `text`'s first characters (as `count_words` counts them) are Chinese or
-    Japanese characters: for such a page the detector's "unknown" does not mean English."""
+    Japanese characters."""
     sample = text[:_LANGUAGE_SAMPLE_CHARS]
-    _, unspaced = _UNSPACED_CHAR.subn("", sample)  # a count in C, no Python loop over characters
-    return unspaced * 2 > count_words(sample)
+    _, cjk = _CJK_CHAR.subn("", sample)  # a count in C, no Python loop over characters
+    return cjk * 2 > count_words(sample)
 
 
 # resiliparse's main-content mode skips a text node holding one character of the BMP's private use area
@@ -235,8 +256,9 @@ def run_justext(html: str, language: str | None = None) -> RawOutput:
 
     The language reported is the one whose stoplist was used ("en" for the English fallback), the
     given or detected one where jusText has no stoplist for it, and None only where no language is
-    known and no stoplist was used: an empty page, or one of mostly Chinese or Japanese characters
-    that the detector could not place (where the English stoplist kept nothing: 0 words).
+    known and no stoplist was used: an empty page, or one mostly in a script written without spaces
+    (Chinese, Japanese, Thai, Lao, Khmer, Myanmar) that the detector could not place (where the English
+    stoplist kept nothing: 0 words).
     """
     import justext
     from lxml.etree import ParserError
@@ -254,7 +276,7 @@ def run_justext(html: str, language: str | None = None) -> RawOutput:
             # jusText's documented language-independent mode: an empty stoplist with both stopword
             # thresholds at 0 classifies by length and link density alone. The English stoplist
             # finds no stopwords in Chinese or Japanese and marks every paragraph boilerplate.
-            paragraphs = _justext(html, frozenset(), stopwords_low=0, stopwords_high=0)
+            paragraphs = _justext(html, frozenset(), stopwords_low=0, stopwords_high=0, cjk_lengths=True)
         else:
             paragraphs = _justext(html, justext.get_stoplist(name))
     except ParserError as exc:
@@ -295,21 +317,41 @@ def _justext_dom(html: str) -> Any:
         return lxml.html.fromstring(data, parser=lxml.html.HTMLParser(huge_tree=True, encoding="utf-8"))
 
 
-def _justext(html: str, stoplist: frozenset[str], **thresholds: float) -> list[Any]:
+def _justext(
+    html: str, stoplist: frozenset[str], *, cjk_lengths: bool = False, **thresholds: float
+) -> list[Any]:
     """`justext.justext(html, stoplist, **thresholds)`, with its context-sensitive stage in linear time.
 
     The same steps with jusText's defaults (parse, clean, split into paragraphs, classify each), then
     `justext_revise.revise_paragraph_classification` for jusText's own, which is quadratic in a run
     of short paragraphs (20,000 `<p>x` took 31 s) and gives the same classes. The page is parsed with
-    `huge_tree` (`_justext_dom`).
+    `huge_tree` (`_justext_dom`). With `cjk_lengths`, a page whose paragraphs are mostly Chinese or
+    Japanese characters has the length thresholds divided by `CJK_LENGTH_SCALE`.
     """
     from justext import core
 
     dom = core.preprocessor(_justext_dom(html))
     paragraphs: list[Any] = core.ParagraphMaker.make_paragraphs(dom)
+    if cjk_lengths and mostly_cjk(_paragraph_sample(paragraphs)):
+        thresholds.setdefault("length_low", core.LENGTH_LOW_DEFAULT)
+        thresholds.setdefault("length_high", core.LENGTH_HIGH_DEFAULT)
+        for key in ("length_low", "length_high"):
+            thresholds[key] = round(thresholds[key] / CJK_LENGTH_SCALE)
     core.classify_paragraphs(paragraphs, stoplist, **thresholds)
     revise_paragraph_classification(paragraphs, core.MAX_HEADING_DISTANCE_DEFAULT)
     return paragraphs
+
+
+def _paragraph_sample(paragraphs: list[Any]) -> str:
+    """The text of the first paragraphs, up to the language sample's length."""
+    texts: list[str] = []
+    length = 0
+    for paragraph in paragraphs:
+        if length >= _LANGUAGE_SAMPLE_CHARS:
+            break
+        texts.append(paragraph.text)
+        length += len(texts[-1]) + 1
+    return "\n".join(texts)
 
 
 EXTRACTOR_FUNCTIONS: Final[dict[str, Callable[[str, str | None], RawOutput]]] = {

@@ -74,3 +74,21 @@ def test_a_missing_checkpoint_is_refused_before_any_page_is_pruned(
     config = EvalConfig(checkpoints=(tmp_path / "runs/a/modle",), baselines=("random",))
     with pytest.raises(HtmllmError, match=r"modle is not an htmllm checkpoint"):
         run_evaluation([], config)
+
+
+def test_extracted_texts_are_cached_per_extraction_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Our extraction code changes texts without an extractor library changing version: a cache keyed on
+    # the libraries alone served the old texts.
+    import service.core.extract as extraction
+    from model_training.evaluation.runner import PageTexts
+
+    words = " ".join(f"word{i}" for i in range(80))
+    pages = {"p": f"<html><body><article><p>{words}.</p></article></body></html>".encode()}
+    first = PageTexts(pages, tmp_path)
+    first.extract_all()
+    assert "word79" in first.extracted("p")
+    assert "p" in PageTexts(pages, tmp_path)._extracted  # the same version reads it back
+    monkeypatch.setattr(extraction, "EXTRACTION_VERSION", "next")
+    assert "p" not in PageTexts(pages, tmp_path)._extracted
