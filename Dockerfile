@@ -7,12 +7,14 @@
 #
 # BuildKit builds only the stages a target needs, so the CPU build never pulls the CUDA images; the CPU
 # stages come last so that a plain `docker build .` gives the CPU image.
-# Both install the package from pyproject.toml extras in a builder stage, so the runtime image holds a
-# virtualenv with `service/` (and its bundled default model under service/assets/) and nothing else from
-# the repository: model_training, tests and benchmarks never enter the build context (.dockerignore) nor
-# the image. The server (`python -m service.api`, configured by HTMLLM_* variables) runs as an
-# unprivileged user, as PID 1 in exec form, so SIGTERM from
-# `docker stop` or the kubelet reaches uvicorn and the service drains its queue before exiting.
+# Both install the package from pyproject.toml extras in a builder stage, the dependencies in a layer of
+# their own that only pyproject.toml invalidates (a code change reinstalls the package alone), so the
+# runtime image holds a virtualenv with `service/` (and its bundled default model under service/assets/)
+# and nothing else from the repository: model_training, tests and benchmarks never enter the build
+# context (.dockerignore) nor the image. The server (`python -m service.api`, configured by HTMLLM_*
+# variables) runs as an unprivileged user, as PID 1 in exec form, so SIGTERM from `docker stop` or the
+# kubelet reaches it: the service drains its queue before exiting, or, still loading its model, exits at
+# once (PID 1 ignores a signal it has no handler for, so the server installs one before the load).
 # tests/deploy/test_dockerfile.py parses this file and checks these rules.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
@@ -31,7 +33,6 @@ ARG TORCH_CUDA_INDEX
 ARG FLASH_ATTN_CUDA_ARCHS=80;90
 ARG MAX_JOBS=4
 ENV DEBIAN_FRONTEND=noninteractive \
-    PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/htmllm \
     PATH=/opt/htmllm/bin:$PATH \
@@ -42,19 +43,34 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends python3.12 python3.12-venv python3.12-dev build-essential git \
     && rm -rf /var/lib/apt/lists/*
 # flash-attn builds against the installed torch, so torch and the build tools go in first and the
-# extras install without build isolation.
-RUN python3.12 -m venv /opt/htmllm \
-    && pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url "${TORCH_CUDA_INDEX}" \
-    && pip install --no-cache-dir "setuptools>=68" "wheel>=0.43" "packaging>=24" "ninja>=1.11" "psutil>=5.9" "einops>=0.8"
+# extras install without build isolation (setuptools: pyproject.toml's build requirement).
+# Every pip call keeps its downloads and built wheels in a BuildKit cache mount: it outlives the layers
+# (a rebuilt dependency layer re-downloads nothing, and reuses the flash-attn wheel it compiled) and
+# never enters the image.
+RUN --mount=type=cache,target=/root/.cache/pip \
+    python3.12 -m venv /opt/htmllm \
+    && pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_CUDA_INDEX}" \
+    && pip install "setuptools>=77" "wheel>=0.43" "packaging>=24" "ninja>=1.11" "psutil>=5.9" "einops>=0.8"
 WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY service ./service
-# The project itself, from the copied source; its dependencies are pinned by pyproject.toml ranges. The
-# checks run isolated (`python -I`): a plain `python -c` puts the working directory first on sys.path, so
-# /src/service (the copied source) would be imported instead of the installed package, and the check for
-# the bundled model would pass even if the package left it out.
+# The dependencies, in a layer that sees nothing but pyproject.toml, so a change to the code or the
+# README does not recompile flash-attn: pip installs the project's extras from a stub of it (an empty
+# `service` package and README, all the build backend needs), then the stub goes.
+COPY pyproject.toml ./
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir --no-build-isolation ".[serve,extract,embed,gpu]" \
+RUN --mount=type=cache,target=/root/.cache/pip \
+    mkdir service \
+    && touch service/__init__.py README.md \
+    && pip install --no-build-isolation ".[serve,extract,embed,gpu]" \
+    && pip uninstall --yes htmllm \
+    && rm -rf service README.md build ./*.egg-info
+COPY README.md ./
+COPY service ./service
+# The project itself, from the copied source, and nothing else (--no-deps: the layer above has them).
+# The checks run isolated (`python -I`): a plain `python -c` puts the working directory first on
+# sys.path, so /src/service (the copied source) would be imported instead of the installed package, and
+# the check for the bundled model would pass even if the package left it out.
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir --no-deps --no-build-isolation . \
     && python -I -c "import service.api, service.engine, onnxruntime, resiliparse, trafilatura, justext, pyarrow" \
     && python -I -c "import pathlib, service; d = pathlib.Path(service.__file__).parent / 'assets' / 'default-model'; assert (d / 'config.json').is_file(), f'no bundled default model at {d}'"
 
@@ -87,7 +103,7 @@ USER 10001:10001
 EXPOSE 8000
 STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=30s --timeout=5s --start-period=180s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/ready' % os.environ.get('HTMLLM_PORT', '8000'), timeout=4)"]
+    CMD ["python", "-c", "import os, urllib.request; h = '[::1]' if os.environ.get('HTMLLM_HOST') == '::' else '127.0.0.1'; urllib.request.urlopen('http://%s:%s/ready' % (h, os.environ.get('HTMLLM_PORT', '8000')), timeout=4)"]
 # `python -m service.api` reads every setting, host and port included, from HTMLLM_* variables.
 CMD ["python", "-m", "service.api"]
 
@@ -98,19 +114,30 @@ CMD ["python", "-m", "service.api"]
 FROM ${PYTHON_IMAGE} AS cpu-builder
 ARG TORCH_VERSION
 ARG TORCH_CPU_INDEX
-ENV PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/htmllm \
     PATH=/opt/htmllm/bin:$PATH
-RUN python -m venv /opt/htmllm \
-    && pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url "${TORCH_CPU_INDEX}"
+# pip's downloads in a BuildKit cache mount, as in the CUDA builder.
+RUN --mount=type=cache,target=/root/.cache/pip \
+    python -m venv /opt/htmllm \
+    && pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_CPU_INDEX}"
 WORKDIR /src
+# The dependencies from pyproject.toml alone, through a stub of the project, as in the CUDA builder.
+COPY pyproject.toml ./
+# hadolint ignore=DL3013
+RUN --mount=type=cache,target=/root/.cache/pip \
+    mkdir service \
+    && touch service/__init__.py README.md \
+    && pip install ".[serve,extract,embed,onnx]" \
+    && pip uninstall --yes htmllm \
+    && rm -rf service README.md build ./*.egg-info
 # README.md is read by the build backend (pyproject `readme`); it does not reach the runtime image.
-COPY pyproject.toml README.md ./
+COPY README.md ./
 COPY service ./service
 # Checked with `python -I` for the reason the CUDA builder gives: the installed package, not /src/service.
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir ".[serve,extract,embed,onnx]" \
+RUN --mount=type=cache,target=/root/.cache/pip \
+    pip install --no-deps . \
     && python -I -c "import service.api, service.engine, onnxruntime, resiliparse, trafilatura, justext, pyarrow" \
     && python -I -c "import pathlib, service; d = pathlib.Path(service.__file__).parent / 'assets' / 'default-model'; assert (d / 'config.json').is_file(), f'no bundled default model at {d}'"
 
@@ -136,9 +163,10 @@ WORKDIR /home/htmllm
 USER 10001:10001
 EXPOSE 8000
 STOPSIGNAL SIGTERM
-# /ready: the model is loaded and warmed, so `healthy` means "can serve" (compose `service_healthy`).
+# /ready: the model is loaded and warmed, so `healthy` means "can serve" (compose `service_healthy`). On
+# the IPv6 loopback when HTMLLM_HOST is "::", which binds IPv6 only.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/ready' % os.environ.get('HTMLLM_PORT', '8000'), timeout=4)"]
+    CMD ["python", "-c", "import os, urllib.request; h = '[::1]' if os.environ.get('HTMLLM_HOST') == '::' else '127.0.0.1'; urllib.request.urlopen('http://%s:%s/ready' % (h, os.environ.get('HTMLLM_PORT', '8000')), timeout=4)"]
 # `python -m service.api` reads every setting, host and port included, from HTMLLM_* variables.
 CMD ["python", "-m", "service.api"]
 

@@ -3,8 +3,9 @@
 `python -m service.api [flags]` and `htmllm serve [flags]` take the same flags (`add_serve_arguments`)
 and both end in `serve(settings)`. The checkpoint is loaded before the port is bound, so a missing or
 broken model fails fast with a message saying what is missing, and the server never starts with
-something that is not a model. Heavy imports (uvicorn, pydantic) wait until a server is really started,
-so the `htmllm` CLI stays usable without the serve extra.
+something that is not a model; a SIGTERM while it loads ends the process at once (status 143). Heavy
+imports (uvicorn, pydantic) wait until a server is really started, so the `htmllm` CLI stays usable
+without the serve extra.
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -24,6 +28,7 @@ if TYPE_CHECKING:
     import uvicorn
 
     from service.api.settings import Settings
+    from service.engine import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +66,11 @@ class InvalidSettingsError(HtmllmError):
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """The server's flags; each overrides its `HTMLLM_*` variable."""
-    parser.add_argument("--host", default=None, help="address to bind (HTMLLM_HOST, default 0.0.0.0)")
+    parser.add_argument(
+        "--host",
+        default=None,
+        help="address to bind (HTMLLM_HOST, default 0.0.0.0: IPv4; '::' binds IPv6 only, '' both families)",
+    )
     parser.add_argument("--port", type=int, default=None, help="port to bind (HTMLLM_PORT, default 8000)")
     parser.add_argument(
         "--model-path",
@@ -187,6 +196,8 @@ def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
         host=settings.host,
         port=settings.port,
         http=protocol_class(settings.head_timeout_s),
+        # uvicorn's own default is 5 s, shorter than any load balancer's idle timeout (Settings).
+        timeout_keep_alive=settings.keep_alive_timeout_s,
         log_level=settings.log_level,
         lifespan="on",
         timeout_graceful_shutdown=max(1, math.ceil(settings.drain_timeout_s)),
@@ -195,9 +206,40 @@ def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
     )
 
 
+# The exit status of a server stopped by SIGTERM before it served, as a shell reports a process that
+# SIGTERM ended (128 + the signal's number).
+EXIT_TERMINATED = 128 + signal.SIGTERM
+
+
+class _Terminated(BaseException):
+    """SIGTERM during the start. A BaseException, as KeyboardInterrupt is for SIGINT, so that no
+    `except Exception` on the way (a checkpoint reader's, a runner's) takes it for a load failure."""
+
+
+@contextmanager
+def _sigterm_ends_the_start() -> Iterator[None]:
+    """Within, SIGTERM raises _Terminated: loading a model takes seconds to minutes, and in a container
+    the server is PID 1, for which the kernel drops every signal without a handler. Without this one a
+    pod deleted while its model loaded ran on until the kubelet's SIGKILL, a grace period later.
+    uvicorn installs its own handlers once it serves (and gives back the ones it found when it stops:
+    hence the previous handler is restored on leaving, not left for uvicorn to re-raise SIGTERM into)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may install a handler (as uvicorn, which then installs none either)
+        return
+
+    def terminate(sig: int, frame: FrameType | None) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def serve(settings: Settings) -> int:
     """Run the server until SIGTERM/SIGINT; 1 when the model is missing or does not load, 2 when the
-    settings cannot work on this machine or with this checkpoint."""
+    settings cannot work on this machine or with this checkpoint, 143 on SIGTERM before it serves."""
     import uvicorn
 
     from service.api.api_keys import ApiKeys
@@ -205,19 +247,26 @@ def serve(settings: Settings) -> int:
     from service.api.logs import configure_logging
 
     configure_logging(settings.log_level, settings.log_format)
+    engine: Engine | None = None
     try:
-        ApiKeys(settings.api_key, settings.api_key_file)  # before the model loads: a bad key file is quick
-        check_device(settings)
-        check_model_path(settings)
-        engine = load_engine(settings)
+        with _sigterm_ends_the_start():
+            ApiKeys(settings.api_key, settings.api_key_file)  # before the model: a bad key file is quick
+            check_device(settings)
+            check_model_path(settings)
+            engine = load_engine(settings)
+            app = create_app(settings, engine)
+            server = uvicorn.Server(uvicorn_config(app, settings))
+    except _Terminated:
+        if engine is not None:
+            engine.close()  # the runner's resources (a model child process), were it loaded
+        logger.warning("SIGTERM before the server started serving: exiting (status %d)", EXIT_TERMINATED)
+        return EXIT_TERMINATED
     except InvalidSettingsError as exc:
         sys.stderr.write(f"htmllm serve: invalid settings: {exc}\n")
         return 2
     except HtmllmError as exc:
         sys.stderr.write(f"htmllm serve: {exc.code}: {exc}\n")
         return 1
-    app = create_app(settings, engine)
-    server = uvicorn.Server(uvicorn_config(app, settings))
     uvicorn_handle_exit = server.handle_exit
     runtime = app.state.runtime
 

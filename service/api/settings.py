@@ -182,8 +182,21 @@ class Settings(BaseSettings):
         description="a file of API keys, one per line (# comments), re-read when it changes: rotate keys "
         "without a restart; model routes then need one of them (or HTMLLM_API_KEY)",
     )
-    host: str = "0.0.0.0"
+    host: str = Field(
+        "0.0.0.0",
+        description="the address to bind: 0.0.0.0 every IPv4 address; :: every IPv6 address and only those "
+        "(asyncio's and uvloop's servers set IPV6_V6ONLY whatever net.ipv6.bindv6only says); an empty "
+        "string both families, one socket each (0.0.0.0 and ::)",
+    )
     port: int = Field(8000, ge=0, le=65535)
+    keep_alive_timeout_s: int = Field(
+        75,
+        ge=1,
+        description="an idle keep-alive connection is closed after this long; keep it longer than the idle "
+        "timeout of the proxy or load balancer in front (60 s for AWS ALB and ingress-nginx, 600 s for "
+        "Google's): one that pools connections longer reuses a connection the server has just closed, and "
+        "the request on it fails (a 502, or a reset)",
+    )
     drain_timeout_s: float = Field(30.0, ge=0, description="graceful shutdown: time to drain the queue")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     log_format: Literal["text", "json"] = Field(

@@ -124,14 +124,16 @@ they are.
 
 {{/*
 The HTMLLM_* settings the chart itself sets (the ConfigMap's data before extraSettings), as JSON. The
-port is the container port the probes and the Service use; the drain time is the one the grace
-period is derived from. extraSettings and extraEnv may not set these again (htmllm.validate).
+port is the container port the probes and the Service use; the host is an address the kubelet's probes
+reach the pod on (server.host: the schema admits only the all-addresses ones); the drain time is the one
+the grace period is derived from. extraSettings and extraEnv may not set these again (htmllm.validate).
 */}}
 {{- define "htmllm.settings" -}}
 {{- $s := .Values.server }}
 {{- $settings := dict
-  "HTMLLM_HOST" "0.0.0.0"
+  "HTMLLM_HOST" $s.host
   "HTMLLM_PORT" "8000"
+  "HTMLLM_KEEP_ALIVE_TIMEOUT_S" (include "htmllm.settingValue" $s.keepAliveTimeoutSeconds)
   "HTMLLM_BACKEND" $s.backend
   "HTMLLM_DEVICE" (ternary "cuda" "cpu" .Values.gpu.enabled)
   "HTMLLM_DTYPE" $s.dtype
