@@ -7,7 +7,10 @@ extractor fails on, and an input row that cannot be read (not JSON, a missing fi
 pruner's 16 MiB cap, `payload_too_large`, see `service.core.pages`), gets an `error` object in its row
 rather than stopping the run; only an input source that does not exist or cannot be read, an unwritable
 output path or a run state that cannot be resumed fails the command: one line with its code, as
-`htmllm embed` says it, and exit code 1.
+`htmllm embed` says it, and exit code 1. A failure that a later attempt may not repeat (`TRANSIENT`:
+`not_ready`, the page's extractor process killed from outside, by the OOM killer or `kill -9`, in each
+of the pool's tries) is never written, as `htmllm embed` leaves such a page: the page is left for the
+next run, and the command exits 1 without merging (streamed, where nothing resumes, its row says so).
 
 Resumable as `htmllm embed` is, with the same rules (`resume_state`): rows go, in input order, to
 append-only parts in `<output>.parts/` (each a JSON header line with its first index, its pages' ids and
@@ -40,11 +43,11 @@ import os
 import shutil
 import stat
 import sys
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -71,14 +74,14 @@ from service.commands.resume_state import (
     sigterm_as_ctrl_c,
 )
 from service.core.atomic_files import replaced_atomically
-from service.core.errors import HtmllmError
+from service.core.errors import ErrorCode, HtmllmError
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
     from tqdm import tqdm
 
-    from service.core.extract import Extraction, ExtractionError, ExtractorPool
+    from service.core.extract import Extraction, ExtractorPool
     from service.core.pages import Page
 
 _EXTRACTOR_CHOICES = ("union", "all", "resiliparse", "trafilatura", "justext")
@@ -94,6 +97,9 @@ _EXTRACTOR_DISTRIBUTIONS = ("resiliparse", "trafilatura", "justext")
 #    and an output without words never passes.
 # Since then a change of the texts alone bumps `service.core.extract.EXTRACTION_VERSION`, pinned beside it.
 ROW_FORMAT = 5
+# Failures a later attempt may not repeat: written as rows they would be "done" for good (`htmllm embed`'s
+# rule; of its codes only this one reaches an extraction).
+TRANSIENT = frozenset({ErrorCode.NOT_READY})  # the page's extractor process killed from outside
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -150,7 +156,30 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.set_defaults(func=run)
 
 
-def _error_json(exc: ExtractionError) -> dict[str, str]:
+@dataclass
+class _Deferred:
+    """The pages of a run whose extraction failed for a reason a retry may not repeat (`TRANSIENT`)."""
+
+    codes: Counter[str] = field(default_factory=Counter)
+    first: str = ""  # the first one's code and message, to say why
+
+    def note(self, row: dict[str, Any]) -> bool:
+        """Whether `row` records such a failure (counted if so)."""
+        error = row.get("error")
+        if error is None or error["code"] not in TRANSIENT:
+            return False
+        self.codes[error["code"]] += 1
+        self.first = self.first or f"{error['code']}: {error['message']}"
+        return True
+
+    def said(self, what: str) -> str:
+        """How many pages `what` (were left...), by code, with the first one's reason, as `htmllm embed`
+        says it."""
+        codes = ", ".join(f"{n} {code}" for code, n in sorted(self.codes.items()))
+        return f"{self.codes.total()} pages {what} ({codes}; first: {self.first})"
+
+
+def _error_json(exc: HtmllmError) -> dict[str, str]:
     return {"code": str(exc.code), "message": exc.message}
 
 
@@ -165,7 +194,7 @@ def _extraction_json(result: Extraction, page: Page) -> dict[str, Any]:
 
 
 def _process(index: int, page: Page, args: argparse.Namespace, pool: ExtractorPool) -> dict[str, Any]:
-    from service.core.extract import ExtractionError, extract, extract_all
+    from service.core.extract import ExtractionError, ExtractorLostError, extract, extract_all
 
     row: dict[str, Any] = {"index": index, "id": page.id, "url": page.url}
     if page.error is not None:
@@ -192,7 +221,7 @@ def _process(index: int, page: Page, args: argparse.Namespace, pool: ExtractorPo
                 runner=pool,
             )
             row.update(_extraction_json(result, page))
-    except ExtractionError as exc:
+    except (ExtractionError, ExtractorLostError) as exc:  # the latter's row is `_Deferred`'s, never written
         row["error"] = _error_json(exc)
     return row
 
@@ -377,15 +406,15 @@ def _bar(args: argparse.Namespace, initial: int = 0) -> tqdm[Any]:
     return progress_bar(initial=initial, total=args.limit, unit="page", disable=args.no_progress)
 
 
-def _stream(args: argparse.Namespace, pages: Iterable[Page], workers: int) -> str:
-    """Write the rows as they come (standard output, a FIFO): nothing to resume from. Returns the
-    summary."""
+def _stream(args: argparse.Namespace, pages: Iterable[Page], workers: int, deferred: _Deferred) -> str:
+    """Write the rows as they come (standard output, a FIFO): nothing to resume from, so a deferred
+    page's row is written too, with its error, and not counted as failed. Returns the summary."""
     counts = {"pages": 0, "errors": 0, "passed": 0}
     with _open_in_place(args.output) as out, _bar(args) as bar:
 
         def emit(_: int, row: dict[str, Any]) -> None:
             counts["pages"] += 1
-            counts["errors"] += _failed(row)
+            counts["errors"] += not deferred.note(row) and _failed(row)
             counts["passed"] += bool(row.get("passed"))
             out.write(json.dumps(row, ensure_ascii=False) + "\n")
 
@@ -394,10 +423,16 @@ def _stream(args: argparse.Namespace, pages: Iterable[Page], workers: int) -> st
 
 
 def _resumable(
-    args: argparse.Namespace, target: Path, pages: Iterable[Page], workers: int, termination: Termination
+    args: argparse.Namespace,
+    target: Path,
+    pages: Iterable[Page],
+    workers: int,
+    termination: Termination,
+    deferred: _Deferred,
 ) -> str:
-    """Extract the pages not done by an interrupted run into parts, then merge them into `target`.
-    Returns the summary."""
+    """Extract the pages not done by an interrupted run into parts, then merge them into `target`, unless
+    a page was deferred: it is not written (so not done), and the parts wait for the run that extracts
+    it. Returns the summary."""
     parts = parts_dir(target)
     fmt = _JsonlParts()
     with run_lock(parts):  # a missing directory is made, as `htmllm embed` makes it
@@ -408,6 +443,8 @@ def _resumable(
         writer = PartWriter(parts, fmt, args.part_size)
 
         def emit(index: int, row: dict[str, Any]) -> None:
+            if deferred.note(row):
+                return  # left for the next run, which finds its index missing
             if writer.rows and writer.rows[-1]["index"] + 1 != index:
                 writer.flush()  # after a gap in the done-set: a part holds consecutive indices
             writer.add({"index": index, "id": row["id"], "row": row})
@@ -429,6 +466,8 @@ def _resumable(
                 remove_parts(parts, target)  # nothing to resume from: leave nothing behind
             raise
         writer.flush()
+        if deferred.codes:
+            return ""  # no output yet: `run` says which pages are left
         errors, passed = _merge(parts, target, walk.documents)
         remove_parts(parts, target)
     summary = _summary(args, walk.documents, errors, passed)
@@ -504,6 +543,7 @@ def run(args: argparse.Namespace) -> int:
     # The run's own files (an output inside the input directory, its parts) are no pages of it.
     skip = None if target is None else own_files(Path(args.output))
     termination = Termination()
+    deferred = _Deferred()
     try:
         if target is not None:
             check_output_parent(Path(args.output))  # as `htmllm embed` checks it (a missing one is made)
@@ -516,9 +556,9 @@ def run(args: argparse.Namespace) -> int:
             if first is not None:
                 pages = itertools.chain([first], pages)
             if target is None or in_place:
-                summary = _stream(args, pages, workers)
+                summary = _stream(args, pages, workers, deferred)
             else:
-                summary = _resumable(args, target, pages, workers, termination)
+                summary = _resumable(args, target, pages, workers, termination, deferred)
     except KeyboardInterrupt:
         how = termination.how
         if target is None:
@@ -539,5 +579,20 @@ def run(args: argparse.Namespace) -> int:
         # strerror alone: the path in str(exc) may be a temporary file's, which the user never named
         print(f"htmllm extract: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
         return 1
-    print(summary, file=sys.stderr)
-    return 0
+    if target is None or in_place:
+        print(summary, file=sys.stderr)
+        if deferred.codes:
+            print(
+                f"htmllm extract: {deferred.said('were not extracted')}: their rows hold that error; run "
+                "the command again to extract them",
+                file=sys.stderr,
+            )
+    elif deferred.codes:
+        print(
+            f"htmllm extract: {deferred.said('were left for the next run')}; {args.output} was not written, "
+            f"what was finished is kept in {parts_dir(target)}: run the same command again to extract them",
+            file=sys.stderr,
+        )
+    else:
+        print(summary, file=sys.stderr)
+    return 1 if deferred.codes else 0

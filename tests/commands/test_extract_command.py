@@ -305,7 +305,9 @@ def test_ctrl_c_keeps_the_parts_and_a_resume_with_other_options_or_input_is_refu
     assert main(args) == 1
     assert "other settings (row_format); delete it" in capsys.readouterr().err
     # Nor texts of an older extraction (run.json of format 5 had no extraction version).
-    (parts / "run.json").write_text(json.dumps({k: v for k, v in pinned.items() if k != "extraction_version"}))
+    (parts / "run.json").write_text(
+        json.dumps({k: v for k, v in pinned.items() if k != "extraction_version"})
+    )
     assert main(args) == 1
     assert "other settings (extraction_version); delete it" in capsys.readouterr().err
     (parts / "run.json").write_text(json.dumps(pinned))
@@ -717,3 +719,105 @@ def test_sigterm_keeps_what_was_finished_as_ctrl_c_does(
     assert main(args) == 0
     assert "2 of them done by the interrupted run" in capsys.readouterr().err
     assert [row["id"] for row in _rows(output)] == ids
+
+
+# --- an extractor process killed from outside (the OOM killer): not the page's failure ---
+
+_KILLED = "the kernel picks the process extracting this page"
+_KILLED_PAGE = (
+    "<html><body><article>"
+    + "".join(f"<p>Sentence {i} says that {_KILLED}, though nothing in it is wrong.</p>" for i in range(12))
+    + "</article></body></html>"
+)
+
+
+def _timeless(value: Any) -> Any:
+    """A row less every `elapsed_s`, nested ones included (an `all` row's extractions)."""
+    if isinstance(value, dict):
+        return {k: _timeless(v) for k, v in value.items() if k != "elapsed_s"}
+    return [_timeless(v) for v in value] if isinstance(value, list) else value
+
+
+def _pages_with_one_killed(path: Path) -> Path:
+    good = "<html><body><article><p>" + _RUSSIAN * 10 + "</p></article></body></html>"
+    rows = [("a", good), ("killed", _KILLED_PAGE), ("c", good)]
+    path.write_text("".join(json.dumps({"id": i, "html": html}) + "\n" for i, html in rows))
+    return path
+
+
+def test_a_page_whose_extractor_process_is_killed_from_outside_is_extracted_in_a_fresh_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its resiliparse attempt was `extraction_failed` ("died (exit code -9)") and the union took
+    trafilatura's text: the row depended on the OOM killer, and was done for good."""
+    from service.core.extract.pool import LOST_WORKER_RETRIES
+    from tests.factories.worker_kills import kill_workers_holding
+
+    source = _pages_with_one_killed(tmp_path / "pages.jsonl")
+    clean, out = tmp_path / "clean.jsonl", tmp_path / "out.jsonl"
+    assert main(_args(source, clean)) == 0
+    with monkeypatch.context() as patch:
+        killed = kill_workers_holding(patch, _KILLED.encode(), kills=LOST_WORKER_RETRIES)
+        assert main(_args(source, out)) == 0
+    assert len(set(killed)) == LOST_WORKER_RETRIES
+    assert "3 pages, 0 failed" in capsys.readouterr().err
+    assert _timeless(_rows(out)) == _timeless(_rows(clean))
+
+
+@pytest.mark.parametrize("extractor", ["union", "all"])
+def test_a_page_whose_extractor_process_is_killed_in_every_try_is_left_for_the_resume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, extractor: str
+) -> None:
+    """As `htmllm embed` leaves such a page: not written (it was a permanent `extraction_failed` row, or
+    the union's next extractor's text), exit 1 without merging, and the resume extracts it."""
+    from service.core.extract.pool import LOST_WORKER_RETRIES
+    from tests.factories.worker_kills import kill_workers_holding
+
+    source = _pages_with_one_killed(tmp_path / "pages.jsonl")
+    clean, out = tmp_path / "clean.jsonl", tmp_path / "out.jsonl"
+    args = _args(source, out, "--part-size", "1", "--extractor", extractor)
+    assert main(_args(source, clean, "--extractor", extractor)) == 0
+    capsys.readouterr()
+    with monkeypatch.context() as patch:
+        killed = kill_workers_holding(patch, _KILLED.encode(), kills=LOST_WORKER_RETRIES + 1)
+        assert main(args) == 1
+    assert len(set(killed)) == LOST_WORKER_RETRIES + 1
+    parts = tmp_path / "out.jsonl.parts"
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "htmllm extract: 1 pages were left for the next run (1 not_ready; first: not_ready: resiliparse did "
+        "not run on this page: its extractor worker was killed from outside"
+    ), err
+    assert err.endswith(
+        f"try it again later); {out} was not written, what was finished is kept in {parts}: run the same "
+        "command again to extract them\n"
+    )
+    assert err.count("\n") == 1 and not out.exists()
+    written = [json.loads(p.read_text().splitlines()[1]) for p in parts.glob("part-*.jsonl")]
+    assert sorted(row["index"] for row in written) == [0, 2]
+
+    assert main(args) == 0  # the resume extracts it
+    assert "3 pages, 0 failed" in capsys.readouterr().err
+    assert _timeless(_rows(out)) == _timeless(_rows(clean))
+
+
+def test_a_streamed_page_whose_extractor_process_is_killed_in_every_try_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Standard output cannot be resumed: the page's row holds the retryable `not_ready`, which the
+    summary does not count as a failed page, and the run exits 1."""
+    from service.core.extract.pool import LOST_WORKER_RETRIES
+    from tests.factories.worker_kills import kill_workers_holding
+
+    source = _pages_with_one_killed(tmp_path / "pages.jsonl")
+    with monkeypatch.context() as patch:
+        kill_workers_holding(patch, _KILLED.encode(), kills=LOST_WORKER_RETRIES + 1)
+        assert main(_args(source, "-")) == 1
+    captured = capsys.readouterr()
+    rows = [json.loads(line) for line in captured.out.splitlines()]
+    assert [row["index"] for row in rows] == [0, 1, 2] and "text" in rows[0] and "text" in rows[2]
+    assert rows[1]["error"]["code"] == "not_ready" and "killed from outside" in rows[1]["error"]["message"]
+    assert "htmllm extract: 3 pages, 0 failed" in captured.err
+    assert "htmllm extract: 1 pages were not extracted (1 not_ready; first: not_ready: " in captured.err
+    assert captured.err.endswith("): their rows hold that error; run the command again to extract them\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pages.jsonl"]

@@ -4,7 +4,9 @@ Extraction is CPU-bound and runs in the runtime's own threads and extractor proc
 (`service.core.extract`), never on the event loop; the request limits and errors are /v1/embed's. One
 extractor failing on one page is reported in that entry, so the rest of the request still counts; so is
 one still queued or running at the request timeout (`timeout`), as `/v1/embed` reports a late document
-with `on_error: report`: the extractions finished by then keep their results.
+with `on_error: report`: the extractions finished by then keep their results. An extractor process
+killed from outside under a page in each of its tries (the OOM killer: `ExtractorLostError`) is no
+failure of the page: the request gets the retryable 503 `not_ready`, with Retry-After.
 """
 
 from __future__ import annotations
@@ -113,7 +115,8 @@ async def _settle(
         outputs: list[ExtractionOut] = []
         for job, wrapped, extractor in zip(jobs, waiting, extractors, strict=True):
             if wrapped in done or (job.done() and not job.cancelled()):  # the latter: ended just now
-                outputs.append(job.result())  # raises a bug in the route, not an extractor's failure: a 500
+                # Raises `ExtractorLostError` (the request's 503) or a bug in the route (a 500).
+                outputs.append(job.result())
                 continue
             where = "running" if job.running() else "queued"
             late = DeadlineExceededError(

@@ -16,7 +16,10 @@ Bytes are decoded with `service.core.decoding.decode_html`, exactly as the prune
 whose structure predicts seconds of an extractor's work is refused before any worker sees it
 (`service.core.extract.limits`); every other extraction runs in a killable worker process
 (`service.core.extract.pool`) under its own time limit. Every extractor sees the page without its ruby
-annotations and returns normalised text (`service.core.extract.normalize`).
+annotations and returns normalised text (`service.core.extract.normalize`). A worker killed from outside
+under the page in each of its tries (the OOM killer) fails the whole call with `ExtractorLostError`
+(`not_ready`): not one extractor's failure, so the union does not go on to the next extractor, nor does
+`extract_all` record it as that extractor's.
 
 The pool starts its workers from a forkserver, which imports the calling script as multiprocessing's
 spawn does: a script must call `extract` under `if __name__ == "__main__":`, or each worker runs the
@@ -49,6 +52,7 @@ from service.core.extract.limits import LIMITS, ExtractorLimits, PageShape, Page
 from service.core.extract.pool import (
     ExtractionError,
     ExtractionTimeoutError,
+    ExtractorLostError,
     ExtractorPool,
     InlineRunner,
     Runner,
@@ -85,6 +89,7 @@ __all__ = [
     "ExtractionOptionsError",
     "ExtractionTimeoutError",
     "ExtractorLimits",
+    "ExtractorLostError",
     "ExtractorPool",
     "InlineRunner",
     "PageTooComplexError",
@@ -308,6 +313,8 @@ def _attempt(
     timeout_s: Timeouts,
     flt: _Filter,
 ) -> tuple[Attempt, RawOutput | None, ExtractionError | None]:
+    """One extractor's run and verdict; its failure is returned, for the caller to record. An
+    `ExtractorLostError` (no `ExtractionError`) is raised through: the page was not tried."""
     started = time.perf_counter()
     try:
         # A page over the extractor's structural limits is refused here, before any worker sees it.
@@ -345,7 +352,9 @@ def extract(
     number for all, or a mapping per name; None means no bound (trusted input only). `language`
     (ISO 639-1; "EN" and "en-US" are "en") skips jusText's detection. `runner` defaults to the shared
     process pool. A single extractor's failure raises `ExtractionError` (`ExtractionTimeoutError` past
-    the limit); the union raises only when every extractor failed.
+    the limit); the union raises only when every extractor failed. `ExtractorLostError` when the
+    process running an extractor was killed from outside in each try: the page is to be tried again
+    later, as a whole (the union does not take the next extractor's text for it).
     """
     started = time.perf_counter()
     if extractor == ALL:
@@ -415,7 +424,8 @@ def extract_all(
     """Every extractor's output for a page, keyed by name; a failed extractor maps to its error.
 
     `passed` on each entry applies the same filter as the union, so a caller can see which outputs
-    the union would have accepted. Bad options raise; one extractor's failure does not.
+    the union would have accepted. Bad options raise; one extractor's failure does not, and neither does
+    `ExtractorLostError` count as one: it raises, as in `extract`.
     """
     names = resolve_order(extractors)
     language = _check_options(timeout_s, min_words, min_score, language)

@@ -2,7 +2,9 @@
 limit really bounds time and a crash in an extractor's C code fails one page, not the service.
 
 Workers are forked from a forkserver that has already imported the extractor libraries, so replacing a
-killed worker costs tens of milliseconds, not the second it takes to import trafilatura.
+killed worker costs tens of milliseconds, not the second it takes to import trafilatura. A worker killed
+from outside while it holds a page (the kernel's OOM killer, `kill -9`) says nothing of the page or the
+extractor: the page is run again in a fresh worker (`LOST_WORKER_RETRIES`), then `ExtractorLostError`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Final, Protocol
 from service.core.cpus import cpu_budget
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.extract.extractors import RawOutput, run_extractor
-from service.core.workers import JobError, WorkerError, WorkerPool, WorkerTimeoutError
+from service.core.workers import JobError, WorkerError, WorkerLostError, WorkerPool, WorkerTimeoutError
 
 _PRELOAD: Final = (
     "service.core.extract.extractors",
@@ -23,6 +25,10 @@ _PRELOAD: Final = (
     "justext",
     "trafilatura",
 )
+# A page whose extractor process was killed from outside is tried again in a fresh process this many
+# times before `ExtractorLostError`, as served preprocessing does (`LOST_PROCESS_RETRIES`): one OOM kill
+# under a burst of big pages should neither fail a request nor change which extractor the union picks.
+LOST_WORKER_RETRIES: Final = 2
 
 
 def default_workers() -> int:
@@ -38,6 +44,16 @@ class ExtractionError(HtmllmError):
 
 class ExtractionTimeoutError(ExtractionError):
     """An extractor ran past its time limit and its worker was killed."""
+
+
+class ExtractorLostError(HtmllmError):
+    """The extractor process that held a page was killed from outside (the kernel's OOM killer, `kill -9`)
+    in each of its tries: the server's trouble, not the page's nor the extractor's, so `not_ready` (503
+    with Retry-After; `htmllm extract` leaves the page for the next run) and no `ExtractionError`. As
+    one, the union had gone on to the next extractor (the page's text then depended on a kill) and
+    `htmllm extract` had written a permanent `extraction_failed` row that no resume redid."""
+
+    code = ErrorCode.NOT_READY
 
 
 class Runner(Protocol):
@@ -64,7 +80,8 @@ class ExtractorPool(WorkerPool):
     """Up to `workers` extractor processes shared by any number of calling threads.
 
     A caller takes an idle worker (or starts one, or waits for one), sends the job and waits at most
-    `timeout_s`. A worker that timed out or crashed is killed and not reused.
+    `timeout_s`. A worker that timed out or crashed is killed and not reused; one killed from outside
+    under a job is replaced and the job run again (`LOST_WORKER_RETRIES`).
     """
 
     def __init__(
@@ -80,6 +97,7 @@ class ExtractorPool(WorkerPool):
             preload=_PRELOAD,
             memory_limit_bytes=memory_limit_bytes,
             context=context,
+            lost_worker_retries=LOST_WORKER_RETRIES,
         )
 
     def run(self, name: str, html: str, *, language: str | None, timeout_s: float | None) -> RawOutput:
@@ -89,6 +107,10 @@ class ExtractorPool(WorkerPool):
             raise ExtractionTimeoutError(f"{name} {exc.message}") from exc
         except JobError as exc:
             raise ExtractionError(f"{name} failed: {exc.message}") from exc
+        except WorkerLostError as exc:  # before WorkerError, its base: not the extractor's failure
+            raise ExtractorLostError(
+                f"{name} did not run on this page: {exc.message}; try it again later"
+            ) from exc
         except WorkerError as exc:
             raise ExtractionError(f"{name}: {exc.message}") from exc
         except Exception as exc:
