@@ -9,6 +9,8 @@ for fails the command rather than pass for it.
 The export holds the lock a starting server's `ensure_onnx` takes on the target's directory
 (`export_onnx_locked`): that server, cleaning up the temporaries of killed exports, would otherwise
 remove this one's, and a second export to the same file would interleave with it; either waits instead.
+The checkpoint's fingerprint, which the graph records, is taken before the checkpoint is loaded (see
+`export_onnx`).
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:  # an optional extra
         print("htmllm export-onnx: needs onnx and onnxscript (pip install onnx onnxscript)", file=sys.stderr)
         return 1
-    from service.core.checkpoint import load_checkpoint
+    from service.core.checkpoint import checkpoint_fingerprint, load_checkpoint
     from service.core.errors import HtmllmError
     from service.engine.onnx_export import OPSET, default_onnx_path, export_onnx_locked
 
@@ -121,8 +123,17 @@ def run(args: argparse.Namespace) -> int:
         return 1
     started = time.perf_counter()
     try:
+        # Before the load: a `save_heads` between the two (while the export waits minutes for another's
+        # lock, say) then leaves the graph stale, where the fingerprint taken after it had stamped the
+        # old heads' graph as the new checkpoint's, and every server kept serving it.
+        fingerprint = checkpoint_fingerprint(args.checkpoint)
         path = export_onnx_locked(
-            load_checkpoint(args.checkpoint), out, opset=opset, quantize=quantize, on_wait=_say_waiting
+            load_checkpoint(args.checkpoint),
+            out,
+            fingerprint=fingerprint,
+            opset=opset,
+            quantize=quantize,
+            on_wait=_say_waiting,
         )
     except HtmllmError as exc:
         print(f"htmllm export-onnx: {exc.code}: {exc}", file=sys.stderr)

@@ -11,6 +11,7 @@ Layout (a directory `transformers.AutoModel.from_pretrained` also loads, as a `M
     heads/.pending/        only while `save_heads` commits (see `service.core.heads_stage`); no part of
                            the format
     heads/.pending.lock    the lock `save_heads` and a reader completing its stage hold; no part of it
+    .htmllm-save.*/        only while `save_checkpoint` writes (see there); no part of the format
 
 Loading is strict: a missing file, an unknown format version, a tokenizer whose hash or vocabulary does
 not match the model, a missing or unexpected tensor, a tensor that is not floating point or holds NaN or
@@ -19,8 +20,9 @@ a model quietly run with the wrong vocabulary (or NaN weights) returns plausible
 sizes config.json and htmllm.json declare are compared with the safetensors headers before any module is
 allocated: a hand-edited 2**36 must be a clear error, not gigabytes allocated or an allocator's crash.
 Writing validates the same way before the first file is written, so a writer never leaves a checkpoint
-its reader refuses. A copy (`copy_checkpoint`, how a training run's model is bundled) is made as a load
-reads the checkpoint, so a `save_heads` running meanwhile cannot mix old labels with new head weights.
+its reader refuses, and writes htmllm.json as strict JSON (no bare NaN). A copy (`copy_checkpoint`, how
+a training run's model is bundled) is made as a load reads the checkpoint, so a `save_heads` running
+meanwhile cannot mix old labels with new head weights.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
+import os
 import shutil
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -49,13 +54,24 @@ from service.core.errors import CheckpointError as CheckpointError  # re-exporte
 from service.core.heads_stage import FILE_MODE, PENDING_DIR
 from service.core.heads_stage import HEADS_DIR as HEADS_DIR
 from service.core.heads_stage import META_FILE as META_FILE
-from service.core.modeling import POOLINGS, HeadSpec, HtmlEncoderModel, TaskHead, typed_field
+from service.core.modeling import (
+    MIN_LOCAL_ATTENTION,
+    POOLINGS,
+    HeadSpec,
+    HtmlEncoderModel,
+    TaskHead,
+    typed_field,
+)
 from service.core.tokenizer import HtmlTokenizer, TokenizerError
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
+# `save_checkpoint` writes the whole checkpoint into a directory of this prefix inside the checkpoint's
+# own (the same file system, so each file is renamed into place; no write access above it is needed)
+# before any file of the old one is touched. Left behind only by a killed save; the next one removes it.
+SAVE_STAGE_PREFIX = ".htmllm-save."
 
 # The safetensors dtypes a weight may have; anything else (an int or bool tensor from a broken conversion)
 # would be cast silently into the float parameters by load_state_dict.
@@ -154,10 +170,13 @@ def _atomic_write_text(path: Path, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
-def _atomic_save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+def _save_tensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(path), metadata=metadata)
+
+
+def _atomic_save_tensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata: dict[str, str]) -> None:
     with replaced_atomically(path, mode=FILE_MODE) as tmp:
-        tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
-        save_file(tensors, str(tmp), metadata=metadata)
+        _save_tensors(tmp, tensors, metadata)
 
 
 def _cause(exc: BaseException) -> str:
@@ -215,6 +234,14 @@ def _check_config_matches(
     if not isinstance(positions, int) or meta.max_length > positions:
         raise CheckpointError(
             f"max_length {meta.max_length} exceeds the encoder's {_short(positions)} positions"
+        )
+    local = getattr(config, "local_attention", None)
+    if not isinstance(local, int) or isinstance(local, bool) or local < MIN_LOCAL_ATTENTION:
+        # An empty sliding window (local_attention // 2 == 0) loaded, then every forward pass of the
+        # service divided by zero; refused here, where the file is named.
+        raise CheckpointError(
+            f"{source} has local_attention {_short(local)}; it must be an integer of at least "
+            f"{MIN_LOCAL_ATTENTION} (the sliding window, local_attention // 2, must hold a position)"
         )
 
 
@@ -280,8 +307,13 @@ def _check_head_module(name: str, spec: HeadSpec, head: TaskHead, hidden: int) -
 def _meta_text(meta: CheckpointMeta) -> str:
     """htmllm.json's text for `meta`, validated as read_meta will read it back: a writer must not leave
     a checkpoint its reader refuses (a max_length of 1 had been written, then refused at load)."""
+    data = meta.to_dict()
+    where = _non_finite(data)
+    if where is not None:
+        # Written as a bare NaN (Python's json default), which no strict JSON reader (jq, a browser) parses.
+        raise CheckpointError(f"refusing to write {META_FILE}: {where} is not a finite number")
     try:
-        text = json.dumps(meta.to_dict(), indent=2, sort_keys=True) + "\n"
+        text = json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
         CheckpointMeta.from_dict(json.loads(text))
     except CheckpointError as exc:
         raise CheckpointError(f"refusing to write it: {exc}") from exc
@@ -290,14 +322,41 @@ def _meta_text(meta: CheckpointMeta) -> str:
     return text
 
 
+def _non_finite(value: object, where: str = "") -> str | None:
+    """The key path (`training.eval.loss`) of the first NaN or infinity in JSON-like `value`, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where or "the value"
+    if isinstance(value, Mapping):
+        items: Any = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = _non_finite(item, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
+
+
 def save_checkpoint(
     path: str | Path, model: HtmlEncoderModel, tokenizer: HtmlTokenizer, meta: CheckpointMeta
 ) -> None:
     """Write a complete checkpoint directory (created if missing; existing files are replaced, and head
-    files of heads the model no longer has are removed).
+    files of heads the model no longer has are removed; other files, a model.onnx say, are left).
 
     `meta.heads` is rewritten from the model's heads, so the two cannot disagree. Everything load
     checks is checked before the first file is written, so a refused save leaves nothing behind.
+
+    Saved over an existing checkpoint, the new one is written whole into a stage directory inside it
+    (`SAVE_STAGE_PREFIX`) and only then renamed into place, file by file, with htmllm.json removed first
+    and written last: a save that fails while writing (a full disk) leaves the old checkpoint as it was,
+    and one killed among the renames leaves a directory load refuses (no htmllm.json), never a new
+    encoder under the old heads. Written in place, that had loaded silently. Renaming also replaces a
+    symlinked file (a Hugging Face cache snapshot) by a regular one rather than writing through it into
+    the blob it points at. Not a swap of the whole directory: the checkpoint's directory may be a mount
+    point or sit in one that cannot be written, the heads lock lives inside it, and files beside the
+    checkpoint's own (model.onnx) would be lost.
     """
     root = Path(path)
     specs = list(model.head_specs.values())
@@ -319,23 +378,52 @@ def _save_checkpoint_locked(
 ) -> None:
     # A save_heads stage left over (committed or not) would otherwise be applied over this checkpoint.
     shutil.rmtree(root / HEADS_DIR / PENDING_DIR, ignore_errors=True)
+    # The stages of saves that were killed: every save holds the heads lock, so none is a live one's.
+    for stale in root.glob(f"{SAVE_STAGE_PREFIX}*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    stage = Path(tempfile.mkdtemp(dir=root, prefix=SAVE_STAGE_PREFIX))
+    try:
+        _write_stage(stage, model, tokenizer, meta_text)
+        _move_stage_in(stage, root, set(model.heads))
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _write_stage(stage: Path, model: HtmlEncoderModel, tokenizer: HtmlTokenizer, meta_text: str) -> None:
+    """Every file of the checkpoint, written into `stage` (an empty directory)."""
     model.config.classifier_pooling = model.pooling  # type: ignore[assignment]  # validated by the model
     # ModernBertModel.save_pretrained writes config.json and model.safetensors under the names
-    # AutoModel expects; we keep only those two files from it.
-    model.encoder.save_pretrained(root, safe_serialization=True)
-    for written in (root / "config.json", root / "model.safetensors"):
-        written.chmod(FILE_MODE)  # save_pretrained may write through a 0600 temporary file
-    tokenizer.save(root / TOKENIZER_FILE)
+    # AutoModel expects; only those two files are taken from it.
+    model.encoder.save_pretrained(stage, safe_serialization=True)
+    tokenizer.save(stage / TOKENIZER_FILE)
+    (stage / HEADS_DIR).mkdir()
+    for name, head in model.heads.items():
+        _save_tensors(stage / HEADS_DIR / f"{name}.safetensors", head.state_dict(), {"head": name})
+    (stage / META_FILE).write_text(meta_text, encoding="utf-8")
+    for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, META_FILE):
+        if not (stage / name).is_file():  # before the old checkpoint is touched
+            raise CheckpointError(f"saving the checkpoint wrote no {name} (a sharded save_pretrained?)")
+        (stage / name).chmod(FILE_MODE)  # save_pretrained may write through a 0600 temporary file
+    for file in (stage / HEADS_DIR).iterdir():
+        file.chmod(FILE_MODE)
+
+
+def _move_stage_in(stage: Path, root: Path, heads: set[str]) -> None:
+    """Rename the staged checkpoint's files over `root`'s; htmllm.json goes first and comes back last,
+    so that in between `root` is refused by every reader (no mix of the old files and the new)."""
+    (root / META_FILE).unlink(missing_ok=True)
+    for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE):
+        os.replace(stage / name, root / name)
     heads_dir = root / HEADS_DIR
     heads_dir.mkdir(exist_ok=True)
-    for name, head in model.heads.items():
-        _atomic_save_tensors(heads_dir / f"{name}.safetensors", head.state_dict(), {"head": name})
-    _atomic_write_text(root / META_FILE, meta_text)
-    # Saved over a checkpoint with other heads: their files go once htmllm.json no longer lists them
-    # (left, they changed the checkpoint's fingerprint and load would refuse them as unlisted heads).
+    for file in sorted((stage / HEADS_DIR).iterdir()):
+        os.replace(file, heads_dir / file.name)
+    # Saved over a checkpoint with other heads: their files go (left, they changed the checkpoint's
+    # fingerprint and load would refuse them as unlisted heads).
     for orphan in heads_dir.glob("*.safetensors"):
-        if orphan.stem not in model.heads:
+        if orphan.stem not in heads:
             orphan.unlink(missing_ok=True)
+    os.replace(stage / META_FILE, root / META_FILE)
 
 
 def _read_meta_file(root: Path, file: Path) -> CheckpointMeta:
@@ -366,6 +454,8 @@ def checkpoint_fingerprint(path: str | Path) -> str:
     cannot be completed is read through, as a load reads it: the fingerprint is the completed one's.
     """
     root = Path(path)
+    if not root.is_dir():  # said as load says it, not as "cannot read config.json"
+        raise CheckpointError(_not_a_checkpoint_directory(root))
     return heads_stage.consistently(root, partial(_fingerprint, root))
 
 
@@ -444,10 +534,20 @@ def _copy_file(source: Path, destination: Path) -> None:
     destination.chmod(FILE_MODE)
 
 
+def _require_file(file: Path) -> None:
+    """CheckpointError unless `file` is a regular file (or a link to one). A path the file system
+    cannot even look up (a name too long, a NUL) is the checkpoint's error too, not a raw OSError."""
+    try:
+        present = file.is_file()
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{_short(str(file), 200)} cannot be read: {_cause(exc)}") from exc
+    if not present:
+        raise CheckpointError(f"{file} is missing")
+
+
 def _read_header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     """name -> (shape, safetensors dtype) from the file's header, reading no tensor data."""
-    if not file.is_file():
-        raise CheckpointError(f"{file} is missing")
+    _require_file(file)
     try:
         with safe_open(str(file), framework="pt") as handle:
             header: dict[str, tuple[tuple[int, ...], str]] = {}
@@ -455,7 +555,7 @@ def _read_header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
                 tensor = handle.get_slice(key)
                 header[key] = (tuple(tensor.get_shape()), str(tensor.get_dtype()))
             return header
-    except (SafetensorError, OSError) as exc:
+    except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{file} is not a valid safetensors file: {_cause(exc)}") from exc
 
 
@@ -492,11 +592,10 @@ def _check_shapes(
 
 
 def _load_tensors(file: Path) -> dict[str, torch.Tensor]:
-    if not file.is_file():
-        raise CheckpointError(f"{file} is missing")
+    _require_file(file)
     try:
         return load_file(str(file))
-    except (SafetensorError, OSError) as exc:
+    except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{file} is not a valid safetensors file: {_cause(exc)}") from exc
 
 

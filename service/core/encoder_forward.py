@@ -47,13 +47,17 @@ BANDED_FROM = 6
 
 def supports_fast_forward(encoder: ModernBertModel) -> bool:
     """True when `encoder_hidden_states` may replace `encoder(...)` here: SDPA attention and default RoPE
-    on every layer type (other RoPE variants rescale per length), eval mode, and no gradient wanted.
+    on every layer type (other RoPE variants rescale per length), a sliding window of at least one
+    position, eval mode, and no gradient wanted.
 
     Under autograd (training, or a frozen encoder inside a graph) transformers' forward stays in charge:
     this one is written for inference and is not checked against it for gradients.
     """
     config = encoder.config
     if encoder.training or torch.is_grad_enabled() or config._attn_implementation != "sdpa":
+        return False
+    local = getattr(config, "local_attention", None)
+    if not isinstance(local, int) or local // 2 < 1:  # an empty sliding window: the banded path divides by it
         return False
     rope = cast(dict[str, Any], config.rope_parameters or {})
     return all(

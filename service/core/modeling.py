@@ -8,6 +8,7 @@ FlashAttention-2, where documents are concatenated into one row and separated by
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
@@ -71,6 +72,9 @@ PRESETS: dict[str, dict[str, int]] = {
 }
 
 POOLINGS = ("cls", "mean")
+# ModernBERT's local layers see `local_attention // 2` positions either side: below 2 that window is
+# empty, and the banded forward divides by it (every batch then failed; transformers' forward runs).
+MIN_LOCAL_ATTENTION = 2
 HEAD_KINDS = ("classification", "regression")
 
 
@@ -100,6 +104,11 @@ def build_config(
         eos_token_id=special.sep,
     )
     kwargs.update(overrides)
+    if kwargs["local_attention"] < MIN_LOCAL_ATTENTION:
+        raise ValueError(
+            f"local_attention {kwargs['local_attention']} is below {MIN_LOCAL_ATTENTION}: the sliding window "
+            "(local_attention // 2) would be empty"
+        )
     if kwargs["hidden_size"] % kwargs["num_attention_heads"]:
         raise ValueError(
             f"hidden_size {kwargs['hidden_size']} is not a multiple of "
@@ -119,8 +128,7 @@ class HeadSpec:
     metrics: dict[str, float] = field(default_factory=dict)  # evaluation figures recorded when trained
 
     def __post_init__(self) -> None:
-        if not self.name or "/" in self.name or self.name.startswith("."):
-            raise ValueError(f"head name {self.name!r} must be a plain non-empty file-name-safe string")
+        _check_head_name(self.name)
         if self.kind not in HEAD_KINDS:
             raise ValueError(f"head {self.name!r}: kind {self.kind!r} is not one of {HEAD_KINDS}")
         if self.kind == "classification" and len(self.labels) < 2:
@@ -131,6 +139,11 @@ class HeadSpec:
             raise ValueError(f"head {self.name!r} has duplicate labels")
         if self.hidden < 1:
             raise ValueError(f"head {self.name!r}: hidden must be positive")
+        # A NaN had been written into htmllm.json as a bare `NaN`, which is no JSON (jq and browsers refuse
+        # the file). A metric that is no number says its evaluation broke: refused where it is recorded.
+        bad = {k: v for k, v in self.metrics.items() if not _is_finite_number(v)}
+        if bad:
+            raise ValueError(f"head {self.name!r}: metrics must be finite numbers, not {bad}")
 
     @property
     def outputs(self) -> int:
@@ -167,8 +180,39 @@ class HeadSpec:
         )
 
 
+# A head's file is heads/<name>.safetensors, staged as .<name>.safetensors.<8 characters>: 200 bytes of
+# name leave room for both within the 255 bytes most file systems allow a file name.
+MAX_HEAD_NAME_BYTES = 200
+
+
+def _check_head_name(name: object) -> None:
+    """A head name that can be its file's name on any file system the checkpoint may be copied to.
+
+    A name with a NUL, a control character or a backslash, or longer than a file name may be, had passed,
+    to fail later as a raw OSError or ValueError: at load, or at save after the encoder was written.
+    """
+    if not isinstance(name, str) or not name or name.startswith("."):
+        raise ValueError(f"head name {name!r} must be a non-empty string not starting with '.'")
+    if "/" in name or "\\" in name or not name.isprintable():
+        raise ValueError(
+            f"head name {name!r} must be a file-name-safe string: no '/', no backslash, no control or "
+            "other non-printable characters"
+        )
+    size = len(name.encode("utf-8"))
+    if size > MAX_HEAD_NAME_BYTES:
+        raise ValueError(
+            f"head name {name[:40]!r}… is {size} bytes in UTF-8, over the {MAX_HEAD_NAME_BYTES} that fit "
+            "a file name"
+        )
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_finite_number(value: object) -> bool:
+    """A number JSON can hold: an int (of any size: math.isfinite overflows on 10**400), or a finite float."""
+    return _is_number(value) and (isinstance(value, int) or math.isfinite(cast(float, value)))
 
 
 def typed_field(data: Mapping[str, Any], key: str, kind: type[Any]) -> Any:

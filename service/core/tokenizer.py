@@ -8,7 +8,9 @@ A thin, typed wrapper over a Hugging Face `tokenizers.Tokenizer` (one `tokenizer
   before normalization and pre-tokenization, so a tag is one token even when glued to text
   (`<p>Hello</p>`), and decoding keeps them (special tokens would be dropped by `decode`);
 - every `Encoding` starts with `[CLS]` and ends with `[SEP]`; truncation cuts the content, never those
-  two, and reports the full length so callers can tell how much was lost.
+  two, and reports the full length so callers can tell how much was lost;
+- text that spells a special token ("[SEP]" on a page about BERT) is text, never the control id;
+- ids run exactly 0..vocab_size-1, so every id has a row in the model's embedding.
 
 Our own tokenizers (see `model_training.tokenizer_training`) mark spaces with `▁` (Metaspace) instead of
 dropping them, so `decode(encode(x))` gives back `x` up to Unicode NFC and whitespace collapsing. Foreign
@@ -33,6 +35,7 @@ from typing import Any
 from tokenizers import Encoding as TokenizersEncoding
 from tokenizers import Tokenizer
 
+from service.core.atomic_files import replaced_atomically
 from service.core.decoding import without_lone_surrogates
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.words import LongWords, Shortened, word_chars
@@ -87,6 +90,27 @@ def _scrub(text: str) -> str:
     return without_lone_surrogates(text)
 
 
+def _check_dense_ids(vocab: dict[str, int], vocab_size: int) -> None:
+    """Refuse a vocabulary whose ids are not exactly 0..n-1 (`vocab_size` = n).
+
+    The model's embedding has `vocab_size` rows: an id left past them by a gap (a hand-edited or pruned
+    vocabulary) passed every check and failed in the forward of the first page holding that token, with
+    an IndexError on CPU and a device-side assert, fatal to the process, on CUDA.
+    """
+    ids = sorted(vocab.values())
+    if ids == list(range(vocab_size)):
+        return
+    seen = set(ids)
+    absent = next((i for i in range(vocab_size) if i not in seen), None)
+    shared = len(seen) != len(ids)
+    raise TokenizerError(
+        f"tokenizer ids must be exactly 0..{vocab_size - 1} (its {vocab_size} tokens), but "
+        + (f"id {absent} is unused and " if absent is not None else "")
+        + (f"{len(ids) - len(seen)} ids are given to two tokens and " if shared else "")
+        + f"the ids run from {ids[0] if ids else None} to {ids[-1] if ids else None}"
+    )
+
+
 def canonical_json(config: dict[str, Any]) -> str:
     """A tokenizer's parsed JSON with sorted keys and no insignificant whitespace: the input of `sha256`."""
     return json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -104,6 +128,10 @@ class HtmlTokenizer:
             raise TokenizerError(f"tokenizer cannot be serialized: {exc}") from exc
         own.no_padding()
         own.no_truncation()
+        # Page text spelling "[SEP]" or "[MASK]" (any page about BERT) had been cut out as that control id
+        # inside the content, and `decode` dropped it. A runtime switch, not part of the serialization:
+        # set on every construction, it leaves `sha256` as it was.
+        own.encode_special_tokens = True
         self._tok = own
         vocab = own.get_vocab(with_added_tokens=True)
         missing = [t for t in SPECIAL_TOKENS if t not in vocab]
@@ -111,6 +139,7 @@ class HtmlTokenizer:
             raise TokenizerError(f"tokenizer lacks the special tokens {', '.join(missing)}")
         self.special_ids = SpecialIds(*(vocab[t] for t in SPECIAL_TOKENS))
         self.vocab_size: int = own.get_vocab_size(with_added_tokens=True)
+        _check_dense_ids(vocab, self.vocab_size)
         self.tag_token_ids: dict[str, int] = {
             added.content: token_id
             for token_id, added in sorted(own.get_added_tokens_decoder().items())
@@ -121,6 +150,12 @@ class HtmlTokenizer:
         self._long_words = LongWords.of(own, config)
         self._canonical = canonical_json(config)
         self.sha256: str = hashlib.sha256(self._canonical.encode("utf-8")).hexdigest()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickled (a process pool's copy): `encode_special_tokens` is no part of the Rust tokenizer's
+        pickled JSON, and a copy without it read "[SEP]" in page text as the control id again."""
+        self.__dict__.update(state)
+        self._tok.encode_special_tokens = True
 
     @classmethod
     def from_file(cls, path: str | Path) -> HtmlTokenizer:
@@ -280,13 +315,18 @@ class HtmlTokenizer:
         return self._canonical
 
     def save(self, path: str | Path) -> None:
-        """Write `tokenizer.json` to `path` (a `.json` file, or a directory that gets `tokenizer.json`)."""
+        """Write `tokenizer.json` to `path` (a `.json` file, or a directory that gets `tokenizer.json`).
+
+        Through a temporary file renamed over it: a symlink there (a Hugging Face cache snapshot) is
+        replaced, not written through into the file it points at, and a killed save leaves no half file.
+        """
         target = Path(path)
         if target.suffix != ".json":
             target = target / TOKENIZER_FILE
         target.parent.mkdir(parents=True, exist_ok=True)
         data: Any = json.loads(self._canonical)
-        target.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        with replaced_atomically(target) as tmp:
+            tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
     def __repr__(self) -> str:
         return (

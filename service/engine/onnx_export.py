@@ -128,9 +128,9 @@ def export_onnx(
     checkpoint: Checkpoint,
     out: str | Path,
     *,
+    fingerprint: str,
     opset: int = OPSET,
     quantize: str | None = None,
-    fingerprint: str | None = None,
 ) -> Path:
     """Write `out` (atomically) from a loaded checkpoint; the model is exported in float32 on CPU.
 
@@ -140,10 +140,11 @@ def export_onnx(
     runs on a copy.
 
     With `quantize="int8"` the float32 graph is quantised dynamically (int8 weights, per-batch
-    activation scales) before it is written. `fingerprint` is the checkpoint's as it was read, taken
-    before loading it (by default: now, before the export). Taken after the export, it would be that
-    of files changed meanwhile (heads added while a server started), and the graph of the old ones
-    would pass for theirs forever.
+    activation scales) before it is written. `fingerprint` (`checkpoint_fingerprint`) is the
+    checkpoint's as it was before `checkpoint` was loaded from it, and required: taken any later (it
+    had defaulted to now, after the load and after `htmllm export-onnx` waited on another export's
+    lock), it is that of files changed meanwhile (a `save_heads`), and the graph of the old heads
+    passes for the new ones forever. Taken before, a change in between only makes the graph stale.
     """
     import onnx
 
@@ -155,8 +156,6 @@ def export_onnx(
             "would be float32 cast up from rounded weights yet carry the checkpoint's fingerprint; load "
             "the checkpoint in float32 (load_checkpoint without dtype) to export it"
         )
-    if fingerprint is None:
-        fingerprint = checkpoint_fingerprint(checkpoint.path)
     target = Path(out)
     target.parent.mkdir(parents=True, exist_ok=True)
     # A copy: the export needs SDPA on CPU, and the caller's model may be serving (eager, on a GPU).
@@ -285,9 +284,9 @@ def export_onnx_locked(
     checkpoint: Checkpoint,
     out: str | Path,
     *,
+    fingerprint: str,
     opset: int = OPSET,
     quantize: str | None = None,
-    fingerprint: str | None = None,
     on_wait: Callable[[Path], None] | None = None,
     reuse: bool = False,
 ) -> Path:
@@ -307,10 +306,10 @@ def export_onnx_locked(
     target = Path(out)
     with _target_lock(target, on_wait) as locked:
         if locked:
-            if reuse and fingerprint is not None and _up_to_date(target, fingerprint, quantize):
+            if reuse and _up_to_date(target, fingerprint, quantize):
                 return target
             _remove_stale_temporaries(target)
-        return export_onnx(checkpoint, target, opset=opset, quantize=quantize, fingerprint=fingerprint)
+        return export_onnx(checkpoint, target, fingerprint=fingerprint, opset=opset, quantize=quantize)
 
 
 @contextlib.contextmanager

@@ -59,6 +59,7 @@ def test_the_opset_written_is_the_one_reported(
     import service.engine.onnx_export
 
     monkeypatch.setattr(service.core.checkpoint, "load_checkpoint", lambda path: object())
+    monkeypatch.setattr(service.core.checkpoint, "checkpoint_fingerprint", lambda path: "f")
     monkeypatch.setattr(service.engine.onnx_export, "export_onnx", _fake_export(written))
     out = tmp_path / "y.onnx"
     assert main(["export-onnx", "--checkpoint", str(tmp_path), "--out", str(out), "--opset", "20"]) == code
@@ -83,6 +84,7 @@ def test_the_export_holds_the_lock_a_starting_server_cleans_up_under(
     import service.engine.onnx_export
 
     monkeypatch.setattr(service.core.checkpoint, "load_checkpoint", lambda path: object())
+    monkeypatch.setattr(service.core.checkpoint, "checkpoint_fingerprint", lambda path: "f")
     fake = _fake_export(20)
     seen: list[tuple[bool, list[str]]] = []
 
@@ -125,6 +127,7 @@ def test_waiting_for_another_exports_lock_is_said_in_one_line(
     import service.engine.onnx_export
 
     monkeypatch.setattr(service.core.checkpoint, "load_checkpoint", lambda path: object())
+    monkeypatch.setattr(service.core.checkpoint, "checkpoint_fingerprint", lambda path: "f")
     monkeypatch.setattr(service.engine.onnx_export, "export_onnx", _fake_export(20))
     real_flock = fcntl.flock
     calls: list[str] = []

@@ -411,3 +411,76 @@ def test_save_checkpoint_refuses_nan_weights_before_writing_anything(tmp_path: P
     with pytest.raises(CheckpointError, match=r"tok_embeddings\.weight holds NaN"):
         save_checkpoint(target, model, build_tiny_tokenizer(), _tiny_meta())
     assert not target.exists()
+
+
+@pytest.mark.parametrize("value", [1, 0, -2, 8.0, None])
+def test_a_sliding_window_that_holds_no_position_is_refused_at_load(ckpt: Path, value: Any) -> None:
+    """local_attention 1 (window local_attention // 2 = 0) loaded, then every forward pass of the
+    service failed with ZeroDivisionError."""
+    _edit_config(ckpt, lambda config: config.__setitem__("local_attention", value))
+    with pytest.raises(CheckpointError, match="local_attention") as info:
+        load_checkpoint(ckpt)
+    assert info.value.code is ErrorCode.CHECKPOINT_INVALID
+
+
+def test_a_sliding_window_of_one_position_still_loads(ckpt: Path) -> None:
+    _edit_config(ckpt, lambda config: config.__setitem__("local_attention", 3))
+    assert load_checkpoint(ckpt).model.config.sliding_window == 1
+
+
+def test_save_checkpoint_refuses_an_empty_sliding_window_before_writing_anything(tmp_path: Path) -> None:
+    model = build_tiny_model()
+    model.encoder.config.local_attention = 1
+    target = tmp_path / "ckpt"
+    with pytest.raises(CheckpointError, match="local_attention"):
+        save_checkpoint(target, model, build_tiny_tokenizer(), _tiny_meta())
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("name", ["x" * 300, "x" * 240, "a\x00b", "a\\b", "bell\x07"])
+def test_head_names_no_file_can_have_are_refused_by_the_metadata(ckpt: Path, name: str) -> None:
+    """Such a name had passed: load then raised a raw OSError (name too long) looking for its file."""
+    (ckpt / "heads" / "quality.safetensors").unlink()
+    _edit_meta(ckpt, lambda meta: meta["heads"][1].__setitem__("name", name))
+    for read in (read_meta, load_checkpoint):
+        with pytest.raises(CheckpointError, match=r"malformed.*head name"):
+            read(ckpt)
+
+
+def test_a_head_file_the_file_system_cannot_look_up_is_a_checkpoint_error(tmp_path: Path) -> None:
+    from service.core import checkpoint
+
+    for file, said in (
+        (tmp_path / ("x" * 300 + ".safetensors"), "cannot be read"),
+        (tmp_path / "a\x00b", "is missing|cannot be read"),
+    ):
+        for read in (checkpoint._read_header, checkpoint._load_tensors):
+            with pytest.raises(CheckpointError, match=said):  # not a raw OSError or ValueError
+                read(file)
+
+
+def test_non_finite_metrics_are_refused_in_htmllm_json(ckpt: Path) -> None:
+    """A NaN metric had been saved as a bare NaN (no JSON: jq and browsers refuse the file) and loaded."""
+    (ckpt / "htmllm.json").write_text(
+        (ckpt / "htmllm.json")
+        .read_text(encoding="utf-8")
+        .replace('"metrics": {}', '"metrics": {"r": NaN}', 1),
+        encoding="utf-8",
+    )
+    with pytest.raises(CheckpointError, match=r"malformed.*finite"):
+        read_meta(ckpt)
+
+
+def test_htmllm_json_is_written_as_strict_json(ckpt: Path, tmp_path: Path) -> None:
+    """A NaN in the training record is refused, naming where it is, before anything is written."""
+
+    def strict(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    json.loads((ckpt / "htmllm.json").read_text(encoding="utf-8"), parse_constant=strict)
+    meta = _tiny_meta()
+    meta.training = {"eval": {"losses": [0.5, float("nan")]}}
+    target = tmp_path / "nan"
+    with pytest.raises(CheckpointError, match=r"refusing to write htmllm\.json: training\.eval\.losses\.1 "):
+        save_checkpoint(target, build_tiny_model(), build_tiny_tokenizer(), meta)
+    assert not target.exists()

@@ -129,6 +129,17 @@ def test_embed_takes_the_fast_path_only_for_inference() -> None:
         assert not supports_fast_forward(model.encoder)
 
 
+def test_an_empty_sliding_window_takes_transformers_forward() -> None:
+    """local_attention 1 (a window of local_attention // 2 = 0, which load refuses) made every fast
+    forward divide by zero; `supports_fast_forward` no longer claims such an encoder."""
+    model = build_tiny_model(heads=False, max_length=512)
+    model.encoder.config.local_attention = 1
+    ids, mask = padded_batch([BANDED + 7, 5], model.config.vocab_size, seed=3)
+    with torch.inference_mode():
+        assert not supports_fast_forward(model.encoder)
+        assert model.embed(ids, mask).shape == (2, model.embedding_dim)
+
+
 def test_bfloat16_stays_as_close_to_float32_as_transformers_bfloat16() -> None:
     model = build_tiny_model(heads=False, max_length=512)
     ids, mask = padded_batch([400, 250], model.config.vocab_size, seed=3)

@@ -150,3 +150,38 @@ def test_head_spec_metrics_keep_counts_as_ints_through_json() -> None:
     back = HeadSpec.from_dict(json.loads(json.dumps(spec.to_dict())))
     assert back.metrics == {"f1": 0.5, "pages": 120}
     assert isinstance(back.metrics["pages"], int) and isinstance(back.metrics["f1"], float)
+
+
+@pytest.mark.parametrize("local_attention", [1, 0, -2])
+def test_a_sliding_window_that_holds_no_position_is_refused(local_attention: int) -> None:
+    """local_attention // 2 is the window: below 2 it is empty, and the fast forward divided by it."""
+    with pytest.raises(ValueError, match="local_attention"):
+        build_config("tiny", build_tiny_tokenizer(), max_length=64, local_attention=local_attention)
+    assert build_config("tiny", build_tiny_tokenizer(), max_length=64, local_attention=2).sliding_window == 1
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["a\x00b", "a\\b", "tab\there", "line\nbreak", "del\x7f", "nbsp\u00a0", "x" * 201, "é" * 101, ".."],
+)
+def test_head_names_no_file_system_can_hold_are_refused(name: str) -> None:
+    """A head's name is its file's name: a NUL, a control character or a backslash, or more than 200
+    bytes of UTF-8, had been accepted, and failed later as a raw OSError or ValueError (at save, after
+    the encoder was written)."""
+    with pytest.raises(ValueError, match="head name"):
+        HeadSpec(name=name, kind="regression")
+    with pytest.raises(ValueError, match="head name"):
+        HeadSpec.from_dict({"name": name, "kind": "regression", "hidden": 8})
+
+
+def test_head_names_up_to_200_bytes_of_printable_text_are_kept() -> None:
+    for name in ("x" * 200, "é" * 100, "page type (v2)", "jazyk-čeština", "ランク"):
+        assert HeadSpec(name=name, kind="regression").name == name
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_metrics_are_refused(value: float) -> None:
+    """A NaN metric (spearman of a constant fold) had been written into htmllm.json as a bare NaN."""
+    with pytest.raises(ValueError, match="metrics must be finite numbers"):
+        HeadSpec(name="t", kind="regression", metrics={"spearman": value, "cv_folds": 5})
+    assert HeadSpec(name="t", kind="regression", metrics={"pages": 10**400}).metrics["pages"] == 10**400

@@ -292,3 +292,58 @@ def test_missing_special_tokens_are_a_tokenizer_error() -> None:
     raw.pre_tokenizer = pre_tokenizers.Whitespace()
     with pytest.raises(TokenizerError, match=r"\[CLS\], \[SEP\], \[MASK\]"):
         HtmlTokenizer.from_tokenizers(raw)
+
+
+SPELT_SPECIALS = "<p>BERT marks [CLS] and [SEP]; pad with [PAD], mask with [MASK], unknown is [UNK]</p>"
+
+
+def test_page_text_spelling_a_special_token_is_text_not_a_control_id(tok: HtmlTokenizer) -> None:
+    """A page about BERT had its "[SEP]" read as the separator id inside the content (and "[PAD]" as
+    padding), and `decode` dropped them. As for every other copy a worker gets: pickled, or rebuilt
+    from its JSON."""
+    special = set(vars(tok.special_ids).values())
+    for copy in (tok, pickle.loads(pickle.dumps(tok)), HtmlTokenizer.from_json(tok.to_json())):
+        ids = copy.encode(SPELT_SPECIALS).ids
+        assert not special & set(ids[1:-1]), [copy.id_to_token(i) for i in ids[1:-1] if i in special]
+        assert copy.decode(ids) == SPELT_SPECIALS
+        assert copy.encode_batch([SPELT_SPECIALS])[0].ids == ids
+        bounded = copy.encode(SPELT_SPECIALS * 200, max_length=24, count_all=False).ids
+        assert bounded == copy.encode(SPELT_SPECIALS * 200, max_length=24).ids
+        assert not special & set(bounded[1:-1])
+
+
+def test_reading_specials_as_text_leaves_the_serialization_and_hash_alone(tok: HtmlTokenizer) -> None:
+    """The switch is the Rust tokenizer's runtime state, not part of tokenizer.json: checkpoints
+    recording the tokenizer's sha256 still match."""
+    assert tok.backend.to_str() == Tokenizer.from_str(tok.to_json()).to_str()
+    assert HtmlTokenizer.from_json(tok.to_json()).sha256 == tok.sha256
+
+
+def test_a_vocabulary_with_gaps_in_its_ids_is_refused(tok: HtmlTokenizer) -> None:
+    """Ids past the token count passed as vocab_size = token count: the model's embedding then had no
+    row for them (IndexError on CPU, a fatal device assert on CUDA) on any page holding the token."""
+    data = json.loads(tok.to_json())
+    vocab = data["model"]["vocab"]
+    last = max(vocab, key=vocab.get)
+    vocab[last] = 5000
+    with pytest.raises(TokenizerError, match=r"ids must be exactly 0\.\.\d+ .* id \d+ is unused"):
+        HtmlTokenizer.from_json(json.dumps(data))
+    data = json.loads(tok.to_json())
+    first, second = sorted(data["model"]["vocab"], key=data["model"]["vocab"].get)[10:12]
+    data["model"]["vocab"][second] = data["model"]["vocab"][first]  # two tokens, one id
+    with pytest.raises(TokenizerError, match="ids must be exactly"):
+        HtmlTokenizer.from_json(json.dumps(data))
+
+
+def test_save_replaces_a_symlink_rather_than_writing_through_it(tok: HtmlTokenizer, tmp_path: Path) -> None:
+    """A checkpoint from a Hugging Face cache holds links into its blob store: writing through one
+    changed the blob every other snapshot sharing it reads."""
+    blob = tmp_path / "blob"
+    blob.write_text("shared", encoding="utf-8")
+    (tmp_path / "ckpt").mkdir()
+    link = tmp_path / "ckpt" / "tokenizer.json"
+    link.symlink_to(blob)
+    tok.save(tmp_path / "ckpt")
+    assert blob.read_text(encoding="utf-8") == "shared"
+    assert not link.is_symlink() and HtmlTokenizer.from_file(link).sha256 == tok.sha256
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["tokenizer.json"]

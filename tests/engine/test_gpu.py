@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers.models.modernbert.modeling_modernbert import apply_rotary_pos_emb
 
-from service.core.checkpoint import load_checkpoint
+from service.core.checkpoint import checkpoint_fingerprint, load_checkpoint
 from service.core.encoder_forward import apply_rotary, rotary_tables, torch_varlen_attention
 from service.engine import Engine, EngineConfig
 from service.engine.runners.torch import TorchRunner, flash_attention_available
@@ -109,8 +109,9 @@ def test_onnx_runner_on_cuda_runs_on_the_cuda_provider(tiny_checkpoint: Path, tm
     from service.engine.onnx_export import export_onnx
     from service.engine.runners.onnx import OnnxRunner
 
+    fingerprint = checkpoint_fingerprint(tiny_checkpoint)
     ckpt = load_checkpoint(tiny_checkpoint)
-    path = export_onnx(ckpt, tmp_path / "model.onnx")
+    path = export_onnx(ckpt, tmp_path / "model.onnx", fingerprint=fingerprint)
     pad_id = TorchRunner(ckpt.model).pad_id
     runner = OnnxRunner(path, pad_id=pad_id, head_names=["page_type", "quality"], device="cuda")
     out = runner.run(runner.prepare(_docs(ckpt.model.config.vocab_size)))

@@ -47,6 +47,6 @@ def test_a_failing_wait_notice_never_drops_the_lock(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(fcntl, "flock", held_by_another_export)
     monkeypatch.setattr(onnx_export, "export_onnx", export)
     out = tmp_path / "graphs" / "model.onnx"
-    assert onnx_export.export_onnx_locked(object(), out, on_wait=closed_pipe) == out  # type: ignore[arg-type]
+    assert onnx_export.export_onnx_locked(object(), out, fingerprint="f", on_wait=closed_pipe) == out  # type: ignore[arg-type]
     assert calls == ["tried", "said", "waited"]
     assert exported == [True], "exported without the directory's lock"
