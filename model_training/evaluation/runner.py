@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import html as html_lib
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -507,6 +508,17 @@ def run_evaluation(tasks: Sequence[Task], config: EvalConfig) -> EvalResult:
     return EvalResult(task_rows, systems, dict(texts.excluded), run_config)
 
 
+def finite_metrics(head: str, metrics: dict[str, float]) -> dict[str, float]:
+    """`metrics` less its NaN and infinite values, each named in a warning: a checkpoint's htmllm.json
+    refuses them (strict JSON), and a cross-validation can give NaN (a Spearman correlation over a fold
+    whose targets or predictions are constant), which would fail the save after every head was trained."""
+    kept = {k: v for k, v in metrics.items() if math.isfinite(v)}
+    dropped = sorted(set(metrics) - set(kept))
+    if dropped:
+        logger.warning("head %s: %s not finite, left out of its metrics", head, ", ".join(dropped))
+    return kept
+
+
 def train_heads(
     checkpoint: Path, tasks: Sequence[Task], config: EvalConfig, *, max_length: int | None = None
 ) -> dict[str, tuple[HeadSpec, TaskHead]]:
@@ -537,6 +549,8 @@ def train_heads(
             "cv_folds": len(cv.folds),
             "pages": len(task.ids),
         }
-        heads[task.spec.name] = train_final_head(task, x, config.head, metrics)
+        heads[task.spec.name] = train_final_head(
+            task, x, config.head, finite_metrics(task.spec.name, metrics)
+        )
         logger.info("head %s: %s %.4f ± %.4f", task.spec.name, cv.metric, cv.mean, cv.std)
     return heads

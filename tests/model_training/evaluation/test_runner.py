@@ -92,3 +92,17 @@ def test_extracted_texts_are_cached_per_extraction_version(
     assert "p" in PageTexts(pages, tmp_path)._extracted  # the same version reads it back
     monkeypatch.setattr(extraction, "EXTRACTION_VERSION", "next")
     assert "p" not in PageTexts(pages, tmp_path)._extracted
+
+
+def test_non_finite_head_metrics_are_left_out_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    # htmllm.json refuses NaN; a Spearman over a constant fold gives it, after every head was trained.
+    from model_training.evaluation.runner import finite_metrics
+    from service.core.modeling import HeadSpec
+
+    metrics = {"spearman": float("nan"), "spearman_std": float("inf"), "cv_folds": 5, "pages": 40}
+    kept = finite_metrics("quality", metrics)
+    assert kept == {"cv_folds": 5, "pages": 40}
+    assert "head quality: spearman, spearman_std not finite" in caplog.text
+    with pytest.raises(ValueError):
+        HeadSpec(name="quality", kind="regression", metrics=metrics)
+    assert HeadSpec(name="quality", kind="regression", metrics=kept).metrics == kept
