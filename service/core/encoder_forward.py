@@ -125,10 +125,14 @@ def _neighbours(x: Tensor) -> Tensor:
 
 
 def window_mask(key_valid: Tensor, window: int) -> Tensor:
-    """(B, 1, L, L) boolean mask of |i - j| <= window over real keys, for one SDPA call on short inputs."""
+    """(B, 1, L, L) boolean mask of |i - j| <= window over real keys, for one SDPA call on short inputs.
+
+    A padded query row keeps its window unfiltered, as in `band_mask`: one more than `window` positions
+    past a document's last token would otherwise see no key at all, and a kernel that answers such a row
+    with NaN (not every one promises zeros) would pass it to real rows in the next layer."""
     positions = torch.arange(key_valid.shape[1], device=key_valid.device)
     near = (positions[:, None] - positions[None]).abs() <= window  # (L, L)
-    return near & key_valid[:, None, None, :]
+    return near & (key_valid[:, None, None, :] | ~key_valid[:, None, :, None])
 
 
 def band_mask(key_valid: Tensor, window: int) -> Tensor:

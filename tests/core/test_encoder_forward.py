@@ -23,6 +23,7 @@ from service.core.encoder_forward import (
     rotary_tables,
     supports_fast_forward,
     torch_varlen_attention,
+    window_mask,
 )
 from service.core.modeling import HtmlEncoderModel
 from tests.factories.checkpoint import build_tiny_model
@@ -109,6 +110,20 @@ def test_banded_attention_equals_a_masked_full_attention() -> None:
     assert torch.isfinite(got).all()
     keep = valid[:, :, None, None].expand_as(got)
     torch.testing.assert_close(got[keep], expected[keep], atol=1e-6, rtol=1e-5)
+
+
+def test_the_short_input_window_mask_leaves_no_row_without_a_key() -> None:
+    # Padding more than `window` past a document's end left its query rows fully masked: a NaN there
+    # from a kernel that does not zero such rows would reach real rows in the next layer.
+    window = 2
+    valid = torch.ones(2, 12, dtype=torch.bool)
+    valid[1, 3:] = False
+    mask = window_mask(valid, window)
+    assert mask.any(-1).all()
+    positions = torch.arange(12)
+    near = (positions[:, None] - positions[None]).abs() <= window
+    real = valid[:, None, :, None].expand_as(mask)
+    assert torch.equal(mask[real], (near & valid[:, None, None, :])[real])  # real rows see what they saw
 
 
 def test_embed_takes_the_fast_path_only_for_inference() -> None:

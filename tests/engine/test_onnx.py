@@ -15,6 +15,7 @@ from service.core.modeling import HeadSpec, TaskHead
 from service.engine import Engine, EngineConfig
 from service.engine.onnx_export import (
     FINGERPRINT_KEY,
+    HEAD_WEIGHTS_PREFIX,
     QUANTIZATION_KEY,
     OnnxExportError,
     ensure_onnx,
@@ -128,6 +129,13 @@ def test_int8_graph_is_a_separate_file_close_to_float32(exported: Path) -> None:
     layers = load_checkpoint(exported).model.config.num_hidden_layers
     assert ops.count("DynamicQuantizeMatMul") + ops.count("MatMulInteger") >= 4 * layers  # Wqkv, Wo, Wi, Wo
     assert ops.count("Attention") == layers  # quantisation keeps the fused operators
+    # The heads stay float32 (a quantised head's score moved with its batch company): their weights are
+    # float, and every node reading them is a float operator (Gemm comes back as MatMul + Add).
+    graph = onnx.load(str(quantized)).graph
+    head_weights = [i.name for i in graph.initializer if i.name.startswith(HEAD_WEIGHTS_PREFIX)]
+    assert head_weights and not any(name.endswith(("_quantized", "_scale")) for name in head_weights)
+    readers = {n.op_type for n in graph.node if set(head_weights).intersection(n.input)}
+    assert "MatMul" in readers and readers <= {"Gemm", "MatMul", "Add", "LayerNormalization"}, readers
     stamp = quantized.stat().st_mtime_ns
     assert ensure_onnx(exported, quantize="int8") == quantized and quantized.stat().st_mtime_ns == stamp
     with pytest.raises(ValueError):
