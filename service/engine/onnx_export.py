@@ -49,6 +49,11 @@ HEAD_OUTPUT_PREFIX = "head."
 FINGERPRINT_KEY = "htmllm.fingerprint"
 HEAD_NAMES_KEY = "htmllm.heads"
 QUANTIZATION_KEY = "htmllm.quantization"
+# How a graph of each quantisation is built, recorded beside the fingerprint: a graph of an older form is
+# stale even for the same checkpoint. A graph without the key is form "1".
+# int8 2: the task heads stay float32 (form 1 quantised them, and a page's score moved with its batch).
+EXPORT_FORM_KEY = "htmllm.export_form"
+EXPORT_FORMS: Final = {NO_QUANTIZATION: "1", "int8": "2"}
 OPSET = 23
 
 
@@ -192,6 +197,7 @@ def export_onnx(
             (FINGERPRINT_KEY, fingerprint),
             (HEAD_NAMES_KEY, ",".join(head_names)),
             (QUANTIZATION_KEY, quantize or NO_QUANTIZATION),
+            (EXPORT_FORM_KEY, EXPORT_FORMS[quantize or NO_QUANTIZATION]),
         ):
             prop = graph.metadata_props.add()
             prop.key, prop.value = key, value
@@ -264,7 +270,12 @@ def _up_to_date(graph: Path, fingerprint: str, quantize: str | None) -> bool:
         logger.warning("ignoring unreadable ONNX graph %s: %s", graph, exc)
         return False
     current = meta.get(FINGERPRINT_KEY) == fingerprint
-    return current and meta.get(QUANTIZATION_KEY, NO_QUANTIZATION) == (quantize or NO_QUANTIZATION)
+    kind = quantize or NO_QUANTIZATION
+    return (
+        current
+        and meta.get(QUANTIZATION_KEY, NO_QUANTIZATION) == kind
+        and meta.get(EXPORT_FORM_KEY, "1") == EXPORT_FORMS[kind]
+    )
 
 
 # What a read-only checkpoint directory answers a write with (a read-only mount, another owner).

@@ -14,6 +14,8 @@ from service.core.checkpoint import checkpoint_fingerprint, load_checkpoint, sav
 from service.core.modeling import HeadSpec, TaskHead
 from service.engine import Engine, EngineConfig
 from service.engine.onnx_export import (
+    EXPORT_FORM_KEY,
+    EXPORT_FORMS,
     FINGERPRINT_KEY,
     HEAD_WEIGHTS_PREFIX,
     QUANTIZATION_KEY,
@@ -138,6 +140,21 @@ def test_int8_graph_is_a_separate_file_close_to_float32(exported: Path) -> None:
     assert "MatMul" in readers and readers <= {"Gemm", "MatMul", "Add", "LayerNormalization"}, readers
     stamp = quantized.stat().st_mtime_ns
     assert ensure_onnx(exported, quantize="int8") == quantized and quantized.stat().st_mtime_ns == stamp
+    # An int8 graph of the older form (heads quantised; no form recorded) is stale for the same weights;
+    # a float graph without the key is of the float form, "1", and kept.
+    for path in (quantized, exported / "model.onnx"):
+        old = onnx.load(str(path))
+        kept = [(p.key, p.value) for p in old.metadata_props if p.key != EXPORT_FORM_KEY]
+        del old.metadata_props[:]
+        for key, value in kept:
+            prop = old.metadata_props.add()
+            prop.key, prop.value = key, value
+        onnx.save(old, str(path))
+    float_stamp = (exported / "model.onnx").stat().st_mtime_ns
+    assert ensure_onnx(exported) == exported / "model.onnx"
+    assert (exported / "model.onnx").stat().st_mtime_ns == float_stamp
+    ensure_onnx(exported, quantize="int8")
+    assert read_onnx_metadata(quantized)[EXPORT_FORM_KEY] == EXPORT_FORMS["int8"] == "2"
     with pytest.raises(ValueError):
         ensure_onnx(exported, quantize="int4")
 
