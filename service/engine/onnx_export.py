@@ -26,6 +26,8 @@ import logging
 import os
 import re
 import tempfile
+import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -55,6 +57,29 @@ QUANTIZATION_KEY = "htmllm.quantization"
 EXPORT_FORM_KEY = "htmllm.export_form"
 EXPORT_FORMS: Final = {NO_QUANTIZATION: "1", "int8": "2"}
 OPSET = 23
+
+# The exporter's libraries narrate every pass at INFO (onnxscript's optimizer and rewriter, onnx_ir's
+# passes: ~150 lines for the tiny test model, more for a real one) on loggers that propagate to the
+# service's root handler. Raised to WARNING for the export, where the operator left their level unset.
+_NARRATING_LOGGERS: Final = ("onnxscript", "onnx_ir")
+# torch.onnx warns on every export that torchvision's operators cannot be registered when torchvision is
+# absent; the service never exports them.
+_TORCH_REGISTRATION_LOGGER: Final = "torch.onnx._internal.exporter._registration"
+_TORCHVISION_SKIPPED: Final = "torchvision is not installed"
+# Warnings torch.onnx.export gives every export of this model, about its own internals or about the two
+# inputs sharing the `batch` and `length` dimensions (as they must): nothing an operator can act on.
+_HARMLESS_WARNINGS: Final = (
+    (FutureWarning, r"`isinstance\(treespec, LeafSpec\)` is deprecated"),
+    (UserWarning, r"# The axis name: \w+ will not be used, since it shares the same shape constraints"),
+)
+# onnxruntime's quantizer logs on the root logger (module-level `logging.info`/`logging.warning`).
+_QUANTIZER_SOURCES: Final = os.sep + os.path.join("onnxruntime", "quantization") + os.sep
+# Its advice to run `quant_pre_process` (shape inference and graph optimisation) first: `quantize_dynamic`
+# infers shapes itself, and the graph it writes without that step is the one measured in docs/benchmarks.md.
+_PREPROCESSING_ADVICE: Final = "Please consider"
+# One export at a time in a process: `_quiet_exporters` saves and restores process-wide logging state, and
+# two overlapping exports would restore each other's raised levels for good.
+_QUIET_LOCK = threading.Lock()
 
 
 class OnnxExportError(HtmllmError):
@@ -163,6 +188,7 @@ def export_onnx(
         )
     target = Path(out)
     target.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
     # A copy: the export needs SDPA on CPU, and the caller's model may be serving (eager, on a GPU).
     model = copy.deepcopy(checkpoint.model).to(device="cpu").eval()
     model.encoder.set_attn_implementation("sdpa")
@@ -176,8 +202,7 @@ def export_onnx(
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with _quiet_exporters():
             torch.onnx.export(
                 wrapper,
                 (ids, mask),
@@ -188,11 +213,12 @@ def export_onnx(
                 opset_version=opset,
                 dynamo=True,
                 external_data=False,
+                verbose=False,  # its "[torch.onnx] <step>... ✅" progress lines, printed to stdout
             )
-        graph = onnx.load(str(tmp))
-        conform_rotary_caches(graph.graph)
-        if quantize is not None:
-            graph = _quantize(graph, tmp)
+            graph = onnx.load(str(tmp))
+            conform_rotary_caches(graph.graph)
+            if quantize is not None:
+                graph = _quantize(graph, tmp)
         for key, value in (
             (FINGERPRINT_KEY, fingerprint),
             (HEAD_NAMES_KEY, ",".join(head_names)),
@@ -204,6 +230,9 @@ def export_onnx(
         onnx.save(graph, str(tmp))
         os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the graph from other users of the checkpoint
         os.replace(tmp, target)
+        logger.info(
+            "exported %s to ONNX at %s in %.1fs", checkpoint.path, target, time.perf_counter() - started
+        )
     except HtmllmError:
         raise
     except Exception as exc:
@@ -213,6 +242,52 @@ def export_onnx(
     finally:
         tmp.unlink(missing_ok=True)
     return target
+
+
+def _not_torchvision_skipped(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(_TORCHVISION_SKIPPED)
+
+
+def _not_quantizer_chatter(record: logging.LogRecord) -> bool:
+    """Keeps a root-logger record unless it is onnxruntime's quantizer narrating (one INFO line per tensor
+    left float, `Quantization parameters for tensor ... not specified`) or advising pre-processing. Its
+    other warnings and errors, and every other module's root records, pass."""
+    if _QUANTIZER_SOURCES not in record.pathname:
+        return True
+    return record.levelno >= logging.WARNING and not str(record.msg).startswith(_PREPROCESSING_ADVICE)
+
+
+@contextlib.contextmanager
+def _quiet_exporters() -> Iterator[None]:
+    """Silence, for the export only, what torch.onnx, onnxscript, onnx_ir and onnxruntime's quantizer say
+    that an operator cannot act on (~170 lines for the tiny test model, ~280 for the bundled one), and
+    restore every setting afterwards: the rest of the process logs as it was configured to.
+
+    Their warnings and errors still show (other than the known harmless ones above), and an export that
+    fails raises with the cause. The quantizer's module-level `logging.warning` configures a root handler
+    (`logging.basicConfig`) where the root had none (`htmllm export-onnx`, which configures no logging);
+    that handler is removed again."""
+    root = logging.getLogger()
+    registration = logging.getLogger(_TORCH_REGISTRATION_LOGGER)
+    with _QUIET_LOCK, warnings.catch_warnings():
+        for category, message in _HARMLESS_WARNINGS:
+            warnings.filterwarnings("ignore", message=message, category=category)
+        handlers = list(root.handlers)
+        raised = [lg for lg in map(logging.getLogger, _NARRATING_LOGGERS) if lg.level == logging.NOTSET]
+        for narrating in raised:
+            narrating.setLevel(logging.WARNING)
+        registration.addFilter(_not_torchvision_skipped)
+        root.addFilter(_not_quantizer_chatter)
+        try:
+            yield
+        finally:
+            root.removeFilter(_not_quantizer_chatter)
+            registration.removeFilter(_not_torchvision_skipped)
+            for narrating in raised:
+                narrating.setLevel(logging.NOTSET)
+            if not handlers:
+                for added in list(root.handlers):
+                    root.removeHandler(added)
 
 
 # The heads' weights in the exported graph: `_ExportWrapper.model`, then the model's `heads` ModuleDict.
