@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from model_training.batches import BatchOrder, SplitData, collate, load_splits
 from model_training.data import TOKENIZER_FILE, DataError, read_manifest, writable_dir
 from model_training.devices import resolve_device
+from model_training.library_progress import drawn_as_bars, library_bars
 from model_training.objectives import (
     DistillationHead,
     LossAggregator,
@@ -52,6 +53,7 @@ from model_training.objectives import (
 from model_training.train_config import TrainConfig
 from model_training.train_logs import (
     METRICS_FILE,
+    StepLines,
     last_train_record,
     log_record,
     open_tensorboard,
@@ -403,6 +405,19 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
     order = BatchOrder(len(train_data.ids), config.batch_size, seed=config.seed, rank=rank, world=world)
     per_step = config.grad_accum
     total_steps = config.max_steps or max(1, int(config.epochs * order.per_epoch / per_step))
+    if master:
+        # Which of the two set the length: every shipped config sets max_steps, and a run that silently
+        # ignored an `epochs` the user believed in took its length from elsewhere without a word.
+        if config.max_steps:
+            logger.info("run length: %d steps, from max_steps (epochs is not used)", total_steps)
+        else:
+            logger.info(
+                "run length: %d steps, from epochs %g (%d training documents, %d per step; max_steps 0)",
+                total_steps,
+                config.epochs,
+                len(train_data.ids),
+                config.batch_size * per_step * world,
+            )
     centroid = (
         train_data.teacher.mean(axis=0) if len(train_data.teacher) else np.zeros(teacher_dim, np.float32)
     )
@@ -412,6 +427,18 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
     model = HtmlEncoderModel.from_config(
         model_config, pooling=config.pooling, attn_implementation=config.attn_implementation
     )
+    if master:
+        # The preset fixes the size only: the length is max_length (4096 unless set), whatever context
+        # the preset table names, so `--preset tiny` alone is a tiny model at 4096 tokens.
+        logger.info(
+            "model: preset %s (%d layers, hidden %d, %.1fM parameters), max_length %d, %d ids",
+            config.preset,
+            model_config.num_hidden_layers,
+            model_config.hidden_size,
+            sum(p.numel() for p in model.parameters()) / 1e6,
+            config.max_length,
+            tokenizer.vocab_size,
+        )
     special = tokenizer.special_ids
     pretraining = PretrainingModel(
         model,
@@ -497,6 +524,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
     )
     last_step = total_steps if stop_at_step is None else min(stop_at_step, total_steps)
     tokens_seen = 0
+    lines = StepLines(total_steps, beside_bar=not bar.disable and drawn_as_bars(config.progress), world=world)
     evaluation: dict[str, float] = {}
     pretraining.train()
     while step < last_step:
@@ -551,7 +579,10 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
             record = {"step": step, "split": "train", "lr": lr, "total": total_value, **raw}
             record.update({f"u_{k}": v for k, v in coefficients.items()})
             log_record(metrics_file, writer, record)
-            bar.set_postfix(mlm=f"{raw['mlm']:.3f}", bow=f"{raw['bow']:.3f}", distil=f"{raw['distil']:.3f}")
+            lines.log(step, raw, total_value, lr, tokens_seen)
+            # Shown at the bar's next draw: a redraw here (tqdm's default) wrote a line per logged step
+            # off a terminal, where the bar is meant to be a line every 30 s.
+            bar.set_postfix({name: f"{value:.3f}" for name, value in raw.items()}, refresh=False)
         bar.update(1)
         if (config.eval_every and step % config.eval_every == 0) or step == total_steps:
             if master:
@@ -569,7 +600,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
                 meta = _meta(
                     config, pretraining.model, tokenizer, prune_version, {**training_meta, "step": step}
                 )
-                with _transformers_progress(config.progress):
+                with library_bars(config.progress):
                     save_training_checkpoint(
                         checkpoints / f"step-{step:08d}",
                         pretraining=pretraining,
@@ -621,7 +652,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
         # means its summary is this run's too.
         tmp = model_dir.with_name(model_dir.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        with _transformers_progress(config.progress):
+        with library_bars(config.progress):
             save_checkpoint(
                 tmp,
                 export,
@@ -711,24 +742,6 @@ def _discard_outputs(out: Path) -> None:
         shutil.rmtree(leftover, ignore_errors=True)
     for file in (out / SUMMARY_FILE, out / CURVE_FILE):
         file.unlink(missing_ok=True)
-
-
-@contextlib.contextmanager
-def _transformers_progress(show: bool) -> Iterator[None]:
-    """transformers' own bars ("Writing model shards" in `save_pretrained`) off while `show` is false.
-
-    A process-wide switch in transformers, so it is restored on the way out.
-    """
-    from transformers.utils import logging as hf_logging
-
-    was_on = hf_logging.is_progress_bar_enabled()
-    if was_on and not show:
-        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    try:
-        yield
-    finally:
-        if was_on and not show:
-            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 def _swap_in(new: Path, target: Path) -> None:

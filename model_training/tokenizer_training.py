@@ -210,6 +210,33 @@ def check_training_options(*, vocab_size: int, min_frequency: int, tags: int, fl
         )
 
 
+def check_room_for_tags(*, vocab_size: int, tags: int, spaced_tags: bool, flags: bool = False) -> None:
+    """Refuse a vocabulary without room for every tag token `tags` may add, besides the special tokens
+    and the base alphabet: `htmllm tokenizer train` checks this before it reads a page.
+
+    How many tag tokens there will be is known only once the pages are pruned and their tags counted (a
+    corpus may have fewer distinct tags; void elements have no closing form), so `train_tokenizer`
+    checks the exact count, after the pruning. Before it, `--vocab-size 300` with the default 100 tags was
+    refused only once every page was pruned. The most the tags may take is checked: on a corpus with
+    fewer distinct tags (or many void ones) that refuses a size that would have fitted, and the message
+    says what does (fewer `tags`, which choose the same tags where the corpus has no more than that, or
+    the size that holds them all).
+    """
+    per_tag = 4 if spaced_tags else 2  # <t>, </t> (and ` <t>`, ` </t>)
+    floor = len(SPECIAL_TOKENS) + len(_BASE_ALPHABET)
+    room = round_up(vocab_size) - floor
+    if tags * per_tag <= room:
+        return
+    fits = max(room, 0) // per_tag
+    fewer = f"{_option('tags', flags)} {fits} or fewer" if fits else f"{_option('tags', flags)} 0"
+    raise TokenizerTrainingError(
+        f"{_option('vocab_size', flags)} {vocab_size} ({round_up(vocab_size)} ids) leaves {room} ids after "
+        f"the {floor} of the special tokens and base alphabet, and {_option('tags', flags)} {tags} may take "
+        f"up to {tags * per_tag} ({per_tag} forms per tag): use {fewer}, or "
+        f"{_option('vocab_size', flags)} {round_up(floor + tags * per_tag)} or more"
+    )
+
+
 def check_sample(sample: int | None, *, flags: bool = False) -> None:
     """Refuse a page count `pruned_pages` cannot take (it had read -1 as "no page" and pruned nothing)."""
     if sample is not None and sample < 1:
@@ -242,9 +269,16 @@ def train_tokenizer(
     budget = target - len(added)
     floor = len(SPECIAL_TOKENS) + len(_BASE_ALPHABET)
     if budget < floor:
+        fits = max(
+            k
+            for k in range(len(chosen) + 1)
+            if len(tag_tokens(chosen[:k], spaced=spaced_tags)) <= target - floor
+        )
         raise TokenizerTrainingError(
             f"vocab_size {vocab_size} (rounded to {target}) leaves {budget} ids after {len(added)} tag "
-            f"tokens; the special tokens and base alphabet alone need {floor}"
+            f"tokens (of the {len(chosen)} most frequent tags); the special tokens and base alphabet alone "
+            f"need {floor}: use a vocab_size of at least {round_up(floor + len(added))}, or tags {fits} or "
+            "fewer"
         )
 
     tok = new_tokenizer()

