@@ -25,6 +25,35 @@ SERVICE_COMMANDS: tuple[str, ...] = (
 )
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Ends an option's help with "(default: N)" where it has a default worth saying: not for flags
+    (`store_true`), options without one (None), or help that speaks of its default already. Unlike
+    argparse's ArgumentDefaultsHelpFormatter, it never prints "(default: None)" or "(default: False)":
+    `htmllm serve`'s flags default to None so that only the flags given override `HTMLLM_*`, and say
+    the settings' defaults in their help."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        help_text = action.help
+        if help_text is None or not action.option_strings or action.nargs == 0:
+            return help_text
+        default = action.default
+        empty = isinstance(default, list | tuple) and not default
+        if default is None or default is argparse.SUPPRESS or empty or "default" in help_text:
+            return help_text
+        return f"{help_text} (default: %(default)s)"
+
+
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Give `parser` and every subcommand's parser below it (`htmllm tokenizer train` too) the defaults
+    formatter: subparsers get argparse's plain one whatever their parent's, and the training commands
+    add theirs through entry points, so it is set here, once, for all."""
+    parser.formatter_class = DefaultsHelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in set(action.choices.values()):
+                _show_defaults(subparser)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="htmllm", description="Embed raw HTML pages; train and evaluate the models behind them."
@@ -43,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         register(subparsers)
+    _show_defaults(parser)
     return parser
 
 

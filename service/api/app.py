@@ -20,6 +20,7 @@ from starlette.routing import Route
 from service import __version__
 from service.api.api_keys import ApiKeys
 from service.api.auth import key_gate, require_api_key
+from service.api.checkpoint_identity import read_identity
 from service.api.compression import NegotiatedGZipMiddleware
 from service.api.connections import ConnectionLifetimeMiddleware
 from service.api.errors import ROUTES_STATE, install_error_handlers
@@ -127,14 +128,17 @@ async def _warm_up(runtime: Runtime, engine: Engine) -> None:
     logger.info("model %s ready", engine.info.name)
 
 
-async def _stop(engine: Engine, drain_timeout_s: float) -> None:
-    """Drain within the time left; what cannot be answered in time fails with ShuttingDownError."""
+async def _stop(engine: Engine, drain_timeout_s: float) -> bool:
+    """Drain within the time left; what cannot be answered in time fails with ShuttingDownError.
+    Whether the queue drained (`serve`'s exit status says so)."""
     try:
         async with asyncio.timeout(drain_timeout_s):
             await engine.stop(drain=True)
     except TimeoutError:
         logger.error("the queue did not drain within %.1f s; failing what is left", drain_timeout_s)
         await engine.stop(drain=False)
+        return False
+    return True
 
 
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
@@ -145,6 +149,9 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Before the load when the app loads: the files fingerprinted are those the engine reads. A given
+        # engine was loaded from `settings.model_path` too (`serve`), a moment ago.
+        runtime.checkpoint = await asyncio.to_thread(read_identity, settings.model_path)
         if runtime.engine is None:
             runtime.engine = await asyncio.to_thread(load_engine, settings)
         running = runtime.engine
@@ -169,7 +176,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             await runtime.cancel_cutoff()
             await runtime.cancel_probe()
             # At least a second, so a stop with nothing queued is never cut short mid-way.
-            await _stop(running, max(1.0, runtime.drain_time_left()))
+            if not await _stop(running, max(1.0, runtime.drain_time_left())):
+                runtime.drain_cut_short = True
             running.close()
             runtime.close_extraction()
 

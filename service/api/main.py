@@ -16,12 +16,13 @@ import math
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from service.core.checkpoint_path import CheckpointPathError, check_checkpoint_path
 from service.core.errors import ErrorCode, HtmllmError
 
 if TYPE_CHECKING:
@@ -79,10 +80,16 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="checkpoint directory (HTMLLM_MODEL_PATH, default the bundled service/assets/default-model)",
     )
     parser.add_argument(
-        "--backend", choices=("torch", "onnx"), default=None, help="model runner (HTMLLM_BACKEND)"
+        "--backend",
+        choices=("torch", "onnx"),
+        default=None,
+        help="model runner (HTMLLM_BACKEND, default torch)",
     )
     parser.add_argument(
-        "--device", choices=("cpu", "cuda"), default=None, help="where the model runs (HTMLLM_DEVICE)"
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="where the model runs (HTMLLM_DEVICE, default cpu)",
     )
     parser.add_argument(
         "--intra-op-threads",
@@ -95,34 +102,43 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-batch-tokens",
         type=int,
         default=None,
-        help="padded tokens per forward pass (HTMLLM_MAX_BATCH_TOKENS)",
+        help="padded tokens per forward pass (HTMLLM_MAX_BATCH_TOKENS, default 16384)",
     )
     parser.add_argument(
         "--max-batch-requests",
         type=int,
         default=None,
-        help="documents per forward pass; 1 disables batching (HTMLLM_MAX_BATCH_REQUESTS)",
+        help="documents per forward pass; 1 disables batching (HTMLLM_MAX_BATCH_REQUESTS, default 64)",
     )
     parser.add_argument(
-        "--max-wait-ms", type=float, default=None, help="how long a batch waits to fill (HTMLLM_MAX_WAIT_MS)"
+        "--max-wait-ms",
+        type=float,
+        default=None,
+        help="how long a batch waits to fill (HTMLLM_MAX_WAIT_MS, default 2)",
     )
     parser.add_argument(
         "--max-queue-documents",
         type=int,
         default=None,
-        help="queued documents before requests get 429 (HTMLLM_MAX_QUEUE_DOCUMENTS)",
+        help="queued documents before requests get 429 (HTMLLM_MAX_QUEUE_DOCUMENTS, default 1024)",
     )
     parser.add_argument(
-        "--max-documents", type=int, default=None, help="documents per request (HTMLLM_MAX_DOCUMENTS)"
+        "--max-documents",
+        type=int,
+        default=None,
+        help="documents per request (HTMLLM_MAX_DOCUMENTS, default 64)",
     )
     parser.add_argument(
-        "--request-timeout-s", type=float, default=None, help="per-request timeout (HTMLLM_REQUEST_TIMEOUT_S)"
+        "--request-timeout-s",
+        type=float,
+        default=None,
+        help="per-request timeout in seconds (HTMLLM_REQUEST_TIMEOUT_S, default 30)",
     )
     parser.add_argument(
         "--log-level",
         choices=("critical", "error", "warning", "info", "debug"),
         default=None,
-        help="log level (HTMLLM_LOG_LEVEL)",
+        help="log level (HTMLLM_LOG_LEVEL, default info)",
     )
     parser.add_argument(
         "--log-format",
@@ -142,29 +158,39 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return Settings(**overrides)
 
 
-def check_model_path(settings: Settings) -> None:
-    """Raise, with what to do about it, when `settings.model_path` holds no checkpoint."""
+def check_model_location(settings: Settings) -> None:
+    """Raise ModelMissingError, with what to do about it, when `settings.model_path` is no checkpoint
+    directory (missing, a file, no htmllm.json): a look at the path, before anything imports torch
+    (`settings.engine_config()` does), so a typo is said at once, not after 4-5 s of imports."""
     from service.api.settings import default_model_path
 
     path = settings.model_path
-    if path.is_dir() and any(path.iterdir()):
-        from service.core.checkpoint import read_meta  # imports torch: only when there is a model to read
+    try:
+        check_checkpoint_path(path, "--model-path")
+    except CheckpointPathError as exc:
+        if path.resolve() == default_model_path().resolve():
+            raise ModelMissingError(
+                f"no model at {path}: the bundled default model has not been built yet: run `make "
+                "default-model` (or point HTMLLM_MODEL_PATH / --model-path at a checkpoint directory)"
+            ) from None
+        # A suggestion names the flag already; otherwise say which settings name the path.
+        hint = "" if exc.suggestion else "; point HTMLLM_MODEL_PATH / --model-path at a checkpoint directory"
+        raise ModelMissingError(f"{exc}{hint}") from None
 
-        meta = read_meta(path)  # raises CheckpointError naming the missing or unreadable file
-        if settings.max_length is not None and settings.max_length > meta.max_length:
-            raise InvalidSettingsError(
-                f"HTMLLM_MAX_LENGTH {settings.max_length} exceeds the {meta.max_length} "
-                f"tokens the model at {path} was trained for"
-            )
-        return
-    if path.resolve() == default_model_path().resolve():
-        hint = (
-            "the bundled default model has not been built yet: run `make default-model` "
-            "(or point HTMLLM_MODEL_PATH / --model-path at a checkpoint directory)"
+
+def check_model_path(settings: Settings) -> None:
+    """Raise, with what to do about it, when `settings.model_path` holds no checkpoint
+    (`check_model_location`), its htmllm.json cannot be read, or the settings ask more than it has."""
+    check_model_location(settings)
+    from service.core.checkpoint import read_meta  # imports torch: only when there is a model to read
+
+    path = settings.model_path
+    meta = read_meta(path)  # raises CheckpointError naming the unreadable or invalid file
+    if settings.max_length is not None and settings.max_length > meta.max_length:
+        raise InvalidSettingsError(
+            f"HTMLLM_MAX_LENGTH {settings.max_length} exceeds the {meta.max_length} "
+            f"tokens the model at {path} was trained for"
         )
-    else:
-        hint = "point HTMLLM_MODEL_PATH / --model-path at a checkpoint directory"
-    raise ModelMissingError(f"no model at {path}: {hint}")
 
 
 def check_device(settings: Settings) -> None:
@@ -221,8 +247,8 @@ def _sigterm_ends_the_start() -> Iterator[None]:
     """Within, SIGTERM raises _Terminated: loading a model takes seconds to minutes, and in a container
     the server is PID 1, for which the kernel drops every signal without a handler. Without this one a
     pod deleted while its model loaded ran on until the kubelet's SIGKILL, a grace period later.
-    uvicorn installs its own handlers once it serves (and gives back the ones it found when it stops:
-    hence the previous handler is restored on leaving, not left for uvicorn to re-raise SIGTERM into)."""
+    uvicorn installs its own handlers once it serves, and re-raises the signal that stopped it into the
+    ones it found (`_stops_gracefully`): hence the previous handler is restored on leaving."""
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread may install a handler (as uvicorn, which then installs none either)
         return
@@ -237,9 +263,34 @@ def _sigterm_ends_the_start() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextmanager
+def _stops_gracefully(stop: Callable[[int, FrameType | None], None]) -> Iterator[None]:
+    """Within, SIGTERM and SIGINT call `stop` (the server's graceful stop), before uvicorn installs its
+    handlers and after it gives them back.
+
+    After its graceful shutdown uvicorn restores the handlers it found and raises the signal that
+    stopped it again, for them. With the defaults there, a server that had drained every request died
+    of that SIGTERM (status -15, 143 in a shell), or of a KeyboardInterrupt traceback after Ctrl-C; and
+    as PID 1 of a container it exited 0, since the kernel drops a signal PID 1 has no handler for. With
+    `stop` there the signal is a second stop request, which does nothing, and the status is `serve`'s
+    everywhere: 0 after a complete drain. A signal that comes before uvicorn's handlers stops the server
+    as soon as it has started, as one that comes while it serves does."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # uvicorn installs none either
+        return
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def serve(settings: Settings) -> int:
-    """Run the server until SIGTERM/SIGINT; 1 when the model is missing or does not load, 2 when the
-    settings cannot work on this machine or with this checkpoint, 143 on SIGTERM before it serves."""
+    """Run the server until SIGTERM/SIGINT: 0 once it has drained every request it accepted, 1 when the
+    drain ran out of time (`HTMLLM_DRAIN_TIMEOUT_S`: what was left was answered 503), the model is
+    missing or does not load, 2 when the settings cannot work on this machine or with this checkpoint,
+    143 on SIGTERM before it serves (it never started; nothing to drain)."""
     import uvicorn
 
     from service.api.api_keys import ApiKeys
@@ -277,18 +328,30 @@ def serve(settings: Settings) -> int:
         uvicorn_handle_exit(sig, frame)
 
     server.handle_exit = handle_exit  # type: ignore[method-assign]
-    server.run()
-    return 0 if server.started else 1
+    with _stops_gracefully(handle_exit):
+        server.run()
+    if not server.started:
+        return 1
+    return 1 if runtime.drain_cut_short else 0
 
 
 def run_args(args: argparse.Namespace) -> int:
-    """Parsed flags to a running server; 2 for invalid settings."""
+    """Parsed flags to a running server; 2 for invalid settings, 1 for a model path that is no checkpoint."""
     from pydantic import ValidationError
 
     try:
         settings = settings_from_args(args)
-        settings.engine_config()  # combinations the engine refuses (float16 on CPU, onnx in bfloat16...)
     except (ValidationError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+        sys.stderr.write(f"htmllm serve: invalid settings:\n{exc}\n")
+        return 2
+    try:
+        check_model_location(settings)  # before engine_config(), whose import of the engine takes seconds
+    except ModelMissingError as exc:
+        sys.stderr.write(f"htmllm serve: {exc.code}: {exc}\n")
+        return 1
+    try:
+        settings.engine_config()  # combinations the engine refuses (float16 on CPU, onnx in bfloat16...)
+    except ValueError as exc:
         sys.stderr.write(f"htmllm serve: invalid settings:\n{exc}\n")
         return 2
     return serve(settings)

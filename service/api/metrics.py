@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.core.errors import ErrorCode
@@ -135,6 +136,28 @@ class ServiceMetrics:
             buckets=_GC_PAUSE_BUCKETS,
             registry=r,
         )
+
+
+class _WithoutCreated:
+    """A view of a registry without the `<name>_created` series prometheus_client adds to every counter
+    and histogram child (a Unix timestamp per label set, doubling the series a scrape stores for a
+    value no dashboard here reads). Its own switch, `disable_created_metrics()`, is process-wide: it
+    would change every other registry in the process (a host's, the other apps of a test run)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self._registry.collect():
+            created = f"{metric.name}_created"
+            copy = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+            copy.samples = [sample for sample in metric.samples if sample.name != created]
+            yield copy
+
+
+def exposition(metrics: ServiceMetrics) -> bytes:
+    """The text exposition of `metrics` (what /metrics answers), without `_created` series."""
+    return generate_latest(_WithoutCreated(metrics.registry))
 
 
 class GcPauseObserver:

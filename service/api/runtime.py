@@ -19,6 +19,7 @@ from fastapi import Depends, Request
 from starlette.types import Message, Receive
 
 from service.api.api_keys import ApiKeys
+from service.api.checkpoint_identity import CheckpointIdentity
 from service.api.errors import ClientDisconnectedError
 from service.api.metrics import ServiceMetrics
 from service.api.settings import Settings
@@ -89,6 +90,7 @@ class Runtime:
     metrics: ServiceMetrics
     api_keys: ApiKeys = field(default_factory=ApiKeys)  # none: the model routes are open
     engine: Engine | None = None
+    checkpoint: CheckpointIdentity | None = None  # the engine's checkpoint, for /info: set by the lifespan
     started: bool = False  # engine started: model routes answer
     ready: bool = False  # warmed with a full-size batch: /ready says so
     stopping: bool = False  # shutdown began: new model requests get 503
@@ -97,6 +99,7 @@ class Runtime:
     warmup_failing_since: float | None = None  # `clock()` when the first warm-up failed, until one succeeds
     collector: CollectorState | None = None  # the garbage collector set for serving, after the warm-up
     drain_deadline: float | None = None  # time.monotonic() by which shutdown must be done
+    drain_cut_short: bool = False  # the drain budget ran out: queued documents or uploads were failed 503
     extractor_pool: ExtractorPool | None = None
     body_readers: BodyReaders = field(default_factory=BodyReaders)  # requests whose bodies still come
     extract_threads: ThreadPoolExecutor | None = None
@@ -273,15 +276,18 @@ class Runtime:
         waiting = self.body_readers.cut_off()
         if waiting:
             logger.warning("drain budget spent: answering %d requests whose bodies are still coming", waiting)
+            self.drain_cut_short = True
         if self.engine is not None and self.engine.queue_size:
             logger.warning("drain budget spent: failing %d queued documents", self.engine.queue_size)
             self.stopping = True
+            self.drain_cut_short = True
             await self.engine.stop(drain=False)
         if self.extractor_pool is not None and self.extraction_backlog:
             # Running jobs' workers are killed and queued jobs find the pool closed: each ends as a
             # typed per-extractor error in its request's answer, not as a request dropped at exit.
             logger.warning("drain budget spent: stopping %d extraction jobs", self.extraction_backlog)
             self.stopping = True
+            self.drain_cut_short = True
             self.extractor_pool.close()
 
     async def cancel_cutoff(self) -> None:

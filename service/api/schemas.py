@@ -261,7 +261,16 @@ class Limits(BaseModel):
 
 
 class InfoResponse(BaseModel):
-    model: str
+    model: str = Field(description="the checkpoint's name (its training config's): not unique to it")
+    checkpoint_sha256: str = Field(
+        description="sha256 over the checkpoint's files (config.json, htmllm.json, weights, heads), taken "
+        "at start-up: servers that report the same one run the same model, whatever its name; "
+        "`htmllm embed` records the same value in its output's `htmllm.run` metadata"
+    )
+    training_run_id: str | None = Field(
+        description="the id of the training run that produced the checkpoint (htmllm.json's "
+        "`training.run_id`); null for a checkpoint from before run ids"
+    )
     version: str = Field(description="the service's version")
     embedding_dim: int
     max_length: int

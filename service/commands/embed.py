@@ -65,6 +65,7 @@ from service.commands.resume_state import (
     sigterm_as_ctrl_c,
 )
 from service.core.attention import ATTENTION_CHOICES, AUTO_ATTENTION, attention_option
+from service.core.checkpoint_path import check_checkpoint_path
 from service.core.errors import ErrorCode, HtmllmError, shown
 from service.core.quantization import NO_QUANTIZATION, QUANTIZATION_CHOICES, quantization_option
 
@@ -74,6 +75,8 @@ if TYPE_CHECKING:
     from service.core.modeling import HeadSpec
     from service.engine import EngineConfig
 
+# Documents per part file (--part-size): the rows a run holds in memory, and so what `kill -9` costs.
+PART_SIZE = 512
 # Bumped when the rows change; run.json pins it, so parts of an older layout are never merged with new.
 ROW_FORMAT = 2
 # The columns every row has: a head's column (`<head>`, `<head>.probs`) must be none of them.
@@ -131,7 +134,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="torch backend: auto picks packed varlen batches on CUDA in half precision, padded SDPA on CPU",
     )
     parser.add_argument(
-        "--max-length", type=at_least(2), default=None, help="truncate documents to this many tokens"
+        "--max-length",
+        type=at_least(2),
+        default=None,
+        help="truncate documents to this many tokens (default: the checkpoint's max_length)",
     )
     parser.add_argument(
         "--batch-tokens", type=at_least(1), default=16384, help="token budget per forward pass"
@@ -167,7 +173,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--no-normalize", action="store_true", help="write unnormalised embeddings")
     parser.add_argument("--limit", type=at_least(1), default=None, help="embed only the first N pages")
     parser.add_argument(
-        "--part-size", type=at_least(1), default=512, help="documents per part file (resume grain)"
+        "--part-size",
+        type=at_least(1),
+        default=PART_SIZE,
+        help="documents per part file (the resume grain): finished rows are held until a part fills, so a "
+        "kill -9 leaves up to this many less one, and the pages in flight, to be embedded again by the "
+        "next run; Ctrl-C and SIGTERM write them first",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
@@ -211,6 +222,7 @@ class _Outcome:
     """What a run did, for its last line and for the merge's check."""
 
     documents: int = 0  # input rows seen, done before or not
+    written: int = 0  # rows written this run, error rows included
     failures: int = 0  # error rows written this run
     deferred: Counter[str] = field(default_factory=Counter)  # transient failures by code, not written
     first_deferred: str = ""  # the first one's code and message, to say why
@@ -264,6 +276,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
     file is created (a run.json written for a typo would pin it)."""
     _check_input(args.input, args.output)
     check_output_parent(args.output)
+    check_checkpoint_path(args.checkpoint, "--checkpoint")  # before torch's import (seconds)
     from service.core.checkpoint import checkpoint_fingerprint, read_meta
     from service.engine import EngineConfig
 
@@ -443,7 +456,12 @@ def _run(args: argparse.Namespace) -> int:
             return 1
         rows = merge(parts, output, fmt.schema, outcome.documents, plan.settings)
         remove_parts(parts, output)
-    print(f"wrote {rows} documents to {output} ({outcome.failures} failed this run)", file=sys.stderr)
+    # Both halves: after a resume, the rows of this run alone had passed for the whole output.
+    print(
+        f"wrote {rows} documents to {output}: {len(done)} resumed from earlier runs, {outcome.written} "
+        f"embedded this run ({outcome.failures} failed)",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -521,6 +539,7 @@ async def _embed_all(
         finally:
             in_flight.release()
         writer.add(row)
+        outcome.written += 1
         progress.update(1)
 
     try:

@@ -1,5 +1,6 @@
-"""Option rules the bulk commands (`htmllm embed`, `htmllm extract`) share, so that the same option is
-refused, or taken, the same way in both: integer bounds, and where an output file may go."""
+"""Option rules the commands share, so that the same option is refused, or taken, the same way in each:
+integer bounds and where an output file may go (`htmllm embed`, `htmllm extract`). What a checkpoint path
+must be is `service.core.checkpoint_path`'s (the server checks it too)."""
 
 from __future__ import annotations
 

@@ -88,3 +88,20 @@ def test_a_late_extraction_counts_as_a_timeout() -> None:
     extract_router._failed("trafilatura", DeadlineExceededError("late"), metrics=metrics)
     series = 'htmllm_extractions_failed_total{code="timeout",extractor="trafilatura"} 1.0'
     assert series in _series(metrics)
+
+
+async def test_metrics_has_no_created_series_and_leaves_other_registries_theirs(
+    settings_for: SettingsFactory,
+) -> None:
+    """prometheus_client adds `<name>_created` to every counter and histogram child (a timestamp per
+    label set, doubling the series stored); /metrics leaves them out, without the process-wide switch
+    that would take them from every other registry in the process too."""
+    async with app_client(settings_for(warmup=False), wait_ready=False) as client:
+        await client.get("/health")  # a request counted: labelled counter and histogram children exist
+        text = (await client.get("/metrics")).text
+    series = [line.split("{")[0].split(" ")[0] for line in text.splitlines() if not line.startswith("#")]
+    assert "htmllm_requests_total" in series and "htmllm_request_duration_seconds_bucket" in series
+    assert not [name for name in series if name.endswith("_created")], text
+    other = ServiceMetrics()
+    other.requests.labels(route="/", method="GET", status="200").inc()
+    assert "htmllm_requests_created" in _series(other)

@@ -42,23 +42,53 @@ def test_missing_default_model_says_how_to_build_it(
 
 def test_a_directory_that_is_not_a_checkpoint(tmp_path: Path) -> None:
     (tmp_path / "weights.bin").write_bytes(b"\0")
+    with pytest.raises(api_main.ModelMissingError, match=r"holds no htmllm\.json\); point HTMLLM_MODEL_PATH"):
+        api_main.check_model_path(Settings(model_path=tmp_path))
+    with pytest.raises(api_main.ModelMissingError, match="does not exist; point HTMLLM_MODEL_PATH"):
+        api_main.check_model_path(Settings(model_path=tmp_path / "nothing"))
+    (tmp_path / "htmllm.json").write_text("{not json")  # the path passes; reading the file does not
     with pytest.raises(CheckpointError, match=r"htmllm\.json"):
         api_main.check_model_path(Settings(model_path=tmp_path))
-    with pytest.raises(api_main.ModelMissingError, match="HTMLLM_MODEL_PATH"):
-        api_main.check_model_path(Settings(model_path=tmp_path / "nothing"))
 
 
-def test_python_m_service_api_exits_nonzero_without_a_model(tmp_path: Path) -> None:
+# `python -m service.api` in a fresh interpreter, then whether it imported torch (on stdout).
+_MAIN_THEN_TORCH = (
+    "import sys; from service.api.main import main; s = main(sys.argv[1:]); "
+    "print('torch' in sys.modules); sys.exit(s)"
+)
+
+
+@pytest.mark.parametrize("where", ["missing", "run folder"])
+def test_a_model_path_that_is_no_checkpoint_is_refused_before_torch_is_imported(
+    tmp_path: Path, where: str
+) -> None:
+    """It imported the engine, and so torch (4-5 s), to say "no model at", and a training run's folder
+    did not point at its model/."""
+    run = tmp_path / "runs" / "x" / "pretrain"
+    (run / "model").mkdir(parents=True)
+    (run / "model" / "htmllm.json").write_text("{}")  # the path check looks no further
+    path, message = {
+        "missing": (
+            tmp_path / "none",
+            f"checkpoint directory {tmp_path / 'none'} does not exist; point HTMLLM_MODEL_PATH / "
+            "--model-path at a checkpoint directory",
+        ),
+        "run folder": (
+            run,
+            f"{run} is not an htmllm checkpoint (it holds no htmllm.json); did you mean --model-path "
+            f"{run / 'model'}?",
+        ),
+    }[where]
     result = subprocess.run(
-        [sys.executable, "-m", "service.api", "--model-path", str(tmp_path / "none"), "--port", "1"],
+        [sys.executable, "-c", _MAIN_THEN_TORCH, "--model-path", str(path), "--port", "1"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
     )
-    assert result.returncode == 1
-    assert "no model at" in result.stderr
+    assert (result.returncode, result.stdout) == (1, "False\n"), result.stderr
+    assert result.stderr == f"htmllm serve: checkpoint_invalid: {message}\n"
 
 
 def test_invalid_settings_exit_2(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,6 +7,8 @@ import errno
 import fcntl
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from service.core.checkpoint import CheckpointMeta, save_checkpoint
 from service.core.modeling import HeadSpec, TaskHead
 from service.core.prune import PRUNE_VERSION
 from tests.factories.checkpoint import build_tiny_checkpoint, build_tiny_model
-from tests.factories.cli import write_pages
+from tests.factories.cli import ROOT, cli_env, write_pages
 from tests.factories.disk import closed_directory, eio_for
 from tests.factories.tokenizer import build_tiny_tokenizer
 
@@ -43,7 +45,7 @@ def test_a_row_over_the_cap_is_a_payload_too_large_row(
     out = tmp_path / "out.parquet"
     args = ["embed", "--checkpoint", str(checkpoint), "--input", str(source), "--output", str(out)]
     assert main([*args, "--no-progress"]) == 0
-    assert "(3 failed this run)" in capsys.readouterr().err
+    assert "embedded this run (3 failed)" in capsys.readouterr().err
     table = pq.read_table(out)
     assert table["id"].to_pylist() == ["a", "1", "big", "no-html"]
     assert table["error"].to_pylist() == [None, "payload_too_large", "payload_too_large", "validation_error"]
@@ -134,7 +136,8 @@ def test_an_interrupted_overwrite_with_other_settings_survives_a_run_of_the_fini
     assert err.count("\n") == 1
     assert sorted(p.name for p in parts.glob("part-*")) == before
     assert main(other) == 0  # and it goes on from its parts
-    assert "(0 failed this run)" in capsys.readouterr().err and not parts.exists()
+    assert "4 resumed from earlier runs, 0 embedded this run (0 failed)" in capsys.readouterr().err
+    assert not parts.exists()
     assert pq.read_table(out).num_rows == 4
 
 
@@ -317,7 +320,10 @@ def test_a_page_file_that_cannot_be_read_is_an_input_unreadable_row_a_resume_kee
         _stop_before_merge(monkeypatch, args)
     capsys.readouterr()
     assert main(args) == 0
-    assert f"wrote 5 documents to {out} (0 failed this run)" in capsys.readouterr().err
+    assert (
+        f"wrote 5 documents to {out}: 5 resumed from earlier runs, 0 embedded this run (0 failed)"
+        in capsys.readouterr().err
+    )
     table = pq.read_table(out)
     assert table["id"].to_pylist() == ["a.html", "b.html", "c.html", "d.html", "e.html.gz"]
     assert table["error"].to_pylist() == [
@@ -484,7 +490,7 @@ def test_a_page_whose_process_is_killed_from_outside_is_embedded_in_a_fresh_one(
         killed = kill_workers_holding(patch, _KILLED_PAGE.encode(), kills=1)
         assert main([*_args(checkpoint, source, out), "--preprocess-pool", "process"]) == 0
     assert len(killed) == 1
-    assert "(0 failed this run)" in capsys.readouterr().err
+    assert "embedded this run (0 failed)" in capsys.readouterr().err
     table, expected = pq.read_table(out), pq.read_table(clean)
     assert table["error"].null_count == 3 and table["tokens"].to_pylist() == expected["tokens"].to_pylist()
     np.testing.assert_allclose(  # batched otherwise (the retry's timing): the same up to rounding
@@ -527,3 +533,39 @@ def test_an_empty_heads_selection_scores_no_head_as_the_api_does(checkpoint: Pat
     every = tmp_path / "every.parquet"
     assert main(_args(checkpoint, tmp_path / "pages.jsonl", every)) == 0
     assert pq.read_table(every).column_names[-3:] == ["page_type", "page_type.probs", "quality"]
+
+
+# `main(argv)` in a fresh interpreter, then whether it imported torch (on stdout).
+_MAIN_THEN_TORCH = (
+    "import sys; from service.cli import main; s = main(sys.argv[1:]); "
+    "print('torch' in sys.modules); sys.exit(s)"
+)
+
+
+def test_a_checkpoint_path_that_is_no_checkpoint_is_refused_before_torch_is_imported(tmp_path: Path) -> None:
+    """`--checkpoint /nonexistent` imported torch (4-5 s) to say "/nonexistent/htmllm.json is missing",
+    and a training run's folder was "not an htmllm checkpoint", its model/ unnamed."""
+    write_pages(tmp_path / "pages.jsonl", 1)
+    run = tmp_path / "run"
+    (run / "model").mkdir(parents=True)
+    (run / "model" / "htmllm.json").write_text("{}")  # the path check looks no further
+    for checkpoint, message in (
+        (tmp_path / "nonexistent", f"checkpoint directory {tmp_path / 'nonexistent'} does not exist"),
+        (
+            run,
+            f"{run} is not an htmllm checkpoint (it holds no htmllm.json); "
+            f"did you mean --checkpoint {run}/model?",
+        ),
+    ):
+        args = _args(checkpoint, tmp_path / "pages.jsonl", tmp_path / "out.parquet")
+        done = subprocess.run(
+            [sys.executable, "-c", _MAIN_THEN_TORCH, *args],
+            cwd=ROOT,
+            env=cli_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert (done.returncode, done.stdout) == (1, "False\n"), done.stderr
+        assert done.stderr == f"htmllm embed: checkpoint_invalid: {message}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pages.jsonl", "run"]

@@ -1,4 +1,4 @@
-"""The option rules `htmllm embed` and `htmllm extract` share: one bound, one output check, both commands."""
+"""The option rules the commands share: one bound, one output check (`htmllm embed` and `htmllm extract`)."""
 
 from __future__ import annotations
 

@@ -87,7 +87,7 @@ def test_bad_rows_become_error_rows_and_the_run_goes_on(
     out = tmp_path / "out.parquet"
     args = ["embed", "--checkpoint", str(tiny_checkpoint), "--input", str(source), "--output", str(out)]
     assert main([*args, "--no-progress", "--preprocess-pool", pool]) == 0
-    assert "(3 failed this run)" in capsys.readouterr().err
+    assert "embedded this run (3 failed)" in capsys.readouterr().err
     table = pq.read_table(out)
     assert table["id"].to_pylist() == ["a", "1", "no-html", "deep", "b"]
     assert table["error"].to_pylist() == [
@@ -132,7 +132,7 @@ def test_a_warc_file_is_embedded_like_the_pages_it_holds(
     out = tmp_path / "out.parquet"
     args = ["embed", "--checkpoint", str(tiny_checkpoint), "--input", str(source), "--output", str(out)]
     assert main([*args, "--no-progress"]) == 0
-    assert "(1 failed this run)" in capsys.readouterr().err
+    assert "embedded this run (1 failed)" in capsys.readouterr().err
     table = pq.read_table(out)
     assert table["id"].to_pylist()[:2] == ["<urn:uuid:one>", "<urn:uuid:two>"] and table.num_rows == 3
     assert table["url"].to_pylist()[:2] == ["https://a.example/", "https://b.example/"]
@@ -211,12 +211,19 @@ def test_ctrl_c_keeps_what_was_finished_and_the_resume_embeds_the_rest(
     assert status == 130, (calls, handler, err)
     assert "interrupted" in err and "Traceback" not in err
     tables = [pq.read_table(p) for p in (tmp_path / "out.parquet.parts").glob("part-*.parquet")]
-    assert 0 < sum(t.num_rows for t in tables) < n
+    kept = sum(t.num_rows for t in tables)
+    assert 0 < kept < n
     assert all(t["error"].null_count == t.num_rows for t in tables), [t["error"] for t in tables]
 
     assert main(args) == 0
     table = pq.read_table(out)
     assert table["index"].to_pylist() == list(range(n)) and table["error"].null_count == n
+    # The last line says what the resume took over and what it embedded (it said "wrote 40 documents
+    # ... (0 failed this run)", as if this run had embedded them all).
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"wrote {n} documents to {out}: {kept} resumed from earlier runs, {n - kept} embedded this run "
+        "(0 failed)"
+    )
 
 
 def test_sigterm_keeps_what_was_finished_as_ctrl_c_does(

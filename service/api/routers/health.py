@@ -10,9 +10,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from service import __version__
+from service.api.metrics import exposition
 from service.api.openapi import UNAVAILABLE, error_responses
 from service.api.runtime import EngineDep, RuntimeDep
 from service.api.schemas import HeadInfo, HealthResponse, InfoResponse, Limits, ReadyResponse
@@ -80,11 +81,15 @@ async def ready(runtime: RuntimeDep) -> ReadyResponse:
 @get_route("/info", summary="The model, its heads and the server's limits", responses=_UNAVAILABLE)
 async def info(runtime: RuntimeDep, engine: EngineDep) -> InfoResponse:
     model = engine.info
+    checkpoint = runtime.checkpoint
+    assert checkpoint is not None  # read by the lifespan before the engine is in place
     settings = runtime.settings
     config = engine.config  # the limits the engine runs with
     processes = config.preprocess_pool == "process"  # threads can be neither stopped nor limited
     return InfoResponse(
         model=model.name,
+        checkpoint_sha256=checkpoint.sha256,
+        training_run_id=checkpoint.training_run_id,
         version=__version__,
         embedding_dim=model.embedding_dim,
         max_length=model.max_length,
@@ -128,4 +133,4 @@ async def info(runtime: RuntimeDep, engine: EngineDep) -> InfoResponse:
 async def metrics(runtime: RuntimeDep) -> Response:
     if runtime.engine is not None:  # read at scrape time: the engine keeps the count
         runtime.metrics.backend_failures.set(runtime.engine.health.failures)
-    return Response(generate_latest(runtime.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(exposition(runtime.metrics), media_type=CONTENT_TYPE_LATEST)
