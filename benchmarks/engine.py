@@ -17,6 +17,10 @@ A model-only section times the runners on the same pre-tokenized, length-sorted 
 isolates the backend from pruning and tokenization; `torch-hf` there is the torch runner on transformers'
 own encoder forward instead of service/core/encoder_forward.py's (banded local attention). Each figure
 is docs/s and tokens/s (tokens the model saw), with ratios against the baselines measured in this run.
+
+`--pass-cost` instead times the torch runner alone on padded batches of 4 to 4,096 tokens and fits a
+pass's time as a fixed cost plus a cost per token (on relative errors): the fixed cost in tokens is what
+the batcher weighs a pass against padding with (`service.engine.batcher.PASS_OVERHEAD_TOKENS`).
 """
 
 from __future__ import annotations
@@ -121,6 +125,48 @@ async def engine_outputs(engine: Engine, pages: list[bytes]) -> list[tuple[np.nd
         top = {h: max(v, key=v.__getitem__) for h, v in result.scores.items() if isinstance(v, dict)}
         out.append((result.embedding, top))
     return out
+
+
+# (documents, tokens each) of the passes `--pass-cost` times: 4 to 4,096 tokens, few and many documents.
+PASS_SHAPES = [
+    (1, 4), (1, 16), (1, 32), (1, 64), (1, 128), (1, 256), (2, 64), (4, 64), (8, 32),
+    (8, 64), (16, 32), (16, 64), (4, 256), (32, 32), (64, 16), (16, 256), (64, 64), (32, 128),
+]  # fmt: skip
+
+
+def pass_cost(checkpoint: Path, threads: int, repeats: int) -> None:
+    """Print each shape's best time and the least-squares fit seconds = fixed + per_token * tokens."""
+    from service.core.checkpoint import load_checkpoint
+
+    runner = TorchRunner(load_checkpoint(checkpoint).model, intra_op_threads=threads)
+    vocab = runner.model.config.vocab_size
+    generator = np.random.default_rng(0)
+    shapes = [(b, n) for b, n in PASS_SHAPES if n <= runner.model.config.max_position_embeddings]
+    prepared = {
+        (b, n): runner.prepare([[2, *generator.integers(5, vocab, n - 2).tolist(), 3] for _ in range(b)])
+        for b, n in shapes
+    }
+    for ready in prepared.values():  # warm-up: allocations, kernel choice
+        runner.run(ready)
+    best = dict.fromkeys(shapes, float("inf"))
+    for _ in range(repeats):  # interleaved, so that load drifting on a shared machine hits every shape
+        for shape, ready in prepared.items():
+            started = time.perf_counter()
+            runner.run(ready)
+            best[shape] = min(best[shape], time.perf_counter() - started)
+    for (b, n), took in best.items():
+        print(f"  {b:3} x {n:4} = {b * n:5} tokens: {1000 * took:8.2f} ms")
+    tokens = np.array([b * n for b, n in best], dtype=np.float64)
+    times = np.array(list(best.values()))
+    # Least squares on relative errors: the times span three orders of magnitude, and absolute errors
+    # would let the 4,096-token passes (whose cost per token grows with the batch) set the fixed cost.
+    weights = 1.0 / times
+    design = np.vstack([np.ones_like(tokens), tokens]).T * weights[:, None]
+    (fixed, per_token), *_ = np.linalg.lstsq(design, times * weights, rcond=None)
+    print(
+        f"fit: {1000 * fixed:.2f} ms per pass + {1e6 * per_token:.1f} us per token: "
+        f"a pass costs what {fixed / per_token:.0f} tokens cost"
+    )
 
 
 class BatchCounter(EngineObserver):
@@ -235,6 +281,11 @@ def main() -> int:
     parser.add_argument("--tokenizer", type=Path, default=None, help="tokenizer.json (default: train one)")
     parser.add_argument("--vocab-size", type=int, default=16384, help="vocabulary of the trained tokenizer")
     parser.add_argument(
+        "--pass-cost",
+        action="store_true",
+        help="only time the torch runner on batches of 4 to 4,096 tokens and fit a pass's fixed cost",
+    )
+    parser.add_argument(
         "--variants",
         default=",".join(VARIANTS),
         help=f"engine variants to run, of {','.join(VARIANTS)} (torch-bf16 also adds a bf16 naive loop)",
@@ -271,6 +322,11 @@ def main() -> int:
                 Path(tmp) / "ckpt", tokenizer, preset=args.preset, max_length=args.max_length
             )
             print(f"preset {args.preset}, random weights")
+        if args.pass_cost:
+            rounds = max(args.repeats, 5)
+            print(f"pass cost, torch runner, {threads} threads, best of {rounds} interleaved rounds")
+            pass_cost(checkpoint, threads, rounds)
+            return 0
         print(f"{len(pages)} pages from {args.corpus}; max length {args.max_length}")
         started = time.perf_counter()
         graph = ensure_onnx(checkpoint)

@@ -7,8 +7,12 @@ the queue (and the client) the whole time. With a measured drain rate the engine
 `Retry-After`, a request whose documents would wait past its deadline: the client learns at once and can
 retry elsewhere, and the requests accepted are the ones that can be answered.
 
-The rate is measured only while the engine has work (from the moment its queue stops being empty to each
-batch's end), so idle time never reads as slowness. At light load it is the rate of small batches, which
+The rate is measured only while the model has work: the batcher calls `busy` when it takes a document
+while it held none and ran no pass, `finished` at each batch's end and `idle` once it holds none and runs
+none, so idle time never reads as slowness. Counted from the Engine's admissions instead, time with no
+batch behind it had: cache hits, /v1/preprocess calls, pages failing in preprocessing (after 10 s of
+cache-hit traffic the rate read 1.2 documents a second for 10, and calls were refused at once that would
+have been answered in half their deadline). At light load it is the rate of small batches, which
 underestimates what a full queue drains at; the estimate then errs towards refusing, and only where the
 queue holds more than a deadline's worth at that rate.
 """

@@ -2,11 +2,17 @@
 
 `submit` only appends to an inbox; one *former* task owns the waiting window. It takes every queued
 document (after waiting up to `max_wait_ms` for company when the queue is short), sorts the window by
-length so batches carry little padding, and slices it into batches of at most `max_batch_requests`
-documents and `max_batch_tokens` tokens (as the runner counts them: padded, or packed under flash-attn).
-Documents whose caller went away (future cancelled) or whose deadline passed are dropped when a batch is
-built. The former prepares batch n+1 on a worker thread while an *executor* task runs batch n on the
-inference thread; a one-slot hand-off between them is what bounds the overlap to one batch.
+length so batches carry little padding, and cuts it into batches of at most `max_batch_requests`
+documents and `max_batch_tokens` tokens (as the runner counts them: padded, or packed under flash-attn)
+where the padded tokens plus a fixed cost per pass are least (`form_batches`). Documents whose caller
+went away (future cancelled) or whose deadline passed are dropped when a batch is built, and from the
+inbox as soon as they are over half of it. The former prepares batch n+1 on a worker thread while an
+*executor* task runs batch n on the inference thread; a one-slot hand-off between them is what bounds the
+overlap to one batch.
+
+The batcher also times how fast it drains (`admission.DrainRate`): busy from the moment it holds a
+document until it holds none and runs no pass, so that time spent elsewhere (preprocessing, the result
+cache) never reads as slowness of the model.
 
 A window is drained completely before the next one is taken, so a long document is never starved by a
 stream of short ones.
@@ -17,17 +23,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from service.core.errors import HtmllmError
+from service.engine.admission import DrainRate
 from service.engine.runners import PreparedBatch, Runner, RunnerOutput
 from service.engine.types import (
     BackendError,
@@ -41,6 +49,16 @@ logger = logging.getLogger(__name__)
 
 # How many batches' worth of documents one window may hold; bounds the latency a window adds.
 WINDOW_BATCHES = 8
+
+# What one forward pass costs beyond its tokens, in tokens: what `form_batches` weighs a pass saved
+# against the padding that batching documents of unequal lengths costs. Measured with the bundled model
+# (mini preset: 6 layers, 384 wide) on the torch runner, 2 threads of the 2-core development CPU
+# (`benchmarks/engine.py --pass-cost`): a pass over one 4-token document takes 6.8-7.3 ms, and passes of
+# 4 to 4,096 tokens fit 5.4-9.6 ms plus 0.09-0.10 ms per token, a pass worth 60 to 96 tokens over five
+# runs on the shared machine (docs/benchmarks.md, Engine). On a GPU a pass's fixed cost is worth far more
+# tokens; there the runner packs in half precision (no padding to weigh it against), and a padded float32
+# GPU runner cuts a little more often than would pay.
+PASS_OVERHEAD_TOKENS = 80
 
 
 @dataclass(frozen=True)
@@ -59,6 +77,8 @@ class QueuedDocument:
     future: asyncio.Future[BatchRow]
     deadline: float | None  # time.monotonic() seconds
     enqueued: float = field(default_factory=time.monotonic)
+    in_inbox: bool = True  # until the former takes it into a window (or the inbox drops it)
+    dead_in_inbox: bool = False  # its future ended while it was in the inbox (counted in `_inbox_dead`)
 
     def is_live(self, now: float) -> bool:
         """False when nobody waits for this document any more, failing it if its deadline passed."""
@@ -81,23 +101,49 @@ class _Ready:
 
 
 def form_batches(
-    lengths: Sequence[int], cost: Callable[[Sequence[int]], int], *, max_tokens: int, max_requests: int
+    lengths: Sequence[int],
+    cost: Callable[[Sequence[int]], int],
+    *,
+    max_tokens: int,
+    max_requests: int,
+    pass_overhead: int = PASS_OVERHEAD_TOKENS,
 ) -> list[list[int]]:
-    """Indices of `lengths`, sorted by length and sliced greedily within both budgets.
+    """Indices of `lengths`, sorted by length and cut into batches within both budgets where the
+    tokens the passes compute (`cost`: padded, or packed) plus `pass_overhead` per pass are least.
+
+    Filling each batch up to the budget had padded 63 pages of 30 tokens to the 256 of one long page
+    in the same batch (16,384 tokens computed for 2,146: 6x slower than two batches). The cut points
+    come from a dynamic program over the sorted window: the cheapest plan for its first `end` documents
+    is the cheapest plan for the first `start` plus one batch `start..end`, over the at most
+    `max_requests` starts whose batch fits the budget: `n * max_requests` calls of `cost`, which must
+    grow as a batch takes in more documents (padded and packed costs both do). Where the cost has no
+    padding (a packed runner), every plan computes the same tokens and the one with the fewest passes
+    wins: batches filled in order, as before. Of plans that cost the same, the one whose last batches
+    are smallest (as filling in order leaves them) is taken.
 
     A document alone over the token budget still gets a batch of its own (the engine caps lengths).
     """
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    ordered = [lengths[i] for i in order]
+    count = len(ordered)
+    best = [0] * (count + 1)  # best[end]: the least total cost of the first `end` documents
+    cut = [0] * (count + 1)  # cut[end]: where the last batch of that plan starts
+    for end in range(1, count + 1):
+        least, least_start = -1, end - 1
+        for start in range(end - 1, max(end - max_requests, 0) - 1, -1):
+            batch_cost = cost(ordered[start:end])
+            if batch_cost > max_tokens and start < end - 1:
+                break  # a longer batch costs more still
+            total = best[start] + batch_cost
+            if least < 0 or total < least:
+                least, least_start = total, start
+        best[end], cut[end] = least + pass_overhead, least_start
     batches: list[list[int]] = []
-    current: list[int] = []
-    for index in order:
-        candidate = [*current, index]
-        if current and (len(candidate) > max_requests or cost([lengths[i] for i in candidate]) > max_tokens):
-            batches.append(current)
-            candidate = [index]
-        current = candidate
-    if current:
-        batches.append(current)
+    end = count
+    while end > 0:
+        batches.append(order[cut[end] : end])
+        end = cut[end]
+    batches.reverse()
     return batches
 
 
@@ -113,14 +159,23 @@ class Batcher:
         max_wait_ms: float,
         on_batch: Callable[[BatchStats], None] | None = None,
         on_skipped: Callable[[int], None] | None = None,
+        drain: DrainRate | None = None,
+        row_shapes: OutputShapes | None = None,
     ) -> None:
+        """`drain` is told when the batcher is busy and what each batch finished; `row_shapes`, what a
+        pass must answer per document (without it, only the row counts are checked)."""
         self._runner = runner
         self._max_tokens = max_batch_tokens
         self._max_requests = max_batch_requests
         self._max_wait_s = max_wait_ms / 1000.0
         self._on_batch = on_batch
         self._on_skipped = on_skipped
+        self._drain = drain
+        self._row_shapes = row_shapes
         self._inbox: deque[QueuedDocument] = deque()
+        self._inbox_dead = 0  # documents in the inbox whose caller left (or that were answered)
+        self._owed = 0  # documents submitted whose future has not ended
+        self._passes = 0  # forward passes of queued batches running now (0 or 1)
         self._wakeup = asyncio.Event()
         self._ready: asyncio.Queue[_Ready] = asyncio.Queue(maxsize=1)
         self._in_hand: list[_Ready] = []  # taken from the hand-off, not yet answered
@@ -129,6 +184,7 @@ class Batcher:
         self._infer_pool = ThreadPoolExecutor(1, thread_name_prefix="htmllm-infer")
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
+        self._pools_closed: asyncio.Future[None] | None = None  # set by `close`
         self._failures = BackendHealth()  # the current run of failed passes (pass_started unused)
         self._direct_started: float | None = None  # a pass outside the queue (warm-up, probe) began
         # `close` and the inference thread agree under it: either the direct pass does not start, or
@@ -137,8 +193,8 @@ class Batcher:
 
     @property
     def waiting(self) -> int:
-        """Documents queued and not yet handed to a forward pass."""
-        return len(self._inbox)
+        """Documents queued for a window whose caller still waits."""
+        return len(self._inbox) - self._inbox_dead
 
     @property
     def health(self) -> BackendHealth:
@@ -184,9 +240,49 @@ class Batcher:
         if self._closed:
             raise ShuttingDownError("the engine is shutting down")
         future: asyncio.Future[BatchRow] = asyncio.get_running_loop().create_future()
-        self._inbox.append(QueuedDocument(ids=ids, future=future, deadline=deadline))
+        doc = QueuedDocument(ids=ids, future=future, deadline=deadline)
+        if self._drain is not None and not self._busy():
+            self._drain.busy(doc.enqueued)
+        self._owed += 1
+        future.add_done_callback(lambda _: self._ended(doc))
+        self._inbox.append(doc)
         self._wakeup.set()
         return future
+
+    def _busy(self) -> bool:
+        """Whether the batcher has work: a document whose caller waits, or a forward pass running."""
+        return self._owed > 0 or self._passes > 0
+
+    def _ended(self, doc: QueuedDocument) -> None:
+        """`doc`'s future ended (answered, failed or cancelled by its caller leaving).
+
+        One still in the inbox is dead weight: its token ids stay there until the former next takes a
+        window, which may wait behind a pass of minutes (a hung GPU, a child process reloading the
+        model) while callers who gave up keep adding theirs. Once the dead are over half of the inbox
+        it is compacted, so it holds at most about twice the documents that callers wait for."""
+        self._owed -= 1
+        if doc.in_inbox:
+            doc.dead_in_inbox = True
+            self._inbox_dead += 1
+            if 2 * self._inbox_dead > len(self._inbox):
+                self._compact_inbox()
+        self._check_idle()
+
+    def _compact_inbox(self) -> None:
+        live: deque[QueuedDocument] = deque()
+        for doc in self._inbox:
+            if doc.future.done():  # its callback may be still to come: it then finds it gone
+                doc.in_inbox = False
+            else:
+                live.append(doc)
+        dropped = len(self._inbox) - len(live)
+        self._inbox, self._inbox_dead = live, 0
+        self._skipped(dropped)
+
+    def _check_idle(self) -> None:
+        """Tell the drain rate when the work ends: the wait for the next document is no slowness."""
+        if self._drain is not None and not self._busy():
+            self._drain.idle()
 
     async def run_direct(self, batch: Sequence[Sequence[int]]) -> RunnerOutput:
         """One forward pass outside the queue, on the inference thread (warm-up, probe); its outcome
@@ -247,7 +343,10 @@ class Batcher:
         self._tasks = []
         failure = error or ShuttingDownError("the engine stopped before this document ran")
         pending = held + list(self._inbox)
+        for doc in self._inbox:
+            doc.in_inbox = False
         self._inbox.clear()
+        self._inbox_dead = 0
         while not self._ready.empty():
             self._in_hand.append(self._ready.get_nowait())
         for ready in self._in_hand:
@@ -260,10 +359,23 @@ class Batcher:
         # process), then wait for it off the event loop.
         if in_pass:
             self._runner.abort()
-        await asyncio.to_thread(self._prepare_pool.shutdown, wait=True)
-        await asyncio.to_thread(self._infer_pool.shutdown, wait=True)
+        # Shielded: a cancellation here (a server's bounded wait for the stop) leaves the pools to end
+        # on their thread, the pass in flight first, and `wait_closed` to wait for that; unshielded, the
+        # infer pool had never been shut down, its thread left running whatever pass it held.
+        self._pools_closed = asyncio.ensure_future(asyncio.to_thread(self._shut_pools))
+        await asyncio.shield(self._pools_closed)
         if closing is not None and closing.cancelling() > cancels:
             raise asyncio.CancelledError
+
+    def _shut_pools(self) -> None:
+        self._prepare_pool.shutdown(wait=True)
+        self._infer_pool.shutdown(wait=True)
+
+    async def wait_closed(self) -> None:
+        """Until the pools `close` shut down have ended: the forward pass in flight then is over, and the
+        runner free for another batcher (a close that was cancelled returns before that)."""
+        if self._pools_closed is not None:
+            await asyncio.shield(self._pools_closed)
 
     async def _next_window(self) -> list[QueuedDocument]:
         while not self._inbox:
@@ -272,7 +384,8 @@ class Batcher:
         # A short queue waits (up to max_wait_ms) for company; a full batch's worth goes at once.
         give_up = time.monotonic() + self._max_wait_s
         while (
-            len(self._inbox) < self._max_requests and sum(len(d.ids) for d in self._inbox) < self._max_tokens
+            self.waiting < self._max_requests
+            and sum(len(d.ids) for d in self._inbox if not d.dead_in_inbox) < self._max_tokens
         ):
             remaining = give_up - time.monotonic()
             if remaining <= 0:
@@ -288,6 +401,9 @@ class Batcher:
             if window and tokens + len(self._inbox[0].ids) > self._max_tokens * WINDOW_BATCHES:
                 break
             doc = self._inbox.popleft()
+            doc.in_inbox = False
+            if doc.dead_in_inbox:
+                self._inbox_dead -= 1
             window.append(doc)
             tokens += len(doc.ids)
         return window
@@ -299,57 +415,74 @@ class Batcher:
             # then holds everything that arrived while that batch waited, and is collated while it runs.
             # Taken earlier, it would hold only what came in the first max_wait_ms after the last one.
             await self._ready.join()
-            window = await self._next_window()
-            now = time.monotonic()
-            live = [doc for doc in window if doc.is_live(now)]
-            self._window = live
-            self._skipped(len(window) - len(live))
-            try:
-                plan = form_batches(
+            # In a call of its own: its locals (the window's documents and ids, the last batch's prepared
+            # input) end with it, rather than outliving it in this loop's frame while the engine idles.
+            await self._form_window(loop)
+
+    async def _form_window(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Take the next window, cut it into batches and hand each one off, prepared."""
+        window = await self._next_window()
+        now = time.monotonic()
+        live = [doc for doc in window if doc.is_live(now)]
+        self._window = live
+        self._skipped(len(window) - len(live))
+        del window
+        try:
+            # On the collation thread: a full window's plan is thousands of `cost` calls, which the event
+            # loop would otherwise spend instead of answering requests.
+            plan = await loop.run_in_executor(
+                self._prepare_pool,
+                functools.partial(
+                    form_batches,
                     [len(doc.ids) for doc in live],
                     self._runner.cost,
                     max_tokens=self._max_tokens,
                     max_requests=self._max_requests,
-                )
-            except Exception as exc:  # the runner's cost: fail this window, keep forming the next
-                logger.exception("forming batches failed")
-                _fail(live, BackendError(f"forming batches failed: {type(exc).__name__}: {exc}"))
-                self._window = []
-                continue
-            for indices in plan:
-                # Re-check just before collating: a caller may have gone while earlier batches ran.
-                now = time.monotonic()
-                docs = [live[i] for i in indices if live[i].is_live(now)]
-                self._skipped(len(indices) - len(docs))
-                if not docs:
-                    continue
-                started = time.perf_counter()
-                try:
-                    prepared = await loop.run_in_executor(
-                        self._prepare_pool, self._runner.prepare, [doc.ids for doc in docs]
-                    )
-                except Exception as exc:  # a collation bug must fail these documents, not the batcher
-                    logger.exception("collating a batch failed")
-                    _fail(docs, BackendError(f"collating a batch failed: {type(exc).__name__}: {exc}"))
-                    continue
-                await self._ready.put(_Ready(docs, prepared, time.perf_counter() - started))
-            # Every document of the window is handed off or answered: hold none of them (nor their rows)
-            # until the next window.
+                ),
+            )
+        except Exception as exc:  # the runner's cost: fail this window, keep forming the next
+            logger.exception("forming batches failed")
+            _fail(live, BackendError(f"forming batches failed: {type(exc).__name__}: {exc}"))
             self._window = []
+            return
+        for indices in plan:
+            # Re-check just before collating: a caller may have gone while earlier batches ran.
+            now = time.monotonic()
+            docs = [live[i] for i in indices if live[i].is_live(now)]
+            self._skipped(len(indices) - len(docs))
+            if not docs:
+                continue
+            started = time.perf_counter()
+            try:
+                prepared = await loop.run_in_executor(
+                    self._prepare_pool, self._runner.prepare, [doc.ids for doc in docs]
+                )
+            except Exception as exc:  # a collation bug must fail these documents, not the batcher
+                logger.exception("collating a batch failed")
+                _fail(docs, BackendError(f"collating a batch failed: {type(exc).__name__}: {exc}"))
+                continue
+            await self._ready.put(_Ready(docs, prepared, time.perf_counter() - started))
+        # Every document of the window is handed off or answered: hold none of them (nor their rows)
+        # until the next window.
+        self._window = []
 
     async def _run_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            ready = await self._ready.get()
-            self._ready.task_done()  # "taken": releases the batch former's join()
-            self._in_hand.append(ready)
-            try:
-                await self._run_one(loop, ready)
-            except Exception as exc:  # whatever broke, this task must live on to run the next batch
-                logger.exception("answering a batch failed")
-                _fail(ready.documents, BackendError(f"answering a batch failed: {type(exc).__name__}: {exc}"))
-            finally:
-                self._in_hand.remove(ready)
+            await self._run_next(loop)  # in a call of its own, as `_form_window`
+
+    async def _run_next(self, loop: asyncio.AbstractEventLoop) -> None:
+        ready = await self._ready.get()
+        self._ready.task_done()  # "taken": releases the batch former's join()
+        self._in_hand.append(ready)
+        try:
+            await self._run_one(loop, ready)
+        except Exception as exc:  # whatever broke, this task must live on to run the next batch
+            logger.exception("answering a batch failed")
+            _fail(ready.documents, BackendError(f"answering a batch failed: {type(exc).__name__}: {exc}"))
+        finally:
+            self._in_hand.remove(ready)
+            self._check_idle()  # where every caller left during the pass, the work ends with it
 
     async def _run_one(self, loop: asyncio.AbstractEventLoop, ready: _Ready) -> None:
         now = time.monotonic()
@@ -358,14 +491,17 @@ class Batcher:
             self._skipped(len(ready.documents))
             return
         start = ready.started = time.monotonic()
+        self._passes += 1
         try:
             output = await loop.run_in_executor(self._infer_pool, self._runner.run, ready.prepared)
         except Exception as exc:
             logger.exception("a forward pass failed")
             _fail(ready.documents, self._pass_failed(f"the {self._runner.backend} backend failed: {exc}"))
             return
+        finally:
+            self._passes -= 1
         inference_s = time.monotonic() - start
-        problem = _malformed(output, len(ready.documents))
+        problem = _malformed(output, len(ready.documents), self._row_shapes)
         if problem is not None:
             # Checked before any row is answered: an output the rows cannot be read from would raise
             # here and end this task, and every later document would wait for a pass that never comes.
@@ -386,6 +522,8 @@ class Batcher:
                     inference_s=inference_s,
                 )
             )
+        if self._drain is not None:
+            self._drain.finished(time.monotonic(), ready.prepared.documents)
         self._report(ready, inference_s, output.host_s)
 
     def _skipped(self, count: int) -> None:
@@ -414,16 +552,35 @@ class Batcher:
             logger.exception("the batch observer raised")
 
 
-def _malformed(output: RunnerOutput, documents: int) -> str | None:
+@dataclass(frozen=True)
+class OutputShapes:
+    """What a forward pass answers per document: the embedding's width and each head's row shape
+    (`(classes,)` for a classification head, `()` for a regression one)."""
+
+    embedding_dim: int
+    heads: Mapping[str, tuple[int, ...]]
+
+
+def _malformed(output: RunnerOutput, documents: int, shapes: OutputShapes | None = None) -> str | None:
     """Why the rows of `output` cannot be those of a batch of `documents`, or None when they can: an
-    embedding row per document and, for every head, a row per document."""
-    rows = getattr(output.embeddings, "shape", (None,))[:1]
-    if rows != (documents,):
-        return f"embeddings of shape {getattr(output.embeddings, 'shape', None)} for {documents} documents"
+    embedding row per document and, for every head, a row per document; with `shapes`, rows of those
+    shapes for every head it names. A runner whose model is not the checkpoint's (an inference process
+    that reloaded a head retrained since) had answered rows zipped against the wrong labels."""
+    embedding_shape = getattr(output.embeddings, "shape", None)
+    rows = (embedding_shape or (None,))[:1]
+    if rows != (documents,) or (shapes is not None and embedding_shape != (documents, shapes.embedding_dim)):
+        return f"embeddings of shape {embedding_shape} for {documents} documents"
     for name, values in output.scores.items():
         shape = getattr(values, "shape", None)
         if shape is None or shape[:1] != (documents,):
             return f"head {name!r} scores of shape {shape} for {documents} documents"
+    if shapes is not None:
+        for name, row in shapes.heads.items():
+            got = output.scores.get(name)
+            if got is None:
+                return f"no scores for head {name!r}"
+            if got.shape[1:] != row:
+                return f"head {name!r} scores of shape {got.shape}; the checkpoint's gives {row} a row"
     return None
 
 

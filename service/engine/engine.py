@@ -28,7 +28,7 @@ from service.core.preparation import Preprocessed
 from service.core.prune import PRUNE_VERSION
 from service.core.tokenizer import HtmlTokenizer
 from service.engine.admission import DrainRate
-from service.engine.batcher import Batcher
+from service.engine.batcher import Batcher, OutputShapes
 from service.engine.failures import PAGE_FAILURES, for_copy
 from service.engine.loading import build_runner
 from service.engine.preprocessing import Preprocessing
@@ -85,6 +85,11 @@ class Engine:
         self._tokenizer = tokenizer
         self._meta = meta
         self._heads: dict[str, HeadSpec] = {spec.name: spec for spec in meta.heads}
+        # What every forward pass must answer per document, checked before a row is read (`_malformed`).
+        self._row_shapes = OutputShapes(
+            meta.embedding_dim,
+            {spec.name: (spec.outputs,) if spec.kind == "classification" else () for spec in meta.heads},
+        )
         max_length = config.max_length or meta.max_length
         if max_length > meta.max_length:
             raise ValueError(f"max_length {max_length} exceeds the checkpoint's {meta.max_length}")
@@ -98,6 +103,10 @@ class Engine:
             )
         self._preprocessing = Preprocessing(tokenizer, config, max_length)  # its pools: from start to stop
         self._batcher: Batcher | None = None
+        # What a stop cancelled on its way leaves ending, for the next start to wait for: the last
+        # batcher's pass in flight (on its thread), and the preprocessing pools' close.
+        self._stopped_batcher: Batcher | None = None
+        self._closing_pools: asyncio.Future[None] | None = None
         self._last_health = BackendHealth()  # health while no batcher runs (before start, after stop)
         self._accepting = False
         self._closed = False
@@ -107,6 +116,7 @@ class Engine:
         # One start at a time (two concurrent ones had both built a batcher), and a stop waits for a start
         # under way rather than closing pools that start is still filling.
         self._lifecycle = asyncio.Lock()
+        # Fed by the batcher, which alone knows when there is model work (`admission`).
         self._drain = DrainRate()
         cached = config.result_cache_documents
         self._cache: ResultCache | None = ResultCache(cached) if cached > 0 else None
@@ -169,6 +179,13 @@ class Engine:
             self._check_loop()
             return
         self._loop = asyncio.get_running_loop()
+        if self._stopped_batcher is not None:
+            # One runner, one pass at a time: a pass the last stop left running ends before any other.
+            await self._stopped_batcher.wait_closed()
+            self._stopped_batcher = None
+        if self._closing_pools is not None:  # else it would close the pools this start builds
+            await asyncio.shield(self._closing_pools)
+            self._closing_pools = None
         await self._preprocessing.start()
         self._batcher = Batcher(
             self._runner,
@@ -177,6 +194,8 @@ class Engine:
             max_wait_ms=self.config.max_wait_ms,
             on_batch=self._on_batch,
             on_skipped=self._on_skipped,
+            drain=self._drain,
+            row_shapes=self._row_shapes,
         )
         self._batcher.start()
         self._idle = asyncio.Event()
@@ -209,11 +228,18 @@ class Engine:
                     await self._preprocessing.close()  # what that stop left, were it cancelled (idempotent)
                 return
             self._last_health = batcher.health
-            await batcher.close(ShuttingDownError("the engine stopped before this document ran"))
-            self._batcher = None
-            await self._preprocessing.close()
-            if idle is not None:  # a draining stop that this one overtook: its documents are answered
-                idle.set()
+            try:
+                await batcher.close(ShuttingDownError("the engine stopped before this document ran"))
+            finally:
+                # Even when this stop is cancelled in the close (a server's bounded wait, while the pass
+                # in flight ends): the batcher is closed by then, and an engine left holding it had kept
+                # its pools running and, started again, said it accepted while it refused every call.
+                self._batcher = None
+                self._stopped_batcher = batcher
+                self._closing_pools = asyncio.ensure_future(self._preprocessing.close())
+                await asyncio.shield(self._closing_pools)
+                if idle is not None:  # a draining stop that this one overtook: its documents are answered
+                    idle.set()
 
     def close(self) -> None:
         """Release the backend (after `stop`); idempotent. The engine takes no documents after it."""
@@ -316,10 +342,11 @@ class Engine:
         documents past their deadline (`admission`): a 429 now rather than a 504 at the deadline."""
         if remaining_s is None or self._in_flight == 0:
             return  # alone, a request is served as fast as the engine can
-        wait_s = self._drain.seconds_for(self._in_flight + count)
+        ahead = self._in_flight + count  # this request's last document waits for them all
+        wait_s = self._drain.seconds_for(ahead)
         if wait_s is not None and wait_s > remaining_s:
             raise OverloadedError(
-                f"the queue holds about {wait_s:.1f} s of work ({self._in_flight} documents at "
+                f"with this request the queue holds about {wait_s:.1f} s of work ({ahead} documents at "
                 f"{self._drain.rate or 0:.1f} a second), past this request's deadline in {remaining_s:.1f} s"
             )
 
@@ -419,6 +446,12 @@ class Engine:
         except HtmllmError as exc:
             self._failed(exc.code, count)
             raise
+        except Exception as exc:  # a bug on a document's way: typed, as `_settle` answers it
+            logger.error("embedding a document failed", exc_info=exc)
+            self._failed(ErrorCode.INTERNAL, count)
+            raise HtmllmError(
+                f"embedding failed: {type(exc).__name__}: {exc}", code=ErrorCode.INTERNAL
+            ) from exc
         finally:
             for task in tasks:
                 task.cancel()
@@ -503,9 +536,11 @@ class Engine:
             track.enter(QUEUED)
             track.future = batcher.submit(prepared.ids, deadline=deadline)
             row = await track.future
-            finished = CachedRow(row.embedding, row.scores, len(prepared.ids), prepared.truncated)
+            # A buffer of its own (the batch's is shared by its rows): what the cache keeps, and read
+            # for this caller's answer, as for a cache hit's.
+            finished = CachedRow.of(row.embedding, row.scores, len(prepared.ids), prepared.truncated)
             if cache is not None:
-                cache.put(key, finished.copy())
+                cache.put(key, finished)
         except HtmllmError as exc:
             if exc.code in PAGE_FAILURES:
                 page_failure = exc
@@ -547,7 +582,7 @@ class Engine:
             embedding /= max(float(np.linalg.norm(embedding)), 1e-12)
         scores: dict[str, dict[str, float] | float] = {}
         for name in head_names:
-            spec, value = self._heads[name], row.scores[name]
+            spec, value = self._heads[name], row.score(name)
             if spec.kind == "classification":
                 scores[name] = {label: float(p) for label, p in zip(spec.labels, value.tolist(), strict=True)}
             else:
@@ -587,8 +622,6 @@ class Engine:
         await self._batcher.run_direct([ids] * count)
 
     def _admit(self, count: int) -> None:
-        if self._in_flight == 0:
-            self._drain.busy(time.monotonic())
         self._in_flight += count
         if self._idle is not None:
             self._idle.clear()
@@ -596,17 +629,14 @@ class Engine:
 
     def _release(self, count: int) -> None:
         self._in_flight -= count
-        if self._in_flight == 0:
-            self._drain.idle()
-            if self._idle is not None:
-                self._idle.set()
+        if self._in_flight == 0 and self._idle is not None:
+            self._idle.set()
         self._notify(self.observer.queue_size, self._in_flight)
 
     def _failed(self, code: ErrorCode, count: int) -> None:
         self._notify(self.observer.documents_failed, code, count)
 
     def _on_batch(self, stats: BatchStats) -> None:
-        self._drain.finished(time.monotonic(), stats.documents)
         self._notify(self.observer.batch_done, stats)
 
     def _on_skipped(self, documents: int) -> None:

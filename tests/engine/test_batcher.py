@@ -4,15 +4,18 @@ forward pass did; and the health it keeps of the passes."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
 import pytest
 
-from service.engine.batcher import Batcher
+from service.engine.admission import DrainRate
+from service.engine.batcher import Batcher, OutputShapes
 from service.engine.runners import PreparedBatch, RunnerOutput
 from service.engine.types import BackendError, BackendHealth, ShuttingDownError
 
@@ -269,3 +272,141 @@ async def test_a_close_cancelled_on_the_way_answers_everything_and_stays_cancell
     for future in futures:
         with pytest.raises(ShuttingDownError):
             future.result()
+
+
+async def test_documents_whose_callers_left_do_not_pile_up_in_the_inbox() -> None:
+    """While a pass runs long (a hung GPU, a child reloading the model), callers who give up leave
+    their documents in the inbox until the former next takes a window: it had grown past the queue's
+    bound with dead documents and their ids, and `waiting` counted them. They are dropped (and
+    reported skipped) once over half of it; `waiting` counts those whose callers wait."""
+    runner = _BlockingRunner()
+    skipped: list[int] = []
+    batcher = Batcher(
+        runner, max_batch_tokens=1000, max_batch_requests=2, max_wait_ms=0, on_skipped=skipped.append
+    )
+    batcher.start()
+    first = batcher.submit([2, 5, 3], deadline=None)
+    assert await asyncio.to_thread(runner.started.wait, 30)  # the pass holds the inference thread
+    batch = [batcher.submit([2, 5, 3], deadline=None) for _ in range(2)]
+    for _ in range(100):  # the former takes `batch` into a window and waits at the hand-off
+        await asyncio.sleep(0)
+    live = batcher.submit([2, 5, 3], deadline=None)
+    for _ in range(50):
+        calls = [batcher.submit([7] * 100, deadline=None) for _ in range(8)]
+        for call in calls:
+            call.cancel()  # the callers time out or disconnect
+        await asyncio.sleep(0)  # their done-callbacks run
+        assert batcher.waiting == 1
+        assert len(batcher._inbox) <= 2 * batcher.waiting + 8
+    assert sum(skipped) >= 50 * 8 - 16
+    runner.release.set()
+    for future in (first, *batch, live):
+        assert (await asyncio.wait_for(future, 30)).embedding.shape == (4,)
+    assert batcher.waiting == 0 and not batcher._inbox
+    await batcher.close()
+
+
+async def test_an_idle_batcher_holds_no_document_of_its_last_window() -> None:
+    """The former's and the executor's loop frames had kept the last window (documents and their ids),
+    the last batch's prepared input and its documents' futures until the next traffic: up to eight
+    batches' worth of ids, for as long as the engine idled."""
+    runner = _BlockingRunner()
+    runner.release.set()
+    batcher = Batcher(runner, max_batch_tokens=1000, max_batch_requests=2, max_wait_ms=0)
+    batcher.start()
+    futures = [batcher.submit(list(range(2, 50)), deadline=None) for _ in range(7)]
+    documents = [weakref.ref(doc) for doc in batcher._inbox]
+    done, _ = await asyncio.wait(futures, timeout=30)
+    assert len(done) == 7
+    del futures, done
+    for _ in range(10):  # the former and the executor reach their waits for the next work
+        await asyncio.sleep(0)
+    gc.collect()
+    assert [ref for ref in documents if ref() is not None] == []
+    await batcher.close()
+
+
+class _RecordingDrain(DrainRate):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def busy(self, now: float) -> None:
+        self.calls.append("busy")
+        super().busy(now)
+
+    def idle(self) -> None:
+        self.calls.append("idle")
+        super().idle()
+
+    def finished(self, now: float, documents: int) -> None:
+        self.calls.append(f"finished {documents}")
+        super().finished(now, documents)
+
+
+async def test_the_drain_rate_is_busy_from_a_document_queued_to_the_last_pass_ending() -> None:
+    """Busy while the batcher holds a document or runs a pass, and only then: the Engine had counted
+    every admitted document (cache hits, /v1/preprocess, pages failing in preprocessing) as model work,
+    and 10 s of cache hits read as a drain rate of a tenth."""
+    runner = _BlockingRunner()
+    drain = _RecordingDrain()
+    batcher = Batcher(runner, max_batch_tokens=1000, max_batch_requests=4, max_wait_ms=0, drain=drain)
+    batcher.start()
+    assert drain.calls == []
+    first = batcher.submit([2, 5, 3], deadline=None)
+    assert await asyncio.to_thread(runner.started.wait, 30)
+    # A caller who leaves while its document is in a pass: the pass is still work.
+    first.cancel()
+    await asyncio.sleep(0)
+    assert drain.calls == ["busy"]
+    runner.release.set()
+    for _ in range(3000):  # until the pass ends (a bound, not a timing)
+        if "idle" in drain.calls:
+            break
+        await asyncio.sleep(0.01)
+    assert drain.calls == ["busy", "finished 1", "idle"]
+    later = [batcher.submit([2, 5, 3], deadline=None) for _ in range(3)]
+    await asyncio.wait_for(asyncio.gather(*later), 30)
+    await asyncio.sleep(0)  # the futures' callbacks
+    assert drain.calls[3:] == ["busy", "finished 3", "idle"]
+    await batcher.close()
+
+
+class _WrongWidthRunner(_BlockingRunner):
+    """Answers a head one class wider than the checkpoint's (a model reloaded since)."""
+
+    def run(self, prepared: PreparedBatch) -> RunnerOutput:
+        rows = int(prepared.payload)  # type: ignore[call-overload]
+        return RunnerOutput(
+            embeddings=np.zeros((rows, 4), dtype=np.float32),
+            scores={"kind": np.full((rows, 4), 0.25, dtype=np.float32)},
+        )
+
+
+@pytest.mark.parametrize(
+    ("shapes", "expected"),
+    [
+        (OutputShapes(4, {"kind": (3,)}), "head 'kind' scores of shape (1, 4); the checkpoint's gives (3,)"),
+        (OutputShapes(4, {"kind": (4,), "quality": ()}), "no scores for head 'quality'"),
+        (OutputShapes(8, {"kind": (4,)}), "embeddings of shape (1, 4)"),
+        (OutputShapes(4, {"kind": (4,)}), None),
+    ],
+)
+async def test_rows_of_another_shape_than_the_checkpoints_fail_the_batch(
+    shapes: OutputShapes, expected: str | None
+) -> None:
+    """Rows are checked against the checkpoint's head specs before any is answered: a head of four
+    classes zipped against three labels had raised an untyped ValueError in the Engine (or, with the
+    same count, served other classes under the old names)."""
+    batcher = Batcher(
+        _WrongWidthRunner(), max_batch_tokens=1000, max_batch_requests=1, max_wait_ms=0, row_shapes=shapes
+    )
+    batcher.start()
+    future = batcher.submit([2, 5, 3], deadline=None)
+    await asyncio.wait([future], timeout=30)
+    if expected is None:
+        assert future.result().scores["kind"].shape == (4,)
+    else:
+        with pytest.raises(BackendError, match=re.escape(expected)):
+            future.result()
+    await batcher.close()

@@ -15,6 +15,7 @@ import torch
 
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.preparation import PreprocessError, count_limit
+from service.engine.admission import DrainRate
 from service.engine.engine import Engine
 from service.engine.loading import check_device
 from service.engine.types import (
@@ -276,7 +277,8 @@ async def test_batch_n_plus_one_is_prepared_while_n_runs(tiny_checkpoint: Path, 
     runs = [n for what, _, n in runner.events if what == "run_start"]
     ends = [t for what, t, _ in runner.events if what == "run_end"]
     prepares = [t for what, t, _ in runner.events if what == "prepare"]
-    assert sum(runs) == 12 and runs[0] == 4 and len(runs) >= 3
+    # (Cut where padding costs more than a pass: not always into full batches.)
+    assert sum(runs) == 12 and max(runs) <= 4 and len(runs) >= 3
     # The second batch was collated before the first forward pass ended.
     assert prepares[1] < ends[0]
 
@@ -788,7 +790,11 @@ async def test_a_request_the_queue_cannot_serve_before_its_deadline_is_refused_a
         ahead = asyncio.create_task(engine.embed(pages[:10]))  # about a second of batches
         await asyncio.sleep(0.05)
         started = time.monotonic()
-        with pytest.raises(OverloadedError, match="past this request's deadline"):
+        # The documents it names are those its wait was computed for: the queue's and the request's.
+        queued = engine.queue_size + 2
+        with pytest.raises(
+            OverloadedError, match=rf"\({queued} documents at .* past this request's deadline"
+        ):
             await engine.embed(pages[10:12], deadline=time.monotonic() + 0.3)
         assert time.monotonic() - started < 0.1
         # With time enough for the queue ahead, the same request is taken and answered.
@@ -825,3 +831,59 @@ def test_one_call_larger_than_the_queue_is_too_many_documents(tiny_checkpoint: P
     engine.check_call_size(2)
     with pytest.raises(TooManyDocumentsError, match="3 documents in one call exceed the queue's 2"):
         engine.check_call_size(3)
+
+
+class _RecordedDrain(DrainRate):
+    """The engine's drain rate, with what it was told."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def busy(self, now: float) -> None:
+        self.calls.append("busy")
+        super().busy(now)
+
+    def idle(self) -> None:
+        self.calls.append("idle")
+        super().idle()
+
+    def finished(self, now: float, documents: int) -> None:
+        self.calls.append("finished")
+        super().finished(now, documents)
+
+
+async def test_only_model_work_counts_as_drain_time(tiny_checkpoint: Path, pages: list[str]) -> None:
+    """Cache hits, /v1/preprocess calls and pages failing in preprocessing keep documents admitted but
+    give the model nothing to do: counted as drain time, 10 s of cache-hit traffic took the measured
+    rate from 10 to 1.2 documents a second, and a 64-page call that alone took 4.5 s was refused at
+    once against its 10 s deadline."""
+    engine = Engine.from_checkpoint(tiny_checkpoint, EngineConfig(result_cache_documents=8))
+    drain = engine._drain = _RecordedDrain()
+    async with engine:
+        await engine.embed(pages[:2])
+        assert drain.calls == ["busy", "finished", "idle"]
+        await engine.embed(pages[:2])  # both from the cache
+        await engine.preprocess(pages[3])
+        (over,) = await engine.embed_settled([pages[4] * 40], truncate=False)  # over the limit
+        assert isinstance(over, TooManyTokensError)
+        assert drain.calls == ["busy", "finished", "idle"]
+
+
+async def test_a_bug_on_a_documents_way_is_a_typed_internal_error(
+    tiny_checkpoint: Path, pages: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`embed_settled` answered it as INTERNAL; `embed` let the bare exception out (a ValueError from
+    rows zipped against labels of another count reached the server as an untyped 500)."""
+    async with Engine.from_checkpoint(tiny_checkpoint) as engine:
+
+        def broken(*args: object) -> DocumentResult:
+            raise ValueError("zip() argument 2 is longer than argument 1")
+
+        monkeypatch.setattr(engine, "_result", broken)
+        with pytest.raises(HtmllmError, match="embedding failed: ValueError: zip") as caught:
+            await engine.embed(pages[:2])
+        assert caught.value.code is ErrorCode.INTERNAL and isinstance(caught.value.__cause__, ValueError)
+        (settled,) = await engine.embed_settled(pages[2:3])
+        assert isinstance(settled, HtmllmError) and settled.code is ErrorCode.INTERNAL
+        assert engine.queue_size == 0

@@ -4,13 +4,17 @@ CancelledError it did not ask for, and neither start nor stop waits on what cann
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from service.core.checkpoint import load_checkpoint
 from service.engine.engine import Engine
+from service.engine.runners import PreparedBatch, RunnerOutput
+from service.engine.runners.torch import TorchRunner
 from service.engine.types import EngineConfig, ShuttingDownError
 from tests.engine.conftest import hold_first_prepare
 from tests.factories.pages import make_pages
@@ -214,4 +218,57 @@ async def test_a_drain_cancelled_on_the_way_out_still_stops_the_engine(
         assert engine.queue_size == 0
     finally:
         held.release.set()
+    engine.close()
+
+
+class _HeldRunner(TorchRunner):
+    """The torch runner, whose forward passes wait for `release` (a slow pass, held)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def run(self, prepared: PreparedBatch) -> RunnerOutput:
+        self.started.set()
+        self.release.wait(SAFETY_S)
+        return super().run(prepared)
+
+
+async def test_a_stop_cancelled_while_a_pass_ends_leaves_an_engine_that_starts_again(
+    tiny_checkpoint: Path,
+) -> None:
+    """`stop(drain=False)` cancelled while it waits for the pass in flight (a server's bounded wait for
+    the stop): the engine had kept the closed batcher and the preprocessing pools, and a later start
+    returned at once with `accepting` False, every call refused. Now the stop's teardown completes, and
+    a start waits for that pass to end (one pass at a time on a runner), then serves."""
+    checkpoint = load_checkpoint(tiny_checkpoint)
+    runner = _HeldRunner(checkpoint.model, intra_op_threads=1)
+    engine = Engine(runner, checkpoint.tokenizer, checkpoint.meta, EngineConfig())
+    await engine.start()
+    batcher = engine._batcher
+    assert batcher is not None
+    call = asyncio.ensure_future(engine.embed(make_pages(1, seed=11)))
+    try:
+        assert await asyncio.to_thread(runner.started.wait, SAFETY_S)
+        stopping = asyncio.ensure_future(engine.stop(drain=False))
+        # The close has answered the call and waits for the pass to end.
+        assert await _until(lambda: batcher._closed and not batcher._tasks and call.done())
+        stopping.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await stopping
+        with pytest.raises(ShuttingDownError):
+            await asyncio.wait_for(call, SAFETY_S)
+        assert engine._batcher is None and engine._preprocessing.threads is None and not engine.accepting
+        starting = asyncio.ensure_future(engine.start())
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not starting.done()  # the pass the stop left still holds the runner
+    finally:
+        runner.release.set()
+    await asyncio.wait_for(starting, SAFETY_S)
+    assert engine.accepting
+    (result,) = await asyncio.wait_for(engine.embed(make_pages(1, seed=12)), SAFETY_S)
+    assert result.tokens > 2
+    await engine.stop()
     engine.close()

@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.core.checkpoint import load_checkpoint
+from service.core.checkpoint import load_checkpoint, read_meta, save_heads
 from service.core.errors import ErrorCode, HtmllmError
+from service.core.modeling import HeadSpec, TaskHead
 from service.engine.engine import Engine
 from service.engine.loading import build_runner
 from service.engine.runners.process import InferenceProcessError, ProcessRunner
@@ -277,3 +278,41 @@ async def test_stopping_at_the_deadline_does_not_wait_for_a_hung_child(tiny_chec
         with pytest.raises(HtmllmError) as failure:
             await pending
         assert failure.value.code == ErrorCode.SHUTTING_DOWN
+
+
+def test_a_restart_onto_a_checkpoint_changed_since_is_refused_until_it_is_back(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    """A head retrained into the serving checkpoint (`save_heads`), then the child dies: the restarted
+    child had loaded the new head, and the parent served its rows under the labels it read at start
+    (or failed untyped when their count changed). The restart is refused, typed, while the checkpoint
+    differs, and taken again once it is the one the runner started on."""
+    served = tmp_path / "served"
+    shutil.copytree(tiny_checkpoint, served)
+    meta = read_meta(served)
+    (old,) = [spec for spec in meta.heads if spec.kind == "classification"]
+    runner = ProcessRunner(served, EngineConfig(intra_op_threads=1))
+    try:
+        docs = _docs(100, [5, 8])
+        before = runner.run(runner.prepare(docs)).embeddings
+        wider = HeadSpec(name=old.name, kind="classification", labels=[*old.labels, "forum"], hidden=16)
+        save_heads(served, {old.name: (wider, TaskHead(wider, meta.embedding_dim))})
+        _kill_child(runner)
+        with pytest.raises(
+            InferenceProcessError, match=r"changed since the engine started \(heads .*forum"
+        ) as caught:
+            runner.run(runner.prepare(docs))
+        assert caught.value.code is ErrorCode.BACKEND_FAILED and runner._process is None
+        shutil.rmtree(served)
+        shutil.copytree(tiny_checkpoint, served)  # the checkpoint the runner started on, back
+        after = runner.run(runner.prepare(docs)).embeddings
+        np.testing.assert_allclose(after, before, atol=1e-6, rtol=0)
+    finally:
+        runner.close()
+
+
+def _kill_child(runner: ProcessRunner) -> None:
+    process = runner._process
+    assert process is not None
+    os.kill(process.pid, signal.SIGKILL)
+    process.join(10)

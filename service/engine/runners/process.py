@@ -34,6 +34,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from service.core.checkpoint import CheckpointMeta
 from service.core.errors import ErrorCode, HtmllmError
 from service.engine.collector import prepare_for_serving
 from service.engine.runners import PreparedBatch, RunnerOutput, batch_cost
@@ -47,8 +48,39 @@ STOP_TIMEOUT_S = 5.0  # a child told to stop by a closed pipe: at most one forwa
 
 
 @dataclass(frozen=True)
+class _Identity:
+    """Which model a child loaded: its checkpoint's fingerprint and what the parent's Engine relies on
+    (head specs, tokenizer, embedding width), which a restart must find unchanged."""
+
+    fingerprint: str
+    heads: tuple[tuple[str, str, tuple[str, ...]], ...]  # (name, kind, labels) in the checkpoint's order
+    tokenizer_sha256: str
+    embedding_dim: int
+
+    @classmethod
+    def of(cls, fingerprint: str, meta: CheckpointMeta) -> _Identity:
+        heads = tuple((spec.name, spec.kind, tuple(spec.labels)) for spec in meta.heads)
+        return cls(fingerprint, heads, meta.tokenizer_sha256, meta.embedding_dim)
+
+    def changes(self, now: _Identity) -> str:
+        """What differs in `now`, in words."""
+        said = []
+        if now.heads != self.heads:
+            said.append(f"heads {_shown_heads(now.heads)}, were {_shown_heads(self.heads)}")
+        if now.tokenizer_sha256 != self.tokenizer_sha256:
+            said.append("another tokenizer")
+        if now.embedding_dim != self.embedding_dim:
+            said.append(f"{now.embedding_dim}-wide embeddings, were {self.embedding_dim}")
+        return "; ".join(said) or "other weights or configuration (its fingerprint changed)"
+
+
+def _shown_heads(heads: tuple[tuple[str, str, tuple[str, ...]], ...]) -> str:
+    return "[" + ", ".join(f"{name}{list(labels) if labels else ''}" for name, _, labels in heads) + "]"
+
+
+@dataclass(frozen=True)
 class _Description:
-    """What the child's runner is, for the parent's `Runner` attributes."""
+    """What the child's runner is, for the parent's `Runner` attributes, and which model it loaded."""
 
     backend: str
     device: str
@@ -56,23 +88,33 @@ class _Description:
     threads: int
     attention: str
     packed: bool
+    identity: _Identity
 
 
 def _serve(conn: Connection, path: str, config: EngineConfig) -> None:
     """The child: build the runner, answer ("run", ids, lengths, pad_to) until ("close",) or EOF."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    from service.core.checkpoint import checkpoint_fingerprint
     from service.engine.loading import build_runner
 
     try:
-        runner, _, _ = build_runner(Path(path), replace(config, inference_process=False))
+        # Before the load: a head saved between the two then shows in the specs the load read.
+        fingerprint = checkpoint_fingerprint(path)
+        runner, meta, _ = build_runner(Path(path), replace(config, inference_process=False))
     except BaseException as error:  # every failure goes back to the parent, as text and its code
         code = error.code.value if isinstance(error, HtmllmError) else ErrorCode.CHECKPOINT_INVALID.value
         conn.send(("error", (f"{type(error).__name__}: {error}", code)))
         return
     packed = bool(getattr(runner, "packed", False))  # only the torch runner packs
     description = _Description(
-        runner.backend, runner.device, runner.dtype, runner.threads, runner.attention, packed
+        runner.backend,
+        runner.device,
+        runner.dtype,
+        runner.threads,
+        runner.attention,
+        packed,
+        _Identity.of(fingerprint, meta),
     )
     prepare_for_serving()  # the model is loaded: set the garbage collector for serving
     conn.send(("ok", description))
@@ -143,7 +185,9 @@ class ProcessRunner:
         self._process: Any = None
         self._conn: Connection | None = None
         self._stopper: multiprocessing.util.Finalize | None = None
+        self._identity: _Identity | None = None  # the first child's model, which every restart must load
         description = self._start()
+        self._identity = description.identity
         self.backend = description.backend
         self.device = description.device
         self.dtype = description.dtype
@@ -163,13 +207,16 @@ class ProcessRunner:
         with self._abort_lock:
             self._starting = process  # from here `abort` kills it (a restart hung while loading)
             aborted = self._aborted_before(serial)
+        changed: str | None = None  # what a restarted child loaded differently
         try:
             if aborted:
                 raise InferenceProcessError("the inference process was aborted while it started")
             if not parent.poll(START_TIMEOUT_S):
                 raise InferenceProcessError(f"the inference process did not start in {START_TIMEOUT_S:.0f} s")
             status, value = parent.recv()
-            if status == "ok":
+            if status == "ok" and self._identity is not None and value.identity != self._identity:
+                changed = self._identity.changes(value.identity)
+            if status == "ok" and changed is None:
                 with self._abort_lock:  # `abort` sees it in one of the two places, never in neither
                     self._process, self._conn = process, parent
         except (EOFError, OSError) as error:
@@ -190,6 +237,15 @@ class ProcessRunner:
             message, code = value
             raise InferenceProcessError(
                 f"the inference process could not load the model: {message}", code=ErrorCode(code)
+            )
+        if changed is not None:
+            # The parent answers with the heads and tokenizer it read at start: rows of another model
+            # would be served under them (new labels zipped against old ones, or a 500 when their count
+            # changed). Refused for every batch until the checkpoint is back, or the server restarts.
+            _stop(process, parent, STOP_TIMEOUT_S)
+            raise InferenceProcessError(
+                f"the checkpoint {self._path} changed since the engine started ({changed}); the inference "
+                "process was not restarted on it: restart the server to serve the new model"
             )
         # Runs once: from `_discard`, when the runner is collected, or at exit before multiprocessing
         # terminates daemonic children (a positive exit priority runs first).
