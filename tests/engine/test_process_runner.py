@@ -316,3 +316,30 @@ def _kill_child(runner: ProcessRunner) -> None:
     assert process is not None
     os.kill(process.pid, signal.SIGKILL)
     process.join(10)
+
+
+class _Interrupted(BaseException):
+    """What a signal handler raises in the main thread while the runner waits for its child to load."""
+
+
+def test_a_start_interrupted_while_the_child_loads_kills_the_child(tiny_checkpoint: Path) -> None:
+    # The server's SIGTERM handler during start-up raises SystemExit in the main thread, which waits here
+    # for the child; the child ignores SIGTERM, and multiprocessing's exit handler waited for it to load.
+    known = {child.pid for child in multiprocessing.active_children()}
+
+    def interrupt(signum: int, frame: object) -> None:
+        loading = [c for c in multiprocessing.active_children() if c.pid not in known]
+        if not loading:  # not started yet: look again shortly
+            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            return
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.05)
+    try:
+        with pytest.raises(_Interrupted):
+            ProcessRunner(tiny_checkpoint, EngineConfig(intra_op_threads=1))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert [c for c in multiprocessing.active_children() if c.pid not in known] == []

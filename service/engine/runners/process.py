@@ -229,6 +229,13 @@ class ProcessRunner:
         except InferenceProcessError:
             process.kill()
             raise
+        except BaseException:
+            # Interrupted while it loads (SystemExit from the server's SIGTERM handler during start-up,
+            # Ctrl-C): the child ignores SIGTERM, and multiprocessing's exit handler would wait for it to
+            # finish loading before the process could exit.
+            process.kill()
+            process.join(STOP_TIMEOUT_S)
+            raise
         finally:
             with self._abort_lock:
                 self._starting = None
