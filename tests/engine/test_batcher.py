@@ -14,10 +14,10 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from service.engine.admission import DrainRate
 from service.engine.batcher import Batcher, OutputShapes
 from service.engine.runners import PreparedBatch, RunnerOutput
 from service.engine.types import BackendError, BackendHealth, ShuttingDownError
+from tests.factories.drain import RecordingDrain
 
 
 class _BlockingRunner:
@@ -326,30 +326,12 @@ async def test_an_idle_batcher_holds_no_document_of_its_last_window() -> None:
     await batcher.close()
 
 
-class _RecordingDrain(DrainRate):
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[str] = []
-
-    def busy(self, now: float) -> None:
-        self.calls.append("busy")
-        super().busy(now)
-
-    def idle(self) -> None:
-        self.calls.append("idle")
-        super().idle()
-
-    def finished(self, now: float, documents: int) -> None:
-        self.calls.append(f"finished {documents}")
-        super().finished(now, documents)
-
-
 async def test_the_drain_rate_is_busy_from_a_document_queued_to_the_last_pass_ending() -> None:
     """Busy while the batcher holds a document or runs a pass, and only then: the Engine had counted
     every admitted document (cache hits, /v1/preprocess, pages failing in preprocessing) as model work,
     and 10 s of cache hits read as a drain rate of a tenth."""
     runner = _BlockingRunner()
-    drain = _RecordingDrain()
+    drain = RecordingDrain()
     batcher = Batcher(runner, max_batch_tokens=1000, max_batch_requests=4, max_wait_ms=0, drain=drain)
     batcher.start()
     assert drain.calls == []

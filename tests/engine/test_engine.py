@@ -15,7 +15,6 @@ import torch
 
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.preparation import PreprocessError, count_limit
-from service.engine.admission import DrainRate
 from service.engine.engine import Engine
 from service.engine.loading import check_device
 from service.engine.types import (
@@ -33,6 +32,7 @@ from service.engine.types import (
     UnknownHeadError,
 )
 from tests.engine.conftest import SlowTorchRunner, make_pages, slow_runner
+from tests.factories.drain import RecordingDrain
 
 
 class RecordingObserver(EngineObserver):
@@ -833,41 +833,21 @@ def test_one_call_larger_than_the_queue_is_too_many_documents(tiny_checkpoint: P
         engine.check_call_size(3)
 
 
-class _RecordedDrain(DrainRate):
-    """The engine's drain rate, with what it was told."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[str] = []
-
-    def busy(self, now: float) -> None:
-        self.calls.append("busy")
-        super().busy(now)
-
-    def idle(self) -> None:
-        self.calls.append("idle")
-        super().idle()
-
-    def finished(self, now: float, documents: int) -> None:
-        self.calls.append("finished")
-        super().finished(now, documents)
-
-
 async def test_only_model_work_counts_as_drain_time(tiny_checkpoint: Path, pages: list[str]) -> None:
     """Cache hits, /v1/preprocess calls and pages failing in preprocessing keep documents admitted but
     give the model nothing to do: counted as drain time, 10 s of cache-hit traffic took the measured
     rate from 10 to 1.2 documents a second, and a 64-page call that alone took 4.5 s was refused at
     once against its 10 s deadline."""
     engine = Engine.from_checkpoint(tiny_checkpoint, EngineConfig(result_cache_documents=8))
-    drain = engine._drain = _RecordedDrain()
+    drain = engine._drain = RecordingDrain()
     async with engine:
         await engine.embed(pages[:2])
-        assert drain.calls == ["busy", "finished", "idle"]
+        assert drain.calls == ["busy", "finished 2", "idle"]
         await engine.embed(pages[:2])  # both from the cache
         await engine.preprocess(pages[3])
         (over,) = await engine.embed_settled([pages[4] * 40], truncate=False)  # over the limit
         assert isinstance(over, TooManyTokensError)
-        assert drain.calls == ["busy", "finished", "idle"]
+        assert drain.calls == ["busy", "finished 2", "idle"]
 
 
 async def test_a_bug_on_a_documents_way_is_a_typed_internal_error(
