@@ -11,6 +11,7 @@ seconds, in ASCII, and the last state when it closes.
 from __future__ import annotations
 
 import sys
+import time
 from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -20,17 +21,28 @@ if TYPE_CHECKING:
 LOG_INTERVAL_S = 30.0
 
 
+# A state drawn again this soon with the same count is the close repeating the last update's line.
+_REPEAT_WITHIN_S = 1.0
+
+
 class _Lines:
     """A stream that writes each state tqdm draws as a line of its own: its carriage returns and the
-    blanks it clears a bar with are dropped."""
+    blanks it clears a bar with are dropped, and so is a state drawn again within `_REPEAT_WITHIN_S`
+    with the same count (tqdm draws the last update, then the same state again when it closes: the log
+    ended with the final line twice). A state repeated later (a stalled run's heartbeat) is kept."""
 
     def __init__(self, stream: IO[str]) -> None:
         self._stream = stream
+        self._last: tuple[str, float] | None = None
 
     def write(self, text: str) -> int:
         line = text.replace("\r", "").strip()
         if line:
-            self._stream.write(line + "\n")
+            count = line.split(" [", 1)[0]  # the description, bar and n/total; not the timings
+            now = time.monotonic()
+            if self._last is None or self._last[0] != count or now - self._last[1] > _REPEAT_WITHIN_S:
+                self._stream.write(line + "\n")
+            self._last = (count, now)
         return len(text)
 
     def flush(self) -> None:

@@ -25,6 +25,7 @@ def test_off_a_terminal_each_state_is_a_line_of_its_own() -> None:
     assert "\r" not in text and text.endswith("\n")
     lines = text.splitlines()
     assert lines[0].startswith("embed:   0%") and lines[-1].startswith("embed: 100%")
+    assert len(lines) == 4 and not lines[-2].startswith("embed: 100%")  # the close did not repeat it
     assert all(line.isascii() and line.strip() == line for line in lines)
     # A bar that clears itself (leave=False) leaves no blank line behind.
     log = io.StringIO()
