@@ -40,7 +40,7 @@ def build_runner(path: Path, config: EngineConfig) -> tuple[Runner, CheckpointMe
         from service.engine.runners.process import ProcessRunner
 
         meta, tokenizer = _meta_and_tokenizer(path)
-        return ProcessRunner(path, config), meta, tokenizer
+        return ProcessRunner(path, config, expected=meta), meta, tokenizer
     if config.backend == "onnx":
         from service.engine.onnx_export import ensure_onnx
         from service.engine.runners.onnx import OnnxRunner

@@ -343,3 +343,23 @@ def test_a_start_interrupted_while_the_child_loads_kills_the_child(tiny_checkpoi
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     assert [c for c in multiprocessing.active_children() if c.pid not in known] == []
+
+
+def test_a_first_child_that_loaded_other_heads_than_this_process_read_is_refused(
+    tiny_checkpoint: Path,
+) -> None:
+    # The checkpoint replaced between this process's read of its metadata and the child's load: the
+    # Engine would answer the child's rows under the heads it read.
+    import dataclasses
+
+    meta = read_meta(tiny_checkpoint)
+    same = ProcessRunner(tiny_checkpoint, EngineConfig(intra_op_threads=1), expected=meta)
+    same.close()
+    first = meta.heads[0]
+    other = dataclasses.replace(first, labels=[*first.labels, "extra"]) if first.labels else first
+    read = dataclasses.replace(meta, heads=[other, *meta.heads[1:]], embedding_dim=meta.embedding_dim + 1)
+    known = {child.pid for child in multiprocessing.active_children()}
+    with pytest.raises(InferenceProcessError, match="another model than this process read") as refused:
+        ProcessRunner(tiny_checkpoint, EngineConfig(intra_op_threads=1), expected=read)
+    assert refused.value.code is ErrorCode.BACKEND_FAILED
+    assert [c for c in multiprocessing.active_children() if c.pid not in known] == []

@@ -167,7 +167,10 @@ class InferenceProcessError(HtmllmError):
 class ProcessRunner:
     """The configured runner (`EngineConfig.backend`), run in a child process; the `Runner` protocol."""
 
-    def __init__(self, path: Path, config: EngineConfig) -> None:
+    def __init__(self, path: Path, config: EngineConfig, *, expected: CheckpointMeta | None = None) -> None:
+        """`expected`: the metadata this process read of the checkpoint (its Engine answers with those
+        heads and that tokenizer); a first child that loaded other heads, another tokenizer or another
+        width (the checkpoint replaced between the two reads) is refused as a restart would be."""
         self._path = path
         self._config = config
         self._context = multiprocessing.get_context("spawn")
@@ -187,6 +190,15 @@ class ProcessRunner:
         self._stopper: multiprocessing.util.Finalize | None = None
         self._identity: _Identity | None = None  # the first child's model, which every restart must load
         description = self._start()
+        if expected is not None:
+            wanted = _Identity.of(description.identity.fingerprint, expected)
+            if wanted != description.identity:
+                self.close()
+                raise InferenceProcessError(
+                    f"the inference process loaded another model than this process read of {path}: "
+                    f"{wanted.changes(description.identity)} (the checkpoint changed while the server "
+                    "started); start it again"
+                )
         self._identity = description.identity
         self.backend = description.backend
         self.device = description.device
