@@ -36,7 +36,6 @@ import json
 import os
 import sys
 import threading
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,6 +45,7 @@ from service.commands.options import OptionError, at_least, check_output_parent
 from service.commands.resume_state import (
     INPUT_KEY,
     RUN_FILE,
+    Deferred,
     InputWalk,
     PartWriter,
     changed,
@@ -224,8 +224,7 @@ class _Outcome:
     documents: int = 0  # input rows seen, done before or not
     written: int = 0  # rows written this run, error rows included
     failures: int = 0  # error rows written this run
-    deferred: Counter[str] = field(default_factory=Counter)  # transient failures by code, not written
-    first_deferred: str = ""  # the first one's code and message, to say why
+    deferred: Deferred = field(default_factory=Deferred)  # transient failures, not written
 
 
 def _check_input(path: Path, output: Path) -> None:
@@ -446,11 +445,10 @@ def _run(args: argparse.Namespace) -> int:
             writer.flush(keep=lambda row: row["error"] is None)
             raise
         writer.flush()
-        if outcome.deferred:
-            codes = ", ".join(f"{n} {code}" for code, n in sorted(outcome.deferred.items()))
+        if outcome.deferred.codes:
             print(
-                f"htmllm embed: {outcome.deferred.total()} documents were left for the next run ({codes}; "
-                f"first: {outcome.first_deferred}); run the same command again to embed them",
+                f"htmllm embed: {outcome.deferred.said('documents', 'were left for the next run')}; run "
+                "the same command again to embed them",
                 file=sys.stderr,
             )
             return 1
@@ -514,8 +512,7 @@ async def _embed_all(
             )
         except HtmllmError as exc:
             if exc.code in TRANSIENT:
-                outcome.deferred[exc.code] += 1
-                outcome.first_deferred = outcome.first_deferred or f"{exc.code}: {exc.message}"
+                outcome.deferred.note(exc.code, exc.message)
                 return
             outcome.failures += 1
             row.update(

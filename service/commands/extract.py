@@ -43,11 +43,11 @@ import os
 import shutil
 import stat
 import sys
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -56,6 +56,7 @@ from service.commands.options import at_least, check_output_parent
 from service.commands.resume_state import (
     INPUT_KEY,
     TEMP_SUFFIX,
+    Deferred,
     InputWalk,
     PartWriter,
     Termination,
@@ -156,27 +157,13 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.set_defaults(func=run)
 
 
-@dataclass
-class _Deferred:
-    """The pages of a run whose extraction failed for a reason a retry may not repeat (`TRANSIENT`)."""
-
-    codes: Counter[str] = field(default_factory=Counter)
-    first: str = ""  # the first one's code and message, to say why
-
-    def note(self, row: dict[str, Any]) -> bool:
-        """Whether `row` records such a failure (counted if so)."""
-        error = row.get("error")
-        if error is None or error["code"] not in TRANSIENT:
-            return False
-        self.codes[error["code"]] += 1
-        self.first = self.first or f"{error['code']}: {error['message']}"
-        return True
-
-    def said(self, what: str) -> str:
-        """How many pages `what` (were left...), by code, with the first one's reason, as `htmllm embed`
-        says it."""
-        codes = ", ".join(f"{n} {code}" for code, n in sorted(self.codes.items()))
-        return f"{self.codes.total()} pages {what} ({codes}; first: {self.first})"
+def _deferred(row: dict[str, Any], deferred: Deferred) -> bool:
+    """Whether `row` records a failure a retry may not repeat (`TRANSIENT`), noted in `deferred` if so."""
+    error = row.get("error")
+    if error is None or error["code"] not in TRANSIENT:
+        return False
+    deferred.note(error["code"], error["message"])
+    return True
 
 
 def _error_json(exc: HtmllmError) -> dict[str, str]:
@@ -221,7 +208,7 @@ def _process(index: int, page: Page, args: argparse.Namespace, pool: ExtractorPo
                 runner=pool,
             )
             row.update(_extraction_json(result, page))
-    except (ExtractionError, ExtractorLostError) as exc:  # the latter's row is `_Deferred`'s, never written
+    except (ExtractionError, ExtractorLostError) as exc:  # the latter's row is deferred, never written
         row["error"] = _error_json(exc)
     return row
 
@@ -406,7 +393,7 @@ def _bar(args: argparse.Namespace, initial: int = 0) -> tqdm[Any]:
     return progress_bar(initial=initial, total=args.limit, unit="page", disable=args.no_progress)
 
 
-def _stream(args: argparse.Namespace, pages: Iterable[Page], workers: int, deferred: _Deferred) -> str:
+def _stream(args: argparse.Namespace, pages: Iterable[Page], workers: int, deferred: Deferred) -> str:
     """Write the rows as they come (standard output, a FIFO): nothing to resume from, so a deferred
     page's row is written too, with its error, and not counted as failed. Returns the summary."""
     counts = {"pages": 0, "errors": 0, "passed": 0}
@@ -414,7 +401,7 @@ def _stream(args: argparse.Namespace, pages: Iterable[Page], workers: int, defer
 
         def emit(_: int, row: dict[str, Any]) -> None:
             counts["pages"] += 1
-            counts["errors"] += not deferred.note(row) and _failed(row)
+            counts["errors"] += not _deferred(row, deferred) and _failed(row)
             counts["passed"] += bool(row.get("passed"))
             out.write(json.dumps(row, ensure_ascii=False) + "\n")
 
@@ -428,7 +415,7 @@ def _resumable(
     pages: Iterable[Page],
     workers: int,
     termination: Termination,
-    deferred: _Deferred,
+    deferred: Deferred,
 ) -> str:
     """Extract the pages not done by an interrupted run into parts, then merge them into `target`, unless
     a page was deferred: it is not written (so not done), and the parts wait for the run that extracts
@@ -443,7 +430,7 @@ def _resumable(
         writer = PartWriter(parts, fmt, args.part_size)
 
         def emit(index: int, row: dict[str, Any]) -> None:
-            if deferred.note(row):
+            if _deferred(row, deferred):
                 return  # left for the next run, which finds its index missing
             if writer.rows and writer.rows[-1]["index"] + 1 != index:
                 writer.flush()  # after a gap in the done-set: a part holds consecutive indices
@@ -543,7 +530,7 @@ def run(args: argparse.Namespace) -> int:
     # The run's own files (an output inside the input directory, its parts) are no pages of it.
     skip = None if target is None else own_files(Path(args.output))
     termination = Termination()
-    deferred = _Deferred()
+    deferred = Deferred()
     try:
         if target is not None:
             check_output_parent(Path(args.output))  # as `htmllm embed` checks it (a missing one is made)
@@ -583,14 +570,15 @@ def run(args: argparse.Namespace) -> int:
         print(summary, file=sys.stderr)
         if deferred.codes:
             print(
-                f"htmllm extract: {deferred.said('were not extracted')}: their rows hold that error; run "
-                "the command again to extract them",
+                f"htmllm extract: {deferred.said('pages', 'were not extracted')}: their rows hold that "
+                "error; run the command again to extract them",
                 file=sys.stderr,
             )
     elif deferred.codes:
         print(
-            f"htmllm extract: {deferred.said('were left for the next run')}; {args.output} was not written, "
-            f"what was finished is kept in {parts_dir(target)}: run the same command again to extract them",
+            f"htmllm extract: {deferred.said('pages', 'were left for the next run')}; {args.output} was not "
+            f"written, what was finished is kept in {parts_dir(target)}: run the same command again to "
+            "extract them",
             file=sys.stderr,
         )
     else:

@@ -38,7 +38,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -217,6 +219,24 @@ def check_has_pages(source: Path, first: Page | None) -> None:
     else:
         why = "no row: the file is empty or holds blank lines only"
     raise PageSourceError(f"page source {source} holds no pages: {why}")
+
+
+@dataclass
+class Deferred:
+    """The items of a run that failed for a reason a later attempt may not repeat (a command's
+    `TRANSIENT` codes): never written, so the run stays unmerged and its resume tries them again."""
+
+    codes: Counter[str] = field(default_factory=Counter)
+    first: str = ""  # the first one's code and message, to say why
+
+    def note(self, code: str, message: str) -> None:
+        self.codes[code] += 1
+        self.first = self.first or f"{code}: {message}"
+
+    def said(self, items: str, what: str) -> str:
+        """`N <items> <what> (<count> <code>, ...; first: <code>: <message>)`, as both commands say it."""
+        codes = ", ".join(f"{n} {code}" for code, n in sorted(self.codes.items()))
+        return f"{self.codes.total()} {items} {what} ({codes}; first: {self.first})"
 
 
 class Termination:
