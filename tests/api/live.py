@@ -60,6 +60,18 @@ def free_port() -> int:
         return port
 
 
+def ipv6_loopback() -> bool:
+    """Whether this machine can bind the IPv6 loopback (containers and CI runners often cannot)."""
+    if not socket.has_ipv6:
+        return False
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
 def wait_ready(url: str, *, timeout_s: float = 60.0, path: str = "/ready") -> None:
     deadline = time.monotonic() + timeout_s
     last: object = None

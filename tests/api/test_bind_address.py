@@ -20,20 +20,9 @@ import uvicorn
 
 from service.api.main import uvicorn_config
 from service.api.settings import Settings
+from tests.api.live import ipv6_loopback
 
-
-def _ipv6_loopback() -> bool:
-    if not socket.has_ipv6:
-        return False
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
-            sock.bind(("::1", 0))
-    except OSError:
-        return False
-    return True
-
-
-pytestmark = pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+pytestmark = pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 loopback here")
 
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:

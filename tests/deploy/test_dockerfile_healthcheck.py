@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
+from tests.api.live import ipv6_loopback
 from tests.deploy.dockerfile_rules import stages
 
 
@@ -64,15 +65,6 @@ def run_probe(code: str, port: int, host: str | None) -> int:
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=30).returncode
 
 
-def _ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
-            sock.bind(("::1", 0))
-    except OSError:
-        return False
-    return True
-
-
 @pytest.mark.parametrize("target", ["cpu", "cuda"])
 @pytest.mark.parametrize("host", [None, "0.0.0.0", ""])
 def test_the_probe_reaches_an_ipv4_bind(target: str, host: str | None) -> None:
@@ -80,7 +72,7 @@ def test_the_probe_reaches_an_ipv4_bind(target: str, host: str | None) -> None:
         assert run_probe(probe(target), port, host) == 0
 
 
-@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+@pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 loopback here")
 @pytest.mark.parametrize("target", ["cpu", "cuda"])
 def test_the_probe_reaches_an_ipv6_only_bind(target: str) -> None:
     with ready_server("::1") as port:
