@@ -3,7 +3,8 @@
 `train(config)` reads top to bottom as the algorithm (after nanoGPT): set up the process (DDP under
 torchrun), load shards and teacher vectors, build the encoder and the pretraining-only heads, resume if a
 checkpoint exists, then loop: draw the step's loss coefficients, accumulate gradients over micro-batches,
-clip, step AdamW at the trapezoidal learning rate, log, evaluate on held-out pages, checkpoint.
+clip, step AdamW at the trapezoidal learning rate, log, evaluate on held-out pages, checkpoint. The
+model with its pretraining heads is `pretraining_model`'s, the held-out figures `heldout_eval`'s.
 
 Exact resume: a periodic checkpoint is a served-format checkpoint written by `service.core.checkpoint`
 plus `trainer_state.pt` (optimizer, pretraining heads, loss scales, the coefficient and masking
@@ -24,7 +25,6 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,24 +32,15 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
+from torch import nn
 
-from model_training.batches import BatchOrder, SplitData, collate, load_splits
+from model_training.batches import BatchOrder, collate, load_splits
 from model_training.data import TOKENIZER_FILE, DataError, read_manifest, writable_dir
 from model_training.devices import resolve_device
+from model_training.heldout_eval import evaluate
 from model_training.library_progress import drawn_as_bars, library_bars
-from model_training.objectives import (
-    DistillationHead,
-    LossAggregator,
-    MaskingConfig,
-    MlmHead,
-    bow_counts,
-    bow_loss,
-    distillation_cosine,
-    mask_tokens,
-    mlm_loss,
-    weighted_contrastive_distillation,
-)
+from model_training.objectives import LossAggregator, MaskingConfig
+from model_training.pretraining_model import PretrainingModel, all_special_ids, autocast, param_groups
 from model_training.train_config import TrainConfig
 from model_training.train_logs import (
     METRICS_FILE,
@@ -75,13 +66,12 @@ from service.core.checkpoint import CheckpointMeta, read_meta, save_checkpoint
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.modeling import HtmlEncoderModel, build_config
 from service.core.progress import progress_bar
-from service.core.tokenizer import HtmlTokenizer, SpecialIds
+from service.core.tokenizer import HtmlTokenizer
 
 logger = logging.getLogger(__name__)
 
 SUMMARY_FILE = "summary.json"
 CURVE_FILE = "training_curve.png"
-EVAL_MASK_SEED = 12345  # held-out MLM masks are the same at every evaluation
 
 
 # --- schedule ---------------------------------------------------------------------------------------
@@ -106,130 +96,6 @@ def trapezoid_lr(step: int, total: int, *, peak: float, warmup_frac: float, cool
     return peak
 
 
-# --- model ------------------------------------------------------------------------------------------
-
-
-class PretrainingModel(nn.Module):
-    """The encoder plus the heads that exist only while pretraining (MLM transform, distillation).
-
-    The losses themselves are computed in float32 with autocast off (`objectives.full_precision`), so a
-    caller may run the whole forward under bf16 autocast.
-    """
-
-    def __init__(
-        self,
-        model: HtmlEncoderModel,
-        special: SpecialIds,
-        *,
-        teacher_dim: int,
-        rank: int,
-        temperature: float,
-        special_ids: Sequence[int] | None = None,
-    ) -> None:
-        super().__init__()
-        self.model = model
-        self.special = special
-        # Every special token id: never masked, never a random replacement. The five named ones by
-        # default; `all_special_ids(tokenizer)` adds the [unusedN] padding of the vocabulary.
-        self.special_ids = sorted(set(_ids(special)) | set(special_ids or ()))
-        hidden, vocab = model.embedding_dim, int(model.config.vocab_size)
-        self.mlm_head = MlmHead(hidden, vocab, eps=float(model.config.norm_eps))
-        self.distil_head = DistillationHead(hidden, teacher_dim, rank=rank)
-        self.temperature = temperature
-
-    def mask(
-        self, input_ids: Tensor, attention_mask: Tensor, *, generator: torch.Generator, config: MaskingConfig
-    ) -> tuple[Tensor, Tensor]:
-        """`mask_tokens` with this model's special ids and vocabulary: `(masked_ids, labels)`."""
-        return mask_tokens(
-            input_ids,
-            attention_mask,
-            mask_id=self.special.mask,
-            special_ids=self.special_ids,
-            vocab_size=int(self.model.config.vocab_size),
-            generator=generator,
-            config=config,
-        )
-
-    def mlm(self, hidden: Tensor, labels: Tensor) -> Tensor:
-        """MLM loss from the hidden states (B, L, D) of the masked input."""
-        embedding_matrix = self.model.encoder.embeddings.tok_embeddings.weight  # (V, D), the tied decoder
-        return mlm_loss(
-            hidden, labels, embedding_matrix, decoder_bias=self.mlm_head.bias, transform=self.mlm_head
-        )
-
-    def bow(self, hidden: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """Bag-of-words loss of the clean `input_ids` from the [CLS] row of `hidden` (B, L, D)."""
-        embedding_matrix = self.model.encoder.embeddings.tok_embeddings.weight  # (V, D)
-        counts = bow_counts(
-            input_ids, attention_mask, vocab_size=embedding_matrix.shape[0], special_ids=self.special_ids
-        )
-        return bow_loss(hidden[:, 0], embedding_matrix, counts)  # (B, D) [CLS]
-
-    def student(self, hidden: Tensor, attention_mask: Tensor) -> Tensor:
-        """The pooled embedding projected into the teacher's space, (B, T)."""
-        projected: Tensor = self.distil_head(self.model.pool(hidden, attention_mask))
-        return projected
-
-    def distil(self, student: Tensor, teacher: Tensor, *, gather: bool = True) -> Tensor:
-        return weighted_contrastive_distillation(
-            student, teacher, temperature=self.temperature, gather=gather
-        )
-
-    def forward(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor,
-        masked_ids: Tensor,
-        labels: Tensor,
-        teacher: Tensor,
-        *,
-        gather: bool = True,
-    ) -> dict[str, Tensor]:
-        # One forward pass over the corrupted input serves all three objectives: a second, clean pass
-        # for BOW/distillation would double the cost for little gain (masking acts as augmentation).
-        # Held-out figures do take the clean pass (`evaluate`).
-        hidden = self.model.encoder(input_ids=masked_ids, attention_mask=attention_mask).last_hidden_state
-        return {
-            "mlm": self.mlm(hidden, labels),
-            "bow": self.bow(hidden, input_ids, attention_mask),
-            "distil": self.distil(self.student(hidden, attention_mask), teacher, gather=gather),
-        }
-
-
-def _ids(special: SpecialIds) -> list[int]:
-    return [special.pad, special.unk, special.cls, special.sep, special.mask]
-
-
-def all_special_ids(tokenizer: HtmlTokenizer) -> list[int]:
-    """Every special token id of `tokenizer`: the five named ones and every added special token.
-
-    The tokenizer trainer pads a small vocabulary with `[unusedN]` special tokens; drawn as MLM random
-    replacements they would teach the model tokens that never occur in a page.
-    """
-    added = tokenizer.backend.get_added_tokens_decoder()
-    return sorted(set(_ids(tokenizer.special_ids)) | {int(i) for i, token in added.items() if token.special})
-
-
-def _autocast(config: TrainConfig, device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    bf16 = config.precision == "bf16" or (config.precision == "auto" and device.type == "cuda")
-    if bf16:
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def _param_groups(module: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Decay matrices only: biases, norms and the embedding table (the tied decoder) are not decayed."""
-    decay: list[nn.Parameter] = []
-    no_decay: list[nn.Parameter] = []
-    for name, param in module.named_parameters():
-        if not param.requires_grad:
-            continue
-        is_embedding = "tok_embeddings" in name
-        (decay if param.ndim >= 2 and not is_embedding else no_decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
 # --- checkpoint metadata (the checkpoints: training_checkpoints) ------------------------------------
 
 
@@ -250,82 +116,6 @@ def _meta(
         embedding_dim=model.embedding_dim,
         training=training,
     )
-
-
-# --- evaluation -------------------------------------------------------------------------------------
-
-
-def _batches(n: int, size: int) -> Iterator[slice]:
-    for start in range(0, n, size):
-        yield slice(start, min(start + size, n))
-
-
-@torch.no_grad()
-def evaluate(
-    pretraining: PretrainingModel,
-    data: SplitData,
-    *,
-    config: TrainConfig,
-    device: torch.device,
-    train_centroid: np.ndarray,
-) -> dict[str, float]:
-    """Held-out figures: cosine to the teacher, retrieval top-1, losses.
-
-    Everything but the MLM loss comes from the clean input (MLM needs the masked one, with masks fixed
-    by `EVAL_MASK_SEED` so evaluations compare): the cosine, top-1, BOW and distillation figures describe
-    the model as served, not as corrupted for training.
-
-    `centroid_cosine` is the cosine a constant prediction (the mean training teacher vector) gets: the
-    floor the student's cosine must be read against, since sentence embeddings share a large common
-    direction. `top1` asks whether each page's projected student vector is closest to its own teacher
-    among all held-out teachers.
-    """
-    if not data.ids:
-        return {}
-    was_training = pretraining.training
-    pretraining.eval()
-    special = pretraining.special
-    encoder = pretraining.model.encoder
-    generator = torch.Generator().manual_seed(EVAL_MASK_SEED)
-    masking = MaskingConfig(mask_prob=config.mask_prob)
-    students, sums, weights = [], {"mlm": 0.0, "bow": 0.0, "distil": 0.0}, 0
-    for rows in _batches(len(data.ids), config.eval_batch_size):
-        ids, mask = collate(
-            data.ids[rows], max_length=config.max_length, pad_id=special.pad, sep_id=special.sep
-        )
-        masked, labels = pretraining.mask(ids, mask, generator=generator, config=masking)
-        teacher = torch.from_numpy(data.teacher[rows]).to(device)
-        ids, mask, masked, labels = ids.to(device), mask.to(device), masked.to(device), labels.to(device)
-        # Two passes: the masked input for MLM, the clean one for everything else. The losses switch
-        # autocast off inside (float32).
-        with _autocast(config, device):
-            masked_hidden = encoder(input_ids=masked, attention_mask=mask).last_hidden_state
-            clean_hidden = encoder(input_ids=ids, attention_mask=mask).last_hidden_state
-            student = pretraining.student(clean_hidden, mask)  # (B, T)
-            losses = {
-                "mlm": pretraining.mlm(masked_hidden, labels),
-                "bow": pretraining.bow(clean_hidden, ids, mask),
-                "distil": pretraining.distil(student, teacher, gather=False),
-            }
-        students.append(student.float().cpu())
-        n = rows.stop - rows.start
-        for name in sums:
-            sums[name] += float(losses[name]) * n
-        weights += n
-    student = torch.cat(students)  # (N, T)
-    teacher_all = torch.from_numpy(data.teacher)
-    cosine = distillation_cosine(student, teacher_all)
-    sims = nn.functional.normalize(student, dim=-1) @ nn.functional.normalize(teacher_all, dim=-1).t()
-    top1 = (sims.argmax(dim=1) == torch.arange(len(student))).float().mean()
-    centroid = torch.from_numpy(train_centroid).expand_as(teacher_all)
-    pretraining.train(was_training)
-    return {
-        "cosine": float(cosine.mean()),
-        "centroid_cosine": float(distillation_cosine(centroid, teacher_all).mean()),
-        "top1": float(top1),
-        "documents": float(len(student)),
-        **{f"{name}_loss": value / weights for name, value in sums.items()},
-    }
 
 
 # --- the loop ---------------------------------------------------------------------------------------
@@ -449,7 +239,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
         special_ids=all_special_ids(tokenizer),
     ).to(device)
     optimizer = torch.optim.AdamW(
-        _param_groups(pretraining, config.weight_decay),
+        param_groups(pretraining, config.weight_decay),
         lr=config.lr,
         betas=(config.beta1, config.beta2),
         eps=config.eps,
@@ -558,7 +348,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
             sync = contextlib.nullcontext() if last_micro else _no_sync(engine)
             with sync:
                 # The encoder runs under autocast; the losses inside switch it off (float32).
-                with _autocast(config, device):
+                with autocast(config, device):
                     losses = engine(ids, mask, masked, labels, teacher)
                 total = aggregator.combine(losses, coefficients) / per_step
                 total.backward()  # type: ignore[no-untyped-call]

@@ -29,7 +29,7 @@ from service.core.checkpoint import CheckpointMeta, load_checkpoint, read_meta, 
 from service.core.tokenizer import HtmlTokenizer
 
 if TYPE_CHECKING:
-    from model_training.pretrain import PretrainingModel
+    from model_training.pretraining_model import PretrainingModel
 
 logger = logging.getLogger(__name__)
 

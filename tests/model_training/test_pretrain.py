@@ -19,6 +19,7 @@ import torch.multiprocessing as mp
 from model_training.batches import collate, load_splits
 from model_training.data import HELDOUT, TRAIN, Document, domain_of, write_manifest, write_shards
 from model_training.default_model import bundle
+from model_training.heldout_eval import evaluate
 from model_training.objectives import (
     IGNORE_INDEX,
     MaskingConfig,
@@ -28,7 +29,8 @@ from model_training.objectives import (
     mask_tokens,
     weighted_contrastive_distillation,
 )
-from model_training.pretrain import PretrainingModel, all_special_ids, evaluate, train, trapezoid_lr
+from model_training.pretrain import train, trapezoid_lr
+from model_training.pretraining_model import PretrainingModel, all_special_ids
 from model_training.teacher import TeacherMeta, write_teacher
 from model_training.tokenizer_training import train_tokenizer
 from model_training.train_config import TrainConfig, load_config
