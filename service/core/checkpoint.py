@@ -30,12 +30,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
@@ -47,6 +46,26 @@ from transformers import ModernBertConfig, ModernBertModel
 
 from service.core import heads_stage
 from service.core.atomic_files import replaced_atomically
+
+# The format's metadata and file names and the checks the reader and the writers share; its public names
+# (imported `as` themselves) are re-exported: callers import them here.
+from service.core.checkpoint_format import (
+    CONFIG_FILE,
+    FLOAT_DTYPES,
+    cause,
+    check_config_matches,
+    check_head_module,
+    check_model_matches,
+    check_state,
+    meta_file_text,
+    on_meta_device,
+    quoted,
+    read_meta_file,
+)
+from service.core.checkpoint_format import FORMAT_VERSION as FORMAT_VERSION
+from service.core.checkpoint_format import TOKENIZER_FILE as TOKENIZER_FILE
+from service.core.checkpoint_format import WEIGHTS_FILE as WEIGHTS_FILE
+from service.core.checkpoint_format import CheckpointMeta as CheckpointMeta
 from service.core.errors import CheckpointError as CheckpointError  # re-exported: callers import it here
 
 # htmllm.json and heads/ are the format's, re-exported: defined with the heads stage, which governs how
@@ -54,106 +73,13 @@ from service.core.errors import CheckpointError as CheckpointError  # re-exporte
 from service.core.heads_stage import FILE_MODE, PENDING_DIR
 from service.core.heads_stage import HEADS_DIR as HEADS_DIR
 from service.core.heads_stage import META_FILE as META_FILE
-from service.core.modeling import (
-    MIN_LOCAL_ATTENTION,
-    POOLINGS,
-    HeadSpec,
-    HtmlEncoderModel,
-    TaskHead,
-    typed_field,
-)
+from service.core.modeling import HeadSpec, HtmlEncoderModel, TaskHead, typed_field
 from service.core.tokenizer import HtmlTokenizer, TokenizerError
 
-FORMAT_VERSION = 1
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-TOKENIZER_FILE = "tokenizer.json"
 # `save_checkpoint` writes the whole checkpoint into a directory of this prefix inside the checkpoint's
 # own (the same file system, so each file is renamed into place; no write access above it is needed)
 # before any file of the old one is touched. Left behind only by a killed save; the next one removes it.
 SAVE_STAGE_PREFIX = ".htmllm-save."
-
-# The safetensors dtypes a weight may have; anything else (an int or bool tensor from a broken conversion)
-# would be cast silently into the float parameters by load_state_dict.
-_FLOAT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-# An error message quotes at most this much of an exception's text (transformers may echo a whole config).
-_MAX_CAUSE_CHARS = 300
-
-
-@dataclass
-class CheckpointMeta:
-    """htmllm.json: what the service must know about a model beyond transformers' config."""
-
-    name: str
-    pooling: str
-    prune_version: str
-    tokenizer_sha256: str
-    max_length: int
-    embedding_dim: int
-    heads: list[HeadSpec] = field(default_factory=list)
-    training: dict[str, Any] = field(default_factory=dict)  # resolved training config, data, figures
-    format_version: int = FORMAT_VERSION
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "format_version": self.format_version,
-            "name": self.name,
-            "pooling": self.pooling,
-            "prune_version": self.prune_version,
-            "tokenizer_sha256": self.tokenizer_sha256,
-            "max_length": self.max_length,
-            "embedding_dim": self.embedding_dim,
-            "heads": [spec.to_dict() for spec in self.heads],
-            "training": self.training,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> CheckpointMeta:
-        version = data.get("format_version")
-        if version != FORMAT_VERSION:
-            # Older formats would be migrated here, explicitly, one version at a time.
-            raise CheckpointError(
-                f"unknown checkpoint format version {version!r}; this build reads version {FORMAT_VERSION}"
-            )
-        # Strict JSON types: a value of the wrong type is refused, not coerced (a max_length of "64" or
-        # 64.7, a name of null read as "None", labels "abc" read as three classes).
-        try:
-            if "heads" not in data:
-                # Required: a missing (or misspelt) key had loaded as "no heads" beside heads/*.safetensors.
-                others = sorted(str(key)[:40] for key in data if key not in _META_KEYS)[:5]
-                raise ValueError(f"heads (a list, [] for none) is missing; unknown keys: {others}")
-            heads = data["heads"]
-            if not isinstance(heads, list):
-                raise TypeError(f"heads must be a list, not {heads!r}")
-            training = data.get("training", {})
-            if not isinstance(training, dict):
-                raise TypeError(f"training must be an object, not {training!r}")
-            meta = cls(
-                format_version=typed_field(data, "format_version", int),
-                name=typed_field(data, "name", str),
-                pooling=typed_field(data, "pooling", str),
-                prune_version=typed_field(data, "prune_version", str),
-                tokenizer_sha256=typed_field(data, "tokenizer_sha256", str),
-                max_length=typed_field(data, "max_length", int),
-                embedding_dim=typed_field(data, "embedding_dim", int),
-                heads=[HeadSpec.from_dict(h) for h in heads],
-                training=dict(training),
-            )
-            if meta.pooling not in POOLINGS:
-                raise ValueError(f"pooling {meta.pooling!r} is not one of {POOLINGS}")
-            if meta.max_length < 2:
-                raise ValueError(f"max_length {meta.max_length} leaves no room for [CLS] and [SEP]")
-            if meta.embedding_dim < 1:
-                raise ValueError(f"embedding_dim {meta.embedding_dim} is not positive")
-            names = [spec.name for spec in meta.heads]
-            if len(set(names)) != len(names):
-                raise ValueError(f"heads {names} name a head twice")
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CheckpointError(f"{META_FILE} is malformed: {type(exc).__name__}: {exc}") from exc
-        return meta
-
-
-_META_KEYS = frozenset(f.name for f in dataclasses.fields(CheckpointMeta))
 
 
 @dataclass
@@ -179,166 +105,6 @@ def _atomic_save_tensors(path: Path, tensors: Mapping[str, torch.Tensor], metada
         _save_tensors(tmp, tensors, metadata)
 
 
-def _cause(exc: BaseException) -> str:
-    """An exception as `Type: message`, cut short: transformers may quote a whole config back."""
-    text = str(exc)
-    if len(text) > _MAX_CAUSE_CHARS:
-        text = text[:_MAX_CAUSE_CHARS] + "…"
-    return f"{type(exc).__name__}: {text}"
-
-
-def _short(value: object, limit: int = 60) -> str:
-    """repr(value), cut short, for quoting a value read from a file into an error message."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
-def _check_config_matches(
-    config: ModernBertConfig, tokenizer: HtmlTokenizer, meta: CheckpointMeta, source: str
-) -> None:
-    """What the encoder's config must agree on with the tokenizer and htmllm.json.
-
-    Run on config.json before any module is built: a special id outside the vocabulary had surfaced as
-    an AssertionError from nn.Embedding, not as the mismatch it is.
-    """
-    if config.vocab_size != tokenizer.vocab_size:
-        raise CheckpointError(
-            f"vocab mismatch: {source} has vocab_size {_short(config.vocab_size)} but the tokenizer has "
-            f"{tokenizer.vocab_size} tokens"
-        )
-    special = tokenizer.special_ids
-    expected = {
-        "pad_token_id": special.pad,
-        "cls_token_id": special.cls,
-        "sep_token_id": special.sep,
-        "unk_token_id": special.unk,
-        "mask_token_id": special.mask,
-    }
-    wrong = {k: (getattr(config, k, None), v) for k, v in expected.items() if getattr(config, k, None) != v}
-    if wrong:
-        detail = ", ".join(f"{k}={_short(got)} (tokenizer: {want})" for k, (got, want) in wrong.items())
-        raise CheckpointError(
-            f"vocab mismatch: {source}'s special token ids differ from the tokenizer's: {detail}"
-        )
-    if meta.tokenizer_sha256 != tokenizer.sha256:
-        raise CheckpointError(
-            f"vocab mismatch: {META_FILE} records tokenizer sha256 {meta.tokenizer_sha256[:12]}… but "
-            f"tokenizer.json hashes to {tokenizer.sha256[:12]}…"
-        )
-    if meta.embedding_dim != config.hidden_size:
-        raise CheckpointError(
-            f"{META_FILE} says embedding_dim {meta.embedding_dim}, {source} has hidden_size "
-            f"{_short(config.hidden_size)}"
-        )
-    positions = config.max_position_embeddings
-    if not isinstance(positions, int) or meta.max_length > positions:
-        raise CheckpointError(
-            f"max_length {meta.max_length} exceeds the encoder's {_short(positions)} positions"
-        )
-    local = getattr(config, "local_attention", None)
-    if not isinstance(local, int) or isinstance(local, bool) or local < MIN_LOCAL_ATTENTION:
-        # An empty sliding window (local_attention // 2 == 0) loaded, then every forward pass of the
-        # service divided by zero; refused here, where the file is named.
-        raise CheckpointError(
-            f"{source} has local_attention {_short(local)}; it must be an integer of at least "
-            f"{MIN_LOCAL_ATTENTION} (the sliding window, local_attention // 2, must hold a position)"
-        )
-
-
-def _check_model_matches(model: HtmlEncoderModel, tokenizer: HtmlTokenizer, meta: CheckpointMeta) -> None:
-    _check_config_matches(model.config, tokenizer, meta, "the model")
-    if meta.pooling != model.pooling:
-        raise CheckpointError(f"{META_FILE} says pooling {meta.pooling!r}, the model uses {model.pooling!r}")
-    names = [spec.name for spec in meta.heads]
-    if sorted(names) != sorted(model.heads.keys()):
-        raise CheckpointError(f"{META_FILE} lists heads {names}, the model has {sorted(model.heads.keys())}")
-
-
-def _all_finite(tensor: torch.Tensor) -> bool:
-    """Whether no element is NaN or infinite, at the cost of one sum in the common case (5-10x faster
-    than an elementwise test: 0.2 s of the bundled model's load): a NaN or infinity makes the sum
-    non-finite, so only a non-finite sum (that or an overflow) needs the elementwise test."""
-    if bool(torch.isfinite(tensor.sum(dtype=torch.float32))):
-        return True
-    return bool(torch.isfinite(tensor).all())
-
-
-def _check_state(state: Mapping[str, torch.Tensor], origin: str | Path) -> None:
-    """Every tensor floating point and finite: an int tensor is cast silently by load_state_dict, and one
-    NaN weight turns every embedding into NaN (served as null) without any error."""
-    for name, tensor in state.items():
-        if tensor.dtype not in _FLOAT_DTYPES.values():
-            raise CheckpointError(
-                f"{origin}: tensor {name} has dtype {tensor.dtype}; weights must be float32, "
-                "float16 or bfloat16"
-            )
-        if not _all_finite(tensor):
-            raise CheckpointError(f"{origin}: tensor {name} holds NaN or infinite values")
-
-
-def _build_meta(factory: Callable[[], torch.nn.Module], origin: str | Path) -> torch.nn.Module:
-    """The module `factory` builds, on the meta device: its tensors' shapes without allocating them, so
-    sizes read from a file (a hidden of 2**36) are compared with the weights before anything is
-    allocated. Any error building it (transformers raises ZeroDivisionError, KeyError, …) is the file's."""
-    try:
-        with torch.device("meta"):
-            return factory()
-    except Exception as exc:
-        raise CheckpointError(f"{origin} describes no buildable model: {_cause(exc)}") from exc
-
-
-def _check_head_module(name: str, spec: HeadSpec, head: TaskHead, hidden: int) -> None:
-    """A head module shaped as `spec` says (labels, hidden) on `hidden`-d input, so that what is saved
-    loads back: htmllm.json gets the spec, the head file gets the module's tensors."""
-    if head.spec.kind != spec.kind:
-        raise CheckpointError(f"head {name!r}: the spec is {spec.kind}, the module {head.spec.kind}")
-    wanted = _build_meta(partial(TaskHead, spec, hidden), f"head {name!r}").state_dict()
-    got = head.state_dict()
-    for key in sorted(set(wanted) | set(got)):
-        if key not in wanted or key not in got or tuple(wanted[key].shape) != tuple(got[key].shape):
-            shape = tuple(got[key].shape) if key in got else None
-            raise CheckpointError(
-                f"head {name!r}: tensor {key} of the module has shape {shape}, but its spec ({spec.kind}, "
-                f"{len(spec.labels)} labels, hidden {spec.hidden}) on {hidden}-d input needs "
-                f"{tuple(wanted[key].shape) if key in wanted else None}"
-            )
-
-
-def _meta_text(meta: CheckpointMeta) -> str:
-    """htmllm.json's text for `meta`, validated as read_meta will read it back: a writer must not leave
-    a checkpoint its reader refuses (a max_length of 1 had been written, then refused at load)."""
-    data = meta.to_dict()
-    where = _non_finite(data)
-    if where is not None:
-        # Written as a bare NaN (Python's json default), which no strict JSON reader (jq, a browser) parses.
-        raise CheckpointError(f"refusing to write {META_FILE}: {where} is not a finite number")
-    try:
-        text = json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
-        CheckpointMeta.from_dict(json.loads(text))
-    except CheckpointError as exc:
-        raise CheckpointError(f"refusing to write it: {exc}") from exc
-    except (TypeError, ValueError) as exc:  # a training record JSON cannot hold
-        raise CheckpointError(f"refusing to write {META_FILE}: {_cause(exc)}") from exc
-    return text
-
-
-def _non_finite(value: object, where: str = "") -> str | None:
-    """The key path (`training.eval.loss`) of the first NaN or infinity in JSON-like `value`, or None."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return where or "the value"
-    if isinstance(value, Mapping):
-        items: Any = value.items()
-    elif isinstance(value, list | tuple):
-        items = enumerate(value)
-    else:
-        return None
-    for key, item in items:
-        found = _non_finite(item, f"{where}.{key}" if where else str(key))
-        if found is not None:
-            return found
-    return None
-
-
 def save_checkpoint(
     path: str | Path, model: HtmlEncoderModel, tokenizer: HtmlTokenizer, meta: CheckpointMeta
 ) -> None:
@@ -361,12 +127,12 @@ def save_checkpoint(
     root = Path(path)
     specs = list(model.head_specs.values())
     candidate = dataclasses.replace(meta, heads=specs)
-    meta_text = _meta_text(candidate)
-    _check_model_matches(model, tokenizer, candidate)
-    _check_state(model.encoder.state_dict(), WEIGHTS_FILE)
+    meta_text = meta_file_text(candidate)
+    check_model_matches(model, tokenizer, candidate)
+    check_state(model.encoder.state_dict(), WEIGHTS_FILE)
     for name, head in model.heads.items():
-        _check_head_module(name, cast(TaskHead, head).spec, cast(TaskHead, head), model.embedding_dim)
-        _check_state(head.state_dict(), f"{HEADS_DIR}/{name}.safetensors")
+        check_head_module(name, cast(TaskHead, head).spec, cast(TaskHead, head), model.embedding_dim)
+        check_state(head.state_dict(), f"{HEADS_DIR}/{name}.safetensors")
     meta.heads = specs
     root.mkdir(parents=True, exist_ok=True)
     with heads_stage.heads_lock(root):  # no reader completes a save_heads stage over the files written here
@@ -426,22 +192,10 @@ def _move_stage_in(stage: Path, root: Path, heads: set[str]) -> None:
     os.replace(stage / META_FILE, root / META_FILE)
 
 
-def _read_meta_file(root: Path, file: Path) -> CheckpointMeta:
-    if not file.is_file():
-        raise CheckpointError(f"{file} is missing: {root} is not an htmllm checkpoint")
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8 (UnicodeDecodeError)
-        raise CheckpointError(f"{file} cannot be read: {exc}") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{file} is not a JSON object")
-    return CheckpointMeta.from_dict(data)
-
-
 def read_meta(path: str | Path) -> CheckpointMeta:
     """htmllm.json alone (cheap: for listing models without loading weights)."""
     root = Path(path)
-    return heads_stage.consistently(root, lambda view: _read_meta_file(root, view.meta_file))
+    return heads_stage.consistently(root, lambda view: read_meta_file(root, view.meta_file))
 
 
 def checkpoint_fingerprint(path: str | Path) -> str:
@@ -540,7 +294,7 @@ def _require_file(file: Path) -> None:
     try:
         present = file.is_file()
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{_short(str(file), 200)} cannot be read: {_cause(exc)}") from exc
+        raise CheckpointError(f"{quoted(str(file), 200)} cannot be read: {cause(exc)}") from exc
     if not present:
         raise CheckpointError(f"{file} is missing")
 
@@ -556,7 +310,7 @@ def _read_header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
                 header[key] = (tuple(tensor.get_shape()), str(tensor.get_dtype()))
             return header
     except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{file} is not a valid safetensors file: {_cause(exc)}") from exc
+        raise CheckpointError(f"{file} is not a valid safetensors file: {cause(exc)}") from exc
 
 
 def _check_header(
@@ -565,10 +319,10 @@ def _check_header(
     """The tensors a file's header declares against those of the module the config describes (built on
     the meta device): names, shapes and a floating-point dtype, before either is allocated."""
     for key, (_, dtype) in header.items():
-        if dtype not in _FLOAT_DTYPES:
+        if dtype not in FLOAT_DTYPES:
             raise CheckpointError(
-                f"{origin}: tensor {key} has dtype {_short(dtype)}; weights must be floating point "
-                f"({', '.join(_FLOAT_DTYPES)})"
+                f"{origin}: tensor {key} has dtype {quoted(dtype)}; weights must be floating point "
+                f"({', '.join(FLOAT_DTYPES)})"
             )
     _check_shapes(expected, {key: shape for key, (shape, _) in header.items()}, origin)
 
@@ -581,8 +335,8 @@ def _check_shapes(
     unexpected = sorted(set(shapes) - set(expected))
     if missing or unexpected:
         raise CheckpointError(
-            f"{origin}: tensors do not match the architecture (missing {[_short(k) for k in missing[:5]]}, "
-            f"unexpected {[_short(k) for k in unexpected[:5]]})"
+            f"{origin}: tensors do not match the architecture (missing {[quoted(k) for k in missing[:5]]}, "
+            f"unexpected {[quoted(k) for k in unexpected[:5]]})"
         )
     for key, shape in shapes.items():
         if tuple(shape) != tuple(expected[key].shape):
@@ -596,13 +350,13 @@ def _load_tensors(file: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(file))
     except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{file} is not a valid safetensors file: {_cause(exc)}") from exc
+        raise CheckpointError(f"{file} is not a valid safetensors file: {cause(exc)}") from exc
 
 
 def _load_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], origin: Path) -> None:
     # The header was checked already; this is for the file replaced in between, and for NaN weights.
     _check_shapes(module.state_dict(), {key: tuple(value.shape) for key, value in state.items()}, origin)
-    _check_state(state, origin)
+    check_state(state, origin)
     module.load_state_dict(state, strict=True)
 
 
@@ -617,7 +371,7 @@ def _load_heads(
     """
     files = {s.name: head_files.get(s.name, root / HEADS_DIR / f"{s.name}.safetensors") for s in specs}
     for spec in specs:
-        shapes = _build_meta(partial(TaskHead, spec, embedding_dim), f"{META_FILE} head {spec.name!r}")
+        shapes = on_meta_device(partial(TaskHead, spec, embedding_dim), f"{META_FILE} head {spec.name!r}")
         _check_header(shapes.state_dict(), _read_header(files[spec.name]), files[spec.name])
     heads: dict[str, TaskHead] = {}
     for spec in specs:
@@ -646,7 +400,7 @@ def _read_config(root: Path) -> tuple[ModernBertConfig, dict[str, Any]]:
         config = ModernBertConfig.from_json_file(str(file))
         raw = json.loads(file.read_text(encoding="utf-8"))
     except Exception as exc:  # transformers' validation raises errors of its own (a strict-field error)
-        raise CheckpointError(f"{file} is not a valid ModernBERT config: {_cause(exc)}") from exc
+        raise CheckpointError(f"{file} is not a valid ModernBERT config: {cause(exc)}") from exc
     if getattr(config, "model_type", None) != "modernbert" or not isinstance(raw, dict):
         raise CheckpointError(f"{file} is not a ModernBERT config")
     return config, raw
@@ -658,7 +412,7 @@ def _check_layer_count(config: ModernBertConfig, header: Mapping[str, object], o
     found = len({key.split(".")[1] for key in header if key.startswith("layers.")})
     if config.num_hidden_layers != found:
         raise CheckpointError(
-            f"{CONFIG_FILE} says num_hidden_layers {_short(config.num_hidden_layers)}, {origin} holds "
+            f"{CONFIG_FILE} says num_hidden_layers {quoted(config.num_hidden_layers)}, {origin} holds "
             f"{found} layers"
         )
 
@@ -695,7 +449,7 @@ def _load_checkpoint(
     dtype: torch.dtype | None,
     attn_implementation: str | None,
 ) -> Checkpoint:
-    meta = _read_meta_file(root, view.meta_file)
+    meta = read_meta_file(root, view.meta_file)
     _refuse_unlisted_heads(root, meta, view.head_files)
     try:
         tokenizer = HtmlTokenizer.from_file(root / TOKENIZER_FILE)
@@ -704,28 +458,28 @@ def _load_checkpoint(
     config, raw_config = _read_config(root)
     # Check the vocabulary and special ids before building the model: a mismatch is the likeliest
     # failure and the clearest to report, and it must not surface as a tensor-shape error or an assertion.
-    _check_config_matches(config, tokenizer, meta, CONFIG_FILE)
+    check_config_matches(config, tokenizer, meta, CONFIG_FILE)
     if "classifier_pooling" in raw_config and raw_config["classifier_pooling"] != meta.pooling:
         # save_checkpoint writes the two alike; apart, AutoModel users and the service would pool apart.
         raise CheckpointError(
-            f"{CONFIG_FILE} says classifier_pooling {_short(raw_config['classifier_pooling'])}, "
+            f"{CONFIG_FILE} says classifier_pooling {quoted(raw_config['classifier_pooling'])}, "
             f"{META_FILE} says pooling {meta.pooling!r}"
         )
     weights = root / WEIGHTS_FILE
     header = _read_header(weights)
     _check_layer_count(config, header, weights)
     _check_header(
-        _build_meta(partial(ModernBertModel, config), root / CONFIG_FILE).state_dict(), header, weights
+        on_meta_device(partial(ModernBertModel, config), root / CONFIG_FILE).state_dict(), header, weights
     )
     heads = _load_heads(root, view.head_files, meta.heads, int(config.hidden_size))
     try:
         encoder = ModernBertModel(config)
     except Exception as exc:  # built once on the meta device already; this is for what that cannot see
-        raise CheckpointError(f"{root / CONFIG_FILE} describes no buildable model: {_cause(exc)}") from exc
+        raise CheckpointError(f"{root / CONFIG_FILE} describes no buildable model: {cause(exc)}") from exc
     encoder.set_attn_implementation(attn_implementation or "sdpa")
     _load_strict(encoder, _load_tensors(weights), weights)
     model = HtmlEncoderModel(encoder, pooling=meta.pooling, heads=heads)
-    _check_model_matches(model, tokenizer, meta)
+    check_model_matches(model, tokenizer, meta)
     model.eval()
     model.place(device, dtype)
     return Checkpoint(model=model, tokenizer=tokenizer, meta=meta, path=root)
@@ -747,7 +501,7 @@ def save_heads(path: str | Path, heads: Mapping[str, tuple[HeadSpec, TaskHead]])
     read_meta(root)  # an htmllm checkpoint (refused before anything is created), its stage completed
     with heads_stage.heads_lock(root):
         heads_stage.finish_locked(root)  # a stage committed since, by a save that was then killed
-        _save_heads_locked(root, _read_meta_file(root, root / META_FILE), heads)
+        _save_heads_locked(root, read_meta_file(root, root / META_FILE), heads)
 
 
 def _save_heads_locked(
@@ -759,7 +513,7 @@ def _save_heads_locked(
     try:
         hidden = typed_field(json.loads(config_file.read_text(encoding="utf-8")), "hidden_size", int)
     except (OSError, KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{config_file} gives no hidden_size: {_cause(exc)}") from exc
+        raise CheckpointError(f"{config_file} gives no hidden_size: {cause(exc)}") from exc
     specs = {spec.name: spec for spec in meta.heads}
     for name, (spec, head) in heads.items():
         if name != spec.name or head.spec.name != spec.name:
@@ -768,10 +522,10 @@ def _save_heads_locked(
             raise CheckpointError(
                 f"head {name!r} takes {head.norm.normalized_shape[0]}-d input, not {hidden}"
             )
-        _check_head_module(name, spec, head, hidden)
-        _check_state(head.state_dict(), f"head {name!r}")
+        check_head_module(name, spec, head, hidden)
+        check_state(head.state_dict(), f"head {name!r}")
         specs[name] = spec
-    meta_text = _meta_text(dataclasses.replace(meta, heads=list(specs.values())))
+    meta_text = meta_file_text(dataclasses.replace(meta, heads=list(specs.values())))
     pending = root / HEADS_DIR / PENDING_DIR
     shutil.rmtree(pending, ignore_errors=True)  # a stage never committed: its save was killed
     pending.mkdir(parents=True)
