@@ -2,10 +2,12 @@
 
 A page, an HTTP header or a JSONL row names its encoding with a WHATWG label; several labels mean
 something else to a browser than to Python (`iso-8859-1` and `ascii` are windows-1252 on the web,
-`shift_jis` is windows-31j), and some name no text codec at all (`base64`, `rot13`, a typo). Decoding
-and detection both go through `normalize_encoding`, so a declared and a detected name always agree,
-and page bytes are decoded with `decode_bytes`, which gives what a browser's decoder gives where
-Python's codec of that name differs.
+`shift_jis` is windows-31j), and some name no text codec at all (`base64`, `rot13`, a typo). A declared
+label is read with `whatwg_codec`, the standard's table and nothing else: a browser ignores a label it
+does not know (`latin-1`, `cp437`, `'utf-8'`), and so do we, where Python's lookup had honoured it over
+the page's own `<meta>`. The detector's output, a Python codec name, goes through `normalize_encoding`
+(the same table first, so a declared and a detected name agree). Page bytes are decoded with
+`decode_bytes`, which gives what a browser's decoder gives where Python's codec of that name differs.
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ import functools
 # Every label of the WHATWG Encoding Standard, by the Python codec that decodes what a browser decodes
 # under it. Python knows many of these labels under another codec (`iso-8859-1`, `ksc5601`) or not at
 # all (`windows-874`, `iso-8859-8-i`, `x-mac-roman`, `x-cp1250`); a label a browser knows must never
-# be ignored or read as something else. The replacement encodings (`hz-gb-2312`, `iso-2022-kr`, ...)
-# and `x-user-defined` are left to Python.
+# be ignored or read as something else. Not here, so ignored where declared: the replacement encoding's
+# labels (`iso-2022-kr`, `hz-gb-2312`, `iso-2022-cn`, ...: the standard decodes the whole page to one
+# U+FFFD, leaving nothing to embed, and Python's 7-bit codecs made every non-ASCII byte U+FFFD and HZ
+# ate `~`) and `x-user-defined` (bytes 0x80-0xFF as private-use characters; `decoding` reads it in a
+# `<meta>` as the HTML Standard says, as windows-1252).
 _WHATWG_LABELS: dict[str, tuple[str, ...]] = {
     "utf-8": ("unicode-1-1-utf-8", "unicode11utf8", "unicode20utf8", "utf-8", "utf8", "x-unicode20utf8"),
     "cp866": ("866", "cp866", "csibm866", "ibm866"),
@@ -92,7 +97,7 @@ _WHATWG_LABELS: dict[str, tuple[str, ...]] = {
         "ksc5601", "ksc_5601", "windows-949",
     ),
     "utf-16-be": ("unicodefffe", "utf-16be"),
-    "utf-16-le": ("csunicode", "iso-10646-ucs-2", "ucs-2", "unicode", "unicodefeff", "utf-16le"),
+    "utf-16-le": ("csunicode", "iso-10646-ucs-2", "ucs-2", "unicode", "unicodefeff", "utf-16", "utf-16le"),
 }  # fmt: skip
 _WHATWG_ALIASES: dict[str, str] = {
     label: codec for codec, labels in _WHATWG_LABELS.items() for label in labels
@@ -117,8 +122,30 @@ _BROWSER_CODECS = {
 _ESCAPE_CODECS = frozenset({"unicode-escape", "raw-unicode-escape"})
 
 
+# "ASCII whitespace", which the standard's "get an encoding" strips from a label (str.strip() would also
+# strip a vertical tab or a no-break space, which make the label unknown to a browser).
+_ASCII_WHITESPACE = "\t\n\f\r "
+
+
+def whatwg_codec(label: str | None) -> str | None:
+    """The Python codec a browser decodes with for a declared `label` (an HTTP charset, a `<meta>`'s, an
+    XML declaration's), or None where the Encoding Standard knows no such label and a browser ignores it.
+
+    The standard's "get an encoding": ASCII white space stripped, ASCII letters lower-cased, the label
+    table only. Python's own names are no labels to a browser: an HTTP `charset=latin-1` over a UTF-8
+    page with `<meta charset=utf-8>` had made it mojibake where a browser ignores the header and reads
+    the `<meta>`; `cp437`, `johab`, `'utf-8'` (quoted twice) or `windows-1252;` named codecs, too.
+    """
+    if not label or not label.isascii():  # str.lower() maps the Kelvin sign to "k"; ASCII lower-casing not
+        return None
+    return _WHATWG_ALIASES.get(label.strip(_ASCII_WHITESPACE).lower())
+
+
 def normalize_encoding(label: str | None) -> str | None:
-    """The Python codec name a browser would use for `label`, or None if it names no text codec."""
+    """The Python codec name a browser would use for `label`, or None if it names no text codec.
+
+    For the detector's output (a Python codec name: `latin_1`, `euc_kr`, `utf_8`); a declared label
+    goes through `whatwg_codec`, which knows the standard's labels only."""
     if not label:
         return None
     key = label.strip().strip("\"'").lower()
@@ -155,11 +182,41 @@ def decode_bytes(data: bytes, codec: str) -> str:
 
     Undecodable bytes become U+FFFD. In gb18030 a lone 0x80 is the euro sign: the Encoding Standard's
     gb18030 decoder, which the web's GBK and GB2312 labels use too, reads it so (it is 0x80 in
-    Microsoft's code page 936, and GBK pages carry it there), where Python's codec rejects it.
+    Microsoft's code page 936, and GBK pages carry it there), where Python's codec rejects it. In the
+    windows code pages the bytes Python's codecs reject are read by the standard's tables
+    (`_web_single_byte_table`).
     """
+    if codec in _WEB_SINGLE_BYTE:
+        return codecs.charmap_decode(data, "strict", _web_single_byte_table(codec))[0]
     if codec == "gb18030" and 0 < data.count(b"\x80") <= _MOST_EUROS:
         return data.decode(codec, errors=_euro_or_replacement())
     return data.decode(codec, errors="replace")
+
+
+# The single-byte codecs whose Python tables leave bytes undefined that the Encoding Standard's define.
+_WEB_SINGLE_BYTE = frozenset({"cp874", *(f"cp{page}" for page in range(1250, 1259))})
+# Besides the C1 controls: windows-1255's 0xCA, HEBREW POINT HOLAM HASER FOR VAV, which the standard's
+# table added and Python's cp1255 lacks.
+_WEB_EXTRA_BYTES: dict[str, dict[int, str]] = {"cp1255": {0xCA: "\u05ba"}}
+
+
+@functools.cache
+def _web_single_byte_table(codec: str) -> str:
+    """The 256-character decoding table of `codec` as the Encoding Standard's index reads it.
+
+    Microsoft leaves bytes of 0x80-0x9F undefined in its code pages (0x81, 0x8D, 0x8F, 0x90 and 0x9D in
+    windows-1252); the standard maps each to the C1 control of the same number, as browsers decode it,
+    where Python's codecs give U+FFFD, which counted against a page at extraction's U+FFFD share. A
+    table (rather than an error handler, which runs in Python once per such byte) keeps decoding in C.
+    Bytes neither defines stay U+FFFD, as `errors="replace"` gives them.
+    """
+    table = list(bytes(range(256)).decode(codec, errors="replace"))
+    for byte in range(0x80, 0xA0):
+        if table[byte] == "\ufffd":
+            table[byte] = chr(byte)
+    for byte, char in _WEB_EXTRA_BYTES.get(codec, {}).items():
+        table[byte] = char
+    return "".join(table)
 
 
 # The error handler runs in Python once per undecodable byte: 16 MiB of 0x80 took 5 s. Past this many

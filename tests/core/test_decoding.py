@@ -7,7 +7,13 @@ import random
 
 import pytest
 
-from service.core.decoding import decode_html, sniff_meta_charset, utf8_payload, with_declared_encoding
+from service.core.decoding import (
+    decode_html,
+    sniff_meta_charset,
+    sniff_xml_encoding,
+    utf8_payload,
+    with_declared_encoding,
+)
 from service.core.encoding_labels import normalize_encoding
 from service.core.prune import prune_html
 
@@ -499,7 +505,9 @@ def test_utf8_outranks_the_xml_declaration() -> None:
     decoded = decode_html(data)
     assert (decoded.text, decoded.encoding, decoded.source) == (page, "utf-8", "detected")
     assert with_declared_encoding(data, "utf-8") == data
-    assert decode_html(with_declared_encoding(data, "iso-8859-1")).text == data.decode("cp1252", "replace")
+    # Read as declared, windows-1252's undefined 0x81 (in "с", D1 81) is the C1 control a browser gives.
+    as_declared = data.decode("cp1252", "replace").replace("\ufffd", "\x81")
+    assert decode_html(with_declared_encoding(data, "iso-8859-1")).text == as_declared
 
 
 def test_the_xml_declaration_decides_where_nothing_else_does() -> None:
@@ -523,7 +531,7 @@ GB18030_TEXT = "中文网页 ⺁ 𠮷 ㄅ"  # ⺁ and 𠮷 are GB18030's 0xFE50 
 
 
 @pytest.mark.parametrize(
-    "label", ["gbk", "GB2312", "x-gbk", "chinese", "csgb2312", "iso-ir-58", "GB_2312-80", "cp936"]
+    "label", ["gbk", "GB2312", "x-gbk", "chinese", "csgb2312", "iso-ir-58", "GB_2312-80"]
 )
 def test_gbk_labels_decode_as_gb18030(label: str) -> None:
     """The Encoding Standard decodes GBK and GB2312 with its gb18030 decoder, and 0x80 is the euro sign;
@@ -592,3 +600,123 @@ def test_utf16_markup_without_a_bom_is_utf16_whatever_is_declared() -> None:
         and decode_html(b"\0" * 100 + b"<p>x</p>").text[-8:] == "<p>x</p>"
     )
     assert decode_html(b"<p>a\0b</p>").text == "<p>a\0b</p>"
+
+
+POLISH_PAGE = "<html><body><p>" + " ".join(POLISH_WORDS * 3) + "</p>"  # 108 two-byte letters
+
+
+def test_utf8_with_a_few_stray_bytes_is_utf8() -> None:
+    """A UTF-8 page with a windows-1252 "é" pasted into it is UTF-8 with a U+FFFD there: the detector read
+    such a Polish page as windows-1251 (not one of its phrases survived), others as windows-1250."""
+    data = POLISH_PAGE.encode() + b"<p>Caf\xe9 cr\xe8me</p>"
+    decoded = decode_html(data)
+    expected = POLISH_PAGE + "<p>Caf\ufffd cr\ufffdme</p>"
+    assert (decoded.text, decoded.encoding, decoded.source) == (expected, "utf-8", "detected")
+    # A declared UTF-8 changes nothing, so the bytes stay as they are.
+    assert with_declared_encoding(data, "utf-8") is data
+    assert prune_html(data) == prune_html(expected)
+
+
+@pytest.mark.parametrize(
+    ("letters", "stray", "utf8"), [(40, 2, True), (39, 2, False), (20, 1, True), (19, 1, False)]
+)
+def test_mostly_utf8_is_twenty_valid_sequences_per_invalid_one(letters: int, stray: int, utf8: bool) -> None:
+    """Legacy text is next to never valid UTF-8 by accident: every legacy corpus page has as many invalid
+    sequences as valid ones or more, UTF-8 pages with stray bytes 1 in 25 at most."""
+    data = b"<p>" + "\u017c".encode() * letters + b" caf\xe9" * stray + b"</p>"
+    assert (decode_html(data).encoding == "utf-8") is utf8
+
+
+def test_mostly_utf8_counts_a_written_u_fffd_as_valid_whatever_the_chunks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """U+FFFD written in the page (EF BF BD) is a valid sequence, also where a chunk's end cuts it."""
+    from service.core import decoding
+
+    written = ("\u017c" * 30 + "\ufffd" * 30).encode()  # 60 valid sequences: 3 invalid ones at most
+    for chunk in (decoding._MOSTLY_UTF8_CHUNK, 5, 7):
+        monkeypatch.setattr(decoding, "_MOSTLY_UTF8_CHUNK", chunk)
+        assert decoding._mostly_utf8(written + b"\xe9" * 3) == written.decode() + "\ufffd" * 3, chunk
+        assert decoding._mostly_utf8(written + b"\xe9" * 4) is None, chunk
+
+
+def test_a_legacy_page_is_given_up_after_a_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counting invalid sequences stops once they are more than the page's length could excuse: a legacy
+    or binary page was decoded whole, one error at a time (5 MB of random bytes took 150 ms)."""
+    from service.core import decoding
+
+    fed: list[int] = []
+    real = codecs.getincrementaldecoder
+
+    def counting(encoding: str) -> type[codecs.IncrementalDecoder]:
+        class Counting(real(encoding)):  # type: ignore[misc]
+            def decode(self, data: bytes, final: bool = False) -> str:
+                fed.append(len(data))
+                return str(super().decode(data, final))
+
+        return Counting
+
+    russian = "<p>Съешь же ещё этих мягких французских булок, да выпей чаю.</p>\n".encode("cp1251") * 16384
+    assert decode_html(russian).encoding == "cp1251"
+    monkeypatch.setattr(codecs, "getincrementaldecoder", counting)
+    assert decoding._mostly_utf8(russian) is None
+    assert 0 < sum(fed) <= decoding._MOSTLY_UTF8_CHUNK < len(russian) // 10
+
+
+UTF8_WITH_META = (
+    '<html><head><meta charset="utf-8"></head><body><p>Grüße, Здравствуйте, 你好</p></body></html>'
+)
+
+
+@pytest.mark.parametrize(
+    "label",
+    ["latin-1", "latin_1", "cp437", "johab", "cp936", "utf_8", "'utf-8'", "windows-1252;", "<?windows-1251"],
+)
+def test_labels_the_encoding_standard_does_not_know_are_ignored(label: str) -> None:
+    """A browser reads a label by the Encoding Standard's table alone; Python's lookup had honoured its
+    own names and aliases, quotes and punctuation included: an HTTP `charset=latin-1` over a UTF-8 page
+    whose `<meta>` says UTF-8 came out as mojibake. On every path (HTTP, a WARC record's or a JSONL row's
+    charset, a `<meta>`, an XML declaration) the page's own evidence now decides."""
+    data = UTF8_WITH_META.encode()
+    decoded = decode_html(data, encoding=label)
+    assert (decoded.text, decoded.source) == (UTF8_WITH_META, "meta")
+    assert with_declared_encoding(data, label) is data
+    assert prune_html(data, encoding=label) == prune_html(data)
+    russian = "<p>Привет, как дела? Это тест новой системы.</p>".encode("cp1251")
+    assert sniff_meta_charset(f'<meta charset="{label}">'.encode() + russian) is None
+    assert sniff_xml_encoding(f'<?xml version="1.0" encoding="{label}"?>'.encode()) is None
+
+
+def test_labels_are_read_with_ascii_white_space_and_case_only() -> None:
+    """The standard strips ASCII white space (not a vertical tab) and lower-cases ASCII letters."""
+    page = '<meta charset="windows-1251"><p>Привет, как дела? Это тест новой системы.</p>'
+    data = page.encode("cp1251")
+    assert decode_html(data, encoding="\t Windows-1251\r\n").source == "declared"
+    assert sniff_meta_charset(b'<meta charset=" KOI8-R\x0c">') == "koi8-r"
+    assert sniff_meta_charset(b'<meta charset="utf-8\x0b">') is None
+    assert decode_html(data, encoding="utf-8\x0b").text == page
+
+
+@pytest.mark.parametrize(
+    "label", ["iso-2022-kr", "csiso2022kr", "hz-gb-2312", "iso-2022-cn", "iso-2022-cn-ext", "replacement"]
+)
+def test_replacement_encoding_labels_are_ignored(label: str) -> None:
+    """The standard decodes a page under these labels to one U+FFFD, leaving nothing to embed; Python's
+    7-bit codecs made every non-ASCII byte U+FFFD, and HZ ate `~` (`/~bob/` came out `/\ufffdbob/`). As
+    undeclared, the page's own evidence decides."""
+    page = "<html><body><p><a href='/~bob/'>Grüße, Здравствуйте, 你好</a> ~~</p></body></html>"
+    meta = f'<meta charset="{label}">' + page
+    assert sniff_meta_charset(meta.encode()) is None
+    assert decode_html(meta.encode()).text == meta
+    assert decode_html(page.encode(), encoding=label).text == page
+    assert with_declared_encoding(page.encode(), label) == page.encode()
+
+
+def test_windows_code_pages_read_the_bytes_microsoft_left_undefined_as_browsers_do() -> None:
+    """windows-1252's 0x81, 0x8D, 0x8F, 0x90, 0x9D are C1 controls in the standard's table (U+FFFD in
+    Python's, which counted against the page at extraction's U+FFFD share); windows-1255's 0xCA is a
+    Hebrew point."""
+    decoded = decode_html(b'<meta charset="windows-1252"><p>a\x81b\x8dc\x8fd\x90e\x9df \x80</p>')
+    assert decoded.text.endswith("<p>a\x81b\x8dc\x8fd\x90e\x9df \u20ac</p>")
+    hebrew = decode_html(b"<p>\xe5\xca\xf9</p>", encoding="windows-1255")
+    assert hebrew.text == "<p>\u05d5\u05ba\u05e9</p>"

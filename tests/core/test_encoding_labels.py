@@ -1,0 +1,197 @@
+"""service.core.encoding_labels: the Encoding Standard's labels and its single-byte tables."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.core import encoding_labels
+from service.core.encoding_labels import decode_bytes, normalize_encoding, whatwg_codec
+
+# The Encoding Standard's encodings.json (https://encoding.spec.whatwg.org/encodings.json): every label,
+# by the encoding it names. Copied here so the test checks the module against the standard, not itself.
+WHATWG_LABELS: dict[str, tuple[str, ...]] = {
+    "UTF-8": ("unicode-1-1-utf-8", "unicode11utf8", "unicode20utf8", "utf-8", "utf8", "x-unicode20utf8"),
+    "IBM866": ("866", "cp866", "csibm866", "ibm866"),
+    "ISO-8859-2": (
+        "csisolatin2", "iso-8859-2", "iso-ir-101", "iso8859-2", "iso88592", "iso_8859-2", "iso_8859-2:1987",
+        "l2", "latin2",
+    ),
+    "ISO-8859-3": (
+        "csisolatin3", "iso-8859-3", "iso-ir-109", "iso8859-3", "iso88593", "iso_8859-3", "iso_8859-3:1988",
+        "l3", "latin3",
+    ),
+    "ISO-8859-4": (
+        "csisolatin4", "iso-8859-4", "iso-ir-110", "iso8859-4", "iso88594", "iso_8859-4", "iso_8859-4:1988",
+        "l4", "latin4",
+    ),
+    "ISO-8859-5": (
+        "csisolatincyrillic", "cyrillic", "iso-8859-5", "iso-ir-144", "iso8859-5", "iso88595", "iso_8859-5",
+        "iso_8859-5:1988",
+    ),
+    "ISO-8859-6": (
+        "arabic", "asmo-708", "csiso88596e", "csiso88596i", "csisolatinarabic", "ecma-114", "iso-8859-6",
+        "iso-8859-6-e", "iso-8859-6-i", "iso-ir-127", "iso8859-6", "iso88596", "iso_8859-6",
+        "iso_8859-6:1987",
+    ),
+    "ISO-8859-7": (
+        "csisolatingreek", "ecma-118", "elot_928", "greek", "greek8", "iso-8859-7", "iso-ir-126", "iso8859-7",
+        "iso88597", "iso_8859-7", "iso_8859-7:1987", "sun_eu_greek",
+    ),
+    "ISO-8859-8": (
+        "csiso88598e", "csisolatinhebrew", "hebrew", "iso-8859-8", "iso-8859-8-e", "iso-ir-138", "iso8859-8",
+        "iso88598", "iso_8859-8", "iso_8859-8:1988", "visual",
+    ),
+    "ISO-8859-8-I": ("csiso88598i", "iso-8859-8-i", "logical"),
+    "ISO-8859-10": ("csisolatin6", "iso-8859-10", "iso-ir-157", "iso8859-10", "iso885910", "l6", "latin6"),
+    "ISO-8859-13": ("iso-8859-13", "iso8859-13", "iso885913"),
+    "ISO-8859-14": ("iso-8859-14", "iso8859-14", "iso885914"),
+    "ISO-8859-15": ("csisolatin9", "iso-8859-15", "iso8859-15", "iso885915", "iso_8859-15", "l9"),
+    "ISO-8859-16": ("iso-8859-16",),
+    "KOI8-R": ("cskoi8r", "koi", "koi8", "koi8-r", "koi8_r"),
+    "KOI8-U": ("koi8-ru", "koi8-u"),
+    "macintosh": ("csmacintosh", "mac", "macintosh", "x-mac-roman"),
+    "windows-874": ("dos-874", "iso-8859-11", "iso8859-11", "iso885911", "tis-620", "windows-874"),
+    "windows-1250": ("cp1250", "windows-1250", "x-cp1250"),
+    "windows-1251": ("cp1251", "windows-1251", "x-cp1251"),
+    "windows-1252": (
+        "ansi_x3.4-1968", "ascii", "cp1252", "cp819", "csisolatin1", "ibm819", "iso-8859-1", "iso-ir-100",
+        "iso8859-1", "iso88591", "iso_8859-1", "iso_8859-1:1987", "l1", "latin1", "us-ascii", "windows-1252",
+        "x-cp1252",
+    ),
+    "windows-1253": ("cp1253", "windows-1253", "x-cp1253"),
+    "windows-1254": (
+        "cp1254", "csisolatin5", "iso-8859-9", "iso-ir-148", "iso8859-9", "iso88599", "iso_8859-9",
+        "iso_8859-9:1989", "l5", "latin5", "windows-1254", "x-cp1254",
+    ),
+    "windows-1255": ("cp1255", "windows-1255", "x-cp1255"),
+    "windows-1256": ("cp1256", "windows-1256", "x-cp1256"),
+    "windows-1257": ("cp1257", "windows-1257", "x-cp1257"),
+    "windows-1258": ("cp1258", "windows-1258", "x-cp1258"),
+    "x-mac-cyrillic": ("x-mac-cyrillic", "x-mac-ukrainian"),
+    "GBK": (
+        "chinese", "csgb2312", "csiso58gb231280", "gb2312", "gb_2312", "gb_2312-80", "gbk", "iso-ir-58",
+        "x-gbk",
+    ),
+    "gb18030": ("gb18030",),
+    "Big5": ("big5", "big5-hkscs", "cn-big5", "csbig5", "x-x-big5"),
+    "EUC-JP": ("cseucpkdfmtjapanese", "euc-jp", "x-euc-jp"),
+    "ISO-2022-JP": ("csiso2022jp", "iso-2022-jp"),
+    "Shift_JIS": (
+        "csshiftjis", "ms932", "ms_kanji", "shift-jis", "shift_jis", "sjis", "windows-31j", "x-sjis",
+    ),
+    "EUC-KR": (
+        "cseuckr", "csksc56011987", "euc-kr", "iso-ir-149", "korean", "ks_c_5601-1987", "ks_c_5601-1989",
+        "ksc5601", "ksc_5601", "windows-949",
+    ),
+    "replacement": (
+        "csiso2022kr", "hz-gb-2312", "iso-2022-cn", "iso-2022-cn-ext", "iso-2022-kr", "replacement",
+    ),
+    "UTF-16BE": ("unicodefffe", "utf-16be"),
+    "UTF-16LE": ("csunicode", "iso-10646-ucs-2", "ucs-2", "unicode", "unicodefeff", "utf-16", "utf-16le"),
+    "x-user-defined": ("x-user-defined",),
+}  # fmt: skip
+# The Python codec that decodes what a browser decodes under each encoding; None: no declaration (the
+# replacement encoding leaves nothing to embed, x-user-defined is private-use characters).
+CODECS: dict[str, str | None] = {
+    "UTF-8": "utf-8", "IBM866": "cp866", "ISO-8859-2": "iso8859-2", "ISO-8859-3": "iso8859-3",
+    "ISO-8859-4": "iso8859-4", "ISO-8859-5": "iso8859-5", "ISO-8859-6": "iso8859-6",
+    "ISO-8859-7": "iso8859-7",
+    "ISO-8859-8": "iso8859-8", "ISO-8859-8-I": "iso8859-8", "ISO-8859-10": "iso8859-10",
+    "ISO-8859-13": "iso8859-13", "ISO-8859-14": "iso8859-14", "ISO-8859-15": "iso8859-15",
+    "ISO-8859-16": "iso8859-16", "KOI8-R": "koi8-r", "KOI8-U": "koi8-u", "macintosh": "mac-roman",
+    "windows-874": "cp874", "windows-1250": "cp1250", "windows-1251": "cp1251", "windows-1252": "cp1252",
+    "windows-1253": "cp1253", "windows-1254": "cp1254", "windows-1255": "cp1255", "windows-1256": "cp1256",
+    "windows-1257": "cp1257", "windows-1258": "cp1258", "x-mac-cyrillic": "mac-cyrillic", "GBK": "gb18030",
+    "gb18030": "gb18030", "Big5": "big5hkscs", "EUC-JP": "euc_jp", "ISO-2022-JP": "iso2022_jp",
+    "Shift_JIS": "cp932", "EUC-KR": "cp949", "UTF-16BE": "utf-16-be", "UTF-16LE": "utf-16-le",
+    "replacement": None, "x-user-defined": None,
+}  # fmt: skip
+
+
+def test_every_label_of_the_standard_names_its_codec_and_no_other_label_names_one() -> None:
+    expected = {label: CODECS[name] for name, labels in WHATWG_LABELS.items() for label in labels}
+    assert {label: whatwg_codec(label) for label in expected} == expected
+    assert {label for label, codec in expected.items() if codec} == set(encoding_labels._WHATWG_ALIASES)
+
+
+@pytest.mark.parametrize(
+    ("label", "codec"),
+    [
+        ("\t\n\f\r UTF-8 \r\f\n\t", "utf-8"),  # ASCII white space stripped, ASCII letters lower-cased
+        ("Windows-1251", "cp1251"),
+        ("utf-8\v", None),  # a vertical tab is no ASCII white space
+        ("\xa0utf-8", None),
+        ("'utf-8'", None),
+        ("windows-1252;", None),
+        ("<?windows-1251", None),
+        ("\u212aoi8-r", None),  # the Kelvin sign, which str.lower() makes a "k"
+        ("latin-1", None),  # Python's names are no labels to a browser
+        ("latin_1", None),
+        ("utf_8", None),
+        ("cp437", None),
+        ("johab", None),
+        ("cp936", None),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_whatwg_codec_is_the_standards_get_an_encoding(label: str | None, codec: str | None) -> None:
+    assert whatwg_codec(label) == codec
+
+
+def test_the_detectors_python_names_still_read_as_browsers_read_their_codecs() -> None:
+    """charset-normalizer names Python codecs: those keep Python's lookup, with the browser's superset."""
+    assert normalize_encoding("latin_1") == "cp1252"
+    assert normalize_encoding("euc_kr") == "cp949"
+    assert normalize_encoding("cp936") == "gb18030"
+    assert normalize_encoding("utf_8") == "utf-8"
+    assert normalize_encoding("utf-16") == "utf-16-le"
+
+
+@pytest.mark.parametrize("codec", sorted({codec for codec in CODECS.values() if codec}))
+def test_every_codec_a_label_names_reads_ascii_as_ascii(codec: str) -> None:
+    """A declaration is read in ASCII bytes, so no label may name a codec that reads them as something
+    else (UTF-7 made "C++" "C\ufffd", HZ ate `~`); UTF-16 labels read in a page mean UTF-8 there."""
+    if codec.startswith("utf-16"):
+        return
+    ascii_text = bytes([9, 10, 13, *range(0x20, 0x7F)])
+    expected = ascii_text.decode("ascii")
+    if codec == "iso2022_jp":  # its ESC sequences aside, ISO-2022-JP starts in ASCII
+        expected = ascii_text.replace(b"\x1b", b"").decode("ascii")
+    assert decode_bytes(ascii_text, codec) == expected
+
+
+# The bytes of 0x80-0xFF that the standard's index-windows-*.txt leaves undefined (U+FFFD in a browser);
+# it maps the ones Microsoft left undefined among 0x80-0x9F to the C1 controls of the same number.
+UNDEFINED_IN_THE_STANDARD: dict[str, set[int]] = {
+    "cp874": {0xDB, 0xDC, 0xDD, 0xDE, 0xFC, 0xFD, 0xFE, 0xFF},
+    "cp1250": set(),
+    "cp1251": set(),
+    "cp1252": set(),
+    "cp1253": {0xAA, 0xD2, 0xFF},
+    "cp1254": set(),
+    "cp1255": {0xD9, 0xDA, 0xDB, 0xDC, 0xDD, 0xDE, 0xDF, 0xFB, 0xFC, 0xFF},
+    "cp1256": set(),
+    "cp1257": {0xA1, 0xA5},
+    "cp1258": set(),
+}
+
+
+@pytest.mark.parametrize("codec", sorted(UNDEFINED_IN_THE_STANDARD))
+def test_windows_code_pages_decode_what_the_standards_tables_define(codec: str) -> None:
+    """Python's tables give U+FFFD for bytes the standard defines (windows-1252's 0x81, 0x8D, 0x8F, 0x90,
+    0x9D; windows-1255's 0xCA): a browser reads them, and extraction counted them against the page."""
+    high = bytes(range(0x80, 0x100))
+    text = decode_bytes(high, codec)
+    assert len(text) == 128
+    assert {
+        byte for byte, char in zip(high, text, strict=True) if char == "\ufffd"
+    } == UNDEFINED_IN_THE_STANDARD[codec]
+    python = high.decode(codec, errors="replace")
+    for byte, char, before in zip(high, text, python, strict=True):
+        if before != "\ufffd":
+            assert char == before, hex(byte)  # where Python's table defines a byte, the standard agrees
+        elif byte < 0xA0:
+            assert char == chr(byte), hex(byte)
+    if codec == "cp1255":
+        assert text[0xCA - 0x80] == "\u05ba"  # HEBREW POINT HOLAM HASER FOR VAV, which Python's lacks
