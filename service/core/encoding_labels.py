@@ -194,10 +194,15 @@ def decode_bytes(data: bytes, codec: str) -> str:
 
 
 # The single-byte codecs whose Python tables leave bytes undefined that the Encoding Standard's define.
-_WEB_SINGLE_BYTE = frozenset({"cp874", *(f"cp{page}" for page in range(1250, 1259))})
+_WEB_SINGLE_BYTE = frozenset({"cp874", *(f"cp{page}" for page in range(1250, 1259)), "koi8-u"})
 # Besides the C1 controls: windows-1255's 0xCA, HEBREW POINT HOLAM HASER FOR VAV, which the standard's
-# table added and Python's cp1255 lacks.
-_WEB_EXTRA_BYTES: dict[str, dict[int, str]] = {"cp1255": {0xCA: "\u05ba"}}
+# table added and Python's cp1255 lacks; and KOI8-U's 0xAE/0xBE, Belarusian short u (ў, Ў) in the
+# standard's table (KOI8-RU, which its `koi8-ru` label names too), box-drawing characters in RFC 2319's,
+# which Python's koi8_u follows.
+_WEB_EXTRA_BYTES: dict[str, dict[int, str]] = {
+    "cp1255": {0xCA: "\u05ba"},
+    "koi8-u": {0xAE: "\u045e", 0xBE: "\u040e"},
+}
 
 
 @functools.cache

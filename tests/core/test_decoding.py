@@ -720,3 +720,14 @@ def test_windows_code_pages_read_the_bytes_microsoft_left_undefined_as_browsers_
     assert decoded.text.endswith("<p>a\x81b\x8dc\x8fd\x90e\x9df \u20ac</p>")
     hebrew = decode_html(b"<p>\xe5\xca\xf9</p>", encoding="windows-1255")
     assert hebrew.text == "<p>\u05d5\u05ba\u05e9</p>"
+
+
+def test_koi8_u_reads_belarusian_short_u_as_the_standard_does() -> None:
+    """KOI8-U's 0xAE/0xBE are ў/Ў in the Encoding Standard's table (its `koi8-ru` label is the same
+    encoding); Python's koi8_u follows RFC 2319, where they are box-drawing characters."""
+    data = b"".join(
+        (b"<p>", "Беларуская мова: ".encode("koi8_u"), b"\xae", "сё, ".encode("koi8_u"), b"\xbe"),
+    ) + "зыходзіць</p>".encode("koi8_u")
+    for label in ("koi8-u", "koi8-ru"):
+        decoded = decode_html(data, encoding=label)
+        assert decoded.text == "<p>Беларуская мова: ўсё, Ўзыходзіць</p>", decoded.text
