@@ -128,6 +128,14 @@ async def _warm_up(runtime: Runtime, engine: Engine) -> None:
     logger.info("model %s ready", engine.info.name)
 
 
+async def _warm_up_then_collect(runtime: Runtime, engine: Engine) -> None:
+    """The warm-up, then, for the app's life, the periodic full collections that the freeze after it
+    makes cheap: the net for reference cycles nobody broke (service.engine.collector)."""
+    await _warm_up(runtime, engine)
+    if runtime.collector is not None:
+        await collector.collect_cycles()
+
+
 async def _stop(engine: Engine, drain_timeout_s: float) -> bool:
     """Drain within the time left; what cannot be answered in time fails with ShuttingDownError.
     Whether the queue drained (`serve`'s exit status says so)."""
@@ -161,18 +169,19 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         runtime.started = True
         gc_pauses = GcPauseObserver(metrics)
         gc_pauses.install()
-        warm = asyncio.create_task(_warm_up(runtime, running))
+        warm = asyncio.create_task(_warm_up_then_collect(runtime, running))
         try:
             yield
         finally:
             gc_pauses.remove()
-            if runtime.collector is not None:  # for a process that outlives the app (tests, a host)
-                collector.restore(runtime.collector)
             runtime.stopping = True
             runtime.ready = False
             metrics.ready.set(0)
             warm.cancel()
             await asyncio.gather(warm, return_exceptions=True)
+            # After the periodic collections ended: one now would walk every object the freeze spared.
+            if runtime.collector is not None:  # for a process that outlives the app (tests, a host)
+                collector.restore(runtime.collector)
             await runtime.cancel_cutoff()
             await runtime.cancel_probe()
             # At least a second, so a stop with nothing queued is never cut short mid-way.

@@ -128,13 +128,19 @@ def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol
             pipelined behind a running one, that is a queued one, and the running request then wrote
             its response into the closed transport (a RuntimeError under uvloop: a 500 and a traceback
             for a client that left, its page still embedded). Tell the running one too: it stops like
-            any request whose client left (499)."""
+            any request whose client left (499).
+
+            And the keep-alive timer goes with the connection however it ended: uvicorn cancels it only
+            for a close without error, so a connection the client reset (RST after its answer) kept its
+            protocol, request cycle and body-budget charge until the timer fired
+            (HTMLLM_KEEP_ALIVE_TIMEOUT_S, 75 s)."""
             running = self._running
             if running is not None and running is not self.cycle and not running.response_complete:
                 running.disconnected = True
                 running.message_event.set()
             self._cancel_head_timer()
             super().connection_lost(exc)
+            self._unset_keepalive_if_required()
 
         def on_message_begin(self) -> None:
             super().on_message_begin()

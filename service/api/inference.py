@@ -54,9 +54,14 @@ def naming_failures(documents: Sequence[Document]) -> Iterator[None]:
         yield
     except HtmllmError as exc:
         named = naming(exc, documents)
-        if named is exc:
-            raise
-        raise named from exc
+        try:
+            if named is exc:
+                raise
+            raise named from exc
+        finally:
+            # The error raised keeps this frame in its traceback: a local still naming it is a cycle,
+            # which held the page it was marked with until a full collection (service.engine.collector).
+            del named
 
 
 async def embed_settled(

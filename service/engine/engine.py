@@ -66,6 +66,25 @@ from service.engine.types import (
 logger = logging.getLogger(__name__)
 
 
+def _forget_failed_row(track: Progress) -> None:
+    """Drop a document's row future once it failed: the future keeps the error, whose traceback keeps
+    `_embed_one`'s frame and so `track` (a cycle, as in `_embed_one`). A row that came back, or one cut
+    short by a cancellation, stays: a late call's message says which documents were in a forward pass."""
+    future = track.future
+    if future is not None and future.done() and not future.cancelled() and future.exception() is not None:
+        track.future = None
+
+
+def _cancel_and_forget(tasks: list[asyncio.Task[DocumentResult]]) -> None:
+    """Cancel a call's document tasks still running, and drop them from `tasks`. Each task keeps its
+    error, whose traceback keeps the frame of the call that raised it: a frame still naming the tasks
+    (the list, or a loop variable) is a cycle that held every page of a failed call until a full
+    collection (as in `_embed_one`). Hence a function: its loop variable dies with it."""
+    for task in tasks:
+        task.cancel()
+    tasks.clear()
+
+
 class Engine:
     """Batched inference over one checkpoint; safe to share between any number of concurrent callers."""
 
@@ -453,8 +472,7 @@ class Engine:
                 f"embedding failed: {type(exc).__name__}: {exc}", code=ErrorCode.INTERNAL
             ) from exc
         finally:
-            for task in tasks:
-                task.cancel()
+            _cancel_and_forget(tasks)
             self._release(count)
         results = [outcome for outcome in outcomes if isinstance(outcome, DocumentResult)]
         self._notify(self.observer.documents_done, len(results), sum(r.tokens for r in results))
@@ -550,6 +568,12 @@ class Engine:
                 # A failure of the page itself goes to the copies waiting for it; after any other (this
                 # caller's deadline, the backend) whoever waits embeds the page itself.
                 cache.release(key, page_failure)
+            # What this frame raises keeps the frame in its traceback: a local (or the row's future)
+            # holding that error is a cycle, and a cycle kept the page (12 MB refused ones included)
+            # until a full collection, which a serving process all but never runs
+            # (service.engine.collector). Without it reference counting frees the page with the error.
+            page_failure = None
+            _forget_failed_row(track)
         timings = StageTimings(
             prune_s=prepared.prune_s,
             tokenize_s=prepared.tokenize_s,

@@ -39,6 +39,14 @@ T = TypeVar("T")
 LOST_PROCESS_RETRIES = 2
 
 
+def _caller_cancelled() -> bool:
+    """Whether the running task itself is being cancelled. A function of its own so that the task is
+    never a local of a frame that a CancelledError's traceback keeps: the task keeps that error, and
+    the cycle held the frame's page until a full collection."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
+
+
 class Preprocessing:
     """The preprocessing threads and, with `preprocess_pool="process"`, the processes and the threads
     that wait on them; from `start` to `close`, which the Engine calls (one Engine, one of these).
@@ -139,12 +147,15 @@ class Preprocessing:
         try:
             return await future
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is None or task.cancelling() > 0:
+            if _caller_cancelled():
                 raise  # the caller was cancelled (its deadline, a disconnect): not ours to answer
             raise ShuttingDownError("the engine stopped before this document was preprocessed") from None
         finally:
             self._off_loop_waits.discard(future)
+            # What is raised here keeps this frame in its traceback, and the future keeps what is raised:
+            # a cycle that held the page until a full collection, which a serving process all but never
+            # runs (service.engine.collector). Freed by reference counting once the error is answered.
+            del future
 
     async def prepare(self, pool: ThreadPoolExecutor, doc: Document, truncate: bool) -> Prepared:
         """The token ids of `doc`, from the threads (`pool`) or the processes; OverLimitError for a page
