@@ -390,20 +390,31 @@ async def answer_or_cancel(request: Request, work: Awaitable[T], *, timeout_s: f
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_wait_for_disconnect(request.receive))
     try:
-        done, _ = await asyncio.wait({task, watcher}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-    if task in done:
-        if task.cancelled():  # not by us: the engine shut down under it
-            raise HtmllmError(
-                "the server shut down before the request was answered", code=ErrorCode.SHUTTING_DOWN
+        try:
+            done, _ = await asyncio.wait(
+                {task, watcher}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
             )
-        return task.result()
-    # The engine may be mid-way through our documents; wait for the cancellation to settle so nothing
-    # of this request outlives it.
-    await asyncio.gather(task, return_exceptions=True)
-    if watcher in done:
-        raise ClientDisconnectedError("client disconnected")
-    raise HtmllmError(f"the request took longer than {timeout_s:g} s", code=ErrorCode.TIMEOUT)
+        finally:
+            watcher.cancel()
+            if not task.done():
+                task.cancel()
+        answered, disconnected = task in done, watcher in done
+        del done, _
+        if answered:
+            if task.cancelled():  # not by us: the engine shut down under it
+                raise HtmllmError(
+                    "the server shut down before the request was answered", code=ErrorCode.SHUTTING_DOWN
+                )
+            return task.result()
+        # The engine may be mid-way through our documents; wait for the cancellation to settle so
+        # nothing of this request outlives it.
+        await asyncio.gather(task, return_exceptions=True)
+        if disconnected:
+            raise ClientDisconnectedError("client disconnected")
+        raise HtmllmError(f"the request took longer than {timeout_s:g} s", code=ErrorCode.TIMEOUT)
+    finally:
+        # The task keeps the work's error, whose traceback keeps this frame: while the frame still
+        # names the task (or the set `wait` put it in) that is a cycle, which kept every failed
+        # request's pages until a full collection, one a serving process all but never runs
+        # (service.engine.collector).
+        del task, watcher

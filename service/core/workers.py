@@ -380,7 +380,13 @@ class WorkerPool:
             except Exception:
                 error = None
             if isinstance(error, Exception):
-                raise error
+                # Raised, the error's traceback keeps this frame, which names it: a cycle, and so the
+                # error and what its caller adds to it (the page it failed on) wait for a full
+                # collection, which a serving process all but never runs (service.engine.collector).
+                try:
+                    raise error
+                finally:
+                    del error
         raise JobError(f"{type_name}: {message}", type_name=type_name)
 
     def _acquire(self) -> _Worker:
