@@ -11,7 +11,6 @@ import json
 import logging
 import re
 import threading
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -784,12 +783,12 @@ async def test_extractor_time_limit_is_a_setting(settings_for: SettingsFactory) 
         warm = await client.post("/v1/extract", json={"documents": [{"html": page(1)}]})
         assert warm.status_code == 200  # the extractor process is up
         body = {"documents": [{"html": slow_to_extract_page()}, {"html": page(2)}], "extractors": ["justext"]}
-        started = time.perf_counter()
         response = await client.post("/v1/extract", json=body)
-        assert time.perf_counter() - started < 2.5  # the default 5 s limit would let jusText run on
         assert response.status_code == 200, response.text
         slow, fine = (item["extractions"][0] for item in response.json()["data"])
-        assert slow["error"]["code"] == "extraction_failed" and "limit" in slow["error"]["message"]
+        assert slow["error"]["code"] == "extraction_failed"
+        # The setting's limit, not the default 5 s (a wall-clock bound here failed on a loaded machine).
+        assert "ran past its 0.3 s limit" in slow["error"]["message"], slow
         assert fine["error"] is None and fine["chosen"] == "justext"
 
 

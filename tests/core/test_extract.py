@@ -811,11 +811,11 @@ def test_time_limit_kills_a_pathological_extraction_and_the_pool_recovers(
     pool: ExtractorPool, unlimited: None
 ) -> None:
     html = deep_page()
-    started = time.perf_counter()
     with pytest.raises(ExtractionTimeoutError) as info:
         extract(html, "resiliparse", timeout_s=0.5, runner=pool)
-    elapsed = time.perf_counter() - started
-    assert elapsed < 3.0, elapsed  # unbounded, this page takes resiliparse many seconds
+    # Unbounded, this page takes resiliparse many seconds; the limit's own figure, not a wall-clock bound
+    # (a cold pool's start counted in it: 2.3 s of 3 on a loaded machine).
+    assert "ran past its 0.5 s limit" in str(info.value), info.value
     assert info.value.code == ErrorCode.EXTRACTION_FAILED
     assert extract(table_page(), "resiliparse", runner=pool).passed
 
@@ -823,9 +823,9 @@ def test_time_limit_kills_a_pathological_extraction_and_the_pool_recovers(
 def test_union_falls_through_a_timed_out_extractor(pool: ExtractorPool, unlimited: None) -> None:
     # libxml2 gives up 2,048 elements deep, so jusText keeps the article before the nesting.
     html = "<html><body><article>" + article(4) + "</article>" + deep_page()
-    started = time.perf_counter()
-    result = extract(html, order=["resiliparse", "justext"], timeout_s={"resiliparse": 0.5}, runner=pool)
-    assert time.perf_counter() - started < 3.0
+    limits = {"resiliparse": 0.5, "justext": 120.0}
+    result = extract(html, order=["resiliparse", "justext"], timeout_s=limits, runner=pool)
+    assert "ran past its 0.5 s limit" in str(result.attempts[0].error), result.attempts[0]
     assert result.extractor == "justext" and result.passed
     assert result.attempts[0].extractor == "resiliparse" and result.attempts[0].timed_out
     assert result.attempts[0].error is not None and "limit" in result.attempts[0].error

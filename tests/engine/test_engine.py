@@ -15,6 +15,7 @@ import torch
 
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.preparation import PreprocessError, count_limit
+from service.engine.batcher import BatchRow
 from service.engine.engine import Engine
 from service.engine.loading import check_device
 from service.engine.types import (
@@ -216,15 +217,44 @@ async def test_stop_without_drain_fails_the_queue_with_a_typed_error(
 
 
 async def test_cancelled_callers_are_skipped(tiny_checkpoint: Path, pages: list[str]) -> None:
+    """Events, not sleeps, order it: with a 0.2 s pass and a cancel 0.2 s in, a loaded machine ran the
+    blocker's pass to its end first and a cancelled document went into the next one."""
     observer = RecordingObserver()
-    engine, _ = slow_engine(tiny_checkpoint, delay_s=0.2, max_batch_requests=2, max_wait_ms=0)
+    engine, runner = slow_engine(tiny_checkpoint, delay_s=0.0, max_batch_requests=2, max_wait_ms=0)
     engine.observer = observer
+    release = threading.Event()  # every forward pass waits for it: the blocker's holds the model
+    entered = threading.Event()
+    real_run = runner.run
+
+    def gated_run(prepared: object) -> object:
+        entered.set()
+        release.wait(30)
+        return real_run(prepared)  # type: ignore[arg-type]
+
+    runner.run = gated_run  # type: ignore[method-assign,assignment]
     async with engine:
+        assert engine._batcher is not None
+        queued = 0
+        real_submit = engine._batcher.submit
+
+        def submit(ids: list[int], *, deadline: float | None) -> asyncio.Future[BatchRow]:
+            nonlocal queued
+            queued += 1
+            return real_submit(ids, deadline=deadline)
+
+        engine._batcher.submit = submit  # type: ignore[method-assign]
         blocker = asyncio.create_task(engine.embed(pages[:2]))  # occupies the model
-        await asyncio.sleep(0.05)
+        waited = time.monotonic() + 30
+        while not entered.is_set() and time.monotonic() < waited:  # its pass holds the model
+            await asyncio.sleep(0.01)
         doomed = asyncio.create_task(engine.embed(pages[2:14]))
-        await asyncio.sleep(0.15)  # they are tokenized and queued behind the running batch
+        while queued < 14 and time.monotonic() < waited:  # all tokenized and queued behind the blocker
+            await asyncio.sleep(0.01)
         doomed.cancel()
+        # Its cancellation handled before any pass goes on (a pass formed behind the blocker's checks
+        # for cancelled documents when it is about to run).
+        await asyncio.gather(doomed, return_exceptions=True)
+        release.set()
         await blocker
         kept = await engine.embed(pages[14:16])
     assert len(kept) == 2
@@ -347,13 +377,32 @@ async def test_settled_answers_each_document_alone(tiny_checkpoint: Path) -> Non
     assert observer.failed == [(ErrorCode.TOO_MANY_TOKENS, 1)]
 
 
+def _first_pass_only(runner: SlowTorchRunner) -> threading.Event:
+    """Every forward pass after the first waits for the returned event (set it to let them go): at a
+    deadline the first pass is done and the second is in a forward pass, however slow the machine."""
+    release = threading.Event()
+    real_run = runner.run
+
+    def run(prepared: object) -> object:
+        if any(what == "run_end" for what, _, _ in runner.events):
+            release.wait(30)
+        return real_run(prepared)
+
+    runner.run = run  # type: ignore[method-assign]
+    return release
+
+
 async def test_settled_keeps_what_was_embedded_when_the_deadline_passes(
     tiny_checkpoint: Path, pages: list[str]
 ) -> None:
     # Passes of at most 2 documents, 1 s each: at 1.5 s the first pass is done, the second running.
-    engine, _ = slow_engine(tiny_checkpoint, delay_s=1.0, max_batch_requests=2, max_wait_ms=0)
+    engine, runner = slow_engine(tiny_checkpoint, delay_s=0.0, max_batch_requests=2, max_wait_ms=0)
+    release = _first_pass_only(runner)
     async with engine:
-        outcomes = await engine.embed_settled(pages[:6], deadline=time.monotonic() + 1.5)
+        try:
+            outcomes = await engine.embed_settled(pages[:6], deadline=time.monotonic() + 1.5)
+        finally:
+            release.set()
         assert engine.queue_size == 0
         late = [o for o in outcomes if isinstance(o, HtmllmError)]
         done = [o for o in outcomes if isinstance(o, DocumentResult)]
@@ -373,13 +422,17 @@ async def test_settled_keeps_what_was_embedded_when_the_deadline_passes(
 async def test_a_passed_deadline_says_where_the_documents_were(
     tiny_checkpoint: Path, pages: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    engine, _ = slow_engine(tiny_checkpoint, delay_s=1.0, max_batch_requests=2, max_wait_ms=0)
+    engine, runner = slow_engine(tiny_checkpoint, delay_s=0.0, max_batch_requests=2, max_wait_ms=0)
+    release = _first_pass_only(runner)
     async with engine:
         with (
             caplog.at_level(logging.WARNING, logger="service.engine.engine"),
             pytest.raises(DeadlineExceededError) as info,
         ):
-            await engine.embed(pages[:6], deadline=time.monotonic() + 1.5)
+            try:
+                await engine.embed(pages[:6], deadline=time.monotonic() + 1.5)
+            finally:
+                release.set()
     message = info.value.message
     assert re.match(
         r"the deadline passed \d+\.\d s after the call, before the documents were embedded: ", message
@@ -841,13 +894,13 @@ async def test_only_model_work_counts_as_drain_time(tiny_checkpoint: Path, pages
     engine = Engine.from_checkpoint(tiny_checkpoint, EngineConfig(result_cache_documents=8))
     drain = engine._drain = RecordingDrain()
     async with engine:
-        await engine.embed(pages[:2])
-        assert drain.calls == ["busy", "finished 2", "idle"]
-        await engine.embed(pages[:2])  # both from the cache
+        await engine.embed(pages[:1])  # one page, one pass (two may go as two passes of one)
+        assert drain.calls == ["busy", "finished 1", "idle"]
+        await engine.embed(pages[:1])  # from the cache
         await engine.preprocess(pages[3])
         (over,) = await engine.embed_settled([pages[4] * 40], truncate=False)  # over the limit
         assert isinstance(over, TooManyTokensError)
-        assert drain.calls == ["busy", "finished 2", "idle"]
+        assert drain.calls == ["busy", "finished 1", "idle"]
 
 
 async def test_a_bug_on_a_documents_way_is_a_typed_internal_error(
