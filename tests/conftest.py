@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import signal
 from collections.abc import Iterator
 
@@ -41,3 +42,17 @@ def _sigint_left_to_python() -> Iterator[None]:
     for number, handler in before.items():
         after = signal.getsignal(number)
         assert after is handler, f"the test left {number.name}'s handler {handler!r} as {after!r}"
+
+
+@pytest.fixture
+def no_collector() -> Iterator[None]:
+    """The garbage collector off, then back as it was: for tests that a failed request's page is freed
+    by reference counting alone (a serving process all but never runs a full collection)."""
+    gc.collect()  # what earlier tests left, so that only this test's garbage is in question
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import gc
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import httpx
@@ -75,23 +74,16 @@ REFUSALS = [
 
 
 @pytest.fixture
-def no_collector(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """The automatic collections off and the app's periodic one replaced by nothing (the list says the
-    app got that far), then back as they were."""
+def no_collector(no_collector: None, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The automatic collections off (tests/conftest.py) and the app's periodic one replaced by nothing
+    (the list says the app got that far)."""
     started: list[str] = []
 
     async def no_periodic_collections(*args: object, **kwargs: object) -> None:
         started.append("collect_cycles")
 
     monkeypatch.setattr(collector, "collect_cycles", no_periodic_collections)
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield started
-    finally:
-        if was_enabled:
-            gc.enable()
+    return started
 
 
 def _documents_alive() -> int:

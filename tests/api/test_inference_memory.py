@@ -7,9 +7,7 @@ request in a soak. Here the collector is off; the page must die with the error.
 
 from __future__ import annotations
 
-import gc
 import weakref
-from collections.abc import Iterator
 
 import pytest
 
@@ -18,18 +16,6 @@ from service.core.errors import HtmllmError
 from service.core.preparation import PreprocessError
 from service.engine.failures import mark
 from service.engine.types import Document
-
-
-@pytest.fixture
-def no_collector() -> Iterator[None]:
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _message_of_failure(documents: list[Document], failed: Document) -> str:

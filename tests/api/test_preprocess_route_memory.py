@@ -8,9 +8,7 @@ the tasks was a cycle that kept every page of the call. Here the collector is of
 from __future__ import annotations
 
 import asyncio
-import gc
 import weakref
-from collections.abc import Iterator
 from typing import cast
 
 import pytest
@@ -21,18 +19,6 @@ from service.core.preparation import Preprocessed, PreprocessError
 from service.engine import Engine
 from service.engine.failures import mark
 from service.engine.types import Document
-
-
-@pytest.fixture
-def no_collector() -> Iterator[None]:
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 class _RefusingEngine:

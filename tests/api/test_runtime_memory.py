@@ -8,9 +8,7 @@ failed request in a soak that grew the server by gigabytes. Here the collector i
 from __future__ import annotations
 
 import asyncio
-import gc
 import weakref
-from collections.abc import Iterator
 
 import pytest
 from fastapi import Request
@@ -22,18 +20,6 @@ from service.core.errors import ErrorCode, HtmllmError
 
 class _Page:
     """Stands for the page an error names."""
-
-
-@pytest.fixture
-def no_collector() -> Iterator[None]:
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _refusal(page: _Page) -> HtmllmError:

@@ -8,9 +8,7 @@ the collector is off; the error must die as soon as its caller lets go of it.
 
 from __future__ import annotations
 
-import gc
 import weakref
-from collections.abc import Iterator
 
 import pytest
 
@@ -20,18 +18,6 @@ from service.core.workers import WorkerPool
 
 def refuse(message: str) -> None:
     raise HtmllmError(message, code=ErrorCode.PREPROCESS_FAILED)
-
-
-@pytest.fixture
-def no_collector() -> Iterator[None]:
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _error_of_a_job(pool: WorkerPool) -> weakref.ref[HtmllmError]:

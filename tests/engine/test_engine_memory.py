@@ -18,7 +18,7 @@ import threading
 import time
 import types
 import weakref
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -39,19 +39,6 @@ FAILING_PAGES: dict[str, Callable[[], bytes]] = {
     "too many attributes": lambda: b"<p " + b" ".join(b"a%d=1" % i for i in range(1100)) + b">x</p>",
     "a word past the tokenizer's bound": lambda: ("<p>x" + "\u0301" * 300_000 + "</p>").encode(),
 }
-
-
-@pytest.fixture
-def no_collector() -> Iterator[None]:
-    """The garbage collector off (what it finds is what these tests look for), then back as it was."""
-    gc.collect()  # what earlier tests left, so that only this test's garbage is in question
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _held_by(obj: object) -> str:
