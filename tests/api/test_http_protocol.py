@@ -286,3 +286,24 @@ async def test_the_head_timeout_spares_heads_that_came_and_requests_being_answer
     protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n")
     await asyncio.sleep(0.3)
     assert not transport.closed
+
+
+async def test_a_connection_reset_after_its_answer_cancels_the_keep_alive_timer() -> None:
+    """uvicorn cancels the keep-alive timer in `connection_lost` only for a close without error; a client
+    that resets its connection after the answer (RST) left the timer armed, and through it the protocol,
+    its request cycle and the request's charge against the body budget, for HTMLLM_KEEP_ALIVE_TIMEOUT_S
+    (75 s)."""
+    protocol, transport = _protocol(_ok, head_timeout_s=None)
+    protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    for _ in range(1000):  # the app's task answers on the loop's next turns
+        if protocol.timeout_keep_alive_task is not None:
+            break
+        await asyncio.sleep(0)
+    assert transport.written.startswith(b"HTTP/1.1 200 "), transport.written
+    timer = protocol.timeout_keep_alive_task
+    assert timer is not None, "no keep-alive timer after the answer"
+
+    protocol.connection_lost(ConnectionResetError(104, "Connection reset by peer"))
+
+    assert timer.cancelled(), "the timer keeps the protocol and its request for the keep-alive timeout"
+    assert protocol.timeout_keep_alive_task is None
