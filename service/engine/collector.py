@@ -46,6 +46,7 @@ import gc
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -118,3 +119,14 @@ async def collect_cycles(
         wait_s = max(interval_s, took / share)
         if found:
             logger.debug("a full collection found %d unreachable objects (%.1f ms)", found, 1000 * took)
+
+
+def cancel_and_forget(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel a call's tasks still running, and drop them from `tasks`. A failed task keeps its error,
+    whose traceback keeps the frame of the call that raised it: while that frame still names the task
+    (the list, or a loop variable) it is a cycle, which kept every page of a failed call until a full
+    collection (the module's docstring, "Cycles made while serving"). Hence a function: its loop variable
+    dies with it. For the engine's `_embed_all` and the preprocess route's `_preprocess_all`."""
+    for task in tasks:
+        task.cancel()
+    tasks.clear()

@@ -29,6 +29,7 @@ from service.core.prune import PRUNE_VERSION
 from service.core.tokenizer import HtmlTokenizer
 from service.engine.admission import DrainRate
 from service.engine.batcher import Batcher, OutputShapes
+from service.engine.collector import cancel_and_forget
 from service.engine.failures import PAGE_FAILURES, for_copy
 from service.engine.loading import build_runner
 from service.engine.preprocessing import Preprocessing
@@ -73,16 +74,6 @@ def _forget_failed_row(track: Progress) -> None:
     future = track.future
     if future is not None and future.done() and not future.cancelled() and future.exception() is not None:
         track.future = None
-
-
-def _cancel_and_forget(tasks: list[asyncio.Task[DocumentResult]]) -> None:
-    """Cancel a call's document tasks still running, and drop them from `tasks`. Each task keeps its
-    error, whose traceback keeps the frame of the call that raised it: a frame still naming the tasks
-    (the list, or a loop variable) is a cycle that held every page of a failed call until a full
-    collection (as in `_embed_one`). Hence a function: its loop variable dies with it."""
-    for task in tasks:
-        task.cancel()
-    tasks.clear()
 
 
 class Engine:
@@ -472,7 +463,7 @@ class Engine:
                 f"embedding failed: {type(exc).__name__}: {exc}", code=ErrorCode.INTERNAL
             ) from exc
         finally:
-            _cancel_and_forget(tasks)
+            cancel_and_forget(tasks)
             self._release(count)
         results = [outcome for outcome in outcomes if isinstance(outcome, DocumentResult)]
         self._notify(self.observer.documents_done, len(results), sum(r.tokens for r in results))

@@ -19,6 +19,7 @@ from service.api.schemas import PreprocessRequest, PreprocessResponse, Preproces
 from service.api.timing import milliseconds
 from service.core.preparation import Preprocessed
 from service.engine import Document, Engine
+from service.engine.collector import cancel_and_forget
 
 router = APIRouter(tags=["debug"], dependencies=[Depends(require_api_key)], responses=MODEL_ROUTE_ERRORS)
 
@@ -66,15 +67,4 @@ async def _preprocess_all(engine: Engine, documents: list[Document]) -> list[Pre
     try:
         return list(await asyncio.gather(*tasks))
     finally:
-        _cancel_and_forget(tasks)
-
-
-def _cancel_and_forget(tasks: list[asyncio.Task[Preprocessed]]) -> None:
-    """Cancel the tasks still running, and drop them from `tasks`. A failed task keeps its error, whose
-    traceback keeps `_preprocess_all`'s frame: while that frame still names the task (the list, or a
-    loop variable) it is a cycle, which kept the request's pages until a full collection, one a serving
-    process all but never runs (service.engine.collector). Hence a function: its loop variable dies with
-    it. (The engine's `_embed_all` does the same for its own tasks.)"""
-    for task in tasks:
-        task.cancel()
-    tasks.clear()
+        cancel_and_forget(tasks)
