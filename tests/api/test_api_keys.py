@@ -89,7 +89,7 @@ def test_an_emptied_file_still_leaves_the_fixed_key_and_the_log_says_so(
     with caplog.at_level(logging.WARNING, logger="service.api.api_keys"):
         swap(both, "# every file key revoked\n")
         assert with_fixed.accepts("env-key") and not with_fixed.accepts("file-key")
-    assert "holds no key: only HTMLLM_API_KEY is accepted" in caplog.text and "401" not in caplog.text
+    assert "holds no key: only HTMLLM_API_KEY is accepted" in caplog.text and "gets 401" not in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="service.api.api_keys"):
         swap(alone, "# every file key revoked\n")
