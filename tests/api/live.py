@@ -1,7 +1,9 @@
 """Real servers for the API tests: uvicorn in a thread on 127.0.0.1, or `python -m service.api` as a child.
 
 The thread server binds its socket before uvicorn starts (port 0, so the kernel picks a free port and
-no other test can race for it); the child process gets a port found the same way.
+no other test can race for it). The child process gets a port found the same way, released before the
+child binds it: should anything take it in between, the child exits with "address already in use" and is
+started again on another port.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import IO
 
@@ -72,7 +75,10 @@ def ipv6_loopback() -> bool:
     return True
 
 
-def wait_ready(url: str, *, timeout_s: float = 60.0, path: str = "/ready") -> None:
+def wait_ready(
+    url: str, *, timeout_s: float = 60.0, path: str = "/ready", alive: Callable[[], bool] = lambda: True
+) -> None:
+    """Poll `url + path` until it answers 200; stop early once `alive()` says the server is gone."""
     deadline = time.monotonic() + timeout_s
     last: object = None
     while time.monotonic() < deadline:
@@ -81,6 +87,8 @@ def wait_ready(url: str, *, timeout_s: float = 60.0, path: str = "/ready") -> No
                 return
         except httpx.TransportError as exc:
             last = exc
+        if not alive():
+            raise ChildProcessError(f"{url} exited before it was ready (last: {last})")
         time.sleep(0.05)
     raise TimeoutError(f"{url}{path} not ready after {timeout_s} s (last: {last})")
 
@@ -104,32 +112,39 @@ def live_server(settings: Settings) -> Iterator[LiveServer]:
         sock.close()
 
 
+def _running(proc: subprocess.Popen[bytes]) -> bool:
+    return proc.poll() is None
+
+
 @contextmanager
-def server_process(env: Mapping[str, str]) -> Iterator[ServerProcess]:
+def server_process(env: Mapping[str, str], *, attempts: int = 3) -> Iterator[ServerProcess]:
     """`python -m service.api` with `env` (HTMLLM_* settings) on a free port, ready when entered."""
-    port = free_port()
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("HTMLLM_")}
-    child_env.update({"HTMLLM_HOST": "127.0.0.1", "HTMLLM_PORT": str(port), "HTMLLM_LOG_LEVEL": "warning"})
+    child_env.update({"HTMLLM_HOST": "127.0.0.1", "HTMLLM_LOG_LEVEL": "warning"})
     child_env.update(env)
     child_env["PYTHONPATH"] = str(ROOT)
-    # A file, not a pipe: a chatty server must never block on a full pipe nobody reads.
-    log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in the finally below, after the child)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service.api"], cwd=ROOT, env=child_env, stdout=log, stderr=subprocess.STDOUT
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
+    for attempt in range(1, attempts + 1):
+        port = free_port()
+        child_env["HTMLLM_PORT"] = str(port)
+        # A file, not a pipe: a chatty server must never block on a full pipe nobody reads.
+        log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in the finally below, after the child)
+        command = [sys.executable, "-m", "service.api"]
+        proc = subprocess.Popen(command, cwd=ROOT, env=child_env, stdout=log, stderr=subprocess.STDOUT)
+        server = ServerProcess(url=f"http://127.0.0.1:{port}", proc=proc, log=log)
         try:
-            wait_ready(url, timeout_s=120)
-        except TimeoutError:
-            proc.kill()
+            try:
+                wait_ready(server.url, timeout_s=120, alive=partial(_running, proc))
+            except (TimeoutError, ChildProcessError):
+                proc.kill()
+                proc.wait(timeout=30)
+                output = server.output()
+                if "address already in use" in output and attempt < attempts:
+                    continue  # the released port was taken before the child bound it: another one
+                raise TimeoutError(f"the server did not become ready; its output:\n{output}") from None
+            yield server
+            return
+        finally:
+            if proc.poll() is None:
+                proc.kill()
             proc.wait(timeout=30)
-            log.seek(0)
-            output = log.read().decode(errors="replace")
-            raise TimeoutError(f"the server did not become ready; its output:\n{output}") from None
-        yield ServerProcess(url=url, proc=proc, log=log)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=30)
-        log.close()
+            log.close()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-import socket
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -219,16 +219,11 @@ def test_distillation_pulls_the_student_towards_its_teacher() -> None:
     assert weighted_contrastive_distillation(head(student), teacher).item() < first * 0.5
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _ddp_worker(
-    rank: int, world: int, port: int, student: torch.Tensor, teacher: torch.Tensor, out: Any
+    rank: int, world: int, store: Path, student: torch.Tensor, teacher: torch.Tensor, out: Any
 ) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    # A file store, not a TCP port: a port found free and released could be taken before rank 0 binds it.
+    dist.init_process_group("gloo", init_method=store.as_uri(), rank=rank, world_size=world)
     try:
         rows = slice(rank * 2, rank * 2 + 2)
         local = student[rows].clone().requires_grad_(True)
@@ -241,7 +236,7 @@ def _ddp_worker(
 
 
 @pytest.mark.slow
-def test_ddp_gathers_negatives_from_every_rank() -> None:
+def test_ddp_gathers_negatives_from_every_rank(tmp_path: Path) -> None:
     # Two ranks of two rows each must see the same negatives as one process with all four rows.
     torch.manual_seed(1)
     student, teacher = torch.randn(4, 6), torch.randn(4, 6)
@@ -252,7 +247,7 @@ def test_ddp_gathers_negatives_from_every_rank() -> None:
 
     manager = mp.Manager()
     out = manager.dict()
-    mp.spawn(_ddp_worker, args=(2, _free_port(), student, teacher, out), nprocs=2, join=True)
+    mp.spawn(_ddp_worker, args=(2, tmp_path / "store", student, teacher, out), nprocs=2, join=True)
     # The global loss is the mean of the ranks' local means; DDP averages gradients the same way.
     assert (out[0][0] + out[1][0]) / 2 == pytest.approx(reference.item(), rel=1e-5)
     grads = torch.cat([out[0][1], out[1][1]]) / 2
