@@ -193,7 +193,15 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app = FastAPI(title="htmllm", version=__version__, lifespan=lifespan, docs_url="/docs")
     app.state.runtime = runtime
     install_error_handlers(app)
-    routers = (health.router, embed.router, openai.router, tei.router, preprocess.router, extract.router)
+    routers = (
+        health.router,
+        embed.router,
+        openai.router,
+        openai.models_router,
+        tei.router,
+        preprocess.router,
+        extract.router,
+    )
     for router in routers:
         app.include_router(router)
     api_routes = [route for router in routers for route in router.routes if isinstance(route, APIRoute)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, WithJsonSchema
+from pydantic_core import PydanticCustomError
 
 from service.core.errors import ErrorCode, HtmllmError
 
@@ -41,6 +42,35 @@ def _integral(value: object) -> object:
 
 
 JsonInt = Annotated[int, BeforeValidator(_integral)]
+
+
+def _not_token_ids(value: object) -> object:
+    """OpenAI and TEI also take token ids (a list of ints, or of lists of ints). These models read HTML
+    through their own tokenizer, so ids are refused with what to send instead: langchain-openai sends
+    tiktoken's ids unless told not to, and "input.str: Input should be a valid string" did not say so."""
+    if isinstance(value, list) and value:
+        first = value[0]
+        if type(first) is int or (isinstance(first, list) and first and type(first[0]) is int):
+            raise PydanticCustomError(
+                "token_ids",
+                "token ids are not accepted: send the HTML pages as strings "
+                "(langchain-openai: OpenAIEmbeddings(check_embedding_ctx_length=False))",
+            )
+    return value
+
+
+def _right_only(value: object) -> object:
+    """TEI's `truncation_direction: left` answered with why, not "Input should be 'Right' or 'right'"."""
+    if value in ("Left", "left"):
+        raise PydanticCustomError(
+            "truncation_direction",
+            "left truncation is not supported: an over-long page keeps its beginning (truncate on the right)",
+        )
+    return value
+
+
+# HTML pages as OpenAI's `input` or TEI's `inputs`: one string or a list of them.
+Pages = Annotated[str | list[str], BeforeValidator(_not_token_ids)]
 # The route answers an empty list 400 `empty_input`; the document says it needs one item.
 _NOT_EMPTY: dict[str, JsonValue] = {"minItems": 1}
 
@@ -121,11 +151,17 @@ class OpenAIEmbeddingsRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    input: str | list[str] = Field(json_schema_extra=_NOT_EMPTY)
+    input: Pages = Field(json_schema_extra=_NOT_EMPTY)
     model: str | None = None
     encoding_format: EncodingFormat = "float"
     dimensions: JsonInt | None = Field(None, description="must equal the model's embedding size when given")
     user: str | None = None
+    truncate: bool | None = Field(
+        None,
+        description="htmllm's extension, named as TEI names it (OpenAI's clients send it in `extra_body`): "
+        "cut an over-long page to the model's length (true) or refuse it with 422 (false); absent, the "
+        "server's HTMLLM_TRUNCATE decides",
+    )
 
 
 class OpenAIEmbedding(BaseModel):
@@ -146,15 +182,29 @@ class OpenAIEmbeddingsResponse(BaseModel):
     usage: OpenAIUsage
 
 
+class OpenAIModel(BaseModel):
+    id: str = Field(description="the model's name, as `/info` gives it")
+    object: Literal["model"] = "model"
+    created: int = Field(default=0, description="OpenAI's creation time: 0, as a checkpoint records none")
+    owned_by: str = "htmllm"
+
+
+class OpenAIModelList(BaseModel):
+    """OpenAI's `GET /v1/models`: clients and tools list models before they embed."""
+
+    object: Literal["list"] = "list"
+    data: list[OpenAIModel]
+
+
 class TeiEmbedRequest(BaseModel):
     """text-embeddings-inference's `POST /embed` body; `inputs` holds HTML pages."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    inputs: str | list[str] = Field(json_schema_extra=_NOT_EMPTY)
+    inputs: Pages = Field(json_schema_extra=_NOT_EMPTY)
     normalize: bool = True
     truncate: bool | None = None
-    truncation_direction: Literal["Right", "right"] = "Right"
+    truncation_direction: Annotated[Literal["Right", "right"], BeforeValidator(_right_only)] = "Right"
     dimensions: JsonInt | None = Field(None, description="must equal the model's embedding size when given")
     prompt_name: str | None = Field(
         None,
@@ -292,6 +342,16 @@ class InfoResponse(BaseModel):
     heads: list[HeadInfo]
     limits: Limits
     auth: bool = Field(description="whether model routes need an API key")
+    # text-embeddings-inference's `/info` keys, for its clients (huggingface_hub's `get_endpoint_info`,
+    # batchers that size their requests by `max_client_batch_size`): the same values as above.
+    model_id: str = Field(description="TEI's name for `model`")
+    model_type: dict[str, dict[str, str]] = Field(
+        description='TEI\'s model kind: `{"embedding": {"pooling": "cls"}}` (or "mean")'
+    )
+    max_input_length: int = Field(description="TEI's name for `limits.max_length`")
+    max_client_batch_size: int = Field(description="TEI's name for `limits.max_documents`")
+    max_batch_tokens: int = Field(description="TEI's name for `limits.max_batch_tokens`")
+    auto_truncate: bool = Field(description="TEI's name for `limits.truncate`")
 
 
 class HealthResponse(BaseModel):

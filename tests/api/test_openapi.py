@@ -34,6 +34,8 @@ EMBEDDING_OPERATIONS = {
     ("post", "/invocations"),
 }
 MODEL_OPERATIONS = EMBEDDING_OPERATIONS | {("post", "/v1/preprocess"), ("post", "/v1/extract")}
+# OpenAI's model list: keyed as the model routes are, answering what a probe does.
+MODEL_LISTS = {("get", "/v1/models"), ("get", "/models")}
 PROBES = {("get", "/health"), ("get", "/"), ("get", "/ping")}
 # What any request may be answered: its body's errors (every request passes the body limit) and a bug.
 # Any request's body is read, decoded and charged to the in-flight budget (a GET may carry one).
@@ -56,6 +58,8 @@ OPERATION_IDS = {
     ("post", "/invocations"): "embed_invocations_post",
     ("post", "/v1/preprocess"): "preprocess_v1_preprocess_post",
     ("post", "/v1/extract"): "extract_text_v1_extract_post",
+    ("get", "/v1/models"): "models_v1_models_get",
+    ("get", "/models"): "models_models_get",
 }
 
 
@@ -125,10 +129,13 @@ def test_each_operation_documents_exactly_the_statuses_it_can_answer(
     doc = document(settings_for(api_key=api_key))
     for key, operation in operations(doc):
         statuses = set(operation["responses"])
+        # No key configured: a bearer token is accepted and ignored, so none is required.
+        bearer: dict[str, list[str]] = {"HTTPBearer": []}
         if key in MODEL_OPERATIONS:
             assert statuses == MODEL_ROUTE | ({"401"} if api_key else set()), key
-            # No key configured: a bearer token is accepted and ignored, so none is required.
-            bearer: dict[str, list[str]] = {"HTTPBearer": []}
+            assert operation["security"] == ([bearer] if api_key else [{}, bearer]), key
+        elif key in MODEL_LISTS:
+            assert statuses == {"200", "503"} | EVERY_OPERATION | ({"401"} if api_key else set()), key
             assert operation["security"] == ([bearer] if api_key else [{}, bearer]), key
         elif key == ("get", "/metrics"):
             assert statuses == {"200"} | EVERY_OPERATION

@@ -6,38 +6,18 @@ model routes could not learn from their answers.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
-
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from service import __version__
 from service.api.metrics import exposition
 from service.api.openapi import UNAVAILABLE, error_responses
+from service.api.routers import get_route
 from service.api.runtime import EngineDep, RuntimeDep
 from service.api.schemas import HeadInfo, HealthResponse, InfoResponse, Limits, ReadyResponse
 from service.core.errors import ErrorCode, HtmllmError
 
 router = APIRouter(tags=["operations"])
-Endpoint = TypeVar("Endpoint", bound=Callable[..., Any])
-
-
-def get_route(path: str, **options: Any) -> Callable[[Endpoint], Endpoint]:
-    """GET `path`, and HEAD: load balancers and uptime checkers (AWS target groups, HAProxy's `option
-    httpchk HEAD`, monit) probe with HEAD, and a 405 there marks a healthy server down. HEAD runs the
-    GET endpoint and answers its status and headers; the server sends no body. Every GET route takes
-    HEAD: the documentation pages are Starlette's routes, which add it to GET themselves.
-
-    Two routes: the first, out of the OpenAPI document, serves both methods (and a 405's `Allow` names
-    both); the second, never reached, documents GET alone. One documented route with both methods gave
-    both operations one operationId, which OpenAPI forbids and client generators trip on."""
-
-    def register(endpoint: Endpoint) -> Endpoint:
-        router.api_route(path, methods=["GET", "HEAD"], include_in_schema=False)(endpoint)
-        return router.get(path, **options)(endpoint)
-
-    return register
 
 
 # Liveness fails with `unhealthy` alone (no Retry-After: a restart, not a wait, cures it); readiness and
@@ -46,9 +26,11 @@ _UNHEALTHY = error_responses(503, codes={503: [ErrorCode.UNHEALTHY]})
 _UNAVAILABLE = error_responses(503, codes=UNAVAILABLE)
 
 
-@get_route("/ping", summary="Liveness (text-embeddings-inference's SageMaker route)", responses=_UNHEALTHY)
-@get_route("/", summary="Liveness (text-embeddings-inference's `GET /`)", responses=_UNHEALTHY)
-@get_route("/health", summary="Liveness: the process answers", responses=_UNHEALTHY)
+@get_route(
+    router, "/ping", summary="Liveness (text-embeddings-inference's SageMaker route)", responses=_UNHEALTHY
+)
+@get_route(router, "/", summary="Liveness (text-embeddings-inference's `GET /`)", responses=_UNHEALTHY)
+@get_route(router, "/health", summary="Liveness: the process answers", responses=_UNHEALTHY)
 async def health(runtime: RuntimeDep) -> HealthResponse:
     """200 while the process can serve; 503 once the backend has failed every pass (or hung in one), or
     the warm-up has kept failing, for `HTMLLM_UNHEALTHY_AFTER_S`: a corrupted CUDA context does not heal
@@ -59,7 +41,7 @@ async def health(runtime: RuntimeDep) -> HealthResponse:
     return HealthResponse()
 
 
-@get_route("/ready", summary="Readiness: model loaded and warmed", responses=_UNAVAILABLE)
+@get_route(router, "/ready", summary="Readiness: model loaded and warmed", responses=_UNAVAILABLE)
 async def ready(runtime: RuntimeDep) -> ReadyResponse:
     """200 once the model has run one full-size batch; 503 before, once shutdown began, while the
     backend fails (`HTMLLM_UNREADY_AFTER_FAILURES` passes in a row, until a pass or probe succeeds), and
@@ -78,7 +60,7 @@ async def ready(runtime: RuntimeDep) -> ReadyResponse:
     return ReadyResponse(model=engine.info.name)
 
 
-@get_route("/info", summary="The model, its heads and the server's limits", responses=_UNAVAILABLE)
+@get_route(router, "/info", summary="The model, its heads and the server's limits", responses=_UNAVAILABLE)
 async def info(runtime: RuntimeDep, engine: EngineDep) -> InfoResponse:
     model = engine.info
     checkpoint = runtime.checkpoint
@@ -86,6 +68,21 @@ async def info(runtime: RuntimeDep, engine: EngineDep) -> InfoResponse:
     settings = runtime.settings
     config = engine.config  # the limits the engine runs with
     processes = config.preprocess_pool == "process"  # threads can be neither stopped nor limited
+    limits = Limits(
+        max_body_bytes=settings.max_body_bytes,
+        max_documents=settings.max_documents,
+        request_timeout_s=settings.request_timeout_s,
+        max_length=model.max_length,
+        truncate=settings.truncate,
+        max_batch_tokens=settings.max_batch_tokens,
+        max_batch_requests=settings.max_batch_requests,
+        max_wait_ms=settings.max_wait_ms,
+        max_queue_documents=settings.max_queue_documents,
+        max_inflight_bytes=settings.max_inflight_bytes,
+        extract_timeout_s=settings.extract_limit_s,  # what the route runs with, as preprocess's
+        preprocess_timeout_s=config.preprocess_timeout_s if processes else None,
+        preprocess_memory_limit_mb=config.preprocess_memory_limit_mb if processes else None,
+    )
     return InfoResponse(
         model=model.name,
         checkpoint_sha256=checkpoint.sha256,
@@ -105,26 +102,19 @@ async def info(runtime: RuntimeDep, engine: EngineDep) -> InfoResponse:
             HeadInfo(name=h.name, kind=h.kind, labels=list(h.labels), metrics=dict(h.metrics))
             for h in model.heads
         ],
-        limits=Limits(
-            max_body_bytes=settings.max_body_bytes,
-            max_documents=settings.max_documents,
-            request_timeout_s=settings.request_timeout_s,
-            max_length=model.max_length,
-            truncate=settings.truncate,
-            max_batch_tokens=settings.max_batch_tokens,
-            max_batch_requests=settings.max_batch_requests,
-            max_wait_ms=settings.max_wait_ms,
-            max_queue_documents=settings.max_queue_documents,
-            max_inflight_bytes=settings.max_inflight_bytes,
-            extract_timeout_s=settings.extract_limit_s,  # what the route runs with, as preprocess's
-            preprocess_timeout_s=config.preprocess_timeout_s if processes else None,
-            preprocess_memory_limit_mb=config.preprocess_memory_limit_mb if processes else None,
-        ),
+        limits=limits,
         auth=runtime.api_keys.enabled,
+        model_id=model.name,
+        model_type={"embedding": {"pooling": model.pooling}},
+        max_input_length=limits.max_length,
+        max_client_batch_size=limits.max_documents,
+        max_batch_tokens=limits.max_batch_tokens,
+        auto_truncate=limits.truncate,
     )
 
 
 @get_route(
+    router,
     "/metrics",
     summary="Prometheus metrics",
     response_class=Response,

@@ -1,6 +1,8 @@
-"""`POST /v1/embeddings`: OpenAI's embeddings API, with HTML pages as `input`.
+"""`POST /v1/embeddings`: OpenAI's embeddings API, with HTML pages as `input`; `GET /v1/models` lists the
+one model.
 
-Also at `POST /embeddings`, as text-embeddings-inference serves it, for clients whose base URL has no `/v1`.
+Also at `POST /embeddings` (as text-embeddings-inference serves it) and `GET /models`, for clients whose
+base URL has no `/v1`.
 """
 
 from __future__ import annotations
@@ -10,12 +12,22 @@ from fastapi import APIRouter, Depends, Request, Response
 from service.api import inference
 from service.api.auth import require_api_key
 from service.api.documents import check_dimensions, encode_embedding, read_json_body, timing_headers
-from service.api.openapi import EMBEDDING_STAGES, MODEL_ROUTE_ERRORS, json_body_openapi, timing_responses
+from service.api.openapi import (
+    EMBEDDING_STAGES,
+    MODEL_ROUTE_ERRORS,
+    UNAVAILABLE,
+    error_responses,
+    json_body_openapi,
+    timing_responses,
+)
+from service.api.routers import get_route
 from service.api.runtime import EngineDep, RuntimeDep
 from service.api.schemas import (
     OpenAIEmbedding,
     OpenAIEmbeddingsRequest,
     OpenAIEmbeddingsResponse,
+    OpenAIModel,
+    OpenAIModelList,
     OpenAIUsage,
 )
 from service.engine import Document
@@ -54,7 +66,7 @@ async def embeddings(
         [Document(html=page) for page in pages],
         heads=[],
         normalize=True,
-        truncate=None,
+        truncate=body.truncate,
     )
     response.headers.update(timing_headers(results))
     tokens = sum(r.tokens for r in results)
@@ -66,3 +78,25 @@ async def embeddings(
         model=engine.info.name,
         usage=OpenAIUsage(prompt_tokens=tokens, total_tokens=tokens),
     )
+
+
+# Its own router: a GET answers none of the embedding routes' body errors, only not-ready.
+models_router = APIRouter(
+    tags=["compatible"],
+    dependencies=[Depends(require_api_key)],
+    responses=error_responses(503, codes=UNAVAILABLE),
+)
+
+
+@get_route(
+    models_router,
+    "/models",
+    response_model=OpenAIModelList,
+    summary="OpenAI-compatible model list (without /v1)",
+)
+@get_route(
+    models_router, "/v1/models", response_model=OpenAIModelList, summary="OpenAI-compatible model list"
+)
+async def models(engine: EngineDep) -> OpenAIModelList:
+    """The one model this server runs: `model` in an embeddings request may name it (it is not checked)."""
+    return OpenAIModelList(data=[OpenAIModel(id=engine.info.name)])
