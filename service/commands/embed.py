@@ -41,7 +41,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from service.commands.embed_state import OutputUnreadable, ParquetParts, merge, output_settings
-from service.commands.options import OptionError, at_least, check_output_parent
+from service.commands.options import (
+    STDIN_INPUT,
+    STDIO,
+    OptionError,
+    at_least,
+    check_output_parent,
+    path_or_stdio,
+)
 from service.commands.resume_state import (
     INPUT_KEY,
     RUN_FILE,
@@ -101,13 +108,13 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument(
         "--input",
         required=True,
-        type=Path,
+        type=path_or_stdio,
         help=(
             "pages: a JSONL(.gz) file, a WARC file (.warc, .warc.gz, .warc.zst, .warc.lz4), a corpus "
             "directory with manifest.jsonl, or a directory of HTML and WARC files"
         ),
     )
-    parser.add_argument("--output", required=True, type=Path, help="Parquet file to write")
+    parser.add_argument("--output", required=True, type=path_or_stdio, help="Parquet file to write")
     parser.add_argument(
         "--overwrite",
         action="store_true",
@@ -185,6 +192,16 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.output is STDIO:  # a Parquet file named "-" had been written
+        print(
+            "htmllm embed: --output -: embed writes a Parquet file (finished from parts kept beside it), "
+            "not standard output; name that file (./- for a file named -)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.input is STDIO:  # "page source - does not exist"
+        print(f"htmllm embed: {STDIN_INPUT}", file=sys.stderr)
+        return 2
     try:
         import pyarrow  # noqa: F401
     except ImportError:
@@ -333,7 +350,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
     settings = {
         "row_format": ROW_FORMAT,
         "input": str(args.input.resolve()),
-        INPUT_KEY: input_identity(args.input, args.output),
+        INPUT_KEY: input_identity(args.input, args.output, _recorded_identities(args.output)),
         "limit": args.limit,
         "model": meta.name,
         "tokenizer_sha256": meta.tokenizer_sha256,
@@ -347,6 +364,19 @@ def _plan(args: argparse.Namespace) -> _Plan:
         "onnx_quantize": config.onnx_quantize,
     }
     return _Plan(config, heads, specs, settings)
+
+
+def _recorded_identities(output: Path) -> list[Any]:
+    """The input identities earlier runs on `output` recorded (its run.json's, the finished output's), so
+    that `input_identity` need not read a JSONL file through that is the one they saw. One that cannot
+    be read gives none: `_finished` and `pin_settings` say why, where it matters."""
+    recorded = [(pinned_settings(parts_dir(output)) or {}).get(INPUT_KEY)]
+    try:
+        if output.is_file():
+            recorded.append((output_settings(output) or {}).get(INPUT_KEY))
+    except (HtmllmError, OSError):
+        pass
+    return recorded
 
 
 def _finished(output: Path, settings: dict[str, Any], overwrite: bool) -> bool:

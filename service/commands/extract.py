@@ -52,7 +52,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from service.commands.options import at_least, check_output_parent
+from service.commands.options import STDIN_INPUT, at_least, check_output_parent
 from service.commands.resume_state import (
     INPUT_KEY,
     TEMP_SUFFIX,
@@ -70,6 +70,7 @@ from service.commands.resume_state import (
     own_files,
     parts_dir,
     pin_settings,
+    pinned_settings,
     remove_parts,
     run_lock,
     sigterm_as_ctrl_c,
@@ -246,18 +247,21 @@ def _same_file(output: str, source: str) -> bool:
     return False
 
 
-def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    """What determines the rows, pinned for a resume: the input (its path, size and modification time:
-    pages named by position pass the ids' check however the input changed), the options that change a
-    row, and the extractor libraries' versions (an upgrade between two attempts would mix two
-    extractors' texts)."""
+def _settings(args: argparse.Namespace, parts: Path) -> dict[str, Any]:
+    """What determines the rows, pinned for a resume: the input (its path, size and modification time,
+    and its page files', `input_identity`: pages named by position pass the ids' check however the input
+    changed), the options that change a row, and the extractor libraries' versions (an upgrade between
+    two attempts would mix two extractors' texts)."""
     from service.core.extract import EXTRACTION_VERSION
 
     settings: dict[str, Any] = {
         "row_format": ROW_FORMAT,
         "extraction_version": EXTRACTION_VERSION,
         "input": str(Path(args.input).resolve()),
-        INPUT_KEY: input_identity(Path(args.input), Path(args.output)),
+        # The identity `parts` pinned, if any: a JSONL file that is the one it saw is not read through.
+        INPUT_KEY: input_identity(
+            Path(args.input), Path(args.output), [(pinned_settings(parts) or {}).get(INPUT_KEY)]
+        ),
         "limit": args.limit,
         "extractor": args.extractor,
         "min_words": args.min_words,
@@ -424,7 +428,7 @@ def _resumable(
     fmt = _JsonlParts()
     with run_lock(parts):  # a missing directory is made, as `htmllm embed` makes it
         clean_leftovers(target, parts)
-        pin_settings(parts, _settings(args))
+        pin_settings(parts, _settings(args, parts))
         done = done_set(parts, fmt, command="htmllm extract")
         walk = InputWalk(done, parts)
         writer = PartWriter(parts, fmt, args.part_size)
@@ -517,6 +521,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"htmllm extract: {exc}", file=sys.stderr)
         return 2
 
+    if args.input == "-":  # "page source - does not exist"
+        print(f"htmllm extract: {STDIN_INPUT}", file=sys.stderr)
+        return 2
     if _is_input(args.output, args.input):
         print(
             f"htmllm extract: --output {args.output} is the input: the run would replace it", file=sys.stderr

@@ -1,6 +1,6 @@
 """Option rules the commands share, so that the same option is refused, or taken, the same way in each:
-integer bounds and where an output file may go (`htmllm embed`, `htmllm extract`). What a checkpoint path
-must be is `service.core.checkpoint_path`'s (the server checks it too)."""
+integer bounds, where an output file may go and what "-" is (`htmllm embed`, `htmllm extract`). What a
+checkpoint path must be is `service.core.checkpoint_path`'s (the server checks it too)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,24 @@ class OptionError(HtmllmError):
     """A command line that cannot work: reported in one line before anything is loaded or created."""
 
     code = ErrorCode.VALIDATION
+
+
+# What `path_or_stdio` makes of a bare "-" (standard input or output, as `htmllm extract` and `htmllm
+# prune` take it): told apart by identity, since `Path("./-")`, a file named "-", is spelled "-" too.
+STDIO = Path("-")
+# Why neither bulk command reads its pages from standard input: `pages.iter_pages` reads a path, which a
+# run looks at before it reads it (its kind, its first page, its identity) and reads again to resume.
+STDIN_INPUT = (
+    "--input -: the pages cannot come from standard input: a run looks at its page source before it "
+    "reads it and reads it again to resume; save them to a file and name that (./- for a file named -)"
+)
+
+
+def path_or_stdio(text: str) -> Path:
+    """An argparse type: `text` as a path, a bare "-" as `STDIO`, so that a command that reads or writes
+    files only can refuse it saying so (`htmllm embed --output -` wrote a Parquet file named "-"), where
+    "./-" still names a file."""
+    return STDIO if text == "-" else Path(text)
 
 
 def at_least(minimum: int) -> Callable[[str], int]:

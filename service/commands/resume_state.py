@@ -12,11 +12,11 @@ names with that marker are ever removed beside the output, never a user's `.<out
 older version's unmarked temporaries are left, except a trash folder whose content shows it is one.
 On restart the parts' indices are the done-set; the input is walked again, its done pages skipped after
 a check that they are the pages that were done. `run.json` also pins the input's size and modification
-time (`input_identity`), since a page named by its position, or a file of a directory rewritten under
-the same name, passes that check; an output inside the input directory is no file of it, nor are its
-parts directory and temporaries (`own_files`), which a run changes under itself. When every page is done
-the command merges the parts into `<output>` (a file format's own business, see `PartFormat`) and
-removes the directory.
+time (`input_identity`: each file's it is read from, a page file a JSONL row names included), since a
+page named by its position, or a page file rewritten under the same name, passes that check; an
+output inside the input directory is no file of it, nor are its parts directory and temporaries
+(`own_files`), which a run changes under itself. When every page is done the command merges the parts
+into `<output>` (a file format's own business, see `PartFormat`) and removes the directory.
 
 A command brings its file format (`PartFormat`: Parquet for embed, JSONL for extract); the rules above
 are the same for both and live only here, as does SIGTERM's handling (`sigterm_as_ctrl_c`: it ends a run
@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -43,7 +44,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from service.commands import INTERRUPTED
 from service.core.atomic_files import replaced_atomically
@@ -147,38 +148,71 @@ def own_files(output: Path) -> Callable[[Path], bool]:
     return own
 
 
-def input_identity(source: Path, output: Path | None = None) -> dict[str, Any]:
+class _Pinned(NamedTuple):
+    """One file of the input, as `input_identity` looks at it."""
+
+    name: str  # the file in the digest: its path in the source, or as a row names it
+    path: Path
+    problem: str | None = None  # why it could not be looked at (`pages.Listed`): in the digest by name
+    named: bool = False  # named by a row: where nothing is there, the row is an error row (see below)
+
+
+def input_identity(source: Path, output: Path | None = None, known: Iterable[Any] = ()) -> dict[str, Any]:
     """What tells the input apart from a rewritten one, cheaply: the size and modification time of each
-    file the source is read from (a JSONL file or a corpus's manifest, one WARC or HTML file, or every
-    file under a directory of pages, as `pages.list_directory` finds them, less the run's own files
-    beside `output`: `own_files`), summed up with a digest of the list. Read from the file system alone,
-    never the content: a resume of a 100 GB dump must not read it twice. The files a JSONL row or a
-    manifest names are not covered (finding them would read the whole JSONL); their ids are checked.
-    What could not be looked at is in the digest by its name: made readable since, it is a change.
+    file the source is read from (one WARC or HTML file; every file under a directory of pages, as
+    `pages.list_directory` finds them, less the run's own files beside `output`: `own_files`; a JSONL
+    file or a corpus's manifest, and every page file its rows name, `pages.named_files`), summed up
+    with a digest of the list. Looked at with a stat each, never read: a resume of a 100 GB dump must
+    not read it twice, nor a corpus's millions of page files. Only a JSONL file is read through, for
+    the names in its rows (parsed only where a row may name a file), unless `known` (identities an
+    earlier run recorded: run.json's, a finished output's) holds the one of the file alone: then it is
+    the file it was, whose rows named no file, and nothing else is pinned, so a dump of inline pages is
+    not read again to find a run has nothing to do. Not so for a corpus directory's manifest (small, and
+    naming files by design): a version before this one pinned it alone, and its output over a corpus
+    whose page file changed since must not pass for complete. (A JSONL file named as the input, run by
+    such a version, passes as it was.)
+    What could not be looked at is in the digest by its name: made readable since, it is a change; so
+    is a page file a row names where none is (its row is an error row, which a file put there since
+    makes stale). A directory's dangling symlink is not: nothing to pin until it points at a file.
     """
-    from service.core.pages import list_directory, source_kind
+    from service.core.pages import list_directory, named_files, source_kind
 
     kind, path = source_kind(source)
+    entries: Iterable[_Pinned]
     if kind == "directory":
         listed = list_directory(path, own_files(output) if output is not None else None)
-        entries = [(str(entry.path.relative_to(path)), entry.path, entry.problem) for entry in listed]
+        entries = (_Pinned(str(entry.path.relative_to(path)), entry.path, entry.problem) for entry in listed)
+    elif kind == "jsonl":
+        alone = _identity(kind, [_Pinned(path.name, path)])
+        if path == source and any(alone == identity for identity in known):
+            return alone
+        # A row's name, as JSON writes it: any text (a lone surrogate too) has one spelling in the digest.
+        rows = (_Pinned(json.dumps(name), file, named=True) for name, file in named_files(path))
+        entries = itertools.chain([_Pinned(path.name, path)], rows)
     else:
-        entries = [(path.name, path, None)]
+        entries = [_Pinned(path.name, path)]
+    return _identity(kind, entries)
+
+
+def _identity(kind: str, entries: Iterable[_Pinned]) -> dict[str, Any]:
+    """`input_identity` of `entries`, the files of a source of `kind`: the one walk over them."""
     digest = hashlib.sha256()
     files = total = latest = 0
-    for name, file, problem in entries:
+    for name, file, problem, named in entries:
         line = f"{name}\0unreadable\n"
         if problem is None:
             try:
                 stat = file.stat()
-            except OSError:
-                if kind != "directory":
+            except (OSError, ValueError):  # ValueError: a NUL in a name a row gives
+                if not named and kind == "directory":
+                    continue  # a dangling symlink: nothing to pin until it points at a file
+                if not named:
                     raise
-                continue  # a dangling symlink: nothing to pin until it points at a file
-            files += 1
-            total += stat.st_size
-            latest = max(latest, stat.st_mtime_ns)
-            line = f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\n"
+            else:
+                files += 1
+                total += stat.st_size
+                latest = max(latest, stat.st_mtime_ns)
+                line = f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\n"
         digest.update(line.encode("utf-8", "surrogateescape"))
     return {"files": files, "bytes": total, "mtime_ns": latest, "sha256": digest.hexdigest()}
 

@@ -203,7 +203,7 @@ def gunzip_page(data: bytes) -> bytes:
                 raise PageTooLargeError(f"it inflates to more than {limit} bytes, the page cap") from None
             raise PageSourceError(exc.message) from exc
     if len(data) > limit:
-        raise PageTooLargeError(f"it has {len(data)} bytes, over the page cap of {limit}")
+        raise PageTooLargeError(f"it has {len(data)} bytes, over the page cap of {_in_bytes(limit)}")
     return data
 
 
@@ -215,8 +215,27 @@ def read_page(handle: BinaryIO) -> bytes:
     bound = MAX_PAGE_BYTES + MAX_PAGE_BYTES // 8192 + 4096
     data = handle.read(bound + 1)
     if len(data) > bound:
-        raise PageTooLargeError(f"it has more than {bound} bytes, over the page cap of {MAX_PAGE_BYTES}")
+        # Said with the file's size where the file system knows it; `bound` is this reader's own figure,
+        # which had passed for the page's ("it has more than 16783360 bytes").
+        size, cap = _file_size(handle), _in_bytes(MAX_PAGE_BYTES)
+        if size is None:  # a pipe: what it held past the bound was never read
+            raise PageTooLargeError(f"it holds more than the page cap of {cap}")
+        raise PageTooLargeError(f"it has {size} bytes, over the page cap of {cap}")
     return gunzip_page(data)
+
+
+def _file_size(handle: BinaryIO) -> int | None:
+    """The size of the regular file `handle` reads; None for a pipe or a stream without a file."""
+    try:
+        status = os.fstat(handle.fileno())
+    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is both of the first two
+        return None
+    return status.st_size if stat.S_ISREG(status.st_mode) else None
+
+
+def _in_bytes(size: int) -> str:
+    """`size` as a person reads it: "16 MiB" for the cap, else its bytes."""
+    return f"{size >> 20} MiB" if size and size % (1 << 20) == 0 else f"{size} bytes"
 
 
 def read_page_bytes(path: Path) -> bytes:
@@ -461,6 +480,43 @@ def _iter_jsonl(path: Path) -> Iterator[Page]:
                 page = error_page(valid_json(_row_id(row, index)), exc)
             yield page
             index += 1
+
+
+# What a line naming a page file holds: its key `"file"`, or a letter of it as a JSON escape (`"fil\u0065"`
+# is the same key). Inside a JSON string a quote is escaped, so a page's text rarely matches; a line
+# that does is only parsed, never taken for a row that names a file.
+_FILE_KEY = re.compile(rb'"file"|\\u006[569cC]')
+
+
+def _row_file(row: Any) -> str | None:
+    """The page file a row is read from (`_row_page`): its `file`, when it has no `html`."""
+    if isinstance(row, dict) and row.get("html") is None and isinstance(row.get("file"), str):
+        return str(row["file"])
+    return None
+
+
+def named_files(path: Path) -> Iterator[tuple[str, Path]]:
+    """The page files the rows of a JSONL file (or a corpus's manifest) name, in row order: (the name as
+    the row writes it, the path `_row_page` reads), for the bulk commands' input identity
+    (`resume_state.input_identity`), which looks at them with a stat each, never reads them. The lines
+    are read as `_iter_jsonl` reads them, but a line is parsed only where it may hold a `file` key
+    (`_FILE_KEY`): a dump of rows with their `html` inline is read through, not parsed. A line that is
+    no row, or names no file, names nothing (its row is an error row, or holds its page); a stream
+    that breaks off ends the list where its rows end."""
+    with _open_jsonl(path) as handle:
+        for _, line in _lines(handle, path):
+            if isinstance(line, PageTooLargeError):  # a row, unread
+                continue
+            if isinstance(line, PageSourceError):
+                return
+            if not _FILE_KEY.search(line):
+                continue
+            try:
+                name = _row_file(json.loads(line))
+            except ValueError:
+                continue
+            if name is not None:
+                yield name, path.parent / name
 
 
 class Listed(NamedTuple):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import gzip
 import json
 import os
 import subprocess
@@ -222,6 +223,69 @@ def test_a_kill_while_the_parts_are_removed_leaves_nothing_after_the_next_run(
     assert main(args) == 0
     assert "nothing to do" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.parquet", "pages.jsonl"]
+
+
+def _corpus(path: Path, n: int) -> Path:
+    """A corpus directory as the shared corpus is laid out: manifest.jsonl and gzipped page files."""
+    (path / "pages").mkdir(parents=True)
+    rows = []
+    for i in range(n):
+        (path / "pages" / f"p{i:04d}.html.gz").write_bytes(
+            gzip.compress(f"<p>page {i} of words</p>".encode())
+        )
+        rows.append(json.dumps({"id": f"p{i}", "file": f"pages/p{i:04d}.html.gz"}) + "\n")
+    (path / "manifest.jsonl").write_text("".join(rows))
+    return path
+
+
+def test_a_page_file_of_a_corpus_replaced_since_is_noticed_as_a_directory_of_pages_notices_it(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the manifest was pinned: a page file replaced after a finished run was "complete with these
+    settings; nothing to do", its old embedding kept, and a resume mixed old pages' rows with new."""
+    corpus = _corpus(tmp_path / "corpus", 3)
+    out = tmp_path / "out.parquet"
+    args = _args(checkpoint, corpus, out)
+    assert main(args) == 0
+    replaced = corpus / "pages" / "p0001.html.gz"
+    replaced.write_bytes(gzip.compress(b"<p>another page altogether, longer</p>"))
+    capsys.readouterr()
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "was written before its input changed (it was 4 file(s)" in err and "pass --overwrite" in err, err
+    assert err.count("\n") == 1
+    assert main([*args, "--overwrite"]) == 0
+    assert main(args) == 0
+    assert "nothing to do" in capsys.readouterr().err
+    # A resume over a page file replaced since the interrupted run.
+    resumed = tmp_path / "resumed.parquet"
+    _stop_before_merge(monkeypatch, _args(checkpoint, corpus, resumed, "--part-size", "1"))
+    replaced.write_bytes(gzip.compress(b"<p>yet another page</p>"))
+    capsys.readouterr()
+    assert main(_args(checkpoint, corpus, resumed, "--part-size", "1")) == 1
+    err = capsys.readouterr().err
+    assert "input changed since the interrupted run (it was 4 file(s)" in err and "delete" in err, err
+    assert not resumed.exists()
+
+
+def test_a_jsonl_file_of_inline_pages_is_not_read_through_again_to_find_that_nothing_is_left(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its identity, recorded in the output's metadata (and run.json), says that it names no page file:
+    unchanged, a crawl dump of inline pages is not read again for "nothing to do", nor for a resume."""
+    write_pages(tmp_path / "pages.jsonl", 3)
+    out = tmp_path / "out.parquet"
+    args = _args(checkpoint, tmp_path / "pages.jsonl", out, "--part-size", "1")
+    _stop_before_merge(monkeypatch, args)
+
+    def unread(*_: object) -> object:
+        raise AssertionError("the input was read through for its page files")
+
+    monkeypatch.setattr(pages, "named_files", unread)
+    assert main(args) == 0  # the resume: run.json's identity
+    capsys.readouterr()
+    assert main(args) == 0  # the output's
+    assert capsys.readouterr().err == f"htmllm embed: {out} is complete with these settings; nothing to do\n"
 
 
 def _checkpoint_with_heads(path: Path, *specs: HeadSpec) -> Path:

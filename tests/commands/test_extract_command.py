@@ -354,6 +354,28 @@ def test_a_resume_over_an_input_of_pages_without_ids_rewritten_is_refused(
     assert not output.exists()
 
 
+def test_a_resume_over_a_page_file_a_manifest_names_replaced_since_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the manifest was pinned: the resume went on, its output mixing rows of the old page files and
+    the new. (Corrupt gzip pages: error rows, no extractor needed.)"""
+    corpus = tmp_path / "corpus"
+    (corpus / "pages").mkdir(parents=True)
+    for i in range(4):
+        (corpus / "pages" / f"p{i}.html.gz").write_bytes(b"\x1f\x8b\x08 cut short")
+    rows = "".join(json.dumps({"id": f"p{i}", "file": f"pages/p{i}.html.gz"}) + "\n" for i in range(4))
+    (corpus / "manifest.jsonl").write_text(rows)
+    output = tmp_path / "results.jsonl"
+    args = _args(corpus, output, "--part-size", "2")
+    _stop_before_merge(monkeypatch, args)
+    (corpus / "pages" / "p1.html.gz").write_bytes(gzip.compress(b"<p>the page it is now</p>"))
+    capsys.readouterr()
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "input changed since the interrupted run (it was 5 file(s)" in err and "delete" in err, err
+    assert not output.exists()
+
+
 @pytest.mark.parametrize("files", [[], ["notes.txt"]])
 def test_a_directory_without_pages_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], files: list[str]

@@ -1,4 +1,5 @@
-"""The option rules the commands share: one bound, one output check (`htmllm embed` and `htmllm extract`)."""
+"""The option rules the commands share: one bound, one output check, what "-" is (`htmllm embed` and
+`htmllm extract`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from service.commands.options import OptionError, at_least, check_output_parent
+from service.commands.options import STDIO, OptionError, at_least, check_output_parent, path_or_stdio
 from service.core.errors import ErrorCode
 
 
@@ -41,4 +42,41 @@ def test_both_commands_refuse_limit_zero_as_a_usage_error(
     with pytest.raises(SystemExit) as usage:
         main(args)
     assert usage.value.code == 2 and "--limit: must be at least 1, not 0" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
+def test_a_bare_dash_is_told_from_a_file_named_so() -> None:
+    """`Path` spells "./-" as "-": only the text given tells standard input or output from that file."""
+    assert path_or_stdio("-") is STDIO
+    assert path_or_stdio("./-") == Path("-") and path_or_stdio("./-") is not STDIO
+    assert path_or_stdio("out.parquet") == Path("out.parquet")
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "message"),
+    [
+        ("embed", "--output", "--output -: embed writes a Parquet file"),  # it wrote one named "-"
+        ("embed", "--input", "--input -: the pages cannot come from standard input"),  # "does not exist"
+        ("extract", "--input", "--input -: the pages cannot come from standard input"),
+    ],
+)
+def test_standard_input_or_output_a_command_cannot_use_is_one_line_and_a_usage_error(
+    command: str,
+    option: str,
+    message: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from service.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.jsonl").write_text('{"id": "a"}\n')
+    paths = {"--input": "in.jsonl", "--output": "out.jsonl", option: "-"}
+    args = [command, "--input", paths["--input"], "--output", paths["--output"], "--no-progress"]
+    if command == "embed":
+        args += ["--checkpoint", str(tmp_path / "not-read")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"htmllm {command}: {message}") and err.count("\n") == 1, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]

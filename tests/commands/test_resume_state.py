@@ -1,14 +1,19 @@
 """The bulk commands' shared resume rules (`resume_state`) where the commands' tests do not reach them
-one by one: what the input's identity covers, and SIGTERM's handling."""
+one by one: what the input's identity covers (a directory's files, a manifest's page files), and
+SIGTERM's handling."""
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+from hashlib import sha256
 from pathlib import Path
 
 import pytest
 
 from service.commands.resume_state import input_identity, sigterm_as_ctrl_c
+from service.core import pages
 
 
 def _site(path: Path) -> Path:
@@ -79,3 +84,106 @@ def test_sigterm_is_ctrl_c_while_it_lasts_and_its_handler_is_given_back() -> Non
         assert not termination.received and signal.getsignal(signal.SIGTERM) is before
     finally:
         signal.signal(signal.SIGTERM, original)
+
+
+def _corpus(path: Path) -> Path:
+    """A corpus directory: manifest.jsonl naming its pages' files under pages/."""
+    (path / "pages").mkdir(parents=True)
+    rows = []
+    for name in ("a", "b"):
+        (path / "pages" / f"{name}.html").write_text(f"<p>the page {name}</p>")
+        rows.append(json.dumps({"id": name, "file": f"pages/{name}.html"}))
+    (path / "manifest.jsonl").write_text("\n".join(rows) + "\n")
+    return path
+
+
+def _touched(path: Path) -> None:
+    """`path`'s modification time a millisecond later: an edit of as many bytes, as a stat sees it."""
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+
+
+def test_the_input_identity_covers_the_page_files_a_manifest_names(tmp_path: Path) -> None:
+    """Only the manifest was pinned: a page file rewritten under its name passed a resume, and a
+    finished output over it was "complete; nothing to do" with the old page's row."""
+    corpus = _corpus(tmp_path / "corpus")
+    identity = input_identity(corpus)
+    assert identity["files"] == 3
+    manifest_size = (corpus / "manifest.jsonl").stat().st_size
+    assert identity["bytes"] == manifest_size + sum(len(f"<p>the page {n}</p>") for n in "ab")
+    edited = corpus / "pages" / "b.html"
+    edited.write_text("<p>the page X</p>")  # as long as it was
+    _touched(edited)
+    assert input_identity(corpus) != identity
+    # A JSONL file's rows name their files as a manifest's do, relative to it; `file` is read only in
+    # a row without `html` (nor is a row that is no JSON), as the reader reads it.
+    lines = [
+        '{"id": "a", "fil\\u0065": "pages/a.html"}',  # the key "file", one letter escaped
+        '{"id": "inline", "html": "<p>x</p>", "file": "pages/b.html"}',
+        '{"id": "bad", "file": "pages/b.html"',  # no JSON
+        '{"id": "a-again", "file": "pages/a.html"}',
+    ]
+    source = corpus / "rows.jsonl"
+    source.write_text("\n".join(lines) + "\n")
+    identity = input_identity(source)
+    assert identity["files"] == 3  # rows.jsonl and pages/a.html twice; pages/b.html is never read
+    _touched(corpus / "pages" / "b.html")
+    assert input_identity(source) == identity
+    _touched(corpus / "pages" / "a.html")
+    assert input_identity(source) != identity
+
+
+def test_a_page_file_a_row_names_where_none_is_is_pinned_by_its_name(tmp_path: Path) -> None:
+    """Its row is an input_unreadable row: a file put there since makes that row stale."""
+    corpus = _corpus(tmp_path / "corpus")
+    (corpus / "pages" / "b.html").unlink()
+    identity = input_identity(corpus)
+    assert identity["files"] == 2
+    (corpus / "pages" / "b.html").write_text("<p>b, back</p>")
+    assert input_identity(corpus)["files"] == 3
+    # Which file is missing is told too, as the same count of files.
+    (corpus / "pages" / "a.html").rename(tmp_path / "a.html")
+    assert input_identity(corpus)["files"] == 2 and input_identity(corpus) != identity
+
+
+def _alone(path: Path) -> dict[str, object]:
+    """The identity of `path` alone, as a version that pinned no page file recorded a JSONL file's."""
+    stat = path.stat()
+    line = f"{path.name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode()
+    return {
+        "files": 1,
+        "bytes": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "sha256": sha256(line).hexdigest(),
+    }
+
+
+def test_a_jsonl_file_of_inline_pages_is_pinned_alone_and_not_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its identity is the file's own, as before page files were pinned (an output of that version
+    stays complete); recorded by an earlier run and the file unchanged, its rows are not read again."""
+    source = tmp_path / "pages.jsonl"
+    source.write_text("".join(json.dumps({"id": str(i), "html": "<p>file</p>"}) + "\n" for i in range(3)))
+    alone = _alone(source)
+    assert input_identity(source) == alone
+
+    def unread(*_: object) -> object:
+        raise AssertionError("the rows were read again")
+
+    monkeypatch.setattr(pages, "named_files", unread)
+    assert input_identity(source, known=[None, {"files": 9}, alone]) == alone
+    with pytest.raises(AssertionError, match="read again"):
+        input_identity(source, known=[{**alone, "bytes": 0}])
+
+
+def test_a_corpus_manifest_pinned_alone_by_an_older_version_is_read_for_its_page_files(
+    tmp_path: Path,
+) -> None:
+    """Such a version recorded the manifest's identity alone: taken as "no page file named", its output
+    over a page file replaced since had stayed complete for good."""
+    corpus = _corpus(tmp_path / "corpus")
+    alone = _alone(corpus / "manifest.jsonl")
+    assert input_identity(corpus, known=[alone])["files"] == 3
+    # The same file named as the input: taken as it was (its identity is recorded so for inline pages).
+    assert input_identity(corpus / "manifest.jsonl", known=[alone]) == alone

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import gzip
+import io
 import json
 import os
 import re
@@ -22,6 +23,8 @@ from service.core.pages import (
     PageUnreadableError,
     count_pages,
     iter_pages,
+    named_files,
+    read_page,
 )
 from service.core.prune import prune_html
 from tests.factories.disk import closed_directory, eio_for, unlistable_directory
@@ -575,8 +578,45 @@ def test_a_gzip_bomb_file_is_refused_without_inflating_it(tmp_path: Path, cap_1_
         ("d.html", ErrorCode.PAYLOAD_TOO_LARGE),
     ]
     assert "inflates to more than 1024 bytes" in (read[1].error or "")
-    assert "has more than 5120 bytes" in (read[3].error or "")
+    # The file's own size, not the reader's bound (it said "has more than 5120 bytes").
+    assert f"d.html is too large: it has {(4 << 20) + 3} bytes, over the page cap of 1024 bytes" in (
+        read[3].error or ""
+    )
     assert peak < 1 << 20
+
+
+def test_named_files_are_the_files_the_rows_read_from(tmp_path: Path, cap_1_kib: int) -> None:
+    """What `input_identity` pins for a JSONL file: each row's `file` where the row is read from it, in
+    row order, gzipped or not; a row with `html`, one that is no JSON or too long to read, names none."""
+    lines = [
+        json.dumps({"id": "a", "file": "pages/a.html"}),
+        json.dumps({"id": "inline", "html": "<p>x</p>", "file": "pages/unread.html"}),
+        json.dumps({"id": "long", "file": "pages/unread.html", "pad": "x" * 5000}),  # over the row bound
+        '{"id": "cut", "file": "pages/unread.html"',
+        json.dumps({"file": "../elsewhere/b.html"}),  # followed as written
+    ]
+    data = ("\n".join(lines) + "\n").encode()
+    (tmp_path / "rows.jsonl").write_bytes(data)
+    (tmp_path / "rows.jsonl.gz").write_bytes(gzip.compress(data))
+    for name in ("rows.jsonl", "rows.jsonl.gz"):
+        assert list(named_files(tmp_path / name)) == [
+            ("pages/a.html", tmp_path / "pages/a.html"),
+            ("../elsewhere/b.html", tmp_path / "../elsewhere/b.html"),
+        ], name
+    # A gzip stream cut off names what its rows before the cut name.
+    (tmp_path / "cut.jsonl.gz").write_bytes(gzip.compress(data)[:-30])
+    assert [name for name, _ in named_files(tmp_path / "cut.jsonl.gz")] == ["pages/a.html"]
+
+
+def test_a_page_over_the_cap_read_from_a_stream_says_the_cap_it_is_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stream has no size to tell (standard input for `htmllm prune`): it said "it has more than 1053824
+    bytes", the reader's own bound, as if it were the page's size."""
+    monkeypatch.setattr(pages, "MAX_PAGE_BYTES", 1 << 20)
+    with pytest.raises(PageTooLargeError) as raised:
+        read_page(io.BytesIO(b"<p>" + b"x" * (2 << 20)))
+    assert str(raised.value) == "it holds more than the page cap of 1 MiB"
 
 
 def test_a_row_over_the_row_bound_is_its_error_row_and_never_held(tmp_path: Path, cap_1_kib: int) -> None:
