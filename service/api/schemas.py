@@ -285,7 +285,9 @@ class HeadInfo(BaseModel):
     name: str
     kind: str
     labels: list[str]
-    metrics: dict[str, float]
+    metrics: dict[str, int | float] = Field(
+        description="evaluation figures from training: counts (pages, cv_folds) as integers"
+    )
 
 
 class Limits(BaseModel):

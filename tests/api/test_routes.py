@@ -339,6 +339,9 @@ async def test_info_health_ready_metrics(client: httpx.AsyncClient) -> None:
     info = (await client.get("/info")).json()
     assert info["model"] == "tiny-test" and info["max_length"] == TINY_MAX_LENGTH
     assert {h["name"] for h in info["heads"]} == {CLASSIFICATION_HEAD.name, REGRESSION_HEAD.name}
+    # Counts stay integers (a float-only schema made them 5.0 and 40.0), figures stay floats.
+    (metrics,) = [h["metrics"] for h in info["heads"] if h["name"] == CLASSIFICATION_HEAD.name]
+    assert json.dumps(metrics, sort_keys=True) == '{"cv_folds": 5, "f1_macro": 0.5, "pages": 40}'
     assert info["limits"]["max_documents"] == 64 and info["auth"] is False
     assert info["dtype"] == "float32" and info["threads"] >= 1 and info["attention"] == "sdpa"
     assert (info["preprocess_pool"], info["preprocess_workers"]) == ("thread", 1)

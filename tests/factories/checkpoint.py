@@ -18,7 +18,11 @@ from tests.factories.tokenizer import build_tiny_tokenizer
 
 TINY_MAX_LENGTH = 128
 CLASSIFICATION_HEAD = HeadSpec(
-    name="page_type", kind="classification", labels=["article", "listing", "other"], hidden=16
+    name="page_type",
+    kind="classification",
+    labels=["article", "listing", "other"],
+    hidden=16,
+    metrics={"f1_macro": 0.5, "cv_folds": 5, "pages": 40},  # as evaluation records them: counts are ints
 )
 REGRESSION_HEAD = HeadSpec(name="quality", kind="regression", hidden=16)
 
