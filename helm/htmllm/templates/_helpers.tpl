@@ -247,9 +247,16 @@ server.drainTimeoutSeconds outlives the grace period, so the kubelet kills the d
 {{- fail (printf "extraEnv %s: the chart sets it itself (from server.*, gpu.*, model.*, auth.*); set it there" .name) }}
 {{- end }}
 {{- end }}
+{{- /* 0, "0" and "0%" are all none: the schema admits a count or a percentage for either field. */}}
 {{- $rollout := .Values.rollingUpdate }}
-{{- if and (eq (toString $rollout.maxSurge) "0") (list "0" "0%" | has (toString $rollout.maxUnavailable)) }}
+{{- $zero := list "0" "0%" }}
+{{- if and (has (toString $rollout.maxSurge) $zero) (has (toString $rollout.maxUnavailable) $zero) }}
 {{- fail "rollingUpdate: maxSurge and maxUnavailable cannot both be 0 (the rollout could never start)" }}
+{{- end }}
+{{- /* The API server refuses such an HPA at apply, after the other objects may have changed. */}}
+{{- $scaling := .Values.autoscaling }}
+{{- if and $scaling.enabled (gt (int $scaling.minReplicas) (int $scaling.maxReplicas)) }}
+{{- fail (printf "autoscaling.minReplicas (%v) must not exceed autoscaling.maxReplicas (%v)" $scaling.minReplicas $scaling.maxReplicas) }}
 {{- end }}
 {{- include "htmllm.validateEngine" . }}
 {{- end }}

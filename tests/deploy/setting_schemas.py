@@ -1,0 +1,111 @@
+"""The JSON schema of each `HTMLLM_*` setting's value in the chart's `extraSettings`, derived from the
+service's `Settings`. values.schema.json holds the result (definitions.extraSettings), and
+test_helm_values.py keeps the two equal, as test_helm.py keeps the list of names equal: a value the server
+would refuse at start (pydantic exits 2, every pod in CrashLoopBackOff) then fails `helm install` instead.
+
+A value reaches the server as text (the chart's htmllm.settingValue: a string as given, anything else as
+JSON), which pydantic-settings parses. So each setting takes its YAML type within the field's bounds, or a
+string in a form the service parses; a field type or bound not handled here raises, so a new one gets a
+deliberate schema rather than none. Print the definition's properties to paste into the schema with
+`python -m tests.deploy.setting_schemas`.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+import annotated_types
+from pydantic.fields import FieldInfo
+
+from service.api.settings import Settings
+
+Schema = dict[str, Any]
+
+# pydantic's spellings of a boolean in text, in any case.
+BOOLEAN_TEXT = "^(?i:true|false|yes|no|on|off|t|f|y|n|1|0)$"
+# Decimal text at or above 0, and above 0. Exponents, signs, `inf` and `1_000` parse too, but nobody
+# needs them in a values file.
+DECIMAL_TEXT = r"^[0-9]+(\.[0-9]+)?$"
+POSITIVE_DECIMAL_TEXT = r"^([0-9]*[1-9][0-9]*(\.[0-9]+)?|[0-9]+\.[0-9]*[1-9][0-9]*)$"
+
+
+def _integer_text(minimum: int) -> str:
+    """Digits spelling an integer at least `minimum` (0 to 9)."""
+    if minimum == 0:
+        return "^[0-9]+$"
+    if 1 <= minimum <= 9:
+        return f"^0*([{minimum}-9]|[1-9][0-9]+)$"
+    raise ValueError(f"no text pattern for integers from {minimum}")
+
+
+def _lower_bound(name: str, field: FieldInfo) -> tuple[float, bool] | None:
+    """The field's lower bound and whether it is exclusive; None when it has none."""
+    bound: tuple[float, bool] | None = None
+    for constraint in field.metadata:
+        if isinstance(constraint, annotated_types.Ge):
+            bound = (float(constraint.ge), False)  # type: ignore[arg-type]
+        elif isinstance(constraint, annotated_types.Gt):
+            bound = (float(constraint.gt), True)  # type: ignore[arg-type]
+        else:
+            raise ValueError(f"{name}: no value schema for the constraint {constraint!r}")
+    return bound
+
+
+def _without_none(name: str, annotation: Any) -> Any:
+    """The annotation less an optional None: unset is the default, and no text of the variable means None."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        kept = [arg for arg in get_args(annotation) if arg is not type(None)]
+        if len(kept) != 1:
+            raise ValueError(f"{name}: no value schema for the union {annotation}")
+        return kept[0]
+    return annotation
+
+
+def value_schema(name: str, field: FieldInfo) -> Schema:
+    """What extraSettings may hold for the setting `name` (its Settings field `field`)."""
+    annotation = _without_none(name, field.annotation)
+    bound = _lower_bound(name, field)
+    if get_origin(annotation) is Literal:
+        return {"enum": list(get_args(annotation))}
+    if annotation is bool:
+        return {"anyOf": [{"type": "boolean"}, {"type": "string", "pattern": BOOLEAN_TEXT}]}
+    if annotation is Path:
+        return {"type": "string", "minLength": 1}
+    if annotation is int and bound is not None:
+        minimum = int(bound[0]) + 1 if bound[1] else int(bound[0])
+        return {
+            "anyOf": [
+                {"type": "integer", "minimum": minimum},
+                {"type": "string", "pattern": _integer_text(minimum)},
+            ]
+        }
+    if annotation is float and bound is not None and bound[0] == 0:
+        exclusive = bound[1]
+        number = {"type": "number", "exclusiveMinimum" if exclusive else "minimum": 0}
+        text = POSITIVE_DECIMAL_TEXT if exclusive else DECIMAL_TEXT
+        return {"anyOf": [number, {"type": "string", "pattern": text}]}
+    raise ValueError(f"{name}: no value schema for {annotation} with the bound {bound}")
+
+
+def value_schemas(names: list[str]) -> dict[str, Schema]:
+    """The value schema of each setting in `names` (HTMLLM_* variables), in Settings' field order."""
+    fields = {f"HTMLLM_{field.upper()}": info for field, info in Settings.model_fields.items()}
+    unknown = sorted(set(names) - set(fields))
+    if unknown:
+        raise ValueError(f"not Settings fields: {unknown}")
+    return {name: value_schema(name, info) for name, info in fields.items() if name in names}
+
+
+def main() -> None:
+    """Print the properties of values.schema.json's definitions.extraSettings, one setting a line."""
+    schema = json.loads((Path(__file__).resolve().parents[2] / "helm/htmllm/values.schema.json").read_text())
+    names = schema["definitions"]["extraSettingName"]["enum"]
+    lines = [f"{json.dumps(name)}: {json.dumps(value)}" for name, value in value_schemas(names).items()]
+    print(",\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
