@@ -1,11 +1,12 @@
 """Serving from the command line: settings from the environment and flags, the model checked, uvicorn run.
 
 `python -m service.api [flags]` and `htmllm serve [flags]` take the same flags (`add_serve_arguments`)
-and both end in `serve(settings)`. The checkpoint is loaded before the port is bound, so a missing or
-broken model fails fast with a message saying what is missing, and the server never starts with
-something that is not a model; a SIGTERM while it loads ends the process at once (status 143). Heavy
-imports (uvicorn, pydantic) wait until a server is really started, so the `htmllm` CLI stays usable
-without the serve extra.
+and both end in `run_args`, which starts the server as `serve(settings)` does. The checkpoint is loaded
+before the port is bound, so a missing or broken model fails fast with a message saying what is missing,
+and the server never starts with something that is not a model. A SIGTERM during the start ends the
+process at once (status 143), from before the settings are read (their checks import torch) until uvicorn
+serves. Heavy imports (uvicorn, pydantic, torch) wait until a server is really started, so that the
+`htmllm` CLI stays usable without the serve extra and SIGTERM's handler is in place before them.
 """
 
 from __future__ import annotations
@@ -291,16 +292,62 @@ def serve(settings: Settings) -> int:
     drain ran out of time (`HTMLLM_DRAIN_TIMEOUT_S`: what was left was answered 503), the model is
     missing or does not load, 2 when the settings cannot work on this machine or with this checkpoint,
     143 on SIGTERM before it serves (it never started; nothing to drain)."""
-    import uvicorn
+    return _start_and_serve(lambda: settings)
 
-    from service.api.api_keys import ApiKeys
-    from service.api.app import create_app, load_engine
+
+def run_args(args: argparse.Namespace) -> int:
+    """Parsed flags to a running server (`serve`'s statuses); 2 for invalid settings, 1 for a model path
+    that is no checkpoint.
+
+    SIGTERM ends the process with 143 from here on, before the settings are read: their checks import
+    torch (`settings.engine_config()`), seconds in which a pod deleted during its start, as PID 1 with
+    no handler, had ignored the signal (or, elsewhere, died of it without a word)."""
+    return _start_and_serve(lambda: _settings_for_serving(args))
+
+
+def _settings_for_serving(args: argparse.Namespace) -> Settings | int:
+    """The settings `args` give, checked before the model loads, or the exit status that refused them
+    (the reason written to stderr). Logging is configured as soon as the settings say how."""
+    from pydantic import ValidationError
+
     from service.api.logs import configure_logging
 
-    configure_logging(settings.log_level, settings.log_format)
+    try:
+        settings = settings_from_args(args)
+    except (ValidationError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+        sys.stderr.write(f"htmllm serve: invalid settings:\n{exc}\n")
+        return 2
+    try:
+        check_model_location(settings)  # before engine_config(), whose import of the engine takes seconds
+    except ModelMissingError as exc:
+        sys.stderr.write(f"htmllm serve: {exc.code}: {exc}\n")
+        return 1
+    configure_logging(settings.log_level, settings.log_format)  # before the seconds of imports below
+    try:
+        settings.engine_config()  # combinations the engine refuses (float16 on CPU, onnx in bfloat16...)
+    except ValueError as exc:
+        sys.stderr.write(f"htmllm serve: invalid settings:\n{exc}\n")
+        return 2
+    return settings
+
+
+def _start_and_serve(settings_for: Callable[[], Settings | int]) -> int:
+    """Take the settings (`settings_for`: they or the status that refused them), load the model and serve,
+    all of the start with SIGTERM ending it (`_sigterm_ends_the_start`): from the first import of
+    pydantic, torch and uvicorn on, not only from the load."""
     engine: Engine | None = None
     try:
         with _sigterm_ends_the_start():
+            settings = settings_for()
+            if isinstance(settings, int):
+                return settings
+            import uvicorn
+
+            from service.api.api_keys import ApiKeys
+            from service.api.app import create_app, load_engine
+            from service.api.logs import configure_logging
+
+            configure_logging(settings.log_level, settings.log_format)
             ApiKeys(settings.api_key, settings.api_key_file)  # before the model: a bad key file is quick
             check_device(settings)
             check_model_path(settings)
@@ -318,6 +365,13 @@ def serve(settings: Settings) -> int:
     except HtmllmError as exc:
         sys.stderr.write(f"htmllm serve: {exc.code}: {exc}\n")
         return 1
+    except OSError as exc:
+        # A file the start could not read or write that no typed error names (each known one is a
+        # CheckpointError or an OnnxExportError): one line with the file and the cause, not a traceback.
+        sys.stderr.write(
+            f"htmllm serve: {ErrorCode.BACKEND_FAILED}: cannot start: {type(exc).__name__}: {exc}\n"
+        )
+        return 1
     uvicorn_handle_exit = server.handle_exit
     runtime = app.state.runtime
 
@@ -333,28 +387,6 @@ def serve(settings: Settings) -> int:
     if not server.started:
         return 1
     return 1 if runtime.drain_cut_short else 0
-
-
-def run_args(args: argparse.Namespace) -> int:
-    """Parsed flags to a running server; 2 for invalid settings, 1 for a model path that is no checkpoint."""
-    from pydantic import ValidationError
-
-    try:
-        settings = settings_from_args(args)
-    except (ValidationError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
-        sys.stderr.write(f"htmllm serve: invalid settings:\n{exc}\n")
-        return 2
-    try:
-        check_model_location(settings)  # before engine_config(), whose import of the engine takes seconds
-    except ModelMissingError as exc:
-        sys.stderr.write(f"htmllm serve: {exc.code}: {exc}\n")
-        return 1
-    try:
-        settings.engine_config()  # combinations the engine refuses (float16 on CPU, onnx in bfloat16...)
-    except ValueError as exc:
-        sys.stderr.write(f"htmllm serve: invalid settings:\n{exc}\n")
-        return 2
-    return serve(settings)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

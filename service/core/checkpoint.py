@@ -229,7 +229,7 @@ def _fingerprint(root: Path, view: heads_stage.View) -> str:
                 for chunk in iter(lambda: handle.read(1 << 20), b""):
                     digest.update(chunk)
         except OSError as exc:
-            raise CheckpointError(f"checkpoint {root}: cannot read {name}: {exc.strerror}") from exc
+            raise heads_stage.unreadable(file, exc) from exc
     return digest.hexdigest()
 
 
@@ -288,15 +288,26 @@ def _copy_file(source: Path, destination: Path) -> None:
     destination.chmod(FILE_MODE)
 
 
-def _require_file(file: Path) -> None:
-    """CheckpointError unless `file` is a regular file (or a link to one). A path the file system
-    cannot even look up (a name too long, a NUL) is the checkpoint's error too, not a raw OSError."""
+def _require_file(file: Path, missing: str | None = None) -> None:
+    """CheckpointError unless `file` is a regular file (or a link to one) this process may open (else
+    `missing`, or "is missing"). A path the file system cannot even look up (a name too long, a NUL) is
+    the checkpoint's error too, not a raw OSError.
+
+    Opened here, not left to the reader: safetensors reports a file it may not open (0600, another
+    owner) as "No such file or directory", which sent an operator looking for a file that was there."""
     try:
         present = file.is_file()
+    except PermissionError as exc:  # a directory above it that this user may not search
+        raise heads_stage.unreadable(file, exc) from exc
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{quoted(str(file), 200)} cannot be read: {cause(exc)}") from exc
     if not present:
-        raise CheckpointError(f"{file} is missing")
+        raise CheckpointError(missing or f"{file} is missing")
+    try:
+        with file.open("rb"):
+            pass
+    except OSError as exc:
+        raise heads_stage.unreadable(file, exc) from exc
 
 
 def _read_header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -433,8 +444,8 @@ def load_checkpoint(
     if not root.is_dir():
         raise CheckpointError(_not_a_checkpoint_directory(root))
     for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, META_FILE):
-        if not (root / name).is_file():
-            raise CheckpointError(f"checkpoint {root} is missing {name}")
+        # Readable, too: transformers and the tokenizer would report an unreadable file as invalid.
+        _require_file(root / name, f"checkpoint {root} is missing {name}")
     load = partial(
         _load_checkpoint, root, device=device, dtype=dtype, attn_implementation=attn_implementation
     )

@@ -23,7 +23,7 @@ import torch
 from transformers import ModernBertConfig
 
 from service.core.errors import CheckpointError
-from service.core.heads_stage import META_FILE
+from service.core.heads_stage import META_FILE, unreadable
 from service.core.modeling import (
     MIN_LOCAL_ATTENTION,
     POOLINGS,
@@ -283,11 +283,18 @@ def _non_finite(value: object, where: str = "") -> str | None:
 
 
 def read_meta_file(root: Path, file: Path) -> CheckpointMeta:
-    if not file.is_file():
+    try:
+        present = file.is_file()
+        text = file.read_text(encoding="utf-8") if present else ""
+    except OSError as exc:  # 0600 or in a 0700 directory of another user: "Permission denied", and why
+        raise unreadable(file, exc) from exc
+    except ValueError as exc:  # not UTF-8 (UnicodeDecodeError)
+        raise CheckpointError(f"{file} cannot be read: {exc}") from exc
+    if not present:
         raise CheckpointError(f"{file} is missing: {root} is not an htmllm checkpoint")
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8 (UnicodeDecodeError)
+        data = json.loads(text)
+    except ValueError as exc:  # not JSON
         raise CheckpointError(f"{file} cannot be read: {exc}") from exc
     if not isinstance(data, dict):
         raise CheckpointError(f"{file} is not a JSON object")

@@ -76,9 +76,34 @@ def heads_lock(root: Path) -> Iterator[None]:
 
 
 def committed_stage(root: Path) -> Path | None:
-    """heads/.pending when it holds a committed save (its htmllm.json written), else None."""
+    """heads/.pending when it holds a committed save (its htmllm.json written), else None.
+
+    Raises CheckpointError where that cannot be told (heads/ not searchable by this user: a root-owned
+    0700 directory on a volume another uid serves): `Path.is_file` raises there, and its PermissionError
+    had ended the server's start in a traceback. Not None: a committed stage would then go unseen, and
+    the old heads be read as the checkpoint."""
     pending = root / HEADS_DIR / PENDING_DIR
-    return pending if (pending / META_FILE).is_file() else None
+    try:
+        committed = (pending / META_FILE).is_file()
+    except OSError as exc:
+        raise unreadable(pending / META_FILE, exc) from exc
+    return pending if committed else None
+
+
+def unreadable(file: Path, exc: OSError) -> CheckpointError:
+    """The error for a checkpoint file this process may not read or look up.
+
+    Said as the file system says it ("Permission denied"), naming the file, with what to do where that
+    is the cause: a checkpoint written by another user with mode 0600 or 0700 cannot be served by the
+    container's uid, and a reader's own wording had hidden that (safetensors reports EACCES as "No such
+    file or directory"). Here, not in `service.core.checkpoint`, as the heads stage raises it too."""
+    reason = exc.strerror or str(exc)
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        reason += (
+            f" (this process runs as uid {os.getuid()}: make the checkpoint readable to it, `chmod -R a+rX` "
+            "its directory)"
+        )
+    return CheckpointError(f"{file} cannot be read: {reason}")
 
 
 def finish_locked(root: Path) -> None:

@@ -355,6 +355,8 @@ def _up_to_date(graph: Path, fingerprint: str, quantize: str | None) -> bool:
 
 # What a read-only checkpoint directory answers a write with (a read-only mount, another owner).
 _NOT_WRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+# How much of a fingerprint a message quotes: enough to tell two apart.
+_FINGERPRINT_SHOWN = 16
 
 
 def ensure_onnx(
@@ -362,17 +364,21 @@ def ensure_onnx(
 ) -> Path:
     """An ONNX graph up to date with the checkpoint: the existing one, or a fresh export.
 
-    With `onnx_path` that file is used or (re)written. Otherwise the place is `<checkpoint>/model.onnx`
-    (`model.int8.onnx` quantised); when the checkpoint's directory cannot be written (a read-only volume
-    or image, as Kubernetes mounts models), the graph is exported to `onnx_cache_path` instead, so the
-    onnx backend starts wherever the torch one does. A stale graph (weights or heads changed since it
-    was exported, another quantisation) is replaced.
+    The place is `onnx_path` when given, else `<checkpoint>/model.onnx` (`model.int8.onnx` quantised). A
+    stale graph there (weights or heads changed since it was exported, another quantisation) is
+    replaced. Where that place cannot be written (a read-only volume or image, as Kubernetes mounts
+    models), the graph is exported to `onnx_cache_path` instead, so the onnx backend starts wherever
+    the torch one does; for an explicit `onnx_path` with a warning that names the stale graph and the
+    command that refreshes it. Re-raising there had crash-looped every new pod once the checkpoint
+    gained a head. Any other failure to write is an `OnnxExportError` saying where and why.
     """
     _check_quantize(quantize)
     root = Path(checkpoint_dir)
     fingerprint = checkpoint_fingerprint(root)
     beside = Path(onnx_path) if onnx_path is not None else default_onnx_path(root, quantize)
     cached = onnx_cache_path(fingerprint, quantize)
+    # An explicit path is tried before the cache: a graph cached by an earlier start (or `htmllm embed`)
+    # must not stand in for one the operator asked for where that can be written.
     for graph in (beside,) if onnx_path is not None else (beside, cached):
         if _up_to_date(graph, fingerprint, quantize):
             return graph
@@ -381,10 +387,85 @@ def ensure_onnx(
     try:
         return export_onnx_locked(checkpoint, beside, quantize=quantize, fingerprint=fingerprint, reuse=True)
     except OSError as exc:
-        if onnx_path is not None or exc.errno not in _NOT_WRITABLE:
-            raise
-        logger.info("%s cannot be written (%s); exporting the ONNX graph to %s", beside.parent, exc, cached)
-    return export_onnx_locked(checkpoint, cached, quantize=quantize, fingerprint=fingerprint, reuse=True)
+        if exc.errno not in _NOT_WRITABLE:
+            raise _write_failed(root, beside, exc, quantize) from exc
+        refused = exc
+    if onnx_path is not None:
+        _warn_stale(root, beside, cached, fingerprint, quantize, refused)
+    else:
+        logger.info(
+            "%s cannot be written (%s); exporting the ONNX graph to %s", beside.parent, refused, cached
+        )
+    try:  # `reuse`: a container restarted in its pod finds the graph its previous run cached
+        return export_onnx_locked(checkpoint, cached, quantize=quantize, fingerprint=fingerprint, reuse=True)
+    except OSError as exc:
+        raise _write_failed(root, cached, exc, quantize, refused=(beside, refused)) from exc
+
+
+def _staleness(graph: Path, fingerprint: str, quantize: str | None) -> str:
+    """Why `graph` is not the checkpoint's current graph, in words for an operator."""
+    try:
+        meta = read_onnx_metadata(graph)
+    except FileNotFoundError:
+        return "does not exist"
+    except Exception as exc:  # as `_up_to_date` takes it: unreadable is as good as none
+        return f"cannot be read ({type(exc).__name__}: {exc})"
+    had = meta.get(FINGERPRINT_KEY)
+    if had is None:
+        return "records no checkpoint fingerprint (it was not exported by htmllm)"
+    if had != fingerprint:
+        return (
+            f"was exported from checkpoint fingerprint {had[:_FINGERPRINT_SHOWN]}, and the checkpoint's is "
+            f"now {fingerprint[:_FINGERPRINT_SHOWN]}"
+        )
+    kind = quantize or NO_QUANTIZATION
+    if meta.get(QUANTIZATION_KEY, NO_QUANTIZATION) != kind:
+        return f"is quantised {meta.get(QUANTIZATION_KEY, NO_QUANTIZATION)!r}, not {kind!r}"
+    return f"is of export form {meta.get(EXPORT_FORM_KEY, '1')}, and this version writes {EXPORT_FORMS[kind]}"
+
+
+def _refresh_command(root: Path, graph: Path, quantize: str | None) -> str:
+    """The command that (re)writes `graph` for the checkpoint at `root`."""
+    option = "" if quantize is None else f" --quantize {quantize}"
+    return f"htmllm export-onnx --checkpoint {root} --out {graph}{option}"
+
+
+def _warn_stale(
+    root: Path, graph: Path, used: Path, fingerprint: str, quantize: str | None, refused: OSError
+) -> None:
+    """The warning for an explicit graph (`onnx_path`, HTMLLM_ONNX_PATH) that is stale and cannot be
+    replaced (`refused` says why): each new pod exports the graph again at start-up (minutes with a
+    large model) until it is refreshed."""
+    logger.warning(
+        "the ONNX graph %s (HTMLLM_ONNX_PATH) %s, and it cannot be replaced here (%s): serving the graph "
+        "exported to %s instead; refresh %s with `%s` where it can be written",
+        graph,
+        _staleness(graph, fingerprint, quantize),
+        refused.strerror or refused,
+        used,
+        graph,
+        _refresh_command(root, graph, quantize),
+    )
+
+
+def _write_failed(
+    root: Path,
+    graph: Path,
+    exc: OSError,
+    quantize: str | None,
+    *,
+    refused: tuple[Path, OSError] | None = None,
+) -> OnnxExportError:
+    """The error for a graph that cannot be written (`refused`: the place tried first, and why not):
+    one line, where a raw OSError had ended the server's start with a traceback."""
+    if refused is None:
+        return OnnxExportError(f"cannot export {root} to ONNX at {graph}: {exc.strerror or exc}")
+    wanted, why = refused
+    return OnnxExportError(
+        f"cannot export {root} to ONNX: {wanted} cannot be written ({why.strerror or why}), nor {graph} in "
+        f"the temporary directory ({exc.strerror or exc}); give the server a writable TMPDIR, or export the "
+        f"graph where it can be written: `{_refresh_command(root, wanted, quantize)}`"
+    )
 
 
 def export_onnx_locked(

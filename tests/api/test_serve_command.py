@@ -173,3 +173,55 @@ def test_a_checkpoint_the_inference_process_cannot_load_is_one_line(
     assert api_main.serve(Settings(model_path=broken, inference_process=True, port=1)) == 1
     err = capsys.readouterr().err
     assert err.startswith("htmllm serve: checkpoint_invalid: ") and "Traceback" not in err
+
+
+def test_an_onnx_graph_that_can_be_written_nowhere_is_one_line(
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """HTMLLM_ONNX_PATH stale or missing on a read-only volume, and no writable temporary directory: the
+    start ended in `PermissionError` / `OSError: [Errno 30]` tracebacks (exit 1, every new pod crash-looping);
+    now one typed line naming both places and the command that writes the graph. (Where the temporary
+    directory can be written, the graph is exported there: tests/engine/test_onnx_read_only.py.)"""
+    import errno
+    import os
+    import tempfile
+
+    graph_dir = tmp_path / "models" / "graph"
+    graph_dir.mkdir(parents=True)
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    mkstemp = tempfile.mkstemp
+
+    def read_only(*args: object, dir: str | None = None, **kwargs: object) -> tuple[int, str]:
+        if dir is not None and (Path(dir) == graph_dir or Path(dir).is_relative_to(temporary)):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), dir)
+        return mkstemp(*args, dir=dir, **kwargs)  # type: ignore[call-overload,no-any-return]
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    settings = Settings(
+        model_path=tiny_checkpoint, backend="onnx", onnx_path=graph_dir / "model.onnx", port=1
+    )
+    assert api_main.serve(settings) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("htmllm serve: backend_failed: cannot export ") and err.count("\n") == 1, err
+    assert f"{graph_dir / 'model.onnx'} cannot be written (Read-only file system)" in err
+    assert f"htmllm export-onnx --checkpoint {tiny_checkpoint} --out {graph_dir / 'model.onnx'}" in err
+
+
+def test_a_file_the_start_cannot_read_is_one_line_not_a_traceback(
+    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An OSError no typed error names (each known one is a CheckpointError or an OnnxExportError) still
+    ends the start in one line with the file and its cause."""
+    from service.api import app as api_app
+
+    def load_engine(settings: object) -> object:
+        raise PermissionError(13, "Permission denied", "/models/html-base/somewhere")
+
+    monkeypatch.setattr(api_app, "load_engine", load_engine)
+    assert api_main.serve(Settings(model_path=tiny_checkpoint, port=1)) == 1
+    assert capsys.readouterr().err == (
+        "htmllm serve: backend_failed: cannot start: PermissionError: [Errno 13] Permission denied: "
+        "'/models/html-base/somewhere'\n"
+    )

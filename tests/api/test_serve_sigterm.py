@@ -159,3 +159,68 @@ def test_python_m_service_api_exits_promptly_on_sigterm_during_the_load(
         text = output.read().decode(errors="replace")
     assert status == 143, text
     assert LOG_LINE in text
+
+
+# The server as `python -m service.api` or `htmllm serve` runs it, SIGTERM-ing itself the moment its start
+# first imports MODULE (pydantic: the settings; torch: their checks, seconds before the load). It records
+# SIGTERM's handler at that moment in the file HANDLER_SEEN.
+SIGTERM_AT_IMPORT = """
+import os, runpy, signal, sys
+
+def at_import(event, args):
+    seen = os.environ["HANDLER_SEEN"]
+    if event == "import" and args[0] == os.environ["MODULE"] and not os.path.exists(seen):
+        with open(seen, "w") as seen:
+            seen.write(repr(signal.getsignal(signal.SIGTERM)))
+        os.kill(os.getpid(), signal.SIGTERM)
+
+sys.addaudithook(at_import)
+if sys.argv[1] == "htmllm":
+    from service.cli import main
+    sys.exit(main(["serve"]))
+sys.argv = ["python -m service.api"]
+runpy.run_module("service.api", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("entry", "module", "as_pid_1"),
+    [
+        ("service.api", "pydantic", False),
+        ("service.api", "torch", False),
+        ("htmllm", "torch", False),
+        ("service.api", "torch", True),
+    ],
+    ids=["python-m-at-pydantic", "python-m-at-torch", "htmllm-serve-at-torch", "pid-1-at-torch"],
+)
+def test_a_sigterm_before_the_heavy_imports_ends_the_start_with_143(
+    tiny_checkpoint: Path, tmp_path: Path, entry: str, module: str, as_pid_1: bool
+) -> None:
+    """The handler was installed in serve(), after `run_args` had imported pydantic and torch (7-9 s in a
+    pod, the strace showed it 12.7 s after exec): a pod deleted then ran on as PID 1 until the SIGKILL,
+    or elsewhere died of the signal without a word. The start now has it before either import: 143, one
+    log line, nothing else."""
+    prefix = unshare_pid() if as_pid_1 else []
+    if as_pid_1 and not prefix:
+        pytest.skip("unshare --pid --map-root-user is not allowed here")
+    seen = tmp_path / "handler"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HTMLLM_")}
+    env.update(
+        {
+            "PYTHONPATH": str(ROOT),
+            "MODULE": module,
+            "HANDLER_SEEN": str(seen),
+            "HTMLLM_MODEL_PATH": str(tiny_checkpoint),
+            "HTMLLM_HOST": "127.0.0.1",
+            "HTMLLM_PORT": "0",
+            "HTMLLM_LOG_LEVEL": "warning",
+        }
+    )
+    args = [*prefix, sys.executable, "-c", SIGTERM_AT_IMPORT, entry]
+    # Without the handler, PID 1 ignores the signal and goes on to serve: the timeout ends it.
+    proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    output = proc.stdout + proc.stderr
+    assert seen.read_text() != repr(signal.SIG_DFL), output  # the handler was in place at the import
+    assert proc.returncode == 143, output
+    lines = output.splitlines()
+    assert len(lines) == 1 and LOG_LINE in lines[0], output

@@ -224,14 +224,15 @@ def test_a_read_only_checkpoint_exports_its_graph_to_the_temporary_directory(
     runner = OnnxRunner(graph, pad_id=0, head_names=["page_type", "quality"])
     assert runner.run(runner.prepare([[2, 9, 3]])).embeddings.shape[0] == 1
 
-    # Another failure to write is not papered over, and neither is an explicit path that fails.
+    # Another failure to write is not papered over (a typed error, not a raw OSError), and neither is
+    # one at an explicit path (`tests/engine/test_onnx_read_only.py`: the read-only ones fall back).
     def full(*args: object, **kwargs: object) -> tuple[int, str]:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(onnx_export.tempfile, "mkstemp", full)
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(OnnxExportError, match="No space"):
         ensure_onnx(root, quantize="int8")
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(OnnxExportError, match="No space"):
         ensure_onnx(root, tmp_path / "elsewhere.onnx")
 
 
