@@ -288,7 +288,7 @@ def _copy_file(source: Path, destination: Path) -> None:
     destination.chmod(FILE_MODE)
 
 
-def _require_file(file: Path, missing: str | None = None) -> None:
+def require_file(file: Path, missing: str | None = None) -> None:
     """CheckpointError unless `file` is a regular file (or a link to one) this process may open (else
     `missing`, or "is missing"). A path the file system cannot even look up (a name too long, a NUL) is
     the checkpoint's error too, not a raw OSError.
@@ -312,7 +312,7 @@ def _require_file(file: Path, missing: str | None = None) -> None:
 
 def _read_header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     """name -> (shape, safetensors dtype) from the file's header, reading no tensor data."""
-    _require_file(file)
+    require_file(file)
     try:
         with safe_open(str(file), framework="pt") as handle:
             header: dict[str, tuple[tuple[int, ...], str]] = {}
@@ -357,7 +357,7 @@ def _check_shapes(
 
 
 def _load_tensors(file: Path) -> dict[str, torch.Tensor]:
-    _require_file(file)
+    require_file(file)
     try:
         return load_file(str(file))
     except (SafetensorError, OSError, ValueError) as exc:
@@ -445,7 +445,7 @@ def load_checkpoint(
         raise CheckpointError(_not_a_checkpoint_directory(root))
     for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, META_FILE):
         # Readable, too: transformers and the tokenizer would report an unreadable file as invalid.
-        _require_file(root / name, f"checkpoint {root} is missing {name}")
+        require_file(root / name, f"checkpoint {root} is missing {name}")
     load = partial(
         _load_checkpoint, root, device=device, dtype=dtype, attn_implementation=attn_implementation
     )

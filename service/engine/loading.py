@@ -15,6 +15,7 @@ from service.core.checkpoint import (
     CheckpointMeta,
     load_checkpoint,
     read_meta,
+    require_file,
 )
 from service.core.tokenizer import HtmlTokenizer, TokenizerError
 from service.engine.runners import Runner
@@ -24,6 +25,7 @@ from service.engine.types import EngineConfig
 def _meta_and_tokenizer(path: Path) -> tuple[CheckpointMeta, HtmlTokenizer]:
     """The checkpoint's metadata and tokenizer, checked against each other, without its weights."""
     meta = read_meta(path)
+    require_file(path / TOKENIZER_FILE)  # unreadable: said as load_checkpoint says it
     try:
         tokenizer = HtmlTokenizer.from_file(path / TOKENIZER_FILE)
     except TokenizerError as exc:  # the checkpoint is what is wrong, as load_checkpoint reports it

@@ -97,3 +97,15 @@ def test_a_heads_directory_the_user_may_not_search_is_a_checkpoint_error(
     for read in (read_meta, load_checkpoint, checkpoint_fingerprint):
         with pytest.raises(CheckpointError, match=f"{pending_meta} cannot be read: {DENIED}"):
             read(ckpt)
+
+
+def test_the_engine_without_the_weights_says_so_of_the_tokenizer_too(
+    ckpt: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The onnx backend and the inference process read the metadata and tokenizer alone
+    (`loading._meta_and_tokenizer`): the tokenizer library had reported it in its own words."""
+    from service.engine import loading
+
+    deny_reading(monkeypatch, ckpt / "tokenizer.json")
+    with pytest.raises(CheckpointError, match=f"{ckpt / 'tokenizer.json'} cannot be read: {DENIED}"):
+        loading._meta_and_tokenizer(ckpt)
