@@ -32,6 +32,14 @@ OUT="${OUT:-}"
 log="${OUT:+$OUT/gpu_run.log}"
 log="${log:-/dev/null}"
 stamp() { echo "== $(date -u +%H:%M:%S) $*"; }
+# Checked before the machine's time goes on anything: a misspelt part had run nothing and exited 0.
+parts="${PARTS:-engine service}"
+for part in $parts; do
+  case "$part" in
+    engine | service) ;;
+    *) echo "PARTS=\"$PARTS\": '$part' is no part of this run (engine, service)" >&2; exit 2 ;;
+  esac
+done
 {
   stamp "start"
   if compgen -G ".whl/*.whl" >/dev/null; then
@@ -44,7 +52,6 @@ stamp() { echo "== $(date -u +%H:%M:%S) $*"; }
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   # Each part runs whatever the one before it did; the exit status says whether any failed.
   failed=0
-  parts="${PARTS:-engine service}"
   if [[ " $parts " == *" engine "* ]]; then
     stamp "engine"
     PYTHON=python3 bash benchmarks/gpu_engine.sh || { echo "gpu_engine.sh failed"; failed=1; }

@@ -35,8 +35,9 @@ assert torch.cuda.is_available(), "no CUDA device: this benchmark needs a GPU"
 print("device:", torch.cuda.get_device_name(0), "| torch", torch.__version__, "| CUDA", torch.version.cuda)
 EOF
 # A failing test is reported, not fatal: device time is scarce and each mode below stops on its own
-# error; the exit status still says that the tests failed.
-"$PYTHON" -m pytest -q -p no:cacheprovider tests/engine/test_gpu.py \
+# error; the exit status still says that the tests failed. A test that hangs stops at 120 s (the
+# project's 600 s would take the device call's whole limit before any figure is measured).
+"$PYTHON" -m pytest -q -p no:cacheprovider -o timeout=120 tests/engine/test_gpu.py \
   || { echo "GPU TESTS FAILED: the figures below are measured anyway"; tests_failed=1; }
 fi
 

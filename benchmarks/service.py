@@ -31,6 +31,7 @@ import asyncio
 import importlib.util
 import itertools
 import json
+import math
 import multiprocessing
 import os
 import platform
@@ -233,7 +234,15 @@ async def load(
                     return
                 html = pages[next_page % len(pages)]
                 next_page += 1
-                response = await client.post("/v1/embed", content=html, headers=headers)
+                try:
+                    response = await client.post("/v1/embed", content=html, headers=headers)
+                except httpx.TransportError as exc:
+                    # A failed post is an error, not the end of the figures (a server killed by an
+                    # out-of-memory error or a driver fault); a server that is gone ends this client.
+                    errors += 1
+                    if isinstance(exc, httpx.ConnectError):
+                        return
+                    continue
                 done = time.perf_counter()
                 if not measure_from <= done <= stop_at:
                     continue  # only answers inside the measured window count
@@ -339,7 +348,10 @@ def run_mode(
         loop_before, cpu_before = cpu_seconds(loop_stat), cpu_seconds(process_stat)
         docs, errors, latencies = drive(url, pages, args)
         loop_after, cpu_after = cpu_seconds(loop_stat), cpu_seconds(process_stat)
-        metrics = httpx.get(f"{url}/metrics", timeout=30).text
+        try:
+            metrics = httpx.get(f"{url}/metrics", timeout=30).text
+        except httpx.TransportError:
+            metrics = ""  # the server died under the load: its means are nan, its clients' figures stand
         server = server_breakdown(metrics)
         requests = max(embed_requests(metrics) - requests_before, 1.0)
         server["loop_ms_per_request"] = (loop_after - loop_before) * 1000 / requests
@@ -465,7 +477,11 @@ def main() -> int:
             ("dynamic", {**common, "HTMLLM_MAX_BATCH_REQUESTS": str(args.batch_requests)}),
             ("single", {**common, "HTMLLM_MAX_BATCH_REQUESTS": "1"}),
         ]
-        results = [run_mode(name, model, env, pages, args, Path(tmp)) for name, env in modes]
+        results: list[ModeResult] = []
+        for name, env in modes:
+            results.append(run_mode(name, model, env, pages, args, Path(tmp)))
+            if args.json is not None:  # after each mode: a later one that fails keeps the earlier figures
+                write_figures(args, model_label, source, results)
 
     print(f"\n{'mode':<30} {'docs/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6}")
     for r in results:
@@ -497,41 +513,53 @@ def main() -> int:
     print(" full gc, gc ms: over the load, full collections and the longest, to its histogram bucket's")
     print(" bound; milliseconds in all collections)")
     dynamic, single = results
-    ratios = {
-        "docs_per_s": dynamic.docs_per_s / single.docs_per_s,
-        "p99": dynamic.percentile(0.99) / single.percentile(0.99),
-        "p50": dynamic.percentile(0.5) / single.percentile(0.5),
-    }
+    ratios = mode_ratios(dynamic, single)
     print(
         f"\ndynamic / single: {ratios['docs_per_s']:.2f}x docs/s, "
         f"p99 {ratios['p99']:.2f}x (below 1 is better), p50 {ratios['p50']:.2f}x"
     )
-    if args.json is not None:
-        figures = {
-            "model": model_label,
-            "device": args.device,
-            "dtype": args.dtype,
-            "backend": args.backend,
-            "pages": source,
-            "clients": args.clients,
-            "client_processes": args.client_processes,
-            "inference_process": args.inference_process,
-            "duration_s": args.duration,
-            "modes": {
-                r.name: {
-                    "docs_per_s": r.docs_per_s,
-                    "p50_ms": r.percentile(0.5) * 1000,
-                    "p99_ms": r.percentile(0.99) * 1000,
-                    "errors": r.errors,
-                    "server": r.server,
-                }
-                for r in results
-            },
-            "ratios": ratios,
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(figures, indent=2))
     return 0 if dynamic.errors == 0 and single.errors == 0 else 1
+
+
+def _ratio(ours: float, theirs: float) -> float:
+    """`ours / theirs`, nan where `theirs` is 0 or nan (a mode that answered nothing in its window)."""
+    return ours / theirs if theirs and not math.isnan(theirs) else float("nan")
+
+
+def mode_ratios(dynamic: ModeResult, single: ModeResult) -> dict[str, float]:
+    return {
+        "docs_per_s": _ratio(dynamic.docs_per_s, single.docs_per_s),
+        "p99": _ratio(dynamic.percentile(0.99), single.percentile(0.99)),
+        "p50": _ratio(dynamic.percentile(0.5), single.percentile(0.5)),
+    }
+
+
+def write_figures(args: argparse.Namespace, model_label: str, source: str, results: list[ModeResult]) -> None:
+    """`--json`: the modes measured so far, and their ratios once both are."""
+    figures = {
+        "model": model_label,
+        "device": args.device,
+        "dtype": args.dtype,
+        "backend": args.backend,
+        "pages": source,
+        "clients": args.clients,
+        "client_processes": args.client_processes,
+        "inference_process": args.inference_process,
+        "duration_s": args.duration,
+        "modes": {
+            r.name: {
+                "docs_per_s": r.docs_per_s,
+                "p50_ms": r.percentile(0.5) * 1000,
+                "p99_ms": r.percentile(0.99) * 1000,
+                "errors": r.errors,
+                "server": r.server,
+            }
+            for r in results
+        },
+        "ratios": mode_ratios(*results) if len(results) == 2 else None,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(figures, indent=2))
 
 
 if __name__ == "__main__":

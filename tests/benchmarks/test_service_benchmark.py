@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
+import json
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -109,3 +112,43 @@ def test_client_processes_open_their_window_when_the_last_one_is_ready(
         server.server_close()
     assert errors == 0
     assert docs == len(latencies) >= 1  # hundreds a second on an idle machine; none with the fixed start
+
+
+def test_a_server_that_is_gone_counts_as_errors_not_a_crash(bench: ModuleType) -> None:
+    """A server killed during the window (an out-of-memory error, a driver fault) had ended the script
+    with httpx's traceback and no figures: each client now counts its failed post and stops."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"  # bound, not listening: connections refused
+        docs, errors, latencies = asyncio.run(
+            bench.load(url, [b"<p>x</p>"], clients=3, warmup_s=0.0, duration_s=30.0)
+        )
+    assert (docs, errors, latencies) == (0, 3, [])
+
+
+def test_a_mode_that_answered_nothing_gives_nan_ratios(bench: ModuleType) -> None:
+    """`--duration` shorter than one answer divided by zero (ZeroDivisionError) before --json was written."""
+    answered = bench.ModeResult("dynamic", 4, 0, 1.0, [0.1, 0.2], {})
+    silent = bench.ModeResult("single", 0, 0, 1.0, [], {})
+    ratios = bench.mode_ratios(answered, silent)
+    assert all(value != value for value in ratios.values()), ratios  # nan
+    assert bench.mode_ratios(answered, answered) == {"docs_per_s": 1.0, "p99": 1.0, "p50": 1.0}
+
+
+def test_the_figures_are_written_after_each_mode(bench: ModuleType, tmp_path: Path) -> None:
+    args = argparse.Namespace(
+        json=tmp_path / "out" / "figures.json",
+        device="cpu",
+        dtype="float32",
+        backend="torch",
+        clients=2,
+        client_processes=1,
+        inference_process=False,
+        duration=1.0,
+    )
+    first = bench.ModeResult("dynamic", 4, 1, 1.0, [0.1], {"batch": 2.0})
+    bench.write_figures(args, "tiny", "pages", [first])
+    written = json.loads(args.json.read_text())
+    assert written["modes"]["dynamic"]["errors"] == 1 and written["ratios"] is None
+    bench.write_figures(args, "tiny", "pages", [first, bench.ModeResult("single", 2, 0, 1.0, [0.1], {})])
+    assert json.loads(args.json.read_text())["ratios"]["docs_per_s"] == 2.0
