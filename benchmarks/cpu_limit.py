@@ -27,7 +27,6 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
+
+from benchmarks.options import check_page_source, child_output, comma_list, positive_float, run  # noqa: E402
 
 PERIOD_US = 100_000
 
@@ -146,10 +147,7 @@ def measure(args: argparse.Namespace, group: Path, threads: int) -> ChildResult:
     command += ["--corpus", str(args.corpus), "--checkpoint", str(args.checkpoint), "--backend", args.backend]
     command += ["--seconds", str(args.seconds), "--clients", str(args.clients), "--pages", str(args.pages)]
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "HTMLLM_INTRA_OP_THREADS")}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"the child failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    result: ChildResult = json.loads(done.stdout.strip().splitlines()[-1])
+    result: ChildResult = json.loads(child_output(command, env=env).strip().splitlines()[-1])
     return result
 
 
@@ -160,7 +158,12 @@ def main() -> int:
     parser.add_argument("--corpus", type=Path, default=ROOT.parent / "shared" / "corpus")
     parser.add_argument("--checkpoint", type=Path, default=ROOT / "service" / "assets" / "default-model")
     parser.add_argument("--backend", choices=("torch", "onnx"), default="torch")
-    parser.add_argument("--limits", default="0.5,1,1.5", help="CPU limits to run under, comma-separated")
+    parser.add_argument(
+        "--limits",
+        type=comma_list(positive_float),
+        default=[0.5, 1.0, 1.5],
+        help="CPU limits to run under, comma-separated",
+    )
     parser.add_argument("--seconds", type=float, default=20.0, help="measured time per child")
     parser.add_argument("--clients", type=int, default=8, help="concurrent callers, one page each")
     parser.add_argument("--pages", type=int, default=200, help="corpus pages posted in turn")
@@ -171,12 +174,13 @@ def main() -> int:
     args = parser.parse_args()
     if args.child:
         return child(args)
+    check_page_source(args.corpus)  # here, not in a child: one line, before a model is loaded
     found = cgroup_parent()
     if found is None:
         print("cpu_limit.py needs root and a writable cgroup with the cpu controller", file=sys.stderr)
         return 2
     parent, version = found
-    limits = [float(x) for x in args.limits.split(",")]
+    limits: list[float] = args.limits
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, cgroup v{version} at {parent}")
     print(
         f"backend {args.backend}, {args.clients} clients, {args.seconds:g} s per child, {args.rounds} rounds"
@@ -223,4 +227,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run(main))

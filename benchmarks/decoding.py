@@ -33,6 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.options import run
 from service.core.charset_detection import DETECT_SAMPLE_BYTES
 from service.core.decoding import decode_html
 from service.core.pages import iter_pages
@@ -217,4 +218,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

@@ -9,7 +9,8 @@ can stay behind, which frees room for several hundred of the corpus's real pages
 
     python benchmarks/device_payload.py trim-wheel .whl/transformers-*.whl   # in place
     python benchmarks/device_payload.py corpus --corpus ../shared/corpus --out .corpus
-    python benchmarks/device_payload.py check      # before a call: the size, and wheels older than .venv
+    python benchmarks/device_payload.py check      # before a call: the size, wheels older than .venv,
+                                                   # and wheels the device's Python would refuse
 
 `corpus` takes pages spread evenly over the manifest (every k-th, so the language and encoding mix stays
 the corpus's), as many as fit what is left of the budget after the tree and `.whl/`, keeping their bytes
@@ -22,16 +23,23 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
+from packaging.tags import compatible_tags, cpython_tags
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE_LIMIT = 64 * 1024 * 1024  # the device's limit on what travels with a call
 MARGIN = 1024 * 1024  # left free: a file or two added to the tree before the call
 KEEP_MODELS = ("auto", "modernbert")
+# The GPU image's interpreter, as benchmarks/gpu_wheels.sh takes it (PYTHON_VERSION, default 3.12).
+DEVICE_PYTHON = "3.12"
 
 
 def trim_wheel(wheel: Path, keep: tuple[str, ...] = KEEP_MODELS) -> tuple[int, int]:
@@ -108,6 +116,52 @@ def stale_wheels(folder: Path) -> list[tuple[str, str, str]]:
     return stale
 
 
+def device_python() -> str:
+    """The device's Python version, read as benchmarks/gpu_wheels.sh reads it (`PYTHON_VERSION`)."""
+    return os.environ.get("PYTHON_VERSION") or DEVICE_PYTHON
+
+
+def wheel_problems(folder: Path, python: str) -> list[str]:
+    """One line per reason pip on the device would not install `folder`'s wheels: no folder or no wheel
+    in it (the GPU machine cannot fetch one), a file name that is no wheel's, or a wheel for another
+    Python than `python` ("3.12"). Python and ABI tags only, as pip matches them for CPython `python`
+    (cp312 with cp312, abi3 or none; an older cp3x with abi3; py3 or py3x with none); the platform is
+    gpu_wheels.sh's `--platform` to choose. A wrong folder cost a device run: `check` said "46.76 MiB"
+    and 0 without `.whl/`, and passed wheels for cp311 that pip on the device's 3.12 refuses."""
+    if not folder.is_dir():
+        return [f"no {folder.name}/ at {folder}: run benchmarks/gpu_wheels.sh first"]
+    wheels = sorted(folder.glob("*.whl"))
+    if not wheels:
+        return [f"no wheels in {folder}: run benchmarks/gpu_wheels.sh first"]
+    if not re.fullmatch(r"\d+\.\d+", python):
+        return [f"PYTHON_VERSION {python!r} is not a version such as {DEVICE_PYTHON}"]
+    major, minor = (int(part) for part in python.split("."))
+    interpreter = f"cp{major}{minor}"
+    accepted = {
+        (tag.interpreter, tag.abi)
+        for tag in [
+            *cpython_tags(python_version=(major, minor), platforms=["any"]),
+            *compatible_tags(python_version=(major, minor), interpreter=interpreter, platforms=["any"]),
+        ]
+    }
+    problems, other_python = [], []
+    for wheel in wheels:
+        try:
+            name, version, _, tags = parse_wheel_filename(wheel.name)
+        except InvalidWheelFilename as exc:
+            problems.append(f"{wheel.name}: not a wheel's file name ({exc})")
+            continue
+        if not any((tag.interpreter, tag.abi) in accepted for tag in tags):
+            found = "/".join(sorted({f"{tag.interpreter}-{tag.abi}" for tag in tags}))
+            other_python.append(f"{name} {version} ({found})")
+    if other_python:
+        problems.append(
+            f"{len(other_python)} wheel(s) in {folder.name}/ are for another Python than the device's "
+            f"{python} (PYTHON_VERSION; rerun benchmarks/gpu_wheels.sh): {', '.join(other_python)}"
+        )
+    return problems
+
+
 def sample_corpus(corpus: Path, out: Path, budget: int) -> tuple[int, int]:
     """Copy evenly spread pages of `corpus` (manifest rows and files) into `out`, at most `budget` bytes.
 
@@ -145,7 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     sample.add_argument("--corpus", type=Path, default=ROOT.parent / "shared" / "corpus")
     sample.add_argument("--out", type=Path, default=ROOT / ".corpus")
     sample.add_argument("--max-pages-bytes", type=int, default=None, help="cap below what is left")
-    commands.add_parser("check", help="what a call carrying .whl and .corpus takes along, and stale wheels")
+    commands.add_parser(
+        "check",
+        help="what a call carrying .whl and .corpus takes along, stale wheels, and wheels the device's "
+        f"Python (PYTHON_VERSION, default {DEVICE_PYTHON}) would refuse",
+    )
     args = parser.parse_args(argv)
     if args.command == "check":
         total = travelling_bytes(ROOT, (".whl", ".corpus"))
@@ -153,7 +211,10 @@ def main(argv: list[str] | None = None) -> int:
         stale = stale_wheels(ROOT / ".whl")
         for name, version, installed in stale:
             print(f"stale wheel: {name} {version} in .whl, {installed} here (rerun benchmarks/gpu_wheels.sh)")
-        return 1 if total > DEVICE_LIMIT or stale else 0
+        refused = wheel_problems(ROOT / ".whl", device_python())
+        for problem in refused:
+            print(f"error: {problem}", file=sys.stderr)
+        return 1 if total > DEVICE_LIMIT or stale or refused else 0
     if args.command == "trim-wheel":
         before, after = trim_wheel(args.wheel)
         print(f"{args.wheel.name}: {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")

@@ -41,8 +41,9 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from benchmarks.options import run  # noqa: E402
 from service.core.checkpoint import CheckpointMeta, read_meta, save_checkpoint  # noqa: E402
-from service.core.modeling import HeadSpec, HtmlEncoderModel, TaskHead, build_config  # noqa: E402
+from service.core.modeling import PRESETS, HeadSpec, HtmlEncoderModel, TaskHead, build_config  # noqa: E402
 from service.core.pages import iter_pages  # noqa: E402
 from service.core.prune import PRUNE_VERSION, PruneError, prune_html  # noqa: E402
 from service.core.tokenizer import HtmlTokenizer  # noqa: E402
@@ -265,7 +266,9 @@ def main() -> int:
     )
     parser.add_argument("--corpus", type=Path, default=ROOT.parent / "shared" / "corpus", help="page corpus")
     parser.add_argument("--limit", type=int, default=256, help="pages to embed")
-    parser.add_argument("--preset", default="mini", help="model preset (random weights)")
+    parser.add_argument(
+        "--preset", choices=sorted(PRESETS), default="mini", help="model preset (random weights)"
+    )
     parser.add_argument(
         "--checkpoint", type=Path, default=None, help="a trained checkpoint instead of random weights"
     )
@@ -295,6 +298,8 @@ def main() -> int:
     unknown = set(args.variants) - set(VARIANTS)
     if unknown or "torch" not in args.variants:
         parser.error(f"--variants must include torch and name only {list(VARIANTS)}")
+    if args.checkpoint is not None:
+        read_meta(args.checkpoint)  # a CheckpointError naming what is missing, before pages and threads
 
     threads = args.threads or torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -425,4 +430,4 @@ def _table(rows: list[tuple[str, float, int, int]], *, baseline: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from extract import Sample, load, squash  # noqa: E402
 
+from benchmarks.options import run  # noqa: E402
 from service.core.extract import EXTRACTORS, Extraction, InlineRunner, extract_all  # noqa: E402
 
 _TOKEN = re.compile(
@@ -204,4 +205,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

@@ -23,7 +23,6 @@ import json
 import os
 import platform
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.options import check_page_source, child_output, run  # noqa: E402
 
 VARIANTS: dict[str, dict[str, str]] = {"default": {}, "arena2": {"MALLOC_ARENA_MAX": "2"}}
 
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         parser.error(f"unknown variants {unknown}")
+    check_page_source(args.corpus)  # here, not in a child: one line, before a model is loaded
     child = [sys.executable, __file__, "--child", *(argv if argv is not None else sys.argv[1:])]
     print(
         f"# engine soak: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
@@ -122,8 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, Any]] = {}
     for name in names:
         env = {**os.environ, **VARIANTS[name]}
-        done = subprocess.run(child, env=env, check=True, capture_output=True, text=True)
-        results[name] = summarize(json.loads(done.stdout)["samples"])
+        results[name] = summarize(json.loads(child_output(child, env=env))["samples"])
     base = results[names[0]]
     print(
         "| variant | RSS at 60 s (MB) | 2nd-half median (MB) | 2nd-half slope (MB/min) | peak (MB) "
@@ -140,4 +141,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run(main))

@@ -26,13 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 SIZE = 2_000_000
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def pages() -> dict[str, bytes]:
@@ -117,17 +117,40 @@ def _gate(prune: Any, doc: bytes) -> None:
         prune._clean_serialization = parse
 
 
-def main() -> None:
+def checkout(text: str) -> Path:
+    """An argparse type: a checkout whose checks can be measured (a child measured any path it was given,
+    and a missing one failed there, as a `CalledProcessError` that hid why)."""
+    path = Path(text)
+    if not (path / "service" / "core" / "precheck").is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a checkout with service/core/precheck")
+    return path
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[1])
-    parser.add_argument("--baseline", type=Path, help="another checkout (with service/core/precheck)")
+    parser.add_argument("--repo", type=checkout, default=ROOT)
+    parser.add_argument("--baseline", type=checkout, help="another checkout (with service/core/precheck)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--corpus", type=Path, help="also time the gate on every page of this corpus")
     parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # a child: measure this checkout
     args = parser.parse_args()
     if args.one is not None:
         print(json.dumps(measure(args.one.resolve(), args.corpus)))
-        return
+        return 0
+    # Imported here, in the parent only: a child must import `service` from the checkout it measures
+    # first, and the shared refusals import this checkout's.
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.options import run
+
+    return run(lambda: compare(args))
+
+
+def compare(args: argparse.Namespace) -> None:
+    """The parent: children measure the checkout and the baseline in turn; the medians are printed."""
+    from benchmarks.options import check_page_source, child_output
+
+    if args.corpus is not None:
+        check_page_source(args.corpus)
     trees = {"checkout": args.repo.resolve()}
     if args.baseline is not None:
         trees["baseline"] = args.baseline.resolve()
@@ -137,7 +160,7 @@ def main() -> None:
             child = [sys.executable, __file__, "--one", str(path)]
             if args.corpus is not None:
                 child += ["--corpus", str(args.corpus.resolve())]
-            runs[tree].append(json.loads(subprocess.run(child, check=True, capture_output=True).stdout))
+            runs[tree].append(json.loads(child_output(child)))
     print(f"CPU seconds, median of {args.runs} runs; pages of {SIZE / 1e6:.0f} MB")
     for name in [*pages(), *(["corpus"] if args.corpus is not None else [])]:
         print(f"\n{name}")
@@ -156,4 +179,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.options import affinity_cpu, run
 from service.core.decoding import decode_html
 from service.core.pages import iter_pages
 from service.core.prune import PRUNE_VERSION, prune_html
@@ -52,7 +53,7 @@ def main() -> int:
     parser.add_argument("--corpus", default="../shared/corpus", help="page collection (see iter_pages)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N pages")
     parser.add_argument("--repeat", type=int, default=3, help="runs of the fast pruner per page (best)")
-    parser.add_argument("--cpu", type=int, default=0, help="pin the process to this CPU (one core)")
+    parser.add_argument("--cpu", type=affinity_cpu, default=0, help="pin the process to this CPU (one core)")
     parser.add_argument(
         "--no-raw-lxml", action="store_true", help="skip the reference on lxml's own tree of the page"
     )
@@ -174,4 +175,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

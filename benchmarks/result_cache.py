@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
+from benchmarks.options import run  # noqa: E402
 from service.core.errors import HtmllmError  # noqa: E402
 from service.core.pages import iter_pages  # noqa: E402
 from service.engine import Document, DocumentResult, Engine, EngineConfig, EngineObserver  # noqa: E402
@@ -108,4 +109,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run(main))

@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.options import at_least, check_page_source, comma_list, run
 from service.api.settings import default_model_path
 from service.core.pages import iter_pages
 from service.core.prune import prune_html
@@ -101,20 +102,27 @@ def main() -> int:
     )
     parser.add_argument("--corpus", type=Path, help="the shared corpus directory (manifest.jsonl)")
     parser.add_argument("--checkpoint", type=Path, default=None, help="default: the bundled model")
-    parser.add_argument("--lengths", default="256,512,2048", help="max lengths, comma-separated")
+    parser.add_argument(
+        "--lengths",
+        type=comma_list(at_least(1)),
+        default=[256, 512, 2048],
+        help="max lengths, comma-separated",
+    )
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--synthetic-only", action="store_true")
     args = parser.parse_args()
+    if not args.synthetic_only:
+        if args.corpus is None:
+            parser.error("--corpus is required unless --synthetic-only")
+        check_page_source(args.corpus)
     tok = HtmlTokenizer.from_file(args.checkpoint or default_model_path())
-    lengths = [int(n) for n in args.lengths.split(",")]
+    lengths: list[int] = args.lengths
     print(f"tokenizer {tok!r}")
     started = time.perf_counter()
     word_chars()
     print(f"word-character table: built in {time.perf_counter() - started:.2f} s (once per process)")
 
     if not args.synthetic_only:
-        if args.corpus is None:
-            parser.error("--corpus is required unless --synthetic-only")
         pruned = []
         for page in iter_pages(args.corpus, bad_rows="report"):
             if page.error is None:
@@ -156,4 +164,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run(main))

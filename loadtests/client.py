@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from loadtests.pagegen import synthetic_pages
 from service.core.decoding import decode_html
-from service.core.pages import iter_pages
+from service.core.pages import PageSourceError, iter_pages
 
 STAGE_HEADERS = ("x-prune-time", "x-tokenize-time", "x-queue-time", "x-inference-time", "x-total-time")
 # The request type under which the stage headers are recorded, next to the real POST entries.
@@ -45,13 +45,14 @@ def load_pool(corpus: str | Path, size: int, seed: int) -> list[LoadPage]:
     """The pages the users post: decoded once here, so the load generator spends its CPU on requests.
 
     `corpus` is any source `iter_pages` reads; empty means synthetic pages from `loadtests.pagegen`.
+    `PageSourceError` for a source that cannot be read or holds no page.
     """
     source: Iterable[Any] = (
         iter_pages(corpus, limit=size) if corpus else itertools.islice(synthetic_pages(seed), size)
     )
     pool = [LoadPage(id=p.id, html=p.html, text=decode_html(p.html).text) for p in source]
     if not pool:
-        raise ValueError(f"no pages in {corpus or 'the synthetic generator'}")
+        raise PageSourceError(f"no pages in {corpus or 'the synthetic generator'}")
     return pool
 
 

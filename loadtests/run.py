@@ -5,7 +5,8 @@ HTMLLM_MODEL_PATH, else the bundled default model); there is no option to target
 runs headless for `--run-time` with `--users` users and writes, under `--out` (default `out/loadtest/`,
 git-ignored): locust's `locust_stats.csv` (and its other CSVs), `report.html`, and `summary.csv` (the
 exact final totals and percentiles). The server then gets SIGTERM and drains. `summary.json` and a
-Markdown table of the figures follow; the exit status is 1 when any request failed. Every
+Markdown table of the figures follow; the exit status is 1 when any request failed, 2 for options or a
+`--corpus` that cannot work (said in one line before the server starts). Every
 `--sample-interval` seconds `server.csv` gets the server's resident memory, the CPU cores it used since the
 last sample, and the host's busy and steal shares. The summary gives the RSS trend over the second half of
 the run (MB per minute), where a slow leak shows and warm-up growth does not, and the CPU the server got:
@@ -27,6 +28,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from loadtests.client import load_pool
 from loadtests.launch import (
     HOST,
     ROOT,
@@ -42,6 +44,8 @@ from loadtests.launch import (
 from loadtests.procfs import server_memory_mb
 from loadtests.report import markdown, passed, read_stats, summarize
 from loadtests.sampler import ServerSampler, cpu_summary, memory_trend, write_server_csv
+from service.commands.options import at_least
+from service.core.pages import PageSourceError
 
 MAX_USERS = 256
 MAX_RUN_SECONDS = 2 * 3600
@@ -74,6 +78,31 @@ def bounded_users(text: str) -> int:
     return users
 
 
+def share(text: str) -> float:
+    """`--raw-share`: a share of the requests, 0 to 1 (2 was taken, and every request went raw)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, not {text}")
+    return value
+
+
+def pool_problem(corpus: str, page_pool: int) -> str | None:
+    """Why the users could not fill their page pool, or None. Checked before the server starts: found in
+    the users' `on_start`, it came after the model had loaded, as a traceback per user and a summary of 0
+    requests that never named the corpus. The synthetic generator never runs dry, so only a corpus is
+    read (the same `load_pool` the users run, so a bad page among the first `page_pool` is found too)."""
+    if not corpus:
+        return None
+    try:
+        load_pool(corpus, page_pool, seed=0)
+    except PageSourceError as exc:
+        return f"--corpus: {exc}"
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The driver's options; the locustfile has its own (`locust --help`), which `locust_command` fills."""
     parser = argparse.ArgumentParser(
@@ -88,9 +117,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--model", type=Path, default=None, help="checkpoint to serve (default: the server's)"
     )
     parser.add_argument("--corpus", default="", help="pages to post (default: synthetic, loadtests.pagegen)")
-    parser.add_argument("--page-pool", type=int, default=200, help="pages held in memory by the users")
-    parser.add_argument("--docs-per-request", type=int, default=1, help="documents per JSON request")
-    parser.add_argument("--raw-share", type=float, default=0.1, help="share of raw text/html requests")
+    parser.add_argument(
+        "--page-pool", type=at_least(1), default=200, help="pages held in memory by the users (at least 1)"
+    )
+    # At least 1: the users would send 1 anyway, and the summary would count the documents times 0.
+    parser.add_argument(
+        "--docs-per-request", type=at_least(1), default=1, help="documents per JSON request (at least 1)"
+    )
+    parser.add_argument("--raw-share", type=share, default=0.1, help="share of raw text/html requests (0..1)")
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "loadtest", help="reports folder")
     parser.add_argument("--port", type=int, default=0, help="server port on 127.0.0.1 (0: a free one)")
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for /ready")
@@ -113,6 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """One run: server up, locust for the run time, server drained, reports written; 1 when it failed."""
     args = build_parser().parse_args(argv)
+    problem = pool_problem(args.corpus, args.page_pool)
+    if problem:
+        print(f"loadtest: error: {problem}", file=sys.stderr)
+        return 2
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     port = args.port or free_port()

@@ -94,3 +94,59 @@ def test_wheels_at_another_version_than_installed_here_are_stale(payload: Module
         (tmp_path / name).write_bytes(b"")
 
     assert payload.stale_wheels(tmp_path) == [("pytest", "0.0.1", here)]
+
+
+def _wheels(folder: Path, *names: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (folder / name).write_bytes(b"")
+    return folder
+
+
+def test_wheels_the_devices_python_accepts_pass(payload: ModuleType, tmp_path: Path) -> None:
+    folder = _wheels(
+        tmp_path / ".whl",
+        "selectolax-1.0.2-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+        "zstandard-0.25.0-cp39-abi3-manylinux_2_17_x86_64.whl",  # the stable ABI: any later CPython
+        "fastapi-0.165.0-py3-none-any.whl",
+        "six-1.17.0-py2.py3-none-any.whl",
+        "tool-1.0-cp312-none-any.whl",
+    )
+    assert payload.wheel_problems(folder, "3.12") == []
+
+
+def test_no_wheels_or_wheels_for_another_python_fail_the_check(payload: ModuleType, tmp_path: Path) -> None:
+    assert payload.wheel_problems(tmp_path / ".whl", "3.12") == [
+        f"no .whl/ at {tmp_path / '.whl'}: run benchmarks/gpu_wheels.sh first"
+    ]
+    assert "no wheels in" in payload.wheel_problems(_wheels(tmp_path / ".whl"), "3.12")[0]
+    folder = _wheels(
+        tmp_path / ".whl",
+        "fastapi-0.165.0-py3-none-any.whl",
+        "brotli-1.2.1-cp311-cp311-manylinux2014_x86_64.whl",  # pip on 3.12 refuses cp311 builds
+        "old-1.0-py2-none-any.whl",
+        "later-1.0-cp313-abi3-manylinux2014_x86_64.whl",  # abi3 from 3.13 on
+    )
+    (problem,) = payload.wheel_problems(folder, "3.12")
+    assert problem.startswith("3 wheel(s) in .whl/ are for another Python than the device's 3.12")
+    assert "brotli 1.2.1 (cp311-cp311)" in problem and "fastapi" not in problem
+    cp311 = _wheels(tmp_path / "w311", "b-1.0-cp311-cp311-linux_x86_64.whl")
+    assert payload.wheel_problems(cp311, "3.11") == []
+    assert "is not a version" in payload.wheel_problems(folder, "twelve")[0]
+
+
+def test_check_fails_without_wheels(
+    payload: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It printed the size and returned 0 with no .whl/: the device call then failed at its first import."""
+    monkeypatch.setattr(payload, "ROOT", tmp_path)
+    monkeypatch.setattr(payload, "travelling_bytes", lambda root, carried: 10 * 2**20)
+    monkeypatch.delenv("PYTHON_VERSION", raising=False)
+    assert payload.main(["check"]) == 1
+    assert "no .whl/ at" in capsys.readouterr().err
+
+    _wheels(tmp_path / ".whl", "brotli-1.2.1-cp311-cp311-manylinux2014_x86_64.whl")
+    assert payload.main(["check"]) == 1
+    assert "another Python than the device's 3.12" in capsys.readouterr().err
+    monkeypatch.setenv("PYTHON_VERSION", "3.11")  # as gpu_wheels.sh takes it
+    assert payload.main(["check"]) == 0

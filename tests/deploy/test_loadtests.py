@@ -26,6 +26,7 @@ import pytest
 from selectolax.lexbor import LexborHTMLParser
 
 from loadtests import pagegen
+from loadtests import run as loadtest_run
 from loadtests.client import (
     STAGE_HEADERS,
     LoadPage,
@@ -46,6 +47,7 @@ from loadtests.procfs import (
 from loadtests.report import summarize
 from loadtests.run import bounded_duration, bounded_users, build_parser, parse_duration
 from loadtests.sampler import ServerSample, ServerSampler, cpu_summary, memory_trend
+from service.core.pages import PageSourceError
 from service.core.precheck.nesting import DEFAULT_MAX_DEPTH, estimate_depth
 from service.core.prune import prune_html
 
@@ -100,7 +102,7 @@ def test_pool_from_a_corpus_directory(tmp_path: Path) -> None:
     assert len(pool) == 2
     assert pool[0].html.startswith(b"<html>") and "Grüße" in pool[0].text  # decoded, bytes kept raw
     assert len(load_pool("", 3, seed=1)) == 3
-    with pytest.raises(ValueError, match="no pages"):
+    with pytest.raises(PageSourceError, match="no pages"):
         load_pool(tmp_path, 0, seed=0)
 
 
@@ -138,6 +140,48 @@ def test_runs_are_bounded_and_local() -> None:
     for bad in ("HTMLLM_HOST=0.0.0.0", "PATH=/tmp", "HTMLLM_X"):
         with pytest.raises(SystemExit):
             server_environment(build_parser().parse_args(["--server-env", bad]), 1)
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        ["--page-pool", "0"],
+        ["--docs-per-request", "0"],  # the users sent 1 a request; the summary counted 0 documents
+        ["--docs-per-request", "x"],
+        ["--raw-share", "2"],
+        ["--raw-share", "-0.1"],
+        ["--raw-share", "x"],
+    ],
+)
+def test_options_that_cannot_work_are_usage_errors(option: list[str]) -> None:
+    with pytest.raises(SystemExit) as refused:
+        build_parser().parse_args(option)
+    assert refused.value.code == 2
+    args = build_parser().parse_args(["--page-pool", "1", "--docs-per-request", "4", "--raw-share", "1"])
+    assert (args.page_pool, args.docs_per_request, args.raw_share) == (1, 4, 1.0)
+
+
+def test_a_corpus_without_pages_is_refused_before_the_server_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by the users' on_start, it cost the server's start (~10 s) and ended in a traceback per user
+    and a summary of 0 requests that never named the corpus."""
+
+    def no_server(*_: object) -> None:
+        raise AssertionError("the server was started")
+
+    monkeypatch.setattr(loadtest_run, "start_server", no_server)
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "out"
+    for corpus, said in ((tmp_path / "missing", "does not exist"), (tmp_path / "empty", "no pages in")):
+        assert loadtest_run.main(["--corpus", str(corpus), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("loadtest: error: --corpus: ") and said in err and err.count("\n") == 1
+    assert not out.exists()
+    (tmp_path / "pages").mkdir()
+    (tmp_path / "pages" / "a.html").write_bytes(b"<html><body><p>x</p></body></html>")
+    assert loadtest_run.pool_problem(str(tmp_path / "pages"), 5) is None
+    assert loadtest_run.pool_problem("", 5) is None  # synthetic pages never run dry
 
 
 def test_locust_sends_the_key_the_server_was_given(monkeypatch: pytest.MonkeyPatch) -> None:
