@@ -3,7 +3,7 @@
 # whose image has torch, tokenizers, safetensors and pytest but not htmllm's own pins. They go to .whl/
 # (ignored), which travels with the working tree; the GPU machine cannot reach PyPI itself.
 #
-#   bash benchmarks/gpu_wheels.sh          # here, once: about 16 MB of wheels, then ~17 MB of corpus pages
+#   bash benchmarks/gpu_wheels.sh          # here, once: about 16 MB of wheels, then ~14 MB of corpus pages
 #   bash benchmarks/gpu_device_run.sh      # then on the GPU machine, from the repository root, with .whl
 #                                          # and .corpus carried: installs the wheels into /tmp/site and
 #                                          # runs gpu_engine.sh, then the service on the corpus pages
