@@ -29,16 +29,21 @@ crawl goes through Ray Data or Spark instead (docs/training.md).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import random
+import signal
+import threading
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
+from multiprocessing.context import BaseContext
+from multiprocessing.pool import Pool
 from pathlib import Path
 from typing import Any
 
@@ -257,13 +262,40 @@ _worker_tokenizer: HtmlTokenizer | None = None
 _worker_max_length: int = 0
 
 
+# The signals a prepare worker ignores (`_init_worker`), held back until it does.
+_WORKER_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
 def _init_worker(tokenizer_json: str, max_length: int) -> None:
-    """Pool initializer: each worker builds its tokenizer once (tokenizers objects do not pickle)."""
+    """Pool initializer: each worker builds its tokenizer once (tokenizers objects do not pickle).
+
+    Ctrl-C and SIGTERM are ignored: they reach the workers too (a terminal's Ctrl-C the process group,
+    systemd's or Slurm's SIGTERM every process of the job), and the parent decides what stops. A worker
+    that died of one printed a traceback (the parent's handlers come with the fork); worse, one that
+    died as it took the pool's queue lock, which a signal's exception can leave taken, hung the
+    parent, which waits for that lock to end the pool. The pool ends its workers with SIGKILL instead
+    (`_WorkerPool`), once it holds that lock itself.
+    """
     from tokenizers import Tokenizer
+
+    for number in _WORKER_SIGNALS:
+        signal.signal(number, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _WORKER_SIGNALS)  # held back since the fork
 
     global _worker_tokenizer, _worker_max_length
     _worker_tokenizer = HtmlTokenizer.from_tokenizers(Tokenizer.from_str(tokenizer_json))
     _worker_max_length = max_length
+
+
+class _WorkerPool(Pool):
+    """The prune-and-tokenize pool: its workers ignore SIGTERM (`_init_worker`), so `terminate` ends
+    them with SIGKILL, as SIGTERM's default would have."""
+
+    @staticmethod
+    def Process(ctx: Any, *args: Any, **kwds: Any) -> Any:
+        process = ctx.Process(*args, **kwds)
+        process.terminate = process.kill
+        return process
 
 
 def _prune_and_tokenize(item: tuple[str, bytes]) -> tuple[str, str, list[int], int, bool, int] | str:
@@ -343,6 +375,38 @@ def _chunks(pages: Iterator[Page], size: int) -> Iterator[list[Page]]:
         yield chunk
 
 
+@contextlib.contextmanager
+def _worker_pool(context: BaseContext, workers: int, tokenizer_json: str, max_length: int) -> Iterator[Pool]:
+    """The prune-and-tokenize pool, started with Ctrl-C and SIGTERM held off, and ended by its `with`.
+
+    Held off in the workers until `_init_worker` has them ignored (a fork keeps the signal mask): one
+    signalled as it started (a Ctrl-C to the group right after the start) died with a traceback. The
+    pool's threads, started now too, keep them blocked for good, so the workers the pool starts later
+    are born the same way. And held off in this process until the pool is in its `with`: raised in the
+    middle of `Pool()` (Python raises it in the main thread whichever thread the kernel gave it to), it
+    left a pool nothing ended, whose workers multiprocessing's exit then stopped with SIGTERM and
+    waited for, while its thread started new ones.
+    """
+    caught: list[int] = []
+    previous = {number: signal.getsignal(number) for number in _WORKER_SIGNALS}
+    swap = threading.current_thread() is threading.main_thread() and None not in previous.values()
+    if swap:
+        for number in _WORKER_SIGNALS:
+            signal.signal(number, lambda number, frame: caught.append(number))
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _WORKER_SIGNALS)
+    try:
+        pool = _WorkerPool(workers, _init_worker, (tokenizer_json, max_length), context=context)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        if swap:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+    with pool:
+        if caught:  # now, to the handler of the moment: it ends the pool as any Ctrl-C does
+            signal.raise_signal(caught[0])
+        yield pool
+
+
 def process_pages(
     source: str | Path,
     tokenizer: HtmlTokenizer,
@@ -361,7 +425,7 @@ def process_pages(
     docs: list[Document] = []
     bar = progress_bar(desc="prepare", unit="page", disable=not progress)
     with (
-        context.Pool(workers, initializer=_init_worker, initargs=(tokenizer.to_json(), max_length)) as pool,
+        _worker_pool(context, workers, tokenizer.to_json(), max_length) as pool,
         ThreadPoolExecutor(max_workers=max(1, workers)) as threads,
     ):
         for chunk in _chunks(pages_within_cap(source, limit=limit), 64):

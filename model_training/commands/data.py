@@ -69,6 +69,22 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     prepare.set_defaults(func=run_prepare)
 
 
+def interrupted_prepare(args: argparse.Namespace) -> str:
+    """What an interrupted preparation leaves: nothing to go on from (the pages are held in memory until
+    every one is read), and its output as it was, unless the shards were being written (the manifest
+    is removed first, so a half-written directory says it is incomplete, and training refuses it)."""
+    from model_training.data import MANIFEST_FILE
+
+    again = "run the same command again to prepare them from the first page"
+    out = Path(args.out)
+    if (out / MANIFEST_FILE).is_file() or not any(out.glob("shard-*.parquet")):
+        return f"nothing is kept ({out} was left as it was; a preparation does not resume): {again}"
+    return f"{out} holds part of the new shards and no {MANIFEST_FILE} (it is incomplete): {again}"
+
+
+ON_INTERRUPT = {"prepare": interrupted_prepare}
+
+
 def _usage(parser: argparse.ArgumentParser) -> int:
     parser.print_help(sys.stderr)
     return 2

@@ -93,6 +93,25 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     run_parser.set_defaults(func=run)
 
 
+def cache_kept(args: argparse.Namespace) -> str:
+    """What an interrupted `eval run` or `heads train` keeps: each stage finished, in the cache, where the
+    same command finds it (a stage's results are saved when it ends, each cache file replaced whole)."""
+    if not args.cache:
+        return "nothing is kept (--cache ''): run the same command again to start over"
+    return (
+        f"the stages finished (pages pruned, extracted, a checkpoint's or baseline's embeddings) are kept "
+        f"in the cache {args.cache}: run the same command again to go on from them"
+    )
+
+
+def interrupted_run(args: argparse.Namespace) -> str:
+    """The cache, and the report directory as it was (the report is written at the end)."""
+    return f"the report in {args.out} is written at the end; {cache_kept(args)}"
+
+
+ON_INTERRUPT = {"run": interrupted_run}
+
+
 def usage(parser: argparse.ArgumentParser) -> int:
     """What a command group does without its ACTION: print its help, exit status 2."""
     parser.print_help()

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from model_training.commands.eval import add_head_flags, eval_config, usage
+from model_training.commands.eval import add_head_flags, cache_kept, eval_config, usage
 
 if TYPE_CHECKING:
     from model_training.evaluation.tasks import Task
@@ -38,6 +38,15 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     add_head_flags(train)
     train.set_defaults(func=run)
+
+
+def interrupted_train(args: argparse.Namespace) -> str:
+    """The cache, and the checkpoint's heads as they were (`save_heads` commits them all at once, at
+    the end)."""
+    return f"no head was written into {args.checkpoint}; {cache_kept(args)}"
+
+
+ON_INTERRUPT = {"train": interrupted_train}
 
 
 def check_columns(tasks: Sequence[Task], existing: Sequence[HeadSpec]) -> None:

@@ -34,6 +34,18 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     derive.set_defaults(func=run_derive)
 
 
+def interrupted_derive(args: argparse.Namespace) -> str:
+    """The pages copied so far are kept (content-addressed, so the next run reuses them); the task
+    directories are written at the end, from every page."""
+    return (
+        f"the pages copied so far are kept in {args.out}, the tasks are written at the end: run the same "
+        "command again to derive them"
+    )
+
+
+ON_INTERRUPT = {"derive": interrupted_derive}
+
+
 def run_derive(args: argparse.Namespace) -> int:
     from model_training.data import writable_dir
     from model_training.evaluation.derive import derive_tasks

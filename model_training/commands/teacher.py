@@ -47,6 +47,22 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     embed.set_defaults(func=run_embed)
 
 
+def interrupted_embed(args: argparse.Namespace) -> str:
+    """What an interrupted teacher run leaves: nothing to go on from (the vectors are held in memory
+    until every shard is embedded), and its output as it was, unless the vectors were being written
+    (teacher.json is removed first and written last, so training refuses a half-written directory)."""
+    from model_training.teacher import TEACHER_META_FILE
+
+    again = "run the same command again to embed the shards from the first"
+    out = Path(args.out)
+    if (out / TEACHER_META_FILE).is_file() or not any(out.glob("*.npy")):
+        return f"nothing is kept ({out} was left as it was; a teacher run does not resume): {again}"
+    return f"{out} holds part of the new vectors and no {TEACHER_META_FILE} (it is incomplete): {again}"
+
+
+ON_INTERRUPT = {"embed": interrupted_embed}
+
+
 def _usage(parser: argparse.ArgumentParser) -> int:
     parser.print_help(sys.stderr)
     return 2

@@ -80,6 +80,23 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     evaluate.set_defaults(func=run_eval)
 
 
+def interrupted_train(args: argparse.Namespace) -> str:
+    """Nothing to go on from: the pages are pruned into memory and tokenizer.json is written (whole:
+    `HtmlTokenizer.save` renames it into place) at the very end."""
+    return (
+        f"nothing is kept ({args.out} was left as it was; tokenizer training does not resume): run the "
+        "same command again to start over"
+    )
+
+
+def interrupted_eval(args: argparse.Namespace) -> str:
+    """Nothing to go on from: the figures are counted in memory and written at the end."""
+    return "nothing was written (the figures are written at the end): run the same command again"
+
+
+ON_INTERRUPT = {"train": interrupted_train, "eval": interrupted_eval}
+
+
 def _corpus_flags(parser: argparse.ArgumentParser, *, default_split: str) -> None:
     parser.add_argument(
         "--corpus",

@@ -49,22 +49,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    import logging
-
-    from model_training.pretrain import train
-    from model_training.train_config import load_config
-    from service.core.errors import HtmllmError
-
-    if args.epochs is not None and args.max_steps:
-        # Each asks for a run length; max_steps would win without a word, as it does in a config file.
-        print(
-            "htmllm train: --epochs and --max-steps both set the run length: pass one of them",
-            file=sys.stderr,
-        )
-        return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    overrides = {
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The command line's settings over the config file's (None: the file's, or the default)."""
+    return {
         "shards": args.shards,
         "teacher": args.teacher,
         "out": args.out,
@@ -81,8 +68,57 @@ def run(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "progress": False if args.no_progress else None,
     }
+
+
+def interrupted(args: argparse.Namespace) -> str:
+    """What an interrupted run keeps: its newest checkpoint, the one the same command resumes from
+    (`training_checkpoints.latest_checkpoint`, asked as a resume asks it). A checkpoint is written to a
+    `.tmp` directory and renamed, so one cut short is no checkpoint."""
+    import logging
+
+    from model_training.train_config import load_config
+    from model_training.training_checkpoints import latest_checkpoint
+    from service.core.errors import HtmllmError
+
     try:
-        config = load_config(args.config, overrides)
+        out = load_config(args.config, _overrides(args)).out
+    except HtmllmError:  # stopped before the config was read; the run has said nothing of it
+        return "nothing was written: run the same command again"
+    # Quiet: it warns, for a resume, where `checkpoints/latest` was cut short before naming the newest.
+    logging.disable(logging.WARNING)
+    try:
+        found = latest_checkpoint(out)
+    except OSError:
+        found = None
+    finally:
+        logging.disable(logging.NOTSET)
+    if found is None:
+        return f"no checkpoint was written in {out} yet: run the same command again to start over"
+    again = "run it without --no-resume" if args.no_resume else "run the same command"
+    step = found.name.removeprefix("step-").lstrip("0") or "0"
+    return f"the last checkpoint is step {step} ({found}): {again} to resume from it"
+
+
+ON_INTERRUPT = {"train": interrupted}
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    from model_training.pretrain import train
+    from model_training.train_config import load_config
+    from service.core.errors import HtmllmError
+
+    if args.epochs is not None and args.max_steps:
+        # Each asks for a run length; max_steps would win without a word, as it does in a config file.
+        print(
+            "htmllm train: --epochs and --max-steps both set the run length: pass one of them",
+            file=sys.stderr,
+        )
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        config = load_config(args.config, _overrides(args))
         result = train(config, stop_at_step=args.stop_at_step, resume=not args.no_resume)
     except HtmllmError as exc:
         print(f"htmllm train: {exc.code}: {exc}", file=sys.stderr)

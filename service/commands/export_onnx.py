@@ -2,9 +2,11 @@
 
 The cheap checks come before the export: an `--opset` torch's exporter cannot write (it builds opset-18
 graphs and converts them up, never down, so below 18 it would write 18 after a converter traceback) or
-one newer than the installed `onnx` knows is refused, and so is an `--out` that cannot be written. The
-opset the written graph declares is read back and reported; a graph that did not get the opset asked
-for fails the command rather than pass for it.
+one newer than the installed `onnx` knows is refused, and so are an `--out` naming a directory (it is the
+graph's file) or one that cannot be written, and a `--checkpoint` that is no checkpoint directory, as
+`htmllm embed` and `htmllm serve` refuse it (`check_checkpoint_path`: a training run's folder gets its
+`model/` suggested). The opset the written graph declares is read back and reported; a graph that did
+not get the opset asked for fails the command rather than pass for it.
 
 The export holds the lock a starting server's `ensure_onnx` takes on the target's directory
 (`export_onnx_locked`): that server, cleaning up the temporaries of killed exports, would otherwise
@@ -16,6 +18,7 @@ The checkpoint's fingerprint, which the graph records, is taken before the check
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -37,9 +40,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--checkpoint", required=True, type=Path, help="checkpoint directory to export")
     parser.add_argument(
         "--out",
-        type=Path,
         default=None,
-        help="where to write the graph (default: model.onnx inside the checkpoint, where the service looks)",
+        help="the graph's file, e.g. graphs/model.onnx (default: model.onnx inside the checkpoint, where "
+        "the service looks)",
     )
     parser.add_argument(
         "--opset",
@@ -103,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         print("htmllm export-onnx: needs onnx and onnxscript (pip install onnx onnxscript)", file=sys.stderr)
         return 1
     from service.core.checkpoint import checkpoint_fingerprint, load_checkpoint
+    from service.core.checkpoint_path import check_checkpoint_path
     from service.core.errors import HtmllmError
     from service.engine.onnx_export import OPSET, default_onnx_path, export_onnx_locked
 
@@ -116,7 +120,23 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     quantize = quantization_option(args.quantize)
-    out = args.out if args.out is not None else default_onnx_path(args.checkpoint, quantize)
+    if args.out is not None and args.out.endswith(("/", os.sep)):
+        # A file, as documented: Path() dropped the slash, and `--out onnxout/` wrote a file `onnxout`.
+        file = default_onnx_path(args.out, quantize)
+        print(
+            f"htmllm export-onnx: --out {args.out} names a directory; --out is the graph's file: "
+            f"--out {file}, say",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        # The check `htmllm embed` and `htmllm serve` make, before anything is loaded: a training run's
+        # folder had been "cannot read config.json", where they suggest the run's model/.
+        check_checkpoint_path(args.checkpoint, "--checkpoint")
+    except HtmllmError as exc:
+        print(f"htmllm export-onnx: {exc.code}: {exc}", file=sys.stderr)
+        return 1
+    out = Path(args.out) if args.out is not None else default_onnx_path(args.checkpoint, quantize)
     problem = _unwritable(out)
     if problem is not None:
         print(f"htmllm export-onnx: cannot write {out}: {problem}", file=sys.stderr)

@@ -11,6 +11,14 @@ import pytest
 from service.cli import main
 
 
+def _checkpoint(path: Path) -> Path:
+    """A directory the command takes for a checkpoint (it holds htmllm.json), for tests whose load and
+    export are patched."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "htmllm.json").write_text("{}", encoding="utf-8")
+    return path
+
+
 def test_an_opset_below_the_exporters_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for opset in ("9", "17", "1000"):
         assert main(["export-onnx", "--checkpoint", str(tmp_path), "--opset", opset]) == 2
@@ -21,8 +29,9 @@ def test_an_opset_below_the_exporters_is_refused(tmp_path: Path, capsys: pytest.
 
 def test_an_unwritable_out_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "a-file").write_bytes(b"")
+    checkpoint = _checkpoint(tmp_path / "ckpt")
     for out in (tmp_path / "a-file" / "model.onnx", tmp_path):
-        assert main(["export-onnx", "--checkpoint", str(tmp_path / "ckpt"), "--out", str(out)]) == 1
+        assert main(["export-onnx", "--checkpoint", str(checkpoint), "--out", str(out)]) == 1
         err = capsys.readouterr().err
         assert err.startswith(f"htmllm export-onnx: cannot write {out}: ") and err.count("\n") == 1
     assert main(["export-onnx", "--checkpoint", str(tmp_path / "typo")]) == 1
@@ -62,7 +71,10 @@ def test_the_opset_written_is_the_one_reported(
     monkeypatch.setattr(service.core.checkpoint, "checkpoint_fingerprint", lambda path: "f")
     monkeypatch.setattr(service.engine.onnx_export, "export_onnx", _fake_export(written))
     out = tmp_path / "y.onnx"
-    assert main(["export-onnx", "--checkpoint", str(tmp_path), "--out", str(out), "--opset", "20"]) == code
+    assert (
+        main(["export-onnx", "--checkpoint", str(_checkpoint(tmp_path)), "--out", str(out), "--opset", "20"])
+        == code
+    )
     err = capsys.readouterr().err
     if code:
         assert f"wrote {out} at opset 18, not the 20 asked for" in err
@@ -108,7 +120,7 @@ def test_the_export_holds_the_lock_a_starting_server_cleans_up_under(
     for name in killed + kept:
         (graphs / name).write_bytes(b"graph")
     for out in (graphs / "y.onnx", tmp_path / "new" / "y.onnx"):  # a missing directory: made, then locked
-        args = ["export-onnx", "--checkpoint", str(tmp_path), "--out", str(out), "--opset", "20"]
+        args = ["export-onnx", "--checkpoint", str(_checkpoint(tmp_path)), "--out", str(out), "--opset", "20"]
         assert main(args) == 0, capsys.readouterr().err
         assert seen[-1][0], f"exported {out} without the directory's lock"
     assert seen == [(True, sorted(kept)), (True, [])]
@@ -144,7 +156,7 @@ def test_waiting_for_another_exports_lock_is_said_in_one_line(
 
     monkeypatch.setattr(fcntl, "flock", held_by_another_export)
     out = tmp_path / "graphs" / "y.onnx"
-    args = ["export-onnx", "--checkpoint", str(tmp_path), "--out", str(out), "--opset", "20"]
+    args = ["export-onnx", "--checkpoint", str(_checkpoint(tmp_path)), "--out", str(out), "--opset", "20"]
     assert main(args) == 0
     assert calls == ["tried", "waited, having said so: True"]
     assert f"wrote {out} (opset 20, " in capsys.readouterr().err
@@ -153,3 +165,39 @@ def test_waiting_for_another_exports_lock_is_said_in_one_line(
     assert main(args) == 0
     assert calls == ["tried, having said so: False"]
     assert "waiting for another export" not in capsys.readouterr().err
+
+
+def test_a_training_runs_folder_gets_its_model_suggested_as_embed_and_serve_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--checkpoint runs/my/smoke` (the run, whose model is in model/) said "cannot read config.json"
+    after the imports; it is `check_checkpoint_path`'s line now, the one `htmllm embed` prints."""
+    run = tmp_path / "smoke"
+    _checkpoint(run / "model")
+    assert main(["export-onnx", "--checkpoint", str(run)]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"htmllm export-onnx: checkpoint_invalid: {run} is not an htmllm checkpoint (it holds no "
+        f"htmllm.json); did you mean --checkpoint {run / 'model'}?"
+    ]
+    assert not (run / "model.onnx").exists()
+    assert main(["export-onnx", "--checkpoint", str(tmp_path / "typo")]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"htmllm export-onnx: checkpoint_invalid: checkpoint directory {tmp_path / 'typo'} does not exist"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("quantize", "name"), [([], "model.onnx"), (["--quantize", "int8"], "model.int8.onnx")]
+)
+def test_an_out_ending_in_a_slash_is_refused_as_a_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], quantize: list[str], name: str
+) -> None:
+    """--out is the graph's file: `--out onnxout/` wrote a file named onnxout (Path() drops the slash)."""
+    out = f"{tmp_path / 'onnxout'}/"
+    argv = ["export-onnx", "--checkpoint", str(_checkpoint(tmp_path / "ckpt")), "--out", out, *quantize]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"htmllm export-onnx: --out {out} names a directory; --out is the graph's file: "
+        f"--out {tmp_path / 'onnxout' / name}, say"
+    ]
+    assert not (tmp_path / "onnxout").exists()

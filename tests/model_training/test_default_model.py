@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -115,3 +116,17 @@ def test_a_bundle_that_fails_leaves_the_previous_bundle_in_place(
     assert sorted(path.relative_to(out) for path in out.rglob("*")) == before
     assert sorted(path.name for path in out.parent.iterdir()) == ["default-model"]
     assert all(path.stat().st_mode & 0o777 == (0o755 if path.is_dir() else 0o644) for path in out.rglob("*"))
+
+
+def test_the_bundled_model_records_the_current_prune_version_and_the_docs_name_no_number() -> None:
+    """docs/training.md says the bundle's htmllm.json is moved along with each prune version that leaves
+    the corpus's pruned output as it was, and so records the current one. It had quoted the number, 8,
+    which went stale at 9: it names the constant now, and this keeps the bundle at it."""
+    from service.api.settings import default_model_path
+    from service.core.prune import PRUNE_VERSION
+
+    assert read_meta(default_model_path()).prune_version == PRUNE_VERSION
+    docs = Path(__file__).resolve().parents[2] / "docs" / "training.md"
+    text = " ".join(docs.read_text(encoding="utf-8").split())
+    assert "records the current `PRUNE_VERSION` (in `service/core/prune.py`" in text
+    assert not re.search(r"`PRUNE_VERSION`,? \d", text), "docs/training.md quotes a prune version number"
