@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from model_training.train_config import TrainConfig
+from service.core.atomic_files import replaced_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +127,8 @@ def truncate_metrics(metrics_file: Path, step: int) -> None:
     if not metrics_file.is_file():
         return
     kept = [json.dumps(r) for r in read_metrics(metrics_file) if r["step"] <= step] if step else []
-    metrics_file.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    with replaced_atomically(metrics_file) as tmp:  # interrupted, the records stay as they were
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
 
 def read_metrics(metrics_file: str | Path) -> list[dict[str, Any]]:

@@ -30,6 +30,7 @@ from model_training.evaluation.cache import content_key
 from model_training.evaluation.metrics import EvaluationError
 from model_training.evaluation.tasks import TASK_SPEC_FILE, TaskSpec, assign_folds, write_task
 from model_training.sites import site_of
+from service.core.atomic_files import replaced_atomically
 from service.core.decoding import decode_html
 from service.core.pages import Page
 from service.core.prune import respell_longer_references
@@ -170,7 +171,9 @@ def _store_page(out: Path, page: Page) -> str:
     path = out / PAGES_DIR / f"{digest}.html.gz"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(gzip.compress(page.html, compresslevel=6, mtime=0))
+        # Whole or absent: a page cut short by Ctrl-C would be reused, as it is, by every later run.
+        with replaced_atomically(path) as tmp:
+            tmp.write_bytes(gzip.compress(page.html, compresslevel=6, mtime=0))
     return f"../{PAGES_DIR}/{path.name}"
 
 

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import logging
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from model_training.train_logs import StepLines
+from model_training.evaluation.derive import _store_page
+from model_training.train_logs import StepLines, truncate_metrics
+from service.core.pages import Page
 
 RAW = {"mlm": 9.5, "bow": 8.25, "distil": 2.0}
 
@@ -52,3 +58,44 @@ def test_beside_a_terminal_bar_the_line_goes_through_tqdm(
     assert entered == []
     StepLines(2, beside_bar=True, clock=iter([0.0, 1.0]).__next__).log(1, RAW, 1.0, 1e-3, tokens_seen=1)
     assert entered == [True] and len(caplog.records) == 2
+
+
+def _cut_short(monkeypatch: pytest.MonkeyPatch, method: str) -> None:
+    """`Path.<method>` writes half its data, then Ctrl-C arrives."""
+    real = getattr(Path, method)
+
+    def cut(self: Path, data: Any, *args: Any, **kwargs: Any) -> Any:
+        real(self, data[: len(data) // 2], *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, method, cut)
+
+
+def test_an_interrupted_truncation_leaves_the_records_as_they_were(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """metrics.jsonl was rewritten in place as a run resumed: a Ctrl-C then could empty it."""
+    metrics = tmp_path / "metrics.jsonl"
+    before = "".join(json.dumps({"step": step, "loss": 1.0}) + "\n" for step in (1, 2, 3))
+    metrics.write_text(before, encoding="utf-8")
+    _cut_short(monkeypatch, "write_text")
+    with pytest.raises(KeyboardInterrupt):
+        truncate_metrics(metrics, 2)
+    monkeypatch.undo()
+    assert metrics.read_text(encoding="utf-8") == before
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]
+
+
+def test_a_derived_page_cut_short_is_not_left_to_be_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Page files are content-addressed and kept when present: a half-written one was reused by every
+    later `tasks derive`."""
+    page = Page(id="p", html=b"<html><body><p>" + b"words " * 2000 + b"</p></body></html>")
+    _cut_short(monkeypatch, "write_bytes")
+    with pytest.raises(KeyboardInterrupt):
+        _store_page(tmp_path, page)
+    monkeypatch.undo()
+    assert not any(path.is_file() for path in tmp_path.rglob("*"))
+    stored = tmp_path / _store_page(tmp_path, page).removeprefix("../")
+    assert gzip.decompress(stored.read_bytes()) == page.html
