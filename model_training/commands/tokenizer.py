@@ -82,7 +82,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 def interrupted_train(args: argparse.Namespace) -> str:
     """Nothing to go on from: the pages are pruned into memory and tokenizer.json is written (whole:
-    `HtmlTokenizer.save` renames it into place) at the very end."""
+    `HtmlTokenizer.save` renames it into place) at the very end, then its report training.json."""
+    if (args.out / "tokenizer.json").is_file() and not (args.out / "training.json").exists():
+        return (
+            f"{args.out / 'tokenizer.json'} was written but not its report (training.json): run the same "
+            "command again to train and write both"
+        )
     return (
         f"nothing is kept ({args.out} was left as it was; tokenizer training does not resume): run the "
         "same command again to start over"
@@ -173,6 +178,9 @@ def run_train(args: argparse.Namespace) -> int:
     except HtmllmError as exc:
         return _fail(f"{exc.code}: {exc}")
     counts = count_tags(corpus.texts)
+    # A stale report beside the new tokenizer.json would describe another vocabulary: it goes first, and the
+    # new one is written whole after the tokenizer (an interrupt between leaves no report, not a wrong one).
+    (args.out / "training.json").unlink(missing_ok=True)
     tok.save(args.out)
     report = {
         "tokenizer_sha256": tok.sha256,
@@ -187,12 +195,20 @@ def run_train(args: argparse.Namespace) -> int:
         "prune_version": _prune_version(),
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "func"},
     }
-    (args.out / "training.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", "utf-8")
+    write_report(args.out / "training.json", report)
     print(
         f"wrote {args.out / 'tokenizer.json'}: {tok.vocab_size} ids, {len(tok.tag_token_ids)} tag tokens, "
         f"sha256 {tok.sha256[:16]}, {report['seconds']} s"
     )
     return 0
+
+
+def write_report(path: Path, report: dict[str, Any]) -> None:
+    """training.json, renamed into place whole (`htmllm default-model`'s card reads it)."""
+    from service.core.atomic_files import replaced_atomically
+
+    with replaced_atomically(path) as tmp:
+        tmp.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", "utf-8")
 
 
 def _prune_version() -> str:

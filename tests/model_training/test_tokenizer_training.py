@@ -395,3 +395,39 @@ def test_tag_tokens_past_the_vocabulary_are_refused_saying_what_fits() -> None:
         < len(tag_tokens(chosen[: tags + 1], spaced=True))
     )
     assert size == round_up(99 + len(tag_tokens(chosen, spaced=True)))
+
+
+def test_an_interrupted_retrain_leaves_no_stale_report_beside_the_new_tokenizer(
+    raw_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """training.json was written after tokenizer.json, in place: a run stopped between the two left the
+    previous run's report (its sha256, vocabulary size and tags) describing the new vocabulary."""
+    import model_training.commands.tokenizer as command
+    from service.cli import main
+    from service.core.tokenizer import HtmlTokenizer
+
+    out = tmp_path / "tok"
+    out.mkdir()
+    stale = {"tokenizer_sha256": "0" * 64, "vocab_size": 99999}
+    (out / "training.json").write_text(json.dumps(stale), "utf-8")
+
+    def stopped(*_args: object) -> None:
+        raise KeyboardInterrupt
+
+    train = ["tokenizer", "train", "--corpus", str(raw_corpus), "--no-progress", "--out", str(out),
+             "--vocab-size", "512", "--min-frequency", "2", "--tags", "10"]  # fmt: skip
+    monkeypatch.setattr(command, "write_report", stopped)
+    assert main(train) == 130
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said == (
+        f"htmllm tokenizer train: interrupted; {out / 'tokenizer.json'} was written but not its report "
+        "(training.json): run the same command again to train and write both"
+    )
+    assert (out / "tokenizer.json").is_file()
+    assert not (out / "training.json").exists()
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert main(train) == 0
+    report = json.loads((out / "training.json").read_text("utf-8"))
+    assert report["tokenizer_sha256"] == HtmlTokenizer.from_file(out / "tokenizer.json").sha256
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
