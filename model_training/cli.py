@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
+import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -65,7 +66,10 @@ def commands(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParse
 
 def interruptible(prog: str, func: Command, kept: Kept) -> Command:
     """`func` with Ctrl-C and SIGTERM ending it in one line on stderr, `<prog>: interrupted; <kept>`
-    (`terminated (SIGTERM)` for SIGTERM), and the shell's status for the signal: 130 or 143."""
+    (`terminated (SIGTERM)` for SIGTERM), and the shell's status for the signal: 130 or 143.
+
+    Under torchrun every worker gets the signal: only rank 0 (`RANK`, torchrun's global rank) says the
+    line, which would otherwise be printed once per process, interleaved."""
 
     @functools.wraps(func)
     def run(args: argparse.Namespace) -> int:
@@ -74,7 +78,8 @@ def interruptible(prog: str, func: Command, kept: Kept) -> Command:
                 return func(args)
             except KeyboardInterrupt:
                 pass
-        print(f"{prog}: {termination.how}; {kept(args)}", file=sys.stderr)
+        if os.environ.get("RANK", "0").strip() in ("0", ""):
+            print(f"{prog}: {termination.how}; {kept(args)}", file=sys.stderr)
         return termination.status
 
     return run

@@ -39,6 +39,18 @@ def test_an_interrupted_command_says_what_it_kept_in_one_line(
     assert capsys.readouterr().err.splitlines() == [f"htmllm thing do: {how}; kept x: run it again"]
 
 
+def test_under_torchrun_only_rank_0_says_what_was_kept(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every torchrun worker gets the signal: each had printed the same line, interleaved."""
+    run = cli.interruptible("htmllm train", _stopped, lambda args: "kept step 10: run it again")
+    line = "htmllm train: interrupted; kept step 10: run it again"
+    for rank, said in (("1", []), ("3", []), ("0", [line])):
+        monkeypatch.setenv("RANK", rank)
+        assert run(argparse.Namespace()) == 130
+        assert capsys.readouterr().err.splitlines() == said
+
+
 def test_a_command_that_ends_by_itself_is_left_alone() -> None:
     run = cli.interruptible("htmllm thing do", lambda args: 3, lambda args: "unused")
     assert run(argparse.Namespace()) == 3
