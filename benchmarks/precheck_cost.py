@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -172,10 +173,17 @@ def compare(args: argparse.Namespace) -> None:
             cells = "  ".join(f"{k} {v:.3f}" for k, v in medians.items())
             print(f"  {tree:9s} {cells}")
         if "baseline" in trees:
-            print(
-                f"  baseline/checkout: depth {sums['baseline depth'] / sums['checkout depth']:.1f}x, "
-                f"gate {sums['baseline'] / sums['checkout']:.1f}x"
-            )
+            print(f"  baseline/checkout: {ratios(sums)}")
+
+
+def ratios(sums: dict[str, float]) -> str:
+    """The ratios, "depth Dx, gate Gx"; the depth left out where it was not timed (the corpus row times
+    only the gate: it had printed "depth nanx")."""
+    cells = []
+    if not math.isnan(sums["baseline depth"]) and not math.isnan(sums["checkout depth"]):
+        cells.append(f"depth {sums['baseline depth'] / sums['checkout depth']:.1f}x")
+    cells.append(f"gate {sums['baseline'] / sums['checkout']:.1f}x")
+    return ", ".join(cells)
 
 
 if __name__ == "__main__":
