@@ -25,6 +25,11 @@
 # COMPILE=0, PROFILE=0, SERVICE_PROCESS=0 shorten it. Each step's start is stamped (UTC) in the log;
 # gpu_engine.json is rewritten after every row and each service run writes its own JSON, so a call
 # stopped at its limit keeps what it had measured.
+#
+# DRY_RUN=1 runs the same sequence here, on a CPU, before a device call is spent on it: no wheels
+# installed, gpu_engine.sh's own dry run, and the service runs with the same flags but on the CPU in
+# float32, the tiny preset for the base one, 16 synthetic pages (.corpus/ if present), 4 clients, 1 + 2 s
+# (PYTHON picks the interpreter, python3 by default). The figures mean nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -40,34 +45,46 @@ for part in $parts; do
     *) echo "PARTS=\"$PARTS\": '$part' is no part of this run (engine, service)" >&2; exit 2 ;;
   esac
 done
+PY="${PYTHON:-python3}"
+dry="${DRY_RUN:-}"
 {
-  stamp "start"
-  if compgen -G ".whl/*.whl" >/dev/null; then
+  stamp "start${dry:+ (dry run)}"
+  if [ -n "$dry" ]; then
+    echo "dry run: the wheels are not installed, no GPU is used"
+  elif compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
   else
     echo "no .whl/: using the image's packages as they are"
   fi
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+  [ -n "$dry" ] || nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+  "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   # Each part runs whatever the one before it did; the exit status says whether any failed.
   failed=0
   if [[ " $parts " == *" engine "* ]]; then
     stamp "engine"
-    PYTHON=python3 bash benchmarks/gpu_engine.sh || { echo "gpu_engine.sh failed"; failed=1; }
+    PYTHON="$PY" bash benchmarks/gpu_engine.sh || { echo "gpu_engine.sh failed"; failed=1; }
   fi
   if [[ " $parts " == *" service "* ]] && [ "${SERVICE:-1}" != 0 ]; then
     # Real corpus pages when gpu_wheels.sh could sample them into .corpus/ (carried), else synthetic ones.
     if [ -f .corpus/manifest.jsonl ]; then pages=(--corpus .corpus --limit 512); else pages=(--synthetic 512); fi
+    if [ -n "$dry" ]; then
+      [ -f .corpus/manifest.jsonl ] && pages=(--corpus .corpus --limit 16) || pages=(--synthetic 16)
+      run=(--device cpu --dtype float32 --preprocess-pool process --preprocess-workers 1 --clients 4
+           --client-processes 1 --warmup 1 --duration 2)
+      base=(--no-bundled --preset tiny --max-length 64)
+    else
+      run=(--device cuda --dtype bfloat16 --preprocess-pool process --preprocess-workers 8 --clients 32
+           --client-processes 4 --warmup 4 --duration 12)
+      base=(--no-bundled --preset base --max-length 512)
+    fi
     echo "service benchmark pages: ${pages[*]}"
-    service=(python3 benchmarks/service.py "${pages[@]}" --device cuda --dtype bfloat16
-             --preprocess-pool process --preprocess-workers 8 --clients 32 --client-processes 4
-             --warmup 4 --duration 12)
+    service=("$PY" benchmarks/service.py "${pages[@]}" "${run[@]}")
     stamp "service: default model"
     "${service[@]}" ${OUT:+--json "$OUT/gpu_service_default.json"} \
       || { echo "service benchmark (default model) failed"; failed=1; }
     stamp "service: base preset"
-    "${service[@]}" --no-bundled --preset base --max-length 512 ${OUT:+--json "$OUT/gpu_service_base.json"} \
+    "${service[@]}" "${base[@]}" ${OUT:+--json "$OUT/gpu_service_base.json"} \
       || { echo "service benchmark (base preset) failed"; failed=1; }
     # The same two with the model in a child process (HTMLLM_INFERENCE_PROCESS): does a GIL of its own
     # shorten the server's passes (compare host ms and pass ms with the runs above)?
@@ -75,7 +92,7 @@ done
     [ "${SERVICE_PROCESS:-1}" = 0 ] || "${service[@]}" --inference-process ${OUT:+--json "$OUT/gpu_service_default_process.json"} \
       || { echo "service benchmark (default model, inference process) failed"; failed=1; }
     [ "${SERVICE_PROCESS:-1}" = 0 ] || stamp "service: base preset, inference process"
-    [ "${SERVICE_PROCESS:-1}" = 0 ] || "${service[@]}" --inference-process --no-bundled --preset base --max-length 512 \
+    [ "${SERVICE_PROCESS:-1}" = 0 ] || "${service[@]}" --inference-process "${base[@]}" \
       ${OUT:+--json "$OUT/gpu_service_base_process.json"} \
       || { echo "service benchmark (base preset, inference process) failed"; failed=1; }
   fi

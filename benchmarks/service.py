@@ -366,7 +366,9 @@ def run_mode(
     return ModeResult(name, docs, errors, args.duration, latencies, server)
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The options (apart from `main`, so that a test can check the command lines gpu_device_run.sh
+    would give it on the device)."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -419,7 +421,11 @@ def main() -> int:
     parser.add_argument(
         "--onnx-quantize", choices=QUANTIZATION_CHOICES, default=NO_QUANTIZATION, help="onnx on CPU"
     )
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> int:
+    args = build_parser().parse_args()
 
     if args.synthetic > 0:
         from loadtests.pagegen import synthetic_pages
