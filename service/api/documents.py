@@ -29,7 +29,7 @@ from pydantic import BaseModel, ValidationError
 from service.api.runtime import CHARGE_KEY
 from service.api.schemas import DocumentIn, EncodingFormat
 from service.api.timing import milliseconds
-from service.core.decoding import parse_content_type
+from service.core.decoding import parse_content_type, sniff_utf16
 from service.core.errors import ErrorCode, HtmllmError, shown
 from service.core.pages import valid_json
 from service.engine import Document, DocumentResult
@@ -277,15 +277,30 @@ async def read_json_body(request: Request, model: type[M]) -> M:
             f"unsupported Content-Type {(header or '')[:100]!r}: send application/json",
             code=ErrorCode.UNSUPPORTED_MEDIA_TYPE,
         )
-    hint = _charset_hint(charset)
-    return await _parse_json_off_loop(request, model, await request.body(), hint=hint)
+    body = await request.body()
+    if not header and _looks_like_markup(body):
+        # `requests.post(url, data=page)`: a page, which these routes take only inside JSON. As a
+        # text/html body would be, a 415, saying where a raw page goes (it was "Invalid JSON: expected
+        # value at line 1 column 1").
+        raise HtmllmError(
+            "this route takes JSON only, and the body (without Content-Type) is a page: send it as a "
+            "string in the JSON body, or post it raw to /v1/embed as text/html; charset=... or "
+            "application/octet-stream",
+            code=ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+        )
+    return await _parse_json_off_loop(request, model, body, hint=_charset_hint(charset))
 
 
 def _looks_like_markup(body: bytes) -> bool:
     """Whether a body can only be a page, never JSON: it starts with `<` (after white space or a UTF-8
-    byte order mark), or with a UTF-16 byte order mark."""
+    byte order mark), with a UTF-16 byte order mark, or with `<` in UTF-16 without one (`sniff_utf16`'s
+    markup, which the decoder reads for a crawler that lost the header; big-endian, or after a newline,
+    it had been read as JSON and refused). UTF-16 JSON holding markup starts with `{` or `[`: JSON."""
     if body.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
         return True
+    utf16 = sniff_utf16(body)
+    if utf16 is not None:
+        return body[:4096].decode(utf16, errors="replace").lstrip("\t\n\r ").startswith("<")
     if body.startswith(codecs.BOM_UTF8):
         body = body[len(codecs.BOM_UTF8) :]
     return body[:4096].lstrip(b"\t\n\r ").startswith(b"<")

@@ -193,6 +193,15 @@ async def test_a_page_posted_without_a_content_type_is_a_raw_page(
     np.testing.assert_allclose(embedding(item), embedding(await embed_one(client, html)), atol=1e-6)
     utf16 = await client.post("/v1/preprocess", content=codecs.BOM_UTF16_LE + html.encode("utf-16-le"))
     assert utf16.status_code == 200, utf16.text
+    # Without a byte order mark too, as the decoder reads it (big-endian, or after a newline, the body
+    # had been read as JSON: 422 "Invalid JSON").
+    for codec in ("utf-16-le", "utf-16-be"):
+        bare = await client.post("/v1/embed", content=("\n" + html).encode(codec))
+        assert bare.status_code == 200, (codec, bare.text)
+        np.testing.assert_allclose(embedding(bare.json()["data"][0]), embedding(item), atol=1e-6)
+    # UTF-16 JSON is not a page, though it holds markup.
+    as_json = json.dumps({"documents": [{"html": html}]}).encode("utf-16-le")
+    assert (await client.post("/v1/embed", content=as_json)).status_code == 422
 
 
 async def test_json_errors_say_what_the_body_was_read_as(client: httpx.AsyncClient) -> None:
@@ -491,6 +500,12 @@ async def test_compatible_routes_take_json_with_or_without_a_content_type(client
         assert "send application/json" in form.json()["error"]["message"]
         broken = await client.post(route, content=b"{not json")
         assert broken.status_code == 422 and broken.json()["error"]["code"] == "validation_error"
+        # A page posted as the body (`requests.post(url, data=page)`) says where a page goes (it was
+        # "Invalid JSON: expected value at line 1 column 1").
+        for raw in (page(1).encode(), page(1).encode("utf-16-be")):
+            misplaced = await client.post(route, content=raw)
+            assert misplaced.status_code == 415, (route, misplaced.text)
+            assert "post it raw to /v1/embed" in misplaced.json()["error"]["message"]
     # A body-less GET that claims a coding has nothing to decode.
     assert (await client.get("/health", headers={"content-encoding": "lzma"})).status_code == 200
     schema = (await client.get("/openapi.json")).json()
