@@ -101,7 +101,11 @@ class ServiceMetrics:
         self.documents = Counter("htmllm_documents_processed", "Documents answered with a result", registry=r)
         self.tokens = Counter("htmllm_tokens_processed", "Tokens of the documents answered", registry=r)
         self.documents_failed = Counter(
-            "htmllm_documents_failed", "Documents answered with an error, by code", ["code"], registry=r
+            "htmllm_documents_failed",
+            "Documents answered with an error, by code, each under its own (a failed all-or-nothing call "
+            "counts the documents that failed or were late, not every document it held)",
+            ["code"],
+            registry=r,
         )
         # Per entry of /v1/extract, which is a 200 whatever its entries say: without this, extractions
         # failing or timing out show in no series. Both labels are closed sets (ErrorCode, extractor names).
@@ -118,10 +122,16 @@ class ServiceMetrics:
         )
         self.documents_skipped = Counter(
             "htmllm_documents_skipped",
-            "Documents dropped before their forward pass (client gone or deadline passed)",
+            "Documents dropped before their forward pass (client gone, deadline passed, or another "
+            "document failed their all-or-nothing call)",
             registry=r,
         )
-        self.ready = Gauge("htmllm_ready", "1 once the model is loaded and warmed", registry=r)
+        self.ready = Gauge(
+            "htmllm_ready",
+            "1 while /ready answers 200 (read at each scrape): 0 before the warm-up succeeded, while the "
+            "backend fails (HTMLLM_UNREADY_AFTER_FAILURES) or a pass has stalled, and once shutdown began",
+            registry=r,
+        )
         self.backend_failures = Gauge(
             "htmllm_backend_consecutive_failures",
             "Forward passes failed in a row (0 after one succeeds); /ready is 503 from "

@@ -76,6 +76,21 @@ def _forget_failed_row(track: Progress) -> None:
         track.future = None
 
 
+def _failure_code(task: asyncio.Future[DocumentResult], late: ErrorCode | None) -> ErrorCode | None:
+    """The code one document of a failed all-or-nothing call is counted under, as `Engine._settle`
+    answers it, or None: embedded (the call's failure drops its result), or dropped unfinished, which is
+    no failure of its own (`Engine._count_dropped` reports those that never reached the queue).
+
+    A pass that fails fails each of its rows at once, and their tasks end before the call hears of the
+    first: every document of that pass is counted, as `_settle` counts it."""
+    if task.done() and not task.cancelled():
+        error = task.exception()
+        if error is None:
+            return None
+        return error.code if isinstance(error, HtmllmError) else ErrorCode.INTERNAL  # as `_settle` has it
+    return late  # still on its way: timed out at the deadline, else dropped with the call
+
+
 class Engine:
     """Batched inference over one checkpoint; safe to share between any number of concurrent callers."""
 
@@ -446,23 +461,24 @@ class Engine:
                 async with asyncio.timeout(timeout):
                     outcomes = list(await asyncio.gather(*tasks))
         except TimeoutError as exc:
-            self._failed(ErrorCode.TIMEOUT, count)
+            self._count_failed_call(tasks, late=ErrorCode.TIMEOUT)
             where = whereabouts(progress, self._batcher)
             self._log_late(where)
             after = f"{time.monotonic() - called:.1f} s after the call"
             raise DeadlineExceededError(
                 f"the deadline passed {after}, before the documents were embedded: {where}"
             ) from exc
-        except HtmllmError as exc:
-            self._failed(exc.code, count)
+        except HtmllmError:
+            self._count_failed_call(tasks)
             raise
         except Exception as exc:  # a bug on a document's way: typed, as `_settle` answers it
             logger.error("embedding a document failed", exc_info=exc)
-            self._failed(ErrorCode.INTERNAL, count)
+            self._count_failed_call(tasks)
             raise HtmllmError(
                 f"embedding failed: {type(exc).__name__}: {exc}", code=ErrorCode.INTERNAL
             ) from exc
         finally:
+            self._count_dropped(tasks, progress)
             cancel_and_forget(tasks)
             self._release(count)
         results = [outcome for outcome in outcomes if isinstance(outcome, DocumentResult)]
@@ -471,6 +487,32 @@ class Engine:
         for code, failed in failures.items():
             self._failed(code, failed)
         return outcomes
+
+    def _count_failed_call(
+        self, tasks: Sequence[asyncio.Future[DocumentResult]], *, late: ErrorCode | None = None
+    ) -> None:
+        """Count the failed documents of an all-or-nothing call that failed: each as `embed_settled`
+        answers it, so that the same input counts the same either way. The call's error is one
+        document's; counting every document of the call under its code had made one page over the token
+        limit in a call of ten read as ten. `late`: the deadline passed, and what was still on its way
+        timed out."""
+        failures = Counter(code for task in tasks if (code := _failure_code(task, late)) is not None)
+        for code, failed in failures.items():
+            self._failed(code, failed)
+
+    def _count_dropped(
+        self, tasks: Sequence[asyncio.Future[DocumentResult]], progress: Sequence[Progress]
+    ) -> None:
+        """Report the call's documents that end unfinished before they reached the queue (another
+        document failed the call, the deadline passed, the caller left) as skipped: dropped before their
+        forward pass. The batcher reports those it holds itself, when it drops them."""
+        dropped = sum(
+            1
+            for task, track in zip(tasks, progress, strict=True)
+            if (not task.done() or task.cancelled()) and track.stage in (PREPROCESSING, AWAITING_COPY)
+        )
+        if dropped:
+            self._on_skipped(dropped)
 
     async def _settle(
         self,

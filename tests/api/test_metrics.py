@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import threading
+from typing import Any
 
+import httpx
 import pytest
 from prometheus_client import generate_latest
 
+from service.api import app as app_module
+from service.api import runtime as runtime_module
+from service.api.app import create_app, load_engine
 from service.api.metrics import EngineMetricsObserver, GcPauseObserver, ServiceMetrics
 from service.api.routers import extract as extract_router
+from service.api.runtime import Runtime
 from service.core.extract import ExtractionError
 from service.engine import DeadlineExceededError
 from service.engine.types import BatchStats
-from tests.api.conftest import SettingsFactory, app_client
+from tests.api.conftest import SettingsFactory, app_client, serving
+from tests.api.pages import page
 
 
 def _series(metrics: ServiceMetrics) -> str:
@@ -105,3 +114,82 @@ async def test_metrics_has_no_created_series_and_leaves_other_registries_theirs(
     other = ServiceMetrics()
     other.requests.labels(route="/", method="GET", status="200").inc()
     assert "htmllm_requests_created" in _series(other)
+
+
+def _gauge(text: str, name: str) -> float:
+    (value,) = [line.split()[1] for line in text.splitlines() if line.startswith(f"{name} ")]
+    return float(value)
+
+
+async def _ready_and_gauge(client: httpx.AsyncClient) -> tuple[int, float]:
+    """/ready's status, then `htmllm_ready` as a scrape right after it reads it."""
+    status = (await client.get("/ready")).status_code
+    return status, _gauge((await client.get("/metrics")).text, "htmllm_ready")
+
+
+async def _poll_ready(client: httpx.AsyncClient, status: int) -> None:
+    for _ in range(2000):  # a bounded number of event-loop turns, not a time
+        if (await client.get("/ready")).status_code == status:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"/ready never answered {status}")
+
+
+async def test_the_ready_gauge_says_what_ready_says_in_every_state(
+    settings_for: SettingsFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`htmllm_ready` was set to 1 by the warm-up and to 0 at the end of the lifespan only: through
+    failing passes, a stalled pass and the drain /ready answered 503 while the gauge said 1."""
+    monkeypatch.setattr(app_module, "WARMUP_RETRY_FIRST_S", 0.001)
+    settings = settings_for(unready_after_failures=2, request_timeout_s=30)
+    engine = load_engine(settings)
+    runner: Any = engine._runner
+    working = runner.run
+    entered, release = threading.Event(), threading.Event()
+
+    def broken(prepared: object) -> object:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered (simulated)")
+
+    def wedged(prepared: object) -> object:
+        entered.set()
+        release.wait(60)
+        return working(prepared)
+
+    monkeypatch.setattr(runner, "run", broken)  # the warm-up fails
+    app = create_app(settings, engine)
+    runtime: Runtime = app.state.runtime
+    async with serving(app) as client:
+        for _ in range(2000):
+            if runtime.warmup_error is not None:
+                break
+            await asyncio.sleep(0.005)
+        assert await _ready_and_gauge(client) == (503, 0.0)  # warming: its warm-up failed
+        monkeypatch.setattr(runner, "run", working)
+        await _poll_ready(client, 200)
+        assert await _ready_and_gauge(client) == (200, 1.0)
+
+        monkeypatch.setattr(runner, "run", broken)  # two passes fail in a row
+        body = {"documents": [{"html": page(1)}]}
+        for _ in range(2):
+            assert (await client.post("/v1/embed", json=body)).status_code == 500
+        assert await _ready_and_gauge(client) == (503, 0.0)
+        monkeypatch.setattr(runtime_module, "PROBE_INTERVAL_S", 0.0)
+        monkeypatch.setattr(runner, "run", working)  # a probe pass (started by /ready) succeeds
+        await _poll_ready(client, 200)
+        assert await _ready_and_gauge(client) == (200, 1.0)
+
+        monkeypatch.setattr(runner, "run", wedged)  # a pass stalls past the request timeout
+        embed = asyncio.ensure_future(client.post("/v1/embed", json=body))
+        try:
+            assert await asyncio.to_thread(entered.wait, 60)
+            started = engine.health.pass_started
+            assert started is not None
+            runtime.clock = lambda: started + 30.0
+            assert await _ready_and_gauge(client) == (503, 0.0)
+        finally:
+            release.set()
+        assert (await embed).status_code == 200
+        assert await _ready_and_gauge(client) == (200, 1.0)
+
+        runtime.stopping = True  # shutdown began (the lifespan's end sets it too)
+        assert await _ready_and_gauge(client) == (503, 0.0)

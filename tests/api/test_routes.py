@@ -282,8 +282,9 @@ async def test_on_error_report_answers_each_document(settings_for: SettingsFacto
         assert unknown.status_code == 422
 
         metrics = (await client.get("/metrics")).text
-        # The failing request's three documents, then one of the report request's, then the raw page.
-        assert 'htmllm_documents_failed_total{code="too_many_tokens"} 5.0' in metrics
+        # The failing request's long page (its other two are not failures), then the report request's,
+        # then the raw page.
+        assert 'htmllm_documents_failed_total{code="too_many_tokens"} 3.0' in metrics
 
 
 async def test_on_error_report_at_the_deadline(settings_for: SettingsFactory) -> None:
@@ -400,6 +401,17 @@ async def test_unknown_route_and_method(client: httpx.AsyncClient) -> None:
     assert wrong_method.status_code == 405, wrong_method.text
     assert wrong_method.json()["error"]["code"] == "method_not_allowed"
     assert wrong_method.headers["allow"] == "POST"
+
+
+async def test_a_path_with_a_trailing_slash_is_no_route(client: httpx.AsyncClient) -> None:
+    """FastAPI redirected `/v1/embed/` to `/v1/embed` (307, which httpx does not follow and a client took
+    for an answer without a body); it is a 404 `not_found`, as any other path no route has."""
+    html = {"content-type": "text/html"}
+    for method, path in (("POST", "/v1/embed/"), ("POST", "/v1/embeddings/"), ("GET", "/health/")):
+        body = page(0) if method == "POST" else None
+        answer = await client.request(method, path, content=body, headers=html)
+        assert answer.status_code == 404, (path, answer.status_code, answer.headers)
+        assert answer.json()["error"]["code"] == "not_found" and "location" not in answer.headers
 
 
 async def test_request_metrics_keep_their_label_sets_bounded(client: httpx.AsyncClient) -> None:

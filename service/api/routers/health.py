@@ -121,6 +121,10 @@ async def info(runtime: RuntimeDep, engine: EngineDep) -> InfoResponse:
     responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "the text exposition format"}},
 )
 async def metrics(runtime: RuntimeDep) -> Response:
+    # At scrape time, from the condition /ready answers by (`unready_reason`, without /ready's side
+    # effects): set on events (1 after the warm-up, 0 at shutdown), the gauge said 1 through every 503
+    # of failing or stalled passes and of the drain.
+    runtime.metrics.ready.set(1 if runtime.unready_reason() is None else 0)
     if runtime.engine is not None:  # read at scrape time: the engine keeps the count
         runtime.metrics.backend_failures.set(runtime.engine.health.failures)
     return Response(exposition(runtime.metrics), media_type=CONTENT_TYPE_LATEST)
