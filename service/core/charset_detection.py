@@ -1,7 +1,9 @@
-"""Which encoding undeclared, non-UTF-8 page bytes are in: step 5 of `decoding.decode_html`.
+"""Which encoding undeclared, non-UTF-8 page bytes are in: step 7 of `decoding.decode_html`.
 
-charset-normalizer makes the first guess among the encodings a browser can decode. Two corrections
-follow, both from pages it misread:
+charset-normalizer makes the first guess among the encodings a browser can decode, from the page's
+non-ASCII bytes with a few bytes of context each (`_neighbourhoods`): given the page, it read five
+chunks of 512 bytes spread over it, and its guess moved with the length of the ASCII markup. Two
+corrections follow, both from pages it misread:
 
 - Latin-script single-byte readings are re-ranked by how their non-ASCII letters fit the alphabets of
   the languages those encodings serve (`_best_latin_reading`): it cannot tell iso-8859-2 from
@@ -25,6 +27,7 @@ from service.core.encoding_labels import decode_bytes, normalize_encoding
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
+    from charset_normalizer import CharsetMatch
 
 DETECT_SAMPLE_BYTES = 524288  # charset-normalizer sees at most this much; the whole page is decoded
 FEW_FOREIGN_BYTES = 256  # pages with at most this many non-ASCII bytes: the readings compete
@@ -110,11 +113,30 @@ def detect_encoding(data: bytes) -> str:
     from charset_normalizer import from_bytes  # imported lazily: it is slow to import, rarely needed
 
     sample = data[:DETECT_SAMPLE_BYTES]
-    best = from_bytes(sample, cp_isolation=_DETECTED_ENCODINGS).best()
+    # The detector reads five chunks of 512 bytes spread over what it is given, so on the page itself its
+    # answer moved with the length of the ASCII markup before the text: one GBK page came back cp1252 or
+    # GBK as a comment in its <head> grew. Given the non-ASCII bytes in their context only, it reads the
+    # text whatever surrounds it (see _neighbourhoods).
+    neighbourhoods = _neighbourhoods(sample)
+    matches = from_bytes(neighbourhoods, cp_isolation=_DETECTED_ENCODINGS)
+    best = matches.best()
     guess = _corrected_guess(sample, None if best is None else normalize_encoding(best.encoding))
-    if guess in _FEW_WORDS_GUESSES and len(sample.translate(None, _ASCII)) <= FEW_FOREIGN_BYTES:
-        return _few_foreign_words(sample, guess)
+    if guess in _FEW_WORDS_GUESSES and len(neighbourhoods.translate(None, _ASCII)) <= FEW_FOREIGN_BYTES:
+        # On a word or two every East Asian reading is often as clean and as coherent as the next (0 and
+        # 0), and the detector's first is merely the first it tried: Big5 for GBK's "你好" ("斕疑"). Its
+        # guess breaks the contest's ties only where it chose it over the other East Asian readings.
+        if guess in _EAST_ASIAN and best is not None:
+            rivals = [m for m in matches if m is not best and normalize_encoding(m.encoding) in _EAST_ASIAN]
+            if any(_tied(best, rival) for rival in rivals):
+                return _few_foreign_words(neighbourhoods, None)
+        return _few_foreign_words(neighbourhoods, guess)
     return guess
+
+
+def _tied(best: CharsetMatch, other: CharsetMatch) -> bool:
+    """Whether charset-normalizer ranked `best` over `other` without telling them apart: their mess
+    and coherence within the margins its own ordering treats as "a difficult decision"."""
+    return abs(best.chaos - other.chaos) < 0.005 and abs(best.coherence - other.coherence) <= 0.02
 
 
 def _corrected_guess(sample: bytes, name: str | None) -> str:
@@ -136,8 +158,10 @@ def _corrected_guess(sample: bytes, name: str | None) -> str:
     return name
 
 
-def _few_foreign_words(sample: bytes, guess: str) -> str:
-    """The reading of a page with few non-ASCII bytes that has the fewest implausible characters.
+def _few_foreign_words(sample: bytes, guess: str | None) -> str:
+    """The reading of a page with few non-ASCII bytes (`sample`: their `_neighbourhoods`) that has the
+    fewest implausible characters; `guess` is the detector's (re-ranked) guess, None where it was an East
+    Asian encoding the detector could not tell from the others.
 
     The contenders are the best Latin reading, windows-1251 (the web's Cyrillic) and the East Asian
     double-byte encodings; their costs (`_reading_cost`) count, in bytes, what real text does not do.
@@ -147,10 +171,9 @@ def _few_foreign_words(sample: bytes, guess: str) -> str:
     scripts (Greek, Hebrew, Arabic, Thai) do not come here: the detector gets those right from a
     sentence, and a few such words cannot be told from Cyrillic by their shapes alone.
     """
-    sample = _neighbourhoods(sample)
     # A Latin guess has been re-ranked among the Latin readings already (`_corrected_guess`).
     latin = guess if guess in _LATIN_SINGLE_BYTE else _best_latin_reading(sample, "cp1252")[0]
-    east_asian = (guess, *_EAST_ASIAN) if guess in _EAST_ASIAN else _EAST_ASIAN
+    east_asian = (guess, *_EAST_ASIAN) if guess is not None and guess in _EAST_ASIAN else _EAST_ASIAN
     best, best_cost = latin, None
     for name in dict.fromkeys((latin, "cp1251", *east_asian)):
         cost = _reading_cost(sample, name)
@@ -164,20 +187,21 @@ def _few_foreign_words(sample: bytes, guess: str) -> str:
 def _neighbourhoods(sample: bytes) -> bytes:
     """The non-ASCII bytes of `sample` with `_CONTEXT` bytes either side, the pieces joined by spaces.
 
-    Every cost looks at a character and its neighbours only, so scoring these few hundred bytes
-    instead of a page of 500 KiB gives the same answer, seven readings over, in a fraction of the time.
+    What the readings are judged on: every cost looks at a character and its neighbours only, so
+    scoring these instead of a page of 500 KiB gives the same answer in a fraction of the time, and
+    the detector given these reads the page's text, not where its chunks happen to fall in the markup.
     A piece starts and ends on ASCII bytes, which every contender decodes alone and the same way.
+    Pieces that touch are merged as spans first and cut out once: appending to the last piece made a
+    page of CJK text, one long piece, quadratic (2 s for 512 KiB).
     """
-    pieces: list[bytes] = []
-    end = 0
+    spans: list[list[int]] = []
     for match in _NON_ASCII_BYTES.finditer(sample):
-        start = max(match.start() - _CONTEXT, 0)
-        if pieces and start <= end:
-            pieces[-1] += sample[end : match.end() + _CONTEXT]
+        start, end = max(match.start() - _CONTEXT, 0), match.end() + _CONTEXT
+        if spans and start <= spans[-1][1]:
+            spans[-1][1] = end
         else:
-            pieces.append(sample[start : match.end() + _CONTEXT])
-        end = min(match.end() + _CONTEXT, len(sample))
-    return b" ".join(pieces)
+            spans.append([start, end])
+    return b" ".join(sample[start:end] for start, end in spans)
 
 
 def _reading_cost(sample: bytes, name: str) -> int:

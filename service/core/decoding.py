@@ -17,7 +17,10 @@ detector where a browser would guess from the user's locale:
    it only where no `<meta>` decides, and as a hint it ranks below real UTF-8 (a UTF-8 page with a
    stale `iso-8859-1` declaration is UTF-8) but above the ASCII default and the detector (a
    declaration is better evidence than statistics, and ISO-2022-JP is all ASCII bytes);
-6. bytes that are all ASCII are UTF-8 (every codec that reads ASCII as ASCII gives the same text);
+6. bytes that are all ASCII are ISO-2022-JP where they hold its escape sequences and read as it without
+   an error (`sniff_iso2022_jp`: browsers' detectors read them so, and as UTF-8 such a page was its
+   escape sequences as text), else UTF-8 (every other codec that reads ASCII as ASCII gives the same
+   text);
 7. otherwise `charset_detection.detect_encoding`: charset-normalizer's guess among the web's
    encodings, with the Latin-script readings re-ranked and, on pages with only a few non-ASCII bytes
    (an English page with a Russian or Chinese name in it), the plausible readings compared;
@@ -118,20 +121,53 @@ def sniff_utf16(data: bytes) -> str | None:
     a BOM: read as windows-1252 or UTF-8 (ASCII-only UTF-16 is valid UTF-8), such a page became its
     markup escaped as text with a NUL between every two characters, and was embedded so.
     """
-    sample = data[:_UTF16_SAMPLE]
-    if b"\0" not in sample:  # (every ordinary page: one scan of 4 KiB)
+    if b"\0" not in data[:_UTF16_SAMPLE]:  # (every ordinary page: one scan of 4 KiB)
         return None
-    sample = sample[: len(sample) // 2 * 2]
-    units = len(sample) // 2
-    first, second = sample[0::2], sample[1::2]
-    for low, high, name in ((first, second, "utf-16-le"), (second, first, "utf-16-be")):
-        if (
-            high.count(0) >= units * _UTF16_ASCII_SHARE
-            and low.count(0) <= units * _UTF16_NUL_LOW_SHARE
-            and b"<" in low
-        ):
+    for name in ("utf-16-le", "utf-16-be"):
+        low, high = _utf16_code_units(data, name)
+        if _mostly_ascii_units(low, high) and b"<" in low:
             return name
     return None
+
+
+def _utf16_code_units(data: bytes, codec: str) -> tuple[bytes, bytes]:
+    """(low bytes, high bytes) of the code units the first `_UTF16_SAMPLE` bytes of `data` make in the
+    byte order of `codec` ("utf-16-le" or "utf-16-be"), an odd last byte left out."""
+    sample = data[:_UTF16_SAMPLE]
+    sample = sample[: len(sample) // 2 * 2]
+    first, second = sample[0::2], sample[1::2]
+    return (first, second) if codec == "utf-16-le" else (second, first)
+
+
+def _mostly_ascii_units(low: bytes, high: bytes) -> bool:
+    """Whether the code units (`_utf16_code_units`) are markup's: at least `_UTF16_ASCII_SHARE` of them
+    with a NUL high byte (ASCII), at most `_UTF16_NUL_LOW_SHARE` with a NUL low byte."""
+    units = len(low)
+    return 0 < units * _UTF16_ASCII_SHARE <= high.count(0) and low.count(0) <= units * _UTF16_NUL_LOW_SHARE
+
+
+def _utf16_markup(data: bytes, codec: str) -> bool:
+    """Whether `data` can be UTF-16 markup in the byte order of `codec`, as a declaration says it is:
+    its code units are mostly ASCII (`_mostly_ascii_units`), or the first `_UTF16_SAMPLE` bytes hold
+    a tag's start as code units, a `<` and then a letter, `/`, `!` or `?` ("<\0p\0" in UTF-16LE).
+
+    Weaker evidence than `sniff_utf16` asks for, which must beat a declaration: here the declaration
+    says UTF-16 already, and the bytes need only not contradict it. A UTF-16 page of little markup (a
+    Chinese article) has the start of its first tag; an ASCII-compatible page with a stray NUL byte
+    has none (one NUL makes at most one ASCII code unit, "\0<" in UTF-16BE, and a tag takes two).
+    """
+    low, high = _utf16_code_units(data, codec)
+    if _mostly_ascii_units(low, high):
+        return True
+    position = low.find(b"<")
+    while 0 <= position < len(low) - 1:
+        if high[position] == high[position + 1] == 0 and low[position + 1] in _TAG_START:
+            return True
+        position = low.find(b"<", position + 1)
+    return False
+
+
+_TAG_START = frozenset(b"!/?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 
 
 def sniff_meta_charset(data: bytes) -> str | None:
@@ -269,11 +305,12 @@ def declared_codec(label: str | None) -> str | None:
 
 def _declared_reading(data: bytes, encoding: str | None) -> str | None:
     """The codec `encoding` declares for `data` (`declared_codec`), but none where it declares UTF-16 and
-    `data` holds no NUL byte: UTF-16 writes every ASCII character, markup's `<` first, with one, so
-    such bytes are no UTF-16 page (a server's default `charset=utf-16` over a UTF-8 page had made it
-    CJK noise, and embedded the noise)."""
+    `data` is no UTF-16 markup in that byte order (`_utf16_markup`): UTF-16 writes every ASCII
+    character, markup's `<` first, with a NUL byte beside it. A server's default `charset=utf-16` over
+    a UTF-8 page had made it CJK noise, and embedded the noise; so it still did where the page held a
+    single NUL byte anywhere, which any NUL had been taken as enough evidence for."""
     declared = declared_codec(encoding)
-    if declared is not None and declared.startswith("utf-16") and b"\0" not in data:
+    if declared is not None and declared.startswith("utf-16") and not _utf16_markup(data, declared):
         return None
     return declared
 
@@ -294,6 +331,34 @@ def sniff_xml_encoding(data: bytes) -> str | None:
     if not label or min(label) <= 0x20:
         return None
     return _page_label(label)
+
+
+# ISO-2022-JP's escape sequences: to ASCII (ESC ( B), to JIS X 0201 Roman (ESC ( J, where 0x5C is the yen
+# sign) and to JIS X 0208 (ESC $ @, ESC $ B); the last three leave ASCII.
+_ISO2022_JP_ESCAPES = re.compile(rb"\x1b(?:\([BJ]|\$[@B])")
+_ISO2022_JP_LEAVES_ASCII = re.compile(rb"\x1b(?:\(J|\$[@B])")
+
+
+def sniff_iso2022_jp(data: bytes) -> bool:
+    """Whether all-ASCII `data` is ISO-2022-JP: it leaves ASCII by one of the encoding's escape sequences,
+    every ESC byte starts one of them, it holds no SO or SI, and it reads as ISO-2022-JP without an error.
+
+    ISO-2022-JP is all ASCII bytes, so without a declaration it was read as UTF-8: a Japanese page came
+    out as its escape sequences and the ASCII letters and punctuation its kanji and kana are written
+    with ("\x1b$BF|K\\8l\x1b(B" for "日本語"), and was embedded so. Browsers' detectors (Firefox's
+    chardetng) read such bytes as ISO-2022-JP where its decoder finds no error, and in the Encoding
+    Standard's decoder an ESC that starts no escape sequence (an ANSI colour code, "\x1b[31m", in a
+    pasted log), SO and SI are errors, which Python's codec lets through: such a page stays UTF-8.
+    """
+    if b"\x1b" not in data or _ISO2022_JP_LEAVES_ASCII.search(data) is None:
+        return False
+    if b"\x0e" in data or b"\x0f" in data or data.count(b"\x1b") != len(_ISO2022_JP_ESCAPES.findall(data)):
+        return False
+    try:
+        data.decode("iso2022_jp")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -333,6 +398,8 @@ def decode_html(data: bytes | str, *, encoding: str | None = None) -> DecodedHtm
     if xml is not None:
         return DecodedHtml(decode_bytes(data, xml), xml, "xml")
     if data.isascii():
+        if sniff_iso2022_jp(data):
+            return DecodedHtml(data.decode("iso2022_jp"), "iso2022_jp", "detected")
         return DecodedHtml(data.decode("ascii"), "utf-8", "detected" if data else "default")
     detected = detect_encoding(data)
     return DecodedHtml(decode_bytes(data, detected), detected, "detected")
@@ -436,7 +503,8 @@ def utf8_payload(data: bytes, *, encoding: str | None = None) -> bytes | None:
 
     That is: a UTF-8 BOM (the rest of the page is returned), a UTF-8 declaration (the argument, a
     `<meta>` or, without one, an XML declaration: bytes that are not UTF-8 then take it as a hint), or
-    pure ASCII that no declaration gives another codec (ISO-2022-JP is ASCII bytes). A UTF-8
+    pure ASCII that no declaration gives another codec and that is not undeclared ISO-2022-JP
+    (`sniff_iso2022_jp`: its bytes are ASCII too). A UTF-8
     consumer (Lexbor) can then take the bytes as they are and skip a decode and a re-encode;
     undecodable bytes become U+FFFD there exactly as in `decode_html` (both follow the WHATWG
     decoder). Everything else returns None: decode with `decode_html`.
@@ -449,4 +517,4 @@ def utf8_payload(data: bytes, *, encoding: str | None = None) -> bytes | None:
     declared = _declared_reading(data, encoding) or sniff_meta_charset(data) or sniff_xml_encoding(data)
     if declared is not None:
         return data if declared == "utf-8" else None
-    return data if data.isascii() else None
+    return data if data.isascii() and not sniff_iso2022_jp(data) else None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import codecs
 import functools
+import re
 
 # Every label of the WHATWG Encoding Standard, by the Python codec that decodes what a browser decodes
 # under it. Python knows many of these labels under another codec (`iso-8859-1`, `ksc5601`) or not at
@@ -184,13 +185,24 @@ def decode_bytes(data: bytes, codec: str) -> str:
     gb18030 decoder, which the web's GBK and GB2312 labels use too, reads it so (it is 0x80 in
     Microsoft's code page 936, and GBK pages carry it there), where Python's codec rejects it. In the
     windows code pages the bytes Python's codecs reject are read by the standard's tables
-    (`_web_single_byte_table`).
+    (`_web_single_byte_table`). In Shift_JIS (windows-31j) the lone bytes 0xA0 and 0xFD-0xFF are errors
+    (`_CP932_LONE_BYTES`).
     """
     if codec in _WEB_SINGLE_BYTE:
         return codecs.charmap_decode(data, "strict", _web_single_byte_table(codec))[0]
     if codec == "gb18030" and 0 < data.count(b"\x80") <= _MOST_EUROS:
         return data.decode(codec, errors=_euro_or_replacement())
-    return data.decode(codec, errors="replace")
+    text = data.decode(codec, errors="replace")
+    if codec == "cp932" and _CP932_LONE_BYTES.search(text) is not None:
+        text = _CP932_LONE_BYTES.sub("\ufffd", text)
+    return text
+
+
+# What Python's cp932 reads the lone bytes 0xA0, 0xFD, 0xFE and 0xFF as: Microsoft's private-use
+# U+F8F0-U+F8F3, which no page means and the standard's Shift_JIS decoder reads as errors (U+FFFD).
+# No two-byte code decodes to them (the user-defined rows 0xF0-0xF9 are U+E000-U+E757), so each in the
+# text is one such byte. (0x80 is U+0080 in both.)
+_CP932_LONE_BYTES = re.compile("[\uf8f0-\uf8f3]")
 
 
 # The single-byte codecs whose Python tables leave bytes undefined that the Encoding Standard's define.

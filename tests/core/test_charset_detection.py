@@ -9,7 +9,7 @@ import pytest
 from service.core import charset_detection
 from service.core.charset_detection import FEW_FOREIGN_BYTES, detect_encoding
 from service.core.decoding import decode_html
-from service.core.encoding_labels import normalize_encoding
+from service.core.encoding_labels import decode_bytes, normalize_encoding
 
 ENGLISH = "<html><body>" + (
     "<p>We spent the week walking around the old town and the river banks, looking at churches.</p>" * 8
@@ -149,3 +149,91 @@ def test_a_gbk_euro_sign_costs_the_gb18030_reading_nothing() -> None:
     assert charset_detection._reading_cost(sample, "gb18030") == 0
     page = _page("价格 €20").encode("gb18030").replace(b"\xa2\xe3", b"\x80")
     assert decode_html(page).encoding == "gb18030"
+
+
+# Text of each script for generated pages in its legacy encodings (`_markup_heavy_page`).
+RUSSIAN = (
+    "Москва является столицей России и крупнейшим городом страны. Сегодня в городе солнечно и тепло, "
+    "а завтра обещают дождь. Новости культуры, спорта и экономики читайте на нашем сайте каждый день."
+)
+SIMPLIFIED_CHINESE = (
+    "北京市今天天气晴朗，明天有雨。欢迎访问我们的网站，了解更多信息。"
+    "我们的公司成立于二零零五年，主要从事软件开发和网络服务。联系我们获取产品价格和技术支持。"
+)
+TRADITIONAL_CHINESE = (
+    "臺北市今天天氣晴朗，明天有雨。歡迎訪問我們的網站，瞭解更多資訊。"
+    "我們的公司成立於二零零五年，主要從事軟體開發和網路服務。聯絡我們取得產品價格和技術支援。"
+)
+KOREAN = (
+    "서울특별시의 오늘 날씨는 맑고 내일은 비가 오겠습니다. 웹사이트에 오신 것을 환영합니다. "
+    "회사소개 뉴스 문의하기 로그인 "
+)
+JAPANESE = (
+    "東京都渋谷区の天気予報です。今日は晴れ、明日は雨でしょう。ソフトウェア開発の会社概要とお問い合わせは"
+    "こちらです。"
+)
+
+
+def _markup_heavy_page(text: str, padding: int) -> str:
+    """A page whose text sits in long ASCII markup (links, a stylesheet, a script), its `<head>` opening
+    with a comment of `padding` ASCII bytes, as a CMS's license banner or inline script pads it."""
+    words = text.split(" ") if " " in text else [text[i : i + 12] for i in range(0, len(text), 12)]
+    menu = "".join(
+        f'<li><a href="/section/{i}/index.html?ref=nav&amp;lang=xx" class="menu-item">' for i in range(12)
+    )
+    body = "".join(
+        f'<div class="post"><a href="https://example.com/articles/2024/{i}/story.html" title="">'
+        f"{word}</a></div>\n"
+        for i, word in enumerate(words)
+    )
+    return (
+        f"<html><head><!--{'a' * padding}--><title>{text[:20]}</title>"
+        '<link rel="stylesheet" href="/static/css/main.css"><script src="/static/js/app.js"></script></head>'
+        f"<body><ul>{menu}</ul>{body}</body></html>"
+    )
+
+
+@pytest.mark.parametrize(
+    ("codec", "text"),
+    [
+        (codec, text * repeat)
+        for codec, text in (
+            ("cp1251", RUSSIAN),
+            ("koi8-r", RUSSIAN),
+            ("gb18030", SIMPLIFIED_CHINESE),
+            ("big5hkscs", TRADITIONAL_CHINESE),
+            ("cp949", KOREAN),
+            ("cp932", JAPANESE),
+            ("euc_jp", JAPANESE),
+        )
+        for repeat in (1, 3)  # fewer non-ASCII bytes than FEW_FOREIGN_BYTES, and more
+    ],
+)
+def test_the_reading_does_not_move_with_the_length_of_the_ascii_markup(codec: str, text: str) -> None:
+    """charset-normalizer reads five chunks of 512 bytes spread over what it is given: on the page itself
+    its guess moved with the length of the ASCII before the text (a review found GBK read as windows-1252
+    and KOI8-R as windows-1251 for 8 to 30 of 30 lengths of a comment in the `<head>`). Given the non-ASCII
+    bytes in their context only, it reads every length of the page alike, and right."""
+    wrong = {}
+    for padding in range(0, 6000, 500):
+        data = _markup_heavy_page(text, padding).encode(codec)
+        decoded = decode_html(data)
+        if decoded.text != decode_bytes(data, codec):
+            wrong[padding] = decoded.encoding
+    assert wrong == {}
+
+
+def test_neighbourhoods_keep_each_non_ascii_run_with_its_context_and_merge_where_they_touch() -> None:
+    """What the detector and the contest are given: each run of non-ASCII bytes with `_CONTEXT` bytes
+    either side, runs that close together in one piece, a page of CJK text whole."""
+    context, filler = charset_detection._CONTEXT, b"x" * 20
+    sample = filler + b"\xe4" + filler + b"\xf6yyy\xfc" + filler
+    edge = b"x" * context
+    assert (
+        charset_detection._neighbourhoods(sample)
+        == edge + b"\xe4" + edge + b" " + edge + b"\xf6yyy\xfc" + edge
+    )
+    assert charset_detection._neighbourhoods(b"plain ASCII") == b""
+    assert charset_detection._neighbourhoods(b"\xe4ab") == b"\xe4ab"
+    text = ("北京欢迎你 abc " * 1000).encode("gb18030")
+    assert charset_detection._neighbourhoods(text) == text

@@ -353,6 +353,77 @@ def test_a_declared_utf16_charset_is_kept_and_escape_codecs_are_no_labels() -> N
     assert decode_html(page.encode()).text == page
 
 
+UTF16_LABELS = ("utf-16", "UTF-16LE", "utf-16be", "ucs-2", "unicode")
+
+
+@pytest.mark.parametrize("meta", ['<meta charset="utf-8">', ""])
+def test_a_declared_utf16_charset_over_a_page_with_a_stray_nul_is_ignored(meta: str) -> None:
+    """One NUL byte anywhere in a UTF-8 page had been enough to keep a declared UTF-16 charset, which made
+    the page CJK noise: a NUL beside ASCII text is no UTF-16 markup, whose `<` and every other ASCII
+    character come with a NUL high byte. The page reads as it does undeclared, on every path."""
+    page = f"<html>{meta}<title>Grüße</title><p>Здравствуйте, 北京. A plain English sentence.</p></html>"
+    data = page.encode()
+    english = data.index(b"A plain")
+    for at in (0, 1, 6, 7, english, english + 1, len(data) - 1, len(data)):  # even and odd, in ASCII
+        with_nul = data[:at] + b"\0" + data[at:]
+        expected = decode_html(with_nul)
+        assert expected.text == with_nul.decode()
+        for label in UTF16_LABELS:
+            decoded = decode_html(with_nul, encoding=label)
+            assert (decoded.text, decoded.encoding, decoded.source) == (
+                expected.text,
+                expected.encoding,
+                expected.source,
+            ), (at, label)
+            assert with_declared_encoding(with_nul, label) == with_nul
+            assert utf8_payload(with_nul, encoding=label) == utf8_payload(with_nul)
+    with_nul = data[:6] + b"\0" + data[6:]  # after "<html>": a NUL after a ">", not after a "<"
+    assert prune_html(with_nul, encoding="utf-16") == prune_html(with_nul)
+
+
+def test_a_declared_utf16_charset_is_kept_for_utf16_with_little_markup() -> None:
+    """A UTF-16 page that is mostly Chinese text has too few ASCII code units for `sniff_utf16` to read
+    it undeclared; declared, the `<` of its tags is enough, in the declared byte order only."""
+    page = "<p>" + "北京欢迎你。今天天气晴朗，明天有雨。" * 40 + "</p>"
+    for label, codec in (("utf-16", "utf-16-le"), ("utf-16le", "utf-16-le"), ("utf-16be", "utf-16-be")):
+        data = page.encode(codec)
+        assert decode_html(data).encoding != codec  # not UTF-16 undeclared
+        decoded = decode_html(data, encoding=label)
+        assert (decoded.text, decoded.encoding, decoded.source) == (page, codec, "declared")
+
+
+def test_undeclared_iso2022_jp_is_read_as_iso2022_jp() -> None:
+    """ISO-2022-JP is all ASCII bytes: read as UTF-8 (every other ASCII reading), a Japanese page was its
+    escape sequences and the ASCII its kanji and kana are written with. Browsers' detectors read it as
+    ISO-2022-JP where it switches out of ASCII by the encoding's escapes and decodes without an error."""
+    page = "<html><head><title>日本語のページ</title></head><body><p>東京都の天気予報です。</p></body></html>"
+    data = page.encode("iso2022_jp")
+    assert data.isascii() and b"\x1b$B" in data
+    decoded = decode_html(data)
+    assert (decoded.text, decoded.encoding, decoded.source) == (page, "iso2022_jp", "detected")
+    assert utf8_payload(data) is None
+    assert prune_html(data) == prune_html(page)
+    assert with_declared_encoding(data, "iso-2022-jp") == data
+    # ESC $ @ (JIS C 6226) and ESC ( J (JIS X 0201 Roman, where 0x5C is the yen sign) too.
+    assert decode_html(b"<p>\x1b$@F|K\\\x1b(B</p>").text == "<p>日本</p>"
+    assert decode_html(b"<p>\x1b(J\\100\x1b(B</p>").text == "<p>\xa5100</p>"
+    # A declaration still decides: ASCII declared UTF-8 is UTF-8.
+    assert decode_html(data, encoding="utf-8").text == data.decode("ascii")
+    # Escapes that are not ISO-2022-JP's (an ANSI colour code), SO/SI, a bad double byte, or only the
+    # escape back to ASCII: UTF-8, as before.
+    for ascii_page in (
+        b"<pre>\x1b[31mred\x1b[0m</pre>",
+        b"<p>\x1b$BF|K\\\x1b(B \x1b[0m</p>",
+        b"<p>\x1b$B\x0eF|\x1b(B</p>",
+        b"<p>\x1b$BF|K\x1b(B</p>",
+        b"<p>\x1b(Bplain</p>",
+        b"<p>plain</p>",
+    ):
+        decoded = decode_html(ascii_page)
+        assert (decoded.text, decoded.encoding) == (ascii_page.decode("ascii"), "utf-8"), ascii_page
+        assert utf8_payload(ascii_page) == ascii_page
+
+
 def test_utf8_cut_inside_its_last_character_is_utf8() -> None:
     """A crawler's byte cap cuts pages anywhere: an undeclared UTF-8 page that ends inside a character
     is UTF-8 with one U+FFFD, not GBK or windows-1252 mojibake."""

@@ -195,3 +195,16 @@ def test_windows_code_pages_decode_what_the_standards_tables_define(codec: str) 
             assert char == chr(byte), hex(byte)
     if codec == "cp1255":
         assert text[0xCA - 0x80] == "\u05ba"  # HEBREW POINT HOLAM HASER FOR VAV, which Python's lacks
+
+
+def test_shift_jis_lone_bytes_the_standard_leaves_undefined_are_errors() -> None:
+    """Python's cp932 (Microsoft's table) reads the lone bytes 0xA0, 0xFD, 0xFE and 0xFF as the
+    private-use U+F8F0-U+F8F3; the standard's Shift_JIS decoder reads them as errors (U+FFFD), and
+    0x80 as U+0080. As a trail byte 0xA0 is part of a character, and the user-defined rows (lead
+    0xF0-0xF9) stay private-use in both."""
+    assert whatwg_codec("shift_jis") == "cp932"
+    assert decode_bytes(b"a\xa0b\xfd\xfe\xffc\x80d", "cp932") == "a\ufffdb\ufffd\ufffd\ufffdc\x80d"
+    assert decode_bytes("日本 □".encode("cp932"), "cp932") == "日本 □"  # □ is 0x81 0xA0
+    assert decode_bytes(b"\xf0\x40\xf9\xfc", "cp932") == "\ue000\ue757"
+    lone = bytes([0xA0, 0xFD, 0xFE, 0xFF])
+    assert not {"\uf8f0", "\uf8f1", "\uf8f2", "\uf8f3"} & set(decode_bytes(bytes(range(256)) + lone, "cp932"))

@@ -67,7 +67,10 @@ from service.core.extract.word_count import count_words, text_counts
 # manifest) never mixes two. Up to 5 such changes were counted as `htmllm extract`'s row format.
 # 6: jusText's length thresholds divided by 3 on Chinese/Japanese pages run without a stoplist; words of
 #    Thai, Lao, Khmer and Myanmar counted from their letters (were one per space-separated run).
-EXTRACTION_VERSION: Final = "6"
+# 7: pages decoded as prune version 10 decodes them (`decode_html`: an undeclared legacy encoding read from
+#    its non-ASCII bytes in context, undeclared ISO-2022-JP, a declared UTF-16 over UTF-8 bytes with a
+#    stray NUL ignored; prune version 9's decoding changes had not been counted here).
+EXTRACTION_VERSION: Final = "7"
 
 __all__ = [
     "ALL",
