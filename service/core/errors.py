@@ -6,6 +6,7 @@ codes to status codes in one table (`service.api.errors`); the core and engine n
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Iterable
 from enum import StrEnum
 
@@ -43,13 +44,32 @@ class ErrorCode(StrEnum):
     INTERNAL = "internal_error"  # an invariant broke (500)
 
 
-def shown(names: Iterable[str], *, most: int = 5, width: int = 40) -> str:
+def shown(names: Iterable[object], *, most: int = 5, width: int = 40) -> str:
     """Names a client sent, for an error message: the first `most` distinct ones, each cut to `width`
     characters (a message must not echo a request's megabytes back: one head name of 5 MB had made a
-    5 MB answer)."""
-    distinct = list(dict.fromkeys(names))
-    listed = ", ".join(repr(name[:width]) for name in distinct[:most])
-    return listed + (f", ... ({len(distinct)} in all)" if len(distinct) > most else "")
+    5 MB answer). A library caller may send anything as a name (`heads=[1]`): the message about it
+    must not fail itself, as slicing an int had, with a bare TypeError instead of the typed error."""
+    distinct: dict[object, object] = {}
+    for name in names:
+        try:
+            distinct.setdefault(name, name)
+        except TypeError:  # unhashable (a list): each counts as itself
+            distinct.setdefault(("unhashable", id(name)), name)
+    values = list(distinct.values())
+    listed = ", ".join(_shown_name(name, width) for name in values[:most])
+    return listed + (f", ... ({len(values)} in all)" if len(values) > most else "")
+
+
+def _shown_name(name: object, width: int) -> str:
+    """One name as `shown` lists it: a str quoted and cut, anything else as reprlib abbreviates it."""
+    if isinstance(name, str):
+        return repr(name[:width])
+    brief = reprlib.Repr()
+    brief.maxlevel, brief.maxstring, brief.maxother, brief.maxlong = 2, width, width, width
+    try:
+        return brief.repr(name)
+    except Exception:  # a repr that raises (an int past Python's 4300 digits): the type is enough
+        return f"<{type(name).__name__}>"
 
 
 class HtmllmError(Exception):

@@ -5,12 +5,15 @@ loop), hands the token ids to the batcher (the one owner of the queue) and await
 of a batch. The HTTP service, the bulk `htmllm embed` command and evaluation all use this class.
 
 Lifecycle: `start()` inside a running event loop (or `async with engine`), `stop(drain=True)` refuses new
-work with `ShuttingDownError` and returns once every accepted document has been answered.
+work with `ShuttingDownError` and returns once every accepted document has been answered. An engine
+serves the loop that started it; once that loop is closed, `stop()` or `start()` on another discards
+what it left (`Engine._leave_ended_loop`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections import Counter
@@ -30,7 +33,7 @@ from service.core.tokenizer import HtmlTokenizer
 from service.engine.admission import DrainRate
 from service.engine.batcher import Batcher, OutputShapes
 from service.engine.collector import cancel_and_forget
-from service.engine.failures import PAGE_FAILURES, for_copy
+from service.engine.failures import PAGE_FAILURES, failed_document, for_copy, naming
 from service.engine.loading import build_runner
 from service.engine.preprocessing import Preprocessing
 from service.engine.progress import (
@@ -89,6 +92,32 @@ def _failure_code(task: asyncio.Future[DocumentResult], late: ErrorCode | None) 
             return None
         return error.code if isinstance(error, HtmllmError) else ErrorCode.INTERNAL  # as `_settle` has it
     return late  # still on its way: timed out at the deadline, else dropped with the call
+
+
+def _named(failure: HtmllmError, documents: Sequence[Document]) -> HtmllmError:
+    """An all-or-nothing call's failure as the caller is told it: a failure of one of `documents` names
+    that document by id and index (`failures.naming`), so that a library caller of 64 pages learns which
+    one nests too deep, as an HTTP client does; anything else is `failure` itself.
+
+    Of the failure's own class (a caller catches `NestingTooDeepError`), where `naming` answers a plain
+    `HtmllmError`. Unmarked (`failures.mark`): named once, here; the HTTP layer's `naming_failures`,
+    which names what is marked, passes it on as it is rather than name the document twice."""
+    named = naming(failure, documents)
+    if named is failure:
+        return failure
+    doc = failed_document(named)
+    if type(named) is not type(failure):
+        try:
+            own = copy.copy(failure)  # its class and attributes (as `failures.for_copy` copies one)
+        except Exception:  # a class whose constructor takes other arguments: `naming`'s, same code
+            own = named
+        else:
+            own.args = (named.message,)
+        named = own
+    for attribute, value in list(vars(named).items()):  # the mark, under whatever name `mark` keeps it
+        if doc is not None and value is doc:
+            delattr(named, attribute)
+    return named
 
 
 class Engine:
@@ -195,6 +224,8 @@ class Engine:
             await self._start()
 
     async def _start(self) -> None:
+        if self._loop_ended():  # what a closed loop left can never run: discarded, then started anew here
+            await self._leave_ended_loop()
         if self._batcher is None and not self._closed:
             # Off the loop, and first: the checks below come after this await.
             await asyncio.to_thread(self._tokenizer.warm)
@@ -236,6 +267,9 @@ class Engine:
         # that this stop then half closed: an engine that said it accepted and failed every call, and
         # pools nobody stopped. The drain waits outside it, so a stop(drain=False) can overtake it.
         async with self._lifecycle:
+            if self._loop_ended():  # nothing accepted there can be answered now: no drain, no refusal
+                await self._leave_ended_loop()
+                return
             batcher, idle = self._batcher, self._idle
             if batcher is None:
                 self._accepting = False
@@ -278,11 +312,51 @@ class Engine:
         """WrongEventLoopError unless called on the loop the engine was started on."""
         loop = asyncio.get_running_loop()
         if self._loop is not None and loop is not self._loop:
-            state = "now closed" if self._loop.is_closed() else "still running"
+            if self._loop.is_closed():
+                raise WrongEventLoopError(
+                    "the engine was started on another event loop, now closed; `await engine.stop()` or "
+                    "`await engine.start()` on this loop first (an Engine serves the loop that started it: "
+                    "one asyncio.run around start, embed and stop)"
+                )
             raise WrongEventLoopError(
-                f"the engine was started on another event loop ({state}); an Engine serves the loop that "
-                "started it (one asyncio.run around start, embed and stop)"
+                "the engine was started on another event loop (still running); an Engine serves the loop "
+                "that started it (one asyncio.run around start, embed and stop)"
             )
+
+    def _loop_ended(self) -> bool:
+        """Whether the engine runs, or ran, on an event loop that has been closed since (a first
+        `asyncio.run(engine.start())`, then a second `asyncio.run`)."""
+        return self._loop is not None and self._loop.is_closed()
+
+    async def _leave_ended_loop(self) -> None:
+        """Discard what `start` built on a loop that has been closed, and end its threads and processes.
+
+        That loop's tasks and futures can never run again: a drain would wait for ever, and
+        WrongEventLoopError from `stop` and `start` had left an engine that could neither stop nor start
+        again (and its preprocessing processes running until the interpreter exits). `asyncio.run`
+        ended every task of its loop before it closed it, so the batcher's close, run here, only fails
+        what was left queued and shuts its threads down (after a pass still running on one), and the
+        preprocessing pools' close kills the processes and ends the threads. (Embedding is not restarted
+        this way: a call starting pools and processes on its own would surprise its caller.)"""
+        batcher, stopped = self._batcher, self._stopped_batcher
+        self._batcher = self._stopped_batcher = None
+        self._closing_pools = None  # a task of the closed loop; the close below does its work again
+        self._loop = None
+        self._accepting = False
+        # An Event that waiters of the closed loop may hold (set, it would wake them on that loop); it
+        # still says the engine ran once (`_require_started`).
+        self._idle = asyncio.Event()
+        self._idle.set()
+        try:
+            if batcher is not None:
+                self._last_health = batcher.health
+                await batcher.close(
+                    ShuttingDownError("the engine's event loop ended before this document ran")
+                )
+            if stopped is not None:  # closed already: again, to wait here for its last pass to end
+                await stopped.close()
+        finally:
+            await self._preprocessing.close()
 
     async def __aenter__(self) -> Engine:
         await self.start()
@@ -307,15 +381,23 @@ class Engine:
             raise
 
     def resolve_heads(self, heads: Sequence[str] | None) -> list[str]:
-        """The heads to report: all when None; an unknown name raises UnknownHeadError."""
+        """The heads to report: all when None; an unknown name, or a name that is no str, raises
+        UnknownHeadError (a library caller's `heads=[1]` had been a bare TypeError, `[["a"]]` one still)."""
         if heads is None:
             return list(self._heads)
         if isinstance(heads, str):  # a sequence of characters, each an unknown head
             raise UnknownHeadError(f"heads is a list of head names (one head: [{shown([heads])}]), not a str")
-        unknown = [h for h in heads if h not in self._heads]
+        try:
+            names = list(heads)  # once: a generator read twice had reported no head at all, silently
+        except TypeError as exc:  # not iterable (`heads=5`)
+            raise UnknownHeadError(f"heads is a list of head names, not {type(heads).__name__}") from exc
+        wrong = sorted({type(name).__name__ for name in names if not isinstance(name, str)})
+        if wrong:
+            raise UnknownHeadError(f"heads are head names (str), not {', '.join(wrong)}")
+        unknown = [h for h in names if h not in self._heads]
         if unknown:
             raise UnknownHeadError(f"unknown head(s) {shown(unknown)}; this model has {sorted(self._heads)}")
-        return list(dict.fromkeys(heads))
+        return list(dict.fromkeys(names))
 
     async def preprocess(self, doc: Document | str | bytes) -> Preprocessed:
         """The pruned HTML and its token count (with [CLS]/[SEP], before truncation), for debugging;
@@ -399,6 +481,8 @@ class Engine:
 
         All or nothing: the first failing document (prune error, too many tokens, deadline, backend)
         raises and the others are dropped from the queue. `embed_settled` answers each one instead.
+        A failure of a page itself in a call of several says which document it was, by id and index
+        ("the document at index 40: page nests more than ..."), in its own class and code.
         """
         outcomes = await self._embed_all(docs, heads, normalize, truncate, deadline, settle=False)
         return [outcome for outcome in outcomes if isinstance(outcome, DocumentResult)]
@@ -468,9 +552,19 @@ class Engine:
             raise DeadlineExceededError(
                 f"the deadline passed {after}, before the documents were embedded: {where}"
             ) from exc
-        except HtmllmError:
+        except HtmllmError as exc:
             self._count_failed_call(tasks)
-            raise
+            # One document needs no name: `htmllm embed`, which embeds page by page, writes the message
+            # in a row of its own index (an "(index 0)" there would contradict it).
+            named = _named(exc, documents) if count > 1 else exc
+            try:
+                if named is exc:
+                    raise
+                raise named from exc
+            finally:
+                # What is raised keeps this frame in its traceback: a local still naming it is a cycle,
+                # which held the call's pages until a full collection (service.engine.collector).
+                del named
         except Exception as exc:  # a bug on a document's way: typed, as `_settle` answers it
             logger.error("embedding a document failed", exc_info=exc)
             self._count_failed_call(tasks)

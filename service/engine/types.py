@@ -27,12 +27,31 @@ class Document:
     encoding: str | None = None  # declared charset (e.g. from Content-Type), for bytes
 
 
-def as_document(doc: Document | str | bytes) -> Document:
-    if isinstance(doc, Document):
-        return doc
+# What a `Document`'s html may be: the pruner takes a bytearray as bytes (a memoryview would not pickle
+# to a preprocessing process).
+_HTML_TYPES = (str, bytes, bytearray)
+_TEXT_FIELDS = ("id", "url", "encoding")
+
+
+def as_document(doc: Document | str | bytes, index: int | None = None) -> Document:
+    """`doc` as a `Document`, its fields' types checked here (`index`: its place in the call, for the
+    message). A dataclass checks no types, and a wrong one had failed deep inside: an int `id` as an
+    internal error with a traceback once a message named the page, an int `encoding` as the page's
+    `preprocess_failed`; both are the caller's mistake, `validation_error`."""
+    where = "" if index is None else f" (the document at index {index})"
     if isinstance(doc, str | bytes):
         return Document(html=doc)
-    raise InvalidDocumentError(f"a document is HTML as str or bytes, not {type(doc).__name__}")
+    if not isinstance(doc, Document):
+        raise InvalidDocumentError(f"a document is HTML as str or bytes, not {type(doc).__name__}{where}")
+    if not isinstance(doc.html, _HTML_TYPES):
+        raise InvalidDocumentError(f"a document's html is str or bytes, not {type(doc.html).__name__}{where}")
+    for name in _TEXT_FIELDS:
+        value = getattr(doc, name)
+        if value is not None and not isinstance(value, str):
+            raise InvalidDocumentError(
+                f"a document's {name} is a str or None, not {type(value).__name__}{where}"
+            )
+    return doc
 
 
 def as_documents(docs: Sequence[Document | str | bytes]) -> list[Document]:
@@ -42,7 +61,7 @@ def as_documents(docs: Sequence[Document | str | bytes]) -> list[Document]:
         raise InvalidDocumentError(
             f"documents are a list (one page: [page]), not a single {type(docs).__name__}"
         )
-    return [as_document(d) for d in docs]
+    return [as_document(d, index) for index, d in enumerate(docs)]
 
 
 @dataclass(frozen=True)
@@ -74,7 +93,7 @@ class ModelInfo:
     backend: str
     device: str
     dtype: str
-    threads: int  # the backend's CPU threads per forward pass
+    threads: int  # CPU threads per forward pass (torch: the count it runs now, one per process)
     attention: str  # sdpa | eager | varlen | flash_attention_2 (torch), graph (onnx)
     prune_version: str
     tokenizer_sha256: str
@@ -144,6 +163,8 @@ class EngineConfig:
 
 
 class InvalidDocumentError(HtmllmError):
+    """A document of the wrong type, or with a field of the wrong type: the caller's mistake."""
+
     code = ErrorCode.VALIDATION
 
 

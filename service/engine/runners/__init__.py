@@ -37,8 +37,12 @@ class Runner(Protocol):
     backend: str
     device: str
     dtype: str
-    threads: int  # CPU threads one forward pass runs on
     attention: str  # the attention implementation (torch), or "graph" (onnx: the exported graph's)
+
+    @property
+    def threads(self) -> int:
+        """CPU threads one forward pass runs on (torch's: the process's count, read when asked)."""
+        ...
 
     def cost(self, lengths: Sequence[int]) -> int:
         """Tokens a batch of these lengths costs against `max_batch_tokens` (padded or packed)."""

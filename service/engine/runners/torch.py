@@ -17,7 +17,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import ClassVar, cast
 
 import numpy as np
 import torch
@@ -136,6 +136,9 @@ class TorchRunner:
     """Runs an `HtmlEncoderModel` in inference mode; one instance is used from one thread at a time."""
 
     backend = "torch"
+    # What the last runner built in this process set torch's thread count to (`__init__` warns when a
+    # later one changes it: the count is torch's, one per process, not the runner's).
+    _process_threads: ClassVar[int | None] = None
 
     def __init__(
         self,
@@ -168,8 +171,17 @@ class TorchRunner:
         # torch's default is one thread per CPU in the affinity mask, which a container's CPU limit
         # turns into throttling (service.core.cpus); the choice is process-wide, as torch's pool is.
         choice = choose_threads(intra_op_threads)
+        earlier = TorchRunner._process_threads
+        if earlier is not None and earlier != choice.threads:
+            logger.warning(
+                "torch's intra-op thread count is one per process: this runner sets it to %d, which an "
+                "earlier runner in this process had set to %d; every runner here now runs %d threads",
+                choice.threads,
+                earlier,
+                choice.threads,
+            )
         torch.set_num_threads(choice.threads)
-        self.threads = choice.threads
+        TorchRunner._process_threads = choice.threads
         logger.info("torch runs %d intra-op threads (%s)", choice.threads, choice.reason)
         # Place first: transformers checks flash-attn against the weights' device and dtype.
         model.place(device, TORCH_DTYPES[dtype])  # heads stay float32: tiny, and scores stay exact
@@ -198,6 +210,13 @@ class TorchRunner:
         self.first_only = self.kernel is not None and model.pooling == "cls"
         self._layer_types = list(model.config.layer_types or ())
         self._window = int(model.config.sliding_window)
+
+    @property
+    def threads(self) -> int:
+        """The CPU threads a forward pass runs on, read from torch when asked: the count is one per
+        process, so a second runner (a second Engine) built with another count changes this one's too,
+        and a count remembered at construction had reported 1 while both ran 2."""
+        return torch.get_num_threads()
 
     def _varlen_kernel(self, *, explicit: bool) -> VarlenAttention | None:
         """The kernel for `varlen`, probed on CUDA; a chosen-by-default one that fails the probe falls
