@@ -25,6 +25,7 @@ from service.api.compression import NegotiatedGZipMiddleware
 from service.api.connections import ConnectionLifetimeMiddleware
 from service.api.errors import ROUTES_STATE, install_error_handlers
 from service.api.limits import BodyLimitMiddleware
+from service.api.logs import AccessLogMiddleware
 from service.api.metrics import (
     EngineMetricsObserver,
     GcPauseObserver,
@@ -190,7 +191,12 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             running.close()
             runtime.close_extraction()
 
-    app = FastAPI(title="htmllm", version=__version__, lifespan=lifespan, docs_url="/docs")
+    # No redirect from `/v1/embed/` to `/v1/embed`: a 307 that clients do not follow for a POST (httpx
+    # never follows by default) read as an empty answer; a path no route has is a 404 `not_found`. The
+    # routers' own flag is moot: included, their routes are matched by the app's router.
+    app = FastAPI(
+        title="htmllm", version=__version__, lifespan=lifespan, docs_url="/docs", redirect_slashes=False
+    )
     app.state.runtime = runtime
     install_error_handlers(app)
     routers = (
@@ -236,6 +242,9 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics, routes=paths)
     # Outside the body limit and compression: x-total-time covers the body's read and the answer's gzip.
     app.add_middleware(TimingMiddleware)
+    if settings.access_log:
+        # Inside the request id (it names it), outside the rest: every answer, the body limit's included.
+        app.add_middleware(AccessLogMiddleware)
     app.add_middleware(RequestIdMiddleware)
     # Outermost: it sees every answer the app gives, the body limit's 429 included.
     app.add_middleware(

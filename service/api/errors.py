@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match, Route
 
+from service.api.logs import FIELDS
 from service.api.metrics import CLIENT_CLOSED_STATUS
 from service.api.request_id import request_id
 from service.api.timing import total_time_header
@@ -85,6 +86,16 @@ _CLOSE_CONNECTION = frozenset({ErrorCode.BACKEND_FAILED})
 
 # Failures that are the server's fault and worth a traceback in the log (not 503 / 504: load, not bugs).
 _SERVER_FAULTS = frozenset({ErrorCode.CHECKPOINT_INVALID, ErrorCode.BACKEND_FAILED, ErrorCode.INTERNAL})
+
+# Requests the server did not serve for its own state (a deadline passed, shutting down, not ready):
+# load, not bugs, so no traceback, but a warning naming the request id, so that the answer a client
+# reports can be found, and told from its neighbours' (the engine's own line on a passed deadline has no
+# request context). Not 429 `overloaded`: a flood would flood the log with them, and
+# htmllm_request_failures_total{code="overloaded"} counts them. Not a probe's 503 either (`_PROBES`).
+_UNSERVED = frozenset({ErrorCode.TIMEOUT, ErrorCode.SHUTTING_DOWN, ErrorCode.NOT_READY})
+# Probes and the information routes are GET/HEAD, every model route a POST: the kubelet asks /ready
+# every few seconds through a warm-up or a shutdown, whose transitions are logged already.
+_PROBES = frozenset({"GET", "HEAD"})
 
 
 class ClientDisconnectedError(Exception):
@@ -161,6 +172,26 @@ async def handle_error(request: Request, exc: Exception) -> Response:
             rid,
             message,
             exc_info=exc if typed else None,
+        )
+    elif code in _UNSERVED and request.method not in _PROBES:
+        # The path without its query string: a client may put a key or a page's URL there.
+        logger.warning(
+            "%s %s answered %d %s (request %s): %s",
+            request.method,
+            request.url.path,
+            status,
+            code.value,
+            rid,
+            message,
+            extra={
+                FIELDS: {
+                    "request_id": rid,
+                    "method": request.method,
+                    "path": request.url.path,
+                    "status": status,
+                    "code": code.value,
+                }
+            },
         )
     metrics, retry_after_s = _app_context(request.app)
     # Routing errors carry headers a client needs (a 405's `Allow`); keep them.

@@ -6,22 +6,28 @@ before the port is bound, so a missing or broken model fails fast with a message
 and the server never starts with something that is not a model. A SIGTERM during the start ends the
 process at once (status 143), from before the settings are read (their checks import torch) until uvicorn
 serves. Heavy imports (uvicorn, pydantic, torch) wait until a server is really started, so that the
-`htmllm` CLI stays usable without the serve extra and SIGTERM's handler is in place before them.
+`htmllm` CLI stays usable without the serve extra and SIGTERM's handler is in place before them. Once
+uvicorn has shut down, the process ends with the server's status without waiting for its threads
+(`end_process`): a forward pass still in flight at the end of the drain budget is no one's any more.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import logging
 import math
+import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from service.core.checkpoint_path import CheckpointPathError, check_checkpoint_path
 from service.core.errors import ErrorCode, HtmllmError
@@ -228,7 +234,9 @@ def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
         log_level=settings.log_level,
         lifespan="on",
         timeout_graceful_shutdown=max(1, math.ceil(settings.drain_timeout_s)),
-        access_log=settings.log_level == "debug",
+        # The app writes its own (`HTMLLM_ACCESS_LOG`, service.api.logs): uvicorn's came with debug logs
+        # only, named no request id or latency, and wrote each query string, where a client may put a key.
+        access_log=False,
         log_config=None if settings.log_format == "json" else LOGGING_CONFIG,
     )
 
@@ -291,18 +299,46 @@ def serve(settings: Settings) -> int:
     """Run the server until SIGTERM/SIGINT: 0 once it has drained every request it accepted, 1 when the
     drain ran out of time (`HTMLLM_DRAIN_TIMEOUT_S`: what was left was answered 503), the model is
     missing or does not load, 2 when the settings cannot work on this machine or with this checkpoint,
-    143 on SIGTERM before it serves (it never started; nothing to drain)."""
-    return _start_and_serve(lambda: settings)
+    143 on SIGTERM before it serves (it never started; nothing to drain).
+
+    It returns, for a caller whose process goes on; the command line's server ends its process as soon
+    as it has its status instead (`run_args`)."""
+    return _start_and_serve(lambda: settings, ends_process=False)
 
 
 def run_args(args: argparse.Namespace) -> int:
     """Parsed flags to a running server (`serve`'s statuses); 2 for invalid settings, 1 for a model path
-    that is no checkpoint.
+    that is no checkpoint. A server that served ends the process with its status (`end_process`)
+    rather than returning: `python -m service.api` and `htmllm serve` have nothing left to do.
 
     SIGTERM ends the process with 143 from here on, before the settings are read: their checks import
     torch (`settings.engine_config()`), seconds in which a pod deleted during its start, as PID 1 with
     no handler, had ignored the signal (or, elsewhere, died of it without a word)."""
-    return _start_and_serve(lambda: _settings_for_serving(args))
+    return _start_and_serve(lambda: _settings_for_serving(args), ends_process=True)
+
+
+def end_process(status: int) -> NoReturn:
+    """Exit with `status` now, without waiting for the threads still running: the exit handlers and
+    the flushes that matter first.
+
+    A drain cut short by `HTMLLM_DRAIN_TIMEOUT_S` answers the documents of the forward pass in flight
+    503, but nothing stops a pass running in this process (torch's, onnxruntime's): its thread runs on,
+    as does a preprocessing thread still pruning a page (threads cannot be killed). asyncio.run's end
+    joins the thread waiting for that pass, the interpreter's exit the pass's own thread: the process
+    outlived its drain budget by the whole pass (2-9 s with the bundled model on CPU, more for a larger
+    one), past the pod's grace period, whose SIGKILL then ended it. Nothing those threads do is owed to
+    anyone once the server has its status.
+
+    What is still owed runs first: the `atexit` handlers, among them multiprocessing's, which stops any
+    child process still running (an inference process, a worker the lifespan did not already kill:
+    none is left orphaned) and logging's, which flushes the handlers; then stdout and stderr."""
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):  # a closed or broken stream: nothing more to write
+                stream.flush()
+        os._exit(status)
 
 
 def _settings_for_serving(args: argparse.Namespace) -> Settings | int:
@@ -331,10 +367,12 @@ def _settings_for_serving(args: argparse.Namespace) -> Settings | int:
     return settings
 
 
-def _start_and_serve(settings_for: Callable[[], Settings | int]) -> int:
+def _start_and_serve(settings_for: Callable[[], Settings | int], *, ends_process: bool) -> int:
     """Take the settings (`settings_for`: they or the status that refused them), load the model and serve,
     all of the start with SIGTERM ending it (`_sigterm_ends_the_start`): from the first import of
-    pydantic, torch and uvicorn on, not only from the load."""
+    pydantic, torch and uvicorn on, not only from the load. With `ends_process`, a server that served
+    ends the process with its status (`end_process`) from within uvicorn's event loop: the end of
+    asyncio.run would wait for a forward pass still in flight."""
     engine: Engine | None = None
     try:
         with _sigterm_ends_the_start():
@@ -382,11 +420,22 @@ def _start_and_serve(settings_for: Callable[[], Settings | int]) -> int:
         uvicorn_handle_exit(sig, frame)
 
     server.handle_exit = handle_exit  # type: ignore[method-assign]
+    uvicorn_serve = server.serve
+
+    def status() -> int:
+        if not server.started:
+            return 1
+        return 1 if runtime.drain_cut_short else 0
+
+    async def serve_then_end(sockets: list[socket.socket] | None = None) -> None:
+        await uvicorn_serve(sockets)
+        if ends_process and server.started:  # one that never served (a port taken) returns as before
+            end_process(status())
+
+    server.serve = serve_then_end  # type: ignore[method-assign]
     with _stops_gracefully(handle_exit):
         server.run()
-    if not server.started:
-        return 1
-    return 1 if runtime.drain_cut_short else 0
+    return status()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -202,6 +202,11 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = Field(
         "text", description="json: one JSON object per log line (uvicorn's too), for log pipelines"
     )
+    access_log: bool = Field(
+        False,
+        description="one log line per request, at info whatever log_level says: request id, method, path "
+        "(never the query string), status, milliseconds, client address; in log_format",
+    )
     connection_max_requests: int = Field(
         10_000,
         ge=0,

@@ -117,8 +117,11 @@ def _running(proc: subprocess.Popen[bytes]) -> bool:
 
 
 @contextmanager
-def server_process(env: Mapping[str, str], *, attempts: int = 3) -> Iterator[ServerProcess]:
-    """`python -m service.api` with `env` (HTMLLM_* settings) on a free port, ready when entered."""
+def server_process(
+    env: Mapping[str, str], *, attempts: int = 3, script: str | None = None
+) -> Iterator[ServerProcess]:
+    """`python -m service.api` with `env` (HTMLLM_* settings) on a free port, ready when entered; or
+    `python -c script`, a server with a test's hook in place (it ends by calling `main.main()`)."""
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("HTMLLM_")}
     child_env.update({"HTMLLM_HOST": "127.0.0.1", "HTMLLM_LOG_LEVEL": "warning"})
     child_env.update(env)
@@ -128,7 +131,7 @@ def server_process(env: Mapping[str, str], *, attempts: int = 3) -> Iterator[Ser
         child_env["HTMLLM_PORT"] = str(port)
         # A file, not a pipe: a chatty server must never block on a full pipe nobody reads.
         log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in the finally below, after the child)
-        command = [sys.executable, "-m", "service.api"]
+        command = [sys.executable, "-m", "service.api"] if script is None else [sys.executable, "-c", script]
         proc = subprocess.Popen(command, cwd=ROOT, env=child_env, stdout=log, stderr=subprocess.STDOUT)
         server = ServerProcess(url=f"http://127.0.0.1:{port}", proc=proc, log=log)
         try:

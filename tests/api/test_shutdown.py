@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 from pathlib import Path
@@ -133,3 +134,86 @@ def test_a_clean_stop_exits_0_without_a_traceback(tiny_checkpoint: Path, sig: si
         output = server.output()
     assert exit_code == 0, output
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
+
+
+# `python -m service.api` whose forward passes announce themselves in the file PASS_BEGAN, then take
+# PASS_S seconds: a pass that no drain budget can wait for, as a large checkpoint's on CPU.
+SLOW_PASS = """
+import os, sys, time
+from service.api import main
+from service.engine.runners import torch as torch_runner
+
+real_run = torch_runner.TorchRunner.run
+
+def run(self, prepared):
+    with open(os.environ["PASS_BEGAN"], "a") as began:
+        began.write("pass\\n")
+    time.sleep(float(os.environ["PASS_S"]))
+    return real_run(self, prepared)
+
+torch_runner.TorchRunner.run = run
+sys.exit(main.main())
+"""
+
+
+def _children(pid: int) -> set[int]:
+    """The processes `pid` started and that still run (its preprocessing workers, their forkserver)."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            found |= {int(child) for child in (task / "children").read_text().split()}
+    return found
+
+
+def _command(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    return "?"
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead but not yet reaped by the init it was handed to, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def test_a_drain_cut_short_ends_the_process_without_waiting_for_the_pass_in_flight(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    """The drain budget (2 s) ends with a forward pass of 120 s in flight: its documents are answered 503
+    then, and the process exits at once with status 1, its logs flushed and its preprocessing processes
+    ended. It had waited for the pass (the inference thread, which nothing can stop, joined at exit: in a
+    pod, the kubelet's SIGKILL once the grace period ran out)."""
+    began = tmp_path / "began"
+    env = server_env(
+        tiny_checkpoint, drain_timeout_s="2", warmup="false", preprocess_pool="process", log_level="info"
+    )
+    env.update({"PASS_BEGAN": str(began), "PASS_S": "120"})
+    with server_process(env, script=SLOW_PASS) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            answer = asyncio.ensure_future(client.post("/v1/embed", content=page(0), headers=HTML))
+            deadline = time.monotonic() + 30
+            while not began.exists():
+                assert time.monotonic() < deadline and not answer.done(), server.output()
+                await asyncio.sleep(0.02)
+            children = _children(server.proc.pid)
+            assert children, "no preprocessing processes to check"
+            server.proc.send_signal(signal.SIGTERM)
+            response = await answer
+        # Well within the pass's 120 s: the drain's 2 s and the exit.
+        exit_code = await asyncio.to_thread(server.proc.wait, 30)
+        output = server.output()
+    assert response.status_code == 503 and response.json()["error"]["code"] == "shutting_down", output
+    assert exit_code == 1, output
+    assert "Finished server process" in output  # the logs were flushed before the exit
+    # The forkserver and multiprocessing's resource tracker end on their own once their pipe to the
+    # server closes, a moment after it exited; the workers are killed before it exits.
+    deadline = time.monotonic() + 10
+    while (left := {child: _command(child) for child in children if _alive(child)}) and (
+        time.monotonic() < deadline
+    ):
+        await asyncio.sleep(0.05)
+    assert not left, f"{left}\n{output}"

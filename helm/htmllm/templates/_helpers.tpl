@@ -83,7 +83,11 @@ app.kubernetes.io/component: embedding-server
 
 {{/*
 The pod's grace period: the preStop sleep and the server's drain must both fit inside it, or the kubelet
-kills the server (SIGKILL) with accepted requests still queued.
+kills the server (SIGKILL) with accepted requests still queued. The default adds 15 s for what follows the
+drain budget: uvicorn's wait rounded up to whole seconds, the engine's last stop, and the exit (the
+server's exit handlers, its worker processes stopped), about a second or two in all. It need not cover a
+forward pass: a pass still running when the budget ends has had its documents answered 503, and the
+server exits without waiting for it (service.api.main.end_process).
 */}}
 {{- define "htmllm.terminationGracePeriodSeconds" -}}
 {{- $needed := add (int .Values.lifecycle.preStopSleepSeconds) (int .Values.server.drainTimeoutSeconds) }}
