@@ -98,6 +98,25 @@ _UNSERVED = frozenset({ErrorCode.TIMEOUT, ErrorCode.SHUTTING_DOWN, ErrorCode.NOT
 _PROBES = frozenset({"GET", "HEAD"})
 
 
+def log_unserved(method: str, path: str, code: ErrorCode, rid: str | None, message: str) -> None:
+    """The warning for a request the server did not serve for its own state (`_UNSERVED`), from the
+    exception handler or from the middleware that answers before it (a body cut off by the drain).
+    `path` without its query string: a client may put a key or a page's URL there."""
+    status = STATUS[code]
+    logger.warning(
+        "%s %s answered %d %s (request %s): %s",
+        method,
+        path,
+        status,
+        code.value,
+        rid,
+        message,
+        extra={
+            FIELDS: {"request_id": rid, "method": method, "path": path, "status": status, "code": code.value}
+        },
+    )
+
+
 class ClientDisconnectedError(Exception):
     """The client went away before its answer was ready; its queued documents were cancelled."""
 
@@ -174,25 +193,7 @@ async def handle_error(request: Request, exc: Exception) -> Response:
             exc_info=exc if typed else None,
         )
     elif code in _UNSERVED and request.method not in _PROBES:
-        # The path without its query string: a client may put a key or a page's URL there.
-        logger.warning(
-            "%s %s answered %d %s (request %s): %s",
-            request.method,
-            request.url.path,
-            status,
-            code.value,
-            rid,
-            message,
-            extra={
-                FIELDS: {
-                    "request_id": rid,
-                    "method": request.method,
-                    "path": request.url.path,
-                    "status": status,
-                    "code": code.value,
-                }
-            },
-        )
+        log_unserved(request.method, request.url.path, code, rid, message)
     metrics, retry_after_s = _app_context(request.app)
     # Routing errors carry headers a client needs (a 405's `Allow`); keep them.
     headers = dict(exc.headers or {}) if isinstance(exc, StarletteHTTPException) else {}

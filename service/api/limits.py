@@ -32,8 +32,9 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api.errors import STATUS, error_response
+from service.api.errors import STATUS, error_response, log_unserved
 from service.api.metrics import ServiceMetrics
+from service.api.request_id import request_id
 from service.api.runtime import CHARGE_KEY, BodyReaders
 from service.core.content_coding import ContentCodingError, decode_content
 from service.core.errors import ErrorCode, HtmllmError
@@ -137,6 +138,8 @@ class BodyLimitMiddleware:
             f"ended ({size} bytes came): send it again"
         )
         headers = {"connection": "close"}
+        # Answered here, before the exception handler that logs the other 503s with their request id.
+        log_unserved(scope["method"], scope["path"], ErrorCode.SHUTTING_DOWN, request_id(scope), message)
         await self._refuse(scope, receive, send, ErrorCode.SHUTTING_DOWN, message, headers=headers)
 
     async def _over_budget(

@@ -114,11 +114,16 @@ async def test_an_upload_still_coming_at_the_end_of_the_drain_is_answered_503(ti
         answer = await asyncio.wait_for(reader.read(), timeout=20)  # until the server closes
         writer.close()
         exit_code = server.proc.wait(timeout=60)
+        output = server.output()
     head, _, payload = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 503"), answer[:300]
     assert b"connection: close" in head.lower() and b"retry-after" in head.lower()
     assert b'"code":"shutting_down"' in payload
     assert exit_code == 1  # an upload cut off by the end of the drain: not a complete drain
+    # Logged with its request id, as the exception handler's 503s are (this one is answered before it).
+    rid = next(line for line in head.decode().splitlines() if line.lower().startswith("x-request-id:"))
+    said = f"POST /v1/embed answered 503 shutting_down (request {rid.split(':', 1)[1].strip()})"
+    assert said in output, output
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
