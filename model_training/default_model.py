@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from model_training.data import read_manifest
+from model_training.evaluation.tasks import HASH_METRIC
 from model_training.pretrain import CURVE_FILE, SUMMARY_FILE
 from model_training.teacher import read_teacher_meta
 from service.core.checkpoint import copy_checkpoint, load_checkpoint
@@ -40,7 +41,7 @@ def _format_metrics(metrics: dict[str, float]) -> str:
     """`f1_macro 0.651 ± 0.044, 945 pages` from a head's recorded metrics."""
     parts: list[str] = []
     for name, value in sorted(metrics.items()):
-        if name.endswith("_std") or name in ("pages", "cv_folds"):
+        if name.endswith("_std") or name in ("pages", "cv_folds", HASH_METRIC):
             continue
         std = metrics.get(f"{name}_std")
         parts.append(f"{name} {value:.3f}" + (f" ± {std:.3f}" if std is not None else ""))
@@ -48,6 +49,8 @@ def _format_metrics(metrics: dict[str, float]) -> str:
         parts.append(f"{int(metrics['pages'])} pages")
     if "cv_folds" in metrics:
         parts.append(f"{int(metrics['cv_folds'])}-fold CV")
+    if HASH_METRIC in metrics:  # which pages, labels and folds: report.json's tasks[].sha256 starts so
+        parts.append(f"tasks sha256 {int(metrics[HASH_METRIC]):012x}")
     return ", ".join(parts) or "-"
 
 

@@ -87,6 +87,14 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         default=("random", "tfidf", "minilm"),
         help="comma-separated baselines: random, tfidf, minilm ('' for none)",
     )
+    run_parser.add_argument(
+        "--seeds",
+        type=int_list,
+        default=(),
+        help="comma-separated seeds: repeat the heads' training (and fold assignment where rows carry no "
+        "folds) per seed on the cached embeddings and report each figure's mean and std over them "
+        "(default: --seed alone)",
+    )
     run_parser.add_argument("--out", type=Path, default=Path("runs/eval"), help="report directory")
     run_parser.add_argument("--title", default="Evaluation report", help="the report's heading")
     add_head_flags(run_parser)
@@ -140,22 +148,29 @@ def eval_config(args: argparse.Namespace, **overrides: Any) -> EvalConfig:
 def run(args: argparse.Namespace) -> int:
     from model_training.data import writable_dir
     from model_training.evaluation.report import write_report
-    from model_training.evaluation.runner import run_evaluation
+    from model_training.evaluation.runner import run_evaluation, seed_spread
     from model_training.evaluation.tasks import load_tasks
     from service.core.errors import HtmllmError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     try:
         writable_dir(args.out)  # before the run, not after an hour of embedding
-        config = eval_config(
-            args,
-            checkpoints=tuple(args.checkpoint),
-            truncate=args.truncate,
-            inputs=args.input,
-            baselines=args.baselines,
-        )
-        tasks = load_tasks(args.tasks, k=args.folds, seed=args.seed)
-        result = run_evaluation(tasks, config)
+        seeds = list(dict.fromkeys(args.seeds)) or [args.seed]
+        results = []
+        for seed in seeds:  # the embeddings are cached by the first run: the next ones train heads only
+            seeded = argparse.Namespace(**{**vars(args), "seed": seed})
+            config = eval_config(
+                seeded,
+                checkpoints=tuple(args.checkpoint),
+                truncate=args.truncate,
+                inputs=args.input,
+                baselines=args.baselines,
+            )
+            tasks = load_tasks(args.tasks, k=args.folds, seed=seed)
+            results.append(run_evaluation(tasks, config))
+        result = results[0]
+        if len(results) > 1:
+            result.spread = seed_spread(results)
         written = write_report(result, args.out, title=args.title)
     except (HtmllmError, ValueError) as exc:
         code = getattr(exc, "code", "validation_error")

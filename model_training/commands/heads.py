@@ -77,6 +77,15 @@ def check_columns(tasks: Sequence[Task], existing: Sequence[HeadSpec]) -> None:
             taken[column] = f"the column of task {name!r}"
 
 
+def _figure(name: str, value: float) -> str:
+    """One recorded metric as printed: the tasks' hash in hex, as report.json shows it."""
+    from model_training.evaluation.tasks import HASH_METRIC
+
+    if name == HASH_METRIC:
+        return f"tasks sha256 {int(value):012x}"
+    return f"{name} {value}" if isinstance(value, int) else f"{name} {value:.4f}"
+
+
 def run(args: argparse.Namespace) -> int:
     from model_training.evaluation.runner import train_heads
     from model_training.evaluation.tasks import load_tasks
@@ -99,8 +108,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"htmllm heads train: cannot read or write a file: {exc}", file=sys.stderr)
         return 1
     for name, (spec, _) in heads.items():
-        figures = ", ".join(
-            f"{k} {v}" if isinstance(v, int) else f"{k} {v:.4f}" for k, v in spec.metrics.items()
-        )
+        figures = ", ".join(_figure(k, v) for k, v in spec.metrics.items())
         print(f"{name}: {len(spec.labels)} labels; {figures}")
     return 0

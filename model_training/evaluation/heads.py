@@ -263,7 +263,9 @@ def cross_validate(task: Task, features: FoldFeatures, config: HeadConfig = Head
 def train_final_head(
     task: Task, x: np.ndarray, config: HeadConfig = HeadConfig(), metrics: dict[str, float] | None = None
 ) -> tuple[HeadSpec, TaskHead]:
-    """The head to serve: trained on every page (early stopping on held-out sites), with `metrics`."""
+    """The head to serve, with `metrics`: trained as one fold's head is, on the whole task, so it fits on
+    the pages of ~85% of the sites (1 - `val_fraction`) and stops early on the others'. Not every page:
+    early stopping needs sites the head is not fit on."""
     spec = head_spec(task.spec, config, metrics)
     trained = _fit_with_early_stopping(task, spec, np.arange(len(task.ids)), x, config)
     return spec, trained.head

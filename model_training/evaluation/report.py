@@ -77,6 +77,26 @@ def render_markdown(result: EvalResult, *, title: str = "Evaluation report") -> 
         ["System", *task_header, "NMM", f"Head params ({tasks[0]})"],
         [[s.name, *(_cell(s, t) for t in tasks), _nmm(s), f"{s.head_parameters:,}"] for s in result.systems],
     )
+    if result.spread:
+        seeds = next(iter(result.spread.values()))["seeds"]
+        lines += [
+            "",
+            "## Seed spread",
+            "",
+            f"Each figure's mean ± sample std over {len(seeds)} runs with seeds {seeds} (head "
+            "initialisation, data order, early-stopping sites; the folds too where the tasks' rows carry "
+            "none). The tables above are the first seed's. Differences smaller than these stds are noise.",
+            "",
+        ]
+
+        def spread(name: str, figure: str) -> str:
+            value = result.spread.get(name, {}).get(figure)
+            return f"{value['mean']:.3f} ± {value['std']:.3f}" if value else "–"
+
+        lines += _table(
+            ["System", *task_header, "NMM"],
+            [[s.name, *(spread(s.name, t) for t in tasks), spread(s.name, "nmm")] for s in result.systems],
+        )
     checkpoints = [s for s in result.systems if s.kind == "checkpoint"]
     order = {c: i for i, c in enumerate(dict.fromkeys(s.checkpoint for s in checkpoints))}  # as given
     if len({s.truncate for s in checkpoints}) > 1:

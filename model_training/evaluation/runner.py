@@ -40,7 +40,7 @@ from model_training.evaluation.heads import (
     train_final_head,
 )
 from model_training.evaluation.metrics import EvaluationError, get_metric, normalized_metric_mean
-from model_training.evaluation.tasks import Task
+from model_training.evaluation.tasks import HASH_METRIC, Task, hash_metric, task_sha256
 from service.core.checkpoint import WEIGHTS_FILE, read_meta
 from service.core.errors import HtmllmError
 from service.core.modeling import HeadSpec, TaskHead
@@ -115,14 +115,44 @@ class EvalResult:
     systems: list[SystemResult]
     excluded: dict[str, str] = field(default_factory=dict)  # page content key -> why
     config: dict[str, Any] = field(default_factory=dict)
+    spread: dict[str, Any] = field(default_factory=dict)  # system -> figure -> over seeds (`seed_spread`)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "tasks": self.tasks,
             "systems": [asdict(s) for s in self.systems],
             "excluded": self.excluded,
             "config": self.config,
         }
+        if self.spread:
+            data["seed_spread"] = self.spread
+        return data
+
+
+def seed_spread(results: Sequence[EvalResult]) -> dict[str, Any]:
+    """Per system and per figure (each task's k-fold mean, and NMM), the mean and sample std over the
+    runs of `results`, one per seed.
+
+    The seed moves the heads' initialisation, data order and early-stopping sites (and the folds of tasks
+    whose rows carry none); on ~500-950 pages that alone moves a figure by a few hundredths, so a
+    difference between two rows smaller than this std says nothing.
+    """
+    seeds = [int(r.config.get("seed", 0)) for r in results]
+    values: dict[str, dict[str, list[float]]] = {}
+    for result in results:
+        for system in result.systems:
+            figures = values.setdefault(system.name, {})
+            for task, cv in system.scores.items():
+                figures.setdefault(task, []).append(cv.mean)
+            if system.nmm is not None:
+                figures.setdefault("nmm", []).append(system.nmm)
+    spread: dict[str, Any] = {}
+    for name, figures in values.items():
+        spread[name] = {"seeds": seeds}
+        for figure, runs in figures.items():
+            std = float(np.std(runs, ddof=1)) if len(runs) > 1 else 0.0
+            spread[name][figure] = {"mean": float(np.mean(runs)), "std": std, "values": runs}
+    return spread
 
 
 def file_sha256(path: Path) -> str:
@@ -172,8 +202,15 @@ def checkpoint_embeddings(
     input_mode: str,
     max_length: int | None,
     config: EvalConfig,
+    depends_on: Sequence[str] = (),
 ) -> tuple[np.ndarray, float]:
-    """(N, D) Engine embeddings of the pages `keys` (cached) and the fraction of them truncated."""
+    """(N, D) Engine embeddings of the pages `keys` (cached) and the fraction of them truncated.
+
+    The cache is keyed by the page's bytes, so whatever else turns those bytes into the embedded document
+    must be in the namespace: `depends_on` names it (for `--input text`, the extraction's version and its
+    libraries', which key the extracted texts; without them a new extractor's texts were never embedded
+    and the old texts' embeddings were reported under it).
+    """
     from service.core.prune import PRUNE_VERSION
 
     meta = read_meta(checkpoint)
@@ -186,6 +223,7 @@ def checkpoint_embeddings(
         PRUNE_VERSION,  # the pruner the Engine runs now, which may be newer than the checkpoint's
         meta.pooling,
         config.dtype,
+        *depends_on,
     )
     cache = ArrayCache(config.cache_dir, namespace)
     flags = TextCache(config.cache_dir, namespace + "-truncated")
@@ -229,10 +267,9 @@ class PageTexts:
         self.pages = pages
         self.excluded: dict[str, str] = {}
         self._pruned = TextCache(cache_dir, namespace_key("pruned", PRUNE_VERSION))
-        self._extracted = TextCache(
-            cache_dir,
-            namespace_key("extracted-union", EXTRACTION_VERSION, *_package_versions(EXTRACTOR_PACKAGES)),
-        )
+        # What an extracted text depends on besides the page: embeddings of the texts are keyed on it too.
+        self.extraction = ("extracted-union", EXTRACTION_VERSION, *_package_versions(EXTRACTOR_PACKAGES))
+        self._extracted = TextCache(cache_dir, namespace_key(*self.extraction))
 
     def prune_all(self) -> None:
         from service.core.prune import prune_html
@@ -328,7 +365,13 @@ def _checkpoint_system(
     # Embed the union of the tasks' pages once (one Engine start), then give each task its rows.
     keys = union_keys(tasks)
     x, fraction = checkpoint_embeddings(
-        path, keys, document, input_mode=input_mode, max_length=length, config=config
+        path,
+        keys,
+        document,
+        input_mode=input_mode,
+        max_length=length,
+        config=config,
+        depends_on=texts.extraction if input_mode == "text" else (),
     )
     scores = _score_system(tasks, lambda task: fixed_features(rows_of(x, keys, task.keys)), config.head)
     return SystemResult(
@@ -491,6 +534,8 @@ def run_evaluation(tasks: Sequence[Task], config: EvalConfig) -> EvalResult:
             "sites": len(set(t.groups)),
             "folds": t.num_folds,
             "description": t.spec.description,
+            # The pages, labels, sites and folds the figures were computed on (after exclusions).
+            "sha256": task_sha256(t),
         }
         for t in tasks
     ]
@@ -522,7 +567,8 @@ def finite_metrics(head: str, metrics: dict[str, float]) -> dict[str, float]:
 def train_heads(
     checkpoint: Path, tasks: Sequence[Task], config: EvalConfig, *, max_length: int | None = None
 ) -> dict[str, tuple[HeadSpec, TaskHead]]:
-    """The heads to serve: per task, CV figures for its metrics, then a head trained on every page.
+    """The heads to serve: per task, CV figures for its metrics (and the hash of the task's pages, labels
+    and folds), then a head fit on ~85% of the task's sites, stopped early on the rest (`train_final_head`).
 
     Embeddings are the Engine's pooled, unnormalised vectors of the pruned HTML at `max_length` (default:
     the checkpoint's), exactly what the service feeds its heads.
@@ -548,6 +594,8 @@ def train_heads(
             # Counts stay ints in htmllm.json (the metrics schema takes any JSON number): "cv_folds": 5.
             "cv_folds": len(cv.folds),
             "pages": len(task.ids),
+            # Which pages, labels and folds these figures are of: compare with eval run's report.json.
+            HASH_METRIC: hash_metric(task_sha256(task)),
         }
         heads[task.spec.name] = train_final_head(
             task, x, config.head, finite_metrics(task.spec.name, metrics)

@@ -13,6 +13,7 @@ a site's template cannot score on its own pages.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -145,6 +146,33 @@ def assign_folds(
     for fold, (_, test_index) in enumerate(splits):
         folds[test_index] = fold
     return folds
+
+
+def task_sha256(task: Task) -> str:
+    """A hash of what a task's figures were computed on: its spec, and per page (in order) the content
+    hash, target, group and fold.
+
+    Recorded in `eval run`'s report.json and in each served head's metrics, so figures made on other
+    tasks or other folds (a re-derived task, a change of how sites group pages) can be told apart from
+    today's by comparing it with a fresh `load_tasks` of the same directory.
+    """
+    rows = [
+        [key, target, group, fold]
+        for key, target, group, fold in zip(
+            task.keys, task.targets.tolist(), task.groups, task.folds.tolist(), strict=True
+        )
+    ]
+    payload = json.dumps({"spec": task.spec.to_json(), "rows": rows}, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+HASH_METRIC = "tasks_sha256_48"  # a head's metrics hold numbers only: the hash's first 12 hex digits
+
+
+def hash_metric(digest: str) -> int:
+    """`task_sha256`'s first 48 bits as an integer (exact in a JSON number, unlike the whole hash);
+    `format(value, "012x")` gives back the hex prefix shown in report.json."""
+    return int(digest[:12], 16)
 
 
 def _target(spec: TaskSpec, label: Any, origin: str) -> float | int:

@@ -130,3 +130,37 @@ def test_the_bundled_model_records_the_current_prune_version_and_the_docs_name_n
     text = " ".join(docs.read_text(encoding="utf-8").split())
     assert "records the current `PRUNE_VERSION` (in `service/core/prune.py`" in text
     assert not re.search(r"`PRUNE_VERSION`,? \d", text), "docs/training.md quotes a prune version number"
+
+
+def test_the_card_prints_the_tasks_hash_of_each_head_in_hex() -> None:
+    from model_training.evaluation.tasks import HASH_METRIC, hash_metric
+
+    digest = "0ca3e52505dc" + "0" * 52
+    metrics = {
+        "f1_macro": 0.5,
+        "f1_macro_std": 0.1,
+        "pages": 40,
+        "cv_folds": 5,
+        HASH_METRIC: hash_metric(digest),
+    }
+    assert default_model._format_metrics(metrics) == (
+        "f1_macro 0.500 ± 0.100, 40 pages, 5-fold CV, tasks sha256 0ca3e52505dc"
+    )
+
+
+def test_the_bundled_heads_record_their_tasks_hash_and_the_card_shows_their_figures() -> None:
+    """The bundle's head figures had outlived a change of the folds (sites.py, commit bba8173) unnoticed:
+    each head records the hash of the tasks and folds it was scored on, and the card shows the figures
+    and the hash htmllm.json records."""
+    from model_training.evaluation.tasks import HASH_METRIC
+    from service.api.settings import default_model_path
+
+    bundle = default_model_path()
+    card = (bundle / default_model.CARD_FILE).read_text(encoding="utf-8")
+    heads = read_meta(bundle).heads
+    assert heads
+    for spec in heads:
+        assert isinstance(spec.metrics.get(HASH_METRIC), int), spec.name
+        figures = default_model._format_metrics(spec.metrics)
+        row = f"| {spec.name} | {spec.kind} | {len(spec.labels) or '-'} | {figures} |"
+        assert row in card, row

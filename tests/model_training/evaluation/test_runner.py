@@ -106,3 +106,129 @@ def test_non_finite_head_metrics_are_left_out_with_a_warning(caplog: pytest.LogC
     with pytest.raises(ValueError):
         HeadSpec(name="quality", kind="regression", metrics=metrics)
     assert HeadSpec(name="quality", kind="regression", metrics=kept).metrics == kept
+
+
+def fake_engine(monkeypatch: pytest.MonkeyPatch, dim: int) -> list[list[str | bytes]]:
+    """Replace the Engine by a stub that records what it was asked to embed (a vector per document)."""
+    import hashlib
+
+    import numpy as np
+
+    import model_training.evaluation.runner as runner
+
+    calls: list[list[str | bytes]] = []
+
+    async def embed(
+        _checkpoint: Path, docs: list[str | bytes], *, max_length: int | None, config: EvalConfig
+    ) -> tuple[np.ndarray, list[bool]]:
+        calls.append(list(docs))
+        raw = [d if isinstance(d, bytes) else d.encode() for d in docs]
+        seeds = [int(hashlib.sha256(d).hexdigest()[:8], 16) for d in raw]
+        vectors = np.stack([np.random.default_rng(s).normal(size=dim) for s in seeds]).astype(np.float32)
+        return vectors, [False] * len(docs)
+
+    monkeypatch.setattr(runner, "_engine_embed", embed)
+    return calls
+
+
+TINY_HEAD = HeadConfig(hidden=8, max_epochs=2, patience=1, batch_size=16)
+
+
+def test_text_embeddings_are_redone_when_the_extraction_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--input text` embeddings were cached on the page bytes and the model alone: after an extraction
+    change (EXTRACTION_VERSION, an extractor library) the new texts were extracted but never embedded,
+    and the old texts' embeddings were reported as the new extraction's."""
+    import service.core.extract as extraction
+    from service.core.checkpoint import read_meta
+
+    corpus = write_corpus(tmp_path / "corpus.jsonl", sites=6, pages_per_site=3)
+    derive_tasks(corpus, tmp_path / "tasks", min_pages=4, min_sites=3, folds=3)
+    tasks = [t for t in load_tasks(tmp_path / "tasks") if t.spec.name == "page_kind"]
+    ckpt = build_tiny_checkpoint(tmp_path / "ckpt")
+    calls = fake_engine(monkeypatch, read_meta(ckpt).embedding_dim)
+    config = EvalConfig(
+        checkpoints=(ckpt,), inputs=("text",), baselines=(), head=TINY_HEAD, cache_dir=tmp_path / "cache"
+    )
+    run_evaluation(tasks, config)
+    assert len(calls) == 1
+    run_evaluation(tasks, config)
+    assert len(calls) == 1  # the same extraction: the cached embeddings are reused
+
+    class Extracted:
+        text = "the same sentence for every page"
+
+    monkeypatch.setattr(extraction, "EXTRACTION_VERSION", extraction.EXTRACTION_VERSION + "-next")
+    monkeypatch.setattr(extraction, "extract", lambda *_args, **_kwargs: Extracted())
+    run_evaluation(tasks, config)
+    assert len(calls) == 2 and set(calls[1]) == {Extracted.text}
+    # The pruned-HTML embeddings do not depend on the extraction: still cached.
+    html = EvalConfig(**{**config.__dict__, "inputs": ("html",)})
+    run_evaluation(tasks, html)
+    run_evaluation(tasks, html)
+    assert len(calls) == 3
+
+
+def test_report_and_served_heads_record_the_hash_of_their_tasks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Figures made on other tasks or folds (sites.py had regrouped pages; the published figures stayed)
+    are told apart by the hash of the pages, labels, sites and folds they were computed on."""
+    from model_training.evaluation.runner import train_heads
+    from model_training.evaluation.tasks import HASH_METRIC, hash_metric, task_sha256
+    from service.core.checkpoint import read_meta
+
+    corpus = write_corpus(tmp_path / "corpus.jsonl", sites=6, pages_per_site=3)
+    derive_tasks(corpus, tmp_path / "tasks", min_pages=4, min_sites=3, folds=3)
+    tasks = [t for t in load_tasks(tmp_path / "tasks") if t.spec.name in ("page_kind", "language")]
+    ckpt = build_tiny_checkpoint(tmp_path / "ckpt")
+    fake_engine(monkeypatch, read_meta(ckpt).embedding_dim)
+    config = EvalConfig(checkpoints=(ckpt,), baselines=("random",), head=TINY_HEAD)
+    write_report(run_evaluation(tasks, config), tmp_path / "report")
+    report = json.loads((tmp_path / "report" / "report.json").read_text(encoding="utf-8"))
+    expected = {t.spec.name: task_sha256(t) for t in tasks}
+    assert {row["name"]: row["sha256"] for row in report["tasks"]} == expected
+    heads = train_heads(ckpt, tasks, config)
+    assert {name: spec.metrics[HASH_METRIC] for name, (spec, _) in heads.items()} == {
+        name: hash_metric(digest) for name, digest in expected.items()
+    }
+
+
+def test_eval_run_seeds_reports_the_spread_over_seeds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Docs had drawn conclusions from NMM differences smaller than what a second seed moves them by;
+    `--seeds` repeats the heads over seeds (embedding once) and reports each figure's mean and std."""
+    import statistics
+
+    from service.cli import main
+    from service.core.checkpoint import read_meta
+
+    corpus = write_corpus(tmp_path / "corpus.jsonl", sites=6, pages_per_site=3)
+    derive_tasks(corpus, tmp_path / "tasks", min_pages=4, min_sites=3, folds=3)
+    ckpt = build_tiny_checkpoint(tmp_path / "ckpt")
+    calls = fake_engine(monkeypatch, read_meta(ckpt).embedding_dim)
+    out = tmp_path / "report"
+    argv = ["eval", "run", "--checkpoint", str(ckpt), "--tasks", str(tmp_path / "tasks"), "--out", str(out)]
+    argv += ["--baselines", "random", "--cache", str(tmp_path / "cache")]
+    argv += ["--hidden", "8", "--max-epochs", "3", "--patience", "1"]
+    assert main([*argv, "--seeds", "0,1,2"]) == 0
+    assert len(calls) == 1  # embedded once, the heads trained three times
+    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    assert report["config"]["seed"] == 0  # the tables are the first seed's
+    spread = report["seed_spread"]
+    assert set(spread) == {s["name"] for s in report["systems"]}
+    row = next(s for s in report["systems"] if s["kind"] == "checkpoint")
+    figures = spread[row["name"]]
+    assert figures["seeds"] == [0, 1, 2]
+    for task in {t["name"] for t in report["tasks"]}:
+        runs = figures[task]["values"]
+        assert len(runs) == 3 and runs[0] == row["scores"][task]["mean"]
+        assert figures[task]["mean"] == pytest.approx(statistics.mean(runs))
+        assert figures[task]["std"] == pytest.approx(statistics.stdev(runs))
+    assert figures["nmm"]["values"][0] == row["nmm"] and len(figures["nmm"]["values"]) == 3
+    assert "## Seed spread" in (out / "report.md").read_text(encoding="utf-8")
+    # One seed (the default): no spread section.
+    assert main(argv) == 0
+    assert "seed_spread" not in json.loads((out / "report.json").read_text(encoding="utf-8"))

@@ -129,3 +129,52 @@ def test_a_classification_task_whose_pages_have_one_class_is_refused(tmp_path: P
 def test_one_fold_is_a_typed_error() -> None:
     with pytest.raises(EvaluationError, match="at least 2 folds"):
         assign_folds(np.zeros(6), [f"s{i}" for i in range(6)], kind="regression", k=1)
+
+
+def test_task_hash_follows_pages_labels_and_folds(tmp_path: Path) -> None:
+    """Figures recorded with the hash of their tasks and folds can be told apart from today's: sites.py
+    regrouping shared-host pages had changed the folds while the published figures stayed."""
+    from model_training.evaluation.tasks import hash_metric, task_sha256
+
+    spec = TaskSpec("kind", "classification", "f1_macro", ["a", "b"])
+    write_task(tmp_path / "kind", spec, rows())
+    task = load_task(tmp_path / "kind", k=5)
+    digest = task_sha256(task)
+    assert len(digest) == 64 and digest == task_sha256(load_task(tmp_path / "kind", k=5))
+    assert task_sha256(load_task(tmp_path / "kind", k=5, seed=1)) != digest  # other folds
+    assert task_sha256(load_task(tmp_path / "kind", k=4)) != digest
+    relabelled = [{**row, "label": "a"} if row["id"] == "p0" else row for row in rows()]
+    write_task(tmp_path / "relabelled", spec, relabelled)
+    assert task_sha256(load_task(tmp_path / "relabelled", k=5)) != digest
+    regrouped = [{**row, "group": "one-site"} if row["id"] in ("p0", "p1") else row for row in rows()]
+    write_task(tmp_path / "regrouped", spec, regrouped)
+    assert task_sha256(load_task(tmp_path / "regrouped", k=5)) != digest
+    # The number stored in a head's metrics (numbers only) gives back the hash's first 12 hex digits.
+    value = hash_metric(digest)
+    assert isinstance(value, int) and float(value) == value and f"{value:012x}" == digest[:12]
+
+
+def test_scikit_learn_pin_has_the_fold_splitters_assign_folds_uses() -> None:
+    """GroupKFold(shuffle=True) exists from scikit-learn 1.6 (1.5: a TypeError traceback), and 1.5's
+    StratifiedGroupKFold gives other folds for the same seed: the pin had allowed >=1.4."""
+    import re
+    import tomllib
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    pyproject = Path(__file__).resolve().parents[3] / "pyproject.toml"
+    data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    requirements = [
+        r for group in data["project"]["optional-dependencies"].values() for r in group if "scikit-learn" in r
+    ] + [r for r in data["project"].get("dependencies", []) if "scikit-learn" in r]
+    assert requirements
+    for requirement in requirements:
+        match = re.fullmatch(r"scikit-learn>=([0-9.]+)", requirement.replace(" ", ""))
+        assert match, requirement
+        assert Version(match.group(1)) >= Version("1.6"), requirement
+    assert Version(version("scikit-learn")) >= Version("1.6")
+    targets = np.asarray([0.5 * i for i in range(20)])
+    groups = [f"s{i % 10}" for i in range(20)]
+    folds = assign_folds(targets, groups, kind="regression", k=5)
+    assert sorted(set(folds.tolist())) == [0, 1, 2, 3, 4]
