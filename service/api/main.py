@@ -34,6 +34,7 @@ from service.core.errors import ErrorCode, HtmllmError
 
 if TYPE_CHECKING:
     import uvicorn
+    from pydantic import ValidationError
 
     from service.api.settings import Settings
     from service.engine import Engine
@@ -163,6 +164,30 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         name: getattr(args, name) for name in _FLAG_FIELDS if getattr(args, name, None) is not None
     }
     return Settings(**overrides)
+
+
+# Settings whose value is never written back, even in an error about it.
+_SECRET_SETTINGS = frozenset({"api_key"})
+
+
+def settings_errors(exc: ValidationError) -> list[str]:
+    """One line per refused setting, named as its environment variable, with the value given where it
+    is one field's and not a secret. pydantic's own text had quoted a check across fields (`max_inflight_
+    bytes` below `max_body_bytes`) with the whole input, the API key among it, into the container's log."""
+    lines = []
+    for error in exc.errors(include_url=False):
+        if error["type"] == "default_factory_not_called":  # a consequence of another error, not one
+            continue
+        field = str(error["loc"][0]) if error["loc"] else ""
+        message = str(error["msg"]).removeprefix("Value error, ")
+        value = error.get("input")
+        shown_value = (
+            f" (got {value!r:.60})"
+            if field and field not in _SECRET_SETTINGS and isinstance(value, str | int | float | bool)
+            else ""
+        )
+        lines.append(f"HTMLLM_{field.upper()}: {message}{shown_value}" if field else message)
+    return lines or [f"{exc.error_count()} error(s)"]
 
 
 def check_model_location(settings: Settings) -> None:
@@ -350,8 +375,13 @@ def _settings_for_serving(args: argparse.Namespace) -> Settings | int:
 
     try:
         settings = settings_from_args(args)
-    except (ValidationError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
-        sys.stderr.write(f"htmllm serve: invalid settings:\n{exc}\n")
+    except ValidationError as exc:
+        sys.stderr.write(
+            "".join(f"htmllm serve: invalid settings: {line}\n" for line in settings_errors(exc))
+        )
+        return 2
+    except ValueError as exc:
+        sys.stderr.write(f"htmllm serve: invalid settings: {exc}\n")
         return 2
     try:
         check_model_location(settings)  # before engine_config(), whose import of the engine takes seconds

@@ -250,7 +250,7 @@ class ExtractRequest(_Strict):
         json_schema_extra={"uniqueItems": True},  # the route refuses a repeat (422)
     )
     min_words: JsonInt = Field(
-        50, ge=0, description="the filter: an output passes with at least this many words"
+        50, ge=0, description="the filter: an output passes with at least this many words, and one at least"
     )
 
 

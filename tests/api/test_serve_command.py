@@ -91,6 +91,32 @@ def test_a_model_path_that_is_no_checkpoint_is_refused_before_torch_is_imported(
     assert result.stderr == f"htmllm serve: checkpoint_invalid: {message}\n"
 
 
+def test_a_refused_setting_is_one_line_that_never_quotes_the_api_key(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A check across fields had printed pydantic's dump of the whole input, the API key's last 22
+    characters among it, into the container's log."""
+    key = "sk-0123456789abcdefghijklmnopqrstuvwxyzABCD"
+    monkeypatch.setenv("HTMLLM_API_KEY", key)
+    monkeypatch.setenv("HTMLLM_MAX_INFLIGHT_BYTES", "1000")
+    assert api_main.main([]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "htmllm serve: invalid settings: HTMLLM_MAX_INFLIGHT_BYTES (1000) is below HTMLLM_MAX_BODY_BYTES "
+        "(16777216): a body of the largest accepted size could never be taken; raise the first\n"
+    )
+    monkeypatch.setenv("HTMLLM_MAX_INFLIGHT_BYTES", str(2**30))
+    monkeypatch.setenv("HTMLLM_MAX_BATCH_TOKENS", "-5")
+    assert api_main.main(["--port", "70000"]) == 2
+    said = "htmllm serve: invalid settings: "
+    assert capsys.readouterr().err.splitlines() == [
+        said + "HTMLLM_MAX_BATCH_TOKENS: Input should be greater than 0 (got '-5')",
+        said + "HTMLLM_PORT: Input should be less than or equal to 65535 (got 70000)",
+    ]
+    for secret in (key[3:], key[-12:]):
+        assert secret not in err
+
+
 def test_invalid_settings_exit_2(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     assert api_main.main(["--port", "70000"]) == 2
     assert "invalid settings" in capsys.readouterr().err
