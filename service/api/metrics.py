@@ -3,7 +3,8 @@
 Request counts and durations per route come from `RequestMetricsMiddleware`; queue size, batch sizes,
 batch tokens, per-stage durations and documents and tokens processed from the Engine's observer hooks
 (`EngineMetricsObserver`); failures by code from the error handler; failed extractions from the
-/v1/extract router.
+/v1/extract router; the build's identity (`htmllm_build_info`) and readiness from the /metrics route at
+scrape time.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ _BATCH_TOKEN_BUCKETS = (64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 UNMATCHED_ROUTE = "<unmatched>"
 OTHER_METHOD = "<other>"
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "TRACE", "CONNECT"})
+# `htmllm_build_info`'s labels: /info's fields of the same names.
+BUILD_LABELS = ("version", "prune_version", "checkpoint_prune_version", "extraction_version")
 # nginx's "client closed request": never seen by the client, but visible in the request metrics.
 CLIENT_CLOSED_STATUS = 499
 
@@ -138,6 +141,15 @@ class ServiceMetrics:
             "HTMLLM_UNREADY_AFTER_FAILURES on",
             registry=r,
         )
+        # An info metric (value 1, the facts in its labels): in a rolling upgrade the old and the new pods
+        # share a name and often a `version`, yet may embed a page differently. One process, one series.
+        self.build_info = Gauge(
+            "htmllm_build_info",
+            "1, labelled with what decides a page's output: the service's version, the pruner it runs, the "
+            "pruner the checkpoint was trained on, and the extraction code's version",
+            list(BUILD_LABELS),
+            registry=r,
+        )
         self.gc_pause = Histogram(
             "htmllm_gc_pause_seconds",
             "CPython garbage collections by generation; each holds the GIL, so the event loop and the "
@@ -146,6 +158,13 @@ class ServiceMetrics:
             buckets=_GC_PAUSE_BUCKETS,
             registry=r,
         )
+
+    def set_build(self, **labels: str) -> None:
+        """`htmllm_build_info` for the build and checkpoint `labels` name (every one of `BUILD_LABELS`),
+        as its only series. Its values come from the code and the checkpoint, never from a client, so
+        the series stay one per process."""
+        self.build_info.clear()
+        self.build_info.labels(**labels).set(1)
 
 
 class _WithoutCreated:

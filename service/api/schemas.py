@@ -323,7 +323,22 @@ class InfoResponse(BaseModel):
         description="the id of the training run that produced the checkpoint (htmllm.json's "
         "`training.run_id`); null for a checkpoint from before run ids"
     )
-    version: str = Field(description="the service's version")
+    version: str = Field(
+        description="the service package's version: not bumped by every change, so two servers that report "
+        "the same one may still prune or extract differently (`prune_version` and `extraction_version` say)"
+    )
+    prune_version: str = Field(
+        description="the pruner this server runs on every page (`PRUNE_VERSION`): servers that report "
+        "different ones may embed the same page differently"
+    )
+    checkpoint_prune_version: str = Field(
+        description="the pruner the checkpoint was trained on (its htmllm.json's `prune_version`); when it "
+        "is not `prune_version` the checkpoint is served anyway, the mismatch logged once at start-up"
+    )
+    extraction_version: str = Field(
+        description="the version of /v1/extract's own code (`EXTRACTION_VERSION`; the extractor libraries "
+        "have versions of their own): servers that report different ones may return other texts for a page"
+    )
     embedding_dim: int
     max_length: int
     backend: str

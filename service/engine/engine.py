@@ -201,7 +201,8 @@ class Engine:
             dtype=self._runner.dtype,
             threads=self._runner.threads,
             attention=self._runner.attention,
-            prune_version=self._meta.prune_version,
+            prune_version=PRUNE_VERSION,  # what prunes the pages this engine embeds
+            checkpoint_prune_version=self._meta.prune_version,
             tokenizer_sha256=self._meta.tokenizer_sha256,
         )
 

@@ -95,7 +95,10 @@ class ModelInfo:
     dtype: str
     threads: int  # CPU threads per forward pass (torch: the count it runs now, one per process)
     attention: str  # sdpa | eager | varlen | flash_attention_2 (torch), graph (onnx)
-    prune_version: str
+    # Two versions, for they can differ (a checkpoint from before a pruner change is served, with a
+    # warning at start-up): every page is pruned by this build's pruner, whatever the checkpoint recorded.
+    prune_version: str  # the pruner this build runs on every page (service.core.prune.PRUNE_VERSION)
+    checkpoint_prune_version: str  # the one the checkpoint's htmllm.json records it was trained on
     tokenizer_sha256: str
 
 

@@ -16,6 +16,8 @@ from service.api.routers import get_route
 from service.api.runtime import EngineDep, RuntimeDep
 from service.api.schemas import HeadInfo, HealthResponse, InfoResponse, Limits, ReadyResponse
 from service.core.errors import ErrorCode, HtmllmError
+from service.core.extract import EXTRACTION_VERSION
+from service.engine import ModelInfo
 
 router = APIRouter(tags=["operations"])
 
@@ -60,6 +62,18 @@ async def ready(runtime: RuntimeDep) -> ReadyResponse:
     return ReadyResponse(model=engine.info.name)
 
 
+def build_identity(model: ModelInfo) -> dict[str, str]:
+    """What decides the output for a page beyond the checkpoint, as /info reports it and
+    `htmllm_build_info` labels it: `version` alone is not bumped by every change, and in a rolling
+    upgrade pods that prune or extract differently had looked identical over HTTP."""
+    return {
+        "version": __version__,
+        "prune_version": model.prune_version,
+        "checkpoint_prune_version": model.checkpoint_prune_version,
+        "extraction_version": EXTRACTION_VERSION,
+    }
+
+
 @get_route(router, "/info", summary="The model, its heads and the server's limits", responses=_UNAVAILABLE)
 async def info(runtime: RuntimeDep, engine: EngineDep) -> InfoResponse:
     model = engine.info
@@ -87,7 +101,7 @@ async def info(runtime: RuntimeDep, engine: EngineDep) -> InfoResponse:
         model=model.name,
         checkpoint_sha256=checkpoint.sha256,
         training_run_id=checkpoint.training_run_id,
-        version=__version__,
+        **build_identity(model),
         embedding_dim=model.embedding_dim,
         max_length=model.max_length,
         backend=model.backend,
@@ -127,4 +141,5 @@ async def metrics(runtime: RuntimeDep) -> Response:
     runtime.metrics.ready.set(1 if runtime.unready_reason() is None else 0)
     if runtime.engine is not None:  # read at scrape time: the engine keeps the count
         runtime.metrics.backend_failures.set(runtime.engine.health.failures)
+        runtime.metrics.set_build(**build_identity(runtime.engine.info))
     return Response(exposition(runtime.metrics), media_type=CONTENT_TYPE_LATEST)
