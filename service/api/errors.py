@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match, Route
 
-from service.api.logs import FIELDS
+from service.api.logs import FIELDS, printable_path
 from service.api.metrics import CLIENT_CLOSED_STATUS
 from service.api.request_id import request_id
 from service.api.timing import total_time_header
@@ -101,8 +101,11 @@ _PROBES = frozenset({"GET", "HEAD"})
 def log_unserved(method: str, path: str, code: ErrorCode, rid: str | None, message: str) -> None:
     """The warning for a request the server did not serve for its own state (`_UNSERVED`), from the
     exception handler or from the middleware that answers before it (a body cut off by the drain).
-    `path` without its query string: a client may put a key or a page's URL there."""
+    `path` without its query string: a client may put a key or a page's URL there; and escaped as the
+    access log writes it: the body limits answer any path, an unauthenticated client's `%0A` included,
+    which had written a forged line of its own into text logs."""
     status = STATUS[code]
+    path = printable_path(path)
     logger.warning(
         "%s %s answered %d %s (request %s): %s",
         method,
@@ -187,7 +190,7 @@ async def handle_error(request: Request, exc: Exception) -> Response:
         logger.error(
             "%s %s failed (request %s): %s",
             request.method,
-            request.url.path,
+            printable_path(request.url.path),
             rid,
             message,
             exc_info=exc if typed else None,

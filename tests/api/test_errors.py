@@ -112,3 +112,18 @@ async def test_429s_probes_and_client_errors_are_not_logged(
     answer = await _answer(method, code, "crawler-8")
     assert answer.status_code == STATUS[code]
     assert not [r for r in caplog.records if r.name == "service.api.errors"]
+
+
+def test_a_logged_path_is_escaped_as_the_access_log_writes_it(caplog: pytest.LogCaptureFixture) -> None:
+    """The body limits answer a request on any path (no key needed) 503 at the end of a drain, logged
+    with the client's path as sent: `%0A` in it had written a forged line into text logs."""
+    from service.api.errors import log_unserved
+
+    caplog.set_level(logging.INFO, logger="service.api.errors")
+    forged = "/x\n2026-12-06 16:00:00,000 ERROR service.api.auth: FORGED"
+    log_unserved("POST", forged + "y" * 1000, ErrorCode.SHUTTING_DOWN, "r-1", "cut off")
+    line = caplog.records[-1].getMessage()
+    assert "\n" not in line and "/x%0A2026-12-06%2016:00:00,000%20ERROR" in line
+    assert len(line) < 500
+    entry = json.loads(JsonFormatter().format(caplog.records[-1]))
+    assert "\n" not in entry["path"]
