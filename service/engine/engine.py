@@ -17,7 +17,7 @@ import copy
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -388,6 +388,8 @@ class Engine:
             return list(self._heads)
         if isinstance(heads, str):  # a sequence of characters, each an unknown head
             raise UnknownHeadError(f"heads is a list of head names (one head: [{shown([heads])}]), not a str")
+        if isinstance(heads, bytes | bytearray | Mapping):  # ints, or a mapping's keys taken as the names
+            raise UnknownHeadError(f"heads is a list of head names, not {type(heads).__name__}")
         try:
             names = list(heads)  # once: a generator read twice had reported no head at all, silently
         except TypeError as exc:  # not iterable (`heads=5`)

@@ -39,7 +39,7 @@ def as_document(doc: Document | str | bytes, index: int | None = None) -> Docume
     internal error with a traceback once a message named the page, an int `encoding` as the page's
     `preprocess_failed`; both are the caller's mistake, `validation_error`."""
     where = "" if index is None else f" (the document at index {index})"
-    if isinstance(doc, str | bytes):
+    if isinstance(doc, str | bytes | bytearray):  # a bare bytearray as a Document's html is (the same page)
         return Document(html=doc)
     if not isinstance(doc, Document):
         raise InvalidDocumentError(f"a document is HTML as str or bytes, not {type(doc).__name__}{where}")

@@ -52,6 +52,8 @@ def test_documents_of_the_right_types_pass_as_they_are() -> None:
     loose = Document(html=bytearray(PAGE.encode()))  # type: ignore[arg-type]  # taken as the pruner takes it
     assert as_documents([full, loose]) == [full, loose]
     assert as_documents([PAGE]) == [Document(html=PAGE)]
+    bare = bytearray(PAGE.encode())  # as a Document's html is: had been refused "not bytearray"
+    assert as_documents([bare]) == [Document(html=bare)]  # type: ignore[list-item,arg-type]
 
 
 async def test_wrong_field_types_fail_typed_in_the_engine_without_an_error_log(

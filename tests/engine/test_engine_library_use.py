@@ -146,6 +146,8 @@ def test_stopped_on_an_ended_loop_it_says_so(tiny_checkpoint: Path, config: Engi
         (["quality", None], "not NoneType"),
         ([["quality"]], "not list"),  # unhashable: had been a bare TypeError from the dict lookup
         (5, "a list of head names, not int"),
+        (b"quality", "a list of head names, not bytes"),  # had said "not int" (its bytes)
+        ({"quality": 1}, "a list of head names, not dict"),  # had been taken as ["quality"]
     ],
 )
 def test_heads_that_are_not_names_are_refused_as_unknown_heads(
