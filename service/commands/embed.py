@@ -7,9 +7,10 @@ parts' indices is the done-set and only the other documents are embedded. When a
 merged, sorted by index, into `<output>` (again via a temporary name; refused unless they hold each index
 of the input once) and the parts directory removed; a crash during the merge just merges again. The
 on-disk rules (the lock that refuses a second run on the same output, `run.json` pinning the checkpoint's
-fingerprint and the options so a resumed run cannot mix two models, the check that a resumed input is
-the one that was started) are `resume_state`'s, shared with `htmllm extract`; the Parquet parts and the
-settings kept in the output's metadata are `embed_state`'s.
+fingerprint, the options and the pruner's and tokenizers' versions so a resumed run cannot mix two
+models or two preprocessings, the check that a resumed input is the one that was started; --overwrite
+starts over from an interrupted run it cannot resume) are `resume_state`'s, shared with `htmllm
+extract`; the Parquet parts and the settings kept in the output's metadata are `embed_state`'s.
 
 Rows: `index`, `id`, `url`, `embedding` (float32 list, null on error), `tokens`, `truncated`, `error`
 (an ErrorCode, null on success), `error_message` (why, null on success), then per classification head
@@ -37,6 +38,7 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -118,7 +120,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace an existing output written with other settings (or not by htmllm embed)",
+        help="replace an existing output written with other settings (or not by htmllm embed), and start "
+        "over from an interrupted run with other settings or over a changed input (its parts are deleted)",
     )
     parser.add_argument("--backend", choices=("torch", "onnx"), default="torch", help="inference backend")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model runs")
@@ -347,8 +350,19 @@ def _plan(args: argparse.Namespace) -> _Plan:
     heads = [name for name in known if name in asked]
     specs = [spec for spec in meta.heads if spec.name in heads]
     _check_columns(specs)
+    from service.core.prune import PRUNE_VERSION
+
     settings = {
         "row_format": ROW_FORMAT,
+        # The code that turns a page into tokens, where the checkpoint does not pin it: the pruner (a
+        # version bump changes the pruned text of some page), the HTML parser it serializes (selectolax's
+        # Lexbor: a parser fix changes the tree of some page), and the tokenizers library, whose Unicode
+        # tables (NFC, the Punctuation pre-tokenizer) and fixes can give other ids for the same
+        # tokenizer.json. Unpinned, a resume across an upgrade mixed both in one output, and an older
+        # output passed for complete.
+        "prune_version": PRUNE_VERSION,
+        "selectolax_version": _version("selectolax"),
+        "tokenizers_version": _version("tokenizers"),
         "input": str(args.input.resolve()),
         INPUT_KEY: input_identity(args.input, args.output, _recorded_identities(args.output)),
         "limit": args.limit,
@@ -364,6 +378,13 @@ def _plan(args: argparse.Namespace) -> _Plan:
         "onnx_quantize": config.onnx_quantize,
     }
     return _Plan(config, heads, specs, settings)
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
 
 
 def _recorded_identities(output: Path) -> list[Any]:
@@ -398,7 +419,7 @@ def _finished(output: Path, settings: dict[str, Any], overwrite: bool) -> bool:
         return False
     if previous is None:
         why = "was not written by this version of htmllm embed"
-    elif other := changed(settings, previous):
+    elif other := changed(settings, previous, recorded=settings.keys()):
         why = f"was written with other settings ({other})"
     else:  # the same options over an input rewritten or grown since: its rows may be stale
         why = f"was written before its input changed ({input_change(settings, previous)})"
@@ -456,14 +477,17 @@ def _run(args: argparse.Namespace) -> int:
                 remove_parts(parts, output)
                 print(complete, file=sys.stderr)
             else:
-                why = changed(plan.settings, pinned or {}) or "input"
+                why = changed(plan.settings, pinned or {}, recorded=plan.settings.keys()) or "input"
                 print(
                     f"{complete}; {parts} holds an interrupted run with other settings ({why}), left as "
                     "it was: run that command again to finish it, or delete it",
                     file=sys.stderr,
                 )
             return 0
-        pin_settings(parts, plan.settings)
+        if discarded := pin_settings(
+            parts, plan.settings, recorded=plan.settings.keys(), overwrite=args.overwrite
+        ):
+            print(f"htmllm embed: --overwrite: {discarded}", file=sys.stderr)
         fmt = ParquetParts(_schema(plan.settings["embedding_dim"], plan.specs))
         done = done_set(parts, fmt, command="htmllm embed")
         writer = PartWriter(parts, fmt, args.part_size)

@@ -428,7 +428,10 @@ def _resumable(
     fmt = _JsonlParts()
     with run_lock(parts):  # a missing directory is made, as `htmllm embed` makes it
         clean_leftovers(target, parts)
-        pin_settings(parts, _settings(args, parts))
+        settings = _settings(args, parts)
+        # Every name but the union's `order` and `seed` is recorded by every run: one missing is an older
+        # version's run, which the refusal says.
+        pin_settings(parts, settings, recorded=settings.keys() - {"order", "seed"})
         done = done_set(parts, fmt, command="htmllm extract")
         walk = InputWalk(done, parts)
         writer = PartWriter(parts, fmt, args.part_size)

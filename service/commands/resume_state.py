@@ -40,7 +40,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -120,10 +120,52 @@ def holds_parts(parts: Path) -> bool:
     return parts.is_dir() and any(parts.glob(f"{PART_PREFIX}*"))
 
 
-def changed(settings: dict[str, Any], previous: dict[str, Any]) -> str:
-    """The settings that differ, for a refusal's message; the input's identity is `input_change`'s."""
-    keys = settings.keys() | previous.keys()
-    return ", ".join(sorted(k for k in keys - {INPUT_KEY} if settings.get(k) != previous.get(k)))
+def changed(settings: dict[str, Any], previous: dict[str, Any], recorded: Collection[str] = ()) -> str:
+    """The settings that differ, each as `name old -> new` (`extraction_version 6 -> 7`; a sub-setting of
+    a dict by its dotted name, `versions.trafilatura 1.6.0 -> 2.0.0`), for a refusal's message: a name
+    alone left the user to find what the run had pinned. The input's identity is `input_change`'s.
+    `recorded`: the names every run of this version records; one `previous` lacks was written by an
+    older version, which the message says (its value shows as `unset`, as an option's absent value)."""
+    items = _differences(settings, previous, prefix="", skip={INPUT_KEY})
+    older = any(name in recorded and name not in previous for name in settings.keys() - {INPUT_KEY})
+    return ", ".join(items) + ("; written by an older htmllm" if items and older else "")
+
+
+_UNSET = object()
+# A value shown longer than this is cut in its middle (a path differs at either end); a hex digest is
+# cut to its first `_DIGEST_SHOWN` characters, as git shows a commit.
+_SHOWN_CHARS = 80
+_DIGEST_SHOWN = 12
+
+
+def _differences(now: dict[str, Any], then: dict[str, Any], *, prefix: str, skip: set[str]) -> list[str]:
+    """`name old -> new` for each key whose value differs, into dicts that both sides hold."""
+    items = []
+    for key in sorted(now.keys() | then.keys(), key=str):
+        new, old = now.get(key, _UNSET), then.get(key, _UNSET)
+        if key in skip or new == old:
+            continue
+        if isinstance(new, dict) and isinstance(old, dict):
+            items += _differences(new, old, prefix=f"{prefix}{key}.", skip=set())
+        else:
+            items.append(f"{prefix}{key} {_shown(old)} -> {_shown(new)}")
+    return items
+
+
+def _shown(value: Any) -> str:
+    """A pinned value as a refusal shows it: text as it is, a sha256 by its first characters, anything
+    long cut in its middle."""
+    if value is _UNSET:
+        return "unset"
+    if value is None:
+        return "none"
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, separators=(",", ":"))
+    if re.fullmatch(r"[0-9a-f]{40,}", text):
+        return text[:_DIGEST_SHOWN] + "..."
+    if len(text) > _SHOWN_CHARS:
+        half = (_SHOWN_CHARS - 3) // 2
+        return f"{text[:half]}...{text[-half:]}"
+    return text
 
 
 def own_files(output: Path) -> Callable[[Path], bool]:
@@ -433,27 +475,63 @@ def pinned_settings(parts: Path) -> dict[str, Any] | None:
     return previous if isinstance(previous, dict) else None
 
 
-def pin_settings(parts: Path, settings: dict[str, Any]) -> None:
+def pin_settings(
+    parts: Path, settings: dict[str, Any], *, recorded: Collection[str] = (), overwrite: bool | None = None
+) -> str | None:
     """Pin the run's settings in run.json; a resume with other settings, or over an input that changed
     (`INPUT_KEY`), is refused once a part exists (before that nothing depends on them, and a typo's
-    run.json must not lock the output)."""
+    run.json must not lock the output). `recorded`: as `changed` takes it.
+
+    `overwrite`: the command's --overwrite (None: it has none, as `htmllm extract`, which replaces its
+    output anyway). Set, such an interrupted run is discarded and this one starts over, as the user
+    asked (the docs had said so, and the run was refused all the same): what this returns says what was
+    discarded, for the command to tell. Only its parts and run.json go, under the run's lock, which
+    stays: the parts directory is not removed, or another run could lock a new one meanwhile."""
     pin = parts / RUN_FILE
     if pin.is_file() and holds_parts(parts):
+        option = "" if overwrite is None else ", or pass --overwrite,"
         try:
             previous = json.loads(pin.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
-            raise RunStateError(f"{pin} cannot be read ({exc}); delete {parts} to start over") from exc
-        if previous != settings:
-            if other := changed(settings, previous):
+            if not overwrite:
                 raise RunStateError(
-                    f"{parts} holds a run with other settings ({other}); delete it to start over"
-                )
-            raise RunStateError(
-                f"input changed since the interrupted run ({input_change(settings, previous)}); "
-                f"delete {parts} to start over"
-            )
-        return
+                    f"{pin} cannot be read ({exc}); delete {parts}{option} to start over"
+                ) from exc
+            why = f"whose {RUN_FILE} cannot be read ({exc})"
+        else:
+            if previous == settings:
+                return None
+            other = changed(settings, previous if isinstance(previous, dict) else {}, recorded)
+            if other:
+                why = f"with other settings ({other})"
+                if not overwrite:
+                    raise RunStateError(f"{parts} holds a run {why}; delete it{option} to start over")
+            else:
+                how = input_change(settings, previous)
+                why = f"over an input that changed since ({how})"
+                if not overwrite:
+                    raise RunStateError(
+                        f"input changed since the interrupted run ({how}); "
+                        f"delete {parts}{option} to start over"
+                    )
+        discarded = _discard_parts(parts)
+        _write_json(settings, pin)
+        return f"discarded the {discarded} part(s) of an interrupted run {why} in {parts}; starting over"
     _write_json(settings, pin)
+    return None
+
+
+def _discard_parts(parts: Path) -> int:
+    """Remove the parts (any format's) of an interrupted run, under its lock; returns how many. run.json
+    stays until the caller replaces it: a kill meanwhile leaves fewer parts of the same run, which is
+    still that run (its resume does the documents again), never its run.json beside another's parts."""
+    discarded = 0
+    for entry in sorted(parts.glob(f"{PART_PREFIX}*")):
+        if entry.is_dir() and not entry.is_symlink():
+            raise RunStateError(f"{entry} is a directory, not a part: move it out of {parts} and run again")
+        entry.unlink()
+        discarded += 1
+    return discarded
 
 
 def done_set(parts: Path, fmt: PartFormat, *, command: str) -> dict[int, str]:

@@ -132,7 +132,8 @@ def test_an_interrupted_overwrite_with_other_settings_survives_a_run_of_the_fini
     assert main(finished) == 0
     err = capsys.readouterr().err
     assert (
-        "nothing to do" in err and f"{parts} holds an interrupted run with other settings (max_length)" in err
+        "nothing to do" in err
+        and f"{parts} holds an interrupted run with other settings (max_length 64 -> 128)" in err
     )
     assert err.count("\n") == 1
     assert sorted(p.name for p in parts.glob("part-*")) == before
@@ -633,3 +634,158 @@ def test_a_checkpoint_path_that_is_no_checkpoint_is_refused_before_torch_is_impo
         assert (done.returncode, done.stdout) == (1, "False\n"), done.stderr
         assert done.stderr == f"htmllm embed: checkpoint_invalid: {message}\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pages.jsonl", "run"]
+
+
+# --- an upgrade: the pruner's and tokenizers' versions are pinned as the options are ---
+
+
+def _as_version(monkeypatch: pytest.MonkeyPatch, setting: str, value: str) -> None:
+    """Make this process the htmllm of another pruner, or run with another tokenizers library."""
+    from service.core import prune
+
+    if setting == "prune_version":
+        monkeypatch.setattr(prune, "PRUNE_VERSION", value)
+    else:
+        package = setting.removesuffix("_version")
+        installed = embed_command.version
+        monkeypatch.setattr(
+            embed_command, "version", lambda name: value if name == package else installed(name)
+        )
+
+
+def _now(setting: str) -> str:
+    from importlib.metadata import version
+
+    return PRUNE_VERSION if setting == "prune_version" else version(setting.removesuffix("_version"))
+
+
+UPGRADES = [("prune_version", "9"), ("selectolax_version", "0.3.0"), ("tokenizers_version", "0.19.0")]
+
+
+@pytest.mark.parametrize(("setting", "old"), UPGRADES)
+def test_a_resume_across_an_upgrade_of_the_pruner_or_tokenizers_is_refused_and_overwrite_starts_over(
+    checkpoint: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    setting: str,
+    old: str,
+) -> None:
+    """Neither was pinned: rows pruned (or tokenized) by the old version and the new were merged into one
+    output, and its `htmllm.run` did not say which made it."""
+    write_pages(tmp_path / "pages.jsonl", 3)
+    out = tmp_path / "out.parquet"
+    args = _args(checkpoint, tmp_path / "pages.jsonl", out, "--part-size", "1")
+    with monkeypatch.context() as patch:
+        _as_version(patch, setting, old)
+        _stop_before_merge(monkeypatch, args)
+    capsys.readouterr()
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        f"htmllm embed: validation_error: {out}.parts holds a run with other settings ({setting} {old} -> "
+        f"{_now(setting)}); delete it, or pass --overwrite, to start over\n"
+    )
+    assert main([*args, "--overwrite"]) == 0
+    err = capsys.readouterr().err
+    assert f"discarded the 3 part(s) of an interrupted run with other settings ({setting} {old} ->" in err
+    assert "0 resumed from earlier runs, 3 embedded this run" in err
+    recorded = json.loads(pq.read_schema(out).metadata[b"htmllm.run"])
+    assert recorded[setting] == _now(setting)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.parquet", "pages.jsonl"]
+
+
+@pytest.mark.parametrize(("setting", "old"), UPGRADES)
+def test_a_finished_output_of_another_pruner_or_tokenizers_is_not_complete(
+    checkpoint: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    setting: str,
+    old: str,
+) -> None:
+    write_pages(tmp_path / "pages.jsonl", 2)
+    out = tmp_path / "out.parquet"
+    args = _args(checkpoint, tmp_path / "pages.jsonl", out)
+    with monkeypatch.context() as patch:
+        _as_version(patch, setting, old)
+        assert main(args) == 0
+    assert json.loads(pq.read_schema(out).metadata[b"htmllm.run"])[setting] == old
+    capsys.readouterr()
+    assert main(args) == 1
+    assert capsys.readouterr().err == (
+        f"htmllm embed: validation_error: {out} was written with other settings ({setting} {old} -> "
+        f"{_now(setting)}); pass --overwrite to replace it\n"
+    )
+    assert main([*args, "--overwrite"]) == 0
+    assert json.loads(pq.read_schema(out).metadata[b"htmllm.run"])[setting] == _now(setting)
+
+
+def test_an_older_htmllms_output_or_interrupted_run_is_another_version_and_says_so(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A version before these were pinned recorded neither: its output passed for complete, and its
+    interrupted run was resumed, whichever pruner had made its rows."""
+    write_pages(tmp_path / "pages.jsonl", 2)
+    out = tmp_path / "out.parquet"
+    args = _args(checkpoint, tmp_path / "pages.jsonl", out, "--part-size", "1")
+    older = (
+        f"prune_version unset -> {PRUNE_VERSION}, selectolax_version unset -> {_now('selectolax_version')}, "
+        f"tokenizers_version unset -> {_now('tokenizers_version')}"
+    )
+    assert main(args) == 0
+    table = pq.read_table(out)
+    metadata = dict(table.schema.metadata)
+    settings = json.loads(metadata[b"htmllm.run"])
+    del settings["prune_version"], settings["selectolax_version"], settings["tokenizers_version"]
+    metadata[b"htmllm.run"] = json.dumps(settings, sort_keys=True).encode()
+    pq.write_table(table.replace_schema_metadata(metadata), out)
+    capsys.readouterr()
+    assert main(args) == 1
+    assert capsys.readouterr().err == (
+        f"htmllm embed: validation_error: {out} was written with other settings ({older}; written by an "
+        "older htmllm); pass --overwrite to replace it\n"
+    )
+    out.unlink()
+    _stop_before_merge(monkeypatch, args)
+    pin = tmp_path / "out.parquet.parts" / "run.json"
+    pin.write_text(json.dumps(settings), encoding="utf-8")
+    capsys.readouterr()
+    assert main(args) == 1
+    assert f"holds a run with other settings ({older}; written by an older htmllm); delete it, or pass " in (
+        capsys.readouterr().err
+    )
+    assert main([*args, "--overwrite"]) == 0
+    assert "0 resumed from earlier runs, 2 embedded this run" in capsys.readouterr().err
+
+
+def test_overwrite_starts_over_from_an_interrupted_run_over_a_changed_input_touching_nothing_else(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The docs said `--overwrite` fixes a refused interrupted run; it was refused all the same. Only the
+    output's own parts go: a user's files beside the output stay."""
+    source = tmp_path / "pages.jsonl"
+    write_pages(source, 3)
+    out = tmp_path / "out.parquet"
+    args = _args(checkpoint, source, out, "--part-size", "1")
+    _stop_before_merge(monkeypatch, args)
+    (tmp_path / ".out.parquet.backup").write_text("mine")
+    (tmp_path / "out.parquet.parts.notes").write_text("mine too")
+    write_pages(source, 2)
+    capsys.readouterr()
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "input changed since the interrupted run (" in err
+    assert err.endswith(f"delete {out}.parts, or pass --overwrite, to start over\n"), err
+    assert main([*args, "--overwrite"]) == 0
+    err = capsys.readouterr().err
+    assert (
+        "htmllm embed: --overwrite: discarded the 3 part(s) of an interrupted run over an input that " in err
+    )
+    assert "0 resumed from earlier runs, 2 embedded this run" in err
+    assert pq.read_table(out)["id"].to_pylist() == ["p0", "p1"]
+    assert (tmp_path / ".out.parquet.backup").read_text() == "mine"
+    assert (tmp_path / "out.parquet.parts.notes").read_text() == "mine too"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".out.parquet.backup", "out.parquet", "out.parquet.parts.notes", "pages.jsonl"
+    ]  # fmt: skip

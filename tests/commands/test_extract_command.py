@@ -291,25 +291,32 @@ def test_ctrl_c_keeps_the_parts_and_a_resume_with_other_options_or_input_is_refu
 
     assert main([*args, "--min-words", "10"]) == 1
     assert capsys.readouterr().err == (
-        f"htmllm extract: validation_error: {parts} holds a run with other settings (min_words); "
+        f"htmllm extract: validation_error: {parts} holds a run with other settings (min_words 50 -> 10); "
         "delete it to start over\n"
     )
     assert main([*args, "--extractor", "trafilatura"]) == 1
-    assert "other settings (extractor, order); delete it" in capsys.readouterr().err
+    assert (
+        "other settings (extractor union -> trafilatura, order resiliparse,trafilatura,justext -> unset); "
+        "delete it to start over\n" in capsys.readouterr().err
+    )
     other = _unreadable_rows(tmp_path / "other.jsonl", 5)
     assert main(_args(other, output, "--part-size", "2")) == 1
-    assert "other settings (input); delete it" in capsys.readouterr().err
+    err = capsys.readouterr().err  # each path cut in its middle past 80 characters: never its name
+    assert "other settings (input " in err and "/in.jsonl -> " in err and "/other.jsonl); delete it" in err
     # Parts of an older row layout (format 1 extracted pages over 16 MiB) are not merged with new rows.
     pinned = json.loads((parts / "run.json").read_text())
     (parts / "run.json").write_text(json.dumps({**pinned, "row_format": 1}))
     assert main(args) == 1
-    assert "other settings (row_format); delete it" in capsys.readouterr().err
+    assert "other settings (row_format 1 -> 5); delete it" in capsys.readouterr().err
     # Nor texts of an older extraction (run.json of format 5 had no extraction version).
     (parts / "run.json").write_text(
         json.dumps({k: v for k, v in pinned.items() if k != "extraction_version"})
     )
     assert main(args) == 1
-    assert "other settings (extraction_version); delete it" in capsys.readouterr().err
+    assert (
+        f"other settings (extraction_version unset -> {pinned['extraction_version']}; written by an older "
+        "htmllm); delete it to start over\n" in capsys.readouterr().err
+    )
     (parts / "run.json").write_text(json.dumps(pinned))
     assert output.read_text() == OLD
 

@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from service.commands.resume_state import input_identity, sigterm_as_ctrl_c
+from service.commands.resume_state import (
+    RUN_FILE,
+    RunStateError,
+    changed,
+    input_identity,
+    pin_settings,
+    sigterm_as_ctrl_c,
+)
 from service.core import pages
 
 
@@ -187,3 +194,87 @@ def test_a_corpus_manifest_pinned_alone_by_an_older_version_is_read_for_its_page
     assert input_identity(corpus, known=[alone])["files"] == 3
     # The same file named as the input: taken as it was (its identity is recorded so for inline pages).
     assert input_identity(corpus / "manifest.jsonl", known=[alone]) == alone
+
+
+def test_a_refusal_shows_each_setting_that_differs_with_its_old_and_new_value() -> None:
+    """It named them only ("other settings (extraction_version)"): what the run had pinned was left to
+    find in run.json, or in the output's metadata."""
+    then = {
+        "extraction_version": "6",
+        "checkpoint_sha256": "c35e5d8ef84fc1608070b6a1217f74f3aef9d46cafcd3e8b0f333f9a24eb066d",
+        "limit": None,
+        "heads": ["a", "b"],
+        "input": "/data/crawls/" + "x" * 100 + "/2024-05.jsonl",
+        "versions": {"trafilatura": "1.6.0", "jusText": "3.0.1"},
+        "input_files": {"bytes": 1},
+        "min_words": 50,
+    }
+    now = {
+        **then,
+        "extraction_version": "7",
+        "checkpoint_sha256": "9bc1" + "0" * 60,
+        "limit": 5,
+        "heads": ["a"],
+        "input": "/data/crawls/" + "x" * 100 + "/2024-06.jsonl",
+        "versions": {"trafilatura": "2.0.0", "jusText": "3.0.1"},
+        "input_files": {"bytes": 2},  # `input_change`'s to say
+    }
+    assert changed(now, then).split(", ") == [
+        "checkpoint_sha256 c35e5d8ef84f... -> 9bc100000000...",
+        "extraction_version 6 -> 7",
+        'heads ["a","b"] -> ["a"]',
+        # Cut in its middle, to 80 characters: a path differs at either end.
+        f"input /data/crawls/{'x' * 25}...{'x' * 24}/2024-05.jsonl -> "
+        f"/data/crawls/{'x' * 25}...{'x' * 24}/2024-06.jsonl",
+        "limit none -> 5",
+        "versions.trafilatura 1.6.0 -> 2.0.0",
+    ]
+    # A name this version always records, missing: an older version's run, said so; an option's
+    # setting only some runs have (the union's `order`) is not.
+    older = {k: v for k, v in now.items() if k != "min_words"}
+    assert changed(now, older, recorded=now.keys()) == "min_words unset -> 50; written by an older htmllm"
+    assert changed(now, older, recorded=now.keys() - {"min_words"}) == "min_words unset -> 50"
+    assert changed(older, now, recorded=older.keys()) == "min_words 50 -> unset"
+    assert changed(now, dict(now)) == ""
+
+
+def _interrupted(parts: Path, settings: dict[str, object], n: int) -> None:
+    parts.mkdir()
+    (parts / "lock").write_text("")
+    (parts / RUN_FILE).write_text(json.dumps(settings))
+    for i in range(n):
+        (parts / f"part-{i:06d}.parquet").write_bytes(b"rows")
+
+
+def test_overwrite_discards_the_parts_before_run_json_so_a_kill_between_leaves_the_same_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run.json replaced first, a kill had left the old run's parts under the new run's settings: merged
+    with the new rows. Only part files go, never the lock or another file in the directory."""
+    parts = tmp_path / "out.parquet.parts"
+    _interrupted(parts, {"prune_version": "9"}, 3)
+    (parts / "notes.txt").write_text("mine")
+    real_unlink = Path.unlink
+
+    def killed_at_the_second(self: Path, missing_ok: bool = False) -> None:
+        if self.name == "part-000001.parquet":
+            raise KeyboardInterrupt
+        real_unlink(self, missing_ok)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "unlink", killed_at_the_second)
+        with pytest.raises(KeyboardInterrupt):
+            pin_settings(parts, {"prune_version": "10"}, overwrite=True)
+    assert json.loads((parts / RUN_FILE).read_text()) == {"prune_version": "9"}
+    with pytest.raises(RunStateError, match=r"prune_version 9 -> 10\); delete it, or pass --overwrite,"):
+        pin_settings(parts, {"prune_version": "10"}, overwrite=False)
+    with pytest.raises(RunStateError, match=r"prune_version 9 -> 10\); delete it to start over"):
+        pin_settings(parts, {"prune_version": "10"})  # a command without --overwrite
+    said = pin_settings(parts, {"prune_version": "10"}, overwrite=True)
+    assert said == (
+        "discarded the 2 part(s) of an interrupted run with other settings (prune_version 9 -> 10) in "
+        f"{parts}; starting over"
+    )
+    assert sorted(p.name for p in parts.iterdir()) == ["lock", "notes.txt", RUN_FILE]
+    assert json.loads((parts / RUN_FILE).read_text()) == {"prune_version": "10"}
+    assert pin_settings(parts, {"prune_version": "10"}) is None  # nothing to resume from: pinned again
