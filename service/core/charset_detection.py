@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import numpy.typing as npt
     from charset_normalizer import CharsetMatch
 
-DETECT_SAMPLE_BYTES = 524288  # charset-normalizer sees at most this much; the whole page is decoded
+DETECT_SAMPLE_BYTES = 524288  # the detector sees at most this much of the page's neighbourhoods (all decoded)
 FEW_FOREIGN_BYTES = 256  # pages with at most this many non-ASCII bytes: the readings compete
 
 # The encodings the detector chooses among, as charset-normalizer names them: those a browser can decode
@@ -99,6 +99,7 @@ _EAST_ASIAN = tuple(_EAST_ASIAN_ROWS)
 _FEW_WORDS_GUESSES = frozenset({*_LATIN_SINGLE_BYTE, "cp1251", *_EAST_ASIAN})
 _ASCII = bytes(range(128))
 _NON_ASCII_BYTES = re.compile(rb"[\x80-\xff]+")
+_HIGH_BYTES = bytes(range(0x80, 0x100))
 _CONTEXT = 8  # ASCII bytes kept either side of non-ASCII ones (see _neighbourhoods)
 # Non-ASCII punctuation of ordinary text, which sits next to letters and to itself ("«Été»", "…”").
 _PUNCTUATION = frozenset("«»‘’‚“”„–—…•·‹›¡¿\xa0")
@@ -112,15 +113,15 @@ def detect_encoding(data: bytes) -> str:
     """The codec undeclared, non-UTF-8 `data` is most likely in (a Python codec name)."""
     from charset_normalizer import from_bytes  # imported lazily: it is slow to import, rarely needed
 
-    sample = data[:DETECT_SAMPLE_BYTES]
     # The detector reads five chunks of 512 bytes spread over what it is given, so on the page itself its
     # answer moved with the length of the ASCII markup before the text: one GBK page came back cp1252 or
     # GBK as a comment in its <head> grew. Given the non-ASCII bytes in their context only, it reads the
-    # text whatever surrounds it (see _neighbourhoods).
-    neighbourhoods = _neighbourhoods(sample)
+    # text whatever surrounds it (see _neighbourhoods). Every later step looks at a non-ASCII byte and
+    # its neighbours only, so the neighbourhoods stand for the page there too.
+    neighbourhoods = _neighbourhoods(data)
     matches = from_bytes(neighbourhoods, cp_isolation=_DETECTED_ENCODINGS)
     best = matches.best()
-    guess = _corrected_guess(sample, None if best is None else normalize_encoding(best.encoding))
+    guess = _corrected_guess(neighbourhoods, None if best is None else normalize_encoding(best.encoding))
     if guess in _FEW_WORDS_GUESSES and len(neighbourhoods.translate(None, _ASCII)) <= FEW_FOREIGN_BYTES:
         # On a word or two every East Asian reading is often as clean and as coherent as the next (0 and
         # 0), and the detector's first is merely the first it tried: Big5 for GBK's "你好" ("斕疑"). Its
@@ -163,9 +164,13 @@ def _few_foreign_words(sample: bytes, guess: str | None) -> str:
     fewest implausible characters; `guess` is the detector's (re-ranked) guess, None where it was an East
     Asian encoding the detector could not tell from the others.
 
-    The contenders are the best Latin reading, windows-1251 (the web's Cyrillic) and the East Asian
-    double-byte encodings; their costs (`_reading_cost`) count, in bytes, what real text does not do.
-    A tie goes to the first in that order, the detector's own guess first among the East Asian ones:
+    The contenders are the best Latin reading, windows-1251 (the web's Cyrillic), the East Asian
+    double-byte encodings and windows-1252; their costs (`_reading_cost`) count, in bytes, what real
+    text does not do. windows-1252 is there for when the alphabets chose another Latin reading from
+    next to nothing: a page whose non-ASCII bytes were "£££" price levels is "ŁŁŁ" in windows-1250,
+    letters of Polish, and windows-1251 beat that reading; it comes last, as mojibake of a few CJK
+    characters can cost it nothing ("北京" in GBK is "±±¾©"). A tie goes to the first in that order,
+    the detector's own guess first among the East Asian ones:
     a few CJK characters can be valid common characters in several of them at once ("北京" in GBK is
     two common hangul syllables in EUC-KR), and only more text tells those apart. Guesses of other
     scripts (Greek, Hebrew, Arabic, Thai) do not come here: the detector gets those right from a
@@ -175,7 +180,7 @@ def _few_foreign_words(sample: bytes, guess: str | None) -> str:
     latin = guess if guess in _LATIN_SINGLE_BYTE else _best_latin_reading(sample, "cp1252")[0]
     east_asian = (guess, *_EAST_ASIAN) if guess is not None and guess in _EAST_ASIAN else _EAST_ASIAN
     best, best_cost = latin, None
-    for name in dict.fromkeys((latin, "cp1251", *east_asian)):
+    for name in dict.fromkeys((latin, "cp1251", *east_asian, "cp1252")):
         cost = _reading_cost(sample, name)
         if best_cost is None or cost < best_cost:
             best, best_cost = name, cost
@@ -184,24 +189,58 @@ def _few_foreign_words(sample: bytes, guess: str | None) -> str:
     return best
 
 
-def _neighbourhoods(sample: bytes) -> bytes:
-    """The non-ASCII bytes of `sample` with `_CONTEXT` bytes either side, the pieces joined by spaces.
+def _neighbourhoods(data: bytes, limit: int = DETECT_SAMPLE_BYTES) -> bytes:
+    """The non-ASCII bytes of `data` with `_CONTEXT` bytes either side, the pieces joined by spaces, at
+    most `limit` bytes of them (the pieces of the whole page, from its start, up to that).
 
     What the readings are judged on: every cost looks at a character and its neighbours only, so
     scoring these instead of a page of 500 KiB gives the same answer in a fraction of the time, and
     the detector given these reads the page's text, not where its chunks happen to fall in the markup.
     A piece starts and ends on ASCII bytes, which every contender decodes alone and the same way.
     Pieces that touch are merged as spans first and cut out once: appending to the last piece made a
-    page of CJK text, one long piece, quadratic (2 s for 512 KiB).
+    page of CJK text, one long piece, quadratic (2 s for 512 KiB). The cap is on what comes out, not on
+    what is read: the first 512 KiB of the page had hidden legacy text after a long ASCII head (read as
+    windows-1252), and the scan stops once the pieces fill `limit` (the regex skips ASCII in C; each
+    match it returns adds a byte at least), so a page of 16 MiB costs no more than one of 512 KiB. The
+    piece the cap cuts ends where a character ends (`_cut`): cut inside a double-byte character, a GBK
+    page kept a lone lead byte, which no East Asian codec reads, and came out windows-874 half the time.
     """
-    spans: list[list[int]] = []
-    for match in _NON_ASCII_BYTES.finditer(sample):
-        start, end = max(match.start() - _CONTEXT, 0), match.end() + _CONTEXT
-        if spans and start <= spans[-1][1]:
-            spans[-1][1] = end
+    spans: list[tuple[int, int]] = []
+    size = start = end = 0  # size: the bytes of the pieces in `spans` and their separators; end 0: none yet
+    for match in _NON_ASCII_BYTES.finditer(data):
+        low, high = max(match.start() - _CONTEXT, 0), min(match.end() + _CONTEXT, len(data))
+        if end and low <= end:
+            end = high
         else:
-            spans.append([start, end])
-    return b" ".join(sample[start:end] for start, end in spans)
+            if end:
+                spans.append((start, end))
+                size += end - start + 1
+            start, end = low, high
+        if size + end - start > limit:
+            end = _cut(data, start, start + limit - size)
+            break
+    if end > start:
+        spans.append((start, end))
+    return b" ".join(data[start:end] for start, end in spans)
+
+
+def _cut(data: bytes, start: int, stop: int) -> int:
+    """Where the piece `data[start:]` cut at `stop` ends: not inside a character of any encoding the
+    detector chooses among.
+
+    An ASCII byte before the cut ends a character (alone, or as the second byte of a double byte; but
+    for the second of GB18030's rare four-byte ones, a digit). A
+    cut inside a run of non-ASCII bytes moves back to the run's start, after an ASCII byte; where that
+    would drop most of the piece (a page of CJK text without markup), to an even number of bytes into
+    the run: the run starts where a character does, and a double-byte encoding's characters there are
+    pairs of non-ASCII bytes.
+    """
+    if stop <= start or data[stop - 1] < 0x80:
+        return stop
+    run = len(data[start:stop].rstrip(_HIGH_BYTES)) + start  # where the run the cut falls in starts
+    if run - start >= (stop - start) // 2:
+        return run
+    return run + (stop - run) // 2 * 2
 
 
 def _reading_cost(sample: bytes, name: str) -> int:

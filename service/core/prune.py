@@ -79,7 +79,7 @@ import sys
 
 from selectolax.lexbor import LexborDocumentOptions, LexborHTMLParser, SelectolaxError
 
-from service.core.decoding import decode_html, utf8_payload
+from service.core.decoding import decode_html, parser_input
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.precheck.attributes import (
     MAX_ATTRIBUTES,
@@ -266,9 +266,8 @@ def prune_html(
     size = _byte_size(html, max_bytes)
     if size > max_bytes:
         raise InputTooLargeError(f"page of {size} bytes exceeds the cap of {max_bytes} bytes")
-    payload: str | bytes | None = utf8_payload(html, encoding=encoding) if isinstance(html, bytes) else None
-    if payload is None:
-        payload = decode_html(html, encoding=encoding).text
+    # (bytes: as they are where they are UTF-8, else decoded; each sniff once)
+    payload = parser_input(html, encoding=encoding) if isinstance(html, bytes) else decode_html(html).text
     return _prune_document(payload, max_depth, text_growth, name_lookups)
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import random
+import tracemalloc
 
 import pytest
 
 from service.core import charset_detection
-from service.core.charset_detection import FEW_FOREIGN_BYTES, detect_encoding
+from service.core.charset_detection import DETECT_SAMPLE_BYTES, FEW_FOREIGN_BYTES, detect_encoding
 from service.core.decoding import decode_html
 from service.core.encoding_labels import decode_bytes, normalize_encoding
 
@@ -237,3 +238,86 @@ def test_neighbourhoods_keep_each_non_ascii_run_with_its_context_and_merge_where
     assert charset_detection._neighbourhoods(b"\xe4ab") == b"\xe4ab"
     text = ("北京欢迎你 abc " * 1000).encode("gb18030")
     assert charset_detection._neighbourhoods(text) == text
+
+
+# A paragraph of each East Asian double-byte encoding, in Python's codec and the one the page reads as.
+DOUBLE_BYTE_PARAGRAPHS = [
+    ("gbk", "gb18030", "<p>你好，世界！这是一个中文测试页面。</p>\n"),
+    ("big5", "big5hkscs", "<p>你好，世界！這是一個中文測試頁面，用於檢測編碼。</p>\n"),
+    ("shift_jis", "cp932", "<p>こんにちは、世界！これは日本語のテストページです。</p>\n"),
+]
+
+
+@pytest.mark.parametrize(("codec", "reading", "paragraph"), DOUBLE_BYTE_PARAGRAPHS)
+def test_a_double_byte_page_over_the_detectors_limit_reads_right_at_odd_and_even_lengths(
+    codec: str, reading: str, paragraph: str
+) -> None:
+    """The detector sees `DETECT_SAMPLE_BYTES` of the page's neighbourhoods. Cut there by bytes, a page of
+    more holds half a character at the end whenever its markup before the text is of the other parity:
+    a lone lead byte that no East Asian codec reads, so every one of them lost (a review's GBK page of
+    780 KB read as windows-874 for 2 and 4 spaces after `<html>`, as GB18030 for 1 and 3)."""
+    text = paragraph.encode(codec) * (DETECT_SAMPLE_BYTES // len(paragraph.encode(codec)) + 500)
+    readings = {n: detect_encoding(b"<html>" + b" " * n + text) for n in range(4)}
+    assert readings == dict.fromkeys(range(4), reading)
+
+
+def test_legacy_text_after_a_long_ascii_head_is_seen() -> None:
+    """The detector used to be given the page's first `DETECT_SAMPLE_BYTES` only: after 600 KiB of
+    ASCII (an inline script), a Russian page had no non-ASCII byte there and read as windows-1252."""
+    russian = "<p>Привет, мир! Это тестовая страница на русском языке.</p>" * 40
+    head = b"<html><head><script>" + b"var a=1;" * (600 * 128) + b"</script></head><body>"
+    data = head + russian.encode("cp1251") + b"</body></html>"
+    assert len(head) > DETECT_SAMPLE_BYTES
+    assert detect_encoding(data) == "cp1251"
+    assert decode_html(data).text.endswith(russian + "</body></html>")
+
+
+@pytest.mark.parametrize(
+    ("codec", "text"),
+    [
+        ("gb18030", "<p>北京欢迎你，今天天气晴朗。</p>\n"),  # ASCII between the runs: cut at the run's start
+        ("gb18030", "北京欢迎你，今天天气晴朗。"),  # one run: an even number of bytes into it
+        ("cp932", "東京都の天気予報です。"),
+        ("big5hkscs", "<b>台灣</b>繁體中文，首頁"),
+        ("cp1251", "Привет, мир!"),
+    ],
+)
+def test_neighbourhoods_are_capped_where_a_character_ends(codec: str, text: str) -> None:
+    """The cap cuts the last piece where a character ends, whatever byte the limit falls on: the
+    neighbourhoods decode strictly, and hold no more than the limit."""
+    data = b"<html> " + text.encode(codec) * 200
+    for limit in range(1, 400):
+        neighbourhoods = charset_detection._neighbourhoods(data, limit)
+        assert len(neighbourhoods) <= limit
+        assert len(neighbourhoods) >= limit // 2 - 2 * charset_detection._CONTEXT, limit
+        neighbourhoods.decode(codec)  # raises where a character is cut
+
+
+def test_neighbourhoods_read_no_more_of_a_page_than_they_keep() -> None:
+    """A page of 16 MiB whose non-ASCII bytes sit apart: the pieces stop at the limit, so what the scan
+    holds (its spans, a hundred bytes or so a piece of 18) is bounded by the limit too, not by the page
+    (8 MB here; the whole page's spans take over 100 MB)."""
+    data = (b"a" * 20 + b"\xe9") * (16 * 1024 * 1024 // 21)
+    tracemalloc.start()
+    try:
+        neighbourhoods = charset_detection._neighbourhoods(data)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(neighbourhoods) <= DETECT_SAMPLE_BYTES
+    assert neighbourhoods.startswith(b"a" * charset_detection._CONTEXT + b"\xe9")
+    assert peak < 64 * DETECT_SAMPLE_BYTES
+
+
+@pytest.mark.parametrize("levels", [1, 3])
+def test_windows_1252_competes_where_the_alphabets_chose_another_latin_reading(levels: int) -> None:
+    """A page's few non-ASCII bytes can be "£££" price levels: windows-1250 reads them "ŁŁŁ", Polish
+    letters the alphabet fit counts for it, and windows-1251 then beat that reading in the contest
+    (a corpus page of 563 KB read so once its tail was seen). windows-1252 competes too, last: a page
+    goes to it only where every other reading costs more."""
+    prices = '<script>{"levels":[{"v":"££££"},{"v":"£££"},{"v":"££"},{"v":"£"}]}</script>' * levels
+    page = ENGLISH + prices + "<p>Ynys Môn – a walk.</p></body></html>"
+    data = page.encode("cp1252")
+    assert charset_detection._best_latin_reading(data, "cp1252")[0] == "cp1250"  # the alphabets' choice
+    assert detect_encoding(data) == "cp1252"
+    assert decode_html(data).text == page

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import codecs
 import random
+import tracemalloc
 
 import pytest
 
+from service.core import decoding
 from service.core.decoding import (
     decode_html,
+    parser_input,
+    sniff_iso2022_jp,
     sniff_meta_charset,
     sniff_xml_encoding,
     utf8_payload,
@@ -802,3 +806,57 @@ def test_koi8_u_reads_belarusian_short_u_as_the_standard_does() -> None:
     for label in ("koi8-u", "koi8-ru"):
         decoded = decode_html(data, encoding=label)
         assert decoded.text == "<p>Беларуская мова: ўсё, Ўзыходзіць</p>", decoded.text
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"<p>\x1b$BF|K\\\x1b(B</p>\x1b",  # an ESC at the very end
+        b"<p>\x1b$BF|K\\\x1b(</p>",  # an escape cut short
+        b"<p>\x1b\x1b$BF|K\\\x1b(B</p>",  # two ESCs, one escape sequence
+        b"<p>\x1b$BF|K\\\x1b(B\x1b$(D</p>",  # JIS X 0212, not in the Encoding Standard's ISO-2022-JP
+    ],
+)
+def test_iso2022_jp_needs_every_esc_to_start_one_of_its_escapes(data: bytes) -> None:
+    """The ESC bytes are counted against the escape sequences: one more ESC, anywhere, keeps the page
+    UTF-8 (an error in the Encoding Standard's decoder)."""
+    decoded = decode_html(data)
+    assert (decoded.text, decoded.encoding) == (data.decode("ascii"), "utf-8")
+    assert utf8_payload(data) == data
+
+
+def test_an_iso2022_jp_page_is_sniffed_and_decoded_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`prune_html` asked `utf8_payload` (which sniffed and decoded the page to turn it down) and then
+    `decode_html` (which sniffed and decoded it again, then decoded it a third time): 16 MiB of escape
+    sequences took 1.3 s and 360 MiB before the tag count refused them. `parser_input` sniffs once, and
+    the sniff's text is the page's."""
+    page = "<html><body><p>東京都の天気予報です。</p></body></html>"
+    data = page.encode("iso2022_jp")
+    calls = []
+
+    def counted(data: bytes) -> str | None:
+        calls.append(data)
+        return sniff_iso2022_jp(data)
+
+    monkeypatch.setattr(decoding, "sniff_iso2022_jp", counted)
+    assert parser_input(data) == page
+    assert len(calls) == 1
+    assert prune_html(data) == prune_html(page)
+    assert len(calls) == 2
+    assert parser_input(b"<p>plain</p>") == b"<p>plain</p>"
+    assert parser_input(b"<p>caf\xe9</p>") == "<p>café</p>"
+    assert parser_input(b"<p>caf\xe9</p>", encoding="utf-8") == b"<p>caf\xe9</p>"
+
+
+def test_the_iso2022_jp_sniff_allocates_nothing_per_escape() -> None:
+    """Counting the escape sequences with `re.findall` made a bytes object of each (16 MiB of "\\x1b$B":
+    5.6 million, 330 MiB); the counts hold none, and the decoded text (empty here) is all it keeps."""
+    data = b"\x1b$B" * (512 * 1024)
+    tracemalloc.start()
+    try:
+        assert decode_html(data).encoding == "iso2022_jp"
+        assert utf8_payload(data) is None
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < len(data) // 4
