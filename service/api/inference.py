@@ -7,8 +7,7 @@ cancelled when the client disconnects (the batcher then skips its documents).
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from fastapi import Request
@@ -17,7 +16,7 @@ from service.api.limits import check_document_count
 from service.api.runtime import Runtime, answer_or_cancel
 from service.core.errors import HtmllmError
 from service.engine import Document, DocumentResult, Engine
-from service.engine.failures import naming
+from service.engine.failures import naming_failures
 
 T = TypeVar("T")
 
@@ -44,24 +43,6 @@ async def embed(
 
     with naming_failures(documents):
         return await _bounded(request, runtime, documents, call)
-
-
-@contextmanager
-def naming_failures(documents: Sequence[Document]) -> Iterator[None]:
-    """A failure of one of `documents` (all or nothing: the request's error) named after that document,
-    by id and index, as `too_many_tokens` is: a crawler that sent 64 pages learns which one to drop."""
-    try:
-        yield
-    except HtmllmError as exc:
-        named = naming(exc, documents)
-        try:
-            if named is exc:
-                raise
-            raise named from exc
-        finally:
-            # The error raised keeps this frame in its traceback: a local still naming it is a cycle,
-            # which held the page it was marked with until a full collection (service.engine.collector).
-            del named
 
 
 async def embed_settled(

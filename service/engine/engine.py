@@ -13,7 +13,6 @@ what it left (`Engine._leave_ended_loop`).
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import time
 from collections import Counter
@@ -33,7 +32,7 @@ from service.core.tokenizer import HtmlTokenizer
 from service.engine.admission import DrainRate
 from service.engine.batcher import Batcher, OutputShapes
 from service.engine.collector import cancel_and_forget
-from service.engine.failures import PAGE_FAILURES, failed_document, for_copy, naming
+from service.engine.failures import PAGE_FAILURES, for_copy, naming_failures
 from service.engine.loading import build_runner
 from service.engine.preprocessing import Preprocessing
 from service.engine.progress import (
@@ -92,32 +91,6 @@ def _failure_code(task: asyncio.Future[DocumentResult], late: ErrorCode | None) 
             return None
         return error.code if isinstance(error, HtmllmError) else ErrorCode.INTERNAL  # as `_settle` has it
     return late  # still on its way: timed out at the deadline, else dropped with the call
-
-
-def _named(failure: HtmllmError, documents: Sequence[Document]) -> HtmllmError:
-    """An all-or-nothing call's failure as the caller is told it: a failure of one of `documents` names
-    that document by id and index (`failures.naming`), so that a library caller of 64 pages learns which
-    one nests too deep, as an HTTP client does; anything else is `failure` itself.
-
-    Of the failure's own class (a caller catches `NestingTooDeepError`), where `naming` answers a plain
-    `HtmllmError`. Unmarked (`failures.mark`): named once, here; the HTTP layer's `naming_failures`,
-    which names what is marked, passes it on as it is rather than name the document twice."""
-    named = naming(failure, documents)
-    if named is failure:
-        return failure
-    doc = failed_document(named)
-    if type(named) is not type(failure):
-        try:
-            own = copy.copy(failure)  # its class and attributes (as `failures.for_copy` copies one)
-        except Exception:  # a class whose constructor takes other arguments: `naming`'s, same code
-            own = named
-        else:
-            own.args = (named.message,)
-        named = own
-    for attribute, value in list(vars(named).items()):  # the mark, under whatever name `mark` keeps it
-        if doc is not None and value is doc:
-            delattr(named, attribute)
-    return named
 
 
 class Engine:
@@ -555,19 +528,14 @@ class Engine:
             raise DeadlineExceededError(
                 f"the deadline passed {after}, before the documents were embedded: {where}"
             ) from exc
-        except HtmllmError as exc:
+        except HtmllmError:
             self._count_failed_call(tasks)
-            # One document needs no name: `htmllm embed`, which embeds page by page, writes the message
-            # in a row of its own index (an "(index 0)" there would contradict it).
-            named = _named(exc, documents) if count > 1 else exc
-            try:
-                if named is exc:
-                    raise
-                raise named from exc
-            finally:
-                # What is raised keeps this frame in its traceback: a local still naming it is a cycle,
-                # which held the call's pages until a full collection (service.engine.collector).
-                del named
+            if count == 1:
+                # One document needs no name: `htmllm embed`, which embeds page by page, writes the
+                # message in a row of its own index (an "(index 0)" there would contradict it).
+                raise
+            with naming_failures(documents):  # named once, here: the HTTP layer's passes it on as it is
+                raise
         except Exception as exc:  # a bug on a document's way: typed, as `_settle` answers it
             logger.error("embedding a document failed", exc_info=exc)
             self._count_failed_call(tasks)

@@ -8,7 +8,8 @@ the lifecycle the Engine owns.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TypeVar
 
 from service.core.errors import ErrorCode, HtmllmError
@@ -82,11 +83,20 @@ def for_copy(failure: HtmllmError, doc: Document) -> HtmllmError:
     many tasks would pile up their tracebacks), named after `doc` where the message names a document."""
     if isinstance(failure, OverLimitError):
         return mark(failure.renamed(doc.id), doc)
+    return mark(_own_copy(failure), doc)
+
+
+def _own_copy(failure: HtmllmError, message: str | None = None) -> HtmllmError:
+    """A new exception of `failure`'s class and attributes (a caller catches `NestingTooDeepError`), saying
+    `message` where one is given; a plain `HtmllmError` of the same code where the class's constructor
+    takes other arguments than a message."""
     try:
         own = copy.copy(failure)
-    except Exception:  # a class whose constructor takes other arguments: the same code and message
-        own = HtmllmError(failure.message, code=failure.code)
-    return mark(own, doc)
+    except Exception:
+        return HtmllmError(failure.message if message is None else message, code=failure.code)
+    if message is not None:
+        own.args = (message,)
+    return own
 
 
 def mark(failure: E, doc: Document) -> E:
@@ -108,15 +118,42 @@ def failed_document(failure: BaseException) -> Document | None:
 
 def naming(failure: HtmllmError, documents: Sequence[Document]) -> HtmllmError:
     """An all-or-nothing call's failure as its caller answers it: a failure of one of `documents`
-    (the call's, in order) names that document by its id and index, with the same code; any other
-    failure (one not marked, or marked with a document of another call) is `failure` itself."""
+    (the call's, in order) names that document by its id and index, in its own class and code; any other
+    failure (one not marked, or marked with a document of another call) is `failure` itself.
+
+    The named failure is not marked: it is named once, by the Engine for a call of several documents or
+    by the HTTP layer (`naming_failures` around the Engine's call), never by both."""
     doc = failed_document(failure)
     index = next((i for i, candidate in enumerate(documents) if candidate is doc), None)
     if doc is None or index is None:
         return failure
     if isinstance(failure, OverLimitError):  # its message names the document already: by id alone
-        return mark(failure.renamed(doc.id, index), doc)
-    return mark(HtmllmError(f"{document_name(doc.id, index)}: {failure.message}", code=failure.code), doc)
+        return failure.renamed(doc.id, index)
+    return _unmarked(_own_copy(failure, f"{document_name(doc.id, index)}: {failure.message}"))
+
+
+def _unmarked(failure: E) -> E:
+    if hasattr(failure, _DOCUMENT_ATTRIBUTE):
+        delattr(failure, _DOCUMENT_ATTRIBUTE)
+    return failure
+
+
+@contextmanager
+def naming_failures(documents: Sequence[Document]) -> Iterator[None]:
+    """A failure of one of `documents` (all or nothing: the call's error) raised named after that
+    document, by id and index (`naming`): a crawler that sent 64 pages learns which one to drop."""
+    try:
+        yield
+    except HtmllmError as exc:
+        named = naming(exc, documents)
+        try:
+            if named is exc:
+                raise
+            raise named from exc
+        finally:
+            # The error raised keeps this frame in its traceback: a local still naming it is a cycle,
+            # which held the page it was marked with until a full collection (service.engine.collector).
+            del named
 
 
 def worker_failure(exc: WorkerError, timeout_s: float | None) -> HtmllmError:

@@ -8,7 +8,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
-from service.api import inference
 from service.api.auth import require_api_key
 from service.api.documents import read_body, to_documents
 from service.api.limits import check_document_count
@@ -20,6 +19,7 @@ from service.api.timing import milliseconds
 from service.core.preparation import Preprocessed
 from service.engine import Document, Engine
 from service.engine.collector import cancel_and_forget
+from service.engine.failures import naming_failures
 
 router = APIRouter(tags=["debug"], dependencies=[Depends(require_api_key)], responses=MODEL_ROUTE_ERRORS)
 
@@ -46,7 +46,7 @@ async def preprocess(
     engine.check_call_size(len(documents))
     # The documents are preprocessed at once: the wall time of all of them is the slowest one's.
     started = time.perf_counter()
-    with inference.naming_failures(documents):
+    with naming_failures(documents):
         outputs = await answer_or_cancel(
             request, _preprocess_all(engine, documents), timeout_s=runtime.settings.request_timeout_s
         )

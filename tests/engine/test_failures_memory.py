@@ -1,4 +1,4 @@
-"""service/api/inference.py: a failure named after its document leaves no reference cycle holding the page.
+"""service/engine/failures.py: a failure named after its document leaves no reference cycle holding the page.
 
 A serving process collects reference cycles all but never (service.engine.collector), and a failure of a
 page itself keeps the page (`failures.mark`): a cycle through the error kept a 12 MB refused page per
@@ -11,10 +11,9 @@ import weakref
 
 import pytest
 
-from service.api.inference import naming_failures
 from service.core.errors import HtmllmError
 from service.core.preparation import PreprocessError
-from service.engine.failures import mark
+from service.engine.failures import mark, naming_failures
 from service.engine.types import Document
 
 
