@@ -38,7 +38,6 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +63,7 @@ from service.commands.resume_state import (
     holds_parts,
     input_change,
     input_identity,
+    installed_version,
     leftovers,
     own_files,
     parts_dir,
@@ -361,8 +361,8 @@ def _plan(args: argparse.Namespace) -> _Plan:
         # tokenizer.json. Unpinned, a resume across an upgrade mixed both in one output, and an older
         # output passed for complete.
         "prune_version": PRUNE_VERSION,
-        "selectolax_version": _version("selectolax"),
-        "tokenizers_version": _version("tokenizers"),
+        "selectolax_version": installed_version("selectolax"),
+        "tokenizers_version": installed_version("tokenizers"),
         "input": str(args.input.resolve()),
         INPUT_KEY: input_identity(args.input, args.output, _recorded_identities(args.output)),
         "limit": args.limit,
@@ -378,13 +378,6 @@ def _plan(args: argparse.Namespace) -> _Plan:
         "onnx_quantize": config.onnx_quantize,
     }
     return _Plan(config, heads, specs, settings)
-
-
-def _version(distribution: str) -> str | None:
-    try:
-        return version(distribution)
-    except PackageNotFoundError:
-        return None
 
 
 def _recorded_identities(output: Path) -> list[Any]:

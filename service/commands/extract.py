@@ -48,7 +48,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -67,6 +66,7 @@ from service.commands.resume_state import (
     done_set,
     holds_parts,
     input_identity,
+    installed_version,
     own_files,
     parts_dir,
     pin_settings,
@@ -266,20 +266,13 @@ def _settings(args: argparse.Namespace, parts: Path) -> dict[str, Any]:
         "extractor": args.extractor,
         "min_words": args.min_words,
         "timeout_s": args.timeout_s,
-        "versions": {name: _version(name) for name in _EXTRACTOR_DISTRIBUTIONS},
+        "versions": {name: installed_version(name) for name in _EXTRACTOR_DISTRIBUTIONS},
     }
     if args.extractor == "union":
         settings["order"] = args.order
         if args.order == "random":
             settings["seed"] = args.seed
     return settings
-
-
-def _version(distribution: str) -> str | None:
-    try:
-        return version(distribution)
-    except PackageNotFoundError:
-        return None
 
 
 class _JsonlParts:

@@ -42,6 +42,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -118,6 +119,15 @@ def part_files(parts: Path, fmt: PartFormat) -> list[Path]:
 def holds_parts(parts: Path) -> bool:
     """Whether a part of any format exists: until one does, nothing depends on the settings."""
     return parts.is_dir() and any(parts.glob(f"{PART_PREFIX}*"))
+
+
+def installed_version(distribution: str) -> str | None:
+    """The installed version of `distribution` (None: not installed), for the settings a run pins: the
+    libraries its rows depend on beyond the checkpoint (extractors, the parser, the tokenizers)."""
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
 
 
 def changed(settings: dict[str, Any], previous: dict[str, Any], recorded: Collection[str] = ()) -> str:

@@ -647,9 +647,9 @@ def _as_version(monkeypatch: pytest.MonkeyPatch, setting: str, value: str) -> No
         monkeypatch.setattr(prune, "PRUNE_VERSION", value)
     else:
         package = setting.removesuffix("_version")
-        installed = embed_command.version
+        installed = resume_state.version
         monkeypatch.setattr(
-            embed_command, "version", lambda name: value if name == package else installed(name)
+            resume_state, "version", lambda name: value if name == package else installed(name)
         )
 
 
