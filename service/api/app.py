@@ -125,7 +125,6 @@ async def _warm_up(runtime: Runtime, engine: Engine) -> None:
     # Everything loaded is in place: freeze it out of full collections (service.engine.collector).
     runtime.collector = collector.prepare_for_serving()
     runtime.ready = True
-    runtime.metrics.ready.set(1)
     logger.info("model %s ready", engine.info.name)
 
 
@@ -177,7 +176,6 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             gc_pauses.remove()
             runtime.stopping = True
             runtime.ready = False
-            metrics.ready.set(0)
             warm.cancel()
             await asyncio.gather(warm, return_exceptions=True)
             # After the periodic collections ended: one now would walk every object the freeze spared.
