@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -548,9 +548,7 @@ class Engine:
             self._release(count)
         results = [outcome for outcome in outcomes if isinstance(outcome, DocumentResult)]
         self._notify(self.observer.documents_done, len(results), sum(r.tokens for r in results))
-        failures = Counter(outcome.code for outcome in outcomes if isinstance(outcome, HtmllmError))
-        for code, failed in failures.items():
-            self._failed(code, failed)
+        self._count_failures(outcome.code for outcome in outcomes if isinstance(outcome, HtmllmError))
         return outcomes
 
     def _count_failed_call(
@@ -561,8 +559,11 @@ class Engine:
         document's; counting every document of the call under its code had made one page over the token
         limit in a call of ten read as ten. `late`: the deadline passed, and what was still on its way
         timed out."""
-        failures = Counter(code for task in tasks if (code := _failure_code(task, late)) is not None)
-        for code, failed in failures.items():
+        self._count_failures(code for task in tasks if (code := _failure_code(task, late)) is not None)
+
+    def _count_failures(self, codes: Iterable[ErrorCode]) -> None:
+        """`htmllm_documents_failed_total`'s counts: one failed document per code in `codes`."""
+        for code, failed in Counter(codes).items():
             self._failed(code, failed)
 
     def _count_dropped(
