@@ -489,8 +489,8 @@ def pin_settings(
     parts: Path, settings: dict[str, Any], *, recorded: Collection[str] = (), overwrite: bool | None = None
 ) -> str | None:
     """Pin the run's settings in run.json; a resume with other settings, or over an input that changed
-    (`INPUT_KEY`), is refused once a part exists (before that nothing depends on them, and a typo's
-    run.json must not lock the output). `recorded`: as `changed` takes it.
+    (`INPUT_KEY`), or over parts without a run.json, is refused once a part exists (before that nothing
+    depends on them, and a typo's run.json must not lock the output). `recorded`: as `changed` takes it.
 
     `overwrite`: the command's --overwrite (None: it has none, as `htmllm extract`, which replaces its
     output anyway). Set, such an interrupted run is discarded and this one starts over, as the user
@@ -498,10 +498,20 @@ def pin_settings(
     discarded, for the command to tell. Only its parts and run.json go, under the run's lock, which
     stays: the parts directory is not removed, or another run could lock a new one meanwhile."""
     pin = parts / RUN_FILE
-    if pin.is_file() and holds_parts(parts):
+    if holds_parts(parts):
         option = "" if overwrite is None else ", or pass --overwrite,"
         try:
             previous = json.loads(pin.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            # Parts whose settings nobody recorded (run.json is written before the first part, so
+            # removed since, or the parts were copied in): resumed, they were pinned to this run's
+            # settings whatever theirs were, and rows of two settings merged into one output.
+            if not overwrite:
+                raise RunStateError(
+                    f"{parts} holds parts without {RUN_FILE}, so under settings nobody recorded; "
+                    f"delete it{option} to start over"
+                ) from exc
+            why = f"without {RUN_FILE}"
         except (OSError, ValueError) as exc:
             if not overwrite:
                 raise RunStateError(

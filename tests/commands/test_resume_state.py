@@ -278,3 +278,20 @@ def test_overwrite_discards_the_parts_before_run_json_so_a_kill_between_leaves_t
     assert sorted(p.name for p in parts.iterdir()) == ["lock", "notes.txt", RUN_FILE]
     assert json.loads((parts / RUN_FILE).read_text()) == {"prune_version": "10"}
     assert pin_settings(parts, {"prune_version": "10"}) is None  # nothing to resume from: pinned again
+
+
+def test_parts_without_run_json_are_never_resumed_under_this_runs_settings(tmp_path: Path) -> None:
+    """run.json is written before the first part: parts without one were written under settings nobody
+    recorded (run.json removed since, parts copied in), and had been pinned to the resuming run's."""
+    parts = tmp_path / "out.parquet.parts"
+    _interrupted(parts, {"prune_version": "9"}, 2)
+    (parts / RUN_FILE).unlink()
+    with pytest.raises(RunStateError, match=r"parts without run\.json.*; delete it, or pass --overwrite,"):
+        pin_settings(parts, {"prune_version": "10"}, overwrite=False)
+    with pytest.raises(RunStateError, match=r"parts without run\.json.*; delete it to start over"):
+        pin_settings(parts, {"prune_version": "10"})
+    assert not (parts / RUN_FILE).exists()  # refused, nothing pinned
+    said = pin_settings(parts, {"prune_version": "10"}, overwrite=True)
+    assert said == f"discarded the 2 part(s) of an interrupted run without run.json in {parts}; starting over"
+    assert json.loads((parts / RUN_FILE).read_text()) == {"prune_version": "10"}
+    assert not list(parts.glob("part-*"))
