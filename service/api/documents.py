@@ -17,6 +17,7 @@ import asyncio
 import base64
 import codecs
 import json
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any, TypeVar
@@ -27,7 +28,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from service.api.runtime import CHARGE_KEY
-from service.api.schemas import DocumentIn, EncodingFormat
+from service.api.schemas import TOKEN_IDS_MESSAGE, DocumentIn, EncodingFormat
 from service.api.timing import milliseconds
 from service.core.decoding import parse_content_type, sniff_utf16
 from service.core.errors import ErrorCode, HtmllmError, shown
@@ -90,7 +91,13 @@ def parse_json(model: type[M], body: bytes, *, max_marks: int = MAX_JSON_MARKS) 
     and `{` outside its strings is refused unparsed (`check_json_structure`)."""
     if body.startswith(codecs.BOM_UTF8):
         body = body[len(codecs.BOM_UTF8) :]
-    check_json_structure(body, max_marks)
+    try:
+        check_json_structure(body, max_marks)
+    except HtmllmError:
+        field = _token_ids_field(model, body)
+        if field is None:
+            raise
+        raise HtmllmError(f"{field}: {TOKEN_IDS_MESSAGE}", code=ErrorCode.VALIDATION) from None
     try:
         return model.model_validate_json(body)
     except ValidationError as exc:
@@ -101,6 +108,22 @@ def parse_json(model: type[M], body: bytes, *, max_marks: int = MAX_JSON_MARKS) 
         return model.model_validate_json(repaired)
     except ValidationError as exc:
         raise validation_error(exc) from exc
+
+
+# OpenAI's `input` and TEI's `inputs` as token ids: a list of ints or of lists of ints. A key's quotes are
+# bare only outside strings (inside one they are escaped), so a page's text cannot match.
+_TOKEN_IDS = re.compile(rb'"(inputs?)"\s*:\s*\[\s*(?:\[\s*)?-?[0-9]')
+
+
+def _token_ids_field(model: type[BaseModel], body: bytes) -> str | None:
+    """The field of `model` that `body` gives token ids, if any, for a body too long to parse: the page
+    of tiktoken ids langchain-openai sends by default has ten thousand of them or more, and was refused
+    by its length, which sent the user to trim fields, not to the setting that sends the page."""
+    match = _TOKEN_IDS.search(body)
+    if match is None:
+        return None
+    field = match.group(1).decode("ascii")
+    return field if field in model.model_fields else None
 
 
 def _surrogate_escape_refused(exc: ValidationError) -> bool:

@@ -345,6 +345,7 @@ def check_document_count(documents: Sized, max_documents: int) -> None:
     if count > max_documents:
         raise HtmllmError(
             f"the request has {count} documents; the limit is {max_documents} (HTMLLM_MAX_DOCUMENTS): send "
-            f"them in requests of at most {max_documents} (an OpenAI client's batch, langchain's chunk_size)",
+            f"them in requests of at most {max_documents} (an OpenAI client's batch, langchain's chunk_size, "
+            "llama-index's embed_batch_size)",
             code=ErrorCode.TOO_MANY_DOCUMENTS,
         )

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.core.errors import ErrorCode
@@ -257,10 +258,14 @@ class RequestMetricsMiddleware:
     def __init__(self, app: ASGIApp, *, metrics: ServiceMetrics, routes: Iterable[str]) -> None:
         self.app = app
         self.metrics = metrics
-        # Every route path is static, so the label is the path when it is a route's and a constant
-        # otherwise: label cardinality stays bounded whatever paths scanners try, and requests answered
-        # before routing (413 from the body limit) still count against their route.
-        self.routes = frozenset(routes)
+        # The label is the route's path (its template where it has parameters: `/v1/models/{model_id}`)
+        # and a constant otherwise: label cardinality stays bounded whatever paths scanners try, and
+        # requests answered before routing (413 from the body limit) still count against their route.
+        self.routes = frozenset(route for route in routes if "{" not in route)
+        self.templates = tuple((compile_path(route)[0], route) for route in routes if "{" in route)
+
+    def _template(self, path: str) -> str:
+        return next((route for regex, route in self.templates if regex.match(path)), UNMATCHED_ROUTE)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -270,7 +275,7 @@ class RequestMetricsMiddleware:
         # No response at all means the client left first (nginx's 499); an exception means a 500.
         status = CLIENT_CLOSED_STATUS
         path = str(scope.get("path", ""))
-        route = path if path in self.routes else UNMATCHED_ROUTE
+        route = path if path in self.routes else self._template(path)
         method = str(scope.get("method", ""))
         if method not in _METHODS:
             method = OTHER_METHOD  # HTTP lets a client invent methods; each would be a new series

@@ -28,6 +28,7 @@ _ERROR_BODY = {"application/json": {"schema": {"$ref": "#/components/schemas/Err
 _DESCRIPTIONS: dict[int, str] = {
     400: "empty input: no documents, or an empty raw body",
     401: "a missing or wrong API key",
+    404: "no such resource: a model this server does not run",
     408: "the body did not arrive within `HTMLLM_BODY_TIMEOUT_S` (or the request line and headers within "
     "`HTMLLM_HEAD_TIMEOUT_S`, on any route); the connection is closed",
     413: "the body, or what a compressed body decodes to, is over `HTMLLM_MAX_BODY_BYTES`; or a JSON "

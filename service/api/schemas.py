@@ -44,6 +44,13 @@ def _integral(value: object) -> object:
 JsonInt = Annotated[int, BeforeValidator(_integral)]
 
 
+# Also what a body of token ids too long to parse is answered (`service.api.documents.parse_json`).
+TOKEN_IDS_MESSAGE = (
+    "token ids are not accepted: send the HTML pages as strings "
+    "(langchain-openai: OpenAIEmbeddings(check_embedding_ctx_length=False))"
+)
+
+
 def _not_token_ids(value: object) -> object:
     """OpenAI and TEI also take token ids (a list of ints, or of lists of ints). These models read HTML
     through their own tokenizer, so ids are refused with what to send instead: langchain-openai sends
@@ -51,11 +58,7 @@ def _not_token_ids(value: object) -> object:
     if isinstance(value, list) and value:
         first = value[0]
         if type(first) is int or (isinstance(first, list) and first and type(first[0]) is int):
-            raise PydanticCustomError(
-                "token_ids",
-                "token ids are not accepted: send the HTML pages as strings "
-                "(langchain-openai: OpenAIEmbeddings(check_embedding_ctx_length=False))",
-            )
+            raise PydanticCustomError("token_ids", TOKEN_IDS_MESSAGE)
     return value
 
 

@@ -29,6 +29,22 @@ async def test_token_ids_are_refused_with_what_to_send_instead(
     assert "check_embedding_ctx_length=False" in message
 
 
+@pytest.mark.parametrize(("route", "field"), [("/v1/embeddings", "input"), ("/embed", "inputs")])
+@pytest.mark.parametrize("shape", ["flat", "nested"])
+async def test_a_real_pages_worth_of_token_ids_is_refused_as_token_ids(
+    client: httpx.AsyncClient, route: str, field: str, shape: str
+) -> None:
+    """A page is 10k-100k tiktoken ids: past the body's bound on list items, which had answered "send
+    only the fields the route reads" before the ids were looked at."""
+    ids = list(range(12_000))
+    response = await client.post(
+        route, json={"model": "m", field: ids if shape == "flat" else [ids[:6000], ids]}
+    )
+    assert response.status_code == 422 and response.json()["error"]["code"] == "validation_error"
+    message = response.json()["error"]["message"]
+    assert message.startswith(f"{field}: token ids are not accepted: send the HTML pages as strings"), message
+
+
 async def test_a_list_of_non_strings_that_are_not_ids_keeps_the_type_error(client: httpx.AsyncClient) -> None:
     for value in ([True, False], [1.5], ["<p>a</p>", 3], [[]]):
         response = await client.post("/v1/embeddings", json={"input": value})
@@ -77,10 +93,29 @@ async def test_the_model_list_names_the_one_model(client: httpx.AsyncClient) -> 
         }
 
 
+async def test_the_served_model_can_be_looked_up_by_name_and_another_is_a_404_naming_it(
+    client: httpx.AsyncClient,
+) -> None:
+    """`client.models.retrieve(name)`, which tools call before they embed, had a bare 404 "Not Found"."""
+    for prefix in ("/v1/models", "/models"):
+        response = await client.get(f"{prefix}/tiny-test")
+        assert response.status_code == 200, prefix
+        assert response.json() == {"id": "tiny-test", "object": "model", "created": 0, "owned_by": "htmllm"}
+        other = await client.get(f"{prefix}/text-embedding-3-small")
+        assert other.status_code == 404 and other.json()["error"]["code"] == "not_found"
+        assert "'text-embedding-3-small'" in other.json()["error"]["message"]
+        assert "this server runs 'tiny-test'" in other.json()["error"]["message"]
+    metrics = (await client.get("/metrics")).text
+    assert 'route="/v1/models/{model_id:path}"' in metrics and 'route="/models/{model_id:path}"' in metrics
+
+
 async def test_the_model_list_needs_the_api_key_as_embeddings_do(settings_for: SettingsFactory) -> None:
     async with app_client(settings_for(api_key="k")) as client:
         assert (await client.get("/v1/models")).status_code == 401
         assert (await client.get("/v1/models", headers={"authorization": "Bearer k"})).status_code == 200
+        assert (await client.get("/v1/models/tiny-test")).status_code == 401
+        lookup = await client.get("/v1/models/tiny-test", headers={"authorization": "Bearer k"})
+        assert lookup.status_code == 200
 
 
 async def test_info_has_the_keys_tei_clients_read(client: httpx.AsyncClient) -> None:
@@ -101,5 +136,5 @@ async def test_too_many_inputs_say_how_to_split_them(settings_for: SettingsFacto
         assert response.status_code == 422 and response.json()["error"]["code"] == "too_many_documents"
         assert response.json()["error"]["message"] == (
             "the request has 3 documents; the limit is 2 (HTMLLM_MAX_DOCUMENTS): send them in requests of "
-            "at most 2 (an OpenAI client's batch, langchain's chunk_size)"
+            "at most 2 (an OpenAI client's batch, langchain's chunk_size, llama-index's embed_batch_size)"
         )

@@ -88,6 +88,19 @@ def test_junk_in_a_field_no_route_reads_is_refused_before_parsing() -> None:
         parse_json(OpenAIEmbeddingsRequest, strings)
 
 
+def test_past_the_bound_only_a_field_of_token_ids_is_named_as_token_ids() -> None:
+    """Token ids answered as such; a page whose text holds the same key (escaped quotes) and a route
+    without such a field keep the bound's message."""
+    ids = b"[" + b"1," * MAX_JSON_MARKS + b"2]"
+    with pytest.raises(HtmllmError, match=r"^input: token ids are not accepted"):
+        parse_json(OpenAIEmbeddingsRequest, b'{"model": "m", "input" : [ ' + ids[1:] + b"}")
+    in_text = json.dumps({"input": ['"input": [1'], "x": [1] * (MAX_JSON_MARKS + 1)}).encode()
+    with pytest.raises(HtmllmError, match="list items and objects"):
+        parse_json(OpenAIEmbeddingsRequest, in_text)
+    with pytest.raises(HtmllmError, match="list items and objects"):
+        parse_json(EmbedRequest, b'{"input": ' + ids + b', "documents": []}')
+
+
 def test_pages_full_of_brackets_and_quotes_pass() -> None:
     """What counts is outside strings: 64 pages of script, style and attributes are a few hundred."""
     html = '<script>var a = {"b": [1, 2, "\\\\"]};</script><p class="x,y">[{' * 5000

@@ -36,6 +36,8 @@ EMBEDDING_OPERATIONS = {
 MODEL_OPERATIONS = EMBEDDING_OPERATIONS | {("post", "/v1/preprocess"), ("post", "/v1/extract")}
 # OpenAI's model list: keyed as the model routes are, answering what a probe does.
 MODEL_LISTS = {("get", "/v1/models"), ("get", "/models")}
+# Its lookup: as the list, and 404 for a model this server does not run.
+MODEL_LOOKUPS = {("get", "/v1/models/{model_id}"), ("get", "/models/{model_id}")}
 PROBES = {("get", "/health"), ("get", "/"), ("get", "/ping")}
 # What any request may be answered: its body's errors (every request passes the body limit) and a bug.
 # Any request's body is read, decoded and charged to the in-flight budget (a GET may carry one).
@@ -60,6 +62,8 @@ OPERATION_IDS = {
     ("post", "/v1/extract"): "extract_text_v1_extract_post",
     ("get", "/v1/models"): "models_v1_models_get",
     ("get", "/models"): "models_models_get",
+    ("get", "/v1/models/{model_id}"): "model_v1_models__model_id__get",
+    ("get", "/models/{model_id}"): "model_models__model_id__get",
 }
 
 
@@ -137,6 +141,10 @@ def test_each_operation_documents_exactly_the_statuses_it_can_answer(
         elif key in MODEL_LISTS:
             assert statuses == {"200", "503"} | EVERY_OPERATION | ({"401"} if api_key else set()), key
             assert operation["security"] == ([bearer] if api_key else [{}, bearer]), key
+        elif key in MODEL_LOOKUPS:
+            assert statuses == {"200", "404", "503"} | EVERY_OPERATION | ({"401"} if api_key else set()), key
+            assert operation["security"] == ([bearer] if api_key else [{}, bearer]), key
+            assert [p["name"] for p in operation["parameters"]] == ["model_id"], key
         elif key == ("get", "/metrics"):
             assert statuses == {"200"} | EVERY_OPERATION
             assert "security" not in operation

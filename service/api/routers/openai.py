@@ -7,6 +7,8 @@ base URL has no `/v1`.
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Depends, Request, Response
 
 from service.api import inference
@@ -30,6 +32,7 @@ from service.api.schemas import (
     OpenAIModelList,
     OpenAIUsage,
 )
+from service.core.errors import ErrorCode, HtmllmError, shown
 from service.engine import Document
 
 router = APIRouter(tags=["compatible"], dependencies=[Depends(require_api_key)], responses=MODEL_ROUTE_ERRORS)
@@ -100,3 +103,48 @@ models_router = APIRouter(
 async def models(engine: EngineDep) -> OpenAIModelList:
     """The one model this server runs: `model` in an embeddings request may name it (it is not checked)."""
     return OpenAIModelList(data=[OpenAIModel(id=engine.info.name)])
+
+
+# The lookup's one parameter, documented by hand: read from the path, as any string is, it is never
+# validated, and a parameter of the function's would have documented a 422 no request can get.
+_MODEL_ID: dict[str, Any] = {
+    "parameters": [
+        {
+            "name": "model_id",
+            "in": "path",
+            "required": True,
+            "schema": {"type": "string"},
+            "description": "the model's name, as `/info` gives it (it may hold `/`)",
+        }
+    ]
+}
+
+
+@get_route(
+    models_router,
+    "/models/{model_id:path}",
+    response_model=OpenAIModel,
+    summary="OpenAI-compatible model lookup (without /v1)",
+    responses=error_responses(404, codes={404: (ErrorCode.NOT_FOUND,)}),
+    openapi_extra=_MODEL_ID,
+)
+@get_route(
+    models_router,
+    "/v1/models/{model_id:path}",
+    response_model=OpenAIModel,
+    summary="OpenAI-compatible model lookup",
+    responses=error_responses(404, codes={404: (ErrorCode.NOT_FOUND,)}),
+    openapi_extra=_MODEL_ID,
+)
+async def model(request: Request, engine: EngineDep) -> OpenAIModel:
+    """`client.models.retrieve(name)`, which tools call to check a model exists before they embed with
+    it (a bare 404 had read as a server without the route): the served model, or a 404 naming it."""
+    model_id = str(request.path_params["model_id"])
+    name = engine.info.name
+    if model_id != name:
+        raise HtmllmError(
+            f"no model {shown([model_id])} here: this server runs {name!r} (which `model` in an embeddings "
+            "request may name, or any name: it is not checked)",
+            code=ErrorCode.NOT_FOUND,
+        )
+    return OpenAIModel(id=name)
