@@ -4,6 +4,12 @@ The file is how keys rotate without downtime: mount a Kubernetes Secret there, a
 old one, move the clients over, remove the old key. A request looks at the file (at most once a second,
 whatever the request rate) and re-reads it when it changed, with no restart and no moment when neither
 key works. The two are additive: `HTMLLM_API_KEY`, when set, is accepted whatever the file holds.
+
+Every key is visible ASCII (`key_problem`), refused at start otherwise: a key with a space, a control
+character or a non-ASCII one is a key no client can send as `Bearer <key>` (httpx and requests refuse
+to, others send bytes that never match), so every request got 401 "the API key is not valid". Surrounding
+white space is no part of a key, in the variable as in the file: `echo` and `kubectl create secret
+--from-file` leave a newline at the end, which had made the key itself unusable.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -25,6 +32,22 @@ logger = logging.getLogger(__name__)
 RECHECK_INTERVAL_S = 1.0
 # (device, inode, size, mtime): a Secret volume swaps a symlink, an editor rewrites in place.
 _FileState = tuple[int, int, int, int]
+# What a key is made of: visible ASCII (RFC 9110's VCHAR), a superset of RFC 6750's b64token that any
+# HTTP client sends unchanged in a header.
+_SENDABLE_KEY = re.compile(r"[!-~]+")
+
+
+def key_problem(key: str) -> str | None:
+    """Why `key` (surrounding white space stripped) can be no API key, never quoting it; None when it can."""
+    if not key:
+        return "is empty"
+    if _SENDABLE_KEY.fullmatch(key) is None:
+        return (
+            "holds a character that is not visible ASCII (a space, a control character or a non-ASCII "
+            "one), which no client can send as `Bearer <key>`: use letters, digits and punctuation, such "
+            "as `openssl rand -hex 32` prints"
+        )
+    return None
 
 
 class ApiKeys:
@@ -37,11 +60,12 @@ class ApiKeys:
     """
 
     def __init__(self, key: SecretStr | None = None, key_file: Path | None = None) -> None:
-        if key is not None and not key.get_secret_value().strip():
-            raise HtmllmError(
-                "HTMLLM_API_KEY is empty (unset it to turn auth off)", code=ErrorCode.VALIDATION
-            )
-        self._fixed = () if key is None else (key.get_secret_value().encode(),)
+        fixed = None if key is None else key.get_secret_value().strip()
+        problem = None if fixed is None else key_problem(fixed)
+        if problem is not None:
+            hint = " (unset it to turn auth off)" if not fixed else ""
+            raise HtmllmError(f"HTMLLM_API_KEY {problem}{hint}", code=ErrorCode.VALIDATION)
+        self._fixed = () if fixed is None else (fixed.encode("ascii"),)
         self._file = key_file
         self._lock = threading.Lock()
         self._file_keys: tuple[bytes, ...] = ()
@@ -60,8 +84,14 @@ class ApiKeys:
         return bool(self._fixed) or self._file is not None
 
     def accepts(self, presented: str) -> bool:
-        """Whether `presented` is one of the keys, compared in constant time against every one."""
-        candidate = presented.encode()
+        """Whether `presented` is one of the keys, compared in constant time against every one.
+
+        `presented` is a header value as ASGI servers decode it, latin-1: encoded back so, it is the
+        bytes the client sent, which are compared with the keys' (ASCII) bytes."""
+        try:
+            candidate = presented.encode("latin-1")
+        except UnicodeEncodeError:  # no header decodes to it, and no key (visible ASCII) is it
+            return False
         keys = self._fixed + self._current_file_keys()
         return any([hmac.compare_digest(candidate, key) for key in keys])  # a list: no early exit
 
@@ -106,13 +136,23 @@ def _file_state(path: Path) -> _FileState:
 
 
 def _read_key_file(path: Path) -> tuple[_FileState, tuple[bytes, ...]]:
-    """(state, keys) of the key file: one key per line; blank lines and lines starting with # skipped."""
+    """(state, keys) of the key file: one key per line; blank lines and lines starting with # skipped.
+    A line that is no key (`key_problem`) makes the file unusable, named by its number, never quoted:
+    refused at start, and after a change the keys read before are kept (`_current_file_keys`)."""
     state = _file_state(path)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         message = f"HTMLLM_API_KEY_FILE {path} cannot be read: {exc}"
         raise HtmllmError(message, code=ErrorCode.VALIDATION) from exc
-    lines = (line.strip() for line in text.splitlines())
-    keys = tuple(dict.fromkeys(line.encode() for line in lines if line and not line.startswith("#")))
-    return state, keys
+    keys: dict[bytes, None] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        key = line.strip()
+        if not key or key.startswith("#"):
+            continue
+        problem = key_problem(key)
+        if problem is not None:
+            message = f"HTMLLM_API_KEY_FILE {path} line {number}: the key {problem}"
+            raise HtmllmError(message, code=ErrorCode.VALIDATION)
+        keys.setdefault(key.encode("ascii"))
+    return state, tuple(keys)

@@ -44,6 +44,11 @@ MAX_HEAD_BYTES = 64 * 1024
 _OFFER_HEADERS = frozenset((b"upgrade", b"http2-settings"))
 # uvicorn's own answer (and log line) for bytes that are no HTTP/1.1 request.
 _INVALID_REQUEST = "Invalid HTTP request received."
+# The longest URL httptools parses (its URL parser's offsets are 16-bit): uvicorn parses each request's
+# URL once its head is complete, and a longer one failed as an invalid request, a plain-text 400. Such a
+# request line alone is over `MAX_HEAD_BYTES`, which counts whole reads and so lets a head up to one
+# read (256 KiB) past it reach the parser: answered 431 as any head over the cap.
+_MAX_URL_BYTES = 65535
 _REASONS = {405: "Method Not Allowed", 408: "Request Timeout", 431: "Request Header Fields Too Large"}
 
 
@@ -175,6 +180,9 @@ def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol
             try:
                 self.parser.feed_data(data)
             except httptools.HttpParserError:
+                if len(self.url) > _MAX_URL_BYTES:  # (uvicorn's parse of it failed: a head over the cap)
+                    self._refuse_head_too_large()
+                    return
                 self.logger.warning(_INVALID_REQUEST)
                 self.send_400_response(_INVALID_REQUEST)
                 return
@@ -185,9 +193,12 @@ def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol
                 return
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES:
-                self._in_head = False
-                self.transport.write(_head_too_large_response())
-                self.transport.close()
+                self._refuse_head_too_large()
+
+        def _refuse_head_too_large(self) -> None:
+            self._in_head = False
+            self.transport.write(_head_too_large_response())
+            self.transport.close()
 
         def _give_head_again(self, rest: bytes) -> None:
             """Parse the head just read again without its offer to switch protocols, then `rest` (the

@@ -9,9 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.api.api_keys import key_problem
 from service.core.attention import AUTO_ATTENTION, Attention, attention_option
 from service.core.cpus import pool_workers
 from service.core.extract import DEFAULT_TIMEOUT_S
@@ -38,7 +39,11 @@ def default_model_path() -> Path:
 class Settings(BaseSettings):
     """Everything the HTTP service is configured by; every field is `HTMLLM_<FIELD>` in the environment."""
 
-    model_config = SettingsConfigDict(env_prefix="HTMLLM_", extra="ignore", frozen=True)
+    # hide_input_in_errors: pydantic's text of an error quotes the value refused, the API key's included,
+    # into a traceback; `errors()` keeps them for `main.settings_errors`, which shows all but the key.
+    model_config = SettingsConfigDict(
+        env_prefix="HTMLLM_", extra="ignore", frozen=True, hide_input_in_errors=True
+    )
 
     # The model and how it runs.
     model_path: Path = Field(default_factory=default_model_path, description="checkpoint directory")
@@ -176,7 +181,11 @@ class Settings(BaseSettings):
     )
 
     # Access and serving.
-    api_key: SecretStr | None = Field(None, description="when set, model routes need `Bearer <key>`")
+    api_key: SecretStr | None = Field(
+        None,
+        description="when set, model routes need `Bearer <key>`; visible ASCII (letters, digits, "
+        "punctuation), surrounding white space (a file's last newline) not part of it",
+    )
     api_key_file: Path | None = Field(
         None,
         description="a file of API keys, one per line (# comments), re-read when it changes: rotate keys "
@@ -224,6 +233,18 @@ class Settings(BaseSettings):
         ge=0,
         description="responses this large are gzipped for clients that send Accept-Encoding: gzip; 0: never",
     )
+
+    @field_validator("api_key")
+    @classmethod
+    def _sendable_key(cls, key: SecretStr | None) -> SecretStr | None:
+        # Checked here, not first by ApiKeys, so that it is one line of the settings' errors (exit 2).
+        if key is None:
+            return None
+        stripped = key.get_secret_value().strip()
+        problem = key_problem(stripped)
+        if problem is not None:
+            raise ValueError(problem + (" (unset it to turn auth off)" if not stripped else ""))
+        return SecretStr(stripped)
 
     @model_validator(mode="after")
     def _one_body_fits(self) -> Settings:
