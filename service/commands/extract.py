@@ -23,15 +23,21 @@ A missing output directory is made, and an output under a file refused before an
 `htmllm embed` does (`options.check_output_parent`); so are the same integer options bounded the same
 way (`options.at_least`: `--limit 0` is a usage error in both).
 A finished output records nothing of how it was made (a JSONL file has no metadata), so a later run
-extracts again and replaces it, as it always did.
+extracts again and replaces it, as it always did (known by its first row, see below).
 
 The input is opened before the output is touched: a typo in `--input`, a crash or a Ctrl-C leaves an
 existing output as it was. Ctrl-C stops at once (queued pages cancelled, busy workers killed) with exit
 code 130; SIGTERM the same way with 143 (`sigterm_as_ctrl_c`), keeping the rows held up to the first
 that records a failure (a worker killed by the same SIGTERM fails a page not for its own sake). An
 output that is the input (or the input directory's manifest) is refused, since the run would replace
-what it reads. Standard output (`-`) and an existing output that is not a regular file (`/dev/null`, a
-FIFO) are written in place, and such a run cannot be resumed.
+what it reads, and so is a page file of the input (one a directory's listing holds, or a manifest's or
+JSONL file's row names; through a symlink or a hard link too): taken for the run's own output, or read
+as a page, it was replaced by rows with exit code 0. An existing file this command did not write (its
+first line is not a row of it: `_ROW_START`) is replaced only with --overwrite, as `htmllm embed`
+replaces another's; its own earlier output, and an empty file, are replaced without. Each refusal is a
+usage error (exit code 2) before a page is read, or anything written or locked. Standard output (`-`)
+and an existing output that is not a regular file (`/dev/null`, a FIFO) are written in place, and such
+a run cannot be resumed.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import argparse
 import itertools
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -51,7 +58,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from service.commands.options import STDIN_INPUT, at_least, check_output_parent
+from service.commands.options import STDIN_INPUT, OptionError, at_least, check_output_parent
 from service.commands.resume_state import (
     INPUT_KEY,
     TEMP_SUFFIX,
@@ -98,10 +105,27 @@ _EXTRACTOR_DISTRIBUTIONS = ("resiliparse", "trafilatura", "justext")
 #    a letter or digit, resiliparse keeps lone characters, trafilatura and jusText parse with huge_tree,
 #    and an output without words never passes.
 # Since then a change of the texts alone bumps `service.core.extract.EXTRACTION_VERSION`, pinned beside it.
-ROW_FORMAT = 5
+# 6: a row given as `html` text reports `encoding` utf-8, as /v1/extract's JSON route does (it had
+#    reported the codec its <meta> names where the text reads the same in it).
+ROW_FORMAT = 6
 # Failures a later attempt may not repeat: written as rows they would be "done" for good (`htmllm embed`'s
 # rule; of its codes only this one reaches an extraction).
 TRANSIENT = frozenset({ErrorCode.NOT_READY})  # the page's extractor process killed from outside
+# How the first line of every output this command writes starts (`json.dumps`'s separators, UTF-8 as it
+# is): `index`, `id` (a string), `url` (a string or null), then `error`, `extractions` or the text. A
+# file starting otherwise is not replaced without --overwrite; a user's JSONL of pages or texts (`"id"`,
+# `"url"`, `"text"`) has no `index`, and neither had rows before format 4, which are refused once.
+_JSON_STRING = rb'"(?:[^"\\\n]|\\.)*"'
+_ROW_START = re.compile(
+    rb'\{"index": \d+, "id": ' + _JSON_STRING + rb', "url": (?:null|' + _JSON_STRING + rb"), "
+    rb'"(?:error|extractions|text)": '
+)
+_START_BYTES = 1 << 20  # read of an existing output to find its first row's keys: past any real id or url
+
+
+class OutputRefused(OptionError):
+    """An --output the run must not replace (the input, a page file of it, or without --overwrite a file
+    this command did not write): a usage error, exit code 2, before a page is read or anything written."""
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -125,6 +149,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         ),
     )
     parser.add_argument("--output", required=True, help="JSONL file to write, or - for standard output")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing output that was not written by htmllm extract (a page file of the input "
+        "is refused all the same); its own earlier output is replaced without it",
+    )
     parser.add_argument("--limit", type=at_least(1), default=None, help="extract at most this many pages")
     parser.add_argument(
         "--order",
@@ -223,12 +253,79 @@ def _failed(row: dict[str, Any]) -> bool:
     return bool(extractions) and all("error" in entry for entry in extractions.values())
 
 
+def _check_output(args: argparse.Namespace) -> None:
+    """Refuse (`OutputRefused`) an output whose replacement would lose what this command did not write:
+    the input (or its directory's manifest), a page file of the input, and, unless --overwrite, any other
+    existing file but an empty one and this command's own earlier output (its first line one of its rows,
+    `_ROW_START`), which a run replaces as it always did. A page file named as the output was taken for
+    the run's own output (`own_files`: a directory's listing left it out, unread) or read as a page, and
+    then replaced by rows, exit code 0. The input's page files are looked for only where the output
+    holds something else: a file of rows already has no page to lose (the listing leaves it out), and a
+    run over a large JSONL file is not made to read it through an extra time. Not a regular file
+    (/dev/null, a FIFO) is written in place, never replaced: not refused. A source that cannot be read
+    raises its own error here, as the reader would."""
+    if args.output == "-":
+        return
+    if _is_input(args.output, args.input):
+        raise OutputRefused(f"--output {args.output} is the input: the run would replace it")
+    output = Path(args.output)
+    try:
+        status = output.stat()  # through a symlink: the file that would be replaced
+    except (OSError, ValueError):  # missing (a new file), or a path the run says it cannot write
+        return
+    if not stat.S_ISREG(status.st_mode):
+        return
+    start: bytes | None = None
+    unreadable = ""
+    try:
+        start = _start(output)
+    except OSError as exc:  # whether the command wrote it is unknown: never taken for its own
+        unreadable = exc.strerror or str(exc)
+    if start is not None and _ROW_START.match(start):
+        return
+    page = _page_file_of(Path(args.input), status)
+    if page is not None:
+        raise OutputRefused(
+            f"--output {args.output} is the input's page file {page}: the run would replace it with its rows"
+        )
+    if args.overwrite or start == b"":
+        return
+    if start is None:
+        raise OutputRefused(
+            f"{args.output} exists but cannot be read ({unreadable}), so this run cannot tell whether "
+            "htmllm extract wrote it: make it readable, or pass --overwrite to replace it unread"
+        )
+    raise OutputRefused(
+        f"{args.output} was not written by htmllm extract (its first line is not a row of it); pass "
+        "--overwrite to replace it"
+    )
+
+
+def _start(output: Path) -> bytes:
+    """The first bytes of an existing output, enough to see its first row's keys (`_ROW_START`)."""
+    with output.open("rb") as handle:
+        return handle.read(_START_BYTES)
+
+
+def _page_file_of(source: Path, output: os.stat_result) -> Path | None:
+    """The page file of `source` (`pages.page_files_of`, symlinks followed) that is the file `output` is
+    the status of, told by device and inode (a hard link too); None if none is."""
+    from service.core.pages import page_files_of
+
+    for path in page_files_of(source):
+        try:
+            status = path.stat()
+        except (OSError, ValueError):  # missing (its row is an error row), or not to be looked at
+            continue
+        if (status.st_dev, status.st_ino) == (output.st_dev, output.st_ino):
+            return path
+    return None
+
+
 def _is_input(output: str, source: str) -> bool:
     """Whether `output` names the input file, or the manifest of an input directory. False where either
     cannot be looked at (EACCES on a directory above it): this check raised that out of the command as
     a traceback; the input's reader then says so with its code, or the output cannot be written."""
-    if output == "-":
-        return False
     try:
         return _same_file(output, source)
     except OSError:
@@ -520,12 +617,6 @@ def run(args: argparse.Namespace) -> int:
     if args.input == "-":  # "page source - does not exist"
         print(f"htmllm extract: {STDIN_INPUT}", file=sys.stderr)
         return 2
-    if _is_input(args.output, args.input):
-        print(
-            f"htmllm extract: --output {args.output} is the input: the run would replace it", file=sys.stderr
-        )
-        return 2
-
     # Through a symlink: the link keeps pointing at the new output. Not a regular file (/dev/null, a
     # FIFO): written in place, never replaced, and so never resumed.
     target = None if args.output == "-" else Path(args.output).resolve()
@@ -535,6 +626,7 @@ def run(args: argparse.Namespace) -> int:
     termination = Termination()
     deferred = Deferred()
     try:
+        _check_output(args)  # before anything is written or locked: what it would replace is not the run's
         if target is not None:
             check_output_parent(Path(args.output))  # as `htmllm embed` checks it (a missing one is made)
         with sigterm_as_ctrl_c() as termination:
@@ -562,6 +654,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"htmllm extract: {how}; {args.output} was left as it was", file=sys.stderr)
         return termination.status
+    except OutputRefused as exc:  # a usage error, as `--limit 0` is
+        print(f"htmllm extract: {exc.code}: {exc}", file=sys.stderr)
+        return 2
     except HtmllmError as exc:  # the input's failures (PageSourceError) and the parts' (RunStateError)
         print(f"htmllm extract: {exc.code}: {exc}", file=sys.stderr)
         return 1

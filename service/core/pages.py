@@ -175,8 +175,9 @@ class Page:
     error: str | None = None  # why the row could not be read (only with bad_rows="report"); html is b""
     error_code: ErrorCode = ErrorCode.VALIDATION  # what kind of failure `error` is, when it is set
     # The codec a declared charset (a JSONL row's `encoding`) had the bytes read with, when `html` was
-    # transcoded from it to UTF-8 (`with_declared_encoding`); None when `html` is the bytes as read. A
-    # consumer reporting the page's encoding says this one, not the UTF-8 it now reads.
+    # transcoded from it to UTF-8 (`with_declared_encoding`), and utf-8 for a row's `html` text; None
+    # when `html` is the bytes as read. A consumer reporting the page's encoding says this one, not the
+    # UTF-8 it now reads.
     encoding: str | None = None
 
     def __post_init__(self) -> None:
@@ -322,6 +323,10 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
         # same text (`valid_json`); passed on as its three bad bytes it had read as three U+FFFD.
         # The text is UTF-8 now, whatever charset its <meta> names.
         html = capped(with_declared_encoding(valid_json(html_text).encode("utf-8"), "utf-8"), where)
+        # Read as text, the page is UTF-8 whatever its <meta> says (which the parser would otherwise
+        # follow where the bytes read the same either way, reporting that codec; the API's JSON routes
+        # report utf-8 for the same string).
+        source_encoding = "utf-8"
     elif file_name is not None:
         if not isinstance(file_name, str):
             raise PageSourceError(f"{where}: 'file' must be a path (a string), not {_json_type(file_name)}")
@@ -598,6 +603,21 @@ def _page_files(path: Path, skip: Skip | None) -> tuple[list[Listed], list[Path]
         if entry.problem is not None or entry.path.name.lower().endswith(_HTML_SUFFIXES + _WARC_SUFFIXES)
     ]
     return page_files, [entry.path for entry in listed if entry.problem is None]
+
+
+def page_files_of(source: Path) -> Iterator[Path]:
+    """The files `iter_pages(source)` reads pages from, besides the source itself: a directory's HTML
+    and WARC files (`list_directory` with nothing skipped, so a page named as a bulk command's output,
+    which the command's `skip` leaves unread, is listed), or the page files a JSONL file's or corpus
+    manifest's rows name (`named_files`; one missing included). For `htmllm extract`'s check that its
+    output is none of them: replaced by the run's rows, the page was lost. What cannot be looked at is
+    left out; a source that cannot be read at all raises as `source_kind` says."""
+    kind, path = source_kind(source)
+    if kind == "directory":
+        listed, _ = _page_files(path, None)
+        yield from (entry.path for entry in listed if entry.problem is None)
+    elif kind == "jsonl":
+        yield from (file for _, file in named_files(path))
 
 
 def _iter_html_dir(path: Path, skip: Skip | None) -> Iterator[Page]:

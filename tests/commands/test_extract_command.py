@@ -20,7 +20,9 @@ from tests.factories.cli import cli, kill_minus_nine_when, sigterm_given_back, w
 from tests.factories.disk import closed_directory, eio_for, unlistable_directory
 from tests.memory import gzip_bomb, traced_peak
 
-OLD = "the previous run's rows\n"
+# The previous run's rows, as the command writes them (a file it did not write is not replaced without
+# --overwrite: test_extract_output_safety.py).
+OLD = '{"index": 0, "id": "old", "url": null, "error": {"code": "validation_error", "message": "old"}}\n'
 
 
 def _extract(source: Path | str, output: Path | str) -> int:
@@ -307,7 +309,7 @@ def test_ctrl_c_keeps_the_parts_and_a_resume_with_other_options_or_input_is_refu
     pinned = json.loads((parts / "run.json").read_text())
     (parts / "run.json").write_text(json.dumps({**pinned, "row_format": 1}))
     assert main(args) == 1
-    assert "other settings (row_format 1 -> 5); delete it" in capsys.readouterr().err
+    assert "other settings (row_format 1 -> 6); delete it" in capsys.readouterr().err
     # Nor texts of an older extraction (run.json of format 5 had no extraction version).
     (parts / "run.json").write_text(
         json.dumps({k: v for k, v in pinned.items() if k != "extraction_version"})

@@ -314,7 +314,7 @@ def test_jsonl_gz_and_declared_file_encoding(tmp_path: Path) -> None:
     cz, x = iter_pages(source)
     assert decode_html(cz.html).text == f"<p>{CZECH}</p>" and cz.meta == {}
     assert x.html == b"<p>x</p>"
-    assert cz.encoding is None and x.encoding is None  # the bytes as read: decode_html finds the codec
+    assert cz.encoding is None and x.encoding == "utf-8"  # a file as read: decode_html finds the codec
     # A declaration the page's <meta> contradicts: transcoded to UTF-8, and the codec it was read with
     # is kept, for an extraction to report (it said utf-8).
     (tmp_path / "cz.html").write_bytes(f'<meta charset="utf-8"><p>{CZECH}</p>'.encode("iso-8859-2"))
