@@ -312,17 +312,19 @@ def _prune_document(
             f"page has {tags} tags ({ends} of them end tags that make no element); pruning it would "
             f"take about {need >> 20} MiB (the budget for {size} bytes is {budget >> 20} MiB)"
         )
-    depth = 0 if tags <= max_depth else estimate_depth(document, limit=max_depth)
-    if depth > max_depth:
-        raise NestingTooDeepError(f"page nests more than {max_depth} elements deep (the cap)")
-    if depth * tags > _NESTING_WORK_PER_BYTE * size + _NESTING_WORK_HEADROOM:
-        raise NestingTooDeepError(
-            f"page nests about {depth} elements deep and has {tags} tags: parsing it would take "
-            f"{depth * tags // size} stack steps per byte (the cap is {_NESTING_WORK_PER_BYTE})"
-        )
-    attributes = max_attributes(document)
-    if attributes > MAX_ATTRIBUTES:
-        raise TooManyAttributesError(f"an element has {attributes} attributes; the cap is {MAX_ATTRIBUTES}")
+    # The checks made of passes in C (the attribute count: 0.4 s for 16 MB of `<a href=x>a`, 1.5 s for
+    # 16 MB of 20-attribute tags) before the estimates that walk every tag in Python (that page of links,
+    # refused for its attributes, took 15 s of nesting and reconstruction estimates first). What these
+    # refuse the checks below would refuse too (`need` only grows): only the error of a page refused on
+    # two counts can differ.
+    most = max_attributes(document)
+    if most > MAX_ATTRIBUTES:
+        raise TooManyAttributesError(f"an element has {most} attributes; the cap is {MAX_ATTRIBUTES}")
+    # After the cap no start tag holds more than MAX_ATTRIBUTES (the count is linear in an end tag's).
+    attributes: int | None = None  # (all the page's, where counted: once)
+    if need + most_attributes > budget:
+        attributes = _all_attributes(document)
+        _check_attribute_memory(need + attributes * MEMORY_PER_ATTRIBUTE, budget, tags, attributes, size)
     list_bytes, roots = tags_with_attributes(
         document, within=(budget - need) // tags if tags else None, cap=True
     )
@@ -332,6 +334,14 @@ def _prune_document(
             f"one element each; the cap is {MAX_ATTRIBUTES}"
         )
     del roots
+    depth = 0 if tags <= max_depth else estimate_depth(document, limit=max_depth)
+    if depth > max_depth:
+        raise NestingTooDeepError(f"page nests more than {max_depth} elements deep (the cap)")
+    if depth * tags > _NESTING_WORK_PER_BYTE * size + _NESTING_WORK_HEADROOM:
+        raise NestingTooDeepError(
+            f"page nests about {depth} elements deep and has {tags} tags: parsing it would take "
+            f"{depth * tags // size} stack steps per byte (the cap is {_NESTING_WORK_PER_BYTE})"
+        )
     clone_bytes = list_bytes * tags  # (what re-created formatting elements take at most)
     clones: int | None = None  # (what they take, where counted)
     if need + clone_bytes > budget:
@@ -345,6 +355,12 @@ def _prune_document(
                 f"page leaves so many formatting elements open that the parser would re-create them, taking "
                 f"more than {clones >> 20} MiB (the budget for {size} bytes is {budget >> 20} MiB)"
             )
+    # Charged with the clones (checked above without them): before the name lookups, as costly as those.
+    if need + most_attributes > budget:
+        if attributes is None:
+            attributes = _all_attributes(document)
+        need += attributes * MEMORY_PER_ATTRIBUTE
+        _check_attribute_memory(need, budget, tags, attributes, size)
     selector = HIDDEN_SELECTOR
     if check_names:
         cap = _NAME_STEPS_PER_BYTE * size + _NAME_STEPS_HEADROOM
@@ -368,21 +384,6 @@ def _prune_document(
                 f"page has so many tag or attribute names sharing the parser's hash buckets that looking "
                 f"them up would take about {steps // max(size, 1)} steps per byte (the cap is "
                 f"{_NAME_STEPS_PER_BYTE})"
-            )
-    # After the cap no start tag holds more than MAX_ATTRIBUTES (the count is linear in an end tag's).
-    if need + most_attributes > budget:
-        # An end tag's attributes take memory too (about 85 bytes each: 16 MB of `<b>x</b a b ... z>y`
-        # peaked at 720 MiB uncharged): read as a start tag's, each end tag's count.
-        ends_read_as_starts = (
-            document.replace(b"</", b"<") if isinstance(document, bytes) else document.replace("</", "<")
-        )
-        attributes = count_attributes(ends_read_as_starts)
-        del ends_read_as_starts
-        need += attributes * MEMORY_PER_ATTRIBUTE
-        if need > budget:
-            raise InputTooLargeError(
-                f"page has {tags} tags and {attributes} attributes; pruning it would take about "
-                f"{need >> 20} MiB (the budget for {size} bytes is {budget >> 20} MiB)"
             )
     # A text node grown in many pieces with allocations between them: Lexbor copies it at each (a
     # megabyte of `<td>1</td>y` or `y</x a=b>` takes gigabytes). Last: within the budget, the estimate
@@ -409,6 +410,25 @@ def _prune_document(
                 _html.escape(spelled, quote=False), _html.escape(written, quote=False)
             )
     return pruned
+
+
+def _all_attributes(document: str | bytes) -> int:
+    """The attributes of all the page's tags, end tags' too: an end tag's attributes take memory as well
+    (about 85 bytes each: 16 MB of `<b>x</b a b ... z>y` peaked at 720 MiB uncharged), so each end tag
+    is counted read as a start tag."""
+    ends_read_as_starts = (
+        document.replace(b"</", b"<") if isinstance(document, bytes) else document.replace("</", "<")
+    )
+    return count_attributes(ends_read_as_starts)
+
+
+def _check_attribute_memory(need: int, budget: int, tags: int, attributes: int, size: int) -> None:
+    """Refuse a page whose tags and attributes (`need`, charged) break its memory `budget`."""
+    if need > budget:
+        raise InputTooLargeError(
+            f"page has {tags} tags and {attributes} attributes; pruning it would take about "
+            f"{need >> 20} MiB (the budget for {size} bytes is {budget >> 20} MiB)"
+        )
 
 
 def respell_longer_references(document: str | bytes) -> str | bytes | None:
