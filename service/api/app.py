@@ -221,6 +221,17 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         if isinstance(route, APIRoute)
         for method in route.methods or ()
     }
+    # The requests whose body a route reads: any other (a GET, a 404, a 405) is answered without the body
+    # limit reading, holding or charging a byte of it. Matched by exact path: no such route has a
+    # parameter in its path.
+    bodied = {
+        (method, route.path)
+        for route in api_routes
+        for method in route.methods or ()
+        if method not in ("GET", "HEAD")
+    }
+    if any("{" in path for _, path in bodied):
+        raise RuntimeError(f"a route that reads a body has a path parameter: {sorted(bodied)}")
     paths |= {path for path in (app.openapi_url, app.docs_url, app.redoc_url) if path}
     # Added innermost first: metrics see every request, including those the body limit refuses, every
     # response, compressed or not, carries its request id, and any may end its connection.
@@ -233,6 +244,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         readers=runtime.body_readers,
         metrics=metrics,
         gate=key_gate(api_keys, keyed),
+        body_routes=frozenset(bodied),
     )
     if settings.gzip_min_bytes > 0:
         # Level 1: most of gzip's gain on float JSON for a fraction of level 9's CPU, which the model needs.

@@ -3,18 +3,25 @@
 `BodyLimitMiddleware` reads the body itself, so the cap holds for a declared `Content-Length` (refused
 before a byte is read) and for chunked bodies alike (refused as soon as the running total passes it);
 the app then sees the body replayed and, after it, the connection's real messages, so a disconnect is
-still noticed while the request waits in the batcher.
+still noticed while the request waits in the batcher. Only requests to a route that takes a body
+(`body_routes`: the model routes' POSTs) are read: any other (a GET, a 404, a 405) is answered without a
+byte of its body read, decoded or charged, and the HTTP parser discards what of it comes after the
+answer. Reading them let anyone, with no key, hold the budget below with bodies nothing would use.
 
 A body that does not arrive within `body_timeout_s` is answered 408 and its connection closed: uvicorn
 times out idle connections only, so a client stalled mid-body held its connection, and what it had sent,
-without end.
+without end. One that sends nothing for `STALL_TIMEOUT_S` (at most `body_timeout_s`) gets that 408 then.
 
 The bodies held at once are bounded too (`BodyBudget`, `max_inflight_bytes`): the queue bounds
 documents, not bytes, and 150 concurrent 15 MB pages took a server to 6.5 GB, past the chart's memory
-limit, where the kernel's OOM killer would lose every accepted request. A body is charged from its first
-byte (its whole declared `Content-Length` at once, so one that cannot fit is refused before any of it is
-kept; a JSON body also for the strings parsed from it) until its response is sent; one that would pass
-the budget gets 429 with `Retry-After`, as a full queue does, once its body has been read and dropped.
+limit, where the kernel's OOM killer would lose every accepted request. A body is charged for the bytes
+that came, as they come (a compressed one at its decoded size, a JSON one also for the strings parsed
+from it) until its response is sent, never for what its `Content-Length` only declares: charging that
+at once let 32 request heads of 100 bytes, each declaring 16 MiB and sending none of it, fill the
+default 512 MiB for the body timeout, and every other client got 429. A declared length still refuses
+early what cannot fit in what is free now, before the client uploads a byte of it. A body that would
+pass the budget gets 429 with `Retry-After`, as a full queue does, once its body has been read and
+dropped.
 
 It also undoes a request's `Content-Encoding` (gzip, deflate, br, zstd; at most four, `MAX_CODINGS`),
 so every route reads plain bytes. The cap holds for the decoded body too, checked while decoding: a
@@ -27,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Sized
+from collections.abc import Callable, Collection, Sized
 from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -46,6 +53,11 @@ INLINE_DECODE_BYTES = 64 * 1024
 INLINE_DECODED_BYTES = 1024 * 1024
 _LIMIT_NAME = "HTMLLM_MAX_BODY_BYTES"  # the setting a too-large message tells the reader to raise
 _BUDGET_NAME = "HTMLLM_MAX_INFLIGHT_BYTES"
+# A body none of which came for this long (at most the body timeout) gets its 408 then, not at the body
+# timeout: a client with bytes to send sends some every second or so (TCP's retransmissions back off 1,
+# 2, 4 s), and one that sends none holds its connection, and what it sent, for nothing. Not a setting:
+# nothing legitimate waits this long between two pieces of a page it already has.
+STALL_TIMEOUT_S = 10.0
 
 
 class BodyBudget:
@@ -71,6 +83,10 @@ class BodyBudget:
         self.held -= count
         self._gauge.set(self.held)
 
+    def fits(self, count: int) -> bool:
+        """Whether `count` more bytes would fit now (nothing charged)."""
+        return self.held + count <= self.limit
+
     def refusal(self, count: int) -> str:
         return (
             f"the server holds {self.held} bytes of request bodies and {count} more would pass its "
@@ -86,9 +102,31 @@ class _Charge:
     closed: bool = False
 
 
+@dataclass
+class _Upload:
+    """When a body's upload times out, in the event loop's time: at `whole` (its body timeout), or
+    `stall` seconds after the last byte came, whichever is sooner."""
+
+    whole: float
+    stall: float
+
+    @classmethod
+    def starting(cls, body_timeout_s: float, stall_s: float) -> _Upload:
+        return cls(whole=asyncio.get_running_loop().time() + body_timeout_s, stall=stall_s)
+
+    def deadline(self) -> float:
+        """The deadline from now, as the last byte came now (or none has come yet)."""
+        return min(self.whole, asyncio.get_running_loop().time() + self.stall)
+
+    def stalled(self) -> bool:
+        """Whether a deadline that passed was the stall's, not the whole body's."""
+        return asyncio.get_running_loop().time() < self.whole
+
+
 class BodyLimitMiddleware:
     """Refuses bodies over `max_body_bytes` with 413 and the usual error body, and bodies that would
-    pass the in-flight budget with 429."""
+    pass the in-flight budget with 429; reads only the bodies of `body_routes` ((method, path); None:
+    every request's)."""
 
     def __init__(
         self,
@@ -101,12 +139,15 @@ class BodyLimitMiddleware:
         readers: BodyReaders,
         body_timeout_s: float = 60.0,
         gate: Callable[[Scope], HtmllmError | None] | None = None,
+        body_routes: Collection[tuple[str, str]] | None = None,
     ) -> None:
         self.app = app
         self.gate = gate  # what refuses a request before its body is read (the API key: service.api.auth)
+        self.body_routes = body_routes
         self.readers = readers
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
+        self.stall_timeout_s = min(body_timeout_s, STALL_TIMEOUT_S)
         self.metrics = metrics
         self.budget = BodyBudget(max_inflight_bytes, metrics)
         self.retry_after_s = retry_after_s
@@ -149,7 +190,8 @@ class BodyLimitMiddleware:
         a client still sending its body reads no response (most end in a reset connection and retry at
         once, unpaced), while one that drained learns to wait `Retry-After`. A client that asked
         `Expect: 100-continue` and whose body nothing has `read` yet has not been told to send it, and
-        is answered at once; one that stalls mid-body is answered and its connection closed."""
+        is answered at once; one that stalls mid-body is answered and its connection closed. Nothing
+        of what is dropped is charged."""
         headers = None
         if more_body:
             expecting = dict(scope["headers"]).get(b"expect", b"").lower() == b"100-continue"
@@ -164,16 +206,19 @@ class BodyLimitMiddleware:
         await self._refuse(scope, receive, send, ErrorCode.OVERLOADED, self.budget.refusal(count), headers)
 
     async def _drop_rest(self, receive: Receive) -> bool | None:
-        """Read the rest of the body, keeping none of it: True once read, False if it stalled past
-        `body_timeout_s`, None if the client left."""
+        """Read the rest of the body, keeping none of it: True once read, False if it took past
+        `body_timeout_s` or stalled, None if the client left."""
+        upload = _Upload.starting(self.body_timeout_s, self.stall_timeout_s)
         try:
-            async with asyncio.timeout(self.body_timeout_s):
+            async with asyncio.timeout(upload.deadline()) as timeout:
                 while True:
                     message = await receive()
                     if message["type"] == "http.disconnect":
                         return None
                     if not message.get("more_body", False):
                         return True
+                    if message.get("body"):
+                        timeout.reschedule(upload.deadline())
         except TimeoutError:
             return False
 
@@ -185,6 +230,12 @@ class BodyLimitMiddleware:
             # Before a byte of the body is read or charged: the client's upload, if any, is discarded by
             # the parser after this answer, and the connection carries the next request.
             await self._refuse(scope, receive, send, refusal.code, refusal.message)
+            return
+        if self.body_routes is not None and (scope["method"], scope["path"]) not in self.body_routes:
+            # No route here reads a body (a GET, a 404, a 405): none of it is read, decoded or charged.
+            # What of it comes after the answer the parser discards; the connection carries the next
+            # request, as after the gate's 401.
+            await self.app(scope, _without_body(receive), send)
             return
         limit = self.max_body_bytes
         declared = dict(scope["headers"]).get(b"content-length")
@@ -202,10 +253,11 @@ class BodyLimitMiddleware:
                     scope, receive, send, ErrorCode.PAYLOAD_TOO_LARGE, _too_large(f"{length} bytes", limit)
                 )
                 return
-        if not self.budget.take(length):  # refused before the client uploads a byte of it
+        if not self.budget.fits(length):  # refused before the client uploads a byte of it
             await self._over_budget(scope, receive, send, length, more_body=True, read=False)
             return
-        charge = _Charge(length)
+        # Nothing is charged before a byte came: what a head declares costs the client nothing to send.
+        charge = _Charge(0)
         try:
             body = await self._read(scope, receive, send, charge)
             if body is None:
@@ -265,23 +317,26 @@ class BodyLimitMiddleware:
         return True
 
     async def _read(self, scope: Scope, receive: Receive, send: Send, charge: _Charge) -> bytes | None:
-        """The whole body, charged as it comes beyond the declared length already charged (a chunked
-        body declares none); None once the request has been answered, or its client left."""
+        """The whole body, charged as it comes; None once the request has been answered, or its
+        client left."""
         limit = self.max_body_bytes
         chunks: list[bytes] = []
         size = 0
         if self.readers.closed:  # after the cut-off: answered as the cut-off answers those it found
             await self._cut_off(scope, receive, send, size)
             return None
+        upload = _Upload.starting(self.body_timeout_s, self.stall_timeout_s)
         try:
             # A client that stalls mid-body would hold its connection and what it sent (up to the cap)
             # for as long as it likes: uvicorn times out idle connections, not slow bodies.
-            async with asyncio.timeout(self.body_timeout_s):
+            async with asyncio.timeout(upload.deadline()) as timeout:
                 while True:
                     message = await self.readers.receive(receive)
                     if message["type"] == "http.disconnect":
                         return None  # the client left before sending its body: there is no one to answer
                     chunk = message.get("body", b"")
+                    if chunk:
+                        timeout.reschedule(upload.deadline())
                     size += len(chunk)
                     if size > limit:
                         too_large = _too_large(f"over {size} bytes", limit)
@@ -301,10 +356,16 @@ class BodyLimitMiddleware:
             await self._cut_off(scope, receive, send, size)
             return None
         except TimeoutError:
-            message_text = (
-                f"the request body did not arrive within {self.body_timeout_s:g} s "
-                f"({size} bytes came; HTMLLM_BODY_TIMEOUT_S)"
-            )
+            if upload.stalled():
+                message_text = (
+                    f"the request body stalled: no byte of it came for {self.stall_timeout_s:g} s "
+                    f"({size} bytes came in all)"
+                )
+            else:
+                message_text = (
+                    f"the request body did not arrive within {self.body_timeout_s:g} s "
+                    f"({size} bytes came; HTMLLM_BODY_TIMEOUT_S)"
+                )
             # The rest of the body may still come: the connection cannot carry another request.
             await self._refuse(
                 scope, receive, send, ErrorCode.BODY_TIMEOUT, message_text, headers={"connection": "close"}
@@ -324,6 +385,24 @@ async def _decode(body: bytes, coding: str, limit: int) -> bytes:
                 raise
             # Past what is worth the loop's time, not past the limit: start again off the loop.
     return await asyncio.to_thread(decode_content, body, coding, limit=limit, limit_name=_LIMIT_NAME)
+
+
+def _without_body(receive: Receive) -> Receive:
+    """`receive` for a request whose body is not read: an empty body, then the connection's messages
+    other than its body (a disconnect), whatever of the body they bring dropped unkept."""
+    given = False
+
+    async def without_body() -> Message:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return message
+
+    return without_body
 
 
 def _plain_scope(scope: Scope, length: int) -> Scope:

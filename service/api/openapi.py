@@ -29,8 +29,8 @@ _DESCRIPTIONS: dict[int, str] = {
     400: "empty input: no documents, or an empty raw body",
     401: "a missing or wrong API key",
     404: "no such resource: a model this server does not run",
-    408: "the body did not arrive within `HTMLLM_BODY_TIMEOUT_S` (or the request line and headers within "
-    "`HTMLLM_HEAD_TIMEOUT_S`, on any route); the connection is closed",
+    408: "the body did not arrive within `HTMLLM_BODY_TIMEOUT_S`, or no byte of it came for 10 s (or the "
+    "request line and headers within `HTMLLM_HEAD_TIMEOUT_S`, on any route); the connection is closed",
     413: "the body, or what a compressed body decodes to, is over `HTMLLM_MAX_BODY_BYTES`; or a JSON "
     "request's body and parsed text alone need more than `HTMLLM_MAX_INFLIGHT_BYTES`",
     415: "a Content-Type or Content-Encoding the service does not take",

@@ -39,8 +39,12 @@ def budget_server(tiny_checkpoint: Path) -> Iterator[LiveServer]:
         retry_after_s=3,
         body_timeout_s=30,
     )
-    with live_server(settings) as live:
-        yield live
+    # The holders stall once they sent their bytes: they hold them for the whole body timeout, not
+    # for the stall window (tests/api/test_inflight_budget.py has that).
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(limits, "STALL_TIMEOUT_S", settings.body_timeout_s)
+        with live_server(settings) as live:
+            yield live
 
 
 def _address(live: LiveServer) -> tuple[str, int]:
@@ -50,18 +54,19 @@ def _address(live: LiveServer) -> tuple[str, int]:
 
 @contextlib.contextmanager
 def holders(live: LiveServer, sizes: list[int]) -> Iterator[list[socket.socket]]:
-    """Connections that each declare a body of the given size and send a few bytes of it: the server
-    charges the declared size at once and holds it until the connection goes."""
+    """Connections that each declare a body of the given size and send all of it but its last byte:
+    the server charges what came (a declared length is never charged) and holds it until the
+    connection goes."""
     sockets = []
     try:
         for size in sizes:
             sock = socket.create_connection(_address(live), timeout=30)
+            sockets.append(sock)
             sock.sendall(
                 b"POST /v1/embed HTTP/1.1\r\nHost: x\r\ncontent-type: text/html\r\n"
-                b"content-length: %d\r\n\r\n<p>held" % size
+                b"content-length: %d\r\n\r\n%s" % (size, b"x" * (size - 1))
             )
-            sockets.append(sock)
-        _wait_for(live, lambda held: held == sum(sizes))
+        _wait_for(live, lambda held: held == sum(sizes) - len(sizes))
         yield sockets
     finally:
         for sock in sockets:
@@ -255,9 +260,10 @@ def test_a_json_body_is_charged_for_its_strings_too(tiny_checkpoint: Path) -> No
 
 def test_a_client_that_stalls_while_its_refused_body_drains_is_answered(tiny_checkpoint: Path) -> None:
     """The drain has the body timeout: past it the client gets its 429 and the connection is closed
-    (returning without an answer made uvicorn send a 500)."""
+    (returning without an answer made uvicorn send a 500). 2 s: the holder, which stalls too, must
+    still hold its bytes when the request comes."""
     settings = tiny_settings(
-        tiny_checkpoint, max_body_bytes=LARGE, max_inflight_bytes=LARGE, body_timeout_s=0.5
+        tiny_checkpoint, max_body_bytes=LARGE, max_inflight_bytes=LARGE, body_timeout_s=2
     )
     with live_server(settings) as live, holders(live, [LARGE // 2]):
         with socket.create_connection(_address(live), timeout=30) as sock:
