@@ -1,12 +1,14 @@
-"""The JSON schema of each `HTMLLM_*` setting's value in the chart's `extraSettings`, derived from the
-service's `Settings`. values.schema.json holds the result (definitions.extraSettings), and
-test_helm_values.py keeps the two equal, as test_helm.py keeps the list of names equal: a value the server
-would refuse at start (pydantic exits 2, every pod in CrashLoopBackOff) then fails `helm install` instead.
+"""The JSON schema of each `HTMLLM_*` setting's value in the chart's `extraSettings` and `extraEnv`,
+derived from the service's `Settings`. values.schema.json holds the result (definitions.extraSettings and
+definitions.extraEnvSetting), and test_helm_values.py keeps them equal, as test_helm.py keeps the list of
+names equal: a value the server would refuse at start (pydantic exits 2, every pod in CrashLoopBackOff)
+then fails `helm install` instead.
 
 A value reaches the server as text (the chart's htmllm.settingValue: a string as given, anything else as
 JSON), which pydantic-settings parses. So each setting takes its YAML type within the field's bounds, or a
 string in a form the service parses; a field type or bound not handled here raises, so a new one gets a
-deliberate schema rather than none. Print the definition's properties to paste into the schema with
+deliberate schema rather than none. An extraEnv entry's `value` is that text itself, so it takes the
+string forms only. Print both definitions' entries to paste into the schema with
 `python -m tests.deploy.setting_schemas`.
 """
 
@@ -90,21 +92,56 @@ def value_schema(name: str, field: FieldInfo) -> Schema:
     raise ValueError(f"{name}: no value schema for {annotation} with the bound {bound}")
 
 
+def _fields() -> dict[str, FieldInfo]:
+    """Each Settings field by its variable's name."""
+    return {f"HTMLLM_{field.upper()}": info for field, info in Settings.model_fields.items()}
+
+
 def value_schemas(names: list[str]) -> dict[str, Schema]:
     """The value schema of each setting in `names` (HTMLLM_* variables), in Settings' field order."""
-    fields = {f"HTMLLM_{field.upper()}": info for field, info in Settings.model_fields.items()}
+    fields = _fields()
     unknown = sorted(set(names) - set(fields))
     if unknown:
         raise ValueError(f"not Settings fields: {unknown}")
     return {name: value_schema(name, info) for name, info in fields.items() if name in names}
 
 
+def env_value_schema(name: str, field: FieldInfo) -> Schema:
+    """What an extraEnv entry named `name` may hold as its `value`: the string forms of its extraSettings
+    value (a variable's value is text, and the API server refuses a number there)."""
+    schema = value_schema(name, field)
+    if "anyOf" in schema:
+        (text,) = [option for option in schema["anyOf"] if option.get("type") == "string"]
+        return dict(text)
+    if "enum" in schema and all(isinstance(choice, str) for choice in schema["enum"]):
+        return schema
+    if schema.get("type") == "string":
+        return schema
+    raise ValueError(f"{name}: no text form of the value schema {schema}")
+
+
+def env_value_rules(names: list[str]) -> list[Schema]:
+    """values.schema.json's definitions.extraEnvSetting.allOf: for each setting in `names`, an extraEnv
+    entry of that name has a `value` in one of the setting's string forms (Settings' field order)."""
+    return [
+        {
+            "if": {"required": ["name"], "properties": {"name": {"const": name}}},
+            "then": {"properties": {"value": env_value_schema(name, field)}},
+        }
+        for name, field in _fields().items()
+        if name in names
+    ]
+
+
 def main() -> None:
-    """Print the properties of values.schema.json's definitions.extraSettings, one setting a line."""
+    """Print values.schema.json's definitions.extraSettings properties, then its definitions.extraEnvSetting
+    allOf entries, one setting a line."""
     schema = json.loads((Path(__file__).resolve().parents[2] / "helm/htmllm/values.schema.json").read_text())
     names = schema["definitions"]["extraSettingName"]["enum"]
     lines = [f"{json.dumps(name)}: {json.dumps(value)}" for name, value in value_schemas(names).items()]
     print(",\n".join(lines))
+    print()
+    print(",\n".join(json.dumps(rule) for rule in env_value_rules(names)))
 
 
 if __name__ == "__main__":

@@ -90,10 +90,11 @@ forward pass: a pass still running when the budget ends has had its documents an
 server exits without waiting for it (service.api.main.end_process).
 */}}
 {{- define "htmllm.terminationGracePeriodSeconds" -}}
-{{- $needed := add (int .Values.lifecycle.preStopSleepSeconds) (int .Values.server.drainTimeoutSeconds) }}
+{{- /* The drain time may have a fraction (7.5), or be a decimal string (`--set` passes 7.5 as one). */}}
+{{- $needed := addf (int .Values.lifecycle.preStopSleepSeconds) (float64 .Values.server.drainTimeoutSeconds) }}
 {{- if kindIs "invalid" .Values.terminationGracePeriodSeconds }}
-{{- add $needed 15 }}
-{{- else if le (int .Values.terminationGracePeriodSeconds) (int $needed) }}
+{{- add (int (ceil $needed)) 15 }}
+{{- else if le (float64 .Values.terminationGracePeriodSeconds) $needed }}
 {{- fail (printf "terminationGracePeriodSeconds (%v) must exceed lifecycle.preStopSleepSeconds + server.drainTimeoutSeconds (%v)" .Values.terminationGracePeriodSeconds $needed) }}
 {{- else }}
 {{- int .Values.terminationGracePeriodSeconds }}
@@ -108,12 +109,14 @@ already say about threads (server.intraOpThreads, HTMLLM_INTRA_OP_THREADS or OMP
 */}}
 {{- define "htmllm.threadsFromRequest" -}}
 {{- $named := false }}
-{{- range .Values.extraEnv }}
+{{- range .Values.extraEnv | default list }}
 {{- if has .name (list "OMP_NUM_THREADS" "HTMLLM_INTRA_OP_THREADS") }}{{ $named = true }}{{ end }}
 {{- end }}
-{{- $limits := .Values.resources.limits | default dict }}
-{{- $requests := .Values.resources.requests | default dict }}
-{{- if and (not .Values.server.intraOpThreads) (not (hasKey .Values.extraSettings "HTMLLM_INTRA_OP_THREADS")) (not $named) (not $limits.cpu) $requests.cpu }}true{{ end }}
+{{- $resources := .Values.resources | default dict }}
+{{- $limits := $resources.limits | default dict }}
+{{- $requests := $resources.requests | default dict }}
+{{- $extraSettings := .Values.extraSettings | default dict }}
+{{- if and (not .Values.server.intraOpThreads) (not (hasKey $extraSettings "HTMLLM_INTRA_OP_THREADS")) (not $named) (not $limits.cpu) $requests.cpu }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -169,22 +172,106 @@ the grace period is derived from. extraSettings and extraEnv may not set these a
 {{- end }}
 
 {{/*
+The ConfigMap's data: the chart's own settings (htmllm.settings: HTMLLM_PORT is the container port the
+probes and the Service use), then extraSettings, which htmllm.validate keeps from setting any of them again.
+*/}}
+{{- define "htmllm.configData" -}}
+{{- $data := include "htmllm.settings" . | fromJson }}
+{{- range $key, $value := .Values.extraSettings | default dict }}
+{{- $_ := set $data $key (include "htmllm.settingValue" $value) }}
+{{- end }}
+{{- toYaml $data }}
+{{- end }}
+
+{{/*
+The ConfigMap's name: the release's, plus the first 10 hex digits of its data's checksum. Different
+settings are a new ConfigMap, and through envFrom a new ReplicaSet, never an edit of the one running pods
+load: a pod of the previous ReplicaSet that restarts (OOM, liveness), is rescheduled (a node drain) or is
+added by the HPA while a rollout is under way, or stuck on settings that crash, starts with the settings
+it was made for. The ConfigMap is immutable: a name stands for one content.
+*/}}
+{{- define "htmllm.configMapName" -}}
+{{- printf "%s-%s" (include "htmllm.fullname" .) (include "htmllm.configData" . | sha256sum | trunc 10) }}
+{{- end }}
+
+{{/*
+The earlier settings' ConfigMaps that pods still load, as a JSON list of the live objects: each one a
+ReplicaSet of this release's Deployment loads while it has pods (replicas above 0), other than this
+release's own. Helm deletes what a release no longer renders as soon as it has applied the new objects,
+long before the rollout has replaced the old pods, whose restarts would then fail
+(CreateContainerConfigError); so each release renders them again, and one goes with the first upgrade
+after its ReplicaSet has scaled to 0 (and all go with the release on uninstall). `lookup` sees no cluster
+under `helm template` and a client-side dry run: there, none. tests/deploy/test_helm_configmap.py replaces
+the two lookups below with fixed objects: keep each a single call.
+*/}}
+{{- define "htmllm.liveConfigMaps" -}}
+{{- $current := include "htmllm.configMapName" . }}
+{{- $deployment := include "htmllm.fullname" . }}
+{{- $names := list }}
+{{- $replicaSets := lookup "apps/v1" "ReplicaSet" .Release.Namespace "" }}
+{{- range $replicaSets.items | default list }}
+{{- $ours := false }}
+{{- range .metadata.ownerReferences | default list }}
+{{- if and (eq .kind "Deployment") (eq .name $deployment) }}{{ $ours = true }}{{ end }}
+{{- end }}
+{{- if and $ours (gt (int (.spec.replicas | default 0)) 0) }}
+{{- range .spec.template.spec.containers }}
+{{- range .envFrom | default list }}
+{{- with .configMapRef }}
+{{- if and (ne .name $current) (not (has .name $names)) }}{{ $names = append $names .name }}{{ end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $live := list }}
+{{- range $name := $names }}
+{{- $configMap := lookup "v1" "ConfigMap" $.Release.Namespace $name }}
+{{- if $configMap }}{{ $live = append $live $configMap }}{{ end }}
+{{- end }}
+{{- toJson $live }}
+{{- end }}
+
+{{/*
+The pods' labels: the chart's, with podLabels added. A selector label (app.kubernetes.io/name, /instance)
+in podLabels is refused (htmllm.validate): the Deployment's selector would no longer match its pods. Any
+other label the chart sets, podLabels may replace (app.kubernetes.io/version, say, for a tag other than
+the appVersion). A dict, so a key is never written twice.
+*/}}
+{{- define "htmllm.podLabels" -}}
+{{- toYaml (merge (deepCopy (.Values.podLabels | default dict)) (include "htmllm.labels" . | fromYaml)) }}
+{{- end }}
+
+{{/*
+The pods' annotations: the Prometheus scrape annotations when metrics.podAnnotations, and podAnnotations,
+which win where both set a key (prometheus.io/scrape "false" pauses scraping). A dict, so a key is never
+written twice (the API server refuses a manifest that does).
+*/}}
+{{- define "htmllm.podAnnotations" -}}
+{{- $annotations := dict }}
+{{- if .Values.metrics.podAnnotations }}
+{{- $annotations = dict "prometheus.io/scrape" "true" "prometheus.io/port" "8000" "prometheus.io/path" "/metrics" }}
+{{- end }}
+{{- with merge (deepCopy (.Values.podAnnotations | default dict)) $annotations }}{{ toYaml . }}{{ end }}
+{{- end }}
+
+{{/*
 The pods' nodeSelector and tolerations: the values', plus the GPU ones when gpu.enabled. The `helm test`
 pod uses them too, so that it runs where the server pods run (the nodes that can pull the image, and on
 GPU values the nodes that already hold the multi-GB CUDA image).
 */}}
 {{- define "htmllm.nodeSelector" -}}
-{{- $nodeSelector := deepCopy .Values.nodeSelector }}
+{{- $nodeSelector := deepCopy (.Values.nodeSelector | default dict) }}
 {{- if .Values.gpu.enabled }}
-{{- $nodeSelector = merge $nodeSelector .Values.gpu.nodeSelector }}
+{{- $nodeSelector = merge $nodeSelector (.Values.gpu.nodeSelector | default dict) }}
 {{- end }}
 {{- with $nodeSelector }}{{ toYaml . }}{{ end }}
 {{- end }}
 
 {{- define "htmllm.tolerations" -}}
-{{- $tolerations := .Values.tolerations }}
+{{- $tolerations := .Values.tolerations | default list }}
 {{- if .Values.gpu.enabled }}
-{{- $tolerations = concat .Values.tolerations .Values.gpu.tolerations }}
+{{- $tolerations = concat $tolerations (.Values.gpu.tolerations | default list) }}
 {{- end }}
 {{- with $tolerations }}{{ toYaml . }}{{ end }}
 {{- end }}
@@ -226,7 +313,8 @@ upgrade and on every later one (never dropping the field again). tests/deploy/te
 {{- if and (eq .Values.model.source "initContainer") (not .Values.model.initContainer.image) }}
 {{- fail "model.source=initContainer needs model.initContainer.image" }}
 {{- end }}
-{{- range $key, $_ := .Values.extraSettings }}
+{{- $extraSettings := .Values.extraSettings | default dict }}
+{{- range $key, $_ := $extraSettings }}
 {{- if not (hasPrefix "HTMLLM_" $key) }}
 {{- fail (printf "extraSettings key %q must start with HTMLLM_" $key) }}
 {{- end }}
@@ -241,16 +329,27 @@ upgrade and on every later one (never dropping the field again). tests/deploy/te
 ConfigMap. HTMLLM_PORT elsewhere than 8000 fails every probe; HTMLLM_DRAIN_TIMEOUT_S above
 server.drainTimeoutSeconds outlives the grace period, so the kubelet kills the drain. */}}
 {{- $managed := include "htmllm.settings" . | fromJson }}
-{{- range $key, $_ := .Values.extraSettings }}
+{{- range $key, $_ := $extraSettings }}
 {{- if hasKey $managed $key }}
 {{- fail (printf "extraSettings.%s: the chart sets %s itself (from server.*, gpu.*, model.*); set it there" $key $key) }}
 {{- end }}
 {{- end }}
-{{- range .Values.extraEnv }}
+{{- range .Values.extraEnv | default list }}
 {{- if or (hasKey $managed .name) (and $.Values.auth.enabled (has .name (list "HTMLLM_API_KEY" "HTMLLM_API_KEY_FILE"))) }}
 {{- fail (printf "extraEnv %s: the chart sets it itself (from server.*, gpu.*, model.*, auth.*); set it there" .name) }}
 {{- end }}
+{{- if hasKey $extraSettings .name }}
+{{- fail (printf "extraEnv %s: extraSettings.%s sets it too, and the env entry would silently win; set it in one of them" .name .name) }}
 {{- end }}
+{{- end }}
+{{- /* Rendered, linted and refused only by the API server, at apply. */}}
+{{- $selector := include "htmllm.selectorLabels" . | fromYaml }}
+{{- range $key, $_ := .Values.podLabels | default dict }}
+{{- if hasKey $selector $key }}
+{{- fail (printf "podLabels.%s: the chart sets this selector label itself (%s); another value would leave the Deployment's selector matching none of its pods" $key (get $selector $key)) }}
+{{- end }}
+{{- end }}
+{{- include "htmllm.validateModelMount" . }}
 {{- /* 0, "0" and "0%" are all none: the schema admits a count or a percentage for either field. */}}
 {{- $rollout := .Values.rollingUpdate }}
 {{- $zero := list "0" "0%" }}
@@ -263,6 +362,23 @@ server.drainTimeoutSeconds outlives the grace period, so the kubelet kills the d
 {{- fail (printf "autoscaling.minReplicas (%v) must not exceed autoscaling.maxReplicas (%v)" $scaling.minReplicas $scaling.maxReplicas) }}
 {{- end }}
 {{- include "htmllm.validateEngine" . }}
+{{- end }}
+
+{{/*
+The model volume's mount path against the pod's own mounts: the same path twice is refused by the API
+server at apply, and a parent of one ("/", "/dev") would hide it (the init container mounts /tmp too).
+*/}}
+{{- define "htmllm.validateModelMount" -}}
+{{- if ne .Values.model.source "bundled" }}
+{{- $mount := clean .Values.model.mountPath }}
+{{- $own := list "/tmp" "/dev/shm" }}
+{{- if .Values.auth.enabled }}{{ $own = append $own (include "htmllm.apiKeyDir" .) }}{{ end }}
+{{- range $own }}
+{{- if or (eq . $mount) (hasPrefix (printf "%s/" (trimSuffix "/" $mount)) .) }}
+{{- fail (printf "model.mountPath %s: the pod mounts %s itself (%s); choose a directory of its own, such as /models" $.Values.model.mountPath . (ternary "the API key Secret" "an emptyDir" (eq . (include "htmllm.apiKeyDir" $)))) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
