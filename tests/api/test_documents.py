@@ -141,3 +141,9 @@ def test_validation_errors_do_not_echo_the_body() -> None:
     assert caught.value.code is ErrorCode.VALIDATION
     assert "Extra inputs are not permitted" in caught.value.message
     assert len(caught.value.message) < 500
+
+
+def test_a_key_given_twice_takes_its_last_value_as_documented() -> None:
+    """docs/service.md says which of two values of one key is read (RFC 8259 leaves it to the parser)."""
+    body = b'{"documents": [{"html": "<p>one</p>", "id": "a", "html": "<p>two</p>"}], "normalize": true}'
+    assert parse_json(EmbedRequest, body).documents[0].html == "<p>two</p>"
