@@ -255,6 +255,13 @@ class ExtractRequest(_Strict):
     min_words: JsonInt = Field(
         50, ge=0, description="the filter: an output passes with at least this many words, and one at least"
     )
+    language: str | None = Field(
+        None,
+        max_length=64,
+        description="jusText's language for every page (ISO 639-1, e.g. de; en-US is en), instead of "
+        "detecting each page's: one jusText has a stoplist for or the detector knows, else 422",
+        examples=["de"],
+    )
 
 
 class ExtractionOut(BaseModel):

@@ -169,6 +169,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--timeout-s", type=float, default=5.0, help="time limit per extractor and page, in seconds"
     )
     parser.add_argument(
+        "--language",
+        default=None,
+        help="jusText's language for every page (ISO 639-1, e.g. de), instead of detecting each page's",
+    )
+    parser.add_argument(
         "--workers",
         type=at_least(1),
         default=None,
@@ -221,7 +226,13 @@ def _process(index: int, page: Page, args: argparse.Namespace, pool: ExtractorPo
     order: str | list[str] = "random" if args.order == "random" else args.order.split(",")
     try:
         if args.extractor == "all":
-            results = extract_all(page.html, timeout_s=args.timeout_s, min_words=args.min_words, runner=pool)
+            results = extract_all(
+                page.html,
+                timeout_s=args.timeout_s,
+                min_words=args.min_words,
+                language=args.language,
+                runner=pool,
+            )
             row["extractions"] = {
                 name: {"error": _error_json(r)}
                 if isinstance(r, ExtractionError)
@@ -236,6 +247,7 @@ def _process(index: int, page: Page, args: argparse.Namespace, pool: ExtractorPo
                 min_words=args.min_words,
                 order=order,
                 seed=args.seed,
+                language=args.language,
                 runner=pool,
             )
             row.update(_extraction_json(result, page))
@@ -369,6 +381,8 @@ def _settings(args: argparse.Namespace, parts: Path) -> dict[str, Any]:
         settings["order"] = args.order
         if args.order == "random":
             settings["seed"] = args.seed
+    if args.language is not None:
+        settings["language"] = args.language
     return settings
 
 
@@ -598,7 +612,12 @@ def _summary(args: argparse.Namespace, pages: int, errors: int, passed: int) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    from service.core.extract import ExtractionOptionsError, default_workers, resolve_order
+    from service.core.extract import (
+        ExtractionOptionsError,
+        default_workers,
+        normalize_language,
+        resolve_order,
+    )
     from service.core.pages import iter_pages
 
     # --limit, --workers, --part-size and --memory-limit-mb are bounded by their types (`at_least`), as
@@ -610,6 +629,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.extractor == "union":
             resolve_order("random" if args.order == "random" else args.order.split(","))
+        args.language = normalize_language(args.language)  # "EN" is "en"; "xx" is a usage error
     except ExtractionOptionsError as exc:
         print(f"htmllm extract: {exc}", file=sys.stderr)
         return 2

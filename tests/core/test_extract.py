@@ -898,6 +898,7 @@ def test_an_extraction_past_the_memory_limit_fails_typed_and_the_worker_goes_on(
         # Wherever the limit strikes, in the extractor or while the worker takes the 3 MB page in, the
         # worker reports it and serves on (taking the page in, it used to die: "worker died").
         assert failed.value.message.startswith("resiliparse failed: MemoryError"), failed.value.message
+        assert "likely the extractor processes' memory limit" in failed.value.message  # it said nothing
         assert extract(table_page(), "resiliparse", runner=limited).passed
         assert [kept.process.pid for kept in limited._idle] == [worker]  # the same process
 

@@ -159,10 +159,12 @@ def test_a_run_without_a_letter_or_digit_is_no_word(junk: str) -> None:
 
 
 def test_unreadable_characters_are_replacement_controls_and_invisible_format_characters() -> None:
-    text = "a\ufffd\x00\t \u200b\xad\U000e0041 \u200c\u200d\u0600 é"
-    # U+FFFD, NUL, ZWSP, the soft hyphen and a tag; not the tab, the joiners or the Arabic number sign.
-    assert text_counts(text) == (2, 5, 0)
-    assert unreadable_chars(text) == 5
+    text = "a\ufffd\x00\t \u200b\xad\U000e0041 \u200c\u200d\u0600 é\x81\x9f"
+    # U+FFFD, NUL, ZWSP, the soft hyphen, a tag and two C1 controls; not the tab, the joiners or the
+    # Arabic number sign.
+    assert text_counts(text)[:3] == (2, 7, 0)
+    assert unreadable_chars(text) == 7
+    assert unreadable_chars("\x7f\xa0\x80") == 1  # DEL and NBSP are no C1 controls
     assert all(unicodedata.category(chr(c)) == "Cf" for c in KEPT_FORMAT)
 
 

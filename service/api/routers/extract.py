@@ -39,7 +39,7 @@ from service.api.schemas import (
 )
 from service.api.timing import milliseconds
 from service.core.errors import ErrorCode, HtmllmError
-from service.core.extract import ExtractionError, ExtractorPool, extract
+from service.core.extract import ExtractionError, ExtractorPool, extract, normalize_language
 from service.engine import DeadlineExceededError, Document
 
 router = APIRouter(tags=["extract"], dependencies=[Depends(require_api_key)], responses=MODEL_ROUTE_ERRORS)
@@ -50,6 +50,7 @@ def _extract_one(
     extractor: str,
     *,
     min_words: int,
+    language: str | None,
     timeout_s: float,
     pool: ExtractorPool,
     metrics: ServiceMetrics,
@@ -61,6 +62,7 @@ def _extract_one(
             encoding=doc.encoding,
             timeout_s=timeout_s,
             min_words=min_words,
+            language=language,
             runner=pool,
         )
     except ExtractionError as exc:
@@ -129,7 +131,9 @@ async def _settle(
             wrapped.cancel()  # a queued job's thread future with it (`wrap_future` passes the cancel on)
 
 
-def _raw_request(extractors: list[ExtractorName] | None, min_words: int | None) -> ExtractRequest:
+def _raw_request(
+    extractors: list[ExtractorName] | None, min_words: int | None, language: str | None
+) -> ExtractRequest:
     """A raw body's query options as the JSON body's fields: the same defaults and the same limits.
 
     `min_words=0` is an option like any other (an `or` default turned it into 50), and too many
@@ -140,6 +144,8 @@ def _raw_request(extractors: list[ExtractorName] | None, min_words: int | None) 
         fields["extractors"] = extractors
     if min_words is not None:
         fields["min_words"] = min_words
+    if language is not None:
+        fields["language"] = language
     try:
         return ExtractRequest.model_validate(fields)
     except ValidationError as exc:
@@ -165,14 +171,19 @@ async def extract_text(
         ),
     ] = None,
     min_words: Annotated[int | None, Query(ge=0, description="raw body only (default 50)")] = None,
+    language: Annotated[
+        str | None, Query(max_length=64, description="raw body only (default: detected per page)")
+    ] = None,
 ) -> Response:
     """A JSON body of documents, or one raw page with its options in the query string."""
     if runtime.stopping:
         raise HtmllmError("the server is shutting down", code=ErrorCode.SHUTTING_DOWN)
-    options = {"id": id, "extractors": extractors, "min_words": min_words}
+    options = {"id": id, "extractors": extractors, "min_words": min_words, "language": language}
     parsed, raw = await read_body(request, ExtractRequest, raw_options=options)
     if parsed is None:
-        parsed = _raw_request(extractors, min_words)
+        parsed = _raw_request(extractors, min_words, language)
+    # Checked here, for the whole request: in an extraction it would be each entry's failure in a 200.
+    justext_language = normalize_language(parsed.language)  # ExtractionOptionsError: a typed 422
     repeated = sorted({name for name in parsed.extractors if parsed.extractors.count(name) > 1})
     if repeated:  # the same work twice, and twice the backlog it holds
         raise HtmllmError(f"extractors repeats {repeated}: name each once", code=ErrorCode.VALIDATION)
@@ -186,6 +197,7 @@ async def extract_text(
             doc,
             name,
             min_words=parsed.min_words,
+            language=justext_language,
             timeout_s=timeout_s,
             pool=pool,
             metrics=runtime.metrics,

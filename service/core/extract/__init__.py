@@ -8,8 +8,8 @@ raises yield at equal quality. This package serves that as one interface:
 - `extract(html, "union")`: the first extractor, in a preference order (default resiliparse ->
   trafilatura -> jusText, or `order="random"`, seeded, as in the paper), whose output passes the filter
   (at least `min_words` words and never none, at most `MAX_UNREADABLE_SHARE` of its characters U+FFFD,
-  control or invisible format characters, and, when a `scorer` is given, a finite score of at least
-  `min_score`);
+  control or invisible format characters, no sign of a page read with the wrong single-byte codec
+  (`misread_codec`), and, when a `scorer` is given, a finite score of at least `min_score`);
 - `extract_all(html)`: every extractor's output (or its error).
 
 Bytes are decoded with `service.core.decoding.decode_html`, exactly as the pruner decodes them. A page
@@ -42,10 +42,12 @@ from service.core.errors import ErrorCode
 from service.core.extract.extractors import (
     EXTRACTORS,
     JUSTEXT,
+    JUSTEXT_STOPLISTS,
     RESILIPARSE,
     TRAFILATURA,
     RawOutput,
     detect_language,
+    known_languages,
     stoplist_name,
 )
 from service.core.extract.limits import LIMITS, ExtractorLimits, PageShape, PageTooComplexError, check_page
@@ -59,7 +61,7 @@ from service.core.extract.pool import (
     default_pool,
     default_workers,
 )
-from service.core.extract.word_count import count_words, text_counts
+from service.core.extract.word_count import TextCounts, count_words, text_counts
 
 # What a page's texts depend on beyond the extractor libraries' versions: bumped whenever our own code
 # gives other texts or verdicts for the same page and libraries (normalisation, thresholds, word counting),
@@ -70,7 +72,11 @@ from service.core.extract.word_count import count_words, text_counts
 # 7: pages decoded as prune version 10 decodes them (`decode_html`: an undeclared legacy encoding read from
 #    its non-ASCII bytes in context, undeclared ISO-2022-JP, a declared UTF-16 over UTF-8 bytes with a
 #    stray NUL ignored; prune version 9's decoding changes had not been counted here).
-EXTRACTION_VERSION: Final = "7"
+# 8: jusText's language detected on the page's main text (its visible text when that is short) and a
+#    detection ranked past 600 none; C1 controls unreadable and text read with the wrong single-byte codec
+#    failing the filter (`misread_codec`); trafilatura and jusText see characters XML cannot hold as a
+#    space or U+FFFD (`normalize.xml_compatible`).
+EXTRACTION_VERSION: Final = "8"
 
 __all__ = [
     "ALL",
@@ -81,7 +87,10 @@ __all__ = [
     "EXTRACTORS",
     "JUSTEXT",
     "LIMITS",
+    "MAX_LATIN_RUN_SHARE",
     "MAX_UNREADABLE_SHARE",
+    "MAX_UTF8_MISREAD_SHARE",
+    "MISREAD_MIN_CHARS",
     "RANDOM",
     "RESILIPARSE",
     "TRAFILATURA",
@@ -105,6 +114,8 @@ __all__ = [
     "detect_language",
     "extract",
     "extract_all",
+    "misread_codec",
+    "normalize_language",
     "resolve_order",
     "stoplist_name",
     "unreadable_chars",
@@ -118,13 +129,27 @@ DEFAULT_MIN_WORDS: Final = 50
 # Per extractor. On the shared 2-core machine the slowest corpus page takes jusText 3.3 s (trafilatura
 # 1.0 s, resiliparse 0.1 s): five seconds keeps every real page and still bounds a pathological one.
 DEFAULT_TIMEOUT_S: Final = 5.0
-# The share of an output's characters that may be U+FFFD, C0 control characters (other than whitespace)
-# or invisible format characters for it to pass the filter. Text like that comes from binary input or a
-# page read with the wrong codec (random bytes read as cp1252: 10-11%; a windows-1251 page read as the
-# UTF-8 its wrong <meta> names: over 90%), and the word count alone let it pass. The most any corpus
-# output holds is 0.2% (p0306, resiliparse: 25 of 12,000 characters); every other output of the 1,033
-# pages has none.
+# The share of an output's characters that may be U+FFFD, control characters (C0 other than whitespace,
+# and C1) or invisible format characters for it to pass the filter. Text like that comes from binary
+# input or a page read with the wrong codec (random bytes read as cp1252: 10-11%; a windows-1251 page
+# read as the UTF-8 its wrong <meta> names: over 90%; a Shift_JIS page read as windows-1254: 9% C1
+# controls, which passed before they were counted), and the word count alone let it pass. The most any
+# corpus output holds is 0.2% (p0306, resiliparse: 25 of 12,000 characters); every other output of the
+# 1,033 pages has none but one C1 control (p0364).
 MAX_UNREADABLE_SHARE: Final = 0.05
+# A UTF-8 page read with a single-byte codec ("ÐŸÑ€Ð¸Ð²ÐµÑ‚" for "Привет", "StraÃŸe" for "Straße"): the
+# share of an output's non-ASCII characters that form UTF-8 sequences when written back as the bytes they
+# were read from (`mojibake`), over this and at least `MISREAD_MIN_CHARS` of them, fails the filter. Such
+# a page has all of them in sequences; the most a corpus output has is 36% (p0741, trafilatura: "É®",
+# 4 of 11 characters) and 14% (p0213, which does hold some double-encoded text); no other page's over 4%.
+MAX_UTF8_MISREAD_SHARE: Final = 0.5
+# A page in another script read as Latin-1 ("Ïðèâåò" for windows-1251 "Привет"): the share of an
+# output's letters and digits in runs of three or more Latin-1 letters (`mojibake`), over this and at
+# least `MISREAD_MIN_CHARS`, fails the filter. Such a page has nearly all of them in runs (a word of its
+# script is one); no language writes such runs but as emphasis, and the most a corpus output has is
+# 0.2% (p0734: "ööööööööö").
+MAX_LATIN_RUN_SHARE: Final = 0.2
+MISREAD_MIN_CHARS: Final = 20
 # A language as a caller may give it ("de", "DE", "pt-BR", "zh_Hans"): its primary subtag is the code.
 _LANGUAGE_TAG: Final = re.compile(r"([a-z]{2,3})(?:[-_][a-z0-9]{1,8})*")
 
@@ -234,11 +259,15 @@ def _check_options(timeout_s: Timeouts, min_words: int, min_score: float, langua
         raise ExtractionOptionsError(f"min_words must be a finite number >= 0, got {min_words!r}")
     if not _is_number(min_score) or math.isnan(min_score):
         raise ExtractionOptionsError(f"min_score must be a number, got {min_score!r}")
-    return _normalize_language(language)
+    return normalize_language(language)
 
 
-def _normalize_language(language: str | None) -> str | None:
-    """The ISO 639 code of a language option, lower case ("EN", "en-US" -> "en"); None to detect it."""
+def normalize_language(language: str | None) -> str | None:
+    """The ISO 639-1 code of a language option, lower case ("EN", "en-US" -> "en"); None to detect it.
+
+    `ExtractionOptionsError` for one that is no such code, or a code neither jusText has a stoplist for
+    nor the detector knows (`known_languages`): "xx" or "ger" ran jusText without a stoplist, silently.
+    """
     if language is None:
         return None
     tag = _LANGUAGE_TAG.fullmatch(language.strip().lower()) if isinstance(language, str) else None
@@ -246,7 +275,15 @@ def _normalize_language(language: str | None) -> str | None:
         raise ExtractionOptionsError(
             f"language must be an ISO 639-1 code such as 'de' (or None to detect it), got {language!r}"
         )
-    return tag.group(1)
+    code = tag.group(1)
+    if code not in known_languages():
+        with_stoplist = ", ".join(sorted(JUSTEXT_STOPLISTS))
+        without = ", ".join(sorted(known_languages() - JUSTEXT_STOPLISTS.keys()))
+        raise ExtractionOptionsError(
+            f"language {language!r} is not one jusText has a stoplist for ({with_stoplist}) nor one the "
+            f"language detector knows, which run without a stoplist ({without})"
+        )
+    return code
 
 
 def _decode(html: str | bytes, encoding: str | None) -> tuple[str, str]:
@@ -264,14 +301,13 @@ class _Filter:
     scorer: QualityScorer | None
     min_score: float
 
-    def judge(
-        self, name: str, text: str, words: int, unreadable: int
-    ) -> tuple[bool, float | None, str | None]:
+    def judge(self, name: str, text: str, counts: TextCounts) -> tuple[bool, float | None, str | None]:
         """(passed, score, why it failed); the scorer runs only on outputs that pass otherwise.
 
         A scorer that raises (or returns no number) raises `ExtractionError`: the attempt fails as an
         extractor's failure does, and the union goes on to the next extractor.
         """
+        words, unreadable = counts.words, counts.unreadable
         if words == 0:
             # Whatever min_words says: with min_words=0, an empty output passed (0 >= 0) and the union
             # stopped at an extractor that found nothing, before one that found the text.
@@ -286,6 +322,9 @@ class _Filter:
                 f"characters (over {MAX_UNREADABLE_SHARE:.0%}): binary input, or a page read with the "
                 "wrong encoding",
             )
+        misread = misread_codec(counts)
+        if misread is not None:
+            return False, None, misread
         if self.scorer is None:
             return True, None, None
         try:
@@ -301,8 +340,28 @@ class _Filter:
         return True, score, None
 
 
+def misread_codec(counts: TextCounts) -> str | None:
+    """Why a text's counts say its page was read with the wrong single-byte codec, or None."""
+    if (
+        counts.utf8_misread >= MISREAD_MIN_CHARS
+        and counts.utf8_misread > MAX_UTF8_MISREAD_SHARE * counts.non_ascii
+    ):
+        return (
+            f"{counts.utf8_misread} of its {counts.non_ascii} non-ASCII characters are UTF-8 read one byte a "
+            f"character (over {MAX_UTF8_MISREAD_SHARE:.0%}; 'Ã©' for 'é'): a UTF-8 page read with the wrong "
+            "encoding"
+        )
+    if counts.latin_runs >= MISREAD_MIN_CHARS and counts.latin_runs > MAX_LATIN_RUN_SHARE * counts.alnum:
+        return (
+            f"{counts.latin_runs} of its {counts.alnum} letters and digits are in runs of Latin-1 letters no "
+            f"language writes (over {MAX_LATIN_RUN_SHARE:.0%}; 'Ïðèâåò' for 'Привет'): a page in another "
+            "script read with the wrong encoding"
+        )
+    return None
+
+
 def unreadable_chars(text: str) -> int:
-    """How many of `text`'s characters are U+FFFD, C0 control characters other than whitespace, or
+    """How many of `text`'s characters are U+FFFD, control characters (C0 other than whitespace, C1), or
     invisible format characters (`normalize.INVISIBLE_FORMAT`)."""
     return text_counts(text).unreadable
 
@@ -323,8 +382,9 @@ def _attempt(
         # A page over the extractor's structural limits is refused here, before any worker sees it.
         check_page(name, shape)
         out = runner.run(name, text, language=language, timeout_s=_timeout_for(timeout_s, name))
-        words, unreadable, _ = text_counts(out.text)
-        passed, score, reason = flt.judge(name, out.text, words, unreadable)
+        counts = text_counts(out.text)
+        words = counts.words
+        passed, score, reason = flt.judge(name, out.text, counts)
     except ExtractionError as exc:
         elapsed = time.perf_counter() - started
         attempt = Attempt(
@@ -352,12 +412,13 @@ def extract(
     """Extract a page's text with one extractor or with the union.
 
     `encoding` is the HTTP-declared charset, if any. `timeout_s` bounds each extractor separately: a
-    number for all, or a mapping per name; None means no bound (trusted input only). `language`
-    (ISO 639-1; "EN" and "en-US" are "en") skips jusText's detection. `runner` defaults to the shared
-    process pool. A single extractor's failure raises `ExtractionError` (`ExtractionTimeoutError` past
-    the limit); the union raises only when every extractor failed. `ExtractorLostError` when the
-    process running an extractor was killed from outside in each try: the page is to be tried again
-    later, as a whole (the union does not take the next extractor's text for it).
+    number for all, or a mapping per name; None means no bound (trusted input only). `language` (ISO
+    639-1; "EN" and "en-US" are "en"; `normalize_language`) skips jusText's detection. `runner` defaults
+    to the shared process pool. A single extractor's failure raises `ExtractionError`
+    (`ExtractionTimeoutError` past the limit); the union raises only when every extractor failed.
+    `ExtractorLostError` when the process running an extractor was killed from outside in each try: the
+    page is to be tried again later, as a whole (the union does not take the next extractor's text for
+    it).
     """
     started = time.perf_counter()
     if extractor == ALL:

@@ -9,6 +9,7 @@ extractor: the page is run again in a fresh worker (`LOST_WORKER_RETRIES`), then
 
 from __future__ import annotations
 
+import signal
 import threading
 from multiprocessing.context import BaseContext
 from typing import Final, Protocol
@@ -16,7 +17,14 @@ from typing import Final, Protocol
 from service.core.cpus import cpu_budget
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.extract.extractors import RawOutput, run_extractor
-from service.core.workers import JobError, WorkerError, WorkerLostError, WorkerPool, WorkerTimeoutError
+from service.core.workers import (
+    JobError,
+    WorkerDiedError,
+    WorkerError,
+    WorkerLostError,
+    WorkerPool,
+    WorkerTimeoutError,
+)
 
 _PRELOAD: Final = (
     "service.core.extract.extractors",
@@ -29,6 +37,9 @@ _PRELOAD: Final = (
 # times before `ExtractorLostError`, as served preprocessing does (`LOST_PROCESS_RETRIES`): one OOM kill
 # under a burst of big pages should neither fail a request nor change which extractor the union picks.
 LOST_WORKER_RETRIES: Final = 2
+# How an extractor's process ends when an allocation fails in native code: Rust aborts (resiliparse),
+# and C code that does not check for NULL segfaults.
+_OUT_OF_MEMORY_EXITS: Final = frozenset({-signal.SIGABRT, -signal.SIGSEGV})
 
 
 def default_workers() -> int:
@@ -106,16 +117,47 @@ class ExtractorPool(WorkerPool):
         except WorkerTimeoutError as exc:
             raise ExtractionTimeoutError(f"{name} {exc.message}") from exc
         except JobError as exc:
-            raise ExtractionError(f"{name} failed: {exc.message}") from exc
+            hint = self._memory_hint(exc.type_name, exc.message)
+            raise ExtractionError(f"{name} failed: {exc.message}{hint}") from exc
         except WorkerLostError as exc:  # before WorkerError, its base: not the extractor's failure
             raise ExtractorLostError(
                 f"{name} did not run on this page: {exc.message}; try it again later"
             ) from exc
+        except WorkerDiedError as exc:
+            hint = self._memory_hint("", "", exit_code=exc.exit_code)
+            raise ExtractionError(f"{name}: {exc.message}{hint}") from exc
         except WorkerError as exc:
             raise ExtractionError(f"{name}: {exc.message}") from exc
         except Exception as exc:
-            raise ExtractionError(f"{name} failed: {type(exc).__name__}: {str(exc)[:500]}") from exc
+            message = str(exc)[:500]
+            hint = self._memory_hint(type(exc).__name__, message, module=type(exc).__module__)
+            raise ExtractionError(f"{name} failed: {type(exc).__name__}: {message}{hint}") from exc
         return output
+
+    def _memory_hint(
+        self, type_name: str, message: str, *, module: str = "", exit_code: int | None = None
+    ) -> str:
+        """What to add to a failure's message when it is what an extractor does past the workers' memory
+        limit (`memory_limit_bytes`), or "": the error itself rarely says so.
+
+        Measured past a 200 MiB limit on pages of 14-15 MB: trafilatura raised `MemoryError` (with no
+        message) or lxml's `XPathEvalError: unknown error`, and resiliparse (also jusText's language
+        detection) aborted in Rust ("memory allocation of 9437184 bytes failed": exit code -6). A
+        failure of that kind without a limit, or any other with one, is left as it is.
+        """
+        if self.memory_limit_bytes is None:
+            return ""
+        out_of_memory = (
+            type_name == "MemoryError"
+            or exit_code in _OUT_OF_MEMORY_EXITS
+            or (module.startswith("lxml") and (message == "unknown error" or "memory" in message.lower()))
+        )
+        if not out_of_memory:
+            return ""
+        return (
+            f" (likely the extractor processes' memory limit, {self.memory_limit_bytes / 2**20:g} MiB: the "
+            "page needs more)"
+        )
 
 
 _default_pool: ExtractorPool | None = None

@@ -22,9 +22,13 @@ scripts, the words are those of the scripts plus the runs of other word characte
 the scripts' letters and their separators; a text without one is counted by whitespace alone.
 
 The unreadable characters are U+FFFD (what undecodable bytes and lone surrogates become), the C0
-controls that are not whitespace, and the invisible format characters (`normalize.INVISIBLE_FORMAT`,
-which every extractor's output is cleared of already): text made of them comes from binary input or a
-page read with the wrong codec, not from a page's prose.
+controls that are not whitespace, the C1 controls (U+0080-U+009F: what a single-byte codec that leaves
+those bytes undefined makes of them, as windows-1252 does of five and Latin-1 of all 32; a Shift_JIS
+page read as windows-1254 is 9% C1 controls, and none is in a corpus output but one character of
+p0364), and the invisible format characters (`normalize.INVISIBLE_FORMAT`, which every extractor's
+output is cleared of already): text made of them comes from binary input or a page read with the wrong
+codec, not from a page's prose. The same pass counts the non-ASCII characters and the signs of a page
+read with the wrong single-byte codec (`mojibake`), and the letters and digits they are shares of.
 
 The counts run in the server process on every extractor's output, which can be as long as the page.
 Counted with `str.split()` and `re.findall` they built one Python string per word or per character: a
@@ -43,6 +47,7 @@ from typing import Final, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from service.core.extract.mojibake import chunk_counts
 from service.core.extract.normalize import ASSIGNED_BOUND, PLANE_14, is_invisible_format
 
 # Han ideographs (with extensions and compatibility forms), Hiragana and Katakana (with the half-width
@@ -104,7 +109,8 @@ def _flags_of(code_point: int) -> int:
         flags |= _ALNUM
     if char.isspace():
         flags |= _SPACE
-    if code_point == 0xFFFD or (code_point < 0x20 and not char.isspace()) or is_invisible_format(code_point):
+    control = (code_point < 0x20 and not char.isspace()) or 0x80 <= code_point <= 0x9F  # C0 and C1
+    if code_point == 0xFFFD or control or is_invisible_format(code_point):
         flags |= _UNREADABLE
     return flags
 
@@ -171,16 +177,21 @@ class _Runs:
 
 class TextCounts(NamedTuple):
     words: int
-    unreadable: int  # U+FFFD, C0 controls other than whitespace, and invisible format characters
+    unreadable: int  # U+FFFD, C0 controls other than whitespace, C1 controls, invisible format characters
     unspaced: int  # of the words, those counted from the letters of `UNSPACED_SCRIPTS`
+    alnum: int  # letters and digits (Unicode L* and N*)
+    non_ascii: int
+    utf8_misread: int  # characters of UTF-8 sequences read one byte a character (`mojibake`)
+    latin_runs: int  # characters of runs of 3+ Latin-1 letters (`mojibake`)
 
 
 def text_counts(text: str) -> TextCounts:
-    """The words of `text` (see the module docstring) and its unreadable characters, in one pass."""
+    """The words of `text` (see the module docstring), its unreadable characters and the other counts of
+    `TextCounts`, in one pass."""
     spaced = _Runs()  # words when the text has no unspaced letter
     others = _Runs()  # runs of word characters between spaces, unspaced letters and separators
     letters = np.zeros(_SCRIPTS, dtype=np.int64)  # unspaced letters per script
-    unreadable = 0
+    unreadable = alnum_count = non_ascii = utf8_misread = latin_runs = 0
     for start in range(0, len(text), _CHUNK):
         points = _code_points(text[start : start + _CHUNK])
         table = _table(_UNICODE) if points.dtype == np.uint32 and points.max() >= _BMP else _table(_BMP)
@@ -201,14 +212,21 @@ def text_counts(text: str) -> TextCounts:
                 letters += np.bincount(flags[scripted] >> _SCRIPT_SHIFT, minlength=_SCRIPTS)
             letters[0] += in_chunk - in_scripts
         unreadable += int(np.count_nonzero(flags & _UNREADABLE))
+        alnum_count += int(np.count_nonzero(alnum))
+        if points.dtype == np.uint32:  # an ASCII chunk has none of the rest
+            misread = chunk_counts(points)
+            non_ascii += misread.non_ascii
+            utf8_misread += misread.utf8
+            latin_runs += misread.latin_runs
+    rest = (alnum_count, non_ascii, utf8_misread, latin_runs)
     if not letters.any():
-        return TextCounts(spaced.count, unreadable, 0)
+        return TextCounts(spaced.count, unreadable, 0, *rest)
     # Each script's letters over its average word length, rounded up: one letter is one word.
     unspaced = sum(
         -(-int(count) * 10 // script.letters_per_10_words)
         for count, script in zip(letters, UNSPACED_SCRIPTS, strict=False)
     )
-    return TextCounts(unspaced + others.count, unreadable, unspaced)
+    return TextCounts(unspaced + others.count, unreadable, unspaced, *rest)
 
 
 def count_words(text: str) -> int:
