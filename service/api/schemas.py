@@ -277,7 +277,7 @@ class ExtractionOut(BaseModel):
     reason: str | None = Field(
         default=None,
         description="why the output failed the quality filter (too few words, too many U+FFFD or control "
-        "characters); null when it passed or none ran",
+        "characters, text of a page read with the wrong codec); null when it passed or none ran",
     )
     error: ErrorDetail | None = None
 
