@@ -22,6 +22,13 @@ crawler); that cost is the same in both modes. One process of clients posts at m
 pages a second (against a server that does nothing, on the 2-core VM: 327 docs/s, p99 510 ms; two
 processes: 549 docs/s, p99 360 ms), so where the server is faster than that (a GPU) the figures would
 be the client's: `--client-processes N` spreads the clients over N processes that share one window.
+
+A mode whose server exits under the load, or whose final /metrics scrape fails, is a failed mode: its
+server-side figures read n/a (from an empty scrape they had read as a batch of nan, -388 ms of garbage
+collection and 8530 CPU ms a request), the ratio is "not comparable", and the exit status is 1. `--json`
+writes null where a figure is not known (never NaN, which strict JSON parsers refuse). Options that
+cannot work (`--limit 0`, a `--corpus` with no pages) are refused in one line, exit 2, before a server
+starts.
 """
 
 from __future__ import annotations
@@ -42,10 +49,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import httpx
 
@@ -54,7 +63,8 @@ sys.path.insert(0, str(ROOT))
 
 from loadtests.procfs import own_cpu_seconds  # noqa: E402
 from service.api.settings import default_model_path  # noqa: E402
-from service.core.pages import iter_pages  # noqa: E402
+from service.commands.options import at_least  # noqa: E402
+from service.core.pages import PageSourceError, iter_pages  # noqa: E402
 from service.core.quantization import NO_QUANTIZATION, QUANTIZATION_CHOICES  # noqa: E402
 from service.engine.collector import prepare_for_serving  # noqa: E402
 
@@ -67,6 +77,9 @@ class ModeResult:
     seconds: float
     latencies: list[float]
     server: dict[str, float]
+    # Why the mode's figures are not the server's (it exited under the load, or its final /metrics
+    # scrape failed), or None. A failed mode's server figures are empty and its ratio is not comparable.
+    failure: str | None = None
 
     @property
     def docs_per_s(self) -> float:
@@ -329,6 +342,28 @@ def embed_requests(metrics: str) -> float:
     return sum(float(n) for labels, n in found if 'route="/v1/embed"' in labels)
 
 
+def scrape(url: str) -> str | None:
+    """The server's /metrics, or None when it does not answer (the server died under the load)."""
+    try:
+        response = httpx.get(f"{url}/metrics", timeout=30)
+    except httpx.TransportError:
+        return None
+    return response.text if response.status_code == 200 else None
+
+
+def server_figures(
+    metrics_before: str, metrics: str, loop: tuple[float, float], cpu: tuple[float, float]
+) -> dict[str, float]:
+    """The server-side figures over the load, from /metrics scrapes before and after it and the CPU
+    seconds (before, after) of the event-loop thread and of the whole process."""
+    server = server_breakdown(metrics)
+    requests = max(embed_requests(metrics) - embed_requests(metrics_before), 1.0)
+    server["loop_ms_per_request"] = (loop[1] - loop[0]) * 1000 / requests
+    server["cpu_ms_per_request"] = (cpu[1] - cpu[0]) * 1000 / requests
+    server.update(gc_over_load(metrics_before, metrics))
+    return server
+
+
 def run_mode(
     name: str, model: Path, env: dict[str, str], pages: list[bytes], args: argparse.Namespace, logs: Path
 ) -> ModeResult:
@@ -339,31 +374,51 @@ def run_mode(
     that of the whole server process (the loop, the batcher's and runner's threads; not its child
     processes). The loop's share bounds a fast device: at 3 ms a request, no model serves more than
     about 330 requests a second through one loop.
+
+    A server that exited during the load, or whose final scrape failed, makes a failed mode (`failure`)
+    with no server figures: from an empty scrape, every count read as 0, the differences went negative,
+    and the CPU of a dead process was divided by one request.
     """
     proc, url = start_server(model, env, logs / f"{name}.log")
+    failure: str | None = None
+    server: dict[str, float] = {}
     try:
         metrics_before = httpx.get(f"{url}/metrics", timeout=30).text
-        requests_before = embed_requests(metrics_before)
         loop_stat, process_stat = f"/proc/{proc.pid}/task/{proc.pid}/stat", f"/proc/{proc.pid}/stat"
         loop_before, cpu_before = cpu_seconds(loop_stat), cpu_seconds(process_stat)
         docs, errors, latencies = drive(url, pages, args)
         loop_after, cpu_after = cpu_seconds(loop_stat), cpu_seconds(process_stat)
-        try:
-            metrics = httpx.get(f"{url}/metrics", timeout=30).text
-        except httpx.TransportError:
-            metrics = ""  # the server died under the load: its means are nan, its clients' figures stand
-        server = server_breakdown(metrics)
-        requests = max(embed_requests(metrics) - requests_before, 1.0)
-        server["loop_ms_per_request"] = (loop_after - loop_before) * 1000 / requests
-        server["cpu_ms_per_request"] = (cpu_after - cpu_before) * 1000 / requests
-        server.update(gc_over_load(metrics_before, metrics))
+        metrics = scrape(url) if proc.poll() is None else None
+        if proc.poll() is not None:
+            failure = f"the server exited with status {proc.returncode} during the load"
+        elif metrics is None:
+            failure = "the server's final /metrics scrape failed"
+        else:
+            server = server_figures(
+                metrics_before, metrics, (loop_before, loop_after), (cpu_before, cpu_after)
+            )
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
             proc.kill()
-    return ModeResult(name, docs, errors, args.duration, latencies, server)
+    if failure:
+        # The log is in a temporary folder that goes with the run: its end is all that says why.
+        tail = (logs / f"{name}.log").read_text(errors="replace").splitlines()[-20:]
+        print(f"{name}: FAILED: {failure}; the end of its log:", *tail, sep="\n", file=sys.stderr)
+    return ModeResult(name, docs, errors, args.duration, latencies, server, failure)
+
+
+def positive_seconds(text: str) -> float:
+    """`--duration`: seconds over 0 (a window of 0 s divided the docs by it)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds over 0, not {text}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -373,21 +428,21 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--corpus", type=Path, default=ROOT.parent / "shared" / "corpus", help="page corpus")
-    parser.add_argument("--limit", type=int, default=512, help="pages to cycle through")
+    parser.add_argument("--limit", type=at_least(1), default=512, help="pages to cycle through (at least 1)")
     parser.add_argument(
         "--model", type=Path, default=None, help="checkpoint (default: bundled, else random mini)"
     )
     parser.add_argument("--preset", default="mini", help="preset of the random-weight model")
     parser.add_argument("--max-length", type=int, default=512, help="tokens per document of the random model")
     parser.add_argument("--vocab-size", type=int, default=16384, help="vocabulary of the trained tokenizer")
-    parser.add_argument("--clients", type=int, default=32, help="concurrent clients")
+    parser.add_argument("--clients", type=at_least(1), default=32, help="concurrent clients")
     parser.add_argument(
         "--client-processes",
-        type=int,
+        type=at_least(1),
         default=1,
         help="spread the clients over this many processes (one tops out near 300 posts/s)",
     )
-    parser.add_argument("--duration", type=float, default=30.0, help="measured seconds per mode")
+    parser.add_argument("--duration", type=positive_seconds, default=30.0, help="measured seconds per mode")
     parser.add_argument("--warmup", type=float, default=5.0, help="unmeasured seconds before each window")
     parser.add_argument("--batch-requests", type=int, default=32, help="documents per batch when batching")
     parser.add_argument("--batch-tokens", type=int, default=16384, help="token budget per batch")
@@ -424,20 +479,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main() -> int:
-    args = build_parser().parse_args()
-
+def load_pages(args: argparse.Namespace) -> tuple[list[bytes], str]:
+    """The pages to post and where they came from; `PageSourceError` for a corpus with none."""
     if args.synthetic > 0:
         from loadtests.pagegen import synthetic_pages
 
         pages = [page.html for page in itertools.islice(synthetic_pages(seed=0), args.synthetic)]
-        source = "loadtests.pagegen (synthetic, corpus-shaped)"
-    else:
-        pages = [
-            p.html if isinstance(p.html, bytes) else p.html.encode()
-            for p in iter_pages(args.corpus, limit=args.limit)
-        ]
-        source = str(args.corpus)
+        return pages, "loadtests.pagegen (synthetic, corpus-shaped)"
+    pages = [
+        p.html if isinstance(p.html, bytes) else p.html.encode()
+        for p in iter_pages(args.corpus, limit=args.limit)
+    ]
+    if not pages:
+        raise PageSourceError(f"no pages in {args.corpus}")
+    return pages, str(args.corpus)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        pages, source = load_pages(args)
+    except PageSourceError as exc:
+        # A missing or empty corpus had ended in a traceback, or started a server and divided by 0 pages.
+        print(f"service benchmark: error: --corpus: {exc}", file=sys.stderr)
+        return 2
     print(f"{len(pages)} pages from {source}; {args.clients} clients; {args.duration:g} s per mode")
     machine = f"{platform.machine()} {platform.processor() or ''}".strip()
     print(f"machine: {machine}, {os.cpu_count()} cores, python {platform.python_version()}")
@@ -489,12 +554,23 @@ def main() -> int:
             if args.json is not None:  # after each mode: a later one that fails keeps the earlier figures
                 write_figures(args, model_label, source, results)
 
-    print(f"\n{'mode':<30} {'docs/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6}")
+    print(report(results, args.batch_requests))
+    return 0 if all(r.errors == 0 and r.failure is None for r in results) else 1
+
+
+def _cell(server: dict[str, float], key: str, spec: str) -> str:
+    value = server.get(key)
+    return "n/a" if value is None or math.isnan(value) else format(value, spec)
+
+
+def report(results: list[ModeResult], batch_requests: int) -> str:
+    """The printed figures: per mode the clients' docs/s and latency, the server's side, the ratios."""
+    lines = [f"\n{'mode':<30} {'docs/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6}"]
     for r in results:
-        label = f"{r.name} (max_batch_requests={args.batch_requests if r.name == 'dynamic' else 1})"
+        label = f"{r.name} (max_batch_requests={batch_requests if r.name == 'dynamic' else 1})"
         p50, p99 = r.percentile(0.5) * 1000, r.percentile(0.99) * 1000
-        print(f"{label:<30} {r.docs_per_s:>7.2f} {p50:>7.0f} {p99:>7.0f} {r.errors:>6}")
-    print("\nserver side (means, whole run incl. warm-up, from /metrics):")
+        lines.append(f"{label:<30} {r.docs_per_s:>7.2f} {p50:>7.0f} {p99:>7.0f} {r.errors:>6}")
+    lines.append("\nserver side (means, whole run incl. warm-up, from /metrics):")
     header: tuple[str, ...] = (
         "mode",
         "batch",
@@ -506,25 +582,44 @@ def main() -> int:
         "queue ms",
     )
     header += ("loop/req", "cpu/req", "full gc", "gc ms")
-    print(" ".join(f"{h:<10}" if i == 0 else f"{h:>9}" for i, h in enumerate(header)))
+    lines.append(" ".join(f"{h:<10}" if i == 0 else f"{h:>9}" for i, h in enumerate(header)))
     for r in results:
         m = r.server
-        print(
-            f"{r.name:<10} {m['batch']:>9.1f} {m['batch_tokens']:>9.0f} {m['padded_tokens']:>9.0f} "
-            f"{m['pass_ms']:>9.0f} {m['host_ms']:>9.1f} {m['prune_ms']:>9.1f} {m['queue_ms']:>9.0f} "
-            f"{m['loop_ms_per_request']:>9.2f} {m['cpu_ms_per_request']:>9.2f} "
-            f"{_full_gc(m):>9} {m['gc_ms']:>9.0f}"
-        )
-    print("(loop/req, cpu/req: CPU ms per request of the server's event-loop thread and of its process;")
-    print(" full gc, gc ms: over the load, full collections and the longest, to its histogram bucket's")
-    print(" bound; milliseconds in all collections)")
-    dynamic, single = results
-    ratios = mode_ratios(dynamic, single)
-    print(
-        f"\ndynamic / single: {ratios['docs_per_s']:.2f}x docs/s, "
-        f"p99 {ratios['p99']:.2f}x (below 1 is better), p50 {ratios['p50']:.2f}x"
+        if r.failure is not None:
+            lines.append(f"{r.name:<10} " + " ".join(f"{'n/a':>9}" for _ in header[1:]) + f"  ({r.failure})")
+            continue
+        cells = [
+            _cell(m, "batch", ".1f"),
+            _cell(m, "batch_tokens", ".0f"),
+            _cell(m, "padded_tokens", ".0f"),
+            _cell(m, "pass_ms", ".0f"),
+            _cell(m, "host_ms", ".1f"),
+            _cell(m, "prune_ms", ".1f"),
+            _cell(m, "queue_ms", ".0f"),
+            _cell(m, "loop_ms_per_request", ".2f"),
+            _cell(m, "cpu_ms_per_request", ".2f"),
+            _full_gc(m),
+            _cell(m, "gc_ms", ".0f"),
+        ]
+        lines.append(f"{r.name:<10} " + " ".join(f"{cell:>9}" for cell in cells))
+    lines.append(
+        "(loop/req, cpu/req: CPU ms per request of the server's event-loop thread and of its process;"
     )
-    return 0 if dynamic.errors == 0 and single.errors == 0 else 1
+    lines.append(
+        " full gc, gc ms: over the load, full collections and the longest, to its histogram bucket's"
+    )
+    lines.append(" bound; milliseconds in all collections; n/a: not measured, e.g. host ms off CUDA)")
+    failed = [r for r in results if r.failure is not None]
+    if failed or len(results) != 2:
+        why = "; ".join(f"{r.name}: {r.failure}" for r in failed) or "a mode did not run"
+        lines.append(f"\ndynamic / single: ratio not comparable ({why})")
+    else:
+        ratios = mode_ratios(*results)
+        lines.append(
+            f"\ndynamic / single: {ratios['docs_per_s']:.2f}x docs/s, "
+            f"p99 {ratios['p99']:.2f}x (below 1 is better), p50 {ratios['p50']:.2f}x"
+        )
+    return "\n".join(lines)
 
 
 def _ratio(ours: float, theirs: float) -> float:
@@ -540,8 +635,22 @@ def mode_ratios(dynamic: ModeResult, single: ModeResult) -> dict[str, float]:
     }
 
 
+def json_safe(value: Any) -> Any:
+    """`value` with every nan or infinite float as None: JSON has no NaN (json.dumps wrote it anyway,
+    and strict parsers refused the file: host_ms is nan on every CPU run)."""
+    if isinstance(value, float):
+        return None if math.isnan(value) or math.isinf(value) else value
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(item) for item in value]
+    return value
+
+
 def write_figures(args: argparse.Namespace, model_label: str, source: str, results: list[ModeResult]) -> None:
-    """`--json`: the modes measured so far, and their ratios once both are."""
+    """`--json`: the modes measured so far, and their ratios once both are and neither failed; null
+    for a figure that is not known."""
+    comparable = len(results) == 2 and all(r.failure is None for r in results)
     figures = {
         "model": model_label,
         "device": args.device,
@@ -558,14 +667,15 @@ def write_figures(args: argparse.Namespace, model_label: str, source: str, resul
                 "p50_ms": r.percentile(0.5) * 1000,
                 "p99_ms": r.percentile(0.99) * 1000,
                 "errors": r.errors,
-                "server": r.server,
+                "failure": r.failure,
+                "server": r.server or None,
             }
             for r in results
         },
-        "ratios": mode_ratios(*results) if len(results) == 2 else None,
+        "ratios": mode_ratios(*results) if comparable else None,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(figures, indent=2))
+    args.json.write_text(json.dumps(json_safe(figures), indent=2, allow_nan=False))
 
 
 if __name__ == "__main__":

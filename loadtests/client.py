@@ -1,7 +1,12 @@
-"""What the load-test users send and how they judge the answers, free of locust.
+"""What the load-test users send, how they judge the answers and what they count, free of locust.
 
 Kept apart from `locustfile.py` because importing locust monkey-patches the standard library with
 gevent; tests and `loadtests.run` use these helpers without that.
+
+The run's figures are counted here (`RunStats`), not taken from locust's statistics: locust records the
+response time of a failure as it does an answer's (429s answered in 6 ms had pulled a p50 of 262 ms down
+to 15 ms, and a dead server's refused connections reported p50 1 ms), and the stage headers, recorded as
+locust requests, had multiplied its request counts and rates by six.
 """
 
 from __future__ import annotations
@@ -9,17 +14,21 @@ from __future__ import annotations
 import csv
 import itertools
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+import math
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from loadtests.pagegen import synthetic_pages
 from service.core.decoding import decode_html
 from service.core.pages import PageSourceError, iter_pages
 
 STAGE_HEADERS = ("x-prune-time", "x-tokenize-time", "x-queue-time", "x-inference-time", "x-total-time")
-# The request type under which the stage headers are recorded, next to the real POST entries.
+# The type of the stage headers' rows in the final CSV, next to the POST entries' rows.
 STAGE_REQUEST_TYPE = "stage"
 FINAL_COLUMNS = (
     "type",
@@ -32,6 +41,9 @@ FINAL_COLUMNS = (
     "p99_ms",
     "max_ms",
 )
+FAILURE_COLUMNS = ("type", "name", "failure", "count")
+# The service's error codes are short snake_case words (service.core.errors.ErrorCode).
+_ERROR_CODE = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -77,56 +89,161 @@ def stage_times(headers: Mapping[str, str] | Any) -> dict[str, float]:
 
 
 def check_embed_response(body: bytes, expected_ids: Sequence[str]) -> str | None:
-    """Why a 200 response is wrong (not JSON, ids, empty embeddings), or None for a complete answer."""
+    """Why a 200 response is wrong, in words that are the same for every response wrong that way (they
+    name the failure in the reports), or None for a complete answer."""
     try:
         data = json.loads(body)["data"]
         got = [item.get("id") for item in data]
     except (ValueError, KeyError, TypeError, AttributeError):
         return "response is not an embed result"
     if got != list(expected_ids):
-        return f"expected ids {list(expected_ids)}, got {got}"
+        return "ids not those sent, in order"
     if not all(item.get("embedding") for item in data):
         return "empty embedding"
     return None
 
 
-class StatsEntry(Protocol):
-    """The part of locust's `StatsEntry` the final summary reads."""
-
-    method: str | None
-    name: str
-    num_requests: int
-    num_failures: int
-    max_response_time: float
-
-    @property
-    def total_rps(self) -> float: ...
-
-    def get_response_time_percentile(self, percent: float) -> float: ...
+def error_code(body: bytes | None) -> str | None:
+    """The service's error code in a failure's body (`{"error": {"code": ...}}`), or None."""
+    try:
+        code = json.loads(body or b"")["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return code if isinstance(code, str) and _ERROR_CODE.fullmatch(code) else None
 
 
-def final_rows(entries: Iterable[StatsEntry]) -> list[dict[str, str]]:
-    """Per locust entry: counts, throughput and latency percentiles (locust's own percentile method)."""
-    rows: list[dict[str, str]] = []
-    for entry in sorted(entries, key=lambda e: (e.method or "", e.name)):
-        rows.append(
-            {
-                "type": str(entry.method),
-                "name": entry.name,
-                "requests": str(entry.num_requests),
-                "failures": str(entry.num_failures),
-                "requests_per_s": f"{entry.total_rps:.3f}",
-                "p50_ms": f"{entry.get_response_time_percentile(0.50):.0f}",
-                "p95_ms": f"{entry.get_response_time_percentile(0.95):.0f}",
-                "p99_ms": f"{entry.get_response_time_percentile(0.99):.0f}",
-                "max_ms": f"{entry.max_response_time:.0f}",
+def connection_error(error: BaseException | None) -> str:
+    """What stood in for an answer that never came: the exception's type and the OS's words for it
+    (`ConnectionRefusedError: Connection refused`), never text that changes from one request to the next."""
+    if error is None:
+        return "no response"
+    name = type(error).__name__
+    reason = getattr(error, "strerror", None)
+    return f"{name}: {reason}" if isinstance(reason, str) and reason else name
+
+
+def request_failure(
+    status: int, body: bytes | None, error: BaseException | None, expected_ids: Sequence[str]
+) -> str | None:
+    """A request's failure, named by kind (`HTTP 429 overloaded`, `HTTP 0 ConnectionRefusedError:
+    Connection refused`, `HTTP 200 empty embedding`), or None for a complete answer.
+
+    The name is the same for every failure of its kind: locust keeps a row per distinct message, and
+    messages carrying a body's text had spread one kind over a row per request. Status 0 is no answer
+    at all (a refused or dropped connection, a timeout): its name is the error, which had been left out
+    (`HTTP 0: `)."""
+    if status == 0:
+        return f"HTTP 0 {connection_error(error)}"
+    if status != 200:
+        code = error_code(body)
+        return f"HTTP {status} {code}" if code else f"HTTP {status}"
+    problem = check_embed_response(body or b"", expected_ids)
+    return None if problem is None else f"HTTP 200 {problem}"
+
+
+class LatencyCounts:
+    """Milliseconds, rounded to whole ones and counted: exact percentiles to the millisecond, in memory
+    bounded by the distinct values (a 2-hour run's hundreds of thousands of requests keep a few thousand)."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[int] = Counter()
+        self.total = 0
+        self.max_ms = 0.0
+
+    def add(self, milliseconds: float) -> None:
+        self.counts[round(milliseconds)] += 1
+        self.total += 1
+        self.max_ms = max(self.max_ms, milliseconds)
+
+    def percentile(self, share: float) -> int | None:
+        """The nearest-rank percentile (`share` 0.5 for the median); None with nothing counted."""
+        if not self.total:
+            return None
+        rank, seen = max(1, math.ceil(share * self.total)), 0
+        for milliseconds in sorted(self.counts):
+            seen += self.counts[milliseconds]
+            if seen >= rank:
+                return milliseconds
+        return max(self.counts)  # not reached: the counts add up to the total
+
+
+@dataclass
+class EntryStats:
+    """One entry of the run: a POST of one kind, or one stage header."""
+
+    requests: int = 0
+    failures: Counter[str] = field(default_factory=Counter)
+    latency: LatencyCounts = field(default_factory=LatencyCounts)  # answered requests only
+    first: float | None = None
+    last: float | None = None
+
+
+class RunStats:
+    """The run's own statistics, written when locust quits (`--final-csv`, `--failures-csv`).
+
+    Latency percentiles are over the answered requests only; failures are counted apart, by kind
+    (`request_failure`). The stage headers are counted here too, never as locust requests."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.entries: dict[tuple[str, str], EntryStats] = {}
+
+    def _entry(self, kind: str, name: str) -> EntryStats:
+        entry = self.entries.setdefault((kind, name), EntryStats())
+        now = self.clock()
+        entry.first = now if entry.first is None else entry.first
+        entry.last = now
+        return entry
+
+    def request(self, name: str, milliseconds: float, failure: str | None, method: str = "POST") -> None:
+        """A request that ended: its time counts only if it was answered (`failure` None)."""
+        entry = self._entry(method, name)
+        entry.requests += 1
+        if failure is None:
+            entry.latency.add(milliseconds)
+        else:
+            entry.failures[failure] += 1
+
+    def stages(self, headers: Mapping[str, str] | Any) -> None:
+        """An answer's x-*-time headers (`stage_times`), one entry each."""
+        for name, milliseconds in stage_times(headers).items():
+            self.request(name, milliseconds, None, method=STAGE_REQUEST_TYPE)
+
+    def rows(self) -> list[dict[str, str]]:
+        """Per entry: requests, failures, throughput, and latency percentiles of the answered requests
+        (empty cells where none was answered)."""
+        rows: list[dict[str, str]] = []
+        for (kind, name), entry in sorted(self.entries.items()):
+            span = (entry.last or 0.0) - (entry.first or 0.0)
+            cells = {
+                "p50_ms": entry.latency.percentile(0.50),
+                "p95_ms": entry.latency.percentile(0.95),
+                "p99_ms": entry.latency.percentile(0.99),
+                "max_ms": round(entry.latency.max_ms) if entry.latency.total else None,
             }
-        )
-    return rows
+            rows.append(
+                {
+                    "type": kind,
+                    "name": name,
+                    "requests": str(entry.requests),
+                    "failures": str(sum(entry.failures.values())),
+                    "requests_per_s": f"{entry.requests / span:.3f}" if span > 0 else "",
+                    **{key: "" if value is None else str(value) for key, value in cells.items()},
+                }
+            )
+        return rows
+
+    def failure_rows(self) -> list[dict[str, str]]:
+        """Per entry and kind of failure: how many."""
+        return [
+            {"type": kind, "name": name, "failure": failure, "count": str(count)}
+            for (kind, name), entry in sorted(self.entries.items())
+            for failure, count in sorted(entry.failures.items())
+        ]
 
 
-def write_final_csv(path: str | Path, entries: Iterable[StatsEntry]) -> None:
+def write_csv(path: str | Path, columns: Sequence[str], rows: Iterable[Mapping[str, str]]) -> None:
     with open(path, "w", encoding="utf-8", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=FINAL_COLUMNS)
+        writer = csv.DictWriter(handle, fieldnames=columns)
         writer.writeheader()
-        writer.writerows(final_rows(entries))
+        writer.writerows(rows)

@@ -1,13 +1,17 @@
 """Starting and stopping the two processes of a load test: the server on 127.0.0.1, and headless locust.
 
 The driver only ever serves on, and sends load to, `HOST`: the load test measures a server it started
-itself, with the settings it was given, and cannot be aimed at someone else's. Locust runs in its own
-process because importing it monkey-patches the standard library with gevent.
+itself, with the settings it was given, and cannot be aimed at someone else's. That is checked, not
+assumed: a port something already listens on is refused before the start (`port_in_use`), and /ready
+counts only once the listening socket is the started server's own (`port_holder`), since any server on
+the port answers 200 there. Locust runs in its own process because importing it monkey-patches the
+standard library with gevent; `watch_run` ends it when the server exits under it.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import signal
@@ -18,7 +22,9 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal, NamedTuple
+
+from loadtests.procfs import listening_sockets, process_tree, socket_inodes
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"  # the only host this script serves on or sends load to
@@ -32,21 +38,63 @@ def free_port() -> int:
         return port
 
 
+def server_setting(text: str) -> str:
+    """`--server-env`: an HTMLLM_NAME=VALUE the driver does not choose itself (a usage error, exit 2,
+    otherwise: it had been a SystemExit with a message, exit 1, after the options were accepted)."""
+    name, sep, _ = text.partition("=")
+    if not sep or not name.startswith("HTMLLM_") or name == "HTMLLM_":
+        raise argparse.ArgumentTypeError(f"takes HTMLLM_NAME=VALUE, not {text!r}")
+    if name in ("HTMLLM_HOST", "HTMLLM_PORT"):
+        raise argparse.ArgumentTypeError(f"{name} is chosen by this script (127.0.0.1 only; --port)")
+    return text
+
+
 def server_environment(args: argparse.Namespace, port: int) -> dict[str, str]:
-    """The server's environment: this process's, `--server-env`, `--model`, and the host and port."""
+    """The server's environment: this process's, `--server-env` (checked by `server_setting`), `--model`,
+    and the host and port."""
     env = dict(os.environ)
     for item in args.server_env:
-        name, sep, value = item.partition("=")
-        if not sep or not name.startswith("HTMLLM_"):
-            raise SystemExit(f"--server-env takes HTMLLM_NAME=VALUE, not {item!r}")
-        if name in ("HTMLLM_HOST", "HTMLLM_PORT"):
-            raise SystemExit(f"{name} is chosen by this script (127.0.0.1 only)")
+        name, _, value = server_setting(item).partition("=")
         env[name] = value
     env["HTMLLM_HOST"] = HOST
     env["HTMLLM_PORT"] = str(port)
     if args.model is not None:
         env["HTMLLM_MODEL_PATH"] = str(args.model.resolve())
     return env
+
+
+def port_in_use(port: int) -> str | None:
+    """Why the server could not bind `HOST:port`, or None. Binds as uvicorn does (SO_REUSEADDR), so a
+    port with connections in TIME_WAIT is free and one something listens on (on `HOST` or on every
+    address) is not."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((HOST, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"{HOST}:{port} is already in use (another server listens there)"
+            return f"cannot bind {HOST}:{port}: {exc.strerror or exc}"
+    return None
+
+
+PortHolder = Literal["ours", "other", "none"]
+
+
+def port_holder(port: int, pid: int) -> PortHolder | None:
+    """Who listens on `HOST:port`: the process `pid` or one of its descendants ("ours"), a process
+    outside that tree ("other"), nobody yet ("none"); None where /proc cannot tell (not Linux).
+
+    A listener on every address (0.0.0.0) answers `HOST` too, and while one is there the server cannot
+    bind `HOST` itself: it counts as another's unless it is ours."""
+    listeners = listening_sockets(port)
+    if listeners is None:
+        return None
+    answering = {inode for inode, address in listeners.items() if address in (HOST, "0.0.0.0")}
+    if not answering:
+        return "none"
+    ours = answering & socket_inodes(process_tree(pid))
+    return "ours" if ours and ours == answering else "other"
 
 
 def locust_environment(server_env: dict[str, str]) -> dict[str, str]:
@@ -68,18 +116,31 @@ def get_json(url: str, timeout: float = 5.0) -> Any:
         return json.loads(response.read())
 
 
-def wait_ready(base: str, server: subprocess.Popen[bytes], timeout: float) -> None:
-    """Until /ready answers 200; fail as soon as the server process exits."""
+def wait_ready(base: str, port: int, server: subprocess.Popen[bytes], timeout: float) -> None:
+    """Until the server this run started answers /ready with 200; fail as soon as it exits, or as soon as
+    another process listens on its port.
+
+    /ready is asked only once the listening socket is the server's own (`port_holder`): another server
+    on the port (the port given as --port, or one taken between `free_port` and the bind) had answered
+    200 within a second, the run had loaded that one and passed, and this run's server had been stopped
+    while it still loaded its model."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.poll() is not None:
             raise SystemExit(f"the server exited with status {server.returncode} before it was ready")
-        try:
-            with urllib.request.urlopen(f"{base}/ready", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
+        holder = port_holder(port, server.pid)
+        if holder == "other":
+            raise SystemExit(
+                f"another process listens on {HOST}:{port}, not the server this run started: it would "
+                "have been the one loaded (rerun; with --port, choose a free port)"
+            )
+        if holder != "none":  # ours, or /proc cannot tell (not Linux): ask
+            try:
+                with urllib.request.urlopen(f"{base}/ready", timeout=2) as response:
+                    if response.status == 200 and server.poll() is None:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
         time.sleep(0.5)  # the server is loading and warming its model; nothing to wait on but the port
     raise SystemExit(f"the server was not ready after {timeout:.0f} s")
 
@@ -138,14 +199,57 @@ def locust_command(args: argparse.Namespace, base: str, out: Path) -> list[str]:
         str(args.raw_share),
         "--final-csv",
         str(out / "summary.csv"),
+        "--failures-csv",
+        str(out / "failures.csv"),
     ]
     if args.corpus:
         command += ["--corpus", str(Path(args.corpus).resolve())]
     return command
 
 
-def run_locust(
+def start_locust(
     args: argparse.Namespace, base: str, out: Path, env: dict[str, str]
-) -> subprocess.CompletedProcess[bytes]:
-    """Locust headless against `base` until its run time is over (see `locust_command`)."""
-    return subprocess.run(locust_command(args, base, out), cwd=ROOT, env=env, check=False)
+) -> subprocess.Popen[bytes]:
+    """Locust headless against `base` (see `locust_command`), started; `watch_run` waits for it."""
+    return subprocess.Popen(locust_command(args, base, out), cwd=ROOT, env=env)
+
+
+class ServerExit(NamedTuple):
+    """A server that exited while the load ran: its status and when, in seconds into the run."""
+
+    status: int
+    seconds: float
+
+
+def watch_run(
+    locust: subprocess.Popen[bytes],
+    server: subprocess.Popen[bytes],
+    started: float,
+    *,
+    poll_s: float = 0.5,
+    locust_grace: float = 60.0,
+) -> ServerExit | None:
+    """Until locust ends; None if the server lived through it. A server that exits first ends locust
+    (SIGTERM: it quits and writes its reports) and is returned: locust had gone on posting to a closed
+    port for the rest of the run, each post a failure of 1 ms, and the report had shown a fast server."""
+    while True:
+        try:
+            locust.wait(timeout=poll_s)
+            return None
+        except subprocess.TimeoutExpired:
+            pass
+        if server.poll() is not None:
+            exited = ServerExit(server.returncode, round(time.monotonic() - started, 1))
+            stop_locust(locust, locust_grace)
+            return exited
+
+
+def stop_locust(locust: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM (locust quits and writes its reports and the final CSVs), then SIGKILL after `grace`."""
+    if locust.poll() is None:
+        locust.send_signal(signal.SIGTERM)
+        try:
+            locust.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            locust.kill()
+            locust.wait()

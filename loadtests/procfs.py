@@ -1,4 +1,4 @@
-"""What Linux /proc says about the server's process tree and the host: memory, CPU seconds.
+"""What Linux /proc says about the server's process tree and the host: memory, CPU seconds, sockets.
 
 Kept apart from the driver so benchmarks can read the same counters (`own_cpu_seconds`) without the
 load-test command line. Everything here reads /proc when called; nothing is read at import.
@@ -7,7 +7,9 @@ load-test command line. Everything here reads /proc when called; nothing is read
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import socket
+import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -142,3 +144,52 @@ def host_cpu_seconds() -> HostCpu | None:
     ticks = os.sysconf("SC_CLK_TCK")
     total = user + nice + system + idle + iowait + irq + softirq + steal  # guest time is inside user
     return HostCpu(total / ticks, (total - idle - iowait - steal) / ticks, steal / ticks)
+
+
+_TCP_LISTEN = "0A"  # the state column of a listening socket in /proc/net/tcp
+
+
+def listening_sockets(port: int) -> dict[int, str] | None:
+    """The IPv4 TCP sockets listening on `port` in this network namespace, inode -> bound address
+    ("127.0.0.1", "0.0.0.0"), from /proc/net/tcp; None where it cannot be read (not Linux).
+
+    Which process answers a port cannot be told from the answer (any server may say 200 to /ready); the
+    kernel's socket table names the socket, and the socket's inode names its process (`socket_inodes`)."""
+    try:
+        lines = Path("/proc/net/tcp").read_text(encoding="ascii").splitlines()[1:]
+    except OSError:
+        return None
+    found: dict[int, str] = {}
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 10 or fields[3] != _TCP_LISTEN:
+            continue
+        address, _, hex_port = fields[1].partition(":")
+        try:
+            if int(hex_port, 16) != port:
+                continue
+            # The address is the kernel's 32-bit word in host byte order, printed in hex.
+            packed = int(address, 16).to_bytes(4, sys.byteorder)
+            found[int(fields[9])] = socket.inet_ntoa(packed)
+        except (ValueError, OverflowError):
+            continue
+    return found
+
+
+def socket_inodes(pids: Iterable[int]) -> set[int]:
+    """The inodes of the sockets these processes hold open (their /proc/<pid>/fd links read
+    `socket:[<inode>]`); a process that ended meanwhile, or another user's, adds none."""
+    inodes: set[int] = set()
+    for pid in pids:
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue  # closed meanwhile
+            if target.startswith("socket:[") and target.endswith("]"):
+                inodes.add(int(target[8:-1]))
+    return inodes

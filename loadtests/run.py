@@ -3,14 +3,18 @@
 The server (`python -m service.api`) is bound to 127.0.0.1 on a free port and serves `--model` (default:
 HTMLLM_MODEL_PATH, else the bundled default model); there is no option to target another host. Locust
 runs headless for `--run-time` with `--users` users and writes, under `--out` (default `out/loadtest/`,
-git-ignored): locust's `locust_stats.csv` (and its other CSVs), `report.html`, and `summary.csv` (the
-exact final totals and percentiles). The server then gets SIGTERM and drains. `summary.json` and a
-Markdown table of the figures follow; the exit status is 1 when any request failed, 2 for options or a
-`--corpus` that cannot work (said in one line before the server starts). Every
-`--sample-interval` seconds `server.csv` gets the server's resident memory, the CPU cores it used since the
-last sample, and the host's busy and steal shares. The summary gives the RSS trend over the second half of
-the run (MB per minute), where a slow leak shows and warm-up growth does not, and the CPU the server got:
-latency that moves with the server's CPU share (a busy or stolen host) is not the server slowing down.
+git-ignored): locust's `locust_stats.csv` (and its other CSVs), `report.html`, `summary.csv` (the exact
+final totals, and latency percentiles of the answered requests) and `failures.csv` (failures by kind).
+The server then gets SIGTERM and drains. `summary.json` and a Markdown table of the figures follow; the
+exit status is 1 when any request failed, the server exited during the run (locust is stopped then) or
+did not drain after SIGTERM, 2 for options, a `--corpus` or a `--port` that cannot work (said in one line
+before the server starts). The server counts as ready only once the port's listening socket is its own:
+another server on the port would answer /ready too. Every `--sample-interval` seconds `server.csv` gets
+the server's resident memory, the CPU cores it used since the last sample, the host's busy and steal
+shares and the cores locust used. The summary gives the RSS trend over the second half of the run (MB per
+minute), where a slow leak shows and warm-up growth does not, the CPU the server got (latency that moves
+with the server's CPU share, a busy or stolen host, is not the server slowing down) and locust's (near
+one core, locust is the limit).
 
     python -m loadtests.run --users 8 --run-time 60s
     python -m loadtests.run --users 8 --run-time 10m --corpus ../shared/corpus   # the soak test
@@ -35,15 +39,25 @@ from loadtests.launch import (
     free_port,
     get_json,
     locust_environment,
-    run_locust,
+    port_in_use,
     server_environment,
+    server_setting,
+    start_locust,
     start_server,
+    stop_locust,
     stop_server,
     wait_ready,
+    watch_run,
 )
 from loadtests.procfs import server_memory_mb
 from loadtests.report import markdown, passed, read_stats, summarize
-from loadtests.sampler import ServerSampler, cpu_summary, memory_trend, write_server_csv
+from loadtests.sampler import (
+    ServerSampler,
+    cpu_summary,
+    generator_cpu_summary,
+    memory_trend,
+    write_server_csv,
+)
 from service.commands.options import at_least
 from service.core.pages import PageSourceError
 
@@ -89,6 +103,17 @@ def share(text: str) -> float:
     return value
 
 
+def port_number(text: str) -> int:
+    """`--port`: 0 (a free one) or a TCP port."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 65535, not {port}")
+    return port
+
+
 def pool_problem(corpus: str, page_pool: int) -> str | None:
     """Why the users could not fill their page pool, or None. Checked before the server starts: found in
     the users' `on_start`, it came after the model had loaded, as a traceback per user and a summary of 0
@@ -126,7 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--raw-share", type=share, default=0.1, help="share of raw text/html requests (0..1)")
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "loadtest", help="reports folder")
-    parser.add_argument("--port", type=int, default=0, help="server port on 127.0.0.1 (0: a free one)")
+    parser.add_argument(
+        "--port",
+        type=port_number,
+        default=0,
+        help="server port on 127.0.0.1 (0: a free one); one something listens on is refused",
+    )
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for /ready")
     parser.add_argument(
         "--sample-interval",
@@ -136,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--server-env",
+        type=server_setting,
         action="append",
         default=[],
         metavar="NAME=VALUE",
@@ -148,6 +179,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """One run: server up, locust for the run time, server drained, reports written; 1 when it failed."""
     args = build_parser().parse_args(argv)
     problem = pool_problem(args.corpus, args.page_pool)
+    if not problem and args.port:
+        taken = port_in_use(args.port)
+        problem = f"--port {args.port}: {taken}" if taken else None
     if problem:
         print(f"loadtest: error: {problem}", file=sys.stderr)
         return 2
@@ -157,32 +191,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = f"http://{HOST}:{port}"
     env = server_environment(args, port)
     drain = float(env.get("HTMLLM_DRAIN_TIMEOUT_S", "30"))
+    for stale in ("summary.csv", "failures.csv"):  # an earlier run's, which a failed one would report
+        (out / stale).unlink(missing_ok=True)
     with (out / "server.log").open("wb") as log:
         server = start_server(env, log)
         try:
             print(f"loadtest: server on {base} (log: {out / 'server.log'}); waiting for /ready", flush=True)
-            wait_ready(base, server, args.ready_timeout)
+            wait_ready(base, port, server, args.ready_timeout)
             info = get_json(f"{base}/info")
             locust_env = locust_environment(env)
             print(f"loadtest: {args.users} users for {args.run_time} s", flush=True)
             memory_ready = server_memory_mb(server.pid)
-            sampler = ServerSampler(server.pid, args.sample_interval)
-            sampler.start()
             started = time.monotonic()
+            locust = start_locust(args, base, out, locust_env)
+            sampler = ServerSampler(server.pid, args.sample_interval, generator_pid=locust.pid)
+            sampler.start()
             try:
-                locust = run_locust(args, base, out, locust_env)
+                died = watch_run(locust, server, started)
             finally:
                 samples = sampler.stop()
+                stop_locust(locust, grace=60)  # still running only if the driver was interrupted
             elapsed = time.monotonic() - started
             memory_end = server_memory_mb(server.pid)
         finally:
             status = stop_server(server, grace=drain + 15)
     write_server_csv(out / "server.csv", samples)
+    if died:
+        print(
+            f"loadtest: the server exited with status {died.status} at {died.seconds:.0f} s",
+            file=sys.stderr,
+        )
     stats = out / "summary.csv"
     if not stats.is_file():
         print(f"loadtest: locust wrote no statistics (exit status {locust.returncode})", file=sys.stderr)
         return 1
-    summary = summarize(read_stats(stats), args.docs_per_request, float(args.run_time))
+    failures = out / "failures.csv"
+    summary = summarize(
+        read_stats(stats),
+        args.docs_per_request,
+        # A run the server's exit cut short: its rates over the time it ran, not the time it was given.
+        min(float(args.run_time), died.seconds) if died and died.seconds > 0 else float(args.run_time),
+        read_stats(failures) if failures.is_file() else None,
+    )
     summary.update(
         model=str(info.get("model")),
         model_max_length=info.get("max_length"),
@@ -196,10 +246,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         server_memory={"ready": memory_ready, "end": memory_end},
         memory_trend=memory_trend([(sample.seconds, sample.rss_mb) for sample in samples]),
         server_cpu=cpu_summary(samples),
+        generator_cpu=generator_cpu_summary(samples),
         server_exit_status=status,
+        server_exited_during_run=died._asdict() if died else None,
         locust_exit_status=locust.returncode,
         reports={
             "summary_csv": str(stats),
+            "failures_csv": str(failures),
             "locust_csv": str(out / "locust_stats.csv"),
             "html": str(out / "report.html"),
             "server_csv": str(out / "server.csv"),

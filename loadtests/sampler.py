@@ -3,6 +3,8 @@
 Two readings (ready, end) cannot tell allocator growth during warm-up from a slow leak, and one latency
 figure cannot tell a slower server from a starved one; a series of RSS and CPU readings can. This module
 owns that series: the sampling thread, its CSV (`server.csv`), and its summaries (RSS trend, CPU share).
+The load generator's CPU is read beside the server's: locust is one process, and a run where it needs
+about a core measures locust, not the server.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from loadtests.procfs import HostCpu, host_cpu_seconds, process_cpu_seconds, pro
 class ServerSample(NamedTuple):
     """One reading. The CPU figures are over the interval since the previous reading (None on the first).
 
-    `server_cpu` is in cores (1.0: one CPU busy the whole interval); `host_busy` and `host_steal` are shares
-    of the whole machine. A server that gets well under `os.cpu_count()` cores while the host is not busy
-    either is waiting (on its batcher, on locust); with the host busy or stolen, it is being starved.
+    `server_cpu` and `generator_cpu` (locust's) are in cores (1.0: one CPU busy the whole interval);
+    `host_busy` and `host_steal` are shares of the whole machine. A server that gets well under
+    `os.cpu_count()` cores while the host is not busy either is waiting (on its batcher, on locust); with
+    the host busy or stolen, it is being starved; with the generator near one core, locust is the limit.
     """
 
     seconds: float
@@ -32,6 +35,12 @@ class ServerSample(NamedTuple):
     server_cpu: float | None
     host_busy: float | None
     host_steal: float | None
+    generator_cpu: float | None = None
+
+
+# Locust runs its users in one process (gevent): it cannot use more than one core, and where it needs
+# about one, requests wait on it, and the latency and throughput figures are locust's.
+GENERATOR_BUSY_CORES = 0.9
 
 
 class ServerSampler(threading.Thread):
@@ -41,13 +50,14 @@ class ServerSampler(threading.Thread):
     The CPU columns say whether latency that moved during a run followed the CPU the server got.
     """
 
-    def __init__(self, pid: int, interval: float) -> None:
+    def __init__(self, pid: int, interval: float, generator_pid: int | None = None) -> None:
         super().__init__(name="server-sampler", daemon=True)
         self.pid, self.interval = pid, max(interval, 0.1)
+        self.generator_pid = generator_pid
         self.samples: list[ServerSample] = []
         self._stop_event = threading.Event()
         self._origin = time.monotonic()
-        self._last: tuple[float, float | None, HostCpu | None] | None = None
+        self._last: tuple[float, float | None, HostCpu | None, float | None] | None = None
 
     def run(self) -> None:
         self._origin = time.monotonic()
@@ -60,20 +70,25 @@ class ServerSampler(threading.Thread):
         tree = process_tree(self.pid)
         now, memory = time.monotonic(), server_memory_mb(self.pid, tree)
         cpu, host = process_cpu_seconds(self.pid, tree), host_cpu_seconds()
+        generator = None if self.generator_pid is None else process_cpu_seconds(self.generator_pid)
         if memory is None:
             return
-        server_cpu = host_busy = host_steal = None
+        server_cpu = host_busy = host_steal = generator_cpu = None
         if self._last is not None:
-            last_time, last_cpu, last_host = self._last
+            last_time, last_cpu, last_host, last_generator = self._last
             if cpu is not None and last_cpu is not None and now > last_time:
                 server_cpu = round((cpu - last_cpu) / (now - last_time), 3)
+            if generator is not None and last_generator is not None and now > last_time:
+                generator_cpu = round((generator - last_generator) / (now - last_time), 3)
             if host is not None and last_host is not None and host.total > last_host.total:
                 span = host.total - last_host.total
                 host_busy = round((host.busy - last_host.busy) / span, 3)
                 host_steal = round((host.steal - last_host.steal) / span, 3)
-        self._last = (now, cpu, host)
+        self._last = (now, cpu, host, generator)
         seconds = round(now - self._origin, 1)
-        self.samples.append(ServerSample(seconds, memory["rss_mb"], server_cpu, host_busy, host_steal))
+        self.samples.append(
+            ServerSample(seconds, memory["rss_mb"], server_cpu, host_busy, host_steal, generator_cpu)
+        )
 
     def stop(self) -> list[ServerSample]:
         """Stops sampling after one last sample; the series so far."""
@@ -81,6 +96,23 @@ class ServerSampler(threading.Thread):
         self.join(timeout=5)
         self.sample()
         return self.samples
+
+
+def generator_cpu_summary(samples: Sequence[ServerSample]) -> dict[str, float | int | bool] | None:
+    """The CPU the load generator (locust) used over the run: cores, mean, 90th percentile and most of
+    the intervals, and `near_one_core` when a tenth of them or more were at `GENERATOR_BUSY_CORES` or
+    over; None with fewer than 2 intervals."""
+    cores = [s.generator_cpu for s in samples if s.generator_cpu is not None]
+    if len(cores) < 2:
+        return None
+    p90 = statistics.quantiles(cores, n=10, method="inclusive")[-1]
+    return {
+        "intervals": len(cores),
+        "cores_mean": round(statistics.fmean(cores), 3),
+        "cores_p90": round(p90, 3),
+        "cores_max": max(cores),
+        "near_one_core": p90 >= GENERATOR_BUSY_CORES,
+    }
 
 
 def cpu_summary(samples: Sequence[ServerSample]) -> dict[str, float | int] | None:

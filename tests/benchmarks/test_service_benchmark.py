@@ -7,6 +7,8 @@ import asyncio
 import importlib
 import json
 import socket
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -152,3 +154,144 @@ def test_the_figures_are_written_after_each_mode(bench: ModuleType, tmp_path: Pa
     assert written["modes"]["dynamic"]["errors"] == 1 and written["ratios"] is None
     bench.write_figures(args, "tiny", "pages", [first, bench.ModeResult("single", 2, 0, 1.0, [0.1], {})])
     assert json.loads(args.json.read_text())["ratios"]["docs_per_s"] == 2.0
+
+
+class _Metrics(BaseHTTPRequestHandler):
+    """A server's /metrics, as the benchmark scrapes it before and after the load."""
+
+    def do_GET(self) -> None:
+        body = b'htmllm_requests_total{route="/v1/embed",status="200"} 3.0\n'
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("ending", ["killed", "no final scrape"])
+def test_a_mode_whose_server_is_gone_after_the_load_is_failed_not_figures(
+    bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ending: str
+) -> None:
+    """A server that died under the load had been reported from an empty scrape: gc ms -388, 8530 CPU ms
+    a request, beside a valid-looking ratio."""
+    metrics = ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
+    threading.Thread(target=metrics.serve_forever, daemon=True).start()
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+    def start_server(model: Path, env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
+        log.write_text("the server's last words\n")
+        return proc, f"http://127.0.0.1:{metrics.server_address[1]}"
+
+    def drive(url: str, pages: list[bytes], args: argparse.Namespace) -> tuple[int, int, list[float]]:
+        if ending == "killed":
+            proc.kill()
+            proc.wait()
+        else:
+            metrics.shutdown()
+            metrics.server_close()
+        return 3, 17, [0.5, 0.5, 0.5]
+
+    monkeypatch.setattr(bench, "start_server", start_server)
+    monkeypatch.setattr(bench, "drive", drive)
+    try:
+        args = argparse.Namespace(duration=1.0)
+        result = bench.run_mode("dynamic", tmp_path, {}, [b"<p>x</p>"], args, tmp_path)
+    finally:
+        proc.kill()
+        proc.wait()
+        metrics.server_close()
+    expected = "exited with status -9" if ending == "killed" else "final /metrics scrape failed"
+    assert result.failure is not None and expected in result.failure
+    assert result.server == {} and (result.docs, result.errors) == (3, 17)  # the clients' figures stand
+
+
+def _mode(bench: ModuleType, name: str, failure: str | None = None) -> object:
+    server = {"batch": 4.0, "batch_tokens": 900.0, "padded_tokens": 1000.0, "pass_ms": 50.0}
+    server |= {"host_ms": float("nan"), "prune_ms": 1.0, "tokenize_ms": 1.0, "queue_ms": 9.0}
+    server |= {"loop_ms_per_request": 2.0, "cpu_ms_per_request": 40.0}
+    server |= {"gc_full_collections": 0.0, "gc_full_max_ms": 0.0, "gc_ms": 3.0}
+    return bench.ModeResult(name, 10, 0, 1.0, [0.1, 0.2], {} if failure else server, failure)
+
+
+def test_a_failed_mode_reads_n_a_and_its_ratio_is_not_comparable(
+    bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The exit status is 1, the figures n/a, and --json strict JSON: null, never NaN (host_ms is nan on
+    every CPU run, and strict parsers refused the file)."""
+    failed = _mode(bench, "dynamic", "the server exited with status -9 during the load")
+    modes = iter([failed, _mode(bench, "single")])
+    monkeypatch.setattr(bench, "run_mode", lambda *_: next(modes))
+    figures = tmp_path / "figures.json"
+    argv = ["--synthetic", "2", "--model", str(tmp_path), "--json", str(figures)]
+    monkeypatch.setattr(sys, "argv", ["service.py", *argv])
+    assert bench.main() == 1
+    out = capsys.readouterr().out
+    assert "dynamic / single: ratio not comparable (dynamic: the server exited with status -9" in out
+    dynamic_row = next(line for line in out.splitlines() if line.startswith("dynamic    "))
+    assert dynamic_row.split()[1:12] == ["n/a"] * 11
+    single_row = next(line for line in out.splitlines() if line.startswith("single    "))
+    assert single_row.split()[5] == "n/a"  # host ms: not measured off CUDA
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} in the JSON")
+
+    written = json.loads(figures.read_text(), parse_constant=refuse)
+    assert written["ratios"] is None and written["modes"]["dynamic"]["server"] is None
+    assert written["modes"]["dynamic"]["failure"].startswith("the server exited with status -9")
+    assert written["modes"]["single"]["server"]["host_ms"] is None
+
+
+def test_comparable_modes_give_their_ratio_and_exit_0(
+    bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    modes = iter([_mode(bench, "dynamic"), _mode(bench, "single")])
+    monkeypatch.setattr(bench, "run_mode", lambda *_: next(modes))
+    monkeypatch.setattr(sys, "argv", ["service.py", "--synthetic", "2", "--model", str(tmp_path)])
+    assert bench.main() == 0
+    assert "dynamic / single: 1.00x docs/s" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "option", [["--limit", "0"], ["--duration", "0"], ["--clients", "0"], ["--client-processes", "0"]]
+)
+def test_options_that_cannot_work_are_refused_before_a_server_starts(
+    bench: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, option: list[str]
+) -> None:
+    """`--limit 0` had started a server, then divided by 0 pages (ZeroDivisionError)."""
+
+    def no_server(*_: object) -> None:
+        raise AssertionError("a server was started")
+
+    monkeypatch.setattr(bench, "start_server", no_server)
+    (tmp_path / "pages").mkdir()
+    (tmp_path / "pages" / "a.html").write_bytes(b"<html><body><p>x</p></body></html>")
+    argv = ["service.py", "--corpus", str(tmp_path / "pages"), "--model", str(tmp_path), *option]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as refused:
+        bench.main()
+    assert refused.value.code == 2
+
+
+@pytest.mark.parametrize("corpus", ["missing", "empty"])
+def test_a_corpus_without_pages_is_one_line_and_exit_2(
+    bench: ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    corpus: str,
+) -> None:
+    """A wrong --corpus had ended in a traceback."""
+
+    def no_server(*_: object) -> None:
+        raise AssertionError("a server was started")
+
+    monkeypatch.setattr(bench, "start_server", no_server)
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setattr(
+        sys, "argv", ["service.py", "--corpus", str(tmp_path / corpus), "--model", str(tmp_path)]
+    )
+    assert bench.main() == 2
+    err = capsys.readouterr().err
+    assert err.startswith("service benchmark: error: --corpus: ") and err.count("\n") == 1, err

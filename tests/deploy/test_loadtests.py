@@ -112,7 +112,8 @@ def test_embed_body_and_response_check() -> None:
     assert body == {"documents": [{"id": "p#0", "html": "<p>x</p>"}, {"id": "p#1", "html": "<p>x</p>"}]}
     good = json.dumps({"data": [{"id": "p#0", "embedding": [0.1]}, {"id": "p#1", "embedding": "AAAA"}]})
     assert check_embed_response(good.encode(), ["p#0", "p#1"]) is None
-    assert "expected ids" in str(check_embed_response(good.encode(), ["p#1", "p#0"]))
+    # Words that are the same for every response wrong that way: they name the failure in the reports.
+    assert check_embed_response(good.encode(), ["p#1", "p#0"]) == "ids not those sent, in order"
     empty = json.dumps({"data": [{"id": "p#0", "embedding": []}]})
     assert check_embed_response(empty.encode(), ["p#0"]) == "empty embedding"
     assert check_embed_response(b"<html>", ["p#0"]) == "response is not an embed result"
@@ -137,9 +138,27 @@ def test_runs_are_bounded_and_local() -> None:
     env = server_environment(args, 12345)
     assert (env["HTMLLM_HOST"], env["HTMLLM_PORT"], env["HTMLLM_MAX_WAIT_MS"]) == (HOST, "12345", "5")
     assert HOST == "127.0.0.1"
-    for bad in ("HTMLLM_HOST=0.0.0.0", "PATH=/tmp", "HTMLLM_X"):
-        with pytest.raises(SystemExit):
-            server_environment(build_parser().parse_args(["--server-env", bad]), 1)
+    for bad in ("HTMLLM_HOST=0.0.0.0", "HTMLLM_PORT=1", "PATH=/tmp", "FOO=1", "HTMLLM_X", "HTMLLM_=1"):
+        with pytest.raises(SystemExit) as refused:
+            build_parser().parse_args(["--server-env", bad])
+        assert refused.value.code == 2, bad  # a usage error, as documented (it had been exit 1)
+
+
+@pytest.mark.parametrize("setting", ["FOO=1", "HTMLLM_PORT=1"])
+def test_a_server_setting_the_driver_refuses_is_a_usage_error_before_the_server_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], setting: str
+) -> None:
+    """`--server-env FOO=1` had exited 1 (a SystemExit with a message), where 2 is documented for bad
+    options."""
+
+    def no_server(*_: object) -> None:
+        raise AssertionError("the server was started")
+
+    monkeypatch.setattr(loadtest_run, "start_server", no_server)
+    with pytest.raises(SystemExit) as refused:
+        loadtest_run.main(["--server-env", setting, "--out", str(tmp_path / "out")])
+    assert refused.value.code == 2
+    assert "--server-env" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -346,7 +365,22 @@ def test_a_short_real_run_has_no_failures(tmp_path: Path) -> None:
     with (out / "summary.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     assert {r["name"] for r in rows if r["type"] == "stage"} == set(STAGE_HEADERS)
-    assert (out / "locust_stats.csv").read_text().startswith("Type,Name,Request Count")
+    # Locust's own statistics count the POSTs only: the stage headers, fired as locust requests, had
+    # made its Aggregated row six times the real request count and rate.
+    with (out / "locust_stats.csv").open() as handle:
+        locust_rows = list(csv.DictReader(handle))
+    assert {r["Type"] for r in locust_rows} == {"POST", ""}  # "": the Aggregated row
+    aggregated = next(r for r in locust_rows if r["Name"] == "Aggregated")
+    # (locust_stats.csv is written every few seconds: it may lag the final count, never pass it)
+    posts = sum(int(r["requests"]) for r in rows if r["type"] == "POST")
+    assert 0 < int(aggregated["Request Count"]) <= posts
+    assert (out / "failures.csv").read_text().splitlines() == ["type,name,failure,count"]
+    assert summary["failures_by_kind"] == {} and summary["failures_by_status"] == {}
+    # Locust's CPU beside the server's, read from its own process.
+    assert all("generator_cpu" in row for row in series)
+    assert summary["generator_cpu"]["intervals"] >= 2 and summary["generator_cpu"]["cores_mean"] > 0
+    assert summary["server_exited_during_run"] is None
+    assert "server drained and exited with status" in result.stdout
     assert "<html" in (out / "report.html").read_text()[:2000].lower()
     # SIGTERM drained the server and it exited by itself (uvicorn re-raises the signal once it is done).
     assert summary["server_exit_status"] in (0, -signal.SIGTERM)
