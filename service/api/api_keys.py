@@ -5,11 +5,11 @@ old one, move the clients over, remove the old key. A request looks at the file 
 whatever the request rate) and re-reads it when it changed, with no restart and no moment when neither
 key works. The two are additive: `HTMLLM_API_KEY`, when set, is accepted whatever the file holds.
 
-Every key is visible ASCII (`key_problem`), refused at start otherwise: a key with a space, a control
-character or a non-ASCII one is a key no client can send as `Bearer <key>` (httpx and requests refuse
-to, others send bytes that never match), so every request got 401 "the API key is not valid". Surrounding
-white space is no part of a key, in the variable as in the file: `echo` and `kubectl create secret
---from-file` leave a newline at the end, which had made the key itself unusable.
+Every key is visible ASCII, with spaces or tabs inside it (`key_problem`), refused at start otherwise:
+a key with a control character or a non-ASCII one is a key no client can send as `Bearer <key>` (httpx
+and requests refuse to, others send bytes that never match), so every request got 401 "the API key is
+not valid". Surrounding white space is no part of a key, in the variable as in the file: `echo` and
+`kubectl create secret --from-file` leave a newline at the end, which had made the key itself unusable.
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ logger = logging.getLogger(__name__)
 RECHECK_INTERVAL_S = 1.0
 # (device, inode, size, mtime): a Secret volume swaps a symlink, an editor rewrites in place.
 _FileState = tuple[int, int, int, int]
-# What a key is made of: visible ASCII (RFC 9110's VCHAR), a superset of RFC 6750's b64token that any
-# HTTP client sends unchanged in a header.
-_SENDABLE_KEY = re.compile(r"[!-~]+")
+# What a key is made of: visible ASCII (RFC 9110's VCHAR), a superset of RFC 6750's b64token, with spaces
+# and tabs inside it (a header value may hold them; httpx, requests and curl send `Bearer crawl team key`
+# unchanged, and the scheme is split off at the first space only, so such keys worked and must go on to).
+_SENDABLE_KEY = re.compile(r"[!-~](?:[ \t!-~]*[!-~])?")
 
 
 def key_problem(key: str) -> str | None:
@@ -43,9 +44,9 @@ def key_problem(key: str) -> str | None:
         return "is empty"
     if _SENDABLE_KEY.fullmatch(key) is None:
         return (
-            "holds a character that is not visible ASCII (a space, a control character or a non-ASCII "
-            "one), which no client can send as `Bearer <key>`: use letters, digits and punctuation, such "
-            "as `openssl rand -hex 32` prints"
+            "holds a character that is not visible ASCII, a space or a tab (a control character or a "
+            "non-ASCII one), which no client can send as `Bearer <key>`: use letters, digits and "
+            "punctuation, such as `openssl rand -hex 32` prints"
         )
     return None
 

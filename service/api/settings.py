@@ -184,7 +184,7 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = Field(
         None,
         description="when set, model routes need `Bearer <key>`; visible ASCII (letters, digits, "
-        "punctuation), surrounding white space (a file's last newline) not part of it",
+        "punctuation; spaces inside it), surrounding white space (a file's last newline) not part of it",
     )
     api_key_file: Path | None = Field(
         None,
