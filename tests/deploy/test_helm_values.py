@@ -384,6 +384,16 @@ def test_a_selector_label_in_pod_labels_is_refused(key: str) -> None:
         render({"podLabels": {key: "other"}})
 
 
+def test_a_selector_label_in_pod_labels_with_the_charts_own_value_renders_once() -> None:
+    """Chart 0.2.0 rendered it (the key twice, one value): an upgrade with such values must not fail."""
+    selector = deployment_loaded_strictly({})["spec"]["selector"]["matchLabels"]
+    deployment = deployment_loaded_strictly({"podLabels": dict(selector)})
+    assert (
+        deployment["spec"]["selector"]["matchLabels"].items()
+        <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
+
+
 def test_pod_labels_are_added_or_replace_the_charts_other_labels_once() -> None:
     deployment = deployment_loaded_strictly(
         {"podLabels": {"team": "crawl", "app.kubernetes.io/version": "0.1.3"}}

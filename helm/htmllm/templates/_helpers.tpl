@@ -344,8 +344,9 @@ server.drainTimeoutSeconds outlives the grace period, so the kubelet kills the d
 {{- end }}
 {{- /* Rendered, linted and refused only by the API server, at apply. */}}
 {{- $selector := include "htmllm.selectorLabels" . | fromYaml }}
-{{- range $key, $_ := .Values.podLabels | default dict }}
-{{- if hasKey $selector $key }}
+{{- range $key, $value := .Values.podLabels | default dict }}
+{{- /* The chart's own value again is no change (chart 0.2.0 rendered it, as a repeated key). */}}
+{{- if and (hasKey $selector $key) (ne (toString $value) (get $selector $key)) }}
 {{- fail (printf "podLabels.%s: the chart sets this selector label itself (%s); another value would leave the Deployment's selector matching none of its pods" $key (get $selector $key)) }}
 {{- end }}
 {{- end }}
