@@ -34,6 +34,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-}"
+# tee cannot open a log in a folder that is not there, and under pipefail its failure was the run's exit
+# status (1) after every part had passed.
+[ -z "$OUT" ] || mkdir -p "$OUT"
 log="${OUT:+$OUT/gpu_run.log}"
 log="${log:-/dev/null}"
 stamp() { echo "== $(date -u +%H:%M:%S) $*"; }
