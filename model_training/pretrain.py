@@ -27,7 +27,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -62,9 +62,9 @@ from model_training.training_checkpoints import (
     restore,
     save_training_checkpoint,
 )
-from service.core.checkpoint import CheckpointMeta, read_meta, save_checkpoint
+from service.core.checkpoint import CheckpointMeta, load_checkpoint, read_meta, save_checkpoint
 from service.core.errors import ErrorCode, HtmllmError
-from service.core.modeling import HtmlEncoderModel, build_config
+from service.core.modeling import HtmlEncoderModel, TaskHead, build_config
 from service.core.progress import progress_bar
 from service.core.tokenizer import HtmlTokenizer
 
@@ -94,6 +94,28 @@ def trapezoid_lr(step: int, total: int, *, peak: float, warmup_frac: float, cool
     if cooldown and step >= total - cooldown:
         return peak * max(total - step, 0) / (cooldown + 1)
     return peak
+
+
+def _run_length(max_steps: int, epochs: float, per_epoch: int, grad_accum: int) -> int:
+    """Optimizer steps of a run: `max_steps`, or (0) `epochs` passes of `per_epoch` micro-batches."""
+    return max_steps or max(1, int(epochs * per_epoch / grad_accum))
+
+
+def _trained_total(training: dict[str, Any]) -> int | None:
+    """The run length a checkpoint's steps were scheduled for, from its `training` record.
+
+    Recorded as `total_steps` by every checkpoint since; an older one says it only by a `max_steps` in
+    its config. Its `epochs` would count batches of its own size over the data of its time, neither of
+    which the checkpoint records: None (unknown) then.
+    """
+    total = training.get("total_steps")
+    if isinstance(total, int) and not isinstance(total, bool) and total > 0:
+        return total
+    saved = training.get("config")
+    max_steps = saved.get("max_steps") if isinstance(saved, dict) else None
+    if isinstance(max_steps, int) and not isinstance(max_steps, bool) and max_steps > 0:
+        return max_steps
+    return None
 
 
 # --- checkpoint metadata (the checkpoints: training_checkpoints) ------------------------------------
@@ -194,7 +216,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
     teacher_dim = int(train_data.teacher.shape[1])
     order = BatchOrder(len(train_data.ids), config.batch_size, seed=config.seed, rank=rank, world=world)
     per_step = config.grad_accum
-    total_steps = config.max_steps or max(1, int(config.epochs * order.per_epoch / per_step))
+    total_steps = _run_length(config.max_steps, config.epochs, order.per_epoch, per_step)
     if master:
         # Which of the two set the length: every shipped config sets max_steps, and a run that silently
         # ignored an `epochs` the user believed in took its length from elsewhere without a word.
@@ -263,7 +285,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
         _discard_outputs(out)
         discard_checkpoints(checkpoints)
     # The run's identity, written into every checkpoint and the export: model/ counts as this run's
-    # final model only if it was exported from a checkpoint of the same run (`_exported`). A resume
+    # final model only if it was exported from a checkpoint of the same run (`_own_export`). A resume
     # keeps the checkpoint's; a checkpoint from before run ids gets a new one.
     found_training = (
         check_resumable(found, config, tokenizer, teacher_dim, world, provenance) if found is not None else {}
@@ -290,6 +312,21 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
                 f"stop_at_step (--stop-at-step) {stop_at_step} is behind the run, which is at step {step} "
                 f"already ({found}): pass a later step, or --no-resume to start over"
             )
+        trained_total = _trained_total(found_training)
+        # A run whose schedule was complete (its own total reached) has nothing left to train whatever
+        # the new total; of a checkpoint that does not say its total, only a total behind it is known
+        # to be wrong.
+        finished = step >= trained_total if trained_total is not None else step == total_steps
+        if step >= total_steps and not finished:
+            # Taken as finished, it exported a model whose learning rate never cooled down.
+            of = f" of {trained_total}" if trained_total is not None else ""
+            finish = f"{trained_total} or more" if trained_total is not None else f"above {step}"
+            raise DataError(
+                f"the run length of this config, {total_steps} steps, is not past the run, which is at "
+                f"step {step}{of} already ({found}) and has not cooled down: a model exported now "
+                f"would be unfinished; pass max_steps {finish} (--max-steps) to finish it, or "
+                "--no-resume to start over"
+            )
     resumed_step = step
     engine: nn.Module = pretraining
     if distributed:
@@ -308,6 +345,9 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
         "data_identity": data_identity(provenance),
         "run_id": run_id,
         "world_size": world,
+        # The schedule the steps of this session follow: a later resume with a smaller total tells
+        # from it whether the run had finished (`_trained_total`).
+        "total_steps": total_steps,
     }
     bar = progress_bar(
         total=total_steps, initial=step, desc="train", unit="step", disable=not (master and config.progress)
@@ -412,7 +452,11 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
     summary: dict[str, Any] = {}
     model_dir_done = out / "model"
     finished_before = master and step >= total_steps and step == resumed_step
-    if finished_before and _exported(model_dir_done, step, config, found_run_id):
+    # model/ as this run's export of this step, if it is: with changed export options (`name`,
+    # `export_dtype`, `max_length`) it is exported again, its task heads carried over.
+    own_export = _own_export(model_dir_done, step, found_run_id) if finished_before else None
+    export_changes = _export_changes(own_export, config) if own_export is not None else []
+    if own_export is not None and not export_changes:
         # The command run again after the run finished: model/ is this run's export of this step
         # already, and may have task heads trained into it since (`htmllm heads train`); exporting
         # again would drop them.
@@ -436,6 +480,10 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
         }
         model_dir = model_dir_done
         export = _export_copy(pretraining.model, config.export_dtype)
+        if own_export is not None:
+            _carry_heads(
+                model_dir_done, own_export, export, export_changes, step=step, max_length=config.max_length
+            )
         # Written beside and swapped in, as the periodic checkpoints: a kill mid-write leaves the
         # previous model/ (or none), never a mix of two models' files.
         # The summary and curve go first: model/ is the last thing written, so a model/ of this run
@@ -496,24 +544,88 @@ def _check_finite(
         )
 
 
-def _exported(model_dir: Path, step: int, config: TrainConfig, run_id: str | None) -> bool:
-    """Whether `model_dir` is the final export of `step` of the run `run_id` (the run of the checkpoint
-    resumed from) with the export options of `config` (the other keys cannot change a model whose
-    training is over).
+def _own_export(model_dir: Path, step: int, run_id: str | None) -> CheckpointMeta | None:
+    """`model_dir`'s htmllm.json if it is the final export of `step` of the run `run_id` (the run of the
+    checkpoint resumed from), else None.
 
     The run id, not the step or config: a run started over with --no-resume and killed between its
     final checkpoint and the export has the same step and possibly the same name, and its predecessor's
     model/ must not pass for its own. `run_id` None is a checkpoint from before run ids: compared as then.
     """
     try:
-        training = read_meta(model_dir).training
+        meta = read_meta(model_dir)
     except HtmllmError:
-        return False
+        return None
+    training = meta.training
     if run_id is not None and training.get("run_id") != run_id:
-        return False
-    saved = training.get("config") or {}
-    same = all(saved.get(key) == getattr(config, key) for key in ("name", "export_dtype", "max_length"))
-    return same and training.get("steps") == step
+        return None
+    return meta if training.get("steps") == step else None
+
+
+# The keys of a config that shape the export of a finished run; the others cannot change a model whose
+# training is over.
+EXPORT_KEYS = ("name", "export_dtype", "max_length")
+
+
+def _export_changes(meta: CheckpointMeta, config: TrainConfig) -> list[str]:
+    """The export options of `config` that differ from those `meta`'s export was made with."""
+    saved = meta.training.get("config") or {}
+    return [
+        f"{key} {saved.get(key)!r} -> {getattr(config, key)!r}"
+        for key in EXPORT_KEYS
+        if saved.get(key) != getattr(config, key)
+    ]
+
+
+def _carry_heads(
+    model_dir: Path,
+    meta: CheckpointMeta,
+    export: HtmlEncoderModel,
+    changes: list[str],
+    *,
+    step: int,
+    max_length: int,
+) -> None:
+    """Attach the task heads of `model_dir` (this run's export of `step`) to its new export.
+
+    Only the export options changed: the encoder's weights are the same (at most cast to another dtype)
+    and the heads, trained on its embeddings (`htmllm heads train`), stay valid; exported whole, the
+    model had lost them. Their recorded metrics were measured at the length of the old export.
+    """
+    what = ", ".join(changes)
+    if not meta.heads:
+        logger.info("%s is the model of step %d; exporting it again with %s", model_dir, step, what)
+        return
+    try:
+        heads = load_checkpoint(model_dir).model.heads
+    except HtmllmError as exc:  # heads/ damaged by hand: the export goes on without them, said
+        logger.warning(
+            "%s is the model of step %d, exported again with %s; its task heads cannot be read and are "
+            "not carried over (%s): train them again with `htmllm heads train`",
+            model_dir,
+            step,
+            what,
+            exc,
+        )
+        return
+    for head in heads.values():
+        export.add_head(cast(TaskHead, head))
+    logger.info(
+        "%s is the model of step %d; exporting it again with %s, its task heads carried over: %s",
+        model_dir,
+        step,
+        what,
+        ", ".join(heads),
+    )
+    old_length = (meta.training.get("config") or {}).get("max_length")
+    if old_length is not None and old_length != max_length:
+        logger.warning(
+            "the metrics htmllm.json records for the task heads (%s) were measured at max_length %s; "
+            "the model is now served at %d: run `htmllm heads train` again to measure them there",
+            ", ".join(heads),
+            old_length,
+            max_length,
+        )
 
 
 def _discard_outputs(out: Path) -> None:

@@ -150,9 +150,10 @@ RESUME_FIXED_KEYS = ("preset", "pooling", "distil_rank")
 # leaves the weights' shapes and meaning alone (positions are rotary) but cuts the documents elsewhere.
 # The data itself is compared by content (`data_identity`), not by the `shards`/`teacher` paths.
 RESUME_ORDER_KEYS = ("seed", "batch_size", "grad_accum", "mask_prob", "max_length")
-# Keys of the loss combination: the resumed run trains with the new values (the checkpoint records
-# them), keeping only the learned first-batch scales and the coefficient generator; logged.
-RESUME_LOSS_KEYS = ("loss_weights", "random_coefficients")
+# Keys of the losses: the resumed run trains with the new values (the checkpoint records them), keeping
+# only the learned first-batch scales and the coefficient generator; logged. `temperature` is the
+# contrastive loss's, read from the config at every start.
+RESUME_LOSS_KEYS = ("loss_weights", "random_coefficients", "temperature")
 # Fields of teacher.json that say nothing about the vectors: how long embedding took, where the model
 # was installed on the machine that ran it.
 _TEACHER_VOLATILE = ("seconds", "model_path")
@@ -316,7 +317,16 @@ def restore(
         ) from exc
     pretraining.mlm_head.load_state_dict(state["mlm_head"])
     pretraining.distil_head.load_state_dict(state["distil_head"])
-    optimizer.load_state_dict(state["optimizer"])
+    saved_optimizer = state["optimizer"]
+    changed = optimizer_changes(saved_optimizer, optimizer)
+    if changed:
+        logger.warning(
+            "resuming from %s with a changed %s: the steps from here on are trained with the new setting "
+            "(the checkpoints record it); the steps before were not",
+            path,
+            ", ".join(changed),
+        )
+    optimizer.load_state_dict(with_live_settings(saved_optimizer, optimizer))
     aggregator.load_state_dict(state["aggregator"])
     # Checkpoints from before per-rank states hold rank 0's generators at the top level only.
     ranks = state.get("ranks") or [{k: state[k] for k in ("mask_generator", "torch_rng", "cuda_rng")}]
@@ -327,3 +337,53 @@ def restore(
         if torch.cuda.is_available() and mine["cuda_rng"]:
             torch.cuda.set_rng_state_all(mine["cuda_rng"])
     return int(state["step"])
+
+
+# The settings of an AdamW group a config sets, by config key: (group key, index into it or None).
+_OPTIMIZER_KEYS = {
+    "weight_decay": ("weight_decay", None),
+    "beta1": ("betas", 0),
+    "beta2": ("betas", 1),
+    "eps": ("eps", None),
+}
+
+
+def optimizer_changes(saved: dict[str, Any], optimizer: torch.optim.Optimizer) -> list[str]:
+    """The config's optimizer settings (`weight_decay`, `beta1`, `beta2`, `eps`) that differ between the
+    groups of a saved optimizer state and the live optimizer's, as `key old -> new`.
+
+    Compared with the groups the interrupted run actually stepped with, not its recorded config: before
+    `with_live_settings` a resume kept the saved groups while the checkpoints recorded the new config.
+    The no-decay group's weight decay is 0 on both sides and never shows.
+    """
+    changes: dict[str, str] = {}
+    for old_group, new_group in zip(saved.get("param_groups", []), optimizer.param_groups, strict=False):
+        for name, (key, index) in _OPTIMIZER_KEYS.items():
+            if key not in old_group:
+                continue
+            old, new = old_group[key], new_group[key]
+            if index is not None:
+                old, new = old[index], new[index]
+            if old != new:
+                changes.setdefault(name, f"{name} {old!r} -> {new!r}")
+    return list(changes.values())
+
+
+def with_live_settings(saved: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """A saved optimizer state with each group's settings replaced by the live optimizer's.
+
+    `load_state_dict` replaces whole groups: the settings the optimizer was built with from the current
+    config (weight decay, betas, eps) and for the current device (`fused`, `foreach`) gave way to the
+    saved ones, so a changed config was silently ignored while the checkpoints recorded it, and a run
+    started on CPU stayed unfused when resumed on CUDA. Only the moments and step counts are the
+    interrupted run's to carry over; torch casts them by the groups given here (a fused group's step
+    counts move to the parameters' device as float32), so switching `fused` either way is allowed.
+    """
+    groups = saved.get("param_groups")
+    if not isinstance(groups, list) or len(groups) != len(optimizer.param_groups):
+        return saved  # load_state_dict says what does not match
+    live = [
+        {k: v for k, v in group.items() if k not in ("params", "param_names")}
+        for group in optimizer.param_groups
+    ]
+    return {**saved, "param_groups": [{**old, **new} for old, new in zip(groups, live, strict=True)]}

@@ -70,33 +70,74 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _checkpoint_identity(found: Path | None) -> tuple[str, int, int] | None:
+    """Which checkpoint `found` is, file by file: its path, and its trainer_state.pt's inode and mtime.
+
+    A run started over can reach the step its predecessor's last checkpoint had, under the same name;
+    its own is a new file, written after this was taken (a step and a save later at least).
+    """
+    from model_training.training_checkpoints import STATE_FILE
+
+    if found is None:
+        return None
+    try:
+        stat = (found / STATE_FILE).stat()
+    except OSError:
+        return None
+    return str(found), stat.st_ino, stat.st_mtime_ns
+
+
+def _newest_checkpoint(out: str) -> Path | None:
+    """`latest_checkpoint(out)`, quietly: it warns, for a resume, where `checkpoints/latest` was cut short
+    before naming the newest."""
+    import logging
+
+    from model_training.training_checkpoints import latest_checkpoint
+
+    logging.disable(logging.WARNING)
+    try:
+        return latest_checkpoint(out)
+    except OSError:
+        return None
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+# The attribute of the command's arguments `run` records, with --no-resume, the newest checkpoint of the
+# earlier run in (`_checkpoint_identity`) before training starts.
+EARLIER_CHECKPOINT = "earlier_checkpoint"
+
+
 def interrupted(args: argparse.Namespace) -> str:
     """What an interrupted run keeps: its newest checkpoint, the one the same command resumes from
     (`training_checkpoints.latest_checkpoint`, asked as a resume asks it). A checkpoint is written to a
-    `.tmp` directory and renamed, so one cut short is no checkpoint."""
-    import logging
+    `.tmp` directory and renamed, so one cut short is no checkpoint.
 
+    With --no-resume, a checkpoint that is still the earlier run's (`run` records which that is before
+    training; none recorded, training had not started) means the run was stopped before it discarded
+    that run: the same command starts over, and advice to resume what the user asked to throw away
+    was beside the point.
+    """
     from model_training.train_config import load_config
-    from model_training.training_checkpoints import latest_checkpoint
     from service.core.errors import HtmllmError
 
     try:
         out = load_config(args.config, _overrides(args)).out
     except HtmllmError:  # stopped before the config was read; the run has said nothing of it
         return "nothing was written: run the same command again"
-    # Quiet: it warns, for a resume, where `checkpoints/latest` was cut short before naming the newest.
-    logging.disable(logging.WARNING)
-    try:
-        found = latest_checkpoint(out)
-    except OSError:
-        found = None
-    finally:
-        logging.disable(logging.NOTSET)
+    found = _newest_checkpoint(out)
     if found is None:
         return f"no checkpoint was written in {out} yet: run the same command again to start over"
-    again = "run it without --no-resume" if args.no_resume else "run the same command"
     step = found.name.removeprefix("step-").lstrip("0") or "0"
-    return f"the last checkpoint is step {step} ({found}): {again} to resume from it"
+    if args.no_resume:
+        recorded = hasattr(args, EARLIER_CHECKPOINT)
+        if not recorded or getattr(args, EARLIER_CHECKPOINT) == _checkpoint_identity(found):
+            return (
+                f"the earlier run's checkpoints were not discarded yet (the last is step {step}, {found}) "
+                "and the new run wrote none: run the same command again to start over"
+            )
+        return f"the last checkpoint is step {step} ({found}): run it without --no-resume to resume from it"
+    return f"the last checkpoint is step {step} ({found}): run the same command to resume from it"
 
 
 ON_INTERRUPT = {"train": interrupted}
@@ -119,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
         config = load_config(args.config, _overrides(args))
+        if args.no_resume:  # for `interrupted`: a checkpoint still this one is the earlier run's
+            setattr(args, EARLIER_CHECKPOINT, _checkpoint_identity(_newest_checkpoint(config.out)))
         result = train(config, stop_at_step=args.stop_at_step, resume=not args.no_resume)
     except HtmllmError as exc:
         print(f"htmllm train: {exc.code}: {exc}", file=sys.stderr)

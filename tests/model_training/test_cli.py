@@ -116,8 +116,15 @@ def test_train_names_the_checkpoint_a_resume_starts_from(tmp_path: Path) -> None
     assert train.interrupted(args) == (
         f"the last checkpoint is step 4 ({last}): run the same command to resume from it"
     )
-    # With --no-resume the same command would start over again.
-    assert train.interrupted(_train_args(tmp_path, "--no-resume")) == (
+    # With --no-resume the same command would start over again. Stopped before training began (nothing
+    # recorded), the checkpoint is the earlier run's, not yet discarded.
+    no_resume = _train_args(tmp_path, "--no-resume")
+    assert train.interrupted(no_resume) == (
+        f"the earlier run's checkpoints were not discarded yet (the last is step 4, {last}) and the new run "
+        "wrote none: run the same command again to start over"
+    )
+    setattr(no_resume, train.EARLIER_CHECKPOINT, None)  # the new run started where there was none
+    assert train.interrupted(no_resume) == (
         f"the last checkpoint is step 4 ({last}): run it without --no-resume to resume from it"
     )
 
