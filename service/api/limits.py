@@ -6,7 +6,8 @@ the app then sees the body replayed and, after it, the connection's real message
 still noticed while the request waits in the batcher. Only requests to a route that takes a body
 (`body_routes`: the model routes' POSTs) are read: any other (a GET, a 404, a 405) is answered without a
 byte of its body read, decoded or charged, and the HTTP parser discards what of it comes after the
-answer. Reading them let anyone, with no key, hold the budget below with bodies nothing would use.
+answer (the answer closes the connection where the client waits for `100 Continue` before sending
+it). Reading them let anyone, with no key, hold the budget below with bodies nothing would use.
 
 A body that does not arrive within `body_timeout_s` is answered 408 and its connection closed: uvicorn
 times out idle connections only, so a client stalled mid-body held its connection, and what it had sent,
@@ -21,7 +22,9 @@ at once let 32 request heads of 100 bytes, each declaring 16 MiB and sending non
 default 512 MiB for the body timeout, and every other client got 429. A declared length still refuses
 early what cannot fit in what is free now, before the client uploads a byte of it. A body that would
 pass the budget gets 429 with `Retry-After`, as a full queue does, once its body has been read and
-dropped.
+dropped; it gives back what it held before the rest is dropped, so the concurrent uploads that fit
+without it are served (kept, it pushed them all past the budget: three 12 MiB uploads against 32 MiB
+all failed).
 
 It also undoes a request's `Content-Encoding` (gzip, deflate, br, zstd; at most four, `MAX_CODINGS`),
 so every route reads plain bytes. The cap holds for the decoded body too, checked while decoding: a
@@ -115,7 +118,9 @@ class _Upload:
         return cls(whole=asyncio.get_running_loop().time() + body_timeout_s, stall=stall_s)
 
     def deadline(self) -> float:
-        """The deadline from now, as the last byte came now (or none has come yet)."""
+        """The deadline, in the loop's time, as the last byte came now (or none has come yet): for
+        `asyncio.timeout_at` and `reschedule`, never `asyncio.timeout`, which takes a delay (given this,
+        a body none of which came waited about twice the loop's age, hours)."""
         return min(self.whole, asyncio.get_running_loop().time() + self.stall)
 
     def stalled(self) -> bool:
@@ -184,9 +189,10 @@ class BodyLimitMiddleware:
         await self._refuse(scope, receive, send, ErrorCode.SHUTTING_DOWN, message, headers=headers)
 
     async def _over_budget(
-        self, scope: Scope, receive: Receive, send: Send, count: int, *, more_body: bool, read: bool
+        self, scope: Scope, receive: Receive, send: Send, refusal: str, *, more_body: bool, read: bool
     ) -> None:
-        """429 for a body that would pass the budget, after reading and dropping what is left of it:
+        """429 (`refusal`, as the budget stood when the body was refused: it changes while the rest is
+        dropped) for a body that would pass the budget, after reading and dropping what is left of it:
         a client still sending its body reads no response (most end in a reset connection and retry at
         once, unpaced), while one that drained learns to wait `Retry-After`. A client that asked
         `Expect: 100-continue` and whose body nothing has `read` yet has not been told to send it, and
@@ -203,14 +209,14 @@ class BodyLimitMiddleware:
                     return  # the client left: there is no one to answer
                 if not drained:  # the rest may still come: the connection cannot carry another request
                     headers = {"connection": "close"}
-        await self._refuse(scope, receive, send, ErrorCode.OVERLOADED, self.budget.refusal(count), headers)
+        await self._refuse(scope, receive, send, ErrorCode.OVERLOADED, refusal, headers)
 
     async def _drop_rest(self, receive: Receive) -> bool | None:
         """Read the rest of the body, keeping none of it: True once read, False if it took past
         `body_timeout_s` or stalled, None if the client left."""
         upload = _Upload.starting(self.body_timeout_s, self.stall_timeout_s)
         try:
-            async with asyncio.timeout(upload.deadline()) as timeout:
+            async with asyncio.timeout_at(upload.deadline()) as timeout:
                 while True:
                     message = await receive()
                     if message["type"] == "http.disconnect":
@@ -226,16 +232,17 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self.gate is not None and (refusal := self.gate(scope)) is not None:
+        if self.gate is not None and (gated := self.gate(scope)) is not None:
             # Before a byte of the body is read or charged: the client's upload, if any, is discarded by
-            # the parser after this answer, and the connection carries the next request.
-            await self._refuse(scope, receive, send, refusal.code, refusal.message)
+            # the parser after this answer, and the connection carries the next request (unless the
+            # client waits for `100 Continue`: `_unread_body_send`).
+            await self._refuse(scope, receive, _unread_body_send(scope, send), gated.code, gated.message)
             return
         if self.body_routes is not None and (scope["method"], scope["path"]) not in self.body_routes:
             # No route here reads a body (a GET, a 404, a 405): none of it is read, decoded or charged.
             # What of it comes after the answer the parser discards; the connection carries the next
             # request, as after the gate's 401.
-            await self.app(scope, _without_body(receive), send)
+            await self.app(scope, _without_body(receive), _unread_body_send(scope, send))
             return
         limit = self.max_body_bytes
         declared = dict(scope["headers"]).get(b"content-length")
@@ -254,7 +261,8 @@ class BodyLimitMiddleware:
                 )
                 return
         if not self.budget.fits(length):  # refused before the client uploads a byte of it
-            await self._over_budget(scope, receive, send, length, more_body=True, read=False)
+            refusal = self.budget.refusal(length)
+            await self._over_budget(scope, receive, send, refusal, more_body=True, read=False)
             return
         # Nothing is charged before a byte came: what a head declares costs the client nothing to send.
         charge = _Charge(0)
@@ -272,8 +280,8 @@ class BodyLimitMiddleware:
                     return
                 scope = _plain_scope(scope, len(body))
                 if not self._charge_up_to(len(body), charge):  # the decoded body is what it holds now
-                    more = len(body) - charge.held
-                    await self._over_budget(scope, receive, send, more, more_body=False, read=True)
+                    refusal = self.budget.refusal(len(body) - charge.held)
+                    await self._over_budget(scope, receive, send, refusal, more_body=False, read=True)
                     return
             scope[CHARGE_KEY] = functools.partial(self._charge_more, charge)
             replayed = False
@@ -288,7 +296,7 @@ class BodyLimitMiddleware:
             await self.app(scope, replay, send)
         finally:
             charge.closed = True
-            self.budget.give(charge.held)
+            self._give_back(charge)
 
     def _charge_more(self, charge: _Charge, count: int) -> None:
         """What a route adds to its request's charge: what the body became (the JSON's strings).
@@ -306,6 +314,11 @@ class BodyLimitMiddleware:
             )
         if not self._charge_up_to(charge.held + count, charge):
             raise HtmllmError(self.budget.refusal(count), code=ErrorCode.OVERLOADED)
+
+    def _give_back(self, charge: _Charge) -> None:
+        """Give back all `charge` holds (it holds nothing after)."""
+        self.budget.give(charge.held)
+        charge.held = 0
 
     def _charge_up_to(self, size: int, charge: _Charge) -> bool:
         """Charge the request for `size` bytes in all, if they fit the budget."""
@@ -329,7 +342,7 @@ class BodyLimitMiddleware:
         try:
             # A client that stalls mid-body would hold its connection and what it sent (up to the cap)
             # for as long as it likes: uvicorn times out idle connections, not slow bodies.
-            async with asyncio.timeout(upload.deadline()) as timeout:
+            async with asyncio.timeout_at(upload.deadline()) as timeout:
                 while True:
                     message = await self.readers.receive(receive)
                     if message["type"] == "http.disconnect":
@@ -343,9 +356,14 @@ class BodyLimitMiddleware:
                         await self._refuse(scope, receive, send, ErrorCode.PAYLOAD_TOO_LARGE, too_large)
                         return None
                     if not self._charge_up_to(size, charge):
+                        refusal = self.budget.refusal(size - charge.held)
+                        # Nothing of it is held while the rest is dropped (up to the body timeout): kept,
+                        # its charge pushed every concurrent upload past the budget too, and all failed
+                        # where those that fit without it would have been served.
+                        chunks.clear()
+                        self._give_back(charge)
                         more_body = message.get("more_body", False)
-                        more = size - charge.held
-                        await self._over_budget(scope, receive, send, more, more_body=more_body, read=True)
+                        await self._over_budget(scope, receive, send, refusal, more_body=more_body, read=True)
                         return None
                     chunks.append(chunk)
                     if not message.get("more_body", False):
@@ -403,6 +421,37 @@ def _without_body(receive: Receive) -> Receive:
                 return message
 
     return without_body
+
+
+def _unread_body_send(scope: Scope, send: Send) -> Send:
+    """`send` for an answer given without reading the body: one that closes its connection where the
+    client declared a body and waits for `100 Continue` before sending it.
+
+    Such a client, never told to go on, may send its body or not (RFC 9110 §10.1.1): the parser,
+    waiting for the declared body, took the next request on the connection for it (a 5000-byte
+    `Content-Length` swallowed a pipelined request whole, and its client timed out). Closed, nothing
+    on the connection is read as anything else; a client that sends no body is not kept waiting."""
+    headers = dict(scope["headers"])
+    if headers.get(b"expect", b"").lower() != b"100-continue" or not _declares_body(headers):
+        return send
+
+    async def closing(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            kept = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"connection"]
+            message = {**message, "headers": [*kept, (b"connection", b"close")]}
+        await send(message)
+
+    return closing
+
+
+def _declares_body(headers: dict[bytes, bytes]) -> bool:
+    """Whether a request head says a body follows (chunked, or a `Content-Length` other than 0)."""
+    if b"transfer-encoding" in headers:
+        return True
+    try:
+        return int(headers.get(b"content-length", b"0")) != 0
+    except ValueError:
+        return True  # the parser refuses it before any app sees it; were it not, assume a body
 
 
 def _plain_scope(scope: Scope, length: int) -> Scope:

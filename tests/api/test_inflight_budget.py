@@ -10,7 +10,10 @@ bodies to the model routes are charged as they come, and one that passes the bud
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import operator
+import re
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -198,3 +201,120 @@ def test_a_body_that_stops_arriving_is_a_408_before_the_body_timeout(
         assert "no byte of it came for 0.5 s (10 bytes came" in error["message"]
         assert _embed(live).status_code == 200
         assert _held(live) == 0
+
+
+_POST = b"POST /v1/embed HTTP/1.1\r\nHost: x\r\ncontent-type: text/html\r\ncontent-length: %d\r\n\r\n"
+
+
+@pytest.mark.parametrize("refused", [False, True], ids=["read", "refused-up-front"])
+def test_a_body_none_of_which_comes_is_answered_at_the_body_timeout(
+    tiny_checkpoint: Path, refused: bool
+) -> None:
+    """A head declaring 100 bytes and no byte after it: 408 at the body timeout where the body is read,
+    429 once the drain times out where its declared length does not fit (the budget is held); either
+    way the connection is closed. The first deadline was given to `asyncio.timeout` (a delay) as a time
+    of the loop's clock: such a request waited hours. 3 s: the holder, which stalls too, must still hold
+    its bytes when the request comes."""
+    size = MIB
+    settings = tiny_settings(tiny_checkpoint, max_body_bytes=size, max_inflight_bytes=size, body_timeout_s=3)
+    with live_server(settings) as live:
+        holders = [_POST % size + b"x" * (size // 2)] if refused else []
+        with _connections(live, holders):
+            _wait_for_held(live, lambda held: held == (size // 2 if refused else 0))
+            declared = 100 if not refused else size
+            with _connections(live, [_POST % declared]) as (sock,):
+                answer = _until_closed(sock)  # the socket's 30 s timeout bounds the wait
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 429 " if refused else b"HTTP/1.1 408 "), answer[:300]
+        assert b"connection: close" in head.lower()
+        error = json.loads(body)["error"]
+        if refused:
+            assert error["code"] == "overloaded"
+            assert f"holds {size // 2} bytes of request bodies and {size} more" in error["message"]
+        else:
+            assert error["code"] == "body_timeout" and "(0 bytes came" in error["message"]
+        _wait_for_held(live, lambda held: held == 0)
+
+
+def test_concurrent_uploads_past_the_budget_serve_those_that_fit(
+    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three 1 MiB uploads against 2 1/8 MiB, sent in turns of 256 KiB: the piece that passes the budget
+    (the third upload's third) gets its upload a 429, which gives back what it held before the rest of
+    it is dropped, and the two others, which fit without it, are served. Kept while the rest came, its
+    charge pushed the two others past the budget as well: all three failed. The 429 says what the
+    budget held when the body was refused (built after the drain, its figures did not add up)."""
+    # The refused upload waits, stalled, while the two others are served.
+    monkeypatch.setattr(limits, "STALL_TIMEOUT_S", 60.0)
+    size, piece = MIB, MIB // 4
+    budget = 2 * size + size // 8  # passed mid-body: a finished body may be answered and given back
+    settings = tiny_settings(tiny_checkpoint, max_body_bytes=size, max_inflight_bytes=budget)
+    bodies = [page(i).encode().ljust(size) for i in range(3)]
+    with live_server(settings) as live, _connections(live, [_POST % size] * 3) as socks:
+        sent = [0, 0, 0]
+        refused: int | None = None
+        held_before_refusal = 0
+        for start in range(0, size, piece):
+            for i, sock in enumerate(socks):
+                if i == refused:
+                    continue  # the rest of its body is sent once the others are answered
+                sock.sendall(bodies[i][start : start + piece])
+                if refused is None and sum(sent) + piece > budget:
+                    refused, held_before_refusal = i, sum(sent)
+                else:
+                    sent[i] += piece
+                if start + piece < size:  # a whole body is served, then given back: no gauge to wait for
+                    _wait_for_held(live, functools.partial(operator.eq, _kept(sent, refused)))
+        assert refused == 2  # the three do not fit together
+        for sock in socks[:2]:
+            head, body = _answer(sock)
+            assert head.startswith(b"HTTP/1.1 200 "), (head, body[:300])
+        socks[refused].sendall(bodies[refused][sent[refused] + piece :])
+        head, body = _answer(socks[refused])
+    assert head.startswith(b"HTTP/1.1 429 "), (head, body[:300])
+    message = json.loads(body)["error"]["message"]
+    figures = re.search(r"holds (\d+) bytes of request bodies and (\d+) more would pass its (\d+)", message)
+    assert figures is not None, message
+    held, more, limit = map(int, figures.groups())
+    assert (held, limit) == (held_before_refusal, budget) and held + more > limit, message
+
+
+def _kept(sent: list[int], refused: int | None) -> int:
+    """What the uploads not refused sent, all charged."""
+    return sum(count for i, count in enumerate(sent) if i != refused)
+
+
+def test_an_unread_body_awaiting_100_continue_closes_its_connection(tiny_checkpoint: Path) -> None:
+    """Answered without its body read (no route reads one; the key gate refused it), a client that waits
+    for `100 Continue` may send its body or not: the parser, waiting for it, took the next request on
+    the connection for body bytes (and its client timed out). The answer now closes the connection.
+    With no body declared, or a body sent without waiting, the connection carries the next request."""
+    expected = [
+        (b"GET /health HTTP/1.1", 200),
+        (b"POST /v1/nope HTTP/1.1", 404),
+        (b"GET /v1/embed HTTP/1.1", 405),
+        (b"POST /v1/embed HTTP/1.1", 401),
+    ]
+    next_request = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    with live_server(tiny_settings(tiny_checkpoint, api_key=KEY)) as live:
+        for request_line, status in expected:
+            for framing in (b"content-length: 5000", b"transfer-encoding: chunked"):
+                head = b"\r\n".join([request_line, b"Host: x", framing, b"Expect: 100-continue", b"", b""])
+                with _connections(live, [head]) as (sock,):
+                    answer, _ = _answer(sock)
+                    assert answer.startswith(b"HTTP/1.1 %d " % status), answer
+                    assert b"connection: close" in answer.lower(), answer
+                    assert _until_closed(sock) == b""  # closed, not waiting for a body
+        kept = [
+            b"GET /health HTTP/1.1\r\nHost: x\r\ncontent-length: 0\r\nexpect: 100-continue\r\n\r\n",
+            b"GET /health HTTP/1.1\r\nHost: x\r\nexpect: 100-continue\r\n\r\n",
+            b"GET /health HTTP/1.1\r\nHost: x\r\ncontent-length: 5000\r\n\r\n" + b"x" * 5000,
+            b"POST /v1/embed HTTP/1.1\r\nHost: x\r\ncontent-length: 5000\r\n\r\n" + b"x" * 5000,
+        ]
+        for request in kept:
+            with _connections(live, [request]) as (sock,):
+                first, _ = _answer(sock)
+                assert b"connection: close" not in first.lower(), first
+                sock.sendall(next_request)
+                second, _ = _answer(sock)
+                assert second.startswith(b"HTTP/1.1 200 "), (first, second)
