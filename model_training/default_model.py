@@ -41,7 +41,7 @@ def _format_metrics(metrics: dict[str, float]) -> str:
     """`f1_macro 0.651 ± 0.044, 945 pages` from a head's recorded metrics."""
     parts: list[str] = []
     for name, value in sorted(metrics.items()):
-        if name.endswith("_std") or name in ("pages", "cv_folds", HASH_METRIC):
+        if name.endswith("_std") or name in ("pages", "cv_folds", "max_length", HASH_METRIC):
             continue
         std = metrics.get(f"{name}_std")
         parts.append(f"{name} {value:.3f}" + (f" ± {std:.3f}" if std is not None else ""))
@@ -49,6 +49,8 @@ def _format_metrics(metrics: dict[str, float]) -> str:
         parts.append(f"{int(metrics['pages'])} pages")
     if "cv_folds" in metrics:
         parts.append(f"{int(metrics['cv_folds'])}-fold CV")
+    if "max_length" in metrics:  # the length the head was trained and measured at (`heads train`)
+        parts.append(f"at {int(metrics['max_length'])} tokens")
     if HASH_METRIC in metrics:  # which pages, labels and folds: report.json's tasks[].sha256 starts so
         parts.append(f"tasks sha256 {int(metrics[HASH_METRIC]):012x}")
     return ", ".join(parts) or "-"

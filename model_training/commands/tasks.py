@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from model_training.commands.eval import usage
+
+if TYPE_CHECKING:
+    from model_training.evaluation.derive import DerivedTask
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -48,7 +51,7 @@ ON_INTERRUPT = {"derive": interrupted_derive}
 
 def run_derive(args: argparse.Namespace) -> int:
     from model_training.data import writable_dir
-    from model_training.evaluation.derive import derive_tasks
+    from model_training.evaluation.derive import derive_tasks, require_a_task
     from service.core.errors import HtmllmError
 
     try:
@@ -62,12 +65,19 @@ def run_derive(args: argparse.Namespace) -> int:
             seed=args.seed,
             limit=args.limit,
         )
+        _print_results(results)
+        require_a_task(results, args.corpus, args.out)  # after the lines that say why each was skipped
     except HtmllmError as exc:
         print(f"htmllm tasks derive: {exc.code}: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
         print(f"htmllm tasks derive: cannot read or write a file: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _print_results(results: list[DerivedTask]) -> None:
+    """One line per task: what was written where, or why the task was skipped."""
     if results and results[0].too_large:
         too_large = results[0].too_large
         print(f"{too_large} page(s) over the page cap passed over (too_large_pages in derive.json)")
@@ -79,4 +89,3 @@ def run_derive(args: argparse.Namespace) -> int:
         extra = f"; merged into other: {', '.join(r.merged)}" if r.merged else ""
         extra += f"; dropped: {', '.join(r.dropped)}" if r.dropped else ""
         print(f"{r.name}: {sum(r.counts.values())} pages from {r.sites} sites ({counts}){extra} -> {r.path}")
-    return 0

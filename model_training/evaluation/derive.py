@@ -88,6 +88,7 @@ class DerivedTask:
     path: Path | None = None
     skipped: str | None = None
     too_large: int = 0  # pages of the corpus passed over for being over the page cap (every task's)
+    pages: int = 0  # pages of the corpus labelled (every task's)
 
 
 def _schema_type_names(value: Any) -> Iterator[str]:
@@ -238,6 +239,7 @@ def derive_tasks(
             dropped=dropped,
             unlabelled=sum(label is None for label in raw),
             too_large=too_large,
+            pages=len(metas),
         )
         results.append(result)
         index = [i for i, label in enumerate(labels) if label is not None]
@@ -283,9 +285,34 @@ def derive_tasks(
             "sites": r.sites,
             "skipped": r.skipped,
             "too_large_pages": r.too_large,
+            "pages": r.pages,
         }
         for r in results
     ]
     out.mkdir(parents=True, exist_ok=True)
     (out / "derive.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return results
+
+
+def require_a_task(results: list[DerivedTask], corpus: str | Path, out: str | Path) -> None:
+    """Refuse a derivation that wrote no task (an empty corpus, or one too small for every task).
+
+    It had exited 0, and `heads train` or `eval run` failed later on "no task directories", far from
+    the cause; `tokenizer train` and `data prepare` refuse an empty corpus the same way. derive.json is
+    written first, so the reasons stay on disk.
+    """
+    if any(r.path is not None for r in results):
+        return
+    pages = results[0].pages if results else 0
+    too_large = results[0].too_large if results else 0
+    if not pages:
+        read = f"{corpus} holds no page to label" + (
+            f" ({too_large} over the page cap passed over)" if too_large else ""
+        )
+    else:
+        read = f"every task was skipped on the {pages} page(s) of {corpus}"
+    reasons = "; ".join(f"{r.name}: {r.skipped}" for r in results)
+    raise EvaluationError(
+        f"no task was derived: {read} ({reasons}); {Path(out) / 'derive.json'} records why. Derive from "
+        "more pages (and sites), or lower --min-pages, --min-sites or --folds"
+    )

@@ -571,13 +571,29 @@ def train_heads(
     and folds), then a head fit on ~85% of the task's sites, stopped early on the rest (`train_final_head`).
 
     Embeddings are the Engine's pooled, unnormalised vectors of the pruned HTML at `max_length` (default:
-    the checkpoint's), exactly what the service feeds its heads.
+    the checkpoint's), what the service feeds its heads when it runs at that length. Each head's metrics
+    record that length (`max_length`): the service runs pages at the checkpoint's own, so figures measured
+    shorter (and a head fit on shorter pages' embeddings) say so in htmllm.json and /info.
     """
     # Checked before any page is pruned or embedded: the Engine would refuse it only after that work.
     meta = read_meta(checkpoint)
     if max_length is not None and not 8 <= max_length <= meta.max_length:
         raise EvaluationError(
             f"max_length {max_length} is outside 8..{meta.max_length}, the lengths {checkpoint} can run"
+        )
+    length = max_length or meta.max_length
+    if length < meta.max_length:
+        logger.warning(
+            "max_length %d is shorter than the %d tokens %s is served at: the heads are trained and their "
+            "figures measured on pages cut to %d tokens, but the service feeds them embeddings of pages up "
+            "to %d (each head's metrics record max_length %d); leave out --max-length to train at the "
+            "served length",
+            length,
+            meta.max_length,
+            checkpoint,
+            length,
+            meta.max_length,
+            length,
         )
     tasks, texts = prepare_tasks(tasks, config.cache_dir, extract=False)
     heads: dict[str, tuple[HeadSpec, TaskHead]] = {}
@@ -594,6 +610,8 @@ def train_heads(
             # Counts stay ints in htmllm.json (the metrics schema takes any JSON number): "cv_folds": 5.
             "cv_folds": len(cv.folds),
             "pages": len(task.ids),
+            # The tokens per page the head was fit and measured at: the service runs the checkpoint's.
+            "max_length": length,
             # Which pages, labels and folds these figures are of: compare with eval run's report.json.
             HASH_METRIC: hash_metric(task_sha256(task)),
         }

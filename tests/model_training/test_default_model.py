@@ -146,6 +146,10 @@ def test_the_card_prints_the_tasks_hash_of_each_head_in_hex() -> None:
     assert default_model._format_metrics(metrics) == (
         "f1_macro 0.500 ± 0.100, 40 pages, 5-fold CV, tasks sha256 0ca3e52505dc"
     )
+    # The length a head was measured at (`heads train` records it) is no score: "at N tokens".
+    assert default_model._format_metrics({**metrics, "max_length": 256}) == (
+        "f1_macro 0.500 ± 0.100, 40 pages, 5-fold CV, at 256 tokens, tasks sha256 0ca3e52505dc"
+    )
 
 
 def test_the_bundled_heads_record_their_tasks_hash_and_the_card_shows_their_figures() -> None:

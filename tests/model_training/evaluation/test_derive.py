@@ -135,9 +135,10 @@ def test_more_folds_than_any_class_has_pages_skips_the_task(
     corpus = write_corpus(tmp_path / "corpus.jsonl", sites=12, pages_per_site=1)  # 6 pages per class
     out = tmp_path / "tasks"
     args = ["tasks", "derive", "--corpus", str(corpus), "--out", str(out), "--min-pages", "2"]
-    assert main([*args, "--min-sites", "2", "--folds", "8"]) == 0
-    printed = capsys.readouterr().out
-    assert printed.count("skipped (8-fold cross-validation needs a class with at least 8 pages") == 3
+    assert main([*args, "--min-sites", "2", "--folds", "8"]) == 1  # no task left: refused, reasons printed
+    captured = capsys.readouterr()
+    assert captured.out.count("skipped (8-fold cross-validation needs a class with at least 8 pages") == 3
+    assert "no task was derived" in captured.err and "Traceback" not in captured.err
     assert sorted(p.name for p in out.iterdir()) == ["derive.json", "pages"]
     with pytest.raises(EvaluationError, match="needs a class with at least 8 pages; the largest has 6"):
         assign_folds(np.asarray([0] * 6 + [1] * 6), [f"s{i}" for i in range(12)], kind="classification", k=8)
