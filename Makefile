@@ -16,13 +16,30 @@ HOST ?= 0.0.0.0
 PORT ?= 8000
 CORPUS ?= ../shared/corpus
 
-.PHONY: install test lint typecheck pytest serve loadtest default-model clean
+.PHONY: help install test lint typecheck pytest serve loadtest default-model clean
+
+# The targets, for a newcomer (README.md's quick start names the two set-up commands).
+help:
+	@echo "make serve          create .venv, install, serve the bundled default model (HOST=0.0.0.0 PORT=8000)"
+	@echo "make test           install, then lint, typecheck and the whole test suite (about 15 min on 2 cores)"
+	@echo "make pytest         the test suite alone (PYTEST_ARGS=... passes options, e.g. a path or -k)"
+	@echo "make lint           ruff check and ruff format --check"
+	@echo "make typecheck      mypy"
+	@echo "make loadtest       a bounded locust run against a server it starts (docs/deployment.md)"
+	@echo "make default-model  rebuild the bundled model from CORPUS=$(CORPUS) (docs/training.md)"
+	@echo "make clean          remove .venv and caches"
+
+# htmllm needs Python 3.11+: pip's "requires a different Python" came after the venv was made, and the
+# venv, made with the old python, stayed, so every later make failed the same way.
+NEED_PY := import sys; sys.exit(sys.version_info < (3, 11))
 
 $(PY):
+	@$(PYTHON) -c '$(NEED_PY)' || { echo "$(PYTHON) is not Python 3.11 or newer, which htmllm needs: run make again with PYTHON=python3.11 (or another 3.11+ interpreter)" >&2; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
 $(STAMP): pyproject.toml | $(PY)
+	@$(PY) -c '$(NEED_PY)' || { echo "$(VENV) was made with a Python older than 3.11: remove it (make clean) and run make again with PYTHON=python3.11" >&2; exit 2; }
 	@if [ -n "$(TORCH_SPEC)" ]; then set -x; $(PIP) install --quiet "$(TORCH_SPEC)"; \
 	elif nvidia-smi -L >/dev/null 2>&1; then set -x; $(PIP) install --quiet "torch==$(TORCH_VERSION)"; \
 	elif $(PIP) install --quiet --dry-run --no-index --no-deps "torch==$(TORCH_VERSION)+cpu" >/dev/null 2>&1; \
@@ -40,8 +57,9 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
+PYTEST_ARGS ?=
 pytest: install
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 test: lint typecheck pytest
 

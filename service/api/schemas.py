@@ -250,7 +250,8 @@ class ExtractRequest(_Strict):
         min_length=1,
         max_length=4,
         description="union: the first extractor whose output passes the quality filter; each named once",
-        json_schema_extra={"uniqueItems": True},  # the route refuses a repeat (422)
+        # A default_factory is not written into the schema: a client generator had shown none.
+        json_schema_extra={"uniqueItems": True, "default": ["union"]},  # the route refuses a repeat (422)
     )
     min_words: JsonInt = Field(
         50, ge=0, description="the filter: an output passes with at least this many words, and one at least"

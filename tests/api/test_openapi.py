@@ -294,3 +294,11 @@ async def test_a_missing_key_is_a_documented_401(settings_for: SettingsFactory) 
             documented = required_headers(doc, key, 401)
             assert {"www-authenticate", "x-request-id"} <= documented <= set(refused.headers), key
         assert (await keyed.get("/info")).status_code == 200
+
+
+def test_the_extractors_default_is_in_the_schema_as_the_route_uses_it() -> None:
+    """A default_factory is not written into the schema: the document had shown no default."""
+    from service.api.schemas import ExtractRequest
+
+    schema = ExtractRequest.model_json_schema()["properties"]["extractors"]
+    assert schema["default"] == ExtractRequest.model_validate({"documents": [{"html": "x"}]}).extractors
