@@ -189,42 +189,65 @@ class BodyLimitMiddleware:
         await self._refuse(scope, receive, send, ErrorCode.SHUTTING_DOWN, message, headers=headers)
 
     async def _over_budget(
-        self, scope: Scope, receive: Receive, send: Send, refusal: str, *, more_body: bool, read: bool
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        refusal: str,
+        upload: _Upload,
+        *,
+        more_body: bool,
+        read: bool,
     ) -> None:
         """429 (`refusal`, as the budget stood when the body was refused: it changes while the rest is
         dropped) for a body that would pass the budget, after reading and dropping what is left of it:
         a client still sending its body reads no response (most end in a reset connection and retry at
         once, unpaced), while one that drained learns to wait `Retry-After`. A client that asked
         `Expect: 100-continue` and whose body nothing has `read` yet has not been told to send it, and
-        is answered at once; one that stalls mid-body is answered and its connection closed. Nothing
-        of what is dropped is charged."""
+        is answered at once; one that stalls mid-body, passes the request's body timeout (`upload`,
+        counted from its head) or is still sending when shutdown cuts off the body reads is answered
+        and its connection closed. Nothing of what is dropped is charged.
+
+        Called outside any timeout of the body's read: inside one, whose deadline no longer moves once
+        the body is refused, a client that kept sending got the stall's 408 instead."""
         headers = None
         if more_body:
             expecting = dict(scope["headers"]).get(b"expect", b"").lower() == b"100-continue"
             if expecting and not read:
                 headers = {"connection": "close"}
             else:
-                drained = await self._drop_rest(receive)
+                drained = await self._drop_rest(receive, upload)
                 if drained is None:
                     return  # the client left: there is no one to answer
                 if not drained:  # the rest may still come: the connection cannot carry another request
                     headers = {"connection": "close"}
         await self._refuse(scope, receive, send, ErrorCode.OVERLOADED, refusal, headers)
 
-    async def _drop_rest(self, receive: Receive) -> bool | None:
-        """Read the rest of the body, keeping none of it: True once read, False if it took past
-        `body_timeout_s` or stalled, None if the client left."""
-        upload = _Upload.starting(self.body_timeout_s, self.stall_timeout_s)
+    async def _drop_rest(self, receive: Receive, upload: _Upload) -> bool | None:
+        """Read the rest of the body, keeping none of it: True once read, False if it passed `upload`'s
+        deadline (stalled, or past the body timeout) or shutdown cut off the body reads, None if the
+        client left.
+
+        Its waits are the `readers`' as `_read`'s are: unseen by the cut-off, a drain still going when
+        uvicorn's graceful timeout ran out was cancelled into a bare plain-text 500. Cut off, the 429
+        already decided is sent (its connection closed), not `_cut_off`'s 503: the body was refused for
+        the budget, not for the shutdown."""
         try:
             async with asyncio.timeout_at(upload.deadline()) as timeout:
                 while True:
-                    message = await receive()
+                    if self.readers.closed:  # cut off: no wait that starts now would be
+                        return False
+                    message = await self.readers.receive(receive)
                     if message["type"] == "http.disconnect":
                         return None
                     if not message.get("more_body", False):
                         return True
                     if message.get("body"):
                         timeout.reschedule(upload.deadline())
+        except asyncio.CancelledError:
+            if not self.readers.was_cut(asyncio.current_task()):
+                raise
+            return False
         except TimeoutError:
             return False
 
@@ -253,21 +276,25 @@ class BodyLimitMiddleware:
                 if length < 0:  # the parsers refuse one; the budget must not depend on it
                     raise ValueError(declared)
             except ValueError:
-                await self._refuse(scope, receive, send, ErrorCode.VALIDATION, "invalid Content-Length")
+                # Answered before a byte of the body is read, as below: the connection closes where the
+                # client waits for `100 Continue` (kept, the parser read its next request as this body).
+                unread = _unread_body_send(scope, send)
+                await self._refuse(scope, receive, unread, ErrorCode.VALIDATION, "invalid Content-Length")
                 return
             if length > limit:
-                await self._refuse(
-                    scope, receive, send, ErrorCode.PAYLOAD_TOO_LARGE, _too_large(f"{length} bytes", limit)
-                )
+                too_large = _too_large(f"{length} bytes", limit)
+                unread = _unread_body_send(scope, send)
+                await self._refuse(scope, receive, unread, ErrorCode.PAYLOAD_TOO_LARGE, too_large)
                 return
+        upload = _Upload.starting(self.body_timeout_s, self.stall_timeout_s)  # timed from the head
         if not self.budget.fits(length):  # refused before the client uploads a byte of it
             refusal = self.budget.refusal(length)
-            await self._over_budget(scope, receive, send, refusal, more_body=True, read=False)
+            await self._over_budget(scope, receive, send, refusal, upload, more_body=True, read=False)
             return
         # Nothing is charged before a byte came: what a head declares costs the client nothing to send.
         charge = _Charge(0)
         try:
-            body = await self._read(scope, receive, send, charge)
+            body = await self._read(scope, receive, send, charge, upload)
             if body is None:
                 return
             # Repeated Content-Encoding headers are one list, in order (RFC 9110 §5.3).
@@ -281,7 +308,7 @@ class BodyLimitMiddleware:
                 scope = _plain_scope(scope, len(body))
                 if not self._charge_up_to(len(body), charge):  # the decoded body is what it holds now
                     refusal = self.budget.refusal(len(body) - charge.held)
-                    await self._over_budget(scope, receive, send, refusal, more_body=False, read=True)
+                    await self._over_budget(scope, receive, send, refusal, upload, more_body=False, read=True)
                     return
             scope[CHARGE_KEY] = functools.partial(self._charge_more, charge)
             replayed = False
@@ -329,16 +356,22 @@ class BodyLimitMiddleware:
         charge.held = size
         return True
 
-    async def _read(self, scope: Scope, receive: Receive, send: Send, charge: _Charge) -> bytes | None:
-        """The whole body, charged as it comes; None once the request has been answered, or its
-        client left."""
+    async def _read(
+        self, scope: Scope, receive: Receive, send: Send, charge: _Charge, upload: _Upload
+    ) -> bytes | None:
+        """The whole body, charged as it comes, by `upload`'s deadline; None once the request has been
+        answered, or its client left."""
         limit = self.max_body_bytes
         chunks: list[bytes] = []
         size = 0
         if self.readers.closed:  # after the cut-off: answered as the cut-off answers those it found
             await self._cut_off(scope, receive, send, size)
             return None
-        upload = _Upload.starting(self.body_timeout_s, self.stall_timeout_s)
+        # Decided inside the timeout, answered after it: its deadline stops moving once the body is
+        # refused, and a refusal that drops the rest (`_over_budget`) keeps its own.
+        too_large: str | None = None
+        refusal: str | None = None
+        more_body = False
         try:
             # A client that stalls mid-body would hold its connection and what it sent (up to the cap)
             # for as long as it likes: uvicorn times out idle connections, not slow bodies.
@@ -351,10 +384,10 @@ class BodyLimitMiddleware:
                     if chunk:
                         timeout.reschedule(upload.deadline())
                     size += len(chunk)
+                    more_body = message.get("more_body", False)
                     if size > limit:
                         too_large = _too_large(f"over {size} bytes", limit)
-                        await self._refuse(scope, receive, send, ErrorCode.PAYLOAD_TOO_LARGE, too_large)
-                        return None
+                        break
                     if not self._charge_up_to(size, charge):
                         refusal = self.budget.refusal(size - charge.held)
                         # Nothing of it is held while the rest is dropped (up to the body timeout): kept,
@@ -362,11 +395,9 @@ class BodyLimitMiddleware:
                         # where those that fit without it would have been served.
                         chunks.clear()
                         self._give_back(charge)
-                        more_body = message.get("more_body", False)
-                        await self._over_budget(scope, receive, send, refusal, more_body=more_body, read=True)
-                        return None
+                        break
                     chunks.append(chunk)
-                    if not message.get("more_body", False):
+                    if not more_body:
                         break
         except asyncio.CancelledError:
             if not self.readers.was_cut(asyncio.current_task()):
@@ -388,6 +419,12 @@ class BodyLimitMiddleware:
             await self._refuse(
                 scope, receive, send, ErrorCode.BODY_TIMEOUT, message_text, headers={"connection": "close"}
             )
+            return None
+        if too_large is not None:
+            await self._refuse(scope, receive, send, ErrorCode.PAYLOAD_TOO_LARGE, too_large)
+            return None
+        if refusal is not None:
+            await self._over_budget(scope, receive, send, refusal, upload, more_body=more_body, read=True)
             return None
         return b"".join(chunks)  # the chunks go with this frame: the request holds the body once
 

@@ -14,6 +14,8 @@ import functools
 import json
 import operator
 import re
+import select
+import signal
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -21,12 +23,16 @@ from pathlib import Path
 
 import httpx
 import pytest
+from starlette.types import Message, Receive, Scope, Send
 
 from service.api import limits
+from service.api.metrics import ServiceMetrics
+from service.api.runtime import BodyReaders
 from tests.api.conftest import tiny_settings
-from tests.api.live import LiveServer, live_server
+from tests.api.live import LiveServer, ServerProcess, live_server, server_process
 from tests.api.pages import page
 from tests.api.test_server import metric
+from tests.api.test_shutdown import server_env
 
 MIB = 1024 * 1024
 DECLARED = 16 * MIB  # the default HTMLLM_MAX_BODY_BYTES: 32 of them are the default budget
@@ -34,13 +40,13 @@ KEY = "k1"
 ATTACKERS = 32
 
 
-def _address(live: LiveServer) -> tuple[str, int]:
+def _address(live: LiveServer | ServerProcess) -> tuple[str, int]:
     host, port = live.url.removeprefix("http://").split(":")
     return host, int(port)
 
 
 @contextlib.contextmanager
-def _connections(live: LiveServer, requests: list[bytes]) -> Iterator[list[socket.socket]]:
+def _connections(live: LiveServer | ServerProcess, requests: list[bytes]) -> Iterator[list[socket.socket]]:
     """One connection per request, each sent as given (a head, maybe the start of its body)."""
     sockets: list[socket.socket] = []
     try:
@@ -75,11 +81,11 @@ def _until_closed(sock: socket.socket) -> bytes:
     return answer
 
 
-def _held(live: LiveServer) -> float:
+def _held(live: LiveServer | ServerProcess) -> float:
     return metric(httpx.get(live.url + "/metrics").text, "htmllm_request_body_bytes_in_flight")
 
 
-def _wait_for_held(live: LiveServer, condition: Callable[[float], bool]) -> None:
+def _wait_for_held(live: LiveServer | ServerProcess, condition: Callable[[float], bool]) -> None:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         if condition(_held(live)):
@@ -318,3 +324,141 @@ def test_an_unread_body_awaiting_100_continue_closes_its_connection(tiny_checkpo
                 sock.sendall(next_request)
                 second, _ = _answer(sock)
                 assert second.startswith(b"HTTP/1.1 200 "), (first, second)
+
+
+def _expect_head(length: bytes) -> bytes:
+    return _POST.replace(b"%d", length).replace(b"\r\n\r\n", b"\r\nexpect: 100-continue\r\n\r\n")
+
+
+def test_a_declared_body_over_the_cap_awaiting_100_continue_closes_its_connection(
+    tiny_checkpoint: Path,
+) -> None:
+    """413 for a declared length over the cap, the client waiting for `100 Continue`: the answer kept
+    the connection open, and the parser took the next request on it for body bytes (the 401/404/405
+    case, fixed before, was not this one). It now closes the connection, nothing read as a body."""
+    settings = tiny_settings(tiny_checkpoint, max_body_bytes=MIB)
+    with live_server(settings) as live, _connections(live, [_expect_head(b"%d" % (5 * MIB))]) as (sock,):
+        sock.settimeout(10)  # kept open, the connection waits for its body: the test fails here
+        head, body = _answer(sock)
+        assert head.startswith(b"HTTP/1.1 413 "), head
+        assert b"connection: close" in head.lower(), head
+        assert json.loads(body)["error"]["code"] == "payload_too_large"
+        assert _until_closed(sock) == b""  # closed: nothing after is read as its body
+
+
+async def test_an_invalid_content_length_awaiting_100_continue_closes_its_connection() -> None:
+    """The parsers refuse an invalid `Content-Length` before any app sees it; were one to pass, its 400
+    (422 validation_error) is given before the body is read, and closes the connection as every such
+    answer does."""
+    sent: list[Message] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        raise AssertionError("the request reached the app")
+
+    async def receive() -> Message:
+        raise AssertionError("the body was read")
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    middleware = limits.BodyLimitMiddleware(
+        app,
+        max_body_bytes=MIB,
+        metrics=ServiceMetrics(),
+        max_inflight_bytes=MIB,
+        retry_after_s=1,
+        readers=BodyReaders(),
+    )
+    headers = [(b"content-length", b"12x"), (b"expect", b"100-continue")]
+    scope = {"type": "http", "method": "POST", "path": "/v1/embed", "headers": headers}
+    await middleware(scope, receive, send)
+    assert sent[0]["status"] == 422
+    assert (b"connection", b"close") in sent[0]["headers"]
+
+
+def _is_readable(sock: socket.socket) -> bool:
+    return bool(select.select([sock], [], [], 0)[0])
+
+
+def test_a_refused_body_still_coming_is_a_429_not_a_stall(
+    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body refused mid-way whose client keeps sending, never pausing as long as the stall window:
+    its rest was dropped inside the read's own timeout, whose deadline no longer moved, and the client
+    got the stall's 408 ("no byte of it came") while it was sending. It now reads the 429 once its
+    body is done. The holder keeps the budget held, sending a byte a turn so that it does not stall."""
+    monkeypatch.setattr(limits, "STALL_TIMEOUT_S", 2.0)  # a margin for a loaded machine
+    size = 64 * 1024
+    settings = tiny_settings(tiny_checkpoint, max_body_bytes=size, max_inflight_bytes=size)
+    chunked = (
+        b"POST /v1/embed HTTP/1.1\r\nHost: x\r\ncontent-type: text/html\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    with live_server(settings) as live, _connections(live, [_POST % size + b"x" * (size // 2)]) as (holder,):
+        _wait_for_held(live, lambda held: held == size // 2)
+        passing = size * 5 // 8  # past what the holder leaves, not past the cap
+        with _connections(live, [chunked + b"%x\r\n%s\r\n" % (passing, b"y" * passing)]) as (sock,):
+            for _ in range(120):  # 6 s of sending: three stall windows
+                if _is_readable(sock):
+                    break  # answered while it sends: the test fails below
+                holder.sendall(b"x")
+                sock.sendall(b"10\r\n" + b"y" * 16 + b"\r\n")
+                time.sleep(0.05)
+            with contextlib.suppress(OSError):
+                sock.sendall(b"0\r\n\r\n")
+            head, body = _answer(sock)
+    assert head.startswith(b"HTTP/1.1 429 "), (head, body[:300])
+    assert json.loads(body)["error"]["code"] == "overloaded"
+
+
+def _answer_until_closed(sock: socket.socket) -> tuple[bytes, bytes]:
+    head, _, body = _until_closed(sock).partition(b"\r\n\r\n")
+    return head, body
+
+
+@pytest.mark.slow
+def test_refused_bodies_being_dropped_at_shutdown_get_their_429(tiny_checkpoint: Path) -> None:
+    """SIGTERM while two refused bodies are being dropped (one refused on its declared length, one
+    mid-body) and one accepted body is still coming: the drop's waits were unseen by the cut-off, and
+    uvicorn's graceful timeout cancelled them into a bare plain-text 500. The dropped ones now get the
+    429 decided for them, their connections closed; the accepted one gets the cut-off's 503."""
+    size = 64 * 1024
+    env = server_env(
+        tiny_checkpoint,
+        drain_timeout_s="2",
+        body_timeout_s="60",
+        max_body_bytes=str(size),
+        max_inflight_bytes=str(size),
+    )
+    chunked = (
+        b"POST /v1/embed HTTP/1.1\r\nHost: x\r\ncontent-type: text/html\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    with server_process(env) as server:
+        with _connections(server, [_POST % size + b"x" * (size // 2)]) as (holder,):
+            _wait_for_held(server, lambda held: held == size // 2)
+            with _connections(
+                server, [_POST % size + b"y", chunked + b"10\r\n" + b"z" * 16 + b"\r\n"]
+            ) as dropped:
+                _wait_for_held(server, lambda held: held == size // 2 + 16)  # the chunked one is read
+                passing = size * 5 // 8  # past what the holder leaves, not past the cap
+                dropped[1].sendall(b"%x\r\n%s\r\n" % (passing, b"z" * passing))
+                _wait_for_held(server, lambda held: held == size // 2)  # refused: it gave its 16 back
+                _wait_for_in_progress(server, 3)
+                server.proc.send_signal(signal.SIGTERM)
+                answers = [_answer_until_closed(sock) for sock in (holder, *dropped)]
+        server.proc.wait(timeout=60)
+    (head, body), *refused = answers
+    assert head.startswith(b"HTTP/1.1 503 ") and json.loads(body)["error"]["code"] == "shutting_down", head
+    for head, body in refused:
+        assert head.startswith(b"HTTP/1.1 429 "), (head, body[:300])
+        assert b"connection: close" in head.lower() and b"retry-after" in head.lower(), head
+        assert json.loads(body)["error"]["code"] == "overloaded"
+
+
+def _wait_for_in_progress(server: ServerProcess, count: int) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        text = httpx.get(server.url + "/metrics").text
+        if metric(text, "htmllm_requests_in_progress", route="/v1/embed") == count:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{count} requests never reached the server")
