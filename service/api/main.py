@@ -1,11 +1,13 @@
 """Serving from the command line: settings from the environment and flags, the model checked, uvicorn run.
 
 `python -m service.api [flags]` and `htmllm serve [flags]` take the same flags (`add_serve_arguments`)
-and both end in `run_args`, which starts the server as `serve(settings)` does. The checkpoint is loaded
-before the port is bound, so a missing or broken model fails fast with a message saying what is missing,
-and the server never starts with something that is not a model. A SIGTERM during the start ends the
-process at once (status 143), from before the settings are read (their checks import torch) until uvicorn
-serves. Heavy imports (uvicorn, pydantic, torch) wait until a server is really started, so that the
+and both end in `run_args`, which starts the server as `serve(settings)` does. The settings and the
+checkpoint's files are checked, then the port is bound (`bind_listeners`, handed to uvicorn), then the
+checkpoint is loaded, and only then does the port listen: a missing or broken model or a port in use
+fails fast with a message saying what is wrong, and the server never starts with something that is not
+a model. A SIGTERM or SIGINT (Ctrl-C) during the start ends the process at once (status 143 or 130, one
+log line), from before the settings are read (their checks import torch) until uvicorn serves. Heavy
+imports (uvicorn, pydantic, torch) wait until a server is really started, so that the
 `htmllm` CLI stays usable without the serve extra and SIGTERM's handler is in place before them. Once
 uvicorn has shut down, the process ends with the server's status without waiting for its threads
 (`end_process`): a forward pass still in flight at the end of the drain budget is no one's any more.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import errno
 import logging
 import math
 import os
@@ -37,7 +40,6 @@ if TYPE_CHECKING:
     from pydantic import ValidationError
 
     from service.api.settings import Settings
-    from service.engine import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -240,6 +242,95 @@ def check_device(settings: Settings) -> None:
         raise InvalidSettingsError(f"{exc} ({chosen})") from exc
 
 
+def _where(host: str) -> str:
+    """HTMLLM_HOST as an error names it: the empty string binds every address of both families."""
+    return host if host else "every IPv4 and IPv6 address (HTMLLM_HOST '')"
+
+
+def _bind_refused(host: str, port: int, exc: OSError) -> InvalidSettingsError:
+    """The one line for a port this server cannot have: the settings, not the model, are at fault."""
+    if exc.errno == errno.EADDRINUSE:
+        return InvalidSettingsError(
+            f"port {port} on {_where(host)} is in use (address already in use): another server listens "
+            "there; stop it or choose another HTMLLM_PORT / --port"
+        )
+    reason = exc.strerror or str(exc)
+    if exc.errno == errno.EACCES and 0 < port < 1024:
+        reason += ": a port below 1024 needs root or CAP_NET_BIND_SERVICE"
+    return InvalidSettingsError(
+        f"cannot bind port {port} on {_where(host)} ({reason}); check HTMLLM_HOST / "
+        "--host and HTMLLM_PORT / --port"
+    )
+
+
+def bind_listeners(host: str, port: int) -> list[socket.socket]:
+    """The sockets uvicorn would bind for `host`:`port`, bound now, before the model loads, for
+    `uvicorn.Server.run(sockets=...)`; InvalidSettingsError, with the cause, when one cannot be bound.
+
+    uvicorn bound only after the load and the lifespan's start: a port in use was found after all of it
+    (its error log, its status 3). A probe that bound and closed again would leave the port to whoever
+    binds it during the load. As asyncio's `create_server(host=, port=)`: every address `host` resolves
+    to ('': both families), SO_REUSEADDR (TIME_WAIT is free), IPv6 sockets IPv6-only, a family this kernel
+    lacks skipped. Not listening yet (`listen`): a client during the load is refused, as before."""
+    hosts: list[str | None] = [None] if host == "" else [host]
+    try:
+        found = {
+            info
+            for each in hosts
+            for info in socket.getaddrinfo(
+                each, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE
+            )
+        }
+    except OSError as exc:  # socket.gaierror: a host name that resolves to nothing
+        raise _bind_refused(host, port, exc) from exc
+    bound: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in sorted(found, key=lambda info: (info[0], str(info[4]))):
+            try:
+                sock = socket.socket(family, kind, proto)
+            except OSError:
+                continue  # as asyncio: a family (IPv6) this kernel has no sockets for is no error
+            bound.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+    except OSError as exc:
+        for sock in bound:
+            sock.close()
+        raise _bind_refused(host, port, exc) from exc
+    if not bound:
+        raise InvalidSettingsError(
+            f"cannot bind port {port} on {_where(host)}: no socket of its families here"
+        )
+    return bound
+
+
+def listen(listeners: Sequence[socket.socket], backlog: int, host: str, port: int) -> None:
+    """Make `listeners` (`bind_listeners`') listen, once the model is loaded; InvalidSettingsError when
+    another server took the port meanwhile. Linux lets two sockets with SO_REUSEADDR bind one port while
+    neither listens: two servers started together both bind it, and the first to listen has it. Here the
+    second is told in one line, before uvicorn (whose `create_server(sock=)` would raise a traceback)."""
+    try:
+        for sock in listeners:
+            sock.listen(backlog)
+    except OSError as exc:
+        raise _bind_refused(host, port, exc) from exc
+
+
+def _log_listening(listeners: Sequence[socket.socket]) -> None:
+    """uvicorn's 'Uvicorn running on' line, which it writes only for sockets it bound itself; each
+    socket's own address, so `--port 0` says the port it got."""
+
+    def url(sock: socket.socket) -> str:
+        address, port = sock.getsockname()[:2]
+        return f"http://[{address}]:{port}" if sock.family == socket.AF_INET6 else f"http://{address}:{port}"
+
+    logging.getLogger("uvicorn.error").info(
+        "Uvicorn running on %s (Press CTRL+C to quit)", " and ".join(url(sock) for sock in listeners)
+    )
+
+
 def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
     """uvicorn's settings: SIGTERM stops accepting, waits for in-flight requests, then the lifespan drains.
     With JSON logs uvicorn configures no logging of its own: its records reach the root logger's handler
@@ -266,35 +357,48 @@ def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
     )
 
 
-# The exit status of a server stopped by SIGTERM before it served, as a shell reports a process that
-# SIGTERM ended (128 + the signal's number).
+# The exit statuses of a server stopped by SIGTERM or SIGINT before it served, as a shell reports a
+# process that the signal ended (128 + the signal's number).
 EXIT_TERMINATED = 128 + signal.SIGTERM
+EXIT_INTERRUPTED = 128 + signal.SIGINT
 
 
 class _Terminated(BaseException):
-    """SIGTERM during the start. A BaseException, as KeyboardInterrupt is for SIGINT, so that no
+    """SIGTERM or SIGINT during the start. A BaseException, as KeyboardInterrupt is, so that no
     `except Exception` on the way (a checkpoint reader's, a runner's) takes it for a load failure."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 @contextmanager
-def _sigterm_ends_the_start() -> Iterator[None]:
-    """Within, SIGTERM raises _Terminated: loading a model takes seconds to minutes, and in a container
-    the server is PID 1, for which the kernel drops every signal without a handler. Without this one a
-    pod deleted while its model loaded ran on until the kubelet's SIGKILL, a grace period later.
-    uvicorn installs its own handlers once it serves, and re-raises the signal that stopped it into the
-    ones it found (`_stops_gracefully`): hence the previous handler is restored on leaving."""
+def _signals_end_the_start() -> Iterator[None]:
+    """Within, SIGTERM and SIGINT raise _Terminated: loading a model takes seconds to minutes, and in a
+    container the server is PID 1, for which the kernel drops every signal without a handler. Without this
+    one a pod deleted while its model loaded ran on until the kubelet's SIGKILL, a grace period later;
+    Ctrl-C printed a KeyboardInterrupt traceback of some 30 lines from wherever the load was (inside
+    transformers' imports) and died of the signal. A SIGINT that is ignored (a shell's background job)
+    stays ignored. uvicorn installs its own handlers once it serves, and re-raises the signal that
+    stopped it into the ones it found (`_stops_gracefully`): hence the previous handlers are restored
+    on leaving."""
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread may install a handler (as uvicorn, which then installs none either)
         return
 
-    def terminate(sig: int, frame: FrameType | None) -> None:
-        raise _Terminated
+    def end_the_start(sig: int, frame: FrameType | None) -> None:
+        raise _Terminated(sig)
 
-    previous = signal.signal(signal.SIGTERM, terminate)
+    previous = {
+        sig: signal.signal(sig, end_the_start)
+        for sig in (signal.SIGTERM, signal.SIGINT)
+        if sig == signal.SIGTERM or signal.getsignal(sig) is not signal.SIG_IGN
+    }
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @contextmanager
@@ -323,8 +427,9 @@ def _stops_gracefully(stop: Callable[[int, FrameType | None], None]) -> Iterator
 def serve(settings: Settings) -> int:
     """Run the server until SIGTERM/SIGINT: 0 once it has drained every request it accepted, 1 when the
     drain ran out of time (`HTMLLM_DRAIN_TIMEOUT_S`: what was left was answered 503), the model is
-    missing or does not load, 2 when the settings cannot work on this machine or with this checkpoint,
-    143 on SIGTERM before it serves (it never started; nothing to drain).
+    missing or does not load, 2 when the settings cannot work on this machine or with this checkpoint
+    or the port cannot be bound (in use), 143 on SIGTERM and 130 on SIGINT before it serves (it never
+    started; nothing to drain).
 
     It returns, for a caller whose process goes on; the command line's server ends its process as soon
     as it has its status instead (`run_args`)."""
@@ -336,9 +441,9 @@ def run_args(args: argparse.Namespace) -> int:
     that is no checkpoint. A server that served ends the process with its status (`end_process`)
     rather than returning: `python -m service.api` and `htmllm serve` have nothing left to do.
 
-    SIGTERM ends the process with 143 from here on, before the settings are read: their checks import
-    torch (`settings.engine_config()`), seconds in which a pod deleted during its start, as PID 1 with
-    no handler, had ignored the signal (or, elsewhere, died of it without a word)."""
+    SIGTERM ends the process with 143 (SIGINT with 130) from here on, before the settings are read: their
+    checks import torch (`settings.engine_config()`), seconds in which a pod deleted during its start, as
+    PID 1 with no handler, had ignored the signal (or, elsewhere, died of it without a word)."""
     return _start_and_serve(lambda: _settings_for_serving(args), ends_process=True)
 
 
@@ -398,48 +503,57 @@ def _settings_for_serving(args: argparse.Namespace) -> Settings | int:
 
 
 def _start_and_serve(settings_for: Callable[[], Settings | int], *, ends_process: bool) -> int:
-    """Take the settings (`settings_for`: they or the status that refused them), load the model and serve,
-    all of the start with SIGTERM ending it (`_sigterm_ends_the_start`): from the first import of
-    pydantic, torch and uvicorn on, not only from the load. With `ends_process`, a server that served
-    ends the process with its status (`end_process`) from within uvicorn's event loop: the end of
-    asyncio.run would wait for a forward pass still in flight."""
-    engine: Engine | None = None
-    try:
-        with _sigterm_ends_the_start():
-            settings = settings_for()
-            if isinstance(settings, int):
-                return settings
-            import uvicorn
+    """Take the settings (`settings_for`: they or the status that refused them), bind the port, load the
+    model and serve, all of the start with SIGTERM and SIGINT ending it (`_signals_end_the_start`): from
+    the first import of pydantic, torch and uvicorn on, not only from the load. With `ends_process`, a
+    server that served ends the process with its status (`end_process`) from within uvicorn's event
+    loop: the end of asyncio.run would wait for a forward pass still in flight."""
+    # What the start has built (the sockets, the engine: a model child process), released should the
+    # start end; uvicorn's (which closes the sockets) and the lifespan's (which stops the engine) once it
+    # serves.
+    with contextlib.ExitStack() as unserved:
+        try:
+            with _signals_end_the_start():
+                settings = settings_for()
+                if isinstance(settings, int):
+                    return settings
+                import uvicorn
 
-            from service.api.api_keys import ApiKeys
-            from service.api.app import create_app, load_engine
-            from service.api.logs import configure_logging
+                from service.api.api_keys import ApiKeys
+                from service.api.app import create_app, load_engine
+                from service.api.logs import configure_logging
 
-            configure_logging(settings.log_level, settings.log_format)
-            ApiKeys(settings.api_key, settings.api_key_file)  # before the model: a bad key file is quick
-            check_device(settings)
-            check_model_path(settings)
-            engine = load_engine(settings)
-            app = create_app(settings, engine)
-            server = uvicorn.Server(uvicorn_config(app, settings))
-    except _Terminated:
-        if engine is not None:
-            engine.close()  # the runner's resources (a model child process), were it loaded
-        logger.warning("SIGTERM before the server started serving: exiting (status %d)", EXIT_TERMINATED)
-        return EXIT_TERMINATED
-    except InvalidSettingsError as exc:
-        sys.stderr.write(f"htmllm serve: invalid settings: {exc}\n")
-        return 2
-    except HtmllmError as exc:
-        sys.stderr.write(f"htmllm serve: {exc.code}: {exc}\n")
-        return 1
-    except OSError as exc:
-        # A file the start could not read or write that no typed error names (each known one is a
-        # CheckpointError or an OnnxExportError): one line with the file and the cause, not a traceback.
-        sys.stderr.write(
-            f"htmllm serve: {ErrorCode.BACKEND_FAILED}: cannot start: {type(exc).__name__}: {exc}\n"
-        )
-        return 1
+                configure_logging(settings.log_level, settings.log_format)
+                ApiKeys(settings.api_key, settings.api_key_file)  # before the model: a bad key file is quick
+                check_device(settings)
+                check_model_path(settings)
+                # A port in use is said now, not after the load and the lifespan's start (minutes).
+                listeners = [unserved.enter_context(s) for s in bind_listeners(settings.host, settings.port)]
+                engine = load_engine(settings)
+                unserved.callback(engine.close)
+                app = create_app(settings, engine)
+                config = uvicorn_config(app, settings)
+                server = uvicorn.Server(config)
+                listen(listeners, config.backlog, settings.host, settings.port)
+        except _Terminated as ended:
+            ended_with = 128 + ended.signum
+            name = signal.Signals(ended.signum).name
+            logger.warning("%s before the server started serving: exiting (status %d)", name, ended_with)
+            return ended_with
+        except InvalidSettingsError as exc:
+            sys.stderr.write(f"htmllm serve: invalid settings: {exc}\n")
+            return 2
+        except HtmllmError as exc:
+            sys.stderr.write(f"htmllm serve: {exc.code}: {exc}\n")
+            return 1
+        except OSError as exc:
+            # A file the start could not read or write that no typed error names (each known one is a
+            # CheckpointError or an OnnxExportError): one line with the file and the cause, not a traceback.
+            sys.stderr.write(
+                f"htmllm serve: {ErrorCode.BACKEND_FAILED}: cannot start: {type(exc).__name__}: {exc}\n"
+            )
+            return 1
+        unserved.pop_all()
     uvicorn_handle_exit = server.handle_exit
     runtime = app.state.runtime
 
@@ -463,8 +577,16 @@ def _start_and_serve(settings_for: Callable[[], Settings | int], *, ends_process
             end_process(status())
 
     server.serve = serve_then_end  # type: ignore[method-assign]
+    uvicorn_startup = server.startup
+
+    async def startup_then_say_where(sockets: list[socket.socket] | None = None) -> None:
+        await uvicorn_startup(sockets)
+        if server.started:
+            _log_listening(listeners)
+
+    server.startup = startup_then_say_where  # type: ignore[method-assign]
     with _stops_gracefully(handle_exit):
-        server.run()
+        server.run(sockets=listeners)
     return status()
 
 

@@ -196,7 +196,7 @@ def test_a_checkpoint_the_inference_process_cannot_load_is_one_line(
     broken = tmp_path / "broken"
     shutil.copytree(tiny_checkpoint, broken)
     (broken / "model.safetensors").write_bytes(b"not safetensors")
-    assert api_main.serve(Settings(model_path=broken, inference_process=True, port=1)) == 1
+    assert api_main.serve(Settings(model_path=broken, inference_process=True, port=0)) == 1
     err = capsys.readouterr().err
     assert err.startswith("htmllm serve: checkpoint_invalid: ") and "Traceback" not in err
 
@@ -226,7 +226,7 @@ def test_an_onnx_graph_that_can_be_written_nowhere_is_one_line(
 
     monkeypatch.setattr(tempfile, "mkstemp", read_only)
     settings = Settings(
-        model_path=tiny_checkpoint, backend="onnx", onnx_path=graph_dir / "model.onnx", port=1
+        model_path=tiny_checkpoint, backend="onnx", onnx_path=graph_dir / "model.onnx", port=0
     )
     assert api_main.serve(settings) == 1
     err = capsys.readouterr().err
@@ -246,7 +246,7 @@ def test_a_file_the_start_cannot_read_is_one_line_not_a_traceback(
         raise PermissionError(13, "Permission denied", "/models/html-base/somewhere")
 
     monkeypatch.setattr(api_app, "load_engine", load_engine)
-    assert api_main.serve(Settings(model_path=tiny_checkpoint, port=1)) == 1
+    assert api_main.serve(Settings(model_path=tiny_checkpoint, port=0)) == 1
     assert capsys.readouterr().err == (
         "htmllm serve: backend_failed: cannot start: PermissionError: [Errno 13] Permission denied: "
         "'/models/html-base/somewhere'\n"
