@@ -152,16 +152,21 @@ def start_server(env: dict[str, str], log: IO[bytes]) -> subprocess.Popen[bytes]
     )
 
 
+def _terminate(process: subprocess.Popen[bytes], grace: float) -> int:
+    """SIGTERM, then SIGKILL if it outlives `grace` seconds; its exit status."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
+
+
 def stop_server(server: subprocess.Popen[bytes], grace: float) -> int:
     """SIGTERM (the server drains its queue), then SIGKILL if it outlives `grace` seconds."""
-    if server.poll() is None:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-    return server.returncode
+    return _terminate(server, grace)
 
 
 def locust_command(args: argparse.Namespace, base: str, out: Path) -> list[str]:
@@ -246,10 +251,4 @@ def watch_run(
 
 def stop_locust(locust: subprocess.Popen[bytes], grace: float) -> None:
     """SIGTERM (locust quits and writes its reports and the final CSVs), then SIGKILL after `grace`."""
-    if locust.poll() is None:
-        locust.send_signal(signal.SIGTERM)
-        try:
-            locust.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            locust.kill()
-            locust.wait()
+    _terminate(locust, grace)
