@@ -43,8 +43,9 @@ class TaskSpec:
     description: str = ""
 
     def __post_init__(self) -> None:
-        if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
-            raise EvaluationError(f"task name {self.name!r} must be letters, digits, '_', '.', '-'")
+        # No '.': a task's name is its head's, which the model's ModuleDict cannot hold with one.
+        if not re.fullmatch(r"[A-Za-z0-9_-]+", self.name):
+            raise EvaluationError(f"task name {self.name!r} must be letters, digits, '_', '-'")
         if self.kind not in KINDS:
             raise EvaluationError(f"task {self.name}: kind {self.kind!r} is not one of {KINDS}")
         if self.kind not in get_metric(self.metric).kinds:

@@ -198,6 +198,10 @@ def _check_head_name(name: object) -> None:
             f"head name {name!r} must be a file-name-safe string: no '/', no backslash, no control or "
             "other non-printable characters"
         )
+    if "." in name:
+        # The head is a module of the model's ModuleDict, whose names torch refuses to hold a '.': such
+        # a head had been saved, and then no command could load the checkpoint (a raw KeyError).
+        raise ValueError(f"head name {name!r} must not contain '.' (use '_' or '-')")
     size = len(name.encode("utf-8"))
     if size > MAX_HEAD_NAME_BYTES:
         raise ValueError(

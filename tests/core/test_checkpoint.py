@@ -437,7 +437,7 @@ def test_save_checkpoint_refuses_an_empty_sliding_window_before_writing_anything
     assert not target.exists()
 
 
-@pytest.mark.parametrize("name", ["x" * 300, "x" * 240, "a\x00b", "a\\b", "bell\x07"])
+@pytest.mark.parametrize("name", ["x" * 300, "x" * 240, "a\x00b", "a\\b", "bell\x07", "topic.v2"])
 def test_head_names_no_file_can_have_are_refused_by_the_metadata(ckpt: Path, name: str) -> None:
     """Such a name had passed: load then raised a raw OSError (name too long) looking for its file."""
     (ckpt / "heads" / "quality.safetensors").unlink()

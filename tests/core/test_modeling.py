@@ -162,7 +162,18 @@ def test_a_sliding_window_that_holds_no_position_is_refused(local_attention: int
 
 @pytest.mark.parametrize(
     "name",
-    ["a\x00b", "a\\b", "tab\there", "line\nbreak", "del\x7f", "nbsp\u00a0", "x" * 201, "é" * 101, ".."],
+    [
+        "a\x00b",
+        "a\\b",
+        "tab\there",
+        "line\nbreak",
+        "del\x7f",
+        "nbsp\u00a0",
+        "x" * 201,
+        "é" * 101,
+        "..",
+        "topic.v2",
+    ],
 )
 def test_head_names_no_file_system_can_hold_are_refused(name: str) -> None:
     """A head's name is its file's name: a NUL, a control character or a backslash, or more than 200

@@ -178,3 +178,11 @@ def test_scikit_learn_pin_has_the_fold_splitters_assign_folds_uses() -> None:
     groups = [f"s{i % 10}" for i in range(20)]
     folds = assign_folds(targets, groups, kind="regression", k=5)
     assert sorted(set(folds.tolist())) == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("name", ["quality.v2", "page_kind.probs"])
+def test_a_task_name_with_a_dot_is_refused(name: str) -> None:
+    """A task's name is its head's, a module of the model's ModuleDict, which torch refuses with a '.':
+    `heads train` had saved such a head, and then no command could load the checkpoint."""
+    with pytest.raises(EvaluationError, match="must be letters, digits, '_', '-'"):
+        TaskSpec(name, "classification", "f1_macro", ["a", "b"])
