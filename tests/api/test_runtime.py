@@ -71,7 +71,14 @@ async def test_the_drain_deadline_ends_running_extractions_typed(tiny_checkpoint
         runtime.admit_extraction(1)
         doc = Document(html=pathological_page(), id="p")
         future = threads.submit(
-            _extract_one, doc, "justext", min_words=50, timeout_s=60, pool=pool, metrics=runtime.metrics
+            _extract_one,
+            doc,
+            "justext",
+            min_words=50,
+            language=None,
+            timeout_s=60,
+            pool=pool,
+            metrics=runtime.metrics,
         )
         future.add_done_callback(runtime.extraction_done)
         while not pool._busy:
