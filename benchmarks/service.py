@@ -61,6 +61,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.options import positive_float  # noqa: E402
 from loadtests.procfs import own_cpu_seconds  # noqa: E402
 from service.api.settings import default_model_path  # noqa: E402
 from service.commands.options import at_least  # noqa: E402
@@ -411,13 +412,10 @@ def run_mode(
 
 
 def positive_seconds(text: str) -> float:
-    """`--duration`: seconds over 0 (a window of 0 s divided the docs by it)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
-    if not value > 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds over 0, not {text}")
+    """`--duration`: seconds over 0 (a window of 0 s divided the docs by it), and finite."""
+    value = positive_float(text)
+    if math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds, not {text}")
     return value
 
 
