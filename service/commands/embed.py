@@ -138,6 +138,14 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="onnx backend on CPU: run the int8 graph (model.int8.onnx, exported when missing)",
     )
     parser.add_argument(
+        "--onnx-path",
+        type=Path,
+        default=None,
+        help="onnx backend: the graph file (as HTMLLM_ONNX_PATH), used when up to date with the checkpoint, "
+        "else exported there; default <checkpoint>/model.onnx, or the temporary directory when the "
+        "checkpoint is read-only",
+    )
+    parser.add_argument(
         "--attention",
         choices=ATTENTION_CHOICES,
         default=AUTO_ATTENTION,
@@ -299,12 +307,15 @@ def _plan(args: argparse.Namespace) -> _Plan:
     from service.core.checkpoint import checkpoint_fingerprint, read_meta
     from service.engine import EngineConfig
 
+    if args.onnx_path is not None and args.backend != "onnx":
+        raise OptionError("--onnx-path is the onnx backend's graph: give it with --backend onnx")
     try:
         config = EngineConfig(
             backend=args.backend,
             device=args.device,
             dtype=args.dtype,
             onnx_quantize=quantization_option(args.onnx_quantize),
+            onnx_path=None if args.onnx_path is None else str(args.onnx_path),
             attn_implementation=attention_option(args.attention),
             max_length=args.max_length,
             max_batch_tokens=args.batch_tokens,

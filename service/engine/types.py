@@ -140,6 +140,13 @@ class EngineConfig:
             )
         if self.backend == "onnx" and self.dtype != "float32":
             raise ValueError("the onnx backend runs the float32 graph (or onnx_quantize='int8' on CPU)")
+        if self.backend == "onnx" and self.attn_implementation is not None:
+            # The graph runs onnxruntime's own fused Attention whatever is asked: an attention named with
+            # it had been ignored in silence (a benchmark of "eager" under onnx measured the graph).
+            raise ValueError(
+                f"attention {self.attn_implementation!r} is the torch backend's (HTMLLM_ATTENTION, "
+                "--attention): the onnx backend runs its graph's own attention; leave it at auto"
+            )
         if self.onnx_quantize is not None:
             if self.onnx_quantize not in QUANTIZED_ONNX_FILES:
                 choices = tuple(QUANTIZED_ONNX_FILES)

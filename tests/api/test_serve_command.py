@@ -186,7 +186,18 @@ def test_flash_attention_on_cpu_is_one_line_and_exit_2(
 def test_an_attention_the_device_can_run_starts_as_before(tiny_checkpoint: Path) -> None:
     """The check refuses only what the runner would: eager on CPU passes it."""
     api_main.check_device(Settings(model_path=tiny_checkpoint, attention="eager"))
-    api_main.check_device(Settings(model_path=tiny_checkpoint, backend="onnx", attention="flash_attention_2"))
+    api_main.check_device(Settings(model_path=tiny_checkpoint, backend="onnx", attention="auto"))
+
+
+def test_an_attention_with_the_onnx_backend_is_refused_before_the_model_loads(
+    tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The graph runs onnxruntime's own attention: HTMLLM_ATTENTION=eager with it had been ignored."""
+    monkeypatch.setenv("HTMLLM_BACKEND", "onnx")
+    monkeypatch.setenv("HTMLLM_ATTENTION", "eager")
+    assert api_main.main(["--model-path", str(tiny_checkpoint), "--port", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("htmllm serve: invalid settings:\nattention 'eager' is the torch backend's"), err
 
 
 def test_a_checkpoint_the_inference_process_cannot_load_is_one_line(

@@ -783,8 +783,6 @@ def test_the_chart_refuses_what_the_service_refuses_to_start_with() -> None:
     exactly those at install, and renders the rest."""
     mismatched = []
     for gpu, backend, dtype, quantize, attention in itertools.product(*ENGINE_CHOICES.values()):
-        if backend == "onnx" and attention != "auto":
-            continue  # the onnx runner has no attention choice: the graph is the graph
         server = {"backend": backend, "dtype": dtype, "onnxQuantize": quantize, "attention": attention}
         try:
             render({"gpu": {"enabled": gpu}, "server": server})

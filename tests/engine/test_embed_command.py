@@ -21,6 +21,7 @@ import torch
 
 from service.cli import main
 from service.engine import Document, DocumentResult, Engine
+from tests.factories.checkpoint import build_tiny_checkpoint
 from tests.factories.cli import ROOT, cli, cli_env, kill_minus_nine_when, sigterm_given_back, write_pages
 from tests.factories.pages import make_pages
 from tests.factories.warc import HttpResponse, response, warc_gz
@@ -371,8 +372,6 @@ def test_resume_with_another_checkpoint_or_dtype_is_refused(
 ) -> None:
     """A retrained checkpoint has the same name and tokenizer: its weights must tell it apart. A copy of
     the same checkpoint (other mtimes) resumes."""
-    from tests.factories.checkpoint import build_tiny_checkpoint
-
     write_pages(tmp_path / "pages.jsonl", 4)
     out = tmp_path / "out.parquet"
     _stop_before_merge(monkeypatch, _args(tiny_checkpoint, tmp_path / "pages.jsonl", out, "--part-size", "2"))
@@ -491,6 +490,8 @@ def test_a_typo_in_the_input_neither_loads_the_model_nor_locks_the_output(
         (["--dtype", "float16"], 1, "float16 is for CUDA"),
         (["--onnx-quantize", "int8"], 1, "needs the onnx backend on CPU"),
         (["--heads", "quality,nope"], 1, "unknown head(s) 'nope'"),
+        (["--onnx-path", "{tmp}/g.onnx"], 1, "--onnx-path is the onnx backend's graph"),
+        (["--backend", "onnx", "--attention", "eager"], 1, "attention 'eager' is the torch backend's"),
         pytest.param(
             ["--device", "cuda"], 1, "no usable CUDA device",
             marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA"),
@@ -606,3 +607,26 @@ def test_an_unreadable_part_is_embedded_again(
     assert f"{parts[1]} cannot be read" in capsys.readouterr().err
     table = pq.read_table(out)
     assert table["index"].to_pylist() == list(range(6)) and table["error"].null_count == 6
+
+
+def test_the_onnx_backend_runs_the_graph_onnx_path_names(tmp_path: Path) -> None:
+    """A graph exported once (`htmllm export-onnx --out`) is the one the run uses: without --onnx-path
+    every run exported its own beside the checkpoint (minutes on a real model; refused where the
+    checkpoint is read-only)."""
+    checkpoint = build_tiny_checkpoint(tmp_path / "tiny")
+    graph = tmp_path / "graphs" / "tiny.onnx"
+    graph.parent.mkdir()
+    assert main(["export-onnx", "--checkpoint", str(checkpoint), "--out", str(graph)]) == 0
+    exported = graph.stat().st_mtime_ns
+    write_pages(tmp_path / "pages.jsonl", 5)
+    onnx_out, torch_out = tmp_path / "onnx.parquet", tmp_path / "torch.parquet"
+    options = ["--backend", "onnx", "--onnx-path", str(graph)]
+    assert main(_args(checkpoint, tmp_path / "pages.jsonl", onnx_out, *options)) == 0
+    assert main(_args(checkpoint, tmp_path / "pages.jsonl", torch_out)) == 0
+    assert graph.stat().st_mtime_ns == exported  # used as it was, not exported again
+    assert not list(checkpoint.glob("*.onnx"))  # nor a graph of its own beside the checkpoint
+    onnx_rows, torch_rows = pq.read_table(onnx_out), pq.read_table(torch_out)
+    assert onnx_rows["id"].to_pylist() == torch_rows["id"].to_pylist()
+    np.testing.assert_allclose(
+        np.array(onnx_rows["embedding"].to_pylist()), np.array(torch_rows["embedding"].to_pylist()), atol=1e-4
+    )

@@ -194,6 +194,15 @@ def test_quantization_is_only_for_the_onnx_backend_on_cpu() -> None:
         EngineConfig(backend="onnx", dtype="bfloat16")
 
 
+def test_an_attention_is_refused_with_the_onnx_backend() -> None:
+    """The graph runs onnxruntime's own attention: a kernel asked of it had been ignored in silence."""
+    for attention in ("sdpa", "eager", "varlen", "flash_attention_2"):
+        with pytest.raises(ValueError, match=f"attention '{attention}' is the torch backend's"):
+            EngineConfig(backend="onnx", attn_implementation=attention)
+    assert EngineConfig(backend="onnx").attn_implementation is None
+    assert EngineConfig(backend="torch", attn_implementation="eager").attn_implementation == "eager"
+
+
 def test_a_read_only_checkpoint_exports_its_graph_to_the_temporary_directory(
     tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -398,6 +398,9 @@ choose_attention), which would leave the pods in CrashLoopBackOff: refused here,
 {{- if and (ne $s.onnxQuantize "none") (or (ne $s.backend "onnx") $gpu) }}
 {{- fail (printf "server.onnxQuantize %s needs server.backend onnx on CPU (gpu.enabled false)" $s.onnxQuantize) }}
 {{- end }}
+{{- if and (eq $s.backend "onnx") (ne $s.attention "auto") }}
+{{- fail (printf "server.attention %s is the torch backend's: server.backend onnx runs its graph's own attention; leave server.attention auto" $s.attention) }}
+{{- end }}
 {{- if eq $s.backend "torch" }}
 {{- if and (eq $s.attention "flash_attention_2") (or (not $gpu) (eq $s.dtype "float32")) }}
 {{- fail "server.attention flash_attention_2 needs gpu.enabled and server.dtype bfloat16 or float16" }}
