@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import errno
 import logging
 import math
 import os
@@ -32,7 +31,14 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from service.core.checkpoint_path import CheckpointPathError, check_checkpoint_path
+from service.api.listeners import bind_listeners, listen, log_listening
+from service.api.start_checks import (
+    InvalidSettingsError,
+    ModelMissingError,
+    check_device,
+    check_model_location,
+    check_model_path,
+)
 from service.core.errors import ErrorCode, HtmllmError
 
 if TYPE_CHECKING:
@@ -60,19 +66,6 @@ _FLAG_FIELDS = (
     "log_level",
     "log_format",
 )
-
-
-class ModelMissingError(HtmllmError):
-    """No checkpoint where the settings point."""
-
-    code = ErrorCode.CHECKPOINT_INVALID
-
-
-class InvalidSettingsError(HtmllmError):
-    """Settings this machine or this checkpoint cannot serve with: exit 2, as the settings the Settings
-    class or the engine's configuration refuse, not 1 as a missing or broken model."""
-
-    code = ErrorCode.VALIDATION
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -190,145 +183,6 @@ def settings_errors(exc: ValidationError) -> list[str]:
         )
         lines.append(f"HTMLLM_{field.upper()}: {message}{shown_value}" if field else message)
     return lines or [f"{exc.error_count()} error(s)"]
-
-
-def check_model_location(settings: Settings) -> None:
-    """Raise ModelMissingError, with what to do about it, when `settings.model_path` is no checkpoint
-    directory (missing, a file, no htmllm.json): a look at the path, before anything imports torch
-    (`settings.engine_config()` does), so a typo is said at once, not after 4-5 s of imports."""
-    from service.api.settings import default_model_path
-
-    path = settings.model_path
-    try:
-        check_checkpoint_path(path, "--model-path")
-    except CheckpointPathError as exc:
-        if path.resolve() == default_model_path().resolve():
-            raise ModelMissingError(
-                f"no model at {path}: the bundled default model has not been built yet: run `make "
-                "default-model` (or point HTMLLM_MODEL_PATH / --model-path at a checkpoint directory)"
-            ) from None
-        # A suggestion names the flag already; otherwise say which settings name the path.
-        hint = "" if exc.suggestion else "; point HTMLLM_MODEL_PATH / --model-path at a checkpoint directory"
-        raise ModelMissingError(f"{exc}{hint}") from None
-
-
-def check_model_path(settings: Settings) -> None:
-    """Raise, with what to do about it, when `settings.model_path` holds no checkpoint
-    (`check_model_location`), its htmllm.json cannot be read, or the settings ask more than it has."""
-    check_model_location(settings)
-    from service.core.checkpoint import read_meta  # imports torch: only when there is a model to read
-
-    path = settings.model_path
-    meta = read_meta(path)  # raises CheckpointError naming the unreadable or invalid file
-    if settings.max_length is not None and settings.max_length > meta.max_length:
-        raise InvalidSettingsError(
-            f"HTMLLM_MAX_LENGTH {settings.max_length} exceeds the {meta.max_length} "
-            f"tokens the model at {path} was trained for"
-        )
-
-
-def check_device(settings: Settings) -> None:
-    """Raise InvalidSettingsError when this machine cannot run the settings' device and attention
-    (`HTMLLM_DEVICE=cuda` without CUDA, `HTMLLM_ATTENTION=flash_attention_2` on CPU): the runner would
-    refuse them only once the checkpoint had loaded, as a traceback."""
-    from service.engine.loading import check_device as check_engine_device
-
-    try:
-        check_engine_device(settings.engine_config())
-    except ValueError as exc:
-        chosen = f"HTMLLM_DEVICE={settings.device}, HTMLLM_DTYPE={settings.dtype}"
-        if settings.backend == "torch":
-            chosen += f", HTMLLM_ATTENTION={settings.attention}"
-        raise InvalidSettingsError(f"{exc} ({chosen})") from exc
-
-
-def _where(host: str) -> str:
-    """HTMLLM_HOST as an error names it: the empty string binds every address of both families."""
-    return host if host else "every IPv4 and IPv6 address (HTMLLM_HOST '')"
-
-
-def _bind_refused(host: str, port: int, exc: OSError) -> InvalidSettingsError:
-    """The one line for a port this server cannot have: the settings, not the model, are at fault."""
-    if exc.errno == errno.EADDRINUSE:
-        return InvalidSettingsError(
-            f"port {port} on {_where(host)} is in use (address already in use): another server listens "
-            "there; stop it or choose another HTMLLM_PORT / --port"
-        )
-    reason = exc.strerror or str(exc)
-    if exc.errno == errno.EACCES and 0 < port < 1024:
-        reason += ": a port below 1024 needs root or CAP_NET_BIND_SERVICE"
-    return InvalidSettingsError(
-        f"cannot bind port {port} on {_where(host)} ({reason}); check HTMLLM_HOST / "
-        "--host and HTMLLM_PORT / --port"
-    )
-
-
-def bind_listeners(host: str, port: int) -> list[socket.socket]:
-    """The sockets uvicorn would bind for `host`:`port`, bound now, before the model loads, for
-    `uvicorn.Server.run(sockets=...)`; InvalidSettingsError, with the cause, when one cannot be bound.
-
-    uvicorn bound only after the load and the lifespan's start: a port in use was found after all of it
-    (its error log, its status 3). A probe that bound and closed again would leave the port to whoever
-    binds it during the load. As asyncio's `create_server(host=, port=)`: every address `host` resolves
-    to ('': both families), SO_REUSEADDR (TIME_WAIT is free), IPv6 sockets IPv6-only, a family this kernel
-    lacks skipped. Not listening yet (`listen`): a client during the load is refused, as before."""
-    hosts: list[str | None] = [None] if host == "" else [host]
-    try:
-        found = {
-            info
-            for each in hosts
-            for info in socket.getaddrinfo(
-                each, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE
-            )
-        }
-    except OSError as exc:  # socket.gaierror: a host name that resolves to nothing
-        raise _bind_refused(host, port, exc) from exc
-    bound: list[socket.socket] = []
-    try:
-        for family, kind, proto, _, address in sorted(found, key=lambda info: (info[0], str(info[4]))):
-            try:
-                sock = socket.socket(family, kind, proto)
-            except OSError:
-                continue  # as asyncio: a family (IPv6) this kernel has no sockets for is no error
-            bound.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind(address)
-    except OSError as exc:
-        for sock in bound:
-            sock.close()
-        raise _bind_refused(host, port, exc) from exc
-    if not bound:
-        raise InvalidSettingsError(
-            f"cannot bind port {port} on {_where(host)}: no socket of its families here"
-        )
-    return bound
-
-
-def listen(listeners: Sequence[socket.socket], backlog: int, host: str, port: int) -> None:
-    """Make `listeners` (`bind_listeners`') listen, once the model is loaded; InvalidSettingsError when
-    another server took the port meanwhile. Linux lets two sockets with SO_REUSEADDR bind one port while
-    neither listens: two servers started together both bind it, and the first to listen has it. Here the
-    second is told in one line, before uvicorn (whose `create_server(sock=)` would raise a traceback)."""
-    try:
-        for sock in listeners:
-            sock.listen(backlog)
-    except OSError as exc:
-        raise _bind_refused(host, port, exc) from exc
-
-
-def _log_listening(listeners: Sequence[socket.socket]) -> None:
-    """uvicorn's 'Uvicorn running on' line, which it writes only for sockets it bound itself; each
-    socket's own address, so `--port 0` says the port it got."""
-
-    def url(sock: socket.socket) -> str:
-        address, port = sock.getsockname()[:2]
-        return f"http://[{address}]:{port}" if sock.family == socket.AF_INET6 else f"http://{address}:{port}"
-
-    logging.getLogger("uvicorn.error").info(
-        "Uvicorn running on %s (Press CTRL+C to quit)", " and ".join(url(sock) for sock in listeners)
-    )
 
 
 def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
@@ -582,7 +436,7 @@ def _start_and_serve(settings_for: Callable[[], Settings | int], *, ends_process
     async def startup_then_say_where(sockets: list[socket.socket] | None = None) -> None:
         await uvicorn_startup(sockets)
         if server.started:
-            _log_listening(listeners)
+            log_listening(listeners)
 
     server.startup = startup_then_say_where  # type: ignore[method-assign]
     with _stops_gracefully(handle_exit):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from service.api import main as api_main
+from service.api import start_checks
 from service.api.settings import Settings
 from service.cli import build_parser
 from service.core.checkpoint import CheckpointError
@@ -34,21 +35,22 @@ def test_missing_default_model_says_how_to_build_it(
 ) -> None:
     missing = tmp_path / "default-model"
     monkeypatch.setattr("service.api.settings.default_model_path", lambda: missing)
-    with pytest.raises(api_main.ModelMissingError, match="make default-model"):
-        api_main.check_model_path(Settings(model_path=missing))
+    with pytest.raises(start_checks.ModelMissingError, match="make default-model"):
+        start_checks.check_model_path(Settings(model_path=missing))
     assert api_main.serve(Settings(model_path=missing)) == 1
     assert "make default-model" in capsys.readouterr().err
 
 
 def test_a_directory_that_is_not_a_checkpoint(tmp_path: Path) -> None:
     (tmp_path / "weights.bin").write_bytes(b"\0")
-    with pytest.raises(api_main.ModelMissingError, match=r"holds no htmllm\.json\); point HTMLLM_MODEL_PATH"):
-        api_main.check_model_path(Settings(model_path=tmp_path))
-    with pytest.raises(api_main.ModelMissingError, match="does not exist; point HTMLLM_MODEL_PATH"):
-        api_main.check_model_path(Settings(model_path=tmp_path / "nothing"))
+    missing = r"holds no htmllm\.json\); point HTMLLM_MODEL_PATH"
+    with pytest.raises(start_checks.ModelMissingError, match=missing):
+        start_checks.check_model_path(Settings(model_path=tmp_path))
+    with pytest.raises(start_checks.ModelMissingError, match="does not exist; point HTMLLM_MODEL_PATH"):
+        start_checks.check_model_path(Settings(model_path=tmp_path / "nothing"))
     (tmp_path / "htmllm.json").write_text("{not json")  # the path passes; reading the file does not
     with pytest.raises(CheckpointError, match=r"htmllm\.json"):
-        api_main.check_model_path(Settings(model_path=tmp_path))
+        start_checks.check_model_path(Settings(model_path=tmp_path))
 
 
 # `python -m service.api` in a fresh interpreter, then whether it imported torch (on stdout).
@@ -185,8 +187,8 @@ def test_flash_attention_on_cpu_is_one_line_and_exit_2(
 
 def test_an_attention_the_device_can_run_starts_as_before(tiny_checkpoint: Path) -> None:
     """The check refuses only what the runner would: eager on CPU passes it."""
-    api_main.check_device(Settings(model_path=tiny_checkpoint, attention="eager"))
-    api_main.check_device(Settings(model_path=tiny_checkpoint, backend="onnx", attention="auto"))
+    start_checks.check_device(Settings(model_path=tiny_checkpoint, attention="eager"))
+    start_checks.check_device(Settings(model_path=tiny_checkpoint, backend="onnx", attention="auto"))
 
 
 def test_an_attention_with_the_onnx_backend_is_refused_before_the_model_loads(

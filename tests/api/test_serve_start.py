@@ -26,6 +26,8 @@ import pytest
 
 from service.api import app as api_app
 from service.api import main as api_main
+from service.api import start_checks
+from service.api.listeners import bind_listeners
 from tests.api.conftest import tiny_settings
 from tests.api.live import free_port, ipv6_loopback
 
@@ -133,9 +135,9 @@ def test_a_port_taken_during_the_load_is_one_line_and_releases_the_engine(
 
 def test_a_host_that_resolves_to_nothing_is_one_line() -> None:
     with pytest.raises(
-        api_main.InvalidSettingsError, match=r"^cannot bind port 8000 on no-such-host\.invalid \("
+        start_checks.InvalidSettingsError, match=r"^cannot bind port 8000 on no-such-host\.invalid \("
     ):
-        api_main.bind_listeners("no-such-host.invalid", 8000)
+        bind_listeners("no-such-host.invalid", 8000)
 
 
 @pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 loopback here")
@@ -147,7 +149,7 @@ def test_a_host_that_resolves_to_nothing_is_one_line() -> None:
 def test_the_sockets_are_those_uvicorn_would_bind(host: str, families: list[socket.AddressFamily]) -> None:
     """As asyncio's create_server (tests/api/test_bind_address.py): an IPv6 socket IPv6-only, '' both
     families, SO_REUSEADDR on each; bound, not yet listening."""
-    listeners = api_main.bind_listeners(host, 0)
+    listeners = bind_listeners(host, 0)
     try:
         assert sorted(sock.family for sock in listeners) == families
         for sock in listeners:
