@@ -19,7 +19,8 @@
 # flash-attn (4 modes x 4 batches; torch's varlen, and varlen through torch.compile, whose inductor
 # compile adds one to two minutes) plus a profile per mode, and the service runs 8 servers (twice more,
 # the model in a child process), 4 + 12 s of load each after its 4 client processes have started:
-# expect 3 to 4.5 minutes for the engine part at SECONDS_PER_CONFIG=4 and about 6 for the service part,
+# expect 3 to 4.5 minutes for the engine part at SECONDS_PER_CONFIG=4 and about 7 for the service part
+# (benchmarks/service.py's two rounds a mode add a warm-up and a client start to each server's load),
 # plus the machine's start. Together they would pass the device's 10 minutes a call: PARTS=engine and
 # PARTS=service run one part each (two calls back to back, so the second finds the machine warm).
 # COMPILE=0, PROFILE=0, SERVICE_PROCESS=0 shorten it. Each step's start is stamped (UTC) in the log;

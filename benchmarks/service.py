@@ -4,11 +4,16 @@
 
 The same server (`python -m service.api`, a real uvicorn process on 127.0.0.1) is started twice on the
 same checkpoint: once with dynamic batching (`--batch-requests`, default 32) and once with
-`HTMLLM_MAX_BATCH_REQUESTS=1`. Each time, `--clients` concurrent clients (default 32) post shared-corpus
-pages (raw bytes, `application/octet-stream`, one page per request, cycling through the pages) for
-`--duration` seconds after a `--warmup`; answers received inside the window count. Reported per mode:
-docs/s, p50/p99 latency, errors, mean batch size (from the server's own /metrics); then the docs/s
-ratio and the p99 ratio.
+`HTMLLM_MAX_BATCH_REQUESTS=1`. Both stay up for the whole run and are loaded in turn, in `--rounds`
+rounds per mode (default 2) whose order alternates: dynamic, single, single, dynamic. Run one after the
+other, the first mode had always had the machine as it was first (cooler, caches colder, a neighbour's
+load not yet come or gone), a drift that favoured one mode in every run; in this order a drift linear
+over the run weighs on both alike. In each round `--clients` concurrent clients (default 32) post
+shared-corpus pages (raw bytes, `application/octet-stream`, one page per request, cycling through the
+pages) for `--duration / --rounds` seconds after a `--warmup`; answers received inside the window count.
+Reported per mode, over its rounds: docs/s (answers over the summed windows), p50/p99 latency (of every
+answer), errors, mean batch size (from the server's own /metrics); each round's docs/s in run order;
+then the docs/s ratio and the p99 ratio.
 
 `--synthetic N` posts N generated pages instead (`loadtests.pagegen`: sizes and markup shares fitted to
 the corpus), for a machine without the corpus (the GPU machine: benchmarks/gpu_device_run.sh);
@@ -23,10 +28,11 @@ pages a second (against a server that does nothing, on the 2-core VM: 327 docs/s
 processes: 549 docs/s, p99 360 ms), so where the server is faster than that (a GPU) the figures would
 be the client's: `--client-processes N` spreads the clients over N processes that share one window.
 
-A mode whose server exits under the load, or whose final /metrics scrape fails, is a failed mode: its
-server-side figures read n/a (from an empty scrape they had read as a batch of nan, -388 ms of garbage
-collection and 8530 CPU ms a request), the ratio is "not comparable", and the exit status is 1. `--json`
-writes null where a figure is not known (never NaN, which strict JSON parsers refuse). Options that
+A mode whose server exits under the load, or whose /metrics scrape after a round fails, is a failed mode
+(it runs no more rounds): its server-side figures read n/a (from an empty scrape they had read as a batch
+of nan, -388 ms of garbage collection and 8530 CPU ms a request), the ratio is "not comparable", and the
+exit status is 1. `--json` writes null where a figure is not known (never NaN, which strict JSON parsers
+refuse); it is written after every round, its ratios once every round has run. Options that
 cannot work (`--limit 0`, a `--corpus` with no pages) are refused in one line, exit 2, before a server
 starts.
 """
@@ -49,8 +55,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 from types import ModuleType
@@ -61,7 +67,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.options import positive_float  # noqa: E402
+from benchmarks.options import positive_float, run  # noqa: E402
 from loadtests.procfs import own_cpu_seconds  # noqa: E402
 from service.api.settings import default_model_path  # noqa: E402
 from service.commands.options import at_least  # noqa: E402
@@ -78,19 +84,28 @@ class ModeResult:
     seconds: float
     latencies: list[float]
     server: dict[str, float]
-    # Why the mode's figures are not the server's (it exited under the load, or its final /metrics
-    # scrape failed), or None. A failed mode's server figures are empty and its ratio is not comparable.
+    # Why the mode's figures are not the server's (it exited under the load, or its /metrics scrape
+    # after a round failed), or None. A failed mode's server figures are empty and its ratio is not
+    # comparable.
     failure: str | None = None
+    # Each round's own figures (`round_figures`), in the order they ran: what a drift did shows here.
+    rounds: list[dict[str, float]] = field(default_factory=list)
 
     @property
     def docs_per_s(self) -> float:
-        return self.docs / self.seconds
+        """Answers over the summed windows (nan before any window: a server gone before its first round)."""
+        return self.docs / self.seconds if self.seconds else float("nan")
 
     def percentile(self, q: float) -> float:
-        if not self.latencies:
-            return float("nan")
-        ordered = sorted(self.latencies)
-        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+        return percentile(self.latencies, q)
+
+
+def percentile(latencies: list[float], q: float) -> float:
+    """The nearest-rank `q` quantile of `latencies`; nan for none."""
+    if not latencies:
+        return float("nan")
+    ordered = sorted(latencies)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def _engine_benchmark() -> ModuleType:
@@ -352,63 +367,176 @@ def scrape(url: str) -> str | None:
     return response.text if response.status_code == 200 else None
 
 
-def server_figures(
-    metrics_before: str, metrics: str, loop: tuple[float, float], cpu: tuple[float, float]
+def round_order(names: Sequence[str], rounds: int) -> list[str]:
+    """The modes in the order they run: `rounds` rounds each, the order reversed every other round
+    (ABBA for two modes and two rounds), so that no mode always runs first."""
+    return [name for i in range(rounds) for name in (names if i % 2 == 0 else names[::-1])]
+
+
+def round_figures(
+    position: int, docs: int, errors: int, window_s: float, latencies: list[float]
 ) -> dict[str, float]:
-    """The server-side figures over the load, from /metrics scrapes before and after it and the CPU
-    seconds (before, after) of the event-loop thread and of the whole process."""
-    server = server_breakdown(metrics)
-    requests = max(embed_requests(metrics) - embed_requests(metrics_before), 1.0)
-    server["loop_ms_per_request"] = (loop[1] - loop[0]) * 1000 / requests
-    server["cpu_ms_per_request"] = (cpu[1] - cpu[0]) * 1000 / requests
-    server.update(gc_over_load(metrics_before, metrics))
-    return server
+    """One round's figures; `position` is its place in the run (0 first)."""
+    return {
+        "position": position,
+        "docs_per_s": docs / window_s,
+        "p50_ms": percentile(latencies, 0.5) * 1000,
+        "p99_ms": percentile(latencies, 0.99) * 1000,
+        "errors": errors,
+    }
 
 
-def run_mode(
-    name: str, model: Path, env: dict[str, str], pages: list[bytes], args: argparse.Namespace, logs: Path
-) -> ModeResult:
-    """One server, loaded for the warm-up and the window; its /metrics means and front-end CPU cost.
+@dataclass
+class LiveMode:
+    """A mode's server, up for the whole run, and what its rounds have measured so far.
 
-    `loop_ms_per_request` is the CPU time of the server's main thread (the event loop: HTTP parsing,
-    validation, JSON, middleware, hand-offs) per embed request over the load, and `cpu_ms_per_request`
-    that of the whole server process (the loop, the batcher's and runner's threads; not its child
-    processes). The loop's share bounds a fast device: at 3 ms a request, no model serves more than
-    about 330 requests a second through one loop.
-
-    A server that exited during the load, or whose final scrape failed, makes a failed mode (`failure`)
-    with no server figures: from an empty scrape, every count read as 0, the differences went negative,
-    and the CPU of a dead process was divided by one request.
+    The server-side figures add up the rounds' loads only (between a scrape before a round and one after
+    it): while the other mode runs, this server idles, and its idle collections and CPU are no part of
+    its figures. `loop_s` is the CPU time of the server's main thread (the event loop: HTTP parsing,
+    validation, JSON, middleware, hand-offs) and `cpu_s` that of the whole server process (the loop, the
+    batcher's and runner's threads; not its child processes), over the loads.
     """
-    proc, url = start_server(model, env, logs / f"{name}.log")
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+    docs: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+    rounds: list[dict[str, float]] = field(default_factory=list)
+    requests: float = 0.0  # embed requests the server answered over the loads, any status
+    loop_s: float = 0.0
+    cpu_s: float = 0.0
+    gc: dict[str, float] = field(
+        default_factory=lambda: {"gc_full_collections": 0.0, "gc_full_max_ms": 0.0, "gc_ms": 0.0}
+    )
+    metrics: str | None = None  # the latest scrape after a round
     failure: str | None = None
-    server: dict[str, float] = {}
-    try:
-        metrics_before = httpx.get(f"{url}/metrics", timeout=30).text
+
+    def result(self) -> ModeResult:
+        """The figures so far. The /metrics means are the server's whole life (its own warm-up and every
+        round's, as before rounds); per request, the loop's and the process's CPU ms over the loads
+        (the loop's share bounds a fast device: at 3 ms a request, no model serves more than about 330
+        requests a second through one loop)."""
+        server: dict[str, float] = {}
+        if self.failure is None and self.metrics is not None:
+            server = server_breakdown(self.metrics)
+            requests = max(self.requests, 1.0)
+            server["loop_ms_per_request"] = self.loop_s * 1000 / requests
+            server["cpu_ms_per_request"] = self.cpu_s * 1000 / requests
+            server.update(self.gc)
+        return ModeResult(
+            self.name,
+            self.docs,
+            self.errors,
+            self.seconds,
+            list(self.latencies),
+            server,
+            self.failure,
+            list(self.rounds),
+        )
+
+
+def measure_round(
+    mode: LiveMode, pages: list[bytes], args: argparse.Namespace, window_s: float, position: int
+) -> dict[str, float] | None:
+    """One round of `mode`: a warm-up and a window of `window_s`, added to its figures; the round's own
+    (`round_figures`), or None where the server was gone before it.
+
+    A server that exited, or whose /metrics scrape after the round failed, fails the mode (`failure`):
+    from an empty scrape, every count read as 0, the differences went negative, and the CPU of a dead
+    process was divided by one request. The clients' figures of the round stand.
+    """
+    proc = mode.proc
+    before = scrape(mode.url) if proc.poll() is None else None
+    figures = None
+    if proc.poll() is not None:
+        mode.failure = f"the server exited with status {proc.returncode} before round {position + 1}"
+    elif before is None:
+        mode.failure = f"the server's /metrics scrape before round {position + 1} failed"
+    else:
         loop_stat, process_stat = f"/proc/{proc.pid}/task/{proc.pid}/stat", f"/proc/{proc.pid}/stat"
         loop_before, cpu_before = cpu_seconds(loop_stat), cpu_seconds(process_stat)
-        docs, errors, latencies = drive(url, pages, args)
+        docs, errors, latencies = drive(
+            mode.url, pages, argparse.Namespace(**{**vars(args), "duration": window_s})
+        )
         loop_after, cpu_after = cpu_seconds(loop_stat), cpu_seconds(process_stat)
-        metrics = scrape(url) if proc.poll() is None else None
+        after = scrape(mode.url) if proc.poll() is None else None
+        mode.docs, mode.errors, mode.seconds = mode.docs + docs, mode.errors + errors, mode.seconds + window_s
+        mode.latencies.extend(latencies)
+        figures = round_figures(position, docs, errors, window_s, latencies)
+        mode.rounds.append(figures)
         if proc.poll() is not None:
-            failure = f"the server exited with status {proc.returncode} during the load"
-        elif metrics is None:
-            failure = "the server's final /metrics scrape failed"
+            mode.failure = f"the server exited with status {proc.returncode} during the load"
+        elif after is None:
+            mode.failure = f"the server's /metrics scrape after round {position + 1} failed"
         else:
-            server = server_figures(
-                metrics_before, metrics, (loop_before, loop_after), (cpu_before, cpu_after)
-            )
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    if failure:
+            mode.requests += embed_requests(after) - embed_requests(before)
+            mode.loop_s += loop_after - loop_before
+            mode.cpu_s += cpu_after - cpu_before
+            gc = gc_over_load(before, after)
+            mode.gc = {
+                "gc_full_collections": mode.gc["gc_full_collections"] + gc["gc_full_collections"],
+                "gc_full_max_ms": max(mode.gc["gc_full_max_ms"], gc["gc_full_max_ms"]),
+                "gc_ms": mode.gc["gc_ms"] + gc["gc_ms"],
+            }
+            mode.metrics = after
+    if mode.failure:
         # The log is in a temporary folder that goes with the run: its end is all that says why.
-        tail = (logs / f"{name}.log").read_text(errors="replace").splitlines()[-20:]
-        print(f"{name}: FAILED: {failure}; the end of its log:", *tail, sep="\n", file=sys.stderr)
-    return ModeResult(name, docs, errors, args.duration, latencies, server, failure)
+        tail = mode.log.read_text(errors="replace").splitlines()[-20:]
+        print(f"{mode.name}: FAILED: {mode.failure}; the end of its log:", *tail, sep="\n", file=sys.stderr)
+    return figures
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def run_modes(
+    modes: list[tuple[str, dict[str, str]]],
+    model: Path,
+    pages: list[bytes],
+    args: argparse.Namespace,
+    logs: Path,
+    on_round: Callable[[list[ModeResult]], None] | None = None,
+) -> list[ModeResult]:
+    """Every mode's figures over `args.rounds` rounds of `args.duration / args.rounds` seconds each, in
+    `round_order`; `on_round` gets the figures so far after each round.
+
+    Every server starts first and stays up to the end, so that a round costs a warm-up, not a server's
+    start (a model load: on the GPU machine, device time), and so that each mode runs beside the other's
+    idle server, the same for both. A failed mode runs no more rounds; the others go on.
+    """
+    live: list[LiveMode] = []
+    try:
+        for name, env in modes:
+            proc, url = start_server(model, env, logs / f"{name}.log")
+            live.append(LiveMode(name, proc, url, logs / f"{name}.log"))
+        by_name = {mode.name: mode for mode in live}
+        order = round_order([mode.name for mode in live], args.rounds)
+        window_s = args.duration / args.rounds
+        for position, name in enumerate(order):
+            mode = by_name[name]
+            if mode.failure is not None:
+                continue
+            figures = measure_round(mode, pages, args, window_s, position)
+            if figures is not None:
+                print(
+                    f"round {position + 1}/{len(order)}: {name:<8} {figures['docs_per_s']:7.2f} docs/s, "
+                    f"p99 {figures['p99_ms']:.0f} ms, {int(figures['errors'])} errors"
+                )
+            if on_round is not None:
+                on_round([mode.result() for mode in live if mode.rounds or mode.failure])
+    finally:
+        for mode in live:
+            stop_server(mode.proc)
+    return [mode.result() for mode in live]
 
 
 def positive_seconds(text: str) -> float:
@@ -440,7 +568,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="spread the clients over this many processes (one tops out near 300 posts/s)",
     )
-    parser.add_argument("--duration", type=positive_seconds, default=30.0, help="measured seconds per mode")
+    parser.add_argument(
+        "--duration", type=positive_seconds, default=30.0, help="measured seconds per mode, over its rounds"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=at_least(1),
+        default=2,
+        help="rounds per mode, the order reversed every other round (an even count cancels a linear drift)",
+    )
     parser.add_argument("--warmup", type=float, default=5.0, help="unmeasured seconds before each window")
     parser.add_argument("--batch-requests", type=int, default=32, help="documents per batch when batching")
     parser.add_argument("--batch-tokens", type=int, default=16384, help="token budget per batch")
@@ -495,13 +631,13 @@ def load_pages(args: argparse.Namespace) -> tuple[list[bytes], str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        pages, source = load_pages(args)
-    except PageSourceError as exc:
-        # A missing or empty corpus had ended in a traceback, or started a server and divided by 0 pages.
-        print(f"service benchmark: error: --corpus: {exc}", file=sys.stderr)
-        return 2
-    print(f"{len(pages)} pages from {source}; {args.clients} clients; {args.duration:g} s per mode")
+    # A missing or empty corpus raises PageSourceError here, before a server starts: `run` refuses it.
+    pages, source = load_pages(args)
+    order = round_order(["dynamic", "single"], args.rounds)
+    print(
+        f"{len(pages)} pages from {source}; {args.clients} clients; {args.duration:g} s per mode, "
+        f"in {args.rounds} round{'s' if args.rounds > 1 else ''} each: {', '.join(order)}"
+    )
     machine = f"{platform.machine()} {platform.processor() or ''}".strip()
     print(f"machine: {machine}, {os.cpu_count()} cores, python {platform.python_version()}")
 
@@ -546,12 +682,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("dynamic", {**common, "HTMLLM_MAX_BATCH_REQUESTS": str(args.batch_requests)}),
             ("single", {**common, "HTMLLM_MAX_BATCH_REQUESTS": "1"}),
         ]
-        results: list[ModeResult] = []
-        for name, env in modes:
-            results.append(run_mode(name, model, env, pages, args, Path(tmp)))
-            if args.json is not None:  # after each mode: a later one that fails keeps the earlier figures
-                write_figures(args, model_label, source, results)
 
+        def save(partial: list[ModeResult]) -> None:
+            """After each round: a run stopped or failed later keeps what it measured (no ratios yet)."""
+            if args.json is not None:
+                write_figures(args, model_label, source, partial, final=False)
+
+        results = run_modes(modes, model, pages, args, Path(tmp), save)
+    if args.json is not None:
+        write_figures(args, model_label, source, results)
     print(report(results, args.batch_requests))
     return 0 if all(r.errors == 0 and r.failure is None for r in results) else 1
 
@@ -568,7 +707,16 @@ def report(results: list[ModeResult], batch_requests: int) -> str:
         label = f"{r.name} (max_batch_requests={batch_requests if r.name == 'dynamic' else 1})"
         p50, p99 = r.percentile(0.5) * 1000, r.percentile(0.99) * 1000
         lines.append(f"{label:<30} {r.docs_per_s:>7.2f} {p50:>7.0f} {p99:>7.0f} {r.errors:>6}")
-    lines.append("\nserver side (means, whole run incl. warm-up, from /metrics):")
+    ran = sorted(
+        (figures["position"], r.name, figures["docs_per_s"]) for r in results for figures in r.rounds
+    )
+    if ran:
+        lines.append(
+            "docs/s per round, in run order: " + ", ".join(f"{name} {rate:.2f}" for _, name, rate in ran)
+        )
+    lines.append(
+        "\nserver side (means, whole run incl. warm-ups, from /metrics; per request: over the loads):"
+    )
     header: tuple[str, ...] = (
         "mode",
         "batch",
@@ -604,7 +752,7 @@ def report(results: list[ModeResult], batch_requests: int) -> str:
         "(loop/req, cpu/req: CPU ms per request of the server's event-loop thread and of its process;"
     )
     lines.append(
-        " full gc, gc ms: over the load, full collections and the longest, to its histogram bucket's"
+        " full gc, gc ms: over the loads, full collections and the longest, to its histogram bucket's"
     )
     lines.append(" bound; milliseconds in all collections; n/a: not measured, e.g. host ms off CUDA)")
     failed = [r for r in results if r.failure is not None]
@@ -645,10 +793,13 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def write_figures(args: argparse.Namespace, model_label: str, source: str, results: list[ModeResult]) -> None:
-    """`--json`: the modes measured so far, and their ratios once both are and neither failed; null
-    for a figure that is not known."""
-    comparable = len(results) == 2 and all(r.failure is None for r in results)
+def write_figures(
+    args: argparse.Namespace, model_label: str, source: str, results: list[ModeResult], *, final: bool = True
+) -> None:
+    """`--json`: the modes measured so far, each with its rounds' own figures, and their ratios once
+    every round has run (`final`: before, they would compare rounds that are not balanced in time) and
+    neither mode failed; null for a figure that is not known."""
+    comparable = final and len(results) == 2 and all(r.failure is None for r in results)
     figures = {
         "model": model_label,
         "device": args.device,
@@ -659,6 +810,7 @@ def write_figures(args: argparse.Namespace, model_label: str, source: str, resul
         "client_processes": args.client_processes,
         "inference_process": args.inference_process,
         "duration_s": args.duration,
+        "rounds": args.rounds,
         "modes": {
             r.name: {
                 "docs_per_s": r.docs_per_s,
@@ -667,6 +819,7 @@ def write_figures(args: argparse.Namespace, model_label: str, source: str, resul
                 "errors": r.errors,
                 "failure": r.failure,
                 "server": r.server or None,
+                "rounds": r.rounds,
             }
             for r in results
         },
@@ -677,4 +830,4 @@ def write_figures(args: argparse.Namespace, model_label: str, source: str, resul
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

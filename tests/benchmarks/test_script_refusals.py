@@ -62,6 +62,7 @@ def test_an_empty_corpus_is_refused_before_the_children_start(tmp_path: Path) ->
         ("engine.py", ["--checkpoint", MISSING], f"{MISSING} is not an htmllm checkpoint"),
         ("engine.py", ["--preset", "nosuch"], "argument --preset: invalid choice: 'nosuch'"),
         ("result_cache.py", ["--corpus", MISSING], f"page source {MISSING} does not exist"),
+        ("service.py", ["--corpus", MISSING], f"page source {MISSING} does not exist"),
     ],
 )
 def test_the_torch_scripts_refuse_alike(script: str, args: list[str], said: str) -> None:

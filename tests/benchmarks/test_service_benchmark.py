@@ -147,12 +147,16 @@ def test_the_figures_are_written_after_each_mode(bench: ModuleType, tmp_path: Pa
         client_processes=1,
         inference_process=False,
         duration=1.0,
+        rounds=2,
     )
     first = bench.ModeResult("dynamic", 4, 1, 1.0, [0.1], {"batch": 2.0})
-    bench.write_figures(args, "tiny", "pages", [first])
+    bench.write_figures(args, "tiny", "pages", [first], final=False)
     written = json.loads(args.json.read_text())
     assert written["modes"]["dynamic"]["errors"] == 1 and written["ratios"] is None
-    bench.write_figures(args, "tiny", "pages", [first, bench.ModeResult("single", 2, 0, 1.0, [0.1], {})])
+    both = [first, bench.ModeResult("single", 2, 0, 1.0, [0.1], {})]
+    bench.write_figures(args, "tiny", "pages", both, final=False)
+    assert json.loads(args.json.read_text())["ratios"] is None  # rounds left to run: not balanced yet
+    bench.write_figures(args, "tiny", "pages", both)
     assert json.loads(args.json.read_text())["ratios"]["docs_per_s"] == 2.0
 
 
@@ -196,15 +200,16 @@ def test_a_mode_whose_server_is_gone_after_the_load_is_failed_not_figures(
     monkeypatch.setattr(bench, "start_server", start_server)
     monkeypatch.setattr(bench, "drive", drive)
     try:
-        args = argparse.Namespace(duration=1.0)
-        result = bench.run_mode("dynamic", tmp_path, {}, [b"<p>x</p>"], args, tmp_path)
+        args = argparse.Namespace(duration=1.0, rounds=2)
+        [result] = bench.run_modes([("dynamic", {})], tmp_path, [b"<p>x</p>"], args, tmp_path)
     finally:
         proc.kill()
         proc.wait()
         metrics.server_close()
-    expected = "exited with status -9" if ending == "killed" else "final /metrics scrape failed"
+    expected = "exited with status -9" if ending == "killed" else "/metrics scrape after round 1 failed"
     assert result.failure is not None and expected in result.failure
     assert result.server == {} and (result.docs, result.errors) == (3, 17)  # the clients' figures stand
+    assert len(result.rounds) == 1  # a failed mode runs no more rounds
 
 
 def _mode(bench: ModuleType, name: str, failure: str | None = None) -> object:
@@ -221,8 +226,7 @@ def test_a_failed_mode_reads_n_a_and_its_ratio_is_not_comparable(
     """The exit status is 1, the figures n/a, and --json strict JSON: null, never NaN (host_ms is nan on
     every CPU run, and strict parsers refused the file)."""
     failed = _mode(bench, "dynamic", "the server exited with status -9 during the load")
-    modes = iter([failed, _mode(bench, "single")])
-    monkeypatch.setattr(bench, "run_mode", lambda *_: next(modes))
+    monkeypatch.setattr(bench, "run_modes", lambda *_: [failed, _mode(bench, "single")])
     figures = tmp_path / "figures.json"
     argv = ["--synthetic", "2", "--model", str(tmp_path), "--json", str(figures)]
     monkeypatch.setattr(sys, "argv", ["service.py", *argv])
@@ -246,15 +250,21 @@ def test_a_failed_mode_reads_n_a_and_its_ratio_is_not_comparable(
 def test_comparable_modes_give_their_ratio_and_exit_0(
     bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    modes = iter([_mode(bench, "dynamic"), _mode(bench, "single")])
-    monkeypatch.setattr(bench, "run_mode", lambda *_: next(modes))
+    monkeypatch.setattr(bench, "run_modes", lambda *_: [_mode(bench, "dynamic"), _mode(bench, "single")])
     monkeypatch.setattr(sys, "argv", ["service.py", "--synthetic", "2", "--model", str(tmp_path)])
     assert bench.main() == 0
     assert "dynamic / single: 1.00x docs/s" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
-    "option", [["--limit", "0"], ["--duration", "0"], ["--clients", "0"], ["--client-processes", "0"]]
+    "option",
+    [
+        ["--limit", "0"],
+        ["--duration", "0"],
+        ["--clients", "0"],
+        ["--client-processes", "0"],
+        ["--rounds", "0"],
+    ],
 )
 def test_options_that_cannot_work_are_refused_before_a_server_starts(
     bench: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, option: list[str]
@@ -282,7 +292,8 @@ def test_a_corpus_without_pages_is_one_line_and_exit_2(
     capsys: pytest.CaptureFixture[str],
     corpus: str,
 ) -> None:
-    """A wrong --corpus had ended in a traceback."""
+    """A wrong --corpus had ended in a traceback. Refused the way every benchmark script refuses its
+    inputs (benchmarks.options.run), which the script's `__main__` goes through (test_script_refusals)."""
 
     def no_server(*_: object) -> None:
         raise AssertionError("a server was started")
@@ -292,6 +303,99 @@ def test_a_corpus_without_pages_is_one_line_and_exit_2(
     monkeypatch.setattr(
         sys, "argv", ["service.py", "--corpus", str(tmp_path / corpus), "--model", str(tmp_path)]
     )
-    assert bench.main() == 2
+    assert bench.run(bench.main) == 2
     err = capsys.readouterr().err
-    assert err.startswith("service benchmark: error: --corpus: ") and err.count("\n") == 1, err
+    said = "does not exist" if corpus == "missing" else "no pages in"
+    assert err.startswith("service.py: error: ") and said in err and err.count("\n") == 1, err
+
+
+def test_the_modes_alternate_so_that_neither_always_runs_first(bench: ModuleType) -> None:
+    """Run one after the other, dynamic always had the machine first: any drift over the run (heat, a
+    neighbour's load, caches) favoured one mode in every run. ABBA weighs a linear drift on both alike."""
+    assert bench.round_order(["dynamic", "single"], 2) == ["dynamic", "single", "single", "dynamic"]
+    assert bench.round_order(["dynamic", "single"], 4) == ["dynamic", "single", "single", "dynamic"] * 2
+    assert bench.round_order(["dynamic", "single"], 1) == ["dynamic", "single"]
+
+
+class _Registry(BaseHTTPRequestHandler):
+    """A server's /metrics from the `ServiceMetrics` the test's fake load updates."""
+
+    metrics: ServiceMetrics
+
+    def do_GET(self) -> None:
+        body = _scrape(self.metrics)
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_rounds_alternate_between_servers_up_for_the_whole_run_and_add_up_per_mode(
+    bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each mode's --duration is split over its rounds; its docs/s is over the summed windows, its
+    latencies are every round's, and its server figures add up the loads (a full collection in each
+    round: two, the longest of them). Each server starts once and is stopped at the end."""
+    registries: dict[str, ServiceMetrics] = {}
+    servers: list[ThreadingHTTPServer] = []
+    procs: list[subprocess.Popen[bytes]] = []
+    started: list[str] = []
+    calls: list[tuple[str, float]] = []
+
+    def start_server(model: Path, env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
+        metrics = ServiceMetrics()
+        handler = type("Handler", (_Registry,), {"metrics": metrics})
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        registries[url] = metrics
+        started.append(log.stem)
+        procs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+        return procs[-1], url
+
+    def drive(url: str, pages: list[bytes], args: argparse.Namespace) -> tuple[int, int, list[float]]:
+        name = started[list(registries).index(url)]
+        calls.append((name, args.duration))
+        docs = 6 if name == "dynamic" else 2 + len(calls)  # single: 4 in the 2nd round, 5 in the 3rd
+        metrics = registries[url]
+        metrics.requests.labels(route="/v1/embed", method="POST", status="200").inc(docs)
+        metrics.gc_pause.labels(generation="2").observe(0.2 if len(calls) == 1 else 0.003)
+        return docs, 0, [0.1 * len(calls)] * docs
+
+    monkeypatch.setattr(bench, "start_server", start_server)
+    monkeypatch.setattr(bench, "drive", drive)
+    seen: list[list[str]] = []
+    try:
+        args = argparse.Namespace(duration=3.0, rounds=2)
+        dynamic, single = bench.run_modes(
+            [("dynamic", {}), ("single", {})],
+            tmp_path,
+            [b"<p>x</p>"],
+            args,
+            tmp_path,
+            lambda partial: seen.append([r.name for r in partial]),
+        )
+        assert all(proc.poll() is not None for proc in procs)  # stopped at the end
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+    assert started == ["dynamic", "single"]
+    assert calls == [("dynamic", 1.5), ("single", 1.5), ("single", 1.5), ("dynamic", 1.5)]
+    assert seen == [["dynamic"], ["dynamic", "single"], ["dynamic", "single"], ["dynamic", "single"]]
+    assert (dynamic.docs, dynamic.seconds, dynamic.docs_per_s) == (12, 3.0, 4.0)
+    assert (single.docs, single.seconds, single.docs_per_s) == (9, 3.0, 3.0)
+    assert sorted(set(dynamic.latencies)) == pytest.approx([0.1, 0.4])
+    assert [(r["position"], r["docs_per_s"]) for r in single.rounds] == [(1, 4 / 1.5), (2, 5 / 1.5)]
+    assert [r["position"] for r in dynamic.rounds] == [0, 3]
+    assert dynamic.server["gc_full_collections"] == 2 and dynamic.server["gc_full_max_ms"] == 250.0
+    assert dynamic.server["gc_ms"] == pytest.approx(1000 * (0.2 + 0.003))
+    assert single.server["gc_full_collections"] == 2 and single.server["gc_full_max_ms"] == 5.0
+    assert dynamic.failure is None and single.failure is None
