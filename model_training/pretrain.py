@@ -61,6 +61,7 @@ from model_training.training_checkpoints import (
     prune_checkpoints,
     restore,
     save_training_checkpoint,
+    warn_resume_changes,
 )
 from service.core.checkpoint import CheckpointMeta, load_checkpoint, read_meta, save_checkpoint
 from service.core.errors import ErrorCode, HtmllmError
@@ -287,13 +288,12 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
     # The run's identity, written into every checkpoint and the export: model/ counts as this run's
     # final model only if it was exported from a checkpoint of the same run (`_own_export`). A resume
     # keeps the checkpoint's; a checkpoint from before run ids gets a new one.
-    found_training = (
-        check_resumable(found, config, tokenizer, teacher_dim, world, provenance) if found is not None else {}
-    )
+    found_training = check_resumable(found, config, tokenizer, teacher_dim) if found is not None else {}
     found_run_id = found_training.get("run_id")
     run_id = str(found_run_id or uuid.uuid4().hex)
+    last_step = total_steps if stop_at_step is None else min(stop_at_step, total_steps)
     if found is not None:
-        step = restore(
+        restored = restore(
             found,
             pretraining,
             optimizer,
@@ -304,6 +304,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
             rank=rank,
             world=world,
         )
+        step = restored.step
         logger.info("resumed from %s at step %d", found, step)
         if stop_at_step is not None and stop_at_step < step:
             # (it ran on from there, and nothing is taken back: the run would end at once, having
@@ -326,6 +327,17 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
                 f"step {step}{of} already ({found}) and has not cooled down: a model exported now "
                 f"would be unfinished; pass max_steps {finish} (--max-steps) to finish it, or "
                 "--no-resume to start over"
+            )
+        if step < last_step:
+            # Only a session that trains is told what it trains differently: a finished run run again
+            # with other export options reads no document for training.
+            warn_resume_changes(
+                found,
+                found_training,
+                config,
+                world=world,
+                provenance=provenance,
+                optimizer_changed=restored.optimizer_changed,
             )
     resumed_step = step
     engine: nn.Module = pretraining
@@ -352,7 +364,6 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
     bar = progress_bar(
         total=total_steps, initial=step, desc="train", unit="step", disable=not (master and config.progress)
     )
-    last_step = total_steps if stop_at_step is None else min(stop_at_step, total_steps)
     tokens_seen = 0
     lines = StepLines(total_steps, beside_bar=not bar.disable and drawn_as_bars(config.progress), world=world)
     evaluation: dict[str, float] = {}
@@ -465,19 +476,28 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
         summary_file = out / SUMMARY_FILE
         summary = json.loads(summary_file.read_text(encoding="utf-8")) if summary_file.is_file() else {}
     elif master and step >= total_steps:
-        if not evaluation:
-            evaluation = evaluate(pretraining, heldout, config=config, device=device, train_centroid=centroid)
-        summary = {
-            "steps": step,
-            "total_steps": total_steps,
-            "train_documents": len(train_data.ids),
-            "heldout_documents": len(heldout.ids),
-            "tokens_seen_this_session": tokens_seen,
-            "seconds_this_session": round(time.perf_counter() - started, 1),
-            "heldout": evaluation,
-            "final_train": last_train_record(metrics_file),
-            "run_id": run_id,
-        }
+        if own_export is not None:
+            # Exported again with other options: nothing was trained, so the summary and the training
+            # record stay the training's (a session's zero tokens and seconds had replaced them); the
+            # re-export is added to them as such.
+            summary, export_training = _reexport_records(own_export, config, export_changes)
+        else:
+            if not evaluation:
+                evaluation = evaluate(
+                    pretraining, heldout, config=config, device=device, train_centroid=centroid
+                )
+            summary = {
+                "steps": step,
+                "total_steps": total_steps,
+                "train_documents": len(train_data.ids),
+                "heldout_documents": len(heldout.ids),
+                "tokens_seen_this_session": tokens_seen,
+                "seconds_this_session": round(time.perf_counter() - started, 1),
+                "heldout": evaluation,
+                "final_train": last_train_record(metrics_file),
+                "run_id": run_id,
+            }
+            export_training = {**training_meta, **summary}
         model_dir = model_dir_done
         export = _export_copy(pretraining.model, config.export_dtype)
         if own_export is not None:
@@ -495,7 +515,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
                 tmp,
                 export,
                 tokenizer,
-                _meta(config, export, tokenizer, prune_version, {**training_meta, **summary}),
+                _meta(config, export, tokenizer, prune_version, export_training),
             )
         (out / SUMMARY_FILE).write_text(strict_json(summary, indent=2) + "\n", encoding="utf-8")
         plot_curves(metrics_file, out / CURVE_FILE)
@@ -575,6 +595,43 @@ def _export_changes(meta: CheckpointMeta, config: TrainConfig) -> list[str]:
         for key in EXPORT_KEYS
         if saved.get(key) != getattr(config, key)
     ]
+
+
+# The keys of summary.json (a subset of the export's `training` record): a re-export carries them over.
+SUMMARY_KEYS = (
+    "steps",
+    "total_steps",
+    "train_documents",
+    "heldout_documents",
+    "tokens_seen_this_session",
+    "seconds_this_session",
+    "heldout",
+    "final_train",
+    "run_id",
+    "exports",
+)
+
+
+def _reexport_records(
+    meta: CheckpointMeta, config: TrainConfig, changes: list[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """summary.json and the `training` record of a finished run exported again with `changes`.
+
+    Both are those of the training, read from `meta` (the run's own export, so its run id and step
+    are checked): its figures, data and config, with only the export options (`EXPORT_KEYS`) of
+    `config` applied, and the re-export appended to `exports` (what changed, and when, in UTC).
+    The held-out figures stay those measured at the end of training, at the length it trained at.
+    """
+    training = dict(meta.training)
+    saved = training.get("config") or {}
+    exports = [
+        *training.get("exports", []),
+        {"changes": changes, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+    ]
+    training["config"] = {**saved, **{key: getattr(config, key) for key in EXPORT_KEYS}}
+    training["exports"] = exports
+    summary = {key: training[key] for key in SUMMARY_KEYS if key in training}
+    return summary, training
 
 
 def _carry_heads(

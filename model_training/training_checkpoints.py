@@ -17,7 +17,7 @@ import os
 import pickle
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -219,19 +219,18 @@ def _data_changes(training: dict[str, Any], provenance: dict[str, Any], config: 
 
 
 def check_resumable(
-    path: Path,
-    config: TrainConfig,
-    tokenizer: HtmlTokenizer,
-    teacher_dim: int,
-    world: int,
-    provenance: dict[str, Any] | None = None,
+    path: Path, config: TrainConfig, tokenizer: HtmlTokenizer, teacher_dim: int
 ) -> dict[str, Any]:
-    """Refuse to resume from a checkpoint of another model; warn when the data or its order will differ.
-    Returns the checkpoint's `training` record (its run id among it), read once here."""
+    """Refuse to resume from a checkpoint of another model; returns its `training` record (its run id
+    among it), read once here.
+
+    What a resume would train differently (`warn_resume_changes`) is said apart, once the step is known:
+    a finished run run again only exports, and a warning about documents it does not train on misled.
+    """
     meta = read_meta(path)
     training = meta.training if isinstance(meta.training, dict) else {}
     saved = training.get("config", {})
-    hint = f"start over with --no-resume or another --out than {config.out}"
+    hint = _start_over_hint(config)
     if meta.tokenizer_sha256 != tokenizer.sha256:
         raise DataError(f"cannot resume from {path}: it was trained with another tokenizer; {hint}")
     current = config.to_dict()
@@ -245,6 +244,30 @@ def check_resumable(
             f"cannot resume from {path}: its teacher vectors had {saved_dim} dimensions, "
             f"{config.teacher} has {teacher_dim}; {hint}"
         )
+    return training
+
+
+def _start_over_hint(config: TrainConfig) -> str:
+    return f"start over with --no-resume or another --out than {config.out}"
+
+
+def warn_resume_changes(
+    path: Path,
+    training: dict[str, Any],
+    config: TrainConfig,
+    *,
+    world: int,
+    provenance: dict[str, Any] | None = None,
+    optimizer_changed: list[str] | None = None,
+) -> None:
+    """Warn that the steps a resume trains from `path` differ from the interrupted run's: other data,
+    another order or cut, other loss or optimizer settings (`optimizer_changed`, from `restore`).
+
+    Only for a session that trains: said when a finished run was exported again, the data it never
+    reads for training was "changed" and its "documents from here on" differed, with no step to come.
+    """
+    saved = training.get("config", {})
+    current = config.to_dict()
     data = _data_changes(training, provenance, config) if provenance is not None else []
     if data:
         # Allowed, as the docs promise a warning rather than a refusal; but a changed split moves pages
@@ -255,7 +278,7 @@ def check_resumable(
             "figures, prepare into a new directory and %s",
             path,
             "; ".join(data),
-            hint,
+            _start_over_hint(config),
         )
     order = [
         f"{k} {saved[k]!r} -> {current[k]!r}"
@@ -277,14 +300,21 @@ def check_resumable(
         for k in RESUME_LOSS_KEYS
         if k in saved and saved[k] != current[k]
     ]
-    if losses:
-        logger.warning(
-            "resuming from %s with a changed %s: the steps from here on are trained with the new setting "
-            "(the checkpoints record it); the steps before were not",
-            path,
-            "; ".join(losses),
-        )
-    return training
+    for changed, sep in ((losses, "; "), (optimizer_changed or [], ", ")):
+        if changed:
+            logger.warning(
+                "resuming from %s with a changed %s: the steps from here on are trained with the new "
+                "setting (the checkpoints record it); the steps before were not",
+                path,
+                sep.join(changed),
+            )
+
+
+class Restored(NamedTuple):
+    """What `restore` loaded: the step to continue from and the optimizer settings that changed."""
+
+    step: int
+    optimizer_changed: list[str]
 
 
 def restore(
@@ -298,8 +328,9 @@ def restore(
     *,
     rank: int = 0,
     world: int = 1,
-) -> int:
-    """Load a periodic checkpoint into the live objects; returns the step to continue from.
+) -> Restored:
+    """Load a periodic checkpoint into the live objects; returns the step to continue from and the
+    optimizer settings that differ from the saved ones (for `warn_resume_changes`).
 
     Each rank gets its own generators back. A checkpoint written by another number of processes has no
     state for some ranks: those keep their freshly seeded generators (the run continues, not exactly).
@@ -319,13 +350,6 @@ def restore(
     pretraining.distil_head.load_state_dict(state["distil_head"])
     saved_optimizer = state["optimizer"]
     changed = optimizer_changes(saved_optimizer, optimizer)
-    if changed:
-        logger.warning(
-            "resuming from %s with a changed %s: the steps from here on are trained with the new setting "
-            "(the checkpoints record it); the steps before were not",
-            path,
-            ", ".join(changed),
-        )
     optimizer.load_state_dict(with_live_settings(saved_optimizer, optimizer))
     aggregator.load_state_dict(state["aggregator"])
     # Checkpoints from before per-rank states hold rank 0's generators at the top level only.
@@ -336,7 +360,7 @@ def restore(
         torch.set_rng_state(mine["torch_rng"])
         if torch.cuda.is_available() and mine["cuda_rng"]:
             torch.cuda.set_rng_state_all(mine["cuda_rng"])
-    return int(state["step"])
+    return Restored(int(state["step"]), changed)
 
 
 # The settings of an AdamW group a config sets, by config key: (group key, index into it or None).
