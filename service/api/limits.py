@@ -255,17 +255,19 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        # The `send` of every answer given before a byte of the body is read (`_unread_body_send`).
+        unread = _unread_body_send(scope, send)
         if self.gate is not None and (gated := self.gate(scope)) is not None:
             # Before a byte of the body is read or charged: the client's upload, if any, is discarded by
             # the parser after this answer, and the connection carries the next request (unless the
             # client waits for `100 Continue`: `_unread_body_send`).
-            await self._refuse(scope, receive, _unread_body_send(scope, send), gated.code, gated.message)
+            await self._refuse(scope, receive, unread, gated.code, gated.message)
             return
         if self.body_routes is not None and (scope["method"], scope["path"]) not in self.body_routes:
             # No route here reads a body (a GET, a 404, a 405): none of it is read, decoded or charged.
             # What of it comes after the answer the parser discards; the connection carries the next
             # request, as after the gate's 401.
-            await self.app(scope, _without_body(receive), _unread_body_send(scope, send))
+            await self.app(scope, _without_body(receive), unread)
             return
         limit = self.max_body_bytes
         declared = dict(scope["headers"]).get(b"content-length")
@@ -278,12 +280,10 @@ class BodyLimitMiddleware:
             except ValueError:
                 # Answered before a byte of the body is read, as below: the connection closes where the
                 # client waits for `100 Continue` (kept, the parser read its next request as this body).
-                unread = _unread_body_send(scope, send)
                 await self._refuse(scope, receive, unread, ErrorCode.VALIDATION, "invalid Content-Length")
                 return
             if length > limit:
                 too_large = _too_large(f"{length} bytes", limit)
-                unread = _unread_body_send(scope, send)
                 await self._refuse(scope, receive, unread, ErrorCode.PAYLOAD_TOO_LARGE, too_large)
                 return
         upload = _Upload.starting(self.body_timeout_s, self.stall_timeout_s)  # timed from the head
