@@ -1,9 +1,11 @@
 """Request bodies in, Engine documents out; Engine results in, response pieces out.
 
 A model route's body is either JSON (`application/json`, or no Content-Type) or one raw page
-(`text/html; charset=...` or `application/octet-stream`), whose bytes go to the decoder untouched with
-text/html's declared charset (octet-stream's is no parameter of that type: the decoder finds the
-encoding); raw-body options come from the query string.
+(`text/html; charset=...`, the XHTML and XML types, or `application/octet-stream`), whose bytes go to the
+decoder untouched with the declared charset (octet-stream's is no parameter of that type: the decoder
+finds the encoding); raw-body options come from the query string. The Content-Type is read as the Fetch
+standard's "extract a MIME type" reads it (`media_type_of`), and a body compressed without a
+Content-Encoding saying so is refused (`undeclared_coding`).
 
 A JSON body's structure is bounded before it is parsed (`check_json_structure`): pydantic parses every
 field in full, one it ignores or refuses included, holding the GIL, and builds Python objects for a
@@ -19,6 +21,7 @@ import codecs
 import json
 import re
 import sys
+import zlib
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -37,7 +40,12 @@ from service.engine import Document, DocumentResult
 
 M = TypeVar("M", bound=BaseModel)
 
-RAW_MEDIA_TYPES = ("text/html", "application/octet-stream")
+# One raw page, and the types whose `charset` parameter is the page's declared encoding (all but
+# octet-stream): crawlers forward an origin's Content-Type as it came, and XHTML is served as
+# application/xhtml+xml or as the generic XML types (RFC 7303, whose charset parameter is authoritative
+# as HTTP's is for text/html; the decoder reads an XML declaration where there is none).
+CHARSET_PAGE_TYPES = frozenset({"text/html", "application/xhtml+xml", "text/xml", "application/xml"})
+RAW_MEDIA_TYPES = CHARSET_PAGE_TYPES | {"application/octet-stream"}
 # JSON bodies above this are parsed on a worker thread, off the event loop.
 INLINE_PARSE_BYTES = 256 * 1024
 # The commas, `[` and `{` a JSON body may have outside its strings (one per list item or object member
@@ -56,16 +64,23 @@ MAX_CONTENT_TYPE_CHARS = 1024
 
 
 def content_type_header(request: Request) -> str | None:
-    """The request's Content-Type header (None: none), refused (415) where it comes more than once with
-    different values: it is a singleton field (RFC 9110 section 8.3), and reading the first one had
+    """The request's Content-Type header (None: none). Several field lines are one comma-separated list
+    (RFC 9110 section 5.3), as a proxy that merges them writes it, and are read as that list is
+    (`media_type_of`); refused (415) where they name different media types: reading the first one had
     embedded `text/html` then `application/json` as a page, the other order as JSON."""
     values = request.headers.getlist("content-type")
-    if len(set(values)) > 1:
+    distinct = list(dict.fromkeys(values))
+    if len(distinct) <= 1:
+        return distinct[0] if distinct else None
+    joined = ", ".join(distinct)
+    _check_length(joined)
+    essences = _essences(_split_values(joined))
+    if len(essences) > 1:
         raise HtmllmError(
-            f"{len(values)} Content-Type headers with different values; send one",
+            f"{len(values)} Content-Type headers with different media types ({shown(essences)}); send one",
             code=ErrorCode.UNSUPPORTED_MEDIA_TYPE,
         )
-    return values[0] if values else None
+    return joined
 
 
 def request_content_type(value: str | None) -> tuple[str, str | None]:
@@ -73,13 +88,133 @@ def request_content_type(value: str | None) -> tuple[str, str | None]:
     than `MAX_CONTENT_TYPE_CHARS` is refused (415) before it is parsed."""
     if not value:
         return "application/json", None
+    _check_length(value)
+    return media_type_of(value)
+
+
+def _check_length(value: str) -> None:
     if len(value) > MAX_CONTENT_TYPE_CHARS:
         raise HtmllmError(
             f"the Content-Type header is {len(value)} characters long; at most {MAX_CONTENT_TYPE_CHARS} "
             "are read (`text/html; charset=utf-8` takes 24)",
             code=ErrorCode.UNSUPPORTED_MEDIA_TYPE,
         )
-    return parse_content_type(value)
+
+
+# A media type's essence as the Fetch standard's MIME type parser takes it: token "/" token, before any
+# parameters, with HTTP white space around.
+_TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+_ESSENCE = re.compile(rf"[\t\n\r ]*({_TOKEN}/{_TOKEN})[\t\n\r ]*(?:;|$)")
+
+
+def media_type_of(value: str) -> tuple[str, str | None]:
+    """(media type, charset) of a Content-Type value, as the Fetch standard's "extract a MIME type"
+    reads it: a list of media types (two headers a proxy merged: `text/html, text/html; charset=koi8-r`)
+    is its last valid one, with the charset of the first of the same type where the last has none; a
+    value that is no media type, or `*/*`, is skipped. Browsers read it so; the email parser read such a
+    list as text/plain (a 415). A list of different media types is refused (415), as two headers naming
+    them are (`content_type_header`). Each value is parsed by `parse_content_type`."""
+    values = _split_values(value)
+    if len(values) == 1:
+        return parse_content_type(value)
+    essences = _essences(values)
+    if not essences:
+        return parse_content_type(value)  # no valid value: read as before (a 415 quoting the header)
+    if len(essences) > 1:
+        raise HtmllmError(
+            f"the Content-Type header lists different media types ({shown(essences)}); send one",
+            code=ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+        )
+    media_type, charset, first_charset = "", None, None
+    for index, item in enumerate(item for item in values if _essence(item) is not None):
+        media_type, charset = parse_content_type(item)
+        if index == 0:
+            first_charset = charset
+        elif charset is None:
+            charset = first_charset
+    return media_type, charset
+
+
+def _essence(value: str) -> str | None:
+    """A value's media type (lower case), None where Fetch's parser fails on it or it is `*/*`."""
+    match = _ESSENCE.match(value)
+    essence = match.group(1).lower() if match else None
+    return None if essence == "*/*" else essence
+
+
+def _essences(values: list[str]) -> list[str]:
+    """The distinct valid media types of `values`, in order."""
+    return list(dict.fromkeys(e for e in map(_essence, values) if e is not None))
+
+
+def _split_values(value: str) -> list[str]:
+    """`value` split at its commas outside quoted strings (Fetch's "getting, decoding, and splitting":
+    a backslash escapes the next character in quotes, an unterminated quote runs to the end), each
+    value stripped of spaces and tabs."""
+    values: list[str] = []
+    current: list[str] = []
+    quoted = escaped = False
+    for char in value:
+        if escaped:
+            escaped = False
+        elif quoted and char == "\\":
+            escaped = True
+        elif char == '"':
+            quoted = not quoted
+        elif char == "," and not quoted:
+            values.append("".join(current).strip(" \t"))
+            current = []
+            continue
+        current.append(char)
+    values.append("".join(current).strip(" \t"))
+    return values
+
+
+# A body compressed without Content-Encoding (a crawler stores the body as the origin sent it): gzip's
+# magic and method byte, zstd's frame magic, and the zlib headers of deflate's four levels (checked by
+# inflating the start: "x^" can start text). Brotli has no magic number, nor does raw deflate.
+_GZIP_START = b"\x1f\x8b\x08"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_ZLIB_STARTS = (b"\x78\x01", b"\x78\x5e", b"\x78\x9c", b"\x78\xda")
+_INFLATE_SAMPLE = 4096  # compressed bytes inflated to confirm a gzip or zlib start (at most 64 KiB out)
+
+
+def undeclared_coding(body: bytes) -> str | None:
+    """The content coding `body` starts with ("gzip", "deflate" or "zstd"), or None: no page or JSON
+    starts so. A gzip or zlib start counts only where its first bytes inflate."""
+    if body.startswith(_ZSTD_MAGIC):
+        return "zstd"
+    if body.startswith(_GZIP_START):
+        return "gzip" if _inflates(body, wbits=31) else None
+    if body.startswith(_ZLIB_STARTS):
+        return "deflate" if _inflates(body, wbits=15) else None
+    return None
+
+
+def _inflates(body: bytes, *, wbits: int) -> bool:
+    """Whether the start of `body` inflates to some output, or to the end of its stream, without error."""
+    inflater = zlib.decompressobj(wbits)
+    try:
+        output = inflater.decompress(body[:_INFLATE_SAMPLE], 16 * _INFLATE_SAMPLE)
+    except zlib.error:
+        return False
+    return bool(output) or inflater.eof
+
+
+def check_not_compressed(body: bytes) -> None:
+    """415 for a body that is compressed data sent without a Content-Encoding saying so (after the
+    request's declared codings are undone, `limits.py`): embedded, it was binary noise answered 200.
+    Refused rather than decoded unasked: brotli, which no first bytes tell, would still be embedded as
+    noise, while the 415 names the header that makes every coding work (and decoding here would bypass
+    the decoded-size cap and in-flight charge `limits.py` applies)."""
+    coding = undeclared_coding(body)
+    if coding is not None:
+        raise HtmllmError(
+            f"the body is {coding}-compressed (it starts {body[:4].hex(' ')}) and no Content-Encoding "
+            f"says so: send `Content-Encoding: {coding}` (every coding applied, in order) and it is "
+            "decompressed before it is read",
+            code=ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+        )
 
 
 def is_json(media_type: str) -> bool:
@@ -279,6 +414,7 @@ async def read_body(
             "each takes one value",
             code=ErrorCode.VALIDATION,
         )
+    check_not_compressed(body)
     if not header and _looks_like_markup(body):
         # `requests.post(url, data=page)` and `httpx.post(url, content=page)` send no Content-Type.
         # JSON cannot start so: the body is one page, as application/octet-stream would say.
@@ -299,13 +435,14 @@ async def read_body(
         url = raw_options.get("url")
         # application/octet-stream has no charset parameter (RFC 2046 §4.5.1): a client that sends one
         # there (many add `charset=utf-8` to every type) has not said what the page is in, and the
-        # decoder finds it (BOM, <meta charset>, detection) as for none. text/html's is the HTTP one.
-        encoding = charset if media_type == "text/html" else None
+        # decoder finds it (BOM, <meta charset>, detection) as for none. The page types' is the HTTP one.
+        encoding = charset if media_type in CHARSET_PAGE_TYPES else None
         return None, Document(html=body, id=doc_id, url=url, encoding=encoding)
     # Quote the header as sent: the email parser reads one it cannot parse as text/plain.
     raise HtmllmError(
         f"unsupported Content-Type {(header or '')[:100]!r}: send application/json, or one page as "
-        "text/html; charset=... or application/octet-stream",
+        "text/html; charset=... (or application/xhtml+xml, text/xml, application/xml) or "
+        "application/octet-stream",
         code=ErrorCode.UNSUPPORTED_MEDIA_TYPE,
     )
 
@@ -325,6 +462,7 @@ async def read_json_body(request: Request, model: type[M]) -> M:
             code=ErrorCode.UNSUPPORTED_MEDIA_TYPE,
         )
     body = await request.body()
+    check_not_compressed(body)
     if not header and _looks_like_markup(body):
         # `requests.post(url, data=page)`: a page, which these routes take only inside JSON. As a
         # text/html body would be, a 415, saying where a raw page goes (it was "Invalid JSON: expected

@@ -1,15 +1,27 @@
 """JSON bodies: their structure bounded before pydantic parses them, the lone-surrogate repair never a
-500, and validation errors that do not echo what was sent."""
+500, and validation errors that do not echo what was sent; a Content-Type read as Fetch reads it, and
+compressed bodies told by their first bytes."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
+import zlib
 
+import brotli
 import pytest
+import zstandard
 from pydantic import BaseModel
 
-from service.api.documents import MAX_JSON_MARKS, _json_marks, json_marks_limit, parse_json
+from service.api.documents import (
+    MAX_JSON_MARKS,
+    _json_marks,
+    json_marks_limit,
+    media_type_of,
+    parse_json,
+    undeclared_coding,
+)
 from service.api.schemas import EmbedRequest, OpenAIEmbeddingsRequest
 from service.core.errors import ErrorCode, HtmllmError
 
@@ -147,3 +159,53 @@ def test_a_key_given_twice_takes_its_last_value_as_documented() -> None:
     """docs/service.md says which of two values of one key is read (RFC 8259 leaves it to the parser)."""
     body = b'{"documents": [{"html": "<p>one</p>", "id": "a", "html": "<p>two</p>"}], "normalize": true}'
     assert parse_json(EmbedRequest, body).documents[0].html == "<p>two</p>"
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("text/html; charset=koi8-r", ("text/html", "koi8-r")),
+        ("text/html, text/html; charset=koi8-r", ("text/html", "koi8-r")),  # the last one's own
+        ("text/html; charset=koi8-r, text/html", ("text/html", "koi8-r")),  # carried from the first
+        ("text/html; charset=a, text/html; charset=b, text/html", ("text/html", "a")),  # Fetch's quirk
+        ('text/html; foo="a, b"; charset=koi8-r', ("text/html", "koi8-r")),  # a quoted comma
+        ('text/html; foo="a\\", b"; charset=koi8-r', ("text/html", "koi8-r")),  # an escaped quote
+        ("*/*, nonsense, , TEXT/HTML;charset=koi8-r", ("text/html", "koi8-r")),  # skipped values
+        ("application/xhtml+xml, application/xhtml+xml; charset=koi8-r", ("application/xhtml+xml", "koi8-r")),
+        ("nonsense, more", ("text/plain", None)),  # no valid value: the email parser's reading, a 415
+    ],
+)
+def test_a_content_type_is_read_as_fetch_extracts_a_mime_type(
+    value: str, expected: tuple[str, str | None]
+) -> None:
+    assert media_type_of(value) == expected
+
+
+def test_a_list_of_different_media_types_is_a_415() -> None:
+    with pytest.raises(HtmllmError) as caught:
+        media_type_of("text/html; charset=koi8-r, application/json")
+    assert caught.value.code is ErrorCode.UNSUPPORTED_MEDIA_TYPE
+    assert "'text/html', 'application/json'" in caught.value.message
+
+
+PAGE = ("<!DOCTYPE html><html><body>" + "<p>hello world</p>" * 300 + "</body></html>").encode()
+
+
+def test_compressed_bodies_are_told_by_their_first_bytes() -> None:
+    assert undeclared_coding(gzip.compress(PAGE)) == "gzip"
+    assert undeclared_coding(gzip.compress(b"")) == "gzip"
+    assert undeclared_coding(zstandard.ZstdCompressor().compress(PAGE)) == "zstd"
+    for level in range(10):  # the four zlib headers of deflate's levels
+        assert undeclared_coding(zlib.compress(PAGE, level)) == "deflate", level
+    assert undeclared_coding(brotli.compress(PAGE)) is None  # no magic number: cannot be told
+
+
+def test_text_with_a_compressed_start_is_not_taken_for_it() -> None:
+    """`x^` is a zlib header, and the gzip magic can be followed by anything: the start must inflate."""
+    rng = random.Random(3)
+    for start in (b"x^", b"x\x01", b"x\x9c", b"x\xda", b"\x1f\x8b\x08"):
+        for _ in range(200):
+            text = "".join(rng.choice("<p> abcdefghij,.\n") for _ in range(rng.randint(0, 3000))).encode()
+            assert undeclared_coding(start + text) is None, (start, text[:40])
+    for body in (PAGE, b"", b'{"documents": []}', "<p>\u8b1f</p>".encode("utf-16-le")):
+        assert undeclared_coding(body) is None
