@@ -151,7 +151,8 @@ def timing_responses(
 _COMPRESSION = (
     " The body may be compressed: `Content-Encoding` `gzip` (or `x-gzip`), `deflate`, `br` or `zstd`, or "
     "a list of them in the order applied; an unknown coding is 415, a corrupt stream 422, and a body "
-    "that decodes to more than `HTMLLM_MAX_BODY_BYTES` 413."
+    "that decodes to more than `HTMLLM_MAX_BODY_BYTES` 413; a compressed body (gzip, zlib, zstd) that "
+    "no `Content-Encoding` declares is 415."
 )
 
 
@@ -161,7 +162,8 @@ def raw_body_openapi(model: type[BaseModel]) -> dict[str, Any]:
         "requestBody": {
             "required": True,
             "description": "JSON (`application/json`, any `+json` type, or no Content-Type), or one raw "
-            "page: `text/html` (its `charset` parameter is the page's declared encoding) or "
+            "page: `text/html` (its `charset` parameter is the page's declared encoding; likewise "
+            "`application/xhtml+xml`, `text/xml` and `application/xml`, as a crawler forwards them) or "
             "`application/octet-stream` (the encoding is detected; a `charset` parameter, which that type "
             "does not define, is ignored), with the options in the query "
             "string (sent with a JSON body they are a 422); an empty page is 400." + _COMPRESSION,

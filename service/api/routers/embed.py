@@ -49,8 +49,8 @@ async def embed(
     encoding_format: Annotated[EncodingFormat | None, Query(description="raw body only")] = None,
     on_error: Annotated[OnError | None, Query(description="raw body only (default fail)")] = None,
 ) -> EmbedResponse:
-    """A JSON body of documents, or one raw page (`text/html; charset=...`, `application/octet-stream`)
-    with its options in the query string."""
+    """A JSON body of documents, or one raw page (`text/html; charset=...` or an XHTML/XML type,
+    `application/octet-stream`) with its options in the query string."""
     if heads == [""]:  # `?heads=`: no heads, as the JSON body's `"heads": []`
         heads = []
     options = {

@@ -37,7 +37,8 @@ async def preprocess(
     engine: EngineDep,
     id: Annotated[str | None, Query(description="raw body only: the page's id")] = None,
 ) -> Response:
-    """A JSON body of documents, or one raw page (`text/html; charset=...`, `application/octet-stream`)."""
+    """A JSON body of documents, or one raw page (`text/html; charset=...` or an XHTML/XML type,
+    `application/octet-stream`)."""
     parsed, raw = await read_body(request, PreprocessRequest, raw_options={"id": id})
     documents = [raw] if raw is not None else to_documents(parsed.documents if parsed else [])
     check_document_count(documents, runtime.settings.max_documents)
