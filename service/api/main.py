@@ -187,10 +187,10 @@ def settings_errors(exc: ValidationError) -> list[str]:
 
 def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
     """uvicorn's settings: SIGTERM stops accepting, waits for in-flight requests, then the lifespan drains.
-    With JSON logs uvicorn configures no logging of its own: its records reach the root logger's handler
-    (service.api.logs); with text, its default colour-coded lines."""
+    uvicorn configures no logging of its own: its records reach the root logger's handler
+    (service.api.logs), in JSON or in the one text format with a time and the logger's name (its own
+    handler had written text lines without either, those that bracket a drain among them)."""
     import uvicorn
-    from uvicorn.config import LOGGING_CONFIG
 
     from service.api.http_protocol import protocol_class
 
@@ -207,7 +207,7 @@ def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
         # The app writes its own (`HTMLLM_ACCESS_LOG`, service.api.logs): uvicorn's came with debug logs
         # only, named no request id or latency, and wrote each query string, where a client may put a key.
         access_log=False,
-        log_config=None if settings.log_format == "json" else LOGGING_CONFIG,
+        log_config=None,
     )
 
 

@@ -197,6 +197,12 @@ def test_port_0_serves_and_says_which_port(tiny_checkpoint: Path, tmp_path: Path
         output.seek(0)
         text = output.read().decode(errors="replace")
     assert status == 0, text
+    # uvicorn's own lines in the one text format (a time, the logger), as every other line: under its
+    # own handler they had none, and the lines that bracket a drain could not be timed.
+    for message in ("Uvicorn running on", "Shutting down", "Finished server process"):
+        assert re.search(
+            rf"^\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ INFO uvicorn\.error: {message}", text, re.M
+        ), text
 
 
 # `python -m service.api` with Python's own SIGINT handler, as a terminal starts it (a shell's background
