@@ -923,6 +923,9 @@ def test_pre_stop_outlasts_slow_endpoint_propagation() -> None:
     assert pod_spec(objects)["terminationGracePeriodSeconds"] == int(command[1]) + drain + 15
     with pytest.raises(helm.HelmRenderError, match="terminationGracePeriodSeconds"):
         render({"terminationGracePeriodSeconds": int(command[1]) + drain})
+    with pytest.raises(helm.HelmRenderError, match=r"\+ 2 \(47\): the server's stop takes up to a second"):
+        render({"terminationGracePeriodSeconds": int(command[1]) + drain + 1})  # no time for the exit
+    assert pod_spec(render({"terminationGracePeriodSeconds": 47}))["terminationGracePeriodSeconds"] == 47
 
 
 @pytest.mark.parametrize("name", ["gpu", "full", "scheduled"])

@@ -488,8 +488,8 @@ def test_fractions_given_with_set_reach_the_service() -> None:
     settings = settings_of(rendered_and_valid(given))
     assert (settings.request_timeout_s, settings.body_timeout_s) == (7.5, 90.5)
     with pytest.raises(helm.HelmRenderError, match="terminationGracePeriodSeconds"):
-        render({"server": {"drainTimeoutSeconds": 7.5}, "terminationGracePeriodSeconds": 22})
-    rendered_and_valid({"server": {"drainTimeoutSeconds": 7.5}, "terminationGracePeriodSeconds": 23})
+        render({"server": {"drainTimeoutSeconds": 7.5}, "terminationGracePeriodSeconds": 24})
+    rendered_and_valid({"server": {"drainTimeoutSeconds": 7.5}, "terminationGracePeriodSeconds": 25})
     for wrong in ("2.5s", "-1", "", "abc"):
         with pytest.raises(helm.HelmValuesError, match="maxWaitMs"):
             render({"server": {"maxWaitMs": wrong}})

@@ -87,15 +87,17 @@ kills the server (SIGKILL) with accepted requests still queued. The default adds
 drain budget: uvicorn's wait rounded up to whole seconds, the engine's last stop, and the exit (the
 server's exit handlers, its worker processes stopped), about a second or two in all. It need not cover a
 forward pass: a pass still running when the budget ends has had its documents answered 503, and the
-server exits without waiting for it (service.api.main.end_process).
+server exits without waiting for it (service.api.main.end_process). An explicit one must leave at least
+2 s past the drain (a 3 s drain's stop measured 3.07 s from the signal): one that did not had the server
+SIGKILLed at the end of its stop.
 */}}
 {{- define "htmllm.terminationGracePeriodSeconds" -}}
 {{- /* The drain time may have a fraction (7.5), or be a decimal string (`--set` passes 7.5 as one). */}}
 {{- $needed := addf (int .Values.lifecycle.preStopSleepSeconds) (float64 .Values.server.drainTimeoutSeconds) }}
 {{- if kindIs "invalid" .Values.terminationGracePeriodSeconds }}
 {{- add (int (ceil $needed)) 15 }}
-{{- else if le (float64 .Values.terminationGracePeriodSeconds) $needed }}
-{{- fail (printf "terminationGracePeriodSeconds (%v) must exceed lifecycle.preStopSleepSeconds + server.drainTimeoutSeconds (%v)" .Values.terminationGracePeriodSeconds $needed) }}
+{{- else if lt (float64 .Values.terminationGracePeriodSeconds) (addf $needed 2) }}
+{{- fail (printf "terminationGracePeriodSeconds (%v) must be at least lifecycle.preStopSleepSeconds + server.drainTimeoutSeconds + 2 (%v): the server's stop takes up to a second past its drain budget, then it exits" .Values.terminationGracePeriodSeconds (addf $needed 2)) }}
 {{- else }}
 {{- int .Values.terminationGracePeriodSeconds }}
 {{- end }}
