@@ -4,7 +4,8 @@ Request counts and durations per route come from `RequestMetricsMiddleware`; que
 batch tokens, per-stage durations and documents and tokens processed from the Engine's observer hooks
 (`EngineMetricsObserver`); failures by code from the error handler; failed extractions from the
 /v1/extract router; the build's identity (`htmllm_build_info`) and readiness from the /metrics route at
-scrape time.
+scrape time; the server process's memory, CPU and file descriptors (`process_*`) and `python_info` from
+prometheus_client's own collectors, read at scrape time.
 """
 
 from __future__ import annotations
@@ -13,7 +14,15 @@ import gc
 import time
 from collections.abc import Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.metrics_core import Metric
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -35,6 +44,12 @@ _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"
 BUILD_LABELS = ("version", "prune_version", "checkpoint_prune_version", "extraction_version")
 # nginx's "client closed request": never seen by the client, but visible in the request metrics.
 CLIENT_CLOSED_STATUS = 499
+OTHER_STATUS_CLASS = "other"
+
+
+def status_class(status: int) -> str:
+    """`2xx` for 200..299 and so on: the duration histogram's bounded stand-in for the status code."""
+    return f"{status // 100}xx" if 100 <= status <= 599 else OTHER_STATUS_CLASS
 
 
 class ServiceMetrics:
@@ -46,10 +61,14 @@ class ServiceMetrics:
         self.requests = Counter(
             "htmllm_requests", "HTTP requests answered", ["route", "method", "status"], registry=r
         )
+        # By status class too: a flood of 429s answered in milliseconds had pulled the route's p90 to
+        # 0.1 s while every 200 and 504 took over a second, so a latency alert stayed quiet exactly when
+        # the pod was overloaded. A class, not the code: at most six values whatever the server sends.
         self.request_duration = Histogram(
             "htmllm_request_duration_seconds",
-            "HTTP request duration, body read to response sent",
-            ["route", "method"],
+            "HTTP request duration, body read to response sent, by status class (2xx for served requests' "
+            "latency: fast 4xx refusals would hide it)",
+            ["route", "method", "status_class"],
             buckets=_DURATION_BUCKETS,
             registry=r,
         )
@@ -159,6 +178,15 @@ class ServiceMetrics:
             buckets=_GC_PAUSE_BUCKETS,
             registry=r,
         )
+        # The app's registry is its own, so nothing else adds the process's series to /metrics: without
+        # these no metric told the server's memory (the pod's memory alert) or its open descriptors. A
+        # registry given may have them already (prometheus_client's global one does); a second copy would
+        # be refused there, or else scraped twice, so its own families are looked at first.
+        present = {metric.name for metric in r.collect()}
+        if "process_resident_memory_bytes" not in present:
+            ProcessCollector(registry=r)
+        if "python_info" not in present:
+            PlatformCollector(registry=r)
 
     def set_build(self, **labels: str) -> None:
         """`htmllm_build_info` for the build and checkpoint `labels` name (every one of `BUILD_LABELS`),
@@ -253,7 +281,8 @@ class EngineMetricsObserver(EngineObserver):
 
 
 class RequestMetricsMiddleware:
-    """Counts and times every HTTP request by route, method and status (pure ASGI, streams untouched)."""
+    """Counts and times every HTTP request by route, method and status (its class for the times; pure ASGI,
+    streams untouched)."""
 
     def __init__(self, app: ASGIApp, *, metrics: ServiceMetrics, routes: Iterable[str]) -> None:
         self.app = app
@@ -296,6 +325,6 @@ class RequestMetricsMiddleware:
         finally:
             in_progress.dec()
             self.metrics.requests.labels(route=route, method=method, status=str(status)).inc()
-            self.metrics.request_duration.labels(route=route, method=method).observe(
-                time.perf_counter() - start
-            )
+            self.metrics.request_duration.labels(
+                route=route, method=method, status_class=status_class(status)
+            ).observe(time.perf_counter() - start)
