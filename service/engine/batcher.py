@@ -320,8 +320,13 @@ class Batcher:
             self._direct_started = None
 
     async def close(self, error: HtmllmError | None = None) -> None:
-        """Stop both tasks; whatever is still queued or in hand fails with `error` (or ShuttingDown)."""
+        """Stop both tasks; whatever is still queued or in hand fails with `error` (or ShuttingDown).
+
+        It returns once the pass in flight on the inference thread has ended, unless that pass is one
+        outside the queue (`run_direct`: warm-up, probe), which nobody waits for: the first close then
+        returns at once, and `wait_closed` (or a second close) waits for that pass."""
         with self._direct_lock:
+            again = self._closed  # closed before: this close is to wait for the pass `close` left running
             self._closed = True
             direct = self._direct_started is not None
         # Before the cancellation: the batch in a forward pass leaves `_in_hand` as its task unwinds, and
@@ -363,7 +368,14 @@ class Batcher:
         # on their thread, the pass in flight first, and `wait_closed` to wait for that; unshielded, the
         # infer pool had never been shut down, its thread left running whatever pass it held.
         self._pools_closed = asyncio.ensure_future(asyncio.to_thread(self._shut_pools))
-        await asyncio.shield(self._pools_closed)
+        if direct and not again:
+            # A warm-up's or probe's pass serves no one: the close does not wait for it (a large
+            # checkpoint's warm-up on CPU had held a server's stop for its whole drain budget, which then
+            # read as a drain cut short). Its thread ends on its own, or the process does; `wait_closed`
+            # (and a start on this runner) still waits for it, as does a second close.
+            logger.info("not waiting for the warm-up or probe pass in flight: it serves no one")
+        else:
+            await asyncio.shield(self._pools_closed)
         if closing is not None and closing.cancelling() > cancels:
             raise asyncio.CancelledError
 
