@@ -4,13 +4,21 @@ Why httptools: uvicorn's pure-Python h11 parser was about 15% of the event loop'
 httptools with uvloop cut the loop's CPU per request by 13-20% (docs/benchmarks.md, "The front end's
 CPU per request"). Why a subclass: uvicorn bounds a request's head (request line and headers) only on
 its h11 path (`h11_max_incomplete_event_size`, 16 KiB); with httptools a client can stream one endless
-header and the server buffers all of it (200 MB sent, 312 MB resident, measured). Here a head still
-incomplete after `MAX_HEAD_BYTES` is answered 431 with the service's error body, and its connection is
-closed. Such an answer comes from below the app, so it is not counted in
-`htmllm_request_failures_total`. And a client that pipelines requests and leaves is noticed by the
-request that is running, not only by the last one queued (`connection_lost`). Each request's scope
-carries its connection's age and request number (`service.api.connections`), which ASGI gives the app
-no other way to know, so that a connection's life can be bounded.
+header and the server buffers all of it (200 MB sent, 312 MB resident, measured). Here a head of more
+than `MAX_HEAD_BYTES` is answered 431 with the service's error body, and its connection is closed: a
+head that completes is measured once parsed, exactly, before any request starts; one still incomplete is
+refused once the reads after the one it began in pass the cap, so that an endless one is bounded too.
+Such an answer comes from below the app, so it is not counted in `htmllm_request_failures_total`. And
+a client that pipelines requests and leaves is noticed by the request that is running, not only by the
+last one queued (`connection_lost`). Each request's scope carries its connection's age and request
+number (`service.api.connections`), which ASGI gives the app no other way to know, so that a
+connection's life can be bounded.
+
+Every answer from below the app (431, 408, 405, uvicorn's 400) waits for the requests before it on the
+connection (pipelined) to be answered, and ends in a lingering close: the answer, a half-close, then
+what the client still sends is read and dropped, for at most `_LINGER_S` and `_LINGER_BYTES`, before the
+close. A close with input still unread makes the kernel send a reset, and a client that was still
+sending (a 200 KB head, a large body behind a bad head) got ConnectionResetError in place of the answer.
 
 Two more gaps of uvicorn's httptools path are closed here. A request that offers to switch protocols
 (`Connection: upgrade` with `Upgrade: h2c`, which Java's HttpClient and Spring's RestClient send by
@@ -46,9 +54,14 @@ _OFFER_HEADERS = frozenset((b"upgrade", b"http2-settings"))
 _INVALID_REQUEST = "Invalid HTTP request received."
 # The longest URL httptools parses (its URL parser's offsets are 16-bit): uvicorn parses each request's
 # URL once its head is complete, and a longer one failed as an invalid request, a plain-text 400. Such a
-# request line alone is over `MAX_HEAD_BYTES`, which counts whole reads and so lets a head up to one
-# read (256 KiB) past it reach the parser: answered 431 as any head over the cap.
+# request line alone is over `MAX_HEAD_BYTES` (refused before uvicorn parses the URL); should the cap be
+# raised past it, such a URL is still a 431 rather than uvicorn's 400.
 _MAX_URL_BYTES = 65535
+# How long, and how much, a connection refused from below the app is read (and dropped) after its answer
+# before it is closed: time for the client to read the answer, and a bound on what a client can make the
+# server read or how long it can hold the connection (Apache's lingering close waits up to 2 s too).
+_LINGER_S = 2.0
+_LINGER_BYTES = 4 * 1024 * 1024
 _REASONS = {405: "Method Not Allowed", 408: "Request Timeout", 431: "Request Header Fields Too Large"}
 
 
@@ -64,6 +77,11 @@ def _error_answer(code: ErrorCode, message: str) -> bytes:
         "connection: close\r\n\r\n"
     )
     return head.encode("ascii") + body
+
+
+class _HeadOverCap(Exception):
+    """Raised from `on_headers_complete` to stop the parse of a head over the cap (httptools turns it
+    into an `HttpParserCallbackError` out of `feed_data`, the rest of the read left unparsed)."""
 
 
 def _head_too_large_response() -> bytes:
@@ -102,17 +120,28 @@ def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol
         slower than `head_timeout_s` (408, then closes), and answers a request that offers to switch
         protocols as if it had not (the module's docstring).
 
-        httptools reports no offsets, so the head is counted in whole chunks: after each parse, a chunk
-        counts when the head still open began in an earlier one. The chunk a message begins in is not
-        counted (it may hold a pipelined request's body before it), so a head is refused after at most
-        `MAX_HEAD_BYTES` plus one read (asyncio reads up to 256 KiB at a time): bounded either way.
+        A head that completes is measured in `on_headers_complete`, from what the callbacks gave: the
+        request line (method, URL, version, two spaces, CRLF), each header (name, ": " as clients write
+        it, value with its trailing whitespace, CRLF) and the blank line; only the whitespace that llhttp
+        drops before a value can make it differ (by a byte or so a header). A head still incomplete is
+        counted in whole chunks (httptools reports no offsets): after each parse, a chunk counts when
+        the head still open began in an earlier one. The chunk a message begins in is not counted (it
+        may hold a pipelined request's body before it), so an endless head is refused after at most
+        `MAX_HEAD_BYTES` plus one read (asyncio reads up to 256 KiB at a time), and httptools never
+        buffers more.
         """
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._in_head = False
             self._began_in_chunk = False
-            self._head_bytes = 0
+            self._head_bytes = 0  # the reads counted against a head still incomplete
+            self._head_size = 0  # the headers parsed so far of the current head, as sent
+            self._over_cap = False  # the head just parsed is over the cap (`_HeadOverCap` raised)
+            self._refusal: bytes | None = None  # an answer from below the app, written once it is our turn
+            self._lingering = False  # the refusal is written and the connection half-closed
+            self._linger_left = 0  # bytes still read (and dropped) before the close
+            self._linger_timer: asyncio.TimerHandle | None = None
             self._running: Any = None  # the request cycle whose app runs (not always `self.cycle`)
             # uvicorn makes one protocol per connection, just before the connection is made.
             self._opened = time.monotonic()
@@ -144,6 +173,9 @@ def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol
                 running.disconnected = True
                 running.message_event.set()
             self._cancel_head_timer()
+            if self._linger_timer is not None:
+                self._linger_timer.cancel()
+                self._linger_timer = None
             super().connection_lost(exc)
             self._unset_keepalive_if_required()
 
@@ -152,12 +184,22 @@ def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol
             self._in_head = True
             self._began_in_chunk = True
             self._head_bytes = 0
+            self._head_size = 0
             self._offered_upgrade = False
             self._arm_head_timer()
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._head_size += len(name) + len(value) + 4  # (before uvicorn strips the value's end)
+            super().on_header(name, value)
 
         def on_headers_complete(self) -> None:
             self._in_head = False
             self._cancel_head_timer()
+            method, version = self.parser.get_method(), self.parser.get_http_version()
+            request_line = len(method) + len(self.url) + len("HTTP/") + len(version) + 4
+            if request_line + self._head_size + 2 > MAX_HEAD_BYTES:
+                self._over_cap = True  # no request yet: `data_received` answers 431
+                raise _HeadOverCap
             if self.parser.should_upgrade():  # (set before this callback; llhttp stops after it)
                 self._offered_upgrade = True  # no request yet: `data_received` gives the head again
                 return
@@ -175,12 +217,15 @@ def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol
                 super().on_message_complete()
 
         def data_received(self, data: bytes) -> None:
+            if self._refusal is not None:  # refused: what follows is read only to be dropped
+                self._drop(len(data))
+                return
             self._began_in_chunk = False
             self._unset_keepalive_if_required()
             try:
                 self.parser.feed_data(data)
             except httptools.HttpParserError:
-                if len(self.url) > _MAX_URL_BYTES:  # (uvicorn's parse of it failed: a head over the cap)
+                if self._over_cap or len(self.url) > _MAX_URL_BYTES:  # (a URL uvicorn cannot parse)
                     self._refuse_head_too_large()
                     return
                 self.logger.warning(_INVALID_REQUEST)
@@ -196,18 +241,71 @@ def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol
                 self._refuse_head_too_large()
 
         def _refuse_head_too_large(self) -> None:
+            self._refuse(_head_too_large_response())
+
+        def send_400_response(self, msg: str) -> None:
+            """uvicorn's plain-text 400, through `_refuse`: after the answers before it, and with a
+            lingering close (a bad head with a large body behind it lost its 400 to a reset)."""
+            content = [b"HTTP/1.1 400 Bad Request\r\n"]
+            for name, value in self.server_state.default_headers:  # (server, date)
+                content.append(name + b": " + value + b"\r\n")
+            content.append(b"content-type: text/plain; charset=utf-8\r\n")
+            content.append(b"content-length: %d\r\nconnection: close\r\n\r\n" % len(msg))
+            self._refuse(b"".join(content) + msg.encode("ascii"))
+
+        def _refuse(self, answer: bytes) -> None:
+            """Answer `answer` and close, in turn: requests before it on the connection (pipelined) are
+            answered first, or the refusal would be read as their answer (reads pause meanwhile)."""
             self._in_head = False
-            self.transport.write(_head_too_large_response())
-            self.transport.close()
+            self._cancel_head_timer()
+            self._refusal = answer
+            if self.pipeline or (self._running is not None and not self._running.response_complete):
+                self.flow.pause_reading()
+                return
+            self._linger()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()  # (starts the next request queued, if any)
+            if self._refusal is None or self._lingering or self.transport.is_closing():
+                return
+            if not self.pipeline and (self._running is None or self._running.response_complete):
+                self._unset_keepalive_if_required()
+                self._linger()
+
+        def _linger(self) -> None:
+            """Write the refusal, half-close, and close once the client closes too, or after `_LINGER_S`
+            or `_LINGER_BYTES` more from it: closing at once with its input unread sends a reset, which
+            can take the answer with it. Where the transport cannot half-close (TLS), it closes."""
+            assert self._refusal is not None
+            self._lingering = True
+            self._linger_left = _LINGER_BYTES
+            self.transport.write(self._refusal)
+            if not self.transport.can_write_eof():
+                self.transport.close()
+                return
+            self.transport.write_eof()
+            self.flow.resume_reading()
+            # (the client's own close ends the wait: `eof_received` returns None, and the transport closes)
+            self._linger_timer = self.loop.call_later(_LINGER_S, self._end_linger)
+
+        def _drop(self, size: int) -> None:
+            if not self._lingering:
+                return  # (answers before the refusal are still running; reads were paused)
+            self._linger_left -= size
+            if self._linger_left < 0:
+                self._end_linger()
+
+        def _end_linger(self) -> None:
+            self._linger_timer = None
+            if not self.transport.is_closing():
+                self.transport.close()
 
         def _give_head_again(self, rest: bytes) -> None:
             """Parse the head just read again without its offer to switch protocols, then `rest` (the
             body, and whatever follows it), with a fresh parser: llhttp's stays switched."""
             method = self.parser.get_method()
             if method == b"CONNECT":  # (llhttp switches at every CONNECT: there is no body to read)
-                refusal = _error_answer(ErrorCode.METHOD_NOT_ALLOWED, "CONNECT is not served here")
-                self.transport.write(refusal)
-                self.transport.close()
+                self._refuse(_error_answer(ErrorCode.METHOD_NOT_ALLOWED, "CONNECT is not served here"))
                 return
             if not self._offered_upgrade:  # (never: llhttp switches only where the head offered it)
                 self.send_400_response(_INVALID_REQUEST)
@@ -235,10 +333,11 @@ def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol
             if running is not None and not running.response_complete:
                 self._arm_head_timer()
                 return
-            if self._in_head:
+            if self._in_head:  # (a client still sending its head may have more on the way: lingering)
                 message = f"the request head did not arrive within {head_timeout_s:g} s"
                 message += " (HTMLLM_HEAD_TIMEOUT_S)"
-                self.transport.write(_error_answer(ErrorCode.HEAD_TIMEOUT, message))
+                self._refuse(_error_answer(ErrorCode.HEAD_TIMEOUT, message))
+                return
             self.transport.close()
 
     return BoundedHttpToolsProtocol

@@ -102,18 +102,30 @@ def test_a_pipelined_head_after_a_large_body_is_not_counted_with_the_body(server
 
 
 class _Transport(asyncio.Transport):
-    """What the protocol writes, and whether it closed, without a socket."""
+    """What the protocol writes, and whether it half-closed or closed, without a socket. `half_close`:
+    whether it can half-close, as a TCP transport can (TLS's cannot)."""
 
-    def __init__(self) -> None:
+    def __init__(self, half_close: bool = False) -> None:
         super().__init__()
         self.written = b""
         self.closed = False
+        self.half_close = half_close
+        self.eof = False
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return default
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self.eof:
+            raise RuntimeError("Cannot call write() after write_eof()")  # (as asyncio's transports)
         self.written += bytes(data)
+
+    def can_write_eof(self) -> bool:
+        return self.half_close
+
+    def write_eof(self) -> None:
+        assert self.half_close
+        self.eof = True
 
     def close(self) -> None:
         self.closed = True
@@ -242,14 +254,14 @@ async def _slow_ok(scope: Any, receive: Any, send: Any) -> None:
     await _ok(scope, receive, send)
 
 
-def _protocol(app: Any, head_timeout_s: float | None) -> tuple[Any, _Transport]:
+def _protocol(app: Any, head_timeout_s: float | None, half_close: bool = False) -> tuple[Any, _Transport]:
     protocol_type = protocol_class(head_timeout_s)
     assert not isinstance(protocol_type, str)
     config = uvicorn.Config(app=app, http=protocol_type, log_level="warning", lifespan="off")
     protocol: Any = protocol_type(  # type: ignore[call-arg]
         config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop()
     )
-    transport = _Transport()
+    transport = _Transport(half_close)
     protocol.connection_made(transport)
     return protocol, transport
 
@@ -307,3 +319,147 @@ async def test_a_connection_reset_after_its_answer_cancels_the_keep_alive_timer(
 
     assert timer.cancelled(), "the timer keeps the protocol and its request for the keep-alive timeout"
     assert protocol.timeout_keep_alive_task is None
+
+
+def _head(total: int, method: bytes = b"GET /health") -> bytes:
+    """A request head of exactly `total` bytes, most of them one header's value, that closes."""
+    start = method + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Filler: "
+    return start + b"a" * (total - len(start) - 4) + b"\r\n\r\n"
+
+
+def _one_write(url: str, data: bytes) -> bytes:
+    """Send `data` in one write, then read the answer until the server closes; a reset fails the test."""
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=60) as sock:
+        sock.sendall(data)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        return answer
+
+
+def test_a_head_over_the_cap_in_one_read_is_a_431(server: LiveServer) -> None:
+    """A head that arrives whole in one read was not counted (the chunk a head begins in is not): 70 KiB
+    got a 200. Its size is known once it is parsed, and a head over the cap is refused there."""
+    for total in (70 * 1024, MAX_HEAD_BYTES + 1):
+        answer = _one_write(server.url, _head(total))
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 431 "), (total, answer[:200])
+        assert json.loads(body)["error"]["code"] == "headers_too_large"
+    for total in (60 * 1024, MAX_HEAD_BYTES):
+        answer = _one_write(server.url, _head(total))
+        assert answer.startswith(b"HTTP/1.1 200 "), (total, answer[:200])
+
+
+def test_the_431_for_a_large_head_sent_in_one_write_reaches_the_client(server: LiveServer) -> None:
+    """The server stopped reading and closed with the rest of the head unread: the kernel answered with a
+    reset, and the client lost the 431 (ConnectionResetError). It now reads the whole answer, then EOF."""
+    for _ in range(5):
+        answer = _one_write(server.url, _head(200 * 1000))
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 431 "), answer[:200]
+        assert json.loads(body)["error"]["code"] == "headers_too_large"
+    assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+
+
+def test_the_400_for_an_invalid_request_with_a_large_body_reaches_the_client(server: LiveServer) -> None:
+    """A head the parser refuses (a space in a header's name), a 1 MB body behind it in the same write:
+    the body was left unread at the close, and the client got a reset in place of uvicorn's 400."""
+    body = b"b" * 1_000_000
+    request = b"POST /v1/embed HTTP/1.1\r\nHost: x\r\nBad Name: 1\r\nContent-Length: %d\r\n\r\n" % len(body)
+    for _ in range(3):
+        answer = _one_write(server.url, request + body)
+        assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+        assert answer.endswith(b"Invalid HTTP request received."), answer[-200:]
+
+
+async def _until(condition: Any) -> None:
+    """Let the loop run until `condition()` holds (the app's task, a timer); fails after a generous bound."""
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the condition never held")
+
+
+def _answers(written: bytes) -> list[bytes]:
+    return re.findall(rb"HTTP/1\.1 (\d{3}) ", written)
+
+
+async def test_the_cap_is_exact_for_a_head_that_arrives_in_one_read() -> None:
+    """The read a head begins in is not counted, so a whole head in one read passed up to 256 KiB. Once
+    parsed its size is known: one byte over the cap (trailing whitespace in a value counts) is a 431,
+    and no request starts; a head of exactly the cap is served."""
+    calls: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        calls.append(scope["path"])
+        await _ok(scope, receive, send)
+
+    protocol, transport = _protocol(app, head_timeout_s=None)
+    protocol.data_received(_head(MAX_HEAD_BYTES, b"GET /exact"))
+    await _until(lambda: transport.closed)
+    assert _answers(transport.written) == [b"200"] and calls == ["/exact"], transport.written[:200]
+
+    for over in (_head(MAX_HEAD_BYTES + 1), _head(MAX_HEAD_BYTES).replace(b"a\r\n", b"a \r\n")):
+        protocol, transport = _protocol(app, head_timeout_s=None)
+        protocol.data_received(over + b"GET /next HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert transport.closed and _answers(transport.written) == [b"431"], transport.written[:200]
+        await asyncio.sleep(0)
+        assert calls == ["/exact"]
+
+
+async def test_a_refusal_behind_a_pipelined_request_waits_for_its_answer() -> None:
+    """A request and an over-cap head (or bytes that are no request) in one read: the refusal went out
+    at once and the client read it as the first request's answer. Answers now come in order."""
+    for refused, status in ((_head(MAX_HEAD_BYTES + 1), b"431"), (b"\x16\x03\x01\x02\x00" * 8, b"400")):
+        protocol, transport = _protocol(_slow_ok, head_timeout_s=None)
+        first = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+        protocol.data_received(first + first + refused)
+        assert transport.written == b"" and not transport.closed
+        protocol.data_received(b"more")  # dropped: the connection is refused past this point
+        await _until(lambda sent=transport: sent.closed)
+        assert _answers(transport.written) == [b"200", b"200", status], transport.written
+
+
+async def test_a_refusal_half_closes_and_reads_on_for_a_bounded_time_and_amount(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Closing with the client's input unread made the kernel reset the connection, and the client lost
+    the answer. The answer is written, the connection half-closed, and what the client still sends is
+    dropped, up to `_LINGER_BYTES` or for `_LINGER_S`, then the connection closes."""
+    from service.api import http_protocol
+
+    protocol, transport = _protocol(_ok, head_timeout_s=None, half_close=True)
+    protocol.data_received(_head(MAX_HEAD_BYTES + 1))
+    assert transport.eof and not transport.closed and _answers(transport.written) == [b"431"]
+    protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"a" * (http_protocol._LINGER_BYTES - 100))
+    assert not transport.closed and _answers(transport.written) == [b"431"]
+    protocol.data_received(b"a" * 200)
+    assert transport.closed
+
+    monkeypatch.setattr(http_protocol, "_LINGER_S", 0.01)
+    protocol, transport = _protocol(_ok, head_timeout_s=None, half_close=True)
+    protocol.data_received(b"\x16\x03\x01\x02\x00" * 8)
+    assert transport.eof and transport.written.startswith(b"HTTP/1.1 400 ")
+    await _until(lambda: transport.closed)
+
+    # The client's close ends the wait (the transport closes itself); the timer goes with the connection.
+    monkeypatch.setattr(http_protocol, "_LINGER_S", 60.0)
+    protocol, transport = _protocol(_ok, head_timeout_s=None, half_close=True)
+    protocol.data_received(_head(MAX_HEAD_BYTES + 1))
+    timer = protocol._linger_timer
+    assert protocol.eof_received() is None  # (asyncio closes a transport whose protocol says so)
+    protocol.connection_lost(None)
+    assert timer is not None and timer.cancelled()
+
+
+async def test_a_head_timeout_half_closes_too() -> None:
+    """The 408 went out with a close: a client still sending its head had its input reset, answer and all."""
+    protocol, transport = _protocol(_ok, head_timeout_s=0.05, half_close=True)
+    protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n")
+    await _until(lambda: transport.eof)
+    assert transport.written.startswith(b"HTTP/1.1 408 ") and not transport.closed
+    protocol.data_received(b"X-Late: 1\r\n")  # dropped, no second answer
+    assert _answers(transport.written) == [b"408"]
+    protocol.connection_lost(None)
