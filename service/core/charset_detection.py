@@ -2,8 +2,10 @@
 
 charset-normalizer makes the first guess among the encodings a browser can decode, from the page's
 non-ASCII bytes with a few bytes of context each (`_neighbourhoods`): given the page, it read five
-chunks of 512 bytes spread over it, and its guess moved with the length of the ASCII markup. Two
-corrections follow, both from pages it misread:
+chunks of 512 bytes spread over it, and its guess moved with the length of the ASCII markup. It
+decodes with Python's strict codecs, which lack characters a browser reads (GBK's euro sign, Big5's
+HKSCS characters, EUC-JP's NEC symbols): where only those rule an East Asian reading out, it looks
+again with them blanked out (`_second_look`). Two corrections follow, both from pages it misread:
 
 - Latin-script single-byte readings are re-ranked by how their non-ASCII letters fit the alphabets of
   the languages those encodings serve (`_best_latin_reading`): it cannot tell iso-8859-2 from
@@ -16,18 +18,19 @@ corrections follow, both from pages it misread:
 
 from __future__ import annotations
 
+import codecs
 import functools
 import re
 from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
-from service.core.encoding_labels import decode_bytes, normalize_encoding
+from service.core.encoding_labels import browser_character, decode_bytes, normalize_encoding
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
-    from charset_normalizer import CharsetMatch
+    from charset_normalizer import CharsetMatch, CharsetMatches
 
 DETECT_SAMPLE_BYTES = 524288  # the detector sees at most this much of the page's neighbourhoods (all decoded)
 FEW_FOREIGN_BYTES = 256  # pages with at most this many non-ASCII bytes: the readings compete
@@ -96,6 +99,11 @@ _EAST_ASIAN_ROWS: dict[str, tuple[tuple[int, int], ...]] = {
     "cp949": ((0xA1A1, 0xA3FE), (0xB0A1, 0xC8FE)),
 }
 _EAST_ASIAN = tuple(_EAST_ASIAN_ROWS)
+# The East Asian encodings whose pages one character can rule out with the detector (`_second_look`),
+# by the strict codec it reads them with; and how many such characters of one reading it is shown past.
+_STRICT_EAST_ASIAN = ("gb18030", "big5", "euc_jp")
+_MOST_BROWSER_ONLY = 4096
+_COST_SAMPLE_BYTES = 16384  # of the sample whose readings `_second_look` compares
 _FEW_WORDS_GUESSES = frozenset({*_LATIN_SINGLE_BYTE, "cp1251", *_EAST_ASIAN})
 _ASCII = bytes(range(128))
 _NON_ASCII_BYTES = re.compile(rb"[\x80-\xff]+")
@@ -119,7 +127,7 @@ def detect_encoding(data: bytes) -> str:
     # text whatever surrounds it (see _neighbourhoods). Every later step looks at a non-ASCII byte and
     # its neighbours only, so the neighbourhoods stand for the page there too.
     neighbourhoods = _neighbourhoods(data)
-    matches = from_bytes(neighbourhoods, cp_isolation=_DETECTED_ENCODINGS)
+    matches = _second_look(neighbourhoods, from_bytes(neighbourhoods, cp_isolation=_DETECTED_ENCODINGS))
     best = matches.best()
     guess = _corrected_guess(neighbourhoods, None if best is None else normalize_encoding(best.encoding))
     if guess in _FEW_WORDS_GUESSES and len(neighbourhoods.translate(None, _ASCII)) <= FEW_FOREIGN_BYTES:
@@ -132,6 +140,83 @@ def detect_encoding(data: bytes) -> str:
                 return _few_foreign_words(neighbourhoods, None)
         return _few_foreign_words(neighbourhoods, guess)
     return guess
+
+
+def _second_look(sample: bytes, matches: CharsetMatches) -> CharsetMatches:
+    """The detector's `matches` for `sample`, or its matches for the sample with the characters only a
+    browser reads blanked out where those name one of the East Asian encodings they were blanked for.
+
+    The detector decodes with Python's strict codecs, so one character that Python's table lacks and
+    the standard's decoder reads rules an encoding out: GBK's euro sign (a lone 0x80), Big5's HKSCS
+    characters (its codec is Python's big5: 啱, 嘅) and euro sign (0xA3E1), EUC-JP's NEC and IBM rows
+    (①, ㈱, Ⅱ, 髙: CP51932, which EUC-JP pages written on Windows are in). Such a page came out as
+    windows-1252 or iso-8859-15 mojibake, or as GBK where EUC-JP was ruled out. Where a reading fails
+    Python's codec only on such characters (`_browser_only_spans`), the detector looks again with them
+    blanked out, with every other reading's too, and its answer counts where it is one of those
+    readings and reads as more plausible text than the first; otherwise the first answer stands.
+    """
+    best = matches.best()
+    chosen = None if best is None else normalize_encoding(best.encoding)
+    spans: list[tuple[int, int]] = []
+    readings: set[str | None] = set()
+    for strict in _STRICT_EAST_ASIAN:
+        reading = normalize_encoding(strict)
+        if reading != chosen and (found := _browser_only_spans(sample, strict)):
+            spans += found
+            readings.add(reading)
+    if not spans:
+        return matches
+    from charset_normalizer import from_bytes
+
+    again = from_bytes(_blanked(sample, spans), cp_isolation=_DETECTED_ENCODINGS)
+    second = again.best()
+    reading = None if second is None else normalize_encoding(second.encoding)
+    if reading is None or reading not in readings:
+        return matches
+    # A Latin page's bytes can read as Big5 but for HKSCS characters (letters are Big5 second bytes):
+    # the new answer must also read as more plausible text than the one it replaces (`_reading_cost`,
+    # on the first `_COST_SAMPLE_BYTES`: it runs in Python).
+    piece = sample[: _cut(sample, 0, min(len(sample), _COST_SAMPLE_BYTES))]
+    first = _corrected_guess(sample, chosen)
+    return again if _reading_cost(piece, reading) < _reading_cost(piece, first) else matches
+
+
+def _browser_only_spans(sample: bytes, codec: str) -> list[tuple[int, int]]:
+    """The (start, end) of each character of `sample` that Python's strict `codec` cannot decode and the
+    standard's decoder reads (`encoding_labels.browser_character`); none where the standard's decoder
+    finds an error too (the sample is not in that encoding), nor past `_MOST_BROWSER_ONLY` of them.
+
+    Each decode runs in C from the last such character to the next, on a view of the sample (a copy of
+    the rest for each would make a page of such characters quadratic)."""
+    view = memoryview(sample)
+    spans: list[tuple[int, int]] = []
+    position = 0
+    while len(spans) <= _MOST_BROWSER_ONLY:
+        try:
+            codecs.decode(view[position:], codec)
+        except UnicodeDecodeError as error:
+            start = position + error.start
+            character, position = browser_character(sample, start, codec)
+            if character == "\ufffd":
+                return []
+            spans.append((start, position))
+        else:
+            return spans
+    return []
+
+
+def _blanked(sample: bytes, spans: list[tuple[int, int]]) -> bytes:
+    """`sample` with each of `spans` (of several readings: they may overlap) a space."""
+    pieces: list[bytes] = []
+    done = 0
+    for start, end in sorted(spans):
+        if start < done:  # (overlaps the last one: one blank for both)
+            done = max(done, end)
+            continue
+        pieces += (sample[done:start], b" ")
+        done = end
+    pieces.append(sample[done:])
+    return b"".join(pieces)
 
 
 def _tied(best: CharsetMatch, other: CharsetMatch) -> bool:

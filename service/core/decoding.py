@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from email.message import Message
 
 from service.core.charset_detection import detect_encoding
-from service.core.encoding_labels import decode_bytes, whatwg_codec
+from service.core.encoding_labels import decode_bytes, iso2022_jp_codec, web_jis0208, whatwg_codec
 
 PRESCAN_BYTES = 16384  # how far into the page a <meta> charset declaration is looked for
 
@@ -334,9 +334,9 @@ def sniff_xml_encoding(data: bytes) -> str | None:
 
 
 # ISO-2022-JP's escape sequences: to ASCII (ESC ( B), to JIS X 0201 Roman (ESC ( J, where 0x5C is the yen
-# sign) and to JIS X 0208 (ESC $ @, ESC $ B); the last three leave ASCII.
+# sign), to JIS X 0208 (ESC $ @, ESC $ B) and to JIS X 0201 katakana (ESC ( I); the last four leave ASCII.
 _ISO2022_JP_TO_ASCII = b"\x1b(B"
-_ISO2022_JP_LEAVE_ASCII = (b"\x1b(J", b"\x1b$@", b"\x1b$B")
+_ISO2022_JP_LEAVE_ASCII = (b"\x1b(J", b"\x1b$@", b"\x1b$B", b"\x1b(I")
 
 
 def sniff_iso2022_jp(data: bytes) -> str | None:
@@ -365,7 +365,7 @@ def sniff_iso2022_jp(data: bytes) -> str | None:
     if data.count(b"\x1b") != escapes:
         return None
     try:
-        return data.decode("iso2022_jp")
+        return web_jis0208(data.decode(iso2022_jp_codec(data)))
     except UnicodeDecodeError:
         return None
 

@@ -181,20 +181,32 @@ def _decodes_any_bytes(name: str) -> bool:
 def decode_bytes(data: bytes, codec: str) -> str:
     """`data` read with the Python codec `codec` (a `normalize_encoding` name) as a browser reads it.
 
-    Undecodable bytes become U+FFFD. In gb18030 a lone 0x80 is the euro sign: the Encoding Standard's
-    gb18030 decoder, which the web's GBK and GB2312 labels use too, reads it so (it is 0x80 in
-    Microsoft's code page 936, and GBK pages carry it there), where Python's codec rejects it. In the
-    windows code pages the bytes Python's codecs reject are read by the standard's tables
-    (`_web_single_byte_table`). In Shift_JIS (windows-31j) the lone bytes 0xA0 and 0xFD-0xFF are errors
-    (`_CP932_LONE_BYTES`).
+    Undecodable bytes become U+FFFD. In the windows code pages the bytes Python's codecs reject are read
+    by the standard's tables (`_web_single_byte_table`). In the double-byte codecs (GBK/gb18030, Big5,
+    EUC-JP, Shift_JIS, EUC-KR) the bytes Python's codec rejects are read by the standard's decoders
+    (`browser_character`): what their indexes define and Python's tables lack (GBK's lone 0x80 euro
+    sign, Big5's 0xA3E1 euro sign and HKSCS-2008's additions, EUC-JP's NEC and IBM rows), and a bad
+    pair as one U+FFFD unless its second byte is ASCII, which is read again: Python's codecs dropped the
+    first byte only, and the second started a character of its own, which misaligned the text after it.
+    In Shift_JIS (windows-31j) the lone bytes 0xA0 and 0xFD-0xFF are errors
+    (`_CP932_LONE_BYTES`); in EUC-JP and ISO-2022-JP six JIS X 0208 codes are read as windows-31j reads
+    them (`_WEB_JIS0208`, "～" for 0xA1C1); ISO-2022-JP reads JIS X 0201 katakana (`iso2022_jp_codec`).
     """
     if codec in _WEB_SINGLE_BYTE:
         return codecs.charmap_decode(data, "strict", _web_single_byte_table(codec))[0]
-    if codec == "gb18030" and 0 < data.count(b"\x80") <= _MOST_EUROS:
-        return data.decode(codec, errors=_euro_or_replacement())
+    if codec == "iso2022_jp":
+        return web_jis0208(data.decode(iso2022_jp_codec(data), errors="replace"))
     text = data.decode(codec, errors="replace")
+    if codec not in _LEAD_BYTES:
+        return text
+    # Python's "replace" runs in C; the standard's reading runs in Python once per undecodable byte
+    # (16 MiB of 0x80 in gb18030 took 5 s), so only a page with a few of them is read again with it.
+    if 0 < text.count("\ufffd") <= _MOST_BROWSER_ERRORS:
+        text = data.decode(codec, errors=_browser_errors())
     if codec == "cp932" and _CP932_LONE_BYTES.search(text) is not None:
         text = _CP932_LONE_BYTES.sub("\ufffd", text)
+    if codec == "euc_jp":
+        text = web_jis0208(text)
     return text
 
 
@@ -236,23 +248,174 @@ def _web_single_byte_table(codec: str) -> str:
     return "".join(table)
 
 
-# The error handler runs in Python once per undecodable byte: 16 MiB of 0x80 took 5 s. Past this many
-# 0x80 bytes (a real page has a few euro signs) they decode as any undecodable byte does, U+FFFD.
-_MOST_EUROS = 65_536
+# The lead bytes of each double-byte codec's characters, by its Python name ("big5" is the detector's
+# strict codec for Big5; pages decode with big5hkscs): the Encoding Standard's decoders read the byte
+# after one as part of its character, unless it is ASCII.
+_LEAD_BYTES: dict[str, frozenset[int]] = {
+    "gb18030": frozenset(range(0x81, 0xFF)),
+    "big5hkscs": frozenset(range(0x81, 0xFF)),
+    "big5": frozenset(range(0x81, 0xFF)),
+    "cp949": frozenset(range(0x81, 0xFF)),
+    "cp932": frozenset((*range(0x81, 0xA0), *range(0xE0, 0xFD))),
+    "euc_jp": frozenset((0x8E, 0x8F, *range(0xA1, 0xFF))),
+}
+# Past this many undecodable bytes in a page (a real page has a few euro signs or NEC symbols; binary
+# junk has one every few bytes) `decode_bytes` keeps Python's reading, each such byte one U+FFFD.
+_MOST_BROWSER_ERRORS = 65_536
+
+# The codes of the standard's index Big5 that Python's big5hkscs (HKSCS-2004) lacks: HKSCS-2008's
+# additions and compatibility codes, the control pictures 0xA3C0-0xA3E0 and the euro sign at 0xA3E1
+# (code page 950's). Each piece is a code in hex and the characters of it and the codes after it.
+_BIG5_ONLY_IN_THE_STANDARD = (
+    "877A㡵𡵓𣚞𦀡㻬𥣞㫵竼龗𤅡𨤍𣇪𠪊𣉞䌊蒄龖鐯䤰蘓墖靊鈘秐 "
+    "87B4稲晠権袝瑌篅枂稬剏遆㓦珄𥶹瓆鿇垳䤯呌䄱𣚎堘穲𧭥讏 "
+    "87CC䚮𦺈䆁𥶙箮𢒼鿈𢓁𢓉𢓌鿉蔄𣖻䂴鿊䓡𪷿拁灮鿋 8E69箸 8E6F簆 8E7E糎 8EAB緒 8EB4縝 8ECD者 "
+    "8ED0耨 8F57菁 8F69蒨 8F6E萏 8FCB覦覩 8FFE起 906D都 907A銹 90DC靜 90F1響 91BF鼖 9244蔃 "
+    "92AF兙兛兝兞 92C8鍮 92D1瑹 9447浧 94CA禛 95D9邗 9644靝 96ED瀞 96FC嬨 9B76爁 9B78矗 9B7B纇 "
+    "9BC6駖 9BDE釔 9BEC惞 9BF6澶 9C42輶 9C53侻 9C62營 9C68鄄 9C6B鷰 9C77菏 9CBC尐秣 9CD0婧 "
+    "9D57輋 9D5A筑 9DC4拐 9EA9恢 9EEF痹 9EFD汊 9F60鬮 9F66鼗 9FCB僭 9FD8弌 A063蠏 A077拎 A0D5瑨 "
+    "A0DF煢 A0E4牐 A3C0␀␁␂␃␄␅␆␇␈␉␊␋␌␍␎␏␐␑␒␓␔␕␖␗ A3D8␘␙␚␛␜␝␞␟␡€ C6CF廴 C6D3无 C6D5癶 C6D7隶 "
+    "C6DE〃仝 FA5F倩 FA66偽 FABD包 FAC5卄 FAD5卿 FB48嘅 FBB8婷 FBF3幵 FBF9廐 FC4F彘 FC6C悤 "
+    "FCB9撐 FCE2晴 FCF1杞 FDB7沜渝 FDBB港 FDF1煮 FE52猪 FE6F瑜 FEAA瓩 FEDD砉"
+)  # fmt: skip
+# The six codes of JIS X 0208 that Python's euc_jp and iso2022_jp read by the JIS standard's mapping and
+# the Encoding Standard's index jis0208 (windows-31j's) reads otherwise: 0xA1C1 is "～" in a browser and
+# in a Shift_JIS page (0x8160), "〜" in Python. Python's codecs read no other code as these characters.
+# (〜‖−¢£¬ become ～∥－￠￡￢.)
+_WEB_JIS0208 = {
+    "\u301c": "\uff5e",
+    "\u2016": "\u2225",
+    "\u2212": "\uff0d",
+    "\xa2": "\uffe0",
+    "\xa3": "\uffe1",
+    "\xac": "\uffe2",
+}
+_WEB_JIS0208_FROM = re.compile(f"[{''.join(_WEB_JIS0208)}]")
+
+
+def web_jis0208(text: str) -> str:
+    """`text` decoded by Python's euc_jp or iso2022_jp with the six JIS X 0208 characters that the
+    Encoding Standard reads otherwise (`_WEB_JIS0208`) as it reads them."""
+    if _WEB_JIS0208_FROM.search(text) is None:  # (a regex search in C; most pages have none)
+        return text
+    return _WEB_JIS0208_FROM.sub(lambda match: _WEB_JIS0208[match[0]], text)
+
+
+# ISO-2022-JP's escape sequence to JIS X 0201 katakana, which the standard's decoder reads and Python's
+# iso2022_jp does not (its iso2022_jp_ext does), and the one to JIS X 0212, which only the latter reads.
+_ISO2022_JP_KATAKANA = b"\x1b(I"
+_ISO2022_JP_JIS0212 = b"\x1b$(D"
+
+
+def iso2022_jp_codec(data: bytes) -> str:
+    """The Python codec that reads ISO-2022-JP `data` as the Encoding Standard's decoder does: iso2022_jp,
+    or iso2022_jp_ext where the page switches to half-width katakana (ESC ( I), which iso2022_jp read
+    as U+FFFD and its katakana as ASCII letters, and not to JIS X 0212, an error to the standard."""
+    if _ISO2022_JP_KATAKANA in data and _ISO2022_JP_JIS0212 not in data:
+        return "iso2022_jp_ext"
+    return "iso2022_jp"
 
 
 @functools.cache
-def _euro_or_replacement() -> str:
-    """The name of the decode error handler `decode_bytes` gives gb18030, registered on first use."""
-    name = "htmllm.gb18030-euro"
-    codecs.register_error(name, _euro_for_lead_0x80)
+def _browser_errors() -> str:
+    """The name of the decode error handler that reads bytes as the standard's decoders (registered on
+    first use, not at import)."""
+    name = "htmllm.whatwg-multi-byte"
+    codecs.register_error(name, _browser_error)
     return name
 
 
-def _euro_for_lead_0x80(error: UnicodeError) -> tuple[str, int]:
-    """U+20AC for a 0x80 where a character starts (where Python's gb18030 stops at it), else U+FFFD."""
+def _browser_error(error: UnicodeError) -> tuple[str, int]:
+    """The error handler: what the standard's decoder reads where Python's codec stopped."""
     if not isinstance(error, UnicodeDecodeError):
         raise error
-    if error.object[error.start] == 0x80:
-        return "\u20ac", error.start + 1
-    return "\ufffd", error.end
+    return browser_character(error.object, error.start, error.encoding)
+
+
+def browser_character(data: bytes, start: int, codec: str) -> tuple[str, int]:
+    """(what the Encoding Standard's decoder reads at `data[start]`, where the next character starts),
+    where the double-byte Python codec `codec` (a key of `_LEAD_BYTES`) cannot decode: a character its
+    index defines and Python's table lacks, else U+FFFD.
+
+    As the standard's decoders read a lead byte and the byte after it: a pair that is no character is one
+    error, but an ASCII second byte is read again (so markup cannot hide in a bad pair), and a lead byte
+    at the end is one error. GB18030's four-byte form is read the same way: a sequence that breaks off
+    is an error for its first byte, one that is complete but undefined an error for all four.
+    """
+    first = data[start]
+    if codec == "gb18030" and first == 0x80:
+        return "\u20ac", start + 1  # code page 936's euro sign, which Python's gb18030 lacks
+    if first not in _LEAD_BYTES[codec]:
+        return "\ufffd", start + 1
+    if start + 1 >= len(data):
+        return "\ufffd", len(data)
+    second = data[start + 1]
+    if codec == "gb18030" and 0x30 <= second <= 0x39:
+        return "\ufffd", _gb18030_four_byte_end(data, start)
+    if codec in ("big5", "big5hkscs"):
+        found = _big5_character(first, second)
+        if found is not None:
+            return found, start + 2
+    elif codec == "euc_jp" and first == 0x8F and 0xA1 <= second <= 0xFE:
+        # JIS X 0212: Python's table holds the standard's, so the three bytes are an error (the third
+        # read again where it is ASCII).
+        if start + 2 >= len(data):
+            return "\ufffd", len(data)
+        return "\ufffd", start + (2 if data[start + 2] < 0x80 else 3)
+    elif codec == "euc_jp" and first != 0x8E and 0xA1 <= second <= 0xFE:
+        return _jis0208(first, second) or "\ufffd", start + 2
+    return "\ufffd", start + (1 if second < 0x80 else 2)
+
+
+def _gb18030_four_byte_end(data: bytes, start: int) -> int:
+    """Where the standard's gb18030 decoder reads on after the undecodable four-byte sequence that starts
+    at `start` (its second byte a digit): past all four where they are complete, past the end where it
+    ends inside them, else past the first byte only (the others are read again)."""
+    if start + 2 >= len(data):
+        return len(data)
+    if not 0x81 <= data[start + 2] <= 0xFE:
+        return start + 1
+    if start + 3 >= len(data):
+        return len(data)
+    return start + 4 if 0x30 <= data[start + 3] <= 0x39 else start + 1
+
+
+@functools.cache
+def _big5_only_in_the_standard() -> dict[int, str]:
+    """`_BIG5_ONLY_IN_THE_STANDARD` as a table from the two-byte code to its character."""
+    table: dict[int, str] = {}
+    for piece in _BIG5_ONLY_IN_THE_STANDARD.split():
+        code = int(piece[:4], 16)
+        for char in piece[4:]:
+            table[code] = char
+            code += 0x23 if code & 0xFF == 0x7E else 1  # second bytes 0x40-0x7E, then 0xA1-0xFE
+    return table
+
+
+def _big5_character(first: int, second: int) -> str | None:
+    """The character the standard's index Big5 holds at (`first`, `second`), or None: one of its codes
+    that Python's big5hkscs lacks, or big5hkscs's (HKSCS codes, which the detector's strict big5 lacks)."""
+    found = _big5_only_in_the_standard().get(first << 8 | second)
+    if found is not None:
+        return found
+    try:
+        return bytes((first, second)).decode("big5hkscs")
+    except UnicodeDecodeError:
+        return None
+
+
+def _jis0208(first: int, second: int) -> str | None:
+    """The character the standard's index jis0208 holds at EUC-JP's (`first`, `second`), both 0xA1-0xFE,
+    where Python's euc_jp has none: NEC's row 13 (①, ㈱, Ⅱ) and NEC's selection of IBM's kanji (rows
+    89-92, 髙), which EUC-JP pages written on Windows (CP51932, "eucJP-win") carry.
+
+    The index is windows-31j's table, which Python's cp932 holds: the row and cell become the Shift_JIS
+    code of the same pointer. Rows EUC-JP reaches never fall in windows-31j's user-defined rows.
+    """
+    pointer = (first - 0xA1) * 94 + second - 0xA1
+    lead, trail = divmod(pointer, 188)
+    code = bytes((lead + (0x81 if lead < 0x1F else 0xC1), trail + (0x40 if trail < 0x3F else 0x41)))
+    try:
+        return code.decode("cp932")
+    except UnicodeDecodeError:
+        return None

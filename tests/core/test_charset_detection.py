@@ -321,3 +321,87 @@ def test_windows_1252_competes_where_the_alphabets_chose_another_latin_reading(l
     assert charset_detection._best_latin_reading(data, "cp1252")[0] == "cp1250"  # the alphabets' choice
     assert detect_encoding(data) == "cp1252"
     assert decode_html(data).text == page
+
+
+def _with_one(text: str, codec: str, extra: bytes, shown: str) -> tuple[bytes, str]:
+    """A page of `text` in `codec` with the bytes `extra` (one character Python's strict codec lacks)
+    before its last sentence, and the text a browser reads from it (`extra` as `shown`)."""
+    page = _page(text * 3 + "XX" + text)
+    return page.encode(codec).replace(b"XX", extra), page.replace("XX", shown)
+
+
+@pytest.mark.parametrize(
+    ("codec", "text", "extra", "shown"),
+    [
+        ("gb18030", SIMPLIFIED_CHINESE, b"\x80", "€"),  # GBK's euro sign (code page 936)
+        ("big5hkscs", TRADITIONAL_CHINESE, b"\xa3\xe1", "€"),  # Big5's euro sign (code page 950)
+        ("big5hkscs", TRADITIONAL_CHINESE, "啱".encode("big5hkscs"), "啱"),  # HKSCS: not in strict big5
+        ("big5hkscs", TRADITIONAL_CHINESE, "嘅".encode("big5hkscs"), "嘅"),
+        ("euc_jp", JAPANESE, b"\xad\xea", "㈱"),  # NEC's row 13 (CP51932)
+        ("euc_jp", JAPANESE, b"\xad\xa1", "①"),
+        ("euc_jp", JAPANESE, b"\xad\xb6", "Ⅱ"),
+        ("euc_jp", JAPANESE, b"\xfc\xe2", "髙"),  # NEC's selection of IBM's kanji
+    ],
+)
+def test_one_character_only_a_browser_reads_does_not_rule_out_the_page_s_encoding(
+    codec: str, text: str, extra: bytes, shown: str
+) -> None:
+    """charset-normalizer decodes with Python's strict codecs, so one such character ruled the right
+    encoding out: GBK and Big5 pages came out windows-1252 or iso-8859-15 mojibake, EUC-JP ones GBK
+    nonsense (`charset_detection._second_look`)."""
+    data, expected = _with_one(text, codec, extra, shown)
+    assert len(data.translate(None, bytes(range(128)))) > FEW_FOREIGN_BYTES
+    decoded = decode_html(data)
+    assert (decoded.text, decoded.encoding) == (expected, codec)
+
+
+def test_the_second_look_keeps_the_first_answer_unless_its_reading_is_the_more_plausible(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Latin page's bytes can read as Big5 but for HKSCS characters (ASCII letters are Big5 second
+    bytes): blanked out, they leave a Big5 reading the detector may name, which must then also read as
+    more plausible text than the first answer. The detector is made to name Big5 here."""
+    import charset_normalizer
+
+    german = "Grüße aus München: für Käse und Brötchen öffnet der Bäcker früh. " * 12
+    data = german.encode("cp1252")
+    assert charset_detection._browser_only_spans(data, "big5")  # HKSCS pairs, nothing Big5 rejects
+    first = charset_normalizer.from_bytes(data, cp_isolation=charset_detection._DETECTED_ENCODINGS)
+    monkeypatch.setattr(charset_normalizer, "from_bytes", lambda *args, **kwargs: _Named("big5"))
+    assert charset_detection._second_look(data, first) is first
+    # A GBK page the first look read as windows-1252 (its euro sign ruled GBK out) takes the second.
+    chinese, _ = _with_one(SIMPLIFIED_CHINESE, "gb18030", b"\x80", "€")
+    monkeypatch.undo()
+    sample = charset_detection._neighbourhoods(chinese)
+    first = charset_normalizer.from_bytes(sample, cp_isolation=charset_detection._DETECTED_ENCODINGS)
+    second = _Named("gb18030")
+    monkeypatch.setattr(charset_normalizer, "from_bytes", lambda *args, **kwargs: second)
+    assert charset_detection._second_look(sample, first) is second
+
+
+class _Named:
+    """A stand-in for the detector's matches whose best match names `encoding`."""
+
+    def __init__(self, encoding: str) -> None:
+        self.encoding = encoding
+
+    def best(self) -> _Named:
+        return self
+
+
+def test_browser_only_spans_need_every_other_character_to_be_the_encoding_s() -> None:
+    """A reading that errs where the standard's decoder errs too is no reading of the page: nothing is
+    blanked for it. Past `_MOST_BROWSER_ONLY` such characters nothing is either (a page of 0x80 bytes
+    would otherwise be one exception each)."""
+    gbk = "中文 €5 中文".encode("gb18030").replace(b"\xa2\xe3", b"\x80")
+    assert charset_detection._browser_only_spans(gbk, "gb18030") == [(5, 6)]
+    assert charset_detection._browser_only_spans(gbk + b"\xff", "gb18030") == []
+    assert charset_detection._browser_only_spans("中文".encode("gb18030"), "gb18030") == []
+    many = b"\x80 " * (charset_detection._MOST_BROWSER_ONLY + 1)
+    assert charset_detection._browser_only_spans(many, "gb18030") == []
+    assert len(charset_detection._browser_only_spans(many[:20], "gb18030")) == 10
+
+
+def test_blanked_spans_of_several_readings_may_overlap() -> None:
+    assert charset_detection._blanked(b"abcdefgh", [(1, 3), (2, 4), (6, 7)]) == b"a ef h"
+    assert charset_detection._blanked(b"abc", []) == b"abc"

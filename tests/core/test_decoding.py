@@ -629,20 +629,21 @@ def test_gb18030_reads_0x80_as_the_euro_only_where_a_character_starts() -> None:
 def test_a_page_of_0x80_bytes_in_gb18030_is_not_read_one_error_at_a_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The euro handler runs in Python once per undecodable byte (16 MiB of 0x80 took 5 s of a worker):
-    past `_MOST_EUROS` of them they are U+FFFD like any undecodable byte, and the handler never runs."""
+    """The standard's reading of undecodable bytes (the euro sign among them) runs in Python once per
+    such byte (16 MiB of 0x80 took 5 s of a worker): past `_MOST_BROWSER_ERRORS` of them they are U+FFFD
+    like any undecodable byte, and the handler never runs."""
     from service.core import encoding_labels
 
-    monkeypatch.setattr(encoding_labels, "_MOST_EUROS", 8)
+    monkeypatch.setattr(encoding_labels, "_MOST_BROWSER_ERRORS", 8)
     calls: list[int] = []
-    real = encoding_labels._euro_for_lead_0x80
+    real = encoding_labels._browser_error
 
     def counted(error: UnicodeError) -> tuple[str, int]:
         calls.append(1)
         return real(error)
 
-    monkeypatch.setattr(encoding_labels, "_euro_for_lead_0x80", counted)
-    encoding_labels._euro_or_replacement.cache_clear()
+    monkeypatch.setattr(encoding_labels, "_browser_error", counted)
+    encoding_labels._browser_errors.cache_clear()
     try:
         assert decode_html(b"<p>\x80" * 4, encoding="gbk").text == "<p>\u20ac" * 4
         assert calls
@@ -650,7 +651,7 @@ def test_a_page_of_0x80_bytes_in_gb18030_is_not_read_one_error_at_a_time(
         assert decode_html(b"<p>\x80" * 9, encoding="gbk").text == "<p>\ufffd" * 9
         assert not calls
     finally:
-        encoding_labels._euro_or_replacement.cache_clear()
+        encoding_labels._browser_errors.cache_clear()
 
 
 def test_utf16_markup_without_a_bom_is_utf16_whatever_is_declared() -> None:
@@ -806,6 +807,28 @@ def test_koi8_u_reads_belarusian_short_u_as_the_standard_does() -> None:
     for label in ("koi8-u", "koi8-ru"):
         decoded = decode_html(data, encoding=label)
         assert decoded.text == "<p>Беларуская мова: ўсё, Ўзыходзіць</p>", decoded.text
+
+
+def test_iso2022_jp_with_half_width_katakana_is_read_as_a_browser_reads_it() -> None:
+    """ESC ( I (JIS X 0201 katakana) is one of the Encoding Standard's ISO-2022-JP escapes: a page that
+    used it was refused by the sniff (an ESC outside the escapes it counted) and stayed UTF-8, its
+    escapes as text, and a declared one read its katakana as U+FFFD and ASCII digits ("ｱｲ" as "12")."""
+    data = b"<p>\x1b$BF|K\\\x1b(I12\x1b(B!A\x1b$B!A\x1b(B</p>"
+    decoded = decode_html(data)
+    assert (decoded.text, decoded.encoding) == ("<p>日本ｱｲ!A～</p>", "iso2022_jp")
+    assert decode_html(data, encoding="iso-2022-jp").text == decoded.text
+    assert prune_html(data) == prune_html(decoded.text)
+
+
+def test_declared_euc_jp_reads_nec_symbols_without_misaligning_the_text_after_them() -> None:
+    """Python's euc_jp lacks NEC's row 13 and dropped one byte of each such pair: the next byte started a
+    character, so "お問い合わせは㈱山田商事①本社まで" came back "お問い合わせは�蟷嚇直�事…"."""
+    body = "<p>お問い合わせは{}山田商事{}本社まで</p>"
+    data = body.format("XX", "YY").encode("euc_jp").replace(b"XX", b"\xad\xea").replace(b"YY", b"\xad\xa1")
+    expected = body.format("㈱", "①")
+    assert decode_html(data, encoding="x-euc-jp").text == expected
+    meta = '<meta charset="euc-jp">'
+    assert decode_html(meta.encode() + data).text == meta + expected
 
 
 @pytest.mark.parametrize(

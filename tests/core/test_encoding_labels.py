@@ -208,3 +208,96 @@ def test_shift_jis_lone_bytes_the_standard_leaves_undefined_are_errors() -> None
     assert decode_bytes(b"\xf0\x40\xf9\xfc", "cp932") == "\ue000\ue757"
     lone = bytes([0xA0, 0xFD, 0xFE, 0xFF])
     assert not {"\uf8f0", "\uf8f1", "\uf8f2", "\uf8f3"} & set(decode_bytes(bytes(range(256)) + lone, "cp932"))
+
+
+# Bytes with what the Encoding Standard's decoders read them as (checked against its reference
+# implementation): a pair that is no character is one U+FFFD and the text after it stays aligned, but an
+# ASCII second byte is read again. Python's codecs dropped the first byte only, and the second started
+# a character of its own ("\ufffd歟" for 0x859F before "本社" in Shift_JIS).
+BAD_PAIRS: list[tuple[str, bytes, str]] = [
+    ("cp932", b"\x85\x9f" + "本社".encode("cp932") + b"\x85A", "\ufffd本社\ufffdA"),
+    ("cp949", b"\xfe\xa1" + "한국".encode("cp949") + b"\xfeA", "\ufffd한국\ufffdA"),
+    ("big5hkscs", b"\xa3\xe2" + "台灣".encode("big5") + b"\xa1\x7f", "\ufffd台灣\ufffd\x7f"),
+    ("gb18030", b"\xa1\xff" + "中文".encode("gb18030") + b"\xa1\x7f", "\ufffd中文\ufffd\x7f"),
+    ("euc_jp", b"\xa9\xa1" + "日本".encode("euc_jp") + b"\xa4A", "\ufffd日本\ufffdA"),
+    # JIS X 0212 (0x8F and two bytes) where it defines nothing; a katakana prefix before a non-katakana
+    (
+        "euc_jp",
+        b"\x8f\xa1\xa1" + "語".encode("euc_jp") + b"\x8e\xe0" + "語".encode("euc_jp"),
+        "\ufffd語\ufffd語",
+    ),
+    # GB18030's four-byte form: complete but undefined, one error; broken off, an error for its first byte
+    ("gb18030", b"\x84\x31\xa5\x30A\x81\x30A", "\ufffdA\ufffd0A"),
+    ("gb18030", b"A\x81\x30\x81", "A\ufffd"),  # cut off at the end: one error
+]
+
+
+@pytest.mark.parametrize(("codec", "data", "expected"), BAD_PAIRS)
+def test_a_bad_double_byte_is_one_error_and_an_ascii_second_byte_is_read_again(
+    codec: str, data: bytes, expected: str
+) -> None:
+    assert decode_bytes(data, codec) == expected
+
+
+def test_euc_jp_reads_the_nec_and_ibm_rows_as_browsers_do() -> None:
+    """The standard's index jis0208 is windows-31j's: EUC-JP pages written on Windows (CP51932) carry NEC's
+    row 13 (①, ㈱, Ⅰ) and NEC's selection of IBM's kanji (rows 89-92: 髙, 纊), which Python's euc_jp
+    lacks; "お問い合わせは㈱山田商事①本社まで" came back as "お問い合わせは�蟷嚇直�事..."."""
+    nec = b"\xad\xa1\xad\xea\xad\xb5\xfc\xe2\xf9\xa1"
+    assert decode_bytes(nec, "euc_jp") == "①㈱Ⅰ髙纊"
+    sentence = "お問い合わせは{}山田商事{}本社まで"
+    data = (
+        sentence.format("XX", "YY").encode("euc_jp").replace(b"XX", b"\xad\xea").replace(b"YY", b"\xad\xa1")
+    )
+    assert decode_bytes(data, "euc_jp") == sentence.format("㈱", "①")
+    assert decode_bytes(b"\xf5\xa1A", "euc_jp") == "\ufffdA"  # row 85: nothing in either table
+    # Every code the standard's index holds and Python's table lacks: row 13's 83, rows 89-92's 374.
+    pairs = [bytes((first, second)) for first in range(0xA1, 0xFF) for second in range(0xA1, 0xFF)]
+    added = [
+        pair for pair in pairs if _python_rejects(pair, "euc_jp") and decode_bytes(pair, "euc_jp") != "\ufffd"
+    ]
+    assert len(added) == 457
+    assert {pair[0] for pair in added} == {0xAD, 0xF9, 0xFA, 0xFB, 0xFC}
+
+
+def test_big5_reads_what_the_standards_index_adds_to_python_s_hkscs() -> None:
+    """Python's big5hkscs is HKSCS-2004: the standard's index Big5 adds the euro sign at 0xA3E1 (code page
+    950's), the control pictures 0xA3C0-0xA3E0 and HKSCS-2008's characters; each was U+FFFD, and the
+    byte after it the start of a character."""
+    assert decode_bytes(b"\xa3\xe1\xa3\xc0\x8e\x69\x87\xdf\xfb\x48\x87\x7a", "big5hkscs") == "€␀箸鿋嘅㡵"
+    assert decode_bytes("價格".encode("big5") + b"\xa3\xe1100", "big5hkscs") == "價格€100"
+    pairs = [
+        bytes((first, second))
+        for first in range(0x81, 0xFF)
+        for second in (*range(0x40, 0x7F), *range(0xA1, 0xFF))
+    ]
+    added = [
+        pair
+        for pair in pairs
+        if _python_rejects(pair, "big5hkscs") and "\ufffd" not in decode_bytes(pair, "big5hkscs")
+    ]
+    assert len(added) == 192
+
+
+def _python_rejects(data: bytes, codec: str) -> bool:
+    try:
+        data.decode(codec)
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+def test_euc_jp_and_iso_2022_jp_read_six_jis_codes_as_windows_31j_does() -> None:
+    """The standard's index jis0208 reads 0xA1C1 (ISO-2022-JP's 0x2141) as "～", as a Shift_JIS page's
+    0x8160 reads in Python too; Python's euc_jp and iso2022_jp read it as "〜" (and ‖ − ¢ £ ¬ likewise)."""
+    web = "～∥－￠￡￢"
+    assert decode_bytes(b"\xa1\xc1\xa1\xc2\xa1\xdd\xa1\xf1\xa1\xf2\xa2\xcc", "euc_jp") == web
+    assert decode_bytes(b'\x1b$B!A!B!]!q!r"L\x1b(B', "iso2022_jp") == web
+
+
+def test_iso_2022_jp_reads_half_width_katakana() -> None:
+    """ESC ( I switches the standard's ISO-2022-JP decoder to JIS X 0201 katakana; Python's iso2022_jp
+    read it as U+FFFD and the katakana as ASCII letters ("ｱｲ" as "12"). JIS X 0212 (ESC $ ( D), an error
+    to the standard, is not read where it appears."""
+    assert decode_bytes(b"\x1b(I12\x1b(B!", "iso2022_jp") == "ｱｲ!"
+    assert "\ufffd" in decode_bytes(b"\x1b(I12\x1b(B\x1b$(D0!\x1b(B", "iso2022_jp")

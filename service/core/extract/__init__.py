@@ -76,7 +76,9 @@ from service.core.extract.word_count import TextCounts, count_words, text_counts
 #    detection ranked past 600 none; C1 controls unreadable and text read with the wrong single-byte codec
 #    failing the filter (`misread_codec`); trafilatura and jusText see characters XML cannot hold as a
 #    space or U+FFFD (`normalize.xml_compatible`).
-EXTRACTION_VERSION: Final = "8"
+# 9: pages decoded as prune version 11 decodes them (a legacy CJK page with a character only the WHATWG
+#    decoders read: detected as its encoding, and read as a browser reads it).
+EXTRACTION_VERSION: Final = "9"
 
 __all__ = [
     "ALL",
