@@ -33,8 +33,9 @@ from pydantic import BaseModel, ValidationError
 from service.api.runtime import CHARGE_KEY
 from service.api.schemas import TOKEN_IDS_MESSAGE, DocumentIn, EncodingFormat
 from service.api.timing import milliseconds
-from service.core.decoding import parse_content_type, sniff_utf16
+from service.core.decoding import sniff_utf16
 from service.core.errors import ErrorCode, HtmllmError, shown
+from service.core.media_types import essences, extract_media_type, split_values
 from service.core.pages import valid_json
 from service.engine import Document, DocumentResult
 
@@ -74,10 +75,10 @@ def content_type_header(request: Request) -> str | None:
         return distinct[0] if distinct else None
     joined = ", ".join(distinct)
     _check_length(joined)
-    essences = _essences(_split_values(joined))
-    if len(essences) > 1:
+    listed = essences(split_values(joined))
+    if len(listed) > 1:
         raise HtmllmError(
-            f"{len(values)} Content-Type headers with different media types ({shown(essences)}); send one",
+            f"{len(values)} Content-Type headers with different media types ({shown(listed)}); send one",
             code=ErrorCode.UNSUPPORTED_MEDIA_TYPE,
         )
     return joined
@@ -101,73 +102,20 @@ def _check_length(value: str) -> None:
         )
 
 
-# A media type's essence as the Fetch standard's MIME type parser takes it: token "/" token, before any
-# parameters, with HTTP white space around.
-_TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
-_ESSENCE = re.compile(rf"[\t\n\r ]*({_TOKEN}/{_TOKEN})[\t\n\r ]*(?:;|$)")
-
-
 def media_type_of(value: str) -> tuple[str, str | None]:
     """(media type, charset) of a Content-Type value, as the Fetch standard's "extract a MIME type"
-    reads it: a list of media types (two headers a proxy merged: `text/html, text/html; charset=koi8-r`)
-    is its last valid one, with the charset of the first of the same type where the last has none; a
-    value that is no media type, or `*/*`, is skipped. Browsers read it so; the email parser read such a
-    list as text/plain (a 415). A list of different media types is refused (415), as two headers naming
-    them are (`content_type_header`). Each value is parsed by `parse_content_type`."""
-    values = _split_values(value)
-    if len(values) == 1:
-        return parse_content_type(value)
-    essences = _essences(values)
-    if not essences:
-        return parse_content_type(value)  # no valid value: read as before (a 415 quoting the header)
-    if len(essences) > 1:
+    reads it (`service.core.media_types.extract_media_type`): a list (two headers a proxy merged:
+    `text/html, text/html; charset=koi8-r`) is its last valid value, with the charset of the first of
+    the same type where the last has none. Browsers read it so; the email parser read such a list as
+    text/plain (a 415). A list of different media types is refused (415), as two headers naming them
+    are (`content_type_header`): which one is meant decides between JSON and a page."""
+    listed = essences(split_values(value))
+    if len(listed) > 1:
         raise HtmllmError(
-            f"the Content-Type header lists different media types ({shown(essences)}); send one",
+            f"the Content-Type header lists different media types ({shown(listed)}); send one",
             code=ErrorCode.UNSUPPORTED_MEDIA_TYPE,
         )
-    media_type, charset, first_charset = "", None, None
-    for index, item in enumerate(item for item in values if _essence(item) is not None):
-        media_type, charset = parse_content_type(item)
-        if index == 0:
-            first_charset = charset
-        elif charset is None:
-            charset = first_charset
-    return media_type, charset
-
-
-def _essence(value: str) -> str | None:
-    """A value's media type (lower case), None where Fetch's parser fails on it or it is `*/*`."""
-    match = _ESSENCE.match(value)
-    essence = match.group(1).lower() if match else None
-    return None if essence == "*/*" else essence
-
-
-def _essences(values: list[str]) -> list[str]:
-    """The distinct valid media types of `values`, in order."""
-    return list(dict.fromkeys(e for e in map(_essence, values) if e is not None))
-
-
-def _split_values(value: str) -> list[str]:
-    """`value` split at its commas outside quoted strings (Fetch's "getting, decoding, and splitting":
-    a backslash escapes the next character in quotes, an unterminated quote runs to the end), each
-    value stripped of spaces and tabs."""
-    values: list[str] = []
-    current: list[str] = []
-    quoted = escaped = False
-    for char in value:
-        if escaped:
-            escaped = False
-        elif quoted and char == "\\":
-            escaped = True
-        elif char == '"':
-            quoted = not quoted
-        elif char == "," and not quoted:
-            values.append("".join(current).strip(" \t"))
-            current = []
-            continue
-        current.append(char)
-    values.append("".join(current).strip(" \t"))
-    return values
+    return extract_media_type(value)
 
 
 # A body compressed without Content-Encoding (a crawler stores the body as the origin sent it): gzip's

@@ -38,7 +38,6 @@ from __future__ import annotations
 import codecs
 import re
 from dataclasses import dataclass
-from email.message import Message
 
 from service.core.charset_detection import detect_encoding
 from service.core.encoding_labels import decode_bytes, iso2022_jp_codec, web_jis0208, whatwg_codec
@@ -90,18 +89,6 @@ class DecodedHtml:
     text: str
     encoding: str  # Python codec name actually used ("utf-8" for str input)
     source: str  # "bom" | "declared" | "meta" | "detected" | "xml" | "default" | "str"
-
-
-def parse_content_type(value: str) -> tuple[str, str | None]:
-    """(lower-case media type, charset label or None) of a `Content-Type` value, as HTTP sends it.
-
-    The email parser does the RFC 2045 work (quoted parameters, case); one it cannot parse reads as
-    `text/plain`, which callers that must quote the header back keep in mind.
-    """
-    message = Message()
-    message["content-type"] = value
-    charset = message.get_param("charset")
-    return message.get_content_type(), charset if isinstance(charset, str) and charset else None
 
 
 # BOM-less UTF-16 (`sniff_utf16`): how much of the page's start is read, and the shares of its code units

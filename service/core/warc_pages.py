@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from service.core import pages
 from service.core.content_coding import ContentCodingError, decode_content
-from service.core.decoding import parse_content_type
 from service.core.errors import ErrorCode
+from service.core.media_types import extract_media_type
 from service.core.pages import (
     READ_FACTOR,
     Page,
@@ -138,7 +138,7 @@ def _warc_page(
             body = _dechunk(body)
     else:
         body = block
-    media_type, charset = parse_content_type(content_type) if content_type else (None, None)
+    media_type, charset = extract_media_type(content_type) if content_type else (None, None)
     if media_type not in _HTML_MEDIA_TYPES and not (media_type is None and body.lstrip()[:1] == b"<"):
         return None
     meta["content_type"] = content_type or None

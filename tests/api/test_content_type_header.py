@@ -19,7 +19,7 @@ import pytest
 
 from service.api import documents
 from service.api.documents import MAX_CONTENT_TYPE_CHARS
-from service.core.decoding import parse_content_type
+from service.core.media_types import parse_content_type
 from tests.api.conftest import tiny_settings
 from tests.api.live import LiveServer, live_server
 from tests.api.pages import page
@@ -43,7 +43,7 @@ def test_a_content_type_over_the_bound_is_a_415_and_never_parsed(
     server: LiveServer, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     parsed: list[str] = []
-    monkeypatch.setattr(documents, "parse_content_type", lambda value: parsed.append(value) or ("x/y", None))
+    monkeypatch.setattr(documents, "extract_media_type", lambda value: parsed.append(value) or ("x/y", None))
     header = "text/html" + "; a=b" * 12_000  # 60 KB, the measured one
     response = _post(server.url, path, [("content-type", header)], page(1).encode())
     assert response.status_code == 415, response.text

@@ -124,6 +124,17 @@ def test_http_charset_wins_over_a_contrary_meta(tmp_path: Path) -> None:
     assert contrary.encoding == "cp1250" and same.encoding is None
 
 
+def test_a_merged_content_type_is_read_as_browsers_read_it(tmp_path: Path) -> None:
+    """Two Content-Type headers a proxy merged into one list: the email parser read it as text/plain,
+    and the page was skipped as no HTML; browsers (Fetch's "extract a MIME type") read text/html with
+    the charset."""
+    html = f'<html><head><meta charset="iso-8859-1"></head><body>{CZECH}</body></html>'.encode("cp1250")
+    path = tmp_path / "a.warc"
+    path.write_bytes(response("merged", HttpResponse(html, "text/html, text/html; charset=windows-1250")))
+    (page,) = iter_pages(path)
+    assert CZECH in decode_html(page.html).text and page.encoding == "cp1250"
+
+
 def test_bad_warc_records_are_error_rows(tmp_path: Path) -> None:
     records = [
         response("good", HttpResponse(b"<p>good</p>")),

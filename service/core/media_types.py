@@ -1,0 +1,86 @@
+"""Content-Type values as HTTP sends them and as browsers read them, for every reader of raw pages: the
+service's raw-body routes (`service.api.documents`) and WARC records (`service.core.warc_pages`).
+
+A Content-Type is a singleton field, but a proxy that merges two of them writes one comma-separated list
+(`text/html, text/html; charset=koi8-r`), and crawlers keep it as it came. The email parser reads such a
+list as `text/plain` (a raw body's 415, a WARC record's page skipped); the Fetch standard's "extract a
+MIME type" (`extract_media_type`) reads it as browsers do.
+"""
+
+from __future__ import annotations
+
+import re
+from email.message import Message
+
+# A media type's essence as the Fetch standard's MIME type parser takes it: token "/" token, before any
+# parameters, with HTTP white space around.
+_TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+_ESSENCE = re.compile(rf"[\t\n\r ]*({_TOKEN}/{_TOKEN})[\t\n\r ]*(?:;|$)")
+
+
+def parse_content_type(value: str) -> tuple[str, str | None]:
+    """(lower-case media type, charset label or None) of one `Content-Type` value.
+
+    The email parser does the RFC 2045 work (quoted parameters, case); one it cannot parse reads as
+    `text/plain`, which callers that must quote the header back keep in mind.
+    """
+    message = Message()
+    message["content-type"] = value
+    charset = message.get_param("charset")
+    return message.get_content_type(), charset if isinstance(charset, str) and charset else None
+
+
+def split_values(value: str) -> list[str]:
+    """`value` split at its commas outside quoted strings (Fetch's "getting, decoding, and splitting":
+    a backslash escapes the next character in quotes, an unterminated quote runs to the end), each
+    value stripped of spaces and tabs."""
+    values: list[str] = []
+    current: list[str] = []
+    quoted = escaped = False
+    for char in value:
+        if escaped:
+            escaped = False
+        elif quoted and char == "\\":
+            escaped = True
+        elif char == '"':
+            quoted = not quoted
+        elif char == "," and not quoted:
+            values.append("".join(current).strip(" \t"))
+            current = []
+            continue
+        current.append(char)
+    values.append("".join(current).strip(" \t"))
+    return values
+
+
+def essence(value: str) -> str | None:
+    """One value's media type (lower case), None where Fetch's parser fails on it or it is `*/*`."""
+    match = _ESSENCE.match(value)
+    found = match.group(1).lower() if match else None
+    return None if found == "*/*" else found
+
+
+def essences(values: list[str]) -> list[str]:
+    """The distinct valid media types of `values` (`split_values`), in order."""
+    return list(dict.fromkeys(e for e in map(essence, values) if e is not None))
+
+
+def extract_media_type(value: str) -> tuple[str, str | None]:
+    """(media type, charset) of a Content-Type value as the Fetch standard's "extract a MIME type" reads
+    it: the last valid value of the list (`*/*` and values that are no media type skipped); its charset,
+    or where it has none, the one set by the first value of the run of that same media type it ends (a
+    value of another type starts the run over). One value, or a list without a valid one, is read by
+    `parse_content_type` (so a value it cannot parse still reads as `text/plain`)."""
+    values = split_values(value)
+    if len(values) == 1 or not essences(values):
+        return parse_content_type(value)
+    media_type, charset, run_charset, run_type = "", None, None, None
+    for item in values:
+        if essence(item) is None:
+            continue
+        media_type, charset = parse_content_type(item)
+        if media_type != run_type:  # a new run: its charset is this value's own
+            run_type, run_charset = media_type, charset
+        elif charset is None:
+            charset = run_charset
+    return media_type, charset
