@@ -47,6 +47,12 @@ COUNT_LIMIT_FACTOR = 16
 # A process held to this much memory or less (the process pool's workers: 1024 MiB by default) prunes
 # without the text growth check (`prune_document`).
 TEXT_GROWTH_UNCHECKED_MB = 2048
+# How a message names the preprocessing memory limit, for both who set it: a library caller in
+# `EngineConfig`, a server's operator by the environment variable (which only the HTTP service's settings
+# read: naming it alone had sent library callers to a setting that does nothing for an Engine).
+MEMORY_LIMIT_SETTING = (
+    "EngineConfig.preprocess_memory_limit_mb, HTMLLM_PREPROCESS_MEMORY_LIMIT_MB in the service"
+)
 # Set by `init_worker` in a preprocessing process that is stopped after a time limit: it prunes without
 # the name lookup check (a page whose names would take the parser long fails against the limit).
 _worker_timed = False
@@ -89,7 +95,7 @@ def prune_document(html: str | bytes, encoding: str | None) -> str:
 
 def _limit_said(limit: int) -> str:
     """The memory limit, as `prune_document`'s errors say it."""
-    return f"this process may use {limit} MiB, HTMLLM_PREPROCESS_MEMORY_LIMIT_MB"
+    return f"this process may use {limit} MiB, {MEMORY_LIMIT_SETTING}"
 
 
 def _memory_limit_mb() -> int | None:

@@ -29,6 +29,9 @@ E = TypeVar("E", bound=HtmllmError)
 # all-or-nothing call to say which of its documents that was (`naming`).
 _DOCUMENT_ATTRIBUTE = "htmllm_failed_document"
 _SHOWN_ID_CHARS = 100
+# How a message names the preprocessing time limit, for a library caller (`EngineConfig`) and for a
+# server's operator (the environment variable, which only the HTTP service's settings read).
+TIMEOUT_SETTING = "EngineConfig.preprocess_timeout_s, HTMLLM_PREPROCESS_TIMEOUT_S in the service"
 
 
 def document_name(doc_id: str | None, index: int | None) -> str:
@@ -162,8 +165,8 @@ def worker_failure(exc: WorkerError, timeout_s: float | None) -> HtmllmError:
     answer. Only what the page did (our time limit, a crash) is `preprocess_failed`."""
     if isinstance(exc, WorkerTimeoutError):
         return PreprocessError(
-            f"preprocessing this page took more than {timeout_s} s "
-            "(HTMLLM_PREPROCESS_TIMEOUT_S); its worker was stopped"
+            f"preprocessing this page took more than {timeout_s} s ({TIMEOUT_SETTING}); "
+            "its worker was stopped"
         )
     if isinstance(exc, WorkerStartError):  # not the page's fault: a 500, not a 422
         return HtmllmError(f"a preprocessing process could not start: {exc.message}", code=ErrorCode.INTERNAL)

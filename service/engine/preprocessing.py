@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from service.core.errors import HtmllmError
 from service.core.preparation import (
+    MEMORY_LIMIT_SETTING,
     Prepared,
     Preprocessed,
     init_worker,
@@ -204,7 +205,7 @@ class Preprocessing:
         except MemoryError as exc:  # raised in the worker before the pruner ran (taking the page in)
             raise InputTooLargeError(
                 "the page needs more memory than a preprocessing process may use "
-                f"({self._config.preprocess_memory_limit_mb} MiB, HTMLLM_PREPROCESS_MEMORY_LIMIT_MB)"
+                f"({self._config.preprocess_memory_limit_mb} MiB, {MEMORY_LIMIT_SETTING})"
             ) from exc
         except WorkerError as exc:
             if self._processes is not processes:  # `close` killed the pool under this page

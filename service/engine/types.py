@@ -3,7 +3,8 @@ become `Document`s."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,13 +56,30 @@ def as_document(doc: Document | str | bytes, index: int | None = None) -> Docume
 
 
 def as_documents(docs: Sequence[Document | str | bytes]) -> list[Document]:
-    """The documents of a call. One page passed bare is refused: a str is a sequence of characters,
-    and each would have been embedded as a page of its own."""
+    """The documents of a call, in the order their results come back. Refused, as the caller's mistake:
+    one page passed bare (a str is a sequence of characters, each would have been embedded as a page of
+    its own); a mapping (its keys, the ids of `{id: html}`, had been embedded as the pages, in silence);
+    a set (no order: its results could not be told apart); anything not iterable (`None`, `5` had been
+    a bare TypeError)."""
     if isinstance(docs, str | bytes | bytearray | Document):
         raise InvalidDocumentError(
             f"documents are a list (one page: [page]), not a single {type(docs).__name__}"
         )
-    return [as_document(d, index) for index, d in enumerate(docs)]
+    if isinstance(docs, Mapping):
+        raise InvalidDocumentError(
+            f"documents are a list, not a {type(docs).__name__} (its keys would be taken as the pages): "
+            "pass a list; to keep each key, [Document(html=html, id=key) for key, html in pages.items()]"
+        )
+    if isinstance(docs, AbstractSet):  # set, frozenset, a mapping's keys() or items()
+        raise InvalidDocumentError(
+            f"documents are a list, not a {type(docs).__name__}, which has no order for the results to "
+            "come back in: pass a list; to tell the results apart, Document(html=..., id=key)"
+        )
+    try:
+        pages = iter(docs)
+    except TypeError as exc:
+        raise InvalidDocumentError(f"documents are a list of pages, not {type(docs).__name__}") from exc
+    return [as_document(d, index) for index, d in enumerate(pages)]
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.prune import InputTooLargeError, NestingTooDeepError
-from service.engine.failures import OverLimitError, document_name, failed_document, for_copy, mark, naming
+from service.core.workers import WorkerTimeoutError
+from service.engine.failures import (
+    OverLimitError,
+    document_name,
+    failed_document,
+    for_copy,
+    mark,
+    naming,
+    worker_failure,
+)
 from service.engine.types import Document, OverloadedError
 
 
@@ -61,3 +70,14 @@ def test_a_copy_waiting_in_the_cache_is_named_after_its_own_document() -> None:
     assert naming(own, [first, copy]).message == "document 'copy' (index 1): too deep"
     over = for_copy(mark(OverLimitError("first", "600", 512), first), copy)
     assert failed_document(over) is copy and over.message.startswith("document 'copy' has")
+
+
+def test_the_time_limit_is_named_as_a_library_caller_and_a_server_operator_set_it() -> None:
+    """A library caller sets `EngineConfig.preprocess_timeout_s`; the message had named only the HTTP
+    service's environment variable, which does nothing for an Engine."""
+    failure = worker_failure(WorkerTimeoutError("ran past its limit", elapsed_s=0.6), 0.5)
+    assert failure.code is ErrorCode.PREPROCESS_FAILED
+    assert failure.message == (
+        "preprocessing this page took more than 0.5 s (EngineConfig.preprocess_timeout_s, "
+        "HTMLLM_PREPROCESS_TIMEOUT_S in the service); its worker was stopped"
+    )

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 
 from service.engine.preprocessing import LOST_PROCESS_RETRIES, Preprocessing
@@ -146,6 +149,43 @@ async def test_a_page_whose_process_is_killed_in_every_try_is_a_retryable_503(
             assert STATUS[lost.value.code] == 503 and lost.value.code in RETRYABLE
             assert lost.value.code not in PAGE_FAILURES and failed_document(lost.value) is None
         assert len(killed) == 2 * tries and len(set(killed)) == len(killed)  # each try in a fresh process
+        assert (await pools.prepare(threads, Document("<p>fine</p>"), truncate=True)).ids
+    finally:
+        await pools.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_DATA bounds mmap on Linux")
+async def test_a_page_too_large_for_a_process_to_take_in_names_the_limit_as_set() -> None:
+    """Held to 16 MiB over its idle data, a process cannot take in a 64 MiB page: a typed 413 that names
+    the limit as a library caller sets it (`EngineConfig`) and as a server's operator does; the message
+    had named only the service's environment variable, which does nothing for an Engine."""
+    from service.core.prune import InputTooLargeError
+    from tests.memory import vm_data_mib
+
+    probe = Preprocessing(
+        build_tiny_tokenizer(), EngineConfig(preprocess_workers=1, preprocess_pool="process"), max_length=64
+    )
+    await probe.start()
+    try:
+        assert probe._processes is not None
+        idle_mib = probe._processes.call(vm_data_mib, (), timeout_s=60)
+    finally:
+        await probe.close()
+    config = EngineConfig(
+        preprocess_workers=1, preprocess_pool="process", preprocess_memory_limit_mb=idle_mib + 16
+    )
+    pools = Preprocessing(build_tiny_tokenizer(), config, max_length=64)
+    await pools.start()
+    try:
+        threads = pools.threads
+        assert threads is not None
+        with pytest.raises(InputTooLargeError) as refused:
+            await pools.prepare(threads, Document(os.urandom(64 * 2**20)), truncate=True)
+        assert refused.value.message == (
+            "the page needs more memory than a preprocessing process may use "
+            f"({idle_mib + 16} MiB, EngineConfig.preprocess_memory_limit_mb, "
+            "HTMLLM_PREPROCESS_MEMORY_LIMIT_MB in the service)"
+        )
         assert (await pools.prepare(threads, Document("<p>fine</p>"), truncate=True)).ids
     finally:
         await pools.close()
