@@ -5,14 +5,18 @@ skipped (the `pages` module docstring says what a page carries). Its rows, error
 `pages`' own: the cap is read as `pages.MAX_PAGE_BYTES` at call time, never imported by value, so a test
 that lowers it there lowers it for WARC records too. Whether a file ends with whole records is
 `warc_tail`'s check, which knows nothing of pages.
+
+A response record's HTTP head is parsed here (`_http_head`), not with FastWARC's `HeaderMap.parse`: that
+one knows only CRLF line ends, and a head written with bare LF (as warcio and browsers read it) was taken
+whole for headers, its body lost with its Content-Type: the page was skipped, or over 32 KiB an error row.
 """
 
 from __future__ import annotations
 
-import io
+import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from service.core import pages
 from service.core.content_coding import ContentCodingError, decode_content
@@ -34,6 +38,14 @@ if TYPE_CHECKING:
     from fastwarc.warc import WarcRecord
 
 _HTML_MEDIA_TYPES = frozenset({"text/html", "application/xhtml+xml"})
+# The most an HTTP response head may take, its blank line included: the bound FastWARC's parser kept, so
+# a block with no blank line within it is no response (an error row), never a page made of a head.
+MAX_HTTP_HEAD_BYTES = 32 * 1024
+# Line ends as browsers (and warcio) read them: CRLF or a bare LF, mixed in one head.
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+_LINE_END = re.compile(rb"\r?\n")
+_STATUS_LINE = re.compile(rb"[ \t]*HTTP/[0-9.]+[ \t]+([0-9]{3})(?:[ \t\r]|\Z)")
+_BLANKS = " \t\r"
 
 
 def iter_warc(path: Path) -> Iterator[Page]:
@@ -118,23 +130,19 @@ def _warc_page(
 ) -> Page | None:
     """The page a record holds, None for a record that holds no HTML page. `too_large`: `block` is only
     the start of a record over the read bound, enough to tell whether it holds a page (then refused)."""
-    from fastwarc.warc import HeaderMap, WarcRecordType
+    from fastwarc.warc import WarcRecordType
 
     content_type = record.headers.get("Content-Type") or ""
     coding: str | None = None
     if record.record_type == WarcRecordType.response:
         if not content_type.lower().startswith("application/http"):
             return None  # e.g. a DNS response
-        http = HeaderMap()
-        try:
-            head = http.parse(io.BytesIO(block))
-        except OSError as exc:
-            raise PageSourceError(f"{where}: the HTTP response head is malformed: {exc}") from exc
-        body = block[head:]
-        content_type = http.get("Content-Type") or ""
-        coding = http.get("Content-Encoding")
-        meta["http_status"] = http.status_code
-        if "chunked" in (http.get("Transfer-Encoding") or "").lower():
+        http = _http_head(block, where)
+        body = block[http.size :]
+        content_type = http.headers.get("content-type") or ""
+        coding = http.headers.get("content-encoding")
+        meta["http_status"] = http.status
+        if "chunked" in (http.headers.get("transfer-encoding") or "").lower():
             body = _dechunk(body)
     else:
         body = block
@@ -156,6 +164,46 @@ def _warc_page(
         raise PageSourceError(f"{where}: {exc.message}", code=exc.code) from exc
     html, encoding = declared_page(body, charset, where)
     return Page(id=page_id, html=html, url=url, meta=meta, encoding=encoding)
+
+
+class _HttpHead(NamedTuple):
+    status: int | None  # None for a status line that is no HTTP one, which crawl data has
+    headers: dict[str, str]  # by lower-case name; a repeated header's first value
+    size: int  # bytes of the block the head takes, its blank line included: the body starts there
+
+
+def _http_head(block: bytes, where: str) -> _HttpHead:
+    """The HTTP response head that starts `block`, read as leniently as browsers read it: lines end in
+    CRLF or a bare LF, a line folded onto the next (obs-fold) is joined with one space, and a line with
+    no colon is passed over. A block with no blank line is all head (a redirect stored without its
+    last CRLF) unless it is longer than `MAX_HTTP_HEAD_BYTES`, which is `PageSourceError`."""
+    end = _HEAD_END.search(block, 0, MAX_HTTP_HEAD_BYTES)
+    if end is not None:
+        head, size = block[: end.start()], end.end()
+    elif len(block) <= MAX_HTTP_HEAD_BYTES:
+        head, size = block, len(block)
+    else:
+        raise PageSourceError(
+            f"{where}: the HTTP response head is malformed: no blank line ends it within its first "
+            f"{MAX_HTTP_HEAD_BYTES} bytes"
+        )
+    status_line, *lines = _LINE_END.split(head)
+    status = _STATUS_LINE.match(status_line)
+    fields: list[list[str]] = []
+    for line in lines:
+        text = line.decode("utf-8", "replace")
+        if text[:1] in (" ", "\t"):
+            if fields:  # obs-fold: the previous field's value goes on
+                fields[-1][1] += " " + text.strip(_BLANKS)
+            continue
+        name, colon, value = text.partition(":")
+        name = name.strip(_BLANKS).lower()
+        if colon and name:
+            fields.append([name, value.strip(_BLANKS)])
+    headers: dict[str, str] = {}
+    for name, value in fields:
+        headers.setdefault(name, value.strip(_BLANKS))
+    return _HttpHead(int(status.group(1)) if status else None, headers, size)
 
 
 def _dechunk(body: bytes) -> bytes:

@@ -155,6 +155,8 @@ def test_bad_warc_records_are_error_rows(tmp_path: Path) -> None:
     ]
     assert [p.error is None for p in pages] == [True, False, False, True]
     assert "unsupported Content-Encoding" in (pages[2].error or "")
+    # An unknown coding is the API's 415 code, a corrupt body the row's fault.
+    assert [p.error_code for p in pages[1:3]] == [ErrorCode.VALIDATION, ErrorCode.UNSUPPORTED_MEDIA_TYPE]
 
 
 def _lz4(records: list[bytes], *, frame_per_record: bool, tmp: Path) -> bytes:
@@ -234,3 +236,85 @@ def test_warc_records_over_the_cap_are_error_rows_and_never_held(tmp_path: Path,
     ]
     assert read[1].url == "https://example.com/" and read[1].meta["http_status"] == 200
     assert peak < 8 << 20
+
+
+LF_HEADS = {
+    "bare LF": "\n",
+    "mixed": ("\n", "\r\n", "\n", "\r\n", "\r\n"),
+    "LF blank line only": ("\r\n", "\r\n", "\r\n", "\r\n", "\n"),
+    "LF then CRLF blank line": ("\n", "\n", "\n", "\n", "\r\n"),
+}
+
+
+@pytest.mark.parametrize("eol", LF_HEADS.values(), ids=LF_HEADS.keys())
+def test_a_head_with_bare_lf_line_ends_is_read_as_browsers_read_it(
+    tmp_path: Path, eol: str | tuple[str, ...]
+) -> None:
+    """warcio and browsers end a head's lines at CRLF or a bare LF; FastWARC's parser only at CRLF, so
+    such a head swallowed the body with its Content-Type: a small page was skipped without a word, one
+    over 32 KiB was a "Maximum header length exceeded" error row."""
+    # A <meta> the HTTP charset contradicts: the page is transcoded only when that header was read.
+    czech = f'<html><head><meta charset="iso-8859-1"></head><p>{CZECH}</p></html>'.encode("cp1250")
+    big = b"<html><body><p>" + b"big page " * 8000 + b"</p></body></html>"
+    gzipped = {"Content-Encoding": "gzip"}
+    path = tmp_path / "lf.warc"
+    path.write_bytes(
+        response("small", HttpResponse(czech, "text/html; charset=windows-1250", headers={"X": "1"}, eol=eol))
+        + response("big", HttpResponse(big, headers={"X": "1"}, eol=eol))
+        + response("gzip", HttpResponse(gzip.compress(czech), "text/html", headers=gzipped, eol=eol))
+        + response(
+            "missing", HttpResponse(b"<p>gone</p>", status="404 Not Found", headers={"X": "1"}, eol=eol)
+        )
+    )
+    pages = list(iter_pages(path, bad_rows="report"))
+    assert [(p.id[10:-1], p.error) for p in pages] == [(n, None) for n in ("small", "big", "gzip", "missing")]
+    small, large, gz, missing = pages
+    assert CZECH in decode_html(small.html).text and small.encoding == "cp1250"
+    assert small.meta["content_type"] == "text/html; charset=windows-1250"
+    assert large.html == big and gz.html == czech  # Content-Encoding read, and no charset in the header
+    assert small.meta["http_status"] == 200 and missing.meta["http_status"] == 404
+    assert missing.html == b"<p>gone</p>"
+
+
+def test_a_bare_lf_head_folds_and_repeats_as_a_crlf_one(tmp_path: Path) -> None:
+    """A folded line (obs-fold) goes on the previous header and a repeated header keeps its first value,
+    with either line end."""
+    czech = f'<html><head><meta charset="iso-8859-1"></head><p>{CZECH}</p></html>'.encode("cp1250")
+    records = []
+    for name, eol in (("crlf", "\r\n"), ("lf", "\n")):
+        block = eol.join(
+            [
+                "HTTP/1.1 200 OK",
+                "Content-Type: text/html;",
+                "\t charset=windows-1250",
+                "Content-Type: text/plain",
+                "no colon here",
+                "Content-Encoding: gzip",
+                "",
+                "",
+            ]
+        ).encode() + gzip.compress(czech)
+        records.append(warc_record(name, block))
+    path = tmp_path / "fold.warc"
+    path.write_bytes(b"".join(records))
+    crlf, lf = iter_pages(path)
+    assert crlf.meta["content_type"] == lf.meta["content_type"] == "text/html; charset=windows-1250"
+    assert crlf.html == lf.html and CZECH in decode_html(lf.html).text
+    assert crlf.encoding == lf.encoding == "cp1250"  # the folded charset, transcoded from the gzip body
+
+
+def test_an_http_head_without_end_is_bounded(tmp_path: Path) -> None:
+    """A head is at most 32 KiB: a block with no blank line in them is an error row (never a page made of
+    a head, nor read to its end), while a short one with none is all head, as a bodiless redirect."""
+    endless = b"HTTP/1.1 200 OK\nContent-Type: text/html\nX: " + b"x" * (40 << 10) + b"\n<p>lost</p>"
+    path = tmp_path / "head.warc"
+    path.write_bytes(
+        warc_record("endless", endless)
+        + warc_record("redirect", b"HTTP/1.1 301 Moved\nContent-Type: text/html\nLocation: /b\n")
+        + response("after", HttpResponse(b"<p>after</p>", eol="\n"))
+    )
+    endless_row, redirect, after = iter_pages(path, bad_rows="report")
+    assert endless_row.error_code == ErrorCode.VALIDATION
+    assert "the HTTP response head is malformed: no blank line ends it" in (endless_row.error or "")
+    assert redirect.error is None and redirect.html == b"" and redirect.meta["http_status"] == 301
+    assert after.error is None and after.html == b"<p>after</p>"

@@ -14,6 +14,9 @@ class HttpResponse:
     status: str = "200 OK"
     headers: dict[str, str] = field(default_factory=dict)
     chunked: bool = False
+    # The head's line ends: one for every line, or one per line with the blank line's last, as crawled
+    # heads mix CRLF and bare LF.
+    eol: str | tuple[str, ...] = "\r\n"
 
     def block(self) -> bytes:
         lines = [f"HTTP/1.1 {self.status}"]
@@ -26,7 +29,10 @@ class HttpResponse:
             body = b"".join(f"{len(c):x}\r\n".encode() + c + b"\r\n" for c in _chunks(body, 7)) + b"0\r\n\r\n"
         else:
             lines.append(f"Content-Length: {len(body)}")
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+        ends = (self.eol,) * (len(lines) + 1) if isinstance(self.eol, str) else self.eol
+        assert len(ends) == len(lines) + 1, f"{len(ends)} line ends for a head of {len(lines) + 1} lines"
+        head = "".join(line + end for line, end in zip(lines, ends, strict=False)) + ends[-1]
+        return head.encode("latin-1") + body
 
 
 def _chunks(data: bytes, size: int) -> list[bytes]:
