@@ -45,7 +45,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.api.errors import STATUS, error_response, log_unserved
 from service.api.metrics import ServiceMetrics
 from service.api.request_id import request_id
-from service.api.runtime import CHARGE_KEY, BodyReaders
+from service.api.runtime import CHARGE_KEY, CONTENT_ENCODING_KEY, BodyReaders
 from service.core.content_coding import ContentCodingError, decode_content
 from service.core.errors import ErrorCode, HtmllmError
 
@@ -306,6 +306,7 @@ class BodyLimitMiddleware:
                     await self._refuse(scope, receive, send, exc.code, exc.message)
                     return
                 scope = _plain_scope(scope, len(body))
+                scope[CONTENT_ENCODING_KEY] = ", ".join(codings)  # what was undone (a body still compressed)
                 if not self._charge_up_to(len(body), charge):  # the decoded body is what it holds now
                     refusal = self.budget.refusal(len(body) - charge.held)
                     await self._over_budget(scope, receive, send, refusal, upload, more_body=False, read=True)

@@ -37,6 +37,10 @@ logger = logging.getLogger(__name__)
 # The scope's `charge(count)`: charges `count` more bytes to the request's share of the in-flight body
 # budget, or raises OverloadedError (service.api.limits).
 CHARGE_KEY = "htmllm.charge"
+# The request's Content-Encoding as sent, which `limits.py` undoes before a route reads the body (and
+# drops from the headers), kept in the scope under this key so that a body still compressed after it
+# is told from one sent without any (`service.api.documents.check_not_compressed`).
+CONTENT_ENCODING_KEY = "htmllm.content_encoding"
 # The least time between two probe passes of a failing backend.
 PROBE_INTERVAL_S = 5.0
 

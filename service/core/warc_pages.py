@@ -168,15 +168,16 @@ def _warc_page(
 
 class _HttpHead(NamedTuple):
     status: int | None  # None for a status line that is no HTTP one, which crawl data has
-    headers: dict[str, str]  # by lower-case name; a repeated header's first value
+    headers: dict[str, str]  # by lower-case name; a repeated header's values joined with ", "
     size: int  # bytes of the block the head takes, its blank line included: the body starts there
 
 
 def _http_head(block: bytes, where: str) -> _HttpHead:
     """The HTTP response head that starts `block`, read as leniently as browsers read it: lines end in
-    CRLF or a bare LF, a line folded onto the next (obs-fold) is joined with one space, and a line with
-    no colon is passed over. A block with no blank line is all head (a redirect stored without its
-    last CRLF) unless it is longer than `MAX_HTTP_HEAD_BYTES`, which is `PageSourceError`."""
+    CRLF or a bare LF, a line folded onto the next (obs-fold) is joined with one space, a line with no
+    colon is passed over, and a header's repeated lines are one comma-separated list. A block with no
+    blank line is all head (a redirect stored without its last CRLF) unless it is longer than
+    `MAX_HTTP_HEAD_BYTES`, which is `PageSourceError`."""
     end = _HEAD_END.search(block, 0, MAX_HTTP_HEAD_BYTES)
     if end is not None:
         head, size = block[: end.start()], end.end()
@@ -200,9 +201,14 @@ def _http_head(block: bytes, where: str) -> _HttpHead:
         name = name.strip(_BLANKS).lower()
         if colon and name:
             fields.append([name, value.strip(_BLANKS)])
+    # A repeated header is one list of its lines' values, in order (RFC 9110 section 5.3), as Fetch
+    # combines them before reading a Content-Type ("extract a MIME type": `text/html` then `text/html;
+    # charset=iso-8859-5` is iso-8859-5) or a Content-Encoding (two lines of gzip are gzip twice). The
+    # first line's value alone had read that page with the charset the decoder guessed.
     headers: dict[str, str] = {}
     for name, value in fields:
-        headers.setdefault(name, value.strip(_BLANKS))
+        value = value.strip(_BLANKS)
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
     return _HttpHead(int(status.group(1)) if status else None, headers, size)
 
 

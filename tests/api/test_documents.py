@@ -13,13 +13,19 @@ import brotli
 import pytest
 import zstandard
 from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.types import Message
 
 from service.api.documents import (
+    CONTENT_ENCODING_KEY,
     MAX_JSON_MARKS,
     _json_marks,
+    check_not_compressed,
     json_marks_limit,
     media_type_of,
     parse_json,
+    read_body,
+    read_json_body,
     undeclared_coding,
 )
 from service.api.schemas import EmbedRequest, OpenAIEmbeddingsRequest
@@ -209,3 +215,127 @@ def test_text_with_a_compressed_start_is_not_taken_for_it() -> None:
             assert undeclared_coding(start + text) is None, (start, text[:40])
     for body in (PAGE, b"", b'{"documents": []}', "<p>\u8b1f</p>".encode("utf-16-le")):
         assert undeclared_coding(body) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [b"x^2+1", "x\u00dabc".encode("latin-1"), b"x^", b"x\x01", b"x^ab", b"x^2 cats", b"\x1f\x8b\x08ab"],
+)
+def test_short_text_with_a_compressed_start_is_a_page(text: bytes) -> None:
+    """A few bytes of text read as fixed-Huffman literals before the input runs out: `x^2+1` posted as
+    text/html was refused as deflate-compressed. A short body counts only as a whole stream."""
+    assert undeclared_coding(text) is None
+
+
+@pytest.mark.parametrize("run", [b"*", b"z", b"{", b"*O58", b"z1G<9L)-"])
+@pytest.mark.parametrize("start", [b"x^", b"x\x01", b"x\x9c", b"x\xda"])
+def test_a_run_that_reads_as_deflate_for_ever_is_text(start: bytes, run: bytes) -> None:
+    """These runs read as deflate without an error to any length (a fixed-Huffman block of literals or
+    matches); they look nothing like compressed data, which looks random."""
+    body = start + run * (6000 // len(run))
+    inflater = zlib.decompressobj()
+    inflater.decompress(body[:4096])  # no error: inflating alone cannot tell
+    assert not inflater.eof
+    assert undeclared_coding(body) is None
+
+
+def _varied_page(size: int) -> bytes:
+    """A page that compresses about threefold, so its compressed form is longer than the sample."""
+    rng = random.Random(11)
+    words = [
+        "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9)))
+        for _ in range(3000)
+    ]
+    parts, length = ["<!DOCTYPE html><html><body>"], 0
+    while length < size:
+        parts.append(f'<p class="c{rng.randint(0, 99)}">{" ".join(rng.choices(words, k=12))}</p>\n')
+        length += len(parts[-1])
+    return "".join(parts).encode()
+
+
+BIG_PAGE = _varied_page(200_000)
+
+
+@pytest.mark.parametrize("level", range(10))
+@pytest.mark.parametrize("cut", [None, 4096, 1100])
+def test_compressed_bodies_whole_or_cut_off_are_told(level: int, cut: int | None) -> None:
+    """A whole stream of any length, or the start of one (cut off at 4 KiB or less, as a stored body
+    may be): its first KiB inflates without error and looks random, or is a stored block."""
+    gzipped, zlibbed = gzip.compress(BIG_PAGE, level, mtime=0), zlib.compress(BIG_PAGE, level)
+    assert undeclared_coding(gzipped[:cut]) == "gzip"
+    assert undeclared_coding(zlibbed[:cut]) == "deflate"
+
+
+@pytest.mark.parametrize("data", [b"", b"a", b"<p>hi</p>", b'{"input": "hi"}'])
+def test_tiny_compressed_bodies_are_told_by_their_checksum(data: bytes) -> None:
+    for level in (0, 1, 9):
+        assert undeclared_coding(zlib.compress(data, level)) == "deflate"
+        assert undeclared_coding(gzip.compress(data, level)) == "gzip"
+
+
+def _gzip_member(data: bytes, *, flags: int, fields: bytes) -> bytes:
+    deflater = zlib.compressobj(6, zlib.DEFLATED, -15)
+    deflated = deflater.compress(data) + deflater.flush()
+    trailer = zlib.crc32(data).to_bytes(4, "little") + len(data).to_bytes(4, "little")
+    return b"\x1f\x8b\x08" + bytes([flags]) + b"\0\0\0\0\0\x03" + fields + deflated + trailer
+
+
+def test_a_gzip_header_with_a_long_name_is_read_past() -> None:
+    """The deflate data is sampled after the header's name and extra field: a 5,000-byte name had left
+    nothing of it in the sample, and the body was embedded as noise."""
+    named = _gzip_member(PAGE, flags=0x08, fields=b"n" * 5000 + b"\0")
+    extra = _gzip_member(BIG_PAGE, flags=0x04 | 0x10, fields=b"\x88\x13" + b"e" * 5000 + b"a comment\0")
+    assert zlib.decompress(named, 31) == PAGE and zlib.decompress(extra, 31) == BIG_PAGE
+    assert undeclared_coding(named) == undeclared_coding(extra) == "gzip"
+    assert undeclared_coding(extra[:6200]) == "gzip"  # cut off 1,178 bytes into its deflate data
+    reserved = _gzip_member(PAGE, flags=0x20, fields=b"")  # a flag RFC 1952 reserves: no gzip member
+    assert undeclared_coding(reserved) is None
+
+
+def test_a_body_compressed_once_more_than_declared_is_told_so() -> None:
+    """gzip(gzip(page)) sent with `Content-Encoding: gzip` was told no Content-Encoding said so."""
+    twice = gzip.compress(PAGE)
+    with pytest.raises(HtmllmError) as caught:
+        check_not_compressed(twice, "gzip")
+    message = caught.value.message
+    assert caught.value.code is ErrorCode.UNSUPPORTED_MEDIA_TYPE
+    assert "still gzip-compressed" in message and "`Content-Encoding: gzip, gzip`" in message
+    assert "no Content-Encoding" not in message
+    with pytest.raises(HtmllmError) as caught:
+        check_not_compressed(zlib.compress(PAGE), "br, gzip")
+    assert "`Content-Encoding: deflate, br, gzip`" in caught.value.message
+    with pytest.raises(HtmllmError) as caught:
+        check_not_compressed(twice)
+    assert "no Content-Encoding says so: send `Content-Encoding: gzip`" in caught.value.message
+    check_not_compressed(PAGE, "gzip")  # what is left is the page: nothing to say
+
+
+def _request(body: bytes, content_type: bytes, content_encoding: str | None) -> Request:
+    """A request as routes get it from `limits.py`: the body decoded, the coding it undid in the scope."""
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/embed",
+        "query_string": b"",
+        "headers": [(b"content-type", content_type)],
+    }
+    if content_encoding is not None:
+        scope[CONTENT_ENCODING_KEY] = content_encoding
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return Request(scope, receive)
+
+
+async def test_the_routes_name_the_declared_coding() -> None:
+    twice = gzip.compress(PAGE)
+    with pytest.raises(HtmllmError) as caught:
+        await read_body(_request(twice, b"text/html", "gzip"), EmbedRequest, raw_options={"id": None})
+    assert "`Content-Encoding: gzip, gzip`" in caught.value.message
+    with pytest.raises(HtmllmError) as caught:
+        await read_json_body(_request(twice, b"application/json", "x-gzip"), OpenAIEmbeddingsRequest)
+    assert "`Content-Encoding: gzip, x-gzip`" in caught.value.message
+    with pytest.raises(HtmllmError) as caught:
+        await read_body(_request(twice, b"text/html", None), EmbedRequest, raw_options={"id": None})
+    assert "no Content-Encoding says so" in caught.value.message

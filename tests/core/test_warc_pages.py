@@ -277,7 +277,7 @@ def test_a_head_with_bare_lf_line_ends_is_read_as_browsers_read_it(
 
 
 def test_a_bare_lf_head_folds_and_repeats_as_a_crlf_one(tmp_path: Path) -> None:
-    """A folded line (obs-fold) goes on the previous header and a repeated header keeps its first value,
+    """A folded line (obs-fold) goes on the previous header and a repeated header's lines are one list,
     with either line end."""
     czech = f'<html><head><meta charset="iso-8859-1"></head><p>{CZECH}</p></html>'.encode("cp1250")
     records = []
@@ -287,7 +287,7 @@ def test_a_bare_lf_head_folds_and_repeats_as_a_crlf_one(tmp_path: Path) -> None:
                 "HTTP/1.1 200 OK",
                 "Content-Type: text/html;",
                 "\t charset=windows-1250",
-                "Content-Type: text/plain",
+                "Content-Type: text/html",
                 "no colon here",
                 "Content-Encoding: gzip",
                 "",
@@ -298,9 +298,52 @@ def test_a_bare_lf_head_folds_and_repeats_as_a_crlf_one(tmp_path: Path) -> None:
     path = tmp_path / "fold.warc"
     path.write_bytes(b"".join(records))
     crlf, lf = iter_pages(path)
-    assert crlf.meta["content_type"] == lf.meta["content_type"] == "text/html; charset=windows-1250"
+    merged = "text/html; charset=windows-1250, text/html"  # the same type again: the charset stays
+    assert crlf.meta["content_type"] == lf.meta["content_type"] == merged
     assert crlf.html == lf.html and CZECH in decode_html(lf.html).text
     assert crlf.encoding == lf.encoding == "cp1250"  # the folded charset, transcoded from the gzip body
+
+
+CYRILLIC = "Привет, мир: съешь же ещё этих мягких французских булок"
+
+
+def _two_line_head(record_id: str, lines: list[str], body: bytes) -> bytes:
+    return warc_record(record_id, "\r\n".join(["HTTP/1.1 200 OK", *lines, "", ""]).encode() + body)
+
+
+def test_repeated_content_type_and_encoding_lines_are_one_list(tmp_path: Path) -> None:
+    """Fetch combines a header's lines with ", " and reads the list: `text/html` then `text/html;
+    charset=iso-8859-5` is iso-8859-5 (the first line alone was read as windows-1251, mojibake), the
+    last media type counts, and two Content-Encoding lines are two codings (RFC 9110 section 5.3)."""
+    # Its <meta> says windows-1251: only the HTTP charset, which outranks it, reads it right.
+    html = f'<html><head><meta charset="windows-1251"></head><p>{CYRILLIC}</p></html>'.encode("iso-8859-5")
+    charset = "text/html; charset=iso-8859-5"
+    path = tmp_path / "repeated.warc"
+    path.write_bytes(
+        _two_line_head("later", ["Content-Type: text/html", f"Content-Type: {charset}"], html)
+        + _two_line_head("earlier", [f"Content-Type: {charset}", "Content-Type: text/html"], html)
+        + _two_line_head("html last", ["Content-Type: text/plain", f"Content-Type: {charset}"], html)
+        + _two_line_head("plain last", [f"Content-Type: {charset}", "Content-Type: text/plain"], html)
+        + _two_line_head(
+            "twice gzipped",
+            ["Content-Type: text/html", "Content-Encoding: gzip", "X: 1", "Content-Encoding: gzip"],
+            gzip.compress(gzip.compress(html)),
+        )
+        + _two_line_head(
+            "brotli then gzip",
+            ["Content-Type: text/html", "Content-Encoding: br", "Content-Encoding: gzip"],
+            gzip.compress(brotli.compress(html)),
+        )
+    )
+    pages = {p.id[10:-1]: p for p in iter_pages(path, bad_rows="report")}
+    assert list(pages) == ["later", "earlier", "html last", "twice gzipped", "brotli then gzip"]
+    assert all(p.error is None for p in pages.values())
+    assert pages["later"].meta["content_type"] == f"text/html, {charset}"
+    for name in ("later", "earlier", "html last"):
+        assert pages[name].encoding == codecs.lookup("iso-8859-5").name, name
+        assert CYRILLIC in decode_html(pages[name].html).text, name
+    for name in ("twice gzipped", "brotli then gzip"):  # the charset left to the decoder: bytes as sent
+        assert pages[name].html == html, name
 
 
 def test_an_http_head_without_end_is_bounded(tmp_path: Path) -> None:
