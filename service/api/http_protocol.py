@@ -6,8 +6,9 @@ CPU per request"). Why a subclass: uvicorn bounds a request's head (request line
 its h11 path (`h11_max_incomplete_event_size`, 16 KiB); with httptools a client can stream one endless
 header and the server buffers all of it (200 MB sent, 312 MB resident, measured). Here a head of more
 than `MAX_HEAD_BYTES` is answered 431 with the service's error body, and its connection is closed: a
-head that completes is measured once parsed, exactly, before any request starts; one still incomplete is
-refused once the reads after the one it began in pass the cap, so that an endless one is bounded too.
+head that completes is measured once parsed, before any request starts (never more than was sent: the
+whitespace before a header's value is not counted); one still incomplete is refused once the reads after
+the one it began in pass the cap, so that an endless one is bounded too.
 Such an answer comes from below the app, so it is not counted in `htmllm_request_failures_total`. And
 a client that pipelines requests and leaves is noticed by the request that is running, not only by the
 last one queued (`connection_lost`). Each request's scope carries its connection's age and request
@@ -19,6 +20,11 @@ connection (pipelined) to be answered, and ends in a lingering close: the answer
 what the client still sends is read and dropped, for at most `_LINGER_S` and `_LINGER_BYTES`, before the
 close. A close with input still unread makes the kernel send a reset, and a client that was still
 sending (a 200 KB head, a large body behind a bad head) got ConnectionResetError in place of the answer.
+While the answer waits, reading stays paused, and what is read anyway counts against `_LINGER_BYTES`. A
+400 for a malformed body (a bad chunk size) refuses the request that body belongs to, its app told that
+the client left, and goes out as soon as the requests before it are answered (at once, as uvicorn's did,
+where there are none): waiting for that request's own answer waited for a body that can never complete
+(the 10 s stall's 408 came in place of the 400).
 
 Two more gaps of uvicorn's httptools path are closed here. A request that offers to switch protocols
 (`Connection: upgrade` with `Upgrade: h2c`, which Java's HttpClient and Spring's RestClient send by
@@ -121,9 +127,11 @@ def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol
         protocols as if it had not (the module's docstring).
 
         A head that completes is measured in `on_headers_complete`, from what the callbacks gave: the
-        request line (method, URL, version, two spaces, CRLF), each header (name, ": " as clients write
-        it, value with its trailing whitespace, CRLF) and the blank line; only the whitespace that llhttp
-        drops before a value can make it differ (by a byte or so a header). A head still incomplete is
+        request line (method, URL, version, two spaces, CRLF), each header (name, ":", value with its
+        trailing whitespace, CRLF) and the blank line. The whitespace before a value is not counted:
+        llhttp drops it, and counting the usual one space over-counted a header sent as "Name:value" (a
+        false 431 for a head within the cap); so a head is never counted longer than it was sent, and at
+        most that whitespace shorter (a byte a header as clients write them). A head still incomplete is
         counted in whole chunks (httptools reports no offsets): after each parse, a chunk counts when
         the head still open began in an earlier one. The chunk a message begins in is not counted (it
         may hold a pipelined request's body before it), so an endless head is refused after at most
@@ -140,7 +148,7 @@ def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol
             self._over_cap = False  # the head just parsed is over the cap (`_HeadOverCap` raised)
             self._refusal: bytes | None = None  # an answer from below the app, written once it is our turn
             self._lingering = False  # the refusal is written and the connection half-closed
-            self._linger_left = 0  # bytes still read (and dropped) before the close
+            self._linger_left = 0  # bytes still read (and dropped) before the close, from the refusal on
             self._linger_timer: asyncio.TimerHandle | None = None
             self._running: Any = None  # the request cycle whose app runs (not always `self.cycle`)
             # uvicorn makes one protocol per connection, just before the connection is made.
@@ -189,7 +197,8 @@ def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol
             self._arm_head_timer()
 
         def on_header(self, name: bytes, value: bytes) -> None:
-            self._head_size += len(name) + len(value) + 4  # (before uvicorn strips the value's end)
+            # name ":" value CRLF; the whitespace before the value is not given (the class's docstring)
+            self._head_size += len(name) + len(value) + 3  # (before uvicorn strips the value's end)
             super().on_header(name, value)
 
         def on_headers_complete(self) -> None:
@@ -255,30 +264,56 @@ def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol
 
         def _refuse(self, answer: bytes) -> None:
             """Answer `answer` and close, in turn: requests before it on the connection (pipelined) are
-            answered first, or the refusal would be read as their answer (reads pause meanwhile)."""
+            answered first, or the refusal would be read as their answer (reads pause meanwhile).
+
+            Where the error lies in a request's body (a malformed chunk), that request is the one refused:
+            its body can never complete, so waiting for its answer would wait for the body timeout. It is
+            taken out of the queue, or, running, told that its client left (as uvicorn tells a request
+            whose connection closed), and the answer goes out once the requests before it are answered."""
             self._in_head = False
             self._cancel_head_timer()
             self._refusal = answer
+            self._linger_left = _LINGER_BYTES
+            refused = self.cycle
+            if refused is not None and refused.more_body and not refused.response_complete:
+                self._withdraw(refused)
             if self.pipeline or (self._running is not None and not self._running.response_complete):
                 self.flow.pause_reading()
                 return
             self._linger()
 
+        def _withdraw(self, cycle: Any) -> None:
+            """Take `cycle`, the request whose body the parser refused, out of the queue, or stop its app
+            (its receive() gives `http.disconnect`, its answer is not written); it never completes, so it is
+            not waited for."""
+            for queued in self.pipeline:
+                if queued[0] is cycle:
+                    self.pipeline.remove(queued)
+                    return
+            cycle.disconnected = True
+            cycle.waiting_for_100_continue = False  # (no "100 Continue" into the half-closed connection)
+            cycle.message_event.set()
+            if cycle.response_started:  # (its answer is cut short: a 400 would be read as part of it)
+                self._refusal = b""
+            self._running = None
+
         def on_response_complete(self) -> None:
-            super().on_response_complete()  # (starts the next request queued, if any)
+            super().on_response_complete()  # (starts the next request queued, and resumes reading)
             if self._refusal is None or self._lingering or self.transport.is_closing():
                 return
             if not self.pipeline and (self._running is None or self._running.response_complete):
                 self._unset_keepalive_if_required()
                 self._linger()
+            else:
+                self.flow.pause_reading()  # (what follows the refusal is not read while it waits)
 
         def _linger(self) -> None:
             """Write the refusal, half-close, and close once the client closes too, or after `_LINGER_S`
-            or `_LINGER_BYTES` more from it: closing at once with its input unread sends a reset, which
-            can take the answer with it. Where the transport cannot half-close (TLS), it closes."""
+            or once more than `_LINGER_BYTES` came after the refusal: closing at once with its input unread
+            sends a reset, which can take the answer with it. Where the transport cannot half-close (TLS),
+            it closes."""
             assert self._refusal is not None
             self._lingering = True
-            self._linger_left = _LINGER_BYTES
             self.transport.write(self._refusal)
             if not self.transport.can_write_eof():
                 self.transport.close()
@@ -289,9 +324,14 @@ def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol
             self._linger_timer = self.loop.call_later(_LINGER_S, self._end_linger)
 
         def _drop(self, size: int) -> None:
-            if not self._lingering:
-                return  # (answers before the refusal are still running; reads were paused)
+            """Drop `size` bytes read after the refusal, counted against `_LINGER_BYTES`. Before the
+            refusal is written (answers before it still running), reading pauses again: uvicorn resumes it
+            as each of those requests calls receive() or is answered, and the client could otherwise send
+            without end, all of it read and dropped."""
             self._linger_left -= size
+            if not self._lingering:
+                self.flow.pause_reading()
+                return
             if self._linger_left < 0:
                 self._end_linger()
 
