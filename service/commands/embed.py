@@ -23,15 +23,19 @@ millions. Such a row is done, as every written row is: a resume does not read th
 of the engine that a retry may fix (shutting down under Ctrl-C, a timeout, a full queue, a backend
 failure, `not_ready`: the page's preprocessing process killed from outside, by the OOM killer or
 `kill -9`, in each of the Engine's tries, `failures.ProcessLostError`) is never written: the document
-is left for the next run, and the command exits 1 without merging (130 after Ctrl-C; 143 after SIGTERM,
-which ends the run as Ctrl-C does: `sigterm_as_ctrl_c`). Options, the input and the checkpoint's
+is left for the next run, and the command exits 1 without merging (130 after Ctrl-C; 143 after SIGTERM
+and 129 after SIGHUP, which end the run as Ctrl-C does: `sigterm_as_ctrl_c`). A part that cannot be
+written (a full disk) ends the run at once, exit 1: no page more is taken, those in flight are
+cancelled, and what no part holds is left for the next run. Options, the input and the checkpoint's
 metadata are checked before the model loads or a file is created; a missing output directory is made.
+A larger --limit (or none) goes on from a run or finished output of a smaller one (`limit_raised`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
 import os
@@ -39,7 +43,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from service.commands.embed_state import OutputUnreadable, ParquetParts, merge, output_settings
 from service.commands.options import (
@@ -65,6 +69,7 @@ from service.commands.resume_state import (
     input_identity,
     installed_version,
     leftovers,
+    limit_raised,
     own_files,
     parts_dir,
     pin_settings,
@@ -189,14 +194,19 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help='comma-separated heads to score (default: all; "" for none, as the API\'s "heads": [])',
     )
     parser.add_argument("--no-normalize", action="store_true", help="write unnormalised embeddings")
-    parser.add_argument("--limit", type=at_least(1), default=None, help="embed only the first N pages")
+    parser.add_argument(
+        "--limit",
+        type=at_least(1),
+        default=None,
+        help="embed only the first N pages (a later run with a larger N, or none, keeps their rows)",
+    )
     parser.add_argument(
         "--part-size",
         type=at_least(1),
         default=PART_SIZE,
         help="documents per part file (the resume grain): finished rows are held until a part fills, so a "
         "kill -9 leaves up to this many less one, and the pages in flight, to be embedded again by the "
-        "next run; Ctrl-C and SIGTERM write them first",
+        "next run; Ctrl-C, SIGTERM and SIGHUP write them first",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
@@ -225,7 +235,9 @@ def run(args: argparse.Namespace) -> int:
             parts = parts_dir(args.output)
             kept = f"what was finished is kept in {parts}: " if parts.exists() else ""
             again = "run the same command again to go on"
-            print(f"htmllm embed: {termination.how}; {kept}{again}", file=sys.stderr)
+            # After SIGHUP stderr may be the terminal that hung up (EIO): the line is lost, not the status.
+            with contextlib.suppress(OSError):
+                print(f"htmllm embed: {termination.how}; {kept}{again}", file=sys.stderr)
             return termination.status
         except HtmllmError as exc:
             print(f"htmllm embed: {exc.code}: {exc}", file=sys.stderr)
@@ -387,6 +399,12 @@ def _plan(args: argparse.Namespace) -> _Plan:
         "backend": args.backend,
         "dtype": args.dtype,
         "onnx_quantize": config.onnx_quantize,
+        # Processes hold a page to 20 s and 1024 MiB (past them, an error row), threads do not (the page
+        # is embedded): a resume with the other pool had mixed both answers in one output. Not --device:
+        # on a GPU the same weights in the same dtype give the same rows but for rounding, as other
+        # batch mates, another attention kernel or another thread count do on one device; a run begun on
+        # a CPU may be finished on a GPU.
+        "preprocess_pool": args.preprocess_pool,
     }
     return _Plan(config, heads, specs, settings)
 
@@ -404,23 +422,31 @@ def _recorded_identities(output: Path) -> list[Any]:
     return recorded
 
 
-def _finished(output: Path, settings: dict[str, Any], overwrite: bool) -> bool:
-    """Whether `output` is this run's finished output; another run's output, or a file this command did
-    not write, is refused unless `overwrite` (then False: it is replaced when the run merges)."""
+# What an existing output is to a run (`_finished`): its finished output; a finished output of a smaller
+# --limit, whose rows are this run's first; or nothing to keep (none there, or one --overwrite replaces).
+_Found = Literal["complete", "smaller_limit", "none"]
+
+
+def _finished(output: Path, settings: dict[str, Any], overwrite: bool) -> _Found:
+    """What `output` is to a run of `settings`; another run's output, or a file this command did not
+    write, is refused unless `overwrite` (then "none": it is replaced when the run merges, its rows not
+    kept, even those of a smaller --limit: --overwrite starts over)."""
     if not output.exists():
-        return False
+        return "none"
     if output.is_dir():
         raise OptionError(f"{output} is a directory, not a Parquet file")
     try:
         previous = output_settings(output)
     except OutputUnreadable:
         if overwrite:  # asked for: replaced unread
-            return False
+            return "none"
         raise
     if previous == settings:
-        return True
+        return "complete"
     if overwrite:
-        return False
+        return "none"
+    if previous is not None and limit_raised(settings, previous):
+        return "smaller_limit"
     if previous is None:
         why = "was not written by this version of htmllm embed"
     elif other := changed(settings, previous, recorded=settings.keys()):
@@ -462,18 +488,19 @@ def _run(args: argparse.Namespace) -> int:
     complete = f"htmllm embed: {output} is complete with these settings; nothing to do"
     # Without the lock only when there is nothing to clean: a run killed while it removed its parts
     # leaves them whole in a temporary folder, which must not stay there for good.
-    if _finished(output, plan.settings, args.overwrite) and not parts.exists() and not leftovers(output):
+    found = _finished(output, plan.settings, args.overwrite)
+    if found == "complete" and not parts.exists() and not leftovers(output):
         print(complete, file=sys.stderr)
         return 0
     with run_lock(parts):
         clean_leftovers(output, parts)
         try:  # again under the lock: another run may have finished meanwhile
-            finished = _finished(output, plan.settings, args.overwrite)
+            found = _finished(output, plan.settings, args.overwrite)
         except HtmllmError:
             if not (parts / RUN_FILE).exists():
                 remove_parts(parts, output)  # only created by this run, to take the lock
             raise
-        if finished:
+        if found == "complete":
             # The parts are this run's merged ones (killed before their removal), or an interrupted
             # --overwrite run's with other settings, which this finished output must not cost.
             pinned = pinned_settings(parts)
@@ -489,12 +516,14 @@ def _run(args: argparse.Namespace) -> int:
                 )
             return 0
         if discarded := pin_settings(
-            parts, plan.settings, recorded=plan.settings.keys(), overwrite=args.overwrite
+            parts, plan.settings, recorded=plan.settings.keys(), overwrite=args.overwrite, limit_may_grow=True
         ):
             print(f"htmllm embed: --overwrite: {discarded}", file=sys.stderr)
         fmt = ParquetParts(_schema(plan.settings["embedding_dim"], plan.specs))
         done = done_set(parts, fmt, command="htmllm embed")
         writer = PartWriter(parts, fmt, args.part_size)
+        if found == "smaller_limit":
+            _keep_smaller_limit(output, writer, done)
         try:
             outcome = asyncio.run(_embed_all(args, plan, done, writer))
         except BaseException:
@@ -519,6 +548,21 @@ def _run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _keep_smaller_limit(output: Path, writer: PartWriter, done: dict[int, str]) -> None:
+    """Make `output`, finished with a smaller --limit, a part of this run: its rows are this run's first
+    (`limit_raised`), done. Not when the parts hold one of its documents already: an interrupted run of
+    these settings took it before (or, begun before it was written, did those documents itself)."""
+    indices, ids = writer.fmt.keys(output)
+    if any(index in done for index in indices):
+        return
+    writer.adopt(output)
+    done.update(zip(indices, ids, strict=True))
+    print(
+        f"htmllm embed: {output} holds the first {len(indices)} documents (a smaller --limit): they are kept",
+        file=sys.stderr,
+    )
 
 
 async def _embed_all(
@@ -560,6 +604,23 @@ async def _embed_all(
 
         counting.add_done_callback(set_total)
 
+    # The first task that failed (a part that could not be written: a full disk) ends the run.
+    failure: list[BaseException] = []
+    tasks: set[asyncio.Task[None]] = set()
+
+    def settle(task: asyncio.Task[None]) -> None:
+        """A task's end: its slot freed (here, so that one cancelled before it started frees it too),
+        and the first failure taken, every other task cancelled. A run that went on embedded for
+        minutes into parts a full disk would not take, each failure a "Task exception was never
+        retrieved" traceback, and only said why at its end."""
+        tasks.discard(task)
+        in_flight.release()
+        if failure or task.cancelled() or (exc := task.exception()) is None:
+            return
+        failure.append(exc)
+        for other in tasks:
+            other.cancel()
+
     async def one(index: int, page: Page) -> None:
         row: dict[str, Any] = {"index": index, "id": page.id, "url": page.url}
         try:
@@ -591,8 +652,6 @@ async def _embed_all(
                     row[f"{spec.name}.probs"] = [score[label] for label in spec.labels]
                 else:
                     row[spec.name] = score
-        finally:
-            in_flight.release()
         writer.add(row)
         outcome.written += 1
         progress.update(1)
@@ -600,16 +659,19 @@ async def _embed_all(
     try:
         async with engine:
             prepare_for_serving()  # the model is loaded: set the garbage collector for serving
-            tasks: set[asyncio.Task[None]] = set()
             walk = InputWalk(done, parts)
             pages = iter_pages(args.input, limit=args.limit, bad_rows="report", skip=own_files(args.output))
             for index, page in walk.todo(pages):
                 await in_flight.acquire()
+                if failure:
+                    break  # no page more
                 task = asyncio.create_task(one(index, page))
                 tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            if tasks:
-                await asyncio.gather(*tasks)
+                task.add_done_callback(settle)
+            # Every task's end awaited, its failure taken by `settle` (cancelled ones included).
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if failure:
+                raise failure[0]
             outcome.documents = walk.documents
     finally:
         stop_counting.set()

@@ -69,10 +69,12 @@ def merge(parts: Path, output: Path, schema: pa.Schema, documents: int, settings
     output is written one window of `MERGE_WINDOW_ROWS` indices at a time, from the parts whose range
     meets the window. Parts are written in completion order, nearly in index order, so a window reads a
     few of them; memory stays one window whatever the run's size (a 10M-page run had needed all of its
-    embeddings in memory twice, for the concatenation and the sort).
+    embeddings in memory twice, for the concatenation and the sort). Of a part, only the row groups
+    whose index range meets the window are read (Parquet's statistics): a finished output of a smaller
+    --limit, taken whole as a part, is a window per row group (read whole for each window, 200K rows
+    of 384-d embeddings took 7.8 s; 0.45 s so).
     """
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     ranges = complete_parts(parts, ParquetParts(schema), documents, output)
@@ -88,9 +90,8 @@ def merge(parts: Path, output: Path, schema: pa.Schema, documents: int, settings
             pieces = []
             for low, high, part in ranges:
                 if low < end and high >= start:
-                    table = pq.read_table(part, schema=schema)
-                    keep = pc.and_(pc.greater_equal(table["index"], start), pc.less(table["index"], end))
-                    pieces.append(table.filter(keep))
+                    window_rows = [("index", ">=", start), ("index", "<", end)]
+                    pieces.append(pq.read_table(part, schema=schema, filters=window_rows))
             window = pa.concat_tables(pieces).sort_by("index")
             writer.write_table(window.replace_schema_metadata(metadata))
     return documents

@@ -19,8 +19,8 @@ output inside the input directory is no file of it, nor are its parts directory 
 into `<output>` (a file format's own business, see `PartFormat`) and removes the directory.
 
 A command brings its file format (`PartFormat`: Parquet for embed, JSONL for extract); the rules above
-are the same for both and live only here, as does SIGTERM's handling (`sigterm_as_ctrl_c`: it ends a run
-as Ctrl-C does, keeping what was finished, with status 143).
+are the same for both and live only here, as does SIGTERM's and SIGHUP's handling (`sigterm_as_ctrl_c`: it
+ends a run as Ctrl-C does, keeping what was finished, with status 143 or 129).
 """
 
 from __future__ import annotations
@@ -59,6 +59,8 @@ if TYPE_CHECKING:
 
 # The shell's status for a command ended by SIGTERM (`sigterm_as_ctrl_c`), as 130 is SIGINT's.
 TERMINATED = 128 + signal.SIGTERM
+# What a run says it was ended by, for each signal `sigterm_as_ctrl_c` takes as Ctrl-C.
+_ENDED_BY: dict[int, str] = {signal.SIGTERM: "terminated (SIGTERM)", signal.SIGHUP: "hung up (SIGHUP)"}
 RUN_FILE = "run.json"
 LOCK_FILE = "lock"
 # A part's name; temporaries start with "." and never match.
@@ -139,6 +141,19 @@ def changed(settings: dict[str, Any], previous: dict[str, Any], recorded: Collec
     items = _differences(settings, previous, prefix="", skip={INPUT_KEY})
     older = any(name in recorded and name not in previous for name in settings.keys() - {INPUT_KEY})
     return ", ".join(items) + ("; written by an older htmllm" if items and older else "")
+
+
+def limit_raised(settings: dict[str, Any], previous: dict[str, Any]) -> bool:
+    """Whether `settings` are `previous` but for a larger `limit` (--limit), or none where it had one:
+    then the run of `previous` did this run's first documents. The first N pages of an input are the
+    same pages, in the same order (`pages.iter_pages` reads a directory sorted), as long as the input
+    is the same, which its identity (`INPUT_KEY`), among the settings compared, tells; every done page's
+    id is checked again as the input is read (`InputWalk`). A smaller limit is no such run: it would
+    leave rows past its end."""
+    old, new = previous.get("limit"), settings.get("limit")
+    if not isinstance(old, int) or (new is not None and (not isinstance(new, int) or new <= old)):
+        return False
+    return {**previous, "limit": new} == settings
 
 
 _UNSET = object()
@@ -326,49 +341,63 @@ class Deferred:
 
 
 class Termination:
-    """Whether a SIGTERM came during `sigterm_as_ctrl_c`: its run ends as after Ctrl-C, with its own
-    status and word."""
+    """Which of the signals `sigterm_as_ctrl_c` takes as Ctrl-C came during it, if one did: its run ends
+    as after Ctrl-C, with that signal's status and word."""
 
-    received = False
+    signum: int | None = None
+
+    @property
+    def received(self) -> bool:
+        """Whether SIGTERM or SIGHUP ended the run (its worker processes may have had it too)."""
+        return self.signum is not None
 
     @property
     def how(self) -> str:
         """What ended the run, for its last line."""
-        return "terminated (SIGTERM)" if self.received else "interrupted"
+        return "interrupted" if self.signum is None else _ENDED_BY[self.signum]
 
     @property
     def status(self) -> int:
-        """The run's exit status: the shell's for the signal that ended it."""
-        return TERMINATED if self.received else INTERRUPTED
+        """The run's exit status: the shell's for the signal that ended it (130, 143, 129)."""
+        return INTERRUPTED if self.signum is None else 128 + self.signum
 
 
 @contextlib.contextmanager
 def sigterm_as_ctrl_c() -> Iterator[Termination]:
-    """Within: SIGTERM (what Kubernetes, Slurm, systemd and `kill` send to stop a job) does what Ctrl-C
-    does, so the run keeps what it finished: its default, death on the spot, lost up to a part of
-    finished rows, to be done again. It calls SIGINT's handler of the moment (`asyncio.run`'s cancels
-    the run, Python's raises KeyboardInterrupt), or raises KeyboardInterrupt where SIGINT is ignored
-    (a background job of a shell without job control), and sets `received`, for the caller's status
-    (`TERMINATED`). SIGTERM's handler before is back after, as `asyncio.run` gives SIGINT's back. Off
-    the main thread (no handler can be set there) SIGTERM is left as it is."""
+    """Within: SIGTERM (what Kubernetes, Slurm, systemd and `kill` send to stop a job) and SIGHUP (the
+    terminal or SSH session the run was started from closed) do what Ctrl-C does, so the run keeps what
+    it finished: their default, death on the spot, lost up to a part of finished rows, to be done again.
+    Each calls SIGINT's handler of the moment (`asyncio.run`'s cancels the run, Python's raises
+    KeyboardInterrupt), or raises KeyboardInterrupt where SIGINT is ignored (a background job of a shell
+    without job control), and sets `signum`, for the caller's status (`TERMINATED`, 129). SIGHUP
+    ignored is left so: a run under `nohup` goes on when the terminal closes, as it was started to.
+    Each signal's handler before is back after, as `asyncio.run` gives SIGINT's back. Off the main
+    thread (no handler can be set there) both are left as they are."""
     termination = Termination()
-    previous = signal.getsignal(signal.SIGTERM)
 
-    def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        termination.received = True
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        termination.signum = signum
         ctrl_c = signal.getsignal(signal.SIGINT)
         if not callable(ctrl_c):
             raise KeyboardInterrupt
         ctrl_c(signal.SIGINT, frame)
 
-    if previous is None or threading.current_thread() is not threading.main_thread():
-        yield termination  # None: a handler set outside Python, which could not be put back
-        return
-    signal.signal(signal.SIGTERM, on_sigterm)
+    previous = {number: signal.getsignal(number) for number in _ENDED_BY}
+    # None: a handler set outside Python, which could not be put back.
+    taken = [
+        number
+        for number, handler in previous.items()
+        if handler is not None and not (number == signal.SIGHUP and handler is signal.SIG_IGN)
+    ]
+    if threading.current_thread() is not threading.main_thread():
+        taken = []
     try:
+        for number in taken:
+            signal.signal(number, on_signal)
         yield termination
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for number in taken:
+            signal.signal(number, previous[number])
 
 
 def _write_json(settings: dict[str, Any], path: Path) -> None:
@@ -486,11 +515,18 @@ def pinned_settings(parts: Path) -> dict[str, Any] | None:
 
 
 def pin_settings(
-    parts: Path, settings: dict[str, Any], *, recorded: Collection[str] = (), overwrite: bool | None = None
+    parts: Path,
+    settings: dict[str, Any],
+    *,
+    recorded: Collection[str] = (),
+    overwrite: bool | None = None,
+    limit_may_grow: bool = False,
 ) -> str | None:
     """Pin the run's settings in run.json; a resume with other settings, or over an input that changed
     (`INPUT_KEY`), or over parts without a run.json, is refused once a part exists (before that nothing
     depends on them, and a typo's run.json must not lock the output). `recorded`: as `changed` takes it.
+    `limit_may_grow`: a run of a smaller --limit is resumed under the larger one (`limit_raised`), its
+    parts kept, rather than refused ("try 1000 pages, then all" had started over).
 
     `overwrite`: the command's --overwrite (None: it has none, as `htmllm extract`, which replaces its
     output anyway). Set, such an interrupted run is discarded and this one starts over, as the user
@@ -520,6 +556,9 @@ def pin_settings(
             why = f"whose {RUN_FILE} cannot be read ({exc})"
         else:
             if previous == settings:
+                return None
+            if limit_may_grow and isinstance(previous, dict) and limit_raised(settings, previous):
+                _write_json(settings, pin)
                 return None
             other = changed(settings, previous if isinstance(previous, dict) else {}, recorded)
             if other:
@@ -612,6 +651,8 @@ class PartWriter:
         self.rows: list[dict[str, Any]] = []
         numbers = (int(p.name[len(PART_PREFIX) :].split(".")[0]) for p in part_files(parts, fmt))
         self.next_part = 1 + max(numbers, default=-1)
+        # The write that failed (a full disk): the run ends on it, and nothing more is written.
+        self.failed: OSError | None = None
 
     def add(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
@@ -619,15 +660,40 @@ class PartWriter:
             self.flush()
 
     def flush(self, *, keep: Callable[[dict[str, Any]], bool] | None = None) -> None:
-        """Write the rows held (those `keep` accepts) as a part: to a temporary, fsynced, renamed."""
+        """Write the rows held (those `keep` accepts) as a part: to a temporary, fsynced, renamed.
+
+        After a write that failed, nothing: the disk that could not take that part will not take the
+        next (a run that wrote on had filled its log with failures, each part's rows lost), and the
+        command's Ctrl-C path, writing what it holds, would put an error of its own in place of the
+        first. The rows held are not written, so not done: the resume does them again."""
+        if self.failed is not None:
+            return
         rows = self.rows if keep is None else [row for row in self.rows if keep(row)]
         self.rows = []
         if not rows:
             return
-        path = self.parts / f"{PART_PREFIX}{self.next_part:06d}{self.fmt.suffix}"
-        with replaced_atomically(path, suffix=TEMP_SUFFIX, durable=True) as tmp:
-            self.fmt.write(rows, tmp)
+        try:
+            with replaced_atomically(self._next_path(), suffix=TEMP_SUFFIX, durable=True) as tmp:
+                self.fmt.write(rows, tmp)
+        except OSError as exc:
+            self.failed = exc
+            raise
         self.next_part += 1
+
+    def adopt(self, source: Path) -> None:
+        """Take `source`, a whole file of the parts' format (`htmllm embed`'s finished output of a
+        smaller --limit), as the next part: hard-linked, so free whatever its size (the command replaces
+        the output with a new file, never writes it in place), else copied."""
+        path = self._next_path()
+        try:
+            os.link(source, path)
+        except OSError:  # a file system without hard links
+            with replaced_atomically(path, suffix=TEMP_SUFFIX, durable=True) as tmp:
+                shutil.copyfile(source, tmp)
+        self.next_part += 1
+
+    def _next_path(self) -> Path:
+        return self.parts / f"{PART_PREFIX}{self.next_part:06d}{self.fmt.suffix}"
 
 
 def complete_parts(parts: Path, fmt: PartFormat, documents: int, output: Path) -> list[tuple[int, int, Path]]:

@@ -1,22 +1,26 @@
 """The bulk commands' shared resume rules (`resume_state`) where the commands' tests do not reach them
-one by one: what the input's identity covers (a directory's files, a manifest's page files), and
-SIGTERM's handling."""
+one by one: what the input's identity covers (a directory's files, a manifest's page files), SIGTERM's
+and SIGHUP's handling, a raised --limit, and a part writer after a failed write."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
 from hashlib import sha256
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from service.commands.resume_state import (
     RUN_FILE,
+    PartWriter,
     RunStateError,
     changed,
     input_identity,
+    limit_raised,
     pin_settings,
     sigterm_as_ctrl_c,
 )
@@ -91,6 +95,89 @@ def test_sigterm_is_ctrl_c_while_it_lasts_and_its_handler_is_given_back() -> Non
         assert not termination.received and signal.getsignal(signal.SIGTERM) is before
     finally:
         signal.signal(signal.SIGTERM, original)
+
+
+def test_sighup_is_ctrl_c_too_with_its_own_status_unless_ignored() -> None:
+    """SIGHUP (the terminal or SSH session closed) ended a run on the spot, the finished rows held for
+    its part lost; SIGTERM and Ctrl-C wrote them. Under `nohup` (SIGHUP ignored) the run goes on."""
+
+    def before(*_: object) -> None:
+        raise AssertionError("SIGHUP's handler before the run: not while it lasts")
+
+    original = signal.signal(signal.SIGHUP, before)
+    try:
+        with pytest.raises(KeyboardInterrupt), sigterm_as_ctrl_c() as termination:
+            signal.raise_signal(signal.SIGHUP)
+        assert (termination.received, termination.status, termination.how) == (True, 129, "hung up (SIGHUP)")
+        assert signal.getsignal(signal.SIGHUP) is before
+        with pytest.raises(KeyboardInterrupt), sigterm_as_ctrl_c() as termination:
+            signal.raise_signal(signal.SIGTERM)
+        assert (termination.status, termination.how) == (143, "terminated (SIGTERM)")
+        with sigterm_as_ctrl_c() as termination:
+            pass
+        assert (termination.received, termination.status, termination.how) == (False, 130, "interrupted")
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        with sigterm_as_ctrl_c() as termination:
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            signal.raise_signal(signal.SIGHUP)
+        assert not termination.received and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, original)
+
+
+def test_a_larger_limit_or_none_goes_on_from_a_smaller_one_and_nothing_else_does(tmp_path: Path) -> None:
+    """`--limit 30` then no limit was refused ("limit 30 -> none") and --overwrite started over: the first
+    30 pages of the same input are the same pages."""
+    then: dict[str, Any] = {"limit": 30, "dtype": "float32", "input_files": {"bytes": 1}}
+    assert limit_raised({**then, "limit": 200}, then) and limit_raised({**then, "limit": None}, then)
+    assert not limit_raised({**then, "limit": 10}, then)  # its rows past 10 would stay
+    assert not limit_raised(then, then)
+    assert not limit_raised({**then, "limit": 30}, {**then, "limit": None})
+    assert not limit_raised({**then, "limit": 200, "dtype": "bfloat16"}, then)
+    assert not limit_raised({**then, "limit": 200, "input_files": {"bytes": 2}}, then)  # another input
+
+    parts = tmp_path / "out.parquet.parts"
+    _interrupted(parts, then, 2)
+    with pytest.raises(RunStateError, match=r"other settings \(limit 30 -> 200\)"):
+        pin_settings(parts, {**then, "limit": 200})  # only where the command asks for it
+    assert pin_settings(parts, {**then, "limit": 200}, limit_may_grow=True) is None
+    assert json.loads((parts / RUN_FILE).read_text())["limit"] == 200
+    assert len(list(parts.glob("part-*"))) == 2  # kept: this run's first rows
+    with pytest.raises(RunStateError, match=r"other settings \(limit 200 -> 30\)"):
+        pin_settings(parts, then, limit_may_grow=True)
+
+
+class _Rows:
+    """A part format whose writes fail after the first, as a disk that fills."""
+
+    suffix = ".rows"
+
+    def __init__(self) -> None:
+        self.written: list[list[dict[str, Any]]] = []
+
+    def write(self, rows: list[dict[str, Any]], path: Path) -> None:
+        self.written.append(rows)
+        if len(self.written) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        path.write_text(json.dumps(rows))
+
+
+def test_a_part_writer_writes_nothing_after_a_failed_write(tmp_path: Path) -> None:
+    """The command's Ctrl-C path writes what it holds: after a failure that had been a second write on a
+    full disk, whose error took the place of the first."""
+    fmt = _Rows()
+    writer = PartWriter(tmp_path, fmt, part_size=2)
+    for index in range(2):
+        writer.add({"index": index})
+    with pytest.raises(OSError, match="No space left"):
+        for index in range(2, 4):
+            writer.add({"index": index})
+    assert isinstance(writer.failed, OSError) and writer.failed.errno == errno.ENOSPC
+    writer.add({"index": 4})
+    writer.add({"index": 5})
+    writer.flush()
+    assert len(fmt.written) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["part-000000.rows"]
 
 
 def _corpus(path: Path) -> Path:

@@ -367,6 +367,51 @@ def test_the_merge_streams_windows_of_parts_in_any_order(
     assert embed_state.output_settings(tmp_path / "out.parquet") == {"k": 1}
 
 
+def test_the_merge_reads_a_part_of_many_windows_a_window_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A finished output of a smaller --limit is one part of the run that goes on from it: read whole for
+    each window it meets, a merge of N rows took N / 16,384 reads of the whole output."""
+    import pyarrow as pa
+
+    from service.commands import embed_state
+    from service.commands.embed import _schema
+
+    schema = _schema(4, [])
+    parts = tmp_path / "out.parquet.parts"
+    parts.mkdir()
+    monkeypatch.setattr(embed_state, "MERGE_WINDOW_ROWS", 4)
+    rows = [{"index": i, "id": f"p{i}", "embedding": [float(i)] * 4} for i in range(22)]
+    for number, (start, end) in enumerate([(0, 10), (10, 22)]):
+        pq.write_table(
+            pa.Table.from_pylist(rows[start:end], schema=schema), parts / f"part-{number:06d}.parquet"
+        )
+    # The earlier output: merged from its own parts, in windows, then taken as a part.
+    embed_state.merge(parts, tmp_path / "earlier.parquet", schema, 22, {"limit": 22})
+    for part in parts.iterdir():
+        part.unlink()
+    os.link(tmp_path / "earlier.parquet", parts / "part-000000.parquet")
+    pq.write_table(
+        pa.Table.from_pylist([{**row, "index": i + 22} for i, row in enumerate(rows[:3])], schema=schema),
+        parts / "part-000001.parquet",
+    )
+    read_table, read = pq.read_table, []
+
+    def counted(*args: Any, **kwargs: Any) -> pa.Table:
+        table = read_table(*args, **kwargs)
+        if "columns" not in kwargs:  # rows, not the index column the check reads first
+            read.append(table.num_rows)
+        return table
+
+    monkeypatch.setattr(pq, "read_table", counted)
+    assert embed_state.merge(parts, tmp_path / "out.parquet", schema, 25, {"limit": None}) == 25
+    monkeypatch.undo()
+    assert max(read) <= 4 and sum(read) == 25, read
+    merged = pq.read_table(tmp_path / "out.parquet")
+    assert merged["index"].to_pylist() == list(range(25))
+    assert merged["id"].to_pylist() == [f"p{i}" for i in range(22)] + ["p0", "p1", "p2"]
+
+
 def test_resume_with_another_checkpoint_or_dtype_is_refused(
     tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,0 +1,182 @@
+"""`htmllm embed`: settings a resume (or a finished output) must share with the run that goes on from it,
+and the one that may grow: the preprocessing pool is pinned, a larger --limit goes on from a smaller."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from service.cli import main
+from service.commands import embed as embed_command
+from service.engine import Document, DocumentResult, Engine
+from tests.factories.checkpoint import build_tiny_checkpoint
+from tests.factories.cli import write_pages
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("embed") / "tiny")
+
+
+def _args(checkpoint: Path, source: Path, output: Path, *options: str) -> list[str]:
+    return ["embed", "--checkpoint", str(checkpoint), "--input", str(source), "--output", str(output),
+            "--no-progress", "--workers", "1", "--part-size", "1", *options]  # fmt: skip
+
+
+def _stop_before_merge(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
+    """Run until every part is written and stop as a kill before the merge would (Ctrl-C there)."""
+
+    def interrupted(*_: object) -> int:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(embed_command, "merge", interrupted)
+        assert main(args) == 130
+
+
+def _not_loaded(*_: object, **__: object) -> object:
+    raise AssertionError("the model was loaded for a run that is refused")
+
+
+def _settings(output: Path) -> dict[str, Any]:
+    settings: dict[str, Any] = json.loads(pq.read_schema(output).metadata[b"htmllm.run"])
+    return settings
+
+
+def test_a_resume_or_finished_output_of_the_other_preprocessing_pool_is_refused(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Processes make a page past 20 s or 1024 MiB an error row, threads embed it: a resume with the
+    other pool had mixed both answers in one output, and a finished output passed for complete."""
+    write_pages(tmp_path / "pages.jsonl", 2)
+    out = tmp_path / "out.parquet"
+    thread = _args(checkpoint, tmp_path / "pages.jsonl", out, "--preprocess-pool", "thread")
+    process = _args(checkpoint, tmp_path / "pages.jsonl", out, "--preprocess-pool", "process")
+    _stop_before_merge(monkeypatch, thread)
+    capsys.readouterr()
+    with monkeypatch.context() as patch:
+        patch.setattr(Engine, "from_checkpoint", _not_loaded)
+        assert main(process) == 1
+    assert "holds a run with other settings (preprocess_pool thread -> process); delete it" in (
+        capsys.readouterr().err
+    )
+    assert main(thread) == 0
+    assert _settings(out)["preprocess_pool"] == "thread"
+    capsys.readouterr()
+    with monkeypatch.context() as patch:
+        patch.setattr(Engine, "from_checkpoint", _not_loaded)
+        assert main(process) == 1
+        assert "written with other settings (preprocess_pool thread -> process); pass --overwrite" in (
+            capsys.readouterr().err
+        )
+        # An older htmllm's output, which did not record the pool: another version's, as for the
+        # pruner's version (whichever pool made its rows).
+        table = pq.read_table(out)
+        metadata = dict(table.schema.metadata)
+        settings = json.loads(metadata[b"htmllm.run"])
+        del settings["preprocess_pool"]
+        metadata[b"htmllm.run"] = json.dumps(settings, sort_keys=True).encode()
+        pq.write_table(table.replace_schema_metadata(metadata), out)
+        assert main(thread) == 1
+        assert "(preprocess_pool unset -> thread; written by an older htmllm); pass --overwrite" in (
+            capsys.readouterr().err
+        )
+
+
+def _counting_embed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The ids of the pages embedded from now on."""
+    embed, ids = Engine.embed, []
+
+    async def counted(self: Engine, docs: list[Document], **kw: Any) -> list[DocumentResult]:
+        ids.extend(str(doc.id) for doc in docs)
+        return await embed(self, docs, **kw)
+
+    monkeypatch.setattr(Engine, "embed", counted)
+    return ids
+
+
+def test_a_larger_limit_or_none_goes_on_from_a_finished_output_of_a_smaller_one(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ "Try 1000 pages, then all": the second run was refused ("limit 1000 -> none") and --overwrite
+    embedded the first 1000 again. Their rows are kept, the rest embedded; a smaller limit is refused."""
+    n = 8
+    write_pages(tmp_path / "pages.jsonl", n)
+    out = tmp_path / "out.parquet"
+    args = _args(checkpoint, tmp_path / "pages.jsonl", out, "--preprocess-pool", "thread")
+    assert main([*args, "--limit", "3"]) == 0
+    first = pq.read_table(out)
+    capsys.readouterr()
+    embedded = _counting_embed(monkeypatch)
+    assert main([*args, "--limit", "6"]) == 0
+    assert embedded == ["p3", "p4", "p5"]
+    assert capsys.readouterr().err == (
+        f"htmllm embed: {out} holds the first 3 documents (a smaller --limit): they are kept\n"
+        f"wrote 6 documents to {out}: 3 resumed from earlier runs, 3 embedded this run (0 failed)\n"
+    )
+    table = pq.read_table(out)
+    assert table["id"].to_pylist() == [f"p{i}" for i in range(6)]
+    assert table.slice(0, 3).equals(first.replace_schema_metadata(table.schema.metadata))
+    assert _settings(out)["limit"] == 6
+
+    assert main(args) == 0  # no limit: the rest of the input
+    assert embedded == ["p3", "p4", "p5", "p6", "p7"]
+    assert capsys.readouterr().err.endswith("6 resumed from earlier runs, 2 embedded this run (0 failed)\n")
+    assert pq.read_table(out)["index"].to_pylist() == list(range(n)) and _settings(out)["limit"] is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.parquet", "pages.jsonl"]
+
+    assert main([*args, "--limit", "4"]) == 1  # its rows past 4 would stay: refused, as it was
+    assert "was written with other settings (limit none -> 4); pass --overwrite" in capsys.readouterr().err
+    assert main([*args, "--limit", "4", "--overwrite"]) == 0
+    assert embedded[5:] == ["p0", "p1", "p2", "p3"]  # --overwrite starts over
+    assert main([*args, "--limit", "6", "--overwrite"]) == 0
+    assert embedded[9:] == [f"p{i}" for i in range(6)]  # from a smaller limit too
+    assert "0 resumed from earlier runs, 6 embedded this run" in capsys.readouterr().err
+
+
+def test_an_interrupted_run_of_a_smaller_limit_goes_on_under_a_larger_one(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_pages(tmp_path / "pages.jsonl", 8)
+    out = tmp_path / "out.parquet"
+    args = _args(checkpoint, tmp_path / "pages.jsonl", out, "--preprocess-pool", "thread")
+    _stop_before_merge(monkeypatch, [*args, "--limit", "3"])
+    capsys.readouterr()
+    embedded = _counting_embed(monkeypatch)
+    _stop_before_merge(monkeypatch, [*args, "--limit", "5"])
+    assert embedded == ["p3", "p4"]
+    assert main([*args, "--limit", "4"]) == 1
+    assert "holds a run with other settings (limit 5 -> 4); delete it, or pass --overwrite" in (
+        capsys.readouterr().err
+    )
+    assert main(args) == 0
+    assert embedded == ["p3", "p4", "p5", "p6", "p7"]
+    assert capsys.readouterr().err.endswith("5 resumed from earlier runs, 3 embedded this run (0 failed)\n")
+    assert pq.read_table(out)["id"].to_pylist() == [f"p{i}" for i in range(8)]
+
+
+def test_a_run_that_kept_a_smaller_output_and_was_stopped_keeps_it_once(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped before its merge, the run holds the finished output as a part (a hard link): its resume
+    must not take the output again, which would hold each of its documents twice."""
+    write_pages(tmp_path / "pages.jsonl", 6)
+    out = tmp_path / "out.parquet"
+    args = _args(checkpoint, tmp_path / "pages.jsonl", out, "--preprocess-pool", "thread")
+    assert main([*args, "--limit", "3"]) == 0
+    capsys.readouterr()
+    embedded = _counting_embed(monkeypatch)
+    _stop_before_merge(monkeypatch, args)
+    assert embedded == ["p3", "p4", "p5"]
+    assert pq.read_table(out).num_rows == 3  # the output is as it was until the merge
+    capsys.readouterr()
+    assert main(args) == 0
+    assert embedded == ["p3", "p4", "p5"]
+    assert capsys.readouterr().err == (
+        f"wrote 6 documents to {out}: 6 resumed from earlier runs, 0 embedded this run (0 failed)\n"
+    )
+    assert pq.read_table(out)["id"].to_pylist() == [f"p{i}" for i in range(6)]
