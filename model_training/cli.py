@@ -11,6 +11,7 @@ embedding cache, a data preparation nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib
 import os
@@ -65,8 +66,9 @@ def commands(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParse
 
 
 def interruptible(prog: str, func: Command, kept: Kept) -> Command:
-    """`func` with Ctrl-C and SIGTERM ending it in one line on stderr, `<prog>: interrupted; <kept>`
-    (`terminated (SIGTERM)` for SIGTERM), and the shell's status for the signal: 130 or 143.
+    """`func` with Ctrl-C, SIGTERM and SIGHUP ending it in one line on stderr, `<prog>: interrupted;
+    <kept>` (`terminated (SIGTERM)`, `hung up (SIGHUP)`), and the shell's status for the signal: 130, 143
+    or 129. The line is not written where it cannot be (a terminal hung up: EIO), and the status stands.
 
     Under torchrun every worker gets the signal: only rank 0 (`RANK`, torchrun's global rank) says the
     line, which would otherwise be printed once per process, interleaved."""
@@ -79,7 +81,8 @@ def interruptible(prog: str, func: Command, kept: Kept) -> Command:
             except KeyboardInterrupt:
                 pass
         if os.environ.get("RANK", "0").strip() in ("0", ""):
-            print(f"{prog}: {termination.how}; {kept(args)}", file=sys.stderr)
+            with contextlib.suppress(OSError):  # a hung-up terminal: the status still says what happened
+                print(f"{prog}: {termination.how}; {kept(args)}", file=sys.stderr)
         return termination.status
 
     return run

@@ -27,7 +27,7 @@ extracts again and replaces it, as it always did (known by its first row, see be
 
 The input is opened before the output is touched: a typo in `--input`, a crash or a Ctrl-C leaves an
 existing output as it was. Ctrl-C stops at once (queued pages cancelled, busy workers killed) with exit
-code 130; SIGTERM the same way with 143 (`sigterm_as_ctrl_c`), keeping the rows held up to the first
+code 130; SIGTERM the same way with 143 and SIGHUP with 129 (`sigterm_as_ctrl_c`), keeping the rows held up to the first
 that records a failure (a worker killed by the same SIGTERM fails a page not for its own sake). An
 output that is the input (or the input directory's manifest) is refused, since the run would replace
 what it reads, and so is a page file of the input (one a directory's listing holds, or a manifest's or
@@ -43,6 +43,7 @@ a run cannot be resumed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -611,6 +612,20 @@ def _summary(args: argparse.Namespace, pages: int, errors: int, passed: int) -> 
     return summary
 
 
+def _say_interrupted(args: argparse.Namespace, how: str, target: Path | None, in_place: bool) -> None:
+    """The one line of an interrupted run: what was left as it was, and where the finished rows are."""
+    if target is None:
+        print(f"htmllm extract: {how}", file=sys.stderr)
+    elif not in_place and parts_dir(target).exists():
+        print(
+            f"htmllm extract: {how}; {args.output} was left as it was; what was finished is kept "
+            f"in {parts_dir(target)}: run the same command again to go on",
+            file=sys.stderr,
+        )
+    else:
+        print(f"htmllm extract: {how}; {args.output} was left as it was", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     from service.core.extract import (
         ExtractionOptionsError,
@@ -663,16 +678,8 @@ def run(args: argparse.Namespace) -> int:
                 summary = _resumable(args, target, pages, workers, termination, deferred)
     except KeyboardInterrupt:
         how = termination.how
-        if target is None:
-            print(f"htmllm extract: {how}", file=sys.stderr)
-        elif not in_place and parts_dir(target).exists():
-            print(
-                f"htmllm extract: {how}; {args.output} was left as it was; what was finished is kept "
-                f"in {parts_dir(target)}: run the same command again to go on",
-                file=sys.stderr,
-            )
-        else:
-            print(f"htmllm extract: {how}; {args.output} was left as it was", file=sys.stderr)
+        with contextlib.suppress(OSError):  # a hung-up terminal (SIGHUP: EIO): the status still says it
+            _say_interrupted(args, how, target, in_place)
         return termination.status
     except OutputRefused as exc:  # a usage error, as `--limit 0` is
         print(f"htmllm extract: {exc.code}: {exc}", file=sys.stderr)

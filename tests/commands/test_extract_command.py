@@ -7,6 +7,7 @@ import gzip
 import json
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -218,6 +219,34 @@ def test_ctrl_c_stops_at_once_and_leaves_the_output_as_it_was(
     assert capsys.readouterr().err == f"htmllm extract: interrupted; {output} was left as it was\n"
     assert output.read_text() == OLD
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl"]
+
+
+class _HungUpTerminal:
+    """stderr of a terminal that is gone (SIGHUP): every write is EIO."""
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EIO, "Input/output error")
+
+    def flush(self) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+
+def test_an_interrupt_whose_line_the_terminal_cannot_take_keeps_its_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hung-up terminal refuses the interrupt line: it had ended in an OSError traceback and status 1,
+    where the interrupt's own status (130) says what happened."""
+    import service.commands.extract as command
+
+    def interrupted(*_: object) -> str:
+        raise KeyboardInterrupt
+
+    write_pages(tmp_path / "pages.jsonl", 2)
+    monkeypatch.setattr(command, "_stream", interrupted)
+    monkeypatch.setattr(sys, "stderr", _HungUpTerminal())
+    assert (
+        main(["extract", "--input", str(tmp_path / "pages.jsonl"), "--output", "-", "--no-progress"]) == 130
+    )
 
 
 def _args(source: Path, output: Path | str, *options: str) -> list[str]:

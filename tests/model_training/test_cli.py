@@ -39,6 +39,34 @@ def test_an_interrupted_command_says_what_it_kept_in_one_line(
     assert capsys.readouterr().err.splitlines() == [f"htmllm thing do: {how}; kept x: run it again"]
 
 
+def _hung_up(args: argparse.Namespace) -> int:
+    signal.raise_signal(signal.SIGHUP)  # the terminal or SSH session closed
+    return 0
+
+
+class _HungUpTerminal:
+    """stderr of a terminal that is gone: every write is EIO."""
+
+    def write(self, text: str) -> int:
+        raise OSError(5, "Input/output error")
+
+    def flush(self) -> None:
+        raise OSError(5, "Input/output error")
+
+
+def test_a_hang_up_ends_the_command_as_sigterm_does_with_129(capsys: pytest.CaptureFixture[str]) -> None:
+    run = cli.interruptible("htmllm thing do", _hung_up, lambda args: f"kept {args.out}: run it again")
+    assert run(argparse.Namespace(out="x")) == 129
+    assert capsys.readouterr().err.splitlines() == ["htmllm thing do: hung up (SIGHUP); kept x: run it again"]
+
+
+def test_a_line_the_hung_up_terminal_cannot_take_leaves_the_status(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Printing the line to a terminal that hung up raised EIO: a traceback and status 1 in place of 129."""
+    monkeypatch.setattr(sys, "stderr", _HungUpTerminal())
+    run = cli.interruptible("htmllm thing do", _hung_up, lambda args: "kept")
+    assert run(argparse.Namespace()) == 129
+
+
 def test_under_torchrun_only_rank_0_says_what_was_kept(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
