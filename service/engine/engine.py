@@ -5,7 +5,8 @@ loop), hands the token ids to the batcher (the one owner of the queue) and await
 of a batch. The HTTP service, the bulk `htmllm embed` command and evaluation all use this class.
 
 Lifecycle: `start()` inside a running event loop (or `async with engine`), `stop(drain=True)` refuses new
-work with `ShuttingDownError` and returns once every accepted document has been answered. An engine
+work with `ShuttingDownError` and returns once every accepted document has been answered, `close()`
+releases the backend for good (on an engine still running: `stop(drain=False)` first). An engine
 serves the loop that started it; once that loop is closed, `stop()` or `start()` on another discards
 what it left (`Engine._leave_ended_loop`).
 """
@@ -13,7 +14,10 @@ what it left (`Engine._leave_ended_loop`).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+import math
+import numbers
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -33,7 +37,7 @@ from service.engine.admission import DrainRate
 from service.engine.batcher import Batcher, OutputShapes
 from service.engine.collector import cancel_and_forget
 from service.engine.failures import PAGE_FAILURES, for_copy, naming_failures
-from service.engine.loading import build_runner
+from service.engine.loading import build_runner, check_device
 from service.engine.preprocessing import Preprocessing
 from service.engine.progress import (
     AWAITING_COPY,
@@ -54,6 +58,7 @@ from service.engine.types import (
     DocumentResult,
     EngineConfig,
     EngineObserver,
+    InvalidDocumentError,
     ModelInfo,
     NotReadyError,
     OverloadedError,
@@ -68,6 +73,12 @@ from service.engine.types import (
 
 logger = logging.getLogger(__name__)
 
+# A `deadline` further ahead than this is no deadline an embedding call means: it is a `time.time()`
+# (about 1.7e9, wall clock) where a `time.monotonic()` (seconds since boot) was wanted, which had been
+# taken and never expired. A year, far past any request timeout a server is given (HTMLLM_REQUEST_TIMEOUT_S
+# has no upper bound: at a day, one of more than a day would have refused every request).
+MAX_DEADLINE_AHEAD_S = 365 * 86_400.0
+
 
 def _forget_failed_row(track: Progress) -> None:
     """Drop a document's row future once it failed: the future keeps the error, whose traceback keeps
@@ -76,6 +87,36 @@ def _forget_failed_row(track: Progress) -> None:
     future = track.future
     if future is not None and future.done() and not future.cancelled() and future.exception() is not None:
         track.future = None
+
+
+def _checked_deadline(deadline: object, now: float) -> float | None:
+    """`deadline` as a float, or None; InvalidDocumentError (validation_error, as for the documents) for
+    one that is no number (`"5"` had been a bare TypeError), NaN, or more than MAX_DEADLINE_AHEAD_S past
+    `now` (a `time.monotonic()` value)."""
+    if deadline is None:
+        return None
+    if isinstance(deadline, bool) or not isinstance(deadline, numbers.Real):
+        raise InvalidDocumentError(
+            f"deadline is a time.monotonic() value (time.monotonic() + seconds) or None, "
+            f"not {type(deadline).__name__}"
+        )
+    value = float(deadline)
+    if math.isnan(value):
+        raise InvalidDocumentError("deadline is NaN; give time.monotonic() + seconds, or None")
+    if value - now > MAX_DEADLINE_AHEAD_S:
+        raise InvalidDocumentError(
+            f"deadline is {value - now:.0f} s from now, more than a year: it is a time.monotonic() value "
+            "(time.monotonic() + seconds), not a time.time() one; None for no deadline"
+        )
+    return value
+
+
+def _log_release_failure(
+    future: asyncio.Future[None] | concurrent.futures.Future[None],
+) -> None:
+    """Done callback of the release that `Engine.close` began: its failure, logged (nobody may await it)."""
+    if not future.cancelled() and (error := future.exception()) is not None:
+        logger.error("closing the engine failed", exc_info=error)
 
 
 def _failure_code(task: asyncio.Future[DocumentResult], late: ErrorCode | None) -> ErrorCode | None:
@@ -137,6 +178,9 @@ class Engine:
         self._last_health = BackendHealth()  # health while no batcher runs (before start, after stop)
         self._accepting = False
         self._closed = False
+        # The stop and release that `close` began on an engine still running (`_stop_and_release`):
+        # a task on the engine's loop, or a future of it when closed from another thread.
+        self._releasing: asyncio.Future[None] | concurrent.futures.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop `start` ran on
         self._in_flight = 0
         self._idle: asyncio.Event | None = None
@@ -156,8 +200,14 @@ class Engine:
         *,
         observer: EngineObserver | None = None,
     ) -> Engine:
-        """Load a checkpoint for `config.backend` (the onnx backend exports model.onnx when missing)."""
+        """Load a checkpoint for `config.backend` (the onnx backend exports model.onnx when missing).
+
+        ValueError first, before anything loads, for what this machine cannot run (`check_device`:
+        CUDA where there is none, flash_attention_2 on a CPU): the same error whatever the backend and
+        wherever the model runs (it had been a ValueError after the load in this process, a BackendError
+        after an ONNX export, and from an inference process a `checkpoint_invalid` seconds later)."""
         config = config or EngineConfig()
+        check_device(config)
         runner, meta, tokenizer = build_runner(Path(path), config)
         return cls(runner, tokenizer, meta, config, observer=observer)
 
@@ -217,6 +267,9 @@ class Engine:
             await asyncio.shield(self._closing_pools)
             self._closing_pools = None
         await self._preprocessing.start()
+        if self._closed:  # `close` came during the awaits above: its runner is released, build nothing on it
+            await self._preprocessing.close()
+            raise ShuttingDownError("the engine has been closed; load a new one")
         self._batcher = Batcher(
             self._runner,
             max_batch_tokens=self.config.max_batch_tokens,
@@ -234,7 +287,13 @@ class Engine:
 
     async def stop(self, *, drain: bool = True) -> None:
         """Stop accepting; with `drain`, answer every accepted document first, else fail them at once
-        with ShuttingDownError (a page stuck in a preprocessing thread included: the thread runs on)."""
+        with ShuttingDownError (a page stuck in a preprocessing thread included: the thread runs on).
+        After a `close()` of the running engine it returns once that close has released the backend."""
+        await self._stop(drain=drain)
+        await self._released()
+
+    async def _stop(self, *, drain: bool) -> None:
+        """`stop`, but for the wait for `close`'s release (which runs this itself)."""
         # Under `_lifecycle`, but for the drain: a start under way finishes first (its pools are then ours
         # to close), and a start during the teardown waits for it, then starts anew. Holding the lock only
         # on the way in, a start between the batcher's close and the pools' had built pools and a batcher
@@ -275,12 +334,62 @@ class Engine:
                     idle.set()
 
     def close(self) -> None:
-        """Release the backend (after `stop`); idempotent. The engine takes no documents after it."""
+        """Release the backend for good; idempotent. After it the engine refuses documents, `start`,
+        `probe` and `warmup` with ShuttingDownError.
+
+        On an engine still running (started and not stopped) it is `stop(drain=False)` first: what is in
+        flight fails at once with ShuttingDownError, as in any stop without drain, and the backend is
+        released once that stop is done (a task on the engine's loop; `await engine.stop()` waits for
+        it). Drain first with `await engine.stop()` to answer them. The backend had been released under
+        the running batcher: an onnx engine failed the calls in flight as backend failures (its health
+        then said unhealthy), and a model process was started again by the next pass and never closed.
+        """
         self._accepting = False
         if self._closed:
             return
         self._closed = True
-        self._runner.close()
+        loop = self._loop
+        if self._batcher is None or loop is None or loop.is_closed():
+            # Nothing can queue a pass any more (stopped, never started, or the loop that ran it ended):
+            # a pass still on the inference thread ends first (the runner's close waits, or lets it end).
+            self._runner.close()
+            return
+        release = self._stop_and_release()
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        releasing: asyncio.Future[None] | concurrent.futures.Future[None]
+        if running is None and not loop.is_running():  # between `run_until_complete`s: done here and now
+            loop.run_until_complete(release)
+            return
+        if loop.is_running() and running is not loop:  # closed from another thread
+            releasing = asyncio.run_coroutine_threadsafe(release, loop)
+        else:  # on the engine's loop (or on another while the engine's is idle: it runs there next)
+            releasing = loop.create_task(release, name="htmllm-engine-close")
+        releasing.add_done_callback(_log_release_failure)
+        self._releasing = releasing
+
+    async def _stop_and_release(self) -> None:
+        """What `close` does to an engine still running: stop without drain, then release the runner
+        (off the loop: an inference process is joined)."""
+        try:
+            await self._stop(drain=False)
+        finally:
+            await asyncio.to_thread(self._runner.close)
+
+    async def _released(self) -> None:
+        """Until the release that `close` began on a running engine is done (at once when there is none,
+        or when it belongs to a loop that has ended). Its failure is logged, not raised here."""
+        releasing = self._releasing
+        if releasing is None or releasing.done():
+            return
+        if isinstance(releasing, asyncio.Future):
+            if releasing.get_loop() is not asyncio.get_running_loop():
+                return
+            await asyncio.wait([releasing])
+        else:
+            await asyncio.wait([asyncio.wrap_future(releasing)])
 
     def _check_loop(self) -> None:
         """WrongEventLoopError unless called on the loop the engine was started on."""
@@ -391,11 +500,16 @@ class Engine:
         finally:
             self._release(1)
 
+    def _require_open(self) -> None:
+        """ShuttingDownError once `close` was called: a probe or warm-up then had run on the released
+        backend (and started a new inference process, which nobody closed)."""
+        if self._closed:
+            raise ShuttingDownError("the engine has been closed")
+
     def _require_accepting(self) -> ThreadPoolExecutor:
         """The thread pool, while the engine takes new documents (NotReady before start, ShuttingDown
         once `stop` began)."""
-        if self._closed:
-            raise ShuttingDownError("the engine has been closed")
+        self._require_open()
         if not self._accepting:
             self._require_started()
             raise ShuttingDownError("the engine is shutting down and accepts no new documents")
@@ -494,6 +608,11 @@ class Engine:
         called = time.monotonic()
         pool = self._require_accepting()
         head_names = self.resolve_heads(heads)
+        deadline = _checked_deadline(deadline, called)
+        for name, flag in (("normalize", normalize), ("truncate", truncate)):
+            if not isinstance(flag, bool) and not (name == "truncate" and flag is None):
+                # `truncate="no"` had been taken as true: any non-empty string is
+                raise InvalidDocumentError(f"{name} is a bool, not {type(flag).__name__} ({flag!r:.40})")
         documents = as_documents(docs)
         if not documents:
             return []
@@ -728,14 +847,18 @@ class Engine:
     async def probe(self) -> None:
         """One three-token forward pass outside the queue, which updates `health`: how a server that no
         traffic reaches any more (unready after failures) learns that its backend works again, and, with
-        the model in a child process, what starts a dead child anew. BackendError when it fails."""
+        the model in a child process, what starts a dead child anew. BackendError when it fails;
+        ShuttingDownError once stopped or closed."""
+        self._require_open()
         self._require_started()
         assert self._batcher is not None
         special = self._tokenizer.special_ids
         await self._batcher.run_direct([[special.cls, special.unk, special.sep]])
 
     async def warmup(self) -> None:
-        """One full-size batch of full-length documents, outside the queue (allocations, kernel choice)."""
+        """One full-size batch of full-length documents, outside the queue (allocations, kernel choice);
+        ShuttingDownError once stopped or closed."""
+        self._require_open()
         self._require_started()
         assert self._batcher is not None
         length = self._max_length

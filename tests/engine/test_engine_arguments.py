@@ -8,8 +8,12 @@
 from __future__ import annotations
 
 import logging
+import re
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from service.core.errors import ErrorCode, HtmllmError
@@ -85,3 +89,46 @@ async def test_a_head_name_that_is_not_a_str_is_an_unknown_head(tiny_checkpoint:
         with pytest.raises(UnknownHeadError) as info:
             await engine.embed([PAGE], heads=[1])  # type: ignore[list-item]
         assert info.value.code is ErrorCode.UNKNOWN_HEAD
+
+
+@pytest.mark.parametrize(
+    ("deadline", "said"),
+    [
+        (lambda: "5", "not str"),
+        (lambda: True, "not bool"),
+        (lambda: float("nan"), "NaN"),
+        (lambda: float("inf"), "more than a year"),
+        (lambda: time.time() + 5, "not a time.time() one"),  # the wall clock, not time.monotonic()
+        (lambda: time.monotonic() + 2 * 365 * 86_400, "more than a year"),
+    ],
+)
+async def test_a_deadline_that_is_no_monotonic_time_is_a_validation_error(
+    tiny_checkpoint: Path, deadline: Callable[[], object], said: str
+) -> None:
+    """`"5"` had been a bare TypeError, and `time.time() + 5` (the wall clock) was taken and never
+    expired."""
+    async with Engine.from_checkpoint(tiny_checkpoint, EngineConfig(preprocess_workers=1)) as engine:
+        for call in (engine.embed, engine.embed_settled):
+            with pytest.raises(InvalidDocumentError, match=re.escape(said)) as refused:
+                await call([PAGE], deadline=deadline())  # type: ignore[arg-type]
+            assert refused.value.code is ErrorCode.VALIDATION
+            assert "time.monotonic()" in str(refused.value)
+        assert engine.queue_size == 0
+
+
+async def test_normalize_and_truncate_that_are_no_bools_are_validation_errors(tiny_checkpoint: Path) -> None:
+    """`truncate="no"` had been taken as true (a non-empty string), and a 10,000-token page truncated."""
+    async with Engine.from_checkpoint(tiny_checkpoint, EngineConfig(preprocess_workers=1)) as engine:
+        for options in ({"truncate": "no"}, {"normalize": "false"}, {"normalize": None}, {"truncate": 0}):
+            with pytest.raises(InvalidDocumentError, match="is a bool, not") as refused:
+                await engine.embed([PAGE], **options)  # type: ignore[arg-type]
+            assert refused.value.code is ErrorCode.VALIDATION
+        assert len(await engine.embed([PAGE], truncate=None, normalize=False)) == 1
+        assert engine.queue_size == 0
+
+
+async def test_a_deadline_of_any_real_number_type_is_taken(tiny_checkpoint: Path) -> None:
+    async with Engine.from_checkpoint(tiny_checkpoint, EngineConfig(preprocess_workers=1)) as engine:
+        ahead = time.monotonic() + 60
+        for deadline in (int(ahead), np.float64(ahead), ahead):
+            assert len(await engine.embed([PAGE], deadline=deadline)) == 1  # type: ignore[arg-type]

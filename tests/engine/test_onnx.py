@@ -26,6 +26,7 @@ from service.engine.onnx_export import (
 )
 from service.engine.runners.onnx import OnnxRunner
 from service.engine.runners.torch import TorchRunner
+from service.engine.types import ShuttingDownError
 from tests.factories.pages import make_pages
 
 pytestmark = pytest.mark.slow  # one export takes ~10 s on a busy 2-core box
@@ -66,6 +67,18 @@ def test_onnx_threads_are_chosen_like_torch_threads(exported: Path, monkeypatch:
     assert runner._session.get_session_options().intra_op_num_threads == 1
     set_here = OnnxRunner(exported / "model.onnx", pad_id=0, head_names=heads, intra_op_threads=2)
     assert set_here._session.get_session_options().intra_op_num_threads == 2
+
+
+def test_a_closed_runner_refuses_a_pass_as_shutting_down(exported: Path) -> None:
+    """Its session had been dropped as an attribute: a pass after the close (a call accepted before an
+    engine's close) failed as a BackendError "no attribute '_session'", which counted against health."""
+    runner = OnnxRunner(exported / "model.onnx", pad_id=0, head_names=["page_type", "quality"])
+    docs = [[2, 7, 8, 3]]
+    assert runner.run(runner.prepare(docs)).embeddings.shape[0] == 1
+    runner.close()
+    with pytest.raises(ShuttingDownError, match="closed"):
+        runner.run(runner.prepare(docs))
+    runner.close()  # again: nothing to do
 
 
 async def test_engine_on_onnx_matches_engine_on_torch(exported: Path) -> None:

@@ -19,13 +19,19 @@ import numpy as np
 import pytest
 
 from service.core.checkpoint import load_checkpoint, read_meta, save_heads
-from service.core.errors import ErrorCode, HtmllmError
+from service.core.errors import CheckpointError, ErrorCode, HtmllmError
 from service.core.modeling import HeadSpec, TaskHead
 from service.engine.engine import Engine
 from service.engine.loading import build_runner
-from service.engine.runners.process import InferenceProcessError, ProcessRunner
+from service.engine.runners import process as process_module
+from service.engine.runners.process import (
+    InferenceConfigurationError,
+    InferenceProcessError,
+    ProcessRunner,
+    load_failure_code,
+)
 from service.engine.runners.torch import TorchRunner
-from service.engine.types import EngineConfig
+from service.engine.types import EngineConfig, ShuttingDownError
 from tests.factories.pages import make_pages
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -363,3 +369,78 @@ def test_a_first_child_that_loaded_other_heads_than_this_process_read_is_refused
         ProcessRunner(tiny_checkpoint, EngineConfig(intra_op_threads=1), expected=read)
     assert refused.value.code is ErrorCode.BACKEND_FAILED
     assert [c for c in multiprocessing.active_children() if c.pid not in known] == []
+
+
+def _new_children(known: set[int | None]) -> list[multiprocessing.process.BaseProcess]:
+    return [child for child in multiprocessing.active_children() if child.pid not in known]
+
+
+def test_a_closed_runner_refuses_passes_and_starts_no_child(tiny_checkpoint: Path) -> None:
+    """The next pass after `close` had started the child again ("restart 1"): a model process that
+    nobody closed until the interpreter exited."""
+    known = {child.pid for child in multiprocessing.active_children()}
+    runner = ProcessRunner(tiny_checkpoint, EngineConfig(intra_op_threads=1))
+    docs = _docs(100, [5, 8])
+    runner.run(runner.prepare(docs))
+    runner.close()
+    with pytest.raises(ShuttingDownError, match="closed") as refused:
+        runner.run(runner.prepare(docs))
+    assert refused.value.code is ErrorCode.SHUTTING_DOWN
+    assert runner.restarts == 0 and runner._process is None and _new_children(known) == []
+    runner.close()  # again: nothing to do
+
+
+async def test_closing_a_running_engine_leaves_no_model_process(tiny_checkpoint: Path) -> None:
+    """close() with calls in flight, then probe: the child was killed at the close, and the probe (or
+    the next batch) started a new one, alive after stop() and a second close()."""
+    known = {child.pid for child in multiprocessing.active_children()}
+    config = EngineConfig(inference_process=True, intra_op_threads=1, preprocess_workers=1)
+    engine = Engine.from_checkpoint(tiny_checkpoint, config)
+    await engine.start()
+    await engine.embed(make_pages(1))
+    calls = [asyncio.ensure_future(engine.embed(make_pages(2, seed=seed))) for seed in range(6)]
+    await asyncio.sleep(0)
+    engine.close()
+    with pytest.raises(ShuttingDownError):
+        await engine.probe()
+    outcomes = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 60)
+    assert all(isinstance(o, list | ShuttingDownError) for o in outcomes), outcomes
+    await asyncio.wait_for(engine.stop(), 60)
+    runner = engine._runner
+    assert isinstance(runner, ProcessRunner) and runner.restarts == 0
+    assert engine.health.failures == 0 and _new_children(known) == []
+
+
+def test_what_this_machine_cannot_run_is_refused_before_any_child(tiny_checkpoint: Path) -> None:
+    """The same ValueError as in process, at once: the child had refused it seconds later, as a
+    `checkpoint_invalid` it could not load."""
+    known = {child.pid for child in multiprocessing.active_children()}
+    with pytest.raises(ValueError, match="flash_attention_2 needs CUDA") as refused:
+        ProcessRunner(tiny_checkpoint, EngineConfig(attn_implementation="flash_attention_2"))
+    assert type(refused.value) is ValueError and _new_children(known) == []
+
+
+def test_a_value_error_in_the_child_is_a_configuration_error(
+    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the parent's check does not foresee (here: the check skipped) and the child's runner refuses
+    with a ValueError: a ValueError as in process, typed `validation_error`, not `checkpoint_invalid`."""
+    monkeypatch.setattr(process_module, "check_device", lambda config: None)
+    with pytest.raises(InferenceConfigurationError, match="flash_attention_2 needs CUDA") as refused:
+        ProcessRunner(tiny_checkpoint, EngineConfig(attn_implementation="flash_attention_2"))
+    assert isinstance(refused.value, ValueError) and refused.value.code is ErrorCode.VALIDATION
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (CheckpointError("bad weights"), ErrorCode.CHECKPOINT_INVALID),
+        (ValueError("an attention this device cannot run"), ErrorCode.VALIDATION),
+        (RuntimeError("CUDA error: out of memory"), ErrorCode.BACKEND_FAILED),
+        (OSError("Input/output error"), ErrorCode.BACKEND_FAILED),
+    ],
+)
+def test_a_failed_load_in_the_child_keeps_what_kind_of_failure_it_was(
+    error: BaseException, code: ErrorCode
+) -> None:
+    assert load_failure_code(error) is code

@@ -62,7 +62,9 @@ class Runner(Protocol):
         ...
 
     def close(self) -> None:
-        """Release sessions and device memory."""
+        """Release sessions and device memory. Final: a `run` after it raises ShuttingDownError (never
+        an AttributeError, nor a model process started again), so that a pass queued behind the close
+        fails as the shutdown it is, not as a backend failure."""
         ...
 
 

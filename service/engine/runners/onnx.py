@@ -13,7 +13,7 @@ from service.core.cpus import intra_op_threads as choose_threads
 from service.core.quantization import NO_QUANTIZATION
 from service.engine.onnx_export import EMBEDDING_OUTPUT, HEAD_OUTPUT_PREFIX, INPUT_NAMES, QUANTIZATION_KEY
 from service.engine.runners import PreparedBatch, RunnerOutput, batch_cost, pad_batch
-from service.engine.types import BackendError
+from service.engine.types import BackendError, ShuttingDownError
 
 logger = logging.getLogger(__name__)
 
@@ -60,27 +60,26 @@ class OnnxRunner:
         # tokenization pool needs; they sleep instead.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
-            self._session = ort.InferenceSession(str(path), sess_options=options, providers=wanted)
+            session = ort.InferenceSession(str(path), sess_options=options, providers=wanted)
         except Exception as exc:  # onnxruntime raises its own untyped errors
             raise BackendError(f"onnxruntime cannot load {path}: {exc}") from exc
+        self._session: ort.InferenceSession | None = session  # None once closed
         # A provider listed as available may still fail to start (an onnxruntime-gpu built for another
         # CUDA or cuDNN than the machine's): onnxruntime then logs an error and runs the session on the
         # next provider, the CPU, while /info would say cuda. A server that asked for CUDA refuses that.
-        running = self._session.get_providers()
+        running = session.get_providers()
         if running[:1] != wanted[:1]:
             raise BackendError(
                 f"onnxruntime could not start {wanted[0]} for {path} (it runs on {running}); check that "
                 "onnxruntime-gpu matches this machine's CUDA and cuDNN versions"
             )
-        inputs = [i.name for i in self._session.get_inputs()]
-        outputs = [o.name for o in self._session.get_outputs()]
+        inputs = [i.name for i in session.get_inputs()]
+        outputs = [o.name for o in session.get_outputs()]
         expected = [EMBEDDING_OUTPUT, *(HEAD_OUTPUT_PREFIX + name for name in head_names)]
         if inputs != list(INPUT_NAMES) or sorted(outputs) != sorted(expected):
             raise BackendError(f"{path} has inputs {inputs} and outputs {outputs}; expected {expected}")
         self._outputs = expected
-        quantization = self._session.get_modelmeta().custom_metadata_map.get(
-            QUANTIZATION_KEY, NO_QUANTIZATION
-        )
+        quantization = session.get_modelmeta().custom_metadata_map.get(QUANTIZATION_KEY, NO_QUANTIZATION)
         self.dtype = "float32" if quantization == NO_QUANTIZATION else quantization  # what /info reports
         self.device = device
         self.pad_id = pad_id
@@ -98,8 +97,11 @@ class OnnxRunner:
         )
 
     def run(self, prepared: PreparedBatch) -> RunnerOutput:
+        session = self._session  # read once: a close on another thread leaves this pass its session
+        if session is None:
+            raise ShuttingDownError("the onnx runner has been closed")
         feeds = cast(dict[str, Any], prepared.payload)
-        values = self._session.run(self._outputs, feeds)
+        values = session.run(self._outputs, feeds)
         return RunnerOutput(
             embeddings=np.asarray(values[0], dtype=np.float32),
             scores={
@@ -112,4 +114,7 @@ class OnnxRunner:
         """A pass in this process cannot be stopped; it ends on its own."""
 
     def close(self) -> None:
-        self.__dict__.pop("_session", None)
+        """Drop the session; a later `run` raises ShuttingDownError (a pass in flight keeps its session
+        to the end). A dropped attribute had failed each later pass as a BackendError about `_session`,
+        which counted against the engine's health."""
+        self._session = None

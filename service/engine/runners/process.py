@@ -37,8 +37,9 @@ import numpy as np
 from service.core.checkpoint import CheckpointMeta
 from service.core.errors import ErrorCode, HtmllmError
 from service.engine.collector import prepare_for_serving
+from service.engine.loading import check_device
 from service.engine.runners import PreparedBatch, RunnerOutput, batch_cost
-from service.engine.types import EngineConfig
+from service.engine.types import EngineConfig, ShuttingDownError
 
 logger = logging.getLogger(__name__)
 
@@ -103,8 +104,7 @@ def _serve(conn: Connection, path: str, config: EngineConfig) -> None:
         fingerprint = checkpoint_fingerprint(path)
         runner, meta, _ = build_runner(Path(path), replace(config, inference_process=False))
     except BaseException as error:  # every failure goes back to the parent, as text and its code
-        code = error.code.value if isinstance(error, HtmllmError) else ErrorCode.CHECKPOINT_INVALID.value
-        conn.send(("error", (f"{type(error).__name__}: {error}", code)))
+        conn.send(("error", (f"{type(error).__name__}: {error}", load_failure_code(error).value)))
         return
     packed = bool(getattr(runner, "packed", False))  # only the torch runner packs
     description = _Description(
@@ -142,6 +142,19 @@ def _serve(conn: Connection, path: str, config: EngineConfig) -> None:
         runner.close()
 
 
+def load_failure_code(error: BaseException) -> ErrorCode:
+    """The code a child's failed load is reported under: a typed error's own (`checkpoint_invalid` for
+    the checkpoint), `validation_error` for a ValueError (the configuration: what the runner refuses
+    in this process with a ValueError), else `backend_failed` (the backend's own failure: CUDA, a
+    missing package). Every untyped failure had read `checkpoint_invalid`, a checkpoint blamed for an
+    attention the device cannot run."""
+    if isinstance(error, HtmllmError):
+        return error.code
+    if isinstance(error, ValueError):
+        return ErrorCode.VALIDATION
+    return ErrorCode.BACKEND_FAILED
+
+
 def _stop(process: Any, conn: Connection, timeout_s: float) -> None:
     """Close the pipe (the child then returns from `recv`), wait up to `timeout_s`, then kill.
 
@@ -157,11 +170,26 @@ def _stop(process: Any, conn: Connection, timeout_s: float) -> None:
 
 
 class InferenceProcessError(HtmllmError):
-    """The inference process did not start (the child's code: `checkpoint_invalid` for a checkpoint it
-    could not load), or died holding a batch; typed, so `htmllm serve` reports it as it reports a
-    checkpoint that fails to load in process, in one line."""
+    """The inference process did not start (the child's code, `load_failure_code`), or died holding a
+    batch; typed, so `htmllm serve` reports it as it reports a checkpoint that fails to load in
+    process, in one line."""
 
     code = ErrorCode.BACKEND_FAILED
+
+
+class InferenceConfigurationError(InferenceProcessError, ValueError):
+    """The child's runner refused the configuration with a ValueError that the parent's `check_device`
+    did not foresee (an attention kernel that fails its probe on the device): a ValueError, as the
+    same configuration raises in process, and typed (`validation_error`) for `htmllm serve`'s line."""
+
+    code = ErrorCode.VALIDATION
+
+
+def _load_error(message: str, code: ErrorCode) -> InferenceProcessError:
+    """The parent's error for a child whose load failed with `code` (`load_failure_code`)."""
+    if code is ErrorCode.VALIDATION:
+        return InferenceConfigurationError(message)
+    return InferenceProcessError(message, code=code)
 
 
 class ProcessRunner:
@@ -170,7 +198,12 @@ class ProcessRunner:
     def __init__(self, path: Path, config: EngineConfig, *, expected: CheckpointMeta | None = None) -> None:
         """`expected`: the metadata this process read of the checkpoint (its Engine answers with those
         heads and that tokenizer); a first child that loaded other heads, another tokenizer or another
-        width (the checkpoint replaced between the two reads) is refused as a restart would be."""
+        width (the checkpoint replaced between the two reads) is refused as a restart would be.
+
+        ValueError at once, before any child, for what this machine cannot run (`check_device`: CUDA
+        where there is none, flash_attention_2 on a CPU), as the runner in this process raises it: the
+        child had refused it seconds later, as a checkpoint it could not load."""
+        check_device(config)
         self._path = path
         self._config = config
         self._context = multiprocessing.get_context("spawn")
@@ -189,6 +222,7 @@ class ProcessRunner:
         self._conn: Connection | None = None
         self._stopper: multiprocessing.util.Finalize | None = None
         self._identity: _Identity | None = None  # the first child's model, which every restart must load
+        self._closed = False  # `close` is final: no pass after it, and no child started again
         description = self._start()
         if expected is not None:
             wanted = _Identity.of(description.identity.fingerprint, expected)
@@ -254,9 +288,7 @@ class ProcessRunner:
         if status != "ok":
             process.join(CLOSE_TIMEOUT_S)
             message, code = value
-            raise InferenceProcessError(
-                f"the inference process could not load the model: {message}", code=ErrorCode(code)
-            )
+            raise _load_error(f"the inference process could not load the model: {message}", ErrorCode(code))
         if changed is not None:
             # The parent answers with the heads and tokenizer it read at start: rows of another model
             # would be served under them (new labels zipped against old ones, or a 500 when their count
@@ -301,6 +333,8 @@ class ProcessRunner:
 
     def _run(self, flat: np.ndarray, lengths: np.ndarray, pad_to: int | None, serial: int) -> RunnerOutput:
         """`run` under the pass's lock."""
+        if self._closed:  # before anything that would start a child: a closed runner stays closed
+            raise ShuttingDownError("the inference process has been closed")
         with self._abort_lock:
             aborted = self._aborted_before(serial)
         if aborted:  # asked before this pass reached the child: it starts none and sends nothing
@@ -361,6 +395,9 @@ class ProcessRunner:
         self._conn, self._process, self._stopper = None, None, None
 
     def close(self) -> None:
+        """Stop the child (after the pass in flight) for good: a later `run` raises ShuttingDownError.
+        Without that, the next pass had started a new child ("restart 1") that nobody closed again."""
+        self._closed = True  # first: a pass waiting for the lock must not start a child after the close
         with self._lock:
             if self._conn is not None:
                 with contextlib.suppress(OSError):

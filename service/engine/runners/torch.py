@@ -34,6 +34,7 @@ from service.core.encoder_forward import (
 )
 from service.core.modeling import HtmlEncoderModel
 from service.engine.runners import PreparedBatch, RunnerOutput, batch_cost, pad_batch
+from service.engine.types import ShuttingDownError
 
 logger = logging.getLogger(__name__)
 
@@ -210,6 +211,7 @@ class TorchRunner:
         self.first_only = self.kernel is not None and model.pooling == "cls"
         self._layer_types = list(model.config.layer_types or ())
         self._window = int(model.config.sliding_window)
+        self._closed = False
 
     @property
     def threads(self) -> int:
@@ -269,6 +271,8 @@ class TorchRunner:
         )
 
     def run(self, prepared: PreparedBatch) -> RunnerOutput:
+        if self._closed:
+            raise ShuttingDownError("the torch runner has been closed")
         payload, host_cuts = cast(tuple[dict[str, torch.Tensor | int], list[PackedCut]], prepared.payload)
         started = time.perf_counter()
         with torch.inference_mode():
@@ -308,5 +312,8 @@ class TorchRunner:
         """A pass in this process cannot be stopped; it ends on its own."""
 
     def close(self) -> None:
+        """Refuse later passes (ShuttingDownError, as every runner does once closed) and return the CUDA
+        cache; a pass in flight ends as usual."""
+        self._closed = True
         if self.device == "cuda":
             torch.cuda.empty_cache()
