@@ -12,9 +12,11 @@ models or two preprocessings, the check that a resumed input is the one that was
 starts over from an interrupted run it cannot resume) are `resume_state`'s, shared with `htmllm
 extract`; the Parquet parts and the settings kept in the output's metadata are `embed_state`'s.
 
-Rows: `index`, `id`, `url`, `embedding` (float32 list, null on error), `tokens`, `truncated`, `error`
-(an ErrorCode, null on success), `error_message` (why, null on success), then per classification head
-`<head>` (top label) and `<head>.probs` (float32 list in label order), per regression head `<head>` (float).
+Rows: `index`, `id`, `url`, `http_status` and `content_type` (a WARC page's HTTP status and Content-Type,
+`response_fields`; null for any other page), `embedding` (float32 list, null on error), `tokens`,
+`truncated`, `error` (an ErrorCode, null on success), `error_message` (why, null on success), then per
+classification head `<head>` (top label) and `<head>.probs` (float32 list in label order), per regression
+head `<head>` (float).
 
 A document that fails (an input row that is not JSON, a page over the 16 MiB cap, a page nested too deep,
 a page over the token limit with truncation off; a page file that cannot be read, `input_unreadable`)
@@ -87,14 +89,27 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from service.core.modeling import HeadSpec
+    from service.core.pages import Page
     from service.engine import EngineConfig
 
 # Documents per part file (--part-size): the rows a run holds in memory, and so what `kill -9` costs.
 PART_SIZE = 512
 # Bumped when the rows change; run.json pins it, so parts of an older layout are never merged with new.
-ROW_FORMAT = 2
+# 2: `error_message`. 3: `http_status` and `content_type`.
+ROW_FORMAT = 3
 # The columns every row has: a head's column (`<head>`, `<head>.probs`) must be none of them.
-FIXED_COLUMNS = ("index", "id", "url", "embedding", "tokens", "truncated", "error", "error_message")
+FIXED_COLUMNS = (
+    "index",
+    "id",
+    "url",
+    "http_status",
+    "content_type",
+    "embedding",
+    "tokens",
+    "truncated",
+    "error",
+    "error_message",
+)
 # Failures a later attempt may not repeat: written as rows they would be "done" for good.
 TRANSIENT = frozenset(
     {
@@ -289,6 +304,24 @@ def _check_input(path: Path, output: Path) -> None:
     check_has_pages(path, next(iter_pages(path, limit=1, bad_rows="report", skip=own_files(output)), None))
 
 
+def response_fields(page: Page, *, jsonl: bool) -> dict[str, Any]:
+    """`http_status` and `content_type` of a page read from a WARC record (`warc_pages` records them in
+    `Page.meta`; a resource record's Content-Type is its WARC header's), null for any other page: the one
+    rule for `htmllm embed`'s columns and `htmllm extract`'s fields, so 404 bodies and empty redirects can
+    be filtered out afterwards. `jsonl`: the input is a JSONL file or a corpus manifest, whose rows' own
+    fields land in `Page.meta` too (`warc_file` among them where a dump carries it): a row's
+    "http_status" is its writer's word, of any type (a string would fail the int32 column's write), never
+    a response this run read. A value of a type the reader does not record is null likewise."""
+    if jsonl or "warc_file" not in page.meta:
+        return {"http_status": None, "content_type": None}
+    status, content_type = page.meta.get("http_status"), page.meta.get("content_type")
+    return {
+        # A status line's three digits (`warc_pages._STATUS_LINE`); a bool is no status.
+        "http_status": status if type(status) is int and 0 <= status <= 999 else None,
+        "content_type": content_type if isinstance(content_type, str) else None,
+    }
+
+
 def head_columns(name: str, kind: str) -> list[str]:
     """The output columns of a head: its value, and for a classifier its probabilities too (one rule
     for this command's schema and for `htmllm heads train`, which refuses names that would collide)."""
@@ -463,6 +496,8 @@ def _schema(dim: int, heads: list[HeadSpec]) -> pa.Schema:
         pa.field("index", pa.int64(), nullable=False),
         pa.field("id", pa.string()),
         pa.field("url", pa.string()),
+        pa.field("http_status", pa.int32()),
+        pa.field("content_type", pa.string()),
         pa.field("embedding", pa.list_(pa.float32(), dim)),
         pa.field("tokens", pa.int32()),
         pa.field("truncated", pa.bool_()),
@@ -569,7 +604,7 @@ async def _embed_all(
     args: argparse.Namespace, plan: _Plan, done: dict[int, str], writer: PartWriter
 ) -> _Outcome:
     """Embed every input document not in `done` and hand its row to `writer`."""
-    from service.core.pages import Page, count_pages, iter_pages
+    from service.core.pages import count_pages, iter_pages, source_kind
     from service.core.progress import progress_bar
     from service.engine import Document, Engine
     from service.engine.collector import prepare_for_serving
@@ -582,6 +617,7 @@ async def _embed_all(
         raise HtmllmError(f"cannot load {args.checkpoint}: {exc}", code=ErrorCode.CHECKPOINT_INVALID) from exc
     outcome = _Outcome()
     parts = writer.parts
+    jsonl = source_kind(args.input)[0] == "jsonl"  # no WARC page in it: see `response_fields`
     normalize = not args.no_normalize
     in_flight = asyncio.Semaphore(max(2 * args.batch_size, 8))
     progress = progress_bar(initial=len(done), unit="doc", desc="embed", disable=args.no_progress)
@@ -623,6 +659,7 @@ async def _embed_all(
 
     async def one(index: int, page: Page) -> None:
         row: dict[str, Any] = {"index": index, "id": page.id, "url": page.url}
+        row.update(response_fields(page, jsonl=jsonl))
         try:
             if page.error is not None:
                 raise HtmllmError(page.error, code=page.error_code)

@@ -2,7 +2,9 @@
 
 One output row per input page, in input order, with its input position (`index`, from 0) first, as
 `htmllm embed`'s rows have it: the one key that tells every row apart, since a row without an id is
-named by its position and so can share its `id` with a row whose real id is that number. A page an
+named by its position and so can share its `id` with a row whose real id is that number. Every row
+ends with `http_status` and `content_type`: a WARC page's HTTP status and Content-Type, null for any
+other page (`embed.response_fields`), so that 404 bodies and empty redirects can be filtered out. A page an
 extractor fails on, and an input row that cannot be read (not JSON, a missing file; a page over the
 pruner's 16 MiB cap, `payload_too_large`, see `service.core.pages`), gets an `error` object in its row
 rather than stopping the run; only an input source that does not exist or cannot be read, an unwritable
@@ -27,17 +29,17 @@ extracts again and replaces it, as it always did (known by its first row, see be
 
 The input is opened before the output is touched: a typo in `--input`, a crash or a Ctrl-C leaves an
 existing output as it was. Ctrl-C stops at once (queued pages cancelled, busy workers killed) with exit
-code 130; SIGTERM the same way with 143 and SIGHUP with 129 (`sigterm_as_ctrl_c`), keeping the rows held up to the first
-that records a failure (a worker killed by the same SIGTERM fails a page not for its own sake). An
-output that is the input (or the input directory's manifest) is refused, since the run would replace
-what it reads, and so is a page file of the input (one a directory's listing holds, or a manifest's or
-JSONL file's row names; through a symlink or a hard link too): taken for the run's own output, or read
-as a page, it was replaced by rows with exit code 0. An existing file this command did not write (its
-first line is not a row of it: `_ROW_START`) is replaced only with --overwrite, as `htmllm embed`
-replaces another's; its own earlier output, and an empty file, are replaced without. Each refusal is a
-usage error (exit code 2) before a page is read, or anything written or locked. Standard output (`-`)
-and an existing output that is not a regular file (`/dev/null`, a FIFO) are written in place, and such
-a run cannot be resumed.
+code 130; SIGTERM the same way with 143 and SIGHUP with 129 (`sigterm_as_ctrl_c`), keeping the rows held
+up to the first that records a failure (a worker killed by the same SIGTERM fails a page not for its own
+sake). An output that is the input (or the input directory's manifest) is refused, since the run would
+replace what it reads, and so is a page file of the input (one a directory's listing holds, or a
+manifest's or JSONL file's row names; through a symlink or a hard link too): taken for the run's own
+output, or read as a page, it was replaced by rows with exit code 0. An existing file this command did
+not write (its first line is not a row of it: `_ROW_START`) is replaced only with --overwrite, as
+`htmllm embed` replaces another's; its own earlier output, and an empty file, are replaced without. Each
+refusal is a usage error (exit code 2) before a page is read, or anything written or locked. Standard
+output (`-`) and an existing output that is not a regular file (`/dev/null`, a FIFO) are written in
+place, and such a run cannot be resumed.
 """
 
 from __future__ import annotations
@@ -108,14 +110,18 @@ _EXTRACTOR_DISTRIBUTIONS = ("resiliparse", "trafilatura", "justext")
 # Since then a change of the texts alone bumps `service.core.extract.EXTRACTION_VERSION`, pinned beside it.
 # 6: a row given as `html` text reports `encoding` utf-8, as /v1/extract's JSON route does (it had
 #    reported the codec its <meta> names where the text reads the same in it).
-ROW_FORMAT = 6
+# 7: every row ends with `http_status` and `content_type`, a WARC page's (`embed.response_fields`), else
+#    null.
+ROW_FORMAT = 7
 # Failures a later attempt may not repeat: written as rows they would be "done" for good (`htmllm embed`'s
 # rule; of its codes only this one reaches an extraction).
 TRANSIENT = frozenset({ErrorCode.NOT_READY})  # the page's extractor process killed from outside
 # How the first line of every output this command writes starts (`json.dumps`'s separators, UTF-8 as it
 # is): `index`, `id` (a string), `url` (a string or null), then `error`, `extractions` or the text. A
 # file starting otherwise is not replaced without --overwrite; a user's JSONL of pages or texts (`"id"`,
-# `"url"`, `"text"`) has no `index`, and neither had rows before format 4, which are refused once.
+# `"url"`, `"text"`) has no `index`, and neither had rows before format 4, which are refused once. Keys
+# added since (format 7's `http_status`, `content_type`) go at a row's end, so every format from 4 on
+# starts this way.
 _JSON_STRING = rb'"(?:[^"\\\n]|\\.)*"'
 _ROW_START = re.compile(
     rb'\{"index": \d+, "id": ' + _JSON_STRING + rb', "url": (?:null|' + _JSON_STRING + rb"), "
@@ -217,13 +223,20 @@ def _extraction_json(result: Extraction, page: Page) -> dict[str, Any]:
     return row
 
 
-def _process(index: int, page: Page, args: argparse.Namespace, pool: ExtractorPool) -> dict[str, Any]:
+def _process(
+    index: int, page: Page, args: argparse.Namespace, pool: ExtractorPool, jsonl: bool
+) -> dict[str, Any]:
+    """The row of one page; `jsonl`: the input is JSONL, whose pages are no WARC pages
+    (`embed.response_fields`)."""
+    from service.commands.embed import response_fields
     from service.core.extract import ExtractionError, ExtractorLostError, extract, extract_all
 
     row: dict[str, Any] = {"index": index, "id": page.id, "url": page.url}
+    # Last in the row, whichever way it ends: `_ROW_START` matches the keys before them.
+    response = response_fields(page, jsonl=jsonl)
     if page.error is not None:
         row["error"] = {"code": str(page.error_code), "message": page.error}
-        return row
+        return {**row, **response}
     order: str | list[str] = "random" if args.order == "random" else args.order.split(",")
     try:
         if args.extractor == "all":
@@ -254,7 +267,7 @@ def _process(index: int, page: Page, args: argparse.Namespace, pool: ExtractorPo
             row.update(_extraction_json(result, page))
     except (ExtractionError, ExtractorLostError) as exc:  # the latter's row is deferred, never written
         row["error"] = _error_json(exc)
-    return row
+    return {**row, **response}
 
 
 def _failed(row: dict[str, Any]) -> bool:
@@ -456,8 +469,10 @@ def _extract_all(
 ) -> None:
     """Extract each (index, page) of `todo` and hand its row to `emit`, in `todo`'s order."""
     from service.core.extract import ExtractorPool
+    from service.core.pages import source_kind
     from service.core.workers import mib_as_bytes
 
+    jsonl = source_kind(Path(args.input))[0] == "jsonl"
     with (
         ExtractorPool(workers, memory_limit_bytes=mib_as_bytes(args.memory_limit_mb)) as pool,
         ThreadPoolExecutor(max_workers=workers) as executor,
@@ -473,7 +488,7 @@ def _extract_all(
         try:
             # A bounded window keeps memory flat on big collections and rows in input order.
             for index, page in todo:
-                pending.append((index, executor.submit(_process, index, page, args, pool)))
+                pending.append((index, executor.submit(_process, index, page, args, pool, jsonl)))
                 drain(2 * workers)
             drain(0)
         except BaseException:

@@ -314,6 +314,10 @@ def _checkpoint_with_heads(path: Path, *specs: HeadSpec) -> Path:
             "head 'error' would write a column 'error'",
         ),
         ([HeadSpec(name="index", kind="regression", hidden=16)], "head 'index' would write a column 'index'"),
+        (
+            [HeadSpec(name="http_status", kind="regression", hidden=16)],
+            "head 'http_status' would write a column 'http_status'",
+        ),
     ],
 )
 def test_a_head_named_like_another_column_is_one_line_before_the_model_loads(
