@@ -25,7 +25,7 @@ from service.core.checkpoint import CheckpointMeta, save_checkpoint
 from service.core.modeling import HeadSpec, TaskHead
 from service.core.prune import PRUNE_VERSION
 from tests.factories.checkpoint import build_tiny_checkpoint, build_tiny_model
-from tests.factories.cli import ROOT, cli_env, write_pages
+from tests.factories.cli import ROOT, cli_env, stop_before_merge, write_pages
 from tests.factories.disk import closed_directory, eio_for
 from tests.factories.tokenizer import build_tiny_tokenizer
 
@@ -64,17 +64,6 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _args(checkpoint: Path, source: Path, output: Path, *options: str) -> list[str]:
     return ["embed", "--checkpoint", str(checkpoint), "--input", str(source), "--output", str(output),
             "--no-progress", "--preprocess-pool", "thread", "--workers", "1", *options]  # fmt: skip
-
-
-def _stop_before_merge(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
-    """Run until every part is written and stop as a kill before the merge would (Ctrl-C there)."""
-
-    def interrupted(*_: object) -> int:
-        raise KeyboardInterrupt
-
-    with monkeypatch.context() as patch:
-        patch.setattr(embed_command, "merge", interrupted)
-        assert main(args) == 130
 
 
 def _not_loaded(*_: object, **__: object) -> object:
@@ -124,7 +113,7 @@ def test_an_interrupted_overwrite_with_other_settings_survives_a_run_of_the_fini
     finished = _args(checkpoint, tmp_path / "pages.jsonl", out)
     assert main(finished) == 0
     other = [*finished, "--max-length", "64", "--overwrite", "--part-size", "1"]
-    _stop_before_merge(monkeypatch, other)
+    stop_before_merge(monkeypatch, other)
     parts = tmp_path / "out.parquet.parts"
     before = sorted(p.name for p in parts.glob("part-*"))
     assert len(before) == 4
@@ -151,7 +140,7 @@ def test_a_resume_over_an_input_rewritten_without_ids_is_refused(
     source.write_text("".join(json.dumps({"html": f"<p>page {i}</p>"}) + "\n" for i in range(4)))
     out = tmp_path / "out.parquet"
     args = _args(checkpoint, source, out, "--part-size", "1")
-    _stop_before_merge(monkeypatch, args)
+    stop_before_merge(monkeypatch, args)
     size = source.stat().st_size
     source.write_text("".join(json.dumps({"html": f"<p>another page, {i}</p>"}) + "\n" for i in range(4)))
     capsys.readouterr()
@@ -171,7 +160,7 @@ def test_a_resume_over_a_page_file_edited_under_its_name_is_refused(
         (pages_dir / name).write_text(f"<p>the page {name}</p>")
     out = tmp_path / "out.parquet"
     args = _args(checkpoint, pages_dir, out, "--part-size", "1")
-    _stop_before_merge(monkeypatch, args)
+    stop_before_merge(monkeypatch, args)
     edited = pages_dir / "a.html"
     edited.write_text("<p>the page a.htmX</p>")  # as long as it was: only its modification time tells
     stat = edited.stat()
@@ -260,7 +249,7 @@ def test_a_page_file_of_a_corpus_replaced_since_is_noticed_as_a_directory_of_pag
     assert "nothing to do" in capsys.readouterr().err
     # A resume over a page file replaced since the interrupted run.
     resumed = tmp_path / "resumed.parquet"
-    _stop_before_merge(monkeypatch, _args(checkpoint, corpus, resumed, "--part-size", "1"))
+    stop_before_merge(monkeypatch, _args(checkpoint, corpus, resumed, "--part-size", "1"))
     replaced.write_bytes(gzip.compress(b"<p>yet another page</p>"))
     capsys.readouterr()
     assert main(_args(checkpoint, corpus, resumed, "--part-size", "1")) == 1
@@ -277,7 +266,7 @@ def test_a_jsonl_file_of_inline_pages_is_not_read_through_again_to_find_that_not
     write_pages(tmp_path / "pages.jsonl", 3)
     out = tmp_path / "out.parquet"
     args = _args(checkpoint, tmp_path / "pages.jsonl", out, "--part-size", "1")
-    _stop_before_merge(monkeypatch, args)
+    stop_before_merge(monkeypatch, args)
 
     def unread(*_: object) -> object:
         raise AssertionError("the input was read through for its page files")
@@ -345,7 +334,7 @@ def test_the_order_of_heads_does_not_matter_to_a_resume(
     write_pages(tmp_path / "pages.jsonl", 3)
     out = tmp_path / "out.parquet"
     args = _args(checkpoint, tmp_path / "pages.jsonl", out, "--part-size", "1")
-    _stop_before_merge(monkeypatch, [*args, "--heads", "quality,page_type"])
+    stop_before_merge(monkeypatch, [*args, "--heads", "quality,page_type"])
     assert main([*args, "--heads", "page_type,quality"]) == 0
     assert main([*args, "--heads", "quality,page_type"]) == 0  # complete with these settings
     assert pq.read_table(out).column_names[-3:] == ["page_type", "page_type.probs", "quality"]
@@ -386,7 +375,7 @@ def test_a_page_file_that_cannot_be_read_is_an_input_unreadable_row_a_resume_kee
     args = _args(checkpoint, site, out, "--part-size", "1")
     with monkeypatch.context() as patch:
         eio_for(patch, "c.html")
-        _stop_before_merge(monkeypatch, args)
+        stop_before_merge(monkeypatch, args)
     capsys.readouterr()
     assert main(args) == 0
     assert (
@@ -463,7 +452,7 @@ def test_an_output_inside_the_input_directory_is_no_file_of_the_input(
         (site / name).write_text(f"<p>the page {name}, with a few words to embed</p>")
     out = site / "emb.parquet"
     args = _args(checkpoint, site, out, "--part-size", "1")
-    _stop_before_merge(monkeypatch, args)
+    stop_before_merge(monkeypatch, args)
     assert len(list((site / "emb.parquet.parts").glob("part-*"))) == 3
     capsys.readouterr()
     assert main(args) == 0, capsys.readouterr().err
@@ -682,7 +671,7 @@ def test_a_resume_across_an_upgrade_of_the_pruner_or_tokenizers_is_refused_and_o
     args = _args(checkpoint, tmp_path / "pages.jsonl", out, "--part-size", "1")
     with monkeypatch.context() as patch:
         _as_version(patch, setting, old)
-        _stop_before_merge(monkeypatch, args)
+        stop_before_merge(monkeypatch, args)
     capsys.readouterr()
     assert main(args) == 1
     err = capsys.readouterr().err
@@ -751,7 +740,7 @@ def test_an_older_htmllms_output_or_interrupted_run_is_another_version_and_says_
         "older htmllm); pass --overwrite to replace it\n"
     )
     out.unlink()
-    _stop_before_merge(monkeypatch, args)
+    stop_before_merge(monkeypatch, args)
     pin = tmp_path / "out.parquet.parts" / "run.json"
     pin.write_text(json.dumps(settings), encoding="utf-8")
     capsys.readouterr()
@@ -772,7 +761,7 @@ def test_overwrite_starts_over_from_an_interrupted_run_over_a_changed_input_touc
     write_pages(source, 3)
     out = tmp_path / "out.parquet"
     args = _args(checkpoint, source, out, "--part-size", "1")
-    _stop_before_merge(monkeypatch, args)
+    stop_before_merge(monkeypatch, args)
     (tmp_path / ".out.parquet.backup").write_text("mine")
     (tmp_path / "out.parquet.parts.notes").write_text("mine too")
     write_pages(source, 2)

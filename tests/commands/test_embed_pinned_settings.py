@@ -11,10 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from service.cli import main
-from service.commands import embed as embed_command
 from service.engine import Document, DocumentResult, Engine
 from tests.factories.checkpoint import build_tiny_checkpoint
-from tests.factories.cli import write_pages
+from tests.factories.cli import stop_before_merge, write_pages
 
 
 @pytest.fixture(scope="module")
@@ -25,17 +24,6 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _args(checkpoint: Path, source: Path, output: Path, *options: str) -> list[str]:
     return ["embed", "--checkpoint", str(checkpoint), "--input", str(source), "--output", str(output),
             "--no-progress", "--workers", "1", "--part-size", "1", *options]  # fmt: skip
-
-
-def _stop_before_merge(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
-    """Run until every part is written and stop as a kill before the merge would (Ctrl-C there)."""
-
-    def interrupted(*_: object) -> int:
-        raise KeyboardInterrupt
-
-    with monkeypatch.context() as patch:
-        patch.setattr(embed_command, "merge", interrupted)
-        assert main(args) == 130
 
 
 def _not_loaded(*_: object, **__: object) -> object:
@@ -56,7 +44,7 @@ def test_a_resume_or_finished_output_of_the_other_preprocessing_pool_is_refused(
     out = tmp_path / "out.parquet"
     thread = _args(checkpoint, tmp_path / "pages.jsonl", out, "--preprocess-pool", "thread")
     process = _args(checkpoint, tmp_path / "pages.jsonl", out, "--preprocess-pool", "process")
-    _stop_before_merge(monkeypatch, thread)
+    stop_before_merge(monkeypatch, thread)
     capsys.readouterr()
     with monkeypatch.context() as patch:
         patch.setattr(Engine, "from_checkpoint", _not_loaded)
@@ -144,10 +132,10 @@ def test_an_interrupted_run_of_a_smaller_limit_goes_on_under_a_larger_one(
     write_pages(tmp_path / "pages.jsonl", 8)
     out = tmp_path / "out.parquet"
     args = _args(checkpoint, tmp_path / "pages.jsonl", out, "--preprocess-pool", "thread")
-    _stop_before_merge(monkeypatch, [*args, "--limit", "3"])
+    stop_before_merge(monkeypatch, [*args, "--limit", "3"])
     capsys.readouterr()
     embedded = _counting_embed(monkeypatch)
-    _stop_before_merge(monkeypatch, [*args, "--limit", "5"])
+    stop_before_merge(monkeypatch, [*args, "--limit", "5"])
     assert embedded == ["p3", "p4"]
     assert main([*args, "--limit", "4"]) == 1
     assert "holds a run with other settings (limit 5 -> 4); delete it, or pass --overwrite" in (
@@ -170,7 +158,7 @@ def test_a_run_that_kept_a_smaller_output_and_was_stopped_keeps_it_once(
     assert main([*args, "--limit", "3"]) == 0
     capsys.readouterr()
     embedded = _counting_embed(monkeypatch)
-    _stop_before_merge(monkeypatch, args)
+    stop_before_merge(monkeypatch, args)
     assert embedded == ["p3", "p4", "p5"]
     assert pq.read_table(out).num_rows == 3  # the output is as it was until the merge
     capsys.readouterr()

@@ -17,7 +17,7 @@ import pytest
 
 from service.cli import main
 from service.core import pages
-from tests.factories.cli import cli, kill_minus_nine_when, sigterm_given_back, write_pages
+from tests.factories.cli import cli, kill_minus_nine_when, sigterm_given_back, stop_before_merge, write_pages
 from tests.factories.disk import closed_directory, eio_for, unlistable_directory
 from tests.memory import gzip_bomb, traced_peak
 
@@ -254,18 +254,6 @@ def _args(source: Path, output: Path | str, *options: str) -> list[str]:
             *options]  # fmt: skip
 
 
-def _stop_before_merge(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
-    """Run until every part is written and stop as a kill before the merge would (Ctrl-C there)."""
-    import service.commands.extract as command
-
-    def interrupted(*_: object) -> tuple[int, int]:
-        raise KeyboardInterrupt
-
-    with monkeypatch.context() as patch:
-        patch.setattr(command, "_merge", interrupted)
-        assert main(args) == 130
-
-
 def _rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
@@ -312,7 +300,7 @@ def test_ctrl_c_keeps_the_parts_and_a_resume_with_other_options_or_input_is_refu
     output = tmp_path / "results.jsonl"
     output.write_text(OLD)
     args = _args(source, output, "--part-size", "2")
-    _stop_before_merge(monkeypatch, args)
+    stop_before_merge(monkeypatch, args, "extract")
     parts = tmp_path / "results.jsonl.parts"
     assert capsys.readouterr().err == (
         f"htmllm extract: interrupted; {output} was left as it was; what was finished is kept in {parts}: "
@@ -366,7 +354,7 @@ def test_a_resume_over_an_input_that_changed_is_refused(
     source = _unreadable_rows(tmp_path / "in.jsonl", 4)
     output = tmp_path / "results.jsonl"
     args = _args(source, output, "--part-size", "2")
-    _stop_before_merge(monkeypatch, args)
+    stop_before_merge(monkeypatch, args, "extract")
     size = source.stat().st_size
     source.write_text("".join(json.dumps({"id": f"new{i}"}) + "\n" for i in range(4)))
     capsys.readouterr()
@@ -384,7 +372,7 @@ def test_a_resume_over_an_input_of_pages_without_ids_rewritten_is_refused(
     source.write_text("".join(json.dumps({"file": f"missing{i}.html"}) + "\n" for i in range(4)))
     output = tmp_path / "results.jsonl"
     args = _args(source, output, "--part-size", "2")
-    _stop_before_merge(monkeypatch, args)
+    stop_before_merge(monkeypatch, args, "extract")
     source.write_text("".join(json.dumps({"file": f"other{i}.html"}) + "\n" for i in range(4)))
     capsys.readouterr()
     assert main(args) == 1
@@ -405,7 +393,7 @@ def test_a_resume_over_a_page_file_a_manifest_names_replaced_since_is_refused(
     (corpus / "manifest.jsonl").write_text(rows)
     output = tmp_path / "results.jsonl"
     args = _args(corpus, output, "--part-size", "2")
-    _stop_before_merge(monkeypatch, args)
+    stop_before_merge(monkeypatch, args, "extract")
     (corpus / "pages" / "p1.html.gz").write_bytes(gzip.compress(b"<p>the page it is now</p>"))
     capsys.readouterr()
     assert main(args) == 1
@@ -439,7 +427,7 @@ def test_a_part_cut_short_is_extracted_again(
     source = _unreadable_rows(tmp_path / "in.jsonl", 6)
     output = tmp_path / "results.jsonl"
     args = _args(source, output, "--part-size", "2")
-    _stop_before_merge(monkeypatch, args)
+    stop_before_merge(monkeypatch, args, "extract")
     capsys.readouterr()
     parts = sorted((tmp_path / "results.jsonl.parts").glob("part-*.jsonl"))
     parts[1].write_bytes(parts[1].read_bytes()[:-10])  # damaged from outside
@@ -476,7 +464,7 @@ def test_pages_over_the_cap_are_error_rows_read_in_bounded_memory_and_resumed(
     output = tmp_path / "out.jsonl"
     args = _args(source, output, "--part-size", "1")
     # every row extracted, the merge left to the resume
-    _, peak = traced_peak(lambda: _stop_before_merge(monkeypatch, args))
+    _, peak = traced_peak(lambda: stop_before_merge(monkeypatch, args, "extract"))
     assert peak < 16 << 20
     capsys.readouterr()
     assert main(args) == 0
@@ -535,7 +523,7 @@ def test_a_page_file_that_cannot_be_read_is_an_input_unreadable_row_a_resume_kee
     args = _args(source, output, "--part-size", "1")
     with monkeypatch.context() as patch:
         eio_for(patch, "eio.html")
-        _stop_before_merge(monkeypatch, args)
+        stop_before_merge(monkeypatch, args, "extract")
     capsys.readouterr()
     assert main(args) == 0
     assert "4 pages, 4 failed" in capsys.readouterr().err
@@ -625,7 +613,7 @@ def test_a_resume_writes_every_index_once(
     source = _id_seven_twice(tmp_path / "in.jsonl")
     output = tmp_path / "out.jsonl"
     args = _args(source, output, "--part-size", "3")
-    _stop_before_merge(monkeypatch, args)
+    stop_before_merge(monkeypatch, args, "extract")
     parts = sorted((tmp_path / "out.jsonl.parts").glob("part-*.jsonl"))
     assert len(parts) == 4
     parts[1].unlink()  # indices 3..5: done again by the resume
@@ -657,7 +645,7 @@ def test_an_output_inside_the_input_directory_is_no_file_of_the_input(
     output = site / name
     args = _args(site, output, "--part-size", "1")
     for _ in range(2):  # the second time with the finished output in the directory
-        _stop_before_merge(monkeypatch, args)
+        stop_before_merge(monkeypatch, args, "extract")
         capsys.readouterr()
         assert main(args) == 0, capsys.readouterr().err
         assert "3 pages, 3 failed" in capsys.readouterr().err

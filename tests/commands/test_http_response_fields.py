@@ -18,6 +18,7 @@ from service.commands import extract as extract_command
 from service.core.modeling import HeadSpec
 from service.core.pages import Page
 from tests.factories.checkpoint import build_tiny_checkpoint
+from tests.factories.cli import stop_before_merge
 from tests.factories.pages import make_pages
 from tests.factories.warc import HttpResponse, response, warc_gz, warc_record
 
@@ -145,15 +146,6 @@ def test_a_head_or_task_named_like_the_new_columns_is_refused() -> None:
             check_columns([task], [])
 
 
-def _stop_before_merge(monkeypatch: pytest.MonkeyPatch, args: list[str], module: Any, name: str) -> None:
-    def interrupted(*_: object, **__: object) -> Any:
-        raise KeyboardInterrupt
-
-    with monkeypatch.context() as patch:
-        patch.setattr(module, name, interrupted)
-        assert main(args) == 130
-
-
 def test_an_embed_output_or_run_of_the_previous_row_format_is_refused(
     checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -179,7 +171,7 @@ def test_an_embed_output_or_run_of_the_previous_row_format_is_refused(
         "--overwrite to replace it\n"
     )
     out.unlink()
-    _stop_before_merge(monkeypatch, args, embed_command, "merge")
+    stop_before_merge(monkeypatch, args)
     pin = tmp_path / "out.parquet.parts" / "run.json"
     pin.write_text(json.dumps({**json.loads(pin.read_text(encoding="utf-8")), "row_format": 2}))
     capsys.readouterr()
@@ -197,7 +189,7 @@ def test_an_extract_run_of_the_previous_row_format_is_not_resumed(
     source.write_text("".join(json.dumps({"id": f"r{i}"}) + "\n" for i in range(3)))  # error rows: no worker
     output = tmp_path / "texts.jsonl"
     args = ["extract", "--input", str(source), "--output", str(output), "--workers", "1", "--no-progress"]
-    _stop_before_merge(monkeypatch, [*args, "--part-size", "1"], extract_command, "_merge")
+    stop_before_merge(monkeypatch, [*args, "--part-size", "1"], "extract")
     pin = tmp_path / "texts.jsonl.parts" / "run.json"
     pin.write_text(json.dumps({**json.loads(pin.read_text(encoding="utf-8")), "row_format": 6}))
     capsys.readouterr()

@@ -22,7 +22,15 @@ import torch
 from service.cli import main
 from service.engine import Document, DocumentResult, Engine
 from tests.factories.checkpoint import build_tiny_checkpoint
-from tests.factories.cli import ROOT, cli, cli_env, kill_minus_nine_when, sigterm_given_back, write_pages
+from tests.factories.cli import (
+    ROOT,
+    cli,
+    cli_env,
+    kill_minus_nine_when,
+    sigterm_given_back,
+    stop_before_merge,
+    write_pages,
+)
 from tests.factories.pages import make_pages
 from tests.factories.warc import HttpResponse, response, warc_gz
 
@@ -163,18 +171,6 @@ def test_the_model_in_a_child_process_writes_what_the_engine_gives(
 def _args(checkpoint: Path, source: Path, out: Path, *options: str) -> list[str]:
     return ["embed", "--checkpoint", str(checkpoint), "--input", str(source), "--output", str(out),
             "--no-progress", *options]  # fmt: skip
-
-
-def _stop_before_merge(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
-    """Run until every part is written and stop as a kill before the merge would (Ctrl-C there)."""
-    from service.commands import embed as command
-
-    def interrupted(*_: object) -> int:
-        raise KeyboardInterrupt
-
-    with monkeypatch.context() as patch:
-        patch.setattr(command, "merge", interrupted)
-        assert main(args) == 130
 
 
 def _not_loaded(*_: object, **__: object) -> Engine:
@@ -419,7 +415,7 @@ def test_resume_with_another_checkpoint_or_dtype_is_refused(
     the same checkpoint (other mtimes) resumes."""
     write_pages(tmp_path / "pages.jsonl", 4)
     out = tmp_path / "out.parquet"
-    _stop_before_merge(monkeypatch, _args(tiny_checkpoint, tmp_path / "pages.jsonl", out, "--part-size", "2"))
+    stop_before_merge(monkeypatch, _args(tiny_checkpoint, tmp_path / "pages.jsonl", out, "--part-size", "2"))
     retrained = build_tiny_checkpoint(tmp_path / "retrained", seed=1)
     assert main(_args(retrained, tmp_path / "pages.jsonl", out)) == 1
     assert "holds a run with other settings (checkpoint_sha256 " in capsys.readouterr().err
@@ -441,7 +437,7 @@ def test_parts_of_an_older_row_format_are_not_resumed(
     out = tmp_path / "out.parquet"
     pin = tmp_path / "out.parquet.parts" / "run.json"
     args = _args(tiny_checkpoint, tmp_path / "pages.jsonl", out)
-    _stop_before_merge(monkeypatch, args)
+    stop_before_merge(monkeypatch, args)
     # The same run as written by a version whose rows had no error_message: no row_format in run.json.
     settings = json.loads(pin.read_text(encoding="utf-8"))
     assert settings.pop("row_format") == command.ROW_FORMAT
@@ -610,7 +606,7 @@ def test_leftovers_of_a_killed_merge_are_removed_by_the_resume(
     write_pages(tmp_path / "pages.jsonl", 3)
     out = tmp_path / "out.parquet"
     args = _args(tiny_checkpoint, tmp_path / "pages.jsonl", out)
-    _stop_before_merge(monkeypatch, args)
+    stop_before_merge(monkeypatch, args)
     # A merge killed half way (this version's temporary), files that are not surely ours (an older
     # version's temporaries looked like a user's `.out.parquet.original`: kept) and one that is not.
     kept = (".out.parquet.k3_x9abz.tmp", ".out.parquet.a1b2c3d4", ".out.parquet.notes")
@@ -629,7 +625,7 @@ def test_an_input_that_shrank_since_the_interrupted_run_is_refused(
     write_pages(source, 6)
     out = tmp_path / "out.parquet"
     args = _args(tiny_checkpoint, source, out, "--part-size", "2")
-    _stop_before_merge(monkeypatch, args)
+    stop_before_merge(monkeypatch, args)
     source.write_text(
         "".join(source.read_text(encoding="utf-8").splitlines(keepends=True)[:4]), encoding="utf-8"
     )
@@ -644,7 +640,7 @@ def test_an_unreadable_part_is_embedded_again(
     write_pages(tmp_path / "pages.jsonl", 6)
     out = tmp_path / "out.parquet"
     args = _args(tiny_checkpoint, tmp_path / "pages.jsonl", out, "--part-size", "2")
-    _stop_before_merge(monkeypatch, args)
+    stop_before_merge(monkeypatch, args)
     parts = sorted((tmp_path / "out.parquet.parts").glob("part-*.parquet"))
     assert len(parts) == 3
     parts[1].write_bytes(parts[1].read_bytes()[:100])  # damaged from outside

@@ -11,6 +11,9 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NoReturn
+
+import pytest
 
 from tests.factories.pages import make_pages
 
@@ -62,3 +65,20 @@ def kill_minus_nine_when(args: list[str], ready: Callable[[], bool]) -> None:
         time.sleep(0.005)
     process.send_signal(signal.SIGKILL)
     process.wait()
+
+
+def stop_before_merge(monkeypatch: pytest.MonkeyPatch, args: list[str], command: str = "embed") -> None:
+    """Run `htmllm <args>` in this process until every part is written, and stop it as a kill before
+    the merge would (Ctrl-C there: status 130): `command` "embed" (`merge`) or "extract" (`_merge`)."""
+    import importlib
+
+    from service.cli import main
+
+    module = importlib.import_module(f"service.commands.{command}")
+
+    def interrupted(*_: object, **__: object) -> NoReturn:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(module, "merge" if command == "embed" else "_merge", interrupted)
+        assert main(args) == 130
