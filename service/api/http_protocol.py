@@ -36,7 +36,11 @@ section 7.8 allows: the head is given again, without the offer, to a fresh parse
 it follows. And uvicorn times a connection out only between requests: one that sends nothing, or half
 a head, was held without end (slowloris); a head must now arrive within `head_timeout_s` of the
 connection opening or of its first byte (408 `head_timeout` where part of one came; the connection is
-closed either way).
+closed either way). Bytes that start no request (a bare CRLF, the body of a request already answered)
+are bounded by the same timer: uvicorn cancels its keep-alive timer on every read and re-arms it only
+after an answer, so such a connection was held without end. And a request answered without its body (a
+401, a 413, a GET's) whose body still has more than `_UNREAD_BODY_KEPT` to come, or is chunked, ends its
+connection in a lingering close after the answer: the parser had read and dropped the rest, any size.
 """
 
 from __future__ import annotations
@@ -68,6 +72,10 @@ _MAX_URL_BYTES = 65535
 # server read or how long it can hold the connection (Apache's lingering close waits up to 2 s too).
 _LINGER_S = 2.0
 _LINGER_BYTES = 4 * 1024 * 1024
+# The most of a request's body left unread when its answer is complete for the connection to be kept:
+# past it (or for a chunked body, whose size is unknown), the connection ends in a lingering close rather
+# than the parser reading and dropping the rest (a 401 for a 1 TB `Content-Length` read 9.8 GB in 5 s).
+_UNREAD_BODY_KEPT = 64 * 1024
 _REASONS = {405: "Method Not Allowed", 408: "Request Timeout", 431: "Request Header Fields Too Large"}
 
 
@@ -110,6 +118,20 @@ def _head_without_offer(method: bytes, url: bytes, version: str, headers: list[t
             value = b", ".join(kept)
         lines.append(name + b": " + value)
     return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+def _declared_body(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """The body a request's head declares, in bytes: None where it is chunked (its size unknown)."""
+    length = 0
+    for name, value in headers:
+        if name == b"transfer-encoding":
+            return None
+        if name == b"content-length":
+            try:
+                length = int(value)
+            except ValueError:  # (llhttp refuses such a head before it completes)
+                return None
+    return length
 
 
 def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol] | str:
@@ -156,6 +178,7 @@ def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol
             self._requests = 0
             self._offered_upgrade = False  # the head just parsed offered a protocol switch
             self._head_timer: asyncio.TimerHandle | None = None
+            self._body_left: int | None = 0  # the parser's request's body to come (None: chunked)
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -212,12 +235,15 @@ def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol
             if self.parser.should_upgrade():  # (set before this callback; llhttp stops after it)
                 self._offered_upgrade = True  # no request yet: `data_received` gives the head again
                 return
+            self._body_left = _declared_body(self.headers)
             self._requests += 1
             age = ConnectionAge(opened=self._opened, request=self._requests)
             self.scope[CONNECTION_KEY] = age  # type: ignore[literal-required]  # an extension key
             super().on_headers_complete()
 
         def on_body(self, body: bytes) -> None:
+            if self._body_left is not None:
+                self._body_left -= len(body)
             if not self._offered_upgrade:
                 super().on_body(body)
 
@@ -243,7 +269,15 @@ def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol
             except httptools.HttpParserUpgrade as upgrade:
                 self._give_head_again(data[upgrade.args[0] :])
                 return
-            if not self._in_head or self._began_in_chunk or self.transport.is_closing():
+            if self.transport.is_closing():
+                return
+            if self._idle():
+                # Nothing to answer, yet bytes came (a bare CRLF, the body of a request already answered):
+                # uvicorn cancelled its keep-alive timer on this read and re-arms it only after an answer,
+                # so such a connection was held without end. The head timer bounds it (not moved by later
+                # reads); a head that follows completes in time or is refused as any other.
+                self._arm_head_timer()
+            if not self._in_head or self._began_in_chunk:
                 return
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES:
@@ -297,8 +331,25 @@ def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol
                 self._refusal = b""
             self._running = None
 
+        def _idle(self) -> bool:
+            """Whether no request is in progress: no head open, none queued, none being answered."""
+            running = self._running
+            return (
+                not self._in_head
+                and not self.pipeline
+                and (running is None or running.response_complete)
+                and self._refusal is None
+            )
+
         def on_response_complete(self) -> None:
+            answered = self._running  # (before the next request queued starts)
             super().on_response_complete()  # (starts the next request queued, and resumes reading)
+            if self._refusal is None and not self.transport.is_closing() and self._unread_body_left(answered):
+                # Answered without its body (a 401, a 413, a GET's): rather than read and drop the rest
+                # (any size, at the loop's pace), end the connection, lingering so the answer is not
+                # lost to a reset. A small rest is read and dropped, the connection kept.
+                self._refusal = b""
+                self._linger_left = _LINGER_BYTES
             if self._refusal is None or self._lingering or self.transport.is_closing():
                 return
             if not self.pipeline and (self._running is None or self._running.response_complete):
@@ -306,6 +357,14 @@ def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol
                 self._linger()
             else:
                 self.flow.pause_reading()  # (what follows the refusal is not read while it waits)
+
+        def _unread_body_left(self, cycle: Any) -> bool:
+            """Whether `cycle`, just answered, still has more than `_UNREAD_BODY_KEPT` of its body to come,
+            or a chunked one."""
+            # (a request the parser is past has its whole body read)
+            if cycle is None or cycle is not self.cycle or not cycle.more_body or cycle.disconnected:
+                return False
+            return self._body_left is None or self._body_left > _UNREAD_BODY_KEPT
 
         def _linger(self) -> None:
             """Write the refusal, half-close, and close once the client closes too, or after `_LINGER_S`
