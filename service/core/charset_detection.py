@@ -4,8 +4,9 @@ charset-normalizer makes the first guess among the encodings a browser can decod
 non-ASCII bytes with a few bytes of context each (`_neighbourhoods`): given the page, it read five
 chunks of 512 bytes spread over it, and its guess moved with the length of the ASCII markup. It
 decodes with Python's strict codecs, which lack characters a browser reads (GBK's euro sign, Big5's
-HKSCS characters, EUC-JP's NEC symbols): where only those rule an East Asian reading out, it looks
-again with them blanked out (`_second_look`). Two corrections follow, both from pages it misread:
+HKSCS characters, EUC-JP's NEC symbols) and fail a page on one stray byte: where only those (and a
+few such bytes) rule an East Asian reading out, it looks again with them blanked out (`_second_look`).
+Two corrections follow, both from pages it misread:
 
 - Latin-script single-byte readings are re-ranked by how their non-ASCII letters fit the alphabets of
   the languages those encodings serve (`_best_latin_reading`): it cannot tell iso-8859-2 from
@@ -21,6 +22,7 @@ from __future__ import annotations
 import codecs
 import functools
 import re
+import threading
 from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple
@@ -100,9 +102,13 @@ _EAST_ASIAN_ROWS: dict[str, tuple[tuple[int, int], ...]] = {
 }
 _EAST_ASIAN = tuple(_EAST_ASIAN_ROWS)
 # The East Asian encodings whose pages one character can rule out with the detector (`_second_look`),
-# by the strict codec it reads them with; and how many such characters of one reading it is shown past.
-_STRICT_EAST_ASIAN = ("gb18030", "big5", "euc_jp")
-_MOST_BROWSER_ONLY = 4096
+# by the strict codec it reads them with: one the standard's decoder reads and Python's table lacks
+# (GBK, Big5, EUC-JP), or a stray byte (all five). How many such characters of one reading are collected
+# at most (past them, the second look reads the sample up to the last), and how many bytes of the
+# sample excuse one real error.
+_STRICT_EAST_ASIAN = ("gb18030", "big5", "euc_jp", "cp949", "cp932")
+_MOST_BROWSER_ONLY = 1024
+_BYTES_PER_ERROR = 1024
 _COST_SAMPLE_BYTES = 16384  # of the sample whose readings `_second_look` compares
 _FEW_WORDS_GUESSES = frozenset({*_LATIN_SINGLE_BYTE, "cp1251", *_EAST_ASIAN})
 _ASCII = bytes(range(128))
@@ -144,31 +150,41 @@ def detect_encoding(data: bytes) -> str:
 
 def _second_look(sample: bytes, matches: CharsetMatches) -> CharsetMatches:
     """The detector's `matches` for `sample`, or its matches for the sample with the characters only a
-    browser reads blanked out where those name one of the East Asian encodings they were blanked for.
+    browser reads (and a few stray bytes) blanked out where those name one of the East Asian encodings
+    they were blanked for.
 
     The detector decodes with Python's strict codecs, so one character that Python's table lacks and
     the standard's decoder reads rules an encoding out: GBK's euro sign (a lone 0x80), Big5's HKSCS
     characters (its codec is Python's big5: 啱, 嘅) and euro sign (0xA3E1), EUC-JP's NEC and IBM rows
     (①, ㈱, Ⅱ, 髙: CP51932, which EUC-JP pages written on Windows are in). Such a page came out as
-    windows-1252 or iso-8859-15 mojibake, or as GBK where EUC-JP was ruled out. Where a reading fails
-    Python's codec only on such characters (`_browser_only_spans`), the detector looks again with them
-    blanked out, with every other reading's too, and its answer counts where it is one of those
-    readings and reads as more plausible text than the first; otherwise the first answer stands.
+    windows-1252 or iso-8859-15 mojibake, or as GBK where EUC-JP was ruled out. So did a page with one
+    stray byte (0xFF pasted into the text, a crawler's cut at the end of a chunk), which the standard's
+    decoder reads as one U+FFFD. Where a reading fails Python's codec only on such characters and a
+    few errors (`_browser_only_spans`), the detector looks again with them blanked out, with every other
+    reading's too, and its answer counts where it is one of those readings and reads as more plausible
+    text than the first; otherwise the first answer stands. Where a reading has more such characters
+    than are collected (a Cantonese page of HKSCS characters), the second look reads the sample up to
+    the last one collected.
     """
     best = matches.best()
     chosen = None if best is None else normalize_encoding(best.encoding)
     spans: list[tuple[int, int]] = []
     readings: set[str | None] = set()
+    end = len(sample)
     for strict in _STRICT_EAST_ASIAN:
         reading = normalize_encoding(strict)
-        if reading != chosen and (found := _browser_only_spans(sample, strict)):
-            spans += found
+        if reading != chosen and (found := _browser_only_spans(sample, strict)) is not None and found.spans:
+            spans += found.spans
             readings.add(reading)
+            end = min(end, found.end)
     if not spans:
         return matches
     from charset_normalizer import from_bytes
 
-    again = from_bytes(_blanked(sample, spans), cp_isolation=_DETECTED_ENCODINGS)
+    prefix = sample[:end]
+    again = from_bytes(
+        _blanked(prefix, [span for span in spans if span[1] <= end]), cp_isolation=_DETECTED_ENCODINGS
+    )
     second = again.best()
     reading = None if second is None else normalize_encoding(second.encoding)
     if reading is None or reading not in readings:
@@ -176,33 +192,123 @@ def _second_look(sample: bytes, matches: CharsetMatches) -> CharsetMatches:
     # A Latin page's bytes can read as Big5 but for HKSCS characters (letters are Big5 second bytes):
     # the new answer must also read as more plausible text than the one it replaces (`_reading_cost`,
     # on the first `_COST_SAMPLE_BYTES`: it runs in Python).
-    piece = sample[: _cut(sample, 0, min(len(sample), _COST_SAMPLE_BYTES))]
+    piece = prefix[: _cut(prefix, 0, min(len(prefix), _COST_SAMPLE_BYTES))]
     first = _corrected_guess(sample, chosen)
     return again if _reading_cost(piece, reading) < _reading_cost(piece, first) else matches
 
 
-def _browser_only_spans(sample: bytes, codec: str) -> list[tuple[int, int]]:
-    """The (start, end) of each character of `sample` that Python's strict `codec` cannot decode and the
-    standard's decoder reads (`encoding_labels.browser_character`); none where the standard's decoder
-    finds an error too (the sample is not in that encoding), nor past `_MOST_BROWSER_ONLY` of them.
+class _Spans(NamedTuple):
+    """What `_browser_only_spans` found: the characters to blank out, and how far it read."""
 
-    Each decode runs in C from the last such character to the next, on a view of the sample (a copy of
-    the rest for each would make a page of such characters quadratic)."""
-    view = memoryview(sample)
+    spans: list[tuple[int, int]]  # (start, end) of each, in the order of the sample
+    end: int  # the sample's length, or the end of the last span where `_MOST_BROWSER_ONLY` were found
+
+
+def _browser_only_spans(sample: bytes, codec: str) -> _Spans | None:
+    """The (start, end) of each character of `sample` that Python's strict `codec` cannot decode and the
+    standard's decoder reads (`encoding_labels.browser_character`), and of each it finds an error too,
+    up to one per `_BYTES_PER_ERROR` bytes of the sample (one at least: a stray byte, a character the
+    page's end cut off); None past that many errors (the sample is not in that encoding). At most
+    `_MOST_BROWSER_ONLY` are collected: past those, the reading ends after the last one. In cp932 the
+    lone bytes Python reads as private-use characters count as the errors they are to the standard
+    (`_cp932_lone_bytes`).
+
+    One decode in C, with an error handler that collects the characters (`_SpanCollector`) and stops
+    the decode once it has enough. Decoding from each such character to the next had cost an exception,
+    a view and a call each: 36 ms for the 4,095 HKSCS-range pairs of a 600 KiB GBK page read as Big5.
+    """
+    collector = _SpanCollector(max(1, len(sample) // _BYTES_PER_ERROR))
+    _COLLECTING.collector = collector
+    try:
+        text: str | None = sample.decode(codec, errors=_collecting_errors())
+    except _EnoughSpans:
+        text = None
+    finally:
+        _COLLECTING.collector = None
+    if collector.ruled_out:
+        return None
+    if text is not None and codec == "cp932" and _CP932_LONE.search(text) is not None:
+        # (at most `most_errors` spans were collected, fewer than `_MOST_BROWSER_ONLY`: no cap here)
+        lone = _cp932_lone_bytes(text, collector.most_errors - collector.errors)
+        return None if lone is None else _Spans(sorted(collector.spans + lone), len(sample))
+    return _Spans(collector.spans, len(sample) if collector.end is None else collector.end)
+
+
+# What Python's cp932 reads the lone bytes 0xA0 and 0xFD-0xFF as (see `encoding_labels.decode_bytes`).
+_CP932_LONE = re.compile("[\uf8f0-\uf8f3]")
+
+
+def _cp932_lone_bytes(text: str, most: int) -> list[tuple[int, int]] | None:
+    """The (start, end) of each lone 0xA0, 0xFD, 0xFE or 0xFF of the sample `text` was read from in cp932
+    (by `_SpanCollector`: a "?" for each byte of an error), or None where there are more than `most`.
+
+    Errors to the standard's decoder (a windows-1252 no-break space pasted into a Shift_JIS page, a
+    stray 0xFF) that Python's codec reads as Microsoft's private-use characters, which the detector
+    took for noise and ruled the page's encoding out for. 0xA0 is a second byte too, so their places
+    come from the text: each character cp932 reads is as many bytes as it encodes to (every one of
+    them checked), and so is each "?".
+    """
     spans: list[tuple[int, int]] = []
-    position = 0
-    while len(spans) <= _MOST_BROWSER_ONLY:
-        try:
-            codecs.decode(view[position:], codec)
-        except UnicodeDecodeError as error:
-            start = position + error.start
-            character, position = browser_character(sample, start, codec)
-            if character == "\ufffd":
-                return []
-            spans.append((start, position))
-        else:
-            return spans
-    return []
+    offset = done = 0
+    for match in _CP932_LONE.finditer(text):
+        if len(spans) == most:
+            return None
+        offset += len(text[done : match.start()].encode("cp932"))
+        spans.append((offset, offset + 1))
+        offset += 1
+        done = match.end()
+    return spans
+
+
+class _EnoughSpans(Exception):
+    """Raised by `_SpanCollector` to stop the decode it collects from."""
+
+
+class _SpanCollector:
+    """The decode error handler of one `_browser_only_spans` call: what it collects, and when it stops.
+    Each character it is called for becomes a "?" per byte in the decoded text (`_cp932_lone_bytes`)."""
+
+    def __init__(self, most_errors: int) -> None:
+        self.spans: list[tuple[int, int]] = []
+        self.most_errors = most_errors
+        self.errors = 0
+        self.end: int | None = None  # where the reading stops short of the sample's end (at the cap)
+        self.ruled_out = False
+
+    def __call__(self, error: UnicodeDecodeError) -> tuple[str, int]:
+        if len(self.spans) == _MOST_BROWSER_ONLY:
+            self.end = self.spans[-1][1]
+            raise _EnoughSpans
+        character, end = browser_character(error.object, error.start, error.encoding)
+        if character == "\ufffd":
+            self.errors += 1
+            if self.errors > self.most_errors:
+                self.ruled_out = True
+                raise _EnoughSpans
+        self.spans.append((error.start, end))
+        return "?" * (end - error.start), end
+
+
+# The collector of the `_browser_only_spans` call running in this thread: an error handler is registered
+# once, by name, and a decode in one thread must not collect into another's.
+_COLLECTING = threading.local()
+
+
+@functools.cache
+def _collecting_errors() -> str:
+    """The name of the error handler that hands each decode error to this thread's `_SpanCollector`
+    (registered on first use, not at import)."""
+    name = "htmllm.browser-only-spans"
+    codecs.register_error(name, _collect_span)
+    return name
+
+
+def _collect_span(error: UnicodeError) -> tuple[str, int]:
+    """The registered error handler: the running collector's answer."""
+    if not isinstance(error, UnicodeDecodeError):
+        raise error
+    collector: _SpanCollector = _COLLECTING.collector
+    return collector(error)
 
 
 def _blanked(sample: bytes, spans: list[tuple[int, int]]) -> bytes:
@@ -289,6 +395,8 @@ def _neighbourhoods(data: bytes, limit: int = DETECT_SAMPLE_BYTES) -> bytes:
     match it returns adds a byte at least), so a page of 16 MiB costs no more than one of 512 KiB. The
     piece the cap cuts ends where a character ends (`_cut`): cut inside a double-byte character, a GBK
     page kept a lone lead byte, which no East Asian codec reads, and came out windows-874 half the time.
+    So does the last piece of a page that ends inside a character (`_complete_end`: a crawler's byte
+    cap), which had ruled the page's encoding out for the detector (GBK pages read as windows-1252).
     """
     spans: list[tuple[int, int]] = []
     size = start = end = 0  # size: the bytes of the pieces in `spans` and their separators; end 0: none yet
@@ -305,8 +413,26 @@ def _neighbourhoods(data: bytes, limit: int = DETECT_SAMPLE_BYTES) -> bytes:
             end = _cut(data, start, start + limit - size)
             break
     if end > start:
-        spans.append((start, end))
+        spans.append((start, _complete_end(data, start, end) if end == len(data) else end))
     return b" ".join(data[start:end] for start, end in spans)
+
+
+def _complete_end(data: bytes, start: int, end: int) -> int:
+    """Where the piece `data[start:end]` at the page's end ends without a character the end cut off: a
+    run of non-ASCII bytes of odd length there (a run starts where a character does, see `_cut`) is a
+    lead byte without its second byte, which is left out. A single-byte page loses a character of its
+    sample, which says nothing of its encoding anyway. (GB18030's four-byte form cut after two or three
+    bytes ends in a digit, or leaves one: that error the second look tolerates.)
+    """
+    if end > start and data[end - 1] >= 0x80 and _odd_run_before(data, start, end):
+        return end - 1
+    return end
+
+
+def _odd_run_before(data: bytes, start: int, stop: int) -> bool:
+    """Whether `data[start:stop]` ends in a run of non-ASCII bytes of odd length."""
+    run = len(data[start:stop].rstrip(_HIGH_BYTES)) + start
+    return (stop - run) % 2 == 1
 
 
 def _cut(data: bytes, start: int, stop: int) -> int:

@@ -40,7 +40,7 @@ import re
 from dataclasses import dataclass
 
 from service.core.charset_detection import detect_encoding
-from service.core.encoding_labels import decode_bytes, iso2022_jp_codec, web_jis0208, whatwg_codec
+from service.core.encoding_labels import decode_bytes, strict_iso2022_jp, whatwg_codec
 
 PRESCAN_BYTES = 16384  # how far into the page a <meta> charset declaration is looked for
 
@@ -329,7 +329,8 @@ _ISO2022_JP_LEAVE_ASCII = (b"\x1b(J", b"\x1b$@", b"\x1b$B", b"\x1b(I")
 def sniff_iso2022_jp(data: bytes) -> str | None:
     """All-ASCII `data` read as ISO-2022-JP, where it is ISO-2022-JP: it leaves ASCII by one of the
     encoding's escape sequences, every ESC byte starts one of them, it holds no SO or SI, and it reads as
-    ISO-2022-JP without an error. None where it is not.
+    ISO-2022-JP without an error to the standard's decoder (`strict_iso2022_jp`: NEC's ① and ㈱, which
+    Python's codec lacks, are none; a page with one had stayed UTF-8). None where it is not.
 
     ISO-2022-JP is all ASCII bytes, so without a declaration it was read as UTF-8: a Japanese page came
     out as its escape sequences and the ASCII letters and punctuation its kanji and kana are written
@@ -351,10 +352,7 @@ def sniff_iso2022_jp(data: bytes) -> str | None:
     escapes = data.count(_ISO2022_JP_TO_ASCII) + sum(data.count(e) for e in _ISO2022_JP_LEAVE_ASCII)
     if data.count(b"\x1b") != escapes:
         return None
-    try:
-        return web_jis0208(data.decode(iso2022_jp_codec(data)))
-    except UnicodeDecodeError:
-        return None
+    return strict_iso2022_jp(data)
 
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import codecs
 import functools
+import itertools
 import re
 
 # Every label of the WHATWG Encoding Standard, by the Python codec that decodes what a browser decodes
@@ -190,14 +191,17 @@ def decode_bytes(data: bytes, codec: str) -> str:
     first byte only, and the second started a character of its own, which misaligned the text after it.
     In Shift_JIS (windows-31j) the lone bytes 0xA0 and 0xFD-0xFF are errors
     (`_CP932_LONE_BYTES`); in EUC-JP and ISO-2022-JP six JIS X 0208 codes are read as windows-31j reads
-    them (`_WEB_JIS0208`, "～" for 0xA1C1); ISO-2022-JP reads JIS X 0201 katakana (`iso2022_jp_codec`).
+    them (`_WEB_JIS0208`, "～" for 0xA1C1); ISO-2022-JP reads JIS X 0201 katakana (`iso2022_jp_codec`)
+    and, in JIS X 0208 mode, the NEC and IBM rows EUC-JP reads (`_iso2022_jp_character`). In gb18030
+    the 18 codes GB18030-2022 moved out of the private-use area, and 0xA3A0 and 0xA8BC, are read as the
+    standard's index gb18030 reads them (`_WEB_GB18030`).
     """
     if codec in _WEB_SINGLE_BYTE:
         return codecs.charmap_decode(data, "strict", _web_single_byte_table(codec))[0]
     if codec == "iso2022_jp":
-        return web_jis0208(data.decode(iso2022_jp_codec(data), errors="replace"))
+        codec = iso2022_jp_codec(data)
     text = data.decode(codec, errors="replace")
-    if codec not in _LEAD_BYTES:
+    if codec not in _LEAD_BYTES and codec not in _ISO2022_JP_CODECS:
         return text
     # Python's "replace" runs in C; the standard's reading runs in Python once per undecodable byte
     # (16 MiB of 0x80 in gb18030 took 5 s), so only a page with a few of them is read again with it.
@@ -205,9 +209,32 @@ def decode_bytes(data: bytes, codec: str) -> str:
         text = data.decode(codec, errors=_browser_errors())
     if codec == "cp932" and _CP932_LONE_BYTES.search(text) is not None:
         text = _CP932_LONE_BYTES.sub("\ufffd", text)
-    if codec == "euc_jp":
+    elif codec == "gb18030" and _WEB_GB18030_FROM.search(text) is not None:
+        text = _web_gb18030(text)
+    elif codec == "euc_jp" or codec in _ISO2022_JP_CODECS:
         text = web_jis0208(text)
     return text
+
+
+def strict_iso2022_jp(data: bytes) -> str | None:
+    """ISO-2022-JP `data` as the standard's decoder reads it, or None where that finds an error.
+
+    Python's strict iso2022_jp rejects the NEC and IBM rows of JIS X 0208 (①, ㈱, Ⅱ, 髙) that the
+    standard's index jis0208 holds: an undeclared page with one ① was read as UTF-8, its escape
+    sequences and all. The pairs it rejects are read as `decode_bytes` reads them, and any other error
+    fails the page; past `_MOST_BROWSER_ERRORS` such pairs (each read in Python) the page fails too.
+    """
+    codec = iso2022_jp_codec(data)
+    try:
+        return web_jis0208(data.decode(codec))
+    except UnicodeDecodeError:
+        pass
+    if data.decode(codec, errors="replace").count("\ufffd") > _MOST_BROWSER_ERRORS:
+        return None
+    try:
+        return web_jis0208(data.decode(codec, errors=_strict_browser_errors()))
+    except UnicodeDecodeError:
+        return None
 
 
 # What Python's cp932 reads the lone bytes 0xA0, 0xFD, 0xFE and 0xFF as: Microsoft's private-use
@@ -259,6 +286,8 @@ _LEAD_BYTES: dict[str, frozenset[int]] = {
     "cp932": frozenset((*range(0x81, 0xA0), *range(0xE0, 0xFD))),
     "euc_jp": frozenset((0x8E, 0x8F, *range(0xA1, 0xFF))),
 }
+# The codecs `iso2022_jp_codec` names: `_browser_error` reads their pairs (`_iso2022_jp_character`).
+_ISO2022_JP_CODECS = frozenset({"iso2022_jp", "iso2022_jp_ext"})
 # Past this many undecodable bytes in a page (a real page has a few euro signs or NEC symbols; binary
 # junk has one every few bytes) `decode_bytes` keeps Python's reading, each such byte one U+FFFD.
 _MOST_BROWSER_ERRORS = 65_536
@@ -278,6 +307,40 @@ _BIG5_ONLY_IN_THE_STANDARD = (
     "C6DE〃仝 FA5F倩 FA66偽 FABD包 FAC5卄 FAD5卿 FB48嘅 FBB8婷 FBF3幵 FBF9廐 FC4F彘 FC6C悤 "
     "FCB9撐 FCE2晴 FCF1杞 FDB7沜渝 FDBB港 FDF1煮 FE52猪 FE6F瑜 FEAA瓩 FEDD砉"
 )  # fmt: skip
+# What Python's gb18030 (GB18030-2005) reads where the standard's index gb18030 reads otherwise: the 18
+# codes GB18030-2022 (and the standard, whatwg/encoding#336) moved out of the private-use area to the
+# vertical forms U+FE10-U+FE19 (0xA6D9-0xA6DF, 0xA6EC, 0xA6ED, 0xA6F3) and the CJK radicals
+# U+9FB4-U+9FBB (0xFE59 ... 0xFEA0), which the four-byte form also reads as those characters; 0xA3A0, the
+# ideographic space (U+3000, as 0xA1A1) in the standard's index, U+E5E5 in Python's; and 0xA8BC (ḿ in
+# the standard, U+E7C7 in Python), whose character Python reads from the four-byte 0x8135F437, which
+# the standard reads as U+E7C7. Each character on the left comes from that one byte sequence alone in
+# Python's gb18030 (every two-byte and four-byte BMP code checked), so translating the text is exact.
+_WEB_GB18030 = dict(
+    zip(
+        "\ue78d\ue78e\ue78f\ue790\ue791\ue792\ue793\ue794\ue795\ue796"
+        "\ue81e\ue826\ue82b\ue82c\ue832\ue843\ue854\ue864\ue5e5\ue7c7\u1e3f",
+        "\ufe10\ufe12\ufe11\ufe13\ufe14\ufe15\ufe16\ufe17\ufe18\ufe19"
+        "\u9fb4\u9fb5\u9fb6\u9fb7\u9fb8\u9fb9\u9fba\u9fbb\u3000\u1e3f\ue7c7",
+        strict=True,
+    )
+)
+_WEB_GB18030_TABLE = str.maketrans(_WEB_GB18030)
+_WEB_GB18030_FROM = re.compile(f"[{''.join(_WEB_GB18030)}]")
+
+
+def _web_gb18030(text: str) -> str:
+    """`text` decoded by Python's gb18030 with the characters of `_WEB_GB18030` as the standard reads them.
+
+    A substitution calls Python once per character it replaces (1.5 s for 16 MiB of them); a
+    translation reads every character of the text (0.5 s for one in 16 MiB of CJK text). The first is
+    taken where they are fewer than one in five characters, where it costs less.
+    """
+    few = len(text) // 5
+    if sum(1 for _ in itertools.islice(_WEB_GB18030_FROM.finditer(text), few)) < few:
+        return _WEB_GB18030_FROM.sub(lambda match: _WEB_GB18030[match[0]], text)
+    return text.translate(_WEB_GB18030_TABLE)
+
+
 # The six codes of JIS X 0208 that Python's euc_jp and iso2022_jp read by the JIS standard's mapping and
 # the Encoding Standard's index jis0208 (windows-31j's) reads otherwise: 0xA1C1 is "～" in a browser and
 # in a Shift_JIS page (0x8160), "〜" in Python. Python's codecs read no other code as these characters.
@@ -329,7 +392,47 @@ def _browser_error(error: UnicodeError) -> tuple[str, int]:
     """The error handler: what the standard's decoder reads where Python's codec stopped."""
     if not isinstance(error, UnicodeDecodeError):
         raise error
+    if error.encoding in _ISO2022_JP_CODECS:
+        return _iso2022_jp_character(error) or ("\ufffd", error.end)
     return browser_character(error.object, error.start, error.encoding)
+
+
+@functools.cache
+def _strict_browser_errors() -> str:
+    """The name of the decode error handler that reads ISO-2022-JP's pairs as `_browser_error` does and
+    raises at any other error (registered on first use)."""
+    name = "htmllm.whatwg-iso2022-jp-strict"
+    codecs.register_error(name, _strict_browser_error)
+    return name
+
+
+def _strict_browser_error(error: UnicodeError) -> tuple[str, int]:
+    """The strict error handler: the character of an ISO-2022-JP pair Python's table lacks, else raise."""
+    if not isinstance(error, UnicodeDecodeError):
+        raise error
+    found = _iso2022_jp_character(error)
+    if found is None or found[0] == "\ufffd":
+        raise error
+    return found
+
+
+def _iso2022_jp_character(error: UnicodeDecodeError) -> tuple[str, int] | None:
+    """(the character of the standard's index jis0208, else U+FFFD; where reading goes on) for a pair
+    Python's iso2022_jp rejects in JIS X 0208 mode; None for any other error.
+
+    The standard's ISO-2022-JP decoder reads a JIS X 0208 pair by the index EUC-JP reads it by
+    (`_jis0208`, with the high bits set): NEC's row 13 and IBM's rows (①, ㈱, Ⅱ, 髙), which
+    Python's table lacks, are characters, and "お問い合わせは㈱山田商事①本社まで" had come out with
+    U+FFFD for both. Python's codecs report an error of two bytes in a double-byte mode only (an
+    escape they do not know leaves the mode as it was), and the one such mode of the codecs
+    `iso2022_jp_codec` names is JIS X 0208's (iso2022_jp_ext's JIS X 0212 is never chosen for a page
+    that switches to it). So the error's shape says the mode; looking back for the pair's escape
+    sequence instead would be quadratic (8 s for 65,536 such pairs after one escape in 16 MiB).
+    """
+    data, start = error.object, error.start
+    if error.end - start != 2 or not all(0x21 <= byte <= 0x7E for byte in data[start : start + 2]):
+        return None
+    return _jis0208(data[start] | 0x80, data[start + 1] | 0x80) or "\ufffd", start + 2
 
 
 def browser_character(data: bytes, start: int, codec: str) -> tuple[str, int]:

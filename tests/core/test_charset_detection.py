@@ -365,7 +365,8 @@ def test_the_second_look_keeps_the_first_answer_unless_its_reading_is_the_more_p
 
     german = "Grüße aus München: für Käse und Brötchen öffnet der Bäcker früh. " * 12
     data = german.encode("cp1252")
-    assert charset_detection._browser_only_spans(data, "big5")  # HKSCS pairs, nothing Big5 rejects
+    found = charset_detection._browser_only_spans(data, "big5")
+    assert found is not None and found.spans  # HKSCS pairs, nothing Big5 rejects
     first = charset_normalizer.from_bytes(data, cp_isolation=charset_detection._DETECTED_ENCODINGS)
     monkeypatch.setattr(charset_normalizer, "from_bytes", lambda *args, **kwargs: _Named("big5"))
     assert charset_detection._second_look(data, first) is first
@@ -390,16 +391,106 @@ class _Named:
 
 
 def test_browser_only_spans_need_every_other_character_to_be_the_encoding_s() -> None:
-    """A reading that errs where the standard's decoder errs too is no reading of the page: nothing is
-    blanked for it. Past `_MOST_BROWSER_ONLY` such characters nothing is either (a page of 0x80 bytes
-    would otherwise be one exception each)."""
+    """A reading that errs where the standard's decoder errs too, more than once per
+    `_BYTES_PER_ERROR` bytes (once at least: a stray byte), is no reading of the page: None. The few
+    errors it may make are blanked out with the characters only a browser reads."""
     gbk = "中文 €5 中文".encode("gb18030").replace(b"\xa2\xe3", b"\x80")
-    assert charset_detection._browser_only_spans(gbk, "gb18030") == [(5, 6)]
-    assert charset_detection._browser_only_spans(gbk + b"\xff", "gb18030") == []
-    assert charset_detection._browser_only_spans("中文".encode("gb18030"), "gb18030") == []
-    many = b"\x80 " * (charset_detection._MOST_BROWSER_ONLY + 1)
-    assert charset_detection._browser_only_spans(many, "gb18030") == []
-    assert len(charset_detection._browser_only_spans(many[:20], "gb18030")) == 10
+    assert charset_detection._browser_only_spans(gbk, "gb18030") == ([(5, 6)], 12)
+    assert charset_detection._browser_only_spans(gbk + b"\xff", "gb18030") == ([(5, 6), (12, 13)], 13)
+    assert charset_detection._browser_only_spans(gbk + b"\xff\xff", "gb18030") is None
+    assert charset_detection._browser_only_spans("中文".encode("gb18030"), "gb18030") == ([], 4)
+    # A lead byte before an ASCII byte is one error, and the ASCII byte is read again.
+    assert charset_detection._browser_only_spans(b"\xd6<p>", "gb18030") == ([(0, 1)], 4)
+    long = "中文".encode("gb18030") * charset_detection._BYTES_PER_ERROR
+    assert charset_detection._browser_only_spans(long + b"\xff" * 4, "gb18030") is not None
+    assert charset_detection._browser_only_spans(long + b"\xff" * 5, "gb18030") is None
+
+
+def test_browser_only_spans_stop_at_the_cap_after_the_last_one_collected() -> None:
+    """Past `_MOST_BROWSER_ONLY` characters the reading ends after the last one collected, and nothing
+    after it is read: a page of them costs no more than that many (each takes the error handler)."""
+    most = charset_detection._MOST_BROWSER_ONLY
+    many = b"\x80 " * (most + 1)
+    found = charset_detection._browser_only_spans(many, "gb18030")
+    assert found is not None
+    assert found.spans == [(2 * i, 2 * i + 1) for i in range(most)]
+    assert found.end == 2 * most - 1
+    # Past the cap, errors are not counted either: the reading stands on what it was read to.
+    assert charset_detection._browser_only_spans(many + b"\xff" * 99, "gb18030") == found
+    assert charset_detection._browser_only_spans(many[:20], "gb18030") == (
+        [(i, i + 1) for i in range(0, 20, 2)],
+        20,
+    )
+
+
+# Cantonese written in Big5-HKSCS: 9 of its 59 characters (哋, 咗, 嘅, 喺, ...) are HKSCS codes.
+CANTONESE = (
+    "我哋今日去咗旺角食嘢，啲嘢好好食，佢話下次再嚟。你喺邊度？我冇時間，唔該你快啲啦。"
+    "呢間餐廳嘅服務真係幾好，價錢都唔貴。"
+)
+
+
+def test_a_page_of_more_hkscs_characters_than_are_collected_is_big5_hkscs() -> None:
+    """An undeclared Cantonese page with more HKSCS characters than `_browser_only_spans` collects was
+    iso-8859-15 mojibake (1,000 paragraphs; no Big5 reading was left to look at again): the second look
+    reads the sample up to the last one collected."""
+    paragraphs = 4 * charset_detection._MOST_BROWSER_ONLY // 9 + 1
+    page = "<html><body>" + "".join(f"<p>{CANTONESE}</p>\n" for _ in range(paragraphs)) + "</body></html>"
+    data = page.encode("big5hkscs")
+    assert data.decode("big5", errors="replace").count("\ufffd") > 4 * charset_detection._MOST_BROWSER_ONLY
+    decoded = decode_html(data)
+    assert (decoded.text, decoded.encoding) == (page, "big5hkscs")
+
+
+def _cut_inside_last_character(page: str, codec: str) -> tuple[bytes, str]:
+    """`page` in `codec` cut after the first byte of its last non-ASCII character (a crawler's byte cap),
+    and the text a browser reads from that."""
+    last = max(i for i, ch in enumerate(page) if not ch.isascii())
+    return page[:last].encode(codec) + page[last].encode(codec)[:1], page[:last] + "\ufffd"
+
+
+CJK_PAGES = [
+    ("gb18030", SIMPLIFIED_CHINESE),
+    ("big5hkscs", TRADITIONAL_CHINESE),
+    ("euc_jp", JAPANESE),
+    ("cp932", JAPANESE),
+    ("cp949", KOREAN),
+]
+
+
+@pytest.mark.parametrize(("codec", "text"), CJK_PAGES)
+def test_a_page_cut_inside_its_last_character_keeps_its_encoding(codec: str, text: str) -> None:
+    """The detector's strict codecs rule an encoding out for a character the page's end cut off: GBK,
+    Big5 and EUC-JP pages so cut were windows-1252, iso-8859-2 or iso-8859-15 mojibake, EUC-KR ones
+    iso-8859-5. The detector's sample leaves that character out (`_complete_end`)."""
+    data, expected = _cut_inside_last_character(_page(text * 4), codec)
+    decoded = decode_html(data)
+    assert (decoded.text, decoded.encoding) == (expected, codec)
+
+
+@pytest.mark.parametrize(("codec", "text"), CJK_PAGES)
+def test_one_stray_byte_does_not_rule_out_the_page_s_encoding(codec: str, text: str) -> None:
+    """One 0xFF in the text (no character of any of these encodings) ruled the page's encoding out for
+    the detector; the second look blanks it out, as it does a character only a browser reads."""
+    page = _page(text * 4)
+    data = page.encode(codec).replace(b"See ", b"See \xff", 1)
+    decoded = decode_html(data)
+    assert (decoded.text, decoded.encoding) == (page.replace("See ", "See \ufffd", 1), codec)
+
+
+@pytest.mark.parametrize(
+    ("data", "sample"),
+    [
+        (b"<p>\xb1\xb1\xbe", b"<p>\xb1\xb1"),  # a lead byte without its second byte
+        (b"<p>\xb1\xb1", b"<p>\xb1\xb1"),
+        (b"<p>\x81\x30\x81", b"<p>\x81\x30"),  # (GB18030's four-byte form cut after three bytes)
+        (b"<p>\x81\x30\x81\x30", b"<p>\x81\x30\x81\x30"),
+        (b"<p>\xb1\xb15", b"<p>\xb1\xb15"),  # a character, then a digit
+        (b"<p>\xe9</p>" + b"x" * 20, b"<p>\xe9</p>xxxx"),  # (only the page's end is cut)
+    ],
+)
+def test_the_sample_leaves_out_a_character_the_page_s_end_cut_off(data: bytes, sample: bytes) -> None:
+    assert charset_detection._neighbourhoods(data) == sample
 
 
 def test_blanked_spans_of_several_readings_may_overlap() -> None:

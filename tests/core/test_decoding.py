@@ -809,6 +809,23 @@ def test_koi8_u_reads_belarusian_short_u_as_the_standard_does() -> None:
         assert decoded.text == "<p>Беларуская мова: ўсё, Ўзыходзіць</p>", decoded.text
 
 
+def test_iso2022_jp_with_nec_symbols_is_read_as_iso2022_jp() -> None:
+    """Python's strict iso2022_jp lacks NEC's row 13 and IBM's rows (457 codes: ①, ㈱, Ⅱ, 髙), which the
+    standard's decoder reads: undeclared, a page with one ① was read as UTF-8, its escape sequences and
+    all; declared, "お問い合わせは㈱山田商事①本社まで" lost both symbols to U+FFFD."""
+    data = b"<p>\x1b$B$*Ld$$9g$o$;$O-j;3ED>&;v-!K\\<R$^$G\x1b(B</p>"
+    page = "<p>お問い合わせは㈱山田商事①本社まで</p>"
+    assert sniff_iso2022_jp(data) == page
+    for encoding, source in ((None, "detected"), ("iso-2022-jp", "declared")):
+        decoded = decode_html(data, encoding=encoding)
+        assert (decoded.text, decoded.encoding, decoded.source) == (page, "iso2022_jp", source)
+    assert parser_input(data) == page
+    # A pair neither table holds (row 85) is an error: the page stays UTF-8.
+    bad = b"<p>\x1b$B-!u!\x1b(B</p>"
+    assert sniff_iso2022_jp(bad) is None
+    assert decode_html(bad).encoding == "utf-8"
+
+
 def test_iso2022_jp_with_half_width_katakana_is_read_as_a_browser_reads_it() -> None:
     """ESC ( I (JIS X 0201 katakana) is one of the Encoding Standard's ISO-2022-JP escapes: a page that
     used it was refused by the sniff (an ESC outside the escapes it counted) and stayed UTF-8, its

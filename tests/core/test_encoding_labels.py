@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from service.core import encoding_labels
-from service.core.encoding_labels import decode_bytes, normalize_encoding, whatwg_codec
+from service.core.encoding_labels import decode_bytes, normalize_encoding, strict_iso2022_jp, whatwg_codec
 
 # The Encoding Standard's encodings.json (https://encoding.spec.whatwg.org/encodings.json): every label,
 # by the encoding it names. Copied here so the test checks the module against the standard, not itself.
@@ -301,3 +301,81 @@ def test_iso_2022_jp_reads_half_width_katakana() -> None:
     to the standard, is not read where it appears."""
     assert decode_bytes(b"\x1b(I12\x1b(B!", "iso2022_jp") == "ｱｲ!"
     assert "\ufffd" in decode_bytes(b"\x1b(I12\x1b(B\x1b$(D0!\x1b(B", "iso2022_jp")
+
+
+def test_iso_2022_jp_reads_the_nec_and_ibm_rows_as_euc_jp_does() -> None:
+    """The standard's ISO-2022-JP decoder reads JIS X 0208 pairs by the index EUC-JP reads them by:
+    NEC's row 13 and IBM's rows (①, ㈱, Ⅰ, 髙), which Python's iso2022_jp lacks, were U+FFFD
+    ("お問い合わせは�山田商事�本社まで"). Only in JIS X 0208 mode (ESC $ B, ESC $ @): in ASCII the
+    same bytes are ASCII, and a pair neither table holds is still one U+FFFD."""
+    assert decode_bytes(b"\x1b$B-!-j-5|b\x1b(B", "iso2022_jp") == "①㈱Ⅰ髙"
+    assert decode_bytes(b"\x1b$@-!\x1b(B-!", "iso2022_jp") == "①-!"
+    assert decode_bytes(b'\x1b$Bu!$"\x1b(B', "iso2022_jp") == "\ufffdあ"  # row 85: in neither
+    assert decode_bytes(b"\x1b(I1\x1b$B-!\x1b(B", "iso2022_jp") == "ｱ①"  # (iso2022_jp_ext's pages too)
+    # Every pair of JIS X 0208 mode reads as the EUC-JP pair with the high bits set.
+    for first in range(0x21, 0x7F):
+        for second in range(0x21, 0x7F):
+            euc_jp = decode_bytes(bytes((first | 0x80, second | 0x80)), "euc_jp")
+            assert decode_bytes(b"\x1b$B" + bytes((first, second)) + b"\x1b(B", "iso2022_jp") == euc_jp
+
+
+def test_strict_iso2022_jp_fails_a_page_on_any_error_but_the_pairs_python_lacks() -> None:
+    """The undeclared-page sniff's reading (`decoding.sniff_iso2022_jp`): a page with one ① is ISO-2022-JP,
+    one with a pair no table holds, or a pair cut short, is not."""
+    assert strict_iso2022_jp(b"<p>\x1b$B$3-!\x1b(B</p>") == "<p>こ①</p>"
+    assert strict_iso2022_jp(b"<p>\x1b$B!A\x1b(B</p>") == "<p>～</p>"
+    assert strict_iso2022_jp(b"<p>\x1b$Bu!\x1b(B</p>") is None
+    assert strict_iso2022_jp(b"<p>\x1b$B-\x1b(B</p>") is None
+    assert strict_iso2022_jp(b"<p>\x1b$B-!\x1b(B\x1b$(D0!\x1b(B</p>") is None  # JIS X 0212: an error
+
+
+def test_strict_iso2022_jp_reads_a_page_of_many_such_pairs_in_c(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each pair Python lacks is read in Python: past `_MOST_BROWSER_ERRORS` of them the page fails
+    (16 MiB of ① would take seconds), as `decode_bytes` keeps Python's U+FFFD past them."""
+    monkeypatch.setattr(encoding_labels, "_MOST_BROWSER_ERRORS", 3)
+    assert strict_iso2022_jp(b"\x1b$B" + b"-!" * 3 + b"\x1b(B") == "①①①"
+    assert strict_iso2022_jp(b"\x1b$B" + b"-!" * 4 + b"\x1b(B") is None
+    assert decode_bytes(b"\x1b$B" + b"-!" * 4 + b"\x1b(B", "iso2022_jp") == "\ufffd" * 4
+
+
+# The 21 codes whose character Python's gb18030 (GB18030-2005) and the standard's index gb18030 (after
+# whatwg/encoding#336, GB18030-2022) differ on, as the WHATWG reference implementation reads them.
+GB18030_2022 = {
+    b"\xa6\xd9": "\ufe10", b"\xa6\xda": "\ufe12", b"\xa6\xdb": "\ufe11", b"\xa6\xdc": "\ufe13",
+    b"\xa6\xdd": "\ufe14", b"\xa6\xde": "\ufe15", b"\xa6\xdf": "\ufe16", b"\xa6\xec": "\ufe17",
+    b"\xa6\xed": "\ufe18", b"\xa6\xf3": "\ufe19", b"\xfe\x59": "\u9fb4", b"\xfe\x61": "\u9fb5",
+    b"\xfe\x66": "\u9fb6", b"\xfe\x67": "\u9fb7", b"\xfe\x6d": "\u9fb8", b"\xfe\x7e": "\u9fb9",
+    b"\xfe\x90": "\u9fba", b"\xfe\xa0": "\u9fbb", b"\xa3\xa0": "\u3000", b"\xa8\xbc": "\u1e3f",
+    b"\x81\x35\xf4\x37": "\ue7c7",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("code", "character"), GB18030_2022.items())
+def test_gb18030_reads_the_codes_gb18030_2022_changed_as_browsers_do(code: bytes, character: str) -> None:
+    """Python's gb18030 read the vertical forms and CJK radicals GB18030-2022 took out of the private-use
+    area (and 0xA3A0, 0xA8BC) as private-use characters, which no font shows as the page meant."""
+    assert decode_bytes(b"a" + code + b"z", "gb18030") == f"a{character}z"
+    assert (
+        decode_bytes(b"a" + code + b"z" + "中".encode("gb18030") + b"\xff", "gb18030")
+        == f"a{character}z中\ufffd"
+    )
+
+
+def test_gb18030_s_translated_characters_come_from_one_code_each() -> None:
+    """The reading translates Python's text after decoding (`_WEB_GB18030`): exact only while each
+    character it translates comes from that one code alone, among every two-byte code and every
+    four-byte one of the BMP."""
+    two = [bytes((a, b)) for a in range(0x81, 0xFF) for b in (*range(0x40, 0x7F), *range(0x80, 0xFF))]
+    four = [
+        bytes((a, b, c, d))
+        for a in range(0x81, 0x85)
+        for b in range(0x30, 0x3A)
+        for c in range(0x81, 0xFF)
+        for d in range(0x30, 0x3A)
+    ]
+    sources: dict[str, list[bytes]] = {}
+    for code in two + four:
+        sources.setdefault(code.decode("gb18030", errors="replace"), []).append(code)
+    translated = set(encoding_labels._WEB_GB18030)
+    assert len(translated) == 21
+    assert sorted(code for character in translated for code in sources[character]) == sorted(GB18030_2022)
