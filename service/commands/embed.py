@@ -72,6 +72,7 @@ from service.commands.resume_state import (
     installed_version,
     leftovers,
     limit_raised,
+    only_input_stops_the_limit,
     own_files,
     parts_dir,
     pin_settings,
@@ -482,6 +483,11 @@ def _finished(output: Path, settings: dict[str, Any], overwrite: bool) -> _Found
         return "smaller_limit"
     if previous is None:
         why = "was not written by this version of htmllm embed"
+    elif only_input_stops_the_limit(settings, previous):  # a larger --limit, but over another input
+        why = (
+            f"was written before its input changed ({input_change(settings, previous)}): a larger --limit "
+            "goes on only over the same input"
+        )
     elif other := changed(settings, previous, recorded=settings.keys()):
         why = f"was written with other settings ({other})"
     else:  # the same options over an input rewritten or grown since: its rows may be stale

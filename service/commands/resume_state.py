@@ -156,6 +156,14 @@ def limit_raised(settings: dict[str, Any], previous: dict[str, Any]) -> bool:
     return {**previous, "limit": new} == settings
 
 
+def only_input_stops_the_limit(settings: dict[str, Any], previous: dict[str, Any]) -> bool:
+    """Whether `settings` would continue `previous` under a larger `limit` (`limit_raised`) but for the
+    input, which changed since: its refusal is the input's, not the limit's (naming only the limit, as
+    `changed` does, had called a documented continuation "other settings")."""
+    same_input = {**settings, INPUT_KEY: previous.get(INPUT_KEY)}
+    return settings.get(INPUT_KEY) != previous.get(INPUT_KEY) and limit_raised(same_input, previous)
+
+
 _UNSET = object()
 # A value shown longer than this is cut in its middle (a path differs at either end); a hex digest is
 # cut to its first `_DIGEST_SHOWN` characters, as git shows a commit.
@@ -557,10 +565,13 @@ def pin_settings(
         else:
             if previous == settings:
                 return None
-            if limit_may_grow and isinstance(previous, dict) and limit_raised(settings, previous):
-                _write_json(settings, pin)
+            growable = limit_may_grow and isinstance(previous, dict)
+            if growable and not overwrite and limit_raised(settings, previous):
+                _write_json(settings, pin)  # (with --overwrite: start over, as for a finished output)
                 return None
             other = changed(settings, previous if isinstance(previous, dict) else {}, recorded)
+            if growable and only_input_stops_the_limit(settings, previous):
+                other = ""  # the input's change is the reason, below
             if other:
                 why = f"with other settings ({other})"
                 if not overwrite:

@@ -168,3 +168,46 @@ def test_a_run_that_kept_a_smaller_output_and_was_stopped_keeps_it_once(
         f"wrote 6 documents to {out}: 6 resumed from earlier runs, 0 embedded this run (0 failed)\n"
     )
     assert pq.read_table(out)["id"].to_pylist() == [f"p{i}" for i in range(6)]
+
+
+def test_overwrite_starts_an_interrupted_smaller_limit_over_as_it_does_a_finished_one(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With --overwrite an interrupted --limit 3 run had been kept under --limit 5 (its rows resumed),
+    where a finished one was started over."""
+    write_pages(tmp_path / "pages.jsonl", 8)
+    out = tmp_path / "out.parquet"
+    args = _args(checkpoint, tmp_path / "pages.jsonl", out, "--preprocess-pool", "thread")
+    stop_before_merge(monkeypatch, [*args, "--limit", "3"])
+    capsys.readouterr()
+    embedded = _counting_embed(monkeypatch)
+    assert main([*args, "--limit", "5", "--overwrite"]) == 0
+    assert embedded == [f"p{i}" for i in range(5)]
+    err = capsys.readouterr().err
+    discarded = "discarded the 3 part(s) of an interrupted run with other settings (limit 3 -> 5)"
+    assert discarded in err, err
+    assert "0 resumed from earlier runs, 5 embedded this run" in err
+
+
+def test_a_larger_limit_over_a_changed_input_is_refused_for_the_input(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refusal was right and its reason wrong: "other settings (limit 3 -> 5)", a continuation the
+    docs allow, where the input had grown since."""
+    source = tmp_path / "pages.jsonl"
+    write_pages(source, 8)
+    out = tmp_path / "out.parquet"
+    args = _args(checkpoint, source, out, "--preprocess-pool", "thread")
+    assert main([*args, "--limit", "3"]) == 0
+    stop_before_merge(monkeypatch, [*_args(checkpoint, source, tmp_path / "run.parquet"), "--limit", "3"])
+    with source.open("a", encoding="utf-8") as pages:
+        pages.write(json.dumps({"id": "late", "html": "<p>one more page</p>"}) + "\n")
+    capsys.readouterr()
+    monkeypatch.setattr(Engine, "from_checkpoint", _not_loaded)
+    assert main([*args, "--limit", "5"]) == 1
+    err = capsys.readouterr().err
+    assert "was written before its input changed (" in err and "goes on only over the same input" in err
+    assert "limit 3 -> 5" not in err
+    assert main([*_args(checkpoint, source, tmp_path / "run.parquet"), "--limit", "5"]) == 1
+    err = capsys.readouterr().err
+    assert "input changed since the interrupted run (" in err and "limit 3 -> 5" not in err
