@@ -26,6 +26,7 @@ ends a run as Ctrl-C does, keeping what was finished, with status 143 or 129).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import itertools
@@ -736,7 +737,34 @@ def complete_parts(parts: Path, fmt: PartFormat, documents: int, output: Path) -
 
 def remove_parts(parts: Path, output: Path) -> None:
     """Remove `parts` in one rename, then delete it: a kill in between leaves a temporary that the next
-    run removes, never a parts directory missing some parts."""
+    run removes, never a parts directory missing some parts.
+
+    Where `parts` cannot be renamed, a mount point (EBUSY: parts on local scratch, the output on a
+    volume) or a symlink to another file system (whose rename moved the link and left everything
+    behind), its contents are deleted in place, the parts before run.json and the lock: a kill in
+    between leaves fewer parts of the same run beside the finished output, which the next run removes
+    the same way. A mount point had failed every run after its merge (EBUSY, exit 1)."""
+    if parts.is_symlink():
+        _clear_in_place(parts.resolve())
+        parts.unlink()
+        return
     trash = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=TRASH_SUFFIX))
-    os.replace(parts, trash / "parts")
+    try:
+        os.replace(parts, trash / "parts")
+    except OSError as exc:
+        trash.rmdir()
+        if exc.errno not in (errno.EBUSY, errno.EXDEV):
+            raise
+        _clear_in_place(parts)
+        return
     shutil.rmtree(trash)
+
+
+def _clear_in_place(directory: Path) -> None:
+    """Delete what `directory` holds, run.json and then the lock last (`remove_parts`)."""
+    last = {RUN_FILE: 1, LOCK_FILE: 2}
+    for entry in sorted(directory.iterdir(), key=lambda entry: (last.get(entry.name, 0), entry.name)):
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()

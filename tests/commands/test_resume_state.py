@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from service.commands import resume_state
 from service.commands.resume_state import (
     RUN_FILE,
     PartWriter,
@@ -382,3 +383,39 @@ def test_parts_without_run_json_are_never_resumed_under_this_runs_settings(tmp_p
     assert said == f"discarded the 2 part(s) of an interrupted run without run.json in {parts}; starting over"
     assert json.loads((parts / RUN_FILE).read_text()) == {"prune_version": "10"}
     assert not list(parts.glob("part-*"))
+
+
+def _parts_of_a_finished_run(parts: Path) -> None:
+    parts.mkdir()
+    for name in ("part-000000-000002.parquet", "part-000002-000004.parquet", "run.json", "lock"):
+        (parts / name).write_bytes(b"x")
+
+
+def test_parts_on_a_mount_point_are_emptied_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parts on local scratch mounted at `out.parquet.parts`: the rename is EBUSY, which had failed the
+    run after its merge, and every run after it."""
+    parts, output = tmp_path / "out.parquet.parts", tmp_path / "out.parquet"
+    _parts_of_a_finished_run(parts)
+    replace = os.replace
+
+    def mounted(source: Any, target: Any) -> None:
+        if Path(source) == parts:
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        replace(source, target)
+
+    monkeypatch.setattr(os, "replace", mounted)
+    resume_state.remove_parts(parts, output)
+    assert parts.is_dir() and list(parts.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.parquet.parts"]  # no trash left behind
+
+
+def test_parts_behind_a_symlink_are_removed_where_they_are(tmp_path: Path) -> None:
+    """The rename moved the link alone: the lock, run.json and every part stayed on the other side."""
+    scratch, parts = tmp_path / "scratch" / "parts", tmp_path / "out" / "out.parquet.parts"
+    scratch.parent.mkdir()
+    parts.parent.mkdir()
+    _parts_of_a_finished_run(scratch)
+    parts.symlink_to(scratch)
+    resume_state.remove_parts(parts, parts.parent / "out.parquet")
+    assert not parts.exists() and not parts.is_symlink()
+    assert list(scratch.iterdir()) == [] and list(parts.parent.iterdir()) == []
