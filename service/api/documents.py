@@ -21,7 +21,6 @@ import codecs
 import json
 import re
 import sys
-import zlib
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -33,6 +32,7 @@ from pydantic import BaseModel, ValidationError
 from service.api.runtime import CHARGE_KEY, CONTENT_ENCODING_KEY
 from service.api.schemas import TOKEN_IDS_MESSAGE, DocumentIn, EncodingFormat
 from service.api.timing import milliseconds
+from service.core.content_coding import undeclared_coding
 from service.core.decoding import sniff_utf16
 from service.core.errors import ErrorCode, HtmllmError, shown
 from service.core.media_types import essences, extract_media_type, split_values
@@ -117,102 +117,6 @@ def media_type_of(value: str) -> tuple[str, str | None]:
             code=ErrorCode.UNSUPPORTED_MEDIA_TYPE,
         )
     return extract_media_type(value)
-
-
-# A body compressed without Content-Encoding (a crawler stores the body as the origin sent it): zstd's
-# frame magic, gzip's magic and method byte, and the zlib headers of deflate's four levels. Brotli has no
-# magic number, nor does raw deflate. Text can start as gzip or zlib does (`x^2+1` is a zlib header and a
-# fixed-Huffman block that reads without error), so those starts count only with more evidence from the
-# deflate data after them (`_deflate_evidence`).
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-_GZIP_START = b"\x1f\x8b\x08"
-_ZLIB_STARTS = (b"\x78\x01", b"\x78\x5e", b"\x78\x9c", b"\x78\xda")
-# gzip's header flags (RFC 1952 section 2.3.1), and the three bits it reserves, which must be 0.
-_FHCRC, _FEXTRA, _FNAME, _FCOMMENT, _GZIP_RESERVED = 0x02, 0x04, 0x08, 0x10, 0xE0
-_GZIP_FIXED_HEAD = 10
-_MAX_GZIP_HEAD = 64 * 1024  # an extra field takes at most 65,535 bytes; a file name a few hundred
-# Deflate data inflated to confirm a start, and the least of it that is evidence where its stream does
-# not end within it (a longer body, or one cut off): no text was seen to read as deflate for more than
-# 129 bytes, but for a run (`x^` then `****`...), which reads without error for ever.
-_INFLATE_SAMPLE = 4096
-_MIN_UNENDED_SAMPLE = 1024
-_MAX_INFLATED = 256 * 1024  # output inflated from the sample at most (a bomb's 4 KiB make 4 MiB)
-# Bits per byte of deflate data at the least: the first KiB of every corpus page compressed at any level
-# has 7.2 or more (its first 4 KiB 7.8), while text has at most 6.5 (random printable ASCII 6.6), and a
-# run that reads as deflate 3 or less.
-_MIN_DEFLATE_ENTROPY = 7.0
-_STORED_BLOCK = 0b000  # a first block's BFINAL and BTYPE bits, masked to the type (level 0's blocks)
-
-
-def undeclared_coding(body: bytes) -> str | None:
-    """The content coding `body` starts with ("gzip", "deflate" or "zstd"), or None: no page or JSON
-    starts so. A gzip or zlib start counts only with the deflate data after it as evidence
-    (`_deflate_evidence`): text that starts so (`x^2+1`, at any length) is read as the page it is."""
-    if body.startswith(_ZSTD_MAGIC):
-        return "zstd"
-    if body.startswith(_GZIP_START):
-        head = _gzip_head_length(body)
-        return "gzip" if head is not None and _deflate_evidence(body, head, wbits=31) else None
-    if body.startswith(_ZLIB_STARTS):
-        return "deflate" if _deflate_evidence(body, 2, wbits=15) else None
-    return None
-
-
-def _gzip_head_length(body: bytes) -> int | None:
-    """The bytes the gzip member header at the start of `body` takes, or None where it is none: reserved
-    flags set, or an extra field, name or comment that does not end within the body (or 64 KiB)."""
-    flags = body[3] if len(body) > 3 else 0
-    if flags & _GZIP_RESERVED:
-        return None
-    end = _GZIP_FIXED_HEAD
-    if flags & _FEXTRA:
-        end += 2 + int.from_bytes(body[end : end + 2], "little")
-    for field in (_FNAME, _FCOMMENT):
-        if flags & field:
-            zero = body.find(b"\0", end, _MAX_GZIP_HEAD)
-            if zero < 0:
-                return None
-            end = zero + 1
-    if flags & _FHCRC:
-        end += 2
-    return end if end <= min(len(body), _MAX_GZIP_HEAD) else None
-
-
-def _deflate_evidence(body: bytes, start: int, *, wbits: int) -> bool:
-    """Whether the deflate data at `body[start:]` (after a gzip or zlib header) shows it is compressed
-    data rather than text that happens to start as a header does.
-
-    Either its stream ends within `_INFLATE_SAMPLE` bytes with the checksum zlib verifies there (Adler-32,
-    or gzip's CRC-32 and length): any complete small body, `gzip.compress(b"")` included, against odds
-    of 2**-32 for text. Or at least `_MIN_UNENDED_SAMPLE` bytes of it (a longer body, or one cut off)
-    inflate without error and either look random, as compressed data does and no text does
-    (`_MIN_DEFLATE_ENTROPY`), or start a stored block (level 0, whose length zlib checked against its
-    one's complement). The first few bytes inflating is no evidence: most text fails within a few dozen
-    bytes, but a few bytes of text read as fixed-Huffman literals before the input runs out, and a run
-    reads so for ever.
-    """
-    sample = body[: start + _INFLATE_SAMPLE]
-    inflater = zlib.decompressobj(wbits)
-    pending, inflated = sample, 0
-    try:
-        while pending and not inflater.eof and inflated < _MAX_INFLATED:
-            inflated += len(inflater.decompress(pending, 64 * 1024))  # output dropped: it is only counted
-            pending = inflater.unconsumed_tail
-    except zlib.error:
-        return False
-    if inflater.eof:
-        return True
-    deflated = sample[start : len(sample) - len(pending)]
-    if len(deflated) < _MIN_UNENDED_SAMPLE:
-        return False
-    return deflated[0] & 0b110 == _STORED_BLOCK or _entropy(deflated) >= _MIN_DEFLATE_ENTROPY
-
-
-def _entropy(data: bytes) -> float:
-    """Shannon entropy of `data`'s byte values, in bits per byte (8 for random bytes)."""
-    counts = np.bincount(np.frombuffer(data, dtype=np.uint8), minlength=256)
-    shares = counts[counts > 0] / len(data)
-    return float(-(shares * np.log2(shares)).sum())
 
 
 def check_not_compressed(body: bytes, declared: str | None = None) -> None:

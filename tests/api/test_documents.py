@@ -26,9 +26,9 @@ from service.api.documents import (
     parse_json,
     read_body,
     read_json_body,
-    undeclared_coding,
 )
 from service.api.schemas import EmbedRequest, OpenAIEmbeddingsRequest
+from service.core.content_coding import undeclared_coding
 from service.core.errors import ErrorCode, HtmllmError
 
 # What a page's text, script and style put inside JSON strings: every mark counted outside them.
