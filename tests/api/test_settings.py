@@ -75,6 +75,10 @@ def test_environment_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     monkeypatch.setenv("HTMLLM_INFERENCE_PROCESS", "true")
     assert Settings().engine_config().inference_process is True
     monkeypatch.setenv("HTMLLM_ATTENTION", "varlen")
+    with pytest.raises(ValueError, match="is the torch backend's"):  # the onnx graph has its own
+        Settings().engine_config()
+    for name in ("HTMLLM_BACKEND", "HTMLLM_ONNX_QUANTIZE", "HTMLLM_ONNX_PATH"):
+        monkeypatch.delenv(name)
     assert Settings().engine_config().attn_implementation == "varlen"
     # Explicit values (command-line flags) win over the environment.
     assert Settings(max_documents=9).max_documents == 9
