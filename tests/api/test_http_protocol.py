@@ -14,13 +14,12 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-import uvicorn
-from uvicorn.server import ServerState
 
 from service.api.http_protocol import MAX_HEAD_BYTES, protocol_class
 from tests.api.conftest import tiny_settings
 from tests.api.live import LiveServer, live_server
 from tests.api.pages import page
+from tests.api.protocol_harness import protocol_on_fake_transport
 
 pytestmark = pytest.mark.slow
 
@@ -101,45 +100,6 @@ def test_a_pipelined_head_after_a_large_body_is_not_counted_with_the_body(server
     assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answer) == [b"200", b"200"], answer[-300:]
 
 
-class _Transport(asyncio.Transport):
-    """What the protocol writes, and whether it half-closed or closed, without a socket. `half_close`:
-    whether it can half-close, as a TCP transport can (TLS's cannot)."""
-
-    def __init__(self, half_close: bool = False) -> None:
-        super().__init__()
-        self.written = b""
-        self.closed = False
-        self.half_close = half_close
-        self.eof = False
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return default
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if self.eof:
-            raise RuntimeError("Cannot call write() after write_eof()")  # (as asyncio's transports)
-        self.written += bytes(data)
-
-    def can_write_eof(self) -> bool:
-        return self.half_close
-
-    def write_eof(self) -> None:
-        assert self.half_close
-        self.eof = True
-
-    def close(self) -> None:
-        self.closed = True
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-
 async def _ok(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": b"ok"})
@@ -148,7 +108,7 @@ async def _ok(scope: Any, receive: Any, send: Any) -> None:
 async def test_only_the_bytes_after_a_heads_first_chunk_count() -> None:
     """One read holding a request with a large body and the start of the next head (pipelining) is not
     counted against that head; the reads after it are, and the head is refused once over the cap."""
-    protocol, transport = _protocol(_ok, head_timeout_s=None)
+    protocol, transport = protocol_on_fake_transport(_ok, head_timeout_s=None)
     body = b"y" * (3 * MAX_HEAD_BYTES)
     first = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body
     protocol.data_received(first + b"GET / HTTP/1.1\r\nHost: x\r\nX-Half: ")
@@ -254,22 +214,10 @@ async def _slow_ok(scope: Any, receive: Any, send: Any) -> None:
     await _ok(scope, receive, send)
 
 
-def _protocol(app: Any, head_timeout_s: float | None, half_close: bool = False) -> tuple[Any, _Transport]:
-    protocol_type = protocol_class(head_timeout_s)
-    assert not isinstance(protocol_type, str)
-    config = uvicorn.Config(app=app, http=protocol_type, log_level="warning", lifespan="off")
-    protocol: Any = protocol_type(  # type: ignore[call-arg]
-        config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop()
-    )
-    transport = _Transport(half_close)
-    protocol.connection_made(transport)
-    return protocol, transport
-
-
 async def test_a_head_slower_than_the_timeout_is_a_408_and_the_connection_closes() -> None:
     """uvicorn times out only idle connections between requests: one that sent half a head, or nothing,
     was held without end. Half a head gets 408 `head_timeout`; nothing gets a close."""
-    protocol, transport = _protocol(_ok, head_timeout_s=0.2)
+    protocol, transport = protocol_on_fake_transport(_ok, head_timeout_s=0.2)
     protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n")
     await asyncio.sleep(0.1)
     assert not transport.closed
@@ -277,7 +225,7 @@ async def test_a_head_slower_than_the_timeout_is_a_408_and_the_connection_closes
     assert transport.closed and transport.written.startswith(b"HTTP/1.1 408 "), transport.written
     assert json.loads(transport.written.partition(b"\r\n\r\n")[2])["error"]["code"] == "head_timeout"
 
-    protocol, transport = _protocol(_ok, head_timeout_s=0.2)
+    protocol, transport = protocol_on_fake_transport(_ok, head_timeout_s=0.2)
     await asyncio.sleep(0.4)
     assert transport.closed and transport.written == b""
 
@@ -286,7 +234,7 @@ async def test_the_head_timeout_spares_heads_that_came_and_requests_being_answer
     """A head that arrived in time is answered however long its answer takes; a pipelined half head
     behind it is not cut off while the request before it runs (its clock restarts), and is timed out
     once that request is answered; without a timeout nothing is closed."""
-    protocol, transport = _protocol(_slow_ok, head_timeout_s=0.2)
+    protocol, transport = protocol_on_fake_transport(_slow_ok, head_timeout_s=0.2)
     protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n")
     await asyncio.sleep(0.45)
     assert not transport.closed and transport.written == b""
@@ -294,7 +242,7 @@ async def test_the_head_timeout_spares_heads_that_came_and_requests_being_answer
     assert transport.written.startswith(b"HTTP/1.1 200 "), transport.written
     assert transport.closed and b"HTTP/1.1 408 " in transport.written
 
-    protocol, transport = _protocol(_ok, head_timeout_s=None)
+    protocol, transport = protocol_on_fake_transport(_ok, head_timeout_s=None)
     protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n")
     await asyncio.sleep(0.3)
     assert not transport.closed
@@ -305,7 +253,7 @@ async def test_a_connection_reset_after_its_answer_cancels_the_keep_alive_timer(
     that resets its connection after the answer (RST) left the timer armed, and through it the protocol,
     its request cycle and the request's charge against the body budget, for HTMLLM_KEEP_ALIVE_TIMEOUT_S
     (75 s)."""
-    protocol, transport = _protocol(_ok, head_timeout_s=None)
+    protocol, transport = protocol_on_fake_transport(_ok, head_timeout_s=None)
     protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     for _ in range(1000):  # the app's task answers on the loop's next turns
         if protocol.timeout_keep_alive_task is not None:
@@ -414,13 +362,13 @@ async def test_the_cap_is_exact_for_a_head_that_arrives_in_one_read() -> None:
         calls.append(scope["path"])
         await _ok(scope, receive, send)
 
-    protocol, transport = _protocol(app, head_timeout_s=None)
+    protocol, transport = protocol_on_fake_transport(app, head_timeout_s=None)
     protocol.data_received(_head(MAX_HEAD_BYTES, b"GET /exact"))
     await _until(lambda: transport.closed)
     assert _answers(transport.written) == [b"200"] and calls == ["/exact"], transport.written[:200]
 
     for over in (_head(MAX_HEAD_BYTES + 1), _head(MAX_HEAD_BYTES).replace(b"a\r\n", b"a \r\n")):
-        protocol, transport = _protocol(app, head_timeout_s=None)
+        protocol, transport = protocol_on_fake_transport(app, head_timeout_s=None)
         protocol.data_received(over + b"GET /next HTTP/1.1\r\nHost: x\r\n\r\n")
         assert transport.closed and _answers(transport.written) == [b"431"], transport.written[:200]
         await asyncio.sleep(0)
@@ -431,7 +379,7 @@ async def test_a_refusal_behind_a_pipelined_request_waits_for_its_answer() -> No
     """A request and an over-cap head (or bytes that are no request) in one read: the refusal went out
     at once and the client read it as the first request's answer. Answers now come in order."""
     for refused, status in ((_head(MAX_HEAD_BYTES + 1), b"431"), (b"\x16\x03\x01\x02\x00" * 8, b"400")):
-        protocol, transport = _protocol(_slow_ok, head_timeout_s=None)
+        protocol, transport = protocol_on_fake_transport(_slow_ok, head_timeout_s=None)
         first = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
         protocol.data_received(first + first + refused)
         assert transport.written == b"" and not transport.closed
@@ -448,7 +396,7 @@ async def test_a_refusal_half_closes_and_reads_on_for_a_bounded_time_and_amount(
     dropped, up to `_LINGER_BYTES` or for `_LINGER_S`, then the connection closes."""
     from service.api import http_protocol
 
-    protocol, transport = _protocol(_ok, head_timeout_s=None, half_close=True)
+    protocol, transport = protocol_on_fake_transport(_ok, head_timeout_s=None, half_close=True)
     protocol.data_received(_head(MAX_HEAD_BYTES + 1))
     assert transport.eof and not transport.closed and _answers(transport.written) == [b"431"]
     protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"a" * (http_protocol._LINGER_BYTES - 100))
@@ -457,14 +405,14 @@ async def test_a_refusal_half_closes_and_reads_on_for_a_bounded_time_and_amount(
     assert transport.closed
 
     monkeypatch.setattr(http_protocol, "_LINGER_S", 0.01)
-    protocol, transport = _protocol(_ok, head_timeout_s=None, half_close=True)
+    protocol, transport = protocol_on_fake_transport(_ok, head_timeout_s=None, half_close=True)
     protocol.data_received(b"\x16\x03\x01\x02\x00" * 8)
     assert transport.eof and transport.written.startswith(b"HTTP/1.1 400 ")
     await _until(lambda: transport.closed)
 
     # The client's close ends the wait (the transport closes itself); the timer goes with the connection.
     monkeypatch.setattr(http_protocol, "_LINGER_S", 60.0)
-    protocol, transport = _protocol(_ok, head_timeout_s=None, half_close=True)
+    protocol, transport = protocol_on_fake_transport(_ok, head_timeout_s=None, half_close=True)
     protocol.data_received(_head(MAX_HEAD_BYTES + 1))
     timer = protocol._linger_timer
     assert protocol.eof_received() is None  # (asyncio closes a transport whose protocol says so)
@@ -474,7 +422,7 @@ async def test_a_refusal_half_closes_and_reads_on_for_a_bounded_time_and_amount(
 
 async def test_a_head_timeout_half_closes_too() -> None:
     """The 408 went out with a close: a client still sending its head had its input reset, answer and all."""
-    protocol, transport = _protocol(_ok, head_timeout_s=0.05, half_close=True)
+    protocol, transport = protocol_on_fake_transport(_ok, head_timeout_s=0.05, half_close=True)
     protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n")
     await _until(lambda: transport.eof)
     assert transport.written.startswith(b"HTTP/1.1 408 ") and not transport.closed

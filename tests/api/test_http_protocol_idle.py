@@ -9,17 +9,14 @@ end (still open at 30 s, the idle one closed at 5 s). And the rest of a body ans
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
-import uvicorn
 
-from service.api.http_protocol import protocol_class
-from tests.api.live import free_port, wait_ready
+from tests.api.protocol_harness import threaded_server
 
 _HEAD_TIMEOUT_S = 1.0
 # Far above the head timeout (and the 2 s linger): a connection still open then was held past both.
@@ -37,28 +34,9 @@ def address() -> Iterator[tuple[str, int]]:
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    protocol_type = protocol_class(_HEAD_TIMEOUT_S)
-    assert not isinstance(protocol_type, str)
-    port = free_port()
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        http=protocol_type,
-        lifespan="off",
-        log_level="warning",
-        log_config=None,
-        timeout_keep_alive=30,  # above `_CLOSED_WITHIN_S`: a close within it is not the keep-alive's
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        wait_ready(f"http://127.0.0.1:{port}", path="/")
+    # timeout_keep_alive above `_CLOSED_WITHIN_S`: a close within it is not the keep-alive's
+    with threaded_server(app, _HEAD_TIMEOUT_S, timeout_keep_alive=30) as port:
         yield "127.0.0.1", port
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
 
 
 @contextmanager

@@ -22,13 +22,11 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-import uvicorn
-from uvicorn.server import ServerState
 
-from service.api.http_protocol import protocol_class
 from tests.api.conftest import tiny_settings
-from tests.api.live import LiveServer, free_port, live_server, wait_ready
+from tests.api.live import LiveServer, live_server
 from tests.api.pages import page
+from tests.api.protocol_harness import FakeTransport, protocol_on_fake_transport, threaded_server
 
 # Well below the body's 10 s stall, which answered these before: an answer within it came at once.
 _PROMPT_S = 5.0
@@ -102,29 +100,11 @@ def _holding_server() -> Iterator[tuple[str, Callable[[], None]]]:
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    protocol_type = protocol_class()
-    assert not isinstance(protocol_type, str)
-    port = free_port()
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        http=protocol_type,
-        lifespan="off",
-        log_level="warning",
-        log_config=None,
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, path="/")
-        yield url, released.set
-    finally:
-        released.set()
-        server.should_exit = True
-        thread.join(timeout=30)
+    with threaded_server(app) as port:
+        try:
+            yield f"http://127.0.0.1:{port}", released.set
+        finally:
+            released.set()
 
 
 def test_what_follows_a_waiting_refusal_is_not_read_without_bound() -> None:
@@ -147,53 +127,8 @@ def test_what_follows_a_waiting_refusal_is_not_read_without_bound() -> None:
         assert sent < total // 2, f"{sent >> 20} MiB read while the refusal waited"
 
 
-class _Transport(asyncio.Transport):
-    """What the protocol writes, whether it reads, half-closed or closed, without a socket."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = b""
-        self.reading = True
-        self.eof = False
-        self.closed = False
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return default
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if self.eof:
-            raise RuntimeError("Cannot call write() after write_eof()")  # (as asyncio's transports)
-        self.written += bytes(data)
-
-    def can_write_eof(self) -> bool:
-        return True
-
-    def write_eof(self) -> None:
-        self.eof = True
-
-    def close(self) -> None:
-        self.closed = True
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def pause_reading(self) -> None:
-        self.reading = False
-
-    def resume_reading(self) -> None:
-        self.reading = True
-
-
-def _protocol(app: Any) -> tuple[Any, _Transport]:
-    protocol_type = protocol_class(None)
-    assert not isinstance(protocol_type, str)
-    config = uvicorn.Config(app=app, http=protocol_type, log_level="warning", lifespan="off")
-    protocol: Any = protocol_type(  # type: ignore[call-arg]
-        config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop()
-    )
-    transport = _Transport()
-    protocol.connection_made(transport)
-    return protocol, transport
+def _fake_protocol(app: Any) -> tuple[Any, FakeTransport]:
+    return protocol_on_fake_transport(app, half_close=True)
 
 
 async def _until(condition: Callable[[], bool]) -> None:
@@ -219,7 +154,7 @@ async def test_a_bad_chunk_for_a_request_waiting_on_its_body_answers_400_at_once
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    protocol, transport = _protocol(app)
+    protocol, transport = _fake_protocol(app)
     protocol.data_received(_CHUNKED_HEAD + b"\r\n3\r\nabc\r\n")
     await _until(lambda: len(received) == 1)
     protocol.data_received(b"zz\r\n")
@@ -241,7 +176,7 @@ async def test_a_bad_chunk_after_its_answer_began_cuts_the_answer_short_without_
         received.append(await receive())
         await send({"type": "http.response.body", "body": b"ok"})
 
-    protocol, transport = _protocol(app)
+    protocol, transport = _fake_protocol(app)
     protocol.data_received(_CHUNKED_HEAD + b"\r\n3\r\nabc\r\n")
     await _until(lambda: len(received) == 1)
     protocol.data_received(b"zz\r\n")
@@ -263,7 +198,7 @@ async def test_a_refused_request_that_expects_100_continue_gets_no_interim_answe
         except RuntimeError as exc:
             received.append(exc)
 
-    protocol, transport = _protocol(app)
+    protocol, transport = _fake_protocol(app)
     protocol.data_received(_CHUNKED_HEAD + b"Expect: 100-continue\r\n\r\n3\r\nabc\r\nzz\r\n")
     await _until(lambda: len(received) == 1)
     assert received == [{"type": "http.disconnect"}]
@@ -286,7 +221,7 @@ async def test_reading_stays_paused_while_a_refusal_waits_behind_pipelined_answe
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    protocol, transport = _protocol(app)
+    protocol, transport = _fake_protocol(app)
     protocol.data_received(
         b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n" + _TLS_HELLO
     )
