@@ -6,10 +6,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import re
-import threading
 import time
 import weakref
-from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -18,47 +16,14 @@ from service.engine.batcher import Batcher, OutputShapes
 from service.engine.runners import PreparedBatch, RunnerOutput
 from service.engine.types import BackendError, BackendHealth, ShuttingDownError
 from tests.factories.drain import RecordingDrain
-
-
-class _BlockingRunner:
-    """A runner whose forward passes wait for `release`: a slow model, held mid-pass."""
-
-    backend = "fake"
-    device = "cpu"
-    dtype = "float32"
-    threads = 1
-    attention = "none"
-
-    def __init__(self) -> None:
-        self.release = threading.Event()
-        self.started = threading.Event()
-        self.aborted = False
-
-    def cost(self, lengths: Sequence[int]) -> int:
-        return sum(lengths)
-
-    def prepare(self, batch: Sequence[Sequence[int]], *, pad_to: int | None = None) -> PreparedBatch:
-        tokens = sum(len(ids) for ids in batch)
-        return PreparedBatch(payload=len(batch), documents=len(batch), tokens=tokens, padded_tokens=tokens)
-
-    def run(self, prepared: PreparedBatch) -> RunnerOutput:
-        self.started.set()
-        self.release.wait(30)
-        rows = int(prepared.payload)  # type: ignore[call-overload]
-        return RunnerOutput(embeddings=np.zeros((rows, 4), dtype=np.float32), scores={})
-
-    def abort(self) -> None:
-        self.aborted = True
-
-    def close(self) -> None:
-        pass
+from tests.factories.runners import BlockingRunner
 
 
 async def test_closing_answers_the_batch_in_a_pass_and_the_window_being_formed() -> None:
     """The documents of the batch in a forward pass, the batch waiting for it and those of the window
     the former still holds: each gets ShuttingDownError (they had waited until the server cancelled
     them, an untyped 500 for an accepted request)."""
-    runner = _BlockingRunner()
+    runner = BlockingRunner()
     batcher = Batcher(runner, max_batch_tokens=1000, max_batch_requests=2, max_wait_ms=0)
     batcher.start()
     futures = [batcher.submit([2, 5, 3], deadline=None) for _ in range(12)]
@@ -73,7 +38,7 @@ async def test_closing_answers_the_batch_in_a_pass_and_the_window_being_formed()
             future.result()
 
 
-class _FaultyRunner(_BlockingRunner):
+class _FaultyRunner(BlockingRunner):
     """Each pass answers as `faults` says next: raise, rows missing from a head, or a good output."""
 
     def __init__(self, faults: list[str]) -> None:
@@ -138,7 +103,7 @@ async def test_health_counts_failed_passes_in_a_row_and_a_success_ends_the_run()
 
 
 async def test_health_says_when_the_running_pass_began() -> None:
-    runner = _BlockingRunner()
+    runner = BlockingRunner()
     batcher = Batcher(runner, max_batch_tokens=1000, max_batch_requests=1, max_wait_ms=0)
     batcher.start()
     before = time.monotonic()
@@ -163,7 +128,7 @@ async def test_health_says_when_the_running_pass_began() -> None:
 async def test_the_last_window_is_not_held_after_it_is_answered() -> None:
     """The former kept its last window (documents, futures and the rows they hold: views of the whole
     batch's output) until the next window came."""
-    runner = _BlockingRunner()
+    runner = BlockingRunner()
     runner.release.set()
     batcher = Batcher(runner, max_batch_tokens=1000, max_batch_requests=2, max_wait_ms=0)
     batcher.start()
@@ -175,7 +140,7 @@ async def test_the_last_window_is_not_held_after_it_is_answered() -> None:
     await batcher.close()
 
 
-class _AbortableRunner(_BlockingRunner):
+class _AbortableRunner(BlockingRunner):
     """A pass that hangs until `abort` (a hung child process), which makes it fail as the child's does."""
 
     def __init__(self) -> None:
@@ -258,7 +223,7 @@ async def test_a_close_cancelled_on_the_way_answers_everything_and_stays_cancell
     """The task closing the batcher cancelled while it waits for the batcher's tasks (a timeout around
     `async with engine`): the cancellation was swallowed with the tasks' own, so the timeout never
     fired. The close still answers every document, and the cancellation goes on after it."""
-    runner = _BlockingRunner()
+    runner = BlockingRunner()
     runner.release.set()
     batcher = Batcher(runner, max_batch_tokens=1000, max_batch_requests=2, max_wait_ms=10_000)
     batcher.start()
@@ -279,7 +244,7 @@ async def test_documents_whose_callers_left_do_not_pile_up_in_the_inbox() -> Non
     their documents in the inbox until the former next takes a window: it had grown past the queue's
     bound with dead documents and their ids, and `waiting` counted them. They are dropped (and
     reported skipped) once over half of it; `waiting` counts those whose callers wait."""
-    runner = _BlockingRunner()
+    runner = BlockingRunner()
     skipped: list[int] = []
     batcher = Batcher(
         runner, max_batch_tokens=1000, max_batch_requests=2, max_wait_ms=0, on_skipped=skipped.append
@@ -310,7 +275,7 @@ async def test_an_idle_batcher_holds_no_document_of_its_last_window() -> None:
     """The former's and the executor's loop frames had kept the last window (documents and their ids),
     the last batch's prepared input and its documents' futures until the next traffic: up to eight
     batches' worth of ids, for as long as the engine idled."""
-    runner = _BlockingRunner()
+    runner = BlockingRunner()
     runner.release.set()
     batcher = Batcher(runner, max_batch_tokens=1000, max_batch_requests=2, max_wait_ms=0)
     batcher.start()
@@ -330,7 +295,7 @@ async def test_the_drain_rate_is_busy_from_a_document_queued_to_the_last_pass_en
     """Busy while the batcher holds a document or runs a pass, and only then: the Engine had counted
     every admitted document (cache hits, /v1/preprocess, pages failing in preprocessing) as model work,
     and 10 s of cache hits read as a drain rate of a tenth."""
-    runner = _BlockingRunner()
+    runner = BlockingRunner()
     drain = RecordingDrain()
     batcher = Batcher(runner, max_batch_tokens=1000, max_batch_requests=4, max_wait_ms=0, drain=drain)
     batcher.start()
@@ -354,7 +319,7 @@ async def test_the_drain_rate_is_busy_from_a_document_queued_to_the_last_pass_en
     await batcher.close()
 
 
-class _WrongWidthRunner(_BlockingRunner):
+class _WrongWidthRunner(BlockingRunner):
     """Answers a head one class wider than the checkpoint's (a model reloaded since)."""
 
     def run(self, prepared: PreparedBatch) -> RunnerOutput:

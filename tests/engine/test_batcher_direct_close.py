@@ -4,59 +4,15 @@ a pass that serves no one, and what must wait for it (`wait_closed`, a second cl
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import Sequence
-
-import numpy as np
 
 from service.engine.batcher import Batcher
-from service.engine.runners import PreparedBatch, RunnerOutput
-
-# A bound on how long a pass may be held, so that a regression fails instead of hanging: never a timing.
-HOLD_BOUND_S = 20
+from tests.factories.runners import BlockingRunner
 
 
-class _HeldRunner:
-    """A runner whose passes wait for `release` (a warm-up batch of a large checkpoint on CPU, which
-    nothing in the process can stop: `abort` does nothing, as the torch runner's)."""
-
-    backend = "fake"
-    device = "cpu"
-    dtype = "float32"
-    threads = 1
-    attention = "none"
-
-    def __init__(self) -> None:
-        self.release = threading.Event()
-        self.started = threading.Event()
-        self.finished = threading.Event()
-        self.aborted = False
-
-    def cost(self, lengths: Sequence[int]) -> int:
-        return sum(lengths)
-
-    def prepare(self, batch: Sequence[Sequence[int]], *, pad_to: int | None = None) -> PreparedBatch:
-        tokens = sum(len(ids) for ids in batch)
-        return PreparedBatch(payload=len(batch), documents=len(batch), tokens=tokens, padded_tokens=tokens)
-
-    def run(self, prepared: PreparedBatch) -> RunnerOutput:
-        self.started.set()
-        self.release.wait(HOLD_BOUND_S)
-        self.finished.set()
-        rows = int(prepared.payload)  # type: ignore[call-overload]
-        return RunnerOutput(embeddings=np.zeros((rows, 4), dtype=np.float32), scores={})
-
-    def abort(self) -> None:
-        self.aborted = True
-
-    def close(self) -> None:
-        pass
-
-
-async def _closed_during_a_warm_up() -> tuple[Batcher, _HeldRunner]:
+async def _closed_during_a_warm_up() -> tuple[Batcher, BlockingRunner]:
     """A batcher closed while its warm-up pass (cancelled by its caller, as the app's lifespan does)
     still holds the inference thread."""
-    runner = _HeldRunner()
+    runner = BlockingRunner()
     batcher = Batcher(runner, max_batch_tokens=1000, max_batch_requests=2, max_wait_ms=0)
     batcher.start()
     warm_up = asyncio.ensure_future(batcher.run_direct([[2, 5, 3]] * 2))
