@@ -27,6 +27,12 @@ ASGI gives an app no handle on its connection, so the protocol (service.api.http
 each request's scope with its connection's `ConnectionAge` under `CONNECTION_KEY`. Served by another
 protocol (uvicorn's h11 fallback, an in-process test client) a request has no stamp: only the
 status and readiness rules apply then.
+
+The protocol also answers some requests in their app's place: a request whose body turns out malformed
+(a bad chunk size) gets the protocol's 400 while its app is told that the client left, and whatever the
+app then answers never reaches the client. The protocol puts that status in the request's scope
+(`PROTOCOL_STATUS_KEY`), so that the access log and the request metrics record what the client got
+(`status_sent`), not a 499 or the app's answer that was never written.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 # The scope key under which the HTTP protocol puts the request's `ConnectionAge`.
 CONNECTION_KEY = "htmllm.connection"
+# The scope key under which the protocol puts the status it answered a request with in its app's place.
+PROTOCOL_STATUS_KEY = "htmllm.protocol_status"
 # Answers that send the client elsewhere: its retry should open a new connection (likely another pod).
 _RETRY_ELSEWHERE = frozenset({429, 503, 504})
 
@@ -96,3 +104,10 @@ class ConnectionLifetimeMiddleware:
         if self.max_requests and age.request >= self.max_requests:
             return True
         return bool(self.max_age_s) and self.clock() - age.opened >= self.max_age_s
+
+
+def status_sent(scope: Scope, status: int) -> int:
+    """The status the client got for the request of `scope`, whose app answered `status` (or none: a 499):
+    the protocol's own where it answered in the app's place (the module's docstring)."""
+    sent = scope.get(PROTOCOL_STATUS_KEY)
+    return sent if isinstance(sent, int) else status

@@ -13,7 +13,10 @@ Such an answer comes from below the app, so it is not counted in `htmllm_request
 a client that pipelines requests and leaves is noticed by the request that is running, not only by the
 last one queued (`connection_lost`). Each request's scope carries its connection's age and request
 number (`service.api.connections`), which ASGI gives the app no other way to know, so that a
-connection's life can be bounded.
+connection's life can be bounded. A client's half-close (its FIN after a request) is its leaving, as
+uvicorn has it (and nginx in front of an app): a FIN is the same whether the client closed or only
+half-closed, and kept open to answer, every abandoned request's work would run to its end rather than
+be cancelled (tests/api/test_http_protocol_half_close.py).
 
 Every answer from below the app (431, 408, 405, uvicorn's 400) waits for the requests before it on the
 connection (pipelined) to be answered, and ends in a lingering close: the answer, a half-close, then
@@ -50,7 +53,7 @@ import json
 import time
 from typing import Any
 
-from service.api.connections import CONNECTION_KEY, ConnectionAge
+from service.api.connections import CONNECTION_KEY, PROTOCOL_STATUS_KEY, ConnectionAge
 from service.api.errors import STATUS
 from service.core.errors import ErrorCode
 
@@ -76,6 +79,10 @@ _LINGER_BYTES = 4 * 1024 * 1024
 # past it (or for a chunked body, whose size is unknown), the connection ends in a lingering close rather
 # than the parser reading and dropping the rest (a 401 for a 1 TB `Content-Length` read 9.8 GB in 5 s).
 _UNREAD_BODY_KEPT = 64 * 1024
+# The head timeout of a protocol made without one: `Settings.head_timeout_s`'s default (the service's
+# HTMLLM_HEAD_TIMEOUT_S), so that no protocol is unbounded by omission: uvicorn's keep-alive timer does not
+# bound a connection that trickles bytes (it is cancelled on every read, armed again only after an answer).
+DEFAULT_HEAD_TIMEOUT_S = 30.0
 _REASONS = {405: "Method Not Allowed", 408: "Request Timeout", 431: "Request Header Fields Too Large"}
 
 
@@ -134,9 +141,11 @@ def _declared_body(headers: list[tuple[bytes, bytes]]) -> int | None:
     return length
 
 
-def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol] | str:
+def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> type[asyncio.Protocol] | str:
     """uvicorn's `http` setting: the bounded httptools protocol, or "h11" where httptools is missing.
-    `head_timeout_s`: how long a connection may take to send a request's head (None: no limit)."""
+    `head_timeout_s`: how long a connection may take to send a request's head, and how long bytes that
+    start no request may hold it (None: no limit, for tests; a client that never completes a head, or
+    trickles such bytes, then holds its connection without end)."""
     try:
         import httptools
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -284,7 +293,7 @@ def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol
                 self._refuse_head_too_large()
 
         def _refuse_head_too_large(self) -> None:
-            self._refuse(_head_too_large_response())
+            self._refuse(_head_too_large_response(), STATUS[ErrorCode.HEADERS_TOO_LARGE])
 
         def send_400_response(self, msg: str) -> None:
             """uvicorn's plain-text 400, through `_refuse`: after the answers before it, and with a
@@ -294,11 +303,12 @@ def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol
                 content.append(name + b": " + value + b"\r\n")
             content.append(b"content-type: text/plain; charset=utf-8\r\n")
             content.append(b"content-length: %d\r\nconnection: close\r\n\r\n" % len(msg))
-            self._refuse(b"".join(content) + msg.encode("ascii"))
+            self._refuse(b"".join(content) + msg.encode("ascii"), 400)
 
-        def _refuse(self, answer: bytes) -> None:
-            """Answer `answer` and close, in turn: requests before it on the connection (pipelined) are
-            answered first, or the refusal would be read as their answer (reads pause meanwhile).
+        def _refuse(self, answer: bytes, status: int) -> None:
+            """Answer `answer` (of `status`) and close, in turn: requests before it on the connection
+            (pipelined) are answered first, or the refusal would be read as their answer (reads pause
+            meanwhile).
 
             Where the error lies in a request's body (a malformed chunk), that request is the one refused:
             its body can never complete, so waiting for its answer would wait for the body timeout. It is
@@ -310,20 +320,24 @@ def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol
             self._linger_left = _LINGER_BYTES
             refused = self.cycle
             if refused is not None and refused.more_body and not refused.response_complete:
-                self._withdraw(refused)
+                self._withdraw(refused, status)
             if self.pipeline or (self._running is not None and not self._running.response_complete):
                 self.flow.pause_reading()
                 return
             self._linger()
 
-        def _withdraw(self, cycle: Any) -> None:
+        def _withdraw(self, cycle: Any, status: int) -> None:
             """Take `cycle`, the request whose body the parser refused, out of the queue, or stop its app
             (its receive() gives `http.disconnect`, its answer is not written); it never completes, so it is
-            not waited for."""
+            not waited for. A running one's scope records that the client got `status` in its place (the
+            access log and the request metrics had recorded a 499, or the app's answer that was never
+            written: `PROTOCOL_STATUS_KEY`)."""
             for queued in self.pipeline:
                 if queued[0] is cycle:
                     self.pipeline.remove(queued)
                     return
+            if not cycle.response_started:
+                cycle.scope[PROTOCOL_STATUS_KEY] = status
             cycle.disconnected = True
             cycle.waiting_for_100_continue = False  # (no "100 Continue" into the half-closed connection)
             cycle.message_event.set()
@@ -404,7 +418,8 @@ def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol
             body, and whatever follows it), with a fresh parser: llhttp's stays switched."""
             method = self.parser.get_method()
             if method == b"CONNECT":  # (llhttp switches at every CONNECT: there is no body to read)
-                self._refuse(_error_answer(ErrorCode.METHOD_NOT_ALLOWED, "CONNECT is not served here"))
+                answer = _error_answer(ErrorCode.METHOD_NOT_ALLOWED, "CONNECT is not served here")
+                self._refuse(answer, STATUS[ErrorCode.METHOD_NOT_ALLOWED])
                 return
             if not self._offered_upgrade:  # (never: llhttp switches only where the head offered it)
                 self.send_400_response(_INVALID_REQUEST)
@@ -435,7 +450,7 @@ def protocol_class(head_timeout_s: float | None = None) -> type[asyncio.Protocol
             if self._in_head:  # (a client still sending its head may have more on the way: lingering)
                 message = f"the request head did not arrive within {head_timeout_s:g} s"
                 message += " (HTMLLM_HEAD_TIMEOUT_S)"
-                self._refuse(_error_answer(ErrorCode.HEAD_TIMEOUT, message))
+                self._refuse(_error_answer(ErrorCode.HEAD_TIMEOUT, message), STATUS[ErrorCode.HEAD_TIMEOUT])
                 return
             self.transport.close()
 

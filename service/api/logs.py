@@ -20,6 +20,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
+from service.api.connections import status_sent
 from service.api.request_id import request_id
 
 if TYPE_CHECKING:
@@ -85,8 +86,9 @@ class AccessLogMiddleware:
     milliseconds from arrival to the answer's last byte, client address (pure ASGI, streams untouched).
 
     Inside the request-id middleware (the id is the client's, or the one made for it) and outside the
-    rest, so it sees every answer the app gives, refusals of the body limit included. The path never
-    carries its query string; every route's path is static, so a route's path is its template."""
+    rest, so it sees every answer the app gives, refusals of the body limit included; where the protocol
+    answered in the app's place (a malformed body's 400), its status is the one logged: the client's. The
+    path never carries its query string; every route's path is static, so a route's path is its template."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -114,6 +116,7 @@ class AccessLogMiddleware:
         finally:
             if status is None:
                 status = _CLIENT_CLOSED  # no answer at all: the client left first
+            status = status_sent(scope, status)  # (the protocol's 400 for a malformed body)
             client = scope.get("client")
             fields = {
                 "request_id": request_id(scope),

@@ -27,6 +27,7 @@ from prometheus_client.metrics_core import Metric
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.api.connections import status_sent
 from service.core.errors import ErrorCode
 from service.engine import BatchStats, EngineObserver
 
@@ -282,7 +283,8 @@ class EngineMetricsObserver(EngineObserver):
 
 class RequestMetricsMiddleware:
     """Counts and times every HTTP request by route, method and status (its class for the times; pure ASGI,
-    streams untouched)."""
+    streams untouched). The status is the one the client got: the protocol's where it answered in the
+    app's place (a malformed body's 400, service.api.connections)."""
 
     def __init__(self, app: ASGIApp, *, metrics: ServiceMetrics, routes: Iterable[str]) -> None:
         self.app = app
@@ -324,6 +326,7 @@ class RequestMetricsMiddleware:
             raise
         finally:
             in_progress.dec()
+            status = status_sent(scope, status)  # what the client got: the protocol's 400 for a bad body
             self.metrics.requests.labels(route=route, method=method, status=str(status)).inc()
             self.metrics.request_duration.labels(
                 route=route, method=method, status_class=status_class(status)

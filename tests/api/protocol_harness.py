@@ -57,10 +57,13 @@ class FakeTransport(asyncio.Transport):
 
 
 def protocol_on_fake_transport(
-    app: Any, head_timeout_s: float | None = None, half_close: bool = False
+    app: Any, head_timeout_s: float | None = None, half_close: bool = False, protocol_type: Any = None
 ) -> tuple[Any, FakeTransport]:
-    """The protocol uvicorn would make for a connection, connected to a `FakeTransport`."""
-    protocol_type = protocol_class(head_timeout_s)
+    """The protocol uvicorn would make for a connection, connected to a `FakeTransport`: of
+    `protocol_type` where given (the service's own config's, `protocol_class()`'s defaults), else
+    `protocol_class(head_timeout_s)`."""
+    if protocol_type is None:
+        protocol_type = protocol_class(head_timeout_s)
     assert not isinstance(protocol_type, str)
     config = uvicorn.Config(app=app, http=protocol_type, log_level="warning", lifespan="off")
     protocol: Any = protocol_type(  # type: ignore[call-arg]

@@ -8,6 +8,7 @@ end (still open at 30 s, the idle one closed at 5 s). And the rest of a body ans
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 from collections.abc import Iterator
@@ -16,7 +17,10 @@ from typing import Any
 
 import pytest
 
-from tests.api.protocol_harness import threaded_server
+from service.api.http_protocol import DEFAULT_HEAD_TIMEOUT_S, protocol_class
+from service.api.main import uvicorn_config
+from service.api.settings import Settings
+from tests.api.protocol_harness import protocol_on_fake_transport, threaded_server
 
 _HEAD_TIMEOUT_S = 1.0
 # Far above the head timeout (and the 2 s linger): a connection still open then was held past both.
@@ -128,3 +132,34 @@ def test_a_large_body_left_unread_ends_the_connection_after_its_answer(
         except (TimeoutError, BrokenPipeError, ConnectionResetError):
             pass
         assert sent < total, f"{sent >> 20} MiB read and dropped in {time.monotonic() - started:.1f} s"
+
+
+async def _ok(scope: Any, receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+@pytest.mark.parametrize("made_by", ["protocol_class", "uvicorn_config"])
+async def test_without_a_head_timeout_named_bytes_after_an_answer_are_still_bounded(made_by: str) -> None:
+    """A protocol made without naming a head timeout (`protocol_class()`) had none: a bare CRLF after an
+    answer held its connection without end, uvicorn's keep-alive timer being cancelled by the read. It
+    now gets the service's default, as the service's own config (default settings) does."""
+    if made_by == "protocol_class":
+        protocol_type = protocol_class()
+    else:
+        protocol_type = uvicorn_config(_ok, Settings()).http
+        assert Settings().head_timeout_s == DEFAULT_HEAD_TIMEOUT_S
+    protocol, transport = protocol_on_fake_transport(_ok, protocol_type=protocol_type)
+    protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    for _ in range(1000):  # the app's task answers on the loop's next turns
+        if transport.written.endswith(b"ok"):
+            break
+        await asyncio.sleep(0)
+    assert transport.written.startswith(b"HTTP/1.1 200 "), transport.written
+    protocol.data_received(b"\r\n")
+    timer = protocol._head_timer
+    assert timer is not None, "nothing bounds the connection"
+    left = timer.when() - asyncio.get_running_loop().time()
+    assert left == pytest.approx(DEFAULT_HEAD_TIMEOUT_S, abs=1.0)
+    protocol.connection_lost(None)
+    assert timer.cancelled()

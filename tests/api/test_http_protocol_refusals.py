@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +25,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from service.api.logs import ACCESS_LOGGER, FIELDS, AccessLogMiddleware
+from service.api.metrics import RequestMetricsMiddleware, ServiceMetrics
 from tests.api.conftest import tiny_settings
 from tests.api.live import LiveServer, live_server
 from tests.api.pages import page
@@ -83,6 +87,39 @@ def test_a_malformed_chunked_body_is_a_prompt_400(
             answer += chunk
     assert _statuses(answer) == [*earlier, b"400"] and answer.endswith(_INVALID), answer[-300:]
     assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+
+
+def _embed_requests(url: str) -> dict[str, float]:
+    """/v1/embed's requests so far, by status, as the server's /metrics counts them."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    counts: dict[str, float] = {}
+    for labels, value in re.findall(r"htmllm_requests_total\{([^}]*)\} (\S+)", text):
+        status = re.search(r'status="(\d+)"', labels)
+        if 'route="/v1/embed"' in labels and status:
+            counts[status[1]] = counts.get(status[1], 0.0) + float(value)
+    return counts
+
+
+@pytest.mark.slow
+def test_a_malformed_body_is_counted_as_the_400_the_client_got(server: LiveServer) -> None:
+    """The request was counted 499 (its app told that the client left), though the client got the
+    protocol's 400: the metrics now agree with the wire."""
+    before = _embed_requests(server.url)
+    parts = urlsplit(server.url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=_PROMPT_S) as sock:
+        sock.sendall(_chunked("/v1/embed", b"text/html", page(1).encode(), b"zz\r\n"))
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert _statuses(answer) == [b"400"], answer[-300:]
+    new: dict[str, float] = {}
+    for _ in range(200):  # (counted when the request's app returns, after the answer went out)
+        after = _embed_requests(server.url)
+        new = {status: count - before.get(status, 0.0) for status, count in after.items()}
+        if sum(new.values()) >= 1:
+            break
+        time.sleep(0.05)
+    assert {status: count for status, count in new.items() if count} == {"400": 1.0}, new
 
 
 @contextmanager
@@ -238,3 +275,43 @@ async def test_reading_stays_paused_while_a_refusal_waits_behind_pipelined_answe
     assert _statuses(transport.written) == [b"200", b"200", b"400"] and not transport.closed
     protocol.data_received(b"z")  # the budget counted what came before the answer too
     assert transport.closed
+
+
+async def test_a_bad_chunk_is_logged_and_counted_as_the_400_the_client_got(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The access log and the request metrics recorded what the app answered once told that its client
+    left (the error handler's 499, never written): the client got the protocol's 400. Both record the
+    400; an app whose answer had begun before the bad chunk keeps its own status (its head was sent)."""
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    waiting: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["path"] == "/started":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+        waiting.append(scope["path"])
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        if scope["path"] != "/started":  # (as the error handler answers a client that left)
+            await send({"type": "http.response.start", "status": 499, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    for path, status in (("/", 400), ("/started", 200)):
+        caplog.clear()
+        metrics = ServiceMetrics()
+        stack = AccessLogMiddleware(RequestMetricsMiddleware(app, metrics=metrics, routes=[path]))
+        protocol, transport = _fake_protocol(stack)
+        protocol.data_received(
+            _CHUNKED_HEAD.replace(b"POST / ", f"POST {path} ".encode()) + b"\r\n3\r\nabc\r\n"
+        )
+        await _until(lambda started=path: started in waiting)
+        protocol.data_received(b"zz\r\n")
+        await _until(lambda: any(record.name == ACCESS_LOGGER for record in caplog.records))
+        assert _statuses(transport.written) == [str(status).encode()], transport.written
+        logged = [
+            getattr(record, FIELDS)["status"] for record in caplog.records if record.name == ACCESS_LOGGER
+        ]
+        assert logged == [status]
+        labels = {"route": path, "method": "POST", "status": str(status)}
+        assert metrics.registry.get_sample_value("htmllm_requests_total", labels) == 1.0
+        protocol.connection_lost(None)
