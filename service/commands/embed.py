@@ -31,6 +31,9 @@ written (a full disk) ends the run at once, exit 1: no page more is taken, those
 cancelled, and what no part holds is left for the next run. Options, the input and the checkpoint's
 metadata are checked before the model loads or a file is created; a missing output directory is made.
 A larger --limit (or none) goes on from a run or finished output of a smaller one (`limit_raised`).
+--device is not pinned (the same weights in the pinned dtype differ only by rounding), but recorded: each
+part and the output carry the devices their rows were embedded on (`htmllm.devices`), and a run going on
+from rows of another device says so.
 """
 
 from __future__ import annotations
@@ -47,7 +50,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from service.commands.embed_state import OutputUnreadable, ParquetParts, merge, output_settings
+from service.commands.embed_state import (
+    UNRECORDED_DEVICE,
+    OutputUnreadable,
+    ParquetParts,
+    merge,
+    output_settings,
+    part_devices,
+)
 from service.commands.options import (
     STDIN_INPUT,
     STDIO,
@@ -60,6 +70,7 @@ from service.commands.resume_state import (
     INPUT_KEY,
     RUN_FILE,
     Deferred,
+    InputChanged,
     InputWalk,
     PartWriter,
     changed,
@@ -74,6 +85,7 @@ from service.commands.resume_state import (
     limit_raised,
     only_input_stops_the_limit,
     own_files,
+    part_files,
     parts_dir,
     pin_settings,
     pinned_settings,
@@ -96,8 +108,10 @@ if TYPE_CHECKING:
 # Documents per part file (--part-size): the rows a run holds in memory, and so what `kill -9` costs.
 PART_SIZE = 512
 # Bumped when the rows change; run.json pins it, so parts of an older layout are never merged with new.
-# 2: `error_message`. 3: `http_status` and `content_type`.
-ROW_FORMAT = 3
+# 2: `error_message`. 3: `http_status` and `content_type`. 4: a WARC's HTTP response with no body and no
+# Content-Type (a bare redirect) is a row, its `http_status` kept (format 3 passed it over: every later
+# row's `index` is one more).
+ROW_FORMAT = 4
 # The columns every row has: a head's column (`<head>`, `<head>.probs`) must be none of them.
 FIXED_COLUMNS = (
     "index",
@@ -437,7 +451,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
         # is embedded): a resume with the other pool had mixed both answers in one output. Not --device:
         # on a GPU the same weights in the same dtype give the same rows but for rounding, as other
         # batch mates, another attention kernel or another thread count do on one device; a run begun on
-        # a CPU may be finished on a GPU.
+        # a CPU may be finished on a GPU. It is recorded instead (`htmllm.devices`, `_say_other_devices`).
         "preprocess_pool": args.preprocess_pool,
     }
     return _Plan(config, heads, specs, settings)
@@ -560,17 +574,23 @@ def _run(args: argparse.Namespace) -> int:
             parts, plan.settings, recorded=plan.settings.keys(), overwrite=args.overwrite, limit_may_grow=True
         ):
             print(f"htmllm embed: --overwrite: {discarded}", file=sys.stderr)
-        fmt = ParquetParts(_schema(plan.settings["embedding_dim"], plan.specs))
+        fmt = ParquetParts(_schema(plan.settings["embedding_dim"], plan.specs), device=args.device)
         done = done_set(parts, fmt, command="htmllm embed")
         writer = PartWriter(parts, fmt, args.part_size)
-        if found == "smaller_limit":
-            _keep_smaller_limit(output, writer, done)
+        kept = _keep_smaller_limit(output, writer, done) if found == "smaller_limit" else None
+        _say_other_devices(parts, fmt, args.device)
         try:
             outcome = asyncio.run(_embed_all(args, plan, done, writer))
-        except BaseException:
+        except BaseException as exc:
             # Keep what was finished, less error rows: a worker killed by the same Ctrl-C fails a page for
             # a reason not its own; dropped, it is redone.
             writer.flush(keep=lambda row: row["error"] is None)
+            if writer.failed is not None and exc is not writer.failed:
+                # A part the disk would not take ended the run, and Ctrl-C (SIGTERM, SIGHUP) came while
+                # it stopped: the full disk is what the user must hear of, with its status, not "interrupted".
+                raise writer.failed from None
+            if isinstance(exc, InputChanged) and kept is not None and exc.index in kept.indices:
+                raise _stale_output(output, kept, exc) from exc
             raise
         writer.flush()
         if outcome.deferred.codes:
@@ -591,19 +611,62 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _keep_smaller_limit(output: Path, writer: PartWriter, done: dict[int, str]) -> None:
+@dataclass(frozen=True)
+class _Kept:
+    """A finished output of a smaller --limit, taken as a part of this run (`_keep_smaller_limit`)."""
+
+    part: Path
+    indices: range  # its documents: 0..n-1, as its merge checked
+
+
+def _keep_smaller_limit(output: Path, writer: PartWriter, done: dict[int, str]) -> _Kept | None:
     """Make `output`, finished with a smaller --limit, a part of this run: its rows are this run's first
     (`limit_raised`), done. Not when the parts hold one of its documents already: an interrupted run of
     these settings took it before (or, begun before it was written, did those documents itself)."""
     indices, ids = writer.fmt.keys(output)
     if any(index in done for index in indices):
-        return
-    writer.adopt(output)
+        return None
+    part = writer.adopt(output)
     done.update(zip(indices, ids, strict=True))
     print(
         f"htmllm embed: {output} holds the first {len(indices)} documents (a smaller --limit): they are kept",
         file=sys.stderr,
     )
+    return _Kept(part, range(min(indices, default=0), max(indices, default=-1) + 1))
+
+
+def _stale_output(output: Path, kept: _Kept, exc: InputChanged) -> OptionError:
+    """The refusal of a finished output of a smaller --limit whose rows are no longer the input's first
+    pages: the input was rewritten with its size and modification time (`input_identity` passed it, the
+    ids' check did not). Its part is removed again, and the parts directory where nothing else is in it:
+    left there, it was refused as an interrupted run's ("delete the parts"), and the next run took the
+    output again, to be refused again, for ever; --overwrite resumed it. Refused as an output written
+    before its input changed, --overwrite starts over."""
+    kept.part.unlink(missing_ok=True)
+    parts = kept.part.parent
+    if not holds_parts(parts):
+        remove_parts(parts, output)
+    return OptionError(
+        f"{output} was written before its input changed ({exc.detail}; its size and modification time "
+        "are as they were): a larger --limit goes on only over the same input; pass --overwrite to replace it"
+    )
+
+
+def _say_other_devices(parts: Path, fmt: ParquetParts, device: str) -> None:
+    """Say so where the rows this run goes on from (an interrupted run's parts, a finished output of a
+    smaller --limit) were embedded on another --device. Not pinned, so not refused: the same weights in
+    the same (pinned) dtype give the same rows but for rounding, as other batch mates do on one device,
+    and a run begun on a CPU may be finished on a GPU. Recorded all the same: each part and the output
+    carry their devices (`embed_state.DEVICES_METADATA_KEY`), so an output of two is known as one."""
+    earlier = {name for part in part_files(parts, fmt) for name in part_devices(part)}
+    other = sorted(earlier - {device, UNRECORDED_DEVICE})
+    if other:
+        print(
+            f"htmllm embed: the rows kept from earlier runs were embedded with --device {', '.join(other)}, "
+            f"this run's with --device {device}: the same weights in the same dtype, they differ only by "
+            "rounding (as with other batch mates); the output records each device",
+            file=sys.stderr,
+        )
 
 
 async def _embed_all(

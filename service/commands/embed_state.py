@@ -1,6 +1,7 @@
 """What `htmllm embed` keeps on disk beyond the shared resume rules (`resume_state`): Parquet parts and the
 merged output, which carries the run's settings in its metadata (`htmllm.run`), so a later run can tell
-its own finished output from another run's, or from an unrelated file.
+its own finished output from another run's, or from an unrelated file, and the devices its rows were
+embedded on (`htmllm.devices`, each part's own: --device is not a setting, see `embed._say_other_devices`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 RUN_METADATA_KEY = b"htmllm.run"
+# The --device values a file's rows were embedded on, a JSON list: one in a part, each of its parts' in the
+# output. Apart from `htmllm.run`, which a run compares whole: a device is recorded, never pinned.
+DEVICES_METADATA_KEY = b"htmllm.devices"
+# What a part or output from before devices were recorded counts as.
+UNRECORDED_DEVICE = "unrecorded"
 
 
 class ParquetParts:
@@ -26,14 +32,19 @@ class ParquetParts:
 
     suffix = ".parquet"
 
-    def __init__(self, schema: pa.Schema) -> None:
+    def __init__(self, schema: pa.Schema, device: str | None = None) -> None:
         self.schema = schema
+        self.device = device  # where this run's rows are embedded: recorded in each part it writes
 
     def write(self, rows: list[dict[str, Any]], path: Path) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pq.write_table(pa.Table.from_pylist(rows, schema=self.schema), path)
+        table = pa.Table.from_pylist(rows, schema=self.schema)
+        if self.device is not None:
+            devices = {DEVICES_METADATA_KEY: json.dumps([self.device])}
+            table = table.replace_schema_metadata({**(self.schema.metadata or {}), **devices})
+        pq.write_table(table, path)
 
     def indices(self, path: Path) -> npt.NDArray[np.int64]:
         import numpy as np
@@ -55,6 +66,23 @@ class ParquetParts:
             raise UnreadablePart(str(exc)) from exc
 
 
+def part_devices(path: Path) -> list[str]:
+    """The devices `path`'s rows were embedded on (a part's, or a finished output's), from its footer
+    alone; `[UNRECORDED_DEVICE]` for a file written before they were recorded, or one whose record
+    cannot be read (the rows' own reader says what is wrong with such a file)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        raw = (pq.read_metadata(path).metadata or {}).get(DEVICES_METADATA_KEY)
+        devices = json.loads(raw) if raw is not None else None
+    except (pa.ArrowException, OSError, ValueError):
+        devices = None
+    if not isinstance(devices, list) or not all(isinstance(name, str) for name in devices):
+        return [UNRECORDED_DEVICE]
+    return devices
+
+
 # Indices the merge writes at a time: a run of millions of pages is merged in windows of this size, never
 # read whole. Measured on 300K rows of 384-d embeddings: Arrow's peak 118 MB (65,536: 441 MB; the whole
 # table at once: 1,740 MB), and the fastest of the three.
@@ -62,8 +90,8 @@ MERGE_WINDOW_ROWS = 16_384
 
 
 def merge(parts: Path, output: Path, schema: pa.Schema, documents: int, settings: dict[str, Any]) -> int:
-    """Merge the parts, sorted by index, into `output` with the settings in its metadata; refused unless
-    they hold exactly the documents 0..documents-1, each once.
+    """Merge the parts, sorted by index, into `output` with the settings and the parts' devices in its
+    metadata; refused unless they hold exactly the documents 0..documents-1, each once.
 
     Streamed: the index columns are read first (for the check, and each part's index range), then the
     output is written one window of `MERGE_WINDOW_ROWS` indices at a time, from the parts whose range
@@ -78,7 +106,12 @@ def merge(parts: Path, output: Path, schema: pa.Schema, documents: int, settings
     import pyarrow.parquet as pq
 
     ranges = complete_parts(parts, ParquetParts(schema), documents, output)
-    metadata = {**(schema.metadata or {}), RUN_METADATA_KEY: json.dumps(settings, sort_keys=True)}
+    devices = sorted({name for _, _, part in ranges for name in part_devices(part)})
+    metadata = {
+        **(schema.metadata or {}),
+        RUN_METADATA_KEY: json.dumps(settings, sort_keys=True),
+        DEVICES_METADATA_KEY: json.dumps(devices),
+    }
     with (
         replaced_atomically(output, suffix=TEMP_SUFFIX, durable=True) as tmp,
         pq.ParquetWriter(tmp, schema.with_metadata(metadata)) as writer,

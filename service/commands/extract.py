@@ -19,13 +19,16 @@ append-only parts in `<output>.parts/` (each a JSON header line with its first i
 its body's length, then its rows; written whole or not at all), under a lock, with `run.json` pinning the
 input and the options that determine the rows. A restart after `kill -9` or Ctrl-C skips the pages done
 (checking they are the same pages) and extracts the rest; a restart with other options, or an input that
-changed, is refused with a message naming what differs. When every page is done the parts are
-concatenated into `<output>` under a temporary name, renamed over the old file and the parts removed.
+changed, is refused with a message naming what differs, but for a larger --limit (or none): it goes on
+from an interrupted run of a smaller one, as `htmllm embed` does (`resume_state.limit_raised`). When every
+page is done the parts are concatenated into `<output>` under a temporary name, renamed over the old file
+and the parts removed.
 A missing output directory is made, and an output under a file refused before anything is read, as
 `htmllm embed` does (`options.check_output_parent`); so are the same integer options bounded the same
 way (`options.at_least`: `--limit 0` is a usage error in both).
 A finished output records nothing of how it was made (a JSONL file has no metadata), so a later run
-extracts again and replaces it, as it always did (known by its first row, see below).
+extracts again and replaces it, as it always did (known by its first row, see below), a run of a larger
+--limit too: nothing tells that the output's rows are its first pages under the same options.
 
 The input is opened before the output is touched: a typo in `--input`, a crash or a Ctrl-C leaves an
 existing output as it was. Ctrl-C stops at once (queued pages cancelled, busy workers killed) with exit
@@ -112,7 +115,9 @@ _EXTRACTOR_DISTRIBUTIONS = ("resiliparse", "trafilatura", "justext")
 #    reported the codec its <meta> names where the text reads the same in it).
 # 7: every row ends with `http_status` and `content_type`, a WARC page's (`embed.response_fields`), else
 #    null.
-ROW_FORMAT = 7
+# 8: a WARC's HTTP response with no body and no Content-Type (a bare redirect) is a row, as in embed's
+#    format 4 (it had been passed over: every later row's `index` is one more).
+ROW_FORMAT = 8
 # Failures a later attempt may not repeat: written as rows they would be "done" for good (`htmllm embed`'s
 # rule; of its codes only this one reaches an extraction).
 TRANSIENT = frozenset({ErrorCode.NOT_READY})  # the page's extractor process killed from outside
@@ -550,8 +555,9 @@ def _resumable(
         clean_leftovers(target, parts)
         settings = _settings(args, parts)
         # Every name but the union's `order` and `seed` is recorded by every run: one missing is an older
-        # version's run, which the refusal says.
-        pin_settings(parts, settings, recorded=settings.keys() - {"order", "seed"})
+        # version's run, which the refusal says. A run of a smaller --limit goes on under a larger one (or
+        # none), as `htmllm embed`'s does: its parts are this run's first pages (`limit_raised`).
+        pin_settings(parts, settings, recorded=settings.keys() - {"order", "seed"}, limit_may_grow=True)
         done = done_set(parts, fmt, command="htmllm extract")
         walk = InputWalk(done, parts)
         writer = PartWriter(parts, fmt, args.part_size)

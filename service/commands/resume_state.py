@@ -88,6 +88,18 @@ class RunStateError(HtmllmError):
     code = ErrorCode.VALIDATION
 
 
+class InputChanged(RunStateError):
+    """A done page that is not the input's page at its position now, or a done position past the input's
+    end (`InputWalk`): the input was rewritten with the size and modification time `input_identity`
+    pinned. `index`: that position, for a command that knows where its done row came from (`htmllm
+    embed`'s finished output of a smaller --limit, kept as a part: the parts are not what changed)."""
+
+    def __init__(self, index: int, detail: str, parts: Path) -> None:
+        super().__init__(f"input changed since the interrupted run: {detail}; delete {parts} to start over")
+        self.index = index
+        self.detail = detail
+
+
 class UnreadablePart(Exception):
     """A part file that cannot be read back (damaged from outside: parts are written whole)."""
 
@@ -639,17 +651,15 @@ class InputWalk:
             self.documents = index + 1
             if index in self.done:
                 if self.done[index] != page.id:
-                    raise RunStateError(
-                        f"input changed since the interrupted run: document {index} was "
-                        f"{self.done[index]!r}, now {page.id!r}; delete {self.parts} to start over"
-                    )
+                    was = f"document {index} was {self.done[index]!r}, now {page.id!r}"
+                    raise InputChanged(index, was, self.parts)
                 continue
             yield index, page
         last = max(self.done, default=-1)
         if last >= self.documents:
-            raise RunStateError(
-                f"input changed since the interrupted run: it now ends after {self.documents} documents, "
-                f"but document {last} ({self.done[last]!r}) was done; delete {self.parts} to start over"
+            gone = f"document {last} ({self.done[last]!r})"
+            raise InputChanged(
+                last, f"it now ends after {self.documents} documents, but {gone} was done", self.parts
             )
 
 
@@ -692,10 +702,11 @@ class PartWriter:
             raise
         self.next_part += 1
 
-    def adopt(self, source: Path) -> None:
+    def adopt(self, source: Path) -> Path:
         """Take `source`, a whole file of the parts' format (`htmllm embed`'s finished output of a
         smaller --limit), as the next part: hard-linked, so free whatever its size (the command replaces
-        the output with a new file, never writes it in place), else copied."""
+        the output with a new file, never writes it in place), else copied. Returns the part, for the
+        command to remove again should the input turn out to have changed under the rows it holds."""
         path = self._next_path()
         try:
             os.link(source, path)
@@ -703,6 +714,7 @@ class PartWriter:
             with replaced_atomically(path, suffix=TEMP_SUFFIX, durable=True) as tmp:
                 shutil.copyfile(source, tmp)
         self.next_part += 1
+        return path
 
     def _next_path(self) -> Path:
         return self.parts / f"{PART_PREFIX}{self.next_part:06d}{self.fmt.suffix}"

@@ -13,8 +13,10 @@ A page source is one of:
   crawlers write them: every `response` record with an HTML payload (and every HTML `resource` record)
   is a page, with the WARC-Record-ID as its id, WARC-Target-URI as its url, the HTTP body with its
   chunked transfer and Content-Encoding undone, and the HTTP charset honoured; other records
-  (requests, images, revisits, DNS, metadata) are skipped. `meta` has `warc_file`, `warc_date`,
-  `http_status`, `content_type` and, for a record the crawler cut short, `warc_truncated`;
+  (requests, images, revisits, DNS, metadata) are skipped; an HTTP response with no body and no
+  Content-Type (a bare redirect, a 204 or 304) is an empty page keeping its `http_status`. `meta` has
+  `warc_file`, `warc_date`, `http_status`, `content_type` and, for a record the crawler cut short,
+  `warc_truncated`;
 - a directory of `*.html`, `*.htm` (optionally `.gz`) and WARC files, read recursively in sorted order
   (`list_directory`: symlinked subdirectories followed, a link back up not again; other files are
   skipped; a directory with JSONL files but no page files is an error, not zero pages; a subdirectory

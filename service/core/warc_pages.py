@@ -1,7 +1,9 @@
 """Reading the pages of a WARC file with FastWARC: the WARC part of `service.core.pages.iter_pages`.
 
-Every `response` record with an HTML payload (and every HTML `resource` record) is a page; the rest are
-skipped (the `pages` module docstring says what a page carries). Its rows, errors and page cap are
+Every `response` record with an HTML payload (and every HTML `resource` record) is a page, and so is an
+HTTP response with no body that says it is anything else (a redirect stored without a Content-Type: an
+empty page, with its `http_status`); the rest are skipped (the `pages` module docstring says what a page
+carries). Its rows, errors and page cap are
 `pages`' own: the cap is read as `pages.MAX_PAGE_BYTES` at call time, never imported by value, so a test
 that lowers it there lowers it for WARC records too. Whether a file ends with whole records is
 `warc_tail`'s check, which knows nothing of pages.
@@ -134,6 +136,7 @@ def _warc_page(
 
     content_type = record.headers.get("Content-Type") or ""
     coding: str | None = None
+    status: int | None = None  # an HTTP response's
     if record.record_type == WarcRecordType.response:
         if not content_type.lower().startswith("application/http"):
             return None  # e.g. a DNS response
@@ -141,13 +144,13 @@ def _warc_page(
         body = block[http.size :]
         content_type = http.headers.get("content-type") or ""
         coding = http.headers.get("content-encoding")
-        meta["http_status"] = http.status
+        status = meta["http_status"] = http.status
         if "chunked" in (http.headers.get("transfer-encoding") or "").lower():
             body = _dechunk(body)
     else:
         body = block
     media_type, charset = extract_media_type(content_type) if content_type else (None, None)
-    if media_type not in _HTML_MEDIA_TYPES and not (media_type is None and body.lstrip()[:1] == b"<"):
+    if media_type not in _HTML_MEDIA_TYPES and not (media_type is None and _untyped_page(body, status)):
         return None
     meta["content_type"] = content_type or None
     truncated = record.headers.get("WARC-Truncated")
@@ -164,6 +167,17 @@ def _warc_page(
         raise PageSourceError(f"{where}: {exc.message}", code=exc.code) from exc
     html, encoding = declared_page(body, charset, where)
     return Page(id=page_id, html=html, url=url, meta=meta, encoding=encoding)
+
+
+def _untyped_page(body: bytes, status: int | None) -> bool:
+    """Whether a record with no media type holds a page: HTML by its first byte, as a browser sniffs it,
+    or an HTTP response (`status`: its status line's) with no body (a redirect, a 204 or 304, stored
+    without a Content-Type). Such a response is a page with nothing in it, as one typed text/html is: its
+    row carries its `http_status`, by which the docs promise empty redirects can be filtered out, where
+    it had been dropped unseen. A block with no status line is none: a resource record, or the empty
+    record FastWARC hands back for a file cut inside a record's header (`warc_tail` says that one)."""
+    start = body.lstrip()[:1]
+    return start == b"<" or (not start and status is not None)
 
 
 class _HttpHead(NamedTuple):

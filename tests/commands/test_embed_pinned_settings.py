@@ -1,9 +1,11 @@
 """`htmllm embed`: settings a resume (or a finished output) must share with the run that goes on from it,
-and the one that may grow: the preprocessing pool is pinned, a larger --limit goes on from a smaller."""
+the one that may grow and the one only recorded: the preprocessing pool is pinned, a larger --limit goes
+on from a smaller, --device is recorded and a change of it said."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -211,3 +213,88 @@ def test_a_larger_limit_over_a_changed_input_is_refused_for_the_input(
     assert main([*_args(checkpoint, source, tmp_path / "run.parquet"), "--limit", "5"]) == 1
     err = capsys.readouterr().err
     assert "input changed since the interrupted run (" in err and "limit 3 -> 5" not in err
+
+
+def test_a_larger_limit_over_an_input_rewritten_with_its_size_and_mtime_is_refused_for_the_output(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Such an input passes `input_identity`; the id check then found the finished output's rows (kept as
+    a part) changed and said to delete the parts: the next run kept the output again, to be refused
+    again, for ever, and --overwrite resumed those very parts. The output is refused, as for an input
+    changed in another way, nothing is left behind, and --overwrite starts over."""
+    source = tmp_path / "pages.jsonl"
+    write_pages(source, 6)
+    out = tmp_path / "out.parquet"
+    args = _args(checkpoint, source, out, "--preprocess-pool", "thread")
+    assert main([*args, "--limit", "2"]) == 0
+    before = source.stat()
+    rewritten = source.read_text(encoding="utf-8").replace('"id": "p1"', '"id": "q1"')
+    source.write_text(rewritten, encoding="utf-8")
+    os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert source.stat().st_size == before.st_size
+    capsys.readouterr()
+    for _ in range(2):  # the same answer each time: the run changes nothing the next one reads
+        assert main([*args, "--limit", "4"]) == 1
+        err = capsys.readouterr().err
+        assert f"{out} was written before its input changed (document 1 was 'p1', now 'q1';" in err, err
+        assert err.endswith(
+            "a larger --limit goes on only over the same input; pass --overwrite to replace it\n"
+        )
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["out.parquet", "pages.jsonl"]
+        assert pq.read_table(out)["id"].to_pylist() == ["p0", "p1"]
+    embedded = _counting_embed(monkeypatch)
+    assert main([*args, "--limit", "4", "--overwrite"]) == 0
+    assert sorted(embedded) == ["p0", "p2", "p3", "q1"]
+    assert pq.read_table(out)["id"].to_pylist() == ["p0", "q1", "p2", "p3"]
+
+
+def _devices(path: Path) -> list[str]:
+    devices: list[str] = json.loads(pq.read_schema(path).metadata[b"htmllm.devices"])
+    return devices
+
+
+def _as_if_embedded_on(part: Path, devices: list[str] | None) -> None:
+    """Give `part` the devices record of rows embedded on `devices` (None: of a version before the
+    record), as a run on a GPU writes it: this machine may have none."""
+    table = pq.read_table(part)
+    metadata = {k: v for k, v in table.schema.metadata.items() if k != b"htmllm.devices"}
+    if devices is not None:
+        metadata[b"htmllm.devices"] = json.dumps(devices).encode()
+    pq.write_table(table.replace_schema_metadata(metadata), part)
+
+
+def test_the_device_is_recorded_and_a_run_going_on_from_another_says_so(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--device is not pinned: the same weights in the same (pinned) dtype differ only by rounding, as
+    with other batch mates, and a run begun on a CPU may be finished on a GPU. But a resume on another
+    device mixed both in one output without a word or a record: it is said, and every part and the
+    output record the devices their rows were embedded on (`htmllm.devices`)."""
+    write_pages(tmp_path / "pages.jsonl", 8)
+    out = tmp_path / "out.parquet"
+    parts = tmp_path / "out.parquet.parts"
+    args = _args(checkpoint, tmp_path / "pages.jsonl", out, "--preprocess-pool", "thread")
+    stop_before_merge(monkeypatch, [*args, "--limit", "3"])
+    first, second, _ = sorted(parts.glob("part-*.parquet"))
+    assert _devices(first) == ["cpu"]
+    _as_if_embedded_on(first, ["cuda"])
+    _as_if_embedded_on(second, None)  # an older version's part: nothing to say of it
+    capsys.readouterr()
+    assert main([*args, "--limit", "5"]) == 0
+    said = (
+        "htmllm embed: the rows kept from earlier runs were embedded with --device cuda, this run's with "
+        "--device cpu: the same weights in the same dtype, they differ only by rounding (as with other "
+        "batch mates); the output records each device\n"
+    )
+    assert capsys.readouterr().err.startswith(said)
+    assert _devices(out) == ["cpu", "cuda", "unrecorded"]
+    assert main([*args, "--limit", "6"]) == 0  # from a finished output of a smaller --limit too
+    err = capsys.readouterr().err
+    assert said in err and "holds the first 5 documents" in err
+    assert _devices(out) == ["cpu", "cuda", "unrecorded"]
+    assert main([*args, "--limit", "4", "--overwrite"]) == 0  # one device: nothing to say
+    assert "--device" not in capsys.readouterr().err
+    assert _devices(out) == ["cpu"]
+    assert main(args) == 0
+    assert "--device" not in capsys.readouterr().err
+    assert _devices(out) == ["cpu"] and pq.read_table(out).num_rows == 8

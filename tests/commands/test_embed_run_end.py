@@ -3,6 +3,7 @@ take (the run stops at once), SIGHUP (as SIGTERM and Ctrl-C)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import gc
@@ -80,6 +81,47 @@ def test_a_part_the_disk_will_not_take_ends_the_run_at_once_and_the_resume_does_
         f"wrote {n} documents to {out}: 2 resumed from earlier runs, {n - 2} embedded this run (0 failed)\n"
     )
     assert pq.read_table(out)["index"].to_pylist() == list(range(n))
+
+
+def test_ctrl_c_while_a_full_disk_stops_the_run_still_says_the_disk_is_full(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user who presses Ctrl-C while the run stops for a full disk (its pages in flight cancelled) was
+    told "interrupted", with status 130, and never that the disk is full, the one thing to fix before the
+    next run. The disk's failure is the run's end: its line and its status, 1."""
+    n = 40
+    write_pages(tmp_path / "pages.jsonl", n)
+    out = tmp_path / "out.parquet"
+    args = _args(checkpoint, tmp_path / "pages.jsonl", out, "--part-size", "2", "--batch-size", "4")
+    write, embed = ParquetParts.write, Engine.embed
+    writes = 0
+    pressed = False
+
+    def full_from_the_second(self: ParquetParts, rows: list[dict[str, Any]], path: Path) -> None:
+        nonlocal writes
+        writes += 1
+        if writes == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write(self, rows, path)
+
+    async def ctrl_c_when_cancelled(self: Engine, docs: list[Document], **kw: Any) -> list[DocumentResult]:
+        nonlocal pressed
+        try:
+            return await embed(self, docs, **kw)
+        except asyncio.CancelledError:  # the stop the full disk began: Ctrl-C, once
+            if not pressed:
+                pressed = True
+                signal.raise_signal(signal.SIGINT)
+            raise
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ParquetParts, "write", full_from_the_second)
+        patch.setattr(Engine, "embed", ctrl_c_when_cancelled)
+        assert main(args) == 1
+    assert pressed
+    assert capsys.readouterr().err == "htmllm embed: [Errno 28] No space left on device\n"
+    (part,) = (tmp_path / "out.parquet.parts").glob("part-*.parquet")
+    assert pq.read_table(part)["index"].to_pylist() == [0, 1]
 
 
 def _sighup_kills(*_: object) -> None:

@@ -326,7 +326,7 @@ def test_ctrl_c_keeps_the_parts_and_a_resume_with_other_options_or_input_is_refu
     pinned = json.loads((parts / "run.json").read_text())
     (parts / "run.json").write_text(json.dumps({**pinned, "row_format": 1}))
     assert main(args) == 1
-    assert "other settings (row_format 1 -> 7); delete it" in capsys.readouterr().err
+    assert "other settings (row_format 1 -> 8); delete it" in capsys.readouterr().err
     # Nor texts of an older extraction (run.json of format 5 had no extraction version).
     (parts / "run.json").write_text(
         json.dumps({k: v for k, v in pinned.items() if k != "extraction_version"})

@@ -29,8 +29,9 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _crawl(path: Path) -> Path:
-    """A WARC of a 200 page, a 404 page, a 301 with an empty body, an HTML resource record (no HTTP
-    response: no status) and a 200 whose gzip body is corrupt (an error row)."""
+    """A WARC of a 200 page, a 404 page, a 301 with an empty body, a 302 with neither a body nor a
+    Content-Type (it had been no row at all), an HTML resource record (no HTTP response: no status) and
+    a 200 whose gzip body is corrupt (an error row)."""
     page = make_pages(1, seed=7, min_words=20, max_words=40)[0].encode()
     not_found = b"<html><body><h1>Not Found</h1><p>The page you asked for is gone.</p></body></html>"
     moved = {"Location": "https://example.com/new"}
@@ -38,6 +39,7 @@ def _crawl(path: Path) -> Path:
         response("ok", HttpResponse(page, "text/html; charset=utf-8"), "https://example.com/ok"),
         response("gone", HttpResponse(not_found, "text/html", status="404 Not Found")),
         response("moved", HttpResponse(b"", "text/html", status="301 Moved Permanently", headers=moved)),
+        response("found", HttpResponse(b"", None, status="302 Found", headers=moved)),
         warc_record("res", b"<p>a stored resource</p>", record_type="resource", content_type="text/html"),
         response("bad", HttpResponse(b"not gzip", "text/html", headers={"Content-Encoding": "gzip"})),
     ]
@@ -45,8 +47,8 @@ def _crawl(path: Path) -> Path:
     return path
 
 
-STATUSES = [200, 404, 301, None, 200]
-CONTENT_TYPES = ["text/html; charset=utf-8", "text/html", "text/html", "text/html", "text/html"]
+STATUSES = [200, 404, 301, 302, None, 200]
+CONTENT_TYPES = ["text/html; charset=utf-8", "text/html", "text/html", None, "text/html", "text/html"]
 
 
 def _jsonl_claiming_a_response(path: Path) -> Path:
@@ -80,8 +82,8 @@ def test_embed_rows_carry_a_warc_pages_http_status_and_content_type(checkpoint: 
     assert str(table.schema.field("http_status").type) == "int32"
     assert table["http_status"].to_pylist() == STATUSES
     assert table["content_type"].to_pylist() == CONTENT_TYPES
-    # The 404 and the empty 301 are embedded as any page is; the status is what tells them apart.
-    assert table["error"].to_pylist() == [None, None, None, None, "validation_error"]
+    # The 404 and the empty redirects are embedded as any page is; the status is what tells them apart.
+    assert table["error"].to_pylist() == [None, None, None, None, None, "validation_error"]
 
 
 def test_embed_never_takes_a_jsonl_rows_own_fields_for_a_response(checkpoint: Path, tmp_path: Path) -> None:
@@ -98,7 +100,7 @@ def test_extract_rows_end_with_a_warc_pages_http_status_and_content_type(tmp_pat
     rows = _extract_rows(_crawl(tmp_path / "crawl.warc.gz"), output)
     assert [row["http_status"] for row in rows] == STATUSES
     assert [row["content_type"] for row in rows] == CONTENT_TYPES
-    assert "error" in rows[4] and "error" not in rows[0]  # both of `_process`'s ends
+    assert "error" in rows[5] and "error" not in rows[0]  # both of `_process`'s ends
     for row in rows:  # last, after the keys that tell the command's own output (`_ROW_START`)
         assert list(row)[:3] == ["index", "id", "url"] and list(row)[-2:] == ["http_status", "content_type"]
     assert extract_command._ROW_START.match(output.read_bytes())
@@ -151,7 +153,7 @@ def test_an_embed_output_or_run_of_the_previous_row_format_is_refused(
 ) -> None:
     """Rows without the two columns (format 2) are never taken for this run's: a finished output is
     refused (not complete, nor a smaller --limit's to keep), an interrupted run's parts not resumed."""
-    assert embed_command.ROW_FORMAT == 3
+    assert embed_command.ROW_FORMAT >= 3
     source = _crawl(tmp_path / "crawl.warc.gz")
     out = tmp_path / "out.parquet"
     args = _embed_args(checkpoint, source, out, "--limit", "2")
@@ -167,7 +169,8 @@ def test_an_embed_output_or_run_of_the_previous_row_format_is_refused(
         assert "was written with other settings (" in capsys.readouterr().err
     assert main(args) == 1
     assert capsys.readouterr().err == (
-        f"htmllm embed: validation_error: {out} was written with other settings (row_format 2 -> 3); pass "
+        f"htmllm embed: validation_error: {out} was written with other settings (row_format 2 -> "
+        f"{embed_command.ROW_FORMAT}); pass "
         "--overwrite to replace it\n"
     )
     out.unlink()
@@ -176,7 +179,8 @@ def test_an_embed_output_or_run_of_the_previous_row_format_is_refused(
     pin.write_text(json.dumps({**json.loads(pin.read_text(encoding="utf-8")), "row_format": 2}))
     capsys.readouterr()
     assert main(args) == 1
-    assert "holds a run with other settings (row_format 2 -> 3); delete it" in capsys.readouterr().err
+    expected = f"holds a run with other settings (row_format 2 -> {embed_command.ROW_FORMAT}); delete it"
+    assert expected in capsys.readouterr().err
     assert not out.exists()
 
 
@@ -184,7 +188,7 @@ def test_an_extract_run_of_the_previous_row_format_is_not_resumed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Parts of format 6 (rows without the two fields) are never merged with rows of format 7."""
-    assert extract_command.ROW_FORMAT == 7
+    assert extract_command.ROW_FORMAT >= 7
     source = tmp_path / "pages.jsonl"
     source.write_text("".join(json.dumps({"id": f"r{i}"}) + "\n" for i in range(3)))  # error rows: no worker
     output = tmp_path / "texts.jsonl"
@@ -194,5 +198,6 @@ def test_an_extract_run_of_the_previous_row_format_is_not_resumed(
     pin.write_text(json.dumps({**json.loads(pin.read_text(encoding="utf-8")), "row_format": 6}))
     capsys.readouterr()
     assert main([*args, "--part-size", "1"]) == 1
-    assert "holds a run with other settings (row_format 6 -> 7); delete it" in capsys.readouterr().err
+    expected = f"holds a run with other settings (row_format 6 -> {extract_command.ROW_FORMAT}); delete it"
+    assert expected in capsys.readouterr().err
     assert not output.exists()

@@ -361,3 +361,31 @@ def test_an_http_head_without_end_is_bounded(tmp_path: Path) -> None:
     assert "the HTTP response head is malformed: no blank line ends it" in (endless_row.error or "")
     assert redirect.error is None and redirect.html == b"" and redirect.meta["http_status"] == 301
     assert after.error is None and after.html == b"<p>after</p>"
+
+
+def test_a_response_without_a_body_or_content_type_is_an_empty_page(tmp_path: Path) -> None:
+    """A redirect stored bare (no body, no Content-Type) was dropped before it became a page, where one
+    typed text/html is an empty page with its status: the docs promise rows by which empty redirects can
+    be filtered out. A bodiless response typed as something else, an untyped body that is no HTML, and
+    an empty untyped resource record (no HTTP status to tell anything by) stay no page."""
+    moved = {"Location": "https://example.com/b"}
+    path = tmp_path / "redirects.warc"
+    path.write_bytes(
+        response("bare", HttpResponse(b"", None, status="301 Moved Permanently", headers=moved))
+        + response("blank", HttpResponse(b" \r\n", None, status="302 Found", headers=moved))
+        + response("chunked", HttpResponse(b"", None, status="304 Not Modified", chunked=True))
+        + response("typed", HttpResponse(b"", "text/html", status="301 Moved Permanently", headers=moved))
+        + response("image", HttpResponse(b"", "image/png", status="301 Moved Permanently", headers=moved))
+        + response("data", HttpResponse(b"\x89PNG\r\n\x1a\n", None))
+        + warc_record("resource", b"", record_type="resource", content_type="")
+    )
+    pages = {page.id[10:-1]: page for page in iter_pages(path, bad_rows="report")}
+    assert list(pages) == ["bare", "blank", "chunked", "typed"]
+    assert all(page.error is None and page.html.strip() == b"" for page in pages.values())
+    assert pages["bare"].meta == {
+        "warc_file": path.name,
+        "warc_date": "2026-11-30T12:00:00Z",
+        "http_status": 301,
+        "content_type": None,
+    }
+    assert [page.meta["http_status"] for page in pages.values()] == [301, 302, 304, 301]
