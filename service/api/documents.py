@@ -65,33 +65,22 @@ _FEW_RUNS, _SHORT_RUN = 1000, 64
 MAX_CONTENT_TYPE_CHARS = 1024
 
 
-def content_type_header(request: Request) -> str | None:
-    """The request's Content-Type header (None: none). Several field lines are one comma-separated list
-    (RFC 9110 section 5.3), as a proxy that merges them writes it, and are read as that list is
-    (`media_type_of`); refused (415) where they name different media types: reading the first one had
-    embedded `text/html` then `application/json` as a page, the other order as JSON."""
-    values = request.headers.getlist("content-type")
-    distinct = list(dict.fromkeys(values))
-    if len(distinct) <= 1:
-        return distinct[0] if distinct else None
-    joined = ", ".join(distinct)
-    _check_length(joined)
-    listed = essences(split_values(joined))
-    if len(listed) > 1:
-        raise HtmllmError(
-            f"{len(values)} Content-Type headers with different media types ({shown(listed)}); send one",
-            code=ErrorCode.UNSUPPORTED_MEDIA_TYPE,
-        )
-    return joined
+def request_content_type(request: Request) -> tuple[str | None, str, str | None]:
+    """(header, media type, charset) of the request's Content-Type; no header reads as JSON (header None).
 
-
-def request_content_type(value: str | None) -> tuple[str, str | None]:
-    """(media type, charset) of a request's Content-Type header; no header reads as JSON. One longer
-    than `MAX_CONTENT_TYPE_CHARS` is refused (415) before it is parsed."""
-    if not value:
-        return "application/json", None
-    _check_length(value)
-    return media_type_of(value)
+    Several field lines are one comma-separated list (RFC 9110 section 5.3), as a proxy that merges them
+    writes it, and are read as that list is (`media_type_of`); refused (415) where they name different
+    media types: reading the first one had embedded `text/html` then `application/json` as a page, the
+    other order as JSON. A header longer than `MAX_CONTENT_TYPE_CHARS` is refused (415) before it is
+    parsed, and the list is split once, here (`service.core.media_types` does the parsing)."""
+    lines = request.headers.getlist("content-type")
+    distinct = list(dict.fromkeys(lines))
+    header = ", ".join(distinct) if distinct else None
+    if not header:
+        return header, "application/json", None
+    _check_length(header)
+    media_type, charset = media_type_of(header, lines=len(lines) if len(distinct) > 1 else 1)
+    return header, media_type, charset
 
 
 def _check_length(value: str) -> None:
@@ -103,17 +92,19 @@ def _check_length(value: str) -> None:
         )
 
 
-def media_type_of(value: str) -> tuple[str, str | None]:
+def media_type_of(value: str, *, lines: int = 1) -> tuple[str, str | None]:
     """(media type, charset) of a Content-Type value, as the Fetch standard's "extract a MIME type"
     reads it (`service.core.media_types.extract_media_type`): a list (two headers a proxy merged:
     `text/html, text/html; charset=koi8-r`) is its last valid value, with the charset of the first of
     the same type where the last has none. Browsers read it so; the email parser read such a list as
-    text/plain (a 415). A list of different media types is refused (415), as two headers naming them
-    are (`content_type_header`): which one is meant decides between JSON and a page."""
+    text/plain (a 415). A list of different media types is refused (415), and so are `lines` (more than
+    one) different header lines joined into `value` that name them: which one is meant decides between
+    JSON and a page."""
     listed = essences(split_values(value))
     if len(listed) > 1:
+        where = f"{lines} Content-Type headers with" if lines > 1 else "the Content-Type header lists"
         raise HtmllmError(
-            f"the Content-Type header lists different media types ({shown(listed)}); send one",
+            f"{where} different media types ({shown(listed)}); send one",
             code=ErrorCode.UNSUPPORTED_MEDIA_TYPE,
         )
     return extract_media_type(value)
@@ -319,8 +310,7 @@ async def read_body(
     set option is an error rather than silently ignored, and so is a query parameter that is none of
     them on any request (`?normalise=false` would otherwise answer normalised embeddings).
     """
-    header = content_type_header(request)
-    media_type, charset = request_content_type(header)
+    header, media_type, charset = request_content_type(request)
     body = await request.body()
     unknown = sorted({name for name in request.query_params if name not in raw_options})
     if unknown:
@@ -384,8 +374,7 @@ async def read_json_body(request: Request, model: type[M]) -> M:
     reads as JSON, and any other type (curl's `-d` sends a form type) is a clear 415, not a 422 saying
     the input "should be a valid dictionary".
     """
-    header = content_type_header(request)
-    media_type, charset = request_content_type(header)
+    header, media_type, charset = request_content_type(request)
     if not is_json(media_type):
         raise HtmllmError(
             f"unsupported Content-Type {(header or '')[:100]!r}: send application/json",

@@ -255,8 +255,10 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        headers = dict(scope["headers"])
+        declared = _declared_length(headers)  # parsed once, for `unread` and for the cap and budget below
         # The `send` of every answer given before a byte of the body is read (`_unread_body_send`).
-        unread = _unread_body_send(scope, send)
+        unread = _unread_body_send(headers, declared, send)
         if self.gate is not None and (gated := self.gate(scope)) is not None:
             # Before a byte of the body is read or charged: the client's upload, if any, is discarded by
             # the parser after this answer, and the connection carries the next request (unless the
@@ -270,18 +272,14 @@ class BodyLimitMiddleware:
             await self.app(scope, _without_body(receive), unread)
             return
         limit = self.max_body_bytes
-        declared = dict(scope["headers"]).get(b"content-length")
         length = 0
         if declared is not None:
-            try:
-                length = int(declared)
-                if length < 0:  # the parsers refuse one; the budget must not depend on it
-                    raise ValueError(declared)
-            except ValueError:
+            if declared == _INVALID_LENGTH:
                 # Answered before a byte of the body is read, as below: the connection closes where the
                 # client waits for `100 Continue` (kept, the parser read its next request as this body).
                 await self._refuse(scope, receive, unread, ErrorCode.VALIDATION, "invalid Content-Length")
                 return
+            length = declared
             if length > limit:
                 too_large = _too_large(f"{length} bytes", limit)
                 await self._refuse(scope, receive, unread, ErrorCode.PAYLOAD_TOO_LARGE, too_large)
@@ -461,16 +459,16 @@ def _without_body(receive: Receive) -> Receive:
     return without_body
 
 
-def _unread_body_send(scope: Scope, send: Send) -> Send:
+def _unread_body_send(headers: dict[bytes, bytes], declared: int | None, send: Send) -> Send:
     """`send` for an answer given without reading the body: one that closes its connection where the
-    client declared a body and waits for `100 Continue` before sending it.
+    client declared a body (`headers`, and their Content-Length `declared`: `_declared_length`) and
+    waits for `100 Continue` before sending it.
 
     Such a client, never told to go on, may send its body or not (RFC 9110 §10.1.1): the parser,
     waiting for the declared body, took the next request on the connection for it (a 5000-byte
     `Content-Length` swallowed a pipelined request whole, and its client timed out). Closed, nothing
     on the connection is read as anything else; a client that sends no body is not kept waiting."""
-    headers = dict(scope["headers"])
-    if headers.get(b"expect", b"").lower() != b"100-continue" or not _declares_body(headers):
+    if headers.get(b"expect", b"").lower() != b"100-continue" or not _declares_body(headers, declared):
         return send
 
     async def closing(message: Message) -> None:
@@ -482,14 +480,29 @@ def _unread_body_send(scope: Scope, send: Send) -> Send:
     return closing
 
 
-def _declares_body(headers: dict[bytes, bytes]) -> bool:
-    """Whether a request head says a body follows (chunked, or a `Content-Length` other than 0)."""
-    if b"transfer-encoding" in headers:
-        return True
+# What `_declared_length` gives for a Content-Length that is no length (a negative one included).
+_INVALID_LENGTH = -1
+
+
+def _declared_length(headers: dict[bytes, bytes]) -> int | None:
+    """A request head's Content-Length: None where it has none, `_INVALID_LENGTH` where it is no count of
+    bytes. The HTTP parsers refuse such a head before any app sees it; the cap, the budget and the
+    connection's fate must not depend on that."""
+    declared = headers.get(b"content-length")
+    if declared is None:
+        return None
     try:
-        return int(headers.get(b"content-length", b"0")) != 0
+        length = int(declared)
     except ValueError:
-        return True  # the parser refuses it before any app sees it; were it not, assume a body
+        return _INVALID_LENGTH
+    return length if length >= 0 else _INVALID_LENGTH
+
+
+def _declares_body(headers: dict[bytes, bytes], declared: int | None) -> bool:
+    """Whether a request head says a body follows: chunked, or a Content-Length (`declared`) other than
+    0; an invalid one is taken to (`_INVALID_LENGTH`: the parser refuses it, and were it not, a body
+    may follow)."""
+    return b"transfer-encoding" in headers or (declared is not None and declared != 0)
 
 
 def _plain_scope(scope: Scope, length: int) -> Scope:

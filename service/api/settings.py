@@ -24,6 +24,13 @@ if TYPE_CHECKING:
 
 # The most workers each pool gets by default; fewer under a smaller CPU budget (`pool_workers`).
 DEFAULT_POOL_WORKERS = 2
+# The longest any setting in seconds (`*_s`) may be: a day. A request's deadline is its timeout from now,
+# and the Engine refuses one more than a year ahead (`MAX_DEADLINE_AHEAD_S`: a time.time() given for a
+# time.monotonic()), so HTMLLM_REQUEST_TIMEOUT_S=1e12 was taken at start and answered every embedding
+# request 422; HTMLLM_DRAIN_TIMEOUT_S=inf crashed the start after the model had loaded. Nothing a server
+# waits for takes a day, and where a setting has "never" it is 0: past the bound a value is refused at
+# start (exit 2), as any other setting's wrong value is.
+MAX_DURATION_S = 86_400
 
 
 def _default_workers(data: dict[str, Any]) -> int:
@@ -94,6 +101,7 @@ class Settings(BaseSettings):
     preprocess_timeout_s: float = Field(
         20.0,
         gt=0,
+        le=MAX_DURATION_S,
         description="process pool: a page still preprocessing after this long has its worker killed and "
         "fails as preprocess_failed (the request timeout bounds it too)",
     )
@@ -124,18 +132,22 @@ class Settings(BaseSettings):
         "would pass it gets 429 with Retry-After, so a burst of large pages cannot exhaust memory; at "
         "least max_body_bytes",
     )
-    request_timeout_s: float = Field(30.0, gt=0, description="504 beyond it")
+    request_timeout_s: float = Field(30.0, gt=0, le=MAX_DURATION_S, description="504 beyond it")
     body_timeout_s: float = Field(
-        60.0, gt=0, description="408 when a request's body takes longer than this to arrive"
+        60.0,
+        gt=0,
+        le=MAX_DURATION_S,
+        description="408 when a request's body takes longer than this to arrive",
     )
     head_timeout_s: float = Field(
         30.0,
         gt=0,
+        le=MAX_DURATION_S,
         description="a connection that sends no request head (request line and headers) within this long "
         "of opening, or of the head's first byte, is closed (408 head_timeout where part of one came)",
     )
     truncate: bool = Field(True, description="default policy: truncate long documents, or reject (422)")
-    retry_after_s: int = Field(1, ge=0, description="Retry-After on 429 and 503")
+    retry_after_s: int = Field(1, ge=0, le=MAX_DURATION_S, description="Retry-After on 429 and 503")
 
     # The backend's health as the probes report it (a CUDA fault, a child that cannot restart).
     unready_after_failures: int = Field(
@@ -147,6 +159,7 @@ class Settings(BaseSettings):
     unhealthy_after_s: float = Field(
         300.0,
         ge=0,
+        le=MAX_DURATION_S,
         description="/health answers 503 (a liveness probe restarts the server) when every forward pass "
         "has failed for this long, one pass has run this long, or the warm-up has failed (and been "
         "retried) for this long; 0: never",
@@ -154,6 +167,7 @@ class Settings(BaseSettings):
     unready_after_pass_s: float | None = Field(
         None,
         ge=0,
+        le=MAX_DURATION_S,
         description="/ready answers 503 while one forward pass has run this long (a hung device), until "
         "passes finish again; default request_timeout_s: every document in such a pass has timed out "
         "already, so it serves no one and new requests would only queue behind it; 0: never",
@@ -169,6 +183,7 @@ class Settings(BaseSettings):
     extract_timeout_s: float = Field(
         DEFAULT_TIMEOUT_S,
         gt=0,
+        le=MAX_DURATION_S,
         description="each extractor's time on one page (/v1/extract); past it that extraction is an "
         "extraction_failed error, and the others keep theirs; the request timeout bounds it too",
     )
@@ -201,12 +216,15 @@ class Settings(BaseSettings):
     keep_alive_timeout_s: int = Field(
         75,
         ge=1,
+        le=MAX_DURATION_S,
         description="an idle keep-alive connection is closed after this long; keep it longer than the idle "
         "timeout of the proxy or load balancer in front (60 s for AWS ALB and ingress-nginx, 600 s for "
         "Google's): one that pools connections longer reuses a connection the server has just closed, and "
         "the request on it fails (a 502, or a reset)",
     )
-    drain_timeout_s: float = Field(30.0, ge=0, description="graceful shutdown: time to drain the queue")
+    drain_timeout_s: float = Field(
+        30.0, ge=0, le=MAX_DURATION_S, description="graceful shutdown: time to drain the queue"
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     log_format: Literal["text", "json"] = Field(
         "text", description="json: one JSON object per log line (uvicorn's too), for log pipelines"
@@ -225,6 +243,7 @@ class Settings(BaseSettings):
     connection_max_age_s: float = Field(
         300.0,
         ge=0,
+        le=MAX_DURATION_S,
         description="the first answer on a keep-alive connection open this long carries Connection: "
         "close (as connection_max_requests); 0: no limit",
     )

@@ -506,6 +506,15 @@ class Batcher:
         self._passes += 1
         try:
             output = await loop.run_in_executor(self._infer_pool, self._runner.run, ready.prepared)
+        except ShuttingDownError as exc:
+            # The runner was closed before this pass reached it (a close racing the batch, or one from
+            # outside the engine): the shutdown it is, as for a pass outside the queue (`run_direct`),
+            # not a backend failure. It had been one: counted in `health` (three such batches turned
+            # /ready 503), logged with a traceback, and answered `backend_failed` where `shutting_down`
+            # tells a client to retry elsewhere. A new error: the runner's traceback holds this frame.
+            logger.warning("a batch of %d found the runner closed: %s", len(ready.documents), exc)
+            _fail(ready.documents, ShuttingDownError(f"the engine stopped before this document ran ({exc})"))
+            return
         except Exception as exc:
             logger.exception("a forward pass failed")
             _fail(ready.documents, self._pass_failed(f"the {self._runner.backend} backend failed: {exc}"))

@@ -76,7 +76,7 @@ logger = logging.getLogger(__name__)
 # A `deadline` further ahead than this is no deadline an embedding call means: it is a `time.time()`
 # (about 1.7e9, wall clock) where a `time.monotonic()` (seconds since boot) was wanted, which had been
 # taken and never expired. A year, far past any request timeout a server is given (HTMLLM_REQUEST_TIMEOUT_S
-# has no upper bound: at a day, one of more than a day would have refused every request).
+# is at most `service.api.settings.MAX_DURATION_S`, a day).
 MAX_DEADLINE_AHEAD_S = 365 * 86_400.0
 
 

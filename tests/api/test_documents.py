@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.types import Message
 
+from service.api import documents
 from service.api.documents import (
     CONTENT_ENCODING_KEY,
     MAX_JSON_MARKS,
@@ -26,10 +27,12 @@ from service.api.documents import (
     parse_json,
     read_body,
     read_json_body,
+    request_content_type,
 )
 from service.api.schemas import EmbedRequest, OpenAIEmbeddingsRequest
 from service.core.content_coding import undeclared_coding
 from service.core.errors import ErrorCode, HtmllmError
+from service.core.media_types import split_values
 
 # What a page's text, script and style put inside JSON strings: every mark counted outside them.
 TRICKY = ['"', "\\", ",", "[", "{", "]", "}", ":", "a", " ", "\\u00e9", "\n"]
@@ -192,6 +195,60 @@ def test_a_list_of_different_media_types_is_a_415() -> None:
         media_type_of("text/html; charset=koi8-r, application/json")
     assert caught.value.code is ErrorCode.UNSUPPORTED_MEDIA_TYPE
     assert "'text/html', 'application/json'" in caught.value.message
+
+
+def _headed(*content_types: str) -> Request:
+    """A bodiless request with these Content-Type field lines, in order."""
+    headers = [(b"content-type", value.encode("latin-1")) for value in content_types]
+    return Request({"type": "http", "method": "POST", "path": "/", "query_string": b"", "headers": headers})
+
+
+@pytest.mark.parametrize(
+    "lines, expected",
+    [
+        ((), (None, "application/json", None)),
+        (("",), ("", "application/json", None)),
+        (("text/html; charset=koi8-r",), ("text/html; charset=koi8-r", "text/html", "koi8-r")),
+        (("text/html", "text/html"), ("text/html", "text/html", None)),  # identical lines are one
+        (
+            ("text/html", "text/html; charset=koi8-r"),  # merged as a proxy merges them
+            ("text/html, text/html; charset=koi8-r", "text/html", "koi8-r"),
+        ),
+    ],
+)
+def test_a_requests_content_type_lines_are_one_list(
+    lines: tuple[str, ...], expected: tuple[str | None, str, str | None]
+) -> None:
+    assert request_content_type(_headed(*lines)) == expected
+
+
+@pytest.mark.parametrize(
+    "lines, said",
+    [
+        (("text/html", "application/json", "text/html"), "3 Content-Type headers with different media types"),
+        (("text/html, application/json",) * 2, "the Content-Type header lists different media types"),
+    ],
+)
+def test_content_type_lines_of_different_media_types_are_a_415(lines: tuple[str, ...], said: str) -> None:
+    with pytest.raises(HtmllmError) as caught:
+        request_content_type(_headed(*lines))
+    assert caught.value.code is ErrorCode.UNSUPPORTED_MEDIA_TYPE
+    assert caught.value.message.startswith(said) and "'text/html', 'application/json'" in caught.value.message
+
+
+def test_content_type_lines_are_split_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Here, the lines joined had been split (and their media types found) to refuse different ones, then
+    again to read the one they name (`extract_media_type` splits them once more, in its own module)."""
+    splits: list[str] = []
+
+    def counted(value: str) -> list[str]:
+        splits.append(value)
+        return split_values(value)
+
+    monkeypatch.setattr(documents, "split_values", counted)
+    request = _headed("text/html", "text/html; charset=koi8-r")
+    assert request_content_type(request)[1:] == ("text/html", "koi8-r")
+    assert splits == ["text/html, text/html; charset=koi8-r"]
 
 
 PAGE = ("<!DOCTYPE html><html><body>" + "<p>hello world</p>" * 300 + "</body></html>").encode()

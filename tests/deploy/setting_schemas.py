@@ -34,26 +34,75 @@ DECIMAL_TEXT = r"^[0-9]+(\.[0-9]+)?$"
 POSITIVE_DECIMAL_TEXT = r"^([0-9]*[1-9][0-9]*(\.[0-9]+)?|[0-9]+\.[0-9]*[1-9][0-9]*)$"
 
 
-def _integer_text(minimum: int) -> str:
-    """Digits spelling an integer at least `minimum` (0 to 9)."""
+def _integer_text(minimum: int, maximum: int | None = None) -> str:
+    """Digits spelling an integer at least `minimum` (0 to 9) and, given, at most `maximum` (10 or more)."""
+    if not 0 <= minimum <= 9:
+        raise ValueError(f"no text pattern for integers from {minimum}")
+    if maximum is not None:
+        if maximum < 10:
+            raise ValueError(f"no text pattern for integers up to {maximum}")
+        return f"^0*({'0|' if minimum == 0 else ''}{_up_to(maximum, lowest=max(minimum, 1))})$"
     if minimum == 0:
         return "^[0-9]+$"
-    if 1 <= minimum <= 9:
-        return f"^0*([{minimum}-9]|[1-9][0-9]+)$"
-    raise ValueError(f"no text pattern for integers from {minimum}")
+    return f"^0*([{minimum}-9]|[1-9][0-9]+)$"
 
 
-def _lower_bound(name: str, field: FieldInfo) -> tuple[float, bool] | None:
-    """The field's lower bound and whether it is exclusive; None when it has none."""
-    bound: tuple[float, bool] | None = None
+def _digits(low: int, high: int) -> str:
+    return str(low) if low == high else f"[{low}-{high}]"
+
+
+def _repeated(pattern: str, times: int) -> str:
+    return pattern if times == 1 else f"{pattern}{{{times}}}"
+
+
+def _up_to(limit: int, *, lowest: int = 1) -> str:
+    """Alternatives of a pattern spelling, without leading zeros, the integers from `lowest` (1 to 9) to
+    `limit` (at least `lowest`): those with fewer digits than `limit`, then those with as many, below it
+    from their first digit that is smaller, then `limit` itself."""
+    digits = str(limit)
+    if len(digits) == 1:
+        return _digits(lowest, limit)
+    alternatives = [_digits(lowest, 9)]
+    if len(digits) > 2:
+        middle = "" if len(digits) == 3 else f",{len(digits) - 2}"
+        alternatives.append(f"[1-9][0-9]{{1{middle}}}")
+    for position, digit in enumerate(digits):
+        low = 1 if position == 0 else 0
+        if int(digit) > low:
+            rest = len(digits) - position - 1
+            tail = _repeated("[0-9]", rest) if rest else ""
+            alternatives.append(digits[:position] + _digits(low, int(digit) - 1) + tail)
+    alternatives.append(digits)
+    return "|".join(alternatives)
+
+
+def _decimal_text(*, positive: bool, maximum: int | None) -> str:
+    """Decimal text at or above 0 (above it where `positive`) and, given, at most `maximum` (10 or more)."""
+    if maximum is None:
+        return POSITIVE_DECIMAL_TEXT if positive else DECIMAL_TEXT
+    if maximum < 10:
+        raise ValueError(f"no text pattern for decimals up to {maximum}")
+    below = _up_to(maximum - 1)  # any fraction after these; after `maximum` itself, zeros only
+    if positive:
+        return rf"^0*(({below})(\.[0-9]+)?|{maximum}(\.0+)?|0\.[0-9]*[1-9][0-9]*)$"
+    return rf"^0*((0|{below})(\.[0-9]+)?|{maximum}(\.0+)?)$"
+
+
+def _bounds(name: str, field: FieldInfo) -> tuple[tuple[float, bool] | None, int | None]:
+    """The field's lower bound and whether it is exclusive (None when it has none), and its upper bound,
+    inclusive and whole (None when it has none: the durations have one, `MAX_DURATION_S`)."""
+    lower: tuple[float, bool] | None = None
+    upper: int | None = None
     for constraint in field.metadata:
         if isinstance(constraint, annotated_types.Ge):
-            bound = (float(constraint.ge), False)  # type: ignore[arg-type]
+            lower = (float(constraint.ge), False)  # type: ignore[arg-type]
         elif isinstance(constraint, annotated_types.Gt):
-            bound = (float(constraint.gt), True)  # type: ignore[arg-type]
+            lower = (float(constraint.gt), True)  # type: ignore[arg-type]
+        elif isinstance(constraint, annotated_types.Le) and isinstance(constraint.le, int):
+            upper = constraint.le
         else:
             raise ValueError(f"{name}: no value schema for the constraint {constraint!r}")
-    return bound
+    return lower, upper
 
 
 def _without_none(name: str, annotation: Any) -> Any:
@@ -69,27 +118,28 @@ def _without_none(name: str, annotation: Any) -> Any:
 def value_schema(name: str, field: FieldInfo) -> Schema:
     """What extraSettings may hold for the setting `name` (its Settings field `field`)."""
     annotation = _without_none(name, field.annotation)
-    bound = _lower_bound(name, field)
+    bound, maximum = _bounds(name, field)
     if get_origin(annotation) is Literal:
         return {"enum": list(get_args(annotation))}
     if annotation is bool:
         return {"anyOf": [{"type": "boolean"}, {"type": "string", "pattern": BOOLEAN_TEXT}]}
     if annotation is Path:
         return {"type": "string", "minLength": 1}
+    at_most = {} if maximum is None else {"maximum": maximum}
     if annotation is int and bound is not None:
         minimum = int(bound[0]) + 1 if bound[1] else int(bound[0])
         return {
             "anyOf": [
-                {"type": "integer", "minimum": minimum},
-                {"type": "string", "pattern": _integer_text(minimum)},
+                {"type": "integer", "minimum": minimum, **at_most},
+                {"type": "string", "pattern": _integer_text(minimum, maximum)},
             ]
         }
     if annotation is float and bound is not None and bound[0] == 0:
         exclusive = bound[1]
-        number = {"type": "number", "exclusiveMinimum" if exclusive else "minimum": 0}
-        text = POSITIVE_DECIMAL_TEXT if exclusive else DECIMAL_TEXT
+        number = {"type": "number", "exclusiveMinimum" if exclusive else "minimum": 0, **at_most}
+        text = _decimal_text(positive=exclusive, maximum=maximum)
         return {"anyOf": [number, {"type": "string", "pattern": text}]}
-    raise ValueError(f"{name}: no value schema for {annotation} with the bound {bound}")
+    raise ValueError(f"{name}: no value schema for {annotation} with the bounds {bound}, {maximum}")
 
 
 def _fields() -> dict[str, FieldInfo]:

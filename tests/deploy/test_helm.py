@@ -602,7 +602,7 @@ MAXIMAL_VALUES: dict[str, Any] = {
         "maxBodyBytes": 1073741824,
         "maxInflightBytes": 4294967296,
         "requestTimeoutSeconds": 2.5,
-        "bodyTimeoutSeconds": 1200000,
+        "bodyTimeoutSeconds": 86400,  # the longest any setting in seconds may be (MAX_DURATION_S)
         "drainTimeoutSeconds": 45,
     },
     "extraSettings": {
@@ -673,7 +673,8 @@ def test_large_numbers_render_as_digits() -> None:
     data = configmap_data(render(MAXIMAL_VALUES))
     assert data["HTMLLM_RESULT_CACHE_DOCUMENTS"] == "1000000"
     assert data["HTMLLM_GZIP_MIN_BYTES"] == "2097152"
-    assert data["HTMLLM_BODY_TIMEOUT_S"] == "1200000"
+    assert data["HTMLLM_MAX_QUEUE_DOCUMENTS"] == "4000000"  # a server.* value too
+    assert data["HTMLLM_BODY_TIMEOUT_S"] == "86400"
     assert data["HTMLLM_MAX_WAIT_MS"] == "0.5" and data["HTMLLM_TRUNCATE"] == "false"
 
 

@@ -92,6 +92,10 @@ def test_extra_setting_values_are_typed_as_the_service_parses_them(chart: helm.C
         {"HTMLLM_PREPROCESS_TIMEOUT_S": 0},
         {"HTMLLM_EXTRACT_TIMEOUT_S": "0.0"},
         {"HTMLLM_UNHEALTHY_AFTER_S": -1},
+        {"HTMLLM_HEAD_TIMEOUT_S": 86401},  # past a day: every setting in seconds (MAX_DURATION_S)
+        {"HTMLLM_EXTRACT_TIMEOUT_S": "1000000"},
+        {"HTMLLM_UNREADY_AFTER_PASS_S": "86400.5"},
+        {"HTMLLM_RETRY_AFTER_S": 90000},
         {"HTMLLM_RESULT_CACHE_DOCUMENTS": "lots"},
         {"HTMLLM_WARMUP": 2},
         {"HTMLLM_LOG_FORMAT": "yaml"},
@@ -106,8 +110,9 @@ def test_a_value_the_service_refuses_is_refused_at_install(settings: dict[str, A
 
 # Values a values file may hold for a setting, of every YAML type and in the forms people write.
 CANDIDATE_VALUES: list[Any] = [
-    *[-1, 0, 1, 2, 3, 1000000, 0.5, 2.5, -0.5, True, False],
+    *[-1, 0, 1, 2, 3, 1000000, 0.5, 2.5, -0.5, True, False, 86400, 86401, 86400.5],
     *["", "0", "1", "2", "04", "0.0", "0.5", "00.10", "1.5", "-1", "1e3", "+4", "2 "],
+    *["86400", "086400.00", "86401", "86400.5", "99999", "1e12"],
     *["true", "FALSE", "Yes", "off", "maybe", "debug", "info", "DEBUG", "verbose", "json", "yaml"],
     *["/models/html-base", "/models/html-base/model.onnx"],
 ]
@@ -470,6 +475,19 @@ def test_server_values_are_typed_as_their_settings(chart: helm.Chart) -> None:
             assert all(isinstance(choice, str) for choice in schema[key]["enum"]), key
         else:
             assert set(schema[key]["enum"]) <= set(typing.get_args(info.annotation)), key
+
+
+@pytest.mark.parametrize(
+    "key", ["requestTimeoutSeconds", "bodyTimeoutSeconds", "drainTimeoutSeconds", "keepAliveTimeoutSeconds"]
+)
+def test_server_durations_past_a_day_are_refused_at_install(key: str) -> None:
+    """The service refuses them at start (`MAX_DURATION_S`): a request timeout of 1e12 s had been taken and
+    failed every request, a drain timeout of `inf` crashed the start after the model loaded."""
+    settings = settings_of(rendered_and_valid({"server": {key: 86400}}))
+    assert getattr(settings, SERVER_FIELDS[key]) == 86400
+    for wrong in (86401, 1e12, "86400.5", "100000"):
+        with pytest.raises(helm.HelmValuesError, match=key):
+            render({"server": {key: wrong}})
 
 
 def test_fractions_given_with_set_reach_the_service() -> None:
