@@ -320,6 +320,10 @@ def split_of(page_id: str, *, heldout_percent: int = 20) -> str:
 SPLITS = ("train", "heldout", "all")
 
 
+# The reason recorded for a page that prunes to nothing (`pruned_pages`).
+EMPTY = "empty"
+
+
 @dataclass
 class PrunedCorpus:
     """The pruned text of the pages of one split, and what was skipped on the way."""
@@ -327,7 +331,7 @@ class PrunedCorpus:
     ids: list[str]
     texts: list[str]
     raw_bytes: int
-    failed: dict[str, str]  # page id -> error code of a page the pruner rejected
+    failed: dict[str, str]  # page id -> error code of a page the pruner rejected (`EMPTY`: nothing left)
 
 
 def pruned_pages(
@@ -342,7 +346,9 @@ def pruned_pages(
 
     A page the pruner rejects (a typed `PruneError`, or a page over its byte cap, which the reader
     refuses first: `data.pages_within_cap`) is recorded and skipped, never fatal: one bad page must not
-    stop a training run.
+    stop a training run. So is a page that prunes to nothing (`EMPTY`: a blank page, an empty 200, a
+    WARC's bare redirect): nothing to learn from, it had been a document of two tokens in every window of
+    `eval` and taken a place of `--sample` (`htmllm data prepare` and the evaluation leave it out too).
     """
     # Here, not at the top: it brings pyarrow, which the many users of `train_tokenizer` do not need.
     from model_training.data import TOO_LARGE, pages_within_cap
@@ -369,6 +375,9 @@ def pruned_pages(
                 text = prune_html(page.html)
             except PruneError as exc:
                 corpus.failed[page.id] = str(exc.code)
+                continue
+            if not text.strip():
+                corpus.failed[page.id] = EMPTY
                 continue
             corpus.ids.append(page.id)
             corpus.texts.append(text)

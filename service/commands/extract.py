@@ -578,12 +578,20 @@ def _resumable(
             # which a scheduler (Slurm) sends to every process of the job: a row with a failure in it
             # may be a killed worker's, so it is left to the resume (done again, never twice), with the
             # rows after it (a part holds consecutive indices).
-            if termination.received:
-                failed = (i for i, row in enumerate(writer.rows) if _holds_error(row["row"]))
-                del writer.rows[next(failed, len(writer.rows)) :]
-            writer.flush()
-            if not holds_parts(parts):
-                remove_parts(parts, target)  # nothing to resume from: leave nothing behind
+            try:
+                if termination.received:
+                    failed = (i for i, row in enumerate(writer.rows) if _holds_error(row["row"]))
+                    del writer.rows[next(failed, len(writer.rows)) :]
+                writer.flush()
+                if not holds_parts(parts):
+                    remove_parts(parts, target)  # nothing to resume from: leave nothing behind
+            finally:
+                if writer.failed is not None:
+                    # A part the disk would not take ended the run (`exc`, or what it became), and
+                    # Ctrl-C (SIGTERM, SIGHUP) came while it stopped, or while this tidies up: the full
+                    # disk is what the user must hear of (exit 1), not "interrupted", which sends them
+                    # back into the same full disk (`htmllm embed`'s rule).
+                    raise writer.failed from None
             raise
         writer.flush()
         if deferred.codes:

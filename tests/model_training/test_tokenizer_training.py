@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from model_training.tokenizer_training import (
+    EMPTY,
     TokenizerTrainingError,
     count_tags,
     evaluate_tokenizer,
@@ -321,6 +322,17 @@ def test_pages_over_the_page_cap_are_rejected_pages_not_a_failed_run(
         "huge": "payload_too_large"
     }
     assert main(["tokenizer", "eval", *args, "--tokenizer", str(out)]) == 0
+
+
+def test_pages_that_prune_to_nothing_are_left_out(raw_corpus: Path) -> None:
+    """A blank page, an empty 200 or a WARC's bare redirect had been a document of two tokens: counted in
+    every window of `eval` ("100% within") and taking a place of `--sample`."""
+    with raw_corpus.open("a", encoding="utf-8") as handle:
+        for n, html in enumerate(["", "   ", "<html><head></head><body></body></html>"]):
+            handle.write(json.dumps({"id": f"blank{n}", "html": html}) + "\n")
+    corpus = pruned_pages(raw_corpus)
+    assert corpus.failed == {"blank0": EMPTY, "blank1": EMPTY, "blank2": EMPTY}
+    assert len(corpus.ids) == 60 and all(text.strip() for text in corpus.texts)
 
 
 def test_sizes_that_cannot_be_trained_are_refused_before_pruning(
