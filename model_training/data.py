@@ -344,12 +344,16 @@ def _extract_text(html: bytes, extractor: str) -> tuple[str, str]:
 
 
 TOO_LARGE = str(ErrorCode.PAYLOAD_TOO_LARGE)  # the reason of a page over the pruner's byte cap
+# The reader's error rows of pages no system could embed, passed to the caller to count and pass over: a
+# page over the page cap, and one still compressed once what was declared is undone (binary noise).
+_PASSED_OVER = frozenset({ErrorCode.PAYLOAD_TOO_LARGE, ErrorCode.UNSUPPORTED_MEDIA_TYPE})
 
 
 def pages_within_cap(source: str | Path, *, limit: int | None = None) -> Iterator[Page]:
     """`iter_pages(source, limit=limit)`, except that a page over the page cap (the pruner's byte cap)
     comes back as its error row, `error_code` TOO_LARGE and no bytes, for the caller to count with the
-    pruner's other refusals.
+    pruner's other refusals; so does a page still compressed once the reader has undone what was declared
+    (`unsupported_media_type`: a WARC body gzipped without a Content-Encoding saying so, a zstd `.html`).
 
     The reader refuses such a page before the pruner sees it, and by default as an exception: one 17 MB
     page in a crawl stopped a whole `data prepare`, tokenizer or `tasks derive` run, where a page the
@@ -357,7 +361,7 @@ def pages_within_cap(source: str | Path, *, limit: int | None = None) -> Iterato
     JSON, a corrupt file) still stops the run, as `iter_pages` does by default.
     """
     for page in iter_pages(source, limit=limit, bad_rows="report"):
-        if page.error is not None and page.error_code != ErrorCode.PAYLOAD_TOO_LARGE:
+        if page.error is not None and page.error_code not in _PASSED_OVER:
             if page.error_code == ErrorCode.INPUT_UNREADABLE:
                 raise PageUnreadableError(page.error)
             raise PageSourceError(page.error, code=page.error_code)
@@ -429,12 +433,14 @@ def process_pages(
         ThreadPoolExecutor(max_workers=max(1, workers)) as threads,
     ):
         for chunk in _chunks(pages_within_cap(source, limit=limit), 64):
-            # A page over the cap is counted under the reason the pruner gives such a page.
-            too_large = sum(page.error is not None for page in chunk)
-            if too_large:
-                stats.pages += too_large
-                stats.skipped[f"prune:{TOO_LARGE}"] = stats.skipped.get(f"prune:{TOO_LARGE}", 0) + too_large
-                chunk = [page for page in chunk if page.error is None]
+            # A page over the cap is counted under the reason the pruner gives such a page, a page still
+            # compressed under its own (`pages_within_cap`).
+            passed_over = [page for page in chunk if page.error is not None]
+            for page in passed_over:
+                reason = f"prune:{page.error_code}"
+                stats.skipped[reason] = stats.skipped.get(reason, 0) + 1
+            stats.pages += len(passed_over)
+            chunk = [page for page in chunk if page.error is None]
             pending = pool.map_async(_prune_and_tokenize, [(p.id, p.html) for p in chunk], chunksize=4)
             if extractor == NO_EXTRACTION:
                 texts = [("", NO_EXTRACTION)] * len(chunk)
@@ -464,7 +470,7 @@ def process_pages(
                     )
                 )
                 stats.processed += 1
-            bar.update(len(chunk) + too_large)
+            bar.update(len(chunk) + len(passed_over))
     bar.close()
     return docs
 

@@ -351,7 +351,7 @@ def pruned_pages(
     `eval` and taken a place of `--sample` (`htmllm data prepare` and the evaluation leave it out too).
     """
     # Here, not at the top: it brings pyarrow, which the many users of `train_tokenizer` do not need.
-    from model_training.data import TOO_LARGE, pages_within_cap
+    from model_training.data import pages_within_cap
     from service.core.prune import PruneError, prune_html
 
     check_sample(sample)
@@ -368,8 +368,8 @@ def pruned_pages(
             if split != "all" and split_of(page.id, heldout_percent=heldout_percent) != split:
                 continue
             bar.update(1)
-            if page.error is not None:  # over the cap: what the pruner says of such a page
-                corpus.failed[page.id] = TOO_LARGE
+            if page.error is not None:  # over the cap, or still compressed (`pages_within_cap`)
+                corpus.failed[page.id] = str(page.error_code)
                 continue
             try:
                 text = prune_html(page.html)

@@ -87,7 +87,9 @@ class DerivedTask:
     sites: int = 0
     path: Path | None = None
     skipped: str | None = None
-    too_large: int = 0  # pages of the corpus passed over for being over the page cap (every task's)
+    # Pages of the corpus passed over as no system could embed them (every task's): over the page cap, or
+    # still compressed once what was declared is undone (`pages_within_cap`).
+    too_large: int = 0
     pages: int = 0  # pages of the corpus labelled (every task's)
 
 
@@ -215,8 +217,8 @@ def derive_tasks(
     metas: list[PageMetadata] = []
     too_large = 0
     for page in pages_within_cap(corpus, limit=limit):
-        if page.error is not None:  # over the page cap: no system could embed it (`pages_within_cap`)
-            too_large += 1
+        if page.error is not None:  # over the page cap, or still compressed: no system could embed it
+            too_large += 1  # (`pages_within_cap`)
             continue
         meta = page_metadata(page.html)
         ids.append(page.id)
@@ -307,7 +309,7 @@ def require_a_task(results: list[DerivedTask], corpus: str | Path, out: str | Pa
     too_large = results[0].too_large if results else 0
     if not pages:
         read = f"{corpus} holds no page to label" + (
-            f" ({too_large} over the page cap passed over)" if too_large else ""
+            f" ({too_large} over the page cap or still compressed passed over)" if too_large else ""
         )
     else:
         read = f"every task was skipped on the {pages} page(s) of {corpus}"

@@ -21,7 +21,9 @@ of a thread holding the GIL, and no client compresses a request or a response th
 compressor that starts a member per 64 KiB would need 256 for a 16 MiB body).
 
 And a body compressed with no Content-Encoding saying so (a crawler posting the body as the origin sent
-it) is told by `undeclared_coding`, for the API to refuse rather than embed binary noise.
+it) is told by `undeclared_coding`, for the API to refuse rather than embed binary noise; the page readers
+(`service.core.pages`) ask it too, of a page file once its own gzip is undone and of a WARC body once its
+Content-Encoding is, so the bulk commands refuse the same bodies with the same code.
 """
 
 from __future__ import annotations

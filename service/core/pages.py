@@ -55,6 +55,13 @@ for a bad row or page, `input_unreadable` (`PageUnreadableError`) for a file the
 give (permission denied, gone since it was listed or named, including a dangling symlink, an I/O error),
 which the page's content has no part in.
 
+A page still compressed once the reader has undone what the source says or a page file may hold (a
+WARC body's chunking and Content-Encoding, a file's one gzip) is such a row too, `unsupported_media_type`
+(`PageCompressedError`), as the API refuses such a body (`content_coding.undeclared_coding` tells it,
+conservatively: a verified checksum, or deflate data that inflates and looks random): a zlib or zstd
+`.html` file, a gzip file gzipped twice, a WARC body compressed once more than its Content-Encoding
+says. Read on, it was binary noise embedded as a page.
+
 Every page is capped at `MAX_PAGE_BYTES`, the pruner's cap: a page over it is such a row, with
 `PageTooLargeError` (`payload_too_large`), and so is a JSONL line or a WARC record over four times the
 cap, which is passed over unread (a line's row is then named by its position). Nothing is read or
@@ -76,7 +83,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Literal, NamedTuple
 
-from service.core.content_coding import ContentCodingError, decode_content
+from service.core.content_coding import ContentCodingError, decode_content, undeclared_coding
 from service.core.decoding import declared_codec, with_declared_encoding, without_lone_surrogates
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.prune import DEFAULT_MAX_BYTES
@@ -116,6 +123,14 @@ class PageTooLargeError(PageSourceError):
     """A page (or the row or record holding it) over the page cap, `MAX_PAGE_BYTES`."""
 
     code = ErrorCode.PAYLOAD_TOO_LARGE
+
+
+class PageCompressedError(PageSourceError):
+    """A page whose bytes are still compressed once the reader has undone what it knows of (a file's
+    gzip, a WARC body's chunking and Content-Encoding): read on, it was binary noise embedded as a normal
+    row. `unsupported_media_type`, as the API answers such a body (`check_not_compressed`)."""
+
+    code = ErrorCode.UNSUPPORTED_MEDIA_TYPE
 
 
 class PageUnreadableError(PageSourceError):
@@ -195,10 +210,13 @@ def gunzip_page(data: bytes) -> bytes:
 
     A page over `MAX_PAGE_BYTES`, gzipped or not, raises `PageTooLargeError`, found without inflating
     more than the cap (a 1 MB gzip file can inflate to 1 GiB, which `gzip.decompress` held whole); a
-    corrupt stream raises `PageSourceError`.
+    corrupt stream raises `PageSourceError`; bytes still compressed after that one gzip (zlib or zstd, or
+    gzip in gzip) raise `PageCompressedError`: only the file's own gzip is undone, and what is left was
+    binary noise embedded as a page.
     """
     limit = MAX_PAGE_BYTES
-    if data[:2] == GZIP_MAGIC:
+    gzipped = data[:2] == GZIP_MAGIC
+    if gzipped:
         try:
             data = decode_content(data, "gzip", limit=limit)
         except ContentCodingError as exc:
@@ -207,7 +225,23 @@ def gunzip_page(data: bytes) -> bytes:
             raise PageSourceError(exc.message) from exc
     if len(data) > limit:
         raise PageTooLargeError(f"it has {len(data)} bytes, over the page cap of {_in_bytes(limit)}")
+    coding = undeclared_coding(data)
+    if coding is not None:
+        # zlib, not HTTP's name for it: a file is no HTTP body, and `zlib-flate`/`pigz -z` wrote it.
+        name, start = _FILE_CODING_NAMES.get(coding, coding), data[:4].hex(" ")
+        if gzipped:
+            raise PageCompressedError(
+                f"the file holds {name}-compressed bytes once gunzipped (they start {start}): it was "
+                "compressed twice; only one gzip, the file's own, is undone"
+            )
+        raise PageCompressedError(
+            f"the file holds {name}-compressed bytes (they start {start}): decompress it first; gzip is "
+            "the one compression a page file is read through"
+        )
     return data
+
+
+_FILE_CODING_NAMES = {"deflate": "zlib"}
 
 
 def read_page(handle: BinaryIO) -> bytes:
@@ -252,6 +286,8 @@ def _read_file(path: Path, where: str) -> bytes:
         return read_page_bytes(path)
     except PageTooLargeError as exc:
         raise PageTooLargeError(f"{where}: {path} is too large: {exc}") from None
+    except PageCompressedError as exc:
+        raise PageCompressedError(f"{where}: {path}: {exc}") from None
     except PageSourceError as exc:
         raise PageSourceError(f"{where}: cannot read {path}: {exc}") from exc
     except OSError as exc:
@@ -762,6 +798,8 @@ def iter_pages(
                 raise PageTooLargeError(page.error)
             if page.error_code == ErrorCode.INPUT_UNREADABLE:
                 raise PageUnreadableError(page.error)
+            if page.error_code == ErrorCode.UNSUPPORTED_MEDIA_TYPE:
+                raise PageCompressedError(page.error)
             raise PageSourceError(page.error, code=page.error_code)
         yield page
 

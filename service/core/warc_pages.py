@@ -8,6 +8,11 @@ carries). Its rows, errors and page cap are
 that lowers it there lowers it for WARC records too. Whether a file ends with whole records is
 `warc_tail`'s check, which knows nothing of pages.
 
+A body still compressed once its chunking and Content-Encoding are undone (gzip, zlib or zstd that no
+Content-Encoding declares, as a crawler stores a body the origin sent mislabelled, or one compressed once
+more than the header says) is an `unsupported_media_type` row (`PageCompressedError`), by the API's rule
+(`content_coding.undeclared_coding`): read on, it was binary noise embedded as a page.
+
 A response record's HTTP head is parsed here (`_http_head`), not with FastWARC's `HeaderMap.parse`: that
 one knows only CRLF line ends, and a head written with bare LF (as warcio and browsers read it) was taken
 whole for headers, its body lost with its Content-Type: the page was skipped, or over 32 KiB an error row.
@@ -21,12 +26,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from service.core import pages
-from service.core.content_coding import ContentCodingError, decode_content
+from service.core.content_coding import ContentCodingError, decode_content, parse_codings, undeclared_coding
 from service.core.errors import ErrorCode
 from service.core.media_types import extract_media_type
 from service.core.pages import (
     READ_FACTOR,
     Page,
+    PageCompressedError,
     PageSourceError,
     PageTooLargeError,
     declared_page,
@@ -165,8 +171,28 @@ def _warc_page(
         body = decode_content(body, coding, limit=pages.MAX_PAGE_BYTES)
     except ContentCodingError as exc:
         raise PageSourceError(f"{where}: {exc.message}", code=exc.code) from exc
+    left = undeclared_coding(body)
+    if left is not None:
+        response = record.record_type == WarcRecordType.response
+        raise PageCompressedError(f"{where}: {_still_compressed(left, body, coding, response=response)}")
     html, encoding = declared_page(body, charset, where)
     return Page(id=page_id, html=html, url=url, meta=meta, encoding=encoding)
+
+
+def _still_compressed(coding: str, body: bytes, declared: str | None, *, response: bool) -> str:
+    """Why a body that is still `coding`-compressed once `declared` (its Content-Encoding) is undone is
+    no page: the API's 415 message (`check_not_compressed`), said of a record rather than a request."""
+    start = body[:4].hex(" ")
+    if not response:  # a resource record: its block is the page itself, with no header to declare a coding
+        return f"the record's content is {coding}-compressed (it starts {start}), not an HTML page"
+    if declared is not None and parse_codings(declared):
+        return (
+            f"the HTTP body is still {coding}-compressed (it starts {start}) once its Content-Encoding "
+            f"({declared[:100]!r}) is undone: it was compressed once more than that header says"
+        )
+    return (
+        f"the HTTP body is {coding}-compressed but its Content-Encoding does not say so (it starts {start})"
+    )
 
 
 def _untyped_page(body: bytes, status: int | None) -> bool:

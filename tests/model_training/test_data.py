@@ -368,6 +368,25 @@ def test_preparing_again_into_the_same_directory_leaves_no_stale_shards(tmp_path
     assert [e["rows"] for e in manifest["shards"]] == [5]
 
 
+def test_a_page_file_still_compressed_is_counted_and_passed_over(tmp_path: Path) -> None:
+    """A page file holding zstd (or gzip twice) is the reader's `unsupported_media_type` row: it would have
+    stopped the whole run, as any error row the reader gives but the page cap's; it had been trained on
+    as binary noise before the reader told it."""
+    import zstandard
+
+    corpus = _write_corpus(tmp_path, 6)
+    page = b"<html><body><p>" + b"compressed words that read like a page " * 40 + b"</p></body></html>"
+    (tmp_path / "noise.html").write_bytes(zstandard.ZstdCompressor().compress(page))
+    with corpus.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"id": "zstd", "url": "https://z.example/", "file": "noise.html"}) + "\n")
+    stats = prepare_shards(
+        corpus, tmp_path / "shards", _tokenizer_file(tmp_path), max_length=64, extractor=NO_EXTRACTION,
+        workers=1, progress=False,
+    )  # fmt: skip
+    assert stats.pages == 7 and stats.written == 6
+    assert stats.skipped == {"prune:unsupported_media_type": 1}
+
+
 def test_a_page_over_the_page_cap_is_counted_like_a_pruner_refusal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
