@@ -14,9 +14,7 @@ Two corrections follow, both from pages it misread:
 - A page whose non-ASCII bytes are few (at most `FEW_FOREIGN_BYTES`: an English page with a Russian
   place name or a Chinese shop name in it) gives the detector too little to go on; it called "Москва"
   Big5 and "Контакты" windows-1252. There the plausible readings compete on how many of their
-  characters real text would not contain (`_few_foreign_words`). Where the page's only non-ASCII
-  bytes are one pair that Latin text does not write alone ("ÖÐ") and a common CJK character (GBK's
-  "中"), the pair is that character (`_one_double_byte_character`).
+  characters real text would not contain (`_few_foreign_words`).
 """
 
 from __future__ import annotations
@@ -379,53 +377,7 @@ def _few_foreign_words(sample: bytes, guess: str | None) -> str:
             best, best_cost = name, cost
         if cost == 0:
             break  # nothing later can beat it: ties go to the earlier
-    if best in _LATIN_SINGLE_BYTE:
-        return _one_double_byte_character(sample, best, east_asian)
     return best
-
-
-def _one_double_byte_character(sample: bytes, latin: str, east_asian: Iterable[str]) -> str:
-    """The East Asian reading of a sample whose only non-ASCII bytes are one pair that makes a common
-    character of it, where the Latin reading `latin` and windows-1252 make a word no Western page
-    writes of the pair; else `latin`. `east_asian` are the contenders in their order of precedence.
-
-    A legacy CJK page with no declaration whose text is one character (a title "中", a page cut after
-    its first character) gives the contest two bytes, and each costs the Latin reading nothing:
-    GBK's "中" is "ÖÐ", Big5's "光" is "¥ú", Shift_JIS's "見" is "Œ©" in windows-1252, and the page
-    was that mojibake. Browsers' detectors (Chrome's CED, Firefox's chardetng) lean to CJK there, and
-    so does this rule, where both Latin readings make a two-character word of non-ASCII letters and
-    symbols, a letter among them, with no ASCII letter on either side (`_implausible_latin_pair`).
-    A Western page's few non-ASCII characters sit in or beside ASCII words ("café", "Nestlé®",
-    "GRÖßE", "© 2024", "» Home", "20°C"); two of them forming a word alone are a word of Icelandic
-    ("Þú") and next to nothing else. The rule stays out of what a Western page does write: a letter
-    beside punctuation (Italian's "“È vero", and with it Shift_JIS's "日", "“ú"), a space, a dash or
-    an apostrophe, two symbols ("©®"), and a single non-ASCII byte (a Shift_JIS character with an
-    ASCII second byte: "本" is "–{", and an English "magazine’s" is "magazine抯"): all of those stay
-    Latin. The East Asian reading must make the pair a character of its common rows (`_reading_cost`
-    0: a rare one is as likely mojibake; Icelandic's "Þú" is rare in all of them), the first such in
-    `east_asian`'s order winning. One character cannot tell the CJK encodings apart ("한" in EUC-KR
-    is the common hanzi "茄" in GBK), so it goes to the more common encoding.
-    """
-    run = _NON_ASCII_BYTES.search(sample)
-    if run is None or run.end() - run.start() != 2 or _NON_ASCII_BYTES.search(sample, run.end()):
-        return latin
-    if not all(_implausible_latin_pair(sample, run.start(), name) for name in {latin, "cp1252"}):
-        return latin
-    return next((name for name in east_asian if _reading_cost(sample, name) == 0), latin)
-
-
-def _implausible_latin_pair(sample: bytes, start: int, latin: str) -> bool:
-    """Whether the two non-ASCII bytes at `start` read in the Latin codec `latin` make a word no Western
-    text writes: letters and symbols alone (no ASCII letter either side), a letter among them (not "ª",
-    "º" or "µ", which follow digits and sit in symbol runs: the corpus has a script's "º¹"), none of
-    them white space, punctuation ("“", "»", "…"), a dash, an apostrophe or a soft hyphen (`_IN_WORD`)."""
-    pair = decode_bytes(sample[start : start + 2], latin)
-    neighbours = sample[start - 1 : start] + sample[start + 2 : start + 3]
-    if len(pair) != 2 or any(chr(b).isalpha() for b in neighbours):
-        return False
-    if any(ch.isspace() or ch in _PUNCTUATION or ch in _IN_WORD for ch in pair):
-        return False
-    return any(ch.isalpha() and ch not in "ªºµ" for ch in pair)
 
 
 def _neighbourhoods(data: bytes, limit: int = DETECT_SAMPLE_BYTES) -> bytes:

@@ -78,9 +78,7 @@ from service.core.extract.word_count import TextCounts, count_words, text_counts
 #    space or U+FFFD (`normalize.xml_compatible`).
 # 9: pages decoded as prune version 11 decodes them (a legacy CJK page with a character only the WHATWG
 #    decoders read: detected as its encoding, and read as a browser reads it).
-# 10: pages decoded as prune version 12 decodes them (an undeclared page whose one non-ASCII pair is a
-#    common East Asian character and no Western word: read as that encoding, not windows-1252).
-EXTRACTION_VERSION: Final = "10"
+EXTRACTION_VERSION: Final = "9"
 
 __all__ = [
     "ALL",
