@@ -67,6 +67,27 @@ def test_a_few_latin_words_stay_latin(encoding: str, word: str) -> None:
     assert decoded.text == _page(word), decoded.encoding
 
 
+@pytest.mark.parametrize(
+    ("encoding", "page"),
+    [
+        ("cp1257", "<p>Šī lapa tiek atjaunota.</p>"),
+        ("cp1254", "<div>10:30 ÖÖ</div>"),
+        ("cp1250", "<p>Čí je to auto?</p>"),
+        ("iso8859_15", '<html lang="et"><title>Öö</title><p>P&auml;ike l&auml;ks looja.</p>'),
+        ("cp1252", "<h3>Ää</h3><p>Index</p>"),
+        ("cp1250", "<h3>Źź</h3><p>Index</p>"),
+        ("cp1258", "<p>Đó là nhà.</p>".replace("à", "a")),
+    ],
+)
+def test_a_western_word_of_two_letters_alone_is_never_read_as_east_asian(encoding: str, page: str) -> None:
+    """A page whose one non-ASCII pair is a two-letter Western word (Latvian "Šī", Turkish "ÖÖ", Estonian
+    "Öö", an index heading "Ää"): every such pair is a common character in some East Asian encoding, and
+    a rule that read a lone pair as CJK (reverted) made these "蓄 lapa", "10:30 种", "<title>嘱</title>".
+    Which Latin codec is a guess on one word; an East Asian one is a misreading."""
+    text = decode_html(page.encode(encoding)).text
+    assert not any("\u3000" <= ch <= "\u9fff" or "\uac00" <= ch <= "\ud7af" for ch in text), text
+
+
 def test_ambiguous_east_asian_bytes_go_to_the_more_common_encoding() -> None:
     """In EUC-JP "日本" is two common hanzi in GBK ("泣塑"): with nothing else to go on, GBK, first in
     `_EAST_ASIAN`'s order, wins; a Japanese sentence with kana (rare rows in GBK) is EUC-JP."""
