@@ -5,8 +5,9 @@ and both end in `run_args`, which starts the server as `serve(settings)` does. T
 checkpoint's files are checked, then the port is bound (`bind_listeners`, handed to uvicorn), then the
 checkpoint is loaded, and only then does the port listen: a missing or broken model or a port in use
 fails fast with a message saying what is wrong, and the server never starts with something that is not
-a model. A SIGTERM or SIGINT (Ctrl-C) during the start ends the process at once (status 143 or 130, one
-log line), from before the settings are read (their checks import torch) until uvicorn serves. Heavy
+a model. A SIGTERM, SIGINT (Ctrl-C) or SIGHUP during the start ends the process at once (status 143, 130
+or 129, one log line), from before the settings are read (their checks import torch) until the server is
+built; from then on each of them stops it gracefully (a second Ctrl-C forces the quit: status 130). Heavy
 imports (uvicorn, pydantic, torch) wait until a server is really started, so that the
 `htmllm` CLI stays usable without the serve extra and SIGTERM's handler is in place before them. Once
 uvicorn has shut down, the process ends with the server's status without waiting for its threads
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     import uvicorn
     from pydantic import ValidationError
 
+    from service.api.runtime import Runtime
     from service.api.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -211,14 +213,21 @@ def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
     )
 
 
-# The exit statuses of a server stopped by SIGTERM or SIGINT before it served, as a shell reports a
-# process that the signal ended (128 + the signal's number).
+# The exit statuses of a server stopped by SIGTERM, SIGINT or SIGHUP before it served, as a shell reports a
+# process that the signal ended (128 + the signal's number); 130 is also that of a forced quit.
 EXIT_TERMINATED = 128 + signal.SIGTERM
 EXIT_INTERRUPTED = 128 + signal.SIGINT
+EXIT_HUNG_UP = 128 + signal.SIGHUP
+
+# What stops the server: SIGTERM (`kill`, Docker, Kubernetes, systemd), SIGINT (Ctrl-C) and SIGHUP (the
+# terminal or SSH session of `make serve` / `htmllm serve` closed, a supervisor's hang-up), as the batch
+# commands take them (`sigterm_as_ctrl_c`). SIGHUP's default action had ended a serving server on the
+# spot (status 129, no log line), each accepted request dropped: uvicorn handles only the other two.
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class _Terminated(BaseException):
-    """SIGTERM or SIGINT during the start. A BaseException, as KeyboardInterrupt is, so that no
+    """A stop signal during the start. A BaseException, as KeyboardInterrupt is, so that no
     `except Exception` on the way (a checkpoint reader's, a runner's) takes it for a load failure."""
 
     def __init__(self, signum: int) -> None:
@@ -226,63 +235,158 @@ class _Terminated(BaseException):
         self.signum = signum
 
 
+class _StopSignals:
+    """The one handler of the stop signals, from the start's first line until the server has shut down:
+    until `serving` is set (the server built) a signal ends the start (`_Terminated`); from then on it
+    stops the server gracefully (`_GracefulStop.signalled`). One handler throughout leaves no moment
+    between the start's and the server's in which a signal meets its default action (SIGTERM's and
+    SIGHUP's end the process without a word, and PID 1 drops SIGTERM). uvicorn replaces it for SIGTERM
+    and SIGINT while it serves and gives it back after; SIGHUP stays with it all along."""
+
+    def __init__(self) -> None:
+        self.serving: Callable[[int, FrameType | None], None] | None = None
+        self.ended = False
+
+    def __call__(self, sig: int, frame: FrameType | None) -> None:
+        if self.serving is not None:
+            self.serving(sig, frame)
+        elif not self.ended:
+            self.ended = True  # a second signal while the start ends: its status is being said already
+            raise _Terminated(sig)
+
+
 @contextmanager
-def _signals_end_the_start() -> Iterator[None]:
-    """Within, SIGTERM and SIGINT raise _Terminated: loading a model takes seconds to minutes, and in a
-    container the server is PID 1, for which the kernel drops every signal without a handler. Without this
-    one a pod deleted while its model loaded ran on until the kubelet's SIGKILL, a grace period later;
-    Ctrl-C printed a KeyboardInterrupt traceback of some 30 lines from wherever the load was (inside
-    transformers' imports) and died of the signal. A SIGINT that is ignored (a shell's background job)
-    stays ignored. uvicorn installs its own handlers once it serves, and re-raises the signal that
-    stopped it into the ones it found (`_stops_gracefully`): hence the previous handlers are restored
-    on leaving."""
+def _stop_signals() -> Iterator[_StopSignals]:
+    """Within, the stop signals go to the handler yielded; the handlers found are given back on leaving
+    (uvicorn, once it has shut down, raises the signal that stopped it again into the handlers it found:
+    this one). In a container the server is PID 1, for which the kernel drops every signal without a
+    handler: a pod deleted while its model loaded ran on until the kubelet's SIGKILL; Ctrl-C printed a
+    KeyboardInterrupt traceback of some 30 lines from wherever the load was. A SIGINT or SIGHUP that is
+    ignored (a shell's background job, `nohup`) stays ignored, as it does for the batch commands."""
+    stops = _StopSignals()
     if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread may install a handler (as uvicorn, which then installs none either)
+        yield stops  # only the main thread may install a handler (uvicorn then installs none either)
         return
-
-    def end_the_start(sig: int, frame: FrameType | None) -> None:
-        raise _Terminated(sig)
-
     previous = {
-        sig: signal.signal(sig, end_the_start)
-        for sig in (signal.SIGTERM, signal.SIGINT)
+        sig: signal.signal(sig, stops)
+        for sig in _STOP_SIGNALS
         if sig == signal.SIGTERM or signal.getsignal(sig) is not signal.SIG_IGN
     }
     try:
-        yield
+        yield stops
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-@contextmanager
-def _stops_gracefully(stop: Callable[[int, FrameType | None], None]) -> Iterator[None]:
-    """Within, SIGTERM and SIGINT call `stop` (the server's graceful stop), before uvicorn installs its
-    handlers and after it gives them back.
+class _GracefulStop:
+    """How a serving server takes the stop signals, and what its exit status then is (`status`).
 
-    After its graceful shutdown uvicorn restores the handlers it found and raises the signal that
-    stopped it again, for them. With the defaults there, a server that had drained every request died
-    of that SIGTERM (status -15, 143 in a shell), or of a KeyboardInterrupt traceback after Ctrl-C; and
-    as PID 1 of a container it exited 0, since the kernel drops a signal PID 1 has no handler for. With
-    `stop` there the signal is a second stop request, which does nothing, and the status is `serve`'s
-    everywhere: 0 after a complete drain. A signal that comes before uvicorn's handlers stops the server
-    as soon as it has started, as one that comes while it serves does."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # uvicorn installs none either
-        return
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    The first signal, whichever, is uvicorn's graceful shutdown: no new connections, each accepted
+    request answered, then the lifespan's drain of the engine, all within `HTMLLM_DRAIN_TIMEOUT_S`
+    counted from the signal (so a pod's terminationGracePeriodSeconds, preStop + the drain timeout,
+    covers both). A line names the signal: uvicorn's own "Shutting down" did not, and a server stopped
+    by a hang-up was not told from one stopped by an operator.
+
+    A second Ctrl-C before the engine's drain is uvicorn's force quit: it stops waiting for the requests
+    in flight, skips the lifespan's shutdown and exits, dropping their connections. That had exited 0,
+    the status of a complete drain, without a word; now a warning says how many requests and documents
+    were dropped and the status is 130 (`EXIT_INTERRUPTED`). Once the engine's drain has begun every
+    request has been answered and uvicorn would ignore it, so it is no force quit. A second SIGTERM or
+    SIGHUP changes nothing (nor does uvicorn's raising of the stopping signal again once it is done)."""
+
+    def __init__(self, server: uvicorn.Server, runtime: Runtime) -> None:
+        self._server = server
+        self._runtime = runtime
+        self._uvicorn_handle_exit = server.handle_exit
+        self.engine_drain_began = False  # the lifespan's shutdown has begun: every request was answered
+        self.forced = False
+
+    def signalled(self, sig: int, frame: FrameType | None) -> None:
+        """A stop signal outside uvicorn's own handlers (SIGHUP always; SIGTERM and SIGINT before and
+        after it serves, a Ctrl-C there never forcing the quit)."""
+        if sig == signal.SIGINT and self._server.should_exit:
+            return  # uvicorn's raising of the SIGINT that stopped it, or a Ctrl-C with nothing to force
+        self._stop(sig, frame)
+
+    def uvicorn_signal(self, sig: int, frame: FrameType | None) -> None:
+        """uvicorn's handler of SIGTERM and SIGINT while it serves (`server.handle_exit`)."""
+        if sig == signal.SIGINT and self._server.should_exit:
+            if self.engine_drain_began or self._server.force_exit:
+                return  # nothing left to force: the requests are answered, the engine drains
+            self._force(sig, frame)
+            return
+        self._stop(sig, frame)
+
+    def status(self) -> int:
+        """The exit status (`serve`'s): 1 when the server never served or its drain was cut short (what
+        was left answered 503), 130 after a forced quit (requests dropped), 0 after a complete drain."""
+        if not self._server.started:
+            return 1
+        if self.forced:
+            return EXIT_INTERRUPTED
+        return 1 if self._runtime.drain_cut_short else 0
+
+    def _stop(self, sig: int, frame: FrameType | None) -> None:
+        first = not self._server.should_exit
+        self._runtime.begin_shutdown()
+        self._uvicorn_handle_exit(sig, frame)
+        if first:
+            _log_soon(
+                logging.INFO,
+                "%s: shutting down gracefully: no new connections; the requests in flight are answered "
+                "within HTMLLM_DRAIN_TIMEOUT_S (%g s)",
+                _signal_name(sig),
+                self._runtime.settings.drain_timeout_s,
+            )
+
+    def _force(self, sig: int, frame: FrameType | None) -> None:
+        # uvicorn's request tasks, one per request being answered; the engine's documents accepted and
+        # not answered (queued, being preprocessed or in a forward pass).
+        requests = len(self._server.server_state.tasks)
+        engine = self._runtime.engine
+        documents = engine.queue_size if engine is not None else 0
+        self.forced = True
+        self._uvicorn_handle_exit(sig, frame)
+        _log_soon(
+            logging.WARNING,
+            "%s again: forced quit before the drain was done: %d requests in flight (%d documents not yet "
+            "answered) are dropped without an answer and the engine is not drained; exiting with status %d",
+            _signal_name(sig),
+            requests,
+            documents,
+            EXIT_INTERRUPTED,
+        )
+
+
+def _signal_name(sig: int) -> str:
+    """SIGHUP as the log says it, with why a server gets one."""
+    name = signal.Signals(sig).name
+    if sig == signal.SIGHUP:
+        return f"{name} (the terminal or session hung up)"
+    return f"{name} (Ctrl-C)" if sig == signal.SIGINT else name
+
+
+def _log_soon(level: int, message: str, *args: object) -> None:
+    """Log from a signal handler: on the event loop when one runs here, not in the handler. The handler
+    may have interrupted the main thread within a write to the same stream, which a second write from
+    it would break ('reentrant call inside BufferedWriter', a logging error instead of the line)."""
+    import asyncio  # imported already by uvicorn: not among this module's imports, which the CLI loads
+
     try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        logger.log(level, message, *args)
+        return
+    loop.call_soon_threadsafe(lambda: logger.log(level, message, *args))
 
 
 def serve(settings: Settings) -> int:
-    """Run the server until SIGTERM/SIGINT: 0 once it has drained every request it accepted, 1 when the
-    drain ran out of time (`HTMLLM_DRAIN_TIMEOUT_S`: what was left was answered 503), the model is
-    missing or does not load, 2 when the settings cannot work on this machine or with this checkpoint
-    or the port cannot be bound (in use), 143 on SIGTERM and 130 on SIGINT before it serves (it never
+    """Run the server until SIGTERM, SIGINT or SIGHUP: 0 once it has drained every request it accepted, 1
+    when the drain ran out of time (`HTMLLM_DRAIN_TIMEOUT_S`: what was left was answered 503), the model
+    is missing or does not load, 2 when the settings cannot work on this machine or with this checkpoint
+    or the port cannot be bound (in use), 130 after a forced quit (a second Ctrl-C: the requests in
+    flight dropped), and 143 on SIGTERM, 130 on SIGINT and 129 on SIGHUP before it serves (it never
     started; nothing to drain).
 
     It returns, for a caller whose process goes on; the command line's server ends its process as soon
@@ -295,9 +399,10 @@ def run_args(args: argparse.Namespace) -> int:
     that is no checkpoint. A server that served ends the process with its status (`end_process`)
     rather than returning: `python -m service.api` and `htmllm serve` have nothing left to do.
 
-    SIGTERM ends the process with 143 (SIGINT with 130) from here on, before the settings are read: their
-    checks import torch (`settings.engine_config()`), seconds in which a pod deleted during its start, as
-    PID 1 with no handler, had ignored the signal (or, elsewhere, died of it without a word)."""
+    SIGTERM ends the process with 143 (SIGINT with 130, SIGHUP with 129) from here on, before the settings
+    are read: their checks import torch (`settings.engine_config()`), seconds in which a pod deleted
+    during its start, as PID 1 with no handler, had ignored the signal (or, elsewhere, died of it without
+    a word)."""
     return _start_and_serve(lambda: _settings_for_serving(args), ends_process=True)
 
 
@@ -358,90 +463,110 @@ def _settings_for_serving(args: argparse.Namespace) -> Settings | int:
 
 def _start_and_serve(settings_for: Callable[[], Settings | int], *, ends_process: bool) -> int:
     """Take the settings (`settings_for`: they or the status that refused them), bind the port, load the
-    model and serve, all of the start with SIGTERM and SIGINT ending it (`_signals_end_the_start`): from
-    the first import of pydantic, torch and uvicorn on, not only from the load. With `ends_process`, a
-    server that served ends the process with its status (`end_process`) from within uvicorn's event
-    loop: the end of asyncio.run would wait for a forward pass still in flight."""
-    # What the start has built (the sockets, the engine: a model child process), released should the
-    # start end; uvicorn's (which closes the sockets) and the lifespan's (which stops the engine) once it
-    # serves.
-    with contextlib.ExitStack() as unserved:
+    model and serve, all of the start with a stop signal ending it (`_stop_signals`): from the first
+    import of pydantic, torch and uvicorn on, not only from the load; once the server is built the same
+    handler stops it gracefully (`_GracefulStop`). With `ends_process`, a server that served ends the
+    process with its status (`end_process`) from within uvicorn's event loop: the end of asyncio.run
+    would wait for a forward pass still in flight."""
+    with _stop_signals() as stops:
         try:
-            with _signals_end_the_start():
-                settings = settings_for()
-                if isinstance(settings, int):
-                    return settings
-                import uvicorn
-
-                from service.api.api_keys import ApiKeys
-                from service.api.app import create_app, load_engine
-                from service.api.logs import configure_logging
-
-                configure_logging(settings.log_level, settings.log_format)
-                ApiKeys(settings.api_key, settings.api_key_file)  # before the model: a bad key file is quick
-                check_device(settings)
-                check_model_path(settings)
-                # A port in use is said now, not after the load and the lifespan's start (minutes).
-                listeners = [unserved.enter_context(s) for s in bind_listeners(settings.host, settings.port)]
-                engine = load_engine(settings)
-                unserved.callback(engine.close)
-                app = create_app(settings, engine)
-                config = uvicorn_config(app, settings)
-                server = uvicorn.Server(config)
-                listen(listeners, config.backlog, settings.host, settings.port)
+            # What the start has built (the sockets, the engine: a model child process), released should
+            # the start end (a signal while it is released ends it too); uvicorn's (which closes the
+            # sockets) and the lifespan's (which stops the engine) once it serves.
+            with contextlib.ExitStack() as unserved:
+                started = _start(settings_for, unserved)
+                if isinstance(started, int):
+                    return started
+                server, runtime, listeners = started
+                stop = _prepare_server(server, runtime, listeners, ends_process=ends_process)
+                stops.serving = stop.signalled  # from here a signal stops the server gracefully
+                unserved.pop_all()
         except _Terminated as ended:
             ended_with = 128 + ended.signum
             name = signal.Signals(ended.signum).name
             logger.warning("%s before the server started serving: exiting (status %d)", name, ended_with)
             return ended_with
-        except InvalidSettingsError as exc:
-            sys.stderr.write(f"htmllm serve: invalid settings: {exc}\n")
-            return 2
-        except HtmllmError as exc:
-            sys.stderr.write(f"htmllm serve: {exc.code}: {exc}\n")
-            return 1
-        except OSError as exc:
-            # A file the start could not read or write that no typed error names (each known one is a
-            # CheckpointError or an OnnxExportError): one line with the file and the cause, not a traceback.
-            sys.stderr.write(
-                f"htmllm serve: {ErrorCode.BACKEND_FAILED}: cannot start: {type(exc).__name__}: {exc}\n"
-            )
-            return 1
-        unserved.pop_all()
-    uvicorn_handle_exit = server.handle_exit
-    runtime = app.state.runtime
+        server.run(sockets=listeners)
+        return stop.status()
 
-    def handle_exit(sig: int, frame: FrameType | None) -> None:
-        # uvicorn's graceful wait and the engine's drain share one budget, counted from the signal, so
-        # a pod's terminationGracePeriodSeconds (preStop + HTMLLM_DRAIN_TIMEOUT_S) covers both.
-        runtime.begin_shutdown()
-        uvicorn_handle_exit(sig, frame)
 
-    server.handle_exit = handle_exit  # type: ignore[method-assign]
+def _start(
+    settings_for: Callable[[], Settings | int], unserved: contextlib.ExitStack
+) -> tuple[uvicorn.Server, Runtime, list[socket.socket]] | int:
+    """The server, ready to serve on its listening sockets, or the status that ended the start (its
+    reason written to stderr); what it builds is released by `unserved` should the start end later."""
+    try:
+        settings = settings_for()
+        if isinstance(settings, int):
+            return settings
+        import uvicorn
+
+        from service.api.api_keys import ApiKeys
+        from service.api.app import create_app, load_engine
+        from service.api.logs import configure_logging
+
+        configure_logging(settings.log_level, settings.log_format)
+        ApiKeys(settings.api_key, settings.api_key_file)  # before the model: a bad key file is quick
+        check_device(settings)
+        check_model_path(settings)
+        # A port in use is said now, not after the load and the lifespan's start (minutes).
+        listeners = [unserved.enter_context(s) for s in bind_listeners(settings.host, settings.port)]
+        engine = load_engine(settings)
+        unserved.callback(engine.close)
+        app = create_app(settings, engine)
+        config = uvicorn_config(app, settings)
+        server = uvicorn.Server(config)
+        listen(listeners, config.backlog, settings.host, settings.port)
+    except InvalidSettingsError as exc:
+        sys.stderr.write(f"htmllm serve: invalid settings: {exc}\n")
+        return 2
+    except HtmllmError as exc:
+        sys.stderr.write(f"htmllm serve: {exc.code}: {exc}\n")
+        return 1
+    except OSError as exc:
+        # A file the start could not read or write that no typed error names (each known one is a
+        # CheckpointError or an OnnxExportError): one line with the file and the cause, not a traceback.
+        sys.stderr.write(
+            f"htmllm serve: {ErrorCode.BACKEND_FAILED}: cannot start: {type(exc).__name__}: {exc}\n"
+        )
+        return 1
+    runtime: Runtime = app.state.runtime
+    return server, runtime, listeners
+
+
+def _prepare_server(
+    server: uvicorn.Server, runtime: Runtime, listeners: list[socket.socket], *, ends_process: bool
+) -> _GracefulStop:
+    """Hook `server` for serving: its signals (`_GracefulStop`), the end of the process once it has shut
+    down (with `ends_process`), the 'Uvicorn running on' line for the sockets bound here, and the start of
+    the lifespan's shutdown (after which a Ctrl-C has nothing to force)."""
+    stop = _GracefulStop(server, runtime)
+    server.handle_exit = stop.uvicorn_signal  # type: ignore[method-assign]
     uvicorn_serve = server.serve
-
-    def status() -> int:
-        if not server.started:
-            return 1
-        return 1 if runtime.drain_cut_short else 0
 
     async def serve_then_end(sockets: list[socket.socket] | None = None) -> None:
         await uvicorn_serve(sockets)
         if ends_process and server.started:  # one that never served (a port taken) returns as before
-            end_process(status())
+            end_process(stop.status())
 
     server.serve = serve_then_end  # type: ignore[method-assign]
     uvicorn_startup = server.startup
 
     async def startup_then_say_where(sockets: list[socket.socket] | None = None) -> None:
+        lifespan = server.lifespan  # made by uvicorn just before its startup
+        lifespan_shutdown = lifespan.shutdown
+
+        async def note_then_shut_down() -> None:
+            stop.engine_drain_began = True
+            await lifespan_shutdown()
+
+        lifespan.shutdown = note_then_shut_down  # type: ignore[method-assign]
         await uvicorn_startup(sockets)
         if server.started:
             log_listening(listeners)
 
     server.startup = startup_then_say_where  # type: ignore[method-assign]
-    with _stops_gracefully(handle_exit):
-        server.run(sockets=listeners)
-    return status()
+    return stop
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,5 @@
-"""SIGTERM during load: the server stops accepting, and every request it accepted is answered."""
+"""SIGTERM (or SIGHUP) during load: the server stops accepting, and every request it accepted is answered;
+a forced quit (a second Ctrl-C) says what it dropped and exits 130."""
 
 from __future__ import annotations
 
@@ -30,26 +31,48 @@ def server_env(checkpoint: Path, **settings: str) -> dict[str, str]:
     return env
 
 
-async def load_then_sigterm(server: ServerProcess, requests: int) -> tuple[list[dict[str, Any]], list[Any]]:
-    """Send `requests` embeds, SIGTERM once the server holds all of them, and collect every outcome."""
+async def hold_requests(
+    client: httpx.AsyncClient, server: ServerProcess, requests: int
+) -> tuple[list[dict[str, Any]], list[asyncio.Task[httpx.Response]]]:
+    """Send `requests` embeds of two documents each and return once the server holds all of them."""
+    bodies: list[dict[str, Any]] = [
+        {"documents": [{"id": f"{i}-{j}", "html": page(i * 2 + j)} for j in range(2)]}
+        for i in range(requests)
+    ]
+    in_flight = [asyncio.create_task(client.post("/v1/embed", json=body)) for body in bodies]
+    deadline = time.monotonic() + 30
+    while True:
+        text = (await client.get("/metrics")).text
+        if metric(text, "htmllm_requests_in_progress", route="/v1/embed") == requests:
+            return bodies, in_flight
+        assert time.monotonic() < deadline, "the requests never reached the server"
+        assert not any(t.done() for t in in_flight), "a request finished before the signal was sent"
+        await asyncio.sleep(0.02)
+
+
+async def stopped_accepting(client: httpx.AsyncClient, server: ServerProcess) -> None:
+    """Return once a new connection is refused: the server has taken its stop signal (uvicorn closed its
+    listening socket). A second signal sent before that could be handled first (Python runs the handlers
+    of pending signals in the order of their numbers: SIGINT before SIGTERM)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            await client.get("/health")
+        except httpx.ConnectError:
+            return
+        assert time.monotonic() < deadline, f"the server still accepts connections\n{server.output()}"
+        await asyncio.sleep(0.05)
+
+
+async def load_then_signal(
+    server: ServerProcess, requests: int, sig: signal.Signals = signal.SIGTERM
+) -> tuple[list[dict[str, Any]], list[Any]]:
+    """Send `requests` embeds, `sig` once the server holds all of them, and collect every outcome."""
     # One connection per request (no keep-alive), so "accepted" is unambiguous.
     limits = httpx.Limits(max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as client:
-        bodies = [
-            {"documents": [{"id": f"{i}-{j}", "html": page(i * 2 + j)} for j in range(2)]}
-            for i in range(requests)
-        ]
-        in_flight = [asyncio.ensure_future(client.post("/v1/embed", json=body)) for body in bodies]
-        deadline = time.monotonic() + 30
-        while True:
-            text = (await client.get("/metrics")).text
-            if metric(text, "htmllm_requests_in_progress", route="/v1/embed") == requests:
-                break
-            assert time.monotonic() < deadline, "the requests never reached the server"
-            assert not any(t.done() for t in in_flight), "a request finished before SIGTERM was sent"
-            await asyncio.sleep(0.02)
-
-        server.proc.send_signal(signal.SIGTERM)
+        bodies, in_flight = await hold_requests(client, server, requests)
+        server.proc.send_signal(sig)
         await asyncio.sleep(0.5)
         with pytest.raises(httpx.ConnectError):
             await client.get("/health")  # no longer accepting
@@ -68,7 +91,7 @@ async def test_sigterm_drains_accepted_requests(tiny_checkpoint: Path, inference
         tiny_checkpoint, max_wait_ms="2000", drain_timeout_s="30", inference_process=inference_process
     )
     with server_process(env) as server:
-        bodies, responses = await load_then_sigterm(server, 24)
+        bodies, responses = await load_then_signal(server, 24)
         exit_code = server.proc.wait(timeout=60)
     for body, response in zip(bodies, responses, strict=True):
         assert response.status_code == 200, response.text
@@ -84,7 +107,7 @@ async def test_sigterm_past_the_drain_budget_answers_with_typed_errors(tiny_chec
     env = server_env(tiny_checkpoint, max_wait_ms="20000", drain_timeout_s="2")
     with server_process(env) as server:
         started = time.monotonic()
-        _, responses = await load_then_sigterm(server, 8)
+        _, responses = await load_then_signal(server, 8)
         answered_s = time.monotonic() - started
         exit_code = server.proc.wait(timeout=60)
     for response in responses:
@@ -139,6 +162,76 @@ def test_a_clean_stop_exits_0_without_a_traceback(tiny_checkpoint: Path, sig: si
         output = server.output()
     assert exit_code == 0, output
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
+
+
+async def test_sighup_drains_accepted_requests_as_sigterm_does(tiny_checkpoint: Path) -> None:
+    """The terminal or SSH session of `make serve` / `htmllm serve` closed, or a supervisor's hang-up:
+    SIGHUP's default action had ended the server on the spot (status 129, no line), each accepted request
+    dropped. It drains as SIGTERM does now, says which signal stopped it, and exits 0."""
+    env = server_env(tiny_checkpoint, max_wait_ms="2000", drain_timeout_s="30", log_level="info")
+    with server_process(env) as server:
+        bodies, responses = await load_then_signal(server, 8, signal.SIGHUP)
+        exit_code = server.proc.wait(timeout=60)
+        output = server.output()
+    for body, response in zip(bodies, responses, strict=True):
+        assert response.status_code == 200, response.text
+        assert [d["id"] for d in response.json()["data"]] == [d["id"] for d in body["documents"]]
+    assert exit_code == 0, output
+    assert "SIGHUP (the terminal or session hung up): shutting down gracefully" in output, output
+    assert "Traceback" not in output, output
+
+
+def test_an_ignored_sighup_stays_ignored_while_serving(tiny_checkpoint: Path) -> None:
+    """`nohup htmllm serve`: the server goes on serving after a hang-up, and SIGTERM still drains it."""
+    script = (
+        "import signal, sys\n"
+        "signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
+        "from service.api import main\n"
+        "sys.exit(main.main())\n"
+    )
+    with server_process(server_env(tiny_checkpoint, log_level="info"), script=script) as server:
+        status = Path(f"/proc/{server.proc.pid}/status").read_text()
+        ignored = int(next(line for line in status.splitlines() if line.startswith("SigIgn:")).split()[1], 16)
+        assert ignored & (1 << (signal.SIGHUP - 1)), status  # the kernel discards it: nothing can run
+        server.proc.send_signal(signal.SIGHUP)
+        assert (
+            httpx.post(server.url + "/v1/embed", content=page(0), headers=HTML, timeout=30).status_code == 200
+        )
+        server.proc.send_signal(signal.SIGTERM)
+        exit_code = server.proc.wait(timeout=60)
+        output = server.output()
+    assert exit_code == 0, output
+    assert "SIGHUP" not in output and "SIGTERM: shutting down gracefully" in output, output
+
+
+@pytest.mark.parametrize(
+    "first", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c-twice", "sigterm-then-ctrl-c"]
+)
+async def test_a_forced_quit_says_what_it_dropped_and_exits_130(
+    tiny_checkpoint: Path, first: signal.Signals
+) -> None:
+    """A second Ctrl-C is uvicorn's force quit: it stops waiting for the requests in flight and skips the
+    engine's drain. That had exited 0 without a word, the status that says every accepted request was
+    answered; now a warning counts what was dropped and the status is 130."""
+    # The batcher holds the documents for 20 s: both signals land while every request waits.
+    env = server_env(tiny_checkpoint, max_wait_ms="20000", drain_timeout_s="30", log_level="info")
+    with server_process(env) as server:
+        limits = httpx.Limits(max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as client:
+            _, in_flight = await hold_requests(client, server, 4)
+            server.proc.send_signal(first)
+            await stopped_accepting(client, server)
+            server.proc.send_signal(signal.SIGINT)
+            responses = await asyncio.gather(*in_flight, return_exceptions=True)
+        exit_code = await asyncio.to_thread(server.proc.wait, 60)
+        output = server.output()
+    assert all(isinstance(r, httpx.TransportError) for r in responses), (responses, output)
+    assert exit_code == 130, output
+    said = (
+        "SIGINT (Ctrl-C) again: forced quit before the drain was done: 4 requests in flight (8 documents not "
+        "yet answered) are dropped without an answer and the engine is not drained; exiting with status 130"
+    )
+    assert said in output, output
 
 
 # `python -m service.api` whose forward passes announce themselves in the file PASS_BEGAN, then take
