@@ -84,7 +84,10 @@ class Settings(BaseSettings):
     # The dynamic batcher (see service.engine).
     max_batch_tokens: int = Field(16384, gt=0)
     max_batch_requests: int = Field(64, gt=0, description="documents per forward pass")
-    max_wait_ms: float = Field(2.0, ge=0)
+    # At most a day, as every setting in seconds (`MAX_DURATION_S`): `inf` had started and answered every
+    # request 504. A lone document waits this long for batch mates: at the request timeout or past it,
+    # a quiet server's every request times out (milliseconds are what it is for).
+    max_wait_ms: float = Field(2.0, ge=0, le=MAX_DURATION_S * 1000)
     max_queue_documents: int = Field(1024, gt=0, description="beyond it a request gets 429")
     preprocess_workers: int = Field(
         default_factory=_default_workers,

@@ -60,3 +60,12 @@ async def test_the_longest_request_timeout_embeds(settings_for: SettingsFactory)
         response = await client.post("/v1/embed", json={"documents": [{"html": page(1)}]})
         assert response.status_code == 200, response.text
         assert response.json()["usage"]["documents"] == 1
+
+
+def test_the_batcher_wait_is_at_most_a_day_too() -> None:
+    """HTMLLM_MAX_WAIT_MS=inf had started, /ready said ready, and every request was answered 504 after
+    the request timeout: a lone document waited for batch mates for ever."""
+    assert Settings(max_wait_ms=MAX_DURATION_S * 1000).max_wait_ms == MAX_DURATION_S * 1000
+    for wrong in (MAX_DURATION_S * 1000 + 1, 1e12, float("inf")):
+        with pytest.raises(ValidationError, match="max_wait_ms"):
+            Settings(max_wait_ms=wrong)

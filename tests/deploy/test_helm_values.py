@@ -508,7 +508,7 @@ def test_fractions_given_with_set_reach_the_service() -> None:
     with pytest.raises(helm.HelmRenderError, match="terminationGracePeriodSeconds"):
         render({"server": {"drainTimeoutSeconds": 7.5}, "terminationGracePeriodSeconds": 24})
     rendered_and_valid({"server": {"drainTimeoutSeconds": 7.5}, "terminationGracePeriodSeconds": 25})
-    for wrong in ("2.5s", "-1", "", "abc"):
+    for wrong in ("2.5s", "-1", "", "abc", "99999999", 86_400_001):  # (at most a day, as the server)
         with pytest.raises(helm.HelmValuesError, match="maxWaitMs"):
             render({"server": {"maxWaitMs": wrong}})
 
