@@ -237,10 +237,17 @@ _DECODERS: dict[str, Callable[[bytes, int], bytes]] = {
 
 # A body compressed without Content-Encoding (a crawler stores the body as the origin sent it): zstd's
 # frame magic, gzip's magic and method byte, and the zlib headers of deflate's four levels. Brotli has no
-# magic number, nor does raw deflate. Text can start as gzip or zlib does (`x^2+1` is a zlib header and a
-# fixed-Huffman block that reads without error), so those starts count only with more evidence from the
-# deflate data after them (`_deflate_evidence`).
+# magic number, nor does raw deflate. Text can start as any of them does (`x^2+1` is a zlib header and a
+# fixed-Huffman block that reads without error; `(µ/ý` is zstd's magic in latin-1), so a start counts only
+# with more evidence from the data after it (`_zstd_evidence`, `_deflate_evidence`).
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+# Skippable frames (magic 0x184D2A50 to 0x184D2A5F, then a 4-byte length) hold metadata a zstd decoder
+# passes over; pzstd starts its output with one. The first few are stepped over to the frame after them.
+_ZSTD_SKIPPABLE, _ZSTD_SKIPPABLE_MASK = 0x184D2A50, 0xFFFFFFF0
+_MAX_SKIPPABLE = 16
+_ZSTD_BLOCK_HEAD = 3
+_ZSTD_RLE, _ZSTD_COMPRESSED = 1, 2  # block types; 0 is raw, 3 reserved
+_ZSTD_CHECKSUM_FLAG = 0x04  # the Frame_Header_Descriptor's Content_Checksum_flag
 _GZIP_START = b"\x1f\x8b\x08"
 _ZLIB_STARTS = (b"\x78\x01", b"\x78\x5e", b"\x78\x9c", b"\x78\xda")
 # gzip's header flags (RFC 1952 section 2.3.1), and the three bits it reserves, which must be 0.
@@ -252,19 +259,32 @@ _MAX_GZIP_HEAD = 64 * 1024  # an extra field takes at most 65,535 bytes; a file 
 # 129 bytes, but for a run (`x^` then `****`...), which reads without error for ever.
 _INFLATE_SAMPLE = 4096
 _MIN_UNENDED_SAMPLE = 1024
-_MAX_INFLATED = 256 * 1024  # output inflated from the sample at most (a bomb's 4 KiB make 4 MiB)
+# Output per input byte that text read as deflate never reaches: a fixed-Huffman block, all that text
+# reads as for long, makes at most 258 bytes of 13 bits (a length code 285 of 8, a distance code of 5:
+# 158.8 times; the runs of 1 to 3 characters after `x^` that inflate most reach 86), while the deflate
+# data of a page padded with 2 MB of spaces, `&nbsp;` or `<br>` inflates 185 to 226 times (levels 1 to
+# 3) or 489 (4 to 9), and looks no more random than a run. Counted from `_MIN_RATIO_OUTPUT` inflated.
+_MIN_RATIO = 160
+_MIN_RATIO_OUTPUT = 64 * 1024
+# Output inflated from the sample at most (704 KiB). The ratio is asked after each step and holds before
+# this is reached, so a valid sample is inflated whole, and a stream that ends within it (a very
+# compressible page whose deflate data is short) has its checksum verified; this only makes the bound plain.
+_MAX_INFLATED = _MIN_RATIO * _INFLATE_SAMPLE + 64 * 1024
 # Bits per byte of deflate data at the least: the first KiB of every corpus page compressed at any level
 # has 7.2 or more (its first 4 KiB 7.8), while text has at most 6.5 (random printable ASCII 6.6), and a
 # run that reads as deflate 3 or less.
 _MIN_DEFLATE_ENTROPY = 7.0
-_STORED_BLOCK = 0b000  # a first block's BFINAL and BTYPE bits, masked to the type (level 0's blocks)
+# A first block that is stored (level 0): its BFINAL bit, BTYPE 00 and the padding to the byte's end,
+# which every encoder writes as zeros, so the byte is 0 or 1. Text has no such byte (`x^ ` + `<p\xc3\x8f`
+# had passed as a stored block: its LEN and NLEN happen to be one's complements).
+_STORED_BLOCK_STARTS = (0x00, 0x01)
 
 
 def undeclared_coding(body: bytes) -> str | None:
     """The content coding `body` starts with ("gzip", "deflate" or "zstd"), or None: no page or JSON
-    starts so. A gzip or zlib start counts only with the deflate data after it as evidence
-    (`_deflate_evidence`): text that starts so (`x^2+1`, at any length) is read as the page it is."""
-    if body.startswith(_ZSTD_MAGIC):
+    starts so. A start counts only with the data after it as evidence (`_zstd_evidence`,
+    `_deflate_evidence`): text that starts so (`x^2+1`, at any length) is read as the page it is."""
+    if _zstd_evidence(body):
         return "zstd"
     if body.startswith(_GZIP_START):
         head = _gzip_head_length(body)
@@ -272,6 +292,63 @@ def undeclared_coding(body: bytes) -> str | None:
     if body.startswith(_ZLIB_STARTS):
         return "deflate" if _deflate_evidence(body, 2, wbits=15) else None
     return None
+
+
+def _zstd_evidence(body: bytes) -> bool:
+    """Whether `body` is zstd data: skippable frames (at most `_MAX_SKIPPABLE`, each whole) then a frame
+    that `_zstd_frame_evidence` confirms, or skippable frames that end with the body (a whole stream)."""
+    position = 0
+    for _ in range(_MAX_SKIPPABLE):
+        magic = int.from_bytes(body[position : position + 4], "little")
+        if magic & _ZSTD_SKIPPABLE_MASK != _ZSTD_SKIPPABLE or len(body) < position + 8:
+            break
+        position += 8 + int.from_bytes(body[position + 4 : position + 8], "little")
+        if position >= len(body):
+            return position == len(body)
+    if not body.startswith(_ZSTD_MAGIC, position):
+        return False
+    return _zstd_frame_evidence(memoryview(body)[position:])
+
+
+def _zstd_frame_evidence(frame: memoryview) -> bool:
+    """Whether the zstd frame `frame` starts with is one: the magic alone is four bytes a latin-1 page can
+    start with (`(µ/ý`).
+
+    Its header must be valid (reserved bit clear, a window the decoder takes: what `decode_content` will
+    decode), and its blocks, fed to the decoder one at a time (each makes at most 128 KiB), must decode
+    without error up to a compressed block, a second block, or the frame's end (checksum and content size
+    verified), with nothing or another frame after it. The block header after text is almost never
+    valid (its size needs a byte under 0x10: a tab or line break at the one place), and a compressed
+    block's tables from text fail. A body cut off inside its first compressed block is not told.
+    """
+    try:
+        zstandard.get_frame_parameters(frame[:32])
+        position = zstandard.frame_header_size(frame[:32])
+        decompressor = zstandard.ZstdDecompressor().decompressobj()
+        decompressor.decompress(frame[:position])
+        for block in range(2):
+            head = int.from_bytes(frame[position : position + _ZSTD_BLOCK_HEAD], "little")
+            kind, size = (head >> 1) & 3, head >> 3
+            end = position + _ZSTD_BLOCK_HEAD + (1 if kind == _ZSTD_RLE else size)
+            if end > len(frame):
+                return False  # cut off: no block decoded to go by
+            decompressor.decompress(frame[position:end])
+            position = end
+            if kind == _ZSTD_COMPRESSED or block:
+                return True
+            if head & 1:  # the last block, raw or RLE: the frame must end as a whole one does
+                if frame[4] & _ZSTD_CHECKSUM_FLAG:
+                    decompressor.decompress(frame[position : position + 4])
+                    position += 4
+                after = bytes(frame[position : position + 4])
+                return decompressor.eof and (
+                    not after
+                    or after == _ZSTD_MAGIC
+                    or int.from_bytes(after, "little") & _ZSTD_SKIPPABLE_MASK == _ZSTD_SKIPPABLE
+                )
+    except zstandard.ZstdError:
+        return False
+    return False
 
 
 def _gzip_head_length(body: bytes) -> int | None:
@@ -298,14 +375,17 @@ def _deflate_evidence(body: bytes, start: int, *, wbits: int) -> bool:
     """Whether the deflate data at `body[start:]` (after a gzip or zlib header) shows it is compressed
     data rather than text that happens to start as a header does.
 
-    Either its stream ends within `_INFLATE_SAMPLE` bytes with the checksum zlib verifies there (Adler-32,
-    or gzip's CRC-32 and length): any complete small body, `gzip.compress(b"")` included, against odds
-    of 2**-32 for text. Or at least `_MIN_UNENDED_SAMPLE` bytes of it (a longer body, or one cut off)
-    inflate without error and either look random, as compressed data does and no text does
-    (`_MIN_DEFLATE_ENTROPY`), or start a stored block (level 0, whose length zlib checked against its
-    one's complement). The first few bytes inflating is no evidence: most text fails within a few dozen
-    bytes, but a few bytes of text read as fixed-Huffman literals before the input runs out, and a run
-    reads so for ever.
+    Its first `_INFLATE_SAMPLE` bytes are inflated (output counted, not kept), and they must inflate
+    without error. Then either its stream ends within them with the checksum zlib verifies there
+    (Adler-32, or gzip's CRC-32 and length): any complete small body, `gzip.compress(b"")` included, and
+    a very compressible page however large, against odds of 2**-32 for text. Or they inflate `_MIN_RATIO`
+    times or more, which no text read as deflate does (a page of repeated rows or of padding, compressed,
+    whose deflate data is a run). Or at least `_MIN_UNENDED_SAMPLE` bytes of it (a longer body, or one
+    cut off) inflate and either look random, as compressed data does and no text does
+    (`_MIN_DEFLATE_ENTROPY`), or start a stored block (level 0) as encoders write one
+    (`_STORED_BLOCK_STARTS`). The first few bytes inflating is no evidence: most text fails within a few
+    dozen bytes, but a few bytes of text read as fixed-Huffman literals before the input runs out, and a
+    run reads so for ever.
     """
     sample = body[: start + _INFLATE_SAMPLE]
     inflater = zlib.decompressobj(wbits)
@@ -314,6 +394,9 @@ def _deflate_evidence(body: bytes, start: int, *, wbits: int) -> bool:
         while pending and not inflater.eof and inflated < _MAX_INFLATED:
             inflated += len(inflater.decompress(pending, 64 * 1024))  # output dropped: it is only counted
             pending = inflater.unconsumed_tail
+            consumed = len(sample) - len(pending) - start
+            if inflated >= max(_MIN_RATIO * consumed, _MIN_RATIO_OUTPUT):
+                return True  # asked as soon as it may hold: a bomb is not inflated to its end
     except zlib.error:
         return False
     if inflater.eof:
@@ -321,7 +404,7 @@ def _deflate_evidence(body: bytes, start: int, *, wbits: int) -> bool:
     deflated = sample[start : len(sample) - len(pending)]
     if len(deflated) < _MIN_UNENDED_SAMPLE:
         return False
-    return deflated[0] & 0b110 == _STORED_BLOCK or _entropy(deflated) >= _MIN_DEFLATE_ENTROPY
+    return deflated[0] in _STORED_BLOCK_STARTS or _entropy(deflated) >= _MIN_DEFLATE_ENTROPY
 
 
 def _entropy(data: bytes) -> float:
