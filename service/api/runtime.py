@@ -120,7 +120,8 @@ class Runtime:
     _stall_logged: bool = False  # /ready has logged a stalled pass and not yet its end
 
     def unready_reason(self) -> str | None:
-        """Why /ready answers 503, or None: shutting down, not warmed yet, failing passes, a stalled pass.
+        """Why /ready answers 503, or None: shutting down, not warmed yet, a model process being started
+        again, failing passes, a stalled pass.
 
         The same condition /ready answers by, without its side effects (it starts no probe and logs
         nothing), and cheap: a few attribute reads, and a clock read only while a pass runs.
@@ -131,7 +132,8 @@ class Runtime:
         refused = self.not_serving()
         if refused is not None:
             return refused.message
-        return self._failing_passes() or self.stalled_pass()
+        outage = self.engine.outage if self.engine is not None else None
+        return (outage.reason if outage else None) or self._failing_passes() or self.stalled_pass()
 
     def not_serving(self) -> HtmllmError | None:
         """The error /ready answers before it looks at the backend, or None: shutting down
@@ -157,12 +159,17 @@ class Runtime:
         return f"the last {health.failures} forward passes failed{over} ({health.last_error}); probing it"
 
     def backend_trouble(self) -> str | None:
-        """`_failing_passes`, and while it holds a probe pass runs now and then (at most every
-        PROBE_INTERVAL_S, one at a time) so that a server no traffic reaches sees the backend recover."""
+        """Why the backend cannot be trusted with traffic: its model process is gone (`Engine.outage`:
+        died, and a new one loads or failed to start), or `_failing_passes`. While passes fail, or no
+        model process loads, a probe pass runs now and then (at most every PROBE_INTERVAL_S, one at a
+        time) so that a server no traffic reaches sees the backend recover: for a model process, the
+        probe's pass starts a new one, and its failures count towards `unhealthy`. None runs while a new
+        one loads: its pass would only wait for the load, a pass that `unhealthy` would count as hung."""
+        outage = self.engine.outage if self.engine is not None else None
         trouble = self._failing_passes()
-        if trouble is not None:
+        if (outage is not None and not outage.loading) or (trouble is not None and outage is None):
             self._start_probe()
-        return trouble
+        return (outage.reason if outage else None) or trouble
 
     def stalled_pass(self) -> str | None:
         """Why the backend cannot answer in time although nothing failed, or None: one forward pass has

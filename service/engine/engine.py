@@ -50,6 +50,7 @@ from service.engine.progress import (
 )
 from service.engine.result_cache import CachedRow, ResultCache, cache_key
 from service.engine.runners import Runner
+from service.engine.runners.process import Outage, ProcessRunner
 from service.engine.types import (
     BackendHealth,
     BatchStats,
@@ -843,6 +844,15 @@ class Engine:
         """The forward passes' recent outcome (`BackendHealth`): failures in a row, since when, and when
         the pass now running began. What a server's readiness and liveness read."""
         return self._batcher.health if self._batcher is not None else self._last_health
+
+    @property
+    def outage(self) -> Outage | None:
+        """Why the backend cannot run a forward pass now although none failed, or None: its model
+        process died and a new one is loading, or could not be started (`ProcessRunner.outage`). What
+        /ready answers 503 with from the moment the child is found dead; a runner in this process has
+        no such state (it dies with the server)."""
+        runner = self._runner
+        return runner.outage() if isinstance(runner, ProcessRunner) else None
 
     async def probe(self) -> None:
         """One three-token forward pass outside the queue, which updates `health`: how a server that no

@@ -12,20 +12,35 @@ router.
 The child (spawned: CUDA cannot be forked) loads the checkpoint and builds the configured runner
 (`service.engine.loading.build_runner`); the parent keeps only the tokenizer and the checkpoint's
 metadata. Batches go over a pipe as one flat id array with lengths (a few hundred KB at most) and come
-back as `RunnerOutput`'s arrays. A child that dies (out of memory, a driver fault) fails the batch it
-held with an error and is started again for the next one; its signals are ignored, so a Ctrl-C or a
-SIGTERM to the process group leaves it to the parent's drain, which closes it last. A parent that exits
-without closing it (a Ctrl-C through `htmllm embed`) closes the pipe at exit, which stops it.
+back as `RunnerOutput`'s arrays. Its signals are ignored, so a Ctrl-C or a SIGTERM to the process group
+leaves it to the parent's drain, which closes it last. A parent that exits without closing it (a Ctrl-C
+through `htmllm embed`) closes the pipe at exit, which stops it.
+
+A child that dies (out of memory, a driver fault, a kill) fails the batch it held with an error, and a
+new one is started at once, in the background: a thread watches each child's exit, so one that dies
+while idle is replaced before traffic finds it. Until the new one has loaded, `outage` says why no pass
+can run (the server's /ready answers 503 with it) and a pass that comes meanwhile waits for it. The
+restart had been lazy, inside the next batch's pass: 17 to 35 s (torch's import, an ONNX re-export)
+during which /ready said 200 and requests queued into 504s.
+
+The child's log records travel over a pipe of their own to this process's logging (`_relay_logs`), so
+they come out once, in the server's format and at its level: its root logger had no handler, so its
+warnings came through Python's bare fallback (no time, no level, never JSON) and its info lines (the
+ONNX export's) were lost.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import copy
 import logging
 import multiprocessing
+import multiprocessing.connection
 import multiprocessing.util
 import signal
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
@@ -34,8 +49,8 @@ from typing import Any, cast
 
 import numpy as np
 
-from service.core.checkpoint import CheckpointMeta
-from service.core.errors import ErrorCode, HtmllmError
+from service.core.checkpoint import CheckpointMeta, checkpoint_fingerprint, read_meta
+from service.core.errors import CheckpointError, ErrorCode, HtmllmError
 from service.engine.collector import prepare_for_serving
 from service.engine.loading import check_device
 from service.engine.runners import PreparedBatch, RunnerOutput, batch_cost
@@ -92,11 +107,86 @@ class _Description:
     identity: _Identity
 
 
-def _serve(conn: Connection, path: str, config: EngineConfig) -> None:
-    """The child: build the runner, answer ("run", ids, lengths, pad_to) until ("close",) or EOF."""
+@dataclass(frozen=True)
+class Outage:
+    """Why no forward pass can run now although none failed: the child is gone. `loading`: a new one is
+    loading the model (a pass waits for it); else the last start failed, or `abort` killed the child,
+    and the next pass starts one."""
+
+    reason: str
+    loading: bool
+
+
+class _LogSender(logging.Handler):
+    """The child's one log handler: each record, formatted as `logging.handlers.QueueHandler` prepares
+    one (arguments merged into the message, a traceback appended to it, so that it pickles), sent to the
+    parent's `_relay_logs`. Sends are serialised by the handler's own lock."""
+
+    def __init__(self, conn: Connection) -> None:
+        super().__init__()
+        self._conn = conn
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = self.format(record)
+            sent = copy.copy(record)
+            sent.message = sent.msg = message
+            sent.args, sent.exc_info, sent.exc_text, sent.stack_info = None, None, None, None
+            self._conn.send(sent)
+        except Exception:
+            self.handleError(record)
+
+
+def _send_logs(conn: Connection, level: int) -> None:
+    """The child's logging: every record at `level` (the parent's root level when it was started) or
+    above goes to the parent, and nothing is written here."""
+    root = logging.getLogger()
+    for handler in root.handlers[:]:
+        root.removeHandler(handler)
+    root.addHandler(_LogSender(conn))
+    root.setLevel(level)
+
+
+def _relay_logs(conn: Connection) -> None:
+    """The parent's end of a child's log pipe, on a thread of its own until the child exits (its end of
+    the pipe closes then): each record to this process's logger of the same name, whose level decides
+    and whose handlers (the server's, in its format) write it."""
+    with conn:
+        while True:
+            try:
+                record = conn.recv()
+            except (EOFError, OSError):  # the child exited
+                return
+            except Exception:  # one record that does not unpickle: the next may
+                logger.exception("a log record of the inference process could not be read")
+                continue
+            target = logging.getLogger(record.name)
+            if target.isEnabledFor(record.levelno):
+                target.handle(record)
+
+
+def _watch(runner: weakref.ref[ProcessRunner], process: Any) -> None:
+    """A child's watcher, on a thread of its own: when the child exits, for whatever reason, its runner
+    (unless collected meanwhile) is told, and acts on an exit nobody asked for (`ProcessRunner._lost`).
+    A weak reference: a runner dropped unclosed is still collected, which stops its child."""
+    multiprocessing.connection.wait([process.sentinel])
+    owner = runner()
+    if owner is not None:
+        owner._lost(process, in_pass=False)
+
+
+def _exited(process: Any) -> bool:
+    """Whether `process` has exited, from its sentinel: no `waitpid`, which would race its watcher's join
+    (the loser reads no exit code)."""
+    return bool(multiprocessing.connection.wait([process.sentinel], 0))
+
+
+def _serve(conn: Connection, logs: Connection, level: int, path: str, config: EngineConfig) -> None:
+    """The child: build the runner, answer ("run", ids, lengths, pad_to) until ("close",) or EOF; its log
+    records go over `logs` (`_send_logs`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from service.core.checkpoint import checkpoint_fingerprint
+    _send_logs(logs, level)  # first: what the imports and the load log must reach the parent
     from service.engine.loading import build_runner
 
     try:
@@ -207,10 +297,13 @@ class ProcessRunner:
         self._path = path
         self._config = config
         self._context = multiprocessing.get_context("spawn")
-        self._lock = threading.Lock()  # one batch over the pipe at a time (the batcher runs one anyway)
+        # One batch over the pipe at a time (the batcher runs one anyway); only its holder uses a pipe.
+        self._lock = threading.Lock()
         # `abort` runs beside a pass that holds `_lock`; under this one it reads which children to kill,
-        # and a pass starting a child records it, so that a child still loading can be killed too.
+        # and a start records its child, so that a child still loading can be killed too. It also guards
+        # which child serves, which the watchers, the restarts and the passes all change.
         self._abort_lock = threading.Lock()
+        self._reap_lock = threading.Lock()  # one join at a time: a second, racing, read no exit code
         self._starting: Any = None  # a child started and not yet answering (loading the model)
         # Batches are numbered as they are prepared; an `abort` fails every batch prepared before it (the
         # pass in flight, one queued behind it) and none prepared after it. A flag cleared when a pass ended
@@ -218,11 +311,20 @@ class ProcessRunner:
         # engine, failed at once.
         self._prepared = 0  # the number of the last batch prepared
         self._aborted_through = 0  # every batch numbered up to this one is aborted
+        self._aborts = 0  # `abort` calls so far: a restart begun before the latest one is cancelled
+        self._killed: Any = None  # the child `abort` killed in its pass: not restarted in the background
         self._process: Any = None
         self._conn: Connection | None = None
         self._stopper: multiprocessing.util.Finalize | None = None
+        # Stoppers of children lost while a pass held `_lock`: their pipes are closed by that pass (a
+        # pipe closed under a pass that reads it could have its descriptor reused by another file).
+        self._dead_pipes: list[multiprocessing.util.Finalize] = []
+        self._down: str | None = None  # why no child serves since the last one exited
+        self._restart: concurrent.futures.Future[None] | None = None  # the latest restart
+        self._restart_error: str | None = None  # why the latest restart failed
         self._identity: _Identity | None = None  # the first child's model, which every restart must load
         self._closed = False  # `close` is final: no pass after it, and no child started again
+        self.restarts = 0
         description = self._start()
         if expected is not None:
             wanted = _Identity.of(description.identity.fingerprint, expected)
@@ -240,22 +342,54 @@ class ProcessRunner:
         self.threads = description.threads
         self.attention = description.attention
         self.packed = description.packed
-        self.restarts = 0
 
-    def _start(self, serial: int | None = None) -> _Description:
-        """Start the child; `serial` is the batch whose pass starts it (None: the first start)."""
+    def _check_checkpoint(self) -> None:
+        """The child's first checks of the checkpoint, here, in milliseconds: a checkpoint gone (moved,
+        unmounted) or without its metadata is refused before any child, as the child would say it. Each
+        restart onto a missing checkpoint had spent 6 to 8 s spawning a child and importing torch
+        first. Any other fault is still the child's to find (this only reads what it reads too)."""
+        try:
+            if not self._path.is_dir():
+                checkpoint_fingerprint(self._path)  # raises what the child raises first ("does not exist")
+            read_meta(self._path)
+        except CheckpointError as error:
+            message = f"the inference process could not load the model: {type(error).__name__}: {error}"
+            raise _load_error(message, load_failure_code(error)) from error
+
+    def _cancelled(self, aborts: int | None) -> bool:
+        """Whether a start begun when `_aborts` was `aborts` is to stop: an `abort` or a `close` came since
+        (never for the first start, `aborts` None); under `_abort_lock`."""
+        return aborts is not None and (aborts != self._aborts or self._closed)
+
+    def _start(self, aborts: int | None = None) -> _Description:
+        """Start a child and wait until it serves; `aborts` as `_cancelled` takes it (None: the first)."""
+        self._check_checkpoint()
         parent, child = self._context.Pipe()
+        logs, child_logs = self._context.Pipe(duplex=False)
+        level = logging.getLogger().getEffectiveLevel()
         process = self._context.Process(
-            target=_serve, args=(child, str(self._path), self._config), name="htmllm-inference", daemon=True
+            target=_serve,
+            args=(child, child_logs, level, str(self._path), self._config),
+            name="htmllm-inference",
+            daemon=True,
         )
-        process.start()
-        child.close()
+        try:
+            process.start()
+        except BaseException:
+            for end in (parent, logs):
+                end.close()
+            raise
+        finally:
+            child.close()
+            child_logs.close()
+        threading.Thread(target=_relay_logs, args=(logs,), name="htmllm-inference-logs", daemon=True).start()
         with self._abort_lock:
             self._starting = process  # from here `abort` kills it (a restart hung while loading)
-            aborted = self._aborted_before(serial)
+            cancelled = self._cancelled(aborts)
         changed: str | None = None  # what a restarted child loaded differently
+        stopper: multiprocessing.util.Finalize | None = None
         try:
-            if aborted:
+            if cancelled:
                 raise InferenceProcessError("the inference process was aborted while it started")
             if not parent.poll(START_TIMEOUT_S):
                 raise InferenceProcessError(f"the inference process did not start in {START_TIMEOUT_S:.0f} s")
@@ -263,30 +397,39 @@ class ProcessRunner:
             if status == "ok" and self._identity is not None and value.identity != self._identity:
                 changed = self._identity.changes(value.identity)
             if status == "ok" and changed is None:
+                # Runs once: from `_lost` or `close`, when the runner is collected, or at exit before
+                # multiprocessing terminates daemonic children (a positive exit priority runs first).
+                stopper = multiprocessing.util.Finalize(
+                    self, _stop, args=(process, parent, STOP_TIMEOUT_S), exitpriority=10
+                )
                 with self._abort_lock:  # `abort` sees it in one of the two places, never in neither
-                    self._process, self._conn = process, parent
+                    cancelled = self._cancelled(aborts)
+                    if not cancelled:
+                        self._process, self._conn, self._stopper = process, parent, stopper
+                        self._down, self._restart_error = None, None
         except (EOFError, OSError) as error:
-            process.join(STOP_TIMEOUT_S)  # the pipe ends before the exit is reaped: wait for its code
+            self._reap(process)  # the pipe ends before the exit is reaped: wait for its code
             with self._abort_lock:
-                why = "was aborted" if self._aborted_before(serial) else "exited"
+                why = "was aborted" if self._cancelled(aborts) else "exited"
             raise InferenceProcessError(
                 f"the inference process {why} while loading the model (exit code {process.exitcode})"
             ) from error
         except InferenceProcessError:
             process.kill()
+            self._reap(process)
             raise
         except BaseException:
             # Interrupted while it loads (SystemExit from the server's SIGTERM handler during start-up,
             # Ctrl-C): the child ignores SIGTERM, and multiprocessing's exit handler would wait for it to
             # finish loading before the process could exit.
             process.kill()
-            process.join(STOP_TIMEOUT_S)
+            self._reap(process)
             raise
         finally:
             with self._abort_lock:
                 self._starting = None
         if status != "ok":
-            process.join(CLOSE_TIMEOUT_S)
+            self._reap(process, CLOSE_TIMEOUT_S)
             message, code = value
             raise _load_error(f"the inference process could not load the model: {message}", ErrorCode(code))
         if changed is not None:
@@ -298,13 +441,102 @@ class ProcessRunner:
                 f"the checkpoint {self._path} changed since the engine started ({changed}); the inference "
                 "process was not restarted on it: restart the server to serve the new model"
             )
-        # Runs once: from `_discard`, when the runner is collected, or at exit before multiprocessing
-        # terminates daemonic children (a positive exit priority runs first).
-        self._stopper = multiprocessing.util.Finalize(
-            self, _stop, args=(process, parent, STOP_TIMEOUT_S), exitpriority=10
+        if cancelled:  # loaded, but an abort or a close came meanwhile: nobody is to use it
+            assert stopper is not None
+            stopper()
+            if self._closed:
+                raise ShuttingDownError("the inference process has been closed")
+            raise InferenceProcessError("the inference process was aborted while it started")
+        watcher = threading.Thread(
+            target=_watch, args=(weakref.ref(self), process), name="htmllm-inference-watch", daemon=True
         )
+        watcher.start()
         logger.info("inference process %d serves %s on %s", process.pid, self._path, value.device)
         return value  # type: ignore[no-any-return]
+
+    def _reap(self, process: Any, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Join `process` (at most `timeout_s`), one thread at a time: of two racing joins one reaps the
+        child and the other reads no exit code, which its message then said ("exit code None")."""
+        with self._reap_lock:
+            process.join(timeout_s)
+
+    def _lost(self, process: Any, *, in_pass: bool) -> None:
+        """`process` exited without being asked (killed, out of memory, crashed): it serves no more, and,
+        unless `abort` killed it (the shutdown's) or the runner is closed, a new child starts at once in
+        the background. Called by the child's watcher and by a pass that lost it; the first does it.
+        `in_pass`: the caller holds `_lock`, so it may close the child's pipe."""
+        self._reap(process)  # it has exited (its sentinel or its pipe said so): reaped, its code is known
+        with self._abort_lock:
+            if self._closed or self._process is not process or multiprocessing.util.is_exiting():
+                return  # done by the other caller, or stopped on purpose (a close, the interpreter's exit)
+            stopper = self._stopper
+            self._process, self._conn, self._stopper = None, None, None
+            self._down = f"the inference process exited (exit code {process.exitcode})"
+            killed = process is self._killed
+            self._killed = None
+            if not killed:
+                self._begin_restart()
+        if killed:
+            logger.warning("%s after the shutdown's abort killed it", self._down)
+        else:
+            logger.warning("%s: starting a new one now (restart %d)", self._down, self.restarts)
+        if stopper is None:
+            return
+        if in_pass or self._lock.acquire(blocking=False):
+            try:
+                stopper()
+            finally:
+                if not in_pass:
+                    self._lock.release()
+        else:
+            with self._abort_lock:
+                self._dead_pipes.append(stopper)
+
+    def _begin_restart(self) -> concurrent.futures.Future[None]:
+        """Start a child in the background (under `_abort_lock`); the future ends when it serves, or with
+        the start's error. An `abort` or `close` meanwhile kills it."""
+        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._restart, self._restart_error = future, None
+        self.restarts += 1
+        threading.Thread(
+            target=self._restart_now,
+            args=(future, self._aborts, self.restarts),
+            name="htmllm-inference-restart",
+            daemon=True,
+        ).start()
+        return future
+
+    def _restart_now(self, future: concurrent.futures.Future[None], aborts: int, number: int) -> None:
+        """A restart's thread: `_start`, its outcome in `future` (and `outage`)."""
+        try:
+            self._start(aborts)
+        except Exception as error:
+            with self._abort_lock:
+                self._restart_error = str(error)
+                ended = self._cancelled(aborts)
+            if ended:
+                logger.info("restart %d of the inference process ended by a shutdown: %s", number, error)
+            else:
+                logger.error("restart %d of the inference process failed: %s", number, error)
+            future.set_exception(error)
+        else:
+            logger.warning("restart %d of the inference process succeeded", number)
+            future.set_result(None)
+
+    def outage(self) -> Outage | None:
+        """Why no forward pass can run now although none failed (`Outage`), or None: a child serves, or
+        the runner is closed. Cheap (attribute reads under a lock): what /ready and every answer's
+        connection rule ask."""
+        with self._abort_lock:
+            if self._closed or self._conn is not None or self._down is None:
+                return None
+            restart = self._restart
+            if restart is not None and not restart.done():
+                return Outage(f"{self._down}; a new one is loading the model (restart {self.restarts})", True)
+            if self._restart_error is not None:
+                failed = f"restart {self.restarts} failed: {self._restart_error}"
+                return Outage(f"{self._down}, and {failed}; the next forward pass tries again", False)
+            return Outage(f"{self._down}; the next forward pass starts a new one", False)
 
     def cost(self, lengths: Sequence[int]) -> int:
         return batch_cost(lengths, packed=self.packed)
@@ -324,84 +556,121 @@ class ProcessRunner:
     def run(self, prepared: PreparedBatch) -> RunnerOutput:
         payload = cast(tuple[np.ndarray, np.ndarray, int | None, int], prepared.payload)
         with self._lock:
-            return self._run(*payload)
+            try:
+                return self._run(*payload)
+            finally:
+                self._close_dead_pipes()
 
-    def _aborted_before(self, serial: int | None) -> bool:
-        """Whether an `abort` came after batch `serial` was prepared (never for the first start); under
-        `_abort_lock`."""
-        return serial is not None and serial <= self._aborted_through
+    def _close_dead_pipes(self) -> None:
+        """Close the pipes of children lost while `_lock` was held (`_lost`); under `_lock`."""
+        with self._abort_lock:
+            stoppers, self._dead_pipes = self._dead_pipes, []
+        for stopper in stoppers:
+            stopper()
+
+    def _aborted_before(self, serial: int) -> bool:
+        """Whether an `abort` came after batch `serial` was prepared; under `_abort_lock`."""
+        return serial <= self._aborted_through
 
     def _run(self, flat: np.ndarray, lengths: np.ndarray, pad_to: int | None, serial: int) -> RunnerOutput:
         """`run` under the pass's lock."""
         if self._closed:  # before anything that would start a child: a closed runner stays closed
             raise ShuttingDownError("the inference process has been closed")
+        idle = self._process
+        if idle is not None and _exited(idle):
+            # It died between batches (out of memory, killed) and its watcher has not told yet: nothing
+            # was sent, so this batch need not fail with it; it waits for the new one.
+            self._lost(idle, in_pass=True)
         with self._abort_lock:
-            aborted = self._aborted_before(serial)
-        if aborted:  # asked before this pass reached the child: it starts none and sends nothing
-            raise InferenceProcessError("the forward pass was aborted (shutting down)")
-        if self._process is not None and not self._process.is_alive():
-            # It died between batches (out of memory, killed): nothing was sent, so this batch
-            # need not fail with it.
-            logger.warning("the inference process exited (code %s) while idle", self._process.exitcode)
-            self._discard()
-        if self._conn is None:
-            self._restart(serial)
-        conn = self._conn
+            if self._aborted_before(serial):  # asked before this pass reached the child: it sends nothing
+                raise InferenceProcessError("the forward pass was aborted (shutting down)")
+            conn, process = self._conn, self._process
+            restart: concurrent.futures.Future[None] | None = None
+            if conn is None:  # wait for the restart under way, or begin one (the last one failed)
+                restart = self._restart
+                if restart is None or restart.done():
+                    restart = self._begin_restart()
+        if restart is not None:
+            conn, process = self._await_restart(restart, serial)
         assert conn is not None
         try:
             conn.send(("run", flat, lengths, pad_to))
             status, value = conn.recv()
         except (EOFError, OSError) as error:
-            process = self._process
-            self._discard()  # joins it: its exit code is known only then
-            code = process.exitcode if process is not None else None
+            self._lost(process, in_pass=True)
             raise InferenceProcessError(
-                f"the inference process died during a forward pass (exit code {code}); "
-                "it is started again for the next batch"
+                f"the inference process died during a forward pass (exit code {process.exitcode})"
             ) from error
         if status != "ok":
             raise InferenceProcessError(value)
         output: RunnerOutput = value
         return output
 
+    def _await_restart(self, restart: concurrent.futures.Future[None], serial: int) -> tuple[Connection, Any]:
+        """Wait for `restart` (its `_start` bounds the wait) and give the child it started; its error
+        when it failed, unless this pass was aborted (or the runner closed) meanwhile."""
+        try:
+            restart.result()
+        except Exception as error:
+            with self._abort_lock:
+                aborted = self._aborted_before(serial)
+            if self._closed:
+                raise ShuttingDownError("the inference process has been closed") from error
+            if aborted:
+                raise InferenceProcessError("the forward pass was aborted (shutting down)") from error
+            raise
+        with self._abort_lock:
+            aborted = self._aborted_before(serial)
+            conn, process = self._conn, self._process
+        if aborted:
+            raise InferenceProcessError("the forward pass was aborted (shutting down)")
+        if conn is None:  # the new child died already (its watcher began the next restart)
+            raise InferenceProcessError(f"the inference process exited as soon as it started ({self._down})")
+        return conn, process
+
     def abort(self) -> None:
         """Kill the child now, without the lock a pass in flight holds: that pass then fails at once
         (its documents were failed already) and the next batch starts a new child. For the shutdown
         deadline, where a hung child (a driver fault, a stopped process) had held the server forever.
 
-        A child that the pass is still starting (a restart after a crash, loading the model, up to
-        `START_TIMEOUT_S`) is killed too, and a pass that has not reached the child yet starts none.
-        Only batches prepared before the abort are aborted: one that comes after the pass it was for
-        ended (the batcher decides first, then aborts) leaves the idle child alive and the next pass
-        whole (the engine may be started again on this runner)."""
+        A child still loading (a restart after a crash, up to `START_TIMEOUT_S`) is killed too, and a
+        pass that has not reached the child yet starts none. Only batches prepared before the abort
+        are aborted: one that comes after the pass it was for ended (the batcher decides first, then
+        aborts) leaves the idle child alive and the next pass whole (the engine may be started again on
+        this runner)."""
         with self._abort_lock:
             self._aborted_through = self._prepared
+            self._aborts += 1
             # A pass holds `_lock` from before it reads the abort to the end of its pass: a pass that
             # takes it after this reads the abort and sends nothing, so an idle child is left alone.
             in_pass = self._lock.locked()
             children = [self._process if in_pass else None, self._starting]
+            if self._process is not None and self._process in children:
+                self._killed = self._process  # its watcher starts no other: the next pass does
         for process in children:
             if process is not None and process.is_alive():
                 process.kill()
 
-    def _restart(self, serial: int) -> None:
-        self.restarts += 1
-        logger.warning("starting the inference process again (restart %d)", self.restarts)
-        self._start(serial)
-
-    def _discard(self) -> None:
-        if self._stopper is not None:
-            self._stopper()
-        self._conn, self._process, self._stopper = None, None, None
-
     def close(self) -> None:
         """Stop the child (after the pass in flight) for good: a later `run` raises ShuttingDownError.
-        Without that, the next pass had started a new child ("restart 1") that nobody closed again."""
-        self._closed = True  # first: a pass waiting for the lock must not start a child after the close
+        Without that, the next pass had started a new child ("restart 1") that nobody closed again. A
+        child still loading in the background is killed: nobody is to use it."""
+        with self._abort_lock:
+            self._closed = True  # first: a pass waiting for the lock must not start a child after the close
+            starting, restart = self._starting, self._restart
+        if starting is not None and starting.is_alive():
+            starting.kill()
         with self._lock:
             if self._conn is not None:
                 with contextlib.suppress(OSError):
                     self._conn.send(("close",))
             if self._process is not None:
-                self._process.join(CLOSE_TIMEOUT_S)
-            self._discard()
+                self._reap(self._process, CLOSE_TIMEOUT_S)
+            with self._abort_lock:
+                stopper = self._stopper
+                self._conn, self._process, self._stopper = None, None, None
+            if stopper is not None:
+                stopper()
+            if restart is not None:  # its child killed above, or about to find the runner closed
+                concurrent.futures.wait([restart], timeout=CLOSE_TIMEOUT_S)
+            self._close_dead_pipes()
