@@ -30,8 +30,9 @@ class ErrorCode(StrEnum):
     BODY_TIMEOUT = "body_timeout"  # the request body did not arrive in time (408)
     HEAD_TIMEOUT = "head_timeout"  # the request line and headers did not arrive in time (408)
     SHUTTING_DOWN = "shutting_down"  # server draining, not accepting (503)
-    # Model not loaded / warmed, its backend failing, or a page's preprocessing process killed from
-    # outside (the OOM killer) in each try: the server's trouble, retryable (503)
+    # Model not loaded / warmed, its backend failing, or a page's preprocessing or extractor process
+    # killed from outside (the OOM killer) in each try, stalled past its time limit (stopped, starved:
+    # hardly on the CPU) or unable to start: the server's trouble, retryable (503)
     NOT_READY = "not_ready"
     UNHEALTHY = "unhealthy"  # liveness: the backend has failed (or hung) too long to recover (503)
     PREPROCESS_FAILED = "preprocess_failed"  # the page could not be pruned/decoded (422)

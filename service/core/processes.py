@@ -1,11 +1,20 @@
-"""How the service starts its worker processes (text extractors, preprocessing): one choice for all."""
+"""How the service starts its worker processes (text extractors, preprocessing): one choice for all, and
+how it gets a forkserver back that can no longer start them."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import os
 import sys
+import threading
 from collections.abc import Sequence
+from multiprocessing import forkserver, process
 from multiprocessing.context import BaseContext
+from typing import Any, Final
+
+# The attributes of CPython's `ForkServer` that say which one runs; all None: none (it launches one).
+_FORKSERVER_STATE: Final = ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid")
 
 
 def worker_context(preload: Sequence[str]) -> BaseContext:
@@ -29,3 +38,70 @@ def worker_context(preload: Sequence[str]) -> BaseContext:
         ctx.set_forkserver_preload(list(preload))
         return ctx
     return multiprocessing.get_context("spawn")
+
+
+def forkserver_in_use(ctx: BaseContext) -> object:
+    """What names the forkserver `ctx` starts processes from now (its socket's address), for
+    `restart_forkserver` to tell whether another thread replaced it meanwhile; None when `ctx` does not
+    use one, or none runs yet."""
+    if ctx.get_start_method() != "forkserver":
+        return None
+    return getattr(getattr(forkserver, "_forkserver", None), "_forkserver_address", None)
+
+
+def restart_forkserver(ctx: BaseContext, seen: object) -> bool:
+    """After a process could not be started: forget the forkserver `seen` names (`forkserver_in_use`) if
+    it is still the one in use, so that the next start launches a new one; True when it was forgotten.
+
+    A forkserver whose socket is gone (a /tmp cleaner, systemd-tmpfiles or tmpreaper, deleted
+    /tmp/pymp-*/listener-*) runs on but cannot be reached: every start failed with FileNotFoundError,
+    and multiprocessing only launches a new one when the old one has died, so a server that lost one
+    worker (the OOM killer, a page past its time limit) had none again until an operator killed it.
+    CPython's own `_stop` cannot serve: it waits for the forkserver to exit, which it does only once
+    every process it forked has (they hold its "alive" pipe), and it fails on the missing socket. So this
+    closes this process's end of that pipe and lets the old one go when its last worker does (a thread
+    reaps it); those workers serve on meanwhile. The preload list is the forkserver object's, kept for
+    the next one. The directory the sockets live in is made again if it was deleted with them.
+
+    CPython's forkserver keeps this state in private attributes (the same from 3.11 to 3.13); where they
+    are not as expected, nothing is forgotten and the caller's retry is an ordinary one."""
+    if ctx.get_start_method() != "forkserver":
+        return False
+    server: Any = getattr(forkserver, "_forkserver", None)
+    lock = getattr(server, "_lock", None)
+    if lock is None or not all(hasattr(server, name) for name in _FORKSERVER_STATE):
+        return False
+    with lock:
+        _remake_temp_dir()
+        pid, alive = server._forkserver_pid, server._forkserver_alive_fd
+        if pid is None or server._forkserver_address != seen:
+            return False  # none runs, or another thread already replaced the one that failed
+        for name in _FORKSERVER_STATE:
+            setattr(server, name, None)
+        if hasattr(server, "_forkserver_authkey"):  # 3.13: the next one gets its own
+            server._forkserver_authkey = None
+    if alive is not None:
+        os.close(alive)
+    threading.Thread(target=_reap, args=(pid,), name="htmllm-forkserver-reaper", daemon=True).start()
+    return True
+
+
+def _remake_temp_dir() -> None:
+    """Make this process's multiprocessing directory again if it was deleted: the next forkserver's
+    socket is bound in it (multiprocessing looks it up once and keeps the name). Made again under the
+    same name only where nothing has taken it (mkdir refuses anything there, links included), so its
+    removal at exit still finds it; else a new one."""
+    config: Any = getattr(process.current_process(), "_config", None)
+    tempdir = config.get("tempdir") if isinstance(config, dict) else None
+    if not isinstance(tempdir, str) or os.path.isdir(tempdir):
+        return
+    try:
+        os.mkdir(tempdir, 0o700)
+    except OSError:
+        config["tempdir"] = None  # `util.get_temp_dir` makes a new one
+
+
+def _reap(pid: int) -> None:
+    """Wait for a forgotten forkserver to exit, so that it leaves no zombie behind."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)

@@ -15,14 +15,18 @@ page that comes next. One killed from outside while it holds a job (SIGKILL: the
 `kill -9`; SIGTERM) is told from one the job crashed (SIGSEGV, SIGABRT, an exit status of its own):
 `WorkerLostError`, which says nothing of the job, and which a pool given `lost_worker_retries` answers
 by running the job again in a fresh worker. Our own kills (a job past its time limit, `close`) are
-neither: they raise `WorkerTimeoutError` and `WorkerError`.
+neither: they raise `WorkerTimeoutError` and `WorkerError`. A worker past its time limit that was hardly on
+the CPU meanwhile (stopped, starved) is told from one a job kept busy: `WorkerTimeoutError.stalled`. A
+worker that a failed job left holding most of the room its memory limit gave it is replaced, not left
+to fail every later job. Each worker lost or killed is one warning in the log (`service.core.workers`).
 
 The fast path stays fast: workers are started once and reused (a job costs one pipe round trip of its
 arguments and result, about 1.5 ms per corpus page on the benchmark machine), and on Linux they are
 forked from a forkserver that has already imported `preload`, so replacing a killed worker costs tens
 of milliseconds. Workers announce readiness only after their imports and initializer, and the time
 limit starts when the job is handed to the pipe (sending a large one counts), so start-up never counts
-against a job.
+against a job. A worker whose process cannot be launched is tried once more, from a new forkserver where
+the one in use cannot be reached (`service.core.processes.restart_forkserver`).
 
 `concurrent.futures.ProcessPoolExecutor` is not used: one dead worker breaks the whole executor and
 fails every job in flight, and it offers no way to stop one job.
@@ -30,7 +34,9 @@ fails every job in flight, and it offers no way to stop one job.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import logging
 import os
 import pickle
 import resource
@@ -47,7 +53,9 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any, Final, Self
 
 from service.core.errors import HtmllmError
-from service.core.processes import worker_context
+from service.core.processes import forkserver_in_use, restart_forkserver, worker_context
+
+_log = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S: Final = 120.0
 # A job's exception is sent back with at most this much of its message (it may quote the page).
@@ -66,6 +74,18 @@ _KILLED_FROM_OUTSIDE: Final = frozenset({-signal.SIGKILL, -signal.SIGTERM})
 # How long a worker whose pipe broke is given to finish dying on its own before it is killed: its exit
 # status is then its own (what killed it), not the SIGKILL of its reaping.
 _DYING_GRACE_S: Final = 1.0
+# A job past its time limit whose worker had the CPU for less than this share of the time was stalled (a
+# SIGSTOP, a frozen cgroup, a machine so overloaded that the page never had its turn), not busy with a
+# pathological page, which keeps its worker on the CPU: `WorkerTimeoutError.stalled`.
+_STALLED_CPU_SHARE: Final = 0.1
+# A worker held to a memory limit that, after a job that failed, still holds more than this share of the
+# room the limit left it at start (its data then) is replaced: a page that ran into the limit can leave
+# the heap near it (glibc keeps what it freed), and every later page, good ones too, then failed in that
+# worker (a lazy import of a compiled module failed to map it: ImportError on every undeclared non-UTF-8
+# page). Only after a failure: what a job that succeeds keeps (the modules its first run imports, caches)
+# a new worker would keep again, and replacing it for that would replace every worker after its first job.
+_RETAINED_SHARE: Final = 0.5
+_PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class WorkerError(HtmllmError):
@@ -74,8 +94,13 @@ class WorkerError(HtmllmError):
 
 
 class WorkerStartError(WorkerError):
-    """A worker did not come up (it died starting, or did not say ready in time): the server's fault,
-    not the job's."""
+    """A worker did not come up (it could not be launched, died starting, or did not say ready in time):
+    the server's fault, not the job's."""
+
+
+class _LaunchError(WorkerStartError):
+    """The worker's process could not even be launched (`Process.start` raised: the forkserver cannot be
+    reached, no process can be forked): the pool tries once more, after `restart_forkserver`."""
 
 
 class WorkerDiedError(WorkerError):
@@ -93,11 +118,19 @@ class WorkerLostError(WorkerDiedError):
 
 
 class WorkerTimeoutError(WorkerError):
-    """The job ran past its time limit; its worker was killed."""
+    """The job ran past its time limit; its worker was killed. `cpu_s`: the CPU time the worker used
+    meanwhile (None where it could not be read)."""
 
-    def __init__(self, message: str, *, elapsed_s: float) -> None:
+    def __init__(self, message: str, *, elapsed_s: float, cpu_s: float | None = None) -> None:
         super().__init__(message)
         self.elapsed_s = elapsed_s
+        self.cpu_s = cpu_s
+
+    @property
+    def stalled(self) -> bool:
+        """Whether the worker was hardly on the CPU for the job (`_STALLED_CPU_SHARE`): stopped or
+        starved, so the time limit says nothing of the job. A pathological page keeps its worker busy."""
+        return self.cpu_s is not None and self.cpu_s < _STALLED_CPU_SHARE * self.elapsed_s
 
 
 class JobError(WorkerError):
@@ -257,16 +290,39 @@ def _serve(conn: Connection, fd: int, header: bytearray, spare: bytearray) -> No
             result = None
 
 
+def _signal_named(exit_code: int | None) -> str:
+    """How a log line names the signal an exit code says killed a worker: ", SIGSEGV"; "" for none."""
+    if exit_code is None or exit_code >= 0:
+        return ""
+    try:
+        name = signal.Signals(-exit_code).name
+    except ValueError:
+        return ""
+    if exit_code in _KILLED_FROM_OUTSIDE:
+        return f", {name}: killed from outside, by the kernel's OOM killer or a kill"
+    return f", {name}"
+
+
 class _Worker:
-    """One worker process and the parent's end of its pipe."""
+    """One worker process, the parent's end of its pipe, and its /proc files (Linux): how much CPU it
+    has used and how much data it holds, read in about a microsecond each through files kept open."""
 
     def __init__(self, ctx: BaseContext, name: str, args: tuple[Any, ...]) -> None:
         self._kill_lock = threading.Lock()
-        parent, child = ctx.Pipe(duplex=True)
+        self._proc_files: dict[str, int] = {}
+        try:
+            parent, child = ctx.Pipe(duplex=True)
+        except OSError as exc:  # no file descriptors left
+            raise _LaunchError(f"{name} worker could not be launched: {type(exc).__name__}: {exc}") from exc
         process: BaseProcess = ctx.Process(  # type: ignore[attr-defined]
             target=_worker_main, args=(child, *args), name=name, daemon=True
         )
-        process.start()
+        try:
+            process.start()
+        except Exception as exc:  # the forkserver cannot be reached (its socket deleted), fork failed
+            parent.close()
+            child.close()
+            raise _LaunchError(f"{name} worker could not be launched: {type(exc).__name__}: {exc}") from exc
         child.close()
         self.process = process
         self.conn = parent
@@ -278,6 +334,47 @@ class _Worker:
         except (EOFError, OSError) as exc:
             code = self.kill()
             raise WorkerStartError(f"{name} worker died while starting (exit code {code})") from exc
+        if sys.platform.startswith("linux"):
+            for proc_file in ("schedstat", "statm"):
+                # No /proc, or a kernel without schedstat: the worker is judged without it.
+                with contextlib.suppress(OSError):
+                    self._proc_files[proc_file] = os.open(f"/proc/{process.pid}/{proc_file}", os.O_RDONLY)
+        # Its data once started, limit set: what the jobs' own use is measured from (`retains_memory`).
+        self.data_at_start = self.data_bytes()
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def cpu_s(self) -> float | None:
+        """The CPU time its main thread, which runs the jobs, has used (/proc's schedstat), or None."""
+        fields = self._read_proc("schedstat")
+        return int(fields[0]) / 1e9 if fields else None
+
+    def data_bytes(self) -> int | None:
+        """Its data (and stack) now, as /proc's statm counts it: what `RLIMIT_DATA` bounds; or None."""
+        fields = self._read_proc("statm")
+        return int(fields[5]) * _PAGE_SIZE if fields and len(fields) > 5 else None
+
+    def retains_memory(self, limit_bytes: int) -> bool:
+        """Whether it still holds more than `_RETAINED_SHARE` of the room its memory limit left it."""
+        now = self.data_bytes()
+        if now is None or self.data_at_start is None or self.data_at_start >= limit_bytes:
+            return False  # unknown, or the limit left no room to begin with: a new worker has no more
+        return now - self.data_at_start > _RETAINED_SHARE * (limit_bytes - self.data_at_start)
+
+    def _read_proc(self, name: str) -> list[bytes] | None:
+        """A /proc file's fields, or None: not open, the process gone, or being killed now (its files
+        are closed then, and a number read meanwhile could name another file)."""
+        if not self._kill_lock.acquire(blocking=False):
+            return None
+        try:
+            fd = self._proc_files.get(name)
+            return None if fd is None else os.pread(fd, 256, 0).split()
+        except OSError:
+            return None
+        finally:
+            self._kill_lock.release()
 
     def kill(self, *, grace_s: float = 0.0) -> int | None:
         """Stop the process (after `grace_s` to end on its own) and reap it; returns its exit code. Safe
@@ -290,6 +387,9 @@ class _Worker:
             self.process.join(5.0)
             if not self.conn.closed:
                 self.conn.close()
+            for fd in self._proc_files.values():
+                os.close(fd)
+            self._proc_files.clear()
             return self.process.exitcode
 
 
@@ -352,14 +452,14 @@ class WorkerPool:
 
         WorkerTimeoutError past `timeout_s` (the worker is killed), WorkerDiedError when the worker
         dies holding the job (WorkerLostError when it was killed from outside, in every try),
-        WorkerError when the pool is closed or a worker cannot start."""
+        WorkerStartError when a worker cannot start (in two tries), WorkerError when the pool is closed."""
         tries = 1
         while True:
             worker = self._acquire()
             healthy = False
             try:
                 reply = self._exchange(worker, function, args, timeout_s)
-                healthy = True
+                healthy = reply[0] == "ok" or not self._retains_memory(worker)
                 break
             except WorkerLostError as lost:
                 if tries > self.lost_worker_retries:
@@ -389,6 +489,19 @@ class WorkerPool:
                     del error
         raise JobError(f"{type_name}: {message}", type_name=type_name)
 
+    def _retains_memory(self, worker: _Worker) -> bool:
+        """Whether `worker`, its job failed, should be replaced: its heap stayed near its memory limit."""
+        limit = self.memory_limit_bytes
+        if limit is None or not worker.retains_memory(limit):
+            return False
+        data = worker.data_bytes() or 0
+        _log.warning(
+            "replacing the %s worker %s: after a failed job it still holds %.0f MiB of data, near its "
+            "%.0f MiB limit (%.0f MiB when it started), which would fail the next pages",
+            self.name, worker.pid, data / 2**20, limit / 2**20, (worker.data_at_start or 0) / 2**20,
+        )  # fmt: skip
+        return True
+
     def _acquire(self) -> _Worker:
         with self._cond:
             while True:
@@ -400,7 +513,11 @@ class WorkerPool:
                         # Killed while idle (the OOM killer, an operator): the job about to be sent
                         # did not do it, so it must not fail as "died". Reap and replace.
                         self._live -= 1
-                        worker.kill()
+                        code = worker.kill()
+                        _log.warning(
+                            "the idle %s worker %s died (exit code %s%s); replacing it",
+                            self.name, worker.pid, code, _signal_named(code),
+                        )  # fmt: skip
                         continue
                     self._busy.add(worker)
                     return worker
@@ -413,7 +530,7 @@ class WorkerPool:
     def _start(self) -> _Worker:
         """A new worker, busy, in a place `_live` already counts (given back if it cannot start)."""
         try:
-            worker = _Worker(self._ctx, self.name, self._worker_args)
+            worker = self._launch()
         except BaseException:
             with self._cond:
                 self._live -= 1
@@ -425,6 +542,23 @@ class WorkerPool:
         if closed:  # closed while it started: `close` did not see it
             worker.kill()
         return worker
+
+    def _launch(self) -> _Worker:
+        """A new worker; one whose process could not be launched is tried once more, from a new forkserver
+        where the one in use cannot be reached (`restart_forkserver`): a /tmp cleaner that deleted its
+        socket had left the server unable to start any worker until an operator killed the forkserver."""
+        seen = forkserver_in_use(self._ctx)
+        try:
+            return _Worker(self._ctx, self.name, self._worker_args)
+        except _LaunchError as exc:
+            # Its socket deleted, or no one listening on it: the forkserver cannot be reached. Another
+            # failure (no file descriptors left, no memory to fork) would fail a new one as well.
+            unreachable = isinstance(exc.__cause__, FileNotFoundError | ConnectionRefusedError)
+            restarted = unreachable and restart_forkserver(self._ctx, seen)
+            _log.warning(
+                "%s; trying once more%s", exc.message, ", from a new forkserver" if restarted else ""
+            )
+        return _Worker(self._ctx, self.name, self._worker_args)
 
     def _release(self, worker: _Worker, *, healthy: bool) -> None:
         with self._cond:
@@ -449,10 +583,14 @@ class WorkerPool:
         # A job larger than the pipe's buffer blocks the send until the worker reads it: one that does
         # not (stopped, swapping) would hold this thread past the limit, so a timer kills it then.
         expired = threading.Event()
+        # The worker's CPU time at the job's start and at its limit: a worker hardly on the CPU meanwhile
+        # was stalled, not busy with the job (`WorkerTimeoutError.stalled`).
+        cpu = [worker.cpu_s() if timeout_s is not None else None, None]
         guard = None
         if timeout_s is not None and _JOB_HEADER.size + len(job) > _PIPE_BUFFER:
 
             def expire() -> None:
+                cpu[1] = worker.cpu_s()
                 expired.set()
                 # The process only: its pipe is this thread's to close (closed under a write in
                 # progress, the write failed untyped); the dead reader fails the write with EPIPE.
@@ -471,31 +609,58 @@ class WorkerPool:
         except (EOFError, OSError, TypeError) as exc:  # TypeError: `close` shut the pipe under `conn`
             code = worker.kill(grace_s=0.0 if expired.is_set() else _DYING_GRACE_S)
             if not expired.is_set():
-                raise self._died(f"the {self.name} worker died (exit code {code})", code) from exc
+                raise self._died(worker, f"the {self.name} worker died (exit code {code})", code) from exc
             ready = False
         if not ready:
+            if not expired.is_set():
+                cpu[1] = worker.cpu_s()
             worker.kill()
-            elapsed = time.perf_counter() - started
-            raise WorkerTimeoutError(
-                f"ran past its {timeout_s} s limit ({elapsed:.2f} s); its worker was killed",
-                elapsed_s=elapsed,
-            )
+            raise self._timed_out(worker, timeout_s, time.perf_counter() - started, cpu[0], cpu[1])
         try:
             reply_bytes = worker.conn.recv_bytes()
         except (EOFError, OSError, TypeError) as exc:
             code = worker.kill(grace_s=_DYING_GRACE_S)
-            raise self._died(f"crashed its {self.name} worker (exit code {code})", code) from exc
+            raise self._died(worker, f"crashed its {self.name} worker (exit code {code})", code) from exc
         try:
             reply: tuple[Any, ...] = pickle.loads(reply_bytes)
         except Exception as exc:
             raise JobError(f"its result could not be read: {exc}", type_name=type(exc).__name__) from exc
         return reply
 
-    def _died(self, message: str, exit_code: int | None) -> WorkerError:
+    def _timed_out(
+        self,
+        worker: _Worker,
+        timeout_s: float | None,
+        elapsed_s: float,
+        cpu_at_start: float | None,
+        cpu_at_limit: float | None,
+    ) -> WorkerTimeoutError:
+        """The error of a job past its limit, whose worker was killed; logged, with how busy it was."""
+        cpu_s = None
+        if cpu_at_start is not None and cpu_at_limit is not None:
+            cpu_s = max(0.0, cpu_at_limit - cpu_at_start)
+        message = f"ran past its {timeout_s} s limit ({elapsed_s:.2f} s); its worker was killed"
+        timed_out = WorkerTimeoutError(message, elapsed_s=elapsed_s, cpu_s=cpu_s)
+        if timed_out.stalled:
+            message += f": it was stalled, not busy with the job (on the CPU for {cpu_s or 0:.2f} s of it)"
+            timed_out = WorkerTimeoutError(message, elapsed_s=elapsed_s, cpu_s=cpu_s)
+        _log.warning(
+            "killed the %s worker %s: its job ran past its %s s time limit (%.2f s, %s of CPU%s); "
+            "replacing it",
+            self.name, worker.pid, timeout_s, elapsed_s, "unknown" if cpu_s is None else f"{cpu_s:.2f} s",
+            ": the worker was stalled, not busy" if timed_out.stalled else "",
+        )  # fmt: skip
+        return timed_out
+
+    def _died(self, worker: _Worker, message: str, exit_code: int | None) -> WorkerError:
         """A worker gone while it held a job: the job's doing, unless `close` killed it or something
-        outside the pool did (`WorkerLostError`)."""
+        outside the pool did (`WorkerLostError`); logged, but for `close`."""
         if self._closed:
             return WorkerError(f"the {self.name} pool was closed while the job ran")
+        _log.warning(
+            "the %s worker %s died while it held a job (exit code %s%s); replacing it",
+            self.name, worker.pid, exit_code, _signal_named(exit_code),
+        )  # fmt: skip
         if exit_code is not None and exit_code in _KILLED_FROM_OUTSIDE:
             return WorkerLostError(
                 f"its {self.name} worker was killed from outside while it held the job (exit code "

@@ -67,6 +67,23 @@ class ProcessLostError(HtmllmError):
     code = ErrorCode.NOT_READY
 
 
+class ProcessStartError(HtmllmError):
+    """No preprocessing process could be started for the page (the forkserver unreachable, a process that
+    died starting): the server's trouble, not the page's. `not_ready` (503 with Retry-After), which a
+    client retries and `htmllm embed` leaves for the next run; it had been `internal_error`, a 500 that
+    said neither, and before that an untyped FileNotFoundError."""
+
+    code = ErrorCode.NOT_READY
+
+
+class ProcessStalledError(HtmllmError):
+    """The page's preprocessing process ran past the time limit without being busy with it (stopped,
+    starved of CPU: `WorkerTimeoutError.stalled`): the server's trouble, as `ProcessLostError` is, so
+    `not_ready`. A page that keeps its process busy for the whole limit is the page's: `preprocess_failed`."""
+
+    code = ErrorCode.NOT_READY
+
+
 # Failures of a page itself: the same bytes under the same policy fail the same way again, so the copies
 # of a page that wait in the result cache get the failure instead of each trying in turn (a page that
 # fails at the preprocessing time limit had cost every copy the whole limit, one after another). A
@@ -162,14 +179,21 @@ def naming_failures(documents: Sequence[Document]) -> Iterator[None]:
 def worker_failure(exc: WorkerError, timeout_s: float | None) -> HtmllmError:
     """What a preprocessing process's failure (past its time limit, crashed, killed from outside, never
     started) says to the caller of its page; a pool that `stop` closed under the page is the Engine's to
-    answer. Only what the page did (our time limit, a crash) is `preprocess_failed`."""
+    answer. Only what the page did (our time limit, spent busy with it; a crash) is `preprocess_failed`."""
+    if isinstance(exc, WorkerTimeoutError) and exc.stalled:  # the process was stopped, not the page slow
+        return ProcessStalledError(
+            f"this page was not preprocessed: its process was stalled past the {timeout_s} s limit "
+            f"({TIMEOUT_SETTING}), on the CPU for {exc.cpu_s or 0:.2f} s of it; try it again later"
+        )
     if isinstance(exc, WorkerTimeoutError):
         return PreprocessError(
             f"preprocessing this page took more than {timeout_s} s ({TIMEOUT_SETTING}); "
             "its worker was stopped"
         )
-    if isinstance(exc, WorkerStartError):  # not the page's fault: a 500, not a 422
-        return HtmllmError(f"a preprocessing process could not start: {exc.message}", code=ErrorCode.INTERNAL)
+    if isinstance(exc, WorkerStartError):  # not the page's fault: a retryable 503, not a 422
+        return ProcessStartError(
+            f"a preprocessing process could not start: {exc.message}; try it again later"
+        )
     if isinstance(exc, WorkerLostError):  # before WorkerDiedError, its base: not the page's fault either
         return ProcessLostError(f"this page was not preprocessed: {exc.message}; try it again later")
     if isinstance(exc, WorkerDiedError):

@@ -39,6 +39,27 @@ T = TypeVar("T")
 # says nothing of the page, and one OOM kill under a burst of big pages should not fail a request.
 LOST_PROCESS_RETRIES = 2
 
+# What a preprocessing process imports before its memory limit is set (and the forkserver it is forked
+# from once for all): the preparation code, and what decoding imports only on the first page that needs
+# it, charset detection (`charset_normalizer`, whose compiled modules are mapped into memory as they load)
+# and the codecs of every encoding a page may be declared or detected in (the CJK ones load compiled
+# modules too). Imported under the limit, by a worker that a big page had left near it, charset detection
+# failed to map its modules ("ImportError: ... failed to map segment"), and every later undeclared
+# non-UTF-8 page in that worker with it, as `preprocess_failed`. About 4 MiB of each worker's data.
+PRELOAD: tuple[str, ...] = (
+    "service.core.preparation",
+    "charset_normalizer",
+    *(
+        f"encodings.{codec}"
+        for codec in (
+            *(f"cp{page}" for page in range(1250, 1259)), "cp866", "cp874", "cp932", "cp949",
+            *(f"iso8859_{part}" for part in (2, 3, 4, 5, 6, 7, 8, 10, 13, 14, 15, 16)),
+            "koi8_r", "koi8_u", "mac_cyrillic", "mac_roman", "gb18030", "big5", "big5hkscs", "euc_jp",
+            "iso2022_jp", "iso2022_jp_ext", "utf_16_be", "utf_16_le", "utf_32_be", "utf_32_le", "utf_8_sig",
+        )
+    ),
+)  # fmt: skip
+
 
 def _caller_cancelled() -> bool:
     """Whether the running task itself is being cancelled. A function of its own so that the task is
@@ -94,7 +115,7 @@ class Preprocessing:
             self._processes = WorkerPool(
                 workers,
                 name="preprocessing",
-                preload=["service.core.preparation"],
+                preload=PRELOAD,
                 initializer=init_worker,
                 # The tables the tokenizer's warm-up built here (if it needs them): a second less per start.
                 # (Timed: its workers leave out the pruner's name lookup check, `prune_document`.)

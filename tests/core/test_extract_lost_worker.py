@@ -4,6 +4,7 @@ extractor's `extraction_failed` that the union passes over. The kills are real (
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Iterator
 
@@ -73,3 +74,33 @@ def test_a_page_whose_worker_is_killed_in_every_try_fails_whole_as_not_ready(
     assert f"killed from outside while it held the job (exit code -{signal.SIGKILL.value}" in message
     assert f"in each of {tries} tries" in message
     assert extract(PAGE, runner=solo).extractor == RESILIPARSE and solo.live_workers == 1  # serves on
+
+
+def _own_pid() -> int:
+    return os.getpid()
+
+
+def test_an_extractor_process_stalled_past_its_limit_is_not_ready_not_the_pages_failure(
+    solo: ExtractorPool,
+) -> None:
+    """A worker stopped (SIGSTOP: a debugger, a frozen cgroup) or starved under a good page was killed at
+    the limit and the page written as `extraction_failed`, for good: it hardly ran the page."""
+    os.kill(solo.call(_own_pid, (), timeout_s=60), signal.SIGSTOP)
+    with pytest.raises(ExtractorLostError) as lost:
+        solo.run(RESILIPARSE, PAGE, language=None, timeout_s=0.5)
+    assert lost.value.code is ErrorCode.NOT_READY and not isinstance(lost.value, ExtractionError)
+    assert lost.value.message.startswith(f"{RESILIPARSE} did not run on this page: ")
+    assert "stalled" in lost.value.message
+    assert extract(PAGE, runner=solo).extractor == RESILIPARSE  # a fresh worker serves on
+
+
+def test_an_extractor_process_that_cannot_start_is_not_ready(solo: ExtractorPool) -> None:
+    """Not the page's `extraction_failed`: the server's trouble (its forkserver gone with a /tmp
+    clean-up, or no file descriptors left), retryable."""
+    os.kill(solo.call(_own_pid, (), timeout_s=60), signal.SIGKILL)
+    preload, *rest = solo._worker_args
+    solo._worker_args = (("service.no_such_module",), *rest)
+    with pytest.raises(ExtractorLostError) as lost:
+        solo.run(RESILIPARSE, PAGE, language=None, timeout_s=30)
+    assert lost.value.code is ErrorCode.NOT_READY
+    solo._worker_args = (preload, *rest)

@@ -549,7 +549,8 @@ async def test_a_page_past_the_time_limit_fails_alone(tiny_checkpoint: Path, pag
 async def test_a_preprocessing_process_that_cannot_start_is_a_server_error(
     tiny_checkpoint: Path, pages: list[str]
 ) -> None:
-    """Not the page's fault: `internal_error` (500), not `preprocess_failed` (422)."""
+    """Not the page's fault: `not_ready` (503, retryable), not `preprocess_failed` (422); it had been
+    `internal_error` (500), which no client retries."""
     config = EngineConfig(preprocess_pool="process", preprocess_workers=1)
     async with Engine.from_checkpoint(tiny_checkpoint, config) as engine:
         processes = engine._preprocessing._processes
@@ -561,7 +562,7 @@ async def test_a_preprocessing_process_that_cannot_start_is_a_server_error(
         processes._worker_args = (preload, limit, initializer, ("{not a tokenizer",))
         with pytest.raises(HtmllmError, match="a preprocessing process could not start") as failed:
             await engine.embed(pages[:1])
-        assert failed.value.code is ErrorCode.INTERNAL
+        assert failed.value.code is ErrorCode.NOT_READY
 
 
 async def _stuck_workers(engine: Engine, pages: list[str]) -> list[asyncio.Task[list[DocumentResult]]]:

@@ -23,6 +23,7 @@ from service.core.workers import (
     WorkerError,
     WorkerLostError,
     WorkerPool,
+    WorkerStartError,
     WorkerTimeoutError,
 )
 
@@ -62,7 +63,10 @@ class ExtractorLostError(HtmllmError):
     in each of its tries: the server's trouble, not the page's nor the extractor's, so `not_ready` (503
     with Retry-After; `htmllm extract` leaves the page for the next run) and no `ExtractionError`. As
     one, the union had gone on to the next extractor (the page's text then depended on a kill) and
-    `htmllm extract` had written a permanent `extraction_failed` row that no resume redid."""
+    `htmllm extract` had written a permanent `extraction_failed` row that no resume redid. So is an
+    extractor process that could not be started (its forkserver's socket removed by a /tmp clean-up), or
+    that ran past its time limit hardly on the CPU (stopped, starved: `WorkerTimeoutError.stalled`), where
+    both had been the page's `extraction_failed`."""
 
     code = ErrorCode.NOT_READY
 
@@ -115,11 +119,19 @@ class ExtractorPool(WorkerPool):
         try:
             output: RawOutput = self.call(run_extractor, (name, html, language), timeout_s=timeout_s)
         except WorkerTimeoutError as exc:
+            if exc.stalled:  # stopped or starved, hardly on the CPU: the server's trouble, not the page's
+                raise ExtractorLostError(
+                    f"{name} did not run on this page: {exc.message}; try it again later"
+                ) from exc
             raise ExtractionTimeoutError(f"{name} {exc.message}") from exc
         except JobError as exc:
             hint = self._memory_hint(exc.type_name, exc.message)
             raise ExtractionError(f"{name} failed: {exc.message}{hint}") from exc
         except WorkerLostError as exc:  # before WorkerError, its base: not the extractor's failure
+            raise ExtractorLostError(
+                f"{name} did not run on this page: {exc.message}; try it again later"
+            ) from exc
+        except WorkerStartError as exc:  # (a forkserver gone with /tmp's clean-up: the server's trouble)
             raise ExtractorLostError(
                 f"{name} did not run on this page: {exc.message}; try it again later"
             ) from exc
