@@ -86,6 +86,40 @@ class BodyReaders:
         return len(self._waiting)
 
 
+class PendingAnswers:
+    """The requests waiting for their work (`answer_or_cancel`), so that shutdown can answer them in time.
+
+    The cut-off fails what is queued, and each request then answers at once; but a document that nothing
+    can fail in time keeps its request waiting: a page on a preprocessing thread, which the engine's stop
+    cancels only once the forward pass in flight has ended (a large batch on CPU: seconds, past the
+    margin). A report-mode request waits for every document, and an all-or-nothing one whose documents
+    are all such pages has none failed to answer with; uvicorn's graceful timeout then cancelled it, a
+    bare plain-text 500. Halfway through the margin the runtime calls `cut_off`, and each request still
+    waiting is answered 503 `shutting_down`, as a request with a document still queued is.
+    """
+
+    def __init__(self) -> None:
+        self._due: asyncio.Future[None] | None = None
+        self.waiting = 0  # requests in `answer_or_cancel` now
+        self.closed = False  # cut off: a request waiting from now on is answered at once
+
+    def due(self) -> asyncio.Future[None]:
+        """A future, shared by the waiting requests, that `cut_off` ends (one per event loop)."""
+        loop = asyncio.get_running_loop()
+        if self._due is None or self._due.get_loop() is not loop:
+            self._due = loop.create_future()
+            if self.closed:
+                self._due.set_result(None)
+        return self._due
+
+    def cut_off(self) -> int:
+        """Tell every waiting request to answer now; returns how many there were."""
+        self.closed = True
+        if self._due is not None and not self._due.done():
+            self._due.set_result(None)
+        return self.waiting
+
+
 @dataclass
 class Runtime:
     """The state of one running app; `app.state.runtime`."""
@@ -106,6 +140,7 @@ class Runtime:
     drain_cut_short: bool = False  # the drain budget ran out: queued documents or uploads were failed 503
     extractor_pool: ExtractorPool | None = None
     body_readers: BodyReaders = field(default_factory=BodyReaders)  # requests whose bodies still come
+    answers: PendingAnswers = field(default_factory=PendingAnswers)  # requests waiting for their work
     extract_threads: ThreadPoolExecutor | None = None
     _extract_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _extract_jobs: int = 0  # extractions submitted and not finished (cancelled ones included)
@@ -280,10 +315,21 @@ class Runtime:
         self._cutoff = asyncio.ensure_future(self._cut_off())
 
     async def _cut_off(self) -> None:
-        """Shortly before the drain budget ends, fail what is still queued with a typed 503, so every
-        accepted request is answered before the server has to drop connections."""
+        """Shortly before the drain budget ends, fail what is still queued with a typed 503, and half the
+        margin later answer 503 every request still waiting (`PendingAnswers`), so every accepted request
+        is answered before the server has to drop connections."""
         margin = min(1.0, 0.1 * self.settings.drain_timeout_s)
         await asyncio.sleep(max(0.0, self.drain_time_left() - margin))
+        # What the stop below cannot fail in time (it waits for the forward pass in flight first) is
+        # answered halfway through the margin, so that the answer is out before uvicorn cancels the request.
+        late = asyncio.get_running_loop().call_later(margin / 2, self._answer_the_rest)
+        try:
+            await self._fail_what_is_left()
+        except asyncio.CancelledError:  # the lifespan's: every request has been answered by then
+            late.cancel()
+            raise
+
+    async def _fail_what_is_left(self) -> None:
         waiting = self.body_readers.cut_off()
         if waiting:
             logger.warning("drain budget spent: answering %d requests whose bodies are still coming", waiting)
@@ -300,6 +346,15 @@ class Runtime:
             self.stopping = True
             self.drain_cut_short = True
             self.extractor_pool.close()
+
+    def _answer_the_rest(self) -> None:
+        unanswered = self.answers.cut_off()
+        if unanswered:
+            logger.warning(
+                "drain budget spent: answering %d requests still waiting for their documents", unanswered
+            )
+            self.stopping = True
+            self.drain_cut_short = True
 
     async def cancel_cutoff(self) -> None:
         if self._cutoff is not None:
@@ -385,6 +440,13 @@ async def get_engine(runtime: RuntimeDep) -> Engine:
 EngineDep = Annotated[Engine, Depends(get_engine)]
 
 
+def _pending_answers(request: Request) -> PendingAnswers | None:
+    """The shutdown's hold on the requests of the app that serves `request`; None for a request that no
+    app's runtime serves (one built by hand), which only its work, disconnect and timeout end."""
+    runtime = getattr(getattr(request.scope.get("app"), "state", None), "runtime", None)
+    return runtime.answers if isinstance(runtime, Runtime) else None
+
+
 async def _wait_for_disconnect(receive: Receive) -> None:
     while True:
         message = await receive()
@@ -393,23 +455,30 @@ async def _wait_for_disconnect(receive: Receive) -> None:
 
 
 async def answer_or_cancel(request: Request, work: Awaitable[T], *, timeout_s: float) -> T:
-    """Await `work` unless the client disconnects (cancel it: its queued documents are skipped) or
-    `timeout_s` passes (cancel it and answer 504).
+    """Await `work` unless the client disconnects (cancel it: its queued documents are skipped),
+    `timeout_s` passes (cancel it and answer 504) or the drain budget is all but spent (cancel it and
+    answer 503 `shutting_down`: `PendingAnswers`).
 
     The body has been read by then, so the only message left on `receive` is the disconnect.
     """
+    answers = _pending_answers(request)
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_wait_for_disconnect(request.receive))
+    due = answers.due() if answers is not None else None
+    waits: set[asyncio.Future[Any]] = {task, watcher} if due is None else {task, watcher, due}
+    if answers is not None:
+        answers.waiting += 1
     try:
         try:
-            done, _ = await asyncio.wait(
-                {task, watcher}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
-            )
+            done, _ = await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            if answers is not None:
+                answers.waiting -= 1
             watcher.cancel()
             if not task.done():
                 task.cancel()
         answered, disconnected = task in done, watcher in done
+        cut_off = due in done and not answered and not disconnected
         del done, _
         if answered:
             if task.cancelled():  # not by us: the engine shut down under it
@@ -422,10 +491,14 @@ async def answer_or_cancel(request: Request, work: Awaitable[T], *, timeout_s: f
         await asyncio.gather(task, return_exceptions=True)
         if disconnected:
             raise ClientDisconnectedError("client disconnected")
+        if cut_off:
+            raise HtmllmError(
+                "the server shut down before the request was answered", code=ErrorCode.SHUTTING_DOWN
+            )
         raise HtmllmError(f"the request took longer than {timeout_s:g} s", code=ErrorCode.TIMEOUT)
     finally:
         # The task keeps the work's error, whose traceback keeps this frame: while the frame still
         # names the task (or the set `wait` put it in) that is a cycle, which kept every failed
         # request's pages until a full collection, one a serving process all but never runs
         # (service.engine.collector).
-        del task, watcher
+        del task, watcher, waits

@@ -336,13 +336,16 @@ def onnx_cache_path(fingerprint: str, quantize: str | None = None) -> Path:
     return Path(tempfile.gettempdir()) / "htmllm-onnx" / fingerprint[:32] / name
 
 
-def _up_to_date(graph: Path, fingerprint: str, quantize: str | None) -> bool:
+def _up_to_date(graph: Path, fingerprint: str, quantize: str | None, *, say_unreadable: bool = True) -> bool:
+    """Whether `graph` is the checkpoint's current graph. An unreadable one is not, with a warning
+    unless `say_unreadable` is off (a second look at a graph the caller has looked at already)."""
     if not graph.is_file():
         return False
     try:
         meta = read_onnx_metadata(graph)
     except Exception as exc:  # an unreadable graph is as good as none: re-export it
-        logger.warning("ignoring unreadable ONNX graph %s: %s", graph, exc)
+        if say_unreadable:
+            logger.warning("ignoring unreadable ONNX graph %s: %s", graph, exc)
         return False
     current = meta.get(FINGERPRINT_KEY) == fingerprint
     kind = quantize or NO_QUANTIZATION
@@ -480,10 +483,11 @@ def export_onnx_locked(
 ) -> Path:
     """`export_onnx` under an exclusive lock on the target's directory, which every exporter into it takes
     (`ensure_onnx`'s, `htmllm export-onnx`'s). With `reuse` (`ensure_onnx`) a graph found up to date with
-    `fingerprint` once the lock is held is kept: processes starting on one checkpoint export it once.
-    Without it (`htmllm export-onnx`: asked for, it replaces an up-to-date graph too, at another opset
-    say) it always exports. `on_wait` is called with the directory before waiting on another holder's
-    lock (by default a log line).
+    `fingerprint` once the lock is held is kept: processes starting on one checkpoint export it once
+    (the caller has looked at the graph before, and warned about it if unreadable: this look does not
+    warn a second time). Without it (`htmllm export-onnx`: asked for, it replaces an up-to-date graph
+    too, at another opset say) it always exports. `on_wait` is called with the directory before waiting
+    on another holder's lock (by default a log line).
 
     Without the lock, a server starting on the checkpoint meanwhile took the export's temporary for a
     killed export's and removed it under its own lock (the export then failed reading it back), and two
@@ -494,7 +498,7 @@ def export_onnx_locked(
     target = Path(out)
     with _target_lock(target, on_wait) as locked:
         if locked:
-            if reuse and _up_to_date(target, fingerprint, quantize):
+            if reuse and _up_to_date(target, fingerprint, quantize, say_unreadable=False):
                 return target
             _remove_stale_temporaries(target)
         return export_onnx(checkpoint, target, fingerprint=fingerprint, opset=opset, quantize=quantize)
