@@ -15,6 +15,11 @@ cache-hit traffic the rate read 1.2 documents a second for 10, and calls were re
 have been answered in half their deadline). At light load it is the rate of small batches, which
 underestimates what a full queue drains at; the estimate then errs towards refusing, and only where the
 queue holds more than a deadline's worth at that rate.
+
+Nor does the time a pass waits for its model to load (an inference process restarted after a crash,
+the runner's `load_wait_s`) read as slowness: the batcher `exclude`s it. Counted, the wait for a new
+process (about 50 s) read as one pass that slow, and for a while after it served at full speed requests
+were refused with 429 ("52.9 s of work ... at 0.1 a second").
 """
 
 from __future__ import annotations
@@ -42,6 +47,12 @@ class DrainRate:
     def idle(self) -> None:
         """The queue emptied: the time until the next document arrives is no work done."""
         self._since = None
+
+    def exclude(self, seconds: float) -> None:
+        """`seconds` of the interval being measured were no work of the model's (a pass waiting for it
+        to load again): they do not count."""
+        if self._since is not None and seconds > 0:
+            self._since += seconds
 
     def finished(self, now: float, documents: int) -> None:
         """A batch of `documents` ended at `now`."""

@@ -12,7 +12,8 @@ overlap to one batch.
 
 The batcher also times how fast it drains (`admission.DrainRate`): busy from the moment it holds a
 document until it holds none and runs no pass, so that time spent elsewhere (preprocessing, the result
-cache) never reads as slowness of the model.
+cache) never reads as slowness of the model; nor does a pass's wait for the model to load (`_load_wait_s`:
+an inference process restarting).
 
 A window is drained completely before the next one is taken, so a long document is never starved by a
 stream of short ones.
@@ -504,8 +505,9 @@ class Batcher:
             return
         start = ready.started = time.monotonic()
         self._passes += 1
+        load_waits: list[float] = []
         try:
-            output = await loop.run_in_executor(self._infer_pool, self._runner.run, ready.prepared)
+            output = await loop.run_in_executor(self._infer_pool, self._run_pass, ready.prepared, load_waits)
         except ShuttingDownError as exc:
             # The runner was closed before this pass reached it (a close racing the batch, or one from
             # outside the engine): the shutdown it is, as for a pass outside the queue (`run_direct`),
@@ -521,6 +523,8 @@ class Batcher:
             return
         finally:
             self._passes -= 1
+            if self._drain is not None:  # a failed pass's wait too: the next batch's interval holds it
+                self._drain.exclude(sum(load_waits))
         inference_s = time.monotonic() - start
         problem = _malformed(output, len(ready.documents), self._row_shapes)
         if problem is not None:
@@ -546,6 +550,16 @@ class Batcher:
         if self._drain is not None:
             self._drain.finished(time.monotonic(), ready.prepared.documents)
         self._report(ready, inference_s, output.host_s)
+
+    def _run_pass(self, prepared: PreparedBatch, load_waits: list[float]) -> RunnerOutput:
+        """On the inference thread: a batch's pass; `load_waits` gets the seconds of it the runner spent
+        waiting for its model to load (`_load_wait_s`), which the drain rate leaves out, whether the pass
+        succeeded or failed. Read there, before and after: no other pass runs between the two."""
+        before = _load_wait_s(self._runner)
+        try:
+            return self._runner.run(prepared)
+        finally:
+            load_waits.append(_load_wait_s(self._runner) - before)
 
     def _skipped(self, count: int) -> None:
         """Report dropped documents at once: a window whose documents all left runs no batch to carry it."""
@@ -603,6 +617,12 @@ def _malformed(output: RunnerOutput, documents: int, shapes: OutputShapes | None
             if got.shape[1:] != row:
                 return f"head {name!r} scores of shape {got.shape}; the checkpoint's gives {row} a row"
     return None
+
+
+def _load_wait_s(runner: Runner) -> float:
+    """The seconds `runner`'s passes have spent, in all, waiting for its model to load: an inference
+    process's restart (`ProcessRunner.load_wait_s`); 0 for a runner whose model is always loaded."""
+    return float(getattr(runner, "load_wait_s", 0.0))
 
 
 def _fail(docs: Sequence[QueuedDocument], error: HtmllmError) -> None:

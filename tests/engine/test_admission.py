@@ -38,3 +38,18 @@ def test_the_rate_follows_a_change_within_its_horizon() -> None:
         rate.finished(now, 10)
     assert rate.rate == pytest.approx(100.0, rel=0.02)
     assert rate.seconds_for(1000) == pytest.approx(10.0, rel=0.02)
+
+
+def test_time_excluded_from_a_busy_interval_is_not_counted_as_slowness() -> None:
+    """A pass that waited 50 s for its model to load (an inference process restarted) and then ran
+    10 documents in a second: 10 a second, not one fifth."""
+    rate = DrainRate()
+    rate.busy(0.0)
+    rate.exclude(50.0)
+    rate.finished(51.0, 10)
+    assert rate.rate == pytest.approx(10.0)
+    rate.idle()
+    rate.exclude(30.0)  # idle: nothing being measured to take it from
+    rate.busy(100.0)
+    rate.finished(101.0, 10)
+    assert rate.rate == pytest.approx(10.0)

@@ -21,25 +21,25 @@ new one is started at once, in the background: a thread watches each child's exi
 while idle is replaced before traffic finds it. Until the new one has loaded, `outage` says why no pass
 can run (the server's /ready answers 503 with it) and a pass that comes meanwhile waits for it. The
 restart had been lazy, inside the next batch's pass: 17 to 35 s (torch's import, an ONNX re-export)
-during which /ready said 200 and requests queued into 504s.
+during which /ready said 200 and requests queued into 504s. Such a wait is counted in `load_wait_s`,
+which the batcher's drain rate leaves out: read as one slow pass, it had refused requests with 429 for
+a while after the restart ("52.9 s of work ... at 0.1 a second").
 
-The child's log records travel over a pipe of their own to this process's logging (`_relay_logs`), so
-they come out once, in the server's format and at its level: its root logger had no handler, so its
-warnings came through Python's bare fallback (no time, no level, never JSON) and its info lines (the
-ONNX export's) were lost.
+The child's log records travel over a pipe of their own to this process's logging (`log_relay`), so
+they come out once, in the server's format and at its level.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import copy
 import logging
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.util
 import signal
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -54,6 +54,7 @@ from service.core.errors import CheckpointError, ErrorCode, HtmllmError
 from service.engine.collector import prepare_for_serving
 from service.engine.loading import check_device
 from service.engine.runners import PreparedBatch, RunnerOutput, batch_cost
+from service.engine.runners.log_relay import relay_logs, send_logs
 from service.engine.types import EngineConfig, ShuttingDownError
 
 logger = logging.getLogger(__name__)
@@ -117,54 +118,6 @@ class Outage:
     loading: bool
 
 
-class _LogSender(logging.Handler):
-    """The child's one log handler: each record, formatted as `logging.handlers.QueueHandler` prepares
-    one (arguments merged into the message, a traceback appended to it, so that it pickles), sent to the
-    parent's `_relay_logs`. Sends are serialised by the handler's own lock."""
-
-    def __init__(self, conn: Connection) -> None:
-        super().__init__()
-        self._conn = conn
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            message = self.format(record)
-            sent = copy.copy(record)
-            sent.message = sent.msg = message
-            sent.args, sent.exc_info, sent.exc_text, sent.stack_info = None, None, None, None
-            self._conn.send(sent)
-        except Exception:
-            self.handleError(record)
-
-
-def _send_logs(conn: Connection, level: int) -> None:
-    """The child's logging: every record at `level` (the parent's root level when it was started) or
-    above goes to the parent, and nothing is written here."""
-    root = logging.getLogger()
-    for handler in root.handlers[:]:
-        root.removeHandler(handler)
-    root.addHandler(_LogSender(conn))
-    root.setLevel(level)
-
-
-def _relay_logs(conn: Connection) -> None:
-    """The parent's end of a child's log pipe, on a thread of its own until the child exits (its end of
-    the pipe closes then): each record to this process's logger of the same name, whose level decides
-    and whose handlers (the server's, in its format) write it."""
-    with conn:
-        while True:
-            try:
-                record = conn.recv()
-            except (EOFError, OSError):  # the child exited
-                return
-            except Exception:  # one record that does not unpickle: the next may
-                logger.exception("a log record of the inference process could not be read")
-                continue
-            target = logging.getLogger(record.name)
-            if target.isEnabledFor(record.levelno):
-                target.handle(record)
-
-
 def _watch(runner: weakref.ref[ProcessRunner], process: Any) -> None:
     """A child's watcher, on a thread of its own: when the child exits, for whatever reason, its runner
     (unless collected meanwhile) is told, and acts on an exit nobody asked for (`ProcessRunner._lost`).
@@ -183,10 +136,10 @@ def _exited(process: Any) -> bool:
 
 def _serve(conn: Connection, logs: Connection, level: int, path: str, config: EngineConfig) -> None:
     """The child: build the runner, answer ("run", ids, lengths, pad_to) until ("close",) or EOF; its log
-    records go over `logs` (`_send_logs`)."""
+    records go over `logs` (`log_relay.send_logs`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _send_logs(logs, level)  # first: what the imports and the load log must reach the parent
+    send_logs(logs, level)  # first: what the imports and the load log must reach the parent
     from service.engine.loading import build_runner
 
     try:
@@ -325,6 +278,7 @@ class ProcessRunner:
         self._identity: _Identity | None = None  # the first child's model, which every restart must load
         self._closed = False  # `close` is final: no pass after it, and no child started again
         self.restarts = 0
+        self._load_wait_s = 0.0  # `load_wait_s`; changed only under `_lock`
         description = self._start()
         if expected is not None:
             wanted = _Identity.of(description.identity.fingerprint, expected)
@@ -382,7 +336,7 @@ class ProcessRunner:
         finally:
             child.close()
             child_logs.close()
-        threading.Thread(target=_relay_logs, args=(logs,), name="htmllm-inference-logs", daemon=True).start()
+        threading.Thread(target=relay_logs, args=(logs,), name="htmllm-inference-logs", daemon=True).start()
         with self._abort_lock:
             self._starting = process  # from here `abort` kills it (a restart hung while loading)
             cancelled = self._cancelled(aborts)
@@ -538,6 +492,13 @@ class ProcessRunner:
                 return Outage(f"{self._down}, and {failed}; the next forward pass tries again", False)
             return Outage(f"{self._down}; the next forward pass starts a new one", False)
 
+    @property
+    def load_wait_s(self) -> float:
+        """Seconds that passes have spent, in all, waiting for a child to load the model (a restart's):
+        no forward-pass work, which the batcher's drain rate must not read as a slow pass (`admission`).
+        A total, so that a caller on the inference thread takes the difference across one `run`."""
+        return self._load_wait_s
+
     def cost(self, lengths: Sequence[int]) -> int:
         return batch_cost(lengths, packed=self.packed)
 
@@ -591,7 +552,11 @@ class ProcessRunner:
                 if restart is None or restart.done():
                     restart = self._begin_restart()
         if restart is not None:
-            conn, process = self._await_restart(restart, serial)
+            waiting = time.monotonic()
+            try:
+                conn, process = self._await_restart(restart, serial)
+            finally:
+                self._load_wait_s += time.monotonic() - waiting
         assert conn is not None
         try:
             conn.send(("run", flat, lengths, pad_to))
