@@ -89,13 +89,15 @@ class BodyReaders:
 class PendingAnswers:
     """The requests waiting for their work (`answer_or_cancel`), so that shutdown can answer them in time.
 
-    The cut-off fails what is queued, and each request then answers at once; but a document that nothing
-    can fail in time keeps its request waiting: a page on a preprocessing thread, which the engine's stop
-    cancels only once the forward pass in flight has ended (a large batch on CPU: seconds, past the
-    margin). A report-mode request waits for every document, and an all-or-nothing one whose documents
-    are all such pages has none failed to answer with; uvicorn's graceful timeout then cancelled it, a
-    bare plain-text 500. Halfway through the margin the runtime calls `cut_off`, and each request still
-    waiting is answered 503 `shutting_down`, as a request with a document still queued is.
+    The cut-off fails what is accepted (queued, in a forward pass, or still being preprocessed: the
+    engine's stop fails the last at once, without waiting for the pass in flight), and each request then
+    answers at once; but a document that nothing can fail in time would keep its request waiting: a stop
+    held up before it gets to the pages in preprocessing (it kills the preprocessing processes first, and
+    waits up to 5 s for each to end: one in uninterruptible sleep ends only once its I/O does). A
+    report-mode request waits for every document, and an all-or-nothing one whose documents are all such
+    pages has none failed to answer with; uvicorn's graceful timeout then cancelled it, a bare plain-text
+    500. Halfway through the margin the runtime calls `cut_off`, and each request still waiting is
+    answered 503 `shutting_down`, as a request with a document still queued is.
     """
 
     def __init__(self) -> None:
@@ -320,8 +322,8 @@ class Runtime:
         is answered before the server has to drop connections."""
         margin = min(1.0, 0.1 * self.settings.drain_timeout_s)
         await asyncio.sleep(max(0.0, self.drain_time_left() - margin))
-        # What the stop below cannot fail in time (it waits for the forward pass in flight first) is
-        # answered halfway through the margin, so that the answer is out before uvicorn cancels the request.
+        # What the stop below cannot fail in time is answered halfway through the margin, so that the
+        # answer is out before uvicorn cancels the request.
         late = asyncio.get_running_loop().call_later(margin / 2, self._answer_the_rest)
         try:
             await self._fail_what_is_left()
@@ -334,11 +336,9 @@ class Runtime:
         if waiting:
             logger.warning("drain budget spent: answering %d requests whose bodies are still coming", waiting)
             self.drain_cut_short = True
-        if self.engine is not None and self.engine.queue_size:
-            logger.warning("drain budget spent: failing %d queued documents", self.engine.queue_size)
-            self.stopping = True
-            self.drain_cut_short = True
-            await self.engine.stop(drain=False)
+        # The extractions first: the engine's stop below returns only once the forward pass in flight has
+        # ended (seconds for a large batch on CPU, past the margin), and extractions stopped after it had
+        # been answered by `_answer_the_rest`, a whole-request 503, instead of their entries' errors.
         if self.extractor_pool is not None and self.extraction_backlog:
             # Running jobs' workers are killed and queued jobs find the pool closed: each ends as a
             # typed per-extractor error in its request's answer, not as a request dropped at exit.
@@ -346,6 +346,11 @@ class Runtime:
             self.stopping = True
             self.drain_cut_short = True
             self.extractor_pool.close()
+        if self.engine is not None and self.engine.queue_size:
+            logger.warning("drain budget spent: failing %d queued documents", self.engine.queue_size)
+            self.stopping = True
+            self.drain_cut_short = True
+            await self.engine.stop(drain=False)
 
     def _answer_the_rest(self) -> None:
         unanswered = self.answers.cut_off()

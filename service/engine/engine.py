@@ -288,7 +288,9 @@ class Engine:
 
     async def stop(self, *, drain: bool = True) -> None:
         """Stop accepting; with `drain`, answer every accepted document first, else fail them at once
-        with ShuttingDownError (a page stuck in a preprocessing thread included: the thread runs on).
+        with ShuttingDownError: those queued or in the forward pass in flight, and those still being
+        preprocessed or waiting for a preprocessing thread or process (a page stuck on a thread
+        included: the thread runs on, its result unused). It returns once that pass has ended.
         After a `close()` of the running engine it returns once that close has released the backend."""
         await self._stop(drain=drain)
         await self._released()
@@ -321,6 +323,11 @@ class Engine:
                     await self._preprocessing.close()  # what that stop left, were it cancelled (idempotent)
                 return
             self._last_health = batcher.health
+            # Without drain the pages still being preprocessed fail now, beside the batcher's close, which
+            # waits for the pass in flight: closed after it, they had waited for that pass (a large batch
+            # on CPU: seconds, past a server's drain budget), and their callers with them. With drain
+            # there are none left by now.
+            closing = None if drain else asyncio.ensure_future(self._preprocessing.close())
             try:
                 await batcher.close(ShuttingDownError("the engine stopped before this document ran"))
             finally:
@@ -329,7 +336,7 @@ class Engine:
                 # its pools running and, started again, said it accepted while it refused every call.
                 self._batcher = None
                 self._stopped_batcher = batcher
-                self._closing_pools = asyncio.ensure_future(self._preprocessing.close())
+                self._closing_pools = closing or asyncio.ensure_future(self._preprocessing.close())
                 await asyncio.shield(self._closing_pools)
                 if idle is not None:  # a draining stop that this one overtook: its documents are answered
                     idle.set()

@@ -2,8 +2,9 @@
 memory limit, never on the event loop; and how they are closed under pages still in work.
 
 Apart from the Engine because they are mechanics: the Engine decides when they start and close (under
-its lifecycle lock, after its batcher) and what a caller may submit; this class only runs the work and
-turns what the pools raise into the errors callers are answered with.
+its lifecycle lock, after its batcher, or beside the batcher's close for a stop without drain) and what a
+caller may submit; this class only runs the work and turns what the pools raise into the errors callers
+are answered with.
 """
 
 from __future__ import annotations
