@@ -66,7 +66,10 @@ def test_a_preprocessing_process_outlives_a_ctrl_c_to_its_group() -> None:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_DATA bounds mmap on Linux")
 def test_a_page_past_the_memory_limit_fails_typed_and_the_worker_prunes_on() -> None:
     """What the pruner's pre-checks misjudge cannot take the pod: a parse that needs more memory than
-    the worker may use fails as a typed error, and the same worker serves the next page."""
+    the worker may use fails as a typed error, and the pool serves the next page: in the same worker, or
+    in a fresh one where the failed parse left it holding more than half its room (here, with 4 MiB of
+    room, that depends on what the allocator gave back: `WorkerPool` replaces such a worker, since every
+    later page had failed in it)."""
     tok = build_tiny_tokenizer()
     with _worker_pool(tok) as probe:
         probe.call(prepare_in_worker, (_page(5), None, 32, True), timeout_s=60)
@@ -76,7 +79,6 @@ def test_a_page_past_the_memory_limit_fails_typed_and_the_worker_prunes_on() -> 
     # 3 MB of markup, in the pruner's budgets: its parse needs 16-32 MiB more than an idle worker holds.
     big = "<html><body>" + "<div class='a'><span>some text</span> more</div>\n" * 60_000 + "</body></html>"
     with _worker_pool(tok, memory_limit_bytes=(idle_mib + 4) * 2**20) as pool:
-        pid = pool.call(os.getpid, (), timeout_s=60)
         with pytest.raises(HtmllmError) as refused:
             pool.call(prepare_in_worker, (big, None, 32, True), timeout_s=60)
         assert isinstance(refused.value, InputTooLargeError | ParseFailedError)
@@ -86,7 +88,7 @@ def test_a_page_past_the_memory_limit_fails_typed_and_the_worker_prunes_on() -> 
         assert said in refused.value.message
         prepared = pool.call(prepare_in_worker, (_page(5), None, 32, True), timeout_s=60)
         assert prepared.ids == prepare(tok, _page(5), None, max_length=32, truncate=True).ids
-        assert pool.call(os.getpid, (), timeout_s=60) == pid
+        assert pool.live_workers == 1
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_DATA bounds mmap on Linux")
