@@ -95,19 +95,18 @@ def test_a_page_past_the_memory_limit_fails_typed_and_the_worker_prunes_on() -> 
 def test_a_worker_held_to_a_memory_limit_leaves_the_text_growth_check_to_it() -> None:
     """A page that grows a text node in many pieces (660 KB, about 1.1 GB to parse) is refused by the
     pruner's check where nothing else bounds it, and fails against the limit of a worker held to one
-    (which prunes without that check, its costliest: `prune_document`); the worker prunes on."""
+    (which prunes without that check, its costliest: `prune_document`); the pool prunes on."""
     page = "<table>" + ("y" * 8 + "<!>") * 60_000
     with pytest.raises(InputTooLargeError, match="grows text nodes"):
         prune_html(page)
     tok = build_tiny_tokenizer()
     with _worker_pool(tok, memory_limit_bytes=1024 * 2**20) as pool:
-        pid = pool.call(os.getpid, (), timeout_s=60)
         with pytest.raises(ParseFailedError) as failed:
             pool.call(prepare_in_worker, (page, None, 32, True), timeout_s=60)
         assert "may use 1024 MiB, EngineConfig.preprocess_memory_limit_mb" in failed.value.message
         prepared = pool.call(prepare_in_worker, (_page(5), None, 32, True), timeout_s=60)
         assert prepared.ids == prepare(tok, _page(5), None, max_length=32, truncate=True).ids
-        assert pool.call(os.getpid, (), timeout_s=60) == pid
+        assert pool.live_workers == 1  # (the same worker, or a fresh one if the parse left it near its limit)
 
 
 def test_a_timed_worker_leaves_the_name_lookup_check_to_its_time_limit() -> None:
