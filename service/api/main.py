@@ -7,11 +7,12 @@ checkpoint is loaded, and only then does the port listen: a missing or broken mo
 fails fast with a message saying what is wrong, and the server never starts with something that is not
 a model. A SIGTERM, SIGINT (Ctrl-C) or SIGHUP during the start ends the process at once (status 143, 130
 or 129, one log line), from before the settings are read (their checks import torch) until the server is
-built; from then on each of them stops it gracefully (a second Ctrl-C forces the quit: status 130). Heavy
-imports (uvicorn, pydantic, torch) wait until a server is really started, so that the
-`htmllm` CLI stays usable without the serve extra and SIGTERM's handler is in place before them. Once
-uvicorn has shut down, the process ends with the server's status without waiting for its threads
-(`end_process`): a forward pass still in flight at the end of the drain budget is no one's any more.
+built; from then on each of them stops it gracefully (a second Ctrl-C while requests are in flight forces
+the quit: status 130). Heavy imports (uvicorn, pydantic, torch) wait until a server is really started, so
+that the `htmllm` CLI stays usable without the serve extra and SIGTERM's handler is in place before them.
+Once uvicorn has shut down, or a signal has ended the start, the process ends with its status without
+waiting for its threads (`end_process`), the handler still in place: a forward pass still in flight at
+the end of the drain budget is no one's any more, and a signal during the exit changes nothing.
 """
 
 from __future__ import annotations
@@ -288,12 +289,15 @@ class _GracefulStop:
     covers both). A line names the signal: uvicorn's own "Shutting down" did not, and a server stopped
     by a hang-up was not told from one stopped by an operator.
 
-    A second Ctrl-C before the engine's drain is uvicorn's force quit: it stops waiting for the requests
-    in flight, skips the lifespan's shutdown and exits, dropping their connections. That had exited 0,
-    the status of a complete drain, without a word; now a warning says how many requests and documents
-    were dropped and the status is 130 (`EXIT_INTERRUPTED`). Once the engine's drain has begun every
-    request has been answered and uvicorn would ignore it, so it is no force quit. A second SIGTERM or
-    SIGHUP changes nothing (nor does uvicorn's raising of the stopping signal again once it is done)."""
+    A second Ctrl-C while requests are in flight is uvicorn's force quit: it stops waiting for them,
+    skips the lifespan's shutdown and exits, dropping their connections. That had exited 0, the status
+    of a complete drain, without a word; now a warning names both signals, says how many requests were
+    dropped and what work of theirs was left, and the status is 130 (`EXIT_INTERRUPTED`). With no request
+    in flight (an idle server, or every request answered) a second Ctrl-C changes nothing: it had forced
+    the quit all the same (status 130, a warning that "0 requests" were dropped, the engine left
+    unclosed), where the clean stop it cut short was a moment from its end. Once the engine's drain has
+    begun every request has been answered and uvicorn would ignore it anyway. A second SIGTERM or SIGHUP
+    changes nothing (nor does uvicorn's raising of the stopping signal again once it is done)."""
 
     def __init__(self, server: uvicorn.Server, runtime: Runtime) -> None:
         self._server = server
@@ -301,6 +305,7 @@ class _GracefulStop:
         self._uvicorn_handle_exit = server.handle_exit
         self.engine_drain_began = False  # the lifespan's shutdown has begun: every request was answered
         self.forced = False
+        self.stopped_by: int | None = None  # the signal that began the stop
 
     def signalled(self, sig: int, frame: FrameType | None) -> None:
         """A stop signal outside uvicorn's own handlers (SIGHUP always; SIGTERM and SIGINT before and
@@ -312,8 +317,8 @@ class _GracefulStop:
     def uvicorn_signal(self, sig: int, frame: FrameType | None) -> None:
         """uvicorn's handler of SIGTERM and SIGINT while it serves (`server.handle_exit`)."""
         if sig == signal.SIGINT and self._server.should_exit:
-            if self.engine_drain_began or self._server.force_exit:
-                return  # nothing left to force: the requests are answered, the engine drains
+            if self.engine_drain_began or self._server.force_exit or not self._server.server_state.tasks:
+                return  # nothing left to force: every request is answered, the engine drains (or will)
             self._force(sig, frame)
             return
         self._stop(sig, frame)
@@ -329,6 +334,8 @@ class _GracefulStop:
 
     def _stop(self, sig: int, frame: FrameType | None) -> None:
         first = not self._server.should_exit
+        if first:
+            self.stopped_by = sig
         self._runtime.begin_shutdown()
         self._uvicorn_handle_exit(sig, frame)
         if first:
@@ -341,20 +348,27 @@ class _GracefulStop:
             )
 
     def _force(self, sig: int, frame: FrameType | None) -> None:
-        # uvicorn's request tasks, one per request being answered; the engine's documents accepted and
-        # not answered (queued, being preprocessed or in a forward pass).
+        # uvicorn's request tasks, one per request being answered; what is left of their work: the
+        # engine's documents accepted and not answered (queued, being preprocessed or in a forward pass)
+        # and the extraction jobs (a page and an extractor each) not done.
         requests = len(self._server.server_state.tasks)
         engine = self._runtime.engine
         documents = engine.queue_size if engine is not None else 0
+        extractions = self._runtime.extraction_backlog
+        first = self.stopped_by
+        again = "again" if first in (None, sig) else f"after {signal.Signals(first).name}"
         self.forced = True
         self._uvicorn_handle_exit(sig, frame)
         _log_soon(
             logging.WARNING,
-            "%s again: forced quit before the drain was done: %d requests in flight (%d documents not yet "
-            "answered) are dropped without an answer and the engine is not drained; exiting with status %d",
+            "%s %s: forced quit before the drain was done: %d requests in flight are dropped without an "
+            "answer (%d documents not yet embedded, %d extraction jobs not yet done) and the engine is not "
+            "drained; exiting with status %d",
             _signal_name(sig),
+            again,
             requests,
             documents,
+            extractions,
             EXIT_INTERRUPTED,
         )
 
@@ -385,8 +399,8 @@ def serve(settings: Settings) -> int:
     """Run the server until SIGTERM, SIGINT or SIGHUP: 0 once it has drained every request it accepted, 1
     when the drain ran out of time (`HTMLLM_DRAIN_TIMEOUT_S`: what was left was answered 503), the model
     is missing or does not load, 2 when the settings cannot work on this machine or with this checkpoint
-    or the port cannot be bound (in use), 130 after a forced quit (a second Ctrl-C: the requests in
-    flight dropped), and 143 on SIGTERM, 130 on SIGINT and 129 on SIGHUP before it serves (it never
+    or the port cannot be bound (in use), 130 after a forced quit (a second Ctrl-C while requests are in
+    flight: they are dropped), and 143 on SIGTERM, 130 on SIGINT and 129 on SIGHUP before it serves (it never
     started; nothing to drain).
 
     It returns, for a caller whose process goes on; the command line's server ends its process as soon
@@ -396,8 +410,9 @@ def serve(settings: Settings) -> int:
 
 def run_args(args: argparse.Namespace) -> int:
     """Parsed flags to a running server (`serve`'s statuses); 2 for invalid settings, 1 for a model path
-    that is no checkpoint. A server that served ends the process with its status (`end_process`)
-    rather than returning: `python -m service.api` and `htmllm serve` have nothing left to do.
+    that is no checkpoint. A server that served, or a start that a signal ended, ends the process with
+    its status (`end_process`) rather than returning: `python -m service.api` and `htmllm serve` have
+    nothing left to do.
 
     SIGTERM ends the process with 143 (SIGINT with 130, SIGHUP with 129) from here on, before the settings
     are read: their checks import torch (`settings.engine_config()`), seconds in which a pod deleted
@@ -467,7 +482,9 @@ def _start_and_serve(settings_for: Callable[[], Settings | int], *, ends_process
     import of pydantic, torch and uvicorn on, not only from the load; once the server is built the same
     handler stops it gracefully (`_GracefulStop`). With `ends_process`, a server that served ends the
     process with its status (`end_process`) from within uvicorn's event loop: the end of asyncio.run
-    would wait for a forward pass still in flight."""
+    would wait for a forward pass still in flight; so does a start that a signal ended, from within
+    `_stop_signals`, whose handler then takes any further signal (the handlers found are given back for
+    a caller whose process goes on: `serve`, and every other status of the start)."""
     with _stop_signals() as stops:
         try:
             # What the start has built (the sockets, the engine: a model child process), released should
@@ -485,6 +502,11 @@ def _start_and_serve(settings_for: Callable[[], Settings | int], *, ends_process
             ended_with = 128 + ended.signum
             name = signal.Signals(ended.signum).name
             logger.warning("%s before the server started serving: exiting (status %d)", name, ended_with)
+            if ends_process:
+                # Now, with the handler still in place: the interpreter's own exit takes most of a
+                # second, and a second signal then met the default action once the handlers were given
+                # back (the process died of it: -15, -1 or -2, not 143, 129 or 130).
+                end_process(ended_with)
             return ended_with
         server.run(sockets=listeners)
         return stop.status()

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from service.core.errors import ErrorCode, HtmllmError
+from service.core.processes import ignore_group_signals
 from service.core.prune import InputTooLargeError, ParseFailedError, prune_html
 from service.core.tokenizer import HtmlTokenizer
 from service.core.words import WordTables, adopt_word_tables
@@ -166,10 +167,10 @@ def init_worker(tokenizer_json: str, word_tables: WordTables | None = None, time
     parent stops it after a time limit (`prune_document`)."""
     global _worker_tokenizer, _worker_timed
     _worker_timed = timed
-    # A Ctrl-C reaches the whole process group: the parent decides what stops (the server drains its
-    # queue through these workers, `htmllm embed` keeps what is finished); a worker that died of it
-    # would fail the pages it held, with a traceback each.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A Ctrl-C or a hang-up reaches the whole process group: the parent decides what stops (the server
+    # drains its queue through these workers, `htmllm embed` keeps what is finished); a worker that died
+    # of one would fail the pages it held (with a traceback each, for a Ctrl-C).
+    ignore_group_signals((signal.SIGINT, signal.SIGHUP))
     # One page at a time: the Rust tokenizer's thread pool (a thread per core, started by the first
     # encode) would add nothing but threads, and, started mid-page under the worker's memory limit,
     # it failed to start and aborted the worker.

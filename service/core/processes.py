@@ -1,17 +1,26 @@
-"""How the service starts its worker processes (text extractors, preprocessing): one choice for all, and
-how it gets a forkserver back that can no longer start them."""
+"""How the service starts its worker processes (text extractors, preprocessing): one choice for all, how
+they and the helpers multiprocessing starts with them outlive the signals sent to the whole process group
+(`group_signals_held`), and how it gets a forkserver back that can no longer start them."""
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
 import os
+import signal
 import sys
 import threading
-from collections.abc import Sequence
-from multiprocessing import forkserver, process
+from collections.abc import Collection, Iterator, Sequence
+from multiprocessing import forkserver, process, resource_tracker
 from multiprocessing.context import BaseContext
 from typing import Any, Final
+
+# The signals that reach every process of the server's group at once: a terminal's Ctrl-C (SIGINT) and
+# hang-up (SIGHUP: the terminal or SSH session closed), and a SIGTERM sent to the group (`kill -TERM --
+# -PGID`, systemd's default KillMode=control-group). The server drains on each, through its worker
+# processes and its model's process, which must live until it has no more use for them: it stops them
+# itself (a kill, a closed pipe).
+GROUP_SIGNALS: Final = frozenset({signal.SIGINT, signal.SIGHUP, signal.SIGTERM})
 
 # The attributes of CPython's `ForkServer` that say which one runs; all None: none (it launches one).
 _FORKSERVER_STATE: Final = ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid")
@@ -40,6 +49,38 @@ def worker_context(preload: Sequence[str]) -> BaseContext:
     return multiprocessing.get_context("spawn")
 
 
+@contextlib.contextmanager
+def group_signals_held() -> Iterator[None]:
+    """Start processes within: each starts with `GROUP_SIGNALS` blocked (a signal mask is inherited
+    across fork and exec) until it says which it ignores (`ignore_group_signals`), and so do the helper
+    processes multiprocessing starts with the first of them: the resource tracker, which ignores
+    SIGINT and SIGTERM and keeps SIGHUP blocked for good, and the forkserver, which ignores SIGINT and
+    keeps the other two blocked, so that the workers it forks, now and later, are born so too.
+
+    A hang-up had killed them all with the server, which then drained: each page held by a
+    preprocessing process failed (422, "crashed its preprocessing process"), each batch in the model's
+    process too (500), and the tracker's death was a raw warning at the next start. The resource
+    tracker is started here first: its own start lets SIGINT and SIGTERM through again in the thread
+    that starts it. The mask is this thread's alone (a pool's thread starts its workers so too); a
+    signal that comes meanwhile is taken by another thread, or once the mask is restored."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, GROUP_SIGNALS)
+    try:
+        resource_tracker.ensure_running()
+        signal.pthread_sigmask(signal.SIG_BLOCK, GROUP_SIGNALS)
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+def ignore_group_signals(ignored: Collection[signal.Signals]) -> None:
+    """In a process started within `group_signals_held`: ignore `ignored`, and let the other group signals
+    through (their default action), held back since the start. One that came meanwhile is discarded if
+    ignored, else acted on now."""
+    for sig in ignored:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, GROUP_SIGNALS)
+
+
 def forkserver_in_use(ctx: BaseContext) -> object:
     """What names the forkserver `ctx` starts processes from now (its socket's address), for
     `restart_forkserver` to tell whether another thread replaced it meanwhile; None when `ctx` does not
@@ -62,6 +103,9 @@ def restart_forkserver(ctx: BaseContext, seen: object) -> bool:
     closes this process's end of that pipe and lets the old one go when its last worker does (a thread
     reaps it); those workers serve on meanwhile. The preload list is the forkserver object's, kept for
     the next one. The directory the sockets live in is made again if it was deleted with them.
+
+    The next forkserver is started by the next process start, within `group_signals_held` as every start
+    of the service's is: it outlives a hang-up as the first did.
 
     CPython's forkserver keeps this state in private attributes (the same from 3.11 to 3.13); where they
     are not as expected, nothing is forgotten and the caller's retry is an ordinary one."""

@@ -53,7 +53,13 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any, Final, Self
 
 from service.core.errors import HtmllmError
-from service.core.processes import forkserver_in_use, restart_forkserver, worker_context
+from service.core.processes import (
+    forkserver_in_use,
+    group_signals_held,
+    ignore_group_signals,
+    restart_forkserver,
+    worker_context,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -243,8 +249,12 @@ def _worker_main(
     initargs: tuple[Any, ...],
 ) -> None:
     """A worker's loop: import, initialize, limit, say ready, then answer (function, args) jobs."""
-    # Ctrl-C reaches the whole process group; the parent decides when workers stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A Ctrl-C or a hang-up reaches the whole process group; the parent decides when workers stop (it
+    # drains through them). SIGTERM keeps its default: the pool kills its workers itself, but a forced
+    # quit skips its `close`, and multiprocessing's exit handler then ends daemonic children with SIGTERM
+    # and waits for them. One a group's SIGTERM killed holding a job is "killed from outside", and its
+    # job runs again in a fresh worker (`lost_worker_retries`), from a forkserver that outlived it.
+    ignore_group_signals((signal.SIGINT, signal.SIGHUP))
     for module in preload:
         __import__(module)
     if initializer is not None:
@@ -318,7 +328,8 @@ class _Worker:
             target=_worker_main, args=(child, *args), name=name, daemon=True
         )
         try:
-            process.start()
+            with group_signals_held():  # it, and the forkserver it may start, outlive a hang-up
+                process.start()
         except Exception as exc:  # the forkserver cannot be reached (its socket deleted), fork failed
             parent.close()
             child.close()

@@ -205,14 +205,17 @@ def test_an_ignored_sighup_stays_ignored_while_serving(tiny_checkpoint: Path) ->
 
 
 @pytest.mark.parametrize(
-    "first", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c-twice", "sigterm-then-ctrl-c"]
+    ("first", "said_first"),
+    [(signal.SIGINT, "again"), (signal.SIGTERM, "after SIGTERM"), (signal.SIGHUP, "after SIGHUP")],
+    ids=["ctrl-c-twice", "sigterm-then-ctrl-c", "sighup-then-ctrl-c"],
 )
 async def test_a_forced_quit_says_what_it_dropped_and_exits_130(
-    tiny_checkpoint: Path, first: signal.Signals
+    tiny_checkpoint: Path, first: signal.Signals, said_first: str
 ) -> None:
     """A second Ctrl-C is uvicorn's force quit: it stops waiting for the requests in flight and skips the
     engine's drain. That had exited 0 without a word, the status that says every accepted request was
-    answered; now a warning counts what was dropped and the status is 130."""
+    answered; now a warning names both signals (it had said "again" after a SIGTERM or a hang-up too),
+    counts what was dropped, and the status is 130."""
     # The batcher holds the documents for 20 s: both signals land while every request waits.
     env = server_env(tiny_checkpoint, max_wait_ms="20000", drain_timeout_s="30", log_level="info")
     with server_process(env) as server:
@@ -228,8 +231,9 @@ async def test_a_forced_quit_says_what_it_dropped_and_exits_130(
     assert all(isinstance(r, httpx.TransportError) for r in responses), (responses, output)
     assert exit_code == 130, output
     said = (
-        "SIGINT (Ctrl-C) again: forced quit before the drain was done: 4 requests in flight (8 documents not "
-        "yet answered) are dropped without an answer and the engine is not drained; exiting with status 130"
+        f"SIGINT (Ctrl-C) {said_first}: forced quit before the drain was done: 4 requests in flight are "
+        "dropped without an answer (8 documents not yet embedded, 0 extraction jobs not yet done) and the "
+        "engine is not drained; exiting with status 130"
     )
     assert said in output, output
 

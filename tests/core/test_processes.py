@@ -3,15 +3,18 @@ tmpreaper) that deleted its socket had left a long-running server unable to star
 
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing
 import os
 import resource
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from multiprocessing import forkserver
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +22,7 @@ from service.core.processes import forkserver_in_use, restart_forkserver, worker
 from service.core.workers import WorkerPool, WorkerStartError
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forkserver: Linux only")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def pid() -> int:
@@ -114,3 +118,73 @@ def test_a_worker_that_cannot_be_launched_is_a_start_error_and_gives_its_place_b
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         assert pool.live_workers == 0
         assert pool.call(pid, (), timeout_s=60) > 0
+
+
+# A process group of its own whose leader, standing in for the server (it takes the signals and lives on),
+# runs two worker pools, forgets the forkserver between their starts (`restart_forkserver`), then signals
+# the whole group as a terminal's hang-up and Ctrl-C do, then as a group's SIGTERM does.
+GROUP_SIGNALLED = """
+import json, os, signal, sys
+from multiprocessing import forkserver, resource_tracker
+from service.core.processes import forkserver_in_use, restart_forkserver
+from service.core.workers import WorkerPool
+
+def pid():
+    return os.getpid()
+
+def said(pid):
+    status = open(f"/proc/{pid}/status").read()
+    fields = dict(line.split(":", 1) for line in status.splitlines())
+    held = int(fields["SigBlk"], 16) | int(fields["SigIgn"], 16)
+    return [sig.name for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM) if held & 1 << sig - 1]
+
+if __name__ == "__main__":
+    os.setsid()
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
+    seen = {}
+    # The second pool runs a job again in a fresh worker should the SIGTERM kill its worker only once it
+    # holds the job, not while it is idle.
+    with WorkerPool(1, name="first") as first, WorkerPool(1, name="second", lost_worker_retries=1) as second:
+        seen["first"] = first.call(pid, (), timeout_s=60)
+        seen["tracker"] = resource_tracker._resource_tracker._pid
+        restart_forkserver(first._ctx, forkserver_in_use(first._ctx))
+        seen["second"] = second.call(pid, (), timeout_s=60)  # from a new forkserver
+        forkserver_pid = forkserver._forkserver._forkserver_pid
+        os.killpg(0, signal.SIGHUP)
+        os.killpg(0, signal.SIGINT)
+        # Each answers after the signals were sent, which a process they ended could not.
+        seen["first after"] = first.call(pid, (), timeout_s=60)
+        seen["second after"] = second.call(pid, (), timeout_s=60)
+        seen["tracker holds"] = said(seen["tracker"])
+        os.killpg(0, signal.SIGTERM)
+        seen["second after SIGTERM"] = second.call(pid, (), timeout_s=60)  # a new worker, if need be
+        seen["forkserver kept"] = forkserver._forkserver._forkserver_pid == forkserver_pid
+        seen["tracker after SIGTERM"] = said(seen["tracker"])
+    print(json.dumps(seen))
+"""
+
+
+def test_workers_their_forkserver_and_the_resource_tracker_outlive_the_signals_to_the_group(
+    tmp_path: Path,
+) -> None:
+    """A terminal's hang-up (or an SSH session's) reaches every process of its group: the preprocessing
+    and extractor processes, the forkserver and the resource tracker had died of it, and the pages they
+    held failed as crashes while the server drained. They ignore it (and Ctrl-C) now, the forkserver
+    started again after `restart_forkserver` too. A group's SIGTERM (systemd's stop) still ends a worker,
+    as a `kill` does (multiprocessing's exit ends daemonic workers so, and the pool tells such a death
+    from a crash), but neither the forkserver nor the tracker: a new worker is forked at once."""
+    script = tmp_path / "group.py"  # a file: a worker imports the main module of a script
+    script.write_text(GROUP_SIGNALLED)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    seen = json.loads(proc.stdout.splitlines()[-1])
+    assert seen["first after"] == seen["first"] and seen["second after"] == seen["second"], seen
+    assert "SIGHUP" in seen["tracker holds"], seen
+    assert seen["forkserver kept"], seen
+    assert seen["tracker after SIGTERM"] == seen["tracker holds"], seen
+    assert seen["second after SIGTERM"] not in (seen["second"], None), seen  # that one ended; a new one
+    assert "SIGHUP" not in proc.stderr and "SIGINT" not in proc.stderr, proc.stderr

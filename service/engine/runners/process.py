@@ -12,9 +12,9 @@ router.
 The child (spawned: CUDA cannot be forked) loads the checkpoint and builds the configured runner
 (`service.engine.loading.build_runner`); the parent keeps only the tokenizer and the checkpoint's
 metadata. Batches go over a pipe as one flat id array with lengths (a few hundred KB at most) and come
-back as `RunnerOutput`'s arrays. Its signals are ignored, so a Ctrl-C or a SIGTERM to the process group
-leaves it to the parent's drain, which closes it last. A parent that exits without closing it (a Ctrl-C
-through `htmllm embed`) closes the pipe at exit, which stops it.
+back as `RunnerOutput`'s arrays. Its signals are ignored, so a Ctrl-C, a hang-up or a SIGTERM to the
+process group leaves it to the parent's drain, which closes it last. A parent that exits without closing
+it (a Ctrl-C through `htmllm embed`) closes the pipe at exit, which stops it.
 
 A child that dies (out of memory, a driver fault, a kill) fails the batch it held with an error, and a
 new one is started at once, in the background: a thread watches each child's exit, so one that dies
@@ -37,7 +37,6 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.util
-import signal
 import threading
 import time
 import weakref
@@ -51,6 +50,7 @@ import numpy as np
 
 from service.core.checkpoint import CheckpointMeta, checkpoint_fingerprint, read_meta
 from service.core.errors import CheckpointError, ErrorCode, HtmllmError
+from service.core.processes import GROUP_SIGNALS, group_signals_held, ignore_group_signals
 from service.engine.collector import prepare_for_serving
 from service.engine.loading import check_device
 from service.engine.runners import PreparedBatch, RunnerOutput, batch_cost
@@ -137,8 +137,7 @@ def _exited(process: Any) -> bool:
 def _serve(conn: Connection, logs: Connection, level: int, path: str, config: EngineConfig) -> None:
     """The child: build the runner, answer ("run", ids, lengths, pad_to) until ("close",) or EOF; its log
     records go over `logs` (`log_relay.send_logs`)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ignore_group_signals(GROUP_SIGNALS)  # the parent's drain ends it (`_stop`), last
     send_logs(logs, level)  # first: what the imports and the load log must reach the parent
     from service.engine.loading import build_runner
 
@@ -328,8 +327,15 @@ class ProcessRunner:
             daemon=True,
         )
         try:
-            process.start()
+            with group_signals_held():  # until `_serve` ignores them: a hang-up while it starts too
+                process.start()
         except BaseException:
+            if process.pid is not None:
+                # Started, and a signal held meanwhile raised as it came through (SystemExit from the
+                # server's SIGTERM handler during start-up, Ctrl-C): the child would load the model
+                # for nobody, and multiprocessing's exit handler would wait for it (it ignores SIGTERM).
+                process.kill()
+                self._reap(process)
             for end in (parent, logs):
                 end.close()
             raise
