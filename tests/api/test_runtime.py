@@ -6,6 +6,7 @@ import asyncio
 import time
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,33 +59,39 @@ async def test_the_extractor_workers_get_the_memory_limit(tiny_checkpoint: Path)
             runtime.close_extraction()
 
 
-async def test_the_drain_deadline_ends_running_extractions_typed(tiny_checkpoint: Path) -> None:
-    """At the cut-off an extraction still running (a pathological page) is stopped and answered as a
-    typed per-extractor error, instead of its request being dropped when the server exits."""
+async def start_pathological_extraction(runtime: Runtime, pool: Any, threads: Any) -> Future[Any]:
+    """Admit and submit one justext extraction of a pathological page, as /v1/extract does, and return
+    once a worker holds it: what a cut-off finds still running."""
     from service.api.routers.extract import _extract_one
     from service.engine import Document
     from tests.core.test_extract import pathological_page
 
+    runtime.admit_extraction(1)
+    future: Future[Any] = threads.submit(
+        _extract_one,
+        Document(html=pathological_page(), id="p"),
+        "justext",
+        min_words=50,
+        language=None,
+        timeout_s=60,
+        pool=pool,
+        metrics=runtime.metrics,
+    )
+    future.add_done_callback(runtime.extraction_done)
+    while not pool._busy:
+        if future.done():  # it never reached a worker: say why, instead of waiting for ever
+            pytest.fail(f"the extraction ended before it started: {future.exception()!r}")
+        await asyncio.sleep(0.01)
+    return future
+
+
+async def test_the_drain_deadline_ends_running_extractions_typed(tiny_checkpoint: Path) -> None:
+    """At the cut-off an extraction still running (a pathological page) is stopped and answered as a
+    typed per-extractor error, instead of its request being dropped when the server exits."""
     runtime = Runtime(settings=tiny_settings(tiny_checkpoint, drain_timeout_s=0.5), metrics=ServiceMetrics())
     pool, threads = await runtime.extraction()
     try:
-        runtime.admit_extraction(1)
-        doc = Document(html=pathological_page(), id="p")
-        future = threads.submit(
-            _extract_one,
-            doc,
-            "justext",
-            min_words=50,
-            language=None,
-            timeout_s=60,
-            pool=pool,
-            metrics=runtime.metrics,
-        )
-        future.add_done_callback(runtime.extraction_done)
-        while not pool._busy:
-            if future.done():  # it never reached a worker: say why, instead of waiting for ever
-                pytest.fail(f"the extraction ended before it started: {future.exception()!r}")
-            await asyncio.sleep(0.01)
+        future = await start_pathological_extraction(runtime, pool, threads)
         runtime.drain_deadline = time.monotonic()
         started = time.monotonic()
         await runtime._cut_off()

@@ -14,14 +14,13 @@ import pytest
 
 from service.api.app import load_engine
 from service.api.metrics import ServiceMetrics
-from service.api.routers.extract import _extract_one
 from service.api.runtime import Runtime
 from service.core.errors import ErrorCode
 from service.engine import Document, ShuttingDownError
 from service.engine.runners import PreparedBatch, RunnerOutput
 from tests.api.conftest import tiny_settings
 from tests.api.pages import page
-from tests.core.test_extract import pathological_page
+from tests.api.test_runtime import start_pathological_extraction
 
 # How long the pass is held at most, so that a regression fails instead of hanging: never a timing.
 HOLD_BOUND_S = 30
@@ -53,22 +52,7 @@ async def test_the_cut_off_stops_extractions_while_the_engine_still_waits_for_it
     try:
         embedding = asyncio.ensure_future(engine.embed([Document(page(0), id="a")]))
         assert await asyncio.to_thread(in_pass.wait, HOLD_BOUND_S)
-        runtime.admit_extraction(1)
-        job = threads.submit(
-            _extract_one,
-            Document(html=pathological_page(), id="p"),
-            "justext",
-            min_words=50,
-            language=None,
-            timeout_s=60,
-            pool=pool,
-            metrics=runtime.metrics,
-        )
-        job.add_done_callback(runtime.extraction_done)
-        while not pool._busy:
-            if job.done():  # it never reached a worker: say why, instead of waiting for ever
-                pytest.fail(f"the extraction ended before it started: {job.exception()!r}")
-            await asyncio.sleep(0.01)
+        job = await start_pathological_extraction(runtime, pool, threads)
         runtime.drain_deadline = time.monotonic()
         cutting = asyncio.ensure_future(runtime._fail_what_is_left())
         extraction = asyncio.wrap_future(job)
