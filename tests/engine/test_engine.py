@@ -181,7 +181,8 @@ async def test_full_queue_is_refused_immediately(tiny_checkpoint: Path, pages: l
         started = time.monotonic()
         with pytest.raises(OverloadedError):
             await engine.embed(pages[6:7])
-        assert time.monotonic() - started < 0.1  # at once, not after the queue moved
+        # At once, not after the queue moved (0.3 s): 0.25 leaves room for a machine busy with other tests.
+        assert time.monotonic() - started < 0.25
         with pytest.raises(TooManyDocumentsError):
             await engine.embed(pages[:7])
         assert len(await first) == 6
@@ -850,7 +851,7 @@ async def test_a_request_the_queue_cannot_serve_before_its_deadline_is_refused_a
             OverloadedError, match=rf"\({queued} documents at .* past this request's deadline"
         ):
             await engine.embed(pages[10:12], deadline=time.monotonic() + 0.3)
-        assert time.monotonic() - started < 0.1
+        assert time.monotonic() - started < 0.25  # refused at once, not at its deadline (0.3 s)
         # With time enough for the queue ahead, the same request is taken and answered.
         later = await engine.embed(pages[10:12], deadline=time.monotonic() + 30)
         assert len(later) == 2 and len(await ahead) == 10
