@@ -678,12 +678,16 @@ def _warc_of_images() -> bytes:
     return warc_gz([response("png", HttpResponse(b"\x89PNG\r\n\x1a\n", "image/png"))])
 
 
+# mtime=0: the bytes are the test's id, which every pytest-xdist process must collect alike.
+EMPTY_GZIP = gzip.compress(b"", mtime=0)
+
+
 @pytest.mark.parametrize(
     ("name", "content", "why"),
     [
         ("empty.jsonl", b"", "no row: the file is empty or holds blank lines only"),
         ("blank.jsonl", b"\n  \n", "no row: the file is empty or holds blank lines only"),
-        ("empty.jsonl.gz", gzip.compress(b""), "no row: the file is empty or holds blank lines only"),
+        ("empty.jsonl.gz", EMPTY_GZIP, "no row: the file is empty or holds blank lines only"),
         ("empty.warc", b"", "no WARC record of an HTML response or resource"),
         ("empty.warc.gz", b"", "no WARC record of an HTML response or resource"),
         ("images.warc.gz", _warc_of_images(), "no WARC record of an HTML response or resource"),
