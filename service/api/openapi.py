@@ -166,7 +166,9 @@ def raw_body_openapi(model: type[BaseModel]) -> dict[str, Any]:
             "`application/xhtml+xml`, `text/xml` and `application/xml`, as a crawler forwards them) or "
             "`application/octet-stream` (the encoding is detected; a `charset` parameter, which that type "
             "does not define, is ignored), with the options in the query "
-            "string (sent with a JSON body they are a 422); an empty page is 400." + _COMPRESSION,
+            "string (sent with a JSON body they are a 422); an empty page, or an empty body without a "
+            "Content-Type, is 400 `empty_input` whatever options it has (an unknown or invalid one is "
+            "422 first)." + _COMPRESSION,
             "content": {
                 "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}},
                 "text/html": {"schema": {"type": "string", "minLength": 1, "description": "the page"}},
