@@ -90,6 +90,19 @@ def forkserver_in_use(ctx: BaseContext) -> object:
     return getattr(getattr(forkserver, "_forkserver", None), "_forkserver_address", None)
 
 
+def forkserver_replaced(ctx: BaseContext, forked_by: int | None) -> bool:
+    """Whether the forkserver whose pid is `forked_by` (a worker's parent when it started) is no longer
+    the one `ctx` starts processes from: `restart_forkserver` forgot it, or multiprocessing launched
+    another after it died. The exit status of a worker it forked comes through it: it exits once its
+    last worker has (`restart_forkserver`), before it has told that one's status, which then reads 255
+    whatever ended the worker (multiprocessing's `Popen.poll`). False where `ctx` uses no forkserver,
+    `forked_by` is unknown, or CPython's state is not as expected: the status is then taken as it reads."""
+    if forked_by is None or ctx.get_start_method() != "forkserver":
+        return False
+    running = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", forked_by)
+    return bool(running != forked_by)
+
+
 def restart_forkserver(ctx: BaseContext, seen: object) -> bool:
     """After a process could not be started: forget the forkserver `seen` names (`forkserver_in_use`) if
     it is still the one in use, so that the next start launches a new one; True when it was forgotten.
@@ -101,8 +114,9 @@ def restart_forkserver(ctx: BaseContext, seen: object) -> bool:
     CPython's own `_stop` cannot serve: it waits for the forkserver to exit, which it does only once
     every process it forked has (they hold its "alive" pipe), and it fails on the missing socket. So this
     closes this process's end of that pipe and lets the old one go when its last worker does (a thread
-    reaps it); those workers serve on meanwhile. The preload list is the forkserver object's, kept for
-    the next one. The directory the sockets live in is made again if it was deleted with them.
+    reaps it); those workers serve on meanwhile (the last of them to die has no readable exit status:
+    `forkserver_replaced`). The preload list is the forkserver object's, kept for the next one. The
+    directory the sockets live in is made again if it was deleted with them.
 
     The next forkserver is started by the next process start, within `group_signals_held` as every start
     of the service's is: it outlives a hang-up as the first did.

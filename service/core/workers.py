@@ -14,11 +14,13 @@ on the next call; one killed while idle (the OOM killer, an operator) is replace
 page that comes next. One killed from outside while it holds a job (SIGKILL: the kernel's OOM killer,
 `kill -9`; SIGTERM) is told from one the job crashed (SIGSEGV, SIGABRT, an exit status of its own):
 `WorkerLostError`, which says nothing of the job, and which a pool given `lost_worker_retries` answers
-by running the job again in a fresh worker. Our own kills (a job past its time limit, `close`) are
-neither: they raise `WorkerTimeoutError` and `WorkerError`. A worker past its time limit that was hardly on
-the CPU meanwhile (stopped, starved) is told from one a job kept busy: `WorkerTimeoutError.stalled`. A
-worker that a failed job left holding most of the room its memory limit gave it is replaced, not left
-to fail every later job. Each worker lost or killed is one warning in the log (`service.core.workers`).
+by running the job again in a fresh worker. So is one whose exit status went with the forkserver it was
+forked by, replaced since (`restart_forkserver`): 255 is all that reads, a kill as likely as a crash.
+Our own kills (a job past its time limit, `close`) are neither: they raise `WorkerTimeoutError` and
+`WorkerError`. A worker past its time limit that was hardly on the CPU meanwhile (stopped, starved) is
+told from one a job kept busy: `WorkerTimeoutError.stalled`. A worker that a failed job left holding
+most of the room its memory limit gave it is replaced, not left to fail every later job. Each worker
+lost or killed is one warning in the log (`service.core.workers`).
 
 The fast path stays fast: workers are started once and reused (a job costs one pipe round trip of its
 arguments and result, about 1.5 ms per corpus page on the benchmark machine), and on Linux they are
@@ -34,7 +36,6 @@ fails every job in flight, and it offers no way to stop one job.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 import os
@@ -60,6 +61,17 @@ from service.core.processes import (
     restart_forkserver,
     worker_context,
 )
+from service.core.worker_health import (
+    STATUS_UNREAD,
+    ProcGauges,
+    cpu_used,
+    lost_cause,
+    stalled,
+    warn_died,
+    warn_idle_died,
+    warn_retained,
+    warn_time_limit,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -72,26 +84,9 @@ _PIPE_BUFFER: Final = 64 * 1024
 _JOB_HEADER: Final = struct.Struct("!Q")
 # A job the worker cannot hold is read past in pieces of this size, into a buffer it has from the start.
 _DRAIN_CHUNK: Final = 64 * 1024
-# The exit statuses of a worker killed from outside: SIGKILL (the kernel's OOM killer, `kill -9`) and
-# SIGTERM (an operator's `kill`, a scheduler's). No fault in a job's code ends a worker so (a crash in C
-# code is SIGSEGV, SIGBUS or SIGABRT; an error the worker cannot report, a positive status), and the pool's
-# own SIGKILLs (past the time limit, at `close`) are told apart where it sends them.
-_KILLED_FROM_OUTSIDE: Final = frozenset({-signal.SIGKILL, -signal.SIGTERM})
 # How long a worker whose pipe broke is given to finish dying on its own before it is killed: its exit
 # status is then its own (what killed it), not the SIGKILL of its reaping.
 _DYING_GRACE_S: Final = 1.0
-# A job past its time limit whose worker had the CPU for less than this share of the time was stalled (a
-# SIGSTOP, a frozen cgroup, a machine so overloaded that the page never had its turn), not busy with a
-# pathological page, which keeps its worker on the CPU: `WorkerTimeoutError.stalled`.
-_STALLED_CPU_SHARE: Final = 0.1
-# A worker held to a memory limit that, after a job that failed, still holds more than this share of the
-# room the limit left it at start (its data then) is replaced: a page that ran into the limit can leave
-# the heap near it (glibc keeps what it freed), and every later page, good ones too, then failed in that
-# worker (a lazy import of a compiled module failed to map it: ImportError on every undeclared non-UTF-8
-# page). Only after a failure: what a job that succeeds keeps (the modules its first run imports, caches)
-# a new worker would keep again, and replacing it for that would replace every worker after its first job.
-_RETAINED_SHARE: Final = 0.5
-_PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class WorkerError(HtmllmError):
@@ -118,9 +113,10 @@ class WorkerDiedError(WorkerError):
 
 
 class WorkerLostError(WorkerDiedError):
-    """The worker was killed from outside while it held the job (`_KILLED_FROM_OUTSIDE`: the OOM killer,
-    `kill -9`), in each of the job's tries: nothing the job did, so not the job's failure. A subclass, so
-    that a caller that only knows "died" still catches it."""
+    """The worker was killed from outside while it held the job (the OOM killer, `kill -9`), or its exit
+    status was lost with its replaced forkserver (`worker_health.lost_cause`), in each of the job's
+    tries: nothing the job did, so not the job's failure. A subclass, so that a caller that only knows
+    "died" still catches it."""
 
 
 class WorkerTimeoutError(WorkerError):
@@ -134,9 +130,9 @@ class WorkerTimeoutError(WorkerError):
 
     @property
     def stalled(self) -> bool:
-        """Whether the worker was hardly on the CPU for the job (`_STALLED_CPU_SHARE`): stopped or
+        """Whether the worker was hardly on the CPU for the job (`worker_health.stalled`): stopped or
         starved, so the time limit says nothing of the job. A pathological page keeps its worker busy."""
-        return self.cpu_s is not None and self.cpu_s < _STALLED_CPU_SHARE * self.elapsed_s
+        return stalled(self.cpu_s, self.elapsed_s)
 
 
 class JobError(WorkerError):
@@ -273,8 +269,9 @@ def _worker_main(
 
 
 def _serve(conn: Connection, fd: int, header: bytearray, spare: bytearray) -> None:
-    """Say ready, then answer jobs until the parent closes its end."""
-    conn.send(("ready",))
+    """Say ready (with the pid of the process that forked it: `_Worker.forked_by`), then answer jobs until
+    the parent closes its end."""
+    conn.send(("ready", os.getppid()))
     while True:
         try:
             message: bytearray | None = _receive_job(fd, header, spare)
@@ -300,26 +297,12 @@ def _serve(conn: Connection, fd: int, header: bytearray, spare: bytearray) -> No
             result = None
 
 
-def _signal_named(exit_code: int | None) -> str:
-    """How a log line names the signal an exit code says killed a worker: ", SIGSEGV"; "" for none."""
-    if exit_code is None or exit_code >= 0:
-        return ""
-    try:
-        name = signal.Signals(-exit_code).name
-    except ValueError:
-        return ""
-    if exit_code in _KILLED_FROM_OUTSIDE:
-        return f", {name}: killed from outside, by the kernel's OOM killer or a kill"
-    return f", {name}"
-
-
 class _Worker:
-    """One worker process, the parent's end of its pipe, and its /proc files (Linux): how much CPU it
-    has used and how much data it holds, read in about a microsecond each through files kept open."""
+    """One worker process, the parent's end of its pipe, and its /proc files (Linux): `gauges`."""
 
     def __init__(self, ctx: BaseContext, name: str, args: tuple[Any, ...]) -> None:
         self._kill_lock = threading.Lock()
-        self._proc_files: dict[str, int] = {}
+        self.gauges = ProcGauges(None, self._kill_lock)  # none until it is ready
         try:
             parent, child = ctx.Pipe(duplex=True)
         except OSError as exc:  # no file descriptors left
@@ -341,51 +324,17 @@ class _Worker:
             self.kill()
             raise WorkerStartError(f"{name} worker did not start within {STARTUP_TIMEOUT_S:.0f} s")
         try:
-            parent.recv()
+            ready = parent.recv()
         except (EOFError, OSError) as exc:
             code = self.kill()
             raise WorkerStartError(f"{name} worker died while starting (exit code {code})") from exc
-        if sys.platform.startswith("linux"):
-            for proc_file in ("schedstat", "statm"):
-                # No /proc, or a kernel without schedstat: the worker is judged without it.
-                with contextlib.suppress(OSError):
-                    self._proc_files[proc_file] = os.open(f"/proc/{process.pid}/{proc_file}", os.O_RDONLY)
-        # Its data once started, limit set: what the jobs' own use is measured from (`retains_memory`).
-        self.data_at_start = self.data_bytes()
+        # Its forkserver, where it has one: if that is replaced while it lives, its exit status may be lost.
+        self.forked_by: int | None = ready[1]
+        self.gauges = ProcGauges(process.pid, self._kill_lock)
 
     @property
     def pid(self) -> int | None:
         return self.process.pid
-
-    def cpu_s(self) -> float | None:
-        """The CPU time its main thread, which runs the jobs, has used (/proc's schedstat), or None."""
-        fields = self._read_proc("schedstat")
-        return int(fields[0]) / 1e9 if fields else None
-
-    def data_bytes(self) -> int | None:
-        """Its data (and stack) now, as /proc's statm counts it: what `RLIMIT_DATA` bounds; or None."""
-        fields = self._read_proc("statm")
-        return int(fields[5]) * _PAGE_SIZE if fields and len(fields) > 5 else None
-
-    def retains_memory(self, limit_bytes: int) -> bool:
-        """Whether it still holds more than `_RETAINED_SHARE` of the room its memory limit left it."""
-        now = self.data_bytes()
-        if now is None or self.data_at_start is None or self.data_at_start >= limit_bytes:
-            return False  # unknown, or the limit left no room to begin with: a new worker has no more
-        return now - self.data_at_start > _RETAINED_SHARE * (limit_bytes - self.data_at_start)
-
-    def _read_proc(self, name: str) -> list[bytes] | None:
-        """A /proc file's fields, or None: not open, the process gone, or being killed now (its files
-        are closed then, and a number read meanwhile could name another file)."""
-        if not self._kill_lock.acquire(blocking=False):
-            return None
-        try:
-            fd = self._proc_files.get(name)
-            return None if fd is None else os.pread(fd, 256, 0).split()
-        except OSError:
-            return None
-        finally:
-            self._kill_lock.release()
 
     def kill(self, *, grace_s: float = 0.0) -> int | None:
         """Stop the process (after `grace_s` to end on its own) and reap it; returns its exit code. Safe
@@ -398,9 +347,7 @@ class _Worker:
             self.process.join(5.0)
             if not self.conn.closed:
                 self.conn.close()
-            for fd in self._proc_files.values():
-                os.close(fd)
-            self._proc_files.clear()
+            self.gauges.close()
             return self.process.exitcode
 
 
@@ -503,14 +450,9 @@ class WorkerPool:
     def _retains_memory(self, worker: _Worker) -> bool:
         """Whether `worker`, its job failed, should be replaced: its heap stayed near its memory limit."""
         limit = self.memory_limit_bytes
-        if limit is None or not worker.retains_memory(limit):
+        if limit is None or not worker.gauges.retains_memory(limit):
             return False
-        data = worker.data_bytes() or 0
-        _log.warning(
-            "replacing the %s worker %s: after a failed job it still holds %.0f MiB of data, near its "
-            "%.0f MiB limit (%.0f MiB when it started), which would fail the next pages",
-            self.name, worker.pid, data / 2**20, limit / 2**20, (worker.data_at_start or 0) / 2**20,
-        )  # fmt: skip
+        warn_retained(self.name, worker.pid, worker.gauges, limit)
         return True
 
     def _acquire(self) -> _Worker:
@@ -524,11 +466,7 @@ class WorkerPool:
                         # Killed while idle (the OOM killer, an operator): the job about to be sent
                         # did not do it, so it must not fail as "died". Reap and replace.
                         self._live -= 1
-                        code = worker.kill()
-                        _log.warning(
-                            "the idle %s worker %s died (exit code %s%s); replacing it",
-                            self.name, worker.pid, code, _signal_named(code),
-                        )  # fmt: skip
+                        warn_idle_died(self.name, worker.pid, worker.kill())
                         continue
                     self._busy.add(worker)
                     return worker
@@ -596,12 +534,12 @@ class WorkerPool:
         expired = threading.Event()
         # The worker's CPU time at the job's start and at its limit: a worker hardly on the CPU meanwhile
         # was stalled, not busy with the job (`WorkerTimeoutError.stalled`).
-        cpu = [worker.cpu_s() if timeout_s is not None else None, None]
+        cpu = [worker.gauges.cpu_s() if timeout_s is not None else None, None]
         guard = None
         if timeout_s is not None and _JOB_HEADER.size + len(job) > _PIPE_BUFFER:
 
             def expire() -> None:
-                cpu[1] = worker.cpu_s()
+                cpu[1] = worker.gauges.cpu_s()
                 expired.set()
                 # The process only: its pipe is this thread's to close (closed under a write in
                 # progress, the write failed untyped); the dead reader fails the write with EPIPE.
@@ -624,7 +562,7 @@ class WorkerPool:
             ready = False
         if not ready:
             if not expired.is_set():
-                cpu[1] = worker.cpu_s()
+                cpu[1] = worker.gauges.cpu_s()
             worker.kill()
             raise self._timed_out(worker, timeout_s, time.perf_counter() - started, cpu[0], cpu[1])
         try:
@@ -647,38 +585,24 @@ class WorkerPool:
         cpu_at_limit: float | None,
     ) -> WorkerTimeoutError:
         """The error of a job past its limit, whose worker was killed; logged, with how busy it was."""
-        cpu_s = None
-        if cpu_at_start is not None and cpu_at_limit is not None:
-            cpu_s = max(0.0, cpu_at_limit - cpu_at_start)
+        cpu_s = cpu_used(cpu_at_start, cpu_at_limit)
         message = f"ran past its {timeout_s} s limit ({elapsed_s:.2f} s); its worker was killed"
-        timed_out = WorkerTimeoutError(message, elapsed_s=elapsed_s, cpu_s=cpu_s)
-        if timed_out.stalled:
+        if stalled(cpu_s, elapsed_s):
             message += f": it was stalled, not busy with the job (on the CPU for {cpu_s or 0:.2f} s of it)"
-            timed_out = WorkerTimeoutError(message, elapsed_s=elapsed_s, cpu_s=cpu_s)
-        _log.warning(
-            "killed the %s worker %s: its job ran past its %s s time limit (%.2f s, %s of CPU%s); "
-            "replacing it",
-            self.name, worker.pid, timeout_s, elapsed_s, "unknown" if cpu_s is None else f"{cpu_s:.2f} s",
-            ": the worker was stalled, not busy" if timed_out.stalled else "",
-        )  # fmt: skip
-        return timed_out
+        warn_time_limit(self.name, worker.pid, timeout_s, elapsed_s, cpu_s)
+        return WorkerTimeoutError(message, elapsed_s=elapsed_s, cpu_s=cpu_s)
 
     def _died(self, worker: _Worker, message: str, exit_code: int | None) -> WorkerError:
-        """A worker gone while it held a job: the job's doing, unless `close` killed it or something
-        outside the pool did (`WorkerLostError`); logged, but for `close`."""
+        """A worker gone while it held a job: the job's doing, unless `close` killed it, something outside
+        the pool did, or what did cannot be known (`worker_health.lost_cause`): `WorkerLostError` for those
+        two; logged, but for `close`."""
         if self._closed:
             return WorkerError(f"the {self.name} pool was closed while the job ran")
-        _log.warning(
-            "the %s worker %s died while it held a job (exit code %s%s); replacing it",
-            self.name, worker.pid, exit_code, _signal_named(exit_code),
-        )  # fmt: skip
-        if exit_code is not None and exit_code in _KILLED_FROM_OUTSIDE:
-            return WorkerLostError(
-                f"its {self.name} worker was killed from outside while it held the job (exit code "
-                f"{exit_code}, {signal.Signals(-exit_code).name}: the kernel's OOM killer or a kill), not "
-                "crashed by the job",
-                exit_code=exit_code,
-            )
+        cause = lost_cause(self._ctx, exit_code, worker.forked_by)
+        # 255 is no signal's: a cause for it is that the status was never told (a replaced forkserver).
+        warn_died(self.name, worker.pid, exit_code, unread=cause is not None and exit_code == STATUS_UNREAD)
+        if cause is not None:
+            return WorkerLostError(f"its {self.name} worker {cause}", exit_code=exit_code)
         return WorkerDiedError(message, exit_code=exit_code)
 
     @property

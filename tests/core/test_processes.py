@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from service.core.processes import forkserver_in_use, restart_forkserver, worker_context
-from service.core.workers import WorkerPool, WorkerStartError
+from service.core.workers import WorkerDiedError, WorkerLostError, WorkerPool, WorkerStartError
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forkserver: Linux only")
 ROOT = Path(__file__).resolve().parents[2]
@@ -188,3 +188,48 @@ def test_workers_their_forkserver_and_the_resource_tracker_outlive_the_signals_t
     assert seen["tracker after SIGTERM"] == seen["tracker holds"], seen
     assert seen["second after SIGTERM"] not in (seen["second"], None), seen  # that one ended; a new one
     assert "SIGHUP" not in proc.stderr and "SIGINT" not in proc.stderr, proc.stderr
+
+
+def pid_of_page(page: str) -> int:
+    return os.getpid()
+
+
+def test_a_worker_of_a_replaced_forkserver_killed_holding_a_job_is_lost_not_the_jobs_crash(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker forked by a forkserver that `restart_forkserver` has since forgotten serves on; killed
+    from outside while it holds a job (the OOM killer), it was the last process holding that forkserver,
+    which exited first and so never told its exit status: 255, read as the page's crash (a 422
+    `extraction_failed`) where a kill is a lost worker, its job run again in a fresh worker."""
+    from tests.factories.worker_kills import kill_workers_holding
+
+    ctx = worker_context(())
+    restart_forkserver(ctx, forkserver_in_use(ctx))  # one of the test's own: its worker, its only child
+    with WorkerPool(1, name="test", lost_worker_retries=1) as pool:
+        first = pool.call(pid, (), timeout_s=60)
+        old_server = _forkserver_pid()
+        assert restart_forkserver(ctx, forkserver_in_use(ctx))
+        killed = kill_workers_holding(monkeypatch, b"killed under this page", kills=1)
+        with caplog.at_level(logging.WARNING, logger="service.core.workers"):
+            second = pool.call(pid_of_page, ("killed under this page",), timeout_s=60)
+        assert killed == [first] and second not in (first, 0)
+        assert _forkserver_pid() not in (None, old_server)  # the retry's worker, from the new forkserver
+        messages = [record.getMessage() for record in caplog.records]
+        assert any(
+            f"the test worker {first} died while it held a job (exit code 255: its exit status is unknown"
+            in m
+            for m in messages
+        ), messages
+
+
+def exit_255() -> None:
+    os._exit(255)
+
+
+def test_a_worker_of_the_forkserver_in_use_that_exits_255_holding_a_job_is_the_jobs_crash() -> None:
+    """Only a replaced forkserver loses its worker's exit status: 255 from a worker of the one in use is
+    the worker's own (a job's `sys.exit(-1)`), the job's doing, and not run again."""
+    with WorkerPool(1, name="test", lost_worker_retries=1) as pool:
+        with pytest.raises(WorkerDiedError) as died:
+            pool.call(exit_255, (), timeout_s=60)
+        assert died.value.exit_code == 255 and not isinstance(died.value, WorkerLostError)

@@ -322,7 +322,7 @@ def test_a_worker_whose_parent_is_gone_exits_quietly(gone: str, capfd: pytest.Ca
     else:
         process = ctx.Process(target=_orphan, args=(child, parent.fileno()), daemon=True)
         process.start()
-        assert parent.recv() == ("ready",)
+        assert parent.recv()[0] == "ready"
         _send_job(parent, pickle.dumps((sleep, (0.5,))))
         parent.close()  # the parent dies while its job runs
     child.close()

@@ -1,0 +1,182 @@
+"""How a worker pool (`service.core.workers`) judges its workers' health, and what it logs of each one lost
+or replaced: how much CPU a worker had and how much data it holds (read from /proc in about a microsecond
+each, through files kept open), whether a job past its time limit was stalled rather than busy, whether a
+worker that failed a job holds too much of its memory limit to be kept, and whether a worker that died
+holding a job was killed from outside (or cannot be known not to have been) rather than crashed by it.
+
+Each worker lost, killed or replaced is one warning in the pool's log, `service.core.workers`, where an
+operator looks for them (docs name it); this module logs under that name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+from multiprocessing.context import BaseContext
+from typing import Final
+
+from service.core.processes import forkserver_replaced
+
+_log = logging.getLogger("service.core.workers")
+
+# The exit statuses of a worker killed from outside: SIGKILL (the kernel's OOM killer, `kill -9`) and
+# SIGTERM (an operator's `kill`, a scheduler's). No fault in a job's code ends a worker so (a crash in C
+# code is SIGSEGV, SIGBUS or SIGABRT; an error the worker cannot report, a positive status), and the pool's
+# own SIGKILLs (past the time limit, at `close`) are told apart where it sends them.
+KILLED_FROM_OUTSIDE: Final = frozenset({-signal.SIGKILL, -signal.SIGTERM})
+# The exit status multiprocessing gives a forkserver's worker whose status the forkserver never sent: it
+# had exited first, as one `restart_forkserver` forgot does with its last worker. Whatever ended such a
+# worker (a kill from outside as often as not), a job is not blamed on it (`forkserver_replaced`).
+STATUS_UNREAD: Final = 255
+# A job past its time limit whose worker had the CPU for less than this share of the time was stalled (a
+# SIGSTOP, a frozen cgroup, a machine so overloaded that the page never had its turn), not busy with a
+# pathological page, which keeps its worker on the CPU: `WorkerTimeoutError.stalled`.
+STALLED_CPU_SHARE: Final = 0.1
+# A worker held to a memory limit that, after a job that failed, still holds more than this share of the
+# room the limit left it at start (its data then) is replaced: a page that ran into the limit can leave
+# the heap near it (glibc keeps what it freed), and every later page, good ones too, then failed in that
+# worker (a lazy import of a compiled module failed to map it: ImportError on every undeclared non-UTF-8
+# page). Only after a failure: what a job that succeeds keeps (the modules its first run imports, caches)
+# a new worker would keep again, and replacing it for that would replace every worker after its first job.
+RETAINED_SHARE: Final = 0.5
+_PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def stalled(cpu_s: float | None, elapsed_s: float) -> bool:
+    """Whether a worker on the CPU for `cpu_s` of a job's `elapsed_s` was hardly on it (`STALLED_CPU_SHARE`):
+    stopped or starved, so its time limit says nothing of the job. A pathological page keeps it busy."""
+    return cpu_s is not None and cpu_s < STALLED_CPU_SHARE * elapsed_s
+
+
+def signal_named(exit_code: int | None) -> str:
+    """How a log line names the signal an exit code says killed a worker: ", SIGSEGV"; "" for none."""
+    if exit_code is None or exit_code >= 0:
+        return ""
+    try:
+        name = signal.Signals(-exit_code).name
+    except ValueError:
+        return ""
+    if exit_code in KILLED_FROM_OUTSIDE:
+        return f", {name}: killed from outside, by the kernel's OOM killer or a kill"
+    return f", {name}"
+
+
+class ProcGauges:
+    """One worker's /proc files (Linux), kept open: how much CPU it has used and how much data it holds.
+
+    `lock` is the worker's own, held while it is killed: a read meanwhile answers None, since the files
+    are closed then and a number read could name another file."""
+
+    def __init__(self, pid: int | None, lock: threading.Lock) -> None:
+        self._lock = lock
+        self._files: dict[str, int] = {}
+        if pid is not None and sys.platform.startswith("linux"):
+            for proc_file in ("schedstat", "statm"):
+                # No /proc, or a kernel without schedstat: the worker is judged without it.
+                with contextlib.suppress(OSError):
+                    self._files[proc_file] = os.open(f"/proc/{pid}/{proc_file}", os.O_RDONLY)
+        # Its data once started, limit set: what the jobs' own use is measured from (`retains_memory`).
+        self.data_at_start = self.data_bytes()
+
+    def cpu_s(self) -> float | None:
+        """The CPU time its main thread, which runs the jobs, has used (/proc's schedstat), or None."""
+        fields = self._read("schedstat")
+        return int(fields[0]) / 1e9 if fields else None
+
+    def data_bytes(self) -> int | None:
+        """Its data (and stack) now, as /proc's statm counts it: what `RLIMIT_DATA` bounds; or None."""
+        fields = self._read("statm")
+        return int(fields[5]) * _PAGE_SIZE if fields and len(fields) > 5 else None
+
+    def retains_memory(self, limit_bytes: int) -> bool:
+        """Whether it still holds more than `RETAINED_SHARE` of the room its memory limit left it."""
+        now = self.data_bytes()
+        if now is None or self.data_at_start is None or self.data_at_start >= limit_bytes:
+            return False  # unknown, or the limit left no room to begin with: a new worker has no more
+        return now - self.data_at_start > RETAINED_SHARE * (limit_bytes - self.data_at_start)
+
+    def close(self) -> None:
+        """Close the files; the caller holds `lock` (the worker is being killed)."""
+        for fd in self._files.values():
+            os.close(fd)
+        self._files.clear()
+
+    def _read(self, name: str) -> list[bytes] | None:
+        """A /proc file's fields, or None: not open, the process gone, or being killed now."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            fd = self._files.get(name)
+            return None if fd is None else os.pread(fd, 256, 0).split()
+        except OSError:
+            return None
+        finally:
+            self._lock.release()
+
+
+def cpu_used(at_start: float | None, at_limit: float | None) -> float | None:
+    """The CPU time a worker used between two readings of `ProcGauges.cpu_s`, or None if either failed."""
+    if at_start is None or at_limit is None:
+        return None
+    return max(0.0, at_limit - at_start)
+
+
+def lost_cause(ctx: BaseContext, exit_code: int | None, forked_by: int | None) -> str | None:
+    """Why a worker that died holding a job with `exit_code` did not die of the job, as `WorkerLostError`
+    says it; None when it did (its exit status its own: a crash, a signal of its code's doing)."""
+    if exit_code == STATUS_UNREAD and forkserver_replaced(ctx, forked_by):
+        return (
+            f"died while it held the job, of a cause unknown (exit code {exit_code}: the forkserver it came "
+            "from, since replaced, exited before telling its exit status; as likely the kernel's OOM killer "
+            "or a kill), not counted as crashed by the job"
+        )
+    if exit_code is not None and exit_code in KILLED_FROM_OUTSIDE:
+        return (
+            f"was killed from outside while it held the job (exit code {exit_code}, "
+            f"{signal.Signals(-exit_code).name}: the kernel's OOM killer or a kill), not crashed by the job"
+        )
+    return None
+
+
+def warn_died(pool: str, pid: int | None, exit_code: int | None, *, unread: bool) -> None:
+    """Log a worker that died holding a job; `unread`: its exit status went with its replaced forkserver."""
+    _log.warning(
+        "the %s worker %s died while it held a job (exit code %s%s); replacing it",
+        pool, pid, exit_code,
+        ": its exit status is unknown, its forkserver having been replaced" if unread
+        else signal_named(exit_code),
+    )  # fmt: skip
+
+
+def warn_idle_died(pool: str, pid: int | None, exit_code: int | None) -> None:
+    """Log a worker found dead while idle (the OOM killer, an operator), about to be replaced."""
+    _log.warning(
+        "the idle %s worker %s died (exit code %s%s); replacing it",
+        pool, pid, exit_code, signal_named(exit_code),
+    )  # fmt: skip
+
+
+def warn_time_limit(
+    pool: str, pid: int | None, timeout_s: float | None, elapsed_s: float, cpu_s: float | None
+) -> None:
+    """Log a worker killed for a job past its time limit, with how busy it was meanwhile."""
+    _log.warning(
+        "killed the %s worker %s: its job ran past its %s s time limit (%.2f s, %s of CPU%s); "
+        "replacing it",
+        pool, pid, timeout_s, elapsed_s, "unknown" if cpu_s is None else f"{cpu_s:.2f} s",
+        ": the worker was stalled, not busy" if stalled(cpu_s, elapsed_s) else "",
+    )  # fmt: skip
+
+
+def warn_retained(pool: str, pid: int | None, gauges: ProcGauges, limit_bytes: int) -> None:
+    """Log a worker replaced after a failed job for holding most of its memory limit (`retains_memory`)."""
+    data = gauges.data_bytes() or 0
+    _log.warning(
+        "replacing the %s worker %s: after a failed job it still holds %.0f MiB of data, near its "
+        "%.0f MiB limit (%.0f MiB when it started), which would fail the next pages",
+        pool, pid, data / 2**20, limit_bytes / 2**20, (gauges.data_at_start or 0) / 2**20,
+    )  # fmt: skip
