@@ -53,6 +53,7 @@ import pyarrow.parquet as pq
 from model_training.sites import site_of
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.pages import Page, PageSourceError, PageUnreadableError, iter_pages
+from service.core.processes import GROUP_SIGNALS
 from service.core.progress import progress_bar
 from service.core.tokenizer import Encoding, HtmlTokenizer
 
@@ -262,19 +263,23 @@ _worker_tokenizer: HtmlTokenizer | None = None
 _worker_max_length: int = 0
 
 
-# The signals a prepare worker ignores (`_init_worker`), held back until it does.
-_WORKER_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+# The signals a prepare worker ignores (`_init_worker`), held back until it does: those that reach the
+# whole process group, Ctrl-C, a hang-up and a group's SIGTERM, as the service's workers do.
+_WORKER_SIGNALS = GROUP_SIGNALS
 
 
 def _init_worker(tokenizer_json: str, max_length: int) -> None:
     """Pool initializer: each worker builds its tokenizer once (tokenizers objects do not pickle).
 
-    Ctrl-C and SIGTERM are ignored: they reach the workers too (a terminal's Ctrl-C the process group,
-    systemd's or Slurm's SIGTERM every process of the job), and the parent decides what stops. A worker
-    that died of one printed a traceback (the parent's handlers come with the fork); worse, one that
-    died as it took the pool's queue lock, which a signal's exception can leave taken, hung the
-    parent, which waits for that lock to end the pool. The pool ends its workers with SIGKILL instead
-    (`_WorkerPool`), once it holds that lock itself.
+    Ctrl-C, SIGHUP and SIGTERM are ignored: they reach the workers too (a terminal's Ctrl-C and hang-up
+    the process group, systemd's or Slurm's SIGTERM every process of the job), and the parent decides
+    what stops (`htmllm data prepare` stops on each as on Ctrl-C). A worker that died of one printed a
+    traceback (the parent's handlers come with the fork: the command's SIGHUP handler raised
+    KeyboardInterrupt in each worker); worse, one that died as it took the pool's queue lock, which a
+    signal's exception can leave taken, hung the parent, which waits for that lock to end the pool. The
+    pool ends its workers with SIGKILL instead (`_WorkerPool`), once it holds that lock itself. A worker
+    whose parent died (a hang-up left to its default action, `prepare_shards` called from a script) does
+    not live on: the pool's task pipe has no writer left, and the worker ends at its end.
     """
     from tokenizers import Tokenizer
 
@@ -381,7 +386,8 @@ def _chunks(pages: Iterator[Page], size: int) -> Iterator[list[Page]]:
 
 @contextlib.contextmanager
 def _worker_pool(context: BaseContext, workers: int, tokenizer_json: str, max_length: int) -> Iterator[Pool]:
-    """The prune-and-tokenize pool, started with Ctrl-C and SIGTERM held off, and ended by its `with`.
+    """The prune-and-tokenize pool, started with the group's signals (`_WORKER_SIGNALS`: Ctrl-C, SIGHUP,
+    SIGTERM) held off, and ended by its `with`.
 
     Held off in the workers until `_init_worker` has them ignored (a fork keeps the signal mask): one
     signalled as it started (a Ctrl-C to the group right after the start) died with a traceback. The
@@ -406,8 +412,10 @@ def _worker_pool(context: BaseContext, workers: int, tokenizer_json: str, max_le
             for number, handler in previous.items():
                 signal.signal(number, handler)
     with pool:
-        if caught:  # now, to the handler of the moment: it ends the pool as any Ctrl-C does
-            signal.raise_signal(caught[0])
+        # Now, to the handler of the moment: it ends the pool as any Ctrl-C does. Each one caught, since
+        # the first may be one the process ignores (a hang-up under nohup).
+        for signum in dict.fromkeys(caught):
+            signal.raise_signal(signum)
         yield pool
 
 
