@@ -404,7 +404,9 @@ def serve(settings: Settings) -> int:
     started; nothing to drain).
 
     It returns, for a caller whose process goes on; the command line's server ends its process as soon
-    as it has its status instead (`run_args`)."""
+    as it has its status instead (`run_args`). After a forced quit it returns once it has dropped the
+    connections in flight and stopped and closed the engine (`_end_forced_quit`), with the warning
+    alone, as the command line's exit does."""
     return _start_and_serve(lambda: settings, ends_process=False)
 
 
@@ -570,6 +572,8 @@ def _prepare_server(
         await uvicorn_serve(sockets)
         if ends_process and server.started:  # one that never served (a port taken) returns as before
             end_process(stop.status())
+        if stop.forced:
+            await _end_forced_quit(server)
 
     server.serve = serve_then_end  # type: ignore[method-assign]
     uvicorn_startup = server.startup
@@ -589,6 +593,27 @@ def _prepare_server(
 
     server.startup = startup_then_say_where  # type: ignore[method-assign]
     return stop
+
+
+async def _end_forced_quit(server: uvicorn.Server) -> None:
+    """After a forced quit, in a process that goes on (`serve`): drop what the command line's exit
+    (`end_process`) drops, and stop the app as a stop does, so that `serve` returns without a traceback.
+
+    uvicorn's force quit returns with the requests still running and the lifespan never told to shut
+    down; `asyncio.run` then cancelled their tasks, and uvicorn logged each cancellation as an ERROR with
+    a CancelledError traceback after the forced quit's warning (the lifespan's too), and answered the
+    requests 500, where the warning says they are dropped without an answer. Here each connection is
+    dropped, so that its request ends as one whose client left (its documents are skipped), then the
+    lifespan's shutdown stops the engine, which owes no one anything any more, and closes it and the
+    extractor pool, which a caller whose process goes on would otherwise keep until its exit."""
+    import asyncio  # imported already by uvicorn: not among this module's imports, which the CLI loads
+
+    for connection in list(server.server_state.connections):
+        transport = getattr(connection, "transport", None)
+        if transport is not None:
+            transport.abort()
+    await asyncio.gather(*server.server_state.tasks, return_exceptions=True)
+    await server.lifespan.shutdown()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
