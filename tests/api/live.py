@@ -50,7 +50,9 @@ class ServerProcess:
         return self.log.read().decode(errors="replace")
 
 
-def _bound_socket() -> socket.socket:
+def bound_socket() -> socket.socket:
+    """A TCP socket bound to a free port of 127.0.0.1, not yet listening: a server given it (uvicorn's
+    `sockets=`) has its port with no window for another test, in this process or another, to take it."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -58,7 +60,7 @@ def _bound_socket() -> socket.socket:
 
 
 def free_port() -> int:
-    with _bound_socket() as sock:
+    with bound_socket() as sock:
         port: int = sock.getsockname()[1]
         return port
 
@@ -96,7 +98,7 @@ def wait_ready(
 @contextmanager
 def live_server(settings: Settings) -> Iterator[LiveServer]:
     """uvicorn serving `create_app(settings)` in a thread, ready (model warmed) when entered."""
-    sock = _bound_socket()
+    sock = bound_socket()
     port = sock.getsockname()[1]
     config = uvicorn_config(create_app(settings), settings.model_copy(update={"log_level": "warning"}))
     server = uvicorn.Server(config)

@@ -13,7 +13,7 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from service.api.http_protocol import protocol_class
-from tests.api.live import free_port, wait_ready
+from tests.api.live import bound_socket, wait_ready
 
 
 class FakeTransport(asyncio.Transport):
@@ -80,7 +80,8 @@ def threaded_server(app: Any, head_timeout_s: float | None = None, **config: Any
     more of uvicorn.Config's settings (`timeout_keep_alive`)."""
     protocol_type = protocol_class(head_timeout_s)
     assert not isinstance(protocol_type, str)
-    port = free_port()
+    sock = bound_socket()
+    port = sock.getsockname()[1]
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -93,7 +94,7 @@ def threaded_server(app: Any, head_timeout_s: float | None = None, **config: Any
             **config,
         )
     )
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
         wait_ready(f"http://127.0.0.1:{port}", path="/")
@@ -101,3 +102,4 @@ def threaded_server(app: Any, head_timeout_s: float | None = None, **config: Any
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+        sock.close()
