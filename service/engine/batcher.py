@@ -13,7 +13,7 @@ overlap to one batch.
 The batcher also times how fast it drains (`admission.DrainRate`): busy from the moment it holds a
 document until it holds none and runs no pass, so that time spent elsewhere (preprocessing, the result
 cache) never reads as slowness of the model; nor does a pass's wait for the model to load (`_load_wait_s`:
-an inference process restarting).
+an inference process restarting), which a document's timings count as queueing, not inference.
 
 A window is drained completely before the next one is taken, so a long document is never starved by a
 stream of short ones.
@@ -525,7 +525,10 @@ class Batcher:
             self._passes -= 1
             if self._drain is not None:  # a failed pass's wait too: the next batch's interval holds it
                 self._drain.exclude(sum(load_waits))
-        inference_s = time.monotonic() - start
+        # A wait for the model to load (an inference process restarting) is queueing, not inference: the
+        # timing headers and the inference histogram had read a restart as a pass of several seconds.
+        load_wait_s = sum(load_waits)
+        inference_s = max(0.0, time.monotonic() - start - load_wait_s)
         problem = _malformed(output, len(ready.documents), self._row_shapes)
         if problem is not None:
             # Checked before any row is answered: an output the rows cannot be read from would raise
@@ -543,7 +546,7 @@ class Batcher:
                 BatchRow(
                     embedding=output.embeddings[row],
                     scores={name: values[row] for name, values in output.scores.items()},
-                    queue_s=start - doc.enqueued,
+                    queue_s=start + load_wait_s - doc.enqueued,
                     inference_s=inference_s,
                 )
             )

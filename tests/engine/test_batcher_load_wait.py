@@ -1,5 +1,6 @@
 """The batcher's drain rate leaves out what a pass spent waiting for its model to load (a runner's
-`load_wait_s`: an inference process restarting), whether that pass succeeded or failed."""
+`load_wait_s`: an inference process restarting), whether that pass succeeded or failed; a document's
+timings count that wait as queueing, not inference."""
 
 from __future__ import annotations
 
@@ -60,5 +61,46 @@ async def test_a_failed_pass_s_wait_for_the_model_does_not_slow_the_next_batch()
         # document alone read as at least `held_s` of work.
         per_document = drain.seconds_for(1)
         assert per_document is not None and per_document < held_s
+    finally:
+        await batcher.close()
+
+
+class _LoadingRunner(BlockingRunner):
+    """Each pass first waits for `release` as for its model to load (counted in `load_wait_s`, as
+    `ProcessRunner` counts a restart), then answers at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.load_wait_s = 0.0
+
+    def run(self, prepared: PreparedBatch) -> RunnerOutput:
+        self.started.set()
+        waiting = time.monotonic()
+        self.release.wait(HOLD_BOUND_S)
+        self.load_wait_s += time.monotonic() - waiting
+        return super().run(prepared)
+
+
+async def test_a_pass_s_wait_for_the_model_is_the_document_s_queue_time_not_inference() -> None:
+    """The timing headers and the inference histogram had read a restart's wait as a pass of seconds."""
+    runner = _LoadingRunner()
+    reported: list[float] = []
+    batcher = Batcher(
+        runner,
+        max_batch_tokens=1000,
+        max_batch_requests=1,
+        max_wait_ms=0,
+        on_batch=lambda stats: reported.append(stats.inference_s),
+    )
+    batcher.start()
+    try:
+        answer = batcher.submit([2, 5, 3], deadline=None)
+        assert await asyncio.to_thread(runner.started.wait, HOLD_BOUND_S)
+        await asyncio.sleep(HOLD_S)
+        runner.release.set()
+        row = await asyncio.wait_for(answer, HOLD_BOUND_S)
+        # The fake pass answers at once: all but scheduling noise of the held second is the load's.
+        assert row.queue_s >= HOLD_S and row.inference_s < HOLD_S / 2, row
+        assert reported == [row.inference_s]
     finally:
         await batcher.close()
