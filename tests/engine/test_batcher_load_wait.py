@@ -74,8 +74,8 @@ class _LoadingRunner(BlockingRunner):
         self.load_wait_s = 0.0
 
     def run(self, prepared: PreparedBatch) -> RunnerOutput:
+        waiting = time.monotonic()  # before `started`: the test's hold then lies wholly inside the wait
         self.started.set()
-        waiting = time.monotonic()
         self.release.wait(HOLD_BOUND_S)
         self.load_wait_s += time.monotonic() - waiting
         return super().run(prepared)
