@@ -45,7 +45,9 @@ from service.api.schemas import (
 )
 from service.api.settings import Settings
 from service.api.timing import TimingMiddleware
+from service.core.extract.pool import POOL_NAME as EXTRACTOR_POOL
 from service.engine import Engine, ShuttingDownError, collector
+from service.engine.preprocessing import POOL_NAME as PREPROCESSING_POOL
 
 logger = logging.getLogger(__name__)
 
@@ -166,6 +168,9 @@ async def _stop(engine: Engine, drain_timeout_s: float) -> bool:
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     """The app for `settings`; `engine` (not started) is used instead of loading `settings.model_path`."""
     metrics = ServiceMetrics()
+    # Started on the first /v1/extract (`Runtime.extraction`), counted from 0 before it: a rate() alert
+    # on its replacements has a series from the start.
+    metrics.watch_worker_pool(EXTRACTOR_POOL)
     api_keys = ApiKeys(settings.api_key, settings.api_key_file)  # an unusable key file fails here
     runtime = Runtime(settings=settings, metrics=metrics, api_keys=api_keys, engine=engine)
 
@@ -178,6 +183,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             runtime.engine = await asyncio.to_thread(load_engine, settings)
         running = runtime.engine
         running.observer = EngineMetricsObserver(metrics)
+        if running.config.preprocess_pool == "process":  # threads are never replaced: no series for them
+            metrics.watch_worker_pool(PREPROCESSING_POOL)
         runtime.loop = asyncio.get_running_loop()
         await running.start()
         runtime.started = True

@@ -3,9 +3,11 @@
 Request counts and durations per route come from `RequestMetricsMiddleware`; queue size, batch sizes,
 batch tokens, per-stage durations and documents and tokens processed from the Engine's observer hooks
 (`EngineMetricsObserver`); failures by code from the error handler; failed extractions from the
-/v1/extract router; the build's identity (`htmllm_build_info`) and readiness from the /metrics route at
-scrape time; the server process's memory, CPU and file descriptors (`process_*`) and `python_info` from
-prometheus_client's own collectors, read at scrape time.
+/v1/extract router; worker processes lost or replaced from their pools' `on_replaced` (the preprocessing
+pool's through the Engine's observer, the extractor pool's from the runtime that builds it); the build's
+identity (`htmllm_build_info`) and readiness from the /metrics route at scrape time; the server process's
+memory, CPU and file descriptors (`process_*`) and `python_info` from prometheus_client's own collectors,
+read at scrape time.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.connections import status_sent
 from service.core.errors import ErrorCode
+from service.core.worker_health import REPLACEMENT_REASONS
 from service.engine import BatchStats, EngineObserver
 
 # Seconds: from sub-millisecond pruning to a long CPU batch.
@@ -139,6 +142,17 @@ class ServiceMetrics:
             ["code", "extractor"],
             registry=r,
         )
+        # A worker process killed or replaced is otherwise one warning line (`service.core.workers`) among
+        # millions of pages a day: no rate an alert can watch. Both labels are closed sets: the pools'
+        # names, and `worker_health.REPLACEMENT_REASONS`, every pair of a pool the server runs from 0
+        # (`watch_worker_pool`), so that a rate() has a series before the first replacement.
+        self.worker_replacements = Counter(
+            "htmllm_worker_replacements",
+            "Preprocessing and extractor worker processes lost or replaced, by pool and reason (killed from "
+            "outside, crashed, lost_status, time_limit, stalled, memory_retained, idle_died)",
+            ["pool", "reason"],
+            registry=r,
+        )
         self.cache_hits = Counter(
             "htmllm_result_cache_hits",
             "Documents answered from the result cache, without the model",
@@ -188,6 +202,15 @@ class ServiceMetrics:
             ProcessCollector(registry=r)
         if "python_info" not in present:
             PlatformCollector(registry=r)
+
+    def watch_worker_pool(self, pool: str) -> None:
+        """Export `htmllm_worker_replacements_total` for `pool` under every reason, at 0 until one comes."""
+        for reason in REPLACEMENT_REASONS:
+            self.worker_replacements.labels(pool=pool, reason=reason)
+
+    def worker_replaced(self, pool: str, reason: str) -> None:
+        """A worker of `pool` lost or replaced for `reason` (a `WorkerPool`'s `on_replaced`; any thread)."""
+        self.worker_replacements.labels(pool=pool, reason=reason).inc()
 
     def set_build(self, **labels: str) -> None:
         """`htmllm_build_info` for the build and checkpoint `labels` name (every one of `BUILD_LABELS`),
@@ -279,6 +302,10 @@ class EngineMetricsObserver(EngineObserver):
 
     def cache_hit(self) -> None:
         self.metrics.cache_hits.inc()
+
+    def worker_replaced(self, pool: str, reason: str) -> None:
+        """A preprocessing process lost or replaced (`Engine._worker_replaced`)."""
+        self.metrics.worker_replaced(pool, reason)
 
 
 class RequestMetricsMiddleware:

@@ -7,6 +7,7 @@ several apps (tests, the benchmark's two servers) live side by side in one proce
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -377,11 +378,13 @@ class Runtime:
         async with self._extract_lock:
             if self.extractor_pool is None or self.extract_threads is None:
                 from service.core.extract import ExtractorPool
+                from service.core.extract.pool import POOL_NAME
                 from service.core.workers import mib_as_bytes
 
                 workers = self.settings.extract_workers
                 limit = mib_as_bytes(self.settings.extract_memory_limit_mb)
-                self.extractor_pool = ExtractorPool(workers, memory_limit_bytes=limit)
+                replaced = functools.partial(self.metrics.worker_replaced, POOL_NAME)
+                self.extractor_pool = ExtractorPool(workers, memory_limit_bytes=limit, on_replaced=replaced)
                 self.extract_threads = ThreadPoolExecutor(workers, thread_name_prefix="htmllm-extract")
             return self.extractor_pool, self.extract_threads
 

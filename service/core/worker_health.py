@@ -5,7 +5,9 @@ worker that failed a job holds too much of its memory limit to be kept, and whet
 holding a job was killed from outside (or cannot be known not to have been) rather than crashed by it.
 
 Each worker lost, killed or replaced is one warning in the pool's log, `service.core.workers`, where an
-operator looks for them (docs name it); this module logs under that name.
+operator looks for them (docs name it); this module logs under that name. Each is also one of
+`REPLACEMENT_REASONS`, which the pool hands its owner (`WorkerPool`'s `on_replaced`: the service counts
+them in a metric, since one log line among millions of pages a day is no rate an alert can watch).
 """
 
 from __future__ import annotations
@@ -44,6 +46,17 @@ STALLED_CPU_SHARE: Final = 0.1
 # a new worker would keep again, and replacing it for that would replace every worker after its first job.
 RETAINED_SHARE: Final = 0.5
 _PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+# Why a pool lost or replaced a worker, as it tells its `on_replaced` callback (a metric's label, so a
+# closed set): one for each warning below, the died ones split as `lost_cause` splits them.
+KILLED: Final = "killed"  # died holding a job of SIGKILL or SIGTERM from outside: the OOM killer, a kill
+CRASHED: Final = "crashed"  # died holding a job of its own doing: SIGSEGV, SIGABRT, an exit status
+LOST_STATUS: Final = "lost_status"  # died holding a job, its exit status lost with its replaced forkserver
+TIME_LIMIT: Final = "time_limit"  # killed by the pool: its job ran past the time limit, busy on the CPU
+STALLED: Final = "stalled"  # killed by the pool past the time limit, hardly on the CPU (stopped, starved)
+MEMORY_RETAINED: Final = "memory_retained"  # replaced: a failed job left it near its memory limit
+IDLE_DIED: Final = "idle_died"  # found dead while idle (the OOM killer, a kill), replaced before a job
+REPLACEMENT_REASONS: Final = (KILLED, CRASHED, LOST_STATUS, TIME_LIMIT, STALLED, MEMORY_RETAINED, IDLE_DIED)
 
 
 def stalled(cpu_s: float | None, elapsed_s: float) -> bool:

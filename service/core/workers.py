@@ -20,7 +20,8 @@ Our own kills (a job past its time limit, `close`) are neither: they raise `Work
 `WorkerError`. A worker past its time limit that was hardly on the CPU meanwhile (stopped, starved) is
 told from one a job kept busy: `WorkerTimeoutError.stalled`. A worker that a failed job left holding
 most of the room its memory limit gave it is replaced, not left to fail every later job. Each worker
-lost or killed is one warning in the log (`service.core.workers`).
+lost or killed is one warning in the log (`service.core.workers`), and one call of the pool's
+`on_replaced` with why (`worker_health.REPLACEMENT_REASONS`), for its owner to count.
 
 The fast path stays fast: workers are started once and reused (a job costs one pipe round trip of its
 arguments and result, about 1.5 ms per corpus page on the benchmark machine), and on Linux they are
@@ -62,7 +63,14 @@ from service.core.processes import (
     worker_context,
 )
 from service.core.worker_health import (
+    CRASHED,
+    IDLE_DIED,
+    KILLED,
+    LOST_STATUS,
+    MEMORY_RETAINED,
+    STALLED,
     STATUS_UNREAD,
+    TIME_LIMIT,
     ProcGauges,
     cpu_used,
     lost_cause,
@@ -360,6 +368,11 @@ class WorkerPool:
     killed from outside is run again in a fresh worker, up to `lost_worker_retries` times (each try
     under its own `timeout_s`: the kill cut the try short, not the job), before `WorkerLostError`; 0
     (the default) for a pool whose jobs must not run twice.
+
+    `on_replaced(reason)` is called once for each worker lost or killed but by `close`, with one of
+    `worker_health.REPLACEMENT_REASONS`, on the thread whose job or call found it (never under the
+    pool's lock): how the service counts them in a metric, where the warning each also logs is one line
+    among millions. What it raises is logged and dropped: a broken counter must not fail the job.
     """
 
     def __init__(
@@ -373,6 +386,7 @@ class WorkerPool:
         memory_limit_bytes: int | None = None,
         context: BaseContext | None = None,
         lost_worker_retries: int = 0,
+        on_replaced: Callable[[str], object] | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError(f"the {name} pool needs at least one worker, got {workers}")
@@ -382,6 +396,7 @@ class WorkerPool:
         self.name = name
         self.memory_limit_bytes = memory_limit_bytes
         self.lost_worker_retries = lost_worker_retries
+        self._on_replaced = on_replaced
         self._ctx = context or worker_context(preload)
         self._worker_args = (tuple(preload), memory_limit_bytes, initializer, initargs)
         self._cond = threading.Condition()
@@ -453,27 +468,43 @@ class WorkerPool:
         if limit is None or not worker.gauges.retains_memory(limit):
             return False
         warn_retained(self.name, worker.pid, worker.gauges, limit)
+        self._replaced(MEMORY_RETAINED)
         return True
 
+    def _replaced(self, reason: str) -> None:
+        """Tell `on_replaced` that a worker was lost or killed for `reason`; what it raises is logged."""
+        if self._on_replaced is None:
+            return
+        try:
+            self._on_replaced(reason)
+        except Exception:
+            _log.exception("the %s pool's on_replaced callback raised on %r", self.name, reason)
+
     def _acquire(self) -> _Worker:
-        with self._cond:
-            while True:
-                if self._closed:
-                    raise WorkerError(f"the {self.name} pool is closed")
-                if self._idle:
-                    worker = self._idle.pop()
-                    if not worker.process.is_alive():
-                        # Killed while idle (the OOM killer, an operator): the job about to be sent
-                        # did not do it, so it must not fail as "died". Reap and replace.
-                        self._live -= 1
-                        warn_idle_died(self.name, worker.pid, worker.kill())
-                        continue
-                    self._busy.add(worker)
-                    return worker
-                if self._live < self.workers:
-                    self._live += 1
-                    break
-                self._cond.wait()
+        died = 0  # idle workers found dead: told to `on_replaced` once the lock is let go
+        try:
+            with self._cond:
+                while True:
+                    if self._closed:
+                        raise WorkerError(f"the {self.name} pool is closed")
+                    if self._idle:
+                        worker = self._idle.pop()
+                        if not worker.process.is_alive():
+                            # Killed while idle (the OOM killer, an operator): the job about to be sent
+                            # did not do it, so it must not fail as "died". Reap and replace.
+                            self._live -= 1
+                            warn_idle_died(self.name, worker.pid, worker.kill())
+                            died += 1
+                            continue
+                        self._busy.add(worker)
+                        return worker
+                    if self._live < self.workers:
+                        self._live += 1
+                        break
+                    self._cond.wait()
+        finally:
+            for _ in range(died):
+                self._replaced(IDLE_DIED)
         return self._start()
 
     def _start(self) -> _Worker:
@@ -584,23 +615,28 @@ class WorkerPool:
         cpu_at_start: float | None,
         cpu_at_limit: float | None,
     ) -> WorkerTimeoutError:
-        """The error of a job past its limit, whose worker was killed; logged, with how busy it was."""
+        """The error of a job past its limit, whose worker was killed; logged, with how busy it was, and told
+        to `on_replaced` as `stalled` or `time_limit` as that says."""
         cpu_s = cpu_used(cpu_at_start, cpu_at_limit)
         message = f"ran past its {timeout_s} s limit ({elapsed_s:.2f} s); its worker was killed"
-        if stalled(cpu_s, elapsed_s):
+        was_stalled = stalled(cpu_s, elapsed_s)
+        if was_stalled:
             message += f": it was stalled, not busy with the job (on the CPU for {cpu_s or 0:.2f} s of it)"
         warn_time_limit(self.name, worker.pid, timeout_s, elapsed_s, cpu_s)
+        self._replaced(STALLED if was_stalled else TIME_LIMIT)
         return WorkerTimeoutError(message, elapsed_s=elapsed_s, cpu_s=cpu_s)
 
     def _died(self, worker: _Worker, message: str, exit_code: int | None) -> WorkerError:
         """A worker gone while it held a job: the job's doing, unless `close` killed it, something outside
         the pool did, or what did cannot be known (`worker_health.lost_cause`): `WorkerLostError` for those
-        two; logged, but for `close`."""
+        two; logged and told to `on_replaced` (`killed`, `lost_status` or `crashed`), but for `close`."""
         if self._closed:
             return WorkerError(f"the {self.name} pool was closed while the job ran")
         cause = lost_cause(self._ctx, exit_code, worker.forked_by)
         # 255 is no signal's: a cause for it is that the status was never told (a replaced forkserver).
-        warn_died(self.name, worker.pid, exit_code, unread=cause is not None and exit_code == STATUS_UNREAD)
+        unread = cause is not None and exit_code == STATUS_UNREAD
+        warn_died(self.name, worker.pid, exit_code, unread=unread)
+        self._replaced(CRASHED if cause is None else LOST_STATUS if unread else KILLED)
         if cause is not None:
             return WorkerLostError(f"its {self.name} worker {cause}", exit_code=exit_code)
         return WorkerDiedError(message, exit_code=exit_code)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import math
 import numbers
@@ -38,6 +39,7 @@ from service.engine.batcher import Batcher, OutputShapes
 from service.engine.collector import cancel_and_forget
 from service.engine.failures import PAGE_FAILURES, for_copy, naming_failures
 from service.engine.loading import build_runner, check_device
+from service.engine.preprocessing import POOL_NAME as PREPROCESSING_POOL
 from service.engine.preprocessing import Preprocessing
 from service.engine.progress import (
     AWAITING_COPY,
@@ -170,7 +172,8 @@ class Engine:
                 meta.prune_version,
                 PRUNE_VERSION,
             )
-        self._preprocessing = Preprocessing(tokenizer, config, max_length)  # its pools: from start to stop
+        # Its pools: from start to stop.
+        self._preprocessing = Preprocessing(tokenizer, config, max_length, on_replaced=self._worker_replaced)
         self._batcher: Batcher | None = None
         # What a stop cancelled on its way leaves ending, for the next start to wait for: the last
         # batcher's pass in flight (on its thread), and the preprocessing pools' close.
@@ -904,6 +907,18 @@ class Engine:
 
     def _on_skipped(self, documents: int) -> None:
         self._notify(self.observer.documents_skipped, documents)
+
+    def _worker_replaced(self, reason: str) -> None:
+        """A preprocessing process lost or replaced for `reason` (`WorkerPool`'s `on_replaced`, called on
+        the thread that waited on it): the observer's `worker_replaced(pool, reason)`, posted to the loop,
+        where every hook runs. Looked up at each call: the app sets its observer after the engine is
+        built. An observer without the hook (one not derived from `EngineObserver`) is skipped."""
+        hook = getattr(self.observer, "worker_replaced", None)
+        loop = self._loop
+        if hook is None or loop is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nothing is left to count it
+            loop.call_soon_threadsafe(self._notify, hook, PREPROCESSING_POOL, reason)
 
     def _notify(self, hook: Callable[..., object], *args: object) -> None:
         """Call an observer hook; a metrics bug must never fail a request."""

@@ -35,6 +35,10 @@ from service.engine.types import Document, EngineConfig, ShuttingDownError
 
 T = TypeVar("T")
 
+# The process pool's name: in its workers' warnings ("the preprocessing worker ... died") and the `pool`
+# label the service counts their replacements under (`htmllm_worker_replacements_total`).
+POOL_NAME = "preprocessing"
+
 # A page whose process was killed from outside (the OOM killer, `kill -9`) is tried again in a fresh
 # process this many times before its caller is told `not_ready` (`failures.ProcessLostError`): a kill
 # says nothing of the page, and one OOM kill under a burst of big pages should not fail a request.
@@ -79,12 +83,21 @@ class Preprocessing:
     the pools of a later start.
     """
 
-    def __init__(self, tokenizer: HtmlTokenizer, config: EngineConfig, max_length: int) -> None:
+    def __init__(
+        self,
+        tokenizer: HtmlTokenizer,
+        config: EngineConfig,
+        max_length: int,
+        *,
+        on_replaced: Callable[[str], object] | None = None,
+    ) -> None:
         self._tokenizer = tokenizer
         self._config = config
         self._max_length = max_length
         self._pool: ThreadPoolExecutor | None = None
         self._processes: WorkerPool | None = None  # preprocess_pool="process"
+        # Told why each process was lost or replaced (`WorkerPool`), on the thread that waited on it.
+        self._on_replaced = on_replaced
         # Threads that wait on the processes: apart, so that a page stuck in one (up to its time limit)
         # never holds up the work of `_pool` (hashing a page for the result cache).
         self._dispatch: ThreadPoolExecutor | None = None
@@ -115,7 +128,7 @@ class Preprocessing:
         if self._config.preprocess_pool == "process":
             self._processes = WorkerPool(
                 workers,
-                name="preprocessing",
+                name=POOL_NAME,
                 preload=PRELOAD,
                 initializer=init_worker,
                 # The tables the tokenizer's warm-up built here (if it needs them): a second less per start.
@@ -127,6 +140,7 @@ class Preprocessing:
                 ),
                 memory_limit_bytes=mib_as_bytes(self._config.preprocess_memory_limit_mb),
                 lost_worker_retries=LOST_PROCESS_RETRIES,
+                on_replaced=self._on_replaced,
             )
             self._dispatch = ThreadPoolExecutor(workers, thread_name_prefix="htmllm-preprocess-dispatch")
             await asyncio.to_thread(self._processes.prestart)

@@ -298,3 +298,8 @@ class EngineObserver:
 
     def cache_hit(self) -> None:
         """A document answered from the result cache (no prune, tokenize or forward pass)."""
+
+    def worker_replaced(self, pool: str, reason: str) -> None:
+        """A worker process of the Engine's pool `pool` was lost or replaced, for one of
+        `service.core.worker_health.REPLACEMENT_REASONS` (the kernel's OOM killer, a page past its time
+        limit...): each is also a warning in the log."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from multiprocessing.context import BaseContext
 from typing import Final, Protocol
 
@@ -34,6 +35,9 @@ _PRELOAD: Final = (
     "justext",
     "trafilatura",
 )
+# The pool's name: in its workers' warnings ("the extractor worker ... died") and the `pool` label the
+# service counts their replacements under (`htmllm_worker_replacements_total`).
+POOL_NAME: Final = "extractor"
 # A page whose extractor process was killed from outside is tried again in a fresh process this many
 # times before `ExtractorLostError`, as served preprocessing does (`LOST_PROCESS_RETRIES`): one OOM kill
 # under a burst of big pages should neither fail a request nor change which extractor the union picks.
@@ -96,7 +100,8 @@ class ExtractorPool(WorkerPool):
 
     A caller takes an idle worker (or starts one, or waits for one), sends the job and waits at most
     `timeout_s`. A worker that timed out or crashed is killed and not reused; one killed from outside
-    under a job is replaced and the job run again (`LOST_WORKER_RETRIES`).
+    under a job is replaced and the job run again (`LOST_WORKER_RETRIES`). `on_replaced`: as
+    `WorkerPool` takes it, told why each worker was lost or replaced.
     """
 
     def __init__(
@@ -105,14 +110,16 @@ class ExtractorPool(WorkerPool):
         *,
         memory_limit_bytes: int | None = None,
         context: BaseContext | None = None,
+        on_replaced: Callable[[str], object] | None = None,
     ) -> None:
         super().__init__(
             default_workers() if workers is None else workers,
-            name="extractor",
+            name=POOL_NAME,
             preload=_PRELOAD,
             memory_limit_bytes=memory_limit_bytes,
             context=context,
             lost_worker_retries=LOST_WORKER_RETRIES,
+            on_replaced=on_replaced,
         )
 
     def run(self, name: str, html: str, *, language: str | None, timeout_s: float | None) -> RawOutput:
