@@ -10,10 +10,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def imported_modules(path: Path) -> set[str]:
-    """Every absolute module an import statement in `path` names (relative imports resolved)."""
+def imported_modules(path: Path, root: Path = ROOT) -> set[str]:
+    """Every absolute module an import statement in `path` names (relative imports resolved against its
+    place under `root`)."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    package = ".".join(path.relative_to(root).with_suffix("").parts[:-1])
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -61,12 +62,12 @@ def test_layers_import_only_downward(package: str, forbidden: tuple[str, ...]) -
 
 def test_checker_sees_violations(tmp_path: Path) -> None:
     """The checker itself must catch a forbidden import, or the test above could never fail."""
-    probe = ROOT / "service" / "core" / "_layering_probe.py"
+    # Under tmp_path, not the source tree: a probe there was seen by the other tests that read the
+    # sources, in another pytest-xdist process, while it existed.
+    probe = tmp_path / "service" / "core" / "_layering_probe.py"
+    probe.parent.mkdir(parents=True)
     probe.write_text("from fastapi import FastAPI\nimport model_training.cli\nfrom ..api import x\n")
-    try:
-        found = imported_modules(probe)
-    finally:
-        probe.unlink()
+    found = imported_modules(probe, root=tmp_path)
     assert violates("fastapi", ("fastapi",)) and "fastapi" in found
     assert "model_training.cli" in found
     assert "service.api" in found
