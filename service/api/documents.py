@@ -310,7 +310,8 @@ async def read_body(
     set option is an error rather than silently ignored, and so is a query parameter that is none of
     them on any request (`?normalise=false` would otherwise answer normalised embeddings). Those
     checked, an empty raw body is 400 `empty_input` whatever its options, and so is an empty body
-    without a Content-Type: no JSON is empty, while an empty page is what a crawler sends untyped.
+    without a Content-Type: no JSON is empty (or white space alone), while an empty page is what a
+    crawler sends untyped.
     """
     header, media_type, charset = request_content_type(request)
     body = await request.body()
@@ -337,12 +338,13 @@ async def read_body(
             code=ErrorCode.VALIDATION,
         )
     check_not_compressed(body, request.scope.get(CONTENT_ENCODING_KEY))
-    if not header and (not body or _looks_like_markup(body)):
+    if not header and (not body.strip(b"\t\n\r ") or _looks_like_markup(body)):
         # `requests.post(url, data=page)` and `httpx.post(url, content=page)` send no Content-Type.
         # JSON cannot start so: the body is one page, as application/octet-stream would say. Nor can
-        # JSON be empty: an empty page so sent (a crawler's empty fetch) is the raw body's 400
-        # `empty_input`, as with text/html; read as JSON it was a 422, "Invalid JSON", or with its
-        # `?id=` "query options ['id'] apply to raw bodies only; put them in the JSON body".
+        # JSON be empty or white space alone: an empty page so sent (a crawler's empty fetch) is the raw
+        # body's 400 `empty_input`, and one of white space is the page it is, as with text/html; read as
+        # JSON each was a 422, "Invalid JSON", or with its `?id=` "query options ['id'] apply to raw
+        # bodies only; put them in the JSON body".
         media_type = "application/octet-stream"
     if is_json(media_type):
         given = sorted(name for name, value in raw_options.items() if value is not None)

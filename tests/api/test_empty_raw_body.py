@@ -99,9 +99,9 @@ async def test_an_invalid_option_with_an_empty_body_stays_422(
 
 
 async def test_json_bodies_keep_their_errors(client: httpx.AsyncClient) -> None:
-    """Only an empty untyped body became a page: declared JSON, or an untyped body that is JSON, with a
-    raw option is the 422 that sends the option into the body, and an empty declared-JSON body is invalid
-    JSON."""
+    """Only an empty (or blank) untyped body became a page: declared JSON, or an untyped body that is
+    JSON, with a raw option is the 422 that sends the option into the body, and an empty declared-JSON
+    body is invalid JSON."""
     body = json.dumps({"documents": [{"html": "<p>hi</p>"}]}).encode()
     for headers in ({}, {"content-type": "application/json"}):
         response = await client.post("/v1/embed?id=a", content=body, headers=headers)
@@ -111,8 +111,20 @@ async def test_json_bodies_keep_their_errors(client: httpx.AsyncClient) -> None:
     assert "apply to raw bodies only" in _error(response, 422, "validation_error")
     response = await client.post("/v1/embed", content=b"", headers=declared)
     assert _error(response, 422, "validation_error").startswith("Invalid JSON")
-    response = await client.post("/v1/embed", content=b" \n", headers={})  # not empty: untyped JSON
+    response = await client.post("/v1/embed", content=b"[", headers={})  # untyped, not markup: JSON
     assert _error(response, 422, "validation_error").startswith("Invalid JSON")
+
+
+async def test_an_untyped_body_of_white_space_is_the_page_it_is(client: httpx.AsyncClient) -> None:
+    """No JSON is white space alone: such a body sent untyped (a crawler's fetch of a blank page) is the
+    page text/html makes of it, not a 422 "Invalid JSON"."""
+    for route in ("/v1/embed", "/v1/preprocess", "/v1/extract"):
+        for body in (b"\n", b" \r\n\t "):
+            untyped = await client.post(f"{route}?id=blank", content=body, headers={})
+            html = {"content-type": "text/html"}
+            typed = await client.post(f"{route}?id=blank", content=body, headers=html)
+            assert (untyped.status_code, untyped.json()) == (typed.status_code, typed.json()), (route, body)
+            assert untyped.status_code == 200, untyped.text
 
 
 async def test_the_openapi_document_says_an_empty_body_is_400(client: httpx.AsyncClient) -> None:
