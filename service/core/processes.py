@@ -1,6 +1,7 @@
 """How the service starts its worker processes (text extractors, preprocessing): one choice for all, how
 they and the helpers multiprocessing starts with them outlive the signals sent to the whole process group
-(`group_signals_held`), and how it gets a forkserver back that can no longer start them."""
+(`group_signals_held`), how it gets a forkserver back that can no longer start them, and whether a worker's
+forkserver can still tell its exit status (`forkserver_lost`)."""
 
 from __future__ import annotations
 
@@ -101,6 +102,35 @@ def forkserver_replaced(ctx: BaseContext, forked_by: int | None) -> bool:
         return False
     running = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", forked_by)
     return bool(running != forked_by)
+
+
+def forkserver_lost(ctx: BaseContext, forked_by: int | None) -> bool:
+    """Whether the forkserver whose pid is `forked_by` can no longer tell the exit status of a worker it
+    forked: replaced (`forkserver_replaced`), or dead and not replaced yet (the kernel's OOM killer, a
+    `kill -9`: multiprocessing launches a new one only at the next process start). Once it is dead, every
+    worker of it that dies reads 255, whatever ended it, and a live one reads dead too (its `Popen.poll`
+    reads the status from the forkserver's socket, now closed). False where `ctx` uses no forkserver,
+    `forked_by` is unknown, or it runs (a pid recycled since reads as running: the status is taken as it
+    reads, as before)."""
+    return forkserver_replaced(ctx, forked_by) or (
+        forked_by is not None and ctx.get_start_method() == "forkserver" and _child_exited(forked_by)
+    )
+
+
+def _child_exited(pid: int) -> bool:
+    """Whether this process's child `pid` has exited, asked without reaping it (`WNOWAIT`): the forkserver
+    in use is reaped by multiprocessing's own `ensure_running` (`waitpid`), which fails on a pid reaped
+    elsewhere, and with it every later process start. A pid that is no child of this process (any more)
+    is no forkserver of its own that runs: True. False where the kernel cannot be asked (no `waitid`)."""
+    waitid = getattr(os, "waitid", None)
+    if waitid is None:
+        return False
+    try:
+        return waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+    except OSError:
+        return False
 
 
 def restart_forkserver(ctx: BaseContext, seen: object) -> bool:

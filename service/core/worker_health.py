@@ -21,7 +21,7 @@ import threading
 from multiprocessing.context import BaseContext
 from typing import Final
 
-from service.core.processes import forkserver_replaced
+from service.core.processes import forkserver_lost
 
 _log = logging.getLogger("service.core.workers")
 
@@ -31,8 +31,9 @@ _log = logging.getLogger("service.core.workers")
 # own SIGKILLs (past the time limit, at `close`) are told apart where it sends them.
 KILLED_FROM_OUTSIDE: Final = frozenset({-signal.SIGKILL, -signal.SIGTERM})
 # The exit status multiprocessing gives a forkserver's worker whose status the forkserver never sent: it
-# had exited first, as one `restart_forkserver` forgot does with its last worker. Whatever ended such a
-# worker (a kill from outside as often as not), a job is not blamed on it (`forkserver_replaced`).
+# had exited first, as one `restart_forkserver` forgot does with its last worker, or one the OOM killer
+# chose. Whatever ended such a worker (a kill from outside as often as not), a job is not blamed on it
+# (`forkserver_lost`).
 STATUS_UNREAD: Final = 255
 # A job past its time limit whose worker had the CPU for less than this share of the time was stalled (a
 # SIGSTOP, a frozen cgroup, a machine so overloaded that the page never had its turn), not busy with a
@@ -45,13 +46,15 @@ STALLED_CPU_SHARE: Final = 0.1
 # page). Only after a failure: what a job that succeeds keeps (the modules its first run imports, caches)
 # a new worker would keep again, and replacing it for that would replace every worker after its first job.
 RETAINED_SHARE: Final = 0.5
+# What a warning says of a worker whose status is `STATUS_UNREAD`.
+_UNREAD: Final = ": its exit status is unknown, its forkserver (replaced since, or dead) having exited first"
 _PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 # Why a pool lost or replaced a worker, as it tells its `on_replaced` callback (a metric's label, so a
 # closed set): one for each warning below, the died ones split as `lost_cause` splits them.
 KILLED: Final = "killed"  # died holding a job of SIGKILL or SIGTERM from outside: the OOM killer, a kill
 CRASHED: Final = "crashed"  # died holding a job of its own doing: SIGSEGV, SIGABRT, an exit status
-LOST_STATUS: Final = "lost_status"  # died holding a job, its exit status lost with its replaced forkserver
+LOST_STATUS: Final = "lost_status"  # died holding a job, its status lost with its forkserver (replaced, dead)
 TIME_LIMIT: Final = "time_limit"  # killed by the pool: its job ran past the time limit, busy on the CPU
 STALLED: Final = "stalled"  # killed by the pool past the time limit, hardly on the CPU (stopped, starved)
 MEMORY_RETAINED: Final = "memory_retained"  # replaced: a failed job left it near its memory limit
@@ -138,14 +141,20 @@ def cpu_used(at_start: float | None, at_limit: float | None) -> float | None:
     return max(0.0, at_limit - at_start)
 
 
+def status_unread(ctx: BaseContext, exit_code: int | None, forked_by: int | None) -> bool:
+    """Whether `exit_code` of a worker forked by `forked_by` is `STATUS_UNREAD`, no status of its own: its
+    forkserver exited before telling it (`forkserver_lost`)."""
+    return exit_code == STATUS_UNREAD and forkserver_lost(ctx, forked_by)
+
+
 def lost_cause(ctx: BaseContext, exit_code: int | None, forked_by: int | None) -> str | None:
     """Why a worker that died holding a job with `exit_code` did not die of the job, as `WorkerLostError`
     says it; None when it did (its exit status its own: a crash, a signal of its code's doing)."""
-    if exit_code == STATUS_UNREAD and forkserver_replaced(ctx, forked_by):
+    if status_unread(ctx, exit_code, forked_by):
         return (
             f"died while it held the job, of a cause unknown (exit code {exit_code}: the forkserver it came "
-            "from, since replaced, exited before telling its exit status; as likely the kernel's OOM killer "
-            "or a kill), not counted as crashed by the job"
+            "from, since replaced or dead, exited before telling its exit status; as likely the kernel's OOM "
+            "killer or a kill), not counted as crashed by the job"
         )
     if exit_code is not None and exit_code in KILLED_FROM_OUTSIDE:
         return (
@@ -156,20 +165,20 @@ def lost_cause(ctx: BaseContext, exit_code: int | None, forked_by: int | None) -
 
 
 def warn_died(pool: str, pid: int | None, exit_code: int | None, *, unread: bool) -> None:
-    """Log a worker that died holding a job; `unread`: its exit status went with its replaced forkserver."""
+    """Log a worker that died holding a job; `unread`: its exit status went with its forkserver
+    (`status_unread`)."""
     _log.warning(
         "the %s worker %s died while it held a job (exit code %s%s); replacing it",
-        pool, pid, exit_code,
-        ": its exit status is unknown, its forkserver having been replaced" if unread
-        else signal_named(exit_code),
+        pool, pid, exit_code, _UNREAD if unread else signal_named(exit_code),
     )  # fmt: skip
 
 
-def warn_idle_died(pool: str, pid: int | None, exit_code: int | None) -> None:
-    """Log a worker found dead while idle (the OOM killer, an operator), about to be replaced."""
+def warn_idle_died(pool: str, pid: int | None, exit_code: int | None, *, unread: bool) -> None:
+    """Log a worker found dead while idle (the OOM killer, an operator), about to be replaced; `unread`: its
+    exit status went with its forkserver (`status_unread`)."""
     _log.warning(
         "the idle %s worker %s died (exit code %s%s); replacing it",
-        pool, pid, exit_code, signal_named(exit_code),
+        pool, pid, exit_code, _UNREAD if unread else signal_named(exit_code),
     )  # fmt: skip
 
 

@@ -15,7 +15,10 @@ page that comes next. One killed from outside while it holds a job (SIGKILL: the
 `kill -9`; SIGTERM) is told from one the job crashed (SIGSEGV, SIGABRT, an exit status of its own):
 `WorkerLostError`, which says nothing of the job, and which a pool given `lost_worker_retries` answers
 by running the job again in a fresh worker. So is one whose exit status went with the forkserver it was
-forked by, replaced since (`restart_forkserver`): 255 is all that reads, a kill as likely as a crash.
+forked by, replaced since (`restart_forkserver`) or dead (the OOM killer picks it too): 255 is all that
+reads, a kill as likely as a crash. The workers of a dead forkserver that still live serve on (whether
+a worker lives is asked of the kernel, not of its forkserver), and the next worker started comes from a
+new forkserver.
 Our own kills (a job past its time limit, `close`) are neither: they raise `WorkerTimeoutError` and
 `WorkerError`. A worker past its time limit that was hardly on the CPU meanwhile (stopped, starved) is
 told from one a job kept busy: `WorkerTimeoutError.stalled`. A worker that a failed job left holding
@@ -37,11 +40,13 @@ fails every job in flight, and it offers no way to stop one job.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
 import pickle
 import resource
+import select
 import signal
 import struct
 import sys
@@ -69,12 +74,12 @@ from service.core.worker_health import (
     LOST_STATUS,
     MEMORY_RETAINED,
     STALLED,
-    STATUS_UNREAD,
     TIME_LIMIT,
     ProcGauges,
     cpu_used,
     lost_cause,
     stalled,
+    status_unread,
     warn_died,
     warn_idle_died,
     warn_retained,
@@ -122,7 +127,7 @@ class WorkerDiedError(WorkerError):
 
 class WorkerLostError(WorkerDiedError):
     """The worker was killed from outside while it held the job (the OOM killer, `kill -9`), or its exit
-    status was lost with its replaced forkserver (`worker_health.lost_cause`), in each of the job's
+    status was lost with its forkserver, replaced or dead (`worker_health.lost_cause`), in each of the job's
     tries: nothing the job did, so not the job's failure. A subclass, so that a caller that only knows
     "died" still catches it."""
 
@@ -305,12 +310,40 @@ def _serve(conn: Connection, fd: int, header: bytearray, spare: bytearray) -> No
             result = None
 
 
+def _pidfd_of(pid: int | None) -> int | None:
+    """A pidfd of process `pid` (Linux 5.3+), or None where none can be opened (another system, a sandbox
+    that refuses the call)."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pid is None or pidfd_open is None:
+        return None
+    try:
+        fd: int = pidfd_open(pid)
+    except OSError:
+        return None
+    return fd
+
+
+def _wait_exited(pidfd: int, timeout_s: float) -> bool:
+    """Whether the process of `pidfd` has exited (a zombie included), waiting up to `timeout_s`."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(max(0, int(timeout_s * 1000))))
+
+
 class _Worker:
-    """One worker process, the parent's end of its pipe, and its /proc files (Linux): `gauges`."""
+    """One worker process, the parent's end of its pipe, and its /proc files (Linux): `gauges`.
+
+    Whether it runs, and its kill, go through a pidfd of it where there is one (Linux), not through
+    multiprocessing alone: a forkserver's worker is judged by the status its forkserver sends, and once
+    the forkserver died (the kernel's OOM killer), every worker of it read as exited with 255 at once, the
+    live ones too. A live idle worker was then "found dead" and replaced, and the pool's kills (a job past
+    its time limit, `close`) sent nothing: multiprocessing signals no process it counts as exited. A pidfd
+    names the process itself, so a pid recycled after it was reaped is never signalled."""
 
     def __init__(self, ctx: BaseContext, name: str, args: tuple[Any, ...]) -> None:
         self._kill_lock = threading.Lock()
         self.gauges = ProcGauges(None, self._kill_lock)  # none until it is ready
+        self._pidfd: int | None = None  # none until it is ready
         try:
             parent, child = ctx.Pipe(duplex=True)
         except OSError as exc:  # no file descriptors left
@@ -336,27 +369,64 @@ class _Worker:
         except (EOFError, OSError) as exc:
             code = self.kill()
             raise WorkerStartError(f"{name} worker died while starting (exit code {code})") from exc
-        # Its forkserver, where it has one: if that is replaced while it lives, its exit status may be lost.
+        # Its forkserver, where it has one: if that is replaced or dies while it lives, its exit status may
+        # be lost (`worker_health.status_unread`).
         self.forked_by: int | None = ready[1]
         self.gauges = ProcGauges(process.pid, self._kill_lock)
+        self._pidfd = _pidfd_of(process.pid)
 
     @property
     def pid(self) -> int | None:
         return self.process.pid
+
+    def alive(self) -> bool:
+        """Whether the process runs: the kernel's word where a pidfd can ask it, else multiprocessing's."""
+        if self._pidfd is None:
+            return self.process.is_alive()
+        return not _wait_exited(self._pidfd, 0.0)
+
+    def send_kill(self) -> None:
+        """SIGKILL the process, leaving its pipe and reaping to `kill`: from a thread other than the job's,
+        under a write to its pipe (the dead reader fails the write). Nothing when `kill` is under way."""
+        if not self._kill_lock.acquire(blocking=False):
+            return  # `kill` holds it: it kills the process itself
+        try:
+            self._signal_kill()
+        finally:
+            self._kill_lock.release()
 
     def kill(self, *, grace_s: float = 0.0) -> int | None:
         """Stop the process (after `grace_s` to end on its own) and reap it; returns its exit code. Safe
         from two threads at once (the pool's `close` and the job's own thread, which sees the pipe break)."""
         with self._kill_lock:
             if grace_s > 0:
-                self.process.join(grace_s)
-            if self.process.is_alive():
-                self.process.kill()
-            self.process.join(5.0)
+                self._join(grace_s)
+            if self.alive():
+                self._signal_kill()
+            self._join(5.0)
             if not self.conn.closed:
                 self.conn.close()
             self.gauges.close()
+            if self._pidfd is not None:
+                os.close(self._pidfd)
+                self._pidfd = None
             return self.process.exitcode
+
+    def _signal_kill(self) -> None:
+        """SIGKILL the process; the caller holds `_kill_lock` (the pidfd is not closed meanwhile)."""
+        if self._pidfd is None:
+            self.process.kill()
+            return
+        with contextlib.suppress(ProcessLookupError):  # exited already (a zombie, or reaped)
+            signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+
+    def _join(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for the process to exit and its exit status to be read. The pidfd first:
+        multiprocessing's wait ends at once for every worker of a dead forkserver (`alive`)."""
+        deadline = time.monotonic() + timeout_s
+        if self._pidfd is not None:
+            _wait_exited(self._pidfd, timeout_s)
+        self.process.join(max(0.0, deadline - time.monotonic()))
 
 
 class WorkerPool:
@@ -489,11 +559,13 @@ class WorkerPool:
                         raise WorkerError(f"the {self.name} pool is closed")
                     if self._idle:
                         worker = self._idle.pop()
-                        if not worker.process.is_alive():
+                        if not worker.alive():
                             # Killed while idle (the OOM killer, an operator): the job about to be sent
                             # did not do it, so it must not fail as "died". Reap and replace.
                             self._live -= 1
-                            warn_idle_died(self.name, worker.pid, worker.kill())
+                            code = worker.kill()
+                            unread = status_unread(self._ctx, code, worker.forked_by)
+                            warn_idle_died(self.name, worker.pid, code, unread=unread)
                             died += 1
                             continue
                         self._busy.add(worker)
@@ -574,7 +646,7 @@ class WorkerPool:
                 expired.set()
                 # The process only: its pipe is this thread's to close (closed under a write in
                 # progress, the write failed untyped); the dead reader fails the write with EPIPE.
-                worker.process.kill()
+                worker.send_kill()
 
             guard = threading.Timer(timeout_s, expire)
             guard.daemon = True
@@ -632,9 +704,9 @@ class WorkerPool:
         two; logged and told to `on_replaced` (`killed`, `lost_status` or `crashed`), but for `close`."""
         if self._closed:
             return WorkerError(f"the {self.name} pool was closed while the job ran")
+        # First: a forkserver that is lost stays lost, so `lost_cause` then finds it so too.
+        unread = status_unread(self._ctx, exit_code, worker.forked_by)
         cause = lost_cause(self._ctx, exit_code, worker.forked_by)
-        # 255 is no signal's: a cause for it is that the status was never told (a replaced forkserver).
-        unread = cause is not None and exit_code == STATUS_UNREAD
         warn_died(self.name, worker.pid, exit_code, unread=unread)
         self._replaced(CRASHED if cause is None else LOST_STATUS if unread else KILLED)
         if cause is not None:
