@@ -37,13 +37,14 @@ import os
 import random
 import signal
 import threading
+import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
 from multiprocessing.context import BaseContext
-from multiprocessing.pool import Pool
+from multiprocessing.pool import AsyncResult, Pool
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,37 @@ class DataError(HtmllmError):
     """Unusable data options or shards (missing manifest, tokenizer mismatch, empty result)."""
 
     code = ErrorCode.VALIDATION
+
+
+class WorkerLostError(HtmllmError):
+    """A prune-and-tokenize worker died while the run waited for its pages: killed from outside (the
+    kernel's OOM killer, a `kill -9`) or crashed. multiprocessing's pool starts another worker but never
+    runs the dead one's task again, so the run had waited for it forever, idle and silent (under nohup,
+    over SSH, for good). It fails instead, saying so, with nothing written: the run is the trouble of the
+    machine (its memory), not of a page the pruner refuses, so no page is counted as skipped for it."""
+
+    code = ErrorCode.INTERNAL
+
+    def __init__(self, pid: int | None, exit_code: int) -> None:
+        worker = f"a preparation worker (pid {pid})"
+        if exit_code == -signal.SIGKILL:
+            how = f"{worker} was killed (SIGKILL: the kernel's OOM killer, or a kill -9?)"
+            again = "run the same command again, with fewer --workers"
+        elif exit_code < 0:
+            how = f"{worker} was killed by {_signal_name(-exit_code)}"
+            again = "run the same command again"
+        else:
+            how = f"{worker} exited with status {exit_code}"
+            again = "run the same command again"
+        super().__init__(f"{how}; nothing was written (a preparation does not resume): {again}")
+        self.pid, self.exit_code = pid, exit_code
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 @dataclass
@@ -292,15 +324,106 @@ def _init_worker(tokenizer_json: str, max_length: int) -> None:
     _worker_max_length = max_length
 
 
+# How often a wait for the pool's results looks for a worker that died under it (`_pool_results`): how
+# soon a killed worker fails the run, not a limit on a page (a slow page is waited for).
+_LOST_POLL_S = 0.2
+# The teardown after a lost worker (`_WorkerPool._end_orphaned`): how long it waits for the result queue's
+# lock before taking it as held by a killed worker (the pool's own task thread holds it for one small
+# write), and for the pool's threads to end (daemon threads, left behind past it rather than waited for).
+_LOCK_GRACE_S = 1.0
+_TEARDOWN_S = 10.0
+_RUN, _TERMINATE = "RUN", "TERMINATE"  # multiprocessing.pool's states
+
+
 class _WorkerPool(Pool):
     """The prune-and-tokenize pool: its workers ignore SIGTERM (`_init_worker`), so `terminate` ends
-    them with SIGKILL, as SIGTERM's default would have."""
+    them with SIGKILL, as SIGTERM's default would have.
 
-    @staticmethod
-    def Process(ctx: Any, *args: Any, **kwds: Any) -> Any:
+    It knows every worker it started (`lost`): multiprocessing's pool replaces a worker that died (the
+    kernel's OOM killer, a `kill -9`) but not the task it held, whose results never come; `_pool_results`
+    fails the run instead. And a worker killed holding one of the pool's queue locks (an idle worker holds
+    the task queue's while it waits for a task, a busy one the result queue's while it sends its pages)
+    never gives it back: the pool's own `terminate` takes the first and writes under the second, and had
+    waited for ever. Once a worker has died, `terminate` ends the pool without them (`_end_orphaned`).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._started: list[Any] = []  # before `Pool()` starts the first workers
+        super().__init__(*args, **kwargs)
+
+    def Process(self, ctx: Any, *args: Any, **kwds: Any) -> Any:  # type: ignore[override]
+        """Every worker the pool starts, its first and its replacements (a bound method: the pool calls
+        `self.Process`, from its worker thread too)."""
         process = ctx.Process(*args, **kwds)
         process.terminate = process.kill
+        self._started.append(process)
         return process
+
+    def lost(self) -> tuple[int | None, int] | None:
+        """(pid, exit code) of a worker that ended while the pool runs, None while none has: a worker
+        ends only with the pool (no `maxtasksperchild`), so one that did was killed or crashed."""
+        if self._state != _RUN:  # type: ignore[attr-defined]
+            return None
+        for process in list(self._started):  # appended to by the pool's worker thread
+            code = process.exitcode
+            if code is not None:
+                return process.pid, code
+        return None
+
+    def terminate(self) -> None:
+        if self.lost() is not None:
+            self._end_orphaned()
+        else:
+            super().terminate()
+
+    def _end_orphaned(self) -> None:
+        """`terminate` once a worker has died, taking none of the locks a dead worker may hold: the pool's
+        threads stopped, every worker killed, then the locks and pipes they shared freed by hand.
+
+        multiprocessing's own teardown is given up (it also runs at the interpreter's exit), so a Ctrl-C
+        in the middle of this leaves at worst daemon threads and workers multiprocessing's exit kills."""
+        pool: Any = self  # Pool's internals, which typeshed does not describe
+        pool._state = _TERMINATE
+        pool._terminate.cancel()
+        for thread in (pool._worker_handler, pool._task_handler, pool._result_handler):
+            thread._state = _TERMINATE
+        pool._change_notifier.put(None)
+        deadline = time.monotonic() + _TEARDOWN_S
+        pool._worker_handler.join(_TEARDOWN_S)  # it starts no worker after this; it ends the task thread
+        started = list(self._started)
+        for process in started:
+            if process.exitcode is None:
+                process.kill()
+        for process in started:
+            process.join()
+        # No worker is left: a lock still held is a dead one's. The result queue's is taken by the task
+        # thread once more (its end-of-results mark): wait that long, then free it for it.
+        lock = pool._outqueue._wlock
+        if lock is not None:
+            lock.acquire(timeout=_LOCK_GRACE_S)
+            lock.release()
+        # The task thread may be blocked writing a task, or its end marks for the workers, into the task
+        # pipe nobody reads now: read it empty (raw: a dead worker may have read half of a message).
+        reader = pool._inqueue._reader
+        while pool._task_handler.is_alive() and time.monotonic() < deadline:
+            if reader.poll(_LOST_POLL_S):
+                os.read(reader.fileno(), 1 << 16)
+        # The result thread ends at the task thread's mark, or, when a dead worker sent half a result
+        # (its mark read as part of it), at the pipe's end: this process holds its last write end.
+        pool._outqueue._writer.close()
+        pool._result_handler.join(max(0.0, deadline - time.monotonic()))
+
+
+def _pool_results(pool: _WorkerPool, pending: AsyncResult[list[Any]]) -> list[Any]:
+    """`pending.get()`, or WorkerLostError when the pool has lost a worker while its results are awaited:
+    the task it held would never be done. A worker lost with nothing unfinished (its results in) passes."""
+    while True:
+        pending.wait(_LOST_POLL_S)
+        if pending.ready():
+            return pending.get()
+        lost = pool.lost()
+        if lost is not None:
+            raise WorkerLostError(*lost)
 
 
 def _prune_and_tokenize(item: tuple[str, bytes]) -> tuple[str, str, list[int], int, bool, int] | str:
@@ -385,7 +508,9 @@ def _chunks(pages: Iterator[Page], size: int) -> Iterator[list[Page]]:
 
 
 @contextlib.contextmanager
-def _worker_pool(context: BaseContext, workers: int, tokenizer_json: str, max_length: int) -> Iterator[Pool]:
+def _worker_pool(
+    context: BaseContext, workers: int, tokenizer_json: str, max_length: int
+) -> Iterator[_WorkerPool]:
     """The prune-and-tokenize pool, started with the group's signals (`_WORKER_SIGNALS`: Ctrl-C, SIGHUP,
     SIGTERM) held off, and ended by its `with`.
 
@@ -454,7 +579,7 @@ def process_pages(
                 texts = [("", NO_EXTRACTION)] * len(chunk)
             else:  # overlaps with the pool: the extractor workers are separate processes
                 texts = list(threads.map(lambda p: _extract_text(p.html, extractor), chunk))
-            for page, result, (text, used) in zip(chunk, pending.get(), texts, strict=True):
+            for page, result, (text, used) in zip(chunk, _pool_results(pool, pending), texts, strict=True):
                 stats.pages += 1
                 if isinstance(result, str):
                     stats.skipped[result] = stats.skipped.get(result, 0) + 1

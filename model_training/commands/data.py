@@ -91,7 +91,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def run_prepare(args: argparse.Namespace) -> int:
-    from model_training.data import SamplingConfig, prepare_shards
+    from model_training.data import SamplingConfig, WorkerLostError, prepare_shards
     from service.core.errors import HtmllmError
 
     started = time.perf_counter()
@@ -116,6 +116,9 @@ def run_prepare(args: argparse.Namespace) -> int:
             limit=args.limit,
             progress=not args.no_progress,
         )
+    except WorkerLostError as exc:  # a worker killed (the OOM killer): no fault of the input or the code
+        print(f"htmllm data prepare: {exc}", file=sys.stderr)
+        return 1
     except HtmllmError as exc:
         print(f"htmllm data prepare: {exc.code}: {exc}", file=sys.stderr)
         return 1
