@@ -376,12 +376,20 @@ class _WorkerPool(Pool):
         else:
             super().terminate()
 
+    def _kill_started(self) -> None:
+        """SIGKILL every worker started that still runs (`terminate` is `kill` for them: `Process`)."""
+        for process in list(self._started):
+            if process.exitcode is None:
+                process.kill()
+
     def _end_orphaned(self) -> None:
         """`terminate` once a worker has died, taking none of the locks a dead worker may hold: the pool's
         threads stopped, every worker killed, then the locks and pipes they shared freed by hand.
 
-        multiprocessing's own teardown is given up (it also runs at the interpreter's exit), so a Ctrl-C
-        in the middle of this leaves at worst daemon threads and workers multiprocessing's exit kills."""
+        multiprocessing's own teardown is given up (it also runs at the interpreter's exit). The workers are
+        killed first and again on the way out, whatever ends the waits: a Ctrl-C in the middle of them
+        (one right after the kill, or Slurm's SIGTERM after the OOM killer's) had left workers that ignore
+        SIGTERM, which multiprocessing's exit then sends them and waits on for ever."""
         pool: Any = self  # Pool's internals, which typeshed does not describe
         pool._state = _TERMINATE
         pool._terminate.cancel()
@@ -389,12 +397,12 @@ class _WorkerPool(Pool):
             thread._state = _TERMINATE
         pool._change_notifier.put(None)
         deadline = time.monotonic() + _TEARDOWN_S
-        pool._worker_handler.join(_TEARDOWN_S)  # it starts no worker after this; it ends the task thread
-        started = list(self._started)
-        for process in started:
-            if process.exitcode is None:
-                process.kill()
-        for process in started:
+        self._kill_started()
+        try:
+            pool._worker_handler.join(_TEARDOWN_S)  # it starts no worker after this; it ends the task thread
+        finally:
+            self._kill_started()  # what it started meanwhile
+        for process in list(self._started):
             process.join()
         # No worker is left: a lock still held is a dead one's. The result queue's is taken by the task
         # thread once more (its end-of-results mark): wait that long, then free it for it.

@@ -184,3 +184,55 @@ def test_the_pool_ends_when_a_worker_is_killed_holding_the_result_queue_lock() -
         pytest.fail("still running 30 s after its worker was killed")
     assert process.returncode == 0, err
     assert out.split("\n") == [str(-signal.SIGKILL), "MainThread", ""], err
+
+
+# A worker kills itself, then a Ctrl-C lands in the pool's teardown, while it waits for its worker thread:
+# it prints the workers still running once the interrupt is caught; its exit must not wait on any.
+INTERRUPTED_TEARDOWN_CHILD = """
+import os, signal, threading
+from multiprocessing import active_children, get_context
+from model_training.data import WorkerLostError, _pool_results, _worker_pool
+from tests.factories.tokenizer import build_tiny_tokenizer
+
+def task(i):
+    if i == 0:
+        threading.Event().wait()
+    if i == 5:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return i
+
+def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
+
+try:
+    with _worker_pool(get_context("fork"), 2, build_tiny_tokenizer().to_json(), 64) as pool:
+        pool._worker_handler.join = interrupted
+        _pool_results(pool, pool.map_async(task, range(8), chunksize=1))
+except (KeyboardInterrupt, WorkerLostError) as exc:
+    left = active_children()
+    for process in left:
+        process.join(10)  # killed: a moment to die; not killed, they never end
+    print(type(exc).__name__, [process.pid for process in left if process.exitcode is None])
+"""
+
+
+def test_a_ctrl_c_in_the_teardown_after_a_lost_worker_leaves_no_worker_running() -> None:
+    """The teardown killed the workers only after its waits: interrupted in them, it left workers that
+    ignore SIGTERM, which multiprocessing's exit sends them before it waits for them, for ever."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPTED_TEARDOWN_CHILD],
+        cwd=ROOT,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = process.communicate(timeout=30)  # a bound for a hang, not a timing
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        pytest.fail("still running 30 s after the interrupted teardown")
+    assert process.returncode == 0, err
+    assert out == "KeyboardInterrupt []\n", err
