@@ -323,6 +323,27 @@ def _pidfd_of(pid: int | None) -> int | None:
     return fd
 
 
+def _reap_orphan(pidfd: int, exit_code: int) -> int:
+    """Reap the process of `pidfd` if it became this process's child, and return its real exit code;
+    else `exit_code`, as multiprocessing read it.
+
+    A worker outlives its dead forkserver as an orphan, the child of the nearest subreaper: of this
+    process where it is a container's PID 1 (the image runs the server so). multiprocessing never waits
+    for a forkserver's worker, so each one that died after its forkserver stayed a zombie for good (a
+    pid each, against the pod's pids limit), its status read as 255 when the kernel held the real one.
+    Called once multiprocessing is done with the process: a child it forked itself it has reaped by
+    then, so nothing is taken from it here (ChildProcessError: not ours, or reaped already)."""
+    try:
+        reaped = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)
+    except (ChildProcessError, OSError, AttributeError):  # AttributeError: no P_PIDFD (not Linux)
+        return exit_code
+    if reaped is None:  # still running (a kill that failed): left as it was
+        return exit_code
+    if reaped.si_code == os.CLD_EXITED:
+        return int(reaped.si_status)
+    return -int(reaped.si_status)  # CLD_KILLED, CLD_DUMPED: the signal, as multiprocessing writes it
+
+
 def _wait_exited(pidfd: int, timeout_s: float) -> bool:
     """Whether the process of `pidfd` has exited (a zombie included), waiting up to `timeout_s`."""
     poller = select.poll()
@@ -407,10 +428,13 @@ class _Worker:
             if not self.conn.closed:
                 self.conn.close()
             self.gauges.close()
+            code = self.process.exitcode
             if self._pidfd is not None:
+                if code is not None:
+                    code = _reap_orphan(self._pidfd, code)
                 os.close(self._pidfd)
                 self._pidfd = None
-            return self.process.exitcode
+            return code
 
     def _signal_kill(self) -> None:
         """SIGKILL the process; the caller holds `_kill_lock` (the pidfd is not closed meanwhile)."""
