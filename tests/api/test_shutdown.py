@@ -58,9 +58,10 @@ async def stopped_accepting(client: httpx.AsyncClient, server: ServerProcess) ->
     while True:
         try:
             await client.get("/health")
-        except (httpx.ConnectError, httpx.RemoteProtocolError):
-            # RemoteProtocolError: the probe's connection was accepted just before the signal, and
-            # uvicorn's shutdown closed it before reading its request, which it does only once stopping.
+        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+            # But for ConnectError: the probe's connection was accepted just before the signal, and
+            # uvicorn's shutdown closed (or reset) it before reading its request, as it does only once
+            # stopping.
             return
         assert time.monotonic() < deadline, f"the server still accepts connections\n{server.output()}"
         await asyncio.sleep(0.05)
