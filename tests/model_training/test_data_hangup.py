@@ -14,13 +14,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
-from tests.factories.cli import ROOT, cli, cli_env, write_pages
+from tests.factories.cli import ROOT, cli_env, write_pages
 from tests.factories.tokenizer import build_tiny_tokenizer
+from tests.model_training.test_interrupts import htmllm, interrupt
 
 pytestmark = pytest.mark.slow
 
@@ -61,48 +61,14 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def hang_up(at: str, argv: list[str]) -> tuple[int, str]:
-    """Run `htmllm argv` in a session of its own, stopped or held at `at` (see `CHILD`); hang up its
-    process group once it is there; its status and all of its stderr."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", CHILD, at, *argv],
-        cwd=ROOT,
-        env=cli_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own session and process group, hung up whole
-    )
-    assert process.stderr is not None
-    before = []
-    for line in process.stderr:
-        before.append(line)
-        if line.startswith("test: at "):
-            break
-    else:
-        process.wait()
-        pytest.fail(f"ended ({process.returncode}) before {at}:\n{''.join(before)}")
-    os.killpg(process.pid, signal.SIGHUP)
-    # A bound for a hang, not a timing: the group is killed if it is still there after 120 s.
-    watchdog = threading.Timer(120, os.killpg, (process.pid, signal.SIGKILL))
-    watchdog.start()
-    try:
-        rest = process.stderr.read()
-        process.wait()
-    finally:
-        watchdog.cancel()
-    err = "".join(before) + rest
-    assert process.returncode != -signal.SIGKILL, f"hung after the hang-up:\n{err}"
-    return process.returncode, err
-
-
 @pytest.mark.parametrize("at", ["stop:pages_within_cap", "hold:_init_worker"])
 def test_data_prepare_hung_up_ends_in_one_line_and_runs_again(inputs: Path, tmp_path: Path, at: str) -> None:
     """Hung up while the pool's workers wait for pages, or while they start."""
     out = tmp_path / "shards"
     argv = ["data", "prepare", "--corpus", str(inputs / "pages.jsonl"), "--tokenizer",
             str(inputs / "tokenizer"), "--out", str(out), "--extractor", "none", "--no-progress"]  # fmt: skip
-    status, err = hang_up(at, argv)
+    ended = interrupt(argv, signal.SIGHUP, at=at, child=CHILD)
+    status, err = ended.status, ended.err
     assert status == 128 + signal.SIGHUP, err
     assert "Traceback" not in err and "ForkPoolWorker" not in err, err
     said = [line for line in err.splitlines() if not line.startswith("test: ")]
@@ -111,7 +77,7 @@ def test_data_prepare_hung_up_ends_in_one_line_and_runs_again(inputs: Path, tmp_
         "does not resume): run the same command again to prepare them from the first page"
     ], err
     assert not any(out.iterdir())
-    again = subprocess.run(cli(*argv), cwd=ROOT, env=cli_env(), capture_output=True, text=True, check=False)
+    again = htmllm(*argv)
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["written"] > 0 and (out / "manifest.json").is_file()
 

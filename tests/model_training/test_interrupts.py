@@ -70,11 +70,13 @@ class Ended:
     said: list[str]  # the lines after the one waited for, less logging records
 
 
-def interrupt(argv: list[str], signum: int, *, wait_for: str = "^test: at ", at: str = "") -> Ended:
-    """Run `htmllm argv` (stopped or held at `at`, see `CHILD`), send `signum` to its process group once a
-    stderr line matches `wait_for`, and wait for it to end."""
+def interrupt(
+    argv: list[str], signum: int, *, wait_for: str = "^test: at ", at: str = "", child: str = CHILD
+) -> Ended:
+    """Run `htmllm argv` (stopped or held at `at`, see `CHILD`; `child`: another such script), send
+    `signum` to its process group once a stderr line matches `wait_for`, and wait for it to end."""
     process = subprocess.Popen(
-        [sys.executable, "-c", CHILD, at, *argv],
+        [sys.executable, "-c", child, at, *argv],
         cwd=ROOT,
         env=cli_env(),
         stdout=subprocess.DEVNULL,
