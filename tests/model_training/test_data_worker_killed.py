@@ -135,6 +135,28 @@ def test_data_prepare_fails_in_one_line_when_a_worker_is_killed(
     assert not any(out.iterdir())
 
 
+def _run_script(script: str, *, hung: str) -> tuple[str, str]:
+    """Run `python -c script` in a process group of its own, which is killed whole (and the test failed
+    with `hung`) if it is still there after 30 s; its stdout and stderr once it exited 0."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = process.communicate(timeout=30)  # a bound for a hang, not a timing
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        pytest.fail(hung)
+    assert process.returncode == 0, err
+    return out, err
+
+
 # `data prepare`'s pool, two workers: one holds its task for ever, the other is killed as it sends a
 # result, holding the result queue's lock (taken here by hand, then SIGKILL: the instant a kill must land
 # on, which nothing outside can aim at). It says how the wait for the results ended, and which threads
@@ -167,22 +189,7 @@ print(*sorted(thread.name for thread in threading.enumerate()))
 
 def test_the_pool_ends_when_a_worker_is_killed_holding_the_result_queue_lock() -> None:
     """The pool's own teardown writes its end mark under that lock, and had waited for it for ever."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", RESULT_LOCK_CHILD],
-        cwd=ROOT,
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group, killed whole if it hangs
-    )
-    try:
-        out, err = process.communicate(timeout=30)  # a bound for a hang, not a timing
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        pytest.fail("still running 30 s after its worker was killed")
-    assert process.returncode == 0, err
+    out, err = _run_script(RESULT_LOCK_CHILD, hung="still running 30 s after its worker was killed")
     assert out.split("\n") == [str(-signal.SIGKILL), "MainThread", ""], err
 
 
@@ -219,20 +226,7 @@ except (KeyboardInterrupt, WorkerLostError) as exc:
 def test_a_ctrl_c_in_the_teardown_after_a_lost_worker_leaves_no_worker_running() -> None:
     """The teardown killed the workers only after its waits: interrupted in them, it left workers that
     ignore SIGTERM, which multiprocessing's exit sends them before it waits for them, for ever."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", INTERRUPTED_TEARDOWN_CHILD],
-        cwd=ROOT,
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+    out, err = _run_script(
+        INTERRUPTED_TEARDOWN_CHILD, hung="still running 30 s after the interrupted teardown"
     )
-    try:
-        out, err = process.communicate(timeout=30)  # a bound for a hang, not a timing
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        pytest.fail("still running 30 s after the interrupted teardown")
-    assert process.returncode == 0, err
     assert out == "KeyboardInterrupt []\n", err
