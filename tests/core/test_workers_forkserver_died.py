@@ -22,23 +22,9 @@ from service.core import workers
 from service.core.processes import forkserver_in_use, forkserver_lost, restart_forkserver, worker_context
 from service.core.worker_health import IDLE_DIED, LOST_STATUS, STALLED, TIME_LIMIT
 from service.core.workers import WorkerPool, WorkerTimeoutError
+from tests.factories.worker_jobs import pid, pid_of_page, spin
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forkserver: Linux only")
-
-
-def pid() -> int:
-    return os.getpid()
-
-
-def pid_of_page(page: str) -> int:
-    return os.getpid()
-
-
-def spin(seconds: float) -> int:
-    end = time.process_time() + seconds
-    while time.process_time() < end:
-        pass
-    return os.getpid()
 
 
 def _forkserver_pid() -> int:

@@ -8,36 +8,18 @@ import logging
 import os
 import signal
 import sys
-import time
 from typing import Final
 
 import pytest
 
 from service.core.workers import WorkerDiedError, WorkerPool, WorkerTimeoutError
 from tests.factories.worker_heap import keep, keep_and_fail
+from tests.factories.worker_jobs import add, pid, spin, stop_self
 from tests.memory import vm_data_mib
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and RLIMIT_DATA: Linux")
 
 _LOGGER: Final = "service.core.workers"
-
-
-def pid() -> int:
-    return os.getpid()
-
-
-def spin(seconds: float) -> int:
-    """Busy on the CPU for `seconds`: what a pathological page does to its worker."""
-    end = time.process_time() + seconds
-    while time.process_time() < end:
-        pass
-    return os.getpid()
-
-
-def stop_self() -> int:
-    """Stop this worker (SIGSTOP), as an operator's or a debugger's stop, or a frozen cgroup, does."""
-    os.kill(os.getpid(), signal.SIGSTOP)
-    return os.getpid()
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -68,10 +50,6 @@ def test_a_worker_busy_past_its_limit_is_the_jobs_a_stopped_one_is_stalled(
     assert f"killed the test worker {busy_pid}: its job ran past its 1.0 s time limit" in lines[0]
     assert "stalled" not in lines[0]
     assert f"killed the test worker {stopped_pid}" in lines[1] and "the worker was stalled" in lines[1]
-
-
-def add(a: int, b: int) -> int:
-    return a + b
 
 
 @linux_only

@@ -9,7 +9,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 
 import pytest
@@ -32,37 +31,13 @@ from service.core.workers import (
     WorkerPool,
     WorkerTimeoutError,
 )
+from tests.core.test_workers import _busy_with_a_long_sleep
 from tests.factories.worker_heap import keep, keep_and_fail
+from tests.factories.worker_jobs import add, pid, pid_of_page, spin, stop_self
 from tests.factories.worker_kills import kill_workers_holding
 from tests.memory import vm_data_mib
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and RLIMIT_DATA: Linux")
-
-
-def add(a: int, b: int) -> int:
-    return a + b
-
-
-def pid() -> int:
-    return os.getpid()
-
-
-def pid_of_page(page: str) -> int:
-    return os.getpid()
-
-
-def spin(seconds: float) -> int:
-    """Busy on the CPU for `seconds`: what a pathological page does to its worker."""
-    end = time.process_time() + seconds
-    while time.process_time() < end:
-        pass
-    return os.getpid()
-
-
-def stop_self() -> int:
-    """Stop this worker (SIGSTOP): a frozen cgroup, a debugger."""
-    os.kill(os.getpid(), signal.SIGSTOP)
-    return os.getpid()
 
 
 def end_with(signum: int) -> None:
@@ -149,19 +124,8 @@ def test_a_worker_of_a_replaced_forkserver_killed_holding_a_job_is_lost_status(
 def test_close_under_a_job_tells_nothing() -> None:
     """`close` kills its busy workers on purpose: no worker was lost to anything an operator must see."""
     reasons: list[str] = []
-    failures: list[BaseException] = []
     pool = WorkerPool(1, name="test", on_replaced=reasons.append)
-
-    def run() -> None:
-        try:
-            pool.call(spin, (30,), timeout_s=None)
-        except BaseException as exc:
-            failures.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    while not pool._busy:
-        time.sleep(0.01)
+    thread, failures = _busy_with_a_long_sleep(pool, timeout_s=None)
     time.sleep(0.1)  # the job handed to the worker
     pool.close()
     thread.join(30)
