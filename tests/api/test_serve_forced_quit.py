@@ -4,7 +4,6 @@ line and status 130 as `htmllm serve`, and no traceback."""
 
 from __future__ import annotations
 
-import asyncio
 import signal
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import httpx
 import pytest
 
 from tests.api.live import server_process
-from tests.api.test_shutdown import hold_requests, server_env, stopped_accepting
+from tests.api.test_shutdown import forced_quit, server_env
 
 pytestmark = pytest.mark.slow
 
@@ -37,15 +36,7 @@ async def test_a_forced_quit_of_serve_says_what_it_dropped_and_returns_130(tiny_
     app is then shut down as a stop does (its engine and extractor pool closed): the caller goes on."""
     env = server_env(tiny_checkpoint, max_wait_ms="20000", drain_timeout_s="30", log_level="info")
     with server_process(env, script=SERVE) as server:
-        limits = httpx.Limits(max_keepalive_connections=0)
-        async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as client:
-            _, in_flight = await hold_requests(client, server, 2)
-            server.proc.send_signal(signal.SIGINT)
-            await stopped_accepting(client, server)
-            server.proc.send_signal(signal.SIGINT)
-            responses = await asyncio.gather(*in_flight, return_exceptions=True)
-        exit_code = await asyncio.to_thread(server.proc.wait, 60)
-        output = server.output()
+        responses, exit_code, output = await forced_quit(server, 2, signal.SIGINT)
     assert all(isinstance(r, httpx.TransportError) for r in responses), (responses, output)
     assert exit_code == 130, output
     said = (

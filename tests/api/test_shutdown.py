@@ -205,6 +205,22 @@ def test_an_ignored_sighup_stays_ignored_while_serving(tiny_checkpoint: Path) ->
     assert "SIGHUP" not in output and "SIGTERM: shutting down gracefully" in output, output
 
 
+async def forced_quit(
+    server: ServerProcess, requests: int, first: signal.Signals
+) -> tuple[list[Any], int, str]:
+    """`first`, then a Ctrl-C once the server has taken it, with `requests` embeds held: what each request
+    got, the exit status and the server's output."""
+    limits = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as client:
+        _, in_flight = await hold_requests(client, server, requests)
+        server.proc.send_signal(first)
+        await stopped_accepting(client, server)
+        server.proc.send_signal(signal.SIGINT)
+        responses = await asyncio.gather(*in_flight, return_exceptions=True)
+    exit_code = await asyncio.to_thread(server.proc.wait, 60)
+    return responses, exit_code, server.output()
+
+
 @pytest.mark.parametrize(
     ("first", "said_first"),
     [(signal.SIGINT, "again"), (signal.SIGTERM, "after SIGTERM"), (signal.SIGHUP, "after SIGHUP")],
@@ -220,15 +236,7 @@ async def test_a_forced_quit_says_what_it_dropped_and_exits_130(
     # The batcher holds the documents for 20 s: both signals land while every request waits.
     env = server_env(tiny_checkpoint, max_wait_ms="20000", drain_timeout_s="30", log_level="info")
     with server_process(env) as server:
-        limits = httpx.Limits(max_keepalive_connections=0)
-        async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as client:
-            _, in_flight = await hold_requests(client, server, 4)
-            server.proc.send_signal(first)
-            await stopped_accepting(client, server)
-            server.proc.send_signal(signal.SIGINT)
-            responses = await asyncio.gather(*in_flight, return_exceptions=True)
-        exit_code = await asyncio.to_thread(server.proc.wait, 60)
-        output = server.output()
+        responses, exit_code, output = await forced_quit(server, 4, first)
     assert all(isinstance(r, httpx.TransportError) for r in responses), (responses, output)
     assert exit_code == 130, output
     said = (
