@@ -35,6 +35,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import threading
 import time
@@ -651,9 +652,11 @@ def prepare_shards(
     limit: int | None = None,
     progress: bool = True,
 ) -> PrepareStats:
-    """The whole `htmllm data prepare`: process, sample, split, write shards and the manifest."""
+    """The whole `htmllm data prepare`: process, sample, split, write shards and the manifest.
+
+    A run that fails (a page source that cannot be read, a worker killed, Ctrl-C, a full disk) leaves
+    no output directory it made itself (`_output_dir`)."""
     from service.core.pages import source_kind
-    from service.core.prune import PRUNE_VERSION
 
     # Every option and path is checked before the first page is read: a run over a crawl must not fail
     # at the very end because its output directory cannot be written.
@@ -664,7 +667,37 @@ def prepare_shards(
             raise DataError(f"{name} must be at least 1, got {value}")
     source_kind(Path(source))  # a source that does not exist, or of no kind iter_pages reads
     tokenizer = HtmlTokenizer.from_file(tokenizer_path)
-    out_dir = writable_dir(out)
+    with _output_dir(out) as out_dir:
+        return _prepare_into(
+            source,
+            out_dir,
+            tokenizer,
+            max_length=max_length,
+            sampling=sampling,
+            extractor=extractor,
+            workers=workers,
+            shard_size=shard_size,
+            limit=limit,
+            progress=progress,
+        )
+
+
+def _prepare_into(
+    source: str | Path,
+    out_dir: Path,
+    tokenizer: HtmlTokenizer,
+    *,
+    max_length: int,
+    sampling: SamplingConfig,
+    extractor: str,
+    workers: int,
+    shard_size: int,
+    limit: int | None,
+    progress: bool,
+) -> PrepareStats:
+    """`prepare_shards` once its options are checked and `out_dir` exists."""
+    from service.core.prune import PRUNE_VERSION
+
     stats = PrepareStats()
     docs = process_pages(
         source,
@@ -745,6 +778,55 @@ def write_manifest(
     tmp = out / (MANIFEST_FILE + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, out / MANIFEST_FILE)
+
+
+# What a preparation writes into its output directory: nothing else is removed from one it made.
+_RUN_FILE = re.compile(
+    rf"shard-\d{{5,}}\.parquet|{re.escape(TOKENIZER_FILE)}|{re.escape(MANIFEST_FILE)}\.tmp"
+)
+
+
+@contextlib.contextmanager
+def _output_dir(out: str | Path) -> Iterator[Path]:
+    """`writable_dir(out)` for one preparation, removed again when the run fails having made it.
+
+    A failed run (a corpus row that cannot be read, a worker killed, Ctrl-C or SIGTERM, a full
+    disk while the shards were written) had left the empty directory it made, or one of part of the
+    shards and no manifest, which looks like a preparation to whoever lists it later. Removed: the
+    directory and each parent the run made, deepest first, holding only what the run wrote (its shards,
+    tokenizer.json, the manifest's temporary). Never a directory that existed before the run (it may hold
+    a user's files, or an earlier preparation's shards), nor one holding anything else (put there
+    meanwhile), nor one with a manifest (the run was complete when the failure came: a Ctrl-C after the
+    manifest's rename). A preparation does not resume (its pages are held in memory until every one is
+    read), so nothing a later run could go on from is lost.
+    """
+    path = Path(out)
+    made: list[Path] = []  # the directories `writable_dir` makes, deepest first
+    for directory in (path, *path.parents):
+        if directory.exists() or directory.is_symlink():
+            break
+        made.append(directory)
+    try:
+        yield writable_dir(path)
+    except BaseException:
+        if made and not (path / MANIFEST_FILE).exists():
+            _remove_made(made)
+        raise
+
+
+def _remove_made(made: Sequence[Path]) -> None:
+    """Remove the run's files from `made[0]`, then the directories of `made` that are left empty."""
+    with contextlib.suppress(OSError):  # best effort: the run's own failure is what is reported
+        for entry in made[0].iterdir():
+            if _RUN_FILE.fullmatch(entry.name) and not entry.is_dir():
+                entry.unlink()
+    for directory in made:
+        try:
+            directory.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:  # not empty: something the run did not write is there, kept with its parents
+            break
 
 
 def writable_dir(out: str | Path) -> Path:

@@ -72,11 +72,15 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 def interrupted_prepare(args: argparse.Namespace) -> str:
     """What an interrupted preparation leaves: nothing to go on from (the pages are held in memory until
     every one is read), and its output as it was, unless the shards were being written (the manifest
-    is removed first, so a half-written directory says it is incomplete, and training refuses it)."""
+    is removed first, so a half-written directory says it is incomplete, and training refuses it). An
+    output directory the run made is not left behind (`prepare_shards`): "left as it was" had sent the
+    user looking for it."""
     from model_training.data import MANIFEST_FILE
 
     again = "run the same command again to prepare them from the first page"
     out = Path(args.out)
+    if not out.exists():
+        return f"nothing is kept (no {out} is left behind; a preparation does not resume): {again}"
     if (out / MANIFEST_FILE).is_file() or not any(out.glob("shard-*.parquet")):
         return f"nothing is kept ({out} was left as it was; a preparation does not resume): {again}"
     return f"{out} holds part of the new shards and no {MANIFEST_FILE} (it is incomplete): {again}"
