@@ -8,6 +8,10 @@ graph's file) or one that cannot be written, and a `--checkpoint` that is no che
 `model/` suggested). The opset the written graph declares is read back and reported; a graph that did
 not get the opset asked for fails the command rather than pass for it.
 
+An `--out` holding htmllm's graph of the other quantisation (a float32 `--out` given `--quantize int8`,
+or the other way round) is refused rather than replaced: it is another configuration's graph, which a
+server's HTMLLM_ONNX_PATH may name (`OtherQuantizationError`); remove it first to replace it.
+
 The export holds the lock a starting server's `ensure_onnx` takes on the target's directory
 (`export_onnx_locked`): that server, cleaning up the temporaries of killed exports, would otherwise
 remove this one's, and a second export to the same file would interleave with it; either waits instead.
@@ -108,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     from service.core.checkpoint import checkpoint_fingerprint, load_checkpoint
     from service.core.checkpoint_path import check_checkpoint_path
     from service.core.errors import HtmllmError
-    from service.engine.onnx_export import OPSET, default_onnx_path, export_onnx_locked
+    from service.engine.onnx_export import OPSET, check_quantization, default_onnx_path, export_onnx_locked
 
     opset = OPSET if args.opset is None else args.opset
     newest = onnx.defs.onnx_opset_version()
@@ -140,6 +144,13 @@ def run(args: argparse.Namespace) -> int:
     problem = _unwritable(out)
     if problem is not None:
         print(f"htmllm export-onnx: cannot write {out}: {problem}", file=sys.stderr)
+        return 1
+    try:
+        # Another quantisation's graph there is another configuration's (a server's HTMLLM_ONNX_PATH):
+        # refused before the checkpoint loads, and again under the export's lock.
+        check_quantization(out, quantize)
+    except HtmllmError as exc:
+        print(f"htmllm export-onnx: {exc.code}: {exc}", file=sys.stderr)
         return 1
     started = time.perf_counter()
     try:

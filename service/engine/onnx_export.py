@@ -86,6 +86,44 @@ class OnnxExportError(HtmllmError):
     code = ErrorCode.BACKEND_FAILED
 
 
+class OtherQuantizationError(OnnxExportError):
+    """The graph file holds htmllm's graph of another quantisation: another configuration's graph (a
+    float32 run and an int8 run given one HTMLLM_ONNX_PATH or --onnx-path), which no export replaces.
+
+    Each run had exported its own over the other's at every start (minutes each), and a server that
+    found the file up to date could load the other's graph written in between, serving int8 while its
+    settings said float32. A configuration conflict, not a backend failure: `validation_error`."""
+
+    code = ErrorCode.VALIDATION
+
+    def __init__(self, graph: Path, found: str, quantize: str | None) -> None:
+        wanted = _precision(quantize or NO_QUANTIZATION)
+        own = _own_path(graph, quantize)
+        super().__init__(
+            f"{graph} holds the {_precision(found)} ONNX graph, not the {wanted} one asked for: it is left "
+            f"as it is (runs of the other precision use it); give the {wanted} graph a file of its own "
+            f"({own}, say), or remove {graph} first to replace it"
+        )
+        self.graph, self.found, self.quantize, self.own = graph, found, quantize, own
+
+
+def _precision(quantization: str) -> str:
+    """A quantisation as an operator names it: "float32" for none, else its own name ("int8")."""
+    return "float32" if quantization == NO_QUANTIZATION else quantization
+
+
+def _own_path(graph: Path, quantize: str | None) -> Path:
+    """A file beside `graph` for the graph of `quantize`, where `graph` holds another quantisation's:
+    `x.onnx` -> `x.int8.onnx` for int8, `x.int8.onnx` -> `x.onnx` for float32."""
+    stem = graph.name.removesuffix(".onnx")
+    for name in QUANTIZATIONS:
+        stem = stem.removesuffix(f".{name}")
+    own = graph.with_name(f"{stem}.onnx" if quantize is None else f"{stem}.{quantize}.onnx")
+    if own == graph:  # `graph` is named for the quantisation it does not hold (`x.onnx` quantised)
+        own = graph.with_name(f"{graph.stem}.{_precision(quantize or NO_QUANTIZATION)}.onnx")
+    return own
+
+
 class _ExportWrapper(nn.Module):
     """Flattens the model's (embedding, {head: scores}) into a tuple, heads in a fixed order."""
 
@@ -336,24 +374,55 @@ def onnx_cache_path(fingerprint: str, quantize: str | None = None) -> Path:
     return Path(tempfile.gettempdir()) / "htmllm-onnx" / fingerprint[:32] / name
 
 
-def _up_to_date(graph: Path, fingerprint: str, quantize: str | None, *, say_unreadable: bool = True) -> bool:
-    """Whether `graph` is the checkpoint's current graph. An unreadable one is not, with a warning
-    unless `say_unreadable` is off (a second look at a graph the caller has looked at already)."""
+def _metadata(graph: Path, *, say_unreadable: bool = True) -> dict[str, str] | None:
+    """`graph`'s metadata, None where there is no graph or it cannot be read (as good as none: it is
+    re-exported), with a warning unless `say_unreadable` is off (a second look at a graph the caller
+    has looked at already)."""
     if not graph.is_file():
-        return False
+        return None
     try:
-        meta = read_onnx_metadata(graph)
-    except Exception as exc:  # an unreadable graph is as good as none: re-export it
+        return read_onnx_metadata(graph)
+    except Exception as exc:
         if say_unreadable:
             logger.warning("ignoring unreadable ONNX graph %s: %s", graph, exc)
+        return None
+
+
+def _is_current(meta: dict[str, str] | None, fingerprint: str, quantize: str | None) -> bool:
+    """Whether a graph of metadata `meta` is the checkpoint's current graph of `quantize`."""
+    if meta is None:
         return False
-    current = meta.get(FINGERPRINT_KEY) == fingerprint
     kind = quantize or NO_QUANTIZATION
     return (
-        current
+        meta.get(FINGERPRINT_KEY) == fingerprint
         and meta.get(QUANTIZATION_KEY, NO_QUANTIZATION) == kind
         and meta.get(EXPORT_FORM_KEY, "1") == EXPORT_FORMS[kind]
     )
+
+
+def _up_to_date(graph: Path, fingerprint: str, quantize: str | None, *, say_unreadable: bool = True) -> bool:
+    """Whether `graph` is the checkpoint's current graph (`_metadata`, `_is_current`)."""
+    return _is_current(_metadata(graph, say_unreadable=say_unreadable), fingerprint, quantize)
+
+
+def _other_quantization(meta: dict[str, str] | None, quantize: str | None) -> str | None:
+    """The quantisation of a graph of metadata `meta` where it is htmllm's graph of another one than
+    `quantize`, else None: no graph, an unreadable one or one htmllm did not export (replaced as
+    before), or one of `quantize` (stale or current)."""
+    if meta is None or FINGERPRINT_KEY not in meta:
+        return None
+    found = meta.get(QUANTIZATION_KEY, NO_QUANTIZATION)
+    return None if found == (quantize or NO_QUANTIZATION) else found
+
+
+def check_quantization(graph: str | Path, quantize: str | None) -> None:
+    """OtherQuantizationError where `graph` holds htmllm's graph of another quantisation than `quantize`:
+    an export there would replace another configuration's graph. `htmllm export-onnx` asks before it
+    loads the checkpoint; every export asks again under the directory's lock (`export_onnx_locked`)."""
+    path = Path(graph)
+    found = _other_quantization(_metadata(path, say_unreadable=False), quantize)
+    if found is not None:
+        raise OtherQuantizationError(path, found, quantize)
 
 
 # What a read-only checkpoint directory answers a write with (a read-only mount, another owner).
@@ -368,41 +437,84 @@ def ensure_onnx(
     """An ONNX graph up to date with the checkpoint: the existing one, or a fresh export.
 
     The place is `onnx_path` when given, else `<checkpoint>/model.onnx` (`model.int8.onnx` quantised). A
-    stale graph there (weights or heads changed since it was exported, another quantisation) is
+    stale graph there (weights or heads changed since it was exported, an older export form) is
     replaced. Where that place cannot be written (a read-only volume or image, as Kubernetes mounts
     models), the graph is exported to `onnx_cache_path` instead, so the onnx backend starts wherever
     the torch one does; for an explicit `onnx_path` with a warning that names the stale graph and the
     command that refreshes it. Re-raising there had crash-looped every new pod once the checkpoint
     gained a head. Any other failure to write is an `OnnxExportError` saying where and why.
+
+    A graph of another quantisation there (a float32 run and an int8 run given one HTMLLM_ONNX_PATH) is
+    another configuration's, and is never replaced: the graph asked for comes from `onnx_cache_path`
+    too, with a warning naming a file of its own. The two runs had exported over each other at every
+    start, and one could load the other's graph (`OtherQuantizationError`).
     """
     _check_quantize(quantize)
     root = Path(checkpoint_dir)
     fingerprint = checkpoint_fingerprint(root)
     beside = Path(onnx_path) if onnx_path is not None else default_onnx_path(root, quantize)
     cached = onnx_cache_path(fingerprint, quantize)
+    meta = _metadata(beside)
+    if _is_current(meta, fingerprint, quantize):
+        return beside
+    found = _other_quantization(meta, quantize)
+    conflict = None if found is None else OtherQuantizationError(beside, found, quantize)
     # An explicit path is tried before the cache: a graph cached by an earlier start (or `htmllm embed`)
     # must not stand in for one the operator asked for where that can be written.
-    for graph in (beside,) if onnx_path is not None else (beside, cached):
-        if _up_to_date(graph, fingerprint, quantize):
-            return graph
-    logger.info("exporting %s to ONNX at %s", root, beside)
+    if (onnx_path is None or conflict is not None) and _up_to_date(cached, fingerprint, quantize):
+        if conflict is not None:
+            _warn_other_quantization(root, conflict, cached, explicit=onnx_path is not None)
+        return cached
     checkpoint = load_checkpoint(root)  # after the fingerprint: a change in between reads as stale later
-    try:
-        return export_onnx_locked(checkpoint, beside, quantize=quantize, fingerprint=fingerprint, reuse=True)
-    except OSError as exc:
-        if exc.errno not in _NOT_WRITABLE:
-            raise _write_failed(root, beside, exc, quantize) from exc
-        refused = exc
-    if onnx_path is not None:
-        _warn_stale(root, beside, cached, fingerprint, quantize, refused)
+    if conflict is None:
+        logger.info("exporting %s to ONNX at %s", root, beside)
+        try:
+            return export_onnx_locked(
+                checkpoint, beside, quantize=quantize, fingerprint=fingerprint, reuse=True
+            )
+        except OtherQuantizationError as exc:  # exported there meanwhile by a run of the other one
+            conflict = exc
+        except OSError as exc:
+            if exc.errno not in _NOT_WRITABLE:
+                raise _write_failed(root, beside, exc, quantize) from exc
+            refused = exc
+    if conflict is not None:
+        _warn_other_quantization(root, conflict, cached, explicit=onnx_path is not None)
+        why, refresh = f"it holds the {_precision(conflict.found)} graph", conflict.own
     else:
-        logger.info(
-            "%s cannot be written (%s); exporting the ONNX graph to %s", beside.parent, refused, cached
-        )
+        if onnx_path is not None:
+            _warn_stale(root, beside, cached, fingerprint, quantize, refused)
+        else:
+            logger.info(
+                "%s cannot be written (%s); exporting the ONNX graph to %s", beside.parent, refused, cached
+            )
+        why, refresh = str(refused.strerror or refused), beside
     try:  # `reuse`: a container restarted in its pod finds the graph its previous run cached
         return export_onnx_locked(checkpoint, cached, quantize=quantize, fingerprint=fingerprint, reuse=True)
     except OSError as exc:
-        raise _write_failed(root, cached, exc, quantize, refused=(beside, refused)) from exc
+        raise _write_failed(root, cached, exc, quantize, refused=(beside, why, refresh)) from exc
+
+
+def _warn_other_quantization(
+    root: Path, conflict: OtherQuantizationError, used: Path, *, explicit: bool
+) -> None:
+    """The warning for a graph file of another quantisation (`conflict`), left to the runs that use it,
+    while `used` (the temporary directory's) is served: each new pod exports there again at start-up
+    until the graph asked for has a file of its own."""
+    wanted = _precision(conflict.quantize or NO_QUANTIZATION)
+    logger.warning(
+        "the ONNX graph %s%s is the %s graph, not the %s one asked for: it is left as it is (runs of the "
+        "other precision use it), and the %s graph exported to %s is served instead; give it a file of "
+        "its own with `%s`%s",
+        conflict.graph,
+        " (HTMLLM_ONNX_PATH)" if explicit else "",
+        _precision(conflict.found),
+        wanted,
+        wanted,
+        used,
+        _refresh_command(root, conflict.own, conflict.quantize),
+        " and point HTMLLM_ONNX_PATH (--onnx-path) at it" if explicit else f", or remove {conflict.graph}",
+    )
 
 
 def _staleness(graph: Path, fingerprint: str, quantize: str | None) -> str:
@@ -457,17 +569,18 @@ def _write_failed(
     exc: OSError,
     quantize: str | None,
     *,
-    refused: tuple[Path, OSError] | None = None,
+    refused: tuple[Path, str, Path] | None = None,
 ) -> OnnxExportError:
-    """The error for a graph that cannot be written (`refused`: the place tried first, and why not):
-    one line, where a raw OSError had ended the server's start with a traceback."""
+    """The error for a graph that cannot be written (`refused`: the place tried first, why it was not
+    written, and where the command to export it by hand should write): one line, where a raw OSError
+    had ended the server's start with a traceback."""
     if refused is None:
         return OnnxExportError(f"cannot export {root} to ONNX at {graph}: {exc.strerror or exc}")
-    wanted, why = refused
+    wanted, why, refresh = refused
     return OnnxExportError(
-        f"cannot export {root} to ONNX: {wanted} cannot be written ({why.strerror or why}), nor {graph} in "
-        f"the temporary directory ({exc.strerror or exc}); give the server a writable TMPDIR, or export the "
-        f"graph where it can be written: `{_refresh_command(root, wanted, quantize)}`"
+        f"cannot export {root} to ONNX: {wanted} cannot be written ({why}), nor {graph} in the temporary "
+        f"directory ({exc.strerror or exc}); give the server a writable TMPDIR, or export the graph where "
+        f"it can be written: `{_refresh_command(root, refresh, quantize)}`"
     )
 
 
@@ -486,7 +599,8 @@ def export_onnx_locked(
     `fingerprint` once the lock is held is kept: processes starting on one checkpoint export it once
     (the caller has looked at the graph before, and warned about it if unreadable: this look does not
     warn a second time). Without it (`htmllm export-onnx`: asked for, it replaces an up-to-date graph
-    too, at another opset say) it always exports. `on_wait` is called with the directory before waiting
+    too, at another opset say) it always exports. Either way a graph of another quantisation there is
+    never replaced (`OtherQuantizationError`). `on_wait` is called with the directory before waiting
     on another holder's lock (by default a log line).
 
     Without the lock, a server starting on the checkpoint meanwhile took the export's temporary for a
@@ -497,8 +611,14 @@ def export_onnx_locked(
     """
     target = Path(out)
     with _target_lock(target, on_wait) as locked:
+        # Looked at under the lock: a graph of the other quantisation that another run exported since
+        # the caller last looked is that run's, and is never replaced (OtherQuantizationError).
+        meta = _metadata(target, say_unreadable=False)
+        found = _other_quantization(meta, quantize)
+        if found is not None:
+            raise OtherQuantizationError(target, found, quantize)
         if locked:
-            if reuse and _up_to_date(target, fingerprint, quantize, say_unreadable=False):
+            if reuse and _is_current(meta, fingerprint, quantize):
                 return target
             _remove_stale_temporaries(target)
         return export_onnx(checkpoint, target, fingerprint=fingerprint, opset=opset, quantize=quantize)
