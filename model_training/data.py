@@ -655,7 +655,10 @@ def prepare_shards(
     """The whole `htmllm data prepare`: process, sample, split, write shards and the manifest.
 
     A run that fails (a page source that cannot be read, a worker killed, Ctrl-C, a full disk) leaves
-    no output directory it made itself (`_output_dir`)."""
+    no output directory it made itself, nor its partial shards (`output_dir`; a manifest in place means
+    complete). A preparation does not resume (its pages are held in memory until every one is read), so
+    nothing a later run could go on from is lost."""
+    from model_training.outputs import output_dir
     from service.core.pages import source_kind
 
     # Every option and path is checked before the first page is read: a run over a crawl must not fail
@@ -667,7 +670,7 @@ def prepare_shards(
             raise DataError(f"{name} must be at least 1, got {value}")
     source_kind(Path(source))  # a source that does not exist, or of no kind iter_pages reads
     tokenizer = HtmlTokenizer.from_file(tokenizer_path)
-    with _output_dir(out) as out_dir:
+    with output_dir(out, written=_RUN_FILE, complete=MANIFEST_FILE) as out_dir:
         return _prepare_into(
             source,
             out_dir,
@@ -780,53 +783,11 @@ def write_manifest(
     os.replace(tmp, out / MANIFEST_FILE)
 
 
-# What a preparation writes into its output directory: nothing else is removed from one it made.
+# What a preparation writes into its output directory: nothing else is removed from one it made
+# (`model_training.outputs.output_dir`).
 _RUN_FILE = re.compile(
     rf"shard-\d{{5,}}\.parquet|{re.escape(TOKENIZER_FILE)}|{re.escape(MANIFEST_FILE)}\.tmp"
 )
-
-
-@contextlib.contextmanager
-def _output_dir(out: str | Path) -> Iterator[Path]:
-    """`writable_dir(out)` for one preparation, removed again when the run fails having made it.
-
-    A failed run (a corpus row that cannot be read, a worker killed, Ctrl-C or SIGTERM, a full
-    disk while the shards were written) had left the empty directory it made, or one of part of the
-    shards and no manifest, which looks like a preparation to whoever lists it later. Removed: the
-    directory and each parent the run made, deepest first, holding only what the run wrote (its shards,
-    tokenizer.json, the manifest's temporary). Never a directory that existed before the run (it may hold
-    a user's files, or an earlier preparation's shards), nor one holding anything else (put there
-    meanwhile), nor one with a manifest (the run was complete when the failure came: a Ctrl-C after the
-    manifest's rename). A preparation does not resume (its pages are held in memory until every one is
-    read), so nothing a later run could go on from is lost.
-    """
-    path = Path(out)
-    made: list[Path] = []  # the directories `writable_dir` makes, deepest first
-    for directory in (path, *path.parents):
-        if directory.exists() or directory.is_symlink():
-            break
-        made.append(directory)
-    try:
-        yield writable_dir(path)
-    except BaseException:
-        if made and not (path / MANIFEST_FILE).exists():
-            _remove_made(made)
-        raise
-
-
-def _remove_made(made: Sequence[Path]) -> None:
-    """Remove the run's files from `made[0]`, then the directories of `made` that are left empty."""
-    with contextlib.suppress(OSError):  # best effort: the run's own failure is what is reported
-        for entry in made[0].iterdir():
-            if _RUN_FILE.fullmatch(entry.name) and not entry.is_dir():
-                entry.unlink()
-    for directory in made:
-        try:
-            directory.rmdir()
-        except FileNotFoundError:
-            continue
-        except OSError:  # not empty: something the run did not write is there, kept with its parents
-            break
 
 
 def writable_dir(out: str | Path) -> Path:

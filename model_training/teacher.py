@@ -35,9 +35,9 @@ from model_training.data import (
     read_json_file,
     read_manifest,
     read_shard,
-    writable_dir,
 )
 from model_training.library_progress import library_bars
+from model_training.outputs import file_names, output_dir
 from service.core.progress import progress_bar
 
 logger = logging.getLogger(__name__)
@@ -200,7 +200,12 @@ def embed_shards(
     normalize: bool = True,
     progress: bool = True,
 ) -> TeacherMeta:
-    """Embed every row of every shard with the teacher; writes `out/` and returns its metadata."""
+    """Embed every row of every shard with the teacher; writes `out/` and returns its metadata.
+
+    A run that fails (a teacher that cannot be loaded, Ctrl-C, a full disk) leaves no `out` it made
+    itself, nor its partial vectors (`output_dir`; teacher.json in place means complete). A teacher run
+    does not resume (the vectors are held in memory until every shard is embedded), so nothing a later
+    run could go on from is lost."""
     if view not in VIEWS:
         raise DataError(f"view must be one of {VIEWS}, got {view!r}")
     if batch_size < 1 or (max_seq_length is not None and max_seq_length < 1):
@@ -208,7 +213,37 @@ def embed_shards(
             f"batch_size and max_seq_length must be at least 1, got {batch_size}, {max_seq_length}"
         )
     manifest = read_manifest(shards)
-    writable_dir(out)
+    # What the run writes into `out`: a failed run takes it out again from a directory it made.
+    written = file_names(*(_array_file(e) for e in manifest["shards"]), TEACHER_META_FILE + ".tmp")
+    with output_dir(out, written=written, complete=TEACHER_META_FILE):
+        return _embed_into(
+            shards,
+            out,
+            manifest,
+            model=model,
+            view=view,
+            batch_size=batch_size,
+            max_seq_length=max_seq_length,
+            device=device,
+            normalize=normalize,
+            progress=progress,
+        )
+
+
+def _embed_into(
+    shards: str | Path,
+    out: str | Path,
+    manifest: dict[str, Any],
+    *,
+    model: str | None,
+    view: str,
+    batch_size: int,
+    max_seq_length: int | None,
+    device: str,
+    normalize: bool,
+    progress: bool,
+) -> TeacherMeta:
+    """`embed_shards` once its options are checked and `out` exists."""
     located = locate_teacher(model)  # once: a hub name is looked up on the hub
     # transformers' "Loading weights" bar (and the hub's download bars) follow --no-progress, and are
     # left out of a log file as carriage-return redraws.
@@ -326,11 +361,11 @@ def write_teacher(
     for entry, array, digest in zip(manifest["shards"], arrays, texts_sha256, strict=True):
         if array.shape != (entry["rows"], meta.dim):
             raise DataError(f"teacher array {array.shape} for {entry['file']} with {entry['rows']} rows")
-        stem = Path(str(entry["file"])).name.removesuffix(".parquet")
-        np.save(out_dir / f"{stem}.npy", np.asarray(array, dtype=np.float32))
+        name = _array_file(entry)
+        np.save(out_dir / name, np.asarray(array, dtype=np.float32))
         meta.shards.append(
             {
-                "file": f"{stem}.npy",
+                "file": name,
                 "rows": int(entry["rows"]),
                 "ids_sha256": entry["ids_sha256"],
                 "texts_sha256": digest,
@@ -340,6 +375,11 @@ def write_teacher(
     tmp = out_dir / (TEACHER_META_FILE + ".tmp")
     tmp.write_text(json.dumps(asdict(meta), indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, out_dir / TEACHER_META_FILE)
+
+
+def _array_file(entry: Mapping[str, Any]) -> str:
+    """The name of the teacher's array for the shard of manifest entry `entry`."""
+    return Path(str(entry["file"])).name.removesuffix(".parquet") + ".npy"
 
 
 def read_teacher_meta(teacher: str | Path) -> TeacherMeta:

@@ -113,7 +113,10 @@ def cache_kept(args: argparse.Namespace) -> str:
 
 
 def interrupted_run(args: argparse.Namespace) -> str:
-    """The cache, and the report directory as it was (the report is written at the end)."""
+    """The cache, and the report directory as it was (the report is written at the end), or none where
+    the run made it (`run`)."""
+    if not Path(args.out).exists():
+        return f"no {args.out} is left behind (the report is written at the end); {cache_kept(args)}"
     return f"the report in {args.out} is written at the end; {cache_kept(args)}"
 
 
@@ -146,32 +149,40 @@ def eval_config(args: argparse.Namespace, **overrides: Any) -> EvalConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from model_training.data import writable_dir
-    from model_training.evaluation.report import write_report
+    """Evaluate and write the report into `--out`.
+
+    A run that fails (bad tasks, Ctrl-C, a full disk) leaves no `--out` it made itself, nor part of a
+    report (`output_dir`): an empty directory had looked like a report's to whoever listed it later. What
+    a rerun goes on from is the cache, which is never removed: its files are none of the report's, so a
+    `--cache` inside `--out` (or inside a parent the run made) keeps that directory."""
+    from model_training.evaluation.report import JSON_FILE, MARKDOWN_FILE, PLOT_FILE, write_report
     from model_training.evaluation.runner import run_evaluation, seed_spread
     from model_training.evaluation.tasks import load_tasks
+    from model_training.outputs import file_names, output_dir
     from service.core.errors import HtmllmError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    report = file_names(MARKDOWN_FILE, JSON_FILE, PLOT_FILE)
     try:
-        writable_dir(args.out)  # before the run, not after an hour of embedding
-        seeds = list(dict.fromkeys(args.seeds)) or [args.seed]
-        results = []
-        for seed in seeds:  # the embeddings are cached by the first run: the next ones train heads only
-            seeded = argparse.Namespace(**{**vars(args), "seed": seed})
-            config = eval_config(
-                seeded,
-                checkpoints=tuple(args.checkpoint),
-                truncate=args.truncate,
-                inputs=args.input,
-                baselines=args.baselines,
-            )
-            tasks = load_tasks(args.tasks, k=args.folds, seed=seed)
-            results.append(run_evaluation(tasks, config))
-        result = results[0]
-        if len(results) > 1:
-            result.spread = seed_spread(results)
-        written = write_report(result, args.out, title=args.title)
+        # Made before the run, not after an hour of embedding.
+        with output_dir(args.out, written=report, complete=JSON_FILE):
+            seeds = list(dict.fromkeys(args.seeds)) or [args.seed]
+            results = []
+            for seed in seeds:  # the embeddings are cached by the first run: the next ones train heads only
+                seeded = argparse.Namespace(**{**vars(args), "seed": seed})
+                config = eval_config(
+                    seeded,
+                    checkpoints=tuple(args.checkpoint),
+                    truncate=args.truncate,
+                    inputs=args.input,
+                    baselines=args.baselines,
+                )
+                tasks = load_tasks(args.tasks, k=args.folds, seed=seed)
+                results.append(run_evaluation(tasks, config))
+            result = results[0]
+            if len(results) > 1:
+                result.spread = seed_spread(results)
+            written = write_report(result, args.out, title=args.title)
     except (HtmllmError, ValueError) as exc:
         code = getattr(exc, "code", "validation_error")
         print(f"htmllm eval run: {code}: {exc}", file=sys.stderr)

@@ -39,7 +39,13 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 def interrupted_derive(args: argparse.Namespace) -> str:
     """The pages copied so far are kept (content-addressed, so the next run reuses them); the task
-    directories are written at the end, from every page."""
+    directories are written at the end, from every page. An `--out` the run made is not left behind
+    while it holds no page (`run_derive`)."""
+    if not Path(args.out).exists():
+        return (
+            f"no page was copied yet (no {args.out} is left behind), the tasks are written at the end: run "
+            "the same command again to derive them"
+        )
     return (
         f"the pages copied so far are kept in {args.out}, the tasks are written at the end: run the same "
         "command again to derive them"
@@ -50,23 +56,30 @@ ON_INTERRUPT = {"derive": interrupted_derive}
 
 
 def run_derive(args: argparse.Namespace) -> int:
-    from model_training.data import writable_dir
-    from model_training.evaluation.derive import derive_tasks, require_a_task
+    """Derive the tasks into `--out`.
+
+    A run that fails before it copied a page (a corpus that cannot be read, Ctrl-C) leaves no `--out` it
+    made itself (`output_dir`): an empty directory had looked like a derivation's to whoever listed it
+    later. The pages copied are kept: the next run reuses them (`interrupted_derive`), as is a
+    derive.json, which says why no task was derived (`require_a_task`)."""
+    from model_training.evaluation.derive import DERIVE_FILE, PAGES_DIR, derive_tasks, require_a_task
+    from model_training.outputs import file_names, output_dir
     from service.core.errors import HtmllmError
 
     try:
-        writable_dir(args.out)
-        results = derive_tasks(
-            args.corpus,
-            args.out,
-            min_pages=args.min_pages,
-            min_sites=args.min_sites,
-            folds=args.folds,
-            seed=args.seed,
-            limit=args.limit,
-        )
-        _print_results(results)
-        require_a_task(results, args.corpus, args.out)  # after the lines that say why each was skipped
+        # No file of the run is taken out: only an empty pages/ and the directories it made.
+        with output_dir(args.out, written=file_names(), complete=DERIVE_FILE, subdirs=[PAGES_DIR]):
+            results = derive_tasks(
+                args.corpus,
+                args.out,
+                min_pages=args.min_pages,
+                min_sites=args.min_sites,
+                folds=args.folds,
+                seed=args.seed,
+                limit=args.limit,
+            )
+            _print_results(results)
+            require_a_task(results, args.corpus, args.out)  # after the lines that say why each was skipped
     except HtmllmError as exc:
         print(f"htmllm tasks derive: {exc.code}: {exc}", file=sys.stderr)
         return 1

@@ -50,11 +50,15 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 def interrupted_embed(args: argparse.Namespace) -> str:
     """What an interrupted teacher run leaves: nothing to go on from (the vectors are held in memory
     until every shard is embedded), and its output as it was, unless the vectors were being written
-    (teacher.json is removed first and written last, so training refuses a half-written directory)."""
+    (teacher.json is removed first and written last, so training refuses a half-written directory). An
+    output directory the run made is not left behind (`embed_shards`): "left as it was" had sent the
+    user looking for it."""
     from model_training.teacher import TEACHER_META_FILE
 
     again = "run the same command again to embed the shards from the first"
     out = Path(args.out)
+    if not out.exists():
+        return f"nothing is kept (no {out} is left behind; a teacher run does not resume): {again}"
     if (out / TEACHER_META_FILE).is_file() or not any(out.glob("*.npy")):
         return f"nothing is kept ({out} was left as it was; a teacher run does not resume): {again}"
     return f"{out} holds part of the new vectors and no {TEACHER_META_FILE} (it is incomplete): {again}"

