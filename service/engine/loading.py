@@ -13,6 +13,7 @@ from service.core.checkpoint import (
     TOKENIZER_FILE,
     CheckpointError,
     CheckpointMeta,
+    checkpoint_fingerprint,
     load_checkpoint,
     read_meta,
     require_file,
@@ -45,15 +46,19 @@ def build_runner(path: Path, config: EngineConfig) -> tuple[Runner, CheckpointMe
         return ProcessRunner(path, config, expected=meta), meta, tokenizer
     if config.backend == "onnx":
         from service.engine.onnx_export import ensure_onnx
-        from service.engine.runners.onnx import OnnxRunner
+        from service.engine.runners.onnx import ExpectedGraph, OnnxRunner
 
         meta, tokenizer = _meta_and_tokenizer(path)
+        # The checkpoint whose metadata was just read: the graph loaded must be its own, of the
+        # quantisation asked for, whatever was written to the file since `ensure_onnx` looked at it.
+        expect = ExpectedGraph(config.onnx_quantize, checkpoint_fingerprint(path))
         onnx_runner = OnnxRunner(
             ensure_onnx(path, config.onnx_path, quantize=config.onnx_quantize),
             pad_id=tokenizer.special_ids.pad,
             head_names=[spec.name for spec in meta.heads],
             device=config.device,
             intra_op_threads=config.intra_op_threads,
+            expect=expect,
         )
         return onnx_runner, meta, tokenizer
     from service.engine.runners.torch import TorchRunner

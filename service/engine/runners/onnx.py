@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -11,7 +12,13 @@ import numpy as np
 
 from service.core.cpus import intra_op_threads as choose_threads
 from service.core.quantization import NO_QUANTIZATION
-from service.engine.onnx_export import EMBEDDING_OUTPUT, HEAD_OUTPUT_PREFIX, INPUT_NAMES, QUANTIZATION_KEY
+from service.engine.onnx_export import (
+    EMBEDDING_OUTPUT,
+    FINGERPRINT_KEY,
+    HEAD_OUTPUT_PREFIX,
+    INPUT_NAMES,
+    QUANTIZATION_KEY,
+)
 from service.engine.runners import PreparedBatch, RunnerOutput, batch_cost, pad_batch
 from service.engine.types import BackendError, ShuttingDownError
 
@@ -21,6 +28,54 @@ PROVIDERS: dict[str, list[str]] = {
     "cpu": ["CPUExecutionProvider"],
     "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
 }
+
+
+@dataclass(frozen=True)
+class ExpectedGraph:
+    """What the graph a runner loads must be: the quantisation the configuration asked for (None:
+    float32) and the fingerprint of the checkpoint it serves (`checkpoint_fingerprint`)."""
+
+    quantize: str | None
+    fingerprint: str
+
+
+class GraphMismatchError(BackendError):
+    """The graph loaded is not the one the configuration asked for: another quantisation, or the graph
+    of another checkpoint.
+
+    `ensure_onnx` checks the file, but the runner loads it afterwards: a graph written there in between
+    (another server's export to a shared HTMLLM_ONNX_PATH, an `htmllm export-onnx --out`, a file put
+    there by hand) had been served as it was, its dtype taken from its own metadata: a server configured
+    for float32 served int8 (or another checkpoint's embeddings) without a word. The metadata checked is
+    the loaded session's, not a second read of the file, which could change again."""
+
+
+def _precision(quantization: str) -> str:
+    """A graph's quantisation as /info and the messages name it: "float32" for none."""
+    return "float32" if quantization == NO_QUANTIZATION else quantization
+
+
+def check_graph(path: str | Path, metadata: Mapping[str, str], expect: ExpectedGraph) -> None:
+    """GraphMismatchError where a graph of `metadata` (loaded from `path`) is not what `expect` says: its
+    quantisation (none recorded: float32, as `export_onnx` wrote before it recorded one), and its
+    checkpoint's fingerprint where it records one (a graph made by hand records none)."""
+    found = _precision(metadata.get(QUANTIZATION_KEY, NO_QUANTIZATION))
+    wanted = _precision(expect.quantize or NO_QUANTIZATION)
+    how = (
+        "it was written there after it was checked (another server or `htmllm export-onnx` given the same "
+        "file?) or by hand"
+    )
+    again = "give each configuration a graph file of its own, and start again"
+    if found != wanted:
+        raise GraphMismatchError(
+            f"{path} holds the {found} ONNX graph, not the {wanted} one asked for: {how}; {again}"
+        )
+    had = metadata.get(FINGERPRINT_KEY)
+    if had is not None and had != expect.fingerprint:
+        raise GraphMismatchError(
+            f"{path} is the ONNX graph of another checkpoint (fingerprint {had[:12]}, not "
+            f"{expect.fingerprint[:12]}): {how}, or the checkpoint changed while it loaded; {again}"
+        )
 
 
 class OnnxRunner:
@@ -37,7 +92,10 @@ class OnnxRunner:
         head_names: Sequence[str],
         device: str = "cpu",
         intra_op_threads: int | None = None,
+        expect: ExpectedGraph | None = None,
     ) -> None:
+        """`expect`: what the graph must be (`check_graph`); None (a benchmark, a test loading a graph
+        it has just exported) serves whatever graph `path` holds, reporting its quantisation as dtype."""
         import onnxruntime as ort
 
         if device not in PROVIDERS:
@@ -73,14 +131,16 @@ class OnnxRunner:
                 f"onnxruntime could not start {wanted[0]} for {path} (it runs on {running}); check that "
                 "onnxruntime-gpu matches this machine's CUDA and cuDNN versions"
             )
+        metadata = session.get_modelmeta().custom_metadata_map
+        if expect is not None:  # before the inputs and outputs: a wrong graph is what to say first
+            check_graph(path, metadata, expect)
         inputs = [i.name for i in session.get_inputs()]
         outputs = [o.name for o in session.get_outputs()]
         expected = [EMBEDDING_OUTPUT, *(HEAD_OUTPUT_PREFIX + name for name in head_names)]
         if inputs != list(INPUT_NAMES) or sorted(outputs) != sorted(expected):
             raise BackendError(f"{path} has inputs {inputs} and outputs {outputs}; expected {expected}")
         self._outputs = expected
-        quantization = session.get_modelmeta().custom_metadata_map.get(QUANTIZATION_KEY, NO_QUANTIZATION)
-        self.dtype = "float32" if quantization == NO_QUANTIZATION else quantization  # what /info reports
+        self.dtype = _precision(metadata.get(QUANTIZATION_KEY, NO_QUANTIZATION))  # what /info reports
         self.device = device
         self.pad_id = pad_id
 
