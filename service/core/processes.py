@@ -1,7 +1,8 @@
 """How the service starts its worker processes (text extractors, preprocessing): one choice for all, how
 they and the helpers multiprocessing starts with them outlive the signals sent to the whole process group
-(`group_signals_held`), how it gets a forkserver back that can no longer start them, and whether a worker's
-forkserver can still tell its exit status (`forkserver_lost`)."""
+(`group_signals_held`), how it gets a forkserver back that can no longer start them, whether a worker's
+forkserver can still tell its exit status (`forkserver_lost`), and what a start that failed left open
+(`close_failed_start`)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,19 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import stat
 import sys
 import threading
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from multiprocessing import forkserver, process, resource_tracker
 from multiprocessing.context import BaseContext
+from types import CodeType
 from typing import Any, Final
+
+try:
+    from multiprocessing import popen_forkserver
+except ImportError:  # no descriptor passing (Windows): no forkserver
+    popen_forkserver = None  # type: ignore[assignment]
 
 # The signals that reach every process of the server's group at once: a terminal's Ctrl-C (SIGINT) and
 # hang-up (SIGHUP: the terminal or SSH session closed), and a SIGTERM sent to the group (`kill -TERM --
@@ -25,6 +33,23 @@ GROUP_SIGNALS: Final = frozenset({signal.SIGINT, signal.SIGHUP, signal.SIGTERM})
 
 # The attributes of CPython's `ForkServer` that say which one runs; all None: none (it launches one).
 _FORKSERVER_STATE: Final = ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid")
+
+
+def _code_of(owner: object, name: str) -> CodeType | None:
+    code = getattr(getattr(owner, name, None), "__code__", None)
+    return code if isinstance(code, CodeType) else None
+
+
+# The CPython versions whose forkserver start was read and found to leak on a failure (`close_failed_start`:
+# the same code from 3.11 to 3.14, and on CPython's main branch as of 2026-12). A later one may close what
+# it made itself, and a second close would then close whatever another thread opened under those numbers
+# since: it is left alone (its leak, if any, stays) until its code has been read.
+_LEAKY_START: Final = (3, 11) <= sys.version_info[:2] <= (3, 14) and sys.implementation.name == "cpython"
+# The two functions of that start whose failures leave descriptors open; their frames are told by their code.
+_CONNECT_CODE: Final = _code_of(forkserver.ForkServer, "connect_to_new_process") if _LEAKY_START else None
+_LAUNCH_CODE: Final = (
+    None if popen_forkserver is None or not _LEAKY_START else _code_of(popen_forkserver.Popen, "_launch")
+)
 
 
 def worker_context(preload: Sequence[str]) -> BaseContext:
@@ -193,3 +218,59 @@ def _reap(pid: int) -> None:
     """Wait for a forgotten forkserver to exit, so that it leaves no zombie behind."""
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0)
+
+
+def close_failed_start(error: BaseException) -> None:
+    """Close the descriptors CPython's forkserver start left open when `Process.start` failed with `error`.
+    Call it once for that error, before anything else may open descriptors in this thread.
+
+    Out of descriptors (EMFILE: a server whose connections took them all), multiprocessing left two open
+    each time its second pipe could not be made (`ForkServer.connect_to_new_process` closes only the pipes
+    it got to hand over), and two when the duplicate of the data pipe could not be made (`Popen._launch`),
+    with the child the forkserver had forked waiting for its data for good; a start that failed after that
+    left two more to the Popen's finalizer, which a traceback in a reference cycle put off to a full
+    collection. Each such leak was for good: a server whose descriptors ran out under load kept failing
+    worker starts, every page a 503, after the load had gone. The frames `error` passed through say which
+    of these happened (what their locals hold: what had been made before the failure). Only descriptors
+    that nothing has closed are closed, and only in frames of the code known to leak them."""
+    traceback = error.__traceback__
+    while traceback is not None:
+        code, names = traceback.tb_frame.f_code, traceback.tb_frame.f_locals
+        if code is _CONNECT_CODE and "parent_r" in names and "child_r" not in names:
+            parent_r, child_w = names.get("parent_r"), names.get("child_w")
+            if _one_pipe(parent_r, child_w):  # its first pipe, made: the second failed
+                _close(parent_r, child_w)
+        elif code is _LAUNCH_CODE and "w" in names:  # the forkserver took the start: its two pipes
+            _close_launch(names)
+        traceback = traceback.tb_next
+
+
+def _close_launch(names: Mapping[str, Any]) -> None:
+    """What `Popen._launch` had made when it failed: the status pipe (`sentinel`) and the data pipe (`w`)
+    from the forkserver, then a duplicate of the data pipe (`_parent_w`) that it hands, with the status
+    pipe, to a finalizer, then `w` to a file that closes it when its `with` block ends. A failure in the
+    `open` of that file (out of memory) may or may not have closed `w`: it is left."""
+    popen = names.get("self")
+    finalizer = getattr(popen, "finalizer", None)
+    if finalizer is not None:
+        finalizer()  # the status pipe and the duplicate, now rather than when the Popen is collected
+    else:  # no duplicate made, or no finalizer: nothing would ever close them
+        _close(names.get("w"), getattr(popen, "sentinel", None), names.get("_parent_w"))
+
+
+def _one_pipe(read_end: object, write_end: object) -> bool:
+    """Whether `read_end` and `write_end` are still the two ends of one pipe, as `os.pipe` made them."""
+    if not isinstance(read_end, int) or not isinstance(write_end, int):
+        return False
+    try:
+        read, write = os.fstat(read_end), os.fstat(write_end)
+    except OSError:
+        return False
+    return stat.S_ISFIFO(read.st_mode) and (read.st_dev, read.st_ino) == (write.st_dev, write.st_ino)
+
+
+def _close(*fds: object) -> None:
+    for fd in fds:
+        if isinstance(fd, int):
+            with contextlib.suppress(OSError):
+                os.close(fd)

@@ -8,8 +8,8 @@ past it, kills that worker alone (`WorkerTimeoutError`), so the other workers' j
 may be given a memory limit (`RLIMIT_DATA`, Linux): an allocation past it fails inside the job, as a
 `MemoryError` or the parser's own typed failure, and the worker lives on. That holds from the job's
 first byte: a job is framed (its length, then its bytes) and read straight into one buffer of its
-size, so a page too large for the limit is read past and answered as a `MemoryError` too, not the
-worker's death in the middle of taking it in. A dead worker is replaced
+size (`worker_framing`), so a page too large for the limit is read past and answered as a `MemoryError`
+too, not the worker's death in the middle of taking it in. A dead worker is replaced
 on the next call; one killed while idle (the OOM killer, an operator) is replaced without blaming the
 page that comes next. One killed from outside while it holds a job (SIGKILL: the kernel's OOM killer,
 `kill -9`; SIGTERM) is told from one the job crashed (SIGSEGV, SIGABRT, an exit status of its own):
@@ -32,7 +32,9 @@ forked from a forkserver that has already imported `preload`, so replacing a kil
 of milliseconds. Workers announce readiness only after their imports and initializer, and the time
 limit starts when the job is handed to the pipe (sending a large one counts), so start-up never counts
 against a job. A worker whose process cannot be launched is tried once more, from a new forkserver where
-the one in use cannot be reached (`service.core.processes.restart_forkserver`).
+the one in use cannot be reached or died under the start (`service.core.processes.restart_forkserver`). A
+start that failed leaves no descriptor open (`close_failed_start`: multiprocessing's own leaks included),
+so a server whose descriptors ran out starts workers again once they are free.
 
 `concurrent.futures.ProcessPoolExecutor` is not used: one dead worker breaks the whole executor and
 fails every job in flight, and it offers no way to stop one job.
@@ -41,14 +43,12 @@ fails every job in flight, and it offers no way to stop one job.
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import os
 import pickle
 import resource
 import select
 import signal
-import struct
 import sys
 import threading
 import time
@@ -61,12 +61,14 @@ from typing import Any, Final, Self
 
 from service.core.errors import HtmllmError
 from service.core.processes import (
+    close_failed_start,
     forkserver_in_use,
     group_signals_held,
     ignore_group_signals,
     restart_forkserver,
     worker_context,
 )
+from service.core.worker_framing import DRAIN_CHUNK, JOB_HEADER, ReadPast, receive_job, report, send_job
 from service.core.worker_health import (
     CRASHED,
     IDLE_DIED,
@@ -88,15 +90,12 @@ from service.core.worker_health import (
 
 _log = logging.getLogger(__name__)
 
+# How the pool sends a job (looked up at each send): tests replace it to act right after a chosen job is sent.
+_send_job = send_job
+
 STARTUP_TIMEOUT_S: Final = 120.0
-# A job's exception is sent back with at most this much of its message (it may quote the page).
-_MESSAGE_CHARS: Final = 500
 # Linux's default pipe capacity: a send of more may wait for the worker to read.
 _PIPE_BUFFER: Final = 64 * 1024
-# A job's frame: its length, then its pickled bytes (`_send_job`, `_receive_job`).
-_JOB_HEADER: Final = struct.Struct("!Q")
-# A job the worker cannot hold is read past in pieces of this size, into a buffer it has from the start.
-_DRAIN_CHUNK: Final = 64 * 1024
 # How long a worker whose pipe broke is given to finish dying on its own before it is killed: its exit
 # status is then its own (what killed it), not the SIGKILL of its reaping.
 _DYING_GRACE_S: Final = 1.0
@@ -174,82 +173,6 @@ def mib_as_bytes(limit_mib: int | None) -> int | None:
     return limit_mib * 2**20 if limit_mib else None
 
 
-def _send_error(conn: Connection, exc: BaseException) -> None:
-    """The job's exception as itself when it pickles, else as its type name and message."""
-    message = str(exc)[:_MESSAGE_CHARS]
-    try:
-        payload: bytes | None = pickle.dumps(exc)
-    except Exception:
-        payload = None
-    conn.send(("error", payload, type(exc).__name__, message))
-
-
-def _send_job(conn: Connection, job: bytes | memoryview) -> None:
-    """`job` framed as `_receive_job` reads it: its length, then its bytes, written to the pipe as they
-    are (`writev`, no joined copy). `conn` keeps no buffer of its own, so its `recv` of the answer is
-    unaffected; a pipe closed meanwhile (`close`) fails `fileno` with OSError, like a dead reader."""
-    pending: list[bytes | memoryview] = [_JOB_HEADER.pack(len(job)), memoryview(job)]
-    while pending:
-        written = os.writev(conn.fileno(), pending)
-        while pending and written >= len(pending[0]):
-            written -= len(pending.pop(0))
-        if pending and written:
-            pending[0] = pending[0][written:]
-
-
-def _read_exactly(fd: int, view: memoryview) -> None:
-    """Fill `view` from `fd`, straight into its memory; EOFError when the parent's end closes first."""
-    while view:
-        read = os.readv(fd, [view])
-        if not read:
-            raise EOFError("the pipe closed inside a job")
-        view = view[read:]
-
-
-class _ReadPast(Exception):
-    """A job too large for the worker's memory limit, read past: `error` is its answer."""
-
-    def __init__(self, error: MemoryError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-def _receive_job(fd: int, header: bytearray, spare: bytearray) -> bytearray:
-    """The next job's pickled bytes, read into one buffer of its size.
-
-    A job that buffer cannot be allocated for under the memory limit is read past into `spare`, a
-    buffer held from the start (`_ReadPast`), so the pipe is left at the next job's frame.
-    `Connection.recv_bytes` needed the job's size twice over (a read of all of it and a growing copy)
-    and failed in the middle of the message, which left nothing to do but die: the parent saw "worker
-    died" and paid a new worker for one page's fault. A MemoryError anywhere else here (the few small
-    objects a read makes) still ends the worker: where the pipe stands in the frame is then unknown."""
-    _read_exactly(fd, memoryview(header))
-    (size,) = _JOB_HEADER.unpack(header)
-    try:
-        job = bytearray(size)
-    except MemoryError:
-        left = size
-        with memoryview(spare) as scratch:
-            while left:
-                piece = min(left, len(scratch))
-                _read_exactly(fd, scratch[:piece])
-                left -= piece
-        too_large = MemoryError(f"a job of {size:,} bytes does not fit in the worker's memory limit")
-        raise _ReadPast(too_large) from None
-    _read_exactly(fd, memoryview(job))
-    return job
-
-
-def _report(conn: Connection, exc: BaseException) -> None:
-    """Send a failed job's exception back; the caller has already dropped what the job held."""
-    exc.__traceback__ = None
-    gc.collect()
-    try:
-        _send_error(conn, exc)
-    except MemoryError:
-        conn.send(("error", None, type(exc).__name__, "out of memory reporting it"))
-
-
 def _worker_main(
     conn: Connection,
     preload: Sequence[str],
@@ -269,7 +192,7 @@ def _worker_main(
     if initializer is not None:
         initializer(*initargs)
     # Allocated before the limit: reading past a job too large for it then allocates nothing.
-    fd, header, spare = conn.fileno(), bytearray(_JOB_HEADER.size), bytearray(_DRAIN_CHUNK)
+    fd, header, spare = conn.fileno(), bytearray(JOB_HEADER.size), bytearray(DRAIN_CHUNK)
     # After the trusted start-up (a tokenizer's warm-up briefly needs more than it keeps): the limit is
     # on what the jobs, the untrusted pages, add.
     limit_memory(memory_limit_bytes)
@@ -287,11 +210,11 @@ def _serve(conn: Connection, fd: int, header: bytearray, spare: bytearray) -> No
     conn.send(("ready", os.getppid()))
     while True:
         try:
-            message: bytearray | None = _receive_job(fd, header, spare)
+            message: bytearray | None = receive_job(fd, header, spare)
         except (EOFError, OSError):
             return
-        except _ReadPast as past:  # the pipe is at the next job
-            _report(conn, past.error)
+        except ReadPast as past:  # the pipe is at the next job
+            report(conn, past.error)
             continue
         job: Any = None
         try:
@@ -304,7 +227,7 @@ def _serve(conn: Connection, fd: int, header: bytearray, spare: bytearray) -> No
             # Free what the job holds before reporting, which needs memory too: its arguments, and the
             # frames its traceback keeps (a MemoryError sent with them alive died unsent, exit 1).
             message = job = function = args = None
-            _report(conn, exc)
+            report(conn, exc)
         else:
             conn.send(("ok", result))
             result = None
@@ -354,17 +277,17 @@ def _wait_exited(pidfd: int, timeout_s: float) -> bool:
 class _Worker:
     """One worker process, the parent's end of its pipe, and its /proc files (Linux): `gauges`.
 
-    Whether it runs, and its kill, go through a pidfd of it where there is one (Linux), not through
-    multiprocessing alone: a forkserver's worker is judged by the status its forkserver sends, and once
-    the forkserver died (the kernel's OOM killer), every worker of it read as exited with 255 at once, the
-    live ones too. A live idle worker was then "found dead" and replaced, and the pool's kills (a job past
-    its time limit, `close`) sent nothing: multiprocessing signals no process it counts as exited. A pidfd
-    names the process itself, so a pid recycled after it was reaped is never signalled."""
+    Whether it runs, and its kill, go through a pidfd of it where there is one (Linux; opened as soon as
+    its pid is known, so that a start that fails is killed so too), not through multiprocessing alone: a
+    forkserver's worker is judged by the status its forkserver sends, and once the forkserver died (the
+    kernel's OOM killer), every worker of it read as exited with 255 at once, the live ones too. A live
+    idle worker was then "found dead" and replaced, and the pool's kills (a job past its time limit,
+    `close`, a start that failed) sent nothing: multiprocessing signals no process it counts as exited. A
+    pidfd names the process itself, so a pid recycled after it was reaped is never signalled."""
 
     def __init__(self, ctx: BaseContext, name: str, args: tuple[Any, ...]) -> None:
         self._kill_lock = threading.Lock()
         self.gauges = ProcGauges(None, self._kill_lock)  # none until it is ready
-        self._pidfd: int | None = None  # none until it is ready
         try:
             parent, child = ctx.Pipe(duplex=True)
         except OSError as exc:  # no file descriptors left
@@ -378,27 +301,41 @@ class _Worker:
         except Exception as exc:  # the forkserver cannot be reached (its socket deleted), fork failed
             parent.close()
             child.close()
+            close_failed_start(exc)  # what multiprocessing left open (no descriptors left)
             raise _LaunchError(f"{name} worker could not be launched: {type(exc).__name__}: {exc}") from exc
         child.close()
         self.process = process
         self.conn = parent
-        if not parent.poll(STARTUP_TIMEOUT_S):
+        self.pid: int | None = process.pid
+        # At once, not once it is ready: a worker whose forkserver died (the OOM killer) before it said ready
+        # reads as exited to multiprocessing, which then sent the kill of a failed start nowhere, and a
+        # worker stuck starting lived on, orphaned. Its pid is not taken again meanwhile: it is reaped only
+        # after it exits, and the kernel hands a pid out again only after going through all the others.
+        self._pidfd = _pidfd_of(process.pid)
+        try:
+            # Its forkserver, where it has one: if that is replaced or dies while it lives, its exit status
+            # may be lost (`worker_health.status_unread`).
+            self.forked_by: int | None = self._ready(name)
+        except BaseException:
+            self.kill()  # its pipe and pidfd too; once killed, a kill again only says its exit code
+            raise
+        self.gauges = ProcGauges(process.pid, self._kill_lock)
+        if self._pidfd is None:  # none to be had at its start (no descriptor left then)
+            self._pidfd = _pidfd_of(process.pid)
+
+    def _ready(self, name: str) -> int | None:
+        """Wait for the worker to say it is ready; the pid of the process that forked it. WorkerStartError
+        (the worker killed) when it died first or did not say it in time."""
+        if not self.conn.poll(STARTUP_TIMEOUT_S):
             self.kill()
             raise WorkerStartError(f"{name} worker did not start within {STARTUP_TIMEOUT_S:.0f} s")
         try:
-            ready = parent.recv()
+            ready = self.conn.recv()
         except (EOFError, OSError) as exc:
             code = self.kill()
             raise WorkerStartError(f"{name} worker died while starting (exit code {code})") from exc
-        # Its forkserver, where it has one: if that is replaced or dies while it lives, its exit status may
-        # be lost (`worker_health.status_unread`).
-        self.forked_by: int | None = ready[1]
-        self.gauges = ProcGauges(process.pid, self._kill_lock)
-        self._pidfd = _pidfd_of(process.pid)
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid
+        forked_by: int | None = ready[1]
+        return forked_by
 
     def alive(self) -> bool:
         """Whether the process runs: the kernel's word where a pidfd can ask it, else multiprocessing's."""
@@ -434,6 +371,14 @@ class _Worker:
                     code = _reap_orphan(self._pidfd, code)
                 os.close(self._pidfd)
                 self._pidfd = None
+            if code is not None:
+                # Its status pipe and the duplicate of its data pipe, now rather than when the process
+                # object is collected: something may name the worker long after (a traceback in a reference
+                # cycle, which a serving process may not collect for hours). The process object still
+                # answers: its exit code is read already.
+                popen = getattr(self.process, "_popen", None)
+                if popen is not None:
+                    popen.close()
             return code
 
     def _signal_kill(self) -> None:
@@ -627,9 +572,12 @@ class WorkerPool:
         try:
             return _Worker(self._ctx, self.name, self._worker_args)
         except _LaunchError as exc:
-            # Its socket deleted, or no one listening on it: the forkserver cannot be reached. Another
-            # failure (no file descriptors left, no memory to fork) would fail a new one as well.
-            unreachable = isinstance(exc.__cause__, FileNotFoundError | ConnectionRefusedError)
+            # Its socket deleted, no one listening on it, or it died under this start (a start that failed
+            # for want of descriptors ends CPython's forkserver, as any client that hangs up unsent does;
+            # dying, it broke or refused the next start too: EOFError, BrokenPipeError): the forkserver
+            # cannot be reached. Another failure (no descriptors left, no memory to fork) would fail a new
+            # one as well.
+            unreachable = isinstance(exc.__cause__, FileNotFoundError | ConnectionError | EOFError)
             restarted = unreachable and restart_forkserver(self._ctx, seen)
             _log.warning(
                 "%s; trying once more%s", exc.message, ", from a new forkserver" if restarted else ""
@@ -663,7 +611,7 @@ class WorkerPool:
         # was stalled, not busy with the job (`WorkerTimeoutError.stalled`).
         cpu = [worker.gauges.cpu_s() if timeout_s is not None else None, None]
         guard = None
-        if timeout_s is not None and _JOB_HEADER.size + len(job) > _PIPE_BUFFER:
+        if timeout_s is not None and JOB_HEADER.size + len(job) > _PIPE_BUFFER:
 
             def expire() -> None:
                 cpu[1] = worker.gauges.cpu_s()

@@ -7,13 +7,16 @@ real; each test kills a forkserver of its own (`restart_forkserver` first), whos
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
 from multiprocessing import forkserver
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,8 +24,8 @@ import pytest
 from service.core import workers
 from service.core.processes import forkserver_in_use, forkserver_lost, restart_forkserver, worker_context
 from service.core.worker_health import IDLE_DIED, LOST_STATUS, STALLED, TIME_LIMIT
-from service.core.workers import WorkerPool, WorkerTimeoutError
-from tests.factories.worker_jobs import pid, pid_of_page, spin
+from service.core.workers import WorkerPool, WorkerStartError, WorkerTimeoutError
+from tests.factories.worker_jobs import orphaned_while_starting, pid, pid_of_page, spin
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forkserver: Linux only")
 
@@ -170,3 +173,62 @@ def test_forkserver_lost_reads_a_dead_forkserver_without_reaping_it() -> None:
         assert pool.call(pid, (), timeout_s=60) > 0
     assert _forkserver_pid() != server
     assert forkserver_lost(ctx, server)  # replaced, reaped: still lost
+
+
+def test_a_worker_whose_forkserver_died_before_it_was_ready_is_killed_when_its_start_fails(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Its forkserver killed while the worker started, multiprocessing read the worker as exited (255), so
+    the kill of a start past its time limit sent nothing (its pidfd was opened only once it was ready), and
+    the worker, stuck starting, lived on as an orphan. It is killed through a pidfd opened at its start."""
+    _own_forkserver()
+    monkeypatch.setattr(workers, "STARTUP_TIMEOUT_S", 1.0)
+    pid_file = tmp_path / "worker.pid"
+    pool = WorkerPool(1, name="test", initializer=orphaned_while_starting, initargs=(str(pid_file),))
+    with pool, pytest.raises(WorkerStartError, match="did not start within"):
+        pool.call(pid, (), timeout_s=60)
+    worker = int(pid_file.read_text())
+    deadline = time.monotonic() + 3
+    while _running(worker) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    running = _running(worker)
+    if running:  # before the fix: let the test end
+        os.kill(worker, signal.SIGKILL)
+    assert not running, "the worker whose start failed lives on"
+    assert pool.live_workers == 0
+
+
+def test_a_start_whose_forkserver_dies_under_it_is_tried_again_from_a_new_forkserver(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client that hangs up before asking for a process ends CPython's forkserver, as each start that
+    failed for want of descriptors did. A start queued behind it failed (EOFError: no pid), and the one
+    tried again at once reached the forkserver still exiting (ConnectionRefusedError): the first page after
+    the descriptors were free again failed too. The start is tried again from a new forkserver. The
+    forkserver is stopped until the start is queued behind the client that hung up."""
+    server = _own_forkserver()
+    address = forkserver_in_use(worker_context(()))
+    assert isinstance(address, str)
+    read_signed = forkserver.read_signed
+    queued: list[int] = []
+
+    def go_on_then_read(fd: int) -> int:
+        if not queued:
+            queued.append(fd)
+            os.kill(server, signal.SIGCONT)  # it takes the client that hung up first, and dies of it
+        value: int = read_signed(fd)
+        return value
+
+    os.kill(server, signal.SIGSTOP)
+    try:
+        with socket.socket(socket.AF_UNIX) as hung_up:
+            hung_up.connect(address)
+        monkeypatch.setattr(forkserver, "read_signed", go_on_then_read)
+        with WorkerPool(1, name="test") as pool, caplog.at_level(logging.WARNING, "service.core.workers"):
+            started = pool.call(pid, (), timeout_s=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # not let go (the test failed first): its end
+            os.kill(server, signal.SIGCONT)
+    assert queued and started > 0 and _forkserver_pid() != server
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("could not be launched: EOFError" in m and "new forkserver" in m for m in messages), messages

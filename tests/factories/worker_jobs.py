@@ -34,3 +34,14 @@ def stop_self() -> int:
     """Stop this worker (SIGSTOP), as an operator's or a debugger's stop, or a frozen cgroup, does."""
     os.kill(os.getpid(), signal.SIGSTOP)
     return os.getpid()
+
+
+def orphaned_while_starting(pid_file: str) -> None:
+    """A worker's initializer: write this worker's pid to `pid_file`, SIGKILL the forkserver that forked it
+    (as the kernel's OOM killer may pick it), then hang: a start that never says ready, orphaned meanwhile.
+    Bounded (60 s), so that a worker a test failed to kill ends anyway."""
+    with open(pid_file + ".part", "w") as written:
+        written.write(str(os.getpid()))
+    os.replace(pid_file + ".part", pid_file)
+    os.kill(os.getppid(), signal.SIGKILL)
+    time.sleep(60)
