@@ -255,10 +255,17 @@ class Runtime:
         """Why a liveness probe should restart the server, or None: every pass (probes included) has
         failed for `unhealthy_after_s` since the warm-up, one pass has run that long (a hung device),
         or the warm-up has failed that long (retried meanwhile: a backend that cannot run a full-size
-        batch never gets ready, and a pod that is live but never ready holds its slot for good)."""
+        batch never gets ready, and a pod that is live but never ready holds its slot for good); and at
+        once when the model process cannot be started again before the server is (`Outage.permanent`:
+        the checkpoint changed under it), which no wait cures and a restart does (it loads the new
+        checkpoint). It had waited `unhealthy_after_s` like a fault that may pass: minutes of a pod
+        unready and live, each probe meanwhile spawning a child that loaded the whole model in vain."""
         limit = self.settings.unhealthy_after_s
         if self.engine is None or limit <= 0:
             return None
+        outage = self.engine.outage
+        if outage is not None and outage.permanent:
+            return outage.reason
         now = self.clock()
         health = self.engine.health
         if health.pass_started is not None and now - health.pass_started >= limit:

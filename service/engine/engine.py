@@ -859,8 +859,9 @@ class Engine:
     def outage(self) -> Outage | None:
         """Why the backend cannot run a forward pass now although none failed, or None: its model
         process died and a new one is loading, or could not be started (`ProcessRunner.outage`). What
-        /ready answers 503 with from the moment the child is found dead; a runner in this process has
-        no such state (it dies with the server)."""
+        /ready answers 503 with from the moment the child is found dead, and /health too when it is
+        `permanent` (the checkpoint changed since this engine started: only a new engine serves it); a
+        runner in this process has no such state (it dies with the server)."""
         runner = self._runner
         return runner.outage() if isinstance(runner, ProcessRunner) else None
 

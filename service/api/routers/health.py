@@ -36,7 +36,9 @@ _UNAVAILABLE = error_responses(503, codes=UNAVAILABLE)
 async def health(runtime: RuntimeDep) -> HealthResponse:
     """200 while the process can serve; 503 once the backend has failed every pass (or hung in one), or
     the warm-up has kept failing, for `HTMLLM_UNHEALTHY_AFTER_S`: a corrupted CUDA context does not heal
-    in-process, a restart does."""
+    in-process, a restart does. At once when the model's process (`HTMLLM_INFERENCE_PROCESS`) died and
+    cannot be started again because the checkpoint changed since the server started: a restart serves
+    the new checkpoint."""
     reason = runtime.unhealthy()
     if reason is not None:
         raise HtmllmError(f"the backend is unhealthy: {reason}", code=ErrorCode.UNHEALTHY)

@@ -25,6 +25,13 @@ during which /ready said 200 and requests queued into 504s. Such a wait is count
 which the batcher's drain rate leaves out: read as one slow pass, it had refused requests with 429 for
 a while after the restart ("52.9 s of work ... at 0.1 a second").
 
+A restart loads the model the first child loaded, or none: one onto a checkpoint changed since (a head
+trained into it) is refused before any child is spawned, and `outage` says that is permanent (no probe's
+retry cures it), which the server's /health turns into 503 `unhealthy` at once, so that the liveness
+probe restarts it on the new checkpoint. It had kept /health 200 for `HTMLLM_UNHEALTHY_AFTER_S` (300 s),
+as for a fault that may pass, and every probe and batch spawned a child that loaded the whole model only
+to be refused. A checkpoint gone or unreadable (a volume unmounted) is such a fault: it is retried.
+
 The child's log records travel over a pipe of their own to this process's logging (`log_relay`), so
 they come out once, in the server's format and at its level.
 """
@@ -112,10 +119,13 @@ class _Description:
 class Outage:
     """Why no forward pass can run now although none failed: the child is gone. `loading`: a new one is
     loading the model (a pass waits for it); else the last start failed, or `abort` killed the child,
-    and the next pass starts one."""
+    and the next pass starts one. `permanent`: a restart was refused because the checkpoint changed
+    since the engine started (`CheckpointChangedError`): no wait cures that, only a new engine (a server
+    restart) or the old checkpoint back, so the server's liveness fails at once (`Runtime.unhealthy`)."""
 
     reason: str
     loading: bool
+    permanent: bool = False
 
 
 def _watch(runner: weakref.ref[ProcessRunner], process: Any) -> None:
@@ -227,6 +237,12 @@ class InferenceConfigurationError(InferenceProcessError, ValueError):
     code = ErrorCode.VALIDATION
 
 
+class CheckpointChangedError(InferenceProcessError):
+    """A restart refused: the checkpoint is not the one the engine started on (a head trained into it,
+    its files replaced). The parent answers with the heads and tokenizer it read at start, so a child
+    on the new files would serve rows under the wrong labels; only a new engine serves them."""
+
+
 def _load_error(message: str, code: ErrorCode) -> InferenceProcessError:
     """The parent's error for a child whose load failed with `code` (`load_failure_code`)."""
     if code is ErrorCode.VALIDATION:
@@ -274,6 +290,9 @@ class ProcessRunner:
         self._down: str | None = None  # why no child serves since the last one exited
         self._restart: concurrent.futures.Future[None] | None = None  # the latest restart
         self._restart_error: str | None = None  # why the latest restart failed
+        # What differs in the checkpoint since the first child loaded it, as the latest restart found it
+        # (`CheckpointChangedError`); until a child serves again: `outage` says it is permanent.
+        self._changed: str | None = None
         self._identity: _Identity | None = None  # the first child's model, which every restart must load
         self._closed = False  # `close` is final: no pass after it, and no child started again
         self.restarts = 0
@@ -297,17 +316,37 @@ class ProcessRunner:
         self.packed = description.packed
 
     def _check_checkpoint(self) -> None:
-        """The child's first checks of the checkpoint, here, in milliseconds: a checkpoint gone (moved,
-        unmounted) or without its metadata is refused before any child, as the child would say it. Each
-        restart onto a missing checkpoint had spent 6 to 8 s spawning a child and importing torch
-        first. Any other fault is still the child's to find (this only reads what it reads too)."""
+        """The child's first checks of the checkpoint, here, before any child: a checkpoint gone (moved,
+        unmounted) or without its metadata is refused as the child would say it, and on a restart one
+        whose fingerprint is not the first child's (`CheckpointChangedError`). Each such restart had
+        spawned a child that imported torch and loaded the whole model (6 to 8 s for the tiny one, and
+        on a GPU its memory) only to be refused, again at every probe and every batch. The fingerprint
+        costs a read of the checkpoint (25 ms for the bundled model), small beside the child's load,
+        which reads it too. Any other fault is still the child's to find."""
         try:
             if not self._path.is_dir():
                 checkpoint_fingerprint(self._path)  # raises what the child raises first ("does not exist")
-            read_meta(self._path)
+            if self._identity is None:  # the first start: nothing to compare with yet
+                read_meta(self._path)
+                return
+            # In the child's order (fingerprint, then metadata): a head saved between the two shows.
+            fingerprint = checkpoint_fingerprint(self._path)
+            now = _Identity.of(fingerprint, read_meta(self._path))
         except CheckpointError as error:
             message = f"the inference process could not load the model: {type(error).__name__}: {error}"
             raise _load_error(message, load_failure_code(error)) from error
+        if now != self._identity:
+            raise self._changed_error(self._identity.changes(now))
+
+    def _changed_error(self, changed: str) -> CheckpointChangedError:
+        """The refusal of a restart onto a checkpoint changed since the first child loaded it; `outage`
+        says so, as permanent, until a child serves again."""
+        with self._abort_lock:
+            self._changed = changed
+        return CheckpointChangedError(
+            f"the checkpoint {self._path} changed since the engine started ({changed}); the inference "
+            "process was not restarted on it: restart the server to serve the new model"
+        )
 
     def _cancelled(self, aborts: int | None) -> bool:
         """Whether a start begun when `_aborts` was `aborts` is to stop: an `abort` or a `close` came since
@@ -366,7 +405,7 @@ class ProcessRunner:
                     cancelled = self._cancelled(aborts)
                     if not cancelled:
                         self._process, self._conn, self._stopper = process, parent, stopper
-                        self._down, self._restart_error = None, None
+                        self._down, self._restart_error, self._changed = None, None, None
         except (EOFError, OSError) as error:
             self._reap(process)  # the pipe ends before the exit is reaped: wait for its code
             with self._abort_lock:
@@ -396,11 +435,9 @@ class ProcessRunner:
             # The parent answers with the heads and tokenizer it read at start: rows of another model
             # would be served under them (new labels zipped against old ones, or a 500 when their count
             # changed). Refused for every batch until the checkpoint is back, or the server restarts.
+            # Found here only when it changed after `_check_checkpoint` read it.
             _stop(process, parent, STOP_TIMEOUT_S)
-            raise InferenceProcessError(
-                f"the checkpoint {self._path} changed since the engine started ({changed}); the inference "
-                "process was not restarted on it: restart the server to serve the new model"
-            )
+            raise self._changed_error(changed)
         if cancelled:  # loaded, but an abort or a close came meanwhile: nobody is to use it
             assert stopper is not None
             stopper()
@@ -473,6 +510,8 @@ class ProcessRunner:
         except Exception as error:
             with self._abort_lock:
                 self._restart_error = str(error)
+                if not isinstance(error, CheckpointChangedError):  # what the change was is no longer why
+                    self._changed = None
                 ended = self._cancelled(aborts)
             if ended:
                 logger.info("restart %d of the inference process ended by a shutdown: %s", number, error)
@@ -491,7 +530,16 @@ class ProcessRunner:
             if self._closed or self._conn is not None or self._down is None:
                 return None
             restart = self._restart
-            if restart is not None and not restart.done():
+            loading = restart is not None and not restart.done()
+            if self._changed is not None:  # until a child serves: a probe's retry is no cure in sight
+                return Outage(
+                    f"{self._down}, and the checkpoint {self._path} changed since the engine started "
+                    f"({self._changed}): the inference process is not restarted on it; restart the "
+                    "server to serve the new model",
+                    loading,
+                    permanent=True,
+                )
+            if loading:
                 return Outage(f"{self._down}; a new one is loading the model (restart {self.restarts})", True)
             if self._restart_error is not None:
                 failed = f"restart {self.restarts} failed: {self._restart_error}"
