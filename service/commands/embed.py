@@ -221,7 +221,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument(
         "--heads",
         default=None,
-        help='comma-separated heads to score (default: all; "" for none, as the API\'s "heads": [])',
+        help='comma-separated heads to score, white space around each name ignored (default: all; "" for '
+        'none, as the API\'s "heads": [])',
     )
     parser.add_argument("--no-normalize", action="store_true", help="write unnormalised embeddings")
     parser.add_argument(
@@ -408,10 +409,12 @@ def _plan(args: argparse.Namespace) -> _Plan:
     known = [spec.name for spec in meta.heads]
     if args.heads is None:
         asked = known
-    elif args.heads == "":  # none, as the API's `"heads": []` (it had meant every head, as no --heads)
+    elif not args.heads.strip():  # none, as the API's `"heads": []` (it had meant every head, as no --heads)
         asked = []
     else:
-        asked = list(dict.fromkeys(args.heads.split(",")))
+        # White space around a name is no part of it: `--heads "tld, url_depth"` had refused ' url_depth'.
+        # An empty name between commas ("tld,,url_depth") is still refused, as a head nobody has.
+        asked = list(dict.fromkeys(name.strip() for name in args.heads.split(",")))
     unknown = [name for name in asked if name not in known]
     if unknown:
         raise HtmllmError(
