@@ -50,18 +50,28 @@ ON_INTERRUPT = {"train": interrupted_train}
 
 
 def check_columns(tasks: Sequence[Task], existing: Sequence[HeadSpec]) -> None:
-    """Refuse a task whose head `htmllm embed` could not write: a head writes the column `<name>` (and
-    `<name>.probs` for a classification head), which must be none of embed's fixed columns (`id`,
-    `embedding`, `tokens`, ...) and no other head's.
+    """Refuse a task whose head `save_heads` would refuse, or `htmllm embed` could not write: a head
+    writes the column `<name>` (and `<name>.probs` for a classification head), which must be none of
+    embed's fixed columns (`id`, `embedding`, `tokens`, ...) and no other head's.
 
     `htmllm embed` refuses such a checkpoint, so a head named `embedding` was trained and saved only to
-    make the checkpoint's heads unusable there. The heads kept from earlier runs count as taken.
+    make the checkpoint's heads unusable there. The name rule is `save_heads`'s own
+    (`new_head_name_problem`), checked here before any page is embedded; the heads kept from earlier
+    runs count as taken.
     """
     from model_training.evaluation.metrics import EvaluationError
-    from service.commands.embed import FIXED_COLUMNS, head_columns
+    from service.commands.embed import head_columns
+    from service.core.checkpoint import new_head_name_problem
 
+    for task in tasks:
+        problem = new_head_name_problem(task.spec.name)
+        if problem is not None:
+            raise EvaluationError(
+                f"task {task.spec.name!r} ({task.path}) cannot be a head: {problem}; rename the task in its "
+                "task.json"
+            )
     replaced = {task.spec.name for task in tasks}
-    taken = {column: "a column every row of `htmllm embed` has" for column in FIXED_COLUMNS}
+    taken: dict[str, str] = {}
     for spec in existing:
         if spec.name not in replaced:
             what = f"the column of head {spec.name!r}"
@@ -98,8 +108,8 @@ def run(args: argparse.Namespace) -> int:
         config = eval_config(args, checkpoints=(args.checkpoint,), baselines=())
         tasks = load_tasks(args.tasks, k=args.folds, seed=args.seed)
         check_columns(tasks, read_meta(args.checkpoint).heads)  # before the pages are embedded
-        heads = train_heads(args.checkpoint, tasks, config, max_length=args.max_length)
-        save_heads(args.checkpoint, heads)
+        trained = train_heads(args.checkpoint, tasks, config, max_length=args.max_length)
+        save_heads(args.checkpoint, trained.heads, fit_on=trained.encoder)
     except (HtmllmError, ValueError) as exc:
         code = getattr(exc, "code", "validation_error")
         print(f"htmllm heads train: {code}: {exc}", file=sys.stderr)
@@ -107,7 +117,12 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:  # the cache or the checkpoint cannot be written
         print(f"htmllm heads train: cannot read or write a file: {exc}", file=sys.stderr)
         return 1
-    for name, (spec, _) in heads.items():
+    for name, (spec, _) in trained.heads.items():
         figures = ", ".join(_figure(k, v) for k, v in spec.metrics.items())
         print(f"{name}: {len(spec.labels)} labels; {figures}")
+    if trained.excluded:
+        # Every one: `eval run` lists them in report.json, and this command writes no report.
+        print(f"{len(trained.excluded)} page(s) excluded from every head (failed pruning):")
+        for line in trained.excluded:
+            print(f"  {line}")
     return 0

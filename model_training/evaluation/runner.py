@@ -41,7 +41,7 @@ from model_training.evaluation.heads import (
 )
 from model_training.evaluation.metrics import EvaluationError, get_metric, normalized_metric_mean
 from model_training.evaluation.tasks import HASH_METRIC, Task, hash_metric, task_sha256
-from service.core.checkpoint import WEIGHTS_FILE, read_meta
+from service.core.checkpoint import WEIGHTS_FILE, encoder_probe, read_meta
 from service.core.errors import HtmllmError
 from service.core.modeling import HeadSpec, TaskHead
 
@@ -319,11 +319,38 @@ def prepare_tasks(
     texts.prune_all()
     if extract:
         texts.extract_all()
+    if texts.excluded:
+        # Said here, where `eval run` and `heads train` both pass: `heads train` has no report, and had
+        # trained on fewer pages than its tasks hold without a word.
+        lines = excluded_pages(tasks, texts.excluded)
+        logger.warning(
+            "%d page(s) excluded from every task (failed pruning%s): %s%s",
+            len(lines),
+            " or extraction" if extract else "",
+            "; ".join(lines[:_LOGGED_EXCLUSIONS]),
+            f"; and {len(lines) - _LOGGED_EXCLUSIONS} more" if len(lines) > _LOGGED_EXCLUSIONS else "",
+        )
     kept: list[Task] = []
     for task in tasks:
         keep = np.asarray([k not in texts.excluded for k in task.keys])
         kept.append(task if keep.all() else task.subset(keep))
     return kept, texts
+
+
+# The excluded pages `prepare_tasks` names in its warning (`heads train` prints them all, report.json
+# holds them all).
+_LOGGED_EXCLUSIONS = 5
+
+
+def excluded_pages(tasks: Sequence[Task], excluded: dict[str, str]) -> list[str]:
+    """One line per excluded page: the tasks and page ids that hold its bytes (`page_kind 'p17'`), and
+    why it was excluded. report.json keys pages by their content hash, which no one can look up."""
+    where: dict[str, list[str]] = {}
+    for task in tasks:
+        for key, page_id in zip(task.keys, task.ids, strict=True):
+            if key in excluded:
+                where.setdefault(key, []).append(f"{task.spec.name} {page_id!r}")
+    return [f"{', '.join(where.get(key, [key]))}: {reason}" for key, reason in excluded.items()]
 
 
 def union_keys(tasks: Sequence[Task]) -> list[str]:
@@ -564,11 +591,23 @@ def finite_metrics(head: str, metrics: dict[str, float]) -> dict[str, float]:
     return kept
 
 
+@dataclass
+class TrainedHeads:
+    """What `train_heads` gives `htmllm heads train`: the heads to save, and what they were fit on."""
+
+    heads: dict[str, tuple[HeadSpec, TaskHead]]
+    # One line per page left out of every head (failed pruning), as `excluded_pages` says it.
+    excluded: list[str]
+    # The probe of the encoder the heads were fit on (`save_heads(fit_on=...)` checks it).
+    encoder: list[float]
+
+
 def train_heads(
     checkpoint: Path, tasks: Sequence[Task], config: EvalConfig, *, max_length: int | None = None
-) -> dict[str, tuple[HeadSpec, TaskHead]]:
+) -> TrainedHeads:
     """The heads to serve: per task, CV figures for its metrics (and the hash of the task's pages, labels
     and folds), then a head fit on ~85% of the task's sites, stopped early on the rest (`train_final_head`).
+    Pages that fail pruning are left out of every task, as `eval run` leaves them out, and listed.
 
     Embeddings are the Engine's pooled, unnormalised vectors of the pruned HTML at `max_length` (default:
     the checkpoint's), what the service feeds its heads when it runs at that length. Each head's metrics
@@ -595,7 +634,12 @@ def train_heads(
             meta.max_length,
             length,
         )
-    tasks, texts = prepare_tasks(tasks, config.cache_dir, extract=False)
+    # Taken before the pages are embedded: a checkpoint whose encoder is replaced meanwhile (a training
+    # run re-exporting it) is then refused by `save_heads`, not given heads fit on the old one.
+    encoder = encoder_probe(checkpoint / WEIGHTS_FILE)
+    kept, texts = prepare_tasks(tasks, config.cache_dir, extract=False)
+    excluded = excluded_pages(tasks, texts.excluded)
+    tasks = kept
     heads: dict[str, tuple[HeadSpec, TaskHead]] = {}
     keys = union_keys(tasks)
     x_all, _ = checkpoint_embeddings(
@@ -619,4 +663,4 @@ def train_heads(
             task, x, config.head, finite_metrics(task.spec.name, metrics)
         )
         logger.info("head %s: %s %.4f ± %.4f", task.spec.name, cv.metric, cv.mean, cv.std)
-    return heads
+    return TrainedHeads(heads, excluded, encoder)

@@ -7,7 +7,9 @@ Layout (a directory `transformers.AutoModel.from_pretrained` also loads, as a `M
     tokenizer.json         the HtmlTokenizer
     htmllm.json            CheckpointMeta: format version, pooling, prune version, tokenizer sha256,
                            max length, embedding dim, heads (kind, labels, hidden, metrics), training
-    heads/<name>.safetensors  one file per task head
+    heads/<name>.safetensors  one file per task head; its safetensors metadata names the head ("head")
+                           and, where written by this version, holds a probe of the encoder it was fit
+                           on ("encoder_probe", see `encoder_probe`)
     heads/.pending/        only while `save_heads` commits (see `service.core.heads_stage`); no part of
                            the format
     heads/.pending.lock    the lock `save_heads` and a reader completing its stage hold; no part of it
@@ -15,8 +17,9 @@ Layout (a directory `transformers.AutoModel.from_pretrained` also loads, as a `M
 
 Loading is strict: a missing file, an unknown format version, a tokenizer whose hash or vocabulary does
 not match the model, a missing or unexpected tensor, a tensor that is not floating point or holds NaN or
-infinity, a head file htmllm.json does not list each raise `CheckpointError` naming the problem, because
-a model quietly run with the wrong vocabulary (or NaN weights) returns plausible-looking garbage. The
+infinity, a head file htmllm.json does not list, a head file whose metadata names another head or
+another encoder each raise `CheckpointError` naming the problem, because a model quietly run with the
+wrong vocabulary (or NaN weights, or a head fit on other embeddings) returns plausible-looking garbage. The
 sizes config.json and htmllm.json declare are compared with the safetensors headers before any module is
 allocated: a hand-edited 2**36 must be a clear error, not gigabytes allocated or an allocator's crash.
 Writing validates the same way before the first file is written, so a writer never leaves a checkpoint
@@ -30,10 +33,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
+import re
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -41,7 +46,7 @@ from typing import Any, cast
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 from transformers import ModernBertConfig, ModernBertModel
 
 from service.core import heads_stage
@@ -81,6 +86,88 @@ from service.core.tokenizer import HtmlTokenizer, TokenizerError
 # before any file of the old one is touched. Left behind only by a killed save; the next one removes it.
 SAVE_STAGE_PREFIX = ".htmllm-save."
 
+# A head file's safetensors metadata: the head it holds, and a probe of the encoder it was fit on.
+HEAD_NAME_KEY = "head"
+ENCODER_PROBE_KEY = "encoder_probe"
+# Rows read per 2-D encoder tensor for the probe (a few hundred values for the `base` preset).
+_PROBE_ROWS = 4
+# A probe value matches within this relative error: a cast of the weights to float16 or bfloat16 moves
+# each by at most 2**-9 of itself (round to nearest), twice that through float16 on the way; another
+# encoder (another run, or the same one trained on) moves most weights by far more.
+_PROBE_RTOL = 2**-7
+_PROBE_ATOL = 1e-7  # float16's subnormals (below 6.1e-5) are spaced 6e-8 apart
+
+# The columns every `htmllm embed` row has (`service.commands.embed.FIXED_COLUMNS`, which a test holds
+# equal): a head writes the column of its own name, so a head added under one of these names (`save_heads`,
+# `htmllm heads train`) would make embed refuse the checkpoint's heads while the service served them.
+RESERVED_HEAD_NAMES = frozenset(
+    {"index", "id", "url", "http_status", "content_type", "embedding", "tokens", "truncated", "error",
+     "error_message"}
+)  # fmt: skip
+# What a head added now may be called: a task's name (`model_training.evaluation.tasks`), which is also a
+# parquet column, a JSON key and a file name everywhere. `HeadSpec` is wider, so that older checkpoints
+# holding other names still load.
+_NEW_HEAD_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def new_head_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a head being added to a checkpoint, or None: the one rule `save_heads` and
+    `htmllm heads train` share (the Python API had saved `spam v2` and `embedding`, which `heads train`
+    refuses, and `htmllm embed` then refused the checkpoint while the service served it)."""
+    if not _NEW_HEAD_NAME.fullmatch(name):
+        return "a head name must be ASCII letters, digits, '_' and '-'"
+    if name in RESERVED_HEAD_NAMES:
+        return (
+            f"a head writes the `htmllm embed` column of its name, and the column {name!r} is one every "
+            "row already has (`htmllm embed` would refuse the checkpoint's heads)"
+        )
+    return None
+
+
+def _probe_cells(shapes: Mapping[str, tuple[int, ...]]) -> list[tuple[str, int, int]]:
+    """(tensor, row, column) of each probed weight: `_PROBE_ROWS` spread rows of every 2-D tensor, at a
+    column that varies with the row."""
+    cells = []
+    for name in sorted(shapes):
+        shape = shapes[name]
+        if len(shape) != 2 or 0 in shape:
+            continue
+        rows, columns = shape
+        for i in range(_PROBE_ROWS):
+            row = i * (rows - 1) // max(_PROBE_ROWS - 1, 1)
+            cells.append((name, row, (row * 7919 + i * 104729) % columns))
+    return cells
+
+
+def encoder_probe(weights: Path) -> list[float]:
+    """A few hundred of the encoder's weights, read from `weights` (model.safetensors) without loading it:
+    what a head file records of the encoder it was fit on, and what load compares with.
+
+    Not a hash of the file: the same encoder cast to float16 (the bundled model ships float16 weights)
+    is the one its heads were fit on, and must still load with them. Reads a row per probed value."""
+    require_file(weights)
+    try:
+        with safe_open(str(weights), framework="pt") as handle:
+            shapes = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}  # noqa: SIM118
+            return [
+                float(handle.get_slice(name)[row : row + 1][0, column].float())
+                for name, row, column in _probe_cells(shapes)
+            ]
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{weights} is not a valid safetensors file: {cause(exc)}") from exc
+
+
+def _probes_match(recorded: list[float], actual: list[float]) -> bool:
+    return len(recorded) == len(actual) and all(
+        math.isclose(a, b, rel_tol=_PROBE_RTOL, abs_tol=_PROBE_ATOL)
+        for a, b in zip(recorded, actual, strict=True)
+    )
+
+
+def _head_metadata(name: str, probe: list[float]) -> dict[str, str]:
+    """What a head file written now records: its head's name, and the encoder it was fit on."""
+    return {HEAD_NAME_KEY: name, ENCODER_PROBE_KEY: json.dumps(probe)}
+
 
 @dataclass
 class Checkpoint:
@@ -97,7 +184,18 @@ def _atomic_write_text(path: Path, text: str) -> None:
 
 
 def _save_tensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata: dict[str, str]) -> None:
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(path), metadata=metadata)
+    """A safetensors file whose bytes depend on its tensors and metadata alone: safetensors writes the
+    metadata's keys in a random order (a Rust HashMap), so two saves of one head differed, and so did
+    the checkpoint's fingerprint. The header (8-byte little-endian length, JSON, space padding to 8
+    bytes, as safetensors writes it) is written again with the metadata sorted."""
+    data = save({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, metadata=metadata)
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + size])
+    if "__metadata__" in header:
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + size :])
 
 
 def _atomic_save_tensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata: dict[str, str]) -> None:
@@ -163,8 +261,13 @@ def _write_stage(stage: Path, model: HtmlEncoderModel, tokenizer: HtmlTokenizer,
     model.encoder.save_pretrained(stage, safe_serialization=True)
     tokenizer.save(stage / TOKENIZER_FILE)
     (stage / HEADS_DIR).mkdir()
-    for name, head in model.heads.items():
-        _save_tensors(stage / HEADS_DIR / f"{name}.safetensors", head.state_dict(), {"head": name})
+    if model.heads and (stage / WEIGHTS_FILE).is_file():  # else refused below, naming the missing file
+        # The model's heads are saved with its encoder: that is the encoder they go with.
+        probe = encoder_probe(stage / WEIGHTS_FILE)
+        for name, head in model.heads.items():
+            _save_tensors(
+                stage / HEADS_DIR / f"{name}.safetensors", head.state_dict(), _head_metadata(name, probe)
+            )
     (stage / META_FILE).write_text(meta_text, encoding="utf-8")
     for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, META_FILE):
         if not (stage / name).is_file():  # before the old checkpoint is touched
@@ -310,8 +413,9 @@ def require_file(file: Path, missing: str | None = None) -> None:
         raise heads_stage.unreadable(file, exc) from exc
 
 
-def _read_header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    """name -> (shape, safetensors dtype) from the file's header, reading no tensor data."""
+def _read_header(file: Path) -> tuple[dict[str, tuple[tuple[int, ...], str]], dict[str, str]]:
+    """name -> (shape, safetensors dtype) from the file's header, reading no tensor data; and the
+    header's metadata (empty where it has none)."""
     require_file(file)
     try:
         with safe_open(str(file), framework="pt") as handle:
@@ -319,7 +423,7 @@ def _read_header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
             for key in handle.keys():  # noqa: SIM118  # safe_open handles are not iterable
                 tensor = handle.get_slice(key)
                 header[key] = (tuple(tensor.get_shape()), str(tensor.get_dtype()))
-            return header
+            return header, dict(handle.metadata() or {})
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{file} is not a valid safetensors file: {cause(exc)}") from exc
 
@@ -371,25 +475,102 @@ def _load_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], origin
     module.load_state_dict(state, strict=True)
 
 
+@dataclass
+class _Heads:
+    modules: dict[str, TaskHead]
+    probes: dict[Path, list[float]]  # head file -> the probe it records of its encoder (where it has one)
+
+
 def _load_heads(
     root: Path, head_files: Mapping[str, Path], specs: list[HeadSpec], embedding_dim: int
-) -> dict[str, TaskHead]:
+) -> _Heads:
     """The heads named in `specs`, each strictly loaded from its file (`head_files`: the reader's view,
-    heads/<name>.safetensors by default).
+    heads/<name>.safetensors by default), and the encoder probes their files record.
 
     Every head file's header is checked against its spec before any head is allocated (a hidden of
     2**36 in htmllm.json is a mismatch to report, not an allocation to attempt).
     """
     files = {s.name: head_files.get(s.name, root / HEADS_DIR / f"{s.name}.safetensors") for s in specs}
+    probes: dict[Path, list[float]] = {}
     for spec in specs:
+        file = files[spec.name]
         shapes = on_meta_device(partial(TaskHead, spec, embedding_dim), f"{META_FILE} head {spec.name!r}")
-        _check_header(shapes.state_dict(), _read_header(files[spec.name]), files[spec.name])
+        header, metadata = _read_header(file)
+        _check_head_file(spec, embedding_dim, header, metadata, file)
+        _check_header(shapes.state_dict(), header, file)
+        if ENCODER_PROBE_KEY in metadata:
+            probes[file] = _recorded_probe(metadata[ENCODER_PROBE_KEY], file)
     heads: dict[str, TaskHead] = {}
     for spec in specs:
         head = TaskHead(spec, embedding_dim)
         _load_strict(head, _load_tensors(files[spec.name]), files[spec.name])
         heads[spec.name] = head.eval()
-    return heads
+    return _Heads(heads, probes)
+
+
+def _check_head_file(
+    spec: HeadSpec,
+    embedding_dim: int,
+    header: Mapping[str, tuple[tuple[int, ...], str]],
+    metadata: Mapping[str, str],
+    file: Path,
+) -> None:
+    """What a head file says of itself against the spec htmllm.json gives it: the head it holds (a
+    page_kind file copied over tld's, with as many outputs, had served page_kind's scores under tld's
+    labels and metrics), its outputs and its input width, said as such rather than as tensor shapes."""
+    found = metadata.get(HEAD_NAME_KEY)
+    if found is not None and found != spec.name:
+        raise CheckpointError(
+            f"{file} holds head {quoted(found)} (its metadata says so), where {META_FILE} expects head "
+            f"{spec.name!r}: a head file copied or renamed? Retrain the head or restore its own file"
+        )
+    outputs = header.get("out.bias", ((), ""))[0]
+    if len(outputs) == 1 and outputs[0] != spec.outputs:
+        listed = (
+            f"lists {spec.outputs} labels for it ({', '.join(spec.labels[:10])})"
+            if spec.kind == "classification"
+            else "makes it a regression head (1 output)"
+        )
+        plural = "" if outputs[0] == 1 else "s"
+        raise CheckpointError(
+            f"{file}: head {spec.name!r} has {outputs[0]} output{plural}, but {META_FILE} {listed}: the "
+            "head's labels and its weights are of different trainings"
+        )
+    width = header.get("norm.weight", ((), ""))[0]
+    if len(width) == 1 and width[0] != embedding_dim:
+        raise CheckpointError(
+            f"{file}: head {spec.name!r} takes {width[0]}-d embeddings, this encoder gives {embedding_dim}: "
+            "it was fit on another model"
+        )
+
+
+def _recorded_probe(text: str, file: Path) -> list[float]:
+    try:
+        probe = json.loads(text)
+    except ValueError as exc:
+        raise CheckpointError(f"{file}: its {ENCODER_PROBE_KEY} metadata is no JSON: {cause(exc)}") from exc
+    if not isinstance(probe, list) or not all(
+        isinstance(v, float | int) and not isinstance(v, bool) for v in probe
+    ):
+        raise CheckpointError(f"{file}: its {ENCODER_PROBE_KEY} metadata is not a list of numbers")
+    return [float(v) for v in probe]
+
+
+def _check_heads_encoder(weights: Path, probes: Mapping[Path, list[float]]) -> None:
+    """Refuse a head fit on another encoder's embeddings (of the same width): it loads and runs, and
+    its scores, and the metrics htmllm.json records for it, are of a model that is not this one. Files
+    without a probe (written before heads recorded one, as the bundled model's) load as before."""
+    if not probes:
+        return
+    actual = encoder_probe(weights)
+    for file, recorded in sorted(probes.items()):
+        if not _probes_match(recorded, actual):
+            raise CheckpointError(
+                f"{file} was fit on the embeddings of another encoder than this checkpoint's "
+                f"{WEIGHTS_FILE} (the weights its {ENCODER_PROBE_KEY} metadata records differ): its scores "
+                f"and the metrics {META_FILE} records for it would not hold here. Train it on this "
+                f"checkpoint (`htmllm heads train`), or remove it from {META_FILE} and {HEADS_DIR}/"
+            )
 
 
 def _refuse_unlisted_heads(root: Path, meta: CheckpointMeta, head_files: Mapping[str, Path]) -> None:
@@ -477,7 +658,7 @@ def _load_checkpoint(
             f"{META_FILE} says pooling {meta.pooling!r}"
         )
     weights = root / WEIGHTS_FILE
-    header = _read_header(weights)
+    header, _ = _read_header(weights)
     _check_layer_count(config, header, weights)
     _check_header(
         on_meta_device(partial(ModernBertModel, config), root / CONFIG_FILE).state_dict(), header, weights
@@ -489,19 +670,31 @@ def _load_checkpoint(
         raise CheckpointError(f"{root / CONFIG_FILE} describes no buildable model: {cause(exc)}") from exc
     encoder.set_attn_implementation(attn_implementation or "sdpa")
     _load_strict(encoder, _load_tensors(weights), weights)
-    model = HtmlEncoderModel(encoder, pooling=meta.pooling, heads=heads)
+    _check_heads_encoder(weights, heads.probes)  # after the encoder's own checks (NaN weights) are said
+    model = HtmlEncoderModel(encoder, pooling=meta.pooling, heads=heads.modules)
     check_model_matches(model, tokenizer, meta)
     model.eval()
     model.place(device, dtype)
     return Checkpoint(model=model, tokenizer=tokenizer, meta=meta, path=root)
 
 
-def save_heads(path: str | Path, heads: Mapping[str, tuple[HeadSpec, TaskHead]]) -> None:
+def save_heads(
+    path: str | Path,
+    heads: Mapping[str, tuple[HeadSpec, TaskHead]],
+    *,
+    fit_on: Sequence[float] | None = None,
+) -> None:
     """Add or replace task heads in an existing checkpoint, leaving the encoder untouched.
 
     Every head is checked against its spec and the encoder's width before any file is written: a
     module that does not match its spec (labels, hidden) had been written, and the checkpoint then
-    refused to load.
+    refused to load. A head's name must pass `new_head_name_problem`, as a task's must.
+
+    Each head file records a probe of the checkpoint's encoder (`encoder_probe`), which load compares
+    with the encoder it finds. `fit_on` is the probe of the encoder whose embeddings the heads were fit
+    on, where the caller took one (`htmllm heads train` does): the save is refused when the checkpoint's
+    encoder is another by now (replaced while the heads trained), rather than the heads being recorded
+    as this encoder's.
 
     A kill at any point leaves the old checkpoint or the new one, never a mix: the new head files and
     htmllm.json are staged in heads/.pending/, htmllm.json last (the commit point), and moved into place
@@ -509,14 +702,21 @@ def save_heads(path: str | Path, heads: Mapping[str, tuple[HeadSpec, TaskHead]])
     unchanged: a finished checkpoint holds no stage.
     """
     root = Path(path)
+    for name in heads:
+        problem = new_head_name_problem(name)
+        if problem is not None:
+            raise CheckpointError(f"head {quoted(name)}: {problem}")
     read_meta(root)  # an htmllm checkpoint (refused before anything is created), its stage completed
     with heads_stage.heads_lock(root):
         heads_stage.finish_locked(root)  # a stage committed since, by a save that was then killed
-        _save_heads_locked(root, read_meta_file(root, root / META_FILE), heads)
+        _save_heads_locked(root, read_meta_file(root, root / META_FILE), heads, fit_on)
 
 
 def _save_heads_locked(
-    root: Path, meta: CheckpointMeta, heads: Mapping[str, tuple[HeadSpec, TaskHead]]
+    root: Path,
+    meta: CheckpointMeta,
+    heads: Mapping[str, tuple[HeadSpec, TaskHead]],
+    fit_on: Sequence[float] | None,
 ) -> None:
     config_file = root / CONFIG_FILE
     if not config_file.is_file():
@@ -537,11 +737,17 @@ def _save_heads_locked(
         check_state(head.state_dict(), f"head {name!r}")
         specs[name] = spec
     meta_text = meta_file_text(dataclasses.replace(meta, heads=list(specs.values())))
+    probe = encoder_probe(root / WEIGHTS_FILE)
+    if fit_on is not None and not _probes_match(list(fit_on), probe):
+        raise CheckpointError(
+            f"the heads {sorted(heads)} were fit on the embeddings of another encoder than {root}'s "
+            f"{WEIGHTS_FILE} (replaced while they trained?); none was saved: train them again"
+        )
     pending = root / HEADS_DIR / PENDING_DIR
     shutil.rmtree(pending, ignore_errors=True)  # a stage never committed: its save was killed
     pending.mkdir(parents=True)
     for name, (_spec, head) in heads.items():
-        _atomic_save_tensors(pending / f"{name}.safetensors", head.state_dict(), {"head": name})
+        _atomic_save_tensors(pending / f"{name}.safetensors", head.state_dict(), _head_metadata(name, probe))
     _atomic_write_text(pending / META_FILE, meta_text)  # the commit point
     heads_stage.finish_locked(root)
 

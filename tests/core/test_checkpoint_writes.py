@@ -50,15 +50,15 @@ def test_a_save_that_fails_while_writing_leaves_the_old_checkpoint_as_it_was(ckp
     and htmllm.json, and that loaded without a word."""
     before = _contents(ckpt)
     fingerprint = checkpoint_fingerprint(ckpt)
-    from safetensors.torch import save_file as real
+    from service.core.checkpoint import _save_tensors as real
 
-    def disk_full(tensors: dict[str, torch.Tensor], filename: str, metadata: dict[str, str]) -> None:
+    def disk_full(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
         if metadata.get("head") is not None:
             raise OSError(errno.ENOSPC, "No space left on device")
-        real(tensors, filename, metadata=metadata)
+        real(path, tensors, metadata)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("service.core.checkpoint.save_file", disk_full)
+        patch.setattr("service.core.checkpoint._save_tensors", disk_full)
         with pytest.raises(OSError, match="No space left"):
             save_checkpoint(ckpt, build_tiny_model(seed=1), build_tiny_tokenizer(), _meta("retrained"))
     assert _contents(ckpt) == before

@@ -189,7 +189,7 @@ def test_report_and_served_heads_record_the_hash_of_their_tasks(
     report = json.loads((tmp_path / "report" / "report.json").read_text(encoding="utf-8"))
     expected = {t.spec.name: task_sha256(t) for t in tasks}
     assert {row["name"]: row["sha256"] for row in report["tasks"]} == expected
-    heads = train_heads(ckpt, tasks, config)
+    heads = train_heads(ckpt, tasks, config).heads
     assert {name: spec.metrics[HASH_METRIC] for name, (spec, _) in heads.items()} == {
         name: hash_metric(digest) for name, digest in expected.items()
     }
