@@ -527,9 +527,12 @@ def test_a_cpu_target_above_the_request_is_taken() -> None:
 
 @pytest.mark.parametrize("interval", ["1m30s", "2m", "500ms", "1h5m10s"])
 def test_compound_scrape_intervals_are_taken(interval: str) -> None:
-    values = {**values_for("full"), "metrics": {"serviceMonitor": {"enabled": True, "interval": interval}}}
+    # The timeout as long as the interval: a longer one is refused (tests/deploy/test_helm_monitoring.py).
+    monitor_values = {"enabled": True, "interval": interval, "scrapeTimeout": interval}
+    values = {**values_for("full"), "metrics": {"serviceMonitor": monitor_values}}
     monitor = one(rendered_and_valid(values), "ServiceMonitor")
     assert monitor["spec"]["endpoints"][0]["interval"] == interval
+    assert monitor["spec"]["endpoints"][0]["scrapeTimeout"] == interval
 
 
 @pytest.mark.parametrize("interval", ["90", "1.5m", "", "1m 30s", "30s1m"])

@@ -365,6 +365,7 @@ server.drainTimeoutSeconds outlives the grace period, so the kubelet kills the d
 {{- fail (printf "autoscaling.minReplicas (%v) must not exceed autoscaling.maxReplicas (%v)" $scaling.minReplicas $scaling.maxReplicas) }}
 {{- end }}
 {{- include "htmllm.validateEngine" . }}
+{{- include "htmllm.validateScrapeTimeout" . }}
 {{- end }}
 
 {{/*
@@ -409,6 +410,41 @@ choose_attention), which would leave the pods in CrashLoopBackOff: refused here,
 {{- end }}
 {{- if and (eq $s.attention "varlen") $gpu (eq $s.dtype "float32") }}
 {{- fail "server.attention varlen on a GPU needs server.dtype bfloat16 or float16" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+A Prometheus duration in milliseconds (a float): "500ms" 500, "1m30s" 90000, "0" 0. The schema's pattern
+(prometheus-operator's Duration) has already held it to runs of digits each followed by a unit, every unit
+at most once and in order (y, w, d, h, m, s, ms), so each run is read on its own; a year is 365 days and a
+week 7, as Prometheus counts them. A float, so a duration past int64's milliseconds cannot wrap around.
+*/}}
+{{- define "htmllm.durationMs" -}}
+{{- $unitMs := dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000 "d" 86400000 "w" 604800000 "y" 31536000000 }}
+{{- $total := 0.0 }}
+{{- range regexFindAll "[0-9]+[a-z]+" (toString .) -1 }}
+{{- $digits := regexFind "^[0-9]+" . }}
+{{- $total = addf $total (mulf (float64 $digits) (get $unitMs (trimPrefix $digits .))) }}
+{{- end }}
+{{- $total }}
+{{- end }}
+
+{{/*
+The ServiceMonitor's scrape timeout against its interval. Prometheus refuses a timeout longer than the
+interval ("scrape timeout greater than scrape interval"), and prometheus-operator rejects such a
+ServiceMonitor: it renders and applies, and the pods are then never scraped, so every alert on their series
+stays silent. Only when both are set: an empty one would leave it to the Prometheus's defaults, which the
+chart cannot see (the schema makes both required). An interval of "0" is no exception: the operator compares
+it as zero. A timeout equal to the interval is taken, as Prometheus takes it.
+*/}}
+{{- define "htmllm.validateScrapeTimeout" -}}
+{{- $monitor := .Values.metrics.serviceMonitor }}
+{{- if and $monitor.enabled $monitor.interval $monitor.scrapeTimeout }}
+{{- $interval := include "htmllm.durationMs" $monitor.interval | float64 }}
+{{- $timeout := include "htmllm.durationMs" $monitor.scrapeTimeout | float64 }}
+{{- if gt $timeout $interval }}
+{{- fail (printf "metrics.serviceMonitor.scrapeTimeout (%v) must not exceed metrics.serviceMonitor.interval (%v): Prometheus refuses a scrape timeout longer than the interval, and prometheus-operator rejects the ServiceMonitor, so the pods would go unscraped" $monitor.scrapeTimeout $monitor.interval) }}
 {{- end }}
 {{- end }}
 {{- end }}
