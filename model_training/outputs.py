@@ -18,7 +18,7 @@ import re
 from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 
-from model_training.data import writable_dir
+from model_training.data import DataError, writable_dir
 
 
 def file_names(*names: str) -> re.Pattern[str]:
@@ -47,6 +47,7 @@ def output_dir(
     else (put there meanwhile, or a cache the run keeps there for the next one), and one holding `complete`.
     """
     path = Path(out)
+    _refuse_parent_of_missing(path)
     made: list[Path] = []  # the directories `writable_dir` makes, deepest first
     for directory in (path, *path.parents):
         if directory.exists() or directory.is_symlink():
@@ -58,6 +59,21 @@ def output_dir(
         if made and not (complete is not None and (path / complete).exists()):
             _remove_made(made, written, subdirs)
         raise
+
+
+def _refuse_parent_of_missing(path: Path) -> None:
+    """DataError for an `out` in which `..` follows a directory that does not exist (`new/../kept`).
+
+    Such a path names its directories by a way through one the run must make first: `kept` read as made
+    by the run (`new/../kept` did not exist before `new` did), and a failed run removed the files of an
+    earlier run in it, or the directory itself, and left `new` behind."""
+    prefix = Path(path.anchor)
+    for part in path.parts[1:] if path.anchor else path.parts:
+        if part == ".." and not prefix.exists():
+            raise DataError(
+                f"--out {path}: '..' after {prefix}, which does not exist; give the path without it"
+            )
+        prefix = prefix / part
 
 
 def _remove_made(made: Sequence[Path], written: re.Pattern[str], subdirs: Collection[str]) -> None:

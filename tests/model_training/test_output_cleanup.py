@@ -227,3 +227,30 @@ def test_tasks_derive_keeps_the_pages_it_copied_and_its_reasons(
     assert "records why" in capsys.readouterr().err
     reasons = json.loads((tmp_path / "few" / DERIVE_FILE).read_text(encoding="utf-8"))
     assert all(task["skipped"] for task in reasons)
+
+
+@pytest.mark.parametrize("through", ["new/../kept", "new/deeper/../../kept"])
+def test_an_out_through_a_directory_that_does_not_exist_is_refused_and_nothing_is_touched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, through: str
+) -> None:
+    """`new/../kept` named `kept` by a way through `new`, which the run would make: `kept` (an earlier
+    run's, without its manifest) had read as made by the run, and a failure removed its files (or the
+    directory itself, empty) and left `new` behind."""
+    monkeypatch.chdir(tmp_path)
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "shard-00000.parquet").write_bytes(b"an earlier run's")
+    before = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
+    with pytest.raises(DataError, match=r"'\.\.' after new"), output_dir(through, written=file_names("x")):
+        pytest.fail("the directory was made")
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == before
+
+
+def test_an_out_through_an_existing_parent_is_taken(tmp_path: Path) -> None:
+    """`..` after a directory that exists is the kernel's to follow, as before."""
+    (tmp_path / "old").mkdir()
+    out = tmp_path / "old" / ".." / "new"
+    with pytest.raises(KeyboardInterrupt), output_dir(out, written=file_names("x")) as made:
+        (made / "x").write_bytes(b"")
+        raise KeyboardInterrupt
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]
