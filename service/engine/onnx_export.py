@@ -467,6 +467,16 @@ def ensure_onnx(
         return cached
     checkpoint = load_checkpoint(root)  # after the fingerprint: a change in between reads as stale later
     if conflict is None:
+        if meta is not None and FINGERPRINT_KEY not in meta:
+            # A readable ONNX file htmllm did not export (or an export older than its fingerprint): a
+            # mistyped --onnx-path had replaced a user's own model with no more than an info line.
+            logger.warning(
+                "%s is an ONNX graph htmllm did not export (its metadata has no %s): it is replaced by "
+                "%s's graph",
+                beside,
+                FINGERPRINT_KEY,
+                root,
+            )
         logger.info("exporting %s to ONNX at %s", root, beside)
         try:
             return export_onnx_locked(

@@ -138,3 +138,28 @@ def test_a_graph_of_the_other_quantization_exported_while_a_start_waits_is_left_
     assert any(
         f"the ONNX graph {shared} (HTMLLM_ONNX_PATH) is the int8 graph" in m for m in _warnings(caplog)
     )
+
+
+def test_an_onnx_file_htmllm_did_not_export_is_replaced_with_a_warning(
+    root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A mistyped path naming a user's own model had been replaced with an info line alone."""
+    theirs = write_graph(tmp_path / "theirs.onnx", "a user's")
+    _strip_fingerprint(theirs)
+    caplog.set_level(logging.WARNING, logger=onnx_export.__name__)
+
+    assert ensure_onnx(root, theirs) == theirs
+    assert read_onnx_metadata(theirs)[onnx_export.FINGERPRINT_KEY] == checkpoint_fingerprint(root)
+    assert any("htmllm did not export" in w and str(theirs) in w for w in _warnings(caplog))
+
+
+def _strip_fingerprint(graph: Path) -> None:
+    import onnx
+
+    model = onnx.load(str(graph))
+    kept = [(p.key, p.value) for p in model.metadata_props if p.key != onnx_export.FINGERPRINT_KEY]
+    del model.metadata_props[:]
+    for key, value in kept:
+        prop = model.metadata_props.add()
+        prop.key, prop.value = key, value
+    onnx.save(model, str(graph))
