@@ -9,7 +9,8 @@ Layout (a directory `transformers.AutoModel.from_pretrained` also loads, as a `M
                            max length, embedding dim, heads (kind, labels, hidden, metrics), training
     heads/<name>.safetensors  one file per task head; its safetensors metadata names the head ("head")
                            and, where written by this version, holds a probe of the encoder it was fit
-                           on ("encoder_probe", see `encoder_probe`)
+                           on ("encoder_probe", see `encoder_probe`); their rules are
+                           `service.core.head_files`'
     heads/.pending/        only while `save_heads` commits (see `service.core.heads_stage`); no part of
                            the format
     heads/.pending.lock    the lock `save_heads` and a reader completing its stage hold; no part of it
@@ -33,9 +34,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -73,6 +72,22 @@ from service.core.checkpoint_format import WEIGHTS_FILE as WEIGHTS_FILE
 from service.core.checkpoint_format import CheckpointMeta as CheckpointMeta
 from service.core.errors import CheckpointError as CheckpointError  # re-exported: callers import it here
 
+# A head file's rules (the names a head added now may take, its metadata, the checks against htmllm.json
+# and the encoder): its public names (imported `as` themselves) are re-exported, as checkpoint_format's.
+from service.core.head_files import ENCODER_PROBE_KEY as ENCODER_PROBE_KEY
+from service.core.head_files import HEAD_NAME_KEY as HEAD_NAME_KEY
+from service.core.head_files import RESERVED_HEAD_NAMES as RESERVED_HEAD_NAMES
+from service.core.head_files import (
+    check_head_file,
+    check_heads_encoder,
+    head_metadata,
+    probe_cells,
+    probes_match,
+    recorded_probe,
+    refuse_unlisted_heads,
+)
+from service.core.head_files import new_head_name_problem as new_head_name_problem
+
 # htmllm.json and heads/ are the format's, re-exported: defined with the heads stage, which governs how
 # those files change and may import nothing from here.
 from service.core.heads_stage import FILE_MODE, PENDING_DIR
@@ -86,87 +101,24 @@ from service.core.tokenizer import HtmlTokenizer, TokenizerError
 # before any file of the old one is touched. Left behind only by a killed save; the next one removes it.
 SAVE_STAGE_PREFIX = ".htmllm-save."
 
-# A head file's safetensors metadata: the head it holds, and a probe of the encoder it was fit on.
-HEAD_NAME_KEY = "head"
-ENCODER_PROBE_KEY = "encoder_probe"
-# Rows read per 2-D encoder tensor for the probe (a few hundred values for the `base` preset).
-_PROBE_ROWS = 4
-# A probe value matches within this relative error: a cast of the weights to float16 or bfloat16 moves
-# each by at most 2**-9 of itself (round to nearest), twice that through float16 on the way; another
-# encoder (another run, or the same one trained on) moves most weights by far more.
-_PROBE_RTOL = 2**-7
-_PROBE_ATOL = 1e-7  # float16's subnormals (below 6.1e-5) are spaced 6e-8 apart
-
-# The columns every `htmllm embed` row has (`service.commands.embed.FIXED_COLUMNS`, which a test holds
-# equal): a head writes the column of its own name, so a head added under one of these names (`save_heads`,
-# `htmllm heads train`) would make embed refuse the checkpoint's heads while the service served them.
-RESERVED_HEAD_NAMES = frozenset(
-    {"index", "id", "url", "http_status", "content_type", "embedding", "tokens", "truncated", "error",
-     "error_message"}
-)  # fmt: skip
-# What a head added now may be called: a task's name (`model_training.evaluation.tasks`), which is also a
-# parquet column, a JSON key and a file name everywhere. `HeadSpec` is wider, so that older checkpoints
-# holding other names still load.
-_NEW_HEAD_NAME = re.compile(r"[A-Za-z0-9_-]+")
-
-
-def new_head_name_problem(name: str) -> str | None:
-    """Why `name` cannot name a head being added to a checkpoint, or None: the one rule `save_heads` and
-    `htmllm heads train` share (the Python API had saved `spam v2` and `embedding`, which `heads train`
-    refuses, and `htmllm embed` then refused the checkpoint while the service served it)."""
-    if not _NEW_HEAD_NAME.fullmatch(name):
-        return "a head name must be ASCII letters, digits, '_' and '-'"
-    if name in RESERVED_HEAD_NAMES:
-        return (
-            f"a head writes the `htmllm embed` column of its name, and the column {name!r} is one every "
-            "row already has (`htmllm embed` would refuse the checkpoint's heads)"
-        )
-    return None
-
-
-def _probe_cells(shapes: Mapping[str, tuple[int, ...]]) -> list[tuple[str, int, int]]:
-    """(tensor, row, column) of each probed weight: `_PROBE_ROWS` spread rows of every 2-D tensor, at a
-    column that varies with the row."""
-    cells = []
-    for name in sorted(shapes):
-        shape = shapes[name]
-        if len(shape) != 2 or 0 in shape:
-            continue
-        rows, columns = shape
-        for i in range(_PROBE_ROWS):
-            row = i * (rows - 1) // max(_PROBE_ROWS - 1, 1)
-            cells.append((name, row, (row * 7919 + i * 104729) % columns))
-    return cells
-
 
 def encoder_probe(weights: Path) -> list[float]:
     """A few hundred of the encoder's weights, read from `weights` (model.safetensors) without loading it:
     what a head file records of the encoder it was fit on, and what load compares with.
 
     Not a hash of the file: the same encoder cast to float16 (the bundled model ships float16 weights)
-    is the one its heads were fit on, and must still load with them. Reads a row per probed value."""
+    is the one its heads were fit on, and must still load with them. Reads a row per probed value.
+    Here, not with the head files' rules: it reads the weights as load does (`require_file`)."""
     require_file(weights)
     try:
         with safe_open(str(weights), framework="pt") as handle:
             shapes = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}  # noqa: SIM118
             return [
                 float(handle.get_slice(name)[row : row + 1][0, column].float())
-                for name, row, column in _probe_cells(shapes)
+                for name, row, column in probe_cells(shapes)
             ]
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{weights} is not a valid safetensors file: {cause(exc)}") from exc
-
-
-def _probes_match(recorded: list[float], actual: list[float]) -> bool:
-    return len(recorded) == len(actual) and all(
-        math.isclose(a, b, rel_tol=_PROBE_RTOL, abs_tol=_PROBE_ATOL)
-        for a, b in zip(recorded, actual, strict=True)
-    )
-
-
-def _head_metadata(name: str, probe: list[float]) -> dict[str, str]:
-    """What a head file written now records: its head's name, and the encoder it was fit on."""
-    return {HEAD_NAME_KEY: name, ENCODER_PROBE_KEY: json.dumps(probe)}
 
 
 @dataclass
@@ -266,7 +218,7 @@ def _write_stage(stage: Path, model: HtmlEncoderModel, tokenizer: HtmlTokenizer,
         probe = encoder_probe(stage / WEIGHTS_FILE)
         for name, head in model.heads.items():
             _save_tensors(
-                stage / HEADS_DIR / f"{name}.safetensors", head.state_dict(), _head_metadata(name, probe)
+                stage / HEADS_DIR / f"{name}.safetensors", head.state_dict(), head_metadata(name, probe)
             )
     (stage / META_FILE).write_text(meta_text, encoding="utf-8")
     for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, META_FILE):
@@ -496,93 +448,16 @@ def _load_heads(
         file = files[spec.name]
         shapes = on_meta_device(partial(TaskHead, spec, embedding_dim), f"{META_FILE} head {spec.name!r}")
         header, metadata = _read_header(file)
-        _check_head_file(spec, embedding_dim, header, metadata, file)
+        check_head_file(spec, embedding_dim, header, metadata, file)
         _check_header(shapes.state_dict(), header, file)
         if ENCODER_PROBE_KEY in metadata:
-            probes[file] = _recorded_probe(metadata[ENCODER_PROBE_KEY], file)
+            probes[file] = recorded_probe(metadata[ENCODER_PROBE_KEY], file)
     heads: dict[str, TaskHead] = {}
     for spec in specs:
         head = TaskHead(spec, embedding_dim)
         _load_strict(head, _load_tensors(files[spec.name]), files[spec.name])
         heads[spec.name] = head.eval()
     return _Heads(heads, probes)
-
-
-def _check_head_file(
-    spec: HeadSpec,
-    embedding_dim: int,
-    header: Mapping[str, tuple[tuple[int, ...], str]],
-    metadata: Mapping[str, str],
-    file: Path,
-) -> None:
-    """What a head file says of itself against the spec htmllm.json gives it: the head it holds (a
-    page_kind file copied over tld's, with as many outputs, had served page_kind's scores under tld's
-    labels and metrics), its outputs and its input width, said as such rather than as tensor shapes."""
-    found = metadata.get(HEAD_NAME_KEY)
-    if found is not None and found != spec.name:
-        raise CheckpointError(
-            f"{file} holds head {quoted(found)} (its metadata says so), where {META_FILE} expects head "
-            f"{spec.name!r}: a head file copied or renamed? Retrain the head or restore its own file"
-        )
-    outputs = header.get("out.bias", ((), ""))[0]
-    if len(outputs) == 1 and outputs[0] != spec.outputs:
-        listed = (
-            f"lists {spec.outputs} labels for it ({', '.join(spec.labels[:10])})"
-            if spec.kind == "classification"
-            else "makes it a regression head (1 output)"
-        )
-        plural = "" if outputs[0] == 1 else "s"
-        raise CheckpointError(
-            f"{file}: head {spec.name!r} has {outputs[0]} output{plural}, but {META_FILE} {listed}: the "
-            "head's labels and its weights are of different trainings"
-        )
-    width = header.get("norm.weight", ((), ""))[0]
-    if len(width) == 1 and width[0] != embedding_dim:
-        raise CheckpointError(
-            f"{file}: head {spec.name!r} takes {width[0]}-d embeddings, this encoder gives {embedding_dim}: "
-            "it was fit on another model"
-        )
-
-
-def _recorded_probe(text: str, file: Path) -> list[float]:
-    try:
-        probe = json.loads(text)
-    except ValueError as exc:
-        raise CheckpointError(f"{file}: its {ENCODER_PROBE_KEY} metadata is no JSON: {cause(exc)}") from exc
-    if not isinstance(probe, list) or not all(
-        isinstance(v, float | int) and not isinstance(v, bool) for v in probe
-    ):
-        raise CheckpointError(f"{file}: its {ENCODER_PROBE_KEY} metadata is not a list of numbers")
-    return [float(v) for v in probe]
-
-
-def _check_heads_encoder(weights: Path, probes: Mapping[Path, list[float]]) -> None:
-    """Refuse a head fit on another encoder's embeddings (of the same width): it loads and runs, and
-    its scores, and the metrics htmllm.json records for it, are of a model that is not this one. Files
-    without a probe (written before heads recorded one, as the bundled model's) load as before."""
-    if not probes:
-        return
-    actual = encoder_probe(weights)
-    for file, recorded in sorted(probes.items()):
-        if not _probes_match(recorded, actual):
-            raise CheckpointError(
-                f"{file} was fit on the embeddings of another encoder than this checkpoint's "
-                f"{WEIGHTS_FILE} (the weights its {ENCODER_PROBE_KEY} metadata records differ): its scores "
-                f"and the metrics {META_FILE} records for it would not hold here. Train it on this "
-                f"checkpoint (`htmllm heads train`), or remove it from {META_FILE} and {HEADS_DIR}/"
-            )
-
-
-def _refuse_unlisted_heads(root: Path, meta: CheckpointMeta, head_files: Mapping[str, Path]) -> None:
-    """A head file htmllm.json does not list is a hand edit gone wrong (a misspelt "heads" key, a head
-    copied in): loading without it would silently serve fewer heads than the folder shows."""
-    listed = {spec.name for spec in meta.heads}
-    unlisted = sorted(f"{name}.safetensors" for name in head_files if name not in listed)
-    if unlisted:
-        raise CheckpointError(
-            f"checkpoint {root}: {HEADS_DIR}/ holds {', '.join(unlisted[:5])} that {META_FILE} "
-            f"does not list (it lists {sorted(listed)[:10]}); list them there or remove the files"
-        )
 
 
 def _read_config(root: Path) -> tuple[ModernBertConfig, dict[str, Any]]:
@@ -642,7 +517,7 @@ def _load_checkpoint(
     attn_implementation: str | None,
 ) -> Checkpoint:
     meta = read_meta_file(root, view.meta_file)
-    _refuse_unlisted_heads(root, meta, view.head_files)
+    refuse_unlisted_heads(root, meta, view.head_files)
     try:
         tokenizer = HtmlTokenizer.from_file(root / TOKENIZER_FILE)
     except TokenizerError as exc:
@@ -670,7 +545,8 @@ def _load_checkpoint(
         raise CheckpointError(f"{root / CONFIG_FILE} describes no buildable model: {cause(exc)}") from exc
     encoder.set_attn_implementation(attn_implementation or "sdpa")
     _load_strict(encoder, _load_tensors(weights), weights)
-    _check_heads_encoder(weights, heads.probes)  # after the encoder's own checks (NaN weights) are said
+    if heads.probes:  # after the encoder's own checks (NaN weights) are said; no probe, no encoder read
+        check_heads_encoder(heads.probes, encoder_probe(weights))
     model = HtmlEncoderModel(encoder, pooling=meta.pooling, heads=heads.modules)
     check_model_matches(model, tokenizer, meta)
     model.eval()
@@ -738,7 +614,7 @@ def _save_heads_locked(
         specs[name] = spec
     meta_text = meta_file_text(dataclasses.replace(meta, heads=list(specs.values())))
     probe = encoder_probe(root / WEIGHTS_FILE)
-    if fit_on is not None and not _probes_match(list(fit_on), probe):
+    if fit_on is not None and not probes_match(list(fit_on), probe):
         raise CheckpointError(
             f"the heads {sorted(heads)} were fit on the embeddings of another encoder than {root}'s "
             f"{WEIGHTS_FILE} (replaced while they trained?); none was saved: train them again"
@@ -747,7 +623,7 @@ def _save_heads_locked(
     shutil.rmtree(pending, ignore_errors=True)  # a stage never committed: its save was killed
     pending.mkdir(parents=True)
     for name, (_spec, head) in heads.items():
-        _atomic_save_tensors(pending / f"{name}.safetensors", head.state_dict(), _head_metadata(name, probe))
+        _atomic_save_tensors(pending / f"{name}.safetensors", head.state_dict(), head_metadata(name, probe))
     _atomic_write_text(pending / META_FILE, meta_text)  # the commit point
     heads_stage.finish_locked(root)
 

@@ -1,0 +1,160 @@
+"""A checkpoint's head files' own rules: what a head added now may be called, what its file's safetensors
+metadata records (the head it holds, a probe of the encoder it was fit on), and the checks a loaded head
+file must pass against htmllm.json and the encoder beside it.
+
+Kept apart from the directory's I/O, as `checkpoint_format` is, so that `service.core.checkpoint` (which
+reads and writes the files, the encoder's probe included: `encoder_probe`) depends on it one way;
+`checkpoint` re-exports the public names, which callers import from there.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from service.core.checkpoint_format import WEIGHTS_FILE, CheckpointMeta, cause, quoted
+from service.core.errors import CheckpointError
+from service.core.heads_stage import HEADS_DIR, META_FILE
+from service.core.modeling import HeadSpec
+
+# A head file's safetensors metadata: the head it holds, and a probe of the encoder it was fit on.
+HEAD_NAME_KEY = "head"
+ENCODER_PROBE_KEY = "encoder_probe"
+# Rows read per 2-D encoder tensor for the probe (a few hundred values for the `base` preset).
+_PROBE_ROWS = 4
+# A probe value matches within this relative error: a cast of the weights to float16 or bfloat16 moves
+# each by at most 2**-9 of itself (round to nearest), twice that through float16 on the way; another
+# encoder (another run, or the same one trained on) moves most weights by far more.
+_PROBE_RTOL = 2**-7
+_PROBE_ATOL = 1e-7  # float16's subnormals (below 6.1e-5) are spaced 6e-8 apart
+
+# The columns every `htmllm embed` row has (`service.commands.embed.FIXED_COLUMNS`, which a test holds
+# equal): a head writes the column of its own name, so a head added under one of these names (`save_heads`,
+# `htmllm heads train`) would make embed refuse the checkpoint's heads while the service served them.
+RESERVED_HEAD_NAMES = frozenset(
+    {"index", "id", "url", "http_status", "content_type", "embedding", "tokens", "truncated", "error",
+     "error_message"}
+)  # fmt: skip
+# What a head added now may be called: a task's name (`model_training.evaluation.tasks`), which is also a
+# parquet column, a JSON key and a file name everywhere. `HeadSpec` is wider, so that older checkpoints
+# holding other names still load.
+_NEW_HEAD_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def new_head_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a head being added to a checkpoint, or None: the one rule `save_heads` and
+    `htmllm heads train` share (the Python API had saved `spam v2` and `embedding`, which `heads train`
+    refuses, and `htmllm embed` then refused the checkpoint while the service served it)."""
+    if not _NEW_HEAD_NAME.fullmatch(name):
+        return "a head name must be ASCII letters, digits, '_' and '-'"
+    if name in RESERVED_HEAD_NAMES:
+        return (
+            f"a head writes the `htmllm embed` column of its name, and the column {name!r} is one every "
+            "row already has (`htmllm embed` would refuse the checkpoint's heads)"
+        )
+    return None
+
+
+def probe_cells(shapes: Mapping[str, tuple[int, ...]]) -> list[tuple[str, int, int]]:
+    """(tensor, row, column) of each probed weight: `_PROBE_ROWS` spread rows of every 2-D tensor, at a
+    column that varies with the row."""
+    cells = []
+    for name in sorted(shapes):
+        shape = shapes[name]
+        if len(shape) != 2 or 0 in shape:
+            continue
+        rows, columns = shape
+        for i in range(_PROBE_ROWS):
+            row = i * (rows - 1) // max(_PROBE_ROWS - 1, 1)
+            cells.append((name, row, (row * 7919 + i * 104729) % columns))
+    return cells
+
+
+def probes_match(recorded: list[float], actual: list[float]) -> bool:
+    return len(recorded) == len(actual) and all(
+        math.isclose(a, b, rel_tol=_PROBE_RTOL, abs_tol=_PROBE_ATOL)
+        for a, b in zip(recorded, actual, strict=True)
+    )
+
+
+def head_metadata(name: str, probe: list[float]) -> dict[str, str]:
+    """What a head file written now records: its head's name, and the encoder it was fit on."""
+    return {HEAD_NAME_KEY: name, ENCODER_PROBE_KEY: json.dumps(probe)}
+
+
+def check_head_file(
+    spec: HeadSpec,
+    embedding_dim: int,
+    header: Mapping[str, tuple[tuple[int, ...], str]],
+    metadata: Mapping[str, str],
+    file: Path,
+) -> None:
+    """What a head file says of itself against the spec htmllm.json gives it: the head it holds (a
+    page_kind file copied over tld's, with as many outputs, had served page_kind's scores under tld's
+    labels and metrics), its outputs and its input width, said as such rather than as tensor shapes."""
+    found = metadata.get(HEAD_NAME_KEY)
+    if found is not None and found != spec.name:
+        raise CheckpointError(
+            f"{file} holds head {quoted(found)} (its metadata says so), where {META_FILE} expects head "
+            f"{spec.name!r}: a head file copied or renamed? Retrain the head or restore its own file"
+        )
+    outputs = header.get("out.bias", ((), ""))[0]
+    if len(outputs) == 1 and outputs[0] != spec.outputs:
+        listed = (
+            f"lists {spec.outputs} labels for it ({', '.join(spec.labels[:10])})"
+            if spec.kind == "classification"
+            else "makes it a regression head (1 output)"
+        )
+        plural = "" if outputs[0] == 1 else "s"
+        raise CheckpointError(
+            f"{file}: head {spec.name!r} has {outputs[0]} output{plural}, but {META_FILE} {listed}: the "
+            "head's labels and its weights are of different trainings"
+        )
+    width = header.get("norm.weight", ((), ""))[0]
+    if len(width) == 1 and width[0] != embedding_dim:
+        raise CheckpointError(
+            f"{file}: head {spec.name!r} takes {width[0]}-d embeddings, this encoder gives {embedding_dim}: "
+            "it was fit on another model"
+        )
+
+
+def recorded_probe(text: str, file: Path) -> list[float]:
+    try:
+        probe = json.loads(text)
+    except ValueError as exc:
+        raise CheckpointError(f"{file}: its {ENCODER_PROBE_KEY} metadata is no JSON: {cause(exc)}") from exc
+    if not isinstance(probe, list) or not all(
+        isinstance(v, float | int) and not isinstance(v, bool) for v in probe
+    ):
+        raise CheckpointError(f"{file}: its {ENCODER_PROBE_KEY} metadata is not a list of numbers")
+    return [float(v) for v in probe]
+
+
+def check_heads_encoder(probes: Mapping[Path, list[float]], actual: list[float]) -> None:
+    """Refuse a head fit on another encoder's embeddings (of the same width): it loads and runs, and
+    its scores, and the metrics htmllm.json records for it, are of a model that is not this one.
+    `probes` holds the files that record a probe; `actual` is the checkpoint's encoder's. Files without
+    a probe (written before heads recorded one, as the bundled model's) load as before."""
+    for file, recorded in sorted(probes.items()):
+        if not probes_match(recorded, actual):
+            raise CheckpointError(
+                f"{file} was fit on the embeddings of another encoder than this checkpoint's "
+                f"{WEIGHTS_FILE} (the weights its {ENCODER_PROBE_KEY} metadata records differ): its scores "
+                f"and the metrics {META_FILE} records for it would not hold here. Train it on this "
+                f"checkpoint (`htmllm heads train`), or remove it from {META_FILE} and {HEADS_DIR}/"
+            )
+
+
+def refuse_unlisted_heads(root: Path, meta: CheckpointMeta, head_files: Mapping[str, Path]) -> None:
+    """A head file htmllm.json does not list is a hand edit gone wrong (a misspelt "heads" key, a head
+    copied in): loading without it would silently serve fewer heads than the folder shows."""
+    listed = {spec.name for spec in meta.heads}
+    unlisted = sorted(f"{name}.safetensors" for name in head_files if name not in listed)
+    if unlisted:
+        raise CheckpointError(
+            f"checkpoint {root}: {HEADS_DIR}/ holds {', '.join(unlisted[:5])} that {META_FILE} "
+            f"does not list (it lists {sorted(listed)[:10]}); list them there or remove the files"
+        )
