@@ -3,8 +3,9 @@
 Request counts and durations per route come from `RequestMetricsMiddleware`; queue size, batch sizes,
 batch tokens, per-stage durations and documents and tokens processed from the Engine's observer hooks
 (`EngineMetricsObserver`); failures by code from the error handler; failed extractions from the
-/v1/extract router; worker processes lost or replaced from their pools' `on_replaced` (the preprocessing
-pool's through the Engine's observer, the extractor pool's from the runtime that builds it); the build's
+/v1/extract router (the three failure counters exported at 0 under every label value from the start);
+worker processes lost or replaced from their pools' `on_replaced` (the preprocessing pool's through the
+Engine's observer, the extractor pool's from the runtime that builds it); the build's
 identity (`htmllm_build_info`) and readiness from the /metrics route at scrape time; the server process's
 memory, CPU and file descriptors (`process_*`) and `python_info` from prometheus_client's own collectors,
 read at scrape time.
@@ -31,6 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.connections import status_sent
 from service.core.errors import ErrorCode
+from service.core.extract import EXTRACTORS, UNION
 from service.core.worker_health import REPLACEMENT_REASONS
 from service.engine import BatchStats, EngineObserver
 
@@ -49,6 +51,32 @@ BUILD_LABELS = ("version", "prune_version", "checkpoint_prune_version", "extract
 # nginx's "client closed request": never seen by the client, but visible in the request metrics.
 CLIENT_CLOSED_STATUS = 499
 OTHER_STATUS_CLASS = "other"
+
+# The failure counters are exported from 0 under every value their labels can take, as the worker
+# replacements are (`watch_worker_pool`): a series born at its first failure reads as no increase to
+# rate() and increase(), so a burst of 16 failures within one scrape interval (no series, then 16) had
+# fired none of the alerts on them. Each label is a closed set, so the series are few (about 50 in all).
+# The codes no failure the app answers can carry: the bulk commands' own, and the HTTP parser's
+# answers, which come from below the app and are not counted (service.api.http_protocol).
+_UNCOUNTED_CODES = frozenset(
+    {ErrorCode.INPUT_UNREADABLE, ErrorCode.HEADERS_TOO_LARGE, ErrorCode.HEAD_TIMEOUT}
+)
+REQUEST_FAILURE_CODES = tuple(code for code in ErrorCode if code not in _UNCOUNTED_CODES)
+# Besides those, the codes of a request, never of one of its documents (its key, route, method, body's
+# arrival, a probe's answer).
+_REQUEST_ONLY_CODES = frozenset(
+    {
+        ErrorCode.UNAUTHORIZED,
+        ErrorCode.NOT_FOUND,
+        ErrorCode.METHOD_NOT_ALLOWED,
+        ErrorCode.BODY_TIMEOUT,
+        ErrorCode.UNHEALTHY,
+    }
+)
+DOCUMENT_FAILURE_CODES = tuple(code for code in REQUEST_FAILURE_CODES if code not in _REQUEST_ONLY_CODES)
+# A /v1/extract entry fails with the extractor's failure, or at the request's deadline.
+EXTRACTION_FAILURE_CODES = (ErrorCode.EXTRACTION_FAILED, ErrorCode.TIMEOUT)
+EXTRACTOR_NAMES = (UNION, *EXTRACTORS)  # what an entry may ask for (`schemas.ExtractorName`)
 
 
 def status_class(status: int) -> str:
@@ -135,7 +163,8 @@ class ServiceMetrics:
             registry=r,
         )
         # Per entry of /v1/extract, which is a 200 whatever its entries say: without this, extractions
-        # failing or timing out show in no series. Both labels are closed sets (ErrorCode, extractor names).
+        # failing or timing out show in no series. Both labels are closed sets (ErrorCode, extractor
+        # names), every pair exported from 0 (`EXTRACTION_FAILURE_CODES`), as both failure counters above.
         self.extractions_failed = Counter(
             "htmllm_extractions_failed",
             "/v1/extract extractions answered with an error, by code and extractor asked for",
@@ -172,8 +201,8 @@ class ServiceMetrics:
         )
         self.backend_failures = Gauge(
             "htmllm_backend_consecutive_failures",
-            "Forward passes failed in a row (0 after one succeeds); /ready is 503 from "
-            "HTMLLM_UNREADY_AFTER_FAILURES on",
+            "Forward passes failed in a row (0 after one succeeds, the pass an inference process started "
+            "anew runs before it serves included); /ready is 503 from HTMLLM_UNREADY_AFTER_FAILURES on",
             registry=r,
         )
         # An info metric (value 1, the facts in its labels): in a rolling upgrade the old and the new pods
@@ -193,6 +222,13 @@ class ServiceMetrics:
             buckets=_GC_PAUSE_BUCKETS,
             registry=r,
         )
+        for code in REQUEST_FAILURE_CODES:
+            self.failures.labels(code=code.value)
+        for code in DOCUMENT_FAILURE_CODES:
+            self.documents_failed.labels(code=code.value)
+        for code in EXTRACTION_FAILURE_CODES:
+            for extractor in EXTRACTOR_NAMES:
+                self.extractions_failed.labels(code=code.value, extractor=extractor)
         # The app's registry is its own, so nothing else adds the process's series to /metrics: without
         # these no metric told the server's memory (the pod's memory alert) or its open descriptors. A
         # registry given may have them already (prometheus_client's global one does); a second copy would

@@ -187,6 +187,7 @@ class Batcher:
         self._closed = False
         self._pools_closed: asyncio.Future[None] | None = None  # set by `close`
         self._failures = BackendHealth()  # the current run of failed passes (pass_started unused)
+        self._failed_at: float | None = None  # when the latest of them was counted (time.monotonic())
         self._direct_started: float | None = None  # a pass outside the queue (warm-up, probe) began
         # `close` and the inference thread agree under it: either the direct pass does not start, or
         # close sees it started and aborts it.
@@ -200,6 +201,7 @@ class Batcher:
     @property
     def health(self) -> BackendHealth:
         """The run of failed passes so far, and when the pass now on the inference thread began."""
+        self._end_recovered_run()
         started = [ready.started for ready in self._in_hand if ready.started is not None]
         if self._direct_started is not None:
             started.append(self._direct_started)
@@ -208,17 +210,34 @@ class Batcher:
     def _passed(self) -> None:
         if self._failures.failures:
             logger.warning("a forward pass succeeded after %d failed", self._failures.failures)
-        self._failures = BackendHealth()
+        self._failures, self._failed_at = BackendHealth(), None
 
     def _pass_failed(self, message: str) -> BackendError:
         """Count a failed pass in `health`; the error its documents (or its caller) get."""
+        self._end_recovered_run()
         since = self._failures.failing_since
+        self._failed_at = time.monotonic()
         self._failures = BackendHealth(
             failures=self._failures.failures + 1,
-            failing_since=time.monotonic() if since is None else since,
+            failing_since=self._failed_at if since is None else since,
             last_error=message,
         )
         return BackendError(message)
+
+    def _end_recovered_run(self) -> None:
+        """End the run of failed passes where the runner has run a pass of its own since the latest: a
+        model process started anew after it (`ProcessRunner.recovered_at`). Without traffic no batch's
+        pass came to end it: a child killed in its pass and replaced left the count (/ready's, and the
+        metric an alert reads) at 1 for as long as the pod stayed idle, though the backend served again."""
+        recovered = _recovered_at(self._runner)
+        if recovered is None or self._failed_at is None or recovered <= self._failed_at:
+            return
+        logger.warning(
+            "the inference process started anew ran a forward pass: the %d that failed before it end "
+            "their run",
+            self._failures.failures,
+        )
+        self._failures, self._failed_at = BackendHealth(), None
 
     def pass_started(self, future: asyncio.Future[BatchRow]) -> float | None:
         """When the forward pass holding the document behind `future` began, or None if it is not in
@@ -626,6 +645,14 @@ def _load_wait_s(runner: Runner) -> float:
     """The seconds `runner`'s passes have spent, in all, waiting for its model to load: an inference
     process's restart (`ProcessRunner.load_wait_s`); 0 for a runner whose model is always loaded."""
     return float(getattr(runner, "load_wait_s", 0.0))
+
+
+def _recovered_at(runner: Runner) -> float | None:
+    """When `runner` last showed it serves again outside the batcher's passes (`time.monotonic()`): an
+    inference process started anew ran its check pass (`ProcessRunner.recovered_at`); None for a runner
+    whose model lives in this process, which only a pass shows."""
+    recovered = getattr(runner, "recovered_at", None)
+    return None if recovered is None else float(recovered)
 
 
 def _fail(docs: Sequence[QueuedDocument], error: HtmllmError) -> None:

@@ -23,7 +23,10 @@ can run (the server's /ready answers 503 with it) and a pass that comes meanwhil
 restart had been lazy, inside the next batch's pass: 17 to 35 s (torch's import, an ONNX re-export)
 during which /ready said 200 and requests queued into 504s. Such a wait is counted in `load_wait_s`,
 which the batcher's drain rate leaves out: read as one slow pass, it had refused requests with 429 for
-a while after the restart ("52.9 s of work ... at 0.1 a second").
+a while after the restart ("52.9 s of work ... at 0.1 a second"). The new child runs a three-token
+forward pass before it serves, so that a restart that succeeds has shown the backend works again: the
+batcher's count of failed passes (/ready's, `htmllm_backend_consecutive_failures`) ends there
+(`recovered_at`), not only at the next batch's pass, which an idle pod may not see for hours.
 
 A restart loads the model the first child loaded, or none: one onto a checkpoint changed since (a head
 trained into it) is refused before any child is spawned, and `outage` says that is permanent (no probe's
@@ -144,9 +147,12 @@ def _exited(process: Any) -> bool:
     return bool(multiprocessing.connection.wait([process.sentinel], 0))
 
 
-def _serve(conn: Connection, logs: Connection, level: int, path: str, config: EngineConfig) -> None:
+def _serve(
+    conn: Connection, logs: Connection, level: int, path: str, config: EngineConfig, check: bool = False
+) -> None:
     """The child: build the runner, answer ("run", ids, lengths, pad_to) until ("close",) or EOF; its log
-    records go over `logs` (`log_relay.send_logs`)."""
+    records go over `logs` (`log_relay.send_logs`). `check`: run a three-token pass (the server's probe)
+    before it says it serves, which a load that fails does not get past (a restart's)."""
     ignore_group_signals(GROUP_SIGNALS)  # the parent's drain ends it (`_stop`), last
     send_logs(logs, level)  # first: what the imports and the load log must reach the parent
     from service.engine.loading import build_runner
@@ -154,10 +160,18 @@ def _serve(conn: Connection, logs: Connection, level: int, path: str, config: En
     try:
         # Before the load: a head saved between the two then shows in the specs the load read.
         fingerprint = checkpoint_fingerprint(path)
-        runner, meta, _ = build_runner(Path(path), replace(config, inference_process=False))
+        runner, meta, tokenizer = build_runner(Path(path), replace(config, inference_process=False))
     except BaseException as error:  # every failure goes back to the parent, as text and its code
         conn.send(("error", (f"{type(error).__name__}: {error}", load_failure_code(error).value)))
         return
+    if check:
+        try:
+            special = tokenizer.special_ids
+            runner.run(runner.prepare([[special.cls, special.unk, special.sep]]))
+        except Exception as error:  # the backend's failure, as a batch's would be
+            failed = f"its first forward pass failed: {type(error).__name__}: {error}"
+            conn.send(("error", (failed, ErrorCode.BACKEND_FAILED.value)))
+            return
     packed = bool(getattr(runner, "packed", False))  # only the torch runner packs
     description = _Description(
         runner.backend,
@@ -297,6 +311,7 @@ class ProcessRunner:
         self._closed = False  # `close` is final: no pass after it, and no child started again
         self.restarts = 0
         self._load_wait_s = 0.0  # `load_wait_s`; changed only under `_lock`
+        self._recovered_at: float | None = None  # `recovered_at`
         description = self._start()
         if expected is not None:
             wanted = _Identity.of(description.identity.fingerprint, expected)
@@ -354,14 +369,16 @@ class ProcessRunner:
         return aborts is not None and (aborts != self._aborts or self._closed)
 
     def _start(self, aborts: int | None = None) -> _Description:
-        """Start a child and wait until it serves; `aborts` as `_cancelled` takes it (None: the first)."""
+        """Start a child and wait until it serves; `aborts` as `_cancelled` takes it (None: the first).
+        A restart's child (`aborts` given) runs a forward pass before it serves (`recovered_at`); the
+        first child's is the warm-up's."""
         self._check_checkpoint()
         parent, child = self._context.Pipe()
         logs, child_logs = self._context.Pipe(duplex=False)
         level = logging.getLogger().getEffectiveLevel()
         process = self._context.Process(
             target=_serve,
-            args=(child, child_logs, level, str(self._path), self._config),
+            args=(child, child_logs, level, str(self._path), self._config, aborts is not None),
             name="htmllm-inference",
             daemon=True,
         )
@@ -406,6 +423,8 @@ class ProcessRunner:
                     if not cancelled:
                         self._process, self._conn, self._stopper = process, parent, stopper
                         self._down, self._restart_error, self._changed = None, None, None
+                        if aborts is not None:  # with the child, so that a pass it runs comes after
+                            self._recovered_at = time.monotonic()
         except (EOFError, OSError) as error:
             self._reap(process)  # the pipe ends before the exit is reaped: wait for its code
             with self._abort_lock:
@@ -545,6 +564,16 @@ class ProcessRunner:
                 failed = f"restart {self.restarts} failed: {self._restart_error}"
                 return Outage(f"{self._down}, and {failed}; the next forward pass tries again", False)
             return Outage(f"{self._down}; the next forward pass starts a new one", False)
+
+    @property
+    def recovered_at(self) -> float | None:
+        """When (`time.monotonic()`) a child started anew last began to serve, or None before any did.
+        Each ran a three-token forward pass first (`_serve`'s check), so the batcher ends a run of
+        failed passes that came before it (`Batcher.health`): a child killed in its pass, and replaced
+        while no traffic came, had left the failure counted (and `htmllm_backend_consecutive_failures`
+        at 1, its alert firing) for as long as the pod stayed idle. A load alone would prove less: a
+        child that dies in every pass loads well, and its failures must keep adding up."""
+        return self._recovered_at
 
     @property
     def load_wait_s(self) -> float:
