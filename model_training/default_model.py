@@ -14,6 +14,7 @@ import argparse
 import json
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,19 @@ from model_training.pretrain import CURVE_FILE, SUMMARY_FILE
 from model_training.teacher import read_teacher_meta
 from service.core.checkpoint import copy_checkpoint, load_checkpoint
 from service.core.errors import CheckpointError
+from service.core.modeling import HeadSpec
 
 MAX_BUNDLE_BYTES = 40 * 1024 * 1024
 CARD_FILE = "MODEL_CARD.md"
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "htmllm.json")
+# The card's heads section lies between these lines: `htmllm heads train` rewrites it from htmllm.json
+# after adding or replacing heads (`update_card_heads`), and leaves the rest of the card, which a user may
+# have edited by hand, as it is. Comments: a Markdown viewer shows neither.
+HEADS_BEGIN = "<!-- htmllm heads: from htmllm.json; `htmllm heads train` rewrites up to the end line -->"
+HEADS_END = "<!-- /htmllm heads -->"
+# How cards written before the markers (the bundled model's) begin the section, and its table's header.
+HEADS_HEADING = "### Task heads (`htmllm heads train`, cross-validated by site)"
+HEADS_TABLE_HEADER = "| Head | Kind | Classes | Metrics |"
 
 
 def _load_json(path: Path) -> dict[str, Any]:
@@ -54,6 +64,62 @@ def _format_metrics(metrics: dict[str, float]) -> str:
     if HASH_METRIC in metrics:  # which pages, labels and folds: report.json's tasks[].sha256 starts so
         parts.append(f"tasks sha256 {int(metrics[HASH_METRIC]):012x}")
     return ", ".join(parts) or "-"
+
+
+def heads_line(heads: Sequence[HeadSpec]) -> str:
+    """The card's "What it is" line naming the heads."""
+    return f"- Heads: {', '.join(s.name for s in heads) or 'none'}."
+
+
+def heads_section(heads: Sequence[HeadSpec]) -> list[str]:
+    """The card's heads section, between its markers: with no heads, the markers alone, for a later
+    `htmllm heads train` to fill."""
+    lines = [HEADS_BEGIN]
+    if heads:
+        lines += [HEADS_HEADING, "", HEADS_TABLE_HEADER, "|---|---|---|---|"]
+        for spec in heads:
+            lines.append(
+                f"| {spec.name} | {spec.kind} | {len(spec.labels) or '-'} | {_format_metrics(spec.metrics)} |"
+            )
+        lines.append("")  # a table ends at a blank line: the end marker is no row of it
+    lines.append(HEADS_END)
+    return lines
+
+
+def _section_bounds(lines: Sequence[str]) -> tuple[int, int] | None:
+    """[start, end) of the heads section in a card's lines: between the markers, or, in a card written
+    before them, the heading and the table that follows it; None where neither is found intact."""
+    stripped = [line.strip() for line in lines]
+    if stripped.count(HEADS_BEGIN) == 1 and stripped.count(HEADS_END) == 1:
+        start, end = stripped.index(HEADS_BEGIN), stripped.index(HEADS_END)
+        return (start, end + 1) if start < end else None
+    if HEADS_BEGIN in stripped or HEADS_END in stripped or stripped.count(HEADS_HEADING) != 1:
+        return None  # a marker lost, or doubled: which lines are ours is a guess
+    start = stripped.index(HEADS_HEADING)
+    if stripped[start + 1 : start + 3] != ["", HEADS_TABLE_HEADER]:
+        return None
+    end = start + 3
+    while end < len(stripped) and stripped[end].startswith("|"):
+        end += 1
+    return start, end
+
+
+def update_card_heads(text: str, before: Sequence[HeadSpec], after: Sequence[HeadSpec]) -> str | None:
+    """A card's text with its heads section rewritten for the heads `after`, and its "- Heads:" line
+    too where it still names the heads `before` (the user's wording is left alone); None where the
+    card has no heads section to find (a card written by hand), for the caller to say it is stale.
+
+    The heads of a published checkpoint's card had stayed those it was bundled with after `htmllm
+    heads train` added or replaced some, while htmllm.json and /info listed the new ones.
+    """
+    lines = text.split("\n")
+    bounds = _section_bounds(lines)
+    if bounds is None:
+        return None
+    start, end = bounds
+    lines[start:end] = heads_section(after)
+    old_line = heads_line(before)
+    return "\n".join(heads_line(after) if line == old_line else line for line in lines)
 
 
 def _results_section(report_md: Path) -> str:
@@ -106,7 +172,7 @@ def render_card(run: Path, bundle: Path, *, eval_dir: Path | None) -> str:
         f"- Tokenizer: HTML-aware WordPiece, {checkpoint.tokenizer.vocab_size} ids with "
         f"{len(checkpoint.tokenizer.tag_token_ids)} tag tokens, trained on "
         f"{tokenizer_report.get('pages', '?')} pruned pages (sha256 {meta.tokenizer_sha256[:16]}).",
-        f"- Heads: {', '.join(s.name for s in meta.heads) or 'none'}.",
+        heads_line(meta.heads),
         "",
         "## How it was trained",
         "",
@@ -147,14 +213,7 @@ def render_card(run: Path, bundle: Path, *, eval_dir: Path | None) -> str:
         "The training curve is `docs/training_curve.png`.",
         "",
     ]
-    if meta.heads:
-        lines += ["### Task heads (`htmllm heads train`, cross-validated by site)", ""]
-        lines += ["| Head | Kind | Classes | Metrics |", "|---|---|---|---|"]
-        for spec in meta.heads:
-            lines.append(
-                f"| {spec.name} | {spec.kind} | {len(spec.labels) or '-'} | {_format_metrics(spec.metrics)} |"
-            )
-        lines.append("")
+    lines += [*heads_section(meta.heads), ""]
     results = _results_section(eval_dir / "report.md") if eval_dir is not None else ""
     if results:
         lines += [results, ""]

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from model_training.evaluation.tasks import Task
     from service.core.modeling import HeadSpec
 
+logger = logging.getLogger(__name__)
+
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser = subparsers.add_parser(
@@ -87,6 +89,69 @@ def check_columns(tasks: Sequence[Task], existing: Sequence[HeadSpec]) -> None:
             taken[column] = f"the column of task {name!r}"
 
 
+def check_loads(checkpoint: Path, tasks: Sequence[Task], existing: Sequence[HeadSpec]) -> None:
+    """Refuse a checkpoint that does not load (as the service, `htmllm embed` and export-onnx load it)
+    before any page is embedded, with what to do about it.
+
+    `save_heads` checks the heads it writes, not the ones it keeps: a checkpoint holding another, broken
+    head had been given new heads after hours of embedding (or none, from a warm cache, where the Engine
+    never loads it) and stayed unservable. A head this run replaces may be the broken one (a head fit on
+    another encoder, retrained under its own name as the load error advises): the checkpoint is then
+    loaded as the save will leave it, without those heads.
+    """
+    from service.core.checkpoint import load_checkpoint
+    from service.core.errors import CheckpointError
+
+    replaced = {task.spec.name for task in tasks} & {spec.name for spec in existing}
+    try:
+        load_checkpoint(checkpoint, without_heads=replaced)
+    except CheckpointError as exc:
+        raise CheckpointError(
+            f"{exc}. Nothing was trained: the heads would go into a checkpoint that the service, `htmllm "
+            "embed` and export-onnx refuse. Fix it first (a broken head: retrain it under its own name, with "
+            "a task of that name, or remove its entry from htmllm.json's heads and its heads/<name>"
+            ".safetensors), or train into a checkpoint that loads"
+        ) from exc
+
+
+def update_card(checkpoint: Path, before: Sequence[HeadSpec]) -> None:
+    """Rewrite the heads section of the checkpoint's MODEL_CARD.md (`make default-model` writes one)
+    from htmllm.json after a save, or say that the card is stale where it has no section to rewrite: a
+    published checkpoint's card had gone on listing the heads it was bundled with. The card is left as
+    it was where it cannot be rewritten; the heads are saved by then."""
+    from model_training.default_model import CARD_FILE, update_card_heads
+    from service.core.atomic_files import replaced_atomically
+    from service.core.checkpoint import read_meta
+    from service.core.errors import HtmllmError
+
+    card = checkpoint / CARD_FILE
+    if not card.is_file():
+        return
+    try:
+        after = read_meta(checkpoint).heads
+        text = card.read_text(encoding="utf-8")
+        updated = update_card_heads(text, before, after)
+        if updated is not None and updated != text:
+            with replaced_atomically(card, mode=card.stat().st_mode & 0o777) as staged:
+                staged.write_text(updated, encoding="utf-8")
+    except (OSError, UnicodeError, HtmllmError) as exc:
+        logger.warning(
+            "%s could not be updated (%s): it still lists the heads as they were before this training; "
+            "update it by hand",
+            card,
+            exc,
+        )
+        return
+    if updated is None:
+        logger.warning(
+            "%s has no heads section `heads train` can rewrite (written by hand, or its section edited): "
+            "it may not list the heads %s holds now (%s); update it by hand",
+            card,
+            checkpoint,
+            ", ".join(spec.name for spec in after),
+        )
+
+
 def _figure(name: str, value: float) -> str:
     """One recorded metric as printed: the tasks' hash in hex, as report.json shows it."""
     from model_training.evaluation.tasks import HASH_METRIC
@@ -107,7 +172,9 @@ def run(args: argparse.Namespace) -> int:
         # The options first (cheap, and a bad --lr had failed only once every page was embedded).
         config = eval_config(args, checkpoints=(args.checkpoint,), baselines=())
         tasks = load_tasks(args.tasks, k=args.folds, seed=args.seed)
-        check_columns(tasks, read_meta(args.checkpoint).heads)  # before the pages are embedded
+        before = read_meta(args.checkpoint).heads
+        check_columns(tasks, before)  # before the pages are embedded
+        check_loads(args.checkpoint, tasks, before)
         trained = train_heads(args.checkpoint, tasks, config, max_length=args.max_length)
         save_heads(args.checkpoint, trained.heads, fit_on=trained.encoder)
     except (HtmllmError, ValueError) as exc:
@@ -117,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:  # the cache or the checkpoint cannot be written
         print(f"htmllm heads train: cannot read or write a file: {exc}", file=sys.stderr)
         return 1
+    update_card(args.checkpoint, before)
     for name, (spec, _) in trained.heads.items():
         figures = ", ".join(_figure(k, v) for k, v in spec.metrics.items())
         print(f"{name}: {len(spec.labels)} labels; {figures}")

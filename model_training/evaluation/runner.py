@@ -353,6 +353,29 @@ def excluded_pages(tasks: Sequence[Task], excluded: dict[str, str]) -> list[str]
     return [f"{', '.join(where.get(key, [key]))}: {reason}" for key, reason in excluded.items()]
 
 
+def labels_without_pages(task: Task) -> list[str]:
+    """The labels a classification task declares (task.json) that none of its pages carries."""
+    if task.spec.kind != "classification":
+        return []
+    carried = set(task.targets.tolist())
+    return [label for index, label in enumerate(task.spec.labels) if index not in carried]
+
+
+def refuse_labels_without_pages(tasks: Sequence[Task], *, excluded: bool = False) -> None:
+    """Refuse to train a head on a task with a label no page carries (`excluded`: once the pages that
+    failed pruning are left out). Such a head was saved and served with a class it never saw, scored
+    near 0 on every page, and its f1_macro left the class out: nothing said the label was empty."""
+    for task in tasks:
+        missing = labels_without_pages(task)
+        if missing:
+            left = " left once the pages that failed pruning are excluded" if excluded else ""
+            raise EvaluationError(
+                f"task {task.spec.name!r} ({task.path}): no page{left} carries the label(s) "
+                f"{', '.join(map(repr, missing))}, so its head would serve them as classes it never saw; "
+                "remove them from the labels in its task.json, or add pages that carry them"
+            )
+
+
 def union_keys(tasks: Sequence[Task]) -> list[str]:
     """Every page's content key across `tasks`, once each, in first-seen order."""
     return list(dict.fromkeys(k for task in tasks for k in task.keys))
@@ -463,6 +486,17 @@ def run_evaluation(tasks: Sequence[Task], config: EvalConfig) -> EvalResult:
     tasks, texts = prepare_tasks(
         tasks, config.cache_dir, extract=("text" in config.inputs or "minilm" in config.baselines)
     )
+    for task in tasks:
+        missing = labels_without_pages(task)
+        if missing:
+            # Harmless to the figures (f1_macro counts a class only where it is true or predicted), but
+            # `heads train` refuses the task: said here, where a task is usually tried first.
+            logger.warning(
+                "task %s: no page carries the label(s) %s; `htmllm heads train` refuses the task until pages "
+                "carry them or they are removed from its task.json",
+                task.spec.name,
+                ", ".join(map(repr, missing)),
+            )
 
     systems: list[SystemResult] = []
     random_dim = config.random_dim or (next(iter(metas.values())).embedding_dim if metas else 384)
@@ -607,7 +641,8 @@ def train_heads(
 ) -> TrainedHeads:
     """The heads to serve: per task, CV figures for its metrics (and the hash of the task's pages, labels
     and folds), then a head fit on ~85% of the task's sites, stopped early on the rest (`train_final_head`).
-    Pages that fail pruning are left out of every task, as `eval run` leaves them out, and listed.
+    Pages that fail pruning are left out of every task, as `eval run` leaves them out, and listed. A task
+    with a label no (kept) page carries is refused (`refuse_labels_without_pages`).
 
     Embeddings are the Engine's pooled, unnormalised vectors of the pruned HTML at `max_length` (default:
     the checkpoint's), what the service feeds its heads when it runs at that length. Each head's metrics
@@ -636,8 +671,10 @@ def train_heads(
         )
     # Taken before the pages are embedded: a checkpoint whose encoder is replaced meanwhile (a training
     # run re-exporting it) is then refused by `save_heads`, not given heads fit on the old one.
+    refuse_labels_without_pages(tasks)
     encoder = encoder_probe(checkpoint / WEIGHTS_FILE)
     kept, texts = prepare_tasks(tasks, config.cache_dir, extract=False)
+    refuse_labels_without_pages(kept, excluded=True)
     excluded = excluded_pages(tasks, texts.excluded)
     tasks = kept
     heads: dict[str, tuple[HeadSpec, TaskHead]] = {}

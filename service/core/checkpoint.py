@@ -37,7 +37,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -490,11 +490,14 @@ def load_checkpoint(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
     attn_implementation: str | None = None,
+    without_heads: Collection[str] = (),
 ) -> Checkpoint:
     """Strictly load a checkpoint in eval mode. `dtype` applies to the encoder; heads stay float32.
 
     `attn_implementation` ("sdpa", "eager", "flash_attention_2") defaults to SDPA. Every size the
     config and htmllm.json declare is checked against the files before anything is allocated.
+    `without_heads` leaves those heads (their htmllm.json entries and files) out, unread: the checkpoint
+    as a save replacing them will leave it (`htmllm heads train` checks it loads before it trains).
     """
     root = Path(path)
     if not root.is_dir():
@@ -503,7 +506,12 @@ def load_checkpoint(
         # Readable, too: transformers and the tokenizer would report an unreadable file as invalid.
         require_file(root / name, f"checkpoint {root} is missing {name}")
     load = partial(
-        _load_checkpoint, root, device=device, dtype=dtype, attn_implementation=attn_implementation
+        _load_checkpoint,
+        root,
+        device=device,
+        dtype=dtype,
+        attn_implementation=attn_implementation,
+        without_heads=frozenset(without_heads),
     )
     return heads_stage.consistently(root, load)
 
@@ -515,9 +523,14 @@ def _load_checkpoint(
     device: str | torch.device,
     dtype: torch.dtype | None,
     attn_implementation: str | None,
+    without_heads: frozenset[str],
 ) -> Checkpoint:
     meta = read_meta_file(root, view.meta_file)
-    refuse_unlisted_heads(root, meta, view.head_files)
+    head_files = dict(view.head_files)
+    if without_heads:
+        meta = dataclasses.replace(meta, heads=[h for h in meta.heads if h.name not in without_heads])
+        head_files = {name: file for name, file in head_files.items() if name not in without_heads}
+    refuse_unlisted_heads(root, meta, head_files)
     try:
         tokenizer = HtmlTokenizer.from_file(root / TOKENIZER_FILE)
     except TokenizerError as exc:
@@ -538,7 +551,7 @@ def _load_checkpoint(
     _check_header(
         on_meta_device(partial(ModernBertModel, config), root / CONFIG_FILE).state_dict(), header, weights
     )
-    heads = _load_heads(root, view.head_files, meta.heads, int(config.hidden_size))
+    heads = _load_heads(root, head_files, meta.heads, int(config.hidden_size))
     try:
         encoder = ModernBertModel(config)
     except Exception as exc:  # built once on the meta device already; this is for what that cannot see

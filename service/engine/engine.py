@@ -137,6 +137,28 @@ def _failure_code(task: asyncio.Future[DocumentResult], late: ErrorCode | None) 
     return late  # still on its way: timed out at the deadline, else dropped with the call
 
 
+def _warn_heads_fit_longer(heads: Sequence[HeadSpec], max_length: int) -> None:
+    """Warn once, at load, of the heads fit and measured on longer pages than this engine runs (the
+    `max_length` their metrics record, `htmllm heads train`): their scores here are of shorter inputs
+    than they learned from, and the figures /info shows for them are not of those inputs. `heads train
+    --max-length` warns of the converse; a shorter `HTMLLM_MAX_LENGTH` had started without a word."""
+    longer = {
+        spec.name: int(length)
+        for spec in heads
+        if (length := spec.metrics.get("max_length")) is not None and length > max_length
+    }
+    if longer:
+        logger.warning(
+            "max_length %d is shorter than the pages the heads %s were fit and measured on: their scores are "
+            "of pages cut shorter than they were trained on, and the metrics /info shows for them were "
+            "measured at their own length; serve at the checkpoint's max_length, or retrain the heads "
+            "with `htmllm heads train --max-length %d`",
+            max_length,
+            ", ".join(f"{name} ({length} tokens)" for name, length in longer.items()),
+            max_length,
+        )
+
+
 class Engine:
     """Batched inference over one checkpoint; safe to share between any number of concurrent callers."""
 
@@ -165,6 +187,7 @@ class Engine:
         if max_length > meta.max_length:
             raise ValueError(f"max_length {max_length} exceeds the checkpoint's {meta.max_length}")
         self._max_length = max_length
+        _warn_heads_fit_longer(meta.heads, max_length)
         if meta.prune_version != PRUNE_VERSION:
             logger.warning(
                 "checkpoint %s was trained on prune version %s, this build prunes with %s",
