@@ -32,17 +32,7 @@ from service.core.modeling import HeadSpec, TaskHead
 from service.engine.runners.process import ProcessRunner
 from tests.api.conftest import serving, tiny_settings
 from tests.api.pages import page
-
-POLLS = 24000  # 5 ms apart: a bound of two minutes on each wait, which a child's load never nears
-
-
-async def _until(condition: Callable[[], Any], what: str) -> Any:
-    for _ in range(POLLS):
-        value = condition()
-        if value:
-            return value
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"never: {what}")
+from tests.factories.waiting import POLLS, until_async
 
 
 async def _ready(client: httpx.AsyncClient, what: str) -> None:
@@ -87,7 +77,7 @@ async def test_a_checkpoint_changed_under_a_dead_child_makes_health_503_at_once(
         spec = HeadSpec(name="tld", kind="classification", labels=["com", "org"], hidden=16)
         save_heads(served, {spec.name: (spec, TaskHead(spec, meta.embedding_dim))})
         _kill(runner)
-        await _until(_restart_failed(runner), "the restart refused")
+        await until_async(_restart_failed(runner), "the restart refused")
 
         health = await client.get("/health")
         assert health.status_code == 503, health.text
@@ -126,9 +116,9 @@ async def test_a_checkpoint_gone_under_a_dead_child_is_retried_before_health_giv
 
         served.rename(tmp_path / "gone")  # a volume unmounted: it may come back
         _kill(runner)
-        await _until(_restart_failed(runner), "the restart refused")
+        await until_async(_restart_failed(runner), "the restart refused")
         assert (await client.get("/ready")).status_code == 503  # starts a probe, whose pass fails
-        await _until(lambda: runtime.engine.health.failures > 0, "a failed probe")
+        await until_async(lambda: runtime.engine.health.failures > 0, "a failed probe")
         health = await client.get("/health")
         assert health.status_code == 200, health.text  # not for long enough yet
 

@@ -15,9 +15,7 @@ import asyncio
 import os
 import shutil
 import signal
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -27,17 +25,7 @@ from service.api.app import create_app
 from service.engine.runners.process import ProcessRunner
 from tests.api.conftest import serving, tiny_settings
 from tests.api.pages import page
-
-POLLS = 24000  # 5 ms apart: a bound of two minutes on each wait, which a child's load never nears
-
-
-async def _until(condition: Callable[[], Any], what: str) -> Any:
-    for _ in range(POLLS):
-        value = condition()
-        if value:
-            return value
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"never: {what}")
+from tests.factories.waiting import POLLS, until_async
 
 
 async def _ready_until(client: httpx.AsyncClient, status: int, what: str) -> httpx.Response:
@@ -66,7 +54,7 @@ async def test_ready_is_503_from_the_childs_death_until_a_new_one_serves(
 
         # Killed while idle: 503 at once, no request needed, and a request meanwhile waits for the new one.
         os.kill(dead.pid, signal.SIGKILL)
-        loading = await _until(lambda: runner._starting, "a new child started")
+        loading = await until_async(lambda: runner._starting, "a new child started")
         os.kill(loading.pid, signal.SIGSTOP)  # held while it loads
         try:
             refused = await client.get("/ready")

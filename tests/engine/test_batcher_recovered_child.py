@@ -11,14 +11,11 @@ that no assertion depends on how long a load takes. Waits are bounded polls.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -27,19 +24,10 @@ from service.engine.runners import PreparedBatch, RunnerOutput
 from service.engine.runners.process import ProcessRunner
 from service.engine.types import BackendError, EngineConfig
 from tests.factories.runners import BlockingRunner
+from tests.factories.waiting import until_async
 
 DOC = [2, 7, 9, 3]
 UNKNOWN_TOKEN = 10**6  # past any vocabulary: the child's embedding lookup raises, a pass that fails
-POLLS = 24000  # 5 ms apart: a bound of two minutes on each wait, which a child's load never nears
-
-
-async def _until(condition: Callable[[], Any], what: str) -> Any:
-    for _ in range(POLLS):
-        value = condition()
-        if value:
-            return value
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"never: {what}")
 
 
 async def _failed_pass(batcher: Batcher) -> None:
@@ -65,13 +53,13 @@ async def test_a_child_started_anew_after_a_failed_pass_ends_the_run_without_tra
         dead = runner._process
         assert dead is not None
         os.kill(dead.pid, signal.SIGKILL)  # the OOM killer, while the pod is idle
-        loading = await _until(lambda: runner._starting, "a new child started")
+        loading = await until_async(lambda: runner._starting, "a new child started")
         os.kill(loading.pid, signal.SIGSTOP)  # held while it loads: nothing has run on it yet
         try:
             assert batcher.health.failures == 1
         finally:
             os.kill(loading.pid, signal.SIGCONT)
-        await _until(lambda: runner.outage() is None, "the new child serves")
+        await until_async(lambda: runner.outage() is None, "the new child serves")
         health = batcher.health  # no batch since the failure: the child's own pass ended the run
         assert health.failures == 0 and health.failing_since is None and health.last_error is None
         assert runner.recovered_at is not None and runner.restarts == 1
@@ -94,7 +82,7 @@ async def test_a_restart_that_fails_ends_no_run(served: Path, tmp_path: Path) ->
         dead = runner._process
         assert dead is not None
         os.kill(dead.pid, signal.SIGKILL)
-        outage = await _until(
+        outage = await until_async(
             lambda: (o := runner.outage()) is not None and not o.loading and o, "the restart failed"
         )
         assert "restart 1 failed" in outage.reason

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,24 +34,14 @@ from service.engine.runners.process import (
 )
 from service.engine.types import EngineConfig
 from tests.factories.disk import closed_directory
+from tests.factories.waiting import until
 
 DOCS = [[2, 7, 9, 3], [2, 11, 5, 8, 3]]
-WAIT_S = 120.0  # a bound on every wait: a child's load takes seconds
-
-
-def _until(condition: Callable[[], Any], what: str) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.005)
-    raise AssertionError(f"never: {what}")
 
 
 def _failed_restart(runner: ProcessRunner) -> Outage:
     """The outage once a restart has ended without a child (none loading)."""
-    found: Outage = _until(
+    found: Outage = until(
         lambda: (o := runner.outage()) is not None and not o.loading and o, "a restart that failed"
     )
     return found

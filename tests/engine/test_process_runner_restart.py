@@ -15,8 +15,6 @@ import os
 import shutil
 import signal
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,20 +25,9 @@ from service.api.logs import JsonFormatter
 from service.core.errors import ErrorCode
 from service.engine.runners.process import InferenceProcessError, ProcessRunner
 from service.engine.types import EngineConfig
+from tests.factories.waiting import WAIT_S, until
 
 DOCS = [[2, 7, 9, 3], [2, 11, 5, 8, 3]]
-WAIT_S = 120.0  # a bound on every wait: a child's load takes seconds
-
-
-def _until(condition: Callable[[], Any], what: str) -> Any:
-    """Poll `condition` until it returns something true (bounded by WAIT_S); that value."""
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.005)
-    raise AssertionError(f"never: {what}")
 
 
 def _kill(runner: ProcessRunner) -> Any:
@@ -61,7 +48,7 @@ def test_a_child_dead_while_idle_is_replaced_at_once_and_says_so_while_it_loads(
         before = runner.run(runner.prepare(DOCS)).embeddings
         assert runner.outage() is None
         old = _kill(runner)
-        loading = _until(lambda: runner._starting, "a new child started without a pass")
+        loading = until(lambda: runner._starting, "a new child started without a pass")
         os.kill(loading.pid, signal.SIGSTOP)  # held while it loads
         try:
             outage = runner.outage()
@@ -71,7 +58,7 @@ def test_a_child_dead_while_idle_is_replaced_at_once_and_says_so_while_it_loads(
             )
         finally:
             os.kill(loading.pid, signal.SIGCONT)
-        _until(lambda: runner.outage() is None, "the new child serves")
+        until(lambda: runner.outage() is None, "the new child serves")
         assert runner._process is loading and runner._process is not old and runner.restarts == 1
         after = runner.run(runner.prepare(DOCS)).embeddings
         np.testing.assert_allclose(after, before, atol=1e-6, rtol=0)
@@ -101,9 +88,7 @@ def test_a_restart_onto_a_missing_checkpoint_is_refused_before_any_child(
         monkeypatch.setattr(context, "Process", counted)
         served.rename(tmp_path / "gone")
         _kill(runner)
-        outage = _until(
-            lambda: (o := runner.outage()) is not None and not o.loading and o, "a failed restart"
-        )
+        outage = until(lambda: (o := runner.outage()) is not None and not o.loading and o, "a failed restart")
         assert (
             "restart 1 failed" in outage.reason
             and f"checkpoint directory {served} does not exist" in outage.reason
@@ -124,7 +109,7 @@ def test_closing_while_a_new_child_loads_leaves_no_child(tiny_checkpoint: Path) 
     known = {child.pid for child in multiprocessing.active_children()}
     runner = ProcessRunner(tiny_checkpoint, EngineConfig(intra_op_threads=1))
     _kill(runner)
-    loading = _until(lambda: runner._starting, "a new child started")
+    loading = until(lambda: runner._starting, "a new child started")
     os.kill(loading.pid, signal.SIGSTOP)  # hung while it loads: only a kill ends it
     runner.close()
     assert [child for child in multiprocessing.active_children() if child.pid not in known] == []
