@@ -188,6 +188,9 @@ class Batcher:
         self._pools_closed: asyncio.Future[None] | None = None  # set by `close`
         self._failures = BackendHealth()  # the current run of failed passes (pass_started unused)
         self._failed_at: float | None = None  # when the latest of them was counted (time.monotonic())
+        # A run that a restarted model process's check pass ended (`_end_recovered_run`), until a pass of
+        # ours succeeds: a failure meanwhile resumes it.
+        self._hidden: BackendHealth | None = None
         self._direct_started: float | None = None  # a pass outside the queue (warm-up, probe) began
         # `close` and the inference thread agree under it: either the direct pass does not start, or
         # close sees it started and aborts it.
@@ -210,15 +213,18 @@ class Batcher:
     def _passed(self) -> None:
         if self._failures.failures:
             logger.warning("a forward pass succeeded after %d failed", self._failures.failures)
-        self._failures, self._failed_at = BackendHealth(), None
+        self._failures, self._failed_at, self._hidden = BackendHealth(), None, None
 
     def _pass_failed(self, message: str) -> BackendError:
         """Count a failed pass in `health`; the error its documents (or its caller) get."""
         self._end_recovered_run()
-        since = self._failures.failing_since
+        run = self._failures
+        if not run.failures and self._hidden is not None:
+            run = self._hidden  # no pass of ours succeeded since the check pass ended it: it goes on
+        since = run.failing_since
         self._failed_at = time.monotonic()
         self._failures = BackendHealth(
-            failures=self._failures.failures + 1,
+            failures=run.failures + 1,
             failing_since=self._failed_at if since is None else since,
             last_error=message,
         )
@@ -228,16 +234,26 @@ class Batcher:
         """End the run of failed passes where the runner has run a pass of its own since the latest: a
         model process started anew after it (`ProcessRunner.recovered_at`). Without traffic no batch's
         pass came to end it: a child killed in its pass and replaced left the count (/ready's, and the
-        metric an alert reads) at 1 for as long as the pod stayed idle, though the backend served again."""
+        metric an alert reads) at 1 for as long as the pod stayed idle, though the backend served again.
+
+        Once only until a pass of ours succeeds: a check pass is three tokens, and a batch that kills the
+        child every time (the OOM killer on a large batch) would otherwise have had each run ended by the
+        next restart, the count never past 1, the pod never unready nor the alert firing. A failure after
+        it resumes the run it ended (`_hidden`), and later restarts end none."""
         recovered = _recovered_at(self._runner)
-        if recovered is None or self._failed_at is None or recovered <= self._failed_at:
+        if (
+            recovered is None
+            or self._failed_at is None
+            or recovered <= self._failed_at
+            or self._hidden is not None
+        ):
             return
         logger.warning(
             "the inference process started anew ran a forward pass: the %d that failed before it end "
             "their run",
             self._failures.failures,
         )
-        self._failures, self._failed_at = BackendHealth(), None
+        self._hidden, self._failures, self._failed_at = self._failures, BackendHealth(), None
 
     def pass_started(self, future: asyncio.Future[BatchRow]) -> float | None:
         """When the forward pass holding the document behind `future` began, or None if it is not in

@@ -33,7 +33,6 @@ UNKNOWN_TOKEN = 10**6  # past any vocabulary: the child's embedding lookup raise
 async def _failed_pass(batcher: Batcher) -> None:
     with pytest.raises(BackendError):
         await batcher.submit([2, UNKNOWN_TOKEN, 3], deadline=None)
-    assert batcher.health.failures == 1
 
 
 @pytest.fixture
@@ -50,6 +49,7 @@ async def test_a_child_started_anew_after_a_failed_pass_ends_the_run_without_tra
     try:
         await batcher.submit(DOC, deadline=None)
         await _failed_pass(batcher)
+        assert batcher.health.failures == 1
         dead = runner._process
         assert dead is not None
         os.kill(dead.pid, signal.SIGKILL)  # the OOM killer, while the pod is idle
@@ -63,8 +63,8 @@ async def test_a_child_started_anew_after_a_failed_pass_ends_the_run_without_tra
         health = batcher.health  # no batch since the failure: the child's own pass ended the run
         assert health.failures == 0 and health.failing_since is None and health.last_error is None
         assert runner.recovered_at is not None and runner.restarts == 1
-        await _failed_pass(batcher)  # a failure after the restart counts again: it ran before it
-        assert batcher.health.failures == 1
+        await _failed_pass(batcher)  # before any pass of ours succeeded: the run the restart ended goes on
+        assert batcher.health.failures == 2
     finally:
         await batcher.close()
         runner.close()
@@ -78,6 +78,7 @@ async def test_a_restart_that_fails_ends_no_run(served: Path, tmp_path: Path) ->
     away = tmp_path / "away"
     try:
         await _failed_pass(batcher)
+        assert batcher.health.failures == 1
         served.rename(away)  # a volume unmounted
         dead = runner._process
         assert dead is not None
@@ -98,14 +99,17 @@ async def test_a_restart_that_fails_ends_no_run(served: Path, tmp_path: Path) ->
 
 
 class _RecoveringRunner(BlockingRunner):
-    """Every pass fails; `recovered_at` as a `ProcessRunner`'s, set by the test."""
+    """Every pass fails while `failing`; `recovered_at` as a `ProcessRunner`'s, set by the test."""
 
     def __init__(self) -> None:
         super().__init__()
         self.recovered_at: float | None = None
+        self.failing = True
 
     def run(self, prepared: PreparedBatch) -> RunnerOutput:
-        raise RuntimeError("the inference process died during a forward pass")
+        if self.failing:
+            raise RuntimeError("the inference process died during a forward pass")
+        return super().run(prepared)
 
 
 async def test_only_a_recovery_after_the_latest_failure_ends_the_run() -> None:
@@ -122,6 +126,32 @@ async def test_only_a_recovery_after_the_latest_failure_ends_the_run() -> None:
         assert batcher.health.failures == 0
         with pytest.raises(BackendError):
             await batcher.run_direct([DOC])
-        assert batcher.health.failures == 1  # counted from 1 again, not on top of the two before
+        assert batcher.health.failures == 3  # no pass of ours succeeded since: the run goes on
+    finally:
+        await batcher.close()
+
+
+async def test_a_batch_that_kills_every_child_adds_up_though_each_restart_passes_its_check() -> None:
+    """The OOM killer on every large batch: each child started anew passes its three-token check, and
+    each run had ended there, the count never past 1 (never unready, the alert never firing). Only the
+    first restart ends the run, until a pass of ours succeeds."""
+    runner = _RecoveringRunner()
+    batcher = Batcher(runner, max_batch_tokens=1000, max_batch_requests=4, max_wait_ms=0)
+    batcher.start()
+    try:
+        counts = []
+        for _ in range(4):
+            with pytest.raises(BackendError):
+                await batcher.run_direct([DOC])
+            runner.recovered_at = time.monotonic()  # the child replaced, its check pass passed
+            counts.append(batcher.health.failures)
+        assert counts == [0, 2, 3, 4]
+        runner.failing = False
+        await batcher.run_direct([DOC])  # a pass of ours: the run is over
+        runner.failing = True
+        with pytest.raises(BackendError):
+            await batcher.run_direct([DOC])
+        runner.recovered_at = time.monotonic()
+        assert batcher.health.failures == 0  # a new run, which a restart ends once again
     finally:
         await batcher.close()
