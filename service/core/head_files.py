@@ -130,7 +130,17 @@ def recorded_probe(text: str, file: Path) -> list[float]:
         isinstance(v, float | int) and not isinstance(v, bool) for v in probe
     ):
         raise CheckpointError(f"{file}: its {ENCODER_PROBE_KEY} metadata is not a list of numbers")
-    return [float(v) for v in probe]
+    try:
+        values = [float(v) for v in probe]
+    except OverflowError:  # an integer of hundreds of digits (json reads up to 4,300)
+        values = [math.inf]
+    if not values or not all(math.isfinite(v) for v in values):
+        # A corrupt record, not another encoder: said as one, rather than sending the user to retrain.
+        raise CheckpointError(
+            f"{file}: its {ENCODER_PROBE_KEY} metadata is {'empty' if not values else 'not all finite'} "
+            "(a hand edit, or a corrupt file): retrain the head (`htmllm heads train`) or restore its file"
+        )
+    return values
 
 
 def check_heads_encoder(probes: Mapping[Path, list[float]], actual: list[float]) -> None:
@@ -139,6 +149,13 @@ def check_heads_encoder(probes: Mapping[Path, list[float]], actual: list[float])
     `probes` holds the files that record a probe; `actual` is the checkpoint's encoder's. Files without
     a probe (written before heads recorded one, as the bundled model's) load as before."""
     for file, recorded in sorted(probes.items()):
+        if len(recorded) != len(actual):
+            raise CheckpointError(
+                f"{file}: its {ENCODER_PROBE_KEY} metadata holds {len(recorded)} values where this "
+                f"checkpoint's {WEIGHTS_FILE} gives {len(actual)} (a hand edit, a corrupt file, or an "
+                "encoder of another architecture): retrain the head (`htmllm heads train`) or restore its "
+                "file"
+            )
         if not probes_match(recorded, actual):
             raise CheckpointError(
                 f"{file} was fit on the embeddings of another encoder than this checkpoint's "

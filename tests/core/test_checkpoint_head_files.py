@@ -167,3 +167,25 @@ def test_a_head_of_another_width_is_said_as_such(tmp_path: Path) -> None:
     save_file(TaskHead(CLASSIFICATION_HEAD, dim * 2).state_dict(), str(ckpt / "heads/page_type.safetensors"))
     with pytest.raises(CheckpointError, match=f"takes {dim * 2}-d embeddings, this encoder gives {dim}"):
         load_checkpoint(ckpt)
+
+
+@pytest.mark.parametrize(
+    ("probe", "said"),
+    [
+        ("[" + "9" * 400 + "]", "not all finite"),  # json reads it, float() overflows
+        ("[NaN, 1.0]", "not all finite"),
+        ("[Infinity]", "not all finite"),
+        ("[1e999]", "not all finite"),
+        ("[]", "empty"),
+        ("[0.5, 0.25]", "holds 2 values where"),
+    ],
+)
+def test_a_corrupt_encoder_probe_is_said_as_such(tmp_path: Path, probe: str, said: str) -> None:
+    """A hand-edited probe had been a raw OverflowError traceback (a huge integer), or "fit on another
+    encoder" (NaN, infinity, an empty or short list), which sent the user to retrain a head."""
+    ckpt = _with_topic(tmp_path / "ckpt")
+    file = ckpt / "heads/topic.safetensors"
+    save_file(load_file(str(file)), str(file), {HEAD_NAME_KEY: "topic", ENCODER_PROBE_KEY: probe})
+    with pytest.raises(CheckpointError, match=re.escape(said)) as info:
+        load_checkpoint(ckpt)
+    assert "topic.safetensors" in str(info.value) and "another encoder" not in str(info.value)
