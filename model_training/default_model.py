@@ -112,14 +112,15 @@ def update_card_heads(text: str, before: Sequence[HeadSpec], after: Sequence[Hea
     The heads of a published checkpoint's card had stayed those it was bundled with after `htmllm
     heads train` added or replaced some, while htmllm.json and /info listed the new ones.
     """
-    lines = text.split("\n")
+    newline = "\r\n" if "\r\n" in text else "\n"  # a card saved on Windows keeps its line ends
+    lines = text.replace("\r\n", "\n").split("\n")
     bounds = _section_bounds(lines)
     if bounds is None:
         return None
     start, end = bounds
     lines[start:end] = heads_section(after)
     old_line = heads_line(before)
-    return "\n".join(heads_line(after) if line == old_line else line for line in lines)
+    return newline.join(heads_line(after) if line == old_line else line for line in lines)
 
 
 def _results_section(report_md: Path) -> str:

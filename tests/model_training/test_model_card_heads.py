@@ -63,6 +63,19 @@ def test_the_bundled_cards_section_written_before_the_markers_is_rewritten_and_t
     assert update_card_heads(again, before, before) == again
 
 
+def test_a_card_with_windows_line_ends_keeps_them_and_its_heads_line_is_rewritten() -> None:
+    """A card saved with CRLF line ends had kept its stale "- Heads:" line (its `\\r` failed the match)
+    and got the new table in LF lines among CRLF ones."""
+    bundle = default_model_path()
+    text = (bundle / CARD_FILE).read_text(encoding="utf-8").replace("\n", "\r\n")
+    before = read_meta(bundle).heads
+    after = [*before, SPAM]
+    updated = update_card_heads(text, before, after)
+    assert updated is not None
+    assert heads_line(after) + "\r\n" in updated and heads_line(before) not in updated
+    assert "\n" not in updated.replace("\r\n", "")
+
+
 def test_a_card_generated_without_heads_gets_them() -> None:
     """render_card writes the markers even with no head, for a later `heads train` to fill."""
     text = "\n".join(["# m", "", heads_line([]), "", *heads_section([]), "", "## Limits", ""])
