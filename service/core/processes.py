@@ -55,24 +55,54 @@ _LAUNCH_CODE: Final = (
 def worker_context(preload: Sequence[str]) -> BaseContext:
     """forkserver on Linux, spawn elsewhere.
 
-    A forkserver worker never forks the server itself (whose torch threads a fork would copy
-    mid-flight) and starts from a process that has imported only `preload`. That list is a hint: the
-    forkserver is one per server process, started by whichever pool needs it first, and a module it did
-    not preload is imported by the worker when first used (a missing one is skipped). A worker also
-    imports the main module of a program run as a script (`python bench.py`; not `python -m
-    service.api` or the `htmllm` command), as multiprocessing does: one that imports torch at its top
+    A forkserver worker never forks the server itself (whose torch threads a fork would copy mid-flight) and
+    starts from a process that has imported only `preload`. That list is a hint: the forkserver is one per
+    server process, started by whichever pool needs it first, and a module it did not preload is imported by
+    the worker when first used (a missing one is skipped). A worker also imports the main module of a
+    program run as a script (`python bench.py`, and the `htmllm` command's, which only imports
+    `service.cli`; not `python -m service.api`), as multiprocessing does: one that imports torch at its top
     gives every worker torch, 7-9 s of each worker's start and about 320 MiB of its memory limit
     (service.core.workers; docs/engine.md). Adding `'__main__'` to `preload` would not spare the workers
-    that import: CPython never passes the server the script's path (`forkserver.ensure_running` filters
-    for a `main_path` key that `spawn.get_preparation_data` names `init_main_from_path`). Only the script
-    can, by importing torch under `if __name__ == "__main__":`; stripping the path from each worker's
-    preparation data would mean replacing multiprocessing's private `Popen._launch`.
+    that import: CPython never passes the server the script's path (`forkserver.ensure_running` filters for
+    a `main_path` key that `spawn.get_preparation_data` names `init_main_from_path`). Only the script can,
+    by importing torch under `if __name__ == "__main__":`; stripping the path from each worker's preparation
+    data would mean replacing multiprocessing's private `Popen._launch`.
     """
     if sys.platform.startswith("linux"):
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(list(preload))
         return ctx
     return multiprocessing.get_context("spawn")
+
+
+# PYTHONSAFEPATH is read by Python 3.11 and later: no current directory first on the import path.
+_SAFE_PATH_VARIABLE: Final = "PYTHONSAFEPATH"
+_environment_lock = threading.Lock()
+
+
+def start_forkserver(ctx: BaseContext) -> None:
+    """Start `ctx`'s forkserver now, where it is one and none runs, with no current directory on its
+    import path (`PYTHONSAFEPATH`); the next process start uses it.
+
+    multiprocessing launches it as `python -c ...`, which puts the current directory first on its
+    import path, and it imports `preload` (the service's modules) before anything else; Python 3.11's
+    `forkserver.main` never applies the parent's `sys.path` it is handed. Run from a folder holding a
+    `service.py` or a `service/` (a crawl team's own project), it imported that instead, and every
+    worker it forked failed to start: `htmllm serve`, `embed` and `extract` failed with
+    "No module named 'service.cli'; 'service' is not a package", while the `htmllm` command itself ran
+    (a console script's path starts with its bin directory, not the current one). The variable is set
+    for the launch alone, under a lock, and only where the environment does not set it already."""
+    if ctx.get_start_method() != "forkserver":
+        return
+    with _environment_lock:
+        if os.environ.get(_SAFE_PATH_VARIABLE):
+            forkserver.ensure_running()
+            return
+        os.environ[_SAFE_PATH_VARIABLE] = "1"
+        try:
+            forkserver.ensure_running()
+        finally:
+            os.environ.pop(_SAFE_PATH_VARIABLE, None)
 
 
 @contextlib.contextmanager

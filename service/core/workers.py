@@ -66,6 +66,7 @@ from service.core.processes import (
     group_signals_held,
     ignore_group_signals,
     restart_forkserver,
+    start_forkserver,
     worker_context,
 )
 from service.core.worker_framing import DRAIN_CHUNK, JOB_HEADER, ReadPast, receive_job, report, send_job
@@ -297,6 +298,7 @@ class _Worker:
         )
         try:
             with group_signals_held():  # it, and the forkserver it may start, outlive a hang-up
+                start_forkserver(ctx)  # (with no current directory on its import path)
                 process.start()
         except Exception as exc:  # the forkserver cannot be reached (its socket deleted), fork failed
             parent.close()
