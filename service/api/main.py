@@ -530,7 +530,11 @@ def _start(
         from service.api.logs import configure_logging
 
         configure_logging(settings.log_level, settings.log_format)
-        ApiKeys(settings.api_key, settings.api_key_file)  # before the model: a bad key file is quick
+        try:
+            ApiKeys(settings.api_key, settings.api_key_file)  # before the model: a bad key file is quick
+        except HtmllmError as exc:  # a setting that cannot work, as a bad HTMLLM_API_KEY is (it exited 1)
+            sys.stderr.write(f"htmllm serve: invalid settings: {exc}\n")
+            return 2
         check_device(settings)
         check_model_path(settings)
         # A port in use is said now, not after the load and the lifespan's start (minutes).

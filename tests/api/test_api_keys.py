@@ -127,9 +127,9 @@ def test_an_unusable_key_file_or_an_empty_key_is_refused_at_start(tmp_path: Path
 
 def test_serve_says_so_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     settings = Settings(model_path=tmp_path, api_key_file=tmp_path / "nothing")
-    assert api_main.serve(settings) == 1
+    assert api_main.serve(settings) == 2  # a setting that cannot work, as a bad HTMLLM_API_KEY
     err = capsys.readouterr().err
-    assert err.startswith("htmllm serve: validation_error: HTMLLM_API_KEY_FILE") and err.count("\n") == 1
+    assert err.startswith("htmllm serve: invalid settings: HTMLLM_API_KEY_FILE") and err.count("\n") == 1
 
 
 @pytest.mark.usefixtures("recheck_always")
