@@ -149,15 +149,20 @@ def test_a_worker_of_a_dead_forkserver_past_its_time_limit_is_killed() -> None:
         _kill_forkserver(server)
         with pytest.raises(WorkerTimeoutError):
             pool.call(spin, (30,), timeout_s=0.3)
-        deadline = time.monotonic() + 3
-        while _running(worker) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        running = _running(worker)
-        if running:  # before the fix: let the test end
-            os.kill(worker, signal.SIGKILL)
-        assert not running, "the worker past its time limit was not killed"
+        assert _ended(worker), "the worker past its time limit was not killed"
         assert reasons in ([TIME_LIMIT], [STALLED])
         assert pool.call(pid, (), timeout_s=60) not in (worker, 0)
+
+
+def _ended(worker: int) -> bool:
+    """Whether `worker` has ended within 3 s; one still running is killed, for the test to end."""
+    deadline = time.monotonic() + 3
+    while _running(worker) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if _running(worker):
+        os.kill(worker, signal.SIGKILL)
+        return False
+    return True
 
 
 def test_forkserver_lost_reads_a_dead_forkserver_without_reaping_it() -> None:
@@ -188,13 +193,7 @@ def test_a_worker_whose_forkserver_died_before_it_was_ready_is_killed_when_its_s
     with pool, pytest.raises(WorkerStartError, match="did not start within"):
         pool.call(pid, (), timeout_s=60)
     worker = int(pid_file.read_text())
-    deadline = time.monotonic() + 3
-    while _running(worker) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    running = _running(worker)
-    if running:  # before the fix: let the test end
-        os.kill(worker, signal.SIGKILL)
-    assert not running, "the worker whose start failed lives on"
+    assert _ended(worker), "the worker whose start failed lives on"
     assert pool.live_workers == 0
 
 
