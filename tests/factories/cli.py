@@ -56,6 +56,20 @@ def cli_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
+def python_in_own_group(script: str, *args: str, stdout: int = subprocess.PIPE) -> subprocess.Popen[str]:
+    """`python -c script args` from this checkout, in the `cli` environment, in a process group of its own
+    (signalled, or killed when it hangs, whole: its workers with it); stderr piped, both streams text."""
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        cwd=ROOT,
+        env=cli_env(),
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def kill_minus_nine_when(args: list[str], ready: Callable[[], bool]) -> None:
     """Start `args` (a `cli` command line) and kill -9 it once `ready()`; fails if it ends first."""
     process = subprocess.Popen(args, cwd=ROOT, env=cli_env(), stderr=subprocess.PIPE)

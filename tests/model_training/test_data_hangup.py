@@ -13,12 +13,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.factories.cli import ROOT, cli_env, write_pages
+from tests.factories.cli import python_in_own_group, write_pages
 from tests.factories.tokenizer import build_tiny_tokenizer
 from tests.model_training.test_interrupts import htmllm, interrupt
 
@@ -111,15 +110,7 @@ def test_the_pool_worker_outlives_a_hang_up_of_the_group() -> None:
     """The hang-up the command stops on does not kill its worker first: the same worker answers the job
     sent after it, and nothing is printed. It died of the KeyboardInterrupt its inherited SIGHUP handler
     raised, printing a traceback, and a new worker took the job."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", POOL_CHILD],
-        cwd=ROOT,
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    process = python_in_own_group(POOL_CHILD)
     assert process.stdout is not None
     before = process.stdout.readline()
     assert before.strip().isdigit(), process.communicate()

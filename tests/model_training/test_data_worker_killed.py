@@ -11,13 +11,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 
-from tests.factories.cli import ROOT, cli_env, write_pages
+from tests.factories.cli import python_in_own_group, write_pages
 from tests.factories.tokenizer import build_tiny_tokenizer
 
 PAGES = 40  # one chunk of the run (64 pages): 10 tasks of 4 pages
@@ -58,15 +57,7 @@ def _kill_a_worker(argv: list[str], stuck: str, *, victim: str) -> tuple[int, in
     then never done; "other": the other one, once done with its pages and waiting for a task, holding
     the task queue's lock (`_waits_for_a_task`), while the holder still holds `stuck`). Returns the pid
     killed, the command's status and its stderr."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", CHILD, stuck, *argv],
-        cwd=ROOT,
-        env=cli_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group, killed whole if it hangs
-    )
+    process = python_in_own_group(CHILD, stuck, *argv, stdout=subprocess.DEVNULL)  # killed whole if it hangs
     assert process.stderr is not None
     lines: list[str] = []
     started: dict[str, int] = {}
@@ -138,15 +129,7 @@ def test_data_prepare_fails_in_one_line_when_a_worker_is_killed(
 def _run_script(script: str, *, hung: str) -> tuple[str, str]:
     """Run `python -c script` in a process group of its own, which is killed whole (and the test failed
     with `hung`) if it is still there after 30 s; its stdout and stderr once it exited 0."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    process = python_in_own_group(script)
     try:
         out, err = process.communicate(timeout=30)  # a bound for a hang, not a timing
     except subprocess.TimeoutExpired:

@@ -14,14 +14,13 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.factories.cli import ROOT, cli, cli_env, write_pages
+from tests.factories.cli import ROOT, cli, cli_env, python_in_own_group, write_pages
 from tests.factories.tokenizer import build_tiny_tokenizer
 from tests.model_training.test_pretrain import _build_run_inputs
 
@@ -75,15 +74,7 @@ def interrupt(
 ) -> Ended:
     """Run `htmllm argv` (stopped or held at `at`, see `CHILD`; `child`: another such script), send
     `signum` to its process group once a stderr line matches `wait_for`, and wait for it to end."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", child, at, *argv],
-        cwd=ROOT,
-        env=cli_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own group, signalled whole
-    )
+    process = python_in_own_group(child, at, *argv, stdout=subprocess.DEVNULL)  # signalled whole
     assert process.stderr is not None
     before = []
     for line in process.stderr:
