@@ -13,7 +13,6 @@ Real child processes on a copy of the tiny checkpoint; the clock is moved on rat
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import signal
@@ -22,7 +21,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from service.api import runtime as runtime_module
@@ -32,15 +30,7 @@ from service.core.modeling import HeadSpec, TaskHead
 from service.engine.runners.process import ProcessRunner
 from tests.api.conftest import serving, tiny_settings
 from tests.api.pages import page
-from tests.factories.waiting import POLLS, until_async
-
-
-async def _ready(client: httpx.AsyncClient, what: str) -> None:
-    for _ in range(POLLS):
-        if (await client.get("/ready")).status_code == 200:
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"never ready {what}")
+from tests.factories.waiting import ready_until, until_async
 
 
 def _restart_failed(runner: ProcessRunner) -> Callable[[], bool]:
@@ -61,7 +51,7 @@ async def test_a_checkpoint_changed_under_a_dead_child_makes_health_503_at_once(
     shutil.copytree(tiny_checkpoint, served)
     app = create_app(tiny_settings(served, inference_process=True, intra_op_threads=1))  # 300 s default
     async with serving(app) as client:
-        await _ready(client, "after the warm-up")
+        await ready_until(client, 200, "after the warm-up")
         runner = app.state.runtime.engine._runner
         assert isinstance(runner, ProcessRunner)
         spawned: list[object] = []
@@ -96,7 +86,7 @@ async def test_a_checkpoint_changed_under_a_dead_child_makes_health_503_at_once(
         # The checkpoint it started on, back: a probe's restart serves it, and the server is well again.
         shutil.rmtree(served)
         shutil.copytree(tiny_checkpoint, served)
-        await _ready(client, "once the checkpoint is back")
+        await ready_until(client, 200, "once the checkpoint is back")
         assert (await client.get("/health")).status_code == 200
         assert runner.outage() is None
 
@@ -109,7 +99,7 @@ async def test_a_checkpoint_gone_under_a_dead_child_is_retried_before_health_giv
     shutil.copytree(tiny_checkpoint, served)
     app = create_app(tiny_settings(served, inference_process=True, intra_op_threads=1, unhealthy_after_s=300))
     async with serving(app) as client:
-        await _ready(client, "after the warm-up")
+        await ready_until(client, 200, "after the warm-up")
         runtime = app.state.runtime
         runner = runtime.engine._runner
         assert isinstance(runner, ProcessRunner)
@@ -129,5 +119,5 @@ async def test_a_checkpoint_gone_under_a_dead_child_is_retried_before_health_giv
         monkeypatch.setattr(runtime, "clock", time.monotonic)
 
         (tmp_path / "gone").rename(served)
-        await _ready(client, "once the checkpoint is back")
+        await ready_until(client, 200, "once the checkpoint is back")
         assert (await client.get("/health")).status_code == 200 and runner.outage() is None

@@ -17,7 +17,6 @@ import shutil
 import signal
 from pathlib import Path
 
-import httpx
 import pytest
 
 from service.api import runtime as runtime_module
@@ -25,16 +24,7 @@ from service.api.app import create_app
 from service.engine.runners.process import ProcessRunner
 from tests.api.conftest import serving, tiny_settings
 from tests.api.pages import page
-from tests.factories.waiting import POLLS, until_async
-
-
-async def _ready_until(client: httpx.AsyncClient, status: int, what: str) -> httpx.Response:
-    for _ in range(POLLS):
-        response = await client.get("/ready")
-        if response.status_code == status:
-            return response
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"/ready never answered {status} ({what}); last: {response.text}")
+from tests.factories.waiting import POLLS, ready_until, until_async
 
 
 async def test_ready_is_503_from_the_childs_death_until_a_new_one_serves(
@@ -45,7 +35,7 @@ async def test_ready_is_503_from_the_childs_death_until_a_new_one_serves(
     shutil.copytree(tiny_checkpoint, served)
     app = create_app(tiny_settings(served, inference_process=True, intra_op_threads=1))
     async with serving(app) as client:
-        await _ready_until(client, 200, "after the warm-up")
+        await ready_until(client, 200, "after the warm-up")
         runtime = app.state.runtime
         runner = runtime.engine._runner
         assert isinstance(runner, ProcessRunner)
@@ -70,14 +60,14 @@ async def test_ready_is_503_from_the_childs_death_until_a_new_one_serves(
             os.kill(loading.pid, signal.SIGCONT)
         answered = await waiting
         assert answered.status_code == 200, answered.text
-        await _ready_until(client, 200, "once the new child serves")
+        await ready_until(client, 200, "once the new child serves")
         assert runner.restarts == 1
 
         # A restart that fails (the checkpoint moved away) keeps /ready 503 with why; the probe passes
         # start another until one serves, with no traffic to do it.
         served.rename(tmp_path / "gone")
         os.kill(runner._process.pid, signal.SIGKILL)
-        failed = await _ready_until(client, 503, "after the child died")
+        failed = await ready_until(client, 503, "after the child died")
         for _ in range(POLLS):
             if "does not exist" in failed.text:
                 break
@@ -86,5 +76,5 @@ async def test_ready_is_503_from_the_childs_death_until_a_new_one_serves(
         assert failed.status_code == 503 and "does not exist" in failed.text, failed.text
         assert "the next forward pass tries again" in failed.text
         (tmp_path / "gone").rename(served)
-        await _ready_until(client, 200, "once a probe's restart serves")
+        await ready_until(client, 200, "once a probe's restart serves")
         assert runner.outage() is None and runner._process is not None

@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import httpx
+
 WAIT_S = 120.0
 POLLS = 24000  # 5 ms apart: two minutes of event-loop turns
 
@@ -34,3 +36,13 @@ async def until_async(condition: Callable[[], Any], what: str, *, polls: int = P
             return value
         await asyncio.sleep(0.005)
     raise AssertionError(f"never: {what}")
+
+
+async def ready_until(client: httpx.AsyncClient, status: int, what: str) -> httpx.Response:
+    """Ask `/ready` every 5 ms of the event loop (`POLLS` times at most) until it answers `status`."""
+    for _ in range(POLLS):
+        response = await client.get("/ready")
+        if response.status_code == status:
+            return response
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"/ready never answered {status} ({what}); last: {response.text}")
