@@ -52,8 +52,11 @@ def build_runner(path: Path, config: EngineConfig) -> tuple[Runner, CheckpointMe
         # The checkpoint whose metadata was just read: the graph loaded must be its own, of the
         # quantisation asked for, whatever was written to the file since `ensure_onnx` looked at it.
         expect = ExpectedGraph(config.onnx_quantize, checkpoint_fingerprint(path))
+        graph = ensure_onnx(
+            path, config.onnx_path, quantize=config.onnx_quantize, fingerprint=expect.fingerprint
+        )
         onnx_runner = OnnxRunner(
-            ensure_onnx(path, config.onnx_path, quantize=config.onnx_quantize),
+            graph,
             pad_id=tokenizer.special_ids.pad,
             head_names=[spec.name for spec in meta.heads],
             device=config.device,

@@ -432,7 +432,11 @@ _FINGERPRINT_SHOWN = 16
 
 
 def ensure_onnx(
-    checkpoint_dir: str | Path, onnx_path: str | Path | None = None, *, quantize: str | None = None
+    checkpoint_dir: str | Path,
+    onnx_path: str | Path | None = None,
+    *,
+    quantize: str | None = None,
+    fingerprint: str | None = None,
 ) -> Path:
     """An ONNX graph up to date with the checkpoint: the existing one, or a fresh export.
 
@@ -448,10 +452,14 @@ def ensure_onnx(
     another configuration's, and is never replaced: the graph asked for comes from `onnx_cache_path`
     too, with a warning naming a file of its own. The two runs had exported over each other at every
     start, and one could load the other's graph (`OtherQuantizationError`).
+
+    `fingerprint` is the checkpoint's (`checkpoint_fingerprint`) where the caller took it already: the
+    engine's loader checks the graph it loads against it, and the weights are then hashed once.
     """
     _check_quantize(quantize)
     root = Path(checkpoint_dir)
-    fingerprint = checkpoint_fingerprint(root)
+    if fingerprint is None:  # (the caller's, where it took one: the weights are hashed once)
+        fingerprint = checkpoint_fingerprint(root)
     beside = Path(onnx_path) if onnx_path is not None else default_onnx_path(root, quantize)
     cached = onnx_cache_path(fingerprint, quantize)
     meta = _metadata(beside)
