@@ -74,6 +74,11 @@ class SpecialIds:
     sep: int
     mask: int
 
+    def filler(self, length: int) -> list[int]:
+        """A document of `length` ids (at least 2) that is no page: [CLS], [UNK]s, [SEP]. What a probe or a
+        warm-up passes through the model."""
+        return [self.cls, *([self.unk] * (length - 2)), self.sep]
+
 
 @dataclass(frozen=True)
 class Encoding:

@@ -896,8 +896,7 @@ class Engine:
         self._require_open()
         self._require_started()
         assert self._batcher is not None
-        special = self._tokenizer.special_ids
-        await self._batcher.run_direct([[special.cls, special.unk, special.sep]])
+        await self._batcher.run_direct([self._tokenizer.special_ids.filler(3)])
 
     async def warmup(self) -> None:
         """One full-size batch of full-length documents, outside the queue (allocations, kernel choice);
@@ -907,9 +906,7 @@ class Engine:
         assert self._batcher is not None
         length = self._max_length
         count = max(1, min(self.config.max_batch_requests, self.config.max_batch_tokens // length))
-        special = self._tokenizer.special_ids
-        ids = [special.cls, *([special.unk] * (length - 2)), special.sep]
-        await self._batcher.run_direct([ids] * count)
+        await self._batcher.run_direct([self._tokenizer.special_ids.filler(length)] * count)
 
     def _admit(self, count: int) -> None:
         self._in_flight += count

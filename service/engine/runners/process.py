@@ -166,8 +166,7 @@ def _serve(
         return
     if check:
         try:
-            special = tokenizer.special_ids
-            runner.run(runner.prepare([[special.cls, special.unk, special.sep]]))
+            runner.run(runner.prepare([tokenizer.special_ids.filler(3)]))  # the server's probe
         except Exception as error:  # the backend's failure, as a batch's would be
             failed = f"its first forward pass failed: {type(error).__name__}: {error}"
             conn.send(("error", (failed, ErrorCode.BACKEND_FAILED.value)))
