@@ -7,6 +7,9 @@ the empty directory it made, or one of part of its files, which looks like a fin
 whoever lists it later. `output_dir` takes such a directory away again, and only such a one: never a
 directory that existed before the run, nor anything in it the run did not write, nor a complete output.
 
+`tokenizer eval` writes single files (`--json`, `--markdown`): it takes away only the parent
+directories it made for them (`directories_to_make`, `remove_empty`) when it fails.
+
 Not for `htmllm train` nor `heads train`: what they write (checkpoints, heads) is what a rerun resumes
 from, or the checkpoint itself.
 """
@@ -47,12 +50,7 @@ def output_dir(
     else (put there meanwhile, or a cache the run keeps there for the next one), and one holding `complete`.
     """
     path = Path(out)
-    _refuse_parent_of_missing(path)
-    made: list[Path] = []  # the directories `writable_dir` makes, deepest first
-    for directory in (path, *path.parents):
-        if directory.exists() or directory.is_symlink():
-            break
-        made.append(directory)
+    made = directories_to_make(path)
     try:
         yield writable_dir(path)
     except BaseException:
@@ -61,19 +59,37 @@ def output_dir(
         raise
 
 
-def _refuse_parent_of_missing(path: Path) -> None:
-    """DataError for an `out` in which `..` follows a directory that does not exist (`new/../kept`).
+def directories_to_make(path: Path, *, flag: str = "--out") -> list[Path]:
+    """The directories that making `path` (with its parents) would create, deepest first.
 
-    Such a path names its directories by a way through one the run must make first: `kept` read as made
-    by the run (`new/../kept` did not exist before `new` did), and a failed run removed the files of an
-    earlier run in it, or the directory itself, and left `new` behind."""
+    DataError for a `path` in which `..` follows a directory that does not exist (`new/../kept`): such a
+    path names its directories by a way through one the run must make first: `kept` read as made by the
+    run (`new/../kept` did not exist before `new` did), and a failed run removed the files of an earlier
+    run in it, or the directory itself, and left `new` behind. `flag` names the option in that error."""
     prefix = Path(path.anchor)
     for part in path.parts[1:] if path.anchor else path.parts:
         if part == ".." and not prefix.exists():
             raise DataError(
-                f"--out {path}: '..' after {prefix}, which does not exist; give the path without it"
+                f"{flag} {path}: '..' after {prefix}, which does not exist; give the path without it"
             )
         prefix = prefix / part
+    made: list[Path] = []
+    for directory in (path, *path.parents):
+        if directory.exists() or directory.is_symlink():
+            break
+        made.append(directory)
+    return made
+
+
+def remove_empty(made: Sequence[Path]) -> None:
+    """Remove the directories of `made` (deepest first) that are empty, up to the first that is not."""
+    for directory in made:
+        try:
+            directory.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:  # not empty: something the run did not write is there, kept with its parents
+            break
 
 
 def _remove_made(made: Sequence[Path], written: re.Pattern[str], subdirs: Collection[str]) -> None:
@@ -87,13 +103,7 @@ def _remove_made(made: Sequence[Path], written: re.Pattern[str], subdirs: Collec
                 _remove_files(sub, written, prefix=f"{name}/")
                 with contextlib.suppress(OSError):  # not empty: kept
                     sub.rmdir()
-    for directory in made:
-        try:
-            directory.rmdir()
-        except FileNotFoundError:
-            continue
-        except OSError:  # not empty: something the run did not write is there, kept with its parents
-            break
+    remove_empty(made)
 
 
 def _remove_files(directory: Path, written: re.Pattern[str], *, prefix: str = "") -> None:

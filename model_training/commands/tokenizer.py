@@ -257,28 +257,49 @@ def _named(spec: str) -> tuple[str, Path]:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from model_training.tokenizer_training import (
-        check_sample,
-        evaluate_tokenizer,
-        markdown_table,
-        pruned_pages,
-    )
+    from model_training.outputs import directories_to_make, remove_empty
+    from model_training.tokenizer_training import check_sample
     from service.core.errors import HtmllmError
 
     try:
         check_sample(args.sample, flags=True)
     except HtmllmError as exc:
         return _fail(f"{exc.code}: {exc}")
-    from service.core.tokenizer import HtmlTokenizer
-
     try:
         windows = sorted({int(w) for w in args.windows.split(",") if w.strip()})
     except ValueError:
         return _fail(f"--windows must be comma-separated integers, got {args.windows!r}")
     if not windows or windows[0] < 1:
         return _fail(f"--windows must be positive token counts, got {args.windows!r}")
-    # The output paths are checked before the evaluation, which may take many minutes, not after it.
-    for flag, output in (("--json", args.json), ("--markdown", args.markdown)):
+    # The output paths are checked before the evaluation, which may take many minutes, not after it; the
+    # directories that check makes for them are taken away again when the run fails (a failed run had left
+    # them, empty, for whoever lists them later to take for a finished run's).
+    outputs: list[tuple[str, Path | None]] = [("--json", args.json), ("--markdown", args.markdown)]
+    made: list[Path] = []
+    try:
+        for flag, output in outputs:
+            if output is not None:
+                made += [d for d in directories_to_make(output.parent, flag=flag) if d not in made]
+    except HtmllmError as exc:
+        return _fail(f"{exc.code}: {exc}")
+    made.sort(key=lambda directory: len(directory.parts), reverse=True)  # deepest first, across both
+    try:
+        code = _evaluate(args, outputs, windows)
+    except BaseException:
+        remove_empty(made)
+        raise
+    if code != 0:
+        remove_empty(made)
+    return code
+
+
+def _evaluate(args: argparse.Namespace, outputs: list[tuple[str, Path | None]], windows: list[int]) -> int:
+    """`tokenizer eval` once its arguments are checked: 1 on a failure (said on stderr), else 0."""
+    from model_training.tokenizer_training import evaluate_tokenizer, markdown_table, pruned_pages
+    from service.core.errors import HtmllmError
+    from service.core.tokenizer import HtmlTokenizer
+
+    for flag, output in outputs:
         problem = _unwritable_file(output) if output is not None else None
         if problem is not None:
             return _fail(f"{flag} {output}: {problem}")

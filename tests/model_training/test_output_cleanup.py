@@ -254,3 +254,38 @@ def test_an_out_through_an_existing_parent_is_taken(tmp_path: Path) -> None:
         (made / "x").write_bytes(b"")
         raise KeyboardInterrupt
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]
+
+
+def test_tokenizer_eval_that_fails_leaves_no_directory_it_made_for_its_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--json` and `--markdown` are checked (their directories made) before the evaluation: a run that
+    then fails (here a tokenizer that does not exist) takes away the directories it made, both files'
+    parents across one another, and keeps a directory that was there."""
+    (tmp_path / "kept").mkdir()
+    corpus = tmp_path / "pages.jsonl"
+    write_pages(corpus, 4)
+    run = ["tokenizer", "eval", "--corpus", str(corpus), "--tokenizer", str(tmp_path / "missing.json")]
+    json_file, table = tmp_path / "runs" / "a" / "b" / "t.json", tmp_path / "runs" / "t.md"
+    kept_file = tmp_path / "kept" / "new" / "t.md"
+    assert main([*run, "--json", str(json_file), "--markdown", str(table), "--no-progress"]) == 1
+    assert main([*run, "--markdown", str(kept_file), "--no-progress"]) == 1
+    assert "htmllm tokenizer: " in capsys.readouterr().err
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.iterdir()) == ["kept", "pages.jsonl"]
+    assert list((tmp_path / "kept").iterdir()) == []
+    # A path that would make its directory through one it has yet to make is refused, as `--out` is.
+    through = tmp_path / "new" / ".." / "kept" / "t.json"
+    assert main([*run, "--json", str(through), "--no-progress"]) == 1
+    assert "'..' after" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+
+
+def test_tokenizer_eval_keeps_the_directories_of_the_files_it_wrote(tmp_path: Path) -> None:
+    corpus = tmp_path / "pages.jsonl"
+    write_pages(corpus, 30)
+    tokenizer = tmp_path / "tok"
+    assert main([*_train(corpus, tokenizer)]) == 0
+    table = tmp_path / "runs" / "t.md"
+    assert main(["tokenizer", "eval", "--corpus", str(corpus), "--split", "all", "--tokenizer",
+                 str(tokenizer), "--markdown", str(table), "--no-progress"]) == 0  # fmt: skip
+    assert table.read_text(encoding="utf-8").startswith("|")
