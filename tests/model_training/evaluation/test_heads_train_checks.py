@@ -122,3 +122,16 @@ def test_a_broken_head_the_run_replaces_does_not_stop_it(
         load_checkpoint(ckpt)
     assert main(_args(ckpt, tasks)) == 0
     assert sorted(load_checkpoint(ckpt).model.heads) == ["page_kind", "schema_type"]
+
+
+def test_a_broken_head_is_retrained_under_its_name_with_the_real_engine(tmp_path: Path, tasks: Path) -> None:
+    """As above, with the pages embedded by the real Engine from a cold cache: it loads the encoder
+    alone (the embeddings need no head), where loading every head had refused the broken one after
+    `check_loads` let it through as the one the run replaces."""
+    from service.cli import main
+
+    ckpt = build_tiny_checkpoint(tmp_path / "ckpt", heads=False)
+    assert main(_args(ckpt, tasks)) == 0
+    _break_head(ckpt, "page_kind", "schema_type")
+    assert main(_args(ckpt, tasks)) == 0
+    assert sorted(load_checkpoint(ckpt).model.heads) == ["page_kind", "schema_type"]
