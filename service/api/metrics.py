@@ -56,21 +56,21 @@ OTHER_STATUS_CLASS = "other"
 # replacements are (`watch_worker_pool`): a series born at its first failure reads as no increase to
 # rate() and increase(), so a burst of 16 failures within one scrape interval (no series, then 16) had
 # fired none of the alerts on them. Each label is a closed set, so the series are few (about 50 in all).
-# The codes no failure the app answers can carry: the bulk commands' own, and the HTTP parser's
-# answers, which come from below the app and are not counted (service.api.http_protocol).
+# The codes no counted failure can carry: the bulk commands' own, the HTTP parser's answers, which come
+# from below the app (service.api.http_protocol), and the liveness probe's `unhealthy`: a probe's 503 is
+# its outcome, not a request failure (service.api.routers.health), and no other answer carries it.
 _UNCOUNTED_CODES = frozenset(
-    {ErrorCode.INPUT_UNREADABLE, ErrorCode.HEADERS_TOO_LARGE, ErrorCode.HEAD_TIMEOUT}
+    {ErrorCode.INPUT_UNREADABLE, ErrorCode.HEADERS_TOO_LARGE, ErrorCode.HEAD_TIMEOUT, ErrorCode.UNHEALTHY}
 )
 REQUEST_FAILURE_CODES = tuple(code for code in ErrorCode if code not in _UNCOUNTED_CODES)
 # Besides those, the codes of a request, never of one of its documents (its key, route, method, body's
-# arrival, a probe's answer).
+# arrival).
 _REQUEST_ONLY_CODES = frozenset(
     {
         ErrorCode.UNAUTHORIZED,
         ErrorCode.NOT_FOUND,
         ErrorCode.METHOD_NOT_ALLOWED,
         ErrorCode.BODY_TIMEOUT,
-        ErrorCode.UNHEALTHY,
     }
 )
 DOCUMENT_FAILURE_CODES = tuple(code for code in REQUEST_FAILURE_CODES if code not in _REQUEST_ONLY_CODES)
@@ -108,7 +108,10 @@ class ServiceMetrics:
             "htmllm_requests_in_progress", "HTTP requests being handled", ["route"], registry=r
         )
         self.failures = Counter(
-            "htmllm_request_failures", "Requests answered with an error, by error code", ["code"], registry=r
+            "htmllm_request_failures",
+            "Requests answered with an error, by error code (not the probes' 503s: /ready's is htmllm_ready)",
+            ["code"],
+            registry=r,
         )
         self.queue_size = Gauge(
             "htmllm_queue_size",
@@ -153,8 +156,19 @@ class ServiceMetrics:
             buckets=_DURATION_BUCKETS,
             registry=r,
         )
-        self.documents = Counter("htmllm_documents_processed", "Documents answered with a result", registry=r)
-        self.tokens = Counter("htmllm_tokens_processed", "Tokens of the documents answered", registry=r)
+        self.documents = Counter(
+            "htmllm_documents_processed",
+            "Documents answered with a result, result-cache hits included (htmllm_result_cache_hits)",
+            registry=r,
+        )
+        # From the forward passes (`batch_done`), not the answers: a cache hit answers its tokens without
+        # the model, and counted there it had made throughput dashboards read more work than was done.
+        self.tokens = Counter(
+            "htmllm_tokens_processed",
+            "Real tokens (no padding) of the documents the model ran in its forward passes for requests; "
+            "not result-cache hits, the warm-up or probe passes",
+            registry=r,
+        )
         self.documents_failed = Counter(
             "htmllm_documents_failed",
             "Documents answered with an error, by code, each under its own (a failed all-or-nothing call "
@@ -319,6 +333,7 @@ class EngineMetricsObserver(EngineObserver):
         m.batch_inference.observe(stats.inference_s)
         if stats.host_s is not None:
             m.batch_host.observe(stats.host_s)
+        m.tokens.inc(stats.tokens)  # the model's work: a result-cache hit runs no pass
 
     def documents_skipped(self, documents: int) -> None:
         self.metrics.documents_skipped.inc(documents)
@@ -330,8 +345,9 @@ class EngineMetricsObserver(EngineObserver):
         self.metrics.queue_size.set(documents)
 
     def documents_done(self, documents: int, tokens: int) -> None:
+        """Documents answered; their `tokens` include those answered from the result cache, so the
+        tokens the model ran are counted per pass (`batch_done`)."""
         self.metrics.documents.inc(documents)
-        self.metrics.tokens.inc(tokens)
 
     def documents_failed(self, code: ErrorCode, documents: int) -> None:
         self.metrics.documents_failed.labels(code=code.value).inc(documents)
