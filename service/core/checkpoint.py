@@ -9,7 +9,8 @@ Layout (a directory `transformers.AutoModel.from_pretrained` also loads, as a `M
                            max length, embedding dim, heads (kind, labels, hidden, metrics), training
     heads/<name>.safetensors  one file per task head; its safetensors metadata names the head ("head")
                            and, where written by this version, holds a probe of the encoder it was fit
-                           on ("encoder_probe", see `encoder_probe`); their rules are
+                           on ("encoder_probe", and "encoder_probe_vectors" in files written since 1-D
+                           tensors were probed; see `encoder_probe`); their rules are
                            `service.core.head_files`'
     heads/.pending/        only while `save_heads` commits (see `service.core.heads_stage`); no part of
                            the format
@@ -75,18 +76,24 @@ from service.core.errors import CheckpointError as CheckpointError  # re-exporte
 # A head file's rules (the names a head added now may take, its metadata, the checks against htmllm.json
 # and the encoder): its public names (imported `as` themselves) are re-exported, as checkpoint_format's.
 from service.core.head_files import ENCODER_PROBE_KEY as ENCODER_PROBE_KEY
+from service.core.head_files import ENCODER_VECTORS_KEY as ENCODER_VECTORS_KEY
 from service.core.head_files import HEAD_NAME_KEY as HEAD_NAME_KEY
 from service.core.head_files import RESERVED_HEAD_NAMES as RESERVED_HEAD_NAMES
+from service.core.head_files import EncoderProbe as EncoderProbe
 from service.core.head_files import (
     check_head_file,
     check_heads_encoder,
     head_metadata,
     probe_cells,
+    probe_to_record,
     probes_match,
     recorded_probe,
     refuse_unlisted_heads,
+    vector_cells,
 )
+from service.core.head_files import loaded_probe as loaded_probe
 from service.core.head_files import new_head_name_problem as new_head_name_problem
+from service.core.head_files import set_loaded_probe as set_loaded_probe
 
 # htmllm.json and heads/ are the format's, re-exported: defined with the heads stage, which governs how
 # those files change and may import nothing from here.
@@ -103,6 +110,12 @@ SAVE_STAGE_PREFIX = ".htmllm-save."
 
 
 def encoder_probe(weights: Path) -> list[float]:
+    """`read_encoder_probe(weights)` as one list (matrices, then vectors): what `save_heads(fit_on=...)`
+    takes of the encoder a caller fits heads on."""
+    return read_encoder_probe(weights).values()
+
+
+def read_encoder_probe(weights: Path) -> EncoderProbe:
     """A few hundred of the encoder's weights, read from `weights` (model.safetensors) without loading it:
     what a head file records of the encoder it was fit on, and what load compares with.
 
@@ -113,10 +126,15 @@ def encoder_probe(weights: Path) -> list[float]:
     try:
         with safe_open(str(weights), framework="pt") as handle:
             shapes = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}  # noqa: SIM118
-            return [
+            matrices = tuple(
                 float(handle.get_slice(name)[row : row + 1][0, column].float())
                 for name, row, column in probe_cells(shapes)
-            ]
+            )
+            vectors = tuple(
+                float(handle.get_slice(name)[index : index + 1][0].float())
+                for name, index in vector_cells(shapes)
+            )
+            return EncoderProbe(matrices, vectors or None)  # none recorded where there are none
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{weights} is not a valid safetensors file: {cause(exc)}") from exc
 
@@ -162,7 +180,10 @@ def save_checkpoint(
     files of heads the model no longer has are removed; other files, a model.onnx say, are left).
 
     `meta.heads` is rewritten from the model's heads, so the two cannot disagree. Everything load
-    checks is checked before the first file is written, so a refused save leaves nothing behind.
+    checks is checked before the first file of the checkpoint is replaced, so a refused save leaves it
+    as it was. A head loaded from a file records that file's probe of the encoder it was fit on
+    (`loaded_probe`), not this encoder's, and the save is refused where the two differ; heads without one
+    (fit in this process, or from a file of before) record this encoder's.
 
     Saved over an existing checkpoint, the new one is written whole into a stage directory inside it
     (`SAVE_STAGE_PREFIX`) and only then renamed into place, file by file, with htmllm.json removed first
@@ -214,12 +235,14 @@ def _write_stage(stage: Path, model: HtmlEncoderModel, tokenizer: HtmlTokenizer,
     tokenizer.save(stage / TOKENIZER_FILE)
     (stage / HEADS_DIR).mkdir()
     if model.heads and (stage / WEIGHTS_FILE).is_file():  # else refused below, naming the missing file
-        # The model's heads are saved with its encoder: that is the encoder they go with.
-        probe = encoder_probe(stage / WEIGHTS_FILE)
+        # The heads fit in this process are saved with the encoder they go with; a loaded head records
+        # the encoder its file recorded, checked here against this one (before the old files are touched).
+        actual = read_encoder_probe(stage / WEIGHTS_FILE)
+        where = str(stage.parent)
+        probes = {name: probe_to_record(name, head, actual, where) for name, head in model.heads.items()}
         for name, head in model.heads.items():
-            _save_tensors(
-                stage / HEADS_DIR / f"{name}.safetensors", head.state_dict(), head_metadata(name, probe)
-            )
+            metadata = head_metadata(name, probes[name])
+            _save_tensors(stage / HEADS_DIR / f"{name}.safetensors", head.state_dict(), metadata)
     (stage / META_FILE).write_text(meta_text, encoding="utf-8")
     for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, META_FILE):
         if not (stage / name).is_file():  # before the old checkpoint is touched
@@ -430,7 +453,7 @@ def _load_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], origin
 @dataclass
 class _Heads:
     modules: dict[str, TaskHead]
-    probes: dict[Path, list[float]]  # head file -> the probe it records of its encoder (where it has one)
+    probes: dict[Path, EncoderProbe]  # head file -> the probe it records of its encoder (where it has one)
 
 
 def _load_heads(
@@ -443,19 +466,22 @@ def _load_heads(
     2**36 in htmllm.json is a mismatch to report, not an allocation to attempt).
     """
     files = {s.name: head_files.get(s.name, root / HEADS_DIR / f"{s.name}.safetensors") for s in specs}
-    probes: dict[Path, list[float]] = {}
+    probes: dict[Path, EncoderProbe] = {}
     for spec in specs:
         file = files[spec.name]
         shapes = on_meta_device(partial(TaskHead, spec, embedding_dim), f"{META_FILE} head {spec.name!r}")
         header, metadata = _read_header(file)
         check_head_file(spec, embedding_dim, header, metadata, file)
         _check_header(shapes.state_dict(), header, file)
-        if ENCODER_PROBE_KEY in metadata:
-            probes[file] = recorded_probe(metadata[ENCODER_PROBE_KEY], file)
+        probe = recorded_probe(metadata, file)
+        if probe is not None:
+            probes[file] = probe
     heads: dict[str, TaskHead] = {}
     for spec in specs:
         head = TaskHead(spec, embedding_dim)
         _load_strict(head, _load_tensors(files[spec.name]), files[spec.name])
+        # Kept with the head: saved again (with another encoder, say), it records what its file did.
+        set_loaded_probe(head, probes.get(files[spec.name]))
         heads[spec.name] = head.eval()
     return _Heads(heads, probes)
 
@@ -559,7 +585,7 @@ def _load_checkpoint(
     encoder.set_attn_implementation(attn_implementation or "sdpa")
     _load_strict(encoder, _load_tensors(weights), weights)
     if heads.probes:  # after the encoder's own checks (NaN weights) are said; no probe, no encoder read
-        check_heads_encoder(heads.probes, encoder_probe(weights))
+        check_heads_encoder(heads.probes, read_encoder_probe(weights))
     model = HtmlEncoderModel(encoder, pooling=meta.pooling, heads=heads.modules)
     check_model_matches(model, tokenizer, meta)
     model.eval()
@@ -583,7 +609,8 @@ def save_heads(
     with the encoder it finds. `fit_on` is the probe of the encoder whose embeddings the heads were fit
     on, where the caller took one (`htmllm heads train` does): the save is refused when the checkpoint's
     encoder is another by now (replaced while the heads trained), rather than the heads being recorded
-    as this encoder's.
+    as this encoder's. A head loaded from a checkpoint records what its file recorded, and is refused
+    where that is another encoder than this checkpoint's (`probe_to_record`), as `save_checkpoint` does.
 
     A kill at any point leaves the old checkpoint or the new one, never a mix: the new head files and
     htmllm.json are staged in heads/.pending/, htmllm.json last (the commit point), and moved into place
@@ -626,17 +653,20 @@ def _save_heads_locked(
         check_state(head.state_dict(), f"head {name!r}")
         specs[name] = spec
     meta_text = meta_file_text(dataclasses.replace(meta, heads=list(specs.values())))
-    probe = encoder_probe(root / WEIGHTS_FILE)
-    if fit_on is not None and not probes_match(list(fit_on), probe):
+    actual = read_encoder_probe(root / WEIGHTS_FILE)
+    if fit_on is not None and not probes_match(list(fit_on), actual.values()):
         raise CheckpointError(
             f"the heads {sorted(heads)} were fit on the embeddings of another encoder than {root}'s "
             f"{WEIGHTS_FILE} (replaced while they trained?); none was saved: train them again"
         )
+    probes = {name: probe_to_record(name, head, actual, str(root)) for name, (_spec, head) in heads.items()}
     pending = root / HEADS_DIR / PENDING_DIR
     shutil.rmtree(pending, ignore_errors=True)  # a stage never committed: its save was killed
     pending.mkdir(parents=True)
     for name, (_spec, head) in heads.items():
-        _atomic_save_tensors(pending / f"{name}.safetensors", head.state_dict(), head_metadata(name, probe))
+        _atomic_save_tensors(
+            pending / f"{name}.safetensors", head.state_dict(), head_metadata(name, probes[name])
+        )
     _atomic_write_text(pending / META_FILE, meta_text)  # the commit point
     heads_stage.finish_locked(root)
 

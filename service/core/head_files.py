@@ -1,9 +1,14 @@
 """A checkpoint's head files' own rules: what a head added now may be called, what its file's safetensors
-metadata records (the head it holds, a probe of the encoder it was fit on), and the checks a loaded head
-file must pass against htmllm.json and the encoder beside it.
+metadata records (the head it holds, a probe of the encoder it was fit on), the checks a loaded head
+file must pass against htmllm.json and the encoder beside it, and which probe a head saved again records.
+
+A loaded head keeps the probe its file records (`loaded_probe`): saved again, it records that probe, not
+the one of the encoder it is saved with, and is refused where the two differ. Stamped with the encoder it
+was saved with, a head loaded from one checkpoint and saved with another training run's encoder (same
+width) had passed the load check although it was fit on other embeddings.
 
 Kept apart from the directory's I/O, as `checkpoint_format` is, so that `service.core.checkpoint` (which
-reads and writes the files, the encoder's probe included: `encoder_probe`) depends on it one way;
+reads and writes the files, the encoder's probe included: `read_encoder_probe`) depends on it one way;
 `checkpoint` re-exports the public names, which callers import from there.
 """
 
@@ -12,18 +17,25 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+from torch import nn
 
 from service.core.checkpoint_format import WEIGHTS_FILE, CheckpointMeta, cause, quoted
 from service.core.errors import CheckpointError
 from service.core.heads_stage import HEADS_DIR, META_FILE
 from service.core.modeling import HeadSpec
 
-# A head file's safetensors metadata: the head it holds, and a probe of the encoder it was fit on.
+# A head file's safetensors metadata: the head it holds, and a probe of the encoder it was fit on: its
+# 2-D tensors (every file that records a probe), and its 1-D ones (LayerNorm weights; in files written
+# since a fine-tune of the norms alone went unseen). Two keys, not one longer list: a reader of before
+# compares `encoder_probe` alone, with its own rule, and still loads the heads written now.
 HEAD_NAME_KEY = "head"
 ENCODER_PROBE_KEY = "encoder_probe"
-# Rows read per 2-D encoder tensor for the probe (a few hundred values for the `base` preset).
+ENCODER_VECTORS_KEY = "encoder_probe_vectors"
+# Cells read per encoder tensor for the probe (a few hundred values for the `base` preset).
 _PROBE_ROWS = 4
 # A probe value matches within this relative error: a cast of the weights to float16 or bfloat16 moves
 # each by at most 2**-9 of itself (round to nearest), twice that through float16 on the way; another
@@ -58,9 +70,24 @@ def new_head_name_problem(name: str) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class EncoderProbe:
+    """An encoder's weights at the cells `probe_cells` and `vector_cells` name: what a head file
+    records of the encoder it was fit on. `vectors` is None for a probe read from a file written before
+    1-D tensors were probed: such a probe is compared by its matrices alone, the rule it was written by."""
+
+    matrices: tuple[float, ...]
+    vectors: tuple[float, ...] | None
+
+    def values(self) -> list[float]:
+        """Matrices, then vectors: the one list `save_heads(fit_on=...)` takes."""
+        return [*self.matrices, *(self.vectors or ())]
+
+
 def probe_cells(shapes: Mapping[str, tuple[int, ...]]) -> list[tuple[str, int, int]]:
-    """(tensor, row, column) of each probed weight: `_PROBE_ROWS` spread rows of every 2-D tensor, at a
-    column that varies with the row."""
+    """(tensor, row, column) of each probed matrix weight: `_PROBE_ROWS` spread rows of every 2-D
+    tensor, at a column that varies with the row. The rule of `ENCODER_PROBE_KEY` since it was
+    written: changed, every head file recorded before would be refused."""
     cells = []
     for name in sorted(shapes):
         shape = shapes[name]
@@ -73,16 +100,82 @@ def probe_cells(shapes: Mapping[str, tuple[int, ...]]) -> list[tuple[str, int, i
     return cells
 
 
-def probes_match(recorded: list[float], actual: list[float]) -> bool:
+def vector_cells(shapes: Mapping[str, tuple[int, ...]]) -> list[tuple[str, int]]:
+    """(tensor, index) of each probed 1-D weight (`ENCODER_VECTORS_KEY`): `_PROBE_ROWS` spread indices
+    of every 1-D tensor, the LayerNorm weights (and biases, where a config has them), which a fine-tune
+    may change while leaving every matrix as it was."""
+    cells = []
+    for name in sorted(shapes):
+        shape = shapes[name]
+        if len(shape) != 1 or shape[0] == 0:
+            continue
+        for i in range(_PROBE_ROWS):
+            cells.append((name, i * (shape[0] - 1) // max(_PROBE_ROWS - 1, 1)))
+    return cells
+
+
+def probes_match(recorded: Sequence[float], actual: Sequence[float]) -> bool:
     return len(recorded) == len(actual) and all(
         math.isclose(a, b, rel_tol=_PROBE_RTOL, abs_tol=_PROBE_ATOL)
         for a, b in zip(recorded, actual, strict=True)
     )
 
 
-def head_metadata(name: str, probe: list[float]) -> dict[str, str]:
-    """What a head file written now records: its head's name, and the encoder it was fit on."""
-    return {HEAD_NAME_KEY: name, ENCODER_PROBE_KEY: json.dumps(probe)}
+def same_encoder(recorded: EncoderProbe, actual: EncoderProbe) -> bool:
+    """Whether `actual` is the encoder `recorded` was read from (or a float16/bfloat16 cast of it), by
+    the rule `recorded` was written with: its vectors are compared only where it has them."""
+    if not probes_match(recorded.matrices, actual.matrices):
+        return False
+    return recorded.vectors is None or probes_match(recorded.vectors, actual.vectors or ())
+
+
+def head_metadata(name: str, probe: EncoderProbe) -> dict[str, str]:
+    """What a head file written now records: its head's name, and the encoder it was fit on (its vectors
+    left out where `probe` has none: a head loaded from a file of before, saved again as recorded)."""
+    metadata = {HEAD_NAME_KEY: name, ENCODER_PROBE_KEY: json.dumps(list(probe.matrices))}
+    if probe.vectors is not None:
+        metadata[ENCODER_VECTORS_KEY] = json.dumps(list(probe.vectors))
+    return metadata
+
+
+# The attribute of a loaded `TaskHead` holding the probe its file recorded (not a buffer: that would be
+# a tensor of the head's state, and of its file). Kept through `copy.deepcopy` and `.to()`; a new
+# `TaskHead` given the weights by `load_state_dict` has none.
+_LOADED_PROBE_ATTRIBUTE = "htmllm_loaded_probe"
+
+
+def loaded_probe(head: nn.Module) -> EncoderProbe | None:
+    """The probe of the encoder `head` was fit on, as its file recorded it when it was loaded; None for
+    a head made in this process, or loaded from a file that records none (written before probes)."""
+    probe = getattr(head, _LOADED_PROBE_ATTRIBUTE, None)
+    return probe if isinstance(probe, EncoderProbe) else None
+
+
+def set_loaded_probe(head: nn.Module, probe: EncoderProbe | None) -> None:
+    """Record on `head` the probe its file holds (load does), or forget it (None): a head trained
+    further on another encoder in this process is then saved as that encoder's."""
+    setattr(head, _LOADED_PROBE_ATTRIBUTE, probe)
+
+
+def probe_to_record(name: str, head: nn.Module, actual: EncoderProbe, where: str) -> EncoderProbe:
+    """The probe head `name`'s file records when saved with the encoder probed as `actual` into `where`:
+    the one its file recorded where it was loaded from one, so that a head fit on another encoder is
+    not recorded as this one's; else `actual` (a head fit in this process, or from a file of before).
+
+    Raises CheckpointError where the recorded encoder is not this one: the head and the encoder it is
+    saved with are of different trainings, and a load would refuse the checkpoint."""
+    recorded = loaded_probe(head)
+    if recorded is None:
+        return actual
+    if not same_encoder(recorded, actual):
+        raise CheckpointError(
+            f"head {name!r} was loaded from a head file fit on the embeddings of another encoder than the "
+            f"one saved into {where} (the weights its file recorded of that encoder differ): saved with "
+            "it, its scores and metrics would not hold, and a load refuses it; nothing was saved. Train "
+            "the head on this encoder (`htmllm heads train`), or, if this process trained it on this "
+            "encoder, call `service.core.checkpoint.set_loaded_probe(head, None)` before saving"
+        )
+    return recorded
 
 
 def check_head_file(
@@ -121,15 +214,32 @@ def check_head_file(
         )
 
 
-def recorded_probe(text: str, file: Path) -> list[float]:
+def recorded_probe(metadata: Mapping[str, str], file: Path) -> EncoderProbe | None:
+    """The probe a head file's metadata records, or None where it records none (written before heads
+    recorded their encoder, as the bundled model's). Vectors without matrices are a hand edit."""
+    if ENCODER_PROBE_KEY not in metadata:
+        if ENCODER_VECTORS_KEY in metadata:
+            raise CheckpointError(
+                f"{file}: its metadata has {ENCODER_VECTORS_KEY} but no {ENCODER_PROBE_KEY} (a hand edit, or "
+                "a corrupt file): retrain the head (`htmllm heads train`) or restore its file"
+            )
+        return None
+    vectors = metadata.get(ENCODER_VECTORS_KEY)
+    return EncoderProbe(
+        tuple(_recorded_values(metadata[ENCODER_PROBE_KEY], ENCODER_PROBE_KEY, file)),
+        None if vectors is None else tuple(_recorded_values(vectors, ENCODER_VECTORS_KEY, file)),
+    )
+
+
+def _recorded_values(text: str, key: str, file: Path) -> list[float]:
     try:
         probe = json.loads(text)
     except ValueError as exc:
-        raise CheckpointError(f"{file}: its {ENCODER_PROBE_KEY} metadata is no JSON: {cause(exc)}") from exc
+        raise CheckpointError(f"{file}: its {key} metadata is no JSON: {cause(exc)}") from exc
     if not isinstance(probe, list) or not all(
         isinstance(v, float | int) and not isinstance(v, bool) for v in probe
     ):
-        raise CheckpointError(f"{file}: its {ENCODER_PROBE_KEY} metadata is not a list of numbers")
+        raise CheckpointError(f"{file}: its {key} metadata is not a list of numbers")
     try:
         values = [float(v) for v in probe]
     except OverflowError:  # an integer of hundreds of digits (json reads up to 4,300)
@@ -137,31 +247,40 @@ def recorded_probe(text: str, file: Path) -> list[float]:
     if not values or not all(math.isfinite(v) for v in values):
         # A corrupt record, not another encoder: said as one, rather than sending the user to retrain.
         raise CheckpointError(
-            f"{file}: its {ENCODER_PROBE_KEY} metadata is {'empty' if not values else 'not all finite'} "
+            f"{file}: its {key} metadata is {'empty' if not values else 'not all finite'} "
             "(a hand edit, or a corrupt file): retrain the head (`htmllm heads train`) or restore its file"
         )
     return values
 
 
-def check_heads_encoder(probes: Mapping[Path, list[float]], actual: list[float]) -> None:
+def check_heads_encoder(probes: Mapping[Path, EncoderProbe], actual: EncoderProbe) -> None:
     """Refuse a head fit on another encoder's embeddings (of the same width): it loads and runs, and
     its scores, and the metrics htmllm.json records for it, are of a model that is not this one.
     `probes` holds the files that record a probe; `actual` is the checkpoint's encoder's. Files without
-    a probe (written before heads recorded one, as the bundled model's) load as before."""
+    a probe (written before heads recorded one, as the bundled model's) load as before, and files
+    without vectors are compared by their matrices alone."""
     for file, recorded in sorted(probes.items()):
-        if len(recorded) != len(actual):
-            raise CheckpointError(
-                f"{file}: its {ENCODER_PROBE_KEY} metadata holds {len(recorded)} values where this "
-                f"checkpoint's {WEIGHTS_FILE} gives {len(actual)} (a hand edit, a corrupt file, or an "
-                "encoder of another architecture): retrain the head (`htmllm heads train`) or restore its "
-                "file"
+        parts = [(ENCODER_PROBE_KEY, recorded.matrices, actual.matrices)]
+        if recorded.vectors is not None:
+            parts.append((ENCODER_VECTORS_KEY, recorded.vectors, actual.vectors or ()))
+        for key, values, expected in parts:
+            if len(values) != len(expected):
+                raise CheckpointError(
+                    f"{file}: its {key} metadata holds {len(values)} values where this checkpoint's "
+                    f"{WEIGHTS_FILE} gives {len(expected)} (a hand edit, a corrupt file, or an encoder of "
+                    "another architecture): retrain the head (`htmllm heads train`) or restore its file"
+                )
+        if not same_encoder(recorded, actual):
+            differ = (
+                f"the weights its {ENCODER_PROBE_KEY} metadata records differ"
+                if not probes_match(recorded.matrices, actual.matrices)
+                else f"the LayerNorm weights its {ENCODER_VECTORS_KEY} metadata records differ: a fine-tune?"
             )
-        if not probes_match(recorded, actual):
             raise CheckpointError(
                 f"{file} was fit on the embeddings of another encoder than this checkpoint's "
-                f"{WEIGHTS_FILE} (the weights its {ENCODER_PROBE_KEY} metadata records differ): its scores "
-                f"and the metrics {META_FILE} records for it would not hold here. Train it on this "
-                f"checkpoint (`htmllm heads train`), or remove it from {META_FILE} and {HEADS_DIR}/"
+                f"{WEIGHTS_FILE} ({differ}): its scores and the metrics {META_FILE} records for it would "
+                f"not hold here. Train it on this checkpoint (`htmllm heads train`), or remove it from "
+                f"{META_FILE} and {HEADS_DIR}/"
             )
 
 

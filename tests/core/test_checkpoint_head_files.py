@@ -15,12 +15,14 @@ from safetensors.torch import load_file, save_file
 
 from service.core.checkpoint import (
     ENCODER_PROBE_KEY,
+    ENCODER_VECTORS_KEY,
     HEAD_NAME_KEY,
     RESERVED_HEAD_NAMES,
     CheckpointError,
     checkpoint_fingerprint,
     encoder_probe,
     load_checkpoint,
+    read_encoder_probe,
     read_meta,
     save_heads,
 )
@@ -117,7 +119,9 @@ def test_save_heads_records_the_encoder_and_refuses_heads_fit_on_another(tmp_pat
     save_heads(ckpt, head, fit_on=encoder_probe(ckpt / "model.safetensors"))
     recorded = _metadata(ckpt / "heads/topic.safetensors")
     assert recorded[HEAD_NAME_KEY] == "topic"
-    assert json.loads(recorded[ENCODER_PROBE_KEY]) == encoder_probe(ckpt / "model.safetensors")
+    probe = read_encoder_probe(ckpt / "model.safetensors")
+    assert json.loads(recorded[ENCODER_PROBE_KEY]) == list(probe.matrices)
+    assert json.loads(recorded[ENCODER_VECTORS_KEY]) == list(probe.vectors or ())
 
 
 @pytest.mark.parametrize("name", ["index", "embedding", "http_status", "spam v2", "späm", "a+b"])
