@@ -1,8 +1,8 @@
 """How the service starts its worker processes (text extractors, preprocessing): one choice for all, how
 they and the helpers multiprocessing starts with them outlive the signals sent to the whole process group
-(`group_signals_held`), how it gets a forkserver back that can no longer start them, whether a worker's
-forkserver can still tell its exit status (`forkserver_lost`), and what a start that failed left open
-(`close_failed_start`)."""
+(`group_signals_held`), how it gets a forkserver back that can no longer start them (`restart_forkserver`)
+or does not answer (`forkserver_deadline`), whether a worker's forkserver can still tell its exit status
+(`forkserver_lost`), and what a start that failed left open (`close_failed_start`)."""
 
 from __future__ import annotations
 
@@ -210,23 +210,97 @@ def restart_forkserver(ctx: BaseContext, seen: object) -> bool:
     are not as expected, nothing is forgotten and the caller's retry is an ordinary one."""
     if ctx.get_start_method() != "forkserver":
         return False
-    server: Any = getattr(forkserver, "_forkserver", None)
-    lock = getattr(server, "_lock", None)
-    if lock is None or not all(hasattr(server, name) for name in _FORKSERVER_STATE):
+    forgotten = _forget(seen)
+    if forgotten is None:
         return False
-    with lock:
-        _remake_temp_dir()
-        pid, alive = server._forkserver_pid, server._forkserver_alive_fd
-        if pid is None or server._forkserver_address != seen:
-            return False  # none runs, or another thread already replaced the one that failed
-        for name in _FORKSERVER_STATE:
-            setattr(server, name, None)
-        if hasattr(server, "_forkserver_authkey"):  # 3.13: the next one gets its own
-            server._forkserver_authkey = None
+    pid, alive = forgotten
     if alive is not None:
         os.close(alive)
     threading.Thread(target=_reap, args=(pid,), name="htmllm-forkserver-reaper", daemon=True).start()
     return True
+
+
+def _forget(seen: object) -> tuple[int, int | None] | None:
+    """Forget the forkserver `seen` names if it is still the one in use: its pid (unreaped: nothing reaps
+    the one in use but `ensure_running`, under the same lock) and this process's end of its "alive" pipe,
+    both now the caller's. None where it is not, or CPython's state is not as expected."""
+    server: Any = getattr(forkserver, "_forkserver", None)
+    lock = getattr(server, "_lock", None)
+    if lock is None or not all(hasattr(server, name) for name in _FORKSERVER_STATE):
+        return None
+    with lock:
+        _remake_temp_dir()
+        pid, alive = server._forkserver_pid, server._forkserver_alive_fd
+        if pid is None or server._forkserver_address != seen:
+            return None  # none runs, or another thread already replaced the one that failed
+        for name in _FORKSERVER_STATE:
+            setattr(server, name, None)
+        if hasattr(server, "_forkserver_authkey"):  # 3.13: the next one gets its own
+            server._forkserver_authkey = None
+    return pid, alive
+
+
+class ForkserverDeadline:
+    """What `forkserver_deadline` did: `abandoned`, the pid of the forkserver it killed past `timeout_s`
+    (None: none)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.abandoned: int | None = None
+        self._lock = threading.Lock()
+        self._over = False
+
+    def _expire(self, seen: object) -> None:
+        with self._lock:
+            if not self._over:
+                self.abandoned = _abandon(seen)
+
+    def _end(self) -> None:
+        with self._lock:
+            self._over = True
+
+
+@contextlib.contextmanager
+def forkserver_deadline(ctx: BaseContext, timeout_s: float) -> Iterator[ForkserverDeadline]:
+    """Start a process within: where the forkserver in use has not answered it within `timeout_s`, that
+    forkserver is forgotten (as `restart_forkserver` does) and killed, so that the start fails (EOFError,
+    a broken pipe: what a forkserver that died under it gives) and the next start launches a new one.
+
+    A stopped forkserver (SIGSTOP: a debugger's, an operator's; a frozen cgroup) left `Process.start`
+    waiting for good for the pid of the process it was asked to fork (`forkserver.read_signed`, which has
+    no timeout; the connect and the send of the start's data before it may wait too, on a full queue or
+    pipe), and with it the pool's thread and every later start behind the pool's place it held. Only the
+    forkserver's death ends that wait: the pipes the start handed it close with it. Its workers serve on,
+    as a dead forkserver's do (`forkserver_lost`). Nothing happens where `ctx` uses no forkserver, none runs
+    (`start_forkserver` first), or the start is over first; a timer thread waits meanwhile. A frozen
+    cgroup v1 takes the kill only once thawed: the start then fails only then."""
+    watch = ForkserverDeadline(timeout_s)
+    seen = forkserver_in_use(ctx)
+    if seen is None:
+        yield watch
+        return
+    timer = threading.Timer(timeout_s, watch._expire, args=(seen,))
+    timer.name, timer.daemon = "htmllm-forkserver-deadline", True
+    timer.start()
+    try:
+        yield watch
+    finally:
+        watch._end()
+        timer.cancel()
+
+
+def _abandon(seen: object) -> int | None:
+    """Forget the forkserver `seen` names, if still in use, and kill it; its pid (None: not in use)."""
+    forgotten = _forget(seen)
+    if forgotten is None:
+        return None
+    pid, alive = forgotten
+    with contextlib.suppress(ProcessLookupError):  # unreaped, so its pid is its own (a zombie takes it too)
+        os.kill(pid, signal.SIGKILL)  # a stopped process dies of it as well
+    if alive is not None:
+        os.close(alive)
+    threading.Thread(target=_reap, args=(pid,), name="htmllm-forkserver-reaper", daemon=True).start()
+    return pid
 
 
 def _remake_temp_dir() -> None:

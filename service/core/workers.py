@@ -32,7 +32,8 @@ forked from a forkserver that has already imported `preload`, so replacing a kil
 of milliseconds. Workers announce readiness only after their imports and initializer, and the time
 limit starts when the job is handed to the pipe (sending a large one counts), so start-up never counts
 against a job. A worker whose process cannot be launched is tried once more, from a new forkserver where
-the one in use cannot be reached or died under the start (`service.core.processes.restart_forkserver`). A
+the one in use cannot be reached or died under the start (`service.core.processes.restart_forkserver`), or
+did not answer it within `STARTUP_TIMEOUT_S` (stopped: it is killed, `forkserver_deadline`). A
 start that failed leaves no descriptor open (`close_failed_start`: multiprocessing's own leaks included),
 so a server whose descriptors ran out starts workers again once they are free.
 
@@ -61,7 +62,9 @@ from typing import Any, Final, Self
 
 from service.core.errors import HtmllmError
 from service.core.processes import (
+    ForkserverDeadline,
     close_failed_start,
+    forkserver_deadline,
     forkserver_in_use,
     group_signals_held,
     ignore_group_signals,
@@ -94,6 +97,8 @@ _log = logging.getLogger(__name__)
 # How the pool sends a job (looked up at each send): tests replace it to act right after a chosen job is sent.
 _send_job = send_job
 
+# A worker's start, from its launch to its word that it is ready: past it, the start fails (and a forkserver
+# that did not answer it is replaced: `forkserver_deadline`).
 STARTUP_TIMEOUT_S: Final = 120.0
 # Linux's default pipe capacity: a send of more may wait for the worker to read.
 _PIPE_BUFFER: Final = 64 * 1024
@@ -114,7 +119,12 @@ class WorkerStartError(WorkerError):
 
 class _LaunchError(WorkerStartError):
     """The worker's process could not even be launched (`Process.start` raised: the forkserver cannot be
-    reached, no process can be forked): the pool tries once more, after `restart_forkserver`."""
+    reached, did not answer in time, no process can be forked): the pool tries once more, after
+    `restart_forkserver`. `forkserver_replaced`: the forkserver was replaced already (it did not answer)."""
+
+    def __init__(self, message: str, *, forkserver_replaced: bool = False) -> None:
+        super().__init__(message)
+        self.forkserver_replaced = forkserver_replaced
 
 
 class WorkerDiedError(WorkerError):
@@ -287,6 +297,7 @@ class _Worker:
     pidfd names the process itself, so a pid recycled after it was reaped is never signalled."""
 
     def __init__(self, ctx: BaseContext, name: str, args: tuple[Any, ...]) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S  # for the launch and the word that it is ready
         self._kill_lock = threading.Lock()
         self.gauges = ProcGauges(None, self._kill_lock)  # none until it is ready
         try:
@@ -296,14 +307,22 @@ class _Worker:
         process: BaseProcess = ctx.Process(  # type: ignore[attr-defined]
             target=_worker_main, args=(child, *args), name=name, daemon=True
         )
+        answered: ForkserverDeadline | None = None
         try:
             with group_signals_held():  # it, and the forkserver it may start, outlive a hang-up
                 start_forkserver(ctx)  # (with no current directory on its import path)
-                process.start()
+                with forkserver_deadline(ctx, STARTUP_TIMEOUT_S) as answered:  # (stopped: replaced)
+                    process.start()
         except Exception as exc:  # the forkserver cannot be reached (its socket deleted), fork failed
             parent.close()
             child.close()
             close_failed_start(exc)  # what multiprocessing left open (no descriptors left)
+            if answered is not None and answered.abandoned is not None:
+                raise _LaunchError(
+                    f"{name} worker could not be launched: its forkserver {answered.abandoned} did not answer"
+                    f" within {answered.timeout_s:g} s (stopped?) and was killed",
+                    forkserver_replaced=True,
+                ) from exc
             raise _LaunchError(f"{name} worker could not be launched: {type(exc).__name__}: {exc}") from exc
         child.close()
         self.process = process
@@ -317,7 +336,7 @@ class _Worker:
         try:
             # Its forkserver, where it has one: if that is replaced or dies while it lives, its exit status
             # may be lost (`worker_health.status_unread`).
-            self.forked_by: int | None = self._ready(name)
+            self.forked_by: int | None = self._ready(name, deadline)
         except BaseException:
             self.kill()  # its pipe and pidfd too; once killed, a kill again only says its exit code
             raise
@@ -325,10 +344,10 @@ class _Worker:
         if self._pidfd is None:  # none to be had at its start (no descriptor left then)
             self._pidfd = _pidfd_of(process.pid)
 
-    def _ready(self, name: str) -> int | None:
-        """Wait for the worker to say it is ready; the pid of the process that forked it. WorkerStartError
-        (the worker killed) when it died first or did not say it in time."""
-        if not self.conn.poll(STARTUP_TIMEOUT_S):
+    def _ready(self, name: str, deadline: float) -> int | None:
+        """Wait for the worker to say it is ready, up to `deadline` (`time.monotonic`); the pid of the process
+        that forked it. WorkerStartError (the worker killed) when it died first or did not say it in time."""
+        if not self.conn.poll(max(0.0, deadline - time.monotonic())):
             self.kill()
             raise WorkerStartError(f"{name} worker did not start within {STARTUP_TIMEOUT_S:.0f} s")
         try:
@@ -569,7 +588,8 @@ class WorkerPool:
     def _launch(self) -> _Worker:
         """A new worker; one whose process could not be launched is tried once more, from a new forkserver
         where the one in use cannot be reached (`restart_forkserver`): a /tmp cleaner that deleted its
-        socket had left the server unable to start any worker until an operator killed the forkserver."""
+        socket had left the server unable to start any worker until an operator killed the forkserver. One
+        that did not answer in time (stopped) is replaced already (`forkserver_deadline`)."""
         seen = forkserver_in_use(self._ctx)
         try:
             return _Worker(self._ctx, self.name, self._worker_args)
@@ -580,7 +600,7 @@ class WorkerPool:
             # cannot be reached. Another failure (no descriptors left, no memory to fork) would fail a new
             # one as well.
             unreachable = isinstance(exc.__cause__, FileNotFoundError | ConnectionError | EOFError)
-            restarted = unreachable and restart_forkserver(self._ctx, seen)
+            restarted = exc.forkserver_replaced or (unreachable and restart_forkserver(self._ctx, seen))
             _log.warning(
                 "%s; trying once more%s", exc.message, ", from a new forkserver" if restarted else ""
             )
