@@ -1,7 +1,8 @@
 """Errors over HTTP: one table from `ErrorCode` to status, one handler, one JSON body shape.
 
 Every failure a client sees is `{"error": {"code": ..., "message": ...}}` with the status from `STATUS`,
-and every one increments `htmllm_request_failures_total{code=...}`. The core and engine raise
+and every one increments `htmllm_request_failures_total{code=...}`, but the probes' own 503s, which
+service/api/routers/health.py answers without counting. The core and engine raise
 `HtmllmError`s and never know about HTTP; FastAPI's own validation and routing errors are folded into
 the same codes here.
 """

@@ -18,7 +18,7 @@ uvicorn has it (and nginx in front of an app): a FIN is the same whether the cli
 half-closed, and kept open to answer, every abandoned request's work would run to its end rather than
 be cancelled (tests/api/test_http_protocol_half_close.py).
 
-Every answer from below the app (431, 408, 405, uvicorn's 400) waits for the requests before it on the
+Every answer from below the app (431, 408, uvicorn's 400) waits for the requests before it on the
 connection (pipelined) to be answered, and ends in a lingering close: the answer, a half-close, then
 what the client still sends is read and dropped, for at most `_LINGER_S` and `_LINGER_BYTES`, before the
 close. A close with input still unread makes the kernel send a reset, and a client that was still
@@ -44,6 +44,16 @@ are bounded by the same timer: uvicorn cancels its keep-alive timer on every rea
 after an answer, so such a connection was held without end. And a request answered without its body (a
 401, a 413, a GET's) whose body still has more than `_UNREAD_BODY_KEPT` to come, or is chunked, ends its
 connection in a lingering close after the answer: the parser had read and dropped the rest, any size.
+
+A CONNECT makes llhttp stop at the end of its head too, and stay switched: what follows is the tunnel's.
+The service is no proxy, but the request is answered by the app, as a method no route takes is, so that
+its 405 carries the `Allow` of its target (RFC 9110 section 15.5.6), computed where every other 405's is
+(`service.api.errors`): answered from down here, it had none. Its target, in the authority form CONNECT
+is for (`example.com:443`), is no path: the target URI it stands for has an empty path (RFC 9112 section
+3.3), the server's root, `/`, whose methods the 405 names (a server that answers every Host as its own
+answers every authority so too). The answer closes the connection (`Connection: close`), lingering as
+the refusals above do: nothing after the head can be read as HTTP, and a client may have sent its
+tunnel's first bytes already.
 """
 
 from __future__ import annotations
@@ -51,6 +61,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from service.api.connections import CONNECTION_KEY, PROTOCOL_STATUS_KEY, ConnectionAge
@@ -83,7 +94,7 @@ _UNREAD_BODY_KEPT = 64 * 1024
 # HTMLLM_HEAD_TIMEOUT_S), so that no protocol is unbounded by omission: uvicorn's keep-alive timer does not
 # bound a connection that trickles bytes (it is cancelled on every read, armed again only after an answer).
 DEFAULT_HEAD_TIMEOUT_S = 30.0
-_REASONS = {405: "Method Not Allowed", 408: "Request Timeout", 431: "Request Header Fields Too Large"}
+_REASONS = {408: "Request Timeout", 431: "Request Header Fields Too Large"}
 
 
 def _error_answer(code: ErrorCode, message: str) -> bytes:
@@ -139,6 +150,37 @@ def _declared_body(headers: list[tuple[bytes, bytes]]) -> int | None:
             except ValueError:  # (llhttp refuses such a head before it completes)
                 return None
     return length
+
+
+def _connect_target(url: bytes) -> bytes | None:
+    """The target of a CONNECT as the app reads one, in origin form (a path and a query): the server's
+    root where it is no path (the authority form CONNECT is for, `*`, an absolute URI without one); None
+    where it is a path that is no URL, which any other method's request is refused for (400)."""
+    import httptools
+
+    try:
+        parsed = httptools.parse_url(url)
+    except httptools.HttpParserInvalidURLError:
+        return None if url.startswith(b"/") else b"/"
+    if parsed.path is None or (parsed.schema is None and not url.startswith(b"/")):
+        return b"/"
+    return parsed.path + (b"?" + parsed.query if parsed.query else b"")
+
+
+class _LingeringClose:
+    """A CONNECT's request cycle's transport: the close uvicorn makes after an answer that says
+    `Connection: close` is the protocol's lingering close (`linger`), not an abrupt one, which with the
+    client's tunnel bytes unread would send a reset that can take the answer with it."""
+
+    def __init__(self, transport: asyncio.Transport, linger: Callable[[], None]) -> None:
+        self._transport = transport
+        self._linger = linger
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def close(self) -> None:
+        self._linger()
 
 
 def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> type[asyncio.Protocol] | str:
@@ -244,7 +286,12 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
             if self.parser.should_upgrade():  # (set before this callback; llhttp stops after it)
                 self._offered_upgrade = True  # no request yet: `data_received` gives the head again
                 return
-            self._body_left = _declared_body(self.headers)
+            self._begin_request(_declared_body(self.headers))
+
+        def _begin_request(self, body_left: int | None) -> None:
+            """Start (or queue behind the requests before it) the request whose head was just parsed,
+            with `body_left` bytes of body to come (None: chunked)."""
+            self._body_left = body_left
             self._requests += 1
             age = ConnectionAge(opened=self._opened, request=self._requests)
             self.scope[CONNECTION_KEY] = age  # type: ignore[literal-required]  # an extension key
@@ -418,8 +465,7 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
             body, and whatever follows it), with a fresh parser: llhttp's stays switched."""
             method = self.parser.get_method()
             if method == b"CONNECT":  # (llhttp switches at every CONNECT: there is no body to read)
-                answer = _error_answer(ErrorCode.METHOD_NOT_ALLOWED, "CONNECT is not served here")
-                self._refuse(answer, STATUS[ErrorCode.METHOD_NOT_ALLOWED])
+                self._answer_connect(rest)
                 return
             if not self._offered_upgrade:  # (never: llhttp switches only where the head offered it)
                 self.send_400_response(_INVALID_REQUEST)
@@ -427,6 +473,27 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
             head = _head_without_offer(method, self.url, self.parser.get_http_version(), self.headers)
             self.parser = httptools.HttpRequestParser(self)
             self.data_received(head + rest)
+
+        def _answer_connect(self, rest: bytes) -> None:
+            """Have the app answer the CONNECT whose head was just parsed (the module's docstring), with
+            no body, then close the connection, lingering; `rest`, what came after the head, is dropped
+            (it counts against `_LINGER_BYTES`), and so is whatever follows, while the answer waits."""
+            target = _connect_target(self.url)
+            if target is None:
+                self.send_400_response(_INVALID_REQUEST)
+                return
+            self._offered_upgrade = False
+            self.url = target
+            # (uvicorn would take a WebSocket offer beside it for a switch, and start no request)
+            self.headers[:] = [(name, value) for name, value in self.headers if name != b"upgrade"]
+            self._begin_request(0)
+            cycle: Any = self.cycle  # (its transport is swapped for one that is no asyncio.Transport)
+            cycle.keep_alive = False  # its answer says `Connection: close`
+            cycle.transport = _LingeringClose(self.transport, self._linger)
+            super().on_message_complete()  # (its body: none)
+            self._refusal = b""  # nothing of its own to write: the app's answer, then the lingering close
+            self._linger_left = _LINGER_BYTES
+            self._drop(len(rest))
 
         def _arm_head_timer(self) -> None:
             if head_timeout_s is not None and self._head_timer is None:

@@ -24,7 +24,13 @@ early what cannot fit in what is free now, before the client uploads a byte of i
 pass the budget gets 429 with `Retry-After`, as a full queue does, once its body has been read and
 dropped; it gives back what it held before the rest is dropped, so the concurrent uploads that fit
 without it are served (kept, it pushed them all past the budget: three 12 MiB uploads against 32 MiB
-all failed).
+all failed). Only a body that would be taken alone gets that 429: one that passes `max_body_bytes` (so
+the budget, at least as large) while its rest is dropped gets the 413 an idle server gives it, then and
+there, whatever the others hold. A chunked body's size is learnt only as it comes, and it had the 429,
+which its client retries for ever, where it could never be taken. What a refused body would decode to,
+or parse to (a JSON body's strings), is not learnt: what is dropped is neither kept nor decoded, so a
+compressed body refused on its compressed bytes, or a JSON body refused before it was parsed, still
+gets the 429 where an idle server would find it too large.
 
 It also undoes a request's `Content-Encoding` (gzip, deflate, br, zstd; at most four, `MAX_CODINGS`),
 so every route reads plain bytes. The cap holds for the decoded body too, checked while decoding: a
@@ -36,6 +42,7 @@ its compressed size says nothing of the work, and 49,770 bytes of stacked gzip h
 from __future__ import annotations
 
 import asyncio
+import enum
 import functools
 from collections.abc import Callable, Collection, Sized
 from dataclasses import dataclass
@@ -103,6 +110,15 @@ class _Charge:
 
     held: int
     closed: bool = False
+
+
+class _Rest(enum.Enum):
+    """How the drop of a refused body's rest ended (`BodyLimitMiddleware._drop_rest`)."""
+
+    READ = enum.auto()  # to the body's end
+    TOO_LARGE = enum.auto()  # past `max_body_bytes`: what is left of it is not read
+    UNFINISHED = enum.auto()  # past its deadline, or cut off by shutdown: the rest may still come
+    LEFT = enum.auto()  # the client left
 
 
 @dataclass
@@ -198,6 +214,7 @@ class BodyLimitMiddleware:
         *,
         more_body: bool,
         read: bool,
+        size: int = 0,
     ) -> None:
         """429 (`refusal`, as the budget stood when the body was refused: it changes while the rest is
         dropped) for a body that would pass the budget, after reading and dropping what is left of it:
@@ -208,6 +225,10 @@ class BodyLimitMiddleware:
         counted from its head) or is still sending when shutdown cuts off the body reads is answered
         and its connection closed. Nothing of what is dropped is charged.
 
+        A body that passes `max_body_bytes` while it is dropped (`size` of it came before) could never
+        be taken, even alone: it gets the 413 an idle server gives it, as soon as it does, not a 429 that
+        its client would retry for ever.
+
         Called outside any timeout of the body's read: inside one, whose deadline no longer moves once
         the body is refused, a client that kept sending got the stall's 408 instead."""
         headers = None
@@ -216,17 +237,21 @@ class BodyLimitMiddleware:
             if expecting and not read:
                 headers = {"connection": "close"}
             else:
-                drained = await self._drop_rest(receive, upload)
-                if drained is None:
+                rest, size = await self._drop_rest(receive, upload, size)
+                if rest is _Rest.LEFT:
                     return  # the client left: there is no one to answer
-                if not drained:  # the rest may still come: the connection cannot carry another request
+                if rest is _Rest.TOO_LARGE:  # (what is left of it the HTTP protocol drops, or closes on)
+                    too_large = _too_large(f"over {size} bytes", self.max_body_bytes)
+                    await self._refuse(scope, receive, send, ErrorCode.PAYLOAD_TOO_LARGE, too_large)
+                    return
+                if rest is _Rest.UNFINISHED:  # the connection cannot carry another request
                     headers = {"connection": "close"}
         await self._refuse(scope, receive, send, ErrorCode.OVERLOADED, refusal, headers)
 
-    async def _drop_rest(self, receive: Receive, upload: _Upload) -> bool | None:
-        """Read the rest of the body, keeping none of it: True once read, False if it passed `upload`'s
-        deadline (stalled, or past the body timeout) or shutdown cut off the body reads, None if the
-        client left.
+    async def _drop_rest(self, receive: Receive, upload: _Upload, size: int) -> tuple[_Rest, int]:
+        """Read the rest of the body, keeping none of it, counting it on from `size` (what came before):
+        how that ended (`_Rest`: read to its end, past the cap, past `upload`'s deadline (stalled, or
+        past the body timeout) or cut off by shutdown, or left by its client), and the body's size then.
 
         Its waits are the `readers`' as `_read`'s are: unseen by the cut-off, a drain still going when
         uvicorn's graceful timeout ran out was cancelled into a bare plain-text 500. Cut off, the 429
@@ -236,20 +261,24 @@ class BodyLimitMiddleware:
             async with asyncio.timeout_at(upload.deadline()) as timeout:
                 while True:
                     if self.readers.closed:  # cut off: no wait that starts now would be
-                        return False
+                        return _Rest.UNFINISHED, size
                     message = await self.readers.receive(receive)
                     if message["type"] == "http.disconnect":
-                        return None
+                        return _Rest.LEFT, size
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > self.max_body_bytes:
+                        return _Rest.TOO_LARGE, size
                     if not message.get("more_body", False):
-                        return True
-                    if message.get("body"):
+                        return _Rest.READ, size
+                    if chunk:
                         timeout.reschedule(upload.deadline())
         except asyncio.CancelledError:
             if not self.readers.was_cut(asyncio.current_task()):
                 raise
-            return False
+            return _Rest.UNFINISHED, size
         except TimeoutError:
-            return False
+            return _Rest.UNFINISHED, size
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -423,7 +452,9 @@ class BodyLimitMiddleware:
             await self._refuse(scope, receive, send, ErrorCode.PAYLOAD_TOO_LARGE, too_large)
             return None
         if refusal is not None:
-            await self._over_budget(scope, receive, send, refusal, upload, more_body=more_body, read=True)
+            await self._over_budget(
+                scope, receive, send, refusal, upload, more_body=more_body, read=True, size=size
+            )
             return None
         return b"".join(chunks)  # the chunks go with this frame: the request holds the body once
 

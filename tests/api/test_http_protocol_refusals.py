@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import re
 import socket
@@ -315,3 +316,62 @@ async def test_a_bad_chunk_is_logged_and_counted_as_the_400_the_client_got(
         labels = {"route": path, "method": "POST", "status": str(status)}
         assert metrics.registry.get_sample_value("htmllm_requests_total", labels) == 1.0
         protocol.connection_lost(None)
+
+
+def _exchange(url: str, data: bytes) -> bytes:
+    """Send `data` on a new connection; everything the server answers until it closes."""
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=_PROMPT_S) as sock:
+        sock.sendall(data)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        return answer
+
+
+def _allow(answer: bytes) -> bytes | None:
+    found = re.search(rb"\r\nallow: ([^\r]*)\r\n", answer.partition(b"\r\n\r\n")[0], re.IGNORECASE)
+    return None if found is None else found[1]
+
+
+@pytest.mark.parametrize(
+    ("target", "path"),
+    [
+        (b"example.com:443", b"/"),  # the authority form CONNECT is for: the root's methods
+        (b"[::1]:8443", b"/"),
+        (b"/v1/embed", b"/v1/embed"),
+        (b"/health", b"/health"),
+        (b"http://x/v1/embeddings?dimensions=8", b"/v1/embeddings"),
+    ],
+    ids=["authority", "ipv6-authority", "model-route", "probe", "absolute"],
+)
+def test_a_connect_is_a_405_whose_allow_names_what_its_target_takes(
+    server: LiveServer, target: bytes, path: bytes
+) -> None:
+    """A 405 must name the target's methods in `Allow` (RFC 9110 section 15.5.6): the CONNECT's, answered
+    below the app, named none. It now names what any other method refused at its target's path is told
+    (a PUT's 405), the root's for a target that is no path. The connection closes after it, and the
+    tunnel's first bytes, sent after the head, do not cost the client its answer."""
+    put = _exchange(server.url, b"PUT " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert put.startswith(b"HTTP/1.1 405 ") and _allow(put), put[:300]
+    tunnel = _TLS_HELLO * 4096  # (160 KiB the server reads and drops)
+    answer = _exchange(
+        server.url, b"CONNECT " + target + b" HTTP/1.1\r\nHost: " + target + b"\r\n\r\n" + tunnel
+    )
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 405 ") and b"connection: close" in head.lower(), answer[:300]
+    assert _allow(answer) == _allow(put), answer[:300]
+    assert json.loads(body)["error"]["code"] == "method_not_allowed"
+    assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+
+
+def test_a_connect_behind_a_pipelined_request_is_answered_after_it(server: LiveServer) -> None:
+    """The CONNECT waits for the answer before it on its connection; nothing after its head is read as
+    a request (the GET after it gets no answer: it is the tunnel's, for all the server knows)."""
+    answer = _exchange(
+        server.url,
+        b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nCONNECT /v1/embed HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
+    )
+    assert _statuses(answer) == [b"200", b"405"], answer[-300:]
+    assert _allow(answer.rpartition(b"HTTP/1.1 405 ")[2]) == b"POST", answer[-300:]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gzip
 import json
 import operator
 import re
@@ -462,3 +463,53 @@ def _wait_for_in_progress(server: ServerProcess, count: int) -> None:
             return
         time.sleep(0.02)
     raise AssertionError(f"{count} requests never reached the server")
+
+
+_CHUNKED = b"POST /v1/embed HTTP/1.1\r\nHost: x\r\ncontent-type: text/html\r\ntransfer-encoding: chunked\r\n"
+_TOO_LARGE = re.compile(
+    r"the request body is over \d+ bytes; the limit is (\d+) bytes \(HTMLLM_MAX_BODY_BYTES\)"
+)
+
+
+def _chunked_answer(live: LiveServer, body: bytes, *headers: bytes) -> tuple[bytes, dict[str, str]]:
+    """The head and error of the answer to `body` sent to /v1/embed in chunks of 16 KiB (as a client
+    streams a page whose size it does not know), with `headers` more."""
+    pieces = [body[start : start + 16 * 1024] for start in range(0, len(body), 16 * 1024)]
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces) + b"0\r\n\r\n"
+    request = _CHUNKED + b"".join(header + b"\r\n" for header in headers) + b"\r\n" + chunks
+    with _connections(live, [request]) as (sock,):
+        head, answer = _answer(sock)
+    return head, json.loads(answer)["error"]
+
+
+def test_a_body_larger_than_the_budget_is_a_413_however_full_the_budget(
+    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunked body's size is learnt only as it comes: one larger than the cap (and the budget, here
+    the same) sent while another upload holds half the budget was refused 429 at its first piece that
+    did not fit what was free, and its client retried for ever a body no server could take. It gets the
+    413 an idle server gives it; a body that would fit alone still gets the 429. A gzip body whose
+    compressed bytes fit now and whose decoded size passes the cap gets the decoder's 413, as on an idle
+    server."""
+    monkeypatch.setattr(limits, "STALL_TIMEOUT_S", 60.0)  # the holder stalls while the others are answered
+    size = 256 * 1024
+    settings = tiny_settings(tiny_checkpoint, max_body_bytes=size, max_inflight_bytes=size, retry_after_s=3)
+    too_large = page(1).encode().ljust(2 * size)
+    with live_server(settings) as live:
+        with _connections(live, [_POST % size + b"x" * (size // 2)]):
+            _wait_for_held(live, lambda held: held == size // 2)
+            busy_head, busy = _chunked_answer(live, too_large)
+            fits_alone_head, fits_alone = _chunked_answer(live, page(2).encode().ljust(size * 5 // 8))
+            bomb_head, bomb = _chunked_answer(
+                live, gzip.compress(b" " * (2 * size)), b"content-encoding: gzip"
+            )
+            _wait_for_held(live, lambda held: held == size // 2)
+        _wait_for_held(live, lambda held: held == 0)
+        idle_head, idle = _chunked_answer(live, too_large)
+    assert idle_head.startswith(b"HTTP/1.1 413 ") and _TOO_LARGE.fullmatch(idle["message"]), idle
+    assert busy_head.startswith(b"HTTP/1.1 413 "), (busy_head, busy)
+    assert busy["code"] == idle["code"] == "payload_too_large"
+    assert _TOO_LARGE.fullmatch(busy["message"]), busy  # (the figure is where the body passed the cap)
+    assert fits_alone_head.startswith(b"HTTP/1.1 429 ") and b"retry-after: 3" in fits_alone_head.lower()
+    assert fits_alone["code"] == "overloaded", fits_alone
+    assert bomb_head.startswith(b"HTTP/1.1 413 ") and "gzip body decodes to more than" in bomb["message"]
