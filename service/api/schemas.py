@@ -303,7 +303,10 @@ class HeadInfo(BaseModel):
 
 class Limits(BaseModel):
     max_body_bytes: int
-    max_documents: int
+    max_documents: int = Field(
+        description="documents one request may carry: HTMLLM_MAX_DOCUMENTS, or HTMLLM_MAX_QUEUE_DOCUMENTS "
+        "where that is smaller (a call larger than the whole queue is refused too)"
+    )
     request_timeout_s: float
     max_length: int
     truncate: bool

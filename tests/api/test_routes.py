@@ -719,6 +719,9 @@ async def test_more_documents_than_the_queue_holds_are_a_422_on_preprocess_as_on
             }
         fits = {"documents": body["documents"][:8]}
         assert (await client.post("/v1/preprocess", json=fits)).status_code == 200
+        # /info says what a request may carry, for batchers that size their requests by it (TEI's name).
+        info = (await client.get("/info")).json()
+        assert info["max_client_batch_size"] == info["limits"]["max_documents"] == 8
 
 
 async def test_a_preprocess_request_refused_partway_gives_back_its_queue_slots(

@@ -132,7 +132,9 @@ async def info(runtime: RuntimeDep, engine: EngineDep) -> InfoResponse:
     processes = config.preprocess_pool == "process"  # threads can be neither stopped nor limited
     limits = Limits(
         max_body_bytes=settings.max_body_bytes,
-        max_documents=settings.max_documents,
+        # What one request may carry: the engine refuses a call larger than its whole queue too, and a
+        # TEI client sizing its batches by `max_client_batch_size` had every full batch refused (422).
+        max_documents=min(settings.max_documents, settings.max_queue_documents),
         request_timeout_s=settings.request_timeout_s,
         max_length=model.max_length,
         truncate=settings.truncate,
