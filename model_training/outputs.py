@@ -81,15 +81,15 @@ def directories_to_make(path: Path, *, flag: str = "--out") -> list[Path]:
     return made
 
 
-def remove_empty(made: Sequence[Path]) -> None:
-    """Remove the directories of `made` (deepest first) that are empty, up to the first that is not."""
-    for directory in made:
-        try:
+def remove_empty(made: Collection[Path]) -> None:
+    """Remove the directories of `made` that are empty, deepest first (by their absolute paths, so that
+    one named relative and absolute goes once, and in its place among the others); a directory that is
+    not empty (something the run did not write is there) is kept, and so are its parents, which hold it.
+    (`absolute`, not `abspath`: `..` after a symlink is the kernel's to follow, not a name to drop.)"""
+    absolute = {directory.absolute() for directory in made}
+    for directory in sorted(absolute, key=lambda d: len(d.parts), reverse=True):
+        with contextlib.suppress(OSError):  # gone already, or not empty: kept
             directory.rmdir()
-        except FileNotFoundError:
-            continue
-        except OSError:  # not empty: something the run did not write is there, kept with its parents
-            break
 
 
 def _remove_made(made: Sequence[Path], written: re.Pattern[str], subdirs: Collection[str]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 import time
 from dataclasses import asdict
@@ -275,14 +276,15 @@ def run_eval(args: argparse.Namespace) -> int:
     # directories that check makes for them are taken away again when the run fails (a failed run had left
     # them, empty, for whoever lists them later to take for a finished run's).
     outputs: list[tuple[str, Path | None]] = [("--json", args.json), ("--markdown", args.markdown)]
+    if args.json is not None and args.markdown is not None and _same_file(args.json, args.markdown):
+        return _fail(f"--json and --markdown name one file ({args.json}): the JSON would replace the table")
     made: list[Path] = []
     try:
         for flag, output in outputs:
             if output is not None:
-                made += [d for d in directories_to_make(output.parent, flag=flag) if d not in made]
+                made += directories_to_make(output.parent, flag=flag)
     except HtmllmError as exc:
         return _fail(f"{exc.code}: {exc}")
-    made.sort(key=lambda directory: len(directory.parts), reverse=True)  # deepest first, across both
     try:
         code = _evaluate(args, outputs, windows)
     except BaseException:
@@ -337,8 +339,17 @@ def _evaluate(args: argparse.Namespace, outputs: list[tuple[str, Path | None]], 
     return 0
 
 
+def _same_file(one: Path, other: Path) -> bool:
+    """Whether two output paths name one file (through `..`, a symlink, or a relative and an absolute
+    spelling)."""
+    return os.path.realpath(one) == os.path.realpath(other)
+
+
 def _unwritable_file(path: Path) -> str | None:
-    """Why the file `path` cannot be written (its directory is created, as the write would), or None."""
+    """Why the file `path` cannot be written (its directory is created, as the write would), or None.
+
+    The file itself too, not only its directory: a symlink to a place that does not exist, or a file
+    this user may not replace, had failed the run after the whole evaluation, with one output written."""
     from model_training.data import writable_dir
     from service.core.errors import HtmllmError
 
@@ -348,6 +359,10 @@ def _unwritable_file(path: Path) -> str | None:
         writable_dir(path.parent)
     except HtmllmError as exc:
         return str(exc)
+    if path.is_symlink() and not path.exists():
+        return f"it is a symlink to {os.readlink(path)}, which cannot be reached"
+    if path.exists() and not os.access(path, os.W_OK):
+        return "it exists and is not writable"
     return None
 
 

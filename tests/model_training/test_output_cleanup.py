@@ -289,3 +289,24 @@ def test_tokenizer_eval_keeps_the_directories_of_the_files_it_wrote(tmp_path: Pa
     assert main(["tokenizer", "eval", "--corpus", str(corpus), "--split", "all", "--tokenizer",
                  str(tokenizer), "--markdown", str(table), "--no-progress"]) == 0  # fmt: skip
     assert table.read_text(encoding="utf-8").startswith("|")
+
+
+def test_tokenizer_eval_cleans_up_a_directory_named_two_ways_and_checks_its_files_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--json a/b/t.json --markdown <abs>/a/t.md`: `a` named relative and absolute had been two
+    directories, and the absolute one, tried first, stopped the removal at the non-empty `a` (its `b`
+    still there), leaving both. And the files themselves are checked before the evaluation: one path for
+    both, or a symlink to nowhere, had failed the run only at its end (or the JSON replaced the table)."""
+    monkeypatch.chdir(tmp_path)
+    corpus = tmp_path / "pages.jsonl"
+    write_pages(corpus, 4)
+    run = ["tokenizer", "eval", "--corpus", str(corpus), "--tokenizer", "missing.json", "--no-progress"]
+    assert main([*run, "--json", "a/b/t.json", "--markdown", str(tmp_path / "a" / "t.md")]) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pages.jsonl"]
+    assert main([*run, "--json", "same.out", "--markdown", str(tmp_path / "x" / ".." / "same.out")]) == 1
+    assert "name one file" in capsys.readouterr().err
+    (tmp_path / "dangling.json").symlink_to(tmp_path / "nowhere" / "x.json")
+    assert main([*run, "--json", "dangling.json", "--markdown", "md/new/t.md"]) == 1
+    assert "cannot be reached" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling.json", "pages.jsonl"]
