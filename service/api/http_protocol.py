@@ -42,7 +42,7 @@ connection opening or of its first byte (408 `head_timeout` where part of one ca
 closed either way). Bytes that start no request (a bare CRLF, the body of a request already answered)
 are bounded by the same timer: uvicorn cancels its keep-alive timer on every read and re-arms it only
 after an answer, so such a connection was held without end. And a request answered without its body (a
-401, a 413, a GET's) whose body still has more than `_UNREAD_BODY_KEPT` to come, or is chunked, ends its
+401, a 413, a GET's) whose body still has more than `UNREAD_BODY_KEPT` to come, or is chunked, ends its
 connection in a lingering close after the answer: the parser had read and dropped the rest, any size.
 
 A CONNECT makes llhttp stop at the end of its head too, and stay switched: what follows is the tunnel's.
@@ -59,6 +59,7 @@ tunnel's first bytes already.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -89,7 +90,7 @@ _LINGER_BYTES = 4 * 1024 * 1024
 # The most of a request's body left unread when its answer is complete for the connection to be kept:
 # past it (or for a chunked body, whose size is unknown), the connection ends in a lingering close rather
 # than the parser reading and dropping the rest (a 401 for a 1 TB `Content-Length` read 9.8 GB in 5 s).
-_UNREAD_BODY_KEPT = 64 * 1024
+UNREAD_BODY_KEPT = 64 * 1024
 # The head timeout of a protocol made without one: `Settings.head_timeout_s`'s default (the service's
 # HTMLLM_HEAD_TIMEOUT_S), so that no protocol is unbounded by omission: uvicorn's keep-alive timer does not
 # bound a connection that trickles bytes (it is cancelled on every read, armed again only after an answer).
@@ -168,19 +169,20 @@ def _connect_target(url: bytes) -> bytes | None:
 
 
 class _LingeringClose:
-    """A CONNECT's request cycle's transport: the close uvicorn makes after an answer that says
-    `Connection: close` is the protocol's lingering close (`linger`), not an abrupt one, which with the
-    client's tunnel bytes unread would send a reset that can take the answer with it."""
+    """A request cycle's transport: the close uvicorn makes after an answer that says `Connection: close`
+    (or after a failed app) is the protocol's (`close`), which lingers where input is left unread (a
+    CONNECT's tunnel bytes, the rest of a body answered without being read): an abrupt close would send
+    a reset that can take the answer with it."""
 
-    def __init__(self, transport: asyncio.Transport, linger: Callable[[], None]) -> None:
+    def __init__(self, transport: asyncio.Transport, close: Callable[[], None]) -> None:
         self._transport = transport
-        self._linger = linger
+        self._close = close
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
 
     def close(self) -> None:
-        self._linger()
+        self._close()
 
 
 def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> type[asyncio.Protocol] | str:
@@ -296,6 +298,23 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
             age = ConnectionAge(opened=self._opened, request=self._requests)
             self.scope[CONNECTION_KEY] = age  # type: ignore[literal-required]  # an extension key
             super().on_headers_complete()
+            cycle: Any = self.cycle  # (its transport is swapped for one that is no asyncio.Transport)
+            cycle.transport = _LingeringClose(self.transport, functools.partial(self._close_after, cycle))
+
+        def _close_after(self, cycle: Any) -> None:
+            """uvicorn's close of the connection after `cycle`'s answer (it said `Connection: close`, or
+            the app failed): lingering where input is left unread (`_linger`): the rest of a body answered
+            without being read (a 413 whose rest is unread says `Connection: close`), a CONNECT's tunnel.
+            A refusal still waiting to be written is not: no answer follows one that closes."""
+            if self._lingering or self.transport.is_closing():
+                return
+            if self._refusal is None and self._unread_body_left(cycle):
+                self._linger_left = _LINGER_BYTES
+            elif self._refusal is None:
+                self.transport.close()
+                return
+            self._refusal = b""
+            self._linger()
 
         def on_body(self, body: bytes) -> None:
             if self._body_left is not None:
@@ -420,12 +439,12 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
                 self.flow.pause_reading()  # (what follows the refusal is not read while it waits)
 
         def _unread_body_left(self, cycle: Any) -> bool:
-            """Whether `cycle`, just answered, still has more than `_UNREAD_BODY_KEPT` of its body to come,
+            """Whether `cycle`, just answered, still has more than `UNREAD_BODY_KEPT` of its body to come,
             or a chunked one."""
             # (a request the parser is past has its whole body read)
             if cycle is None or cycle is not self.cycle or not cycle.more_body or cycle.disconnected:
                 return False
-            return self._body_left is None or self._body_left > _UNREAD_BODY_KEPT
+            return self._body_left is None or self._body_left > UNREAD_BODY_KEPT
 
         def _linger(self) -> None:
             """Write the refusal, half-close, and close once the client closes too, or after `_LINGER_S`
@@ -487,9 +506,8 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
             # (uvicorn would take a WebSocket offer beside it for a switch, and start no request)
             self.headers[:] = [(name, value) for name, value in self.headers if name != b"upgrade"]
             self._begin_request(0)
-            cycle: Any = self.cycle  # (its transport is swapped for one that is no asyncio.Transport)
-            cycle.keep_alive = False  # its answer says `Connection: close`
-            cycle.transport = _LingeringClose(self.transport, self._linger)
+            cycle: Any = self.cycle
+            cycle.keep_alive = False  # its answer says `Connection: close`, which closes lingering
             super().on_message_complete()  # (its body: none)
             self._refusal = b""  # nothing of its own to write: the app's answer, then the lingering close
             self._linger_left = _LINGER_BYTES

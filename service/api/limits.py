@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.errors import STATUS, error_response, log_unserved
+from service.api.http_protocol import UNREAD_BODY_KEPT
 from service.api.metrics import ServiceMetrics
 from service.api.request_id import request_id
 from service.api.runtime import CHARGE_KEY, CONTENT_ENCODING_KEY, BodyReaders
@@ -240,9 +241,10 @@ class BodyLimitMiddleware:
                 rest, size = await self._drop_rest(receive, upload, size)
                 if rest is _Rest.LEFT:
                     return  # the client left: there is no one to answer
-                if rest is _Rest.TOO_LARGE:  # (what is left of it the HTTP protocol drops, or closes on)
+                if rest is _Rest.TOO_LARGE:  # (what is left of it is not read: the connection closes)
                     too_large = _too_large(f"over {size} bytes", self.max_body_bytes)
-                    await self._refuse(scope, receive, send, ErrorCode.PAYLOAD_TOO_LARGE, too_large)
+                    closing = {"connection": "close"}
+                    await self._refuse(scope, receive, send, ErrorCode.PAYLOAD_TOO_LARGE, too_large, closing)
                     return
                 if rest is _Rest.UNFINISHED:  # the connection cannot carry another request
                     headers = {"connection": "close"}
@@ -449,7 +451,9 @@ class BodyLimitMiddleware:
             )
             return None
         if too_large is not None:
-            await self._refuse(scope, receive, send, ErrorCode.PAYLOAD_TOO_LARGE, too_large)
+            # The rest of the body is not read: the connection closes after the answer, which says so.
+            closing = {"connection": "close"} if more_body else None
+            await self._refuse(scope, receive, send, ErrorCode.PAYLOAD_TOO_LARGE, too_large, closing)
             return None
         if refusal is not None:
             await self._over_budget(
@@ -498,9 +502,20 @@ def _unread_body_send(headers: dict[bytes, bytes], declared: int | None, send: S
     Such a client, never told to go on, may send its body or not (RFC 9110 §10.1.1): the parser,
     waiting for the declared body, took the next request on the connection for it (a 5000-byte
     `Content-Length` swallowed a pipelined request whole, and its client timed out). Closed, nothing
-    on the connection is read as anything else; a client that sends no body is not kept waiting."""
-    if headers.get(b"expect", b"").lower() != b"100-continue" or not _declares_body(headers, declared):
+    on the connection is read as anything else; a client that sends no body is not kept waiting.
+
+    Also one whose body is chunked or declares more than `UNREAD_BODY_KEPT`: the HTTP protocol closes
+    such a connection after the answer rather than read the rest (`service.api.http_protocol`), and the
+    answer says so, as RFC 9112 §9.6 asks (a pooling client had reused it and lost its next request)."""
+    expecting = headers.get(b"expect", b"").lower() == b"100-continue"
+    large = b"transfer-encoding" in headers or (declared is not None and declared > UNREAD_BODY_KEPT)
+    if not _declares_body(headers, declared) or not (expecting or large):
         return send
+    return _closing_send(send)
+
+
+def _closing_send(send: Send) -> Send:
+    """`send` with the answer's head saying `Connection: close` (uvicorn then closes after it)."""
 
     async def closing(message: Message) -> None:
         if message["type"] == "http.response.start":

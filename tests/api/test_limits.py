@@ -351,3 +351,40 @@ async def test_more_codings_than_the_cap_are_415(settings_for: SettingsFactory) 
                 error = response.json()["error"]
                 assert error["code"] == "unsupported_media_type"
                 assert f"more than {MAX_CODINGS} codings" in error["message"]
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_413_whose_body_is_left_unread_says_it_closes_and_is_read_whole(
+    budget_server: LiveServer, framing: str
+) -> None:
+    """A body over the cap is answered without its rest being read, and the connection then ends (the
+    HTTP protocol closes rather than read it): the answer says `Connection: close` (RFC 9112 §9.6), which
+    it had not, so a pooling client reused the connection and lost its next request; and the close
+    lingers, so the client still sending reads the 413, not a reset."""
+    chunk = b"x" * (256 * 1024)
+    # A MiB past the cap: less than the lingering close drops before it closes (4 MiB), so no reset
+    # can overtake the answer however slowly this client reads it.
+    count = (LARGE + MIB) // len(chunk)
+    if framing == "chunked":
+        head = b"transfer-encoding: chunked\r\n\r\n"
+        body = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(count)) + b"0\r\n\r\n"
+    else:
+        head = b"content-length: %d\r\n\r\n" % (count * len(chunk))
+        body = chunk * count
+
+    def send_all(sock: socket.socket, data: bytes) -> None:
+        with contextlib.suppress(OSError):  # the server closes before the end: a reset, a broken pipe
+            sock.sendall(data)
+
+    with socket.create_connection(_address(budget_server)) as sock:
+        sock.settimeout(30)
+        request = b"POST /v1/embed HTTP/1.1\r\nHost: x\r\ncontent-type: text/html\r\n" + head
+        sender = threading.Thread(target=send_all, args=(sock, request + body), daemon=True)
+        sender.start()
+        answer, error = _read_response(sock)
+        assert answer.startswith(b"HTTP/1.1 413 "), answer
+        assert b"connection: close" in answer.lower(), answer
+        assert json.loads(error)["error"]["code"] == "payload_too_large"
+        with contextlib.suppress(OSError):  # closed already: the lingering close ends after 2 s
+            sock.shutdown(socket.SHUT_RDWR)
+        sender.join(timeout=30)
