@@ -211,6 +211,11 @@ def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
         # only, named no request id or latency, and wrote each query string, where a client may put a key.
         access_log=False,
         log_config=None,
+        # The peer is the client (docs/service.md, the access log's `client`): uvicorn's default trusts
+        # X-Forwarded-For from 127.0.0.1, which any process on the host (or a client behind a sidecar)
+        # could set, and its `server: uvicorn` header named the stack to every client.
+        proxy_headers=False,
+        server_header=False,
     )
 
 

@@ -125,3 +125,23 @@ def test_a_json_server_writes_the_access_log_at_any_level(tiny_checkpoint: Path)
         (e["request_id"], e["method"], e["path"], e["status"]) for e in access if e["request_id"] == "probe-1"
     ] == [("probe-1", "GET", "/health", 200)]
     assert "sekrit" not in output
+
+
+def test_the_access_log_client_is_the_peer_whatever_x_forwarded_for_says(
+    tiny_checkpoint: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """uvicorn's proxy headers (on by default, trusting 127.0.0.1: a sidecar's address, and any client's
+    on the same host) had written a client's own `X-Forwarded-For` as the `client` of the line, which the
+    docs say is the peer; `server: uvicorn` named the stack to whoever asked."""
+    from tests.api.conftest import tiny_settings
+    from tests.api.live import live_server
+
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    with live_server(tiny_settings(tiny_checkpoint, access_log=True)) as live:
+        caplog.clear()
+        forged = {"x-forwarded-for": "evil host", "x-forwarded-proto": "https", "x-request-id": "xff-1"}
+        answer = httpx.get(live.url + "/health", headers=forged)
+        assert answer.status_code == 200 and "server" not in answer.headers
+    (record,) = [r for r in _access_records(caplog) if "request xff-1" in r.getMessage()]
+    entry = json.loads(JsonFormatter().format(record))
+    assert entry["client"].startswith("127.0.0.1:"), entry
