@@ -6,6 +6,7 @@ a header it leaves out, or a body it reads differently from what the schema says
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -120,6 +121,13 @@ def test_the_document_is_valid_openapi_3_1(settings_for: SettingsFactory, api_ke
 def test_operation_ids_are_unique_and_stable(settings_for: SettingsFactory) -> None:
     doc = document(settings_for())
     assert {key: operation["operationId"] for key, operation in operations(doc)} == OPERATION_IDS
+
+
+def test_descriptions_name_no_private_code(settings_for: SettingsFactory) -> None:
+    """A route's docstring is its public description: a private name (`_probe_refusal`) in one tells a
+    client nothing it can use."""
+    text = json.dumps(document(settings_for()))
+    assert re.findall(r"`_\w+", text) == []
 
 
 @pytest.mark.parametrize("api_key", [None, "k1"])

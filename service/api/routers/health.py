@@ -95,7 +95,7 @@ async def ready(runtime: RuntimeDep) -> Response:
     backend fails (`HTMLLM_UNREADY_AFTER_FAILURES` passes in a row, until a pass or probe succeeds), and
     while one pass has run past `HTMLLM_UNREADY_AFTER_PASS_S` (the request timeout by default). The
     condition is `Runtime.unready_reason`'s; while it holds every answer closes its connection. A 503
-    here is a probe's answer, not a request failure (`_probe_refusal`)."""
+    here is a probe's answer, not a request failure (not counted in `htmllm_request_failures_total`)."""
     engine = runtime.engine
     refused = runtime.not_serving()
     if refused is not None:
