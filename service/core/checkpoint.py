@@ -85,10 +85,12 @@ from service.core.head_files import (
     check_heads_encoder,
     head_metadata,
     probe_cells,
-    probe_to_record,
     probes_match,
+    probes_to_record,
     recorded_probe,
     refuse_unlisted_heads,
+    same_encoder,
+    state_probe,
     vector_cells,
 )
 from service.core.head_files import loaded_probe as loaded_probe
@@ -181,9 +183,12 @@ def save_checkpoint(
 
     `meta.heads` is rewritten from the model's heads, so the two cannot disagree. Everything load
     checks is checked before the first file of the checkpoint is replaced, so a refused save leaves it
-    as it was. A head loaded from a file records that file's probe of the encoder it was fit on
-    (`loaded_probe`), not this encoder's, and the save is refused where the two differ; heads without one
-    (fit in this process, or from a file of before) record this encoder's.
+    as it was; a save into a directory that did not exist removes what it created when it fails (a
+    directory holding heads/.pending.lock alone had been left, which serve and load call no checkpoint).
+    A head loaded from a file records that file's probe of the encoder it was fit on (`loaded_probe`),
+    not this encoder's, and the save is refused where the two differ, every such head named, before
+    anything is written (the probe is taken of the encoder in memory); heads without one (fit in this
+    process, or from a file of before) record this encoder's.
 
     Saved over an existing checkpoint, the new one is written whole into a stage directory inside it
     (`SAVE_STAGE_PREFIX`) and only then renamed into place, file by file, with htmllm.json removed first
@@ -200,18 +205,65 @@ def save_checkpoint(
     candidate = dataclasses.replace(meta, heads=specs)
     meta_text = meta_file_text(candidate)
     check_model_matches(model, tokenizer, candidate)
-    check_state(model.encoder.state_dict(), WEIGHTS_FILE)
+    encoder_state = model.encoder.state_dict()
+    check_state(encoder_state, WEIGHTS_FILE)
     for name, head in model.heads.items():
         check_head_module(name, cast(TaskHead, head).spec, cast(TaskHead, head), model.embedding_dim)
         check_state(head.state_dict(), f"{HEADS_DIR}/{name}.safetensors")
+    # What each head file records of its encoder (a loaded head: its file's, refused where that is not
+    # this encoder), decided of the encoder in memory before anything is created or written.
+    records = None
+    if model.heads:
+        actual = state_probe(encoder_state)
+        records = _Records(actual, probes_to_record(dict(model.heads.items()), actual, str(root)))
     meta.heads = specs
+    created = _first_missing(root)
     root.mkdir(parents=True, exist_ok=True)
-    with heads_stage.heads_lock(root):  # no reader completes a save_heads stage over the files written here
-        _save_checkpoint_locked(root, model, tokenizer, meta_text)
+    try:
+        with heads_stage.heads_lock(root):  # no reader completes a save_heads stage over the files written
+            try:
+                _save_checkpoint_locked(root, model, tokenizer, meta_text, records)
+            except BaseException:
+                _remove_created(created)  # holding the lock: no other save is writing into it meanwhile
+                raise
+    except BaseException:
+        _remove_created(created)  # the lock could not be taken (heads/ not created: a full disk)
+        raise
+
+
+@dataclass(frozen=True)
+class _Records:
+    """What `save_checkpoint` writes into the head files of the encoder: `actual`, the probe of the
+    encoder in memory, and `probes`, head name -> the probe its file records."""
+
+    actual: EncoderProbe
+    probes: dict[str, EncoderProbe]
+
+
+def _first_missing(root: Path) -> Path | None:
+    """The outermost of `root` and its parents that does not exist (what `root.mkdir(parents=True)`
+    creates, and a failed save removes), or None where `root` exists."""
+    missing = None
+    for directory in (root, *root.parents):
+        if os.path.lexists(directory):
+            break
+        missing = directory
+    return missing
+
+
+def _remove_created(created: Path | None) -> None:
+    """Remove the directory a failed `save_checkpoint` created (its stage, heads/ and lock file
+    with it): left, it is a directory that serve and load call no checkpoint."""
+    if created is not None:
+        shutil.rmtree(created, ignore_errors=True)
 
 
 def _save_checkpoint_locked(
-    root: Path, model: HtmlEncoderModel, tokenizer: HtmlTokenizer, meta_text: str
+    root: Path,
+    model: HtmlEncoderModel,
+    tokenizer: HtmlTokenizer,
+    meta_text: str,
+    records: _Records | None,
 ) -> None:
     # A save_heads stage left over (committed or not) would otherwise be applied over this checkpoint.
     shutil.rmtree(root / HEADS_DIR / PENDING_DIR, ignore_errors=True)
@@ -220,28 +272,33 @@ def _save_checkpoint_locked(
         shutil.rmtree(stale, ignore_errors=True)
     stage = Path(tempfile.mkdtemp(dir=root, prefix=SAVE_STAGE_PREFIX))
     try:
-        _write_stage(stage, model, tokenizer, meta_text)
+        _write_stage(stage, model, tokenizer, meta_text, records)
         _move_stage_in(stage, root, set(model.heads))
     finally:
         shutil.rmtree(stage, ignore_errors=True)
 
 
-def _write_stage(stage: Path, model: HtmlEncoderModel, tokenizer: HtmlTokenizer, meta_text: str) -> None:
-    """Every file of the checkpoint, written into `stage` (an empty directory)."""
+def _write_stage(
+    stage: Path, model: HtmlEncoderModel, tokenizer: HtmlTokenizer, meta_text: str, records: _Records | None
+) -> None:
+    """Every file of the checkpoint, written into `stage` (an empty directory); `records` are what the
+    head files record of the encoder (None where the model has no heads)."""
     model.config.classifier_pooling = model.pooling  # type: ignore[assignment]  # validated by the model
     # ModernBertModel.save_pretrained writes config.json and model.safetensors under the names
     # AutoModel expects; only those two files are taken from it.
     model.encoder.save_pretrained(stage, safe_serialization=True)
     tokenizer.save(stage / TOKENIZER_FILE)
     (stage / HEADS_DIR).mkdir()
-    if model.heads and (stage / WEIGHTS_FILE).is_file():  # else refused below, naming the missing file
-        # The heads fit in this process are saved with the encoder they go with; a loaded head records
-        # the encoder its file recorded, checked here against this one (before the old files are touched).
-        actual = read_encoder_probe(stage / WEIGHTS_FILE)
-        where = str(stage.parent)
-        probes = {name: probe_to_record(name, head, actual, where) for name, head in model.heads.items()}
+    if records is not None and (stage / WEIGHTS_FILE).is_file():  # else refused below, naming the file
+        # The probe was taken of the encoder in memory; the file is save_pretrained's. Were they apart
+        # (a transformers release converting weights as it saves), load would refuse every head written.
+        if not same_encoder(records.actual, read_encoder_probe(stage / WEIGHTS_FILE)):
+            raise CheckpointError(
+                f"the {WEIGHTS_FILE} save_pretrained wrote holds other weights than the encoder saved (its "
+                "probe differs from the one taken in memory); nothing was saved"
+            )
         for name, head in model.heads.items():
-            metadata = head_metadata(name, probes[name])
+            metadata = head_metadata(name, records.probes[name])
             _save_tensors(stage / HEADS_DIR / f"{name}.safetensors", head.state_dict(), metadata)
     (stage / META_FILE).write_text(meta_text, encoding="utf-8")
     for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, META_FILE):
@@ -610,7 +667,7 @@ def save_heads(
     on, where the caller took one (`htmllm heads train` does): the save is refused when the checkpoint's
     encoder is another by now (replaced while the heads trained), rather than the heads being recorded
     as this encoder's. A head loaded from a checkpoint records what its file recorded, and is refused
-    where that is another encoder than this checkpoint's (`probe_to_record`), as `save_checkpoint` does.
+    where that is another encoder than this checkpoint's (`probes_to_record`), as `save_checkpoint` does.
 
     A kill at any point leaves the old checkpoint or the new one, never a mix: the new head files and
     htmllm.json are staged in heads/.pending/, htmllm.json last (the commit point), and moved into place
@@ -659,7 +716,7 @@ def _save_heads_locked(
             f"the heads {sorted(heads)} were fit on the embeddings of another encoder than {root}'s "
             f"{WEIGHTS_FILE} (replaced while they trained?); none was saved: train them again"
         )
-    probes = {name: probe_to_record(name, head, actual, str(root)) for name, (_spec, head) in heads.items()}
+    probes = probes_to_record({name: head for name, (_spec, head) in heads.items()}, actual, str(root))
     pending = root / HEADS_DIR / PENDING_DIR
     shutil.rmtree(pending, ignore_errors=True)  # a stage never committed: its save was killed
     pending.mkdir(parents=True)

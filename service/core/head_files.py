@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from service.core.checkpoint_format import WEIGHTS_FILE, CheckpointMeta, cause, quoted
@@ -114,6 +115,17 @@ def vector_cells(shapes: Mapping[str, tuple[int, ...]]) -> list[tuple[str, int]]
     return cells
 
 
+def state_probe(state: Mapping[str, torch.Tensor]) -> EncoderProbe:
+    """The probe of an encoder's weights in memory (its `state_dict()`): cell for cell the values
+    `checkpoint.read_encoder_probe` reads from the file `save_pretrained` writes of that state (the same
+    tensors, in their dtype), so that `save_checkpoint` can refuse a loaded head before it writes any
+    file, rather than after the whole encoder was written."""
+    shapes = {name: tuple(tensor.shape) for name, tensor in state.items()}
+    matrices = tuple(float(state[name][row, column].float()) for name, row, column in probe_cells(shapes))
+    vectors = tuple(float(state[name][index].float()) for name, index in vector_cells(shapes))
+    return EncoderProbe(matrices, vectors or None)  # none recorded where there are none, as read
+
+
 def probes_match(recorded: Sequence[float], actual: Sequence[float]) -> bool:
     return len(recorded) == len(actual) and all(
         math.isclose(a, b, rel_tol=_PROBE_RTOL, abs_tol=_PROBE_ATOL)
@@ -157,25 +169,41 @@ def set_loaded_probe(head: nn.Module, probe: EncoderProbe | None) -> None:
     setattr(head, _LOADED_PROBE_ATTRIBUTE, probe)
 
 
-def probe_to_record(name: str, head: nn.Module, actual: EncoderProbe, where: str) -> EncoderProbe:
-    """The probe head `name`'s file records when saved with the encoder probed as `actual` into `where`:
+def probes_to_record(
+    heads: Mapping[str, nn.Module], actual: EncoderProbe, where: str
+) -> dict[str, EncoderProbe]:
+    """The probe each head's file records when saved with the encoder probed as `actual` into `where`:
     the one its file recorded where it was loaded from one, so that a head fit on another encoder is
     not recorded as this one's; else `actual` (a head fit in this process, or from a file of before).
 
-    Raises CheckpointError where the recorded encoder is not this one: the head and the encoder it is
-    saved with are of different trainings, and a load would refuse the checkpoint."""
-    recorded = loaded_probe(head)
-    if recorded is None:
-        return actual
-    if not same_encoder(recorded, actual):
-        raise CheckpointError(
-            f"head {name!r} was loaded from a head file fit on the embeddings of another encoder than the "
-            f"one saved into {where} (the weights its file recorded of that encoder differ): saved with "
-            "it, its scores and metrics would not hold, and a load refuses it; nothing was saved. Train "
-            "the head on this encoder (`htmllm heads train`), or, if this process trained it on this "
-            "encoder, call `service.core.checkpoint.set_loaded_probe(head, None)` before saving"
-        )
-    return recorded
+    Raises CheckpointError where a recorded encoder is not this one (the heads and the encoder they are
+    saved with are of different trainings, and a load would refuse the checkpoint), naming every such
+    head at once: after a fine-tune each of them is one, and naming the first alone had taken the user
+    one refused save per head."""
+    records: dict[str, EncoderProbe] = {}
+    refused: list[str] = []
+    for name, head in heads.items():
+        recorded = loaded_probe(head)
+        if recorded is None:
+            records[name] = actual
+        elif same_encoder(recorded, actual):
+            records[name] = recorded
+        else:
+            refused.append(name)
+    if not refused:
+        return records
+    refused.sort()
+    one = len(refused) == 1
+    heads_were = f"head {refused[0]!r} was" if one else f"heads {', '.join(map(repr, refused))} were"
+    its, it = ("its", "it") if one else ("their", "them")
+    raise CheckpointError(
+        f"{heads_were} loaded from {'a head file' if one else 'head files'} fit on the embeddings of another "
+        f"encoder than the one saved into {where} (the weights {its} {'file' if one else 'files'} recorded "
+        f"of that encoder differ): saved with it, {its} scores and metrics would not hold, and a load "
+        f"refuses {it}; nothing was saved. Train {'the head' if one else 'these heads'} on this encoder "
+        f"(`htmllm heads train`), or, if this process trained {it} on this encoder, call "
+        f"`service.core.checkpoint.set_loaded_probe(head, None)` {'' if one else 'for each '}before saving"
+    )
 
 
 def check_head_file(
@@ -258,7 +286,11 @@ def check_heads_encoder(probes: Mapping[Path, EncoderProbe], actual: EncoderProb
     its scores, and the metrics htmllm.json records for it, are of a model that is not this one.
     `probes` holds the files that record a probe; `actual` is the checkpoint's encoder's. Files without
     a probe (written before heads recorded one, as the bundled model's) load as before, and files
-    without vectors are compared by their matrices alone."""
+    without vectors are compared by their matrices alone.
+
+    One error names every such file: after a fine-tune each head is one, and `htmllm heads train`,
+    which refuses a checkpoint holding one it does not replace, had been refused once per head. A
+    corrupt record is said first, as such (retraining is not what it needs)."""
     for file, recorded in sorted(probes.items()):
         parts = [(ENCODER_PROBE_KEY, recorded.matrices, actual.matrices)]
         if recorded.vectors is not None:
@@ -270,18 +302,44 @@ def check_heads_encoder(probes: Mapping[Path, EncoderProbe], actual: EncoderProb
                     f"{WEIGHTS_FILE} gives {len(expected)} (a hand edit, a corrupt file, or an encoder of "
                     "another architecture): retrain the head (`htmllm heads train`) or restore its file"
                 )
+    vectors_only: dict[Path, bool] = {}  # file -> whether its matrices match (its vectors do not)
+    for file, recorded in sorted(probes.items()):
         if not same_encoder(recorded, actual):
-            differ = (
-                f"the weights its {ENCODER_PROBE_KEY} metadata records differ"
-                if not probes_match(recorded.matrices, actual.matrices)
-                else f"the LayerNorm weights its {ENCODER_VECTORS_KEY} metadata records differ: a fine-tune?"
-            )
-            raise CheckpointError(
-                f"{file} was fit on the embeddings of another encoder than this checkpoint's "
-                f"{WEIGHTS_FILE} ({differ}): its scores and the metrics {META_FILE} records for it would "
-                f"not hold here. Train it on this checkpoint (`htmllm heads train`), or remove it from "
-                f"{META_FILE} and {HEADS_DIR}/"
-            )
+            vectors_only[file] = probes_match(recorded.matrices, actual.matrices)
+    if not vectors_only:
+        return
+    files = list(vectors_only)
+    if len(files) == 1:
+        raise CheckpointError(
+            f"{files[0]} was fit on the embeddings of another encoder than this checkpoint's "
+            f"{WEIGHTS_FILE} ({_differ(vectors_only[files[0]], 'its')}): its scores and the metrics "
+            f"{META_FILE} records for it would not hold here. Train it on this checkpoint (`htmllm heads "
+            f"train`), or remove it from {META_FILE} and {HEADS_DIR}/"
+        )
+    groups = {kind: [file.name for file in files if vectors_only[file] == kind] for kind in (False, True)}
+    groups = {kind: names for kind, names in groups.items() if names}
+    reasons = (
+        _differ(next(iter(groups)), "their")
+        if len(groups) == 1
+        else "; ".join(
+            f"{', '.join(names)}: {_differ(kind, 'its' if len(names) == 1 else 'their')}"
+            for kind, names in groups.items()
+        )
+    )
+    raise CheckpointError(
+        f"{len(files)} head files, {', '.join(map(str, files))}, were fit on the embeddings of another "
+        f"encoder than this checkpoint's {WEIGHTS_FILE} ({reasons}): their scores and the metrics "
+        f"{META_FILE} records for them would not hold here. Train them on this checkpoint, all in one "
+        f"`htmllm heads train` (a task for each of {', '.join(sorted(file.stem for file in files))}), or "
+        f"remove them from {META_FILE} and {HEADS_DIR}/"
+    )
+
+
+def _differ(vectors_only: bool, its: str) -> str:
+    """Which record of a head file (`its`: of one, `their`: of several) differs from the encoder's."""
+    if vectors_only:
+        return f"the LayerNorm weights {its} {ENCODER_VECTORS_KEY} metadata records differ: a fine-tune?"
+    return f"the weights {its} {ENCODER_PROBE_KEY} metadata records differ"
 
 
 def refuse_unlisted_heads(root: Path, meta: CheckpointMeta, head_files: Mapping[str, Path]) -> None:

@@ -65,7 +65,9 @@ def test_a_loaded_head_saved_with_another_encoder_is_refused_and_the_checkpoint_
     model = copy.deepcopy(checkpoint.model)
     model.encoder.load_state_dict(load_checkpoint(b).model.encoder.state_dict())
     before = checkpoint_fingerprint(a)
-    with pytest.raises(CheckpointError, match="head 'page_type' was loaded from a head file fit on") as info:
+    with pytest.raises(
+        CheckpointError, match="heads 'page_type', 'quality' were loaded from head files fit"
+    ) as info:
         save_checkpoint(a, model, checkpoint.tokenizer, checkpoint.meta)
     assert "set_loaded_probe(head, None)" in str(info.value)  # the way out, for a head trained on
     assert checkpoint_fingerprint(a) == before and sorted(load_checkpoint(a).model.heads) == [
@@ -138,9 +140,9 @@ def test_heads_from_files_without_a_probe_are_saved_as_the_encoders_they_are_sav
 def test_an_encoder_fine_tuned_in_its_layer_norms_alone_is_another_encoder(tmp_path: Path) -> None:
     ckpt = build_tiny_checkpoint(tmp_path / "ckpt")
     _rewrite_weights(ckpt, {1: 1.05})  # every 1-D tensor: the LayerNorm weights
-    with pytest.raises(CheckpointError, match="was fit on the embeddings of another encoder") as info:
+    with pytest.raises(CheckpointError, match="were fit on the embeddings of another encoder") as info:
         load_checkpoint(ckpt)
-    assert "LayerNorm weights its encoder_probe_vectors metadata records differ" in str(info.value)
+    assert "LayerNorm weights their encoder_probe_vectors metadata records differ" in str(info.value)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -152,7 +154,7 @@ def test_head_files_of_before_keep_loading_by_their_own_rule(tmp_path: Path, dty
     _rewrite_weights(ckpt, {1: 1.05}, dtype)
     assert sorted(load_checkpoint(ckpt).model.heads) == ["page_type", "quality"]
     _rewrite_weights(ckpt, {2: 1.05})
-    with pytest.raises(CheckpointError, match="the weights its encoder_probe metadata records differ"):
+    with pytest.raises(CheckpointError, match="the weights their encoder_probe metadata records differ"):
         load_checkpoint(ckpt)
 
 
