@@ -1,11 +1,17 @@
-"""Which checkpoint a server runs, for /info: a name does not say (every run of `configs/tiny.toml` is
-"htmllm-tiny", and a retrained or re-headed model keeps its name); the fingerprint of its files and the
-id of the training run that made it do."""
+"""Which checkpoint a server runs, for /info and each model route's answer: a name does not say (every
+run of `configs/tiny.toml` is "htmllm-tiny", and a retrained or re-headed model keeps its name); the
+fingerprint of its files and the id of the training run that made it do.
+
+Each 200 of a model route names the fingerprint in `CHECKPOINT_HEADER`: through a rollout two models
+answer behind one Service, and a crawler storing vectors can tell, per answer, which model made them
+(polling /info tells only what some pod ran at some moment)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+CHECKPOINT_HEADER = "x-checkpoint-sha256"
 
 
 @dataclass(frozen=True)
@@ -14,6 +20,10 @@ class CheckpointIdentity:
 
     sha256: str  # `checkpoint_fingerprint`: what `htmllm embed` pins and an ONNX graph records
     training_run_id: str | None  # htmllm.json's `training.run_id`; None before run ids (the bundled model)
+
+    def header(self) -> dict[str, str]:
+        """The header each 200 of a model route carries (`CHECKPOINT_HEADER`)."""
+        return {CHECKPOINT_HEADER: self.sha256}
 
 
 def read_identity(path: Path) -> CheckpointIdentity:

@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from service.api.checkpoint_identity import CHECKPOINT_HEADER
 from service.api.errors import NOT_OVER_HTTP, RETRYABLE, STATUS
 from service.api.schemas import ErrorBody
 from service.core.errors import ErrorCode
@@ -128,10 +129,11 @@ MODEL_ROUTE_ERRORS = error_responses(400, 422, 429, 500, 503, 504, codes=UNAVAIL
 
 
 def timing_responses(
-    stages: Mapping[str, str], *, every_stage: bool = True
+    stages: Mapping[str, str], *, every_stage: bool = True, checkpoint: bool = True
 ) -> dict[int | str, dict[str, Any]]:
     """FastAPI `responses` entry: the stage headers of a route's 200 (`EMBEDDING_STAGES`, ...), in
-    milliseconds; `x-total-time` and `x-request-id`, on every answer, are `install_openapi`'s.
+    milliseconds, and, on a model route's (`checkpoint`), `CHECKPOINT_HEADER`; `x-total-time` and
+    `x-request-id`, on every answer, are `install_openapi`'s.
 
     `every_stage=False` where a 200 may have run no stage (`on_error: report` with every document
     failed embeds nothing): the stage headers are then absent.
@@ -145,6 +147,13 @@ def timing_responses(
         }
         for name, stage in stages.items()
     }
+    if checkpoint:
+        headers[CHECKPOINT_HEADER] = {
+            "description": "the fingerprint of the checkpoint that answered (`checkpoint_sha256` of /info, "
+            "what `htmllm embed` records): through a rollout, which model made these results",
+            "required": True,
+            "schema": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        }
     return {200: {"headers": headers}}
 
 

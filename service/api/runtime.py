@@ -417,6 +417,11 @@ class Runtime:
         with self._extract_jobs_lock:
             self._extract_jobs -= 1
 
+    def checkpoint_header(self) -> dict[str, str]:
+        """`CHECKPOINT_HEADER` for a model route's answer (set by the lifespan before any is served)."""
+        assert self.checkpoint is not None  # read by the lifespan before the engine is in place
+        return self.checkpoint.header()
+
     @property
     def extraction_backlog(self) -> int:
         with self._extract_jobs_lock:

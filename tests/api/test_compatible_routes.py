@@ -138,3 +138,25 @@ async def test_too_many_inputs_say_how_to_split_them(settings_for: SettingsFacto
             "the request has 3 documents; the limit is 2 (HTMLLM_MAX_DOCUMENTS): send them in requests of "
             "at most 2 (an OpenAI client's batch, langchain's chunk_size, llama-index's embed_batch_size)"
         )
+
+
+async def test_every_model_route_names_the_checkpoint_that_answered(client: httpx.AsyncClient) -> None:
+    """Through a rollout two models answer behind one Service: each answer names its checkpoint (/info's
+    `checkpoint_sha256`), so that a crawler storing vectors can tell which model made them."""
+    sha256 = (await client.get("/info")).json()["checkpoint_sha256"]
+    html = page(0)
+    answers = [
+        await client.post("/v1/embed", json={"documents": [{"html": html}]}),
+        await client.post("/v1/embed", content=html, headers={"content-type": "text/html"}),
+        await client.post("/v1/embeddings", json={"input": html}),
+        await client.post("/embeddings", json={"input": html}),
+        await client.post("/embed", json={"inputs": html}),
+        await client.post("/", json={"inputs": html}),
+        await client.post("/invocations", json={"inputs": html}),
+        await client.post("/v1/preprocess", json={"documents": [{"html": html}]}),
+    ]
+    for answer in answers:
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-checkpoint-sha256"] == sha256, answer.request.url
+    extract = await client.post("/v1/extract", json={"documents": [{"html": html}]})
+    assert extract.status_code == 200 and "x-checkpoint-sha256" not in extract.headers  # no model runs

@@ -84,7 +84,7 @@ async def embed(
         truncate=parsed.truncate,
     )
     results = [o for o in outcomes if isinstance(o, DocumentResult)]
-    response.headers.update(timing_headers(results))
+    response.headers.update(timing_headers(results) | runtime.checkpoint_header())
     return EmbedResponse(
         model=engine.info.name,
         data=[

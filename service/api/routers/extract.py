@@ -156,7 +156,7 @@ def _raw_request(
     "/v1/extract",
     response_model=ExtractResponse,
     summary="Extract the plain text of pages",
-    responses=timing_responses(EXTRACT_STAGES),
+    responses=timing_responses(EXTRACT_STAGES, checkpoint=False),
     openapi_extra=raw_body_openapi(ExtractRequest),
 )
 async def extract_text(

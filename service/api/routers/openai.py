@@ -71,7 +71,7 @@ async def embeddings(
         normalize=True,
         truncate=body.truncate,
     )
-    response.headers.update(timing_headers(results))
+    response.headers.update(timing_headers(results) | runtime.checkpoint_header())
     tokens = sum(r.tokens for r in results)
     return OpenAIEmbeddingsResponse(
         data=[

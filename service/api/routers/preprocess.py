@@ -51,14 +51,15 @@ async def preprocess(
         outputs = await answer_or_cancel(
             request, _preprocess_all(engine, documents), timeout_s=runtime.settings.request_timeout_s
         )
-    stages = {"x-preprocess-time": milliseconds(time.perf_counter() - started)}
+    elapsed = milliseconds(time.perf_counter() - started)
+    headers = {"x-preprocess-time": elapsed} | runtime.checkpoint_header()
     answer = PreprocessResponse(
         data=[
             PreprocessResult(id=doc.id, html=out.html, tokens=out.tokens, tokens_exact=out.tokens_exact)
             for doc, out in zip(documents, outputs, strict=True)
         ]
     )
-    return await json_response(answer, text_chars=sum(len(out.html) for out in outputs), headers=stages)
+    return await json_response(answer, text_chars=sum(len(out.html) for out in outputs), headers=headers)
 
 
 async def _preprocess_all(engine: Engine, documents: list[Document]) -> list[Preprocessed]:

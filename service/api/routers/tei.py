@@ -60,5 +60,5 @@ async def embed(
         normalize=body.normalize,
         truncate=body.truncate,
     )
-    response.headers.update(timing_headers(results))
+    response.headers.update(timing_headers(results) | runtime.checkpoint_header())
     return [r.embedding.astype("float32").tolist() for r in results]
