@@ -40,7 +40,8 @@ manifest's or JSONL file's row names; through a symlink or a hard link too): tak
 output, or read as a page, it was replaced by rows with exit code 0. An existing file this command did
 not write (its first line is not a row of it: `_ROW_START`) is replaced only with --overwrite, as
 `htmllm embed` replaces another's; its own earlier output, and an empty file, are replaced without. Each
-refusal is a usage error (exit code 2) before a page is read, or anything written or locked. Standard
+refusal is a usage error (exit code 2) before a page is read, or anything written or locked, as is an
+output named as a compressed file (`.gz`, `.zst`, ...: `COMPRESSED_SUFFIXES`). Standard
 output (`-`) and an existing output that is not a regular file (`/dev/null`, a FIFO) are written in
 place, and such a run cannot be resumed.
 """
@@ -133,11 +134,19 @@ _ROW_START = re.compile(
     rb'"(?:error|extractions|text)": '
 )
 _START_BYTES = 1 << 20  # read of an existing output to find its first row's keys: past any real id or url
+# The output is plain JSONL, so a name that says it is compressed is refused: `--output out.jsonl.gz` was
+# written as plain JSON under a gzip name, which zcat (and a tool choosing its reader by the name) refused,
+# while `--input` reads a `.jsonl.gz` as gzip. Writing gzip instead would leave the rows' parts, their
+# resume and the finished file's replacement over an earlier output to another format; a user compresses
+# the finished file. These are the suffixes the page reader decompresses (`.gz`; a WARC's `.zst`, `.lz4`)
+# and the other common ones, matched case-insensitively.
+COMPRESSED_SUFFIXES = (".gz", ".gzip", ".zst", ".zstd", ".lz4", ".bz2", ".xz", ".lzma", ".br", ".zip")
 
 
 class OutputRefused(OptionError):
     """An --output the run must not replace (the input, a page file of it, or without --overwrite a file
-    this command did not write): a usage error, exit code 2, before a page is read or anything written."""
+    this command did not write) or must not write (a compressed file's name): a usage error, exit code 2,
+    before a page is read or anything written."""
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -160,7 +169,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
             "an HTML or WARC directory, an HTML file"
         ),
     )
-    parser.add_argument("--output", required=True, help="JSONL file to write, or - for standard output")
+    parser.add_argument(
+        "--output",
+        required=True,
+        help="JSONL file to write (plain: a compressed file's name, .gz and the like, is refused), or - for "
+        "standard output",
+    )
     parser.add_argument(
         "--overwrite",
         action="store_true",
@@ -319,6 +333,7 @@ def _check_output(args: argparse.Namespace) -> None:
         raise OutputRefused(
             f"--output {args.output} is the input's page file {page}: the run would replace it with its rows"
         )
+    _check_output_name(args)  # before a refusal that --overwrite would lift: it would not lift this one
     if args.overwrite or start == b"":
         return
     if start is None:
@@ -330,6 +345,18 @@ def _check_output(args: argparse.Namespace) -> None:
         f"{args.output} was not written by htmllm extract (its first line is not a row of it); pass "
         "--overwrite to replace it"
     )
+
+
+def _check_output_name(args: argparse.Namespace) -> None:
+    """Refuse (`OutputRefused`) an output named as a compressed file (`COMPRESSED_SUFFIXES`). Checked after
+    the input and its page files (`_check_output`): a page file `p1.html.gz` of the input is refused as
+    that, which says what the run would have destroyed."""
+    if args.output != "-" and args.output.lower().endswith(COMPRESSED_SUFFIXES):
+        suffix = args.output[args.output.rindex(".") :]
+        raise OutputRefused(
+            f"--output {args.output} names a compressed file, but htmllm extract writes plain JSONL: name "
+            f"it without {suffix} and compress the finished file if need be"
+        )
 
 
 def _start(output: Path) -> bytes:
@@ -691,6 +718,7 @@ def run(args: argparse.Namespace) -> int:
     deferred = Deferred()
     try:
         _check_output(args)  # before anything is written or locked: what it would replace is not the run's
+        _check_output_name(args)  # nor a file named as compressed: the rows are plain JSONL
         if target is not None:
             check_output_parent(Path(args.output))  # as `htmllm embed` checks it (a missing one is made)
         with sigterm_as_ctrl_c() as termination:

@@ -78,7 +78,9 @@ from service.core.extract.word_count import TextCounts, count_words, text_counts
 #    space or U+FFFD (`normalize.xml_compatible`).
 # 9: pages decoded as prune version 11 decodes them (a legacy CJK page with a character only the WHATWG
 #    decoders read: detected as its encoding, and read as a browser reads it).
-EXTRACTION_VERSION: Final = "9"
+# 10: resiliparse keeps a lone character between tags written as a character reference (`&euro;`,
+#     `&bdquo;`, `&#x89aa;`), as it kept the raw character (`extractors._LONE_CHARACTER`).
+EXTRACTION_VERSION: Final = "10"
 
 __all__ = [
     "ALL",
