@@ -64,6 +64,7 @@ from service.commands.options import (
     OptionError,
     at_least,
     check_output_parent,
+    compressed_output_problem,
     path_or_stdio,
 )
 from service.commands.resume_state import (
@@ -363,6 +364,9 @@ def _plan(args: argparse.Namespace) -> _Plan:
     """Check everything a command line can get wrong before the model loads (seconds to minutes) or a
     file is created (a run.json written for a typo would pin it)."""
     _check_input(args.input, args.output)
+    problem = compressed_output_problem(str(args.output), "embed", "a Parquet file (compressed inside)")
+    if problem is not None:
+        raise OptionError(problem)
     check_output_parent(args.output)
     check_checkpoint_path(args.checkpoint, "--checkpoint")  # before torch's import (seconds)
     from service.core.checkpoint import checkpoint_fingerprint, read_meta

@@ -41,7 +41,7 @@ output, or read as a page, it was replaced by rows with exit code 0. An existing
 not write (its first line is not a row of it: `_ROW_START`) is replaced only with --overwrite, as
 `htmllm embed` replaces another's; its own earlier output, and an empty file, are replaced without. Each
 refusal is a usage error (exit code 2) before a page is read, or anything written or locked, as is an
-output named as a compressed file (`.gz`, `.zst`, ...: `COMPRESSED_SUFFIXES`). Standard
+output named as a compressed file (`.gz`, `.zst`, ...: `options.COMPRESSED_SUFFIXES`). Standard
 output (`-`) and an existing output that is not a regular file (`/dev/null`, a FIFO) are written in
 place, and such a run cannot be resumed.
 """
@@ -65,7 +65,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from service.commands.options import STDIN_INPUT, OptionError, at_least, check_output_parent
+from service.commands.options import (
+    STDIN_INPUT,
+    OptionError,
+    at_least,
+    check_output_parent,
+    compressed_output_problem,
+)
 from service.commands.resume_state import (
     INPUT_KEY,
     TEMP_SUFFIX,
@@ -134,15 +140,14 @@ _ROW_START = re.compile(
     rb'"(?:error|extractions|text)": '
 )
 _START_BYTES = 1 << 20  # read of an existing output to find its first row's keys: past any real id or url
+
+
 # The output is plain JSONL, so a name that says it is compressed is refused: `--output out.jsonl.gz` was
 # written as plain JSON under a gzip name, which zcat (and a tool choosing its reader by the name) refused,
 # while `--input` reads a `.jsonl.gz` as gzip. Writing gzip instead would leave the rows' parts, their
 # resume and the finished file's replacement over an earlier output to another format; a user compresses
 # the finished file. These are the suffixes the page reader decompresses (`.gz`; a WARC's `.zst`, `.lz4`)
 # and the other common ones, matched case-insensitively.
-COMPRESSED_SUFFIXES = (".gz", ".gzip", ".zst", ".zstd", ".lz4", ".bz2", ".xz", ".lzma", ".br", ".zip")
-
-
 class OutputRefused(OptionError):
     """An --output the run must not replace (the input, a page file of it, or without --overwrite a file
     this command did not write) or must not write (a compressed file's name): a usage error, exit code 2,
@@ -351,12 +356,9 @@ def _check_output_name(args: argparse.Namespace) -> None:
     """Refuse (`OutputRefused`) an output named as a compressed file (`COMPRESSED_SUFFIXES`). Checked after
     the input and its page files (`_check_output`): a page file `p1.html.gz` of the input is refused as
     that, which says what the run would have destroyed."""
-    if args.output != "-" and args.output.lower().endswith(COMPRESSED_SUFFIXES):
-        suffix = args.output[args.output.rindex(".") :]
-        raise OutputRefused(
-            f"--output {args.output} names a compressed file, but htmllm extract writes plain JSONL: name "
-            f"it without {suffix} and compress the finished file if need be"
-        )
+    problem = compressed_output_problem(args.output, "extract", "plain JSONL")
+    if problem is not None:
+        raise OutputRefused(problem)
 
 
 def _start(output: Path) -> bytes:

@@ -53,6 +53,23 @@ def at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+# Names of compressed files: an --output so named that the bulk commands would write plain (JSONL, Parquet)
+# is refused; `zcat` and `gzip.open` failed on it, and a `.jsonl.gz` input is read as gzip.
+COMPRESSED_SUFFIXES = (".gz", ".gzip", ".zst", ".zstd", ".lz4", ".bz2", ".xz", ".lzma", ".br", ".zip")
+
+
+def compressed_output_problem(output: str, command: str, writes: str) -> str | None:
+    """Why `output` must not be the name of what `command` writes (`writes`: "plain JSONL"), or None: a
+    name of a compressed file (`COMPRESSED_SUFFIXES`)."""
+    if output == "-" or not output.lower().endswith(COMPRESSED_SUFFIXES):
+        return None
+    suffix = output[output.rindex(".") :]
+    return (
+        f"--output {output} names a compressed file, but htmllm {command} writes {writes}: name it "
+        f"without {suffix} and compress the finished file if need be"
+    )
+
+
 def check_output_parent(output: Path) -> None:
     """Refuse an output under a file (`--output results.parquet/out.parquet`) before anything is read
     or loaded: found when the run's directory is made, it was a bare "[Errno 20] Not a directory" line

@@ -782,3 +782,20 @@ def test_overwrite_starts_over_from_an_interrupted_run_over_a_changed_input_touc
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         ".out.parquet.backup", "out.parquet", "out.parquet.parts.notes", "pages.jsonl"
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["out.parquet.gz", "out.GZ", "out.zst"])
+def test_an_output_named_as_a_compressed_file_is_refused_before_the_model_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """As `htmllm extract` refuses one: a Parquet file named `.gz` had been written, which `gzip -t` and
+    `zcat` refuse (Parquet compresses inside)."""
+    from service.engine import Engine
+
+    source = tmp_path / "pages.jsonl"
+    write_pages(source, 2)
+    monkeypatch.setattr(Engine, "from_checkpoint", _not_loaded)
+    assert main(_args(tmp_path / "no-checkpoint-needed", source, tmp_path / name)) == 1
+    err = capsys.readouterr().err
+    assert "names a compressed file, but htmllm embed writes a Parquet file" in err and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pages.jsonl"]

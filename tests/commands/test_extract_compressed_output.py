@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from service.cli import main
-from service.commands.extract import COMPRESSED_SUFFIXES
+from service.commands.options import COMPRESSED_SUFFIXES
 
 
 def _args(source: Path, output: Path, *options: str) -> list[str]:
