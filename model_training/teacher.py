@@ -397,8 +397,16 @@ def load_teacher_embeddings(teacher: str | Path, shards: str | Path) -> tuple[Te
     """The teacher's arrays, one per shard, checked to be aligned with the shards' rows."""
     meta = read_teacher_meta(teacher)
     manifest = read_manifest(shards)
-    if meta.shards_tokenizer_sha256 != manifest["tokenizer_sha256"]:
-        raise DataError(f"{teacher} was embedded from other shards (tokenizer hash differs); re-run it")
+    # The teacher reads texts, never token ids: shards prepared again with another tokenizer (every
+    # ablation of docs/tokenizer.md) keep its vectors right where their texts are the same, which
+    # `check_texts` decides. Only a teacher.json that records no texts falls back on the tokenizer's hash.
+    recorded_texts = all("texts_sha256" in mine for mine in meta.shards)
+    if not recorded_texts and meta.shards_tokenizer_sha256 != manifest["tokenizer_sha256"]:
+        raise DataError(
+            f"{teacher} was embedded from shards of another tokenizer, and its {TEACHER_META_FILE} (written "
+            "before the texts were recorded) cannot tell whether their texts are the same: re-run "
+            f"`htmllm teacher embed --input {shards} --out {teacher}`"
+        )
     if len(meta.shards) != len(manifest["shards"]):
         raise DataError(
             f"{teacher} has {len(meta.shards)} shard files, {shards} has {len(manifest['shards'])}"

@@ -60,6 +60,7 @@ def prepare(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
         text: str = "",
         extraction_version: str = extraction.EXTRACTION_VERSION,
         prune_version: str = prune.PRUNE_VERSION,
+        tokenizer: Path = tok,
     ) -> Path:
         monkeypatch.setattr(extraction, "EXTRACTION_VERSION", extraction_version)
         monkeypatch.setattr(prune, "PRUNE_VERSION", prune_version)
@@ -69,7 +70,7 @@ def prepare(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
             lambda html, _name: SimpleNamespace(text=f"{text} {len(html)}", extractor="resiliparse"),
         )
         prepare_shards(
-            corpus, shards, tok, max_length=64, sampling=SamplingConfig(holdout_fraction=0.0),
+            corpus, shards, tokenizer, max_length=64, sampling=SamplingConfig(holdout_fraction=0.0),
             extractor=extractor, workers=1, shard_size=2, progress=False,
         )  # fmt: skip
         return shards
@@ -227,3 +228,28 @@ def test_a_shard_rewritten_under_its_old_manifest_is_not_embedded(prepare: Any, 
     with pytest.raises(DataError, match="does not hold the rows its manifest lists"):
         _write_zero_teacher(shards, tmp_path / "teacher")
     assert not (tmp_path / "teacher" / TEACHER_META_FILE).exists()
+
+
+def test_shards_prepared_again_with_another_tokenizer_keep_the_teacher_whose_texts_are_the_same(
+    prepare: Any, tmp_path: Path
+) -> None:
+    """The teacher reads texts, never token ids: a tokenizer ablation (another vocabulary, `--tags 0`) had
+    been refused its teacher ("tokenizer hash differs"), the most expensive step run again for nothing.
+    Other texts are still refused; a teacher.json of before the texts were recorded still goes by the
+    tokenizer's hash, the one thing it can tell by."""
+    shards = prepare(NO_EXTRACTION)
+    teacher = tmp_path / "teacher"
+    _write_zero_teacher(shards, teacher)
+    other = tmp_path / "other-tok.json"
+    build_tiny_tokenizer(vocab_size=384, tags=8).save(other)
+    prepare(NO_EXTRACTION, tokenizer=other)
+    assert read_manifest(shards)["tokenizer_sha256"] != json.loads(
+        (teacher / TEACHER_META_FILE).read_text(encoding="utf-8")
+    )["shards_tokenizer_sha256"]
+    load_teacher_embeddings(teacher, shards)  # same texts: accepted
+    recorded = json.loads((teacher / TEACHER_META_FILE).read_text(encoding="utf-8"))
+    for entry in recorded["shards"]:
+        del entry["texts_sha256"]
+    (teacher / TEACHER_META_FILE).write_text(json.dumps(recorded), encoding="utf-8")
+    with pytest.raises(DataError, match=r"shards of another tokenizer.*re-run `htmllm teacher embed --input"):
+        load_teacher_embeddings(teacher, shards)
