@@ -243,9 +243,10 @@ def test_shards_prepared_again_with_another_tokenizer_keep_the_teacher_whose_tex
     other = tmp_path / "other-tok.json"
     build_tiny_tokenizer(vocab_size=384, tags=8).save(other)
     prepare(NO_EXTRACTION, tokenizer=other)
-    assert read_manifest(shards)["tokenizer_sha256"] != json.loads(
-        (teacher / TEACHER_META_FILE).read_text(encoding="utf-8")
-    )["shards_tokenizer_sha256"]
+    assert (
+        read_manifest(shards)["tokenizer_sha256"]
+        != json.loads((teacher / TEACHER_META_FILE).read_text(encoding="utf-8"))["shards_tokenizer_sha256"]
+    )
     load_teacher_embeddings(teacher, shards)  # same texts: accepted
     recorded = json.loads((teacher / TEACHER_META_FILE).read_text(encoding="utf-8"))
     for entry in recorded["shards"]:
