@@ -541,8 +541,18 @@ def run_evaluation(tasks: Sequence[Task], config: EvalConfig) -> EvalResult:
         )
 
     for path, meta in metas.items():
+        # Lengths beyond the model's are capped at it (and run once): the Engine refuses them. Said, for a
+        # report without the row asked for had read as a length that was never run.
+        capped = sorted(t for t in config.truncate if t > meta.max_length)
+        if capped:
+            logger.warning(
+                "%s: --truncate %s is past the model's max_length %d: run at %d instead",
+                path,
+                ",".join(str(t) for t in capped),
+                meta.max_length,
+                meta.max_length,
+            )
         for input_mode in config.inputs:
-            # Lengths beyond the model's are capped at it (and run once): the Engine refuses them.
             for length in sorted({min(t, meta.max_length) for t in config.truncate}) or [meta.max_length]:
                 started = time.perf_counter()
                 timed(

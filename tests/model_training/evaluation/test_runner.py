@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -232,3 +233,26 @@ def test_eval_run_seeds_reports_the_spread_over_seeds(
     # One seed (the default): no spread section.
     assert main(argv) == 0
     assert "seed_spread" not in json.loads((out / "report.json").read_text(encoding="utf-8"))
+
+
+def test_a_truncation_past_the_models_length_is_said_where_it_is_capped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`--truncate 64,4096` on a 128-token model runs 64 and 128: the 4096 row the user asked for had
+    vanished from the report without a word."""
+    from service.core.checkpoint import read_meta
+
+    corpus = write_corpus(tmp_path / "corpus.jsonl", sites=6, pages_per_site=3)
+    derive_tasks(corpus, tmp_path / "tasks", min_pages=4, min_sites=3, folds=3)
+    tasks = [t for t in load_tasks(tmp_path / "tasks") if t.spec.name == "page_kind"]
+    ckpt = build_tiny_checkpoint(tmp_path / "ckpt")
+    max_length = read_meta(ckpt).max_length
+    fake_engine(monkeypatch, read_meta(ckpt).embedding_dim)
+    config = EvalConfig(
+        checkpoints=(ckpt,), truncate=(24, 4096, 8192), inputs=("html",), baselines=(), head=TINY_HEAD,
+        cache_dir=tmp_path / "cache",
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="model_training.evaluation.runner"):
+        result = run_evaluation(tasks, config)
+    assert sorted(s.truncate for s in result.systems) == [24, max_length]
+    assert f"--truncate 4096,8192 is past the model's max_length {max_length}" in caplog.text
