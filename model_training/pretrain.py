@@ -40,6 +40,7 @@ from model_training.devices import resolve_device
 from model_training.heldout_eval import evaluate
 from model_training.library_progress import drawn_as_bars, library_bars
 from model_training.objectives import LossAggregator, MaskingConfig
+from model_training.outputs import directories_to_make, remove_empty
 from model_training.pretraining_model import PretrainingModel, all_special_ids, autocast, param_groups
 from model_training.train_config import TrainConfig
 from model_training.train_logs import (
@@ -180,25 +181,32 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
     torch.manual_seed(config.seed + rank)
     out = Path(config.out)
     checkpoints = out / "checkpoints"
+    made = directories_to_make(checkpoints) if master else []
     if master:
         writable_dir(checkpoints)
     started = time.perf_counter()
 
-    # Data: token ids per document and the teacher's vector for each, held-out pages set aside. The
-    # manifest first: a wrong --shards is "not a shards directory", not a missing tokenizer file.
-    manifest = read_manifest(config.shards)
-    tokenizer_file = Path(config.shards) / TOKENIZER_FILE
-    tokenizer = HtmlTokenizer.from_file(tokenizer_file)
-    if tokenizer.sha256 != manifest.get("tokenizer_sha256"):
-        # The ids in the shards are only meaningful under the tokenizer that made them: another one of
-        # the same size trains silently and the checkpoint names the wrong tokenizer; a smaller one
-        # fails with an IndexError in the embedding.
-        raise DataError(
-            f"{tokenizer_file} (sha256 {tokenizer.sha256[:16]}) is not the tokenizer the shards were made "
-            f"with (manifest.json records {str(manifest.get('tokenizer_sha256'))[:16]}); restore it or "
-            "re-run `htmllm data prepare`"
-        )
-    train_data, heldout, provenance = load_splits(config.shards, config.teacher)
+    try:
+        # Data: token ids per document and the teacher's vector for each, held-out pages set aside. The
+        # manifest first: a wrong --shards is "not a shards directory", not a missing tokenizer file.
+        manifest = read_manifest(config.shards)
+        tokenizer_file = Path(config.shards) / TOKENIZER_FILE
+        tokenizer = HtmlTokenizer.from_file(tokenizer_file)
+        if tokenizer.sha256 != manifest.get("tokenizer_sha256"):
+            # The ids in the shards are only meaningful under the tokenizer that made them: another one of
+            # the same size trains silently and the checkpoint names the wrong tokenizer; a smaller one
+            # fails with an IndexError in the embedding.
+            raise DataError(
+                f"{tokenizer_file} (sha256 {tokenizer.sha256[:16]}) is not the tokenizer the shards were "
+                f"made with (manifest.json records {str(manifest.get('tokenizer_sha256'))[:16]}); restore it "
+                "or re-run `htmllm data prepare`"
+            )
+        train_data, heldout, provenance = load_splits(config.shards, config.teacher)
+    except BaseException:
+        # Refused its data (a wrong --shards or --teacher), the run has written nothing: the run directory
+        # it made for its checkpoints goes again, where it had been left empty to pass for a run.
+        remove_empty(made)
+        raise
     shards_length = int(provenance["shards"].get("max_length") or config.max_length)
     if master and config.max_length > shards_length:
         # The checkpoint will say max_length and the service will run pages that long, but the encoder

@@ -36,14 +36,19 @@ def _strict(text: str) -> Any:
 @pytest.mark.parametrize("other", [{"vocab_size": 384}, {"tags": 20}], ids=["smaller", "same-size"])
 def test_a_tokenizer_that_did_not_make_the_shards_is_refused(tmp_path: Path, other: dict[str, int]) -> None:
     """A smaller one had been an IndexError traceback, one of the same size trained silently and the
-    checkpoint recorded it as the model's tokenizer."""
+    checkpoint recorded it as the model's tokenizer. The refused run leaves no run directory it made (an
+    empty one had passed for a run)."""
     _build_run_inputs(tmp_path, documents=12)
     swapped = build_tiny_tokenizer(**other)
     assert swapped.sha256 != build_tiny_tokenizer().sha256
     swapped.save(tmp_path / "shards" / "tokenizer.json")
     with pytest.raises(HtmllmError, match="not the tokenizer the shards were made with"):
         train(_config(tmp_path, "swapped", max_steps=1))
-    assert not list((tmp_path / "swapped" / "checkpoints").iterdir())
+    assert not (tmp_path / "swapped").exists()
+    (tmp_path / "kept").mkdir()  # a run directory that was there stays
+    with pytest.raises(HtmllmError, match="not the tokenizer the shards were made with"):
+        train(_config(tmp_path, "kept", max_steps=1))
+    assert (tmp_path / "kept").is_dir() and not (tmp_path / "kept" / "checkpoints").exists()
 
 
 def test_a_diverging_run_stops_at_its_first_non_finite_loss(run_inputs: Path) -> None:
