@@ -32,13 +32,14 @@ meanwhile cannot mix old labels with new head weights.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -217,17 +218,17 @@ def save_checkpoint(
         actual = state_probe(encoder_state)
         records = _Records(actual, probes_to_record(dict(model.heads.items()), actual, str(root)))
     meta.heads = specs
-    created = _first_missing(root)
+    made = _directories_to_make(root)
     root.mkdir(parents=True, exist_ok=True)
     try:
         with heads_stage.heads_lock(root):  # no reader completes a save_heads stage over the files written
             try:
                 _save_checkpoint_locked(root, model, tokenizer, meta_text, records)
             except BaseException:
-                _remove_created(created)  # holding the lock: no other save is writing into it meanwhile
+                _remove_written(root, made, model.heads)  # holding the lock: no save of ours writes meanwhile
                 raise
     except BaseException:
-        _remove_created(created)  # the lock could not be taken (heads/ not created: a full disk)
+        _remove_written(root, made, model.heads)  # the lock could not be taken (a full disk)
         raise
 
 
@@ -240,22 +241,52 @@ class _Records:
     probes: dict[str, EncoderProbe]
 
 
-def _first_missing(root: Path) -> Path | None:
-    """The outermost of `root` and its parents that does not exist (what `root.mkdir(parents=True)`
-    creates, and a failed save removes), or None where `root` exists."""
-    missing = None
+def _directories_to_make(root: Path) -> list[Path]:
+    """`root` and the parents of it that do not exist, deepest first: what `root.mkdir(parents=True)`
+    makes, and a failed save takes away again where nothing else is in them (`_remove_written`).
+
+    CheckpointError for a `root` in which `..` follows a directory that does not exist (`new/../kept`):
+    its directories would be named by a way through one the save makes first, so that `kept`, there
+    before, read as made by it."""
+    prefix = Path(root.anchor)
+    for part in root.parts[1:] if root.anchor else root.parts:
+        if part == ".." and not prefix.exists():
+            raise CheckpointError(
+                f"{root}: '..' after {prefix}, which does not exist; give the path without it"
+            )
+        prefix = prefix / part
+    made: list[Path] = []
     for directory in (root, *root.parents):
         if os.path.lexists(directory):
             break
-        missing = directory
-    return missing
+        made.append(directory)
+    return made
 
 
-def _remove_created(created: Path | None) -> None:
-    """Remove the directory a failed `save_checkpoint` created (its stage, heads/ and lock file
-    with it): left, it is a directory that serve and load call no checkpoint."""
-    if created is not None:
-        shutil.rmtree(created, ignore_errors=True)
+def _remove_written(root: Path, made: Sequence[Path], heads: Iterable[str]) -> None:
+    """After a failed save into a directory it made (`made`, deepest first; none: `root` existed, and
+    the save's stage is all it wrote there, removed already), take away what the save wrote in it (its
+    files by name, the heads lock) and then each directory of `made` that is left empty: left, the
+    directory holding heads/.pending.lock alone is one that serve and load call no checkpoint. Never a
+    file it did not write, nor a directory holding one: another process may have saved beside it (a
+    sibling checkpoint under the same new parent)."""
+    if not made:
+        return
+    heads_dir = root / HEADS_DIR
+    names = [root / name for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, META_FILE)]
+    names += [heads_dir / f"{name}.safetensors" for name in heads]
+    for file in [*names, heads_dir / heads_stage.LOCK_FILE]:
+        with contextlib.suppress(OSError):
+            file.unlink()
+    with contextlib.suppress(OSError):  # not empty: kept, with `root`
+        heads_dir.rmdir()
+    for directory in made:
+        try:
+            directory.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:  # not empty: something the save did not write is there, kept with its parents
+            break
 
 
 def _save_checkpoint_locked(

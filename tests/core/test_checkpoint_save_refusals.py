@@ -192,3 +192,44 @@ def test_an_encoder_file_unlike_the_encoder_in_memory_is_refused_and_nothing_lef
     with pytest.raises(CheckpointError, match="holds other weights than the encoder saved"):
         save_checkpoint(tmp_path / "n1", model, build_tiny_tokenizer(), _meta(model))
     assert not (tmp_path / "n1").exists()
+
+
+def test_a_failed_save_never_takes_what_another_save_wrote_beside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two saves into new checkpoints under one new parent: the one that fails had removed the parent it
+    found missing, whole, and the other's finished checkpoint with it. It takes away what it wrote, and
+    directories only where they are left empty."""
+    checkpoint = load_checkpoint(build_tiny_checkpoint(tmp_path / "a"))
+    real = checkpoint.model.encoder.save_pretrained
+    sibling = tmp_path / "runs" / "new" / "b"
+
+    def saved_meanwhile(directory: Path, **kwargs: Any) -> None:
+        other = load_checkpoint(tmp_path / "a")  # another process's save, while this one writes
+        save_checkpoint(sibling, other.model, other.tokenizer, other.meta)
+        real(directory, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.model.encoder, "save_pretrained", saved_meanwhile)
+    with pytest.raises(OSError, match="No space left"):
+        save_checkpoint(
+            tmp_path / "runs" / "new" / "a", checkpoint.model, checkpoint.tokenizer, checkpoint.meta
+        )
+    assert [p.name for p in (tmp_path / "runs" / "new").iterdir()] == ["b"]
+    load_checkpoint(sibling)  # whole
+
+
+def test_a_path_through_a_directory_the_save_would_make_is_refused(tmp_path: Path) -> None:
+    """`fresh/../existing/ckpt` names `existing` by a way through `fresh`, which the save makes first:
+    it had been left holding heads/.pending.lock alone after a failure. Refused before anything is made;
+    `..` after a directory that exists is the kernel's to follow."""
+    checkpoint = load_checkpoint(build_tiny_checkpoint(tmp_path / "a"))
+    (tmp_path / "existing").mkdir()
+    for root in (tmp_path / "fresh" / ".." / "existing" / "c1", tmp_path / "existing" / "sub" / ".." / "c2"):
+        with pytest.raises(CheckpointError, match=r"'\.\.' after .* which does not exist"):
+            save_checkpoint(root, checkpoint.model, checkpoint.tokenizer, checkpoint.meta)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "existing"]
+    assert list((tmp_path / "existing").iterdir()) == []
+    through = tmp_path / "existing" / ".." / "c3"
+    save_checkpoint(through, checkpoint.model, checkpoint.tokenizer, checkpoint.meta)
+    load_checkpoint(tmp_path / "c3")
