@@ -54,16 +54,35 @@ is for (`example.com:443`), is no path: the target URI it stands for has an empt
 answers every authority so too). The answer closes the connection (`Connection: close`), lingering as
 the refusals above do: nothing after the head can be read as HTTP, and a client may have sent its
 tunnel's first bytes already.
+
+Three more bounds. A connection may queue at most `MAX_PIPELINED` requests behind the one being answered:
+uvicorn queued every pipelined request a read held, and resumed reading after each answer and on each
+receive(), so one connection sending `GET /health` without pause queued 330,000 of them (300 MB, kept).
+The next one is refused, 429 `overloaded`, as the other refusals are (after the answers before it, a
+lingering close): pausing reading instead cannot bound the queue, since a single read (256 KiB, some
+10,000 such requests) is parsed whole before any pause takes effect, and httptools says nowhere where
+it stopped, so the rest could not be kept to be parsed later. A connection whose answers the client
+leaves unread, its writing paused (the transport's buffer over its high-water mark) for longer than
+`head_timeout_s`, is aborted: uvicorn's send() waited for the buffer to drain without end, so a request
+whose answer could not be written held its task, its memory and its share of the in-flight body budget
+for as long as the client liked; aborted, its send() returns, as for any client that left. And a
+chunked body's trailer fields are never request headers (RFC 9110 section 6.5.2): uvicorn appended them
+to the request's headers, where an `Authorization` trailer passed the key check and a `Content-Encoding`
+one decided the body's decoding. They are dropped, counted against `MAX_HEAD_BYTES` as a head is (431
+past it, the request refused as for a malformed body): httptools buffered an endless trailer value
+without bound, copying it whole at each read. A trailer `Connection` changes nothing either: llhttp
+acted on a `close` there and dropped, silently, every byte the connection brought after the request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from service.api.connections import CONNECTION_KEY, PROTOCOL_STATUS_KEY, ConnectionAge
 from service.api.errors import STATUS
@@ -91,11 +110,15 @@ _LINGER_BYTES = 4 * 1024 * 1024
 # past it (or for a chunked body, whose size is unknown), the connection ends in a lingering close rather
 # than the parser reading and dropping the rest (a 401 for a 1 TB `Content-Length` read 9.8 GB in 5 s).
 UNREAD_BODY_KEPT = 64 * 1024
+# The most requests queued on a connection behind the one being answered (pipelined), past which the next
+# is refused (429): a client that pipelines waits for its answers in order anyway, and one that sends
+# more than this many at once gains nothing from the server holding them (browsers pipeline none).
+MAX_PIPELINED = 64
 # The head timeout of a protocol made without one: `Settings.head_timeout_s`'s default (the service's
 # HTMLLM_HEAD_TIMEOUT_S), so that no protocol is unbounded by omission: uvicorn's keep-alive timer does not
 # bound a connection that trickles bytes (it is cancelled on every read, armed again only after an answer).
 DEFAULT_HEAD_TIMEOUT_S = 30.0
-_REASONS = {408: "Request Timeout", 431: "Request Header Fields Too Large"}
+_REASONS = {408: "Request Timeout", 429: "Too Many Requests", 431: "Request Header Fields Too Large"}
 
 
 def _error_answer(code: ErrorCode, message: str) -> bytes:
@@ -112,15 +135,27 @@ def _error_answer(code: ErrorCode, message: str) -> bytes:
     return head.encode("ascii") + body
 
 
-class _HeadOverCap(Exception):
-    """Raised from `on_headers_complete` to stop the parse of a head over the cap (httptools turns it
-    into an `HttpParserCallbackError` out of `feed_data`, the rest of the read left unparsed)."""
+class _StopParse(Exception):
+    """Raised from a parser callback to stop the parse where the request is refused (a head or a trailer
+    section over the cap, one request too many queued): httptools turns it into an
+    `HttpParserCallbackError` out of `feed_data`, the rest of the read left unparsed."""
 
 
 def _head_too_large_response() -> bytes:
     return _error_answer(
         ErrorCode.HEADERS_TOO_LARGE, f"the request line and headers exceed {MAX_HEAD_BYTES} bytes"
     )
+
+
+def _trailer_too_large_response() -> bytes:
+    return _error_answer(
+        ErrorCode.HEADERS_TOO_LARGE, f"the chunked body's trailer fields exceed {MAX_HEAD_BYTES} bytes"
+    )
+
+
+def _too_many_pipelined_response() -> bytes:
+    message = f"too many pipelined requests: at most {MAX_PIPELINED} may wait behind the one being answered"
+    return _error_answer(ErrorCode.OVERLOADED, message + "; send the rest on a new connection")
 
 
 def _head_without_offer(method: bytes, url: bytes, version: str, headers: list[tuple[bytes, bytes]]) -> bytes:
@@ -198,8 +233,10 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
 
     class BoundedHttpToolsProtocol(HttpToolsProtocol):
         """httptools' protocol that refuses a head longer than `MAX_HEAD_BYTES` (431, then closes), or
-        slower than `head_timeout_s` (408, then closes), and answers a request that offers to switch
-        protocols as if it had not (the module's docstring).
+        slower than `head_timeout_s` (408, then closes), or queued behind `MAX_PIPELINED` others (429),
+        drops a chunked body's trailer fields (431 past `MAX_HEAD_BYTES`), aborts a connection whose
+        answers stay unread for `head_timeout_s`, and answers a request that offers to switch protocols
+        as if it had not (the module's docstring).
 
         A head that completes is measured in `on_headers_complete`, from what the callbacks gave: the
         request line (method, URL, version, two spaces, CRLF), each header (name, ":", value with its
@@ -212,6 +249,12 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
         may hold a pipelined request's body before it), so an endless head is refused after at most
         `MAX_HEAD_BYTES` plus one read (asyncio reads up to 256 KiB at a time), and httptools never
         buffers more.
+
+        A trailer section is measured the same way: its fields as they complete (`on_header` after the
+        head), and, while it is incomplete, the reads after the one it began in. It begins at a chunk's
+        size line (`on_chunk_header`) that no body byte follows: the last chunk's (size 0). A data chunk's
+        size line at the end of a read looks the same until the next read brings its first byte
+        (`on_body`), so only reads that end with no body byte since count.
         """
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -220,7 +263,7 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
             self._began_in_chunk = False
             self._head_bytes = 0  # the reads counted against a head still incomplete
             self._head_size = 0  # the headers parsed so far of the current head, as sent
-            self._over_cap = False  # the head just parsed is over the cap (`_HeadOverCap` raised)
+            self._stopped: tuple[bytes, int] | None = None  # the refusal `_StopParse` was raised for
             self._refusal: bytes | None = None  # an answer from below the app, written once it is our turn
             self._lingering = False  # the refusal is written and the connection half-closed
             self._linger_left = 0  # bytes still read (and dropped) before the close, from the refusal on
@@ -232,6 +275,13 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
             self._offered_upgrade = False  # the head just parsed offered a protocol switch
             self._head_timer: asyncio.TimerHandle | None = None
             self._body_left: int | None = 0  # the parser's request's body to come (None: chunked)
+            self._keeps_alive = True  # whether llhttp keeps the connection, by its request's head
+            self._lenient_keep_alive = False  # llhttp told to, whatever a trailer `Connection` says
+            self._trailer_open = False  # past a chunk's size line with no body byte since: maybe a trailer
+            self._trailer_new = False  # ... a size line parsed in the current read
+            self._trailer_bytes = 0  # the reads counted against a trailer section still incomplete
+            self._trailer_size = 0  # its fields parsed so far, as sent
+            self._write_timer: asyncio.TimerHandle | None = None  # armed while writing is paused
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -257,6 +307,7 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
                 running.disconnected = True
                 running.message_event.set()
             self._cancel_head_timer()
+            self._cancel_write_timer()
             if self._linger_timer is not None:
                 self._linger_timer.cancel()
                 self._linger_timer = None
@@ -270,30 +321,69 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
             self._head_bytes = 0
             self._head_size = 0
             self._offered_upgrade = False
+            self._trailer_open = False
+            if self._lenient_keep_alive:  # (for the request with the trailer `Connection` only)
+                self._set_lenient_keep_alive(False)
             self._arm_head_timer()
 
         def on_header(self, name: bytes, value: bytes) -> None:
             # name ":" value CRLF; the whitespace before the value is not given (the class's docstring)
+            if not self._in_head:  # a trailer field (only a head and a trailer section have fields)
+                self._on_trailer_field(name, value)
+                return
             self._head_size += len(name) + len(value) + 3  # (before uvicorn strips the value's end)
             super().on_header(name, value)
+
+        def _on_trailer_field(self, name: bytes, value: bytes) -> None:
+            """Drop a trailer field, never a request header (RFC 9110 section 6.5.2: an `Authorization`
+            there had passed the key check), and count it against the cap (the class's docstring)."""
+            self._trailer_size += len(name) + len(value) + 3
+            if self._trailer_size + 2 > MAX_HEAD_BYTES:
+                self._stop(_trailer_too_large_response(), STATUS[ErrorCode.HEADERS_TOO_LARGE])
+            if name.lower() == b"connection" and self._keeps_alive and not self._lenient_keep_alive:
+                # llhttp reads `Connection` here as in a head: after a `close`, it would drop every byte
+                # that follows the request, silently (uvicorn's leniency), its next requests never
+                # answered. Lenient, it goes on as the head said.
+                self._set_lenient_keep_alive(True)
+
+        def _set_lenient_keep_alive(self, lenient: bool) -> None:
+            self._lenient_keep_alive = lenient
+            with contextlib.suppress(AttributeError):  # (httptools before 0.6.3 has no leniencies)
+                self.parser.set_dangerous_leniencies(lenient_keep_alive=lenient)
+
+        def on_chunk_header(self) -> None:
+            self._trailer_open = True
+            self._trailer_new = True
+            self._trailer_bytes = 0
+            self._trailer_size = 0
+
+        def on_chunk_complete(self) -> None:
+            self._trailer_open = False
+
+        def _stop(self, answer: bytes, status: int) -> NoReturn:
+            """Stop the parse from a callback: `data_received` refuses with `answer` (of `status`)."""
+            self._stopped = (answer, status)
+            raise _StopParse
 
         def on_headers_complete(self) -> None:
             self._in_head = False
             self._cancel_head_timer()
             method, version = self.parser.get_method(), self.parser.get_http_version()
             request_line = len(method) + len(self.url) + len("HTTP/") + len(version) + 4
-            if request_line + self._head_size + 2 > MAX_HEAD_BYTES:
-                self._over_cap = True  # no request yet: `data_received` answers 431
-                raise _HeadOverCap
+            if request_line + self._head_size + 2 > MAX_HEAD_BYTES:  # (no request yet)
+                self._stop(_head_too_large_response(), STATUS[ErrorCode.HEADERS_TOO_LARGE])
             if self.parser.should_upgrade():  # (set before this callback; llhttp stops after it)
                 self._offered_upgrade = True  # no request yet: `data_received` gives the head again
                 return
+            if len(self.pipeline) >= MAX_PIPELINED:  # (no request yet: it is never queued)
+                self._stop(_too_many_pipelined_response(), STATUS[ErrorCode.OVERLOADED])
             self._begin_request(_declared_body(self.headers))
 
         def _begin_request(self, body_left: int | None) -> None:
             """Start (or queue behind the requests before it) the request whose head was just parsed,
             with `body_left` bytes of body to come (None: chunked)."""
             self._body_left = body_left
+            self._keeps_alive = self.parser.should_keep_alive()
             self._requests += 1
             age = ConnectionAge(opened=self._opened, request=self._requests)
             self.scope[CONNECTION_KEY] = age  # type: ignore[literal-required]  # an extension key
@@ -317,6 +407,7 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
             self._linger()
 
         def on_body(self, body: bytes) -> None:
+            self._trailer_open = False  # (a data chunk's)
             if self._body_left is not None:
                 self._body_left -= len(body)
             if not self._offered_upgrade:
@@ -331,11 +422,15 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
                 self._drop(len(data))
                 return
             self._began_in_chunk = False
+            self._trailer_new = False
             self._unset_keepalive_if_required()
             try:
                 self.parser.feed_data(data)
             except httptools.HttpParserError:
-                if self._over_cap or len(self.url) > _MAX_URL_BYTES:  # (a URL uvicorn cannot parse)
+                if self._stopped is not None:
+                    self._refuse(*self._stopped)
+                    return
+                if len(self.url) > _MAX_URL_BYTES:  # (a URL uvicorn cannot parse)
                     self._refuse_head_too_large()
                     return
                 self.logger.warning(_INVALID_REQUEST)
@@ -352,6 +447,11 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
                 # so such a connection was held without end. The head timer bounds it (not moved by later
                 # reads); a head that follows completes in time or is refused as any other.
                 self._arm_head_timer()
+            if self._trailer_open and not self._trailer_new:  # (a whole read of a trailer section)
+                self._trailer_bytes += len(data)
+                if self._trailer_bytes > MAX_HEAD_BYTES:
+                    self._refuse(_trailer_too_large_response(), STATUS[ErrorCode.HEADERS_TOO_LARGE])
+                return
             if not self._in_head or self._began_in_chunk:
                 return
             self._head_bytes += len(data)
@@ -501,6 +601,10 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
             if target is None:
                 self.send_400_response(_INVALID_REQUEST)
                 return
+            if len(self.pipeline) >= MAX_PIPELINED:
+                self._refuse(_too_many_pipelined_response(), STATUS[ErrorCode.OVERLOADED])
+                self._drop(len(rest))
+                return
             self._offered_upgrade = False
             self.url = target
             # (uvicorn would take a WebSocket offer beside it for a switch, and start no request)
@@ -512,6 +616,29 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
             self._refusal = b""  # nothing of its own to write: the app's answer, then the lingering close
             self._linger_left = _LINGER_BYTES
             self._drop(len(rest))
+
+        def pause_writing(self) -> None:
+            """The transport's buffer passed its high-water mark: the client reads slower than it is
+            answered, or not at all. Writing paused for `head_timeout_s` aborts the connection (the
+            module's docstring): closing would wait for the buffer to drain, which may never come."""
+            super().pause_writing()
+            if head_timeout_s is not None and self._write_timer is None:
+                self._write_timer = self.loop.call_later(head_timeout_s, self._write_timed_out)
+
+        def resume_writing(self) -> None:
+            self._cancel_write_timer()
+            super().resume_writing()
+
+        def _cancel_write_timer(self) -> None:
+            if self._write_timer is not None:
+                self._write_timer.cancel()
+                self._write_timer = None
+
+        def _write_timed_out(self) -> None:
+            """Its answers unread for `head_timeout_s`: the connection is lost (`connection_lost`), and the
+            request whose send() waits for the buffer to drain returns from it, as for a client that left."""
+            self._write_timer = None
+            self.transport.abort()
 
         def _arm_head_timer(self) -> None:
             if head_timeout_s is not None and self._head_timer is None:

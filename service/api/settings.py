@@ -147,7 +147,8 @@ class Settings(BaseSettings):
         gt=0,
         le=MAX_DURATION_S,
         description="a connection that sends no request head (request line and headers) within this long "
-        "of opening, or of the head's first byte, is closed (408 head_timeout where part of one came)",
+        "of opening, or of the head's first byte, is closed (408 head_timeout where part of one came); "
+        "one whose answers stay unread this long is aborted",
     )
     truncate: bool = Field(True, description="default policy: truncate long documents, or reject (422)")
     retry_after_s: int = Field(1, ge=0, le=MAX_DURATION_S, description="Retry-After on 429 and 503")
