@@ -110,6 +110,10 @@ _LINGER_BYTES = 4 * 1024 * 1024
 # past it (or for a chunked body, whose size is unknown), the connection ends in a lingering close rather
 # than the parser reading and dropping the rest (a 401 for a 1 TB `Content-Length` read 9.8 GB in 5 s).
 UNREAD_BODY_KEPT = 64 * 1024
+# A request scope's extension key: a callable saying, when the request is answered, whether the answer
+# leaves so much of its body unread (`UNREAD_BODY_KEPT`) that the connection closes after it, so that
+# the answer says `Connection: close` exactly when it does (`service.api.limits`).
+UNREAD_BODY_CLOSES_KEY = "htmllm.unread_body_closes"
 # The most requests queued on a connection behind the one being answered (pipelined), past which the next
 # is refused (429): a client that pipelines waits for its answers in order anyway, and one that sends
 # more than this many at once gains nothing from the server holding them (browsers pipeline none).
@@ -390,15 +394,18 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
             super().on_headers_complete()
             cycle: Any = self.cycle  # (its transport is swapped for one that is no asyncio.Transport)
             cycle.transport = _LingeringClose(self.transport, functools.partial(self._close_after, cycle))
+            cycle.scope[UNREAD_BODY_CLOSES_KEY] = functools.partial(self._unread_body_left, cycle)
 
         def _close_after(self, cycle: Any) -> None:
             """uvicorn's close of the connection after `cycle`'s answer (it said `Connection: close`, or
-            the app failed): lingering where input is left unread (`_linger`): the rest of a body answered
-            without being read (a 413 whose rest is unread says `Connection: close`), a CONNECT's tunnel.
-            A refusal still waiting to be written is not: no answer follows one that closes."""
+            the app failed): lingering where input is left unread (`_linger`): any of a body answered
+            without being read (a 401 or a 413 whose rest is still coming: closed at once, a client still
+            sending got a reset, not the answer), a CONNECT's tunnel. A refusal still waiting to be
+            written is not: no answer follows one that closes."""
             if self._lingering or self.transport.is_closing():
                 return
-            if self._refusal is None and self._unread_body_left(cycle):
+            unread = cycle is self.cycle and cycle.more_body and not cycle.disconnected
+            if self._refusal is None and unread:
                 self._linger_left = _LINGER_BYTES
             elif self._refusal is None:
                 self.transport.close()

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.errors import STATUS, error_response, log_unserved
-from service.api.http_protocol import UNREAD_BODY_KEPT
+from service.api.http_protocol import UNREAD_BODY_CLOSES_KEY, UNREAD_BODY_KEPT
 from service.api.metrics import ServiceMetrics
 from service.api.request_id import request_id
 from service.api.runtime import CHARGE_KEY, CONTENT_ENCODING_KEY, BodyReaders
@@ -289,7 +289,7 @@ class BodyLimitMiddleware:
         headers = dict(scope["headers"])
         declared = _declared_length(headers)  # parsed once, for `unread` and for the cap and budget below
         # The `send` of every answer given before a byte of the body is read (`_unread_body_send`).
-        unread = _unread_body_send(headers, declared, send)
+        unread = _unread_body_send(scope, headers, declared, send)
         if self.gate is not None and (gated := self.gate(scope)) is not None:
             # Before a byte of the body is read or charged: the client's upload, if any, is discarded by
             # the parser after this answer, and the connection carries the next request (unless the
@@ -494,31 +494,37 @@ def _without_body(receive: Receive) -> Receive:
     return without_body
 
 
-def _unread_body_send(headers: dict[bytes, bytes], declared: int | None, send: Send) -> Send:
-    """`send` for an answer given without reading the body: one that closes its connection where the
-    client declared a body (`headers`, and their Content-Length `declared`: `_declared_length`) and
-    waits for `100 Continue` before sending it.
+def _unread_body_send(scope: Scope, headers: dict[bytes, bytes], declared: int | None, send: Send) -> Send:
+    """`send` for an answer given without reading the body: one that says `Connection: close` (and so
+    closes its connection) where the client declared a body (`headers`, and their Content-Length
+    `declared`: `_declared_length`) and waits for `100 Continue` before sending it.
 
     Such a client, never told to go on, may send its body or not (RFC 9110 §10.1.1): the parser,
     waiting for the declared body, took the next request on the connection for it (a 5000-byte
     `Content-Length` swallowed a pipelined request whole, and its client timed out). Closed, nothing
     on the connection is read as anything else; a client that sends no body is not kept waiting.
 
-    Also one whose body is chunked or declares more than `UNREAD_BODY_KEPT`: the HTTP protocol closes
-    such a connection after the answer rather than read the rest (`service.api.http_protocol`), and the
-    answer says so, as RFC 9112 §9.6 asks (a pooling client had reused it and lost its next request)."""
-    expecting = headers.get(b"expect", b"").lower() == b"100-continue"
-    large = b"transfer-encoding" in headers or (declared is not None and declared > UNREAD_BODY_KEPT)
-    if not _declares_body(headers, declared) or not (expecting or large):
+    Also one that leaves so much of its body unread that the HTTP protocol closes the connection after
+    it rather than read the rest (`service.api.http_protocol`, asked when the answer starts: what is
+    still to come then decides): the answer says so, as RFC 9112 §9.6 asks (a pooling client had reused
+    the connection and lost its next request). Under another protocol (h11), a chunked body or one
+    declaring more than `UNREAD_BODY_KEPT`."""
+    if not _declares_body(headers, declared):
         return send
-    return _closing_send(send)
+    expecting = headers.get(b"expect", b"").lower() == b"100-continue"
+    closes: Callable[[], bool] | None = scope.get(UNREAD_BODY_CLOSES_KEY)
+    if closes is None:
+        large = b"transfer-encoding" in headers or (declared is not None and declared > UNREAD_BODY_KEPT)
+        closes = functools.partial(bool, large)
+    return _closing_send(send, when=lambda: expecting or closes())
 
 
-def _closing_send(send: Send) -> Send:
-    """`send` with the answer's head saying `Connection: close` (uvicorn then closes after it)."""
+def _closing_send(send: Send, *, when: Callable[[], bool]) -> Send:
+    """`send` with the answer's head saying `Connection: close` (uvicorn then closes after it) where
+    `when()` says so as the answer starts."""
 
     async def closing(message: Message) -> None:
-        if message["type"] == "http.response.start":
+        if message["type"] == "http.response.start" and when():
             kept = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"connection"]
             message = {**message, "headers": [*kept, (b"connection", b"close")]}
         await send(message)
