@@ -8,7 +8,8 @@ whoever lists it later. `output_dir` takes such a directory away again, and only
 directory that existed before the run, nor anything in it the run did not write, nor a complete output.
 
 `tokenizer eval` writes single files (`--json`, `--markdown`): it takes away only the parent
-directories it made for them (`directories_to_make`, `remove_empty`) when it fails.
+directories it made for them (`directories_to_make`, `service.core.made_directories.remove_empty`) when it
+fails.
 
 Not for `htmllm train` nor `heads train`: what they write (checkpoints, heads) is what a rerun resumes
 from, or the checkpoint itself.
@@ -22,6 +23,8 @@ from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 
 from model_training.data import DataError, writable_dir
+from service.core import made_directories
+from service.core.made_directories import missing_before_parent_step, remove_empty
 
 
 def file_names(*names: str) -> re.Pattern[str]:
@@ -60,36 +63,15 @@ def output_dir(
 
 
 def directories_to_make(path: Path, *, flag: str = "--out") -> list[Path]:
-    """The directories that making `path` (with its parents) would create, deepest first.
-
-    DataError for a `path` in which `..` follows a directory that does not exist (`new/../kept`): such a
-    path names its directories by a way through one the run must make first: `kept` read as made by the
-    run (`new/../kept` did not exist before `new` did), and a failed run removed the files of an earlier
-    run in it, or the directory itself, and left `new` behind. `flag` names the option in that error."""
-    prefix = Path(path.anchor)
-    for part in path.parts[1:] if path.anchor else path.parts:
-        if part == ".." and not prefix.exists():
-            raise DataError(
-                f"{flag} {path}: '..' after {prefix}, which does not exist; give the path without it"
-            )
-        prefix = prefix / part
-    made: list[Path] = []
-    for directory in (path, *path.parents):
-        if directory.exists() or directory.is_symlink():
-            break
-        made.append(directory)
-    return made
-
-
-def remove_empty(made: Collection[Path]) -> None:
-    """Remove the directories of `made` that are empty, deepest first (by their absolute paths, so that
-    one named relative and absolute goes once, and in its place among the others); a directory that is
-    not empty (something the run did not write is there) is kept, and so are its parents, which hold it.
-    (`absolute`, not `abspath`: `..` after a symlink is the kernel's to follow, not a name to drop.)"""
-    absolute = {directory.absolute() for directory in made}
-    for directory in sorted(absolute, key=lambda d: len(d.parts), reverse=True):
-        with contextlib.suppress(OSError):  # gone already, or not empty: kept
-            directory.rmdir()
+    """The directories that making `path` (with its parents) would create, deepest first
+    (`service.core.made_directories`); DataError for a `path` in which `..` follows a directory that does
+    not exist (`new/../kept`). `flag` names the option in that error."""
+    missing = missing_before_parent_step(path)
+    if missing is not None:
+        raise DataError(
+            f"{flag} {path}: '..' after {missing}, which does not exist; give the path without it"
+        )
+    return made_directories.directories_to_make(path)
 
 
 def _remove_made(made: Sequence[Path], written: re.Pattern[str], subdirs: Collection[str]) -> None:

@@ -40,7 +40,7 @@ from model_training.devices import resolve_device
 from model_training.heldout_eval import evaluate
 from model_training.library_progress import drawn_as_bars, library_bars
 from model_training.objectives import LossAggregator, MaskingConfig
-from model_training.outputs import directories_to_make, remove_empty
+from model_training.outputs import directories_to_make
 from model_training.pretraining_model import PretrainingModel, all_special_ids, autocast, param_groups
 from model_training.train_config import TrainConfig
 from model_training.train_logs import (
@@ -66,6 +66,7 @@ from model_training.training_checkpoints import (
 )
 from service.core.checkpoint import CheckpointMeta, load_checkpoint, read_meta, save_checkpoint
 from service.core.errors import ErrorCode, HtmllmError
+from service.core.made_directories import remove_empty
 from service.core.modeling import HtmlEncoderModel, TaskHead, build_config
 from service.core.progress import progress_bar
 from service.core.tokenizer import HtmlTokenizer

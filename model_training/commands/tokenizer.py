@@ -258,9 +258,10 @@ def _named(spec: str) -> tuple[str, Path]:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from model_training.outputs import directories_to_make, remove_empty
+    from model_training.outputs import directories_to_make
     from model_training.tokenizer_training import check_sample
     from service.core.errors import HtmllmError
+    from service.core.made_directories import remove_empty
 
     try:
         check_sample(args.sample, flags=True)

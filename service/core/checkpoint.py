@@ -97,12 +97,13 @@ from service.core.head_files import (
 from service.core.head_files import loaded_probe as loaded_probe
 from service.core.head_files import new_head_name_problem as new_head_name_problem
 from service.core.head_files import set_loaded_probe as set_loaded_probe
-
-# htmllm.json and heads/ are the format's, re-exported: defined with the heads stage, which governs how
-# those files change and may import nothing from here.
 from service.core.heads_stage import FILE_MODE, PENDING_DIR
 from service.core.heads_stage import HEADS_DIR as HEADS_DIR
 from service.core.heads_stage import META_FILE as META_FILE
+
+# htmllm.json and heads/ are the format's, re-exported: defined with the heads stage, which governs how
+# those files change and may import nothing from here.
+from service.core.made_directories import directories_to_make, missing_before_parent_step, remove_empty
 from service.core.modeling import HeadSpec, HtmlEncoderModel, TaskHead, typed_field
 from service.core.tokenizer import HtmlTokenizer, TokenizerError
 
@@ -244,23 +245,12 @@ class _Records:
 def _directories_to_make(root: Path) -> list[Path]:
     """`root` and the parents of it that do not exist, deepest first: what `root.mkdir(parents=True)`
     makes, and a failed save takes away again where nothing else is in them (`_remove_written`).
-
-    CheckpointError for a `root` in which `..` follows a directory that does not exist (`new/../kept`):
-    its directories would be named by a way through one the save makes first, so that `kept`, there
-    before, read as made by it."""
-    prefix = Path(root.anchor)
-    for part in root.parts[1:] if root.anchor else root.parts:
-        if part == ".." and not prefix.exists():
-            raise CheckpointError(
-                f"{root}: '..' after {prefix}, which does not exist; give the path without it"
-            )
-        prefix = prefix / part
-    made: list[Path] = []
-    for directory in (root, *root.parents):
-        if os.path.lexists(directory):
-            break
-        made.append(directory)
-    return made
+    CheckpointError for a `root` in which `..` follows a directory that does not exist (`new/../kept`:
+    `service.core.made_directories`)."""
+    missing = missing_before_parent_step(root)
+    if missing is not None:
+        raise CheckpointError(f"{root}: '..' after {missing}, which does not exist; give the path without it")
+    return directories_to_make(root)
 
 
 def _remove_written(root: Path, made: Sequence[Path], heads: Iterable[str]) -> None:
@@ -278,15 +268,7 @@ def _remove_written(root: Path, made: Sequence[Path], heads: Iterable[str]) -> N
     for file in [*names, heads_dir / heads_stage.LOCK_FILE]:
         with contextlib.suppress(OSError):
             file.unlink()
-    with contextlib.suppress(OSError):  # not empty: kept, with `root`
-        heads_dir.rmdir()
-    for directory in made:
-        try:
-            directory.rmdir()
-        except FileNotFoundError:
-            continue
-        except OSError:  # not empty: something the save did not write is there, kept with its parents
-            break
+    remove_empty([heads_dir, *made])
 
 
 def _save_checkpoint_locked(
