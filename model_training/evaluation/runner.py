@@ -171,10 +171,7 @@ def text_document(text: str) -> str:
 async def _engine_embed(
     checkpoint: Path, docs: Sequence[str | bytes], *, max_length: int | None, config: EvalConfig
 ) -> tuple[np.ndarray, list[bool]]:
-    from service.core.checkpoint import load_checkpoint
     from service.engine.engine import Engine
-    from service.engine.loading import check_device
-    from service.engine.runners.torch import TorchRunner
     from service.engine.types import EngineConfig
 
     engine_config = EngineConfig(
@@ -190,16 +187,7 @@ async def _engine_embed(
     # The encoder alone: the pages' embeddings need no head, and a head that does not load (fit on another
     # encoder: the one `heads train` retrains under its name, as the load error advises) had failed the
     # run, from a cold cache, after `check_loads` had let it through as the one the run replaces.
-    check_device(engine_config)
-    loaded = load_checkpoint(checkpoint, without_heads=[spec.name for spec in read_meta(checkpoint).heads])
-    runner = TorchRunner(
-        loaded.model,
-        device=engine_config.device,
-        dtype=engine_config.dtype,
-        attn_implementation=engine_config.attn_implementation,
-        intra_op_threads=engine_config.intra_op_threads,
-    )
-    async with Engine(runner, loaded.tokenizer, loaded.meta, engine_config) as engine:
+    async with Engine.from_checkpoint(checkpoint, engine_config, encoder_only=True) as engine:
         for start in range(0, len(docs), ENGINE_CHUNK):
             # Unnormalised, as the service's heads see the pooled embedding.
             chunk = list(docs[start : start + ENGINE_CHUNK])

@@ -226,16 +226,19 @@ class Engine:
         config: EngineConfig | None = None,
         *,
         observer: EngineObserver | None = None,
+        encoder_only: bool = False,
     ) -> Engine:
         """Load a checkpoint for `config.backend` (the onnx backend exports model.onnx when missing).
 
         ValueError first, before anything loads, for what this machine cannot run (`check_device`:
         CUDA where there is none, flash_attention_2 on a CPU): the same error whatever the backend and
         wherever the model runs (it had been a ValueError after the load in this process, a BackendError
-        after an ONNX export, and from an inference process a `checkpoint_invalid` seconds later)."""
+        after an ONNX export, and from an inference process a `checkpoint_invalid` seconds later).
+
+        `encoder_only`: the checkpoint without its task heads (torch in this process: `build_runner`)."""
         config = config or EngineConfig()
         check_device(config)
-        runner, meta, tokenizer = build_runner(Path(path), config)
+        runner, meta, tokenizer = build_runner(Path(path), config, encoder_only=encoder_only)
         return cls(runner, tokenizer, meta, config, observer=observer)
 
     @property

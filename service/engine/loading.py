@@ -36,9 +36,17 @@ def _meta_and_tokenizer(path: Path) -> tuple[CheckpointMeta, HtmlTokenizer]:
     return meta, tokenizer
 
 
-def build_runner(path: Path, config: EngineConfig) -> tuple[Runner, CheckpointMeta, HtmlTokenizer]:
+def build_runner(
+    path: Path, config: EngineConfig, *, encoder_only: bool = False
+) -> tuple[Runner, CheckpointMeta, HtmlTokenizer]:
     """Load the checkpoint and wrap it in the configured backend's runner (in a child process when
-    `config.inference_process`: this process then holds only the metadata and the tokenizer)."""
+    `config.inference_process`: this process then holds only the metadata and the tokenizer).
+
+    `encoder_only`: without the task heads, unread (the torch backend in process only): what the
+    evaluation embeds pages with, where a head that does not load (the one `heads train` retrains under
+    its name) must not stop it."""
+    if encoder_only and (config.inference_process or config.backend != "torch"):
+        raise ValueError("encoder_only loads the torch backend in this process")
     if config.inference_process:
         from service.engine.runners.process import ProcessRunner
 
@@ -66,7 +74,8 @@ def build_runner(path: Path, config: EngineConfig) -> tuple[Runner, CheckpointMe
         return onnx_runner, meta, tokenizer
     from service.engine.runners.torch import TorchRunner
 
-    checkpoint = load_checkpoint(path)
+    heads = [spec.name for spec in read_meta(path).heads] if encoder_only else []
+    checkpoint = load_checkpoint(path, without_heads=heads)
     torch_runner = TorchRunner(
         checkpoint.model,
         device=config.device,

@@ -922,3 +922,25 @@ async def test_a_bug_on_a_documents_way_is_a_typed_internal_error(
         (settled,) = await engine.embed_settled(pages[2:3])
         assert isinstance(settled, HtmllmError) and settled.code is ErrorCode.INTERNAL
         assert engine.queue_size == 0
+
+
+async def test_an_encoder_only_engine_runs_without_the_heads_and_only_in_process_on_torch(
+    tmp_path: Path,
+) -> None:
+    """What the evaluation embeds pages with: a head that does not load must not stop it."""
+    import shutil
+
+    from service.engine import Engine, EngineConfig
+    from tests.factories.checkpoint import build_tiny_checkpoint
+
+    ckpt = build_tiny_checkpoint(tmp_path / "ckpt")
+    heads = sorted(p.name for p in (ckpt / "heads").glob("*.safetensors"))
+    assert len(heads) >= 2
+    shutil.copyfile(ckpt / "heads" / heads[0], ckpt / "heads" / heads[1])  # a broken head
+    async with Engine.from_checkpoint(ckpt, EngineConfig(), encoder_only=True) as engine:
+        assert engine.info.heads == []
+        (result,) = await engine.embed(["<p>a page</p>"], heads=[])
+        assert result.embedding.shape == (engine.info.embedding_dim,)
+    for config in (EngineConfig(backend="onnx"), EngineConfig(inference_process=True)):
+        with pytest.raises(ValueError, match="encoder_only loads the torch backend in this process"):
+            Engine.from_checkpoint(ckpt, config, encoder_only=True)
