@@ -233,6 +233,13 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
         import httptools
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:  # httptools is in the serve extra; a bare uvicorn falls back to h11
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "httptools is not installed: uvicorn's h11 parser serves, without the bounds of "
+            "service.api.http_protocol (head size and time, pipelined requests, unread answers, trailers); "
+            "install the serve extra"
+        )
         return "h11"
 
     class BoundedHttpToolsProtocol(HttpToolsProtocol):
@@ -286,6 +293,7 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
             self._trailer_bytes = 0  # the reads counted against a trailer section still incomplete
             self._trailer_size = 0  # its fields parsed so far, as sent
             self._write_timer: asyncio.TimerHandle | None = None  # armed while writing is paused
+            self._write_left = 0  # the transport's buffer when the write timer was armed
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -626,10 +634,12 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
 
         def pause_writing(self) -> None:
             """The transport's buffer passed its high-water mark: the client reads slower than it is
-            answered, or not at all. Writing paused for `head_timeout_s` aborts the connection (the
-            module's docstring): closing would wait for the buffer to drain, which may never come."""
+            answered, or not at all. Writing paused for `head_timeout_s` with no byte of the buffer read
+            meanwhile aborts the connection (the module's docstring): closing would wait for the buffer to
+            drain, which may never come."""
             super().pause_writing()
             if head_timeout_s is not None and self._write_timer is None:
+                self._write_left = self.transport.get_write_buffer_size()
                 self._write_timer = self.loop.call_later(head_timeout_s, self._write_timed_out)
 
         def resume_writing(self) -> None:
@@ -642,9 +652,26 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
                 self._write_timer = None
 
         def _write_timed_out(self) -> None:
-            """Its answers unread for `head_timeout_s`: the connection is lost (`connection_lost`), and the
-            request whose send() waits for the buffer to drain returns from it, as for a client that left."""
+            """Writing paused for `head_timeout_s`. Where the client read some of the buffer meanwhile it
+            gets another period: uvicorn writes an answer whole, so the buffer of a large answer stays over
+            its high-water mark until nearly all of it is read, and a slow reader making progress had been
+            cut off mid-answer. Where it read none, the connection is aborted (`connection_lost`), logged,
+            and the request whose send() waits for the buffer to drain returns from it, as for a client
+            that left: recorded as a 499 where no byte of its answer was written (it had read 200)."""
             self._write_timer = None
+            left = self.transport.get_write_buffer_size()
+            if left < self._write_left:
+                self._write_left = left
+                self._write_timer = self.loop.call_later(head_timeout_s, self._write_timed_out)  # type: ignore[arg-type]
+                return
+            running = self._running
+            if running is not None and not running.response_started:
+                running.scope[PROTOCOL_STATUS_KEY] = 499
+            self.logger.warning(
+                "a client read nothing of its answers for %g s: its connection is aborted (%d bytes unsent)",
+                head_timeout_s,
+                left,
+            )
             self.transport.abort()
 
         def _arm_head_timer(self) -> None:

@@ -8,6 +8,7 @@ share of the in-flight body budget for as long as it liked (over 100 s measured,
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import socket
 import threading
@@ -22,6 +23,7 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from service.api.app import create_app
+from service.api.connections import status_sent
 from service.api.http_protocol import protocol_class
 from service.api.main import uvicorn_config
 from service.api.settings import Settings
@@ -107,6 +109,9 @@ class _AbortableTransport(FakeTransport):
         self.aborted = False
         self.protocol = protocol
 
+    def get_write_buffer_size(self) -> int:
+        return 0  # (nothing of it read while writing is paused)
+
     def abort(self) -> None:
         self.aborted = self.closed = True
         asyncio.get_running_loop().call_soon(self.protocol.connection_lost, None)
@@ -145,3 +150,48 @@ async def test_writing_paused_for_the_head_timeout_aborts_and_ends_the_request()
     await until_async(lambda: transport.aborted, "the connection aborted")
     await until_async(ended.is_set, "the request ended")
     assert transport.written == b""
+
+
+class _BufferedTransport(_AbortableTransport):
+    """As above, with a write buffer the test drains by hand (`left`), as a slow reader would."""
+
+    def __init__(self, protocol: Any) -> None:
+        super().__init__(protocol)
+        self.left = 1_000_000
+
+    def get_write_buffer_size(self) -> int:
+        return self.left
+
+
+async def test_a_slow_reader_making_progress_keeps_its_connection_and_a_stuck_one_reads_as_499(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """uvicorn writes an answer whole: the buffer of a large one stays over its high-water mark until
+    nearly all of it is read, and a client reading it slowly, but reading, had been cut off mid-answer
+    (a clean EOF, and a 200 in the log). Each period in which some of the buffer went out re-arms the
+    timer; one in which none did aborts, logs it, and a request whose answer never started reads 499."""
+    statuses: list[int] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+        statuses.append(status_sent(scope, 200))
+
+    protocol_type = protocol_class(head_timeout_s=0.2)
+    assert not isinstance(protocol_type, str)
+    config = uvicorn.Config(app=app, http=protocol_type, log_level="warning", lifespan="off", log_config=None)
+    protocol: Any = protocol_type(  # type: ignore[call-arg]
+        config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop()
+    )
+    transport = _BufferedTransport(protocol)
+    protocol.connection_made(transport)
+    protocol.pause_writing()
+    protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # its answer waits for the buffer
+    for _ in range(4):  # four periods, each with some of the buffer read
+        await asyncio.sleep(0.15)
+        transport.left -= 100_000
+    assert not transport.aborted
+    with caplog.at_level(logging.WARNING):
+        await until_async(lambda: transport.aborted, "the connection aborted once nothing was read")
+        await until_async(lambda: statuses == [499], "the request recorded as never answered")
+    assert "read nothing of its answers" in caplog.text
