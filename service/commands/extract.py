@@ -586,7 +586,13 @@ def _resumable(
         # Every name but the union's `order` and `seed` is recorded by every run: one missing is an older
         # version's run, which the refusal says. A run of a smaller --limit goes on under a larger one (or
         # none), as `htmllm embed`'s does: its parts are this run's first pages (`limit_raised`).
-        pin_settings(parts, settings, recorded=settings.keys() - {"order", "seed"}, limit_may_grow=True)
+        # With --overwrite an interrupted run of other settings is discarded, as `htmllm embed` discards
+        # one (it had been refused: "delete it to start over", where the user had asked to start over).
+        recorded = settings.keys() - {"order", "seed"}
+        if discarded := pin_settings(
+            parts, settings, recorded=recorded, overwrite=args.overwrite, limit_may_grow=True
+        ):
+            print(f"htmllm extract: --overwrite: {discarded}", file=sys.stderr)
         done = done_set(parts, fmt, command="htmllm extract")
         walk = InputWalk(done, parts)
         writer = PartWriter(parts, fmt, args.part_size)

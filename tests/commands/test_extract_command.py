@@ -311,12 +311,12 @@ def test_ctrl_c_keeps_the_parts_and_a_resume_with_other_options_or_input_is_refu
     assert main([*args, "--min-words", "10"]) == 1
     assert capsys.readouterr().err == (
         f"htmllm extract: validation_error: {parts} holds a run with other settings (min_words 50 -> 10); "
-        "delete it to start over\n"
+        "delete it, or pass --overwrite, to start over\n"
     )
     assert main([*args, "--extractor", "trafilatura"]) == 1
     assert (
         "other settings (extractor union -> trafilatura, order resiliparse,trafilatura,justext -> unset); "
-        "delete it to start over\n" in capsys.readouterr().err
+        "delete it, or pass --overwrite, to start over\n" in capsys.readouterr().err
     )
     other = _unreadable_rows(tmp_path / "other.jsonl", 5)
     assert main(_args(other, output, "--part-size", "2")) == 1
@@ -334,7 +334,7 @@ def test_ctrl_c_keeps_the_parts_and_a_resume_with_other_options_or_input_is_refu
     assert main(args) == 1
     assert (
         f"other settings (extraction_version unset -> {pinned['extraction_version']}; written by an older "
-        "htmllm); delete it to start over\n" in capsys.readouterr().err
+        "htmllm); delete it, or pass --overwrite, to start over\n" in capsys.readouterr().err
     )
     (parts / "run.json").write_text(json.dumps(pinned))
     assert output.read_text() == OLD
@@ -873,3 +873,22 @@ def test_a_streamed_page_whose_extractor_process_is_killed_in_every_try_says_so(
     assert "htmllm extract: 1 pages were not extracted (1 not_ready; first: not_ready: " in captured.err
     assert captured.err.endswith("): their rows hold that error; run the command again to extract them\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pages.jsonl"]
+
+
+def test_overwrite_discards_an_interrupted_run_of_other_settings_as_embed_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refusal says "or pass --overwrite": with it the interrupted run's parts go, said in one line,
+    and this run starts over (it had been refused all the same, where `htmllm embed` starts over)."""
+    source = _unreadable_rows(tmp_path / "in.jsonl", 5)
+    output = tmp_path / "results.jsonl"
+    args = _args(source, output, "--part-size", "2")
+    stop_before_merge(monkeypatch, args, "extract")
+    parts = tmp_path / "results.jsonl.parts"
+    assert parts.is_dir()
+    capsys.readouterr()
+    assert main([*args, "--min-words", "10", "--overwrite"]) == 0
+    err = capsys.readouterr().err
+    assert "htmllm extract: --overwrite: " in err and "other settings (min_words 50 -> 10)" in err, err
+    assert "done by the interrupted run" not in err
+    assert len(_rows(output)) == 5 and not parts.exists()

@@ -54,7 +54,7 @@ def test_an_interrupted_run_of_a_smaller_limit_goes_on_under_a_larger_one(
     assert main([*args, "--limit", "4"]) == 1
     assert capsys.readouterr().err == (
         f"htmllm extract: validation_error: {parts} holds a run with other settings (limit 5 -> 4); delete "
-        "it to start over\n"
+        "it, or pass --overwrite, to start over\n"
     )
     assert main(args) == 0
     assert extracted == [3, 4, 5, 6, 7]
