@@ -1,10 +1,9 @@
 """Errors over HTTP: one table from `ErrorCode` to status, one handler, one JSON body shape.
 
 Every failure a client sees is `{"error": {"code": ..., "message": ...}}` with the status from `STATUS`,
-and every one increments `htmllm_request_failures_total{code=...}`, but the probes' own 503s, which
-service/api/routers/health.py answers without counting. The core and engine raise
-`HtmllmError`s and never know about HTTP; FastAPI's own validation and routing errors are folded into
-the same codes here.
+and every one increments `htmllm_request_failures_total{code=...}`, but the probes' own (`PROBE_PATHS`).
+The core and engine raise `HtmllmError`s and never know about HTTP; FastAPI's own validation and routing
+errors are folded into the same codes here.
 """
 
 from __future__ import annotations
@@ -97,6 +96,11 @@ _UNSERVED = frozenset({ErrorCode.TIMEOUT, ErrorCode.SHUTTING_DOWN, ErrorCode.NOT
 # Probes and the information routes are GET/HEAD, every model route a POST: the kubelet asks /ready
 # every few seconds through a warm-up or a shutdown, whose transitions are logged already.
 _PROBES = frozenset({"GET", "HEAD"})
+# The probes' paths (service/api/routers/health.py): their 503s are their outcome (`htmllm_ready`), not
+# request failures. Counted, the kubelet's asks through each warm-up and drain had dominated
+# `htmllm_request_failures_total{code="not_ready"}` and fired an alert on its rate at every rollout, and
+# a client refused for the same reason could not be told from them.
+PROBE_PATHS = frozenset({"/ready", "/health", "/", "/ping"})
 
 
 def log_unserved(method: str, path: str, code: ErrorCode, rid: str | None, message: str) -> None:
@@ -215,6 +219,8 @@ async def handle_error(request: Request, exc: Exception) -> Response:
         # so lets a keep-alive client open a new one, instead of losing its next request to the reset.
         # A failing backend's answer closes too (_CLOSE_CONNECTION).
         headers["connection"] = "close"
+    if request.method in _PROBES and request.url.path in PROBE_PATHS:
+        metrics = None  # a probe's outcome, not a request failure
     return error_response(
         code, message, status, metrics=metrics, retry_after_s=retry_after_s, headers=headers
     )

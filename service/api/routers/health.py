@@ -7,15 +7,13 @@ model routes could not learn from their answers.
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
-from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from service import __version__
-from service.api.errors import STATUS, error_response
 from service.api.metrics import exposition
 from service.api.openapi import UNAVAILABLE, error_responses
 from service.api.routers import get_route
-from service.api.runtime import EngineDep, Runtime, RuntimeDep
+from service.api.runtime import EngineDep, RuntimeDep
 from service.api.schemas import HeadInfo, HealthResponse, InfoResponse, Limits, ReadyResponse
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.extract import EXTRACTION_VERSION
@@ -30,47 +28,12 @@ _UNHEALTHY = error_responses(503, codes={503: [ErrorCode.UNHEALTHY]})
 _UNAVAILABLE = error_responses(503, codes=UNAVAILABLE)
 
 
-def _probe_refusal(runtime: Runtime, refusal: HtmllmError) -> JSONResponse:
-    """A probe's 503, answered here rather than raised to the exception handler: the same body and
-    Retry-After, but not counted in `htmllm_request_failures_total`. The kubelet asks every few seconds
-    through each warm-up and drain, so its 503s had dominated `{code="not_ready"}` and fired an alert on
-    its rate at every rollout, and a client refused for the same reason could not be told from them. A
-    probe's outcome is `htmllm_ready` (and `htmllm_requests_total{route="/ready"}`); the counter keeps
-    the requests the server refused."""
-    status = STATUS[refusal.code]
-    return error_response(
-        refusal.code, refusal.message, status, metrics=None, retry_after_s=runtime.settings.retry_after_s
-    )
-
-
-def _answer(body: HealthResponse | ReadyResponse) -> JSONResponse:
-    """A probe's 200 as the route's `response_model` would have written it: the route returns a
-    `Response`, for its 503 is one (`_probe_refusal`)."""
-    return JSONResponse(body.model_dump(mode="json"))
-
-
 @get_route(
-    router,
-    "/ping",
-    summary="Liveness (text-embeddings-inference's SageMaker route)",
-    response_model=HealthResponse,
-    responses=_UNHEALTHY,
+    router, "/ping", summary="Liveness (text-embeddings-inference's SageMaker route)", responses=_UNHEALTHY
 )
-@get_route(
-    router,
-    "/",
-    summary="Liveness (text-embeddings-inference's `GET /`)",
-    response_model=HealthResponse,
-    responses=_UNHEALTHY,
-)
-@get_route(
-    router,
-    "/health",
-    summary="Liveness: the process answers",
-    response_model=HealthResponse,
-    responses=_UNHEALTHY,
-)
-async def health(runtime: RuntimeDep) -> Response:
+@get_route(router, "/", summary="Liveness (text-embeddings-inference's `GET /`)", responses=_UNHEALTHY)
+@get_route(router, "/health", summary="Liveness: the process answers", responses=_UNHEALTHY)
+async def health(runtime: RuntimeDep) -> HealthResponse:
     """200 while the process can serve; 503 once the backend has failed every pass (or hung in one), or
     the warm-up has kept failing, for `HTMLLM_UNHEALTHY_AFTER_S`: a corrupted CUDA context does not heal
     in-process, a restart does. At once when the model's process (`HTMLLM_INFERENCE_PROCESS`) died and
@@ -78,19 +41,12 @@ async def health(runtime: RuntimeDep) -> Response:
     the new checkpoint."""
     reason = runtime.unhealthy()
     if reason is not None:
-        unhealthy = HtmllmError(f"the backend is unhealthy: {reason}", code=ErrorCode.UNHEALTHY)
-        return _probe_refusal(runtime, unhealthy)
-    return _answer(HealthResponse())
+        raise HtmllmError(f"the backend is unhealthy: {reason}", code=ErrorCode.UNHEALTHY)
+    return HealthResponse()
 
 
-@get_route(
-    router,
-    "/ready",
-    summary="Readiness: model loaded and warmed",
-    response_model=ReadyResponse,
-    responses=_UNAVAILABLE,
-)
-async def ready(runtime: RuntimeDep) -> Response:
+@get_route(router, "/ready", summary="Readiness: model loaded and warmed", responses=_UNAVAILABLE)
+async def ready(runtime: RuntimeDep) -> ReadyResponse:
     """200 once the model has run one full-size batch; 503 before, once shutdown began, while the
     backend fails (`HTMLLM_UNREADY_AFTER_FAILURES` passes in a row, until a pass or probe succeeds), and
     while one pass has run past `HTMLLM_UNREADY_AFTER_PASS_S` (the request timeout by default). The
@@ -99,15 +55,14 @@ async def ready(runtime: RuntimeDep) -> Response:
     engine = runtime.engine
     refused = runtime.not_serving()
     if refused is not None:
-        return _probe_refusal(runtime, refused)
+        raise refused
     assert engine is not None  # `not_serving` refuses without one
     # Both looked at on every probe: the stall's log lines must not depend on the failure count.
     stalled = runtime.observe_stall()
     trouble = runtime.backend_trouble() or stalled
     if trouble is not None:  # out of the load balancer until a pass succeeds again
-        not_ready = HtmllmError(f"the model is not ready: {trouble}", code=ErrorCode.NOT_READY)
-        return _probe_refusal(runtime, not_ready)
-    return _answer(ReadyResponse(model=engine.info.name))
+        raise HtmllmError(f"the model is not ready: {trouble}", code=ErrorCode.NOT_READY)
+    return ReadyResponse(model=engine.info.name)
 
 
 def build_identity(model: ModelInfo) -> dict[str, str]:
