@@ -158,7 +158,7 @@ class ServiceMetrics:
         )
         self.documents = Counter(
             "htmllm_documents_processed",
-            "Documents answered with a result, result-cache hits included (htmllm_result_cache_hits)",
+            "Documents answered with a result, result-cache hits included (htmllm_result_cache_hits_total)",
             registry=r,
         )
         # From the forward passes (`batch_done`), not the answers: a cache hit answers its tokens without

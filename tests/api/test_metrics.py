@@ -371,3 +371,17 @@ async def test_every_series_and_label_the_alert_table_names_is_in_a_scrape(
         for label in group.split(",")
     }
     assert used and used <= labels, used - labels
+
+
+def test_a_metric_named_in_a_help_text_is_one_a_query_finds() -> None:
+    # A HELP text is where a dashboard author copies a name from: `htmllm_result_cache_hits` (the
+    # counter's name without its `_total`) had given an empty query.
+    text = _series(ServiceMetrics())
+    exported = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if not line.startswith("#")}
+    named = {
+        name
+        for line in text.splitlines()
+        if line.startswith("# HELP ")
+        for name in re.findall(r"\bhtmllm_\w+", line.split(" ", 3)[3])
+    }
+    assert named and named <= exported, sorted(named - exported)

@@ -562,7 +562,8 @@ def test_threads_follow_the_cpu_request_when_no_limit_bounds_them() -> None:
         {
             "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "3"}}
         },  # the server reads the limit itself
-        {"resources": {"requests": {"cpu": None}}},  # no request (null removes the default): nothing to go by
+        # No request (null removes the default): nothing to go by (and no HPA, which would need one).
+        {"resources": {"requests": {"cpu": None}}, "autoscaling": {"enabled": False}},
         {"extraEnv": [{"name": "OMP_NUM_THREADS", "value": "2"}]},
         {"extraSettings": {"HTMLLM_INTRA_OP_THREADS": "4"}},
     ],

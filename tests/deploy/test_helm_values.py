@@ -232,13 +232,49 @@ def test_an_autoscaling_floor_above_its_ceiling_is_refused() -> None:
         {"podDisruptionBudget": {"maxUnavailable": "1"}},  # a string must be a percentage
         {"podDisruptionBudget": {"maxUnavailable": "150%"}},
         {"podDisruptionBudget": {"maxUnavailable": -1}},
+        # A budget of none blocks every eviction: each `kubectl drain` would hang on these pods.
+        {"podDisruptionBudget": {"maxUnavailable": 0}},
+        {"podDisruptionBudget": {"maxUnavailable": "0%"}},
+        {"podDisruptionBudget": {"maxUnavailable": "00%"}},
         {"autoscaling": {"queueSize": {"enabled": True, "targetAverageValue": "abc"}}},
         {"autoscaling": {"queueSize": {"enabled": True, "targetAverageValue": 0}}},
+        # A target of 0 queued documents per pod holds the release at maxReplicas.
+        {"autoscaling": {"queueSize": {"enabled": True, "targetAverageValue": "0"}}},
+        {"autoscaling": {"queueSize": {"enabled": True, "targetAverageValue": "0.0"}}},
+        {"autoscaling": {"queueSize": {"enabled": True, "targetAverageValue": "0m"}}},
+        {"autoscaling": {"queueSize": {"enabled": True, "targetAverageValue": ".0"}}},
     ],
 )
 def test_a_malformed_quantity_is_refused_at_install(values: dict[str, Any]) -> None:
     with pytest.raises(helm.HelmValuesError):
         render(values)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"podDisruptionBudget": {"maxUnavailable": "50%"}},
+        {"podDisruptionBudget": {"maxUnavailable": "100%"}},
+        {"podDisruptionBudget": {"maxUnavailable": 2}},
+        {"autoscaling": {"queueSize": {"enabled": True, "targetAverageValue": "500m"}}},
+        {"autoscaling": {"queueSize": {"enabled": True, "targetAverageValue": "0.5"}}},
+        {"autoscaling": {"queueSize": {"enabled": True, "targetAverageValue": "10"}}},
+    ],
+)
+def test_a_budget_and_a_queue_target_above_zero_render(values: dict[str, Any]) -> None:
+    rendered_and_valid(values)
+
+
+@pytest.mark.parametrize(
+    "resources",
+    [None, {"requests": {"cpu": None}}, {"requests": {"cpu": 0}}],
+)
+def test_an_hpa_without_a_cpu_request_is_refused(resources: dict[str, Any] | None) -> None:
+    # The HPA's target is a percentage of the CPU request: without one it never scales.
+    with pytest.raises(helm.HelmRenderError, match=r"autoscaling\.enabled needs resources\.requests\.cpu"):
+        render({"resources": resources})
+    fixed = rendered_and_valid({"resources": resources, "autoscaling": {"enabled": False}})
+    assert "HorizontalPodAutoscaler" not in {o["kind"] for o in fixed}
 
 
 def test_well_formed_quantities_render_and_validate() -> None:

@@ -364,6 +364,11 @@ server.drainTimeoutSeconds outlives the grace period, so the kubelet kills the d
 {{- if and $scaling.enabled (gt (int $scaling.minReplicas) (int $scaling.maxReplicas)) }}
 {{- fail (printf "autoscaling.minReplicas (%v) must not exceed autoscaling.maxReplicas (%v)" $scaling.minReplicas $scaling.maxReplicas) }}
 {{- end }}
+{{- /* The HPA scales on CPU utilization, a percentage of the CPU request: without one it reports
+"missing request for cpu" and never scales. */}}
+{{- if and $scaling.enabled (not (dig "requests" "cpu" "" (.Values.resources | default dict))) }}
+{{- fail "autoscaling.enabled needs resources.requests.cpu: the HPA scales on CPU utilization, a percentage of the CPU request, and without one it never scales" }}
+{{- end }}
 {{- include "htmllm.validateEngine" . }}
 {{- include "htmllm.validateScrapeTimeout" . }}
 {{- end }}
