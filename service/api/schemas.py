@@ -273,8 +273,14 @@ class ExtractionOut(BaseModel):
     text: str | None
     words: int
     passed: bool
-    language: str | None
-    encoding: str | None
+    language: str | None = Field(
+        description="jusText's language (its stoplist's, or the page's where it has none); null for the "
+        "other extractors and where no language is known"
+    )
+    encoding: str | None = Field(
+        description="the encoding the page was read in, named as browsers name it (the WHATWG name, "
+        "lower-cased: utf-8, windows-1250, shift_jis)"
+    )
     reason: str | None = Field(
         default=None,
         description="why the output failed the quality filter (too few words, too many U+FFFD or control "

@@ -143,6 +143,37 @@ def whatwg_codec(label: str | None) -> str | None:
     return _WHATWG_ALIASES.get(label.strip(_ASCII_WHITESPACE).lower())
 
 
+# The Encoding Standard's name (lower-cased: itself a label of the encoding) of what a browser decodes with
+# each codec of `_WHATWG_LABELS`: what a page's encoding is reported as. Python's names (`cp1250`,
+# `cp932`, `big5hkscs`) are no label to an HTTP client or a browser, and some name another decoder
+# (Python's `shift_jis` and `euc_kr` are not windows-31j and cp949). The standard's GBK is its gb18030
+# decoder, so a page read with that is reported as gb18030. `iso2022_jp_ext` is only how Python reads the
+# standard's ISO-2022-JP (`iso2022_jp_codec`); UTF-32 (from a BOM, `decoding`) is no web encoding, and
+# keeps its IANA name.
+_WHATWG_NAMES: dict[str, str] = {
+    "utf-8": "utf-8", "cp866": "ibm866", "iso8859-2": "iso-8859-2", "iso8859-3": "iso-8859-3",
+    "iso8859-4": "iso-8859-4", "iso8859-5": "iso-8859-5", "iso8859-6": "iso-8859-6",
+    "iso8859-7": "iso-8859-7", "iso8859-8": "iso-8859-8", "iso8859-10": "iso-8859-10",
+    "iso8859-13": "iso-8859-13", "iso8859-14": "iso-8859-14", "iso8859-15": "iso-8859-15",
+    "iso8859-16": "iso-8859-16", "koi8-r": "koi8-r", "koi8-u": "koi8-u", "mac-roman": "macintosh",
+    "cp874": "windows-874", "cp1250": "windows-1250",
+    "cp1251": "windows-1251", "cp1252": "windows-1252", "cp1253": "windows-1253", "cp1254": "windows-1254",
+    "cp1255": "windows-1255", "cp1256": "windows-1256", "cp1257": "windows-1257", "cp1258": "windows-1258",
+    "mac-cyrillic": "x-mac-cyrillic", "gb18030": "gb18030", "big5hkscs": "big5", "euc_jp": "euc-jp",
+    "iso2022_jp": "iso-2022-jp", "iso2022_jp_ext": "iso-2022-jp", "cp932": "shift_jis", "cp949": "euc-kr",
+    "utf-16-be": "utf-16be", "utf-16-le": "utf-16le", "utf-32-be": "utf-32be", "utf-32-le": "utf-32le",
+}  # fmt: skip
+
+
+def whatwg_name(codec: str) -> str:
+    """The name a browser and an HTTP client know the encoding by that the Python codec `codec` (a
+    `decoding.decode_html` result) decodes as: `windows-1250` for cp1250, `shift_jis` for cp932.
+
+    The Encoding Standard's name lower-cased, as a `charset=` is usually written; `whatwg_codec` reads it
+    back as `codec`. A codec outside the table (none that `decode_html` gives) is returned as it is."""
+    return _WHATWG_NAMES.get(codec, codec)
+
+
 def normalize_encoding(label: str | None) -> str | None:
     """The Python codec name a browser would use for `label`, or None if it names no text codec.
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from service.core import encoding_labels
-from service.core.encoding_labels import decode_bytes, normalize_encoding, strict_iso2022_jp, whatwg_codec
+from service.core.encoding_labels import (
+    decode_bytes,
+    normalize_encoding,
+    strict_iso2022_jp,
+    whatwg_codec,
+    whatwg_name,
+)
 
 # The Encoding Standard's encodings.json (https://encoding.spec.whatwg.org/encodings.json): every label,
 # by the encoding it names. Copied here so the test checks the module against the standard, not itself.
@@ -112,6 +118,24 @@ def test_every_label_of_the_standard_names_its_codec_and_no_other_label_names_on
     expected = {label: CODECS[name] for name, labels in WHATWG_LABELS.items() for label in labels}
     assert {label: whatwg_codec(label) for label in expected} == expected
     assert {label for label, codec in expected.items() if codec} == set(encoding_labels._WHATWG_ALIASES)
+
+
+# The two encodings that share another one's decoder: a page read with it is reported by that one's name.
+SAME_DECODER = {"ISO-8859-8-I": "ISO-8859-8", "GBK": "gb18030"}
+
+
+def test_a_codec_is_reported_by_the_standards_name_of_its_encoding() -> None:
+    """/v1/extract and `htmllm extract` rows said `cp1250`, `cp932`, `big5hkscs`: Python's codec names,
+    which no HTTP client or browser knows (and Python's `shift_jis` is another decoder than cp932)."""
+    names = {codec: name.lower() for name, codec in CODECS.items() if codec and name not in SAME_DECODER}
+    assert {codec: whatwg_name(codec) for codec in names} == names
+    assert set(names) == set(encoding_labels._WHATWG_LABELS)
+    for codec in names:
+        assert whatwg_codec(whatwg_name(codec)) == codec  # the name is a label of its own encoding
+    assert whatwg_name("cp1250") == "windows-1250" and whatwg_name("cp932") == "shift_jis"
+    # How Python reads the standard's ISO-2022-JP where a page has half-width katakana.
+    assert whatwg_name("iso2022_jp_ext") == "iso-2022-jp"
+    assert whatwg_name("utf-32-le") == "utf-32le"  # a BOM's, no web encoding: its IANA name
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Final, TypeGuard
 
 from service.core.decoding import decode_html
+from service.core.encoding_labels import whatwg_name
 from service.core.errors import ErrorCode
 from service.core.extract.extractors import (
     EXTRACTORS,
@@ -80,7 +81,10 @@ from service.core.extract.word_count import TextCounts, count_words, text_counts
 #    decoders read: detected as its encoding, and read as a browser reads it).
 # 10: resiliparse keeps a lone character between tags written as a character reference (`&euro;`,
 #     `&bdquo;`, `&#x89aa;`), as it kept the raw character (`extractors._LONE_CHARACTER`).
-EXTRACTION_VERSION: Final = "10"
+# 11: jusText runs language-independent where no language is known (had the English stoplist: 0 words of
+#     an undetected Korean page), reported as no language; `encoding` is the WHATWG name (`windows-1250`,
+#     was Python's `cp1250`).
+EXTRACTION_VERSION: Final = "11"
 
 __all__ = [
     "ALL",
@@ -190,7 +194,10 @@ class Extraction:
 
     `passed` says whether the text passed the filter; for the union, False means no extractor's output
     passed and the longest output is returned, so callers filtering a corpus drop the page.
-    `elapsed_s` covers decoding and every attempt; `attempts` lists the extractors tried, in order.
+    `elapsed_s` covers decoding and every attempt; `attempts` lists the extractors tried, in order. An
+    attempt's `elapsed_s` is the page's own work (its checks, the extraction as timed in the process that
+    ran it, the filter), not the wait for a worker or a worker's start-up; a failed one's is the time the
+    caller waited for it.
     """
 
     text: str
@@ -199,8 +206,8 @@ class Extraction:
     elapsed_s: float
     passed: bool
     score: float | None
-    language: str | None  # the language jusText's stoplist was chosen for; None for the others
-    encoding: str  # the codec `decode_html` used
+    language: str | None  # jusText's (given or detected); None where unknown, and for the other extractors
+    encoding: str  # the page's encoding as browsers name it (`whatwg_name`: windows-1250, not cp1250)
     attempts: tuple[Attempt, ...]
 
 
@@ -291,12 +298,14 @@ def normalize_language(language: str | None) -> str | None:
 
 
 def _decode(html: str | bytes, encoding: str | None) -> tuple[str, str]:
+    """The page's text and its encoding's name as browsers and HTTP clients know it (`whatwg_name`):
+    Python's codec names (`cp1250`, `cp932`) are no charset label, and some name another decoder."""
     if not isinstance(html, str | bytes):
         raise ExtractionOptionsError(f"html must be str or bytes, got {type(html).__name__}")
     # decode_html gives text without lone surrogates (from surrogateescape-decoded text, as crawlers
     # write it), which made resiliparse and jusText raise and trafilatura return nothing.
     decoded = decode_html(html, encoding=encoding)
-    return decoded.text, decoded.encoding
+    return decoded.text, whatwg_name(decoded.encoding)
 
 
 @dataclass(frozen=True)
@@ -385,7 +394,11 @@ def _attempt(
     try:
         # A page over the extractor's structural limits is refused here, before any worker sees it.
         check_page(name, shape)
+        sent = time.perf_counter()
         out = runner.run(name, text, language=language, timeout_s=_timeout_for(timeout_s, name))
+        # What the runner's call took beyond the extraction (`RawOutput.elapsed_s`, timed where it ran):
+        # the wait for an idle worker, a new worker's start-up (a first job's took a second), the pipe.
+        overhead = max(0.0, time.perf_counter() - sent - out.elapsed_s)
         counts = text_counts(out.text)
         words = counts.words
         passed, score, reason = flt.judge(name, out.text, counts)
@@ -395,7 +408,7 @@ def _attempt(
             name, 0, elapsed, False, error=str(exc), timed_out=isinstance(exc, ExtractionTimeoutError)
         )
         return attempt, None, exc
-    elapsed = time.perf_counter() - started
+    elapsed = time.perf_counter() - started - overhead
     return Attempt(name, words, elapsed, passed, score, reason=reason), out, None
 
 
@@ -431,6 +444,7 @@ def extract(
         _check_name(extractor)
     language = _check_options(timeout_s, min_words, min_score, language)
     text, codec = _decode(html, encoding)
+    decode_s = time.perf_counter() - started
     names = (extractor,) if extractor != UNION else resolve_order(order, seed=seed, text=text)
     flt = _Filter(min_words, scorer, min_score)
     run_with = runner or default_pool()
@@ -468,7 +482,7 @@ def extract(
         text=out.text,
         extractor=chosen.extractor,
         words=chosen.words,
-        elapsed_s=time.perf_counter() - started,
+        elapsed_s=decode_s + sum(a.elapsed_s for a in attempts),
         passed=chosen.passed,
         score=chosen.score,
         language=out.language,

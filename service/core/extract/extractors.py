@@ -11,14 +11,13 @@ Settings, chosen to match how the paper "Beyond a Single Extractor" and DCLM ran
 - trafilatura with its defaults (which include comments and tables), tables kept explicitly.
 - jusText with the stoplist of the page's language, detected offline by resiliparse's `detect_fast` on
   the page's main-content text (all its visible text when that is short; `language_sample`), a detection
-  ranked past `MAX_LANGUAGE_RANK` being none; English when the language is unknown, and jusText's own
-  language-independent mode (no stoplist, length and link density only) for a language it has no
-  stoplist for (Chinese, Japanese, Thai, ...), where the English stoplist kept nothing at all, and for
-  an unknown language when most of the page's words are in scripts written without spaces (Chinese,
-  Japanese, Thai, Lao, Khmer, Myanmar; Lao is not among the detector's languages and short Khmer went
-  undetected). On a page of mostly Chinese and Japanese characters that mode's length thresholds are
-  divided by `CJK_LENGTH_SCALE` (see there). Its context-sensitive stage (also trafilatura's fallback)
-  runs in linear time (`justext_revise`).
+  ranked past `MAX_LANGUAGE_RANK` being none; jusText's own language-independent mode (no stoplist,
+  length and link density only) for a language it has no stoplist for (Chinese, Japanese, Thai, ...) and
+  for an unknown one, where the English stoplist that had stood in kept nothing of a page in another
+  language (0 words of a Korean page the detector ranked past the cutoff; pages mostly in a script
+  written without spaces had been spared it by a check of their own). On a page of mostly Chinese and
+  Japanese characters that mode's length thresholds are divided by `CJK_LENGTH_SCALE` (see there). Its
+  context-sensitive stage (also trafilatura's fallback) runs in linear time (`justext_revise`).
 
 trafilatura and jusText see only characters XML can hold (`normalize.xml_compatible`), and parse with
 lxml's `huge_tree`: without it libxml2 drops a text node over 10,000,000 bytes (both gave empty text, no
@@ -34,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from html.entities import html5
@@ -47,7 +47,7 @@ from service.core.extract.normalize import (
     normalize_text,
     xml_compatible,
 )
-from service.core.extract.word_count import CJK_RANGES, count_words, text_counts
+from service.core.extract.word_count import CJK_RANGES, count_words
 
 RESILIPARSE: Final = "resiliparse"
 TRAFILATURA: Final = "trafilatura"
@@ -69,10 +69,10 @@ _LANGUAGE_SAMPLE_CHARS: Final = 4000
 # German: Luxembourgish), and an empty one matches English at rank 1015.
 MAIN_TEXT_MIN_CHARS: Final = 400
 # `detect_fast`'s out-of-place rank (lower is closer; its own cutoff is 1200) past which a detection is
-# none, and the English fallback (or the language-independent mode) applies. On the samples above two
-# corpus pages rank past it: p0853 (Google's security blog, empty main text, its visible text mostly a
-# label list: Luxembourgish at 648; English found its 3 `with` snippets) and p0054 (an Angular template
-# of `{{...}}`: French at 714; jusText keeps nothing of it either way).
+# none, and jusText runs language-independent. On the samples above two corpus pages rank past it: p0853
+# (Google's security blog, empty main text, its visible text mostly a label list: Luxembourgish at 648;
+# without a stoplist, as with the English one, jusText finds its 3 `with` snippets) and p0054 (an Angular
+# template of `{{...}}`: French at 714; jusText keeps none of its snippets either way).
 MAX_LANGUAGE_RANK: Final = 600
 
 # ISO 639-1 codes -> jusText stoplist names: every stoplist jusText ships whose language has such a code.
@@ -172,12 +172,6 @@ JUSTEXT_STOPLISTS: Final[dict[str, str]] = {
     "wa": "Walloon",
     "yo": "Yoruba",
 }
-# The language assumed when the detector cannot place a page whose words are not mostly in a script
-# written without spaces (short pages, lists of names and numbers): English, the web's most common
-# language. Its stoplist is looked up in the table, not spelled twice, because the language is reported
-# as the one jusText used: a row's language and the stoplist that judged it cannot disagree.
-FALLBACK_LANGUAGE: Final = "en"
-FALLBACK_STOPLIST: Final = JUSTEXT_STOPLISTS[FALLBACK_LANGUAGE]
 # One character class of every Han, Hiragana and Katakana code point (`count_words`' own ranges).
 _CJK_CHAR: Final = re.compile(character_class(CJK_RANGES))
 # jusText's length thresholds (under 70 characters a paragraph is short, over 200 it can be good on its
@@ -200,6 +194,9 @@ class RawOutput:
 
     text: str
     language: str | None = None
+    # Seconds the extraction took in the process that ran it: a worker's start-up, the wait for one and
+    # the page's trip through the pipe are not the page's (`Attempt.elapsed_s`).
+    elapsed_s: float = 0.0
 
 
 def visible_text(html: str) -> str:
@@ -239,19 +236,14 @@ def known_languages() -> frozenset[str]:
 
 
 def stoplist_name(language: str | None) -> str | None:
-    """The jusText stoplist for an ISO 639-1 code: English for an unknown language (None), and None
-    (jusText's language-independent mode) for a language jusText has no stoplist for."""
+    """The jusText stoplist for an ISO 639-1 code; None (jusText's language-independent mode) for an
+    unknown language (None) and for one jusText has no stoplist for.
+
+    An unknown language had English's: it found no stopword in a page of another language (a Korean page
+    ranked past `MAX_LANGUAGE_RANK`) and jusText kept 0 words of it."""
     if language is None:
-        return FALLBACK_STOPLIST
+        return None
     return JUSTEXT_STOPLISTS.get(language.lower())
-
-
-def mostly_unspaced(text: str) -> bool:
-    """Whether most words of `text`'s first characters (as `count_words` counts them) are words of a
-    script written without spaces (`word_count.UNSPACED_SCRIPTS`): for such a page the detector's
-    "unknown" does not mean English."""
-    counts = text_counts(text[:_LANGUAGE_SAMPLE_CHARS])
-    return counts.unspaced * 2 > counts.words
 
 
 def mostly_cjk(text: str) -> bool:
@@ -368,11 +360,10 @@ def run_trafilatura(html: str, language: str | None = None) -> RawOutput:
 def run_justext(html: str, language: str | None = None) -> RawOutput:
     """jusText with the stoplist of `language`, detected from `language_sample` when not given.
 
-    The language reported is the one whose stoplist was used ("en" for the English fallback), the
-    given or detected one where jusText has no stoplist for it, and None only where no language is
-    known and no stoplist was used: an empty page, or one mostly in a script written without spaces
-    (Chinese, Japanese, Thai, Lao, Khmer, Myanmar) that the detector could not place (where the English
-    stoplist kept nothing: 0 words).
+    The language reported is the given or detected one (whose stoplist was used, where jusText has one),
+    and None where none is known: an empty page, or one the detector could not place, which runs
+    language-independent as a language without a stoplist does (it had English's, and was reported as
+    "en": a page of no text, and 0 words of a Korean page ranked past the cutoff).
     """
     import justext
     from lxml.etree import ParserError
@@ -381,16 +372,14 @@ def run_justext(html: str, language: str | None = None) -> RawOutput:
         return RawOutput("", language)
     html = xml_compatible(html)  # binary input raised "All strings must be XML compatible"
     if language is None:
-        sample = language_sample(html)
-        language = detect_language(sample)
-        if language is None and not mostly_unspaced(sample):
-            language = FALLBACK_LANGUAGE
-    name = None if language is None else stoplist_name(language)
+        language = detect_language(language_sample(html))
+    name = stoplist_name(language)
     try:
         if name is None:
-            # jusText's documented language-independent mode: an empty stoplist with both stopword
-            # thresholds at 0 classifies by length and link density alone. The English stoplist
-            # finds no stopwords in Chinese or Japanese and marks every paragraph boilerplate.
+            # jusText's documented language-independent mode (its command line's `-s None`): an empty
+            # stoplist with both stopword thresholds at 0 classifies by length and link density alone.
+            # Another language's stoplist finds no stopwords in the page and marks every paragraph
+            # boilerplate.
             paragraphs = _justext(html, frozenset(), stopwords_low=0, stopwords_high=0, cjk_lengths=True)
         else:
             paragraphs = _justext(html, justext.get_stoplist(name))
@@ -483,5 +472,7 @@ def run_extractor(name: str, html: str, language: str | None = None) -> RawOutpu
     annotations, the text comes out normalised (`normalize`), so the three texts of a page differ only
     in what each extractor kept. Both run here, in the worker, under the extractor's time limit.
     """
+    started = time.perf_counter()
     out = EXTRACTOR_FUNCTIONS[name](drop_ruby_annotations(html), language)
-    return RawOutput(normalize_text(out.text), out.language)
+    text = normalize_text(out.text)
+    return RawOutput(text, out.language, time.perf_counter() - started)
