@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from importlib.metadata import entry_points
 
 from service import __version__
+from service.commands.exits import ignore_late_stops
 
 # Each module exposes `register(subparsers)`, which adds its parser and sets `func`.
 SERVICE_COMMANDS: tuple[str, ...] = (
@@ -84,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     result = func(args)
+    ignore_late_stops()  # a Ctrl-C as the interpreter exits no longer turns the command's status into 130
     return int(result or 0)
 
 

@@ -33,7 +33,9 @@ metadata are checked before the model loads or a file is created; a missing outp
 A larger --limit (or none) goes on from a run or finished output of a smaller one (`limit_raised`).
 --device is not pinned (the same weights in the pinned dtype differ only by rounding), but recorded: each
 part and the output carry the devices their rows were embedded on (`htmllm.devices`), and a run going on
-from rows of another device says so.
+from rows of another device says so. A directory of pages holding files the reader passes over by their
+names (`.xhtml`, `.php`, no suffix) has them counted, with their names, in the last line
+(`resume_state.unread_files_note`), where they had been left out in silence.
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ from service.commands.resume_state import (
     remove_parts,
     run_lock,
     sigterm_as_ctrl_c,
+    unread_files_note,
 )
 from service.core.attention import ATTENTION_CHOICES, AUTO_ATTENTION, attention_option
 from service.core.checkpoint_path import check_checkpoint_path
@@ -111,8 +114,9 @@ PART_SIZE = 512
 # Bumped when the rows change; run.json pins it, so parts of an older layout are never merged with new.
 # 2: `error_message`. 3: `http_status` and `content_type`. 4: a WARC's HTTP response with no body and no
 # Content-Type (a bare redirect) is a row, its `http_status` kept (format 3 passed it over: every later
-# row's `index` is one more).
-ROW_FORMAT = 4
+# row's `index` is one more). 5: a JSONL row with both `html` and `file`, or whose `encoding` names no
+# charset, is an error row (the `file` and the label had been ignored in silence).
+ROW_FORMAT = 5
 # The columns every row has: a head's column (`<head>`, `<head>.probs`) must be none of them.
 FIXED_COLUMNS = (
     "index",
@@ -612,7 +616,7 @@ def _run(args: argparse.Namespace) -> int:
     # Both halves: after a resume, the rows of this run alone had passed for the whole output.
     print(
         f"wrote {rows} documents to {output}: {len(done)} resumed from earlier runs, {outcome.written} "
-        f"embedded this run ({outcome.failures} failed)",
+        f"embedded this run ({outcome.failures} failed){unread_files_note(args.input, output)}",
         file=sys.stderr,
     )
     return 0

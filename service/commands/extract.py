@@ -43,7 +43,16 @@ not write (its first line is not a row of it: `_ROW_START`) is replaced only wit
 refusal is a usage error (exit code 2) before a page is read, or anything written or locked, as is an
 output named as a compressed file (`.gz`, `.zst`, ...: `options.COMPRESSED_SUFFIXES`). Standard
 output (`-`) and an existing output that is not a regular file (`/dev/null`, a FIFO) are written in
-place, and such a run cannot be resumed.
+place, and such a run cannot be resumed. A reader that goes away (`--output - | head -1`) ends the run
+quietly with status 141 (`PIPE_CLOSED`), its workers stopped.
+
+Usage errors too, before any page is extracted: an option no extractor of the run reads (`--seed`
+without `--order random`, `--order` but for the union, `--language` where jusText does not run:
+`_unused_option`), and a --memory-limit-mb under which an extractor the run calls fails on a tiny page
+it extracts without one (`_check_memory_limit`): below the libraries' own footprint every row had been
+a failure, exit code 0, and done for a resume. A directory of pages holding files the reader passes
+over by their names (`.xhtml`, `.php`, no suffix) has them counted, with their names, at the end of the
+summary line (`resume_state.unread_files_note`), as `htmllm embed` counts them.
 """
 
 from __future__ import annotations
@@ -65,6 +74,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from service.commands.exits import PIPE_CLOSED, discard_stdout
 from service.commands.options import (
     STDIN_INPUT,
     OptionError,
@@ -94,8 +104,10 @@ from service.commands.resume_state import (
     remove_parts,
     run_lock,
     sigterm_as_ctrl_c,
+    unread_files_note,
 )
 from service.core.atomic_files import replaced_atomically
+from service.core.encoding_labels import whatwg_name
 from service.core.errors import ErrorCode, HtmllmError
 
 if TYPE_CHECKING:
@@ -124,7 +136,9 @@ _EXTRACTOR_DISTRIBUTIONS = ("resiliparse", "trafilatura", "justext")
 #    null.
 # 8: a WARC's HTTP response with no body and no Content-Type (a bare redirect) is a row, as in embed's
 #    format 4 (it had been passed over: every later row's `index` is one more).
-ROW_FORMAT = 8
+# 9: a JSONL row with both `html` and `file`, or whose `encoding` names no charset, is an error row (the
+#    `file` and the label had been ignored in silence).
+ROW_FORMAT = 9
 # Failures a later attempt may not repeat: written as rows they would be "done" for good (`htmllm embed`'s
 # rule; of its codes only this one reaches an extraction).
 TRANSIENT = frozenset({ErrorCode.NOT_READY})  # the page's extractor process killed from outside
@@ -140,6 +154,21 @@ _ROW_START = re.compile(
     rb'"(?:error|extractions|text)": '
 )
 _START_BYTES = 1 << 20  # read of an existing output to find its first row's keys: past any real id or url
+# The union's order without --order (`service.core.extract.DEFAULT_ORDER`, as run.json pins it).
+_DEFAULT_ORDER = "resiliparse,trafilatura,justext"
+DEFAULT_MEMORY_LIMIT_MB = 2048
+# A page every extractor reads through (main content, paragraphs of English prose), tiny: the test of a
+# --memory-limit-mb under which no page can be extracted (`_check_memory_limit`).
+_PROBE_PAGE = (
+    "<!doctype html><html lang=en><head><meta charset=utf-8><title>A test page</title></head><body>"
+    "<nav><a href=/>Home</a></nav><article><h1>A test page</h1>"
+    + 3
+    * (
+        "<p>This is a short paragraph of plain English text, written so that every extractor has some "
+        "work to do with it, and the language of the page can be told from its words.</p>"
+    )
+    + "</article><footer>Copyright</footer></body></html>"
+)
 
 
 # The output is plain JSONL, so a name that says it is compressed is refused: `--output out.jsonl.gz` was
@@ -152,6 +181,11 @@ class OutputRefused(OptionError):
     """An --output the run must not replace (the input, a page file of it, or without --overwrite a file
     this command did not write) or must not write (a compressed file's name): a usage error, exit code 2,
     before a page is read or anything written."""
+
+
+class MemoryLimitTooLow(OptionError):
+    """A --memory-limit-mb under which an extractor the run calls cannot extract a tiny page, though it
+    can without one (`_check_memory_limit`): a usage error, exit code 2, before any page is extracted."""
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -189,10 +223,13 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--limit", type=at_least(1), default=None, help="extract at most this many pages")
     parser.add_argument(
         "--order",
-        default="resiliparse,trafilatura,justext",
-        help="the union's preference order: comma-separated extractor names, or 'random' (per page)",
+        default=None,
+        help=f"the union's preference order: comma-separated extractor names, or 'random' (per page); "
+        f"default {_DEFAULT_ORDER} (with --extractor union only)",
     )
-    parser.add_argument("--seed", type=int, default=None, help="seed for --order random (reproducible runs)")
+    parser.add_argument(
+        "--seed", type=int, default=None, help="seed for --order random (reproducible runs; with it only)"
+    )
     parser.add_argument(
         "--min-words", type=int, default=50, help="words an output needs to pass the union's filter"
     )
@@ -202,7 +239,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument(
         "--language",
         default=None,
-        help="jusText's language for every page (ISO 639-1, e.g. de), instead of detecting each page's",
+        help="jusText's language for every page (ISO 639-1, e.g. de), instead of detecting each page's "
+        "(only where jusText runs: --extractor justext, all, or a union that holds it)",
     )
     parser.add_argument(
         "--workers",
@@ -213,15 +251,82 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument(
         "--memory-limit-mb",
         type=at_least(0),
-        default=2048,
+        default=DEFAULT_MEMORY_LIMIT_MB,
         help="each extractor process's data in MiB (Linux RLIMIT_DATA), as HTMLLM_EXTRACT_MEMORY_LIMIT_MB "
-        "in the service: an extraction that needs more is its row's extraction_failed; 0: none",
+        "in the service: an extraction that needs more is its row's extraction_failed; 0: none. A limit "
+        "under which an extractor cannot extract a tiny test page is refused before any page is extracted",
     )
     parser.add_argument(
         "--part-size", type=at_least(1), default=512, help="pages per part file (resume grain)"
     )
     parser.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
     parser.set_defaults(func=run)
+
+
+def _extractors_called(args: argparse.Namespace) -> tuple[str, ...]:
+    """The extractors a run may call on a page (`args.order` resolved, so the union's is a string)."""
+    from service.core.extract import EXTRACTORS, resolve_order
+
+    if args.extractor == "all" or (args.extractor == "union" and args.order == "random"):
+        return tuple(EXTRACTORS)
+    if args.extractor == "union":
+        return resolve_order(args.order.split(","))
+    return (args.extractor,)
+
+
+def _unused_option(args: argparse.Namespace) -> str | None:
+    """Why an option given would change nothing, or None: such a run had gone on as if it were not
+    given (`--seed 7` without `--order random` gave the default order's rows, which the user took for
+    seeded ones). A usage error, as a bad value of it is."""
+    if args.order is not None and args.extractor != "union":
+        return f"--order is the union's preference order, for --extractor union, not {args.extractor}"
+    if args.seed is not None and args.order != "random":
+        return "--seed seeds --order random's per-page shuffle: give it with --extractor union --order random"
+    order = args.order or _DEFAULT_ORDER
+    if args.language is not None and args.extractor in ("resiliparse", "trafilatura"):
+        return f"--language is jusText's: {args.extractor} reads no language"
+    union_without_justext = order != "random" and "justext" not in order.split(",")
+    if args.language is not None and args.extractor == "union" and union_without_justext:
+        return f"--language is jusText's, which --order {order} does not run"
+    return None
+
+
+def _check_memory_limit(args: argparse.Namespace, pool: ExtractorPool) -> None:
+    """Refuse (`MemoryLimitTooLow`) a --memory-limit-mb under which an extractor the run calls fails on a
+    tiny page (`_PROBE_PAGE`) that it extracts without a limit. Below what an extractor process needs
+    for its libraries (about 110 MiB for resiliparse, which jusText's language detection runs too) every
+    page failed: the run wrote a row of failures for each (the union fell back on another extractor, in
+    silence), exit code 0, and a resume kept those rows as done. Tried in the run's own pool, whose
+    workers the run then uses, so a run under a workable limit pays a tiny page per extractor. Any other
+    outcome (a failure without the limit too, a timeout, a worker lost or not started) says nothing of
+    the limit: the run goes on, and its rows say what each page met."""
+    from service.core.extract import (
+        ExtractionError,
+        ExtractionTimeoutError,
+        ExtractorLostError,
+        ExtractorPool,
+    )
+
+    if pool.memory_limit_bytes is None:
+        return
+    for name in _extractors_called(args):
+        try:
+            pool.run(name, _PROBE_PAGE, language=args.language, timeout_s=args.timeout_s)
+            continue
+        except (ExtractionTimeoutError, ExtractorLostError):
+            continue
+        except ExtractionError as exc:
+            failure = exc
+        with ExtractorPool(1) as unlimited:
+            try:
+                unlimited.run(name, _PROBE_PAGE, language=args.language, timeout_s=args.timeout_s)
+            except (ExtractionError, ExtractorLostError):
+                continue  # not the limit's doing
+        raise MemoryLimitTooLow(
+            f"--memory-limit-mb {args.memory_limit_mb} is less than an extractor process needs: {name} "
+            f"failed on a tiny test page under it, and not without it ({failure.message}), so every page "
+            f"would fail; raise it (the default is {DEFAULT_MEMORY_LIMIT_MB}), or pass 0 for no limit"
+        )
 
 
 def _deferred(row: dict[str, Any], deferred: Deferred) -> bool:
@@ -243,7 +348,7 @@ def _extraction_json(result: Extraction, page: Page) -> dict[str, Any]:
     if page.encoding is not None:
         # The reader transcoded the page from its row's declared charset: the extractors read UTF-8,
         # but the page was decoded from this one (as the API, given the raw bytes, reports it).
-        row["encoding"] = page.encoding
+        row["encoding"] = whatwg_name(page.encoding)
     return row
 
 
@@ -497,20 +602,17 @@ class _JsonlParts:
 def _extract_all(
     todo: Iterable[tuple[int, Page]],
     args: argparse.Namespace,
-    workers: int,
+    pool: ExtractorPool,
     emit: Callable[[int, dict[str, Any]], None],
     bar: tqdm[Any],
 ) -> None:
-    """Extract each (index, page) of `todo` and hand its row to `emit`, in `todo`'s order."""
-    from service.core.extract import ExtractorPool
+    """Extract each (index, page) of `todo` with `pool`'s workers and hand its row to `emit`, in `todo`'s
+    order."""
     from service.core.pages import source_kind
-    from service.core.workers import mib_as_bytes
 
     jsonl = source_kind(Path(args.input))[0] == "jsonl"
-    with (
-        ExtractorPool(workers, memory_limit_bytes=mib_as_bytes(args.memory_limit_mb)) as pool,
-        ThreadPoolExecutor(max_workers=workers) as executor,
-    ):
+    workers = pool.workers
+    with ThreadPoolExecutor(max_workers=workers) as executor:
         pending: deque[tuple[int, Future[dict[str, Any]]]] = deque()
 
         def drain(keep: int) -> None:
@@ -551,9 +653,11 @@ def _bar(args: argparse.Namespace, initial: int = 0) -> tqdm[Any]:
     return progress_bar(initial=initial, total=args.limit, unit="page", disable=args.no_progress)
 
 
-def _stream(args: argparse.Namespace, pages: Iterable[Page], workers: int, deferred: Deferred) -> str:
+def _stream(args: argparse.Namespace, pages: Iterable[Page], pool: ExtractorPool, deferred: Deferred) -> str:
     """Write the rows as they come (standard output, a FIFO): nothing to resume from, so a deferred
-    page's row is written too, with its error, and not counted as failed. Returns the summary."""
+    page's row is written too, with its error, and not counted as failed. Returns the summary. Flushed
+    here, where a reader gone (`BrokenPipeError`) reaches `run`: at interpreter exit it was an "Exception
+    ignored" traceback and status 120."""
     counts = {"pages": 0, "errors": 0, "passed": 0}
     with _open_in_place(args.output) as out, _bar(args) as bar:
 
@@ -563,7 +667,8 @@ def _stream(args: argparse.Namespace, pages: Iterable[Page], workers: int, defer
             counts["passed"] += bool(row.get("passed"))
             out.write(json.dumps(row, ensure_ascii=False) + "\n")
 
-        _extract_all(enumerate(pages), args, workers, emit, bar)
+        _extract_all(enumerate(pages), args, pool, emit, bar)
+        out.flush()
     return _summary(args, counts["pages"], counts["errors"], counts["passed"])
 
 
@@ -571,7 +676,7 @@ def _resumable(
     args: argparse.Namespace,
     target: Path,
     pages: Iterable[Page],
-    workers: int,
+    pool: ExtractorPool,
     termination: Termination,
     deferred: Deferred,
 ) -> str:
@@ -606,7 +711,7 @@ def _resumable(
 
         try:
             with _bar(args, len(done)) as bar:
-                _extract_all(walk.todo(pages), args, workers, emit, bar)
+                _extract_all(walk.todo(pages), args, pool, emit, bar)
         except BaseException:
             # Keep what was finished: rows are emitted only from pages whose extraction ended, and the
             # workers ignore Ctrl-C, so none of them failed because of it. They do not ignore SIGTERM,
@@ -693,11 +798,13 @@ def _say_interrupted(args: argparse.Namespace, how: str, target: Path | None, in
 def run(args: argparse.Namespace) -> int:
     from service.core.extract import (
         ExtractionOptionsError,
+        ExtractorPool,
         default_workers,
         normalize_language,
         resolve_order,
     )
     from service.core.pages import iter_pages
+    from service.core.workers import mib_as_bytes
 
     # --limit, --workers, --part-size and --memory-limit-mb are bounded by their types (`at_least`), as
     # `htmllm embed` bounds its own: `--limit 0` had written an empty output here and been refused there.
@@ -705,6 +812,12 @@ def run(args: argparse.Namespace) -> int:
     if not args.timeout_s > 0 or args.min_words < 0:  # else every row an error, and the output replaced
         print("htmllm extract: --timeout-s must be > 0 and --min-words >= 0", file=sys.stderr)
         return 2
+    unused = _unused_option(args)
+    if unused is not None:
+        print(f"htmllm extract: {unused}", file=sys.stderr)
+        return 2
+    if args.order is None:
+        args.order = _DEFAULT_ORDER  # as run.json pins it (for the union, the one extractor it is read by)
     try:
         if args.extractor == "union":
             resolve_order("random" if args.order == "random" else args.order.split(","))
@@ -712,6 +825,9 @@ def run(args: argparse.Namespace) -> int:
     except ExtractionOptionsError as exc:
         print(f"htmllm extract: {exc}", file=sys.stderr)
         return 2
+    if args.output == "-" and sys.stdout is None:  # `>&-`: Python found no file descriptor 1
+        print("htmllm extract: --output -: standard output is closed", file=sys.stderr)
+        return 1
 
     if args.input == "-":  # "page source - does not exist"
         print(f"htmllm extract: {STDIN_INPUT}", file=sys.stderr)
@@ -737,18 +853,29 @@ def run(args: argparse.Namespace) -> int:
             check_has_pages(Path(args.input), first)
             if first is not None:
                 pages = itertools.chain([first], pages)
-            if target is None or in_place:
-                summary = _stream(args, pages, workers, deferred)
-            else:
-                summary = _resumable(args, target, pages, workers, termination, deferred)
+            with ExtractorPool(workers, memory_limit_bytes=mib_as_bytes(args.memory_limit_mb)) as pool:
+                _check_memory_limit(args, pool)  # before a row is written, or anything locked
+                if target is None or in_place:
+                    summary = _stream(args, pages, pool, deferred)
+                else:
+                    summary = _resumable(args, target, pages, pool, termination, deferred)
+            summary += unread_files_note(Path(args.input), None if target is None else Path(args.output))
     except KeyboardInterrupt:
         how = termination.how
         with contextlib.suppress(OSError):  # a hung-up terminal (SIGHUP: EIO): the status still says it
             _say_interrupted(args, how, target, in_place)
         return termination.status
-    except OutputRefused as exc:  # a usage error, as `--limit 0` is
+    except (OutputRefused, MemoryLimitTooLow) as exc:  # a usage error, as `--limit 0` is
         print(f"htmllm extract: {exc.code}: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (`| head -1`; a FIFO's reader; the progress bar's stderr closed): quiet, as
+        # `cat` and `grep` end there (`PIPE_CLOSED`). A stream is never resumed, so no row is claimed
+        # done; a run into parts keeps those it wrote, as after Ctrl-C. What Python still holds for
+        # standard output would raise again when it flushes at exit, so it goes to devnull from here on.
+        if target is None:
+            discard_stdout()
+        return PIPE_CLOSED
     except HtmllmError as exc:  # the input's failures (PageSourceError) and the parts' (RunStateError)
         print(f"htmllm extract: {exc.code}: {exc}", file=sys.stderr)
         return 1

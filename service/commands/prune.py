@@ -6,19 +6,20 @@ inflating more than that. A page that cannot be read is one line with its code, 
 report it, by the same rule (`pages.read_error`): `input_unreadable` where the file system refused it
 (permission denied, a missing file, an I/O error), `validation_error` for a corrupt gzip stream.
 
-A reader that stops early (`htmllm prune page.html | head`) ends the command quietly with status 1, as
-the Python docs advise for SIGPIPE, rather than with a BrokenPipeError traceback; a standard output that
-cannot be written (`> /dev/full`, a full disk) or is closed (`>&-`) is one line and status 1.
+A reader that stops early (`htmllm prune page.html | head`) ends the command quietly with status 141
+(`exits.PIPE_CLOSED`, as SIGPIPE ends `cat` there), rather than with a BrokenPipeError traceback; a
+standard output that cannot be written (`> /dev/full`, a full disk) or is closed (`>&-`) is one line and
+status 1.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from service.commands.exits import PIPE_CLOSED, discard_stdout
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -68,15 +69,10 @@ def _write(pruned: str) -> int:
         sys.stdout.write("\n")
         sys.stdout.flush()  # here, where a failed write can be handled, not at interpreter exit
     except OSError as exc:  # a closed pipe; a full disk or `> /dev/full` (ENOSPC), EIO, EBADF
-        # https://docs.python.org/3/library/signal.html#note-on-sigpipe: what is still buffered would
-        # raise again when Python flushes stdout at exit, so stdout goes to devnull from here on.
-        with contextlib.suppress(OSError, ValueError):  # no file descriptor to replace: nothing to flush
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            try:
-                os.dup2(devnull, sys.stdout.fileno())
-            finally:
-                os.close(devnull)
-        if not isinstance(exc, BrokenPipeError):  # a reader that stopped early asked for nothing more
-            print(f"htmllm prune: cannot write the pruned page: {exc.strerror or exc}", file=sys.stderr)
+        # What is still buffered would raise again when Python flushes stdout at exit.
+        discard_stdout()
+        if isinstance(exc, BrokenPipeError):  # a reader that stopped early asked for nothing more
+            return PIPE_CLOSED  # as `htmllm extract --output -` ends there
+        print(f"htmllm prune: cannot write the pruned page: {exc.strerror or exc}", file=sys.stderr)
         return 1
     return 0

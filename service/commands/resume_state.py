@@ -343,6 +343,51 @@ def check_has_pages(source: Path, first: Page | None) -> None:
     raise PageSourceError(f"page source {source} holds no pages: {why}")
 
 
+# Names shown of the files a directory of pages holds but no run reads (`unread_files_note`).
+_UNREAD_SHOWN = 3
+# Suffixes of files a mirrored site serves as pages (and no suffix: `index`, `about`): the unread files
+# worth a word. A mirror's stylesheets, scripts and images are not pages, and naming them would bury these.
+_PAGE_LIKE_SUFFIXES = frozenset(
+    {"", ".xhtml", ".xht", ".shtml", ".php", ".asp", ".aspx", ".jsp", ".cfm", ".cgi", ".pl"}
+)
+
+
+def unread_files_note(source: Path, output: Path | None) -> str:
+    """The end of a run's summary line for a directory of pages (no manifest) holding files the reader
+    passes over, by their names (`pages.iter_pages` reads .html, .htm, optionally .gz, and WARC files):
+    `; 3 files of DIR were not read (...: a.xhtml, b.php, index)`, or "". A mirror's `.xhtml`, `.php`
+    and suffix-less pages had been left out of a run in silence, which then looked complete. Only names
+    a page may have count (`_PAGE_LIKE_SUFFIXES`): a mirror's .css, .js and .png files are no news. The run's
+    own files beside `output` are none of them (`own_files`). What cannot be looked at now says
+    nothing: the run is over, and its rows stand."""
+    from service.core.pages import list_directory, page_files_of, source_kind
+
+    try:
+        kind, path = source_kind(source)
+        if kind != "directory":
+            return ""
+        read = set(page_files_of(path))
+        listed = list_directory(path, own_files(output) if output is not None else None)
+    except (HtmllmError, OSError):
+        return ""
+    unread = [
+        entry.path
+        for entry in listed
+        if entry.problem is None
+        and entry.path not in read
+        and entry.path.suffix.lower() in _PAGE_LIKE_SUFFIXES
+        and not entry.path.name.startswith(".")
+    ]
+    if not unread:
+        return ""
+    names = ", ".join(str(file.relative_to(path)) for file in unread[:_UNREAD_SHOWN])
+    more = ", ..." if len(unread) > _UNREAD_SHOWN else ""
+    return (
+        f"; {len(unread)} files of {source} that may be pages were not read, their names ending in none "
+        f"of .html, .htm (optionally .gz) and the WARC suffixes ({names}{more}): rename those that are pages"
+    )
+
+
 @dataclass
 class Deferred:
     """The items of a run that failed for a reason a later attempt may not repeat (a command's

@@ -70,6 +70,7 @@ inflated much past the cap: a 1 MB gzip file that inflated to 1 GiB was held who
 
 from __future__ import annotations
 
+import codecs
 import errno
 import gzip
 import json
@@ -85,6 +86,7 @@ from typing import IO, Any, BinaryIO, Literal, NamedTuple
 
 from service.core.content_coding import ContentCodingError, decode_content, undeclared_coding
 from service.core.decoding import declared_codec, with_declared_encoding, without_lone_surrogates
+from service.core.encoding_labels import whatwg_codec
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.prune import DEFAULT_MAX_BYTES
 from service.core.warc_tail import GZIP_MAGIC
@@ -354,6 +356,10 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
     url = row.get("url")
     html_text, file_name = row.get("html"), row.get("file")
     source_encoding: str | None = None
+    if html_text is not None and file_name is not None:
+        # Which one is the page is the writer's word, not ours: `html` was taken and `file` left unread
+        # in silence (two dumps merged, a row whose text was meant to be dropped).
+        raise PageSourceError(f"{where} has both 'html' and 'file': a row is one page, give one of them")
     if html_text is not None:
         if not isinstance(html_text, str):
             raise PageSourceError(f"{where}: 'html' must be a string, not {_json_type(html_text)}")
@@ -375,6 +381,14 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
         encoding = row.get("encoding")
         if encoding is not None and not isinstance(encoding, str):
             raise PageSourceError(f"{where}: 'encoding' must be a charset name, not {encoding!r}")
+        if encoding is not None and not known_charset(encoding):
+            # A label a browser ignores but Python knows (`latin-1`, `utf-7`) is ignored as a server's
+            # header is (`decoding.declared_codec`); one nobody knows is a typo in the row, which had
+            # been ignored as well, the page read by its own <meta> or by guess.
+            raise PageSourceError(
+                f"{where}: 'encoding' {encoding!r} names no charset (a label such as utf-8, windows-1252, "
+                "shift_jis)"
+            )
         html, source_encoding = declared_page(_read_file(path, where), encoding, where)
     else:
         raise PageSourceError(f"{where} has neither 'html' nor 'file'")
@@ -385,6 +399,17 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
         meta=meta,
         encoding=source_encoding,
     )
+
+
+def known_charset(label: str) -> bool:
+    """Whether `label` names a charset to a browser (`whatwg_codec`) or to Python (`codecs.lookup`)."""
+    if whatwg_codec(label) is not None:
+        return True
+    try:
+        codecs.lookup(label.strip())
+    except (LookupError, ValueError):
+        return False
+    return True
 
 
 def _not_a_file(path: Path) -> str | None:

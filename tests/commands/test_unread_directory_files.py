@@ -1,0 +1,68 @@
+"""A directory of pages holding files the reader passes over by their names (`.xhtml`, `.php`, no suffix):
+`htmllm extract` and `htmllm embed` count them in their summary, with their names, where they had been
+left out of a run that looked complete."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from service.cli import main
+from tests.factories.checkpoint import build_tiny_checkpoint
+
+PAGE = "<html><body><p>A page of a mirrored site, with a few words in it.</p></body></html>"
+
+
+def _mirror(directory: Path) -> Path:
+    """A site as `wget -m` leaves it: one `.html` page, pages under other names, and files no page is
+    named as (a stylesheet, an image, JSONL, a dot file), which go unmentioned."""
+    for name in (
+        "about.html", "feed.xhtml", "index.php", "sub/index", "sub/notes.jsonl", "sub/more.aspx",
+        "style.css", "logo.png", ".listing",
+    ):  # fmt: skip
+        (directory / name).parent.mkdir(parents=True, exist_ok=True)
+        (directory / name).write_text(PAGE)
+    return directory
+
+
+def test_extract_counts_the_files_it_did_not_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = _mirror(tmp_path / "site")
+    output = source / "out.jsonl"  # the run's own output, in the directory: no file of it
+    args = ["extract", "--input", str(source), "--output", str(output), "--workers", "1", "--no-progress"]
+    assert main(args) == 0
+    assert [json.loads(line)["id"] for line in output.read_text().splitlines()] == ["about.html"]
+    (summary,) = capsys.readouterr().err.splitlines()
+    assert summary.startswith("htmllm extract: 1 pages, ")
+    assert summary.endswith(
+        f"; 4 files of {source} that may be pages were not read, their names ending in none of .html, .htm "
+        "(optionally .gz) and the WARC suffixes (feed.xhtml, index.php, sub/index, ...): rename those that "
+        "are pages"
+    ), summary
+
+
+def test_extract_says_nothing_of_a_directory_whose_every_file_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "a.html").write_text(PAGE)
+    args = ["extract", "--input", str(tmp_path / "site"), "--output", "-", "--workers", "1", "--no-progress"]
+    assert main(args) == 0
+    assert "not read" not in capsys.readouterr().err
+
+
+def test_embed_counts_the_files_it_did_not_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    checkpoint = build_tiny_checkpoint(tmp_path / "tiny")
+    source = _mirror(tmp_path / "site")
+    output = tmp_path / "out.parquet"
+    args = ["embed", "--checkpoint", str(checkpoint), "--input", str(source), "--output", str(output),
+            "--no-progress", "--preprocess-pool", "thread", "--workers", "1"]  # fmt: skip
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert err.endswith(
+        f"wrote 1 documents to {output}: 0 resumed from earlier runs, 1 embedded this run (0 failed); "
+        f"4 files of {source} that may be pages were not read, their names ending in none of .html, .htm "
+        "(optionally .gz) and the WARC suffixes (feed.xhtml, index.php, sub/index, ...): rename those that "
+        "are pages\n"
+    ), err
