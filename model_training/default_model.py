@@ -136,8 +136,29 @@ def _results_section(report_md: Path) -> str:
     return section.replace("## Results", "### Frozen-encoder evaluation (`htmllm eval run`)", 1)
 
 
-def render_card(run: Path, bundle: Path, *, eval_dir: Path | None) -> str:
-    """MODEL_CARD.md from the run's recorded figures."""
+def _pages(count: object) -> str:
+    """A page count as the card prints it: `1,033`, or `?` where the run recorded none."""
+    if isinstance(count, bool) or not isinstance(count, int | float):
+        return "?"
+    return f"{int(count):,}"  # the held-out figures are floats, their page count with them
+
+
+def _labelled_pages(heads: Sequence[HeadSpec]) -> str:
+    """The pages the heads' figures were measured on, as a count or a range (`467-945`); "" for none."""
+    counts = sorted({int(spec.metrics["pages"]) for spec in heads if "pages" in spec.metrics})
+    if not counts:
+        return ""
+    return _pages(counts[0]) if len(counts) == 1 else f"{_pages(counts[0])}-{_pages(counts[-1])}"
+
+
+def render_card(run: Path, bundle: Path, *, eval_dir: Path | None, curve: Path | None = None) -> str:
+    """MODEL_CARD.md from the run's recorded figures; `curve` is where the training curve is copied (None:
+    the run's own, where it has one).
+
+    Every figure is the run's: the pages, the corpus and the device its manifest and config record (the
+    card had said "~1,000 pages" of the shared corpus on 2 CPU cores for any run). The pretraining time
+    is the session that finished the run, all a run records: a resumed run's earlier sessions are not
+    in it, and the card says so rather than pass it for the whole."""
     checkpoint = load_checkpoint(bundle)
     meta = checkpoint.meta
     training = meta.training
@@ -156,14 +177,19 @@ def render_card(run: Path, bundle: Path, *, eval_dir: Path | None) -> str:
         "teacher": teacher.seconds,
         "pretraining": summary.get("seconds_this_session"),
     }
+    corpus = f"`{shards['source']}`" if shards.get("source") else "its corpus"
+    if curve is None and (run / "pretrain" / CURVE_FILE).is_file():
+        curve = run / "pretrain" / CURVE_FILE
+    labelled = _labelled_pages(meta.heads)
     lines = [
         f"# {meta.name}: the bundled default model",
         "",
-        "A **small, demo-quality** HTML encoder so that `make serve` works out of the box. It is the `mini`",
-        "preset of our ModernBERT encoder, pretrained on 2 CPU cores (time below) on the ~1,000 pages of",
-        "the shared test corpus (trafilatura's evaluation pages). The paper's models were trained on",
-        "millions of pages on 8xH100; do not expect this one to be good at anything beyond demonstrating",
-        "the pipeline end to end. Retrain with `make default-model` (or `htmllm train` on your own shards).",
+        "A **small, demo-quality** HTML encoder so that `make serve` works out of the box. It is the "
+        f"`{config.get('preset')}` preset of our ModernBERT encoder, pretrained (device and time below) "
+        f"on the {_pages(stats.get('pages'))} pages of {corpus}. "
+        "The paper's models were trained on millions of pages on 8xH100; do not expect this one to be good "
+        "at anything beyond demonstrating the pipeline end to end. Retrain with `make default-model` (or "
+        "`htmllm train` on your own shards).",
         "",
         "## What it is",
         "",
@@ -192,9 +218,14 @@ def render_card(run: Path, bundle: Path, *, eval_dir: Path | None) -> str:
         f"({config.get('warmup_frac')} warm-up, {config.get('cooldown_frac')} cool-down), "
         f"{summary.get('steps')} steps of {config.get('batch_size')} x {config.get('grad_accum')} pages, "
         f"{config.get('max_length')} tokens, on {config.get('device')}.",
-        "- Time (seconds, on the shared 2-core build machine): "
+        "- Time (seconds, on the machine that built it): "
         + ", ".join(f"{k} {v}" for k, v in seconds.items() if v is not None)
-        + ".",
+        + (
+            "; pretraining's is the session's that finished the run (a resumed run's earlier sessions are "
+            "not counted)."
+            if seconds["pretraining"] is not None
+            else "."
+        ),
         "",
         "## Figures",
         "",
@@ -211,8 +242,7 @@ def render_card(run: Path, bundle: Path, *, eval_dir: Path | None) -> str:
         f"| MLM / BOW / distillation loss, last training step | {final.get('mlm', 0):.3f} / "
         f"{final.get('bow', 0):.3f} / {final.get('distil', 0):.3f} |",
         "",
-        "The training curve is `docs/training_curve.png`.",
-        "",
+        *([f"The training curve is `{curve}`.", ""] if curve is not None else []),
     ]
     lines += [*heads_section(meta.heads), ""]
     results = _results_section(eval_dir / "report.md") if eval_dir is not None else ""
@@ -221,10 +251,11 @@ def render_card(run: Path, bundle: Path, *, eval_dir: Path | None) -> str:
     lines += [
         "## Limits",
         "",
-        "- Trained on about a thousand pages, mostly German and English news, blogs and company sites.",
+        f"- Trained on {_pages(stats.get('written'))} pages of {corpus}.",
         f"- Pages longer than {meta.max_length} tokens of pruned HTML are truncated.",
-        "- Figures on ~50 held-out pages and ~500-950 labelled pages are noisy; compare them with the",
-        "  baselines in the same table, not with the paper.",
+        f"- Figures on {_pages(heldout.get('documents'))} held-out pages"
+        + (f" and {labelled} labelled pages" if labelled else "")
+        + " are noisy; compare them with the baselines in the same table, not with the paper.",
         "- Embeddings are for demos and tests of the service; use a properly pretrained checkpoint for",
         "  anything that matters.",
         "",
@@ -255,7 +286,8 @@ def bundle(run: Path, out: Path, *, curve: Path | None, eval_dir: Path | None) -
             f"{source} is {size / 2**20:.1f} MiB, over the {MAX_BUNDLE_BYTES / 2**20:.0f} MiB budget"
         )
     card = staging / CARD_FILE
-    card.write_text(render_card(run, staging, eval_dir=eval_dir), encoding="utf-8")
+    copied = curve if curve is not None and (run / "pretrain" / CURVE_FILE).is_file() else None
+    card.write_text(render_card(run, staging, eval_dir=eval_dir, curve=copied), encoding="utf-8")
     card.chmod(0o644)
     replaced = out.with_name(out.name + ".old")
     if replaced.exists():

@@ -1,4 +1,4 @@
-"""The torch device a run is asked for, checked before any model or data is loaded.
+"""The torch device (and precision) a run is asked for, checked before any model or data is loaded.
 
 One check for every training entry point (the teacher command, `pretrain.train`): torch itself reports
 an unusable device only once something is moved onto it, as an AssertionError ("Torch not compiled with
@@ -56,3 +56,16 @@ def resolve_device(device: str, *, local_rank: int | None = None, source: str = 
     if parsed.type == "mps" and not torch.backends.mps.is_available():
         raise DataError(f"{source}device {device!r}: torch sees no MPS device here (use auto or cpu)")
     return device
+
+
+def precision_problem(device: str, dtype: str) -> str | None:
+    """Why the Engine would refuse to run at `dtype` on `device` (float16 on a CPU), in its own words, or
+    None: `EngineConfig`'s rule, asked before any page is pruned. `htmllm eval run` and `htmllm heads
+    train` had met it only when the Engine started, once every page was pruned (minutes of work lost)."""
+    from service.engine.types import EngineConfig
+
+    try:
+        EngineConfig(device=device, dtype=dtype)
+    except ValueError as exc:
+        return str(exc)
+    return None

@@ -56,6 +56,19 @@ def add_head_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def unusable_precision(args: argparse.Namespace, prog: str) -> bool:
+    """Whether the Engine cannot run at `--dtype` on `--device` (`precision_problem`), said in one line on
+    stderr: a command of `add_head_flags` returns 2 then, before any page is read. The Engine had refused
+    float16 on a CPU only when it started, once every page was pruned."""
+    from model_training.devices import precision_problem
+
+    problem = precision_problem(args.device, args.dtype)
+    if problem is None:
+        return False
+    print(f"{prog}: --dtype {args.dtype} cannot run on --device {args.device}: {problem}", file=sys.stderr)
+    return True
+
+
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser = subparsers.add_parser("eval", help="evaluate frozen encoders with MLP heads (NMM, studies)")
     parser.set_defaults(func=lambda _args: usage(parser))
@@ -130,9 +143,16 @@ def usage(parser: argparse.ArgumentParser) -> int:
 
 
 def eval_config(args: argparse.Namespace, **overrides: Any) -> EvalConfig:
+    """The `EvalConfig` of `eval run`'s or `heads train`'s flags, its `checkpoints` checked to be
+    checkpoint directories first (`check_checkpoint_path`, as `htmllm embed`, `serve` and `export-onnx`
+    check theirs): a training run's folder named for its `model/` had been "htmllm.json is missing" with
+    no word of the checkpoint inside, where those commands say which one was meant."""
     from model_training.evaluation.heads import HeadConfig
     from model_training.evaluation.runner import EvalConfig
+    from service.core.checkpoint_path import check_checkpoint_path
 
+    for checkpoint in overrides.get("checkpoints", ()):
+        check_checkpoint_path(Path(checkpoint), "--checkpoint")
     head = HeadConfig(
         hidden=args.hidden, max_epochs=args.max_epochs, patience=args.patience, lr=args.lr, seed=args.seed
     )
@@ -156,11 +176,13 @@ def run(args: argparse.Namespace) -> int:
     a rerun goes on from is the cache, which is never removed: its files are none of the report's, so a
     `--cache` inside `--out` (or inside a parent the run made) keeps that directory."""
     from model_training.evaluation.report import JSON_FILE, MARKDOWN_FILE, PLOT_FILE, write_report
-    from model_training.evaluation.runner import run_evaluation, seed_spread
+    from model_training.evaluation.runner import run_evaluation, seed_spread, unservable_line
     from model_training.evaluation.tasks import load_tasks
     from model_training.outputs import file_names, output_dir
     from service.core.errors import HtmllmError
 
+    if unusable_precision(args, "htmllm eval run"):
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     report = file_names(MARKDOWN_FILE, JSON_FILE, PLOT_FILE)
     try:
@@ -192,4 +214,6 @@ def run(args: argparse.Namespace) -> int:
         return 1
     for path in written:
         print(path)
+    for entry in result.unservable_heads:  # said again last, where a long run's log ends
+        print(f"htmllm eval run: warning: {unservable_line(entry)}", file=sys.stderr)
     return 0

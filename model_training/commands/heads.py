@@ -1,19 +1,24 @@
-"""`htmllm heads train`: train a task head per task on a checkpoint's embeddings and save it into it.
+"""`htmllm heads train`: train a task head per task on a checkpoint's embeddings and save it into it;
+`htmllm heads remove` and `htmllm heads rename`: remove or rename a head of a checkpoint.
 
 The heads are `TaskHead`s written by `service.core.checkpoint.save_heads` with their labels and their
-cross-validated metrics, so the service serves them; the encoder's weights are never touched.
+cross-validated metrics, so the service serves them; the encoder's weights are never touched. Each
+command changes htmllm.json and heads/ as one commit, and rewrites the heads of the checkpoint's
+MODEL_CARD.md within the same hold of the heads lock, so that two commands run at once cannot leave a
+card listing other heads than htmllm.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from model_training.commands.eval import add_head_flags, cache_kept, eval_config, usage
+from model_training.commands.eval import add_head_flags, cache_kept, eval_config, unusable_precision, usage
 
 if TYPE_CHECKING:
     from model_training.evaluation.tasks import Task
@@ -24,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser = subparsers.add_parser(
-        "heads", help="train task heads into a checkpoint, for the service to serve"
+        "heads", help="train task heads into a checkpoint, for the service to serve; remove or rename them"
     )
     parser.set_defaults(func=lambda _args: usage(parser))
     commands = parser.add_subparsers(dest="heads_command", metavar="ACTION")
@@ -40,6 +45,23 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     add_head_flags(train)
     train.set_defaults(func=run)
+    remove = commands.add_parser(
+        "remove", help="remove a head from a checkpoint: its htmllm.json entry and its file, at once"
+    )
+    remove.add_argument(
+        "--checkpoint", required=True, type=Path, help="checkpoint directory holding the head"
+    )
+    remove.add_argument("name", help="the head to remove (as htmllm.json and /info name it)")
+    remove.set_defaults(func=run_remove)
+    rename = commands.add_parser(
+        "rename", help="rename a head of a checkpoint (its weights, labels and metrics kept)"
+    )
+    rename.add_argument(
+        "--checkpoint", required=True, type=Path, help="checkpoint directory holding the head"
+    )
+    rename.add_argument("old", help="the head's name now")
+    rename.add_argument("new", help="its new name: ASCII letters, digits, '_' and '-', no other head's")
+    rename.set_defaults(func=run_rename)
 
 
 def interrupted_train(args: argparse.Namespace) -> str:
@@ -48,7 +70,16 @@ def interrupted_train(args: argparse.Namespace) -> str:
     return f"no head was written into {args.checkpoint}; {cache_kept(args)}"
 
 
-ON_INTERRUPT = {"train": interrupted_train}
+def interrupted_edit(args: argparse.Namespace) -> str:
+    """A remove or rename commits htmllm.json and heads/ at once; the card is rewritten after."""
+    return (
+        f"the heads of {args.checkpoint} are as they were or as edited, never a mix (an edit interrupted "
+        "once committed is completed by the next load): its htmllm.json says which, and its MODEL_CARD.md "
+        "may still list them as they were"
+    )
+
+
+ON_INTERRUPT = {"train": interrupted_train, "remove": interrupted_edit, "rename": interrupted_edit}
 
 
 def check_columns(tasks: Sequence[Task], existing: Sequence[HeadSpec]) -> None:
@@ -109,16 +140,17 @@ def check_loads(checkpoint: Path, tasks: Sequence[Task], existing: Sequence[Head
         raise CheckpointError(
             f"{exc}. Nothing was trained: the heads would go into a checkpoint that the service, `htmllm "
             "embed` and export-onnx refuse. Fix it first (a broken head: retrain it under its own name, with "
-            "a task of that name, or remove its entry from htmllm.json's heads and its heads/<name>"
-            ".safetensors), or train into a checkpoint that loads"
+            f"a task of that name, or remove it: `htmllm heads remove --checkpoint {checkpoint} NAME`), or "
+            "train into a checkpoint that loads"
         ) from exc
 
 
 def update_card(checkpoint: Path, before: Sequence[HeadSpec]) -> None:
     """Rewrite the heads section of the checkpoint's MODEL_CARD.md (`make default-model` writes one)
-    from htmllm.json after a save, or say that the card is stale where it has no section to rewrite: a
-    published checkpoint's card had gone on listing the heads it was bundled with. The card is left as
-    it was where it cannot be rewritten; the heads are saved by then."""
+    from htmllm.json after a change of its heads (`before`: the heads before it), or say that the card
+    is stale where it has no section to rewrite: a published checkpoint's card had gone on listing the
+    heads it was bundled with. The card is left as it was where it cannot be rewritten; the heads are
+    saved by then. The caller holds the heads lock since before it read `before` (`_changing_heads`)."""
     from model_training.default_model import CARD_FILE, update_card_heads
     from service.core.atomic_files import replaced_atomically
     from service.core.checkpoint import read_meta
@@ -136,7 +168,7 @@ def update_card(checkpoint: Path, before: Sequence[HeadSpec]) -> None:
                 staged.write_text(updated, encoding="utf-8")
     except (OSError, UnicodeError, HtmllmError) as exc:
         logger.warning(
-            "%s could not be updated (%s): it still lists the heads as they were before this training; "
+            "%s could not be updated (%s): it still lists the heads as they were before this change; "
             "update it by hand",
             card,
             exc,
@@ -144,12 +176,70 @@ def update_card(checkpoint: Path, before: Sequence[HeadSpec]) -> None:
         return
     if updated is None:
         logger.warning(
-            "%s has no heads section `heads train` can rewrite (written by hand, or its section edited): "
+            "%s has no heads section `htmllm heads` can rewrite (written by hand, or its section edited): "
             "it may not list the heads %s holds now (%s); update it by hand",
             card,
             checkpoint,
             ", ".join(spec.name for spec in after),
         )
+
+
+@contextlib.contextmanager
+def _changing_heads(checkpoint: Path) -> Iterator[None]:
+    """Hold the checkpoint's heads lock over a change of its heads (the block) and the rewrite of its
+    card that follows, reading the heads before the change under it too. Rewritten after the lock was
+    let go, two runs at once had left a card listing the heads of the one that wrote its card last,
+    not those htmllm.json holds (its heads read before the other's save, its card written after). The
+    block's own `save_heads`, `remove_head` or `rename_head` takes the lock again (re-entrant). Not
+    over a failed change: it wrote nothing, and the card is left as it was."""
+    from service.core.checkpoint import read_meta
+    from service.core.heads_stage import heads_lock
+
+    read_meta(checkpoint)  # a checkpoint, its stage completed, before its heads/ or lock file is made
+    with heads_lock(checkpoint):
+        before = read_meta(checkpoint).heads
+        yield
+        update_card(checkpoint, before)
+
+
+def run_remove(args: argparse.Namespace) -> int:
+    from service.core.head_files import remove_head
+
+    def remove() -> str:
+        remove_head(args.checkpoint, args.name)
+        return f"removed head {args.name!r} from {args.checkpoint}"
+
+    return _edit("remove", args.checkpoint, remove)
+
+
+def run_rename(args: argparse.Namespace) -> int:
+    from service.core.head_files import rename_head
+
+    def rename() -> str:
+        rename_head(args.checkpoint, args.old, args.new)
+        return f"renamed head {args.old!r} of {args.checkpoint} to {args.new!r}"
+
+    return _edit("rename", args.checkpoint, rename)
+
+
+def _edit(command: str, checkpoint: Path, edit: Callable[[], str]) -> int:
+    """Run a remove or rename (`edit`, which says what it did) with the card rewritten under the same
+    lock: exit status 0; 2 for a head name refused (no such head, a new name taken or not allowed), as
+    for any other misuse of the command line; 1 for a checkpoint that cannot be read or written."""
+    from service.core.errors import ErrorCode, HtmllmError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    try:
+        with _changing_heads(checkpoint):
+            done = edit()
+    except HtmllmError as exc:
+        print(f"htmllm heads {command}: {exc.code}: {exc}", file=sys.stderr)
+        return 2 if exc.code in (ErrorCode.UNKNOWN_HEAD, ErrorCode.VALIDATION) else 1
+    except OSError as exc:  # heads/ cannot be written (a read-only mount)
+        print(f"htmllm heads {command}: cannot read or write a file: {exc}", file=sys.stderr)
+        return 1
+    print(done)
+    return 0
 
 
 def _figure(name: str, value: float) -> str:
@@ -167,6 +257,8 @@ def run(args: argparse.Namespace) -> int:
     from service.core.checkpoint import read_meta, save_heads
     from service.core.errors import HtmllmError
 
+    if unusable_precision(args, "htmllm heads train"):  # a usage error, before any page is pruned
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     try:
         # The options first (cheap, and a bad --lr had failed only once every page was embedded).
@@ -176,7 +268,8 @@ def run(args: argparse.Namespace) -> int:
         check_columns(tasks, before)  # before the pages are embedded
         check_loads(args.checkpoint, tasks, before)
         trained = train_heads(args.checkpoint, tasks, config, max_length=args.max_length)
-        save_heads(args.checkpoint, trained.heads, fit_on=trained.encoder)
+        with _changing_heads(args.checkpoint):
+            save_heads(args.checkpoint, trained.heads, fit_on=trained.encoder)
     except (HtmllmError, ValueError) as exc:
         code = getattr(exc, "code", "validation_error")
         print(f"htmllm heads train: {code}: {exc}", file=sys.stderr)
@@ -184,7 +277,6 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:  # the cache or the checkpoint cannot be written
         print(f"htmllm heads train: cannot read or write a file: {exc}", file=sys.stderr)
         return 1
-    update_card(args.checkpoint, before)
     for name, (spec, _) in trained.heads.items():
         figures = ", ".join(_figure(k, v) for k, v in spec.metrics.items())
         print(f"{name}: {len(spec.labels)} labels; {figures}")

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from model_training.devices import precision_problem
 from model_training.evaluation.baselines import (
     TfidfConfig,
     minilm_embeddings,
@@ -41,7 +42,7 @@ from model_training.evaluation.heads import (
 )
 from model_training.evaluation.metrics import EvaluationError, get_metric, normalized_metric_mean
 from model_training.evaluation.tasks import HASH_METRIC, Task, hash_metric, task_sha256
-from service.core.checkpoint import WEIGHTS_FILE, encoder_probe, read_meta
+from service.core.checkpoint import WEIGHTS_FILE, encoder_probe, load_checkpoint, read_meta
 from service.core.errors import HtmllmError
 from service.core.modeling import HeadSpec, TaskHead
 
@@ -86,6 +87,9 @@ class EvalConfig:
             raise EvaluationError(f"threads must be at least 1, got {self.threads}")
         if self.device not in ("cpu", "cuda"):
             raise EvaluationError(f"device must be cpu or cuda, got {self.device!r}")
+        problem = precision_problem(self.device, self.dtype)
+        if problem is not None:
+            raise EvaluationError(f"dtype {self.dtype!r} on device {self.device!r}: {problem}")
         if self.device == "cuda":
             import torch
 
@@ -116,6 +120,8 @@ class EvalResult:
     excluded: dict[str, str] = field(default_factory=dict)  # page content key -> why
     config: dict[str, Any] = field(default_factory=dict)
     spread: dict[str, Any] = field(default_factory=dict)  # system -> figure -> over seeds (`seed_spread`)
+    # The checkpoints' task heads the service would refuse to load (`unservable_heads`): [] where none.
+    unservable_heads: list[dict[str, str | None]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         data = {
@@ -123,6 +129,7 @@ class EvalResult:
             "systems": [asdict(s) for s in self.systems],
             "excluded": self.excluded,
             "config": self.config,
+            "unservable_heads": self.unservable_heads,
         }
         if self.spread:
             data["seed_spread"] = self.spread
@@ -480,12 +487,57 @@ def display_names(names: dict[Path, str]) -> dict[Path, str]:
     return shown
 
 
+def unservable_heads(checkpoint: Path) -> list[dict[str, str | None]]:
+    """The task heads of `checkpoint` that the service would refuse to load, each as `{"checkpoint",
+    "head", "reason"}`, decided by the service's own loading (`load_checkpoint`, as a server starts):
+    [] where the checkpoint loads whole.
+
+    The evaluation embeds with the encoder alone (`Engine.from_checkpoint(encoder_only=True)`), so a
+    broken head no longer stops it; a pre-deploy evaluation must still say that the checkpoint cannot be
+    served. A head is named where it fails loaded as the checkpoint's only head; where none does (a head
+    file htmllm.json does not list, say), or the checkpoint fails without its heads too, the whole
+    checkpoint's reason is given, with head None."""
+    where = str(checkpoint)
+    try:
+        load_checkpoint(checkpoint)
+    except HtmllmError as exc:
+        whole: dict[str, str | None] = {"checkpoint": where, "head": None, "reason": str(exc)}
+    else:
+        return []
+    names = [spec.name for spec in read_meta(checkpoint).heads]
+    try:
+        load_checkpoint(checkpoint, without_heads=names)
+    except HtmllmError:
+        return [whole]  # not the heads': the encoder's own loading fails
+    found: list[dict[str, str | None]] = []
+    for name in names:
+        try:
+            load_checkpoint(checkpoint, without_heads=[other for other in names if other != name])
+        except HtmllmError as exc:
+            found.append({"checkpoint": where, "head": name, "reason": str(exc)})
+    return found or [whole]
+
+
+def unservable_line(entry: dict[str, str | None]) -> str:
+    """One entry of `unservable_heads` in words."""
+    what = "its task heads" if entry["head"] is None else f"its task head {entry['head']!r}"
+    return (
+        f"{entry['checkpoint']} cannot be served: the service would refuse to load {what}: {entry['reason']}"
+    )
+
+
 def run_evaluation(tasks: Sequence[Task], config: EvalConfig) -> EvalResult:
     """Evaluate every system of `config` on `tasks`; NMM is against the random-embedding baseline."""
     # The checkpoints first: a mistyped --checkpoint is a message now, not after every page was pruned
     # and extracted (minutes to hours on a large task set).
     metas = {path: read_meta(path) for path in unique_checkpoints(config.checkpoints)}
     models = display_names({path: meta.name for path, meta in metas.items()})
+    unservable = [entry for path in metas for entry in unservable_heads(path)]
+    for entry in unservable:
+        logger.warning(
+            "%s; the evaluation embeds with the encoder alone and goes on (report.json: unservable_heads)",
+            unservable_line(entry),
+        )
     tasks, texts = prepare_tasks(
         tasks, config.cache_dir, extract=("text" in config.inputs or "minilm" in config.baselines)
     )
@@ -624,7 +676,7 @@ def run_evaluation(tasks: Sequence[Task], config: EvalConfig) -> EvalResult:
         "dtype": config.dtype,
         "seed": config.seed,
     }
-    return EvalResult(task_rows, systems, dict(texts.excluded), run_config)
+    return EvalResult(task_rows, systems, dict(texts.excluded), run_config, unservable_heads=unservable)
 
 
 def finite_metrics(head: str, metrics: dict[str, float]) -> dict[str, float]:

@@ -8,6 +8,10 @@ graph's file) or one that cannot be written, and a `--checkpoint` that is no che
 `model/` suggested). The opset the written graph declares is read back and reported; a graph that did
 not get the opset asked for fails the command rather than pass for it.
 
+An `--out` that is up to date (exported from the checkpoint as it is now, with the same `--quantize` and
+`--opset`: `ensure_onnx`'s rule, and the opset) is left as it is, in one line, unless `--force`: run again,
+the command had exported the same graph again, minutes with a real model.
+
 An `--out` holding htmllm's graph of the other quantisation (a float32 `--out` given `--quantize int8`,
 or the other way round) is refused rather than replaced: it is another configuration's graph, which a
 server's HTMLLM_ONNX_PATH may name (`OtherQuantizationError`); remove it first to replace it.
@@ -60,6 +64,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         default=NO_QUANTIZATION,
         help="int8: dynamic int8 weights for CPUs with VNNI/AMX (default out: model.int8.onnx)",
     )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="export even where the graph file is up to date: exported from this checkpoint as it is now, "
+        "with the same --quantize and --opset (without it the command says so and leaves the file)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -90,6 +100,21 @@ def _written_opset(path: Path) -> int | None:
 
     model = onnx.load(str(path), load_external_data=False)
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+
+
+def _up_to_date_at(graph: Path, fingerprint: str, quantize: str | None, opset: int) -> bool:
+    """Whether `graph` is what this export would write: the checkpoint's current graph of `quantize` by
+    the rule a starting server keeps or re-exports a graph by (`onnx_export.graph_up_to_date`: the
+    fingerprint, quantisation and export form it records), at `opset` (which that rule leaves aside: the
+    service takes a graph of any opset, but `--opset` asks for one)."""
+    from service.engine.onnx_export import graph_up_to_date
+
+    if not graph_up_to_date(graph, fingerprint, quantize, say_unreadable=False):
+        return False
+    try:
+        return _written_opset(graph) == opset
+    except Exception:  # replaced or removed since (onnx raises its own errors): exported as asked, then
+        return False
 
 
 def _say_waiting(directory: Path) -> None:
@@ -158,6 +183,15 @@ def run(args: argparse.Namespace) -> int:
         # lock, say) then leaves the graph stale, where the fingerprint taken after it had stamped the
         # old heads' graph as the new checkpoint's, and every server kept serving it.
         fingerprint = checkpoint_fingerprint(args.checkpoint)
+        if not args.force and _up_to_date_at(out, fingerprint, quantize, opset):
+            # Run again (a deploy script's every run) it had exported the same graph again: minutes.
+            print(
+                f"htmllm export-onnx: {out} is up to date: exported from {args.checkpoint} as it is now "
+                f"(fingerprint {fingerprint[:16]}), {quantize or 'float32'}, opset {opset}; left as it "
+                "is (--force exports it again)",
+                file=sys.stderr,
+            )
+            return 0
         path = export_onnx_locked(
             load_checkpoint(args.checkpoint),
             out,

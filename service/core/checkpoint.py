@@ -14,7 +14,8 @@ Layout (a directory `transformers.AutoModel.from_pretrained` also loads, as a `M
                            `service.core.head_files`'
     heads/.pending/        only while `save_heads` commits (see `service.core.heads_stage`); no part of
                            the format
-    heads/.pending.lock    the lock `save_heads` and a reader completing its stage hold; no part of it
+    heads/.pending.lock    the lock `save_heads` and a reader completing its stage hold, there only while
+                           held (its holder removes it); no part of it
     .htmllm-save.*/        only while `save_checkpoint` writes (see there); no part of the format
 
 Loading is strict: a missing file, an unknown format version, a tokenizer whose hash or vocabulary does

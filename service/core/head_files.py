@@ -9,11 +9,16 @@ width) had passed the load check although it was fit on other embeddings.
 
 Kept apart from the directory's I/O, as `checkpoint_format` is, so that `service.core.checkpoint` (which
 reads and writes the files, the encoder's probe included: `read_encoder_probe`) depends on it one way;
-`checkpoint` re-exports the public names, which callers import from there.
+`checkpoint` re-exports the public names, which callers import from there. The exception: the two edits
+of a checkpoint's heads that need no model, `remove_head` and `rename_head` (`htmllm heads remove`,
+`htmllm heads rename`), which rewrite htmllm.json and a head file's metadata through the heads stage,
+under its lock, as `save_heads` adds heads (hand edits had been the only way, and a kill between
+htmllm.json and heads/ left a checkpoint load refuses).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -24,9 +29,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from service.core.checkpoint_format import WEIGHTS_FILE, CheckpointMeta, cause, quoted
-from service.core.errors import CheckpointError
-from service.core.heads_stage import HEADS_DIR, META_FILE
+from service.core.checkpoint_format import (
+    WEIGHTS_FILE,
+    CheckpointMeta,
+    cause,
+    meta_file_text,
+    quoted,
+    read_meta_file,
+)
+from service.core.errors import CheckpointError, ErrorCode
+from service.core.heads_stage import HEADS_DIR, META_FILE, commit_locked, finish_locked, heads_lock
 from service.core.modeling import HeadSpec
 
 # A head file's safetensors metadata: the head it holds, and a probe of the encoder it was fit on: its
@@ -220,7 +232,8 @@ def check_head_file(
     if found is not None and found != spec.name:
         raise CheckpointError(
             f"{file} holds head {quoted(found)} (its metadata says so), where {META_FILE} expects head "
-            f"{spec.name!r}: a head file copied or renamed? Retrain the head or restore its own file"
+            f"{spec.name!r}: a head file copied or renamed? Retrain the head, restore its own file, or "
+            "remove the head (`htmllm heads remove`)"
         )
     outputs = header.get("out.bias", ((), ""))[0]
     if len(outputs) == 1 and outputs[0] != spec.outputs:
@@ -314,7 +327,7 @@ def check_heads_encoder(probes: Mapping[Path, EncoderProbe], actual: EncoderProb
             f"{files[0]} was fit on the embeddings of another encoder than this checkpoint's "
             f"{WEIGHTS_FILE} ({_differ(vectors_only[files[0]], 'its')}): its scores and the metrics "
             f"{META_FILE} records for it would not hold here. Train it on this checkpoint (`htmllm heads "
-            f"train`), or remove it from {META_FILE} and {HEADS_DIR}/"
+            f"train`), or remove it (`htmllm heads remove`)"
         )
     groups = {kind: [file.name for file in files if vectors_only[file] == kind] for kind in (False, True)}
     groups = {kind: names for kind, names in groups.items() if names}
@@ -331,7 +344,7 @@ def check_heads_encoder(probes: Mapping[Path, EncoderProbe], actual: EncoderProb
         f"encoder than this checkpoint's {WEIGHTS_FILE} ({reasons}): their scores and the metrics "
         f"{META_FILE} records for them would not hold here. Train them on this checkpoint, all in one "
         f"`htmllm heads train` (a task for each of {', '.join(sorted(file.stem for file in files))}), or "
-        f"remove them from {META_FILE} and {HEADS_DIR}/"
+        "remove them (`htmllm heads remove`)"
     )
 
 
@@ -350,5 +363,114 @@ def refuse_unlisted_heads(root: Path, meta: CheckpointMeta, head_files: Mapping[
     if unlisted:
         raise CheckpointError(
             f"checkpoint {root}: {HEADS_DIR}/ holds {', '.join(unlisted[:5])} that {META_FILE} "
-            f"does not list (it lists {sorted(listed)[:10]}); list them there or remove the files"
+            f"does not list (it lists {sorted(listed)[:10]}); list them there or remove the files (`htmllm "
+            "heads remove`)"
         )
+
+
+def remove_head(path: str | Path, name: str) -> None:
+    """Remove head `name` from the checkpoint at `path`: its htmllm.json entry and its file, together
+    (a kill leaves both or neither, as `save_heads` does: `heads_stage.commit_locked`), under the heads
+    lock. A head file htmllm.json does not list (which load refuses) can be removed too: load's error
+    sends the user here. Neither the head's file nor any other head is read, so a head that no longer
+    loads (fit on another encoder, a corrupt file) is removed as any other.
+
+    Raises CheckpointError, code `unknown_head` where the checkpoint holds no such head, and
+    `checkpoint_invalid` where it is no checkpoint or cannot be written.
+    """
+    root = Path(path)
+    read_meta_file(root, root / META_FILE)  # a checkpoint (refused before heads/ or its lock is made)
+    with heads_lock(root):
+        finish_locked(root)  # a stage a killed save committed: the heads are those it gives
+        meta = read_meta_file(root, root / META_FILE)
+        listed = [spec.name for spec in meta.heads]
+        if name not in listed and name not in _files_in_heads(root):
+            raise _unknown(root, name, listed)
+        specs = [spec for spec in meta.heads if spec.name != name]
+        commit_locked(root, meta_file_text(dataclasses.replace(meta, heads=specs)), {}, [name])
+
+
+def rename_head(path: str | Path, old: str, new: str) -> None:
+    """Rename head `old` of the checkpoint at `path` to `new`: its htmllm.json entry (labels, metrics
+    and place in the list kept), and its file, whose metadata names the head (load refuses a file
+    naming another head: `check_head_file`), rewritten with `new` and its weights and encoder probe
+    byte for byte as they were. Committed as one change, under the heads lock (`remove_head`).
+
+    `new` must be a name a head added now may take (`new_head_name_problem`) and no head's of the
+    checkpoint. Raises CheckpointError: code `unknown_head` where `old` is not listed in htmllm.json,
+    `validation_error` where `new` is refused, `checkpoint_invalid` where the checkpoint or the head's
+    file cannot be read or written.
+    """
+    root = Path(path)
+    read_meta_file(root, root / META_FILE)
+    problem = new_head_name_problem(new)
+    if problem is not None:
+        raise CheckpointError(f"head {quoted(new)}: {problem}", code=ErrorCode.VALIDATION)
+    with heads_lock(root):
+        finish_locked(root)
+        meta = read_meta_file(root, root / META_FILE)
+        listed = [spec.name for spec in meta.heads]
+        if old not in listed:
+            raise _unknown(root, old, listed)
+        if new in listed or new in _files_in_heads(root):
+            raise CheckpointError(
+                f"checkpoint {root} has a head {new!r} already: remove it first (`htmllm heads remove`), or "
+                "choose another name",
+                code=ErrorCode.VALIDATION,
+            )
+        file = root / HEADS_DIR / f"{old}.safetensors"
+        try:
+            data = file.read_bytes()
+        except FileNotFoundError as exc:
+            raise CheckpointError(
+                f"{file} is missing, though {META_FILE} lists head {old!r}: restore the file, or remove the "
+                "head (`htmllm heads remove`)"
+            ) from exc
+        except OSError as exc:
+            raise CheckpointError(f"{file} cannot be read: {exc.strerror or exc}") from exc
+        specs = [dataclasses.replace(spec, name=new) if spec.name == old else spec for spec in meta.heads]
+        meta_text = meta_file_text(dataclasses.replace(meta, heads=specs))
+        commit_locked(root, meta_text, {new: renamed_head_file(data, old, new, file)}, [old])
+
+
+def renamed_head_file(data: bytes, old: str, new: str, file: Path) -> bytes:
+    """The bytes of head file `data` (of `file`, head `old`) with its metadata naming head `new`: the
+    header rewritten as `checkpoint._save_tensors` writes one (metadata first and sorted, compact JSON,
+    spaces to a multiple of 8 bytes), the tensors' bytes as they were. So the file is the one a save of
+    the same head under `new` writes, and renaming a head back gives the checkpoint's fingerprint back.
+
+    Raises CheckpointError where `data` is no safetensors file, or its metadata names another head
+    than `old` (a file copied over another's: renamed, it would be laundered into one load accepts)."""
+    size = int.from_bytes(data[:8], "little") if len(data) >= 8 else 0
+    if not 0 < size <= len(data) - 8:
+        raise CheckpointError(f"{file} is no safetensors file (its header is cut short): restore it")
+    try:
+        header = json.loads(data[8 : 8 + size])
+    except ValueError as exc:  # not JSON, or not UTF-8
+        raise CheckpointError(f"{file}: its safetensors header cannot be read: {cause(exc)}") from exc
+    metadata = header.get("__metadata__", {}) if isinstance(header, dict) else None
+    if not isinstance(metadata, dict):
+        raise CheckpointError(f"{file}: its safetensors header is not a JSON object with a metadata object")
+    found = metadata.get(HEAD_NAME_KEY)
+    if found is not None and found != old:
+        raise CheckpointError(
+            f"{file} holds head {quoted(found)} (its metadata says so), not {old!r}: a head file copied or "
+            f"renamed by hand? Restore the head's own file, or remove the head (`htmllm heads remove`)"
+        )
+    tensors = {key: value for key, value in header.items() if key != "__metadata__"}
+    rewritten = {"__metadata__": dict(sorted({**metadata, HEAD_NAME_KEY: new}.items())), **tensors}
+    text = json.dumps(rewritten, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + data[8 + size :]
+
+
+def _files_in_heads(root: Path) -> set[str]:
+    """The names of the head files in `root`'s heads/, listed in htmllm.json or not."""
+    return {file.stem for file in (root / HEADS_DIR).glob("*.safetensors")}
+
+
+def _unknown(root: Path, name: str, listed: Sequence[str]) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint {root} has no head {quoted(name)} (its heads: {', '.join(listed) or 'none'})",
+        code=ErrorCode.UNKNOWN_HEAD,
+    )

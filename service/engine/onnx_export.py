@@ -400,7 +400,9 @@ def _is_current(meta: dict[str, str] | None, fingerprint: str, quantize: str | N
     )
 
 
-def _up_to_date(graph: Path, fingerprint: str, quantize: str | None, *, say_unreadable: bool = True) -> bool:
+def graph_up_to_date(
+    graph: Path, fingerprint: str, quantize: str | None, *, say_unreadable: bool = True
+) -> bool:
     """Whether `graph` is the checkpoint's current graph (`_metadata`, `_is_current`)."""
     return _is_current(_metadata(graph, say_unreadable=say_unreadable), fingerprint, quantize)
 
@@ -469,7 +471,7 @@ def ensure_onnx(
     conflict = None if found is None else OtherQuantizationError(beside, found, quantize)
     # An explicit path is tried before the cache: a graph cached by an earlier start (or `htmllm embed`)
     # must not stand in for one the operator asked for where that can be written.
-    if (onnx_path is None or conflict is not None) and _up_to_date(cached, fingerprint, quantize):
+    if (onnx_path is None or conflict is not None) and graph_up_to_date(cached, fingerprint, quantize):
         if conflict is not None:
             _warn_other_quantization(root, conflict, cached, explicit=onnx_path is not None)
         return cached
@@ -541,7 +543,7 @@ def _staleness(graph: Path, fingerprint: str, quantize: str | None) -> str:
         meta = read_onnx_metadata(graph)
     except FileNotFoundError:
         return "does not exist"
-    except Exception as exc:  # as `_up_to_date` takes it: unreadable is as good as none
+    except Exception as exc:  # as `graph_up_to_date` takes it: unreadable is as good as none
         return f"cannot be read ({type(exc).__name__}: {exc})"
     had = meta.get(FINGERPRINT_KEY)
     if had is None:
@@ -616,10 +618,10 @@ def export_onnx_locked(
     (`ensure_onnx`'s, `htmllm export-onnx`'s). With `reuse` (`ensure_onnx`) a graph found up to date with
     `fingerprint` once the lock is held is kept: processes starting on one checkpoint export it once
     (the caller has looked at the graph before, and warned about it if unreadable: this look does not
-    warn a second time). Without it (`htmllm export-onnx`: asked for, it replaces an up-to-date graph
-    too, at another opset say) it always exports. Either way a graph of another quantisation there is
-    never replaced (`OtherQuantizationError`). `on_wait` is called with the directory before waiting
-    on another holder's lock (by default a log line).
+    warn a second time). Without it (`htmllm export-onnx`, which leaves a graph up to date at its opset
+    before it gets here unless `--force`d) it always exports. Either way a graph of another quantisation
+    there is never replaced (`OtherQuantizationError`). `on_wait` is called with the directory before
+    waiting on another holder's lock (by default a log line).
 
     Without the lock, a server starting on the checkpoint meanwhile took the export's temporary for a
     killed export's and removed it under its own lock (the export then failed reading it back), and two

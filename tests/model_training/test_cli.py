@@ -101,7 +101,8 @@ def test_every_training_command_runs_interruptible() -> None:
     }
     assert wrapped == {
         "htmllm tokenizer train", "htmllm tokenizer eval", "htmllm data prepare", "htmllm teacher embed",
-        "htmllm train", "htmllm tasks derive", "htmllm eval run", "htmllm heads train",
+        "htmllm train", "htmllm tasks derive", "htmllm eval run", "htmllm heads train", "htmllm heads remove",
+        "htmllm heads rename",
     }  # fmt: skip
 
 

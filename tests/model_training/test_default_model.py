@@ -48,7 +48,7 @@ def test_bundle_completes_a_committed_stage_in_the_run_and_never_copies_a_stage(
     source = build_tiny_checkpoint(tmp_path / "run" / "pretrain" / "model")
     _save_heads_killed_after(source, renames, monkeypatch)
     assert (source / "heads" / ".pending").is_dir()
-    monkeypatch.setattr(default_model, "render_card", lambda run, out, eval_dir: "card\n")
+    monkeypatch.setattr(default_model, "render_card", lambda run, out, eval_dir, curve=None: "card\n")
     out = tmp_path / "assets"
     default_model.bundle(tmp_path / "run", out, curve=None, eval_dir=None)
     assert not list(out.rglob(".pending*"))
@@ -77,7 +77,7 @@ def test_bundle_overtaken_by_a_save_heads_copies_the_new_heads_under_their_label
             save_heads(source, {"topic": (topic, head)})
 
     monkeypatch.setattr(checkpoint_module, "_copy_file", copy_file)
-    monkeypatch.setattr(default_model, "render_card", lambda run, out, eval_dir: "card\n")
+    monkeypatch.setattr(default_model, "render_card", lambda run, out, eval_dir, curve=None: "card\n")
     out = tmp_path / "assets"
     default_model.bundle(tmp_path / "run", out, curve=None, eval_dir=None)
     assert saved
@@ -95,7 +95,7 @@ def test_a_bundle_that_fails_leaves_the_previous_bundle_in_place(
     from service.core import checkpoint as checkpoint_module
 
     build_tiny_checkpoint(tmp_path / "run" / "pretrain" / "model")
-    monkeypatch.setattr(default_model, "render_card", lambda run, out, eval_dir: "card\n")
+    monkeypatch.setattr(default_model, "render_card", lambda run, out, eval_dir, curve=None: "card\n")
     out = tmp_path / "assets" / "default-model"
     default_model.bundle(tmp_path / "run", out, curve=None, eval_dir=None)
     before = sorted(path.relative_to(out) for path in out.rglob("*"))
@@ -111,7 +111,7 @@ def test_a_bundle_that_fails_leaves_the_previous_bundle_in_place(
     assert sorted(path.relative_to(out) for path in out.rglob("*")) == before
     load_checkpoint(out)
     monkeypatch.undo()
-    monkeypatch.setattr(default_model, "render_card", lambda run, out, eval_dir: "card\n")
+    monkeypatch.setattr(default_model, "render_card", lambda run, out, eval_dir, curve=None: "card\n")
     default_model.bundle(tmp_path / "run", out, curve=None, eval_dir=None)  # a leftover does not stop a rerun
     assert sorted(path.relative_to(out) for path in out.rglob("*")) == before
     assert sorted(path.name for path in out.parent.iterdir()) == ["default-model"]

@@ -103,7 +103,7 @@ def test_a_checkpoint_that_does_not_load_is_refused_before_any_page_is_embedded(
     assert main(_args(ckpt, tasks)) == 1
     err = capsys.readouterr().err
     assert "checkpoint_invalid" in err and "quality.safetensors" in err, err
-    assert "Nothing was trained" in err and "remove its entry" in err  # what to do about it
+    assert "Nothing was trained" in err and "htmllm heads remove" in err  # what to do about it
     assert calls == [] and (ckpt / "htmllm.json").read_bytes() == before
 
 
