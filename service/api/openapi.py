@@ -200,9 +200,13 @@ def json_body_openapi(model: type[BaseModel]) -> dict[str, Any]:
     }
 
 
-# Every operation can answer these: the body limit middleware reads (and decodes) any request's body
-# and charges it to the in-flight budget, and the error handler answers a bug with 500.
-_EVERY_OPERATION = error_responses(
+# Every operation can answer these: a connection past the pipeline cap gets 429 from below the app
+# (`http_protocol`), and the error handler answers a bug with 500.
+_EVERY_OPERATION = error_responses(429, 500, codes={429: [ErrorCode.OVERLOADED], 500: [ErrorCode.INTERNAL]})
+# And an operation that reads a body (one with a requestBody: the model routes' POSTs, which alone the
+# body limit middleware reads, decodes and charges to the in-flight budget) these: a GET's body is never
+# read, so a spec that listed them on /info or /health gave generated clients errors that cannot happen.
+_BODY_OPERATION = error_responses(
     408,
     413,
     415,
@@ -218,7 +222,8 @@ def _complete(schema: dict[str, Any], *, auth: bool) -> None:
     for path_item in schema["paths"].values():
         for operation in path_item.values():
             responses = operation["responses"]
-            for status, response in _EVERY_OPERATION.items():
+            every = _BODY_OPERATION if "requestBody" in operation else _EVERY_OPERATION
+            for status, response in every.items():
                 responses.setdefault(str(status), copy.deepcopy(response))
             if "security" in operation:  # the routes that depend on `require_api_key`
                 if auth:

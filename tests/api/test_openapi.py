@@ -42,8 +42,9 @@ MODEL_LOOKUPS = {("get", "/v1/models/{model_id}"), ("get", "/models/{model_id}")
 PROBES = {("get", "/health"), ("get", "/"), ("get", "/ping")}
 # What any request may be answered: its body's errors (every request passes the body limit) and a bug.
 # Any request's body is read, decoded and charged to the in-flight budget (a GET may carry one).
-EVERY_OPERATION = {"408", "413", "415", "422", "429", "500"}
-MODEL_ROUTE = {"200", "400", "503", "504"} | EVERY_OPERATION
+# A GET's body is never read: the body's statuses (408, 413, 415, 422) are the model routes' alone.
+EVERY_OPERATION = {"429", "500"}
+MODEL_ROUTE = {"200", "400", "408", "413", "415", "422", "503", "504"} | EVERY_OPERATION
 
 # Client generators name methods after these: renaming a Python function must not rename them.
 OPERATION_IDS = {
