@@ -20,7 +20,7 @@ from starlette.routing import Route
 from service import __version__
 from service.api.api_keys import ApiKeys
 from service.api.auth import key_gate, require_api_key
-from service.api.checkpoint_identity import read_identity
+from service.api.checkpoint_identity import served_identity
 from service.api.compression import NegotiatedGZipMiddleware
 from service.api.connections import ConnectionLifetimeMiddleware
 from service.api.errors import ROUTES_STATE, install_error_handlers
@@ -186,12 +186,12 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # Before the load when the app loads: the files fingerprinted are those the engine reads. A given
-        # engine was loaded from `settings.model_path` too (`serve`), a moment ago.
-        runtime.checkpoint = await asyncio.to_thread(read_identity, settings.model_path)
         if runtime.engine is None:
             runtime.engine = await asyncio.to_thread(load_engine, settings)
         running = runtime.engine
+        # The fingerprint the engine's loading process took of what it loaded (a given engine was
+        # loaded from `settings.model_path` too, `serve`): not the files there now.
+        runtime.checkpoint = await asyncio.to_thread(served_identity, running.info, settings.model_path)
         running.observer = EngineMetricsObserver(metrics)
         if running.config.preprocess_pool == "process":  # threads are never replaced: no series for them
             metrics.watch_worker_pool(PREPROCESSING_POOL)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from service.engine import ModelInfo
+
 CHECKPOINT_HEADER = "x-checkpoint-sha256"
 
 
@@ -24,6 +26,17 @@ class CheckpointIdentity:
     def header(self) -> dict[str, str]:
         """The header each 200 of a model route carries (`CHECKPOINT_HEADER`)."""
         return {CHECKPOINT_HEADER: self.sha256}
+
+
+def served_identity(model: ModelInfo, path: Path) -> CheckpointIdentity:
+    """The identity of the checkpoint an engine serves: the fingerprint its loading process took of the
+    files it loaded (`ModelInfo.checkpoint_sha256`: the inference child's, with
+    HTMLLM_INFERENCE_PROCESS), else, for an engine built around a runner by hand, that of the files at
+    `path` now. The server had fingerprinted `path` itself, before the child loaded it (or after, for
+    `htmllm serve`'s engine): a checkpoint replaced meanwhile was served under the other one's sha."""
+    if model.checkpoint_sha256 is None:
+        return read_identity(path)
+    return CheckpointIdentity(sha256=model.checkpoint_sha256, training_run_id=model.training_run_id)
 
 
 def read_identity(path: Path) -> CheckpointIdentity:

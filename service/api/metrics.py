@@ -216,7 +216,8 @@ class ServiceMetrics:
         self.backend_failures = Gauge(
             "htmllm_backend_consecutive_failures",
             "Forward passes failed in a row (0 after one succeeds, the pass an inference process started "
-            "anew runs before it serves included); /ready is 503 from HTMLLM_UNREADY_AFTER_FAILURES on",
+            "anew runs before it serves included, or a check pass an idle pod runs 5 s after a failure); "
+            "/ready is 503 from HTMLLM_UNREADY_AFTER_FAILURES on",
             registry=r,
         )
         # An info metric (value 1, the facts in its labels): in a rolling upgrade the old and the new pods

@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
@@ -44,6 +45,44 @@ CHARGE_KEY = "htmllm.charge"
 CONTENT_ENCODING_KEY = "htmllm.content_encoding"
 # The least time between two probe passes of a failing backend.
 PROBE_INTERVAL_S = 5.0
+# How many changed files a message names.
+_CHANGED_SHOWN = 3
+
+
+class CodeStamp:
+    """The module files of the code a server runs, as they were when it started (inode, size, mtime of
+    each), so that it can tell when they were replaced under it: an in-place package upgrade changes
+    nothing in the running process, but every process it starts from then on (a preprocessing process
+    from a new forkserver, a model process, which import the code anew) runs the new code, and may fail
+    to start against the old server, for ever. A restart is the cure, and `changed` says so."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._taken = self._stat()
+
+    @classmethod
+    def of_service(cls) -> CodeStamp:
+        """The stamp of the `service` package (about 150 files: a millisecond or two of `stat`)."""
+        import service
+
+        return cls(Path(service.__file__).parent)
+
+    def _stat(self) -> dict[str, tuple[int, int, int]]:
+        found: dict[str, tuple[int, int, int]] = {}
+        for path in self.root.rglob("*.py"):
+            try:
+                stat = path.stat()
+            except OSError:  # removed while listed: missing from the stamp, as it is from the code
+                continue
+            found[path.relative_to(self.root).as_posix()] = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        return found
+
+    def changed(self) -> list[str]:
+        """The files replaced, added or removed since the stamp was taken (sorted); [] when none."""
+        now = self._stat()
+        return sorted(
+            name for name in self._taken.keys() | now.keys() if self._taken.get(name) != now.get(name)
+        )
 
 
 class BodyReaders:
@@ -156,6 +195,14 @@ class Runtime:
     _probe: asyncio.Task[None] | None = None
     _probed_at: float | None = None
     _stall_logged: bool = False  # /ready has logged a stalled pass and not yet its end
+    # The code as the server started with it (`CodeStamp`): looked at again only while a process that
+    # imports it anew cannot start (`code_changes`), and what it found, once it found a change.
+    code: CodeStamp = field(default_factory=CodeStamp.of_service)
+    _code_changes: list[str] | None = None
+    _pool_probe: asyncio.Task[None] | None = None
+    _pool_probed_at: float | None = None
+    _pool_logged: bool = False  # the preprocessing processes' trouble has been logged, its end not yet
+    _restart_logged: bool = False  # /health has logged that only a restart cures the server
 
     def unready_reason(self) -> str | None:
         """Why /ready answers 503, or None: shutting down, not warmed yet, a model process being started
@@ -171,7 +218,12 @@ class Runtime:
         if refused is not None:
             return refused.message
         outage = self.engine.outage if self.engine is not None else None
-        return (outage.reason if outage else None) or self._failing_passes() or self.stalled_pass()
+        return (
+            (outage.reason if outage else None)
+            or self._failing_passes()
+            or self._preprocessing_trouble()
+            or self.stalled_pass()
+        )
 
     def not_serving(self) -> HtmllmError | None:
         """The error /ready answers before it looks at the backend, or None: shutting down
@@ -207,7 +259,91 @@ class Runtime:
         trouble = self._failing_passes()
         if (outage is not None and not outage.loading) or (trouble is not None and outage is None):
             self._start_probe()
+        elif outage is None:
+            self.check_failed_passes()
         return (outage.reason if outage else None) or trouble
+
+    def _preprocessing_trouble(self) -> str | None:
+        """Why pages cannot be preprocessed now (`unready_after_failures` pages in a row refused because
+        no preprocessing process could start), or None; no side effects."""
+        if self.engine is None:
+            return None
+        pool = self.engine.preprocessing_health
+        if pool.start_failures < self.settings.unready_after_failures:
+            return None
+        since = pool.failing_since
+        over = "" if since is None else f" over {self.clock() - since:.0f} s"
+        return (
+            f"no preprocessing process could start for the last {pool.start_failures} pages{over} "
+            f"({pool.last_error}); probing it"
+        )
+
+    def preprocessing_trouble(self) -> str | None:
+        """`_preprocessing_trouble`, for /ready: while it holds a probe page goes through the processes
+        now and then (at most every PROBE_INTERVAL_S), so that a pod no traffic reaches sees them start
+        again; its onset and its end are logged once each. Each page refused had been a 503 while /ready
+        said 200: the pod stayed in rotation, and with processes that can never start again (the code
+        replaced on disk) answered 503 for ever."""
+        trouble = self._preprocessing_trouble()
+        if trouble is not None:
+            self._start_pool_probe()
+            if not self._pool_logged:
+                self._pool_logged = True
+                logger.warning(
+                    "/ready answers 503 until a preprocessing process starts again: %s%s",
+                    trouble,
+                    self._restart_hint(),
+                )
+        elif self._pool_logged:
+            self._pool_logged = False
+            logger.info("preprocessing processes start again: /ready no longer answers 503 for them")
+        return trouble
+
+    def code_changes(self) -> list[str]:
+        """The files of the code replaced on disk since the server started (`CodeStamp`), [] if none.
+        Looked at only while a process cannot start; once a change is found it is kept (it does not
+        undo itself), and a restart is the one cure."""
+        if self._code_changes is None:
+            changed = self.code.changed()
+            if not changed:
+                return []
+            self._code_changes = changed
+        return self._code_changes
+
+    def _restart_hint(self) -> str:
+        """What the log adds to a process that cannot start: the code changed under the server (restart
+        it), or what to look at otherwise."""
+        changed = self.code_changes()
+        if changed:
+            return f"; {self._changed_code(changed)}: restart the server"
+        return "; if it does not pass, restart the server"
+
+    def _changed_code(self, changed: list[str]) -> str:
+        shown = ", ".join(changed[:_CHANGED_SHOWN]) + (", ..." if len(changed) > _CHANGED_SHOWN else "")
+        return (
+            f"the code on disk changed since the server started ({len(changed)} files under "
+            f"{self.code.root}: {shown}; a package upgraded in place?), and new processes import it"
+        )
+
+    def check_failed_passes(self) -> None:
+        """Start a check pass (`Engine.probe(check=True)`) where passes failed, fewer than
+        `unready_after_failures`, and none has run for PROBE_INTERVAL_S since the latest: its success
+        ends their run, as a model process started anew ends it with its own pass. With the model in
+        this process a failed pass on an idle pod had stayed counted until traffic came: /ready's count
+        (the next failure, days later, adding to it) and `htmllm_backend_consecutive_failures`, whose
+        alert paged for as long as the pod stayed idle. /ready and the /metrics scrape call it, so the
+        count follows the clock of the probes and scrapes, not only the model's traffic. A check that
+        fails counts, as a probe's failure does: an idle pod whose backend broke goes unready."""
+        if self.engine is None:
+            return
+        health = self.engine.health
+        last = health.last_failed_at
+        if not health.failures or last is None or health.pass_started is not None:
+            return
+        if health.failures >= self.settings.unready_after_failures:
+            return  # `backend_trouble`'s probes, whose success ends the run for good
+        if self.clock() - last >= PROBE_INTERVAL_S:
+            self._start_probe(check=True)
 
     def stalled_pass(self) -> str | None:
         """Why the backend cannot answer in time although nothing failed, or None: one forward pass has
@@ -259,13 +395,19 @@ class Runtime:
         once when the model process cannot be started again before the server is (`Outage.permanent`:
         the checkpoint changed under it), which no wait cures and a restart does (it loads the new
         checkpoint). It had waited `unhealthy_after_s` like a fault that may pass: minutes of a pod
-        unready and live, each probe meanwhile spawning a child that loaded the whole model in vain."""
+        unready and live, each probe meanwhile spawning a child that loaded the whole model in vain.
+        Likewise for the preprocessing processes: none could start for `unhealthy_after_s` (probes
+        included), or at once where the code on disk changed since the server started
+        (`_restart_needed`)."""
         limit = self.settings.unhealthy_after_s
         if self.engine is None or limit <= 0:
             return None
         outage = self.engine.outage
         if outage is not None and outage.permanent:
             return outage.reason
+        restart = self._restart_needed()
+        if restart is not None:
+            return restart
         now = self.clock()
         health = self.engine.health
         if health.pass_started is not None and now - health.pass_started >= limit:
@@ -282,9 +424,32 @@ class Runtime:
         if since is not None and self.backend_trouble() is not None and now - since >= limit:
             failed = f"{health.failures} in a row; {health.last_error}"
             return f"every forward pass has failed for {now - since:.0f} s ({failed})"
+        pool = self.engine.preprocessing_health
+        since = pool.failing_since
+        if since is not None and self.preprocessing_trouble() is not None and now - since >= limit:
+            refused = f"{pool.start_failures} pages refused; {pool.last_error}"
+            return f"no preprocessing process has started for {now - since:.0f} s ({refused})"
         return None
 
-    def _start_probe(self) -> None:
+    def _restart_needed(self) -> str | None:
+        """Why only a restart cures the server now although nothing has failed for long: no preprocessing
+        process can start (past /ready's threshold) and the code on disk changed since the server
+        started (`code_changes`): each new process imports the new code, the server runs the old.
+        Logged once, as an error: the line an operator finds when the liveness probe restarts the pod.
+        Such a server had answered every page 503 for ever, /ready and /health 200."""
+        trouble = self._preprocessing_trouble()
+        if trouble is None:
+            return None
+        changed = self.code_changes()
+        if not changed:
+            return None
+        reason = f"{trouble}; {self._changed_code(changed)}: restart the server to run them"
+        if not self._restart_logged:
+            self._restart_logged = True
+            logger.error("a restart is needed, /health answers 503 until then: %s", reason)
+        return reason
+
+    def _start_probe(self, *, check: bool = False) -> None:
         # Not before the warm-up succeeded: its retries already exercise the backend, and a probe's
         # three-token success would only end the failure count they keep.
         if self.engine is None or self.stopping or not self.started or not self.ready:
@@ -295,20 +460,43 @@ class Runtime:
         if self._probed_at is not None and now - self._probed_at < PROBE_INTERVAL_S:
             return
         self._probed_at = now
-        self._probe = asyncio.ensure_future(self._run_probe(self.engine))
+        self._probe = asyncio.ensure_future(self._run_probe(self.engine, check))
 
-    async def _run_probe(self, engine: Engine) -> None:
+    async def _run_probe(self, engine: Engine, check: bool) -> None:
+        kind = "check" if check else "probe"
         try:
-            await engine.probe()
+            await engine.probe(check=check)
         except Exception as exc:  # its outcome is in engine.health; the log says why
-            logger.warning("backend probe failed: %s", exc)
+            logger.warning("backend %s failed: %s", kind, exc)
         else:
-            logger.info("backend probe succeeded: the backend serves again")
+            logger.info("backend %s succeeded: the backend serves again", kind)
+
+    def _start_pool_probe(self) -> None:
+        """A probe page through the preprocessing processes (`Engine.probe_preprocessing`), as
+        `_start_probe` starts a pass: after the warm-up, one at a time, at most every PROBE_INTERVAL_S."""
+        if self.engine is None or self.stopping or not self.started or not self.ready:
+            return
+        if self._pool_probe is not None and not self._pool_probe.done():
+            return
+        now = time.monotonic()
+        if self._pool_probed_at is not None and now - self._pool_probed_at < PROBE_INTERVAL_S:
+            return
+        self._pool_probed_at = now
+        self._pool_probe = asyncio.ensure_future(self._run_pool_probe(self.engine))
+
+    async def _run_pool_probe(self, engine: Engine) -> None:
+        try:
+            await engine.probe_preprocessing()
+        except Exception as exc:  # its outcome is in engine.preprocessing_health; the log says why
+            logger.warning("preprocessing probe failed: %s", exc)
+        else:
+            logger.info("preprocessing probe succeeded: a preprocessing process started")
 
     async def cancel_probe(self) -> None:
-        if self._probe is not None:
-            self._probe.cancel()
-            await asyncio.gather(self._probe, return_exceptions=True)
+        for probe in (self._probe, self._pool_probe):
+            if probe is not None:
+                probe.cancel()
+                await asyncio.gather(probe, return_exceptions=True)
 
     def begin_shutdown(self) -> None:
         """Start the drain clock (on the first SIGTERM), so the whole shutdown fits in one drain timeout.

@@ -695,6 +695,17 @@ async def _embed_all(
         raise OptionError(f"cannot run {args.checkpoint}: {exc}") from exc
     except OSError as exc:
         raise HtmllmError(f"cannot load {args.checkpoint}: {exc}", code=ErrorCode.CHECKPOINT_INVALID) from exc
+    loaded = engine.info.checkpoint_sha256
+    if loaded is not None and loaded != plan.settings["checkpoint_sha256"]:
+        # The run's settings (and the parts' pin) name the checkpoint as it was when the command started;
+        # one replaced before the load (a `heads train` into it) would have made rows under the old one's
+        # fingerprint. The Engine fingerprints the files it loads, just before loading them.
+        engine.close()
+        raise HtmllmError(
+            f"{args.checkpoint} changed while the command started (fingerprint "
+            f"{plan.settings['checkpoint_sha256'][:16]} -> {loaded[:16]}): run the command again",
+            code=ErrorCode.CHECKPOINT_INVALID,
+        )
     outcome = _Outcome()
     parts = writer.parts
     jsonl = source_kind(args.input)[0] == "jsonl"  # no WARC page in it: see `response_fields`

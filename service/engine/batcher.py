@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from service.core.errors import HtmllmError
+from service.core.errors import ErrorCode, HtmllmError
 from service.engine.admission import DrainRate
 from service.engine.runners import PreparedBatch, Runner, RunnerOutput
 from service.engine.types import (
@@ -43,6 +43,7 @@ from service.engine.types import (
     BackendHealth,
     BatchStats,
     DeadlineExceededError,
+    NotReadyError,
     ShuttingDownError,
 )
 
@@ -208,12 +209,31 @@ class Batcher:
         started = [ready.started for ready in self._in_hand if ready.started is not None]
         if self._direct_started is not None:
             started.append(self._direct_started)
-        return dataclasses.replace(self._failures, pass_started=min(started, default=None))
+        return dataclasses.replace(
+            self._failures, pass_started=min(started, default=None), last_failed_at=self._failed_at
+        )
 
     def _passed(self) -> None:
         if self._failures.failures:
             logger.warning("a forward pass succeeded after %d failed", self._failures.failures)
         self._failures, self._failed_at, self._hidden = BackendHealth(), None, None
+
+    def _checked(self) -> None:
+        """A check pass succeeded (`run_direct(check=True)`): the run of failed passes so far ends, as a
+        model process started anew ends it with its own pass (`_end_recovered_run`), and is kept aside:
+        a failure before a pass of ours succeeds resumes it. Without it a failed pass on an idle pod with
+        the model in this process stayed counted (`htmllm_backend_consecutive_failures` at 1, its alert
+        paging) until traffic came, which a pod that also fails its next pass turned unready for a
+        fault of days before. Kept aside, not forgotten: a backend that fails every batch of traffic
+        and passes every three-token check still adds its failures up to the unready threshold."""
+        if not self._failures.failures:
+            return
+        logger.warning(
+            "a check pass succeeded: the %d forward passes that failed before it end their run",
+            self._failures.failures,
+        )
+        # The run shown includes any run kept aside before (a failure resumed it), so none is lost.
+        self._hidden, self._failures, self._failed_at = self._failures, BackendHealth(), None
 
     def _pass_failed(self, message: str) -> BackendError:
         """Count a failed pass in `health`; the error its documents (or its caller) get."""
@@ -320,10 +340,12 @@ class Batcher:
         if self._drain is not None and not self._busy():
             self._drain.idle()
 
-    async def run_direct(self, batch: Sequence[Sequence[int]]) -> RunnerOutput:
+    async def run_direct(self, batch: Sequence[Sequence[int]], *, check: bool = False) -> RunnerOutput:
         """One forward pass outside the queue, on the inference thread (warm-up, probe); its outcome
-        counts in `health` like a batch's. A failure raises BackendError; ShuttingDownError once `close`
-        began (its pools may be shut down already)."""
+        counts in `health` like a batch's, but that a `check` pass's success ends a run of failures as
+        a restarted model process's own pass does (`_checked`). A failure raises BackendError;
+        NotReadyError where the runner refuses to run any pass now (`_refused`); ShuttingDownError once
+        `close` began (its pools may be shut down already)."""
         loop = asyncio.get_running_loop()
         self._check_open()
         prepared = await loop.run_in_executor(self._prepare_pool, self._runner.prepare, batch)
@@ -335,8 +357,13 @@ class Batcher:
         except Exception as exc:
             if self._closed:  # `close` aborted the pass (or the backend failed as it stopped): not a failure
                 raise ShuttingDownError("the engine stopped during this forward pass") from exc
+            if _refused(exc):
+                raise NotReadyError(str(exc)) from exc
             raise self._pass_failed(f"the {self._runner.backend} backend failed: {exc}") from exc
-        self._passed()
+        if check:
+            self._checked()
+        else:
+            self._passed()
         return output
 
     def _check_open(self) -> None:
@@ -553,6 +580,12 @@ class Batcher:
             _fail(ready.documents, ShuttingDownError(f"the engine stopped before this document ran ({exc})"))
             return
         except Exception as exc:
+            if _refused(exc):
+                # No pass ran, and none failed: the documents are answered `not_ready` (503, retried on
+                # another pod), uncounted in `health`. A new error: the runner's traceback holds this frame.
+                logger.warning("a batch of %d was refused by the runner: %s", len(ready.documents), exc)
+                _fail(ready.documents, NotReadyError(str(exc)))
+                return
             logger.exception("a forward pass failed")
             _fail(ready.documents, self._pass_failed(f"the {self._runner.backend} backend failed: {exc}"))
             return
@@ -669,6 +702,14 @@ def _recovered_at(runner: Runner) -> float | None:
     whose model lives in this process, which only a pass shows."""
     recovered = getattr(runner, "recovered_at", None)
     return None if recovered is None else float(recovered)
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether a runner's error refuses the pass rather than reports it failed: typed `not_ready`, the
+    runner cannot run any pass now and says why (a model process that is not started again on a
+    checkpoint changed since the engine started: `CheckpointChangedError`). Nothing ran, so nothing
+    counts in `health`, and the documents get a retryable 503 rather than `backend_failed`'s 500."""
+    return isinstance(exc, HtmllmError) and exc.code is ErrorCode.NOT_READY
 
 
 def _fail(docs: Sequence[QueuedDocument], error: HtmllmError) -> None:

@@ -28,8 +28,8 @@ from types import TracebackType
 
 import numpy as np
 
-from service.core.checkpoint import CheckpointMeta
-from service.core.errors import ErrorCode, HtmllmError, shown
+from service.core.checkpoint import CheckpointMeta, checkpoint_fingerprint
+from service.core.errors import CheckpointError, ErrorCode, HtmllmError, shown
 from service.core.modeling import HeadSpec
 from service.core.preparation import Preprocessed
 from service.core.prune import PRUNE_VERSION
@@ -65,6 +65,7 @@ from service.engine.types import (
     ModelInfo,
     NotReadyError,
     OverloadedError,
+    PoolHealth,
     ShuttingDownError,
     StageTimings,
     TooManyDocumentsError,
@@ -170,13 +171,23 @@ class Engine:
         config: EngineConfig | None = None,
         *,
         observer: EngineObserver | None = None,
+        checkpoint_sha256: str | None = None,
     ) -> None:
+        """`checkpoint_sha256`: the fingerprint of the files `runner` loaded, for `info` (a runner in a
+        model process says its own, which wins: its process loaded them)."""
         config = config or EngineConfig()
         self.config = config
         self.observer = observer or EngineObserver()
         self._runner = runner
         self._tokenizer = tokenizer
         self._meta = meta
+        # What `info` names the loaded checkpoint by. A model process's own: it loaded the files (and the
+        # checkpoint may have changed between this process's read of `meta` and its load).
+        run_id = meta.training.get("run_id")
+        self._checkpoint_sha256 = checkpoint_sha256
+        self._training_run_id = None if run_id is None else str(run_id)
+        if isinstance(runner, ProcessRunner):
+            self._checkpoint_sha256, self._training_run_id = runner.fingerprint, runner.training_run_id
         self._heads: dict[str, HeadSpec] = {spec.name: spec for spec in meta.heads}
         # What every forward pass must answer per document, checked before a row is read (`_malformed`).
         self._row_shapes = OutputShapes(
@@ -238,8 +249,14 @@ class Engine:
         `encoder_only`: the checkpoint without its task heads (torch in this process: `build_runner`)."""
         config = config or EngineConfig()
         check_device(config)
+        fingerprint: str | None = None
+        if not config.inference_process:  # else the child fingerprints what it loads (`ProcessRunner`)
+            # Before the load, as the child takes it: `info` names the files loaded, not those found
+            # there later (a checkpoint replaced under a starting server had been served under its sha).
+            with contextlib.suppress(CheckpointError):  # the load says what is wrong, in its own words
+                fingerprint = checkpoint_fingerprint(path)
         runner, meta, tokenizer = build_runner(Path(path), config, encoder_only=encoder_only)
-        return cls(runner, tokenizer, meta, config, observer=observer)
+        return cls(runner, tokenizer, meta, config, observer=observer, checkpoint_sha256=fingerprint)
 
     @property
     def info(self) -> ModelInfo:
@@ -257,6 +274,8 @@ class Engine:
             prune_version=PRUNE_VERSION,  # what prunes the pages this engine embeds
             checkpoint_prune_version=self._meta.prune_version,
             tokenizer_sha256=self._meta.tokenizer_sha256,
+            checkpoint_sha256=self._checkpoint_sha256,
+            training_run_id=self._training_run_id,
         )
 
     @property
@@ -891,15 +910,33 @@ class Engine:
         runner = self._runner
         return runner.outage() if isinstance(runner, ProcessRunner) else None
 
-    async def probe(self) -> None:
+    async def probe(self, *, check: bool = False) -> None:
         """One three-token forward pass outside the queue, which updates `health`: how a server that no
         traffic reaches any more (unready after failures) learns that its backend works again, and, with
-        the model in a child process, what starts a dead child anew. BackendError when it fails;
-        ShuttingDownError once stopped or closed."""
+        the model in a child process, what starts a dead child anew. `check`: a look at a backend whose
+        last passes failed, below any threshold, on a pod traffic may not reach for hours: its success
+        ends their run as a restarted model process's own pass does (a failure before the next success
+        resumes it, `Batcher.run_direct`). BackendError when it fails; NotReadyError when the runner
+        refuses any pass now; ShuttingDownError once stopped or closed."""
         self._require_open()
         self._require_started()
         assert self._batcher is not None
-        await self._batcher.run_direct([self._tokenizer.special_ids.filler(3)])
+        await self._batcher.run_direct([self._tokenizer.special_ids.filler(3)], check=check)
+
+    @property
+    def preprocessing_health(self) -> PoolHealth:
+        """Whether the preprocessing processes start (`PoolHealth`): pages in a row refused for want of
+        one, since when and why. Always clear with `preprocess_pool="thread"`. What a server's readiness
+        and liveness read beside `health`."""
+        return self._preprocessing.health
+
+    async def probe_preprocessing(self) -> None:
+        """One small page through a preprocessing process, outside the queue (`Preprocessing.probe`),
+        which updates `preprocessing_health`; what refused the page raises (`ProcessStartError`, coded
+        `not_ready`, when no process could start), ShuttingDownError once stopped or closed."""
+        self._require_open()
+        self._require_started()
+        await self._preprocessing.probe()
 
     async def warmup(self) -> None:
         """One full-size batch of full-length documents, outside the queue (allocations, kernel choice);

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -29,9 +30,9 @@ from service.core.preparation import (
 from service.core.prune import InputTooLargeError
 from service.core.tokenizer import HtmlTokenizer
 from service.core.words import built_word_tables
-from service.core.workers import WorkerError, WorkerPool, mib_as_bytes
+from service.core.workers import WorkerError, WorkerPool, WorkerStartError, mib_as_bytes
 from service.engine.failures import OverLimitError, mark, worker_failure
-from service.engine.types import Document, EngineConfig, ShuttingDownError
+from service.engine.types import Document, EngineConfig, PoolHealth, ShuttingDownError
 
 T = TypeVar("T")
 
@@ -104,6 +105,8 @@ class Preprocessing:
         # The executor jobs callers await now: a stop without drain cancels them (their callers get
         # ShuttingDownError, `off_loop`) rather than wait for a thread that may never finish.
         self._off_loop_waits: set[asyncio.Future[Any]] = set()
+        # The pages in a row refused because no process could start (`PoolHealth`), changed on the loop.
+        self.health = PoolHealth()
 
     @property
     def threads(self) -> ThreadPoolExecutor | None:
@@ -239,6 +242,7 @@ class Preprocessing:
         try:
             result: T = await self.off_loop(dispatch, call)
         except MemoryError as exc:  # raised in the worker before the pruner ran (taking the page in)
+            self._started()
             raise InputTooLargeError(
                 "the page needs more memory than a preprocessing process may use "
                 f"({self._config.preprocess_memory_limit_mb} MiB, {MEMORY_LIMIT_SETTING})"
@@ -246,5 +250,30 @@ class Preprocessing:
         except WorkerError as exc:
             if self._processes is not processes:  # `close` killed the pool under this page
                 raise ShuttingDownError("the engine stopped while this document was preprocessed") from exc
+            if isinstance(exc, WorkerStartError):
+                self._start_failed(exc)
+            else:  # a process took the page (and timed out, crashed or was killed with it)
+                self._started()
             raise worker_failure(exc, timeout_s) from exc
+        self._started()
         return result
+
+    def _start_failed(self, exc: WorkerStartError) -> None:
+        """Count a page refused because no process could start (`health`): each such page had been a
+        503 while /ready said 200 and /health too, for ever where no process can start again (the code
+        on disk replaced under the server by a package upgrade, which a new process imports)."""
+        run = self.health
+        since = time.monotonic() if run.failing_since is None else run.failing_since
+        self.health = PoolHealth(run.start_failures + 1, since, f"{type(exc).__name__}: {exc.message}")
+
+    def _started(self) -> None:
+        """A process took a page: the processes start again, whatever became of the page."""
+        if self.health.start_failures:
+            self.health = PoolHealth()
+
+    async def probe(self) -> None:
+        """One small page through a preprocessing process (none without them): how a server that no
+        traffic reaches any more, unready because none could start, learns that one does again. What
+        the page refused raises (`ProcessStartError`); a success ends the run in `health`."""
+        if self._processes is not None:
+            await self._in_process(preprocess_in_worker, "<p>probe</p>", None, self._max_length)

@@ -118,6 +118,11 @@ class ModelInfo:
     prune_version: str  # the pruner this build runs on every page (service.core.prune.PRUNE_VERSION)
     checkpoint_prune_version: str  # the one the checkpoint's htmllm.json records it was trained on
     tokenizer_sha256: str
+    # The fingerprint (`checkpoint_fingerprint`) of the files the model was loaded from, taken by the
+    # process that loaded them (the inference child's, with `inference_process`), and htmllm.json's
+    # `training.run_id` there; None for an Engine built around a runner by hand, which cannot say.
+    checkpoint_sha256: str | None = None
+    training_run_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -223,7 +228,8 @@ class ShuttingDownError(EngineError):
 
 
 class NotReadyError(EngineError):
-    """`embed` before `start`."""
+    """The engine cannot serve now: `embed` before `start`, or a runner that refuses every pass until the
+    server restarts (a model process not started again on a checkpoint changed under it)."""
 
     code = ErrorCode.NOT_READY
 
@@ -253,12 +259,25 @@ class WrongEventLoopError(EngineError):
 class BackendHealth:
     """How the forward passes have gone lately: what readiness and liveness probes read. A failed pass
     is one whose runner raised (or answered rows that cannot be read); any pass that succeeds, a probe
-    included, ends a run of failures. Times are `time.monotonic()` values."""
+    included, ends a run of failures (a check pass, or a restarted model process's own pass, keeps it
+    aside for a failure before the next success to resume). Times are `time.monotonic()` values."""
 
     failures: int = 0  # consecutive failed passes (0 after a success)
     failing_since: float | None = None  # when the first of those failed
     last_error: str | None = None  # the latest failure's message
     pass_started: float | None = None  # when the pass on the inference thread now began, if one runs
+    last_failed_at: float | None = None  # when the latest of the failures was counted (None without any)
+
+
+@dataclass(frozen=True)
+class PoolHealth:
+    """How starting the preprocessing processes has gone lately: what readiness and liveness probes read.
+    A page refused because no process could start for it (`ProcessStartError`) counts; any page a
+    process took (answered, or failed by the page itself) ends the run. Times are `time.monotonic()`."""
+
+    start_failures: int = 0  # pages in a row refused for want of a process
+    failing_since: float | None = None  # when the first of those was refused
+    last_error: str | None = None  # the latest refusal's message
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,12 @@ def _restart_failed(runner: ProcessRunner) -> Callable[[], bool]:
     return lambda: (outage := runner.outage()) is not None and not outage.loading
 
 
+def runner_failures(app: Any) -> int:
+    """The engine's count of failed passes in a row."""
+    failures: int = app.state.runtime.engine.health.failures
+    return failures
+
+
 def _kill(runner: ProcessRunner) -> None:
     process = runner._process
     assert process is not None
@@ -78,8 +84,12 @@ async def test_a_checkpoint_changed_under_a_dead_child_makes_health_503_at_once(
         ready = await client.get("/ready")
         assert ready.status_code == 503 and "changed since the engine started" in ready.text
 
+        # Nothing is wrong with the request, and the pod waits for its restart: a retryable 503 (it had
+        # been a 500 `backend_failed`, counted as a failed pass).
         failed = await client.post("/v1/embed", json={"documents": [{"html": page(1)}]})
-        assert failed.status_code == 500 and "restart the server" in failed.json()["error"]["message"]
+        assert failed.status_code == 503 and failed.json()["error"]["code"] == "not_ready", failed.text
+        assert "restart the server" in failed.json()["error"]["message"] and "Retry-After" in failed.headers
+        assert runner_failures(app) == 0
         assert spawned == []  # every restart (the watcher's, the probes', the batch's) refused by the parent
         assert (await client.get("/health")).status_code == 503  # and stays so: no retry cures it
 

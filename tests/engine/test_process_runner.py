@@ -308,7 +308,8 @@ def test_a_restart_onto_a_checkpoint_changed_since_is_refused_until_it_is_back(
             InferenceProcessError, match=r"changed since the engine started \(heads .*forum"
         ) as caught:
             runner.run(runner.prepare(docs))
-        assert caught.value.code is ErrorCode.BACKEND_FAILED and runner._process is None
+        # A retryable `not_ready`: no pass ran, and the server waits for its restart.
+        assert caught.value.code is ErrorCode.NOT_READY and runner._process is None
         shutil.rmtree(served)
         shutil.copytree(tiny_checkpoint, served)  # the checkpoint the runner started on, back
         after = runner.run(runner.prepare(docs)).embeddings

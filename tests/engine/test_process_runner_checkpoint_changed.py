@@ -104,7 +104,7 @@ def test_a_restart_onto_a_changed_checkpoint_is_refused_before_any_child_and_is_
 
         with pytest.raises(CheckpointChangedError, match="restart the server") as refused:
             runner.run(runner.prepare(DOCS))  # a batch tries again, and is refused as quickly
-        assert refused.value.code is ErrorCode.BACKEND_FAILED
+        assert refused.value.code is ErrorCode.NOT_READY  # a retryable 503: no pass ran, none failed
         assert children == [] and runner.restarts == 2
         again = runner.outage()
         assert again is not None and again.permanent

@@ -34,11 +34,13 @@ _UNAVAILABLE = error_responses(503, codes=UNAVAILABLE)
 @get_route(router, "/", summary="Liveness (text-embeddings-inference's `GET /`)", responses=_UNHEALTHY)
 @get_route(router, "/health", summary="Liveness: the process answers", responses=_UNHEALTHY)
 async def health(runtime: RuntimeDep) -> HealthResponse:
-    """200 while the process can serve; 503 once the backend has failed every pass (or hung in one), or
-    the warm-up has kept failing, for `HTMLLM_UNHEALTHY_AFTER_S`: a corrupted CUDA context does not heal
-    in-process, a restart does. At once when the model's process (`HTMLLM_INFERENCE_PROCESS`) died and
-    cannot be started again because the checkpoint changed since the server started: a restart serves
-    the new checkpoint."""
+    """200 while the process can serve; 503 once the backend has failed every pass (or hung in one), the
+    warm-up has kept failing, or no preprocessing process could start, for `HTMLLM_UNHEALTHY_AFTER_S`: a
+    corrupted CUDA context does not heal in-process, a restart does. At once when the model's process
+    (`HTMLLM_INFERENCE_PROCESS`) died and cannot be started again because the checkpoint changed since
+    the server started (a restart serves the new checkpoint), and when no preprocessing process can
+    start and the code on disk changed since the server started (a package upgraded in place: a
+    restart runs the new code)."""
     reason = runtime.unhealthy()
     if reason is not None:
         raise HtmllmError(f"the backend is unhealthy: {reason}", code=ErrorCode.UNHEALTHY)
@@ -48,8 +50,10 @@ async def health(runtime: RuntimeDep) -> HealthResponse:
 @get_route(router, "/ready", summary="Readiness: model loaded and warmed", responses=_UNAVAILABLE)
 async def ready(runtime: RuntimeDep) -> ReadyResponse:
     """200 once the model has run one full-size batch; 503 before, once shutdown began, while the
-    backend fails (`HTMLLM_UNREADY_AFTER_FAILURES` passes in a row, until a pass or probe succeeds), and
-    while one pass has run past `HTMLLM_UNREADY_AFTER_PASS_S` (the request timeout by default). The
+    backend fails (`HTMLLM_UNREADY_AFTER_FAILURES` passes in a row, until a pass or probe succeeds),
+    while no preprocessing process can start (as many pages in a row refused for it, until one or a
+    probe page gets one), and while one pass has run past `HTMLLM_UNREADY_AFTER_PASS_S` (the request
+    timeout by default). The
     condition is `Runtime.unready_reason`'s; while it holds every answer closes its connection. A 503
     here is a probe's answer, not a request failure (not counted in `htmllm_request_failures_total`)."""
     engine = runtime.engine
@@ -59,7 +63,8 @@ async def ready(runtime: RuntimeDep) -> ReadyResponse:
     assert engine is not None  # `not_serving` refuses without one
     # Both looked at on every probe: the stall's log lines must not depend on the failure count.
     stalled = runtime.observe_stall()
-    trouble = runtime.backend_trouble() or stalled
+    pool = runtime.preprocessing_trouble()
+    trouble = runtime.backend_trouble() or pool or stalled
     if trouble is not None:  # out of the load balancer until a pass succeeds again
         raise HtmllmError(f"the model is not ready: {trouble}", code=ErrorCode.NOT_READY)
     return ReadyResponse(model=engine.info.name)
@@ -144,6 +149,9 @@ async def metrics(runtime: RuntimeDep) -> Response:
     # effects): set on events (1 after the warm-up, 0 at shutdown), the gauge said 1 through every 503
     # of failing or stalled passes and of the drain.
     runtime.metrics.ready.set(1 if runtime.unready_reason() is None else 0)
+    # A run of failed passes that no traffic follows is checked (at most every few seconds), so that
+    # the gauge below returns to 0 on an idle pod whose backend serves, not only /ready's count.
+    runtime.check_failed_passes()
     if runtime.engine is not None:  # read at scrape time: the engine keeps the count
         runtime.metrics.backend_failures.set(runtime.engine.health.failures)
         runtime.metrics.set_build(**build_identity(runtime.engine.info))

@@ -116,6 +116,7 @@ class _Description:
     attention: str
     packed: bool
     identity: _Identity
+    training_run_id: str | None  # htmllm.json's `training.run_id` as the child read it (in its fingerprint)
 
 
 @dataclass(frozen=True)
@@ -180,6 +181,7 @@ def _serve(
         runner.attention,
         packed,
         _Identity.of(fingerprint, meta),
+        None if (run_id := meta.training.get("run_id")) is None else str(run_id),
     )
     prepare_for_serving()  # the model is loaded: set the garbage collector for serving
     conn.send(("ok", description))
@@ -253,7 +255,14 @@ class InferenceConfigurationError(InferenceProcessError, ValueError):
 class CheckpointChangedError(InferenceProcessError):
     """A restart refused: the checkpoint is not the one the engine started on (a head trained into it,
     its files replaced). The parent answers with the heads and tokenizer it read at start, so a child
-    on the new files would serve rows under the wrong labels; only a new engine serves them."""
+    on the new files would serve rows under the wrong labels; only a new engine serves them.
+
+    `not_ready` (503 with Retry-After), not `backend_failed`: no pass ran, nothing is wrong with the
+    request, and the pod waits for its restart (/ready 503, /health 503 `unhealthy`), so a client is
+    to retry on another pod. A 500 had told it the request failed on the server's fault, and counted as
+    a failed pass; the batcher passes a runner's `not_ready` through uncounted (`Batcher._refused`)."""
+
+    code = ErrorCode.NOT_READY
 
 
 def _load_error(message: str, code: ErrorCode) -> InferenceProcessError:
@@ -322,6 +331,12 @@ class ProcessRunner:
                     "started); start it again"
                 )
         self._identity = description.identity
+        # What the server names its answers with (/info, `x-checkpoint-sha256`): the files the child
+        # loaded, fingerprinted by it before its load. The server had fingerprinted them itself, before
+        # or after the child's load, and served a checkpoint replaced meanwhile under the other's sha.
+        # Every restart loads the same (`_Identity`), so these hold for the runner's life.
+        self.fingerprint = description.identity.fingerprint
+        self.training_run_id = description.training_run_id
         self.backend = description.backend
         self.device = description.device
         self.dtype = description.dtype
