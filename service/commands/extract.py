@@ -157,18 +157,31 @@ _START_BYTES = 1 << 20  # read of an existing output to find its first row's key
 # The union's order without --order (`service.core.extract.DEFAULT_ORDER`, as run.json pins it).
 _DEFAULT_ORDER = "resiliparse,trafilatura,justext"
 DEFAULT_MEMORY_LIMIT_MB = 2048
-# A page every extractor reads through (main content, paragraphs of English prose), tiny: the test of a
-# --memory-limit-mb under which no page can be extracted (`_check_memory_limit`).
-_PROBE_PAGE = (
-    "<!doctype html><html lang=en><head><meta charset=utf-8><title>A test page</title></head><body>"
-    "<nav><a href=/>Home</a></nav><article><h1>A test page</h1>"
-    + 3
-    * (
+# The sections of the test page of a --memory-limit-mb (`_probe_page`): about 340 KB of HTML.
+_PROBE_SECTIONS = 400
+# A --memory-limit-mb from here up is not tested (`_check_memory_limit`): four times what the test page
+# needs, so the default run does not pay its half second.
+_PROBED_BELOW_MB = 512
+
+
+def _probe_page() -> str:
+    """The test page of a --memory-limit-mb (`_check_memory_limit`): an article of English prose, links
+    and lists, about 340 KB, the size of a large real page. A 1 KB page passed at 109 MiB, one MiB over
+    what a worker holds once started, where 14 of 20 real pages then failed at 110 MiB; this one passes
+    from about 125 MiB, where 1 of 20 did at 120."""
+    paragraph = (
         "<p>This is a short paragraph of plain English text, written so that every extractor has some "
-        "work to do with it, and the language of the page can be told from its words.</p>"
+        "work to do with it, and the language of the page can be told from its words. <a href='/x'>A "
+        "link</a> and <b>bold</b> words.</p>"
     )
-    + "</article><footer>Copyright</footer></body></html>"
-)
+    items = "<ul>" + 5 * "<li><a href='/l'>an item</a></li>" + "</ul>"
+    body = "".join(
+        f"<div class='c{i}'><h2>Section {i}</h2>{3 * paragraph}{items}</div>" for i in range(_PROBE_SECTIONS)
+    )
+    return (
+        "<!doctype html><html lang=en><head><meta charset=utf-8><title>A test page</title></head><body>"
+        f"<nav><a href=/>Home</a></nav><article>{body}</article><footer>Copyright</footer></body></html>"
+    )
 
 
 # The output is plain JSONL, so a name that says it is compressed is refused: `--output out.jsonl.gz` was
@@ -277,7 +290,9 @@ def _extractors_called(args: argparse.Namespace) -> tuple[str, ...]:
 def _unused_option(args: argparse.Namespace) -> str | None:
     """Why an option given would change nothing, or None: such a run had gone on as if it were not
     given (`--seed 7` without `--order random` gave the default order's rows, which the user took for
-    seeded ones). A usage error, as a bad value of it is."""
+    seeded ones). A usage error, as a bad value of it is. The values are valid by now (`run`)."""
+    from service.core.extract import resolve_order
+
     if args.order is not None and args.extractor != "union":
         return f"--order is the union's preference order, for --extractor union, not {args.extractor}"
     if args.seed is not None and args.order != "random":
@@ -285,7 +300,7 @@ def _unused_option(args: argparse.Namespace) -> str | None:
     order = args.order or _DEFAULT_ORDER
     if args.language is not None and args.extractor in ("resiliparse", "trafilatura"):
         return f"--language is jusText's: {args.extractor} reads no language"
-    union_without_justext = order != "random" and "justext" not in order.split(",")
+    union_without_justext = order != "random" and "justext" not in resolve_order(order.split(","))
     if args.language is not None and args.extractor == "union" and union_without_justext:
         return f"--language is jusText's, which --order {order} does not run"
     return None
@@ -293,13 +308,15 @@ def _unused_option(args: argparse.Namespace) -> str | None:
 
 def _check_memory_limit(args: argparse.Namespace, pool: ExtractorPool) -> None:
     """Refuse (`MemoryLimitTooLow`) a --memory-limit-mb under which an extractor the run calls fails on a
-    tiny page (`_PROBE_PAGE`) that it extracts without a limit. Below what an extractor process needs
-    for its libraries (about 110 MiB for resiliparse, which jusText's language detection runs too) every
-    page failed: the run wrote a row of failures for each (the union fell back on another extractor, in
-    silence), exit code 0, and a resume kept those rows as done. Tried in the run's own pool, whose
-    workers the run then uses, so a run under a workable limit pays a tiny page per extractor. Any other
-    outcome (a failure without the limit too, a timeout, a worker lost or not started) says nothing of
-    the limit: the run goes on, and its rows say what each page met."""
+    test page of a large real page's size (`_probe_page`) that it extracts without a limit. Below what
+    an extractor process needs for its libraries and a page (about 110 MiB for resiliparse, which
+    jusText's language detection runs too, plus the page's share) every page, or most, failed: the run
+    wrote a row of failures for each (the union fell back on another extractor, in silence), exit code 0,
+    and a resume kept those rows as done. Tried in the run's own pool, whose workers the run then uses,
+    so a run under a workable limit pays a test page per extractor (about half a second in all). A
+    worker lost on it (a crash under the limit) counts as a failure; any other outcome (a timeout, a
+    failure without the limit too) says nothing of the limit: the run goes on, and its rows say what
+    each page met."""
     from service.core.extract import (
         ExtractionError,
         ExtractionTimeoutError,
@@ -307,25 +324,27 @@ def _check_memory_limit(args: argparse.Namespace, pool: ExtractorPool) -> None:
         ExtractorPool,
     )
 
-    if pool.memory_limit_bytes is None:
+    if pool.memory_limit_bytes is None or args.memory_limit_mb >= _PROBED_BELOW_MB:
         return
+    page = _probe_page()
     for name in _extractors_called(args):
         try:
-            pool.run(name, _PROBE_PAGE, language=args.language, timeout_s=args.timeout_s)
+            pool.run(name, page, language=args.language, timeout_s=args.timeout_s)
             continue
-        except (ExtractionTimeoutError, ExtractorLostError):
+        except ExtractionTimeoutError:
             continue
-        except ExtractionError as exc:
+        except (ExtractionError, ExtractorLostError) as exc:
             failure = exc
         with ExtractorPool(1) as unlimited:
             try:
-                unlimited.run(name, _PROBE_PAGE, language=args.language, timeout_s=args.timeout_s)
+                unlimited.run(name, page, language=args.language, timeout_s=args.timeout_s)
             except (ExtractionError, ExtractorLostError):
                 continue  # not the limit's doing
         raise MemoryLimitTooLow(
             f"--memory-limit-mb {args.memory_limit_mb} is less than an extractor process needs: {name} "
-            f"failed on a tiny test page under it, and not without it ({failure.message}), so every page "
-            f"would fail; raise it (the default is {DEFAULT_MEMORY_LIMIT_MB}), or pass 0 for no limit"
+            f"failed on a test page of {len(page) // 1000} KB under it, and not without it ({failure}), "
+            "so most pages would fail; raise it (128 is about the least that works; the default is "
+            f"{DEFAULT_MEMORY_LIMIT_MB}), or pass 0 for no limit"
         )
 
 
@@ -812,19 +831,21 @@ def run(args: argparse.Namespace) -> int:
     if not args.timeout_s > 0 or args.min_words < 0:  # else every row an error, and the output replaced
         print("htmllm extract: --timeout-s must be > 0 and --min-words >= 0", file=sys.stderr)
         return 2
+    try:
+        # The values first: `--order JUSTEXT,resiliparse --language de` had been told that its order
+        # runs no jusText, where the order's name was the mistake.
+        if args.extractor == "union" and args.order is not None:
+            resolve_order("random" if args.order == "random" else args.order.split(","))
+        args.language = normalize_language(args.language)  # "EN" is "en"; "xx" is a usage error
+    except ExtractionOptionsError as exc:
+        print(f"htmllm extract: {exc}", file=sys.stderr)
+        return 2
     unused = _unused_option(args)
     if unused is not None:
         print(f"htmllm extract: {unused}", file=sys.stderr)
         return 2
     if args.order is None:
         args.order = _DEFAULT_ORDER  # as run.json pins it (for the union, the one extractor it is read by)
-    try:
-        if args.extractor == "union":
-            resolve_order("random" if args.order == "random" else args.order.split(","))
-        args.language = normalize_language(args.language)  # "EN" is "en"; "xx" is a usage error
-    except ExtractionOptionsError as exc:
-        print(f"htmllm extract: {exc}", file=sys.stderr)
-        return 2
     if args.output == "-" and sys.stdout is None:  # `>&-`: Python found no file descriptor 1
         print("htmllm extract: --output -: standard output is closed", file=sys.stderr)
         return 1

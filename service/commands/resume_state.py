@@ -345,11 +345,33 @@ def check_has_pages(source: Path, first: Page | None) -> None:
 
 # Names shown of the files a directory of pages holds but no run reads (`unread_files_note`).
 _UNREAD_SHOWN = 3
-# Suffixes of files a mirrored site serves as pages (and no suffix: `index`, `about`): the unread files
-# worth a word. A mirror's stylesheets, scripts and images are not pages, and naming them would bury these.
-_PAGE_LIKE_SUFFIXES = frozenset(
-    {"", ".xhtml", ".xht", ".shtml", ".php", ".asp", ".aspx", ".jsp", ".cfm", ".cgi", ".pl"}
-)
+# Suffixes of files a mirrored site serves as pages: the unread files worth a word. A mirror's
+# stylesheets, scripts and images are not pages, and naming them would bury these.
+_PAGE_LIKE_SUFFIXES = frozenset({".xhtml", ".xht", ".shtml", ".php", ".asp", ".aspx", ".jsp", ".cfm", ".cgi"})
+# How much of a file without a suffix is looked at for HTML (`_starts_as_html`).
+_SNIFFED_BYTES = 1024
+
+
+def _starts_as_html(file: Path) -> bool:
+    """Whether a file without a suffix (a mirror's `index`, `about`) begins as an HTML page does: its
+    first bytes hold `<html` or start `<!doctype html` (after a byte order mark and white space). A
+    README, LICENSE or Makefile does not, and is no page to mention."""
+    try:
+        with file.open("rb") as handle:
+            head = handle.read(_SNIFFED_BYTES).lower()
+    except OSError:
+        return False
+    start = head.removeprefix(b"\xef\xbb\xbf").lstrip()
+    return start.startswith(b"<!doctype html") or b"<html" in head
+
+
+def _may_be_page(file: Path, root: Path) -> bool:
+    """Whether an unread file of a directory of pages may be a page (`unread_files_note`): by its suffix,
+    or, without one, by its first bytes. Nothing under a hidden directory (`.git/`) or hidden itself."""
+    if any(part.startswith(".") for part in file.relative_to(root).parts):
+        return False
+    suffix = file.suffix.lower()
+    return suffix in _PAGE_LIKE_SUFFIXES or (not suffix and _starts_as_html(file))
 
 
 def unread_files_note(source: Path, output: Path | None) -> str:
@@ -357,9 +379,9 @@ def unread_files_note(source: Path, output: Path | None) -> str:
     passes over, by their names (`pages.iter_pages` reads .html, .htm, optionally .gz, and WARC files):
     `; 3 files of DIR were not read (...: a.xhtml, b.php, index)`, or "". A mirror's `.xhtml`, `.php`
     and suffix-less pages had been left out of a run in silence, which then looked complete. Only names
-    a page may have count (`_PAGE_LIKE_SUFFIXES`): a mirror's .css, .js and .png files are no news. The run's
-    own files beside `output` are none of them (`own_files`). What cannot be looked at now says
-    nothing: the run is over, and its rows stand."""
+    a page may have count (`_may_be_page`): a mirror's .css, .js and .png files, its README and what
+    is under .git/ are no news. The run's own files beside `output` are none of them (`own_files`). What
+    cannot be looked at now says nothing: the run is over, and its rows stand."""
     from service.core.pages import list_directory, page_files_of, source_kind
 
     try:
@@ -373,10 +395,7 @@ def unread_files_note(source: Path, output: Path | None) -> str:
     unread = [
         entry.path
         for entry in listed
-        if entry.problem is None
-        and entry.path not in read
-        and entry.path.suffix.lower() in _PAGE_LIKE_SUFFIXES
-        and not entry.path.name.startswith(".")
+        if entry.problem is None and entry.path not in read and _may_be_page(entry.path, path)
     ]
     if not unread:
         return ""

@@ -129,6 +129,37 @@ _ESCAPE_CODECS = frozenset({"unicode-escape", "raw-unicode-escape"})
 _ASCII_WHITESPACE = "\t\n\f\r "
 
 
+# Labels the Encoding Standard knows and `whatwg_codec` leaves out on purpose (see `_WHATWG_LABELS`): the
+# replacement encoding's, and x-user-defined. A charset a browser knows all the same, not a typo.
+_IGNORED_WHATWG_LABELS = frozenset(
+    {
+        "csiso2022kr",
+        "hz-gb-2312",
+        "iso-2022-cn",
+        "iso-2022-cn-ext",
+        "iso-2022-kr",
+        "replacement",
+        "x-user-defined",
+    }
+)
+
+
+def known_label(label: str) -> bool:
+    """Whether `label` names a charset to a browser (the Encoding Standard's labels, those `whatwg_codec`
+    ignores included) or a text encoding to Python (`latin-1`, `utf-7`): a label neither knows is a typo.
+    Python's codecs that are no text encoding (`base64`, `rot13`, `zlib`) name no charset."""
+    if whatwg_codec(label) is not None:
+        return True
+    stripped = label.strip(_ASCII_WHITESPACE)
+    if stripped.isascii() and stripped.lower() in _IGNORED_WHATWG_LABELS:
+        return True
+    try:
+        codec = codecs.lookup(stripped)
+    except (LookupError, ValueError):
+        return False
+    return codec._is_text_encoding and codec.name != "undefined"  # `undefined` raises on every byte
+
+
 def whatwg_codec(label: str | None) -> str | None:
     """The Python codec a browser decodes with for a declared `label` (an HTTP charset, a `<meta>`'s, an
     XML declaration's), or None where the Encoding Standard knows no such label and a browser ignores it.

@@ -70,7 +70,6 @@ inflated much past the cap: a 1 MB gzip file that inflated to 1 GiB was held who
 
 from __future__ import annotations
 
-import codecs
 import errno
 import gzip
 import json
@@ -86,7 +85,7 @@ from typing import IO, Any, BinaryIO, Literal, NamedTuple
 
 from service.core.content_coding import ContentCodingError, decode_content, undeclared_coding
 from service.core.decoding import declared_codec, with_declared_encoding, without_lone_surrogates
-from service.core.encoding_labels import whatwg_codec
+from service.core.encoding_labels import known_label
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.prune import DEFAULT_MAX_BYTES
 from service.core.warc_tail import GZIP_MAGIC
@@ -381,7 +380,9 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
         encoding = row.get("encoding")
         if encoding is not None and not isinstance(encoding, str):
             raise PageSourceError(f"{where}: 'encoding' must be a charset name, not {encoding!r}")
-        if encoding is not None and not known_charset(encoding):
+        if isinstance(encoding, str) and not encoding.strip():
+            encoding = None  # "": no charset was known to the row's writer, as a missing key says
+        if encoding is not None and not known_label(encoding):
             # A label a browser ignores but Python knows (`latin-1`, `utf-7`) is ignored as a server's
             # header is (`decoding.declared_codec`); one nobody knows is a typo in the row, which had
             # been ignored as well, the page read by its own <meta> or by guess.
@@ -399,17 +400,6 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
         meta=meta,
         encoding=source_encoding,
     )
-
-
-def known_charset(label: str) -> bool:
-    """Whether `label` names a charset to a browser (`whatwg_codec`) or to Python (`codecs.lookup`)."""
-    if whatwg_codec(label) is not None:
-        return True
-    try:
-        codecs.lookup(label.strip())
-    except (LookupError, ValueError):
-        return False
-    return True
 
 
 def _not_a_file(path: Path) -> str | None:

@@ -26,6 +26,9 @@ def _args(source: Path, output: Path | str, *options: str) -> list[str]:
         (["--extractor", "all", "--order", "justext"], "--order is the union's preference order"),
         (["--extractor", "resiliparse", "--language", "de"], "--language is jusText's: resiliparse reads"),
         (["--order", "resiliparse,trafilatura", "--language", "de"], "which --order resiliparse,trafilatura"),
+        # A bad value is said as such, not as an option its run would not read.
+        (["--order", "JUSTEXT,resiliparse", "--language", "de"], "unknown extractor 'JUSTEXT'"),
+        (["--order", "resiliparse, justext", "--language", "de"], "unknown extractor ' justext'"),
     ],
 )
 def test_an_option_that_would_change_nothing_is_a_usage_error(
@@ -56,22 +59,26 @@ def test_the_options_that_work_together_are_taken(tmp_path: Path, options: list[
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_DATA bounds mmap on Linux only")
-@pytest.mark.parametrize("output", ["out.jsonl", "-"])
+@pytest.mark.parametrize(("output", "limit"), [("out.jsonl", "16"), ("-", "16"), ("out.jsonl", "112")])
 def test_a_memory_limit_no_extractor_process_can_work_under_is_refused_before_any_page(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], output: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], output: str, limit: str
 ) -> None:
     """Under a limit below what an extractor process needs for its libraries, every page failed: each row
     an `extraction_failed` (or, in the union, another extractor's text in silence), exit code 0, and the
-    rows done for a resume. A tiny page is tried first, in the run's own pool."""
+    rows done for a resume. A test page of a large real page's size is tried first, in the run's own
+    pool: 112 MiB, 5 over what a worker holds once started, had passed a 1 KB test page, and then most
+    real pages failed."""
     write_pages(tmp_path / "in.jsonl", 3)
     target = tmp_path / output if output != "-" else "-"
-    assert main(_args(tmp_path / "in.jsonl", target, "--memory-limit-mb", "16")) == 2
+    assert main(_args(tmp_path / "in.jsonl", target, "--memory-limit-mb", limit)) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     last = captured.err.splitlines()[-1]  # after the pool's warnings of the workers that died
     assert last.startswith(
-        "htmllm extract: validation_error: --memory-limit-mb 16 is less than an extractor process needs: "
-        "resiliparse failed on a tiny test page under it, and not without it ("
+        f"htmllm extract: validation_error: --memory-limit-mb {limit} is less than an extractor process "
+        "needs: resiliparse failed on a test page of "
     ), captured.err
-    assert last.endswith("raise it (the default is 2048), or pass 0 for no limit"), last
+    assert last.endswith(
+        "raise it (128 is about the least that works; the default is 2048), or pass 0 for no limit"
+    ), last
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]  # no output, no parts, no lock

@@ -20,10 +20,13 @@ def _mirror(directory: Path) -> Path:
     named as (a stylesheet, an image, JSONL, a dot file), which go unmentioned."""
     for name in (
         "about.html", "feed.xhtml", "index.php", "sub/index", "sub/notes.jsonl", "sub/more.aspx",
-        "style.css", "logo.png", ".listing",
+        "style.css", "logo.png", ".listing", ".git/config.php", ".git/HEAD",
     ):  # fmt: skip
         (directory / name).parent.mkdir(parents=True, exist_ok=True)
         (directory / name).write_text(PAGE)
+    # Without a suffix, a page begins as one; a README or LICENSE does not.
+    (directory / "README").write_text("A mirror of a site, made with wget.\n")
+    (directory / "LICENSE").write_text("MIT license." + " " * 2000 + "<html> past the first KiB")
     return directory
 
 

@@ -41,3 +41,14 @@ def test_an_encoding_nobody_knows_is_a_bad_row_one_python_knows_is_ignored_as_be
         typo.error or ""
     )
     assert python_only.error is None and whatwg.error is None
+
+
+def test_every_label_a_browser_knows_is_a_charset_and_a_codec_that_is_none_is_not(tmp_path: Path) -> None:
+    # x-user-defined and the replacement encoding's labels are the Encoding Standard's, ignored on purpose
+    # where declared; base64 and rot13 are Python codecs, but of no text; "" is no charset given at all.
+    kept = ["x-user-defined", "ISO-2022-CN", "hz-gb-2312", "", "  "]
+    refused = ["base64", "rot13", "zlib", "undefined"]
+    rows = ({"id": label, "file": "p.html", "encoding": label} for label in kept + refused)
+    source = _rows(tmp_path, *rows)
+    pages = iter_pages(source, bad_rows="report")
+    assert [page.error is None for page in pages] == [True] * len(kept) + [False] * len(refused)
