@@ -210,7 +210,8 @@ class ServiceMetrics:
         self.ready = Gauge(
             "htmllm_ready",
             "1 while /ready answers 200 (read at each scrape): 0 before the warm-up succeeded, while the "
-            "backend fails (HTMLLM_UNREADY_AFTER_FAILURES) or a pass has stalled, and once shutdown began",
+            "backend fails (HTMLLM_UNREADY_AFTER_FAILURES), a pass has stalled or no preprocessing process "
+            "can start, and once shutdown began",
             registry=r,
         )
         self.backend_failures = Gauge(

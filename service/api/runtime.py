@@ -333,8 +333,11 @@ class Runtime:
         (the next failure, days later, adding to it) and `htmllm_backend_consecutive_failures`, whose
         alert paged for as long as the pod stayed idle. /ready and the /metrics scrape call it, so the
         count follows the clock of the probes and scrapes, not only the model's traffic. A check that
-        fails counts, as a probe's failure does: an idle pod whose backend broke goes unready."""
-        if self.engine is None:
+        fails counts, as a probe's failure does: an idle pod whose backend broke goes unready. Never
+        during an outage (a model process dead or being started again): a pass then starts the process
+        again, which `backend_trouble`'s probes do at /ready's pace, and a scrape had restarted a
+        process that could not start every 5 s, logged as failed checks."""
+        if self.engine is None or self.engine.outage is not None:
             return
         health = self.engine.health
         last = health.last_failed_at

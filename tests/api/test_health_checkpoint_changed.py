@@ -131,3 +131,38 @@ async def test_a_checkpoint_gone_under_a_dead_child_is_retried_before_health_giv
         (tmp_path / "gone").rename(served)
         await ready_until(client, 200, "once the checkpoint is back")
         assert (await client.get("/health")).status_code == 200 and runner.outage() is None
+
+
+async def test_a_scrape_starts_no_check_pass_while_the_child_cannot_be_started(
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A check pass is for a backend that serves after a failure; during an outage a pass starts the child
+    again. A review's scrapes alone restarted a child that could not start every 5 s, each logged as a
+    failed check (/ready's probes retry an outage, at their pace, as documented)."""
+    monkeypatch.setattr(runtime_module, "PROBE_INTERVAL_S", 0.0)
+    served = tmp_path / "served"
+    shutil.copytree(tiny_checkpoint, served)
+    app = create_app(tiny_settings(served, inference_process=True, intra_op_threads=1))
+    async with serving(app) as client:
+        await ready_until(client, 200, "after the warm-up")
+        runtime = app.state.runtime
+        runner = runtime.engine._runner
+        assert isinstance(runner, ProcessRunner)
+        meta = read_meta(served)
+        spec = HeadSpec(name="tld", kind="classification", labels=["com", "org"], hidden=16)
+        save_heads(served, {spec.name: (spec, TaskHead(spec, meta.embedding_dim))})
+        _kill(runner)
+        await until_async(_restart_failed(runner), "the restart refused")
+        # The child died in a pass: one failed pass, below /ready's threshold.
+        runtime.engine._batcher._pass_failed("the inference process exited (exit code -9)")
+        checks: list[bool] = []
+        start_probe = runtime._start_probe
+
+        def spied(*, check: bool = False) -> None:
+            checks.append(check)
+            start_probe(check=check)
+
+        monkeypatch.setattr(runtime, "_start_probe", spied)
+        for _ in range(3):
+            assert (await client.get("/metrics")).status_code == 200
+        assert True not in checks, checks
