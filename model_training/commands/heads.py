@@ -226,10 +226,13 @@ def _edit(command: str, checkpoint: Path, edit: Callable[[], str]) -> int:
     """Run a remove or rename (`edit`, which says what it did) with the card rewritten under the same
     lock: exit status 0; 2 for a head name refused (no such head, a new name taken or not allowed), as
     for any other misuse of the command line; 1 for a checkpoint that cannot be read or written."""
+    from service.core.checkpoint_path import check_checkpoint_path
     from service.core.errors import ErrorCode, HtmllmError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     try:
+        # A training run's folder is pointed to its `model/`, as `heads train` points it.
+        check_checkpoint_path(Path(checkpoint), "--checkpoint")
         with _changing_heads(checkpoint):
             done = edit()
     except HtmllmError as exc:

@@ -39,7 +39,7 @@ from service.core.checkpoint_format import (
 )
 from service.core.errors import CheckpointError, ErrorCode
 from service.core.heads_stage import HEADS_DIR, META_FILE, commit_locked, finish_locked, heads_lock
-from service.core.modeling import HeadSpec
+from service.core.modeling import MAX_HEAD_NAME_BYTES, HeadSpec
 
 # A head file's safetensors metadata: the head it holds, and a probe of the encoder it was fit on: its
 # 2-D tensors (every file that records a probe), and its 1-D ones (LayerNorm weights; in files written
@@ -75,6 +75,10 @@ def new_head_name_problem(name: str) -> str | None:
     refuses, and `htmllm embed` then refused the checkpoint while the service served it)."""
     if not _NEW_HEAD_NAME.fullmatch(name):
         return "a head name must be ASCII letters, digits, '_' and '-'"
+    if len(name) > MAX_HEAD_NAME_BYTES:  # ASCII by now: a byte a letter
+        # `HeadSpec`'s own rule, which had refused it only once every page was embedded (`heads train`),
+        # or as a traceback (`heads rename`).
+        return f"a head name is at most {MAX_HEAD_NAME_BYTES} characters (its file's name), not {len(name)}"
     if name in RESERVED_HEAD_NAMES:
         return (
             f"a head writes the `htmllm embed` column of its name, and the column {name!r} is one every "
@@ -412,10 +416,23 @@ def rename_head(path: str | Path, old: str, new: str) -> None:
         listed = [spec.name for spec in meta.heads]
         if old not in listed:
             raise _unknown(root, old, listed)
-        if new in listed or new in _files_in_heads(root):
+        if new == old:
+            raise CheckpointError(f"head {old!r} is called so already", code=ErrorCode.VALIDATION)
+        # Another head's name, or one that differs from it only in case: on a case-insensitive file
+        # system (macOS, a Windows share) both would be one file, and completing a stage again after a
+        # kill would unlink the file just moved in.
+        names = {*listed, *_files_in_heads(root)}
+        if new in names:
             raise CheckpointError(
                 f"checkpoint {root} has a head {new!r} already: remove it first (`htmllm heads remove`), or "
                 "choose another name",
+                code=ErrorCode.VALIDATION,
+            )
+        alike = next((name for name in sorted(names) if name.casefold() == new.casefold()), None)
+        if alike is not None:
+            raise CheckpointError(
+                f"head {new!r} differs from head {alike!r} only in case, which a case-insensitive file "
+                "system (macOS, a Windows share) holds as one file: choose another name",
                 code=ErrorCode.VALIDATION,
             )
         file = root / HEADS_DIR / f"{old}.safetensors"

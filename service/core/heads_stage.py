@@ -223,8 +223,10 @@ def commit_locked(
 
 def _removed(pending: Path) -> list[str]:
     """The heads whose files a committed stage removes: none where it has no removed.json (every stage
-    `save_heads` writes). Raises CheckpointError for a list that is not one of plain file names: a
-    name such as `../config` must never make a reader unlink a file outside heads/."""
+    `save_heads` writes). Raises CheckpointError for a list that is not one of plain file names (a
+    name such as `../config` must never make a reader unlink a file outside heads/), and for one naming
+    a head the stage's own htmllm.json keeps: no stage this code writes does, and completing it had
+    unlinked that head's weights for good, every later load failing on the missing file."""
     file = pending / REMOVED_FILE
     try:
         text = file.read_text(encoding="utf-8")
@@ -242,8 +244,27 @@ def _removed(pending: Path) -> list[str]:
         isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\0" not in name
         for name in names
     ):
-        raise CheckpointError(f"{file} is not a list of head names (a hand edit, or a corrupt file)")
+        raise CheckpointError(f"{file} is not a list of head names (a hand edit, or a corrupt file){_DROP}")
+    kept = _staged_heads(pending)
+    if kept is None or kept & set(names):
+        keeps = "cannot be read" if kept is None else f"keeps {sorted(kept & set(names))}"
+        raise CheckpointError(
+            f"{file} removes heads its stage's {META_FILE} {keeps}: nothing was removed{_DROP}"
+        )
     return names
+
+
+# What a stage that cannot be completed leaves its owner to do: nothing of it is moved before its list.
+_DROP = f"; delete {HEADS_DIR}/{PENDING_DIR} to keep the checkpoint as it was before the stage"
+
+
+def _staged_heads(pending: Path) -> set[str] | None:
+    """The head names a committed stage's htmllm.json lists, or None where it cannot be read as one."""
+    try:
+        meta = json.loads((pending / META_FILE).read_text(encoding="utf-8"))
+        return {str(head["name"]) for head in meta.get("heads", [])}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
 
 
 @dataclass(frozen=True)

@@ -187,7 +187,13 @@ def test_unknown_heads_and_taken_or_refused_names_are_refused_and_nothing_change
     _refused(unknown, lambda: rename_head(ckpt, "topic", "kind"), "has no head 'topic'")
     _refused(unknown, lambda: rename_head(ckpt, "stray", "kind"), "has no head 'stray'")  # unlisted
     _refused(invalid, lambda: rename_head(ckpt, "quality", "page_type"), "has a head 'page_type' already")
-    _refused(invalid, lambda: rename_head(ckpt, "quality", "quality"), "has a head 'quality' already")
+    # Its own name: "remove it first" had advised removing the head being renamed.
+    _refused(invalid, lambda: rename_head(ckpt, "quality", "quality"), "is called so already")
+    # A name only a case apart from a head's: one file on a case-insensitive file system.
+    _refused(invalid, lambda: rename_head(ckpt, "quality", "Page_Type"), "differs from head 'page_type' only")
+    _refused(invalid, lambda: rename_head(ckpt, "quality", "Quality"), "differs from head 'quality' only")
+    # Past a file name's length: HeadSpec's rule, which had been a traceback from deep inside.
+    _refused(invalid, lambda: rename_head(ckpt, "quality", "x" * 201), "at most 200 characters")
     _refused(invalid, lambda: rename_head(ckpt, "quality", "stray"), "has a head 'stray' already")
     _refused(invalid, lambda: rename_head(ckpt, "quality", "q.v2"), "ASCII letters")
     _refused(invalid, lambda: rename_head(ckpt, "quality", "embedding"), "column 'embedding'")
@@ -264,3 +270,16 @@ def test_a_stage_naming_a_file_outside_heads_is_refused_and_removes_nothing(ckpt
     with pytest.raises(CheckpointError, match=r"removed\.json is not a list of head names"):
         load_checkpoint(ckpt)
     assert (ckpt / "model.safetensors").is_file()
+
+
+def test_a_stage_removing_a_head_its_own_htmllm_json_keeps_is_refused_and_removes_nothing(ckpt: Path) -> None:
+    """Completing it had unlinked the head's weights for good: every later load failed on the file."""
+    pending = ckpt / "heads" / ".pending"
+    pending.mkdir()
+    shutil.copyfile(ckpt / "htmllm.json", pending / "htmllm.json")
+    (pending / "removed.json").write_text(json.dumps(["quality"]), encoding="utf-8")
+    with pytest.raises(CheckpointError, match=r"removes heads its stage's htmllm\.json keeps \['quality'\]"):
+        load_checkpoint(ckpt)
+    assert (ckpt / "heads" / "quality.safetensors").is_file()
+    shutil.rmtree(pending)  # what the message says to do
+    assert [spec.name for spec in load_checkpoint(ckpt).meta.heads] == ["page_type", "quality"]

@@ -58,6 +58,7 @@ def test_remove_and_rename_change_the_heads_and_the_card(
         (["rename", "quality", "page_type"], 2, "validation_error: checkpoint {ckpt} has a head 'page_type'"),
         (["rename", "quality", "embedding"], 2, "validation_error: head 'embedding'"),
         (["rename", "quality", "q v2"], 2, "validation_error: head 'q v2': a head name must be ASCII"),
+        (["rename", "quality", "x" * 201], 2, "validation_error: head 'xxx"),  # a traceback, exit 1
     ],
 )
 def test_a_refused_name_exits_2_and_changes_nothing(
@@ -78,8 +79,16 @@ def test_a_refused_name_exits_2_and_changes_nothing(
 def test_no_checkpoint_exits_1_and_makes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "missing"
     assert main(["heads", "remove", "--checkpoint", str(missing), "quality"]) == 1
-    assert f"checkpoint_invalid: {missing}/htmllm.json is missing" in capsys.readouterr().err
+    assert f"checkpoint_invalid: checkpoint directory {missing} does not exist" in capsys.readouterr().err
     assert not missing.exists()  # no heads/ nor lock file made for it
+
+
+def test_a_training_runs_folder_is_pointed_to_its_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    build_tiny_checkpoint(tmp_path / "run" / "model")
+    assert main(["heads", "remove", "--checkpoint", str(tmp_path / "run"), "quality"]) == 1
+    assert f"--checkpoint {tmp_path / 'run' / 'model'}" in capsys.readouterr().err
 
 
 def test_a_card_is_rewritten_under_the_lock_of_the_change_it_describes(
