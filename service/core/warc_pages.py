@@ -91,7 +91,7 @@ def iter_warc(path: Path) -> Iterator[Page]:
             return
         page_id = record.record_id or f"{path.name}@{offset}"
         where = f"{path}: record {page_id} at byte {offset}"
-        url = record.headers.get("WARC-Target-URI")
+        url = _target_uri(record.headers.get("WARC-Target-URI"))
         meta: dict[str, Any] = {
             "warc_file": valid_text(path.name),
             "warc_date": record.headers.get("WARC-Date"),
@@ -114,6 +114,15 @@ def iter_warc(path: Path) -> Iterator[Page]:
     problem = None if reported else tail_problem(path, offset)
     if problem is not None:
         yield _warc_error(path, offset, f"{path}: {problem}")
+
+
+def _target_uri(value: str | None) -> str | None:
+    """A WARC-Target-URI without the angle brackets WARC 1.0 wrote around it (`<http://example.org/a>`,
+    as wget writes every one; WARC 1.1 dropped them, and warcio strips them): kept, every page of a wget
+    crawl had its `url` in brackets, matching no URL list or CDX index."""
+    if value is not None and len(value) >= 2 and value.startswith("<") and value.endswith(">"):
+        return value[1:-1].strip()
+    return value
 
 
 def _warc_error(path: Path, offset: int, message: str, code: ErrorCode = ErrorCode.VALIDATION) -> Page:
@@ -144,7 +153,10 @@ def _warc_page(
     coding: str | None = None
     status: int | None = None  # an HTTP response's
     if record.record_type == WarcRecordType.response:
-        if not content_type.lower().startswith("application/http"):
+        # The WARC Content-Type is a SHOULD: a response without one whose block starts as an HTTP
+        # response is one (it had been passed over in silence); one typed otherwise is not (a DNS one).
+        untyped_http = not content_type and block.startswith(b"HTTP/")
+        if not (content_type.lower().startswith("application/http") or untyped_http):
             return None  # e.g. a DNS response
         http = _http_head(block, where)
         body = block[http.size :]

@@ -389,3 +389,19 @@ def test_a_response_without_a_body_or_content_type_is_an_empty_page(tmp_path: Pa
         "content_type": None,
     }
     assert [page.meta["http_status"] for page in pages.values()] == [301, 302, 304, 301]
+
+
+def test_a_bracketed_target_uri_and_an_untyped_http_response_are_read(tmp_path: Path) -> None:
+    """wget writes every WARC-Target-URI in WARC 1.0's angle brackets, which had stayed in each page's
+    `url`; a response record without a WARC Content-Type (a SHOULD) whose block is an HTTP response had
+    been passed over in silence."""
+    page = b"<html><body><p>a page</p></body></html>"
+    path = tmp_path / "wget.warc"
+    path.write_bytes(
+        response("wget", HttpResponse(page, "text/html"), "<http://example.org/a>")
+        + warc_record("untyped", HttpResponse(page, "text/html").block(), content_type="")
+        + warc_record("dns", b"example.org. 60 IN A 192.0.2.1\r\n", uri="dns:example.org", content_type="")
+    )
+    wget, untyped = iter_pages(path, bad_rows="report")
+    assert wget.url == "http://example.org/a" and wget.error is None
+    assert untyped.id == "<urn:uuid:untyped>" and untyped.html == page and untyped.meta["http_status"] == 200
