@@ -85,6 +85,31 @@ class CodeStamp:
         )
 
 
+@dataclass
+class PacedProbe:
+    """A probe run in the background (the backend's pass, a page through the preprocessing processes):
+    one at a time, at most every PROBE_INTERVAL_S, so that /ready and the scrapes calling for it often
+    start it seldom."""
+
+    task: asyncio.Task[None] | None = None
+    started_at: float | None = None
+
+    def start(self, probe: Callable[[], Awaitable[None]]) -> None:
+        """Start `probe()` unless one runs or one started within PROBE_INTERVAL_S."""
+        if self.task is not None and not self.task.done():
+            return
+        now = time.monotonic()
+        if self.started_at is not None and now - self.started_at < PROBE_INTERVAL_S:
+            return
+        self.started_at = now
+        self.task = asyncio.ensure_future(probe())
+
+    async def cancel(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+
+
 class BodyReaders:
     """The requests waiting for more of their body, so that shutdown can answer them in time.
 
@@ -192,15 +217,13 @@ class Runtime:
     # What the probes measure ages with: `time.monotonic`, the engine's clock (tests move it on).
     clock: Callable[[], float] = time.monotonic
     _cutoff: asyncio.Task[None] | None = None
-    _probe: asyncio.Task[None] | None = None
-    _probed_at: float | None = None
+    _probe: PacedProbe = field(default_factory=PacedProbe)  # the backend's passes
     _stall_logged: bool = False  # /ready has logged a stalled pass and not yet its end
     # The code as the server started with it (`CodeStamp`): looked at again only while a process that
     # imports it anew cannot start (`code_changes`), and what it found, once it found a change.
     code: CodeStamp = field(default_factory=CodeStamp.of_service)
     _code_changes: list[str] | None = None
-    _pool_probe: asyncio.Task[None] | None = None
-    _pool_probed_at: float | None = None
+    _pool_probe: PacedProbe = field(default_factory=PacedProbe)  # a page through the preprocessing pool
     _pool_logged: bool = False  # the preprocessing processes' trouble has been logged, its end not yet
     _restart_logged: bool = False  # /health has logged that only a restart cures the server
 
@@ -455,15 +478,10 @@ class Runtime:
     def _start_probe(self, *, check: bool = False) -> None:
         # Not before the warm-up succeeded: its retries already exercise the backend, and a probe's
         # three-token success would only end the failure count they keep.
-        if self.engine is None or self.stopping or not self.started or not self.ready:
+        engine = self.engine
+        if engine is None or self.stopping or not self.started or not self.ready:
             return
-        if self._probe is not None and not self._probe.done():
-            return
-        now = time.monotonic()
-        if self._probed_at is not None and now - self._probed_at < PROBE_INTERVAL_S:
-            return
-        self._probed_at = now
-        self._probe = asyncio.ensure_future(self._run_probe(self.engine, check))
+        self._probe.start(lambda: self._run_probe(engine, check))
 
     async def _run_probe(self, engine: Engine, check: bool) -> None:
         kind = "check" if check else "probe"
@@ -477,15 +495,10 @@ class Runtime:
     def _start_pool_probe(self) -> None:
         """A probe page through the preprocessing processes (`Engine.probe_preprocessing`), as
         `_start_probe` starts a pass: after the warm-up, one at a time, at most every PROBE_INTERVAL_S."""
-        if self.engine is None or self.stopping or not self.started or not self.ready:
+        engine = self.engine
+        if engine is None or self.stopping or not self.started or not self.ready:
             return
-        if self._pool_probe is not None and not self._pool_probe.done():
-            return
-        now = time.monotonic()
-        if self._pool_probed_at is not None and now - self._pool_probed_at < PROBE_INTERVAL_S:
-            return
-        self._pool_probed_at = now
-        self._pool_probe = asyncio.ensure_future(self._run_pool_probe(self.engine))
+        self._pool_probe.start(lambda: self._run_pool_probe(engine))
 
     async def _run_pool_probe(self, engine: Engine) -> None:
         try:
@@ -497,9 +510,7 @@ class Runtime:
 
     async def cancel_probe(self) -> None:
         for probe in (self._probe, self._pool_probe):
-            if probe is not None:
-                probe.cancel()
-                await asyncio.gather(probe, return_exceptions=True)
+            await probe.cancel()
 
     def begin_shutdown(self) -> None:
         """Start the drain clock (on the first SIGTERM), so the whole shutdown fits in one drain timeout.

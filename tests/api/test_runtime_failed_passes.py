@@ -92,7 +92,7 @@ async def test_a_failed_pass_on_an_idle_pod_is_checked_and_stops_counting(
 
         # Within PROBE_INTERVAL_S of the failure the traffic decides: no check yet.
         assert (await client.get("/ready")).status_code == 200
-        assert runtime._probe is None and engine.health.failures == 1
+        assert runtime._probe.task is None and engine.health.failures == 1
 
         later = time.monotonic() + runtime_module.PROBE_INTERVAL_S
         runtime.clock = lambda: later  # the pod stays idle: no request comes
@@ -105,7 +105,7 @@ async def test_a_failed_pass_on_an_idle_pod_is_checked_and_stops_counting(
         await _failed_request(client, backend)
         assert engine.health.failures == 2
         # The scrape alone checks too (a pod without a readiness probe, its alert read from the gauge).
-        runtime._probed_at = None  # the check above was moments ago: let the next one start at once
+        runtime._probe.started_at = None  # the check above was moments ago: let the next one start at once
         later = time.monotonic() + runtime_module.PROBE_INTERVAL_S
         runtime.clock = lambda: later
         await client.get("/metrics")
