@@ -2,7 +2,10 @@
 (`HTMLLM_API_KEY`, `HTMLLM_API_KEY_FILE`: see `service.api.api_keys`).
 
 Probes and scrapers (`/health`, `/ready`, `/metrics`) and the documentation stay open, so a
-Kubernetes probe or Prometheus needs no secret.
+Kubernetes probe or Prometheus needs no secret. A model route's path needs the key whatever the method
+(a wrong one, a CONNECT to it or to `/` included), except where an open route takes the method there
+(`GET /`, the liveness probe beside TEI's `POST /`): a 405 with its `Allow` had told a client without a
+key which model routes exist.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.security.utils import get_authorization_scheme_param
+from starlette.routing import Match, Route, compile_path
 from starlette.types import Scope
 
 from service.api.api_keys import ApiKeys
+from service.api.errors import ROUTES_STATE
 from service.api.runtime import RuntimeDep
 from service.core.errors import ErrorCode, HtmllmError
 
@@ -38,18 +43,46 @@ def key_refusal(keys: ApiKeys, authorization: str | None) -> HtmllmError | None:
 
 
 def key_gate(keys: ApiKeys, routes: Collection[tuple[str, str]]) -> Callable[[Scope], HtmllmError | None]:
-    """`key_refusal` for a request to one of `routes` ((method, path): the model routes; a wrong method
-    stays a 405), from its ASGI scope: the body limit asks it before it reads a byte of the body, so
+    """`key_refusal` for a request to the path of one of `routes` ((method, path): the model routes,
+    a path as the route declares it), whatever its method, unless an open route takes it there
+    (`_taken_openly`), from its ASGI scope. The body limit asks it before it reads a byte of the body, so
     that a client without a key cannot make the server read, decode and hold its bodies (16 MB each, up
-    to the in-flight budget, which keyed clients then find full) only to be told 401."""
+    to the in-flight budget, which keyed clients then find full) only to be told 401; and before
+    routing, so that a wrong method's 405 (with its `Allow`) does not confirm a model route's name."""
+    exact = frozenset(routes)
+    paths = frozenset(path for _, path in routes if "{" not in path)
+    # (the model lookup's `/v1/models/{model_id:path}`: matched as its route matches it)
+    patterns = [compile_path(path)[0] for path in sorted({path for _, path in routes if "{" in path})]
 
     def refusal(scope: Scope) -> HtmllmError | None:
-        if not keys.enabled or (scope["method"], scope["path"]) not in routes:
+        if not keys.enabled:
             return None
+        if (scope["method"], scope["path"]) not in exact:
+            path = scope["path"]
+            if path not in paths and not any(pattern.match(path) for pattern in patterns):
+                return None
+            if _taken_openly(scope, exact):
+                return None
         raw = next((value for name, value in scope["headers"] if name == b"authorization"), None)
         return key_refusal(keys, None if raw is None else raw.decode("latin-1"))
 
     return refusal
+
+
+def _taken_openly(scope: Scope, keyed: Collection[tuple[str, str]]) -> bool:
+    """Whether a route that needs no key (none of its methods `keyed`) takes the request of `scope`, at a
+    model route's path: `GET /`, the probe. The app's routes are those a 405's `Allow` is computed from
+    (`service.api.errors`); an app that registered none leaves routing to answer, as before."""
+    app_routes = getattr(getattr(scope.get("app"), "state", None), ROUTES_STATE, None)
+    if app_routes is None:
+        return True
+    return any(
+        isinstance(route, Route)
+        and route.methods
+        and not any((method, route.path) in keyed for method in route.methods)
+        and route.matches(scope)[0] is Match.FULL
+        for route in app_routes
+    )
 
 
 async def require_api_key(

@@ -72,6 +72,17 @@ one decided the body's decoding. They are dropped, counted against `MAX_HEAD_BYT
 past it, the request refused as for a malformed body): httptools buffered an endless trailer value
 without bound, copying it whole at each read. A trailer `Connection` changes nothing either: llhttp
 acted on a `close` there and dropped, silently, every byte the connection brought after the request.
+A chunk's size line (its chunk extensions, which llhttp reads without a callback) is bounded the same
+way: an endless one had been read at the client's pace until the body stalled.
+
+A close that waits for answers the client has not read (a refusal's lingering close, the keep-alive
+timeout, the client's half-close) is bounded too: a transport closes only once its buffer drains, and
+below its high-water mark no write timer ran, so a client that read nothing held its socket for as long
+as it stayed; it is aborted after `head_timeout_s` in which it read none of them. The pipeline cap's 429
+carries `Retry-After` (`retry_after_s`), as every other 429 does. And a request of an HTTP version other
+than 1.0 or 1.1 (llhttp takes 0.9, a request line without a version among them, and 2.0; uvicorn answered
+them as 1.1), or HTTP/2's preface, is answered 505 in plain text, as uvicorn's 400 for bytes that are
+no HTTP/1.x request is.
 """
 
 from __future__ import annotations
@@ -85,7 +96,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from service.api.connections import CONNECTION_KEY, PROTOCOL_STATUS_KEY, ConnectionAge
-from service.api.errors import STATUS
+from service.api.errors import RETRYABLE, STATUS
 from service.core.errors import ErrorCode
 
 # The most bytes of a request's head buffered before it is refused: 4x h11's default in uvicorn, room
@@ -122,18 +133,32 @@ MAX_PIPELINED = 64
 # HTMLLM_HEAD_TIMEOUT_S), so that no protocol is unbounded by omission: uvicorn's keep-alive timer does not
 # bound a connection that trickles bytes (it is cancelled on every read, armed again only after an answer).
 DEFAULT_HEAD_TIMEOUT_S = 30.0
-_REASONS = {408: "Request Timeout", 429: "Too Many Requests", 431: "Request Header Fields Too Large"}
+# `Retry-After` on the pipeline cap's 429 for a protocol made without one: `Settings.retry_after_s`'s
+# default (HTMLLM_RETRY_AFTER_S), as every other 429 of the service carries.
+DEFAULT_RETRY_AFTER_S = 1
+# The HTTP versions served. llhttp also takes 0.9 (a request line without a version reads as one) and 2.0
+# (`PRI * HTTP/2.0`, HTTP/2's preface, among them), and uvicorn answered both as HTTP/1.1.
+_VERSIONS = frozenset(("1.0", "1.1"))
+_REASONS = {
+    408: "Request Timeout",
+    429: "Too Many Requests",
+    431: "Request Header Fields Too Large",
+    505: "HTTP Version Not Supported",
+}
 
 
-def _error_answer(code: ErrorCode, message: str) -> bytes:
+def _error_answer(code: ErrorCode, message: str, retry_after_s: int | None = None) -> bytes:
     """A whole HTTP/1.1 answer with the service's error body, closing the connection: for what the
-    parser refuses before any request exists."""
+    parser refuses before any request exists. `Retry-After` for a code a client may retry after waiting,
+    as `service.api.errors.error_response` gives one."""
     body = json.dumps({"error": {"code": code.value, "message": message}}).encode()
     status = STATUS[code]
+    retry = f"retry-after: {retry_after_s}\r\n" if code in RETRYABLE and retry_after_s is not None else ""
     head = (
         f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
         "content-type: application/json\r\n"
         f"content-length: {len(body)}\r\n"
+        f"{retry}"
         "connection: close\r\n\r\n"
     )
     return head.encode("ascii") + body
@@ -157,9 +182,16 @@ def _trailer_too_large_response() -> bytes:
     )
 
 
-def _too_many_pipelined_response() -> bytes:
+def _size_line_too_large_response() -> bytes:
+    return _error_answer(
+        ErrorCode.HEADERS_TOO_LARGE,
+        f"a chunk's size line (its chunk extensions) in the chunked body exceeds {MAX_HEAD_BYTES} bytes",
+    )
+
+
+def _too_many_pipelined_response(retry_after_s: int | None) -> bytes:
     message = f"too many pipelined requests: at most {MAX_PIPELINED} may wait behind the one being answered"
-    return _error_answer(ErrorCode.OVERLOADED, message + "; send the rest on a new connection")
+    return _error_answer(ErrorCode.OVERLOADED, message + "; send the rest on a new connection", retry_after_s)
 
 
 def _head_without_offer(method: bytes, url: bytes, version: str, headers: list[tuple[bytes, bytes]]) -> bytes:
@@ -224,11 +256,15 @@ class _LingeringClose:
         self._close()
 
 
-def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> type[asyncio.Protocol] | str:
+def protocol_class(
+    head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S, retry_after_s: int | None = DEFAULT_RETRY_AFTER_S
+) -> type[asyncio.Protocol] | str:
     """uvicorn's `http` setting: the bounded httptools protocol, or "h11" where httptools is missing.
-    `head_timeout_s`: how long a connection may take to send a request's head, and how long bytes that
-    start no request may hold it (None: no limit, for tests; a client that never completes a head, or
-    trickles such bytes, then holds its connection without end)."""
+    `head_timeout_s`: how long a connection may take to send a request's head, how long bytes that
+    start no request may hold it, and how long a closing connection may wait for its client to read
+    what is still unsent (None: no limit, for tests; a client that never completes a head, or trickles
+    such bytes, then holds its connection without end). `retry_after_s`: the pipeline cap's 429's
+    `Retry-After` (HTMLLM_RETRY_AFTER_S; None: none)."""
     try:
         import httptools
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -292,6 +328,9 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
             self._trailer_new = False  # ... a size line parsed in the current read
             self._trailer_bytes = 0  # the reads counted against a trailer section still incomplete
             self._trailer_size = 0  # its fields parsed so far, as sent
+            self._size_line_open = False  # in a chunked body, before a chunk's size line is complete
+            self._size_line_new = False  # ... entered in the current read
+            self._size_line_bytes = 0  # the reads counted against a size line still incomplete
             self._write_timer: asyncio.TimerHandle | None = None  # armed while writing is paused
             self._write_left = 0  # the transport's buffer when the write timer was armed
 
@@ -334,6 +373,7 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
             self._head_size = 0
             self._offered_upgrade = False
             self._trailer_open = False
+            self._size_line_open = False
             if self._lenient_keep_alive:  # (for the request with the trailer `Connection` only)
                 self._set_lenient_keep_alive(False)
             self._arm_head_timer()
@@ -364,6 +404,7 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
                 self.parser.set_dangerous_leniencies(lenient_keep_alive=lenient)
 
         def on_chunk_header(self) -> None:
+            self._size_line_open = False
             self._trailer_open = True
             self._trailer_new = True
             self._trailer_bytes = 0
@@ -371,6 +412,16 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
 
         def on_chunk_complete(self) -> None:
             self._trailer_open = False
+            self._open_size_line()  # (the next chunk's; after the last one, the message completes)
+
+        def _open_size_line(self) -> None:
+            """A chunk's size line begins: llhttp reads its chunk extensions (`5;name=value`) and gives
+            no callback until the line ends, so an endless one was read, at the client's pace, until
+            the body stalled (no byte of it for 10 s); it is counted as a trailer section is, in whole
+            reads (`data_received`), against `MAX_HEAD_BYTES`."""
+            self._size_line_open = True
+            self._size_line_new = True
+            self._size_line_bytes = 0
 
         def _stop(self, answer: bytes, status: int) -> NoReturn:
             """Stop the parse from a callback: `data_received` refuses with `answer` (of `status`)."""
@@ -384,17 +435,21 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
             request_line = len(method) + len(self.url) + len("HTTP/") + len(version) + 4
             if request_line + self._head_size + 2 > MAX_HEAD_BYTES:  # (no request yet)
                 self._stop(_head_too_large_response(), STATUS[ErrorCode.HEADERS_TOO_LARGE])
+            if version not in _VERSIONS:  # (no request yet)
+                self._stop(self._version_refusal(version), 505)
             if self.parser.should_upgrade():  # (set before this callback; llhttp stops after it)
                 self._offered_upgrade = True  # no request yet: `data_received` gives the head again
                 return
             if len(self.pipeline) >= MAX_PIPELINED:  # (no request yet: it is never queued)
-                self._stop(_too_many_pipelined_response(), STATUS[ErrorCode.OVERLOADED])
+                self._stop(_too_many_pipelined_response(retry_after_s), STATUS[ErrorCode.OVERLOADED])
             self._begin_request(_declared_body(self.headers))
 
         def _begin_request(self, body_left: int | None) -> None:
             """Start (or queue behind the requests before it) the request whose head was just parsed,
             with `body_left` bytes of body to come (None: chunked)."""
             self._body_left = body_left
+            if body_left is None:  # (chunked: its first chunk's size line comes next)
+                self._open_size_line()
             self._keeps_alive = self.parser.should_keep_alive()
             self._requests += 1
             age = ConnectionAge(opened=self._opened, request=self._requests)
@@ -416,7 +471,7 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
             if self._refusal is None and unread:
                 self._linger_left = _LINGER_BYTES
             elif self._refusal is None:
-                self.transport.close()
+                self._close()
                 return
             self._refusal = b""
             self._linger()
@@ -429,6 +484,7 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
                 super().on_body(body)
 
         def on_message_complete(self) -> None:
+            self._size_line_open = False
             if not self._offered_upgrade:  # (llhttp ends an upgrading request at its head)
                 super().on_message_complete()
 
@@ -438,12 +494,17 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
                 return
             self._began_in_chunk = False
             self._trailer_new = False
+            self._size_line_new = False
             self._unset_keepalive_if_required()
             try:
                 self.parser.feed_data(data)
             except httptools.HttpParserError:
                 if self._stopped is not None:
                     self._refuse(*self._stopped)
+                    return
+                if self.parser.get_method() == b"PRI" and self.parser.get_http_version() == "2.0":
+                    # HTTP/2's connection preface (prior knowledge): llhttp stops at it, before any head.
+                    self._refuse(self._version_refusal("2.0"), 505)
                     return
                 if len(self.url) > _MAX_URL_BYTES:  # (a URL uvicorn cannot parse)
                     self._refuse_head_too_large()
@@ -462,6 +523,11 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
                 # so such a connection was held without end. The head timer bounds it (not moved by later
                 # reads); a head that follows completes in time or is refused as any other.
                 self._arm_head_timer()
+            if self._size_line_open and not self._size_line_new:  # (a whole read of one size line)
+                self._size_line_bytes += len(data)
+                if self._size_line_bytes > MAX_HEAD_BYTES:
+                    self._refuse(_size_line_too_large_response(), STATUS[ErrorCode.HEADERS_TOO_LARGE])
+                return
             if self._trailer_open and not self._trailer_new:  # (a whole read of a trailer section)
                 self._trailer_bytes += len(data)
                 if self._trailer_bytes > MAX_HEAD_BYTES:
@@ -479,12 +545,23 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
         def send_400_response(self, msg: str) -> None:
             """uvicorn's plain-text 400, through `_refuse`: after the answers before it, and with a
             lingering close (a bad head with a large body behind it lost its 400 to a reset)."""
-            content = [b"HTTP/1.1 400 Bad Request\r\n"]
+            self._refuse(self._plain_answer(400, msg), 400)
+
+        def _version_refusal(self, version: str) -> bytes:
+            """505 for a request of an HTTP version other than 1.x (RFC 9110 section 15.6.6)."""
+            without = " (or a request line without a version)" if version == "0.9" else ""
+            return self._plain_answer(505, f"HTTP/{version}{without} is not supported: send HTTP/1.1")
+
+        def _plain_answer(self, status: int, msg: str) -> bytes:
+            """A whole plain-text answer of `status`, closing the connection, as uvicorn writes its 400:
+            for bytes that are no HTTP/1.x request, whose client reads no JSON error body of ours."""
+            reason = "Bad Request" if status == 400 else _REASONS[status]
+            content = [b"HTTP/1.1 %d %s\r\n" % (status, reason.encode("ascii"))]
             for name, value in self.server_state.default_headers:  # (server, date)
                 content.append(name + b": " + value + b"\r\n")
             content.append(b"content-type: text/plain; charset=utf-8\r\n")
             content.append(b"content-length: %d\r\nconnection: close\r\n\r\n" % len(msg))
-            self._refuse(b"".join(content) + msg.encode("ascii"), 400)
+            return b"".join(content) + msg.encode("ascii")
 
         def _refuse(self, answer: bytes, status: int) -> None:
             """Answer `answer` (of `status`) and close, in turn: requests before it on the connection
@@ -570,7 +647,7 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
             self._lingering = True
             self.transport.write(self._refusal)
             if not self.transport.can_write_eof():
-                self.transport.close()
+                self._close()
                 return
             self.transport.write_eof()
             self.flow.resume_reading()
@@ -591,8 +668,42 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
 
         def _end_linger(self) -> None:
             self._linger_timer = None
+            self._close()
+
+        def _close(self) -> None:
+            """Close the connection, its unsent answers bounded (`_bound_close`)."""
             if not self.transport.is_closing():
                 self.transport.close()
+            self._bound_close()
+
+        def _bound_close(self) -> None:
+            """A closing transport waits for its write buffer to drain before it lets the socket go, for
+            ever where the client reads nothing; below the buffer's high-water mark no write timer runs
+            (`pause_writing`), so a client that never read (a refusal after answers that filled the
+            kernel's buffers, a keep-alive timeout, its own half-close) held its socket for as long as
+            it stayed (tests/api/test_http_protocol_unread_close.py). The write timer bounds it: aborted
+            after `head_timeout_s` in which the client read none of it."""
+            if head_timeout_s is None or self._write_timer is not None or not self.transport.is_closing():
+                return
+            try:
+                unsent = self.transport.get_write_buffer_size()
+            except NotImplementedError:  # (asyncio's base class: a transport that keeps no buffer)
+                return
+            if unsent:
+                self._write_left = unsent
+                self._write_timer = self.loop.call_later(head_timeout_s, self._write_timed_out)
+
+        def timeout_keep_alive_handler(self) -> None:
+            self._close()
+
+        def shutdown(self) -> None:
+            super().shutdown()  # (closes an idle connection)
+            self._bound_close()
+
+        def eof_received(self) -> None:
+            """The client's FIN: its leaving (the module's docstring). The transport closes once this
+            returns, bounded here as any other close."""
+            self._close()
 
         def _give_head_again(self, rest: bytes) -> None:
             """Parse the head just read again without its offer to switch protocols, then `rest` (the
@@ -617,7 +728,7 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
                 self.send_400_response(_INVALID_REQUEST)
                 return
             if len(self.pipeline) >= MAX_PIPELINED:
-                self._refuse(_too_many_pipelined_response(), STATUS[ErrorCode.OVERLOADED])
+                self._refuse(_too_many_pipelined_response(retry_after_s), STATUS[ErrorCode.OVERLOADED])
                 self._drop(len(rest))
                 return
             self._offered_upgrade = False
@@ -645,6 +756,7 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
         def resume_writing(self) -> None:
             self._cancel_write_timer()
             super().resume_writing()
+            self._bound_close()  # (closing: what is left below the low-water mark is bounded too)
 
         def _cancel_write_timer(self) -> None:
             if self._write_timer is not None:
@@ -652,7 +764,8 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
                 self._write_timer = None
 
         def _write_timed_out(self) -> None:
-            """Writing paused for `head_timeout_s`. Where the client read some of the buffer meanwhile it
+            """Writing paused, or a close waiting for unsent answers (`_bound_close`), for `head_timeout_s`.
+            Where the client read some of the buffer meanwhile it
             gets another period: uvicorn writes an answer whole, so the buffer of a large answer stays over
             its high-water mark until nearly all of it is read, and a slow reader making progress had been
             cut off mid-answer. Where it read none, the connection is aborted (`connection_lost`), logged,
@@ -698,6 +811,6 @@ def protocol_class(head_timeout_s: float | None = DEFAULT_HEAD_TIMEOUT_S) -> typ
                 message += " (HTMLLM_HEAD_TIMEOUT_S)"
                 self._refuse(_error_answer(ErrorCode.HEAD_TIMEOUT, message), STATUS[ErrorCode.HEAD_TIMEOUT])
                 return
-            self.transport.close()
+            self._close()
 
     return BoundedHttpToolsProtocol

@@ -201,7 +201,7 @@ def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
         app,
         host=settings.host,
         port=settings.port,
-        http=protocol_class(settings.head_timeout_s),
+        http=protocol_class(settings.head_timeout_s, retry_after_s=settings.retry_after_s),
         # uvicorn's own default is 5 s, shorter than any load balancer's idle timeout (Settings).
         timeout_keep_alive=settings.keep_alive_timeout_s,
         log_level=settings.log_level,

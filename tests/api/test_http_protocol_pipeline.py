@@ -19,7 +19,9 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from service.api.http_protocol import MAX_PIPELINED
+from service.api.http_protocol import DEFAULT_RETRY_AFTER_S, MAX_PIPELINED, protocol_class
+from service.api.main import uvicorn_config
+from service.api.settings import Settings
 from tests.api.conftest import tiny_settings
 from tests.api.live import LiveServer, live_server
 from tests.api.protocol_harness import protocol_on_fake_transport
@@ -83,3 +85,27 @@ async def test_the_cap_counts_the_requests_queued_behind_the_running_one() -> No
         await until_async(lambda sent=transport: sent.closed, "the connection closed")
         assert _statuses(transport.written) == [b"200"] * (MAX_PIPELINED + 1) + [b"429"]
         assert started == ["/health"] * (MAX_PIPELINED + 1)
+
+
+@pytest.mark.parametrize("retry_after_s", [None, 7], ids=["default", "configured"])
+async def test_the_caps_429_says_when_to_retry(retry_after_s: int | None) -> None:
+    """Every other 429 of the service carries `Retry-After` (HTMLLM_RETRY_AFTER_S); the cap's, answered
+    from below the app, had none: a client had no pace to retry at. A protocol made without the setting
+    uses its default; the server's is made from the settings (`uvicorn_config`)."""
+    if retry_after_s is None:
+        protocol_type = protocol_class()
+    else:
+        protocol_type = uvicorn_config(object(), Settings(retry_after_s=retry_after_s)).http
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    protocol, transport = protocol_on_fake_transport(app, protocol_type=protocol_type)
+    protocol.data_received(_GET * (MAX_PIPELINED + 2))
+    await until_async(lambda sent=transport: sent.closed, "the connection closed")
+    assert _statuses(transport.written)[-1] == b"429", _statuses(transport.written)
+    head = transport.written[transport.written.rindex(b"HTTP/1.1 429 ") :].partition(b"\r\n\r\n")[0]
+    expected = Settings().retry_after_s if retry_after_s is None else retry_after_s
+    assert Settings().retry_after_s == DEFAULT_RETRY_AFTER_S
+    assert b"\r\nretry-after: %d\r\n" % expected in head, head

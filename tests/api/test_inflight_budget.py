@@ -130,12 +130,13 @@ def test_declared_bodies_to_routes_that_read_none_hold_nothing(tiny_checkpoint: 
 
 def test_a_model_route_refused_before_its_body_holds_nothing(tiny_checkpoint: Path) -> None:
     """With auth on, a model route's path without a key (401), with a wrong key (401), with a method it
-    does not take (405) or a trailing slash (404): answered without the body read or charged."""
+    does not take (401 without a key, as any method on its path) or a trailing slash (404): answered
+    without the body read or charged."""
     settings = tiny_settings(tiny_checkpoint, api_key=KEY)
     kinds = [
         (_head(b"POST /v1/embed HTTP/1.1", b"content-type: text/html"), 401),
         (_head(b"POST /v1/embed HTTP/1.1", b"content-type: text/html", b"authorization: Bearer no"), 401),
-        (_head(b"GET /v1/embed HTTP/1.1"), 405),
+        (_head(b"GET /v1/embed HTTP/1.1"), 401),
         (_head(b"POST /v1/embed/ HTTP/1.1", b"content-type: text/html"), 404),
     ]
     requests = [kinds[i % len(kinds)] for i in range(ATTACKERS)]
@@ -299,7 +300,7 @@ def test_an_unread_body_awaiting_100_continue_closes_its_connection(tiny_checkpo
     expected = [
         (b"GET /health HTTP/1.1", 200),
         (b"POST /v1/nope HTTP/1.1", 404),
-        (b"GET /v1/embed HTTP/1.1", 405),
+        (b"GET /v1/embed HTTP/1.1", 401),  # without a key, any method on a model route's path
         (b"POST /v1/embed HTTP/1.1", 401),
     ]
     next_request = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"

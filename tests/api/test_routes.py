@@ -668,7 +668,9 @@ async def test_api_key(settings_for: SettingsFactory) -> None:
             held.status_code == 401
             and "\nhtmllm_request_body_bytes_in_flight 0.0" in (await client.get("/metrics")).text
         )
-        assert (await client.get("/v1/embed")).status_code == 405  # a wrong method stays a 405
+        # A wrong method is the key's business first: no route name is confirmed without one.
+        assert (await client.get("/v1/embed")).status_code == 401
+        assert (await client.get("/v1/embed", headers={"authorization": "Bearer s3cret"})).status_code == 405
         keyed = {"authorization": "Bearer s3cret", "content-encoding": "snappy"}
         assert (await client.post("/v1/embed", content=b"x", headers=keyed)).status_code == 415
 
