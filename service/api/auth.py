@@ -48,7 +48,9 @@ def key_gate(keys: ApiKeys, routes: Collection[tuple[str, str]]) -> Callable[[Sc
     (`_taken_openly`), from its ASGI scope. The body limit asks it before it reads a byte of the body, so
     that a client without a key cannot make the server read, decode and hold its bodies (16 MB each, up
     to the in-flight budget, which keyed clients then find full) only to be told 401; and before
-    routing, so that a wrong method's 405 (with its `Allow`) does not confirm a model route's name."""
+    routing, so that a client without a key gets one answer on a model route's path whatever its method
+    (a wrong method's 405 had come first, with its `Allow`; the route list itself is public in
+    /openapi.json)."""
     exact = frozenset(routes)
     paths = frozenset(path for _, path in routes if "{" not in path)
     # (the model lookup's `/v1/models/{model_id:path}`: matched as its route matches it)
