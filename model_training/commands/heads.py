@@ -95,6 +95,7 @@ def check_columns(tasks: Sequence[Task], existing: Sequence[HeadSpec]) -> None:
     from model_training.evaluation.metrics import EvaluationError
     from service.commands.embed import head_columns
     from service.core.checkpoint import new_head_name_problem
+    from service.core.head_files import case_clash
 
     for task in tasks:
         problem = new_head_name_problem(task.spec.name)
@@ -104,6 +105,12 @@ def check_columns(tasks: Sequence[Task], existing: Sequence[HeadSpec]) -> None:
                 "task.json"
             )
     replaced = {task.spec.name for task in tasks}
+    alike = case_clash([*(spec.name for spec in existing if spec.name not in replaced), *replaced])
+    if alike is not None:  # as `save_heads` would refuse it, once every page was embedded
+        raise EvaluationError(
+            f"task {alike[1]!r} differs from head or task {alike[0]!r} only in case, one file on a "
+            "case-insensitive file system: rename the task in its task.json"
+        )
     taken: dict[str, str] = {}
     for spec in existing:
         if spec.name not in replaced:

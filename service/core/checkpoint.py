@@ -83,6 +83,7 @@ from service.core.head_files import HEAD_NAME_KEY as HEAD_NAME_KEY
 from service.core.head_files import RESERVED_HEAD_NAMES as RESERVED_HEAD_NAMES
 from service.core.head_files import EncoderProbe as EncoderProbe
 from service.core.head_files import (
+    case_clash,
     check_head_file,
     check_heads_encoder,
     head_metadata,
@@ -713,6 +714,12 @@ def _save_heads_locked(
     except (OSError, KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{config_file} gives no hidden_size: {cause(exc)}") from exc
     specs = {spec.name: spec for spec in meta.heads}
+    alike = case_clash([*(n for n in specs if n not in heads), *heads])
+    if alike is not None:
+        raise CheckpointError(
+            f"heads {alike[0]!r} and {alike[1]!r} differ only in case, which a case-insensitive file system "
+            "(macOS, a Windows share) holds as one file: rename one (`htmllm heads rename`)"
+        )
     for name, (spec, head) in heads.items():
         if name != spec.name or head.spec.name != spec.name:
             raise CheckpointError(f"head {name!r}: name, spec and module disagree")

@@ -87,6 +87,18 @@ def new_head_name_problem(name: str) -> str | None:
     return None
 
 
+def case_clash(names: Sequence[str]) -> tuple[str, str] | None:
+    """Two of `names` that differ only in case, or None: one file on a case-insensitive file system
+    (`heads/Language.safetensors` is `heads/language.safetensors` there), so a checkpoint holding both
+    loses one of them when it is copied to macOS or a Windows share."""
+    seen: dict[str, str] = {}
+    for name in names:
+        other = seen.setdefault(name.casefold(), name)
+        if other != name:
+            return other, name
+    return None
+
+
 @dataclass(frozen=True)
 class EncoderProbe:
     """An encoder's weights at the cells `probe_cells` and `vector_cells` name: what a head file
@@ -428,10 +440,10 @@ def rename_head(path: str | Path, old: str, new: str) -> None:
                 "choose another name",
                 code=ErrorCode.VALIDATION,
             )
-        alike = next((name for name in sorted(names) if name.casefold() == new.casefold()), None)
+        alike = case_clash([*sorted(names), new])
         if alike is not None:
             raise CheckpointError(
-                f"head {new!r} differs from head {alike!r} only in case, which a case-insensitive file "
+                f"head {new!r} differs from head {alike[0]!r} only in case, which a case-insensitive file "
                 "system (macOS, a Windows share) holds as one file: choose another name",
                 code=ErrorCode.VALIDATION,
             )

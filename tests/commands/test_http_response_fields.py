@@ -201,3 +201,21 @@ def test_an_extract_run_of_the_previous_row_format_is_not_resumed(
     expected = f"holds a run with other settings (row_format 6 -> {extract_command.ROW_FORMAT}); delete it"
     assert expected in capsys.readouterr().err
     assert not output.exists()
+
+
+def test_a_task_a_case_apart_from_a_head_or_task_is_refused_before_embedding() -> None:
+    """`save_heads` refuses it (one file on a case-insensitive file system), once every page was embedded."""
+    from model_training.commands.heads import check_columns
+    from model_training.evaluation.metrics import EvaluationError
+
+    def task(name: str) -> Any:
+        return cast(
+            Any, SimpleNamespace(spec=HeadSpec(name=name, kind="regression", hidden=16), path=Path(name))
+        )
+
+    kept = HeadSpec(name="quality", kind="regression", hidden=16)
+    with pytest.raises(EvaluationError, match="'Quality' differs from head or task 'quality' only in case"):
+        check_columns([task("Quality")], [kept])
+    with pytest.raises(EvaluationError, match="differs from head or task 'lang' only in case"):
+        check_columns([task("lang"), task("LANG")], [])
+    check_columns([task("quality")], [kept])  # the head retrained under its own name

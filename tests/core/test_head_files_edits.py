@@ -4,6 +4,7 @@ mount; refusals typed, and leaving the checkpoint as it was."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -283,3 +284,17 @@ def test_a_stage_removing_a_head_its_own_htmllm_json_keeps_is_refused_and_remove
     assert (ckpt / "heads" / "quality.safetensors").is_file()
     shutil.rmtree(pending)  # what the message says to do
     assert [spec.name for spec in load_checkpoint(ckpt).meta.heads] == ["page_type", "quality"]
+
+
+def test_a_head_saved_a_case_apart_from_another_is_refused(ckpt: Path) -> None:
+    """`Page_Type` beside `page_type`: one file on a case-insensitive file system (macOS, a Windows share),
+    so a copy there would lose one head. `heads rename` refused it; a save had not."""
+    meta = read_meta(ckpt)
+    spec = dataclasses.replace(meta.heads[0], name="Page_Type")
+    fingerprint = checkpoint_fingerprint(ckpt)
+    with pytest.raises(CheckpointError, match="'page_type' and 'Page_Type' differ only in case"):
+        save_heads(ckpt, {spec.name: (spec, TaskHead(spec, meta.embedding_dim))})
+    assert checkpoint_fingerprint(ckpt) == fingerprint
+    # Replacing the head under its own name is no clash.
+    same = meta.heads[0]
+    save_heads(ckpt, {same.name: (same, TaskHead(same, meta.embedding_dim))})
