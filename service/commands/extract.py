@@ -660,11 +660,13 @@ def _extract_all(
 
 @contextmanager
 def _open_in_place(path: str) -> Iterator[IO[str]]:
-    """Standard output for '-', else `path` opened for writing as it is (not a regular file)."""
+    """Standard output for '-', else `path` opened for writing as it is (not a regular file), through
+    its links as given: `/dev/stdout` into a pipe resolves to `/proc/<pid>/fd/pipe:[...]`, a name that
+    cannot be opened, where the link itself opens the pipe."""
     if path == "-":
         yield sys.stdout
         return
-    with Path(path).resolve().open("w", encoding="utf-8") as handle:
+    with Path(path).open("w", encoding="utf-8") as handle:
         yield handle
 
 
@@ -858,7 +860,9 @@ def run(args: argparse.Namespace) -> int:
     # Through a symlink: the link keeps pointing at the new output. Not a regular file (/dev/null, a
     # FIFO): written in place, never replaced, and so never resumed.
     target = None if args.output == "-" else Path(args.output).resolve()
-    in_place = target is None or (target.exists() and not target.is_file())
+    # Looked at through its links as given: `/dev/stdout` into a pipe resolves to a name that is not
+    # there, and had been taken for a new output file ("cannot write /dev/stdout").
+    in_place = target is None or (Path(args.output).exists() and not Path(args.output).is_file())
     # The run's own files (an output inside the input directory, its parts) are no pages of it.
     skip = None if target is None else own_files(Path(args.output))
     termination = Termination()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from service.cli import main
-from service.commands.extract import PIPE_CLOSED
+from service.commands.exits import PIPE_CLOSED
 from tests.factories.cli import ROOT, cli, cli_env
 
 
@@ -68,3 +68,15 @@ def test_a_closed_standard_output_is_one_line_before_any_page(
     source = _error_rows(tmp_path / "in.jsonl", 2)
     assert main(["extract", "--input", str(source), "--output", "-", "--workers", "1", "--no-progress"]) == 1
     assert capsys.readouterr().err == "htmllm extract: --output -: standard output is closed\n"
+
+
+def test_dev_stdout_into_a_pipe_is_written_in_place(tmp_path: Path) -> None:
+    """`--output /dev/stdout | cat`: resolved, the name is `/proc/<pid>/fd/pipe:[...]`, which is not there,
+    and the run had taken it for a new output file: "cannot write /dev/stdout", status 1."""
+    source = _error_rows(tmp_path / "in.jsonl", 3)
+    args = cli("extract", "--input", str(source), "--output", "/dev/stdout", "--workers", "1")
+    args.append("--no-progress")
+    ended = subprocess.run(args, cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert ended.returncode == 0, ended.stderr  # error rows are rows: the summary counts them
+    assert [json.loads(line)["id"] for line in ended.stdout.splitlines()] == ["r0", "r1", "r2"], ended.stderr
+    assert "cannot write" not in ended.stderr
