@@ -398,7 +398,8 @@ def _attempt(
         out = runner.run(name, text, language=language, timeout_s=_timeout_for(timeout_s, name))
         # What the runner's call took beyond the extraction (`RawOutput.elapsed_s`, timed where it ran):
         # the wait for an idle worker, a new worker's start-up (a first job's took a second), the pipe.
-        overhead = max(0.0, time.perf_counter() - sent - out.elapsed_s)
+        # A runner that does not time its extractions (a caller's own) has none: its whole call counts.
+        overhead = 0.0 if out.elapsed_s is None else max(0.0, time.perf_counter() - sent - out.elapsed_s)
         counts = text_counts(out.text)
         words = counts.words
         passed, score, reason = flt.judge(name, out.text, counts)

@@ -195,8 +195,9 @@ class RawOutput:
     text: str
     language: str | None = None
     # Seconds the extraction took in the process that ran it: a worker's start-up, the wait for one and
-    # the page's trip through the pipe are not the page's (`Attempt.elapsed_s`).
-    elapsed_s: float = 0.0
+    # the page's trip through the pipe are not the page's (`Attempt.elapsed_s`). None: not timed there (a
+    # caller's own `Runner`), so the whole call is the page's.
+    elapsed_s: float | None = None
 
 
 def visible_text(html: str) -> str:

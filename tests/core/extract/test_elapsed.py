@@ -7,7 +7,7 @@ import multiprocessing
 import time
 
 from service.core.extract import ExtractorPool, extract, extract_all
-from service.core.extract.extractors import run_extractor
+from service.core.extract.extractors import RawOutput, run_extractor
 from tests.core.test_extract import SENTENCES, page
 
 HTML = page("<article>" + "".join(f"<p>{s}</p>" for s in SENTENCES) + "</article>")
@@ -30,3 +30,23 @@ def test_a_first_job_s_elapsed_time_leaves_out_the_worker_s_start_up() -> None:
 def test_the_extraction_is_timed_where_it_runs() -> None:
     out = run_extractor("resiliparse", HTML)
     assert out.text and out.elapsed_s > 0
+
+
+class _OwnRunner:
+    """A caller's own runner, which builds its outputs without timing them, and takes at least
+    `_OWN_RUNNER_S` a call (a remote service, say)."""
+
+    def run(self, name: str, html: str, *, language: str | None, timeout_s: float | None) -> RawOutput:
+        time.sleep(_OWN_RUNNER_S)
+        out = run_extractor(name, html, language=language)
+        return RawOutput(out.text, out.language)
+
+
+_OWN_RUNNER_S = 0.05
+
+
+def test_a_runner_that_does_not_time_its_extractions_has_its_whole_call_counted() -> None:
+    # Its output had said 0 s taken, so the whole call counted as overhead, and the attempt as ~0 s.
+    result = extract(HTML, "resiliparse", runner=_OwnRunner())
+    (attempt,) = result.attempts
+    assert attempt.elapsed_s >= _OWN_RUNNER_S and result.elapsed_s >= attempt.elapsed_s
