@@ -105,7 +105,8 @@ def check_columns(tasks: Sequence[Task], existing: Sequence[HeadSpec]) -> None:
                 "task.json"
             )
     replaced = {task.spec.name for task in tasks}
-    alike = case_clash([*(spec.name for spec in existing if spec.name not in replaced), *replaced])
+    kept = [spec.name for spec in existing if spec.name not in replaced]
+    alike = case_clash([*kept, *(task.spec.name for task in tasks)])  # in order: the message names the later
     if alike is not None:  # as `save_heads` would refuse it, once every page was embedded
         raise EvaluationError(
             f"task {alike[1]!r} differs from head or task {alike[0]!r} only in case, one file on a "
