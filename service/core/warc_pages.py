@@ -20,8 +20,9 @@ whole for headers, its body lost with its Content-Type: the page was skipped, or
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -35,12 +36,13 @@ from service.core.pages import (
     PageCompressedError,
     PageSourceError,
     PageTooLargeError,
+    PageUnreadableError,
     declared_page,
     error_page,
     read_error,
     valid_text,
 )
-from service.core.warc_tail import tail_problem
+from service.core.warc_tail import skip_member, tail_problem
 
 if TYPE_CHECKING:
     from fastwarc.warc import WarcRecord
@@ -58,62 +60,107 @@ _BLANKS = " \t\r"
 
 def iter_warc(path: Path) -> Iterator[Page]:
     """The HTML pages of a WARC file in record order; a record that cannot be read is an error row, and
-    a file that cannot be read past some record ends with one (the framing after it is lost)."""
+    a file that cannot be read past some record ends with one (the framing after it is lost), but for a
+    gzip file with a member per record: its corrupt member is an error row, and reading goes on at the
+    next member that starts a record (`warc_tail.skip_member`)."""
+    start: int | None = 0
+    while start is not None:
+        start = yield from _iter_records(path, start)
+
+
+def _iter_records(path: Path, start: int) -> Generator[Page, None, int | None]:
+    """`iter_warc`'s pages from the record at byte `start` on (a gzip member's start but for 0); returns
+    where to go on reading after a corrupt gzip member, None at the end."""
     try:
         from fastwarc.warc import ArchiveIterator, WarcRecordType
     except ImportError as exc:  # a dependency, but an environment may have been pruned by hand
         raise PageSourceError(f"reading {path} needs FastWARC: pip install fastwarc") from exc
-    try:
-        # Every record type, so the last record seen is the last one FastWARC could frame.
-        iterator = iter(ArchiveIterator(str(path), parse_http=False, fsspec_args=False))
-    except (OSError, ValueError) as exc:
-        # One row, as an HTML file that cannot be opened is: raised, one dangling `.warc.gz` in a
-        # directory of pages stopped the whole run, even with bad_rows="report".
-        error = read_error(f"cannot read {path}: {exc}", exc)
-        yield _warc_error(path, 0, str(error), error.code)
-        return
-    offset = 0
-    reported = False  # whether the last record was reported cut off already
-    while True:
+    with contextlib.ExitStack() as stack:
         try:
-            record = next(iterator)
-            offset, reported = record.stream_pos, False
-            if record.record_type not in (WarcRecordType.response, WarcRecordType.resource):
-                continue
-            # Bounded: a record's Content-Length is the writer's word, and FastWARC passes over what
-            # is left of a record unread.
-            block = record.reader.read(READ_FACTOR * pages.MAX_PAGE_BYTES + 1)
-        except StopIteration:
-            break
+            # Every record type, so the last record seen is the last one FastWARC could frame.
+            if start == 0:
+                archive = ArchiveIterator(str(path), parse_http=False, fsspec_args=False)
+            else:  # FastWARC takes the handle's position for the first record's offset
+                handle = stack.enter_context(path.open("rb"))
+                handle.seek(start)
+                archive = ArchiveIterator(handle, parse_http=False)
+            iterator = iter(archive)
         except (OSError, ValueError) as exc:
-            error = read_error(f"{path}: cannot read the records after byte {offset}: {exc}", exc)
-            yield _warc_error(path, offset, str(error), error.code)
-            return
-        page_id = record.record_id or f"{path.name}@{offset}"
-        where = f"{path}: record {page_id} at byte {offset}"
-        url = _target_uri(record.headers.get("WARC-Target-URI"))
-        meta: dict[str, Any] = {
-            "warc_file": valid_text(path.name),
-            "warc_date": record.headers.get("WARC-Date"),
-        }
-        too_large = len(block) > READ_FACTOR * pages.MAX_PAGE_BYTES
-        reported = not too_large and len(block) < record.content_length
-        try:
-            if reported:
-                # Only the file's last record can be short, and what it was cannot be trusted: report it.
-                raise PageSourceError(
-                    f"{where} is cut off: {len(block)} of its {record.content_length} bytes"
+            # One row, as an HTML file that cannot be opened is: raised, one dangling `.warc.gz` in a
+            # directory of pages stopped the whole run, even with bad_rows="report".
+            error = read_error(f"cannot read {path}: {exc}", exc)
+            yield _warc_error(path, start, str(error), error.code)
+            return None
+        offset = start
+        framed = False  # whether FastWARC framed a record at `offset` (else it failed on its member)
+        reported = False  # whether the last record was reported cut off already
+        while True:
+            reading = False  # whether the record at `offset` is being read (else the next one framed)
+            try:
+                record = next(iterator)
+                offset, framed, reported = record.stream_pos, True, False
+                if record.record_type not in (WarcRecordType.response, WarcRecordType.resource):
+                    continue
+                reading = True
+                # Bounded: a record's Content-Length is the writer's word, and FastWARC passes over what
+                # is left of a record unread.
+                block = record.reader.read(READ_FACTOR * pages.MAX_PAGE_BYTES + 1)
+            except StopIteration:
+                break
+            except (OSError, ValueError) as exc:
+                error = read_error(f"{path}: cannot read the records after byte {offset}: {exc}", exc)
+                skip = (
+                    None
+                    if isinstance(error, PageUnreadableError)
+                    else _skip(path, offset, framed and not reading)
                 )
-            page = _warc_page(record, block, page_id, url, meta, where, too_large=too_large)
-        except PageSourceError as exc:
-            page = error_page(page_id, exc, url=url, meta=meta)
-        if page is not None:
-            yield page
+                if skip is None:
+                    yield _warc_error(path, offset, str(error), error.code)
+                    return None
+                failed, resume = skip
+                # The bytes skipped may hold more members than the one that failed (two corrupt in a
+                # row, the second's start no longer inflating): the range says what one row stands for.
+                error = read_error(
+                    f"{path}: the record at byte {failed} could not be decompressed and was skipped (bytes "
+                    f"{failed} to {resume - 1}; reading goes on at the record at byte {resume}): {exc}",
+                    exc,
+                )
+                yield _warc_error(path, failed, str(error), error.code)
+                return resume
+            page_id = record.record_id or f"{path.name}@{offset}"
+            where = f"{path}: record {page_id} at byte {offset}"
+            url = _target_uri(record.headers.get("WARC-Target-URI"))
+            meta: dict[str, Any] = {
+                "warc_file": valid_text(path.name),
+                "warc_date": record.headers.get("WARC-Date"),
+            }
+            too_large = len(block) > READ_FACTOR * pages.MAX_PAGE_BYTES
+            reported = not too_large and len(block) < record.content_length
+            try:
+                if reported:
+                    # Only the file's last record can be short, and what it was cannot be trusted: report it.
+                    raise PageSourceError(
+                        f"{where} is cut off: {len(block)} of its {record.content_length} bytes"
+                    )
+                page = _warc_page(record, block, page_id, url, meta, where, too_large=too_large)
+            except PageSourceError as exc:
+                page = error_page(page_id, exc, url=url, meta=meta)
+            if page is not None:
+                yield page
     # FastWARC ends quietly (or hands back an empty record) where a killed writer cut the file inside a
     # record's header; check the end of the file from the last record it framed, and say so.
     problem = None if reported else tail_problem(path, offset)
     if problem is not None:
         yield _warc_error(path, offset, f"{path}: {problem}")
+    return None
+
+
+def _skip(path: Path, offset: int, framed: bool) -> tuple[int, int] | None:
+    """`skip_member`, None where the file cannot be read again (it went away, say): the error row said."""
+    try:
+        return skip_member(path, offset, framed=framed)
+    except OSError:
+        return None
 
 
 def _target_uri(value: str | None) -> str | None:

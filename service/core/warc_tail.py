@@ -11,6 +11,10 @@ of the file is walked by the records' Content-Length, decompressed as it goes (o
   more pass, at hundreds of MB/s for gzip and GB/s for LZ4); an LZ4 file's frames are checked first,
   since its decoder reads a cut frame header as a clean end;
 - zstd files are not walked: FastWARC reports a cut zstd frame itself.
+
+Where FastWARC fails inside a gzip file with one member per record (a corrupt member), `skip_member` finds
+the member it failed on and the next one that starts a record, where reading can go on: crawlers write a
+member per record precisely so that a reader can pass over a damaged one.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ _FIRST_PIECE = 64  # bytes of a gzip member fed first (see _gunzipped)
 _PADDING = b"\0\r\n\t "  # may follow the last gzip member
 _MAX_HEADER_BYTES = 1 << 20  # a WARC header longer than this is not one
 _CONTENT_LENGTH = re.compile(rb"(?im)^content-length:[ \t]*(\d+)[ \t]*\r?$")
+_MEMBER_START = GZIP_MAGIC + b"\x08"  # gzip's magic and its one compression method, deflate
+_PROBE = 4096  # bytes of a candidate member inflated to tell whether it starts a record (see _starts_record)
+_RECORD_START = b"WARC/"
 
 
 class _Undecodable(Exception):
@@ -51,6 +58,84 @@ def tail_problem(path: Path, offset: int) -> str | None:
             handle.seek(offset)
             return _walk_problem(_gunzipped(handle), offset, "gzip")
         return _walk_problem(iter(lambda: handle.read(_CHUNK), b""), offset, None)
+
+
+def skip_member(path: Path, offset: int, *, framed: bool) -> tuple[int, int] | None:
+    """Where reading a gzip file with one member per record can go on after FastWARC failed on it: (the
+    byte where the member it could not read starts, the byte where the next member that starts a record
+    starts), or None where it cannot (a file compressed as one stream, a plain one, no record after).
+
+    `offset` is where the last record FastWARC framed starts; `framed`: that record was read whole, so
+    the member FastWARC failed on is the next one, if that record's own member inflates to its end (else
+    the failure was in its own, its rest unread). Reads the file once more at most: the member at
+    `offset`, then forward from the failed one to the next record's member, never further.
+    """
+    with path.open("rb") as handle:
+        if handle.read(2) != GZIP_MAGIC:
+            return None
+        handle.seek(offset)
+        if handle.read(3) != _MEMBER_START:
+            return None  # one gzip stream: FastWARC's offset is no member start
+        failed = offset
+        if framed:
+            end = _member_end(handle, offset)
+            failed = offset if end is None else end
+        start = _next_record_member(handle, failed + 1)
+    return None if start is None else (failed, start)
+
+
+def _member_end(handle: BinaryIO, offset: int) -> int | None:
+    """Where the gzip member at `offset` ends, None if it does not inflate to its end (corrupt or cut).
+    What it inflates to is dropped as it comes, at most `_CHUNK` bytes at a time (a member may be a bomb)."""
+    handle.seek(offset)
+    decompressor = zlib.decompressobj(31)
+    position = offset  # of data[0]
+    for data in iter(lambda: handle.read(_CHUNK), b""):
+        while data:
+            try:
+                out = decompressor.decompress(data, _CHUNK)
+            except zlib.error:
+                return None
+            if decompressor.eof:
+                return position + len(data) - len(decompressor.unused_data)
+            left = decompressor.unconsumed_tail
+            if len(left) == len(data) and not out:
+                return None  # never seen; never spin
+            position += len(data) - len(left)
+            data = left
+    return None
+
+
+def _next_record_member(handle: BinaryIO, start: int) -> int | None:
+    """The first byte from `start` on where a gzip member starts that inflates to a WARC record's start,
+    or None. Each candidate (gzip's magic, which deflate data holds by chance) is inflated from a view of
+    the chunk read, a few bytes of output at most, so a file of garbage is read once and never held."""
+    handle.seek(start)
+    window = b""  # the file from byte `start` on: what is left of the last chunk and the new one
+    eof = False
+    while not eof:
+        chunk = handle.read(_CHUNK)
+        eof = not chunk
+        window += chunk
+        # Candidates whose probe the window holds whole (all of them at the end of the file).
+        limit = len(window) if eof else len(window) - _PROBE
+        view = memoryview(window)
+        at = window.find(_MEMBER_START)
+        while 0 <= at < limit:
+            if _starts_record(view[at : at + _PROBE]):
+                return start + at
+            at = window.find(_MEMBER_START, at + 1)
+        if limit > 0:
+            window, start = window[limit:], start + limit
+    return None
+
+
+def _starts_record(piece: memoryview) -> bool:
+    """Whether `piece`, the start of a gzip member, inflates to the start of a WARC record."""
+    try:
+        return zlib.decompressobj(31).decompress(piece, len(_RECORD_START)) == _RECORD_START
+    except zlib.error:
+        return False
 
 
 def _lz4_problem(path: Path, handle: BinaryIO) -> str | None:
