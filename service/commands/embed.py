@@ -116,7 +116,8 @@ PART_SIZE = 512
 # Content-Type (a bare redirect) is a row, its `http_status` kept (format 3 passed it over: every later
 # row's `index` is one more). 5: a JSONL row with both `html` and `file`, or whose `encoding` names no
 # charset, is an error row (the `file` and the label had been ignored in silence); a WARC's `url` loses
-# WARC 1.0's angle brackets, and an untyped response record holding an HTTP response is a row.
+# WARC 1.0's angle brackets, and an untyped response record holding an HTTP response is a row; a corrupt
+# member of a per-record .warc.gz is one row and the records after it are read.
 ROW_FORMAT = 5
 # The columns every row has: a head's column (`<head>`, `<head>.probs`) must be none of them.
 FIXED_COLUMNS = (

@@ -139,7 +139,8 @@ _EXTRACTOR_DISTRIBUTIONS = ("resiliparse", "trafilatura", "justext")
 # 9: a JSONL row with both `html` and `file`, or whose `encoding` names no charset, is an error row (the
 #    `file` and the label had been ignored in silence); a WARC's `url` loses WARC 1.0's angle brackets,
 #    and a response record without a WARC Content-Type whose block is an HTTP response is a row (every
-#    later row's `index` is one more).
+#    later row's `index` is one more); a corrupt member of a per-record .warc.gz is one row and the
+#    records after it are read.
 ROW_FORMAT = 9
 # Failures a later attempt may not repeat: written as rows they would be "done" for good (`htmllm embed`'s
 # rule; of its codes only this one reaches an extraction).
