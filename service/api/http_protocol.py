@@ -82,7 +82,10 @@ as it stayed; it is aborted after `head_timeout_s` in which it read none of them
 carries `Retry-After` (`retry_after_s`), as every other 429 does. And a request of an HTTP version other
 than 1.0 or 1.1 (llhttp takes 0.9, a request line without a version among them, and 2.0; uvicorn answered
 them as 1.1), or HTTP/2's preface, is answered 505 in plain text, as uvicorn's 400 for bytes that are
-no HTTP/1.x request is.
+no HTTP/1.x request is; a request line without a version as soon as it ends (llhttp waits for headers
+after one, and an HTTP/0.9 client sends none: it had the 408). Progress against the write timer counts the
+bytes the kernel sent too (its send queue, where the system says), not the transport's buffer alone, which
+a steady slow reader of pipelined answers could leave no smaller for a whole period.
 """
 
 from __future__ import annotations
@@ -91,6 +94,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import struct
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -145,6 +149,21 @@ _REASONS = {
     431: "Request Header Fields Too Large",
     505: "HTTP Version Not Supported",
 }
+
+
+def _kernel_unsent(transport: asyncio.BaseTransport) -> int | None:
+    """The bytes of `transport`'s socket still in the kernel's send queue (Linux: SIOCOUTQ, which is
+    termios.TIOCOUTQ on a socket), not yet sent to (and acknowledged by) the client; None where that
+    cannot be asked (another system, a transport without a socket)."""
+    try:
+        import fcntl
+        import termios
+
+        fileno = transport.get_extra_info("socket").fileno()
+        queued = fcntl.ioctl(fileno, termios.TIOCOUTQ, struct.pack("i", 0))
+    except (ImportError, AttributeError, OSError, ValueError):
+        return None
+    return int(struct.unpack("i", queued)[0])
 
 
 def _error_answer(code: ErrorCode, message: str, retry_after_s: int | None = None) -> bytes:
@@ -310,6 +329,8 @@ def protocol_class(
             self._began_in_chunk = False
             self._head_bytes = 0  # the reads counted against a head still incomplete
             self._head_size = 0  # the headers parsed so far of the current head, as sent
+            self._line_open = False  # the current head's request line may not have ended yet
+            self._line = bytearray()  # ... the last partial line read since it began (`_versionless_line`)
             self._stopped: tuple[bytes, int] | None = None  # the refusal `_StopParse` was raised for
             self._refusal: bytes | None = None  # an answer from below the app, written once it is our turn
             self._lingering = False  # the refusal is written and the connection half-closed
@@ -333,6 +354,7 @@ def protocol_class(
             self._size_line_bytes = 0  # the reads counted against a size line still incomplete
             self._write_timer: asyncio.TimerHandle | None = None  # armed while writing is paused
             self._write_left = 0  # the transport's buffer when the write timer was armed
+            self._kernel_left: int | None = None  # ... and its socket's kernel send queue (`_kernel_unsent`)
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -371,6 +393,8 @@ def protocol_class(
             self._began_in_chunk = True
             self._head_bytes = 0
             self._head_size = 0
+            self._line_open = True
+            self._line.clear()
             self._offered_upgrade = False
             self._trailer_open = False
             self._size_line_open = False
@@ -533,11 +557,46 @@ def protocol_class(
                 if self._trailer_bytes > MAX_HEAD_BYTES:
                     self._refuse(_trailer_too_large_response(), STATUS[ErrorCode.HEADERS_TOO_LARGE])
                 return
+            if self._in_head and self._line_open and self._versionless_line(data):
+                self._refuse(self._version_refusal("0.9"), 505)
+                return
             if not self._in_head or self._began_in_chunk:
                 return
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES:
                 self._refuse_head_too_large()
+
+        def _versionless_line(self, data: bytes) -> bool:
+            """Whether `data`, just parsed into a head still open, ended its request line without a
+            version (HTTP/0.9's `GET /`, CRLF or a bare LF): llhttp waits for headers after one, so the
+            505 of `on_headers_complete` came only once a blank line did, and a client sending just the
+            line (as an HTTP/0.9 one does, then waits) got the head timeout's 408 instead.
+
+            httptools says nowhere where a head begins in a read, so the line is read from the bytes: the
+            last line `data` ends (with the partial line kept from earlier reads, `_line`) is the request
+            line without a version exactly when it is the method, spaces and the URL the parser gave. No
+            other line can be: a header line has a colon and no space before it (llhttp refuses one that
+            does), a folded one begins with whitespace, and a line that began before the head would hold
+            all of the head's line and more. Only the line's end is looked for: one followed by headers
+            in the same read is answered 505 once its head completes, as before. The work is done only for
+            a read that leaves a request line open, and what is kept is one partial line."""
+            if data.endswith(b"\n"):
+                self._line_open = False  # (the head began before this LF: its request line has ended)
+                start = data.rfind(b"\n", 0, len(data) - 1)
+                line = data[start + 1 : -1] if start >= 0 else bytes(self._line) + data[:-1]
+                self._line.clear()
+                line = line.removesuffix(b"\r")
+                before, space, url = line.rpartition(b" ")
+                return bool(space) and url == self.url and before.rstrip(b" ") == self.parser.get_method()
+            end = data.rfind(b"\n")
+            if end >= 0 and not self._began_in_chunk:  # (the head began in an earlier read: its line ended)
+                self._line_open = False
+                self._line.clear()
+            elif end >= 0:  # (that LF may be a message's before the head: the partial line after it is kept)
+                self._line[:] = data[end:]
+            else:
+                self._line += data
+            return False
 
         def _refuse_head_too_large(self) -> None:
             self._refuse(_head_too_large_response(), STATUS[ErrorCode.HEADERS_TOO_LARGE])
@@ -691,6 +750,7 @@ def protocol_class(
                 return
             if unsent:
                 self._write_left = unsent
+                self._kernel_left = _kernel_unsent(self.transport)
                 self._write_timer = self.loop.call_later(head_timeout_s, self._write_timed_out)
 
         def timeout_keep_alive_handler(self) -> None:
@@ -751,6 +811,7 @@ def protocol_class(
             super().pause_writing()
             if head_timeout_s is not None and self._write_timer is None:
                 self._write_left = self.transport.get_write_buffer_size()
+                self._kernel_left = _kernel_unsent(self.transport)
                 self._write_timer = self.loop.call_later(head_timeout_s, self._write_timed_out)
 
         def resume_writing(self) -> None:
@@ -770,11 +831,22 @@ def protocol_class(
             its high-water mark until nearly all of it is read, and a slow reader making progress had been
             cut off mid-answer. Where it read none, the connection is aborted (`connection_lost`), logged,
             and the request whose send() waits for the buffer to drain returns from it, as for a client
-            that left: recorded as a 499 where no byte of its answer was written (it had read 200)."""
+            that left: recorded as a 499 where no byte of its answer was written (it had read 200).
+
+            Bytes the kernel sent count as read too: the transport's buffer drains only when the kernel's
+            send buffer frees a large share of itself, and the answers to pipelined requests refill it,
+            so a steady reader of large answers through a small receive window could see the buffer no
+            smaller at the check and be aborted (40 pipelined `/openapi.json` read 32 KB each 0.1 s, cut
+            off after 27 s). The kernel's queue is asked only here, once a period; where it cannot be
+            (`_kernel_unsent`), the transport's buffer alone decides."""
             self._write_timer = None
             left = self.transport.get_write_buffer_size()
-            if left < self._write_left:
+            kernel_left = _kernel_unsent(self.transport)
+            before = self._kernel_left
+            kernel_sent = kernel_left is not None and before is not None and kernel_left < before
+            if left < self._write_left or kernel_sent:
                 self._write_left = left
+                self._kernel_left = kernel_left
                 self._write_timer = self.loop.call_later(head_timeout_s, self._write_timed_out)  # type: ignore[arg-type]
                 return
             running = self._running

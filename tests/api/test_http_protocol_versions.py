@@ -9,6 +9,7 @@ uvicorn's 400.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -72,3 +73,69 @@ async def test_a_505_behind_pipelined_requests_follows_their_answers() -> None:
     protocol.data_received(b"GET /e HTTP/1.0\r\nHost: x\r\n\r\n")
     await until_async(lambda: transport.closed, "the connection closed")
     assert _statuses(transport.written) == [b"200"], transport.written
+
+
+@pytest.mark.parametrize("line_end", [b"\r\n", b"\n"], ids=["crlf", "lf"])
+@pytest.mark.parametrize("whole", [True, False], ids=["one-read", "byte-by-byte"])
+async def test_a_request_line_without_a_version_alone_is_a_505_at_once(line_end: bytes, whole: bool) -> None:
+    """An HTTP/0.9 client sends its request line alone and waits: llhttp waits for headers after it, so
+    the 505 came only with a blank line, and such a client got the head timeout's 408. It is answered as
+    soon as the line has ended, whether it came in one read or a byte at a time."""
+    started: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        started.append(scope["path"])
+        await _app(scope, receive, send)
+
+    protocol, transport = protocol_on_fake_transport(app, head_timeout_s=60.0)
+    sent = b"GET /health" + line_end
+    for data in [sent] if whole else [sent[i : i + 1] for i in range(len(sent))]:
+        assert transport.written == b""
+        protocol.data_received(data)
+    assert _statuses(transport.written) == [b"505"] and transport.closed, transport.written[:300]
+    assert b"without a version" in transport.written and started == []
+
+
+async def test_a_request_line_without_a_version_behind_pipelined_requests_follows_their_answers() -> None:
+    """Behind a request (and its body, whose last line looks like such a request line), the 505 for a
+    line without a version goes out after their answers."""
+    protocol, transport = protocol_on_fake_transport(_app, head_timeout_s=60.0)
+    body = b"x\nGET /b\n"
+    protocol.data_received(
+        b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%sGET /b\r\n" % (len(body), body)
+    )
+    await until_async(lambda: transport.closed, "the connection closed")
+    assert _statuses(transport.written) == [b"200", b"505"], transport.written
+
+
+@pytest.mark.parametrize(
+    "reads",
+    [
+        # A byte at a time, a header line that looks like the request line without its version.
+        [bytes([byte]) for byte in b"GET /b HTTP/1.1\r\nX: GET /b\r\nHost: x\r\n\r\n"],
+        # The line ending in one read, headers in the next ones, one of them a line end alone.
+        [b"GET /b HTTP/1.1\r\nX:", b"GET /b\r\n", b"Host: x\r\n", b"\r\n"],
+        # Behind a body whose last lines look like the request line without its version.
+        [
+            b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 8\r\n\r\nx\nGET /b",
+            b"\nGET /b",
+            b" HTTP/1.1\r\n\r\n",
+        ],
+        [
+            b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 8\r\n\r\nx\nGET /b",
+            b"GET /b HTTP/1.1\r",
+            b"\nHost: x\r\n\r\n",
+        ],
+    ],
+    ids=["byte-by-byte", "header-reads", "after-a-body", "after-a-body-split"],
+)
+async def test_requests_with_a_version_in_any_reads_are_served(reads: list[bytes]) -> None:
+    """Only a line without a version is refused early: a request line with one, a header line, a body's
+    lines, in whatever reads they come, are not."""
+    protocol, transport = protocol_on_fake_transport(_app, head_timeout_s=60.0)
+    for data in reads:
+        protocol.data_received(data)
+        await asyncio.sleep(0)
+    expected = [b"200"] * (2 if reads[0].startswith(b"POST") else 1)
+    await until_async(lambda: len(_statuses(transport.written)) == len(expected), "the requests answered")
+    assert _statuses(transport.written) == expected and not transport.closed, transport.written
