@@ -45,5 +45,4 @@ def read_identity(path: Path) -> CheckpointIdentity:
     from service.core.checkpoint import checkpoint_fingerprint, read_meta
 
     sha256 = checkpoint_fingerprint(path)
-    run_id = read_meta(path).training.get("run_id")
-    return CheckpointIdentity(sha256=sha256, training_run_id=None if run_id is None else str(run_id))
+    return CheckpointIdentity(sha256=sha256, training_run_id=read_meta(path).training_run_id)

@@ -60,6 +60,13 @@ class CheckpointMeta:
     training: dict[str, Any] = field(default_factory=dict)  # resolved training config, data, figures
     format_version: int = FORMAT_VERSION
 
+    @property
+    def training_run_id(self) -> str | None:
+        """`training.run_id`: the training run that made the weights (None for checkpoints from before
+        run ids, such as the bundled model), as /info, the checkpoint header and the model process name it."""
+        run_id = self.training.get("run_id")
+        return None if run_id is None else str(run_id)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "format_version": self.format_version,

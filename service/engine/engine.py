@@ -183,9 +183,8 @@ class Engine:
         self._meta = meta
         # What `info` names the loaded checkpoint by. A model process's own: it loaded the files (and the
         # checkpoint may have changed between this process's read of `meta` and its load).
-        run_id = meta.training.get("run_id")
         self._checkpoint_sha256 = checkpoint_sha256
-        self._training_run_id = None if run_id is None else str(run_id)
+        self._training_run_id = meta.training_run_id
         if isinstance(runner, ProcessRunner):
             self._checkpoint_sha256, self._training_run_id = runner.fingerprint, runner.training_run_id
         self._heads: dict[str, HeadSpec] = {spec.name: spec for spec in meta.heads}

@@ -181,7 +181,7 @@ def _serve(
         runner.attention,
         packed,
         _Identity.of(fingerprint, meta),
-        None if (run_id := meta.training.get("run_id")) is None else str(run_id),
+        meta.training_run_id,
     )
     prepare_for_serving()  # the model is loaded: set the garbage collector for serving
     conn.send(("ok", description))
