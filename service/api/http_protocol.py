@@ -749,9 +749,7 @@ def protocol_class(
             except NotImplementedError:  # (asyncio's base class: a transport that keeps no buffer)
                 return
             if unsent:
-                self._write_left = unsent
-                self._kernel_left = _kernel_unsent(self.transport)
-                self._write_timer = self.loop.call_later(head_timeout_s, self._write_timed_out)
+                self._arm_write_timer(unsent, _kernel_unsent(self.transport))
 
         def timeout_keep_alive_handler(self) -> None:
             self._close()
@@ -810,14 +808,20 @@ def protocol_class(
             drain, which may never come."""
             super().pause_writing()
             if head_timeout_s is not None and self._write_timer is None:
-                self._write_left = self.transport.get_write_buffer_size()
-                self._kernel_left = _kernel_unsent(self.transport)
-                self._write_timer = self.loop.call_later(head_timeout_s, self._write_timed_out)
+                self._arm_write_timer(self.transport.get_write_buffer_size(), _kernel_unsent(self.transport))
 
         def resume_writing(self) -> None:
             self._cancel_write_timer()
             super().resume_writing()
             self._bound_close()  # (closing: what is left below the low-water mark is bounded too)
+
+        def _arm_write_timer(self, unsent: int, kernel_unsent: int | None) -> None:
+            """Check in `head_timeout_s` that the client read some of what is unsent now: `unsent` bytes
+            in the transport's buffer, `kernel_unsent` in its socket's send queue (`_write_timed_out`)."""
+            assert head_timeout_s is not None
+            self._write_left = unsent
+            self._kernel_left = kernel_unsent
+            self._write_timer = self.loop.call_later(head_timeout_s, self._write_timed_out)
 
         def _cancel_write_timer(self) -> None:
             if self._write_timer is not None:
@@ -826,28 +830,26 @@ def protocol_class(
 
         def _write_timed_out(self) -> None:
             """Writing paused, or a close waiting for unsent answers (`_bound_close`), for `head_timeout_s`.
-            Where the client read some of the buffer meanwhile it
-            gets another period: uvicorn writes an answer whole, so the buffer of a large answer stays over
-            its high-water mark until nearly all of it is read, and a slow reader making progress had been
-            cut off mid-answer. Where it read none, the connection is aborted (`connection_lost`), logged,
-            and the request whose send() waits for the buffer to drain returns from it, as for a client
-            that left: recorded as a 499 where no byte of its answer was written (it had read 200).
+            Where the client read some of the buffer meanwhile it gets another period: uvicorn writes an
+            answer whole, so the buffer of a large answer stays over its high-water mark until nearly all
+            of it is read, and a slow reader making progress had been cut off mid-answer. Where it read
+            none, the connection is aborted (`connection_lost`), logged, and the request whose send()
+            waits for the buffer to drain returns from it, as for a client that left: recorded as a 499
+            where no byte of its answer was written (it had read 200).
 
             Bytes the kernel sent count as read too: the transport's buffer drains only when the kernel's
             send buffer frees a large share of itself, and the answers to pipelined requests refill it,
             so a steady reader of large answers through a small receive window could see the buffer no
             smaller at the check and be aborted (40 pipelined `/openapi.json` read 32 KB each 0.1 s, cut
-            off after 27 s). The kernel's queue is asked only here, once a period; where it cannot be
-            (`_kernel_unsent`), the transport's buffer alone decides."""
+            off after 27 s). The kernel's queue is asked only when the timer is armed and when it fires,
+            once a period; where it cannot be (`_kernel_unsent`), the transport's buffer alone decides."""
             self._write_timer = None
             left = self.transport.get_write_buffer_size()
             kernel_left = _kernel_unsent(self.transport)
             before = self._kernel_left
             kernel_sent = kernel_left is not None and before is not None and kernel_left < before
             if left < self._write_left or kernel_sent:
-                self._write_left = left
-                self._kernel_left = kernel_left
-                self._write_timer = self.loop.call_later(head_timeout_s, self._write_timed_out)  # type: ignore[arg-type]
+                self._arm_write_timer(left, kernel_left)
                 return
             running = self._running
             if running is not None and not running.response_started:
