@@ -151,14 +151,39 @@ def _labelled_pages(heads: Sequence[HeadSpec]) -> str:
     return _pages(counts[0]) if len(counts) == 1 else f"{_pages(counts[0])}-{_pages(counts[-1])}"
 
 
+def _pretraining_seconds(summary: dict[str, Any]) -> Any:
+    """The pretraining time the card gives: the run's over all its sessions where it records that, else
+    the last session's (a run from before the totals)."""
+    total = summary.get("seconds_all_sessions")
+    return total if total is not None else summary.get("seconds_this_session")
+
+
+def _pretraining_note(summary: dict[str, Any]) -> str:
+    """What the card's pretraining time is, ending its time line."""
+    sessions = summary.get("sessions")
+    if summary.get("seconds_all_sessions") is not None:
+        if isinstance(sessions, int) and sessions > 1:
+            return (
+                f"; pretraining's is the sum of the run's {sessions} sessions (a session killed after its "
+                "last checkpoint counts up to that checkpoint: the next trained its later steps again)."
+            )
+        return "."
+    if summary.get("seconds_this_session") is not None:
+        return (
+            "; pretraining's is the session's that finished the run (a resumed run's earlier sessions are "
+            "not counted)."
+        )
+    return "."
+
+
 def render_card(run: Path, bundle: Path, *, eval_dir: Path | None, curve: Path | None = None) -> str:
     """MODEL_CARD.md from the run's recorded figures; `curve` is where the training curve is copied (None:
     the run's own, where it has one).
 
     Every figure is the run's: the pages, the corpus and the device its manifest and config record (the
     card had said "~1,000 pages" of the shared corpus on 2 CPU cores for any run). The pretraining time
-    is the session that finished the run, all a run records: a resumed run's earlier sessions are not
-    in it, and the card says so rather than pass it for the whole."""
+    is that of all the run's sessions (`seconds_all_sessions`); a run from before the totals records only
+    the session that finished it, and the card says so rather than pass it for the whole."""
     checkpoint = load_checkpoint(bundle)
     meta = checkpoint.meta
     training = meta.training
@@ -175,7 +200,7 @@ def render_card(run: Path, bundle: Path, *, eval_dir: Path | None, curve: Path |
         "tokenizer": tokenizer_report.get("seconds"),
         "shards": _load_json(run / "logs" / "data.json").get("seconds"),
         "teacher": teacher.seconds,
-        "pretraining": summary.get("seconds_this_session"),
+        "pretraining": _pretraining_seconds(summary),
     }
     corpus = f"`{shards['source']}`" if shards.get("source") else "its corpus"
     if curve is None and (run / "pretrain" / CURVE_FILE).is_file():
@@ -220,12 +245,7 @@ def render_card(run: Path, bundle: Path, *, eval_dir: Path | None, curve: Path |
         f"{config.get('max_length')} tokens, on {config.get('device')}.",
         "- Time (seconds, on the machine that built it): "
         + ", ".join(f"{k} {v}" for k, v in seconds.items() if v is not None)
-        + (
-            "; pretraining's is the session's that finished the run (a resumed run's earlier sessions are "
-            "not counted)."
-            if seconds["pretraining"] is not None
-            else "."
-        ),
+        + _pretraining_note(summary),
         "",
         "## Figures",
         "",

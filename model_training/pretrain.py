@@ -54,6 +54,7 @@ from model_training.train_logs import (
     truncate_metrics,
 )
 from model_training.training_checkpoints import (
+    SESSION_KEYS,
     check_resumable,
     data_identity,
     discard_checkpoints,
@@ -62,6 +63,7 @@ from model_training.training_checkpoints import (
     prune_checkpoints,
     restore,
     save_training_checkpoint,
+    session_totals,
     warn_resume_changes,
 )
 from service.core.checkpoint import CheckpointMeta, load_checkpoint, read_meta, save_checkpoint
@@ -298,6 +300,8 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
     # final model only if it was exported from a checkpoint of the same run (`_own_export`). A resume
     # keeps the checkpoint's; a checkpoint from before run ids gets a new one.
     found_training = check_resumable(found, config, tokenizer, teacher_dim) if found is not None else {}
+    # The record whose session totals this session's add to (`session_totals`): None for a new run.
+    resumed = found_training if found is not None else None
     found_run_id = found_training.get("run_id")
     run_id = str(found_run_id or uuid.uuid4().hex)
     last_step = total_steps if stop_at_step is None else min(stop_at_step, total_steps)
@@ -447,8 +451,13 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
         if periodic or step == last_step:
             rank_states = gather_rank_states(mask_generator, distributed)
             if master:
+                totals = session_totals(resumed, seconds=time.perf_counter() - started, tokens=tokens_seen)
                 meta = _meta(
-                    config, pretraining.model, tokenizer, prune_version, {**training_meta, "step": step}
+                    config,
+                    pretraining.model,
+                    tokenizer,
+                    prune_version,
+                    {**training_meta, "step": step, **totals},
                 )
                 with library_bars(config.progress):
                     save_training_checkpoint(
@@ -495,13 +504,15 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
                 evaluation = evaluate(
                     pretraining, heldout, config=config, device=device, train_centroid=centroid
                 )
+            seconds = time.perf_counter() - started
             summary = {
                 "steps": step,
                 "total_steps": total_steps,
                 "train_documents": len(train_data.ids),
                 "heldout_documents": len(heldout.ids),
                 "tokens_seen_this_session": tokens_seen,
-                "seconds_this_session": round(time.perf_counter() - started, 1),
+                "seconds_this_session": round(seconds, 1),
+                **session_totals(resumed, seconds=seconds, tokens=tokens_seen),
                 "heldout": evaluation,
                 "final_train": last_train_record(metrics_file),
                 "run_id": run_id,
@@ -614,6 +625,7 @@ SUMMARY_KEYS = (
     "heldout_documents",
     "tokens_seen_this_session",
     "seconds_this_session",
+    *SESSION_KEYS,
     "heldout",
     "final_train",
     "run_id",

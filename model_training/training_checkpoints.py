@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import pickle
 import shutil
@@ -308,6 +309,40 @@ def warn_resume_changes(
                 path,
                 sep.join(changed),
             )
+
+
+# A training record's totals over the sessions of its run (each `train` call that trained steps or made
+# the export), up to the step it records: a resumed run's summary had given the last session's time and
+# tokens alone, as if the run had taken that long. A session killed after its last checkpoint counts up
+# to that checkpoint only: the steps it trained after it are trained again, and counted, by the next.
+SESSION_KEYS = ("sessions", "seconds_all_sessions", "tokens_seen_all_sessions")
+
+
+def _recorded_count(value: Any) -> float | None:
+    """A total as recorded, else None: a record from before the totals, or one edited into no count (a
+    bool, a string, a negative or non-finite number, which htmllm.json could not be written with)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
+
+
+def session_totals(resumed: dict[str, Any] | None, *, seconds: float, tokens: int) -> dict[str, Any]:
+    """The `SESSION_KEYS` to record with this session `seconds` and `tokens` into it: on top of those of
+    the checkpoint it resumed from (`resumed`, its training record; None for a new run).
+
+    A checkpoint from before the totals recorded none of its earlier sessions: the totals are then
+    unknown (None), not this session's passed for the run's."""
+    earlier = (
+        {key: 0.0 for key in SESSION_KEYS}
+        if resumed is None
+        else {key: _recorded_count(resumed.get(key)) for key in SESSION_KEYS}
+    )
+    sessions, earlier_seconds, earlier_tokens = (earlier[key] for key in SESSION_KEYS)
+    return {
+        "sessions": None if sessions is None else int(sessions) + 1,
+        "seconds_all_sessions": None if earlier_seconds is None else round(earlier_seconds + seconds, 1),
+        "tokens_seen_all_sessions": None if earlier_tokens is None else int(earlier_tokens) + tokens,
+    }
 
 
 class Restored(NamedTuple):

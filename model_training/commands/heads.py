@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -27,12 +28,56 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+# What argparse takes for a negative number, and so as a positional argument (`-1`), not an option.
+_NEGATIVE_NUMBER = re.compile(r"-\d+|-\d*\.\d+")
+
+
+class HeadNamesParser(argparse.ArgumentParser):
+    """The parser of each `htmllm heads` command: where the command takes head names (`remove NAME`,
+    `rename OLD NEW`), a name that begins with '-' is refused with a usage error that says to put the
+    names after `--`.
+
+    A head may be called `-x` (`new_head_name_problem` allows it, as a task's name), but argparse reads
+    any argument that begins with '-' as an option, wherever it stands, and cannot be told to take it
+    as a positional; `--` (the end of the options) is its one way. Its own error named another
+    argument: `htmllm heads rename --checkpoint c a -x` said "the following arguments are required:
+    new", of an argument that was given."""
+
+    def parse_known_args(  # type: ignore[override]  # typeshed overloads it on the namespace's type
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        given = list(sys.argv[1:] if args is None else args)
+        names = [action.dest for action in self._actions if not action.option_strings]
+        if names:
+            options = given[: given.index("--")] if "--" in given else given
+            dashed = next((arg for arg in options if self._unknown_option(arg)), None)
+            if dashed is not None:
+                self.error(
+                    f"{dashed!r} reads as an option (it begins with '-'), and the command has none of that "
+                    "name: a head name that begins with '-' goes after `--`, which ends the options: "
+                    f"{self.prog} --checkpoint CHECKPOINT -- {' '.join(names)}"
+                )
+        return super().parse_known_args(args, namespace)
+
+    def _unknown_option(self, arg: str) -> bool:
+        """Whether argparse reads `arg` as an option this parser does not have (by its rules: a '-'
+        first, not a negative number, no space; an option may be abbreviated, or given `=VALUE`)."""
+        if not arg.startswith("-") or arg == "-" or " " in arg or _NEGATIVE_NUMBER.fullmatch(arg):
+            return False
+        name = arg.split("=", 1)[0]
+        options = [option for action in self._actions for option in action.option_strings]
+        if name in options:
+            return False
+        long_name = name.startswith("--") and len(name) > 2
+        return not (long_name and self.allow_abbrev and any(option.startswith(name) for option in options))
+
+
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser = subparsers.add_parser(
         "heads", help="train task heads into a checkpoint, for the service to serve; remove or rename them"
     )
     parser.set_defaults(func=lambda _args: usage(parser))
-    commands = parser.add_subparsers(dest="heads_command", metavar="ACTION")
+    commands = parser.add_subparsers(dest="heads_command", metavar="ACTION", parser_class=HeadNamesParser)
     train = commands.add_parser("train", help="train one MLP head per task and write it into the checkpoint")
     train.add_argument(
         "--checkpoint", required=True, type=Path, help="checkpoint directory to add the heads to"
@@ -51,7 +96,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     remove.add_argument(
         "--checkpoint", required=True, type=Path, help="checkpoint directory holding the head"
     )
-    remove.add_argument("name", help="the head to remove (as htmllm.json and /info name it)")
+    remove.add_argument(
+        "name",
+        help="the head to remove (as htmllm.json and /info name it; after `--` where it begins with '-')",
+    )
     remove.set_defaults(func=run_remove)
     rename = commands.add_parser(
         "rename", help="rename a head of a checkpoint (its weights, labels and metrics kept)"
@@ -60,7 +108,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--checkpoint", required=True, type=Path, help="checkpoint directory holding the head"
     )
     rename.add_argument("old", help="the head's name now")
-    rename.add_argument("new", help="its new name: ASCII letters, digits, '_' and '-', no other head's")
+    rename.add_argument(
+        "new",
+        help="its new name: ASCII letters, digits, '_' and '-', no other head's (the names after `--` where "
+        "one begins with '-')",
+    )
     rename.set_defaults(func=run_rename)
 
 

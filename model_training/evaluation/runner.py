@@ -17,6 +17,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,18 @@ from model_training.evaluation.heads import (
 )
 from model_training.evaluation.metrics import EvaluationError, get_metric, normalized_metric_mean
 from model_training.evaluation.tasks import HASH_METRIC, Task, hash_metric, task_sha256
-from service.core.checkpoint import WEIGHTS_FILE, encoder_probe, load_checkpoint, read_meta
+from service.core import heads_stage
+from service.core.checkpoint import (
+    WEIGHTS_FILE,
+    encoder_probe,
+    head_refusals,
+    load_checkpoint,
+    read_encoder_probe,
+    read_meta,
+)
+from service.core.checkpoint_format import read_meta_file
 from service.core.errors import HtmllmError
+from service.core.head_files import refuse_unlisted_heads
 from service.core.modeling import HeadSpec, TaskHead
 
 logger = logging.getLogger(__name__)
@@ -494,28 +505,31 @@ def unservable_heads(checkpoint: Path) -> list[dict[str, str | None]]:
 
     The evaluation embeds with the encoder alone (`Engine.from_checkpoint(encoder_only=True)`), so a
     broken head no longer stops it; a pre-deploy evaluation must still say that the checkpoint cannot be
-    served. A head is named where it fails loaded as the checkpoint's only head; where none does (a head
-    file htmllm.json does not list, say), or the checkpoint fails without its heads too, the whole
-    checkpoint's reason is given, with head None."""
+    served. What the heads share (no head file htmllm.json does not list; tokenizer, config, encoder
+    weights) is loaded once, without the heads: where it fails, that reason is given, with head None.
+    Each head is then checked on its own against it, as the loader checks a head, so every broken head
+    is named; loading the checkpoint once per head had read the encoder's weights up to N+2 times.
+    """
     where = str(checkpoint)
     try:
-        load_checkpoint(checkpoint)
+        names = heads_stage.consistently(checkpoint, partial(_listed_heads, checkpoint))
+        shared = load_checkpoint(checkpoint, without_heads=names)
+        width = int(shared.model.config.hidden_size)
+        del shared  # its width was all the heads need of it; the encoder's probe is read as load reads it
+        check = partial(head_refusals, checkpoint, width, read_encoder_probe(checkpoint / WEIGHTS_FILE))
+        refused = heads_stage.consistently(checkpoint, check)
     except HtmllmError as exc:
-        whole: dict[str, str | None] = {"checkpoint": where, "head": None, "reason": str(exc)}
-    else:
-        return []
-    names = [spec.name for spec in read_meta(checkpoint).heads]
-    try:
-        load_checkpoint(checkpoint, without_heads=names)
-    except HtmllmError:
-        return [whole]  # not the heads': the encoder's own loading fails
-    found: list[dict[str, str | None]] = []
-    for name in names:
-        try:
-            load_checkpoint(checkpoint, without_heads=[other for other in names if other != name])
-        except HtmllmError as exc:
-            found.append({"checkpoint": where, "head": name, "reason": str(exc)})
-    return found or [whole]
+        return [{"checkpoint": where, "head": None, "reason": str(exc)}]
+    return [{"checkpoint": where, "head": name, "reason": reason} for name, reason in refused.items()]
+
+
+def _listed_heads(root: Path, view: heads_stage.View) -> list[str]:
+    """The heads htmllm.json lists, as a reader sees it (`view`), refusing a head file it does not list
+    as the loader does first: checked here, with every head listed, since a load without the heads
+    would say that htmllm.json lists none."""
+    meta = read_meta_file(root, view.meta_file)
+    refuse_unlisted_heads(root, meta, view.head_files)
+    return [spec.name for spec in meta.heads]
 
 
 def unservable_line(entry: dict[str, str | None]) -> str:

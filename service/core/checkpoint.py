@@ -558,6 +558,25 @@ def _load_heads(
     return _Heads(heads, probes)
 
 
+def head_refusals(
+    root: Path, embedding_dim: int, encoder: EncoderProbe, view: heads_stage.View
+) -> dict[str, str]:
+    """Head name -> why `load_checkpoint` refuses it, for each head of htmllm.json as a reader sees it
+    (`view`), beside an encoder of `embedding_dim` whose weights `encoder` probes.
+
+    The loader's own checks of one head, so a pre-deploy evaluation (`unservable_heads`) names every
+    broken head by the service's decision, reading the encoder's weights once, not once per head."""
+    refused: dict[str, str] = {}
+    for spec in read_meta_file(root, view.meta_file).heads:
+        try:
+            loaded = _load_heads(root, view.head_files, [spec], embedding_dim)
+            if loaded.probes:
+                check_heads_encoder(loaded.probes, encoder)
+        except CheckpointError as exc:
+            refused[spec.name] = str(exc)
+    return refused
+
+
 def _read_config(root: Path) -> tuple[ModernBertConfig, dict[str, Any]]:
     """config.json as transformers reads it, and its raw JSON (to tell a key given from a default)."""
     file = root / CONFIG_FILE

@@ -76,6 +76,50 @@ def test_a_refused_name_exits_2_and_changes_nothing(
     ]
 
 
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["rename", "--checkpoint", "{ckpt}", "quality", "-x"], "old new"),
+        (["rename", "-x", "--checkpoint", "{ckpt}", "quality"], "old new"),
+        (["remove", "--checkpoint", "{ckpt}", "-x"], "name"),
+        (["remove", "--checkpoint={ckpt}", "--", "quality", "-x"], None),  # past `--`: argparse's own word
+    ],
+)
+def test_a_head_name_that_begins_with_a_dash_is_told_to_go_after_double_dash(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], names: str | None
+) -> None:
+    """argparse reads `-x` as an option wherever it stands and had said "the following arguments are
+    required: new", of the name just given: a usage error (status 2) that says what to type instead."""
+    ckpt = build_tiny_checkpoint(tmp_path / "ckpt")
+    fingerprint = checkpoint_fingerprint(ckpt)
+    with pytest.raises(SystemExit) as exited:
+        main(["heads", *(arg.format(ckpt=ckpt) for arg in args)])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    if names is None:
+        assert err == "htmllm: error: unrecognized arguments: -x"
+    else:
+        assert err == (
+            f"htmllm heads {args[0]}: error: '-x' reads as an option (it begins with '-'), and the "
+            "command has none of that name: a head name that begins with '-' goes after `--`, which ends "
+            f"the options: htmllm heads {args[0]} --checkpoint CHECKPOINT -- {names}"
+        )
+    assert checkpoint_fingerprint(ckpt) == fingerprint
+
+
+def test_a_head_called_with_a_dash_first_is_renamed_and_removed_after_double_dash(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = build_tiny_checkpoint(tmp_path / "ckpt")
+    assert main(["heads", "rename", "--checkpoint", str(ckpt), "--", "quality", "-x"]) == 0
+    assert [spec.name for spec in load_checkpoint(ckpt).meta.heads] == ["page_type", "-x"]
+    # Options, abbreviated or with `=`, and a negative number are no head names to refuse.
+    assert main(["heads", "rename", "--check", str(ckpt), "--", "-x", "-1"]) == 0
+    assert main(["heads", "remove", f"--checkpoint={ckpt}", "-1"]) == 0
+    assert [spec.name for spec in load_checkpoint(ckpt).meta.heads] == ["page_type"]
+    assert "removed head '-1'" in capsys.readouterr().out
+
+
 def test_no_checkpoint_exits_1_and_makes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "missing"
     assert main(["heads", "remove", "--checkpoint", str(missing), "quality"]) == 1
