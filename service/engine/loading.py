@@ -51,7 +51,11 @@ def build_runner(
         from service.engine.runners.process import ProcessRunner
 
         meta, tokenizer = _meta_and_tokenizer(path)
-        return ProcessRunner(path, config, expected=meta), meta, tokenizer
+        # The metadata the child loaded, not `meta`: the files may have been replaced in between. The
+        # runner refuses a child whose heads, tokenizer or width differ from `meta` (what `tokenizer`
+        # was checked against); the rest (name, prune version, max length) is the child's to say.
+        process_runner = ProcessRunner(path, config, expected=meta)
+        return process_runner, process_runner.meta, tokenizer
     if config.backend == "onnx":
         from service.engine.onnx_export import ensure_onnx
         from service.engine.runners.onnx import ExpectedGraph, OnnxRunner

@@ -5,15 +5,22 @@ Workers are forked from a forkserver that has already imported the extractor lib
 killed worker costs tens of milliseconds, not the second it takes to import trafilatura. A worker killed
 from outside while it holds a page (the kernel's OOM killer, `kill -9`) says nothing of the page or the
 extractor: the page is run again in a fresh worker (`LOST_WORKER_RETRIES`), then `ExtractorLostError`.
+
+Jobs refused in a row because no worker could start are counted (`ExtractorPool.start_health`), so that a
+server can stop taking traffic while they are (`start_trouble`); a probe job now and then tells it when
+one starts again.
 """
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.context import BaseContext
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 from service.core.cpus import cpu_budget
 from service.core.errors import ErrorCode, HtmllmError
@@ -45,6 +52,12 @@ LOST_WORKER_RETRIES: Final = 2
 # How an extractor's process ends when an allocation fails in native code: Rust aborts (resiliparse),
 # and C code that does not check for NULL segfaults.
 _OUT_OF_MEMORY_EXITS: Final = frozenset({-signal.SIGABRT, -signal.SIGSEGV})
+# The least time between two probe jobs of a pool whose workers cannot start (`observe_start_trouble`):
+# readiness probes ask often, and each try costs a fork (the interval of the server's own probes).
+PROBE_INTERVAL_S = 5.0
+_PROBE_TIMEOUT_S: Final = 10.0  # a probe job does nothing: what it waits for is the worker's start
+
+logger = logging.getLogger(__name__)
 
 
 def default_workers() -> int:
@@ -73,6 +86,22 @@ class ExtractorLostError(HtmllmError):
     both had been the page's `extraction_failed`."""
 
     code = ErrorCode.NOT_READY
+
+
+@dataclass(frozen=True)
+class StartHealth:
+    """How starting the extractor processes has gone lately: what a server's readiness reads (the
+    preprocessing processes' `PoolHealth`, for the extractors). A job refused because no worker could
+    start (`WorkerStartError`: the forkserver gone, no process can be forked, the code on disk broken)
+    counts; any job a worker took (whatever became of the page) ends the run. Times: `time.monotonic()`."""
+
+    start_failures: int = 0  # jobs in a row refused for want of a worker
+    failing_since: float | None = None  # when the first of those was refused
+    last_error: str | None = None  # the latest refusal's message
+
+
+def _probe_job() -> None:
+    """What a probe sends a worker: nothing to do; that a worker started to take it is the answer."""
 
 
 class Runner(Protocol):
@@ -121,10 +150,16 @@ class ExtractorPool(WorkerPool):
             lost_worker_retries=LOST_WORKER_RETRIES,
             on_replaced=on_replaced,
         )
+        # Replaced whole, never changed: read without the lock (`start_trouble` is asked for every answer).
+        self.start_health = StartHealth()
+        self._health_lock = threading.Lock()
+        self._probe: threading.Thread | None = None  # the latest probe job's thread
+        self._probe_started: float | None = None  # when it started (`time.monotonic()`)
+        self._trouble_logged = False  # the refusals have been logged, their end not yet
 
     def run(self, name: str, html: str, *, language: str | None, timeout_s: float | None) -> RawOutput:
         try:
-            output: RawOutput = self.call(run_extractor, (name, html, language), timeout_s=timeout_s)
+            output: RawOutput = self._counted_call(run_extractor, (name, html, language), timeout_s)
         except WorkerTimeoutError as exc:
             if exc.stalled:  # stopped or starved, hardly on the CPU: the server's trouble, not the page's
                 raise ExtractorLostError(
@@ -152,6 +187,90 @@ class ExtractorPool(WorkerPool):
             hint = self._memory_hint(type(exc).__name__, message, module=type(exc).__module__)
             raise ExtractionError(f"{name} failed: {type(exc).__name__}: {message}{hint}") from exc
         return output
+
+    def _counted_call(
+        self, function: Callable[..., object], args: tuple[object, ...], timeout_s: float | None
+    ) -> Any:
+        """`call`, its start counted in `start_health`: a `WorkerStartError` adds a refusal, a job that a
+        worker took (answered, failed, timed out or died with) ends the run. A closed pool counts for
+        neither: it refuses on purpose."""
+        try:
+            result = self.call(function, args, timeout_s=timeout_s)
+        except WorkerStartError as exc:
+            with self._health_lock:
+                run = self.start_health
+                since = time.monotonic() if run.failing_since is None else run.failing_since
+                self.start_health = StartHealth(
+                    run.start_failures + 1, since, f"{type(exc).__name__}: {exc.message}"
+                )
+            raise
+        except (JobError, WorkerTimeoutError, WorkerDiedError):
+            self._started()
+            raise
+        self._started()
+        return result
+
+    def _started(self) -> None:
+        """A worker took a job: the workers start again (said once, where their trouble was said)."""
+        if not self.start_health.start_failures:
+            return
+        with self._health_lock:
+            self.start_health = StartHealth()
+            logged, self._trouble_logged = self._trouble_logged, False
+        if logged:
+            logger.info("%s processes start again", self.name)
+
+    def start_trouble(self, after_failures: int, now: float | None = None) -> str | None:
+        """Why extraction jobs are refused now (`after_failures` in a row, at least one, for want of a
+        worker that starts), or None; no side effects, cheap (attribute reads): what a server's readiness
+        and every answer's connection rule ask. `now`: `time.monotonic()` unless given (a clock of the
+        caller's, which moves with the one `failing_since` was read on)."""
+        health = self.start_health
+        if health.start_failures < max(1, after_failures) or self._closed:
+            return None
+        since = health.failing_since
+        over = "" if since is None else f" over {(time.monotonic() if now is None else now) - since:.0f} s"
+        return (
+            f"no {self.name} process could start for the last {health.start_failures} extraction jobs{over} "
+            f"({health.last_error}); probing it"
+        )
+
+    def observe_start_trouble(self, after_failures: int, now: float | None = None) -> str | None:
+        """`start_trouble`, for a readiness probe: while it holds, a probe job goes to a worker now and
+        then (one at a time, at most every `PROBE_INTERVAL_S`, on a thread of its own), so that a server
+        that no extraction reaches any more (it is out of rotation for this) sees a worker start again;
+        its onset is logged once, and its end (`_started`). Without the probe, a pool whose starts
+        failed once stayed in trouble for good: nothing but a request would have tried again."""
+        trouble = self.start_trouble(after_failures, now)
+        if trouble is None:
+            return None
+        with self._health_lock:
+            logged, self._trouble_logged = self._trouble_logged, True
+            probing = self._probe is not None and self._probe.is_alive()
+            at = time.monotonic()
+            due = self._probe_started is None or at - self._probe_started >= PROBE_INTERVAL_S
+            if not probing and due:
+                self._probe_started = at
+                self._probe = threading.Thread(
+                    target=self._run_probe, name=f"htmllm-{self.name}-probe", daemon=True
+                )
+                self._probe.start()
+        if not logged:
+            logger.warning(
+                "extraction jobs are refused until one of the %s processes starts again: %s",
+                self.name,
+                trouble,
+            )
+        return trouble
+
+    def _run_probe(self) -> None:
+        """A probe job (`observe_start_trouble`'s thread); its outcome is in `start_health`."""
+        try:
+            self._counted_call(_probe_job, (), _PROBE_TIMEOUT_S)
+        except Exception as exc:  # its outcome is counted; the log says why
+            logger.warning("%s probe failed: %s: %s", self.name, type(exc).__name__, exc)
+        else:
+            logger.info("%s probe succeeded: one of its processes started", self.name)
 
     def _memory_hint(
         self, type_name: str, message: str, *, module: str = "", exit_code: int | None = None

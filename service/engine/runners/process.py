@@ -10,9 +10,9 @@ of its own has a GIL of its own; text-embeddings-inference gets the same by keep
 router.
 
 The child (spawned: CUDA cannot be forked) loads the checkpoint and builds the configured runner
-(`service.engine.loading.build_runner`); the parent keeps only the tokenizer and the checkpoint's
-metadata. Batches go over a pipe as one flat id array with lengths (a few hundred KB at most) and come
-back as `RunnerOutput`'s arrays. Its signals are ignored, so a Ctrl-C, a hang-up or a SIGTERM to the
+(`service.engine.loading.build_runner`); the parent keeps only the tokenizer and the metadata the child
+loaded (`meta`). Batches go over a pipe as one flat id array with lengths (a few hundred KB at most) and
+come back as `RunnerOutput`'s arrays. Its signals are ignored, so a Ctrl-C, a hang-up or a SIGTERM to the
 process group leaves it to the parent's drain, which closes it last. A parent that exits without closing
 it (a Ctrl-C through `htmllm embed`) closes the pipe at exit, which stops it.
 
@@ -116,7 +116,7 @@ class _Description:
     attention: str
     packed: bool
     identity: _Identity
-    training_run_id: str | None  # htmllm.json's `training.run_id` as the child read it (in its fingerprint)
+    meta: CheckpointMeta  # htmllm.json as the child's load read it: what the parent names the model by
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,7 @@ def _serve(
         runner.attention,
         packed,
         _Identity.of(fingerprint, meta),
-        meta.training_run_id,
+        meta,
     )
     prepare_for_serving()  # the model is loaded: set the garbage collector for serving
     conn.send(("ok", description))
@@ -276,9 +276,10 @@ class ProcessRunner:
     """The configured runner (`EngineConfig.backend`), run in a child process; the `Runner` protocol."""
 
     def __init__(self, path: Path, config: EngineConfig, *, expected: CheckpointMeta | None = None) -> None:
-        """`expected`: the metadata this process read of the checkpoint (its Engine answers with those
-        heads and that tokenizer); a first child that loaded other heads, another tokenizer or another
-        width (the checkpoint replaced between the two reads) is refused as a restart would be.
+        """`expected`: the metadata this process read of the checkpoint (its tokenizer was checked
+        against it); a first child that loaded other heads, another tokenizer or another width (the
+        checkpoint replaced between the two reads) is refused as a restart would be. What the child
+        loaded is `meta`, which the Engine answers with.
 
         ValueError at once, before any child, for what this machine cannot run (`check_device`: CUDA
         where there is none, flash_attention_2 on a CPU), as the runner in this process raises it: the
@@ -336,7 +337,12 @@ class ProcessRunner:
         # or after the child's load, and served a checkpoint replaced meanwhile under the other's sha.
         # Every restart loads the same (`_Identity`), so these hold for the runner's life.
         self.fingerprint = description.identity.fingerprint
-        self.training_run_id = description.training_run_id
+        # Likewise the metadata: the name, the prune version, the maximum length the child loaded, not
+        # `expected`, which this process read before the child's load (`build_runner` answers with this).
+        # A htmllm.json replaced in between (a new name, another prune version, same heads) had been
+        # served under the old name beside the new files' fingerprint.
+        self.meta = description.meta
+        self.training_run_id = description.meta.training_run_id
         self.backend = description.backend
         self.device = description.device
         self.dtype = description.dtype
