@@ -14,7 +14,6 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
@@ -22,8 +21,10 @@ from starlette.types import Message, Receive
 
 from service.api.api_keys import ApiKeys
 from service.api.checkpoint_identity import CheckpointIdentity
+from service.api.code_stamp import CodeStamp
 from service.api.errors import ClientDisconnectedError
 from service.api.metrics import ServiceMetrics
+from service.api.preprocessing_readiness import PreprocessingReadiness
 from service.api.settings import Settings
 from service.core.errors import ErrorCode, HtmllmError
 from service.engine import Engine
@@ -43,46 +44,8 @@ CHARGE_KEY = "htmllm.charge"
 # drops from the headers), kept in the scope under this key so that a body still compressed after it
 # is told from one sent without any (`service.api.documents.check_not_compressed`).
 CONTENT_ENCODING_KEY = "htmllm.content_encoding"
-# The least time between two probe passes of a failing backend.
+# The least time between two probe passes of a failing backend (or probe pages of failing preprocessing).
 PROBE_INTERVAL_S = 5.0
-# How many changed files a message names.
-_CHANGED_SHOWN = 3
-
-
-class CodeStamp:
-    """The module files of the code a server runs, as they were when it started (inode, size, mtime of
-    each), so that it can tell when they were replaced under it: an in-place package upgrade changes
-    nothing in the running process, but every process it starts from then on (a preprocessing process
-    from a new forkserver, a model process, which import the code anew) runs the new code, and may fail
-    to start against the old server, for ever. A restart is the cure, and `changed` says so."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self._taken = self._stat()
-
-    @classmethod
-    def of_service(cls) -> CodeStamp:
-        """The stamp of the `service` package (about 150 files: a millisecond or two of `stat`)."""
-        import service
-
-        return cls(Path(service.__file__).parent)
-
-    def _stat(self) -> dict[str, tuple[int, int, int]]:
-        found: dict[str, tuple[int, int, int]] = {}
-        for path in self.root.rglob("*.py"):
-            try:
-                stat = path.stat()
-            except OSError:  # removed while listed: missing from the stamp, as it is from the code
-                continue
-            found[path.relative_to(self.root).as_posix()] = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-        return found
-
-    def changed(self) -> list[str]:
-        """The files replaced, added or removed since the stamp was taken (sorted); [] when none."""
-        now = self._stat()
-        return sorted(
-            name for name in self._taken.keys() | now.keys() if self._taken.get(name) != now.get(name)
-        )
 
 
 @dataclass
@@ -219,32 +182,43 @@ class Runtime:
     _cutoff: asyncio.Task[None] | None = None
     _probe: PacedProbe = field(default_factory=PacedProbe)  # the backend's passes
     _stall_logged: bool = False  # /ready has logged a stalled pass and not yet its end
-    # The code as the server started with it (`CodeStamp`): looked at again only while a process that
-    # imports it anew cannot start (`code_changes`), and what it found, once it found a change.
-    code: CodeStamp = field(default_factory=CodeStamp.of_service)
-    _code_changes: list[str] | None = None
+    # The preprocessing pools' readiness: refused tries, a stuck job, the code replaced on disk.
+    preprocessing: PreprocessingReadiness = field(default_factory=PreprocessingReadiness)
     _pool_probe: PacedProbe = field(default_factory=PacedProbe)  # a page through the preprocessing pool
-    _pool_logged: bool = False  # the preprocessing processes' trouble has been logged, its end not yet
-    _restart_logged: bool = False  # /health has logged that only a restart cures the server
+
+    @property
+    def code(self) -> CodeStamp:
+        """The code as the server started with it (`PreprocessingReadiness.code`)."""
+        return self.preprocessing.code
+
+    @code.setter
+    def code(self, stamp: CodeStamp) -> None:
+        self.preprocessing.code = stamp
 
     def unready_reason(self) -> str | None:
         """Why /ready answers 503, or None: shutting down, not warmed yet, a model process being started
-        again, failing passes, a stalled pass.
+        again, failing passes, no preprocessing process starting, a stuck preprocessing job, a stalled
+        pass.
 
         The same condition /ready answers by, without its side effects (it starts no probe and logs
-        nothing), and cheap: a few attribute reads, and a clock read only while a pass runs.
-        ConnectionLifetimeMiddleware asks it for every answer, and closes each connection while it holds:
-        readiness only steers new connections, so a client already connected would otherwise keep
-        sending to a pod that cannot answer. A healthy pod, however loaded, never meets it: its passes
-        succeed and end well within the request timeout."""
+        nothing), and cheap: a few attribute reads, a clock read, and a lock taken for the oldest
+        preprocessing job. ConnectionLifetimeMiddleware asks it for every answer, and closes each
+        connection while it holds: readiness only steers new connections, so a client already connected
+        would otherwise keep sending to a pod that cannot answer. A healthy pod, however loaded, never
+        meets it: its passes succeed and end well within the request timeout."""
         refused = self.not_serving()
         if refused is not None:
             return refused.message
-        outage = self.engine.outage if self.engine is not None else None
+        engine = self.engine
+        assert engine is not None  # `not_serving` refuses without one
+        outage = engine.outage
+        preprocessing, now = self.preprocessing, self.clock()
         return (
             (outage.reason if outage else None)
             or self._failing_passes()
-            or self._preprocessing_trouble()
+            or preprocessing.refusals(engine, self.settings, now)
+            or preprocessing.stuck(engine, self.settings, now)
+            or self.extraction_trouble()
             or self.stalled_pass()
         )
 
@@ -286,67 +260,22 @@ class Runtime:
             self.check_failed_passes()
         return (outage.reason if outage else None) or trouble
 
-    def _preprocessing_trouble(self) -> str | None:
-        """Why pages cannot be preprocessed now (`unready_after_failures` pages in a row refused because
-        no preprocessing process could start), or None; no side effects."""
+    def preprocessing_trouble(self) -> str | None:
+        """Why /ready answers 503 for the preprocessing pools (`PreprocessingReadiness.observe`: tries
+        refused for want of a process, which a probe page then retries at most every PROBE_INTERVAL_S;
+        a stuck job), or None."""
         if self.engine is None:
             return None
-        pool = self.engine.preprocessing_health
-        if pool.start_failures < self.settings.unready_after_failures:
+        return self.preprocessing.observe(self.engine, self.settings, self.clock(), self._start_pool_probe)
+
+    def extraction_trouble(self, *, observe: bool = False) -> str | None:
+        """Why /v1/extract's jobs are refused now for want of an extractor process that starts
+        (`ExtractorPool.start_trouble`), or None; `observe`: /ready's, which also probes and logs it."""
+        pool = self.extractor_pool
+        if pool is None:
             return None
-        since = pool.failing_since
-        over = "" if since is None else f" over {self.clock() - since:.0f} s"
-        return (
-            f"no preprocessing process could start for the last {pool.start_failures} pages{over} "
-            f"({pool.last_error}); probing it"
-        )
-
-    def preprocessing_trouble(self) -> str | None:
-        """`_preprocessing_trouble`, for /ready: while it holds a probe page goes through the processes
-        now and then (at most every PROBE_INTERVAL_S), so that a pod no traffic reaches sees them start
-        again; its onset and its end are logged once each. Each page refused had been a 503 while /ready
-        said 200: the pod stayed in rotation, and with processes that can never start again (the code
-        replaced on disk) answered 503 for ever."""
-        trouble = self._preprocessing_trouble()
-        if trouble is not None:
-            self._start_pool_probe()
-            if not self._pool_logged:
-                self._pool_logged = True
-                logger.warning(
-                    "/ready answers 503 until a preprocessing process starts again: %s%s",
-                    trouble,
-                    self._restart_hint(),
-                )
-        elif self._pool_logged:
-            self._pool_logged = False
-            logger.info("preprocessing processes start again: /ready no longer answers 503 for them")
-        return trouble
-
-    def code_changes(self) -> list[str]:
-        """The files of the code replaced on disk since the server started (`CodeStamp`), [] if none.
-        Looked at only while a process cannot start; once a change is found it is kept (it does not
-        undo itself), and a restart is the one cure."""
-        if self._code_changes is None:
-            changed = self.code.changed()
-            if not changed:
-                return []
-            self._code_changes = changed
-        return self._code_changes
-
-    def _restart_hint(self) -> str:
-        """What the log adds to a process that cannot start: the code changed under the server (restart
-        it), or what to look at otherwise."""
-        changed = self.code_changes()
-        if changed:
-            return f"; {self._changed_code(changed)}: restart the server"
-        return "; if it does not pass, restart the server"
-
-    def _changed_code(self, changed: list[str]) -> str:
-        shown = ", ".join(changed[:_CHANGED_SHOWN]) + (", ..." if len(changed) > _CHANGED_SHOWN else "")
-        return (
-            f"the code on disk changed since the server started ({len(changed)} files under "
-            f"{self.code.root}: {shown}; a package upgraded in place?), and new processes import it"
-        )
+        check = pool.observe_start_trouble if observe else pool.start_trouble
+        return check(self.settings.unready_after_failures, self.clock())
 
     def check_failed_passes(self) -> None:
         """Start a check pass (`Engine.probe(check=True)`) where passes failed, fewer than
@@ -422,19 +351,20 @@ class Runtime:
         the checkpoint changed under it), which no wait cures and a restart does (it loads the new
         checkpoint). It had waited `unhealthy_after_s` like a fault that may pass: minutes of a pod
         unready and live, each probe meanwhile spawning a child that loaded the whole model in vain.
-        Likewise for the preprocessing processes: none could start for `unhealthy_after_s` (probes
-        included), or at once where the code on disk changed since the server started
-        (`_restart_needed`)."""
+        Likewise for the preprocessing pools: no process could start for `unhealthy_after_s` (probes
+        included), or a job has been stuck that long (a thread cannot be stopped); at once where no
+        process can start and the code on disk changed since the server started
+        (`PreprocessingReadiness.restart_needed`)."""
         limit = self.settings.unhealthy_after_s
         if self.engine is None or limit <= 0:
             return None
         outage = self.engine.outage
         if outage is not None and outage.permanent:
             return outage.reason
-        restart = self._restart_needed()
+        now = self.clock()
+        restart = self.preprocessing.restart_needed(self.engine, self.settings, now)
         if restart is not None:
             return restart
-        now = self.clock()
         health = self.engine.health
         if health.pass_started is not None and now - health.pass_started >= limit:
             return f"a forward pass has run for {now - health.pass_started:.0f} s"
@@ -450,30 +380,8 @@ class Runtime:
         if since is not None and self.backend_trouble() is not None and now - since >= limit:
             failed = f"{health.failures} in a row; {health.last_error}"
             return f"every forward pass has failed for {now - since:.0f} s ({failed})"
-        pool = self.engine.preprocessing_health
-        since = pool.failing_since
-        if since is not None and self.preprocessing_trouble() is not None and now - since >= limit:
-            refused = f"{pool.start_failures} pages refused; {pool.last_error}"
-            return f"no preprocessing process has started for {now - since:.0f} s ({refused})"
-        return None
-
-    def _restart_needed(self) -> str | None:
-        """Why only a restart cures the server now although nothing has failed for long: no preprocessing
-        process can start (past /ready's threshold) and the code on disk changed since the server
-        started (`code_changes`): each new process imports the new code, the server runs the old.
-        Logged once, as an error: the line an operator finds when the liveness probe restarts the pod.
-        Such a server had answered every page 503 for ever, /ready and /health 200."""
-        trouble = self._preprocessing_trouble()
-        if trouble is None:
-            return None
-        changed = self.code_changes()
-        if not changed:
-            return None
-        reason = f"{trouble}; {self._changed_code(changed)}: restart the server to run them"
-        if not self._restart_logged:
-            self._restart_logged = True
-            logger.error("a restart is needed, /health answers 503 until then: %s", reason)
-        return reason
+        self.preprocessing_trouble()  # /ready's side effects: a probe page while refused, the log
+        return self.preprocessing.unhealthy(self.engine, self.settings, now, limit)
 
     def _start_probe(self, *, check: bool = False) -> None:
         # Not before the warm-up succeeded: its retries already exercise the backend, and a probe's

@@ -924,10 +924,16 @@ class Engine:
 
     @property
     def preprocessing_health(self) -> PoolHealth:
-        """Whether the preprocessing processes start (`PoolHealth`): pages in a row refused for want of
-        one, since when and why. Always clear with `preprocess_pool="thread"`. What a server's readiness
-        and liveness read beside `health`."""
+        """Whether the preprocessing processes start (`PoolHealth`): tries in a row refused for want of
+        one (pages refused together count once), since when and why. Always clear with
+        `preprocess_pool="thread"`. What a server's readiness and liveness read beside `health`."""
         return self._preprocessing.health
+
+    @property
+    def preprocessing_running_since(self) -> float | None:
+        """When the preprocessing job running longest began (`time.monotonic()`), or None when none runs:
+        a job stuck on a thread cannot be stopped, so readiness and liveness read its age."""
+        return self._preprocessing.running.oldest()
 
     async def probe_preprocessing(self) -> None:
         """One small page through a preprocessing process, outside the queue (`Preprocessing.probe`),

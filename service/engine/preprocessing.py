@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from service.core.errors import HtmllmError
@@ -75,6 +77,41 @@ def _caller_cancelled() -> bool:
     return task is None or task.cancelling() > 0
 
 
+class RunningJobs:
+    """The jobs the preprocessing threads run now, each with when it began (`time.monotonic`), kept by the
+    thread that runs it: how a server tells a stuck worker (alive, not answering) from a slow page.
+
+    A page that hangs for good on a thread (an endless loop in a C parser) holds that thread for good, and
+    each page behind it waits: its request had been answered 504 at its deadline while /ready said 200.
+    Kept until the job itself ends, not until its caller stops waiting (a caller's timeout cancels only
+    the wait). With processes, the job a thread runs is a page's whole call (`WorkerPool.call`: a worker
+    taken or started, the page, the kill past the time limit), which the pool bounds; one that outlives
+    the bound says the pool itself is stuck."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next = 0
+        # Each running job's start, in the order they began: the first is the oldest.
+        self._started: dict[int, float] = {}
+
+    def run(self, job: Callable[..., T], *args: object) -> T:
+        """`job(*args)` on this thread, counted as running meanwhile."""
+        with self._lock:
+            token = self._next
+            self._next += 1
+            self._started[token] = time.monotonic()
+        try:
+            return job(*args)
+        finally:
+            with self._lock:
+                del self._started[token]
+
+    def oldest(self) -> float | None:
+        """When the job running longest began (`time.monotonic`), or None when none runs."""
+        with self._lock:
+            return next(iter(self._started.values()), None)
+
+
 class Preprocessing:
     """The preprocessing threads and, with `preprocess_pool="process"`, the processes and the threads
     that wait on them; from `start` to `close`, which the Engine calls (one Engine, one of these).
@@ -105,8 +142,13 @@ class Preprocessing:
         # The executor jobs callers await now: a stop without drain cancels them (their callers get
         # ShuttingDownError, `off_loop`) rather than wait for a thread that may never finish.
         self._off_loop_waits: set[asyncio.Future[Any]] = set()
-        # The pages in a row refused because no process could start (`PoolHealth`), changed on the loop.
+        # The tries in a row refused because no process could start (`PoolHealth`), changed on the loop.
         self.health = PoolHealth()
+        # Refusals counted into `health` so far (never reset): a page submitted before the latest of them
+        # was refused in the same episode, and counts no more (`_start_failed`).
+        self._refusals = 0
+        # The jobs on the threads now (`RunningJobs`): what readiness reads to find a stuck worker.
+        self.running = RunningJobs()
 
     @property
     def threads(self) -> ThreadPoolExecutor | None:
@@ -180,7 +222,7 @@ class Preprocessing:
         their own cancellation.
         """
         try:
-            future = asyncio.get_running_loop().run_in_executor(executor, job, *args)
+            future = asyncio.get_running_loop().run_in_executor(executor, self.running.run, job, *args)
         except RuntimeError as exc:  # "cannot schedule new futures after shutdown"
             raise ShuttingDownError("the engine stopped before this document was preprocessed") from exc
         self._off_loop_waits.add(future)
@@ -239,6 +281,7 @@ class Preprocessing:
             raise ShuttingDownError("the engine stopped before this document was preprocessed")
         timeout_s = self._config.preprocess_timeout_s
         call = functools.partial(processes.call, job, args, timeout_s=timeout_s)
+        refusals = self._refusals  # as this page is submitted: its refusal counts only if none came since
         try:
             result: T = await self.off_loop(dispatch, call)
         except MemoryError as exc:  # raised in the worker before the pruner ran (taking the page in)
@@ -251,20 +294,31 @@ class Preprocessing:
             if self._processes is not processes:  # `close` killed the pool under this page
                 raise ShuttingDownError("the engine stopped while this document was preprocessed") from exc
             if isinstance(exc, WorkerStartError):
-                self._start_failed(exc)
+                self._start_failed(exc, refusals)
             else:  # a process took the page (and timed out, crashed or was killed with it)
                 self._started()
             raise worker_failure(exc, timeout_s) from exc
         self._started()
         return result
 
-    def _start_failed(self, exc: WorkerStartError) -> None:
+    def _start_failed(self, exc: WorkerStartError, refusals: int) -> None:
         """Count a page refused because no process could start (`health`): each such page had been a
         503 while /ready said 200 and /health too, for ever where no process can start again (the code
-        on disk replaced under the server by a package upgrade, which a new process imports)."""
+        on disk replaced under the server by a package upgrade, which a new process imports).
+
+        Counted once per try, not per page: a page counts only if no refusal was counted since it was
+        submitted (`refusals`: the count then), so the pages refused together (one request's 64, in one
+        blip of the forkserver) count once, and a try made after a refusal counts again. Counted per page,
+        one such request had turned /ready 503 until the next probe; a run that goes on, try after try, is
+        what readiness is for."""
         run = self.health
+        error = f"{type(exc).__name__}: {exc.message}"
+        if run.start_failures and refusals != self._refusals:  # refused with one counted since it came
+            self.health = replace(run, last_error=error)
+            return
+        self._refusals += 1
         since = time.monotonic() if run.failing_since is None else run.failing_since
-        self.health = PoolHealth(run.start_failures + 1, since, f"{type(exc).__name__}: {exc.message}")
+        self.health = PoolHealth(run.start_failures + 1, since, error)
 
     def _started(self) -> None:
         """A process took a page: the processes start again, whatever became of the page."""

@@ -272,10 +272,11 @@ class BackendHealth:
 @dataclass(frozen=True)
 class PoolHealth:
     """How starting the preprocessing processes has gone lately: what readiness and liveness probes read.
-    A page refused because no process could start for it (`ProcessStartError`) counts; any page a
-    process took (answered, or failed by the page itself) ends the run. Times are `time.monotonic()`."""
+    A try refused because no process could start for it (`ProcessStartError`) counts, the pages refused
+    together (one request's, one blip's) once; any page a process took (answered, or failed by the page
+    itself) ends the run. Times are `time.monotonic()`."""
 
-    start_failures: int = 0  # pages in a row refused for want of a process
+    start_failures: int = 0  # tries in a row refused for want of a process; pages refused together count once
     failing_since: float | None = None  # when the first of those was refused
     last_error: str | None = None  # the latest refusal's message
 

@@ -35,7 +35,8 @@ _UNAVAILABLE = error_responses(503, codes=UNAVAILABLE)
 @get_route(router, "/health", summary="Liveness: the process answers", responses=_UNHEALTHY)
 async def health(runtime: RuntimeDep) -> HealthResponse:
     """200 while the process can serve; 503 once the backend has failed every pass (or hung in one), the
-    warm-up has kept failing, or no preprocessing process could start, for `HTMLLM_UNHEALTHY_AFTER_S`: a
+    warm-up has kept failing, no preprocessing process could start, or one preprocessing job has run
+    (a thread cannot be stopped: a restart frees it), for `HTMLLM_UNHEALTHY_AFTER_S`: a
     corrupted CUDA context does not heal in-process, a restart does. At once when the model's process
     (`HTMLLM_INFERENCE_PROCESS`) died and cannot be started again because the checkpoint changed since
     the server started (a restart serves the new checkpoint), and when no preprocessing process can
@@ -51,9 +52,11 @@ async def health(runtime: RuntimeDep) -> HealthResponse:
 async def ready(runtime: RuntimeDep) -> ReadyResponse:
     """200 once the model has run one full-size batch; 503 before, once shutdown began, while the
     backend fails (`HTMLLM_UNREADY_AFTER_FAILURES` passes in a row, until a pass or probe succeeds),
-    while no preprocessing process can start (as many pages in a row refused for it, until one or a
-    probe page gets one), and while one pass has run past `HTMLLM_UNREADY_AFTER_PASS_S` (the request
-    timeout by default). The
+    while no preprocessing process can start (as many tries in a row refused for it, pages refused
+    together counting once, until one or a probe page gets one), while a preprocessing job is stuck
+    (past the request timeout), while no extractor process can start (as many `/v1/extract` jobs in a
+    row refused for it, until one or a probe job gets one), and while one pass has run past
+    `HTMLLM_UNREADY_AFTER_PASS_S` (the request timeout by default). The
     condition is `Runtime.unready_reason`'s; while it holds every answer closes its connection. A 503
     here is a probe's answer, not a request failure (not counted in `htmllm_request_failures_total`)."""
     engine = runtime.engine
@@ -64,7 +67,8 @@ async def ready(runtime: RuntimeDep) -> ReadyResponse:
     # Both looked at on every probe: the stall's log lines must not depend on the failure count.
     stalled = runtime.observe_stall()
     pool = runtime.preprocessing_trouble()
-    trouble = runtime.backend_trouble() or pool or stalled
+    extraction = runtime.extraction_trouble(observe=True)
+    trouble = runtime.backend_trouble() or pool or extraction or stalled
     if trouble is not None:  # out of the load balancer until a pass succeeds again
         raise HtmllmError(f"the model is not ready: {trouble}", code=ErrorCode.NOT_READY)
     return ReadyResponse(model=engine.info.name)
