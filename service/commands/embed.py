@@ -13,7 +13,9 @@ starts over from an interrupted run it cannot resume) are `resume_state`'s, shar
 extract`; the Parquet parts and the settings kept in the output's metadata are `embed_state`'s.
 
 Rows: `index`, `id`, `url`, `http_status` and `content_type` (a WARC page's HTTP status and Content-Type,
-`response_fields`; null for any other page), `embedding` (float32 list, null on error), `tokens`,
+`response_fields`; null for any other page), `warc_truncated` (why the crawler cut a WARC page's record
+short, its WARC-Truncated: `length`, `time`, `disconnect`...; null for a whole record and any other page),
+`embedding` (float32 list, null on error), `tokens`,
 `truncated`, `error` (an ErrorCode, null on success), `error_message` (why, null on success), then per
 classification head `<head>` (top label) and `<head>.probs` (float32 list in label order), per regression
 head `<head>` (float).
@@ -117,8 +119,11 @@ PART_SIZE = 512
 # row's `index` is one more). 5: a JSONL row with both `html` and `file`, or whose `encoding` names no
 # charset, is an error row (the `file` and the label had been ignored in silence); a WARC's `url` loses
 # WARC 1.0's angle brackets, and an untyped response record holding an HTTP response is a row; a corrupt
-# member of a per-record .warc.gz is one row and the records after it are read.
-ROW_FORMAT = 5
+# member of a per-record .warc.gz is one row and the records after it are read. 6: `warc_truncated`; a
+# record without a WARC-Record-ID inside a compressed stream is `<file>#<n>` (records in one gzip member
+# had shared an id), and a corrupt zstd or LZ4 frame of a per-record file (or a gzip member FastWARC
+# stops at quietly) is one row, the records after it read (they had been lost).
+ROW_FORMAT = 6
 # The columns every row has: a head's column (`<head>`, `<head>.probs`) must be none of them.
 FIXED_COLUMNS = (
     "index",
@@ -126,6 +131,7 @@ FIXED_COLUMNS = (
     "url",
     "http_status",
     "content_type",
+    "warc_truncated",
     "embedding",
     "tokens",
     "truncated",
@@ -328,20 +334,23 @@ def _check_input(path: Path, output: Path) -> None:
 
 
 def response_fields(page: Page, *, jsonl: bool) -> dict[str, Any]:
-    """`http_status` and `content_type` of a page read from a WARC record (`warc_pages` records them in
-    `Page.meta`; a resource record's Content-Type is its WARC header's), null for any other page: the one
-    rule for `htmllm embed`'s columns and `htmllm extract`'s fields, so 404 bodies and empty redirects can
-    be filtered out afterwards. `jsonl`: the input is a JSONL file or a corpus manifest, whose rows' own
+    """`http_status`, `content_type` and `warc_truncated` of a page read from a WARC record (`warc_pages`
+    records them in `Page.meta`; a resource record's Content-Type is its WARC header's; WARC-Truncated
+    where the crawler cut the record short), null for any other page: the one rule for `htmllm embed`'s
+    columns and `htmllm extract`'s fields, so 404 bodies, empty redirects and partial pages can be
+    filtered out afterwards. `jsonl`: the input is a JSONL file or a corpus manifest, whose rows' own
     fields land in `Page.meta` too (`warc_file` among them where a dump carries it): a row's
     "http_status" is its writer's word, of any type (a string would fail the int32 column's write), never
     a response this run read. A value of a type the reader does not record is null likewise."""
     if jsonl or "warc_file" not in page.meta:
-        return {"http_status": None, "content_type": None}
+        return {"http_status": None, "content_type": None, "warc_truncated": None}
     status, content_type = page.meta.get("http_status"), page.meta.get("content_type")
+    truncated = page.meta.get("warc_truncated")
     return {
         # A status line's three digits (`warc_pages._STATUS_LINE`); a bool is no status.
         "http_status": status if type(status) is int and 0 <= status <= 999 else None,
         "content_type": content_type if isinstance(content_type, str) else None,
+        "warc_truncated": truncated if isinstance(truncated, str) else None,
     }
 
 
@@ -531,6 +540,7 @@ def _schema(dim: int, heads: list[HeadSpec]) -> pa.Schema:
         pa.field("url", pa.string()),
         pa.field("http_status", pa.int32()),
         pa.field("content_type", pa.string()),
+        pa.field("warc_truncated", pa.string()),
         pa.field("embedding", pa.list_(pa.float32(), dim)),
         pa.field("tokens", pa.int32()),
         pa.field("truncated", pa.bool_()),

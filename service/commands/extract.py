@@ -2,14 +2,15 @@
 
 One output row per input page, in input order, with its input position (`index`, from 0) first, as
 `htmllm embed`'s rows have it: the one key that tells every row apart, since a row without an id is
-named by its position and so can share its `id` with a row whose real id is that number. Every row
-ends with `http_status` and `content_type`: a WARC page's HTTP status and Content-Type, null for any
-other page (`embed.response_fields`), so that 404 bodies and empty redirects can be filtered out. A page an
-extractor fails on, and an input row that cannot be read (not JSON, a missing file; a page over the
-pruner's 16 MiB cap, `payload_too_large`, see `service.core.pages`), gets an `error` object in its row
-rather than stopping the run; only an input source that does not exist or cannot be read, an unwritable
-output path or a run state that cannot be resumed fails the command: one line with its code, as
-`htmllm embed` says it, and exit code 1. A failure that a later attempt may not repeat (`TRANSIENT`:
+named by its position and so can share its `id` with a row whose real id is that number. Every row ends
+with `http_status`, `content_type` and `warc_truncated`: a WARC page's HTTP status, Content-Type and
+WARC-Truncated (why the crawler cut its record short, null for a whole one), null for any other page
+(`embed.response_fields`), so that 404 bodies, empty redirects and partial pages can be filtered out. A
+page an extractor fails on, and an input row that cannot be read (not JSON, a missing file; a page over
+the pruner's 16 MiB cap, `payload_too_large`, see `service.core.pages`), gets an `error` object in its
+row rather than stopping the run; only an input source that does not exist or cannot be read, an
+unwritable output path or a run state that cannot be resumed fails the command: one line with its code,
+as `htmllm embed` says it, and exit code 1. A failure that a later attempt may not repeat (`TRANSIENT`:
 `not_ready`, the page's extractor process killed from outside, by the OOM killer or `kill -9`, in each
 of the pool's tries) is never written, as `htmllm embed` leaves such a page: the page is left for the
 next run, and the command exits 1 without merging (streamed, where nothing resumes, its row says so).
@@ -141,7 +142,11 @@ _EXTRACTOR_DISTRIBUTIONS = ("resiliparse", "trafilatura", "justext")
 #    and a response record without a WARC Content-Type whose block is an HTTP response is a row (every
 #    later row's `index` is one more); a corrupt member of a per-record .warc.gz is one row and the
 #    records after it are read.
-ROW_FORMAT = 9
+# 10: every row ends with `warc_truncated` too; a WARC record without a WARC-Record-ID inside a compressed
+#    stream is `<file>#<n>` (records in one gzip member had shared an id); a corrupt zstd or LZ4 frame of
+#    a per-record file (or a gzip member FastWARC stops at quietly) is one row and the records after it
+#    are read (they had been lost).
+ROW_FORMAT = 10
 # Failures a later attempt may not repeat: written as rows they would be "done" for good (`htmllm embed`'s
 # rule; of its codes only this one reaches an extraction).
 TRANSIENT = frozenset({ErrorCode.NOT_READY})  # the page's extractor process killed from outside
@@ -149,8 +154,8 @@ TRANSIENT = frozenset({ErrorCode.NOT_READY})  # the page's extractor process kil
 # is): `index`, `id` (a string), `url` (a string or null), then `error`, `extractions` or the text. A
 # file starting otherwise is not replaced without --overwrite; a user's JSONL of pages or texts (`"id"`,
 # `"url"`, `"text"`) has no `index`, and neither had rows before format 4, which are refused once. Keys
-# added since (format 7's `http_status`, `content_type`) go at a row's end, so every format from 4 on
-# starts this way.
+# added since (format 7's `http_status`, `content_type`, format 10's `warc_truncated`) go at a row's end,
+# so every format from 4 on starts this way.
 _JSON_STRING = rb'"(?:[^"\\\n]|\\.)*"'
 _ROW_START = re.compile(
     rb'\{"index": \d+, "id": ' + _JSON_STRING + rb', "url": (?:null|' + _JSON_STRING + rb"), "
@@ -550,6 +555,9 @@ def _settings(args: argparse.Namespace, parts: Path) -> dict[str, Any]:
         "extractor": args.extractor,
         "min_words": args.min_words,
         "timeout_s": args.timeout_s,
+        # A row's outcome, as the time limit is: an extraction that needs more memory fails (resumed
+        # under another limit, one output held two runs' failures). --workers and --part-size are not.
+        "memory_limit_mb": args.memory_limit_mb,
         "versions": {name: installed_version(name) for name in _EXTRACTOR_DISTRIBUTIONS},
     }
     if args.extractor == "union":

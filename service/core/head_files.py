@@ -60,8 +60,8 @@ _PROBE_ATOL = 1e-7  # float16's subnormals (below 6.1e-5) are spaced 6e-8 apart
 # equal): a head writes the column of its own name, so a head added under one of these names (`save_heads`,
 # `htmllm heads train`) would make embed refuse the checkpoint's heads while the service served them.
 RESERVED_HEAD_NAMES = frozenset(
-    {"index", "id", "url", "http_status", "content_type", "embedding", "tokens", "truncated", "error",
-     "error_message"}
+    {"index", "id", "url", "http_status", "content_type", "warc_truncated", "embedding", "tokens",
+     "truncated", "error", "error_message"}
 )  # fmt: skip
 # What a head added now may be called: a task's name (`model_training.evaluation.tasks`), which is also a
 # parquet column, a JSON key and a file name everywhere. `HeadSpec` is wider, so that older checkpoints

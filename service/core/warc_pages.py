@@ -16,6 +16,11 @@ more than the header says) is an `unsupported_media_type` row (`PageCompressedEr
 A response record's HTTP head is parsed here (`_http_head`), not with FastWARC's `HeaderMap.parse`: that
 one knows only CRLF line ends, and a head written with bare LF (as warcio and browsers read it) was taken
 whole for headers, its body lost with its Content-Type: the page was skipped, or over 32 KiB an error row.
+
+A record without a WARC-Record-ID is named by where it is (`_Reading.unnamed_id`): `<file>@<byte>` where
+it starts at that byte of the file, else `<file>#<n>`, the n-th record read from the file (from 0). Inside
+a file compressed as one stream (gzip, zstd, LZ4) FastWARC's offsets are positions of its read buffer,
+which many records share: named by them, two pages had one id.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Generator, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -42,7 +48,7 @@ from service.core.pages import (
     read_error,
     valid_text,
 )
-from service.core.warc_tail import skip_member, tail_problem
+from service.core.warc_tail import member_start, skip_member, tail_problem
 
 if TYPE_CHECKING:
     from fastwarc.warc import WarcRecord
@@ -61,16 +67,46 @@ _BLANKS = " \t\r"
 def iter_warc(path: Path) -> Iterator[Page]:
     """The HTML pages of a WARC file in record order; a record that cannot be read is an error row, and
     a file that cannot be read past some record ends with one (the framing after it is lost), but for a
-    gzip file with a member per record: its corrupt member is an error row, and reading goes on at the
-    next member that starts a record (`warc_tail.skip_member`)."""
+    file compressed per record (gzip members, zstd or LZ4 frames): its corrupt member is an error row,
+    and reading goes on at the next member that starts a record (`warc_tail.skip_member`)."""
+    reading = _Reading(path)
     start: int | None = 0
     while start is not None:
-        start = yield from _iter_records(path, start)
+        start = yield from _iter_records(path, start, reading)
 
 
-def _iter_records(path: Path, start: int) -> Generator[Page, None, int | None]:
-    """`iter_warc`'s pages from the record at byte `start` on (a gzip member's start but for 0); returns
-    where to go on reading after a corrupt gzip member, None at the end."""
+@dataclass
+class _Reading:
+    """What naming a record without a WARC-Record-ID needs to know of the records read before it."""
+
+    path: Path
+    records: int = 0  # records FastWARC framed in the file so far, of every type
+    # What every member of the file starts with (`member_start`), read when first needed.
+    _member: bytes | None = field(default=None, init=False)
+
+    def unnamed_id(self, offset: int, ordinal: int, *, shared: bool) -> str:
+        """The id of the record FastWARC framed at `offset`, the `ordinal`-th of the file: `<file>@<offset>`
+        where the record starts at that byte (a plain file; the start of a gzip member, zstd or LZ4 frame
+        that no record before it was framed at), else `<file>#<ordinal>`. Both are stable from run to run
+        (a resume checks them), and the latter does not depend on FastWARC's read buffer either."""
+        if not shared and self._starts_member(offset):
+            return f"{self.path.name}@{offset}"
+        return f"{self.path.name}#{ordinal}"
+
+    def _starts_member(self, offset: int) -> bool:
+        try:
+            with self.path.open("rb") as handle:
+                if self._member is None:
+                    self._member = member_start(self.path, handle.read(4))
+                handle.seek(offset)
+                return handle.read(len(self._member)) == self._member
+        except OSError:  # gone since FastWARC read it: named by its ordinal, which needs no file
+            return False
+
+
+def _iter_records(path: Path, start: int, reading: _Reading) -> Generator[Page, None, int | None]:
+    """`iter_warc`'s pages from the record at byte `start` on (a member's start but for 0); returns where
+    to go on reading after a corrupt member, None at the end."""
     try:
         from fastwarc.warc import ArchiveIterator, WarcRecordType
     except ImportError as exc:  # a dependency, but an environment may have been pruned by hand
@@ -95,13 +131,16 @@ def _iter_records(path: Path, start: int) -> Generator[Page, None, int | None]:
         framed = False  # whether FastWARC framed a record at `offset` (else it failed on its member)
         reported = False  # whether the last record was reported cut off already
         while True:
-            reading = False  # whether the record at `offset` is being read (else the next one framed)
+            in_record = False  # whether the record at `offset` is being read (else the next one framed)
             try:
                 record = next(iterator)
+                shared = framed and record.stream_pos == offset  # inside one compressed stream or member
                 offset, framed, reported = record.stream_pos, True, False
+                ordinal = reading.records
+                reading.records += 1
                 if record.record_type not in (WarcRecordType.response, WarcRecordType.resource):
                     continue
-                reading = True
+                in_record = True
                 # Bounded: a record's Content-Length is the writer's word, and FastWARC passes over what
                 # is left of a record unread.
                 block = record.reader.read(READ_FACTOR * pages.MAX_PAGE_BYTES + 1)
@@ -112,28 +151,25 @@ def _iter_records(path: Path, start: int) -> Generator[Page, None, int | None]:
                 skip = (
                     None
                     if isinstance(error, PageUnreadableError)
-                    else _skip(path, offset, framed and not reading)
+                    else _skip(path, offset, framed and not in_record)
                 )
                 if skip is None:
                     yield _warc_error(path, offset, str(error), error.code)
                     return None
-                failed, resume = skip
-                # The bytes skipped may hold more members than the one that failed (two corrupt in a
-                # row, the second's start no longer inflating): the range says what one row stands for.
-                error = read_error(
-                    f"{path}: the record at byte {failed} could not be decompressed and was skipped (bytes "
-                    f"{failed} to {resume - 1}; reading goes on at the record at byte {resume}): {exc}",
-                    exc,
-                )
-                yield _warc_error(path, failed, str(error), error.code)
-                return resume
-            page_id = record.record_id or f"{path.name}@{offset}"
+                yield _skipped(path, skip, str(exc), error.code, read=framed and not in_record, offset=offset)
+                return skip[1]
+            page_id = record.record_id or reading.unnamed_id(offset, ordinal, shared=shared)
             where = f"{path}: record {page_id} at byte {offset}"
             url = _target_uri(record.headers.get("WARC-Target-URI"))
             meta: dict[str, Any] = {
                 "warc_file": valid_text(path.name),
                 "warc_date": record.headers.get("WARC-Date"),
             }
+            # Why the crawler cut the record short (`length`, `time`, `disconnect`, `unspecified`): on
+            # every row of the record, an error row's too, so a curator can leave partial pages out.
+            truncated = record.headers.get("WARC-Truncated")
+            if truncated:
+                meta["warc_truncated"] = valid_text(truncated)
             too_large = len(block) > READ_FACTOR * pages.MAX_PAGE_BYTES
             reported = not too_large and len(block) < record.content_length
             try:
@@ -149,10 +185,40 @@ def _iter_records(path: Path, start: int) -> Generator[Page, None, int | None]:
                 yield page
     # FastWARC ends quietly (or hands back an empty record) where a killed writer cut the file inside a
     # record's header; check the end of the file from the last record it framed, and say so.
-    problem = None if reported else tail_problem(path, offset)
-    if problem is not None:
+    problem = None if reported else tail_problem(path, offset, start)
+    if problem is None:
+        return None
+    # It stops quietly at some corrupt members too (a gzip header whose flags claim an extra field): in
+    # a file compressed per record, reading goes on after such a one as after one it fails on.
+    skip = _skip(path, offset, framed)
+    if skip is None:
         yield _warc_error(path, offset, f"{path}: {problem}")
-    return None
+        return None
+    yield _skipped(path, skip, problem, ErrorCode.VALIDATION, read=framed, offset=offset)
+    return skip[1]
+
+
+def _skipped(
+    path: Path, skip: tuple[int, int], cause: str, code: ErrorCode, *, read: bool, offset: int
+) -> Page:
+    """The row of the members `skip_member` passed over, (the one that failed, where reading goes on).
+    `read`: the record FastWARC framed at `offset` was read whole before it failed."""
+    failed, resume = skip
+    # The bytes skipped may hold more members than the one that failed (two corrupt in a row, the
+    # second's start no longer inflating): the range says what one row stands for.
+    what = f"the record at byte {failed} could not be decompressed and was skipped"
+    if read and failed == offset:
+        # Its member decoded, to bytes FastWARC framed otherwise (`skip_member`): its data is corrupt
+        # where the format cannot tell (LZ4 without checksums), so its row may hold garbage.
+        what = (
+            f"the record at byte {failed} was read, but its member does not decode to whole WARC records "
+            "as FastWARC frames them (corrupt data its compression cannot tell: its row may hold "
+            "garbage), and the rest of the member was skipped"
+        )
+    message = (
+        f"{path}: {what} (bytes {failed} to {resume - 1}; reading goes on at the record at byte {resume})"
+    )
+    return _warc_error(path, failed, f"{message}: {cause}", code)
 
 
 def _skip(path: Path, offset: int, framed: bool) -> tuple[int, int] | None:
@@ -218,9 +284,6 @@ def _warc_page(
     if media_type not in _HTML_MEDIA_TYPES and not (media_type is None and _untyped_page(body, status)):
         return None
     meta["content_type"] = content_type or None
-    truncated = record.headers.get("WARC-Truncated")
-    if truncated:
-        meta["warc_truncated"] = truncated
     if too_large:
         raise PageTooLargeError(
             f"{where} has {record.content_length} bytes, over the {READ_FACTOR * pages.MAX_PAGE_BYTES} read "

@@ -102,7 +102,8 @@ def test_extract_rows_end_with_a_warc_pages_http_status_and_content_type(tmp_pat
     assert [row["content_type"] for row in rows] == CONTENT_TYPES
     assert "error" in rows[5] and "error" not in rows[0]  # both of `_process`'s ends
     for row in rows:  # last, after the keys that tell the command's own output (`_ROW_START`)
-        assert list(row)[:3] == ["index", "id", "url"] and list(row)[-2:] == ["http_status", "content_type"]
+        assert list(row)[:3] == ["index", "id", "url"]
+        assert list(row)[-3:] == ["http_status", "content_type", "warc_truncated"]
     assert extract_command._ROW_START.match(output.read_bytes())
     # So the output is still the command's own: a second run replaces it without --overwrite.
     assert [row["http_status"] for row in _extract_rows(tmp_path / "crawl.warc.gz", output)] == STATUSES
@@ -129,7 +130,7 @@ def test_response_fields_take_only_a_warc_pages_values_of_the_readers_types(
     fields = embed_command.response_fields(Page(id="p", html=b"", meta=meta), jsonl=False)
     assert (fields["http_status"], fields["content_type"]) == expected
     jsonl = embed_command.response_fields(Page(id="p", html=b"", meta=meta), jsonl=True)
-    assert jsonl == {"http_status": None, "content_type": None}
+    assert jsonl == {"http_status": None, "content_type": None, "warc_truncated": None}
 
 
 def test_a_head_or_task_named_like_the_new_columns_is_refused() -> None:
