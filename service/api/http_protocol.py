@@ -72,18 +72,28 @@ one decided the body's decoding. They are dropped, counted against `MAX_HEAD_BYT
 past it, the request refused as for a malformed body): httptools buffered an endless trailer value
 without bound, copying it whole at each read. A trailer `Connection` changes nothing either: llhttp
 acted on a `close` there and dropped, silently, every byte the connection brought after the request.
-A chunk's size line (its chunk extensions, which llhttp reads without a callback) is bounded the same
-way: an endless one had been read at the client's pace until the body stalled.
+Nor does a trailer `Content-Length` or `Transfer-Encoding`, which llhttp refused (uvicorn's plain 400,
+the request lost): such fields are not to be merged into the head and can be ignored (RFC 9110 section
+6.5.1), and are dropped as any other. A chunk's size line (its chunk extensions, which llhttp reads
+without a callback) is bounded by the same cap, exactly, however the reads split it: an endless one had
+been read at the client's pace until the body stalled, and one that began or ended within a read had
+passed up to a read (256 KiB) over the cap.
 
 A close that waits for answers the client has not read (a refusal's lingering close, the keep-alive
 timeout, the client's half-close) is bounded too: a transport closes only once its buffer drains, and
 below its high-water mark no write timer ran, so a client that read nothing held its socket for as long
 as it stayed; it is aborted after `head_timeout_s` in which it read none of them. The pipeline cap's 429
-carries `Retry-After` (`retry_after_s`), as every other 429 does. And a request of an HTTP version other
-than 1.0 or 1.1 (llhttp takes 0.9, a request line without a version among them, and 2.0; uvicorn answered
-them as 1.1), or HTTP/2's preface, is answered 505 in plain text, as uvicorn's 400 for bytes that are
-no HTTP/1.x request is; a request line without a version as soon as it ends (llhttp waits for headers
-after one, and an HTTP/0.9 client sends none: it had the 408). Progress against the write timer counts the
+carries `Retry-After` (`retry_after_s`), as every other 429 does, and every JSON answer from down here
+(408, 429, 431) carries uvicorn's `Date` as the app's answers do (RFC 9110 section 6.6.1). A request of
+an HTTP version other than 1.x (llhttp takes 0.9, a request line without a version among them, and 2.0;
+uvicorn answered them as 1.1), or HTTP/2's preface, is answered 505 in plain text, as uvicorn's 400 for
+bytes that are no HTTP/1.x request is; a request line without a version as soon as it ends, or as soon
+as anything follows it (llhttp waits for a blank line after one, and an HTTP/0.9 client sends none: it
+had the 408, as had one that sent header lines and no blank line). 505 rather than 400, whatever follows
+the line: llhttp reads it as HTTP/0.9's, and the answer does not depend on how the client's bytes were
+split into reads. A higher minor version of HTTP/1 (`HTTP/1.2`, which llhttp refused: uvicorn's 400) is
+served as HTTP/1.1, the highest minor version implemented (RFC 9110 section 2.5): its app sees 1.1, and
+its answer's status line says 1.1 as every answer's does. Progress against the write timer counts the
 bytes the kernel sent too (its send queue, where the system says), not the transport's buffer alone, which
 a steady slow reader of pipelined answers could leave no smaller for a whole period.
 """
@@ -96,7 +106,7 @@ import functools
 import json
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NoReturn
 
 from service.api.connections import CONNECTION_KEY, PROTOCOL_STATUS_KEY, ConnectionAge
@@ -140,8 +150,9 @@ DEFAULT_HEAD_TIMEOUT_S = 30.0
 # `Retry-After` on the pipeline cap's 429 for a protocol made without one: `Settings.retry_after_s`'s
 # default (HTMLLM_RETRY_AFTER_S), as every other 429 of the service carries.
 DEFAULT_RETRY_AFTER_S = 1
-# The HTTP versions served. llhttp also takes 0.9 (a request line without a version reads as one) and 2.0
-# (`PRI * HTTP/2.0`, HTTP/2's preface, among them), and uvicorn answered both as HTTP/1.1.
+# The HTTP versions served as they are; any other 1.x is served as 1.1 (`_served_version`). llhttp also
+# takes 0.9 (a request line without a version reads as one) and 2.0 (`PRI * HTTP/2.0`, HTTP/2's preface,
+# among them), and uvicorn answered both as HTTP/1.1.
 _VERSIONS = frozenset(("1.0", "1.1"))
 _REASONS = {
     408: "Request Timeout",
@@ -166,21 +177,35 @@ def _kernel_unsent(transport: asyncio.BaseTransport) -> int | None:
     return int(struct.unpack("i", queued)[0])
 
 
-def _error_answer(code: ErrorCode, message: str, retry_after_s: int | None = None) -> bytes:
+def _served_version(version: str) -> str | None:
+    """The HTTP version a request of `version` (httptools' "major.minor") is served as: 1.0 and 1.1 as
+    they are, a higher 1.x as 1.1, the highest minor version of the major version implemented (RFC 9110
+    section 2.5: llhttp refused one, uvicorn's plain 400); None for another major version (505)."""
+    if version in _VERSIONS:
+        return version
+    return "1.1" if version.startswith("1.") else None
+
+
+def _error_answer(
+    code: ErrorCode,
+    message: str,
+    default_headers: Iterable[tuple[bytes, bytes]],
+    retry_after_s: int | None = None,
+) -> bytes:
     """A whole HTTP/1.1 answer with the service's error body, closing the connection: for what the
-    parser refuses before any request exists. `Retry-After` for a code a client may retry after waiting,
-    as `service.api.errors.error_response` gives one."""
+    parser refuses before any request exists. `default_headers`: uvicorn's for every answer (its `date`,
+    which RFC 9110 section 6.6.1 has an origin server with a clock send, and `server` where configured),
+    as the app's answers carry them. `Retry-After` for a code a client may retry after waiting, as
+    `service.api.errors.error_response` gives one."""
     body = json.dumps({"error": {"code": code.value, "message": message}}).encode()
     status = STATUS[code]
-    retry = f"retry-after: {retry_after_s}\r\n" if code in RETRYABLE and retry_after_s is not None else ""
-    head = (
-        f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
-        "content-type: application/json\r\n"
-        f"content-length: {len(body)}\r\n"
-        f"{retry}"
-        "connection: close\r\n\r\n"
-    )
-    return head.encode("ascii") + body
+    head = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status].encode("ascii"))]
+    head.extend(name + b": " + value + b"\r\n" for name, value in default_headers)
+    head.append(b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body))
+    if code in RETRYABLE and retry_after_s is not None:
+        head.append(b"retry-after: %d\r\n" % retry_after_s)
+    head.append(b"connection: close\r\n\r\n")
+    return b"".join(head) + body
 
 
 class _StopParse(Exception):
@@ -189,28 +214,38 @@ class _StopParse(Exception):
     `HttpParserCallbackError` out of `feed_data`, the rest of the read left unparsed."""
 
 
-def _head_too_large_response() -> bytes:
-    return _error_answer(
-        ErrorCode.HEADERS_TOO_LARGE, f"the request line and headers exceed {MAX_HEAD_BYTES} bytes"
-    )
+_HEAD_TOO_LARGE = f"the request line and headers exceed {MAX_HEAD_BYTES} bytes"
+_TRAILER_TOO_LARGE = f"the chunked body's trailer fields exceed {MAX_HEAD_BYTES} bytes"
+_SIZE_LINE_TOO_LARGE = (
+    f"a chunk's size line (its chunk extensions) in the chunked body exceeds {MAX_HEAD_BYTES} bytes"
+)
+_HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
+_TOO_MANY_PIPELINED = (
+    f"too many pipelined requests: at most {MAX_PIPELINED} may wait behind the one being answered; "
+    "send the rest on a new connection"
+)
 
 
-def _trailer_too_large_response() -> bytes:
-    return _error_answer(
-        ErrorCode.HEADERS_TOO_LARGE, f"the chunked body's trailer fields exceed {MAX_HEAD_BYTES} bytes"
-    )
-
-
-def _size_line_too_large_response() -> bytes:
-    return _error_answer(
-        ErrorCode.HEADERS_TOO_LARGE,
-        f"a chunk's size line (its chunk extensions) in the chunked body exceeds {MAX_HEAD_BYTES} bytes",
-    )
-
-
-def _too_many_pipelined_response(retry_after_s: int | None) -> bytes:
-    message = f"too many pipelined requests: at most {MAX_PIPELINED} may wait behind the one being answered"
-    return _error_answer(ErrorCode.OVERLOADED, message + "; send the rest on a new connection", retry_after_s)
+def _long_lines(data: bytes, carried: int) -> Iterator[int]:
+    """Where each line of `data` that may be a chunk's size line over the cap begins (`data_received`):
+    one with at least `MAX_HEAD_BYTES` bytes before the LF ending it in `data`, beginning after an LF
+    with a hex digit (as a size line must: llhttp refuses any other at its first byte), or at 0 where
+    `carried` bytes of it came before `data`. A read's lines are skipped a window of the cap at a time
+    (the last LF in it), so that text is passed over in a few searches, each in C; a body's long lines
+    that begin otherwise (a minified page's `<`) are not parsed apart."""
+    start = -carried
+    while start + MAX_HEAD_BYTES < len(data):  # (an LF ending a long line could still come in `data`)
+        window_end = start + MAX_HEAD_BYTES
+        last = data.rfind(b"\n", max(start, 0), window_end)
+        if last >= 0:  # (every line ending in the window is shorter: on from the last one)
+            start = last + 1
+            continue
+        end = data.find(b"\n", window_end)
+        if end < 0:  # (the line is still open at the end: measured once `data` is parsed)
+            return
+        if start < 0 or data[start] in _HEX_DIGITS:
+            yield max(start, 0)
+        start = end + 1
 
 
 def _head_without_offer(method: bytes, url: bytes, version: str, headers: list[tuple[bytes, bytes]]) -> bytes:
@@ -321,6 +356,11 @@ def protocol_class(
         size line (`on_chunk_header`) that no body byte follows: the last chunk's (size 0). A data chunk's
         size line at the end of a read looks the same until the next read brings its first byte
         (`on_body`), so only reads that end with no body byte since count.
+
+        A chunk's size line is measured exactly: it has no LF, so one still open at the end of a read is
+        what follows the read's last LF (or the whole read, where it began earlier), and one that ends
+        within a read and passes the cap is one of its long lines (`_long_lines`), up to which the read is
+        parsed before the rest, so that the parser says whether it is in a size line there.
         """
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -345,6 +385,7 @@ def protocol_class(
             self._body_left: int | None = 0  # the parser's request's body to come (None: chunked)
             self._keeps_alive = True  # whether llhttp keeps the connection, by its request's head
             self._lenient_keep_alive = False  # llhttp told to, whatever a trailer `Connection` says
+            self._lenient_trailer = False  # llhttp told to take trailer fields it refused
             self._trailer_open = False  # past a chunk's size line with no body byte since: maybe a trailer
             self._trailer_new = False  # ... a size line parsed in the current read
             self._trailer_bytes = 0  # the reads counted against a trailer section still incomplete
@@ -355,6 +396,13 @@ def protocol_class(
             self._write_timer: asyncio.TimerHandle | None = None  # armed while writing is paused
             self._write_left = 0  # the transport's buffer when the write timer was armed
             self._kernel_left: int | None = None  # ... and its socket's kernel send queue (`_kernel_unsent`)
+            self._set_lenient_version()
+
+        def _set_lenient_version(self) -> None:
+            """Have llhttp take any HTTP/d.d version (it refused 1.2 and 3.0, uvicorn's plain 400), so that
+            the head's version decides (`_served_version`: 1.x served, 505 for the rest)."""
+            with contextlib.suppress(AttributeError):  # (httptools before 0.6.3 has no leniencies)
+                self.parser.set_dangerous_leniencies(lenient_version=True)
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -400,6 +448,8 @@ def protocol_class(
             self._size_line_open = False
             if self._lenient_keep_alive:  # (for the request with the trailer `Connection` only)
                 self._set_lenient_keep_alive(False)
+            if self._lenient_trailer:  # (for a chunked body's trailer only: never for a head)
+                self._set_lenient_trailer(False)
             self._arm_head_timer()
 
         def on_header(self, name: bytes, value: bytes) -> None:
@@ -415,7 +465,7 @@ def protocol_class(
             there had passed the key check), and count it against the cap (the class's docstring)."""
             self._trailer_size += len(name) + len(value) + 3
             if self._trailer_size + 2 > MAX_HEAD_BYTES:
-                self._stop(_trailer_too_large_response(), STATUS[ErrorCode.HEADERS_TOO_LARGE])
+                self._stop(*self._error_answer(ErrorCode.HEADERS_TOO_LARGE, _TRAILER_TOO_LARGE))
             if name.lower() == b"connection" and self._keeps_alive and not self._lenient_keep_alive:
                 # llhttp reads `Connection` here as in a head: after a `close`, it would drop every byte
                 # that follows the request, silently (uvicorn's leniency), its next requests never
@@ -427,7 +477,22 @@ def protocol_class(
             with contextlib.suppress(AttributeError):  # (httptools before 0.6.3 has no leniencies)
                 self.parser.set_dangerous_leniencies(lenient_keep_alive=lenient)
 
+        def _set_lenient_trailer(self, lenient: bool) -> None:
+            """Have llhttp take a `Content-Length` or `Transfer-Encoding` trailer field, as any other (it
+            refused one: uvicorn's plain 400): such fields are not to be merged into the head, and a
+            recipient can ignore them (RFC 9110 section 6.5.1), as every trailer field here is. Told so
+            after the head of a chunked request (its first size line), where llhttp consults these
+            leniencies only for trailer fields, and untold at the next request's start, so that a head
+            that sends both, or a `Transfer-Encoding` other than chunked, is refused as before."""
+            self._lenient_trailer = lenient
+            with contextlib.suppress(AttributeError):  # (httptools before 0.6.3 has no leniencies)
+                self.parser.set_dangerous_leniencies(
+                    lenient_chunked_length=lenient, lenient_transfer_encoding=lenient
+                )
+
         def on_chunk_header(self) -> None:
+            if not self._lenient_trailer:
+                self._set_lenient_trailer(True)
             self._size_line_open = False
             self._trailer_open = True
             self._trailer_new = True
@@ -441,8 +506,8 @@ def protocol_class(
         def _open_size_line(self) -> None:
             """A chunk's size line begins: llhttp reads its chunk extensions (`5;name=value`) and gives
             no callback until the line ends, so an endless one was read, at the client's pace, until
-            the body stalled (no byte of it for 10 s); it is counted as a trailer section is, in whole
-            reads (`data_received`), against `MAX_HEAD_BYTES`."""
+            the body stalled (no byte of it for 10 s); it is counted against `MAX_HEAD_BYTES`, exactly
+            (the class's docstring, `data_received`)."""
             self._size_line_open = True
             self._size_line_new = True
             self._size_line_bytes = 0
@@ -458,14 +523,14 @@ def protocol_class(
             method, version = self.parser.get_method(), self.parser.get_http_version()
             request_line = len(method) + len(self.url) + len("HTTP/") + len(version) + 4
             if request_line + self._head_size + 2 > MAX_HEAD_BYTES:  # (no request yet)
-                self._stop(_head_too_large_response(), STATUS[ErrorCode.HEADERS_TOO_LARGE])
-            if version not in _VERSIONS:  # (no request yet)
+                self._stop(*self._error_answer(ErrorCode.HEADERS_TOO_LARGE, _HEAD_TOO_LARGE))
+            if _served_version(version) is None:  # (no request yet)
                 self._stop(self._version_refusal(version), 505)
             if self.parser.should_upgrade():  # (set before this callback; llhttp stops after it)
                 self._offered_upgrade = True  # no request yet: `data_received` gives the head again
                 return
             if len(self.pipeline) >= MAX_PIPELINED:  # (no request yet: it is never queued)
-                self._stop(_too_many_pipelined_response(retry_after_s), STATUS[ErrorCode.OVERLOADED])
+                self._stop(*self._error_answer(ErrorCode.OVERLOADED, _TOO_MANY_PIPELINED))
             self._begin_request(_declared_body(self.headers))
 
         def _begin_request(self, body_left: int | None) -> None:
@@ -479,6 +544,8 @@ def protocol_class(
             age = ConnectionAge(opened=self._opened, request=self._requests)
             self.scope[CONNECTION_KEY] = age  # type: ignore[literal-required]  # an extension key
             super().on_headers_complete()
+            # (a higher 1.x is served as 1.1: its app sees 1.1, as its answer's status line says)
+            self.scope["http_version"] = _served_version(self.scope["http_version"]) or "1.1"
             cycle: Any = self.cycle  # (its transport is swapped for one that is no asyncio.Transport)
             cycle.transport = _LingeringClose(self.transport, functools.partial(self._close_after, cycle))
             cycle.scope[UNREAD_BODY_CLOSES_KEY] = functools.partial(self._unread_body_left, cycle)
@@ -513,9 +580,36 @@ def protocol_class(
                 super().on_message_complete()
 
         def data_received(self, data: bytes) -> None:
+            """Parse a read, in parts where a line that may be a chunk's size line over the cap begins in it
+            (`_long_lines`), so that such a line is refused wherever the read's bounds fall."""
             if self._refusal is not None:  # refused: what follows is read only to be dropped
                 self._drop(len(data))
                 return
+            fed = 0
+            for start in self._long_lines_in(data):
+                if start > fed and not self._feed_data(data, fed, start):
+                    return
+                fed = start
+                if self._size_line_open:  # (parsed up to the long line, the parser is in it: a size line)
+                    self._refuse(*self._error_answer(ErrorCode.HEADERS_TOO_LARGE, _SIZE_LINE_TOO_LARGE))
+                    return
+            self._feed_data(data, fed, len(data))
+
+        def _long_lines_in(self, data: bytes) -> Iterator[int]:
+            """`_long_lines` of a read where a chunk's size line may be among them: none in one too short to
+            hold one, nor in one that is all body of a request with a Content-Length (a large upload's)."""
+            carried = self._size_line_bytes if self._size_line_open else 0
+            if carried + len(data) <= MAX_HEAD_BYTES:
+                return iter(())
+            if not self._in_head and self._body_left is not None and self._body_left >= len(data):
+                return iter(())
+            return _long_lines(data, carried)
+
+        def _feed_data(self, read: bytes, start: int, end: int) -> bool:
+            """Parse `read[start:end]`, a read or a part of one; whether to go on with the rest of the read
+            (not once the connection is refused or closing, nor where the rest went with a head given
+            again)."""
+            data = read if start == 0 and end == len(read) else read[start:end]
             self._began_in_chunk = False
             self._trailer_new = False
             self._size_line_new = False
@@ -525,39 +619,49 @@ def protocol_class(
             except httptools.HttpParserError:
                 if self._stopped is not None:
                     self._refuse(*self._stopped)
-                    return
-                if self.parser.get_method() == b"PRI" and self.parser.get_http_version() == "2.0":
+                elif self.parser.get_method() == b"PRI" and self.parser.get_http_version() == "2.0":
                     # HTTP/2's connection preface (prior knowledge): llhttp stops at it, before any head.
                     self._refuse(self._version_refusal("2.0"), 505)
-                    return
-                if len(self.url) > _MAX_URL_BYTES:  # (a URL uvicorn cannot parse)
+                elif len(self.url) > _MAX_URL_BYTES:  # (a URL uvicorn cannot parse)
                     self._refuse_head_too_large()
-                    return
-                self.logger.warning(_INVALID_REQUEST)
-                self.send_400_response(_INVALID_REQUEST)
-                return
+                else:
+                    self.logger.warning(_INVALID_REQUEST)
+                    self.send_400_response(_INVALID_REQUEST)
+                return False
             except httptools.HttpParserUpgrade as upgrade:
-                self._give_head_again(data[upgrade.args[0] :])
-                return
+                self._give_head_again(read[start + upgrade.args[0] :])
+                return False
             if self.transport.is_closing():
-                return
+                return False
+            self._bound_open_parts(data)
+            return self._refusal is None and not self.transport.is_closing()
+
+        def _bound_open_parts(self, data: bytes) -> None:
+            """Bound what `data`, just parsed, leaves open: bytes that start no request, a chunk's size line,
+            a trailer section, a request line without a version, a head (the module's docstring)."""
             if self._idle():
                 # Nothing to answer, yet bytes came (a bare CRLF, the body of a request already answered):
                 # uvicorn cancelled its keep-alive timer on this read and re-arms it only after an answer,
                 # so such a connection was held without end. The head timer bounds it (not moved by later
                 # reads); a head that follows completes in time or is refused as any other.
                 self._arm_head_timer()
-            if self._size_line_open and not self._size_line_new:  # (a whole read of one size line)
-                self._size_line_bytes += len(data)
-                if self._size_line_bytes > MAX_HEAD_BYTES:
-                    self._refuse(_size_line_too_large_response(), STATUS[ErrorCode.HEADERS_TOO_LARGE])
+            if self._size_line_open:  # (a size line has no LF: it began after the last one, if in `data`)
+                if self._size_line_new:
+                    self._size_line_bytes = len(data) - data.rfind(b"\n") - 1
+                else:
+                    self._size_line_bytes += len(data)
+                if self._size_line_bytes >= MAX_HEAD_BYTES:  # (over the cap with the LF still to come)
+                    self._refuse(*self._error_answer(ErrorCode.HEADERS_TOO_LARGE, _SIZE_LINE_TOO_LARGE))
                 return
             if self._trailer_open and not self._trailer_new:  # (a whole read of a trailer section)
                 self._trailer_bytes += len(data)
                 if self._trailer_bytes > MAX_HEAD_BYTES:
-                    self._refuse(_trailer_too_large_response(), STATUS[ErrorCode.HEADERS_TOO_LARGE])
+                    self._refuse(*self._error_answer(ErrorCode.HEADERS_TOO_LARGE, _TRAILER_TOO_LARGE))
                 return
-            if self._in_head and self._line_open and self._versionless_line(data):
+            if self._in_head and (
+                # (llhttp reads a request line without a version as 0.9's once a byte follows its end)
+                self.parser.get_http_version() == "0.9" or (self._line_open and self._versionless_line(data))
+            ):
                 self._refuse(self._version_refusal("0.9"), 505)
                 return
             if not self._in_head or self._began_in_chunk:
@@ -577,9 +681,9 @@ def protocol_class(
             line without a version exactly when it is the method, spaces and the URL the parser gave. No
             other line can be: a header line has a colon and no space before it (llhttp refuses one that
             does), a folded one begins with whitespace, and a line that began before the head would hold
-            all of the head's line and more. Only the line's end is looked for: one followed by headers
-            in the same read is answered 505 once its head completes, as before. The work is done only for
-            a read that leaves a request line open, and what is kept is one partial line."""
+            all of the head's line and more. Only the line's end is looked for: once a byte follows it,
+            llhttp reports the version 0.9 (`_bound_open_parts`). The work is done only for a read that
+            leaves a request line open, and what is kept is one partial line."""
             if data.endswith(b"\n"):
                 self._line_open = False  # (the head began before this LF: its request line has ended)
                 start = data.rfind(b"\n", 0, len(data) - 1)
@@ -599,12 +703,18 @@ def protocol_class(
             return False
 
         def _refuse_head_too_large(self) -> None:
-            self._refuse(_head_too_large_response(), STATUS[ErrorCode.HEADERS_TOO_LARGE])
+            self._refuse(*self._error_answer(ErrorCode.HEADERS_TOO_LARGE, _HEAD_TOO_LARGE))
 
         def send_400_response(self, msg: str) -> None:
             """uvicorn's plain-text 400, through `_refuse`: after the answers before it, and with a
             lingering close (a bad head with a large body behind it lost its 400 to a reset)."""
             self._refuse(self._plain_answer(400, msg), 400)
+
+        def _error_answer(self, code: ErrorCode, message: str) -> tuple[bytes, int]:
+            """The service's error answer for `code` from below the app (the module's `_error_answer`),
+            with uvicorn's default headers (`date`) as the app's answers have them, and its status."""
+            default_headers = self.server_state.default_headers
+            return _error_answer(code, message, default_headers, retry_after_s), STATUS[code]
 
         def _version_refusal(self, version: str) -> bytes:
             """505 for a request of an HTTP version other than 1.x (RFC 9110 section 15.6.6)."""
@@ -775,6 +885,8 @@ def protocol_class(
                 return
             head = _head_without_offer(method, self.url, self.parser.get_http_version(), self.headers)
             self.parser = httptools.HttpRequestParser(self)
+            self._lenient_trailer = False
+            self._set_lenient_version()
             self.data_received(head + rest)
 
         def _answer_connect(self, rest: bytes) -> None:
@@ -786,7 +898,7 @@ def protocol_class(
                 self.send_400_response(_INVALID_REQUEST)
                 return
             if len(self.pipeline) >= MAX_PIPELINED:
-                self._refuse(_too_many_pipelined_response(retry_after_s), STATUS[ErrorCode.OVERLOADED])
+                self._refuse(*self._error_answer(ErrorCode.OVERLOADED, _TOO_MANY_PIPELINED))
                 self._drop(len(rest))
                 return
             self._offered_upgrade = False
@@ -883,7 +995,7 @@ def protocol_class(
             if self._in_head:  # (a client still sending its head may have more on the way: lingering)
                 message = f"the request head did not arrive within {head_timeout_s:g} s"
                 message += " (HTMLLM_HEAD_TIMEOUT_S)"
-                self._refuse(_error_answer(ErrorCode.HEAD_TIMEOUT, message), STATUS[ErrorCode.HEAD_TIMEOUT])
+                self._refuse(*self._error_answer(ErrorCode.HEAD_TIMEOUT, message))
                 return
             self._close()
 

@@ -1,21 +1,24 @@
-"""service/api/http_protocol.py: a request of an HTTP version other than 1.0 or 1.1 is a 505.
+"""service/api/http_protocol.py: a request of an HTTP version other than 1.x is a 505; 1.2 and up are 1.1.
 
 llhttp takes HTTP/0.9 (a request line without a version reads as one) and HTTP/2.0, and uvicorn answered
 such requests as HTTP/1.1 (`GET /health HTTP/2.0` got a 200). The server speaks HTTP/1.x only: such a
 request is answered 505 HTTP Version Not Supported (RFC 9110 section 15.6.6), from below the app, and
 its connection closed; so is HTTP/2's connection preface (`PRI * HTTP/2.0`, prior knowledge), which had
-uvicorn's 400.
+uvicorn's 400. A request line without a version is answered as soon as it ends, whatever follows it. A
+higher minor version of HTTP/1 (`HTTP/1.2`), which llhttp refused (uvicorn's 400), is served as HTTP/1.1
+(RFC 9110 section 2.5).
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+import socket
 from typing import Any
 
 import pytest
 
-from tests.api.protocol_harness import protocol_on_fake_transport
+from tests.api.protocol_harness import protocol_on_fake_transport, threaded_server
 from tests.factories.waiting import until_async
 
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -139,3 +142,83 @@ async def test_requests_with_a_version_in_any_reads_are_served(reads: list[bytes
     expected = [b"200"] * (2 if reads[0].startswith(b"POST") else 1)
     await until_async(lambda: len(_statuses(transport.written)) == len(expected), "the requests answered")
     assert _statuses(transport.written) == expected and not transport.closed, transport.written
+
+
+@pytest.mark.parametrize(
+    "reads",
+    [
+        [b"GET /health\r\nHost: x\r\n"],
+        [b"GET /health\nH"],
+        [b"GET /health\r", b"\nHost: x\r\n"],
+        [b"GET /health HTTP/0.9\r\nHost: x\r\n"],
+    ],
+    ids=["headers-in-the-same-read", "lf-then-a-byte", "split-in-its-line-end", "http-0.9"],
+)
+async def test_a_request_line_without_a_version_then_anything_is_a_505_at_once(reads: list[bytes]) -> None:
+    """Not only the line alone: followed by header lines (or any byte) in the same read, it is no HTTP/1.x
+    request either, and gets the same 505 at once; it had waited for a blank line, and a client that sent
+    none got the head timeout's 408."""
+    started: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        started.append(scope["path"])
+        await _app(scope, receive, send)
+
+    protocol, transport = protocol_on_fake_transport(app, head_timeout_s=60.0)
+    for data in reads:
+        protocol.data_received(data)
+    assert _statuses(transport.written) == [b"505"] and transport.closed, transport.written[:300]
+    assert b"without a version" in transport.written and started == []
+
+
+def test_a_request_line_without_a_version_then_headers_is_a_505_at_once_over_tcp() -> None:
+    with threaded_server(_app, head_timeout_s=60.0) as port:
+        # (behind a request with a version, whose answer comes first)
+        answer = _until_closed(port, b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b\r\nHost: x\r\n")
+    assert _statuses(answer) == [b"200", b"505"], answer
+
+
+@pytest.mark.parametrize("minor", [b"2", b"9"])
+async def test_a_higher_http_1_minor_version_is_served_as_1_1(minor: bytes) -> None:
+    """RFC 9110 section 2.5: a request of a higher minor version of HTTP/1 is served as HTTP/1.1 (llhttp
+    had refused it, uvicorn's 400): the app sees 1.1, the answer's status line says 1.1, and the
+    connection is kept as 1.1's is, closed where the request says `Connection: close`."""
+    versions: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        versions.append(scope["http_version"])
+        await _app(scope, receive, send)
+
+    protocol, transport = protocol_on_fake_transport(app)
+    protocol.data_received(b"GET /a HTTP/1.%s\r\nHost: x\r\n\r\n" % minor)
+    await until_async(lambda: _statuses(transport.written), "an answer")
+    protocol.data_received(b"GET /b HTTP/1.%s\r\nHost: x\r\nConnection: close\r\n\r\n" % minor)
+    await until_async(lambda: transport.closed, "the connection closed")
+    assert _statuses(transport.written) == [b"200", b"200"] and versions == ["1.1", "1.1"], transport.written
+
+
+@pytest.mark.parametrize("version", [b"3.0", b"9.9", b"0.8"])
+async def test_another_major_version_is_a_505(version: bytes) -> None:
+    """HTTP/2.0 keeps its 505, and so does every version whose major is not 1 (llhttp had refused 3.0
+    and 0.8 with uvicorn's 400)."""
+    protocol, transport = protocol_on_fake_transport(_app)
+    protocol.data_received(b"GET /health HTTP/" + version + b"\r\nHost: x\r\n\r\n")
+    assert _statuses(transport.written) == [b"505"] and transport.closed, transport.written[:300]
+    assert b"HTTP/" + version + b" is not supported" in transport.written
+
+
+def test_http_1_2_is_served_as_1_1_over_tcp() -> None:
+    with threaded_server(_app) as port:
+        answer = _until_closed(port, b"GET / HTTP/1.2\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n") and answer.endswith(b"ok"), answer
+
+
+def _until_closed(port: int, data: bytes) -> bytes:
+    """Send `data`, then read until the server closes (a bound on each read: a server still waiting fails
+    the test rather than hang it)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10.0) as sock:
+        sock.sendall(data)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        return answer
