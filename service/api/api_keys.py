@@ -3,7 +3,8 @@
 The file is how keys rotate without downtime: mount a Kubernetes Secret there, add the new key beside the
 old one, move the clients over, remove the old key. A request looks at the file (at most once a second,
 whatever the request rate) and re-reads it when it changed, with no restart and no moment when neither
-key works. The two are additive: `HTMLLM_API_KEY`, when set, is accepted whatever the file holds.
+key works. The two are additive: `HTMLLM_API_KEY`, when set, is accepted whatever the file holds, at
+start too (a pod restarted while the file holds no key starts as its peers serve: with that key alone).
 
 Every key is visible ASCII, with spaces or tabs inside it (`key_problem`), refused at start otherwise:
 a key with a control character or a non-ASCII one is a key no client can send as `Bearer <key>` (httpx
@@ -75,7 +76,13 @@ class ApiKeys:
         if key_file is not None:
             state, keys = _read_key_file(key_file)  # at start an unusable file is an error, not a warning
             if not keys:
-                raise HtmllmError(f"HTMLLM_API_KEY_FILE {key_file} holds no key", code=ErrorCode.VALIDATION)
+                # With the fixed key this is a running server's state after every file key was revoked
+                # (a pod restarted mid-rotation must start as its peers serve); without it no request
+                # could ever be let in, which is no server to start.
+                if not self._fixed:
+                    message = f"HTMLLM_API_KEY_FILE {key_file} holds no key, and HTMLLM_API_KEY is not set"
+                    raise HtmllmError(message, code=ErrorCode.VALIDATION)
+                logger.warning("API key file %s holds no key: %s", key_file, self._left_open())
             self._file_state, self._file_keys = state, keys
             self._checked = time.monotonic()
 

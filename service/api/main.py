@@ -478,8 +478,11 @@ def _settings_for_serving(args: argparse.Namespace) -> Settings | int:
     try:
         settings.engine_config()  # combinations the engine refuses (float16 on CPU, onnx in bfloat16...)
     except ValueError as exc:
-        sys.stderr.write(f"htmllm serve: invalid settings:\n{exc}\n")
+        sys.stderr.write(f"htmllm serve: invalid settings: {exc}\n")
         return 2
+    budget = settings.json_budget_warning()
+    if budget is not None:
+        logger.warning("%s", budget)
     return settings
 
 

@@ -260,7 +260,8 @@ class ExtractRequest(_Strict):
         None,
         max_length=64,
         description="jusText's language for every page (ISO 639-1, e.g. de; en-US is en), instead of "
-        "detecting each page's: one jusText has a stoplist for or the detector knows, else 422",
+        "detecting each page's: one jusText has a stoplist for or the detector knows, else 422; 422 too "
+        "where none of the extractors asked for runs jusText (justext or union)",
         examples=["de"],
     )
 

@@ -31,6 +31,25 @@ DEFAULT_POOL_WORKERS = 2
 # waits for takes a day, and where a setting has "never" it is 0: past the bound a value is refused at
 # start (exit 2), as any other setting's wrong value is.
 MAX_DURATION_S = 86_400
+# What the in-flight budget (`service.api.limits`) charges a JSON body, as `service.api.documents` does:
+# its bytes, then `sys.getsizeof` of every string parsed from it. A character takes at least one byte of
+# the body and at most 4 of a string (one character outside the BMP, an emoji, makes Python store the
+# whole string so; an em dash, 2 bytes a character): 5 bytes charged a byte of body, plus each string's
+# own part (`STRING_OVERHEAD_BYTES`). A raw page is charged its bytes alone.
+JSON_CHARGE_PER_BODY_BYTE = 5
+# sys.getsizeof's part of a str whatever its length: at most 76 bytes of header and a 4-byte terminator.
+STRING_OVERHEAD_BYTES = 80
+# The strings of a request: a document's html, id and url, and a few of the request's own (a model or
+# user name, a language, head and extractor names).
+STRINGS_PER_DOCUMENT = 3
+STRINGS_PER_REQUEST = 64
+
+
+def largest_json_charge(max_body_bytes: int, max_documents: int) -> int:
+    """The most the in-flight budget charges one JSON body of at most `max_body_bytes` carrying at most
+    `max_documents` documents: what `max_inflight_bytes` must hold for an idle server to take it."""
+    strings = STRINGS_PER_DOCUMENT * max_documents + STRINGS_PER_REQUEST
+    return JSON_CHARGE_PER_BODY_BYTE * max_body_bytes + STRING_OVERHEAD_BYTES * strings
 
 
 def _default_workers(data: dict[str, Any]) -> int:
@@ -133,7 +152,8 @@ class Settings(BaseSettings):
         gt=0,
         description="request bodies the server holds at once (received, not yet answered); a body that "
         "would pass it gets 429 with Retry-After, so a burst of large pages cannot exhaust memory; at "
-        "least max_body_bytes",
+        "least max_body_bytes; below what one JSON body of max_body_bytes can be charged (5x it, and 80 "
+        "bytes a string: largest_json_charge) the server warns at start",
     )
     request_timeout_s: float = Field(30.0, gt=0, le=MAX_DURATION_S, description="504 beyond it")
     body_timeout_s: float = Field(
@@ -279,6 +299,27 @@ class Settings(BaseSettings):
                 "raise the first"
             )
         return self
+
+    def json_budget_warning(self) -> str | None:
+        """What to warn of at start where the in-flight budget holds a raw body of the cap but not every
+        JSON one (`largest_json_charge`), or None: such a JSON body gets 413 even on an idle server. A
+        warning, not a refusal: configurations that started before keep starting, and a crawler that
+        sends raw bodies, or ASCII pages, never meets it; but with both at 1 MiB a 600 KB JSON page got
+        413 where the same page raw got 200, and nothing had said so."""
+        needed = largest_json_charge(self.max_body_bytes, self.max_documents)
+        if self.max_inflight_bytes >= needed:
+            return None
+        overhead = needed - JSON_CHARGE_PER_BODY_BYTE * self.max_body_bytes
+        body_fits = (self.max_inflight_bytes - overhead) // JSON_CHARGE_PER_BODY_BYTE
+        lower = f" or lower HTMLLM_MAX_BODY_BYTES to {body_fits}" if body_fits > 0 else ""
+        return (
+            f"HTMLLM_MAX_INFLIGHT_BYTES ({self.max_inflight_bytes}) is below {needed}, the most one JSON "
+            f"body of HTMLLM_MAX_BODY_BYTES ({self.max_body_bytes}) can be charged (its bytes and its "
+            "strings at up to 4 bytes a character, plus 80 bytes a string for "
+            f"HTMLLM_MAX_DOCUMENTS={self.max_documents}): a JSON body near the cap may get 413 even on an "
+            "idle server (a raw body of the cap is taken); raise HTMLLM_MAX_INFLIGHT_BYTES to "
+            f"{needed}{lower}"
+        )
 
     @property
     def stalled_pass_s(self) -> float | None:

@@ -20,8 +20,8 @@ short, its WARC-Truncated: `length`, `time`, `disconnect`...; null for a whole r
 classification head `<head>` (top label) and `<head>.probs` (float32 list in label order), per regression
 head `<head>` (float).
 
-A document that fails (an input row that is not JSON, a page over the 16 MiB cap, a page nested too deep,
-a page over the token limit with truncation off; a page file that cannot be read, `input_unreadable`)
+A document that fails (an input row that is not JSON, a page over the 16 MiB cap, a page nested too deep;
+a page file that cannot be read, `input_unreadable`; pages over the token limit are truncated)
 gets its row with the error and the run goes on: one bad line in a crawl dump must not stop a run of
 millions. Such a row is done, as every written row is: a resume does not read that page again. A failure
 of the engine that a retry may fix (shutting down under Ctrl-C, a timeout, a full queue, a backend

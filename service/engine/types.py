@@ -165,10 +165,13 @@ class EngineConfig:
             raise ValueError("the onnx backend runs the float32 graph (or onnx_quantize='int8' on CPU)")
         if self.backend == "onnx" and self.attn_implementation is not None:
             # The graph runs onnxruntime's own fused Attention whatever is asked: an attention named with
-            # it had been ignored in silence (a benchmark of "eager" under onnx measured the graph).
+            # it had been ignored in silence (a benchmark of "eager" under onnx measured the graph). No
+            # setting is named: the caller's names differ (the server's HTMLLM_ATTENTION has no flag,
+            # `htmllm embed --attention` no variable), and naming both had offered `htmllm serve` a flag
+            # it lacks.
             raise ValueError(
-                f"attention {self.attn_implementation!r} is the torch backend's (HTMLLM_ATTENTION, "
-                "--attention): the onnx backend runs its graph's own attention; leave it at auto"
+                f"attention {self.attn_implementation!r} is the torch backend's: the onnx backend runs its "
+                "graph's own attention; leave it at auto"
             )
         if self.onnx_quantize is not None:
             if self.onnx_quantize not in QUANTIZED_ONNX_FILES:

@@ -115,14 +115,43 @@ def test_an_unusable_key_file_or_an_empty_key_is_refused_at_start(tmp_path: Path
     assert missing.value.code == ErrorCode.VALIDATION
     empty = tmp_path / "empty"
     empty.write_text("# no key yet\n\n", encoding="utf-8")
-    with pytest.raises(HtmllmError, match="holds no key"):
-        ApiKeys(key_file=empty)
+    with pytest.raises(HtmllmError, match="holds no key, and HTMLLM_API_KEY is not set"):
+        ApiKeys(key_file=empty)  # no key could ever open the model routes
     binary = tmp_path / "binary"
     binary.write_bytes(b"\xff\xfe\x00k")
     with pytest.raises(HtmllmError, match="cannot be read"):
         ApiKeys(key_file=binary)
     with pytest.raises(HtmllmError, match="HTMLLM_API_KEY is empty"):
         ApiKeys(SecretStr(" "))
+
+
+@pytest.mark.usefixtures("recheck_always")
+def test_a_key_file_emptied_mid_rotation_starts_with_the_fixed_key(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pod restarted while the file holds no key starts as its running peers serve: with HTMLLM_API_KEY
+    alone (docs/deployment.md, "Rotating the API key"). The start had refused it (exit 2), so a restart
+    during the rotation took the pod down where the others went on serving."""
+    path = tmp_path / "keys"
+    path.write_text("# every file key revoked\n", encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="service.api.api_keys"):
+        keys = ApiKeys(SecretStr("env-key"), path)
+    assert "holds no key: only HTMLLM_API_KEY is accepted" in caplog.text
+    assert keys.enabled and keys.accepts("env-key") and not keys.accepts("new-key")
+    swap(path, "new-key\n")  # the rotation goes on: the file's keys are read as on a running server
+    assert keys.accepts("new-key") and keys.accepts("env-key")
+
+
+async def test_the_app_serves_with_an_empty_key_file_and_the_fixed_key(
+    settings_for: SettingsFactory, tmp_path: Path
+) -> None:
+    path = tmp_path / "keys"
+    path.write_text("# none\n", encoding="utf-8")
+    body = {"documents": [{"html": page(1)}]}
+    async with app_client(settings_for(api_key="env-key", api_key_file=path)) as client:
+        for key, status in (("env-key", 200), ("file-key", 401)):
+            headers = {"authorization": f"Bearer {key}"}
+            assert (await client.post("/v1/embed", json=body, headers=headers)).status_code == status, key
 
 
 def test_serve_says_so_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

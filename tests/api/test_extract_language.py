@@ -42,3 +42,37 @@ async def test_extract_takes_justext_s_language_and_refuses_an_unknown_one(
             assert error["code"] == "validation_error" and "language" in error["message"], error
         typed = await client.post("/v1/extract", json={"documents": [{"html": html}], "language": 7})
         assert typed.status_code == 422 and "language" in typed.text
+
+
+async def test_a_language_no_extractor_asked_for_reads_is_a_422(settings_for: SettingsFactory) -> None:
+    """`language` is jusText's: with extractors that never run it (resiliparse, trafilatura) it was
+    dropped in silence, a 200, where `htmllm extract --extractor resiliparse --language de` is a usage
+    error. The union runs jusText (last in its order), so it takes a language, as jusText does."""
+    html = "<p>x</p>"
+    async with app_client(settings_for()) as client:
+        for request in (
+            client.post(
+                "/v1/extract",
+                json={"documents": [{"html": html}], "extractors": ["resiliparse"], "language": "de"},
+            ),
+            client.post(
+                "/v1/extract",
+                json={
+                    "documents": [{"html": html}],
+                    "extractors": ["resiliparse", "trafilatura"],
+                    "language": "de",
+                },
+            ),
+            client.post("/v1/extract?extractors=trafilatura&language=de", content=html, headers=RAW),
+        ):
+            response = await request
+            assert response.status_code == 422, response.text
+            error = response.json()["error"]
+            assert error["code"] == "validation_error", error
+            assert error["message"].startswith("language is jusText's, which none of extractors"), error
+        for extractors in (["union"], ["resiliparse", "justext"]):
+            body = {"documents": [{"html": html}], "extractors": extractors, "language": "de"}
+            response = await client.post("/v1/extract", json=body)
+            assert response.status_code == 200, (extractors, response.text)
+        default = await client.post("/v1/extract", json={"documents": [{"html": html}], "language": "de"})
+        assert default.status_code == 200, default.text  # the default is the union

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import re
 import shutil
 import subprocess
 import sys
@@ -199,7 +201,38 @@ def test_an_attention_with_the_onnx_backend_is_refused_before_the_model_loads(
     monkeypatch.setenv("HTMLLM_ATTENTION", "eager")
     assert api_main.main(["--model-path", str(tiny_checkpoint), "--port", "1"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("htmllm serve: invalid settings:\nattention 'eager' is the torch backend's"), err
+    assert err.startswith("htmllm serve: invalid settings: attention 'eager' is the torch backend's"), err
+    assert err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"HTMLLM_BACKEND": "onnx", "HTMLLM_ATTENTION": "sdpa"},
+        {"HTMLLM_DTYPE": "float16"},
+        {"HTMLLM_BACKEND": "onnx", "HTMLLM_DTYPE": "bfloat16"},
+    ],
+    ids=["onnx-attention", "float16-on-cpu", "onnx-dtype"],
+)
+def test_a_refused_combination_names_no_flag_serve_lacks(
+    tiny_checkpoint: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    env: dict[str, str],
+) -> None:
+    """The engine's refusal of an attention with the onnx backend offered `--attention`, which only
+    `htmllm embed` has: `htmllm serve` reads HTMLLM_ATTENTION alone."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert api_main.main(["--model-path", str(tiny_checkpoint), "--device", "cpu", "--port", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("htmllm serve: invalid settings: ") and "Traceback" not in err
+    assert err.count("\n") == 1, err  # one line, as every other refused setting
+    parser = argparse.ArgumentParser()
+    api_main.add_serve_arguments(parser)
+    flags = {flag for action in parser._actions for flag in action.option_strings}
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", err))
+    assert named <= flags, (named - flags, err)
 
 
 def test_a_checkpoint_the_inference_process_cannot_load_is_one_line(

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from service.api.settings import Settings, default_model_path
+from service.api import documents as documents_module
+from service.api.documents import parse_json
+from service.api.schemas import EmbedRequest
+from service.api.settings import Settings, default_model_path, largest_json_charge
 from service.core import cpus
 from service.core.cpus import CpuBudget
+from tests.api.conftest import SettingsFactory, app_client
+
+JSON_TYPE = {"content-type": "application/json"}
 
 
 def test_defaults_point_at_the_bundled_model() -> None:
@@ -108,6 +116,70 @@ def test_the_inflight_budget_takes_at_least_one_body() -> None:
     assert Settings(max_body_bytes=1000, max_inflight_bytes=1000).max_inflight_bytes == 1000
     with pytest.raises(ValidationError, match=r"HTMLLM_MAX_INFLIGHT_BYTES .* is below HTMLLM_MAX_BODY_BYTES"):
         Settings(max_body_bytes=1001, max_inflight_bytes=1000)
+
+
+def test_a_budget_below_the_costliest_json_body_of_the_cap_is_warned_of() -> None:
+    """A JSON body is charged its bytes and its strings, up to 4 bytes a character: with both at 1 MiB
+    (accepted, being equal), a 600 KB JSON page got 413 on an idle server where the same page raw got
+    200, and nothing had said so. Below what one body of the cap can be charged, the start warns, saying
+    what would do (a warning: configurations that started keep starting)."""
+    mib = 1024 * 1024
+    needed = largest_json_charge(mib, 64)
+    assert 5 * mib < needed < 5 * mib + 64 * 1024  # the body's 5x, and each string's own bytes
+    assert Settings(max_body_bytes=mib, max_inflight_bytes=needed).json_budget_warning() is None
+    for budget in (mib, 2 * mib, needed - 1):
+        message = Settings(max_body_bytes=mib, max_inflight_bytes=budget).json_budget_warning()
+        assert message is not None
+        assert f"HTMLLM_MAX_INFLIGHT_BYTES ({budget}) is below {needed}, " in message
+        suggested = re.fullmatch(
+            rf".*raise HTMLLM_MAX_INFLIGHT_BYTES to {needed} or lower HTMLLM_MAX_BODY_BYTES to (\d+)", message
+        )
+        assert suggested is not None, message
+        smaller = int(suggested[1])  # the other way out works too, and is the largest that does
+        assert Settings(max_body_bytes=smaller, max_inflight_bytes=budget).json_budget_warning() is None
+        assert Settings(max_body_bytes=smaller + 1, max_inflight_bytes=budget).json_budget_warning()
+    # It counts the documents a request may carry (each has strings); the defaults need no warning.
+    assert largest_json_charge(mib, 1000) > needed
+    assert Settings().json_budget_warning() is None
+
+
+def _costliest_json_body(size: int, documents: int) -> bytes:
+    """An embedding request of `size` bytes charged as much as any: every string holds a character
+    outside the BMP (4 bytes a character), its other characters ASCII (one byte of body each)."""
+    docs = [{"html": "\N{GRINNING FACE}", "id": "\N{GRINNING FACE}", "url": "\N{GRINNING FACE}"}] * documents
+    short = len(json.dumps({"documents": docs}, ensure_ascii=False).encode())
+    fill, extra = divmod(size - short, documents)
+    docs = [
+        {**doc, "html": doc["html"] + "a" * (fill + (extra if i == 0 else 0))} for i, doc in enumerate(docs)
+    ]
+    body = json.dumps({"documents": docs}, ensure_ascii=False).encode()
+    assert len(body) == size
+    return body
+
+
+def test_the_bound_is_what_the_json_path_charges() -> None:
+    """The bound is the route's own charge (`service.api.documents`: the body, then `sys.getsizeof` of each
+    string parsed from it) of the costliest body: never above it, and past 5x the body, as it says."""
+    size, documents = 64 * 1024, 4
+    body = _costliest_json_body(size, documents)
+    charged = len(body) + documents_module._text_bytes(parse_json(EmbedRequest, body))
+    bound = largest_json_charge(size, documents)
+    assert 5 * size < charged <= bound
+
+
+async def test_an_idle_server_at_the_smallest_budget_takes_the_costliest_body(
+    settings_for: SettingsFactory,
+) -> None:
+    """At the least budget the settings allow, the JSON body that costs the most is served, not 413."""
+    size, documents = 64 * 1024, 4
+    budget = largest_json_charge(size, documents)
+    settings = settings_for(max_body_bytes=size, max_documents=documents, max_inflight_bytes=budget)
+    async with app_client(settings) as client:
+        response = await client.post(
+            "/v1/embed", content=_costliest_json_body(size, documents), headers=JSON_TYPE
+        )
+        assert response.status_code == 200, response.text[:300]
+        assert len(response.json()["data"]) == documents
 
 
 def test_worker_pools_default_to_the_cpu_budget(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -39,10 +39,21 @@ from service.api.schemas import (
 )
 from service.api.timing import milliseconds
 from service.core.errors import ErrorCode, HtmllmError
-from service.core.extract import ExtractionError, ExtractorPool, extract, normalize_language
+from service.core.extract import (
+    DEFAULT_ORDER,
+    JUSTEXT,
+    UNION,
+    ExtractionError,
+    ExtractorPool,
+    extract,
+    normalize_language,
+)
 from service.engine import DeadlineExceededError, Document
 
 router = APIRouter(tags=["extract"], dependencies=[Depends(require_api_key)], responses=MODEL_ROUTE_ERRORS)
+# The extractors a `language` reaches: jusText's, and the union's, whose order (`extract`'s default, the
+# only one this route runs) ends with jusText.
+_READ_LANGUAGE = frozenset({JUSTEXT, UNION} if JUSTEXT in DEFAULT_ORDER else {JUSTEXT})
 
 
 def _extract_one(
@@ -152,6 +163,18 @@ def _raw_request(
         raise validation_error(exc) from exc
 
 
+def _check_language_is_read(parsed: ExtractRequest) -> None:
+    """422 for a `language` that no extractor asked for reads: it had been dropped in silence (a 200 whose
+    texts the client took for German-aware ones), where `htmllm extract` refuses it as a usage error."""
+    if parsed.language is None or _READ_LANGUAGE.intersection(parsed.extractors):
+        return
+    raise HtmllmError(
+        f"language is jusText's, which none of extractors {parsed.extractors} runs: add {JUSTEXT!r} or "
+        f"{UNION!r} to them, or leave language out",
+        code=ErrorCode.VALIDATION,
+    )
+
+
 @router.post(
     "/v1/extract",
     response_model=ExtractResponse,
@@ -187,6 +210,7 @@ async def extract_text(
     repeated = sorted({name for name in parsed.extractors if parsed.extractors.count(name) > 1})
     if repeated:  # the same work twice, and twice the backlog it holds
         raise HtmllmError(f"extractors repeats {repeated}: name each once", code=ErrorCode.VALIDATION)
+    _check_language_is_read(parsed)
     documents = [raw] if raw is not None else to_documents(parsed.documents)
     check_document_count(documents, runtime.settings.max_documents)
     pool, threads = await runtime.extraction()
