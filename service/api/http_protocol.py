@@ -385,7 +385,6 @@ def protocol_class(
             self._body_left: int | None = 0  # the parser's request's body to come (None: chunked)
             self._keeps_alive = True  # whether llhttp keeps the connection, by its request's head
             self._lenient_keep_alive = False  # llhttp told to, whatever a trailer `Connection` says
-            self._lenient_trailer = False  # llhttp told to take trailer fields it refused
             self._trailer_open = False  # past a chunk's size line with no body byte since: maybe a trailer
             self._trailer_new = False  # ... a size line parsed in the current read
             self._trailer_bytes = 0  # the reads counted against a trailer section still incomplete
@@ -448,8 +447,6 @@ def protocol_class(
             self._size_line_open = False
             if self._lenient_keep_alive:  # (for the request with the trailer `Connection` only)
                 self._set_lenient_keep_alive(False)
-            if self._lenient_trailer:  # (for a chunked body's trailer only: never for a head)
-                self._set_lenient_trailer(False)
             self._arm_head_timer()
 
         def on_header(self, name: bytes, value: bytes) -> None:
@@ -477,22 +474,7 @@ def protocol_class(
             with contextlib.suppress(AttributeError):  # (httptools before 0.6.3 has no leniencies)
                 self.parser.set_dangerous_leniencies(lenient_keep_alive=lenient)
 
-        def _set_lenient_trailer(self, lenient: bool) -> None:
-            """Have llhttp take a `Content-Length` or `Transfer-Encoding` trailer field, as any other (it
-            refused one: uvicorn's plain 400): such fields are not to be merged into the head, and a
-            recipient can ignore them (RFC 9110 section 6.5.1), as every trailer field here is. Told so
-            after the head of a chunked request (its first size line), where llhttp consults these
-            leniencies only for trailer fields, and untold at the next request's start, so that a head
-            that sends both, or a `Transfer-Encoding` other than chunked, is refused as before."""
-            self._lenient_trailer = lenient
-            with contextlib.suppress(AttributeError):  # (httptools before 0.6.3 has no leniencies)
-                self.parser.set_dangerous_leniencies(
-                    lenient_chunked_length=lenient, lenient_transfer_encoding=lenient
-                )
-
         def on_chunk_header(self) -> None:
-            if not self._lenient_trailer:
-                self._set_lenient_trailer(True)
             self._size_line_open = False
             self._trailer_open = True
             self._trailer_new = True
@@ -697,7 +679,7 @@ def protocol_class(
                 self._line_open = False
                 self._line.clear()
             elif end >= 0:  # (that LF may be a message's before the head: the partial line after it is kept)
-                self._line[:] = data[end:]
+                self._line[:] = data[end + 1 :]
             else:
                 self._line += data
             return False
@@ -885,7 +867,6 @@ def protocol_class(
                 return
             head = _head_without_offer(method, self.url, self.parser.get_http_version(), self.headers)
             self.parser = httptools.HttpRequestParser(self)
-            self._lenient_trailer = False
             self._set_lenient_version()
             self.data_received(head + rest)
 

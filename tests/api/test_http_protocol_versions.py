@@ -171,6 +171,28 @@ async def test_a_request_line_without_a_version_then_anything_is_a_505_at_once(r
     assert b"without a version" in transport.written and started == []
 
 
+@pytest.mark.parametrize(
+    "reads",
+    [
+        [b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /", b"\r\n"],
+        [b"\r\nGET /", b"\r\n"],
+        [b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET", b" /\r\n"],
+    ],
+    ids=["behind-a-request", "after-a-blank-line", "split-in-the-line"],
+)
+async def test_a_versionless_line_split_after_an_lf_is_a_505_at_once(reads: list[bytes]) -> None:
+    """The partial line kept from a read that began with another message's LF had kept that LF, so the
+    line, rebuilt when it ended in the next read, never matched the method and URL: the 505 came only as
+    the head timeout's 408, 30 s later, where the same bytes in one read got it at once."""
+    protocol, transport = protocol_on_fake_transport(_app, head_timeout_s=60.0)
+    for data in reads:
+        protocol.data_received(data)
+        await asyncio.sleep(0)
+    expected = [b"200", b"505"] if reads[0].startswith(b"GET /health") else [b"505"]
+    await until_async(lambda: transport.closed, "the connection closed")
+    assert _statuses(transport.written) == expected, transport.written[:300]
+
+
 def test_a_request_line_without_a_version_then_headers_is_a_505_at_once_over_tcp() -> None:
     with threaded_server(_app, head_timeout_s=60.0) as port:
         # (behind a request with a version, whose answer comes first)
