@@ -15,6 +15,10 @@ Two corrections follow, both from pages it misread:
   place name or a Chinese shop name in it) gives the detector too little to go on; it called "Москва"
   Big5 and "Контакты" windows-1252. There the plausible readings compete on how many of their
   characters real text would not contain (`_few_foreign_words`).
+
+In both, the single-byte readings judge a byte repeated alone between ASCII non-letters ("£££" price
+levels) as the byte once (`_REPEATED_BYTE`): a symbol repeated, not a word of any language; and the
+alphabets leave out a micro sign before a unit ("5µg", `_without_unit_prefixes`).
 """
 
 from __future__ import annotations
@@ -121,6 +125,15 @@ _PUNCTUATION = frozenset("«»‘’‚“”„–—…•·‹›¡¿\xa0")
 _BESIDE_LETTERS = frozenset("°²³¹™®©µ")
 # Three or more non-ASCII characters with no ASCII letter on either side.
 _FOREIGN_RUN = re.compile(r"(?<![A-Za-z])[^\x00-\x7f]{3,}(?![A-Za-z])")
+# One non-ASCII byte repeated, with no letter or other non-ASCII byte before it and an ASCII byte below
+# 0x40 (no second byte of any double-byte encoding: space, digits, punctuation, "<") or the end after it:
+# "£££" or "¥¥" price levels, a row of no-break spaces. Each reading makes one character of it repeated,
+# and no language writes a word as one letter repeated, yet the alphabets counted "ŁŁŁ" as Polish and the
+# contest "ЈЈЈ" as clean Cyrillic: a page whose only non-ASCII bytes were "£££" read as windows-1251 or
+# windows-1250. The single-byte readings judge such a run as the byte once (see `detect_encoding`).
+_REPEATED_BYTE = re.compile(rb"(?<![A-Za-z\x80-\xff])([\x80-\xff])\1+(?=[\x00-\x3f]|\Z)")
+# The micro sign in every Latin candidate but iso-8859-2, where it is Slovak "ľ" (`_without_unit_prefixes`).
+_MICRO_SIGN = 0xB5
 
 
 def detect_encoding(data: bytes) -> str:
@@ -133,9 +146,16 @@ def detect_encoding(data: bytes) -> str:
     # text whatever surrounds it (see _neighbourhoods). Every later step looks at a non-ASCII byte and
     # its neighbours only, so the neighbourhoods stand for the page there too.
     neighbourhoods = _neighbourhoods(data)
+    # The single-byte readings judge a symbol repeated alone ("£££", `_REPEATED_BYTE`) as the symbol
+    # once: a letter with no letter beside it counts for no alphabet, and a lone letter of one script
+    # costs no more than a symbol, so where nothing else tells them apart windows-1252, first in their
+    # ties, wins; a reading that makes the byte odd still pays for it (iso-8859-15's "€€€€" is "¤¤¤¤" in
+    # windows-1252). The double-byte readings see the run whole: there it can be characters ("　　", two
+    # ideographic spaces in EUC-KR, GBK or EUC-JP, is 0xA1 four times), which one byte would break.
+    single_byte = _REPEATED_BYTE.sub(rb"\1", neighbourhoods)
     matches = _second_look(neighbourhoods, from_bytes(neighbourhoods, cp_isolation=_DETECTED_ENCODINGS))
     best = matches.best()
-    guess = _corrected_guess(neighbourhoods, None if best is None else normalize_encoding(best.encoding))
+    guess = _corrected_guess(single_byte, None if best is None else normalize_encoding(best.encoding))
     if guess in _FEW_WORDS_GUESSES and len(neighbourhoods.translate(None, _ASCII)) <= FEW_FOREIGN_BYTES:
         # On a word or two every East Asian reading is often as clean and as coherent as the next (0 and
         # 0), and the detector's first is merely the first it tried: Big5 for GBK's "你好" ("斕疑"). Its
@@ -143,8 +163,8 @@ def detect_encoding(data: bytes) -> str:
         if guess in _EAST_ASIAN and best is not None:
             rivals = [m for m in matches if m is not best and normalize_encoding(m.encoding) in _EAST_ASIAN]
             if any(_tied(best, rival) for rival in rivals):
-                return _few_foreign_words(neighbourhoods, None)
-        return _few_foreign_words(neighbourhoods, guess)
+                return _few_foreign_words(neighbourhoods, single_byte, None)
+        return _few_foreign_words(neighbourhoods, single_byte, guess)
     return guess
 
 
@@ -350,17 +370,19 @@ def _corrected_guess(sample: bytes, name: str | None) -> str:
     return name
 
 
-def _few_foreign_words(sample: bytes, guess: str | None) -> str:
-    """The reading of a page with few non-ASCII bytes (`sample`: their `_neighbourhoods`) that has the
-    fewest implausible characters; `guess` is the detector's (re-ranked) guess, None where it was an East
-    Asian encoding the detector could not tell from the others.
+def _few_foreign_words(sample: bytes, single_byte: bytes, guess: str | None) -> str:
+    """The reading of a page with few non-ASCII bytes (`sample`: their `_neighbourhoods`; `single_byte`:
+    the sample the single-byte readings judge, see `detect_encoding`) that has the fewest implausible
+    characters; `guess` is the detector's (re-ranked) guess, None where it was an East Asian encoding
+    the detector could not tell from the others.
 
     The contenders are the best Latin reading, windows-1251 (the web's Cyrillic), the East Asian
     double-byte encodings and windows-1252; their costs (`_reading_cost`) count, in bytes, what real
     text does not do. windows-1252 is there for when the alphabets chose another Latin reading from
-    next to nothing: a page whose non-ASCII bytes were "£££" price levels is "ŁŁŁ" in windows-1250,
-    letters of Polish, and windows-1251 beat that reading; it comes last, as mojibake of a few CJK
-    characters can cost it nothing ("北京" in GBK is "±±¾©"). A tie goes to the first in that order,
+    next to nothing (before a repeated byte counted once, a page whose non-ASCII bytes were "£££" price
+    levels was "ŁŁŁ" in windows-1250, letters of Polish, and windows-1251 beat that reading); it comes
+    last, as mojibake of a few CJK characters can cost it nothing ("北京" in GBK is "±±¾©"). A tie goes
+    to the first in that order,
     the detector's own guess first among the East Asian ones:
     a few CJK characters can be valid common characters in several of them at once ("北京" in GBK is
     two common hangul syllables in EUC-KR), and only more text tells those apart. Guesses of other
@@ -368,11 +390,11 @@ def _few_foreign_words(sample: bytes, guess: str | None) -> str:
     sentence, and a few such words cannot be told from Cyrillic by their shapes alone.
     """
     # A Latin guess has been re-ranked among the Latin readings already (`_corrected_guess`).
-    latin = guess if guess in _LATIN_SINGLE_BYTE else _best_latin_reading(sample, "cp1252")[0]
+    latin = guess if guess in _LATIN_SINGLE_BYTE else _best_latin_reading(single_byte, "cp1252")[0]
     east_asian = (guess, *_EAST_ASIAN) if guess is not None and guess in _EAST_ASIAN else _EAST_ASIAN
     best, best_cost = latin, None
     for name in dict.fromkeys((latin, "cp1251", *east_asian, "cp1252")):
-        cost = _reading_cost(sample, name)
+        cost = _reading_cost(sample if name in _EAST_ASIAN else single_byte, name)
         if best_cost is None or cost < best_cost:
             best, best_cost = name, cost
         if cost == 0:
@@ -535,16 +557,48 @@ def _best_latin_reading(sample: bytes, guess: str, contexts: _ByteContexts | Non
     best wins and is returned with its misfits. A tie goes to the more common encoding (the order of
     `_LATIN_CANDIDATES`, windows-1252 first, then the detector's guess): with a German page's one "ø",
     windows-1252 and windows-1250 ("ř") fit German equally well, and windows-1252 is what such a page is
-    in far more often. `contexts` are `_byte_contexts(sample)` when the caller has them already.
+    in far more often. A micro sign before a unit ("5µg") counts for no reading (`_without_unit_prefixes`).
+    `contexts` are `_byte_contexts(sample)` when the caller has them already.
     """
     if contexts is None:
         contexts = _byte_contexts(sample)
+    contexts = _without_unit_prefixes(contexts)
     best, best_score, best_misfits = guess, None, 0
     for name in dict.fromkeys((*_LATIN_CANDIDATES, guess)):
         fit, misfits = _score_single_byte(contexts, name)
         if best_score is None or fit - 2 * misfits > best_score:
             best, best_score, best_misfits = name, fit - 2 * misfits, misfits
     return best, best_misfits
+
+
+def _without_unit_prefixes(contexts: _ByteContexts) -> _ByteContexts:
+    """`contexts` less each micro sign that stands as a unit's prefix: 0xB5 with an ASCII non-letter or a
+    no-break space before it and an ASCII letter other than a lowercase vowel after it ("5µg", "10 µm").
+
+    iso-8859-2 alone among the Latin candidates reads 0xB5 as a letter, Slovak "ľ" (windows-1250, the
+    Slovak web's other encoding, has "µ" there as windows-1252 does): there the alphabets counted an
+    English page's "µg" as a Slovak letter for iso-8859-2 and as a letter of no alphabet against
+    windows-1252, and read it "ľg". A word that starts with "ľ" has a vowel after it ("ľudia", "ľahko"),
+    which keeps that byte's say; a unit's letter tells no encoding from another.
+    """
+    before, after = _unit_neighbours()
+    unit = (contexts.byte == _MICRO_SIGN) & before[contexts.before] & after[contexts.after]
+    if not unit.any():
+        return contexts
+    keep = ~unit
+    return _ByteContexts(contexts.before[keep], contexts.byte[keep], contexts.after[keep])
+
+
+@functools.cache
+def _unit_neighbours() -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+    """Which bytes may stand before and which after a micro sign that is a unit's prefix (see
+    `_without_unit_prefixes`), as two boolean tables indexed by the byte."""
+    import numpy as np
+
+    letters = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+    before = [(b < 0x80 and b not in letters) or b == 0xA0 for b in range(256)]  # 0xA0: a no-break space
+    after = [b in letters and b not in b"aeiou" for b in range(256)]
+    return np.array(before, dtype=np.bool_), np.array(after, dtype=np.bool_)
 
 
 def _score(text: str) -> tuple[int, int]:
