@@ -1,6 +1,8 @@
-"""What /ready and /health read of the Engine's preprocessing pools (`PreprocessingReadiness`): tries in a
+"""What /ready and /health read of the worker pools beside the backend (`PreprocessingReadiness`): tries in a
 row refused because no preprocessing process could start, a job stuck on a preprocessing thread, and the
-code replaced on disk under the server, which only a restart cures.
+code replaced on disk under the server, which only a restart cures; and the rules /health applies to both
+pools' refused starts, the extractor pool's too (`start_outage`, `PreprocessingReadiness.restart_needed`):
+one rule for both, as /ready's is one (`service.core.worker_health.start_trouble`).
 
 Apart from `service.api.runtime`, which holds one and asks it on each probe, because it is one concern
 with its own state (the code stamp, what has been logged); the backend's passes stay there. It logs under
@@ -15,21 +17,39 @@ from dataclasses import dataclass, field
 
 from service.api.code_stamp import CodeStamp
 from service.api.settings import Settings
+from service.core.worker_health import StartRun, start_check_due, start_trouble
 from service.engine import Engine
 
 logger = logging.getLogger("service.api.runtime")
 
 # How many changed files a message names.
 _CHANGED_SHOWN = 3
-# With processes, a page's call on a preprocessing thread ends by its process's time limit (within the
+# With processes, a page's try on a preprocessing process ends by its process's time limit (within the
 # request timeout: `Settings.engine_config`); this much more is left for the kill and the reaping (up to
-# 5 s for the process to exit, 1 s for one dying on its own: `WorkerPool`) before the call is stuck.
+# 5 s for the process to exit, 1 s for one dying on its own: `WorkerPool`) before the call is stuck. Per
+# try: a page whose process was killed from outside is tried again in a fresh one (up to twice), each try
+# with its own limit, and its age starts again then (`RunningJobs.retried`).
 PROCESS_KILL_GRACE_S = 10.0
+# What a job on a preprocessing thread is held to, as a forward pass is (`Settings.stalled_pass_s`).
+_READY_KNOB = "HTMLLM_UNREADY_AFTER_PASS_S, the request timeout unless set"
+
+
+def start_outage(run: StartRun, refused: bool, now: float, limit: float, workers: str) -> str | None:
+    """Why a liveness probe should restart the server for a pool none of whose `workers` can start, or
+    None: `refused` (past /ready's threshold: `start_trouble`), and since `limit` s ago
+    (`unhealthy_after_s`; probes included). The one rule for the preprocessing and the extractor pools:
+    an extractor pool that could not start had kept the pod unready for ever, and live."""
+    since = run.failing_since
+    if not refused or since is None or now - since < limit:
+        return None
+    tried = f"{run.start_failures} tries refused; {run.last_error}"
+    return f"no {workers} has started for {now - since:.0f} s ({tried})"
 
 
 @dataclass
 class PreprocessingReadiness:
-    """The preprocessing pools' side of one server's readiness and liveness; `Runtime.preprocessing`.
+    """The preprocessing pools' side of one server's readiness and liveness, and the code stamp both pools'
+    refused starts are read against; `Runtime.preprocessing`.
 
     The methods without `observe` in their name have no side effects (`Runtime.unready_reason` asks them
     for every answer); `observe` is /ready's, which starts probes and logs. Times are the runtime's clock
@@ -41,58 +61,49 @@ class PreprocessingReadiness:
     _code_changes: list[str] | None = None
     _refusals_logged: bool = False  # the processes' refusals have been logged, their end not yet
     _stuck_logged: bool = False  # a stuck job has been logged, its end not yet
-    _restart_logged: bool = False  # /health has logged that only a restart cures the server
 
     def refusals(self, engine: Engine, settings: Settings, now: float) -> str | None:
         """Why pages cannot be preprocessed now (`unready_after_failures` tries in a row refused because
         no preprocessing process could start; the pages refused together count once:
-        `Preprocessing._start_failed`), or None."""
-        pool = engine.preprocessing_health
-        if pool.start_failures < settings.unready_after_failures:
-            return None
-        since = pool.failing_since
-        over = "" if since is None else f" over {now - since:.0f} s"
-        return (
-            f"no preprocessing process could start for the last {pool.start_failures} tries{over}, "
-            f"the pages refused together counted once ({pool.last_error}); probing it"
-        )
+        `Preprocessing._start_failed`), or None: `start_trouble`, the extractor pool's rule too."""
+        run = engine.preprocessing_health
+        after = settings.unready_after_failures
+        return start_trouble(run, after, now, workers="preprocessing process", jobs="pages")
 
     def stuck(self, engine: Engine, settings: Settings, now: float) -> str | None:
         """Why a preprocessing worker is taken to be stuck (alive, not answering), or None.
 
-        On a thread (`preprocess_pool="thread"`), a page that has run past the request timeout serves no
-        one (its request has been answered 504) and holds its thread for as long as it runs: one that
-        never ends (an endless loop in C code) had kept every page behind it waiting until its request
-        timed out, /ready and /health 200 for good; a thread cannot be stopped, so `unhealthy` asks for a
-        restart once it has lasted. With processes the pool kills a page's process at its time limit
-        and starts another, and the page's call ends with it: one that outlives the limit by
-        PROCESS_KILL_GRACE_S says the pool itself is stuck. It clears as soon as the job ends."""
+        On a thread (`preprocess_pool="thread"`), a page that has run past `Settings.stalled_pass_s`
+        (`HTMLLM_UNREADY_AFTER_PASS_S`, the knob a forward pass is held to: the request timeout by
+        default, 0 never) serves no one (its request has been answered 504) and holds its thread for as
+        long as it runs: one that never ends (an endless loop in C code) had kept every page behind it
+        waiting until its request timed out, /ready and /health 200 for good; a thread cannot be stopped,
+        so `unhealthy` asks for a restart once it has lasted. An operator whose legitimate pages take
+        longer than the request timeout (big pages, few CPUs) raises the knob: fixed at the request
+        timeout, four 9.5 MB pages at once on a 2 s timeout had turned /ready 503. With processes the pool
+        kills a page's process at its time limit and starts another, and the page's try ends with it: one
+        that outlives the limit by PROCESS_KILL_GRACE_S says the pool itself is stuck. It clears as soon
+        as the job ends."""
         began = engine.preprocessing_running_since
-        if began is None:
+        limit = self._stuck_after(engine, settings)
+        if began is None or limit is None or now - began < limit:
             return None
-        running = now - began
-        limit = settings.request_timeout_s
-        if engine.config.preprocess_pool == "process":
-            limit += PROCESS_KILL_GRACE_S
-            if running < limit:
-                return None
-            return (
-                f"a page's call to a preprocessing process has run for {running:.0f} s (the limit is "
-                f"{limit:g} s: the process's time limit, the kill and the reaping): the pool is stuck"
-            )
-        if running < limit:
-            return None
-        return (
-            f"a preprocessing thread has run one job for {running:.0f} s (the limit is {limit:g} s, the "
-            "request timeout): a thread cannot be stopped, and the pages behind it wait"
-        )
+        return self._stuck_message(engine, now - began, limit, _READY_KNOB)
 
     def observe(
-        self, engine: Engine, settings: Settings, now: float, start_probe: Callable[[], None]
+        self,
+        engine: Engine,
+        settings: Settings,
+        now: float,
+        start_probe: Callable[[], None],
+        probe_interval_s: float,
     ) -> str | None:
         """`refusals` or else `stuck`, for /ready. While tries are refused a probe page goes through the
         processes now and then (`start_probe`, paced by the runtime), so that a pod no traffic reaches
-        sees them start again. Each page refused had been a 503 while /ready said 200: the pod stayed in
+        sees them start again; so does a run of refusals below the threshold once it has lasted
+        `probe_interval_s` (`start_check_due`: its success ends the run, its refusal counts, as the
+        backend's check pass does), where it had stayed counted until a page got a process, and blips
+        days apart added up. Each page refused had been a 503 while /ready said 200: the pod stayed in
         rotation, and with processes that can never start again (the code replaced on disk) answered
         503 for ever. The onset and the end of each are logged once (the kubelet's event for a failed
         probe has no body), both looked at on every probe so that one's lines do not hang on the other."""
@@ -113,43 +124,46 @@ class PreprocessingReadiness:
                     refused,
                     self._restart_hint(),
                 )
-        elif self._refusals_logged:
-            self._refusals_logged = False
-            logger.info("preprocessing processes start again: /ready no longer answers 503 for them")
+        else:
+            if self._refusals_logged:
+                self._refusals_logged = False
+                logger.info("preprocessing processes start again: /ready no longer answers 503 for them")
+            run, after = engine.preprocessing_health, settings.unready_after_failures
+            if start_check_due(run, after, now, probe_interval_s):
+                start_probe()
         return refused or stuck
 
-    def restart_needed(self, engine: Engine, settings: Settings, now: float) -> str | None:
-        """Why only a restart cures the server now although nothing has failed for long: no preprocessing
-        process can start (past /ready's threshold) and the code on disk changed since the server
-        started (`code_changes`): each new process imports the new code, the server runs the old.
-        Logged once, as an error: the line an operator finds when the liveness probe restarts the pod.
-        Such a server had answered every page 503 for ever, /ready and /health 200."""
-        refused = self.refusals(engine, settings, now)
+    def restart_needed(self, refused: str | None) -> str | None:
+        """Why only a restart cures the server now although nothing has failed for long: no worker of a
+        pool can start (`refused`: /ready's reason for the preprocessing or the extractor pool, past its
+        threshold) and the code on disk changed since the server started (`code_changes`): each new
+        process imports the new code, the server runs the old. Such a server had answered every page
+        503 for ever, /ready and /health 200; /health's first 503 logs it (`Runtime.observe_health`)."""
         if refused is None:
             return None
         changed = self.code_changes()
         if not changed:
             return None
-        reason = f"{refused}; {self._changed_code(changed)}: restart the server to run them"
-        if not self._restart_logged:
-            self._restart_logged = True
-            logger.error("a restart is needed, /health answers 503 until then: %s", reason)
-        return reason
+        return f"{refused}; {self._changed_code(changed)}: restart the server to run them"
 
     def unhealthy(self, engine: Engine, settings: Settings, now: float, limit: float) -> str | None:
         """Why a liveness probe should restart the server for the preprocessing pools, or None: no
-        process could start for `limit` s (`unhealthy_after_s`; probes included), or a job has been
-        stuck that long (a thread cannot be stopped: a restart frees it)."""
-        pool = engine.preprocessing_health
-        since = pool.failing_since
-        if since is not None and self.refusals(engine, settings, now) is not None and now - since >= limit:
-            refused = f"{pool.start_failures} tries refused; {pool.last_error}"
-            return f"no preprocessing process has started for {now - since:.0f} s ({refused})"
+        process could start for `limit` s (`unhealthy_after_s`; `start_outage`), or a job has been stuck
+        that long (a thread cannot be stopped: a restart frees it). A job's age counts whether or not
+        /ready's limit for it is off (`HTMLLM_UNREADY_AFTER_PASS_S=0`), as a forward pass's does."""
+        refused = self.refusals(engine, settings, now) is not None
+        outage = start_outage(engine.preprocessing_health, refused, now, limit, "preprocessing process")
+        if outage is not None:
+            return outage
         began = engine.preprocessing_running_since
-        stuck = self.stuck(engine, settings, now)
-        if began is not None and stuck is not None and now - began >= limit:
-            return stuck
-        return None
+        if began is None or now - began < limit:
+            return None
+        stuck_after = self._stuck_after(engine, settings)
+        if stuck_after is None:  # /ready's limit off: this one alone
+            return self._stuck_message(engine, now - began, limit, "HTMLLM_UNHEALTHY_AFTER_S")
+        if now - began < stuck_after:
+            return None
+        return self._stuck_message(engine, now - began, stuck_after, _READY_KNOB)
 
     def code_changes(self) -> list[str]:
         """The files of the code replaced on disk since the server started (`CodeStamp`), [] if none.
@@ -161,6 +175,26 @@ class PreprocessingReadiness:
                 return []
             self._code_changes = changed
         return self._code_changes
+
+    def _stuck_after(self, engine: Engine, settings: Settings) -> float | None:
+        """How long a preprocessing job (one try of it, with processes) may run before it is stuck; None:
+        never (on threads, `HTMLLM_UNREADY_AFTER_PASS_S=0`)."""
+        if engine.config.preprocess_pool == "process":
+            return settings.request_timeout_s + PROCESS_KILL_GRACE_S
+        return settings.stalled_pass_s
+
+    def _stuck_message(self, engine: Engine, running: float, limit: float, knob: str) -> str:
+        """What /ready and /health say of a job that has run `running` s past its `limit` (on threads, the
+        setting `knob`)."""
+        if engine.config.preprocess_pool == "process":
+            return (
+                f"a page's try on a preprocessing process has run for {running:.0f} s (the limit is "
+                f"{limit:g} s: the process's time limit, the kill and the reaping): the pool is stuck"
+            )
+        return (
+            f"a preprocessing thread has run one job for {running:.0f} s (the limit is {limit:g} s, "
+            f"{knob}): a thread cannot be stopped, and the pages behind it wait"
+        )
 
     def _restart_hint(self) -> str:
         """What the log adds to a process that cannot start: the code changed under the server (restart

@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
 
 from fastapi import Depends, Request
 from starlette.types import Message, Receive
@@ -24,9 +24,10 @@ from service.api.checkpoint_identity import CheckpointIdentity
 from service.api.code_stamp import CodeStamp
 from service.api.errors import ClientDisconnectedError
 from service.api.metrics import ServiceMetrics
-from service.api.preprocessing_readiness import PreprocessingReadiness
+from service.api.preprocessing_readiness import PreprocessingReadiness, start_outage
 from service.api.settings import Settings
 from service.core.errors import ErrorCode, HtmllmError
+from service.core.worker_health import RecurringWarning
 from service.engine import Engine
 from service.engine.collector import CollectorState
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from service.core.extract import ExtractorPool
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +73,20 @@ class PacedProbe:
         if self.task is not None:
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
+
+
+class ExtractionThreads(ThreadPoolExecutor):
+    """The threads /v1/extract's jobs run on: each job takes the extractor pool's count of refused starts
+    as it is submitted (`ExtractorPool.submitted`), so that the jobs of a request refused together for
+    want of a process count as one try, however long they wait for a thread. Taken as a job began, a
+    request of 2 documents x 2 extractors refused during one blip had counted 4 tries, /ready 503 at once."""
+
+    def __init__(self, pool: ExtractorPool, workers: int) -> None:
+        super().__init__(workers, thread_name_prefix="htmllm-extract")
+        self._pool = pool
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        return super().submit(self._pool.submitted(functools.partial(fn, *args, **kwargs)))
 
 
 class BodyReaders:
@@ -185,6 +201,9 @@ class Runtime:
     # The preprocessing pools' readiness: refused tries, a stuck job, the code replaced on disk.
     preprocessing: PreprocessingReadiness = field(default_factory=PreprocessingReadiness)
     _pool_probe: PacedProbe = field(default_factory=PacedProbe)  # a page through the preprocessing pool
+    # Failed probe pages: said once a minute at most (one every PROBE_INTERVAL_S while the fault lasts).
+    _pool_probe_failures: RecurringWarning = field(default_factory=lambda: RecurringWarning(logger))
+    _unhealthy_logged: bool = False  # /health has logged its 503 and not yet its end
 
     @property
     def code(self) -> CodeStamp:
@@ -266,11 +285,15 @@ class Runtime:
         a stuck job), or None."""
         if self.engine is None:
             return None
-        return self.preprocessing.observe(self.engine, self.settings, self.clock(), self._start_pool_probe)
+        return self.preprocessing.observe(
+            self.engine, self.settings, self.clock(), self._start_pool_probe, PROBE_INTERVAL_S
+        )
 
     def extraction_trouble(self, *, observe: bool = False) -> str | None:
         """Why /v1/extract's jobs are refused now for want of an extractor process that starts
-        (`ExtractorPool.start_trouble`), or None; `observe`: /ready's, which also probes and logs it."""
+        (`ExtractorPool.start_trouble`: tries in a row, the jobs refused together counted once), or None;
+        `observe`: /ready's and /health's, which also probe (a run below the threshold too, to end it:
+        `start_check_due`) and log it."""
         pool = self.extractor_pool
         if pool is None:
             return None
@@ -351,10 +374,12 @@ class Runtime:
         the checkpoint changed under it), which no wait cures and a restart does (it loads the new
         checkpoint). It had waited `unhealthy_after_s` like a fault that may pass: minutes of a pod
         unready and live, each probe meanwhile spawning a child that loaded the whole model in vain.
-        Likewise for the preprocessing pools: no process could start for `unhealthy_after_s` (probes
-        included), or a job has been stuck that long (a thread cannot be stopped); at once where no
-        process can start and the code on disk changed since the server started
-        (`PreprocessingReadiness.restart_needed`)."""
+        Likewise for the worker pools: no preprocessing or extractor process could start for
+        `unhealthy_after_s` (probes included; `start_outage`, one rule for both), or a preprocessing job
+        has been stuck that long (a thread cannot be stopped); at once where no process of either can
+        start and the code on disk changed since the server started
+        (`PreprocessingReadiness.restart_needed`). No side effects but probes: /health's log is
+        `observe_health`'s."""
         limit = self.settings.unhealthy_after_s
         if self.engine is None or limit <= 0:
             return None
@@ -362,7 +387,8 @@ class Runtime:
         if outage is not None and outage.permanent:
             return outage.reason
         now = self.clock()
-        restart = self.preprocessing.restart_needed(self.engine, self.settings, now)
+        refused = self.preprocessing.refusals(self.engine, self.settings, now) or self.extraction_trouble()
+        restart = self.preprocessing.restart_needed(refused)
         if restart is not None:
             return restart
         health = self.engine.health
@@ -380,8 +406,32 @@ class Runtime:
         if since is not None and self.backend_trouble() is not None and now - since >= limit:
             failed = f"{health.failures} in a row; {health.last_error}"
             return f"every forward pass has failed for {now - since:.0f} s ({failed})"
-        self.preprocessing_trouble()  # /ready's side effects: a probe page while refused, the log
-        return self.preprocessing.unhealthy(self.engine, self.settings, now, limit)
+        # /ready's side effects: a probe page or job while refused, the log.
+        self.preprocessing_trouble()
+        self.extraction_trouble(observe=True)
+        pools = self.preprocessing.unhealthy(self.engine, self.settings, now, limit)
+        return pools or self._extraction_outage(now, limit)
+
+    def _extraction_outage(self, now: float, limit: float) -> str | None:
+        """`start_outage` for the extractor pool: no extractor process has started for `limit` s."""
+        pool = self.extractor_pool
+        if pool is None:
+            return None
+        refused = pool.start_trouble(self.settings.unready_after_failures, now) is not None
+        return start_outage(pool.start_health, refused, now, limit, "extractor process")
+
+    def observe_health(self) -> str | None:
+        """`unhealthy`, for /health: its turn to 503 is logged once, as an error with the reason ("a restart
+        is needed"), and its end once, so that a liveness restart leaves its reason in the log (the
+        kubelet's event for a failed probe has no body); only the code replaced on disk had been logged."""
+        reason = self.unhealthy()
+        if reason is not None and not self._unhealthy_logged:
+            self._unhealthy_logged = True
+            logger.error("a restart is needed, /health answers 503 until then: %s", reason)
+        elif reason is None and self._unhealthy_logged:
+            self._unhealthy_logged = False
+            logger.info("/health answers 200 again: no restart is needed any more")
+        return reason
 
     def _start_probe(self, *, check: bool = False) -> None:
         # Not before the warm-up succeeded: its retries already exercise the backend, and a probe's
@@ -412,8 +462,11 @@ class Runtime:
         try:
             await engine.probe_preprocessing()
         except Exception as exc:  # its outcome is in engine.preprocessing_health; the log says why
-            logger.warning("preprocessing probe failed: %s", exc)
+            # Once a minute at most: one every PROBE_INTERVAL_S while the fault lasts, whose onset and
+            # end `PreprocessingReadiness.observe` logs once each.
+            self._pool_probe_failures.log(time.monotonic(), "preprocessing probe failed: %s", exc)
         else:
+            self._pool_probe_failures.reset()
             logger.info("preprocessing probe succeeded: a preprocessing process started")
 
     async def cancel_probe(self) -> None:
@@ -502,7 +555,7 @@ class Runtime:
                 limit = mib_as_bytes(self.settings.extract_memory_limit_mb)
                 replaced = functools.partial(self.metrics.worker_replaced, POOL_NAME)
                 self.extractor_pool = ExtractorPool(workers, memory_limit_bytes=limit, on_replaced=replaced)
-                self.extract_threads = ThreadPoolExecutor(workers, thread_name_prefix="htmllm-extract")
+                self.extract_threads = ExtractionThreads(self.extractor_pool, workers)
             return self.extractor_pool, self.extract_threads
 
     def admit_extraction(self, jobs: int) -> None:

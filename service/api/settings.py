@@ -185,8 +185,9 @@ class Settings(BaseSettings):
         ge=0,
         le=MAX_DURATION_S,
         description="/health answers 503 (a liveness probe restarts the server) when every forward pass "
-        "has failed for this long, one pass has run this long, or the warm-up has failed (and been "
-        "retried) for this long; 0: never",
+        "has failed for this long, one pass has run this long, the warm-up has failed (and been "
+        "retried) for this long, no preprocessing or extractor process could start for this long, or "
+        "one preprocessing job on a thread has run this long; 0: never",
     )
     unready_after_pass_s: float | None = Field(
         None,
@@ -194,7 +195,8 @@ class Settings(BaseSettings):
         le=MAX_DURATION_S,
         description="/ready answers 503 while one forward pass has run this long (a hung device), until "
         "passes finish again; default request_timeout_s: every document in such a pass has timed out "
-        "already, so it serves no one and new requests would only queue behind it; 0: never",
+        "already, so it serves no one and new requests would only queue behind it; also one page's job "
+        "on a preprocessing thread (HTMLLM_PREPROCESS_POOL=thread); 0: never",
     )
 
     # Text extraction (/v1/extract) runs in its own thread pool, off the event loop.

@@ -3,6 +3,8 @@ or replaced: how much CPU a worker had and how much data it holds (read from /pr
 each, through files kept open), whether a job past its time limit was stalled rather than busy, whether a
 worker that failed a job holds too much of its memory limit to be kept, and whether a worker that died
 holding a job was killed from outside (or cannot be known not to have been) rather than crashed by it.
+And how a pool's owner counts the tries refused because no worker could start (`StartRefusals`), the one
+rule both served pools (preprocessing, extractors) follow, which a server's readiness reads.
 
 Each worker lost, killed or replaced is one warning in the pool's log, `service.core.workers`, where an
 operator looks for them (docs name it); this module logs under that name. Each is also one of
@@ -18,8 +20,9 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import dataclass, replace
 from multiprocessing.context import BaseContext
-from typing import Final
+from typing import Final, Protocol
 
 from service.core.processes import forkserver_lost
 
@@ -202,3 +205,116 @@ def warn_retained(pool: str, pid: int | None, gauges: ProcGauges, limit_bytes: i
         "%.0f MiB limit (%.0f MiB when it started), which would fail the next pages",
         pool, pid, data / 2**20, limit_bytes / 2**20, (gauges.data_at_start or 0) / 2**20,
     )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StartHealth:
+    """How starting a pool's workers has gone lately (`StartRefusals.health`): what a server's readiness and
+    liveness read. A try refused because no worker could start (`WorkerStartError`: the forkserver gone,
+    no process can be forked, the code on disk broken) counts, the jobs refused together once; any job a
+    worker took (whatever became of it) ends the run. Times are `time.monotonic()`."""
+
+    start_failures: int = 0  # tries in a row refused for want of a worker; jobs refused together count once
+    failing_since: float | None = None  # when the first of those was refused
+    last_error: str | None = None  # the latest refusal's message
+
+
+class StartRun(Protocol):
+    """What readiness reads of a run of refused starts: `StartHealth`, or a pool's own record of the same
+    three fields (the Engine's `PoolHealth`)."""
+
+    @property
+    def start_failures(self) -> int: ...
+
+    @property
+    def failing_since(self) -> float | None: ...
+
+    @property
+    def last_error(self) -> str | None: ...
+
+
+class StartRefusals:
+    """The tries in a row refused because no worker of a pool could start (`health`), counted from any
+    thread.
+
+    Counted once per try, not per job: a job counts only if no refusal was counted since it was submitted
+    (`ticket`, taken then), so the jobs refused together (one request's pages or extractions, in one blip
+    of the forkserver) count once, and a try made after a refusal counts again. Counted per job, one
+    request of a few pages (2 documents x 2 extractors) had turned /ready 503 on its own; a run that goes
+    on, try after try, is what readiness is for."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counted = 0  # refusals counted so far (never reset): the tickets
+        # Replaced whole, never changed: read without the lock (readiness asks it for every answer).
+        self.health = StartHealth()
+
+    def ticket(self) -> int:
+        """What a job takes as it is submitted, for `refused`: the refusals counted so far."""
+        return self._counted
+
+    def refused(self, error: str, ticket: int, now: float) -> None:
+        """Count a job refused for want of a worker (`error`: why, said without the error's class), unless
+        one was counted since it was submitted (`ticket`): then only the message is the latest."""
+        with self._lock:
+            run = self.health
+            if run.start_failures and ticket != self._counted:  # refused together with one counted
+                self.health = replace(run, last_error=error)
+                return
+            self._counted += 1
+            since = now if run.failing_since is None else run.failing_since
+            self.health = StartHealth(run.start_failures + 1, since, error)
+
+    def started(self) -> bool:
+        """A worker took a job: the run ends. Whether one was running (for its end to be said once)."""
+        if not self.health.start_failures:
+            return False
+        with self._lock:
+            ended = bool(self.health.start_failures)
+            self.health = StartHealth()
+        return ended
+
+
+def start_trouble(run: StartRun, after_failures: int, now: float, *, workers: str, jobs: str) -> str | None:
+    """Why a pool's jobs are refused now: `after_failures` tries in a row (at least one) refused for want of
+    a worker that starts (`workers`: "extractor process"; `jobs`: what it runs, "pages"), or None. The one
+    rule /ready applies to each pool."""
+    if run.start_failures < max(1, after_failures):
+        return None
+    since = run.failing_since
+    over = "" if since is None else f" over {max(0.0, now - since):.0f} s"
+    return (
+        f"no {workers} could start for the last {run.start_failures} tries{over}, the {jobs} refused "
+        f"together counted once ({run.last_error}); probing it"
+    )
+
+
+def start_check_due(run: StartRun, after_failures: int, now: float, interval_s: float) -> bool:
+    """Whether a run of refusals below `after_failures` has lasted `interval_s` (its first refusal that long
+    ago): a probe job then checks the pool, whose success ends the run and whose refusal counts, as the
+    backend's check pass does for failed passes. Without it a refusal on an idle pod stayed counted until
+    a job got a worker, and blips days apart added up to "in a row"."""
+    since = run.failing_since
+    return 0 < run.start_failures < after_failures and since is not None and now - since >= interval_s
+
+
+class RecurringWarning:
+    """A warning said again and again while a fault lasts (a probe that fails every few seconds): the first
+    at WARNING, then at most one every `every_s` (the rest at DEBUG), until `reset` (the fault ended)."""
+
+    def __init__(self, logger: logging.Logger, every_s: float = 60.0) -> None:
+        self._logger = logger
+        self.every_s = every_s
+        self._said_at: float | None = None
+
+    def log(self, now: float, message: str, *args: object) -> None:
+        """Log `message % args` at WARNING if none was within `every_s` of `now`, else at DEBUG."""
+        if self._said_at is None or now - self._said_at >= self.every_s:
+            self._said_at = now
+            self._logger.warning(message, *args)
+        else:
+            self._logger.debug(message, *args)
+
+    def reset(self) -> None:
+        """The fault ended: the next one's first line is a warning again."""
+        self._said_at = None

@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import replace
 from typing import Any, TypeVar
 
 from service.core.errors import HtmllmError
@@ -32,6 +31,7 @@ from service.core.preparation import (
 from service.core.prune import InputTooLargeError
 from service.core.tokenizer import HtmlTokenizer
 from service.core.words import built_word_tables
+from service.core.worker_health import KILLED, LOST_STATUS, StartRefusals
 from service.core.workers import WorkerError, WorkerPool, WorkerStartError, mib_as_bytes
 from service.engine.failures import OverLimitError, mark, worker_failure
 from service.engine.types import Document, EngineConfig, PoolHealth, ShuttingDownError
@@ -86,13 +86,16 @@ class RunningJobs:
     Kept until the job itself ends, not until its caller stops waiting (a caller's timeout cancels only
     the wait). With processes, the job a thread runs is a page's whole call (`WorkerPool.call`: a worker
     taken or started, the page, the kill past the time limit), which the pool bounds; one that outlives
-    the bound says the pool itself is stuck."""
+    the bound says the pool itself is stuck. The bound is one try's: a page whose process was killed from
+    outside is tried again in a fresh one, with a time limit of its own, and its call's age starts again
+    then (`retried`)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._next = 0
-        # Each running job's start, in the order they began: the first is the oldest.
+        # Each running job's start (or its latest try's), in the order they began: the first is the oldest.
         self._started: dict[int, float] = {}
+        self._mine = threading.local()  # the token of the job this thread runs (`run`), for `retried`
 
     def run(self, job: Callable[..., T], *args: object) -> T:
         """`job(*args)` on this thread, counted as running meanwhile."""
@@ -100,11 +103,24 @@ class RunningJobs:
             token = self._next
             self._next += 1
             self._started[token] = time.monotonic()
+        self._mine.token = token
         try:
             return job(*args)
         finally:
+            self._mine.token = None
             with self._lock:
                 del self._started[token]
+
+    def retried(self) -> None:
+        """The job this thread runs begins a new try now (its page in a fresh process, after the last one
+        was killed from outside): its age starts again. Nothing when this thread runs none."""
+        token = getattr(self._mine, "token", None)
+        if token is None:
+            return
+        with self._lock:
+            if token in self._started:
+                del self._started[token]  # put back last: the first stays the oldest
+                self._started[token] = time.monotonic()
 
     def oldest(self) -> float | None:
         """When the job running longest began (`time.monotonic`), or None when none runs."""
@@ -134,7 +150,8 @@ class Preprocessing:
         self._max_length = max_length
         self._pool: ThreadPoolExecutor | None = None
         self._processes: WorkerPool | None = None  # preprocess_pool="process"
-        # Told why each process was lost or replaced (`WorkerPool`), on the thread that waited on it.
+        # Told why each process was lost or replaced (`WorkerPool`), on the thread that waited on it
+        # (through `_replaced`).
         self._on_replaced = on_replaced
         # Threads that wait on the processes: apart, so that a page stuck in one (up to its time limit)
         # never holds up the work of `_pool` (hashing a page for the result cache).
@@ -142,13 +159,18 @@ class Preprocessing:
         # The executor jobs callers await now: a stop without drain cancels them (their callers get
         # ShuttingDownError, `off_loop`) rather than wait for a thread that may never finish.
         self._off_loop_waits: set[asyncio.Future[Any]] = set()
-        # The tries in a row refused because no process could start (`PoolHealth`), changed on the loop.
-        self.health = PoolHealth()
-        # Refusals counted into `health` so far (never reset): a page submitted before the latest of them
-        # was refused in the same episode, and counts no more (`_start_failed`).
-        self._refusals = 0
+        # The tries in a row refused because no process could start, the pages refused together counted
+        # once (`StartRefusals`, the extractor pool's rule too); changed on the loop.
+        self._starts = StartRefusals()
         # The jobs on the threads now (`RunningJobs`): what readiness reads to find a stuck worker.
         self.running = RunningJobs()
+
+    @property
+    def health(self) -> PoolHealth:
+        """How starting the processes has gone lately (`PoolHealth`): tries in a row refused for want of
+        one, the pages refused together counted once (`_start_failed`)."""
+        run = self._starts.health
+        return PoolHealth(run.start_failures, run.failing_since, run.last_error)
 
     @property
     def threads(self) -> ThreadPoolExecutor | None:
@@ -185,10 +207,21 @@ class Preprocessing:
                 ),
                 memory_limit_bytes=mib_as_bytes(self._config.preprocess_memory_limit_mb),
                 lost_worker_retries=LOST_PROCESS_RETRIES,
-                on_replaced=self._on_replaced,
+                on_replaced=self._replaced,
             )
             self._dispatch = ThreadPoolExecutor(workers, thread_name_prefix="htmllm-preprocess-dispatch")
             await asyncio.to_thread(self._processes.prestart)
+
+    def _replaced(self, reason: str) -> None:
+        """A process lost or replaced for `reason`, told by the pool on the thread that waited on it: one
+        killed from outside under a page is followed by the page's next try in a fresh process, with a
+        time limit of its own (`LOST_PROCESS_RETRIES`), so its call's age starts again
+        (`RunningJobs.retried`): the page's whole call had been held to one try's bound, and readiness
+        took a page retried after an OOM kill for a stuck pool. Then `on_replaced`'s."""
+        if reason in (KILLED, LOST_STATUS):
+            self.running.retried()
+        if self._on_replaced is not None:
+            self._on_replaced(reason)
 
     async def close(self) -> None:
         """Kill the preprocessing processes, then end the threads (idempotent). In this order: a thread
@@ -281,7 +314,7 @@ class Preprocessing:
             raise ShuttingDownError("the engine stopped before this document was preprocessed")
         timeout_s = self._config.preprocess_timeout_s
         call = functools.partial(processes.call, job, args, timeout_s=timeout_s)
-        refusals = self._refusals  # as this page is submitted: its refusal counts only if none came since
+        ticket = self._starts.ticket()  # as the page is submitted: its refusal counts if none came since
         try:
             result: T = await self.off_loop(dispatch, call)
         except MemoryError as exc:  # raised in the worker before the pruner ran (taking the page in)
@@ -294,36 +327,28 @@ class Preprocessing:
             if self._processes is not processes:  # `close` killed the pool under this page
                 raise ShuttingDownError("the engine stopped while this document was preprocessed") from exc
             if isinstance(exc, WorkerStartError):
-                self._start_failed(exc, refusals)
+                self._start_failed(exc, ticket)
             else:  # a process took the page (and timed out, crashed or was killed with it)
                 self._started()
             raise worker_failure(exc, timeout_s) from exc
         self._started()
         return result
 
-    def _start_failed(self, exc: WorkerStartError, refusals: int) -> None:
+    def _start_failed(self, exc: WorkerStartError, ticket: int) -> None:
         """Count a page refused because no process could start (`health`): each such page had been a
         503 while /ready said 200 and /health too, for ever where no process can start again (the code
         on disk replaced under the server by a package upgrade, which a new process imports).
 
-        Counted once per try, not per page: a page counts only if no refusal was counted since it was
-        submitted (`refusals`: the count then), so the pages refused together (one request's 64, in one
-        blip of the forkserver) count once, and a try made after a refusal counts again. Counted per page,
-        one such request had turned /ready 503 until the next probe; a run that goes on, try after try, is
-        what readiness is for."""
-        run = self.health
-        error = f"{type(exc).__name__}: {exc.message}"
-        if run.start_failures and refusals != self._refusals:  # refused with one counted since it came
-            self.health = replace(run, last_error=error)
-            return
-        self._refusals += 1
-        since = time.monotonic() if run.failing_since is None else run.failing_since
-        self.health = PoolHealth(run.start_failures + 1, since, error)
+        Counted once per try, not per page (`StartRefusals`): a page counts only if no refusal was
+        counted since it was submitted (`ticket`), so the pages refused together (one request's 64, in
+        one blip of the forkserver) count once, and a try made after a refusal counts again. Counted per
+        page, one such request had turned /ready 503 until the next probe; a run that goes on, try after
+        try, is what readiness is for. The message is the error's own, without its class (a private one)."""
+        self._starts.refused(exc.message, ticket, time.monotonic())
 
     def _started(self) -> None:
         """A process took a page: the processes start again, whatever became of the page."""
-        if self.health.start_failures:
-            self.health = PoolHealth()
+        self._starts.started()
 
     async def probe(self) -> None:
         """One small page through a preprocessing process (none without them): how a server that no

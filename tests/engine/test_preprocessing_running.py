@@ -6,6 +6,8 @@ worker (`PreprocessingReadiness.stuck`). Kept by the job's own thread, so a call
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
 import threading
 
@@ -58,6 +60,32 @@ async def test_a_page_held_in_its_process_counts_as_running_until_the_process_is
         await until_async(lambda: pools.running.oldest() is not None, "the call runs")
     finally:
         await pools.close()  # kills the stopped worker: the call ends with it
+    with pytest.raises(ShuttingDownError):
+        await held
+    assert pools.running.oldest() is None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forkserver: Linux only")
+async def test_a_page_retried_after_its_process_was_killed_counts_from_its_new_try() -> None:
+    """A process killed from outside under a page (the OOM killer) is replaced and the page tried again,
+    each try with its own time limit (`LOST_PROCESS_RETRIES`): readiness holds a try, not the whole call,
+    to the limit, or a page retried twice after OOM kills was taken for a stuck pool."""
+    config = EngineConfig(preprocess_workers=1, preprocess_pool="process", preprocess_timeout_s=HOLD_S)
+    pools = Preprocessing(build_tiny_tokenizer(), config, max_length=64)
+    await pools.start()
+    processes = pools._processes
+    assert processes is not None
+    try:
+        held = asyncio.ensure_future(pools._in_process(stop_self))  # a worker stopped mid-page, each try
+        first = await until_async(lambda: processes._busy and pools.running.oldest(), "the first try runs")
+        (worker,) = processes._busy
+        os.kill(worker.pid, signal.SIGKILL)  # from outside: the page is tried again in a fresh process
+        await until_async(lambda: processes._busy and worker not in processes._busy, "the second try runs")
+        retried = pools.running.oldest()
+        assert retried is not None and retried > first
+        assert len(pools.running._started) == 1  # still one job, its age from its latest try
+    finally:
+        await pools.close()
     with pytest.raises(ShuttingDownError):
         await held
     assert pools.running.oldest() is None

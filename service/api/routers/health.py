@@ -35,14 +35,15 @@ _UNAVAILABLE = error_responses(503, codes=UNAVAILABLE)
 @get_route(router, "/health", summary="Liveness: the process answers", responses=_UNHEALTHY)
 async def health(runtime: RuntimeDep) -> HealthResponse:
     """200 while the process can serve; 503 once the backend has failed every pass (or hung in one), the
-    warm-up has kept failing, no preprocessing process could start, or one preprocessing job has run
-    (a thread cannot be stopped: a restart frees it), for `HTMLLM_UNHEALTHY_AFTER_S`: a
+    warm-up has kept failing, no preprocessing or extractor process could start, or one preprocessing
+    job has run (a thread cannot be stopped: a restart frees it), for `HTMLLM_UNHEALTHY_AFTER_S`: a
     corrupted CUDA context does not heal in-process, a restart does. At once when the model's process
     (`HTMLLM_INFERENCE_PROCESS`) died and cannot be started again because the checkpoint changed since
-    the server started (a restart serves the new checkpoint), and when no preprocessing process can
-    start and the code on disk changed since the server started (a package upgraded in place: a
-    restart runs the new code)."""
-    reason = runtime.unhealthy()
+    the server started (a restart serves the new checkpoint), and when no preprocessing or extractor
+    process can start and the code on disk changed since the server started (a package upgraded in
+    place: a restart runs the new code). Each turn to 503 is logged once, as an error with its reason
+    ("a restart is needed"), and its end once: what a liveness restart leaves in the log."""
+    reason = runtime.observe_health()
     if reason is not None:
         raise HtmllmError(f"the backend is unhealthy: {reason}", code=ErrorCode.UNHEALTHY)
     return HealthResponse()
@@ -54,9 +55,11 @@ async def ready(runtime: RuntimeDep) -> ReadyResponse:
     backend fails (`HTMLLM_UNREADY_AFTER_FAILURES` passes in a row, until a pass or probe succeeds),
     while no preprocessing process can start (as many tries in a row refused for it, pages refused
     together counting once, until one or a probe page gets one), while a preprocessing job is stuck
-    (past the request timeout), while no extractor process can start (as many `/v1/extract` jobs in a
-    row refused for it, until one or a probe job gets one), and while one pass has run past
-    `HTMLLM_UNREADY_AFTER_PASS_S` (the request timeout by default). The
+    (on a thread, past `HTMLLM_UNREADY_AFTER_PASS_S`; one try on a process, past the request timeout and
+    10 s), while no extractor process can start (as many tries in a row refused for it, a request's
+    jobs refused together counting once, until one or a probe job gets one), and while one pass has run
+    past `HTMLLM_UNREADY_AFTER_PASS_S` (the request timeout by default). A run of refusals below the
+    threshold is checked by a probe page or job once it has lasted 5 s: its success ends it. The
     condition is `Runtime.unready_reason`'s; while it holds every answer closes its connection. A 503
     here is a probe's answer, not a request failure (not counted in `htmllm_request_failures_total`)."""
     engine = runtime.engine

@@ -6,9 +6,9 @@ killed worker costs tens of milliseconds, not the second it takes to import traf
 from outside while it holds a page (the kernel's OOM killer, `kill -9`) says nothing of the page or the
 extractor: the page is run again in a fresh worker (`LOST_WORKER_RETRIES`), then `ExtractorLostError`.
 
-Jobs refused in a row because no worker could start are counted (`ExtractorPool.start_health`), so that a
-server can stop taking traffic while they are (`start_trouble`); a probe job now and then tells it when
-one starts again.
+Tries in a row refused because no worker could start are counted (`ExtractorPool.start_health`, the jobs
+refused together once: `StartRefusals`), so that a server can stop taking traffic while they are
+(`start_trouble`); a probe job now and then tells it when one starts again.
 """
 
 from __future__ import annotations
@@ -18,13 +18,20 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextvars import ContextVar
 from multiprocessing.context import BaseContext
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 from service.core.cpus import cpu_budget
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.extract.extractors import RawOutput, run_extractor
+from service.core.worker_health import (
+    RecurringWarning,
+    StartHealth,
+    StartRefusals,
+    start_check_due,
+    start_trouble,
+)
 from service.core.workers import (
     JobError,
     WorkerDiedError,
@@ -53,11 +60,18 @@ LOST_WORKER_RETRIES: Final = 2
 # and C code that does not check for NULL segfaults.
 _OUT_OF_MEMORY_EXITS: Final = frozenset({-signal.SIGABRT, -signal.SIGSEGV})
 # The least time between two probe jobs of a pool whose workers cannot start (`observe_start_trouble`):
-# readiness probes ask often, and each try costs a fork (the interval of the server's own probes).
+# readiness probes ask often, and each try costs a fork (the interval of the server's own probes). Also
+# how long a run of refusals below the threshold lasts before a probe job checks it (`start_check_due`).
 PROBE_INTERVAL_S = 5.0
 _PROBE_TIMEOUT_S: Final = 10.0  # a probe job does nothing: what it waits for is the worker's start
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# The refusals a job running on this thread may count with (`ExtractorPool.submitted`): the pool's count
+# and its ticket as the job was submitted.
+_SUBMITTED: ContextVar[tuple[StartRefusals, int] | None] = ContextVar("htmllm_submitted", default=None)
 
 
 def default_workers() -> int:
@@ -86,18 +100,6 @@ class ExtractorLostError(HtmllmError):
     both had been the page's `extraction_failed`."""
 
     code = ErrorCode.NOT_READY
-
-
-@dataclass(frozen=True)
-class StartHealth:
-    """How starting the extractor processes has gone lately: what a server's readiness reads (the
-    preprocessing processes' `PoolHealth`, for the extractors). A job refused because no worker could
-    start (`WorkerStartError`: the forkserver gone, no process can be forked, the code on disk broken)
-    counts; any job a worker took (whatever became of the page) ends the run. Times: `time.monotonic()`."""
-
-    start_failures: int = 0  # jobs in a row refused for want of a worker
-    failing_since: float | None = None  # when the first of those was refused
-    last_error: str | None = None  # the latest refusal's message
 
 
 def _probe_job() -> None:
@@ -150,12 +152,34 @@ class ExtractorPool(WorkerPool):
             lost_worker_retries=LOST_WORKER_RETRIES,
             on_replaced=on_replaced,
         )
-        # Replaced whole, never changed: read without the lock (`start_trouble` is asked for every answer).
-        self.start_health = StartHealth()
+        self._starts = StartRefusals()  # the tries refused for want of a worker (`start_health`)
         self._health_lock = threading.Lock()
         self._probe: threading.Thread | None = None  # the latest probe job's thread
         self._probe_started: float | None = None  # when it started (`time.monotonic()`)
         self._trouble_logged = False  # the refusals have been logged, their end not yet
+        self._probe_failures = RecurringWarning(logger)  # failed probes: said once a minute at most
+
+    @property
+    def start_health(self) -> StartHealth:
+        """How starting the workers has gone lately (`StartHealth`): tries in a row refused for want of
+        one, the jobs refused together counted once."""
+        return self._starts.health
+
+    def submitted(self, job: Callable[[], T]) -> Callable[[], T]:
+        """`job`, bound to the refusals counted as it is submitted (now): run later, on any thread, each
+        of its calls that no worker can start for counts only if none was counted since (`StartRefusals`).
+        What a server's extraction threads wrap each job in as they take it: one request's jobs wait
+        for a thread and start one after another, and each had counted a try of its own."""
+        ticket = (self._starts, self._starts.ticket())
+
+        def bound() -> T:
+            token = _SUBMITTED.set(ticket)
+            try:
+                return job()
+            finally:
+                _SUBMITTED.reset(token)
+
+        return bound
 
     def run(self, name: str, html: str, *, language: str | None, timeout_s: float | None) -> RawOutput:
         try:
@@ -191,18 +215,16 @@ class ExtractorPool(WorkerPool):
     def _counted_call(
         self, function: Callable[..., object], args: tuple[object, ...], timeout_s: float | None
     ) -> Any:
-        """`call`, its start counted in `start_health`: a `WorkerStartError` adds a refusal, a job that a
-        worker took (answered, failed, timed out or died with) ends the run. A closed pool counts for
-        neither: it refuses on purpose."""
+        """`call`, its start counted in `start_health`: a `WorkerStartError` adds a refusal (unless one was
+        counted since the job was submitted: `submitted`, else since this call), a job that a worker took
+        (answered, failed, timed out or died with) ends the run. A closed pool counts for neither: it
+        refuses on purpose."""
+        bound = _SUBMITTED.get()
+        ticket = bound[1] if bound is not None and bound[0] is self._starts else self._starts.ticket()
         try:
             result = self.call(function, args, timeout_s=timeout_s)
         except WorkerStartError as exc:
-            with self._health_lock:
-                run = self.start_health
-                since = time.monotonic() if run.failing_since is None else run.failing_since
-                self.start_health = StartHealth(
-                    run.start_failures + 1, since, f"{type(exc).__name__}: {exc.message}"
-                )
+            self._starts.refused(exc.message, ticket, time.monotonic())
             raise
         except (JobError, WorkerTimeoutError, WorkerDiedError):
             self._started()
@@ -212,50 +234,52 @@ class ExtractorPool(WorkerPool):
 
     def _started(self) -> None:
         """A worker took a job: the workers start again (said once, where their trouble was said)."""
-        if not self.start_health.start_failures:
+        if not self._starts.started():
             return
         with self._health_lock:
-            self.start_health = StartHealth()
             logged, self._trouble_logged = self._trouble_logged, False
         if logged:
             logger.info("%s processes start again", self.name)
 
     def start_trouble(self, after_failures: int, now: float | None = None) -> str | None:
-        """Why extraction jobs are refused now (`after_failures` in a row, at least one, for want of a
-        worker that starts), or None; no side effects, cheap (attribute reads): what a server's readiness
-        and every answer's connection rule ask. `now`: `time.monotonic()` unless given (a clock of the
+        """Why extraction jobs are refused now (`after_failures` tries in a row, at least one, for want of
+        a worker that starts: `worker_health.start_trouble`, the rule the preprocessing pool's readiness
+        follows too), or None; no side effects, cheap (attribute reads): what a server's readiness and
+        every answer's connection rule ask. `now`: `time.monotonic()` unless given (a clock of the
         caller's, which moves with the one `failing_since` was read on)."""
-        health = self.start_health
-        if health.start_failures < max(1, after_failures) or self._closed:
+        if self._closed:
             return None
-        since = health.failing_since
-        over = "" if since is None else f" over {(time.monotonic() if now is None else now) - since:.0f} s"
-        return (
-            f"no {self.name} process could start for the last {health.start_failures} extraction jobs{over} "
-            f"({health.last_error}); probing it"
-        )
+        at = time.monotonic() if now is None else now
+        workers = f"{self.name} process"
+        return start_trouble(self.start_health, after_failures, at, workers=workers, jobs="extraction jobs")
 
     def observe_start_trouble(self, after_failures: int, now: float | None = None) -> str | None:
         """`start_trouble`, for a readiness probe: while it holds, a probe job goes to a worker now and
         then (one at a time, at most every `PROBE_INTERVAL_S`, on a thread of its own), so that a server
         that no extraction reaches any more (it is out of rotation for this) sees a worker start again;
         its onset is logged once, and its end (`_started`). Without the probe, a pool whose starts
-        failed once stayed in trouble for good: nothing but a request would have tried again."""
-        trouble = self.start_trouble(after_failures, now)
-        if trouble is None:
+        failed once stayed in trouble for good: nothing but a request would have tried again. A run below
+        the threshold that has lasted `PROBE_INTERVAL_S` is checked by a probe job too
+        (`start_check_due`): its success ends the run, its refusal counts."""
+        if self._closed:
+            return None
+        at = time.monotonic() if now is None else now
+        trouble = self.start_trouble(after_failures, at)
+        if trouble is None and not start_check_due(self.start_health, after_failures, at, PROBE_INTERVAL_S):
             return None
         with self._health_lock:
-            logged, self._trouble_logged = self._trouble_logged, True
+            logged = self._trouble_logged
+            self._trouble_logged = logged or trouble is not None
             probing = self._probe is not None and self._probe.is_alive()
-            at = time.monotonic()
-            due = self._probe_started is None or at - self._probe_started >= PROBE_INTERVAL_S
+            started = time.monotonic()
+            due = self._probe_started is None or started - self._probe_started >= PROBE_INTERVAL_S
             if not probing and due:
-                self._probe_started = at
+                self._probe_started = started
                 self._probe = threading.Thread(
                     target=self._run_probe, name=f"htmllm-{self.name}-probe", daemon=True
                 )
                 self._probe.start()
-        if not logged:
+        if trouble is not None and not logged:
             logger.warning(
                 "extraction jobs are refused until one of the %s processes starts again: %s",
                 self.name,
@@ -264,12 +288,16 @@ class ExtractorPool(WorkerPool):
         return trouble
 
     def _run_probe(self) -> None:
-        """A probe job (`observe_start_trouble`'s thread); its outcome is in `start_health`."""
+        """A probe job (`observe_start_trouble`'s thread); its outcome is in `start_health`. A failure is
+        said once a minute at most (a probe runs every few seconds while the fault lasts; its onset and
+        its end are logged once each), a success each time (once per fault)."""
         try:
             self._counted_call(_probe_job, (), _PROBE_TIMEOUT_S)
         except Exception as exc:  # its outcome is counted; the log says why
-            logger.warning("%s probe failed: %s: %s", self.name, type(exc).__name__, exc)
+            message = exc.message if isinstance(exc, HtmllmError) else f"{type(exc).__name__}: {exc}"
+            self._probe_failures.log(time.monotonic(), "%s probe failed: %s", self.name, message)
         else:
+            self._probe_failures.reset()
             logger.info("%s probe succeeded: one of its processes started", self.name)
 
     def _memory_hint(
