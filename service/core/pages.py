@@ -693,7 +693,9 @@ def _iter_html_dir(path: Path, skip: Skip | None) -> Iterator[Page]:
             page_id += "/" if entry.directory else ""
             yield error_page(page_id, PageUnreadableError(f"{path}: {entry.problem}"))
         elif entry.path.name.lower().endswith(_WARC_SUFFIXES):
-            yield from _iter_warc(entry.path)
+            # Named by the same relative path, so two `crawl.warc.gz` in two subdirectories name their
+            # rows apart (`a/crawl.warc.gz@161`, `b/crawl.warc.gz@161`).
+            yield from _iter_warc(entry.path, page_id)
         else:
             yield _file_page(page_id, entry.path, str(path))
 
@@ -870,10 +872,10 @@ def _count_rows(path: Path, limit: int | None, stop: threading.Event | None) -> 
     return rows
 
 
-def _iter_warc(path: Path) -> Iterator[Page]:
-    """The pages of a WARC file, read by `warc_pages`."""
+def _iter_warc(path: Path, name: str | None = None) -> Iterator[Page]:
+    """The pages of a WARC file, read by `warc_pages`; `name` names it in its rows (`iter_warc`)."""
     # Imported here, not at the top: `warc_pages` builds its rows from this module's `Page`, errors and
     # page cap, so it imports this module, and an import back at load time would be circular.
     from service.core.warc_pages import iter_warc
 
-    return iter_warc(path)
+    return iter_warc(path, name)

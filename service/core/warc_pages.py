@@ -20,17 +20,25 @@ whole for headers, its body lost with its Content-Type: the page was skipped, or
 A record without a WARC-Record-ID is named by where it is (`_Reading.unnamed_id`): `<file>@<byte>` where
 it starts at that byte of the file, else `<file>#<n>`, the n-th record read from the file (from 0). Inside
 a file compressed as one stream (gzip, zstd, LZ4) FastWARC's offsets are positions of its read buffer,
-which many records share: named by them, two pages had one id.
+which many records share: named by them, two pages had one id. `<file>` is the file's name, or its path
+relative to the directory it was found in (`iter_warc`). An error row of the file's own (a member that
+could not be read, what follows the last record read) has an id no page row has (`_Failure`).
+
+A page read from a member that decodes but to bytes FastWARC frames otherwise than the records'
+Content-Length (corrupt data a format without checksums cannot tell: LZ4, zstd without one) is that
+page's own error row, where it had been a success row followed by a warning row: each record's row is
+held back until the next record is framed, so that the failure after it can still be its own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import re
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 
 from service.core import pages
 from service.core.content_coding import ContentCodingError, decode_content, parse_codings, undeclared_coding
@@ -48,7 +56,14 @@ from service.core.pages import (
     read_error,
     valid_text,
 )
-from service.core.warc_tail import member_start, skip_member, tail_problem
+from service.core.warc_tail import (
+    Skip,
+    dictionary_frame,
+    ends_in_padding,
+    member_start,
+    skip_member,
+    tail_problem,
+)
 
 if TYPE_CHECKING:
     from fastwarc.warc import WarcRecord
@@ -64,12 +79,15 @@ _STATUS_LINE = re.compile(rb"[ \t]*HTTP/[0-9.]+[ \t]+([0-9]{3})(?:[ \t\r]|\Z)")
 _BLANKS = " \t\r"
 
 
-def iter_warc(path: Path) -> Iterator[Page]:
+def iter_warc(path: Path, name: str | None = None) -> Iterator[Page]:
     """The HTML pages of a WARC file in record order; a record that cannot be read is an error row, and
     a file that cannot be read past some record ends with one (the framing after it is lost), but for a
     file compressed per record (gzip members, zstd or LZ4 frames): its corrupt member is an error row,
-    and reading goes on at the next member that starts a record (`warc_tail.skip_member`)."""
-    reading = _Reading(path)
+    and reading goes on at the next member that starts a record (`warc_tail.skip_member`). `name`: what
+    names the file in its rows (`<name>@<byte>` ids, `warc_file`): its path relative to the directory
+    it was found in, as an HTML file's id is (two `crawl.warc.gz` in two subdirectories had one id for
+    two pages); the file's name where it is read alone."""
+    reading = _Reading(path, valid_text(path.name if name is None else name))
     start: int | None = 0
     while start is not None:
         start = yield from _iter_records(path, start, reading)
@@ -80,6 +98,7 @@ class _Reading:
     """What naming a record without a WARC-Record-ID needs to know of the records read before it."""
 
     path: Path
+    name: str  # the file's name in ids and `warc_file` (`iter_warc`)
     records: int = 0  # records FastWARC framed in the file so far, of every type
     # What every member of the file starts with (`member_start`), read when first needed.
     _member: bytes | None = field(default=None, init=False)
@@ -90,8 +109,12 @@ class _Reading:
         that no record before it was framed at), else `<file>#<ordinal>`. Both are stable from run to run
         (a resume checks them), and the latter does not depend on FastWARC's read buffer either."""
         if not shared and self._starts_member(offset):
-            return f"{self.path.name}@{offset}"
-        return f"{self.path.name}#{ordinal}"
+            return f"{self.name}@{offset}"
+        return f"{self.name}#{ordinal}"
+
+    def error(self, page_id: str, message: str, code: ErrorCode = ErrorCode.VALIDATION) -> Page:
+        """A row of the file's own (no record's page): its id is never a page row's (`_Failure`)."""
+        return Page(id=page_id, html=b"", error=message, error_code=code, meta={"warc_file": self.name})
 
     def _starts_member(self, offset: int) -> bool:
         try:
@@ -104,9 +127,30 @@ class _Reading:
             return False
 
 
+class _Framed(NamedTuple):
+    """A record FastWARC framed: where, its position among the file's records, and what names it."""
+
+    offset: int
+    ordinal: int
+    shared: bool  # a record before it was framed at the same offset (one member or stream holds both)
+    record_id: str | None
+    record_type: str
+
+    def position_id(self, reading: _Reading) -> str:
+        """The id it would have without a WARC-Record-ID: no page row's but its own, if it has none."""
+        return reading.unnamed_id(self.offset, self.ordinal, shared=self.shared)
+
+    def label(self, reading: _Reading) -> str:
+        return f"record {self.record_id or self.position_id(reading)}, a {self.record_type} record"
+
+
 def _iter_records(path: Path, start: int, reading: _Reading) -> Generator[Page, None, int | None]:
     """`iter_warc`'s pages from the record at byte `start` on (a member's start but for 0); returns where
-    to go on reading after a corrupt member, None at the end."""
+    to go on reading after a corrupt member, None at the end.
+
+    A record's page row is held back until the next record is framed: where FastWARC then fails because
+    the member it was read from decoded to corrupt bytes (a format without checksums), that row is the
+    one to say so (`_Failure`), not a row after it."""
     try:
         from fastwarc.warc import ArchiveIterator, WarcRecordType
     except ImportError as exc:  # a dependency, but an environment may have been pruned by hand
@@ -114,57 +158,52 @@ def _iter_records(path: Path, start: int, reading: _Reading) -> Generator[Page, 
     with contextlib.ExitStack() as stack:
         try:
             # Every record type, so the last record seen is the last one FastWARC could frame.
+            shift = 0  # what FastWARC's offsets are short of the file's
             if start == 0:
                 archive = ArchiveIterator(str(path), parse_http=False, fsspec_args=False)
             else:  # FastWARC takes the handle's position for the first record's offset
                 handle = stack.enter_context(path.open("rb"))
                 handle.seek(start)
-                archive = ArchiveIterator(handle, parse_http=False)
+                prefix = dictionary_frame(path)
+                if prefix:
+                    archive = ArchiveIterator(_Prefixed(prefix, handle), parse_http=False)
+                    shift = start - len(prefix)
+                else:
+                    archive = ArchiveIterator(handle, parse_http=False)
             iterator = iter(archive)
         except (OSError, ValueError) as exc:
             # One row, as an HTML file that cannot be opened is: raised, one dangling `.warc.gz` in a
             # directory of pages stopped the whole run, even with bad_rows="report".
             error = read_error(f"cannot read {path}: {exc}", exc)
-            yield _warc_error(path, start, str(error), error.code)
+            yield reading.error(f"{reading.name}@{start}", str(error), error.code)
             return None
-        offset = start
-        framed = False  # whether FastWARC framed a record at `offset` (else it failed on its member)
+        failure = _Failure(reading, start)
         reported = False  # whether the last record was reported cut off already
         while True:
-            in_record = False  # whether the record at `offset` is being read (else the next one framed)
             try:
                 record = next(iterator)
-                shared = framed and record.stream_pos == offset  # inside one compressed stream or member
-                offset, framed, reported = record.stream_pos, True, False
-                ordinal = reading.records
-                reading.records += 1
-                if record.record_type not in (WarcRecordType.response, WarcRecordType.resource):
-                    continue
-                in_record = True
-                # Bounded: a record's Content-Length is the writer's word, and FastWARC passes over what
-                # is left of a record unread.
-                block = record.reader.read(READ_FACTOR * pages.MAX_PAGE_BYTES + 1)
             except StopIteration:
                 break
             except (OSError, ValueError) as exc:
-                error = read_error(f"{path}: cannot read the records after byte {offset}: {exc}", exc)
-                skip = (
-                    None
-                    if isinstance(error, PageUnreadableError)
-                    else _skip(path, offset, framed and not in_record)
-                )
-                if skip is None:
-                    yield _warc_error(path, offset, str(error), error.code)
-                    return None
-                yield _skipped(path, skip, str(exc), error.code, read=framed and not in_record, offset=offset)
-                return skip[1]
-            page_id = record.record_id or reading.unnamed_id(offset, ordinal, shared=shared)
-            where = f"{path}: record {page_id} at byte {offset}"
+                return (yield from failure.failed(exc, in_record=False))
+            yield from failure.release()
+            record_type = record.headers.get("WARC-Type") or "untyped"
+            failure.framed(record.stream_pos + shift, record.record_id, record_type)
+            reported = False
+            if record.record_type not in (WarcRecordType.response, WarcRecordType.resource):
+                continue
+            try:
+                # Bounded: a record's Content-Length is the writer's word, and FastWARC passes over what
+                # is left of a record unread.
+                block = record.reader.read(READ_FACTOR * pages.MAX_PAGE_BYTES + 1)
+            except (OSError, ValueError) as exc:
+                return (yield from failure.failed(exc, in_record=True))
+            last = failure.last
+            assert last is not None  # framed above
+            page_id = record.record_id or last.position_id(reading)
+            where = f"{path}: record {page_id} at byte {last.offset}"
             url = _target_uri(record.headers.get("WARC-Target-URI"))
-            meta: dict[str, Any] = {
-                "warc_file": valid_text(path.name),
-                "warc_date": record.headers.get("WARC-Date"),
-            }
+            meta: dict[str, Any] = {"warc_file": reading.name, "warc_date": record.headers.get("WARC-Date")}
             # Why the crawler cut the record short (`length`, `time`, `disconnect`, `unspecified`): on
             # every row of the record, an error row's too, so a curator can leave partial pages out.
             truncated = record.headers.get("WARC-Truncated")
@@ -181,52 +220,171 @@ def _iter_records(path: Path, start: int, reading: _Reading) -> Generator[Page, 
                 page = _warc_page(record, block, page_id, url, meta, where, too_large=too_large)
             except PageSourceError as exc:
                 page = error_page(page_id, exc, url=url, meta=meta)
-            if page is not None:
-                yield page
+            failure.held = page
     # FastWARC ends quietly (or hands back an empty record) where a killed writer cut the file inside a
     # record's header; check the end of the file from the last record it framed, and say so.
-    problem = None if reported else tail_problem(path, offset, start)
+    problem = None if reported else tail_problem(path, failure.offset, start)
     if problem is None:
+        yield from failure.release()
         return None
     # It stops quietly at some corrupt members too (a gzip header whose flags claim an extra field): in
     # a file compressed per record, reading goes on after such a one as after one it fails on.
-    skip = _skip(path, offset, framed)
-    if skip is None:
-        yield _warc_error(path, offset, f"{path}: {problem}")
-        return None
-    yield _skipped(path, skip, problem, ErrorCode.VALIDATION, read=framed, offset=offset)
-    return skip[1]
+    read = failure.last is not None
+    return (yield from failure.rows(f"{path}: {problem}", problem, ErrorCode.VALIDATION, read=read))
 
 
-def _skipped(
-    path: Path, skip: tuple[int, int], cause: str, code: ErrorCode, *, read: bool, offset: int
-) -> Page:
-    """The row of the members `skip_member` passed over, (the one that failed, where reading goes on).
-    `read`: the record FastWARC framed at `offset` was read whole before it failed."""
-    failed, resume = skip
-    # The bytes skipped may hold more members than the one that failed (two corrupt in a row, the
-    # second's start no longer inflating): the range says what one row stands for.
-    what = f"the record at byte {failed} could not be decompressed and was skipped"
-    if read and failed == offset:
-        # Its member decoded, to bytes FastWARC framed otherwise (`skip_member`): its data is corrupt
-        # where the format cannot tell (LZ4 without checksums), so its row may hold garbage.
-        what = (
-            f"the record at byte {failed} was read, but its member does not decode to whole WARC records "
-            "as FastWARC frames them (corrupt data its compression cannot tell: its row may hold "
-            "garbage), and the rest of the member was skipped"
+class _Prefixed:
+    """A zstd file from a frame on behind the frame holding its dictionary (`dictionary_frame`), as a
+    stream FastWARC reads from its position 0: FastWARC loads a dictionary only there (from any other
+    position every frame was a "Dictionary mismatch"), so its offsets are short of the file's by the
+    bytes between that frame and the one reading goes on at (`shift`)."""
+
+    def __init__(self, prefix: bytes, handle: BinaryIO) -> None:
+        self._prefix = prefix
+        self._handle = handle
+        self._position = 0
+
+    def read(self, size: int = -1) -> bytes:
+        out = self._prefix if size < 0 else self._prefix[:size]
+        self._prefix = self._prefix[len(out) :]
+        if size < 0 or len(out) < size:
+            out += self._handle.read(-1 if size < 0 else size - len(out))
+        self._position += len(out)
+        return out
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        """Where it is (FastWARC reads forward only); any move is `io.UnsupportedOperation`."""
+        if (offset, whence) in ((0, io.SEEK_CUR), (self._position, io.SEEK_SET)):
+            return self._position
+        raise io.UnsupportedOperation("a stream behind a zstd dictionary frame reads forward only")
+
+    def close(self) -> None:
+        """Nothing: the file is the caller's."""
+
+
+@dataclass
+class _Failure:
+    """What the rows of a failure after the record FastWARC framed last need: that record, and its page
+    row held back. Their ids are never a page row's: `<file>@<byte>` of the member that failed, or the
+    position id (`_Framed.position_id`) of the record framed last where that record has no row (it
+    failed, or holds no page), else `<file>#<n>`, the position of the first record not read: the byte of
+    a page read last had been both its own id (where it had no WARC-Record-ID) and the error row's."""
+
+    reading: _Reading
+    start: int  # where this reading began (0, or a member `skip_member` went on at)
+    last: _Framed | None = None  # the record FastWARC framed last
+    held: Page | None = None  # its page row, not yet yielded
+    here: int = 0  # records FastWARC framed at `last.offset`
+    since: int = 0  # records FastWARC framed from `start` on
+
+    @property
+    def offset(self) -> int:
+        return self.start if self.last is None else self.last.offset
+
+    def framed(self, offset: int, record_id: str | None, record_type: str) -> None:
+        shared = self.last is not None and offset == self.last.offset
+        self.here = self.here + 1 if shared else 1
+        self.since += 1
+        self.last = _Framed(offset, self.reading.records, shared, record_id, record_type)
+        self.reading.records += 1
+
+    def release(self) -> Iterator[Page]:
+        """The page row held back, now that no failure can be its member's."""
+        if self.held is not None:
+            yield self.held
+            self.held = None
+
+    def failed(self, exc: OSError | ValueError, *, in_record: bool) -> Generator[Page, None, int | None]:
+        """The rows where FastWARC raised `exc`, reading the record framed last (`in_record`) or after it;
+        returns where reading goes on, None for the end of the file."""
+        path = self.reading.path
+        error = read_error(f"{path}: cannot read the records after byte {self.offset}: {exc}", exc)
+        read = self.last is not None and not in_record
+        if isinstance(error, PageUnreadableError):
+            return (yield from self.rows(str(error), str(exc), error.code, read=read, skip=False))
+        if read and _ends_in_padding(path, self.offset, self.start, here=self.here, since=self.since):
+            yield from self.release()  # the padding that ends the file, which FastWARC takes for a member
+            return None
+        return (yield from self.rows(str(error), str(exc), error.code, read=read))
+
+    def rows(
+        self, message: str, cause: str, code: ErrorCode, *, read: bool, skip: bool = True
+    ) -> Generator[Page, None, int | None]:
+        """The rows of a failure after the record framed last (`read`: that record was read whole), by
+        `message` where reading cannot go on (`skip`: may, where `skip_member` finds a member after), by
+        `cause` where it goes on; returns where, or None."""
+        reading, last = self.reading, self.last
+        found = _skip(reading.path, self.offset, read) if skip else None
+        if found is not None and read and last is not None and found.failed == last.offset:
+            yield self._suspect(found, cause, code)
+            return found.resume
+        has_row = self.held is not None  # the record framed last has a row: its page's
+        yield from self.release()
+        if found is None:
+            page_id = f"{reading.name}@{self.offset}"  # nothing framed: the byte reading began at
+            if last is not None:
+                page_id = f"{reading.name}#{reading.records}" if has_row else last.position_id(reading)
+            yield reading.error(page_id, message, code)
+            return None
+        # The bytes skipped may hold more members than the one that failed (two corrupt in a row, the
+        # second's start no longer inflating): the range says what one row stands for.
+        failed, resume = found.failed, found.resume
+        what = "holds no WARC record FastWARC reads" if found.stray else "could not be decompressed"
+        page_id = f"{reading.name}@{failed}"
+        if last is not None and failed == last.offset:  # the record framed there, unread: its own id
+            page_id = last.position_id(reading)
+        yield reading.error(
+            page_id,
+            f"{reading.path}: the record at byte {failed} {what} and was skipped (bytes {failed} to "
+            f"{resume - 1}; reading goes on at the record at byte {resume}): {cause}",
+            code,
         )
-    message = (
-        f"{path}: {what} (bytes {failed} to {resume - 1}; reading goes on at the record at byte {resume})"
-    )
-    return _warc_error(path, failed, f"{message}: {cause}", code)
+        return resume
+
+    def _suspect(self, found: Skip, cause: str, code: ErrorCode) -> Page:
+        """The row of the record framed last, read whole from a member that does not decode to whole
+        WARC records as FastWARC frames them: its data is corrupt where its compression cannot tell (LZ4
+        keeps no checksum, zstd one only where the writer asks), so what was read of it may be garbage.
+        Its page row, held back, is this one (its id, url and meta; no page), where it had been written
+        as a success with a warning row after it."""
+        reading, last = self.reading, self.last
+        assert last is not None
+        others = (
+            f" ({self.here - 1} records before it in that member were read from it too)"
+            if self.here > 1
+            else ""
+        )
+        kept = "its page was not kept" if self.held is not None else "it holds no page"
+        message = (
+            f"{reading.path}: the {last.label(reading)} at byte {last.offset} was read, but its member does "
+            f"not decode to whole WARC records as FastWARC frames them{others}: corrupt data its "
+            f"compression cannot tell, so what was read may be garbage ({kept}); the rest of the member "
+            f"was skipped (bytes {found.failed} to {found.resume - 1}; reading goes on at the record at "
+            f"byte {found.resume}): {cause}"
+        )
+        held, self.held = self.held, None
+        if held is None:
+            return reading.error(last.position_id(reading), message, code)
+        return Page(id=held.id, html=b"", url=held.url, meta=held.meta, error=message, error_code=code)
 
 
-def _skip(path: Path, offset: int, framed: bool) -> tuple[int, int] | None:
+def _skip(path: Path, offset: int, framed: bool) -> Skip | None:
     """`skip_member`, None where the file cannot be read again (it went away, say): the error row said."""
     try:
         return skip_member(path, offset, framed=framed)
     except OSError:
         return None
+
+
+def _ends_in_padding(path: Path, offset: int, start: int, *, here: int, since: int) -> bool:
+    """`ends_in_padding`, False where the file cannot be read again."""
+    try:
+        return ends_in_padding(path, offset, start, here=here, since=since)
+    except OSError:
+        return False
 
 
 def _target_uri(value: str | None) -> str | None:
@@ -236,16 +394,6 @@ def _target_uri(value: str | None) -> str | None:
     if value is not None and len(value) >= 2 and value.startswith("<") and value.endswith(">"):
         return value[1:-1].strip()
     return value
-
-
-def _warc_error(path: Path, offset: int, message: str, code: ErrorCode = ErrorCode.VALIDATION) -> Page:
-    return Page(
-        id=f"{path.name}@{offset}",
-        html=b"",
-        error=message,
-        error_code=code,
-        meta={"warc_file": valid_text(path.name)},
-    )
 
 
 def _warc_page(

@@ -20,7 +20,14 @@ the three formats lets a reader find the next one: a member or frame starts with
 candidate is taken only where it decodes to the start of a WARC record (`_Framing`). A file compressed
 as one stream has no next one (FastWARC's offsets inside it are no member starts): it ends with one row.
 The file's compression is told by its magic, else by its name, as FastWARC picks its decoder: a first
-member whose header is corrupt is passed over too.
+member whose header is corrupt is passed over too. A zstd file may start with the dictionary its frames
+were compressed with (the IIPC zstd-WARC layout, as wget-at writes it): its frames are decoded with it.
+
+Records are walked as FastWARC frames them: each starts with the version line FastWARC takes (WARC/1.0,
+WARC/1.1 or WARC/0.x), so a member that decodes to anything else (a stray HTTP response, `warc/1.1`,
+`WARC/2.0`) is the one FastWARC failed on, not the intact record before it. Padding that ends a file
+(NULs, blank lines, as a writer pads to a block) is no member: FastWARC fails on it, `ends_in_padding`
+tells that failure apart.
 """
 
 from __future__ import annotations
@@ -36,21 +43,28 @@ import zstandard
 
 GZIP_MAGIC = b"\x1f\x8b"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_ZSTD_DICTIONARY_MAGIC = b"\x5d\x2a\x4d\x18"  # the skippable frame a zstd WARC's dictionary is kept in
+_MAX_DICTIONARY = 64 << 20  # a dictionary frame claiming more is no dictionary (a corrupt size)
 _LZ4_MAGIC = b"\x04\x22\x4d\x18"
 _CHUNK = 1 << 20
 _FIRST_PIECE = 64  # bytes of a gzip member fed first (see _gunzipped)
-_PADDING = b"\0\r\n\t "  # may follow the last gzip member
+_PADDING = b"\0\r\n\t "  # may follow the last member (or record)
 _MAX_HEADER_BYTES = 1 << 20  # a WARC header longer than this is not one
 _CONTENT_LENGTH = re.compile(rb"(?im)^content-length:[ \t]*(\d+)[ \t]*\r?$")
 _MEMBER_START = GZIP_MAGIC + b"\x08"  # gzip's magic and its one compression method, deflate
 _PROBE = 4096  # bytes of a candidate member inflated to tell whether it starts a record (see _starts_record)
-_RECORD_START = b"WARC/"
+# What FastWARC takes for a record's first bytes, and its whole version line (tried on FastWARC 2.0.1:
+# WARC/1.0 and WARC/1.1, WARC/0. and up to two more characters, blanks after; `WARC/2.0`, `WARC/1.2`,
+# `warc/1.1` and a blank before are "Invalid WARC header").
+_RECORD_START = re.compile(rb"WARC/(?:1\.[01]|0\.)")
+_START_BYTES = 8  # enough of a record's output to match `_RECORD_START`
+_VERSION_LINE = re.compile(rb"WARC/(?:1\.[01]|0\.[^\r\n]{0,2})[ \t\r]*\n")
 # A zstd frame's header is at most 18 bytes, and a block's compressed size at most 128 KiB (RFC 8878): a
 # candidate frame's first block, whose output starts the record, is within these bytes.
 _ZSTD_MAX_HEADER = 18
 _ZSTD_BLOCK_HEADER = 3
 _ZSTD_MAX_BLOCK = 128 << 10
-_ZSTD_RLE, _ZSTD_RESERVED = 1, 3  # block types; raw (0) and compressed (2) blocks hold their size in bytes
+_ZSTD_RAW, _ZSTD_RLE, _ZSTD_RESERVED = 0, 1, 3  # block types; compressed (2) ones hold their size in bytes
 _ZSTD_PROBE = _ZSTD_MAX_HEADER + _ZSTD_BLOCK_HEADER + _ZSTD_MAX_BLOCK
 _LZ4_UNCOMPRESSED = 0x80000000  # a block size's high bit: the block is stored as it is
 
@@ -65,13 +79,13 @@ def tail_problem(path: Path, offset: int, start: int = 0) -> str | None:
     member starts (LZ4, one gzip stream) is walked from there, since the members before it hold the
     corrupt one passed over."""
     with path.open("rb") as handle:
-        framing = _file_framing(path, handle.read(4))
-        if framing is _ZSTD:
+        compression = _compression(path, handle.read(4))
+        if compression == "zstd":
             return None
-        if framing is _LZ4:
+        if compression == "lz4":
             return _lz4_problem(handle, start)
         handle.seek(offset)
-        if framing is _GZIP:
+        if compression == "gzip":
             if handle.read(2) == GZIP_MAGIC:
                 handle.seek(offset)
                 return _walk_problem(_gunzipped(handle), offset, "gzip")
@@ -80,11 +94,20 @@ def tail_problem(path: Path, offset: int, start: int = 0) -> str | None:
         return _walk_problem(iter(lambda: handle.read(_CHUNK), b""), offset, None)
 
 
-def skip_member(path: Path, offset: int, *, framed: bool) -> tuple[int, int] | None:
+class Skip(NamedTuple):
+    """Where `skip_member` has reading go on."""
+
+    failed: int  # where the member FastWARC could not read starts
+    resume: int  # where the next member that starts a record starts
+    # The member at `failed` decodes to its end, to bytes that are no WARC records FastWARC reads (a
+    # stray HTTP response, `WARC/2.0`), rather than not decoding.
+    stray: bool = False
+
+
+def skip_member(path: Path, offset: int, *, framed: bool) -> Skip | None:
     """Where reading a file compressed per record (gzip members, zstd or LZ4 frames) can go on after
-    FastWARC failed on it: (the byte where the member it could not read starts, the byte where the next
-    member that starts a record starts), or None where it cannot (a file compressed as one stream, a
-    plain one, no record after).
+    FastWARC failed on it, or None where it cannot (a file compressed as one stream, a plain one, no
+    record after).
 
     `offset` is where the last record FastWARC framed starts; `framed`: that record was read whole, so
     the member FastWARC failed on is the next one, if that record's own member decodes to its end and to
@@ -94,29 +117,107 @@ def skip_member(path: Path, offset: int, *, framed: bool) -> tuple[int, int] | N
     members at `offset` and after it, then forward from the failed one to the next record's member.
     """
     with path.open("rb") as handle:
-        framing = _file_framing(path, handle.read(4))
+        framing = _file_framing(path, handle)
         if framing is None:
             return None
+        offset = max(offset, framing.first)  # not the dictionary frame a zstd file starts with
         handle.seek(offset)
         # The file's first member, never framed, may be the one whose header is corrupt, magic and all.
-        if (offset or framed) and handle.read(len(framing.start)) != framing.start:
+        if (offset > framing.first or framed) and handle.read(len(framing.start)) != framing.start:
             return None  # one stream: FastWARC's offset is no member start
-        failed, after = offset, offset + 1  # the member that failed, and where the next may start
+        failed, after, stray = offset, offset + 1, False  # the member that failed, where the next may start
         if framed:
             end, whole = _member_walk(handle, offset, framing)
             if end is not None:
-                next_whole = whole and _whole_member(handle, end, framing)
-                failed, after = (end, end + 1) if whole and not next_whole else (offset, end)
+                next_end, next_whole = _member_at(handle, end, framing)
+                if whole and not next_whole:
+                    failed, after, stray = end, end + 1, next_end is not None
+                else:
+                    failed, after = offset, end
         start = _next_record_member(handle, after, framing)
-    return None if start is None else (failed, start)
+    return None if start is None else Skip(failed, start, stray)
+
+
+def ends_in_padding(path: Path, offset: int, start: int, *, here: int, since: int) -> bool:
+    """Whether what FastWARC failed on, after reading the record it framed at `offset` whole, is the
+    padding that ends the file (`_PADDING`: NULs, blank lines), which FastWARC takes for a member or a
+    record it cannot read. So only where the bytes before the padding decode to whole records, exactly
+    as many as FastWARC framed: `here` from `offset` where a member starts there (or the file is plain),
+    else `since` from `start` (a file compressed as one stream: FastWARC's offsets are no member starts).
+    Costs a look at the file's end where no padding ends it; else a decode of what it covers once more.
+    """
+    with path.open("rb") as handle:
+        size = handle.seek(0, io.SEEK_END)
+        end = _padding_start(handle)
+        if end == size:
+            return False
+        framing = _file_framing(path, handle)
+        handle.seek(offset)
+        at_member = framing is None or handle.read(len(framing.start)) == framing.start
+        origin, records = (offset, here) if at_member else (start, since)
+        try:
+            # A member's last bytes may be padding's too (gzip's size field, NULs high): the last member
+            # runs into it. A plain file is walked to its end, whose padding the walk passes over.
+            problem, count = _walk(_decoded(handle, origin, size if framing is None else end, framing))
+        except (_Undecodable, OSError):
+            return False
+    return problem is None and count == records
+
+
+def _padding_start(handle: BinaryIO) -> int:
+    """Where the padding that ends the file starts: its size where none does."""
+    position = handle.seek(0, io.SEEK_END)
+    while position > 0:
+        step = min(position, _PROBE)
+        handle.seek(position - step)
+        kept = handle.read(step).rstrip(_PADDING)
+        if kept:
+            return position - step + len(kept)
+        position -= step
+    return 0
+
+
+def _decoded(handle: BinaryIO, origin: int, end: int, framing: _Framing | None) -> Iterator[bytes]:
+    """The file's bytes from `origin` on decoded, member after member until one ends at `end` or past
+    it (`_Undecodable` where one does not decode), in bounded chunks; a plain file's up to `end`."""
+    position = origin
+    if framing is None:
+        handle.seek(origin)
+        while position < end:
+            chunk = handle.read(min(_CHUNK, end - position))
+            if not chunk:
+                raise _Undecodable("the file is shorter than it was")
+            position += len(chunk)
+            yield chunk
+        return
+    while position < end:
+        ends: list[int] = []
+        yield from framing.decode(handle, position, ends)
+        position = ends[0]
+
+
+def dictionary_frame(path: Path) -> bytes:
+    """The skippable frame holding the dictionary a zstd file starts with (the IIPC zstd-WARC layout),
+    b"" for none. FastWARC reads a dictionary from a stream's first bytes only: reading that goes on
+    after a corrupt frame hands it this frame first (`warc_pages`), or every frame after it fails."""
+    with path.open("rb") as handle:
+        return _dictionary_frame(handle)
+
+
+def _dictionary_frame(handle: BinaryIO) -> bytes:
+    handle.seek(0)
+    header = handle.read(8)
+    if len(header) < 8 or header[:4] != _ZSTD_DICTIONARY_MAGIC:
+        return b""
+    size = int.from_bytes(header[4:], "little")
+    return b"" if size > _MAX_DICTIONARY else header + handle.read(size)
 
 
 def member_start(path: Path, magic: bytes) -> bytes:
     """The bytes every member (frame) of the file `path`, whose first bytes are `magic`, starts with:
     gzip's magic and method, zstd's or LZ4's frame magic; b"" for a file of no compression
     `skip_member` knows (a plain WARC file, whose every record starts where FastWARC says)."""
-    framing = _file_framing(path, magic)
-    return b"" if framing is None else framing.start
+    return _MEMBER_STARTS.get(_compression(path, magic) or "", b"")
 
 
 class _Framing(NamedTuple):
@@ -128,27 +229,39 @@ class _Framing(NamedTuple):
     # to it, `_Undecodable` where it does not (corrupt or cut).
     decode: Callable[[BinaryIO, int, list[int]], Iterator[bytes]]
     starts_record: Callable[[memoryview], bool]  # whether a candidate decodes to a record's start
+    first: int = 0  # where the first member starts: past the dictionary frame a zstd file may start with
 
 
-def _file_framing(path: Path, magic: bytes) -> _Framing | None:
-    """The framing of the file `path` whose first four bytes are `magic`, None for a plain one: by its
-    magic, else by its name's suffix, as FastWARC picks its decoder (a file whose first member's header
-    is corrupt is still that compression's)."""
+def _compression(path: Path, magic: bytes) -> str | None:
+    """The compression of the file `path` whose first four bytes are `magic` ("gzip", "zstd", "lz4"),
+    None for a plain one: by its magic, else by its name's suffix, as FastWARC picks its decoder (a file
+    whose first member's header is corrupt is still that compression's)."""
     if magic[:2] == GZIP_MAGIC:
-        return _GZIP
-    if magic in (_ZSTD_MAGIC, _LZ4_MAGIC):
-        return _ZSTD if magic == _ZSTD_MAGIC else _LZ4
+        return "gzip"
+    if magic in (_ZSTD_MAGIC, _ZSTD_DICTIONARY_MAGIC):
+        return "zstd"
+    if magic == _LZ4_MAGIC:
+        return "lz4"
     name = path.name.lower()
-    return next((framing for suffix, framing in _SUFFIXES if name.endswith(suffix)), None)
+    return next((compression for suffix, compression in _SUFFIXES if name.endswith(suffix)), None)
 
 
-def _whole_member(handle: BinaryIO, offset: int, framing: _Framing) -> bool:
-    """Whether a member starts at `offset` that decodes to its end and to whole WARC records."""
+def _file_framing(path: Path, handle: BinaryIO) -> _Framing | None:
+    """The framing of the file `path` open as `handle` (`_compression`), None for a plain one; a zstd
+    file's decodes with the dictionary the file starts with, if any."""
+    handle.seek(0)
+    compression = _compression(path, handle.read(4))
+    if compression == "zstd":
+        return _Zstd.framing(handle)
+    return _GZIP if compression == "gzip" else _LZ4 if compression == "lz4" else None
+
+
+def _member_at(handle: BinaryIO, offset: int, framing: _Framing) -> tuple[int | None, bool]:
+    """`_member_walk` of the member at `offset`, (None, False) where none starts there."""
     handle.seek(offset)
     if handle.read(len(framing.start)) != framing.start:
-        return False
-    end, whole = _member_walk(handle, offset, framing)
-    return end is not None and whole
+        return None, False
+    return _member_walk(handle, offset, framing)
 
 
 def _member_walk(handle: BinaryIO, offset: int, framing: _Framing) -> tuple[int | None, bool]:
@@ -192,9 +305,9 @@ def _gunzip_member(handle: BinaryIO, offset: int, ends: list[int]) -> Iterator[b
 
 def _next_record_member(handle: BinaryIO, start: int, framing: _Framing) -> int | None:
     """The first byte from `start` on where a member starts that decodes to a WARC record's start, or
-    None. Each candidate (the member's magic, which compressed data holds by chance) is decoded from a
-    view of the chunk read, a few bytes of output at most (a zstd block: 128 KiB), so a file of garbage
-    is read once and never held."""
+    None. Each candidate (the member's magic, which compressed data holds by chance) is checked on a
+    view of the chunk read, its first bytes of output at most (a zstd block: 128 KiB, where its first
+    literals are not stored as they are), so a file of garbage is read once and never held."""
     handle.seek(start)
     window = b""  # the file from byte `start` on: what is left of the last chunk and the new one
     eof = False
@@ -215,79 +328,157 @@ def _next_record_member(handle: BinaryIO, start: int, framing: _Framing) -> int 
     return None
 
 
+def _starts(output: bytes | memoryview) -> bool:
+    """Whether `output`, a member's first bytes out, are a record's first bytes as FastWARC reads them."""
+    return _RECORD_START.match(bytes(output[:_START_BYTES])) is not None
+
+
 def _starts_record(piece: memoryview) -> bool:
     """Whether `piece`, the start of a gzip member, inflates to the start of a WARC record."""
     try:
-        return zlib.decompressobj(31).decompress(piece, len(_RECORD_START)) == _RECORD_START
+        return _starts(zlib.decompressobj(31).decompress(piece, _START_BYTES))
     except zlib.error:
         return False
 
 
-def _zstd_block(data: bytes | memoryview) -> tuple[bool, int] | None:
-    """A zstd block header's (whether the block is the frame's last, the bytes its content takes), None
-    for no valid one (cut off, the reserved type, a size over the format's bound)."""
+def _zstd_block(data: bytes | memoryview) -> tuple[bool, int, int] | None:
+    """A zstd block header's (whether the block is the frame's last, its type, the bytes its content
+    takes), None for no valid one (cut off, the reserved type, a size over the format's bound)."""
     if len(data) < _ZSTD_BLOCK_HEADER:
         return None
     value = int.from_bytes(data[:_ZSTD_BLOCK_HEADER], "little")
     kind, size = (value >> 1) & 3, value >> 3
     if kind == _ZSTD_RESERVED or size > _ZSTD_MAX_BLOCK:
         return None
-    return bool(value & 1), 1 if kind == _ZSTD_RLE else size
+    return bool(value & 1), kind, 1 if kind == _ZSTD_RLE else size
 
 
-def _unzstd_frame(handle: BinaryIO, offset: int, ends: list[int]) -> Iterator[bytes]:
-    """What the zstd frame at `offset` decodes to, a block at a time (at most 128 KiB of output: a frame
-    of RLE blocks may be a bomb); its end appended to `ends` once it decodes to it, `_Undecodable` where
-    it does not."""
-    handle.seek(offset)
-    header = handle.read(_ZSTD_MAX_HEADER)
-    decompressor = zstandard.ZstdDecompressor().decompressobj()
+def _zstd_dictionary(handle: BinaryIO) -> tuple[zstandard.ZstdCompressionDict | None, int]:
+    """The dictionary a zstd file starts with (`dictionary_frame`; itself zstd-compressed or not), and
+    the byte its first data frame starts at: (None, 0) where it starts with none; None for one that
+    cannot be loaded (its frames then decode no more than FastWARC's reading of them)."""
+    frame = _dictionary_frame(handle)
+    if not frame:
+        return None, 0
+    content = frame[8:]
     try:
-        size = zstandard.frame_header_size(header)
-        checksum = zstandard.get_frame_parameters(header).has_checksum
-        decompressor.decompress(header[:size])
-        position = offset + size
-        last = False
-        while not last:
-            handle.seek(position)
-            block_header = handle.read(_ZSTD_BLOCK_HEADER)
-            block = _zstd_block(block_header)
-            if block is None:
-                raise _Undecodable("a zstd block header is cut off or invalid")
-            last, length = block
-            content = handle.read(length)
-            if len(content) < length:
-                raise _Undecodable("a zstd block is cut off")
-            out = decompressor.decompress(block_header + content)
-            position += _ZSTD_BLOCK_HEADER + length
-            if out:
-                yield out
-        if checksum:
-            handle.seek(position)
-            decompressor.decompress(handle.read(4))
-            position += 4
-    except zstandard.ZstdError as exc:
-        raise _Undecodable(str(exc)) from exc
-    if not decompressor.eof:
-        raise _Undecodable("the zstd frame is cut off")
-    ends.append(position)
+        if content.startswith(_ZSTD_MAGIC):
+            content = zstandard.ZstdDecompressor().decompress(content, max_output_size=_MAX_DICTIONARY)
+        dictionary = zstandard.ZstdCompressionDict(content)
+        zstandard.ZstdDecompressor(dict_data=dictionary).decompressobj()  # loads it: a broken one fails here
+    except zstandard.ZstdError:
+        return None, len(frame)
+    return dictionary, len(frame)
 
 
-def _zstd_starts_record(piece: memoryview) -> bool:
-    """Whether `piece`, the start of a zstd frame, decodes to the start of a WARC record: its header is
-    valid and its first block (which a compressor never leaves empty but for an empty frame) decodes to
-    a record's first bytes."""
+def _zstd_raw_literals(block: memoryview) -> bytes | None:
+    """The first literals a compressed zstd block stores as they are; b"" where its literals cannot
+    start a record in a frame without a dictionary (one byte repeated; a Huffman table of a block before
+    it), None where they are Huffman-coded (decoding alone tells). Such a frame's output starts with
+    literals (no match copies output not yet there, nor a repeat within a record's version line, which
+    repeats no three bytes, zstd's shortest match). RFC 8878 3.1.1.3.1.1: the literals section header's
+    first byte holds their type (0 raw, 1 RLE, 2 Huffman, 3 Huffman with the last table) and how many
+    bytes give their size."""
     try:
-        size = zstandard.frame_header_size(piece[:_ZSTD_MAX_HEADER])
-        zstandard.get_frame_parameters(piece[:_ZSTD_MAX_HEADER])
+        first = block[0]
+        kind, size_format = first & 3, (first >> 2) & 3
+        if kind == 2:
+            return None
+        if kind != 0:
+            return b""
+        if size_format in (0, 2):
+            header, size = 1, first >> 3
+        elif size_format == 1:
+            header, size = 2, (first >> 4) + (block[1] << 4)
+        else:
+            header, size = 3, (first >> 4) + (block[1] << 4) + (block[2] << 12)
+    except IndexError:
+        return b""
+    return bytes(block[header : header + min(size, _START_BYTES)])
+
+
+class _Zstd:
+    """A zstd file's frames (`_Framing`), decoded with the dictionary it starts with, if any, and by one
+    decompressor. A decompressor made for each candidate, and its first block decoded whole (128 KiB of
+    output for a fake raw block), took 2 to 4 s per MB of garbage full of frame headers; a candidate's
+    first bytes of output are now read where they are stored as they are (a raw block, raw literals),
+    and only a block whose first literals are Huffman-coded (or any, with a dictionary) is decoded, given
+    up at its first error: 0.1 to 0.35 s per MB, as gzip's scan."""
+
+    def __init__(self, dictionary: zstandard.ZstdCompressionDict | None) -> None:
+        self._dictionary = dictionary
+        self._dictionary_id = 0 if dictionary is None else dictionary.dict_id()
+        self._decompressor = zstandard.ZstdDecompressor(dict_data=dictionary)
+
+    @classmethod
+    def framing(cls, handle: BinaryIO) -> _Framing:
+        dictionary, first = _zstd_dictionary(handle)
+        zstd = cls(dictionary)
+        return _Framing(_ZSTD_MAGIC, _ZSTD_PROBE, zstd.frame, zstd.starts_record, first)
+
+    def frame(self, handle: BinaryIO, offset: int, ends: list[int]) -> Iterator[bytes]:
+        """What the zstd frame at `offset` decodes to, a block at a time (at most 128 KiB of output: a
+        frame of RLE blocks may be a bomb); its end appended to `ends` once it decodes to it,
+        `_Undecodable` where it does not."""
+        handle.seek(offset)
+        header = handle.read(_ZSTD_MAX_HEADER)
+        decompressor = self._decompressor.decompressobj()
+        try:
+            size = zstandard.frame_header_size(header)
+            checksum = zstandard.get_frame_parameters(header).has_checksum
+            decompressor.decompress(header[:size])
+            position = offset + size
+            last = False
+            while not last:
+                handle.seek(position)
+                block_header = handle.read(_ZSTD_BLOCK_HEADER)
+                block = _zstd_block(block_header)
+                if block is None:
+                    raise _Undecodable("a zstd block header is cut off or invalid")
+                last, _, length = block
+                content = handle.read(length)
+                if len(content) < length:
+                    raise _Undecodable("a zstd block is cut off")
+                out = decompressor.decompress(block_header + content)
+                position += _ZSTD_BLOCK_HEADER + length
+                if out:
+                    yield out
+            if checksum:
+                handle.seek(position)
+                decompressor.decompress(handle.read(4))
+                position += 4
+        except zstandard.ZstdError as exc:
+            raise _Undecodable(str(exc)) from exc
+        if not decompressor.eof:
+            raise _Undecodable("the zstd frame is cut off")
+        ends.append(position)
+
+    def starts_record(self, piece: memoryview) -> bool:
+        """Whether `piece`, the start of a zstd frame, decodes to the start of a WARC record: its header
+        is valid (naming no dictionary but the file's), and its first block (which a compressor never
+        leaves empty but for an empty frame) starts with a record's first bytes."""
+        try:
+            size = zstandard.frame_header_size(piece[:_ZSTD_MAX_HEADER])
+            dictionary = zstandard.get_frame_parameters(piece[:_ZSTD_MAX_HEADER]).dict_id
+        except zstandard.ZstdError:
+            return False
+        if dictionary and dictionary != self._dictionary_id:
+            return False  # compressed with a dictionary the file does not hold: FastWARC cannot read it
         block = _zstd_block(piece[size : size + _ZSTD_BLOCK_HEADER])
-        end = size + _ZSTD_BLOCK_HEADER + (0 if block is None else block[1])
+        end = size + _ZSTD_BLOCK_HEADER + (0 if block is None else block[2])
         if block is None or end > len(piece):
             return False
-        out = zstandard.ZstdDecompressor().decompressobj().decompress(piece[:end])
-    except zstandard.ZstdError:
-        return False
-    return out[: len(_RECORD_START)] == _RECORD_START
+        content = piece[size + _ZSTD_BLOCK_HEADER : end]
+        if block[1] != 2:  # raw: the output as it is; RLE: one byte repeated
+            return block[1] == _ZSTD_RAW and _starts(content)
+        if self._dictionary is None:
+            literals = _zstd_raw_literals(content)
+            if literals is not None:
+                return _starts(literals)
+        try:
+            return _starts(self._decompressor.stream_reader(piece[:end]).read(_START_BYTES))
+        except zstandard.ZstdError:
+            return False
 
 
 def _unlz4_frame(handle: BinaryIO, offset: int, ends: list[int]) -> Iterator[bytes]:
@@ -343,8 +534,9 @@ def _lz4_starts_record(piece: memoryview) -> bool:
     """Whether `piece`, the start of an LZ4 frame, decodes to the start of a WARC record: a valid frame
     descriptor (version 01, reserved bits clear, a block size 4 to 7) with no dictionary, then a first
     block stored as it is, or compressed with a literal run first, holding the record's first bytes. A
-    block's first sequence starts with literals, and no match can come within "WARC/" (it repeats no
-    four bytes), so a record's compressed first block has at least those five as literals."""
+    block's first sequence starts with literals, and no match can come within a version line's first
+    eight bytes ("WARC/1.1" repeats no four bytes), so a record's compressed first block has at least
+    seven of them as literals."""
     try:
         flags, descriptor = piece[4], piece[5]
         if flags >> 6 != 1 or flags & 0x03 or descriptor & 0x8F or descriptor >> 4 < 4:
@@ -366,15 +558,13 @@ def _lz4_starts_record(piece: memoryview) -> bool:
                 at += 1
     except IndexError:
         return False
-    return literals >= len(_RECORD_START) and piece[at : at + len(_RECORD_START)] == _RECORD_START
+    return literals >= len("WARC/0.") and _starts(piece[at : at + min(literals, _START_BYTES)])
 
 
 _GZIP = _Framing(_MEMBER_START, _PROBE, _gunzip_member, _starts_record)
-_ZSTD = _Framing(_ZSTD_MAGIC, _ZSTD_PROBE, _unzstd_frame, _zstd_starts_record)
 _LZ4 = _Framing(_LZ4_MAGIC, _PROBE, _unlz4_frame, _lz4_starts_record)
-
-
-_SUFFIXES = ((".gz", _GZIP), (".zst", _ZSTD), (".lz4", _LZ4))
+_MEMBER_STARTS = {"gzip": _MEMBER_START, "zstd": _ZSTD_MAGIC, "lz4": _LZ4_MAGIC}
+_SUFFIXES = ((".gz", "gzip"), (".zst", "zstd"), (".lz4", "lz4"))
 
 
 def _lz4_problem(handle: BinaryIO, start: int) -> str | None:
@@ -508,15 +698,22 @@ def _lz4_frame_size(handle: BinaryIO, size: int) -> int | tuple[str, str]:
 
 
 def walk_records(chunks: Iterable[bytes]) -> tuple[str, int, str] | None:
-    """Walk WARC records by their Content-Length through the byte stream `chunks` make up.
+    """Walk WARC records by their Content-Length through the byte stream `chunks` make up, each starting
+    with a version line FastWARC reads (`_VERSION_LINE`).
 
     None when the stream ends between records; else (what is wrong, the stream position where the
     record starts, a suffix for the message). Holds at most one header and one chunk in memory.
     """
+    return _walk(chunks)[0]
+
+
+def _walk(chunks: Iterable[bytes]) -> tuple[tuple[str, int, str] | None, int]:
+    """`walk_records`' finding, and how many records it walked whole."""
     chunks = _coalesced(chunks)
     buffer = b""
     start = 0  # stream position of buffer[0]
     eof = False
+    records = 0
     while True:
         stripped = buffer.lstrip(b"\r\n")  # the CRLF CRLF after each record
         start += len(buffer) - len(stripped)
@@ -524,25 +721,31 @@ def walk_records(chunks: Iterable[bytes]) -> tuple[str, int, str] | None:
         header_end = buffer.find(b"\r\n\r\n")
         if header_end < 0:
             if eof:
-                return None if not buffer.strip() else ("the file ends inside the record header", start, "")
+                if not buffer.strip(_PADDING):  # blank lines, or a writer's padding, end the file
+                    return None, records
+                return ("the file ends inside the record header", start, ""), records
             if len(buffer) > _MAX_HEADER_BYTES:
-                return ("the file holds no WARC record header", start, "")
+                return ("the file holds no WARC record header", start, ""), records
             chunk = next(chunks, b"")
             buffer += chunk
             eof = not chunk
             continue
+        if _VERSION_LINE.match(buffer, 0, header_end + 2) is None:
+            why = ": it starts with no version line FastWARC reads (WARC/1.0, WARC/1.1, WARC/0.x)"
+            return ("the file holds no WARC record header", start, why), records
         match = _CONTENT_LENGTH.search(buffer, 0, header_end)
         if match is None:
-            return ("the file ends inside the record header", start, ": no Content-Length")
+            return ("the file ends inside the record header", start, ": no Content-Length"), records
         record_start, to_skip = start, header_end + 4 + int(match.group(1))
         while len(buffer) < to_skip:
             to_skip -= len(buffer)
             start += len(buffer)
             buffer = next(chunks, b"")
             if not buffer:
-                return ("the file ends inside the record", record_start, ": it was cut off")
+                return ("the file ends inside the record", record_start, ": it was cut off"), records
         start += to_skip
         buffer = buffer[to_skip:]
+        records += 1
 
 
 def _coalesced(chunks: Iterable[bytes]) -> Iterator[bytes]:

@@ -125,17 +125,20 @@ def test_a_corrupt_first_frame_or_one_inside_a_record_body(tmp_path: Path, frami
     good, errors = _read(path)
     # LZ4 data has no checksum here (FastWARC writes none): flipped bytes may decode, to garbage of
     # another length. Its record is then read, and FastWARC loses the framing after it: the next member
-    # decodes whole to a record, this one to none, so this one is the row, and says so.
+    # decodes whole to a record, this one to none, so this one is the row, and says so: the page's own
+    # row (its id, no page), not a success row with a warning row after it.
     garbage = framing == "lz4"
-    big = ["<urn:uuid:big>"] if garbage else []
-    assert [p.id for p in good] == ["<urn:uuid:r1>", "<urn:uuid:r2>", *big, "<urn:uuid:r4>", "<urn:uuid:r5>"]
-    assert [p.id for p in errors] == [f"crawl{suffix}@0", f"crawl{suffix}@{_offset(frames, 3)}"]
+    assert [p.id for p in good] == ["<urn:uuid:r1>", "<urn:uuid:r2>", "<urn:uuid:r4>", "<urn:uuid:r5>"]
+    big = "<urn:uuid:big>" if garbage else f"crawl{suffix}@{_offset(frames, 3)}"
+    assert [p.id for p in errors] == [f"crawl{suffix}@0", big]
+    at = _offset(frames, 3)
     said = (
-        "was read, but its member does not decode to whole WARC records"
+        f"record <urn:uuid:big>, a response record at byte {at} was read, but its member does not decode"
         if garbage
         else "could not be decompressed"
     )
     assert said in (errors[1].error or "")
+    assert errors[1].html == b"" and errors[1].url == ("https://example.com/" if garbage else None)
 
 
 @pytest.mark.parametrize("framing", FRAMINGS)
@@ -183,15 +186,17 @@ def test_a_zstd_frame_is_walked_to_its_end_in_bounded_memory() -> None:
     frame = zstandard.ZstdCompressor().compress(b"\0" * (64 << 20))
     data = frame + b"after"
 
+    zstd = warc_tail._Zstd(None)
+
     def walk() -> tuple[int, list[int]]:
         ends: list[int] = []
-        return sum(len(out) for out in warc_tail._unzstd_frame(io.BytesIO(data), 0, ends)), ends
+        return sum(len(out) for out in zstd.frame(io.BytesIO(data), 0, ends)), ends
 
     (size, ends), peak = traced_peak(walk)
     assert (size, ends) == (64 << 20, [len(frame)])
     assert peak < 4 << 20
     with pytest.raises(warc_tail._Undecodable):  # cut off
-        list(warc_tail._unzstd_frame(io.BytesIO(frame[:-3]), 0, []))
+        list(zstd.frame(io.BytesIO(frame[:-3]), 0, []))
 
 
 def test_an_lz4_frame_that_decodes_to_other_records_loses_no_record_after_it(tmp_path: Path) -> None:
