@@ -42,7 +42,8 @@ from model_training.library_progress import drawn_as_bars, library_bars
 from model_training.objectives import LossAggregator, MaskingConfig
 from model_training.outputs import directories_to_make
 from model_training.pretraining_model import PretrainingModel, all_special_ids, autocast, param_groups
-from model_training.train_config import TrainConfig
+from model_training.teacher import TEACHER_META_FILE
+from model_training.train_config import DEFAULT_TEACHER_DIR, TrainConfig
 from model_training.train_logs import (
     METRICS_FILE,
     StepLines,
@@ -71,6 +72,7 @@ from service.core.errors import ErrorCode, HtmllmError
 from service.core.made_directories import remove_empty
 from service.core.modeling import HtmlEncoderModel, TaskHead, build_config
 from service.core.progress import progress_bar
+from service.core.quantization import QUANTIZED_ONNX_FILES
 from service.core.tokenizer import HtmlTokenizer
 
 logger = logging.getLogger(__name__)
@@ -153,6 +155,9 @@ class TrainResult:
     steps: int
     model_dir: Path | None
     summary: dict[str, Any]
+    # Rank 0 (or the only process): the one that writes the outputs and reports them. Under torchrun
+    # every rank returns, and each had printed its own report to the one stdout.
+    master: bool = True
 
 
 def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool = True) -> TrainResult:
@@ -204,6 +209,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
                 f"made with (manifest.json records {str(manifest.get('tokenizer_sha256'))[:16]}); restore it "
                 "or re-run `htmllm data prepare`"
             )
+        _check_teacher_given(config)
         train_data, heldout, provenance = load_splits(config.shards, config.teacher)
     except BaseException:
         # Refused its data (a wrong --shards or --teacher), the run has written nothing: the run directory
@@ -395,6 +401,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
         coefficients = aggregator.draw()
         raw = {"mlm": 0.0, "bow": 0.0, "distil": 0.0}
         total_value = 0.0
+        step_tokens = 0  # this process's real (unpadded) tokens of the step
 
         # Gradient accumulation: DDP all-reduces only on the last micro-batch of the step.
         for micro in range(per_step):
@@ -419,9 +426,10 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
             for name in raw:
                 raw[name] += float(losses[name].detach()) / per_step
             total_value += float(total.detach())
-            tokens_seen += int(mask.sum())
+            step_tokens += int(mask.sum())
 
         _check_finite(step + 1, raw, total_value, lr, device=device, distributed=distributed)
+        tokens_seen += _all_processes(step_tokens, device=device, distributed=distributed)
         if config.grad_clip > 0:
             nn.utils.clip_grad_norm_(pretraining.parameters(), config.grad_clip)
         optimizer.step()
@@ -475,6 +483,17 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
             if distributed:
                 dist.barrier()
     bar.close()
+    if master and step < total_steps:
+        # Stopped by --stop-at-step (the loop ends no earlier otherwise): the JSON report says only
+        # "model": null, and a time-boxed session's log is where the next one is planned from.
+        logger.info(
+            "stopped at step %d of %d (--stop-at-step %s) with checkpoint %s: run the command again "
+            "without --stop-at-step (or with a later one) to go on from there",
+            step,
+            total_steps,
+            stop_at_step,
+            checkpoints / f"step-{step:08d}",
+        )
 
     # The served model: written once the schedule is complete, in the export dtype.
     model_dir: Path | None = None
@@ -539,6 +558,8 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
             )
         (out / SUMMARY_FILE).write_text(strict_json(summary, indent=2) + "\n", encoding="utf-8")
         plot_curves(metrics_file, out / CURVE_FILE)
+        if own_export is None:
+            _warn_replaced(model_dir, step, run_id)
         _swap_in(tmp, model_dir)
     if writer is not None:
         writer.close()
@@ -550,7 +571,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
         gc.collect()
         dist.barrier()
         dist.destroy_process_group()
-    return TrainResult(steps=step, model_dir=model_dir, summary=summary)
+    return TrainResult(steps=step, model_dir=model_dir, summary=summary, master=master)
 
 
 class TrainingDivergedError(HtmllmError):
@@ -582,6 +603,40 @@ def _check_finite(
             "step was applied: lower lr (or raise warmup_frac) and run again, which resumes from the last "
             "checkpoint (--no-resume starts over)"
         )
+
+
+def _check_teacher_given(config: TrainConfig) -> None:
+    """Refuse a run without teacher vectors in a line that says where the path came from.
+
+    "runs/teacher/teacher.json is missing" named a path the user never gave (the config's default), and
+    a user who had set loss_weights.distil = 0, as the batch-size error suggests, expected none needed.
+    """
+    if (Path(config.teacher) / TEACHER_META_FILE).is_file():
+        return
+    given = (
+        ""
+        if config.teacher != DEFAULT_TEACHER_DIR
+        else " (the default: neither the config nor --teacher set one)"
+    )
+    raise DataError(
+        f"no teacher vectors in {config.teacher}{given}: {TEACHER_META_FILE} is missing; run `htmllm teacher "
+        f"embed --input {config.shards} --out DIR` and pass --teacher DIR (or set teacher in the config). "
+        "They are read even with loss_weights.distil = 0: the distillation head and the held-out figures "
+        "are built on them"
+    )
+
+
+def _all_processes(tokens: int, *, device: torch.device, distributed: bool) -> int:
+    """The tokens of a step over all processes (one scalar all-reduce under DDP).
+
+    Each process counted only its own documents, and rank 0 alone writes summary.json and the
+    checkpoints: a run on 2 processes recorded half the tokens it trained on.
+    """
+    if not distributed:
+        return tokens
+    count = torch.tensor([tokens], dtype=torch.int64, device=device)
+    dist.all_reduce(count, op=dist.ReduceOp.SUM)
+    return int(count.item())
 
 
 def _own_export(model_dir: Path, step: int, run_id: str | None) -> CheckpointMeta | None:
@@ -704,6 +759,53 @@ def _carry_heads(
             old_length,
             max_length,
         )
+
+
+def _warn_replaced(model_dir: Path, step: int, run_id: str) -> None:
+    """Say what of an earlier `model_dir` the export of `step` of run `run_id` replacing it does not carry
+    over.
+
+    A run trained on past its old end, or started again after its checkpoints were deleted, exports a
+    new encoder: the task heads trained into the earlier model/ (`htmllm heads train`) fit the old
+    encoder's embeddings, and its ONNX graphs hold the old weights, so neither is kept. They went without
+    a word, and the user learned it from a service that served no heads.
+    """
+    try:
+        meta = read_meta(model_dir)
+    except HtmllmError:  # no model/ (the usual case), or one without a readable htmllm.json: none to name
+        meta = None
+    heads = [head.name for head in meta.heads] if meta is not None else []
+    graphs = sorted(path.name for path in model_dir.glob("*.onnx"))
+    if not heads and not graphs:
+        return
+    old_step = meta.training.get("steps") if meta is not None else None
+    which = f"the model of step {old_step}" if isinstance(old_step, int) else "an earlier model"
+    if meta is not None and meta.training.get("run_id") != run_id:
+        which += " of another run"
+    dropped: list[str] = []
+    if heads:
+        dropped.append(
+            f"its task heads {', '.join(heads)} (trained on the old encoder's embeddings): train them "
+            f"again with `htmllm heads train --checkpoint {model_dir} --tasks TASKS_DIR`"
+        )
+    if graphs:
+        quantized = {file: kind for kind, file in QUANTIZED_ONNX_FILES.items()}
+        commands = [
+            f"`htmllm export-onnx --checkpoint {model_dir}"
+            + (f" --quantize {quantized[graph]}`" if graph in quantized else "`")
+            for graph in graphs
+        ]
+        dropped.append(
+            f"its ONNX graphs {', '.join(graphs)} (of the old weights): export again with "
+            f"{' and '.join(commands)}"
+        )
+    logger.warning(
+        "%s held %s; the model of step %d replaces it without %s",
+        model_dir,
+        which,
+        step,
+        "; and without ".join(dropped),
+    )
 
 
 def _discard_outputs(out: Path) -> None:

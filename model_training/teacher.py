@@ -152,6 +152,8 @@ def load_teacher(
         teacher = SentenceTransformer(path, device=device, local_files_only=local)
     except (OSError, ValueError) as exc:  # a directory that holds no model
         raise DataError(f"cannot load teacher {model or DEFAULT_TEACHER!r} from {path}: {exc}") from exc
+    name = model or DEFAULT_TEACHER
+    declared = getattr(teacher, "max_seq_length", None)  # None: a model that declares no limit
     if max_seq_length is not None:
         limit = position_limit(teacher)
         if limit is not None and max_seq_length > limit:
@@ -159,11 +161,63 @@ def load_teacher(
             # model loaded and pages were embedded; a cap in silence would make the run's recorded
             # limit a lie.
             raise DataError(
-                f"max_seq_length {max_seq_length} is longer than teacher {model or DEFAULT_TEACHER!r} can "
+                f"max_seq_length {max_seq_length} is longer than teacher {name!r} can "
                 f"read: it has positions for {limit} tokens; use at most {limit}"
             )
         teacher.max_seq_length = max_seq_length
+    elif isinstance(declared, int) and (limit := position_limit(teacher)) is not None and declared > limit:
+        # The model's own limit (sentence_bert_config.json) past its position table: the first page that
+        # long failed with "The size of tensor a (1024) must match ..." after the model loaded. Nothing
+        # was asked for here, so the table's end is the limit, said and recorded in teacher.json.
+        logger.warning(
+            "teacher %r declares max_seq_length %d but has positions for %d tokens only: reading at most "
+            "%d tokens of each page (pass --max-seq-length to choose fewer)",
+            name,
+            declared,
+            limit,
+            limit,
+        )
+        teacher.max_seq_length = limit
+    _choose_pad_token(teacher, name)
     return teacher
+
+
+def _choose_pad_token(teacher: Any, name: str) -> None:
+    """Give a tokenizer without a padding token one, where one can be chosen safely; refuse otherwise.
+
+    Batches are padded, and transformers refuses to pad without a pad token ("Asking to pad but the
+    tokenizer does not have a padding token") at the first batch, after the model loaded: a plain
+    Hugging Face directory may lack one (an htmllm checkpoint's tokenizer.json names no special tokens
+    for transformers). Padded positions are masked out of attention and pooling, so which token fills
+    them does not change an embedding: the model's own `pad_token_id` first, then the tokenizer's eos
+    or unk token, then a `[PAD]` in its vocabulary.
+    """
+    tokenizer = getattr(teacher, "tokenizer", None)
+    if tokenizer is None or getattr(tokenizer, "pad_token", None) is not None:
+        return
+    candidates: list[tuple[str, str | None]] = []
+    config = getattr(getattr(teacher[0], "auto_model", None), "config", None)
+    pad_id = getattr(config, "pad_token_id", None)
+    if isinstance(pad_id, int) and 0 <= pad_id < len(tokenizer):
+        candidates.append(("the model's pad_token_id", tokenizer.convert_ids_to_tokens(pad_id)))
+    candidates += [
+        ("its eos token", getattr(tokenizer, "eos_token", None)),
+        ("its unk token", getattr(tokenizer, "unk_token", None)),
+        ("its vocabulary's [PAD]", "[PAD]" if "[PAD]" in tokenizer.get_vocab() else None),
+    ]
+    for source, token in candidates:
+        if isinstance(token, str) and token:
+            tokenizer.pad_token = token
+            # A warning, the level this command shows: the user should know what was chosen for them.
+            logger.warning(
+                "teacher %r: its tokenizer has no padding token; padding with %r (%s)", name, token, source
+            )
+            return
+    raise DataError(
+        f"teacher {name!r}: its tokenizer has no padding token, and none can be chosen (no pad_token_id in "
+        "its config, no eos or unk token, no [PAD] in its vocabulary), so pages cannot be batched: set "
+        '"pad_token" in its tokenizer_config.json'
+    )
 
 
 def position_limit(teacher: Any) -> int | None:

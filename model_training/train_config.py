@@ -27,6 +27,10 @@ MIN_MAX_LENGTH = 8  # as `htmllm data prepare`: [CLS], [SEP] and a few tokens of
 # from the first step; well before that, 1/temperature scales the gradients past anything AdamW's
 # warm-up absorbs. 1e-3 (logits up to 1000) is far below any temperature used in practice.
 MIN_TEMPERATURE = 1e-3
+# A model's name is its id in the service's API (`GET /v1/models/{id}`, /info, every response's `model`):
+# the bound keeps it a readable id; the service's checkpoint loader would apply the same rule.
+MAX_MODEL_NAME_CHARS = 200
+DEFAULT_TEACHER_DIR = "runs/teacher"  # `teacher` where neither the config nor --teacher sets one
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 
 
@@ -34,7 +38,7 @@ ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3
 class TrainConfig:
     # data
     shards: str = "runs/shards"
-    teacher: str = "runs/teacher"
+    teacher: str = DEFAULT_TEACHER_DIR
     out: str = "runs/pretrain"
     name: str = "htmllm"
     # model
@@ -79,6 +83,9 @@ class TrainConfig:
         # Everything is checked here, before any data is read or any model built: a typo in a TOML
         # file must cost a message, not a traceback minutes into a run (or a run of NaN losses).
         _check_types(self)
+        problem = model_name_problem(self.name)
+        if problem is not None:
+            raise DataError(f"config: name {self.name[:60]!r}: {problem}")
         positive = ("max_length", "batch_size", "grad_accum", "distil_rank", "log_every", "eval_batch_size")
         for name in positive:
             if getattr(self, name) < 1:
@@ -152,6 +159,23 @@ class TrainConfig:
         if unknown:
             raise DataError(f"config: unknown keys {unknown}")
         return cls(**data)
+
+
+def model_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a model the service serves, or None.
+
+    An empty name, or one holding a newline or NUL, trained and was served: the empty one made
+    `GET /v1/models/{id}` unreachable, and the others went into the served model's id unchecked.
+    """
+    if not name.strip():
+        return "a model name must not be empty (it is the model's id in the service's API)"
+    if not name.isprintable():
+        return "a model name must be printable: no newline, tab, NUL or other control character"
+    if name != name.strip():
+        return "a model name must not begin or end with a space"
+    if len(name) > MAX_MODEL_NAME_CHARS:
+        return f"a model name is at most {MAX_MODEL_NAME_CHARS} characters, not {len(name)}"
+    return None
 
 
 def _check_types(config: TrainConfig) -> None:

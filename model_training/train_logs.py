@@ -87,13 +87,15 @@ class StepLines:
     ) -> None:
         self.total_steps = total_steps
         self.beside_bar = beside_bar
-        self.unit = "tokens/s" if world == 1 else "tokens/s on this process"
+        # `tokens_seen` counts the tokens of every process (`pretrain` all-reduces them each step).
+        self.unit = "tokens/s" if world == 1 else f"tokens/s on {world} processes"
         self._clock = clock
         self._since = clock()
         self._tokens = 0
 
     def log(self, step: int, raw: dict[str, float], total: float, lr: float, tokens_seen: int) -> None:
-        """Log step `step`; `tokens_seen` counts this session's real (unpadded) tokens so far."""
+        """Log step `step`; `tokens_seen` counts this session's real (unpadded) tokens so far, of all
+        processes."""
         now = self._clock()
         elapsed = now - self._since
         rate = (tokens_seen - self._tokens) / elapsed if elapsed > 0 else 0.0

@@ -24,6 +24,18 @@ def int_list(value: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {value!r}") from None
 
 
+def seed_list(value: str) -> tuple[int, ...]:
+    """`int_list`, each seed once: `--seeds 0,0` had run seed 0 once and said nothing of the other."""
+    seeds = int_list(value)
+    repeated = sorted({seed for seed in seeds if seeds.count(seed) > 1})
+    if repeated:
+        raise argparse.ArgumentTypeError(
+            f"seed {', '.join(map(str, repeated))} is given more than once in {value!r}: each seed is one "
+            "run of the heads, so a repeat would run the same one again"
+        )
+    return seeds
+
+
 def name_list(value: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip())
 
@@ -91,18 +103,20 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     run_parser.add_argument(
         "--input",
         type=name_list,
-        default=("html",),
+        # A string, which argparse passes through `type` as it would the flag's: the help shows
+        # "(default: html)", where the tuple had shown as "(default: ('html',))".
+        default="html",
         help="html (pruned HTML), text (union-extracted text) or html,text (the input study)",
     )
     run_parser.add_argument(
         "--baselines",
         type=name_list,
-        default=("random", "tfidf", "minilm"),
+        default="random,tfidf,minilm",
         help="comma-separated baselines: random, tfidf, minilm ('' for none)",
     )
     run_parser.add_argument(
         "--seeds",
-        type=int_list,
+        type=seed_list,
         default=(),
         help="comma-separated seeds: repeat the heads' training (and fold assignment where rows carry no "
         "folds) per seed on the cached embeddings and report each figure's mean and std over them "
@@ -188,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # Made before the run, not after an hour of embedding.
         with output_dir(args.out, written=report, complete=JSON_FILE):
-            seeds = list(dict.fromkeys(args.seeds)) or [args.seed]
+            seeds = list(args.seeds) or [args.seed]
             results = []
             for seed in seeds:  # the embeddings are cached by the first run: the next ones train heads only
                 seeded = argparse.Namespace(**{**vars(args), "seed": seed})
@@ -202,6 +216,8 @@ def run(args: argparse.Namespace) -> int:
                 tasks = load_tasks(args.tasks, k=args.folds, seed=seed)
                 results.append(run_evaluation(tasks, config))
             result = results[0]
+            # The seeds run, in report.json's config beside `seed` (the first's, whose tables it shows).
+            result.config["seeds"] = seeds
             if len(results) > 1:
                 result.spread = seed_spread(results)
             written = write_report(result, args.out, title=args.title)

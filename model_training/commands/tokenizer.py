@@ -178,7 +178,13 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _train_and_write(args: argparse.Namespace, started: float) -> str:
     """`run_train` once its options are checked and `--out` exists; the line that says what it wrote."""
-    from model_training.tokenizer_training import count_tags, pruned_pages, top_tags, train_tokenizer
+    from model_training.tokenizer_training import (
+        count_tags,
+        pruned_pages,
+        round_up,
+        top_tags,
+        train_tokenizer,
+    )
     from service.core.tokenizer import TOKENIZER_FILE
 
     corpus = pruned_pages(
@@ -197,6 +203,16 @@ def _train_and_write(args: argparse.Namespace, started: float) -> str:
         spaced_tags=not args.no_spaced_tags,
         show_progress=not args.no_progress,
     )
+    asked = round_up(args.vocab_size)
+    if tok.vocab_size < asked:
+        # Not an error (the size is an upper bound), but a run sized for the vocabulary asked had nothing
+        # to say it got about half of it.
+        print(
+            f"htmllm tokenizer train: warning: the corpus ran out at {tok.vocab_size} ids, below the {asked} "
+            f"asked (--vocab-size {args.vocab_size}): every piece occurring at least --min-frequency "
+            f"{args.min_frequency} times is in; more pages (or a lower --min-frequency) give more",
+            file=sys.stderr,
+        )
     counts = count_tags(corpus.texts)
     # A stale report beside the new tokenizer.json would describe another vocabulary: it goes first, and the
     # new one is written whole after the tokenizer (an interrupt between leaves no report, not a wrong one).

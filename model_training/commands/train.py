@@ -169,6 +169,9 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:  # the run directory cannot be written (a file in the way, disk full)
         print(f"htmllm train: cannot read or write a file: {exc}", file=sys.stderr)
         return 1
+    if not result.master:
+        # Under torchrun, rank 0 reports the run: one JSON document on stdout, not one per process.
+        return 0
     report = {"steps": result.steps, "model": str(result.model_dir) if result.model_dir else None}
     report.update(result.summary)
     print(json.dumps(report, indent=2))

@@ -89,3 +89,35 @@ def test_eval_says_which_head_the_service_would_refuse_and_records_it(
     )
     rows = {system["checkpoint"] for system in report["systems"]}
     assert rows == {str(broken), str(inputs / "ckpt")}  # both evaluated all the same
+
+
+def test_eval_help_shows_its_list_defaults_as_they_are_typed(capsys: pytest.CaptureFixture[str]) -> None:
+    """The help had shown Python tuples: "(default: ('html',))"."""
+    from service.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        main(["eval", "run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: html)" in text and "(default: random,tfidf,minilm)" in text
+    assert "(default: (" not in text
+    args = build_parser().parse_args(["eval", "run", "--tasks", "t"])
+    assert (args.input, args.baselines) == (("html",), ("random", "tfidf", "minilm"))
+
+
+def test_a_repeated_seed_is_refused_and_the_seeds_run_are_recorded(
+    inputs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--seeds 0,0` ran seed 0 once without a word, and report.json's config did not say which seeds
+    its spread is over."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([*_argv("eval", inputs, tmp_path, inputs / "ckpt"), "--seeds", "0,1,0"])
+    assert exit_info.value.code == 2
+    assert "argument --seeds: seed 0 is given more than once in '0,1,0'" in capsys.readouterr().err
+    assert not (tmp_path / "report").exists() and not (tmp_path / "cache").exists()
+
+    assert main([*_argv("eval", inputs, tmp_path, inputs / "ckpt"), "--seeds", "3,1"]) == 0
+    report = json.loads((tmp_path / "report" / "report.json").read_text(encoding="utf-8"))
+    assert report["config"]["seeds"] == [3, 1] and report["config"]["seed"] == 3
+    assert main([*_argv("eval", inputs, tmp_path, inputs / "ckpt"), "--seed", "4"]) == 0
+    report = json.loads((tmp_path / "report" / "report.json").read_text(encoding="utf-8"))
+    assert report["config"]["seeds"] == [4]

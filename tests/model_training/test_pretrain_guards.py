@@ -142,3 +142,64 @@ def test_a_stop_step_behind_the_resumed_run_is_refused(run_inputs: Path) -> None
     with pytest.raises(HtmllmError, match=r"--stop-at-step\) 1 is behind the run, which is at step 2"):
         train(config, stop_at_step=1)
     assert train(config, stop_at_step=2).steps == 2  # the step it is at: nothing to do, no error
+
+
+def test_a_stop_at_step_says_where_it_stopped_and_how_to_go_on(
+    run_inputs: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A time-boxed session ended with `"model": null` and no line on where it stopped or what next."""
+    config = _config(run_inputs, "boxed", max_steps=3, eval_every=0)
+    with caplog.at_level("INFO", logger="model_training.pretrain"):
+        assert train(config, stop_at_step=1).model_dir is None
+    checkpoint = run_inputs / "boxed" / "checkpoints" / "step-00000001"
+    assert checkpoint.is_dir()
+    assert (
+        f"stopped at step 1 of 3 (--stop-at-step 1) with checkpoint {checkpoint}: run the command again "
+        "without --stop-at-step (or with a later one) to go on from there"
+    ) in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="model_training.pretrain"):
+        assert train(config).steps == 3
+    assert "stopped at step" not in caplog.text  # a run that finished is not said to have stopped
+
+
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [
+        ("", "must not be empty"),
+        ("   ", "must not be empty"),
+        ("bad\nname", "must be printable"),
+        ("nul\x00", "must be printable"),
+        (" padded", "must not begin or end with a space"),
+        ("x" * 201, "at most 200 characters, not 201"),
+    ],
+)
+def test_a_model_name_the_service_cannot_serve_is_refused_with_the_config(name: str, said: str) -> None:
+    """ "" and names with a newline or NUL trained and were served; the empty one made
+    `GET /v1/models/{id}` unreachable."""
+    with pytest.raises(HtmllmError, match=f"config: name .*{said}"):
+        TrainConfig.from_dict({"name": name})
+    assert TrainConfig.from_dict({"name": "org/htmllm-v2 (mini)"}).name == "org/htmllm-v2 (mini)"
+
+
+def test_missing_teacher_vectors_say_where_the_path_came_from(
+    run_inputs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ "runs/teacher/teacher.json is missing" named a path the user never gave, also to one who had set
+    loss_weights.distil = 0 and expected no teacher to be needed."""
+    monkeypatch.chdir(tmp_path)  # where runs/teacher is not
+    no_distil = {"mlm": 1.0, "bow": 1.0, "distil": 0.0}
+    config = _config(run_inputs, "no-teacher", teacher="runs/teacher", loss_weights=no_distil)
+    with pytest.raises(HtmllmError) as refused:
+        train(config)
+    assert str(refused.value) == (
+        "no teacher vectors in runs/teacher (the default: neither the config nor --teacher set one): "
+        f"teacher.json is missing; run `htmllm teacher embed --input {run_inputs / 'shards'} --out DIR` and "
+        "pass --teacher DIR (or set teacher in the config). They are read even with loss_weights.distil = "
+        "0: the distillation head and the held-out figures are built on them"
+    )
+    with pytest.raises(
+        HtmllmError, match=r"^no teacher vectors in /nowhere/vectors: teacher\.json is missing"
+    ):
+        train(_config(run_inputs, "no-teacher", teacher="/nowhere/vectors"))
+    assert not (run_inputs / "no-teacher").exists()

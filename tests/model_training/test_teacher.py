@@ -391,3 +391,65 @@ def test_chunked_encoding_keeps_every_row_in_place(
     rows = np.concatenate(load_teacher_embeddings(tmp_path / "rows", shards)[1])
     assert whole.shape == (3, 384) and np.allclose(whole, rows, atol=1e-5)
     assert float(rows[0] @ rows[2]) < 0.99  # distinct pages: a row out of place would show
+
+
+def test_a_teachers_own_limit_past_its_positions_is_cut_to_them_and_said(
+    shards: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sentence-transformers directory whose max_seq_length (sentence_bert_config.json) is past its
+    position table failed with "The size of tensor a (32) must match ..." once the model had loaded."""
+    from sentence_transformers import SentenceTransformer
+
+    wrapped = tmp_path / "sentence-transformers"
+    SentenceTransformer(str(_tiny_bert(tmp_path / "bert", positions=16)), device="cpu").save(str(wrapped))
+    (wrapped / "sentence_bert_config.json").write_text('{"max_seq_length": 32, "do_lower_case": false}')
+    with caplog.at_level("WARNING", logger="model_training.teacher"):
+        meta = embed_shards(shards, tmp_path / "t", model=str(wrapped), view="pruned", progress=False)
+    assert meta.max_seq_length == 16 and meta.rows == len(PAGES)
+    assert "declares max_seq_length 32 but has positions for 16 tokens only" in caplog.text
+
+
+def test_a_teacher_without_a_padding_token_pads_with_its_models_own(
+    shards: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An htmllm checkpoint read as a plain Hugging Face directory: its tokenizer names no pad token for
+    transformers, and the first batch failed with "Asking to pad but the tokenizer does not have a
+    padding token" once the model had loaded."""
+    from tests.factories.checkpoint import build_tiny_checkpoint
+
+    checkpoint = build_tiny_checkpoint(tmp_path / "checkpoint", heads=False)
+    with caplog.at_level("WARNING", logger="model_training.teacher"):
+        meta = embed_shards(shards, tmp_path / "t", model=str(checkpoint), batch_size=3, progress=False)
+    assert meta.rows == len(PAGES)
+    assert "has no padding token; padding with '[PAD]' (the model's pad_token_id)" in caplog.text
+    vectors = np.concatenate(load_teacher_embeddings(tmp_path / "t", shards)[1])
+    assert np.isfinite(vectors).all()
+
+
+def test_a_teacher_whose_padding_token_cannot_be_chosen_is_refused_in_one_line(
+    shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No pad_token_id in its config, no eos or unk token, no [PAD]: one line before any page."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
+
+    from service.cli import main
+
+    root = tmp_path / "nopad"
+    words = Tokenizer(WordLevel({word: i for i, word in enumerate(("weather", "prague", "rain"))}))
+    words.pre_tokenizer = Whitespace()  # type: ignore[assignment]
+    PreTrainedTokenizerFast(tokenizer_object=words).save_pretrained(root)
+    config = BertConfig(
+        vocab_size=3, hidden_size=8, num_hidden_layers=1, num_attention_heads=1, intermediate_size=16,
+        max_position_embeddings=16, pad_token_id=None,
+    )  # fmt: skip
+    BertModel(config).save_pretrained(root)
+    capsys.readouterr()  # transformers' bar of the save above
+    args = ["teacher", "embed", "--model", str(root), "--input", str(shards), "--out", str(tmp_path / "t")]
+    assert main([*args, "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("htmllm teacher embed: validation_error: "), err
+    assert "its tokenizer has no padding token, and none can be chosen" in err[0]
+    assert not (tmp_path / "t").exists()

@@ -443,3 +443,33 @@ def test_an_interrupted_retrain_leaves_no_stale_report_beside_the_new_tokenizer(
     report = json.loads((out / "training.json").read_text("utf-8"))
     assert report["tokenizer_sha256"] == HtmlTokenizer.from_file(out / "tokenizer.json").sha256
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_corpus_that_runs_out_below_the_vocabulary_asked_is_said(
+    raw_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--vocab-size 8192` on a small corpus printed "wrote ...: 4672 ids" and nothing on why."""
+    from service.cli import main
+    from service.core.tokenizer import HtmlTokenizer
+
+    common = [
+        "tokenizer",
+        "train",
+        "--corpus",
+        str(raw_corpus),
+        "--tags",
+        "20",
+        "--min-frequency",
+        "2",
+        "--no-progress",
+    ]
+    assert main([*common, "--vocab-size", "8192", "--out", str(tmp_path / "big")]) == 0
+    ids = HtmlTokenizer.from_file(tmp_path / "big" / "tokenizer.json").vocab_size
+    assert ids < 8192
+    err = capsys.readouterr().err
+    assert (
+        f"htmllm tokenizer train: warning: the corpus ran out at {ids} ids, below the 8192 asked "
+        "(--vocab-size 8192): every piece occurring at least --min-frequency 2 times is in" in err
+    )
+    assert main([*common, "--vocab-size", "512", "--out", str(tmp_path / "small")]) == 0
+    assert "warning" not in capsys.readouterr().err

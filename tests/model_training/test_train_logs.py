@@ -32,11 +32,11 @@ def test_each_line_has_the_losses_lr_and_the_tokens_per_second_since_the_last(
     ]
 
 
-def test_under_ddp_the_rate_is_said_to_be_this_process(caplog: pytest.LogCaptureFixture) -> None:
+def test_under_ddp_the_rate_is_said_to_be_of_all_processes(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="model_training")
     lines = StepLines(4, world=2, clock=iter([0.0, 0.0]).__next__)  # no time passed: 0, not a division error
     lines.log(1, RAW, 1.0, 1e-3, tokens_seen=10)
-    assert caplog.records[0].getMessage().endswith(", 0 tokens/s on this process")
+    assert caplog.records[0].getMessage().endswith(", 0 tokens/s on 2 processes")
 
 
 def test_beside_a_terminal_bar_the_line_goes_through_tqdm(
