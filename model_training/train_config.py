@@ -16,6 +16,7 @@ from typing import Any
 
 from model_training.data import DataError
 from model_training.objectives import DEFAULT_LOSS_WEIGHTS
+from service.core.checkpoint_format import model_name_problem
 from service.core.modeling import POOLINGS, PRESETS
 
 # Learning rates worth knowing: the paper fine-tunes a pretrained ModernBERT at 2.5e-5; ModernBERT's
@@ -27,9 +28,6 @@ MIN_MAX_LENGTH = 8  # as `htmllm data prepare`: [CLS], [SEP] and a few tokens of
 # from the first step; well before that, 1/temperature scales the gradients past anything AdamW's
 # warm-up absorbs. 1e-3 (logits up to 1000) is far below any temperature used in practice.
 MIN_TEMPERATURE = 1e-3
-# A model's name is its id in the service's API (`GET /v1/models/{id}`, /info, every response's `model`):
-# the bound keeps it a readable id; the service's checkpoint loader would apply the same rule.
-MAX_MODEL_NAME_CHARS = 200
 DEFAULT_TEACHER_DIR = "runs/teacher"  # `teacher` where neither the config nor --teacher sets one
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 
@@ -159,23 +157,6 @@ class TrainConfig:
         if unknown:
             raise DataError(f"config: unknown keys {unknown}")
         return cls(**data)
-
-
-def model_name_problem(name: str) -> str | None:
-    """Why `name` cannot name a model the service serves, or None.
-
-    An empty name, or one holding a newline or NUL, trained and was served: the empty one made
-    `GET /v1/models/{id}` unreachable, and the others went into the served model's id unchecked.
-    """
-    if not name.strip():
-        return "a model name must not be empty (it is the model's id in the service's API)"
-    if not name.isprintable():
-        return "a model name must be printable: no newline, tab, NUL or other control character"
-    if name != name.strip():
-        return "a model name must not begin or end with a space"
-    if len(name) > MAX_MODEL_NAME_CHARS:
-        return f"a model name is at most {MAX_MODEL_NAME_CHARS} characters, not {len(name)}"
-    return None
 
 
 def _check_types(config: TrainConfig) -> None:

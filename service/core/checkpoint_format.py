@@ -112,6 +112,9 @@ class CheckpointMeta:
                 heads=[HeadSpec.from_dict(h) for h in heads],
                 training=dict(training),
             )
+            problem = model_name_problem(meta.name)
+            if problem is not None:
+                raise ValueError(f"name {meta.name[:60]!r}: {problem}")
             if meta.pooling not in POOLINGS:
                 raise ValueError(f"pooling {meta.pooling!r} is not one of {POOLINGS}")
             if meta.max_length < 2:
@@ -124,6 +127,28 @@ class CheckpointMeta:
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"{META_FILE} is malformed: {type(exc).__name__}: {exc}") from exc
         return meta
+
+
+# A model's name is its id in the service's API (`GET /v1/models/{id}`, /info, every response's `model`):
+# the bound keeps it a readable id. Training refuses such a name at its config's load, the loader here.
+MAX_MODEL_NAME_CHARS = 200
+
+
+def model_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a model the service serves, or None.
+
+    An empty name, or one holding a newline or NUL, trained and was served: the empty one made
+    `GET /v1/models/{id}` unreachable, and the others went into the served model's id unchecked.
+    """
+    if not name.strip():
+        return "a model name must not be empty (it is the model's id in the service's API)"
+    if not name.isprintable():
+        return "a model name must be printable: no newline, tab, NUL or other control character"
+    if name != name.strip():
+        return "a model name must not begin or end with a space"
+    if len(name) > MAX_MODEL_NAME_CHARS:
+        return f"a model name is at most {MAX_MODEL_NAME_CHARS} characters, not {len(name)}"
+    return None
 
 
 _META_KEYS = frozenset(f.name for f in dataclasses.fields(CheckpointMeta))

@@ -484,3 +484,14 @@ def test_htmllm_json_is_written_as_strict_json(ckpt: Path, tmp_path: Path) -> No
     with pytest.raises(CheckpointError, match=r"refusing to write htmllm\.json: training\.eval\.losses\.1 "):
         save_checkpoint(target, build_tiny_model(), build_tiny_tokenizer(), meta)
     assert not target.exists()
+
+
+@pytest.mark.parametrize("name", ["", "  ", "a\nb", "a\x00b", " padded", "x" * 201])
+def test_a_model_name_the_service_cannot_serve_is_refused_by_the_metadata(ckpt: Path, name: str) -> None:
+    """The model's name is its id in the API: an empty one made `GET /v1/models/{id}` unreachable, and
+    a newline or NUL went into every answer's `model`. Training refuses such a name (its config); a
+    checkpoint written otherwise is refused when read, by the same rule."""
+    _edit_meta(ckpt, lambda meta: meta.__setitem__("name", name))
+    for read in (read_meta, load_checkpoint):
+        with pytest.raises(CheckpointError, match=r"malformed.*a model name"):
+            read(ckpt)
