@@ -41,6 +41,9 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
         empty = isinstance(default, list | tuple) and not default
         if default is None or default is argparse.SUPPRESS or empty or "default" in help_text:
             return help_text
+        if isinstance(default, list | tuple):  # as the option is written (a,b), not Python's ('a', 'b')
+            listed = ",".join(str(item) for item in default).replace("%", "%%")
+            return f"{help_text} (default: {listed})"
         return f"{help_text} (default: %(default)s)"
 
 

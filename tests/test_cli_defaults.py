@@ -10,7 +10,7 @@ from pydantic_core import PydanticUndefined
 
 from service.api import main as api_main
 from service.api.settings import Settings
-from service.cli import build_parser
+from service.cli import DefaultsHelpFormatter, build_parser
 
 
 def _parsers(
@@ -86,3 +86,15 @@ def test_each_serve_flag_names_its_setting_and_its_default(field: str) -> None:
     if default is not None:
         shown = f"{default:g}" if isinstance(default, float) else str(default)
         assert f"default {shown}" in text, (text, default)
+
+
+def test_a_list_default_is_written_as_the_option_takes_it() -> None:
+    """A tuple or list default had printed as Python writes it ("(default: ('html',))"): it reads as the
+    option is given, comma-separated, for any command whose option has one."""
+    parser = argparse.ArgumentParser(formatter_class=DefaultsHelpFormatter)
+    parser.add_argument("--views", default=("html", "text"), help="views")
+    parser.add_argument("--percent", default=["50%"], help="cut")
+    assert _help(parser, "--views") == "views (default: html,text)"
+    assert _help(parser, "--percent") == "cut (default: 50%)"
+    for name, command in _parsers(build_parser()):
+        assert "(default: (" not in command.format_help() and "(default: [" not in command.format_help(), name
