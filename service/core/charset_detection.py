@@ -16,9 +16,9 @@ Two corrections follow, both from pages it misread:
   Big5 and "Контакты" windows-1252. There the plausible readings compete on how many of their
   characters real text would not contain (`_few_foreign_words`).
 
-In both, the single-byte readings judge a byte repeated alone between ASCII non-letters ("£££" price
-levels) as the byte once (`_REPEATED_BYTE`): a symbol repeated, not a word of any language; and the
-alphabets leave out a micro sign before a unit ("5µg", `_without_unit_prefixes`).
+In both, the single-byte readings judge a windows-1252 symbol repeated alone between ASCII non-letters
+("£££" price levels) as the byte once (`_REPEATED_BYTE`; never a letter: Russian's "ООО" is a word);
+and the alphabets leave out a micro sign before a unit ("5µg", `_without_unit_prefixes`).
 """
 
 from __future__ import annotations
@@ -128,10 +128,16 @@ _FOREIGN_RUN = re.compile(r"(?<![A-Za-z])[^\x00-\x7f]{3,}(?![A-Za-z])")
 # One non-ASCII byte repeated, with no letter or other non-ASCII byte before it and an ASCII byte below
 # 0x40 (no second byte of any double-byte encoding: space, digits, punctuation, "<") or the end after it:
 # "£££" or "¥¥" price levels, a row of no-break spaces. Each reading makes one character of it repeated,
-# and no language writes a word as one letter repeated, yet the alphabets counted "ŁŁŁ" as Polish and the
-# contest "ЈЈЈ" as clean Cyrillic: a page whose only non-ASCII bytes were "£££" read as windows-1251 or
-# windows-1250. The single-byte readings judge such a run as the byte once (see `detect_encoding`).
-_REPEATED_BYTE = re.compile(rb"(?<![A-Za-z\x80-\xff])([\x80-\xff])\1+(?=[\x00-\x3f]|\Z)")
+# yet the alphabets counted "ŁŁŁ" as Polish and the contest "ЈЈЈ" as clean Cyrillic: a page whose only
+# non-ASCII bytes were "£££" read as windows-1251 or windows-1250. The single-byte readings judge such a
+# run as the byte once (see `detect_encoding`), but only for a byte that is no letter in windows-1252 (a
+# symbol there: "£", "¥", "©", "»", "¿"): words are written as one letter repeated in Russian ("ООО", the
+# LLC of every company name; "ГГГГ" in a date's placeholder), and bytes 0xC0-0xFF are letters in
+# windows-1252 too, so collapsing them made a Russian page's "ООО" read as windows-1252's "ÎÎÎ".
+_SYMBOL_BYTES = bytes(b for b in range(0x80, 0x100) if not bytes([b]).decode("cp1252", "replace").isalpha())
+_REPEATED_BYTE = re.compile(
+    rb"(?<![A-Za-z\x80-\xff])([" + re.escape(_SYMBOL_BYTES) + rb"])\1+(?=[\x00-\x3f]|\Z)"
+)
 # The micro sign in every Latin candidate but iso-8859-2, where it is Slovak "ľ" (`_without_unit_prefixes`).
 _MICRO_SIGN = 0xB5
 
@@ -573,7 +579,8 @@ def _best_latin_reading(sample: bytes, guess: str, contexts: _ByteContexts | Non
 
 def _without_unit_prefixes(contexts: _ByteContexts) -> _ByteContexts:
     """`contexts` less each micro sign that stands as a unit's prefix: 0xB5 with an ASCII non-letter or a
-    no-break space before it and an ASCII letter other than a lowercase vowel after it ("5µg", "10 µm").
+    no-break space before it and an ASCII letter other than a lowercase vowel or "n" after it ("5µg",
+    "10 µm").
 
     iso-8859-2 alone among the Latin candidates reads 0xB5 as a letter, Slovak "ľ" (windows-1250, the
     Slovak web's other encoding, has "µ" there as windows-1252 does): there the alphabets counted an
@@ -597,7 +604,8 @@ def _unit_neighbours() -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
 
     letters = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
     before = [(b < 0x80 and b not in letters) or b == 0xA0 for b in range(256)]  # 0xA0: a no-break space
-    after = [b in letters and b not in b"aeiou" for b in range(256)]
+    # Not "n" either: no unit begins with it, and Slovak words do ("ľnený").
+    after = [b in letters and b not in b"aeioun" for b in range(256)]
     return np.array(before, dtype=np.bool_), np.array(after, dtype=np.bool_)
 
 

@@ -136,3 +136,31 @@ def test_a_repeated_byte_counts_once_only_where_it_stands_alone() -> None:
     )]  # fmt: skip
     assert runs == [b"\xa3\xa3\xa3", b"\xa3\xa3", b"\xa5\xa5", b"\xa3\xa3"]
     assert detect_encoding(("jää " * 3 + "Öö").encode("iso8859_15")) in ("cp1252", "iso8859-15")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'Our partner: ООО "Gazprom Neft", Moscow.',
+        "© 2012 ООО «Intersoft Lab». All rights reserved.",
+        "Format: ДД.ММ.ГГГГ",
+        "ИП и ООО",
+        "ООО, РФ",
+        "Ну ммм... ааа!",
+    ],
+)
+def test_a_russian_word_of_one_letter_repeated_keeps_windows_1251(text: str) -> None:
+    """Russian writes words as one letter repeated: "ООО" (the LLC in every company name), "ГГГГ" in a
+    date's placeholder. Collapsing every repeated byte made such a page's only Cyrillic run one letter,
+    which counts for no alphabet, and windows-1252 won the tie: "ÎÎÎ", "ÃÃÃÃ" (an adversarial review).
+    Only bytes that are symbols in windows-1252 ("£", "»") are collapsed."""
+    page = f"<html><body><p>{text}</p></body></html>"
+    assert decode_html(page.encode("cp1251")).text == page
+
+
+@pytest.mark.parametrize("word", ["ľnený", "Materiál: ľnený"])
+def test_a_slovak_word_with_l_caron_before_n_keeps_iso_8859_2(word: str) -> None:
+    """No unit begins with "n": "µn" is Slovak "ľn" ("ľnený", linen), which the unit rule had read as a
+    micro sign in windows-1252."""
+    page = f"<html><body><p>{word}</p></body></html>"
+    assert decode_html(page.encode("iso8859_2")).text == page
