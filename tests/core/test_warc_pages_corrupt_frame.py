@@ -14,12 +14,11 @@ from pathlib import Path
 
 import pytest
 import zstandard
-from fastwarc.stream_io import Lz4Writer
 
 from service.core import warc_tail
 from service.core.errors import ErrorCode
-from service.core.pages import Page, iter_pages
-from tests.factories.warc import HttpResponse, response, warc_record
+from service.core.pages import iter_pages
+from tests.factories.warc import HttpResponse, lz4_frame, pages_and_errors, response, warc_record
 from tests.memory import traced_peak
 
 COUNT = 30
@@ -43,14 +42,7 @@ def _zstd_checked_frames(records: list[bytes]) -> list[bytes]:
 
 
 def _lz4_frames(records: list[bytes], tmp: Path) -> list[bytes]:
-    """LZ4 as FastWARC writes it, a frame per record (no other LZ4 writer is installed)."""
-    frames = []
-    for record in records:
-        writer = Lz4Writer(str(tmp))
-        writer.write(record)
-        writer.close()
-        frames.append(tmp.read_bytes())
-    return frames
+    return [lz4_frame(record, tmp) for record in records]
 
 
 FRAMINGS: dict[str, tuple[str, Callable[[list[bytes], Path], list[bytes]]]] = {
@@ -69,11 +61,6 @@ def _flipped(frame: bytes, start: int = 20, count: int = 30) -> bytes:
     return bytes(out)
 
 
-def _read(path: Path) -> tuple[list[Page], list[Page]]:
-    pages = list(iter_pages(path, bad_rows="report"))
-    return [p for p in pages if p.error is None], [p for p in pages if p.error is not None]
-
-
 def _offset(frames: list[bytes], index: int) -> int:
     return sum(len(f) for f in frames[:index])
 
@@ -87,7 +74,7 @@ def test_a_corrupt_frame_is_skipped_and_the_records_after_it_are_read(tmp_path: 
         frames[index] = _flipped(frames[index])
     path = tmp_path / f"crawl{suffix}"
     path.write_bytes(b"".join(frames))
-    good, errors = _read(path)
+    good, errors = pages_and_errors(path)
     kept = [i for i in range(COUNT) if i not in bad]
     assert [p.id for p in good] == [f"<urn:uuid:r{i}>" for i in kept]
     assert all(f"page {i}".encode() in p.html for i, p in zip(kept, good, strict=True))
@@ -122,7 +109,7 @@ def test_a_corrupt_first_frame_or_one_inside_a_record_body(tmp_path: Path, frami
     frames[3] = _flipped(frames[3], start=len(frames[3]) - 5_000, count=200)
     path = tmp_path / f"crawl{suffix}"
     path.write_bytes(b"".join(frames))
-    good, errors = _read(path)
+    good, errors = pages_and_errors(path)
     # LZ4 data has no checksum here (FastWARC writes none): flipped bytes may decode, to garbage of
     # another length. Its record is then read, and FastWARC loses the framing after it: the next member
     # decodes whole to a record, this one to none, so this one is the row, and says so: the page's own
@@ -150,7 +137,7 @@ def test_a_corrupt_last_frame_or_one_stream_ends_the_file_with_one_row(tmp_path:
     frames[-1] = _flipped(frames[-1])
     path = tmp_path / f"last{suffix}"
     path.write_bytes(b"".join(frames))
-    good, errors = _read(path)
+    good, errors = pages_and_errors(path)
     assert [p.id for p in good] == [f"<urn:uuid:r{i}>" for i in range(5)]
     assert len(errors) == 1 and "cannot read the records after byte" in (errors[0].error or "")
 
@@ -158,7 +145,7 @@ def test_a_corrupt_last_frame_or_one_stream_ends_the_file_with_one_row(tmp_path:
     middle = len(stream) // 2
     path = tmp_path / f"stream{suffix}"
     path.write_bytes(_flipped(stream, middle, 60))
-    good, errors = _read(path)
+    good, errors = pages_and_errors(path)
     assert len(errors) == 1 and "cannot read the records after byte" in (errors[0].error or "")
     assert len(good) < COUNT
 
@@ -174,7 +161,7 @@ def test_frame_magic_that_starts_no_record_ends_the_scan(tmp_path: Path, framing
     garbage = (magic + random.Random(3).randbytes(60)) * 3_000 + fake * 100
     path = tmp_path / f"garbage{suffix}"
     path.write_bytes(frames[0] + _flipped(frames[1]) + garbage)
-    good, errors = _read(path)
+    good, errors = pages_and_errors(path)
     assert [p.id for p in good] == ["<urn:uuid:r0>"]
     assert len(errors) == 1 and "cannot read the records after byte" in (errors[0].error or "")
 
@@ -211,7 +198,7 @@ def test_an_lz4_frame_that_decodes_to_other_records_loses_no_record_after_it(tmp
     frames[2] = frames[2].replace(end, b"Length: 325\r\xe7\r\x99HTTP")
     path = tmp_path / "crawl.warc.lz4"
     path.write_bytes(b"".join(frames))
-    good, errors = _read(path)
+    good, errors = pages_and_errors(path)
     assert "<urn:uuid:r3>" in [p.id for p in good]
     assert [p.id for p in good if p.id != "<urn:uuid:r2>"] == [f"<urn:uuid:r{i}>" for i in (0, 1, 3, 4, 5)]
     assert [p.id for p in errors] == [f"crawl.warc.lz4@{_offset(frames, 2)}"]
@@ -227,7 +214,7 @@ def test_a_first_member_with_a_corrupt_magic_is_skipped_too(tmp_path: Path, fram
     frames[0] = b"\0\0\0\0" + frames[0][4:]
     path = tmp_path / f"crawl{suffix}"
     path.write_bytes(b"".join(frames))
-    good, errors = _read(path)
+    good, errors = pages_and_errors(path)
     assert [p.id for p in good] == [f"<urn:uuid:r{i}>" for i in range(1, 5)]
     assert [p.id for p in errors] == [f"crawl{suffix}@0"]
 
@@ -240,7 +227,7 @@ def test_a_member_fastwarc_stops_at_quietly_is_skipped_too(tmp_path: Path) -> No
     members[2] = members[2][:3] + b"\x04" + members[2][4:]  # FLG.FEXTRA
     path = tmp_path / "crawl.warc.gz"
     path.write_bytes(b"".join(members))
-    good, errors = _read(path)
+    good, errors = pages_and_errors(path)
     assert [p.id for p in good] == [f"<urn:uuid:r{i}>" for i in range(8) if i != 2]
     assert [p.id for p in errors] == [f"crawl.warc.gz@{_offset(members, 2)}"]
     assert "could not be decompressed and was skipped" in (errors[0].error or "")

@@ -9,8 +9,8 @@ import random
 from pathlib import Path
 
 from service.core.errors import ErrorCode
-from service.core.pages import Page, iter_pages
-from tests.factories.warc import HttpResponse, response, warc_record
+from service.core.pages import iter_pages
+from tests.factories.warc import HttpResponse, pages_and_errors, response, warc_record
 
 COUNT = 40
 
@@ -34,11 +34,6 @@ def _flipped(member: bytes, start: int = 20, count: int = 60) -> bytes:
     return bytes(out)
 
 
-def _read(path: Path) -> tuple[list[Page], list[Page]]:
-    pages = list(iter_pages(path, bad_rows="report"))
-    return [p for p in pages if p.error is None], [p for p in pages if p.error is not None]
-
-
 def _offset(members: list[bytes], index: int) -> int:
     return sum(len(m) for m in members[:index])
 
@@ -50,7 +45,7 @@ def test_a_corrupt_member_is_skipped_and_the_records_after_it_are_read(tmp_path:
         members[index] = _flipped(members[index])
     path = tmp_path / "crawl.warc.gz"
     path.write_bytes(b"".join(members))
-    good, errors = _read(path)
+    good, errors = pages_and_errors(path)
     kept = [i for i in range(COUNT) if i not in bad]
     assert [p.id for p in good] == [f"<urn:uuid:r{i}>" for i in kept]
     assert [p.url for p in good] == [f"https://example.com/{i}" for i in kept]
@@ -84,7 +79,7 @@ def test_a_corrupt_first_member_or_one_inside_a_record_body(tmp_path: Path) -> N
     members[3] = _flipped(members[3], start=len(members[3]) - 5_000, count=200)
     path = tmp_path / "crawl.warc.gz"
     path.write_bytes(b"".join(members))
-    good, errors = _read(path)
+    good, errors = pages_and_errors(path)
     assert [p.id for p in good] == ["<urn:uuid:r1>", "<urn:uuid:r2>", "<urn:uuid:r4>", "<urn:uuid:r5>"]
     assert [p.id for p in errors] == ["crawl.warc.gz@0", f"crawl.warc.gz@{_offset(members, 3)}"]
 
@@ -96,7 +91,7 @@ def test_a_corrupt_last_member_or_one_gzip_stream_ends_the_file_with_one_row(tmp
     members[-1] = _flipped(members[-1])
     path = tmp_path / "last.warc.gz"
     path.write_bytes(b"".join(members))
-    good, errors = _read(path)
+    good, errors = pages_and_errors(path)
     assert [p.id for p in good] == [f"<urn:uuid:r{i}>" for i in range(5)]
     assert len(errors) == 1 and "cannot read the records after byte" in (errors[0].error or "")
 
@@ -105,7 +100,7 @@ def test_a_corrupt_last_member_or_one_gzip_stream_ends_the_file_with_one_row(tmp
     stream[middle : middle + 60] = bytes(b ^ 0xFF for b in stream[middle : middle + 60])
     path = tmp_path / "stream.warc.gz"
     path.write_bytes(bytes(stream))
-    good, errors = _read(path)
+    good, errors = pages_and_errors(path)
     assert len(errors) == 1 and "cannot read the records after byte" in (errors[0].error or "")
     assert len(good) < COUNT
 
@@ -118,6 +113,6 @@ def test_garbage_after_a_corrupt_member_ends_the_scan(tmp_path: Path) -> None:
     garbage = (b"\x1f\x8b\x08\x00" + random.Random(3).randbytes(60)) * 5_000 + fake * 100
     path = tmp_path / "garbage.warc.gz"
     path.write_bytes(members[0] + _flipped(members[1]) + garbage)
-    good, errors = _read(path)
+    good, errors = pages_and_errors(path)
     assert [p.id for p in good] == ["<urn:uuid:r0>"]
     assert len(errors) == 1 and "cannot read the records after byte" in (errors[0].error or "")

@@ -11,19 +11,11 @@ from pathlib import Path
 
 import pytest
 import zstandard
-from fastwarc.stream_io import Lz4Writer
 
 from service.core.pages import Page, iter_pages
-from tests.factories.warc import HttpResponse, response
+from tests.factories.warc import HttpResponse, lz4_frame, response
 
 COUNT = 5
-
-
-def _lz4(data: bytes, tmp: Path) -> bytes:
-    writer = Lz4Writer(str(tmp))
-    writer.write(data)
-    writer.close()
-    return tmp.read_bytes()
 
 
 def _gzip(data: bytes) -> bytes:
@@ -39,10 +31,10 @@ LAYOUTS: dict[str, tuple[str, Callable[[list[bytes], Path], bytes]]] = {
     "plain": (".warc", lambda records, _: b"".join(records)),
     "gzip per record": (".warc.gz", lambda records, _: b"".join(map(_gzip, records))),
     "zstd per record": (".warc.zst", lambda records, _: b"".join(map(_zstd, records))),
-    "lz4 per record": (".warc.lz4", lambda records, tmp: b"".join(_lz4(r, tmp) for r in records)),
+    "lz4 per record": (".warc.lz4", lambda records, tmp: b"".join(lz4_frame(r, tmp) for r in records)),
     "gzip stream": (".warc.gz", lambda records, _: _gzip(b"".join(records))),
     "zstd stream": (".warc.zst", lambda records, _: _zstd(b"".join(records))),
-    "lz4 stream": (".warc.lz4", lambda records, tmp: _lz4(b"".join(records), tmp)),
+    "lz4 stream": (".warc.lz4", lambda records, tmp: lz4_frame(b"".join(records), tmp)),
 }
 PADDING = {"512 NULs": b"\0" * 512, "a CRLF": b"\r\n", "blanks": b" \n\t", "one NUL": b"\0"}
 

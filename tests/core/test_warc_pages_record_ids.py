@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 import zstandard
-from fastwarc.stream_io import Lz4Writer
 
 from service.core.pages import iter_pages
-from tests.factories.warc import HttpResponse, response, warc_record
+from tests.factories.warc import HttpResponse, lz4_frame, response, warc_record
 
 COUNT = 40
 
@@ -38,17 +37,10 @@ def _records() -> list[bytes]:
     return [pages[0], request, *pages[1:]]
 
 
-def _lz4(data: bytes, tmp: Path) -> bytes:
-    writer = Lz4Writer(str(tmp))
-    writer.write(data)
-    writer.close()
-    return tmp.read_bytes()
-
-
 ONE_STREAM: dict[str, tuple[str, Callable[[bytes, Path], bytes]]] = {
     "gzip": (".warc.gz", lambda data, _: gzip.compress(data, mtime=0)),
     "zstd": (".warc.zst", lambda data, _: zstandard.ZstdCompressor().compress(data)),
-    "lz4": (".warc.lz4", _lz4),
+    "lz4": (".warc.lz4", lz4_frame),
 }
 
 

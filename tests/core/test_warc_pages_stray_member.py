@@ -16,24 +16,16 @@ from pathlib import Path
 
 import pytest
 import zstandard
-from fastwarc.stream_io import Lz4Writer
 
 from service.core.errors import ErrorCode
-from service.core.pages import Page, iter_pages
-from tests.factories.warc import HttpResponse, response, warc_record
+from service.core.pages import iter_pages
+from tests.factories.warc import HttpResponse, lz4_frame, pages_and_errors, response, warc_record
 
 _PAGE = HttpResponse(b"<p>stray</p>")
 
 
 def _lz4(records: list[bytes], tmp: Path) -> list[bytes]:
-    """LZ4 as FastWARC writes it, a frame per record (no other LZ4 writer is installed)."""
-    frames = []
-    for record in records:
-        writer = Lz4Writer(str(tmp))
-        writer.write(record)
-        writer.close()
-        frames.append(tmp.read_bytes())
-    return frames
+    return [lz4_frame(record, tmp) for record in records]
 
 
 PER_RECORD: dict[str, tuple[str, Callable[[list[bytes], Path], list[bytes]]]] = {
@@ -57,11 +49,6 @@ def _records(count: int = 4) -> list[bytes]:
     ]
 
 
-def _read(path: Path) -> tuple[list[Page], list[Page]]:
-    pages = list(iter_pages(path, bad_rows="report"))
-    return [p for p in pages if p.error is None], [p for p in pages if p.error is not None]
-
-
 def _offset(members: list[bytes], index: int) -> int:
     return sum(len(m) for m in members[:index])
 
@@ -76,7 +63,7 @@ def test_a_stray_member_is_the_row_not_the_intact_record_before_it(
     members = compress([*records[:2], STRAY[stray], *records[2:]], tmp_path / "frame")
     path = tmp_path / f"crawl{suffix}"
     path.write_bytes(b"".join(members))
-    good, errors = _read(path)
+    good, errors = pages_and_errors(path)
     assert [p.id for p in good] == [f"<urn:uuid:r{i}>" for i in range(4)]
     assert all(f"page {i}".encode() in p.html for i, p in enumerate(good))
     (row,) = errors
@@ -144,7 +131,7 @@ def test_a_record_of_no_page_read_from_garbage_is_named_in_its_row(tmp_path: Pat
     frames[2] = _misframed(frames[2], b"Length: 18\r\n", b"Length: 10\r\n")
     path = tmp_path / "crawl.warc.lz4"
     path.write_bytes(b"".join(frames))
-    good, errors = _read(path)
+    good, errors = pages_and_errors(path)
     assert [p.id for p in good] == [f"<urn:uuid:r{i}>" for i in range(4)]
     (row,) = errors
     start = _offset(frames, 2)

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from service.core.pages import Page, iter_pages
-from tests.factories.warc import HttpResponse, response
+from tests.factories.warc import HttpResponse, pages_and_errors, response
 
 COUNT = 24
 
@@ -47,11 +46,6 @@ def _dictionary_file(records: list[bytes], *, compressed: bool) -> tuple[bytes, 
     return frame, [compressor.compress(r) for r in records]
 
 
-def _read(path: Path) -> tuple[list[Page], list[Page]]:
-    pages = list(iter_pages(path, bad_rows="report"))
-    return [p for p in pages if p.error is None], [p for p in pages if p.error is not None]
-
-
 def _flipped(frame: bytes) -> bytes:
     out = bytearray(frame)
     for at in range(len(out) // 2, min(len(out) // 2 + 20, len(out) - 4)):
@@ -66,14 +60,14 @@ def test_a_corrupt_frame_of_a_dictionary_file_is_skipped(tmp_path: Path, compres
     assert zstandard.get_frame_parameters(frames[0]).dict_id  # the frames need the dictionary
     path = tmp_path / "crawl.warc.zst"
     path.write_bytes(head + b"".join(frames))
-    good, errors = _read(path)
+    good, errors = pages_and_errors(path)
     assert not errors and len(good) == COUNT  # FastWARC reads it whole
     named, pages = [p.id for p in good], [p.html for p in good]
 
     bad = 10
     frames[bad] = _flipped(frames[bad])
     path.write_bytes(head + b"".join(frames))
-    good, errors = _read(path)
+    good, errors = pages_and_errors(path)
     start = len(head) + sum(map(len, frames[:bad]))
     resume = start + len(frames[bad])
     assert [p.id for p in good] == named[:bad] + named[bad + 1 :]
@@ -95,6 +89,6 @@ def test_a_corrupt_first_frame_after_the_dictionary_is_named_by_its_own_byte(tmp
     frames[0] = _flipped(frames[0])
     path = tmp_path / "crawl.warc.zst"
     path.write_bytes(head + b"".join(frames))
-    good, errors = _read(path)
+    good, errors = pages_and_errors(path)
     assert len(good) == COUNT - 1
     assert [p.id for p in errors] == [f"crawl.warc.zst@{len(head)}"]

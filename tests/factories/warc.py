@@ -1,10 +1,16 @@
 """WARC files written byte by byte (not with the reader's library), so the reader is checked against
-the format rather than against itself."""
+the format rather than against itself; LZ4 frames alone come from FastWARC's writer (no other LZ4 writer
+is installed)."""
 
 from __future__ import annotations
 
 import gzip
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from fastwarc.stream_io import Lz4Writer
+
+from service.core.pages import Page, iter_pages
 
 
 @dataclass(frozen=True)
@@ -65,3 +71,17 @@ def response(record_id: str, http: HttpResponse, uri: str = "https://example.com
 def warc_gz(records: list[bytes]) -> bytes:
     """A .warc.gz as crawlers write it: one gzip member per record."""
     return b"".join(gzip.compress(r, mtime=0) for r in records)
+
+
+def lz4_frame(data: bytes, scratch: Path) -> bytes:
+    """`data` as one LZ4 frame, as FastWARC writes a record (written through `scratch`, a file path)."""
+    writer = Lz4Writer(str(scratch))
+    writer.write(data)
+    writer.close()
+    return scratch.read_bytes()
+
+
+def pages_and_errors(path: Path) -> tuple[list[Page], list[Page]]:
+    """The pages read from `path` (bad rows reported, not raised), split into sound ones and error rows."""
+    pages = list(iter_pages(path, bad_rows="report"))
+    return [p for p in pages if p.error is None], [p for p in pages if p.error is not None]
