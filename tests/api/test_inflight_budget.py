@@ -284,7 +284,11 @@ def test_concurrent_uploads_past_the_budget_serve_those_that_fit(
     figures = re.search(r"holds (\d+) bytes of request bodies and (\d+) more would pass its (\d+)", message)
     assert figures is not None, message
     held, more, limit = map(int, figures.groups())
-    assert (held, limit) == (held_before_refusal, budget) and held + more > limit, message
+    # The refused piece may come in more than one read (a loaded machine splits it): what fit of it before
+    # the read that passed the budget is held too. Never less than before it (the figures had been built
+    # after the drain), never the whole piece.
+    assert limit == budget and held_before_refusal <= held < held_before_refusal + piece, message
+    assert held + more > limit, message
 
 
 def _kept(sent: list[int], refused: int | None) -> int:
