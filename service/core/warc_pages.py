@@ -57,6 +57,7 @@ from service.core.pages import (
     valid_text,
 )
 from service.core.warc_tail import (
+    MAX_HEADER_BYTES,
     Skip,
     dictionary_frame,
     ends_in_padding,
@@ -159,17 +160,23 @@ def _iter_records(path: Path, start: int, reading: _Reading) -> Generator[Page, 
         try:
             # Every record type, so the last record seen is the last one FastWARC could frame.
             shift = 0  # what FastWARC's offsets are short of the file's
+            # `max_header_len`: the header bound the record walk (`warc_tail`) holds records to, said
+            # here so that the two agree.
             if start == 0:
-                archive = ArchiveIterator(str(path), parse_http=False, fsspec_args=False)
+                archive = ArchiveIterator(
+                    str(path), parse_http=False, fsspec_args=False, max_header_len=MAX_HEADER_BYTES
+                )
             else:  # FastWARC takes the handle's position for the first record's offset
                 handle = stack.enter_context(path.open("rb"))
                 handle.seek(start)
                 prefix = dictionary_frame(path)
                 if prefix:
-                    archive = ArchiveIterator(_Prefixed(prefix, handle), parse_http=False)
+                    archive = ArchiveIterator(
+                        _Prefixed(prefix, handle), parse_http=False, max_header_len=MAX_HEADER_BYTES
+                    )
                     shift = start - len(prefix)
                 else:
-                    archive = ArchiveIterator(handle, parse_http=False)
+                    archive = ArchiveIterator(handle, parse_http=False, max_header_len=MAX_HEADER_BYTES)
             iterator = iter(archive)
         except (OSError, ValueError) as exc:
             # One row, as an HTML file that cannot be opened is: raised, one dangling `.warc.gz` in a
@@ -339,7 +346,8 @@ class _Failure:
         yield reading.error(
             page_id,
             f"{reading.path}: the record at byte {failed} {what} and was skipped (bytes {failed} to "
-            f"{resume - 1}; reading goes on at the record at byte {resume}): {cause}",
+            f"{resume - 1}; reading goes on at the record at byte {resume}): {cause}"
+            + (f" ({found.why})" if found.why else ""),  # what is wrong with its bytes (a header too long)
             code,
         )
         return resume

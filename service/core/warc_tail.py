@@ -27,7 +27,8 @@ Records are walked as FastWARC frames them: each starts with the version line Fa
 WARC/1.1 or WARC/0.x), so a member that decodes to anything else (a stray HTTP response, `warc/1.1`,
 `WARC/2.0`) is the one FastWARC failed on, not the intact record before it. Padding that ends a file
 (NULs, blank lines, as a writer pads to a block) is no member: FastWARC fails on it, `ends_in_padding`
-tells that failure apart.
+tells that failure apart: only bytes after the last member's end, as its compression frames it, are
+padding. A header over the bound FastWARC reads (`MAX_HEADER_BYTES`) is no record either.
 """
 
 from __future__ import annotations
@@ -49,7 +50,12 @@ _LZ4_MAGIC = b"\x04\x22\x4d\x18"
 _CHUNK = 1 << 20
 _FIRST_PIECE = 64  # bytes of a gzip member fed first (see _gunzipped)
 _PADDING = b"\0\r\n\t "  # may follow the last member (or record)
-_MAX_HEADER_BYTES = 1 << 20  # a WARC header longer than this is not one
+# The most bytes FastWARC reads of a record's WARC header, its CRLF CRLF included (`warc_pages` passes it
+# as `max_header_len`, FastWARC's default; tried on FastWARC 2.0.1): a longer one is "Maximum header
+# length exceeded", so the walk refuses it too. Walked up to 1 MiB, a record with a 40,000-character
+# WARC-Target-URI (as wget writes one) was taken for whole, and the intact page before it blamed.
+MAX_HEADER_BYTES = 32 << 10
+_NO_END = f": no CRLF CRLF ends one within the {MAX_HEADER_BYTES} bytes FastWARC reads of a header"
 _CONTENT_LENGTH = re.compile(rb"(?im)^content-length:[ \t]*(\d+)[ \t]*\r?$")
 _MEMBER_START = GZIP_MAGIC + b"\x08"  # gzip's magic and its one compression method, deflate
 _PROBE = 4096  # bytes of a candidate member inflated to tell whether it starts a record (see _starts_record)
@@ -102,6 +108,7 @@ class Skip(NamedTuple):
     # The member at `failed` decodes to its end, to bytes that are no WARC records FastWARC reads (a
     # stray HTTP response, `WARC/2.0`), rather than not decoding.
     stray: bool = False
+    why: str = ""  # what the walk found wrong with a stray member's bytes (a header over FastWARC's limit)
 
 
 def skip_member(path: Path, offset: int, *, framed: bool) -> Skip | None:
@@ -113,8 +120,11 @@ def skip_member(path: Path, offset: int, *, framed: bool) -> Skip | None:
     the member FastWARC failed on is the next one, if that record's own member decodes to its end and to
     whole records and the next one does not. Else the failure was in its own: its rest unread, or its
     data decoded to bytes FastWARC frames otherwise (LZ4 without checksums cannot tell corrupt data, nor
-    zstd's raw blocks), and reading goes on at the next member. Reads the file once more at most: the
-    members at `offset` and after it, then forward from the failed one to the next record's member.
+    zstd's raw blocks), and reading goes on at the next member. Where no record was framed (reading
+    began at `offset`), the member there is the one that failed: stray where it decodes to its end but
+    to no records FastWARC reads (a header over its bound, which wget writes for a 40,000-character URL),
+    and `Skip.why` says what is wrong. Reads the file once more at most: the members at `offset` and
+    after it, then forward from the failed one to the next record's member.
     """
     with path.open("rb") as handle:
         framing = _file_framing(path, handle)
@@ -125,17 +135,24 @@ def skip_member(path: Path, offset: int, *, framed: bool) -> Skip | None:
         # The file's first member, never framed, may be the one whose header is corrupt, magic and all.
         if (offset > framing.first or framed) and handle.read(len(framing.start)) != framing.start:
             return None  # one stream: FastWARC's offset is no member start
-        failed, after, stray = offset, offset + 1, False  # the member that failed, where the next may start
+        failed, after, why = offset, offset + 1, None  # the member that failed, where the next may start
         if framed:
-            end, whole = _member_walk(handle, offset, framing)
+            end, problem = _member_walk(handle, offset, framing)
             if end is not None:
-                next_end, next_whole = _member_at(handle, end, framing)
-                if whole and not next_whole:
-                    failed, after, stray = end, end + 1, next_end is not None
+                next_end, next_problem = _member_at(handle, end, framing)
+                if problem is None and next_problem is not None:
+                    failed, after = end, end + 1
+                    why = next_problem if next_end is not None else None
                 else:
                     failed, after = offset, end
+        else:  # reading began at this member: FastWARC failed on it, and may have on what it decodes to
+            end, problem = _member_walk(handle, offset, framing)
+            if end is not None and problem is not None:
+                failed, after, why = offset, end, problem
         start = _next_record_member(handle, after, framing)
-    return None if start is None else Skip(failed, start, stray)
+    if start is None:
+        return None
+    return Skip(failed, start, why is not None, "" if why is None else f"{why[0]}{why[2]}")
 
 
 def ends_in_padding(path: Path, offset: int, start: int, *, here: int, since: int) -> bool:
@@ -144,56 +161,76 @@ def ends_in_padding(path: Path, offset: int, start: int, *, here: int, since: in
     record it cannot read. So only where the bytes before the padding decode to whole records, exactly
     as many as FastWARC framed: `here` from `offset` where a member starts there (or the file is plain),
     else `since` from `start` (a file compressed as one stream: FastWARC's offsets are no member starts).
-    Costs a look at the file's end where no padding ends it; else a decode of what it covers once more.
+
+    Padding is what follows the end of the last member as its compression frames it, never bytes of a
+    member: an LZ4 frame ends in its four-NUL end mark, a gzip member in its size (NULs high), a zstd
+    frame without checksum in its last record's CRLF CRLF. Taken from the file's last bytes, that was
+    padding in every such file, and the last record, corrupt where its compression cannot tell, was lost
+    without a row. Costs a look at the file's last byte where no padding can end it; else a decode of
+    the records FastWARC framed, and of one more at most.
     """
     with path.open("rb") as handle:
         size = handle.seek(0, io.SEEK_END)
-        end = _padding_start(handle)
-        if end == size:
+        handle.seek(size - 1)
+        if size == 0 or handle.read(1) not in _PADDING:
             return False
         framing = _file_framing(path, handle)
         handle.seek(offset)
         at_member = framing is None or handle.read(len(framing.start)) == framing.start
         origin, records = (offset, here) if at_member else (start, since)
+        padded: list[bool] = []
         try:
-            # A member's last bytes may be padding's too (gzip's size field, NULs high): the last member
-            # runs into it. A plain file is walked to its end, whose padding the walk passes over.
-            problem, count = _walk(_decoded(handle, origin, size if framing is None else end, framing))
+            if framing is None:  # the walk passes over the padding that ends a plain file
+                chunks, padded = _decoded(handle, origin, size), [True]
+            else:
+                chunks = _members_to_padding(handle, origin, size, framing, padded)
+            problem, count = _walk(chunks, most=records)
         except (_Undecodable, OSError):
             return False
-    return problem is None and count == records
+    return problem is None and count == records and padded == [True]
 
 
-def _padding_start(handle: BinaryIO) -> int:
-    """Where the padding that ends the file starts: its size where none does."""
-    position = handle.seek(0, io.SEEK_END)
-    while position > 0:
-        step = min(position, _PROBE)
-        handle.seek(position - step)
-        kept = handle.read(step).rstrip(_PADDING)
-        if kept:
-            return position - step + len(kept)
-        position -= step
-    return 0
-
-
-def _decoded(handle: BinaryIO, origin: int, end: int, framing: _Framing | None) -> Iterator[bytes]:
-    """The file's bytes from `origin` on decoded, member after member until one ends at `end` or past
-    it (`_Undecodable` where one does not decode), in bounded chunks; a plain file's up to `end`."""
+def _members_to_padding(
+    handle: BinaryIO, origin: int, size: int, framing: _Framing, padded: list[bool]
+) -> Iterator[bytes]:
+    """What the members from `origin` on decode to, member after member, until one ends where only
+    padding is left of the file (True appended to `padded`) or at its end (False); `_Undecodable` where
+    one does not decode, or bytes that are neither padding nor a member follow one."""
     position = origin
-    if framing is None:
-        handle.seek(origin)
-        while position < end:
-            chunk = handle.read(min(_CHUNK, end - position))
-            if not chunk:
-                raise _Undecodable("the file is shorter than it was")
-            position += len(chunk)
-            yield chunk
-        return
-    while position < end:
+    while True:
         ends: list[int] = []
         yield from framing.decode(handle, position, ends)
         position = ends[0]
+        if position >= size:
+            padded.append(False)
+            return
+        if _only_padding(handle, position, size):
+            padded.append(True)
+            return
+
+
+def _only_padding(handle: BinaryIO, position: int, size: int) -> bool:
+    """Whether the file's bytes from `position` to its end, `size`, are padding; reads up to the first
+    that is not (the next member's magic, in a file that goes on)."""
+    handle.seek(position)
+    while position < size:
+        chunk = handle.read(min(_PROBE, size - position))
+        if not chunk or chunk.strip(_PADDING):
+            return False
+        position += len(chunk)
+    return True
+
+
+def _decoded(handle: BinaryIO, origin: int, end: int) -> Iterator[bytes]:
+    """A plain file's bytes from `origin` up to `end`, in bounded chunks."""
+    position = origin
+    handle.seek(origin)
+    while position < end:
+        chunk = handle.read(min(_CHUNK, end - position))
+        if not chunk:
+            raise _Undecodable("the file is shorter than it was")
+        position += len(chunk)
+        yield chunk
 
 
 def dictionary_frame(path: Path) -> bytes:
@@ -256,26 +293,34 @@ def _file_framing(path: Path, handle: BinaryIO) -> _Framing | None:
     return _GZIP if compression == "gzip" else _LZ4 if compression == "lz4" else None
 
 
-def _member_at(handle: BinaryIO, offset: int, framing: _Framing) -> tuple[int | None, bool]:
-    """`_member_walk` of the member at `offset`, (None, False) where none starts there."""
+_NOT_DECODED = ("the member does not decode", 0, "")
+
+
+def _member_at(
+    handle: BinaryIO, offset: int, framing: _Framing
+) -> tuple[int | None, tuple[str, int, str] | None]:
+    """`_member_walk` of the member at `offset`, (None, a problem) where none starts there."""
     handle.seek(offset)
     if handle.read(len(framing.start)) != framing.start:
-        return None, False
+        return None, _NOT_DECODED
     return _member_walk(handle, offset, framing)
 
 
-def _member_walk(handle: BinaryIO, offset: int, framing: _Framing) -> tuple[int | None, bool]:
-    """(Where the member at `offset` ends, None if it does not decode to its end; whether what it decodes
-    to is whole WARC records, `walk_records`). Its output is walked as it comes, one chunk in memory."""
+def _member_walk(
+    handle: BinaryIO, offset: int, framing: _Framing
+) -> tuple[int | None, tuple[str, int, str] | None]:
+    """(Where the member at `offset` ends, None if it does not decode to its end; what `walk_records`
+    finds wrong with what it decodes to, None for whole WARC records). Its output is walked as it comes,
+    one chunk in memory."""
     ends: list[int] = []
     chunks = framing.decode(handle, offset, ends)
     try:
-        whole = walk_records(chunks) is None
+        problem = walk_records(chunks)
         for _ in chunks:  # the rest of a member whose walk stopped early (no record in it): to its end
             pass
     except _Undecodable:
-        return None, False
-    return ends[0], whole
+        return None, _NOT_DECODED
+    return ends[0], problem
 
 
 def _gunzip_member(handle: BinaryIO, offset: int, ends: list[int]) -> Iterator[bytes]:
@@ -707,8 +752,9 @@ def walk_records(chunks: Iterable[bytes]) -> tuple[str, int, str] | None:
     return _walk(chunks)[0]
 
 
-def _walk(chunks: Iterable[bytes]) -> tuple[tuple[str, int, str] | None, int]:
-    """`walk_records`' finding, and how many records it walked whole."""
+def _walk(chunks: Iterable[bytes], *, most: int | None = None) -> tuple[tuple[str, int, str] | None, int]:
+    """`walk_records`' finding, and how many records it walked whole; a record's header after `most`
+    records is a finding too (the walk goes no further)."""
     chunks = _coalesced(chunks)
     buffer = b""
     start = 0  # stream position of buffer[0]
@@ -724,8 +770,12 @@ def _walk(chunks: Iterable[bytes]) -> tuple[tuple[str, int, str] | None, int]:
                 if not buffer.strip(_PADDING):  # blank lines, or a writer's padding, end the file
                     return None, records
                 return ("the file ends inside the record header", start, ""), records
-            if len(buffer) > _MAX_HEADER_BYTES:
-                return ("the file holds no WARC record header", start, ""), records
+            if len(buffer) >= MAX_HEADER_BYTES:  # any header end found later makes it too long
+                if buffer.strip(_PADDING):
+                    return ("the file holds no WARC record header", start, _NO_END), records
+                # Padding, of any length, may end the file; its first byte (no CR or LF, stripped
+                # above) is kept, so that a header after it still fails the version line, at `start`.
+                buffer = buffer[:1]
             chunk = next(chunks, b"")
             buffer += chunk
             eof = not chunk
@@ -733,6 +783,11 @@ def _walk(chunks: Iterable[bytes]) -> tuple[tuple[str, int, str] | None, int]:
         if _VERSION_LINE.match(buffer, 0, header_end + 2) is None:
             why = ": it starts with no version line FastWARC reads (WARC/1.0, WARC/1.1, WARC/0.x)"
             return ("the file holds no WARC record header", start, why), records
+        if header_end + 4 > MAX_HEADER_BYTES:
+            why = f": it takes {header_end + 4} bytes, over the {MAX_HEADER_BYTES} FastWARC reads"
+            return ("the file holds a WARC record header longer than FastWARC reads", start, why), records
+        if records == most:
+            return ("the stream holds more records", start, f": over the {most} expected"), records
         match = _CONTENT_LENGTH.search(buffer, 0, header_end)
         if match is None:
             return ("the file ends inside the record header", start, ": no Content-Length"), records

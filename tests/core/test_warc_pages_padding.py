@@ -36,7 +36,13 @@ LAYOUTS: dict[str, tuple[str, Callable[[list[bytes], Path], bytes]]] = {
     "zstd stream": (".warc.zst", lambda records, _: _zstd(b"".join(records))),
     "lz4 stream": (".warc.lz4", lambda records, tmp: lz4_frame(b"".join(records), tmp)),
 }
-PADDING = {"512 NULs": b"\0" * 512, "a CRLF": b"\r\n", "blanks": b" \n\t", "one NUL": b"\0"}
+PADDING = {
+    "512 NULs": b"\0" * 512,
+    "a CRLF": b"\r\n",
+    "blanks": b" \n\t",
+    "one NUL": b"\0",
+    "NULs over a header's bound": b"\0" * (64 << 10),  # the walk's bound on a header is no bound on them
+}
 
 
 def _records() -> list[bytes]:
@@ -68,3 +74,41 @@ def test_padding_after_a_cut_member_is_the_cut_s_row(tmp_path: Path, layout: str
     rows = _rows(path)
     assert [r.error is None for r in rows].count(False) == 1
     assert rows[-1].error is not None
+
+
+def _raw_zstd(data: bytes) -> bytes:
+    """`data` as one zstd frame of one raw block and no checksum, as a writer may store a record: its
+    bytes are the record's, so one can be corrupted where the format cannot tell (RFC 8878: no content
+    size, a 2 MiB window, then a last raw block of `data`)."""
+    assert len(data) < 128 << 10
+    return b"\x28\xb5\x2f\xfd\x00\x58" + (1 | len(data) << 3).to_bytes(3, "little") + data
+
+
+# Frames whose data is checked by nothing, so a corrupt byte still decodes; and a one-bit change to the
+# last record's bytes there (a CR turned to a TAB) that makes FastWARC frame it otherwise than its
+# Content-Length: the LZ4 writer's literals after the version line are copied on into the header's
+# other line ends, so the Content-Length line too is no line of its own for FastWARC.
+UNCHECKED: dict[str, tuple[str, Callable[[bytes, Path], bytes], bytes]] = {
+    "lz4": (".warc.lz4", lz4_frame, b"WARC/1.1\r\n"),
+    "zstd without checksum": (".warc.zst", lambda record, _: _raw_zstd(record), b"\r\nContent-Length"),
+}
+
+
+@pytest.mark.parametrize("layout", UNCHECKED)
+def test_the_last_record_corrupt_where_its_compression_cannot_tell_has_a_row(
+    tmp_path: Path, layout: str
+) -> None:
+    """The file's own last bytes (an LZ4 frame's four-NUL end mark, the CRLF CRLF that ends a record in
+    a zstd frame without checksum) had been taken for padding: FastWARC's failure after the last record,
+    corrupt by one bit, passed for the padding that ends the file, and the record was lost without a
+    row. Padding is only what follows the last frame's end."""
+    suffix, frame, line = UNCHECKED[layout]
+    frames = [frame(record, tmp_path / "frame") for record in _records()]
+    assert line in frames[-1]  # first in the WARC header, before the HTTP head's
+    frames[-1] = frames[-1].replace(line, line.replace(b"\r", b"\t", 1), 1)
+    path = tmp_path / f"crawl{suffix}"
+    path.write_bytes(b"".join(frames))
+    rows = _rows(path)
+    assert [(r.id, r.error) for r in rows[:-1]] == [(f"<urn:uuid:r{i}>", None) for i in range(COUNT - 1)]
+    start = sum(map(len, frames[:-1]))
+    assert rows[-1].error is not None and rows[-1].id == f"crawl{suffix}@{start}"

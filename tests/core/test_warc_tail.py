@@ -7,8 +7,10 @@ import io
 import random
 import time
 import zlib
+from pathlib import Path
 
 import pytest
+from fastwarc.warc import ArchiveIterator
 
 from service.core import warc_tail
 from service.core.warc_tail import walk_records
@@ -43,10 +45,9 @@ def test_the_walk_does_not_depend_on_chunk_boundaries(seed: int) -> None:
 
 def test_the_walk_refuses_what_is_no_warc() -> None:
     assert walk_records([b"\n" * 10]) is None  # separators only
-    assert walk_records([b"WARC/1.1\r\nWARC-Type: response\r\n\r\nbody"])[0].startswith(
-        "the file ends inside"
-    )  # type: ignore[index]
-    assert walk_records([b"x" * (2 << 20)]) == ("the file holds no WARC record header", 0, "")
+    problem = walk_records([b"WARC/1.1\r\nWARC-Type: response\r\n\r\nbody"])
+    assert problem is not None and problem[0].startswith("the file ends inside")
+    assert walk_records([b"x" * (2 << 20)]) == ("the file holds no WARC record header", 0, warc_tail._NO_END)
 
 
 def test_gunzip_streams_members_in_bounded_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -66,7 +67,8 @@ def test_many_tiny_chunks_and_members_take_linear_time(monkeypatch: pytest.Monke
     handed the rest of the chunk read: a stream of one-byte pieces, or a file of one-byte gzip members
     (21 bytes each), was quadratic, minutes for 20 MB."""
     started = time.perf_counter()
-    assert walk_records(iter([b"x"] * 300_000)) == ("the file ends inside the record header", 0, "")
+    no_header = ("the file holds no WARC record header", 0, warc_tail._NO_END)  # over FastWARC's bound
+    assert walk_records(iter([b"x"] * 300_000)) == no_header
     assert time.perf_counter() - started < 2
 
     fed = 0
@@ -119,3 +121,29 @@ def test_the_lz4_frame_check_finds_every_cut(flags: tuple[bool, bool, bool]) -> 
         problem = warc_tail._lz4_frames_problem(io.BytesIO(data[:end]))
         assert (problem is None) == (end in boundaries), (end, problem)
     assert "no LZ4 frame" in (warc_tail._lz4_frames_problem(io.BytesIO(data + b"junk")) or "")
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_the_walk_refuses_a_header_fastwarc_refuses(tmp_path: Path, extra: int) -> None:
+    """A header of `MAX_HEADER_BYTES` (its CRLF CRLF included) is read by both, one byte more by neither:
+    walked up to 1 MiB, a record FastWARC refused was taken for whole, and the page before it blamed."""
+    record = response("a", HttpResponse(b"<p>a</p>"), uri="https://example.com/")
+    header = record.index(b"\r\n\r\n") + 4
+    uri = "https://example.com/" + "a" * (warc_tail.MAX_HEADER_BYTES - header + extra)
+    data = RECORDS[0] + response("b", HttpResponse(b"<p>b</p>"), uri=uri)
+    problem = walk_records([data])
+    path = tmp_path / "crawl.warc"
+    path.write_bytes(data)
+    try:
+        read = len(list(ArchiveIterator(str(path), parse_http=False)))  # FastWARC's own bound, by default
+    except OSError:
+        read = 1
+    if extra:
+        what, at, _ = problem or ("", 0, "")
+        assert (what, at) == (
+            "the file holds a WARC record header longer than FastWARC reads",
+            len(RECORDS[0]),
+        )
+        assert read == 1
+    else:
+        assert problem is None and read == 2
