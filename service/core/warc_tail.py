@@ -448,7 +448,10 @@ class _Zstd:
     output for a fake raw block), took 2 to 4 s per MB of garbage full of frame headers; a candidate's
     first bytes of output are now read where they are stored as they are (a raw block, raw literals),
     and only a block whose first literals are Huffman-coded (or any, with a dictionary) is decoded, given
-    up at its first error: 0.1 to 0.35 s per MB, as gzip's scan."""
+    up at its first error: 0.1 to 0.35 s per MB, as gzip's scan, for most garbage. Not bounded so for every
+    kind: fake frames whose literals are Huffman-coded took 0.9 s per MB, and in a file with a
+    dictionary, where every candidate is decoded (libzstd gives no byte of a block before the whole
+    block), 20-byte fake frames took 5.6 s per MB (a re-review's adversarial files)."""
 
     def __init__(self, dictionary: zstandard.ZstdCompressionDict | None) -> None:
         self._dictionary = dictionary
