@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from service.api.code_stamp import CodeStamp
 from service.api.settings import Settings
-from service.core.worker_health import StartRun, start_check_due, start_trouble
+from service.core.worker_health import StartHealth, start_check_due, start_trouble
 from service.engine import Engine
 
 logger = logging.getLogger("service.api.runtime")
@@ -34,7 +34,7 @@ PROCESS_KILL_GRACE_S = 10.0
 _READY_KNOB = "HTMLLM_UNREADY_AFTER_PASS_S, the request timeout unless set"
 
 
-def start_outage(run: StartRun, refused: bool, now: float, limit: float, workers: str) -> str | None:
+def start_outage(run: StartHealth, refused: bool, now: float, limit: float, workers: str) -> str | None:
     """Why a liveness probe should restart the server for a pool none of whose `workers` can start, or
     None: `refused` (past /ready's threshold: `start_trouble`), and since `limit` s ago
     (`unhealthy_after_s`; probes included). The one rule for the preprocessing and the extractor pools:

@@ -22,7 +22,7 @@ import sys
 import threading
 from dataclasses import dataclass, replace
 from multiprocessing.context import BaseContext
-from typing import Final, Protocol
+from typing import Final
 
 from service.core.processes import forkserver_lost
 
@@ -209,28 +209,15 @@ def warn_retained(pool: str, pid: int | None, gauges: ProcGauges, limit_bytes: i
 
 @dataclass(frozen=True)
 class StartHealth:
-    """How starting a pool's workers has gone lately (`StartRefusals.health`): what a server's readiness and
-    liveness read. A try refused because no worker could start (`WorkerStartError`: the forkserver gone,
-    no process can be forked, the code on disk broken) counts, the jobs refused together once; any job a
-    worker took (whatever became of it) ends the run. Times are `time.monotonic()`."""
+    """How starting a pool's workers has gone lately (`StartRefusals.health`; the Engine's `PoolHealth`):
+    what a server's readiness and liveness read. A try refused because no worker could start
+    (`WorkerStartError`: the forkserver gone, no process can be forked, the code on disk broken) counts,
+    the jobs refused together once; any job a worker took (whatever became of it) ends the run.
+    Times are `time.monotonic()`."""
 
     start_failures: int = 0  # tries in a row refused for want of a worker; jobs refused together count once
     failing_since: float | None = None  # when the first of those was refused
     last_error: str | None = None  # the latest refusal's message
-
-
-class StartRun(Protocol):
-    """What readiness reads of a run of refused starts: `StartHealth`, or a pool's own record of the same
-    three fields (the Engine's `PoolHealth`)."""
-
-    @property
-    def start_failures(self) -> int: ...
-
-    @property
-    def failing_since(self) -> float | None: ...
-
-    @property
-    def last_error(self) -> str | None: ...
 
 
 class StartRefusals:
@@ -275,7 +262,9 @@ class StartRefusals:
         return ended
 
 
-def start_trouble(run: StartRun, after_failures: int, now: float, *, workers: str, jobs: str) -> str | None:
+def start_trouble(
+    run: StartHealth, after_failures: int, now: float, *, workers: str, jobs: str
+) -> str | None:
     """Why a pool's jobs are refused now: `after_failures` tries in a row (at least one) refused for want of
     a worker that starts (`workers`: "extractor process"; `jobs`: what it runs, "pages"), or None. The one
     rule /ready applies to each pool."""
@@ -289,7 +278,7 @@ def start_trouble(run: StartRun, after_failures: int, now: float, *, workers: st
     )
 
 
-def start_check_due(run: StartRun, after_failures: int, now: float, interval_s: float) -> bool:
+def start_check_due(run: StartHealth, after_failures: int, now: float, interval_s: float) -> bool:
     """Whether a run of refusals below `after_failures` has lasted `interval_s` (its first refusal that long
     ago): a probe job then checks the pool, whose success ends the run and whose refusal counts, as the
     backend's check pass does for failed passes. Without it a refusal on an idle pod stayed counted until

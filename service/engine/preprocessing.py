@@ -169,8 +169,7 @@ class Preprocessing:
     def health(self) -> PoolHealth:
         """How starting the processes has gone lately (`PoolHealth`): tries in a row refused for want of
         one, the pages refused together counted once (`_start_failed`)."""
-        run = self._starts.health
-        return PoolHealth(run.start_failures, run.failing_since, run.last_error)
+        return self._starts.health
 
     @property
     def threads(self) -> ThreadPoolExecutor | None:

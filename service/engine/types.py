@@ -12,6 +12,7 @@ import numpy as np
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.modeling import HeadSpec
 from service.core.quantization import QUANTIZED_ONNX_FILES
+from service.core.worker_health import StartHealth
 
 BACKENDS = ("torch", "onnx")
 DEVICES = ("cpu", "cuda")
@@ -272,16 +273,10 @@ class BackendHealth:
     last_failed_at: float | None = None  # when the latest of the failures was counted (None without any)
 
 
-@dataclass(frozen=True)
-class PoolHealth:
-    """How starting the preprocessing processes has gone lately: what readiness and liveness probes read.
-    A try refused because no process could start for it (`ProcessStartError`) counts, the pages refused
-    together (one request's, one blip's) once; any page a process took (answered, or failed by the page
-    itself) ends the run. Times are `time.monotonic()`."""
-
-    start_failures: int = 0  # tries in a row refused for want of a process; pages refused together count once
-    failing_since: float | None = None  # when the first of those was refused
-    last_error: str | None = None  # the latest refusal's message
+# How starting the preprocessing processes has gone lately (`Engine.preprocessing_health`): the record
+# both served pools keep (`worker_health.StartHealth`: tries in a row refused for want of a process, the
+# pages refused together once), under the name the Engine's API has given it.
+PoolHealth = StartHealth
 
 
 @dataclass(frozen=True)
