@@ -780,7 +780,7 @@ def _warn_replaced(model_dir: Path, step: int, run_id: str) -> None:
         return
     old_step = meta.training.get("steps") if meta is not None else None
     which = f"the model of step {old_step}" if isinstance(old_step, int) else "an earlier model"
-    if meta is not None and meta.training.get("run_id") != run_id:
+    if meta is not None and meta.training_run_id != run_id:
         which += " of another run"
     dropped: list[str] = []
     if heads:
