@@ -29,10 +29,20 @@ class SplitData:
     doc_ids: list[str]
 
 
-def load_splits(shards: str | Path, teacher: str | Path) -> tuple[SplitData, SplitData, dict[str, Any]]:
-    """(train, heldout, teacher metadata) from a shards directory and its teacher directory."""
+def load_splits(
+    shards: str | Path, teacher: str | Path | None
+) -> tuple[SplitData, SplitData, dict[str, Any]]:
+    """(train, heldout, provenance) from a shards directory and its teacher directory.
+
+    `teacher` None (a run without distillation): no teacher vectors are read; each split carries an
+    (N, 0) teacher matrix and the provenance's teacher is None.
+    """
     manifest = read_manifest(shards)
-    teacher_meta, arrays = load_teacher_embeddings(teacher, shards)
+    teacher_meta, arrays = (
+        load_teacher_embeddings(teacher, shards)
+        if teacher is not None
+        else (None, [None] * len(manifest["shards"]))
+    )
     parts: dict[str, tuple[list[np.ndarray], list[np.ndarray], list[str]]] = {
         TRAIN: ([], [], []),
         HELDOUT: ([], [], []),
@@ -52,16 +62,20 @@ def load_splits(shards: str | Path, teacher: str | Path) -> tuple[SplitData, Spl
         for row, ids in enumerate(table.column("input_ids").to_pylist()):
             ids_list, vec_list, names = parts[str(splits[row])]
             ids_list.append(np.asarray(ids, dtype=np.int64))
-            vec_list.append(vectors[row])
+            if vectors is not None:
+                vec_list.append(vectors[row])
             names.append(str(doc_ids[row]))
 
     def build(name: str) -> SplitData:
         ids_list, vec_list, names = parts[name]
+        if teacher_meta is None:
+            return SplitData(ids=ids_list, teacher=np.zeros((len(ids_list), 0), np.float32), doc_ids=names)
         dim = teacher_meta.dim
         matrix = np.stack(vec_list).astype(np.float32) if vec_list else np.zeros((0, dim), np.float32)
         return SplitData(ids=ids_list, teacher=matrix, doc_ids=names)
 
-    return build(TRAIN), build(HELDOUT), {"teacher": teacher_meta.__dict__, "shards": manifest}
+    teacher_record = None if teacher_meta is None else teacher_meta.__dict__
+    return build(TRAIN), build(HELDOUT), {"teacher": teacher_record, "shards": manifest}
 
 
 def collate(seqs: list[np.ndarray], *, max_length: int, pad_id: int, sep_id: int) -> tuple[Tensor, Tensor]:

@@ -20,8 +20,8 @@ from typing import Any
 
 from model_training.data import read_manifest
 from model_training.evaluation.tasks import HASH_METRIC
-from model_training.pretrain import CURVE_FILE, SUMMARY_FILE
-from model_training.teacher import read_teacher_meta
+from model_training.final_export import CURVE_FILE, SUMMARY_FILE
+from model_training.teacher import TeacherMeta, read_teacher_meta
 from service.core.checkpoint import copy_checkpoint, load_checkpoint
 from service.core.errors import CheckpointError
 from service.core.modeling import HeadSpec
@@ -176,6 +176,65 @@ def _pretraining_note(summary: dict[str, Any]) -> str:
     return "."
 
 
+def _distilled(training: dict[str, Any]) -> bool:
+    """Whether the run trained the distillation objective, from its checkpoint's `training` record.
+
+    A run with `loss_weights.distil = 0` reads no teacher (its record's `teacher` is null); one from
+    before that, which read a teacher it gave weight 0, did not distil either.
+    """
+    weights = (training.get("config") or {}).get("loss_weights") or {}
+    return training.get("teacher", {}) is not None and weights.get("distil", 1.0) > 0
+
+
+def _teacher_line(teacher: TeacherMeta | None) -> str:
+    """The card's teacher line: which model read what, or that there was none."""
+    if teacher is None:
+        return "- Teacher: none; no distillation was used (`loss_weights.distil = 0`)."
+    return (
+        f"- Teacher: `{teacher.model}` ({teacher.dim}-d) on the page's {teacher.view} "
+        f"(union extraction; {teacher.fallbacks} pages with no extracted text used pruned HTML), "
+        f"truncated to {teacher.max_seq_length} of its tokens."
+    )
+
+
+def _objectives_line(config: dict[str, Any], distilled: bool) -> str:
+    """The card's objectives line, naming distillation only where the run trained it."""
+    distillation = (
+        f", teacher-weighted contrastive distillation (rank-{config.get('distil_rank')} head, "
+        f"temperature {config.get('temperature')})"
+        if distilled
+        else " (no distillation)"
+    )
+    return (
+        f"- Objectives: MLM ({config.get('mask_prob')} masking, 80/10/10, tied decoder), bag-of-words from "
+        f"[CLS]{distillation}; weights {config.get('loss_weights')}, each divided by its first-batch value "
+        "and multiplied by a fresh U(0,1) per step."
+    )
+
+
+def _figure_rows(heldout: dict[str, Any], final: dict[str, Any], distilled: bool) -> list[str]:
+    """The figures table's rows; a run without distillation has no teacher figures to print (a 0.000
+    there read as a measurement)."""
+    pages = f"| Held-out pages | {int(heldout.get('documents', 0))} |"
+    if not distilled:
+        return [
+            pages,
+            f"| MLM / BOW loss, held out | {heldout.get('mlm_loss', 0):.3f} / "
+            f"{heldout.get('bow_loss', 0):.3f} |",
+            f"| MLM / BOW loss, last training step | {final.get('mlm', 0):.3f} / {final.get('bow', 0):.3f} |",
+        ]
+    return [
+        f"| Distillation cosine to the teacher (projected student) | {heldout.get('cosine', 0):.3f} |",
+        f"| Same, constant mean-teacher prediction (the floor) | {heldout.get('centroid_cosine', 0):.3f} |",
+        f"| Teacher retrieval top-1 among held-out pages | {heldout.get('top1', 0):.3f} |",
+        pages,
+        f"| MLM / BOW / distillation loss, held out | {heldout.get('mlm_loss', 0):.3f} / "
+        f"{heldout.get('bow_loss', 0):.3f} / {heldout.get('distil_loss', 0):.3f} |",
+        f"| MLM / BOW / distillation loss, last training step | {final.get('mlm', 0):.3f} / "
+        f"{final.get('bow', 0):.3f} / {final.get('distil', 0):.3f} |",
+    ]
+
+
 def render_card(run: Path, bundle: Path, *, eval_dir: Path | None, curve: Path | None = None) -> str:
     """MODEL_CARD.md from the run's recorded figures; `curve` is where the training curve is copied (None:
     the run's own, where it has one).
@@ -194,12 +253,14 @@ def render_card(run: Path, bundle: Path, *, eval_dir: Path | None, curve: Path |
     tokenizer_report = _load_json(run / "tokenizer" / "training.json")
     shards = read_manifest(run / "shards")
     stats = shards.get("stats", {})
-    teacher = read_teacher_meta(run / "teacher")
+    distilled = _distilled(training)
+    # Without distillation the run read no teacher vectors: run/teacher need not exist.
+    teacher = read_teacher_meta(run / "teacher") if distilled else None
     params = sum(p.numel() for p in checkpoint.model.encoder.parameters())
     seconds = {
         "tokenizer": tokenizer_report.get("seconds"),
         "shards": _load_json(run / "logs" / "data.json").get("seconds"),
-        "teacher": teacher.seconds,
+        "teacher": teacher.seconds if teacher is not None else None,
         "pretraining": _pretraining_seconds(summary),
     }
     corpus = f"`{shards['source']}`" if shards.get("source") else "its corpus"
@@ -232,13 +293,8 @@ def render_card(run: Path, bundle: Path, *, eval_dir: Path | None, curve: Path |
         f"({stats.get('train', '?')} train, {stats.get('heldout', '?')} held out by domain), "
         f"{stats.get('tokens', 0):,} tokens; at most {shards.get('sampling', {}).get('per_domain', '?')} "
         f"pages per domain; skipped: {stats.get('skipped') or 'none'}.",
-        f"- Teacher: `{teacher.model}` ({teacher.dim}-d) on the page's {teacher.view} "
-        f"(union extraction; {teacher.fallbacks} pages with no extracted text used pruned HTML), "
-        f"truncated to {teacher.max_seq_length} of its tokens.",
-        f"- Objectives: MLM ({config.get('mask_prob')} masking, 80/10/10, tied decoder), bag-of-words from "
-        f"[CLS], teacher-weighted contrastive distillation (rank-{config.get('distil_rank')} head, "
-        f"temperature {config.get('temperature')}); weights {config.get('loss_weights')}, each divided by "
-        "its first-batch value and multiplied by a fresh U(0,1) per step.",
+        _teacher_line(teacher),
+        _objectives_line(config, distilled),
         f"- Optimisation: AdamW, peak lr {config.get('lr')}, trapezoidal schedule "
         f"({config.get('warmup_frac')} warm-up, {config.get('cooldown_frac')} cool-down), "
         f"{summary.get('steps')} steps of {config.get('batch_size')} x {config.get('grad_accum')} pages, "
@@ -253,14 +309,7 @@ def render_card(run: Path, bundle: Path, *, eval_dir: Path | None, curve: Path |
         "",
         "| Figure | Value |",
         "|---|---|",
-        f"| Distillation cosine to the teacher (projected student) | {heldout.get('cosine', 0):.3f} |",
-        f"| Same, constant mean-teacher prediction (the floor) | {heldout.get('centroid_cosine', 0):.3f} |",
-        f"| Teacher retrieval top-1 among held-out pages | {heldout.get('top1', 0):.3f} |",
-        f"| Held-out pages | {int(heldout.get('documents', 0))} |",
-        f"| MLM / BOW / distillation loss, held out | {heldout.get('mlm_loss', 0):.3f} / "
-        f"{heldout.get('bow_loss', 0):.3f} / {heldout.get('distil_loss', 0):.3f} |",
-        f"| MLM / BOW / distillation loss, last training step | {final.get('mlm', 0):.3f} / "
-        f"{final.get('bow', 0):.3f} / {final.get('distil', 0):.3f} |",
+        *_figure_rows(heldout, final, distilled),
         "",
         *([f"The training curve is `{curve}`.", ""] if curve is not None else []),
     ]

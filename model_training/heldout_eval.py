@@ -32,7 +32,7 @@ def evaluate(
     *,
     config: TrainConfig,
     device: torch.device,
-    train_centroid: np.ndarray,
+    train_centroid: np.ndarray | None,
 ) -> dict[str, float]:
     """Held-out figures: cosine to the teacher, retrieval top-1, losses.
 
@@ -44,50 +44,69 @@ def evaluate(
     floor the student's cosine must be read against, since sentence embeddings share a large common
     direction. `top1` asks whether each page's projected student vector is closest to its own teacher
     among all held-out teachers.
+
+    A model without a distillation head (a run with `loss_weights.distil = 0`, no teacher) has none of
+    the teacher figures: `cosine`, `centroid_cosine`, `top1` and `distil_loss` are left out, not given as
+    0, which a reader (or the model card) would take for a measurement.
     """
     if not data.ids:
         return {}
     was_training = pretraining.training
     pretraining.eval()
+    distils = pretraining.distils
     special = pretraining.special
     encoder = pretraining.model.encoder
     generator = torch.Generator().manual_seed(EVAL_MASK_SEED)
     masking = MaskingConfig(mask_prob=config.mask_prob)
-    students, sums, weights = [], {"mlm": 0.0, "bow": 0.0, "distil": 0.0}, 0
+    students: list[torch.Tensor] = []
+    sums = dict.fromkeys(("mlm", "bow", "distil") if distils else ("mlm", "bow"), 0.0)
+    weights = 0
     for rows in _batches(len(data.ids), config.eval_batch_size):
         ids, mask = collate(
             data.ids[rows], max_length=config.max_length, pad_id=special.pad, sep_id=special.sep
         )
         masked, labels = pretraining.mask(ids, mask, generator=generator, config=masking)
-        teacher = torch.from_numpy(data.teacher[rows]).to(device)
         ids, mask, masked, labels = ids.to(device), mask.to(device), masked.to(device), labels.to(device)
         # Two passes: the masked input for MLM, the clean one for everything else. The losses switch
         # autocast off inside (float32).
         with autocast(config, device):
             masked_hidden = encoder(input_ids=masked, attention_mask=mask).last_hidden_state
             clean_hidden = encoder(input_ids=ids, attention_mask=mask).last_hidden_state
-            student = pretraining.student(clean_hidden, mask)  # (B, T)
             losses = {
                 "mlm": pretraining.mlm(masked_hidden, labels),
                 "bow": pretraining.bow(clean_hidden, ids, mask),
-                "distil": pretraining.distil(student, teacher, gather=False),
             }
-        students.append(student.float().cpu())
+            if distils:
+                teacher = torch.from_numpy(data.teacher[rows]).to(device)
+                student = pretraining.student(clean_hidden, mask)  # (B, T)
+                losses["distil"] = pretraining.distil(student, teacher, gather=False)
+                students.append(student.float().cpu())
         n = rows.stop - rows.start
         for name in sums:
             sums[name] += float(losses[name]) * n
         weights += n
-    student = torch.cat(students)  # (N, T)
-    teacher_all = torch.from_numpy(data.teacher)
+    pretraining.train(was_training)
+    figures: dict[str, float] = {}
+    if distils:
+        if train_centroid is None:
+            raise ValueError("a model with a distillation head is evaluated against a train_centroid")
+        figures.update(_teacher_figures(torch.cat(students), data.teacher, train_centroid))
+    figures["documents"] = float(weights)
+    figures.update({f"{name}_loss": value / weights for name, value in sums.items()})
+    return figures
+
+
+def _teacher_figures(
+    student: torch.Tensor, teacher: np.ndarray, train_centroid: np.ndarray
+) -> dict[str, float]:
+    """`cosine`, `centroid_cosine` and `top1` of the projected students (N, T) against their teachers."""
+    teacher_all = torch.from_numpy(teacher)
     cosine = distillation_cosine(student, teacher_all)
     sims = nn.functional.normalize(student, dim=-1) @ nn.functional.normalize(teacher_all, dim=-1).t()
     top1 = (sims.argmax(dim=1) == torch.arange(len(student))).float().mean()
     centroid = torch.from_numpy(train_centroid).expand_as(teacher_all)
-    pretraining.train(was_training)
     return {
         "cosine": float(cosine.mean()),
         "centroid_cosine": float(distillation_cosine(centroid, teacher_all).mean()),
         "top1": float(top1),
-        "documents": float(len(student)),
-        **{f"{name}_loss": value / weights for name, value in sums.items()},
     }

@@ -3,8 +3,11 @@
 `train(config)` reads top to bottom as the algorithm (after nanoGPT): set up the process (DDP under
 torchrun), load shards and teacher vectors, build the encoder and the pretraining-only heads, resume if a
 checkpoint exists, then loop: draw the step's loss coefficients, accumulate gradients over micro-batches,
-clip, step AdamW at the trapezoidal learning rate, log, evaluate on held-out pages, checkpoint. The
-model with its pretraining heads is `pretraining_model`'s, the held-out figures `heldout_eval`'s.
+clip, step AdamW at the trapezoidal learning rate, log, evaluate on held-out pages, checkpoint, and once
+the schedule is complete export `model/`. The data is `run_data`'s, the model with its pretraining heads
+`pretraining_model`'s, the held-out figures `heldout_eval`'s, the final outputs `final_export`'s. With
+`loss_weights.distil = 0` the run reads no teacher vectors and builds no distillation head: it trains
+MLM + bag-of-words alone.
 
 Exact resume: a periodic checkpoint is a served-format checkpoint written by `service.core.checkpoint`
 plus `trainer_state.pt` (optimizer, pretraining heads, loss scales, the coefficient and masking
@@ -27,23 +30,34 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from model_training.batches import BatchOrder, collate, load_splits
-from model_training.data import TOKENIZER_FILE, DataError, read_manifest, writable_dir
+from model_training.batches import BatchOrder, collate
+from model_training.data import DataError, writable_dir
 from model_training.devices import resolve_device
+from model_training.final_export import (
+    CURVE_FILE,
+    SUMMARY_FILE,
+    carry_heads,
+    discard_outputs,
+    export_changes,
+    export_copy,
+    own_export,
+    reexport_records,
+    swap_in,
+    warn_replaced,
+)
 from model_training.heldout_eval import evaluate
 from model_training.library_progress import drawn_as_bars, library_bars
 from model_training.objectives import LossAggregator, MaskingConfig
 from model_training.outputs import directories_to_make
 from model_training.pretraining_model import PretrainingModel, all_special_ids, autocast, param_groups
-from model_training.teacher import TEACHER_META_FILE
-from model_training.train_config import DEFAULT_TEACHER_DIR, TrainConfig
+from model_training.run_data import distils, load_run_data
+from model_training.train_config import TrainConfig
 from model_training.train_logs import (
     METRICS_FILE,
     StepLines,
@@ -55,7 +69,6 @@ from model_training.train_logs import (
     truncate_metrics,
 )
 from model_training.training_checkpoints import (
-    SESSION_KEYS,
     check_resumable,
     data_identity,
     discard_checkpoints,
@@ -67,19 +80,14 @@ from model_training.training_checkpoints import (
     session_totals,
     warn_resume_changes,
 )
-from service.core.checkpoint import CheckpointMeta, load_checkpoint, read_meta, save_checkpoint
+from service.core.checkpoint import CheckpointMeta, save_checkpoint
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.made_directories import remove_empty
-from service.core.modeling import HtmlEncoderModel, TaskHead, build_config
+from service.core.modeling import HtmlEncoderModel, build_config
 from service.core.progress import progress_bar
-from service.core.quantization import QUANTIZED_ONNX_FILES
 from service.core.tokenizer import HtmlTokenizer
 
 logger = logging.getLogger(__name__)
-
-SUMMARY_FILE = "summary.json"
-CURVE_FILE = "training_curve.png"
-
 
 # --- schedule ---------------------------------------------------------------------------------------
 
@@ -166,7 +174,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
         raise DataError(f"stop_at_step must be at least 1, got {stop_at_step}")
     # Process setup: one process per GPU under torchrun, else a single process.
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if config.loss_weights.get("distil", 0.0) > 0 and config.batch_size * world < 2:
+    if distils(config) and config.batch_size * world < 2:
         # The contrastive loss takes its negatives from the micro-batch (gathered over the processes):
         # with one document there is none, the loss is exactly 0 and a run with grad_accum would train
         # without distillation while the config says it distils.
@@ -195,28 +203,16 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
     started = time.perf_counter()
 
     try:
-        # Data: token ids per document and the teacher's vector for each, held-out pages set aside. The
-        # manifest first: a wrong --shards is "not a shards directory", not a missing tokenizer file.
-        manifest = read_manifest(config.shards)
-        tokenizer_file = Path(config.shards) / TOKENIZER_FILE
-        tokenizer = HtmlTokenizer.from_file(tokenizer_file)
-        if tokenizer.sha256 != manifest.get("tokenizer_sha256"):
-            # The ids in the shards are only meaningful under the tokenizer that made them: another one of
-            # the same size trains silently and the checkpoint names the wrong tokenizer; a smaller one
-            # fails with an IndexError in the embedding.
-            raise DataError(
-                f"{tokenizer_file} (sha256 {tokenizer.sha256[:16]}) is not the tokenizer the shards were "
-                f"made with (manifest.json records {str(manifest.get('tokenizer_sha256'))[:16]}); restore it "
-                "or re-run `htmllm data prepare`"
-            )
-        _check_teacher_given(config)
-        train_data, heldout, provenance = load_splits(config.shards, config.teacher)
+        # Data: token ids per document and, when the run distils, the teacher's vector for each;
+        # held-out pages set aside.
+        data = load_run_data(config)
     except BaseException:
         # Refused its data (a wrong --shards or --teacher), the run has written nothing: the run directory
         # it made for its checkpoints goes again, where it had been left empty to pass for a run.
         remove_empty(made)
         raise
-    shards_length = int(provenance["shards"].get("max_length") or config.max_length)
+    tokenizer, train_data, heldout, provenance = data.tokenizer, data.train, data.heldout, data.provenance
+    shards_length = data.shards_length or config.max_length
     if master and config.max_length > shards_length:
         # The checkpoint will say max_length and the service will run pages that long, but the encoder
         # never saw a position past the shards' cut: a flag worth seeing before hours of training.
@@ -231,7 +227,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
             shards_length,
             config.max_length,
         )
-    teacher_dim = int(train_data.teacher.shape[1])
+    teacher_dim = data.teacher_dim  # None: no distillation, no teacher
     order = BatchOrder(len(train_data.ids), config.batch_size, seed=config.seed, rank=rank, world=world)
     per_step = config.grad_accum
     total_steps = _run_length(config.max_steps, config.epochs, order.per_epoch, per_step)
@@ -248,9 +244,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
                 len(train_data.ids),
                 config.batch_size * per_step * world,
             )
-    centroid = (
-        train_data.teacher.mean(axis=0) if len(train_data.teacher) else np.zeros(teacher_dim, np.float32)
-    )
+    centroid = data.train_centroid()
 
     # Model: a randomly initialised encoder for the preset, plus the pretraining-only heads.
     model_config = build_config(config.preset, tokenizer, max_length=config.max_length)
@@ -285,9 +279,10 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
         eps=config.eps,
         fused=device.type == "cuda",
     )
-    aggregator = LossAggregator(
-        config.loss_weights, seed=config.seed, random_coefficients=config.random_coefficients
-    )
+    # Without a teacher the distillation loss is not computed at all, so it is no term of the total (and
+    # draws no coefficient): the metrics and the summary leave it out rather than log a 0.
+    weights = {name: weight for name, weight in config.loss_weights.items() if name in pretraining.loss_names}
+    aggregator = LossAggregator(weights, seed=config.seed, random_coefficients=config.random_coefficients)
     mask_generator = torch.Generator().manual_seed(config.seed * 1000 + rank)
     masking = MaskingConfig(mask_prob=config.mask_prob)
 
@@ -300,10 +295,10 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
         # Only when asked: a run that merely finds no checkpoint (deleted to free disk, or an --out that
         # holds a model/ and its heads) keeps what is there until its own export replaces it, and the
         # run id below keeps an old model/ from passing for this run's.
-        _discard_outputs(out)
+        discard_outputs(out)
         discard_checkpoints(checkpoints)
     # The run's identity, written into every checkpoint and the export: model/ counts as this run's
-    # final model only if it was exported from a checkpoint of the same run (`_own_export`). A resume
+    # final model only if it was exported from a checkpoint of the same run (`own_export`). A resume
     # keeps the checkpoint's; a checkpoint from before run ids gets a new one.
     found_training = check_resumable(found, config, tokenizer, teacher_dim) if found is not None else {}
     # The record whose session totals this session's add to (`session_totals`): None for a new run.
@@ -399,7 +394,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
         for group in optimizer.param_groups:
             group["lr"] = lr
         coefficients = aggregator.draw()
-        raw = {"mlm": 0.0, "bow": 0.0, "distil": 0.0}
+        raw = dict.fromkeys(pretraining.loss_names, 0.0)
         total_value = 0.0
         step_tokens = 0  # this process's real (unpadded) tokens of the step
 
@@ -413,7 +408,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
                 sep_id=special.sep,
             )
             masked, labels = pretraining.mask(ids, mask, generator=mask_generator, config=masking)
-            teacher = torch.from_numpy(train_data.teacher[rows]).to(device)
+            teacher = None if teacher_dim is None else torch.from_numpy(train_data.teacher[rows]).to(device)
             ids, mask, masked, labels = ids.to(device), mask.to(device), masked.to(device), labels.to(device)
             last_micro = not distributed or micro == per_step - 1
             sync = contextlib.nullcontext() if last_micro else _no_sync(engine)
@@ -502,9 +497,9 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
     finished_before = master and step >= total_steps and step == resumed_step
     # model/ as this run's export of this step, if it is: with changed export options (`name`,
     # `export_dtype`, `max_length`) it is exported again, its task heads carried over.
-    own_export = _own_export(model_dir_done, step, found_run_id) if finished_before else None
-    export_changes = _export_changes(own_export, config) if own_export is not None else []
-    if own_export is not None and not export_changes:
+    own_model = own_export(model_dir_done, step, found_run_id) if finished_before else None
+    changes = export_changes(own_model, config) if own_model is not None else []
+    if own_model is not None and not changes:
         # The command run again after the run finished: model/ is this run's export of this step
         # already, and may have task heads trained into it since (`htmllm heads train`); exporting
         # again would drop them.
@@ -513,11 +508,11 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
         summary_file = out / SUMMARY_FILE
         summary = json.loads(summary_file.read_text(encoding="utf-8")) if summary_file.is_file() else {}
     elif master and step >= total_steps:
-        if own_export is not None:
+        if own_model is not None:
             # Exported again with other options: nothing was trained, so the summary and the training
             # record stay the training's (a session's zero tokens and seconds had replaced them); the
             # re-export is added to them as such.
-            summary, export_training = _reexport_records(own_export, config, export_changes)
+            summary, export_training = reexport_records(own_model, config, changes)
         else:
             if not evaluation:
                 evaluation = evaluate(
@@ -538,11 +533,9 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
             }
             export_training = {**training_meta, **summary}
         model_dir = model_dir_done
-        export = _export_copy(pretraining.model, config.export_dtype)
-        if own_export is not None:
-            _carry_heads(
-                model_dir_done, own_export, export, export_changes, step=step, max_length=config.max_length
-            )
+        export = export_copy(pretraining.model, config.export_dtype)
+        if own_model is not None:
+            carry_heads(model_dir_done, own_model, export, changes, step=step, max_length=config.max_length)
         # Written beside and swapped in, as the periodic checkpoints: a kill mid-write leaves the
         # previous model/ (or none), never a mix of two models' files.
         # The summary and curve go first: model/ is the last thing written, so a model/ of this run
@@ -558,9 +551,9 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
             )
         (out / SUMMARY_FILE).write_text(strict_json(summary, indent=2) + "\n", encoding="utf-8")
         plot_curves(metrics_file, out / CURVE_FILE)
-        if own_export is None:
-            _warn_replaced(model_dir, step, run_id)
-        _swap_in(tmp, model_dir)
+        if own_model is None:
+            warn_replaced(model_dir, step, run_id)
+        swap_in(tmp, model_dir)
     if writer is not None:
         writer.close()
     if distributed:
@@ -605,27 +598,6 @@ def _check_finite(
         )
 
 
-def _check_teacher_given(config: TrainConfig) -> None:
-    """Refuse a run without teacher vectors in a line that says where the path came from.
-
-    "runs/teacher/teacher.json is missing" named a path the user never gave (the config's default), and
-    a user who had set loss_weights.distil = 0, as the batch-size error suggests, expected none needed.
-    """
-    if (Path(config.teacher) / TEACHER_META_FILE).is_file():
-        return
-    given = (
-        ""
-        if config.teacher != DEFAULT_TEACHER_DIR
-        else " (the default: neither the config nor --teacher set one)"
-    )
-    raise DataError(
-        f"no teacher vectors in {config.teacher}{given}: {TEACHER_META_FILE} is missing; run `htmllm teacher "
-        f"embed --input {config.shards} --out DIR` and pass --teacher DIR (or set teacher in the config). "
-        "They are read even with loss_weights.distil = 0: the distillation head and the held-out figures "
-        "are built on them"
-    )
-
-
 def _all_processes(tokens: int, *, device: torch.device, distributed: bool) -> int:
     """The tokens of a step over all processes (one scalar all-reduce under DDP).
 
@@ -639,214 +611,7 @@ def _all_processes(tokens: int, *, device: torch.device, distributed: bool) -> i
     return int(count.item())
 
 
-def _own_export(model_dir: Path, step: int, run_id: str | None) -> CheckpointMeta | None:
-    """`model_dir`'s htmllm.json if it is the final export of `step` of the run `run_id` (the run of the
-    checkpoint resumed from), else None.
-
-    The run id, not the step or config: a run started over with --no-resume and killed between its
-    final checkpoint and the export has the same step and possibly the same name, and its predecessor's
-    model/ must not pass for its own. `run_id` None is a checkpoint from before run ids: compared as then.
-    """
-    try:
-        meta = read_meta(model_dir)
-    except HtmllmError:
-        return None
-    training = meta.training
-    if run_id is not None and training.get("run_id") != run_id:
-        return None
-    return meta if training.get("steps") == step else None
-
-
-# The keys of a config that shape the export of a finished run; the others cannot change a model whose
-# training is over.
-EXPORT_KEYS = ("name", "export_dtype", "max_length")
-
-
-def _export_changes(meta: CheckpointMeta, config: TrainConfig) -> list[str]:
-    """The export options of `config` that differ from those `meta`'s export was made with."""
-    saved = meta.training.get("config") or {}
-    return [
-        f"{key} {saved.get(key)!r} -> {getattr(config, key)!r}"
-        for key in EXPORT_KEYS
-        if saved.get(key) != getattr(config, key)
-    ]
-
-
-# The keys of summary.json (a subset of the export's `training` record): a re-export carries them over.
-SUMMARY_KEYS = (
-    "steps",
-    "total_steps",
-    "train_documents",
-    "heldout_documents",
-    "tokens_seen_this_session",
-    "seconds_this_session",
-    *SESSION_KEYS,
-    "heldout",
-    "final_train",
-    "run_id",
-    "exports",
-)
-
-
-def _reexport_records(
-    meta: CheckpointMeta, config: TrainConfig, changes: list[str]
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """summary.json and the `training` record of a finished run exported again with `changes`.
-
-    Both are those of the training, read from `meta` (the run's own export, so its run id and step
-    are checked): its figures, data and config, with only the export options (`EXPORT_KEYS`) of
-    `config` applied, and the re-export appended to `exports` (what changed, and when, in UTC).
-    The held-out figures stay those measured at the end of training, at the length it trained at.
-    """
-    training = dict(meta.training)
-    saved = training.get("config") or {}
-    exports = [
-        *training.get("exports", []),
-        {"changes": changes, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
-    ]
-    training["config"] = {**saved, **{key: getattr(config, key) for key in EXPORT_KEYS}}
-    training["exports"] = exports
-    summary = {key: training[key] for key in SUMMARY_KEYS if key in training}
-    return summary, training
-
-
-def _carry_heads(
-    model_dir: Path,
-    meta: CheckpointMeta,
-    export: HtmlEncoderModel,
-    changes: list[str],
-    *,
-    step: int,
-    max_length: int,
-) -> None:
-    """Attach the task heads of `model_dir` (this run's export of `step`) to its new export.
-
-    Only the export options changed: the encoder's weights are the same (at most cast to another dtype)
-    and the heads, trained on its embeddings (`htmllm heads train`), stay valid; exported whole, the
-    model had lost them. Their recorded metrics were measured at the length of the old export.
-    """
-    what = ", ".join(changes)
-    if not meta.heads:
-        logger.info("%s is the model of step %d; exporting it again with %s", model_dir, step, what)
-        return
-    try:
-        heads = load_checkpoint(model_dir).model.heads
-    except HtmllmError as exc:  # heads/ damaged by hand: the export goes on without them, said
-        logger.warning(
-            "%s is the model of step %d, exported again with %s; its task heads cannot be read and are "
-            "not carried over (%s): train them again with `htmllm heads train`",
-            model_dir,
-            step,
-            what,
-            exc,
-        )
-        return
-    for head in heads.values():
-        export.add_head(cast(TaskHead, head))
-    logger.info(
-        "%s is the model of step %d; exporting it again with %s, its task heads carried over: %s",
-        model_dir,
-        step,
-        what,
-        ", ".join(heads),
-    )
-    old_length = (meta.training.get("config") or {}).get("max_length")
-    if old_length is not None and old_length != max_length:
-        logger.warning(
-            "the metrics htmllm.json records for the task heads (%s) were measured at max_length %s; "
-            "the model is now served at %d: run `htmllm heads train` again to measure them there",
-            ", ".join(heads),
-            old_length,
-            max_length,
-        )
-
-
-def _warn_replaced(model_dir: Path, step: int, run_id: str) -> None:
-    """Say what of an earlier `model_dir` the export of `step` of run `run_id` replacing it does not carry
-    over.
-
-    A run trained on past its old end, or started again after its checkpoints were deleted, exports a
-    new encoder: the task heads trained into the earlier model/ (`htmllm heads train`) fit the old
-    encoder's embeddings, and its ONNX graphs hold the old weights, so neither is kept. They went without
-    a word, and the user learned it from a service that served no heads.
-    """
-    try:
-        meta = read_meta(model_dir)
-    except HtmllmError:  # no model/ (the usual case), or one without a readable htmllm.json: none to name
-        meta = None
-    heads = [head.name for head in meta.heads] if meta is not None else []
-    graphs = sorted(path.name for path in model_dir.glob("*.onnx"))
-    if not heads and not graphs:
-        return
-    old_step = meta.training.get("steps") if meta is not None else None
-    which = f"the model of step {old_step}" if isinstance(old_step, int) else "an earlier model"
-    if meta is not None and meta.training_run_id != run_id:
-        which += " of another run"
-    dropped: list[str] = []
-    if heads:
-        dropped.append(
-            f"its task heads {', '.join(heads)} (trained on the old encoder's embeddings): train them "
-            f"again with `htmllm heads train --checkpoint {model_dir} --tasks TASKS_DIR`"
-        )
-    if graphs:
-        quantized = {file: kind for kind, file in QUANTIZED_ONNX_FILES.items()}
-        commands = [
-            f"`htmllm export-onnx --checkpoint {model_dir}"
-            + (f" --quantize {quantized[graph]}`" if graph in quantized else "`")
-            for graph in graphs
-        ]
-        dropped.append(
-            f"its ONNX graphs {', '.join(graphs)} (of the old weights): export again with "
-            f"{' and '.join(commands)}"
-        )
-    logger.warning(
-        "%s held %s; the model of step %d replaces it without %s",
-        model_dir,
-        which,
-        step,
-        "; and without ".join(dropped),
-    )
-
-
-def _discard_outputs(out: Path) -> None:
-    """Remove the final outputs of an earlier run in `out` (model/, summary, curve) before a new run.
-
-    model/ is renamed out of the way first (one atomic step) and deleted after: a kill leaves either the
-    whole old model/ or none, never part of one.
-    """
-    model_dir = out / "model"
-    gone = out / "model.discarded"
-    shutil.rmtree(gone, ignore_errors=True)
-    if model_dir.exists():
-        logger.info("a new run in %s: removing the earlier run's model/, summary and curve", out)
-        os.replace(model_dir, gone)
-    for leftover in (gone, out / "model.tmp", out / "model.old"):
-        shutil.rmtree(leftover, ignore_errors=True)
-    for file in (out / SUMMARY_FILE, out / CURVE_FILE):
-        file.unlink(missing_ok=True)
-
-
-def _swap_in(new: Path, target: Path) -> None:
-    """Replace directory `target` by the complete directory `new`."""
-    old = target.with_name(target.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if target.exists():
-        os.replace(target, old)
-    os.replace(new, target)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def _no_sync(engine: nn.Module) -> contextlib.AbstractContextManager[Any]:
     """DDP's `no_sync`: skip the gradient all-reduce on micro-batches before the step's last."""
     context: contextlib.AbstractContextManager[Any] = engine.no_sync()  # type: ignore[operator]
     return context
-
-
-def _export_copy(model: HtmlEncoderModel, dtype_name: str) -> HtmlEncoderModel:
-    """The model on CPU in the export dtype (a copy: the live one keeps training precision)."""
-    import copy
-
-    dtype = getattr(torch, dtype_name)
-    export = copy.deepcopy(model).cpu()
-    export.encoder.to(dtype)
-    return export

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from model_training.objectives import (
+    LOSS_NAMES,
     DistillationHead,
     MaskingConfig,
     MlmHead,
@@ -33,7 +34,10 @@ class PretrainingModel(nn.Module):
     """The encoder plus the heads that exist only while pretraining (MLM transform, distillation).
 
     The losses themselves are computed in float32 with autocast off (`objectives.full_precision`), so a
-    caller may run the whole forward under bf16 autocast.
+    caller may run the whole forward under bf16 autocast. `teacher_dim` None is a run without
+    distillation (`loss_weights.distil = 0`, no teacher): no distillation head is built, rather than one
+    that is never trained, so its parameters are not in the optimizer nor its random projection in the
+    held-out figures, and `forward` returns the MLM and BOW losses only.
     """
 
     def __init__(
@@ -41,7 +45,7 @@ class PretrainingModel(nn.Module):
         model: HtmlEncoderModel,
         special: SpecialIds,
         *,
-        teacher_dim: int,
+        teacher_dim: int | None,
         rank: int,
         temperature: float,
         special_ids: Sequence[int] | None = None,
@@ -54,8 +58,20 @@ class PretrainingModel(nn.Module):
         self.special_ids = sorted(set(_ids(special)) | set(special_ids or ()))
         hidden, vocab = model.embedding_dim, int(model.config.vocab_size)
         self.mlm_head = MlmHead(hidden, vocab, eps=float(model.config.norm_eps))
-        self.distil_head = DistillationHead(hidden, teacher_dim, rank=rank)
+        self.distil_head: DistillationHead | None = (
+            None if teacher_dim is None else DistillationHead(hidden, teacher_dim, rank=rank)
+        )
         self.temperature = temperature
+
+    @property
+    def distils(self) -> bool:
+        """Whether this model has a distillation head (the run trains with a teacher)."""
+        return self.distil_head is not None
+
+    @property
+    def loss_names(self) -> tuple[str, ...]:
+        """The losses `forward` returns, in `objectives.LOSS_NAMES` order."""
+        return tuple(name for name in LOSS_NAMES if self.distils or name != "distil")
 
     def mask(
         self, input_ids: Tensor, attention_mask: Tensor, *, generator: torch.Generator, config: MaskingConfig
@@ -88,6 +104,8 @@ class PretrainingModel(nn.Module):
 
     def student(self, hidden: Tensor, attention_mask: Tensor) -> Tensor:
         """The pooled embedding projected into the teacher's space, (B, T)."""
+        if self.distil_head is None:
+            raise RuntimeError("this model was built without a distillation head (teacher_dim None)")
         projected: Tensor = self.distil_head(self.model.pool(hidden, attention_mask))
         return projected
 
@@ -102,19 +120,21 @@ class PretrainingModel(nn.Module):
         attention_mask: Tensor,
         masked_ids: Tensor,
         labels: Tensor,
-        teacher: Tensor,
+        teacher: Tensor | None,
         *,
         gather: bool = True,
     ) -> dict[str, Tensor]:
+        """The losses of one micro-batch: "mlm", "bow" and, with a distillation head, "distil"."""
         # One forward pass over the corrupted input serves all three objectives: a second, clean pass
         # for BOW/distillation would double the cost for little gain (masking acts as augmentation).
         # Held-out figures do take the clean pass (`heldout_eval.evaluate`).
         hidden = self.model.encoder(input_ids=masked_ids, attention_mask=attention_mask).last_hidden_state
-        return {
-            "mlm": self.mlm(hidden, labels),
-            "bow": self.bow(hidden, input_ids, attention_mask),
-            "distil": self.distil(self.student(hidden, attention_mask), teacher, gather=gather),
-        }
+        losses = {"mlm": self.mlm(hidden, labels), "bow": self.bow(hidden, input_ids, attention_mask)}
+        if self.distil_head is not None:
+            if teacher is None:
+                raise ValueError("a model with a distillation head needs the batch's teacher vectors")
+            losses["distil"] = self.distil(self.student(hidden, attention_mask), teacher, gather=gather)
+        return losses
 
 
 def _ids(special: SpecialIds) -> list[int]:

@@ -95,7 +95,7 @@ class StepLines:
 
     def log(self, step: int, raw: dict[str, float], total: float, lr: float, tokens_seen: int) -> None:
         """Log step `step`; `tokens_seen` counts this session's real (unpadded) tokens so far, of all
-        processes."""
+        processes. `raw` holds the losses the run trains ("distil" only where it distils)."""
         now = self._clock()
         elapsed = now - self._since
         rate = (tokens_seen - self._tokens) / elapsed if elapsed > 0 else 0.0
@@ -107,12 +107,10 @@ class StepLines:
             redirect = logging_redirect_tqdm()
         with redirect:
             logger.info(
-                "step %d/%d: mlm %.4f, bow %.4f, distil %.4f (weighted total %.4f), lr %.3g, %.0f %s",
+                "step %d/%d: %s (weighted total %.4f), lr %.3g, %.0f %s",
                 step,
                 self.total_steps,
-                raw["mlm"],
-                raw["bow"],
-                raw["distil"],
+                ", ".join(f"{name} {value:.4f}" for name, value in raw.items()),
                 total,
                 lr,
                 rate,
@@ -159,7 +157,11 @@ def last_train_record(metrics_file: Path) -> dict[str, Any]:
 
 
 def plot_curves(metrics_file: str | Path, png: str | Path) -> None:
-    """The three training losses (raw and smoothed) and the held-out cosine, one PNG."""
+    """The three training losses (raw and smoothed) and the held-out cosine, one PNG.
+
+    A run without distillation (`loss_weights.distil = 0`) logs no distillation loss and no cosine:
+    those panels stay empty.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -171,7 +173,8 @@ def plot_curves(metrics_file: str | Path, png: str | Path) -> None:
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
     for ax, name in zip(axes[:3], ("mlm", "bow", "distil"), strict=True):
         steps = [r["step"] for r in train_records]
-        values = np.asarray([r[name] for r in train_records], dtype=float)  # a null (non-finite) is NaN
+        # A null (non-finite) is NaN, and so is a loss the run does not train.
+        values = np.asarray([r.get(name) for r in train_records], dtype=float)
         ax.plot(steps, values, alpha=0.35, label="train (per step)")
         if len(values) >= 5:
             window = max(2, len(values) // 20)
@@ -184,13 +187,14 @@ def plot_curves(metrics_file: str | Path, png: str | Path) -> None:
         ax.set_xlabel("step")
         ax.legend(fontsize=7)
     ax = axes[3]
-    if heldout:
+    cosines = [r for r in heldout if "cosine" in r]
+    if cosines:
         ax.plot(
-            [r["step"] for r in heldout], [r["cosine"] for r in heldout], "o-", label="student vs teacher"
+            [r["step"] for r in cosines], [r["cosine"] for r in cosines], "o-", label="student vs teacher"
         )
         ax.plot(
-            [r["step"] for r in heldout],
-            [r["centroid_cosine"] for r in heldout],
+            [r["step"] for r in cosines],
+            [r["centroid_cosine"] for r in cosines],
             "--",
             label="mean-teacher floor",
         )

@@ -5,7 +5,7 @@ resume must refuse a checkpoint of another model and say when the data or its or
 `train` writes into `checkpoints/` (a served-format checkpoint plus `trainer_state.pt`, the `latest`
 pointer, pruning, the --no-resume cleanup), how it finds and loads the newest one, and the content
 identity of the data it records (`training.data_identity`) live here, apart from the loop in `pretrain`;
-the run's final outputs (`model/`, summary, curve) stay with the export there.
+the run's final outputs (`model/`, summary, curve) are `final_export`'s.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def save_training_checkpoint(
         "step": step,
         "optimizer": optimizer.state_dict(),
         "mlm_head": pretraining.mlm_head.state_dict(),
-        "distil_head": pretraining.distil_head.state_dict(),
+        # None: a run without distillation has no head (`PretrainingModel`, teacher_dim None).
+        "distil_head": None if pretraining.distil_head is None else pretraining.distil_head.state_dict(),
         "aggregator": aggregator.state_dict(),
         "mask_generator": mask_generator.get_state(),
         "torch_rng": torch.get_rng_state(),
@@ -164,7 +165,7 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode("utf-8")).hexdigest()
 
 
-def data_identity(provenance: dict[str, Any]) -> dict[str, str]:
+def data_identity(provenance: dict[str, Any]) -> dict[str, str | None]:
     """Content identity of the shards and teacher vectors a run trains on, recorded in its checkpoints.
 
     The shards' manifest lists every shard's row-id hash, the split counts, sampling, prune version and
@@ -173,12 +174,17 @@ def data_identity(provenance: dict[str, Any]) -> dict[str, str]:
     a crawl) tells a resume that the data behind the same paths changed.
     """
     manifest = {k: v for k, v in provenance["shards"].items() if k != "source"}
-    return {"shards": _digest(manifest), "teacher": _digest(_teacher_fields(provenance["teacher"]))}
+    teacher = provenance["teacher"]
+    return {
+        "shards": _digest(manifest),
+        # None: a run without distillation reads no teacher vectors (`run_data`).
+        "teacher": None if teacher is None else _digest(_teacher_fields(teacher)),
+    }
 
 
-def _teacher_fields(teacher: dict[str, Any]) -> dict[str, Any]:
+def _teacher_fields(teacher: dict[str, Any] | None) -> dict[str, Any]:
     """teacher.json's fields that say which vectors they are (not where or how fast they were made)."""
-    return {k: v for k, v in teacher.items() if k not in _TEACHER_VOLATILE}
+    return {k: v for k, v in (teacher or {}).items() if k not in _TEACHER_VOLATILE}
 
 
 def _data_changes(training: dict[str, Any], provenance: dict[str, Any], config: TrainConfig) -> list[str]:
@@ -191,7 +197,7 @@ def _data_changes(training: dict[str, Any], provenance: dict[str, Any], config: 
     now = data_identity(provenance)
     stats_then = training.get("data") or {}
     stats_now = provenance["shards"].get("stats") or {}
-    teacher_then = _teacher_fields(training.get("teacher") or {})
+    teacher_then = _teacher_fields(training.get("teacher"))
     teacher_now = _teacher_fields(provenance["teacher"])
     if isinstance(recorded, dict):
         shards_changed = recorded.get("shards") != now["shards"]
@@ -220,10 +226,15 @@ def _data_changes(training: dict[str, Any], provenance: dict[str, Any], config: 
 
 
 def check_resumable(
-    path: Path, config: TrainConfig, tokenizer: HtmlTokenizer, teacher_dim: int
+    path: Path, config: TrainConfig, tokenizer: HtmlTokenizer, teacher_dim: int | None
 ) -> dict[str, Any]:
     """Refuse to resume from a checkpoint of another model; returns its `training` record (its run id
-    among it), read once here.
+    among it), read once here. `teacher_dim` None is a run without distillation (no teacher, no head).
+
+    Distillation on or off is part of the model: a run with a distillation head (every checkpoint from
+    before `loss_weights.distil = 0` meant "no teacher" has one, whatever its weight) has the head's
+    weights and AdamW moments in its state, and a run without has neither, so one cannot continue the
+    other; a change of weight between two values above 0 is only a loss setting (`warn_resume_changes`).
 
     What a resume would train differently (`warn_resume_changes`) is said apart, once the step is known:
     a finished run run again only exports, and a warning about documents it does not train on misled.
@@ -234,12 +245,32 @@ def check_resumable(
     hint = _start_over_hint(config)
     if meta.tokenizer_sha256 != tokenizer.sha256:
         raise DataError(f"cannot resume from {path}: it was trained with another tokenizer; {hint}")
+    # A record with "teacher" null was trained without distillation; one without the key is from before
+    # the teacher was recorded, when every run had a distillation head.
+    saved_teacher = training.get("teacher", {})
+    distilled = saved_teacher is not None
+    if distilled and teacher_dim is None:
+        dim = saved_teacher.get("dim") if isinstance(saved_teacher, dict) else None
+        raise DataError(
+            f"cannot resume from {path}: it was trained with a distillation head (teacher vectors of "
+            f"{dim if dim is not None else 'unknown'} dimensions), which a run with loss_weights.distil = 0 "
+            f"does not build: resume it with loss_weights.distil above 0 and its teacher (--teacher), or "
+            f"{hint}"
+        )
+    if not distilled and teacher_dim is not None:
+        raise DataError(
+            f"cannot resume from {path}: it was trained without distillation (loss_weights.distil = 0, no "
+            f"teacher) and has no distillation head to continue: resume it with loss_weights.distil = 0, "
+            f"or {hint}"
+        )
     current = config.to_dict()
-    changed = [k for k in RESUME_FIXED_KEYS if k in saved and saved[k] != current[k]]
+    # The distillation rank shapes a head a run without distillation does not have.
+    fixed = [k for k in RESUME_FIXED_KEYS if distilled or k != "distil_rank"]
+    changed = [k for k in fixed if k in saved and saved[k] != current[k]]
     if changed:
         what = ", ".join(f"{k} {saved[k]!r} -> {current[k]!r}" for k in changed)
         raise DataError(f"cannot resume from {path}: the config changed ({what}); {hint}")
-    saved_dim = training.get("teacher", {}).get("dim")
+    saved_dim = saved_teacher.get("dim") if isinstance(saved_teacher, dict) else None
     if saved_dim is not None and int(saved_dim) != teacher_dim:
         raise DataError(
             f"cannot resume from {path}: its teacher vectors had {saved_dim} dimensions, "
@@ -382,7 +413,18 @@ def restore(
             f"remove {path} to resume from the checkpoint before it, or start over with --no-resume"
         ) from exc
     pretraining.mlm_head.load_state_dict(state["mlm_head"])
-    pretraining.distil_head.load_state_dict(state["distil_head"])
+    saved_head = state.get("distil_head")
+    if (saved_head is None) != (pretraining.distil_head is None):
+        # `check_resumable` refuses this from htmllm.json; a trainer_state.pt that disagrees with its
+        # htmllm.json was put there by hand, and the optimizer's groups would not match either.
+        raise DataError(
+            f"cannot resume from {path}: its {STATE_FILE} "
+            + ("has no distillation head" if saved_head is None else "has a distillation head")
+            + f" and this run {'distils' if pretraining.distil_head is not None else 'does not'}; "
+            "start over with --no-resume"
+        )
+    if pretraining.distil_head is not None:
+        pretraining.distil_head.load_state_dict(saved_head)
     saved_optimizer = state["optimizer"]
     changed = optimizer_changes(saved_optimizer, optimizer)
     optimizer.load_state_dict(with_live_settings(saved_optimizer, optimizer))

@@ -12,11 +12,16 @@ from typing import Any
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser = subparsers.add_parser(
         "train",
-        help="pretrain with MLM + bag-of-words + teacher distillation (torchrun --nproc-per-node N for DDP)",
+        help="pretrain with MLM + bag-of-words + teacher distillation (loss_weights.distil = 0: no teacher; "
+        "torchrun --nproc-per-node N for DDP)",
     )
     parser.add_argument("--config", type=Path, default=None, help="TOML config (see configs/*.toml)")
     parser.add_argument("--shards", default=None, help="shards directory (overrides the config)")
-    parser.add_argument("--teacher", default=None, help="teacher vectors directory (overrides the config)")
+    parser.add_argument(
+        "--teacher",
+        default=None,
+        help="teacher vectors directory (overrides the config; not read with loss_weights.distil = 0)",
+    )
     parser.add_argument("--out", default=None, help="run directory: checkpoints, logs, model/ (overrides)")
     parser.add_argument("--preset", default=None, help="model size: tiny, mini, small, base (overrides)")
     parser.add_argument(

@@ -52,12 +52,8 @@ def _five(tokenizer: HtmlTokenizer) -> list[int]:
     return [special.pad, special.unk, special.cls, special.sep, special.mask]
 
 
-def _build_run_inputs(root: Path, *, documents: int = 40) -> tuple[Path, Path]:
-    """Shards of generated pruned pages and teacher vectors that depend on each page's words.
-
-    The teacher is a fixed random projection of the page's bag of tokens: pages sharing vocabulary get
-    similar vectors, so distillation has something learnable, without loading an embedding model.
-    """
+def _build_shards(root: Path, *, documents: int = 40) -> tuple[Path, list[Document], HtmlTokenizer]:
+    """Shards of generated pruned pages in `root/shards`, every tenth page held out: no teacher."""
     tokenizer = build_tiny_tokenizer()
     pages = generate_pruned_pages(documents, seed=11)
     docs: list[Document] = []
@@ -82,7 +78,16 @@ def _build_run_inputs(root: Path, *, documents: int = 40) -> tuple[Path, Path]:
     shards = root / "shards"
     entries = write_shards(docs, shards, shard_size=16)
     write_manifest(shards, tokenizer, entries, prune_version="test-prune", max_length=96)
+    return shards, docs, tokenizer
 
+
+def _build_run_inputs(root: Path, *, documents: int = 40) -> tuple[Path, Path]:
+    """Shards of generated pruned pages and teacher vectors that depend on each page's words.
+
+    The teacher is a fixed random projection of the page's bag of tokens: pages sharing vocabulary get
+    similar vectors, so distillation has something learnable, without loading an embedding model.
+    """
+    shards, docs, tokenizer = _build_shards(root, documents=documents)
     projection = np.random.default_rng(0).standard_normal((tokenizer.vocab_size, TEACHER_DIM))
     arrays = []
     for start in range(0, len(docs), 16):

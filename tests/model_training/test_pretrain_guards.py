@@ -185,18 +185,18 @@ def test_a_model_name_the_service_cannot_serve_is_refused_with_the_config(name: 
 def test_missing_teacher_vectors_say_where_the_path_came_from(
     run_inputs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """ "runs/teacher/teacher.json is missing" named a path the user never gave, also to one who had set
-    loss_weights.distil = 0 and expected no teacher to be needed."""
+    """ "runs/teacher/teacher.json is missing" named a path the user never gave. The line also names the
+    way to train with no teacher at all (loss_weights.distil = 0, which used to need the vectors too:
+    test_pretrain_without_teacher)."""
     monkeypatch.chdir(tmp_path)  # where runs/teacher is not
-    no_distil = {"mlm": 1.0, "bow": 1.0, "distil": 0.0}
-    config = _config(run_inputs, "no-teacher", teacher="runs/teacher", loss_weights=no_distil)
+    config = _config(run_inputs, "no-teacher", teacher="runs/teacher")
     with pytest.raises(HtmllmError) as refused:
         train(config)
     assert str(refused.value) == (
         "no teacher vectors in runs/teacher (the default: neither the config nor --teacher set one): "
         f"teacher.json is missing; run `htmllm teacher embed --input {run_inputs / 'shards'} --out DIR` and "
-        "pass --teacher DIR (or set teacher in the config). They are read even with loss_weights.distil = "
-        "0: the distillation head and the held-out figures are built on them"
+        "pass --teacher DIR (or set teacher in the config), or set loss_weights.distil = 0 to train without "
+        "distillation (MLM and bag-of-words only)"
     )
     with pytest.raises(
         HtmllmError, match=r"^no teacher vectors in /nowhere/vectors: teacher\.json is missing"

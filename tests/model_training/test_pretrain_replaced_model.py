@@ -45,7 +45,7 @@ def test_training_past_the_end_says_which_heads_and_graphs_the_new_model_drops(
     model_dir = train(_config(run_inputs, "longer", max_steps=2, eval_every=0)).model_dir
     assert model_dir is not None
     _heads_and_graph(model_dir)
-    with caplog.at_level(logging.INFO, logger="model_training.pretrain"):
+    with caplog.at_level(logging.INFO, logger="model_training.final_export"):
         assert train(_config(run_inputs, "longer", max_steps=3, eval_every=0)).steps == 3
     assert load_checkpoint(out / "model").meta.heads == []
     assert not list((out / "model").glob("*.onnx"))
@@ -58,7 +58,7 @@ def test_training_past_the_end_says_which_heads_and_graphs_the_new_model_drops(
     ]
     # Run again, it is its own model: nothing replaced, nothing said.
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="model_training.pretrain"):
+    with caplog.at_level(logging.INFO, logger="model_training.final_export"):
         train(_config(run_inputs, "longer", max_steps=3, eval_every=0))
     assert _warnings(caplog) == []
 
@@ -73,7 +73,7 @@ def test_a_run_whose_checkpoints_were_deleted_says_what_the_earlier_models_expor
     _heads_and_graph(model_dir)
     (model_dir / "model.int8.onnx").unlink()
     shutil.rmtree(out / "checkpoints")  # to free disk: the run starts from step 0 again
-    with caplog.at_level(logging.INFO, logger="model_training.pretrain"):
+    with caplog.at_level(logging.INFO, logger="model_training.final_export"):
         assert train(_config(run_inputs, "deleted", max_steps=2, eval_every=0)).steps == 2
     assert load_checkpoint(out / "model").meta.heads == []
     (warning,) = _warnings(caplog)

@@ -38,7 +38,7 @@ def test_a_run_started_over_and_killed_before_its_export_does_not_keep_the_old_m
         raise KeyboardInterrupt
 
     with monkeypatch.context() as patch:
-        patch.setattr(pretrain, "_swap_in", killed)
+        patch.setattr(pretrain, "swap_in", killed)
         with pytest.raises(KeyboardInterrupt):
             train(_config(run_inputs, "over", lr=2e-3, **common), resume=False)
     # --no-resume used to leave the earlier run's model/ in place (and its summary with it) ...
@@ -69,7 +69,7 @@ def test_a_plain_run_that_finds_no_checkpoint_keeps_the_earlier_model_until_its_
         raise KeyboardInterrupt
 
     with monkeypatch.context() as patch:
-        patch.setattr(pretrain, "_swap_in", killed)
+        patch.setattr(pretrain, "swap_in", killed)
         with pytest.raises(KeyboardInterrupt):
             train(_config(run_inputs, "kept", lr=2e-3, **common))
     assert _trained_lr(model_dir) == 3e-3  # still the earlier model, whole

@@ -122,7 +122,7 @@ def test_re_exporting_a_finished_run_with_other_export_options_keeps_its_task_he
     assert model_dir is not None
     _add_head(model_dir)
     head_before = load_checkpoint(model_dir).model.heads["kind"].state_dict()
-    with caplog.at_level(logging.INFO, logger="model_training.pretrain"):
+    with caplog.at_level(logging.INFO, logger="model_training.final_export"):
         again = train(_config(run_inputs, out_name, **common, **changed))
     assert again.model_dir == model_dir and again.steps == 2
     checkpoint = load_checkpoint(model_dir)
