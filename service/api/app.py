@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import __version__
 from service.api.api_keys import ApiKeys
@@ -45,6 +46,7 @@ from service.api.schemas import (
 )
 from service.api.settings import Settings
 from service.api.timing import TimingMiddleware
+from service.core.errors import HtmllmError
 from service.core.extract.pool import POOL_NAME as EXTRACTOR_POOL
 from service.engine import Engine, ShuttingDownError, collector
 from service.engine.preprocessing import POOL_NAME as PREPROCESSING_POOL
@@ -175,29 +177,69 @@ async def _stop(engine: Engine, drain_timeout_s: float) -> bool:
     return True
 
 
-def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
-    """The app for `settings`; `engine` (not started) is used instead of loading `settings.model_path`."""
+async def _start(runtime: Runtime) -> Engine:
+    """The lifespan's start: the engine loaded (unless given), fingerprinted, observed and started."""
+    settings, metrics = runtime.settings, runtime.metrics
+    if runtime.engine is None:
+        runtime.engine = await asyncio.to_thread(load_engine, settings)
+    running = runtime.engine
+    # The fingerprint the engine's loading process took of what it loaded (a given engine was
+    # loaded from `settings.model_path` too, `serve`): not the files there now.
+    runtime.checkpoint = await asyncio.to_thread(served_identity, running.info, settings.model_path)
+    running.observer = EngineMetricsObserver(metrics)
+    if running.config.preprocess_pool == "process":  # threads are never replaced: no series for them
+        metrics.watch_worker_pool(PREPROCESSING_POOL)
+    runtime.loop = asyncio.get_running_loop()
+    await running.start()
+    runtime.started = True
+    return running
+
+
+class StartFailureLine:
+    """The lifespan's start failed with a typed error (`Runtime.start_failure`: a worker process that could
+    not start, out of file descriptors): uvicorn logs it as one line, not Starlette's whole traceback
+    (about 100 lines, the cause buried at their end), which is what a failed start sends it. Any other
+    failure keeps its traceback: a bug's is what to read. Other scopes pass through untouched."""
+
+    def __init__(self, app: ASGIApp, *, runtime: Runtime) -> None:
+        self.app = app
+        self.runtime = runtime
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_one_line(message: Message) -> None:
+            failure = self.runtime.start_failure
+            if message["type"] == "lifespan.startup.failed" and failure is not None:
+                message = {**message, "message": f"the server cannot start: {failure}"}
+            await send(message)
+
+        await self.app(scope, receive, send_one_line)
+
+
+def create_app(
+    settings: Settings, engine: Engine | None = None, *, api_keys: ApiKeys | None = None
+) -> FastAPI:
+    """The app for `settings`; `engine` (not started) is used instead of loading `settings.model_path`, and
+    `api_keys` (`settings`' own, as `serve` checked them before the load) instead of reading them again:
+    each reading logs what it found, and a key file holding no key had been said twice."""
     metrics = ServiceMetrics()
     # Started on the first /v1/extract (`Runtime.extraction`), counted from 0 before it: a rate() alert
     # on its replacements has a series from the start.
     metrics.watch_worker_pool(EXTRACTOR_POOL)
-    api_keys = ApiKeys(settings.api_key, settings.api_key_file)  # an unusable key file fails here
+    if api_keys is None:
+        api_keys = ApiKeys(settings.api_key, settings.api_key_file)  # an unusable key file fails here
     runtime = Runtime(settings=settings, metrics=metrics, api_keys=api_keys, engine=engine)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if runtime.engine is None:
-            runtime.engine = await asyncio.to_thread(load_engine, settings)
-        running = runtime.engine
-        # The fingerprint the engine's loading process took of what it loaded (a given engine was
-        # loaded from `settings.model_path` too, `serve`): not the files there now.
-        runtime.checkpoint = await asyncio.to_thread(served_identity, running.info, settings.model_path)
-        running.observer = EngineMetricsObserver(metrics)
-        if running.config.preprocess_pool == "process":  # threads are never replaced: no series for them
-            metrics.watch_worker_pool(PREPROCESSING_POOL)
-        runtime.loop = asyncio.get_running_loop()
-        await running.start()
-        runtime.started = True
+        try:
+            running = await _start(runtime)
+        except HtmllmError as exc:  # said in one line (`StartFailureLine`)
+            runtime.start_failure = exc.message
+            raise
         gc_pauses = GcPauseObserver(metrics)  # installed once the warm-up has frozen what was loaded
         warm = asyncio.create_task(_warm_up_then_collect(runtime, running, gc_pauses))
         try:
@@ -293,6 +335,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         max_age_s=settings.connection_max_age_s,
         unready=runtime.unready_reason,
     )
+    app.add_middleware(StartFailureLine, runtime=runtime)  # the lifespan's alone
     install_openapi(
         app,
         description=DESCRIPTION,

@@ -539,7 +539,9 @@ def _start(
 
         configure_logging(settings.log_level, settings.log_format)
         try:
-            ApiKeys(settings.api_key, settings.api_key_file)  # before the model: a bad key file is quick
+            # Before the model: a bad key file is quick. Handed to the app, which would read them again
+            # and say again what it found (a key file holding no key: a warning twice).
+            api_keys = ApiKeys(settings.api_key, settings.api_key_file)
         except HtmllmError as exc:  # a setting that cannot work, as a bad HTMLLM_API_KEY is (it exited 1)
             sys.stderr.write(f"htmllm serve: invalid settings: {exc}\n")
             return 2
@@ -549,7 +551,7 @@ def _start(
         listeners = [unserved.enter_context(s) for s in bind_listeners(settings.host, settings.port)]
         engine = load_engine(settings)
         unserved.callback(engine.close)
-        app = create_app(settings, engine)
+        app = create_app(settings, engine, api_keys=api_keys)
         config = uvicorn_config(app, settings)
         server = uvicorn.Server(config)
         listen(listeners, config.backlog, settings.host, settings.port)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from service.api.code_stamp import CodeStamp
 from service.api.settings import Settings
 from service.core.worker_health import StartHealth, start_check_due, start_trouble
+from service.core.workers import STARTUP_TIMEOUT_S
 from service.engine import Engine
 
 logger = logging.getLogger("service.api.runtime")
@@ -25,10 +26,13 @@ logger = logging.getLogger("service.api.runtime")
 # How many changed files a message names.
 _CHANGED_SHOWN = 3
 # With processes, a page's try on a preprocessing process ends by its process's time limit (within the
-# request timeout: `Settings.engine_config`); this much more is left for the kill and the reaping (up to
-# 5 s for the process to exit, 1 s for one dying on its own: `WorkerPool`) before the call is stuck. Per
-# try: a page whose process was killed from outside is tried again in a fresh one (up to twice), each try
-# with its own limit, and its age starts again then (`RunningJobs.retried`).
+# request timeout: `Settings.engine_config`), after the start of a process where none was idle (up to
+# STARTUP_TIMEOUT_S, which the pool holds it to: a slow start that succeeds is no stuck pool; counted
+# from the try's start, a 100 s start had turned /ready 503 as "stuck" 40 s in); this much more is left
+# for the kill and the reaping (up to 5 s for the process to exit, 1 s for one dying on its own:
+# `WorkerPool`) before the call is stuck. Per try: a page whose process was killed from outside is tried
+# again in a fresh one (up to twice), each try with its own limit, and its age starts again then
+# (`RunningJobs.retried`).
 PROCESS_KILL_GRACE_S = 10.0
 # What a job on a preprocessing thread is held to, as a forward pass is (`Settings.stalled_pass_s`).
 _READY_KNOB = "HTMLLM_UNREADY_AFTER_PASS_S, the request timeout unless set"
@@ -82,8 +86,8 @@ class PreprocessingReadiness:
         longer than the request timeout (big pages, few CPUs) raises the knob: fixed at the request
         timeout, four 9.5 MB pages at once on a 2 s timeout had turned /ready 503. With processes the pool
         kills a page's process at its time limit and starts another, and the page's try ends with it: one
-        that outlives the limit by PROCESS_KILL_GRACE_S says the pool itself is stuck. It clears as soon
-        as the job ends."""
+        that outlives a process's start, the limit and PROCESS_KILL_GRACE_S says the pool itself is stuck.
+        It clears as soon as the job ends."""
         began = engine.preprocessing_running_since
         limit = self._stuck_after(engine, settings)
         if began is None or limit is None or now - began < limit:
@@ -180,7 +184,7 @@ class PreprocessingReadiness:
         """How long a preprocessing job (one try of it, with processes) may run before it is stuck; None:
         never (on threads, `HTMLLM_UNREADY_AFTER_PASS_S=0`)."""
         if engine.config.preprocess_pool == "process":
-            return settings.request_timeout_s + PROCESS_KILL_GRACE_S
+            return settings.request_timeout_s + STARTUP_TIMEOUT_S + PROCESS_KILL_GRACE_S
         return settings.stalled_pass_s
 
     def _stuck_message(self, engine: Engine, running: float, limit: float, knob: str) -> str:
@@ -189,7 +193,8 @@ class PreprocessingReadiness:
         if engine.config.preprocess_pool == "process":
             return (
                 f"a page's try on a preprocessing process has run for {running:.0f} s (the limit is "
-                f"{limit:g} s: the process's time limit, the kill and the reaping): the pool is stuck"
+                f"{limit:g} s: a process's start, its time limit, the kill and the reaping): the pool is "
+                "stuck"
             )
         return (
             f"a preprocessing thread has run one job for {running:.0f} s (the limit is {limit:g} s, "

@@ -27,7 +27,7 @@ from service.api.metrics import ServiceMetrics
 from service.api.preprocessing_readiness import PreprocessingReadiness, start_outage
 from service.api.settings import Settings
 from service.core.errors import ErrorCode, HtmllmError
-from service.core.worker_health import RecurringWarning
+from service.core.worker_health import RecurringWarning, StartHealth, start_check_due, start_trouble
 from service.engine import Engine
 from service.engine.collector import CollectorState
 
@@ -181,6 +181,7 @@ class Runtime:
     warmup_error: str | None = None  # the last failed warm-up's error, until one succeeds
     warmup_attempts: int = 0  # warm-ups tried so far
     warmup_failing_since: float | None = None  # `clock()` when the first warm-up failed, until one succeeds
+    start_failure: str | None = None  # why the lifespan's start failed (a typed error), said in one line
     collector: CollectorState | None = None  # the garbage collector set for serving, after the warm-up
     drain_deadline: float | None = None  # time.monotonic() by which shutdown must be done
     drain_cut_short: bool = False  # the drain budget ran out: queued documents or uploads were failed 503
@@ -197,6 +198,9 @@ class Runtime:
     clock: Callable[[], float] = time.monotonic
     _cutoff: asyncio.Task[None] | None = None
     _probe: PacedProbe = field(default_factory=PacedProbe)  # the backend's passes
+    # Failed probe and check passes: said once a minute at most (one every PROBE_INTERVAL_S while the
+    # backend stays broken), as the pools' failed probes are.
+    _probe_failures: RecurringWarning = field(default_factory=lambda: RecurringWarning(logger))
     _stall_logged: bool = False  # /ready has logged a stalled pass and not yet its end
     # The preprocessing pools' readiness: refused tries, a stuck job, the code replaced on disk.
     preprocessing: PreprocessingReadiness = field(default_factory=PreprocessingReadiness)
@@ -323,6 +327,27 @@ class Runtime:
         if self.clock() - last >= PROBE_INTERVAL_S:
             self._start_probe(check=True)
 
+    def check_refused_starts(self) -> None:
+        """For the /metrics scrape: check a run of refused starts below /ready's threshold that has lasted
+        PROBE_INTERVAL_S, for the preprocessing processes (a probe page) and the extractor processes (a
+        probe job), as /ready does (`start_check_due`) and as `check_failed_passes` checks failed passes:
+        its success ends the run, its refusal counts. Without it a pod that only Prometheus watches (no
+        readiness probe) kept a refusal counted until a page or job came, blips days apart added up to
+        "tries in a row" and `htmllm_ready` turned 0 on a sound pool; and a pool that broke on an idle
+        pod never reached the threshold, `htmllm_ready` 1 throughout. Cheap, and paced as /ready's
+        probes are (one at a time, at most every PROBE_INTERVAL_S). Past the threshold nothing here:
+        the pod is unready, and its probes (and its traffic's tries) are /ready's, whose onset is logged
+        there. Not before the warm-up succeeded nor once shutdown began, as the probes themselves."""
+        engine = self.engine
+        if engine is None or self.not_serving() is not None:
+            return
+        now, after = self.clock(), self.settings.unready_after_failures
+        if start_check_due(engine.preprocessing_health, after, now, PROBE_INTERVAL_S):
+            self._start_pool_probe()
+        pool = self.extractor_pool
+        if pool is not None and pool.start_trouble(after, now) is None:
+            pool.observe_start_trouble(after, now)  # below the threshold: only its check, when due
+
     def stalled_pass(self) -> str | None:
         """Why the backend cannot answer in time although nothing failed, or None: one forward pass has
         run for `Settings.stalled_pass_s` (the request timeout by default). Each document in that pass
@@ -387,7 +412,12 @@ class Runtime:
         if outage is not None and outage.permanent:
             return outage.reason
         now = self.clock()
-        refused = self.preprocessing.refusals(self.engine, self.settings, now) or self.extraction_trouble()
+        # The extractor pool's run, read once: whether it is refused and since when, read apart, can
+        # disagree (a job taking a worker, or refused, between the two reads).
+        pool = self.extractor_pool
+        run = pool.start_health if pool is not None else StartHealth()
+        extraction = self._extraction_refused(run, now)
+        refused = self.preprocessing.refusals(self.engine, self.settings, now) or extraction
         restart = self.preprocessing.restart_needed(refused)
         if restart is not None:
             return restart
@@ -410,15 +440,16 @@ class Runtime:
         self.preprocessing_trouble()
         self.extraction_trouble(observe=True)
         pools = self.preprocessing.unhealthy(self.engine, self.settings, now, limit)
-        return pools or self._extraction_outage(now, limit)
+        return pools or start_outage(run, extraction is not None, now, limit, "extractor process")
 
-    def _extraction_outage(self, now: float, limit: float) -> str | None:
-        """`start_outage` for the extractor pool: no extractor process has started for `limit` s."""
+    def _extraction_refused(self, run: StartHealth, now: float) -> str | None:
+        """`ExtractorPool.start_trouble` of the extractor pool's `run`, read by the caller (once), or None:
+        no pool, or one closed (it refuses on purpose)."""
         pool = self.extractor_pool
-        if pool is None:
+        if pool is None or pool.closed:
             return None
-        refused = pool.start_trouble(self.settings.unready_after_failures, now) is not None
-        return start_outage(pool.start_health, refused, now, limit, "extractor process")
+        after = self.settings.unready_after_failures
+        return start_trouble(run, after, now, workers=f"{pool.name} process", jobs="extraction jobs")
 
     def observe_health(self) -> str | None:
         """`unhealthy`, for /health: its turn to 503 is logged once, as an error with the reason ("a restart
@@ -446,8 +477,11 @@ class Runtime:
         try:
             await engine.probe(check=check)
         except Exception as exc:  # its outcome is in engine.health; the log says why
-            logger.warning("backend %s failed: %s", kind, exc)
+            # Once a minute at most: the onset and the end of the fault /ready says once each
+            # (`backend_trouble`'s reason), and the count is the gauge's.
+            self._probe_failures.log(time.monotonic(), "backend %s failed: %s", kind, exc)
         else:
+            self._probe_failures.reset()
             logger.info("backend %s succeeded: the backend serves again", kind)
 
     def _start_pool_probe(self) -> None:

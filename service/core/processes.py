@@ -2,13 +2,17 @@
 they and the helpers multiprocessing starts with them outlive the signals sent to the whole process group
 (`group_signals_held`), how it gets a forkserver back that can no longer start them (`restart_forkserver`)
 or does not answer (`forkserver_deadline`), whether a worker's forkserver can still tell its exit status
-(`forkserver_lost`), and what a start that failed left open (`close_failed_start`)."""
+(`forkserver_lost`), what a start that failed left open (`close_failed_start`), and how a start out of file
+descriptors is said: one line naming the limit and how to raise it (`launch_failure`), the forkserver's end
+included (`_ForkserverExit`), where each had been a raw traceback."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import multiprocessing
 import os
+import resource
 import signal
 import stat
 import sys
@@ -16,7 +20,7 @@ import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from multiprocessing import forkserver, process, resource_tracker
 from multiprocessing.context import BaseContext
-from types import CodeType
+from types import CodeType, TracebackType
 from typing import Any, Final
 
 try:
@@ -70,7 +74,9 @@ def worker_context(preload: Sequence[str]) -> BaseContext:
     """
     if sys.platform.startswith("linux"):
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(list(preload))
+        # This module first: imported by the forkserver, it says the forkserver's end in one line
+        # (`_ForkserverExit`), whatever the rest of `preload` does.
+        ctx.set_forkserver_preload([__name__, *preload])
         return ctx
     return multiprocessing.get_context("spawn")
 
@@ -378,3 +384,76 @@ def _close(*fds: object) -> None:
         if isinstance(fd, int):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def out_of_descriptors(error: BaseException | None) -> bool:
+    """Whether `error` is a process's failure for want of file descriptors: its own limit reached (EMFILE)."""
+    return isinstance(error, OSError) and error.errno == errno.EMFILE
+
+
+def descriptor_limit() -> str:
+    """What a start that ran out of file descriptors says of them: the limit this process runs with (its
+    forkserver's and workers' too), and how to raise it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft >= hard:  # only a privileged change raises it
+        how = f"raise it and its hard limit ({hard}): `ulimit -n` as root, the container's nofile ulimit"
+    else:
+        above = "" if hard == resource.RLIM_INFINITY else f", up to {hard}"
+        how = f"raise it with `ulimit -n` before starting the server{above}, or the container's nofile ulimit"
+    return f"the limit is {soft} open files (RLIMIT_NOFILE): {how}"
+
+
+def launch_failure(error: BaseException) -> str:
+    """Why a worker's process could not be launched, for a message: out of file descriptors, with the limit
+    and how to raise it (`descriptor_limit`), rather than `[Errno 24] Too many open files`; else the
+    error's class and text."""
+    if out_of_descriptors(error):
+        return f"too many open files: {descriptor_limit()}"
+    return f"{type(error).__name__}: {error}"
+
+
+class _ForkserverExit:
+    """`sys.excepthook` in the forkserver, which CPython ends with a traceback whenever a start fails under
+    it: one line instead, for the failures a server out of file descriptors causes, with the limit and how
+    to raise it. A client that could not make its second pipe (EMFILE) hangs up unsent, and the
+    forkserver's read of the start dies of it (EOFError); a forkserver out of descriptors itself fails its
+    accept (EMFILE). Either way it exits, and the server's next start launches a new one. Any other
+    error, and any error in a process it forked (whose failed start CPython reports through this hook
+    too: an import that fails), keeps its traceback."""
+
+    def __init__(self, previous: Any) -> None:
+        self._previous = previous
+        self._pid = os.getpid()
+
+    def __call__(
+        self, kind: type[BaseException], error: BaseException, traceback: TracebackType | None
+    ) -> None:
+        said = os.getpid() == self._pid and (issubclass(kind, EOFError) or out_of_descriptors(error))
+        if not said:
+            self._previous(kind, error, traceback)
+            return
+        if isinstance(error, EOFError):
+            cause = "a worker start was abandoned unsent, as one out of file descriptors is"
+        else:
+            cause = "too many open files"
+        sys.stderr.write(
+            f"htmllm: the workers' forkserver {self._pid} exits: {cause} ({descriptor_limit()}); the next "
+            "start launches another\n"
+        )
+        sys.stderr.flush()
+
+
+def _imported_by_forkserver() -> bool:
+    """Whether this module is being imported by CPython's forkserver, as one of its `preload` modules."""
+    main = getattr(forkserver, "main", None)
+    code = getattr(main, "__code__", None)
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+if _imported_by_forkserver():
+    sys.excepthook = _ForkserverExit(sys.excepthook)

@@ -68,6 +68,8 @@ from service.core.processes import (
     forkserver_in_use,
     group_signals_held,
     ignore_group_signals,
+    launch_failure,
+    out_of_descriptors,
     restart_forkserver,
     start_forkserver,
     worker_context,
@@ -303,7 +305,7 @@ class _Worker:
         try:
             parent, child = ctx.Pipe(duplex=True)
         except OSError as exc:  # no file descriptors left
-            raise _LaunchError(f"{name} worker could not be launched: {type(exc).__name__}: {exc}") from exc
+            raise _LaunchError(f"{name} worker could not be launched: {launch_failure(exc)}") from exc
         process: BaseProcess = ctx.Process(  # type: ignore[attr-defined]
             target=_worker_main, args=(child, *args), name=name, daemon=True
         )
@@ -323,7 +325,7 @@ class _Worker:
                     f" within {answered.timeout_s:g} s (stopped?) and was killed",
                     forkserver_replaced=True,
                 ) from exc
-            raise _LaunchError(f"{name} worker could not be launched: {type(exc).__name__}: {exc}") from exc
+            raise _LaunchError(f"{name} worker could not be launched: {launch_failure(exc)}") from exc
         child.close()
         self.process = process
         self.conn = parent
@@ -604,7 +606,16 @@ class WorkerPool:
             _log.warning(
                 "%s; trying once more%s", exc.message, ", from a new forkserver" if restarted else ""
             )
-        return _Worker(self._ctx, self.name, self._worker_args)
+            first = exc.message if out_of_descriptors(exc.__cause__) else None
+        try:
+            return _Worker(self._ctx, self.name, self._worker_args)
+        except _LaunchError as again:
+            if first is None or out_of_descriptors(again.__cause__):
+                raise
+            # A start out of descriptors after it reached the forkserver ends it (`_ForkserverExit`), and
+            # the next meets it dying (refused, or cut off): the limit, not that, is what to act on.
+            retried = again.message.removeprefix(f"{self.name} worker could not be launched: ")
+            raise _LaunchError(f"{first} (once more: {retried})") from again
 
     def _release(self, worker: _Worker, *, healthy: bool) -> None:
         with self._cond:
@@ -706,6 +717,11 @@ class WorkerPool:
         if cause is not None:
             return WorkerLostError(f"its {self.name} worker {cause}", exit_code=exit_code)
         return WorkerDiedError(message, exit_code=exit_code)
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` was called: the pool refuses every job on purpose (no worker's fault)."""
+        return self._closed
 
     @property
     def live_workers(self) -> int:

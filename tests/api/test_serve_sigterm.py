@@ -80,7 +80,7 @@ def test_a_sigterm_after_the_load_closes_the_engine(
         monkeypatch.setattr(engine, "close", lambda: closed.append(True))
         return engine
 
-    def create_app(settings: object, engine: object) -> object:
+    def create_app(settings: object, engine: object, **_: object) -> object:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(30)
         raise AssertionError("the start was not stopped")

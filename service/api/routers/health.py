@@ -55,13 +55,14 @@ async def ready(runtime: RuntimeDep) -> ReadyResponse:
     backend fails (`HTMLLM_UNREADY_AFTER_FAILURES` passes in a row, until a pass or probe succeeds),
     while no preprocessing process can start (as many tries in a row refused for it, pages refused
     together counting once, until one or a probe page gets one), while a preprocessing job is stuck
-    (on a thread, past `HTMLLM_UNREADY_AFTER_PASS_S`; one try on a process, past the request timeout and
-    10 s), while no extractor process can start (as many tries in a row refused for it, a request's
-    jobs refused together counting once, until one or a probe job gets one), and while one pass has run
-    past `HTMLLM_UNREADY_AFTER_PASS_S` (the request timeout by default). A run of refusals below the
-    threshold is checked by a probe page or job once it has lasted 5 s: its success ends it. The
-    condition is `Runtime.unready_reason`'s; while it holds every answer closes its connection. A 503
-    here is a probe's answer, not a request failure (not counted in `htmllm_request_failures_total`)."""
+    (on a thread, past `HTMLLM_UNREADY_AFTER_PASS_S`; one try on a process, past the request timeout, a
+    worker's start (120 s) and 10 s), while no extractor process can start (as many tries in a row
+    refused for it, a request's jobs refused together counting once, until one or a probe job gets one),
+    and while one pass has run past `HTMLLM_UNREADY_AFTER_PASS_S` (the request timeout by default). A
+    run of refusals below the threshold is checked by a probe page or job once it has lasted 5 s (by
+    /ready and by the /metrics scrape): its success ends it. The condition is `Runtime.unready_reason`'s;
+    while it holds every answer closes its connection. A 503 here is a probe's answer, not a request
+    failure (not counted in `htmllm_request_failures_total`)."""
     engine = runtime.engine
     refused = runtime.not_serving()
     if refused is not None:
@@ -157,8 +158,11 @@ async def metrics(runtime: RuntimeDep) -> Response:
     # of failing or stalled passes and of the drain.
     runtime.metrics.ready.set(1 if runtime.unready_reason() is None else 0)
     # A run of failed passes that no traffic follows is checked (at most every few seconds), so that
-    # the gauge below returns to 0 on an idle pod whose backend serves, not only /ready's count.
+    # the gauge below returns to 0 on an idle pod whose backend serves, not only /ready's count; and so
+    # is a run of refused worker starts below /ready's threshold, which `htmllm_ready` then follows
+    # without a readiness probe.
     runtime.check_failed_passes()
+    runtime.check_refused_starts()
     if runtime.engine is not None:  # read at scrape time: the engine keeps the count
         runtime.metrics.backend_failures.set(runtime.engine.health.failures)
         runtime.metrics.set_build(**build_identity(runtime.engine.info))
