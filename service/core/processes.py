@@ -4,7 +4,7 @@ they and the helpers multiprocessing starts with them outlive the signals sent t
 or does not answer (`forkserver_deadline`), whether a worker's forkserver can still tell its exit status
 (`forkserver_lost`), what a start that failed left open (`close_failed_start`), and how a start out of file
 descriptors is said: one line naming the limit and how to raise it (`launch_failure`), the forkserver's end
-included (`_ForkserverExit`), where each had been a raw traceback."""
+included (`service.core.forkserver_exit`), where each had been a raw traceback."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from multiprocessing import forkserver, process, resource_tracker
 from multiprocessing.context import BaseContext
-from types import CodeType, TracebackType
+from types import CodeType
 from typing import Any, Final
 
 try:
@@ -56,6 +56,11 @@ _LAUNCH_CODE: Final = (
 )
 
 
+# Preloaded into the forkserver before any other module (`worker_context`): its import installs the
+# forkserver's one-line exit (`forkserver_exit.ForkserverExit`).
+FORKSERVER_EXIT_MODULE: Final = "service.core.forkserver_exit"
+
+
 def worker_context(preload: Sequence[str]) -> BaseContext:
     """forkserver on Linux, spawn elsewhere.
 
@@ -74,9 +79,9 @@ def worker_context(preload: Sequence[str]) -> BaseContext:
     """
     if sys.platform.startswith("linux"):
         ctx = multiprocessing.get_context("forkserver")
-        # This module first: imported by the forkserver, it says the forkserver's end in one line
-        # (`_ForkserverExit`), whatever the rest of `preload` does.
-        ctx.set_forkserver_preload([__name__, *preload])
+        # `forkserver_exit` first: imported by the forkserver, it says the forkserver's end in one line,
+        # whatever the rest of `preload` does.
+        ctx.set_forkserver_preload([FORKSERVER_EXIT_MODULE, *preload])
         return ctx
     return multiprocessing.get_context("spawn")
 
@@ -410,50 +415,3 @@ def launch_failure(error: BaseException) -> str:
     if out_of_descriptors(error):
         return f"too many open files: {descriptor_limit()}"
     return f"{type(error).__name__}: {error}"
-
-
-class _ForkserverExit:
-    """`sys.excepthook` in the forkserver, which CPython ends with a traceback whenever a start fails under
-    it: one line instead, for the failures a server out of file descriptors causes, with the limit and how
-    to raise it. A client that could not make its second pipe (EMFILE) hangs up unsent, and the
-    forkserver's read of the start dies of it (EOFError); a forkserver out of descriptors itself fails its
-    accept (EMFILE). Either way it exits, and the server's next start launches a new one. Any other
-    error, and any error in a process it forked (whose failed start CPython reports through this hook
-    too: an import that fails), keeps its traceback."""
-
-    def __init__(self, previous: Any) -> None:
-        self._previous = previous
-        self._pid = os.getpid()
-
-    def __call__(
-        self, kind: type[BaseException], error: BaseException, traceback: TracebackType | None
-    ) -> None:
-        said = os.getpid() == self._pid and (issubclass(kind, EOFError) or out_of_descriptors(error))
-        if not said:
-            self._previous(kind, error, traceback)
-            return
-        if isinstance(error, EOFError):
-            cause = "a worker start was abandoned unsent, as one out of file descriptors is"
-        else:
-            cause = "too many open files"
-        sys.stderr.write(
-            f"htmllm: the workers' forkserver {self._pid} exits: {cause} ({descriptor_limit()}); the next "
-            "start launches another\n"
-        )
-        sys.stderr.flush()
-
-
-def _imported_by_forkserver() -> bool:
-    """Whether this module is being imported by CPython's forkserver, as one of its `preload` modules."""
-    main = getattr(forkserver, "main", None)
-    code = getattr(main, "__code__", None)
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code is code:
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
-
-
-if _imported_by_forkserver():
-    sys.excepthook = _ForkserverExit(sys.excepthook)

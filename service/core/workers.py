@@ -612,8 +612,8 @@ class WorkerPool:
         except _LaunchError as again:
             if first is None or out_of_descriptors(again.__cause__):
                 raise
-            # A start out of descriptors after it reached the forkserver ends it (`_ForkserverExit`), and
-            # the next meets it dying (refused, or cut off): the limit, not that, is what to act on.
+            # A start out of descriptors after it reached the forkserver ends it (`forkserver_exit`), and the
+            # next meets it dying (refused, or cut off): the limit, not that, is what to act on.
             retried = again.message.removeprefix(f"{self.name} worker could not be launched: ")
             raise _LaunchError(f"{first} (once more: {retried})") from again
 
