@@ -122,8 +122,12 @@ PART_SIZE = 512
 # member of a per-record .warc.gz is one row and the records after it are read. 6: `warc_truncated`; a
 # record without a WARC-Record-ID inside a compressed stream is `<file>#<n>` (records in one gzip member
 # had shared an id), and a corrupt zstd or LZ4 frame of a per-record file (or a gzip member FastWARC
-# stops at quietly) is one row, the records after it read (they had been lost).
-ROW_FORMAT = 6
+# stops at quietly) is one row, the records after it read (they had been lost). 7: a .warc.gz whose gzip
+# members do not line up with records (bgzip, pgzip) has no false error row at its end; a record whose
+# WARC header lines end in LF alone is a page (plain and per-record files) or a row saying so (one-stream
+# files), not skipped; reading never resumes inside a damaged member (a stored .warc.gz made pages); the
+# messages of undecompressable members changed.
+ROW_FORMAT = 7
 # The columns every row has: a head's column (`<head>`, `<head>.probs`) must be none of them.
 FIXED_COLUMNS = (
     "index",

@@ -146,7 +146,11 @@ _EXTRACTOR_DISTRIBUTIONS = ("resiliparse", "trafilatura", "justext")
 #    stream is `<file>#<n>` (records in one gzip member had shared an id); a corrupt zstd or LZ4 frame of
 #    a per-record file (or a gzip member FastWARC stops at quietly) is one row and the records after it
 #    are read (they had been lost).
-ROW_FORMAT = 10
+# 11: a .warc.gz whose gzip members do not line up with records (bgzip, pgzip) has no false error row at
+#    its end; a record whose WARC header lines end in LF alone is a page (plain and per-record files) or
+#    a row saying so (one-stream files), not skipped; reading never resumes inside a damaged member (a
+#    stored .warc.gz made pages); the messages of undecompressable members changed.
+ROW_FORMAT = 11
 # Failures a later attempt may not repeat: written as rows they would be "done" for good (`htmllm embed`'s
 # rule; of its codes only this one reaches an extraction).
 TRANSIENT = frozenset({ErrorCode.NOT_READY})  # the page's extractor process killed from outside

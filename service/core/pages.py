@@ -88,7 +88,7 @@ from service.core.decoding import declared_codec, with_declared_encoding, withou
 from service.core.encoding_labels import known_label
 from service.core.errors import ErrorCode, HtmllmError
 from service.core.prune import DEFAULT_MAX_BYTES
-from service.core.warc_tail import GZIP_MAGIC
+from service.core.warc_frames import GZIP_MAGIC
 
 _HTML_SUFFIXES = (".html", ".htm", ".html.gz", ".htm.gz")
 _JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")

@@ -17,6 +17,13 @@ A response record's HTTP head is parsed here (`_http_head`), not with FastWARC's
 one knows only CRLF line ends, and a head written with bare LF (as warcio and browsers read it) was taken
 whole for headers, its body lost with its Content-Type: the page was skipped, or over 32 KiB an error row.
 
+A record whose WARC header lines end in bare LF (some tools write them so; WARC requires CRLF) is read
+again alone in FastWARC's quirks mode, from its own byte, and reading goes on after it strictly
+(`warc_tail.bare_lf_record_end`): FastWARC reads a header's lines by CRLF alone, and had passed such a
+record over as one of an unknown type, with no row. Quirks mode is never the file's whole reading: it
+passes over bytes that are no record without a word. In a file compressed as one stream, which offers no
+byte to begin at, such a record is an error row that says why.
+
 A record without a WARC-Record-ID is named by where it is (`_Reading.unnamed_id`): `<file>@<byte>` where
 it starts at that byte of the file, else `<file>#<n>`, the n-th record read from the file (from 0). Inside
 a file compressed as one stream (gzip, zstd, LZ4) FastWARC's offsets are positions of its read buffer,
@@ -33,7 +40,7 @@ held back until the next record is framed, so that the failure after it can stil
 from __future__ import annotations
 
 import contextlib
-import io
+import functools
 import re
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
@@ -56,10 +63,11 @@ from service.core.pages import (
     read_error,
     valid_text,
 )
+from service.core.warc_frames import BehindDictionary, dictionary_frame
 from service.core.warc_tail import (
     MAX_HEADER_BYTES,
     Skip,
-    dictionary_frame,
+    bare_lf_record_end,
     ends_in_padding,
     member_start,
     skip_member,
@@ -104,6 +112,9 @@ class _Reading:
     path: Path
     name: str  # the file's name in ids and `warc_file` (`iter_warc`)
     records: int = 0  # records FastWARC framed in the file so far, of every type
+    # A record whose WARC header lines end in bare LF, to be read alone in FastWARC's quirks mode: where
+    # it starts, and where reading goes on after it (`warc_tail.bare_lf_record_end`).
+    bare_lf: tuple[int, int] | None = None
     # What every member of the file starts with (`member_start`), read when first needed, and the file
     # open to look for it: opened once, not once per record without an id (~20% of such a file's time).
     _member: bytes | None = field(default=None, init=False)
@@ -148,14 +159,33 @@ class _Framed(NamedTuple):
     ordinal: int
     shared: bool  # a record before it was framed at the same offset (one member or stream holds both)
     record_id: str | None
-    record_type: str
+    record_type: str | None  # its WARC-Type, as the header has it
 
     def position_id(self, reading: _Reading) -> str:
         """The id it would have without a WARC-Record-ID: no page row's but its own, if it has none."""
         return reading.unnamed_id(self.offset, self.ordinal, shared=self.shared)
 
     def label(self, reading: _Reading) -> str:
-        return f"record {self.record_id or self.position_id(reading)}, a {self.record_type} record"
+        return f"record {self.record_id or self.position_id(reading)}, {_type_label(self.record_type)}"
+
+
+# The record types WARC 1.1 defines: named in a message as they are; any other WARC-Type is quoted.
+_WARC_TYPES = frozenset(
+    {"warcinfo", "response", "resource", "request", "metadata", "revisit", "conversion", "continuation"}
+)
+_MAX_TYPE_CHARS = 40
+
+
+def _type_label(record_type: str | None) -> str:
+    """A record named by its WARC-Type in a message: `a response record`; any value WARC does not define
+    quoted and cut (`a record of WARC-Type 'x\\nWARC-Date: ...'`), since it may be anything: a header
+    whose lines end in bare LF was one value of every line after it, pasted whole into the row."""
+    if not record_type:
+        return "an untyped record"
+    if record_type in _WARC_TYPES:
+        return f"a {record_type} record"
+    cut = "..." if len(record_type) > _MAX_TYPE_CHARS else ""
+    return f"a record of WARC-Type {record_type[:_MAX_TYPE_CHARS]!r}{cut}"
 
 
 def _iter_records(path: Path, start: int, reading: _Reading) -> Generator[Page, None, int | None]:
@@ -169,27 +199,28 @@ def _iter_records(path: Path, start: int, reading: _Reading) -> Generator[Page, 
         from fastwarc.warc import ArchiveIterator, WarcRecordType
     except ImportError as exc:  # a dependency, but an environment may have been pruned by hand
         raise PageSourceError(f"reading {path} needs FastWARC: pip install fastwarc") from exc
+    # The record at `start` has WARC header lines ended in bare LF: it alone is read in quirks mode.
+    bare_lf = reading.bare_lf if reading.bare_lf is not None and reading.bare_lf[0] == start else None
+    reading.bare_lf = None
+    # Every record type, so the last record seen is the last one FastWARC could frame. `max_header_len`:
+    # the header bound the record walk (`warc_tail`) holds records to, said here so that the two agree.
+    archive_of = functools.partial(
+        ArchiveIterator, parse_http=False, max_header_len=MAX_HEADER_BYTES, quirks_mode=bare_lf is not None
+    )
     with contextlib.ExitStack() as stack:
         try:
-            # Every record type, so the last record seen is the last one FastWARC could frame.
             shift = 0  # what FastWARC's offsets are short of the file's
-            # `max_header_len`: the header bound the record walk (`warc_tail`) holds records to, said
-            # here so that the two agree.
             if start == 0:
-                archive = ArchiveIterator(
-                    str(path), parse_http=False, fsspec_args=False, max_header_len=MAX_HEADER_BYTES
-                )
+                archive = archive_of(str(path), fsspec_args=False)
             else:  # FastWARC takes the handle's position for the first record's offset
                 handle = stack.enter_context(path.open("rb"))
                 handle.seek(start)
                 prefix = dictionary_frame(path)
                 if prefix:
-                    archive = ArchiveIterator(
-                        _Prefixed(prefix, handle), parse_http=False, max_header_len=MAX_HEADER_BYTES
-                    )
+                    archive = archive_of(BehindDictionary(prefix, handle))
                     shift = start - len(prefix)
                 else:
-                    archive = ArchiveIterator(handle, parse_http=False, max_header_len=MAX_HEADER_BYTES)
+                    archive = archive_of(handle)
             iterator = iter(archive)
         except (OSError, ValueError) as exc:
             # One row, as an HTML file that cannot be opened is: raised, one dangling `.warc.gz` in a
@@ -200,6 +231,9 @@ def _iter_records(path: Path, start: int, reading: _Reading) -> Generator[Page, 
         failure = _Failure(reading, start)
         reported = False  # whether the last record was reported cut off already
         while True:
+            if bare_lf is not None and failure.last is not None:  # the one record read in quirks mode
+                yield from failure.release()
+                return bare_lf[1]
             try:
                 record = next(iterator)
             except StopIteration:
@@ -207,8 +241,15 @@ def _iter_records(path: Path, start: int, reading: _Reading) -> Generator[Page, 
             except (OSError, ValueError) as exc:
                 return (yield from failure.failed(exc, in_record=False))
             yield from failure.release()
-            record_type = record.headers.get("WARC-Type") or "untyped"
-            failure.framed(record.stream_pos + shift, record.record_id, record_type)
+            offset = record.stream_pos + shift
+            if bare_lf is None and _bare_lf_header(record):
+                end = failure.bare_lf_end(offset)
+                if end is not None:  # read again from its start, alone, in quirks mode
+                    reading.bare_lf = (offset, end)
+                    return offset
+                failure.held = failure.bare_lf_row(offset)  # its row, as a page row is held
+                continue
+            failure.framed(offset, record.record_id, record.headers.get("WARC-Type"))
             reported = False
             if record.record_type not in (WarcRecordType.response, WarcRecordType.resource):
                 continue
@@ -241,6 +282,12 @@ def _iter_records(path: Path, start: int, reading: _Reading) -> Generator[Page, 
             except PageSourceError as exc:
                 page = error_page(page_id, exc, url=url, meta=meta)
             failure.held = page
+    if bare_lf is not None and failure.last is None:  # never seen: quirks mode read nothing there
+        message = (
+            f"{path}: the record at byte {start}, whose WARC header's lines end in LF alone, was not read"
+        )
+        yield reading.error(f"{reading.name}@{start}", message)
+        return bare_lf[1]
     # FastWARC ends quietly (or hands back an empty record) where a killed writer cut the file inside a
     # record's header; check the end of the file from the last record it framed, and say so.
     problem = None if reported else tail_problem(path, failure.offset, start)
@@ -251,38 +298,6 @@ def _iter_records(path: Path, start: int, reading: _Reading) -> Generator[Page, 
     # a file compressed per record, reading goes on after such a one as after one it fails on.
     read = failure.last is not None
     return (yield from failure.rows(f"{path}: {problem}", problem, ErrorCode.VALIDATION, read=read))
-
-
-class _Prefixed:
-    """A zstd file from a frame on behind the frame holding its dictionary (`dictionary_frame`), as a
-    stream FastWARC reads from its position 0: FastWARC loads a dictionary only there (from any other
-    position every frame was a "Dictionary mismatch"), so its offsets are short of the file's by the
-    bytes between that frame and the one reading goes on at (`shift`)."""
-
-    def __init__(self, prefix: bytes, handle: BinaryIO) -> None:
-        self._prefix = prefix
-        self._handle = handle
-        self._position = 0
-
-    def read(self, size: int = -1) -> bytes:
-        out = self._prefix if size < 0 else self._prefix[:size]
-        self._prefix = self._prefix[len(out) :]
-        if size < 0 or len(out) < size:
-            out += self._handle.read(-1 if size < 0 else size - len(out))
-        self._position += len(out)
-        return out
-
-    def tell(self) -> int:
-        return self._position
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        """Where it is (FastWARC reads forward only); any move is `io.UnsupportedOperation`."""
-        if (offset, whence) in ((0, io.SEEK_CUR), (self._position, io.SEEK_SET)):
-            return self._position
-        raise io.UnsupportedOperation("a stream behind a zstd dictionary frame reads forward only")
-
-    def close(self) -> None:
-        """Nothing: the file is the caller's."""
 
 
 @dataclass
@@ -304,12 +319,39 @@ class _Failure:
     def offset(self) -> int:
         return self.start if self.last is None else self.last.offset
 
-    def framed(self, offset: int, record_id: str | None, record_type: str) -> None:
+    def framed(self, offset: int, record_id: str | None, record_type: str | None) -> None:
         shared = self.last is not None and offset == self.last.offset
         self.here = self.here + 1 if shared else 1
         self.since += 1
         self.last = _Framed(offset, self.reading.records, shared, record_id, record_type)
         self.reading.records += 1
+
+    def bare_lf_end(self, offset: int) -> int | None:
+        """Where the record FastWARC framed at `offset`, whose WARC header lines end in bare LF, ends, so
+        that it can be read again alone (`warc_tail.bare_lf_record_end`); None where it cannot: it starts
+        at no byte of the file reading can begin at (a record framed at the same offset before it; a file
+        compressed as one stream), or the file went away."""
+        if self.last is not None and self.last.offset == offset:
+            return None
+        try:
+            return bare_lf_record_end(self.reading.path, offset)
+        except OSError:
+            return None
+
+    def bare_lf_row(self, offset: int) -> Page:
+        """The row of a record whose WARC header lines end in bare LF that is not read (`bare_lf_end`):
+        FastWARC reads such a header on to the next CRLF CRLF, and frames what follows by whatever
+        Content-Length it finds there. Passed over as a record of an unknown type, it had had no row."""
+        self.framed(offset, None, None)
+        last = self.last
+        assert last is not None
+        return self.reading.error(
+            last.position_id(self.reading),
+            f"{self.reading.path}: the record at byte {offset} was not read: its WARC header's lines end in "
+            "LF alone, where WARC requires CRLF, and FastWARC reads such a header on to the next CRLF CRLF, "
+            "so records up to there may be lost with it (such a record is read where the file is plain or "
+            "compressed per record)",
+        )
 
     def release(self) -> Iterator[Page]:
         """The page row held back, now that no failure can be its member's."""
@@ -366,30 +408,43 @@ class _Failure:
         return resume
 
     def _suspect(self, found: Skip, cause: str, code: ErrorCode) -> Page:
-        """The row of the record framed last, read whole from a member that does not decode to whole
-        WARC records as FastWARC frames them: its data is corrupt where its compression cannot tell (LZ4
-        keeps no checksum, zstd one only where the writer asks), so what was read of it may be garbage.
-        Its page row, held back, is this one (its id, url and meta; no page), where it had been written
-        as a success with a warning row after it."""
+        """The row of the record framed last, read whole from a member that does not decompress (a gzip
+        member whose checksum fails at its end, after the record was read) or decompresses to bytes that
+        are no whole WARC records as FastWARC frames them (corrupt data decodes where the format keeps no
+        checksum: LZ4, zstd written without one), so what was read of it may be garbage. Its page row,
+        held back, is this one (its id, url and meta; no page), where it had been written as a success
+        with a warning row after it."""
         reading, last = self.reading, self.last
         assert last is not None
-        others = (
-            f" ({self.here - 1} records before it in that member were read from it too)"
-            if self.here > 1
-            else ""
-        )
+        others = f" ({self.here - 1} records before it were read from it too)" if self.here > 1 else ""
+        if not found.decodes:
+            problem, why = "does not decompress", ""
+        else:
+            problem = "decompresses to bytes that are no whole WARC records as FastWARC frames them"
+            # A gzip member's checksum held, so its bytes are as written; a frame may have none.
+            unchecked = f"{found.member}s without a checksum decode corrupt data, so "
+            why = "" if found.member == "gzip member" else unchecked
         kept = "its page was not kept" if self.held is not None else "it holds no page"
         message = (
-            f"{reading.path}: the {last.label(reading)} at byte {last.offset} was read, but its member does "
-            f"not decode to whole WARC records as FastWARC frames them{others}: corrupt data its "
-            f"compression cannot tell, so what was read may be garbage ({kept}); the rest of the member "
-            f"was skipped (bytes {found.failed} to {found.resume - 1}; reading goes on at the record at "
-            f"byte {found.resume}): {cause}"
+            f"{reading.path}: the {last.label(reading)} at byte {last.offset} was read, but its "
+            f"{found.member} {problem} ({cause}){others}: {why}what was read of it may be garbage "
+            f"({kept}); the rest of that {found.member} was skipped (bytes {found.failed} to "
+            f"{found.resume - 1}; reading goes on at the record at byte {found.resume})"
         )
         held, self.held = self.held, None
         if held is None:
             return reading.error(last.position_id(reading), message, code)
         return Page(id=held.id, html=b"", url=held.url, meta=held.meta, error=message, error_code=code)
+
+
+def _bare_lf_header(record: WarcRecord) -> bool:
+    """Whether FastWARC read a header whose lines end in bare LF: it splits lines at CRLF alone, so one
+    field's value holds the lines after it. A record of a type it knows has a value without."""
+    from fastwarc.warc import WarcRecordType
+
+    if record.record_type not in (WarcRecordType.unknown, WarcRecordType.no_type):
+        return False
+    return any("\n" in value for _, value in record.headers.items())
 
 
 def _skip(path: Path, offset: int, framed: bool) -> Skip | None:

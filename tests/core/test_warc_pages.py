@@ -15,7 +15,7 @@ from fastwarc.stream_io import Lz4Writer
 from service.core.decoding import decode_html
 from service.core.errors import ErrorCode
 from service.core.pages import PageSourceError, iter_pages
-from tests.factories.warc import HttpResponse, response, warc_gz, warc_record
+from tests.factories.warc import HttpResponse, gzip_pieces, response, warc_gz, warc_record
 from tests.memory import gzip_bomb, traced_peak
 
 CZECH = "Příliš žluťoučký kůň úpěl ďábelské ódy"
@@ -179,6 +179,7 @@ WARC_LAYOUTS: dict[str, tuple[str, Callable[[list[bytes], Path], bytes]]] = {
     "plain": (".warc", lambda rs, _: b"".join(rs)),
     "gzip per record": (".warc.gz", lambda rs, _: b"".join(gzip.compress(r, mtime=0) for r in rs)),
     "gzip one stream": (".warc.gz", lambda rs, _: gzip.compress(b"".join(rs), mtime=0)),
+    "gzip fixed-size members": (".warc.gz", lambda rs, _: gzip_pieces(b"".join(rs), 50)),
     "zstd per record": (".warc.zst", lambda rs, _: _zstd(rs)),
     "zstd one stream": (".warc.zst", lambda rs, _: _zstd([b"".join(rs)])),
     "lz4 per record": (".warc.lz4", lambda rs, tmp: _lz4(rs, frame_per_record=True, tmp=tmp)),

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from service.core import warc_tail
+from service.core import warc_frames
 from service.core.errors import ErrorCode
 from service.core.pages import iter_pages
 from tests.factories.warc import HttpResponse, lz4_frame, pages_and_errors, response, warc_record
@@ -120,7 +120,8 @@ def test_a_corrupt_first_frame_or_one_inside_a_record_body(tmp_path: Path, frami
     assert [p.id for p in errors] == [f"crawl{suffix}@0", big]
     at = _offset(frames, 3)
     said = (
-        f"record <urn:uuid:big>, a response record at byte {at} was read, but its member does not decode"
+        f"record <urn:uuid:big>, a response record at byte {at} was read, but its LZ4 frame decompresses to "
+        "bytes that are no whole WARC records as FastWARC frames them"
         if garbage
         else "could not be decompressed"
     )
@@ -173,7 +174,7 @@ def test_a_zstd_frame_is_walked_to_its_end_in_bounded_memory() -> None:
     frame = zstandard.ZstdCompressor().compress(b"\0" * (64 << 20))
     data = frame + b"after"
 
-    zstd = warc_tail._Zstd(None)
+    zstd = warc_frames._Zstd(None)
 
     def walk() -> tuple[int, list[int]]:
         ends: list[int] = []
@@ -182,7 +183,7 @@ def test_a_zstd_frame_is_walked_to_its_end_in_bounded_memory() -> None:
     (size, ends), peak = traced_peak(walk)
     assert (size, ends) == (64 << 20, [len(frame)])
     assert peak < 4 << 20
-    with pytest.raises(warc_tail._Undecodable):  # cut off
+    with pytest.raises(warc_frames.Undecodable):  # cut off
         list(zstd.frame(io.BytesIO(frame[:-3]), 0, []))
 
 
@@ -202,7 +203,10 @@ def test_an_lz4_frame_that_decodes_to_other_records_loses_no_record_after_it(tmp
     assert "<urn:uuid:r3>" in [p.id for p in good]
     assert [p.id for p in good if p.id != "<urn:uuid:r2>"] == [f"<urn:uuid:r{i}>" for i in (0, 1, 3, 4, 5)]
     assert [p.id for p in errors] == [f"crawl.warc.lz4@{_offset(frames, 2)}"]
-    assert "was read, but its member does not decode to whole WARC records" in (errors[0].error or "")
+    assert "was read, but its LZ4 frame decompresses to bytes that are no whole WARC records" in (
+        errors[0].error or ""
+    )
+    assert "LZ4 frames without a checksum decode corrupt data" in (errors[0].error or "")
 
 
 @pytest.mark.parametrize("framing", [*FRAMINGS, "gzip"])

@@ -114,7 +114,8 @@ def test_a_page_read_from_a_frame_of_garbage_is_its_own_row(tmp_path: Path, name
         row.html == b"" and row.url == "https://example.com/2" and row.meta["warc_file"] == "crawl.warc.lz4"
     )
     assert (
-        f"a response record at byte {start} was read, but its member does not decode to whole WARC records"
+        f"a response record at byte {start} was read, but its LZ4 frame decompresses to bytes that are no "
+        "whole WARC records"
     ) in (row.error or "")
     assert f"(bytes {start} to {resume - 1}; reading goes on at the record at byte {resume})" in (
         row.error or ""

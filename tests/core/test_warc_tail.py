@@ -1,4 +1,4 @@
-"""service.core.warc_tail: the record walk, the streaming gunzip and the LZ4 frame check."""
+"""service.core.warc_tail and warc_frames: the record walk, the streaming gunzip and the LZ4 frame check."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from fastwarc.warc import ArchiveIterator
 
-from service.core import warc_tail
+from service.core import warc_frames, warc_tail
 from service.core.warc_tail import walk_records
 from tests.factories.warc import HttpResponse, response
 
@@ -51,15 +51,15 @@ def test_the_walk_refuses_what_is_no_warc() -> None:
 
 
 def test_gunzip_streams_members_in_bounded_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(warc_tail, "_CHUNK", 4096)
+    monkeypatch.setattr(warc_frames, "CHUNK", 4096)
     payload = bytes(random.Random(0).randrange(256) for _ in range(50_000))
     members = gzip.compress(payload) + gzip.compress(payload) + b"\0" * 7  # padding after the last
-    chunks = list(warc_tail._gunzipped(io.BytesIO(members)))
+    chunks = list(warc_frames.gunzipped(io.BytesIO(members)))
     assert b"".join(chunks) == payload * 2 and max(map(len, chunks)) <= 4096
-    with pytest.raises(warc_tail._Undecodable):
-        list(warc_tail._gunzipped(io.BytesIO(members[:-40])))  # the second member cut off
-    with pytest.raises(warc_tail._Undecodable):
-        list(warc_tail._gunzipped(io.BytesIO(gzip.compress(payload) + b"not gzip")))
+    with pytest.raises(warc_frames.Undecodable):
+        list(warc_frames.gunzipped(io.BytesIO(members[:-40])))  # the second member cut off
+    with pytest.raises(warc_frames.Undecodable):
+        list(warc_frames.gunzipped(io.BytesIO(gzip.compress(payload) + b"not gzip")))
 
 
 def test_many_tiny_chunks_and_members_take_linear_time(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,7 +88,7 @@ def test_many_tiny_chunks_and_members_take_linear_time(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(zlib, "decompressobj", Counting)
     members = b"".join(map(gzip.compress, RECORDS)) + gzip.compress(b"x") * 20_000
-    assert b"".join(warc_tail._gunzipped(io.BytesIO(members))) == DATA + b"x" * 20_000
+    assert b"".join(warc_frames.gunzipped(io.BytesIO(members))) == DATA + b"x" * 20_000
     assert fed < 4 * len(members)
 
 
@@ -97,7 +97,7 @@ def _lz4_frame(
 ) -> bytes:
     """An LZ4 frame of uncompressed blocks (the frame format's high bit), checksums as placeholders."""
     flags = 0x60 | 0x08 * content_size | 0x10 * block_checksum | 0x04 * content_checksum
-    out = warc_tail._LZ4_MAGIC + bytes([flags, 0x40])
+    out = warc_frames.LZ4_MAGIC + bytes([flags, 0x40])
     out += (sum(map(len, blocks))).to_bytes(8, "little") if content_size else b""
     out += b"\x99"  # header checksum
     for block in blocks:
@@ -118,9 +118,9 @@ def test_the_lz4_frame_check_finds_every_cut(flags: tuple[bool, bool, bool]) -> 
     data = b"".join(frames)
     boundaries = {0, len(frames[0]), len(frames[0]) + len(frames[1]), len(data)}
     for end in range(1, len(data) + 1):
-        problem = warc_tail._lz4_frames_problem(io.BytesIO(data[:end]))
+        problem = warc_frames.lz4_frames_problem(io.BytesIO(data[:end]))
         assert (problem is None) == (end in boundaries), (end, problem)
-    assert "no LZ4 frame" in (warc_tail._lz4_frames_problem(io.BytesIO(data + b"junk")) or "")
+    assert "no LZ4 frame" in (warc_frames.lz4_frames_problem(io.BytesIO(data + b"junk")) or "")
 
 
 @pytest.mark.parametrize("extra", [0, 1])

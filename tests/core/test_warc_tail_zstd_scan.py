@@ -1,5 +1,5 @@
 """The scan for the next zstd frame that starts a record, over garbage full of frame headers
-(`warc_tail._Zstd.starts_record`): bounded work per candidate. Each candidate had a decompressor of its
+(`warc_frames._Zstd.starts_record`): bounded work per candidate. Each candidate had a decompressor of its
 own and its first block decoded whole (128 KiB of output for a fake raw block): 2 MB of such garbage took
 8.5 s. A candidate's first bytes are now read where they are stored as they are (a raw block, a block's
 raw literals), with one decompressor for the file; the work is counted here, not timed."""
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import zstandard
 
-from service.core import warc_tail
+from service.core import warc_frames, warc_tail
 from service.core.pages import iter_pages
 from tests.factories.warc import HttpResponse, response
 
@@ -82,7 +82,7 @@ def test_a_record_frame_is_found_whatever_its_first_block_holds() -> None:
     is): each frame that starts a record is found, and one that decodes to anything else is not."""
     rng = random.Random(2)
     words = b" ".join(rng.choice([b"alpha", b"beta", b"gamma", b"the", b"of"]) for _ in range(3000))
-    scan = warc_tail._Zstd(None).framing(io.BytesIO(b""))
+    scan = warc_frames._Zstd(None).framing(io.BytesIO(b""))
     for body in (b"<p>x</p>", b"<p>" + words + b"</p>", rng.randbytes(3000)):
         record = response("r", HttpResponse(body))
         for level in (3, -5):

@@ -5,6 +5,8 @@ is installed)."""
 from __future__ import annotations
 
 import gzip
+import struct
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,6 +73,24 @@ def response(record_id: str, http: HttpResponse, uri: str = "https://example.com
 def warc_gz(records: list[bytes]) -> bytes:
     """A .warc.gz as crawlers write it: one gzip member per record."""
     return b"".join(gzip.compress(r, mtime=0) for r in records)
+
+
+def gzip_pieces(data: bytes, size: int, *, bgzf: bool = False) -> bytes:
+    """`data` as one gzip member per `size` bytes of it, cut where its records are not, as pgzip writes a
+    file; `bgzf`: as bgzip does (each member's header holds the BGZF extra field with the member's size,
+    and an empty member ends the file)."""
+    pieces = [data[at : at + size] for at in range(0, len(data), size)]
+    if not bgzf:
+        return b"".join(gzip.compress(piece, mtime=0) for piece in pieces)
+    return b"".join(_bgzf_block(piece) for piece in [*pieces, b""])
+
+
+def _bgzf_block(data: bytes) -> bytes:
+    deflate = zlib.compressobj(6, zlib.DEFLATED, -15)
+    raw = deflate.compress(data) + deflate.flush()
+    size = 18 + len(raw) + 8  # header with its extra field, deflate data, CRC and size
+    header = b"\x1f\x8b\x08\x04" + bytes(4) + b"\x00\xff" + struct.pack("<H2sHH", 6, b"BC", 2, size - 1)
+    return header + raw + struct.pack("<II", zlib.crc32(data), len(data))
 
 
 def lz4_frame(data: bytes, scratch: Path) -> bytes:

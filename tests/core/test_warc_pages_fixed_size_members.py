@@ -1,0 +1,60 @@
+"""A .warc.gz whose gzip members are cut where its records are not (pgzip cuts one stream into members of
+a fixed size, bgzip into BGZF blocks of at most 64 KiB): FastWARC's offsets in it are member starts inside
+records, so the check of the file's end (`warc_tail.tail_problem`) and of padding after its last record
+(`ends_in_padding`) walk its records from where the reading began, as in one gzip stream. Walked from
+the last record's offset, every such file had ended in a false error row ("no version line")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service.core.errors import ErrorCode
+from tests.factories.warc import HttpResponse, gzip_pieces, pages_and_errors, response
+
+COUNT = 30
+
+
+def _records() -> list[bytes]:
+    return [
+        response(
+            f"r{i}", HttpResponse(f"<p>page {i}</p>".encode() * (20 + i)), uri=f"https://example.com/{i}"
+        )
+        for i in range(COUNT)
+    ]
+
+
+def _ids(count: int = COUNT) -> list[str]:
+    return [f"<urn:uuid:r{i}>" for i in range(count)]
+
+
+@pytest.mark.parametrize(("size", "bgzf"), [(100, False), (777, False), (4096, False), (1000, True)])
+def test_every_page_comes_out_with_no_error_row(tmp_path: Path, size: int, bgzf: bool) -> None:
+    path = tmp_path / "crawl.warc.gz"
+    path.write_bytes(gzip_pieces(b"".join(_records()), size, bgzf=bgzf))
+    good, errors = pages_and_errors(path)
+    assert errors == []
+    assert [p.id for p in good] == _ids()
+    assert all(f"page {i}".encode() in p.html for i, p in enumerate(good))
+
+
+def test_padding_after_the_last_member_is_no_error_row(tmp_path: Path) -> None:
+    path = tmp_path / "crawl.warc.gz"
+    path.write_bytes(gzip_pieces(b"".join(_records()), 777) + b"\0" * 512)
+    good, errors = pages_and_errors(path)
+    assert errors == [] and [p.id for p in good] == _ids()
+
+
+def test_a_corrupt_member_is_still_an_error_row(tmp_path: Path) -> None:
+    """Such a file has no member to go on at after a corrupt one (its members start inside records): the
+    pages before it are read, once each, and the rest of the file is its error row."""
+    data = bytearray(gzip_pieces(b"".join(_records()), 777))
+    middle = len(data) // 2
+    data[middle : middle + 20] = bytes(b ^ 0xFF for b in data[middle : middle + 20])
+    path = tmp_path / "crawl.warc.gz"
+    path.write_bytes(bytes(data))
+    good, errors = pages_and_errors(path)
+    assert len(errors) == 1 and errors[0].error_code == ErrorCode.VALIDATION
+    assert "cannot read the records after byte" in (errors[0].error or "")
+    assert 0 < len(good) < COUNT and [p.id for p in good] == _ids(len(good))
