@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from service.api import schemas
 from service.api.checkpoint_identity import CHECKPOINT_HEADER
 from service.api.errors import NOT_OVER_HTTP, RETRYABLE, STATUS
 from service.api.schemas import ErrorBody
@@ -77,6 +78,14 @@ EMBEDDING_STAGES = {
 PREPROCESS_STAGES = {
     "x-preprocess-time": "pruning and tokenizing, waiting for a preprocessing worker included: the slowest "
     "of the request's documents",
+}
+# `POST /tokenize`'s answer (`service.api.routers.tei`): whether every list holds all of its page's tokens.
+TOKENS_EXACT_HEADER = "x-tokens-exact"
+TOKENS_EXACT_RESPONSE: dict[str, Any] = {
+    "description": "`false` when a page's list stopped at 16 times the model's max length, as "
+    "/v1/preprocess stops counting (`tokens_exact`): that page has more tokens than its list; else `true`",
+    "required": True,
+    "schema": {"type": "string", "enum": ["true", "false"]},
 }
 EXTRACT_STAGES = {
     "x-extract-time": "extracting text, waiting for an extractor thread included: until the request's last "
@@ -238,10 +247,33 @@ def _complete(schema: dict[str, Any], *, auth: bool) -> None:
             operation["responses"] = dict(sorted(responses.items()))
 
 
+def _body_models(schema: dict[str, Any]) -> list[type[BaseModel]]:
+    """The request body models the operations refer to (`raw_body_openapi`, `json_body_openapi`), from
+    `service.api.schemas`, where every body is defined: a route's body is in the components however the
+    app was put together (a body missing there had left its `$ref` pointing at nothing)."""
+    names = {
+        media["schema"]["$ref"].rsplit("/", 1)[1]
+        for path_item in schema["paths"].values()
+        for operation in path_item.values()
+        for media in operation.get("requestBody", {}).get("content", {}).values()
+        if "$ref" in media.get("schema", {})
+    }
+    models = []
+    for name in sorted(names):
+        model = getattr(schemas, name, None)
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            raise RuntimeError(
+                f"a request body refers to {name!r}, which service.api.schemas does not define"
+            )
+        models.append(model)
+    return models
+
+
 def install_openapi(
-    app: FastAPI, *, description: str, body_models: Sequence[type[BaseModel]], auth: bool
+    app: FastAPI, *, description: str, body_models: Sequence[type[BaseModel]] = (), auth: bool
 ) -> None:
-    """Build the document once, on first request, with the raw-body routes' models in the components.
+    """Build the document once, on first request, with the raw-body routes' models in the components:
+    those the operations refer to, and `body_models`.
 
     `auth`: whether the model routes need an API key (then they document 401; else the key is optional).
     """
@@ -252,7 +284,9 @@ def install_openapi(
         schema = get_openapi(title=app.title, version=app.version, description=description, routes=app.routes)
         components = schema.setdefault("components", {})
         models = components.setdefault("schemas", {})
-        all_models: tuple[type[BaseModel], ...] = (*body_models, ErrorBody)
+        all_models: dict[type[BaseModel], None] = dict.fromkeys(
+            (*body_models, *_body_models(schema), ErrorBody)
+        )
         for model in all_models:
             model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             models.update(model_schema.pop("$defs", {}))

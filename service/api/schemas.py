@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, RootModel, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 from service.core.errors import ErrorCode, HtmllmError
@@ -72,6 +72,26 @@ def _right_only(value: object) -> object:
     return value
 
 
+def _id_lists(value: object) -> object:
+    """TEI's `ids`, a list of ints or a list of lists of them, refused in those words when it is neither
+    (pydantic's union named both branches by their internal validator names)."""
+    shape = "expected a list of token ids (integers), or a list of such lists"
+    if not isinstance(value, list):
+        raise PydanticCustomError("token_ids", shape)
+    flat = all(not isinstance(item, list) for item in value)
+    if not flat and not all(isinstance(item, list) for item in value):
+        raise PydanticCustomError("token_ids", f"{shape}, not a mix of both")
+    if not all(_is_integral(item) for item in (value if flat else (i for ids in value for i in ids))):
+        raise PydanticCustomError("token_ids", "token ids are integers (0 up to the vocabulary's size)")
+    return value
+
+
+def _is_integral(value: object) -> bool:
+    return (type(value) is int) or (isinstance(value, float) and value.is_integer())
+
+
+# Token ids as TEI's `/decode` takes them: one text's, or a list of texts'.
+TokenIds = Annotated[list[JsonInt] | list[list[JsonInt]], BeforeValidator(_id_lists)]
 # HTML pages as OpenAI's `input` or TEI's `inputs`: one string or a list of them.
 Pages = Annotated[str | list[str], BeforeValidator(_not_token_ids)]
 # The route answers an empty list 400 `empty_input`; the document says it needs one item.
@@ -199,6 +219,12 @@ class OpenAIModelList(BaseModel):
     data: list[OpenAIModel]
 
 
+# TEI's `prompt_name`: a prompt to prepend that these models do not define.
+PROMPT_NAME_DESCRIPTION = (
+    "TEI's prompt to prepend: these models define none, so a name is a 422, never ignored"
+)
+
+
 class TeiEmbedRequest(BaseModel):
     """text-embeddings-inference's `POST /embed` body; `inputs` holds HTML pages."""
 
@@ -209,9 +235,56 @@ class TeiEmbedRequest(BaseModel):
     truncate: bool | None = None
     truncation_direction: Annotated[Literal["Right", "right"], BeforeValidator(_right_only)] = "Right"
     dimensions: JsonInt | None = Field(None, description="must equal the model's embedding size when given")
-    prompt_name: str | None = Field(
-        None,
-        description="TEI's prompt to prepend: these models define none, so a name is a 422, never ignored",
+    prompt_name: str | None = Field(None, description=PROMPT_NAME_DESCRIPTION)
+
+
+class TeiTokenizeRequest(BaseModel):
+    """text-embeddings-inference's `POST /tokenize` body; `inputs` holds HTML pages."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    inputs: Pages = Field(json_schema_extra=_NOT_EMPTY)
+    add_special_tokens: bool = Field(
+        True, description="list the [CLS] and [SEP] that frame every page the model reads"
+    )
+    prompt_name: str | None = Field(None, description=PROMPT_NAME_DESCRIPTION)
+
+
+class TeiToken(BaseModel):
+    """One token of a page's pruned HTML, as TEI's `SimpleToken`."""
+
+    id: int
+    text: str = Field(
+        description="the pruned HTML from `start` to `stop`; for [CLS] and [SEP], and a token listed without "
+        "offsets, the token itself"
+    )
+    special: bool = Field(
+        description="[CLS] or [SEP] (`add_special_tokens`); an [UNK] that stands for a word is not special"
+    )
+    start: int | None = Field(
+        description="offset of the token's first character (Unicode code points) in the page's pruned HTML, "
+        "what /v1/preprocess answers as `html`, not in the page sent; null for [CLS] and [SEP], and for "
+        "tokens past the characters whose offsets are computed (a page of words too long to read, each "
+        "one [UNK])"
+    )
+    stop: int | None = Field(description="offset just past the token's last character, as `start`")
+
+
+class TeiTokenizeResponse(RootModel[list[list[TeiToken]]]):
+    """One list of tokens per input, in order."""
+
+
+class TeiDecodeRequest(BaseModel):
+    """text-embeddings-inference's `POST /decode` body: token ids of this model's tokenizer."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    ids: TokenIds = Field(
+        description="one text's ids, or a list of texts' ids (at most the server's `max_documents`)",
+        json_schema_extra=_NOT_EMPTY,
+    )
+    skip_special_tokens: bool = Field(
+        True, description="leave the special tokens out: [PAD], [UNK], [CLS], [SEP] and [MASK]"
     )
 
 

@@ -34,7 +34,11 @@ EMBEDDING_OPERATIONS = {
     ("post", "/"),
     ("post", "/invocations"),
 }
-MODEL_OPERATIONS = EMBEDDING_OPERATIONS | {("post", "/v1/preprocess"), ("post", "/v1/extract")}
+# TEI's tokenizer routes: keyed and limited as the model routes (/decode bounded by the request timeout too).
+TOKENIZER_OPERATIONS = {("post", "/tokenize"), ("post", "/decode")}
+MODEL_OPERATIONS = (
+    EMBEDDING_OPERATIONS | TOKENIZER_OPERATIONS | {("post", "/v1/preprocess"), ("post", "/v1/extract")}
+)
 # OpenAI's model list: keyed as the model routes are, answering what a probe does.
 MODEL_LISTS = {("get", "/v1/models"), ("get", "/models")}
 # Its lookup: as the list, and 404 for a model this server does not run.
@@ -62,6 +66,8 @@ OPERATION_IDS = {
     ("post", "/invocations"): "embed_invocations_post",
     ("post", "/v1/preprocess"): "preprocess_v1_preprocess_post",
     ("post", "/v1/extract"): "extract_text_v1_extract_post",
+    ("post", "/tokenize"): "tokenize_tokenize_post",
+    ("post", "/decode"): "decode_decode_post",
     ("get", "/v1/models"): "models_v1_models_get",
     ("get", "/models"): "models_models_get",
     ("get", "/v1/models/{model_id}"): "model_v1_models__model_id__get",
@@ -188,11 +194,15 @@ def test_the_headers_the_server_sends_are_documented(settings_for: SettingsFacto
         if key in MODEL_OPERATIONS:
             assert "www-authenticate" in required_headers(doc, key, 401), key
         stages = {"x-prune-time", "x-tokenize-time", "x-queue-time", "x-inference-time"}
-        own = {("post", "/v1/preprocess"): {"x-preprocess-time"}, ("post", "/v1/extract"): {"x-extract-time"}}
+        own = {
+            ("post", "/v1/preprocess"): {"x-preprocess-time"},
+            ("post", "/v1/extract"): {"x-extract-time"},
+            ("post", "/tokenize"): {"x-preprocess-time", "x-tokens-exact"},
+        }
         sent = required_headers(doc, key, 200)
         documented = set(headers_of(doc, operation["responses"]["200"]))
         # A model route's answer names the checkpoint that made it (through a rollout, two do).
-        model_routes = EMBEDDING_OPERATIONS | {("post", "/v1/preprocess")}
+        model_routes = EMBEDDING_OPERATIONS | TOKENIZER_OPERATIONS | {("post", "/v1/preprocess")}
         model = {"x-checkpoint-sha256"} if key in model_routes else set()
         if key in EMBEDDING_OPERATIONS:
             # `on_error: report` with every document failed embeds nothing: only x-total-time is sent.
@@ -269,6 +279,8 @@ async def test_bodies_are_read_with_the_types_the_schema_gives(client: httpx.Asy
         ("/v1/embeddings", {"input": html, "dimensions": str(dim)}),
         ("/v1/extract", {"documents": [{"html": html}], "min_words": "5"}),
         ("/v1/preprocess", {"documents": [{"html": html, "id": 7}]}),
+        ("/tokenize", {"inputs": html, "add_special_tokens": 0}),
+        ("/decode", {"ids": ["5"]}),
     ):
         refused = await client.post(route, json=body)
         assert refused.status_code == 422, (route, body, refused.text)

@@ -1,24 +1,66 @@
-"""`POST /embed`: text-embeddings-inference's embed API, with HTML pages as `inputs`.
+"""text-embeddings-inference's API, with HTML pages as `inputs`: `POST /embed`, `/tokenize` and `/decode`.
 
-Also at TEI's other addresses for it: `POST /` (where `huggingface_hub.InferenceClient(model=URL)`
-posts `feature_extraction`, as TEI serves an embedding model there) and `POST /invocations` (the route
-Amazon SageMaker calls), so those clients work unchanged too.
+The embed route is also at TEI's other addresses for it: `POST /` (where
+`huggingface_hub.InferenceClient(model=URL)` posts `feature_extraction`, as TEI serves an embedding
+model there) and `POST /invocations` (the route Amazon SageMaker calls), so those clients work unchanged
+too. `/tokenize` lists the tokens the model reads of each page: those of its pruned HTML, which the same
+preprocessing as `/v1/preprocess` makes (pool, queue, limits), so its offsets are into the pruned HTML.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Sequence
+
+import pydantic_core
 from fastapi import APIRouter, Depends, Request, Response
+from tokenizers import Encoding as TokenizersEncoding
 
 from service.api import inference
 from service.api.auth import require_api_key
 from service.api.documents import check_dimensions, read_json_body, timing_headers
-from service.api.openapi import EMBEDDING_STAGES, MODEL_ROUTE_ERRORS, json_body_openapi, timing_responses
-from service.api.runtime import EngineDep, RuntimeDep
-from service.api.schemas import TeiEmbedRequest
+from service.api.limits import check_document_count
+from service.api.openapi import (
+    EMBEDDING_STAGES,
+    MODEL_ROUTE_ERRORS,
+    PREPROCESS_STAGES,
+    TOKENS_EXACT_HEADER,
+    TOKENS_EXACT_RESPONSE,
+    json_body_openapi,
+    timing_responses,
+)
+from service.api.runtime import EngineDep, RuntimeDep, answer_or_cancel
+from service.api.schemas import TeiDecodeRequest, TeiEmbedRequest, TeiTokenizeRequest, TeiTokenizeResponse
+from service.api.timing import milliseconds
 from service.core.errors import ErrorCode, HtmllmError
-from service.engine import Document
+from service.core.preparation import count_limit
+from service.core.tokenizer import HtmlTokenizer
+from service.engine import Document, Engine
+from service.engine.collector import cancel_and_forget
+from service.engine.failures import naming_failures
 
 router = APIRouter(tags=["compatible"], dependencies=[Depends(require_api_key)], responses=MODEL_ROUTE_ERRORS)
+
+# A page's offsets come from one more encode of its pruned HTML, this time with offsets: of all of it
+# when it has at most this many characters per token a list may hold (pruned HTML averages 3 to 4, and
+# `HtmlTokenizer.encode` reads as much first), else of a prefix that long. Past the bound the encode's
+# memory (about 800 bytes a token, and an alignment per character) and time grow with the page, not with
+# the list: a 16 MB page of one word took 6 s and 1 GB encoded whole, for one [UNK].
+OFFSET_CHARS_PER_TOKEN = 8
+OFFSET_MAX_CHARS = 1 << 20
+# A prefix's tokens that end at least this far before its cut are the whole text's, offsets included
+# (the rule `HtmlTokenizer.encode` reads a bounded prefix by: every step before WordPiece looks only a
+# few characters around).
+_CUT_MARGIN = 128
+
+
+def _refuse_prompt(prompt_name: str | None) -> None:
+    """A `prompt_name` is a 422: ignored, it would answer for another input than the one asked for."""
+    if prompt_name is not None:
+        raise HtmllmError(
+            f"prompt_name {prompt_name[:100]!r}: this model defines no prompts", code=ErrorCode.VALIDATION
+        )
 
 
 @router.post(
@@ -45,11 +87,7 @@ async def embed(
     """One embedding per input, in order; truncation defaults to the server's policy."""
     body = await read_json_body(request, TeiEmbedRequest)
     check_dimensions(body.dimensions, engine.info.embedding_dim)
-    if body.prompt_name is not None:  # ignored, it would answer another kind of embedding than asked for
-        raise HtmllmError(
-            f"prompt_name {body.prompt_name[:100]!r}: this model defines no prompts",
-            code=ErrorCode.VALIDATION,
-        )
+    _refuse_prompt(body.prompt_name)
     pages = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     results = await inference.embed(
         request,
@@ -62,3 +100,185 @@ async def embed(
     )
     response.headers.update(timing_headers(results) | runtime.checkpoint_header())
     return [r.embedding.astype("float32").tolist() for r in results]
+
+
+_TOKENIZE_RESPONSES = timing_responses(PREPROCESS_STAGES)
+_TOKENIZE_RESPONSES[200]["headers"][TOKENS_EXACT_HEADER] = TOKENS_EXACT_RESPONSE
+
+
+@router.post(
+    "/tokenize",
+    response_model=TeiTokenizeResponse,
+    summary="text-embeddings-inference-compatible tokenize: the tokens the model reads of each page",
+    responses=_TOKENIZE_RESPONSES,
+    openapi_extra=json_body_openapi(TeiTokenizeRequest),
+)
+async def tokenize(request: Request, runtime: RuntimeDep, engine: EngineDep) -> Response:
+    """One list of tokens per input, in order: the tokens of the page's pruned HTML (what /v1/preprocess
+    answers as `html`), so `start` and `stop` are character offsets into the pruned HTML, not into the
+    page sent. With `add_special_tokens` (the default) the list is framed by [CLS] and [SEP] and its
+    length is the page's tokens as /v1/preprocess counts them. Pages are not truncated to the model's
+    length (TEI's /tokenize has no `truncate`): a list stops at 16 times the model's max length, where
+    /v1/preprocess stops counting, and `x-tokens-exact` is then `false`."""
+    body = await read_json_body(request, TeiTokenizeRequest)
+    _refuse_prompt(body.prompt_name)
+    pages = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    documents = [Document(html=page) for page in pages]
+    check_document_count(documents, runtime.settings.max_documents)
+    engine.check_call_size(len(documents))  # as /v1/preprocess, which admits documents one by one too
+    work = _tokenized(engine, documents, add_special_tokens=body.add_special_tokens)
+    started = time.perf_counter()
+    with naming_failures(documents):
+        rendered, exact = await answer_or_cancel(request, work, timeout_s=runtime.settings.request_timeout_s)
+    headers = {
+        "x-preprocess-time": milliseconds(time.perf_counter() - started),
+        TOKENS_EXACT_HEADER: "true" if exact else "false",
+    }
+    return Response(rendered, media_type="application/json", headers=headers | runtime.checkpoint_header())
+
+
+async def _tokenized(
+    engine: Engine, documents: list[Document], *, add_special_tokens: bool
+) -> tuple[bytes, bool]:
+    """The answer's JSON, listed and rendered off the event loop, and whether every list is whole.
+
+    As /v1/preprocess, the first failure cancels the other documents: each holds a slot of the engine's
+    queue until its preprocessing ends, and a bare `gather` left them running for an answered request.
+    """
+    limit = count_limit(engine.info.max_length)
+    tasks = [
+        asyncio.ensure_future(_tokenized_one(engine, doc, limit, add_special_tokens)) for doc in documents
+    ]
+    try:
+        lists = await asyncio.gather(*tasks)
+    finally:
+        cancel_and_forget(tasks)
+    return b"[" + b",".join(rendered for rendered, _ in lists) + b"]", all(whole for _, whole in lists)
+
+
+async def _tokenized_one(
+    engine: Engine, document: Document, limit: int, add_special_tokens: bool
+) -> tuple[bytes, bool]:
+    """One page pruned by the engine's preprocessing (`Engine.preprocess`, /v1/preprocess's), then its
+    list made and rendered on a thread: a page's tokens as dicts take ~400 bytes each."""
+    pruned = (await engine.preprocess(document)).html
+    return await asyncio.to_thread(_rendered, engine.tokenizer, pruned, limit, add_special_tokens)
+
+
+def _rendered(
+    tokenizer: HtmlTokenizer, pruned: str, limit: int, add_special_tokens: bool
+) -> tuple[bytes, bool]:
+    """A page's list as JSON, and whether it is whole."""
+    tokens, whole = token_list(tokenizer, pruned, limit=limit, add_special_tokens=add_special_tokens)
+    return pydantic_core.to_json(tokens), whole
+
+
+def token_list(
+    tokenizer: HtmlTokenizer, pruned: str, *, limit: int, add_special_tokens: bool
+) -> tuple[list[dict[str, object]], bool]:
+    """The tokens of one pruned page as TEI lists them, [CLS] and [SEP] included at most `limit`, and
+    whether that is all of them.
+
+    The ids are those `tokenizer.encode` gives the model; the offsets come from an encode of at most
+    `_offset_window(limit)` characters, and are null for the tokens past what it holds for certain.
+    """
+    budget = limit - 2
+    window = _offset_window(limit)
+    head = _encode(tokenizer, pruned[:window])
+    if len(pruned) <= window:  # the whole text's encoding: ids and offsets
+        ids = head.ids
+        content: list[int] = ids[:budget]
+        whole = len(ids) <= budget
+        known = len(content)
+    else:
+        encoded = tokenizer.encode(pruned, max_length=limit, count_all=False)
+        content, whole = encoded.ids[1:-1], not encoded.truncated
+        known = _known_offsets(head, content, window)
+    offsets = head.offsets  # a new list at every read of the property
+    tokens = [
+        _token(token_id, pruned, offsets[i] if i < known else None, tokenizer)
+        for i, token_id in enumerate(content)
+    ]
+    if add_special_tokens:
+        special = tokenizer.special_ids
+        tokens = [_special(special.cls, tokenizer), *tokens, _special(special.sep, tokenizer)]
+    return tokens, whole
+
+
+def _offset_window(limit: int) -> int:
+    return min(OFFSET_MAX_CHARS, OFFSET_CHARS_PER_TOKEN * limit)
+
+
+def _encode(tokenizer: HtmlTokenizer, text: str) -> TokenizersEncoding:
+    """`text`'s encoding with offsets, without [CLS]/[SEP]; pruned HTML has no lone surrogates (the
+    decoder replaced them), so the Rust side takes every text."""
+    return tokenizer.backend.encode_batch([text], add_special_tokens=False)[0]
+
+
+def _known_offsets(head: TokenizersEncoding, content: Sequence[int], end: int) -> int:
+    """How many of `content` (the whole text's first ids) `head`, the encoding of its first `end`
+    characters, gives offsets for: its tokens with the same ids that end `_CUT_MARGIN` characters before
+    the cut, less the word of the first token not taken for that reason (a word the cut runs through is
+    read otherwise). A word that the end of `content` runs through is read whole by both."""
+    ids, offsets, words = head.ids, head.offsets, head.word_ids
+    most = min(len(ids), len(content))
+    known = 0
+    while known < most and ids[known] == content[known] and offsets[known][1] <= end - _CUT_MARGIN:
+        known += 1
+    if known < most:
+        while known and words[known - 1] is not None and words[known - 1] == words[known]:
+            known -= 1
+    return known
+
+
+def _token(
+    token_id: int, pruned: str, offsets: tuple[int, int] | None, tokenizer: HtmlTokenizer
+) -> dict[str, object]:
+    if offsets is None:
+        text = tokenizer.id_to_token(token_id) or ""
+        return {"id": token_id, "text": text, "special": False, "start": None, "stop": None}
+    start, stop = offsets
+    return {"id": token_id, "text": pruned[start:stop], "special": False, "start": start, "stop": stop}
+
+
+def _special(token_id: int, tokenizer: HtmlTokenizer) -> dict[str, object]:
+    text = tokenizer.id_to_token(token_id) or ""
+    return {"id": token_id, "text": text, "special": True, "start": None, "stop": None}
+
+
+@router.post(
+    "/decode",
+    response_model=list[str],
+    summary="text-embeddings-inference-compatible decode: token ids back to text",
+    responses=timing_responses({}),
+    openapi_extra=json_body_openapi(TeiDecodeRequest),
+)
+async def decode(request: Request, response: Response, runtime: RuntimeDep, engine: EngineDep) -> list[str]:
+    """The text of each list of ids (flat ids: a list of one text, as TEI answers), by this model's
+    tokenizer, tags kept. As every JSON body, one of more than 10,000 list items is a 422."""
+    body = await read_json_body(request, TeiDecodeRequest)
+    if not body.ids:
+        raise HtmllmError("ids is empty: send token ids, or a list of lists of them", code=ErrorCode.EMPTY)
+    nested = isinstance(body.ids[0], list)
+    lists: list[list[int]] = body.ids if nested else [body.ids]  # type: ignore[assignment,list-item]
+    check_document_count(lists, runtime.settings.max_documents)
+    tokenizer = engine.tokenizer
+    _check_ids(lists, tokenizer.vocab_size, nested=nested)
+    work = asyncio.to_thread(
+        tokenizer.backend.decode_batch, lists, skip_special_tokens=body.skip_special_tokens
+    )
+    texts = await answer_or_cancel(request, work, timeout_s=runtime.settings.request_timeout_s)
+    response.headers.update(runtime.checkpoint_header())
+    return list(texts)
+
+
+def _check_ids(lists: Sequence[Sequence[int]], vocab_size: int, *, nested: bool) -> None:
+    """422 naming the first id outside the vocabulary (the tokenizer would raise an untyped error)."""
+    for i, ids in enumerate(lists):
+        for j, token_id in enumerate(ids):
+            if not 0 <= token_id < vocab_size:
+                where = f"ids[{i}][{j}]" if nested else f"ids[{j}]"
+                raise HtmllmError(
+                    f"{where}: token id {token_id} is outside the vocabulary (0 to {vocab_size - 1})",
+                    code=ErrorCode.VALIDATION,
+                )
