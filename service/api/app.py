@@ -67,9 +67,11 @@ DESCRIPTION = (
     "404 `not_found` (no such route), 405 `method_not_allowed` (with `Allow`: the methods the path "
     "takes), 431 `headers_too_large` (request line and headers over 64 KiB) or 408 `head_timeout` (they "
     "took longer than `HTMLLM_HEAD_TIMEOUT_S`), the connection then closed, with the same error body. "
-    "The 431 and 408 `head_timeout`, and the plain-text 400 the HTTP parser sends for bytes that are "
-    "not HTTP/1.1 (an unknown method, TLS on the plain port), come from below the app: they carry no "
-    "`x-request-id` or `x-total-time`. A request that offers to switch protocols (`Upgrade: h2c`) is "
+    "The 431 and 408 `head_timeout`, the 400 `malformed_request` the HTTP parser sends for bytes that "
+    "are not HTTP/1.1 (an unknown method, TLS on the plain port, a bad chunk size), and the 501 "
+    "`unsupported_transfer_coding` for a transfer coding other than chunked, come from below the app, "
+    "the connection then closed: they carry no `x-request-id` or `x-total-time`. "
+    "A request that offers to switch protocols (`Upgrade: h2c`) is "
     "answered over HTTP/1.1 as if it had not."
 )
 

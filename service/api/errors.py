@@ -35,6 +35,8 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.EMPTY: 400,
     ErrorCode.PAYLOAD_TOO_LARGE: 413,
     ErrorCode.HEADERS_TOO_LARGE: 431,
+    ErrorCode.MALFORMED_REQUEST: 400,
+    ErrorCode.UNSUPPORTED_TRANSFER_CODING: 501,
     ErrorCode.TOO_MANY_DOCUMENTS: 422,
     ErrorCode.TOO_MANY_TOKENS: 422,
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,

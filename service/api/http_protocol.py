@@ -5,11 +5,14 @@ httptools with uvloop cut the loop's CPU per request by 13-20% (docs/benchmarks.
 CPU per request"). Why a subclass: uvicorn bounds a request's head (request line and headers) only on
 its h11 path (`h11_max_incomplete_event_size`, 16 KiB); with httptools a client can stream one endless
 header and the server buffers all of it (200 MB sent, 312 MB resident, measured). Here a head of more
-than `MAX_HEAD_BYTES` is answered 431 with the service's error body, and its connection is closed: a
-head that completes is measured once parsed, before any request starts (never more than was sent: the
-whitespace before a header's value is not counted); one still incomplete is refused once the reads after
-the one it began in pass the cap, so that an endless one is bounded too.
-Such an answer comes from below the app, so it is not counted in `htmllm_request_failures_total`. And
+than `MAX_HEAD_BYTES` is answered 431 with the service's error body, and its connection is closed: it
+is counted as sent, the whitespace before each header's value too, from its first byte, and refused
+once that many bytes of it are parsed with it still open, however the socket's reads split it and
+whatever came before it in a read (`_Framing`). A head that completed had been measured from what llhttp
+gave, which leaves that whitespace out (a 100 KB head, most of it spaces after a colon, was served), and
+one still open counted in whole reads after the one it began in (100 KB of a head in one read were held
+until the head timeout's 408). Such an answer comes from below the app, so it is not counted in
+`htmllm_request_failures_total`. And
 a client that pipelines requests and leaves is noticed by the request that is running, not only by the
 last one queued (`connection_lost`). Each request's scope carries its connection's age and request
 number (`service.api.connections`), which ASGI gives the app no other way to know, so that a
@@ -18,7 +21,7 @@ uvicorn has it (and nginx in front of an app): a FIN is the same whether the cli
 half-closed, and kept open to answer, every abandoned request's work would run to its end rather than
 be cancelled (tests/api/test_http_protocol_half_close.py).
 
-Every answer from below the app (431, 408, uvicorn's 400) waits for the requests before it on the
+Every answer from below the app (431, 408, 400, 501) waits for the requests before it on the
 connection (pipelined) to be answered, and ends in a lingering close: the answer, a half-close, then
 what the client still sends is read and dropped, for at most `_LINGER_S` and `_LINGER_BYTES`, before the
 close. A close with input still unread makes the kernel send a reset, and a client that was still
@@ -68,13 +71,13 @@ whose answer could not be written held its task, its memory and its share of the
 for as long as the client liked; aborted, its send() returns, as for any client that left. And a
 chunked body's trailer fields are never request headers (RFC 9110 section 6.5.2): uvicorn appended them
 to the request's headers, where an `Authorization` trailer passed the key check and a `Content-Encoding`
-one decided the body's decoding. They are dropped, counted against `MAX_HEAD_BYTES` as a head is (431
-past it, the request refused as for a malformed body): httptools buffered an endless trailer value
-without bound, copying it whole at each read. A trailer `Connection` changes nothing either: llhttp
-acted on a `close` there and dropped, silently, every byte the connection brought after the request.
-Nor does a trailer `Content-Length` or `Transfer-Encoding`, which llhttp refused (uvicorn's plain 400,
-the request lost): such fields are not to be merged into the head and can be ignored (RFC 9110 section
-6.5.1), and are dropped as any other. A chunk's size line (its chunk extensions, which llhttp reads
+one decided the body's decoding. They are dropped, the trailer section held to `MAX_HEAD_BYTES` as a
+head is (431 past it, the request refused as for a malformed body): httptools buffered an endless
+trailer value without bound, copying it whole at each read. A trailer `Connection` changes nothing
+either: llhttp acted on a `close` there and dropped, silently, every byte the connection brought after
+the request. A trailer `Content-Length` or `Transfer-Encoding` stays llhttp's 400: taken as any trailer
+field, one beside a trailer `Connection` had carried into the next request's head (request smuggling).
+A chunk's size line (its chunk extensions, which llhttp reads
 without a callback) is bounded by the same cap, exactly, however the reads split it: an endless one had
 been read at the client's pace until the body stalled, and one that began or ended within a read had
 passed up to a read (256 KiB) over the cap.
@@ -84,26 +87,35 @@ timeout, the client's half-close) is bounded too: a transport closes only once i
 below its high-water mark no write timer ran, so a client that read nothing held its socket for as long
 as it stayed; it is aborted after `head_timeout_s` in which it read none of them. The pipeline cap's 429
 carries `Retry-After` (`retry_after_s`), as every other 429 does, and every JSON answer from down here
-(408, 429, 431) carries uvicorn's `Date` as the app's answers do (RFC 9110 section 6.6.1). A request of
-an HTTP version other than 1.x (llhttp takes 0.9, a request line without a version among them, and 2.0;
-uvicorn answered them as 1.1), or HTTP/2's preface, is answered 505 in plain text, as uvicorn's 400 for
-bytes that are no HTTP/1.x request is; a request line without a version as soon as it ends, or as soon
-as anything follows it (llhttp waits for a blank line after one, and an HTTP/0.9 client sends none: it
-had the 408, as had one that sent header lines and no blank line). 505 rather than 400, whatever follows
-the line: llhttp reads it as HTTP/0.9's, and the answer does not depend on how the client's bytes were
-split into reads. A higher minor version of HTTP/1 (`HTTP/1.2`, which llhttp refused: uvicorn's 400) is
-served as HTTP/1.1, the highest minor version implemented (RFC 9110 section 2.5): its app sees 1.1, and
-its answer's status line says 1.1 as every answer's does. Progress against the write timer counts the
-bytes the kernel sent too (its send queue, where the system says), not the transport's buffer alone, which
-a steady slow reader of pipelined answers could leave no smaller for a whole period.
+(400, 408, 429, 431, 501) carries uvicorn's `Date` as the app's answers do (RFC 9110 section 6.6.1).
+Bytes llhttp refuses as no HTTP/1.1 request (a malformed request line, header or chunk) are the 400
+`malformed_request`, with llhttp's reason: uvicorn's was plain text, the one error of the service
+without a code. A request of an HTTP version other than 1.x (llhttp takes 0.9, a request line without a
+version among them, and 2.0; uvicorn answered them as 1.1), or HTTP/2's preface, is answered 505 in
+plain text (its client reads no HTTP/1.1 answer); a request line without a version as soon as it ends,
+or as soon as anything follows it (llhttp waits for a blank line after one, and an HTTP/0.9 client sends
+none: it had the 408, as had one that sent header lines and no blank line). 505 rather than 400,
+whatever follows the line: llhttp reads it as HTTP/0.9's, and the answer does not depend on how the
+client's bytes were split into reads. A higher minor version of HTTP/1 (`HTTP/1.2`, which llhttp
+refused: uvicorn's 400) is served as HTTP/1.1, the highest minor version implemented (RFC 9110 section
+2.5): its app sees 1.1, and its answer's status line says 1.1 as every answer's does. Any other request
+line of the method PRI (`PRI * HTTP/1.1`) is a 400 as soon as it ends: llhttp waits for the rest of
+HTTP/2's preface after each, and the client had the 408; PRI is no method of HTTP/1.x (RFC 9113 section
+3.4). And a transfer coding other than chunked is a 501 `unsupported_transfer_coding` (RFC 9112 section
+6.1): llhttp decodes chunked alone, so `Transfer-Encoding: gzip, chunked` had passed the body on still
+gzipped. Progress against the write timer counts the bytes the kernel sent too (its send queue, where
+the system says), not the transport's buffer alone, which a steady slow reader of pipelined answers
+could leave no smaller for a whole period.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import json
+import re
 import struct
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -111,7 +123,7 @@ from typing import Any, NoReturn
 
 from service.api.connections import CONNECTION_KEY, PROTOCOL_STATUS_KEY, ConnectionAge
 from service.api.errors import RETRYABLE, STATUS
-from service.core.errors import ErrorCode
+from service.core.errors import ErrorCode, shown
 
 # The most bytes of a request's head buffered before it is refused: 4x h11's default in uvicorn, room
 # for large cookies and gateway headers (nginx allows 4 x 8 KiB by default).
@@ -119,7 +131,7 @@ MAX_HEAD_BYTES = 64 * 1024
 # What a protocol switch offer adds to a head, left out where it is given again (`Connection`'s tokens
 # for them too).
 _OFFER_HEADERS = frozenset((b"upgrade", b"http2-settings"))
-# uvicorn's own answer (and log line) for bytes that are no HTTP/1.1 request.
+# uvicorn's log line for bytes that are no HTTP/1.1 request (their answer: `malformed_request`).
 _INVALID_REQUEST = "Invalid HTTP request received."
 # The longest URL httptools parses (its URL parser's offsets are 16-bit): uvicorn parses each request's
 # URL once its head is complete, and a longer one failed as an invalid request, a plain-text 400. Such a
@@ -155,9 +167,11 @@ DEFAULT_RETRY_AFTER_S = 1
 # among them), and uvicorn answered both as HTTP/1.1.
 _VERSIONS = frozenset(("1.0", "1.1"))
 _REASONS = {
+    400: "Bad Request",
     408: "Request Timeout",
     429: "Too Many Requests",
     431: "Request Header Fields Too Large",
+    501: "Not Implemented",
     505: "HTTP Version Not Supported",
 }
 
@@ -220,6 +234,13 @@ _SIZE_LINE_TOO_LARGE = (
     f"a chunk's size line (its chunk extensions) in the chunked body exceeds {MAX_HEAD_BYTES} bytes"
 )
 _HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
+_PRI_METHOD = (
+    "PRI is no HTTP/1.1 method: it begins HTTP/2's connection preface (RFC 9113 section 3.4), and this "
+    "server speaks HTTP/1.1 only"
+)
+# What may follow the LF of a PRI request line that llhttp has not refused yet: the rest of HTTP/2's
+# preface (`\r\nSM\r\n\r\n`) after each LF in it, cut anywhere (`_pri_line_ended`).
+_PREFACE_RESTS = frozenset((b"", b"\r", b"S", b"SM", b"SM\r"))
 _TOO_MANY_PIPELINED = (
     f"too many pipelined requests: at most {MAX_PIPELINED} may wait behind the one being answered; "
     "send the rest on a new connection"
@@ -246,6 +267,126 @@ def _long_lines(data: bytes, carried: int) -> Iterator[int]:
         if start < 0 or data[start] in _HEX_DIGITS:
             yield max(start, 0)
         start = end + 1
+
+
+_BLANK_LINE = b"\r\n\r\n"
+_CRLF = b"\r\n"
+_NOT_CRLF = re.compile(rb"[^\r\n]")
+_HEX_RUN = re.compile(rb"[0-9a-fA-F]*")
+
+
+def _blank_line_end(data: bytes, before: bytes, start: int, end: int) -> int:
+    """Where the first blank line (CRLF CRLF) in `data[start:end]` ends, or -1; `start` < 0 takes its first
+    bytes from `before`, the end of the previous read (a blank line split between two reads)."""
+    start = max(start, -len(before))
+    if start < 0:
+        joined = before[start:] + data[:3]
+        found = joined.find(_BLANK_LINE)
+        if found >= 0 and found + 4 + start <= end:
+            return found + 4 + start
+        start = 0
+    found = data.find(_BLANK_LINE, start, end)
+    return found + 4 if found >= 0 else -1
+
+
+# `_Framing`'s states: between requests, in a head, at the end of one whose body llhttp has not told yet,
+# in a body of known length, in a chunk's size line, in its data (and the CRLF after it), in a trailer
+# section, and no longer followed.
+_IDLE, _HEAD, _HEAD_END, _BODY, _SIZE, _DATA, _TRAILER, _LOST = range(8)
+
+
+class _Framing:
+    """Where each request's head, body and trailer section lie in a connection's bytes, followed read by
+    read alongside llhttp, so that a head or a trailer section is known from its first byte on and can
+    be refused exactly when `MAX_HEAD_BYTES` of it are parsed with it still open (`_section_points`).
+
+    A head begins at the first byte that is no CR or LF between requests (llhttp skips those) and ends
+    with its blank line; its body is what llhttp makes of its head (`bodies`: its Content-Length, or
+    chunked), known once llhttp has parsed the head, and is passed over by its length, never searched;
+    a chunked body is followed by its size lines (the hex digits begin each) and their chunks' lengths,
+    and its trailer section begins after the size line of 0 and ends with its blank line. Where llhttp
+    refuses what does not frame so, the connection is refused: this is only ever followed for bytes
+    llhttp takes."""
+
+    def __init__(self) -> None:
+        self.kind = _IDLE
+        self.start = 0  # HEAD, TRAILER: where it began, in the current read (< 0: in an earlier one)
+        self.left = 0  # BODY, DATA: the bytes still to come (DATA: the CRLF after its chunk's data too)
+        self.digits = b""  # SIZE: the chunk size's hex digits so far
+        self.digits_done = False
+        self.requests = 0  # the requests begun, as the protocol counts them
+        self.bodies: collections.deque[int | None] = collections.deque()  # (heads parsed, not walked past)
+        self.before = b""  # the last bytes of the previous read
+
+    def restart(self, requests: int) -> None:
+        """Follow a fresh parser from its first byte, `requests` begun before it."""
+        self.kind, self.start, self.left = _IDLE, 0, 0
+        self.bodies.clear()
+        self.before = b""
+        self.requests = requests
+
+    def walk(self, data: bytes, position: int, parsed: int) -> tuple[int, tuple[int, int, int] | None]:
+        """Follow `data` from `position`, where llhttp has parsed it up to `parsed`; where it stopped (at
+        the end of a head that llhttp has not parsed yet, whose body is unknown, or at the read's end)
+        and, where a head or a trailer section would pass the cap still open, where `MAX_HEAD_BYTES` of
+        it end: (that position, HEAD or TRAILER, its request)."""
+        size = len(data)
+        kind = self.kind
+        try:
+            while True:
+                if kind == _IDLE:
+                    if position < size and data[position] not in _CRLF:
+                        self.start = position
+                    else:
+                        found = _NOT_CRLF.search(data, position)
+                        if found is None:
+                            return size, None
+                        self.start = position = found.start()
+                    kind = _HEAD
+                    self.requests += 1
+                elif kind in (_HEAD, _TRAILER):
+                    limit = self.start + MAX_HEAD_BYTES
+                    # (the size line's CRLF, with the blank line, ends a trailer section without fields)
+                    first = self.start - 2 if kind == _TRAILER else self.start
+                    end = _blank_line_end(data, self.before, first, min(size, limit))
+                    if end < 0:
+                        return size, None if limit > size else (limit, kind, self.requests)
+                    position = end
+                    kind = _HEAD_END if kind == _HEAD else _IDLE
+                elif kind == _HEAD_END:
+                    if position > parsed:
+                        return position, None
+                    body = self.bodies.popleft() if self.bodies else 0
+                    kind = _SIZE if body is None else _BODY if body else _IDLE
+                    self.left = body or 0
+                elif kind in (_BODY, _DATA):
+                    if position + self.left >= size:
+                        self.left -= size - position
+                        return size, None
+                    position += self.left
+                    kind = _IDLE if kind == _BODY else _SIZE
+                elif kind == _SIZE:
+                    if not self.digits_done:
+                        run = _HEX_RUN.match(data, position)
+                        assert run is not None  # (`*` matches the empty run)
+                        self.digits += run.group()
+                        self.digits_done = run.end() < size
+                    line_end = data.find(b"\n", position)
+                    if line_end < 0:
+                        return size, None
+                    position = line_end + 1
+                    chunk = int(self.digits or b"0", 16)
+                    self.digits, self.digits_done = b"", False
+                    kind, self.left, self.start = (_DATA, chunk + 2, 0) if chunk else (_TRAILER, 0, position)
+                else:  # _LOST
+                    return size, None
+        finally:
+            self.kind = kind
+
+    def read_done(self, data: bytes) -> None:
+        """`data`, the read followed, is parsed whole: positions for the next read."""
+        self.start -= len(data)
+        self.before = (self.before + data)[-3:]
 
 
 def _head_without_offer(method: bytes, url: bytes, version: str, headers: list[tuple[bytes, bytes]]) -> bytes:
@@ -276,6 +417,63 @@ def _declared_body(headers: list[tuple[bytes, bytes]]) -> int | None:
             except ValueError:  # (llhttp refuses such a head before it completes)
                 return None
     return length
+
+
+def _transfer_codings(headers: list[tuple[bytes, bytes]]) -> list[bytes]:
+    """The transfer codings a request's head lists, in order, over all its `Transfer-Encoding` fields
+    (names lowercased, parameters and empty list elements left out)."""
+    codings = []
+    for name, value in headers:
+        if name == b"transfer-encoding":
+            for element in value.split(b","):
+                coding = element.partition(b";")[0].strip(b" \t").lower()
+                if coding:
+                    codings.append(coding)
+    return codings
+
+
+def _transfer_coding_refusal(codings: list[bytes]) -> tuple[ErrorCode, str] | None:
+    """Why a request with these transfer codings is refused, if it is. Any coding but chunked: a body
+    whose last coding is chunked can be framed, but the others would reach the app still applied
+    (llhttp decodes only chunked: `gzip, chunked` passed the gzip stream on as the body), so 501, the
+    answer RFC 9112 section 6.1 gives for a transfer coding the server does not implement. One whose
+    last coding is not chunked has no length that can be known (400, RFC 9112 section 6.3, which llhttp
+    refuses too: here with the reason)."""
+    if not codings:
+        return None
+    if codings[-1] != b"chunked":
+        return ErrorCode.MALFORMED_REQUEST, (
+            "malformed HTTP/1.1 request: a Transfer-Encoding whose last coding is not chunked gives the body "
+            "no length (RFC 9112 section 6.3)"
+        )
+    others = [coding.decode("latin-1") for coding in codings if coding != b"chunked"]
+    if not others:
+        return None
+    return ErrorCode.UNSUPPORTED_TRANSFER_CODING, (
+        f"Transfer-Encoding {shown(others)} is not implemented, only chunked is (RFC 9112 section 6.1): "
+        "send the body chunked or with a Content-Length, compressed with Content-Encoding if need be"
+    )
+
+
+def _malformed_message(error: Exception) -> str:
+    """The message of the 400 for bytes llhttp refused (`error`): its reason, one of llhttp's own fixed
+    strings (`Invalid header value char`), never the client's bytes."""
+    import httptools
+
+    if isinstance(error.__context__, httptools.HttpParserInvalidURLError):  # (uvicorn's, in a callback)
+        return "malformed HTTP/1.1 request: the request target is no URL"
+    return f"malformed HTTP/1.1 request: {error}" if str(error) else "malformed HTTP/1.1 request"
+
+
+def _pri_line_ended(data: bytes) -> bool:
+    """Whether a PRI request's line has ended in `data`, a read just parsed into that request's head
+    (which llhttp has not refused). A PRI request line is followed by nothing but HTTP/2's preface, and
+    llhttp refuses any other byte at once, so the line has ended exactly when `data` has an LF after
+    which only the rest of the preface came (`_PREFACE_RESTS`); a request line still open holds the
+    method's P after the read's last LF, if it has one. An LF of an earlier read ended the line there,
+    where it was answered."""
+    end = data.rfind(b"\n")
+    return end >= 0 and data[end + 1 :] in _PREFACE_RESTS
 
 
 def _connect_target(url: bytes) -> bytes | None:
@@ -339,23 +537,15 @@ def protocol_class(
         answers stay unread for `head_timeout_s`, and answers a request that offers to switch protocols
         as if it had not (the module's docstring).
 
-        A head that completes is measured in `on_headers_complete`, from what the callbacks gave: the
-        request line (method, URL, version, two spaces, CRLF), each header (name, ":", value with its
-        trailing whitespace, CRLF) and the blank line. The whitespace before a value is not counted:
-        llhttp drops it, and counting the usual one space over-counted a header sent as "Name:value" (a
-        false 431 for a head within the cap); so a head is never counted longer than it was sent, and at
-        most that whitespace shorter (a byte a header as clients write them). A head still incomplete is
-        counted in whole chunks (httptools reports no offsets): after each parse, a chunk counts when
-        the head still open began in an earlier one. The chunk a message begins in is not counted (it
-        may hold a pipelined request's body before it), so an endless head is refused after at most
-        `MAX_HEAD_BYTES` plus one read (asyncio reads up to 256 KiB at a time), and httptools never
-        buffers more.
-
-        A trailer section is measured the same way: its fields as they complete (`on_header` after the
-        head), and, while it is incomplete, the reads after the one it began in. It begins at a chunk's
-        size line (`on_chunk_header`) that no body byte follows: the last chunk's (size 0). A data chunk's
-        size line at the end of a read looks the same until the next read brings its first byte
-        (`on_body`), so only reads that end with no body byte since count.
+        A head and a trailer section are held to the cap as sent, exactly: httptools reports no offsets,
+        so where each lies in a read is followed alongside it (`_Framing`, the heads' ends, the bodies'
+        lengths that llhttp read from them), and the read is parsed up to where one would have
+        `MAX_HEAD_BYTES` still open, then refused (`_section_points`). What the callbacks give is
+        measured too, once a head completes (`on_headers_complete`) and as trailer fields do
+        (`_on_trailer_field`): the request line, each field (name, ":", value with its trailing
+        whitespace, CRLF) and the blank line, never more than was sent (llhttp drops the whitespace
+        before a value), so never a refusal the framing would not make; it stands where the framing is
+        not followed (`_LOST`).
 
         A chunk's size line is measured exactly: it has no LF, so one still open at the end of a read is
         what follows the read's last LF (or the whole read, where it began earlier), and one that ends
@@ -366,8 +556,8 @@ def protocol_class(
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._in_head = False
+            self._messages = 0  # the requests begun, for telling one open head from the next
             self._began_in_chunk = False
-            self._head_bytes = 0  # the reads counted against a head still incomplete
             self._head_size = 0  # the headers parsed so far of the current head, as sent
             self._line_open = False  # the current head's request line may not have ended yet
             self._line = bytearray()  # ... the last partial line read since it began (`_versionless_line`)
@@ -386,9 +576,8 @@ def protocol_class(
             self._keeps_alive = True  # whether llhttp keeps the connection, by its request's head
             self._lenient_keep_alive = False  # llhttp told to, whatever a trailer `Connection` says
             self._trailer_open = False  # past a chunk's size line with no body byte since: maybe a trailer
-            self._trailer_new = False  # ... a size line parsed in the current read
-            self._trailer_bytes = 0  # the reads counted against a trailer section still incomplete
             self._trailer_size = 0  # its fields parsed so far, as sent
+            self._framing = _Framing()  # where heads and trailer sections lie in what is read
             self._size_line_open = False  # in a chunked body, before a chunk's size line is complete
             self._size_line_new = False  # ... entered in the current read
             self._size_line_bytes = 0  # the reads counted against a size line still incomplete
@@ -437,8 +626,8 @@ def protocol_class(
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._in_head = True
+            self._messages += 1
             self._began_in_chunk = True
-            self._head_bytes = 0
             self._head_size = 0
             self._line_open = True
             self._line.clear()
@@ -477,8 +666,6 @@ def protocol_class(
         def on_chunk_header(self) -> None:
             self._size_line_open = False
             self._trailer_open = True
-            self._trailer_new = True
-            self._trailer_bytes = 0
             self._trailer_size = 0
 
         def on_chunk_complete(self) -> None:
@@ -508,6 +695,9 @@ def protocol_class(
                 self._stop(*self._error_answer(ErrorCode.HEADERS_TOO_LARGE, _HEAD_TOO_LARGE))
             if _served_version(version) is None:  # (no request yet)
                 self._stop(self._version_refusal(version), 505)
+            refusal = _transfer_coding_refusal(_transfer_codings(self.headers))
+            if refusal is not None:  # (no request yet; before an offer's head is given again)
+                self._stop(*self._error_answer(*refusal))
             if self.parser.should_upgrade():  # (set before this callback; llhttp stops after it)
                 self._offered_upgrade = True  # no request yet: `data_received` gives the head again
                 return
@@ -519,6 +709,7 @@ def protocol_class(
             """Start (or queue behind the requests before it) the request whose head was just parsed,
             with `body_left` bytes of body to come (None: chunked)."""
             self._body_left = body_left
+            self._framing.bodies.append(body_left)
             if body_left is None:  # (chunked: its first chunk's size line comes next)
                 self._open_size_line()
             self._keeps_alive = self.parser.should_keep_alive()
@@ -562,20 +753,87 @@ def protocol_class(
                 super().on_message_complete()
 
         def data_received(self, data: bytes) -> None:
-            """Parse a read, in parts where a line that may be a chunk's size line over the cap begins in it
-            (`_long_lines`), so that such a line is refused wherever the read's bounds fall."""
+            """Parse a read, in parts where the parser's state there decides whether a head, a trailer
+            section or a chunk's size line passes the cap (`_parse_points`), so that each is refused
+            once its first `MAX_HEAD_BYTES` bytes are parsed with it still open, wherever the read's bounds
+            fall."""
             if self._refusal is not None:  # refused: what follows is read only to be dropped
                 self._drop(len(data))
                 return
+            if len(data) < self._room():  # (nothing can reach the cap in this read: parsed whole)
+                if self._feed_data(data, 0, len(data)):
+                    self._framing.walk(data, 0, len(data))
+                    self._framing.read_done(data)
+                return
             fed = 0
-            for start in self._long_lines_in(data):
-                if start > fed and not self._feed_data(data, fed, start):
+            for point, over_cap in self._parse_points(data):
+                if point > fed and not self._feed_data(data, fed, point):
                     return
-                fed = start
-                if self._size_line_open:  # (parsed up to the long line, the parser is in it: a size line)
-                    self._refuse(*self._error_answer(ErrorCode.HEADERS_TOO_LARGE, _SIZE_LINE_TOO_LARGE))
+                fed = max(fed, point)
+                if over_cap is not None and (message := over_cap()) is not None:
+                    self._refuse(*self._error_answer(ErrorCode.HEADERS_TOO_LARGE, message))
                     return
-            self._feed_data(data, fed, len(data))
+
+        def _parse_points(self, data: bytes) -> Iterator[tuple[int, Callable[[], str | None] | None]]:
+            """Where to stop parsing a read, and what to ask there (the message of a 431, or None): the
+            long lines that may be a chunk's size line (`_long_lines_in`), merged in order with the points
+            of `_section_points`, which depend on the parser's state where the read is parsed up to."""
+            long_lines = iter(self._long_lines_in(data))
+            long_line = next(long_lines, None)
+            for point, over_cap in self._section_points(data):
+                while long_line is not None and long_line <= point:
+                    yield long_line, self._size_line_over_cap
+                    long_line = next(long_lines, None)
+                yield point, over_cap
+
+        def _room(self) -> int:
+            """The bytes a read may hold without a head, a trailer section or a chunk's size line reaching
+            `MAX_HEAD_BYTES` in it: less what one open at its start has already."""
+            framing = self._framing
+            room = MAX_HEAD_BYTES + framing.start if framing.kind in (_HEAD, _TRAILER) else MAX_HEAD_BYTES
+            return min(room, MAX_HEAD_BYTES - self._size_line_bytes) if self._size_line_open else room
+
+        def _size_line_over_cap(self) -> str | None:
+            # (parsed up to a long line, the parser is in it: a size line)
+            return _SIZE_LINE_TOO_LARGE if self._size_line_open else None
+
+        def _section_points(self, data: bytes) -> Iterator[tuple[int, Callable[[], str | None] | None]]:
+            """Where to stop parsing `data` so that a head or a trailer section is refused exactly once
+            `MAX_HEAD_BYTES` of it are parsed with it still open, counted as sent (the whitespace before a
+            header's value too), wherever the reads split it and whatever came before it in the read: where
+            the connection's framing (`_Framing`) puts that many bytes of it. The framing learns a request's
+            body from llhttp once its head is parsed, so the read is parsed past a head's end before
+            it is followed further (up to the cap past it: no head or trailer section beginning after it
+            can reach the cap before). The last point is the read's end."""
+            framing = self._framing
+            size = len(data)
+            parsed = position = 0
+            while True:
+                position, cut = framing.walk(data, position, parsed)
+                if cut is not None:
+                    at, kind, request = cut
+                    over_cap = self._head_over_cap if kind == _HEAD else self._trailer_over_cap
+                    yield at, functools.partial(over_cap, request)
+                    # (not refused: llhttp is not where the framing says, which is then not followed)
+                    self.logger.warning("the HTTP framing followed lost llhttp's at %d of a read", at)
+                    framing.kind = _LOST
+                    parsed = at
+                    break
+                if position >= size:
+                    break
+                parsed = min(size, position + MAX_HEAD_BYTES)
+                yield parsed, None
+            if parsed < size:
+                yield size, None
+            framing.read_done(data)
+
+        def _head_over_cap(self, request: int) -> str | None:
+            """The 431's message where the head of request `request` (`_messages`) is still open."""
+            return _HEAD_TOO_LARGE if self._in_head and self._messages == request else None
+
+        def _trailer_over_cap(self, request: int) -> str | None:
+            """The 431's message where the trailer section of request `request` is still open."""
+            return _TRAILER_TOO_LARGE if self._trailer_open and self._messages == request else None
 
         def _long_lines_in(self, data: bytes) -> Iterator[int]:
             """`_long_lines` of a read where a chunk's size line may be among them: none in one too short to
@@ -593,22 +851,22 @@ def protocol_class(
             again)."""
             data = read if start == 0 and end == len(read) else read[start:end]
             self._began_in_chunk = False
-            self._trailer_new = False
             self._size_line_new = False
             self._unset_keepalive_if_required()
             try:
                 self.parser.feed_data(data)
-            except httptools.HttpParserError:
+            except httptools.HttpParserError as error:
                 if self._stopped is not None:
                     self._refuse(*self._stopped)
-                elif self.parser.get_method() == b"PRI" and self.parser.get_http_version() == "2.0":
-                    # HTTP/2's connection preface (prior knowledge): llhttp stops at it, before any head.
-                    self._refuse(self._version_refusal("2.0"), 505)
+                elif self._in_head and self.parser.get_method() == b"PRI":
+                    # HTTP/2's connection preface (prior knowledge): llhttp stops at it, before any head;
+                    # or a PRI request that is not the preface.
+                    self._refuse_pri()
                 elif len(self.url) > _MAX_URL_BYTES:  # (a URL uvicorn cannot parse)
                     self._refuse_head_too_large()
                 else:
-                    self.logger.warning(_INVALID_REQUEST)
-                    self.send_400_response(_INVALID_REQUEST)
+                    self.logger.warning("%s (%s)", _INVALID_REQUEST, error)
+                    self.send_400_response(_malformed_message(error))
                 return False
             except httptools.HttpParserUpgrade as upgrade:
                 self._give_head_again(read[start + upgrade.args[0] :])
@@ -635,22 +893,16 @@ def protocol_class(
                 if self._size_line_bytes >= MAX_HEAD_BYTES:  # (over the cap with the LF still to come)
                     self._refuse(*self._error_answer(ErrorCode.HEADERS_TOO_LARGE, _SIZE_LINE_TOO_LARGE))
                 return
-            if self._trailer_open and not self._trailer_new:  # (a whole read of a trailer section)
-                self._trailer_bytes += len(data)
-                if self._trailer_bytes > MAX_HEAD_BYTES:
-                    self._refuse(*self._error_answer(ErrorCode.HEADERS_TOO_LARGE, _TRAILER_TOO_LARGE))
-                return
             if self._in_head and (
                 # (llhttp reads a request line without a version as 0.9's once a byte follows its end)
                 self.parser.get_http_version() == "0.9" or (self._line_open and self._versionless_line(data))
             ):
                 self._refuse(self._version_refusal("0.9"), 505)
                 return
-            if not self._in_head or self._began_in_chunk:
-                return
-            self._head_bytes += len(data)
-            if self._head_bytes > MAX_HEAD_BYTES:
-                self._refuse_head_too_large()
+            if self._in_head and self.parser.get_method() == b"PRI" and _pri_line_ended(data):
+                # llhttp waits for the rest of HTTP/2's preface after any PRI request line, so a client
+                # sending `PRI * HTTP/1.1` and a blank line waited for the head timeout's 408.
+                self._refuse_pri()
 
         def _versionless_line(self, data: bytes) -> bool:
             """Whether `data`, just parsed into a head still open, ended its request line without a
@@ -688,9 +940,20 @@ def protocol_class(
             self._refuse(*self._error_answer(ErrorCode.HEADERS_TOO_LARGE, _HEAD_TOO_LARGE))
 
         def send_400_response(self, msg: str) -> None:
-            """uvicorn's plain-text 400, through `_refuse`: after the answers before it, and with a
-            lingering close (a bad head with a large body behind it lost its 400 to a reset)."""
-            self._refuse(self._plain_answer(400, msg), 400)
+            """uvicorn's 400 for bytes that are no HTTP/1.1 request, as the service's JSON error
+            (`malformed_request`, `msg` its message) rather than uvicorn's plain text, and through
+            `_refuse`: after the answers before it, and with a lingering close (a bad head with a large
+            body behind it lost its 400 to a reset)."""
+            self._refuse(*self._error_answer(ErrorCode.MALFORMED_REQUEST, msg))
+
+        def _refuse_pri(self) -> None:
+            """Refuse a request of the method PRI, whose line has ended: HTTP/2's preface (`PRI *
+            HTTP/2.0`) is a 505, as any request of HTTP/2.0; for any other version, PRI is a method no
+            HTTP version has but as that preface (RFC 9113 section 3.4), so the request is malformed."""
+            if self.parser.get_http_version() == "2.0":
+                self._refuse(self._version_refusal("2.0"), 505)
+            else:
+                self.send_400_response(_PRI_METHOD)
 
         def _error_answer(self, code: ErrorCode, message: str) -> tuple[bytes, int]:
             """The service's error answer for `code` from below the app (the module's `_error_answer`),
@@ -705,9 +968,9 @@ def protocol_class(
 
         def _plain_answer(self, status: int, msg: str) -> bytes:
             """A whole plain-text answer of `status`, closing the connection, as uvicorn writes its 400:
-            for bytes that are no HTTP/1.x request, whose client reads no JSON error body of ours."""
-            reason = "Bad Request" if status == 400 else _REASONS[status]
-            content = [b"HTTP/1.1 %d %s\r\n" % (status, reason.encode("ascii"))]
+            for a request of another HTTP version than 1.x, whose client reads no HTTP/1.1 answer, let
+            alone a JSON error body of ours."""
+            content = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status].encode("ascii"))]
             for name, value in self.server_state.default_headers:  # (server, date)
                 content.append(name + b": " + value + b"\r\n")
             content.append(b"content-type: text/plain; charset=utf-8\r\n")
@@ -863,11 +1126,12 @@ def protocol_class(
                 self._answer_connect(rest)
                 return
             if not self._offered_upgrade:  # (never: llhttp switches only where the head offered it)
-                self.send_400_response(_INVALID_REQUEST)
+                self.send_400_response("malformed HTTP/1.1 request: a protocol switch nothing offered")
                 return
             head = _head_without_offer(method, self.url, self.parser.get_http_version(), self.headers)
             self.parser = httptools.HttpRequestParser(self)
             self._set_lenient_version()
+            self._framing.restart(self._messages)
             self.data_received(head + rest)
 
         def _answer_connect(self, rest: bytes) -> None:
@@ -876,7 +1140,7 @@ def protocol_class(
             (it counts against `_LINGER_BYTES`), and so is whatever follows, while the answer waits."""
             target = _connect_target(self.url)
             if target is None:
-                self.send_400_response(_INVALID_REQUEST)
+                self.send_400_response("malformed HTTP/1.1 request: the CONNECT's target is no URL")
                 return
             if len(self.pipeline) >= MAX_PIPELINED:
                 self._refuse(*self._error_answer(ErrorCode.OVERLOADED, _TOO_MANY_PIPELINED))

@@ -60,7 +60,14 @@ OTHER_STATUS_CLASS = "other"
 # from below the app (service.api.http_protocol), and the liveness probe's `unhealthy`: a probe's 503 is
 # its outcome, not a request failure (service.api.routers.health), and no other answer carries it.
 _UNCOUNTED_CODES = frozenset(
-    {ErrorCode.INPUT_UNREADABLE, ErrorCode.HEADERS_TOO_LARGE, ErrorCode.HEAD_TIMEOUT, ErrorCode.UNHEALTHY}
+    {
+        ErrorCode.INPUT_UNREADABLE,
+        ErrorCode.HEADERS_TOO_LARGE,
+        ErrorCode.HEAD_TIMEOUT,
+        ErrorCode.MALFORMED_REQUEST,
+        ErrorCode.UNSUPPORTED_TRANSFER_CODING,
+        ErrorCode.UNHEALTHY,
+    }
 )
 REQUEST_FAILURE_CODES = tuple(code for code in ErrorCode if code not in _UNCOUNTED_CODES)
 # Besides those, the codes of a request, never of one of its documents (its key, route, method, body's

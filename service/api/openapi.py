@@ -134,7 +134,11 @@ def error_responses(
 # What the model routes answer besides 200: 422 and 500 with every code of theirs (`install_openapi` adds
 # 408, 413 and 415, and 401 where keys are configured).
 UNAVAILABLE = {503: (ErrorCode.NOT_READY, ErrorCode.SHUTTING_DOWN)}
-MODEL_ROUTE_ERRORS = error_responses(400, 422, 429, 500, 503, 504, codes=UNAVAILABLE)
+# A 400 of the app is `empty_input`; the parser's `malformed_request`, from below the app, is in the API's
+# description (as the 431 and 408 `head_timeout` are).
+MODEL_ROUTE_ERRORS = error_responses(
+    400, 422, 429, 500, 503, 504, codes={400: (ErrorCode.EMPTY,), **UNAVAILABLE}
+)
 
 
 def timing_responses(

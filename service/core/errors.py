@@ -18,6 +18,12 @@ class ErrorCode(StrEnum):
     EMPTY = "empty_input"  # nothing to embed (400)
     PAYLOAD_TOO_LARGE = "payload_too_large"  # body or document over the byte cap (413)
     HEADERS_TOO_LARGE = "headers_too_large"  # request line and headers over the parser's cap (431)
+    # Bytes the HTTP parser refuses as no HTTP/1.1 request (a malformed request line, header or chunk,
+    # the method PRI outside HTTP/2's preface): answered below the app, the connection closed (400)
+    MALFORMED_REQUEST = "malformed_request"
+    # A transfer coding other than chunked (`Transfer-Encoding: gzip, chunked`): RFC 9112 section 6.1's
+    # answer for one the server does not implement; answered below the app, the connection closed (501)
+    UNSUPPORTED_TRANSFER_CODING = "unsupported_transfer_coding"
     TOO_MANY_DOCUMENTS = "too_many_documents"  # more documents than allowed per request (422)
     TOO_MANY_TOKENS = "too_many_tokens"  # document longer than max length with truncate=false (422)
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # (415)

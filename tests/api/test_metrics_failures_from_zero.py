@@ -71,6 +71,8 @@ def test_the_labels_exported_from_0_are_those_the_routes_can_count() -> None:
         ErrorCode.INPUT_UNREADABLE,  # the bulk commands' only
         ErrorCode.HEADERS_TOO_LARGE,  # answered by the HTTP parser, below the app: never counted
         ErrorCode.HEAD_TIMEOUT,
+        ErrorCode.MALFORMED_REQUEST,  # the parser's too
+        ErrorCode.UNSUPPORTED_TRANSFER_CODING,
         ErrorCode.UNHEALTHY,  # the liveness probe's alone, and a probe's 503 is no request failure
     }
     assert set(DOCUMENT_FAILURE_CODES) <= set(REQUEST_FAILURE_CODES)
