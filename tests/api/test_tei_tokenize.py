@@ -184,6 +184,35 @@ def test_a_word_cut_by_the_prefix_gets_the_whole_words_offsets_or_none() -> None
     assert known == whole.offsets[:unk]
 
 
+# A letter, U+3099 (a kana mark, a word of its own), a run of marks of a lower class than U+0306, then
+# U+0306, which NFC composes with the letter across the run: "и" becomes "й", and the offsets of every
+# token after it move. A cut inside the run reads the letter uncomposed, far (the run's length) before it.
+COMPOSED_ACROSS = "и\u3099" + "\u0316" * 20_000 + "\u0306"
+
+
+@on_module_loop
+async def test_combining_marks_at_the_offsets_cut_give_the_whole_pages_offsets_or_none(
+    client: httpx.AsyncClient, tokenizer: HtmlTokenizer
+) -> None:
+    """The prefix read for offsets is cut inside the run of marks (at 8 characters a token of the 2,048
+    a list holds): the tokens before the run, both [UNK] whether the letter is composed or not, were
+    listed with the uncomposed prefix's offsets, one character off the whole page's."""
+    html = "<p>" + "the " * 1000 + COMPOSED_ACROSS + " sport" * 100 + "</p>"
+    response = await client.post("/tokenize", json={"inputs": html, "add_special_tokens": False})
+    assert response.status_code == 200, response.text
+    (tokens,) = response.json()
+    (out,) = await preprocessed(client, [html])
+    pruned = out["html"]
+    assert 0 < pruned.index(COMPOSED_ACROSS) < 16_000 < pruned.index(COMPOSED_ACROSS) + len(COMPOSED_ACROSS)
+    whole = tokenizer.backend.encode_batch([pruned], add_special_tokens=False)[0]
+    assert [t["id"] for t in tokens] == whole.ids[: len(tokens)]
+    offsets = [(t["start"], t["stop"]) for t in tokens]
+    known = [o for o in offsets if o != (None, None)]
+    assert len(known) > 900  # the words before the run
+    assert offsets[: len(known)] == known == whole.offsets[: len(known)]
+    assert_offsets_slice(tokens, pruned)
+
+
 @on_module_loop
 @pytest.mark.parametrize(
     ("body", "status", "code", "says"),

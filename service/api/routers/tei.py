@@ -15,7 +15,6 @@ from collections.abc import Sequence
 
 import pydantic_core
 from fastapi import APIRouter, Depends, Request, Response
-from tokenizers import Encoding as TokenizersEncoding
 
 from service.api import inference
 from service.api.auth import require_api_key
@@ -41,18 +40,6 @@ from service.engine.collector import cancel_and_forget
 from service.engine.failures import naming_failures
 
 router = APIRouter(tags=["compatible"], dependencies=[Depends(require_api_key)], responses=MODEL_ROUTE_ERRORS)
-
-# A page's offsets come from one more encode of its pruned HTML, this time with offsets: of all of it
-# when it has at most this many characters per token a list may hold (pruned HTML averages 3 to 4, and
-# `HtmlTokenizer.encode` reads as much first), else of a prefix that long. Past the bound the encode's
-# memory (about 800 bytes a token, and an alignment per character) and time grow with the page, not with
-# the list: a 16 MB page of one word took 6 s and 1 GB encoded whole, for one [UNK].
-OFFSET_CHARS_PER_TOKEN = 8
-OFFSET_MAX_CHARS = 1 << 20
-# A prefix's tokens that end at least this far before its cut are the whole text's, offsets included
-# (the rule `HtmlTokenizer.encode` reads a bounded prefix by: every step before WordPiece looks only a
-# few characters around).
-_CUT_MARGIN = 128
 
 
 def _refuse_prompt(prompt_name: str | None) -> None:
@@ -179,56 +166,19 @@ def token_list(
     """The tokens of one pruned page as TEI lists them, [CLS] and [SEP] included at most `limit`, and
     whether that is all of them.
 
-    The ids are those `tokenizer.encode` gives the model; the offsets come from an encode of at most
-    `_offset_window(limit)` characters, and are null for the tokens past what it holds for certain.
+    The ids are those `tokenizer.encode` gives the model; the offsets are those the tokenizer's bounded
+    read is certain of (`HtmlTokenizer.encode_with_offsets`), null past them: encoding a 16 MB page of
+    one word whole for them took 6 s and 1 GB, for one [UNK].
     """
-    budget = limit - 2
-    window = _offset_window(limit)
-    head = _encode(tokenizer, pruned[:window])
-    if len(pruned) <= window:  # the whole text's encoding: ids and offsets
-        ids = head.ids
-        content: list[int] = ids[:budget]
-        whole = len(ids) <= budget
-        known = len(content)
-    else:
-        encoded = tokenizer.encode(pruned, max_length=limit, count_all=False)
-        content, whole = encoded.ids[1:-1], not encoded.truncated
-        known = _known_offsets(head, content, window)
-    offsets = head.offsets  # a new list at every read of the property
+    encoded = tokenizer.encode_with_offsets(pruned, max_length=limit)
     tokens = [
-        _token(token_id, pruned, offsets[i] if i < known else None, tokenizer)
-        for i, token_id in enumerate(content)
+        _token(token_id, pruned, offsets, tokenizer)
+        for token_id, offsets in zip(encoded.ids, encoded.offsets, strict=True)
     ]
     if add_special_tokens:
         special = tokenizer.special_ids
         tokens = [_special(special.cls, tokenizer), *tokens, _special(special.sep, tokenizer)]
-    return tokens, whole
-
-
-def _offset_window(limit: int) -> int:
-    return min(OFFSET_MAX_CHARS, OFFSET_CHARS_PER_TOKEN * limit)
-
-
-def _encode(tokenizer: HtmlTokenizer, text: str) -> TokenizersEncoding:
-    """`text`'s encoding with offsets, without [CLS]/[SEP]; pruned HTML has no lone surrogates (the
-    decoder replaced them), so the Rust side takes every text."""
-    return tokenizer.backend.encode_batch([text], add_special_tokens=False)[0]
-
-
-def _known_offsets(head: TokenizersEncoding, content: Sequence[int], end: int) -> int:
-    """How many of `content` (the whole text's first ids) `head`, the encoding of its first `end`
-    characters, gives offsets for: its tokens with the same ids that end `_CUT_MARGIN` characters before
-    the cut, less the word of the first token not taken for that reason (a word the cut runs through is
-    read otherwise). A word that the end of `content` runs through is read whole by both."""
-    ids, offsets, words = head.ids, head.offsets, head.word_ids
-    most = min(len(ids), len(content))
-    known = 0
-    while known < most and ids[known] == content[known] and offsets[known][1] <= end - _CUT_MARGIN:
-        known += 1
-    if known < most:
-        while known and words[known - 1] is not None and words[known - 1] == words[known]:
-            known -= 1
-    return known
+    return tokens, not encoded.truncated
 
 
 def _token(
