@@ -8,7 +8,7 @@ header and the server buffers all of it (200 MB sent, 312 MB resident, measured)
 than `MAX_HEAD_BYTES` is answered 431 with the service's error body, and its connection is closed: it
 is counted as sent, the whitespace before each header's value too, from its first byte, and refused
 once that many bytes of it are parsed with it still open, however the socket's reads split it and
-whatever came before it in a read (`_Framing`). A head that completed had been measured from what llhttp
+whatever came before it in a read (`Framing`). A head that completed had been measured from what llhttp
 gave, which leaves that whitespace out (a 100 KB head, most of it spaces after a colon, was served), and
 one still open counted in whole reads after the one it began in (100 KB of a head in one read were held
 until the head timeout's 408). Such an answer comes from below the app, so it is not counted in
@@ -111,11 +111,9 @@ could leave no smaller for a whole period.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import functools
 import json
-import re
 import struct
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -123,11 +121,19 @@ from typing import Any, NoReturn
 
 from service.api.connections import CONNECTION_KEY, PROTOCOL_STATUS_KEY, ConnectionAge
 from service.api.errors import RETRYABLE, STATUS
-from service.core.errors import ErrorCode, shown
+from service.api.http_framing import (
+    HEAD,
+    LOST,
+    MAX_HEAD_BYTES,
+    TRAILER,
+    Framing,
+    declared_body,
+    long_lines,
+    transfer_coding_refusal,
+    transfer_codings,
+)
+from service.core.errors import ErrorCode
 
-# The most bytes of a request's head buffered before it is refused: 4x h11's default in uvicorn, room
-# for large cookies and gateway headers (nginx allows 4 x 8 KiB by default).
-MAX_HEAD_BYTES = 64 * 1024
 # What a protocol switch offer adds to a head, left out where it is given again (`Connection`'s tokens
 # for them too).
 _OFFER_HEADERS = frozenset((b"upgrade", b"http2-settings"))
@@ -233,7 +239,6 @@ _TRAILER_TOO_LARGE = f"the chunked body's trailer fields exceed {MAX_HEAD_BYTES}
 _SIZE_LINE_TOO_LARGE = (
     f"a chunk's size line (its chunk extensions) in the chunked body exceeds {MAX_HEAD_BYTES} bytes"
 )
-_HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
 _PRI_METHOD = (
     "PRI is no HTTP/1.1 method: it begins HTTP/2's connection preface (RFC 9113 section 3.4), and this "
     "server speaks HTTP/1.1 only"
@@ -245,148 +250,6 @@ _TOO_MANY_PIPELINED = (
     f"too many pipelined requests: at most {MAX_PIPELINED} may wait behind the one being answered; "
     "send the rest on a new connection"
 )
-
-
-def _long_lines(data: bytes, carried: int) -> Iterator[int]:
-    """Where each line of `data` that may be a chunk's size line over the cap begins (`data_received`):
-    one with at least `MAX_HEAD_BYTES` bytes before the LF ending it in `data`, beginning after an LF
-    with a hex digit (as a size line must: llhttp refuses any other at its first byte), or at 0 where
-    `carried` bytes of it came before `data`. A read's lines are skipped a window of the cap at a time
-    (the last LF in it), so that text is passed over in a few searches, each in C; a body's long lines
-    that begin otherwise (a minified page's `<`) are not parsed apart."""
-    start = -carried
-    while start + MAX_HEAD_BYTES < len(data):  # (an LF ending a long line could still come in `data`)
-        window_end = start + MAX_HEAD_BYTES
-        last = data.rfind(b"\n", max(start, 0), window_end)
-        if last >= 0:  # (every line ending in the window is shorter: on from the last one)
-            start = last + 1
-            continue
-        end = data.find(b"\n", window_end)
-        if end < 0:  # (the line is still open at the end: measured once `data` is parsed)
-            return
-        if start < 0 or data[start] in _HEX_DIGITS:
-            yield max(start, 0)
-        start = end + 1
-
-
-_BLANK_LINE = b"\r\n\r\n"
-_CRLF = b"\r\n"
-_NOT_CRLF = re.compile(rb"[^\r\n]")
-_HEX_RUN = re.compile(rb"[0-9a-fA-F]*")
-
-
-def _blank_line_end(data: bytes, before: bytes, start: int, end: int) -> int:
-    """Where the first blank line (CRLF CRLF) in `data[start:end]` ends, or -1; `start` < 0 takes its first
-    bytes from `before`, the end of the previous read (a blank line split between two reads)."""
-    start = max(start, -len(before))
-    if start < 0:
-        joined = before[start:] + data[:3]
-        found = joined.find(_BLANK_LINE)
-        if found >= 0 and found + 4 + start <= end:
-            return found + 4 + start
-        start = 0
-    found = data.find(_BLANK_LINE, start, end)
-    return found + 4 if found >= 0 else -1
-
-
-# `_Framing`'s states: between requests, in a head, at the end of one whose body llhttp has not told yet,
-# in a body of known length, in a chunk's size line, in its data (and the CRLF after it), in a trailer
-# section, and no longer followed.
-_IDLE, _HEAD, _HEAD_END, _BODY, _SIZE, _DATA, _TRAILER, _LOST = range(8)
-
-
-class _Framing:
-    """Where each request's head, body and trailer section lie in a connection's bytes, followed read by
-    read alongside llhttp, so that a head or a trailer section is known from its first byte on and can
-    be refused exactly when `MAX_HEAD_BYTES` of it are parsed with it still open (`_section_points`).
-
-    A head begins at the first byte that is no CR or LF between requests (llhttp skips those) and ends
-    with its blank line; its body is what llhttp makes of its head (`bodies`: its Content-Length, or
-    chunked), known once llhttp has parsed the head, and is passed over by its length, never searched;
-    a chunked body is followed by its size lines (the hex digits begin each) and their chunks' lengths,
-    and its trailer section begins after the size line of 0 and ends with its blank line. Where llhttp
-    refuses what does not frame so, the connection is refused: this is only ever followed for bytes
-    llhttp takes."""
-
-    def __init__(self) -> None:
-        self.kind = _IDLE
-        self.start = 0  # HEAD, TRAILER: where it began, in the current read (< 0: in an earlier one)
-        self.left = 0  # BODY, DATA: the bytes still to come (DATA: the CRLF after its chunk's data too)
-        self.digits = b""  # SIZE: the chunk size's hex digits so far
-        self.digits_done = False
-        self.requests = 0  # the requests begun, as the protocol counts them
-        self.bodies: collections.deque[int | None] = collections.deque()  # (heads parsed, not walked past)
-        self.before = b""  # the last bytes of the previous read
-
-    def restart(self, requests: int) -> None:
-        """Follow a fresh parser from its first byte, `requests` begun before it."""
-        self.kind, self.start, self.left = _IDLE, 0, 0
-        self.bodies.clear()
-        self.before = b""
-        self.requests = requests
-
-    def walk(self, data: bytes, position: int, parsed: int) -> tuple[int, tuple[int, int, int] | None]:
-        """Follow `data` from `position`, where llhttp has parsed it up to `parsed`; where it stopped (at
-        the end of a head that llhttp has not parsed yet, whose body is unknown, or at the read's end)
-        and, where a head or a trailer section would pass the cap still open, where `MAX_HEAD_BYTES` of
-        it end: (that position, HEAD or TRAILER, its request)."""
-        size = len(data)
-        kind = self.kind
-        try:
-            while True:
-                if kind == _IDLE:
-                    if position < size and data[position] not in _CRLF:
-                        self.start = position
-                    else:
-                        found = _NOT_CRLF.search(data, position)
-                        if found is None:
-                            return size, None
-                        self.start = position = found.start()
-                    kind = _HEAD
-                    self.requests += 1
-                elif kind in (_HEAD, _TRAILER):
-                    limit = self.start + MAX_HEAD_BYTES
-                    # (the size line's CRLF, with the blank line, ends a trailer section without fields)
-                    first = self.start - 2 if kind == _TRAILER else self.start
-                    end = _blank_line_end(data, self.before, first, min(size, limit))
-                    if end < 0:
-                        return size, None if limit > size else (limit, kind, self.requests)
-                    position = end
-                    kind = _HEAD_END if kind == _HEAD else _IDLE
-                elif kind == _HEAD_END:
-                    if position > parsed:
-                        return position, None
-                    body = self.bodies.popleft() if self.bodies else 0
-                    kind = _SIZE if body is None else _BODY if body else _IDLE
-                    self.left = body or 0
-                elif kind in (_BODY, _DATA):
-                    if position + self.left >= size:
-                        self.left -= size - position
-                        return size, None
-                    position += self.left
-                    kind = _IDLE if kind == _BODY else _SIZE
-                elif kind == _SIZE:
-                    if not self.digits_done:
-                        run = _HEX_RUN.match(data, position)
-                        assert run is not None  # (`*` matches the empty run)
-                        self.digits += run.group()
-                        self.digits_done = run.end() < size
-                    line_end = data.find(b"\n", position)
-                    if line_end < 0:
-                        return size, None
-                    position = line_end + 1
-                    chunk = int(self.digits or b"0", 16)
-                    self.digits, self.digits_done = b"", False
-                    kind, self.left, self.start = (_DATA, chunk + 2, 0) if chunk else (_TRAILER, 0, position)
-                else:  # _LOST
-                    return size, None
-        finally:
-            self.kind = kind
-
-    def read_done(self, data: bytes) -> None:
-        """`data`, the read followed, is parsed whole: positions for the next read."""
-        self.start -= len(data)
-        self.before = (self.before + data)[-3:]
 
 
 def _head_without_offer(method: bytes, url: bytes, version: str, headers: list[tuple[bytes, bytes]]) -> bytes:
@@ -403,56 +266,6 @@ def _head_without_offer(method: bytes, url: bytes, version: str, headers: list[t
             value = b", ".join(kept)
         lines.append(name + b": " + value)
     return b"\r\n".join(lines) + b"\r\n\r\n"
-
-
-def _declared_body(headers: list[tuple[bytes, bytes]]) -> int | None:
-    """The body a request's head declares, in bytes: None where it is chunked (its size unknown)."""
-    length = 0
-    for name, value in headers:
-        if name == b"transfer-encoding":
-            return None
-        if name == b"content-length":
-            try:
-                length = int(value)
-            except ValueError:  # (llhttp refuses such a head before it completes)
-                return None
-    return length
-
-
-def _transfer_codings(headers: list[tuple[bytes, bytes]]) -> list[bytes]:
-    """The transfer codings a request's head lists, in order, over all its `Transfer-Encoding` fields
-    (names lowercased, parameters and empty list elements left out)."""
-    codings = []
-    for name, value in headers:
-        if name == b"transfer-encoding":
-            for element in value.split(b","):
-                coding = element.partition(b";")[0].strip(b" \t").lower()
-                if coding:
-                    codings.append(coding)
-    return codings
-
-
-def _transfer_coding_refusal(codings: list[bytes]) -> tuple[ErrorCode, str] | None:
-    """Why a request with these transfer codings is refused, if it is. Any coding but chunked: a body
-    whose last coding is chunked can be framed, but the others would reach the app still applied
-    (llhttp decodes only chunked: `gzip, chunked` passed the gzip stream on as the body), so 501, the
-    answer RFC 9112 section 6.1 gives for a transfer coding the server does not implement. One whose
-    last coding is not chunked has no length that can be known (400, RFC 9112 section 6.3, which llhttp
-    refuses too: here with the reason)."""
-    if not codings:
-        return None
-    if codings[-1] != b"chunked":
-        return ErrorCode.MALFORMED_REQUEST, (
-            "malformed HTTP/1.1 request: a Transfer-Encoding whose last coding is not chunked gives the body "
-            "no length (RFC 9112 section 6.3)"
-        )
-    others = [coding.decode("latin-1") for coding in codings if coding != b"chunked"]
-    if not others:
-        return None
-    return ErrorCode.UNSUPPORTED_TRANSFER_CODING, (
-        f"Transfer-Encoding {shown(others)} is not implemented, only chunked is (RFC 9112 section 6.1): "
-        "send the body chunked or with a Content-Length, compressed with Content-Encoding if need be"
-    )
 
 
 def _malformed_message(error: Exception) -> str:
@@ -538,18 +351,18 @@ def protocol_class(
         as if it had not (the module's docstring).
 
         A head and a trailer section are held to the cap as sent, exactly: httptools reports no offsets,
-        so where each lies in a read is followed alongside it (`_Framing`, the heads' ends, the bodies'
+        so where each lies in a read is followed alongside it (`Framing`, the heads' ends, the bodies'
         lengths that llhttp read from them), and the read is parsed up to where one would have
         `MAX_HEAD_BYTES` still open, then refused (`_section_points`). What the callbacks give is
         measured too, once a head completes (`on_headers_complete`) and as trailer fields do
         (`_on_trailer_field`): the request line, each field (name, ":", value with its trailing
         whitespace, CRLF) and the blank line, never more than was sent (llhttp drops the whitespace
         before a value), so never a refusal the framing would not make; it stands where the framing is
-        not followed (`_LOST`).
+        not followed (`LOST`).
 
         A chunk's size line is measured exactly: it has no LF, so one still open at the end of a read is
         what follows the read's last LF (or the whole read, where it began earlier), and one that ends
-        within a read and passes the cap is one of its long lines (`_long_lines`), up to which the read is
+        within a read and passes the cap is one of its long lines (`long_lines`), up to which the read is
         parsed before the rest, so that the parser says whether it is in a size line there.
         """
 
@@ -577,7 +390,7 @@ def protocol_class(
             self._lenient_keep_alive = False  # llhttp told to, whatever a trailer `Connection` says
             self._trailer_open = False  # past a chunk's size line with no body byte since: maybe a trailer
             self._trailer_size = 0  # its fields parsed so far, as sent
-            self._framing = _Framing()  # where heads and trailer sections lie in what is read
+            self._framing = Framing()  # where heads and trailer sections lie in what is read
             self._size_line_open = False  # in a chunked body, before a chunk's size line is complete
             self._size_line_new = False  # ... entered in the current read
             self._size_line_bytes = 0  # the reads counted against a size line still incomplete
@@ -695,7 +508,7 @@ def protocol_class(
                 self._stop(*self._error_answer(ErrorCode.HEADERS_TOO_LARGE, _HEAD_TOO_LARGE))
             if _served_version(version) is None:  # (no request yet)
                 self._stop(self._version_refusal(version), 505)
-            refusal = _transfer_coding_refusal(_transfer_codings(self.headers))
+            refusal = transfer_coding_refusal(transfer_codings(self.headers))
             if refusal is not None:  # (no request yet; before an offer's head is given again)
                 self._stop(*self._error_answer(*refusal))
             if self.parser.should_upgrade():  # (set before this callback; llhttp stops after it)
@@ -703,7 +516,7 @@ def protocol_class(
                 return
             if len(self.pipeline) >= MAX_PIPELINED:  # (no request yet: it is never queued)
                 self._stop(*self._error_answer(ErrorCode.OVERLOADED, _TOO_MANY_PIPELINED))
-            self._begin_request(_declared_body(self.headers))
+            self._begin_request(declared_body(self.headers))
 
         def _begin_request(self, body_left: int | None) -> None:
             """Start (or queue behind the requests before it) the request whose head was just parsed,
@@ -790,7 +603,7 @@ def protocol_class(
             """The bytes a read may hold without a head, a trailer section or a chunk's size line reaching
             `MAX_HEAD_BYTES` in it: less what one open at its start has already."""
             framing = self._framing
-            room = MAX_HEAD_BYTES + framing.start if framing.kind in (_HEAD, _TRAILER) else MAX_HEAD_BYTES
+            room = MAX_HEAD_BYTES + framing.start if framing.kind in (HEAD, TRAILER) else MAX_HEAD_BYTES
             return min(room, MAX_HEAD_BYTES - self._size_line_bytes) if self._size_line_open else room
 
         def _size_line_over_cap(self) -> str | None:
@@ -801,7 +614,7 @@ def protocol_class(
             """Where to stop parsing `data` so that a head or a trailer section is refused exactly once
             `MAX_HEAD_BYTES` of it are parsed with it still open, counted as sent (the whitespace before a
             header's value too), wherever the reads split it and whatever came before it in the read: where
-            the connection's framing (`_Framing`) puts that many bytes of it. The framing learns a request's
+            the connection's framing (`Framing`) puts that many bytes of it. The framing learns a request's
             body from llhttp once its head is parsed, so the read is parsed past a head's end before
             it is followed further (up to the cap past it: no head or trailer section beginning after it
             can reach the cap before). The last point is the read's end."""
@@ -812,11 +625,11 @@ def protocol_class(
                 position, cut = framing.walk(data, position, parsed)
                 if cut is not None:
                     at, kind, request = cut
-                    over_cap = self._head_over_cap if kind == _HEAD else self._trailer_over_cap
+                    over_cap = self._head_over_cap if kind == HEAD else self._trailer_over_cap
                     yield at, functools.partial(over_cap, request)
                     # (not refused: llhttp is not where the framing says, which is then not followed)
                     self.logger.warning("the HTTP framing followed lost llhttp's at %d of a read", at)
-                    framing.kind = _LOST
+                    framing.kind = LOST
                     parsed = at
                     break
                 if position >= size:
@@ -843,7 +656,7 @@ def protocol_class(
                 return iter(())
             if not self._in_head and self._body_left is not None and self._body_left >= len(data):
                 return iter(())
-            return _long_lines(data, carried)
+            return long_lines(data, carried)
 
         def _feed_data(self, read: bytes, start: int, end: int) -> bool:
             """Parse `read[start:end]`, a read or a part of one; whether to go on with the rest of the read
