@@ -140,7 +140,7 @@ def _pages(count: object) -> str:
     """A page count as the card prints it: `1,033`, or `?` where the run recorded none."""
     if isinstance(count, bool) or not isinstance(count, int | float):
         return "?"
-    return f"{int(count):,}"  # the held-out figures are floats, their page count with them
+    return f"{int(count):,}"
 
 
 def _labelled_pages(heads: Sequence[HeadSpec]) -> str:
@@ -198,41 +198,89 @@ def _teacher_line(teacher: TeacherMeta | None) -> str:
 
 
 def _objectives_line(config: dict[str, Any], distilled: bool) -> str:
-    """The card's objectives line, naming distillation only where the run trained it."""
+    """The card's objectives line, naming distillation only where the run trained it (its weights too:
+    `'distil': 0.0` beside "no distillation" named a loss the run never computed)."""
     distillation = (
         f", teacher-weighted contrastive distillation (rank-{config.get('distil_rank')} head, "
         f"temperature {config.get('temperature')})"
         if distilled
         else " (no distillation)"
     )
+    weights = config.get("loss_weights")
+    if isinstance(weights, dict) and not distilled:
+        weights = {name: weight for name, weight in weights.items() if name != "distil"}
     return (
         f"- Objectives: MLM ({config.get('mask_prob')} masking, 80/10/10, tied decoder), bag-of-words from "
-        f"[CLS]{distillation}; weights {config.get('loss_weights')}, each divided by its first-batch value "
+        f"[CLS]{distillation}; weights {weights}, each divided by its first-batch value "
         "and multiplied by a fresh U(0,1) per step."
     )
 
 
+def _measured(record: dict[str, Any], *keys: str) -> str | None:
+    """`record`'s figures `keys` as the card prints them (`6.140 / 5.998`); None where one of them was
+    not measured: a 0.000 in its place read as a measurement."""
+    values = [record.get(key) for key in keys]
+    if any(isinstance(value, bool) or not isinstance(value, int | float) for value in values):
+        return None
+    return " / ".join(f"{value:.3f}" for value in values)
+
+
+def _heldout_pages(heldout: dict[str, Any]) -> int | None:
+    """The pages the held-out figures were measured on; None for a run without held-out pages
+    (`htmllm data prepare --holdout-fraction 0`), whose `heldout` record is empty."""
+    count = heldout.get("documents")
+    if isinstance(count, bool) or not isinstance(count, int | float) or count <= 0:
+        return None
+    return int(count)  # runs before the count was an int recorded it as a float (10.0)
+
+
 def _figure_rows(heldout: dict[str, Any], final: dict[str, Any], distilled: bool) -> list[str]:
-    """The figures table's rows; a run without distillation has no teacher figures to print (a 0.000
-    there read as a measurement)."""
-    pages = f"| Held-out pages | {int(heldout.get('documents', 0))} |"
-    if not distilled:
-        return [
-            pages,
-            f"| MLM / BOW loss, held out | {heldout.get('mlm_loss', 0):.3f} / "
-            f"{heldout.get('bow_loss', 0):.3f} |",
-            f"| MLM / BOW loss, last training step | {final.get('mlm', 0):.3f} / {final.get('bow', 0):.3f} |",
+    """The figures table's rows, those the run measured only: a run without distillation has no teacher
+    figures and a run without held-out pages no held-out ones; a 0.000 printed for either read as a
+    measurement."""
+    losses = ("mlm", "bow", "distil") if distilled else ("mlm", "bow")
+    names = "MLM / BOW / distillation" if distilled else "MLM / BOW"
+    pages = _heldout_pages(heldout)
+    rows: list[tuple[str, str | None]] = []
+    if pages is not None:
+        if distilled:
+            rows += [
+                ("Distillation cosine to the teacher (projected student)", _measured(heldout, "cosine")),
+                ("Same, constant mean-teacher prediction (the floor)", _measured(heldout, "centroid_cosine")),
+                ("Teacher retrieval top-1 among held-out pages", _measured(heldout, "top1")),
+            ]
+        rows += [
+            ("Held-out pages", f"{pages:,}"),
+            (f"{names} loss, held out", _measured(heldout, *(f"{name}_loss" for name in losses))),
         ]
-    return [
-        f"| Distillation cosine to the teacher (projected student) | {heldout.get('cosine', 0):.3f} |",
-        f"| Same, constant mean-teacher prediction (the floor) | {heldout.get('centroid_cosine', 0):.3f} |",
-        f"| Teacher retrieval top-1 among held-out pages | {heldout.get('top1', 0):.3f} |",
-        pages,
-        f"| MLM / BOW / distillation loss, held out | {heldout.get('mlm_loss', 0):.3f} / "
-        f"{heldout.get('bow_loss', 0):.3f} / {heldout.get('distil_loss', 0):.3f} |",
-        f"| MLM / BOW / distillation loss, last training step | {final.get('mlm', 0):.3f} / "
-        f"{final.get('bow', 0):.3f} / {final.get('distil', 0):.3f} |",
+    rows.append((f"{names} loss, last training step", _measured(final, *losses)))
+    return [f"| {label} | {value} |" for label, value in rows if value is not None]
+
+
+def _figures_intro(heldout: dict[str, Any]) -> str:
+    """The line above the figures table: what the held-out figures were measured on, or that there are
+    none (the table had printed 0.000 held-out losses for a run without held-out pages)."""
+    if _heldout_pages(heldout) is None:
+        return (
+            "No pages were held out (the shards have none: `htmllm data prepare --holdout-fraction 0`), so "
+            "there are no held-out figures; the losses are the last training step's:"
+        )
+    return "Held-out pages (sites never seen in training), clean input (the MLM loss: masked, fixed masks):"
+
+
+def _limits_line(heldout: dict[str, Any], labelled: str) -> str:
+    """The card's line on how noisy its figures are, naming the pages they were measured on."""
+    pages = _heldout_pages(heldout)
+    measured = [
+        *([f"{pages:,} held-out pages"] if pages is not None else []),
+        *([f"{labelled} labelled pages"] if labelled else []),
     ]
+    if not measured:
+        return "- No pages were held out: the pretraining figures are training losses, none of unseen pages."
+    return (
+        f"- Figures on {' and '.join(measured)} are noisy; compare them with the baselines in the same "
+        "table, not with the paper."
+    )
 
 
 def render_card(run: Path, bundle: Path, *, eval_dir: Path | None, curve: Path | None = None) -> str:
@@ -305,7 +353,7 @@ def render_card(run: Path, bundle: Path, *, eval_dir: Path | None, curve: Path |
         "",
         "## Figures",
         "",
-        "Held-out pages (sites never seen in training), clean input (the MLM loss: masked, fixed masks):",
+        _figures_intro(heldout),
         "",
         "| Figure | Value |",
         "|---|---|",
@@ -322,9 +370,7 @@ def render_card(run: Path, bundle: Path, *, eval_dir: Path | None, curve: Path |
         "",
         f"- Trained on {_pages(stats.get('written'))} pages of {corpus}.",
         f"- Pages longer than {meta.max_length} tokens of pruned HTML are truncated.",
-        f"- Figures on {_pages(heldout.get('documents'))} held-out pages"
-        + (f" and {labelled} labelled pages" if labelled else "")
-        + " are noisy; compare them with the baselines in the same table, not with the paper.",
+        _limits_line(heldout, labelled),
         "- Embeddings are for demos and tests of the service; use a properly pretrained checkpoint for",
         "  anything that matters.",
         "",

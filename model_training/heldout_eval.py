@@ -34,7 +34,8 @@ def evaluate(
     device: torch.device,
     train_centroid: np.ndarray | None,
 ) -> dict[str, float]:
-    """Held-out figures: cosine to the teacher, retrieval top-1, losses.
+    """Held-out figures: cosine to the teacher, retrieval top-1, losses, and the pages (`documents`, an
+    int) they were measured on; none at all without held-out pages.
 
     Everything but the MLM loss comes from the clean input (MLM needs the masked one, with masks fixed
     by `EVAL_MASK_SEED` so evaluations compare): the cosine, top-1, BOW and distillation figures describe
@@ -91,7 +92,7 @@ def evaluate(
         if train_centroid is None:
             raise ValueError("a model with a distillation head is evaluated against a train_centroid")
         figures.update(_teacher_figures(torch.cat(students), data.teacher, train_centroid))
-    figures["documents"] = float(weights)
+    figures["documents"] = weights  # a count: 10, not the 10.0 summary.json and htmllm.json had said
     figures.update({f"{name}_loss": value / weights for name, value in sums.items()})
     return figures
 

@@ -56,7 +56,7 @@ from model_training.library_progress import drawn_as_bars, library_bars
 from model_training.objectives import LossAggregator, MaskingConfig
 from model_training.outputs import directories_to_make
 from model_training.pretraining_model import PretrainingModel, all_special_ids, autocast, param_groups
-from model_training.run_data import distils, load_run_data
+from model_training.run_data import load_run_data
 from model_training.train_config import TrainConfig
 from model_training.train_logs import (
     METRICS_FILE,
@@ -174,7 +174,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
         raise DataError(f"stop_at_step must be at least 1, got {stop_at_step}")
     # Process setup: one process per GPU under torchrun, else a single process.
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if distils(config) and config.batch_size * world < 2:
+    if config.distils and config.batch_size * world < 2:
         # The contrastive loss takes its negatives from the micro-batch (gathered over the processes):
         # with one document there is none, the loss is exactly 0 and a run with grad_accum would train
         # without distillation while the config says it distils.
@@ -365,7 +365,7 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
         truncate_metrics(metrics_file, step)
     writer = open_tensorboard(out, config, resumed_at=step) if master else None
     training_meta = {
-        "config": config.to_dict(),
+        "config": config.record(),  # `teacher` null without distillation: no teacher was read
         "teacher": provenance["teacher"],
         "data": provenance["shards"].get("stats", {}),
         "data_identity": data_identity(provenance),

@@ -8,7 +8,7 @@ the precision it runs at. The losses themselves live in `objectives`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -161,11 +161,24 @@ def autocast(config: TrainConfig, device: torch.device) -> contextlib.AbstractCo
 
 def param_groups(module: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Decay matrices only: biases, norms and the embedding table (the tied decoder) are not decayed."""
-    decay: list[nn.Parameter] = []
-    no_decay: list[nn.Parameter] = []
-    for name, param in module.named_parameters():
-        if not param.requires_grad:
-            continue
-        is_embedding = "tok_embeddings" in name
-        (decay if param.ndim >= 2 and not is_embedding else no_decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    decay, no_decay = split_decay((name, p) for name, p in module.named_parameters() if p.requires_grad)
+    return [
+        {"params": [p for _, p in decay], "weight_decay": weight_decay},
+        {"params": [p for _, p in no_decay], "weight_decay": 0.0},
+    ]
+
+
+def split_decay(
+    named: Iterable[tuple[str, Tensor]],
+) -> tuple[list[tuple[str, Tensor]], list[tuple[str, Tensor]]]:
+    """`named` parameters split, in order, into those AdamW decays (matrices) and those it does not
+    (biases, norms, the embedding table: the tied decoder): `param_groups`' two groups.
+
+    Apart so that a saved optimizer state, which numbers the parameters group by group, can be mapped
+    to names (`training_checkpoints` drops an untrained head's entries by them).
+    """
+    decay: list[tuple[str, Tensor]] = []
+    no_decay: list[tuple[str, Tensor]] = []
+    for name, param in named:
+        (decay if param.ndim >= 2 and "tok_embeddings" not in name else no_decay).append((name, param))
+    return decay, no_decay

@@ -2,9 +2,10 @@
 held-out pages, with the teacher's vector of each page when the run distils.
 
 `load_run_data(config)` is the first thing `pretrain.train` reads. A run distils when its
-`loss_weights.distil` is above 0; at 0 it trains MLM + bag-of-words alone and reads no teacher vectors
-at all (a language without a good teacher model needs none): its splits carry an (N, 0) teacher matrix
-and `RunData.teacher_dim` is None, which is what tells the model to build no distillation head.
+`loss_weights.distil` is above 0 (`TrainConfig.distils`); at 0 it trains MLM + bag-of-words alone and
+reads no teacher vectors at all (a language without a good teacher model needs none): its splits carry
+an (N, 0) teacher matrix and `RunData.teacher_dim` is None, which is what tells the model to build no
+distillation head.
 """
 
 from __future__ import annotations
@@ -23,15 +24,10 @@ from model_training.data import (
     read_manifest,
 )
 from model_training.teacher import TEACHER_META_FILE
-from model_training.train_config import DEFAULT_TEACHER_DIR, TrainConfig
+from model_training.train_config import TrainConfig
 from service.core.tokenizer import HtmlTokenizer
 
 logger = logging.getLogger(__name__)
-
-
-def distils(config: TrainConfig) -> bool:
-    """Whether the run trains the distillation objective (and so needs teacher vectors)."""
-    return config.loss_weights.get("distil", 0.0) > 0
 
 
 @dataclass
@@ -67,7 +63,8 @@ class RunData:
 
 
 def load_run_data(config: TrainConfig) -> RunData:
-    """The shards of `config.shards` and, when the run distils, the teacher vectors of `config.teacher`.
+    """The shards of `config.shards` and, when the run distils, the teacher vectors of
+    `config.teacher_dir`.
 
     The manifest first: a wrong --shards is "not a shards directory", not a missing tokenizer file.
     """
@@ -83,16 +80,12 @@ def load_run_data(config: TrainConfig) -> RunData:
             f"with (manifest.json records {str(manifest.get('tokenizer_sha256'))[:16]}); restore it or "
             "re-run `htmllm data prepare`"
         )
-    if distils(config):
+    if config.distils:
         check_teacher_given(config)
-        train, heldout, provenance = load_splits(config.shards, config.teacher)
+        train, heldout, provenance = load_splits(config.shards, config.teacher_dir)
         return RunData(tokenizer, train, heldout, provenance)
-    if config.teacher != DEFAULT_TEACHER_DIR:
-        # Given on purpose and then ignored without a word, a user would read the run as distilled.
-        logger.warning(
-            "loss_weights.distil = 0: training without distillation; the teacher vectors in %s are not read",
-            config.teacher,
-        )
+    if config.teacher is not None:
+        _warn_teacher_unread(config.teacher)
     train, heldout, provenance = load_splits(config.shards, None)
     return RunData(tokenizer, train, heldout, provenance)
 
@@ -102,15 +95,25 @@ def check_teacher_given(config: TrainConfig) -> None:
 
     "runs/teacher/teacher.json is missing" named a path the user never gave (the config's default).
     """
-    if (Path(config.teacher) / TEACHER_META_FILE).is_file():
+    if (Path(config.teacher_dir) / TEACHER_META_FILE).is_file():
         return
-    given = (
-        ""
-        if config.teacher != DEFAULT_TEACHER_DIR
-        else " (the default: neither the config nor --teacher set one)"
-    )
+    given = "" if config.teacher is not None else " (the default: neither the config nor --teacher set one)"
     raise DataError(
-        f"no teacher vectors in {config.teacher}{given}: {TEACHER_META_FILE} is missing; run `htmllm teacher "
-        f"embed --input {config.shards} --out DIR` and pass --teacher DIR (or set teacher in the config), "
-        "or set loss_weights.distil = 0 to train without distillation (MLM and bag-of-words only)"
+        f"no teacher vectors in {config.teacher_dir}{given}: {TEACHER_META_FILE} is missing; run `htmllm "
+        f"teacher embed --input {config.shards} --out DIR` and pass --teacher DIR (or set teacher in the "
+        "config), or set loss_weights.distil = 0 to train without distillation (MLM and bag-of-words only)"
     )
+
+
+def _warn_teacher_unread(teacher: str) -> None:
+    """Say that the teacher the user named (--teacher, or the config's `teacher`) is not read.
+
+    Given on purpose and then ignored without a word, a user would read the run as distilled. Named
+    whatever the path (the default's too: given, it was meant), and not called "teacher vectors" where
+    there are none (a path mistyped, or a config's teacher never embedded).
+    """
+    if (Path(teacher) / TEACHER_META_FILE).is_file():
+        what = f"the teacher vectors in {teacher} (--teacher or the config's teacher) are"
+    else:
+        what = f"the teacher named by --teacher or the config, {teacher} (it holds no teacher vectors), is"
+    logger.warning("loss_weights.distil = 0: training without distillation; %s not read", what)

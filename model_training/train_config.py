@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import tomllib
+import types
 import typing
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -28,7 +29,7 @@ MIN_MAX_LENGTH = 8  # as `htmllm data prepare`: [CLS], [SEP] and a few tokens of
 # from the first step; well before that, 1/temperature scales the gradients past anything AdamW's
 # warm-up absorbs. 1e-3 (logits up to 1000) is far below any temperature used in practice.
 MIN_TEMPERATURE = 1e-3
-DEFAULT_TEACHER_DIR = "runs/teacher"  # `teacher` where neither the config nor --teacher sets one
+DEFAULT_TEACHER_DIR = "runs/teacher"  # read where neither the config nor --teacher sets `teacher`
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 
 
@@ -36,7 +37,10 @@ ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3
 class TrainConfig:
     # data
     shards: str = "runs/shards"
-    teacher: str = DEFAULT_TEACHER_DIR
+    # None: not set by the config nor --teacher (`teacher_dir` is then DEFAULT_TEACHER_DIR). Kept apart
+    # from a path the user gave, even the default's: a run without distillation says that a teacher it
+    # was given is not read, and only then (`run_data`).
+    teacher: str | None = None
     out: str = "runs/pretrain"
     name: str = "htmllm"
     # model
@@ -147,8 +151,24 @@ class TrainConfig:
             raise DataError("config: loss_weights are all zero: nothing to train")
         self.loss_weights = {k: float(v) for k, v in weights.items()}
 
+    @property
+    def teacher_dir(self) -> str:
+        """The directory a distilling run reads its teacher vectors from: `teacher`, else the default."""
+        return DEFAULT_TEACHER_DIR if self.teacher is None else self.teacher
+
+    @property
+    def distils(self) -> bool:
+        """Whether the run trains the distillation objective (and so reads teacher vectors)."""
+        return self.loss_weights.get("distil", 0.0) > 0
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def record(self) -> dict[str, Any]:
+        """The config as a checkpoint records it (`training.config`): `teacher` is the directory the
+        vectors were read from, null for a run without distillation, which reads none (the default
+        path, or a --teacher given anyway, stood there beside `training.teacher: null`)."""
+        return {**self.to_dict(), "teacher": self.teacher_dir if self.distils else None}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
@@ -165,6 +185,11 @@ def _check_types(config: TrainConfig) -> None:
     hints = typing.get_type_hints(TrainConfig)
     for f in fields(config):
         value, hint = getattr(config, f.name), hints[f.name]
+        optional = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        if isinstance(hint, types.UnionType) and len(optional) == 1:  # `X | None`: unset, or an X
+            if value is None:
+                continue
+            hint = optional[0]
         expected = typing.get_origin(hint) or hint
         if expected is float:
             ok = isinstance(value, int | float) and not isinstance(value, bool)

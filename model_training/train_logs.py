@@ -157,10 +157,11 @@ def last_train_record(metrics_file: Path) -> dict[str, Any]:
 
 
 def plot_curves(metrics_file: str | Path, png: str | Path) -> None:
-    """The three training losses (raw and smoothed) and the held-out cosine, one PNG.
+    """The training losses (raw and smoothed) and the held-out cosine, one PNG, a panel for each the run
+    has.
 
-    A run without distillation (`loss_weights.distil = 0`) logs no distillation loss and no cosine:
-    those panels stay empty.
+    A run without distillation (`loss_weights.distil = 0`) logs no distillation loss and no cosine, and
+    a run without held-out pages no cosine: their panels had been drawn empty beside the others.
     """
     import matplotlib
 
@@ -170,10 +171,15 @@ def plot_curves(metrics_file: str | Path, png: str | Path) -> None:
     records = read_metrics(metrics_file)
     train_records = [r for r in records if r["split"] == "train"]
     heldout = [r for r in records if r["split"] == "heldout"]
-    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
-    for ax, name in zip(axes[:3], ("mlm", "bow", "distil"), strict=True):
+    # Every run trains MLM and BOW (a weight of 0 still logs them); distillation only with a teacher.
+    distilled = any("distil" in r for r in train_records) or any("distil_loss" in r for r in heldout)
+    losses = ["mlm", "bow", *(["distil"] if distilled else [])]
+    cosines = [r for r in heldout if "cosine" in r]
+    panels = len(losses) + bool(cosines)
+    fig, axes = plt.subplots(1, panels, figsize=(4 * panels, 3.6), squeeze=False)
+    for ax, name in zip(axes[0][: len(losses)], losses, strict=True):
         steps = [r["step"] for r in train_records]
-        # A null (non-finite) is NaN, and so is a loss the run does not train.
+        # A null (non-finite) is NaN, and so is a step from before a loss was logged.
         values = np.asarray([r.get(name) for r in train_records], dtype=float)
         ax.plot(steps, values, alpha=0.35, label="train (per step)")
         if len(values) >= 5:
@@ -186,9 +192,8 @@ def plot_curves(metrics_file: str | Path, png: str | Path) -> None:
         ax.set_title(f"{name} loss")
         ax.set_xlabel("step")
         ax.legend(fontsize=7)
-    ax = axes[3]
-    cosines = [r for r in heldout if "cosine" in r]
     if cosines:
+        ax = axes[0][-1]
         ax.plot(
             [r["step"] for r in cosines], [r["cosine"] for r in cosines], "o-", label="student vs teacher"
         )
@@ -199,8 +204,8 @@ def plot_curves(metrics_file: str | Path, png: str | Path) -> None:
             label="mean-teacher floor",
         )
         ax.legend(fontsize=7)
-    ax.set_title("held-out cosine to the teacher")
-    ax.set_xlabel("step")
+        ax.set_title("held-out cosine to the teacher")
+        ax.set_xlabel("step")
     fig.tight_layout()
     Path(png).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)

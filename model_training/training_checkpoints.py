@@ -18,19 +18,17 @@ import os
 import pickle
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from model_training.data import DataError
 from model_training.objectives import LossAggregator
+from model_training.pretraining_model import PretrainingModel, split_decay
 from model_training.train_config import TrainConfig
 from service.core.checkpoint import CheckpointMeta, load_checkpoint, read_meta, save_checkpoint
 from service.core.tokenizer import HtmlTokenizer
-
-if TYPE_CHECKING:
-    from model_training.pretraining_model import PretrainingModel
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +152,8 @@ RESUME_FIXED_KEYS = ("preset", "pooling", "distil_rank")
 RESUME_ORDER_KEYS = ("seed", "batch_size", "grad_accum", "mask_prob", "max_length")
 # Keys of the losses: the resumed run trains with the new values (the checkpoint records them), keeping
 # only the learned first-batch scales and the coefficient generator; logged. `temperature` is the
-# contrastive loss's, read from the config at every start.
+# contrastive loss's, read from the config at every start (and by a run without distillation not at all:
+# no warning then).
 RESUME_LOSS_KEYS = ("loss_weights", "random_coefficients", "temperature")
 # Fields of teacher.json that say nothing about the vectors: how long embedding took, where the model
 # was installed on the machine that ran it.
@@ -205,6 +204,9 @@ def _data_changes(training: dict[str, Any], provenance: dict[str, Any], config: 
     else:
         shards_changed = bool(stats_then) and stats_then != stats_now
         teacher_changed = bool(teacher_then) and teacher_then != teacher_now
+    # A run without distillation reads no teacher: the one a checkpoint of before `loss_weights.distil
+    # = 0` meant no teacher recorded (`untrained_distil_head`) is no data the resume changed.
+    teacher_changed = teacher_changed and provenance["teacher"] is not None
     changes = []
     if shards_changed:
         counts = [
@@ -221,7 +223,7 @@ def _data_changes(training: dict[str, Any], provenance: dict[str, Any], config: 
             if k != "shards" and teacher_then.get(k) != teacher_now.get(k)
         ]
         what = ", ".join(fields) if fields else "embedded again from other shard rows"
-        changes.append(f"the teacher vectors in {config.teacher} ({what})")
+        changes.append(f"the teacher vectors in {config.teacher_dir} ({what})")
     return changes
 
 
@@ -231,10 +233,13 @@ def check_resumable(
     """Refuse to resume from a checkpoint of another model; returns its `training` record (its run id
     among it), read once here. `teacher_dim` None is a run without distillation (no teacher, no head).
 
-    Distillation on or off is part of the model: a run with a distillation head (every checkpoint from
-    before `loss_weights.distil = 0` meant "no teacher" has one, whatever its weight) has the head's
-    weights and AdamW moments in its state, and a run without has neither, so one cannot continue the
-    other; a change of weight between two values above 0 is only a loss setting (`warn_resume_changes`).
+    Distillation on or off is part of the model: a run with a distillation head has the head's weights
+    and AdamW moments in its state, and a run without has neither, so one cannot continue the other; a
+    change of weight between two values above 0 is only a loss setting (`warn_resume_changes`). One
+    exception: a checkpoint from before `loss_weights.distil = 0` meant "no teacher" that was trained at
+    that weight has a head that was never trained (`untrained_distil_head`); a run without distillation
+    continues it, the head dropped (`restore`), as the command it was started with (the docs then said
+    to pass --teacher) resumes it.
 
     What a resume would train differently (`warn_resume_changes`) is said apart, once the step is known:
     a finished run run again only exports, and a warning about documents it does not train on misled.
@@ -249,7 +254,7 @@ def check_resumable(
     # the teacher was recorded, when every run had a distillation head.
     saved_teacher = training.get("teacher", {})
     distilled = saved_teacher is not None
-    if distilled and teacher_dim is None:
+    if distilled and teacher_dim is None and not untrained_distil_head(training):
         dim = saved_teacher.get("dim") if isinstance(saved_teacher, dict) else None
         raise DataError(
             f"cannot resume from {path}: it was trained with a distillation head (teacher vectors of "
@@ -264,19 +269,34 @@ def check_resumable(
             f"or {hint}"
         )
     current = config.to_dict()
-    # The distillation rank shapes a head a run without distillation does not have.
-    fixed = [k for k in RESUME_FIXED_KEYS if distilled or k != "distil_rank"]
+    # The distillation rank shapes a head a run without distillation does not have (or drops).
+    fixed = [k for k in RESUME_FIXED_KEYS if teacher_dim is not None or k != "distil_rank"]
     changed = [k for k in fixed if k in saved and saved[k] != current[k]]
     if changed:
         what = ", ".join(f"{k} {saved[k]!r} -> {current[k]!r}" for k in changed)
         raise DataError(f"cannot resume from {path}: the config changed ({what}); {hint}")
     saved_dim = saved_teacher.get("dim") if isinstance(saved_teacher, dict) else None
-    if saved_dim is not None and int(saved_dim) != teacher_dim:
+    if saved_dim is not None and teacher_dim is not None and int(saved_dim) != teacher_dim:
         raise DataError(
             f"cannot resume from {path}: its teacher vectors had {saved_dim} dimensions, "
-            f"{config.teacher} has {teacher_dim}; {hint}"
+            f"{config.teacher_dir} has {teacher_dim}; {hint}"
         )
     return training
+
+
+def untrained_distil_head(training: dict[str, Any]) -> bool:
+    """Whether a checkpoint's distillation head was never trained, from its `training` record.
+
+    Before `loss_weights.distil = 0` meant "no teacher" (a `training.teacher` of null), such a run read
+    teacher vectors and built a distillation head anyway, trained at weight 0: its gradients were 0, and
+    the encoder learned nothing from it. A record without `teacher` is older still, with a head too.
+    """
+    if training.get("teacher", {}) is None:
+        return False  # a run without distillation: no head at all
+    config = training.get("config")
+    weights = config.get("loss_weights") if isinstance(config, dict) else None
+    distil = weights.get("distil") if isinstance(weights, dict) else None
+    return isinstance(distil, int | float) and not isinstance(distil, bool) and distil == 0
 
 
 def _start_over_hint(config: TrainConfig) -> str:
@@ -330,7 +350,8 @@ def warn_resume_changes(
     losses = [
         f"{k} {saved[k]!r} -> {current[k]!r}"
         for k in RESUME_LOSS_KEYS
-        if k in saved and saved[k] != current[k]
+        # The temperature is the distillation loss's: a run without one does not use it.
+        if k in saved and saved[k] != current[k] and (config.distils or k != "temperature")
     ]
     for changed, sep in ((losses, "; "), (optimizer_changed or [], ", ")):
         if changed:
@@ -414,6 +435,21 @@ def restore(
         ) from exc
     pretraining.mlm_head.load_state_dict(state["mlm_head"])
     saved_head = state.get("distil_head")
+    saved_optimizer = state["optimizer"]
+    if (
+        saved_head is not None
+        and pretraining.distil_head is None
+        and untrained_distil_head(checkpoint.meta.training)
+    ):
+        saved_optimizer = _without_head(saved_optimizer, pretraining, saved_head, path)
+        saved_head = None
+        if rank == 0:
+            logger.info(
+                "%s is from before loss_weights.distil = 0 meant no teacher: its distillation head, built "
+                "at weight 0 and not trained, is dropped with its optimizer state; the run goes on without "
+                "distillation (MLM + bag-of-words), its encoder as it was",
+                path,
+            )
     if (saved_head is None) != (pretraining.distil_head is None):
         # `check_resumable` refuses this from htmllm.json; a trainer_state.pt that disagrees with its
         # htmllm.json was put there by hand, and the optimizer's groups would not match either.
@@ -425,7 +461,6 @@ def restore(
         )
     if pretraining.distil_head is not None:
         pretraining.distil_head.load_state_dict(saved_head)
-    saved_optimizer = state["optimizer"]
     changed = optimizer_changes(saved_optimizer, optimizer)
     optimizer.load_state_dict(with_live_settings(saved_optimizer, optimizer))
     aggregator.load_state_dict(state["aggregator"])
@@ -438,6 +473,51 @@ def restore(
         if torch.cuda.is_available() and mine["cuda_rng"]:
             torch.cuda.set_rng_state_all(mine["cuda_rng"])
     return Restored(int(state["step"]), changed)
+
+
+def _without_head(
+    saved: dict[str, Any], pretraining: PretrainingModel, head: dict[str, torch.Tensor], path: Path
+) -> dict[str, Any]:
+    """A saved optimizer state of `pretraining` plus a distillation head (its weights `head`), as the
+    optimizer of `pretraining` alone would have saved it: the head's entries gone, the others renumbered.
+
+    A state numbers the parameters group by group (`param_groups`: decayed, then not), and the head's,
+    registered last, were at the end of both groups: removing them shifts every index of the second
+    group. The indices are mapped by parameter name, so the state is the one a run built without the
+    head would have saved, entry for entry; each moment's shape is checked against its parameter.
+    """
+    live = [(name, param) for name, param in pretraining.named_parameters() if param.requires_grad]
+    kept_groups = split_decay(live)
+    kept = [name for group in kept_groups for name, _ in group]
+    then_groups = split_decay([*live, *((f"distil_head.{key}", tensor) for key, tensor in head.items())])
+    then = [pair for group in then_groups for pair in group]
+    groups = saved.get("param_groups")
+    sizes = [len(group) for group in then_groups]
+    if not isinstance(groups, list) or [len(group.get("params", ())) for group in groups] != sizes:
+        raise DataError(
+            f"cannot resume from {path}: its {STATE_FILE}'s optimizer groups do not hold the parameters of "
+            "this model with a distillation head; start over with --no-resume"
+        )
+    ids = [index for group in groups for index in group["params"]]
+    saved_id = {name: index for (name, _), index in zip(then, ids, strict=True)}
+    for name, param in then:
+        moment = saved.get("state", {}).get(saved_id[name], {}).get("exp_avg")
+        if moment is not None and tuple(moment.shape) != tuple(param.shape):
+            raise DataError(
+                f"cannot resume from {path}: its {STATE_FILE}'s optimizer state for {name} has shape "
+                f"{tuple(moment.shape)}, the parameter {tuple(param.shape)}; start over with --no-resume"
+            )
+    state = {
+        index: saved["state"][saved_id[name]]
+        for index, name in enumerate(kept)
+        if saved_id[name] in saved.get("state", {})
+    }
+    renumbered, start = [], 0
+    for group, names in zip(groups, kept_groups, strict=True):
+        settings = {k: v for k, v in group.items() if k not in ("params", "param_names")}
+        renumbered.append({**settings, "params": list(range(start, start + len(names)))})
+        start += len(names)
+    return {**saved, "state": state, "param_groups": renumbered}
 
 
 # The settings of an AdamW group a config sets, by config key: (group key, index into it or None).

@@ -189,7 +189,7 @@ def test_missing_teacher_vectors_say_where_the_path_came_from(
     way to train with no teacher at all (loss_weights.distil = 0, which used to need the vectors too:
     test_pretrain_without_teacher)."""
     monkeypatch.chdir(tmp_path)  # where runs/teacher is not
-    config = _config(run_inputs, "no-teacher", teacher="runs/teacher")
+    config = _config(run_inputs, "no-teacher", teacher=None)  # neither the config nor --teacher sets one
     with pytest.raises(HtmllmError) as refused:
         train(config)
     assert str(refused.value) == (
@@ -198,8 +198,7 @@ def test_missing_teacher_vectors_say_where_the_path_came_from(
         "pass --teacher DIR (or set teacher in the config), or set loss_weights.distil = 0 to train without "
         "distillation (MLM and bag-of-words only)"
     )
-    with pytest.raises(
-        HtmllmError, match=r"^no teacher vectors in /nowhere/vectors: teacher\.json is missing"
-    ):
-        train(_config(run_inputs, "no-teacher", teacher="/nowhere/vectors"))
+    for given in ("/nowhere/vectors", "runs/teacher"):  # given, even the default's path is the user's
+        with pytest.raises(HtmllmError, match=rf"^no teacher vectors in {given}: teacher\.json is missing"):
+            train(_config(run_inputs, "no-teacher", teacher=given))
     assert not (run_inputs / "no-teacher").exists()

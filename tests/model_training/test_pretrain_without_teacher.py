@@ -5,6 +5,7 @@ held-out figures and printed 0.000 distillation figures in the model card."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from model_training.default_model import bundle
 from model_training.heldout_eval import evaluate
 from model_training.pretrain import SUMMARY_FILE, train
 from model_training.pretraining_model import PretrainingModel, all_special_ids
+from model_training.run_data import load_run_data
 from model_training.train_config import DEFAULT_TEACHER_DIR
 from model_training.train_logs import read_metrics
 from model_training.training_checkpoints import STATE_FILE
@@ -31,7 +33,7 @@ TEACHER_FIGURES = {"cosine", "centroid_cosine", "top1", "distil_loss"}
 
 @pytest.mark.slow
 def test_a_run_without_distillation_trains_resumes_and_is_bundled_with_no_teacher_anywhere(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     _build_shards(tmp_path, documents=20)
     monkeypatch.chdir(tmp_path)  # the config's default teacher directory, runs/teacher, is not there
@@ -52,8 +54,11 @@ def test_a_run_without_distillation_trains_resumes_and_is_bundled_with_no_teache
     assert state["distil_head"] is None  # no head is built, so none is saved or in the optimizer
     assert state["aggregator"]["weights"] == {"mlm": 0.1, "bow": 1.0}
 
-    result = train(_config(tmp_path, "pretrain", **common))  # resumes from step 2
+    # Resumed with another temperature, the distillation loss's: unused here, no warning about it.
+    caplog.set_level("WARNING", logger="model_training.training_checkpoints")
+    result = train(_config(tmp_path, "pretrain", temperature=0.05, **common))  # resumes from step 2
     assert result.steps == 3 and result.model_dir is not None
+    assert not [r for r in caplog.records if "temperature" in r.getMessage()]
     records = read_metrics(out / "metrics.jsonl")
     train_records = [r for r in records if r["split"] == "train"]
     assert [r["step"] for r in train_records] == [1, 2, 3]
@@ -68,9 +73,13 @@ def test_a_run_without_distillation_trains_resumes_and_is_bundled_with_no_teache
 
     training = load_checkpoint(result.model_dir).meta.training
     assert training["teacher"] is None and training["data_identity"]["teacher"] is None
-    assert training["heldout"]["documents"] == 2.0 and not TEACHER_FIGURES & set(training["heldout"])
+    # The config's teacher, given but never read, is not recorded as if it had been.
+    assert training["config"]["teacher"] is None
+    assert not TEACHER_FIGURES & set(training["heldout"])
     assert "distil" not in training["final_train"]
-    assert (out / SUMMARY_FILE).is_file()
+    summary = json.loads((out / SUMMARY_FILE).read_text(encoding="utf-8"))
+    for heldout in (training["heldout"], summary["heldout"]):
+        assert heldout["documents"] == 2 and isinstance(heldout["documents"], int)  # a count, not 2.0
 
     # The card says that no distillation was used, instead of 0.000 figures and a teacher it cannot read.
     card = bundle(tmp_path, tmp_path / "bundle", curve=None, eval_dir=None).read_text(encoding="utf-8")
@@ -117,4 +126,30 @@ def test_evaluation_without_a_distillation_head_leaves_the_teacher_figures_out()
     data = SplitData(ids=ids, teacher=np.zeros((3, 0), np.float32), doc_ids=["a", "b", "c"])
     config = _config(Path("."), "unused", max_length=32)
     figures = evaluate(pretraining, data, config=config, device=torch.device("cpu"), train_centroid=None)
-    assert set(figures) == {"documents", "mlm_loss", "bow_loss"} and figures["documents"] == 3.0
+    assert set(figures) == {"documents", "mlm_loss", "bow_loss"}
+    assert figures["documents"] == 3 and isinstance(figures["documents"], int)
+
+
+def test_a_teacher_named_for_a_run_without_distillation_is_said_not_to_be_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The warning compared the path with the default: `--teacher runs/teacher` got none, and a teacher
+    that does not exist was "the teacher vectors in X". Named by the user (flag or config), it is said
+    not to be read, as vectors only where there are some; not named, nothing is said."""
+    _, teacher = _build_run_inputs(tmp_path, documents=20)
+    monkeypatch.chdir(tmp_path)  # where runs/teacher is not
+    caplog.set_level("WARNING", logger="model_training.run_data")
+    said = {}
+    for given in (None, DEFAULT_TEACHER_DIR, str(teacher)):
+        caplog.clear()
+        load_run_data(_config(tmp_path, "unused", teacher=given, loss_weights=NO_DISTIL))
+        said[given] = [record.getMessage() for record in caplog.records]
+    prefix = "loss_weights.distil = 0: training without distillation; "
+    assert said[None] == []
+    assert said[DEFAULT_TEACHER_DIR] == [
+        prefix + "the teacher named by --teacher or the config, runs/teacher (it holds no teacher vectors), "
+        "is not read"
+    ]
+    assert said[str(teacher)] == [
+        prefix + f"the teacher vectors in {teacher} (--teacher or the config's teacher) are not read"
+    ]

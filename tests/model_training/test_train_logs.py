@@ -1,17 +1,18 @@
-"""The log line of each logged training step (`train_logs.StepLines`)."""
+"""The log line of each logged training step (`train_logs.StepLines`), and the training curve."""
 
 from __future__ import annotations
 
 import gzip
 import json
 import logging
+import struct
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from model_training.evaluation.derive import _store_page
-from model_training.train_logs import StepLines, truncate_metrics
+from model_training.train_logs import StepLines, plot_curves, truncate_metrics
 from service.core.pages import Page
 
 RAW = {"mlm": 9.5, "bow": 8.25, "distil": 2.0}
@@ -99,3 +100,33 @@ def test_a_derived_page_cut_short_is_not_left_to_be_reused(
     assert not any(path.is_file() for path in tmp_path.rglob("*"))
     stored = tmp_path / _store_page(tmp_path, page).removeprefix("../")
     assert gzip.decompress(stored.read_bytes()) == page.html
+
+
+def _panels(png: Path) -> int:
+    """The panels of a `plot_curves` PNG, from its width (each panel 4 inches at 110 dpi)."""
+    width = struct.unpack(">I", png.read_bytes()[16:20])[0]  # the IHDR chunk's width
+    assert width % 440 == 0
+    return int(width // 440)
+
+
+def _metrics(path: Path, train: dict[str, float], heldout: dict[str, float] | None) -> Path:
+    records = [{"step": step, "split": "train", **train} for step in (1, 2, 3)]
+    if heldout is not None:
+        records.append({"step": 3, "split": "heldout", **heldout})
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def test_the_curve_draws_only_the_panels_the_run_has(tmp_path: Path) -> None:
+    """A run without distillation had an empty "distil loss" panel and an empty "held-out cosine to the
+    teacher" panel beside its MLM and BOW curves."""
+    png = tmp_path / "curve.png"
+    no_teacher = {"mlm_loss": 6.0, "bow_loss": 5.0, "documents": 4}
+    plot_curves(_metrics(tmp_path / "a.jsonl", {"mlm": 6.5, "bow": 5.5}, no_teacher), png)
+    assert _panels(png) == 2
+    distilled = {"mlm": 6.5, "bow": 5.5, "distil": 2.0}
+    plot_curves(_metrics(tmp_path / "b.jsonl", distilled, None), png)  # no held-out pages: no cosine
+    assert _panels(png) == 3
+    heldout = {**no_teacher, "distil_loss": 1.5, "cosine": 0.4, "centroid_cosine": 0.3, "top1": 0.5}
+    plot_curves(_metrics(tmp_path / "c.jsonl", distilled, heldout), png)
+    assert _panels(png) == 4
