@@ -524,3 +524,99 @@ def gunzipped(handle: BinaryIO) -> Iterator[bytes]:
 
 
 GZIP = Framing(GZIP_MEMBER_START, _GZIP_PROBE, _gunzip_member, _gzip_starts_record, "gzip member")
+_GZIP_HEADER_ROOM = 1 << 10  # a gzip member's header, with a file name or comment (which records have none)
+_GZIP_TRAILER = 8  # CRC-32 and size
+
+
+class Inflated(NamedTuple):
+    """What a gzip member that does not decode inflates to (`inflate_damaged`)."""
+
+    head: bytes  # its first bytes of output, up to the damage
+    # Where its deflate data inflate to an end, its trailer after it; None where they do not.
+    end: int | None = None
+    # Whether that is the member's end: one of its trailer's checks holds (a size or CRC byte flipped, or
+    # a flip in data stored as they are), and a member, padding or the file's end follows. Else damaged
+    # data may have inflated to garbage, on through the members after it, to a false end.
+    whole: bool = False
+
+
+def inflate_damaged(handle: BinaryIO, offset: int, look: int) -> Inflated:
+    """The first `look` bytes (at most) the gzip member at `offset`, which does not decode, inflates to
+    before its damage, and where it ends where its deflate data are whole. The data are inflated raw, so
+    that a trailer that fails is told from data that do: zlib's gzip check says only that one failed.
+    The first output comes from slices of the member a few bytes long (zlib gives no output of a call
+    that fails), the rest in chunks, its output dropped: one more decode of the member at most."""
+    handle.seek(offset)
+    header = _gzip_header_size(handle.read(_GZIP_HEADER_ROOM))
+    if header is None:
+        return Inflated(b"")
+    start = offset + header
+    handle.seek(start)
+    decompressor = zlib.decompressobj(-15)
+    head = b""
+    read = size = crc = 0  # bytes read from `start` on; the output's size and CRC-32
+    try:
+        while not decompressor.eof:
+            room = look - len(head)
+            piece = decompressor.unconsumed_tail
+            if not piece:
+                piece = handle.read(_FIRST_PIECE if room > 0 else CHUNK)
+                read += len(piece)
+            if not piece:
+                return Inflated(head)  # cut off
+            out = decompressor.decompress(piece, room if room > 0 else CHUNK)
+            if room > 0:
+                head += out
+            size, crc = size + len(out), zlib.crc32(out, crc)
+            if not out and len(decompressor.unconsumed_tail) == len(piece):
+                return Inflated(head)  # never seen; never spin
+    except zlib.error:
+        return Inflated(head)
+    trailer = start + read - len(decompressor.unused_data)
+    handle.seek(trailer)
+    checks = handle.read(_GZIP_TRAILER)
+    end = trailer + _GZIP_TRAILER
+    held = checks[:4] == crc.to_bytes(4, "little") or checks[4:] == (size % (1 << 32)).to_bytes(4, "little")
+    return Inflated(head, end, held and _member_follows(handle, end))
+
+
+def _gzip_header_size(data: bytes) -> int | None:
+    """The bytes the gzip member header `data` starts with takes (RFC 1952: its extra field, file name,
+    comment and header CRC where its flags say so), None where `data` holds no whole one."""
+    if len(data) < 10 or not data.startswith(GZIP_MEMBER_START):
+        return None
+    flags, at = data[3], 10
+    if flags & 0x04:  # FEXTRA
+        at += 2 + int.from_bytes(data[at : at + 2], "little")
+    for flag in (0x08, 0x10):  # FNAME, FCOMMENT: zero-terminated
+        if flags & flag:
+            at = data.find(b"\0", at) + 1
+            if at == 0:
+                return None
+    at += 2 * bool(flags & 0x02)  # FHCRC
+    return at if at <= len(data) else None
+
+
+def _member_follows(handle: BinaryIO, end: int) -> bool:
+    """Whether the file ends at `end`, or a gzip member or padding (to the end) starts there."""
+    size = handle.seek(0, io.SEEK_END)
+    if end >= size:
+        return end == size
+    handle.seek(end)
+    piece = handle.read(len(GZIP_MEMBER_START))
+    if piece == GZIP_MEMBER_START:
+        return True
+    while piece and not piece.strip(PADDING):
+        piece = handle.read(CHUNK)
+    return not piece
+
+
+def holds_gzip_records(data: bytes) -> bool:
+    """Whether `data` holds a gzip member that starts a WARC record, as a stored .warc.gz does."""
+    view = memoryview(data)
+    at = data.find(GZIP_MEMBER_START)
+    while at >= 0:
+        if _gzip_starts_record(view[at : at + _GZIP_PROBE]):
+            return True
+        at = data.find(GZIP_MEMBER_START, at + 1)
+    return False

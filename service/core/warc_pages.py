@@ -21,8 +21,10 @@ A record whose WARC header lines end in bare LF (some tools write them so; WARC 
 again alone in FastWARC's quirks mode, from its own byte, and reading goes on after it strictly
 (`warc_tail.bare_lf_record_end`): FastWARC reads a header's lines by CRLF alone, and had passed such a
 record over as one of an unknown type, with no row. Quirks mode is never the file's whole reading: it
-passes over bytes that are no record without a word. In a file compressed as one stream, which offers no
-byte to begin at, such a record is an error row that says why.
+passes over bytes that are no record without a word. Where it goes on after such a record, a member
+starts, whatever its first bytes (a damaged magic is one member skipped), and padding or nothing there
+ends the file; a record whose own member does not decode is that failure's one row. In a file compressed
+as one stream, which offers no byte to begin at, such a record is an error row that says why.
 
 A record without a WARC-Record-ID is named by where it is (`_Reading.unnamed_id`): `<file>@<byte>` where
 it starts at that byte of the file, else `<file>#<n>`, the n-th record read from the file (from 0). Inside
@@ -43,7 +45,7 @@ import contextlib
 import functools
 import re
 from collections.abc import Generator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 
@@ -63,13 +65,15 @@ from service.core.pages import (
     read_error,
     valid_text,
 )
-from service.core.warc_frames import BehindDictionary, dictionary_frame
+from service.core.warc_frames import BehindDictionary, Undecodable, dictionary_frame
 from service.core.warc_tail import (
     MAX_HEADER_BYTES,
     Skip,
     bare_lf_record_end,
     ends_in_padding,
+    last_member_fails,
     member_start,
+    nothing_after,
     skip_member,
     tail_problem,
 )
@@ -115,6 +119,9 @@ class _Reading:
     # A record whose WARC header lines end in bare LF, to be read alone in FastWARC's quirks mode: where
     # it starts, and where reading goes on after it (`warc_tail.bare_lf_record_end`).
     bare_lf: tuple[int, int] | None = None
+    # Where such a record read alone ended, and reading went on: a member starts there, whatever its first
+    # bytes say (`skip_member`'s `at_member`), as no record framed before it says otherwise.
+    after_bare_lf: int | None = None
     # What every member of the file starts with (`member_start`), read when first needed, and the file
     # open to look for it: opened once, not once per record without an id (~20% of such a file's time).
     _member: bytes | None = field(default=None, init=False)
@@ -201,7 +208,8 @@ def _iter_records(path: Path, start: int, reading: _Reading) -> Generator[Page, 
         raise PageSourceError(f"reading {path} needs FastWARC: pip install fastwarc") from exc
     # The record at `start` has WARC header lines ended in bare LF: it alone is read in quirks mode.
     bare_lf = reading.bare_lf if reading.bare_lf is not None and reading.bare_lf[0] == start else None
-    reading.bare_lf = None
+    after_bare_lf = reading.after_bare_lf == start
+    reading.bare_lf = reading.after_bare_lf = None
     # Every record type, so the last record seen is the last one FastWARC could frame. `max_header_len`:
     # the header bound the record walk (`warc_tail`) holds records to, said here so that the two agree.
     archive_of = functools.partial(
@@ -228,12 +236,12 @@ def _iter_records(path: Path, start: int, reading: _Reading) -> Generator[Page, 
             error = read_error(f"cannot read {path}: {exc}", exc)
             yield reading.error(f"{reading.name}@{start}", str(error), error.code)
             return None
-        failure = _Failure(reading, start)
+        failure = _Failure(reading, start, at_member=after_bare_lf)
         reported = False  # whether the last record was reported cut off already
         while True:
             if bare_lf is not None and failure.last is not None:  # the one record read in quirks mode
                 yield from failure.release()
-                return bare_lf[1]
+                return failure.after_bare_lf(bare_lf[1])
             try:
                 record = next(iterator)
             except StopIteration:
@@ -287,10 +295,12 @@ def _iter_records(path: Path, start: int, reading: _Reading) -> Generator[Page, 
             f"{path}: the record at byte {start}, whose WARC header's lines end in LF alone, was not read"
         )
         yield reading.error(f"{reading.name}@{start}", message)
-        return bare_lf[1]
+        return failure.after_bare_lf(bare_lf[1])
+    if reported:  # the last record read is cut short: the file's end, or a member cut mid-file
+        return (yield from failure.cut_off())
     # FastWARC ends quietly (or hands back an empty record) where a killed writer cut the file inside a
     # record's header; check the end of the file from the last record it framed, and say so.
-    problem = None if reported else tail_problem(path, failure.offset, start)
+    problem = tail_problem(path, failure.offset, start)
     if problem is None:
         yield from failure.release()
         return None
@@ -310,10 +320,14 @@ class _Failure:
 
     reading: _Reading
     start: int  # where this reading began (0, or a member `skip_member` went on at)
+    at_member: bool = False  # `start` is where a record read alone ended (`_Reading.after_bare_lf`)
     last: _Framed | None = None  # the record FastWARC framed last
     held: Page | None = None  # its page row, not yet yielded
     here: int = 0  # records FastWARC framed at `last.offset`
     since: int = 0  # records FastWARC framed from `start` on
+    # The held row is that of a record whose WARC header lines end in bare LF, not read since its member
+    # does not decode: the failure FastWARC meets in that member says so, its row in place of this one.
+    unread_member: bool = False
 
     @property
     def offset(self) -> int:
@@ -335,8 +349,22 @@ class _Failure:
             return None
         try:
             return bare_lf_record_end(self.reading.path, offset)
+        except Undecodable:
+            self.unread_member = True
+            return None
         except OSError:
             return None
+
+    def after_bare_lf(self, end: int) -> int | None:
+        """Where reading goes on after the record read alone that ended at byte `end`: there, but for
+        the padding (or nothing) that ends the file, which read from there had been false error rows."""
+        try:
+            if nothing_after(self.reading.path, end):
+                return None
+        except OSError:
+            pass  # reading there says why
+        self.reading.after_bare_lf = end
+        return end
 
     def bare_lf_row(self, offset: int) -> Page:
         """The row of a record whose WARC header lines end in bare LF that is not read (`bare_lf_end`):
@@ -353,8 +381,28 @@ class _Failure:
             "compressed per record)",
         )
 
+    def cut_off(self) -> Generator[Page, None, int | None]:
+        """The row of the record read last, which is cut short (its page row, held back), and where
+        reading goes on: nowhere where the file ends in it, but after its member where that member does
+        not decompress and one that starts a record follows (`skip_member`): a writer killed in the member,
+        a restarted crawler appending to the file. FastWARC reads the next member's bytes on as the cut
+        one's and stops without a word, and the intact records after it had been lost with no row."""
+        found = _skip(self.reading.path, self.offset, False)
+        held = self.held
+        if found is None or found.decodes or found.failed != self.offset or held is None:
+            yield from self.release()
+            return None
+        self.held = None
+        yield replace(
+            held,
+            error=f"{held.error}; its {found.member} does not decompress and was skipped (bytes "
+            f"{found.failed} to {found.resume - 1}; reading goes on at the record at byte {found.resume})",
+        )
+        return found.resume
+
     def release(self) -> Iterator[Page]:
         """The page row held back, now that no failure can be its member's."""
+        self.unread_member = False
         if self.held is not None:
             yield self.held
             self.held = None
@@ -379,7 +427,18 @@ class _Failure:
         `message` where reading cannot go on (`skip`: may, where `skip_member` finds a member after), by
         `cause` where it goes on; returns where, or None."""
         reading, last = self.reading, self.last
-        found = _skip(reading.path, self.offset, read) if skip else None
+        if self.unread_member:  # the row of this failure is the record's (`bare_lf_end`)
+            self.held, self.unread_member = None, False
+        at_member = self.at_member and last is None
+        found = _skip(reading.path, self.offset, read, at_member=at_member) if skip else None
+        if found is None and skip and read and last is not None and self.held is not None and self.here == 1:
+            # No member after it: the record's own may still be the one that failed (a checksum at the
+            # end of the file's last frame), its page garbage. Only a record alone in its member: of a
+            # member holding more (one stream), the data before the damage are as written.
+            found = _last_member_fails(reading.path, last.offset)
+            if found is not None:
+                yield self._suspect(found, cause, code)
+                return None
         if found is not None and read and last is not None and found.failed == last.offset:
             yield self._suspect(found, cause, code)
             return found.resume
@@ -425,11 +484,14 @@ class _Failure:
             unchecked = f"{found.member}s without a checksum decode corrupt data, so "
             why = "" if found.member == "gzip member" else unchecked
         kept = "its page was not kept" if self.held is not None else "it holds no page"
+        goes_on = (
+            "the file ends with it" if found.last else f"reading goes on at the record at byte {found.resume}"
+        )
         message = (
             f"{reading.path}: the {last.label(reading)} at byte {last.offset} was read, but its "
             f"{found.member} {problem} ({cause}){others}: {why}what was read of it may be garbage "
             f"({kept}); the rest of that {found.member} was skipped (bytes {found.failed} to "
-            f"{found.resume - 1}; reading goes on at the record at byte {found.resume})"
+            f"{found.resume - 1}; {goes_on})"
         )
         held, self.held = self.held, None
         if held is None:
@@ -447,10 +509,18 @@ def _bare_lf_header(record: WarcRecord) -> bool:
     return any("\n" in value for _, value in record.headers.items())
 
 
-def _skip(path: Path, offset: int, framed: bool) -> Skip | None:
+def _skip(path: Path, offset: int, framed: bool, *, at_member: bool = False) -> Skip | None:
     """`skip_member`, None where the file cannot be read again (it went away, say): the error row said."""
     try:
-        return skip_member(path, offset, framed=framed)
+        return skip_member(path, offset, framed=framed, at_member=at_member)
+    except OSError:
+        return None
+
+
+def _last_member_fails(path: Path, offset: int) -> Skip | None:
+    """`last_member_fails`, None where the file cannot be read again."""
+    try:
+        return last_member_fails(path, offset)
     except OSError:
         return None
 

@@ -17,9 +17,12 @@ Where FastWARC fails inside a file compressed per record (a corrupt gzip member,
 `skip_member` finds the member it failed on and the next one that starts a record, where reading can go
 on: crawlers write a member per record precisely so that a reader can pass over a damaged one. Each of
 the three formats lets a reader find the next one: a member or frame starts with its magic number, and a
-candidate is taken only where it decodes to the start of a WARC record (`Framing`), and never inside the
-damaged member (`_past_damage`: a crawled .warc.gz holds members of its own). A file compressed as one
-stream has no next one (FastWARC's offsets inside it are no member starts): it ends with one row.
+candidate is taken only where it decodes to the start of a WARC record (`Framing`), after the damaged
+member where its end can be told (a frame's block sizes; a gzip member's deflate data, where its trailer
+fails one check alone), and never inside one whose record holds a stored WARC file (`_past_damage`: a
+crawled .warc.gz holds members of its own); else from the next byte on, since a fence everywhere took the
+intact records after everyday damage. A file compressed as one stream has no next one (FastWARC's offsets
+inside it are no member starts): it ends with one row.
 The file's compression is told by its magic, else by its name, as FastWARC picks its decoder: a first
 member whose header is corrupt is passed over too. How each compression's members are decoded and found
 (a zstd file's dictionary included) is `warc_frames`'.
@@ -37,7 +40,6 @@ from __future__ import annotations
 
 import io
 import re
-import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
@@ -55,6 +57,8 @@ from service.core.warc_frames import (
     Framing,
     Undecodable,
     gunzipped,
+    holds_gzip_records,
+    inflate_damaged,
     lz4_frames_problem,
     zstd_framing,
 )
@@ -67,8 +71,15 @@ MAX_HEADER_BYTES = 32 << 10
 _NO_END = f": no blank line ends one within the {MAX_HEADER_BYTES} bytes FastWARC reads of a header"
 _CONTENT_LENGTH = re.compile(rb"(?im)^content-length:[ \t]*(\d+)[ \t]*\r?$")
 _PADDING_PIECE = 4096  # bytes of what may be padding read at a time (`_only_padding`)
-_HEADER_PIECE = 64  # bytes of a damaged gzip member fed at a time, to inflate what comes before the damage
 _GZIP_HEADER_ROOM = 1 << 10  # a gzip member's header, with a file name or comment (which records have none)
+_LOOK = 64 << 10  # bytes of a damaged gzip member's output looked at for a stored WARC file (`_holds_warc`)
+# The media types of a WARC file, compressed or not, in a record's WARC header or HTTP head (not a
+# warcinfo record's application/warc-fields).
+_WARC_MEDIA_TYPE = re.compile(
+    rb"(?im)^content-type:[ \t]*application/(?:x-)?(?:warc|gzip|gzip-compressed|zstd|lz4)[ \t]*(?:;|\r?$)"
+)
+# What a stored WARC file starts with whose members are no gzip members (`_holds_warc`).
+_NO_GZIP_MEMBERS = (b"WARC/", ZSTD_MAGIC, ZSTD_DICTIONARY_MAGIC, LZ4_MAGIC)
 # A record's whole version line as FastWARC reads it (tried on FastWARC 2.0.1: WARC/1.0 and WARC/1.1,
 # WARC/0. and up to two more characters, blanks after; `warc_frames._RECORD_START` its first bytes).
 _VERSION_LINE = re.compile(rb"WARC/(?:1\.[01]|0\.[^\r\n]{0,2})[ \t\r]*\n")
@@ -103,8 +114,9 @@ def bare_lf_record_end(path: Path, offset: int) -> int | None:
     """Where the record at byte `offset`, whose WARC header lines end in bare LF, ends, so that reading
     can go on after it: in a plain file, after its header's blank line and its Content-Length; in one
     compressed per record, at the end of its member, where that member holds this record alone. None
-    where that cannot be told: no such header with a Content-Length there, a member that does not decode
-    or holds more, a file compressed as one stream (FastWARC's offsets in it are no record starts).
+    where that cannot be told: no such header with a Content-Length there, a member that holds more, a
+    file compressed as one stream (FastWARC's offsets in it are no record starts); `Undecodable` where
+    its member does not decode (damaged or cut: the failure FastWARC meets there is the record's row).
 
     FastWARC (2.0.1) reads a header's lines by CRLF alone: the LF-ended lines are one value of the first
     field, and the header runs on to the next CRLF CRLF (the HTTP head's, or the next record's), so the
@@ -120,19 +132,35 @@ def bare_lf_record_end(path: Path, offset: int) -> int | None:
             return None
         ends: list[int] = []
         head, declared, position = b"", None, 0  # `position`: the output before `chunk`
-        try:
-            for chunk in framing.decode(handle, offset, ends):
-                if declared is None:
-                    head += chunk[: MAX_HEADER_BYTES - len(head)]
-                    declared = _record_length(head)
-                    if declared is None and len(head) >= MAX_HEADER_BYTES:
-                        return None
-                if declared is not None and chunk[max(0, declared - position) :].strip(PADDING):
-                    return None  # the member holds more than this record
-                position += len(chunk)
-        except Undecodable:
-            return None
+        for chunk in framing.decode(handle, offset, ends):
+            if declared is None:
+                head += chunk[: MAX_HEADER_BYTES - len(head)]
+                declared = _record_length(head)
+                if declared is None and len(head) >= MAX_HEADER_BYTES:
+                    return None
+            if declared is not None and chunk[max(0, declared - position) :].strip(PADDING):
+                return None  # the member holds more than this record
+            position += len(chunk)
     return ends[0] if declared is not None and position >= declared else None
+
+
+def nothing_after(path: Path, offset: int) -> bool:
+    """Whether the file holds nothing after byte `offset` but the padding that may end it (`PADDING`) and,
+    in a zstd or LZ4 file, skippable frames (which FastWARC's decoders pass over): where reading would go
+    on after a record read alone (`bare_lf_record_end`), there is nothing to read. Read from there,
+    FastWARC took such bytes for a record it cannot read (a false error row), and the end of a zstd file
+    with a dictionary (the dictionary frame handed to it alone) for a cut frame."""
+    with path.open("rb") as handle:
+        skippable = _compression(path, handle.read(4)) in ("zstd", "lz4")
+        size = handle.seek(0, io.SEEK_END)
+        position = offset
+        while position < size:
+            handle.seek(position)
+            head = handle.read(8)
+            if not (skippable and len(head) == 8 and head[1:4] == b"\x2a\x4d\x18" and head[0] & 0xF0 == 0x50):
+                return _only_padding(handle, position, size)
+            position += 8 + int.from_bytes(head[4:], "little")
+    return position == size  # not a skippable frame cut off
 
 
 def _record_length(head: bytes) -> int | None:
@@ -156,9 +184,10 @@ class Skip(NamedTuple):
     why: str = ""  # what the walk found wrong with a stray member's bytes (a header over FastWARC's limit)
     member: str = "member"  # what the compression's members are called: "gzip member", "zstd frame", ...
     decodes: bool = False  # the member at `failed` decodes to its end (to records or not)
+    last: bool = False  # the file ends with the member at `failed`: `resume` is the file's size
 
 
-def skip_member(path: Path, offset: int, *, framed: bool) -> Skip | None:
+def skip_member(path: Path, offset: int, *, framed: bool, at_member: bool = False) -> Skip | None:
     """Where reading a file compressed per record (gzip members, zstd or LZ4 frames) can go on after
     FastWARC failed on it, or None where it cannot (a file compressed as one stream, a plain one, no
     record after).
@@ -170,8 +199,10 @@ def skip_member(path: Path, offset: int, *, framed: bool) -> Skip | None:
     zstd's raw blocks), and reading goes on at the next member. Where no record was framed (reading
     began at `offset`), the member there is the one that failed: stray where it decodes to its end but
     to no records FastWARC reads (a header over its bound, which wget writes for a 40,000-character URL),
-    and `Skip.why` says what is wrong. Reads the file once more at most: the members at `offset` and
-    after it, then forward from the failed one to the next record's member.
+    and `Skip.why` says what is wrong. `at_member`: `offset` is where a member ends that a record was read
+    from alone (`bare_lf_record_end`), so a member starts there, whatever its first bytes say (its magic
+    may be the damage). Reads the file once more at most: the members at `offset` and after it, then
+    forward from the failed one to the next record's member.
     """
     with path.open("rb") as handle:
         framing = _file_framing(path, handle)
@@ -179,8 +210,10 @@ def skip_member(path: Path, offset: int, *, framed: bool) -> Skip | None:
             return None
         offset = max(offset, framing.first)  # not the dictionary frame a zstd file starts with
         handle.seek(offset)
-        # The file's first member, never framed, may be the one whose header is corrupt, magic and all.
-        if (offset > framing.first or framed) and handle.read(len(framing.start)) != framing.start:
+        # A member starts at the file's first one (never framed) and `at_member`, whose magic may be the
+        # damage; elsewhere only where its magic says so.
+        known = at_member or (offset == framing.first and not framed)
+        if not known and handle.read(len(framing.start)) != framing.start:
             return None  # one stream: FastWARC's offset is no member start
         # The member that failed, and where it ends where it decodes to its end: the next one may start
         # there, or where `_past_damage` says (never inside a damaged member).
@@ -201,6 +234,22 @@ def skip_member(path: Path, offset: int, *, framed: bool) -> Skip | None:
         return None
     what = "" if why is None else f"{why[0]}{why[2]}"
     return Skip(failed, start, why is not None, what, framing.member, failed_end is not None)
+
+
+def last_member_fails(path: Path, offset: int) -> Skip | None:
+    """The member at byte `offset`, which FastWARC read a record from whole before it failed and after
+    which `skip_member` found none, as a `Skip` to the end of the file (`Skip.last`) where it does not
+    decode to its end: the record read from it may be garbage (an LZ4 or zstd frame's checksum is checked
+    at its end, after FastWARC handed its bytes on). None where it decodes (the failure is after it; a
+    member cut where records are not, as bgzip writes them, decodes to part of a record) or no record's
+    member starts there (a plain file; a file compressed as one stream, its offsets no member starts)."""
+    with path.open("rb") as handle:
+        framing = _file_framing(path, handle)
+        if framing is None or not _opens_record_member(handle, offset, framing):
+            return None
+        end, _ = _member_walk(handle, offset, framing)
+        size = handle.seek(0, io.SEEK_END)
+    return None if end is not None else Skip(offset, size, member=framing.member, last=True)
 
 
 def ends_in_padding(path: Path, offset: int, start: int, *, here: int, since: int) -> bool:
@@ -350,45 +399,58 @@ class _Fence(NamedTuple):
 
 
 def _past_damage(handle: BinaryIO, offset: int, framing: Framing) -> _Fence:
-    """Where the member after the one at `offset`, which does not decode, may start: never inside it, where
-    a crawled download of a compressed WARC file (a .warc.gz served as a file) holds members of its own,
-    stored as they are (deflate's stored blocks, zstd's raw blocks, LZ4's uncompressed ones): resumed at
-    one of those, reading had made pages of the download's records, and failed again at its end.
+    """Where the member after the one at `offset`, which does not decode, may start. A zstd or LZ4 frame
+    ends where its block sizes say (`Framing.extent`), a gzip member where its deflate data end, where its
+    trailer says they are whole (`inflate_damaged`: a trailer byte flipped). Else the next byte on, as for
+    every member but one case: a record whose payload is a WARC file (a .warc.gz served as a file) holds
+    members of its own, stored as they are (deflate's stored blocks), and resumed at one of those,
+    reading had made pages of the download's records, and failed again at its end.
 
-    A zstd or LZ4 frame ends where its block sizes say (`Framing.extent`). A gzip member keeps no sizes,
-    but its record's header, where it decodes, declares the record's length, and deflate stores no more
-    than that plus a few bytes per block: until then, a candidate is taken only right after a trailer
-    whose size is that record's (the member ends there), which no member of a download nested in it
-    follows (the record is bigger than any of them). Else (the damage in the header): the next byte on.
-    """
+    So where what the damaged member inflates to before its damage shows such a payload (`_holds_warc`),
+    the fence is its record's size (deflate stores no more than that plus a few bytes per block), or where
+    its deflate data inflate to an end, if before (its trailer damaged too, or garbage inflated to a false
+    end), and until then a candidate is taken only right after a trailer whose size is that record's (the
+    member ends there), which no member of a download nested in it follows (the record is bigger than any
+    of them). Only then: the trailer of a damaged member is often damaged too (a sector zeroed across two
+    members, a member cut where a restarted crawler appended), and one holding two records never matches,
+    so fenced so, every damaged member had taken the intact records after it, up to its record's size."""
     end = framing.extent(handle, offset)
     if end is not None:
         return _Fence(end)
-    size = _declared_size(handle, offset) if framing is GZIP else None
-    if size is None:
+    if framing is not GZIP:
         return _Fence(offset + 1)
+    inflated = inflate_damaged(handle, offset, _LOOK)
+    if inflated.end is not None and inflated.whole:
+        return _Fence(inflated.end)
+    length = _record_length(inflated.head)  # a header whose lines end in CRLF, or in bare LF
+    if length is None or not _holds_warc(inflated.head):
+        return _Fence(offset + 1)
+    size = length + 4  # its CRLF CRLF after the block
     deflated = size + (size >> 5) + (size >> 7) + (size >> 11) + 7  # zlib's deflateBound, for any level
-    return _Fence(offset + 1, offset + _GZIP_HEADER_ROOM + deflated + 8, size)
+    until = offset + _GZIP_HEADER_ROOM + deflated + 8
+    if inflated.end is not None:  # where its data inflate to an end, its trailer failing: the member's
+        until = min(until, inflated.end)  # end but for garbage inflated on to a false one
+    return _Fence(offset + 1, until, size)
 
 
-def _declared_size(handle: BinaryIO, offset: int) -> int | None:
-    """The bytes the record that starts the gzip member at `offset` takes, its CRLF CRLF after the block
-    included, as its header says; None where the member does not inflate to a whole header with a
-    Content-Length (the damage may be in it). The member is fed a slice at a time, so that what it
-    inflates to before its damage comes out."""
-    handle.seek(offset)
-    decompressor = zlib.decompressobj(31)
-    head = b""
-    while len(head) < MAX_HEADER_BYTES and not decompressor.eof:
-        piece = decompressor.unconsumed_tail or handle.read(_HEADER_PIECE)
-        if not piece:
-            break
-        try:
-            head += decompressor.decompress(piece, MAX_HEADER_BYTES - len(head))
-        except zlib.error:
-            break
-    length = _record_length(head)  # a header whose lines end in CRLF, or in bare LF
-    return None if length is None else length + 4
+def _holds_warc(head: bytes) -> bool:
+    """Whether `head`, a record's first bytes (up to the damage), shows a payload that is a WARC file in
+    gzip members, which deflate stores as they are: a gzip member that starts a WARC record in it, or a
+    media type that says so (WARC, gzip) in its WARC header or HTTP head, but for a body whose first bytes
+    say otherwise (a plain WARC file, zstd or LZ4 frames: none of theirs is a gzip member reading could go
+    on at, and a fence for them had taken the intact records after a damaged trailer)."""
+    header = _HEADER_END.search(head)
+    if header is None:
+        return False
+    payload = head[header.end() :]
+    if holds_gzip_records(payload):
+        return True
+    heads, body = header.end(), payload  # the heads' end; the payload's body (a resource record's all)
+    if payload.startswith(b"HTTP/"):
+        http = _HEADER_END.search(payload)
+        heads += len(payload) if http is None else http.end()
+        body = b"" if http is None else payload[http.end() :]
+    return _WARC_MEDIA_TYPE.search(head, 0, heads) is not None and not body.startswith(_NO_GZIP_MEMBERS)
 
 
 def _admitted(handle: BinaryIO, at: int, fence: _Fence) -> bool:

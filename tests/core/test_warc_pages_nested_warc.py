@@ -70,3 +70,47 @@ def test_reading_never_goes_on_inside_the_damaged_record(
     assert f"(bytes {start} to {resume - 1}; reading goes on at the record at byte {resume})" in (
         errors[0].error or ""
     )
+
+
+def test_damage_before_the_download_is_known_costs_no_record_after_it(tmp_path: Path) -> None:
+    """Damage in the download record's WARC header hides what its payload is: reading goes on at the next
+    member that starts a record, which may be one of the download's (stored across deflate's stored
+    blocks, each of those fails too). The fence by a record's size was taken from such a member's own
+    header (40 KB), and the intact records after the download, within it, were lost with no row."""
+    noise = random.Random(5)
+    inner = [
+        response(f"inner{i}", HttpResponse(b"<p>" + noise.randbytes(40_000) + b"</p>"), uri=f"https://in/{i}")
+        for i in range(3)
+    ]
+    payload = b"".join(gzip.compress(record, mtime=0) for record in inner)
+    download = response("download", HttpResponse(payload, content_type="application/warc"))
+    damaged = bytearray(gzip.compress(download, mtime=0))
+    damaged[35] ^= 0x55  # in the deflate data of the WARC header
+    outer = [gzip.compress(_page(f"o{i}", f"outer {i}"), mtime=0) for i in range(6)]
+    path = tmp_path / "crawl.warc.gz"
+    path.write_bytes(b"".join([*outer[:3], bytes(damaged), *outer[3:]]))
+
+    good, errors = pages_and_errors(path)
+    assert [p.id for p in good if p.url and "example.com" in p.url] == [f"<urn:uuid:o{i}>" for i in range(6)]
+    assert errors
+
+
+def test_a_download_whose_trailer_is_zeroed_costs_no_record_after_it(tmp_path: Path) -> None:
+    """Its data inflate to their end, where its trailer, all zeros, says nothing: the member ends there (a
+    fence by the record's size, admitting only a member after a trailer of its size, had taken the
+    intact records after it), and never at a member of the download's."""
+    download, nested = _download(lambda data: gzip.compress(data, mtime=0))
+    member = gzip.compress(download, mtime=0)
+    assert min(member.find(inner) for inner in nested) > 0, "not stored as they are: the test proves nothing"
+    outer = [gzip.compress(_page(f"o{i}", f"outer {i}"), mtime=0) for i in range(6)]
+    path = tmp_path / "crawl.warc.gz"
+    path.write_bytes(b"".join([*outer[:3], member[:-8] + bytes(8), *outer[3:]]))
+
+    good, errors = pages_and_errors(path)
+    assert [p.id for p in good] == [f"<urn:uuid:o{i}>" for i in range(6)]
+    start = sum(map(len, outer[:3]))
+    resume = start + len(member)
+    assert len(errors) == 1
+    assert f"(bytes {start} to {resume - 1}; reading goes on at the record at byte {resume})" in (
+        errors[0].error or ""
+    )

@@ -105,3 +105,48 @@ def pages_and_errors(path: Path) -> tuple[list[Page], list[Page]]:
     """The pages read from `path` (bad rows reported, not raised), split into sound ones and error rows."""
     pages = list(iter_pages(path, bad_rows="report"))
     return [p for p in pages if p.error is None], [p for p in pages if p.error is not None]
+
+
+def lz4_checked_frame(data: bytes) -> bytes:
+    """`data` as one LZ4 frame of blocks stored as they are, with a content checksum (as the lz4 tool
+    writes one; FastWARC's writer keeps none), so that a byte flipped in them decodes, and only the
+    checksum at the frame's end says so."""
+    descriptor = bytes([0x64, 0x70])  # version 01, independent blocks, content checksum; 4 MiB blocks
+    frame = b"\x04\x22\x4d\x18" + descriptor + bytes([(_xxh32(descriptor) >> 8) & 0xFF])
+    for at in range(0, len(data), 1 << 22):
+        block = data[at : at + (1 << 22)]
+        frame += struct.pack("<I", len(block) | 0x80000000) + block
+    return frame + struct.pack("<II", 0, _xxh32(data))
+
+
+_P1, _P2, _P3, _P4, _P5 = 2654435761, 2246822519, 3266489917, 668265263, 374761393
+_MASK = 0xFFFFFFFF
+
+
+def _rotl(value: int, bits: int) -> int:
+    return ((value << bits) | (value >> (32 - bits))) & _MASK
+
+
+def _xxh32(data: bytes, seed: int = 0) -> int:
+    """XXH32, the checksum of the LZ4 frame format (no xxhash module is installed)."""
+    size, at = len(data), 0
+    if size >= 16:
+        lanes = [(seed + _P1 + _P2) & _MASK, (seed + _P2) & _MASK, seed, (seed - _P1) & _MASK]
+        while at + 16 <= size:
+            for lane in range(4):
+                word = int.from_bytes(data[at : at + 4], "little")
+                lanes[lane] = _rotl((lanes[lane] + word * _P2) & _MASK, 13) * _P1 & _MASK
+                at += 4
+        value = (_rotl(lanes[0], 1) + _rotl(lanes[1], 7) + _rotl(lanes[2], 12) + _rotl(lanes[3], 18)) & _MASK
+    else:
+        value = (seed + _P5) & _MASK
+    value = (value + size) & _MASK
+    while at + 4 <= size:
+        value = _rotl((value + int.from_bytes(data[at : at + 4], "little") * _P3) & _MASK, 17) * _P4 & _MASK
+        at += 4
+    while at < size:
+        value = _rotl((value + data[at] * _P5) & _MASK, 11) * _P1 & _MASK
+        at += 1
+    value = (value ^ (value >> 15)) * _P2 & _MASK
+    value = (value ^ (value >> 13)) * _P3 & _MASK
+    return value ^ (value >> 16)
