@@ -16,11 +16,9 @@ Two corrections follow, both from pages it misread:
   Big5 and "Контакты" windows-1252. There the plausible readings compete on how many of their
   characters real text would not contain (`_few_foreign_words`).
 
-In both, the single-byte readings judge a windows-1252 symbol repeated with a word on one side at most
-("£££" price levels, "¡¡Hola") as the byte once, apart from the word (`_REPEATED_BYTE`; never a letter:
-Russian's "ООО" is a word); a capital before a capitalised ASCII word is a misfit ("ŤLeben", "«Leben"
-in iso-8859-2), and so is an "ñ" after a letter with no vowel after it ("Gdañsk", Polish "Gdańsk" in
-windows-1252); and the alphabets leave out a micro sign before a unit ("5µg", `_without_unit_prefixes`).
+In both, the single-byte readings judge a windows-1252 symbol repeated alone between ASCII non-letters
+("£££" price levels) as the byte once (`_REPEATED_BYTE`; never a letter: Russian's "ООО" is a word);
+and the alphabets leave out a micro sign before a unit ("5µg", `_without_unit_prefixes`).
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ import codecs
 import functools
 import re
 import threading
-import unicodedata
 from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple
@@ -68,8 +65,8 @@ _NON_LATIN_SINGLE_BYTE = frozenset(
 # own guess joins them when it is another Latin one.
 _LATIN_CANDIDATES = ("cp1252", "iso8859-15", "cp1250", "iso8859-2", "cp1254", "cp1257")
 _NON_ASCII = re.compile(r"[^\x00-\x7f]")
-# A non-ASCII character with the character before and the two after, matches overlapping (`_score`).
-_WITH_NEIGHBOURS = re.compile(r"(?=(.[^\x00-\x7f]..))", re.DOTALL)
+# A non-ASCII character with the characters either side, matches overlapping (`_score`).
+_WITH_NEIGHBOURS = re.compile(r"(?=(.[^\x00-\x7f].))", re.DOTALL)
 # Non-ASCII letters of the languages iso-8859-2 and windows-1250 were made for (lowercase).
 _ALPHABETS: tuple[str, ...] = (
     "áčďéěíňóřšťúůýž",  # Czech
@@ -128,21 +125,19 @@ _PUNCTUATION = frozenset("«»‘’‚“”„–—…•·‹›¡¿\xa0")
 _BESIDE_LETTERS = frozenset("°²³¹™®©µ")
 # Three or more non-ASCII characters with no ASCII letter on either side.
 _FOREIGN_RUN = re.compile(r"(?<![A-Za-z])[^\x00-\x7f]{3,}(?![A-Za-z])")
-# One non-ASCII byte repeated, with no other non-ASCII byte either side: "£££" or "¥¥" price levels,
-# "¡¡Hola", "£££Expensive", a row of no-break spaces. Each reading makes one character of it repeated,
+# One non-ASCII byte repeated, with no letter or other non-ASCII byte before it and an ASCII byte below
+# 0x40 (no second byte of any double-byte encoding: space, digits, punctuation, "<") or the end after it:
+# "£££" or "¥¥" price levels, a row of no-break spaces. Each reading makes one character of it repeated,
 # yet the alphabets counted "ŁŁŁ" as Polish and the contest "ЈЈЈ" as clean Cyrillic: a page whose only
 # non-ASCII bytes were "£££" read as windows-1251 or windows-1250. The single-byte readings judge such a
-# run as the byte once, standing apart (`_symbol_runs_once`), but only for a byte that is no letter in
-# windows-1252 (a symbol there: "£", "¥", "©", "»", "¿"): words are written as one letter repeated in
-# Russian ("ООО", the LLC of every company name; "ГГГГ" in a date's placeholder), and bytes 0xC0-0xFF
-# are letters in windows-1252 too, so collapsing them made a Russian page's "ООО" read as windows-1252's
-# "ÎÎÎ". No language writes a letter twice at a word's edge ("vyšší" doubles "š" inside a word, between
-# letters, and such a run is left as it is), so a run that touches a word on one side is a symbol's too:
-# counted once but still touching the word, "£££Expensive" was "ŁExpensive" in windows-1250, a Polish
-# letter, or "ЈExpensive", one Cyrillic letter beside Latin ones.
+# run as the byte once (see `detect_encoding`), but only for a byte that is no letter in windows-1252 (a
+# symbol there: "£", "¥", "©", "»", "¿"): words are written as one letter repeated in Russian ("ООО", the
+# LLC of every company name; "ГГГГ" in a date's placeholder), and bytes 0xC0-0xFF are letters in
+# windows-1252 too, so collapsing them made a Russian page's "ООО" read as windows-1252's "ÎÎÎ".
 _SYMBOL_BYTES = bytes(b for b in range(0x80, 0x100) if not bytes([b]).decode("cp1252", "replace").isalpha())
-_SYMBOL = rb"([" + re.escape(_SYMBOL_BYTES) + rb"])"
-_REPEATED_BYTE = re.compile(rb"(?<![\x80-\xff])" + _SYMBOL + rb"\1+(?![\x80-\xff])")
+_REPEATED_BYTE = re.compile(
+    rb"(?<![A-Za-z\x80-\xff])([" + re.escape(_SYMBOL_BYTES) + rb"])\1+(?=[\x00-\x3f]|\Z)"
+)
 # The micro sign in every Latin candidate but iso-8859-2, where it is Slovak "ľ" (`_without_unit_prefixes`).
 _MICRO_SIGN = 0xB5
 
@@ -157,14 +152,13 @@ def detect_encoding(data: bytes) -> str:
     # text whatever surrounds it (see _neighbourhoods). Every later step looks at a non-ASCII byte and
     # its neighbours only, so the neighbourhoods stand for the page there too.
     neighbourhoods = _neighbourhoods(data)
-    # The single-byte readings judge a symbol repeated ("£££", "£££Expensive", `_REPEATED_BYTE`) as the
-    # symbol once between spaces: a letter with no letter beside it counts for no alphabet, and a lone
-    # letter of one script costs no more than a symbol, so where nothing else tells them apart
-    # windows-1252, first in their ties, wins; a reading that makes the byte odd still pays for it
-    # (iso-8859-15's "€€€€" is "¤¤¤¤" in windows-1252). The double-byte readings see the run whole:
-    # there it can be characters ("　　", two ideographic spaces in EUC-KR, GBK or EUC-JP, is 0xA1 four
-    # times), which one byte would break.
-    single_byte = _symbol_runs_once(neighbourhoods)
+    # The single-byte readings judge a symbol repeated alone ("£££", `_REPEATED_BYTE`) as the symbol
+    # once: a letter with no letter beside it counts for no alphabet, and a lone letter of one script
+    # costs no more than a symbol, so where nothing else tells them apart windows-1252, first in their
+    # ties, wins; a reading that makes the byte odd still pays for it (iso-8859-15's "€€€€" is "¤¤¤¤" in
+    # windows-1252). The double-byte readings see the run whole: there it can be characters ("　　", two
+    # ideographic spaces in EUC-KR, GBK or EUC-JP, is 0xA1 four times), which one byte would break.
+    single_byte = _REPEATED_BYTE.sub(rb"\1", neighbourhoods)
     matches = _second_look(neighbourhoods, from_bytes(neighbourhoods, cp_isolation=_DETECTED_ENCODINGS))
     best = matches.best()
     guess = _corrected_guess(single_byte, None if best is None else normalize_encoding(best.encoding))
@@ -178,23 +172,6 @@ def detect_encoding(data: bytes) -> str:
                 return _few_foreign_words(neighbourhoods, single_byte, None)
         return _few_foreign_words(neighbourhoods, single_byte, guess)
     return guess
-
-
-def _symbol_runs_once(sample: bytes) -> bytes:
-    """`sample` as the single-byte readings judge it: each run of `_REPEATED_BYTE` with a letter on one
-    side at most as its byte once, between spaces.
-
-    One pattern and a look at the few runs found: a pattern that also ruled out letters either side, as
-    two alternatives, scanned the sample three times as slowly."""
-    return _REPEATED_BYTE.sub(_run_once, sample)
-
-
-def _run_once(run: re.Match[bytes]) -> bytes:
-    """A run of `_REPEATED_BYTE` as its byte once between spaces; inside a word ("x££y") as it is."""
-    sample, start, end = run.string, run.start(), run.end()
-    if sample[start - 1 : start].isalpha() and sample[end : end + 1].isalpha():
-        return run[0]
-    return b" " + run[1] + b" "
 
 
 def _second_look(sample: bytes, matches: CharsetMatches) -> CharsetMatches:
@@ -616,7 +593,7 @@ def _without_unit_prefixes(contexts: _ByteContexts) -> _ByteContexts:
     if not unit.any():
         return contexts
     keep = ~unit
-    return _ByteContexts._make(field[keep] for field in contexts)
+    return _ByteContexts(contexts.before[keep], contexts.byte[keep], contexts.after[keep])
 
 
 @functools.cache
@@ -637,97 +614,47 @@ def _score(text: str) -> tuple[int, int]:
 
     The fit is their letters' fit to the best-fitting alphabet of `_ALPHABETS`: letters of it count for
     the reading, other letters against. Misfits are what real text does not do: a capital letter right
-    after a lowercase one or right before a capitalised ASCII word (a word starts with one capital, or
-    is all capitals: "«Leben" and "¡Hola" were iso-8859-2's "ŤLeben" and "ĄHola", Czech and Polish
-    letters), an "ñ" after a letter and before no vowel (the languages written with it put a vowel after
-    it, and Polish "Gdańsk", "Poznań" were windows-1252's "Gdañsk", "Poznañ"), a letter next to a letter
-    of another script ("MДrz"), a symbol between two letters (bar the few that live inside words), the
-    currency sign "¤" (iso-8859-15 has "€" there), a C1 control code or U+FFFD. A letter with no letter
-    on either side ("Copyright Š 2023" is "©" in windows-1252) says nothing about the language and counts
-    neither way.
+    after a lowercase one, a letter next to a letter of another script ("MДrz"), a symbol between two
+    letters (bar the few that live inside words), the currency sign "¤" (iso-8859-15 has "€" there), a
+    C1 control code or U+FFFD. A letter with no letter on either side ("Copyright Š 2023" is "©" in
+    windows-1252) says nothing about the language and counts neither way.
     """
-    contexts = Counter(_WITH_NEIGHBOURS.findall(f" {text}  "))
+    contexts = Counter(_WITH_NEIGHBOURS.findall(f" {text} "))
     return _score_contexts(
-        (_neighbour_class(before), ch, _neighbour_class(after) | _capitalised(after + beyond), count)
-        for (before, ch, after, beyond), count in contexts.items()
+        (_neighbour_class(before), ch, _neighbour_class(after), count)
+        for (before, ch, after), count in contexts.items()
     )
 
 
-def _capitalised(pair: str) -> int:
-    """`_CAPITALISED` where `pair` starts an ASCII word with a capital (an ASCII capital, then an ASCII
-    small letter), else 0."""
-    return _CAPITALISED if "A" <= pair[0] <= "Z" and "a" <= pair[1] <= "z" else 0
-
-
 def _byte_contexts(sample: bytes) -> _ByteContexts:
-    """The non-ASCII bytes of `sample` with the bytes either side and whether an ASCII word with a capital
-    starts after them (spaces beyond either end): all that `_score` looks at, read once for every
-    single-byte reading of the page."""
+    """The non-ASCII bytes of `sample` with the bytes either side (a space beyond either end): all that
+    `_score` looks at, read once for every single-byte reading of the page."""
     import numpy as np  # imported lazily, as the detector is: most pages never get here
 
-    padded = np.frombuffer(b" " + sample + b"  ", dtype=np.uint8)
-    at = np.flatnonzero(padded[1:-2] >= 0x80) + 1
-    byte, after, beyond = padded[at], padded[at + 1], padded[at + 2]
-    capitalised = (after >= 0x41) & (after <= 0x5A) & (beyond >= 0x61) & (beyond <= 0x7A)
-    following = (byte.astype(np.int32) << 9) | (after.astype(np.int32) << 1) | capitalised
-    return _ByteContexts(padded[at - 1], byte, after, following)
+    padded = np.frombuffer(b" " + sample + b" ", dtype=np.uint8)
+    at = np.flatnonzero(padded[1:-1] >= 0x80) + 1
+    return _ByteContexts(padded[at - 1], padded[at], padded[at + 1])
 
 
 def _score_single_byte(contexts: _ByteContexts, name: str) -> tuple[int, int]:
     """`_score` of the page's reading in the single-byte codec `name`, from its `_byte_contexts`.
 
-    `_score` reads a neighbour only through `_neighbour_class` (and the one after with `_capitalised`),
-    and a single-byte codec reads each byte as one character (ASCII as ASCII, the others as non-ASCII or
-    U+FFFD), so the contexts reduce to (class, byte, class) triples, counted in numpy (keys of
-    `_key_tables`). Scoring the characters one by one in Python took 3 s for a 1 MB page (seven readings
-    of the detector's 512 KiB sample).
-    """
-    import numpy as np
-
-    before_keys, following_keys = _key_tables(name)
-    counts = np.bincount(before_keys[contexts.before] | following_keys[contexts.following], minlength=1 << 14)
-    characters = _single_byte_characters(name)
-    return _score_contexts(
-        (key >> 11, characters[0x80 | (key >> 4) & 0x7F], _unpacked_after(key & 15), int(counts[key]))
-        for key in np.flatnonzero(counts).tolist()
-    )
-
-
-@functools.cache
-def _key_tables(name: str) -> tuple[npt.NDArray[np.uint16], npt.NDArray[np.uint16]]:
-    """The parts of `_score_single_byte`'s keys in the single-byte codec `name`: by the byte before, and
-    by a context's `following` index (`_byte_contexts`: the byte, the byte after, whether a capitalised
-    word follows).
-
-    A key packs what `_score_contexts` asks: of the character before whether it is a letter, Latin and
-    lowercase (3 bits), the byte less its high bit (7), of the character after whether it is a letter
-    and Latin (2), and whether it starts a capitalised word and is a vowel (2), but only for the
-    characters asked that, capitals and "ñ": elsewhere the two would split a context in up to four,
-    which `_score_contexts` reads one by one in Python. 2^14 keys, as many as without those two: the
-    counts are scanned for every reading of every page, and 2^16 made the detector half as slow again on
-    short pages. Two look-ups a byte: computed for each reading, the bits had made a 1 MB Russian page a third
-    slower.
+    `_score` reads a neighbour only through `_neighbour_class`, and a single-byte codec reads each byte
+    as one character (ASCII as ASCII, the others as non-ASCII or U+FFFD), so the contexts reduce to
+    (class, byte, class) triples, at most 8 x 128 x 8 of them, counted in numpy. Scoring the characters
+    one by one in Python took 3 s for a 1 MB page (seven readings of the detector's 512 KiB sample).
     """
     import numpy as np
 
     classes = _byte_classes(name)
+    keys = (classes[contexts.before].astype(np.int64) << 11) | (contexts.byte.astype(np.int64) << 3)
+    keys |= classes[contexts.after]
+    counts = np.bincount(keys, minlength=1 << 14)
     characters = _single_byte_characters(name)
-    capitals = np.array([ch.isupper() for ch in characters], dtype=np.bool_)
-    enye = np.array([ch in "ñÑ" for ch in characters], dtype=np.bool_)
-    index = np.arange(1 << 17)
-    byte, after, capitalised = index >> 9, (index >> 1) & 0xFF, (index & 1).astype(np.bool_)
-    after_classes = classes[after]
-    asked_capitalised = capitalised & capitals[byte]
-    asked_vowel = ((after_classes & _VOWEL) > 0) & enye[byte]
-    following = ((byte & 0x7F) << 4) | (after_classes & 3) | (asked_capitalised << 2) | (asked_vowel << 3)
-    before = (classes & 7).astype(np.uint16) << 11
-    return before.astype(np.uint16), following.astype(np.uint16)
-
-
-def _unpacked_after(packed: int) -> int:
-    """The class of the character after, as `_score_contexts` reads it, from its 4 bits in a key of
-    `_score_single_byte`."""
-    return packed & 3 | (_CAPITALISED if packed & 4 else 0) | (_VOWEL if packed & 8 else 0)
+    return _score_contexts(
+        (key >> 11, characters[(key >> 3) & 0xFF], key & 7, int(counts[key]))
+        for key in np.flatnonzero(counts).tolist()
+    )
 
 
 def _score_contexts(contexts: Iterable[tuple[int, str, int, int]]) -> tuple[int, int]:
@@ -738,10 +665,8 @@ def _score_contexts(contexts: Iterable[tuple[int, str, int, int]]) -> tuple[int,
     for before, ch, after, count in contexts:
         if ch.isalpha():
             latin = _LATIN if _is_latin(ch) else 0
-            if (
-                (ch.isupper() and (before & _LOWER or after & _CAPITALISED))
-                or any(c & _ALPHA and c & _LATIN != latin for c in (before, after))
-                or (ch in "ñÑ" and before & _ALPHA and not after & _VOWEL)
+            if (ch.isupper() and before & _LOWER) or any(
+                c & _ALPHA and c & _LATIN != latin for c in (before, after)
             ):
                 misfits += count
             elif (before | after) & _ALPHA:
@@ -753,21 +678,15 @@ def _score_contexts(contexts: Iterable[tuple[int, str, int, int]]) -> tuple[int,
     return fit, misfits
 
 
-# What `_score` asks of a character next to a non-ASCII one, as the bits of its class; of the one after
-# also whether it is a vowel and whether it starts an ASCII word with a capital ("Leben" after "«",
-# `_capitalised`).
-_ALPHA, _LATIN, _LOWER, _CAPITALISED, _VOWEL = 1, 2, 4, 8, 16
+# What `_score` asks of a character next to a non-ASCII one, as the bits of its class.
+_ALPHA, _LATIN, _LOWER = 1, 2, 4
 
 
 @functools.cache
 def _neighbour_class(ch: str) -> int:
-    """`ch`'s class: whether it is a letter, Latin (`_is_latin`), lowercase and a vowel (accented or not)."""
-    vowel = ch.isalpha() and unicodedata.normalize("NFD", ch)[0] in "AEIOUaeiou"
+    """`ch`'s class: whether it is a letter, Latin (`_is_latin`) and lowercase."""
     return (
-        (_ALPHA if ch.isalpha() else 0)
-        | (_LATIN if _is_latin(ch) else 0)
-        | (_LOWER if ch.islower() else 0)
-        | (_VOWEL if vowel else 0)
+        (_ALPHA if ch.isalpha() else 0) | (_LATIN if _is_latin(ch) else 0) | (_LOWER if ch.islower() else 0)
     )
 
 
@@ -799,14 +718,11 @@ def _byte_classes(name: str) -> npt.NDArray[np.uint8]:
 
 
 class _ByteContexts(NamedTuple):
-    """Each non-ASCII byte of a page with its neighbours (`_byte_contexts`), as four aligned arrays."""
+    """Each non-ASCII byte of a page with its neighbours (`_byte_contexts`), as three aligned arrays."""
 
     before: npt.NDArray[np.uint8]
     byte: npt.NDArray[np.uint8]
     after: npt.NDArray[np.uint8]
-    # The byte, the byte after and whether an ASCII capital and an ASCII small letter follow it, as one
-    # index (byte << 9 | after << 1 | capitalised) of `_key_tables`.
-    following: npt.NDArray[np.int32]
 
 
 def _neighbours(text: str, i: int) -> tuple[str, str]:

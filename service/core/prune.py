@@ -101,7 +101,7 @@ from service.core.precheck.nesting import DEFAULT_MAX_DEPTH, estimate_depth
 from service.core.precheck.reconstruction import reconstruction_bytes
 from service.core.precheck.text_growth import text_growth_memory
 
-PRUNE_VERSION = "14"  # recorded in checkpoints; bump whenever the output for some input changes
+PRUNE_VERSION = "13"  # recorded in checkpoints; bump whenever the output for some input changes
 
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024  # larger pages are refused before parsing
 # Peak memory is bounded by 10x the input plus 200 MiB (the costs charged: `service.core.precheck.memory`).

@@ -140,8 +140,7 @@ def test_every_double_byte_code_of_every_contender_is_scored_without_raising() -
 def test_single_byte_readings_score_as_their_text(codec: str) -> None:
     """The counted form scores a single-byte reading (numpy, per distinct context) as the text form
     does (character by character): random bytes, Latin and Cyrillic text, the page's first and last
-    byte next to a letter, a capital before a capitalised ASCII word, "ñ" before a vowel or
-    none, undefined bytes (U+FFFD)."""
+    byte next to a letter, undefined bytes (U+FFFD)."""
     rng = random.Random(codec)
     samples = [
         b"",
@@ -151,11 +150,6 @@ def test_single_byte_readings_score_as_their_text(codec: str) -> None:
         bytes(range(256)),
         "Grüße aus Köln, Straße – “quoted” ©2024 Š".encode("cp1252"),
         "Москва, Санкт-Петербург: Главная страница".encode("cp1251"),
-        "«Leben» ¡Hola ÁBc ŠKoda".encode("cp1252"),
-        "Gdañsk Señor Peñón ñ Ñu añ".encode("cp1252"),
-        b"\xa1Ho",
-        b"\xa1H",
-        b"x\xa1Hola\xab",
         *(rng.randbytes(rng.randrange(1, 400)) for _ in range(40)),
         *(bytes(rng.choice(b"ab Z\x81\x8d\xa4\xad\xc0\xdf\xe0\xff") for _ in range(300)) for _ in range(10)),
     ]

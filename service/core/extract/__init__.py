@@ -84,7 +84,7 @@ from service.core.extract.word_count import TextCounts, count_words, text_counts
 # 11: jusText runs language-independent where no language is known (had the English stoplist: 0 words of
 #     an undetected Korean page), reported as no language; `encoding` is the WHATWG name (`windows-1250`,
 #     was Python's `cp1250`).
-EXTRACTION_VERSION: Final = "13"
+EXTRACTION_VERSION: Final = "12"
 
 __all__ = [
     "ALL",
