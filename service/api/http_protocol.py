@@ -127,6 +127,7 @@ from service.api.http_framing import (
     MAX_HEAD_BYTES,
     TRAILER,
     Framing,
+    Parsed,
     declared_body,
     long_lines,
     transfer_coding_refusal,
@@ -253,7 +254,10 @@ _TOO_MANY_PIPELINED = (
 
 
 def _head_without_offer(method: bytes, url: bytes, version: str, headers: list[tuple[bytes, bytes]]) -> bytes:
-    """A request's head as received (names lowercased), without its offer to switch protocols."""
+    """A request's head as received (names lowercased), without its offer to switch protocols, and no
+    longer than it was sent: no whitespace after a field's colon or a list's comma. The head is parsed
+    again, held to `MAX_HEAD_BYTES` again, and the cap is the head's as sent: written `name: value`, a
+    head within the cap sent as `name:value` had passed it by a byte a field, and got a 431."""
     lines = [method + b" " + url + b" HTTP/" + version.encode("ascii")]
     for name, value in headers:
         if name in _OFFER_HEADERS:
@@ -263,8 +267,8 @@ def _head_without_offer(method: bytes, url: bytes, version: str, headers: list[t
             kept = [token for token in tokens if token and token.lower() not in _OFFER_HEADERS]
             if not kept:
                 continue
-            value = b", ".join(kept)
-        lines.append(name + b": " + value)
+            value = b",".join(kept)
+        lines.append(name + b":" + value)
     return b"\r\n".join(lines) + b"\r\n\r\n"
 
 
@@ -370,10 +374,9 @@ def protocol_class(
             super().__init__(*args, **kwargs)
             self._in_head = False
             self._messages = 0  # the requests begun, for telling one open head from the next
-            self._began_in_chunk = False
             self._head_size = 0  # the headers parsed so far of the current head, as sent
             self._line_open = False  # the current head's request line may not have ended yet
-            self._line = bytearray()  # ... the last partial line read since it began (`_versionless_line`)
+            self._line = bytearray()  # ... its bytes in the reads before, while it is (`_versionless_line`)
             self._stopped: tuple[bytes, int] | None = None  # the refusal `_StopParse` was raised for
             self._refusal: bytes | None = None  # an answer from below the app, written once it is our turn
             self._lingering = False  # the refusal is written and the connection half-closed
@@ -391,6 +394,13 @@ def protocol_class(
             self._trailer_open = False  # past a chunk's size line with no body byte since: maybe a trailer
             self._trailer_size = 0  # its fields parsed so far, as sent
             self._framing = Framing()  # where heads and trailer sections lie in what is read
+            # What llhttp said while parsing the bytes fed since the framing last walked, from
+            # `_fed_from` in the read on (`Parsed`): its chunk events, its other events, and the bytes
+            # of the current chunk's data given since its header.
+            self._fed_from = 0
+            self._chunk_events = 0
+            self._other_events = 0
+            self._chunk_data = 0
             self._size_line_open = False  # in a chunked body, before a chunk's size line is complete
             self._size_line_new = False  # ... entered in the current read
             self._size_line_bytes = 0  # the reads counted against a size line still incomplete
@@ -438,9 +448,9 @@ def protocol_class(
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            self._other_events += 1
             self._in_head = True
             self._messages += 1
-            self._began_in_chunk = True
             self._head_size = 0
             self._line_open = True
             self._line.clear()
@@ -462,6 +472,7 @@ def protocol_class(
         def _on_trailer_field(self, name: bytes, value: bytes) -> None:
             """Drop a trailer field, never a request header (RFC 9110 section 6.5.2: an `Authorization`
             there had passed the key check), and count it against the cap (the class's docstring)."""
+            self._other_events += 1
             self._trailer_size += len(name) + len(value) + 3
             if self._trailer_size + 2 > MAX_HEAD_BYTES:
                 self._stop(*self._error_answer(ErrorCode.HEADERS_TOO_LARGE, _TRAILER_TOO_LARGE))
@@ -477,13 +488,19 @@ def protocol_class(
                 self.parser.set_dangerous_leniencies(lenient_keep_alive=lenient)
 
         def on_chunk_header(self) -> None:
+            self._chunk_events += 1
+            self._chunk_data = 0
             self._size_line_open = False
             self._trailer_open = True
             self._trailer_size = 0
 
         def on_chunk_complete(self) -> None:
+            self._chunk_events += 1
             self._trailer_open = False
-            self._open_size_line()  # (the next chunk's; after the last one, the message completes)
+            # The next chunk's size line opens (after the last chunk, the message completes):
+            # `_open_size_line` written out, as a call per chunk is a share of a small chunk's CPU.
+            self._size_line_open = self._size_line_new = True
+            self._size_line_bytes = 0
 
         def _open_size_line(self) -> None:
             """A chunk's size line begins: llhttp reads its chunk extensions (`5;name=value`) and gives
@@ -557,10 +574,13 @@ def protocol_class(
             self._trailer_open = False  # (a data chunk's)
             if self._body_left is not None:
                 self._body_left -= len(body)
+            else:
+                self._chunk_data += len(body)
             if not self._offered_upgrade:
                 super().on_body(body)
 
         def on_message_complete(self) -> None:
+            self._other_events += 1
             self._size_line_open = False
             if not self._offered_upgrade:  # (llhttp ends an upgrading request at its head)
                 super().on_message_complete()
@@ -573,10 +593,12 @@ def protocol_class(
             if self._refusal is not None:  # refused: what follows is read only to be dropped
                 self._drop(len(data))
                 return
+            self._fed_from = self._chunk_events = self._other_events = 0
             if len(data) < self._room():  # (nothing can reach the cap in this read: parsed whole)
                 if self._feed_data(data, 0, len(data)):
-                    self._framing.walk(data, 0, len(data))
+                    self._walk(data, 0, len(data))
                     self._framing.read_done(data)
+                    self._bound_request_line(data)
                 return
             fed = 0
             for point, over_cap in self._parse_points(data):
@@ -586,6 +608,7 @@ def protocol_class(
                 if over_cap is not None and (message := over_cap()) is not None:
                     self._refuse(*self._error_answer(ErrorCode.HEADERS_TOO_LARGE, message))
                     return
+            self._bound_request_line(data)
 
         def _parse_points(self, data: bytes) -> Iterator[tuple[int, Callable[[], str | None] | None]]:
             """Where to stop parsing a read, and what to ask there (the message of a 431, or None): the
@@ -617,12 +640,14 @@ def protocol_class(
             the connection's framing (`Framing`) puts that many bytes of it. The framing learns a request's
             body from llhttp once its head is parsed, so the read is parsed past a head's end before
             it is followed further (up to the cap past it: no head or trailer section beginning after it
-            can reach the cap before). The last point is the read's end."""
+            can reach the cap before), and it follows a chunked body only as far as llhttp has parsed it,
+            so the read is parsed a cap's worth past where it stands there (likewise) before it is
+            followed further (`Framing._after_chunks`). The last point is the read's end."""
             framing = self._framing
             size = len(data)
             parsed = position = 0
             while True:
-                position, cut = framing.walk(data, position, parsed)
+                position, cut = self._walk(data, position, parsed)
                 if cut is not None:
                     at, kind, request = cut
                     over_cap = self._head_over_cap if kind == HEAD else self._trailer_over_cap
@@ -639,6 +664,15 @@ def protocol_class(
             if parsed < size:
                 yield size, None
             framing.read_done(data)
+
+        def _walk(self, data: bytes, position: int, parsed: int) -> tuple[int, tuple[int, int, int] | None]:
+            """`Framing.walk` of `data` from `position`, parsed up to `parsed`, told what llhttp said
+            while parsing the bytes fed since the last walk (`Parsed`), which are then none."""
+            said = Parsed(
+                self._fed_from, self._chunk_events, self._other_events, self._size_line_open, self._chunk_data
+            )
+            self._fed_from, self._chunk_events, self._other_events = parsed, 0, 0
+            return self._framing.walk(data, position, parsed, said)
 
         def _head_over_cap(self, request: int) -> str | None:
             """The 431's message where the head of request `request` (`_messages`) is still open."""
@@ -663,7 +697,6 @@ def protocol_class(
             (not once the connection is refused or closing, nor where the rest went with a head given
             again)."""
             data = read if start == 0 and end == len(read) else read[start:end]
-            self._began_in_chunk = False
             self._size_line_new = False
             self._unset_keepalive_if_required()
             try:
@@ -706,10 +739,9 @@ def protocol_class(
                 if self._size_line_bytes >= MAX_HEAD_BYTES:  # (over the cap with the LF still to come)
                     self._refuse(*self._error_answer(ErrorCode.HEADERS_TOO_LARGE, _SIZE_LINE_TOO_LARGE))
                 return
-            if self._in_head and (
-                # (llhttp reads a request line without a version as 0.9's once a byte follows its end)
-                self.parser.get_http_version() == "0.9" or (self._line_open and self._versionless_line(data))
-            ):
+            if self._in_head and self.parser.get_http_version() == "0.9":
+                # (llhttp reads a request line without a version as 0.9's once a byte follows its end; one
+                # that ends a read is `_bound_request_line`'s)
                 self._refuse(self._version_refusal("0.9"), 505)
                 return
             if self._in_head and self.parser.get_method() == b"PRI" and _pri_line_ended(data):
@@ -717,37 +749,55 @@ def protocol_class(
                 # sending `PRI * HTTP/1.1` and a blank line waited for the head timeout's 408.
                 self._refuse_pri()
 
-        def _versionless_line(self, data: bytes) -> bool:
-            """Whether `data`, just parsed into a head still open, ended its request line without a
-            version (HTTP/0.9's `GET /`, CRLF or a bare LF): llhttp waits for headers after one, so the
-            505 of `on_headers_complete` came only once a blank line did, and a client sending just the
-            line (as an HTTP/0.9 one does, then waits) got the head timeout's 408 instead.
+        def _bound_request_line(self, data: bytes) -> None:
+            """A read parsed whole and followed (`Framing`) that ended a head's request line without a
+            version is refused, 505 (`_versionless_line`)."""
+            if (
+                self._line_open
+                and self._in_head
+                and self._refusal is None
+                and not self.transport.is_closing()
+                and self._versionless_line(data)
+            ):
+                self._refuse(self._version_refusal("0.9"), 505)
 
-            httptools says nowhere where a head begins in a read, so the line is read from the bytes: the
-            last line `data` ends (with the partial line kept from earlier reads, `_line`) is the request
-            line without a version exactly when it is the method, spaces and the URL the parser gave. No
-            other line can be: a header line has a colon and no space before it (llhttp refuses one that
-            does), a folded one begins with whitespace, and a line that began before the head would hold
-            all of the head's line and more. Only the line's end is looked for: once a byte follows it,
-            llhttp reports the version 0.9 (`_bound_open_parts`). The work is done only for a read that
-            leaves a request line open, and what is kept is one partial line."""
-            if data.endswith(b"\n"):
-                self._line_open = False  # (the head began before this LF: its request line has ended)
-                start = data.rfind(b"\n", 0, len(data) - 1)
-                line = data[start + 1 : -1] if start >= 0 else bytes(self._line) + data[:-1]
-                self._line.clear()
-                line = line.removesuffix(b"\r")
-                before, space, url = line.rpartition(b" ")
-                return bool(space) and url == self.url and before.rstrip(b" ") == self.parser.get_method()
-            end = data.rfind(b"\n")
-            if end >= 0 and not self._began_in_chunk:  # (the head began in an earlier read: its line ended)
-                self._line_open = False
-                self._line.clear()
-            elif end >= 0:  # (that LF may be a message's before the head: the partial line after it is kept)
-                self._line[:] = data[end + 1 :]
+        def _versionless_line(self, data: bytes) -> bool:
+            """Whether `data`, a read parsed whole into a head still open and followed by the framing,
+            ended its request line without a version (HTTP/0.9's `GET /`, CRLF or a bare LF): llhttp
+            waits for headers after one, so the 505 of `on_headers_complete` came only once a blank line
+            did, and a client sending just the line (as an HTTP/0.9 one does, then waits) got the head
+            timeout's 408 instead.
+
+            httptools says nowhere where a head begins in a read; the framing does (`Framing.start`). The
+            request line is what follows it up to the first LF, with its bytes from earlier reads, kept
+            (`_line`) while it is open; it is one without a version exactly when it is the method, spaces
+            and the URL the parser gave. Only a line that ends the read is looked at: once a byte follows
+            it, llhttp reports the version 0.9 (`_bound_open_parts`). The line had been taken from the LF
+            before it, which, behind a body that did not end with one (pipelined after a Content-Length
+            body in the same read), lay in an earlier request's head: the body glued to it, the line was
+            not recognised and the client got the 408 30 s later."""
+            framing = self._framing
+            if framing.kind != HEAD:  # (the framing lost, `_section_points`: no line is known)
+                return False
+            began = framing.start + len(data)  # (where the head began in `data`, after `read_done`)
+            if began >= 0:
+                end = data.find(b"\n", began)
+                if end < 0:
+                    self._line[:] = data[began:]
+                    return False
+                line = data[began:end]
             else:
-                self._line += data
-            return False
+                end = data.find(b"\n")
+                if end < 0:
+                    self._line += data
+                    return False
+                line = bytes(self._line) + data[:end]
+            self._line_open = False
+            self._line.clear()
+            if end != len(data) - 1:  # (bytes follow the line's end: llhttp's version says)
+                return False
+            before, space, url = line.removesuffix(b"\r").rpartition(b" ")
+            return bool(space) and url == self.url and before.rstrip(b" ") == self.parser.get_method()
 
         def _refuse_head_too_large(self) -> None:
             self._refuse(*self._error_answer(ErrorCode.HEADERS_TOO_LARGE, _HEAD_TOO_LARGE))

@@ -8,6 +8,10 @@ out of prose. With `HTMLLM_LOG_FORMAT=json` every record, uvicorn's included, is
 the fields a record names (`FIELDS`: the access log's, a refused request's) so a pipeline reads them
 without parsing the message.
 
+The shape of a JSON line is `service.core.log_lines`'s (`JsonFormatter`, `FIELDS`), which the workers'
+forkserver writes its one line in too: it runs none of this set-up, and is told the format when it is
+launched.
+
 uvicorn's own access log is off (service.api.main): it came with `HTMLLM_LOG_LEVEL=debug` only, named
 no request id and no latency, stayed prose under JSON logs, and wrote each query string, where a client
 may put a key. This one is the app's (`AccessLogMiddleware`), through the same handler and format.
@@ -15,48 +19,26 @@ may put a key. This one is the app's (`AccessLogMiddleware`), through the same h
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from service.api.connections import status_sent
 from service.api.request_id import request_id
+from service.core.log_lines import FIELDS as FIELDS  # (service.api.errors names its fields by it)
+from service.core.log_lines import JsonFormatter as JsonFormatter  # (the handler's; tests read lines with it)
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 LogFormat = Literal["text", "json"]
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-# The record attribute (`extra={FIELDS: {...}}`) whose fields a JSON line carries beside the message.
-FIELDS = "htmllm_fields"
 # The access log's logger: its level is its own (`configure_logging`), since HTMLLM_ACCESS_LOG decides.
 ACCESS_LOGGER = "service.api.access"
 # Characters of a path the access log writes; a scanner's path may be a header's 64 KiB.
 _PATH_CHARS = 256
 # The status of a request whose client left before any answer (nginx's, as service.api.metrics counts).
 _CLIENT_CLOSED = 499
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per record, on one line (newlines in messages and tracebacks are escaped)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        seconds = time.gmtime(record.created)
-        entry: dict[str, Any] = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", seconds) + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        fields = getattr(record, FIELDS, None)
-        if isinstance(fields, dict):
-            entry.update({name: value for name, value in fields.items() if name not in entry})
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        if record.stack_info:
-            entry["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(entry, ensure_ascii=False, default=str)
 
 
 def configure_logging(level: str, log_format: LogFormat) -> None:

@@ -5,15 +5,21 @@ end can only be installed by an import. `service.core.processes.worker_context` 
 in every worker context's preload, and nothing else imports it: the server's own process keeps its
 `sys.excepthook`. Forked workers inherit the hook, which leaves any process but the forkserver to the
 previous one.
+
+The line is in the format of the server's log lines: one JSON object (`log_lines.json_line`) where they
+are JSON, as its launch environment says (`service.core.processes.start_forkserver`); it had been plain
+text in a stream of JSON objects, which a log collector reading one object a line cannot parse.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from types import TracebackType
 from typing import Any
 
+from service.core.log_lines import FORMAT_VARIABLE, json_line
 from service.core.processes import descriptor_limit, out_of_descriptors
 
 
@@ -41,10 +47,15 @@ class ForkserverExit:
             cause = "a worker start was abandoned unsent, as one out of file descriptors is"
         else:
             cause = "too many open files"
-        sys.stderr.write(
-            f"htmllm: the workers' forkserver {self._pid} exits: {cause} ({descriptor_limit()}); the next "
-            "start launches another\n"
+        message = (
+            f"the workers' forkserver {self._pid} exits: {cause} ({descriptor_limit()}); the next start "
+            "launches another"
         )
+        if os.environ.get(FORMAT_VARIABLE) == "json":
+            line = json_line(time.time(), "warning", __name__, message)
+        else:
+            line = f"htmllm: {message}"
+        sys.stderr.write(line + "\n")
         sys.stderr.flush()
 
 

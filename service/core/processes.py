@@ -23,6 +23,8 @@ from multiprocessing.context import BaseContext
 from types import CodeType
 from typing import Any, Final
 
+from service.core import log_lines
+
 try:
     from multiprocessing import popen_forkserver
 except ImportError:  # no descriptor passing (Windows): no forkserver
@@ -93,7 +95,8 @@ _environment_lock = threading.Lock()
 
 def start_forkserver(ctx: BaseContext) -> None:
     """Start `ctx`'s forkserver now, where it is one and none runs, with no current directory on its
-    import path (`PYTHONSAFEPATH`); the next process start uses it.
+    import path (`PYTHONSAFEPATH`) and told the format of the server's log lines (`log_lines`); the next
+    process start uses it.
 
     multiprocessing launches it as `python -c ...`, which puts the current directory first on its
     import path, and it imports `preload` (the service's modules) before anything else; Python 3.11's
@@ -101,19 +104,29 @@ def start_forkserver(ctx: BaseContext) -> None:
     `service.py` or a `service/` (a crawl team's own project), it imported that instead, and every
     worker it forked failed to start: `htmllm serve`, `embed` and `extract` failed with
     "No module named 'service.cli'; 'service' is not a package", while the `htmllm` command itself ran
-    (a console script's path starts with its bin directory, not the current one). The variable is set
-    for the launch alone, under a lock, and only where the environment does not set it already."""
+    (a console script's path starts with its bin directory, not the current one). PYTHONSAFEPATH is set
+    only where the environment does not set it already.
+
+    It runs none of the server's logging set-up, and writes one line of its own as it ends
+    (`forkserver_exit`): `log_lines.FORMAT_VARIABLE` says "json" where the server's lines are JSON
+    (`log_lines.json_in_use`), which `--log-format json` or `serve(settings)` make them without the
+    environment saying so, else "text". The variables are set for the launch alone, under a lock."""
     if ctx.get_start_method() != "forkserver":
         return
+    launch = {log_lines.FORMAT_VARIABLE: "json" if log_lines.json_in_use() else "text"}
     with _environment_lock:
-        if os.environ.get(_SAFE_PATH_VARIABLE):
-            forkserver.ensure_running()
-            return
-        os.environ[_SAFE_PATH_VARIABLE] = "1"
+        if not os.environ.get(_SAFE_PATH_VARIABLE):
+            launch[_SAFE_PATH_VARIABLE] = "1"
+        before = {name: os.environ.get(name) for name in launch}
+        os.environ.update(launch)
         try:
             forkserver.ensure_running()
         finally:
-            os.environ.pop(_SAFE_PATH_VARIABLE, None)
+            for name, value in before.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 @contextlib.contextmanager
@@ -389,6 +402,39 @@ def _close(*fds: object) -> None:
         if isinstance(fd, int):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+class DescriptorShortages:
+    """The forkservers (as `forkserver_in_use` names them) that a process start ran out of file descriptors
+    with: one that reached its forkserver before it ran out ends it (`forkserver_exit`), and the next
+    start meets it gone (its connection refused, or cut off). That start's failure says only so
+    (`ConnectionRefusedError: [Errno 111] Connection refused`); asked here, it can say what to act on,
+    the descriptor limit. One per server process, as its forkserver is (`SHORTAGES`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._forkservers: list[object] = []  # (the last few: a start meets the one it used last)
+
+    def note(self, ctx: BaseContext) -> None:
+        """A process start of `ctx` failed for want of file descriptors (`out_of_descriptors`)."""
+        seen = forkserver_in_use(ctx)
+        if seen is None:
+            return
+        with self._lock:
+            if seen not in self._forkservers:
+                self._forkservers = [*self._forkservers[-3:], seen]
+
+    def ended(self, seen: object) -> str | None:
+        """Why a start could not reach the forkserver `seen` names, where a start before it ran out of file
+        descriptors with it: a clause for its message, naming the limit (`descriptor_limit`); else None."""
+        with self._lock:
+            if seen is None or seen not in self._forkservers:
+                return None
+        reached = "a start before ran out of file descriptors, which ends the forkserver it reached"
+        return f"{reached}: {descriptor_limit()}"
+
+
+SHORTAGES: Final = DescriptorShortages()
 
 
 def out_of_descriptors(error: BaseException | None) -> bool:

@@ -62,6 +62,7 @@ from typing import Any, Final, Self
 
 from service.core.errors import HtmllmError
 from service.core.processes import (
+    SHORTAGES,
     ForkserverDeadline,
     close_failed_start,
     forkserver_deadline,
@@ -312,7 +313,7 @@ class _Worker:
         answered: ForkserverDeadline | None = None
         try:
             with group_signals_held():  # it, and the forkserver it may start, outlive a hang-up
-                start_forkserver(ctx)  # (with no current directory on its import path)
+                start_forkserver(ctx)  # (no current directory on its import path; the log format told)
                 with forkserver_deadline(ctx, STARTUP_TIMEOUT_S) as answered:  # (stopped: replaced)
                     process.start()
         except Exception as exc:  # the forkserver cannot be reached (its socket deleted), fork failed
@@ -601,15 +602,26 @@ class WorkerPool:
             # dying, it broke or refused the next start too: EOFError, BrokenPipeError): the forkserver
             # cannot be reached. Another failure (no descriptors left, no memory to fork) would fail a new
             # one as well.
+            # One that a start before ran out of descriptors with ended that way (`forkserver_exit`): the
+            # refused connection says nothing of the limit, which is what to act on (`SHORTAGES`).
             unreachable = isinstance(exc.__cause__, FileNotFoundError | ConnectionError | EOFError)
+            ended = SHORTAGES.ended(seen) if unreachable else None
             restarted = exc.forkserver_replaced or (unreachable and restart_forkserver(self._ctx, seen))
             _log.warning(
-                "%s; trying once more%s", exc.message, ", from a new forkserver" if restarted else ""
+                "%s%s; trying once more%s",
+                exc.message,
+                "" if ended is None else f" ({ended})",
+                ", from a new forkserver" if restarted else "",
             )
-            first = exc.message if out_of_descriptors(exc.__cause__) else None
+            first = None
+            if out_of_descriptors(exc.__cause__):
+                SHORTAGES.note(self._ctx)
+                first = exc.message
         try:
             return _Worker(self._ctx, self.name, self._worker_args)
         except _LaunchError as again:
+            if out_of_descriptors(again.__cause__):
+                SHORTAGES.note(self._ctx)
             if first is None or out_of_descriptors(again.__cause__):
                 raise
             # A start out of descriptors after it reached the forkserver ends it (`forkserver_exit`), and the
