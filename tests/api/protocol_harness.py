@@ -56,6 +56,19 @@ class FakeTransport(asyncio.Transport):
         self.reading = True
 
 
+async def echo_app(scope: Any, receive: Any, send: Any) -> None:
+    """An ASGI app that answers 200 with the request's body, read whole."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    headers = [(b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 def protocol_on_fake_transport(
     app: Any, head_timeout_s: float | None = None, half_close: bool = False, protocol_type: Any = None
 ) -> tuple[Any, FakeTransport]:

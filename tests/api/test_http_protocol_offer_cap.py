@@ -8,29 +8,14 @@ more than a head sent as `name:value`, so a valid head within the cap got a 431.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import pytest
 
 from service.api.http_protocol import MAX_HEAD_BYTES
-from tests.api.protocol_harness import protocol_on_fake_transport
+from tests.api.protocol_harness import echo_app, protocol_on_fake_transport
 from tests.factories.waiting import until_async
 
 _BODY = b'{"ids":[[101,102]]}'
-
-
-async def _echo(scope: Any, receive: Any, send: Any) -> None:
-    """Answers 200 with the request's body."""
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
-    await send(
-        {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(body))]}
-    )
-    await send({"type": "http.response.body", "body": body})
 
 
 def _head(size: int, offer: bytes) -> bytes:
@@ -63,7 +48,7 @@ async def test_a_head_within_the_cap_that_offers_a_switch_is_served(offer: str, 
     """A head of up to `MAX_HEAD_BYTES` bytes as sent is served with its body, offer or not, whatever
     whitespace its fields have after their colons (none here: the head given again had one more byte a
     field, and one over 60,000 bytes got a 431)."""
-    protocol, transport = protocol_on_fake_transport(_echo, head_timeout_s=60.0)
+    protocol, transport = protocol_on_fake_transport(echo_app, head_timeout_s=60.0)
     protocol.data_received(_head(size, _OFFERS[offer]) + _BODY)
     await until_async(lambda: b"HTTP/1.1 " in transport.written, "the request answered")
     assert re.findall(rb"HTTP/1\.1 (\d{3}) ", transport.written) == [b"200"], transport.written[:300]
@@ -72,7 +57,7 @@ async def test_a_head_within_the_cap_that_offers_a_switch_is_served(offer: str, 
 
 async def test_a_head_over_the_cap_that_offers_a_switch_is_a_431() -> None:
     """The head given again is no longer than as sent: one over the cap is refused still."""
-    protocol, transport = protocol_on_fake_transport(_echo, head_timeout_s=60.0)
+    protocol, transport = protocol_on_fake_transport(echo_app, head_timeout_s=60.0)
     protocol.data_received(_head(MAX_HEAD_BYTES + 1, _OFFERS["h2c"]) + _BODY)
     await until_async(lambda: b"HTTP/1.1 " in transport.written, "the request answered")
     assert re.findall(rb"HTTP/1\.1 (\d{3}) ", transport.written) == [b"431"], transport.written[:300]

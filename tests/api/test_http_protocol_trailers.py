@@ -26,7 +26,7 @@ from service.api.http_protocol import MAX_HEAD_BYTES
 from tests.api.conftest import tiny_settings
 from tests.api.live import LiveServer, live_server
 from tests.api.pages import page
-from tests.api.protocol_harness import protocol_on_fake_transport, threaded_server
+from tests.api.protocol_harness import echo_app, protocol_on_fake_transport, threaded_server
 from tests.factories.waiting import until_async
 
 KEY = "k1"
@@ -216,19 +216,6 @@ async def test_the_trailer_cap_is_that_of_a_head() -> None:
     assert _statuses(transport.written) == [b"431"]
 
 
-async def _echo(scope: Any, receive: Any, send: Any) -> None:
-    """Answers 200 with the request's body, read whole."""
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
-    headers = [(b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
 _FRAMING_TRAILERS = {
     "content-length": b"Content-Length: 5\r\n",
     "transfer-encoding": b"Transfer-Encoding: chunked\r\n",
@@ -246,7 +233,7 @@ async def test_a_trailer_content_length_or_transfer_encoding_is_refused_and_noth
     added to the next head's: its `Content-Length: 3` read as 93, and the body swallowed the request after
     it, another client's head with its credentials behind a proxy sharing the connection (request
     smuggling). Nothing after the refused request may be answered."""
-    protocol, transport = protocol_on_fake_transport(_echo)
+    protocol, transport = protocol_on_fake_transport(echo_app)
     after = (
         b"POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n<p>"
         b"GET /c HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer VICTIM\r\n\r\n"

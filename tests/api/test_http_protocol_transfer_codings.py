@@ -14,11 +14,10 @@ import gzip
 import json
 import re
 import socket
-from typing import Any
 
 import pytest
 
-from tests.api.protocol_harness import protocol_on_fake_transport, threaded_server
+from tests.api.protocol_harness import echo_app, protocol_on_fake_transport, threaded_server
 from tests.factories.waiting import until_async
 
 _PAGE = b"<p>a page</p>"
@@ -39,22 +38,8 @@ def _request(transfer_encoding: bytes, body: bytes) -> bytes:
     return head + b"\r\n" + _chunked(body)
 
 
-async def _echo(scope: Any, receive: Any, send: Any) -> None:
-    """Answers 200 with the request's body, read whole."""
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
-    await send(
-        {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(body))]}
-    )
-    await send({"type": "http.response.body", "body": body})
-
-
 async def _exchange(data: bytes) -> tuple[bytes, bool]:
-    protocol, transport = protocol_on_fake_transport(_echo, head_timeout_s=60.0)
+    protocol, transport = protocol_on_fake_transport(echo_app, head_timeout_s=60.0)
     protocol.data_received(data)
     await until_async(lambda: _statuses(transport.written), "an answer")
     await asyncio.sleep(0.01)  # (time for anything else to be answered)
@@ -121,7 +106,7 @@ async def test_a_body_of_no_knowable_length_stays_a_400(transfer_encoding: bytes
 
 def test_a_gzip_transfer_coding_is_a_501_over_tcp() -> None:
     with (
-        threaded_server(_echo, head_timeout_s=60.0) as port,
+        threaded_server(echo_app, head_timeout_s=60.0) as port,
         socket.create_connection(("127.0.0.1", port), timeout=10.0) as sock,
     ):
         sock.sendall(_request(b"Transfer-Encoding: gzip, chunked\r\n", gzip.compress(_PAGE)) + _AFTER)
