@@ -27,7 +27,7 @@ from service.api.metrics import ServiceMetrics
 from service.api.preprocessing_readiness import PreprocessingReadiness, start_outage
 from service.api.settings import Settings
 from service.core.errors import ErrorCode, HtmllmError
-from service.core.worker_health import RecurringWarning, StartHealth, start_check_due, start_trouble
+from service.core.worker_health import RecurringWarning, StartHealth, start_check_due
 from service.engine import Engine
 from service.engine.collector import CollectorState
 
@@ -446,10 +446,9 @@ class Runtime:
         """`ExtractorPool.start_trouble` of the extractor pool's `run`, read by the caller (once), or None:
         no pool, or one closed (it refuses on purpose)."""
         pool = self.extractor_pool
-        if pool is None or pool.closed:
+        if pool is None:
             return None
-        after = self.settings.unready_after_failures
-        return start_trouble(run, after, now, workers=f"{pool.name} process", jobs="extraction jobs")
+        return pool.start_trouble(self.settings.unready_after_failures, now, run)
 
     def observe_health(self) -> str | None:
         """`unhealthy`, for /health: its turn to 503 is logged once, as an error with the reason ("a restart

@@ -241,17 +241,21 @@ class ExtractorPool(WorkerPool):
         if logged:
             logger.info("%s processes start again", self.name)
 
-    def start_trouble(self, after_failures: int, now: float | None = None) -> str | None:
+    def start_trouble(
+        self, after_failures: int, now: float | None = None, run: StartHealth | None = None
+    ) -> str | None:
         """Why extraction jobs are refused now (`after_failures` tries in a row, at least one, for want of
         a worker that starts: `worker_health.start_trouble`, the rule the preprocessing pool's readiness
         follows too), or None; no side effects, cheap (attribute reads): what a server's readiness and
         every answer's connection rule ask. `now`: `time.monotonic()` unless given (a clock of the
-        caller's, which moves with the one `failing_since` was read on)."""
+        caller's, which moves with the one `failing_since` was read on); `run`: `start_health` as the
+        caller read it already (one read, so that its other uses of it agree), else read now."""
         if self._closed:
             return None
         at = time.monotonic() if now is None else now
+        health = self.start_health if run is None else run
         workers = f"{self.name} process"
-        return start_trouble(self.start_health, after_failures, at, workers=workers, jobs="extraction jobs")
+        return start_trouble(health, after_failures, at, workers=workers, jobs="extraction jobs")
 
     def observe_start_trouble(self, after_failures: int, now: float | None = None) -> str | None:
         """`start_trouble`, for a readiness probe: while it holds, a probe job goes to a worker now and
