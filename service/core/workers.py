@@ -731,11 +731,6 @@ class WorkerPool:
         return WorkerDiedError(message, exit_code=exit_code)
 
     @property
-    def closed(self) -> bool:
-        """Whether `close` was called: the pool refuses every job on purpose (no worker's fault)."""
-        return self._closed
-
-    @property
     def live_workers(self) -> int:
         """Worker processes currently started (idle or busy)."""
         with self._cond:
