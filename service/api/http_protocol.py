@@ -114,6 +114,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import logging
 import struct
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -134,6 +135,7 @@ from service.api.http_framing import (
     transfer_codings,
 )
 from service.core.errors import ErrorCode
+from service.core.worker_health import RecurringWarning
 
 # What a protocol switch offer adds to a head, left out where it is given again (`Connection`'s tokens
 # for them too).
@@ -338,14 +340,16 @@ def protocol_class(
         import httptools
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:  # httptools is in the serve extra; a bare uvicorn falls back to h11
-        import logging
-
         logging.getLogger(__name__).warning(
             "httptools is not installed: uvicorn's h11 parser serves, without the bounds of "
             "service.api.http_protocol (head size and time, pipelined requests, unread answers, trailers); "
             "install the serve extra"
         )
         return "h11"
+
+    # Bytes that are no HTTP/1.1 request come in floods (scanners, TLS on the plain port): one warning a
+    # minute for all the connections of this server, the others at debug level (each one had been a line).
+    malformed = RecurringWarning(logging.getLogger("uvicorn.error"))
 
     class BoundedHttpToolsProtocol(HttpToolsProtocol):
         """httptools' protocol that refuses a head longer than `MAX_HEAD_BYTES` (431, then closes), or
@@ -711,7 +715,9 @@ def protocol_class(
                 elif len(self.url) > _MAX_URL_BYTES:  # (a URL uvicorn cannot parse)
                     self._refuse_head_too_large()
                 else:
-                    self.logger.warning("%s (%s)", _INVALID_REQUEST, error)
+                    malformed.log(
+                        time.monotonic(), "%s (%s; at most one such line a minute)", _INVALID_REQUEST, error
+                    )
                     self.send_400_response(_malformed_message(error))
                 return False
             except httptools.HttpParserUpgrade as upgrade:
