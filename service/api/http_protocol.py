@@ -103,7 +103,9 @@ line of the method PRI (`PRI * HTTP/1.1`) is a 400 as soon as it ends: llhttp wa
 HTTP/2's preface after each, and the client had the 408; PRI is no method of HTTP/1.x (RFC 9113 section
 3.4). And a transfer coding other than chunked is a 501 `unsupported_transfer_coding` (RFC 9112 section
 6.1): llhttp decodes chunked alone, so `Transfer-Encoding: gzip, chunked` had passed the body on still
-gzipped. Progress against the write timer counts the bytes the kernel sent too (its send queue, where
+gzipped; an HTTP/1.0 request with any `Transfer-Encoding` is a 400 `malformed_request`: section 6.1 has
+a server treat its framing as faulty, even beside a Content-Length (llhttp framed it by its chunks, and
+served it). Progress against the write timer counts the bytes the kernel sent too (its send queue, where
 the system says), not the transport's buffer alone, which a steady slow reader of pipelined answers
 could leave no smaller for a whole period.
 """
@@ -249,6 +251,10 @@ _PRI_METHOD = (
 # What may follow the LF of a PRI request line that llhttp has not refused yet: the rest of HTTP/2's
 # preface (`\r\nSM\r\n\r\n`) after each LF in it, cut anywhere (`_pri_line_ended`).
 _PREFACE_RESTS = frozenset((b"", b"\r", b"S", b"SM", b"SM\r"))
+_TRANSFER_ENCODING_IN_HTTP_1_0 = (
+    "malformed HTTP/1.1 request: an HTTP/1.0 request with a Transfer-Encoding has no framing that can be "
+    "trusted (RFC 9112 section 6.1): send it as HTTP/1.1, or with a Content-Length alone"
+)
 _TOO_MANY_PIPELINED = (
     f"too many pipelined requests: at most {MAX_PIPELINED} may wait behind the one being answered; "
     "send the rest on a new connection"
@@ -529,6 +535,10 @@ def protocol_class(
                 self._stop(*self._error_answer(ErrorCode.HEADERS_TOO_LARGE, _HEAD_TOO_LARGE))
             if _served_version(version) is None:  # (no request yet)
                 self._stop(self._version_refusal(version), 505)
+            if version == "1.0" and any(name == b"transfer-encoding" for name, _ in self.headers):
+                # HTTP/1.0 has no transfer codings: llhttp framed the body by its chunks, where the
+                # sender (or a proxy in front, reading it as 1.0) may frame it otherwise. (No request yet.)
+                self._stop(*self._error_answer(ErrorCode.MALFORMED_REQUEST, _TRANSFER_ENCODING_IN_HTTP_1_0))
             refusal = transfer_coding_refusal(transfer_codings(self.headers))
             if refusal is not None:  # (no request yet; before an offer's head is given again)
                 self._stop(*self._error_answer(*refusal))

@@ -114,3 +114,29 @@ def test_a_gzip_transfer_coding_is_a_501_over_tcp() -> None:
         while chunk := sock.recv(65536):
             answer += chunk
     assert _statuses(answer) == [b"501"] and _error(answer)["code"] == "unsupported_transfer_coding", answer
+
+
+@pytest.mark.parametrize(
+    "transfer_encoding",
+    [
+        b"Transfer-Encoding: chunked\r\n",
+        b"Transfer-Encoding: chunked\r\nContent-Length: 17\r\n",
+        b"Transfer-Encoding: gzip, chunked\r\n",
+        b"Transfer-Encoding: identity\r\n",
+    ],
+    ids=["chunked", "and-a-length", "gzip-chunked", "identity"],
+)
+async def test_any_transfer_encoding_in_http_1_0_is_a_400(transfer_encoding: bytes) -> None:
+    """HTTP/1.0 has no transfer codings: RFC 9112 section 6.1 has a server treat such a request's framing
+    as faulty, even beside a Content-Length. llhttp had framed it by its chunks and served it, 200."""
+    request = _request(transfer_encoding, _PAGE).replace(b" HTTP/1.1\r\n", b" HTTP/1.0\r\n", 1)
+    answer, closed = await _exchange(request + _AFTER)
+    assert _statuses(answer) == [b"400"] and closed, answer
+    error = _error(answer)
+    assert error["code"] == "malformed_request", error
+
+
+async def test_http_1_0_with_a_content_length_alone_is_served() -> None:
+    request = b"POST /v1/embed HTTP/1.0\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(_PAGE), _PAGE)
+    answer, closed = await _exchange(request)
+    assert _statuses(answer) == [b"200"] and answer.endswith(_PAGE) and closed, answer  # (1.0: no keep-alive)
