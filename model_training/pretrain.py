@@ -77,6 +77,7 @@ from model_training.training_checkpoints import (
     prune_checkpoints,
     restore,
     save_training_checkpoint,
+    say_head_dropped,
     session_totals,
     warn_resume_changes,
 )
@@ -345,6 +346,8 @@ def train(config: TrainConfig, *, stop_at_step: int | None = None, resume: bool 
         if step < last_step:
             # Only a session that trains is told what it trains differently: a finished run run again
             # with other export options reads no document for training.
+            if master and restored.head_dropped:
+                say_head_dropped(found)
             warn_resume_changes(
                 found,
                 found_training,

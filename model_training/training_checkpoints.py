@@ -239,7 +239,8 @@ def check_resumable(
     exception: a checkpoint from before `loss_weights.distil = 0` meant "no teacher" that was trained at
     that weight has a head that was never trained (`untrained_distil_head`); a run without distillation
     continues it, the head dropped (`restore`), as the command it was started with (the docs then said
-    to pass --teacher) resumes it.
+    to pass --teacher) resumes it. A run that distils does not: that would switch distillation on, the
+    head's weights and moments being those of no training.
 
     What a resume would train differently (`warn_resume_changes`) is said apart, once the step is known:
     a finished run run again only exports, and a warning about documents it does not train on misled.
@@ -267,6 +268,15 @@ def check_resumable(
             f"cannot resume from {path}: it was trained without distillation (loss_weights.distil = 0, no "
             f"teacher) and has no distillation head to continue: resume it with loss_weights.distil = 0, "
             f"or {hint}"
+        )
+    if teacher_dim is not None and untrained_distil_head(training):
+        # Its head is in the checkpoint, but never trained: distilling from here on would switch the
+        # objective mid-run as surely as a run without a head switched on, so it is refused the same way.
+        raise DataError(
+            f"cannot resume from {path}: it was trained without distillation (loss_weights.distil = 0, from "
+            f"before that meant no teacher: its distillation head was built but never trained), so "
+            f"distillation cannot be switched on by a resume: resume it with loss_weights.distil = 0 (the "
+            f"untrained head is then dropped), or {hint}"
         )
     current = config.to_dict()
     # The distillation rank shapes a head a run without distillation does not have (or drops).
@@ -398,10 +408,12 @@ def session_totals(resumed: dict[str, Any] | None, *, seconds: float, tokens: in
 
 
 class Restored(NamedTuple):
-    """What `restore` loaded: the step to continue from and the optimizer settings that changed."""
+    """What `restore` loaded: the step to continue from, the optimizer settings that changed, and
+    whether it dropped an untrained distillation head (`untrained_distil_head`; `say_head_dropped`)."""
 
     step: int
     optimizer_changed: list[str]
+    head_dropped: bool = False
 
 
 def restore(
@@ -416,8 +428,9 @@ def restore(
     rank: int = 0,
     world: int = 1,
 ) -> Restored:
-    """Load a periodic checkpoint into the live objects; returns the step to continue from and the
-    optimizer settings that differ from the saved ones (for `warn_resume_changes`).
+    """Load a periodic checkpoint into the live objects; returns the step to continue from, the
+    optimizer settings that differ from the saved ones (for `warn_resume_changes`) and whether an
+    untrained distillation head was dropped (for `say_head_dropped`, by a session that trains).
 
     Each rank gets its own generators back. A checkpoint written by another number of processes has no
     state for some ranks: those keep their freshly seeded generators (the run continues, not exactly).
@@ -436,20 +449,14 @@ def restore(
     pretraining.mlm_head.load_state_dict(state["mlm_head"])
     saved_head = state.get("distil_head")
     saved_optimizer = state["optimizer"]
-    if (
+    head_dropped = (
         saved_head is not None
         and pretraining.distil_head is None
         and untrained_distil_head(checkpoint.meta.training)
-    ):
+    )
+    if head_dropped:
         saved_optimizer = _without_head(saved_optimizer, pretraining, saved_head, path)
         saved_head = None
-        if rank == 0:
-            logger.info(
-                "%s is from before loss_weights.distil = 0 meant no teacher: its distillation head, built "
-                "at weight 0 and not trained, is dropped with its optimizer state; the run goes on without "
-                "distillation (MLM + bag-of-words), its encoder as it was",
-                path,
-            )
     if (saved_head is None) != (pretraining.distil_head is None):
         # `check_resumable` refuses this from htmllm.json; a trainer_state.pt that disagrees with its
         # htmllm.json was put there by hand, and the optimizer's groups would not match either.
@@ -472,7 +479,22 @@ def restore(
         torch.set_rng_state(mine["torch_rng"])
         if torch.cuda.is_available() and mine["cuda_rng"]:
             torch.cuda.set_rng_state_all(mine["cuda_rng"])
-    return Restored(int(state["step"]), changed)
+    return Restored(int(state["step"]), changed, head_dropped)
+
+
+def say_head_dropped(path: Path) -> None:
+    """Log that `restore` dropped the untrained distillation head of `path` (`Restored.head_dropped`).
+
+    Only for a session that trains on from it: that session's checkpoints are written without the head,
+    so a run says it once. A finished run run again, with nothing to train, keeps its checkpoint as it
+    is, and had said it at every run of the command, as if the run went on without distillation.
+    """
+    logger.info(
+        "%s is from before loss_weights.distil = 0 meant no teacher: its distillation head, built at "
+        "weight 0 and not trained, is dropped with its optimizer state; the run goes on without "
+        "distillation (MLM + bag-of-words), its encoder as it was",
+        path,
+    )
 
 
 def _without_head(
