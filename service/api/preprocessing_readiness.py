@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from service.api.code_stamp import CodeStamp
 from service.api.settings import Settings
 from service.core.worker_health import StartHealth, start_check_due, start_trouble
-from service.core.workers import STARTUP_TIMEOUT_S
+from service.core.workers import START_BOUND_S
 from service.engine import Engine
 
 logger = logging.getLogger("service.api.runtime")
@@ -26,14 +26,19 @@ logger = logging.getLogger("service.api.runtime")
 # How many changed files a message names.
 _CHANGED_SHOWN = 3
 # With processes, a page's try on a preprocessing process ends by its process's time limit (within the
-# request timeout: `Settings.engine_config`), after the start of a process where none was idle (up to
-# STARTUP_TIMEOUT_S, which the pool holds it to: a slow start that succeeds is no stuck pool; counted
-# from the try's start, a 100 s start had turned /ready 503 as "stuck" 40 s in); this much more is left
-# for the kill and the reaping (up to 5 s for the process to exit, 1 s for one dying on its own:
-# `WorkerPool`) before the call is stuck. Per try: a page whose process was killed from outside is tried
-# again in a fresh one (up to twice), each try with its own limit, and its age starts again then
-# (`RunningJobs.retried`).
+# request timeout: `Settings.engine_config`), counted from when a process took the page
+# (`RunningJobs.taken`); this much more is left for the kill and the reaping (up to 5 s for the process
+# to exit, 1 s for one dying on its own: `WorkerPool`) before the call is stuck. The start of a process
+# where none was idle comes before, and has its own bound (`START_BOUND_S`, which the pool holds it to:
+# a slow start that succeeds is no stuck pool), with this much more for a start that failed to be killed.
+# Counted from the try's start, the start had to be allowed to every page: a page stuck in a live
+# process was seen only after the request timeout, a whole start and this. Per try: a page whose process
+# was killed from outside is tried again in a fresh one (up to twice), each try with its own limit, and
+# it waits for that process again (`RunningJobs.retried`).
 PROCESS_KILL_GRACE_S = 10.0
+# The phases of a preprocessing job (`PreprocessingReadiness._phases`), each with its own bound.
+_RUNNING = "running"
+_STARTING = "starting"
 # What a job on a preprocessing thread is held to, as a forward pass is (`Settings.stalled_pass_s`).
 _READY_KNOB = "HTMLLM_UNREADY_AFTER_PASS_S, the request timeout unless set"
 
@@ -86,13 +91,15 @@ class PreprocessingReadiness:
         longer than the request timeout (big pages, few CPUs) raises the knob: fixed at the request
         timeout, four 9.5 MB pages at once on a 2 s timeout had turned /ready 503. With processes the pool
         kills a page's process at its time limit and starts another, and the page's try ends with it: one
-        that outlives a process's start, the limit and PROCESS_KILL_GRACE_S says the pool itself is stuck.
-        It clears as soon as the job ends."""
-        began = engine.preprocessing_running_since
-        limit = self._stuck_after(engine, settings)
-        if began is None or limit is None or now - began < limit:
-            return None
-        return self._stuck_message(engine, now - began, limit, _READY_KNOB)
+        on its process past its time limit and PROCESS_KILL_GRACE_S (counted from when the process took
+        it), or one that has waited for a process's start past the start's bound (`START_BOUND_S`) and
+        that, says the pool itself is stuck. It clears as soon as the job ends."""
+        for phase, began in self._phases(engine):
+            limit = self._stuck_after(engine, settings, phase)
+            if began is None or limit is None or now - began < limit:
+                continue
+            return self._stuck_message(engine, phase, now - began, limit, _READY_KNOB)
+        return None
 
     def observe(
         self,
@@ -159,15 +166,15 @@ class PreprocessingReadiness:
         outage = start_outage(engine.preprocessing_health, refused, now, limit, "preprocessing process")
         if outage is not None:
             return outage
-        began = engine.preprocessing_running_since
-        if began is None or now - began < limit:
-            return None
-        stuck_after = self._stuck_after(engine, settings)
-        if stuck_after is None:  # /ready's limit off: this one alone
-            return self._stuck_message(engine, now - began, limit, "HTMLLM_UNHEALTHY_AFTER_S")
-        if now - began < stuck_after:
-            return None
-        return self._stuck_message(engine, now - began, stuck_after, _READY_KNOB)
+        for phase, began in self._phases(engine):
+            if began is None or now - began < limit:
+                continue
+            stuck_after = self._stuck_after(engine, settings, phase)
+            if stuck_after is None:  # /ready's limit off: this one alone
+                return self._stuck_message(engine, phase, now - began, limit, "HTMLLM_UNHEALTHY_AFTER_S")
+            if now - began >= stuck_after:
+                return self._stuck_message(engine, phase, now - began, stuck_after, _READY_KNOB)
+        return None
 
     def code_changes(self) -> list[str]:
         """The files of the code replaced on disk since the server started (`CodeStamp`), [] if none.
@@ -180,21 +187,32 @@ class PreprocessingReadiness:
             self._code_changes = changed
         return self._code_changes
 
-    def _stuck_after(self, engine: Engine, settings: Settings) -> float | None:
-        """How long a preprocessing job (one try of it, with processes) may run before it is stuck; None:
-        never (on threads, `HTMLLM_UNREADY_AFTER_PASS_S=0`)."""
+    def _phases(self, engine: Engine) -> tuple[tuple[str, float | None], ...]:
+        """Since when the oldest preprocessing job of each phase has been in it: running (on a thread, or
+        a page's try on the process that took it), and waiting for a process to start (processes only)."""
+        return (_RUNNING, engine.preprocessing_running_since), (_STARTING, engine.preprocessing_waiting_since)
+
+    def _stuck_after(self, engine: Engine, settings: Settings, phase: str) -> float | None:
+        """How long a preprocessing job may stay in `phase` before it is stuck; None: never (on threads,
+        `HTMLLM_UNREADY_AFTER_PASS_S=0`)."""
+        if phase == _STARTING:
+            return START_BOUND_S + PROCESS_KILL_GRACE_S
         if engine.config.preprocess_pool == "process":
-            return settings.request_timeout_s + STARTUP_TIMEOUT_S + PROCESS_KILL_GRACE_S
+            return settings.request_timeout_s + PROCESS_KILL_GRACE_S
         return settings.stalled_pass_s
 
-    def _stuck_message(self, engine: Engine, running: float, limit: float, knob: str) -> str:
-        """What /ready and /health say of a job that has run `running` s past its `limit` (on threads, the
-        setting `knob`)."""
+    def _stuck_message(self, engine: Engine, phase: str, running: float, limit: float, knob: str) -> str:
+        """What /ready and /health say of a job that has been in `phase` for `running` s, past its `limit`
+        (on threads, the setting `knob`)."""
+        if phase == _STARTING:
+            return (
+                f"a page has waited {running:.0f} s for a preprocessing process to start (the limit is "
+                f"{limit:g} s: a process's start, tried twice, and the kill): the pool is stuck"
+            )
         if engine.config.preprocess_pool == "process":
             return (
                 f"a page's try on a preprocessing process has run for {running:.0f} s (the limit is "
-                f"{limit:g} s: a process's start, its time limit, the kill and the reaping): the pool is "
-                "stuck"
+                f"{limit:g} s: its time limit, the kill and the reaping): the pool is stuck"
             )
         return (
             f"a preprocessing thread has run one job for {running:.0f} s (the limit is {limit:g} s, "

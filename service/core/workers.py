@@ -103,6 +103,11 @@ _send_job = send_job
 # A worker's start, from its launch to its word that it is ready: past it, the start fails (and a forkserver
 # that did not answer it is replaced: `forkserver_deadline`).
 STARTUP_TIMEOUT_S: Final = 120.0
+# The longest a call waits for a worker's start that ends (a worker, or WorkerStartError): a launch that
+# failed is tried once more (`WorkerPool._launch`: one whose forkserver did not answer, after the
+# whole STARTUP_TIMEOUT_S), each start under STARTUP_TIMEOUT_S. What readiness holds a page's wait for
+# its process to (`service.api.preprocessing_readiness`).
+START_BOUND_S: Final = 2 * STARTUP_TIMEOUT_S
 # Linux's default pipe capacity: a send of more may wait for the worker to read.
 _PIPE_BUFFER: Final = 64 * 1024
 # How long a worker whose pipe broke is given to finish dying on its own before it is killed: its exit
@@ -483,15 +488,29 @@ class WorkerPool:
                 raise
             self._release(worker, healthy=True)
 
-    def call(self, function: Callable[..., Any], args: tuple[Any, ...], *, timeout_s: float | None) -> Any:
+    def call(
+        self,
+        function: Callable[..., Any],
+        args: tuple[Any, ...],
+        *,
+        timeout_s: float | None,
+        on_taken: Callable[[], object] | None = None,
+    ) -> Any:
         """`function(*args)` in a worker; its result, or its exception raised here.
 
         WorkerTimeoutError past `timeout_s` (the worker is killed), WorkerDiedError when the worker
         dies holding the job (WorkerLostError when it was killed from outside, in every try),
-        WorkerStartError when a worker cannot start (in two tries), WorkerError when the pool is closed."""
+        WorkerStartError when a worker cannot start (in two tries), WorkerError when the pool is closed.
+
+        `on_taken()` is called each time a live worker takes the job (an idle one, or one just started
+        for it), before the job is sent: from then on the try runs under `timeout_s`, and a start before
+        it under its own bound (`START_BOUND_S`). How a caller tells a try stuck in its worker from one
+        waiting for a slow start (`service.engine.preprocessing.RunningJobs`). Called under the pool's
+        lock, as the worker is counted busy: it must be quick and must not call the pool; what it raises
+        is logged and dropped."""
         tries = 1
         while True:
-            worker = self._acquire()
+            worker = self._acquire(on_taken)
             healthy = False
             try:
                 reply = self._exchange(worker, function, args, timeout_s)
@@ -543,7 +562,17 @@ class WorkerPool:
         except Exception:
             _log.exception("the %s pool's on_replaced callback raised on %r", self.name, reason)
 
-    def _acquire(self) -> _Worker:
+    def _taken(self, on_taken: Callable[[], object] | None) -> None:
+        """Tell `on_taken` (`call`) that a worker took the job; what it raises is logged: raised under the
+        pool's lock, it had lost the worker taken (neither idle nor busy, yet counted live)."""
+        if on_taken is None:
+            return
+        try:
+            on_taken()
+        except Exception:
+            _log.exception("the %s pool's on_taken callback raised", self.name)
+
+    def _acquire(self, on_taken: Callable[[], object] | None = None) -> _Worker:
         died = 0  # idle workers found dead: told to `on_replaced` once the lock is let go
         try:
             with self._cond:
@@ -561,6 +590,7 @@ class WorkerPool:
                             warn_idle_died(self.name, worker.pid, code, unread=unread)
                             died += 1
                             continue
+                        self._taken(on_taken)
                         self._busy.add(worker)
                         return worker
                     if self._live < self.workers:
@@ -570,10 +600,11 @@ class WorkerPool:
         finally:
             for _ in range(died):
                 self._replaced(IDLE_DIED)
-        return self._start()
+        return self._start(on_taken)
 
-    def _start(self) -> _Worker:
-        """A new worker, busy, in a place `_live` already counts (given back if it cannot start)."""
+    def _start(self, on_taken: Callable[[], object] | None = None) -> _Worker:
+        """A new worker, busy, in a place `_live` already counts (given back if it cannot start);
+        `on_taken` is told once it is (`call`)."""
         try:
             worker = self._launch()
         except BaseException:
@@ -582,6 +613,7 @@ class WorkerPool:
                 self._cond.notify()
             raise
         with self._cond:
+            self._taken(on_taken)  # with the busy mark: whoever sees it busy sees the try's start
             self._busy.add(worker)
             closed = self._closed
         if closed:  # closed while it started: `close` did not see it

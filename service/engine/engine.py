@@ -555,6 +555,27 @@ class Engine:
         finally:
             self._release(1)
 
+    async def tokenize(
+        self, doc: Document | str | bytes, *, add_special_tokens: bool = True
+    ) -> tuple[bytes, bool]:
+        """The tokens of the page's pruned HTML as TEI's /tokenize lists them, rendered as JSON
+        (`token_listing.token_list`: offsets into the pruned HTML, [CLS] and [SEP] around them with
+        `add_special_tokens`), at most `count_limit` of the model's max length of them; and whether that
+        is all of them.
+
+        Admitted against the same bounded queue as `preprocess`, and held in it until the list is made,
+        on the preprocessing threads (`Preprocessing.tokenize`): listed on the API's own threads, any
+        number of /tokenize calls of big pages had run at once, outside the queue and its 429.
+        """
+        document = as_document(doc)
+        pool = self._require_accepting()
+        self._check_room(1)
+        self._admit(1)
+        try:
+            return await self._preprocessing.tokenize(pool, document, add_special_tokens)
+        finally:
+            self._release(1)
+
     def _require_open(self) -> None:
         """ShuttingDownError once `close` was called: a probe or warm-up then had run on the released
         backend (and started a new inference process, which nobody closed)."""
@@ -932,8 +953,17 @@ class Engine:
     @property
     def preprocessing_running_since(self) -> float | None:
         """When the preprocessing job running longest began (`time.monotonic()`), or None when none runs:
-        a job stuck on a thread cannot be stopped, so readiness and liveness read its age."""
+        a job stuck on a thread cannot be stopped, so readiness and liveness read its age. With processes,
+        a page's try on its process, from when the process took it (a process's start apart:
+        `preprocessing_waiting_since`)."""
         return self._preprocessing.running.oldest()
+
+    @property
+    def preprocessing_waiting_since(self) -> float | None:
+        """Since when the page waiting longest for a preprocessing process to take it has waited (its
+        process's start: `time.monotonic()`), or None when none waits; always None with threads. The pool
+        holds a start to `service.core.workers.START_BOUND_S`: one past it says the pool is stuck."""
+        return self._preprocessing.running.oldest_waiting()
 
     async def probe_preprocessing(self) -> None:
         """One small page through a preprocessing process, outside the queue (`Preprocessing.probe`),

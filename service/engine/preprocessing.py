@@ -22,6 +22,7 @@ from service.core.preparation import (
     MEMORY_LIMIT_SETTING,
     Prepared,
     Preprocessed,
+    count_limit,
     init_worker,
     prepare,
     prepare_in_worker,
@@ -34,6 +35,7 @@ from service.core.words import built_word_tables
 from service.core.worker_health import KILLED, LOST_STATUS, StartRefusals
 from service.core.workers import WorkerError, WorkerPool, WorkerStartError, mib_as_bytes
 from service.engine.failures import OverLimitError, mark, worker_failure
+from service.engine.token_listing import rendered_tokens
 from service.engine.types import Document, EngineConfig, PoolHealth, ShuttingDownError
 
 T = TypeVar("T")
@@ -84,48 +86,80 @@ class RunningJobs:
     A page that hangs for good on a thread (an endless loop in a C parser) holds that thread for good, and
     each page behind it waits: its request had been answered 504 at its deadline while /ready said 200.
     Kept until the job itself ends, not until its caller stops waiting (a caller's timeout cancels only
-    the wait). With processes, the job a thread runs is a page's whole call (`WorkerPool.call`: a worker
-    taken or started, the page, the kill past the time limit), which the pool bounds; one that outlives
-    the bound says the pool itself is stuck. The bound is one try's: a page whose process was killed from
-    outside is tried again in a fresh one, with a time limit of its own, and its call's age starts again
-    then (`retried`)."""
+    the wait). With processes, the job a thread runs is a page's whole call (`WorkerPool.call`), in two
+    phases each try: waiting for a process (an idle one at once, or one started for it, which the pool
+    holds to `START_BOUND_S`: `oldest_waiting`), then on it (from when it took the page: `taken`, held to
+    the page's time limit, past which the pool kills it: `oldest`). Counted from the try's start, the
+    page's age took in the start of its process, and readiness had to allow a whole start beside the time
+    limit to every page, a page stuck in a live process included. A page whose process was killed from
+    outside is tried again in a fresh one (`retried`), waiting for it again, with a time limit of its own."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._next = 0
-        # Each running job's start (or its latest try's), in the order they began: the first is the oldest.
+        # Each running job's start (or its latest try's, on its process), in the order they began: the
+        # first is the oldest.
         self._started: dict[int, float] = {}
+        # The jobs waiting for a process to take their page, since when, in that order (`waiting`).
+        self._waiting: dict[int, float] = {}
         self._mine = threading.local()  # the token of the job this thread runs (`run`), for `retried`
 
     def run(self, job: Callable[..., T], *args: object) -> T:
         """`job(*args)` on this thread, counted as running meanwhile."""
+        return self._run(self._started, job, *args)
+
+    def waiting(self, job: Callable[..., T], *args: object) -> T:
+        """`job(*args)` on this thread, a call to the processes: counted as waiting for a process until one
+        takes the page (`taken`), as running from then on."""
+        return self._run(self._waiting, job, *args)
+
+    def _run(self, phase: dict[int, float], job: Callable[..., T], *args: object) -> T:
         with self._lock:
             token = self._next
             self._next += 1
-            self._started[token] = time.monotonic()
+            phase[token] = time.monotonic()
         self._mine.token = token
         try:
             return job(*args)
         finally:
             self._mine.token = None
             with self._lock:
-                del self._started[token]
+                self._started.pop(token, None)
+                self._waiting.pop(token, None)
+
+    def taken(self) -> None:
+        """A process took the page of the job this thread runs (`WorkerPool.call`'s `on_taken`): its try
+        runs from now, under the page's time limit. Nothing when this thread runs none."""
+        self._move(self._started)
 
     def retried(self) -> None:
         """The job this thread runs begins a new try now (its page in a fresh process, after the last one
-        was killed from outside): its age starts again. Nothing when this thread runs none."""
+        was killed from outside): it waits for that process again, its age from now. Nothing when this
+        thread runs none."""
+        self._move(self._waiting)
+
+    def _move(self, phase: dict[int, float]) -> None:
+        """This thread's job into `phase`, since now: put last, so the first of each stays the oldest."""
         token = getattr(self._mine, "token", None)
         if token is None:
             return
         with self._lock:
-            if token in self._started:
-                del self._started[token]  # put back last: the first stays the oldest
-                self._started[token] = time.monotonic()
+            if token in self._started or token in self._waiting:
+                self._started.pop(token, None)
+                self._waiting.pop(token, None)
+                phase[token] = time.monotonic()
 
     def oldest(self) -> float | None:
-        """When the job running longest began (`time.monotonic`), or None when none runs."""
+        """When the job running longest began (on its thread, or its page's try on its process:
+        `time.monotonic`), or None when none runs."""
         with self._lock:
             return next(iter(self._started.values()), None)
+
+    def oldest_waiting(self) -> float | None:
+        """Since when the job waiting longest for a process to take its page has waited (`time.monotonic`),
+        or None when none waits."""
+        with self._lock:
+            return next(iter(self._waiting.values()), None)
 
 
 class Preprocessing:
@@ -214,9 +248,9 @@ class Preprocessing:
     def _replaced(self, reason: str) -> None:
         """A process lost or replaced for `reason`, told by the pool on the thread that waited on it: one
         killed from outside under a page is followed by the page's next try in a fresh process, with a
-        time limit of its own (`LOST_PROCESS_RETRIES`), so its call's age starts again
-        (`RunningJobs.retried`): the page's whole call had been held to one try's bound, and readiness
-        took a page retried after an OOM kill for a stuck pool. Then `on_replaced`'s."""
+        time limit of its own (`LOST_PROCESS_RETRIES`), so its call waits for that process again, its age
+        from now (`RunningJobs.retried`): the page's whole call had been held to one try's bound, and
+        readiness took a page retried after an OOM kill for a stuck pool. Then `on_replaced`'s."""
         if reason in (KILLED, LOST_STATUS):
             self.running.retried()
         if self._on_replaced is not None:
@@ -245,16 +279,20 @@ class Preprocessing:
         if dispatch is not None:
             await asyncio.to_thread(dispatch.shutdown, wait=True, cancel_futures=True)
 
-    async def off_loop(self, executor: Executor, job: Callable[..., T], *args: object) -> T:
+    async def off_loop(
+        self, executor: Executor, job: Callable[..., T], *args: object, on_process: bool = False
+    ) -> T:
         """`job(*args)` on `executor`; ShuttingDownError when `close` cancelled it or shut the executor
-        down, CancelledError only when the calling task itself was cancelled.
+        down, CancelledError only when the calling task itself was cancelled. `on_process`: the job is a
+        call to the processes, waiting for one until it takes the page (`RunningJobs.waiting`).
 
         `stop(drain=False)` cancels the jobs callers wait for; a bare CancelledError would reach callers
         nobody cancelled (a library caller's TaskGroup, `asyncio.gather`), which then cannot tell it from
         their own cancellation.
         """
+        counted = self.running.waiting if on_process else self.running.run
         try:
-            future = asyncio.get_running_loop().run_in_executor(executor, self.running.run, job, *args)
+            future = asyncio.get_running_loop().run_in_executor(executor, counted, job, *args)
         except RuntimeError as exc:  # "cannot schedule new futures after shutdown"
             raise ShuttingDownError("the engine stopped before this document was preprocessed") from exc
         self._off_loop_waits.add(future)
@@ -304,6 +342,22 @@ class Preprocessing:
             mark(exc, doc)
             raise
 
+    async def tokenize(
+        self, pool: ThreadPoolExecutor, doc: Document, add_special_tokens: bool
+    ) -> tuple[bytes, bool]:
+        """The page's tokens listed as JSON, and whether the list is whole (`Engine.tokenize`): pruned as
+        `preprocess` prunes it (/v1/preprocess's html, its failures too), then listed on the preprocessing
+        threads (`pool`), a job they count (`running`), at most `count_limit` tokens."""
+        pruned = (await self.preprocess(pool, doc)).html
+        limit = count_limit(self._max_length)
+        try:
+            return await self.off_loop(
+                pool, rendered_tokens, self._tokenizer, pruned, limit, add_special_tokens
+            )
+        except HtmllmError as exc:
+            mark(exc, doc)
+            raise
+
     async def _in_process(self, job: Callable[..., T], *args: object) -> T:
         """Run `job` on a preprocessing process, waited for by one of the dispatch threads; a worker
         that runs past `preprocess_timeout_s` is killed and only its page fails. One killed from outside
@@ -312,10 +366,12 @@ class Preprocessing:
         if processes is None or dispatch is None:
             raise ShuttingDownError("the engine stopped before this document was preprocessed")
         timeout_s = self._config.preprocess_timeout_s
-        call = functools.partial(processes.call, job, args, timeout_s=timeout_s)
+        # Its try's age from when a process takes the page (`RunningJobs.taken`), not from the call's
+        # start: a process's start has its own bound.
+        call = functools.partial(processes.call, job, args, timeout_s=timeout_s, on_taken=self.running.taken)
         ticket = self._starts.ticket()  # as the page is submitted: its refusal counts if none came since
         try:
-            result: T = await self.off_loop(dispatch, call)
+            result: T = await self.off_loop(dispatch, call, on_process=True)
         except MemoryError as exc:  # raised in the worker before the pruner ran (taking the page in)
             self._started()
             raise InputTooLargeError(

@@ -1,7 +1,7 @@
 """A page whose preprocessing process is slow to start is no stuck pool.
 
-With processes, a page's try is its whole call to the pool, which starts a process where none is idle and
-holds that start to `STARTUP_TIMEOUT_S` (120 s) itself. The stuck bound had left the start out (the
+With processes, a page's call to the pool starts a process where none is idle and holds that start to
+`START_BOUND_S` (a launch tried twice, 120 s each) itself. The stuck bound had left the start out (the
 request timeout and 10 s): a start that took 100 s and then served turned /ready 503 ("the pool is
 stuck", every connection closed) 40 s in. The process and its slow start are real (an initializer that
 hangs); ages are moved on through `Runtime.clock`.
@@ -21,7 +21,7 @@ import pytest
 from service.api.app import create_app
 from service.api.preprocessing_readiness import PROCESS_KILL_GRACE_S
 from service.api.runtime import Runtime
-from service.core.workers import STARTUP_TIMEOUT_S
+from service.core.workers import START_BOUND_S
 from tests.api.conftest import SettingsFactory, serving
 from tests.api.pages import page
 from tests.factories.waiting import ready_until, until_async
@@ -57,20 +57,18 @@ async def test_a_page_waiting_for_a_slow_process_start_is_not_a_stuck_pool(
         try:
             await until_async(pid_file.exists, "the page's process is starting")
             pid = int(pid_file.read_text())
-            assert runtime.engine.preprocessing_running_since is not None  # the page's try counts
+            assert runtime.engine.preprocessing_waiting_since is not None  # the page's wait counts
 
             _at(runtime, settings.request_timeout_s + PROCESS_KILL_GRACE_S + 60)  # a start of 100 s
             ready = await client.get("/ready")
             assert ready.status_code == 200, ready.text
             assert runtime.unready_reason() is None
 
-            _at(runtime, settings.request_timeout_s + STARTUP_TIMEOUT_S + PROCESS_KILL_GRACE_S + 1)
-            ready = await client.get("/ready")  # past what the pool itself bounds a try to
+            _at(runtime, START_BOUND_S + PROCESS_KILL_GRACE_S + 1)
+            ready = await client.get("/ready")  # past what the pool itself bounds a start to
             assert ready.status_code == 503, ready.text
             message = ready.json()["error"]["message"]
-            assert (
-                "a process's start, its time limit, the kill and the reaping): the pool is stuck" in message
-            )
+            assert "a process's start, tried twice, and the kill): the pool is stuck" in message
         finally:
             runtime.clock = time.monotonic
             if pid is not None:

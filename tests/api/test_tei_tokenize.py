@@ -14,9 +14,9 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel
 
 from service.api.openapi import install_openapi, json_body_openapi
-from service.api.routers.tei import token_list
 from service.core.preparation import count_limit
 from service.core.tokenizer import HtmlTokenizer
+from service.engine.token_listing import token_list
 from tests.api.conftest import SettingsFactory, app_client
 from tests.api.pages import long_page, page
 from tests.factories.checkpoint import TINY_MAX_LENGTH

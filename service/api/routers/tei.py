@@ -13,7 +13,6 @@ import asyncio
 import time
 from collections.abc import Sequence
 
-import pydantic_core
 from fastapi import APIRouter, Depends, Request, Response
 
 from service.api import inference
@@ -33,8 +32,6 @@ from service.api.runtime import EngineDep, RuntimeDep, answer_or_cancel
 from service.api.schemas import TeiDecodeRequest, TeiEmbedRequest, TeiTokenizeRequest, TeiTokenizeResponse
 from service.api.timing import milliseconds
 from service.core.errors import ErrorCode, HtmllmError
-from service.core.preparation import count_limit
-from service.core.tokenizer import HtmlTokenizer
 from service.engine import Document, Engine
 from service.engine.collector import cancel_and_forget
 from service.engine.failures import naming_failures
@@ -127,73 +124,21 @@ async def tokenize(request: Request, runtime: RuntimeDep, engine: EngineDep) -> 
 async def _tokenized(
     engine: Engine, documents: list[Document], *, add_special_tokens: bool
 ) -> tuple[bytes, bool]:
-    """The answer's JSON, listed and rendered off the event loop, and whether every list is whole.
+    """The answer's JSON, each page's list made and rendered by the engine (`Engine.tokenize`: admitted as
+    /v1/preprocess's pages are, on the preprocessing threads), and whether every list is whole.
 
     As /v1/preprocess, the first failure cancels the other documents: each holds a slot of the engine's
-    queue until its preprocessing ends, and a bare `gather` left them running for an answered request.
+    queue until its listing ends, and a bare `gather` left them running for an answered request.
     """
-    limit = count_limit(engine.info.max_length)
     tasks = [
-        asyncio.ensure_future(_tokenized_one(engine, doc, limit, add_special_tokens)) for doc in documents
+        asyncio.ensure_future(engine.tokenize(doc, add_special_tokens=add_special_tokens))
+        for doc in documents
     ]
     try:
         lists = await asyncio.gather(*tasks)
     finally:
         cancel_and_forget(tasks)
     return b"[" + b",".join(rendered for rendered, _ in lists) + b"]", all(whole for _, whole in lists)
-
-
-async def _tokenized_one(
-    engine: Engine, document: Document, limit: int, add_special_tokens: bool
-) -> tuple[bytes, bool]:
-    """One page pruned by the engine's preprocessing (`Engine.preprocess`, /v1/preprocess's), then its
-    list made and rendered on a thread: a page's tokens as dicts take ~400 bytes each."""
-    pruned = (await engine.preprocess(document)).html
-    return await asyncio.to_thread(_rendered, engine.tokenizer, pruned, limit, add_special_tokens)
-
-
-def _rendered(
-    tokenizer: HtmlTokenizer, pruned: str, limit: int, add_special_tokens: bool
-) -> tuple[bytes, bool]:
-    """A page's list as JSON, and whether it is whole."""
-    tokens, whole = token_list(tokenizer, pruned, limit=limit, add_special_tokens=add_special_tokens)
-    return pydantic_core.to_json(tokens), whole
-
-
-def token_list(
-    tokenizer: HtmlTokenizer, pruned: str, *, limit: int, add_special_tokens: bool
-) -> tuple[list[dict[str, object]], bool]:
-    """The tokens of one pruned page as TEI lists them, [CLS] and [SEP] included at most `limit`, and
-    whether that is all of them.
-
-    The ids are those `tokenizer.encode` gives the model; the offsets are those the tokenizer's bounded
-    read is certain of (`HtmlTokenizer.encode_with_offsets`), null past them: encoding a 16 MB page of
-    one word whole for them took 6 s and 1 GB, for one [UNK].
-    """
-    encoded = tokenizer.encode_with_offsets(pruned, max_length=limit)
-    tokens = [
-        _token(token_id, pruned, offsets, tokenizer)
-        for token_id, offsets in zip(encoded.ids, encoded.offsets, strict=True)
-    ]
-    if add_special_tokens:
-        special = tokenizer.special_ids
-        tokens = [_special(special.cls, tokenizer), *tokens, _special(special.sep, tokenizer)]
-    return tokens, not encoded.truncated
-
-
-def _token(
-    token_id: int, pruned: str, offsets: tuple[int, int] | None, tokenizer: HtmlTokenizer
-) -> dict[str, object]:
-    if offsets is None:
-        text = tokenizer.id_to_token(token_id) or ""
-        return {"id": token_id, "text": text, "special": False, "start": None, "stop": None}
-    start, stop = offsets
-    return {"id": token_id, "text": pruned[start:stop], "special": False, "start": start, "stop": stop}
-
-
-def _special(token_id: int, tokenizer: HtmlTokenizer) -> dict[str, object]:
-    text = tokenizer.id_to_token(token_id) or ""
-    return {"id": token_id, "text": text, "special": True, "start": None, "stop": None}
 
 
 @router.post(
