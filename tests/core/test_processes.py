@@ -20,9 +20,9 @@ import pytest
 
 from service.core.processes import forkserver_in_use, restart_forkserver, worker_context
 from service.core.workers import WorkerDiedError, WorkerLostError, WorkerPool, WorkerStartError
+from tests.factories.cli import ROOT, cli_env
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forkserver: Linux only")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def pid() -> int:
@@ -176,7 +176,7 @@ def test_workers_their_forkserver_and_the_resource_tracker_outlive_the_signals_t
     from a crash), but neither the forkserver nor the tracker: a new worker is forked at once."""
     script = tmp_path / "group.py"  # a file: a worker imports the main module of a script
     script.write_text(GROUP_SIGNALLED)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = cli_env()
     proc = subprocess.run(
         [sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )

@@ -10,14 +10,12 @@ own: a client that hangs up unsent, as a start out of file descriptors does, end
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.factories.cli import ROOT, cli_env
 
 _SCRIPT = """
 import os, socket, sys
@@ -43,7 +41,7 @@ def _forkserver_end(log_format: str) -> tuple[int, list[str]]:
     the process's stderr that tell of its end."""
     # (the environment says the other format: the server's lines decide)
     other = "text" if log_format == "json" else "json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HTMLLM_LOG_FORMAT": other}
+    env = {**cli_env(), "HTMLLM_LOG_FORMAT": other}
     proc = subprocess.run(
         [sys.executable, "-c", _SCRIPT, log_format],
         cwd=ROOT,

@@ -9,14 +9,13 @@ each start, so that each of the steps of a start is the one that fails in turn.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.factories.cli import ROOT, cli_env
+
 LIMIT = 128
 
 _SCRIPT = f"""
@@ -50,7 +49,7 @@ for free in range(12):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forkserver: Linux only")
 def test_a_start_out_of_descriptors_is_one_line_with_the_limit_and_no_traceback() -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = cli_env()
     proc = subprocess.run(
         [sys.executable, "-c", _SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )

@@ -10,14 +10,13 @@ certain (its socket deleted, as a /tmp cleaner does) rather than left to end, wh
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.factories.cli import ROOT, cli_env
+
 LIMIT = 128
 
 _SCRIPT = f"""
@@ -60,7 +59,7 @@ with WorkerPool(1, name="again") as pool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forkserver: Linux only")
 def test_a_start_that_cannot_reach_a_forkserver_short_of_descriptors_names_the_limit() -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = cli_env()
     proc = subprocess.run(
         [sys.executable, "-c", _SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )

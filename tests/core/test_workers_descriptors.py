@@ -14,15 +14,14 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from service.core.workers import WorkerPool
+from tests.factories.cli import ROOT, cli_env
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forkserver, /proc: Linux only")
-ROOT = Path(__file__).resolve().parents[2]
 
 # Shared by the scenarios: the process's descriptors counted, and every free one taken (up to a limit
 # lowered just above those open, so that taking them all is quick).
@@ -118,7 +117,7 @@ def _run(script: str) -> Any:
     proc = subprocess.run(
         [sys.executable, "-c", script],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env=cli_env(),
         capture_output=True,
         text=True,
         timeout=300,  # a bound for a hang, not a timing

@@ -6,15 +6,13 @@ The pool reaps such a worker when it reaps it as its own. Real processes: a subr
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.factories.cli import ROOT, cli_env
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="subreapers, pidfds: Linux")
 
@@ -66,7 +64,7 @@ print(json.dumps({"replaced": replaced != worker, "codes": codes, "zombies": zom
 
 
 def test_a_worker_orphaned_by_its_dead_forkserver_is_reaped_with_its_real_exit_code() -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = cli_env()
     done = subprocess.run(
         [sys.executable, "-c", SUBREAPER_CHILD],
         cwd=ROOT,

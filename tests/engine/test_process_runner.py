@@ -32,9 +32,8 @@ from service.engine.runners.process import (
 )
 from service.engine.runners.torch import TorchRunner
 from service.engine.types import EngineConfig, ShuttingDownError
+from tests.factories.cli import ROOT, cli_env
 from tests.factories.pages import make_pages
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _docs(vocab: int, lengths: list[int]) -> list[list[int]]:
@@ -208,7 +207,7 @@ def test_a_parent_that_exits_without_closing_stops_its_child(tiny_checkpoint: Pa
         text=True,
         timeout=120,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env=cli_env(),
     )
     assert done.returncode == 0, done.stderr[-2000:]
     child = int(done.stdout.split()[-1])
