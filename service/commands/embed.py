@@ -126,8 +126,11 @@ PART_SIZE = 512
 # members do not line up with records (bgzip, pgzip) has no false error row at its end; a record whose
 # WARC header lines end in LF alone is a page (plain and per-record files) or a row saying so (one-stream
 # files), not skipped; reading never resumes inside a damaged member (a stored .warc.gz made pages); the
-# messages of undecompressable members changed.
-ROW_FORMAT = 7
+# messages of undecompressable members changed. 8: a corrupt member of a bgzip/pgzip .warc.gz is one row
+# and the records after it are read (reading had ended there); a record whose header has no WARC-Type
+# field is an error row (it had vanished); the fence in a damaged member holding a stored .warc.gz
+# follows the record that shows it.
+ROW_FORMAT = 8
 # The columns every row has: a head's column (`<head>`, `<head>.probs`) must be none of them.
 FIXED_COLUMNS = (
     "index",

@@ -150,7 +150,10 @@ _EXTRACTOR_DISTRIBUTIONS = ("resiliparse", "trafilatura", "justext")
 #    its end; a record whose WARC header lines end in LF alone is a page (plain and per-record files) or
 #    a row saying so (one-stream files), not skipped; reading never resumes inside a damaged member (a
 #    stored .warc.gz made pages); the messages of undecompressable members changed.
-ROW_FORMAT = 11
+# 12: a corrupt member of a bgzip/pgzip .warc.gz is one row and the records after it are read (reading had
+#    ended there); a record whose header has no WARC-Type field is an error row (it had vanished); the
+#    fence in a damaged member holding a stored .warc.gz follows the record that shows it.
+ROW_FORMAT = 12
 # Failures a later attempt may not repeat: written as rows they would be "done" for good (`htmllm embed`'s
 # rule; of its codes only this one reaches an extraction).
 TRANSIENT = frozenset({ErrorCode.NOT_READY})  # the page's extractor process killed from outside

@@ -546,10 +546,30 @@ def inflate_damaged(handle: BinaryIO, offset: int, look: int) -> Inflated:
     that a trailer that fails is told from data that do: zlib's gzip check says only that one failed.
     The first output comes from slices of the member a few bytes long (zlib gives no output of a call
     that fails), the rest in chunks, its output dropped: one more decode of the member at most."""
+    return inflate_member(handle, offset, look)[0]
+
+
+def inflate_member(handle: BinaryIO, offset: int, look: int, *, mend: bool = False) -> tuple[Inflated, int]:
+    """`inflate_damaged`, and how many bytes the member inflated to up to its end or damage. `mend`: the
+    member is known to start at `offset` (a member ended right before it), so a header whose first four
+    bytes (magic, method, flags) are the damage is read as a record's member has it: gzip's magic and
+    method, the flags as they are or none (a crawler writes no file name or comment), whichever inflates
+    to more. Read as no member, its record's stored .warc.gz had been no reason to keep the download's
+    members from being read as pages (`warc_tail._past_damage`)."""
     handle.seek(offset)
-    header = _gzip_header_size(handle.read(_GZIP_HEADER_ROOM))
+    data = handle.read(_GZIP_HEADER_ROOM)
+    header = _gzip_header_size(data)
+    if header is not None or not mend or len(data) < 10:
+        return _inflate_raw(handle, offset, header, look)
+    headers = {_gzip_header_size(GZIP_MEMBER_START + data[3:]), 10}  # its flags as they are, or none
+    tries = [_inflate_raw(handle, offset, size, look) for size in sorted(headers, key=lambda size: size or 0)]
+    return max(tries, key=lambda inflated: (inflated[0].end is not None, inflated[1]))
+
+
+def _inflate_raw(handle: BinaryIO, offset: int, header: int | None, look: int) -> tuple[Inflated, int]:
+    """`inflate_member` of the member at `offset` whose header takes `header` bytes (None: no header)."""
     if header is None:
-        return Inflated(b"")
+        return Inflated(b""), 0
     start = offset + header
     handle.seek(start)
     decompressor = zlib.decompressobj(-15)
@@ -563,21 +583,21 @@ def inflate_damaged(handle: BinaryIO, offset: int, look: int) -> Inflated:
                 piece = handle.read(_FIRST_PIECE if room > 0 else CHUNK)
                 read += len(piece)
             if not piece:
-                return Inflated(head)  # cut off
+                return Inflated(head), size  # cut off
             out = decompressor.decompress(piece, room if room > 0 else CHUNK)
             if room > 0:
                 head += out
             size, crc = size + len(out), zlib.crc32(out, crc)
             if not out and len(decompressor.unconsumed_tail) == len(piece):
-                return Inflated(head)  # never seen; never spin
+                return Inflated(head), size  # never seen; never spin
     except zlib.error:
-        return Inflated(head)
+        return Inflated(head), size
     trailer = start + read - len(decompressor.unused_data)
     handle.seek(trailer)
     checks = handle.read(_GZIP_TRAILER)
     end = trailer + _GZIP_TRAILER
     held = checks[:4] == crc.to_bytes(4, "little") or checks[4:] == (size % (1 << 32)).to_bytes(4, "little")
-    return Inflated(head, end, held and _member_follows(handle, end))
+    return Inflated(head, end, held and member_follows(handle, end)), size
 
 
 def _gzip_header_size(data: bytes) -> int | None:
@@ -597,8 +617,9 @@ def _gzip_header_size(data: bytes) -> int | None:
     return at if at <= len(data) else None
 
 
-def _member_follows(handle: BinaryIO, end: int) -> bool:
-    """Whether the file ends at `end`, or a gzip member or padding (to the end) starts there."""
+def member_follows(handle: BinaryIO, end: int) -> bool:
+    """Whether the file ends at `end`, or a gzip member or padding (to the end) starts there: the end of a
+    member, rather than of damaged data inflated to a false end."""
     size = handle.seek(0, io.SEEK_END)
     if end >= size:
         return end == size

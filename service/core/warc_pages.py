@@ -77,6 +77,7 @@ from service.core.warc_tail import (
     skip_member,
     tail_problem,
 )
+from service.core.warc_unaligned import Inflating, Resync, members_unaligned, resync
 
 if TYPE_CHECKING:
     from fastwarc.warc import WarcRecord
@@ -122,6 +123,10 @@ class _Reading:
     # Where such a record read alone ended, and reading went on: a member starts there, whatever its first
     # bytes say (`skip_member`'s `at_member`), as no record framed before it says otherwise.
     after_bare_lf: int | None = None
+    # Where reading goes on inside the members of a file cut where its records are not, after a corrupt
+    # one (`warc_unaligned.resync`), and whether the file was seen so.
+    resync: Resync | None = None
+    unaligned: bool = False
     # What every member of the file starts with (`member_start`), read when first needed, and the file
     # open to look for it: opened once, not once per record without an id (~20% of such a file's time).
     _member: bytes | None = field(default=None, init=False)
@@ -209,7 +214,8 @@ def _iter_records(path: Path, start: int, reading: _Reading) -> Generator[Page, 
     # The record at `start` has WARC header lines ended in bare LF: it alone is read in quirks mode.
     bare_lf = reading.bare_lf if reading.bare_lf is not None and reading.bare_lf[0] == start else None
     after_bare_lf = reading.after_bare_lf == start
-    reading.bare_lf = reading.after_bare_lf = None
+    resumed = reading.resync if reading.resync is not None and reading.resync.member == start else None
+    reading.bare_lf = reading.after_bare_lf = reading.resync = None
     # Every record type, so the last record seen is the last one FastWARC could frame. `max_header_len`:
     # the header bound the record walk (`warc_tail`) holds records to, said here so that the two agree.
     archive_of = functools.partial(
@@ -218,7 +224,10 @@ def _iter_records(path: Path, start: int, reading: _Reading) -> Generator[Page, 
     with contextlib.ExitStack() as stack:
         try:
             shift = 0  # what FastWARC's offsets are short of the file's
-            if start == 0:
+            if resumed is not None:  # the members' output from a record inside them on, as a plain stream
+                handle = stack.enter_context(path.open("rb"))
+                archive = archive_of(Inflating(handle, start, resumed.skip))
+            elif start == 0:
                 archive = archive_of(str(path), fsspec_args=False)
             else:  # FastWARC takes the handle's position for the first record's offset
                 handle = stack.enter_context(path.open("rb"))
@@ -236,7 +245,9 @@ def _iter_records(path: Path, start: int, reading: _Reading) -> Generator[Page, 
             error = read_error(f"cannot read {path}: {exc}", exc)
             yield reading.error(f"{reading.name}@{start}", str(error), error.code)
             return None
-        failure = _Failure(reading, start, at_member=after_bare_lf)
+        failure = _Failure(
+            reading, start, at_member=after_bare_lf, skip=None if resumed is None else resumed.skip
+        )
         reported = False  # whether the last record was reported cut off already
         while True:
             if bare_lf is not None and failure.last is not None:  # the one record read in quirks mode
@@ -257,8 +268,14 @@ def _iter_records(path: Path, start: int, reading: _Reading) -> Generator[Page, 
                     return offset
                 failure.held = failure.bare_lf_row(offset)  # its row, as a page row is held
                 continue
-            failure.framed(offset, record.record_id, record.headers.get("WARC-Type"))
+            record_type = record.headers.get("WARC-Type")
+            failure.framed(offset, record.record_id, record_type)
             reported = False
+            # Its row, as a page row is held; but for the empty record FastWARC hands back for a file cut
+            # inside a header (no field, or no Content-Length yet), which the walk of the file's end says.
+            if record_type is None and record.headers.get("Content-Length") is not None:
+                failure.held = failure.untyped_row(record.record_id, record.headers.get("WARC-Target-URI"))
+                continue
             if record.record_type not in (WarcRecordType.response, WarcRecordType.resource):
                 continue
             try:
@@ -300,7 +317,7 @@ def _iter_records(path: Path, start: int, reading: _Reading) -> Generator[Page, 
         return (yield from failure.cut_off())
     # FastWARC ends quietly (or hands back an empty record) where a killed writer cut the file inside a
     # record's header; check the end of the file from the last record it framed, and say so.
-    problem = tail_problem(path, failure.offset, start)
+    problem = tail_problem(path, failure.offset, start, skip=failure.skip)
     if problem is None:
         yield from failure.release()
         return None
@@ -325,6 +342,9 @@ class _Failure:
     held: Page | None = None  # its page row, not yet yielded
     here: int = 0  # records FastWARC framed at `last.offset`
     since: int = 0  # records FastWARC framed from `start` on
+    # Bytes of the output of the members from `start` on before the first record, where this reading is
+    # of that output (`warc_unaligned.Inflating`): its offsets are positions of it, no bytes of the file.
+    skip: int | None = None
     # The held row is that of a record whose WARC header lines end in bare LF, not read since its member
     # does not decode: the failure FastWARC meets in that member says so, its row in place of this one.
     unread_member: bool = False
@@ -334,7 +354,8 @@ class _Failure:
         return self.start if self.last is None else self.last.offset
 
     def framed(self, offset: int, record_id: str | None, record_type: str | None) -> None:
-        shared = self.last is not None and offset == self.last.offset
+        # In a member's output FastWARC's offsets are no bytes of the file: ids by ordinal.
+        shared = self.skip is not None or (self.last is not None and offset == self.last.offset)
         self.here = self.here + 1 if shared else 1
         self.since += 1
         self.last = _Framed(offset, self.reading.records, shared, record_id, record_type)
@@ -345,7 +366,7 @@ class _Failure:
         that it can be read again alone (`warc_tail.bare_lf_record_end`); None where it cannot: it starts
         at no byte of the file reading can begin at (a record framed at the same offset before it; a file
         compressed as one stream), or the file went away."""
-        if self.last is not None and self.last.offset == offset:
+        if self.skip is not None or (self.last is not None and self.last.offset == offset):
             return None
         try:
             return bare_lf_record_end(self.reading.path, offset)
@@ -381,13 +402,28 @@ class _Failure:
             "compressed per record)",
         )
 
+    def untyped_row(self, record_id: str | None, uri: str | None) -> Page:
+        """The row of the record framed last, which has no WARC-Type field. WARC requires one, so its
+        header is damaged (a byte of the field's name flipped, where a plain file keeps no checksum), and
+        whether it holds a page cannot be told. Passed over as a record of an unknown type, a page had
+        vanished with no row."""
+        last = self.last
+        assert last is not None
+        page_id = record_id or last.position_id(self.reading)
+        message = (
+            f"{self.reading.path}: record {page_id} at byte {last.offset} has no WARC-Type field (WARC "
+            "requires one: its header is damaged), so whether it holds a page cannot be told; it was skipped"
+        )
+        meta = {"warc_file": self.reading.name}
+        return error_page(page_id, PageSourceError(message), url=_target_uri(uri), meta=meta)
+
     def cut_off(self) -> Generator[Page, None, int | None]:
         """The row of the record read last, which is cut short (its page row, held back), and where
         reading goes on: nowhere where the file ends in it, but after its member where that member does
         not decompress and one that starts a record follows (`skip_member`): a writer killed in the member,
         a restarted crawler appending to the file. FastWARC reads the next member's bytes on as the cut
         one's and stops without a word, and the intact records after it had been lost with no row."""
-        found = _skip(self.reading.path, self.offset, False)
+        found = None if self.skip is not None else _skip(self.reading.path, self.offset, False)
         held = self.held
         if found is None or found.decodes or found.failed != self.offset or held is None:
             yield from self.release()
@@ -415,7 +451,11 @@ class _Failure:
         read = self.last is not None and not in_record
         if isinstance(error, PageUnreadableError):
             return (yield from self.rows(str(error), str(exc), error.code, read=read, skip=False))
-        if read and _ends_in_padding(path, self.offset, self.start, here=self.here, since=self.since):
+        if (
+            read
+            and self.skip is None
+            and _ends_in_padding(path, self.offset, self.start, here=self.here, since=self.since)
+        ):
             yield from self.release()  # the padding that ends the file, which FastWARC takes for a member
             return None
         return (yield from self.rows(str(error), str(exc), error.code, read=read))
@@ -430,8 +470,23 @@ class _Failure:
         if self.unread_member:  # the row of this failure is the record's (`bare_lf_end`)
             self.held, self.unread_member = None, False
         at_member = self.at_member and last is None
-        found = _skip(reading.path, self.offset, read, at_member=at_member) if skip else None
-        if found is None and skip and read and last is not None and self.held is not None and self.here == 1:
+        # A file whose members are cut where its records are not goes on inside the members after the
+        # corrupt one; one written a member per record, at the next member that starts a record.
+        unaligned = skip and (
+            self.skip is not None or reading.unaligned or _members_unaligned(reading.path, self)
+        )
+        if unaligned or (skip and self.skip is not None):
+            resumed = self._resync(cause, code, unaligned=True)
+            if resumed is not None:
+                return (yield from resumed)
+        per_record = skip and self.skip is None and not unaligned
+        found = _skip(reading.path, self.offset, read, at_member=at_member) if per_record else None
+        if found is None and per_record:
+            resumed = self._resync(cause, code, unaligned=False)
+            if resumed is not None:
+                return (yield from resumed)
+        alone = self.held is not None and self.here == 1  # a page read from its member alone
+        if found is None and per_record and read and alone and last is not None:
             # No member after it: the record's own may still be the one that failed (a checksum at the
             # end of the file's last frame), its page garbage. Only a record alone in its member: of a
             # member holding more (one stream), the data before the damage are as written.
@@ -465,6 +520,46 @@ class _Failure:
             code,
         )
         return resume
+
+    def _resync(
+        self, cause: str, code: ErrorCode, *, unaligned: bool
+    ) -> Generator[Page, None, int | None] | None:
+        """The rows of a corrupt member in a file whose members are cut where its records are not, and
+        where reading goes on inside the members after it (`warc_unaligned.resync`); None where it
+        cannot. The page row held back is an error row where its record reaches into the damaged
+        member's output (what was read of it may be garbage), its own row; the rest of what the member
+        held is the member's row."""
+        reading = self.reading
+        try:
+            found = resync(reading.path, self.start, self.skip or 0, unaligned=unaligned)
+        except OSError:
+            return None
+        if found is None:
+            return None
+        reading.unaligned, reading.resync = True, found
+        return self._resynced(found, cause, code)
+
+    def _resynced(self, found: Resync, cause: str, code: ErrorCode) -> Generator[Page, None, int | None]:
+        reading, last, held = self.reading, self.last, self.held
+        where = (
+            f"the gzip member at byte {found.failed} could not be decompressed and was skipped with what it "
+            f"held of the records (bytes {found.failed} to {found.member - 1}; reading goes on at the first "
+            f"record that starts in the members from byte {found.member}, {found.skip} bytes into their "
+            f"output): {cause}"
+        )
+        self.unread_member = False
+        if held is not None and self.since > found.whole:  # read into the damaged member's output
+            self.held = None
+            error = f"{reading.path}: {held.id} was read into {where}"
+            yield replace(held, html=b"", error=error, error_code=code)
+        else:
+            yield from self.release()
+        page_id = f"{reading.name}@{found.failed}"
+        if last is not None and self.skip is None and last.offset == found.failed:  # a record framed there
+            page_id = f"{reading.name}#{reading.records}"
+            reading.records += 1  # an ordinal no record will have
+        yield reading.error(page_id, f"{reading.path}: {where}", code)
+        return found.member
 
     def _suspect(self, found: Skip, cause: str, code: ErrorCode) -> Page:
         """The row of the record framed last, read whole from a member that does not decompress (a gzip
@@ -515,6 +610,14 @@ def _skip(path: Path, offset: int, framed: bool, *, at_member: bool = False) -> 
         return skip_member(path, offset, framed=framed, at_member=at_member)
     except OSError:
         return None
+
+
+def _members_unaligned(path: Path, failure: _Failure) -> bool:
+    """`warc_unaligned.members_unaligned` at the record framed last, False where the file went away."""
+    try:
+        return members_unaligned(path, failure.offset)
+    except OSError:
+        return False
 
 
 def _last_member_fails(path: Path, offset: int) -> Skip | None:

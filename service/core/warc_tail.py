@@ -58,8 +58,9 @@ from service.core.warc_frames import (
     Undecodable,
     gunzipped,
     holds_gzip_records,
-    inflate_damaged,
+    inflate_member,
     lz4_frames_problem,
+    member_follows,
     zstd_framing,
 )
 
@@ -72,13 +73,13 @@ _NO_END = f": no blank line ends one within the {MAX_HEADER_BYTES} bytes FastWAR
 _CONTENT_LENGTH = re.compile(rb"(?im)^content-length:[ \t]*(\d+)[ \t]*\r?$")
 _PADDING_PIECE = 4096  # bytes of what may be padding read at a time (`_only_padding`)
 _GZIP_HEADER_ROOM = 1 << 10  # a gzip member's header, with a file name or comment (which records have none)
-_LOOK = 64 << 10  # bytes of a damaged gzip member's output looked at for a stored WARC file (`_holds_warc`)
+_LOOK = 64 << 10  # bytes of a damaged gzip member's output looked at for a stored WARC file
 # The media types of a WARC file, compressed or not, in a record's WARC header or HTTP head (not a
 # warcinfo record's application/warc-fields).
 _WARC_MEDIA_TYPE = re.compile(
     rb"(?im)^content-type:[ \t]*application/(?:x-)?(?:warc|gzip|gzip-compressed|zstd|lz4)[ \t]*(?:;|\r?$)"
 )
-# What a stored WARC file starts with whose members are no gzip members (`_holds_warc`).
+# What a stored WARC file starts with whose members are no gzip members (`holds_stored_warc`).
 _NO_GZIP_MEMBERS = (b"WARC/", ZSTD_MAGIC, ZSTD_DICTIONARY_MAGIC, LZ4_MAGIC)
 # A record's whole version line as FastWARC reads it (tried on FastWARC 2.0.1: WARC/1.0 and WARC/1.1,
 # WARC/0. and up to two more characters, blanks after; `warc_frames._RECORD_START` its first bytes).
@@ -87,12 +88,16 @@ _VERSION_LINE = re.compile(rb"WARC/(?:1\.[01]|0\.[^\r\n]{0,2})[ \t\r]*\n")
 _HEADER_END = re.compile(rb"\r?\n\r?\n")
 
 
-def tail_problem(path: Path, offset: int, start: int = 0) -> str | None:
+def tail_problem(path: Path, offset: int, start: int = 0, *, skip: int | None = None) -> str | None:
     """Why `path` does not end with complete records from the one at byte `offset` on, or None. `start`:
     where the reading began (0, or the member `skip_member` went on at): a file whose offsets are no
     member starts (LZ4, one gzip stream) is walked from there, since the members before it hold the
-    corrupt one passed over."""
+    corrupt one passed over. `skip`: the reading was of the output of the gzip members from `start` on,
+    after that many bytes of it (`warc_unaligned`), and `offset` is a position of that output."""
     with path.open("rb") as handle:
+        if skip is not None:
+            handle.seek(start)
+            return _walk_problem(_skipped(gunzipped(handle), skip), 0, "gzip", start=start)
         compression = _compression(path, handle.read(4))
         if compression == "zstd":
             return None
@@ -108,6 +113,16 @@ def tail_problem(path: Path, offset: int, start: int = 0) -> str | None:
             return _walk_problem(gunzipped(handle), 0, "gzip", start=start)
         handle.seek(offset)
         return _walk_problem(iter(lambda: handle.read(CHUNK), b""), offset, None)
+
+
+def _skipped(chunks: Iterator[bytes], skip: int) -> Iterator[bytes]:
+    """`chunks` but for their first `skip` bytes."""
+    for chunk in chunks:
+        if skip >= len(chunk):
+            skip -= len(chunk)
+            continue
+        yield chunk[skip:]
+        skip = 0
 
 
 def bare_lf_record_end(path: Path, offset: int) -> int | None:
@@ -126,7 +141,7 @@ def bare_lf_record_end(path: Path, offset: int) -> int | None:
         framing = _file_framing(path, handle)
         if framing is None:
             handle.seek(offset)
-            declared = _record_length(handle.read(MAX_HEADER_BYTES))
+            declared = record_length(handle.read(MAX_HEADER_BYTES))
             return None if declared is None else offset + declared
         if not _opens_record_member(handle, offset, framing):
             return None
@@ -135,7 +150,7 @@ def bare_lf_record_end(path: Path, offset: int) -> int | None:
         for chunk in framing.decode(handle, offset, ends):
             if declared is None:
                 head += chunk[: MAX_HEADER_BYTES - len(head)]
-                declared = _record_length(head)
+                declared = record_length(head)
                 if declared is None and len(head) >= MAX_HEADER_BYTES:
                     return None
             if declared is not None and chunk[max(0, declared - position) :].strip(PADDING):
@@ -163,7 +178,7 @@ def nothing_after(path: Path, offset: int) -> bool:
     return position == size  # not a skippable frame cut off
 
 
-def _record_length(head: bytes) -> int | None:
+def record_length(head: bytes) -> int | None:
     """The bytes of the record whose first bytes are `head`, header and block, by its header's first
     blank line (after lines ended in LF or CRLF) and its Content-Length; None for no such header."""
     blank = _HEADER_END.search(head)
@@ -395,7 +410,7 @@ class _Fence(NamedTuple):
 
     after: int  # not before this byte
     until: int = 0  # before this byte, only right after a gzip trailer whose size is `size` (or 4 less)
-    size: int = 0  # the bytes of the damaged member's record, as its header declares them
+    size: int = 0  # the damaged member's output up to its stored WARC file's record's end, as declared
 
 
 def _past_damage(handle: BinaryIO, offset: int, framing: Framing) -> _Fence:
@@ -406,34 +421,58 @@ def _past_damage(handle: BinaryIO, offset: int, framing: Framing) -> _Fence:
     members of its own, stored as they are (deflate's stored blocks), and resumed at one of those,
     reading had made pages of the download's records, and failed again at its end.
 
-    So where what the damaged member inflates to before its damage shows such a payload (`_holds_warc`),
-    the fence is its record's size (deflate stores no more than that plus a few bytes per block), or where
-    its deflate data inflate to an end, if before (its trailer damaged too, or garbage inflated to a false
-    end), and until then a candidate is taken only right after a trailer whose size is that record's (the
-    member ends there), which no member of a download nested in it follows (the record is bigger than any
-    of them). Only then: the trailer of a damaged member is often damaged too (a sector zeroed across two
-    members, a member cut where a restarted crawler appended), and one holding two records never matches,
-    so fenced so, every damaged member had taken the intact records after it, up to its record's size."""
+    So where what the damaged member inflates to before its damage shows such a payload (`holds_stored_warc`),
+    the fence is the member's output up to that record's end (`_stored_warc_end`: the records before it
+    in the member count too; deflate stores no more than that plus a few bytes per block), or where its
+    deflate data inflate to an end, if before (its trailer damaged too: not a false end of garbage,
+    short of the record), and until then a candidate is taken only right after a trailer whose size is
+    that output's (the member ends there), which no member of a download nested in it follows (the record
+    is bigger than any of them). A member whose first four bytes are the damage is read as a record's
+    member starts (`inflate_member`'s `mend`): read as none, it had had no fence. Only then: the trailer
+    of a damaged member is often damaged too (a sector zeroed across two members, a member cut where a
+    restarted crawler appended), and one holding two records never matches, so fenced so, every damaged
+    member had taken the intact records after it, up to its record's size."""
     end = framing.extent(handle, offset)
     if end is not None:
         return _Fence(end)
     if framing is not GZIP:
         return _Fence(offset + 1)
-    inflated = inflate_damaged(handle, offset, _LOOK)
+    inflated, out = inflate_member(handle, offset, _LOOK, mend=True)
     if inflated.end is not None and inflated.whole:
         return _Fence(inflated.end)
-    length = _record_length(inflated.head)  # a header whose lines end in CRLF, or in bare LF
-    if length is None or not _holds_warc(inflated.head):
+    size = _stored_warc_end(inflated.head)
+    if size is None:
         return _Fence(offset + 1)
-    size = length + 4  # its CRLF CRLF after the block
     deflated = size + (size >> 5) + (size >> 7) + (size >> 11) + 7  # zlib's deflateBound, for any level
     until = offset + _GZIP_HEADER_ROOM + deflated + 8
-    if inflated.end is not None:  # where its data inflate to an end, its trailer failing: the member's
-        until = min(until, inflated.end)  # end but for garbage inflated on to a false one
+    # Where its data inflate to an end, its trailer failing: the member's end, where they inflated to the
+    # whole record at least and a member (or the file's end) follows. Garbage inflated to a false end
+    # short of that lies inside the download, and had let its members in.
+    if inflated.end is not None and out >= size - 4 and member_follows(handle, inflated.end):
+        until = min(until, inflated.end)
     return _Fence(offset + 1, until, size)
 
 
-def _holds_warc(head: bytes) -> bool:
+def _stored_warc_end(head: bytes) -> int | None:
+    """Where, in a damaged member's output whose first bytes (up to the damage) are `head`, the first
+    record ends whose payload shows a stored WARC file (`holds_stored_warc`), its CRLF CRLF included;
+    None where no record does before the damage. The member's records are walked by their
+    Content-Length: the fence had been sized by its first record's, so a request record before the
+    download (one member holding both, as some crawlers write them) let the download's members in."""
+    position = 0
+    while position < len(head):
+        length = record_length(head[position:])  # a header whose lines end in CRLF, or in bare LF
+        if length is None:
+            return None
+        if holds_stored_warc(head[position : position + length]):
+            return position + length + 4
+        position += length
+        while head[position : position + 1] in (b"\r", b"\n"):  # the CRLF CRLF after it
+            position += 1
+    return None
+
+
+def holds_stored_warc(head: bytes) -> bool:
     """Whether `head`, a record's first bytes (up to the damage), shows a payload that is a WARC file in
     gzip members, which deflate stores as they are: a gzip member that starts a WARC record in it, or a
     media type that says so (WARC, gzip) in its WARC header or HTTP head, but for a body whose first bytes
