@@ -33,9 +33,8 @@ from service.api.runtime import CHARGE_KEY, CONTENT_ENCODING_KEY
 from service.api.schemas import TOKEN_IDS_MESSAGE, DocumentIn, EncodingFormat
 from service.api.timing import milliseconds
 from service.core.content_coding import undeclared_coding
-from service.core.decoding import sniff_utf16
 from service.core.errors import ErrorCode, HtmllmError, shown
-from service.core.media_types import essences, extract_media_type, split_values
+from service.core.media_types import essences, extract_media_type, looks_like_markup, split_values
 from service.core.pages import valid_json
 from service.engine import Document, DocumentResult
 
@@ -338,7 +337,7 @@ async def read_body(
             code=ErrorCode.VALIDATION,
         )
     check_not_compressed(body, request.scope.get(CONTENT_ENCODING_KEY))
-    if not header and (not body.strip(b"\t\n\r ") or _looks_like_markup(body)):
+    if not header and (not body.strip(b"\t\n\r ") or looks_like_markup(body)):
         # `requests.post(url, data=page)` and `httpx.post(url, content=page)` send no Content-Type.
         # JSON cannot start so: the body is one page, as application/octet-stream would say. Nor can
         # JSON be empty or white space alone: an empty page so sent (a crawler's empty fetch) is the raw
@@ -389,7 +388,7 @@ async def read_json_body(request: Request, model: type[M]) -> M:
         )
     body = await request.body()
     check_not_compressed(body, request.scope.get(CONTENT_ENCODING_KEY))
-    if not header and _looks_like_markup(body):
+    if not header and looks_like_markup(body):
         # `requests.post(url, data=page)`: a page, which these routes take only inside JSON. As a
         # text/html body would be, a 415, saying where a raw page goes (it was "Invalid JSON: expected
         # value at line 1 column 1").
@@ -400,21 +399,6 @@ async def read_json_body(request: Request, model: type[M]) -> M:
             code=ErrorCode.UNSUPPORTED_MEDIA_TYPE,
         )
     return await _parse_json_off_loop(request, model, body, hint=_charset_hint(charset))
-
-
-def _looks_like_markup(body: bytes) -> bool:
-    """Whether a body can only be a page, never JSON: it starts with `<` (after white space or a UTF-8
-    byte order mark), with a UTF-16 byte order mark, or with `<` in UTF-16 without one (`sniff_utf16`'s
-    markup, which the decoder reads for a crawler that lost the header; big-endian, or after a newline,
-    it had been read as JSON and refused). UTF-16 JSON holding markup starts with `{` or `[`: JSON."""
-    if body.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        return True
-    utf16 = sniff_utf16(body)
-    if utf16 is not None:
-        return body[:4096].decode(utf16, errors="replace").lstrip("\t\n\r ").startswith("<")
-    if body.startswith(codecs.BOM_UTF8):
-        body = body[len(codecs.BOM_UTF8) :]
-    return body[:4096].lstrip(b"\t\n\r ").startswith(b"<")
 
 
 _UTF8_LABELS = frozenset({"utf-8", "utf8", "us-ascii", "ascii"})

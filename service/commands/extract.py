@@ -152,7 +152,10 @@ _EXTRACTOR_DISTRIBUTIONS = ("resiliparse", "trafilatura", "justext")
 #    stored .warc.gz made pages); the messages of undecompressable members changed.
 # 12: a corrupt member of a bgzip/pgzip .warc.gz is one row and the records after it are read (reading had
 #    ended there); a record whose header has no WARC-Type field is an error row (it had vanished); the
-#    fence in a damaged member holding a stored .warc.gz follows the record that shows it.
+#    fence in a damaged member holding a stored .warc.gz follows the record that shows it; untyped WARC
+#    responses starting with a BOM, in UTF-16 or content-coded are rows (an undecodable coding an error
+#    row); a JSONL `encoding` is read as an HTTP charset parameter (`"windows-1252"` and `windows-1252;`
+#    are used, `'utf-8'`-style labels are validation_error rows).
 ROW_FORMAT = 12
 # Failures a later attempt may not repeat: written as rows they would be "done" for good (`htmllm embed`'s
 # rule; of its codes only this one reaches an extraction).

@@ -144,15 +144,25 @@ _IGNORED_WHATWG_LABELS = frozenset(
 )
 
 
+# The characters of a charset's name, IANA's (`ISO_8859-1:1987`) and Python's (`latin_1`). Python's
+# codec lookup reads a run of any others as one `_` and drops it at either end, so `'utf-8'`, `utf-8,`
+# and `utf 8` were names of UTF-8 to it, which a browser knows no charset by.
+_CHARSET_NAME = re.compile(r"[A-Za-z0-9._:+-]+")
+
+
 def known_label(label: str) -> bool:
     """Whether `label` names a charset to a browser (the Encoding Standard's labels, those `whatwg_codec`
     ignores included) or a text encoding to Python (`latin-1`, `utf-7`): a label neither knows is a typo.
-    Python's codecs that are no text encoding (`base64`, `rot13`, `zlib`) name no charset."""
+    Python's codecs that are no text encoding (`base64`, `rot13`, `zlib`) name no charset, and neither
+    does a label with characters no charset's name has (quotes, `;`, `,`, spaces), whatever Python's
+    lookup, which reads them as `_`, makes of it."""
     if whatwg_codec(label) is not None:
         return True
     stripped = label.strip(_ASCII_WHITESPACE)
     if stripped.isascii() and stripped.lower() in _IGNORED_WHATWG_LABELS:
         return True
+    if _CHARSET_NAME.fullmatch(stripped) is None:
+        return False
     try:
         codec = codecs.lookup(stripped)
     except (LookupError, ValueError):

@@ -5,12 +5,19 @@ A Content-Type is a singleton field, but a proxy that merges two of them writes 
 (`text/html, text/html; charset=koi8-r`), and crawlers keep it as it came. The email parser reads such a
 list as `text/plain` (a raw body's 415, a WARC record's page skipped); the Fetch standard's "extract a
 MIME type" (`extract_media_type`) reads it as browsers do.
+
+A body that comes with no Content-Type at all is a page where it looks like markup
+(`looks_like_markup`): one rule for both readers, where the WARC reader's own had passed over in silence
+an untyped page that starts with a byte order mark or is UTF-16, which the API reads as a page.
 """
 
 from __future__ import annotations
 
+import codecs
 import re
 from email.message import Message
+
+from service.core.decoding import sniff_utf16
 
 # A media type's essence as the Fetch standard's MIME type parser takes it: token "/" token, before any
 # parameters, with HTTP white space around.
@@ -84,3 +91,41 @@ def extract_media_type(value: str) -> tuple[str, str | None]:
         elif charset is None:
             charset = run_charset
     return media_type, charset
+
+
+# The WHATWG's "ASCII whitespace", which MIME sniffing skips before a tag: JSON's white space and the
+# form feed, which no JSON may start with either. Matched rather than stripped: `bytes.lstrip` copies a
+# page of megabytes to read its first byte.
+_WHITESPACE = "\t\n\x0c\r "
+_MARKUP_START = re.compile(rb"[\t\n\x0c\r ]*<")
+# What a UTF-16 body is read for (`sniff_utf16` reads as much).
+_UTF16_SAMPLE = 4096
+
+
+def looks_like_markup(body: bytes) -> bool:
+    """Whether a body sent or stored without a Content-Type is a page: it starts with `<` (after white
+    space or a UTF-8 byte order mark), with a UTF-16 byte order mark, or with `<` in UTF-16 without one
+    (`sniff_utf16`'s markup, which the decoder reads for a crawler that lost the header).
+
+    The API reads such a request body as one raw page (JSON cannot start so; UTF-16 JSON holding markup
+    starts with `{` or `[`), and the WARC reader such a response's body, its Content-Encoding undone, as
+    a page: its own test (`<` after white space) had passed over a page starting with a BOM, or in
+    UTF-16, where the API embedded the same bytes."""
+    if body.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return True
+    utf16 = sniff_utf16(body)
+    if utf16 is not None:
+        return body[:_UTF16_SAMPLE].decode(utf16, errors="replace").lstrip(_WHITESPACE).startswith("<")
+    start = len(codecs.BOM_UTF8) if body.startswith(codecs.BOM_UTF8) else 0
+    return _MARKUP_START.match(body, start) is not None
+
+
+def charset_parameter(value: str) -> str | None:
+    """The charset label `value` names as the `charset` parameter of a Content-Type header, read as
+    that header is (`extract_media_type`): a quoted string unquoted (`"windows-1252"` is windows-1252),
+    what a `;` or a `,` starts (another parameter, another value) read as the header's own; None where
+    it names nothing (`""`, `;`). For a label given apart from its header (a JSONL row's `encoding`)
+    that is documented as that header's charset: Python's codec lookup had taken `"windows-1252"` and
+    `windows-1252;` for windows-1252, as a label browsers do not know and ignore, where the header
+    `charset="windows-1252"` reads it."""
+    return extract_media_type(f"text/html; charset={value}")[1]

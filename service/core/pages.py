@@ -87,6 +87,7 @@ from service.core.content_coding import ContentCodingError, decode_content, unde
 from service.core.decoding import declared_codec, with_declared_encoding, without_lone_surrogates
 from service.core.encoding_labels import known_label
 from service.core.errors import ErrorCode, HtmllmError
+from service.core.media_types import charset_parameter
 from service.core.prune import DEFAULT_MAX_BYTES
 from service.core.warc_frames import GZIP_MAGIC
 
@@ -110,6 +111,10 @@ MAX_PAGE_BYTES = DEFAULT_MAX_BYTES
 # content-coded. A row or record over it is refused unread.
 READ_FACTOR = 4
 _SKIP_STEP = 1 << 20  # bytes read at a time to pass over the rest of a row too long to keep
+# The longest JSONL `encoding` parsed as a charset parameter, as the API bounds a Content-Type header it
+# parses: the longest label a browser knows has 19 characters, and the email parser took 8.5 s over a
+# row's 1 MiB of `a=b; ` (it is quadratic in the parameters), which a longer label is refused without.
+MAX_ENCODING_CHARS = 1024
 
 BadRows = Literal["raise", "report"]
 
@@ -382,14 +387,8 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
             raise PageSourceError(f"{where}: 'encoding' must be a charset name, not {encoding!r}")
         if isinstance(encoding, str) and not encoding.strip():
             encoding = None  # "": no charset was known to the row's writer, as a missing key says
-        if encoding is not None and not known_label(encoding):
-            # A label a browser ignores but Python knows (`latin-1`, `utf-7`) is ignored as a server's
-            # header is (`decoding.declared_codec`); one nobody knows is a typo in the row, which had
-            # been ignored as well, the page read by its own <meta> or by guess.
-            raise PageSourceError(
-                f"{where}: 'encoding' {encoding!r} names no charset (a label such as utf-8, windows-1252, "
-                "shift_jis)"
-            )
+        if encoding is not None:
+            encoding = _row_charset(encoding, where)
         html, source_encoding = declared_page(_read_file(path, where), encoding, where)
     else:
         raise PageSourceError(f"{where} has neither 'html' nor 'file'")
@@ -400,6 +399,24 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
         meta=meta,
         encoding=source_encoding,
     )
+
+
+def _row_charset(label: str, where: str) -> str:
+    """A row's `encoding`, the charset its file was served with, read as that header's `charset`
+    parameter is (`charset_parameter`: `"windows-1252"` and `windows-1252;` are windows-1252, as in a
+    WARC record's HTTP header), so that a page reads the same from a JSONL row as from the record it came
+    in; they had been taken as labels Python knows and a browser does not, ignored, and the page read
+    by its own <meta>. A label a browser ignores but Python knows (`latin-1`, `utf-7`) is ignored as a
+    server's header is (`decoding.declared_codec`); one nobody knows (`'utf-8'`, `base64`, a label past
+    `MAX_ENCODING_CHARS`, left unparsed) is a typo in the row, `PageSourceError`: it had been ignored as
+    well, the page read by its own <meta> or by guess."""
+    named = charset_parameter(label) if len(label) <= MAX_ENCODING_CHARS else None
+    if named is None or not known_label(named):
+        shown = label if len(label) <= 100 else f"{label[:100]}..."
+        raise PageSourceError(
+            f"{where}: 'encoding' {shown!r} names no charset (a label such as utf-8, windows-1252, shift_jis)"
+        )
+    return named
 
 
 def _not_a_file(path: Path) -> str | None:

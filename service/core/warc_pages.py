@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 from service.core import pages
 from service.core.content_coding import ContentCodingError, decode_content, parse_codings, undeclared_coding
 from service.core.errors import ErrorCode
-from service.core.media_types import extract_media_type
+from service.core.media_types import extract_media_type, looks_like_markup
 from service.core.pages import (
     READ_FACTOR,
     Page,
@@ -678,18 +678,28 @@ def _warc_page(
     else:
         body = block
     media_type, charset = extract_media_type(content_type) if content_type else (None, None)
-    if media_type not in _HTML_MEDIA_TYPES and not (media_type is None and _untyped_page(body, status)):
+    if media_type is not None and media_type not in _HTML_MEDIA_TYPES:
         return None
     meta["content_type"] = content_type or None
+    if media_type is None:
+        # An untyped body is a page by its start (`_untyped_page`), which a Content-Encoding hides: it is
+        # undone first, as the API undoes a request's before it reads the body. Read while still coded,
+        # every gzip-coded untyped page had been passed over with no row. A coding that cannot be undone
+        # (corrupt, unknown) is the record's error row: whether it held a page cannot be told, and it
+        # had vanished. Nor can it be told of a record over the read bound, of which only the start was
+        # read: it is refused as too large, as a typed page is.
+        hidden = _hides_start(coding)
+        if hidden and not too_large:
+            body = _decoded(body, coding, where)
+            coding = None  # undone
+        if not (hidden and too_large) and not _untyped_page(body, status):
+            return None
     if too_large:
         raise PageTooLargeError(
             f"{where} has {record.content_length} bytes, over the {READ_FACTOR * pages.MAX_PAGE_BYTES} read "
             f"for one page of at most {pages.MAX_PAGE_BYTES}"
         )
-    try:
-        body = decode_content(body, coding, limit=pages.MAX_PAGE_BYTES)
-    except ContentCodingError as exc:
-        raise PageSourceError(f"{where}: {exc.message}", code=exc.code) from exc
+    body = _decoded(body, coding, where)
     left = undeclared_coding(body)
     if left is not None:
         response = record.record_type == WarcRecordType.response
@@ -714,15 +724,35 @@ def _still_compressed(coding: str, body: bytes, declared: str | None, *, respons
     )
 
 
+def _decoded(body: bytes, coding: str | None, where: str) -> bytes:
+    """`body` with its Content-Encoding `coding` undone within the page cap; a coding that cannot be
+    undone is `PageSourceError` with the code the API answers it with."""
+    try:
+        return decode_content(body, coding, limit=pages.MAX_PAGE_BYTES)
+    except ContentCodingError as exc:
+        raise PageSourceError(f"{where}: {exc.message}", code=exc.code) from exc
+
+
+def _hides_start(coding: str | None) -> bool:
+    """Whether a Content-Encoding leaves a body's first bytes other than the page's: it lists a coding
+    (`identity` is none), or one that cannot be read (unknown, too many), which undoing it will say."""
+    try:
+        return bool(parse_codings(coding))
+    except ContentCodingError:
+        return True
+
+
 def _untyped_page(body: bytes, status: int | None) -> bool:
-    """Whether a record with no media type holds a page: HTML by its first byte, as a browser sniffs it,
-    or an HTTP response (`status`: its status line's) with no body (a redirect, a 204 or 304, stored
-    without a Content-Type). Such a response is a page with nothing in it, as one typed text/html is: its
-    row carries its `http_status`, by which the docs promise empty redirects can be filtered out, where
-    it had been dropped unseen. A block with no status line is none: a resource record, or the empty
-    record FastWARC hands back for a file cut inside a record's header (`warc_tail` says that one)."""
-    start = body.lstrip()[:1]
-    return start == b"<" or (not start and status is not None)
+    """Whether a record with no media type holds a page: markup by its start, as the API reads an
+    untyped request body (`looks_like_markup`: `<` after white space or a byte order mark, or UTF-16
+    markup; the reader's own test, `<` after white space, had passed over a page that starts with a BOM
+    or is UTF-16, with no row), or an HTTP response (`status`: its status line's) with no body (a
+    redirect, a 204 or 304, stored without a Content-Type). Such a response is a page with nothing in
+    it, as one typed text/html is: its row carries its `http_status`, by which the docs promise empty
+    redirects can be filtered out, where it had been dropped unseen. A block with no status line is none:
+    a resource record, or the empty record FastWARC hands back for a file cut inside a record's header
+    (`warc_tail` says that one)."""
+    return looks_like_markup(body) or (status is not None and not body.strip())
 
 
 class _HttpHead(NamedTuple):
