@@ -416,6 +416,16 @@ def _charset_hint(charset: str | None) -> str | None:
     return f"JSON bodies are read as UTF-8; this one declares charset={charset[:40]!r}"
 
 
+def _wide_json_hint(body: bytes) -> str | None:
+    """What to add to a JSON error when the body is UTF-16 or UTF-32 (PowerShell's and .NET's default
+    text encoding) with no charset said: it failed at its first byte, "expected value at line 1 column
+    1", which told the client nothing. A byte order mark, or a NUL among the first bytes, which UTF-8
+    JSON never has (JSON escapes it)."""
+    if body.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) or b"\0" in body[:4]:
+        return "JSON bodies are read as UTF-8 (RFC 8259), and this one is in UTF-16 or UTF-32: send UTF-8"
+    return None
+
+
 async def _parse_json_off_loop(request: Request, model: type[M], body: bytes, *, hint: str | None) -> M:
     """`body` parsed, its strings charged to the in-flight budget: the body stays (Starlette keeps it)
     and the strings are as large again, or four times larger where one character is outside the BMP (an
@@ -429,6 +439,8 @@ async def _parse_json_off_loop(request: Request, model: type[M], body: bytes, *,
         else:
             parsed = parse_json(model, body, max_marks=max_marks)
     except HtmllmError as exc:
+        if hint is None or hint is _NO_TYPE_HINT:  # (a declared charset says more: it names the cause)
+            hint = _wide_json_hint(body) or hint
         if hint is None or not exc.message.startswith("Invalid JSON"):
             raise
         raise HtmllmError(f"{exc.message} ({hint})", code=exc.code) from exc

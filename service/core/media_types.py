@@ -103,16 +103,19 @@ _UTF16_SAMPLE = 4096
 
 
 def looks_like_markup(body: bytes) -> bool:
-    """Whether a body sent or stored without a Content-Type is a page: it starts with `<` (after white
-    space or a UTF-8 byte order mark), with a UTF-16 byte order mark, or with `<` in UTF-16 without one
-    (`sniff_utf16`'s markup, which the decoder reads for a crawler that lost the header).
+    """Whether a body sent or stored without a Content-Type is a page: it starts with `<` after white
+    space or a byte order mark (UTF-8 or UTF-16), or with `<` in UTF-16 without one (`sniff_utf16`'s
+    markup, which the decoder reads for a crawler that lost the header). A UTF-16 byte order mark
+    alone had made a page of any body, UTF-16 JSON too (PowerShell's default), embedded as HTML.
 
     The API reads such a request body as one raw page (JSON cannot start so; UTF-16 JSON holding markup
     starts with `{` or `[`), and the WARC reader such a response's body, its Content-Encoding undone, as
     a page: its own test (`<` after white space) had passed over a page starting with a BOM, or in
     UTF-16, where the API embedded the same bytes."""
-    if body.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        return True
+    for bom, codec in ((codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be")):
+        if body.startswith(bom):  # (and UTF-32's little-endian one: its NULs start no tag)
+            text = body[len(bom) : len(bom) + _UTF16_SAMPLE].decode(codec, errors="replace")
+            return text.lstrip(_WHITESPACE).startswith("<")
     utf16 = sniff_utf16(body)
     if utf16 is not None:
         return body[:_UTF16_SAMPLE].decode(utf16, errors="replace").lstrip(_WHITESPACE).startswith("<")

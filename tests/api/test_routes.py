@@ -215,6 +215,14 @@ async def test_json_errors_say_what_the_body_was_read_as(client: httpx.AsyncClie
         )
         assert declared.status_code == 422
         assert "read as UTF-8; this one declares charset='utf-16'" in declared.json()["error"]["message"]
+    # Sent in UTF-16 or UTF-32 with no charset (PowerShell's default): said so, not "expected value at
+    # line 1 column 1" alone.
+    for codec in ("utf-16", "utf-16-le", "utf-32"):
+        for headers in ({}, {"content-type": "application/json"}):
+            wide_body = body.decode("utf-16").encode(codec)
+            wide = await client.post("/v1/embed", content=wide_body, headers=headers)
+            assert wide.status_code == 422
+            assert "this one is in UTF-16 or UTF-32" in wide.json()["error"]["message"], (codec, headers)
     # ASCII JSON under another label reads the same, and is taken.
     latin = await client.post(
         "/v1/embed",
