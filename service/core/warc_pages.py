@@ -287,7 +287,7 @@ def _iter_records(path: Path, start: int, reading: _Reading) -> Generator[Page, 
             last = failure.last
             assert last is not None  # framed above
             page_id = record.record_id or last.position_id(reading)
-            where = f"{path}: record {page_id} at byte {last.offset}"
+            where = f"{path}: record {page_id} {failure.at(last.offset)}"
             url = _target_uri(record.headers.get("WARC-Target-URI"))
             meta: dict[str, Any] = {"warc_file": reading.name, "warc_date": record.headers.get("WARC-Date")}
             # Why the crawler cut the record short (`length`, `time`, `disconnect`, `unspecified`): on
@@ -353,6 +353,14 @@ class _Failure:
     def offset(self) -> int:
         return self.start if self.last is None else self.last.offset
 
+    def at(self, offset: int) -> str:
+        """Where FastWARC's `offset` is, said in a row: a byte of the file, or where the reading is of the
+        output of the members from `start` on (`skip`), a byte of that output, which no byte of the file
+        is (named as a file's byte, it had pointed past the end of a small file)."""
+        if self.skip is None:
+            return f"at byte {offset}"
+        return f"at byte {self.skip + offset} of the output of the gzip members from byte {self.start}"
+
     def framed(self, offset: int, record_id: str | None, record_type: str | None) -> None:
         # In a member's output FastWARC's offsets are no bytes of the file: ids by ordinal.
         shared = self.skip is not None or (self.last is not None and offset == self.last.offset)
@@ -396,7 +404,7 @@ class _Failure:
         assert last is not None
         return self.reading.error(
             last.position_id(self.reading),
-            f"{self.reading.path}: the record at byte {offset} was not read: its WARC header's lines end in "
+            f"{self.reading.path}: the record {self.at(offset)} was not read: its WARC header's lines end in "
             "LF alone, where WARC requires CRLF, and FastWARC reads such a header on to the next CRLF CRLF, "
             "so records up to there may be lost with it (such a record is read where the file is plain or "
             "compressed per record)",
@@ -411,7 +419,7 @@ class _Failure:
         assert last is not None
         page_id = record_id or last.position_id(self.reading)
         message = (
-            f"{self.reading.path}: record {page_id} at byte {last.offset} has no WARC-Type field (WARC "
+            f"{self.reading.path}: record {page_id} {self.at(last.offset)} has no WARC-Type field (WARC "
             "requires one: its header is damaged), so whether it holds a page cannot be told; it was skipped"
         )
         meta = {"warc_file": self.reading.name}
@@ -447,7 +455,7 @@ class _Failure:
         """The rows where FastWARC raised `exc`, reading the record framed last (`in_record`) or after it;
         returns where reading goes on, None for the end of the file."""
         path = self.reading.path
-        error = read_error(f"{path}: cannot read the records after byte {self.offset}: {exc}", exc)
+        error = read_error(f"{path}: cannot read the records after {self.at(self.offset)[3:]}: {exc}", exc)
         read = self.last is not None and not in_record
         if isinstance(error, PageUnreadableError):
             return (yield from self.rows(str(error), str(exc), error.code, read=read, skip=False))
@@ -583,7 +591,7 @@ class _Failure:
             "the file ends with it" if found.last else f"reading goes on at the record at byte {found.resume}"
         )
         message = (
-            f"{reading.path}: the {last.label(reading)} at byte {last.offset} was read, but its "
+            f"{reading.path}: the {last.label(reading)} {self.at(last.offset)} was read, but its "
             f"{found.member} {problem} ({cause}){others}: {why}what was read of it may be garbage "
             f"({kept}); the rest of that {found.member} was skipped (bytes {found.failed} to "
             f"{found.resume - 1}; {goes_on})"

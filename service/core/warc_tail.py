@@ -446,9 +446,14 @@ def _past_damage(handle: BinaryIO, offset: int, framing: Framing) -> _Fence:
     deflated = size + (size >> 5) + (size >> 7) + (size >> 11) + 7  # zlib's deflateBound, for any level
     until = offset + _GZIP_HEADER_ROOM + deflated + 8
     # Where its data inflate to an end, its trailer failing: the member's end, where they inflated to the
-    # whole record at least and a member (or the file's end) follows. Garbage inflated to a false end
-    # short of that lies inside the download, and had let its members in.
-    if inflated.end is not None and out >= size - 4 and member_follows(handle, inflated.end):
+    # whole record at least and a member (or the file's end) follows, or to exactly the member's output
+    # up to that record's end (with its CR LF CR LF or without), whatever follows: a run zeroed across
+    # its trailer and the next member's header leaves no member there, and fenced to deflateBound, the
+    # intact records after it had been lost. Garbage inflated to a false end short of the record lies
+    # inside the download, and had let its members in; garbage inflated to that very size never comes.
+    if inflated.end is not None and (
+        out in (size - 4, size) or (out >= size - 4 and member_follows(handle, inflated.end))
+    ):
         until = min(until, inflated.end)
     return _Fence(offset + 1, until, size)
 

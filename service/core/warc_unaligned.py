@@ -5,15 +5,20 @@ first corrupt member had ended the file, every record after it lost.
 
 The members from where the reading began are inflated again, one after another, and the records walked
 through their output by the Content-Length of each (`_Chain`), up to the member that does not inflate.
-Reading goes on in the first member after it that inflates whole, at the record the chain puts there: the
-damaged member's output is as long as its trailer's size says, so where the damage spared the trailer and
-the record the damage fell in has its header before it, the next record starts at a known byte of that
-member's output, and a version line there confirms it. Else (the trailer damaged too, a header lost in
-the damage) at the first version line in the output that starts a header with a Content-Length whose
-record is followed by another such header or the stream's end; never inside the record the damage fell
-in where that record shows a stored WARC file (`warc_tail` keeps the same fence for per-record files), so
-none of its records becomes a page. FastWARC then reads that output, from that record on, as a plain
-WARC stream (`Inflating`).
+Reading goes on in the first member after it that inflates whole (for BGZF, the block its header's size
+says, so never a member of a stored download that deflate kept as it is inside the damaged block), at
+the record the chain puts there: the damaged member's output is as long as its trailer's size says, so
+where the damage spared the trailer and the record the damage fell in has its header before it, the
+next record starts at a known byte of that member's output, and a version line there confirms it. Else
+(the trailer damaged too, a header lost in the damage) at the first version line in the output that
+starts a header with a Content-Length from which the records, walked by theirs, run on to the output's
+end (`_walks_out`); never inside the record the damage fell in where that record shows a stored WARC
+file (`warc_tail` keeps the same fence for per-record files), and where the damage took the header of
+a record that is one, after the end of it that its last record's CR LF CR LF and its own together mark
+(a stored WARC file whose last record lacks its CR LF CR LF is not told so), so none of its records
+becomes a page. FastWARC then reads that output, from that record on, as a plain WARC stream
+(`Inflating`). The output is looked through forward, the bytes before the position looked at dropped
+as they come (`_Output`): a record gigabytes long costs its bytes once, never its size in memory.
 
 Only a file whose members are seen cut where records are not is read on so (a member boundary inside a
 record, or BGZF's extra field): in a file written a member per record, a member found by its magic inside
@@ -22,6 +27,7 @@ a damaged one may be a stored download's, which `skip_member` fences.
 
 from __future__ import annotations
 
+import copy
 import io
 import re
 from collections.abc import Iterator
@@ -42,7 +48,8 @@ from service.core.warc_tail import MAX_HEADER_BYTES, holds_stored_warc, record_l
 _VERSION = re.compile(rb"WARC/(?:1\.[01]|0\.[^\r\n]{0,2})[ \t\r]*\n")
 _CRLF = b"\r\n"
 _BGZF_FLAGS = 0x04  # FEXTRA: a BGZF block's header holds its size there, under the subfield "BC"
-_MAX_CHECKED = 64 << 20  # the largest record whose end a candidate header is checked at (held in memory)
+_BGZF_MAX_OUTPUT = 1 << 16  # the most a BGZF block inflates to
+_MORE_PIECES = 3  # members cut out of the file whose output the place of the next record is tried for
 
 
 class Resync(NamedTuple):
@@ -78,22 +85,31 @@ def resync(path: Path, start: int, skip: int, *, unaligned: bool) -> Resync | No
     bytes of it, starts a record) that does not inflate; None where it cannot: every member inflates, no
     member after the damaged one inflates whole, no record is found after it, or the members were not
     seen cut where records are not (`unaligned`: the caller saw it). Inflates the file from `start` once
-    more, and from the damaged member on once more at most."""
+    more (not where no member after the first inflates whole), and from the damaged member on twice more
+    at most (the records after it walked to the output's end, once, and read)."""
     with path.open("rb") as handle:
         handle.seek(start)
         if handle.read(2) != GZIP_MAGIC:
             return None
-        chain = _Chain(skip)
-        position = start
         size = handle.seek(0, io.SEEK_END)
+        # No member after the first that inflates whole (a file compressed as one stream): nowhere to go
+        # on, told by its bytes and the few members its magic starts by chance, never by inflating it all.
+        if _next_whole_member(handle, start + 1, size) is None:
+            return None
+        chain = _Chain(skip)
+        position, piece = start, 0  # `piece`: the output of the last member that inflated
         while position < size:
             ends: list[int] = []
+            # The chain as the member found it: what a damaged member gave before its damage (garbage,
+            # where only its checksum fails) is counted in its trailer's size, not walked.
+            before = copy.copy(chain)
             try:
                 for chunk in GZIP.decode(handle, position, ends):
                     chain.feed(chunk)
             except Undecodable:
+                chain = before
                 break
-            position = ends[0]
+            position, piece = ends[0], chain.out - before.out
             chain.boundary()
             handle.seek(position)
             if handle.read(len(GZIP_MEMBER_START)) != GZIP_MEMBER_START:
@@ -104,12 +120,11 @@ def resync(path: Path, start: int, skip: int, *, unaligned: bool) -> Resync | No
             return None
         if not (unaligned or chain.unaligned):
             return None
-        after = _next_whole_member(handle, position + 1, size)
-        if after is None:
+        resumed = _after_damage(handle, position, size, piece)
+        if resumed is None:
             return None
-        handle.seek(after - 4)
-        lost = int.from_bytes(handle.read(4), "little")  # the damaged member's output, by its trailer
-        found = _record_in(handle, after, chain, lost)
+        after, lost = resumed
+        found = _record_in(handle, after, chain, lost, piece)
     return None if found is None else Resync(position, after, found, chain.whole)
 
 
@@ -188,8 +203,67 @@ class _Chain:
         return max(0, self.end - self.out) if self.state == self._BLOCK and self.stored else 0
 
 
-def _next_whole_member(handle: BinaryIO, start: int, size: int) -> int | None:
-    """The first byte from `start` on where a gzip member starts that inflates whole (its checksum holds)."""
+def _after_damage(handle: BinaryIO, failed: int, size: int, piece: int) -> tuple[int, int] | None:
+    """The first member after the one at byte `failed` that inflates whole, and the output of those
+    before it from `failed` on, by their trailers (a size no BGZF data block has, a trailer zeroed, taken
+    for `piece`, the output of the member before: bgzip and pgzip cut the stream in pieces of one size);
+    None for none.
+
+    A BGZF block says where it ends (its header's BSIZE): the blocks are walked so, their sizes summed,
+    to the first that inflates. Looked for by its magic instead, the first member found may lie inside
+    the damaged block, where deflate stored a .warc.gz download as it is: one of its members, whose
+    records had become pages. Where the walk finds no block (a header damaged, bytes cut out), the
+    members are looked for by their magic from the damaged one on, and in a bgzip file only BGZF blocks
+    taken (a download's members are plain gzip)."""
+    lost, at = 0, failed
+    while (end := _bgzf_end(handle, at)) is not None and end < size:
+        handle.seek(end - 4)
+        block = int.from_bytes(handle.read(4), "little")
+        lost += block if 0 < block <= _BGZF_MAX_OUTPUT else piece
+        if _inflates(handle, end):
+            return end, lost
+        at = end
+    # No block where a damaged one's header says (the damage took bytes out, or a header): the first
+    # member found that inflates, a BGZF block in a bgzip file. Where it comes after the blocks walked,
+    # the one before it is the block whose header was damaged: the walked blocks' output and its own.
+    bgzf = at != failed or is_bgzf_block(handle, 0)
+    after = _next_whole_member(handle, failed + 1, size, bgzf=bgzf, piece=0 if bgzf else piece)
+    if after is None:
+        return None
+    handle.seek(after - 4)
+    last = int.from_bytes(handle.read(4), "little")  # the last damaged member's, by its trailer
+    return after, last + (lost if after > at else 0)
+
+
+def is_bgzf_block(handle: BinaryIO, offset: int) -> bool:
+    """Whether a BGZF block's header (its extra subfield "BC") is at byte `offset`."""
+    return _bgzf_end(handle, offset) is not None
+
+
+def _bgzf_end(handle: BinaryIO, offset: int) -> int | None:
+    """Where the BGZF block at byte `offset` ends by its header's BSIZE, None where no BGZF header is
+    there (none, or one the damage took)."""
+    handle.seek(offset)
+    header = handle.read(12)
+    if len(header) < 12 or header[:3] != GZIP_MEMBER_START or not header[3] & _BGZF_FLAGS:
+        return None
+    extra = handle.read(int.from_bytes(header[10:12], "little"))
+    at = 0
+    while at + 4 <= len(extra):
+        length = int.from_bytes(extra[at + 2 : at + 4], "little")
+        if extra[at : at + 2] == b"BC" and length == 2 and at + 6 <= len(extra):
+            return offset + int.from_bytes(extra[at + 4 : at + 6], "little") + 1
+        at += 4 + length
+    return None
+
+
+def _next_whole_member(
+    handle: BinaryIO, start: int, size: int, *, bgzf: bool = False, piece: int = 0
+) -> int | None:
+    """The first byte from `start` on where a gzip member starts that inflates whole (its checksum holds);
+    `bgzf`: a BGZF block only; `piece`: one that inflates to that many bytes, or ends the file (pgzip
+    cuts the stream in pieces of one size, and a stored download's member inside a damaged one, which
+    inflates whole, holds a record of its own size)."""
     handle.seek(start)
     window, base = b"", start
     while base < size:
@@ -197,32 +271,55 @@ def _next_whole_member(handle: BinaryIO, start: int, size: int) -> int | None:
         window = handle.read(CHUNK)
         at = window.find(GZIP_MEMBER_START)
         while at >= 0:
-            if _inflates(handle, base + at):
-                return base + at
+            if not bgzf or is_bgzf_block(handle, base + at):
+                inflated = _inflated(handle, base + at)
+                if inflated is not None and (not piece or inflated[0] == piece or _ends(handle, inflated[1])):
+                    return base + at
             at = window.find(GZIP_MEMBER_START, at + 1)
         base += max(1, len(window) - len(GZIP_MEMBER_START) + 1)
     return None
 
 
+def _ends(handle: BinaryIO, end: int) -> bool:
+    """Whether nothing but padding follows byte `end`."""
+    handle.seek(end)
+    return handle.read(len(GZIP_MEMBER_START)) != GZIP_MEMBER_START and member_follows(handle, end)
+
+
 def _inflates(handle: BinaryIO, offset: int) -> bool:
+    return _inflated(handle, offset) is not None
+
+
+def _inflated(handle: BinaryIO, offset: int) -> tuple[int, int] | None:
+    """What the member at `offset` inflates to (bytes) and where it ends; None where it does not inflate."""
+    ends: list[int] = []
+    out = 0
     try:
-        for _ in GZIP.decode(handle, offset, []):
-            pass
+        for chunk in GZIP.decode(handle, offset, ends):
+            out += len(chunk)
     except Undecodable:
-        return False
-    return True
+        return None
+    return out, ends[0]
 
 
-def _record_in(handle: BinaryIO, member: int, chain: _Chain, lost: int) -> int | None:
+def _record_in(handle: BinaryIO, member: int, chain: _Chain, lost: int, piece: int) -> int | None:
     """Where in the output of the members from `member` on the record reading goes on at starts: where
-    the chain puts it, if a version line is there, else the first header found that the record after it
-    confirms, past the fence; None for none."""
-    known = chain.known_next(lost)
-    if known is not None:
+    the chain puts it, if a version line is there; else where it puts it were `_MORE_PIECES` members of
+    `piece` bytes of output lost too (bytes cut out of the file took whole members, whose trailers say
+    nothing), if the records from there on run on to the output's end (`_walks_out`: only a record's
+    start does so); else the first header found past the fence whose records do; None for none."""
+    for more in range(_MORE_PIECES + 1 if piece else 1):
+        known = chain.known_next(lost + more * piece)
+        if known is None:
+            break
         handle.seek(member)
         stream = _Output(gunzipped(handle))
         at = stream.past_crlf(known)
-        if at is not None and _VERSION.match(stream.peek(at, 64)):
+        if (
+            at is not None
+            and _VERSION.match(stream.peek(at, 64))
+            and (more == 0 or _walks_out(stream, at) == at)
+        ):
             return at
     handle.seek(member)
     stream = _Output(gunzipped(handle))
@@ -231,37 +328,55 @@ def _record_in(handle: BinaryIO, member: int, chain: _Chain, lost: int) -> int |
         found = stream.find(b"WARC/", at)
         if found is None:
             return None
-        if _confirmed(stream, found):
-            return found
-        at = found + 1
+        start = _walks_out(stream, found)
+        if start is not None:
+            return start
+        at = max(found + 1, stream.position)
 
 
-def _confirmed(stream: _Output, at: int) -> bool:
-    """Whether a record header starts at `at` whose record is followed by another one's header, or by
-    the stream's end (a record over `_MAX_CHECKED` is taken on its header alone)."""
-    head = stream.peek(at, MAX_HEADER_BYTES)
-    length = record_length(head) if _VERSION.match(head) else None
-    if length is None:
-        return False
-    if length > _MAX_CHECKED:
-        return True
-    after = stream.past_crlf(at + length)
-    if after is None:
-        return stream.reaches(at + length)  # the stream ends after it, not inside it
-    following = stream.peek(after, MAX_HEADER_BYTES)
-    return _VERSION.match(following) is not None and record_length(following) is not None
+def _walks_out(stream: _Output, at: int) -> int | None:
+    """Where reading can go on from a header found at `at` where the damage took the header before it (or
+    its record's end): there, where the records from it on, walked by their Content-Length, follow one
+    another to the output's end (or the next damage) with no more than a record's CR LF CR LF between
+    two; the first record after a longer run of them where one comes; None where the walk meets a byte
+    that starts no header (`stream.position` says where the search goes on).
+
+    A record the damage took the header of may be a stored WARC download, whose records lie in the
+    output as they are: the first header found is then one of them, and read on from there, every one
+    had become a page. Its last record's CR LF CR LF and its own come together at its end: the records
+    read on from after them are the file's own. The walk reads the rest of the output once (its memory
+    bounded by a chunk): a damaged file costs one more inflation of it, never one per candidate."""
+    start = at
+    while True:
+        head = stream.peek(at, MAX_HEADER_BYTES)
+        length = record_length(head) if _VERSION.match(head) else None
+        if length is None:
+            stream.position = max(stream.position, at + 1)
+            return None
+        end = at + length
+        following = stream.past_crlf(end)
+        if following is None:
+            return start  # the output ends after it, or inside it (cut off, or damage further on)
+        if following - end > len(_CRLF) * 2:  # a stored WARC file's end: what came before may be its own
+            start = following
+        at = following
 
 
 class _Output:
-    """A stream of output read forward: the bytes from the last position asked for by `find` on held."""
+    """A stream of output read forward: the bytes from the last position asked for on held, those before
+    it dropped as they come, so a record megabytes long costs its bytes once and no memory beyond a chunk
+    (held as one growing bytes object and cut at each chunk, it had made the walk quadratic)."""
 
     def __init__(self, chunks: Iterator[bytes]) -> None:
         self._chunks = chunks
-        self._buffer = b""
+        self._buffer = bytearray()
         self._base = 0  # the output position of `_buffer[0]`
         self._done = False
+        self.position = 0  # where a search goes on (`_walks_out`)
 
-    def _fill(self, until: int) -> None:
+    def _fill(self, start: int, until: int) -> None:
+        """Hold the output from `start` (nothing before it is asked for again) up to `until` at least."""
+        self._drop(start)
         while self._base + len(self._buffer) < until and not self._done:
             try:
                 chunk = next(self._chunks, b"")
@@ -269,22 +384,27 @@ class _Output:
                 chunk = b""
             if not chunk:
                 self._done = True
-            self._buffer += chunk
+            elif self._base + len(self._buffer) + len(chunk) <= start:  # wholly before what is asked
+                self._base += len(chunk)
+            else:
+                self._buffer += chunk
+                self._drop(start)
 
-    def reaches(self, position: int) -> bool:
-        """Whether the stream holds `position` bytes at least."""
-        self._fill(position)
-        return self._base + len(self._buffer) >= position
+    def _drop(self, start: int) -> None:
+        """Drop what is held before `start`."""
+        dropped = min(max(0, start - self._base), len(self._buffer))
+        del self._buffer[:dropped]
+        self._base += dropped
 
     def peek(self, position: int, count: int) -> bytes:
-        self._fill(position + count)
-        return self._buffer[position - self._base : position - self._base + count]
+        self._fill(position, position + count)
+        return bytes(self._buffer[position - self._base : position - self._base + count])
 
     def past_crlf(self, position: int) -> int | None:
         """The first position from `position` on that is no CR or LF, None where the stream ends first."""
         while True:
-            self._fill(position + 1)
-            rest = self._buffer[position - self._base : position - self._base + CHUNK]
+            self._fill(position, position + 1)
+            rest = bytes(self._buffer[position - self._base : position - self._base + CHUNK])
             if not rest:
                 return None
             stripped = rest.lstrip(_CRLF)
@@ -296,11 +416,8 @@ class _Output:
         """The first position from `position` on where `needle` starts, None for none; the output before
         `position` is dropped."""
         while True:
-            if position > self._base:
-                self._fill(position)
-                self._buffer, self._base = self._buffer[position - self._base :], position
-            self._fill(position + CHUNK)
-            at = self._buffer.find(needle)
+            self._fill(position, position + CHUNK)
+            at = self._buffer.find(needle, position - self._base)
             if at >= 0:
                 return self._base + at
             if self._done:

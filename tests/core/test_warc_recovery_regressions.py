@@ -1,0 +1,231 @@
+"""Reading on after damage in a .warc.gz never reads fewer intact records than the reader before
+`warc_unaligned` did, never makes a page of a record inside a stored download, and never costs more than
+a bounded look at a record however long: the ways a review found the first version of it to fall short.
+"""
+
+from __future__ import annotations
+
+import gzip
+import random
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+import pytest
+
+from service.core import warc_unaligned
+from tests.factories.warc import HttpResponse, gzip_pieces, pages_and_errors, response, warc_gz, warc_record
+
+PIECE = 777  # bytes of the stream per member of the bgzip/pgzip files
+
+
+def _record(index: int) -> bytes:
+    http = HttpResponse(f"<p>page {index}</p>".encode() * (20 + index))
+    return response(f"r{index}", http, uri=f"https://example.com/{index}")
+
+
+def _plain_download() -> bytes:
+    """A response whose payload is a plain WARC file of six pages (its records in the stream as they are)."""
+    noise = random.Random(3)
+    inner = b"".join(
+        response(f"inner{i}", HttpResponse(b"<p>" + noise.randbytes(500).hex().encode() + b"</p>"))
+        for i in range(6)
+    )
+    http = HttpResponse(inner, content_type="application/warc")
+    return warc_record("download", http.block(), uri="https://e/x.warc")
+
+
+@pytest.mark.parametrize("bgzf", [True, False], ids=["bgzip", "pgzip"])
+def test_a_download_whose_header_the_damage_took_gives_no_page(tmp_path: Path, bgzf: bool) -> None:
+    """The member holding a stored WARC download's header is corrupt: nothing tells that the headers
+    after the damage are the download's, and read on at the first of them, its records had become
+    pages. The end of the download (its last record's CR LF CR LF and its own, together) tells: reading
+    goes on at the crawl's record after it."""
+    stream = b"".join([_record(0), _record(1), _record(2), _plain_download(), *map(_record, range(3, 6))])
+    members = [gzip_pieces(stream[at : at + PIECE], PIECE, bgzf=bgzf) for at in range(0, len(stream), PIECE)]
+    if bgzf:  # one file: each piece's own empty end-of-file block dropped, one at the end
+        members = [member[:-28] for member in members]
+    damaged = stream.find(b"WARC-Record-ID: <urn:uuid:download>") // PIECE
+    assert damaged == (stream.find(b"WARC-Record-ID: <urn:uuid:inner0>") - 200) // PIECE  # all of it lost
+    bad = bytearray(members[damaged])
+    bad[30:60] = bytes(byte ^ 0xFF for byte in bad[30:60])
+    members[damaged] = bytes(bad)
+    path = tmp_path / "crawl.warc.gz"
+    path.write_bytes(b"".join(members) + (gzip_pieces(b"", 1, bgzf=True) if bgzf else b""))
+
+    good, errors = pages_and_errors(path)
+    assert not [page for page in good + errors if "inner" in page.id]
+    assert [page.id for page in good] == [f"<urn:uuid:r{i}>" for i in (0, 1, 3, 4, 5)]
+    assert len(errors) == 1
+
+
+def test_a_zeroed_run_across_a_download_members_trailer_costs_only_the_next_record(tmp_path: Path) -> None:
+    """A file written a member per record, a stored .warc.gz download in one: a run of zeros from its
+    trailer into the next member's header. The download's data inflate whole, to exactly its record:
+    its member ends there, though no member follows, and the records after the zeroed one are read."""
+    noise = random.Random(1)
+    inner = warc_gz(
+        [response(f"inner{j}", HttpResponse(noise.randbytes(3000).hex().encode())) for j in range(20)]
+    )
+    http = HttpResponse(inner, content_type="application/gzip")
+    download = warc_record("download", http.block(), uri="https://e/x.warc.gz")
+
+    def page(index: int) -> bytes:
+        body = f"<p>{index}</p>".encode() * 40 + noise.randbytes(800).hex().encode()
+        return response(f"r{index}", HttpResponse(body), uri=f"https://e/{index}")
+
+    records = [page(i) for i in range(3)] + [download] + [page(i) for i in range(3, 13)]
+    members = [gzip.compress(record, mtime=0) for record in records]
+    blob = bytearray(b"".join(members))
+    end = sum(map(len, members[:4]))
+    blob[end - 6 : end + 58] = bytes(64)  # the CRC's last 2 bytes, the size, the next member's first bytes
+    path = tmp_path / "crawl.warc.gz"
+    path.write_bytes(bytes(blob))
+
+    good, errors = pages_and_errors(path)
+    assert not [page for page in good + errors if "inner" in page.id]
+    assert [page.id for page in good] == [f"<urn:uuid:r{i}>" for i in (0, 1, 2, *range(4, 13))]
+    assert len(errors) == 1
+
+
+def _tracked(stream_of: type[warc_unaligned._Output], chunks: list[bytes]) -> tuple[object, list[int]]:
+    """An output stream of `chunks`, and the bytes it held each time it took one more (its memory)."""
+    held: list[int] = []
+    stream = stream_of(iter(()))
+
+    def feed() -> Iterator[bytes]:
+        for chunk in chunks:
+            held.append(len(stream._buffer))
+            yield chunk
+
+    stream._chunks = feed()
+    return stream, held
+
+
+@pytest.mark.parametrize("look", ["past_crlf", "find"])
+def test_a_long_record_is_looked_through_in_bounded_memory(look: str) -> None:
+    """The output of the members after a damaged one, looked at far on (the end of a long record the
+    damage fell in, a header past a stored download's end): the bytes before are dropped as they come.
+    Held on, a record's whole output was held, and grown a chunk at a time (copied whole each time),
+    reading was quadratic in the record's size."""
+    chunk = 1 << 10
+    chunks = [b"x" * chunk] * 2000 + [b"\r\n\r\nWARC/1.1\r\n"]
+    stream, held = _tracked(warc_unaligned._Output, chunks)
+    far = 2000 * chunk
+    if look == "past_crlf":
+        assert stream.past_crlf(far) == far + 4
+    else:
+        assert stream.find(b"WARC/", far - 10) == far + 4
+    assert max(held) <= 2 * chunk
+
+
+def test_a_corrupt_one_stream_file_is_not_inflated_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A .warc.gz compressed as one stream has no member after its corrupt data to go on at: its bytes
+    say so (no member after the first inflates whole), where inflating it all again had doubled the time
+    a corrupt file took."""
+    records = [_record(i) for i in range(30)]
+    data = bytearray(gzip.compress(b"".join(records), mtime=0))
+    middle = len(data) // 2
+    data[middle : middle + 20] = bytes(byte ^ 0xFF for byte in data[middle : middle + 20])
+    path = tmp_path / "crawl.warc.gz"
+    path.write_bytes(bytes(data))
+    inflated: list[int] = []  # where the members inflated start
+    decode = warc_unaligned.GZIP.decode
+
+    def counted(handle: BinaryIO, offset: int, ends: list[int]) -> Iterator[bytes]:
+        inflated.append(offset)
+        return decode(handle, offset, ends)
+
+    monkeypatch.setattr(warc_unaligned, "GZIP", warc_unaligned.GZIP._replace(decode=counted))
+    assert warc_unaligned.resync(path, 0, 0, unaligned=False) is None
+    assert 0 not in inflated
+
+
+def test_a_row_after_reading_went_on_names_a_byte_of_the_output(tmp_path: Path) -> None:
+    """After a corrupt member of a bgzip file, FastWARC's offsets are bytes of the output of the members
+    it reads: a row names such a byte as one, with the member that output starts at."""
+    records = [_record(i) for i in range(30)]
+    records[25] = records[25].replace(b"WARC-Type: response\r\n", b"WARC-Typo: response\r\n")
+    stream = b"".join(records)
+    blob = bytearray(gzip_pieces(stream, PIECE, bgzf=True))
+    at = blob.find(b"\x1f\x8b\x08", 2000) + 40
+    blob[at : at + 20] = bytes(byte ^ 0xFF for byte in blob[at : at + 20])
+    path = tmp_path / "crawl.warc.gz"
+    path.write_bytes(bytes(blob))
+
+    _, errors = pages_and_errors(path)
+    untyped = [page for page in errors if page.id == "<urn:uuid:r25>"]
+    assert len(untyped) == 1
+    said = re.search(
+        r"at byte (\d+) of the output of the gzip members from byte (\d+) ", untyped[0].error or ""
+    )
+    assert said is not None
+    byte, member = map(int, said.groups())
+    output = gzip.decompress(bytes(blob[member:]))
+    assert output[byte:].startswith(b"WARC/1.1\r\nWARC-Typo: response")
+
+
+def test_a_stored_download_member_inside_a_damaged_bgzf_block_is_not_read_on_at(tmp_path: Path) -> None:
+    """A bgzip file whose damaged block holds a stored .warc.gz download's member as it is (deflate
+    stores random bytes so), its deflate data intact but its checksum not: the first gzip member after
+    the damaged block's start that inflates is the download's, and read on at, its record had become a
+    page. The damaged block's header says where it ends: reading goes on at the block after."""
+    noise = random.Random(7)
+    inner = [response("inner0", HttpResponse(b"<p>" + noise.randbytes(400) + b"</p>"))]
+    payload = noise.randbytes(9000) + warc_gz(inner) + noise.randbytes(9000)
+    http = HttpResponse(payload, content_type="application/gzip")
+    download = warc_record("download", http.block(), uri="https://e/x.warc.gz")
+    stream = b"".join([_record(0), _record(1), download, *map(_record, range(2, 12))])
+    piece = 8000
+    blob = bytearray(gzip_pieces(stream, piece, bgzf=True))
+    members = []  # where each BGZF block starts
+    at = 0
+    while at < len(blob):
+        members.append(at)
+        at += int.from_bytes(blob[at + 16 : at + 18], "little") + 1
+    damaged = stream.find(warc_gz(inner)) // piece
+    assert blob.find(warc_gz(inner)) > members[damaged]  # stored as it is, in the block to be damaged
+    blob[members[damaged + 1] - 8] ^= 0xFF  # its CRC
+    path = tmp_path / "crawl.warc.gz"
+    path.write_bytes(bytes(blob))
+
+    good, errors = pages_and_errors(path)
+    assert not [page for page in good + errors if "inner" in page.id]
+    lost = range(damaged * piece, (damaged + 1) * piece)
+    starts = [stream.find(f"<urn:uuid:r{i}>".encode()) for i in range(12)]
+    kept = [i for i in range(12) if stream.find(b"WARC-Record-ID", starts[i] - 300) not in lost]
+    assert [page.id for page in good][-3:] == [f"<urn:uuid:r{i}>" for i in kept][-3:]
+
+
+def test_a_bgzf_block_cut_out_of_a_download_costs_no_record_after_it(tmp_path: Path) -> None:
+    """Bytes cut out of a bgzip file inside a stored download: a block's trailer zeroed, the next block
+    gone, the header of the one after zeroed. The trailers tell of two blocks' output, three were lost:
+    reading goes on where the chain puts the download's end were one more block of the size of the
+    blocks before lost, as the records from there on confirm. Searched for from the download's end were
+    the damaged blocks' output nothing, the records within three blocks' output after it had been lost."""
+    piece = 1000
+    noise = random.Random(11)
+    inner = [response(f"inner{i}", HttpResponse(noise.randbytes(3000).hex().encode())) for i in range(2)]
+    http = HttpResponse(warc_gz(inner), content_type="application/gzip")
+    download = warc_record("download", http.block(), uri="https://e/x.warc.gz")
+    stream = b"".join([_record(0), _record(1), download, *map(_record, range(2, 14))])
+    blocks = [
+        gzip_pieces(stream[at : at + piece], piece, bgzf=True)[:-28] for at in range(0, len(stream), piece)
+    ]
+    first = (stream.find(b"<urn:uuid:r2>") - 300) // piece - 3  # three blocks before the download's end
+    assert stream.find(b"<urn:uuid:download>") < first * piece
+    damaged = bytearray(blocks[first])
+    damaged[-8:] = bytes(8)
+    header = bytearray(blocks[first + 2])
+    header[:18] = bytes(18)
+    kept = [*blocks[:first], bytes(damaged), bytes(header), *blocks[first + 3 :]]
+    path = tmp_path / "crawl.warc.gz"
+    path.write_bytes(b"".join(kept) + gzip_pieces(b"", 1, bgzf=True))
+
+    good, errors = pages_and_errors(path)
+    assert not [page for page in good + errors if "inner" in page.id]
+    assert [page.id for page in good] == [f"<urn:uuid:r{i}>" for i in range(14)]
+    assert len(errors) == 1
