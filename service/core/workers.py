@@ -504,10 +504,12 @@ class WorkerPool:
 
         `on_taken()` is called each time a live worker takes the job (an idle one, or one just started
         for it), before the job is sent: from then on the try runs under `timeout_s`, and a start before
-        it under its own bound (`START_BOUND_S`). How a caller tells a try stuck in its worker from one
-        waiting for a slow start (`service.engine.preprocessing.RunningJobs`). Called under the pool's
-        lock, as the worker is counted busy: it must be quick and must not call the pool; what it raises
-        is logged and dropped."""
+        it under its own bound (`START_BOUND_S`). A caller that waits for a busy worker to come free
+        waits before it too: a caller with more threads than the pool has workers sees that wait as
+        well (the engine's dispatch threads are as many as its workers, so its calls never wait so).
+        How a caller tells a try stuck in its worker from one waiting for a slow start
+        (`service.engine.preprocessing.RunningJobs`). Called under the pool's lock, as the worker is
+        counted busy: it must be quick and must not call the pool; what it raises is logged and dropped."""
         tries = 1
         while True:
             worker = self._acquire(on_taken)
