@@ -43,11 +43,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import re
+import zlib
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
+
+import brotli
+import zstandard
 
 from service.core import pages
 from service.core.content_coding import ContentCodingError, decode_content, parse_codings, undeclared_coding
@@ -690,17 +695,15 @@ def _warc_page(
         return None
     meta["content_type"] = content_type or None
     if media_type is None:
-        # An untyped body is a page by its start (`_untyped_page`), which a Content-Encoding hides: it is
-        # undone first, as the API undoes a request's before it reads the body. Read while still coded,
-        # every gzip-coded untyped page had been passed over with no row. A coding that cannot be undone
-        # (corrupt, unknown) is the record's error row: whether it held a page cannot be told, and it
-        # had vanished. Nor can it be told of a record over the read bound, of which only the start was
-        # read: it is refused as too large, as a typed page is.
-        hidden = _hides_start(coding)
-        if hidden and not too_large:
-            body = _decoded(body, coding, where)
-            coding = None  # undone
-        if not (hidden and too_large) and not _untyped_page(body, status):
+        # An untyped body is a page by its start (`_untyped_page`), which a Content-Encoding hides: the
+        # start is undone first (`_decoded_start`), as the API undoes a request's body before it reads
+        # it. Read while still coded, every gzip-coded untyped page had been passed over with no row.
+        # Only the start: decoded whole, every coded body (an image, an archive) had cost its decoding,
+        # and one over the page cap had been a payload_too_large row where it is no page at all. A
+        # coding that cannot be started (unknown, garbage at its first bytes) is the record's error row:
+        # whether it held a page cannot be told, and it had vanished.
+        start = _decoded_start(body, coding, where) if _hides_start(coding) else body
+        if not _untyped_page(start, status):
             return None
     if too_large:
         raise PageTooLargeError(
@@ -739,6 +742,53 @@ def _decoded(body: bytes, coding: str | None, where: str) -> bytes:
         return decode_content(body, coding, limit=pages.MAX_PAGE_BYTES)
     except ContentCodingError as exc:
         raise PageSourceError(f"{where}: {exc.message}", code=exc.code) from exc
+
+
+# Bytes of a coded untyped body's output decoded to tell whether it is a page (`_decoded_start`): its
+# markup's start, after any white space and a UTF-16 sample (`looks_like_markup` reads 4 KiB).
+_SNIFF_BYTES = 8 << 10
+
+
+def _decoded_start(body: bytes, coding: str | None, where: str) -> bytes:
+    """The first bytes (up to `_SNIFF_BYTES` of each coding's output) of `body` with its Content-Encoding
+    `coding` undone; what follows them is not looked at (`_decoded` reads it all, for a page). A coding
+    that is unknown, or whose first bytes do not decode, is `PageSourceError`, as `_decoded` says it."""
+    try:
+        codings = parse_codings(coding)
+    except ContentCodingError as exc:
+        raise PageSourceError(f"{where}: {exc.message}", code=exc.code) from exc
+    for name in reversed(codings):
+        if not body:
+            break  # an empty body is empty under any coding
+        try:
+            body = _START_DECODERS[name](body)
+        except (OSError, EOFError, zlib.error, brotli.error, zstandard.ZstdError) as exc:
+            raise PageSourceError(f"{where}: the {name} body is corrupt: {exc}") from exc
+    return body
+
+
+def _zlib_start(body: bytes, wbits: int) -> bytes:
+    return zlib.decompressobj(wbits).decompress(body, _SNIFF_BYTES)
+
+
+def _deflate_start(body: bytes) -> bytes:
+    # The zlib format, or raw deflate, told as `content_coding` tells them.
+    zlib_format = len(body) >= 2 and (body[0] * 256 + body[1]) % 31 == 0 and body[0] & 0x0F == 8
+    return _zlib_start(body, 15 if zlib_format else -15)
+
+
+def _zstd_start(body: bytes) -> bytes:
+    reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(body), read_across_frames=True)
+    with reader:
+        return reader.read(_SNIFF_BYTES)
+
+
+_START_DECODERS = {
+    "gzip": lambda body: _zlib_start(body, 16 + zlib.MAX_WBITS),
+    "deflate": _deflate_start,
+    "br": lambda body: brotli.Decompressor().process(body, output_buffer_limit=_SNIFF_BYTES),
+    "zstd": _zstd_start,
+}
 
 
 def _hides_start(coding: str | None) -> bool:

@@ -421,17 +421,18 @@ def _past_damage(handle: BinaryIO, offset: int, framing: Framing) -> _Fence:
     members of its own, stored as they are (deflate's stored blocks), and resumed at one of those,
     reading had made pages of the download's records, and failed again at its end.
 
-    So where what the damaged member inflates to before its damage shows such a payload (`holds_stored_warc`),
-    the fence is the member's output up to that record's end (`_stored_warc_end`: the records before it
-    in the member count too; deflate stores no more than that plus a few bytes per block), or where its
-    deflate data inflate to an end, if before (its trailer damaged too: not a false end of garbage,
-    short of the record), and until then a candidate is taken only right after a trailer whose size is
-    that output's (the member ends there), which no member of a download nested in it follows (the record
-    is bigger than any of them). A member whose first four bytes are the damage is read as a record's
-    member starts (`inflate_member`'s `mend`): read as none, it had had no fence. Only then: the trailer
-    of a damaged member is often damaged too (a sector zeroed across two members, a member cut where a
-    restarted crawler appended), and one holding two records never matches, so fenced so, every damaged
-    member had taken the intact records after it, up to its record's size."""
+    So where what the damaged member inflates to before its damage shows such a payload
+    (`holds_stored_warc`), the fence is the member's output up to that record's end (`_stored_warc_end`:
+    the records before it in the member count too; deflate stores no more than that plus a few bytes per
+    block), or where its deflate data inflate to an end, if before (its trailer damaged too), that end
+    moved on by the output the record still lacks there (a false end of garbage, far short of the record),
+    and until then a candidate is taken only right after a trailer whose size is that output's (the member
+    ends there), which no member of a download nested in it follows (the record is bigger than any of
+    them). A member whose first four bytes are the damage is read as a record's member starts
+    (`inflate_member`'s `mend`): read as none, it had had no fence. Only then: the trailer of a damaged
+    member is often damaged too (a sector zeroed across two members, a member cut where a restarted
+    crawler appended), and one holding two records never matches, so fenced so, every damaged member had
+    taken the intact records after it, up to its record's size."""
     end = framing.extent(handle, offset)
     if end is not None:
         return _Fence(end)
@@ -445,16 +446,17 @@ def _past_damage(handle: BinaryIO, offset: int, framing: Framing) -> _Fence:
         return _Fence(offset + 1)
     deflated = size + (size >> 5) + (size >> 7) + (size >> 11) + 7  # zlib's deflateBound, for any level
     until = offset + _GZIP_HEADER_ROOM + deflated + 8
-    # Where its data inflate to an end, its trailer failing: the member's end, where they inflated to the
-    # whole record at least and a member (or the file's end) follows, or to exactly the member's output
-    # up to that record's end (with its CR LF CR LF or without), whatever follows: a run zeroed across
-    # its trailer and the next member's header leaves no member there, and fenced to deflateBound, the
-    # intact records after it had been lost. Garbage inflated to a false end short of the record lies
-    # inside the download, and had let its members in; garbage inflated to that very size never comes.
-    if inflated.end is not None and (
-        out in (size - 4, size) or (out >= size - 4 and member_follows(handle, inflated.end))
-    ):
-        until = min(until, inflated.end)
+    # Where its data inflate to an end, its trailer failing: that end, moved on by the output the record
+    # still lacks there, which a stored WARC file's data (gzip members: deflate cannot shrink them) take
+    # at least as many bytes to hold. Damage inside the download that inflates to an end near the
+    # member's (a stored block's length hit), then garbage across its trailer and the next member's
+    # header, so costs no intact record after it (fenced to deflateBound, all within it had been lost);
+    # garbage inflated to a false end far short of the record keeps the download's members, which lie
+    # before the bytes it lacks, fenced (lowered to that end, they had become pages). Where a member (or
+    # the file's end) follows that end, it is the member's whatever the output: bytes cut out leave it short.
+    if inflated.end is not None:
+        lacks = 0 if member_follows(handle, inflated.end) else max(0, size - 4 - out)
+        until = min(until, inflated.end + lacks)
     return _Fence(offset + 1, until, size)
 
 

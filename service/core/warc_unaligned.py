@@ -12,13 +12,14 @@ where the damage spared the trailer and the record the damage fell in has its he
 next record starts at a known byte of that member's output, and a version line there confirms it. Else
 (the trailer damaged too, a header lost in the damage) at the first version line in the output that
 starts a header with a Content-Length from which the records, walked by theirs, run on to the output's
-end (`_walks_out`); never inside the record the damage fell in where that record shows a stored WARC
-file (`warc_tail` keeps the same fence for per-record files), and where the damage took the header of
-a record that is one, after the end of it that its last record's CR LF CR LF and its own together mark
-(a stored WARC file whose last record lacks its CR LF CR LF is not told so), so none of its records
-becomes a page. FastWARC then reads that output, from that record on, as a plain WARC stream
-(`Inflating`). The output is looked through forward, the bytes before the position looked at dropped
-as they come (`_Output`): a record gigabytes long costs its bytes once, never its size in memory.
+end, none of them cut by the file's end (`_walks_out`: a stored download's record may be cut so);
+never inside the record the damage fell in where that record shows a stored WARC file (`warc_tail`
+keeps the same fence for per-record files), and where the damage took the header of a record that is
+one, after the end of it that its last record's CR LF CR LF and its own together mark (a stored WARC
+file whose last record lacks its CR LF CR LF is not told so), so none of its records becomes a page.
+FastWARC then reads that output, from that record on, as a plain WARC stream (`Inflating`). The output is
+looked through forward, the bytes before the position looked at dropped as they come (`_Output`): a
+record gigabytes long costs its bytes once, never its size in memory.
 
 Only a file whose members are seen cut where records are not is read on so (a member boundary inside a
 record, or BGZF's extra field): in a file written a member per record, a member found by its magic inside
@@ -123,8 +124,8 @@ def resync(path: Path, start: int, skip: int, *, unaligned: bool) -> Resync | No
         resumed = _after_damage(handle, position, size, piece)
         if resumed is None:
             return None
-        after, lost = resumed
-        found = _record_in(handle, after, chain, lost, piece)
+        after, lost, told = resumed
+        found = _record_in(handle, after, chain, lost, piece, told=told)
     return None if found is None else Resync(position, after, found, chain.whole)
 
 
@@ -197,16 +198,19 @@ class _Chain:
             return None
         return after if after >= 0 else None
 
-    def fence(self) -> int:
-        """Bytes of the output after the damaged member that may belong to the record the damage fell
-        in, where it shows a stored WARC file: its end, were the damaged member's output nothing."""
-        return max(0, self.end - self.out) if self.state == self._BLOCK and self.stored else 0
+    def fence(self, lost: int) -> int:
+        """Bytes of the output after the damaged members (`lost` bytes of output, as their trailers tell;
+        0 where they do not) that may belong to the record the damage fell in, where it shows a stored
+        WARC file: its end. Not less the damaged members' output, the search had begun that far into the
+        records after the download, and those before its start been lost."""
+        return max(0, self.end - self.out - lost) if self.state == self._BLOCK and self.stored else 0
 
 
-def _after_damage(handle: BinaryIO, failed: int, size: int, piece: int) -> tuple[int, int] | None:
-    """The first member after the one at byte `failed` that inflates whole, and the output of those
-    before it from `failed` on, by their trailers (a size no BGZF data block has, a trailer zeroed, taken
-    for `piece`, the output of the member before: bgzip and pgzip cut the stream in pieces of one size);
+def _after_damage(handle: BinaryIO, failed: int, size: int, piece: int) -> tuple[int, int, bool] | None:
+    """The first member after the one at byte `failed` that inflates whole, the output of those before it
+    from `failed` on, by their trailers (a size no BGZF data block has, a trailer zeroed, taken for
+    `piece`, the output of the member before: bgzip and pgzip cut the stream in pieces of one size), and
+    whether their trailers told it (each a size such a member has: a BGZF block's, or pgzip's `piece`);
     None for none.
 
     A BGZF block says where it ends (its header's BSIZE): the blocks are walked so, their sizes summed,
@@ -215,13 +219,14 @@ def _after_damage(handle: BinaryIO, failed: int, size: int, piece: int) -> tuple
     records had become pages. Where the walk finds no block (a header damaged, bytes cut out), the
     members are looked for by their magic from the damaged one on, and in a bgzip file only BGZF blocks
     taken (a download's members are plain gzip)."""
-    lost, at = 0, failed
+    lost, at, told = 0, failed, True
     while (end := _bgzf_end(handle, at)) is not None and end < size:
         handle.seek(end - 4)
         block = int.from_bytes(handle.read(4), "little")
+        told = told and 0 < block <= _BGZF_MAX_OUTPUT
         lost += block if 0 < block <= _BGZF_MAX_OUTPUT else piece
         if _inflates(handle, end):
-            return end, lost
+            return end, lost, told
         at = end
     # No block where a damaged one's header says (the damage took bytes out, or a header): the first
     # member found that inflates, a BGZF block in a bgzip file. Where it comes after the blocks walked,
@@ -232,7 +237,8 @@ def _after_damage(handle: BinaryIO, failed: int, size: int, piece: int) -> tuple
         return None
     handle.seek(after - 4)
     last = int.from_bytes(handle.read(4), "little")  # the last damaged member's, by its trailer
-    return after, last + (lost if after > at else 0)
+    told = told and (0 < last <= _BGZF_MAX_OUTPUT if bgzf else 0 < last == piece)
+    return after, last + (lost if after > at else 0), told
 
 
 def is_bgzf_block(handle: BinaryIO, offset: int) -> bool:
@@ -302,12 +308,15 @@ def _inflated(handle: BinaryIO, offset: int) -> tuple[int, int] | None:
     return out, ends[0]
 
 
-def _record_in(handle: BinaryIO, member: int, chain: _Chain, lost: int, piece: int) -> int | None:
+def _record_in(
+    handle: BinaryIO, member: int, chain: _Chain, lost: int, piece: int, *, told: bool = False
+) -> int | None:
     """Where in the output of the members from `member` on the record reading goes on at starts: where
     the chain puts it, if a version line is there; else where it puts it were `_MORE_PIECES` members of
     `piece` bytes of output lost too (bytes cut out of the file took whole members, whose trailers say
     nothing), if the records from there on run on to the output's end (`_walks_out`: only a record's
-    start does so); else the first header found past the fence whose records do; None for none."""
+    start does so); else the first header found past the fence (less the damaged members' output where
+    their trailers `told` it) whose records do; None for none."""
     for more in range(_MORE_PIECES + 1 if piece else 1):
         known = chain.known_next(lost + more * piece)
         if known is None:
@@ -323,7 +332,7 @@ def _record_in(handle: BinaryIO, member: int, chain: _Chain, lost: int, piece: i
             return at
     handle.seek(member)
     stream = _Output(gunzipped(handle))
-    at = chain.fence()
+    at = chain.fence(lost if told else 0)
     while True:
         found = stream.find(b"WARC/", at)
         if found is None:
@@ -339,7 +348,8 @@ def _walks_out(stream: _Output, at: int) -> int | None:
     its record's end): there, where the records from it on, walked by their Content-Length, follow one
     another to the output's end (or the next damage) with no more than a record's CR LF CR LF between
     two; the first record after a longer run of them where one comes; None where the walk meets a byte
-    that starts no header (`stream.position` says where the search goes on).
+    that starts no header (`stream.position` says where the search goes on), or a record the output's
+    end cuts, but where more damage ends it (the search ends: whatever follows lies inside it).
 
     A record the damage took the header of may be a stored WARC download, whose records lie in the
     output as they are: the first header found is then one of them, and read on from there, every one
@@ -354,9 +364,17 @@ def _walks_out(stream: _Output, at: int) -> int | None:
             stream.position = max(stream.position, at + 1)
             return None
         end = at + length
+        whole = bool(stream.peek(end - 1, 1))  # the output holds its last byte
         following = stream.past_crlf(end)
         if following is None:
-            return start  # the output ends after it, or inside it (cut off, or damage further on)
+            if whole or stream.broken:
+                return start  # the output ends after it, or inside it at damage further on
+            # The file's output ends inside it: a record cut so may be a stored download's, whose own
+            # header declares more than the download kept of it (a download written with WARC-Truncated),
+            # and the records walked to it its records too. No byte tells, so none is read on at: the
+            # records after the damage are lost (an error row), never made pages of.
+            stream.position = max(stream.position, end)
+            return None
         if following - end > len(_CRLF) * 2:  # a stored WARC file's end: what came before may be its own
             start = following
         at = following
@@ -372,6 +390,7 @@ class _Output:
         self._buffer = bytearray()
         self._base = 0  # the output position of `_buffer[0]`
         self._done = False
+        self.broken = False  # the output ended at a member that does not inflate, not at the file's end
         self.position = 0  # where a search goes on (`_walks_out`)
 
     def _fill(self, start: int, until: int) -> None:
@@ -381,7 +400,7 @@ class _Output:
             try:
                 chunk = next(self._chunks, b"")
             except Undecodable:  # damage further on: the output ends there, for this look
-                chunk = b""
+                chunk, self.broken = b"", True
             if not chunk:
                 self._done = True
             elif self._base + len(self._buffer) + len(chunk) <= start:  # wholly before what is asked

@@ -229,3 +229,137 @@ def test_a_bgzf_block_cut_out_of_a_download_costs_no_record_after_it(tmp_path: P
     assert not [page for page in good + errors if "inner" in page.id]
     assert [page.id for page in good] == [f"<urn:uuid:r{i}>" for i in range(14)]
     assert len(errors) == 1
+
+
+def test_a_download_member_damaged_inside_and_across_its_trailer_costs_only_the_next_record(
+    tmp_path: Path,
+) -> None:
+    """A file written a member per record, a stored .warc.gz download in one: random bytes inside the
+    download's deflate data (which then inflate to an end, but not to the record's size) and across its
+    trailer and the next member's header. The end its data inflate to is the member's end: fenced on to
+    deflateBound past it instead, the intact records within it had been lost."""
+    noise = random.Random(0)
+    inner = [
+        response(f"inner{j}", HttpResponse(noise.randbytes(3000).hex().encode()), uri=f"https://e/inner{j}")
+        for j in range(6)
+    ]
+    http = HttpResponse(warc_gz(inner), content_type="application/gzip")
+    download = warc_record("download", http.block(), uri="https://e/x.warc.gz")
+    records = [
+        response(f"r{i}", HttpResponse(f"<p>page {i}</p>".encode() * 30), uri=f"https://e/{i}")
+        for i in range(12)
+    ]
+    members = [gzip.compress(record, mtime=0) for record in [*records[:2], download, *records[2:]]]
+    blob = bytearray(b"".join(members))
+    start = len(members[0]) + len(members[1])
+    end = start + len(members[2])
+    damage = random.Random(4)
+    at = damage.randrange(start + 200, end - 500)
+    blob[at : at + 100] = damage.randbytes(100)
+    at = end - damage.randrange(1, 200)
+    blob[at : at + 100] = damage.randbytes(100)
+    path = tmp_path / "crawl.warc.gz"
+    path.write_bytes(bytes(blob))
+
+    good, errors = pages_and_errors(path)
+    assert not [page for page in good + errors if "inner" in page.id]
+    assert [page.id for page in good] == [f"<urn:uuid:r{i}>" for i in (0, 1, *range(3, 12))]
+
+
+@pytest.mark.parametrize("bgzf", [True, False], ids=["bgzip", "pgzip"])
+def test_a_cut_record_of_a_truncated_download_confirms_no_header(tmp_path: Path, bgzf: bool) -> None:
+    """A stored plain WARC download written with WARC-Truncated: its last record declares 10 MB and holds
+    1.5 KB, and the member holding the download's header is corrupt. Walked from the first of its records,
+    the records run on to that one, which the output's end cuts: taken for a record the file was cut in,
+    reading had gone on at the download's first record and made pages of its records."""
+    piece = 3000
+
+    def page(index: int) -> bytes:
+        return response(
+            f"r{index}", HttpResponse(f"<p>page {index}</p>".encode() * 30), uri=f"https://e/{index}"
+        )
+
+    inner = [
+        response(f"inner{j}", HttpResponse(f"<p>inner {j}</p>".encode() * 30), uri=f"https://i/{j}")
+        for j in range(5)
+    ]
+    cut = response("inner5", HttpResponse(b"<p>" + b"x" * (10 << 20)), uri="https://i/5")[:1500]
+    http = HttpResponse(b"".join([*inner, cut]), content_type="application/warc")
+    download = warc_record("download", http.block(), uri="https://e/x.warc")
+    download = download.replace(
+        b"WARC-Type: response\r\n", b"WARC-Type: response\r\nWARC-Truncated: length\r\n"
+    )
+    stream = b"".join([*map(page, range(6)), download, *map(page, range(6, 14))])
+    members = [gzip_pieces(stream[at : at + piece], piece, bgzf=bgzf) for at in range(0, len(stream), piece)]
+    if bgzf:  # one file: each piece's own empty end-of-file block dropped, one at the end
+        members = [member[:-28] for member in members]
+    damaged = stream.find(b"<urn:uuid:download>") // piece
+    assert stream.find(b"<urn:uuid:inner4>") // piece > damaged  # its header lost, records of it not
+    bad = bytearray(members[damaged])
+    bad[30:60] = bytes(byte ^ 0xFF for byte in bad[30:60])
+    members[damaged] = bytes(bad)
+    path = tmp_path / "crawl.warc.gz"
+    path.write_bytes(b"".join(members) + (gzip_pieces(b"", 1, bgzf=True) if bgzf else b""))
+
+    good, errors = pages_and_errors(path)
+    assert not [page for page in good + errors if "inner" in page.id]
+    assert errors
+
+
+def test_the_fence_after_a_download_ending_in_the_damaged_member_is_less_its_output(tmp_path: Path) -> None:
+    """pgzip: a stored .warc.gz download whose end lies inside the damaged member, whose trailer tells its
+    output. The records after the download start that much sooner in the output after it than the
+    download's end were that member's output nothing: searched for from there, the records within it
+    had been lost (and with them every one after, none found there to go on at)."""
+    piece = 9000
+    noise = random.Random(1)
+    inner = [
+        response(
+            f"inner{i}", HttpResponse(b"<p>" + noise.randbytes(2000) + b"</p>"), uri=f"https://e/inner{i}"
+        )
+        for i in range(40)
+    ]
+    http = HttpResponse(warc_gz(inner), content_type="application/gzip")
+    download = warc_record("download", http.block(), uri="https://e/x.warc.gz")
+    stream = b"".join([*map(_record, range(10)), download, *map(_record, range(10, 30))])
+    members = [gzip_pieces(stream[at : at + piece], piece, bgzf=False) for at in range(0, len(stream), piece)]
+    end = stream.find(b"<urn:uuid:r10>")
+    damaged = end // piece
+    assert stream.find(b"<urn:uuid:download>") // piece < damaged < len(members) - 2
+    bad = bytearray(members[damaged])
+    bad[30:60] = bytes(byte ^ 0xFF for byte in bad[30:60])
+    members[damaged] = bytes(bad)
+    path = tmp_path / "crawl.warc.gz"
+    path.write_bytes(b"".join(members))
+
+    good, errors = pages_and_errors(path)
+    assert not [page for page in good + errors if "inner" in page.id]
+    starts = [stream.rfind(b"WARC/1.1", 0, stream.find(f"<urn:uuid:r{i}>".encode())) for i in range(30)]
+    after = [f"<urn:uuid:r{i}>" for i in range(10, 30) if starts[i] >= (damaged + 1) * piece]
+    ids = [page.id for page in good]
+    assert ids[:10] == [f"<urn:uuid:r{i}>" for i in range(10)]
+    assert ids[-len(after) :] == after
+
+
+@pytest.mark.parametrize(
+    "binary",
+    [b"\x89PNG\r\n\x1a\n" + bytes(64 << 10), random.Random(2).randbytes(8 << 10)],
+    ids=["decodes_past_the_cap", "coded_past_the_read_bound"],
+)
+def test_a_coded_untyped_binary_body_is_passed_over_by_its_decoded_start(
+    tmp_path: Path, cap_1_kib: int, binary: bytes
+) -> None:
+    """An untyped gzip-coded body is a page by its decoded start: only that start is decoded. Decoded
+    whole, a binary body decoding past the page cap had been a payload_too_large row, and one coded past
+    the read bound a too-large row, where the reader before passed them over as no page; a coded page is
+    still read."""
+    coded = {"Content-Encoding": "gzip"}
+    binary_record = response("bin", HttpResponse(gzip.compress(binary, mtime=0), None, headers=coded))
+    page_record = response("page", HttpResponse(gzip.compress(b"<p>hi</p>", mtime=0), None, headers=coded))
+    path = tmp_path / "crawl.warc.gz"
+    path.write_bytes(warc_gz([binary_record, page_record]))
+
+    good, errors = pages_and_errors(path)
+    assert [page.id for page in good] == ["<urn:uuid:page>"]
+    assert good[0].html == b"<p>hi</p>"
+    assert errors == []
