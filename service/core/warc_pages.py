@@ -82,7 +82,7 @@ from service.core.warc_tail import (
     skip_member,
     tail_problem,
 )
-from service.core.warc_unaligned import Inflating, Resync, members_unaligned, resync
+from service.core.warc_unaligned import Inflating, Resync, is_bgzf, members_unaligned, resync
 
 if TYPE_CHECKING:
     from fastwarc.warc import WarcRecord
@@ -626,8 +626,14 @@ def _skip(path: Path, offset: int, framed: bool, *, at_member: bool = False) -> 
 
 
 def _members_unaligned(path: Path, failure: _Failure) -> bool:
-    """`warc_unaligned.members_unaligned` at the record framed last, False where the file went away."""
+    """`warc_unaligned.members_unaligned` at the record framed last, False where the file went away.
+    With none framed, the member there is the damaged one: that it inflates to no record's start is its
+    damage, no sign of how the file was cut (a per-record file damaged in its first member had been read
+    on as bgzip's, and a stored download damaged later in it lost the intact records after it): only
+    bgzip's own mark then says so."""
     try:
+        if failure.last is None:
+            return is_bgzf(path)
         return members_unaligned(path, failure.offset)
     except OSError:
         return False

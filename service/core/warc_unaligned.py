@@ -66,6 +66,8 @@ def is_bgzf(path: Path) -> bool:
     """Whether the file's first member is a BGZF block (bgzip's layout, cut where records are not)."""
     with path.open("rb") as handle:
         header = handle.read(16)
+    if len(header) < 14:  # (a file cut inside its first member's header is no BGZF block)
+        return False
     return header[:3] == GZIP_MEMBER_START and bool(header[3] & _BGZF_FLAGS) and header[12:14] == b"BC"
 
 
