@@ -17,7 +17,7 @@ import re
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import BinaryIO, ClassVar, NamedTuple
 
 import zstandard
 
@@ -90,24 +90,15 @@ def _dictionary_frame(handle: BinaryIO) -> bytes:
     return b"" if size > _MAX_DICTIONARY else header + handle.read(size)
 
 
-class BehindDictionary:
-    """A zstd file from a frame on behind the frame holding its dictionary (`dictionary_frame`), as a
-    stream FastWARC reads from its position 0: FastWARC loads a dictionary only there (from any other
-    position every frame was a "Dictionary mismatch"), so its offsets are short of the file's by the
-    bytes between that frame and the one reading goes on at (which `warc_pages` adds back)."""
+class ForwardOnly:
+    """A stream FastWARC reads from its position 0, forward only (`BehindDictionary`,
+    `warc_unaligned.Inflating`): its position, which each `read` moves on, the seeks FastWARC makes to
+    where it is, and a `close` that leaves the file to its caller."""
 
-    def __init__(self, prefix: bytes, handle: BinaryIO) -> None:
-        self._prefix = prefix
-        self._handle = handle
+    _what: ClassVar[str] = "the stream"  # what a move refuses names
+
+    def __init__(self) -> None:
         self._position = 0
-
-    def read(self, size: int = -1) -> bytes:
-        out = self._prefix if size < 0 else self._prefix[:size]
-        self._prefix = self._prefix[len(out) :]
-        if size < 0 or len(out) < size:
-            out += self._handle.read(-1 if size < 0 else size - len(out))
-        self._position += len(out)
-        return out
 
     def tell(self) -> int:
         return self._position
@@ -116,10 +107,32 @@ class BehindDictionary:
         """Where it is (FastWARC reads forward only); any move is `io.UnsupportedOperation`."""
         if (offset, whence) in ((0, io.SEEK_CUR), (self._position, io.SEEK_SET)):
             return self._position
-        raise io.UnsupportedOperation("a stream behind a zstd dictionary frame reads forward only")
+        raise io.UnsupportedOperation(f"{self._what} reads forward only")
 
     def close(self) -> None:
         """Nothing: the file is the caller's."""
+
+
+class BehindDictionary(ForwardOnly):
+    """A zstd file from a frame on behind the frame holding its dictionary (`dictionary_frame`), as a
+    stream FastWARC reads from its position 0: FastWARC loads a dictionary only there (from any other
+    position every frame was a "Dictionary mismatch"), so its offsets are short of the file's by the
+    bytes between that frame and the one reading goes on at (which `warc_pages` adds back)."""
+
+    _what = "a stream behind a zstd dictionary frame"
+
+    def __init__(self, prefix: bytes, handle: BinaryIO) -> None:
+        super().__init__()
+        self._prefix = prefix
+        self._handle = handle
+
+    def read(self, size: int = -1) -> bytes:
+        out = self._prefix if size < 0 else self._prefix[:size]
+        self._prefix = self._prefix[len(out) :]
+        if size < 0 or len(out) < size:
+            out += self._handle.read(-1 if size < 0 else size - len(out))
+        self._position += len(out)
+        return out
 
 
 def _zstd_block(data: bytes | memoryview) -> tuple[bool, int, int] | None:

@@ -40,6 +40,7 @@ from service.core.warc_frames import (
     GZIP,
     GZIP_MAGIC,
     GZIP_MEMBER_START,
+    ForwardOnly,
     Undecodable,
     gunzipped,
     member_follows,
@@ -446,17 +447,19 @@ class _Output:
             position = max(position, self._base + len(self._buffer) - len(needle) + 1)
 
 
-class Inflating:
+class Inflating(ForwardOnly):
     """The output of the gzip members from a byte on, after its first `skip` bytes: a plain WARC stream
     FastWARC reads from its position 0 (its offsets are positions of it, no file's bytes). A member that
     does not inflate is an `OSError` (no errno: the content's fault), as FastWARC's own is."""
 
+    _what = "the output of gzip members"
+
     def __init__(self, handle: BinaryIO, member: int, skip: int) -> None:
+        super().__init__()
         handle.seek(member)
         self._chunks = gunzipped(handle)
         self._skip = skip
         self._pending = b""
-        self._position = 0
         self._error: Undecodable | None = None
 
     def read(self, size: int = -1) -> bytes:
@@ -478,15 +481,3 @@ class Inflating:
         self._pending = self._pending[len(out) :]
         self._position += len(out)
         return out
-
-    def tell(self) -> int:
-        return self._position
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        """Where it is (FastWARC reads forward only); any move is `io.UnsupportedOperation`."""
-        if (offset, whence) in ((0, io.SEEK_CUR), (self._position, io.SEEK_SET)):
-            return self._position
-        raise io.UnsupportedOperation("the output of gzip members reads forward only")
-
-    def close(self) -> None:
-        """Nothing: the file is the caller's."""
