@@ -56,14 +56,19 @@ class FakeTransport(asyncio.Transport):
         self.reading = True
 
 
-async def echo_app(scope: Any, receive: Any, send: Any) -> None:
-    """An ASGI app that answers 200 with the request's body, read whole."""
+async def read_body(receive: Any) -> bytes:
+    """The request's body, read whole from an ASGI `receive`."""
     body = b""
     while True:
         message = await receive()
         body += message.get("body", b"")
         if not message.get("more_body"):
-            break
+            return body
+
+
+async def echo_app(scope: Any, receive: Any, send: Any) -> None:
+    """An ASGI app that answers 200 with the request's body, read whole."""
+    body = await read_body(receive)
     headers = [(b"content-length", b"%d" % len(body))]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": body})

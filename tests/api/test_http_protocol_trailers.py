@@ -26,7 +26,7 @@ from service.api.http_protocol import MAX_HEAD_BYTES
 from tests.api.conftest import tiny_settings
 from tests.api.live import LiveServer, live_server
 from tests.api.pages import page
-from tests.api.protocol_harness import echo_app, protocol_on_fake_transport, threaded_server
+from tests.api.protocol_harness import echo_app, protocol_on_fake_transport, read_body, threaded_server
 from tests.factories.waiting import until_async
 
 KEY = "k1"
@@ -155,12 +155,7 @@ def test_the_app_sees_the_heads_fields_and_the_whole_body() -> None:
     seen: list[Any] = []
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         if scope["method"] == "POST":  # (not the server's readiness poll)
             seen.append((list(scope["headers"]), body))
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
