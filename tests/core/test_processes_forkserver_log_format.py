@@ -10,12 +10,11 @@ own: a client that hangs up unsent, as a start out of file descriptors does, end
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
 
-from tests.factories.cli import ROOT, cli_env
+from tests.factories.cli import run_python
 
 _SCRIPT = """
 import os, socket, sys
@@ -41,15 +40,7 @@ def _forkserver_end(log_format: str) -> tuple[int, list[str]]:
     the process's stderr that tell of its end."""
     # (the environment says the other format: the server's lines decide)
     other = "text" if log_format == "json" else "json"
-    env = {**cli_env(), "HTMLLM_LOG_FORMAT": other}
-    proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, log_format],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_python(_SCRIPT, log_format, env={"HTMLLM_LOG_FORMAT": other})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     pid = int(proc.stdout.split()[-1])

@@ -9,12 +9,11 @@ each start, so that each of the steps of a start is the one that fails in turn.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
 
-from tests.factories.cli import ROOT, cli_env
+from tests.factories.cli import run_python
 
 LIMIT = 128
 
@@ -49,10 +48,7 @@ for free in range(12):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forkserver: Linux only")
 def test_a_start_out_of_descriptors_is_one_line_with_the_limit_and_no_traceback() -> None:
-    env = cli_env()
-    proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
+    proc = run_python(_SCRIPT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     limit = f"the limit is {LIMIT} open files (RLIMIT_NOFILE): raise it with `ulimit -n`"

@@ -10,12 +10,11 @@ certain (its socket deleted, as a /tmp cleaner does) rather than left to end, wh
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
 
-from tests.factories.cli import ROOT, cli_env
+from tests.factories.cli import run_python
 
 LIMIT = 128
 
@@ -59,10 +58,7 @@ with WorkerPool(1, name="again") as pool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forkserver: Linux only")
 def test_a_start_that_cannot_reach_a_forkserver_short_of_descriptors_names_the_limit() -> None:
-    env = cli_env()
-    proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
+    proc = run_python(_SCRIPT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.splitlines()[0] == "started 3" and proc.stdout.splitlines()[-1] == "started 3"
     assert "refused short worker could not be launched: too many open files" in proc.stdout, proc.stdout

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from typing import Any
 
 import pytest
 
 from service.core.workers import WorkerPool
-from tests.factories.cli import ROOT, cli_env
+from tests.factories.cli import run_python
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forkserver, /proc: Linux only")
 
@@ -114,14 +113,7 @@ print(json.dumps({"failed": failed, "worker": worker, "forked": forked, "left op
 def _run(script: str) -> Any:
     """Run `script` in a process of its own (the forkserver, workers and descriptor limit its own); what it
     printed last, as JSON."""
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,  # a bound for a hang, not a timing
-    )
+    proc = run_python(script)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(proc.stdout.splitlines()[-1])
 

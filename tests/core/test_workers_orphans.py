@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
 
 import pytest
 
-from tests.factories.cli import ROOT, cli_env
+from tests.factories.cli import run_python
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="subreapers, pidfds: Linux")
 
@@ -64,15 +63,7 @@ print(json.dumps({"replaced": replaced != worker, "codes": codes, "zombies": zom
 
 
 def test_a_worker_orphaned_by_its_dead_forkserver_is_reaped_with_its_real_exit_code() -> None:
-    env = cli_env()
-    done = subprocess.run(
-        [sys.executable, "-c", SUBREAPER_CHILD],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_python(SUBREAPER_CHILD, timeout_s=120)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen == {"replaced": True, "codes": [-signal.SIGKILL], "zombies": []}, done.stderr

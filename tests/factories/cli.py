@@ -56,6 +56,22 @@ def cli_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
+def run_python(
+    script: str, *args: str, env: dict[str, str] | None = None, timeout_s: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """`python -c script args` from this checkout, in the `cli` environment (and `env` over it), run to
+    its end: a process of its own (its forkserver, workers and limits its own); both streams captured as
+    text. `timeout_s` bounds a hang, not a timing."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
+        cwd=ROOT,
+        env={**cli_env(), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
 def python_in_own_group(script: str, *args: str, stdout: int = subprocess.PIPE) -> subprocess.Popen[str]:
     """`python -c script args` from this checkout, in the `cli` environment, in a process group of its own
     (signalled, or killed when it hangs, whole: its workers with it); stderr piped, both streams text."""
