@@ -21,10 +21,11 @@ import math
 import numbers
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
+from typing import TypeVar
 
 import numpy as np
 
@@ -76,6 +77,7 @@ from service.engine.types import (
 )
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 # A `deadline` further ahead than this is no deadline an embedding call means: it is a `time.time()`
 # (about 1.7e9, wall clock) where a `time.monotonic()` (seconds since boot) was wanted, which had been
@@ -547,13 +549,7 @@ class Engine:
         pages up in the workers' queue without limit) and drained by `stop(drain=True)` like it.
         """
         document = as_document(doc)
-        pool = self._require_accepting()
-        self._check_room(1)
-        self._admit(1)
-        try:
-            return await self._preprocessing.preprocess(pool, document)
-        finally:
-            self._release(1)
+        return await self._one_page(lambda pool: self._preprocessing.preprocess(pool, document))
 
     async def tokenize(
         self, doc: Document | str | bytes, *, add_special_tokens: bool = True
@@ -568,11 +564,18 @@ class Engine:
         number of /tokenize calls of big pages had run at once, outside the queue and its 429.
         """
         document = as_document(doc)
+        return await self._one_page(
+            lambda pool: self._preprocessing.tokenize(pool, document, add_special_tokens)
+        )
+
+    async def _one_page(self, work: Callable[[ThreadPoolExecutor], Awaitable[_T]]) -> _T:
+        """`work(pool)` for one page admitted against the bounded queue (`preprocess`, `tokenize`), its
+        place held until the work ends, whatever way it ends."""
         pool = self._require_accepting()
         self._check_room(1)
         self._admit(1)
         try:
-            return await self._preprocessing.tokenize(pool, document, add_special_tokens)
+            return await work(pool)
         finally:
             self._release(1)
 
