@@ -103,6 +103,21 @@ def decode_content(data: bytes, header: str | None, *, limit: int, limit_name: s
     return data
 
 
+def decoded_start(data: bytes, header: str | None, size: int) -> bytes:
+    """The first bytes of `data` with the codings of `header` undone: at most `size` of each coding's
+    output, what follows it not decoded (to tell what a body is, an untyped WARC record's, without paying
+    for all of it). Raises `ContentCodingError` for an unknown coding or first bytes that do not decode,
+    as `decode_content` says them; the rest of the stream is not looked at."""
+    for coding in reversed(parse_codings(header)):
+        if not data:
+            break  # an empty body is empty under any coding
+        try:
+            data = _START_DECODERS[coding](data, size)
+        except (OSError, EOFError, zlib.error, brotli.error, zstandard.ZstdError) as exc:
+            raise ContentCodingError(f"the {coding} body is corrupt: {exc}") from exc
+    return data
+
+
 class _TooLarge(Exception):
     pass
 
@@ -159,10 +174,14 @@ def _gzip(data: bytes, limit: int) -> bytes:
     return bytes(out)
 
 
+def _deflate_wbits(data: bytes) -> int:
+    """HTTP's "deflate" is the zlib format, but servers have long sent raw deflate; browsers take both:
+    the zlib format where its 2-byte header checks, else raw."""
+    return 15 if len(data) >= 2 and (data[0] * 256 + data[1]) % 31 == 0 and data[0] & 0x0F == 8 else -15
+
+
 def _deflate(data: bytes, limit: int) -> bytes:
-    # HTTP's "deflate" is the zlib format, but servers have long sent raw deflate; browsers take both.
-    wbits = 15 if len(data) >= 2 and (data[0] * 256 + data[1]) % 31 == 0 and data[0] & 0x0F == 8 else -15
-    decompressor = zlib.decompressobj(wbits)
+    decompressor = zlib.decompressobj(_deflate_wbits(data))
     out = bytearray()
     pending = data
     while pending:
@@ -199,6 +218,21 @@ def _zstd(data: bytes, limit: int) -> bytes:
     # under the limit, so walking the frames again to see each one end is bounded too.
     _check_frames_end(data)
     return out
+
+
+def _zstd_start(data: bytes, size: int) -> bytes:
+    reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True)
+    with reader:
+        return reader.read(size)
+
+
+# `decoded_start`'s: each coding's first `size` bytes of output.
+_START_DECODERS: dict[str, Callable[[bytes, int], bytes]] = {
+    "gzip": lambda data, size: zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(data, size),
+    "deflate": lambda data, size: zlib.decompressobj(_deflate_wbits(data)).decompress(data, size),
+    "br": lambda data, size: brotli.Decompressor().process(data, output_buffer_limit=size),
+    "zstd": _zstd_start,
+}
 
 
 def _check_frames_end(data: bytes) -> None:

@@ -43,19 +43,20 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import io
 import re
-import zlib
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 
-import brotli
-import zstandard
-
 from service.core import pages
-from service.core.content_coding import ContentCodingError, decode_content, parse_codings, undeclared_coding
+from service.core.content_coding import (
+    ContentCodingError,
+    decode_content,
+    decoded_start,
+    parse_codings,
+    undeclared_coding,
+)
 from service.core.errors import ErrorCode
 from service.core.media_types import extract_media_type, looks_like_markup
 from service.core.pages import (
@@ -757,44 +758,13 @@ _SNIFF_BYTES = 8 << 10
 
 def _decoded_start(body: bytes, coding: str | None, where: str) -> bytes:
     """The first bytes (up to `_SNIFF_BYTES` of each coding's output) of `body` with its Content-Encoding
-    `coding` undone; what follows them is not looked at (`_decoded` reads it all, for a page). A coding
-    that is unknown, or whose first bytes do not decode, is `PageSourceError`, as `_decoded` says it."""
+    `coding` undone (`content_coding.decoded_start`); what follows them is not looked at (`_decoded` reads
+    it all, for a page). A coding that is unknown, or whose first bytes do not decode, is
+    `PageSourceError`, as `_decoded` says it."""
     try:
-        codings = parse_codings(coding)
+        return decoded_start(body, coding, _SNIFF_BYTES)
     except ContentCodingError as exc:
         raise PageSourceError(f"{where}: {exc.message}", code=exc.code) from exc
-    for name in reversed(codings):
-        if not body:
-            break  # an empty body is empty under any coding
-        try:
-            body = _START_DECODERS[name](body)
-        except (OSError, EOFError, zlib.error, brotli.error, zstandard.ZstdError) as exc:
-            raise PageSourceError(f"{where}: the {name} body is corrupt: {exc}") from exc
-    return body
-
-
-def _zlib_start(body: bytes, wbits: int) -> bytes:
-    return zlib.decompressobj(wbits).decompress(body, _SNIFF_BYTES)
-
-
-def _deflate_start(body: bytes) -> bytes:
-    # The zlib format, or raw deflate, told as `content_coding` tells them.
-    zlib_format = len(body) >= 2 and (body[0] * 256 + body[1]) % 31 == 0 and body[0] & 0x0F == 8
-    return _zlib_start(body, 15 if zlib_format else -15)
-
-
-def _zstd_start(body: bytes) -> bytes:
-    reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(body), read_across_frames=True)
-    with reader:
-        return reader.read(_SNIFF_BYTES)
-
-
-_START_DECODERS = {
-    "gzip": lambda body: _zlib_start(body, 16 + zlib.MAX_WBITS),
-    "deflate": _deflate_start,
-    "br": lambda body: brotli.Decompressor().process(body, output_buffer_limit=_SNIFF_BYTES),
-    "zstd": _zstd_start,
-}
 
 
 def _hides_start(coding: str | None) -> bool:
