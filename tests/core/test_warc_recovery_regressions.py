@@ -25,6 +25,20 @@ def _record(index: int) -> bytes:
     return response(f"r{index}", http, uri=f"https://example.com/{index}")
 
 
+def _pieces(stream: bytes, piece: int, *, bgzf: bool) -> list[bytes]:
+    """`stream` cut into gzip members of `piece` bytes of it each: BGZF blocks (each one's own empty
+    end-of-file block dropped: one file, its end block written once, by the caller) or pgzip's."""
+    members = [gzip_pieces(stream[at : at + piece], piece, bgzf=bgzf) for at in range(0, len(stream), piece)]
+    return [member[:-28] for member in members] if bgzf else members
+
+
+def _flipped(member: bytes) -> bytes:
+    """`member` with 30 bytes of its deflate data inverted: it no longer inflates."""
+    bad = bytearray(member)
+    bad[30:60] = bytes(byte ^ 0xFF for byte in bad[30:60])
+    return bytes(bad)
+
+
 def _plain_download() -> bytes:
     """A response whose payload is a plain WARC file of six pages (its records in the stream as they are)."""
     noise = random.Random(3)
@@ -43,14 +57,10 @@ def test_a_download_whose_header_the_damage_took_gives_no_page(tmp_path: Path, b
     pages. The end of the download (its last record's CR LF CR LF and its own, together) tells: reading
     goes on at the crawl's record after it."""
     stream = b"".join([_record(0), _record(1), _record(2), _plain_download(), *map(_record, range(3, 6))])
-    members = [gzip_pieces(stream[at : at + PIECE], PIECE, bgzf=bgzf) for at in range(0, len(stream), PIECE)]
-    if bgzf:  # one file: each piece's own empty end-of-file block dropped, one at the end
-        members = [member[:-28] for member in members]
+    members = _pieces(stream, PIECE, bgzf=bgzf)
     damaged = stream.find(b"WARC-Record-ID: <urn:uuid:download>") // PIECE
     assert damaged == (stream.find(b"WARC-Record-ID: <urn:uuid:inner0>") - 200) // PIECE  # all of it lost
-    bad = bytearray(members[damaged])
-    bad[30:60] = bytes(byte ^ 0xFF for byte in bad[30:60])
-    members[damaged] = bytes(bad)
+    members[damaged] = _flipped(members[damaged])
     path = tmp_path / "crawl.warc.gz"
     path.write_bytes(b"".join(members) + (gzip_pieces(b"", 1, bgzf=True) if bgzf else b""))
 
@@ -212,9 +222,7 @@ def test_a_bgzf_block_cut_out_of_a_download_costs_no_record_after_it(tmp_path: P
     http = HttpResponse(warc_gz(inner), content_type="application/gzip")
     download = warc_record("download", http.block(), uri="https://e/x.warc.gz")
     stream = b"".join([_record(0), _record(1), download, *map(_record, range(2, 14))])
-    blocks = [
-        gzip_pieces(stream[at : at + piece], piece, bgzf=True)[:-28] for at in range(0, len(stream), piece)
-    ]
+    blocks = _pieces(stream, piece, bgzf=True)
     first = (stream.find(b"<urn:uuid:r2>") - 300) // piece - 3  # three blocks before the download's end
     assert stream.find(b"<urn:uuid:download>") < first * piece
     damaged = bytearray(blocks[first])
@@ -290,14 +298,10 @@ def test_a_cut_record_of_a_truncated_download_confirms_no_header(tmp_path: Path,
         b"WARC-Type: response\r\n", b"WARC-Type: response\r\nWARC-Truncated: length\r\n"
     )
     stream = b"".join([*map(page, range(6)), download, *map(page, range(6, 14))])
-    members = [gzip_pieces(stream[at : at + piece], piece, bgzf=bgzf) for at in range(0, len(stream), piece)]
-    if bgzf:  # one file: each piece's own empty end-of-file block dropped, one at the end
-        members = [member[:-28] for member in members]
+    members = _pieces(stream, piece, bgzf=bgzf)
     damaged = stream.find(b"<urn:uuid:download>") // piece
     assert stream.find(b"<urn:uuid:inner4>") // piece > damaged  # its header lost, records of it not
-    bad = bytearray(members[damaged])
-    bad[30:60] = bytes(byte ^ 0xFF for byte in bad[30:60])
-    members[damaged] = bytes(bad)
+    members[damaged] = _flipped(members[damaged])
     path = tmp_path / "crawl.warc.gz"
     path.write_bytes(b"".join(members) + (gzip_pieces(b"", 1, bgzf=True) if bgzf else b""))
 
@@ -322,13 +326,11 @@ def test_the_fence_after_a_download_ending_in_the_damaged_member_is_less_its_out
     http = HttpResponse(warc_gz(inner), content_type="application/gzip")
     download = warc_record("download", http.block(), uri="https://e/x.warc.gz")
     stream = b"".join([*map(_record, range(10)), download, *map(_record, range(10, 30))])
-    members = [gzip_pieces(stream[at : at + piece], piece, bgzf=False) for at in range(0, len(stream), piece)]
+    members = _pieces(stream, piece, bgzf=False)
     end = stream.find(b"<urn:uuid:r10>")
     damaged = end // piece
     assert stream.find(b"<urn:uuid:download>") // piece < damaged < len(members) - 2
-    bad = bytearray(members[damaged])
-    bad[30:60] = bytes(byte ^ 0xFF for byte in bad[30:60])
-    members[damaged] = bytes(bad)
+    members[damaged] = _flipped(members[damaged])
     path = tmp_path / "crawl.warc.gz"
     path.write_bytes(b"".join(members))
 
