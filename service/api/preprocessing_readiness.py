@@ -20,6 +20,7 @@ from service.api.settings import Settings
 from service.core.worker_health import StartHealth, start_check_due, start_trouble
 from service.core.workers import START_BOUND_S
 from service.engine import Engine
+from service.engine.preprocessing import Phase
 
 logger = logging.getLogger("service.api.runtime")
 
@@ -36,9 +37,6 @@ _CHANGED_SHOWN = 3
 # was killed from outside is tried again in a fresh one (up to twice), each try with its own limit, and
 # it waits for that process again (`RunningJobs.retried`).
 PROCESS_KILL_GRACE_S = 10.0
-# The phases of a preprocessing job (`PreprocessingReadiness._phases`), each with its own bound.
-_RUNNING = "running"
-_STARTING = "starting"
 # What a job on a preprocessing thread is held to, as a forward pass is (`Settings.stalled_pass_s`).
 _READY_KNOB = "HTMLLM_UNREADY_AFTER_PASS_S, the request timeout unless set"
 
@@ -82,23 +80,27 @@ class PreprocessingReadiness:
     def stuck(self, engine: Engine, settings: Settings, now: float) -> str | None:
         """Why a preprocessing worker is taken to be stuck (alive, not answering), or None.
 
-        On a thread (`preprocess_pool="thread"`), a page that has run past `Settings.stalled_pass_s`
-        (`HTMLLM_UNREADY_AFTER_PASS_S`, the knob a forward pass is held to: the request timeout by
-        default, 0 never) serves no one (its request has been answered 504) and holds its thread for as
-        long as it runs: one that never ends (an endless loop in C code) had kept every page behind it
-        waiting until its request timed out, /ready and /health 200 for good; a thread cannot be stopped,
-        so `unhealthy` asks for a restart once it has lasted. An operator whose legitimate pages take
-        longer than the request timeout (big pages, few CPUs) raises the knob: fixed at the request
-        timeout, four 9.5 MB pages at once on a 2 s timeout had turned /ready 503. With processes the pool
-        kills a page's process at its time limit and starts another, and the page's try ends with it: one
-        on its process past its time limit and PROCESS_KILL_GRACE_S (counted from when the process took
-        it), or one that has waited for a process's start past the start's bound (`START_BOUND_S`) and
-        that, says the pool itself is stuck. It clears as soon as the job ends."""
+        Each job by its phase (`Phase`). On its thread (every job with `preprocess_pool="thread"`; with
+        processes, what still runs on one: a /tokenize listing, the result cache's key hash), a job that has
+        run past `Settings.stalled_pass_s` (`HTMLLM_UNREADY_AFTER_PASS_S`, the knob a forward pass is held to:
+        the request timeout by default, 0 never) serves no one (its request has been answered 504) and holds
+        its thread for as long as it runs: one that never ends (an endless loop in C code) had kept every page
+        behind it waiting until its request timed out, /ready and /health 200 for good; a thread cannot be
+        stopped, so `unhealthy` asks for a restart once it has lasted. An operator whose legitimate pages take
+        longer than the request timeout (big pages, few CPUs) raises the knob: fixed at the request timeout,
+        four 9.5 MB pages at once on a 2 s timeout had turned /ready 503. A page's call to the processes is
+        another matter: the pool kills a page's process at its time limit and starts another, and the page's
+        try ends with it: one on its process past its time limit and PROCESS_KILL_GRACE_S (counted from when
+        the process took it), or one that has waited for a process's start past the start's bound
+        (`START_BOUND_S`) and that, says the pool itself is stuck. With processes, a job on a thread had been
+        held to a process's rule (its time limit and the kill, neither of which it has) and named as a
+        process: the knob did not bound it, and /ready named the wrong cause. It clears as soon as the job
+        ends."""
         for phase, began in self._phases(engine):
-            limit = self._stuck_after(engine, settings, phase)
+            limit = self._stuck_after(settings, phase)
             if began is None or limit is None or now - began < limit:
                 continue
-            return self._stuck_message(engine, phase, now - began, limit, _READY_KNOB)
+            return self._stuck_message(phase, now - began, limit, _READY_KNOB)
         return None
 
     def observe(
@@ -169,11 +171,11 @@ class PreprocessingReadiness:
         for phase, began in self._phases(engine):
             if began is None or now - began < limit:
                 continue
-            stuck_after = self._stuck_after(engine, settings, phase)
+            stuck_after = self._stuck_after(settings, phase)
             if stuck_after is None:  # /ready's limit off: this one alone
-                return self._stuck_message(engine, phase, now - began, limit, "HTMLLM_UNHEALTHY_AFTER_S")
+                return self._stuck_message(phase, now - began, limit, "HTMLLM_UNHEALTHY_AFTER_S")
             if now - began >= stuck_after:
-                return self._stuck_message(engine, phase, now - began, stuck_after, _READY_KNOB)
+                return self._stuck_message(phase, now - began, stuck_after, _READY_KNOB)
         return None
 
     def code_changes(self) -> list[str]:
@@ -187,29 +189,30 @@ class PreprocessingReadiness:
             self._code_changes = changed
         return self._code_changes
 
-    def _phases(self, engine: Engine) -> tuple[tuple[str, float | None], ...]:
-        """Since when the oldest preprocessing job of each phase has been in it: running (on a thread, or
-        a page's try on the process that took it), and waiting for a process to start (processes only)."""
-        return (_RUNNING, engine.preprocessing_running_since), (_STARTING, engine.preprocessing_waiting_since)
+    def _phases(self, engine: Engine) -> tuple[tuple[Phase, float | None], ...]:
+        """Since when the oldest preprocessing job of each phase (`Phase`) has been in it: on its thread,
+        a page's try on the process that took it, and a page waiting for a process to start."""
+        phases = (Phase.THREAD, Phase.ON_PROCESS, Phase.WAITING)
+        return tuple((phase, engine.preprocessing_since(phase)) for phase in phases)
 
-    def _stuck_after(self, engine: Engine, settings: Settings, phase: str) -> float | None:
-        """How long a preprocessing job may stay in `phase` before it is stuck; None: never (on threads,
+    def _stuck_after(self, settings: Settings, phase: Phase) -> float | None:
+        """How long a preprocessing job may stay in `phase` before it is stuck; None: never (on its thread,
         `HTMLLM_UNREADY_AFTER_PASS_S=0`)."""
-        if phase == _STARTING:
+        if phase is Phase.WAITING:
             return START_BOUND_S + PROCESS_KILL_GRACE_S
-        if engine.config.preprocess_pool == "process":
+        if phase is Phase.ON_PROCESS:
             return settings.request_timeout_s + PROCESS_KILL_GRACE_S
         return settings.stalled_pass_s
 
-    def _stuck_message(self, engine: Engine, phase: str, running: float, limit: float, knob: str) -> str:
+    def _stuck_message(self, phase: Phase, running: float, limit: float, knob: str) -> str:
         """What /ready and /health say of a job that has been in `phase` for `running` s, past its `limit`
-        (on threads, the setting `knob`)."""
-        if phase == _STARTING:
+        (on its thread, the setting `knob`)."""
+        if phase is Phase.WAITING:
             return (
                 f"a page has waited {running:.0f} s for a preprocessing process to start (the limit is "
                 f"{limit:g} s: a process's start, tried twice, and the kill): the pool is stuck"
             )
-        if engine.config.preprocess_pool == "process":
+        if phase is Phase.ON_PROCESS:
             return (
                 f"a page's try on a preprocessing process has run for {running:.0f} s (the limit is "
                 f"{limit:g} s: its time limit, the kill and the reaping): the pool is stuck"

@@ -41,7 +41,7 @@ from service.engine.collector import cancel_and_forget
 from service.engine.failures import PAGE_FAILURES, for_copy, naming_failures
 from service.engine.loading import build_runner, check_device
 from service.engine.preprocessing import POOL_NAME as PREPROCESSING_POOL
-from service.engine.preprocessing import Preprocessing
+from service.engine.preprocessing import Phase, Preprocessing
 from service.engine.progress import (
     AWAITING_COPY,
     DONE,
@@ -967,6 +967,12 @@ class Engine:
         process's start: `time.monotonic()`), or None when none waits; always None with threads. The pool
         holds a start to `service.core.workers.START_BOUND_S`: one past it says the pool is stuck."""
         return self._preprocessing.running.oldest_waiting()
+
+    def preprocessing_since(self, phase: Phase) -> float | None:
+        """Since when the oldest preprocessing job in `phase` has been in it (`time.monotonic()`), or None:
+        readiness holds each phase to its own bound (a job on its thread, a page's try on a process, a
+        page waiting for a process's start), which `preprocessing_running_since` merges two of."""
+        return self._preprocessing.running.since(phase)
 
     async def probe_preprocessing(self) -> None:
         """One small page through a preprocessing process, outside the queue (`Preprocessing.probe`),

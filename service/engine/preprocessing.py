@@ -10,6 +10,7 @@ are answered with.
 from __future__ import annotations
 
 import asyncio
+import enum
 import functools
 import threading
 import time
@@ -79,87 +80,111 @@ def _caller_cancelled() -> bool:
     return task is None or task.cancelling() > 0
 
 
+class Phase(enum.Enum):
+    """Where a preprocessing job is now (`RunningJobs`), each phase held to its own bound by readiness
+    (`service.api.preprocessing_readiness`): what a job stuck in it says, and how long a sound one may
+    take there, differ."""
+
+    # Its own work on the preprocessing thread that runs it: every job with threads, and with processes
+    # what still runs on one (a /tokenize listing, the result cache's key hash). Held to what a job on a
+    # thread is, as with threads: it cannot be stopped, and the jobs behind it wait.
+    THREAD = "thread"
+    # A page's call to the processes, waiting for one to take the page: an idle one at once, or one
+    # started for it, which the pool holds to `START_BOUND_S`.
+    WAITING = "waiting"
+    # A page's try on the process that took it, from then (`RunningJobs.taken`): the pool kills the
+    # process at the page's time limit.
+    ON_PROCESS = "on_process"
+
+
 class RunningJobs:
-    """The jobs the preprocessing threads run now, each with when it began (`time.monotonic`), kept by the
-    thread that runs it: how a server tells a stuck worker (alive, not answering) from a slow page.
+    """The jobs the preprocessing threads run now, each with its phase (`Phase`) and since when it has been
+    in it (`time.monotonic`), kept by the thread that runs it: how a server tells a stuck worker (alive,
+    not answering) from a slow page.
 
     A page that hangs for good on a thread (an endless loop in a C parser) holds that thread for good, and
     each page behind it waits: its request had been answered 504 at its deadline while /ready said 200.
     Kept until the job itself ends, not until its caller stops waiting (a caller's timeout cancels only
-    the wait). With processes, the job a thread runs is a page's whole call (`WorkerPool.call`), in two
-    phases each try: waiting for a process (an idle one at once, or one started for it, which the pool
-    holds to `START_BOUND_S`: `oldest_waiting`), then on it (from when it took the page: `taken`, held to
-    the page's time limit, past which the pool kills it: `oldest`). Counted from the try's start, the
-    page's age took in the start of its process, and readiness had to allow a whole start beside the time
-    limit to every page, a page stuck in a live process included. A page whose process was killed from
-    outside is tried again in a fresh one (`retried`), waiting for it again, with a time limit of its own."""
+    the wait). With processes, a page's whole call (`WorkerPool.call`) is one job, run by a thread that
+    waits on the processes, in two phases each try: waiting for a process (`Phase.WAITING`), then on it
+    from when it took the page (`taken`, `Phase.ON_PROCESS`). Counted from the try's start, the page's
+    age took in the start of its process, and readiness had to allow a whole start beside the time limit
+    to every page, a page stuck in a live process included. A page whose process was killed from outside
+    is tried again in a fresh one (`retried`), waiting for it again, with a time limit of its own. What
+    runs on a preprocessing thread itself even then (`run`) is `Phase.THREAD`, as every job is with
+    threads: counted with the tries on processes, it had been held to a process's time limit, which it
+    has none of, and /ready had named a process and its kill for a thread that nothing stops."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._next = 0
-        # Each running job's start (or its latest try's, on its process), in the order they began: the
-        # first is the oldest.
-        self._started: dict[int, float] = {}
-        # The jobs waiting for a process to take their page, since when, in that order (`waiting`).
-        self._waiting: dict[int, float] = {}
-        self._mine = threading.local()  # the token of the job this thread runs (`run`), for `retried`
+        # The jobs of each phase, each since when it has been in it, in the order they came in: the first
+        # of each is its oldest.
+        self._jobs: dict[Phase, dict[int, float]] = {phase: {} for phase in Phase}
+        self._mine = threading.local()  # the token of the job this thread runs (`run`), for `taken`
 
     def run(self, job: Callable[..., T], *args: object) -> T:
-        """`job(*args)` on this thread, counted as running meanwhile."""
-        return self._run(self._started, job, *args)
+        """`job(*args)` on this thread, counted as running on it meanwhile (`Phase.THREAD`)."""
+        return self._run(Phase.THREAD, job, *args)
 
     def waiting(self, job: Callable[..., T], *args: object) -> T:
         """`job(*args)` on this thread, a call to the processes: counted as waiting for a process until one
-        takes the page (`taken`), as running from then on."""
-        return self._run(self._waiting, job, *args)
+        takes the page (`taken`), as on that process from then on."""
+        return self._run(Phase.WAITING, job, *args)
 
-    def _run(self, phase: dict[int, float], job: Callable[..., T], *args: object) -> T:
+    def _run(self, phase: Phase, job: Callable[..., T], *args: object) -> T:
         with self._lock:
             token = self._next
             self._next += 1
-            phase[token] = time.monotonic()
+            self._jobs[phase][token] = time.monotonic()
         self._mine.token = token
         try:
             return job(*args)
         finally:
             self._mine.token = None
             with self._lock:
-                self._started.pop(token, None)
-                self._waiting.pop(token, None)
+                for jobs in self._jobs.values():
+                    jobs.pop(token, None)
 
     def taken(self) -> None:
-        """A process took the page of the job this thread runs (`WorkerPool.call`'s `on_taken`): its try
-        runs from now, under the page's time limit. Nothing when this thread runs none."""
-        self._move(self._started)
+        """A process took the page of the call this thread runs (`WorkerPool.call`'s `on_taken`): its try
+        runs from now, under the page's time limit. Nothing when this thread runs no such call."""
+        self._move(Phase.ON_PROCESS)
 
     def retried(self) -> None:
-        """The job this thread runs begins a new try now (its page in a fresh process, after the last one
+        """The call this thread runs begins a new try now (its page in a fresh process, after the last one
         was killed from outside): it waits for that process again, its age from now. Nothing when this
-        thread runs none."""
-        self._move(self._waiting)
+        thread runs no such call."""
+        self._move(Phase.WAITING)
 
-    def _move(self, phase: dict[int, float]) -> None:
-        """This thread's job into `phase`, since now: put last, so the first of each stays the oldest."""
+    def _move(self, phase: Phase) -> None:
+        """This thread's call to the processes into `phase`, since now: put last, so the first of each
+        phase stays its oldest. A job on the thread itself never moves: it has no process."""
         token = getattr(self._mine, "token", None)
         if token is None:
             return
         with self._lock:
-            if token in self._started or token in self._waiting:
-                self._started.pop(token, None)
-                self._waiting.pop(token, None)
-                phase[token] = time.monotonic()
+            calls = (self._jobs[Phase.WAITING], self._jobs[Phase.ON_PROCESS])
+            if any(token in jobs for jobs in calls):
+                for jobs in calls:
+                    jobs.pop(token, None)
+                self._jobs[phase][token] = time.monotonic()
+
+    def since(self, phase: Phase) -> float | None:
+        """Since when the job longest in `phase` has been in it (`time.monotonic`), or None when none is."""
+        with self._lock:
+            return next(iter(self._jobs[phase].values()), None)
 
     def oldest(self) -> float | None:
         """When the job running longest began (on its thread, or its page's try on its process:
         `time.monotonic`), or None when none runs."""
-        with self._lock:
-            return next(iter(self._started.values()), None)
+        running = (self.since(Phase.THREAD), self.since(Phase.ON_PROCESS))
+        return min((since for since in running if since is not None), default=None)
 
     def oldest_waiting(self) -> float | None:
         """Since when the job waiting longest for a process to take its page has waited (`time.monotonic`),
         or None when none waits."""
-        with self._lock:
-            return next(iter(self._waiting.values()), None)
+        return self.since(Phase.WAITING)
 
 
 class Preprocessing:

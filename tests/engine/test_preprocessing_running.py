@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from service.engine.preprocessing import Preprocessing
+from service.engine.preprocessing import Phase, Preprocessing
 from service.engine.types import EngineConfig, ShuttingDownError
 from tests.factories.tokenizer import build_tiny_tokenizer
 from tests.factories.waiting import until_async
@@ -32,16 +32,16 @@ async def test_a_job_counts_as_running_until_it_ends_though_its_caller_gave_up()
         waits = [
             asyncio.ensure_future(pools.off_loop(threads, event.wait, HOLD_S)) for event in (first, second)
         ]
-        await until_async(lambda: len(pools.running._started) == 2, "both jobs run")
+        await until_async(lambda: len(pools.running._jobs[Phase.THREAD]) == 2, "both jobs run")
         oldest = pools.running.oldest()
-        assert oldest is not None and oldest == min(pools.running._started.values())
+        assert oldest is not None and oldest == min(pools.running._jobs[Phase.THREAD].values())
 
         waits[0].cancel()  # its caller's deadline: the thread goes on with the page
         await asyncio.gather(waits[0], return_exceptions=True)
         assert pools.running.oldest() == oldest
 
         first.set()
-        await until_async(lambda: len(pools.running._started) == 1, "the first job ended")
+        await until_async(lambda: len(pools.running._jobs[Phase.THREAD]) == 1, "the first job ended")
         assert pools.running.oldest() is not None and pools.running.oldest() != oldest
         second.set()
         await waits[1]
@@ -83,7 +83,7 @@ async def test_a_page_retried_after_its_process_was_killed_counts_from_its_new_t
         await until_async(lambda: processes._busy and worker not in processes._busy, "the second try runs")
         retried = pools.running.oldest()
         assert retried is not None and retried > first
-        assert len(pools.running._started) == 1  # still one job, its age from its latest try
+        assert len(pools.running._jobs[Phase.ON_PROCESS]) == 1  # still one job, its age from its latest try
     finally:
         await pools.close()
     with pytest.raises(ShuttingDownError):
