@@ -132,7 +132,9 @@ PART_SIZE = 512
 # follows the record that shows it; untyped WARC responses starting with a BOM, in UTF-16 or content-coded
 # are rows (an undecodable coding an error row); a JSONL `encoding` is read as an HTTP charset parameter
 # (`"windows-1252"` and `windows-1252;` are used, `'utf-8'`-style labels are validation_error rows).
-ROW_FORMAT = 8
+# 9: the records after an empty gzip member or LZ4 frame are read (two bgzip files joined by `cat` hold one
+# between them; reading had ended there, silently).
+ROW_FORMAT = 9
 # The columns every row has: a head's column (`<head>`, `<head>.probs`) must be none of them.
 FIXED_COLUMNS = (
     "index",

@@ -156,7 +156,9 @@ _EXTRACTOR_DISTRIBUTIONS = ("resiliparse", "trafilatura", "justext")
 #    responses starting with a BOM, in UTF-16 or content-coded are rows (an undecodable coding an error
 #    row); a JSONL `encoding` is read as an HTTP charset parameter (`"windows-1252"` and `windows-1252;`
 #    are used, `'utf-8'`-style labels are validation_error rows).
-ROW_FORMAT = 12
+# 13: the records after an empty gzip member or LZ4 frame are read (two bgzip files joined by `cat` hold
+#    one between them; reading had ended there, silently).
+ROW_FORMAT = 13
 # Failures a later attempt may not repeat: written as rows they would be "done" for good (`htmllm embed`'s
 # rule; of its codes only this one reaches an extraction).
 TRANSIENT = frozenset({ErrorCode.NOT_READY})  # the page's extractor process killed from outside

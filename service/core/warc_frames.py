@@ -17,7 +17,7 @@ import re
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO, ClassVar, NamedTuple
+from typing import BinaryIO, ClassVar, NamedTuple, cast
 
 import zstandard
 
@@ -400,25 +400,46 @@ def _lz4_starts_record(piece: memoryview) -> bool:
     return literals >= len("WARC/0.") and _opens_record(piece[at : at + min(literals, _START_BYTES)])
 
 
-def lz4_frames_problem(handle: BinaryIO, start: int = 0) -> str | None:
+def lz4_frames_problem(handle: BinaryIO, start: int = 0, marks: list[int] | None = None) -> str | None:
     """Why the LZ4 file from byte `start` on is not a sequence of whole frames (the LZ4 frame format), or
-    None. Only headers and block sizes are read; the blocks are skipped by their sizes."""
+    None. Only headers and block sizes are read; the blocks are skipped by their sizes. `marks`: where a
+    frame starts that holds a block and follows one frame or more that holds none (an empty frame, which
+    FastWARC's reader takes for the file's end where it starts the file or follows another: `warc_tail`),
+    appended in file order, up to the first frame that is wrong."""
     size = handle.seek(0, io.SEEK_END)
     position = handle.seek(start)
+    empty: list[bool] = []
     while position < size:
         frame = position
-        length = _lz4_frame_size(handle, size)
+        length = _lz4_frame_size(handle, size, empty)
         if isinstance(length, tuple):
             what, why = length
             return f"{what} at byte {frame}{why}"
+        if marks is not None and len(empty) > 1 and empty[-2] and not empty[-1]:
+            marks.append(frame)
+        del empty[:-1]
         position = handle.seek(frame + length)
     return None
 
 
-def _lz4_frame_size(handle: BinaryIO, size: int) -> int | tuple[str, str]:
+def lz4_output(handle: BinaryIO, start: int, end: int) -> Iterator[bytes]:
+    """What the LZ4 frames from byte `start` up to byte `end` decode to, read by FastWARC's own reader in
+    bounded chunks (its `OSError` where they do not decode)."""
+    from fastwarc.stream_io import Lz4Reader
+
+    handle.seek(start)
+    reader = Lz4Reader(_Slice(handle, end))
+    try:
+        yield from iter(lambda: reader.read(CHUNK), b"")
+    finally:
+        reader.close()
+
+
+def _lz4_frame_size(handle: BinaryIO, size: int, empty: list[bool] | None = None) -> int | tuple[str, str]:
     """The bytes the LZ4 frame (or skippable frame) at `handle`'s position takes in a file of `size`
     bytes, by its header and block sizes; else what is wrong, and a suffix to the frame's byte (which
-    the caller says)."""
+    the caller says). `empty`: whether it is a frame that holds no block, appended (a skippable frame is
+    none: FastWARC's reader fails on one, with a row)."""
     frame = handle.tell()
     magic = handle.read(4)
     if len(magic) < 4:
@@ -428,6 +449,8 @@ def _lz4_frame_size(handle: BinaryIO, size: int) -> int | tuple[str, str]:
         end = frame + 8 + int.from_bytes(skippable, "little")
         if len(skippable) < 4 or end > size:
             return ("the file is cut off inside the LZ4 skippable frame", "")
+        if empty is not None:
+            empty.append(False)
         return end - frame
     if magic != LZ4_MAGIC:
         return ("the file holds no LZ4 frame", "")
@@ -439,6 +462,7 @@ def _lz4_frame_size(handle: BinaryIO, size: int) -> int | tuple[str, str]:
     if len(handle.read(extra)) < extra:
         return ("the file is cut off inside the LZ4 frame header", "")
     block_checksum = 4 * bool(flags & 0x10)
+    blocks = 0
     while True:
         block_size = handle.read(4)
         if len(block_size) < 4:
@@ -446,6 +470,7 @@ def _lz4_frame_size(handle: BinaryIO, size: int) -> int | tuple[str, str]:
         length = int.from_bytes(block_size, "little") & 0x7FFFFFFF
         if length == 0:
             break
+        blocks += 1
         position = handle.tell() + length + block_checksum
         if position > size:
             return ("the file is cut off inside the LZ4 frame", ": a block is cut")
@@ -453,6 +478,8 @@ def _lz4_frame_size(handle: BinaryIO, size: int) -> int | tuple[str, str]:
     checksum = 4 * bool(flags & 0x04)
     if len(handle.read(checksum)) < checksum:
         return ("the file is cut off inside the LZ4 frame", ": no content checksum")
+    if empty is not None:
+        empty.append(not blocks)
     return handle.tell() - frame
 
 
@@ -505,8 +532,24 @@ def gunzipped(handle: BinaryIO) -> Iterator[bytes]:
     (`unused_data`, a copy) is about its own size: handing every member the rest of a 1 MiB chunk made
     a file of tiny members quadratic (a second per MiB).
     """
+    return cast(Iterator[bytes], _gunzip(handle, marked=False))
+
+
+def gunzipped_marked(handle: BinaryIO) -> Iterator[bytes | int]:
+    """`gunzipped`, with the byte (an int) where a member starts that follows one empty member or more
+    (members that decode to no byte: bgzip's end-of-file block, `gzip < /dev/null`) and itself decodes
+    to some, before its output: where FastWARC stops reading without a word (`warc_tail.reading_end`)."""
+    return _gunzip(handle, marked=True)
+
+
+def _gunzip(handle: BinaryIO, *, marked: bool) -> Iterator[bytes | int]:
+    """`gunzipped`'s chunks, and where `marked`, `gunzipped_marked`'s marks among them."""
     decompressor: zlib._Decompress | None = None
     size = _FIRST_PIECE
+    base = handle.tell() if marked else 0  # the file's byte of the chunk read
+    member = base  # where the member being inflated starts
+    empty = False  # an empty member ended since the last output (`marked` only)
+    output = 0  # what that member inflated to so far (`marked` only)
     for data in iter(lambda: handle.read(CHUNK), b""):
         view = memoryview(data)
         position = 0
@@ -515,16 +558,22 @@ def gunzipped(handle: BinaryIO) -> Iterator[bytes]:
                 if data[position] in PADDING and not data[position:].strip(PADDING):
                     break  # padding after the last member
                 decompressor, size = zlib.decompressobj(31), _FIRST_PIECE
+                member, output = base + position, 0
             piece = view[position : position + size]
             try:
                 out = decompressor.decompress(piece, CHUNK)
             except zlib.error as exc:
                 raise Undecodable(str(exc)) from exc
             if out:
+                if empty:
+                    yield member
+                    empty = False
+                output += len(out)
                 yield out
             if decompressor.eof:  # the next member, if any, starts in what this one left
                 position += len(piece) - len(decompressor.unused_data)
                 decompressor = None
+                empty = empty or (marked and not output)
                 continue
             # Input held back by the output bound stays for the next call.
             consumed = len(piece) - len(decompressor.unconsumed_tail)
@@ -532,6 +581,7 @@ def gunzipped(handle: BinaryIO) -> Iterator[bytes]:
                 raise Undecodable("the gzip stream makes no progress")  # never seen; never spin
             position += consumed
             size = min(2 * size, CHUNK)
+        base += len(data)
     if decompressor is not None:
         raise Undecodable("a gzip member is cut off")
 

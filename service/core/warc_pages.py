@@ -80,8 +80,8 @@ from service.core.warc_tail import (
     last_member_fails,
     member_start,
     nothing_after,
+    reading_end,
     skip_member,
-    tail_problem,
 )
 from service.core.warc_unaligned import Inflating, Resync, is_bgzf, members_unaligned, resync
 
@@ -322,8 +322,16 @@ def _iter_records(path: Path, start: int, reading: _Reading) -> Generator[Page, 
     if reported:  # the last record read is cut short: the file's end, or a member cut mid-file
         return (yield from failure.cut_off())
     # FastWARC ends quietly (or hands back an empty record) where a killed writer cut the file inside a
-    # record's header; check the end of the file from the last record it framed, and say so.
-    problem = tail_problem(path, failure.offset, start, skip=failure.skip)
+    # record's header; check the end of the file from the last record it framed, and say so. It ends as
+    # quietly at an empty gzip member (bgzip ends every file with one, so two bgzip files joined by `cat`
+    # hold one between them) or LZ4 frame: reading goes on at the member after it, as at a file's start.
+    finding = reading_end(
+        path, failure.offset, start, skip=failure.skip, here=failure.here, since=failure.since
+    )
+    if finding.resume is not None:
+        yield from failure.release()
+        return finding.resume
+    problem = finding.problem
     if problem is None:
         yield from failure.release()
         return None

@@ -13,6 +13,14 @@ of the file is walked by the records' Content-Length, decompressed as it goes (o
   LZ4 file's frames are checked first, since its decoder reads a cut frame header as a clean end;
 - zstd files are not walked: FastWARC reports a cut zstd frame itself.
 
+FastWARC also ends quietly at an empty gzip member (a valid one whose payload is 0 bytes: bgzip ends every
+file with one, so two bgzip files joined by `cat`, as WARC allows, hold one between them) and at an empty
+LZ4 frame that starts the file or follows another: its reader hands back no byte there, which its record
+iterator takes for the end. The same walk marks where a member that decodes to bytes follows such ones
+(`gunzipped_marked`; an LZ4 file's by its frame headers), and where the records walked whole before a
+mark are as many as FastWARC framed, reading goes on at that member (`reading_end`, `_Mark`), as if the
+empty members were not there. An intact file has no mark: its walk is the one it had.
+
 Where FastWARC fails inside a file compressed per record (a corrupt gzip member, zstd frame or LZ4 frame),
 `skip_member` finds the member it failed on and the next one that starts a record, where reading can go
 on: crawlers write a member per record precisely so that a reader can pass over a damaged one. Each of
@@ -57,9 +65,11 @@ from service.core.warc_frames import (
     Framing,
     Undecodable,
     gunzipped,
+    gunzipped_marked,
     holds_gzip_records,
     inflate_member,
     lz4_frames_problem,
+    lz4_output,
     member_follows,
     zstd_framing,
 )
@@ -88,31 +98,96 @@ _VERSION_LINE = re.compile(rb"WARC/(?:1\.[01]|0\.[^\r\n]{0,2})[ \t\r]*\n")
 _HEADER_END = re.compile(rb"\r?\n\r?\n")
 
 
-def tail_problem(path: Path, offset: int, start: int = 0, *, skip: int | None = None) -> str | None:
-    """Why `path` does not end with complete records from the one at byte `offset` on, or None. `start`:
-    where the reading began (0, or the member `skip_member` went on at): a file whose offsets are no
-    member starts (LZ4, one gzip stream) is walked from there, since the members before it hold the
-    corrupt one passed over. `skip`: the reading was of the output of the gzip members from `start` on,
-    after that many bytes of it (`warc_unaligned`), and `offset` is a position of that output."""
+class ReadingEnd(NamedTuple):
+    """What `reading_end` finds after the last record FastWARC read without an error."""
+
+    problem: str | None  # why the file does not end with whole records there; None where it does
+    # Where a member starts that reading goes on at: FastWARC stopped at the empty members before it.
+    resume: int | None = None
+
+
+class _Resume(Exception):
+    """The walk found where FastWARC stopped at empty members: reading goes on at `member`."""
+
+    def __init__(self, member: int) -> None:
+        super().__init__(member)
+        self.member = member
+
+
+class _Retry(Exception):
+    """The records walked from the record FastWARC framed last are not those it framed there: the walk
+    is made again from where the reading began."""
+
+
+def reading_end(
+    path: Path, offset: int, start: int = 0, *, skip: int | None = None, here: int = 0, since: int = 0
+) -> ReadingEnd:
+    """Whether `path` ends with complete records from the one at byte `offset` on (else why not), and
+    where reading goes on where FastWARC stopped before the file's end at empty members (`_Mark`).
+    `start`: where the reading began (0, or the member reading went on at): a file whose offsets are no
+    member starts (LZ4, one gzip stream) is walked from there, since the members before it were read
+    before. `skip`: the reading was of the output of the gzip members from `start` on, after that many
+    bytes of it (`warc_unaligned`), and `offset` is a position of that output (which FastWARC read from
+    this module's decoder: no empty member stops it). `here`: the records FastWARC framed at `offset`;
+    `since`: from `start` on."""
     with path.open("rb") as handle:
         if skip is not None:
             handle.seek(start)
-            return _walk_problem(_skipped(gunzipped(handle), skip), 0, "gzip", start=start)
+            return ReadingEnd(_walk_problem(_skipped(gunzipped(handle), skip), 0, "gzip", start=start))
         compression = _compression(path, handle.read(4))
-        if compression == "zstd":
-            return None
-        if compression == "lz4":
-            return _lz4_problem(handle, start)
-        if compression == "gzip":
-            if _opens_record_member(handle, offset, GZIP):
-                handle.seek(offset)
-                return _walk_problem(gunzipped(handle), offset, "gzip")
-            # One gzip stream, or members cut where records are not (bgzip, pgzip): FastWARC's offset is
-            # no record's start.
-            handle.seek(start)
-            return _walk_problem(gunzipped(handle), 0, "gzip", start=start)
+        if compression == "zstd":  # FastWARC's zstd reader passes empty frames over
+            return ReadingEnd(None)
+        try:
+            if compression == "lz4":
+                return ReadingEnd(_lz4_problem(handle, start, since))
+            if compression == "gzip":
+                if _opens_record_member(handle, offset, GZIP):
+                    handle.seek(offset)
+                    try:
+                        return ReadingEnd(
+                            _walk_problem(gunzipped_marked(handle), offset, "gzip", at_mark=_Mark(here, True))
+                        )
+                    except _Retry:
+                        pass
+                # One gzip stream, or members cut where records are not (bgzip, pgzip): FastWARC's offset
+                # is no record's start.
+                handle.seek(start)
+                marked = gunzipped_marked(handle)
+                return ReadingEnd(_walk_problem(marked, 0, "gzip", start=start, at_mark=_Mark(since)))
+        except _Resume as found:
+            return ReadingEnd(None, found.member)
         handle.seek(offset)
-        return _walk_problem(iter(lambda: handle.read(CHUNK), b""), offset, None)
+        return ReadingEnd(_walk_problem(iter(lambda: handle.read(CHUNK), b""), offset, None))
+
+
+class _Mark:
+    """What the walk does at a mark in the output (`warc_frames.gunzipped_marked`): a member that decodes
+    to bytes follows one empty member or more, where FastWARC's reader hands back no byte and FastWARC
+    takes that for the file's end (FastWARC 2.0.1: an empty gzip member, an empty LZ4 frame where it
+    starts the file or follows another). Reading goes on at that member where the records walked whole
+    before the mark, the walk between two records there, are as many as FastWARC framed (`expected`).
+    Fewer: FastWARC passed that mark over (it does, where a read of it ends with the member before),
+    and the walk goes on to the next; more: FastWARC stopped before it, which the walk tells or not, as
+    before.
+
+    `first`: the walk began at the member of the record FastWARC framed last, so FastWARC stopped at the
+    first mark, if at one (a record after it would have been framed at a later member); the records
+    walked before it are `expected` only where that member's offset was each record's own (a member per
+    record: bgzip's and pgzip's members cut where records are not, and FastWARC names a record by the
+    member its reading had reached, not always the one it starts in), else the walk is made again from
+    where the reading began (`_Retry`)."""
+
+    def __init__(self, expected: int, first: bool = False) -> None:
+        self.expected = expected
+        self.first = first
+
+    def __call__(self, member: int, records: int, between: bool) -> None:
+        if records > self.expected:
+            return
+        if between and records == self.expected:
+            raise _Resume(member)
+        if self.first:
+            raise _Retry
 
 
 def _skipped(chunks: Iterator[bytes], skip: int) -> Iterator[bytes]:
@@ -557,28 +632,47 @@ _MEMBER_STARTS = {"gzip": GZIP_MEMBER_START, "zstd": ZSTD_MAGIC, "lz4": LZ4_MAGI
 _SUFFIXES = ((".gz", "gzip"), (".zst", "zstd"), (".lz4", "lz4"))
 
 
-def _lz4_problem(handle: BinaryIO, start: int) -> str | None:
-    from fastwarc.stream_io import Lz4Reader
-
-    framing = lz4_frames_problem(handle, start)
-    if framing is not None:
+def _lz4_problem(handle: BinaryIO, start: int, since: int) -> str | None:
+    """`reading_end`'s problem for an LZ4 file read from byte `start` on, in which FastWARC framed `since`
+    records; `_Resume` where it stopped at an empty frame (`_Mark`), found by the frames' headers."""
+    marks: list[int] = []
+    framing = lz4_frames_problem(handle, start, marks)
+    if framing is not None and not marks:
         return framing
-    handle.seek(start)
-    reader = Lz4Reader(handle)
-    try:
-        return _walk_problem(iter(lambda: reader.read(CHUNK), b""), 0, "LZ4", start=start)
-    finally:
-        reader.close()
+    # A frame that is wrong after a mark: the output up to the last mark tells where FastWARC stopped.
+    end = handle.seek(0, io.SEEK_END) if framing is None else marks[-1]
+    problem = _walk_problem(
+        _lz4_marked(handle, start, marks, end), 0, "LZ4", start=start, at_mark=_Mark(since)
+    )
+    return framing or problem
+
+
+def _lz4_marked(handle: BinaryIO, start: int, marks: list[int], end: int) -> Iterator[bytes | int]:
+    """What the LZ4 frames from byte `start` up to byte `end` decode to, each of `marks` (where a frame
+    starts that follows empty ones) among the output as `gunzipped_marked` puts its own: FastWARC's reader
+    is given the frames between two marks, which its own stop at empty frames cannot cut short."""
+    for mark in marks:
+        yield from lz4_output(handle, start, mark)
+        yield mark
+        start = mark
+    if start < end:
+        yield from lz4_output(handle, start, end)
 
 
 def _walk_problem(
-    chunks: Iterable[bytes], offset: int, compression: str | None, *, start: int = 0
+    chunks: Iterable[bytes | int],
+    offset: int,
+    compression: str | None,
+    *,
+    start: int = 0,
+    at_mark: _Mark | None = None,
 ) -> str | None:
     """`walk_records` over `chunks`, its finding as a message (None: the stream ends between records).
     `offset`: the file's byte `chunks` starts at, for a file whose records start there (plain, a gzip
-    member); else 0, and `start` the byte where the decompressed stream `chunks` is starts."""
+    member); else 0, and `start` the byte where the decompressed stream `chunks` is starts. `at_mark`:
+    what to do at each mark among `chunks` (`_Mark`)."""
     try:
-        problem = walk_records(chunks)
+        problem = _walk(chunks, at_mark=at_mark)[0]
     except (Undecodable, OSError) as exc:
         where = f"the file is cut off or corrupt after byte {offset or start}"
         if compression is None:
@@ -603,14 +697,28 @@ def walk_records(chunks: Iterable[bytes]) -> tuple[str, int, str] | None:
     return _walk(chunks)[0]
 
 
-def _walk(chunks: Iterable[bytes], *, most: int | None = None) -> tuple[tuple[str, int, str] | None, int]:
+def _walk(
+    chunks: Iterable[bytes | int], *, most: int | None = None, at_mark: _Mark | None = None
+) -> tuple[tuple[str, int, str] | None, int]:
     """`walk_records`' finding, and how many records it walked whole; a record's header after `most`
-    records is a finding too (the walk goes no further)."""
-    chunks = _coalesced(chunks)
+    records is a finding too (the walk goes no further). A mark among `chunks` (an int: where a member
+    starts that follows empty ones, `warc_frames.gunzipped_marked`) is handed to `at_mark` with the
+    records walked whole before it, and whether the walk is between two records there."""
+    pieces = _coalesced(chunks)
     buffer = b""
     start = 0  # stream position of buffer[0]
     eof = False
     records = 0
+
+    def pull(between: bool) -> bytes:
+        """The stream's next piece, b"" at its end; the marks before it handed to `at_mark`."""
+        for piece in pieces:
+            if isinstance(piece, bytes):
+                return piece
+            if at_mark is not None:
+                at_mark(piece, records, between)
+        return b""
+
     while True:
         stripped = buffer.lstrip(b"\r\n")  # the CRLF CRLF after each record
         start += len(buffer) - len(stripped)
@@ -627,7 +735,7 @@ def _walk(chunks: Iterable[bytes], *, most: int | None = None) -> tuple[tuple[st
                 # Padding, of any length, may end the file; its first byte (no CR or LF, stripped
                 # above) is kept, so that a header after it still fails the version line, at `start`.
                 buffer = buffer[:1]
-            chunk = next(chunks, b"")
+            chunk = pull(not buffer)
             buffer += chunk
             eof = not chunk
             continue
@@ -647,7 +755,7 @@ def _walk(chunks: Iterable[bytes], *, most: int | None = None) -> tuple[tuple[st
         while len(buffer) < to_skip:
             to_skip -= len(buffer)
             start += len(buffer)
-            buffer = next(chunks, b"")
+            buffer = pull(False)
             if not buffer:
                 return ("the file ends inside the record", record_start, ": it was cut off"), records
         start += to_skip
@@ -655,8 +763,9 @@ def _walk(chunks: Iterable[bytes], *, most: int | None = None) -> tuple[tuple[st
         records += 1
 
 
-def _coalesced(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    """`chunks` joined into pieces of at least `CHUNK` bytes (but the last).
+def _coalesced(chunks: Iterable[bytes | int]) -> Iterator[bytes | int]:
+    """`chunks` joined into pieces of at least `CHUNK` bytes (but the last), a mark among them (an int)
+    between the pieces before and after it.
 
     A header is looked for in the buffer again after each piece is added to it: pieces of a few bytes
     (a gzip file of one-byte members, at 21 bytes each) made that quadratic, minutes for a 20 MB file.
@@ -664,6 +773,13 @@ def _coalesced(chunks: Iterable[bytes]) -> Iterator[bytes]:
     pending: list[bytes] = []
     size = 0
     for chunk in chunks:
+        if not isinstance(chunk, bytes):  # a mark: what came before it is one piece
+            if size:
+                yield b"".join(pending)
+                pending.clear()
+                size = 0
+            yield chunk
+            continue
         pending.append(chunk)
         size += len(chunk)
         if size >= CHUNK:

@@ -64,12 +64,12 @@ class Resync(NamedTuple):
 
 
 def is_bgzf(path: Path) -> bool:
-    """Whether the file's first member is a BGZF block (bgzip's layout, cut where records are not)."""
+    """Whether the file's first member is a BGZF block (bgzip's layout, cut where records are not), by
+    the rule every block is told by (`is_bgzf_block`: its extra field's subfields walked to "BC"). Its
+    first subfield's bytes alone had been the rule here: a file whose blocks carry another subfield
+    first was bgzip's to the walk and not to this."""
     with path.open("rb") as handle:
-        header = handle.read(16)
-    if len(header) < 14:  # (a file cut inside its first member's header is no BGZF block)
-        return False
-    return header[:3] == GZIP_MEMBER_START and bool(header[3] & _BGZF_FLAGS) and header[12:14] == b"BC"
+        return is_bgzf_block(handle, 0)
 
 
 def members_unaligned(path: Path, offset: int) -> bool:
