@@ -133,7 +133,9 @@ PART_SIZE = 512
 # are rows (an undecodable coding an error row); a JSONL `encoding` is read as an HTTP charset parameter
 # (`"windows-1252"` and `windows-1252;` are used, `'utf-8'`-style labels are validation_error rows).
 # 9: the records after an empty gzip member or LZ4 frame are read (two bgzip files joined by `cat` hold one
-# between them; reading had ended there, silently).
+# between them; reading had ended there, silently); a JSONL row nested too deep, whose `url` is not a
+# string or whose `file` is a WARC or JSONL file is a validation_error row; a corpus's manifest.jsonl.gz
+# is read; a directory of pages leaves out hidden files and __MACOSX/ and walks each directory once.
 ROW_FORMAT = 9
 # The columns every row has: a head's column (`<head>`, `<head>.probs`) must be none of them.
 FIXED_COLUMNS = (
@@ -172,7 +174,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         type=path_or_stdio,
         help=(
             "pages: a JSONL(.gz) file, a WARC file (.warc, .warc.gz, .warc.zst, .warc.lz4), a corpus "
-            "directory with manifest.jsonl, or a directory of HTML and WARC files"
+            "directory with manifest.jsonl(.gz), or a directory of HTML and WARC files"
         ),
     )
     parser.add_argument("--output", required=True, type=path_or_stdio, help="Parquet file to write")

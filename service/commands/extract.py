@@ -157,7 +157,10 @@ _EXTRACTOR_DISTRIBUTIONS = ("resiliparse", "trafilatura", "justext")
 #    row); a JSONL `encoding` is read as an HTTP charset parameter (`"windows-1252"` and `windows-1252;`
 #    are used, `'utf-8'`-style labels are validation_error rows).
 # 13: the records after an empty gzip member or LZ4 frame are read (two bgzip files joined by `cat` hold
-#    one between them; reading had ended there, silently).
+#    one between them; reading had ended there, silently); a JSONL row nested too deep, whose `url` is
+#    not a string or whose `file` is a WARC or JSONL file is a validation_error row; a corpus's
+#    manifest.jsonl.gz is read; a directory of pages leaves out hidden files and __MACOSX/ and walks
+#    each directory once, however many symlinks lead to it.
 ROW_FORMAT = 13
 # Failures a later attempt may not repeat: written as rows they would be "done" for good (`htmllm embed`'s
 # rule; of its codes only this one reaches an extraction).
@@ -237,7 +240,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--input",
         required=True,
         help=(
-            "page source: a corpus directory with manifest.jsonl, a JSONL(.gz) file, a WARC file, "
+            "page source: a corpus directory with manifest.jsonl(.gz), a JSONL(.gz) file, a WARC file, "
             "an HTML or WARC directory, an HTML file"
         ),
     )

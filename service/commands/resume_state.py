@@ -348,6 +348,15 @@ _UNREAD_SHOWN = 3
 # Suffixes of files a mirrored site serves as pages: the unread files worth a word. A mirror's
 # stylesheets, scripts and images are not pages, and naming them would bury these.
 _PAGE_LIKE_SUFFIXES = frozenset({".xhtml", ".xht", ".shtml", ".php", ".asp", ".aspx", ".jsp", ".cfm", ".cgi"})
+# Suffixes of page sources a directory of pages does not read: a WARC's predecessor, ARC, and JSONL
+# shards (read one file at a time, as the input itself: their ids and `file` paths are the file's).
+_SOURCE_SUFFIXES = frozenset({".arc", ".jsonl", ".ndjson"})
+# What a page or a page source is compressed with, by the suffix a tool gives it: what is under it is
+# looked at (`a.html.zst`, `crawl.warc.bz2`), since of all compressions a directory of pages reads only
+# gzip's `.gz` (and a WARC's `.zst` and `.lz4`), and those files had been passed over without a word.
+_COMPRESSION_SUFFIXES = frozenset(
+    {".gz", ".gzip", ".z", ".zst", ".zstd", ".xz", ".lzma", ".bz2", ".br", ".lz4"}
+)
 # How much of a file without a suffix is looked at for HTML (`_starts_as_html`).
 _SNIFFED_BYTES = 1024
 
@@ -365,46 +374,96 @@ def _starts_as_html(file: Path) -> bool:
     return start.startswith(b"<!doctype html") or b"<html" in head
 
 
-def _may_be_page(file: Path, root: Path) -> bool:
-    """Whether an unread file of a directory of pages may be a page (`unread_files_note`): by its suffix,
-    or, without one, by its first bytes. Nothing under a hidden directory (`.git/`) or hidden itself."""
-    if any(part.startswith(".") for part in file.relative_to(root).parts):
-        return False
-    suffix = file.suffix.lower()
-    return suffix in _PAGE_LIKE_SUFFIXES or (not suffix and _starts_as_html(file))
+def _unread_kind(file: Path) -> str | None:
+    """What an unread file of a directory of pages may be (`unread_files_note`), by its name's suffixes,
+    or, without one, by its first bytes: "page" (a page under a name the reader does not take: `.xhtml`,
+    `.php`, none), "compressed" (a page or WARC compressed other than as the reader reads it:
+    `a.html.zst`, `a.htm.gzip`, `crawl.warc.bz2`), "arc", "jsonl"; None for a file that is no page (a
+    stylesheet, an image, a README, a `.tar.gz`). Hidden files are none of the walk's
+    (`pages.list_directory`)."""
+    suffixes = [suffix.lower() for suffix in file.suffixes]
+    compressed = False
+    while suffixes and suffixes[-1] in _COMPRESSION_SUFFIXES:
+        suffixes.pop()
+        compressed = True
+    suffix = suffixes[-1] if suffixes else ""
+    if suffix == ".arc":
+        return "arc"
+    if suffix in (".jsonl", ".ndjson"):
+        return "jsonl"
+    if compressed:
+        return "compressed" if suffix in _PAGE_LIKE_SUFFIXES | {".html", ".htm", ".warc"} else None
+    if suffix in _PAGE_LIKE_SUFFIXES or (not file.suffix and _starts_as_html(file)):
+        return "page"
+    return None
+
+
+# What each kind of unread file is told to do (`unread_files_note`), in this order.
+_UNREAD_ADVICE = {
+    "page": "rename those that are pages",
+    "compressed": "gzip is the one compression read (a WARC's zstd and LZ4 besides): recompress the others",
+    "arc": "ARC files are not read: convert them to WARC",
+    "jsonl": "JSONL files are read one at a time, each as the input",
+}
 
 
 def unread_files_note(source: Path, output: Path | None) -> str:
     """The end of a run's summary line for a directory of pages (no manifest) holding files the reader
     passes over, by their names (`pages.iter_pages` reads .html, .htm, optionally .gz, and WARC files):
     `; 3 files of DIR were not read (...: a.xhtml, b.php, index)`, or "". A mirror's `.xhtml`, `.php`
-    and suffix-less pages had been left out of a run in silence, which then looked complete. Only names
-    a page may have count (`_may_be_page`): a mirror's .css, .js and .png files, its README and what
-    is under .git/ are no news. The run's own files beside `output` are none of them (`own_files`). What
-    cannot be looked at now says nothing: the run is over, and its rows stand."""
-    from service.core.pages import list_directory, page_files_of, source_kind
+    and suffix-less pages had been left out of a run in silence, which then looked complete, as had
+    pages and WARCs compressed with zstd, xz, bzip2 or brotli, ARC files and JSONL shards. Only names a
+    page may have count (`_unread_kind`): a mirror's .css, .js and .png files, its README and what is
+    hidden (under .git/) are no news. The run's own files beside `output` are none of them
+    (`own_files`). What cannot be looked at now says nothing: the run is over, and its rows stand.
 
+    Two more things the walk passed over are said after it: names a corpus manifest may have that are
+    not its one name (`MANIFEST.jsonl`: the directory was read as a directory of pages, ids as paths,
+    `pages.unused_manifests`), and symlinks to directories read already, not followed again
+    (`pages.list_directory`), whose pages a run had read two or more times."""
+    from service.core.pages import list_directory, page_files_of, source_kind, unused_manifests
+
+    passed_over: list[Path] = []
     try:
         kind, path = source_kind(source)
         if kind != "directory":
             return ""
         read = set(page_files_of(path))
-        listed = list_directory(path, own_files(output) if output is not None else None)
+        listed = list_directory(path, own_files(output) if output is not None else None, passed_over)
+        manifests = unused_manifests(path)
     except (HtmllmError, OSError):
         return ""
-    unread = [
-        entry.path
-        for entry in listed
-        if entry.problem is None and entry.path not in read and _may_be_page(entry.path, path)
-    ]
-    if not unread:
-        return ""
-    names = ", ".join(str(file.relative_to(path)) for file in unread[:_UNREAD_SHOWN])
-    more = ", ..." if len(unread) > _UNREAD_SHOWN else ""
-    return (
-        f"; {len(unread)} files of {source} that may be pages were not read, their names ending in none "
-        f"of .html, .htm (optionally .gz) and the WARC suffixes ({names}{more}): rename those that are pages"
-    )
+    not_pages = {path / name for name in manifests}  # said apart, below
+    unread: dict[str, list[Path]] = {}
+    for entry in listed:
+        if entry.problem is None and entry.path not in read and entry.path not in not_pages:
+            unread_kind = _unread_kind(entry.path)
+            if unread_kind is not None:
+                unread.setdefault(unread_kind, []).append(entry.path)
+    note = ""
+    files = sorted(file for kind_files in unread.values() for file in kind_files)
+    if files:
+        names = ", ".join(str(file.relative_to(path)) for file in files[:_UNREAD_SHOWN])
+        more = ", ..." if len(files) > _UNREAD_SHOWN else ""
+        advice = "; ".join(text for kind, text in _UNREAD_ADVICE.items() if kind in unread)
+        note += (
+            f"; {len(files)} files of {source} that may be pages were not read, their names ending in none "
+            f"of .html, .htm (optionally .gz) and the WARC suffixes ({names}{more}): {advice}"
+        )
+    if manifests:
+        shown = ", ".join(manifests[:_UNREAD_SHOWN]) + (", ..." if len(manifests) > _UNREAD_SHOWN else "")
+        note += (
+            f"; {source} was read as a directory of pages: {shown} was not used as its manifest, which is "
+            "named manifest.jsonl (or manifest.jsonl.gz)"
+        )
+    if passed_over:
+        links = ", ".join(str(link.relative_to(path)) for link in passed_over[:_UNREAD_SHOWN])
+        more = ", ..." if len(passed_over) > _UNREAD_SHOWN else ""
+        note += (
+            f"; {len(passed_over)} symlinks in {source} lead to directories read already ({links}{more}): "
+            "not followed again, each directory's pages were read once"
+        )
+    return note
 
 
 @dataclass

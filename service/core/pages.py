@@ -1,14 +1,18 @@
 """Reading collections of raw pages: the one reader every command, benchmark and training step uses.
 
 A page source is one of:
-- a directory with `manifest.jsonl` (rows with `id`, `file`, optional `url` and metadata), as the
-  shared corpus is laid out;
+- a directory with `manifest.jsonl`, or else `manifest.jsonl.gz` (rows with `id`, `file`, optional `url`
+  and metadata), as the shared corpus is laid out; a manifest there that cannot be read (a dangling
+  symlink, not a file) refuses the directory, never read as a directory of pages instead;
 - a JSONL file (`.jsonl`, or gzipped `.jsonl.gz`) whose rows carry `html` (a string) or `file` (a path
   relative to the JSONL file), plus optional `id` (a string, or an integer read as its decimal text;
   a row without one is named by its position), `url`, `encoding` (the charset a `file`'s bytes were
   served with, as an HTTP Content-Type would declare it) and any other fields (kept in `Page.meta`).
-  A `file` that is absolute or climbs out with `..` is followed as written: a manifest is trusted like
-  the command line that names it, and may point at pages kept elsewhere;
+  A field of the wrong type (`"url": 12345`), a row nested too deep to parse, and a `file` that is a
+  page source of its own (a WARC or JSONL file, told as a single file is: by its name, else its
+  first bytes) are the row's error. A `file` that is absolute or climbs out with `..` is followed as
+  written: a manifest is trusted like the command line that names it, and may point at pages kept
+  elsewhere;
 - a WARC file (`.warc`, `.warc.gz`, `.warc.zst`, `.warc.lz4`; read by `service.core.warc_pages`), as
   crawlers write them: every `response` record with an HTML payload (and every HTML `resource` record)
   is a page, with the WARC-Record-ID as its id, WARC-Target-URI as its url, the HTTP body with its
@@ -18,7 +22,8 @@ A page source is one of:
   `warc_file`, `warc_date`, `http_status`, `content_type` and, for a record the crawler cut short,
   `warc_truncated`;
 - a directory of `*.html`, `*.htm` (optionally `.gz`) and WARC files, read recursively in sorted order
-  (`list_directory`: symlinked subdirectories followed, a link back up not again; other files are
+  (`list_directory`: symlinked subdirectories followed, each directory walked once however many links
+  lead to it; hidden files and directories and `__MACOSX/` are no part of it; other files are
   skipped; a directory with JSONL files but no page files is an error, not zero pages; a subdirectory
   that cannot be listed is an `input_unreadable` row in its place);
 - a single HTML file (`.html`, `.htm`, optionally `.gz`).
@@ -27,7 +32,8 @@ with any other name is sniffed, through gzip when gzipped: JSONL when its conten
 with `WARC/`, one HTML page with `<`; anything else is refused, so a `pages.ndjson` or a renamed WARC
 is never read as one page made of twelve. JSONL is UTF-8: a JSONL file in UTF-16 or UTF-32 (a byte-order
 mark, or NUL bytes, at its start: Windows PowerShell writes UTF-16 by default) is refused whole, where
-its lines split on the byte 0x0A read as rows of garbage.
+its lines split on the byte 0x0A read as rows of garbage, and so is one compressed with zstd, bzip2, xz,
+LZ4 or zip under a plain or `.gz` name (by its magic bytes: `PageCompressedError`).
 
 Every string a page carries (`id`, `url`, `error`, the strings in a JSONL row's `meta`) is valid
 Unicode, so consumers that write UTF-8 (Parquet, JSON) never fail on it: a lone surrogate from a JSON
@@ -72,6 +78,7 @@ from __future__ import annotations
 
 import errno
 import gzip
+import heapq
 import json
 import os
 import re
@@ -92,12 +99,39 @@ from service.core.prune import DEFAULT_MAX_BYTES
 from service.core.warc_frames import GZIP_MAGIC
 
 _HTML_SUFFIXES = (".html", ".htm", ".html.gz", ".htm.gz")
+# A corpus directory's manifest, by its one name, or gzipped as JSONL is read elsewhere; and the names
+# of a manifest that is not read (`unused_manifests`): another case, another JSONL suffix, compressed.
+MANIFEST_NAMES = ("manifest.jsonl", "manifest.jsonl.gz")
+_MANIFEST_LIKE = re.compile(r"manifest\.(?:jsonl|ndjson|jsonlines)(?:\.[a-z0-9]+)?", re.IGNORECASE)
 _JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
 _WARC_SUFFIXES = (".warc", ".warc.gz", ".warc.zst", ".warc.lz4")
 _SNIFF_BYTES = 4096  # enough to get past a BOM and leading blank lines to the first real byte
+# Compressions no page source is read through, by the suffix a tool gives the file it writes (for the
+# refusal of `x.jsonl.zst`, which had said its name "ends in no known suffix") and by the magic bytes it
+# starts with (for a `.jsonl` file compressed under its plain name, whose lines split on the byte 0x0A had
+# been one garbage error row each, and the run ended with status 0). Gzip is read wherever it is found;
+# zstd and LZ4 only in a WARC file (`_WARC_SUFFIXES`).
+_COMPRESSION_SUFFIXES = {
+    ".zst": "zstd", ".zstd": "zstd", ".bz2": "bzip2", ".xz": "xz", ".lzma": "lzma", ".lz4": "LZ4",
+    ".br": "brotli", ".zip": "zip", ".7z": "7-Zip", ".z": "compress",
+}  # fmt: skip
+_COMPRESSION_MAGIC = (
+    # zstd's frame, or a skippable frame (a dictionary, metadata) before it; bzip2's stream header with its
+    # block size and the magic of its first block (or of its end, for an empty stream); xz's and LZ4's
+    # frame magic; a zip archive's first local file header.
+    (re.compile(rb"\x28\xb5\x2f\xfd|[\x50-\x5f]\x2a\x4d\x18"), "zstd"),
+    (re.compile(rb"BZh[1-9](?:1AY&SY|\x17rE8P\x90)"), "bzip2"),
+    (re.compile(rb"\xfd7zXZ\x00"), "xz"),
+    (re.compile(rb"\x04\x22\x4d\x18"), "LZ4"),
+    (re.compile(rb"PK\x03\x04"), "zip"),
+)
+_MAGIC_BYTES = 10  # the longest of them, bzip2's
+# The wording the API gives a JSON body nested past the parser's recursion limit (`api.documents`), for a
+# JSONL row so nested: `json.loads` and `valid_json` recurse, and the RecursionError had ended the run.
+NESTED_TOO_DEEP = "recursion limit exceeded (arrays and objects nest too deeply)"
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _SOURCE_KINDS = (
-    "a corpus directory with manifest.jsonl, a JSONL file (.jsonl, .jsonl.gz), a WARC file "
+    "a corpus directory with manifest.jsonl (or .jsonl.gz), a JSONL file (.jsonl, .jsonl.gz), a WARC file "
     "(.warc, .warc.gz, .warc.zst, .warc.lz4), a directory of HTML and WARC files, an HTML file "
     "(.html, .htm, optionally .gz)"
 )
@@ -355,9 +389,12 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
     if raw_id is not None and (isinstance(raw_id, bool) or not isinstance(raw_id, str | int)):
         # A float or an object has no one obvious text: guessing one could merge two pages' ids.
         raise PageSourceError(f"{where}: 'id' must be a string or an integer, not {_json_type(raw_id)}")
+    url = row.get("url")
+    if url is not None and not isinstance(url, str):
+        # As any other field of the wrong type: `"url": 12345` had become null in silence.
+        raise PageSourceError(f"{where}: 'url' must be a string, not {_json_type(url)}")
     meta = {k: valid_json(v) for k, v in row.items() if k not in ("id", "html", "file", "url", "encoding")}
     page_id = valid_json(_row_id(row, index))
-    url = row.get("url")
     html_text, file_name = row.get("html"), row.get("file")
     source_encoding: str | None = None
     if html_text is not None and file_name is not None:
@@ -382,6 +419,7 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
         problem = _not_a_file(path)  # gone (a dangling symlink too), a directory: what reading it would say
         if problem is not None:
             raise PageUnreadableError(f"{where} names {problem}")
+        _check_page_file(path, None, where)  # by its name, before a WARC of gigabytes is read
         encoding = row.get("encoding")
         if encoding is not None and not isinstance(encoding, str):
             raise PageSourceError(f"{where}: 'encoding' must be a charset name, not {encoding!r}")
@@ -389,16 +427,37 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
             encoding = None  # "": no charset was known to the row's writer, as a missing key says
         if encoding is not None:
             encoding = _row_charset(encoding, where)
-        html, source_encoding = declared_page(_read_file(path, where), encoding, where)
+        raw = _read_file(path, where)
+        _check_page_file(path, raw, where)  # by its content, where its name says nothing
+        html, source_encoding = declared_page(raw, encoding, where)
     else:
         raise PageSourceError(f"{where} has neither 'html' nor 'file'")
     return Page(
         id=page_id,
         html=html,
-        url=valid_json(url) if isinstance(url, str) else None,
+        url=None if url is None else valid_json(url),
         meta=meta,
         encoding=source_encoding,
     )
+
+
+def _check_page_file(path: Path, content: bytes | None, where: str) -> None:
+    """Refuse a row's `file` that is a page source of its own, a WARC or JSONL file, by the rule a single
+    file named as the input is told by (`_file_kind`): its name's suffix, else (given `content`, its bytes
+    gunzipped) its first bytes. Read as one page, a WARC's bytes had been one page of WARC headers and
+    its real pages lost. A file whose name or start says nothing is the page the row says it is."""
+    kind = _kind_by_name(path.name)
+    if kind is None and content is not None:
+        kind = _kind_by_content(content[:_SNIFF_BYTES])
+        how = "its content"
+    else:
+        how = "its name"
+    if kind in ("warc", "jsonl"):
+        what = "WARC" if kind == "warc" else "JSONL"
+        raise PageSourceError(
+            f"{where} names {path}, a {what} file (by {how}), not a page: a row's file is one HTML page; "
+            f"pass the {what} file as the input itself"
+        )
 
 
 def _row_charset(label: str, where: str) -> str:
@@ -456,10 +515,11 @@ def _open_jsonl(path: Path) -> IO[bytes]:
         else:
             handle.seek(0)
         try:
-            start = stream.peek(4)[:4]  # type: ignore[attr-defined]
+            start = stream.peek(_MAGIC_BYTES)[:_MAGIC_BYTES]  # type: ignore[attr-defined]
         except (OSError, EOFError, zlib.error):
             start = b""  # a gzip stream broken from its start: `_lines` reports it as the row it is
-        wide = _wide_text(start)
+        wide = _wide_text(start[:4])
+        coding = compression_of(start)
     except BaseException:
         stream.close()
         handle.close()
@@ -472,7 +532,24 @@ def _open_jsonl(path: Path) -> IO[bytes]:
             f"writes UTF-16 by default); a JSONL file is UTF-8: convert it first (iconv -f {wide[:6]} -t "
             "UTF-8, or PowerShell's Out-File -Encoding utf8)"
         )
+    if coding is not None:
+        stream.close()
+        handle.close()
+        inner = ", once gunzipped" if stream is not handle else ""
+        raise PageCompressedError(
+            f"{path} is compressed with {coding} (by its first bytes{inner}); a JSONL file is read as plain "
+            "or gzipped UTF-8 text: decompress it first, or compress it with gzip"
+        )
     return stream
+
+
+def compression_of(start: bytes) -> str | None:
+    """The compression (`_COMPRESSION_MAGIC`) whose magic bytes a file's content starts with, else None;
+    never gzip, which the readers undo wherever they find it."""
+    for pattern, name in _COMPRESSION_MAGIC:
+        if pattern.match(start):
+            return name
+    return None
 
 
 # The start of a file in a wide encoding: its byte-order mark and a first character in ASCII (a JSONL
@@ -551,6 +628,12 @@ def _iter_jsonl(path: Path) -> Iterator[Page]:
                 except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
                     raise PageSourceError(f"{where} is not JSON: {exc}") from exc
                 page = _row_page(row, path.parent, index, where)
+            except RecursionError:
+                # Arrays nested some 500 deep, in json.loads or in `valid_json` over the row's fields: the
+                # row's error, as the API answers such a body, where it had ended (and on resume, ended
+                # again) the whole run.
+                too_deep = PageSourceError(f"{where} is not JSON: {NESTED_TOO_DEEP}")
+                page = error_page(valid_json(_row_id(row, index)), too_deep)
             except PageSourceError as exc:
                 page = error_page(valid_json(_row_id(row, index)), exc)
             yield page
@@ -588,7 +671,7 @@ def named_files(path: Path) -> Iterator[tuple[str, Path]]:
                 continue
             try:
                 name = _row_file(json.loads(line))
-            except ValueError:
+            except (ValueError, RecursionError):  # not JSON, or nested too deep: an error row
                 continue
             if name is not None:
                 yield name, path.parent / name
@@ -610,27 +693,41 @@ class Listed(NamedTuple):
 Skip = Callable[[Path], bool]
 
 
-def list_directory(top: Path, skip: Skip | None = None) -> list[Listed]:
+def list_directory(
+    top: Path, skip: Skip | None = None, passed_over: list[Path] | None = None
+) -> list[Listed]:
     """Every file under `top`, in the order it is read (sorted as paths: `a/b.html` before `a.html`),
     with what could not be looked at in its place; the one walk of a directory of pages, for its pages
     and for the bulk commands' input identity (`resume_state.input_identity`), so both see the same.
 
-    A symlinked directory is followed, as a symlinked file is, except one back to a directory it is in
-    (a cycle: its pages are read once, where they are). A dangling symlink counts as a file: one named
-    as a page is read, and so becomes an `input_unreadable` row, where skipped its page was lost without
-    a word. A subdirectory that cannot be listed (permission denied, EIO) and an entry that cannot be
-    looked at are `Listed` with a `problem`: `Path.rglob` passed over them in silence, its pages missing
-    from a run that ended with status 0. `top` itself that cannot be listed raises `PageUnreadableError`.
+    Each directory is walked once, wherever links lead to it: its own subdirectories first, then those a
+    symlink leads to, by their paths, so which path names a page does not depend on the file system's
+    order. A symlink to a directory walked already (a link back up, a second link to one directory, a
+    ladder of links that had made 65,535 pages of 16 files) is not followed again: it goes in
+    `passed_over`, when given, for the commands to count. A dangling symlink counts as a file: one named
+    as a page is read, and so becomes an `input_unreadable` row, where skipped its page was lost without a
+    word. Hidden names (`.git/`, a macOS `._a.html` resource fork) and `__MACOSX/` (the resource forks of a
+    zip made on a Mac) are no part of it (`hidden`): read as pages, resource forks were binary noise. A
+    subdirectory that cannot be listed (permission denied, EIO) and an entry that cannot be looked at are
+    `Listed` with a `problem`: `Path.rglob` passed over them in silence, its pages missing from a run that
+    ended with status 0. `top` itself that cannot be listed raises `PageUnreadableError`.
     """
     try:
         top_stat = top.stat()
     except OSError as exc:
         raise PageUnreadableError(f"page source {top} cannot be read: {exc.strerror or exc}") from exc
     found: list[Listed] = []
-    # (a directory, its real path, the (device, inode) of it and of the directories it is in)
-    stack = [(top, Path(os.path.realpath(top)), frozenset({(top_stat.st_dev, top_stat.st_ino)}))]
-    while stack:
-        directory, real, ancestors = stack.pop()
+    walked: set[tuple[int, int]] = set()  # the (device, inode) of every directory walked
+    # (symlinks followed to reach it, the directory, its real path, its (device, inode)), taken fewest
+    # links first, then by path: a directory's own tree before any link into it.
+    queue = [(0, top, Path(os.path.realpath(top)), (top_stat.st_dev, top_stat.st_ino))]
+    while queue:
+        links, directory, real, key = heapq.heappop(queue)
+        if key in walked:
+            if passed_over is not None:
+                passed_over.append(directory)
+            continue
+        walked.add(key)
         try:
             with os.scandir(directory) as scan:
                 entries = list(scan)
@@ -643,15 +740,16 @@ def list_directory(top: Path, skip: Skip | None = None) -> list[Listed]:
             continue
         for entry in entries:
             path = directory / entry.name
-            if skip is not None and skip(real / entry.name):
+            if hidden(entry.name) or (skip is not None and skip(real / entry.name)):
                 continue
             try:
                 if entry.is_dir():  # through a symlink too
                     st = entry.stat()  # the directory's, as `entry.is_dir` followed the link
-                    key = (st.st_dev, st.st_ino)
-                    if key not in ancestors:  # else a link back to a directory it is in: walked there
-                        inner = Path(os.path.realpath(path)) if entry.is_symlink() else real / entry.name
-                        stack.append((path, inner, ancestors | {key}))
+                    if entry.is_symlink():
+                        inner = (links + 1, path, Path(os.path.realpath(path)), (st.st_dev, st.st_ino))
+                    else:
+                        inner = (links, path, real / entry.name, (st.st_dev, st.st_ino))
+                    heapq.heappush(queue, inner)
                 elif entry.is_file() or (entry.is_symlink() and not os.path.exists(path)):
                     found.append(Listed(path))  # a file, or a dangling symlink
             except OSError as exc:
@@ -660,7 +758,16 @@ def list_directory(top: Path, skip: Skip | None = None) -> list[Listed]:
                 else:  # EACCES (in a directory readable but not searchable), EIO
                     found.append(Listed(path, f"cannot look at {path}: {exc.strerror or exc}"))
     found.sort(key=lambda listed: listed.path)
+    if passed_over is not None:
+        passed_over.sort()
     return found
+
+
+def hidden(name: str) -> bool:
+    """Whether a directory of pages leaves a file or directory of this name out (`list_directory`): a
+    hidden name (`.git`, `.DS_Store`, macOS's `._a.html` AppleDouble files) or `__MACOSX`, where a zip
+    made on a Mac keeps such files."""
+    return name.startswith(".") or name == "__MACOSX"
 
 
 def _page_files(path: Path, skip: Skip | None) -> tuple[list[Listed], list[Path]]:
@@ -700,7 +807,7 @@ def _iter_html_dir(path: Path, skip: Skip | None) -> Iterator[Page]:
             raise PageSourceError(
                 f"{path} holds no HTML or WARC files but {len(shards)} JSONL file(s) "
                 f"({shards[0].relative_to(path)}, ...): pass a JSONL file itself, "
-                f"or name the corpus's manifest manifest.jsonl"
+                f"or name the corpus's manifest manifest.jsonl (or manifest.jsonl.gz)"
             )
     for entry in page_files:
         # A name's bytes that are not UTF-8 become \xNN (Page); a directory's ends in "/", which no
@@ -753,12 +860,47 @@ def source_kind(path: Path) -> tuple[Literal["jsonl", "warc", "html", "directory
             )
         raise PageSourceError(f"page source {path} does not exist")
     if stat.S_ISDIR(mode):
-        manifest = path / "manifest.jsonl"
-        manifest_mode = _mode(manifest, path)
-        return ("jsonl", manifest) if manifest_mode and stat.S_ISREG(manifest_mode) else ("directory", path)
+        manifest = _manifest(path)
+        return ("directory", path) if manifest is None else ("jsonl", manifest)
     if stat.S_ISREG(mode):
         return _file_kind(path), path
     raise PageSourceError(f"page source {path} is neither a file nor a directory")
+
+
+def _manifest(directory: Path) -> Path | None:
+    """The manifest of a corpus directory, `manifest.jsonl`, else `manifest.jsonl.gz`; None for a
+    directory with neither, read as a directory of pages. One that is there but cannot be read (a
+    dangling symlink: a corpus whose manifest lives on a volume not mounted; not a file) refuses the
+    source: read as a directory of pages, its ids had become file paths, its urls null, its rows'
+    encodings ignored and the pages it names elsewhere lost, in a run that ended with status 0. Other
+    names a manifest may be given (`MANIFEST.jsonl`) are not read: `unused_manifests` names them."""
+    for name in MANIFEST_NAMES:
+        manifest = directory / name
+        mode = _mode(manifest, directory)
+        if mode is not None and stat.S_ISREG(mode):
+            return manifest
+        if mode is not None:
+            raise PageSourceError(
+                f"page source {directory} cannot be read: its manifest {manifest} is no file"
+            )
+        if manifest.is_symlink():
+            raise PageUnreadableError(
+                f"page source {directory} cannot be read: its manifest {manifest} is a symlink to "
+                f"{os.readlink(manifest)}, which is gone"
+            )
+    return None
+
+
+def unused_manifests(directory: Path) -> list[str]:
+    """The names in `directory` (a directory of pages, without a manifest) that look like a corpus
+    manifest but are none of `MANIFEST_NAMES`: `MANIFEST.jsonl`, `manifest.ndjson`, `manifest.jsonl.zst`,
+    in sorted order, for the bulk commands to say that they were not used. A site's `manifest.json` (a web
+    app's) is no such name. What cannot be listed names nothing."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return sorted(name for name in names if _MANIFEST_LIKE.fullmatch(name) and name not in MANIFEST_NAMES)
 
 
 def _mode(path: Path, source: Path) -> int | None:
@@ -778,14 +920,55 @@ def _mode(path: Path, source: Path) -> int | None:
 
 def _file_kind(path: Path) -> Literal["jsonl", "warc", "html"]:
     """What a single file holds: by its name's suffix, else by its first bytes, else refused."""
-    name = path.name.lower()
+    kind = _kind_by_name(path.name)
+    if kind is not None:
+        return kind
+    head = _head(path)
+    kind = _kind_by_content(head)
+    if kind is not None:
+        return kind
+    coding, how = _compressed_name(path.name), "its name"
+    if coding is None:
+        coding, how = compression_of(head), "its first bytes"
+    if coding is not None:
+        # `x.jsonl.zst` had been told its name "ends in no known suffix", .zst being a WARC's.
+        if how == "its name":
+            inner = _kind_by_name(path.name[: path.name.rindex(".")])
+            what = {"jsonl": "a JSONL file", "warc": "a WARC file", "html": "an HTML file"}.get(
+                inner or "", "a file"
+            )
+            said = f"cannot read {path}: it is {what} compressed with {coding} (by its name)"
+        else:
+            said = f"cannot tell what {path} holds: it is compressed with {coding} (by its first bytes)"
+        raise PageSourceError(
+            f"{said}, which is not read here: JSONL and HTML files are read plain or gzipped, WARC files "
+            "also compressed with zstd or LZ4 (.warc.zst, .warc.lz4): decompress it first, or compress it "
+            f"with gzip; a page source is {_SOURCE_KINDS}"
+        )
+    raise PageSourceError(
+        f"cannot tell what {path} holds: its name ends in no known suffix and its content (gunzipped "
+        f"when gzip) starts with none of '{{' (JSONL), 'WARC/' (WARC), '<' (HTML); a page source is "
+        f"{_SOURCE_KINDS}"
+    )
+
+
+def _kind_by_name(name: str) -> Literal["jsonl", "warc", "html"] | None:
+    """What a file holds by its name's suffix (any case), the first half of the one rule for a file
+    (`_file_kind`, a row's `file`); None for a name with none of the known suffixes."""
+    name = name.lower()
     if name.endswith(_JSONL_SUFFIXES):
         return "jsonl"
     if name.endswith(_WARC_SUFFIXES):
         return "warc"
     if name.endswith(_HTML_SUFFIXES):
         return "html"
-    head = _head(path)
+    return None
+
+
+def _kind_by_content(head: bytes) -> Literal["jsonl", "warc", "html"] | None:
+    """What a file holds by its first bytes (gunzipped, when it is gzip), the rule's second half:
+    JSONL when it starts with `{`, WARC with `WARC/`, HTML with `<`, after a byte order mark and white
+    space, in UTF-8 or in the UTF-16 or UTF-32 text it is (`_wide_text`); None for anything else."""
     wide = _wide_text(head[:4])
     if wide is not None:  # sniffed as the text it is: a UTF-16 page is one page, UTF-16 JSONL refused
         codec = wide[:6].lower()  # "utf-16", "utf-32": their BOM says the byte order
@@ -799,11 +982,13 @@ def _file_kind(path: Path) -> Literal["jsonl", "warc", "html"]:
         return "warc"
     if start.startswith(b"<"):
         return "html"
-    raise PageSourceError(
-        f"cannot tell what {path} holds: its name ends in no known suffix and its content (gunzipped "
-        f"when gzip) starts with none of '{{' (JSONL), 'WARC/' (WARC), '<' (HTML); a page source is "
-        f"{_SOURCE_KINDS}"
-    )
+    return None
+
+
+def _compressed_name(name: str) -> str | None:
+    """The compression a file's name says it holds (`_COMPRESSION_SUFFIXES`), else None."""
+    dot = name.rfind(".")
+    return _COMPRESSION_SUFFIXES.get(name[dot:].lower()) if dot > 0 else None
 
 
 def iter_pages(

@@ -52,12 +52,15 @@ def test_the_input_identity_leaves_out_every_file_a_run_writes_beside_its_output
         (site / name).parent.mkdir(parents=True, exist_ok=True)
         (site / name).write_text("the run's own")
     assert input_identity(site, site / "sub" / "out.parquet") == before
-    assert input_identity(site, tmp_path / "elsewhere.parquet")["files"] == 2 + len(own)
+    # Elsewhere, the output's files are input, but for the hidden ones (no file of a directory of pages).
+    assert input_identity(site, tmp_path / "elsewhere.parquet")["files"] == 2 + 4
     # Through a symlinked directory on the output's path: the same files.
     (tmp_path / "link").symlink_to(site / "sub")
     assert input_identity(site, tmp_path / "link" / "out.parquet") == before
-    # A user's file named like them is input.
-    (site / "sub" / ".out.parquet.original").write_text("a backup")
+    # A user's file named like them is input; a hidden one is no file of a directory of pages at all.
+    (site / "sub" / "out.parquet.original").write_text("a backup")
+    assert input_identity(site, site / "sub" / "out.parquet")["files"] == 3
+    (site / "sub" / ".out.parquet.original").write_text("a hidden backup")
     assert input_identity(site, site / "sub" / "out.parquet")["files"] == 3
 
 

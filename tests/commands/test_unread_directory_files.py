@@ -17,7 +17,7 @@ PAGE = "<html><body><p>A page of a mirrored site, with a few words in it.</p></b
 
 def _mirror(directory: Path) -> Path:
     """A site as `wget -m` leaves it: one `.html` page, pages under other names, and files no page is
-    named as (a stylesheet, an image, JSONL, a dot file), which go unmentioned."""
+    named as (a stylesheet, an image, a dot file), which go unmentioned."""
     for name in (
         "about.html", "feed.xhtml", "index.php", "sub/index", "sub/notes.jsonl", "sub/more.aspx",
         "style.css", "logo.png", ".listing", ".git/config.php", ".git/HEAD",
@@ -39,9 +39,9 @@ def test_extract_counts_the_files_it_did_not_read(tmp_path: Path, capsys: pytest
     (summary,) = capsys.readouterr().err.splitlines()
     assert summary.startswith("htmllm extract: 1 pages, ")
     assert summary.endswith(
-        f"; 4 files of {source} that may be pages were not read, their names ending in none of .html, .htm "
+        f"; 5 files of {source} that may be pages were not read, their names ending in none of .html, .htm "
         "(optionally .gz) and the WARC suffixes (feed.xhtml, index.php, sub/index, ...): rename those that "
-        "are pages"
+        "are pages; JSONL files are read one at a time, each as the input"
     ), summary
 
 
@@ -65,7 +65,7 @@ def test_embed_counts_the_files_it_did_not_read(tmp_path: Path, capsys: pytest.C
     err = capsys.readouterr().err
     assert err.endswith(
         f"wrote 1 documents to {output}: 0 resumed from earlier runs, 1 embedded this run (0 failed); "
-        f"4 files of {source} that may be pages were not read, their names ending in none of .html, .htm "
+        f"5 files of {source} that may be pages were not read, their names ending in none of .html, .htm "
         "(optionally .gz) and the WARC suffixes (feed.xhtml, index.php, sub/index, ...): rename those that "
-        "are pages\n"
+        "are pages; JSONL files are read one at a time, each as the input\n"
     ), err
