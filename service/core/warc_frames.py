@@ -400,26 +400,47 @@ def _lz4_starts_record(piece: memoryview) -> bool:
     return literals >= len("WARC/0.") and _opens_record(piece[at : at + min(literals, _START_BYTES)])
 
 
-def lz4_frames_problem(handle: BinaryIO, start: int = 0, marks: list[int] | None = None) -> str | None:
+def lz4_frames_problem(handle: BinaryIO, start: int = 0) -> str | None:
     """Why the LZ4 file from byte `start` on is not a sequence of whole frames (the LZ4 frame format), or
-    None. Only headers and block sizes are read; the blocks are skipped by their sizes. `marks`: where a
-    frame starts that holds a block and follows one frame or more that holds none (an empty frame, which
-    FastWARC's reader takes for the file's end where it starts the file or follows another: `warc_tail`),
-    appended in file order, up to the first frame that is wrong."""
+    None. Only headers and block sizes are read; the blocks are skipped by their sizes."""
+    problems: list[str] = []
+    for _ in lz4_marks(handle, start, problems):
+        pass
+    return problems[0] if problems else None
+
+
+def lz4_marks(handle: BinaryIO, start: int, problems: list[str]) -> Iterator[tuple[int, int]]:
+    """Each frame, from byte `start` on, that holds a block and follows one frame or more that hold none
+    (an empty frame, which FastWARC's reader takes for the file's end where it starts the file or follows
+    another: `warc_tail`), as (where the frames before it end, skippable ones left out; where it starts),
+    in file order, as the frames' headers are read. The caller reads only as far as it needs: a walk that
+    goes on at the first one had read every frame's header to the file's end at every stop, quadratic in
+    a file with empty frames after every record.
+
+    Skippable frames between are passed over: FastWARC stops at the empty frames before them and never
+    reads them. Marked, a skippable frame was where reading went on, and failed ("Invalid WARC header"),
+    every record after it lost; and a reader given the frames up to the next one fails on it (FastWARC's
+    does, even after empty frames where its record iterator had stopped).
+
+    Why the frames are not whole frames (`lz4_frames_problem`) is appended to `problems` where the scan
+    stops at that. The handle is sought to each frame: the caller may read the file between two."""
     size = handle.seek(0, io.SEEK_END)
-    position = handle.seek(start)
-    empty: list[bool] = []
+    position = start
+    after_empty = False  # the frame before, skippable frames passed over, held no block
+    end = start  # where that frame ends
     while position < size:
-        frame = position
+        handle.seek(position)
+        empty: list[bool] = []
         length = _lz4_frame_size(handle, size, empty)
         if isinstance(length, tuple):
             what, why = length
-            return f"{what} at byte {frame}{why}"
-        if marks is not None and len(empty) > 1 and empty[-2] and not empty[-1]:
-            marks.append(frame)
-        del empty[:-1]
-        position = handle.seek(frame + length)
-    return None
+            problems.append(f"{what} at byte {position}{why}")
+            return
+        if empty:  # a frame, not a skippable one
+            if after_empty and not empty[0]:
+                yield end, position
+            after_empty, end = empty[0], position + length
+        position += length
 
 
 def lz4_output(handle: BinaryIO, start: int, end: int) -> Iterator[bytes]:
@@ -438,8 +459,8 @@ def lz4_output(handle: BinaryIO, start: int, end: int) -> Iterator[bytes]:
 def _lz4_frame_size(handle: BinaryIO, size: int, empty: list[bool] | None = None) -> int | tuple[str, str]:
     """The bytes the LZ4 frame (or skippable frame) at `handle`'s position takes in a file of `size`
     bytes, by its header and block sizes; else what is wrong, and a suffix to the frame's byte (which
-    the caller says). `empty`: whether it is a frame that holds no block, appended (a skippable frame is
-    none: FastWARC's reader fails on one, with a row)."""
+    the caller says). `empty`: whether it is a frame that holds no block, appended; nothing for a skippable
+    frame, which is neither (`lz4_marks`)."""
     frame = handle.tell()
     magic = handle.read(4)
     if len(magic) < 4:
@@ -449,8 +470,6 @@ def _lz4_frame_size(handle: BinaryIO, size: int, empty: list[bool] | None = None
         end = frame + 8 + int.from_bytes(skippable, "little")
         if len(skippable) < 4 or end > size:
             return ("the file is cut off inside the LZ4 skippable frame", "")
-        if empty is not None:
-            empty.append(False)
         return end - frame
     if magic != LZ4_MAGIC:
         return ("the file holds no LZ4 frame", "")
@@ -538,7 +557,9 @@ def gunzipped(handle: BinaryIO) -> Iterator[bytes]:
 def gunzipped_marked(handle: BinaryIO) -> Iterator[bytes | int]:
     """`gunzipped`, with the byte (an int) where a member starts that follows one empty member or more
     (members that decode to no byte: bgzip's end-of-file block, `gzip < /dev/null`) and itself decodes
-    to some, before its output: where FastWARC stops reading without a word (`warc_tail.reading_end`)."""
+    to some, before its output: where FastWARC stops reading without a word (`warc_tail.reading_end`).
+    A member there that fails before its first byte of output has its mark before the failure: without
+    one, the walk blamed the failure on the intact record before the empty members."""
     return _gunzip(handle, marked=True)
 
 
@@ -563,6 +584,8 @@ def _gunzip(handle: BinaryIO, *, marked: bool) -> Iterator[bytes | int]:
             try:
                 out = decompressor.decompress(piece, CHUNK)
             except zlib.error as exc:
+                if empty:
+                    yield member
                 raise Undecodable(str(exc)) from exc
             if out:
                 if empty:
@@ -583,6 +606,8 @@ def _gunzip(handle: BinaryIO, *, marked: bool) -> Iterator[bytes | int]:
             size = min(2 * size, CHUNK)
         base += len(data)
     if decompressor is not None:
+        if empty:
+            yield member
         raise Undecodable("a gzip member is cut off")
 
 

@@ -133,6 +133,14 @@ class _Reading:
     # one (`warc_unaligned.resync`), and whether the file was seen so.
     resync: Resync | None = None
     unaligned: bool = False
+    # Reading went on after a damaged member, at a member found by its magic (`warc_tail.skip_member`,
+    # `warc_unaligned.resync`), which may be one of a stored .warc.gz download's where the damage hid the
+    # record that holds it: FastWARC's stop at empty members there is read past only where the rest of the
+    # file walks to its end as whole records (`warc_tail.reading_end`'s `trusted`), which clears it.
+    unverified: bool = False
+    # Where reading went on after empty members (`warc_tail.reading_end`): a second file joined to the
+    # first by `cat` may start there, compressed its own way (a bgzip file, then one a member per record).
+    joined: int | None = None
     # What every member of the file starts with (`member_start`), read when first needed, and the file
     # open to look for it: opened once, not once per record without an id (~20% of such a file's time).
     _member: bytes | None = field(default=None, init=False)
@@ -326,9 +334,17 @@ def _iter_records(path: Path, start: int, reading: _Reading) -> Generator[Page, 
     # quietly at an empty gzip member (bgzip ends every file with one, so two bgzip files joined by `cat`
     # hold one between them) or LZ4 frame: reading goes on at the member after it, as at a file's start.
     finding = reading_end(
-        path, failure.offset, start, skip=failure.skip, here=failure.here, since=failure.since
+        path,
+        failure.offset,
+        start,
+        skip=failure.skip,
+        here=failure.here,
+        since=failure.since,
+        trusted=not reading.unverified,
     )
     if finding.resume is not None:
+        reading.unverified = False  # trusted, or the rest of the file walked whole
+        reading.joined = finding.resume
         yield from failure.release()
         return finding.resume
     problem = finding.problem
@@ -451,6 +467,7 @@ class _Failure:
             yield from self.release()
             return None
         self.held = None
+        self.reading.unverified = True  # reading goes on past damage (`_Reading`)
         yield replace(
             held,
             error=f"{held.error}; its {found.member} does not decompress and was skipped (bytes "
@@ -489,6 +506,7 @@ class _Failure:
         `message` where reading cannot go on (`skip`: may, where `skip_member` finds a member after), by
         `cause` where it goes on; returns where, or None."""
         reading, last = self.reading, self.last
+        reading.unverified = True  # where reading goes on, if anywhere, is past damage (`_Reading`)
         if self.unread_member:  # the row of this failure is the record's (`bare_lf_end`)
             self.held, self.unread_member = None, False
         at_member = self.at_member and last is None
@@ -639,10 +657,14 @@ def _members_unaligned(path: Path, failure: _Failure) -> bool:
     With none framed, the member there is the damaged one: that it inflates to no record's start is its
     damage, no sign of how the file was cut (a per-record file damaged in its first member had been read
     on as bgzip's, and a stored download damaged later in it lost the intact records after it): only
-    bgzip's own mark then says so."""
+    bgzip's own mark then says so: the file's first member's, or where reading began after empty members
+    (`_Reading.joined`), that member's, which may start a second file joined to a bgzip one (byte 0's
+    mark had the per-record file after it read as bgzip's, and its records after a damaged first member
+    were lost). Not where reading began after damage: that member may be a BGZF block of a stored
+    download, which the file's own members are not."""
     try:
         if failure.last is None:
-            return is_bgzf(path)
+            return is_bgzf(path, failure.start if failure.reading.joined == failure.start else 0)
         return members_unaligned(path, failure.offset)
     except OSError:
         return False

@@ -19,7 +19,9 @@ LZ4 frame that starts the file or follows another: its reader hands back no byte
 iterator takes for the end. The same walk marks where a member that decodes to bytes follows such ones
 (`gunzipped_marked`; an LZ4 file's by its frame headers), and where the records walked whole before a
 mark are as many as FastWARC framed, reading goes on at that member (`reading_end`, `_Mark`), as if the
-empty members were not there. An intact file has no mark: its walk is the one it had.
+empty members were not there; the walk goes no further than that mark. An intact file has no mark: its
+walk is the one it had. Where reading went on past damage, at a member found by its magic (which may be
+one of a stored download's), only where the whole rest of the file walks as whole records (`trusted`).
 
 Where FastWARC fails inside a file compressed per record (a corrupt gzip member, zstd frame or LZ4 frame),
 `skip_member` finds the member it failed on and the next one that starts a record, where reading can go
@@ -68,7 +70,7 @@ from service.core.warc_frames import (
     gunzipped_marked,
     holds_gzip_records,
     inflate_member,
-    lz4_frames_problem,
+    lz4_marks,
     lz4_output,
     member_follows,
     zstd_framing,
@@ -120,7 +122,14 @@ class _Retry(Exception):
 
 
 def reading_end(
-    path: Path, offset: int, start: int = 0, *, skip: int | None = None, here: int = 0, since: int = 0
+    path: Path,
+    offset: int,
+    start: int = 0,
+    *,
+    skip: int | None = None,
+    here: int = 0,
+    since: int = 0,
+    trusted: bool = True,
 ) -> ReadingEnd:
     """Whether `path` ends with complete records from the one at byte `offset` on (else why not), and
     where reading goes on where FastWARC stopped before the file's end at empty members (`_Mark`).
@@ -129,7 +138,15 @@ def reading_end(
     before. `skip`: the reading was of the output of the gzip members from `start` on, after that many
     bytes of it (`warc_unaligned`), and `offset` is a position of that output (which FastWARC read from
     this module's decoder: no empty member stops it). `here`: the records FastWARC framed at `offset`;
-    `since`: from `start` on."""
+    `since`: from `start` on.
+
+    `trusted`: the reading began where no damage was passed over before it. Where it went on after a
+    damaged member, at one found by its magic (`skip_member`, which may land inside a stored .warc.gz
+    download where the damage hid it), reading goes on at a mark only where the walk of the rest of the
+    file finds whole records to its end: the walk is the whole one it was before marks were read, and
+    its finding is kept. A download's members are followed by the bytes of the record that stores them,
+    which are none, so its records never become pages (trusted, each of its members that follows an
+    empty one had been read as the file's)."""
     with path.open("rb") as handle:
         if skip is not None:
             handle.seek(start)
@@ -139,21 +156,23 @@ def reading_end(
             return ReadingEnd(None)
         try:
             if compression == "lz4":
-                return ReadingEnd(_lz4_problem(handle, start, since))
+                at_mark = _Mark(since, trusted=trusted)
+                return at_mark.finding(_lz4_problem(handle, start, at_mark))
             if compression == "gzip":
                 if _opens_record_member(handle, offset, GZIP):
+                    at_mark = _Mark(here, first=True, trusted=trusted)
                     handle.seek(offset)
                     try:
-                        return ReadingEnd(
-                            _walk_problem(gunzipped_marked(handle), offset, "gzip", at_mark=_Mark(here, True))
-                        )
+                        marked = gunzipped_marked(handle)
+                        return at_mark.finding(_walk_problem(marked, offset, "gzip", at_mark=at_mark))
                     except _Retry:
                         pass
                 # One gzip stream, or members cut where records are not (bgzip, pgzip): FastWARC's offset
                 # is no record's start.
+                at_mark = _Mark(since, trusted=trusted)
                 handle.seek(start)
                 marked = gunzipped_marked(handle)
-                return ReadingEnd(_walk_problem(marked, 0, "gzip", start=start, at_mark=_Mark(since)))
+                return at_mark.finding(_walk_problem(marked, 0, "gzip", start=start, at_mark=at_mark))
         except _Resume as found:
             return ReadingEnd(None, found.member)
         handle.seek(offset)
@@ -175,19 +194,34 @@ class _Mark:
     walked before it are `expected` only where that member's offset was each record's own (a member per
     record: bgzip's and pgzip's members cut where records are not, and FastWARC names a record by the
     member its reading had reached, not always the one it starts in), else the walk is made again from
-    where the reading began (`_Retry`)."""
+    where the reading began (`_Retry`).
 
-    def __init__(self, expected: int, first: bool = False) -> None:
+    Not `trusted` (`reading_end`): nothing is raised; the first mark that decides is kept (`resume`), and
+    the walk goes on to the file's end as it did before marks were read (`finding`)."""
+
+    def __init__(self, expected: int, first: bool = False, *, trusted: bool = True) -> None:
         self.expected = expected
         self.first = first
+        self.trusted = trusted
+        self.decided = False
+        self.resume: int | None = None
 
     def __call__(self, member: int, records: int, between: bool) -> None:
-        if records > self.expected:
+        if self.decided or records > self.expected:
             return
         if between and records == self.expected:
-            raise _Resume(member)
-        if self.first:
-            raise _Retry
+            if self.trusted:
+                raise _Resume(member)
+            self.resume, self.decided = member, True
+        elif self.first:
+            if self.trusted:
+                raise _Retry
+            self.decided = True  # walked on from the member, as before marks were read: no resume
+
+    def finding(self, problem: str | None) -> ReadingEnd:
+        """`reading_end`'s finding where the walk ended with `problem`: a resume kept (not `trusted`)
+        only where the rest of the file is whole records."""
+        return ReadingEnd(problem, self.resume if problem is None else None)
 
 
 def _skipped(chunks: Iterator[bytes], skip: int) -> Iterator[bytes]:
@@ -632,30 +666,33 @@ _MEMBER_STARTS = {"gzip": GZIP_MEMBER_START, "zstd": ZSTD_MAGIC, "lz4": LZ4_MAGI
 _SUFFIXES = ((".gz", "gzip"), (".zst", "zstd"), (".lz4", "lz4"))
 
 
-def _lz4_problem(handle: BinaryIO, start: int, since: int) -> str | None:
-    """`reading_end`'s problem for an LZ4 file read from byte `start` on, in which FastWARC framed `since`
-    records; `_Resume` where it stopped at an empty frame (`_Mark`), found by the frames' headers."""
-    marks: list[int] = []
-    framing = lz4_frames_problem(handle, start, marks)
-    if framing is not None and not marks:
-        return framing
-    # A frame that is wrong after a mark: the output up to the last mark tells where FastWARC stopped.
-    end = handle.seek(0, io.SEEK_END) if framing is None else marks[-1]
-    problem = _walk_problem(
-        _lz4_marked(handle, start, marks, end), 0, "LZ4", start=start, at_mark=_Mark(since)
-    )
-    return framing or problem
+def _lz4_problem(handle: BinaryIO, start: int, at_mark: _Mark) -> str | None:
+    """`reading_end`'s problem for an LZ4 file read from byte `start` on; `_Resume` where FastWARC stopped
+    at an empty frame (`at_mark`), found by the frames' headers, which are read only up to there."""
+    problems: list[str] = []
+    marks = lz4_marks(handle, start, problems)
+    output = _lz4_marked(handle, start, marks, problems)
+    problem = _walk_problem(output, 0, "LZ4", start=start, at_mark=at_mark)
+    if problem is not None:  # the walk stopped before the last frame: one wrong after it is the finding
+        for _ in marks:
+            pass
+    return problems[0] if problems else problem
 
 
-def _lz4_marked(handle: BinaryIO, start: int, marks: list[int], end: int) -> Iterator[bytes | int]:
-    """What the LZ4 frames from byte `start` up to byte `end` decode to, each of `marks` (where a frame
-    starts that follows empty ones) among the output as `gunzipped_marked` puts its own: FastWARC's reader
-    is given the frames between two marks, which its own stop at empty frames cannot cut short."""
-    for mark in marks:
-        yield from lz4_output(handle, start, mark)
+def _lz4_marked(
+    handle: BinaryIO, start: int, marks: Iterator[tuple[int, int]], problems: list[str]
+) -> Iterator[bytes | int]:
+    """What the LZ4 frames from byte `start` on decode to, each of `marks` (where a frame starts that
+    follows empty ones) among the output as `gunzipped_marked` puts its own: FastWARC's reader is given
+    the frames between two marks, which its own stop at empty frames cannot cut short. Up to the last
+    mark where a frame is wrong after it (`problems`): the output up to there tells where FastWARC
+    stopped."""
+    for end, mark in marks:
+        yield from lz4_output(handle, start, end)
         yield mark
         start = mark
-    if start < end:
+    end = handle.seek(0, io.SEEK_END)
+    if start < end and not problems:
         yield from lz4_output(handle, start, end)
 
 

@@ -63,13 +63,14 @@ class Resync(NamedTuple):
     whole: int  # records walked whole before the damaged member's output (the rest reach into it)
 
 
-def is_bgzf(path: Path) -> bool:
-    """Whether the file's first member is a BGZF block (bgzip's layout, cut where records are not), by
-    the rule every block is told by (`is_bgzf_block`: its extra field's subfields walked to "BC"). Its
-    first subfield's bytes alone had been the rule here: a file whose blocks carry another subfield
-    first was bgzip's to the walk and not to this."""
+def is_bgzf(path: Path, offset: int = 0) -> bool:
+    """Whether the file's member at byte `offset` (its first by default) is a BGZF block (bgzip's layout,
+    cut where records are not), by the rule every block is told by (`is_bgzf_block`: its extra field's
+    subfields walked to "BC"). Its first subfield's bytes alone had been the rule here: a file whose
+    blocks carry another subfield first was bgzip's to the walk and not to this. `offset`: files joined
+    by `cat` may be compressed each its own way (a bgzip file, then one written a member per record)."""
     with path.open("rb") as handle:
-        return is_bgzf_block(handle, 0)
+        return is_bgzf_block(handle, offset)
 
 
 def members_unaligned(path: Path, offset: int) -> bool:
