@@ -327,13 +327,18 @@ def check_has_pages(source: Path, first: Page | None) -> None:
     empty output and exit 0 would pass for a finished run over a folder not synced yet, a file cut to
     nothing by a failed copy, or files of no kind the commands read. A directory (no manifest) holding
     only JSONL files is refused by `pages` itself."""
-    from service.core.pages import PageSourceError, source_kind
+    from service.core.pages import PageSourceError, hidden_page_files, source_kind
 
     if first is not None:
         return
     kind, path = source_kind(source)
     if kind == "directory":
         why = "no .html or .htm file (optionally .gz) and no WARC file with an HTML record"
+        left_out = hidden_page_files(path, _UNREAD_SHOWN + 1)
+        if left_out:  # (all its pages hidden: "no .html file" alone had been false)
+            names = ", ".join(str(file.relative_to(path)) for file in left_out[:_UNREAD_SHOWN])
+            names += ", ..." if len(left_out) > _UNREAD_SHOWN else ""
+            why += f" that is not hidden: hidden files and directories and __MACOSX/ are left out ({names})"
     elif kind == "warc":
         why = "no WARC record of an HTML response or resource"
     elif path != source:
@@ -357,8 +362,18 @@ _SOURCE_SUFFIXES = frozenset({".arc", ".jsonl", ".ndjson"})
 _COMPRESSION_SUFFIXES = frozenset(
     {".gz", ".gzip", ".z", ".zst", ".zstd", ".xz", ".lzma", ".bz2", ".br", ".lz4"}
 )
+_GZIP_SUFFIXES = frozenset({".gz", ".gzip"})  # the compression read, under suffixes a tool may give it
 # How much of a file without a suffix is looked at for HTML (`_starts_as_html`).
 _SNIFFED_BYTES = 1024
+
+
+def _starts_as_gzip(file: Path) -> bool:
+    """Whether a file's first bytes are gzip's magic (its name may say gzip of what is not)."""
+    try:
+        with file.open("rb") as handle:
+            return handle.read(2) == b"\x1f\x8b"
+    except OSError:
+        return False
 
 
 def _starts_as_html(file: Path) -> bool:
@@ -377,22 +392,26 @@ def _starts_as_html(file: Path) -> bool:
 def _unread_kind(file: Path) -> str | None:
     """What an unread file of a directory of pages may be (`unread_files_note`), by its name's suffixes,
     or, without one, by its first bytes: "page" (a page under a name the reader does not take: `.xhtml`,
-    `.php`, none), "compressed" (a page or WARC compressed other than as the reader reads it:
-    `a.html.zst`, `a.htm.gzip`, `crawl.warc.bz2`), "arc", "jsonl"; None for a file that is no page (a
-    stylesheet, an image, a README, a `.tar.gz`). Hidden files are none of the walk's
-    (`pages.list_directory`)."""
+    `.php`, none; gzipped too, `page.php.gz`, `a.htm.gzip`, which renaming is all they need),
+    "compressed" (a page or WARC compressed other than as the reader reads it: `a.html.zst`,
+    `crawl.warc.bz2`), "arc", "jsonl"; None for a file that is no page (a stylesheet, an image, a
+    README, a `.tar.gz`). Hidden files are none of the walk's (`pages.list_directory`)."""
     suffixes = [suffix.lower() for suffix in file.suffixes]
-    compressed = False
+    compressions: list[str] = []
     while suffixes and suffixes[-1] in _COMPRESSION_SUFFIXES:
-        suffixes.pop()
-        compressed = True
+        compressions.append(suffixes.pop())
     suffix = suffixes[-1] if suffixes else ""
     if suffix == ".arc":
         return "arc"
     if suffix in (".jsonl", ".ndjson"):
         return "jsonl"
-    if compressed:
-        return "compressed" if suffix in _PAGE_LIKE_SUFFIXES | {".html", ".htm", ".warc"} else None
+    if compressions:
+        if suffix not in _PAGE_LIKE_SUFFIXES | {".html", ".htm", ".warc"}:
+            return None
+        # Gzipped once, as the reader reads pages, under a name it does not take: "recompress" had been
+        # the advice.
+        gzipped = compressions == [compressions[0]] and compressions[0] in _GZIP_SUFFIXES
+        return "page" if gzipped and _starts_as_gzip(file) else "compressed"
     if suffix in _PAGE_LIKE_SUFFIXES or (not file.suffix and _starts_as_html(file)):
         return "page"
     return None

@@ -8,9 +8,10 @@ A page source is one of:
   relative to the JSONL file), plus optional `id` (a string, or an integer read as its decimal text;
   a row without one is named by its position), `url`, `encoding` (the charset a `file`'s bytes were
   served with, as an HTTP Content-Type would declare it) and any other fields (kept in `Page.meta`).
-  A field of the wrong type (`"url": 12345`), a row nested too deep to parse, and a `file` that is a
-  page source of its own (a WARC or JSONL file, told as a single file is: by its name, else its
-  first bytes) are the row's error. A `file` that is absolute or climbs out with `..` is followed as
+  A field of the wrong type (`"url": 12345`), a row nesting arrays and objects more than
+  `MAX_ROW_DEPTH` deep, and a `file` that is a page source of its own (a WARC or JSONL file: by its
+  name, as a single file is told, else by a start only such a file has, `_source_by_content`) are the
+  row's error. A `file` that is absolute or climbs out with `..` is followed as
   written: a manifest is trusted like the command line that names it, and may point at pages kept
   elsewhere;
 - a WARC file (`.warc`, `.warc.gz`, `.warc.zst`, `.warc.lz4`; read by `service.core.warc_pages`), as
@@ -76,6 +77,7 @@ inflated much past the cap: a 1 MB gzip file that inflated to 1 GiB was held who
 
 from __future__ import annotations
 
+import codecs
 import errno
 import gzip
 import heapq
@@ -126,9 +128,17 @@ _COMPRESSION_MAGIC = (
     (re.compile(rb"PK\x03\x04"), "zip"),
 )
 _MAGIC_BYTES = 10  # the longest of them, bzip2's
-# The wording the API gives a JSON body nested past the parser's recursion limit (`api.documents`), for a
-# JSONL row so nested: `json.loads` and `valid_json` recurse, and the RecursionError had ended the run.
-NESTED_TOO_DEEP = "recursion limit exceeded (arrays and objects nest too deeply)"
+# How deep a JSONL row's arrays and objects may nest, the row itself 1 (`_nests_deeper`): the API's
+# JSON parser's limit (pydantic's, 200). `json.loads` and `valid_json` recurse (`valid_json` two frames
+# a level), and the RecursionError of a row nested some 450 deep had ended the run (and every resume of
+# it); caught, where it struck depended on how deep the reader's caller was. A fixed depth, checked
+# without recursion, is one rule for every caller: it is far above any real row's (a crawl's metadata
+# nests a few levels) and leaves the recursion limit's 1,000 frames room for a caller 500 deep.
+MAX_ROW_DEPTH = 200
+# The end of a row's error for a row nested deeper; and for the recursion limit struck all the same (a
+# caller hundreds of frames deep, a lowered limit). Such a row is JSON: "is not JSON" had said otherwise.
+NESTED_TOO_DEEP = f"nests arrays and objects more than {MAX_ROW_DEPTH} deep (the limit for a row)"
+TOO_DEEP_TO_READ = "nests arrays and objects too deeply to be read (recursion limit exceeded)"
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _SOURCE_KINDS = (
     "a corpus directory with manifest.jsonl (or .jsonl.gz), a JSONL file (.jsonl, .jsonl.gz), a WARC file "
@@ -393,7 +403,12 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
     if url is not None and not isinstance(url, str):
         # As any other field of the wrong type: `"url": 12345` had become null in silence.
         raise PageSourceError(f"{where}: 'url' must be a string, not {_json_type(url)}")
-    meta = {k: valid_json(v) for k, v in row.items() if k not in ("id", "html", "file", "url", "encoding")}
+    try:
+        meta = {
+            k: valid_json(v) for k, v in row.items() if k not in ("id", "html", "file", "url", "encoding")
+        }
+    except RecursionError:  # within `MAX_ROW_DEPTH`, but the caller's frames and these met the limit
+        raise PageSourceError(f"{where} {TOO_DEEP_TO_READ}") from None
     page_id = valid_json(_row_id(row, index))
     html_text, file_name = row.get("html"), row.get("file")
     source_encoding: str | None = None
@@ -442,13 +457,14 @@ def _row_page(row: Any, base: Path, index: int, where: str) -> Page:
 
 
 def _check_page_file(path: Path, content: bytes | None, where: str) -> None:
-    """Refuse a row's `file` that is a page source of its own, a WARC or JSONL file, by the rule a single
-    file named as the input is told by (`_file_kind`): its name's suffix, else (given `content`, its bytes
-    gunzipped) its first bytes. Read as one page, a WARC's bytes had been one page of WARC headers and
-    its real pages lost. A file whose name or start says nothing is the page the row says it is."""
+    """Refuse a row's `file` that is a page source of its own, a WARC or JSONL file: by its name's suffix,
+    as a single file named as the input is told (`_kind_by_name`), else (given `content`, its bytes
+    gunzipped) by a start only such a file has (`_source_by_content`). Read as one page, a WARC's bytes
+    had been one page of WARC headers and its real pages lost. A file whose name or start says nothing
+    is the page the row says it is."""
     kind = _kind_by_name(path.name)
     if kind is None and content is not None:
-        kind = _kind_by_content(content[:_SNIFF_BYTES])
+        kind = _source_by_content(content)
         how = "its content"
     else:
         how = "its name"
@@ -458,6 +474,34 @@ def _check_page_file(path: Path, content: bytes | None, where: str) -> None:
             f"{where} names {path}, a {what} file (by {how}), not a page: a row's file is one HTML page; "
             f"pass the {what} file as the input itself"
         )
+
+
+# A WARC file's first line, its version (`WARC/1.0`, `WARC/1.1`), as a WARC writer puts it at the start.
+_WARC_VERSION_LINE = re.compile(rb"WARC/1\.[01]\r?\n")
+_JSON_BLANKS = re.compile(rb"[ \t\r\n]*")  # JSON's white space
+
+
+def _source_by_content(content: bytes) -> Literal["jsonl", "warc"] | None:
+    """What page source a row's `file` is by its bytes: "warc" where they start with a WARC version line,
+    "jsonl" where their first line that is not blank (after a UTF-8 byte order mark) is a JSON object;
+    else None, a page.
+
+    Stricter than the rule that tells a single file named as the input (`_kind_by_content`, a start of
+    `{` or `WARC/`): the input must be some page source, where a row names a page and may be any page.
+    That rule had refused a template's page starting `{{ header }}` and prose starting "WARC/ is"."""
+    if _WARC_VERSION_LINE.match(content):
+        return "warc"
+    after_bom = 3 if content.startswith(codecs.BOM_UTF8) else 0
+    blank = _JSON_BLANKS.match(content, after_bom)  # (always a match, empty or not)
+    start = blank.end() if blank else after_bom
+    if content[start : start + 1] != b"{":
+        return None
+    end = content.find(b"\n", start)
+    try:
+        row = json.loads(content[start : end if end >= 0 else len(content)])
+    except (ValueError, RecursionError):  # not JSON (a template's `{{`), or nested too deep to tell
+        return None
+    return "jsonl" if isinstance(row, dict) else None
 
 
 def _row_charset(label: str, where: str) -> str:
@@ -623,21 +667,66 @@ def _iter_jsonl(path: Path) -> Iterator[Page]:
             where = f"{path}: line {line_number}"
             row: Any = None
             try:
-                try:
-                    row = json.loads(line)  # from bytes: a line that is not UTF-8 is a bad row, not a crash
-                except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-                    raise PageSourceError(f"{where} is not JSON: {exc}") from exc
+                row = _parsed_row(line, where)
                 page = _row_page(row, path.parent, index, where)
-            except RecursionError:
-                # Arrays nested some 500 deep, in json.loads or in `valid_json` over the row's fields: the
-                # row's error, as the API answers such a body, where it had ended (and on resume, ended
-                # again) the whole run.
-                too_deep = PageSourceError(f"{where} is not JSON: {NESTED_TOO_DEEP}")
-                page = error_page(valid_json(_row_id(row, index)), too_deep)
             except PageSourceError as exc:
                 page = error_page(valid_json(_row_id(row, index)), exc)
             yield page
             index += 1
+
+
+def _parsed_row(line: bytes, where: str) -> Any:
+    """A JSONL line's value; a line that is not JSON, or nests deeper than `MAX_ROW_DEPTH`, raises
+    `PageSourceError`, the row's error. A row nested too deep is named by its position (`_row_id` of
+    None), whether or not the parser got through it, so that its row is the same from any caller."""
+    try:
+        row = json.loads(line)  # from bytes: a line that is not UTF-8 is a bad row, not a crash
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise PageSourceError(f"{where} is not JSON: {exc}") from exc
+    except RecursionError:
+        # More than `MAX_ROW_DEPTH` deep, unless the caller is deeper than it may be: told by the line's
+        # brackets, so that the row's error is the same from any caller that leaves the parser room.
+        deep = _line_nests_deeper(line, MAX_ROW_DEPTH)
+        raise PageSourceError(f"{where} {NESTED_TOO_DEEP if deep else TOO_DEEP_TO_READ}") from None
+    if _nests_deeper(row, MAX_ROW_DEPTH):
+        raise PageSourceError(f"{where} {NESTED_TOO_DEEP}")
+    return row
+
+
+def _nests_deeper(value: Any, limit: int) -> bool:
+    """Whether a decoded JSON value's arrays and objects nest more than `limit` deep (`[]` is 1 deep),
+    walked with a stack of its own, not recursion; a row's values other than arrays and objects (its
+    page's text) cost nothing."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
+# A JSON string (an escaped quote, `\"`, ends none) or a bracket: the brackets outside strings nest a value.
+_STRING_OR_BRACKET = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
+def _line_nests_deeper(line: bytes, limit: int) -> bool:
+    """Whether a JSON line's brackets outside its strings nest more than `limit` deep, read from the
+    line (`_nests_deeper` for one the parser could not get through); stops at the first bracket past
+    the limit, so a line of 100,000 brackets costs `limit` steps."""
+    depth = 0
+    for match in _STRING_OR_BRACKET.finditer(line):
+        mark = match[0]
+        if mark in (b"[", b"{"):
+            depth += 1
+            if depth > limit:
+                return True
+        elif mark in (b"]", b"}"):
+            depth -= 1
+    return False
 
 
 # What a line naming a page file holds: its key `"file"`, or a letter of it as a JSON escape (`"fil\u0065"`
@@ -670,8 +759,8 @@ def named_files(path: Path) -> Iterator[tuple[str, Path]]:
             if not _FILE_KEY.search(line):
                 continue
             try:
-                name = _row_file(json.loads(line))
-            except (ValueError, RecursionError):  # not JSON, or nested too deep: an error row
+                name = _row_file(_parsed_row(line, ""))
+            except PageSourceError:  # not JSON, or nested too deep: an error row
                 continue
             if name is not None:
                 yield name, path.parent / name
@@ -703,8 +792,10 @@ def list_directory(
     Each directory is walked once, wherever links lead to it: its own subdirectories first, then those a
     symlink leads to, by their paths, so which path names a page does not depend on the file system's
     order. A symlink to a directory walked already (a link back up, a second link to one directory, a
-    ladder of links that had made 65,535 pages of 16 files) is not followed again: it goes in
-    `passed_over`, when given, for the commands to count. A dangling symlink counts as a file: one named
+    ladder of links that had made 65,535 pages of 16 files) is not followed again; one to another
+    directory than those it is in (a second way to the same pages, where a link back up is a cycle, as
+    ordinary as `..`) goes in `passed_over`, when given, for the commands to count. A dangling symlink
+    counts as a file: one named
     as a page is read, and so becomes an `input_unreadable` row, where skipped its page was lost without a
     word. Hidden names (`.git/`, a macOS `._a.html` resource fork) and `__MACOSX/` (the resource forks of a
     zip made on a Mac) are no part of it (`hidden`): read as pages, resource forks were binary noise. A
@@ -718,13 +809,15 @@ def list_directory(
         raise PageUnreadableError(f"page source {top} cannot be read: {exc.strerror or exc}") from exc
     found: list[Listed] = []
     walked: set[tuple[int, int]] = set()  # the (device, inode) of every directory walked
-    # (symlinks followed to reach it, the directory, its real path, its (device, inode)), taken fewest
-    # links first, then by path: a directory's own tree before any link into it.
-    queue = [(0, top, Path(os.path.realpath(top)), (top_stat.st_dev, top_stat.st_ino))]
+    # (symlinks followed to reach it, the directory, its real path, its (device, inode), those of the
+    # directories its path is in), taken fewest links first, then by path: a directory's own tree
+    # before any link into it. (No two have one path, so the sets are never compared.)
+    root = (top_stat.st_dev, top_stat.st_ino)
+    queue = [(0, top, Path(os.path.realpath(top)), root, frozenset[tuple[int, int]]())]
     while queue:
-        links, directory, real, key = heapq.heappop(queue)
+        links, directory, real, key, ancestors = heapq.heappop(queue)
         if key in walked:
-            if passed_over is not None:
+            if passed_over is not None and key not in ancestors:  # (a link back up: a cycle, no news)
                 passed_over.append(directory)
             continue
         walked.add(key)
@@ -745,10 +838,11 @@ def list_directory(
             try:
                 if entry.is_dir():  # through a symlink too
                     st = entry.stat()  # the directory's, as `entry.is_dir` followed the link
+                    inner_key, inside = (st.st_dev, st.st_ino), ancestors | {key}
                     if entry.is_symlink():
-                        inner = (links + 1, path, Path(os.path.realpath(path)), (st.st_dev, st.st_ino))
+                        inner = (links + 1, path, Path(os.path.realpath(path)), inner_key, inside)
                     else:
-                        inner = (links, path, real / entry.name, (st.st_dev, st.st_ino))
+                        inner = (links, path, real / entry.name, inner_key, inside)
                     heapq.heappush(queue, inner)
                 elif entry.is_file() or (entry.is_symlink() and not os.path.exists(path)):
                     found.append(Listed(path))  # a file, or a dangling symlink
@@ -760,6 +854,23 @@ def list_directory(
     found.sort(key=lambda listed: listed.path)
     if passed_over is not None:
         passed_over.sort()
+    return found
+
+
+def hidden_page_files(top: Path, most: int) -> list[Path]:
+    """Up to `most` files under `top` that `list_directory` leaves out as hidden (`hidden`: under `.site/`,
+    `.a.html`, `__MACOSX/`) and whose names a page or WARC file has, in walk order; for the refusal of a
+    directory with no other pages, which had said it held no .html file. Symlinked directories are not
+    followed: a cheap look for the message, not a walk of pages."""
+    found: list[Path] = []
+    for directory, subdirectories, files in os.walk(top):
+        subdirectories.sort()
+        in_hidden = any(hidden(part) for part in Path(directory).relative_to(top).parts)
+        for name in sorted(files):
+            if (in_hidden or hidden(name)) and name.lower().endswith(_HTML_SUFFIXES + _WARC_SUFFIXES):
+                found.append(Path(directory) / name)
+                if len(found) >= most:
+                    return found
     return found
 
 

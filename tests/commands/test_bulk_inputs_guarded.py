@@ -17,7 +17,7 @@ import zstandard
 
 from service.cli import main
 from service.commands.resume_state import input_identity
-from service.core.pages import NESTED_TOO_DEEP
+from service.core.pages import MAX_ROW_DEPTH, NESTED_TOO_DEEP
 from tests.factories.checkpoint import build_tiny_checkpoint
 
 PAGE = "<html><body><p>A page of a site, with a few words in it.</p></body></html>"
@@ -25,8 +25,11 @@ DEEP = 100_000  # far past any recursion limit
 
 
 def _deep_jsonl(path: Path) -> Path:
+    """Rows: a page, one nested too deep, a page whose metadata nests as deep as a row may."""
     deep = '{"id": "deep", "html": "x", "m": ' + "[" * DEEP + "]" * DEEP + "}"
-    rows = [json.dumps({"id": "a", "html": PAGE}), deep, json.dumps({"id": "c", "html": PAGE})]
+    most = MAX_ROW_DEPTH - 1  # `m`'s, in a row one deeper
+    deepest = json.dumps({"id": "c", "html": PAGE})[:-1] + ', "m": ' + "[" * most + "]" * most + "}"
+    rows = [json.dumps({"id": "a", "html": PAGE}), deep, deepest]
     path.write_text("\n".join(rows) + "\n")
     return path
 
@@ -48,8 +51,9 @@ def test_extract_writes_a_row_nested_too_deep_as_its_error_and_resumes_past_it(t
     assert [(row["index"], row["id"]) for row in rows] == [(0, "a"), (1, "1"), (2, "c")]
     assert rows[1]["error"] == {
         "code": "validation_error",
-        "message": f"{source}: line 2 is not JSON: {NESTED_TOO_DEEP}",
+        "message": f"{source}: line 2 {NESTED_TOO_DEEP}",
     }
+    assert rows[2].get("error") is None  # as deep as a row may be: read, and written
 
 
 def test_embed_writes_a_row_nested_too_deep_as_its_error(tmp_path: Path) -> None:

@@ -422,3 +422,26 @@ def test_parts_behind_a_symlink_are_removed_where_they_are(tmp_path: Path) -> No
     resume_state.remove_parts(parts, parts.parent / "out.parquet")
     assert not parts.exists() and not parts.is_symlink()
     assert list(scratch.iterdir()) == [] and list(parts.parent.iterdir()) == []
+
+
+def test_a_directory_whose_only_pages_are_hidden_is_refused_saying_they_were_left_out(tmp_path: Path) -> None:
+    """Its refusal had said it held no .html file: a site unpacked under `.site/` or kept in `__MACOSX/`
+    reads as empty, and the message now says why."""
+    site = tmp_path / "site"
+    for name in (".cache/a.html", "__MACOSX/b.html", ".c.htm", "readme.txt"):
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_text("<p>hidden</p>")
+    with pytest.raises(pages.PageSourceError) as caught:
+        resume_state.check_has_pages(site, None)
+    assert str(caught.value) == (
+        f"page source {site} holds no pages: no .html or .htm file (optionally .gz) and no WARC file with "
+        "an HTML record that is not hidden: hidden files and directories and __MACOSX/ are left out (.c.htm, "
+        ".cache/a.html, __MACOSX/b.html)"
+    )
+    for name in (".c.htm", ".cache/a.html", "__MACOSX/b.html"):
+        (site / name).unlink()
+    with pytest.raises(pages.PageSourceError) as caught:
+        resume_state.check_has_pages(site, None)
+    assert str(caught.value).endswith(
+        "no .html or .htm file (optionally .gz) and no WARC file with an HTML record"
+    )

@@ -4,12 +4,15 @@ left out of a run that looked complete."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from service.cli import main
+from service.commands.resume_state import unread_files_note
 from tests.factories.checkpoint import build_tiny_checkpoint
 
 PAGE = "<html><body><p>A page of a mirrored site, with a few words in it.</p></body></html>"
@@ -69,3 +72,39 @@ def test_embed_counts_the_files_it_did_not_read(tmp_path: Path, capsys: pytest.C
         "(optionally .gz) and the WARC suffixes (feed.xhtml, index.php, sub/index, ...): rename those that "
         "are pages; JSONL files are read one at a time, each as the input\n"
     ), err
+
+
+def test_gzipped_pages_under_other_names_are_told_to_be_renamed(tmp_path: Path) -> None:
+    """`page.php.gz` is gzip, which the reader reads: it needs a name, not "recompress" as a page
+    compressed with zstd does (its name says gzip and its bytes are not, `fake.htm.gz`, is compressed
+    otherwise)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "a.html").write_text(PAGE)
+    for name in ("about.xhtml.gz", "b.htm.gzip", "page.php.gz"):
+        (site / name).write_bytes(gzip.compress(PAGE.encode()))
+    assert unread_files_note(site, None) == (
+        f"; 3 files of {site} that may be pages were not read, their names ending in none of .html, .htm "
+        "(optionally .gz) and the WARC suffixes (about.xhtml.gz, b.htm.gzip, page.php.gz): rename those "
+        "that are pages"
+    )
+    (site / "c.html.zst").write_bytes(b"\x28\xb5\x2f\xfd not read")
+    (site / "fake.php.gz").write_bytes(b"\x28\xb5\x2f\xfd not gzip")
+    assert unread_files_note(site, None).endswith(
+        "(about.xhtml.gz, b.htm.gzip, c.html.zst, ...): rename those that are pages; gzip is the one "
+        "compression read (a WARC's zstd and LZ4 besides): recompress the others"
+    )
+
+
+def test_a_link_back_up_is_not_told_of_as_a_directory_read_already(tmp_path: Path) -> None:
+    """`real/up -> ..` is a cycle, skipped as it always was: every run's summary had told of it."""
+    site = tmp_path / "site"
+    (site / "real").mkdir(parents=True)
+    (site / "real" / "p.html").write_text(PAGE)
+    os.symlink("..", site / "real" / "up")
+    assert unread_files_note(site, None) == ""
+    os.symlink("real", site / "mirror")  # a second way to `real`: told of
+    assert unread_files_note(site, None) == (
+        f"; 1 symlinks in {site} lead to directories read already (mirror): not followed again, each "
+        "directory's pages were read once"
+    )

@@ -5,7 +5,8 @@ as it is: two of them either side of something the tree drops (a removed `<scrip
 `<noscript>`, `<template>` or hidden element, a NUL byte, a stray end tag, a comment in a table whose
 text is fostered out of it) met in one text node and read as one character the page never had
 (`\\xc3<script>x()</script>\\x8c` came out "Ì", where `decode_html` reads "\\ufffd\\ufffd"). Only valid
-UTF-8 takes the bytes path now; the rest is decoded first.
+UTF-8 goes as it is now; the rest is repaired first, each invalid sequence U+FFFD as `decode_html` reads
+it, and still goes as bytes (as text the pruner charged it more and refused pages its valid twin passes).
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import random
 
 import pytest
 
-from service.core import decoding
+from service.core import decoding, prune
 from service.core.decoding import decode_html, parser_input, utf8_payload
-from service.core.prune import prune_html, prune_text
+from service.core.prune import InputTooLargeError, prune_html, prune_text
 
 # Each way a page declares UTF-8: (bytes in front of the page, the `encoding` argument).
 DECLARATIONS: dict[str, tuple[bytes, str | None]] = {
@@ -71,8 +72,9 @@ def test_invalid_bytes_around_a_removed_element_prune_as_the_decoded_text(
     declaration: str, removed: str
 ) -> None:
     data, encoding = _page(declaration, removed)
-    assert utf8_payload(data, encoding=encoding) is None
-    assert parser_input(data, encoding=encoding) == decode_html(data, encoding=encoding).text
+    repaired = decode_html(data, encoding=encoding).text.encode("utf-8")
+    assert utf8_payload(data, encoding=encoding) == repaired
+    assert parser_input(data, encoding=encoding) == repaired
     _prunes_as_decoded(data, encoding)
     pruned = prune_html(data, encoding=encoding)
     assert not {"Ì", "€", "😀"} & set(pruned)
@@ -109,8 +111,34 @@ def test_the_check_reads_characters_cut_by_its_chunks(monkeypatch: pytest.Monkey
         data = b" " * start + valid
         assert utf8_payload(data) == data
     for bad in (valid + b"\xff", valid + b"\xe2\x82", valid.replace(b"\x9f\x98\x80", b"\x9f\x98", 1)):
-        assert utf8_payload(bad) is None
-        assert parser_input(bad) == decode_html(bad).text
+        assert utf8_payload(bad) == parser_input(bad) == decode_html(bad).text.encode("utf-8") != bad
+
+
+def _pruned_or_refused(data: bytes) -> str:
+    """The outcome, "pruned" or "refused" (`prune_html` finds the page over its memory budget)."""
+    try:
+        prune_html(data)
+    except InputTooLargeError:
+        return "refused"
+    return "pruned"
+
+
+def test_a_page_cut_inside_its_last_character_is_charged_as_its_valid_twin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A truncated download's cut last character had sent a whole page to the pruner as text, which it
+    charges the text's size besides (`_prune_document`): 6 MB of Chinese it had pruned were refused
+    ("the budget for 3767454 bytes"), over the API too. Repaired, the page goes as bytes and its budget
+    and estimate are its valid twin's. Without the headroom a test-sized page meets the budget: some
+    of these pages are refused, some pruned, and each cut page as its twin."""
+    monkeypatch.setattr(prune, "_MEMORY_HEADROOM", 0)
+    seen = set()
+    for length in range(20, 34, 2):
+        valid = ('<meta charset="utf-8">' + ("<p>" + "中" * length + "</p>") * 2000).encode()
+        cut = valid + "中".encode()[:2]
+        assert _pruned_or_refused(cut) == _pruned_or_refused(valid), length
+        seen.add(_pruned_or_refused(valid))
+    assert seen == {"pruned", "refused"}
 
 
 # The sweep's pieces: ASCII and valid non-ASCII text, invalid sequences (stray continuation bytes, lone

@@ -17,6 +17,7 @@ import zstandard
 
 from service.core.errors import ErrorCode
 from service.core.pages import (
+    MAX_ROW_DEPTH,
     NESTED_TOO_DEEP,
     PageCompressedError,
     PageSourceError,
@@ -39,8 +40,9 @@ def _jsonl(path: Path, *rows: dict[str, object] | str) -> Path:
     return path
 
 
-def _deep_row(**fields: str) -> str:
-    return json.dumps(fields)[:-1] + ', "m": ' + "[" * DEEP + "]" * DEEP + "}"
+def _deep_row(depth: int = DEEP, **fields: str) -> str:
+    """A row of `fields` and a field `m` of arrays `depth` deep (the row `depth` + 1)."""
+    return json.dumps(fields)[:-1] + ', "m": ' + "[" * depth + "]" * depth + "}"
 
 
 def test_a_row_nested_too_deep_is_its_error_row(tmp_path: Path) -> None:
@@ -53,9 +55,37 @@ def test_a_row_nested_too_deep_is_its_error_row(tmp_path: Path) -> None:
         ("1", ErrorCode.VALIDATION),  # not read far enough for its id: named by its position
         ("2", None),
     ]
-    assert pages[1].error == f"{source}: line 2 is not JSON: {NESTED_TOO_DEEP}"
-    with pytest.raises(PageSourceError, match="recursion limit exceeded"):
+    assert pages[1].error == f"{source}: line 2 {NESTED_TOO_DEEP}"
+    assert NESTED_TOO_DEEP == "nests arrays and objects more than 200 deep (the limit for a row)"
+    with pytest.raises(PageSourceError, match="more than 200 deep"):
         list(iter_pages(source))  # the default stops, with the row's error, not a RecursionError
+
+
+def _read_below(frames: int, source: Path) -> list[tuple[str, str | None]]:
+    """The pages of `source` read by a caller `frames` calls deep."""
+    if frames:
+        return _read_below(frames - 1, source)
+    return [(page.id, page.error) for page in iter_pages(source, bad_rows="report")]
+
+
+def test_how_deep_a_row_may_nest_does_not_depend_on_the_caller(tmp_path: Path) -> None:
+    """Where the recursion limit struck had decided it: a row 301 deep was read from a shallow caller
+    and an error from one 300 calls deeper, and said "is not JSON" of JSON. `MAX_ROW_DEPTH` is the rule,
+    checked without recursion, and a row past it is named by its position from every caller."""
+    depths = (MAX_ROW_DEPTH - 1, MAX_ROW_DEPTH, 300, 5_000, DEEP)  # `m`'s: the row is one deeper
+    source = _jsonl(
+        tmp_path / "pages.jsonl", *(_deep_row(depth, id=f"d{depth}", html=PAGE) for depth in depths)
+    )
+    too_deep = [f"{source}: line {line} {NESTED_TOO_DEEP}" for line in range(1, len(depths) + 1)]
+    expected = [
+        (f"d{MAX_ROW_DEPTH - 1}", None),
+        ("1", too_deep[1]),
+        ("2", too_deep[2]),
+        ("3", too_deep[3]),
+        ("4", too_deep[4]),
+    ]
+    assert _read_below(0, source) == expected
+    assert _read_below(300, source) == expected
 
 
 def test_a_deep_row_naming_a_file_names_nothing(tmp_path: Path) -> None:
@@ -110,6 +140,41 @@ def test_a_row_naming_a_page_source_is_an_error_row(
         f"{source}: line 1 names {tmp_path / name}, {said}, not a page: a row's file is one HTML page; "
         f"pass the {said.split()[1]} file as the input itself"
     )
+
+
+# Pages whose start looks like a page source's and is not: a row naming one reads it. (The rule had been
+# a start of `{` or `WARC/`, as for a single file named as the input.)
+PAGES_LIKE_SOURCES = {
+    "template": b"{{ header }}\n<html><body><p>A template's page.</p></body></html>",
+    "prose": b"WARC/ is a format. <p>A page about it.</p>",
+    "no line end": b"WARC/1.0 is the first version. <p>A page about it.</p>",
+    "json then html": b'{"a": 1}<html><body><p>A page after a JSON object.</p></body></html>',
+    "json array": b"[1, 2]\n<p>A page after a JSON array.</p>",
+}
+
+
+@pytest.mark.parametrize("content", list(PAGES_LIKE_SOURCES.values()), ids=list(PAGES_LIKE_SOURCES))
+def test_a_row_naming_a_page_that_starts_like_a_source_reads_it(tmp_path: Path, content: bytes) -> None:
+    (tmp_path / "page").write_bytes(content)
+    source = _jsonl(tmp_path / "pages.jsonl", {"id": "p", "file": "page"})
+    assert [(p.id, p.html, p.error) for p in iter_pages(source, bad_rows="report")] == [("p", content, None)]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"WARC/1.0\r\nWARC-Type: warcinfo\r\n\r\n",
+        b"WARC/1.1\nWARC-Type: warcinfo\n\n",
+        b'\xef\xbb\xbf\n \r\n{"html": "<p>x</p>"}\n{"html": "<p>y</p>"}\n',
+        b'{"a": 1}\n<p>A page after a JSON object on its line.</p>',
+    ],
+    ids=["warc/1.0", "warc/1.1 lf", "jsonl after a bom and blank lines", "json object line"],
+)
+def test_a_row_naming_a_file_that_starts_as_a_source_is_refused(tmp_path: Path, content: bytes) -> None:
+    (tmp_path / "page").write_bytes(content)
+    source = _jsonl(tmp_path / "pages.jsonl", {"id": "p", "file": "page"})
+    [page] = iter_pages(source, bad_rows="report")
+    assert page.error is not None and "not a page" in page.error and "(by its content)" in page.error
 
 
 def _compressed(kind: str, data: bytes) -> bytes:
@@ -244,6 +309,25 @@ def test_a_directory_is_read_once_whatever_links_lead_to_it(tmp_path: Path) -> N
     os.symlink(tmp_path / "outside", top / "z2")
     os.symlink(tmp_path / "outside", top / "z1")
     assert [p.id for p in iter_pages(top)] == ["real/p.html", "z1/q.html"]
+
+
+def test_links_back_up_are_cycles_not_directories_read_twice(tmp_path: Path) -> None:
+    """A link to a directory it is in (`real/up -> ..`, `here -> .`) is a cycle, skipped without a word as
+    before; only a second way to a directory walked elsewhere (`mirror -> real`) is counted. Every link
+    had been counted, and the summary of a site with a link back up told of it on every run."""
+    top = tmp_path / "site"
+    (top / "real").mkdir(parents=True)
+    (top / "real" / "p.html").write_text(PAGE)
+    os.symlink("..", top / "real" / "up")
+    os.symlink(".", top / "here")
+    os.symlink("../real", top / "real" / "self")
+    passed_over: list[Path] = []
+    assert [entry.path for entry in list_directory(top, passed_over=passed_over)] == [top / "real" / "p.html"]
+    assert passed_over == []
+    os.symlink("real", top / "mirror")
+    os.symlink("../real", top / "real" / "up" / "real" / "self-again")  # (in `real` itself: a cycle)
+    assert [entry.path for entry in list_directory(top, passed_over=passed_over)] == [top / "real" / "p.html"]
+    assert passed_over == [top / "mirror"]
 
 
 def test_hidden_files_and_mac_resource_forks_are_no_pages(tmp_path: Path) -> None:
