@@ -360,7 +360,7 @@ def response_fields(page: Page, *, jsonl: bool) -> dict[str, Any]:
     status, content_type = page.meta.get("http_status"), page.meta.get("content_type")
     truncated = page.meta.get("warc_truncated")
     return {
-        # A status line's three digits (`warc_pages._STATUS_LINE`); a bool is no status.
+        # A status line's three digits (`warc_record_page._STATUS_LINE`); a bool is no status.
         "http_status": status if type(status) is int and 0 <= status <= 999 else None,
         "content_type": content_type if isinstance(content_type, str) else None,
         "warc_truncated": truncated if isinstance(truncated, str) else None,

@@ -1,5 +1,5 @@
 """Content-Type values as HTTP sends them and as browsers read them, for every reader of raw pages: the
-service's raw-body routes (`service.api.documents`) and WARC records (`service.core.warc_pages`).
+service's raw-body routes (`service.api.documents`) and WARC records (`service.core.warc_record_page`).
 
 A Content-Type is a singleton field, but a proxy that merges two of them writes one comma-separated list
 (`text/html, text/html; charset=koi8-r`), and crawlers keep it as it came. The email parser reads such a

@@ -147,7 +147,8 @@ _SOURCE_KINDS = (
 )
 # A page's byte cap: the pruner's, so the reader never hands on a page the Engine would refuse for its
 # size (nor refuses one it would take). Read at call time, here and as `pages.MAX_PAGE_BYTES` in
-# `warc_pages` (never imported by value), so a test lowers it for every source by patching it here.
+# `warc_pages` and `warc_record_page` (never imported by value), so a test lowers it for every source by
+# patching it here.
 MAX_PAGE_BYTES = DEFAULT_MAX_BYTES
 # What may be read to find one page, as a multiple of the page cap: a JSONL row holds its page JSON-
 # escaped (a Chinese character becomes a six-byte `\u4e2d` escape, twice its UTF-8; an emoji's two

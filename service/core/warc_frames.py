@@ -1,8 +1,10 @@
 """The members a WARC file may be compressed in, record by record or as one stream: gzip members, zstd and
-LZ4 frames. How each is decoded in bounded chunks, where a zstd or LZ4 frame ends by its structure alone,
-and whether one found by its magic starts a WARC record (`Framing`, which `warc_tail` finds members
-with); whether a file ends with whole records, and where reading goes on after a corrupt member, is
-`warc_tail`'s.
+LZ4 frames. What the three have in common is here: each one's magic, and how a member is found and checked
+(`Framing`: its output in bounded chunks, and whether one found by its magic starts a WARC record, which
+`warc_skip` finds members with). So are the zstd and LZ4 frames themselves: how each is decoded, and where
+one ends by its structure alone. A gzip member keeps no sizes (where one ends is told only by inflating
+it), so gzip's members are `warc_gzip`'s; whether a file ends with whole records is `warc_tail`'s, and
+where reading goes on after a corrupt member, `warc_skip`'s.
 
 A zstd file may start with the dictionary its frames were compressed with (the IIPC zstd-WARC layout, as
 wget-at writes it): its frames are decoded with it. An LZ4 frame is decoded by FastWARC's own reader (no
@@ -14,10 +16,9 @@ from __future__ import annotations
 
 import io
 import re
-import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO, ClassVar, NamedTuple, cast
+from typing import BinaryIO, ClassVar, NamedTuple
 
 import zstandard
 
@@ -26,8 +27,8 @@ CHUNK = 1 << 20  # the most bytes of output (or of a file) handled at a time
 PADDING = b"\0\r\n\t "
 GZIP_MAGIC = b"\x1f\x8b"
 GZIP_MEMBER_START = GZIP_MAGIC + b"\x08"  # gzip's magic and its one compression method, deflate
-_FIRST_PIECE = 64  # bytes of a gzip member fed first (see gunzipped)
-_GZIP_PROBE = 4096  # bytes of a candidate member inflated to tell whether it starts a record
+
+
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 ZSTD_DICTIONARY_MAGIC = b"\x5d\x2a\x4d\x18"  # the skippable frame a zstd WARC's dictionary is kept in
 _MAX_DICTIONARY = 64 << 20  # a dictionary frame claiming more is no dictionary (a corrupt size)
@@ -37,7 +38,7 @@ _LZ4_PROBE = 4096  # bytes of a candidate frame enough for its first block's fir
 # and up to two more characters; `WARC/2.0`, `WARC/1.2`, `warc/1.1` and a blank before are "Invalid WARC
 # header"); `warc_tail` holds a record's whole version line to the same.
 _RECORD_START = re.compile(rb"WARC/(?:1\.[01]|0\.)")
-_START_BYTES = 8  # enough of a record's output to match `_RECORD_START`
+START_BYTES = 8  # enough of a record's output to match `_RECORD_START`
 # A zstd frame's header is at most 18 bytes, and a block's compressed size at most 128 KiB (RFC 8878): a
 # candidate frame's first block, whose output starts the record, is within these bytes.
 _ZSTD_MAX_HEADER = 18
@@ -53,7 +54,7 @@ class Undecodable(Exception):
 
 
 class Framing(NamedTuple):
-    """How the members of a compression are found and checked (`warc_tail.skip_member`)."""
+    """How the members of a compression are found and checked (`warc_skip.skip_member`)."""
 
     start: bytes  # what every member starts with
     probe: int  # bytes of a candidate enough for `starts_record`
@@ -68,9 +69,9 @@ class Framing(NamedTuple):
     extent: Callable[[BinaryIO, int], int | None] = lambda handle, offset: None
 
 
-def _opens_record(output: bytes | memoryview) -> bool:
+def opens_record(output: bytes | memoryview) -> bool:
     """Whether `output`, a member's first bytes out, are a record's first bytes as FastWARC reads them."""
-    return _RECORD_START.match(bytes(output[:_START_BYTES])) is not None
+    return _RECORD_START.match(bytes(output[:START_BYTES])) is not None
 
 
 def dictionary_frame(path: Path) -> bytes:
@@ -188,7 +189,7 @@ def _zstd_raw_literals(block: memoryview) -> bytes | None:
             header, size = 3, (first >> 4) + (block[1] << 4) + (block[2] << 12)
     except IndexError:
         return b""
-    return bytes(block[header : header + min(size, _START_BYTES)])
+    return bytes(block[header : header + min(size, START_BYTES)])
 
 
 class _Zstd:
@@ -269,13 +270,13 @@ class _Zstd:
             return False
         content = piece[size + _ZSTD_BLOCK_HEADER : end]
         if block[1] != 2:  # raw: the output as it is; RLE: one byte repeated
-            return block[1] == _ZSTD_RAW and _opens_record(content)
+            return block[1] == _ZSTD_RAW and opens_record(content)
         if self._dictionary is None:
             literals = _zstd_raw_literals(content)
             if literals is not None:
-                return _opens_record(literals)
+                return opens_record(literals)
         try:
-            return _opens_record(self._decompressor.stream_reader(piece[:end]).read(_START_BYTES))
+            return opens_record(self._decompressor.stream_reader(piece[:end]).read(START_BYTES))
         except zstandard.ZstdError:
             return False
 
@@ -366,7 +367,7 @@ class _Slice:
         return self._handle.seek(offset, whence)
 
     def close(self) -> None:
-        """Nothing: the file is the caller's, read on after the frame (`warc_tail.skip_member`)."""
+        """Nothing: the file is the caller's, read on after the frame (`warc_skip.skip_member`)."""
 
 
 def _lz4_starts_record(piece: memoryview) -> bool:
@@ -397,7 +398,7 @@ def _lz4_starts_record(piece: memoryview) -> bool:
                 at += 1
     except IndexError:
         return False
-    return literals >= len("WARC/0.") and _opens_record(piece[at : at + min(literals, _START_BYTES)])
+    return literals >= len("WARC/0.") and opens_record(piece[at : at + min(literals, START_BYTES)])
 
 
 def lz4_frames_problem(handle: BinaryIO, start: int = 0) -> str | None:
@@ -509,223 +510,3 @@ def zstd_framing(handle: BinaryIO) -> Framing:
     """The framing of the zstd file open as `handle`, its frames decoded with the dictionary it starts
     with, if any."""
     return _Zstd.framing(handle)
-
-
-def _gunzip_member(handle: BinaryIO, offset: int, ends: list[int]) -> Iterator[bytes]:
-    """What the gzip member at `offset` inflates to, at most `CHUNK` bytes at a time (a member may be a
-    bomb); its end appended to `ends` once it inflates to it, `Undecodable` where it does not."""
-    handle.seek(offset)
-    decompressor = zlib.decompressobj(31)
-    position = offset  # of data[0]
-    for data in iter(lambda: handle.read(CHUNK), b""):
-        while data:
-            try:
-                out = decompressor.decompress(data, CHUNK)
-            except zlib.error as exc:
-                raise Undecodable(str(exc)) from exc
-            if out:
-                yield out
-            if decompressor.eof:
-                ends.append(position + len(data) - len(decompressor.unused_data))
-                return
-            left = decompressor.unconsumed_tail
-            if len(left) == len(data) and not out:
-                raise Undecodable("the gzip member makes no progress")  # never seen; never spin
-            position += len(data) - len(left)
-            data = left
-    raise Undecodable("the gzip member is cut off")
-
-
-def _gzip_starts_record(piece: memoryview) -> bool:
-    """Whether `piece`, the start of a gzip member, inflates to the start of a WARC record."""
-    try:
-        return _opens_record(zlib.decompressobj(31).decompress(piece, _START_BYTES))
-    except zlib.error:
-        return False
-
-
-def gunzipped(handle: BinaryIO) -> Iterator[bytes]:
-    """The decompressed bytes of the gzip members from `handle`'s position on, in bounded chunks.
-
-    Each member is fed in doubling slices of a view of the chunk read, so what it leaves over
-    (`unused_data`, a copy) is about its own size: handing every member the rest of a 1 MiB chunk made
-    a file of tiny members quadratic (a second per MiB).
-    """
-    return cast(Iterator[bytes], _gunzip(handle, marked=False))
-
-
-def gunzipped_marked(handle: BinaryIO) -> Iterator[bytes | int]:
-    """`gunzipped`, with the byte (an int) where a member starts that follows one empty member or more
-    (members that decode to no byte: bgzip's end-of-file block, `gzip < /dev/null`) and itself decodes
-    to some, before its output: where FastWARC stops reading without a word (`warc_tail.reading_end`).
-    A member there that fails before its first byte of output has its mark before the failure: without
-    one, the walk blamed the failure on the intact record before the empty members."""
-    return _gunzip(handle, marked=True)
-
-
-def _gunzip(handle: BinaryIO, *, marked: bool) -> Iterator[bytes | int]:
-    """`gunzipped`'s chunks, and where `marked`, `gunzipped_marked`'s marks among them."""
-    decompressor: zlib._Decompress | None = None
-    size = _FIRST_PIECE
-    base = handle.tell() if marked else 0  # the file's byte of the chunk read
-    member = base  # where the member being inflated starts
-    empty = False  # an empty member ended since the last output (`marked` only)
-    output = 0  # what that member inflated to so far (`marked` only)
-    for data in iter(lambda: handle.read(CHUNK), b""):
-        view = memoryview(data)
-        position = 0
-        while position < len(data):
-            if decompressor is None:
-                if data[position] in PADDING and not data[position:].strip(PADDING):
-                    break  # padding after the last member
-                decompressor, size = zlib.decompressobj(31), _FIRST_PIECE
-                member, output = base + position, 0
-            piece = view[position : position + size]
-            try:
-                out = decompressor.decompress(piece, CHUNK)
-            except zlib.error as exc:
-                if empty:
-                    yield member
-                raise Undecodable(str(exc)) from exc
-            if out:
-                if empty:
-                    yield member
-                    empty = False
-                output += len(out)
-                yield out
-            if decompressor.eof:  # the next member, if any, starts in what this one left
-                position += len(piece) - len(decompressor.unused_data)
-                decompressor = None
-                empty = empty or (marked and not output)
-                continue
-            # Input held back by the output bound stays for the next call.
-            consumed = len(piece) - len(decompressor.unconsumed_tail)
-            if not consumed and not out:
-                raise Undecodable("the gzip stream makes no progress")  # never seen; never spin
-            position += consumed
-            size = min(2 * size, CHUNK)
-        base += len(data)
-    if decompressor is not None:
-        if empty:
-            yield member
-        raise Undecodable("a gzip member is cut off")
-
-
-GZIP = Framing(GZIP_MEMBER_START, _GZIP_PROBE, _gunzip_member, _gzip_starts_record, "gzip member")
-_GZIP_HEADER_ROOM = 1 << 10  # a gzip member's header, with a file name or comment (which records have none)
-_GZIP_TRAILER = 8  # CRC-32 and size
-
-
-class Inflated(NamedTuple):
-    """What a gzip member that does not decode inflates to (`inflate_damaged`)."""
-
-    head: bytes  # its first bytes of output, up to the damage
-    # Where its deflate data inflate to an end, its trailer after it; None where they do not.
-    end: int | None = None
-    # Whether that is the member's end: one of its trailer's checks holds (a size or CRC byte flipped, or
-    # a flip in data stored as they are), and a member, padding or the file's end follows. Else damaged
-    # data may have inflated to garbage, on through the members after it, to a false end.
-    whole: bool = False
-
-
-def inflate_damaged(handle: BinaryIO, offset: int, look: int) -> Inflated:
-    """The first `look` bytes (at most) the gzip member at `offset`, which does not decode, inflates to
-    before its damage, and where it ends where its deflate data are whole. The data are inflated raw, so
-    that a trailer that fails is told from data that do: zlib's gzip check says only that one failed.
-    The first output comes from slices of the member a few bytes long (zlib gives no output of a call
-    that fails), the rest in chunks, its output dropped: one more decode of the member at most."""
-    return inflate_member(handle, offset, look)[0]
-
-
-def inflate_member(handle: BinaryIO, offset: int, look: int, *, mend: bool = False) -> tuple[Inflated, int]:
-    """`inflate_damaged`, and how many bytes the member inflated to up to its end or damage. `mend`: the
-    member is known to start at `offset` (a member ended right before it), so a header whose first four
-    bytes (magic, method, flags) are the damage is read as a record's member has it: gzip's magic and
-    method, the flags as they are or none (a crawler writes no file name or comment), whichever inflates
-    to more. Read as no member, its record's stored .warc.gz had been no reason to keep the download's
-    members from being read as pages (`warc_tail._past_damage`)."""
-    handle.seek(offset)
-    data = handle.read(_GZIP_HEADER_ROOM)
-    header = _gzip_header_size(data)
-    if header is not None or not mend or len(data) < 10:
-        return _inflate_raw(handle, offset, header, look)
-    headers = {_gzip_header_size(GZIP_MEMBER_START + data[3:]), 10}  # its flags as they are, or none
-    tries = [_inflate_raw(handle, offset, size, look) for size in sorted(headers, key=lambda size: size or 0)]
-    return max(tries, key=lambda inflated: (inflated[0].end is not None, inflated[1]))
-
-
-def _inflate_raw(handle: BinaryIO, offset: int, header: int | None, look: int) -> tuple[Inflated, int]:
-    """`inflate_member` of the member at `offset` whose header takes `header` bytes (None: no header)."""
-    if header is None:
-        return Inflated(b""), 0
-    start = offset + header
-    handle.seek(start)
-    decompressor = zlib.decompressobj(-15)
-    head = b""
-    read = size = crc = 0  # bytes read from `start` on; the output's size and CRC-32
-    try:
-        while not decompressor.eof:
-            room = look - len(head)
-            piece = decompressor.unconsumed_tail
-            if not piece:
-                piece = handle.read(_FIRST_PIECE if room > 0 else CHUNK)
-                read += len(piece)
-            if not piece:
-                return Inflated(head), size  # cut off
-            out = decompressor.decompress(piece, room if room > 0 else CHUNK)
-            if room > 0:
-                head += out
-            size, crc = size + len(out), zlib.crc32(out, crc)
-            if not out and len(decompressor.unconsumed_tail) == len(piece):
-                return Inflated(head), size  # never seen; never spin
-    except zlib.error:
-        return Inflated(head), size
-    trailer = start + read - len(decompressor.unused_data)
-    handle.seek(trailer)
-    checks = handle.read(_GZIP_TRAILER)
-    end = trailer + _GZIP_TRAILER
-    held = checks[:4] == crc.to_bytes(4, "little") or checks[4:] == (size % (1 << 32)).to_bytes(4, "little")
-    return Inflated(head, end, held and member_follows(handle, end)), size
-
-
-def _gzip_header_size(data: bytes) -> int | None:
-    """The bytes the gzip member header `data` starts with takes (RFC 1952: its extra field, file name,
-    comment and header CRC where its flags say so), None where `data` holds no whole one."""
-    if len(data) < 10 or not data.startswith(GZIP_MEMBER_START):
-        return None
-    flags, at = data[3], 10
-    if flags & 0x04:  # FEXTRA
-        at += 2 + int.from_bytes(data[at : at + 2], "little")
-    for flag in (0x08, 0x10):  # FNAME, FCOMMENT: zero-terminated
-        if flags & flag:
-            at = data.find(b"\0", at) + 1
-            if at == 0:
-                return None
-    at += 2 * bool(flags & 0x02)  # FHCRC
-    return at if at <= len(data) else None
-
-
-def member_follows(handle: BinaryIO, end: int) -> bool:
-    """Whether the file ends at `end`, or a gzip member or padding (to the end) starts there: the end of a
-    member, rather than of damaged data inflated to a false end."""
-    size = handle.seek(0, io.SEEK_END)
-    if end >= size:
-        return end == size
-    handle.seek(end)
-    piece = handle.read(len(GZIP_MEMBER_START))
-    if piece == GZIP_MEMBER_START:
-        return True
-    while piece and not piece.strip(PADDING):
-        piece = handle.read(CHUNK)
-    return not piece
-
-
-def holds_gzip_records(data: bytes) -> bool:
-    """Whether `data` holds a gzip member that starts a WARC record, as a stored .warc.gz does."""
-    view = memoryview(data)
-    at = data.find(GZIP_MEMBER_START)
-    while at >= 0:
-        if _gzip_starts_record(view[at : at + _GZIP_PROBE]):
-            return True
-        at = data.find(GZIP_MEMBER_START, at + 1)
-    return False

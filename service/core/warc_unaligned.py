@@ -1,6 +1,6 @@
 """Where reading goes on after a corrupt gzip member in a .warc.gz whose members are cut where its records
 are not (bgzip's BGZF blocks, pgzip's fixed-size pieces of one stream): the member after the damaged one
-starts inside a record, so no member starts a record that `warc_tail.skip_member` could go on at, and the
+starts inside a record, so no member starts a record that `warc_skip.skip_member` could go on at, and the
 first corrupt member had ended the file, every record after it lost.
 
 The members from where the reading began are inflated again, one after another, and the records walked
@@ -13,7 +13,7 @@ next record starts at a known byte of that member's output, and a version line t
 (the trailer damaged too, a header lost in the damage) at the first version line in the output that
 starts a header with a Content-Length from which the records, walked by theirs, run on to the output's
 end, none of them cut by the file's end (`_walks_out`: a stored download's record may be cut so);
-never inside the record the damage fell in where that record shows a stored WARC file (`warc_tail`
+never inside the record the damage fell in where that record shows a stored WARC file (`warc_fence`
 keeps the same fence for per-record files), and where the damage took the header of a record that is
 one, after the end of it that its last record's CR LF CR LF and its own together mark (a stored WARC
 file whose last record lacks its CR LF CR LF is not told so), so none of its records becomes a page.
@@ -35,17 +35,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
-from service.core.warc_frames import (
-    CHUNK,
-    GZIP,
-    GZIP_MAGIC,
-    GZIP_MEMBER_START,
-    ForwardOnly,
-    Undecodable,
-    gunzipped,
-    member_follows,
-)
-from service.core.warc_tail import MAX_HEADER_BYTES, holds_stored_warc, record_length
+from service.core.warc_fence import holds_stored_warc
+from service.core.warc_frames import CHUNK, GZIP_MAGIC, GZIP_MEMBER_START, ForwardOnly, Undecodable
+from service.core.warc_gzip import GZIP, gunzipped, member_follows
+from service.core.warc_tail import MAX_HEADER_BYTES, record_length
 
 _VERSION = re.compile(rb"WARC/(?:1\.[01]|0\.[^\r\n]{0,2})[ \t\r]*\n")
 _CRLF = b"\r\n"

@@ -1,5 +1,5 @@
 """The fence kept where a damaged gzip member's record is a stored .warc.gz download
-(`warc_tail._past_damage`): no member of the download is ever read on at, so none of its records becomes
+(`warc_fence.past_damage`): no member of the download is ever read on at, so none of its records becomes
 a page row (nor an error row blaming its bytes), and the crawl's records after the damaged member are
 read. Three ways around it that the fence had: a member holding a request record before the download
 (the fence was sized by the request), damage in the member's first four bytes (no fence at all), and

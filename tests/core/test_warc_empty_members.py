@@ -111,7 +111,7 @@ def test_a_file_with_empty_members_reads_as_the_same_file_without_them(tmp_path:
 
 
 # Inside a file compressed as one stream FastWARC's offsets are positions of its read buffer, which the
-# bytes before them move (`warc_pages._Reading.unnamed_id`): its records are named apart from those.
+# bytes before them move (`warc_reading.Reading.unnamed_id`): its records are named apart from those.
 _AT_BYTES = [layout for layout in LAYOUTS if "one stream" not in layout and "one-stream" not in layout]
 
 
@@ -260,7 +260,7 @@ def _download() -> tuple[bytes, list[bytes]]:
 def test_a_stored_bgzip_download_and_an_empty_member_after_it(tmp_path: Path, damage: bool) -> None:
     """A stored bgzip .warc.gz download holds empty blocks of its own, as bytes of its record: none is
     taken for one of the file's members, and an empty member of the file after it is read past; where the
-    download's member is damaged, none of its records becomes a row (`warc_tail._past_damage`): that case
+    download's member is damaged, none of its records becomes a row (`warc_fence.past_damage`): that case
     is a guard, not a fix (so before empty members were read past, too)."""
     a, b = _records("a", 3), _records("b", 3)
     download, stored = _download()

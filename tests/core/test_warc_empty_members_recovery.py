@@ -185,7 +185,7 @@ def test_a_bgzf_block_of_a_stored_download_past_damage_is_not_taken_for_the_file
     download = warc_record(
         "download", HttpResponse(payload, content_type="application/warc").block(), uri="https://e/x.warc.gz"
     )
-    # Records that fill the damaged member: it shows no sign of the download (`warc_tail._past_damage`).
+    # Records that fill the damaged member: it shows no sign of the download (`warc_fence.past_damage`).
     a = [response(f"a{i}", HttpResponse(b"<p>a page</p>" * 400), uri=f"https://e/a{i}") for i in range(3)]
     b = _records("b", 3)
     data = b"".join([*a, download])

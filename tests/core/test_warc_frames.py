@@ -1,4 +1,4 @@
-"""Where a gzip member that does not decode ends (`warc_frames.inflate_damaged`): where its deflate data
+"""Where a gzip member that does not decode ends (`warc_gzip.inflate_damaged`): where its deflate data
 inflate to their end and one of its trailer's two checks holds, so that the damage was in the other (or
 in data stored as they are, which no inflater checks), it is whole; an end whose trailer fails both is
 not. Zeros and other garbage inflate as deflate data, on through the members after it, to a false end:
@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from service.core.warc_frames import inflate_damaged
+from service.core.warc_gzip import inflate_damaged
 
 LOOK = 1 << 10
 

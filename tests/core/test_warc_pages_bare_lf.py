@@ -2,7 +2,7 @@
 a header's lines by CRLF alone, so such a record was one of an unknown type, passed over with no row, and
 what followed it was framed by whatever Content-Length came next. Where the file is plain or compressed
 per record, each such record is read again alone, in FastWARC's quirks mode (`warc_pages`,
-`warc_tail.bare_lf_record_end`), and reading goes on after it; in a file compressed as one stream (no
+`warc_bare_lf.bare_lf_record_end`), and reading goes on after it; in a file compressed as one stream (no
 byte to begin reading at), it is an error row that says why."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Damage and padding around a record whose WARC header lines end in bare LF, read alone in quirks mode
-(`warc_pages`, `warc_tail.bare_lf_record_end`), reading going on at its member's end: that end is a
+(`warc_pages`, `warc_bare_lf.bare_lf_record_end`), reading going on at its member's end: that end is a
 member's start whatever its first bytes say (a damaged magic is one member skipped, as after a record with
 CRLF lines, where it had ended the file), padding or nothing after it ends the file (it had been read as a
 record that is none, a false error row), and a member of its own that does not decode is one row (the

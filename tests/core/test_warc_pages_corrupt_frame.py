@@ -1,5 +1,5 @@
 """A corrupt zstd or LZ4 frame in a WARC file written with one frame per record (`warc_pages.iter_warc`,
-`warc_tail.skip_member`): it is one error row and the records after it are read, as for a corrupt gzip
+`warc_skip.skip_member`): it is one error row and the records after it are read, as for a corrupt gzip
 member (`test_warc_pages_corrupt_member`), where the first corrupt frame had ended the file with one row
 (every record after it lost). A file compressed as one stream still ends with one row: it has no next
 frame to go on at."""

@@ -1,7 +1,7 @@
 """A per-record .warc.lz4 or .warc.zst whose last frame's data are corrupt where its checksum, checked at
 the frame's end, is the only word of it (data stored as they are; a record over zstd's 128 KiB block, of
 which FastWARC hands on the first blocks): the record's bytes are read before that check fails. As for a
-frame in the middle of the file (`warc_pages._Failure._suspect`), the record's row is the failure's and
+frame in the middle of the file (`warc_failure.Failure._suspect`), the record's row is the failure's and
 its page is not kept; with no frame after it to go on at, its page, garbage, had been kept."""
 
 from __future__ import annotations

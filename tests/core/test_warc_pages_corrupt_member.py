@@ -1,5 +1,5 @@
 """A corrupt gzip member in a WARC file written with one member per record (`warc_pages.iter_warc`,
-`warc_tail.skip_member`): it is one error row, and the records after it are read, where the first
+`warc_skip.skip_member`): it is one error row, and the records after it are read, where the first
 corrupt member had ended the file (a hundred good pages lost for 60 flipped bytes)."""
 
 from __future__ import annotations

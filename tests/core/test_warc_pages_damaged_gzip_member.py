@@ -1,6 +1,6 @@
 """Everyday damage to a gzip member of a .warc.gz (a trailer byte flipped, a zeroed sector across two
 members, a member cut where a restarted crawler appended, a member holding two records) costs the records
-of the damaged members alone: reading goes on at the next intact member (`warc_tail._past_damage`). The
+of the damaged members alone: reading goes on at the next intact member (`warc_fence.past_damage`). The
 fence kept for a record that holds a stored .warc.gz had taken every intact record after any damaged
 member, up to the damaged record's declared size (0 of 75 after a 1.6 MB page whose size byte flipped),
 and the row said those bytes were skipped."""

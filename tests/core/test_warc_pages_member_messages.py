@@ -1,5 +1,5 @@
 """What the row of a record read whole from a gzip member that then fails its checksum says
-(`warc_pages._Failure._suspect`): that the member does not decompress, where it had said "corrupt data its
+(`warc_failure.Failure._suspect`): that the member does not decompress, where it had said "corrupt data its
 compression cannot tell" (gzip tells: its checksum), and a WARC-Type WARC does not define quoted and cut,
 where a mangled one had been pasted whole into the message."""
 

@@ -1,7 +1,7 @@
 """A corrupt member whose record is a crawled download of a compressed WARC file (a .warc.gz served as a
 file): its payload holds members of its own, stored as they are (deflate's stored blocks, zstd's raw
 blocks), each starting with a member's magic and decoding to a WARC record's start. Reading goes on after
-the damaged member, never at one of those (`warc_tail._past_damage`): it had gone on inside the damaged
+the damaged member, never at one of those (`warc_fence.past_damage`): it had gone on inside the damaged
 record, and the download's records came out as pages of the crawl."""
 
 from __future__ import annotations

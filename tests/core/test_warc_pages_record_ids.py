@@ -1,4 +1,4 @@
-"""The id of a WARC record without a WARC-Record-ID (`warc_pages._Reading.unnamed_id`): `<file>@<byte>`
+"""The id of a WARC record without a WARC-Record-ID (`warc_reading.Reading.unnamed_id`): `<file>@<byte>`
 where the record starts at that byte, else `<file>#<n>`, its position among the file's records. Inside a
 file compressed as one stream FastWARC's offsets are positions of its read buffer, which many records
 share: named by them, pages of one file had one id."""

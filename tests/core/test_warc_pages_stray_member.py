@@ -1,5 +1,5 @@
 """A member that decodes but holds no WARC record FastWARC reads, in a WARC file compressed per record
-(`warc_tail.skip_member`, `walk_records`): it is the row, named by its own byte, and not the intact
+(`warc_skip.skip_member`, `walk_records`): it is the row, named by its own byte, and not the intact
 record before it. The record walk had taken any block with a Content-Length for a record (`b"x"` before
 `WARC/1.1`, `warc/1.1`, a bare HTTP response), so the intact member before it was blamed ("may hold
 garbage") and the bad one never named; a `WARC/2.0` member gave two rows, that false one and its own.

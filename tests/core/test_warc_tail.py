@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from fastwarc.warc import ArchiveIterator
 
-from service.core import warc_frames, warc_tail
+from service.core import warc_frames, warc_gzip, warc_tail
 from service.core.warc_tail import walk_records
 from tests.factories.warc import HttpResponse, response
 
@@ -51,15 +51,15 @@ def test_the_walk_refuses_what_is_no_warc() -> None:
 
 
 def test_gunzip_streams_members_in_bounded_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(warc_frames, "CHUNK", 4096)
+    monkeypatch.setattr(warc_gzip, "CHUNK", 4096)
     payload = bytes(random.Random(0).randrange(256) for _ in range(50_000))
     members = gzip.compress(payload) + gzip.compress(payload) + b"\0" * 7  # padding after the last
-    chunks = list(warc_frames.gunzipped(io.BytesIO(members)))
+    chunks = list(warc_gzip.gunzipped(io.BytesIO(members)))
     assert b"".join(chunks) == payload * 2 and max(map(len, chunks)) <= 4096
     with pytest.raises(warc_frames.Undecodable):
-        list(warc_frames.gunzipped(io.BytesIO(members[:-40])))  # the second member cut off
+        list(warc_gzip.gunzipped(io.BytesIO(members[:-40])))  # the second member cut off
     with pytest.raises(warc_frames.Undecodable):
-        list(warc_frames.gunzipped(io.BytesIO(gzip.compress(payload) + b"not gzip")))
+        list(warc_gzip.gunzipped(io.BytesIO(gzip.compress(payload) + b"not gzip")))
 
 
 def test_many_tiny_chunks_and_members_take_linear_time(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,7 +88,7 @@ def test_many_tiny_chunks_and_members_take_linear_time(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(zlib, "decompressobj", Counting)
     members = b"".join(map(gzip.compress, RECORDS)) + gzip.compress(b"x") * 20_000
-    assert b"".join(warc_frames.gunzipped(io.BytesIO(members))) == DATA + b"x" * 20_000
+    assert b"".join(warc_gzip.gunzipped(io.BytesIO(members))) == DATA + b"x" * 20_000
     assert fed < 4 * len(members)
 
 

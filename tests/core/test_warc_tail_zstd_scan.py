@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import zstandard
 
-from service.core import warc_frames, warc_tail
+from service.core import warc_frames, warc_skip
 from service.core.pages import iter_pages
 from tests.factories.warc import HttpResponse, response
 
@@ -87,9 +87,9 @@ def test_a_record_frame_is_found_whatever_its_first_block_holds() -> None:
         record = response("r", HttpResponse(body))
         for level in (3, -5):
             data = b"junk" + zstandard.ZstdCompressor(level=level).compress(record)
-            assert warc_tail._next_record_member(io.BytesIO(data), 1, scan) == 4
+            assert warc_skip._next_record_member(io.BytesIO(data), 1, scan) == 4
     for other in (b"WARC-Type: response\r\n" + words, b"WARC/2.0\r\n" + words, rng.randbytes(3000)):
         assert (
-            warc_tail._next_record_member(io.BytesIO(zstandard.ZstdCompressor().compress(other)), 0, scan)
+            warc_skip._next_record_member(io.BytesIO(zstandard.ZstdCompressor().compress(other)), 0, scan)
             is None
         )
