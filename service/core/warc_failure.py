@@ -23,7 +23,7 @@ from service.core.warc_reading import Framed, Reading
 from service.core.warc_record_page import target_uri
 from service.core.warc_skip import Skip, last_member_fails, skip_member
 from service.core.warc_tail import ends_in_padding
-from service.core.warc_unaligned import Resync, is_bgzf, members_unaligned, resync
+from service.core.warc_unaligned import Resync, is_bgzf, joined_unaligned, members_unaligned, resync
 
 
 @dataclass
@@ -240,7 +240,9 @@ class Failure:
         held is the member's row."""
         reading = self.reading
         try:
-            found = resync(reading.path, self.start, self.skip or 0, unaligned=unaligned)
+            # Where reading went on after empty members, a member starts at `start` whatever its bytes say.
+            joined = self.last is None and reading.joined == self.start
+            found = resync(reading.path, self.start, self.skip or 0, unaligned=unaligned, at_member=joined)
         except OSError:
             return None
         if found is None:
@@ -316,14 +318,18 @@ def _members_unaligned(path: Path, failure: Failure) -> bool:
     With none framed, the member there is the damaged one: that it inflates to no record's start is its
     damage, no sign of how the file was cut (a per-record file damaged in its first member had been read
     on as bgzip's, and a stored download damaged later in it lost the intact records after it): only
-    bgzip's own mark then says so: the file's first member's, or where reading began after empty members
+    bgzip's own mark then says so: the file's first member's; or where reading began after empty members
     (`Reading.joined`), that member's, which may start a second file joined to a bgzip one (byte 0's
     mark had the per-record file after it read as bgzip's, and its records after a damaged first member
-    were lost). Not where reading began after damage: that member may be a BGZF block of a stored
-    download, which the file's own members are not."""
+    were lost), or the member after it (`joined_unaligned`: a pgzip file joined there had been read on
+    from its next member that starts a record, and the records before that were lost). Not where reading
+    began after damage: that member may be a BGZF block of a stored download, which the file's own
+    members are not."""
     try:
         if failure.last is None:
-            return is_bgzf(path, failure.start if failure.reading.joined == failure.start else 0)
+            if failure.reading.joined == failure.start:
+                return joined_unaligned(path, failure.start)
+            return is_bgzf(path)
         return members_unaligned(path, failure.offset)
     except OSError:
         return False

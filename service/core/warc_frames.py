@@ -410,18 +410,22 @@ def lz4_frames_problem(handle: BinaryIO, start: int = 0) -> str | None:
     return problems[0] if problems else None
 
 
-def lz4_marks(handle: BinaryIO, start: int, problems: list[str]) -> Iterator[tuple[int, int]]:
+def lz4_marks(handle: BinaryIO, start: int, problems: list[str]) -> Iterator[tuple[int, int, bool]]:
     """Each frame, from byte `start` on, that holds a block and follows one frame or more that hold none
     (an empty frame, which FastWARC's reader takes for the file's end where it starts the file or follows
-    another: `warc_tail`), as (where the frames before it end, skippable ones left out; where it starts),
-    in file order, as the frames' headers are read. The caller reads only as far as it needs: a walk that
-    goes on at the first one had read every frame's header to the file's end at every stop, quadratic in
-    a file with empty frames after every record.
+    another: `warc_tail`), as (where the frames before it end, skippable ones left out; where it starts;
+    True), in file order, as the frames' headers are read. The caller reads only as far as it needs: a
+    walk that goes on at the first one had read every frame's header to the file's end at every stop,
+    quadratic in a file with empty frames after every record.
 
     Skippable frames between are passed over: FastWARC stops at the empty frames before them and never
     reads them. Marked, a skippable frame was where reading went on, and failed ("Invalid WARC header"),
     every record after it lost; and a reader given the frames up to the next one fails on it (FastWARC's
-    does, even after empty frames where its record iterator had stopped).
+    does, even after empty frames where its record iterator had stopped). So is one after a frame that
+    holds a block, as (where it starts; where it ends; False), for the caller's reader to pass over: it
+    holds no record, and FastWARC fails on it with a row of its own when it gets there. Read on through
+    one, the walk of the rest of a file after damage had failed there and reading had not gone on at a
+    mark before it (`warc_tail.reading_end`'s `trusted`), whose record then was a false error row.
 
     Why the frames are not whole frames (`lz4_frames_problem`) is appended to `problems` where the scan
     stops at that. The handle is sought to each frame: the caller may read the file between two."""
@@ -439,8 +443,10 @@ def lz4_marks(handle: BinaryIO, start: int, problems: list[str]) -> Iterator[tup
             return
         if empty:  # a frame, not a skippable one
             if after_empty and not empty[0]:
-                yield end, position
+                yield end, position, True
             after_empty, end = empty[0], position + length
+        elif not after_empty:
+            yield position, position + length, False
         position += length
 
 

@@ -75,7 +75,9 @@ def _iter_records(path: Path, start: int, reading: Reading) -> Generator[Page, N
         raise PageSourceError(f"reading {path} needs FastWARC: pip install fastwarc") from exc
     # The record at `start` has WARC header lines ended in bare LF: it alone is read in quirks mode.
     bare_lf = reading.bare_lf if reading.bare_lf is not None and reading.bare_lf[0] == start else None
-    after_bare_lf = reading.after_bare_lf == start
+    # A member starts at `start` whatever its first bytes say: where a record read alone ended, or where
+    # reading went on after empty members (the walk's mark is where the member before them ended).
+    at_member = start in (reading.after_bare_lf, reading.joined)
     resumed = reading.resync if reading.resync is not None and reading.resync.member == start else None
     reading.bare_lf = reading.after_bare_lf = reading.resync = None
     # Every record type, so the last record seen is the last one FastWARC could frame. `max_header_len`:
@@ -107,9 +109,7 @@ def _iter_records(path: Path, start: int, reading: Reading) -> Generator[Page, N
             error = read_error(f"cannot read {path}: {exc}", exc)
             yield reading.error(f"{reading.name}@{start}", str(error), error.code)
             return None
-        failure = Failure(
-            reading, start, at_member=after_bare_lf, skip=None if resumed is None else resumed.skip
-        )
+        failure = Failure(reading, start, at_member=at_member, skip=None if resumed is None else resumed.skip)
         reported = False  # whether the last record was reported cut off already
         while True:
             if bare_lf is not None and failure.last is not None:  # the one record read in quirks mode

@@ -302,17 +302,19 @@ def _lz4_problem(handle: BinaryIO, start: int, at_mark: _Mark) -> str | None:
 
 
 def _lz4_marked(
-    handle: BinaryIO, start: int, marks: Iterator[tuple[int, int]], problems: list[str]
+    handle: BinaryIO, start: int, marks: Iterator[tuple[int, int, bool]], problems: list[str]
 ) -> Iterator[bytes | int]:
     """What the LZ4 frames from byte `start` on decode to, each of `marks` (where a frame starts that
     follows empty ones) among the output as `gunzipped_marked` puts its own: FastWARC's reader is given
-    the frames between two marks, which its own stop at empty frames cannot cut short. Up to the last
-    mark where a frame is wrong after it (`problems`): the output up to there tells where FastWARC
-    stopped."""
-    for end, mark in marks:
-        yield from lz4_output(handle, start, end)
-        yield mark
-        start = mark
+    the frames between two marks, which its own stop at empty frames cannot cut short, and no skippable
+    frame, which it fails on (`lz4_marks`). Up to the last mark where a frame is wrong after it
+    (`problems`): the output up to there tells where FastWARC stopped."""
+    for end, after, mark in marks:
+        if start < end:
+            yield from lz4_output(handle, start, end)
+        if mark:
+            yield after
+        start = after
     end = handle.seek(0, io.SEEK_END)
     if start < end and not problems:
         yield from lz4_output(handle, start, end)

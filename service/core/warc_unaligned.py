@@ -78,16 +78,45 @@ def members_unaligned(path: Path, offset: int) -> bool:
     return is_bgzf(path)
 
 
-def resync(path: Path, start: int, skip: int, *, unaligned: bool) -> Resync | None:
+def joined_unaligned(path: Path, start: int) -> bool:
+    """Whether the members of a file joined to another at byte `start` (after empty members), whose first
+    member does not decode, are cut where its records are not: that member is a BGZF block, or the first
+    member after it that inflates whole to some bytes inflates to no record's start (pgzip's). The
+    members before the empty ones are another file's, no sign of this one's; those after its damaged
+    first one are, as the member at a record FastWARC framed is to `members_unaligned`. Empty members
+    after it say nothing (taken for the member after it, a file written a member per record, with an
+    empty one after each, was read as pgzip's, and its intact records after the damage were lost)."""
+    if is_bgzf(path, start):
+        return True
+    with path.open("rb") as handle:
+        size = handle.seek(0, io.SEEK_END)
+        after = _next_whole_member(handle, start + 1, size)
+        while after is not None:
+            inflated = _inflated(handle, after)
+            if inflated is None:  # never: it inflated whole
+                return False
+            if inflated[0]:
+                handle.seek(after)
+                return not GZIP.starts_record(memoryview(handle.read(GZIP.probe)))
+            # An empty one: the next starts where it ends (no scan per empty member), else by its magic.
+            after = inflated[1]
+            if _inflated(handle, after) is None:
+                after = _next_whole_member(handle, after, size)
+    return False
+
+
+def resync(path: Path, start: int, skip: int, *, unaligned: bool, at_member: bool = False) -> Resync | None:
     """Where reading can go on after the first member from byte `start` on (whose output, after `skip`
     bytes of it, starts a record) that does not inflate; None where it cannot: every member inflates, no
     member after the damaged one inflates whole, no record is found after it, or the members were not
-    seen cut where records are not (`unaligned`: the caller saw it). Inflates the file from `start` once
-    more (not where no member after the first inflates whole), and from the damaged member on twice more
-    at most (the records after it walked to the output's end, once, and read)."""
+    seen cut where records are not (`unaligned`: the caller saw it). `at_member`: a member starts at
+    `start` whatever its first bytes say (its magic may be the damage): where reading went on after
+    empty members. Inflates the file from `start` once more (not where no member after the first
+    inflates whole), and from the damaged member on twice more at most (the records after it walked to
+    the output's end, once, and read)."""
     with path.open("rb") as handle:
         handle.seek(start)
-        if handle.read(2) != GZIP_MAGIC:
+        if handle.read(2) != GZIP_MAGIC and not at_member:
             return None
         size = handle.seek(0, io.SEEK_END)
         # No member after the first that inflates whole (a file compressed as one stream): nowhere to go
