@@ -17,7 +17,7 @@ import zstandard
 
 from service.cli import main
 from service.commands.resume_state import input_identity
-from service.core.pages import MAX_ROW_DEPTH, NESTED_TOO_DEEP
+from service.core.page_jsonl import MAX_ROW_DEPTH, NESTED_TOO_DEEP
 from tests.factories.checkpoint import build_tiny_checkpoint
 
 PAGE = "<html><body><p>A page of a site, with a few words in it.</p></body></html>"

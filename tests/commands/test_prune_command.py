@@ -14,7 +14,7 @@ import pytest
 
 from service.cli import main
 from service.commands.exits import PIPE_CLOSED
-from service.core import pages
+from service.core import page_files, pages
 from tests.factories.disk import closed_directory
 from tests.memory import gzip_bomb, traced_peak
 
@@ -129,7 +129,8 @@ def test_a_page_that_cannot_be_read_is_input_unreadable(
     def failing_disk(handle: object) -> bytes:
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(pages, "read_page", failing_disk)
+    monkeypatch.setattr(pages, "read_page", failing_disk)  # standard input
+    monkeypatch.setattr(page_files, "read_page", failing_disk)  # a file, through `read_page_bytes`
     page = tmp_path / "page.html"
     page.write_text("<p>a page on a failing disk</p>")
     for arg in (str(page), "-"):
@@ -149,7 +150,7 @@ def test_an_oserror_of_the_content_is_validation_error_by_the_bulk_commands_rule
     def bad_stream(handle: object) -> bytes:
         raise gzip.BadGzipFile("Not a gzipped file (b'xx')")
 
-    monkeypatch.setattr(pages, "read_page", bad_stream)
+    monkeypatch.setattr(page_files, "read_page", bad_stream)  # a file, through `read_page_bytes`
     page = tmp_path / "page.html"
     page.write_text("<p>a page</p>")
     assert main(["prune", str(page)]) == 1

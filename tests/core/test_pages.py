@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from service.core import pages
+from service.core import page_jsonl, pages
 from service.core.decoding import decode_html
 from service.core.errors import ErrorCode
 from service.core.pages import (
@@ -257,7 +257,7 @@ def test_a_jsonl_file_that_fails_mid_read_ends_with_an_input_unreadable_row(
     (`validation_error`, `test_a_cut_off_jsonl_gz_ends_with_an_error_row`)."""
     source = tmp_path / "rows.jsonl"
     source.write_text("".join(json.dumps({"id": str(i), "html": "<p>x</p>"}) + "\n" for i in range(3)))
-    opened = pages._open_jsonl
+    opened = page_jsonl._open_jsonl
 
     class FailingAfterTwoLines:
         def __init__(self, handle: Any) -> None:
@@ -275,7 +275,7 @@ def test_a_jsonl_file_that_fails_mid_read_ends_with_an_input_unreadable_row(
         def __exit__(self, *_: object) -> None:
             self.handle.close()
 
-    monkeypatch.setattr(pages, "_open_jsonl", lambda path: FailingAfterTwoLines(opened(path)))
+    monkeypatch.setattr(page_jsonl, "_open_jsonl", lambda path: FailingAfterTwoLines(opened(path)))
     rows = list(iter_pages(source, bad_rows="report"))
     assert [(p.id, p.error_code if p.error else None) for p in rows] == [
         ("0", None),

@@ -16,9 +16,8 @@ import pytest
 import zstandard
 
 from service.core.errors import ErrorCode
+from service.core.page_jsonl import MAX_ROW_DEPTH, NESTED_TOO_DEEP
 from service.core.pages import (
-    MAX_ROW_DEPTH,
-    NESTED_TOO_DEEP,
     PageCompressedError,
     PageSourceError,
     PageUnreadableError,

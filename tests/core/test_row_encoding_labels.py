@@ -98,7 +98,7 @@ def test_a_python_only_label_is_still_ignored_as_a_header_is(tmp_path: Path) -> 
 
 def test_a_label_too_long_to_be_a_charset_is_refused_unparsed(tmp_path: Path) -> None:
     """The header parser is quadratic in the parameters; a label longer than any charset's (here 20 KiB,
-    over `pages.MAX_ENCODING_CHARS`) is refused before it is parsed, and quoted in part."""
+    over `page_jsonl.MAX_ENCODING_CHARS`) is refused before it is parsed, and quoted in part."""
     label = "windows-1251; " + "a=b; " * 4096
     bad, ok = _rows(tmp_path, [label, "windows-1251; " + "a=b; " * 10])
     assert bad.error_code == ErrorCode.VALIDATION and "names no charset" in (bad.error or "")

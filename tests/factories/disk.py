@@ -10,19 +10,19 @@ from typing import Any
 
 import pytest
 
-from service.core import pages
+from service.core import page_files
 
 
 def eio_for(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
     """Reading a page file of one of these names fails as a failing disk does (EIO); the rest read."""
-    read = pages.read_page_bytes
+    read = page_files.read_page_bytes
 
     def failing(path: Path) -> bytes:
         if path.name in names:
             raise OSError(errno.EIO, "Input/output error", str(path))
         return read(path)
 
-    monkeypatch.setattr(pages, "read_page_bytes", failing)
+    monkeypatch.setattr(page_files, "read_page_bytes", failing)
 
 
 def closed_directory(monkeypatch: pytest.MonkeyPatch, directory: Path) -> None:
