@@ -12,22 +12,11 @@ from pathlib import Path
 import pytest
 
 from service.core.pages import Page
-from tests.factories.warc import HttpResponse, gzip_pieces, lz4_frame, pages_and_errors, response
+from tests.factories.warc import gzip_pieces, lz4_frame, numbered_responses, pages_and_errors
 
 EMPTY = gzip.compress(b"", mtime=0)  # an empty member as gzip writes one
 # An LZ4 skippable frame of ten bytes, which FastWARC's reader fails on (a row of its own).
 SKIPPABLE = (0x184D2A5A).to_bytes(4, "little") + (10).to_bytes(4, "little") + bytes(10)
-
-
-def _records(prefix: str, count: int) -> list[bytes]:
-    return [
-        response(
-            f"{prefix}{i}",
-            HttpResponse(f"<p>{prefix} page {i}</p>".encode() * 30),
-            uri=f"https://example.com/{prefix}{i}",
-        )
-        for i in range(count)
-    ]
 
 
 def _damaged(member: bytes, how: str) -> bytes:
@@ -56,7 +45,7 @@ def test_a_member_damaged_in_its_header_right_after_an_empty_one_is_skipped_with
     out of it (its magic or method): FastWARC fails there at once, nothing framed, and its first bytes say
     no member starts there, so none after it was looked for: one row for the rest of the file, every
     intact record after it lost. The walk's mark is where a member starts, whatever its bytes say."""
-    a, b = _records("a", before), _records("b", 3)
+    a, b = numbered_responses("a", before), numbered_responses("b", 3)
     members = [gzip.compress(record, mtime=0) for record in b]
     members[0] = _damaged(members[0], how)
     head = b"".join(gzip.compress(record, mtime=0) for record in a) + EMPTY
@@ -77,7 +66,7 @@ def test_a_pgzip_file_joined_after_an_empty_member_goes_on_after_its_damaged_fir
     a member per record: no member after the damaged one starts a record, and every record of b was
     lost (a zeroed trailer too). b's own members after the damaged one tell: reading goes on inside
     them at the first record that starts there."""
-    a, b = _records("a", 2), _records("b", 3)
+    a, b = numbered_responses("a", 2), numbered_responses("b", 3)
     members = gzip_pieces(b"".join(b), 300)
     first = len(gzip.compress(b"".join(b)[:300], mtime=0))
     head = gzip.compress(b"".join(a), mtime=0) + EMPTY
@@ -96,7 +85,7 @@ def test_an_intact_lz4_record_before_empty_frames_is_a_page_where_reading_went_o
     the walk gave the frames to FastWARC's reader, which fails on the skippable frame at the file's end
     (as FastWARC does when it gets there, with a row of its own): r2 was made an error row. The walk
     passes over skippable frames, which hold no record."""
-    r = _records("r", 4)
+    r = numbered_responses("r", 4)
     scratch = tmp_path / "frame.lz4"
     empty = lz4_frame(b"", scratch)
     damaged = bytearray(lz4_frame(r[0], scratch))

@@ -13,22 +13,19 @@ from pathlib import Path
 import pytest
 
 from service.core import warc_frames
-from tests.factories.warc import HttpResponse, gzip_pieces, lz4_frame, pages_and_errors, response, warc_record
+from tests.factories.warc import (
+    HttpResponse,
+    gzip_pieces,
+    lz4_frame,
+    numbered_responses,
+    pages_and_errors,
+    response,
+    warc_record,
+)
 
 EMPTY = gzip.compress(b"", mtime=0)  # an empty member as gzip writes one
 # An LZ4 skippable frame of no bytes (magic 0x184D2A50, its size 0).
 SKIPPABLE = (0x184D2A50).to_bytes(4, "little") + bytes(4)
-
-
-def _records(prefix: str, count: int) -> list[bytes]:
-    return [
-        response(
-            f"{prefix}{i}",
-            HttpResponse(f"<p>{prefix} page {i}</p>".encode() * 30),
-            uri=f"https://example.com/{prefix}{i}",
-        )
-        for i in range(count)
-    ]
 
 
 def _flipped(data: bytes, start: int, end: int) -> bytes:
@@ -83,7 +80,7 @@ def test_records_after_empty_lz4_frames_and_a_skippable_one_are_read(tmp_path: P
     """FastWARC stops at two empty frames and never reads the skippable frame after them: reading goes
     on at the frame after it. It had gone on at the skippable frame, which FastWARC fails on ("Invalid
     WARC header"), and every record after it was lost (the first read as an error row)."""
-    records = _records("r", 4)
+    records = numbered_responses("r", 4)
     scratch = tmp_path / "frame.lz4"
     empty = lz4_frame(b"", scratch)
     frames = [lz4_frame(records[0], scratch), empty, empty, SKIPPABLE]
@@ -96,7 +93,7 @@ def test_records_after_empty_lz4_frames_and_a_skippable_one_are_read(tmp_path: P
 
 
 def test_a_file_that_starts_with_an_empty_lz4_frame_then_a_skippable_one_is_read(tmp_path: Path) -> None:
-    records = _records("r", 3)
+    records = numbered_responses("r", 3)
     scratch = tmp_path / "frame.lz4"
     frames = [lz4_frame(b"", scratch), SKIPPABLE, *(lz4_frame(record, scratch) for record in records)]
     path = tmp_path / "crawl.warc.lz4"
@@ -111,7 +108,7 @@ def _frame_headers_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, records
     (where FastWARC stops every time), all of whose records are read."""
     scratch = tmp_path / "frame.lz4"
     empty = lz4_frame(b"", scratch)
-    record = _records("r", 1)[0]
+    record = numbered_responses("r", 1)[0]
     frame = lz4_frame(record, scratch)
     path = tmp_path / f"crawl{records}.warc.lz4"
     path.write_bytes((frame + empty + empty) * records)
@@ -145,7 +142,7 @@ def test_a_per_record_file_joined_to_a_bgzip_one_is_told_by_its_own_first_member
     """`cat a.warc.gz b.warc.gz`, a bgzip file then one written a member per record whose first member is
     cut: reading goes on at b past a's empty last block and fails at once, and whether b is bgzip's was
     told by the file's first byte (a's block): read as bgzip's, none of b's intact records was read."""
-    a, b = _records("a", 3), _records("b", 4)
+    a, b = numbered_responses("a", 3), numbered_responses("b", 4)
     members = [gzip.compress(record, mtime=0) for record in b]
     members[0] = members[0][: len(members[0]) // 2]
     path = tmp_path / "crawl.warc.gz"
@@ -159,7 +156,7 @@ def test_a_member_damaged_right_after_an_empty_one_is_blamed_not_the_record_befo
     """A member that fails before its first byte of output, right after an empty member: the walk of the
     file's end met the failure with no mark before it, and the intact record before the empty member was
     made an error row (its page lost) in place of the damaged member's own row."""
-    records = _records("r", 4)
+    records = numbered_responses("r", 4)
     members = [gzip.compress(record, mtime=0) for record in records]
     members[2] = _flipped(members[2], 12, 40)  # its deflate data from their first byte
     path = tmp_path / "crawl.warc.gz"
@@ -187,7 +184,7 @@ def test_a_bgzf_block_of_a_stored_download_past_damage_is_not_taken_for_the_file
     )
     # Records that fill the damaged member: it shows no sign of the download (`warc_fence.past_damage`).
     a = [response(f"a{i}", HttpResponse(b"<p>a page</p>" * 400), uri=f"https://e/a{i}") for i in range(3)]
-    b = _records("b", 3)
+    b = numbered_responses("b", 3)
     data = b"".join([*a, download])
     members = [
         gzip.compress(data[at : at + 5000], compresslevel=0, mtime=0) for at in range(0, len(data), 5000)

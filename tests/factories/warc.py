@@ -70,6 +70,20 @@ def response(record_id: str, http: HttpResponse, uri: str = "https://example.com
     return warc_record(record_id, http.block(), uri=uri)
 
 
+def numbered_responses(prefix: str, count: int) -> list[bytes]:
+    """`count` HTML response records `<prefix>0`, `<prefix>1`, ... (their ids and their pages' text), each
+    a page of about 700 bytes at https://example.com/<id>: records that span a few deflate blocks and that
+    a test tells apart by id."""
+    return [
+        response(
+            f"{prefix}{i}",
+            HttpResponse(f"<p>{prefix} page {i}</p>".encode() * 30),
+            uri=f"https://example.com/{prefix}{i}",
+        )
+        for i in range(count)
+    ]
+
+
 def warc_gz(records: list[bytes]) -> bytes:
     """A .warc.gz as crawlers write it: one gzip member per record."""
     return b"".join(gzip.compress(r, mtime=0) for r in records)
