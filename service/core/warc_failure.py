@@ -188,6 +188,18 @@ class Failure:
             resumed = self._resync(cause, code, unaligned=True)
             if resumed is not None:
                 return (yield from resumed)
+        elif skip and self._joined_unaligned():
+            # The record framed last starts where reading went on after empty members, and the file there
+            # is cut where its records are not (a bgzip file after a plain empty member and another bgzip
+            # file; a pgzip file after a bgzip one): reading goes on inside its members after the damaged
+            # one, where the rule above, told by byte 0's member or by the member that record starts in
+            # (which starts a record in any layout), had reading go on at the next file's first member and
+            # the records between lost. Only where a member there does not inflate: where every one does
+            # (empty members inside one file, a record cut by them), nothing is skipped inside the members,
+            # and reading goes on as the rule above has it.
+            resumed = self._resync(cause, code, unaligned=True)
+            if resumed is not None:
+                return (yield from resumed)
         per_record = skip and self.skip is None and not unaligned
         found = _skip(reading.path, self.offset, read, at_member=at_member) if per_record else None
         if found is None and per_record:
@@ -229,6 +241,18 @@ class Failure:
             code,
         )
         return resume
+
+    def _joined_unaligned(self) -> bool:
+        """Whether the record framed last starts where reading went on after empty members
+        (`Reading.joined`), in a file joined there whose members are cut where its records are not
+        (`warc_unaligned.joined_unaligned`); False where the file went away."""
+        joined = self.reading.joined
+        if self.last is None or self.skip is not None or joined is None or self.offset != joined:
+            return False
+        try:
+            return joined_unaligned(self.reading.path, joined)
+        except OSError:
+            return False
 
     def _resync(
         self, cause: str, code: ErrorCode, *, unaligned: bool
