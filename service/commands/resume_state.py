@@ -336,8 +336,7 @@ def check_has_pages(source: Path, first: Page | None) -> None:
         why = "no .html or .htm file (optionally .gz) and no WARC file with an HTML record"
         left_out = hidden_page_files(path, _UNREAD_SHOWN + 1)
         if left_out:  # (all its pages hidden: "no .html file" alone had been false)
-            names = ", ".join(str(file.relative_to(path)) for file in left_out[:_UNREAD_SHOWN])
-            names += ", ..." if len(left_out) > _UNREAD_SHOWN else ""
+            names = _first_names([str(file.relative_to(path)) for file in left_out])
             why += f" that is not hidden: hidden files and directories and __MACOSX/ are left out ({names})"
     elif kind == "warc":
         why = "no WARC record of an HTML response or resource"
@@ -367,11 +366,19 @@ _GZIP_SUFFIXES = frozenset({".gz", ".gzip"})  # the compression read, under suff
 _SNIFFED_BYTES = 1024
 
 
+def _first_names(names: list[str]) -> str:
+    """The first `_UNREAD_SHOWN` of `names`, comma-separated, and ", ..." where there are more: how each
+    list of a run's summary line names what it counts."""
+    return ", ".join(names[:_UNREAD_SHOWN]) + (", ..." if len(names) > _UNREAD_SHOWN else "")
+
+
 def _starts_as_gzip(file: Path) -> bool:
     """Whether a file's first bytes are gzip's magic (its name may say gzip of what is not)."""
+    from service.core.warc_frames import GZIP_MAGIC
+
     try:
         with file.open("rb") as handle:
-            return handle.read(2) == b"\x1f\x8b"
+            return handle.read(len(GZIP_MAGIC)) == GZIP_MAGIC
     except OSError:
         return False
 
@@ -462,24 +469,21 @@ def unread_files_note(source: Path, output: Path | None) -> str:
     note = ""
     files = sorted(file for kind_files in unread.values() for file in kind_files)
     if files:
-        names = ", ".join(str(file.relative_to(path)) for file in files[:_UNREAD_SHOWN])
-        more = ", ..." if len(files) > _UNREAD_SHOWN else ""
+        names = _first_names([str(file.relative_to(path)) for file in files])
         advice = "; ".join(text for kind, text in _UNREAD_ADVICE.items() if kind in unread)
         note += (
             f"; {len(files)} files of {source} that may be pages were not read, their names ending in none "
-            f"of .html, .htm (optionally .gz) and the WARC suffixes ({names}{more}): {advice}"
+            f"of .html, .htm (optionally .gz) and the WARC suffixes ({names}): {advice}"
         )
     if manifests:
-        shown = ", ".join(manifests[:_UNREAD_SHOWN]) + (", ..." if len(manifests) > _UNREAD_SHOWN else "")
         note += (
-            f"; {source} was read as a directory of pages: {shown} was not used as its manifest, which is "
-            "named manifest.jsonl (or manifest.jsonl.gz)"
+            f"; {source} was read as a directory of pages: {_first_names(manifests)} was not used as its "
+            "manifest, which is named manifest.jsonl (or manifest.jsonl.gz)"
         )
     if passed_over:
-        links = ", ".join(str(link.relative_to(path)) for link in passed_over[:_UNREAD_SHOWN])
-        more = ", ..." if len(passed_over) > _UNREAD_SHOWN else ""
+        links = _first_names([str(link.relative_to(path)) for link in passed_over])
         note += (
-            f"; {len(passed_over)} symlinks in {source} lead to directories read already ({links}{more}): "
+            f"; {len(passed_over)} symlinks in {source} lead to directories read already ({links}): "
             "not followed again, each directory's pages were read once"
         )
     return note

@@ -184,19 +184,15 @@ class Failure:
         unaligned = skip and (
             self.skip is not None or reading.unaligned or _members_unaligned(reading.path, self)
         )
-        if unaligned or (skip and self.skip is not None):
-            resumed = self._resync(cause, code, unaligned=True)
-            if resumed is not None:
-                return (yield from resumed)
-        elif skip and self._joined_unaligned():
-            # The record framed last starts where reading went on after empty members, and the file there
-            # is cut where its records are not (a bgzip file after a plain empty member and another bgzip
-            # file; a pgzip file after a bgzip one): reading goes on inside its members after the damaged
-            # one, where the rule above, told by byte 0's member or by the member that record starts in
-            # (which starts a record in any layout), had reading go on at the next file's first member and
-            # the records between lost. Only where a member there does not inflate: where every one does
-            # (empty members inside one file, a record cut by them), nothing is skipped inside the members,
-            # and reading goes on as the rule above has it.
+        # Or the record framed last starts where reading went on after empty members, and the file there
+        # is cut where its records are not (a bgzip file after a plain empty member and another bgzip
+        # file; a pgzip file after a bgzip one): reading goes on inside its members after the damaged
+        # one, where the rule above, told by byte 0's member or by the member that record starts in
+        # (which starts a record in any layout), had reading go on at the next file's first member and
+        # the records between lost. Only where a member there does not inflate: where every one does
+        # (empty members inside one file, a record cut by them), nothing is skipped inside the members,
+        # and reading goes on at the next member that starts a record, as for a file written so.
+        if unaligned or (skip and self.skip is not None) or (skip and self._joined_unaligned()):
             resumed = self._resync(cause, code, unaligned=True)
             if resumed is not None:
                 return (yield from resumed)
